@@ -1,0 +1,247 @@
+"""Devices: every OpenCL device on every platform, plus the NumPy ``cpu`` backend.
+
+Selection order, unless ``NETCL_DEVICE`` says otherwise: an OpenCL GPU, then any other
+OpenCL device (PoCL's CPU device on a machine with no GPU), then the NumPy backend.
+``NETCL_DEVICE`` takes ``gpu``, ``opencl``, ``cpu`` (NumPy) or ``<platform>:<device>``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core.dtypes import REQUIRED_EXTENSION, as_dtype
+from netcl.core.errors import DeviceError, DTypeError
+
+ENV_VAR = "NETCL_DEVICE"
+
+
+class Device:
+    """One place tensors live: an OpenCL device (``kind == "opencl"``) or NumPy (``"cpu"``)."""
+
+    def __init__(self, kind: str, spec: str, cl_device: cl.Device | None = None) -> None:
+        self.kind = kind
+        self.spec = spec
+        self.cl_device = cl_device
+        self.name = cl_device.name.strip() if cl_device is not None else "NumPy"
+        self._lock = threading.Lock()
+        #: Called with (device, nbytes) to get a cl.Buffer; netcl.runtime installs a pool here.
+        self.allocator: Callable[[Device, int], Any] = raw_allocate
+
+    @property
+    def is_opencl(self) -> bool:
+        return self.kind == "opencl"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.cl_device is not None and bool(self.cl_device.type & cl.device_type.GPU)
+
+    @cached_property
+    def context(self) -> cl.Context | None:
+        """The device's own OpenCL context (None on the NumPy backend)."""
+        return cl.Context([self.cl_device]) if self.cl_device is not None else None
+
+    @cached_property
+    def queue(self) -> cl.CommandQueue | None:
+        """The default in-order queue, profiling enabled (None on the NumPy backend)."""
+        if self.context is None:
+            return None
+        return cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+
+    @property
+    def platform_name(self) -> str:
+        return self.cl_device.platform.name.strip() if self.cl_device is not None else "NumPy"
+
+    @property
+    def driver_version(self) -> str:
+        return self.cl_device.driver_version.strip() if self.cl_device is not None else np.__version__
+
+    @property
+    def extensions(self) -> set[str]:
+        return set(self.cl_device.extensions.split()) if self.cl_device is not None else set()
+
+    @property
+    def global_mem_size(self) -> int:
+        if self.cl_device is None:
+            return _host_memory_bytes()
+        return int(self.cl_device.global_mem_size)
+
+    @property
+    def max_alloc_size(self) -> int:
+        if self.cl_device is None:
+            return self.global_mem_size
+        return int(self.cl_device.max_mem_alloc_size)
+
+    def supports(self, dtype: object) -> bool:
+        """Whether tensors of ``dtype`` can live on this device."""
+        needed = REQUIRED_EXTENSION.get(as_dtype(dtype))
+        return self.cl_device is None or needed is None or needed in self.extensions
+
+    def check_dtype(self, dtype: object) -> np.dtype:
+        """Return the normalized dtype, or raise ``DTypeError`` if this device lacks it."""
+        result = as_dtype(dtype)
+        if not self.supports(result):
+            raise DTypeError(f"dtype {result} needs {REQUIRED_EXTENSION[result]}, which device {self.name!r} lacks")
+        return result
+
+    def __repr__(self) -> str:
+        if self.cl_device is None:
+            return "<Device cpu: NumPy backend>"
+        kind = cl.device_type.to_string(self.cl_device.type)
+        return f"<Device {self.spec}: {self.name} ({kind}, {self.platform_name})>"
+
+
+def raw_allocate(device: Device, nbytes: int) -> cl.Buffer:
+    """Allocate a fresh device buffer (at least one byte), checking the device's limits first."""
+    check_allocation(device, nbytes)
+    return cl.Buffer(device.context, cl.mem_flags.READ_WRITE, size=max(int(nbytes), 4))
+
+
+def check_allocation(device: Device, nbytes: int) -> None:
+    """Raise ``MemoryError`` naming the bytes asked for when ``device`` cannot hold them."""
+    limit = min(device.max_alloc_size, device.global_mem_size)
+    if nbytes > limit:
+        raise MemoryError(
+            f"cannot allocate {nbytes} bytes on {device.name!r}: the device allows at most {limit} bytes "
+            f"in one buffer (global memory {device.global_mem_size} bytes)"
+        )
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**34
+
+
+_registry_lock = threading.Lock()
+_registry: list[Device] | None = None
+_default: Device | None = None
+_default_reason = ""
+
+
+def devices() -> list[Device]:
+    """Every OpenCL device on every platform, then the NumPy ``cpu`` backend."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            found: list[Device] = []
+            for p_index, platform in enumerate(_platforms()):
+                try:
+                    cl_devices = platform.get_devices()
+                except cl.Error:
+                    continue
+                for d_index, cl_device in enumerate(cl_devices):
+                    found.append(Device("opencl", f"{p_index}:{d_index}", cl_device))
+            found.append(Device("cpu", "cpu"))
+            _registry = found
+        return list(_registry)
+
+
+def _platforms() -> list[cl.Platform]:
+    try:
+        return cl.get_platforms()
+    except cl.Error:  # no ICD loader platforms at all
+        return []
+
+
+def _opencl_devices() -> list[Device]:
+    return [d for d in devices() if d.kind == "opencl"]
+
+
+def _select(spec: str) -> tuple[Device, str]:
+    text = spec.strip().lower()
+    opencl = _opencl_devices()
+    if text == "cpu":
+        return devices()[-1], f"spec {spec!r} names the NumPy backend"
+    if text == "gpu":
+        gpus = [d for d in opencl if d.is_gpu]
+        if not gpus:
+            raise DeviceError(f"device spec {spec!r}: no OpenCL GPU found; available: {_available()}")
+        return gpus[0], f"spec {spec!r}: first OpenCL GPU"
+    if text == "opencl":
+        if not opencl:
+            raise DeviceError(f"device spec {spec!r}: no OpenCL device found; available: {_available()}")
+        gpus = [d for d in opencl if d.is_gpu]
+        return (gpus or opencl)[0], f"spec {spec!r}: first OpenCL device, GPUs first"
+    if ":" in text:
+        for device in opencl:
+            if device.spec == text.replace(" ", ""):
+                return device, f"spec {spec!r} names platform:device"
+    raise DeviceError(
+        f"unknown device spec {spec!r}; expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>' from: {_available()}"
+    )
+
+
+def _available() -> str:
+    return ", ".join(f"{d.spec} ({d.name})" for d in devices())
+
+
+def _auto_select() -> tuple[Device, str]:
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        device, why = _select(env)
+        return device, f"{ENV_VAR}={env!r} ({why})"
+    opencl = _opencl_devices()
+    gpus = [d for d in opencl if d.is_gpu]
+    if gpus:
+        return gpus[0], "first OpenCL GPU"
+    if opencl:
+        return opencl[0], "no OpenCL GPU found; first other OpenCL device"
+    return devices()[-1], "no OpenCL device found; NumPy backend"
+
+
+def get_device(spec: str | Device | None = None) -> Device:
+    """The process default device (``spec=None``) or the one ``spec`` names."""
+    global _default, _default_reason
+    if isinstance(spec, Device):
+        return spec
+    if spec is not None:
+        if not isinstance(spec, str):
+            raise DeviceError(f"device spec must be a str or Device, got {type(spec).__name__}")
+        return _select(spec)[0]
+    if _default is None:
+        _default, _default_reason = _auto_select()
+    return _default
+
+
+def default_reason() -> str:
+    """Why the current default device was chosen."""
+    get_device()
+    return _default_reason
+
+
+def set_device(spec: str | Device | None) -> Device:
+    """Change the process default device; ``None`` re-runs automatic selection."""
+    global _default, _default_reason
+    if spec is None:
+        _default, _default_reason = _auto_select()
+    else:
+        device = get_device(spec)
+        _default, _default_reason = device, f"set_device({spec!r})"
+    return _default
+
+
+def device_of_queue(queue: cl.CommandQueue) -> Device:
+    """The registered ``Device`` whose context owns ``queue``."""
+    for device in _opencl_devices():
+        if device.cl_device == queue.device and "context" in device.__dict__ and device.context == queue.context:
+            return device
+    raise DeviceError(
+        f"queue on {queue.device.name!r} does not belong to any netcl device context; pass a Device or use device.queue"
+    )
+
+
+def same_device(*devices_: Device) -> Device:
+    """The one device all arguments share; ``DeviceError`` naming both when two differ."""
+    first = devices_[0]
+    for other in devices_[1:]:
+        if other is not first:
+            raise DeviceError(f"tensors on two devices in one op: {first!r} and {other!r}; move one first")
+    return first

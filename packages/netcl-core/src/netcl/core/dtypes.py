@@ -1,0 +1,52 @@
+"""The dtypes netcl supports, their OpenCL C names, and what a device must offer for each."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netcl.core.errors import DTypeError
+
+float32 = np.dtype(np.float32)
+float16 = np.dtype(np.float16)
+float64 = np.dtype(np.float64)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+uint8 = np.dtype(np.uint8)
+bool_ = np.dtype(np.bool_)
+
+#: numpy dtype -> OpenCL C type name. bool is stored as one byte (uchar).
+C_TYPES: dict[np.dtype, str] = {
+    float32: "float",
+    float16: "half",
+    float64: "double",
+    int32: "int",
+    int64: "long",
+    uint8: "uchar",
+    bool_: "uchar",
+}
+
+#: dtypes that need a device extension on OpenCL.
+REQUIRED_EXTENSION: dict[np.dtype, str] = {
+    float16: "cl_khr_fp16",
+    float64: "cl_khr_fp64",
+}
+
+
+def as_dtype(dtype: object) -> np.dtype:
+    """Normalize ``dtype`` (numpy dtype, type, or name) to a supported numpy dtype."""
+    try:
+        result = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise DTypeError(f"unknown dtype {dtype!r}; expected one of {supported_names()}") from exc
+    if result not in C_TYPES:
+        raise DTypeError(f"unsupported dtype {result}; expected one of {supported_names()}")
+    return result
+
+
+def c_type(dtype: object) -> str:
+    """The OpenCL C type name for ``dtype``."""
+    return C_TYPES[as_dtype(dtype)]
+
+
+def supported_names() -> list[str]:
+    return sorted({str(d) for d in C_TYPES})

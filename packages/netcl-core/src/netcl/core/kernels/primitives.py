@@ -1,0 +1,72 @@
+"""``PRIMITIVE_PREAMBLE``: the inline C helpers every generated netcl kernel starts with.
+
+Arithmetic, comparisons and ``WHERE`` are macros, so they work for every element type.
+The transcendental helpers are ``float`` functions: they are what fused float32 chains use.
+Comparisons yield 1 or 0 in the operands' type. ``MAX``/``MIN`` propagate NaN as NumPy's
+``maximum``/``minimum`` do. ``SIGMOID`` and ``BCE_LOGITS`` are written so that no ``exp``
+overflows for large logits.
+"""
+
+PRIMITIVE_PREAMBLE = r"""
+#define ADD(a, b) ((a) + (b))
+#define SUB(a, b) ((a) - (b))
+#define MUL(a, b) ((a) * (b))
+#define DIV(a, b) ((a) / (b))
+#define NEG(a) (-(a))
+#define LT(a, b) ((a) < (b) ? 1 : 0)
+#define LE(a, b) ((a) <= (b) ? 1 : 0)
+#define GT(a, b) ((a) > (b) ? 1 : 0)
+#define GE(a, b) ((a) >= (b) ? 1 : 0)
+#define EQ(a, b) ((a) == (b) ? 1 : 0)
+#define WHERE(c, a, b) ((c) != 0 ? (a) : (b))
+
+inline float RELU(float x) { return x > 0.0f ? x : (isnan(x) ? x : 0.0f); }
+inline float RELU_GRAD(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+inline float ABS(float x) { return fabs(x); }
+inline float SIGN(float x) { return isnan(x) ? x : (float)((x > 0.0f) - (x < 0.0f)); }
+inline float EXP(float x) { return exp(x); }
+inline float LOG(float x) { return log(x); }
+inline float LOG1P(float x) { return log1p(x); }
+inline float SQRT(float x) { return sqrt(x); }
+inline float RSQRT(float x) { return rsqrt(x); }
+inline float POW(float a, float b) { return pow(a, b); }
+inline float TANH(float x) { return tanh(x); }
+inline float MAX(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+inline float MIN(float a, float b) { return (a < b || isnan(a)) ? a : b; }
+inline float CLAMP(float x, float lo, float hi) { return MIN(MAX(x, lo), hi); }
+
+inline float SIGMOID(float x) {
+    if (x >= 0.0f) { return 1.0f / (1.0f + exp(-x)); }
+    float e = exp(x);
+    return e / (1.0f + e);
+}
+
+#define GELU_K 0.7978845608028654f
+#define GELU_C 0.044715f
+inline float GELU(float x) {
+    return 0.5f * x * (1.0f + tanh(GELU_K * (x + GELU_C * x * x * x)));
+}
+inline float GELU_GRAD(float x) {
+    float t = tanh(GELU_K * (x + GELU_C * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+}
+
+/* Detection loss terms (see DESIGN.md, detection_loss). */
+inline float BCE_LOGITS(float x, float t) {
+    return fmax(x, 0.0f) - x * t + log1p(exp(-fabs(x)));
+}
+inline float BCE_LOGITS_GRAD(float x, float t) { return SIGMOID(x) - t; }
+inline float SMOOTH_L1(float d, float beta) {
+    float a = fabs(d);
+    return a < beta ? 0.5f * d * d / beta : a - 0.5f * beta;
+}
+inline float SMOOTH_L1_GRAD(float d, float beta) {
+    return fabs(d) < beta ? d / beta : SIGN(d);
+}
+"""
+
+#: The helper names the preamble defines, for codegen and tests.
+PRIMITIVE_NAMES = (
+    "ADD SUB MUL DIV NEG LT LE GT GE EQ WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH "
+    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD"
+).split()

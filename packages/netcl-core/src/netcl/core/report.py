@@ -1,0 +1,33 @@
+"""The device report: platforms, devices, the default and why, memory and extensions."""
+
+from __future__ import annotations
+
+from netcl.core.devices import default_reason, devices, get_device
+
+_NOTABLE_EXTENSIONS = ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_command_buffer", "cl_khr_int64_base_atomics")
+
+
+def device_report() -> str:
+    """A human-readable report of every device netcl can use."""
+    default = get_device()
+    lines = ["netcl devices", ""]
+    for device in devices():
+        marker = "*" if device is default else " "
+        if device.cl_device is None:
+            lines.append(f"{marker} cpu    NumPy backend (no OpenCL needed)")
+            continue
+        d = device.cl_device
+        kind = __import__("pyopencl").device_type.to_string(d.type)
+        exts = [e for e in _NOTABLE_EXTENSIONS if e in device.extensions]
+        lines += [
+            f"{marker} {device.spec:<6} {device.name} [{kind}]",
+            f"         platform: {device.platform_name} ({d.platform.version.strip()})",
+            f"         driver: {device.driver_version}   OpenCL C: {d.opencl_c_version.strip()}",
+            f"         memory: {device.global_mem_size / 2**30:.1f} GiB global, "
+            f"{device.max_alloc_size / 2**30:.1f} GiB max buffer, {d.local_mem_size // 1024} KiB local",
+            f"         compute units: {d.max_compute_units}, max work-group: {d.max_work_group_size}",
+            f"         extensions: {', '.join(exts) or 'none of ' + ', '.join(_NOTABLE_EXTENSIONS)}",
+        ]
+    lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
+    lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|<platform>:<device>")
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""``Tensor``: a device buffer (or a NumPy array on the ``cpu`` backend) with shape and dtype."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core.broadcast import Shape, normalize_shape
+from netcl.core.devices import Device, device_of_queue, get_device
+from netcl.core.dtypes import as_dtype, float32
+from netcl.core.errors import ShapeError
+
+
+class Tensor:
+    """An n-dimensional, C-contiguous array on one device.
+
+    On OpenCL ``data`` is a ``cl.Buffer``; on the NumPy backend it is an ``np.ndarray``.
+    Views made by ``reshape`` share ``data`` and keep their base alive through ``base``.
+    """
+
+    __slots__ = ("data", "shape", "dtype", "device", "base", "grad", "__weakref__")
+
+    def __init__(self, data: Any, shape: Shape, dtype: np.dtype, device: Device, base: Tensor | None = None):
+        self.data = data
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.base = base
+        #: Gradient slot kept in sync with ``Node.grad`` by netcl.autograd.
+        self.grad: Tensor | None = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_host(cls, queue_or_device: cl.CommandQueue | Device | str | None, array: Any, dtype: Any = None) -> Tensor:
+        """Copy a host array to the device; a non-contiguous array is copied, not rejected."""
+        device = _resolve_device(queue_or_device)
+        host = np.asarray(array)
+        target = device.check_dtype(dtype if dtype is not None else _default_dtype(host))
+        host = np.ascontiguousarray(host, dtype=target)
+        if device.kind == "cpu":
+            return cls(host.copy(), host.shape, target, device)
+        tensor = cls.empty(host.shape, target, device)
+        if host.nbytes:
+            cl.enqueue_copy(device.queue, tensor.data, host, is_blocking=True)
+        return tensor
+
+    @classmethod
+    def empty(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
+        """An uninitialized tensor."""
+        dims = normalize_shape(shape)
+        device = get_device(device)
+        target = device.check_dtype(dtype)
+        if device.kind == "cpu":
+            return cls(np.empty(dims, dtype=target), dims, target, device)
+        nbytes = math.prod(dims) * target.itemsize
+        return cls(device.allocator(device, nbytes), dims, target, device)
+
+    @classmethod
+    def zeros(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
+        """A tensor filled with zeros."""
+        tensor = cls.empty(shape, dtype, device)
+        if tensor.device.kind == "cpu":
+            tensor.data.fill(0)
+        elif tensor.nbytes:
+            cl.enqueue_fill_buffer(tensor.queue, tensor.data, np.zeros(1, np.uint8), 0, tensor.nbytes)
+        return tensor
+
+    # ---- properties ----------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def queue(self) -> cl.CommandQueue | None:
+        return self.device.queue
+
+    # ---- movement ------------------------------------------------------------------------
+    def to_host(self) -> np.ndarray:
+        """A NumPy copy of the contents (waits for pending work on the device's queue)."""
+        if self.device.kind == "cpu":
+            return np.array(self.data, copy=True).reshape(self.shape)
+        out = np.empty(self.shape, dtype=self.dtype)
+        if out.nbytes:
+            cl.enqueue_copy(self.queue, out, self.data, is_blocking=True)
+        return out
+
+    def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:
+        """A view with a new shape sharing this tensor's buffer; one dim may be -1."""
+        dims = _infer_shape(shape, self.size, self.shape)
+        data = self.data.reshape(dims) if self.device.kind == "cpu" else self.data
+        return Tensor(data, dims, self.dtype, self.device, base=self.base or self)
+
+    def copy(self) -> Tensor:
+        """A new tensor with its own buffer and the same contents."""
+        if self.device.kind == "cpu":
+            return Tensor(self.data.copy(), self.shape, self.dtype, self.device)
+        out = Tensor.empty(self.shape, self.dtype, self.device)
+        if self.nbytes:
+            cl.enqueue_copy(self.queue, out.data, self.data, byte_count=self.nbytes)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device.spec})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+
+def tensor(data: Any, dtype: Any = None, device: Device | str | None = None) -> Tensor:
+    """Make a ``Tensor`` from host data (lists, scalars, NumPy arrays) on ``device``."""
+    return Tensor.from_host(device, data, dtype)
+
+
+def _default_dtype(host: np.ndarray) -> np.dtype:
+    """float64 data (and Python floats) become float32, as in PyTorch; others keep their dtype."""
+    return float32 if host.dtype == np.float64 else as_dtype(host.dtype)
+
+
+def _resolve_device(queue_or_device: cl.CommandQueue | Device | str | None) -> Device:
+    if isinstance(queue_or_device, cl.CommandQueue):
+        return device_of_queue(queue_or_device)
+    return get_device(queue_or_device)
+
+
+def _infer_shape(shape: tuple[Any, ...], size: int, old: Shape) -> Shape:
+    dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    unknown = [i for i, d in enumerate(dims) if d == -1]
+    if len(unknown) > 1:
+        raise ShapeError(f"reshape {old} -> {dims}: only one dimension may be -1")
+    if unknown:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise ShapeError(f"reshape {old} -> {dims}: cannot infer -1 for {size} elements")
+        dims = tuple(size // known if d == -1 else d for d in dims)
+    result = normalize_shape(dims)
+    if math.prod(result) != size:
+        raise ShapeError(f"cannot reshape {old} ({size} elements) to {result} ({math.prod(result)} elements)")
+    return result
