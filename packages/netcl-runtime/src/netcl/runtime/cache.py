@@ -1,0 +1,206 @@
+"""The program cache: built OpenCL programs, LRU in memory per context, backed by disk.
+
+``program_cache.get_or_compile(key, source, ctx, build_flags)`` returns a ``KernelHandle``.
+Entries are keyed on the caller's key, a hash of the source and the build flags as an
+order-insensitive set, separately for each ``cl.Context``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.runtime.disk_cache import DiskCache, entry_key
+from netcl.runtime.errors import CompileError
+
+DEFAULT_MAX_ENTRIES = 1024
+
+
+class KernelHandle:
+    """A built ``cl.Program`` with every ``cl.Kernel`` resolved once, plus its source and flags."""
+
+    __slots__ = ("program", "source", "build_flags", "context", "from_disk", "_kernels", "__weakref__")
+
+    def __init__(self, program: cl.Program, source: str, build_flags: tuple[str, ...], context: cl.Context):
+        self.program = program
+        self.source = source
+        self.build_flags = build_flags
+        self.context = context
+        self.from_disk = False
+        self._kernels: dict[str, cl.Kernel] = {k.function_name: k for k in program.all_kernels()}
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return sorted(self._kernels)
+
+    def kernel(self, name: str | None = None, scalar_dtypes: Sequence[Any] | None = None) -> cl.Kernel:
+        """The resolved kernel ``name`` (the only one when None); optionally declare its arg dtypes.
+
+        ``scalar_dtypes`` has one entry per kernel argument: a numpy dtype for scalars, None for
+        buffers. Declared once, ``launch`` then converts Python numbers without guessing.
+        """
+        if name is None:
+            if len(self._kernels) != 1:
+                raise KeyError(f"program has kernels {self.kernel_names}; name the one you want")
+            name = next(iter(self._kernels))
+        try:
+            kernel = self._kernels[name]
+        except KeyError:
+            raise KeyError(f"no kernel {name!r} in program; it has {self.kernel_names}") from None
+        if scalar_dtypes is not None:
+            kernel.set_scalar_arg_dtypes([None if d is None else np.dtype(d) for d in scalar_dtypes])
+        return kernel
+
+    def __repr__(self) -> str:
+        return f"<KernelHandle kernels={self.kernel_names} flags={self.build_flags}>"
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    builds: int = 0
+    disk_hits: int = 0
+    build_seconds: float = 0.0
+    evictions: int = 0
+    entries: int = 0
+    by_context: dict[str, int] = field(default_factory=dict)
+
+
+class ProgramCache:
+    """LRU cache of built programs, one ordered map per ``cl.Context``; thread-safe."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.RLock()
+        self._by_context: weakref.WeakKeyDictionary[cl.Context, OrderedDict[tuple, KernelHandle]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._stats = CacheStats()
+        self.disk = DiskCache()
+
+    # ---- public API ------------------------------------------------------------------------
+    def get_or_compile(
+        self, key: Hashable, source: str, ctx: cl.Context, build_flags: Iterable[str] = ()
+    ) -> KernelHandle:
+        """The cached program for (key, source, flags) on ``ctx``, building it on a miss."""
+        flags = tuple(sorted(set(build_flags)))
+        full_key = (key, _source_hash(source), flags)
+        with self._lock:
+            entries = self._by_context.setdefault(ctx, OrderedDict())
+            handle = entries.get(full_key)
+            if handle is not None:
+                entries.move_to_end(full_key)
+                self._stats.hits += 1
+                return handle
+            self._stats.misses += 1
+        handle = self._build(source, ctx, flags)
+        with self._lock:
+            entries = self._by_context.setdefault(ctx, OrderedDict())
+            entries[full_key] = handle
+            entries.move_to_end(full_key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+                self._stats.evictions += 1
+        return handle
+
+    def evict(self, key: Hashable) -> int:
+        """Drop every entry whose caller key is ``key`` (on every context); returns how many."""
+        removed = 0
+        with self._lock:
+            for entries in self._by_context.values():
+                for full_key in [k for k in entries if k[0] == key]:
+                    del entries[full_key]
+                    removed += 1
+        return removed
+
+    def clear(self) -> None:
+        """Drop every in-memory entry (the disk cache is left alone) and reset the stats."""
+        with self._lock:
+            self._by_context = weakref.WeakKeyDictionary()
+            self._stats = CacheStats()
+
+    def stats(self) -> CacheStats:
+        """Counters since the last ``clear``: hits, misses, builds, disk hits, build seconds."""
+        with self._lock:
+            snapshot = CacheStats(**{k: v for k, v in vars(self._stats).items() if k != "by_context"})
+            snapshot.entries = sum(len(e) for e in self._by_context.values())
+            snapshot.by_context = {
+                ", ".join(d.name for d in ctx.devices): len(e) for ctx, e in self._by_context.items()
+            }
+            return snapshot
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(e) for e in self._by_context.values())
+
+    # ---- building --------------------------------------------------------------------------
+    def _build(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
+        devices = ctx.devices
+        disk_key = entry_key(source, flags, devices[0]) if len(devices) == 1 else None
+        if disk_key is not None:
+            binary = self.disk.load(disk_key)
+            if binary is not None:
+                try:
+                    program = cl.Program(ctx, devices, [binary]).build(options=list(flags))
+                    handle = KernelHandle(program, source, flags, ctx)
+                    handle.from_disk = True
+                    with self._lock:
+                        self._stats.disk_hits += 1
+                    return handle
+                except cl.Error:  # a binary the driver refuses is as good as corrupt
+                    self.disk.corrupt += 1
+                    self.disk.discard(disk_key)
+        start = time.perf_counter()
+        program = cl.Program(ctx, source)
+        try:
+            program.build(options=list(flags))
+        except cl.RuntimeError as exc:
+            raise CompileError(_compile_message(program, source, flags, exc)) from None
+        handle = KernelHandle(program, source, flags, ctx)
+        with self._lock:
+            self._stats.builds += 1
+            self._stats.build_seconds += time.perf_counter() - start
+        if disk_key is not None:
+            self.disk.store(disk_key, program.get_info(cl.program_info.BINARIES)[0])
+        return handle
+
+
+def _source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+_LINE_REF = re.compile(r":(\d+):\d+:")
+
+
+def _compile_message(program: cl.Program, source: str, flags: tuple[str, ...], exc: Exception) -> str:
+    """Build log plus numbered source lines around each line the log points at."""
+    logs = []
+    for device in program.get_info(cl.program_info.DEVICES):
+        try:
+            log = program.get_build_info(device, cl.program_build_info.LOG)
+        except cl.Error:
+            log = ""
+        logs.append(f"--- build log ({device.name.strip()}) ---\n{(log or str(exc)).strip()}")
+    text_log = "\n".join(logs)
+    lines = source.splitlines()
+    wanted = sorted({int(m) for m in _LINE_REF.findall(text_log) if 0 < int(m) <= len(lines)})
+    if not wanted:
+        wanted = [len(lines)] if lines else []
+    shown = sorted({n for w in wanted for n in range(max(1, w - 3), min(len(lines), w + 3) + 1)})
+    excerpt = "\n".join(f"{'>' if n in wanted else ' '}{n:5d} | {lines[n - 1]}" for n in shown)
+    return f"OpenCL build failed (flags {list(flags)}):\n{text_log}\n--- source ---\n{excerpt}"
+
+
+#: The process-wide program cache every netcl layer builds through.
+program_cache = ProgramCache()

@@ -1,0 +1,15 @@
+"""Exception classes of netcl.runtime."""
+
+from netcl.core.errors import NetclError
+
+
+class CompileError(NetclError):
+    """An OpenCL program failed to build; the message holds the build log and the source lines."""
+
+
+class ReplayError(NetclError):
+    """A captured graph was replayed with buffers that do not match what was captured."""
+
+
+class LaunchError(NetclError, ValueError):
+    """A kernel launch was asked for with arguments that cannot work."""

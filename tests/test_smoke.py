@@ -1,4 +1,0 @@
-def test_import():
-    import netcl.core.__about__ as a
-
-    assert a.__version__
