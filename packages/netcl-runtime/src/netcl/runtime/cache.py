@@ -2,18 +2,19 @@
 
 ``program_cache.get_or_compile(key, source, ctx, build_flags)`` returns a ``KernelHandle``.
 Entries are keyed on the caller's key, a hash of the source and the build flags as an
-order-insensitive set, separately for each ``cl.Context``.
+order-insensitive set, separately for each ``cl.Context``. ``clear_caches()`` empties the
+program cache and every other in-memory cache that registered with ``register_cache``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
 import time
-import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,15 +59,25 @@ class KernelHandle:
         except KeyError:
             raise KeyError(f"no kernel {name!r} in program; it has {self.kernel_names}") from None
         if scalar_dtypes is not None:
-            kernel.set_scalar_arg_dtypes([None if d is None else np.dtype(d) for d in scalar_dtypes])
+            declared = tuple(None if d is None else np.dtype(d) for d in scalar_dtypes)
+            kernel.set_scalar_arg_dtypes(list(declared))
+            # Remembered on the kernel so a capture can convert Python numbers the same way.
+            kernel._netcl_scalar_dtypes = declared
         return kernel
 
     def __repr__(self) -> str:
         return f"<KernelHandle kernels={self.kernel_names} flags={self.build_flags}>"
 
 
+def declared_scalar_dtypes(kernel: cl.Kernel) -> tuple[np.dtype | None, ...] | None:
+    """The per-argument dtypes declared through ``KernelHandle.kernel(name, scalar_dtypes)``."""
+    return getattr(kernel, "_netcl_scalar_dtypes", None)
+
+
 @dataclass
 class CacheStats:
+    """Counters of a ``ProgramCache`` (``stats()`` returns a snapshot)."""
+
     hits: int = 0
     misses: int = 0
     builds: int = 0
@@ -78,16 +89,26 @@ class CacheStats:
 
 
 class ProgramCache:
-    """LRU cache of built programs, one ordered map per ``cl.Context``; thread-safe."""
+    """LRU cache of built programs, one ordered map per ``cl.Context``; thread-safe.
+
+    ``max_entries`` bounds the entries of each context (least recently used go first).
+    Contexts are held by the cache until ``clear()``, so a context's entries cannot be
+    mistaken for those of a later context that reuses its address.
+    """
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.max_entries = max_entries
         self._lock = threading.RLock()
-        self._by_context: weakref.WeakKeyDictionary[cl.Context, OrderedDict[tuple, KernelHandle]] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: context int_ptr -> (the context, its LRU map of full key -> handle)
+        self._by_context: dict[int, tuple[cl.Context, OrderedDict[tuple, KernelHandle]]] = {}
         self._stats = CacheStats()
         self.disk = DiskCache()
+
+    def _entries(self, ctx: cl.Context) -> OrderedDict[tuple, KernelHandle]:
+        slot = self._by_context.get(ctx.int_ptr)
+        if slot is None:
+            slot = self._by_context[ctx.int_ptr] = (ctx, OrderedDict())
+        return slot[1]
 
     # ---- public API ------------------------------------------------------------------------
     def get_or_compile(
@@ -97,7 +118,7 @@ class ProgramCache:
         flags = tuple(sorted(set(build_flags)))
         full_key = (key, _source_hash(source), flags)
         with self._lock:
-            entries = self._by_context.setdefault(ctx, OrderedDict())
+            entries = self._entries(ctx)
             handle = entries.get(full_key)
             if handle is not None:
                 entries.move_to_end(full_key)
@@ -106,7 +127,7 @@ class ProgramCache:
             self._stats.misses += 1
         handle = self._build(source, ctx, flags)
         with self._lock:
-            entries = self._by_context.setdefault(ctx, OrderedDict())
+            entries = self._entries(ctx)
             entries[full_key] = handle
             entries.move_to_end(full_key)
             while len(entries) > self.max_entries:
@@ -118,7 +139,7 @@ class ProgramCache:
         """Drop every entry whose caller key is ``key`` (on every context); returns how many."""
         removed = 0
         with self._lock:
-            for entries in self._by_context.values():
+            for _, entries in self._by_context.values():
                 for full_key in [k for k in entries if k[0] == key]:
                     del entries[full_key]
                     removed += 1
@@ -127,22 +148,23 @@ class ProgramCache:
     def clear(self) -> None:
         """Drop every in-memory entry (the disk cache is left alone) and reset the stats."""
         with self._lock:
-            self._by_context = weakref.WeakKeyDictionary()
+            self._by_context = {}
             self._stats = CacheStats()
 
     def stats(self) -> CacheStats:
         """Counters since the last ``clear``: hits, misses, builds, disk hits, build seconds."""
         with self._lock:
             snapshot = CacheStats(**{k: v for k, v in vars(self._stats).items() if k != "by_context"})
-            snapshot.entries = sum(len(e) for e in self._by_context.values())
+            snapshot.entries = sum(len(e) for _, e in self._by_context.values())
             snapshot.by_context = {
-                ", ".join(d.name for d in ctx.devices): len(e) for ctx, e in self._by_context.items()
+                f"{', '.join(d.name.strip() for d in ctx.devices)} @{ptr:#x}": len(e)
+                for ptr, (ctx, e) in self._by_context.items()
             }
             return snapshot
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(len(e) for e in self._by_context.values())
+            return sum(len(e) for _, e in self._by_context.values())
 
     # ---- building --------------------------------------------------------------------------
     def _build(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
@@ -176,6 +198,7 @@ class ProgramCache:
         return handle
 
 
+@functools.lru_cache(maxsize=4096)
 def _source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
@@ -204,3 +227,18 @@ def _compile_message(program: cl.Program, source: str, flags: tuple[str, ...], e
 
 #: The process-wide program cache every netcl layer builds through.
 program_cache = ProgramCache()
+
+_CLEAR_HOOKS: list[Callable[[], None]] = []
+
+
+def register_cache(clear: Callable[[], None]) -> None:
+    """Register another in-memory cache's clear function with ``clear_caches``."""
+    if clear not in _CLEAR_HOOKS:
+        _CLEAR_HOOKS.append(clear)
+
+
+def clear_caches() -> None:
+    """Empty every in-memory cache: the program cache and all registered ones (not the disk)."""
+    program_cache.clear()
+    for clear in list(_CLEAR_HOOKS):
+        clear()

@@ -1,11 +1,17 @@
-"""``launch``: the one function through which every kernel launch in netcl goes."""
+"""``launch``: the one function through which every kernel launch in netcl goes.
+
+It also holds ``enqueue_copy`` and ``enqueue_fill``, the device-side copy and fill commands
+that a capture records alongside kernels (plain ``cl.enqueue_copy`` calls are not recorded).
+"""
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyopencl as cl
 
 from netcl.core import Tensor
@@ -18,6 +24,7 @@ from netcl.runtime.errors import LaunchError
 _LAUNCH_LOCK = threading.Lock()
 _QUEUE_OF_CONTEXT: dict[int, cl.CommandQueue] = {}
 _PREFERRED_LOCAL = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+_MAX_DIMS = 3
 
 
 def launch(
@@ -38,27 +45,104 @@ def launch(
     If a capture is recording on the queue, the launch is also recorded.
     """
     cl_kernel = kernel if isinstance(kernel, cl.Kernel) else kernel.kernel()
-    gsize = (global_size,) if isinstance(global_size, int) else tuple(global_size)
-    if any(g <= 0 for g in gsize):
-        raise LaunchError(f"global size {gsize} must be positive in every dimension")
+    gsize = _sizes(global_size, "global")
     if local_size is None:
         lsize = _pick_local_size(cl_kernel, gsize)
     else:
-        lsize = (local_size,) if isinstance(local_size, int) else tuple(local_size)
+        lsize = _sizes(local_size, "local")
         if len(lsize) != len(gsize) or any(g % loc for g, loc in zip(gsize, lsize, strict=True)):
-            raise LaunchError(f"local size {lsize} must divide global size {gsize} in every dimension")
+            raise LaunchError(
+                f"local size {lsize} must have as many dimensions as global size {gsize} and divide it in each"
+            )
     if queue is None:
-        queue = default_queue_for(cl_kernel.context)
+        queue = _kernel_queue(cl_kernel)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]
     with _LAUNCH_LOCK:
         try:
             cl_kernel.set_args(*raw)
         except (cl.LogicError, TypeError, ValueError) as exc:
             raise LaunchError(f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}") from exc
-        event = cl.enqueue_nd_range_kernel(queue, cl_kernel, gsize, lsize, wait_for=wait_for)
+        try:
+            event = cl.enqueue_nd_range_kernel(queue, cl_kernel, gsize, lsize, wait_for=wait_for)
+        except cl.LogicError as exc:
+            raise LaunchError(
+                f"cannot enqueue kernel {cl_kernel.function_name!r} with global size {gsize} and "
+                f"local size {lsize}: {exc}"
+            ) from exc
     if _capture.RECORDING:
-        _capture.record(queue, cl_kernel, gsize, lsize, raw)
+        _record(queue, cl_kernel, gsize, lsize, raw, args)
     return event
+
+
+def enqueue_copy(
+    queue: cl.CommandQueue,
+    dst: Tensor | cl.Buffer,
+    src: Tensor | cl.Buffer,
+    byte_count: int | None = None,
+    wait_for: Sequence[cl.Event] | None = None,
+) -> cl.Event:
+    """Device-to-device copy of ``byte_count`` bytes (default: all of ``src``); recorded by captures."""
+    dst_buf, src_buf = _raw(dst), _raw(src)
+    if byte_count is None:
+        byte_count = src.nbytes if isinstance(src, Tensor) else src_buf.size
+    event = _copy_command(queue, dst_buf, src_buf, byte_count, wait_for=wait_for)
+    if _capture.RECORDING:
+        _capture.record_command(queue, _copy_command, [dst_buf, src_buf, byte_count], keep=(dst, src))
+    return event
+
+
+def enqueue_fill(
+    queue: cl.CommandQueue,
+    buffer: Tensor | cl.Buffer,
+    value: Any = 0,
+    dtype: Any = np.uint8,
+    byte_count: int | None = None,
+    wait_for: Sequence[cl.Event] | None = None,
+) -> cl.Event:
+    """Fill ``buffer`` with ``value`` of ``dtype`` (default: zero bytes); recorded by captures."""
+    buf = _raw(buffer)
+    pattern = np.full(1, value, dtype=np.dtype(dtype))
+    if byte_count is None:
+        byte_count = buffer.nbytes if isinstance(buffer, Tensor) else buf.size
+    event = _fill_command(queue, buf, pattern, byte_count, wait_for=wait_for)
+    if _capture.RECORDING:
+        _capture.record_command(queue, _fill_command, [buf, pattern, byte_count], keep=(buffer,))
+    return event
+
+
+def _copy_command(
+    queue: cl.CommandQueue, dst: cl.Buffer, src: cl.Buffer, nbytes: int, wait_for: Any = None
+) -> cl.Event:
+    return cl.enqueue_copy(queue, dst, src, byte_count=nbytes, wait_for=wait_for)
+
+
+def _fill_command(
+    queue: cl.CommandQueue, buf: cl.Buffer, pattern: np.ndarray, nbytes: int, wait_for: Any = None
+) -> cl.Event:
+    return cl.enqueue_fill_buffer(queue, buf, pattern, 0, nbytes, wait_for=wait_for)
+
+
+def _raw(obj: Tensor | cl.Buffer) -> cl.Buffer:
+    return obj.data if isinstance(obj, Tensor) else obj
+
+
+def _record(
+    queue: cl.CommandQueue,
+    kernel: cl.Kernel,
+    gsize: tuple[int, ...],
+    lsize: tuple[int, ...] | None,
+    raw: list[Any],
+    args: tuple[Any, ...],
+) -> None:
+    if _capture.is_recording(queue):
+        _capture.record(queue, kernel, gsize, lsize, raw, keep=args)
+    elif _capture.get_capture() is not None:
+        warnings.warn(
+            f"kernel {kernel.function_name!r} was launched on a queue this thread is not capturing "
+            "while a capture is active on another queue; it is NOT part of the captured graph",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def default_queue_for(context: cl.Context) -> cl.CommandQueue:
@@ -76,11 +160,32 @@ def default_queue_for(context: cl.Context) -> cl.CommandQueue:
     return queue
 
 
+def _sizes(value: int | Sequence[int], what: str) -> tuple[int, ...]:
+    try:
+        sizes = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise LaunchError(f"{what} size must be an int or a sequence of ints, got {value!r}") from None
+    if not 1 <= len(sizes) <= _MAX_DIMS:
+        raise LaunchError(f"{what} size {sizes} must have 1 to {_MAX_DIMS} dimensions")
+    if any(s <= 0 for s in sizes):
+        raise LaunchError(f"{what} size {sizes} must be positive in every dimension")
+    return sizes
+
+
+def _kernel_queue(kernel: cl.Kernel) -> cl.CommandQueue:
+    queue = getattr(kernel, "_netcl_queue", None)
+    if queue is None:
+        queue = kernel._netcl_queue = default_queue_for(kernel.context)
+    return queue
+
+
 def _pick_local_size(kernel: cl.Kernel, gsize: tuple[int, ...]) -> tuple[int, ...] | None:
     if len(gsize) != 1:
         return None
-    device = kernel.context.devices[0]
-    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+    limit = getattr(kernel, "_netcl_wg_limit", None)
+    if limit is None:
+        device = kernel.context.devices[0]
+        limit = kernel._netcl_wg_limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
     for size in _PREFERRED_LOCAL:
         if size <= limit and gsize[0] % size == 0:
             return (size,)

@@ -1,0 +1,499 @@
+"""Capture and replay of kernel-launch sequences: ``Graph`` and ``capture_graph``.
+
+A ``Graph`` records every launch that goes through ``netcl.runtime.launch`` (and the
+``enqueue_copy`` / ``enqueue_fill`` commands of ``netcl.runtime.launch``) on one queue
+while ``Graph.capture(queue)`` is active. ``Graph.execute(*new_inputs)`` replays them.
+
+Replay semantics:
+
+* Every captured launch gets its own private ``cl.Kernel`` (a fresh kernel object for the
+  same program and function) whose arguments are set once, when the graph is first
+  executed. Eager code that launches the same kernel, or another graph, can therefore
+  never disturb a graph's arguments, and replay re-sets nothing that is static.
+* The dynamic arguments are the *inputs* declared at capture (``capture(queue, inputs=...)``,
+  ``set_inputs`` or the Tensor/``cl.Buffer`` positional arguments of ``capture_graph``).
+  They are recognised by buffer identity (``int_ptr``) and rebound with one ``set_arg``
+  per use when a replay passes a different buffer; then the replay is a tight loop of
+  ``cl.enqueue_nd_range_kernel`` calls. ``execute()`` with no arguments replays on the
+  captured inputs.
+* New inputs must match the captured ones in count, byte size and, for Tensors, shape,
+  dtype and device; otherwise ``ReplayError`` names the slot and nothing is enqueued.
+* Everything else is frozen: intermediate and output buffers are the ones allocated
+  during capture (the graph keeps them alive), scalars keep their captured values, and
+  host work in the captured function (prints, ``to_host``, uploads) is not replayed.
+* **Outputs are reused**: each replay writes into the same output buffers, so a second
+  replay overwrites the first one's result. Pass ``copy_outputs=True`` to get fresh
+  copies (made on the replay queue, after the replay), or copy what you need yourself.
+* On an out-of-order queue the replayed commands are chained with events, so they still
+  run in captured order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import Tensor
+from netcl.core.devices import Device, get_device
+from netcl.runtime import capture as _capture
+from netcl.runtime.cache import declared_scalar_dtypes
+from netcl.runtime.errors import ReplayError
+from netcl.runtime.launch import enqueue_copy
+
+_OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+
+EMPTY, CAPTURING, CAPTURED, FAILED = "empty", "capturing", "captured", "failed"
+
+
+@dataclass(eq=False)
+class Launch:
+    """One recorded kernel launch: the kernel, its sizes and its raw arguments at capture."""
+
+    kernel: cl.Kernel
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...] | None
+    args: list[Any]
+    #: argument index -> input slot, for the arguments that are graph inputs
+    dynamic: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.kernel.function_name
+
+
+@dataclass(eq=False)
+class Command:
+    """One recorded non-kernel command (device copy or fill): ``command(queue, *args)``."""
+
+    command: Callable[..., Any]
+    args: list[Any]
+    dynamic: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.command.__name__.strip("_")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """What a dynamic input looked like at capture; replays must match it."""
+
+    nbytes: int
+    shape: tuple[int, ...] | None
+    dtype: np.dtype | None
+    device: Device | None
+
+
+@dataclass
+class _Plan:
+    steps: list[tuple[Any, Any, Any]]
+    uses: list[list[tuple[Callable[[int, Any], None], int]]]
+    has_commands: bool
+
+
+class Graph:
+    """A captured sequence of kernel launches on one queue, replayable with new inputs.
+
+    Use ``with g.capture(queue, inputs=[x]): ...`` (or ``capture_graph``), then
+    ``g.execute(x2)``. See the module docstring for what replay reuses and checks.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[Launch | Command] = []
+        self.inputs: list[Tensor | cl.Buffer] = []
+        #: What ``execute`` returns: set by ``capture_graph`` from ``fn``'s result, or by you.
+        self.outputs: Any = None
+        self.queue: cl.CommandQueue | None = None
+        self.state = EMPTY
+        #: Event of the last command of the most recent replay (None before the first).
+        self.last_event: cl.Event | None = None
+        self._slots: list[_Slot] = []
+        self._captured_raw: list[Any] = []
+        self._keep: list[Any] = []
+        self._plan: _Plan | None = None
+        self._bound: list[Any] = []
+        self._lock = threading.Lock()
+        self._out_of_order = False
+        self._numpy_fn: tuple[Callable[..., Any], list[Any], list[int], dict[str, Any]] | None = None
+
+    # ---- inspection -----------------------------------------------------------------------
+    @property
+    def launches(self) -> list[Launch]:
+        """The recorded kernel launches, in order (copies and fills are in ``steps``)."""
+        return [s for s in self.steps if isinstance(s, Launch)]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self.steps[:6]) + (", ..." if len(self.steps) > 6 else "")
+        return f"<Graph {self.state}: {len(self.steps)} steps [{names}], {len(self.inputs)} inputs>"
+
+    # ---- capture --------------------------------------------------------------------------
+    @contextmanager
+    def capture(
+        self, queue: cl.CommandQueue | Any = None, inputs: Sequence[Tensor | cl.Buffer] | None = None
+    ) -> Iterator[Graph]:
+        """Record every launch on ``queue`` (a queue, ``Stream`` or ``Device``; default device's).
+
+        ``inputs`` declares the dynamic input buffers (also possible later with ``set_inputs``).
+        Raises ``RuntimeError`` if another capture is already recording on the queue.
+        """
+        if self.state != EMPTY:
+            raise ReplayError(f"this graph is already {self.state}; make a new Graph to capture again")
+        q = as_queue(queue)
+        if q is None:
+            raise ReplayError(
+                "Graph.capture needs an OpenCL queue; on the NumPy backend use capture_graph(None, fn, *args)"
+            )
+        self.queue = q
+        self._out_of_order = bool(q.properties & _OUT_OF_ORDER)
+        if inputs is not None:
+            self.set_inputs(inputs)
+        _capture.begin(q, self)
+        self.state = CAPTURING
+        try:
+            yield self
+        except BaseException:
+            self.state = FAILED
+            raise
+        finally:
+            _capture.end(q, self)
+        self.state = CAPTURED
+
+    def record_launch(
+        self,
+        kernel: cl.Kernel,
+        global_size: tuple[int, ...],
+        local_size: tuple[int, ...] | None,
+        args: list[Any],
+        keep: Sequence[Any] = (),
+    ) -> None:
+        """Called by ``launch`` for each launch on the capturing queue."""
+        self.steps.append(Launch(kernel, tuple(global_size), local_size, _freeze_scalars(kernel, args)))
+        self._keep.extend(keep)
+
+    def record_command(self, command: Callable[..., Any], args: list[Any], keep: Sequence[Any] = ()) -> None:
+        """Called by ``enqueue_copy`` / ``enqueue_fill`` for each command on the capturing queue."""
+        self.steps.append(Command(command, list(args)))
+        self._keep.extend(keep)
+
+    def set_inputs(self, inputs: Sequence[Tensor | cl.Buffer]) -> None:
+        """Declare the dynamic inputs (Tensors or ``cl.Buffer``s used by the captured launches)."""
+        inputs = list(inputs)
+        slots, raws, seen = [], [], {}
+        for index, obj in enumerate(inputs):
+            if isinstance(obj, Tensor):
+                if obj.device.kind != "opencl" and self._numpy_fn is None:
+                    raise ReplayError(f"input {index} lives on the NumPy backend; an OpenCL graph needs device buffers")
+                slots.append(_Slot(obj.nbytes, obj.shape, obj.dtype, obj.device))
+                raw = obj.data
+            elif isinstance(obj, cl.MemoryObjectHolder):
+                slots.append(_Slot(obj.size, None, None, None))
+                raw = obj
+            else:
+                raise ReplayError(f"input {index} is a {type(obj).__name__}; graph inputs are Tensors or cl.Buffers")
+            if isinstance(raw, cl.MemoryObjectHolder):
+                other = seen.setdefault(raw.int_ptr, index)
+                if other != index:
+                    raise ReplayError(
+                        f"inputs {other} and {index} share one buffer; a graph cannot tell their uses apart"
+                    )
+            raws.append(raw)
+        self.inputs, self._slots, self._captured_raw = inputs, slots, raws
+        self._plan = None
+
+    # ---- replay ---------------------------------------------------------------------------
+    def execute(
+        self, *new_inputs: Tensor | cl.Buffer, copy_outputs: bool = False, queue: Any = None, wait: bool = False
+    ) -> Any:
+        """Replay the captured launches with ``new_inputs`` in place of the captured inputs.
+
+        Returns ``outputs`` (the same buffers every replay: a later replay overwrites them),
+        or fresh copies of them with ``copy_outputs=True``. ``queue`` replays on another
+        queue of the same context; ``wait`` blocks until the replay has finished.
+        """
+        if self._numpy_fn is not None:
+            return self._execute_numpy(new_inputs, copy_outputs)
+        if self.state != CAPTURED:
+            raise ReplayError(f"cannot execute a graph that is {self.state}; capture it first")
+        raws = self._check(new_inputs)
+        q = self.queue if queue is None else as_queue(queue)
+        if q is not self.queue and q.context != self.queue.context:
+            raise ReplayError("execute(queue=...) must be a queue of the context the graph was captured on")
+        with self._lock:
+            plan = self._plan or self._build_plan()
+            bound = self._bound
+            for slot, raw in enumerate(raws):
+                if raw is not bound[slot]:
+                    for setter, index in plan.uses[slot]:
+                        setter(index, raw)
+                    bound[slot] = raw
+            if self._out_of_order if q is self.queue else q.properties & _OUT_OF_ORDER:
+                event = _run_chained(q, plan.steps)
+            elif plan.has_commands:
+                event = _run_mixed(q, plan.steps)
+            else:
+                event = _run_kernels(q, plan.steps)
+        self.last_event = event
+        result = self._map_outputs(new_inputs, copy_outputs, q)
+        if wait:
+            q.finish()
+        return result
+
+    __call__ = execute
+
+    def _check(self, new_inputs: Sequence[Any]) -> list[Any]:
+        """Validate a replay's inputs against the captured signature; return their buffers."""
+        if not new_inputs:
+            return self._captured_raw
+        if len(new_inputs) != len(self._slots):
+            raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
+        raws = []
+        for index, (obj, slot) in enumerate(zip(new_inputs, self._slots, strict=True)):
+            if isinstance(obj, Tensor):
+                if slot.shape is not None and (obj.shape != slot.shape or obj.dtype != slot.dtype):
+                    raise ReplayError(
+                        f"input {index}: captured {slot.shape} {slot.dtype}, got {obj.shape} {obj.dtype}; "
+                        "replay needs the captured shape and dtype"
+                    )
+                if obj.nbytes != slot.nbytes:
+                    raise ReplayError(f"input {index}: captured {slot.nbytes} bytes, got {obj.nbytes} bytes")
+                if slot.device is not None and obj.device is not slot.device:
+                    raise ReplayError(f"input {index}: captured on {slot.device!r}, got a tensor on {obj.device!r}")
+                if slot.device is None and (obj.device.kind != "opencl" or obj.device.context != self.queue.context):
+                    raise ReplayError(f"input {index}: tensor on {obj.device!r} is not in the graph's OpenCL context")
+                raws.append(obj.data)
+            elif isinstance(obj, cl.MemoryObjectHolder):
+                if obj.size != slot.nbytes:
+                    raise ReplayError(f"input {index}: captured {slot.nbytes} bytes, got a {obj.size}-byte buffer")
+                if obj.context != self.queue.context:
+                    raise ReplayError(f"input {index}: buffer belongs to another OpenCL context than the graph")
+                raws.append(obj)
+            else:
+                raise ReplayError(f"input {index}: expected a Tensor or cl.Buffer, got {type(obj).__name__}")
+        return raws
+
+    def _build_plan(self) -> _Plan:
+        """Make private kernels with every argument set; find where each input is used."""
+        slot_of = {raw.int_ptr: slot for slot, raw in enumerate(self._captured_raw)}
+        uses: list[list[tuple[Callable[[int, Any], None], int]]] = [[] for _ in self._captured_raw]
+        steps: list[tuple[Any, Any, Any]] = []
+        has_commands = False
+        for step in self.steps:
+            step.dynamic = {
+                i: slot_of[a.int_ptr]
+                for i, a in enumerate(step.args)
+                if isinstance(a, cl.MemoryObjectHolder) and a.int_ptr in slot_of
+            }
+            if isinstance(step, Launch):
+                private = cl.Kernel(step.kernel.program, step.kernel.function_name)
+                for i, a in enumerate(step.args):
+                    private.set_arg(i, a)
+                setter = private.set_arg
+                steps.append((private, step.global_size, step.local_size))
+            else:
+                has_commands = True
+                args = list(step.args)
+                setter = args.__setitem__
+                steps.append((None, step.command, args))
+            for i, slot in step.dynamic.items():
+                uses[slot].append((setter, i))
+        self._bound = list(self._captured_raw)
+        self._plan = _Plan(steps, uses, has_commands)
+        return self._plan
+
+    def _map_outputs(self, new_inputs: Sequence[Any], copy: bool, queue: cl.CommandQueue) -> Any:
+        """``outputs`` with captured inputs (and views of them) replaced by the replay's inputs."""
+        if self.outputs is None:
+            return None
+        replace = {id(old): new for old, new in zip(self.inputs, new_inputs, strict=False)}
+        replace_raw = {id(old): new for old, new in zip(self._captured_raw, new_inputs, strict=False)}
+
+        def one(obj: Any) -> Any:
+            if id(obj) in replace:
+                obj = replace[id(obj)]
+            elif isinstance(obj, Tensor) and id(obj.data) in replace_raw:
+                source = replace_raw[id(obj.data)]
+                data = source.data if isinstance(source, Tensor) else source
+                obj = Tensor(
+                    data, obj.shape, obj.dtype, obj.device, base=source if isinstance(source, Tensor) else None
+                )
+            return _copy_tensor(obj, queue) if copy else obj
+
+        return _map_structure(self.outputs, one)
+
+    # ---- NumPy backend --------------------------------------------------------------------
+    def _execute_numpy(self, new_inputs: Sequence[Any], copy: bool) -> Any:
+        fn, args, positions, kwargs = self._numpy_fn  # type: ignore[misc]
+        self._check_numpy(new_inputs)
+        call_args = list(args)
+        for position, new in zip(positions, new_inputs, strict=False):
+            call_args[position] = new
+        result = _reuse_outputs(self.outputs, fn(*call_args, **kwargs), [t.data for t in self.inputs])
+        return _map_structure(result, _copy_tensor) if copy else result
+
+    def _check_numpy(self, new_inputs: Sequence[Any]) -> None:
+        if not new_inputs:
+            return
+        if len(new_inputs) != len(self._slots):
+            raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
+        for index, (obj, slot) in enumerate(zip(new_inputs, self._slots, strict=True)):
+            if not isinstance(obj, Tensor):
+                raise ReplayError(f"input {index}: expected a Tensor, got {type(obj).__name__}")
+            if obj.shape != slot.shape or obj.dtype != slot.dtype or obj.device is not slot.device:
+                raise ReplayError(
+                    f"input {index}: captured {slot.shape} {slot.dtype} on {slot.device!r}, "
+                    f"got {obj.shape} {obj.dtype} on {obj.device!r}"
+                )
+
+
+def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Graph:
+    """Run ``fn(*args, **kwargs)`` once while capturing its launches; return the ``Graph``.
+
+    The ``Tensor`` / ``cl.Buffer`` positional ``args`` are the dynamic inputs (replace them
+    with ``g.execute(*new)``, same order); keyword arguments and other positional ones are
+    frozen. ``fn``'s return value becomes ``g.outputs``. ``queue`` may be None (the queue of
+    the first Tensor argument, else the default device's). On the NumPy backend nothing
+    can be captured: ``execute`` re-runs ``fn`` and copies its results into ``outputs``,
+    keeping the same reuse semantics.
+    """
+    positions = [i for i, a in enumerate(args) if isinstance(a, (Tensor, cl.MemoryObjectHolder))]
+    inputs = [args[i] for i in positions]
+    graph = Graph()
+    if _is_numpy(queue, inputs):
+        graph._numpy_fn = (fn, list(args), positions, dict(kwargs))
+        graph.set_inputs(inputs)
+        graph.outputs = fn(*args, **kwargs)
+        graph.state = CAPTURED
+        return graph
+    if queue is None:
+        first = next((a for a in inputs if isinstance(a, Tensor)), None)
+        queue = first.device.queue if first is not None else None
+    with graph.capture(queue, inputs=inputs):
+        graph.outputs = fn(*args, **kwargs)
+    return graph
+
+
+def as_queue(obj: Any) -> cl.CommandQueue | None:
+    """The command queue of a queue, ``Stream``, ``Device`` or device spec (None: default device)."""
+    if isinstance(obj, cl.CommandQueue):
+        return obj
+    if obj is None or isinstance(obj, str):
+        return get_device(obj).queue
+    queue = getattr(obj, "queue", None)
+    if queue is None and not isinstance(obj, Device):
+        raise TypeError(f"expected a cl.CommandQueue, Stream or Device, got {type(obj).__name__}")
+    return queue
+
+
+# ---- replay loops (kept tiny: this is the per-kernel host cost) -------------------------------
+def _run_kernels(queue: cl.CommandQueue, steps: list[tuple[Any, Any, Any]]) -> cl.Event | None:
+    enqueue = cl.enqueue_nd_range_kernel
+    event = None
+    for kernel, gsize, lsize in steps:
+        event = enqueue(queue, kernel, gsize, lsize)
+    return event
+
+
+def _run_mixed(queue: cl.CommandQueue, steps: list[tuple[Any, Any, Any]]) -> cl.Event | None:
+    enqueue = cl.enqueue_nd_range_kernel
+    event = None
+    for kernel, a, b in steps:
+        event = a(queue, *b) if kernel is None else enqueue(queue, kernel, a, b)
+    return event
+
+
+def _run_chained(queue: cl.CommandQueue, steps: list[tuple[Any, Any, Any]]) -> cl.Event | None:
+    enqueue = cl.enqueue_nd_range_kernel
+    event = None
+    for kernel, a, b in steps:
+        wait = None if event is None else (event,)
+        event = a(queue, *b, wait_for=wait) if kernel is None else enqueue(queue, kernel, a, b, wait_for=wait)
+    return event
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _freeze_scalars(kernel: cl.Kernel, args: list[Any]) -> list[Any]:
+    """Convert Python numbers to the kernel's declared numpy scalar types, as set_args did."""
+    if not any(isinstance(a, (bool, int, float)) for a in args):
+        return list(args)
+    dtypes = declared_scalar_dtypes(kernel)
+    frozen = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float)):
+            dtype = dtypes[index] if dtypes is not None and index < len(dtypes) else None
+            if dtype is None:
+                raise ReplayError(
+                    f"cannot capture argument {index} of kernel {kernel.function_name!r}: a Python number whose "
+                    "type was not declared with KernelHandle.kernel(name, scalar_dtypes); pass a numpy scalar"
+                )
+            arg = dtype.type(arg)
+        frozen.append(arg)
+    return frozen
+
+
+def _is_numpy(queue: Any, inputs: list[Any]) -> bool:
+    if isinstance(queue, Device):
+        return queue.kind == "cpu"
+    if isinstance(queue, str):
+        return get_device(queue).kind == "cpu"
+    if queue is not None:
+        return False
+    if any(isinstance(a, Tensor) and a.device.kind == "cpu" for a in inputs):
+        return True
+    return not inputs and get_device().kind == "cpu"
+
+
+def _copy_tensor(tensor: Any, queue: cl.CommandQueue | None = None) -> Any:
+    if not isinstance(tensor, Tensor):
+        return tensor
+    if tensor.device.kind == "cpu":
+        return tensor.copy()
+    out = Tensor.empty(tensor.shape, tensor.dtype, tensor.device)
+    if tensor.nbytes:
+        enqueue_copy(queue, out, tensor)
+    return out
+
+
+def _map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(obj, (tuple, list)):
+        return _rebuild(obj, [_map_structure(o, fn) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _map_structure(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _rebuild(template: tuple | list, items: list[Any]) -> Any:
+    if isinstance(template, list):
+        return items
+    return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
+
+
+def _reuse_outputs(outputs: Any, result: Any, input_arrays: list[np.ndarray]) -> Any:
+    """NumPy backend: write a re-run's results into the captured output tensors and return them.
+
+    A captured output that shares memory with a captured input is not overwritten (that
+    would clobber the input); the re-run's own result is returned in its place.
+    """
+    if isinstance(outputs, Tensor):
+        if not isinstance(result, Tensor) or result.shape != outputs.shape or result.dtype != outputs.dtype:
+            raise ReplayError("the replayed function returned another shape or dtype than at capture")
+        if any(np.shares_memory(outputs.data, a) for a in input_arrays):
+            return result
+        np.copyto(outputs.data, result.data.reshape(outputs.data.shape))
+        return outputs
+    if isinstance(outputs, (tuple, list)):
+        if not isinstance(result, (tuple, list)) or len(result) != len(outputs):
+            raise ReplayError("the replayed function returned another structure than at capture")
+        merged = [_reuse_outputs(o, r, input_arrays) for o, r in zip(outputs, result, strict=True)]
+        return _rebuild(outputs, merged)
+    if isinstance(outputs, dict):
+        return {key: _reuse_outputs(o, result[key], input_arrays) for key, o in outputs.items()}
+    return result
