@@ -13,7 +13,10 @@ Shape = tuple[int, ...]
 
 def normalize_shape(shape: int | Iterable[int]) -> Shape:
     """Turn an int or iterable of ints into a shape tuple, rejecting negatives and non-integers."""
-    dims = (shape,) if isinstance(shape, int) or hasattr(shape, "__index__") else tuple(shape)  # type: ignore[arg-type]
+    if hasattr(shape, "__index__") or isinstance(shape, str) or not isinstance(shape, Iterable):
+        dims: tuple[object, ...] = (shape,)  # one dimension; a bad one is reported below
+    else:
+        dims = tuple(shape)
     result = []
     for dim in dims:
         if isinstance(dim, bool) or not hasattr(dim, "__index__"):
@@ -25,8 +28,18 @@ def normalize_shape(shape: int | Iterable[int]) -> Shape:
     return tuple(result)
 
 
-def broadcast_shapes(*shapes: Sequence[int]) -> Shape:
+def broadcast_shapes(*shapes: int | Sequence[int]) -> Shape:
     """The shape NumPy broadcasting gives ``shapes``; ``ShapeError`` if they cannot broadcast."""
+    shapes = tuple(s if type(s) is tuple else normalize_shape(s) for s in shapes)
+    result = _broadcast(shapes)
+    if any(type(d) is not int or d < 0 for d in result):  # rare: NumPy ints or bad dims in tuples
+        result = _broadcast(tuple(normalize_shape(s) for s in shapes))
+    return result
+
+
+def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> Shape:
+    if shapes and all(s == shapes[0] for s in shapes):  # the common case: nothing to broadcast
+        return shapes[0]
     ndim = max((len(s) for s in shapes), default=0)
     result = []
     for axis in range(-ndim, 0):

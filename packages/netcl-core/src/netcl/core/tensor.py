@@ -9,7 +9,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core.broadcast import Shape, normalize_shape
-from netcl.core.devices import Device, device_of_queue, get_device
+from netcl.core.devices import Device, check_allocation, device_of_queue, get_device
 from netcl.core.dtypes import as_dtype, float32
 from netcl.core.errors import ShapeError
 
@@ -39,7 +39,7 @@ class Tensor:
         device = _resolve_device(queue_or_device)
         host = np.asarray(array)
         target = device.check_dtype(dtype if dtype is not None else _default_dtype(host))
-        host = np.ascontiguousarray(host, dtype=target)
+        host = np.asarray(host, dtype=target, order="C")  # ascontiguousarray would turn 0-d into (1,)
         if device.kind == "cpu":
             return cls(host.copy(), host.shape, target, device)
         tensor = cls.empty(host.shape, target, device)
@@ -53,9 +53,10 @@ class Tensor:
         dims = normalize_shape(shape)
         device = get_device(device)
         target = device.check_dtype(dtype)
-        if device.kind == "cpu":
-            return cls(np.empty(dims, dtype=target), dims, target, device)
         nbytes = math.prod(dims) * target.itemsize
+        if device.kind == "cpu":
+            check_allocation(device, nbytes)
+            return cls(np.empty(dims, dtype=target), dims, target, device)
         return cls(device.allocator(device, nbytes), dims, target, device)
 
     @classmethod
@@ -99,7 +100,7 @@ class Tensor:
         """A view with a new shape sharing this tensor's buffer; one dim may be -1."""
         dims = _infer_shape(shape, self.size, self.shape)
         data = self.data.reshape(dims) if self.device.kind == "cpu" else self.data
-        return Tensor(data, dims, self.dtype, self.device, base=self.base or self)
+        return Tensor(data, dims, self.dtype, self.device, base=self.base if self.base is not None else self)
 
     def copy(self) -> Tensor:
         """A new tensor with its own buffer and the same contents."""

@@ -41,14 +41,19 @@ inline float SIGMOID(float x) {
     return e / (1.0f + e);
 }
 
+/* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = K (x + C x^3), written as x * sigmoid(2u) and
+   sech(u)^2 = 4e / (1 + e)^2 with e = exp(-2|u|): no 1 - tanh(u)^2 cancellation, which a tanh a few
+   ulps off +-1 turns into errors growing like x^3 (GELU_GRAD(-100) = -0.0064 instead of 0). */
 #define GELU_K 0.7978845608028654f
 #define GELU_C 0.044715f
 inline float GELU(float x) {
-    return 0.5f * x * (1.0f + tanh(GELU_K * (x + GELU_C * x * x * x)));
+    return x * SIGMOID(2.0f * GELU_K * (x + GELU_C * x * x * x));
 }
 inline float GELU_GRAD(float x) {
-    float t = tanh(GELU_K * (x + GELU_C * x * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float e = exp(-2.0f * fabs(u));
+    float sech2 = 4.0f * e / ((1.0f + e) * (1.0f + e));
+    return SIGMOID(2.0f * u) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
 }
 
 /* Detection loss terms (see DESIGN.md, detection_loss). */

@@ -1,0 +1,217 @@
+"""Device listing, default selection, NETCL_DEVICE, set_device and the device report."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pyopencl as cl
+import pytest
+
+import netcl.core as nc
+
+# ``netcl.core.devices`` the attribute is the function; the module holds the process default.
+devices_mod = importlib.import_module("netcl.core.devices")
+
+
+@pytest.fixture(autouse=True)
+def restore_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test here starts from automatic selection and leaves the process default as it was."""
+    saved = (devices_mod._default, devices_mod._default_reason)
+    monkeypatch.delenv("NETCL_DEVICE", raising=False)
+    devices_mod._default = None
+    yield
+    devices_mod._default, devices_mod._default_reason = saved
+
+
+def _expected_auto() -> nc.Device:
+    opencl = [d for d in nc.devices() if d.kind == "opencl"]
+    gpus = [d for d in opencl if d.is_gpu]
+    return (gpus or opencl or [nc.devices()[-1]])[0]
+
+
+def _fake_registry(*types: int) -> list[nc.Device]:
+    """A registry of fake OpenCL devices of the given ``cl.device_type``s, then the NumPy backend."""
+    found = []
+    for index, dev_type in enumerate(types):
+        fake = SimpleNamespace(name=f"Fake {cl.device_type.to_string(dev_type)} {index}", type=dev_type)
+        found.append(nc.Device("opencl", f"{index}:0", fake))  # type: ignore[arg-type]
+    return [*found, nc.Device("cpu", "cpu")]
+
+
+# ---- listing ---------------------------------------------------------------------------------
+def test_devices_lists_every_opencl_device_then_cpu() -> None:
+    listed = nc.devices()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    expected = [(p, d) for p, platform in enumerate(platforms) for d in range(len(platform.get_devices()))]
+    assert [d.spec for d in listed[:-1]] == [f"{p}:{d}" for p, d in expected]
+    assert all(d.kind == "opencl" and d.is_opencl for d in listed[:-1])
+    assert listed[-1].kind == "cpu" and listed[-1].spec == "cpu" and listed[-1].name == "NumPy"
+    assert listed[-1].context is None and listed[-1].queue is None and listed[-1].cl_device is None
+
+
+def test_devices_is_a_stable_registry() -> None:
+    first, second = nc.devices(), nc.devices()
+    assert first == second and all(a is b for a, b in zip(first, second, strict=True))
+    second.pop()  # a copy: mutating it does not touch the registry
+    assert len(nc.devices()) == len(first)
+
+
+def test_device_repr_is_readable(device: nc.Device) -> None:
+    text = repr(device)
+    if device.kind == "cpu":
+        assert text == "<Device cpu: NumPy backend>"
+    else:
+        assert text.startswith(f"<Device {device.spec}: {device.name} (")
+        assert device.platform_name in text
+
+
+def test_opencl_device_has_profiling_in_order_queue(cl_device: nc.Device) -> None:
+    queue = cl_device.queue
+    assert queue is cl_device.queue  # one default queue per device
+    assert queue.context == cl_device.context and queue.device == cl_device.cl_device
+    assert queue.properties & cl.command_queue_properties.PROFILING_ENABLE
+    assert not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+    assert cl_device.context.devices == [cl_device.cl_device]
+    assert cl_device.global_mem_size > 0 and 0 < cl_device.max_alloc_size <= cl_device.global_mem_size
+    assert "cl_khr_fp64" in cl_device.extensions or not cl_device.supports(nc.float64)
+
+
+# ---- default selection -----------------------------------------------------------------------
+def test_default_follows_selection_order() -> None:
+    device = nc.get_device()
+    assert device is _expected_auto()
+    assert nc.get_device() is device
+    reason = nc.default_reason()
+    if device.is_gpu:
+        assert reason == "first OpenCL GPU"
+    elif device.kind == "opencl":
+        assert reason == "no OpenCL GPU found; first other OpenCL device"
+    else:
+        assert reason == "no OpenCL device found; NumPy backend"
+
+
+def test_selection_order_prefers_gpu_then_other_opencl_then_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = _fake_registry(cl.device_type.CPU, cl.device_type.ACCELERATOR, cl.device_type.GPU)
+    monkeypatch.setattr(devices_mod, "_registry", registry)
+    assert nc.get_device() is registry[2]
+    assert nc.default_reason() == "first OpenCL GPU"
+    assert nc.get_device("opencl") is registry[2]  # "opencl" also takes GPUs first
+    assert nc.get_device("gpu") is registry[2]
+    assert nc.get_device("1:0") is registry[1]
+    assert nc.get_device("cpu") is registry[3]
+
+    registry = _fake_registry(cl.device_type.CPU, cl.device_type.ACCELERATOR)
+    monkeypatch.setattr(devices_mod, "_registry", registry)
+    assert nc.set_device(None) is registry[0]
+    assert nc.default_reason() == "no OpenCL GPU found; first other OpenCL device"
+
+    registry = _fake_registry()
+    monkeypatch.setattr(devices_mod, "_registry", registry)
+    assert nc.set_device(None) is registry[0] and registry[0].kind == "cpu"
+    assert nc.default_reason() == "no OpenCL device found; NumPy backend"
+    with pytest.raises(nc.DeviceError, match=r"device spec 'opencl': no OpenCL device found; available: cpu \(NumPy\)"):
+        nc.get_device("opencl")
+
+
+# ---- NETCL_DEVICE ----------------------------------------------------------------------------
+def test_env_cpu_selects_numpy_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCL_DEVICE", " CPU ")
+    device = nc.get_device()
+    assert device.kind == "cpu" and device is nc.devices()[-1]
+    assert nc.default_reason() == "NETCL_DEVICE='CPU' (spec 'CPU' names the NumPy backend)"
+
+
+def test_env_opencl_and_index(monkeypatch: pytest.MonkeyPatch, cl_device: nc.Device) -> None:
+    monkeypatch.setenv("NETCL_DEVICE", "opencl")
+    assert nc.get_device() is cl_device
+    assert "NETCL_DEVICE='opencl'" in nc.default_reason()
+    last = [d for d in nc.devices() if d.kind == "opencl"][-1]
+    monkeypatch.setenv("NETCL_DEVICE", last.spec.replace(":", " : "))
+    assert nc.set_device(None) is last
+    assert nc.get_device("0:0") is nc.devices()[0]
+
+
+def test_env_gpu_without_gpu_is_device_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    if any(d.is_gpu for d in nc.devices()):
+        assert nc.get_device("gpu").is_gpu
+        monkeypatch.setattr(devices_mod, "_registry", _fake_registry(cl.device_type.CPU))
+    monkeypatch.setenv("NETCL_DEVICE", "gpu")
+    with pytest.raises(nc.DeviceError, match=r"device spec 'gpu': no OpenCL GPU found; available: .*cpu \(NumPy\)"):
+        nc.get_device()
+
+
+def test_env_garbage_is_device_error_listing_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCL_DEVICE", "tpu7")
+    with pytest.raises(nc.DeviceError) as info:
+        nc.get_device()
+    message = str(info.value)
+    assert "unknown device spec 'tpu7'" in message
+    assert "expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>'" in message
+    for device in nc.devices():
+        assert f"{device.spec} ({device.name})" in message
+    assert devices_mod._default is None  # a failed selection does not stick
+
+
+# ---- set_device ------------------------------------------------------------------------------
+def test_set_device_changes_default_and_none_resets(device: nc.Device) -> None:
+    auto = nc.get_device()
+    assert nc.set_device(device) is device
+    assert nc.get_device() is device
+    assert nc.default_reason() == f"set_device({device!r})"
+    assert nc.Tensor.zeros(3).device is device  # new tensors land on the new default
+    assert nc.set_device("cpu").kind == "cpu"
+    assert nc.default_reason() == "set_device('cpu')"
+    assert nc.set_device(None) is auto
+    assert nc.get_device() is auto
+
+
+def test_set_device_bad_spec_keeps_default() -> None:
+    before = nc.get_device()
+    with pytest.raises(nc.DeviceError, match="unknown device spec 'nope'"):
+        nc.set_device("nope")
+    assert nc.get_device() is before
+
+
+def test_get_device_passes_devices_through_and_rejects_other_types() -> None:
+    cpu = nc.devices()[-1]
+    assert nc.get_device(cpu) is cpu
+    with pytest.raises(nc.DeviceError, match="device spec must be a str or Device, got int"):
+        nc.get_device(0)  # type: ignore[arg-type]
+
+
+# ---- python -m netcl.core --------------------------------------------------------------------
+def _report(env_value: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "NETCL_DEVICE"}
+    if env_value is not None:
+        env["NETCL_DEVICE"] = env_value
+    done = subprocess.run(
+        [sys.executable, "-m", "netcl.core"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_report_names_default_and_why() -> None:
+    out = _report(None)
+    default = _expected_auto()
+    assert f"default: {default.spec} ({default.name}) because {nc.default_reason()}" in out
+    for device in nc.devices():
+        if device.kind == "opencl":
+            assert f"* {device.spec}" in out if device is default else f"  {device.spec}" in out
+            assert device.name in out and "memory:" in out and "extensions:" in out
+    assert "cpu    NumPy backend" in out
+    assert "override with NETCL_DEVICE=" in out
+
+
+def test_report_with_env_override() -> None:
+    out = _report("cpu")
+    assert "* cpu    NumPy backend" in out
+    assert "default: cpu (NumPy) because NETCL_DEVICE='cpu'" in out
