@@ -1,0 +1,207 @@
+"""GPU timing: ``PerfCounter`` (named sections with history), ``timing_region``, ``event_based_timing``.
+
+On an OpenCL queue with profiling enabled (every netcl device queue and ``Stream`` has it),
+a timed region is bracketed by two commands on the queue: a marker (a barrier on an
+out-of-order queue) at entry and a marker at exit. Its time is ``exit.END - entry.END``:
+on the device's clock, from the moment everything enqueued before the region had finished
+to the moment everything enqueued inside it had finished. That is GPU time, including
+any idle gaps while the host was still enqueueing.
+
+Without profiling events (the NumPy backend, or a queue created without
+``PROFILING_ENABLE``) the region falls back to host wall-clock time (after a
+``queue.finish()`` at both ends on OpenCL), and reports say "wall-clock".
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pyopencl as cl
+
+from netcl.core.devices import Device, get_device
+
+EVENTS, WALL = "events", "wall-clock"
+_PROFILING = cl.command_queue_properties.PROFILING_ENABLE
+_OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+
+
+@dataclass
+class TimingRegion:
+    """The result of one timed region; ``elapsed_ms`` is filled when the region exits."""
+
+    name: str
+    clock: str
+    nbytes: int | None = None
+    elapsed_ms: float | None = None
+
+    @property
+    def gbps(self) -> float | None:
+        """Bandwidth in GB/s (1e9 bytes per second) when ``nbytes`` was given."""
+        if self.nbytes is None or not self.elapsed_ms:
+            return None
+        return self.nbytes / (self.elapsed_ms * 1e6)
+
+
+@dataclass
+class SectionStats:
+    """Summary of one ``PerfCounter`` section."""
+
+    name: str
+    calls: int = 0
+    min_ms: float | None = None
+    avg_ms: float | None = None
+    max_ms: float | None = None
+    total_ms: float = 0.0
+    gbps: float | None = None
+    clocks: set[str] = field(default_factory=set)
+
+
+class _Bracket:
+    """Start/stop of one timed region on a queue (events) or on the host clock."""
+
+    __slots__ = ("queue", "clock", "start", "stop_event", "wall")
+
+    def __init__(self, queue: cl.CommandQueue | None) -> None:
+        self.queue = queue
+        self.clock = EVENTS if queue is not None and queue.properties & _PROFILING else WALL
+        self.start: Any = None
+        self.stop_event: cl.Event | None = None
+        self.wall: float | None = None
+
+    def enter(self) -> None:
+        if self.clock == EVENTS:
+            ooo = self.queue.properties & _OUT_OF_ORDER
+            self.start = cl.enqueue_barrier(self.queue) if ooo else cl.enqueue_marker(self.queue)
+        else:
+            if self.queue is not None:
+                self.queue.finish()
+            self.start = time.perf_counter()
+
+    def exit(self) -> None:
+        if self.clock == EVENTS:
+            self.stop_event = cl.enqueue_marker(self.queue)
+            self.queue.flush()
+        else:
+            if self.queue is not None:
+                self.queue.finish()
+            self.wall = (time.perf_counter() - self.start) * 1e3
+
+    def elapsed_ms(self) -> float:
+        """Milliseconds of the region (waits for the device when needed)."""
+        if self.clock == WALL:
+            return self.wall
+        self.stop_event.wait()
+        return (self.stop_event.profile.end - self.start.profile.end) * 1e-6
+
+
+def _resolve_queue(queue: Any, device: Device | str | None) -> cl.CommandQueue | None:
+    if queue is None:
+        return get_device(device).queue
+    if isinstance(queue, cl.CommandQueue):
+        return queue
+    return getattr(queue, "queue", None)  # a Stream or a Device
+
+
+class PerfCounter:
+    """Named timing sections with per-call history; ``report`` prints min/avg/max ms and GB/s.
+
+    ``names`` declares the sections (``section`` with another name raises ``KeyError``);
+    None allows any name. ``queue`` (a queue, ``Stream`` or ``Device``; default: the
+    default device's queue) is where sections are timed unless ``section`` names another.
+    Event timestamps are read lazily, so timing a section does not block the host.
+    """
+
+    def __init__(self, names: Iterable[str] | None = None, queue: Any = None, device: Device | str | None = None):
+        self.names: list[str] | None = list(names) if names is not None else None
+        self.queue = _resolve_queue(queue, device)
+        self._records: dict[str, list[tuple[_Bracket, int | None]]] = {n: [] for n in self.names or ()}
+
+    @contextmanager
+    def section(self, name: str, nbytes: int | None = None, queue: Any = None) -> Iterator[None]:
+        """Time the device work enqueued inside the block; ``nbytes`` (moved per call) gives GB/s."""
+        if self.names is not None and name not in self._records:
+            raise KeyError(f"unknown section {name!r}; this PerfCounter has {self.names}")
+        bracket = _Bracket(self.queue if queue is None else _resolve_queue(queue, None))
+        bracket.enter()
+        yield
+        bracket.exit()
+        self._records.setdefault(name, []).append((bracket, nbytes))
+
+    def stats(self) -> dict[str, SectionStats]:
+        """Per-section statistics (waits for pending sections to finish on the device)."""
+        result = {}
+        for name, records in self._records.items():
+            stats = SectionStats(name)
+            times = [b.elapsed_ms() for b, _ in records]
+            if times:
+                stats.calls = len(times)
+                stats.min_ms, stats.max_ms = min(times), max(times)
+                stats.total_ms = sum(times)
+                stats.avg_ms = stats.total_ms / len(times)
+                stats.clocks = {b.clock for b, _ in records}
+                timed = [(t, n) for t, (_, n) in zip(times, records, strict=True) if n is not None]
+                if timed and sum(t for t, _ in timed) > 0:
+                    stats.gbps = sum(n for _, n in timed) / (sum(t for t, _ in timed) * 1e6)
+            result[name] = stats
+        return result
+
+    def report(self, stream: IO[str] | None = sys.stdout) -> str:
+        """Print (to ``stream``; None: don't) and return a table of every section."""
+        stats = self.stats()
+        clocks = set().union(*(s.clocks for s in stats.values())) if stats else set()
+        width = max([len("section"), *(len(n) for n in stats)])
+        lines = [
+            f"{'section':<{width}}  {'calls':>5}  {'min ms':>9}  {'avg ms':>9}  {'max ms':>9}  {'GB/s':>8}  clock",
+        ]
+        for s in stats.values():
+            lines.append(
+                f"{s.name:<{width}}  {s.calls:>5}  {_fmt(s.min_ms):>9}  {_fmt(s.avg_ms):>9}  {_fmt(s.max_ms):>9}  "
+                f"{_fmt(s.gbps, 2):>8}  {'/'.join(sorted(s.clocks)) or '-'}"
+            )
+        if WALL in clocks:
+            lines.append(
+                "note: wall-clock = host time (no OpenCL profiling events on this backend/queue); "
+                "it includes Python overhead"
+            )
+        if EVENTS in clocks:
+            lines.append("note: events = GPU time between OpenCL profiling markers")
+        text = "\n".join(lines) + "\n"
+        if stream is not None:
+            stream.write(text)
+        return text
+
+    def reset(self) -> None:
+        """Forget every recorded call (the declared names stay)."""
+        self._records = {n: [] for n in self.names or ()}
+
+
+@contextmanager
+def timing_region(
+    name: str, queue: Any = None, device: Device | str | None = None, nbytes: int | None = None
+) -> Iterator[TimingRegion]:
+    """Time one block; the yielded ``TimingRegion`` gets ``elapsed_ms`` on exit (waits for the device)."""
+    bracket = _Bracket(_resolve_queue(queue, device))
+    region = TimingRegion(name, bracket.clock, nbytes)
+    bracket.enter()
+    yield region
+    bracket.exit()
+    region.elapsed_ms = bracket.elapsed_ms()
+
+
+def event_based_timing(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Run ``fn(*args, **kwargs)``; return its result and the ms of the device work it enqueued.
+
+    ``queue`` None means the default device's queue; the NumPy backend uses wall-clock time.
+    """
+    with timing_region(getattr(fn, "__name__", "fn"), queue) as region:
+        result = fn(*args, **kwargs)
+    return result, region.elapsed_ms
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
