@@ -161,10 +161,12 @@ def default_queue_for(context: cl.Context) -> cl.CommandQueue:
 
 
 def _sizes(value: int | Sequence[int], what: str) -> tuple[int, ...]:
-    try:
-        sizes = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise LaunchError(f"{what} size must be an int or a sequence of ints, got {value!r}") from None
+    if isinstance(value, (int, np.integer)):
+        sizes: tuple[int, ...] = (int(value),)
+    elif isinstance(value, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in value):
+        sizes = tuple(int(v) for v in value)
+    else:
+        raise LaunchError(f"{what} size must be an int or a tuple/list of ints, got {value!r}")
     if not 1 <= len(sizes) <= _MAX_DIMS:
         raise LaunchError(f"{what} size {sizes} must have 1 to {_MAX_DIMS} dimensions")
     if any(s <= 0 for s in sizes):
