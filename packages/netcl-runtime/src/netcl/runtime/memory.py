@@ -1,0 +1,245 @@
+"""A caching device allocator: buffers are taken from and returned to a pool keyed by size class.
+
+Importing ``netcl.runtime`` installs it on every OpenCL ``Device`` (``device.allocator``, which
+core's ``Tensor.empty`` calls), unless ``NETCL_CACHING_ALLOCATOR=0``.
+
+How a buffer comes back: the pool owns one reference to each device allocation (``cl_mem``)
+and hands out a *second* ``cl.Buffer`` wrapper of it, tagged with a small block token. When
+that wrapper is garbage collected - that is, when no tensor, view, captured launch or user
+variable holds it any more - the token returns the block to the pool. So a buffer is never
+reused while anything in Python can still reach it (a ``Graph`` that recorded it keeps it).
+
+Size classes: at most 512 bytes -> 512; up to 1 MiB -> the next power of two; above that,
+steps of a quarter octave (1, 1.25, 1.5, 1.75 x 2**k), so at most 25% is wasted. A request
+is served by a cached block of exactly its class, else by a fresh device allocation. If a
+fresh allocation fails, or would take the pool past the device's global memory, the cached
+blocks are released first and it is tried again. A request larger than the device allows
+raises ``MemoryError`` naming the bytes asked for and the limit (core's ``check_allocation``).
+
+Reuse and queues: a block freed while kernels that use it are still queued is handed out
+again at once. That is safe on one in-order queue (the device's default queue, which every
+eager op uses): later work on that queue runs after the earlier work. Work on other queues
+(``Stream``) that uses a tensor must be finished or waited for before the tensor is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import pyopencl as cl
+
+from netcl.core import Device, devices, get_device
+from netcl.core.devices import check_allocation, raw_allocate
+
+ENV_VAR = "NETCL_CACHING_ALLOCATOR"
+MIN_BLOCK = 512
+POW2_LIMIT = 1 << 20
+
+
+def size_class(nbytes: int) -> int:
+    """The block size a request of ``nbytes`` is served from."""
+    if nbytes <= MIN_BLOCK:
+        return MIN_BLOCK
+    if nbytes <= POW2_LIMIT:
+        return 1 << (nbytes - 1).bit_length()
+    step = (1 << (nbytes.bit_length() - 1)) // 4
+    return -(-nbytes // step) * step
+
+
+@dataclass
+class MemoryStats:
+    """A snapshot of one device's pool (all sizes in bytes)."""
+
+    allocated_bytes: int = 0  #: held by live buffers (block sizes)
+    requested_bytes: int = 0  #: what the live buffers were asked for
+    cached_bytes: int = 0  #: free blocks kept for reuse
+    reserved_bytes: int = 0  #: allocated + cached: what the pool holds on the device
+    peak_allocated_bytes: int = 0
+    served_from_pool: int = 0  #: requests served by a cached block
+    fresh_allocations: int = 0  #: requests that needed a new device allocation
+    frees: int = 0  #: blocks returned to the pool
+    active_blocks: int = 0
+    cached_blocks: int = 0
+
+
+class _BlockToken:
+    """Rides on a handed-out buffer wrapper; returns the block when the wrapper dies."""
+
+    __slots__ = ("returned", "real", "size", "requested")
+
+    def __init__(self, returned: deque, real: cl.Buffer, size: int, requested: int) -> None:
+        self.returned = returned
+        self.real = real
+        self.size = size
+        self.requested = requested
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown there is nothing to return to
+            self.returned.append((self.real, self.size, self.requested))
+
+
+class DevicePool:
+    """The pool of one OpenCL device; thread-safe.
+
+    Frees are queued lock-free (a finalizer may run during any allocation, even one that holds
+    the lock) and folded into the free lists at the next allocation or stats call.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self._lock = threading.Lock()
+        self._free: dict[int, list[cl.Buffer]] = {}
+        self._returned: deque[tuple[cl.Buffer, int, int]] = deque()
+        self._stats = MemoryStats()
+
+    def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
+        """A buffer of at least ``nbytes`` (signature of ``Device.allocator``)."""
+        nbytes = int(nbytes)
+        check_allocation(device, nbytes)
+        size = size_class(nbytes)
+        if size > device.max_alloc_size:
+            size = max(nbytes, 4)
+        stats = self._stats
+        with self._lock:
+            self._drain()
+            blocks = self._free.get(size)
+            real = blocks.pop() if blocks else None
+            if real is not None:
+                stats.served_from_pool += 1
+                stats.cached_bytes -= size
+                stats.cached_blocks -= 1
+        if real is None:
+            real = self._fresh(size, nbytes)
+        try:
+            wrapper = cl.Buffer.from_int_ptr(real.int_ptr, retain=True)
+            wrapper._netcl_block = _BlockToken(self._returned, real, size, nbytes)
+        except (AttributeError, TypeError):  # a pyopencl without dynamic attributes: no pooling
+            wrapper = real
+            size = 0
+        with self._lock:
+            stats.allocated_bytes += size
+            stats.requested_bytes += nbytes
+            stats.active_blocks += 1 if size else 0
+            stats.peak_allocated_bytes = max(stats.peak_allocated_bytes, stats.allocated_bytes)
+        return wrapper
+
+    def _fresh(self, size: int, nbytes: int) -> cl.Buffer:
+        with self._lock:
+            self._stats.fresh_allocations += 1
+            over = self._stats.allocated_bytes + self._stats.cached_bytes + size > self.device.global_mem_size
+        if over:
+            self.empty_cache()
+        try:
+            return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size)
+        except (cl.MemoryError, cl.RuntimeError, cl.LogicError):
+            self.empty_cache()
+            try:
+                return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size)
+            except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as exc:
+                raise MemoryError(
+                    f"cannot allocate {nbytes} bytes (block of {size}) on {self.device.name!r}: {exc}; "
+                    f"device global memory is {self.device.global_mem_size} bytes, "
+                    f"{self._stats.allocated_bytes} held by live tensors"
+                ) from None
+
+    def _drain(self) -> None:
+        """Fold queued frees into the free lists (caller holds the lock)."""
+        returned = self._returned
+        stats = self._stats
+        while returned:
+            real, size, requested = returned.popleft()
+            self._free.setdefault(size, []).append(real)
+            stats.allocated_bytes -= size
+            stats.requested_bytes -= requested
+            stats.cached_bytes += size
+            stats.active_blocks -= 1
+            stats.cached_blocks += 1
+            stats.frees += 1
+
+    def empty_cache(self) -> int:
+        """Release every cached block to the device; returns the bytes released."""
+        with self._lock:
+            self._drain()
+            released = self._stats.cached_bytes
+            self._free = {}
+            self._stats.cached_bytes = 0
+            self._stats.cached_blocks = 0
+        return released
+
+    def stats(self) -> MemoryStats:
+        with self._lock:
+            self._drain()
+            snapshot = MemoryStats(**vars(self._stats))
+        snapshot.reserved_bytes = snapshot.allocated_bytes + snapshot.cached_bytes
+        return snapshot
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._drain()
+            self._stats.peak_allocated_bytes = self._stats.allocated_bytes
+
+
+_POOLS: dict[Device, DevicePool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_for(device: Device | str | None = None) -> DevicePool | None:
+    """The pool of ``device`` (None for the NumPy backend)."""
+    target = get_device(device)
+    if target.kind != "opencl":
+        return None
+    with _POOLS_LOCK:
+        pool = _POOLS.get(target)
+        if pool is None:
+            pool = _POOLS[target] = DevicePool(target)
+        return pool
+
+
+def install_caching_allocator(enabled: bool | None = None) -> bool:
+    """Install the pool as ``device.allocator`` on every OpenCL device (``False``: raw allocation).
+
+    ``enabled=None`` reads ``NETCL_CACHING_ALLOCATOR`` (default on). A custom allocator a user
+    set on a device is left alone. Returns whether the pool is installed.
+    """
+    if enabled is None:
+        enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off", "no")
+    for device in devices():
+        if device.kind != "opencl":
+            continue
+        pool = pool_for(device)
+        assert pool is not None
+        current = device.allocator
+        ours = current is raw_allocate or getattr(current, "__self__", None) is pool
+        if ours:
+            device.allocator = pool.allocate if enabled else raw_allocate
+    return bool(enabled)
+
+
+def memory_stats(device: Device | str | None = None) -> MemoryStats:
+    """Pool statistics of ``device`` (default device); all zero on the NumPy backend."""
+    pool = pool_for(device)
+    return pool.stats() if pool is not None else MemoryStats()
+
+
+def empty_cache(device: Device | str | None = None) -> int:
+    """Release cached blocks of ``device`` (None: every device) to the driver; returns bytes released."""
+    if device is None:
+        with _POOLS_LOCK:
+            pools = list(_POOLS.values())
+        return sum(p.empty_cache() for p in pools)
+    pool = pool_for(device)
+    return pool.empty_cache() if pool is not None else 0
+
+
+def reset_peak_memory_stats(device: Device | str | None = None) -> None:
+    """Set the peak of ``device``'s pool to what is allocated now."""
+    pool = pool_for(device)
+    if pool is not None:
+        pool.reset_peak()
+
+
+install_caching_allocator()

@@ -1,0 +1,107 @@
+"""The eager op library: broadcasting elementwise ops, reductions, matmul, layout and random.
+
+Every function takes ``Tensor``s of one device (and, for elementwise operands, Python or NumPy
+scalars) and returns a new ``Tensor`` on that device. On OpenCL each op runs one generated
+kernel (built once per op, shapes and dtypes through ``program_cache``, launched through
+``launch``); on the NumPy backend (``device.kind == "cpu"``) the same op runs in NumPy.
+"""
+
+from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
+from netcl.runtime.ops._common import clear_kernel_memo
+from netcl.runtime.ops.layout import (
+    broadcast_to,
+    cast,
+    copy,
+    full,
+    one_hot,
+    ones_like,
+    sum_to_shape,
+    transpose,
+    zeros_like,
+)
+from netcl.runtime.ops.linalg import matmul
+from netcl.runtime.ops.pointwise import (
+    abs,
+    add,
+    add_,
+    clamp,
+    div,
+    elementwise,
+    eq,
+    exp,
+    fill_,
+    ge,
+    gelu,
+    gelu_grad,
+    gt,
+    le,
+    log,
+    log1p,
+    lt,
+    maximum,
+    minimum,
+    mul,
+    neg,
+    pow,
+    relu,
+    relu_grad,
+    rsqrt,
+    sigmoid,
+    sign,
+    sqrt,
+    sub,
+    tanh,
+    where,
+)
+from netcl.runtime.ops.random import normal, uniform
+from netcl.runtime.ops.reduce import max, mean, sum
+
+__all__ = [
+    "abs",
+    "add",
+    "add_",
+    "broadcast_to",
+    "cast",
+    "clamp",
+    "clear_kernel_memo",
+    "copy",
+    "div",
+    "elementwise",
+    "eq",
+    "exp",
+    "fill_",
+    "full",
+    "ge",
+    "gelu",
+    "gelu_grad",
+    "gt",
+    "le",
+    "log",
+    "log1p",
+    "lt",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "minimum",
+    "mul",
+    "neg",
+    "normal",
+    "one_hot",
+    "ones_like",
+    "pow",
+    "relu",
+    "relu_grad",
+    "rsqrt",
+    "sigmoid",
+    "sign",
+    "sqrt",
+    "sub",
+    "sum",
+    "sum_to_shape",
+    "tanh",
+    "transpose",
+    "uniform",
+    "where",
+    "zeros_like",
+]

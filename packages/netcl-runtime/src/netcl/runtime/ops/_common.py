@@ -1,0 +1,227 @@
+"""Shared plumbing of the eager ops: operands, devices, dtype promotion, kernel lookup."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import Device, Tensor, get_device, same_device
+from netcl.core.dtypes import C_TYPES, as_dtype, float16, float32, float64
+from netcl.core.errors import DTypeError
+from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
+from netcl.runtime.cache import program_cache
+
+Scalar = int | float | bool | np.generic
+Operand = Tensor | Scalar
+
+#: Largest work-group the eager kernels ask for.
+MAX_LOCAL = 256
+
+#: OpenCL C type -> numpy dtype of a scalar kernel argument of that type.
+ARG_DTYPES: dict[str, np.dtype] = {
+    "float": np.dtype(np.float32),
+    "double": np.dtype(np.float64),
+    "int": np.dtype(np.int32),
+    "long": np.dtype(np.int64),
+    "uchar": np.dtype(np.uint8),
+    "uint": np.dtype(np.uint32),
+}
+
+
+def is_scalar(value: Any) -> bool:
+    """True for Python numbers, NumPy scalars and 0-d NumPy arrays (passed as kernel arguments)."""
+    if isinstance(value, (numbers.Number, np.generic)):
+        return not isinstance(value, complex)
+    return isinstance(value, np.ndarray) and value.ndim == 0
+
+
+def check_operand(value: Any, op: str) -> None:
+    if not isinstance(value, Tensor) and not is_scalar(value):
+        raise TypeError(
+            f"{op}: operand of type {type(value).__name__} is neither a netcl Tensor nor a real scalar; "
+            "wrap arrays with netcl.core.tensor(...)"
+        )
+
+
+def device_of(operands: Sequence[Any], op: str, device: Device | str | None = None) -> Device:
+    """The one device the Tensor operands share (DeviceError naming both when they differ)."""
+    for value in operands:
+        check_operand(value, op)
+    devices = [v.device for v in operands if isinstance(v, Tensor)]
+    if device is not None:
+        devices.append(get_device(device))
+    return same_device(*devices) if devices else get_device()
+
+
+def scalar_dtype(value: Any) -> np.dtype:
+    """The dtype a scalar operand "wants": bool, int64 or float64 (weak, see ``promote``)."""
+    value = value.item() if isinstance(value, (np.generic, np.ndarray)) else value
+    if isinstance(value, bool):
+        return np.dtype(np.bool_)
+    if isinstance(value, numbers.Integral):
+        return np.dtype(np.int64)
+    return np.dtype(np.float64)
+
+
+def promote(operands: Sequence[Any]) -> np.dtype:
+    """Result dtype of combining ``operands``: NumPy promotion of the tensors; scalars are weak.
+
+    Float tensors win over integer ones (int32 + float32 -> float32, not NumPy's float64); a
+    float scalar makes an integer/bool result float32; an int scalar never widens a tensor's
+    dtype; with no tensors at all the result is float32 (int32 for ints only, bool for bools).
+    """
+    tensor_dtypes = [v.dtype for v in operands if isinstance(v, Tensor)]
+    scalar_kinds = {scalar_dtype(v).kind for v in operands if not isinstance(v, Tensor)}
+    if tensor_dtypes:
+        floats = [d for d in tensor_dtypes if d.kind == "f"]
+        result = np.result_type(*(floats or tensor_dtypes))
+        if "f" in scalar_kinds and result.kind != "f":
+            return float32
+        if "i" in scalar_kinds and result.kind == "b":
+            return np.dtype(np.int32)
+        return as_dtype(result)
+    if "f" in scalar_kinds:
+        return float32
+    if "i" in scalar_kinds:
+        return np.dtype(np.int32)
+    return np.dtype(np.bool_)
+
+
+def float_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` when it is a float type, else float32."""
+    return dtype if dtype.kind == "f" else float32
+
+
+def compute_ctype(dtype: np.dtype) -> str:
+    """The C type values are computed in: ``float`` for half (the preamble helpers are float)."""
+    if dtype == float16:
+        return "float"
+    if dtype == np.dtype(np.bool_):
+        return "uchar"
+    return C_TYPES[as_dtype(dtype)]
+
+
+def storage_ctype(dtype: np.dtype) -> str:
+    return C_TYPES[as_dtype(dtype)]
+
+
+def check_device_dtype(device: Device, dtype: np.dtype) -> np.dtype:
+    return device.check_dtype(dtype)
+
+
+def pragmas(dtypes: Sequence[np.dtype]) -> str:
+    """Extension pragmas for the dtypes a kernel touches."""
+    lines = []
+    if any(d == float64 for d in dtypes):
+        lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    if any(d == float16 for d in dtypes):
+        lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def index_type(*shapes: Sequence[int]) -> str:
+    """``long`` when some shape has 2**31 elements or more, else ``int``."""
+    return "long" if any(math.prod(s) >= 2**31 - MAX_LOCAL for s in shapes) else "int"
+
+
+def new_tensor(shape: tuple[int, ...], dtype: np.dtype, device: Device) -> Tensor:
+    return Tensor.empty(shape, dtype, device)
+
+
+def wrap_numpy(array: np.ndarray, device: Device, dtype: Any = None) -> Tensor:
+    """A NumPy-backend Tensor holding ``array`` (cast to ``dtype``), C-contiguous, never a NumPy scalar."""
+    target = as_dtype(dtype if dtype is not None else array.dtype)
+    data = np.asarray(array, dtype=target, order="C")
+    if not data.flags.c_contiguous:
+        data = data.copy(order="C")
+    return Tensor(data, data.shape, target, device)
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def pow2_floor(value: int) -> int:
+    return 1 << (max(int(value), 1).bit_length() - 1)
+
+
+def pow2_ceil(value: int) -> int:
+    return 1 << (max(int(value), 1) - 1).bit_length()
+
+
+class ResolvedKernel:
+    """A built kernel plus the largest power-of-two work-group it allows (capped at 256)."""
+
+    __slots__ = ("kernel", "handle_ref", "max_local")
+
+    def __init__(self, kernel: cl.Kernel, handle_ref: weakref.ref, max_local: int) -> None:
+        self.kernel = kernel
+        self.handle_ref = handle_ref
+        self.max_local = max_local
+
+
+_MEMO: dict[tuple[Hashable, Device], ResolvedKernel] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+def get_kernel(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[], str],
+    name: str,
+    scalar_dtypes: Sequence[Any],
+) -> ResolvedKernel:
+    """The kernel ``name`` for ``key`` on ``device``: a dict lookup after the first call.
+
+    The first call generates the source (``PRIMITIVE_PREAMBLE`` + ``make_source()``) and builds it
+    through ``program_cache``. The memo holds only a weak reference to the cache's handle, so
+    ``program_cache.clear()`` / ``evict`` also make the next call go back to the program cache.
+    """
+    memo_key = (key, device)
+    entry = _MEMO.get(memo_key)
+    if entry is not None and entry.handle_ref() is not None:
+        return entry
+    source = PRIMITIVE_PREAMBLE + make_source()
+    handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context)
+    kernel = handle.kernel(name, scalar_dtypes)
+    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
+    entry = ResolvedKernel(kernel, weakref.ref(handle), min(MAX_LOCAL, pow2_floor(limit)))
+    with _MEMO_LOCK:
+        _MEMO[memo_key] = entry
+    return entry
+
+
+def clear_kernel_memo() -> None:
+    """Forget every resolved eager kernel (the program cache is left alone)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()
+
+
+def normalize_axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> tuple[int, ...]:
+    """Sorted non-negative axes; ``None`` means all. Rejects out-of-range and repeated axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    result = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+            raise TypeError(f"{op}: axis {item!r} is not an int")
+        value = int(item)
+        if not -ndim <= value < max(ndim, 1) or (ndim == 0 and value not in (0, -1)):
+            raise np.exceptions.AxisError(f"{op}: axis {value} is out of range for a {ndim}-d tensor")
+        result.append(value % ndim if ndim else 0)
+    if len(set(result)) != len(result):
+        raise ValueError(f"{op}: repeated axis in {items}")
+    return tuple(sorted(result)) if ndim else ()
+
+
+def require_dtype_kind(tensor: Tensor, kinds: str, op: str) -> None:
+    if tensor.dtype.kind not in kinds:
+        raise DTypeError(f"{op}: expected a tensor of kind {kinds!r}, got dtype {tensor.dtype}")

@@ -1,0 +1,167 @@
+"""Data movement and construction: transpose, broadcast_to, copy, cast, full, one_hot, sum_to_shape.
+
+Every result is a new, materialized C-contiguous tensor; on OpenCL every copy is a kernel
+launched through ``launch`` (so captures record it), never ``enqueue_copy``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device, Tensor, broadcast_shapes, contiguous_strides, get_device
+from netcl.core.broadcast import normalize_shape
+from netcl.core.dtypes import as_dtype, float32
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.launch import launch
+from netcl.runtime.ops import numpy_backend
+from netcl.runtime.ops._common import (
+    compute_ctype,
+    device_of,
+    get_kernel,
+    index_type,
+    pragmas,
+    round_up,
+    storage_ctype,
+)
+from netcl.runtime.ops.pointwise import fill_, run_elementwise
+from netcl.runtime.ops.reduce import sum as reduce_sum
+
+
+def _require_tensor(x: Any, op: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    return x
+
+
+def copy(x: Tensor) -> Tensor:
+    """A new tensor with x's shape, dtype and contents."""
+    return cast(x, _require_tensor(x, "copy").dtype)
+
+
+def cast(x: Tensor, dtype: Any) -> Tensor:
+    """A new tensor with x's values converted to ``dtype`` (C conversion rules: floats truncate to ints)."""
+    x = _require_tensor(x, "cast")
+    target = x.device.check_dtype(dtype)
+    if x.device.kind == "cpu":
+        return numpy_backend.cast(x, target)
+    ctype = storage_ctype(target) if target.kind != "b" else compute_ctype(x.dtype)
+    if target.kind == "f" and x.dtype.kind == "f":
+        ctype = compute_ctype(target if target.itemsize >= x.dtype.itemsize else x.dtype)
+    return run_elementwise("{0}", (x,), [ctype], x.shape, target, x.device)
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
+    """x repeated along broadcast dimensions to ``shape`` (a materialized copy)."""
+    x = _require_tensor(x, "broadcast_to")
+    target = normalize_shape(shape)
+    if broadcast_shapes(x.shape, target) != target:
+        raise ShapeError(f"broadcast_to: shape {x.shape} cannot broadcast to {target}")
+    if x.device.kind == "cpu":
+        return numpy_backend.broadcast_to(x, target)
+    return run_elementwise("{0}", (x,), [storage_ctype(x.dtype)], target, x.dtype, x.device)
+
+
+def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
+    """x with its axes permuted (default: reversed), materialized."""
+    x = _require_tensor(x, "transpose")
+    perm = tuple(range(x.ndim))[::-1] if axes is None else tuple(int(a) for a in axes)
+    if sorted(a % x.ndim if -x.ndim <= a < x.ndim else a + 2 * x.ndim + 1 for a in perm) != list(range(x.ndim)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation of the {x.ndim} axes of shape {x.shape}")
+    perm = tuple(a % x.ndim for a in perm)
+    if x.device.kind == "cpu":
+        return numpy_backend.transpose(x, perm)
+    out_shape = tuple(x.shape[a] for a in perm)
+    out = Tensor.empty(out_shape, x.dtype, x.device)
+    if out.size == 0:
+        return out
+    key = ("transpose", x.shape, perm, x.dtype.str)
+
+    def source() -> str:
+        return _transpose_source(x.shape, perm, x.dtype)
+
+    resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None])
+    local = resolved.max_local
+    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, queue=x.device.queue)
+    return out
+
+
+def _transpose_source(shape: tuple[int, ...], perm: tuple[int, ...], dtype: np.dtype) -> str:
+    idx = index_type(shape)
+    in_strides = contiguous_strides(shape)
+    out_shape = [shape[a] for a in perm]
+    lines = [f"{idx} rest = gid;", f"{idx} src = 0;"]
+    for pos in range(len(perm) - 1, -1, -1):
+        coord = "rest" if pos == 0 else f"(rest % {out_shape[pos]})"
+        lines.append(f"src += {coord} * {in_strides[perm[pos]]};")
+        if pos > 0:
+            lines.append(f"rest /= {out_shape[pos]};")
+    body = "\n    ".join(lines)
+    t = storage_ctype(dtype)
+    return (
+        f"{pragmas([dtype])}"
+        f"__kernel void netcl_transpose(__global const {t}* x, __global {t}* out) {{\n"
+        f"    const {idx} gid = ({idx})get_global_id(0);\n"
+        f"    if (gid >= {math.prod(shape)}) return;\n"
+        f"    {body}\n"
+        "    out[gid] = x[src];\n"
+        "}\n"
+    )
+
+
+def full(shape: Sequence[int] | int, value: Any, dtype: Any = float32, device: Device | str | None = None) -> Tensor:
+    """A new tensor of ``shape`` with every element ``value``."""
+    target = get_device(device)
+    return fill_(Tensor.empty(normalize_shape(shape), as_dtype(dtype), target), value)
+
+
+def zeros_like(x: Tensor) -> Tensor:
+    """Zeros with x's shape, dtype and device."""
+    x = _require_tensor(x, "zeros_like")
+    return full(x.shape, 0, x.dtype, x.device)
+
+
+def ones_like(x: Tensor) -> Tensor:
+    """Ones with x's shape, dtype and device."""
+    x = _require_tensor(x, "ones_like")
+    return full(x.shape, 1, x.dtype, x.device)
+
+
+def one_hot(labels: Tensor, num_classes: int) -> Tensor:
+    """float32 tensor of shape ``labels.shape + (num_classes,)``: 1.0 at each label, else 0.0.
+
+    Labels outside ``[0, num_classes)`` give an all-zero row (no error, no host sync).
+    """
+    labels = _require_tensor(labels, "one_hot")
+    if labels.dtype.kind not in "iu":
+        raise DTypeError(f"one_hot: labels must be an integer tensor (int32/int64), got dtype {labels.dtype}")
+    if int(num_classes) <= 0:
+        raise ValueError(f"one_hot: num_classes must be positive, got {num_classes}")
+    device = device_of((labels,), "one_hot")
+    if device.kind == "cpu":
+        return numpy_backend.one_hot(labels, int(num_classes))
+    C = int(num_classes)
+    expr = f"(({{0}}) == (long)(gid % {C}) ? 1.0f : 0.0f)"
+    out_shape = (*labels.shape, C)
+    # Read labels at gid / C: broadcasting labels[..., None] to out_shape gives exactly that index.
+    expanded = labels.reshape(*labels.shape, 1)
+    return run_elementwise(expr, (expanded,), ["long"], out_shape, float32, device)
+
+
+def sum_to_shape(x: Tensor, shape: Sequence[int] | int) -> Tensor:
+    """Sum x over the axes that broadcasting added or stretched, giving ``shape``.
+
+    ``shape`` must broadcast to ``x.shape``; when they are equal, x itself is returned.
+    """
+    x = _require_tensor(x, "sum_to_shape")
+    target = normalize_shape(shape)
+    if target == x.shape:
+        return x
+    if broadcast_shapes(target, x.shape) != x.shape:
+        raise ShapeError(f"sum_to_shape: shape {target} does not broadcast to {x.shape}, so x cannot sum to it")
+    lead = x.ndim - len(target)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(target) if d == 1 and x.shape[lead + i] != 1)
+    return reduce_sum(x, axes, keepdims=True).reshape(target)

@@ -1,0 +1,256 @@
+"""Reductions ``sum``, ``mean``, ``max`` over all elements or given axes, with ``keepdims``.
+
+Layout: the reduced axes are moved last *conceptually*: an output index ``o`` and a reduced
+index ``r`` map to an input offset through the original strides (adjacent axes of the same
+class are merged first, so a trailing-axis reduction reads ``o * R + r``).
+
+Scheme on OpenCL: each work-group reduces one chunk (at most ``CHUNK`` elements) of one output:
+every thread accumulates a strided partial of at most ``PER_THREAD`` elements, then a tree in
+local memory combines the partials. When an output needs several chunks, the partials go to
+a scratch tensor that the next stage reduces the same way. A float32 sum of n elements thus
+adds at most ~16 terms serially per level and log2 terms in every tree, so its error grows
+like log(n) rather than n. Reductions of at most ``SERIAL_MAX`` elements use one thread per
+output (a short loop beats a 16-thread tree there).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float32, float64, int64
+from netcl.runtime.launch import launch
+from netcl.runtime.ops import numpy_backend
+from netcl.runtime.ops._common import (
+    ARG_DTYPES,
+    MAX_LOCAL,
+    compute_ctype,
+    device_of,
+    get_kernel,
+    index_type,
+    normalize_axes,
+    pow2_ceil,
+    pow2_floor,
+    pragmas,
+    storage_ctype,
+)
+from netcl.runtime.ops.pointwise import fill_
+
+PER_THREAD = 16
+CHUNK = MAX_LOCAL * PER_THREAD
+SERIAL_MAX = 16
+
+Axis = int | Sequence[int] | None
+Dims = tuple[tuple[int, int], ...]
+
+
+def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum over ``axis`` (None: all; int or tuple, negatives allowed). Integer inputs give int64."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis``; float32 for integer inputs, NaN over an empty axis."""
+    return _reduce("mean", x, axis, keepdims)
+
+
+def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Maximum over ``axis``; NaN anywhere in a slice gives NaN (as NumPy). Empty slices raise."""
+    return _reduce("max", x, axis, keepdims)
+
+
+def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
+    """(accumulator dtype, result dtype) of reducing ``dtype`` with ``op``."""
+    if dtype.kind == "f":
+        return (float64 if dtype == float64 else float32), dtype
+    if op == "mean":
+        return float32, float32
+    if op == "sum":
+        return int64, int64
+    return dtype, dtype
+
+
+def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    device = device_of((x,), op)
+    axes = normalize_axes(axis, x.ndim, op)
+    out_shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
+    acc, out_dtype = reduce_dtypes(op, x.dtype)
+    device.check_dtype(acc)
+    R = math.prod(x.shape[a] for a in axes)
+    if R == 0 and op == "max" and math.prod(out_shape):
+        raise ValueError(f"max: reducing axes {axes} of shape {x.shape} covers zero elements, which has no maximum")
+    if R == 0 or math.prod(out_shape) == 0:
+        out = Tensor.empty(out_shape, out_dtype, device)
+        return fill_(out, 0 if op == "sum" else float("nan")) if out.size else out
+    if device.kind == "cpu":
+        return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
+    kept, reduced = merged_layout(x.shape, axes)
+    out = Tensor.empty(out_shape, out_dtype, device)
+    _reduce_cl(op, x, kept, reduced, acc, out, 1.0 / R if op == "mean" else 1.0, device)
+    return out
+
+
+def merged_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[Dims, Dims]:
+    """(kept, reduced) lists of (size, stride); size-1 axes dropped, adjacent same-class axes merged."""
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    groups: list[list[int | bool]] = []  # [is_reduced, size, stride]
+    for i, size in enumerate(shape):
+        if size == 1:
+            continue
+        is_reduced = i in axes
+        if groups and groups[-1][0] == is_reduced:
+            groups[-1][1] = int(groups[-1][1]) * size
+            groups[-1][2] = strides[i]
+        else:
+            groups.append([is_reduced, size, strides[i]])
+    kept = tuple((int(g[1]), int(g[2])) for g in groups if not g[0])
+    reduced = tuple((int(g[1]), int(g[2])) for g in groups if g[0])
+    return kept, reduced
+
+
+def _reduce_cl(
+    op: str, x: Tensor, kept: Dims, reduced: Dims, acc: np.dtype, out: Tensor, scale: float, device: Device
+) -> None:
+    K = math.prod(d for d, _ in kept)
+    R = math.prod(d for d, _ in reduced)
+    if R <= SERIAL_MAX:
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, chunks=1, local=1)
+        return
+    chunks = -(-R // CHUNK)
+    limit = builtins.min(MAX_LOCAL, pow2_floor(device.cl_device.max_work_group_size))
+    per_group = -(-R // chunks)
+    local = builtins.max(16, builtins.min(limit, pow2_ceil(-(-per_group // PER_THREAD))))
+    local = builtins.min(local, limit)
+    if chunks == 1:
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, chunks=1, local=local)
+        return
+    partial = Tensor.empty((K * chunks,), acc, device)
+    _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, chunks=chunks, local=local)
+    next_kept = ((K, chunks),) if K > 1 else ()
+    _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device)
+
+
+def _launch_stage(
+    op: str,
+    x: Tensor,
+    kept: Dims,
+    reduced: Dims,
+    acc: np.dtype,
+    out: Tensor,
+    scale: float,
+    device: Device,
+    chunks: int,
+    local: int,
+) -> None:
+    K = math.prod(d for d, _ in kept)
+    key = ("reduce", op, kept, reduced, x.dtype.str, acc.str, out.dtype.str, chunks, local)
+    acc_ctype = compute_ctype(acc)
+
+    def source() -> str:
+        return _source(op, x.dtype, kept, reduced, acc, out.dtype, chunks, local, x.shape)
+
+    resolved = get_kernel(key, device, source, "netcl_reduce", [None, None, ARG_DTYPES[acc_ctype]])
+    scale_arg = ARG_DTYPES[acc_ctype].type(scale)
+    if local == 1:
+        size = -(-K // resolved.max_local) * resolved.max_local
+        launch(resolved.kernel, size, resolved.max_local, x.data, out.data, scale_arg, queue=device.queue)
+    else:
+        launch(resolved.kernel, K * chunks * local, local, x.data, out.data, scale_arg, queue=device.queue)
+
+
+def _index_lines(dims: Dims, var: str, idx: str) -> list[str]:
+    """C lines adding to ``idx_off`` the offset of flat index ``var`` over ``dims`` (row-major)."""
+    lines = []
+    for pos in range(len(dims) - 1, -1, -1):
+        size, stride = dims[pos]
+        term = var if pos == 0 else f"({var} % {size})"
+        lines.append(f"off += {term} * {stride};" if stride != 1 else f"off += {term};")
+        if pos > 0:
+            lines.append(f"{var} /= {size};")
+    return lines
+
+
+def _identity(op: str, acc: np.dtype) -> str:
+    if op != "max":
+        return "0"
+    if acc.kind == "f":
+        return "-INFINITY"
+    return {"i4": "INT_MIN", "i8": "LONG_MIN"}.get(acc.str[1:], "0")
+
+
+def _combine(op: str, acc: np.dtype) -> str:
+    if op != "max":
+        return "((a) + (b))"
+    if acc.kind == "f":
+        return "(((a) > (b) || isnan(a)) ? (a) : (b))"
+    return "max((a), (b))"
+
+
+def _source(
+    op: str,
+    in_dtype: np.dtype,
+    kept: Dims,
+    reduced: Dims,
+    acc: np.dtype,
+    out_dtype: np.dtype,
+    chunks: int,
+    local: int,
+    in_shape: tuple[int, ...],
+) -> str:
+    idx = index_type(in_shape, (math.prod(d for d, _ in kept) * chunks * local,))
+    acc_t = compute_ctype(acc)
+    in_t = storage_ctype(in_dtype)
+    out_t = storage_ctype(out_dtype)
+    K = math.prod(d for d, _ in kept)
+    R = math.prod(d for d, _ in reduced)
+    final = "acc * scale" if op == "mean" else "acc"
+    store = f"(({final}) != 0)" if out_dtype.kind == "b" else f"({final})"
+    in_index = "\n    ".join([f"{idx} off = 0;", *_index_lines(kept, "o", idx), *_index_lines(reduced, "r", idx)])
+    header = (
+        f"{pragmas([in_dtype, acc, out_dtype])}"
+        f"#define COMBINE(a, b) {_combine(op, acc)}\n"
+        f"inline {idx} in_index({idx} o, {idx} r) {{\n    {in_index}\n    return off;\n}}\n"
+    )
+    signature = f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale"
+    if local == 1:
+        return header + (
+            f"__kernel void netcl_reduce({signature}) {{\n"
+            f"    const {idx} o = ({idx})get_global_id(0);\n"
+            f"    if (o >= {K}) return;\n"
+            f"    {acc_t} acc = {_identity(op, acc)};\n"
+            f"    for ({idx} r = 0; r < {R}; ++r) {{ acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]); }}\n"
+            f"    out[o] = ({out_t}){store};\n"
+            "}\n"
+        )
+    per_group = -(-R // chunks)
+    return header + (
+        f"__kernel __attribute__((reqd_work_group_size({local}, 1, 1)))\n"
+        f"void netcl_reduce({signature}) {{\n"
+        f"    __local {acc_t} scratch[{local}];\n"
+        "    const int lid = get_local_id(0);\n"
+        f"    const {idx} g = ({idx})get_group_id(0);\n"
+        f"    const {idx} o = g / {chunks};\n"
+        f"    const {idx} start = (g % {chunks}) * {per_group};\n"
+        f"    const {idx} stop = start + {per_group} < {R} ? start + {per_group} : {R};\n"
+        f"    {acc_t} acc = {_identity(op, acc)};\n"
+        f"    for ({idx} r = start + lid; r < stop; r += {local}) {{\n"
+        f"        acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]);\n"
+        "    }\n"
+        "    scratch[lid] = acc;\n"
+        "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+        f"    for (int s = {local // 2}; s > 0; s >>= 1) {{\n"
+        "        if (lid < s) { scratch[lid] = COMBINE(scratch[lid], scratch[lid + s]); }\n"
+        "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+        "    }\n"
+        f"    if (lid == 0) {{ acc = scratch[0]; out[g] = ({out_t}){store}; }}\n"
+        "}\n"
+    )
+
+
+__all__ = ["max", "mean", "merged_layout", "reduce_dtypes", "sum"]

@@ -1,0 +1,222 @@
+"""Eager elementwise ops against float64 NumPy references, on PoCL and on the NumPy backend.
+
+Tolerances: inputs are float32, so references are computed in float64 from the exact float32
+values; a correctly rounded float32 result is within 0.5 ulp (rtol 6e-8). OpenCL allows its
+builtins a few ulps (exp/log 3, tanh 5, pow 16), and composed helpers (gelu, sigmoid) add one
+rounding per step, so transcendental ops are checked at rtol 2e-6 (~16 ulp) plus atol 1e-6
+for results near zero, where a relative bound is meaningless (log near 1, gelu near 0).
+Exact ops (add, mul, comparisons, where, abs, relu, ...) are checked at rtol 1.2e-7 (1 ulp).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import ops, program_cache
+from netcl.runtime.ops import _table
+
+EXACT = {"rtol": 1.2e-7, "atol": 0.0}
+TRANSCENDENTAL = {"rtol": 2e-6, "atol": 1e-6}
+SHAPE = (4, 33)
+
+
+def _data(shape: tuple[int, ...], seed: int = 0, low: float = -3.0, high: float = 3.0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def _check(result: nc.Tensor, expected: np.ndarray, tol: dict, dtype: object = np.float32) -> None:
+    host = result.to_host()
+    assert host.dtype == np.dtype(dtype), (host.dtype, dtype)
+    assert host.shape == np.shape(expected)
+    np.testing.assert_allclose(host.astype(np.float64), expected, **tol)
+
+
+UNARY_CASES = {
+    # name: (float64 reference, input range, tolerance)
+    "neg": (np.negative, (-3, 3), EXACT),
+    "exp": (np.exp, (-10, 10), TRANSCENDENTAL),
+    "log": (np.log, (1e-3, 10), TRANSCENDENTAL),
+    "log1p": (np.log1p, (-0.9, 10), TRANSCENDENTAL),
+    "sqrt": (np.sqrt, (0, 10), TRANSCENDENTAL),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), (1e-2, 10), TRANSCENDENTAL),
+    "abs": (np.abs, (-3, 3), EXACT),
+    "sign": (np.sign, (-3, 3), EXACT),
+    "relu": (lambda x: np.maximum(x, 0), (-3, 3), EXACT),
+    "relu_grad": (lambda x: (x > 0).astype(np.float64), (-3, 3), EXACT),
+    "gelu": (_table._gelu, (-6, 6), TRANSCENDENTAL),
+    "gelu_grad": (_table._gelu_grad, (-6, 6), TRANSCENDENTAL),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-30, 30), TRANSCENDENTAL),
+    "tanh": (np.tanh, (-6, 6), TRANSCENDENTAL),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_CASES))
+def test_unary(device: nc.Device, name: str) -> None:
+    reference, (low, high), tol = UNARY_CASES[name]
+    x = _data(SHAPE, seed=1, low=low, high=high)
+    _check(getattr(ops, name)(nc.tensor(x, device=device)), reference(x.astype(np.float64)), tol)
+
+
+BINARY_CASES = {
+    "add": (np.add, EXACT),
+    "sub": (np.subtract, EXACT),
+    "mul": (np.multiply, EXACT),
+    "div": (np.divide, EXACT),  # IEEE division is correctly rounded on PoCL; OpenCL allows 2.5 ulp
+    "pow": (np.power, TRANSCENDENTAL),
+    "maximum": (np.maximum, EXACT),
+    "minimum": (np.minimum, EXACT),
+    "lt": (np.less, EXACT),
+    "le": (np.less_equal, EXACT),
+    "gt": (np.greater, EXACT),
+    "ge": (np.greater_equal, EXACT),
+    "eq": (np.equal, EXACT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY_CASES))
+def test_binary_same_shape(device: nc.Device, name: str) -> None:
+    reference, tol = BINARY_CASES[name]
+    a = _data(SHAPE, seed=2, low=0.5, high=3.0)
+    b = _data(SHAPE, seed=3, low=0.5, high=3.0)
+    b[0, :5] = a[0, :5]  # some equal pairs for the comparisons
+    if name == "div":
+        tol = {"rtol": 3e-7, "atol": 0.0}
+    expected = reference(a.astype(np.float64), b.astype(np.float64)).astype(np.float64)
+    _check(getattr(ops, name)(nc.tensor(a, device=device), nc.tensor(b, device=device)), expected, tol)
+
+
+BROADCAST_SHAPES = [
+    ((5, 1), (1, 7)),  # (B, 1) vs (1, F)
+    ((3, 1, 4), (2, 4)),  # rank difference and a stretched middle axis
+    ((), (3, 4)),  # 0-d tensor on the left
+    ((3, 4), ()),  # ... and on the right
+    ((), ()),
+    ((0, 4), (1, 4)),  # zero-size
+]
+
+
+@pytest.mark.parametrize(("sa", "sb"), BROADCAST_SHAPES)
+def test_add_broadcasting(device: nc.Device, sa: tuple, sb: tuple) -> None:
+    a, b = _data(sa, seed=4), _data(sb, seed=5)
+    result = ops.add(nc.tensor(a, device=device), nc.tensor(b, device=device))
+    _check(result, a.astype(np.float64) + b, EXACT)
+
+
+def test_sub_broadcast_both_sides(device: nc.Device) -> None:
+    a, b = _data((5, 1), seed=6), _data((1, 7), seed=7)
+    _check(ops.sub(nc.tensor(b, device=device), nc.tensor(a, device=device)), b.astype(np.float64) - a, EXACT)
+
+
+@pytest.mark.parametrize("scalar", [2.5, 3, np.float32(-1.25), np.float64(0.5)])
+def test_scalar_on_either_side(device: nc.Device, scalar: object) -> None:
+    x = _data(SHAPE, seed=8)
+    t = nc.tensor(x, device=device)
+    s = float(np.float32(scalar))
+    _check(ops.mul(t, scalar), x.astype(np.float64) * s, EXACT)
+    _check(ops.sub(scalar, t), s - x.astype(np.float64), EXACT)
+    _check(ops.maximum(scalar, t), np.maximum(s, x.astype(np.float64)), EXACT)
+
+
+def test_new_scalar_value_reuses_the_kernel(cl_device: nc.Device) -> None:
+    t = nc.tensor(_data(SHAPE, seed=9), device=cl_device)
+    ops.mul(t, 1.5).to_host()
+    builds = program_cache.stats().builds + program_cache.stats().disk_hits
+    for value in (2.0, -7.25, 1e-3):
+        np.testing.assert_allclose(ops.mul(t, value).to_host(), t.to_host() * np.float32(value), rtol=1.2e-7)
+    assert program_cache.stats().builds + program_cache.stats().disk_hits == builds
+
+
+def test_nan_propagation(device: nc.Device) -> None:
+    x = np.array([np.nan, 1.0, -1.0, np.nan], np.float32)
+    y = np.array([0.0, np.nan, 2.0, np.nan], np.float32)
+    tx, ty = nc.tensor(x, device=device), nc.tensor(y, device=device)
+    np.testing.assert_array_equal(ops.maximum(tx, ty).to_host(), np.maximum(x, y))
+    np.testing.assert_array_equal(ops.minimum(tx, ty).to_host(), np.minimum(x, y))
+    np.testing.assert_array_equal(ops.relu(tx).to_host(), [np.nan, 1.0, 0.0, np.nan])
+
+
+def test_where(device: nc.Device) -> None:
+    cond = (_data((4, 1), seed=10) > 0).astype(np.float32)
+    a, b = _data((4, 6), seed=11), _data((1, 6), seed=12)
+    result = ops.where(nc.tensor(cond, device=device), nc.tensor(a, device=device), nc.tensor(b, device=device))
+    _check(result, np.where(cond != 0, a, b).astype(np.float64), EXACT)
+    scalar_b = ops.where(nc.tensor(cond, device=device), nc.tensor(a, device=device), -1.0)
+    _check(scalar_b, np.where(cond != 0, a, -1.0).astype(np.float64), EXACT)
+
+
+def test_clamp(device: nc.Device) -> None:
+    x = _data(SHAPE, seed=13)
+    t = nc.tensor(x, device=device)
+    _check(ops.clamp(t, -0.5, 1.0), np.clip(x, -0.5, 1.0).astype(np.float64), EXACT)
+    lo, hi = _data((1, 33), seed=14, low=-2, high=0), _data((4, 1), seed=15, low=0, high=2)
+    result = ops.clamp(t, nc.tensor(lo, device=device), nc.tensor(hi, device=device))
+    _check(result, np.minimum(np.maximum(x, lo), hi).astype(np.float64), EXACT)
+
+
+def test_generic_elementwise(device: nc.Device) -> None:
+    x, t = _data(SHAPE, seed=16), (_data(SHAPE, seed=17) > 0).astype(np.float32)
+
+    def bce(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.maximum(a, 0) - a * b + np.log1p(np.exp(-np.abs(a)))
+
+    result = ops.elementwise("BCE_LOGITS({0}, {1})", bce, nc.tensor(x, device=device), nc.tensor(t, device=device))
+    _check(result, bce(x.astype(np.float64), t.astype(np.float64)), TRANSCENDENTAL)
+    scaled = ops.elementwise("{0} * {1} + {0}", lambda a, s: a * s + a, nc.tensor(x, device=device), 0.25)
+    _check(scaled, x.astype(np.float64) * 1.25, {"rtol": 2.4e-7, "atol": 0.0})
+
+
+def test_in_place(device: nc.Device) -> None:
+    dst = nc.tensor(_data((3, 5), seed=18), device=device)
+    expected = dst.to_host().astype(np.float64)
+    row = _data((1, 5), seed=19)
+    assert ops.add_(dst, nc.tensor(row, device=device)) is dst
+    ops.add_(dst, 2.0)
+    _check(dst, expected + row + 2.0, {"rtol": 2.4e-7, "atol": 0.0})
+    assert ops.fill_(dst, -3.5) is dst
+    np.testing.assert_array_equal(dst.to_host(), np.full((3, 5), -3.5, np.float32))
+    with pytest.raises(nc.ShapeError, match=r"\(3, 5\)"):
+        ops.add_(nc.tensor(np.zeros((1, 5), np.float32), device=device), dst)
+
+
+def test_dtype_rules(device: nc.Device) -> None:
+    i = nc.tensor(np.array([1, -2, 3], np.int32), device=device)
+    f = nc.tensor(np.array([0.5, 1.5, 2.5], np.float32), device=device)
+    assert ops.add(i, 2).dtype == np.int32
+    np.testing.assert_array_equal(ops.add(i, 2).to_host(), [3, 0, 5])
+    np.testing.assert_array_equal(ops.maximum(i, 0).to_host(), [1, 0, 3])
+    assert ops.add(i, 0.5).dtype == np.float32
+    assert ops.add(i, f).dtype == np.float32
+    np.testing.assert_array_equal(ops.add(i, f).to_host(), [1.5, -0.5, 5.5])
+    assert ops.div(i, 2).dtype == np.float32
+    np.testing.assert_array_equal(ops.div(i, 2).to_host(), [0.5, -1.0, 1.5])
+    assert ops.lt(i, 2).dtype == np.float32
+    assert ops.exp(i).dtype == np.float32
+
+
+def test_device_mixing_names_both(cl_device: nc.Device) -> None:
+    a = nc.tensor(np.ones(3, np.float32), device=cl_device)
+    b = nc.tensor(np.ones(3, np.float32), device="cpu")
+    with pytest.raises(nc.DeviceError) as info:
+        ops.add(a, b)
+    assert cl_device.name in str(info.value) and "cpu" in str(info.value)
+
+
+def test_bad_operands(device: nc.Device) -> None:
+    t = nc.tensor(np.ones(3, np.float32), device=device)
+    with pytest.raises(TypeError, match="neither a netcl Tensor"):
+        ops.add(t, np.ones(3))
+    with pytest.raises(nc.ShapeError):
+        ops.add(t, nc.tensor(np.ones(4, np.float32), device=device))
+
+
+def test_results_are_new_tensors(device: nc.Device) -> None:
+    t = nc.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=device)
+    out = ops.add(t, 0.0)
+    assert out is not t and out.data is not t.data
+    ops.fill_(out, 1.0)
+    np.testing.assert_array_equal(t.to_host(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert math.prod(out.shape) == 6
