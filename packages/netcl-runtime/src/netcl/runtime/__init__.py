@@ -17,3 +17,29 @@ __all__ = [
     "launch",
     "program_cache",
 ]
+
+# Cache extras, capture/replay, streams and perf counters (also at their submodule paths).
+from netcl.runtime.cache import CacheStats, clear_caches, register_cache
+from netcl.runtime.capture import capture_graph
+from netcl.runtime.graph import Command, Graph, Launch
+from netcl.runtime.launch import enqueue_copy, enqueue_fill
+from netcl.runtime.perf import PerfCounter, SectionStats, TimingRegion, event_based_timing, timing_region
+from netcl.runtime.scheduler import Stream
+
+__all__ += [
+    "CacheStats",
+    "Command",
+    "Graph",
+    "Launch",
+    "PerfCounter",
+    "SectionStats",
+    "Stream",
+    "TimingRegion",
+    "capture_graph",
+    "clear_caches",
+    "enqueue_copy",
+    "enqueue_fill",
+    "event_based_timing",
+    "register_cache",
+    "timing_region",
+]
