@@ -1,0 +1,164 @@
+"""netcl.autograd: tape-based reverse-mode autodiff for netcl.
+
+``import netcl.autograd as ag`` gives the engine (``Tape``, ``Node``, ``apply_op``, grad mode,
+anomaly detection), the differentiable ops and losses, ``gradcheck`` and ``debug_tape``.
+The JIT names (``jit_compile``, ``TraceNode``, ``TrainingGraphCompiler``, ...) live in the
+``netcl-jit`` distribution and resolve lazily from ``netcl.jit`` when it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from netcl.autograd.__about__ import __version__
+from netcl.autograd.debug import debug_tape
+from netcl.autograd.engine import (
+    Node,
+    Tape,
+    apply_op,
+    detect_anomaly,
+    get_current_tape,
+    get_tracer,
+    is_anomaly_enabled,
+    is_grad_enabled,
+    no_grad,
+    set_current_tape,
+    set_detect_anomaly,
+    set_grad_enabled,
+    set_tracer,
+    tensor,
+)
+from netcl.autograd.gradcheck import GradcheckError, gradcheck
+from netcl.autograd.ops import (
+    abs,
+    add,
+    bce_with_logits,
+    broadcast_to,
+    clamp,
+    cross_entropy,
+    div,
+    exp,
+    ge,
+    gelu,
+    gt,
+    le,
+    log,
+    lt,
+    matmul,
+    max,
+    maximum,
+    mean,
+    minimum,
+    mse_loss,
+    mul,
+    neg,
+    pow,
+    relu,
+    reshape,
+    sigmoid,
+    smooth_l1,
+    sqrt,
+    sub,
+    sum,
+    tanh,
+    transpose,
+    weighted_bce,
+    weighted_smooth_l1,
+    where,
+)
+
+#: Names provided by the netcl-jit distribution: name -> module to import it from.
+JIT_NAMES = {
+    "jit_compile": "netcl.jit",
+    "TraceNode": "netcl.jit",
+    "TracingContext": "netcl.jit",
+    "AutogradPrimitive": "netcl.jit",
+    "register_primitive": "netcl.jit",
+    "get_primitive": "netcl.jit",
+    "TrainingGraphCompiler": "netcl.jit.training_compiler",
+    "TrainingPattern": "netcl.jit.training_compiler",
+    "get_training_compiler": "netcl.jit.training_compiler",
+    "fused_weighted_bce_smooth_l1_loss": "netcl.jit.training_compiler",
+}
+
+
+def import_jit(module: str) -> Any:
+    """Import ``module`` from netcl-jit, or raise an ImportError that says to install netcl-jit."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("netcl", "netcl.jit", module):
+            raise ImportError(
+                f"{module} is not available: it is part of the 'netcl-jit' distribution; "
+                "install it with `pip install netcl-jit`"
+            ) from exc
+        raise
+
+
+def __getattr__(name: str) -> Any:
+    module = JIT_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'netcl.autograd' has no attribute {name!r}")
+    return getattr(import_jit(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(JIT_NAMES))
+
+
+__all__ = [
+    "GradcheckError",
+    "Node",
+    "Tape",
+    "__version__",
+    "abs",
+    "add",
+    "apply_op",
+    "bce_with_logits",
+    "broadcast_to",
+    "clamp",
+    "cross_entropy",
+    "debug_tape",
+    "detect_anomaly",
+    "div",
+    "exp",
+    "ge",
+    "gelu",
+    "get_current_tape",
+    "get_tracer",
+    "gradcheck",
+    "gt",
+    "is_anomaly_enabled",
+    "is_grad_enabled",
+    "le",
+    "log",
+    "lt",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "minimum",
+    "mse_loss",
+    "mul",
+    "neg",
+    "no_grad",
+    "pow",
+    "relu",
+    "reshape",
+    "set_current_tape",
+    "set_detect_anomaly",
+    "set_grad_enabled",
+    "set_tracer",
+    "sigmoid",
+    "smooth_l1",
+    "sqrt",
+    "sub",
+    "sum",
+    "tanh",
+    "tensor",
+    "transpose",
+    "weighted_bce",
+    "weighted_smooth_l1",
+    "where",
+]

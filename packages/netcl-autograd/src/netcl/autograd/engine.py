@@ -1,0 +1,479 @@
+"""The reverse-mode engine: ``Node``, ``Tape``, ``apply_op`` and the thread-local slots.
+
+Nodes form the graph; a ``Tape`` is the thread-local recorder and drives ``backward``.
+The graph is built by ``apply_op`` whenever grad mode is on, an input requires grad, and the
+tape in scope (if any) is enabled; a tape only adds its record of the nodes (``tape.nodes``).
+``apply_op`` never imports netcl.jit: a tracer installs itself with ``set_tracer``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from netcl.autograd import grad_mode
+from netcl.autograd.grad_mode import (
+    detect_anomaly,
+    is_anomaly_enabled,
+    is_grad_enabled,
+    no_grad,
+    set_detect_anomaly,
+    set_grad_enabled,
+)
+from netcl.core import Device, Tensor, get_device
+
+#: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
+GradFn = Callable[[Tensor], list[Tensor | None]]
+#: The form ``apply_op`` takes: (grad_out, input values, output) -> one gradient per argument.
+OpGradFn = Callable[[Tensor, tuple[Any, ...], Tensor], Sequence[Tensor | None]]
+
+__all__ = [
+    "GradFn",
+    "Node",
+    "OpGradFn",
+    "Tape",
+    "Tracer",
+    "apply_op",
+    "detect_anomaly",
+    "get_current_tape",
+    "get_tracer",
+    "is_anomaly_enabled",
+    "is_grad_enabled",
+    "no_grad",
+    "set_current_tape",
+    "set_detect_anomaly",
+    "set_grad_enabled",
+    "set_tracer",
+    "tensor",
+]
+
+
+def _ops() -> Any:
+    from netcl.autograd import ops  # imported late: ops imports this module
+
+    return ops
+
+
+def _rops() -> Any:
+    from netcl.runtime import ops as rops
+
+    return rops
+
+
+@dataclass(eq=False)
+class Node:
+    """One value in the computational graph: a forward ``Tensor`` plus how to send gradients back."""
+
+    value: Tensor
+    grad_fn: GradFn | None = None
+    parents: list[Node] = field(default_factory=list)
+    grad: Tensor | None = None
+    requires_grad: bool = False
+    creation_trace: list[str] | None = None
+    op_name: str | None = None
+    #: True when ``grad`` is a buffer the engine allocated for this node alone (safe to add into).
+    _grad_owned: bool = field(default=False, repr=False)
+    #: True once a backward without ``retain_graph`` released this node's grad_fn and parents.
+    _freed: bool = field(default=False, repr=False)
+
+    __hash__ = object.__hash__
+
+    # ---- tensor-like surface ----------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value.dtype
+
+    @property
+    def device(self) -> Device:
+        return self.value.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.value.shape)
+
+    @property
+    def size(self) -> int:
+        return self.value.size
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    def to_host(self) -> np.ndarray:
+        """A NumPy copy of the value (a synchronization point)."""
+        return self.value.to_host()
+
+    def item(self) -> float:
+        """The value of a one-element node as a Python number."""
+        if self.value.size != 1:
+            raise ValueError(f"item() needs a one-element node, this one has shape {self.shape}")
+        return self.to_host().reshape(()).item()
+
+    def detach(self) -> Node:
+        """A new leaf sharing this node's value, cut off from the graph."""
+        return Node(self.value, op_name="detach")
+
+    def backward(self, grad: Tensor | Node | np.ndarray | None = None, retain_graph: bool = False) -> None:
+        """``Tape.backward(self, grad)`` on the current tape (or a throwaway one)."""
+        (get_current_tape() or Tape()).backward(self, grad, retain_graph=retain_graph)
+
+    def __repr__(self) -> str:
+        return (
+            f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
+            f"device={self.device.spec}, requires_grad={self.requires_grad})"
+        )
+
+    # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
+    def __add__(self, other: Any) -> Node:
+        return _ops().add(self, other)
+
+    def __radd__(self, other: Any) -> Node:
+        return _ops().add(other, self)
+
+    def __sub__(self, other: Any) -> Node:
+        return _ops().sub(self, other)
+
+    def __rsub__(self, other: Any) -> Node:
+        return _ops().sub(other, self)
+
+    def __mul__(self, other: Any) -> Node:
+        return _ops().mul(self, other)
+
+    def __rmul__(self, other: Any) -> Node:
+        return _ops().mul(other, self)
+
+    def __truediv__(self, other: Any) -> Node:
+        return _ops().div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Node:
+        return _ops().div(other, self)
+
+    def __pow__(self, other: Any) -> Node:
+        return _ops().pow(self, other)
+
+    def __rpow__(self, other: Any) -> Node:
+        return _ops().pow(other, self)
+
+    def __neg__(self) -> Node:
+        return _ops().neg(self)
+
+    def __matmul__(self, other: Any) -> Node:
+        return _ops().matmul(self, other)
+
+    def __lt__(self, other: Any) -> Node:
+        return _ops().lt(self, other)
+
+    def __le__(self, other: Any) -> Node:
+        return _ops().le(self, other)
+
+    def __gt__(self, other: Any) -> Node:
+        return _ops().gt(self, other)
+
+    def __ge__(self, other: Any) -> Node:
+        return _ops().ge(self, other)
+
+    # ---- method forms of common ops ---------------------------------------------------------
+    def reshape(self, *shape: int | tuple[int, ...]) -> Node:
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return _ops().reshape(self, dims)
+
+    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
+        return _ops().sum(self, axis, keepdims)
+
+    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
+        return _ops().mean(self, axis, keepdims)
+
+    def max(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
+        return _ops().max(self, axis, keepdims)
+
+    def transpose(self, axes: Sequence[int] | None = None) -> Node:
+        return _ops().transpose(self, axes)
+
+    @property
+    def T(self) -> Node:
+        return _ops().transpose(self)
+
+
+def tensor(data: Any, requires_grad: bool = False, device: Device | str | None = None, dtype: Any = None) -> Node:
+    """A leaf Node from NumPy data, a Python sequence/scalar, a ``Tensor`` or another Node's value.
+
+    ``device`` is a ``Device`` or a spec string (``"cpu"``, ``"opencl"``, ``"0:0"``); a ``Tensor``
+    on another device is copied there through the host.
+    """
+    if isinstance(data, Node):
+        data = data.value
+    if isinstance(data, Tensor):
+        target = data.device if device is None else get_device(device)
+        value = data if target is data.device else Tensor.from_host(target, data.to_host(), dtype or data.dtype)
+        if dtype is not None and value.dtype != np.dtype(dtype):
+            value = _rops().cast(value, dtype)
+    else:
+        value = Tensor.from_host(get_device(device), data, dtype)
+    if requires_grad and value.dtype.kind != "f":
+        raise TypeError(f"only floating-point tensors can require grad, got dtype {value.dtype}")
+    return Node(value, requires_grad=requires_grad, op_name="tensor")
+
+
+# ---- thread-local slots ------------------------------------------------------------------------
+_local = threading.local()
+
+
+def get_current_tape() -> Tape | None:
+    """The tape installed on this thread, or None."""
+    return getattr(_local, "tape", None)
+
+
+def set_current_tape(tape: Tape | None) -> None:
+    """Install ``tape`` as this thread's current tape (``None`` removes it)."""
+    _local.tape = tape
+
+
+class Tracer(Protocol):
+    """What a tracer (e.g. netcl.jit's TracingContext) installs in ``apply_op``'s hook."""
+
+    def trace(
+        self,
+        op_name: str,
+        fn: Callable[..., Tensor],
+        grad_fn: OpGradFn | None,
+        args: tuple[Any, ...],
+        attrs: dict[str, Any] | None,
+    ) -> Any: ...
+
+
+def get_tracer() -> Tracer | None:
+    """The tracer active on this thread, or None."""
+    return getattr(_local, "tracer", None)
+
+
+def set_tracer(tracer: Tracer | None) -> None:
+    """Install ``tracer`` on this thread (``None`` removes it); ``apply_op`` then defers to it."""
+    _local.tracer = tracer
+
+
+# ---- apply_op ----------------------------------------------------------------------------------
+def apply_op(
+    fn: Callable[..., Tensor],
+    grad_fn: OpGradFn | None,
+    *args: Any,
+    tape: Tape | None = None,
+    op_name: str | None = None,
+    attrs: dict[str, Any] | None = None,
+) -> Any:
+    """Run ``fn`` on the values of ``args`` and record how to differentiate it.
+
+    ``args`` are Nodes, Tensors or Python scalars; ``fn`` gets them with Nodes replaced by their
+    values. ``grad_fn(grad_out, values, output)`` returns one gradient per argument (None for
+    constants); ``None`` marks the op as not differentiable. Order: (1) an installed tracer takes
+    the call, (2) with grad mode off the result is a plain Node, (3) otherwise a Node with the
+    graph edges is built and recorded on ``tape`` (default: the current tape).
+    """
+    if op_name is None:
+        op_name = sys._getframe(1).f_code.co_name
+    tracer = get_tracer()
+    if tracer is not None:
+        return tracer.trace(op_name, fn, grad_fn, args, attrs)
+    values = tuple(a.value if isinstance(a, Node) else a for a in args)
+    out = fn(*values)
+    if not grad_mode._grad_enabled:
+        return Node(out, op_name=op_name)
+    if tape is None:
+        tape = get_current_tape()
+    index = [i for i, a in enumerate(args) if isinstance(a, Node)]
+    tracking = (
+        grad_fn is not None
+        and (tape is None or tape.enabled)
+        and any(args[i].requires_grad for i in index)
+        and out.dtype.kind == "f"
+    )
+    if not tracking:
+        node = Node(out, op_name=op_name)
+    else:
+        node = Node(
+            out,
+            _bind_grad_fn(grad_fn, values, out, index, len(args), op_name),  # type: ignore[arg-type]
+            [args[i] for i in index],
+            requires_grad=True,
+            op_name=op_name,
+            creation_trace=traceback.format_stack()[:-1] if grad_mode._detect_anomaly else None,
+        )
+    if tape is not None:
+        tape.record(node)
+    return node
+
+
+def _bind_grad_fn(
+    grad_fn: OpGradFn, values: tuple[Any, ...], out: Tensor, index: list[int], nargs: int, op_name: str
+) -> GradFn:
+    def node_grad_fn(grad_out: Tensor) -> list[Tensor | None]:
+        grads = list(grad_fn(grad_out, values, out))
+        if len(grads) != nargs:
+            raise RuntimeError(f"grad_fn of op {op_name!r} returned {len(grads)} gradients for {nargs} arguments")
+        return [grads[i] for i in index]
+
+    return node_grad_fn
+
+
+# ---- Tape ----------------------------------------------------------------------------------------
+class Tape:
+    """Records the Nodes of a forward pass on this thread and runs ``backward``."""
+
+    #: The queue the last backward enqueued on; the next ``__enter__`` drains it (then resets it).
+    _pending_flush_queue: ClassVar[Any] = None
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.enabled = True
+        self._saved: list[Tape | None] = []
+
+    def __enter__(self) -> Tape:
+        queue = Tape._pending_flush_queue
+        if queue is not None:
+            Tape._pending_flush_queue = None
+            queue.finish()
+        self._saved.append(get_current_tape())
+        set_current_tape(self)
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        set_current_tape(self._saved.pop() if self._saved else None)
+
+    def record(self, node: Node) -> None:
+        """Append ``node`` to ``nodes``; a no-op when the tape is disabled."""
+        if self.enabled:
+            self.nodes.append(node)
+
+    def backward(self, loss: Node, grad: Tensor | Node | np.ndarray | None = None, retain_graph: bool = False) -> None:
+        """Send gradients from ``loss`` to every node that requires grad.
+
+        Each grad_fn runs once, in reverse topological order; a parent used several times gets the
+        sum of its gradients (added in place on the device). Leaves accumulate into an existing
+        ``grad`` across calls; every reached node's ``grad`` and ``value.grad`` are set. Without
+        ``retain_graph`` the graph is released afterwards and a second backward through it raises.
+        Nothing is written to any node unless the whole pass succeeds.
+        """
+        if not isinstance(loss, Node):
+            raise TypeError(f"backward needs a Node, got {type(loss).__name__}")
+        if not loss.requires_grad:
+            raise RuntimeError(
+                f"loss (op {loss.op_name!r}) does not require grad: no input had requires_grad=True, "
+                "or it was computed under no_grad"
+            )
+        seed = _seed(loss, grad)
+        order = _topological_order(loss)
+        rops = _rops()
+        anomaly = grad_mode._detect_anomaly
+        pending: dict[Node, Tensor] = {loss: seed}
+        owned: set[Node] = set()
+        results: list[tuple[Node, Tensor, bool]] = []
+        for node in reversed(order):
+            g = pending.pop(node, None)
+            if g is None:
+                continue
+            results.append((node, g, node in owned))
+            if node.grad_fn is None:
+                continue
+            parent_grads = node.grad_fn(g)
+            for parent, pg in zip(node.parents, parent_grads, strict=True):
+                if pg is None or not parent.requires_grad:
+                    continue
+                if isinstance(pg, Node):
+                    pg = pg.value
+                if tuple(pg.shape) != tuple(parent.shape):
+                    raise RuntimeError(
+                        f"grad_fn of op {node.op_name!r} returned a gradient of shape {pg.shape} "
+                        f"for an input of shape {parent.shape}"
+                    )
+                if anomaly:
+                    _check_finite(node, pg)
+                if parent not in pending:
+                    pending[parent] = pg
+                elif parent in owned:
+                    rops.add_(pending[parent], pg)
+                else:
+                    pending[parent] = rops.add(pending[parent], pg)
+                    owned.add(parent)
+        for node, g, is_owned in results:
+            _store_grad(node, g, is_owned, rops)
+        if not retain_graph:
+            for node in order:
+                if node.grad_fn is not None:
+                    node.grad_fn, node.parents, node._freed = None, [], True
+        if loss.device.kind == "opencl":
+            Tape._pending_flush_queue = loss.device.queue
+
+
+def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:
+    if grad is None:
+        if loss.value.size != 1:
+            raise RuntimeError(
+                f"backward of a non-scalar loss of shape {loss.shape} needs grad= (a tensor of that shape); "
+                "reduce the loss to one element or pass the upstream gradient"
+            )
+        return _rops().ones_like(loss.value)
+    if isinstance(grad, Node):
+        grad = grad.value
+    if not isinstance(grad, Tensor):
+        grad = Tensor.from_host(loss.device, np.asarray(grad), loss.dtype)
+    if tuple(grad.shape) != tuple(loss.shape):
+        raise RuntimeError(f"grad= has shape {grad.shape} but the loss has shape {loss.shape}")
+    return grad
+
+
+def _topological_order(root: Node) -> list[Node]:
+    """Nodes reachable from ``root`` through requires_grad edges, parents before children."""
+    order: list[Node] = []
+    visited: set[Node] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        if finished:
+            order.append(node)
+            continue
+        if node in visited:
+            continue
+        if node._freed:
+            raise RuntimeError(
+                f"backward through the graph a second time: node {node.op_name!r} was released by an earlier "
+                "backward; pass retain_graph=True to the first backward to keep it"
+            )
+        visited.add(node)
+        stack.append((node, True))
+        for parent in node.parents:
+            if parent.requires_grad and parent not in visited:
+                stack.append((parent, False))
+    return order
+
+
+def _check_finite(node: Node, grad: Tensor) -> None:
+    host = grad.to_host()
+    if np.all(np.isfinite(host)):
+        return
+    kind = "NaN" if np.isnan(host).any() else "Inf"
+    trace = "".join(node.creation_trace) if node.creation_trace else "(no creation trace: enable detect_anomaly)\n"
+    raise RuntimeError(
+        f"anomaly detected: the backward of op {node.op_name!r} produced {kind} in a gradient of shape "
+        f"{grad.shape}.\nThe op was created at:\n{trace}"
+    )
+
+
+def _store_grad(node: Node, g: Tensor, owned: bool, rops: Any) -> None:
+    if node.grad_fn is None and node.grad is not None:  # a leaf accumulates across backward calls
+        if node._grad_owned:
+            rops.add_(node.grad, g)
+        else:
+            node.grad, node._grad_owned = rops.add(node.grad, g), True
+    else:
+        node.grad, node._grad_owned = g, owned
+    node.value.grad = node.grad
