@@ -359,3 +359,21 @@ def test_engine_module_exposes_the_spec_names():
         "get_current_tape",
     ):
         assert getattr(engine, name) is getattr(ag, name)
+
+
+def test_jit_names_resolve_from_netcl_jit_when_installed():
+    jit = pytest.importorskip("netcl.jit")
+    if not hasattr(jit, "jit_compile"):
+        pytest.skip("netcl.jit does not provide jit_compile yet")
+    assert ag.jit_compile is jit.jit_compile
+    from netcl.autograd import compiler
+
+    assert compiler.jit_compile is jit.jit_compile and "add" in compiler._PRIMITIVES
+
+
+def test_node_repr_tolerates_a_value_without_device():
+    class Symbolic:
+        shape, dtype = (2,), np.dtype(np.float32)
+
+    assert "device=None" in repr(ag.Node(Symbolic()))
+    assert "device=cpu" in repr(ag.tensor([1.0], device="cpu"))

@@ -100,6 +100,9 @@ def __getattr__(name: str) -> Any:
     module = JIT_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'netcl.autograd' has no attribute {name!r}")
+    jit = import_jit("netcl.jit")
+    if hasattr(jit, name):
+        return getattr(jit, name)
     return getattr(import_jit(module), name)
 
 

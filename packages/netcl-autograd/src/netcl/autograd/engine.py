@@ -129,9 +129,10 @@ class Node:
         (get_current_tape() or Tape()).backward(self, grad, retain_graph=retain_graph)
 
     def __repr__(self) -> str:
+        device = getattr(self.value, "device", None)  # a tracer's value has no device
         return (
             f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
-            f"device={self.device.spec}, requires_grad={self.requires_grad})"
+            f"device={getattr(device, 'spec', None)}, requires_grad={self.requires_grad})"
         )
 
     # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
