@@ -282,3 +282,10 @@ def test_numpy_backend_capture_graph_reruns_with_reuse_semantics():
         g.execute(b)
     with pytest.raises(ReplayError, match="OpenCL queue"), Graph().capture(cpu):
         pass
+
+
+def test_capture_graph_warns_when_nothing_was_captured(cl_device):
+    x = nc.tensor(host(0), device=cl_device)
+    with pytest.warns(RuntimeWarning, match="captured nothing"):
+        g = capture_graph(cl_device.queue, lambda t: t, x)
+    assert g.execute(x) is x and len(g) == 0

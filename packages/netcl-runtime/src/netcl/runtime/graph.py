@@ -31,6 +31,7 @@ Replay semantics:
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -378,6 +379,13 @@ def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any)
         queue = first.device.queue if first is not None else None
     with graph.capture(queue, inputs=inputs):
         graph.outputs = fn(*args, **kwargs)
+    if not graph.steps:
+        warnings.warn(
+            f"capture_graph captured nothing from {getattr(fn, '__name__', fn)!r}: its work did not go "
+            "through netcl.runtime.launch on the capturing queue, so execute() will enqueue nothing",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return graph
 
 
