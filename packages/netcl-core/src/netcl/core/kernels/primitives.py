@@ -2,7 +2,7 @@
 
 Arithmetic, comparisons and ``WHERE`` are macros, so they work for every element type.
 The transcendental helpers are ``float`` functions: they are what fused float32 chains use.
-Comparisons yield 1 or 0 in the operands' type. ``MAX``/``MIN`` propagate NaN as NumPy's
+Comparisons yield the C int 1 or 0 (promoted to float in float arithmetic). ``MAX``/``MIN`` propagate NaN as NumPy's
 ``maximum``/``minimum`` do. ``SIGMOID`` and ``BCE_LOGITS`` are written so that no ``exp``
 overflows for large logits.
 """

@@ -1,0 +1,32 @@
+"""`hatch run bench`: fused vs un-fused netcl vs NumPy (and torch when importable), one table per workload.
+
+Times are medians of repeats: device time from OpenCL profiling events where the device is
+OpenCL, wall-clock on the NumPy backend. Effective GB/s is over the minimum bytes the workload
+must move; "% copy" compares that with this device's copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import main
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (under two minutes on PoCL)")
+    parser.add_argument("--device", default=None, help="NETCL_DEVICE-style spec: gpu, opencl, cpu, P:D")
+    parser.add_argument("--size", type=int, default=None, help="elements per tensor (default: scales with device)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement")
+    parser.add_argument("--json", dest="json_path", default=None, help="write all results to this JSON file")
+    parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart PNG (needs matplotlib)")
+    parser.add_argument("--no-peers", action="store_true", help="skip torch even when importable")
+    args = parser.parse_args()
+    results = main(args)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json_path}")

@@ -1,0 +1,25 @@
+"""netcl.jit: fuse chains of elementwise ops into one forward and one backward kernel."""
+
+from netcl.jit.__about__ import __version__
+from netcl.jit.builtin_primitives import register_builtins
+from netcl.jit.compiler import JitFunction, jit_compile
+from netcl.jit.errors import JitError, TracerConversionError
+from netcl.jit.primitives import _PRIMITIVES, AutogradPrimitive, get_primitive, register_primitive, registry_version
+from netcl.jit.tracing import TraceNode, TracingContext
+
+register_builtins()
+
+__all__ = [
+    "_PRIMITIVES",
+    "AutogradPrimitive",
+    "JitError",
+    "JitFunction",
+    "TraceNode",
+    "TracerConversionError",
+    "TracingContext",
+    "__version__",
+    "get_primitive",
+    "jit_compile",
+    "register_primitive",
+    "registry_version",
+]

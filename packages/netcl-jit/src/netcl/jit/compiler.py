@@ -1,0 +1,227 @@
+"""``jit_compile``: trace a Python function of elementwise ops once per signature, fuse, cache.
+
+The first call with a new signature traces the function on symbolic values, splits the trace
+into fused groups and eager steps, and builds the kernels. Later calls are one dict lookup and
+the launches. A function that cannot be traced (it asks a traced value for ``bool``/``float``,
+returns something that is not a Node, raises while tracing) runs un-fused instead, every time,
+so decorating a function is always safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+from netcl.autograd import engine
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Device, Tensor, same_device
+from netcl.jit.fused_step import FusedStep
+from netcl.jit.partition import EagerStep, FusedGroup, partition
+from netcl.jit.primitives import registry_version
+from netcl.jit.tracing import TraceNode, TracingContext
+
+log = logging.getLogger("netcl.jit")
+if os.environ.get("NETCL_DEBUG", "").strip() not in ("", "0"):
+    logging.basicConfig()
+    log.setLevel(logging.DEBUG)
+
+_FALLBACK = object()
+
+
+@dataclass
+class Plan:
+    """What one signature compiles to: the traced inputs, the steps, and where outputs come from."""
+
+    arg_traces: list[TraceNode | None]
+    consts: list[TraceNode]
+    steps: list[FusedStep | EagerStep]
+    outputs: list[TraceNode]
+    returns_tuple: bool
+    fused_steps: list[FusedStep] = field(default_factory=list)
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        env: dict[int, Any] = {}
+        for trace, arg in zip(self.arg_traces, args, strict=False):
+            if trace is not None:
+                env[trace.id] = arg
+        for const in self.consts:
+            env[const.id] = const.attrs["value"]
+        for step in self.steps:
+            if isinstance(step, FusedStep):
+                for trace, node in zip(
+                    step.group.outputs, step.forward([env[p.id] for p in step.group.inputs]), strict=True
+                ):
+                    env[trace.id] = node
+            else:
+                env[step.node.id] = _run_eager(step.node, env)
+        results = [_as_node(env[o.id]) for o in self.outputs]
+        return tuple(results) if self.returns_tuple else results[0]
+
+
+def _run_eager(trace: TraceNode, env: dict[int, Any]) -> Any:
+    args = [env[trace.inputs[item].id] if kind == "node" else item for kind, item in trace.arg_layout]
+    return apply_op(trace.fn, trace.grad_fn, *args, op_name=trace.op_name, attrs=trace.attrs)
+
+
+def _as_node(value: Any) -> Any:
+    return Node(value) if isinstance(value, Tensor) else value
+
+
+class JitFunction:
+    """A function compiled per signature into fused kernels (see ``jit_compile``)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self._plans: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.fallbacks = 0
+        self.label = f"jit:{getattr(fn, '__qualname__', repr(fn))}"
+
+    # ---- calling -------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if engine.get_tracer() is not None:  # called inside another trace: inline it
+            return self.fn(*args, **kwargs)
+        key = self._key(args, kwargs)
+        plan = self._plans.get(key) if key is not None else _FALLBACK
+        if plan is None:
+            plan = self._compile(key, args, kwargs)
+        else:
+            self.hits += 1
+        if plan is _FALLBACK:
+            return self.fn(*args, **kwargs)
+        return plan.run(args)
+
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
+        parts: list[Any] = []
+        device: Device | None = None
+        for arg in args:
+            value = arg.value if isinstance(arg, Node) else arg
+            if isinstance(value, Tensor):
+                parts.append((value.shape, value.dtype.str))
+                device = device or value.device
+            elif isinstance(value, Real) and not isinstance(value, bool):
+                parts.append("scalar")
+            else:
+                parts.append(("static", _hashable(value)))
+        if device is None:
+            return None
+        try:
+            static = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
+        except TypeError:
+            return None
+        return (tuple(parts), static, device.spec, registry_version())
+
+    # ---- compiling -----------------------------------------------------------------------
+    def _compile(self, key: tuple, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with self._lock:
+            existing = self._plans.get(key)
+            if existing is not None:
+                return existing
+            self.misses += 1
+            plan, reason = self._trace(args, kwargs)
+            if plan is None:
+                self.fallbacks += 1
+                log.debug("%s: falls back to the un-fused function: %s", self.label, reason)
+                plan = _FALLBACK
+            else:
+                log.debug("%s: compiled for %s (%s)", self.label, key[0], reason)
+            self._plans[key] = plan
+            return plan
+
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Plan | None, str]:
+        devices = [a.value.device if isinstance(a, Node) else a.device for a in args if isinstance(a, (Node, Tensor))]
+        device = same_device(*devices)
+        context = TracingContext()
+        arg_traces: list[TraceNode | None] = []
+        traced_args: list[Any] = []
+        try:
+            with context:
+                for position, arg in enumerate(args):
+                    value = arg.value if isinstance(arg, Node) else arg
+                    if isinstance(value, Tensor):
+                        wants = isinstance(arg, Node) and arg.requires_grad
+                        node = context.input(value.shape, value.dtype, wants)
+                    elif isinstance(value, Real) and not isinstance(value, bool):
+                        node = context.param(position)
+                    else:
+                        arg_traces.append(None)
+                        traced_args.append(arg)
+                        continue
+                    arg_traces.append(node.value)
+                    traced_args.append(node)
+                result = self.fn(*traced_args, **kwargs)
+        except Exception as exc:
+            return None, f"tracing raised {type(exc).__name__}: {exc}"
+        returns_tuple = isinstance(result, (tuple, list))
+        outputs = list(result) if returns_tuple else [result]
+        if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
+            return None, "the function does not return traced Nodes"
+        output_traces = [o.value for o in outputs]
+        steps: list[FusedStep | EagerStep] = []
+        fused: list[FusedStep] = []
+        for step in partition(output_traces):
+            if isinstance(step, FusedGroup):
+                runnable = FusedStep(step, device, f"{self.label}#{len(fused)}")
+                fused.append(runnable)
+                steps.append(runnable)
+            else:
+                steps.append(step)
+        plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused)
+        summary = f"{len(fused)} fused kernel(s), {len(steps) - len(fused)} eager op(s)"
+        return plan, summary
+
+    # ---- inspection ----------------------------------------------------------------------
+    def plan_for(self, *args: Any, **kwargs: Any) -> Plan | None:
+        """The compiled plan for these arguments (compiling if needed); None when it falls back."""
+        key = self._key(args, kwargs)
+        if key is None:
+            return None
+        plan = self._plans.get(key) or self._compile(key, args, kwargs)
+        return None if plan is _FALLBACK else plan
+
+    def source(self, *args: Any, **kwargs: Any) -> tuple[str, str]:
+        """The generated (forward, backward) source for these arguments.
+
+        With several fused groups the sources are joined in run order. The backward shown is
+        the one for the first output of each group with every tensor input requiring a gradient.
+        """
+        plan = self.plan_for(*args, **kwargs)
+        if plan is None:
+            raise ValueError(f"{self.label} is not fused for these arguments (it falls back); see NETCL_DEBUG=1")
+        forward = "\n".join(step.forward_source for step in plan.fused_steps)
+        backward = "\n".join(
+            step.backward_source(0, tuple(p.kind != "param" for p in step.group.inputs)) for step in plan.fused_steps
+        )
+        return forward, backward
+
+    def cache_info(self) -> dict[str, int]:
+        """hits, misses, entries (signatures compiled), fallbacks."""
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._plans), "fallbacks": self.fallbacks}
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+def _hashable(value: Any) -> Any:
+    hash(value)
+    return value
+
+
+def jit_compile(fn: Callable[..., Any] | None = None) -> Any:
+    """Decorator: fuse the elementwise ops of ``fn`` into one forward and one backward kernel.
+
+    Usable as ``@jit_compile`` or ``@jit_compile()``.
+    """
+    if fn is None:
+        return jit_compile
+    return JitFunction(fn)

@@ -1,0 +1,11 @@
+"""Exception classes of netcl.jit."""
+
+from netcl.core.errors import NetclError
+
+
+class JitError(NetclError):
+    """The JIT was asked for something it cannot do (bad primitive, bad signature)."""
+
+
+class TracerConversionError(JitError, TypeError):
+    """A traced value was asked to become concrete (bool, float, to_host) while tracing."""

@@ -1,0 +1,139 @@
+"""A fused group made runnable: its forward kernel, and a backward kernel per output and pattern.
+
+On OpenCL the kernels are built through the runtime's program cache and launched through
+``launch``; on the NumPy backend they are generated Python functions. Each output of the
+group becomes one Node through ``apply_op``, whose gradient function runs ONE backward kernel
+(specialized for that output and for which inputs require a gradient) plus a reduction for
+each broadcast input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Device, Tensor
+from netcl.jit import numpy_source, opencl_source
+from netcl.jit.codegen import backward_body, forward_body
+from netcl.jit.partition import FusedGroup
+from netcl.runtime import ops as rops
+from netcl.runtime.cache import program_cache
+from netcl.runtime.launch import launch
+
+FORWARD_NAME = "fused_forward"
+BACKWARD_NAME = "fused_backward"
+
+
+class FusedStep:
+    """Runs one ``FusedGroup`` on one device."""
+
+    def __init__(self, group: FusedGroup, device: Device, label: str) -> None:
+        self.group = group
+        self.device = device
+        self.label = label
+        self.shape = group.shape
+        self.size = math.prod(group.shape)
+        #: per external input: its shape, or None for a scalar parameter
+        self.input_shapes: list[tuple[int, ...] | None] = [None if p.kind == "param" else p.shape for p in group.inputs]
+        self.is_opencl = device.kind == "opencl"
+        self.forward_source = self._source(FORWARD_NAME, forward_body(group), has_gout=False)
+        self._forward = self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
+        self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
+
+    # ---- building ------------------------------------------------------------------------
+    def _source(self, name: str, body, has_gout: bool) -> str:
+        if self.is_opencl:
+            return opencl_source.kernel_source(name, self.input_shapes, self.shape, body, int(has_gout))
+        return numpy_source.function_source(name, self.input_shapes, self.shape, body, has_gout)
+
+    def _build(self, name: str, source: str, n_out: int, has_gout: bool):
+        if not self.is_opencl:
+            return numpy_source.compile_function(name, source)
+        handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
+        index_dtype = np.int64 if "const long n" in source else np.int32
+        dtypes = [None if s is not None else np.float32 for s in self.input_shapes]
+        dtypes += [None] * (int(has_gout) + n_out) + [index_dtype]
+        kernel = handle.kernel(name, dtypes)
+        max_local = self.device.cl_device.max_work_group_size
+        local = min(256, max_local)
+        gsize = opencl_source.global_size(self.size, self.shape, self.input_shapes, local)
+        return (kernel, gsize, local)
+
+    def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
+        return self._backward_kernel(output_index, wants)[1]
+
+    def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
+        key = (output_index, wants)
+        entry = self._backward.get(key)
+        if entry is None:
+            body = backward_body(self.group, self.group.outputs[output_index], list(wants))
+            source = self._source(BACKWARD_NAME, body, has_gout=True)
+            entry = (self._build(BACKWARD_NAME, source, len(body.results), has_gout=True), source)
+            self._backward[key] = entry
+        return entry
+
+    # ---- running -------------------------------------------------------------------------
+    def _run(self, compiled, values: list[Any], outs: list[Tensor], gout: Tensor | None) -> None:
+        if self.is_opencl:
+            kernel, gsize, local = compiled
+            args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
+            if gout is not None:
+                args.append(gout)
+            launch(kernel, gsize, local, *args, *outs, self.size)
+        else:
+            ins = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
+            compiled(ins, [o.data for o in outs], gout.data if gout is not None else None)
+
+    def forward(self, ext: list[Any]) -> list[Node]:
+        """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
+        values = [x.value if isinstance(x, Node) else x for x in ext]
+        outs = [Tensor.empty(self.shape, np.float32, self.device) for _ in self.group.outputs]
+        if self.size:
+            self._run(self._forward, values, outs, None)
+        wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
+        return [
+            apply_op(_Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
+        ]
+
+    def _grad_fn(self, output_index: int, wants: tuple[bool, ...]):
+        def grad_fn(grad_out: Tensor, inputs: tuple[Any, ...], output: Tensor) -> list[Tensor | None]:
+            return self.backward(output_index, wants, grad_out, list(inputs))
+
+        return grad_fn
+
+    def backward(self, output_index: int, wants: tuple[bool, ...], grad_out: Tensor, values: list[Any]):
+        """Gradients of the external inputs that want one, from the upstream gradient of an output."""
+        if not any(wants):
+            return [None] * len(values)
+        if tuple(grad_out.shape) != self.shape:
+            grad_out = rops.broadcast_to(grad_out, self.shape)
+        compiled, _ = self._backward_kernel(output_index, wants)
+        grads = [Tensor.empty(self.shape, np.float32, self.device) for w in wants if w]
+        if self.size:
+            self._run(compiled, values, grads, grad_out)
+        else:
+            grads = [rops.full(self.shape, 0.0, device=self.device) for _ in grads]
+        result: list[Tensor | None] = []
+        pending = iter(grads)
+        for want, shape in zip(wants, self.input_shapes, strict=True):
+            if not want:
+                result.append(None)
+                continue
+            grad = next(pending)
+            result.append(grad if shape == self.shape else rops.sum_to_shape(grad, shape))
+        return result
+
+
+class _Precomputed:
+    """The forward ``fn`` handed to apply_op: the kernel already ran, so it returns its output."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, out: Tensor) -> None:
+        self.out = out
+
+    def __call__(self, *values: Any) -> Tensor:
+        return self.out

@@ -1,0 +1,169 @@
+"""NumPy versions of the PRIMITIVE_PREAMBLE helpers, so fused bodies also run as Python.
+
+Each works on float32 arrays (or scalars) and keeps float32, mirroring the C helpers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_F = np.float32
+GELU_K = _F(0.7978845608028654)
+GELU_C = _F(0.044715)
+
+
+def _flag(condition):
+    return np.asarray(condition).astype(_F)
+
+
+def ADD(a, b):
+    return a + b
+
+
+def SUB(a, b):
+    return a - b
+
+
+def MUL(a, b):
+    return a * b
+
+
+def DIV(a, b):
+    return np.divide(a, b)
+
+
+def NEG(a):
+    return -a
+
+
+def LT(a, b):
+    return _flag(np.less(a, b))
+
+
+def LE(a, b):
+    return _flag(np.less_equal(a, b))
+
+
+def GT(a, b):
+    return _flag(np.greater(a, b))
+
+
+def GE(a, b):
+    return _flag(np.greater_equal(a, b))
+
+
+def EQ(a, b):
+    return _flag(np.equal(a, b))
+
+
+def WHERE(c, a, b):
+    return np.where(np.not_equal(c, 0), a, b).astype(_F)
+
+
+def RELU(x):
+    return np.maximum(x, _F(0))
+
+
+def RELU_GRAD(x):
+    return _flag(np.greater(x, 0))
+
+
+def ABS(x):
+    return np.abs(x)
+
+
+def SIGN(x):
+    return np.sign(x)
+
+
+def EXP(x):
+    return np.exp(x)
+
+
+def LOG(x):
+    return np.log(x)
+
+
+def LOG1P(x):
+    return np.log1p(x)
+
+
+def SQRT(x):
+    return np.sqrt(x)
+
+
+def RSQRT(x):
+    return _F(1) / np.sqrt(x)
+
+
+def POW(a, b):
+    return np.power(a, b)
+
+
+def TANH(x):
+    return np.tanh(x)
+
+
+def MAX(a, b):
+    return np.maximum(a, b)
+
+
+def MIN(a, b):
+    return np.minimum(a, b)
+
+
+def CLAMP(x, lo, hi):
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+def SIGMOID(x):
+    x = np.asarray(x, dtype=_F)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, _F(1) / (_F(1) + e), e / (_F(1) + e)).astype(_F)
+
+
+def GELU(x):
+    return _F(0.5) * x * (_F(1) + np.tanh(GELU_K * (x + GELU_C * x * x * x)))
+
+
+def GELU_GRAD(x):
+    t = np.tanh(GELU_K * (x + GELU_C * x * x * x))
+    return _F(0.5) * (_F(1) + t) + _F(0.5) * x * (_F(1) - t * t) * GELU_K * (_F(1) + _F(3) * GELU_C * x * x)
+
+
+def BCE_LOGITS(x, t):
+    return np.maximum(x, _F(0)) - x * t + np.log1p(np.exp(-np.abs(x)))
+
+
+def BCE_LOGITS_GRAD(x, t):
+    return SIGMOID(x) - t
+
+
+def SMOOTH_L1(d, beta):
+    a = np.abs(d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(a < beta, _F(0.5) * d * d / beta, a - _F(0.5) * beta).astype(_F)
+
+
+def SMOOTH_L1_GRAD(d, beta):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.abs(d) < beta, d / beta, np.sign(d)).astype(_F)
+
+
+# C math builtins user primitives may call.
+fmax, fmin, fabs, exp, log, log1p, sqrt, tanh, pow = (
+    np.fmax,
+    np.fmin,
+    np.abs,
+    np.exp,
+    np.log,
+    np.log1p,
+    np.sqrt,
+    np.tanh,
+    np.power,
+)
+INFINITY = _F(np.inf)
+NAN = _F(np.nan)
+
+NAMESPACE = {name: value for name, value in globals().items() if not name.startswith("_") and name not in ("np",)}
+NAMESPACE["np"] = np

@@ -1,0 +1,69 @@
+"""Output shapes of the ops a trace runs eagerly (matmul, reductions, layout ops, losses)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor, broadcast_shapes, get_device
+
+
+def infer_shape(
+    name: str, fn: Callable, inputs: list, layout: list[tuple[str, Any]], attrs: dict
+) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a non-fused op's output.
+
+    Known ops use shape rules; anything else runs ``fn`` once on zero tensors of the input
+    shapes on the NumPy backend (only at trace time).
+    """
+    shapes = [i.shape for i in inputs]
+    dtype = np.result_type(*(i.dtype for i in inputs)) if inputs else np.dtype(np.float32)
+    rule = _RULES.get(name)
+    if rule is not None:
+        return rule(shapes, attrs), dtype
+    return _probe(fn, inputs, layout)
+
+
+def _matmul(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+        raise ValueError(f"matmul shapes {a} and {b} do not align")
+    return (*broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
+
+
+def _reduction(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    shape = shapes[0]
+    axis = attrs.get("axis")
+    keepdims = bool(attrs.get("keepdims", False))
+    axes = range(len(shape)) if axis is None else [axis] if isinstance(axis, int) else list(axis)
+    axes = {a % len(shape) for a in axes} if shape else set()
+    return tuple(1 if i in axes else d for i, d in enumerate(shape) if keepdims or i not in axes)
+
+
+def _scalar(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    return ()
+
+
+_RULES: dict[str, Callable[[list[tuple[int, ...]], dict], tuple[int, ...]]] = {
+    "matmul": _matmul,
+    "sum": _reduction,
+    "mean": _reduction,
+    "max": _reduction,
+    "mse_loss": _scalar,
+    "cross_entropy": _scalar,
+}
+
+
+def _probe(fn: Callable, inputs: list, layout: list[tuple[str, Any]]) -> tuple[tuple[int, ...], np.dtype]:
+    cpu = get_device("cpu")
+    values = []
+    for kind, item in layout:
+        if kind == "node":
+            node = inputs[item]
+            values.append(Tensor.zeros(node.shape, node.dtype, cpu))
+        else:
+            values.append(item)
+    result = fn(*values)
+    return tuple(result.shape), np.dtype(result.dtype)

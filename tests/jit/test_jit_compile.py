@@ -1,0 +1,269 @@
+"""jit_compile: fused results equal the un-fused autograd path and float64 NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.jit import JitError, jit_compile, register_primitive, workloads
+from netcl.runtime import ops as rops
+from netcl.runtime.cache import program_cache
+from netcl.runtime.graph import Graph
+
+# float32 chains of ~8 transcendental ops: each op is within a few ulps; errors compound
+# through at most 8 ops, so 2e-5 relative plus 1e-6 absolute (values are O(1)) is ample
+# and still catches any wrong formula (those are off by >1e-3).
+RTOL, ATOL = 2e-5, 1e-6
+
+
+def _rand(shape, seed, low=-2.0, high=2.0):
+    return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+
+
+class LaunchCounter:
+    """Counts the kernels launched on a queue, through the runtime's capture (``Graph``)."""
+
+    def __init__(self, queue):
+        self.graph = Graph()
+        self._capture = self.graph.capture(queue)
+
+    @property
+    def names(self) -> list[str]:
+        return [launch.name for launch in self.graph.launches]
+
+    def __enter__(self):
+        self._capture.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._capture.__exit__(*exc)
+
+
+def _grads(fn, arrays, device, upstream):
+    """Forward value and gradients of every input, through the tape."""
+    nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+    with ag.Tape() as tape:
+        out = fn(*nodes)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    return out.to_host(), [n.grad.to_host() for n in nodes]
+
+
+def _fd_elementwise_grads(reference, arrays, upstream, eps=1e-6):
+    """float64 central differences of sum(upstream * reference(...)) for elementwise references."""
+    arrays64 = [a.astype(np.float64) for a in arrays]
+    out_shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    grads = []
+    for k, a in enumerate(arrays64):
+        plus = [x.copy() for x in arrays64]
+        minus = [x.copy() for x in arrays64]
+        plus[k] = a + eps
+        minus[k] = a - eps
+        local = (reference(*plus) - reference(*minus)) / (2 * eps) * upstream
+        # reduce the broadcast dims back to the input's shape
+        axes = tuple(range(len(out_shape) - a.ndim))
+        local = local.sum(axis=axes)
+        keep = tuple(i for i, d in enumerate(a.shape) if d == 1 and local.shape[i] != 1)
+        grads.append(local.sum(axis=keep, keepdims=True) if keep else local)
+    return grads
+
+
+@pytest.mark.parametrize(
+    ("name", "shapes"),
+    [("chain8", [(1000,), (1000,), (1000,)]), ("bias_gelu", [(33, 65), (1, 65)])],
+)
+def test_fused_matches_unfused_and_float64(device, name, shapes):
+    fn = getattr(workloads, name)
+    reference = getattr(workloads, f"{name}_reference")
+    arrays = [_rand(s, seed) for seed, s in enumerate(shapes)]
+    upstream = _rand(np.broadcast_shapes(*shapes), 99)
+    fused = jit_compile(fn)
+    out_f, grads_f = _grads(fused, arrays, device, upstream)
+    out_u, grads_u = _grads(fn, arrays, device, upstream)
+    expected = reference(*[a.astype(np.float64) for a in arrays])
+    np.testing.assert_allclose(out_f, expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out_f, out_u, rtol=RTOL, atol=ATOL)
+    for gf, gu, gr in zip(grads_f, grads_u, _fd_elementwise_grads(reference, arrays, upstream), strict=True):
+        # finite differences in float64 with eps=1e-6 are accurate to ~1e-9; the float32
+        # gradient of a sum over up to 33 rows carries ~33 ulps of rounding.
+        np.testing.assert_allclose(gf, gr, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(gf, gu, rtol=1e-4, atol=1e-5)
+    assert fused.cache_info()["fallbacks"] == 0
+
+
+def test_mlp_block_fuses_epilogue(device):
+    x, w, b = _rand((17, 9), 1), _rand((9, 13), 2), _rand((1, 13), 3)
+    upstream = _rand((17, 13), 4)
+    fused = jit_compile(workloads.mlp_block)
+    out, (gx, gw, gb) = _grads(fused, [x, w, b], device, upstream)
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    pre = x64 @ w64 + b64
+    np.testing.assert_allclose(out, workloads.mlp_block_reference(x64, w64, b64), rtol=1e-5, atol=1e-5)
+    gpre = upstream * (pre > 0)
+    np.testing.assert_allclose(gx, gpre @ w64.T, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw, x64.T @ gpre, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gb, gpre.sum(axis=0, keepdims=True), rtol=1e-4, atol=1e-5)
+    plan = fused.plan_for(*[ag.tensor(a, device=device) for a in (x, w, b)])
+    assert len(plan.fused_steps) == 1 and len(plan.steps) == 2
+
+
+def test_launch_counts(cl_device):
+    arrays = [_rand((4096,), s) for s in range(3)]
+    nodes = [ag.tensor(a, requires_grad=True, device=cl_device) for a in arrays]
+    chain8 = jit_compile(workloads.chain8)
+    chain8(*nodes)  # compile outside the count
+    with LaunchCounter(cl_device.queue) as forward, ag.no_grad():
+        chain8(*nodes)
+    assert forward.names == ["fused_forward"]
+    upstream = ag.tensor(_rand((4096,), 7), device=cl_device).value
+    _ = _grads(chain8, arrays, cl_device, upstream.to_host())  # builds the backward kernel
+    with LaunchCounter(cl_device.queue) as both:
+        with ag.Tape() as tape:
+            out = chain8(*nodes)
+        tape.backward(out, grad=upstream)
+    assert both.names.count("fused_forward") == 1 and both.names.count("fused_backward") == 1
+    assert len([n for n in both.names if n.startswith("fused")]) == 2
+
+    mlp = jit_compile(workloads.mlp_block)
+    xs = [ag.tensor(_rand(s, i), device=cl_device) for i, s in enumerate([(8, 4), (4, 6), (1, 6)])]
+    mlp(*xs)
+    with LaunchCounter(cl_device.queue) as counter:
+        mlp(*xs)
+    assert len(counter.names) == 2 and counter.names[-1] == "fused_forward"
+
+
+def test_spec_examples(device):
+    @jit_compile
+    def fused(x):
+        y = ag.relu(x)
+        z = ag.gelu(y) + 0.5
+        return ag.sigmoid(z)
+
+    @jit_compile
+    def fused_mlp_block(x, w, b):
+        h = ag.add(ag.matmul(x, w), b)
+        h = ag.relu(h)
+        return ag.add(h, 1.0)
+
+    @jit_compile
+    def small(x):
+        return ag.relu(x * 0.5) + 1.0
+
+    x = _rand((64,), 5)
+    xn = ag.tensor(x, device=device)
+    x64 = x.astype(np.float64)
+    gelu = workloads._gelu(np.maximum(x64, 0)) + 0.5
+    np.testing.assert_allclose(fused(xn).to_host(), 1 / (1 + np.exp(-gelu)), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(small(xn).to_host(), np.maximum(x64 * 0.5, 0) + 1.0, rtol=RTOL, atol=ATOL)
+    m = [_rand(s, i) for i, s in enumerate([(5, 3), (3, 4), (1, 4)])]
+    got = fused_mlp_block(*[ag.tensor(a, device=device) for a in m]).to_host()
+    np.testing.assert_allclose(got, workloads.mlp_block_reference(*m), rtol=1e-5, atol=1e-5)
+    if device.kind == "opencl":
+        forward, backward = small.source(xn)
+        assert forward.count("__kernel") == 1 and "RELU" in forward and "MUL(x0, 0.5f)" in forward
+        assert "fused_backward" in backward
+    else:
+        forward, _ = small.source(xn)
+        assert "def fused_forward" in forward
+
+
+def test_custom_primitive_and_reregistration(device):
+    register_primitive(
+        "my_op",
+        forward=lambda args, attrs: f"MUL({args[0]}, {args[1]})",
+        backward=lambda args, g, attrs, out: [f"MUL({g}, {args[1]})", f"MUL({g}, {args[0]})"],
+        arity=2,
+    )
+
+    def my_op(a, b):
+        return ag.engine.apply_op(
+            rops.mul,
+            lambda g, inputs, out: [rops.mul(g, inputs[1]), rops.mul(g, inputs[0])],
+            a,
+            b,
+            op_name="my_op",
+        )
+
+    @jit_compile
+    def f(a, b):
+        return my_op(a, b) + 1.0
+
+    a, b = _rand((32,), 1), _rand((32,), 2)
+    na, nb = ag.tensor(a, requires_grad=True, device=device), ag.tensor(b, device=device)
+    np.testing.assert_allclose(f(na, nb).to_host(), a * b + 1.0, rtol=RTOL, atol=ATOL)
+    with ag.Tape() as tape:
+        out = f(na, nb)
+    tape.backward(out, grad=ag.tensor(np.ones(32, np.float32), device=device).value)
+    np.testing.assert_allclose(na.grad.to_host(), b, rtol=RTOL)
+    register_primitive(
+        "my_op",
+        forward=lambda args, attrs: f"ADD({args[0]}, {args[1]})",
+        backward=lambda args, g, attrs, out: [g, g],
+        arity=2,
+    )
+    np.testing.assert_allclose(f(na, nb).to_host(), a + b + 1.0, rtol=RTOL, atol=ATOL)
+
+
+def test_untraceable_and_unknown_ops_fall_back(device):
+    @jit_compile
+    def data_dependent(x):
+        if x.to_host().sum() > 0:  # needs a concrete value: cannot be traced
+            return x * 2.0
+        return x * 3.0
+
+    def custom(x):  # an op with no registered primitive: runs eagerly, rest still fuses
+        return ag.engine.apply_op(
+            rops.exp,
+            lambda g, inputs, out: [None],
+            x,
+            op_name="unregistered_exp",
+        )
+
+    @jit_compile
+    def mixed(x):
+        return ag.relu(custom(x) * 2.0) + 1.0
+
+    x = np.abs(_rand((16,), 3)) + 0.1
+    xn = ag.tensor(x, device=device)
+    np.testing.assert_allclose(data_dependent(xn).to_host(), x * 2.0, rtol=RTOL)
+    assert data_dependent.cache_info()["fallbacks"] == 1
+    np.testing.assert_allclose(mixed(xn).to_host(), np.exp(x) * 2.0 + 1.0, rtol=RTOL)
+    assert mixed.cache_info()["fallbacks"] == 0
+    assert len(mixed.plan_for(xn).fused_steps) == 1
+
+
+def test_scalars_are_kernel_arguments_and_cache_hits(device):
+    @jit_compile
+    def scaled(x, s):
+        return ag.tanh(x * s) + s
+
+    x = _rand((128,), 8)
+    xn = ag.tensor(x, device=device)
+    scaled(xn, 0.5)
+    builds = program_cache.stats().builds
+    for s in (0.25, 1.5, -3.0):
+        np.testing.assert_allclose(scaled(xn, s).to_host(), np.tanh(x * s) + s, rtol=RTOL, atol=ATOL)
+    assert program_cache.stats().builds == builds
+    info = scaled.cache_info()
+    assert info["misses"] == 1 and info["hits"] == 3
+
+
+def test_several_outputs_come_from_one_kernel(device):
+    @jit_compile
+    def two(x, y):
+        h = x * y
+        return ag.sigmoid(h), h + y
+
+    x, y = _rand((50,), 1), _rand((50,), 2)
+    p, q = two(ag.tensor(x, device=device), ag.tensor(y, device=device))
+    np.testing.assert_allclose(p.to_host(), 1 / (1 + np.exp(-(x * y))), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(q.to_host(), x * y + y, rtol=RTOL, atol=ATOL)
+    plan = two.plan_for(ag.tensor(x, device=device), ag.tensor(y, device=device))
+    assert len(plan.fused_steps) == 1 and len(plan.fused_steps[0].group.outputs) == 2
+
+
+def test_bad_primitive_registration():
+    with pytest.raises(JitError, match="arity"):
+        register_primitive("bad_arity", lambda a, t: "0", lambda a, g, t, o: ["0"], arity=5)
+    with pytest.raises(JitError, match="identifier"):
+        register_primitive("not a name", lambda a, t: "0", lambda a, g, t, o: ["0"])
