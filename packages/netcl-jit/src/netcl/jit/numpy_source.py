@@ -47,9 +47,8 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
         rows = out_shape[0] if ndim else 1
         row_size = max(1, math.prod(out_shape[1:])) if ndim else 1
         step = max(1, BLOCK_ELEMENTS // row_size)
-        lines.append(
-            "    padded = [x.reshape((1,) * (%d - x.ndim) + x.shape) if hasattr(x, 'ndim') else x for x in ins]" % ndim
-        )
+        pad = f"x.reshape((1,) * ({ndim} - x.ndim) + x.shape)"
+        lines.append(f"    padded = [{pad} if hasattr(x, 'ndim') else x for x in ins]")
         lines.append(f"    for s in range(0, {rows}, {step}):")
         lines.append(f"        e = min(s + {step}, {rows})")
         for k, shape in enumerate(input_shapes):
