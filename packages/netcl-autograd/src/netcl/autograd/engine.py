@@ -120,6 +120,15 @@ class Node:
             raise ValueError(f"item() needs a one-element node, this one has shape {self.shape}")
         return self.to_host().reshape(()).item()
 
+    def __bool__(self) -> bool:
+        """Truth of a one-element node (a synchronization point); ambiguous for more elements."""
+        if self.value.size != 1:
+            raise ValueError(f"the truth value of a Node of shape {self.shape} is ambiguous; reduce it first")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
     def detach(self) -> Node:
         """A new leaf sharing this node's value, cut off from the graph."""
         return Node(self.value, op_name="detach")
