@@ -43,3 +43,9 @@ __all__ += [
     "register_cache",
     "timing_region",
 ]
+
+# Eager kernel library and the caching allocator (importing memory installs it on OpenCL devices).
+from netcl.runtime import ops  # noqa: E402
+from netcl.runtime.memory import MemoryStats, empty_cache, memory_stats, reset_peak_memory_stats  # noqa: E402
+
+__all__ += ["MemoryStats", "empty_cache", "memory_stats", "ops", "reset_peak_memory_stats"]

@@ -16,7 +16,7 @@ from netcl.core import Device, Tensor, get_device, same_device
 from netcl.core.dtypes import C_TYPES, as_dtype, float16, float32, float64
 from netcl.core.errors import DTypeError
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
-from netcl.runtime.cache import program_cache
+from netcl.runtime.cache import program_cache, register_cache
 
 Scalar = int | float | bool | np.generic
 Operand = Tensor | Scalar
@@ -202,6 +202,9 @@ def clear_kernel_memo() -> None:
     """Forget every resolved eager kernel (the program cache is left alone)."""
     with _MEMO_LOCK:
         _MEMO.clear()
+
+
+register_cache(clear_kernel_memo)
 
 
 def normalize_axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> tuple[int, ...]:

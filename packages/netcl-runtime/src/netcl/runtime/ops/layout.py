@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes, contiguous_strides, get_device
+from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import as_dtype, float32
 from netcl.core.errors import DTypeError, ShapeError
@@ -37,6 +37,12 @@ def _require_tensor(x: Any, op: str) -> Tensor:
     return x
 
 
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(d in (1, t) for d, t in zip(shape[::-1], target[::-1], strict=False))
+
+
 def copy(x: Tensor) -> Tensor:
     """A new tensor with x's shape, dtype and contents."""
     return cast(x, _require_tensor(x, "copy").dtype)
@@ -58,7 +64,7 @@ def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
     """x repeated along broadcast dimensions to ``shape`` (a materialized copy)."""
     x = _require_tensor(x, "broadcast_to")
     target = normalize_shape(shape)
-    if broadcast_shapes(x.shape, target) != target:
+    if not _broadcasts_to(x.shape, target):
         raise ShapeError(f"broadcast_to: shape {x.shape} cannot broadcast to {target}")
     if x.device.kind == "cpu":
         return numpy_backend.broadcast_to(x, target)
@@ -160,7 +166,7 @@ def sum_to_shape(x: Tensor, shape: Sequence[int] | int) -> Tensor:
     target = normalize_shape(shape)
     if target == x.shape:
         return x
-    if broadcast_shapes(target, x.shape) != x.shape:
+    if not _broadcasts_to(target, x.shape):
         raise ShapeError(f"sum_to_shape: shape {target} does not broadcast to {x.shape}, so x cannot sum to it")
     lead = x.ndim - len(target)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(target) if d == 1 and x.shape[lead + i] != 1)

@@ -149,6 +149,7 @@ def _launch_stage(
     local: int,
 ) -> None:
     K = math.prod(d for d, _ in kept)
+    op = "max" if op == "max" else "sum"  # mean is a sum scaled by the ``scale`` argument
     key = ("reduce", op, kept, reduced, x.dtype.str, acc.str, out.dtype.str, chunks, local)
     acc_ctype = compute_ctype(acc)
 
@@ -209,7 +210,7 @@ def _source(
     out_t = storage_ctype(out_dtype)
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
-    final = "acc * scale" if op == "mean" else "acc"
+    final = "acc" if op == "max" else "acc * scale"
     store = f"(({final}) != 0)" if out_dtype.kind == "b" else f"({final})"
     in_index = "\n    ".join([f"{idx} off = 0;", *_index_lines(kept, "o", idx), *_index_lines(reduced, "r", idx)])
     header = (

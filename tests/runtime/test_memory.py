@@ -1,0 +1,143 @@
+"""The caching allocator: size classes, reuse, steady loops, stats, empty_cache, limits, threads."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import empty_cache, memory_stats, ops
+from netcl.runtime.memory import DevicePool, install_caching_allocator, size_class
+
+
+def test_size_classes() -> None:
+    assert size_class(0) == size_class(1) == size_class(512) == 512
+    assert size_class(513) == 1024
+    assert size_class(1 << 20) == 1 << 20
+    assert size_class((1 << 20) + 1) == (1 << 20) + (1 << 18)  # quarter-octave steps above 1 MiB
+    for n in (1, 1000, 5000, 3 << 20, 123456789):
+        assert n <= size_class(n) <= max(512, 2 * n)
+        if n > 1 << 20:
+            assert size_class(n) <= 1.25 * n
+
+
+def test_installed_on_opencl_devices(cl_device: nc.Device) -> None:
+    assert getattr(cl_device.allocator, "__self__", None).__class__ is DevicePool
+    t = nc.Tensor.empty((10,), np.float32, cl_device)
+    assert t.data.size >= 40
+
+
+def _step(x: nc.Tensor, w: nc.Tensor) -> nc.Tensor:
+    h = ops.relu(ops.add(ops.matmul(x, w), 1.0))
+    return ops.sum(ops.mul(h, h), axis=0)
+
+
+def test_steady_loop_allocates_nothing_new(cl_device: nc.Device) -> None:
+    x = nc.tensor(np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32), device=cl_device)
+    w = nc.tensor(np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32), device=cl_device)
+    # Warm-up with the loop's own pattern: step 1 runs with nothing alive, step 2 while step 1's
+    # result is alive (one block more). From then on the pool holds every block the loop needs.
+    for _ in range(2):
+        result = _step(x, w)
+    expected = result.to_host()
+    gc.collect()
+    before = memory_stats(cl_device)
+    for _ in range(20):
+        result = _step(x, w)
+    np.testing.assert_array_equal(result.to_host(), expected)
+    after = memory_stats(cl_device)
+    assert after.fresh_allocations == before.fresh_allocations
+    assert after.served_from_pool - before.served_from_pool >= 20 * 5  # five results per step
+    assert after.reserved_bytes == before.reserved_bytes
+    assert after.allocated_bytes == before.allocated_bytes
+
+
+def test_buffer_returns_only_when_unreachable(cl_device: nc.Device) -> None:
+    empty_cache(cl_device)
+    t = nc.tensor(np.arange(1000, dtype=np.float32), device=cl_device)
+    view = t.reshape(10, 100)
+    raw = t.data
+    before = memory_stats(cl_device)
+    del t
+    assert memory_stats(cl_device).cached_blocks == before.cached_blocks  # the view keeps the buffer
+    del view
+    assert memory_stats(cl_device).cached_blocks == before.cached_blocks  # so does a bare reference
+    other = nc.Tensor.empty((1000,), np.float32, cl_device)
+    assert other.data.int_ptr != raw.int_ptr
+    del raw
+    stats = memory_stats(cl_device)
+    assert stats.cached_blocks == before.cached_blocks + 1
+    assert stats.allocated_bytes == before.allocated_bytes  # t's block is free, other's is new
+    del other
+
+
+def test_stats_and_empty_cache(cl_device: nc.Device) -> None:
+    empty_cache(cl_device)
+    start = memory_stats(cl_device)
+    tensors = [nc.Tensor.empty((n,), np.float32, cl_device) for n in (100, 1000, 300000)]
+    held = memory_stats(cl_device)
+    expected = sum(size_class(4 * n) for n in (100, 1000, 300000))
+    assert held.allocated_bytes - start.allocated_bytes == expected
+    assert held.requested_bytes - start.requested_bytes == 4 * (100 + 1000 + 300000)
+    assert held.peak_allocated_bytes >= held.allocated_bytes
+    del tensors
+    freed = memory_stats(cl_device)
+    assert freed.cached_bytes - start.cached_bytes == expected
+    assert freed.allocated_bytes == start.allocated_bytes
+    assert freed.frees - start.frees == 3
+    again = nc.Tensor.empty((1000,), np.float32, cl_device)
+    assert memory_stats(cl_device).served_from_pool == freed.served_from_pool + 1
+    assert empty_cache(cl_device) == freed.cached_bytes - size_class(4000)
+    assert memory_stats(cl_device).cached_bytes == 0
+    del again
+
+
+def test_numpy_backend_has_empty_stats() -> None:
+    stats = memory_stats("cpu")
+    assert stats.allocated_bytes == 0 and stats.fresh_allocations == 0
+    assert empty_cache("cpu") == 0
+
+
+def test_too_large_names_bytes_and_limit(device: nc.Device) -> None:
+    limit = min(device.max_alloc_size, device.global_mem_size)
+    with pytest.raises(MemoryError) as info:
+        nc.Tensor.empty((limit // 4 + 1024,), np.float32, device)
+    message = str(info.value)
+    assert str((limit // 4 + 1024) * 4) in message and str(limit) in message
+
+
+def test_threads_share_the_pool_safely(cl_device: nc.Device) -> None:
+    errors: list[BaseException] = []
+    expected = np.arange(256, dtype=np.float32)
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(30):
+                t = nc.tensor(expected + seed + i, device=cl_device)
+                np.testing.assert_array_equal(t.to_host(), expected + seed + i)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(1000 * k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    stats = memory_stats(cl_device)
+    assert stats.allocated_bytes >= 0 and stats.cached_bytes >= 0
+
+
+def test_can_be_switched_off(cl_device: nc.Device) -> None:
+    try:
+        assert install_caching_allocator(False) is False
+        before = memory_stats(cl_device)
+        t = nc.Tensor.empty((10,), np.float32, cl_device)
+        assert memory_stats(cl_device).fresh_allocations == before.fresh_allocations
+        del t
+    finally:
+        assert install_caching_allocator(True) is True
+    assert getattr(cl_device.allocator, "__self__", None).__class__ is DevicePool

@@ -1,0 +1,111 @@
+"""Reductions (sum, mean, max) against float64 NumPy references, on PoCL and the NumPy backend.
+
+Tolerances: a float32 sum of n terms carries rounding error that grows with the depth of its
+summation tree; these kernels add <= 16 terms serially and then combine by trees, so for the
+small shapes here (n <= 60) the error stays below ~n * eps relative to sum(|x|); we check
+rtol 1e-6 with atol 1e-6 * sum(|x|). max is exact. The large-vector test is the accuracy one:
+16M uniform values must sum within 1e-6 relative to the float64 sum (a serial float32 loop
+is off by ~1e-3 there: once the running sum reaches ~8e6, each addition rounds by ~0.25).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import ops
+from netcl.runtime.ops.reduce import merged_layout
+
+SHAPE = (3, 4, 5)
+AXES = [None, 0, 1, 2, -1, (0, 2), (1, 2), (0, 1, 2)]
+
+
+def _data(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-2.0, 2.0, shape).astype(np.float32)
+
+
+def _close(result: nc.Tensor, expected: np.ndarray, scale: np.ndarray | float = 1.0) -> None:
+    host = result.to_host()
+    assert host.dtype == np.float32
+    assert host.shape == np.shape(expected)
+    np.testing.assert_allclose(host, expected, rtol=1e-6, atol=1e-6 * np.max(scale))
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES)
+def test_sum_mean_max(device: nc.Device, axis: object, keepdims: bool) -> None:
+    x = _data(SHAPE, seed=1)
+    x64 = x.astype(np.float64)
+    t = nc.tensor(x, device=device)
+    scale = np.sum(np.abs(x64), axis=axis, keepdims=keepdims)
+    _close(ops.sum(t, axis, keepdims), np.sum(x64, axis=axis, keepdims=keepdims), scale)
+    _close(ops.mean(t, axis=axis, keepdims=keepdims), np.mean(x64, axis=axis, keepdims=keepdims), scale)
+    expected_max = np.max(x64, axis=axis, keepdims=keepdims)
+    np.testing.assert_array_equal(ops.max(t, axis=axis, keepdims=keepdims).to_host(), expected_max)
+
+
+@pytest.mark.parametrize("shape", [(300,), (37, 70), (2, 5000)])
+def test_tree_paths(device: nc.Device, shape: tuple[int, ...]) -> None:
+    """Rows long enough for the work-group tree (and, for 5000 > 4096, a second stage)."""
+    x = _data(shape, seed=2)
+    x64 = x.astype(np.float64)
+    t = nc.tensor(x, device=device)
+    _close(ops.sum(t, axis=-1), x64.sum(-1), np.abs(x64).sum(-1))
+    _close(ops.sum(t), x64.sum(), np.abs(x64).sum())
+    np.testing.assert_array_equal(ops.max(t, axis=-1).to_host(), x64.max(-1))
+    if len(shape) == 2:
+        _close(ops.mean(t, axis=0, keepdims=True), x64.mean(0, keepdims=True), np.abs(x64).sum(0))
+
+
+def test_large_sum_is_accurate(device: nc.Device) -> None:
+    x = np.random.default_rng(3).random(1 << 24, dtype=np.float32)
+    reference = x.sum(dtype=np.float64)
+    result = float(ops.sum(nc.tensor(x, device=device)).to_host())
+    assert abs(result - reference) / reference < 1e-6
+
+
+def test_max_propagates_nan(device: nc.Device) -> None:
+    x = _data((4, 300), seed=4)
+    x[1, 7] = np.nan
+    x[3, 299] = np.nan
+    result = ops.max(nc.tensor(x, device=device), axis=1).to_host()
+    np.testing.assert_array_equal(result, np.max(x, axis=1))
+    assert np.isnan(float(ops.max(nc.tensor(x, device=device)).to_host()))
+
+
+def test_zero_d_and_empty(device: nc.Device) -> None:
+    scalar = nc.tensor(np.float32(2.5), device=device)
+    assert ops.sum(scalar).to_host() == np.float32(2.5)
+    assert ops.max(scalar, axis=None, keepdims=True).shape == ()
+    empty = nc.tensor(np.zeros((0, 3), np.float32), device=device)
+    np.testing.assert_array_equal(ops.sum(empty, axis=0).to_host(), np.zeros(3, np.float32))
+    assert ops.sum(empty, axis=1).shape == (0,)
+    assert np.isnan(ops.mean(empty, axis=0).to_host()).all()
+    with pytest.raises(ValueError, match="zero elements"):
+        ops.max(empty, axis=0)
+
+
+def test_integer_inputs(device: nc.Device) -> None:
+    x = np.arange(-5, 7, dtype=np.int32).reshape(3, 4)
+    t = nc.tensor(x, device=device)
+    total = ops.sum(t, axis=1)
+    assert total.dtype == np.int64
+    np.testing.assert_array_equal(total.to_host(), x.sum(axis=1))
+    assert ops.max(t).dtype == np.int32 and int(ops.max(t).to_host()) == 6
+    assert ops.mean(t).dtype == np.float32
+
+
+def test_axis_errors(device: nc.Device) -> None:
+    t = nc.tensor(_data((2, 3)), device=device)
+    with pytest.raises(np.exceptions.AxisError):
+        ops.sum(t, axis=2)
+    with pytest.raises(ValueError, match="repeated"):
+        ops.sum(t, axis=(0, -2))
+
+
+def test_merged_layout() -> None:
+    assert merged_layout((3, 4, 5), (2,)) == (((12, 5),), ((5, 1),))
+    assert merged_layout((3, 4, 5), (0,)) == (((20, 1),), ((3, 20),))
+    assert merged_layout((3, 4, 5), (1,)) == (((3, 20), (5, 1)), ((4, 5),))
+    assert merged_layout((3, 1, 5), (0, 1)) == (((5, 1),), ((3, 5),))
