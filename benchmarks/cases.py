@@ -1,0 +1,185 @@
+"""The benchmark workloads (DESIGN.md names): how to run each variant, and the bytes it must move."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from measure import rand
+
+import netcl.autograd as ag
+from netcl.core import Device
+from netcl.jit import jit_compile, workloads
+
+F32 = 4
+Runner = Callable[[], object]
+
+
+@dataclass
+class Case:
+    """One workload at one size: runners per variant and mode ("fwd", "fwd+bwd")."""
+
+    name: str
+    description: str
+    elements: int
+    #: minimum bytes the workload must move, per mode
+    min_bytes: dict[str, int]
+    runners: dict[str, dict[str, Runner]] = field(default_factory=dict)
+    #: host arrays, for peers that build their own tensors
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+
+def _leaves(arrays: list[np.ndarray], device: Device, requires_grad: bool) -> list[ag.Node]:
+    return [ag.tensor(a, requires_grad=requires_grad, device=device) for a in arrays]
+
+
+def _forward(fn: Callable, nodes: list[ag.Node]) -> Runner:
+    def run() -> object:
+        with ag.no_grad():
+            return fn(*nodes)
+
+    return run
+
+
+def _forward_backward(fn: Callable, nodes: list[ag.Node], upstream: ag.Node | None) -> Runner:
+    grad = upstream.value if upstream is not None else None
+
+    def run() -> object:
+        for node in nodes:  # a fresh step: no accumulation kernels into last step's grads
+            node.grad = None
+            node.value.grad = None
+        with ag.Tape() as tape:
+            out = fn(*nodes)
+        tape.backward(out, grad=grad)
+        return out
+
+    return run
+
+
+def _netcl_variants(fn: Callable, arrays: list[np.ndarray], device: Device, out_shape, seed: int = 99):
+    fused = jit_compile(fn)
+    grads = _leaves(arrays, device, True)
+    plain = _leaves(arrays, device, False)
+    upstream = ag.tensor(rand(out_shape, seed), device=device) if out_shape else None
+    return {
+        "netcl fused": {"fwd": _forward(fused, plain), "fwd+bwd": _forward_backward(fused, grads, upstream)},
+        "netcl unfused": {"fwd": _forward(fn, plain), "fwd+bwd": _forward_backward(fn, grads, upstream)},
+    }
+
+
+def chain8_case(device: Device, n: int) -> Case:
+    arrays = [rand((n,), seed) for seed in range(3)]
+    case = Case(
+        "chain8",
+        "8 elementwise ops, 3 inputs, 1 output",
+        n,
+        # fwd: read x, a, b, write out. bwd: read x, a, b, upstream, write 3 grads.
+        {"fwd": 16 * n, "fwd+bwd": (16 + 28) * n},
+        _netcl_variants(workloads.chain8, arrays, device, (n,)),
+        arrays,
+    )
+    x, a, b = arrays
+    case.runners["numpy"] = {"fwd": lambda: _chain8_numpy(x, a, b)}
+    return case
+
+
+def _chain8_numpy(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    h = np.maximum(x * a + b, np.float32(0)) * np.float32(0.5)
+    h = np.float32(1) / (np.float32(1) + np.exp(-h)) - x
+    h = np.tanh(h)
+    return h * h
+
+
+def bias_gelu_case(device: Device, n: int, features: int = 1024) -> Case:
+    rows = max(1, n // features)
+    arrays = [rand((rows, features), 0), rand((1, features), 1)]
+    elements = rows * features
+    case = Case(
+        "bias_gelu",
+        f"gelu(x + b), x ({rows}, {features}), b (1, {features})",
+        elements,
+        # fwd: read x, write out. bwd: read x, upstream, write gx (gb is a reduction of that).
+        {"fwd": 8 * elements, "fwd+bwd": (8 + 12) * elements},
+        _netcl_variants(workloads.bias_gelu, arrays, device, (rows, features)),
+        arrays,
+    )
+    x, b = arrays
+    k, c = np.float32(0.7978845608028654), np.float32(0.044715)
+    case.runners["numpy"] = {"fwd": lambda: _gelu_numpy(x + b, k, c)}
+    return case
+
+
+def _gelu_numpy(v: np.ndarray, k: np.float32, c: np.float32) -> np.ndarray:
+    return np.float32(0.5) * v * (np.float32(1) + np.tanh(k * (v + c * v * v * v)))
+
+
+def mlp_block_case(device: Device, n: int, inner: int = 64, features: int = 256) -> Case:
+    rows = max(1, n // features)
+    arrays = [rand((rows, inner), 0, -1, 1), rand((inner, features), 1, -0.2, 0.2), rand((1, features), 2)]
+    elements = rows * features
+    case = Case(
+        "mlp_block",
+        f"relu(x @ w + b) + 1, x ({rows}, {inner}), w ({inner}, {features})",
+        elements,
+        # the epilogue alone must read the matmul result and write the output
+        {"fwd": (rows * inner + inner * features + 2 * elements) * F32, "fwd+bwd": (rows * inner * 2 + 5 * elements) * F32},
+        _netcl_variants(workloads.mlp_block, arrays, device, (rows, features)),
+        arrays,
+    )
+    x, w, b = arrays
+    case.runners["numpy"] = {"fwd": lambda: np.maximum(x @ w + b, np.float32(0)) + np.float32(1)}
+    return case
+
+
+def detection_loss_case(device: Device, n: int) -> Case | None:
+    try:
+        from netcl.jit.training_compiler import fused_weighted_bce_smooth_l1_loss
+    except ImportError:
+        return None
+    pred = rand((n,), 0, -6, 6)
+    target = (rand((n,), 1, 0, 1) > 0.7).astype(np.float32)
+    heat_w = rand((n,), 2, 0, 1)
+    reg_w = rand((n,), 3, 0, 1)
+    arrays = [pred, target, heat_w, reg_w]
+    scales = (1.5, 0.5, 0.05)
+
+    def fused(p, t, hw, rw):
+        return fused_weighted_bce_smooth_l1_loss(p, t, hw, rw, *scales)
+
+    def unfused(p, t, hw, rw):
+        heat, reg, beta = scales
+        return heat * ag.sum(ag.weighted_bce(p, t, hw)) + reg * ag.sum(ag.weighted_smooth_l1(p, t, rw, beta))
+
+    plain = _leaves(arrays, device, False)
+    trained = _leaves(arrays[:1], device, True) + plain[1:]  # gradient w.r.t. pred only
+    case = Case(
+        "detection_loss",
+        "weighted BCE + weighted smooth-L1, summed (4 inputs, scalar output)",
+        n,
+        # fwd: read 4 inputs. bwd: read 4 inputs, write grad.
+        {"fwd": 16 * n, "fwd+bwd": (16 + 20) * n},
+        {
+            "netcl fused": {"fwd": _forward(fused, plain), "fwd+bwd": _forward_backward(fused, trained, None)},
+            "netcl unfused": {
+                "fwd": _forward(unfused, plain),
+                "fwd+bwd": _forward_backward(unfused, trained, None),
+            },
+        },
+        arrays,
+    )
+    case.runners["numpy"] = {"fwd": lambda: _detection_numpy(*arrays, *scales)}
+    return case
+
+
+def _detection_numpy(p, t, hw, rw, heat, reg, beta):
+    bce = np.maximum(p, 0) - p * t + np.log1p(np.exp(-np.abs(p)))
+    d = np.abs(p - t)
+    sl1 = np.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
+    return heat * np.sum(hw * bce, dtype=np.float64) + reg * np.sum(rw * sl1, dtype=np.float64)
+
+
+def all_cases(device: Device, n: int) -> list[Case]:
+    cases = [chain8_case(device, n), bias_gelu_case(device, n), mlp_block_case(device, n)]
+    detection = detection_loss_case(device, n)
+    return cases + ([detection] if detection is not None else [])

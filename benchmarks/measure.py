@@ -1,0 +1,77 @@
+"""Timing helpers: device time from profiling events on OpenCL, wall-clock on the NumPy backend."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from netcl.core import Device
+from netcl.runtime.perf import timing_region
+
+
+@dataclass
+class Timing:
+    """Median and spread of repeated runs, in milliseconds, and which clock measured them."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    clock: str
+
+    def as_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "clock": self.clock}
+
+
+def time_device(device: Device, fn: Callable[[], object], repeats: int, warmup: int = 2) -> Timing:
+    """Run ``fn`` ``warmup`` times, then time ``repeats`` runs on ``device``'s queue."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples = []
+    for _ in range(repeats):
+        with timing_region("bench", device.queue) as region:
+            fn()
+        samples.append(region.elapsed_ms)
+    _sync(device)
+    clock = "events" if device.kind == "opencl" else "wall"
+    return Timing(statistics.median(samples), min(samples), max(samples), clock)
+
+
+def time_host(fn: Callable[[], object], repeats: int, inner: int, warmup: int = 3) -> float:
+    """Median host microseconds per call of ``fn`` (each sample is ``inner`` back-to-back calls)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - start) / inner * 1e6)
+    return statistics.median(samples)
+
+
+def time_wall(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None, warmup: int = 2) -> Timing:
+    """Wall-clock timing of ``fn`` followed by ``sync`` (NumPy, torch on CPU)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return Timing(statistics.median(samples), min(samples), max(samples), "wall")
+
+
+def _sync(device: Device) -> None:
+    if device.queue is not None:
+        device.queue.finish()
+
+
+def rand(shape: tuple[int, ...], seed: int, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
