@@ -23,3 +23,23 @@ __all__ = [
     "register_primitive",
     "registry_version",
 ]
+
+# Fused training patterns (the detection loss) and fuse_graph (spec path netcl.runtime.graph_fusion).
+from netcl.jit.graph_fusion import FusedGraph, fuse_graph  # noqa: E402
+from netcl.jit.training_compiler import (  # noqa: E402
+    FusedDetectionLossPlan,
+    TrainingGraphCompiler,
+    TrainingPattern,
+    fused_weighted_bce_smooth_l1_loss,
+    get_training_compiler,
+)
+
+__all__ += [
+    "FusedDetectionLossPlan",
+    "FusedGraph",
+    "TrainingGraphCompiler",
+    "TrainingPattern",
+    "fuse_graph",
+    "fused_weighted_bce_smooth_l1_loss",
+    "get_training_compiler",
+]

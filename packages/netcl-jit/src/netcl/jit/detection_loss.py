@@ -1,0 +1,225 @@
+"""``FusedDetectionLossPlan``: the compiled fused detection loss for one device, and input checks.
+
+A plan holds ``partial_kernel``, ``reduce_kernel`` and ``backward_kernel`` (OpenCL kernels built
+through ``program_cache``, or their NumPy twins on the NumPy backend). Calling it returns the
+scalar loss Node: forward = 2 launches (partial + reduce), backward = 1 launch, gradient w.r.t.
+``pred`` only. Scales and ``beta`` are arguments of every call, never compiled in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Device, Tensor, same_device
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.jit import detection_loss_numpy as npl
+from netcl.jit.detection_loss_kernels import BACKWARD_NAME, PARTIAL_NAME, REDUCE_NAME, detection_loss_source
+from netcl.runtime.cache import program_cache
+from netcl.runtime.launch import launch
+
+OP_NAME = "weighted_bce_smooth_l1_sum"
+ARG_NAMES = ("pred", "target", "heat_weight", "reg_weight")
+#: Upper bound on the number of partial sums (work-groups of the partial kernel).
+MAX_BLOCKS = 1024
+#: Preferred work-group size.
+LOCAL_SIZE = 256
+
+
+def index_ctype(n: int) -> str:
+    """``long`` when strided indices could pass 2**31 for ``n`` elements, else ``int``."""
+    return "long" if n >= 2**31 - 2**24 else "int"
+
+
+# ---- validation --------------------------------------------------------------------------------
+def _value(x: Any) -> Any:
+    return x.value if isinstance(x, Node) else x
+
+
+def _is_traced(x: Any) -> bool:
+    return isinstance(x, Node) and not isinstance(x.value, Tensor)
+
+
+def validate_inputs(pred: Any, target: Any, heat_weight: Any, reg_weight: Any) -> None:
+    """One shape, float32 and one device for all four inputs; errors name the offending argument."""
+    args = (pred, target, heat_weight, reg_weight)
+    for name, arg in zip(ARG_NAMES, args, strict=True):
+        if not isinstance(arg, (Node, Tensor)):
+            raise TypeError(
+                f"fused_weighted_bce_smooth_l1_loss: {name} must be a netcl Node or Tensor, got {type(arg).__name__}"
+            )
+    shape = tuple(pred.shape)
+    for name, arg in zip(ARG_NAMES, args, strict=True):
+        if np.dtype(arg.dtype) != np.float32:
+            raise DTypeError(
+                f"fused_weighted_bce_smooth_l1_loss: {name} has dtype {arg.dtype}; all four inputs must be float32"
+            )
+        if tuple(arg.shape) != shape:
+            raise ShapeError(
+                f"fused_weighted_bce_smooth_l1_loss: {name} has shape {tuple(arg.shape)} but pred has shape {shape}; "
+                "all four inputs must have one shape (no broadcasting)"
+            )
+    if not any(_is_traced(a) for a in args):
+        same_device(*(_value(a).device for a in args))
+
+
+def validate_scalars(heat_scale: Any, reg_scale: Any, beta: Any) -> tuple[float, float, float]:
+    """The scales and beta as floats: real numbers, beta finite and >= 0 (0 means plain L1)."""
+    values = []
+    for name, v in (("heat_scale", heat_scale), ("reg_scale", reg_scale), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (Real, np.floating, np.integer)):
+            raise TypeError(f"fused_weighted_bce_smooth_l1_loss: {name} must be a real number, got {type(v).__name__}")
+        values.append(float(v))
+    if not math.isfinite(values[2]) or values[2] < 0:
+        raise ValueError(f"fused_weighted_bce_smooth_l1_loss: beta must be finite and >= 0 (0 is plain L1), got {beta}")
+    return values[0], values[1], values[2]
+
+
+def plan_key(pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any) -> tuple:
+    """What a plan is compiled for: device, dtype and index type."""
+    value = _value(pred)
+    return (value.device, np.dtype(value.dtype).str, index_ctype(int(value.size)))
+
+
+def matches(pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any) -> bool:
+    """True when the four inputs are concrete float32 tensors of one shape on one device."""
+    args = (pred, target, heat_weight, reg_weight)
+    if not all(isinstance(a, (Node, Tensor)) and isinstance(_value(a), Tensor) for a in args):
+        return False
+    values = [_value(a) for a in args]
+    first = values[0]
+    return all(v.shape == first.shape and v.dtype == np.float32 and v.device is first.device for v in values)
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+@dataclass(eq=False)
+class FusedDetectionLossPlan:
+    """The three kernels of the fused detection loss for one (device, dtype, index type)."""
+
+    device: Device
+    index_ctype: str
+    local_size: int
+    partial_kernel: Any
+    reduce_kernel: Any
+    backward_kernel: Any
+    source: str | None = None
+    max_blocks: int = MAX_BLOCKS
+
+    @property
+    def is_opencl(self) -> bool:
+        return self.device.kind == "opencl"
+
+    def blocks(self, n: int) -> int:
+        """Work-groups (= partial sums) for ``n`` elements: >= one float4 per work-item, <= ``max_blocks``."""
+        if not self.is_opencl:
+            return max(1, -(-n // npl.BLOCK))
+        return min(self.max_blocks, max(1, -(-n // (4 * self.local_size))))
+
+    def forward(
+        self, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """The 0-d float32 loss (two launches on OpenCL: partial, then reduce)."""
+        n = int(pred.size)
+        if not self.is_opencl:
+            sums = self.partial_kernel(pred.data, target.data, hw.data, rw.data, hs, rs, beta)
+            out = self.reduce_kernel(sums)
+            return Tensor(out, (), out.dtype, self.device)
+        blocks = self.blocks(n)
+        partials = Tensor.empty((blocks,), np.float32, self.device)
+        out = Tensor.empty((), np.float32, self.device)
+        local = self.local_size
+        launch(self.partial_kernel, blocks * local, local, pred, target, hw, rw, partials, hs, rs, beta, n)
+        launch(self.reduce_kernel, local, local, partials, out, blocks)
+        return out
+
+    def backward(
+        self, grad_out: Tensor, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """``grad_out * d loss / d pred`` (one launch on OpenCL; ``grad_out`` stays on the device)."""
+        n = int(pred.size)
+        if not self.is_opencl:
+            data = self.backward_kernel(grad_out.data, pred.data, target.data, hw.data, rw.data, hs, rs, beta)
+            return Tensor(data, tuple(pred.shape), data.dtype, self.device)
+        grad = Tensor.empty(tuple(pred.shape), np.float32, self.device)
+        if n:
+            local = self.local_size
+            work = -(-n // 4)
+            launch(
+                self.backward_kernel,
+                -(-work // local) * local,
+                local,
+                pred,
+                target,
+                hw,
+                rw,
+                grad_out,
+                grad,
+                hs,
+                rs,
+                beta,
+                n,
+            )
+        return grad
+
+    def __call__(
+        self,
+        pred: Any,
+        target: Any,
+        heat_weight: Any,
+        reg_weight: Any,
+        heat_scale: float = 1.0,
+        reg_scale: float = 1.0,
+        beta: float = 0.05,
+    ) -> Node:
+        """The scalar loss Node; its gradient flows to ``pred`` only."""
+        hs, rs, b = validate_scalars(heat_scale, reg_scale, beta)
+        return apply_op(
+            self.forward,
+            self._grad,
+            pred,
+            target,
+            heat_weight,
+            reg_weight,
+            hs,
+            rs,
+            b,
+            op_name=OP_NAME,
+            attrs={"heat_scale": hs, "reg_scale": rs, "beta": b},
+        )
+
+    def _grad(self, grad_out: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        return [self.backward(grad_out, *values), None, None, None, None, None, None]
+
+    def __repr__(self) -> str:
+        return (
+            f"<FusedDetectionLossPlan on {self.device.spec} index={self.index_ctype} local={self.local_size} "
+            f"max_blocks={self.max_blocks}>"
+        )
+
+
+def build_plan(
+    pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any
+) -> FusedDetectionLossPlan:
+    """Compile the plan for the device, dtype and index type of ``pred`` (the built-in planner)."""
+    device, _, ctype = plan_key(pred, target, heat_weight, reg_weight)
+    if device.kind != "opencl":
+        return FusedDetectionLossPlan(device, ctype, 1, npl.partials, npl.reduce, npl.backward)
+    # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
+    local = min(LOCAL_SIZE, _pow2_floor(device.cl_device.max_work_group_size))
+    source = detection_loss_source(ctype, local)
+    handle = program_cache.get_or_compile(("netcl.jit.detection_loss", ctype, local), source, device.context)
+    index = np.int64 if ctype == "long" else np.int32
+    scalars = [np.float32, np.float32, np.float32, index]
+    partial = handle.kernel(PARTIAL_NAME, [None] * 5 + scalars)
+    reduce = handle.kernel(REDUCE_NAME, [None, None, np.int32])
+    backward = handle.kernel(BACKWARD_NAME, [None] * 6 + scalars)
+    return FusedDetectionLossPlan(device, ctype, local, partial, reduce, backward, source)
+
+
+def _pow2_floor(value: int) -> int:
+    return 1 << (max(int(value), 1).bit_length() - 1)

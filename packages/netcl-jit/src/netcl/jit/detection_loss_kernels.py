@@ -1,0 +1,145 @@
+"""OpenCL C source of the fused detection loss (DESIGN.md, ``detection_loss``): three kernels.
+
+* ``detection_loss_partial`` — one work-group per block. Each work-item walks a strided range of
+  float4 chunks (``vload4``), adds ``heat_scale*hw*BCE_LOGITS(x, t) + reg_scale*rw*SMOOTH_L1(x - t,
+  beta)`` per element into Kahan-compensated float4 accumulators, then the group tree-reduces in
+  local memory and writes one partial per block.
+* ``detection_loss_reduce`` — one work-group sums the partials (compensated strided sums, then the
+  same tree) into the 0-d loss.
+* ``detection_loss_backward`` — ``grad_pred = g * (heat_scale*hw*(sigmoid(x) - t) + reg_scale*rw*
+  SMOOTH_L1_GRAD(x - t, beta))``, four elements per work-item; ``g`` (the upstream gradient) is
+  read from its device buffer.
+
+The work-group size (``LOCAL``) and the index type are compiled in; the scales, ``beta`` and the
+element count are kernel arguments. The reduction order depends only on the element count and
+the launch geometry, so a plan gives bit-identical results on every call.
+"""
+
+from __future__ import annotations
+
+from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
+
+PARTIAL_NAME = "detection_loss_partial"
+REDUCE_NAME = "detection_loss_reduce"
+BACKWARD_NAME = "detection_loss_backward"
+
+_BODY = r"""
+#define LOCAL {local}
+typedef {index} idx_t;
+
+inline float detection_term(float x, float t, float hw, float rw, float hs, float rs, float beta) {{
+    return hs * hw * BCE_LOGITS(x, t) + rs * rw * SMOOTH_L1(x - t, beta);
+}}
+
+inline float detection_grad(float x, float t, float hw, float rw, float hs, float rs, float beta) {{
+    return hs * hw * BCE_LOGITS_GRAD(x, t) + rs * rw * SMOOTH_L1_GRAD(x - t, beta);
+}}
+
+/* Kahan step: sum + value, with the running compensation in comp. */
+#define KAHAN(sum, comp, value) \
+    {{ float4 y_ = (value) - comp; float4 s_ = sum + y_; comp = (s_ - sum) - y_; sum = s_; }}
+
+inline float lanes(float4 sum, float4 comp) {{
+    float4 v = sum - comp;
+    return (v.s0 + v.s1) + (v.s2 + v.s3);
+}}
+
+/* Tree-reduce one value per work-item; work-item 0 gets the group total. */
+inline float group_sum(__local float* scratch, float value) {{
+    const int lid = get_local_id(0);
+    scratch[lid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = LOCAL / 2; s > 0; s >>= 1) {{
+        if (lid < s) scratch[lid] += scratch[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    return scratch[0];
+}}
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void detection_loss_partial(
+    __global const float* pred,
+    __global const float* target,
+    __global const float* heat_w,
+    __global const float* reg_w,
+    __global float* partials,
+    const float hs,
+    const float rs,
+    const float beta,
+    const idx_t n)
+{{
+    __local float scratch[LOCAL];
+    const idx_t stride = get_global_size(0);
+    const idx_t n4 = n / 4;
+    float4 sum = (float4)(0.0f);
+    float4 comp = (float4)(0.0f);
+    for (idx_t i = get_global_id(0); i < n4; i += stride) {{
+        float4 x = vload4(i, pred), t = vload4(i, target), hw = vload4(i, heat_w), rw = vload4(i, reg_w);
+        float4 term = (float4)(
+            detection_term(x.s0, t.s0, hw.s0, rw.s0, hs, rs, beta),
+            detection_term(x.s1, t.s1, hw.s1, rw.s1, hs, rs, beta),
+            detection_term(x.s2, t.s2, hw.s2, rw.s2, hs, rs, beta),
+            detection_term(x.s3, t.s3, hw.s3, rw.s3, hs, rs, beta));
+        KAHAN(sum, comp, term);
+    }}
+    const idx_t tail = 4 * n4 + get_global_id(0);
+    if (tail < n) {{
+        float term = detection_term(pred[tail], target[tail], heat_w[tail], reg_w[tail], hs, rs, beta);
+        KAHAN(sum, comp, (float4)(term, 0.0f, 0.0f, 0.0f));
+    }}
+    float total = group_sum(scratch, lanes(sum, comp));
+    if (get_local_id(0) == 0) partials[get_group_id(0)] = total;
+}}
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void detection_loss_reduce(__global const float* partials, __global float* out, const int count)
+{{
+    __local float scratch[LOCAL];
+    float4 sum = (float4)(0.0f);
+    float4 comp = (float4)(0.0f);
+    for (int i = get_local_id(0); i < count; i += LOCAL) {{
+        KAHAN(sum, comp, (float4)(partials[i], 0.0f, 0.0f, 0.0f));
+    }}
+    float total = group_sum(scratch, lanes(sum, comp));
+    if (get_local_id(0) == 0) out[0] = total;
+}}
+
+__kernel void detection_loss_backward(
+    __global const float* pred,
+    __global const float* target,
+    __global const float* heat_w,
+    __global const float* reg_w,
+    __global const float* grad_out,
+    __global float* grad_pred,
+    const float hs,
+    const float rs,
+    const float beta,
+    const idx_t n)
+{{
+    const idx_t i = get_global_id(0);
+    const idx_t first = 4 * i;
+    if (first >= n) return;
+    const float g = grad_out[0];
+    if (first + 4 <= n) {{
+        float4 x = vload4(i, pred), t = vload4(i, target), hw = vload4(i, heat_w), rw = vload4(i, reg_w);
+        float4 d = (float4)(
+            detection_grad(x.s0, t.s0, hw.s0, rw.s0, hs, rs, beta),
+            detection_grad(x.s1, t.s1, hw.s1, rw.s1, hs, rs, beta),
+            detection_grad(x.s2, t.s2, hw.s2, rw.s2, hs, rs, beta),
+            detection_grad(x.s3, t.s3, hw.s3, rw.s3, hs, rs, beta));
+        vstore4(g * d, i, grad_pred);
+    }} else {{
+        for (idx_t j = first; j < n; ++j)
+            grad_pred[j] = g * detection_grad(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
+    }}
+}}
+"""
+
+
+def detection_loss_source(index_ctype: str, local_size: int) -> str:
+    """The program holding the three kernels, for ``int``/``long`` indices and work-group ``local_size``."""
+    if index_ctype not in ("int", "long"):
+        raise ValueError(f"index type must be 'int' or 'long', got {index_ctype!r}")
+    if local_size < 1 or local_size & (local_size - 1):
+        raise ValueError(f"work-group size must be a power of two, got {local_size}")
+    return PRIMITIVE_PREAMBLE + _BODY.format(index=index_ctype, local=local_size)

@@ -1,0 +1,199 @@
+"""``fuse_graph``: a model's step, jit-fused and captured once, replayed per call.
+
+The spec's ``netcl.runtime.graph_fusion.fuse_graph`` lives here, in netcl.jit: it needs
+``jit_compile`` and autograd's ``CompiledGraph``, and the runtime layer cannot depend on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, Tape, no_grad
+from netcl.autograd.graph import CompiledGraph
+from netcl.core import Device, Tensor, get_device
+from netcl.jit.compiler import jit_compile
+
+
+class FusedGraph:
+    """One step of a model (forward, or forward + backward [+ update]), captured for replay.
+
+    ``execute(x, target)`` (alias ``replay``) runs one step on new inputs of the captured shapes
+    and returns the step's output Node: the loss when there is a ``loss_fn``, else the model's
+    output. On OpenCL that is one replay of the captured kernels; the returned Node is the same
+    object every call and its buffer is overwritten by the next call (copy what you keep). After
+    a training step every parameter's ``grad`` holds this step's gradient (not accumulated). On
+    the NumPy backend there is nothing to capture and each call runs the jit-compiled step.
+    """
+
+    def __init__(
+        self,
+        step: Callable[..., Node],
+        params: list[Node],
+        device: Device,
+        train: bool,
+        has_target: bool,
+        optimizer_step: Callable[[], Any] | None,
+    ) -> None:
+        self.step = step
+        self.params = params
+        self.device = device
+        self.train = train
+        self.has_target = has_target
+        self.optimizer_step = optimizer_step
+        #: The CompiledGraph holding the captured step (None on the NumPy backend).
+        self.compiled: CompiledGraph | None = None
+        self.outputs: Node | None = None
+
+    # ---- capture -------------------------------------------------------------------------------
+    def capture(self, inputs: list[Node]) -> Node:
+        """Run the step once on ``inputs`` while capturing it (OpenCL) or just run it (NumPy)."""
+        if self.device.kind != "opencl":
+            self.outputs = self._eager(inputs)
+            return self.outputs
+        compiled = CompiledGraph(self.params, device=self.device)
+        with compiled:
+            compiled.outputs = self._run(inputs)
+        compiled.compile([x.value for x in inputs])
+        self.compiled, self.outputs = compiled, compiled.outputs
+        return self.outputs
+
+    def _run(self, inputs: list[Node]) -> Node:
+        if not self.train:
+            with no_grad():
+                return self.step(*inputs)
+        out = self.step(*inputs)
+        out.backward()
+        if self.optimizer_step is not None:
+            self.optimizer_step()
+        return out
+
+    def _eager(self, inputs: list[Node]) -> Node:
+        for p in self.params:
+            p.grad, p._grad_owned, p.value.grad = None, False, None
+        with Tape():
+            return self._run(inputs)
+
+    # ---- replay --------------------------------------------------------------------------------
+    def execute(self, x: Any, target: Any = None) -> Node:
+        """One step on ``x`` (and ``target``): same shapes, dtype and device as the captured samples."""
+        inputs = self._inputs(x, target)
+        if self.compiled is None:
+            return self._eager(inputs)
+        return self.compiled.replay([n.value for n in inputs])
+
+    replay = execute
+
+    def _inputs(self, x: Any, target: Any) -> list[Node]:
+        if self.has_target and target is None:
+            raise ValueError("this graph was captured with a target: execute(x, target)")
+        if not self.has_target and target is not None:
+            raise ValueError("this graph was captured without a target: execute(x)")
+        items = [x, target] if self.has_target else [x]
+        return [_as_node(v, self.device) for v in items]
+
+    @property
+    def graph(self) -> Any:
+        """The runtime ``Graph`` of the captured step (None on the NumPy backend)."""
+        return self.compiled.graph if self.compiled is not None else None
+
+    @property
+    def launches(self) -> list[Any]:
+        """The captured kernel launches, in order (empty on the NumPy backend)."""
+        return self.graph.launches if self.graph is not None else []
+
+    def __repr__(self) -> str:
+        kind = "train" if self.train else "inference"
+        return f"<FusedGraph {kind} on {self.device.spec}: {len(self.launches)} launches, {len(self.params)} params>"
+
+
+def _as_node(value: Any, device: Device) -> Node:
+    if isinstance(value, Node):
+        return value
+    if isinstance(value, Tensor):
+        return Node(value, op_name="tensor")
+    return Node(Tensor.from_host(device, np.asarray(value)), op_name="tensor")
+
+
+def _parameters(model: Any, params: Iterable[Node] | None) -> list[Node]:
+    if params is None:
+        getter = getattr(model, "parameters", None)
+        params = getter() if callable(getter) else ()
+    result = list(params)
+    for i, p in enumerate(result):
+        if not isinstance(p, Node):
+            raise TypeError(f"parameter {i} is a {type(p).__name__}; parameters must be Nodes")
+    return result
+
+
+def fuse_graph(
+    model: Callable[[Node], Node],
+    sample_input: Any,
+    target: Any = None,
+    loss_fn: Callable[..., Node] | None = None,
+    *,
+    params: Iterable[Node] | None = None,
+    optimizer_step: Callable[[], Any] | None = None,
+    jit: bool = True,
+) -> FusedGraph:
+    """Jit-fuse and capture one step of ``model``; returns a ``FusedGraph`` to ``execute`` per step.
+
+    ``model`` is a callable taking one input Node and returning a Node, built from netcl.autograd
+    ops; its trainable parameters are the leaf Nodes (``requires_grad=True``) returned by
+    ``model.parameters()``, or ``params=`` for a plain function. With ``loss_fn`` the step is a
+    training step: ``loss = loss_fn(model(x), target)`` (``loss_fn(model(x))`` when ``target`` is
+    None), then the backward into the parameters' ``grad``, then ``optimizer_step()`` when given
+    (e.g. an SGD update with in-place runtime ops). Without ``loss_fn`` it is an inference step
+    (``model(x)`` under ``no_grad``).
+
+    How: the step function is wrapped in ``jit_compile`` (``jit=False`` skips it), so chains of
+    elementwise ops collapse into fused kernels while matmuls and losses stay their own kernels;
+    then one step runs on ``sample_input`` / ``target`` inside a ``CompiledGraph`` on the
+    parameters' device, which records every launch (forward, backward, update). That first step
+    really runs: its gradients (and update) are applied. ``execute(x, target)`` replays with new
+    inputs of the same shapes. On the NumPy backend there are no launches to capture and
+    ``execute`` runs the jit-compiled step eagerly (same results).
+    """
+    if not callable(model):
+        raise TypeError(f"model must be callable (input Node -> Node), got {type(model).__name__}")
+    param_list = _parameters(model, params)
+    train = loss_fn is not None
+    if not train and target is not None:
+        raise ValueError("fuse_graph got a target but no loss_fn; pass loss_fn to capture a training step")
+    if not train and optimizer_step is not None:
+        raise ValueError("optimizer_step needs a training step: pass loss_fn")
+    if train and not any(p.requires_grad for p in param_list):
+        raise ValueError(
+            "a training step needs parameters that require grad: give model a parameters() method returning "
+            "leaf Nodes with requires_grad=True, or pass params="
+        )
+    if param_list:
+        device = param_list[0].device
+    elif isinstance(sample_input, (Node, Tensor)):
+        device = sample_input.device
+    else:
+        device = get_device()
+    has_target = target is not None
+
+    if has_target:
+
+        def step(x: Node, y: Node) -> Node:
+            return loss_fn(model(x), y)
+
+    elif train:
+
+        def step(x: Node) -> Node:
+            return loss_fn(model(x))
+
+    else:
+
+        def step(x: Node) -> Node:
+            return model(x)
+
+    step.__qualname__ = step.__name__ = f"fused_step_{getattr(model, '__name__', type(model).__name__)}"
+    fused = FusedGraph(jit_compile(step) if jit else step, param_list, device, train, has_target, optimizer_step)
+    inputs = fused._inputs(sample_input, target)
+    fused.capture(inputs)
+    return fused
