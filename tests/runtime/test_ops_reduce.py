@@ -45,9 +45,11 @@ def test_sum_mean_max(device: nc.Device, axis: object, keepdims: bool) -> None:
     np.testing.assert_array_equal(ops.max(t, axis=axis, keepdims=keepdims).to_host(), expected_max)
 
 
-@pytest.mark.parametrize("shape", [(300,), (37, 70), (2, 5000)])
-def test_tree_paths(device: nc.Device, shape: tuple[int, ...]) -> None:
-    """Rows long enough for the work-group tree (and, for 5000 > 4096, a second stage)."""
+@pytest.mark.parametrize("shape", [(300,), (37, 70), (2, 5000), (300, 20)])
+def test_long_reductions(device: nc.Device, shape: tuple[int, ...]) -> None:
+    """Rows long enough for the work-group tree (and, for 5000 > 4096, a second stage); columns
+    (axis 0 with the last axis kept) long enough for the coalesced column kernel (300 > 128: in
+    three chunks and a second stage)."""
     x = _data(shape, seed=2)
     x64 = x.astype(np.float64)
     t = nc.tensor(x, device=device)
@@ -56,6 +58,7 @@ def test_tree_paths(device: nc.Device, shape: tuple[int, ...]) -> None:
     np.testing.assert_array_equal(ops.max(t, axis=-1).to_host(), x64.max(-1))
     if len(shape) == 2:
         _close(ops.mean(t, axis=0, keepdims=True), x64.mean(0, keepdims=True), np.abs(x64).sum(0))
+        np.testing.assert_array_equal(ops.max(t, axis=0).to_host(), x64.max(0))
 
 
 def test_large_sum_is_accurate(device: nc.Device) -> None:

@@ -95,13 +95,18 @@ class DevicePool:
         self._free: dict[int, list[cl.Buffer]] = {}
         self._returned: deque[tuple[cl.Buffer, int, int]] = deque()
         self._stats = MemoryStats()
+        self._limit: int | None = None  # min(max alloc, global memory), read once
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``)."""
         nbytes = int(nbytes)
-        check_allocation(device, nbytes)
+        limit = self._limit
+        if limit is None:
+            limit = self._limit = min(device.max_alloc_size, device.global_mem_size)
+        if nbytes > limit:
+            check_allocation(device, nbytes)  # raises MemoryError naming the bytes and the limit
         size = size_class(nbytes)
-        if size > device.max_alloc_size:
+        if size > limit:
             size = max(nbytes, 4)
         stats = self._stats
         with self._lock:

@@ -52,16 +52,27 @@ def check_operand(value: Any, op: str) -> None:
 
 def device_of(operands: Sequence[Any], op: str, device: Device | str | None = None) -> Device:
     """The one device the Tensor operands share (DeviceError naming both when they differ)."""
+    found = get_device(device) if device is not None else None
     for value in operands:
-        check_operand(value, op)
-    devices = [v.device for v in operands if isinstance(v, Tensor)]
-    if device is not None:
-        devices.append(get_device(device))
-    return same_device(*devices) if devices else get_device()
+        if isinstance(value, Tensor):
+            if found is None:
+                found = value.device
+            elif value.device is not found:
+                same_device(found, value.device)  # raises, naming both
+        else:
+            check_operand(value, op)
+    return found if found is not None else get_device()
+
+
+_BOOL, _INT64, _FLOAT64 = np.dtype(np.bool_), np.dtype(np.int64), np.dtype(np.float64)
+_SCALAR_DTYPES = {float: _FLOAT64, int: _INT64, bool: _BOOL}
 
 
 def scalar_dtype(value: Any) -> np.dtype:
     """The dtype a scalar operand "wants": bool, int64 or float64 (weak, see ``promote``)."""
+    known = _SCALAR_DTYPES.get(type(value))
+    if known is not None:
+        return known
     value = value.item() if isinstance(value, (np.generic, np.ndarray)) else value
     if isinstance(value, bool):
         return np.dtype(np.bool_)

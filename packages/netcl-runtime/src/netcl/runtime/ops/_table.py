@@ -4,7 +4,8 @@ Kinds decide the result dtype (see ``_common.promote``):
 
 - ``float``: float result (float32 for integer inputs), computed with the preamble's float helpers;
 - ``arith``: the promoted operand dtype (bool -> float32); ``int_expr`` is used for integer types;
-- ``compare``: computed in the promoted dtype, result float32 1.0/0.0.
+- ``compare``: computed in the promoted dtype, result float32 1.0/0.0;
+- ``where``: ``arith`` over the two value operands; the condition is read in its own dtype.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ BINARY: dict[str, OpDef] = {
     )
 }
 
-WHERE = OpDef("where", "WHERE({0}, {1}, {2})", _where, "arith", "WHERE({0}, {1}, {2})")
+WHERE = OpDef("where", "WHERE({0}, {1}, {2})", _where, "where", "WHERE({0}, {1}, {2})")
 CLAMP = OpDef("clamp", "CLAMP_G({0}, {1}, {2})", _clamp, "arith", "min(max({0}, {1}), {2})")
 
 #: Type-generic clamp for float and double compute types (the preamble's CLAMP is float-only).

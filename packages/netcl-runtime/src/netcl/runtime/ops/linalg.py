@@ -1,7 +1,9 @@
 """``matmul``: (M, K) @ (K, N) and batched (..., M, K) @ (..., K, N) with broadcast batch dims.
 
-The OpenCL kernel is tiled in local memory: a 16x16 work-group loads a 16x16 tile of A and
-of B per step along K and each thread accumulates one output. Tiles past the matrix edges
+The OpenCL kernel is tiled in local memory: a 16x16 work-group computes a 64x64 block of C;
+per step along K it loads a 64x16 tile of A and a 16x64 tile of B into local memory and each
+thread accumulates a 4x4 register block (rows ty + 16i, columns tx + 16j, so loads from local
+memory and stores to C stay contiguous across a row of threads). Tiles past the matrix edges
 are zero-padded, so any M, N, K work. 1-D operands follow NumPy (a vector on the left is a
 row, on the right a column, and that dimension is dropped from the result).
 """
@@ -24,12 +26,13 @@ from netcl.runtime.ops._common import (
     index_type,
     pragmas,
     promote,
-    round_up,
     storage_ctype,
 )
 from netcl.runtime.ops.pointwise import fill_
 
-TILE = 16
+TILE = 16  # BK: the K-depth of one step
+BLOCK = 64  # BM = BN: the output block of one work-group
+THREADS = 16  # a 16 x 16 work-group; each thread accumulates a 4 x 4 sub-block
 
 
 def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple, tuple, tuple, tuple]:
@@ -76,8 +79,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return _source(a2, b2, batch, a.dtype, b.dtype, result)
 
     resolved = get_kernel(key, device, source, "netcl_matmul", [None, None, None])
-    gsize = (round_up(N, TILE), round_up(M, TILE), math.prod(batch))
-    launch(resolved.kernel, gsize, (TILE, TILE, 1), a.data, b.data, out.data, queue=device.queue)
+    gsize = (-(-N // BLOCK) * THREADS, -(-M // BLOCK) * THREADS, math.prod(batch))
+    launch(resolved.kernel, gsize, (THREADS, THREADS, 1), a.data, b.data, out.data, queue=device.queue)
     return out
 
 
@@ -97,32 +100,53 @@ def _source(
         *broadcast_index_lines(b2[:-2], batch, "bi", "bb", idx),
     ]
     batch_lines = "\n    ".join(lines)
-    return (
-        f"{pragmas([a_dtype, b_dtype, out_dtype])}"
-        f"#define TS {TILE}\n"
-        "__kernel __attribute__((reqd_work_group_size(TS, TS, 1)))\n"
-        f"void netcl_matmul(__global const {storage_ctype(a_dtype)}* A, __global const {storage_ctype(b_dtype)}* B,"
-        f" __global {storage_ctype(out_dtype)}* C) {{\n"
-        f"    __local {ct} As[TS][TS];\n"
-        f"    __local {ct} Bs[TS][TS];\n"
-        "    const int lc = get_local_id(0);\n"
-        "    const int lr = get_local_id(1);\n"
-        f"    const {idx} col = ({idx})get_global_id(0);\n"
-        f"    const {idx} row = ({idx})get_global_id(1);\n"
-        f"    const {idx} bi = ({idx})get_global_id(2);\n"
-        f"    {batch_lines}\n"
-        f"    const {idx} a_off = ab * {M * K};\n"
-        f"    const {idx} b_off = bb * {K * N};\n"
-        f"    {ct} acc = 0;\n"
-        f"    for (int t = 0; t < {K}; t += TS) {{\n"
-        "        const int ka = t + lc;\n"
-        "        const int kb = t + lr;\n"
-        f"        As[lr][lc] = (row < {M} && ka < {K}) ? ({ct})A[a_off + row * {K} + ka] : ({ct})0;\n"
-        f"        Bs[lr][lc] = (kb < {K} && col < {N}) ? ({ct})B[b_off + ({idx})kb * {N} + col] : ({ct})0;\n"
-        "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-        "        for (int k = 0; k < TS; ++k) { acc += As[lr][k] * Bs[k][lc]; }\n"
-        "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-        "    }\n"
-        f"    if (row < {M} && col < {N}) {{ C[bi * {M * N} + row * {N} + col] = ({storage_ctype(out_dtype)})acc; }}\n"
-        "}\n"
-    )
+    return f"""{pragmas([a_dtype, b_dtype, out_dtype])}
+#define BM {BLOCK}
+#define BN {BLOCK}
+#define BK {TILE}
+#define T {THREADS}
+#define W {BLOCK // THREADS}
+__kernel __attribute__((reqd_work_group_size(T, T, 1)))
+void netcl_matmul(__global const {storage_ctype(a_dtype)}* A, __global const {storage_ctype(b_dtype)}* B,
+                  __global {storage_ctype(out_dtype)}* C) {{
+    __local {ct} As[BK][BM + 1];
+    __local {ct} Bs[BK][BN];
+    const int tx = get_local_id(0);
+    const int ty = get_local_id(1);
+    const int tid = ty * T + tx;
+    const {idx} col0 = ({idx})get_group_id(0) * BN;
+    const {idx} row0 = ({idx})get_group_id(1) * BM;
+    const {idx} bi = ({idx})get_global_id(2);
+    {batch_lines}
+    const {idx} a_off = ab * {M * K};
+    const {idx} b_off = bb * {K * N};
+    {ct} acc[W][W];
+    for (int i = 0; i < W; ++i) {{ for (int j = 0; j < W; ++j) {{ acc[i][j] = 0; }} }}
+    for (int t = 0; t < {K}; t += BK) {{
+        for (int i = 0; i < (BM * BK) / (T * T); ++i) {{
+            const int e = tid + i * T * T;
+            const int m = e / BK, k = e % BK;
+            const {idx} r = row0 + m;
+            As[k][m] = (r < {M} && t + k < {K}) ? ({ct})A[a_off + r * {K} + t + k] : ({ct})0;
+            const int kb = e / BN, n = e % BN;
+            const {idx} c = col0 + n;
+            Bs[kb][n] = (t + kb < {K} && c < {N}) ? ({ct})B[b_off + ({idx})(t + kb) * {N} + c] : ({ct})0;
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < BK; ++k) {{
+            {ct} a[W], b[W];
+            for (int i = 0; i < W; ++i) {{ a[i] = As[k][ty + T * i]; }}
+            for (int j = 0; j < W; ++j) {{ b[j] = Bs[k][tx + T * j]; }}
+            for (int i = 0; i < W; ++i) {{ for (int j = 0; j < W; ++j) {{ acc[i][j] += a[i] * b[j]; }} }}
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    for (int i = 0; i < W; ++i) {{
+        const {idx} r = row0 + ty + T * i;
+        for (int j = 0; j < W; ++j) {{
+            const {idx} c = col0 + tx + T * j;
+            if (r < {M} && c < {N}) {{ C[bi * {M * N} + r * {N} + c] = ({storage_ctype(out_dtype)})acc[i][j]; }}
+        }}
+    }}
+}}
+"""

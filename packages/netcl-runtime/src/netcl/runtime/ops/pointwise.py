@@ -21,6 +21,7 @@ from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
+    ResolvedKernel,
     compute_ctype,
     device_of,
     float_dtype,
@@ -28,13 +29,59 @@ from netcl.runtime.ops._common import (
     index_type,
     pragmas,
     promote,
-    round_up,
+    scalar_dtype,
     storage_ctype,
 )
 from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, UNARY, WHERE, OpDef
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
+
+
+class Plan:
+    """Everything one (expression, operand signature, device) needs at launch, computed once."""
+
+    __slots__ = ("expr", "ctypes", "out_shape", "out_dtype", "n", "nbytes", "arg_types", "resolved", "make_source")
+
+    def __init__(
+        self,
+        expr: str,
+        operands: Sequence[Any],
+        ctypes: Sequence[str],
+        out_shape: tuple[int, ...],
+        out_dtype: np.dtype,
+    ) -> None:
+        self.expr = expr
+        self.ctypes = tuple(ctypes)
+        self.out_shape = out_shape
+        self.out_dtype = out_dtype
+        self.n = math.prod(out_shape)
+        self.nbytes = self.n * out_dtype.itemsize
+        self.arg_types = tuple(
+            None if isinstance(v, Tensor) else ARG_DTYPES[c].type for v, c in zip(operands, ctypes, strict=True)
+        )
+        self.resolved: ResolvedKernel | None = None
+        shapes_dtypes = [(v.shape, v.dtype) if isinstance(v, Tensor) else None for v in operands]
+        self.make_source = lambda: _source(expr, shapes_dtypes, self.ctypes, out_shape, out_dtype)
+
+    def kernel(self, device: Device) -> ResolvedKernel:
+        resolved = self.resolved
+        if resolved is None or resolved.handle_ref() is None:
+            key = ("ew", self.expr, self.ctypes, self.make_source())
+            scalar_dtypes = [None] + [
+                None if t is None else ARG_DTYPES[c] for t, c in zip(self.arg_types, self.ctypes, strict=True)
+            ]
+            resolved = self.resolved = get_kernel(key, device, self.make_source, "netcl_ew", scalar_dtypes)
+        return resolved
+
+
+_RAW_PLANS: dict[tuple, Plan] = {}
+_OP_PLANS: dict[tuple, tuple[Plan, tuple[np.dtype, ...]]] = {}
+
+
+def signature(operands: Sequence[Any]) -> tuple:
+    """Per operand: (shape, dtype) of a Tensor, or the kind ('b', 'i', 'f') of a scalar."""
+    return tuple((v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind for v in operands)
 
 
 def run_elementwise(
@@ -50,50 +97,50 @@ def run_elementwise(
 
     OpenCL only; the caller has checked devices and shapes.
     """
+    key = (expr, signature(operands), tuple(value_ctypes), out_shape, out_dtype, device)
+    plan = _RAW_PLANS.get(key)
+    if plan is None:
+        plan = _RAW_PLANS[key] = Plan(expr, operands, value_ctypes, out_shape, out_dtype)
+    return execute(plan, operands, device, out)
+
+
+def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | None = None) -> Tensor:
+    """Launch ``plan`` over ``operands`` (OpenCL), into a new tensor or ``out``."""
     if out is None:
-        out = Tensor.empty(out_shape, out_dtype, device)
-    n = math.prod(out_shape)
-    if n == 0:
+        out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+    if plan.n == 0:
         return out
-    signature = tuple((v.shape, v.dtype.str) if isinstance(v, Tensor) else None for v in operands)
-    key = ("ew", expr, signature, tuple(value_ctypes), out_shape, out_dtype.str)
-    scalar_dtypes = [None] + [
-        None if s is not None else ARG_DTYPES[c] for s, c in zip(signature, value_ctypes, strict=True)
-    ]
-    resolved = get_kernel(
-        key,
-        device,
-        lambda: _source(expr, operands, value_ctypes, out_shape, out_dtype),
-        "netcl_ew",
-        scalar_dtypes,
-    )
+    resolved = plan.kernel(device)
     local = resolved.max_local
-    args = [
-        v.data if isinstance(v, Tensor) else ARG_DTYPES[c].type(_plain(v))
-        for v, c in zip(operands, value_ctypes, strict=True)
-    ]
-    launch(resolved.kernel, round_up(n, local), local, out.data, *args, queue=device.queue)
+    args = [v.data if t is None else t(_plain(v)) for v, t in zip(operands, plan.arg_types, strict=True)]
+    launch(resolved.kernel, -(-plan.n // local) * local, local, out.data, *args, queue=device.queue)
     return out
 
 
 def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, (np.ndarray, np.generic)) else value
+    return value.item() if isinstance(value, np.ndarray) else value
 
 
 def _source(
-    expr: str, operands: Sequence[Any], value_ctypes: Sequence[str], out_shape: tuple[int, ...], out_dtype: np.dtype
+    expr: str,
+    operands: Sequence[tuple[tuple[int, ...], np.dtype] | None],
+    value_ctypes: Sequence[str],
+    out_shape: tuple[int, ...],
+    out_dtype: np.dtype,
 ) -> str:
-    shapes = [v.shape for v in operands if isinstance(v, Tensor)]
+    """Kernel source; ``operands`` holds (shape, dtype) for tensors and None for scalars."""
+    shapes = [v[0] for v in operands if v is not None]
     idx = index_type(out_shape, *shapes)
     out_t = storage_ctype(out_dtype)
     params = [f"__global {out_t}* out"]
     body = []
     dtypes = [out_dtype]
     for i, (value, ctype) in enumerate(zip(operands, value_ctypes, strict=True)):
-        if isinstance(value, Tensor):
-            dtypes.append(value.dtype)
-            params.append(f"__global const {storage_ctype(value.dtype)}* in{i}")
-            body.extend(broadcast_index_lines(value.shape, out_shape, "gid", f"i{i}", idx))
+        if value is not None:
+            shape, dtype = value
+            dtypes.append(dtype)
+            params.append(f"__global const {storage_ctype(dtype)}* in{i}")
+            body.extend(broadcast_index_lines(shape, out_shape, "gid", f"i{i}", idx))
             body.append(f"const {ctype} v{i} = ({ctype})in{i}[i{i}];")
         else:
             params.append(f"const {ctype} s{i}")
@@ -126,21 +173,36 @@ def result_dtypes(op: OpDef, operands: Sequence[Any]) -> tuple[np.dtype, np.dtyp
     return result, result
 
 
+def value_dtypes(op: OpDef, operands: Sequence[Any]) -> tuple[list[np.dtype], np.dtype, np.dtype]:
+    """(dtype each operand is read as, compute dtype, result dtype); ``where`` reads cond as itself."""
+    if op.kind == "where":
+        compute, result = result_dtypes(OpDef("", "", op.numpy_fn, "arith"), operands[1:])
+        cond = operands[0]
+        return [cond.dtype if isinstance(cond, Tensor) else promote((cond,)), compute, compute], compute, result
+    compute, result = result_dtypes(op, operands)
+    return [compute] * len(operands), compute, result
+
+
 def _expr_for(op: OpDef, compute: np.dtype) -> str:
     return op.int_expr if compute.kind in "iub" and op.int_expr is not None else op.expr
 
 
-def apply(op: OpDef, operands: Sequence[Any], value_dtypes: Sequence[np.dtype] | None = None) -> Tensor:
+def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     """Run ``op`` over ``operands`` (broadcast) on their device; a new tensor."""
     device = device_of(operands, op.name)
-    compute, result = result_dtypes(op, operands)
-    dtypes = list(value_dtypes) if value_dtypes is not None else [compute] * len(operands)
-    out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
-    device.check_dtype(result)
+    key = (op.expr, op.int_expr, op.kind, signature(operands), device)
+    cached = _OP_PLANS.get(key)
+    if cached is None:
+        dtypes, compute, result = value_dtypes(op, operands)
+        out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
+        device.check_dtype(result)
+        ctypes = [compute_ctype(d) for d in dtypes]
+        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result)
+        cached = _OP_PLANS[key] = (plan, tuple(dtypes))
+    plan, dtypes = cached
     if device.kind == "cpu":
-        return numpy_backend.elementwise(op.numpy_fn, operands, dtypes, out_shape, result, device)
-    ctypes = [compute_ctype(d) for d in dtypes]
-    return run_elementwise(_expr_for(op, compute), operands, ctypes, out_shape, result, device)
+        return numpy_backend.elementwise(op.numpy_fn, operands, dtypes, plan.out_shape, plan.out_dtype, device)
+    return execute(plan, operands, device)
 
 
 def _unary(name: str, x: Tensor) -> Tensor:
@@ -286,25 +348,12 @@ def eq(a: Any, b: Any) -> Tensor:
 # ---- ternary and generic ----------------------------------------------------------------------
 def where(cond: Any, a: Any, b: Any) -> Tensor:
     """a where cond != 0, else b (all three broadcast)."""
-    compute, _ = result_dtypes(WHERE, (a, b))
-    cond_dtype = cond.dtype if isinstance(cond, Tensor) else promote((cond,))
-    return apply_with_result(WHERE, (cond, a, b), [cond_dtype, compute, compute], compute)
+    return apply(WHERE, (cond, a, b))
 
 
 def clamp(x: Any, lo: Any, hi: Any) -> Tensor:
     """min(max(x, lo), hi); lo and hi are scalars or tensors. NaN in x stays NaN."""
     return apply(CLAMP, (x, lo, hi))
-
-
-def apply_with_result(op: OpDef, operands: Sequence[Any], value_dtypes: Sequence[np.dtype], result: np.dtype) -> Tensor:
-    """Like ``apply`` with explicit per-operand value dtypes and result dtype."""
-    device = device_of(operands, op.name)
-    out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
-    device.check_dtype(result)
-    if device.kind == "cpu":
-        return numpy_backend.elementwise(op.numpy_fn, operands, value_dtypes, out_shape, result, device)
-    ctypes = [compute_ctype(d) for d in value_dtypes]
-    return run_elementwise(_expr_for(op, result), operands, ctypes, out_shape, result, device)
 
 
 def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any) -> Tensor:

@@ -6,11 +6,13 @@ class are merged first, so a trailing-axis reduction reads ``o * R + r``).
 
 Scheme on OpenCL: each work-group reduces one chunk (at most ``CHUNK`` elements) of one output:
 every thread accumulates a strided partial of at most ``PER_THREAD`` elements, then a tree in
-local memory combines the partials. When an output needs several chunks, the partials go to
-a scratch tensor that the next stage reduces the same way. A float32 sum of n elements thus
-adds at most ~16 terms serially per level and log2 terms in every tree, so its error grows
-like log(n) rather than n. Reductions of at most ``SERIAL_MAX`` elements use one thread per
-output (a short loop beats a 16-thread tree there).
+local memory combines the partials. When the outputs are contiguous in memory (the last axis
+is kept, as in ``sum(x, axis=0)``), a work-group instead takes 32 neighbouring outputs x 8
+lanes along the reduced axes, so loads stay coalesced, and the tree runs over the 8 lanes.
+When an output needs several chunks, the partials go to a scratch tensor that the next stage
+reduces the same way. A float32 sum of n elements thus adds at most ~16 terms serially per
+stage and log2 terms in every tree, so its error grows like log(n) rather than n. Reductions
+of at most ``SERIAL_MAX`` elements use one thread per output (a short loop beats a tree there).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from netcl.runtime.ops.pointwise import fill_
 PER_THREAD = 16
 CHUNK = MAX_LOCAL * PER_THREAD
 SERIAL_MAX = 16
+COLS, ROWS = 32, 8  # "cols" work-group: 32 neighbouring outputs x 8 lanes along the reduced axis
+COL_CHUNK = ROWS * PER_THREAD
+COLS_MIN = 8
 
 Axis = int | Sequence[int] | None
 Dims = tuple[tuple[int, int], ...]
@@ -120,18 +125,21 @@ def _reduce_cl(
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
     if R <= SERIAL_MAX:
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, chunks=1, local=1)
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1)
         return
-    chunks = -(-R // CHUNK)
-    limit = builtins.min(MAX_LOCAL, pow2_floor(device.cl_device.max_work_group_size))
-    per_group = -(-R // chunks)
-    local = builtins.max(16, builtins.min(limit, pow2_ceil(-(-per_group // PER_THREAD))))
-    local = builtins.min(local, limit)
+    if kept and kept[-1][1] == 1 and kept[-1][0] >= COLS_MIN:
+        # Outputs are contiguous in memory: neighbouring threads take neighbouring outputs.
+        mode, chunks, local = "cols", -(-R // COL_CHUNK), COLS * ROWS
+    else:
+        limit = builtins.min(MAX_LOCAL, pow2_floor(device.cl_device.max_work_group_size))
+        chunks = -(-R // CHUNK)
+        per_group = -(-R // chunks)
+        mode, local = "tree", builtins.min(limit, builtins.max(16, pow2_ceil(-(-per_group // PER_THREAD))))
     if chunks == 1:
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, chunks=1, local=local)
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local)
         return
-    partial = Tensor.empty((K * chunks,), acc, device)
-    _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, chunks=chunks, local=local)
+    partial = Tensor.empty((K * chunks,), acc, device)  # partial[o * chunks + c]
+    _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, mode, chunks=chunks, local=local)
     next_kept = ((K, chunks),) if K > 1 else ()
     _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device)
 
@@ -145,24 +153,27 @@ def _launch_stage(
     out: Tensor,
     scale: float,
     device: Device,
+    mode: str,
     chunks: int,
     local: int,
 ) -> None:
     K = math.prod(d for d, _ in kept)
     op = "max" if op == "max" else "sum"  # mean is a sum scaled by the ``scale`` argument
-    key = ("reduce", op, kept, reduced, x.dtype.str, acc.str, out.dtype.str, chunks, local)
+    key = ("reduce", op, mode, kept, reduced, x.dtype.str, acc.str, out.dtype.str, chunks, local)
     acc_ctype = compute_ctype(acc)
 
     def source() -> str:
-        return _source(op, x.dtype, kept, reduced, acc, out.dtype, chunks, local, x.shape)
+        return _source(op, mode, x.dtype, kept, reduced, acc, out.dtype, chunks, local, x.shape)
 
     resolved = get_kernel(key, device, source, "netcl_reduce", [None, None, ARG_DTYPES[acc_ctype]])
-    scale_arg = ARG_DTYPES[acc_ctype].type(scale)
-    if local == 1:
-        size = -(-K // resolved.max_local) * resolved.max_local
-        launch(resolved.kernel, size, resolved.max_local, x.data, out.data, scale_arg, queue=device.queue)
+    args = (x.data, out.data, ARG_DTYPES[acc_ctype].type(scale))
+    if mode == "serial":
+        step = resolved.max_local
+        launch(resolved.kernel, -(-K // step) * step, step, *args, queue=device.queue)
+    elif mode == "cols":
+        launch(resolved.kernel, (-(-K // COLS) * COLS, chunks * ROWS), (COLS, ROWS), *args, queue=device.queue)
     else:
-        launch(resolved.kernel, K * chunks * local, local, x.data, out.data, scale_arg, queue=device.queue)
+        launch(resolved.kernel, K * chunks * local, local, *args, queue=device.queue)
 
 
 def _index_lines(dims: Dims, var: str, idx: str) -> list[str]:
@@ -195,6 +206,7 @@ def _combine(op: str, acc: np.dtype) -> str:
 
 def _source(
     op: str,
+    mode: str,
     in_dtype: np.dtype,
     kept: Dims,
     reduced: Dims,
@@ -219,7 +231,33 @@ def _source(
         f"inline {idx} in_index({idx} o, {idx} r) {{\n    {in_index}\n    return off;\n}}\n"
     )
     signature = f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale"
-    if local == 1:
+    per_group = -(-R // chunks)
+    loop = f"acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]);"
+    if mode == "cols":
+        return header + (
+            f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
+            f"void netcl_reduce({signature}) {{\n"
+            f"    __local {acc_t} scratch[{ROWS}][{COLS}];\n"
+            "    const int lx = get_local_id(0);\n"
+            "    const int ly = get_local_id(1);\n"
+            f"    const {idx} o = ({idx})get_global_id(0);\n"
+            f"    const {idx} c = ({idx})get_group_id(1);\n"
+            f"    const {idx} start = c * {per_group};\n"
+            f"    const {idx} stop = start + {per_group} < {R} ? start + {per_group} : {R};\n"
+            f"    {acc_t} acc = {_identity(op, acc)};\n"
+            f"    if (o < {K}) {{\n"
+            f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
+            "    }\n"
+            "    scratch[ly][lx] = acc;\n"
+            "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+            f"    for (int s = {ROWS // 2}; s > 0; s >>= 1) {{\n"
+            "        if (ly < s) { scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + s][lx]); }\n"
+            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "    }\n"
+            f"    if (ly == 0 && o < {K}) {{ acc = scratch[0][lx]; out[o * {chunks} + c] = ({out_t}){store}; }}\n"
+            "}\n"
+        )
+    if mode == "serial":
         return header + (
             f"__kernel void netcl_reduce({signature}) {{\n"
             f"    const {idx} o = ({idx})get_global_id(0);\n"
@@ -229,7 +267,6 @@ def _source(
             f"    out[o] = ({out_t}){store};\n"
             "}\n"
         )
-    per_group = -(-R // chunks)
     return header + (
         f"__kernel __attribute__((reqd_work_group_size({local}, 1, 1)))\n"
         f"void netcl_reduce({signature}) {{\n"
