@@ -49,7 +49,12 @@ def live_nodes(outputs: list[TraceNode]) -> list[TraceNode]:
 
 
 def _is_fusible(node: TraceNode) -> bool:
-    return node.fusible and node.dtype == np.float32
+    """A float32 op with a fusible primitive applied to tensors only.
+
+    An op given a Python value in a tensor slot (``where(c, a, 0.0)``, ``clamp(x, lo_tensor, None)``)
+    has fewer traced inputs than its primitive's template expects: it runs eagerly.
+    """
+    return node.fusible and node.dtype == np.float32 and all(kind == "node" for kind, _ in node.arg_layout)
 
 
 def partition(outputs: list[TraceNode]) -> list[Step]:
