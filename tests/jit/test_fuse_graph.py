@@ -1,0 +1,165 @@
+"""fuse_graph: a captured, jit-fused step replays to the same loss, gradients and updates as the eager step.
+
+Both sides run the same float32 kernels on the same inputs except that the fused step runs the
+elementwise epilogues as jit kernels; those agree with the eager ops to a few ulps, so 1e-5
+relative (plus 1e-6 absolute for gradients that are near zero) is the tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+from netcl.jit import FusedGraph, fuse_graph, fused_weighted_bce_smooth_l1_loss
+from netcl.runtime import ops as rops
+from netcl.runtime.errors import ReplayError
+
+RTOL, ATOL = 1e-5, 1e-6
+B, F, H, K = 8, 6, 16, 5
+
+
+class Head:
+    """A two-layer detection-style head: ``tanh(x @ w1 + b1) @ w2 + b2`` -> K logits."""
+
+    def __init__(self, device, seed=0):
+        rng = np.random.default_rng(seed)
+        self.w1 = ag.tensor(rng.normal(0, 0.4, (F, H)).astype(np.float32), requires_grad=True, device=device)
+        self.b1 = ag.tensor(rng.normal(0, 0.1, (1, H)).astype(np.float32), requires_grad=True, device=device)
+        self.w2 = ag.tensor(rng.normal(0, 0.4, (H, K)).astype(np.float32), requires_grad=True, device=device)
+        self.b2 = ag.tensor(np.zeros((1, K), np.float32), requires_grad=True, device=device)
+
+    def parameters(self):
+        return [self.w1, self.b1, self.w2, self.b2]
+
+    def __call__(self, x):
+        h = ag.tanh(ag.matmul(x, self.w1) + self.b1) * 1.5 + 0.1
+        return ag.matmul(h, self.w2) + self.b2
+
+
+def batch(seed, device):
+    rng = np.random.default_rng(100 + seed)
+    x = ag.tensor(rng.normal(0, 1, (B, F)).astype(np.float32), device=device)
+    y = ag.tensor(rng.uniform(0, 1, (B, K)).astype(np.float32), device=device)
+    return x, y
+
+
+def weights(device):
+    rng = np.random.default_rng(7)
+    hw = ag.tensor(rng.uniform(0.5, 1.5, (B, K)).astype(np.float32), device=device)
+    rw = ag.tensor(rng.uniform(0.5, 1.5, (B, K)).astype(np.float32), device=device)
+    return hw, rw
+
+
+def make_loss(device):
+    hw, rw = weights(device)
+    return functools.partial(_loss, hw=hw, rw=rw)
+
+
+def _loss(pred, target, hw, rw):
+    return fused_weighted_bce_smooth_l1_loss(pred, target, hw, rw, heat_scale=0.5, reg_scale=2.0, beta=0.1)
+
+
+def eager_step(model, loss_fn, x, y):
+    for p in model.parameters():
+        p.grad = None
+    with ag.Tape() as tape:
+        loss = loss_fn(model(x), y)
+    tape.backward(loss)
+    return loss.item(), [p.grad.to_host() for p in model.parameters()]
+
+
+def test_training_step_replays_like_eager(device):
+    model, loss_fn = Head(device), make_loss(device)
+    x0, y0 = batch(0, device)
+    fused = fuse_graph(model, x0, target=y0, loss_fn=loss_fn)
+    assert isinstance(fused, FusedGraph)
+    for seed, run in ((1, fused.execute), (2, fused.replay), (0, fused.execute)):
+        x, y = batch(seed, device)
+        loss = run(x, y).item()
+        grads = [p.grad.to_host() for p in model.parameters()]
+        ref_loss, ref_grads = eager_step(model, loss_fn, x, y)
+        np.testing.assert_allclose(loss, ref_loss, rtol=RTOL)
+        for got, ref in zip(grads, ref_grads, strict=True):
+            np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+
+
+def test_captured_step_is_fused(cl_device):
+    """The capture holds the fused loss kernels and jit kernels for the elementwise epilogue."""
+    model, loss_fn = Head(cl_device), make_loss(cl_device)
+    fused = fuse_graph(model, *batch(0, cl_device), loss_fn=loss_fn)
+    names = [launch.name for launch in fused.launches]
+    assert names.count("detection_loss_partial") == 1 and names.count("detection_loss_reduce") == 1
+    assert names.count("detection_loss_backward") == 1
+    assert "fused_forward" in names and "fused_backward" in names
+    unfused = fuse_graph(model, *batch(0, cl_device), loss_fn=loss_fn, jit=False)
+    assert len(fused.launches) < len(unfused.launches)
+
+
+def test_optimizer_step_is_captured(device):
+    """An SGD update inside the step (in-place runtime ops) replays: parameters move like eager SGD."""
+    lr = 0.05
+    model, ref_model, loss_fn = Head(device), Head(device), make_loss(device)
+
+    def sgd(m):
+        for p in m.parameters():
+            rops.add_(p.value, rops.mul(p.grad, -lr))
+
+    x0, y0 = batch(0, device)
+    fused = fuse_graph(model, x0, y0, loss_fn, optimizer_step=lambda: sgd(model))
+    eager_step(ref_model, loss_fn, x0, y0)  # the capture ran one real step
+    sgd(ref_model)
+    for seed in (1, 2):
+        x, y = batch(seed, device)
+        loss = fused.execute(x, y).item()
+        ref_loss, _ = eager_step(ref_model, loss_fn, x, y)
+        sgd(ref_model)
+        np.testing.assert_allclose(loss, ref_loss, rtol=RTOL)
+        for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
+            np.testing.assert_allclose(p.to_host(), q.to_host(), rtol=RTOL, atol=ATOL)
+
+
+def test_inference_step_and_plain_function_with_params(device):
+    model = Head(device)
+    x0, _ = batch(0, device)
+    fused = fuse_graph(model, x0)
+    x1, _ = batch(1, device)
+    np.testing.assert_allclose(fused.execute(x1).to_host(), model(x1).to_host(), rtol=RTOL, atol=ATOL)
+    # a plain function plus params=, a one-argument loss_fn and a NumPy input
+    w = ag.tensor(np.full((F, 1), 0.5, np.float32), requires_grad=True, device=device)
+    step = fuse_graph(lambda x: ag.matmul(x, w), x0, loss_fn=lambda out: ag.sum(ag.relu(out) * out), params=[w])
+    data = np.random.default_rng(3).normal(size=(B, F)).astype(np.float32)
+    loss = step.execute(data).item()
+    z = data.astype(np.float64) @ np.full((F, 1), 0.5)
+    np.testing.assert_allclose(loss, np.sum(np.maximum(z, 0) * z), rtol=RTOL)
+    np.testing.assert_allclose(
+        w.grad.to_host(), data.T.astype(np.float64) @ (2 * np.maximum(z, 0)), rtol=RTOL, atol=1e-5
+    )
+
+
+def test_errors(device):
+    model, loss_fn = Head(device), make_loss(device)
+    x0, y0 = batch(0, device)
+    with pytest.raises(ValueError, match="target but no loss_fn"):
+        fuse_graph(model, x0, target=y0)
+    with pytest.raises(ValueError, match="parameters that require grad"):
+        fuse_graph(lambda x: x * 2.0, x0, y0, loss_fn)
+    with pytest.raises(TypeError, match="callable"):
+        fuse_graph(3, x0)
+    fused = fuse_graph(model, x0, y0, loss_fn)
+    with pytest.raises(ValueError, match="execute\\(x, target\\)"):
+        fused.execute(x0)
+    if device.kind == "opencl":
+        bad = ag.tensor(np.zeros((B + 1, F), np.float32), device=device)
+        with pytest.raises(ReplayError, match="captured"):
+            fused.execute(bad, y0)
+
+
+def test_model_without_parameters_method_needs_params():
+    device = nc.get_device("cpu")
+    x0, y0 = batch(0, device)
+    with pytest.raises(ValueError, match="params="):
+        fuse_graph(lambda x: x, x0, y0, make_loss(device))
