@@ -128,7 +128,10 @@ def GELU(x):
 
 def GELU_GRAD(x):
     t = np.tanh(GELU_K * (x + GELU_C * x * x * x))
-    return _F(0.5) * (_F(1) + t) + _F(0.5) * x * (_F(1) - t * t) * GELU_K * (_F(1) + _F(3) * GELU_C * x * x)
+    sech2 = _F(1) - t * t
+    # sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): the term is 0 there, not 0 * inf = NaN
+    tail = _F(0.5) * x * sech2 * GELU_K * (_F(1) + _F(3) * GELU_C * x * x)
+    return _F(0.5) * (_F(1) + t) + np.where(sech2 == 0, _F(0), tail)
 
 
 def BCE_LOGITS(x, t):

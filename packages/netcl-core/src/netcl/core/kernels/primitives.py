@@ -53,7 +53,9 @@ inline float GELU_GRAD(float x) {
     float u = GELU_K * (x + GELU_C * x * x * x);
     float e = exp(-2.0f * fabs(u));
     float sech2 = 4.0f * e / ((1.0f + e) * (1.0f + e));
-    return SIGMOID(2.0f * u) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    /* sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): skip the term there, 0 * inf is NaN */
+    float tail = sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    return SIGMOID(2.0f * u) + tail;
 }
 
 /* Detection loss terms (see DESIGN.md, detection_loss). */

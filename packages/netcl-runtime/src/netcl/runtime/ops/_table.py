@@ -39,7 +39,10 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 def _gelu_grad(x: np.ndarray) -> np.ndarray:
     t = np.tanh(GELU_K * (x + GELU_C * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
+    sech2 = 1.0 - t * t
+    # sech2 is 0 long before 3 C x^2 overflows: the term is 0 there, not 0 * inf = NaN
+    tail = 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
+    return 0.5 * (1.0 + t) + np.where(sech2 == 0, 0.0, tail)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
