@@ -123,7 +123,10 @@ def mlp_block_case(device: Device, n: int, inner: int = 64, features: int = 256)
         f"relu(x @ w + b) + 1, x ({rows}, {inner}), w ({inner}, {features})",
         elements,
         # the epilogue alone must read the matmul result and write the output
-        {"fwd": (rows * inner + inner * features + 2 * elements) * F32, "fwd+bwd": (rows * inner * 2 + 5 * elements) * F32},
+        {
+            "fwd": (rows * inner + inner * features + 2 * elements) * F32,
+            "fwd+bwd": (rows * inner * 2 + 5 * elements) * F32,
+        },
         _netcl_variants(workloads.mlp_block, arrays, device, (rows, features)),
         arrays,
     )

@@ -138,16 +138,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         progress("host cost: Graph replay vs eager launches")
         replay = replay_vs_enqueue(device, repeats=max(repeats, 5))
         print("\nhost cost per call (µs, 1K elements)")
-        print(f"  cache-hit jit call {dispatch['jit_call_us']:.1f} vs raw pyopencl launch {dispatch['raw_launch_us']:.1f}"
-              f"  ({dispatch['ratio']:.2f}x)")
-        print(f"  Graph.execute {replay['replay_us_per_kernel']:.1f} per kernel vs eager "
-              f"{replay['eager_us_per_kernel']:.1f} per kernel ({replay['kernels']} kernels)")
+        print(
+            f"  cache-hit jit call {dispatch['jit_call_us']:.1f} vs raw pyopencl launch {dispatch['raw_launch_us']:.1f}"
+            f"  ({dispatch['ratio']:.2f}x)"
+        )
+        print(
+            f"  Graph.execute {replay['replay_us_per_kernel']:.1f} per kernel vs eager "
+            f"{replay['eager_us_per_kernel']:.1f} per kernel ({replay['kernels']} kernels)"
+        )
         results["dispatch"], results["replay"] = dispatch, replay
     progress("cold compile vs warm disk cache (two fresh processes)")
     compile_times = cold_vs_warm_compile(device)
-    print(f"\ncompile chain8 fwd+bwd in a fresh process: cold {compile_times['cold_s']:.2f} s "
-          f"({compile_times['cold_builds']} builds), warm disk cache {compile_times['warm_s']:.2f} s "
-          f"({compile_times['warm_builds']} builds, {compile_times['warm_disk_hits']} disk hits)")
+    print(
+        f"\ncompile chain8 fwd+bwd in a fresh process: cold {compile_times['cold_s']:.2f} s "
+        f"({compile_times['cold_builds']} builds), warm disk cache {compile_times['warm_s']:.2f} s "
+        f"({compile_times['warm_builds']} builds, {compile_times['warm_disk_hits']} disk hits)"
+    )
     results["compile"] = compile_times
     if args.plot_path:
         _plot(results, args.plot_path)

@@ -54,7 +54,9 @@ def time_host(fn: Callable[[], object], repeats: int, inner: int, warmup: int = 
     return statistics.median(samples)
 
 
-def time_wall(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None, warmup: int = 2) -> Timing:
+def time_wall(
+    fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None, warmup: int = 2
+) -> Timing:
     """Wall-clock timing of ``fn`` followed by ``sync`` (NumPy, torch on CPU)."""
     for _ in range(warmup):
         fn()

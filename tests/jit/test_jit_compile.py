@@ -70,7 +70,12 @@ def _fd_elementwise_grads(reference, arrays, upstream, eps=1e-6):
 
 @pytest.mark.parametrize(
     ("name", "shapes"),
-    [("chain8", [(1000,), (1000,), (1000,)]), ("bias_gelu", [(33, 65), (1, 65)])],
+    [
+        ("chain8", [(1000,), (1000,), (1000,)]),
+        ("bias_gelu", [(33, 65), (1, 65)]),  # odd last dim: scalar broadcast path
+        ("bias_gelu", [(16, 64), (1, 64)]),  # last dim divisible by the width: vector path
+        ("chain8", [(16, 64), (16, 1), (64,)]),  # splat, same and lanes inputs together
+    ],
 )
 def test_fused_matches_unfused_and_float64(device, name, shapes):
     fn = getattr(workloads, name)

@@ -44,8 +44,23 @@ class Plan:
     outputs: list[TraceNode]
     returns_tuple: bool
     fused_steps: list[FusedStep] = field(default_factory=list)
+    #: For a plan that is one fused kernel reading only arguments: argument index per kernel
+    #: input and kernel-output index per function output (the fast path of ``run``).
+    direct: tuple[list[int], list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.steps) != 1 or not isinstance(self.steps[0], FusedStep):
+            return
+        group = self.steps[0].group
+        position = {id(t): i for i, t in enumerate(self.arg_traces) if t is not None}
+        if all(id(p) in position for p in group.inputs) and all(o in group.outputs for o in self.outputs):
+            self.direct = ([position[id(p)] for p in group.inputs], [group.outputs.index(o) for o in self.outputs])
 
     def run(self, args: tuple[Any, ...]) -> Any:
+        if self.direct is not None:
+            inputs, outputs = self.direct
+            nodes = self.steps[0].forward([args[i] for i in inputs])
+            return tuple(nodes[j] for j in outputs) if self.returns_tuple else nodes[outputs[0]]
         env: dict[int, Any] = {}
         for trace, arg in zip(self.arg_traces, args, strict=False):
             if trace is not None:
@@ -106,7 +121,7 @@ class JitFunction:
         for arg in args:
             value = arg.value if isinstance(arg, Node) else arg
             if isinstance(value, Tensor):
-                parts.append((value.shape, value.dtype.str))
+                parts.append((value.shape, value.dtype))
                 device = device or value.device
             elif isinstance(value, Real) and not isinstance(value, bool):
                 parts.append("scalar")
@@ -118,7 +133,7 @@ class JitFunction:
             static = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
         except TypeError:
             return None
-        return (tuple(parts), static, device.spec, registry_version())
+        return (tuple(parts), static, device, registry_version())
 
     # ---- compiling -----------------------------------------------------------------------
     def _compile(self, key: tuple, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

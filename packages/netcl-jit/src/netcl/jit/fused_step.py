@@ -19,10 +19,12 @@ from netcl.core import Device, Tensor
 from netcl.jit import numpy_source, opencl_source
 from netcl.jit.codegen import backward_body, forward_body
 from netcl.jit.partition import FusedGroup
+from netcl.jit.tuning import launch_config
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
 
+_F32 = np.dtype(np.float32)
 FORWARD_NAME = "fused_forward"
 BACKWARD_NAME = "fused_backward"
 
@@ -36,9 +38,11 @@ class FusedStep:
         self.label = label
         self.shape = group.shape
         self.size = math.prod(group.shape)
+        self.nbytes = self.size * 4
         #: per external input: its shape, or None for a scalar parameter
         self.input_shapes: list[tuple[int, ...] | None] = [None if p.kind == "param" else p.shape for p in group.inputs]
         self.is_opencl = device.kind == "opencl"
+        self.configs = {d: launch_config(device, d) for d in ("forward", "backward")} if self.is_opencl else {}
         self.forward_source = self._source(FORWARD_NAME, forward_body(group), has_gout=False)
         self._forward = self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
@@ -46,7 +50,10 @@ class FusedStep:
     # ---- building ------------------------------------------------------------------------
     def _source(self, name: str, body, has_gout: bool) -> str:
         if self.is_opencl:
-            return opencl_source.kernel_source(name, self.input_shapes, self.shape, body, int(has_gout))
+            config = self.configs["backward" if has_gout else "forward"]
+            return opencl_source.kernel_source(
+                name, self.input_shapes, self.shape, body, int(has_gout), config.vector_width, config.items
+            )
         return numpy_source.function_source(name, self.input_shapes, self.shape, body, has_gout)
 
     def _build(self, name: str, source: str, n_out: int, has_gout: bool):
@@ -57,9 +64,11 @@ class FusedStep:
         dtypes = [None if s is not None else np.float32 for s in self.input_shapes]
         dtypes += [None] * (int(has_gout) + n_out) + [index_dtype]
         kernel = handle.kernel(name, dtypes)
-        max_local = self.device.cl_device.max_work_group_size
-        local = min(256, max_local)
-        gsize = opencl_source.global_size(self.size, self.shape, self.input_shapes, local)
+        config = self.configs["backward" if has_gout else "forward"]
+        local = config.local_size
+        gsize = opencl_source.global_size(
+            self.size, self.shape, self.input_shapes, local, config.vector_width, config.items
+        )
         return (kernel, gsize, local)
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
@@ -87,13 +96,22 @@ class FusedStep:
             ins = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
             compiled(ins, [o.data for o in outs], gout.data if gout is not None else None)
 
+    def _empty(self) -> Tensor:
+        """A new float32 tensor of the group's shape (straight from the device's allocator)."""
+        device = self.device
+        if self.is_opencl:
+            return Tensor(device.allocator(device, self.nbytes), self.shape, _F32, device)
+        return Tensor(np.empty(self.shape, _F32), self.shape, _F32, device)
+
     def forward(self, ext: list[Any]) -> list[Node]:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
         values = [x.value if isinstance(x, Node) else x for x in ext]
-        outs = [Tensor.empty(self.shape, np.float32, self.device) for _ in self.group.outputs]
+        outs = [self._empty() for _ in self.group.outputs]
         if self.size:
             self._run(self._forward, values, outs, None)
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
+        if not any(wants):  # nothing to differentiate: plain result Nodes, no grad function
+            return [apply_op(_Precomputed(out), None, *ext, op_name=self.label) for out in outs]
         return [
             apply_op(_Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
         ]
@@ -111,7 +129,7 @@ class FusedStep:
         if tuple(grad_out.shape) != self.shape:
             grad_out = rops.broadcast_to(grad_out, self.shape)
         compiled, _ = self._backward_kernel(output_index, wants)
-        grads = [Tensor.empty(self.shape, np.float32, self.device) for w in wants if w]
+        grads = [self._empty() for w in wants if w]
         if self.size:
             self._run(compiled, values, grads, grad_out)
         else:

@@ -23,6 +23,7 @@ def kernel_source(
     body: Body,
     extra_inputs: int = 0,
     vector_width: int = VECTOR_WIDTH,
+    items: int = 1,
 ) -> str:
     """A complete program: preamble plus ``__kernel void name(...)``.
 
@@ -37,14 +38,40 @@ def kernel_source(
     params += [f"__global const float* restrict gin_buf{j}" for j in range(extra_inputs)]
     params += [f"__global float* restrict out{j}" for j in range(len(body.results))]
     params.append(f"const {index_type} n")
-    same_shape = all(s is None or math.prod(s) == math.prod(out_shape) for s in input_shapes)
-    vectorize = same_shape and vector_width > 1
+    modes = vector_modes(input_shapes, out_shape, vector_width)
     header = f"__kernel void {name}(\n    " + ",\n    ".join(params) + "\n) {\n"
-    if vectorize:
-        code = _vector_kernel(input_shapes, body, extra_inputs, index_type, vector_width)
+    if modes is not None and all(m in ("same", "param") for m in modes):
+        code = _vector_kernel(input_shapes, body, extra_inputs, index_type, vector_width, items)
+    elif modes is not None:
+        code = _broadcast_vector_kernel(input_shapes, out_shape, modes, body, extra_inputs, index_type, vector_width)
     else:
         code = _scalar_kernel(input_shapes, out_shape, body, extra_inputs, index_type)
     return PRIMITIVE_PREAMBLE + "\n" + header + code + "}\n"
+
+
+def vector_modes(input_shapes, out_shape: tuple[int, ...], width: int) -> list[str] | None:
+    """How each input is read by a work-item of ``width`` elements, or None for the scalar path.
+
+    "same": the input has the output's layout; "lanes": broadcast, but contiguous along the
+    last dim (a vload at the first lane's index); "splat": broadcast along the last dim (one
+    value for all lanes); "param": a scalar kernel argument.
+    """
+    if width <= 1:
+        return None
+    total = math.prod(out_shape)
+    modes = []
+    for shape in input_shapes:
+        if shape is None:
+            modes.append("param")
+        elif math.prod(shape) == total:
+            modes.append("same")
+        elif not out_shape or out_shape[-1] % width:
+            return None
+        elif shape and shape[-1] == out_shape[-1]:
+            modes.append("lanes")
+        else:
+            modes.append("splat")
+    return modes
 
 
 def _statements(body: Body, indent: str) -> list[str]:
@@ -78,10 +105,13 @@ def _scalar_kernel(input_shapes, out_shape, body: Body, extra_inputs: int, index
     return "\n".join(lines) + "\n"
 
 
-def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str, width: int) -> str:
+def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str, width: int, items: int = 1) -> str:
+    """``items`` vectors of ``width`` elements per work-item, strided by the grid (coalesced)."""
     lanes = [f"s{lane:x}" for lane in range(width)]
     lines = [
-        f"    {index_type} v = get_global_id(0);",
+        f"    {index_type} stride = get_global_size(0);",
+        f"    for (int item = 0; item < {items}; ++item) {{",
+        f"    {index_type} v = get_global_id(0) + item * stride;",
         f"    {index_type} first = v * {width};",
         "    if (first >= n) return;",
         f"    if (first + {width} <= n) {{",
@@ -114,12 +144,56 @@ def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str,
         return f"out{j}[i] = {var};"
 
     lines += _scalar_element(input_shapes, body, extra_inputs, read_tail, write_tail, "            ")
-    lines += ["        }", "    }"]
+    lines += ["        }", "    }", "    }"]
     return "\n".join(lines) + "\n"
 
 
-def global_size(n: int, out_shape: tuple[int, ...], input_shapes, local_size: int, vector_width: int = VECTOR_WIDTH):
+def _broadcast_vector_kernel(
+    input_shapes, out_shape, modes, body: Body, extra_inputs: int, index_type: str, width: int
+):
+    """``width`` consecutive outputs per work-item, which share one row of every broadcast input."""
+    lanes = [f"s{lane:x}" for lane in range(width)]
+    lines = [
+        f"    {index_type} v = get_global_id(0);",
+        f"    {index_type} first = v * {width};",
+        "    if (first >= n) return;",
+    ]
+    for k, (shape, mode) in enumerate(zip(input_shapes, modes, strict=True)):
+        if mode == "same":
+            lines.append(f"    float{width} a{k} = vload{width}(v, in{k});")
+        elif mode == "lanes":
+            lines += ["    " + s for s in broadcast_index_lines(shape, out_shape, "first", f"i{k}", index_type)]
+            lines.append(f"    float{width} a{k} = vload{width}(0, in{k} + i{k});")
+        elif mode == "splat":
+            lines += ["    " + s for s in broadcast_index_lines(shape, out_shape, "first", f"i{k}", index_type)]
+            lines.append(f"    float{width} a{k} = (float{width})(in{k}[i{k}]);")
+    if extra_inputs:
+        lines.append(f"    float{width} ag = vload{width}(v, gin_buf0);")
+    lines += [f"    float{width} r{j};" for j in range(len(body.results))]
+    for lane in lanes:
+        lines.append("    {")
+
+        def read(k, lane=lane):
+            return f"ag.{lane}" if k == "g" else f"a{k}.{lane}"
+
+        def write(j, var, lane=lane):
+            return f"r{j}.{lane} = {var};"
+
+        lines += _scalar_element(input_shapes, body, extra_inputs, read, write, "        ")
+        lines.append("    }")
+    lines += [f"    vstore{width}(r{j}, v, out{j});" for j in range(len(body.results))]
+    return "\n".join(lines) + "\n"
+
+
+def global_size(
+    n: int, out_shape: tuple[int, ...], input_shapes, local_size: int, vector_width: int = VECTOR_WIDTH, items: int = 1
+) -> int:
     """Global work size for ``n`` elements, rounded up to ``local_size``."""
-    same_shape = all(s is None or math.prod(s) == math.prod(out_shape) for s in input_shapes)
-    items = -(-n // vector_width) if same_shape and vector_width > 1 else n
-    return max(local_size, -(-items // local_size) * local_size)
+    modes = vector_modes(input_shapes, out_shape, vector_width)
+    if modes is None:
+        work = n
+    elif all(m in ("same", "param") for m in modes):
+        work = -(-n // (vector_width * items))
+    else:
+        work = -(-n // vector_width)
+    return max(local_size, -(-work // local_size) * local_size)

@@ -45,15 +45,15 @@ def launch(
     If a capture is recording on the queue, the launch is also recorded.
     """
     cl_kernel = kernel if isinstance(kernel, cl.Kernel) else kernel.kernel()
-    gsize = _sizes(global_size, "global")
-    if local_size is None:
-        lsize = _pick_local_size(cl_kernel, gsize)
+    if (
+        type(global_size) is int
+        and type(local_size) is int
+        and 0 < local_size <= global_size
+        and global_size % local_size == 0
+    ):  # the common 1-D case, already valid: skip the general checks
+        gsize, lsize = (global_size,), (local_size,)
     else:
-        lsize = _sizes(local_size, "local")
-        if len(lsize) != len(gsize) or any(g % loc for g, loc in zip(gsize, lsize, strict=True)):
-            raise LaunchError(
-                f"local size {lsize} must have as many dimensions as global size {gsize} and divide it in each"
-            )
+        gsize, lsize = _checked_sizes(cl_kernel, global_size, local_size)
     if queue is None:
         queue = _kernel_queue(cl_kernel)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]
@@ -72,6 +72,22 @@ def launch(
     if _capture.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
     return event
+
+
+def _checked_sizes(
+    cl_kernel: cl.Kernel, global_size: int | Sequence[int], local_size: int | Sequence[int] | None
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Validated (global, local) size tuples; picks the local size when it is None."""
+    gsize = _sizes(global_size, "global")
+    if local_size is None:
+        lsize = _pick_local_size(cl_kernel, gsize)
+    else:
+        lsize = _sizes(local_size, "local")
+        if len(lsize) != len(gsize) or any(g % loc for g, loc in zip(gsize, lsize, strict=True)):
+            raise LaunchError(
+                f"local size {lsize} must have as many dimensions as global size {gsize} and divide it in each"
+            )
+    return gsize, lsize
 
 
 def enqueue_copy(

@@ -1,0 +1,44 @@
+"""Launch configuration of fused elementwise kernels: elements per work-item and local size.
+
+The defaults come from measurement (benchmarks/tune_fused.py sweeps them on a device; the
+numbers behind each choice are in benchmarks/RESULTS.md). ``NETCL_JIT_VECTOR`` and
+``NETCL_JIT_LOCAL`` override them, which is how the sweep runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from netcl.core import Device
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """``vector_width`` elements per vector, ``items`` vectors per work-item, and the local size."""
+
+    vector_width: int
+    local_size: int
+    items: int = 1
+
+
+#: Measured defaults per kind of device and direction (see benchmarks/RESULTS.md): on an H200
+#: forward kernels are fastest with float4 and backward kernels (which recompute the forward,
+#: so hold more registers) with float2 and 128-wide groups.
+GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128)}
+CPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(4, 256)}
+_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
+    """The configuration fused ``direction`` kernels use on ``device`` (environment overrides first)."""
+    base = (GPU_DEFAULT if device.is_gpu else CPU_DEFAULT)[direction]
+    width = int(os.environ.get("NETCL_JIT_VECTOR", base.vector_width))
+    local = int(os.environ.get("NETCL_JIT_LOCAL", base.local_size))
+    items = int(os.environ.get("NETCL_JIT_ITEMS", base.items))
+    if width not in _WIDTHS:
+        raise ValueError(f"NETCL_JIT_VECTOR must be one of {_WIDTHS}, got {width}")
+    if items < 1:
+        raise ValueError(f"NETCL_JIT_ITEMS must be >= 1, got {items}")
+    limit = device.cl_device.max_work_group_size if device.cl_device is not None else local
+    return LaunchConfig(width, max(1, min(local, limit)), items)
