@@ -119,10 +119,16 @@ class JitFunction:
         parts: list[Any] = []
         device: Device | None = None
         for arg in args:
-            value = arg.value if isinstance(arg, Node) else arg
-            if isinstance(value, Tensor):
+            value = arg.value if type(arg) is Node else arg
+            if type(value) is Tensor or isinstance(value, Tensor):
                 parts.append((value.shape, value.dtype))
-                device = device or value.device
+                if device is None:
+                    device = value.device
+            elif isinstance(value, Node):  # a Node subclass
+                value = value.value
+                parts.append((value.shape, value.dtype))
+                if device is None:
+                    device = value.device
             elif isinstance(value, Real) and not isinstance(value, bool):
                 parts.append("scalar")
             else:

@@ -110,8 +110,8 @@ class FusedStep:
         if self.size:
             self._run(self._forward, values, outs, None)
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
-        if not any(wants):  # nothing to differentiate: plain result Nodes, no grad function
-            return [apply_op(_Precomputed(out), None, *ext, op_name=self.label) for out in outs]
+        if not any(wants):  # nothing to differentiate: what apply_op returns here, without its overhead
+            return [Node(out, op_name=self.label) for out in outs]
         return [
             apply_op(_Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
         ]
