@@ -109,16 +109,18 @@ class FusedDetectionLossPlan:
     backward_kernel: Any
     source: str | None = None
     max_blocks: int = MAX_BLOCKS
+    #: elements per work-item step: 4 (float4 loads) on GPUs, 1 elsewhere
+    vec: int = 1
 
     @property
     def is_opencl(self) -> bool:
         return self.device.kind == "opencl"
 
     def blocks(self, n: int) -> int:
-        """Work-groups (= partial sums) for ``n`` elements: >= one float4 per work-item, <= ``max_blocks``."""
+        """Work-groups (= partial sums) for ``n`` elements: >= ``vec`` elements per work-item, <= ``max_blocks``."""
         if not self.is_opencl:
             return max(1, -(-n // npl.BLOCK))
-        return min(self.max_blocks, max(1, -(-n // (4 * self.local_size))))
+        return min(self.max_blocks, max(1, -(-n // (self.vec * self.local_size))))
 
     def forward(
         self, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
@@ -148,7 +150,7 @@ class FusedDetectionLossPlan:
         grad = Tensor.empty(tuple(pred.shape), np.float32, self.device)
         if n:
             local = self.local_size
-            work = -(-n // 4)
+            work = -(-n // self.vec)
             launch(
                 self.backward_kernel,
                 -(-work // local) * local,
@@ -198,7 +200,7 @@ class FusedDetectionLossPlan:
     def __repr__(self) -> str:
         return (
             f"<FusedDetectionLossPlan on {self.device.spec} index={self.index_ctype} local={self.local_size} "
-            f"max_blocks={self.max_blocks}>"
+            f"vec={self.vec} max_blocks={self.max_blocks}>"
         )
 
 
@@ -207,18 +209,28 @@ def build_plan(
 ) -> FusedDetectionLossPlan:
     """Compile the plan for the device, dtype and index type of ``pred`` (the built-in planner)."""
     device, _, ctype = plan_key(pred, target, heat_weight, reg_weight)
+    return compile_plan(device, ctype)
+
+
+def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> FusedDetectionLossPlan:
+    """The plan for ``device``: its kernels built through ``program_cache`` (NumPy functions on "cpu").
+
+    ``vec`` (1 or 4) defaults to 4 on GPUs and 1 elsewhere.
+    """
     if device.kind != "opencl":
         return FusedDetectionLossPlan(device, ctype, 1, npl.partials, npl.reduce, npl.backward)
     # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
     local = min(LOCAL_SIZE, _pow2_floor(device.cl_device.max_work_group_size))
-    source = detection_loss_source(ctype, local)
-    handle = program_cache.get_or_compile(("netcl.jit.detection_loss", ctype, local), source, device.context)
+    if vec is None:
+        vec = 4 if device.is_gpu else 1
+    source = detection_loss_source(ctype, local, vec)
+    handle = program_cache.get_or_compile(("netcl.jit.detection_loss", ctype, local, vec), source, device.context)
     index = np.int64 if ctype == "long" else np.int32
     scalars = [np.float32, np.float32, np.float32, index]
     partial = handle.kernel(PARTIAL_NAME, [None] * 5 + scalars)
     reduce = handle.kernel(REDUCE_NAME, [None, None, np.int32])
     backward = handle.kernel(BACKWARD_NAME, [None] * 6 + scalars)
-    return FusedDetectionLossPlan(device, ctype, local, partial, reduce, backward, source)
+    return FusedDetectionLossPlan(device, ctype, local, partial, reduce, backward, source, vec=vec)
 
 
 def _pow2_floor(value: int) -> int:

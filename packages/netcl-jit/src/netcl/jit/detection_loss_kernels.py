@@ -1,18 +1,21 @@
 """OpenCL C source of the fused detection loss (DESIGN.md, ``detection_loss``): three kernels.
 
-* ``detection_loss_partial`` — one work-group per block. Each work-item walks a strided range of
-  float4 chunks (``vload4``), adds ``heat_scale*hw*BCE_LOGITS(x, t) + reg_scale*rw*SMOOTH_L1(x - t,
-  beta)`` per element into Kahan-compensated float4 accumulators, then the group tree-reduces in
-  local memory and writes one partial per block.
-* ``detection_loss_reduce`` — one work-group sums the partials (compensated strided sums, then the
-  same tree) into the 0-d loss.
-* ``detection_loss_backward`` — ``grad_pred = g * (heat_scale*hw*(sigmoid(x) - t) + reg_scale*rw*
-  SMOOTH_L1_GRAD(x - t, beta))``, four elements per work-item; ``g`` (the upstream gradient) is
-  read from its device buffer.
+* ``detection_loss_partial`` — one work-group per block. Each work-item walks a strided range
+  of elements (``VEC`` == 1) or of float4 chunks (``VEC`` == 4, ``vload4``), adds
+  ``heat_scale*hw*BCE_LOGITS(x, t) + reg_scale*rw*SMOOTH_L1(x - t, beta)`` per element into a
+  Kahan-compensated float accumulator, then the group tree-reduces in local memory and writes
+  one partial per block.
+* ``detection_loss_reduce`` — one work-group sums the partials (compensated strided sums, then
+  the same tree) into the 0-d loss.
+* ``detection_loss_backward`` — ``grad_pred = g * (heat_scale*hw*(sigmoid(x) - t) +
+  reg_scale*rw*SMOOTH_L1_GRAD(x - t, beta))``, ``VEC`` elements per work-item; ``g`` (the
+  upstream gradient) is read from its device buffer.
 
-The work-group size (``LOCAL``) and the index type are compiled in; the scales, ``beta`` and the
-element count are kernel arguments. The reduction order depends only on the element count and
-the launch geometry, so a plan gives bit-identical results on every call.
+The work-group size (``LOCAL``), the vector width and the index type are compiled in; the
+scales, ``beta`` and the element count are kernel arguments. The reduction order depends only
+on the element count and the launch geometry, so a plan gives bit-identical results on every
+call. Float4 loads pay off on GPUs (wide coalesced loads); on CPU devices such as PoCL the
+scalar form vectorizes better across work-items.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ BACKWARD_NAME = "detection_loss_backward"
 
 _BODY = r"""
 #define LOCAL {local}
+#define VEC {vec}
 typedef {index} idx_t;
 
 inline float detection_term(float x, float t, float hw, float rw, float hs, float rs, float beta) {{
@@ -35,16 +39,11 @@ inline float detection_grad(float x, float t, float hw, float rw, float hs, floa
     return hs * hw * BCE_LOGITS_GRAD(x, t) + rs * rw * SMOOTH_L1_GRAD(x - t, beta);
 }}
 
-/* Kahan step: sum + value, with the running compensation in comp. */
-#define KAHAN(sum, comp, value) \
-    {{ float4 y_ = (value) - comp; float4 s_ = sum + y_; comp = (s_ - sum) - y_; sum = s_; }}
+/* Kahan step: sum += value, with the running compensation in comp (float or float4). */
+#define KAHAN(T, sum, comp, value) \
+    {{ T y_ = (value) - comp; T s_ = sum + y_; comp = (s_ - sum) - y_; sum = s_; }}
 
-inline float lanes(float4 sum, float4 comp) {{
-    float4 v = sum - comp;
-    return (v.s0 + v.s1) + (v.s2 + v.s3);
-}}
-
-/* Tree-reduce one value per work-item; work-item 0 gets the group total. */
+/* Tree-reduce one value per work-item; every work-item gets the group total. */
 inline float group_sum(__local float* scratch, float value) {{
     const int lid = get_local_id(0);
     scratch[lid] = value;
@@ -69,25 +68,34 @@ void detection_loss_partial(
     const idx_t n)
 {{
     __local float scratch[LOCAL];
+    const idx_t gid = get_global_id(0);
     const idx_t stride = get_global_size(0);
+#if VEC == 4
     const idx_t n4 = n / 4;
-    float4 sum = (float4)(0.0f);
-    float4 comp = (float4)(0.0f);
-    for (idx_t i = get_global_id(0); i < n4; i += stride) {{
+    float4 sum4 = (float4)(0.0f);
+    float4 comp4 = (float4)(0.0f);
+    for (idx_t i = gid; i < n4; i += stride) {{
         float4 x = vload4(i, pred), t = vload4(i, target), hw = vload4(i, heat_w), rw = vload4(i, reg_w);
         float4 term = (float4)(
             detection_term(x.s0, t.s0, hw.s0, rw.s0, hs, rs, beta),
             detection_term(x.s1, t.s1, hw.s1, rw.s1, hs, rs, beta),
             detection_term(x.s2, t.s2, hw.s2, rw.s2, hs, rs, beta),
             detection_term(x.s3, t.s3, hw.s3, rw.s3, hs, rs, beta));
-        KAHAN(sum, comp, term);
+        KAHAN(float4, sum4, comp4, term);
     }}
-    const idx_t tail = 4 * n4 + get_global_id(0);
-    if (tail < n) {{
-        float term = detection_term(pred[tail], target[tail], heat_w[tail], reg_w[tail], hs, rs, beta);
-        KAHAN(sum, comp, (float4)(term, 0.0f, 0.0f, 0.0f));
+    float4 v = sum4 - comp4;
+    float sum = (v.s0 + v.s1) + (v.s2 + v.s3);
+    const idx_t tail = 4 * n4 + gid;
+    if (tail < n) sum += detection_term(pred[tail], target[tail], heat_w[tail], reg_w[tail], hs, rs, beta);
+#else
+    float sum = 0.0f;
+    float comp = 0.0f;
+    for (idx_t i = gid; i < n; i += stride) {{
+        KAHAN(float, sum, comp, detection_term(pred[i], target[i], heat_w[i], reg_w[i], hs, rs, beta));
     }}
-    float total = group_sum(scratch, lanes(sum, comp));
+    sum -= comp;
+#endif
+    float total = group_sum(scratch, sum);
     if (get_local_id(0) == 0) partials[get_group_id(0)] = total;
 }}
 
@@ -95,12 +103,12 @@ __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void detection_loss_reduce(__global const float* partials, __global float* out, const int count)
 {{
     __local float scratch[LOCAL];
-    float4 sum = (float4)(0.0f);
-    float4 comp = (float4)(0.0f);
+    float sum = 0.0f;
+    float comp = 0.0f;
     for (int i = get_local_id(0); i < count; i += LOCAL) {{
-        KAHAN(sum, comp, (float4)(partials[i], 0.0f, 0.0f, 0.0f));
+        KAHAN(float, sum, comp, partials[i]);
     }}
-    float total = group_sum(scratch, lanes(sum, comp));
+    float total = group_sum(scratch, sum - comp);
     if (get_local_id(0) == 0) out[0] = total;
 }}
 
@@ -117,9 +125,10 @@ __kernel void detection_loss_backward(
     const idx_t n)
 {{
     const idx_t i = get_global_id(0);
-    const idx_t first = 4 * i;
+    const idx_t first = VEC * i;
     if (first >= n) return;
     const float g = grad_out[0];
+#if VEC == 4
     if (first + 4 <= n) {{
         float4 x = vload4(i, pred), t = vload4(i, target), hw = vload4(i, heat_w), rw = vload4(i, reg_w);
         float4 d = (float4)(
@@ -128,18 +137,23 @@ __kernel void detection_loss_backward(
             detection_grad(x.s2, t.s2, hw.s2, rw.s2, hs, rs, beta),
             detection_grad(x.s3, t.s3, hw.s3, rw.s3, hs, rs, beta));
         vstore4(g * d, i, grad_pred);
-    }} else {{
-        for (idx_t j = first; j < n; ++j)
-            grad_pred[j] = g * detection_grad(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
+        return;
     }}
+    for (idx_t j = first; j < n; ++j)
+        grad_pred[j] = g * detection_grad(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
+#else
+    grad_pred[i] = g * detection_grad(pred[i], target[i], heat_w[i], reg_w[i], hs, rs, beta);
+#endif
 }}
 """
 
 
-def detection_loss_source(index_ctype: str, local_size: int) -> str:
-    """The program holding the three kernels, for ``int``/``long`` indices and work-group ``local_size``."""
+def detection_loss_source(index_ctype: str, local_size: int, vec: int = 4) -> str:
+    """The program of the three kernels: ``int``/``long`` indices, work-group ``local_size``, width ``vec`` (1 or 4)."""
     if index_ctype not in ("int", "long"):
         raise ValueError(f"index type must be 'int' or 'long', got {index_ctype!r}")
     if local_size < 1 or local_size & (local_size - 1):
         raise ValueError(f"work-group size must be a power of two, got {local_size}")
-    return PRIMITIVE_PREAMBLE + _BODY.format(index=index_ctype, local=local_size)
+    if vec not in (1, 4):
+        raise ValueError(f"vector width must be 1 or 4, got {vec}")
+    return PRIMITIVE_PREAMBLE + _BODY.format(index=index_ctype, local=local_size, vec=vec)
