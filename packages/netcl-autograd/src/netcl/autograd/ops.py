@@ -94,9 +94,14 @@ def _div_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tup
 
 def _pow_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
     ga = R.mul(g, R.mul(b, R.pow(a, R.sub(b, 1.0) if not is_scalar(b) else b - 1.0))) if na else None
-    log_a = R.log(a) if not is_scalar(a) else math.log(a) if a > 0 else float("nan")
+    log_a = R.log(a) if not is_scalar(a) else _scalar_log(a)
     gb = R.mul(g, R.mul(out, log_a)) if nb else None
     return ga, gb
+
+
+def _scalar_log(a: float) -> float:
+    """log of a scalar base as the ``log`` kernel and the fused ``LOG`` give it: -inf at 0, NaN below."""
+    return math.log(a) if a > 0 else -math.inf if a == 0 else math.nan
 
 
 def _maximum_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
