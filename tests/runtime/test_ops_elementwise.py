@@ -220,3 +220,30 @@ def test_results_are_new_tensors(device: nc.Device) -> None:
     ops.fill_(out, 1.0)
     np.testing.assert_array_equal(t.to_host(), np.arange(6, dtype=np.float32).reshape(2, 3))
     assert math.prod(out.shape) == 6
+
+
+def test_float64_keeps_double_precision(device: nc.Device) -> None:
+    """float64 tensors compute in double (not through the float helpers): agreement to 1e-13."""
+    if not device.supports(np.float64):
+        pytest.skip("device has no float64")
+    x = np.random.default_rng(20).uniform(0.1, 3.0, (2, 9))
+    t = nc.tensor(x, dtype=np.float64, device=device)
+    for name, reference in [("exp", np.exp), ("log", np.log), ("tanh", np.tanh), ("gelu", _table._gelu)]:
+        result = getattr(ops, name)(t)
+        assert result.dtype == np.float64
+        np.testing.assert_allclose(result.to_host(), reference(x), rtol=1e-13, atol=0)
+    np.testing.assert_allclose(ops.maximum(t, 1.5).to_host(), np.maximum(x, 1.5), rtol=0, atol=0)
+    bce = ops.elementwise("BCE_LOGITS({0}, {1})", lambda a, b: np.maximum(a, 0) - a * b + np.log1p(np.exp(-a)), t, 0.25)
+    np.testing.assert_allclose(bce.to_host(), np.maximum(x, 0) - x * 0.25 + np.log1p(np.exp(-x)), rtol=1e-13)
+
+
+def test_clear_caches_rebuilds_through_the_program_cache(cl_device: nc.Device) -> None:
+    from netcl.runtime import clear_caches
+
+    t = nc.tensor(_data(SHAPE, seed=21), device=cl_device)
+    expected = ops.mul(t, 3.0).to_host()
+    clear_caches()
+    before = program_cache.stats()
+    np.testing.assert_array_equal(ops.mul(t, 3.0).to_host(), expected)
+    after = program_cache.stats()
+    assert after.misses == before.misses + 1  # the memoized kernel was dropped, not used stale

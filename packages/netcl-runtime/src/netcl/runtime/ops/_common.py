@@ -178,7 +178,10 @@ class ResolvedKernel:
         self.max_local = max_local
 
 
+#: Bound of every per-signature dict of the op library (kernel memo, launch plans).
+MAX_MEMO = 4096
 _MEMO: dict[tuple[Hashable, Device], ResolvedKernel] = {}
+CLEAR_HOOKS: list[Callable[[], None]] = []
 _MEMO_LOCK = threading.Lock()
 
 
@@ -205,14 +208,26 @@ def get_kernel(
     limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
     entry = ResolvedKernel(kernel, weakref.ref(handle), min(MAX_LOCAL, pow2_floor(limit)))
     with _MEMO_LOCK:
+        if len(_MEMO) >= MAX_MEMO:  # bounded like the program cache; a miss only costs a lookup there
+            _MEMO.clear()
         _MEMO[memo_key] = entry
     return entry
 
 
 def clear_kernel_memo() -> None:
-    """Forget every resolved eager kernel (the program cache is left alone)."""
+    """Forget every resolved eager kernel and launch plan (the program cache is left alone)."""
     with _MEMO_LOCK:
         _MEMO.clear()
+    for hook in CLEAR_HOOKS:
+        hook()
+
+
+def remember(table: dict, key: Hashable, value: Any) -> Any:
+    """``table[key] = value``, emptying ``table`` first when it holds ``MAX_MEMO`` entries."""
+    if len(table) >= MAX_MEMO:
+        table.clear()
+    table[key] = value
+    return value
 
 
 register_cache(clear_kernel_memo)

@@ -10,6 +10,7 @@ Kinds decide the result dtype (see ``_common.promote``):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,3 +111,52 @@ CLAMP = OpDef("clamp", "CLAMP_G({0}, {1}, {2})", _clamp, "arith", "min(max({0}, 
 CLAMP_SOURCE = (
     "#define CLAMP_G(x, lo, hi) (" + _MINIMUM_GENERIC.format(_MAXIMUM_GENERIC.format("x", "lo"), "hi") + ")\n"
 )
+
+#: Double-precision twins of the preamble's float helpers (whose float parameters would round a
+#: double to float). Kernels computing in double get this source, and their expression has
+#: ``NAME(`` rewritten to ``NAME_F64(`` (see ``f64_expr``).
+F64_SOURCE = r"""
+inline double RELU_F64(double x) { return x > 0.0 ? x : (isnan(x) ? x : 0.0); }
+inline double RELU_GRAD_F64(double x) { return x > 0.0 ? 1.0 : 0.0; }
+inline double ABS_F64(double x) { return fabs(x); }
+inline double SIGN_F64(double x) { return isnan(x) ? x : (double)((x > 0.0) - (x < 0.0)); }
+inline double EXP_F64(double x) { return exp(x); }
+inline double LOG_F64(double x) { return log(x); }
+inline double LOG1P_F64(double x) { return log1p(x); }
+inline double SQRT_F64(double x) { return sqrt(x); }
+inline double RSQRT_F64(double x) { return rsqrt(x); }
+inline double POW_F64(double a, double b) { return pow(a, b); }
+inline double TANH_F64(double x) { return tanh(x); }
+inline double MAX_F64(double a, double b) { return (a > b || isnan(a)) ? a : b; }
+inline double MIN_F64(double a, double b) { return (a < b || isnan(a)) ? a : b; }
+inline double CLAMP_F64(double x, double lo, double hi) { return MIN_F64(MAX_F64(x, lo), hi); }
+inline double SIGMOID_F64(double x) {
+    if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+inline double GELU_F64(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+inline double GELU_GRAD_F64(double x) {
+    double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
+inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
+inline double SMOOTH_L1_F64(double d, double beta) {
+    double a = fabs(d);
+    return a < beta ? 0.5 * d * d / beta : a - 0.5 * beta;
+}
+inline double SMOOTH_L1_GRAD_F64(double d, double beta) { return fabs(d) < beta ? d / beta : SIGN_F64(d); }
+"""
+
+_F64_NAMES = re.compile(
+    r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_GRAD|GELU|"
+    r"BCE_LOGITS_GRAD|BCE_LOGITS|SMOOTH_L1_GRAD|SMOOTH_L1)\("
+)
+
+
+def f64_expr(expr: str) -> str:
+    """``expr`` with every float preamble helper replaced by its ``_F64`` twin."""
+    return _F64_NAMES.sub(lambda m: f"{m.group(1)}_F64(", expr)

@@ -21,6 +21,7 @@ from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
+    CLEAR_HOOKS,
     ResolvedKernel,
     compute_ctype,
     device_of,
@@ -29,10 +30,11 @@ from netcl.runtime.ops._common import (
     index_type,
     pragmas,
     promote,
+    remember,
     scalar_dtype,
     storage_ctype,
 )
-from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, UNARY, WHERE, OpDef
+from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, UNARY, WHERE, OpDef, f64_expr
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
@@ -77,6 +79,7 @@ class Plan:
 
 _RAW_PLANS: dict[tuple, Plan] = {}
 _OP_PLANS: dict[tuple, tuple[Plan, tuple[np.dtype, ...]]] = {}
+CLEAR_HOOKS.extend([_RAW_PLANS.clear, _OP_PLANS.clear])
 
 
 def signature(operands: Sequence[Any]) -> tuple:
@@ -100,7 +103,7 @@ def run_elementwise(
     key = (expr, signature(operands), tuple(value_ctypes), out_shape, out_dtype, device)
     plan = _RAW_PLANS.get(key)
     if plan is None:
-        plan = _RAW_PLANS[key] = Plan(expr, operands, value_ctypes, out_shape, out_dtype)
+        plan = remember(_RAW_PLANS, key, Plan(expr, operands, value_ctypes, out_shape, out_dtype))
     return execute(plan, operands, device, out)
 
 
@@ -146,11 +149,14 @@ def _source(
             params.append(f"const {ctype} s{i}")
             body.append(f"const {ctype} v{i} = s{i};")
     dtypes.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
+    extra = CLAMP_SOURCE
+    if "double" in value_ctypes:
+        expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
     store = f"(({value}) != 0)" if out_dtype.kind == "b" else f"({value})"
     lines = "\n    ".join(body)
     return (
-        f"{pragmas(dtypes)}{CLAMP_SOURCE}"
+        f"{pragmas(dtypes)}{extra}"
         f"__kernel void netcl_ew({', '.join(params)}) {{\n"
         f"    const {idx} gid = ({idx})get_global_id(0);\n"
         f"    if (gid >= {math.prod(out_shape)}) return;\n"
@@ -198,7 +204,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
         device.check_dtype(result)
         ctypes = [compute_ctype(d) for d in dtypes]
         plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result)
-        cached = _OP_PLANS[key] = (plan, tuple(dtypes))
+        cached = remember(_OP_PLANS, key, (plan, tuple(dtypes)))
     plan, dtypes = cached
     if device.kind == "cpu":
         return numpy_backend.elementwise(op.numpy_fn, operands, dtypes, plan.out_shape, plan.out_dtype, device)
