@@ -35,15 +35,18 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(GELU_K * (x + GELU_C * x * x * x)))
+    # As the preamble: x * sigmoid(2u), u = K (x + C x^3) (the tanh form without cancellation).
+    return x * _sigmoid(2.0 * GELU_K * (x + GELU_C * x * x * x))
 
 
 def _gelu_grad(x: np.ndarray) -> np.ndarray:
-    t = np.tanh(GELU_K * (x + GELU_C * x * x * x))
-    sech2 = 1.0 - t * t
+    # As the preamble: sigmoid(2u) + 0.5 x sech(u)^2 K (1 + 3 C x^2), sech^2 = 4e / (1 + e)^2, e = exp(-2|u|).
+    u = GELU_K * (x + GELU_C * x * x * x)
+    e = np.exp(-2.0 * np.abs(u))
+    sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))
     # sech2 is 0 long before 3 C x^2 overflows: the term is 0 there, not 0 * inf = NaN
     tail = 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
-    return 0.5 * (1.0 + t) + np.where(sech2 == 0, 0.0, tail)
+    return _sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -135,12 +138,13 @@ inline double SIGMOID_F64(double x) {
     double e = exp(x);
     return e / (1.0 + e);
 }
-inline double GELU_F64(double x) {
-    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-}
+inline double GELU_F64(double x) { return x * SIGMOID_F64(2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x)); }
 inline double GELU_GRAD_F64(double x) {
-    double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+    double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    double e = exp(-2.0 * fabs(u));
+    double sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e));
+    double tail = sech2 == 0.0 ? 0.0 : 0.5 * x * sech2 * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+    return SIGMOID_F64(2.0 * u) + tail;
 }
 inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
 inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
