@@ -1,8 +1,10 @@
 """fuse_graph: a captured, jit-fused step replays to the same loss, gradients and updates as the eager step.
 
 Both sides run the same float32 kernels on the same inputs except that the fused step runs the
-elementwise epilogues as jit kernels; those agree with the eager ops to a few ulps, so 1e-5
-relative (plus 1e-6 absolute for gradients that are near zero) is the tolerance.
+elementwise parts as jit kernels; those agree with the eager ops to a few ulps (a GPU compiler
+may contract differently), and the matmul gradients sum such values over the batch with
+cancellation. So: 1e-5 relative, plus 1e-5 of the largest magnitude of that tensor as absolute
+slack for entries that cancel to near zero. A wrong rule is off by O(1) relative.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from netcl.runtime import ops as rops
 from netcl.runtime.errors import ReplayError
 
 RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_close(got, ref):
+    ref = np.asarray(ref)
+    np.testing.assert_allclose(got, ref, rtol=RTOL, atol=1e-5 * float(np.max(np.abs(ref), initial=0.0)) + ATOL)
+
+
 B, F, H, K = 8, 6, 16, 5
 
 
@@ -84,7 +93,7 @@ def test_training_step_replays_like_eager(device):
         ref_loss, ref_grads = eager_step(model, loss_fn, x, y)
         np.testing.assert_allclose(loss, ref_loss, rtol=RTOL)
         for got, ref in zip(grads, ref_grads, strict=True):
-            np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+            assert_close(got, ref)
 
 
 def test_captured_step_is_fused(cl_device):
@@ -119,7 +128,7 @@ def test_optimizer_step_is_captured(device):
         sgd(ref_model)
         np.testing.assert_allclose(loss, ref_loss, rtol=RTOL)
         for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
-            np.testing.assert_allclose(p.to_host(), q.to_host(), rtol=RTOL, atol=ATOL)
+            assert_close(p.to_host(), q.to_host())
 
 
 def test_inference_step_and_plain_function_with_params(device):
@@ -127,7 +136,7 @@ def test_inference_step_and_plain_function_with_params(device):
     x0, _ = batch(0, device)
     fused = fuse_graph(model, x0)
     x1, _ = batch(1, device)
-    np.testing.assert_allclose(fused.execute(x1).to_host(), model(x1).to_host(), rtol=RTOL, atol=ATOL)
+    assert_close(fused.execute(x1).to_host(), model(x1).to_host())
     # a plain function plus params=, a one-argument loss_fn and a NumPy input
     w = ag.tensor(np.full((F, 1), 0.5, np.float32), requires_grad=True, device=device)
     step = fuse_graph(lambda x: ag.matmul(x, w), x0, loss_fn=lambda out: ag.sum(ag.relu(out) * out), params=[w])

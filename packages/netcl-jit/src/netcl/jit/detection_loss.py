@@ -37,6 +37,9 @@ def index_ctype(n: int) -> str:
 
 
 # ---- validation --------------------------------------------------------------------------------
+_F32 = np.dtype(np.float32)
+
+
 def _value(x: Any) -> Any:
     return x.value if isinstance(x, Node) else x
 
@@ -45,9 +48,24 @@ def _is_traced(x: Any) -> bool:
     return isinstance(x, Node) and not isinstance(x.value, Tensor)
 
 
+def _concrete(args: tuple[Any, ...]) -> list[Tensor] | None:
+    """The four tensors when they are float32 Tensors (or Nodes of them) of one shape and device, else None."""
+    values = [a.value if isinstance(a, Node) else a for a in args]
+    first = values[0]
+    if not isinstance(first, Tensor):
+        return None
+    shape, device = first.shape, first.device
+    for v in values:
+        if not isinstance(v, Tensor) or v.shape != shape or v.dtype != _F32 or v.device is not device:
+            return None
+    return values
+
+
 def validate_inputs(pred: Any, target: Any, heat_weight: Any, reg_weight: Any) -> None:
     """One shape, float32 and one device for all four inputs; errors name the offending argument."""
     args = (pred, target, heat_weight, reg_weight)
+    if _concrete(args) is not None:  # the common case, checked fast
+        return
     for name, arg in zip(ARG_NAMES, args, strict=True):
         if not isinstance(arg, (Node, Tensor)):
             raise TypeError(
@@ -55,7 +73,7 @@ def validate_inputs(pred: Any, target: Any, heat_weight: Any, reg_weight: Any) -
             )
     shape = tuple(pred.shape)
     for name, arg in zip(ARG_NAMES, args, strict=True):
-        if np.dtype(arg.dtype) != np.float32:
+        if np.dtype(arg.dtype) != _F32:
             raise DTypeError(
                 f"fused_weighted_bce_smooth_l1_loss: {name} has dtype {arg.dtype}; all four inputs must be float32"
             )
@@ -72,10 +90,10 @@ def validate_scalars(heat_scale: Any, reg_scale: Any, beta: Any) -> tuple[float,
     """The scales and beta as floats: real numbers, beta finite and >= 0 (0 means plain L1)."""
     values = []
     for name, v in (("heat_scale", heat_scale), ("reg_scale", reg_scale), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, (Real, np.floating, np.integer)):
+        if type(v) is not float and (isinstance(v, bool) or not isinstance(v, (Real, np.floating, np.integer))):
             raise TypeError(f"fused_weighted_bce_smooth_l1_loss: {name} must be a real number, got {type(v).__name__}")
         values.append(float(v))
-    if not math.isfinite(values[2]) or values[2] < 0:
+    if not 0.0 <= values[2] < math.inf:
         raise ValueError(f"fused_weighted_bce_smooth_l1_loss: beta must be finite and >= 0 (0 is plain L1), got {beta}")
     return values[0], values[1], values[2]
 
@@ -83,17 +101,12 @@ def validate_scalars(heat_scale: Any, reg_scale: Any, beta: Any) -> tuple[float,
 def plan_key(pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any) -> tuple:
     """What a plan is compiled for: device, dtype and index type."""
     value = _value(pred)
-    return (value.device, np.dtype(value.dtype).str, index_ctype(int(value.size)))
+    return (value.device, value.dtype.str, index_ctype(value.size))
 
 
 def matches(pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any) -> bool:
     """True when the four inputs are concrete float32 tensors of one shape on one device."""
-    args = (pred, target, heat_weight, reg_weight)
-    if not all(isinstance(a, (Node, Tensor)) and isinstance(_value(a), Tensor) for a in args):
-        return False
-    values = [_value(a) for a in args]
-    first = values[0]
-    return all(v.shape == first.shape and v.dtype == np.float32 and v.device is first.device for v in values)
+    return _concrete((pred, target, heat_weight, reg_weight)) is not None
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -132,10 +145,10 @@ class FusedDetectionLossPlan:
             out = self.reduce_kernel(sums)
             return Tensor(out, (), out.dtype, self.device)
         blocks = self.blocks(n)
-        partials = Tensor.empty((blocks,), np.float32, self.device)
-        out = Tensor.empty((), np.float32, self.device)
         local = self.local_size
+        partials = Tensor.empty((blocks,), np.float32, self.device)
         launch(self.partial_kernel, blocks * local, local, pred, target, hw, rw, partials, hs, rs, beta, n)
+        out = Tensor.empty((), np.float32, self.device)  # allocated while the partial kernel runs
         launch(self.reduce_kernel, local, local, partials, out, blocks)
         return out
 
@@ -179,7 +192,10 @@ class FusedDetectionLossPlan:
         beta: float = 0.05,
     ) -> Node:
         """The scalar loss Node; its gradient flows to ``pred`` only."""
-        hs, rs, b = validate_scalars(heat_scale, reg_scale, beta)
+        return self.apply(pred, target, heat_weight, reg_weight, *validate_scalars(heat_scale, reg_scale, beta))
+
+    def apply(self, pred: Any, target: Any, heat_weight: Any, reg_weight: Any, hs: float, rs: float, b: float) -> Node:
+        """``__call__`` with the scalars already checked floats."""
         return apply_op(
             self.forward,
             self._grad,

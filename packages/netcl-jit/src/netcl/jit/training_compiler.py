@@ -95,6 +95,7 @@ class TrainingGraphCompiler:
 
     def __init__(self, builtins: bool = True) -> None:
         self._patterns: list[TrainingPattern] = []
+        self._by_name: dict[str, TrainingPattern] = {}
         self._plans: dict[tuple[str, Hashable], object] = {}
         self._lock = threading.RLock()
         self.hits = 0
@@ -111,13 +112,14 @@ class TrainingGraphCompiler:
         if not callable(pattern.matcher) or not callable(pattern.planner):
             raise TypeError(f"pattern {pattern.name!r}: matcher and planner must be callables")
         with self._lock:
-            if pattern.name in self.names:
+            if pattern.name in self._by_name:
                 if not replace:
                     raise ValueError(
                         f"a training pattern named {pattern.name!r} is already registered; pass replace=True"
                     )
                 self.unregister(pattern.name)
             self._patterns.append(pattern)
+            self._by_name[pattern.name] = pattern
         return pattern
 
     def unregister(self, name: str) -> TrainingPattern:
@@ -125,6 +127,7 @@ class TrainingGraphCompiler:
         with self._lock:
             pattern = self.get(name)
             self._patterns.remove(pattern)
+            del self._by_name[name]
             for key in [k for k in self._plans if k[0] == name]:
                 del self._plans[key]
             return pattern
@@ -139,13 +142,13 @@ class TrainingGraphCompiler:
         return [p.name for p in self._patterns]
 
     def __contains__(self, name: object) -> bool:
-        return name in self.names
+        return name in self._by_name
 
     def get(self, name: str) -> TrainingPattern:
         """The pattern registered as ``name`` (KeyError listing the names otherwise)."""
-        for pattern in self._patterns:
-            if pattern.name == name:
-                return pattern
+        pattern = self._by_name.get(name)
+        if pattern is not None:
+            return pattern
         raise KeyError(f"no training pattern named {name!r}; registered: {self.names}")
 
     # ---- lookup ------------------------------------------------------------------------------
@@ -155,8 +158,10 @@ class TrainingGraphCompiler:
         ``call_site=None`` tries every pattern, the most recently registered first. An unknown
         ``call_site`` name raises KeyError.
         """
-        candidates = [self.get(call_site)] if call_site is not None else list(reversed(self._patterns))
-        for pattern in candidates:
+        if call_site is not None:
+            pattern = self.get(call_site)
+            return pattern if pattern.matcher(*args, **kwargs) else None
+        for pattern in reversed(self._patterns):
             if pattern.matcher(*args, **kwargs):
                 return pattern
         return None
@@ -274,7 +279,7 @@ def fused_weighted_bce_smooth_l1_loss(
     hs, rs, b = validate_scalars(heat_scale, reg_scale, beta)
     values = [x.value if isinstance(x, Node) else x for x in (pred, target, heat_weight, reg_weight)]
     if all(isinstance(v, Tensor) for v in values):
-        return _plan(*values)(pred, target, heat_weight, reg_weight, hs, rs, b)
+        return _plan(*values).apply(pred, target, heat_weight, reg_weight, hs, rs, b)
     # traced (inside jit_compile): the plan is looked up when the op runs on real tensors
     return apply_op(
         _forward,
