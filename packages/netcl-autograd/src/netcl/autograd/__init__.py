@@ -80,6 +80,7 @@ JIT_NAMES = {
     "TrainingPattern": "netcl.jit.training_compiler",
     "get_training_compiler": "netcl.jit.training_compiler",
     "fused_weighted_bce_smooth_l1_loss": "netcl.jit.training_compiler",
+    "fuse_graph": "netcl.jit",
 }
 
 
