@@ -59,6 +59,26 @@ def forward_body(group: FusedGroup) -> Body:
     return Body(forward_lines(group), [names[o.id] for o in group.outputs])
 
 
+def _is_zero(expr: str) -> bool:
+    return expr.strip() in ("0.0f", "0", "0.0")
+
+
+def reached_inputs(group: FusedGroup, output: TraceNode) -> list[bool]:
+    """Per external input: does ``output``'s gradient reach it through a term that is not a literal 0?
+
+    Inputs it does not reach (the condition of ``where``, operands of comparisons only) get no
+    gradient at all, as on the un-fused path: a zero would still turn into NaN upstream (0 * inf).
+    """
+    names = _value_names(group)
+    reached = {output.id}
+    for node in reversed([n for n in group.nodes if n.id <= output.id]):
+        if node.id not in reached:
+            continue
+        grads = _primitive(node).backward([names[p.id] for p in node.inputs], f"g{node.id}", node.attrs, names[node.id])
+        reached.update(p.id for p, expr in zip(node.inputs, grads, strict=False) if not _is_zero(expr))
+    return [p.id in reached for p in group.inputs]
+
+
 def backward_body(group: FusedGroup, output: TraceNode, wants_grad: list[bool]) -> Body:
     """Recompute the forward, then push ``gout`` from ``output`` back to the inputs that want it.
 
@@ -87,7 +107,7 @@ def backward_body(group: FusedGroup, output: TraceNode, wants_grad: list[bool]) 
                 f"primitive {node.op_name!r} backward returned {len(grads)} expressions for {len(node.inputs)} inputs"
             )
         for parent, expr in zip(node.inputs, grads, strict=True):
-            if needs.get(parent.id, False) and expr.strip() not in ("0.0f", "0", "0.0"):
+            if needs.get(parent.id, False) and not _is_zero(expr):
                 contributions.setdefault(parent.id, []).append(expr)
     results = []
     for k, parent in enumerate(group.inputs):

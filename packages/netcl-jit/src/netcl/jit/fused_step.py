@@ -17,7 +17,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
 from netcl.jit import numpy_source, opencl_source
-from netcl.jit.codegen import backward_body, forward_body
+from netcl.jit.codegen import backward_body, forward_body, reached_inputs
 from netcl.jit.partition import FusedGroup
 from netcl.jit.tuning import launch_config
 from netcl.runtime import ops as rops
@@ -46,6 +46,8 @@ class FusedStep:
         self.forward_source = self._source(FORWARD_NAME, forward_body(group), has_gout=False)
         self._forward = self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
+        #: per output: which external inputs its gradient reaches (others get None, not zeros)
+        self._reached = [tuple(reached_inputs(group, out)) for out in group.outputs]
 
     # ---- building ------------------------------------------------------------------------
     def _source(self, name: str, body, has_gout: bool) -> str:
@@ -123,7 +125,11 @@ class FusedStep:
         return grad_fn
 
     def backward(self, output_index: int, wants: tuple[bool, ...], grad_out: Tensor, values: list[Any]):
-        """Gradients of the external inputs that want one, from the upstream gradient of an output."""
+        """Gradients of the external inputs that want one, from the upstream gradient of an output.
+
+        An input the output's gradient does not reach gets None (as an un-fused op gives it).
+        """
+        wants = tuple(w and r for w, r in zip(wants, self._reached[output_index], strict=True))
         if not any(wants):
             return [None] * len(values)
         if tuple(grad_out.shape) != self.shape:
