@@ -5,6 +5,7 @@ Needs the ``netcl-jit`` distribution; without it importing this module raises Im
 
 from netcl.autograd import import_jit
 
+import_jit("netcl.jit")  # the distribution itself first: a cached submodule alone does not prove it
 _tc = import_jit("netcl.jit.training_compiler")
 
 TrainingGraphCompiler = _tc.TrainingGraphCompiler
