@@ -272,3 +272,21 @@ def test_bad_primitive_registration():
         register_primitive("bad_arity", lambda a, t: "0", lambda a, g, t, o: ["0"], arity=5)
     with pytest.raises(JitError, match="identifier"):
         register_primitive("not a name", lambda a, t: "0", lambda a, g, t, o: ["0"])
+
+
+def test_debug_log_names_each_miss_and_its_reason(device, caplog):
+    @jit_compile
+    def f(x):
+        return ag.relu(x) * 2.0
+
+    small, large = ag.tensor(_rand((8,), 1), device=device), ag.tensor(_rand((16,), 2), device=device)
+    with caplog.at_level("DEBUG", logger="netcl.jit"):
+        f(small)
+        f(small)
+        f(large)
+        register_primitive("unused_marker", lambda a, t: "0.0f", lambda a, g, t, o: ["0.0f"], arity=1)
+        f(small)
+    misses = [r.getMessage() for r in caplog.records if "cache miss" in r.getMessage()]
+    assert len(misses) == 3
+    assert "first call" in misses[0] and "new input signature" in misses[1] and "registry changed" in misses[2]
+    assert f.cache_info()["hits"] == 1

@@ -148,13 +148,14 @@ class JitFunction:
             if existing is not None:
                 return existing
             self.misses += 1
+            log.debug("%s: cache miss (%s)", self.label, self._miss_reason(key))
             plan, reason = self._trace(args, kwargs)
             if plan is None:
                 self.fallbacks += 1
                 log.debug("%s: falls back to the un-fused function: %s", self.label, reason)
                 plan = _FALLBACK
             else:
-                log.debug("%s: compiled for %s (%s)", self.label, key[0], reason)
+                log.debug("%s: compiled for %s: %s", self.label, key[0], reason)
             self._plans[key] = plan
             return plan
 
@@ -199,6 +200,17 @@ class JitFunction:
         plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused)
         summary = f"{len(fused)} fused kernel(s), {len(steps) - len(fused)} eager op(s)"
         return plan, summary
+
+    def _miss_reason(self, key: tuple) -> str:
+        if not self._plans:
+            return "first call"
+        if any(k[:3] == key[:3] for k in self._plans):
+            return "the primitive registry changed since this signature was compiled"
+        if any(k[0] == key[0] and k[2] == key[2] for k in self._plans):
+            return f"new keyword arguments {dict(key[1])}"
+        if any(k[0] == key[0] for k in self._plans):
+            return f"new device {key[2]!r}"
+        return f"new input signature {key[0]}"
 
     # ---- inspection ----------------------------------------------------------------------
     def plan_for(self, *args: Any, **kwargs: Any) -> Plan | None:
