@@ -107,7 +107,6 @@ def _scalar_kernel(input_shapes, out_shape, body: Body, extra_inputs: int, index
 
 def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str, width: int, items: int = 1) -> str:
     """``items`` vectors of ``width`` elements per work-item, strided by the grid (coalesced)."""
-    lanes = [f"s{lane:x}" for lane in range(width)]
     lines = [
         f"    {index_type} stride = get_global_size(0);",
         f"    for (int item = 0; item < {items}; ++item) {{",
@@ -121,19 +120,7 @@ def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str,
             lines.append(f"        float{width} a{k} = vload{width}(v, in{k});")
     if extra_inputs:
         lines.append(f"        float{width} ag = vload{width}(v, gin_buf0);")
-    lines += [f"        float{width} r{j};" for j in range(len(body.results))]
-    for lane in lanes:
-        lines.append("        {")
-
-        def read(k, lane=lane):
-            return f"ag.{lane}" if k == "g" else f"a{k}.{lane}"
-
-        def write(j, var, lane=lane):
-            return f"r{j}.{lane} = {var};"
-
-        lines += _scalar_element(input_shapes, body, extra_inputs, read, write, "            ")
-        lines.append("        }")
-    lines += [f"        vstore{width}(r{j}, v, out{j});" for j in range(len(body.results))]
+    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "        ")
     lines.append("    } else {")
     lines.append(f"        for ({index_type} i = first; i < n; ++i) {{")
 
@@ -152,7 +139,6 @@ def _broadcast_vector_kernel(
     input_shapes, out_shape, modes, body: Body, extra_inputs: int, index_type: str, width: int
 ):
     """``width`` consecutive outputs per work-item, which share one row of every broadcast input."""
-    lanes = [f"s{lane:x}" for lane in range(width)]
     lines = [
         f"    {index_type} v = get_global_id(0);",
         f"    {index_type} first = v * {width};",
@@ -169,9 +155,15 @@ def _broadcast_vector_kernel(
             lines.append(f"    float{width} a{k} = (float{width})(in{k}[i{k}]);")
     if extra_inputs:
         lines.append(f"    float{width} ag = vload{width}(v, gin_buf0);")
-    lines += [f"    float{width} r{j};" for j in range(len(body.results))]
-    for lane in lanes:
-        lines.append("    {")
+    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "    ")
+    return "\n".join(lines) + "\n"
+
+
+def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, indent: str) -> list[str]:
+    """The element body once per lane of the loaded vectors ``a{k}``/``ag``, stored from ``r{j}``."""
+    lines = [f"{indent}float{width} r{j};" for j in range(len(body.results))]
+    for lane in (f"s{lane:x}" for lane in range(width)):
+        lines.append(indent + "{")
 
         def read(k, lane=lane):
             return f"ag.{lane}" if k == "g" else f"a{k}.{lane}"
@@ -179,10 +171,10 @@ def _broadcast_vector_kernel(
         def write(j, var, lane=lane):
             return f"r{j}.{lane} = {var};"
 
-        lines += _scalar_element(input_shapes, body, extra_inputs, read, write, "        ")
-        lines.append("    }")
-    lines += [f"    vstore{width}(r{j}, v, out{j});" for j in range(len(body.results))]
-    return "\n".join(lines) + "\n"
+        lines += _scalar_element(input_shapes, body, extra_inputs, read, write, indent + "    ")
+        lines.append(indent + "}")
+    lines += [f"{indent}vstore{width}(r{j}, v, out{j});" for j in range(len(body.results))]
+    return lines
 
 
 def global_size(
