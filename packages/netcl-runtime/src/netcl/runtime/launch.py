@@ -6,6 +6,7 @@ that a capture records alongside kernels (plain ``cl.enqueue_copy`` calls are no
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ def launch(
         and type(local_size) is int
         and 0 < local_size <= global_size
         and global_size % local_size == 0
+        and local_size <= getattr(cl_kernel, "_netcl_wg_limit", 0)
     ):  # the common 1-D case, already valid: skip the general checks
         gsize, lsize = (global_size,), (local_size,)
     else:
@@ -86,6 +88,12 @@ def _checked_sizes(
         if len(lsize) != len(gsize) or any(g % loc for g, loc in zip(gsize, lsize, strict=True)):
             raise LaunchError(
                 f"local size {lsize} must have as many dimensions as global size {gsize} and divide it in each"
+            )
+        limit = _work_group_limit(cl_kernel)
+        if math.prod(lsize) > limit:  # some drivers (NVIDIA's) accept this at enqueue and fail later
+            raise LaunchError(
+                f"local size {lsize} has {math.prod(lsize)} work-items; kernel {cl_kernel.function_name!r} "
+                f"allows at most {limit} per work-group on this device"
             )
     return gsize, lsize
 
@@ -200,11 +208,17 @@ def _kernel_queue(kernel: cl.Kernel) -> cl.CommandQueue:
 def _pick_local_size(kernel: cl.Kernel, gsize: tuple[int, ...]) -> tuple[int, ...] | None:
     if len(gsize) != 1:
         return None
-    limit = getattr(kernel, "_netcl_wg_limit", None)
-    if limit is None:
-        device = kernel.context.devices[0]
-        limit = kernel._netcl_wg_limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+    limit = _work_group_limit(kernel)
     for size in _PREFERRED_LOCAL:
         if size <= limit and gsize[0] % size == 0:
             return (size,)
     return None
+
+
+def _work_group_limit(kernel: cl.Kernel) -> int:
+    """The kernel's maximum work-group size on its device (queried once per kernel)."""
+    limit = getattr(kernel, "_netcl_wg_limit", None)
+    if limit is None:
+        device = kernel.context.devices[0]
+        limit = kernel._netcl_wg_limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+    return limit
