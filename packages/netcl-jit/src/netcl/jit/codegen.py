@@ -86,7 +86,6 @@ def backward_body(group: FusedGroup, output: TraceNode, wants_grad: list[bool]) 
     with several consumers are folded with ``+``. Results are one gradient per wanted input.
     """
     names = _value_names(group)
-    members = {n.id for n in group.nodes}
     needs: dict[int, bool] = {p.id: wants_grad[k] for k, p in enumerate(group.inputs)}
     for node in group.nodes:
         needs[node.id] = any(needs.get(p.id, False) for p in node.inputs)
@@ -116,5 +115,4 @@ def backward_body(group: FusedGroup, output: TraceNode, wants_grad: list[bool]) 
             terms = contributions.get(parent.id) or ["0.0f"]
             lines.append((var, " + ".join(f"({t})" for t in terms) if len(terms) > 1 else terms[0]))
             results.append(var)
-    del members
     return Body(lines, results)
