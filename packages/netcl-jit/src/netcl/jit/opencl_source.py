@@ -31,7 +31,7 @@ def kernel_source(
     ``extra_inputs`` more same-shape tensor inputs follow (the backward's upstream gradient,
     read into ``gout``). Results are written to ``out0``, ``out1``, ... of ``out_shape``.
     """
-    index_type = "long" if needs_64bit_index(out_shape, *(s for s in input_shapes if s)) else "int"
+    index_type = "long" if needs_long_index(out_shape, input_shapes, vector_width, items) else "int"
     params = []
     for k, shape in enumerate(input_shapes):
         params.append(f"__global const float* restrict in{k}" if shape is not None else f"const float p{k}")
@@ -47,6 +47,17 @@ def kernel_source(
     else:
         code = _scalar_kernel(input_shapes, out_shape, body, extra_inputs, index_type)
     return PRIMITIVE_PREAMBLE + "\n" + header + code + "}\n"
+
+
+#: Largest work-group a fused kernel is launched with (PoCL allows 4096).
+MAX_LOCAL_SIZE = 4096
+
+
+def needs_long_index(out_shape: tuple[int, ...], input_shapes, vector_width: int = 1, items: int = 1) -> bool:
+    """64-bit indices when a buffer has 2**31 elements, or when the grid, rounded up to whole
+    work-groups, forms an index (``get_global_id``, ``v * width``) past 2**31 - 1."""
+    padding = MAX_LOCAL_SIZE * max(vector_width, 1) * max(items, 1)
+    return needs_64bit_index(out_shape, *(s for s in input_shapes if s)) or math.prod(out_shape) + padding >= 2**31
 
 
 def vector_modes(input_shapes, out_shape: tuple[int, ...], width: int) -> list[str] | None:
