@@ -27,7 +27,7 @@ from netcl.autograd.grad_mode import (
     set_detect_anomaly,
     set_grad_enabled,
 )
-from netcl.core import Device, Tensor, get_device
+from netcl.core import Device, DeviceError, Tensor, get_device
 
 #: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
 GradFn = Callable[[Tensor], list[Tensor | None]]
@@ -438,6 +438,8 @@ def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:
         grad = Tensor.from_host(loss.device, np.asarray(grad), loss.dtype)
     if tuple(grad.shape) != tuple(loss.shape):
         raise RuntimeError(f"grad= has shape {grad.shape} but the loss has shape {loss.shape}")
+    if grad.device is not loss.device:
+        raise DeviceError(f"grad= lives on {grad.device!r} but the loss on {loss.device!r}; move grad= there first")
     return grad
 
 
