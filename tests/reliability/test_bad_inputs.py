@@ -95,6 +95,18 @@ def test_two_devices_in_one_op(cl_device):
     np.testing.assert_allclose(jitted(a, a).to_host(), 2.0)  # and the function still works
 
 
+def test_upstream_gradient_on_another_device(cl_device):
+    x = _node([1.0, 2.0, 3.0], cl_device, requires_grad=True)
+    with ag.Tape() as tape:
+        y = ag.tanh(x * 2.0)
+    with pytest.raises(DeviceError, match=r"grad= lives on <Device cpu.* but the loss on <Device 0:0"):
+        tape.backward(y, grad=_node(np.ones(3), "cpu"))
+    assert x.grad is None
+    tape.backward(y, grad=np.ones(3, np.float32))  # a host array is moved to the loss's device
+    expected = 2.0 / np.cosh(2.0 * np.array([1.0, 2.0, 3.0])) ** 2
+    np.testing.assert_allclose(x.grad.to_host(), expected, atol=1e-6)  # 1 - tanh^2 cancels in float32
+
+
 def test_unknown_device_spec():
     with pytest.raises(DeviceError, match="device spec"):
         nc.get_device("9:9")
@@ -277,6 +289,37 @@ def test_primitive_that_does_not_compile(cl_device, tmp_path, monkeypatch):
     np.testing.assert_allclose(jitted(x, y).to_host(), [3.0, 0.0])
     assert jitted.cache_info()["fallbacks"] == 0
     assert len(list(tmp_path.rglob("*.bin"))) >= 1  # the good build is cached on disk
+
+
+def test_backward_kernel_that_does_not_compile(cl_device):
+    """The backward kernel is built lazily in Tape.backward: its CompileError leaves the tape usable."""
+    register_primitive(
+        "rel_broken_bwd",
+        lambda a, t: f"MUL({a[0]}, {a[1]})",
+        lambda a, g, t, o: [f"MUL({g}, {a[1]}))", f"MUL({g}, {a[0]})"],  # unbalanced parenthesis
+        arity=2,
+    )
+    op = _apply("rel_broken_bwd")
+    jitted = jit_compile(lambda x, y: op(x, y) + 1.0)
+    x, y = _node([1.0, 2.0], cl_device, requires_grad=True), _node([3.0, 4.0], cl_device, requires_grad=True)
+    with ag.Tape() as tape:
+        out = jitted(x, y)
+        loss = out.sum()
+    np.testing.assert_allclose(out.to_host(), [4.0, 9.0])
+    with pytest.raises(CompileError, match="build log"):
+        tape.backward(loss)
+    assert x.grad is None and y.grad is None
+    register_primitive(
+        "rel_broken_bwd",
+        lambda a, t: f"MUL({a[0]}, {a[1]})",
+        lambda a, g, t, o: [f"MUL({g}, {a[1]})", f"MUL({g}, {a[0]})"],
+        arity=2,
+    )
+    with ag.Tape() as tape:
+        loss = jitted(x, y).sum()
+    tape.backward(loss)
+    np.testing.assert_allclose(x.grad.to_host(), [3.0, 4.0])
+    np.testing.assert_allclose(y.grad.to_host(), [1.0, 2.0])
 
 
 def test_primitive_that_is_not_valid_python_on_the_numpy_backend():
