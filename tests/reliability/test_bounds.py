@@ -127,3 +127,36 @@ def test_needs_64bit_index_threshold():
     assert needs_64bit_index((2**31,))
     assert needs_64bit_index((2, 2**30))
     assert not needs_64bit_index((0, 2**40))  # zero elements
+
+
+def _room_for(device, n: int, buffers: int) -> bool:
+    return device.max_alloc_size >= 4 * n and device.global_mem_size >= buffers * 4 * n + (1 << 30)
+
+
+def _fused_ones_count(device, n: int) -> tuple[int, int]:
+    """2**31-scale check: n ones through a fused kernel, forward and backward; exact-result counts."""
+    from netcl.runtime import ops as R
+
+    x = ag.Node(R.full((n,), 1.0, device=device), requires_grad=True)
+    jitted = jit_compile(lambda v: v * 2.0 + 1.0)
+    with ag.Tape() as tape:
+        y = jitted(x)
+    tape.backward(y, grad=ag.Node(R.full((n,), 1.0, device=device)))
+
+    def count(t, value):
+        return int(R.sum(R.cast(R.eq(t, value), np.int32)).to_host())
+
+    return count(y.value, 3.0), count(x.grad, 2.0)
+
+
+@pytest.mark.parametrize("n", [4099, 2**31 + 5])
+def test_fused_kernel_on_the_device(cl_device, n):
+    """A real run past 2**31 where the device has the memory (skipped on PoCL: 1-2 GiB per buffer).
+
+    A wrong or overflowing index leaves elements unwritten or writes elsewhere, and the count of
+    exact results (an int32 sum on the device, exact) comes out short. The small size checks the
+    check itself everywhere.
+    """
+    if not _room_for(cl_device, n, buffers=6):
+        pytest.skip(f"needs 6 buffers of {4 * n} bytes; {cl_device.name} allows {cl_device.max_alloc_size} per buffer")
+    assert _fused_ones_count(cl_device, n) == (n, n)
