@@ -68,6 +68,15 @@ def _fd_elementwise_grads(reference, arrays, upstream, eps=1e-6):
     return grads
 
 
+@pytest.fixture(params=[("1", "1"), ("4", "1"), ("4", "2")], ids=["scalar", "float4", "float4x2"])
+def launch_shape(request, monkeypatch):
+    """Every kernel form on every device: the defaults differ per device (netcl.jit.tuning)."""
+    width, items = request.param
+    monkeypatch.setenv("NETCL_JIT_VECTOR", width)
+    monkeypatch.setenv("NETCL_JIT_ITEMS", items)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("name", "shapes"),
     [
@@ -77,7 +86,7 @@ def _fd_elementwise_grads(reference, arrays, upstream, eps=1e-6):
         ("chain8", [(16, 64), (16, 1), (64,)]),  # splat, same and lanes inputs together
     ],
 )
-def test_fused_matches_unfused_and_float64(device, name, shapes):
+def test_fused_matches_unfused_and_float64(device, name, shapes, launch_shape):
     fn = getattr(workloads, name)
     reference = getattr(workloads, f"{name}_reference")
     arrays = [_rand(s, seed) for seed, s in enumerate(shapes)]

@@ -24,9 +24,11 @@ class LaunchConfig:
 
 #: Measured defaults per kind of device and direction (see benchmarks/RESULTS.md): on an H200
 #: forward kernels are fastest with float4 and backward kernels (which recompute the forward,
-#: so hold more registers) with float2 and 128-wide groups.
+#: so hold more registers) with float2 and 128-wide groups. On PoCL's CPU device one element
+#: per work-item and 64-wide groups win (its compiler vectorizes across work-items itself):
+#: chain8 at 4M elements, forward 166 ms vs 207 ms with float4/256.
 GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128)}
-CPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(4, 256)}
+CPU_DEFAULT = {"forward": LaunchConfig(1, 64), "backward": LaunchConfig(1, 64)}
 _WIDTHS = (1, 2, 4, 8, 16)
 
 
