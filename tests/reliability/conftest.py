@@ -18,7 +18,7 @@ _COMMON = {
     "print_blob": True,
 }
 #: max_examples is the NumPy-backend count; the OpenCL fuzz runs a quarter of it (kernel builds).
-settings.register_profile("ci", max_examples=120, **_COMMON)
+settings.register_profile("ci", max_examples=240, **_COMMON)
 settings.register_profile("long", max_examples=4000, **_COMMON)
 
 LONG_ENV = "NETCL_RELIABILITY_LONG"
