@@ -83,7 +83,10 @@ class Case:
     def shapes(self) -> list[tuple[int, ...]]:
         shapes = [tuple(x.shape) for x in self.inputs]
         for ins in self.program:
-            shapes.append(tuple(np.broadcast_shapes(*(shapes[a] for a in ins.args))))
+            if ins.kind == "sum":
+                shapes.append(_summed_shape(shapes[ins.args[0]]))
+            else:
+                shapes.append(tuple(np.broadcast_shapes(*(shapes[a] for a in ins.args))))
         return shapes
 
     def __repr__(self) -> str:
@@ -95,6 +98,11 @@ class Case:
         for j, u in enumerate(self.upstream):
             lines.append(f"  upstream[{j}] = {np.array2string(u, precision=9)}")
         return "\n".join(lines)
+
+
+def _summed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``sum(axis=-1, keepdims=True)``: still broadcasts with every shape of the family."""
+    return (*shape[:-1], 1) if shape else ()
 
 
 # ---- generation -----------------------------------------------------------------------------------
@@ -125,7 +133,8 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
     for k in range(n_ops):
         count = n_in + k
         pick = st.one_of(st.just(count - 1), st.integers(0, count - 1))  # favour chains, allow sharing
-        kind = draw(st.sampled_from(["u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp"]))
+        kinds = ["u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp", "sum"]
+        kind = draw(st.sampled_from(kinds))
         if kind in ("pr", "pl") and param is None:
             kind = "sr" if kind == "pr" else "sl"
         if kind == "u":
@@ -136,6 +145,8 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
             program.append(Instr(kind, draw(st.sampled_from(BINARY)), (draw(pick),), (draw(_scalars()),)))
         elif kind in ("pr", "pl"):
             program.append(Instr(kind, draw(st.sampled_from(BINARY)), (draw(pick),)))
+        elif kind == "sum":  # a reduction: an eager step between fused groups
+            program.append(Instr("sum", "sum", (draw(pick),)))
         elif kind == "where":
             if draw(st.integers(0, 4)) == 0:
                 program.append(Instr("where_s", "where", (draw(pick), draw(pick)), (draw(_scalars()),)))
@@ -181,6 +192,8 @@ def make_function(case: Case):
                 vals.append(_BIN[ins.op](a[0], s))
             elif ins.kind == "pl":
                 vals.append(_BIN[ins.op](s, a[0]))
+            elif ins.kind == "sum":
+                vals.append(ag.sum(a[0], axis=-1, keepdims=True) if a[0].ndim else ag.sum(a[0]))
             elif ins.kind == "where":
                 vals.append(ag.where(a[0], a[1], a[2]))
             elif ins.kind == "where_s":
@@ -254,6 +267,9 @@ def _forward(ins: Instr, vals: list[Iv], param: float | None) -> Iv:
                 return R.pow_point_exponent(a[0], sorted({_f32(s), float(s)}))
             return _pow_base_hull(float(s), a[0])
         return _forward_binary(ins.op, a[0], _scalar_iv(s)) if right else _forward_binary(ins.op, _scalar_iv(s), a[0])
+    if ins.kind == "sum":
+        x = a[0]
+        return R.reduce_sum(x, (len(x.shape) - 1,), keepdims=True) if x.shape else x
     if ins.kind == "where":
         return R.where(a[0], a[1], a[2])
     if ins.kind == "where_s":
@@ -405,6 +421,12 @@ def _backward(case: Case, vals: list[Iv], requires: list[bool], shapes: list, se
         g = R.total([iv for iv, _ in items])
         magnitude = sum(m for _, m in items)
         arg_ivs = [vals[i] for i in ins.args]
+        if ins.kind == "sum":  # the gradient is g broadcast back: exact
+            (arg,) = ins.args
+            if requires[arg]:
+                m = np.broadcast_to(magnitude, shapes[arg])
+                contributions.setdefault(arg, []).append((R.broadcast(g, shapes[arg]), m))
+            continue
         grads = _grads(ins, g, arg_ivs, vals[index], case.param)
         local = _grads(ins, unit, arg_ivs, vals[index], case.param)
         for arg, grad, d in zip(ins.args, grads, local, strict=True):
