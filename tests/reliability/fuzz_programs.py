@@ -53,6 +53,8 @@ SCALES = [0.0, 1.0, 1.0, 3.0, 30.0, 1e-3, 1e4, 1e19, 3e38]
 UNARY = ["neg", "exp", "log", "sqrt", "abs", "relu", "gelu", "sigmoid", "tanh"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "lt", "le", "gt", "ge"]
 COMPARE = {"lt", "le", "gt", "ge"}
+#: Comparisons cut gradients: drawn half as often as the differentiable binary ops.
+BINARY_WEIGHTED = [op for op in BINARY for _ in range(1 if op in COMPARE else 2)]
 SPECIAL_SCALARS = [0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -2.0, 1e-3, 1e30, -1e30, 0.1, 2, -1, 0]
 
 
@@ -111,12 +113,22 @@ def _scalars() -> st.SearchStrategy:
 
 
 def _array(draw: Any, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Every element drawn on its own (no fill value: hypothesis would make most of them equal)."""
     if scale == 0.0:
         elements = st.sampled_from([-2.0, -1.0, 0.0, 1.0, 2.0])
     else:
         scale = float(np.float32(scale))
         elements = st.floats(-scale, scale, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False)
-    return draw(hnp.arrays(np.float32, shape, elements=elements))
+    return draw(hnp.arrays(np.float32, shape, elements=elements, fill=st.nothing()))
+
+
+def _upstream(draw: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Upstream gradients: mostly of magnitude 0.5-4 (a zero gradient hides a wrong formula), some 0."""
+    nonzero = st.builds(
+        lambda sign, m: sign * m, st.sampled_from([-1.0, 1.0]), st.floats(0.5, 4.0, width=32, allow_subnormal=False)
+    )
+    elements = st.one_of(nonzero, nonzero, nonzero, st.just(0.0))
+    return draw(hnp.arrays(np.float32, shape, elements=elements, fill=st.nothing()))
 
 
 @st.composite
@@ -133,36 +145,39 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
     for k in range(n_ops):
         count = n_in + k
         pick = st.one_of(st.just(count - 1), st.integers(0, count - 1))  # favour chains, allow sharing
-        kinds = ["u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp", "sum"]
+        other = st.integers(0, count - 1)  # a second operand: anything earlier (x - x is rare, not common)
+        kinds = ["u", "u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp", "sum"]
         kind = draw(st.sampled_from(kinds))
         if kind in ("pr", "pl") and param is None:
             kind = "sr" if kind == "pr" else "sl"
         if kind == "u":
             program.append(Instr("u", draw(st.sampled_from(UNARY)), (draw(pick),)))
         elif kind == "b":
-            program.append(Instr("b", draw(st.sampled_from(BINARY)), (draw(pick), draw(pick))))
+            program.append(Instr("b", draw(st.sampled_from(BINARY_WEIGHTED)), (draw(pick), draw(other))))
         elif kind in ("sr", "sl"):
-            program.append(Instr(kind, draw(st.sampled_from(BINARY)), (draw(pick),), (draw(_scalars()),)))
+            program.append(Instr(kind, draw(st.sampled_from(BINARY_WEIGHTED)), (draw(pick),), (draw(_scalars()),)))
         elif kind in ("pr", "pl"):
-            program.append(Instr(kind, draw(st.sampled_from(BINARY)), (draw(pick),)))
+            program.append(Instr(kind, draw(st.sampled_from(BINARY_WEIGHTED)), (draw(pick),)))
         elif kind == "sum":  # a reduction: an eager step between fused groups
             program.append(Instr("sum", "sum", (draw(pick),)))
         elif kind == "where":
             if draw(st.integers(0, 4)) == 0:
-                program.append(Instr("where_s", "where", (draw(pick), draw(pick)), (draw(_scalars()),)))
+                program.append(Instr("where_s", "where", (draw(other), draw(pick)), (draw(_scalars()),)))
             else:
-                program.append(Instr("where", "where", (draw(pick), draw(pick), draw(pick))))
+                program.append(Instr("where", "where", (draw(other), draw(pick), draw(other))))
         elif draw(st.booleans()):
             lo = draw(st.one_of(st.none(), _scalars()))
             hi = draw(st.one_of(st.none(), _scalars()))
             program.append(Instr("clamp_s", "clamp", (draw(pick),), (lo, hi)))
         else:
-            program.append(Instr("clamp_t", "clamp", (draw(pick), draw(pick), draw(pick))))
+            program.append(Instr("clamp_t", "clamp", (draw(pick), draw(other), draw(other))))
     candidates = list(range(n_in, n_in + n_ops))
-    outputs = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3, unique=True))
+    # the last value (most ops are its ancestors: outputs elsewhere leave dead code) and 0-2 others
+    others = draw(st.lists(st.sampled_from(candidates[:-1]), max_size=2, unique=True)) if n_ops > 1 else []
+    outputs = [candidates[-1], *others]
     case = Case(inputs, requires_grad, param, program, outputs)
     shapes_all = case.shapes()
-    case.upstream = [_array(draw, shapes_all[o], 4.0) for o in outputs]
+    case.upstream = [_upstream(draw, shapes_all[o]) for o in outputs]
     return case
 
 
