@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
 import netcl.core as nc
+
+
+def _register_hypothesis_profiles() -> None:
+    """tests/reliability's hypothesis profiles, registered before hypothesis reads --hypothesis-profile."""
+    name = "netcl_reliability_profiles"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "reliability" / "profiles.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    sys.modules[name].register()
+
+
+_register_hypothesis_profiles()
 
 
 def _has_opencl() -> bool:

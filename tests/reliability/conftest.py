@@ -7,19 +7,26 @@ thousands of examples and the 10,000-iteration leak checks:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-_COMMON = {
-    "deadline": None,  # a new program is a new kernel build: 0.3-1 s on PoCL
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-    "print_blob": True,
-}
-#: max_examples is the NumPy-backend count; the OpenCL fuzz runs a quarter of it (kernel builds).
-settings.register_profile("ci", max_examples=240, **_COMMON)
-settings.register_profile("long", max_examples=4000, **_COMMON)
+
+def _profiles():
+    name = "netcl_reliability_profiles"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("profiles.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_profiles().register()
 
 LONG_ENV = "NETCL_RELIABILITY_LONG"
 
