@@ -299,3 +299,24 @@ def test_debug_log_names_each_miss_and_its_reason(device, caplog):
     assert len(misses) == 3
     assert "first call" in misses[0] and "new input signature" in misses[1] and "registry changed" in misses[2]
     assert f.cache_info()["hits"] == 1
+
+
+def test_gradients_after_a_first_call_without_grad(device):
+    """A plan traced under no_grad must not serve a later call that needs gradients: the eager
+    matmul decides at trace time which inputs get one (regression: x and w got None)."""
+    arrays = [_rand(s, i) for i, s in enumerate([(8, 4), (4, 6), (1, 6)])]
+    upstream = _rand((8, 6), 9)
+    fused = jit_compile(workloads.mlp_block)
+    with ag.no_grad():
+        fused(*[ag.tensor(a, device=device) for a in arrays])
+    _, grads = _grads(fused, arrays, device, upstream)
+    _, expected = _grads(workloads.mlp_block, arrays, device, upstream)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    only_w = [ag.tensor(arrays[0], device=device), ag.tensor(arrays[1], requires_grad=True, device=device)]
+    only_w.append(ag.tensor(arrays[2], device=device))
+    with ag.Tape() as tape:
+        out = fused(*only_w)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    np.testing.assert_allclose(only_w[1].grad.to_host(), expected[1], rtol=1e-5, atol=1e-6)
+    assert only_w[0].grad is None and only_w[2].grad is None

@@ -116,23 +116,25 @@ class JitFunction:
         return plan.run(args)
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
+        # Whether each argument needs a gradient is part of the signature: the ops the trace
+        # runs eagerly (matmul, reductions) decide at trace time which inputs get a gradient.
         parts: list[Any] = []
         device: Device | None = None
+        grad_on = engine.is_grad_enabled()
         for arg in args:
-            value = arg.value if type(arg) is Node else arg
-            if type(value) is Tensor or isinstance(value, Tensor):
-                parts.append((value.shape, value.dtype))
+            if isinstance(arg, Node):
+                value = arg.value
+                parts.append((value.shape, value.dtype, grad_on and arg.requires_grad))
                 if device is None:
                     device = value.device
-            elif isinstance(value, Node):  # a Node subclass
-                value = value.value
-                parts.append((value.shape, value.dtype))
+            elif isinstance(arg, Tensor):
+                parts.append((arg.shape, arg.dtype, False))
                 if device is None:
-                    device = value.device
-            elif isinstance(value, Real) and not isinstance(value, bool):
+                    device = arg.device
+            elif isinstance(arg, Real) and not isinstance(arg, bool):
                 parts.append("scalar")
             else:
-                parts.append(("static", _hashable(value)))
+                parts.append(("static", _hashable(arg)))
         if device is None:
             return None
         try:
@@ -170,7 +172,7 @@ class JitFunction:
                 for position, arg in enumerate(args):
                     value = arg.value if isinstance(arg, Node) else arg
                     if isinstance(value, Tensor):
-                        wants = isinstance(arg, Node) and arg.requires_grad
+                        wants = engine.is_grad_enabled() and isinstance(arg, Node) and arg.requires_grad
                         node = context.input(value.shape, value.dtype, wants)
                     elif isinstance(value, Real) and not isinstance(value, bool):
                         node = context.param(position)
