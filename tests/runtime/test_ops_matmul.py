@@ -70,3 +70,12 @@ def test_integer_operands_give_float32(device: nc.Device) -> None:
     result = ops.matmul(a, b)
     assert result.dtype == np.float32
     np.testing.assert_array_equal(result.to_host(), [[3, 3], [12, 12]])
+
+
+@pytest.mark.parametrize(("sa", "sb"), [((5, 16384), (16384, 7)), ((64, 8192), (8192, 3))])
+def test_small_output_with_large_k_is_split_along_k(device, sa, sb):
+    """Few output blocks and a large K take the split-K path (partial products, then their sum)."""
+    from netcl.runtime.ops.linalg import _k_splits
+
+    assert _k_splits(sa[0], sb[1], sa[1], (), (np.float32,) * 3) > 1
+    _check(device, sa, sb)

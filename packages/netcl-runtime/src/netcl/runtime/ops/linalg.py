@@ -28,11 +28,18 @@ from netcl.runtime.ops._common import (
     promote,
     storage_ctype,
 )
+from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.pointwise import fill_
+from netcl.runtime.ops.reduce import sum as reduce_sum
 
 TILE = 16  # BK: the K-depth of one step
 BLOCK = 64  # BM = BN: the output block of one work-group
 THREADS = 16  # a 16 x 16 work-group; each thread accumulates a 4 x 4 sub-block
+#: A 2-D product with at most this many output blocks and K >= SPLIT_MIN_K is split along K
+#: (a weight gradient x.T @ g has a small output and a huge K: on an H200 (64 x 262144) @
+#: (262144 x 256) took 21.9 ms as 4 work-groups).
+SPLIT_MAX_BLOCKS = 64
+SPLIT_MIN_K = 8192
 
 
 def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple, tuple, tuple, tuple]:
@@ -73,6 +80,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return out
     if K == 0:
         return fill_(out, 0)
+    splits = _k_splits(M, N, K, batch, (a.dtype, b.dtype, result))
+    if splits > 1:
+        return _split_k_matmul(a, b, splits, out_shape)
     key = ("matmul", a2, b2, a.dtype.str, b.dtype.str, result.str)
 
     def source() -> str:
@@ -82,6 +92,26 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     gsize = (-(-N // BLOCK) * THREADS, -(-M // BLOCK) * THREADS, math.prod(batch))
     launch(resolved.kernel, gsize, (THREADS, THREADS, 1), a.data, b.data, out.data, queue=device.queue)
     return out
+
+
+def _k_splits(rows: int, cols: int, inner: int, batch: tuple[int, ...], dtypes: tuple) -> int:
+    """How many K-chunks a 2-D float32 (rows x inner) @ (inner x cols) is split into (1: none)."""
+    blocks = -(-rows // BLOCK) * -(-cols // BLOCK)
+    if batch or inner < SPLIT_MIN_K or blocks > SPLIT_MAX_BLOCKS or any(d != np.float32 for d in dtypes):
+        return 1
+    for splits in (64, 32, 16, 8, 4, 2):
+        if inner % splits == 0 and inner // splits >= 1024 and blocks * splits <= 8 * SPLIT_MAX_BLOCKS:
+            return splits
+    return 1
+
+
+def _split_k_matmul(a: Tensor, b: Tensor, splits: int, out_shape: tuple[int, ...]) -> Tensor:
+    """``a @ b`` as ``splits`` partial products over K-chunks (one batched launch), then their sum."""
+    M, K = a.shape[-2], a.shape[-1]
+    chunk = K // splits
+    a_chunks = transpose(a.reshape(M, splits, chunk), (1, 0, 2))  # (splits, M, chunk)
+    b_chunks = b.reshape(splits, chunk, b.shape[-1])  # (splits, chunk, N): a view
+    return reduce_sum(matmul(a_chunks, b_chunks), axis=0).reshape(out_shape)
 
 
 def _source(
