@@ -1,11 +1,15 @@
 """NumPy versions of the PRIMITIVE_PREAMBLE helpers, so fused bodies also run as Python.
 
+SIGMOID, GELU and GELU_GRAD are the eager NumPy backend's own functions (one formula each).
+
 Each works on float32 arrays (or scalars) and keeps float32, mirroring the C helpers.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
 GELU_K = _F(0.7978845608028654)
@@ -117,21 +121,15 @@ def CLAMP(x, lo, hi):
 
 
 def SIGMOID(x):
-    x = np.asarray(x, dtype=_F)
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, _F(1) / (_F(1) + e), e / (_F(1) + e)).astype(_F)
+    return numpy_sigmoid(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 def GELU(x):
-    return _F(0.5) * x * (_F(1) + np.tanh(GELU_K * (x + GELU_C * x * x * x)))
+    return numpy_gelu(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 def GELU_GRAD(x):
-    t = np.tanh(GELU_K * (x + GELU_C * x * x * x))
-    sech2 = _F(1) - t * t
-    # sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): the term is 0 there, not 0 * inf = NaN
-    tail = _F(0.5) * x * sech2 * GELU_K * (_F(1) + _F(3) * GELU_C * x * x)
-    return _F(0.5) * (_F(1) + t) + np.where(sech2 == 0, _F(0), tail)
+    return numpy_gelu_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 def BCE_LOGITS(x, t):

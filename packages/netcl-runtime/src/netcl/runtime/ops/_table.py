@@ -29,24 +29,27 @@ class OpDef:
     int_expr: str | None = None
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def numpy_sigmoid(x: np.ndarray) -> np.ndarray:
+    """SIGMOID of the preamble, in NumPy (no overflow for large |x|)."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
+def numpy_gelu(x: np.ndarray) -> np.ndarray:
+    """GELU of the preamble (tanh form), in NumPy."""
     # As the preamble: x * sigmoid(2u), u = K (x + C x^3) (the tanh form without cancellation).
-    return x * _sigmoid(2.0 * GELU_K * (x + GELU_C * x * x * x))
+    return x * numpy_sigmoid(2.0 * GELU_K * (x + GELU_C * x * x * x))
 
 
-def _gelu_grad(x: np.ndarray) -> np.ndarray:
+def numpy_gelu_grad(x: np.ndarray) -> np.ndarray:
+    """GELU_GRAD of the preamble, in NumPy."""
     # As the preamble: sigmoid(2u) + 0.5 x sech(u)^2 K (1 + 3 C x^2), sech^2 = 4e / (1 + e)^2, e = exp(-2|u|).
     u = GELU_K * (x + GELU_C * x * x * x)
     e = np.exp(-2.0 * np.abs(u))
     sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))
     # sech2 is 0 long before 3 C x^2 overflows: the term is 0 there, not 0 * inf = NaN
     tail = 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
-    return _sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
+    return numpy_sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -82,9 +85,9 @@ UNARY: dict[str, OpDef] = {
         OpDef("sign", "SIGN({0})", np.sign, "float"),
         OpDef("relu", "RELU({0})", _relu, "float"),
         OpDef("relu_grad", "RELU_GRAD({0})", lambda x: (x > 0).astype(x.dtype), "float"),
-        OpDef("gelu", "GELU({0})", _gelu, "float"),
-        OpDef("gelu_grad", "GELU_GRAD({0})", _gelu_grad, "float"),
-        OpDef("sigmoid", "SIGMOID({0})", _sigmoid, "float"),
+        OpDef("gelu", "GELU({0})", numpy_gelu, "float"),
+        OpDef("gelu_grad", "GELU_GRAD({0})", numpy_gelu_grad, "float"),
+        OpDef("sigmoid", "SIGMOID({0})", numpy_sigmoid, "float"),
         OpDef("tanh", "TANH({0})", np.tanh, "float"),
     )
 }
