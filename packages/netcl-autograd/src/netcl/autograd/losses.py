@@ -15,6 +15,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
+from netcl.runtime.ops._table import numpy_sigmoid
 
 _Grads = list[Tensor | None]
 
@@ -24,10 +25,8 @@ def np_bce_logits(x: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0) - x * t + np.log1p(np.exp(-np.abs(x)))
 
 
-def np_sigmoid(x: np.ndarray) -> np.ndarray:
-    """Overflow-free logistic function."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+#: Overflow-free logistic function (the eager NumPy backend's SIGMOID).
+np_sigmoid = numpy_sigmoid
 
 
 def np_smooth_l1(d: np.ndarray, beta: float) -> np.ndarray:

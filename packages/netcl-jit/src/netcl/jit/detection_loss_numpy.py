@@ -10,34 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from netcl.autograd.losses import np_bce_logits as bce_logits
+from netcl.autograd.losses import np_sigmoid as sigmoid
+from netcl.autograd.losses import np_smooth_l1 as smooth_l1
+from netcl.autograd.losses import np_smooth_l1_grad as smooth_l1_grad
+
 #: Elements per block of the NumPy partial sums (bounds the float64 temporaries to a few MiB).
 BLOCK = 1 << 18
-
-
-def bce_logits(x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``max(x, 0) - x*t + log1p(exp(-|x|))``: no overflow for any logit."""
-    return np.maximum(x, 0.0) - x * t + np.log1p(np.exp(-np.abs(x)))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Overflow-free logistic function."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-def smooth_l1(d: np.ndarray, beta: float) -> np.ndarray:
-    """``0.5*d*d/beta`` where ``|d| < beta``, else ``|d| - 0.5*beta`` (plain ``|d|`` when beta == 0)."""
-    a = np.abs(d)
-    if beta == 0:
-        return a
-    return np.where(a < beta, 0.5 * d * d / beta, a - 0.5 * beta)
-
-
-def smooth_l1_grad(d: np.ndarray, beta: float) -> np.ndarray:
-    """``d/beta`` inside the beta band, ``sign(d)`` outside."""
-    if beta == 0:
-        return np.sign(d)
-    return np.where(np.abs(d) < beta, d / beta, np.sign(d))
 
 
 def terms(x, t, hw, rw, hs: float, rs: float, beta: float) -> np.ndarray:
