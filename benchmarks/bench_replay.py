@@ -10,6 +10,10 @@ ratios in ``extra_info`` (``ratio_replay_vs_*`` < 1 means replay is cheaper per 
   what an eager caller that re-sets arguments pays;
 * ``enqueue_only``: ``cl.enqueue_nd_range_kernel`` alone with arguments already set, the floor;
 * ``launch``: ``netcl.runtime.launch`` per kernel (argument conversion, checks, capture hook).
+
+``replay_keeping_results`` keeps each replay's result alive into the next replay, which then
+copies it out of the graph's buffer first (``netcl.runtime.replay_results``): what collecting
+losses costs over dropping them.
 """
 
 from __future__ import annotations
@@ -93,6 +97,11 @@ class Workload:
     def replay(self) -> None:
         self.graph.execute(self.x)
 
+    def replay_keeping_results(self) -> None:
+        """``out = g.execute(x)`` in a loop: the previous result is still referenced when the next
+        replay starts, so that replay first copies it out of the graph's buffer (one device copy)."""
+        self.kept = self.graph.execute(self.x)
+
     def replay_rebinding(self) -> None:
         """Alternates the input buffer, so every replay rebinds the dynamic slot."""
         self.graph.execute(self.x2)
@@ -148,6 +157,7 @@ def test_replay(benchmark, work):
             "enqueue_only": (work.enqueue_only, N_KERNELS),
             "launch": (work.launch_each, N_KERNELS),
             "replay_rebinding": (work.replay_rebinding, 2 * N_KERNELS),
+            "replay_keeping_results": (work.replay_keeping_results, N_KERNELS),
         },
         work.queue,
     )
