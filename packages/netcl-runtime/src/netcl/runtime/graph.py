@@ -249,7 +249,8 @@ class Graph:
         with self._lock:
             if self._live_results:  # results of the last replay still referenced: keep them valid
                 previous = self._last_queue or q
-                retire(self, previous)
+                ooo = self._out_of_order if previous is self.queue else bool(previous.properties & _OUT_OF_ORDER)
+                retire(self, previous, ooo)
                 if previous is not q:
                     previous.finish()
             plan = self._plan or self._build_plan()

@@ -94,11 +94,12 @@ def hand_out(owner: Any, tensor: Tensor) -> ReplayResult:
     return result
 
 
-def retire(owner: Any, queue: cl.CommandQueue) -> None:
+def retire(owner: Any, queue: cl.CommandQueue, out_of_order: bool = False) -> None:
     """Before ``owner`` replays again: copy its live small results out, mark large ones stale.
 
     The copies are enqueued on ``queue`` (the queue of the previous replay), so on an in-order
-    queue they run after the replay that wrote the values and before the next one.
+    queue they run after the replay that wrote the values and before the next one; on an
+    out-of-order queue (``out_of_order``) a barrier after them orders the next replay.
     """
     refs, owner._live_results = owner._live_results, []
     live = []
@@ -109,11 +110,11 @@ def retire(owner: Any, queue: cl.CommandQueue) -> None:
     if not live:
         return
     limit = owner.snapshot_bytes
-    label = repr(owner) if getattr(owner, "label", None) is None else owner.label
     copies: dict[int, Any] = {}
     for result in sorted(live, key=lambda r: r.base is not None):  # bases before their views
         result._owner = None
         if result.nbytes > limit:
+            label = repr(owner) if getattr(owner, "label", None) is None else owner.label
             result._stale_by, result._owner_label, result._snapshot_limit = owner.replays + 1, label, limit
             continue
         base = result.base if isinstance(result.base, ReplayResult) else None
@@ -126,5 +127,5 @@ def retire(owner: Any, queue: cl.CommandQueue) -> None:
             cl.enqueue_copy(queue, fresh, source, byte_count=result.nbytes)
         _DATA.__set__(result, fresh)
         copies[id(result)] = fresh
-    if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
+    if out_of_order and copies:  # the next replay's first command must wait for the copies
         cl.enqueue_barrier(queue)
