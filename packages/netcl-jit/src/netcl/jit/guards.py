@@ -26,6 +26,8 @@ from netcl.core import Tensor
 MAX_DEPTH = 4
 #: Containers larger than this are not searched (a module's namespace, a big dataset dict).
 MAX_ITEMS = 256
+#: The search stops after visiting this many objects (a trace of a large model stays fast).
+MAX_OBJECTS = 20000
 
 _MISSING = object()
 
@@ -64,6 +66,8 @@ def _walk(fn: Callable[..., Any], args: tuple[Any, ...]) -> Iterator[tuple[str, 
         for root_kind, root, steps, obj in frontier:
             if id(obj) in seen:
                 continue
+            if len(seen) >= MAX_OBJECTS:
+                return
             seen.add(id(obj))
             yield root_kind, root, steps, obj
             if len(steps) < MAX_DEPTH:
