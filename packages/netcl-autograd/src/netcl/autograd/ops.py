@@ -93,7 +93,12 @@ def _div_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tup
 
 
 def _pow_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    ga = R.mul(g, R.mul(b, R.pow(a, R.sub(b, 1.0) if not is_scalar(b) else b - 1.0))) if na else None
+    # d(a**b)/da = b * a**(b-1), and 0 where b == 0 (a**0 is constant; the product is 0 * inf at a = 0)
+    ga = None
+    if na and is_scalar(b):
+        ga = R.mul(g, 0.0 if b == 0 else R.mul(b, R.pow(a, b - 1.0)))
+    elif na:
+        ga = R.mul(g, R.where(R.eq(b, 0.0), 0.0, R.mul(b, R.pow(a, R.sub(b, 1.0)))))
     log_a = R.log(a) if not is_scalar(a) else _scalar_log(a)
     gb = R.mul(g, R.mul(out, log_a)) if nb else None
     return ga, gb
@@ -312,6 +317,8 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
+        if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
+            return [R.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
         scaled = R.mul(g.reshape(_kept_shape(v.shape, axes)), 1.0 / count)
         return [R.broadcast_to(scaled, v.shape)]
 

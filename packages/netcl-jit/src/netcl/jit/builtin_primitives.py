@@ -13,6 +13,9 @@ import math
 from netcl.jit.primitives import register_primitive
 
 ZERO = "0.0f"
+#: d(a**b)/da = b * a**(b-1), and 0 where b == 0: a**0 is constant, and at a = 0 the product
+#: would be 0 * inf = NaN (PyTorch's rule masks it the same way).
+POW_GRAD_BASE = "WHERE(EQ({b}, 0.0f), 0.0f, MUL({b}, POW({a}, SUB({b}, 1.0f))))"
 
 #: name -> (forward template, [backward template per input])
 UNARY = {
@@ -32,7 +35,7 @@ BINARY = {
     "sub": ("SUB({a}, {b})", ["{g}", "NEG({g})"]),
     "mul": ("MUL({a}, {b})", ["MUL({g}, {b})", "MUL({g}, {a})"]),
     "div": ("DIV({a}, {b})", ["DIV({g}, {b})", "NEG(DIV(MUL({g}, {out}), {b}))"]),
-    "pow": ("POW({a}, {b})", ["MUL({g}, MUL({b}, POW({a}, SUB({b}, 1.0f))))", "MUL({g}, MUL({out}, LOG({a})))"]),
+    "pow": ("POW({a}, {b})", ["MUL({g}, " + POW_GRAD_BASE + ")", "MUL({g}, MUL({out}, LOG({a})))"]),
     "maximum": ("MAX({a}, {b})", ["MUL({g}, GE({a}, {b}))", "MUL({g}, LT({a}, {b}))"]),
     "minimum": ("MIN({a}, {b})", ["MUL({g}, LE({a}, {b}))", "MUL({g}, GT({a}, {b}))"]),
     "lt": ("LT({a}, {b})", [ZERO, ZERO]),
@@ -53,7 +56,7 @@ SCALAR_LEFT = {
 for _table in (SCALAR_RIGHT, SCALAR_LEFT):
     _table.pop("add_relu")
 # pow with a constant exponent: d/da a**s = s * a**(s-1); the exponent is not an input.
-SCALAR_RIGHT["pow"] = ("POW({a}, {s})", ["MUL({g}, MUL({s}, POW({a}, SUB({s}, 1.0f))))"])
+SCALAR_RIGHT["pow"] = ("POW({a}, {s})", ["MUL({g}, " + POW_GRAD_BASE.replace("{b}", "{s}") + ")"])
 
 TERNARY = {
     "where": ("WHERE({a}, {b}, {c})", [ZERO, "WHERE({a}, {g}, 0.0f)", "WHERE({a}, 0.0f, {g})"]),

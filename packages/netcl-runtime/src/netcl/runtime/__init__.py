@@ -3,7 +3,7 @@
 from netcl.runtime.__about__ import __version__
 from netcl.runtime.cache import KernelHandle, ProgramCache, program_cache
 from netcl.runtime.capture import get_capture
-from netcl.runtime.errors import CompileError, LaunchError, ReplayError
+from netcl.runtime.errors import CompileError, LaunchError, ReplayError, StaleResultError
 from netcl.runtime.launch import launch
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LaunchError",
     "ProgramCache",
     "ReplayError",
+    "StaleResultError",
     "__version__",
     "get_capture",
     "launch",
@@ -24,6 +25,7 @@ from netcl.runtime.capture import capture_graph
 from netcl.runtime.graph import Command, Graph, Launch
 from netcl.runtime.launch import enqueue_copy, enqueue_fill
 from netcl.runtime.perf import PerfCounter, SectionStats, TimingRegion, event_based_timing, timing_region
+from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
 
 __all__ += [
@@ -32,6 +34,7 @@ __all__ += [
     "Graph",
     "Launch",
     "PerfCounter",
+    "ReplayResult",
     "SectionStats",
     "Stream",
     "TimingRegion",
