@@ -77,7 +77,7 @@ def stack(xs: Sequence[Operand], axis: int = 0) -> Node:
     for k, shape in enumerate(shapes):
         if shape != shapes[0]:
             raise ShapeError(f"stack: item {k} has shape {shape} but item 0 has {shapes[0]}: all must match")
-    ax = RS.normalize_axis(axis, len(shapes[0]) + 1, "stack")
+    ax = _new_axis(axis, len(shapes[0]), "stack")
     return concat([unsqueeze(x, ax) for x in xs], ax)
 
 
@@ -139,10 +139,22 @@ def squeeze(x: Operand, axis: int | Sequence[int] | None = None) -> Node:
     return reshape(x, tuple(d for i, d in enumerate(shape) if i not in drop))
 
 
+def _new_axis(axis: Any, ndim: int, op: str) -> int:
+    """Where a new axis goes in an ``ndim``-d tensor: ``-ndim - 1 <= axis <= ndim``."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if not -ndim - 1 <= int(axis) <= ndim:
+        raise np.exceptions.AxisError(
+            f"{op}: axis {axis} is out of range for a new axis of a {ndim}-d tensor "
+            f"(expected {-ndim - 1} <= axis <= {ndim})"
+        )
+    return int(axis) % (ndim + 1)
+
+
 def unsqueeze(x: Operand, axis: int) -> Node:
     """x with a new size-1 dimension at ``axis`` (``-1`` appends)."""
     shape = _shape(x, "unsqueeze")
-    ax = RS.normalize_axis(axis, len(shape) + 1, "unsqueeze")
+    ax = _new_axis(axis, len(shape), "unsqueeze")
     return reshape(x, (*shape[:ax], 1, *shape[ax:]))
 
 

@@ -31,9 +31,7 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.capture import is_recording
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prod, run_1d, scalars
-from netcl.runtime.ops.layout import zeros_like
-from netcl.runtime.ops.pointwise import fill_
-from netcl.runtime.ops.strided import _WORD, collapse, strided_copy, strided_write
+from netcl.runtime.ops.strided import _WORD, collapse, filled, strided_copy, strided_write
 
 IndexKey = Any
 
@@ -138,7 +136,7 @@ def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tenso
     view = parse_index(shape, key)
     if tuple(grad.shape) != view.shape:
         raise ShapeError(f"getitem_backward: gradient shape {grad.shape} differs from the selection {view.shape}")
-    out = fill_(Tensor.empty(tuple(shape), grad.dtype, grad.device), 0)
+    out = filled(shape, 0, grad.dtype, grad.device)
     return strided_write(out, grad, view.strides, view.offset)
 
 
@@ -324,7 +322,7 @@ def gather_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]
         )
     if sizes == shape:
         return narrow
-    out = fill_(Tensor.empty(shape, grad.dtype, grad.device), 0)
+    out = filled(shape, 0, grad.dtype, grad.device)
     return strided_write(out, narrow, contiguous_strides(shape), 0)
 
 
@@ -441,7 +439,7 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     out = Tensor.empty(shape, grad.dtype, grad.device)
     J = index.size
     if J == 0:
-        return zeros_like(out)
+        return filled(shape, 0, grad.dtype, grad.device)
     _, A, inner = _split3(shape, ax)
     device = grad.device
     perm = Tensor.empty((J,), np.int32, device)

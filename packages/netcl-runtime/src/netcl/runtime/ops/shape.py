@@ -14,8 +14,7 @@ import numpy as np
 from netcl.core import Tensor, contiguous_strides
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import device_of
-from netcl.runtime.ops.pointwise import fill_
-from netcl.runtime.ops.strided import region_layout, strided_copy, strided_write
+from netcl.runtime.ops.strided import filled, region_layout, strided_copy, strided_write
 
 
 def normalize_axis(axis: Any, ndim: int, op: str, arg: str = "axis") -> int:
@@ -118,7 +117,7 @@ def pad(x: Tensor, pad: Sequence[int], value: float = 0.0) -> Tensor:
     """x padded with ``value`` (negative widths crop), torch ``F.pad`` order: (left, right, top, bottom, ...)."""
     widths = pad_widths(x.shape, pad)
     out_shape = tuple(d + b + a for d, (b, a) in zip(x.shape, widths, strict=True))
-    out = fill_(Tensor.empty(out_shape, x.dtype, x.device), value)
+    out = filled(out_shape, value, x.dtype, x.device)
     src, dst, sizes = _overlap(x.shape, widths)
     if 0 in sizes:
         return out
@@ -133,10 +132,10 @@ def pad_backward(grad: Tensor, x_shape: Sequence[int], pad: Sequence[int]) -> Te
     widths = pad_widths(x_shape, pad)
     src, dst, sizes = _overlap(x_shape, widths)
     if 0 in sizes:
-        return fill_(Tensor.empty(x_shape, grad.dtype, grad.device), 0)
+        return filled(x_shape, 0, grad.dtype, grad.device)
     inner = strided_copy(grad, *region_layout(grad.shape, dst, sizes))
     if list(sizes) == list(x_shape):
         return inner
-    out = fill_(Tensor.empty(x_shape, grad.dtype, grad.device), 0)
+    out = filled(x_shape, 0, grad.dtype, grad.device)
     _, strides, offset = region_layout(x_shape, src, sizes)
     return strided_write(out, inner, strides, offset)

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from netcl.core import Tensor, contiguous_strides
+from netcl.core import Device, Tensor, contiguous_strides
+from netcl.runtime.launch import enqueue_fill
 from netcl.runtime.ops._grid import index_ctype, params, prod, run_1d, scalars
 
 _WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
@@ -134,6 +135,17 @@ def strided_write(dst: Tensor, src: Tensor, strides: Sequence[int], offset: int 
         return dst
     _launch(src, dst, src.shape, strides, offset, write=True)
     return dst
+
+
+def filled(shape: Sequence[int], value: float, dtype: np.dtype, device: Device) -> Tensor:
+    """A new tensor of ``shape`` set to ``value`` by a fill command (no shape-specialized kernel)."""
+    shape = tuple(int(d) for d in shape)
+    if device.kind == "cpu":
+        return Tensor(np.full(shape, value, dtype=dtype), shape, np.dtype(dtype), device)
+    out = Tensor.empty(shape, dtype, device)
+    if out.nbytes:
+        enqueue_fill(device.queue, out, value, dtype)
+    return out
 
 
 def region_layout(shape: Sequence[int], starts: Sequence[int], sizes: Sequence[int]) -> Layout:
