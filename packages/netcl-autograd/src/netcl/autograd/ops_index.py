@@ -13,27 +13,43 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
-from netcl.core import DTypeError, ShapeError, Tensor, get_device
+from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import indexing as RI  # noqa: N812
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
 
 
-def _index_tensor(index: Any, like: Any, size: int, op: str, arg: str, axis: int | None = None) -> Tensor:
-    """``index`` as an integer Tensor on ``like``'s device; NumPy indices are range-checked here."""
-    if isinstance(index, Node):
-        index = index.value
-    if isinstance(index, Tensor):
-        RI.check_index_tensor(index, op, arg)
-        return index
-    host = np.asarray(index)
-    if host.dtype.kind not in "iu":
-        raise DTypeError(f"{op}: {arg} must hold integers (an int Tensor or NumPy int array), got dtype {host.dtype}")
-    RI.check_index_range(host, size, op, arg, axis)
-    device = getattr(getattr(like, "value", like), "device", None) or get_device()
-    small = host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31)
-    return Tensor.from_host(device, host.astype(np.int32 if small else np.int64))
+class _Index:
+    """An index as given: a Tensor (used as is) or a host array, copied once per device it meets."""
+
+    def __init__(self, index: Any, size: int, op: str, arg: str, axis: int | None = None) -> None:
+        if isinstance(index, Node):
+            index = index.value
+        self.tensor: Tensor | None = None
+        self.copies: dict[Any, Tensor] = {}
+        if isinstance(index, Tensor):
+            self.tensor = RI.check_index_tensor(index, op, arg)
+            self.shape = index.shape
+            return
+        host = np.asarray(index)
+        if host.dtype.kind not in "iu":
+            raise DTypeError(
+                f"{op}: {arg} must hold integers (an int Tensor or NumPy int array), got dtype {host.dtype}"
+            )
+        RI.check_index_range(host, size, op, arg, axis)
+        small = host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31)
+        self.host = host.astype(np.int32 if small else np.int64)
+        self.shape = self.host.shape
+
+    def on(self, device: Any) -> Tensor:
+        """The index as a Tensor on ``device`` (a host index is copied there on first use)."""
+        if self.tensor is not None:
+            return self.tensor
+        copy = self.copies.get(device)
+        if copy is None:
+            copy = self.copies[device] = Tensor.from_host(device, self.host)
+        return copy
 
 
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
@@ -47,14 +63,14 @@ def embedding(ids: Any, table: Operand) -> Node:
     shape = _shape(table, "embedding", "table")
     if len(shape) != 2:
         raise ShapeError(f"embedding: table must be 2-d (num_embeddings, embedding_dim), got shape {shape}")
-    index = _index_tensor(ids, table, shape[0], "embedding", "ids")
-    flat = index.reshape(index.size)
+    index = _Index(ids, shape[0], "embedding", "ids")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        rows = g.reshape(flat.size, shape[1])
-        return [RI.index_select_backward(rows, 0, flat, values[0].shape), None]
+        flat = index.on(g.device)
+        flat = flat.reshape(flat.size)
+        return [RI.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, values[0].shape)]
 
-    return apply_op(lambda t, i: RI.embedding(i, t), grad, table, index, op_name="embedding")
+    return apply_op(lambda t: RI.embedding(index.on(t.device), t), grad, table, op_name="embedding")
 
 
 def gather(x: Operand, axis: int, index: Any) -> Node:
@@ -62,12 +78,12 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "gather", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
     ax = RI.check_gather_shapes(shape, axis, index_shape)
-    index = _index_tensor(index, x, shape[ax] if shape else 1, "gather", "index", ax)
+    index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RI.gather_backward(g, ax, index, values[0].shape), None]
+        return [RI.gather_backward(g, ax, index.on(g.device), values[0].shape)]
 
-    return apply_op(lambda v, i: RI.gather(v, ax, i), grad, x, index, op_name="gather", attrs={"axis": ax})
+    return apply_op(lambda v: RI.gather(v, ax, index.on(v.device)), grad, x, op_name="gather", attrs={"axis": ax})
 
 
 def index_select(x: Operand, axis: int, index: Any) -> Node:
@@ -75,12 +91,14 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "index_select", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
     ax = RI.check_index_select_shapes(shape, axis, index_shape)
-    index = _index_tensor(index, x, shape[ax], "index_select", "index", ax)
+    index = _Index(index, shape[ax], "index_select", "index", ax)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RI.index_select_backward(g, ax, index, values[0].shape), None]
+        return [RI.index_select_backward(g, ax, index.on(g.device), values[0].shape)]
 
-    return apply_op(lambda v, i: RI.index_select(v, ax, i), grad, x, index, op_name="index_select", attrs={"axis": ax})
+    return apply_op(
+        lambda v: RI.index_select(v, ax, index.on(v.device)), grad, x, op_name="index_select", attrs={"axis": ax}
+    )
 
 
 __all__ = ["embedding", "gather", "index_select"]
