@@ -218,3 +218,23 @@ def test_dropout_identity_cases(device):
     assert np.array_equal(y.to_host(), np.zeros(6))
     tape.backward(ag.sum(y))
     assert np.array_equal(x.grad.to_host(), np.zeros(6))
+
+
+def test_dropout_replays_draw_new_masks(cl_device):
+    """In a CompiledGraph each replay advances a device counter: a new mask, and the backward uses it."""
+    from netcl.autograd.graph import CompiledGraph
+
+    x = ag.tensor(np.ones((256,), np.float32), requires_grad=True, device=cl_device)
+    graph = CompiledGraph([x])
+    with graph:
+        with ag.Tape() as tape:
+            out = ag.dropout(x, 0.5) * 3.0
+        tape.backward(ag.sum(out))
+        graph.outputs = out
+    outputs = [out.to_host()]
+    assert np.array_equal(x.grad.to_host(), outputs[0])  # d(3 * dropout(x))/dx = 6 * mask = out at x = 1
+    for _ in range(2):
+        outputs.append(graph.replay().to_host())
+        assert np.array_equal(graph.grads[0].to_host(), outputs[-1])
+    assert not np.array_equal(outputs[0], outputs[1]) and not np.array_equal(outputs[1], outputs[2])
+    assert all(abs((o != 0).mean() - 0.5) < 0.15 for o in outputs)  # 256 draws: 0.15 is 4.8 sigma

@@ -4,8 +4,9 @@ Each call draws a fresh seed from the global generator (``netcl.runtime.manual_s
 sequence repeat). The mask is a pure function of (seed, element index), so the backward
 regenerates it instead of storing it: the gradient is ``dropout(grad, p, seed)``. The seed of each
 forward execution is remembered per output tensor, so a traced (jitted) dropout draws a new mask
-on every call and its backward uses that call's mask. A ``CompiledGraph`` replay re-launches the
-captured kernels with their captured arguments, so it replays the captured mask.
+on every call and its backward uses that call's mask. While a capture records (``CompiledGraph``,
+``Graph.capture``), dropout also reads a device counter that a recorded launch advances before
+the forward, so every replay draws a new mask and its backward uses it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 from netcl.autograd.engine import apply_op
 from netcl.core import Tensor
+from netcl.runtime.capture import is_recording
 from netcl.runtime.ops import random as RR  # noqa: N812
 from netcl.runtime.ops.random import initial_seed, manual_seed
 
-#: output tensor -> the seed its forward used (weak: the entry dies with the tensor).
-_SEEDS: weakref.WeakKeyDictionary[Tensor, int] = weakref.WeakKeyDictionary()
+#: output tensor -> (seed, device counter or None) its forward used (weak: dies with the tensor).
+_SEEDS: weakref.WeakKeyDictionary[Tensor, tuple[int, Tensor | None]] = weakref.WeakKeyDictionary()
 
 
 def dropout(x: Any, p: float = 0.5, training: bool = True) -> Any:
@@ -34,12 +36,16 @@ def dropout(x: Any, p: float = 0.5, training: bool = True) -> Any:
 
     def forward(v: Tensor) -> Tensor:
         seed = RR.next_seed()
-        out = RR.dropout(v, p, seed)
-        _SEEDS[out] = seed
+        counter = None
+        if v.device.kind == "opencl" and is_recording(v.device.queue):
+            counter = RR.advance_counter(RR.new_counter(v.device))
+        out = RR.dropout(v, p, seed, counter)
+        _SEEDS[out] = (seed, counter)
         return out
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
-        return [RR.dropout(g, p, _SEEDS[out])]
+        seed, counter = _SEEDS[out]
+        return [RR.dropout(g, p, seed, counter)]
 
     return apply_op(forward, grad, x, op_name="dropout", attrs={"p": p})
 

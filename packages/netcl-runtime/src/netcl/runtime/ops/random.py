@@ -150,13 +150,37 @@ def next_seed() -> int:
 
 _DROPOUT = r"""
 __kernel void netcl_dropout(__global const {st}* x, __global {st}* out, const long n, const uint k0, const uint k1,
-                            const uint threshold, const float scale) {{
+                            const uint threshold, const float scale, __global const int* counter) {{
     const long gid = get_global_id(0);
     if (gid >= n) return;
-    const uint4 r = netcl_bits(gid, {stream}u, k0, k1);
+    const uint4 r = philox4x32_10((uint4)((uint)gid, (uint)(gid >> 32), {stream}u, (uint)counter[0]), (uint2)(k0, k1));
     out[gid] = (r.x >> 8) >= threshold ? ({st})(({ct})x[gid] * ({ct})scale) : ({st})0;
 }}
 """
+
+_ADVANCE = r"""
+__kernel void netcl_counter_advance(__global int* counter) {
+    if (get_global_id(0) == 0) counter[0] = (int)((uint)counter[0] + 1u);
+}
+"""
+
+#: device -> a one-element zero counter that is never advanced (what eager dropout reads).
+_ZERO_COUNTERS: dict[Device, Tensor] = {}
+
+
+def new_counter(device: Device | str | None = None) -> Tensor:
+    """A one-element int32 device counter, 0, that ``advance_counter`` steps (Philox counter word 3)."""
+    return Tensor.zeros((1,), np.int32, get_device(device))
+
+
+def advance_counter(counter: Tensor) -> Tensor:
+    """``counter += 1`` on the device (a launch, so a captured graph advances it on every replay)."""
+    if counter.device.kind == "cpu":
+        counter.data[...] = (counter.data.astype(np.int64) + 1).astype(np.uint32).view(np.int32)
+        return counter
+    resolved = get_kernel(("random", "advance"), counter.device, lambda: _ADVANCE, "netcl_counter_advance", [None])
+    launch(resolved.kernel, 1, 1, counter, queue=counter.device.queue)
+    return counter
 
 
 def dropout_threshold(p: float) -> int:
@@ -164,11 +188,13 @@ def dropout_threshold(p: float) -> int:
     return min(round(float(p) * 2**24), 2**24)
 
 
-def dropout(x: Tensor, p: float, seed: int) -> Tensor:
+def dropout(x: Tensor, p: float, seed: int, counter: Tensor | None = None) -> Tensor:
     """x with each element zeroed with probability ``p`` and the rest scaled by 1 / (1 - p).
 
-    The mask is a pure function of (seed, element index) (Philox stream 2, identical on every
-    backend), so the gradient is ``dropout(grad, p, seed)`` with the same seed.
+    The mask is a pure function of (seed, element index, ``counter``'s value: 0 when None)
+    (Philox stream 2, identical on every backend), so the gradient is ``dropout(grad, p, seed,
+    counter)``. The counter lives on the device: a captured graph that advances it before the
+    forward (``advance_counter``) draws a new mask on each replay, its backward the same one.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"dropout: x must be a Tensor, got {type(x).__name__}")
@@ -180,7 +206,8 @@ def dropout(x: Tensor, p: float, seed: int) -> Tensor:
     threshold = dropout_threshold(p)
     scale = 0.0 if threshold >= 2**24 else 1.0 / (1.0 - float(p))
     if x.device.kind == "cpu":
-        bits = numpy_backend.random_bits(x.size, seed, DROPOUT_STREAM)[0] >> np.uint32(8)
+        word3 = 0 if counter is None else int(np.asarray(counter.data).reshape(-1)[0].astype(np.uint32))
+        bits = numpy_backend.random_bits(x.size, seed, DROPOUT_STREAM, word3)[0] >> np.uint32(8)
         keep = (bits >= threshold).reshape(x.shape)
         compute = np.float64 if x.dtype == np.float64 else np.float32
         values = np.where(keep, np.asarray(x.data, dtype=compute) * compute(scale), compute(0))
@@ -189,8 +216,12 @@ def dropout(x: Tensor, p: float, seed: int) -> Tensor:
     out = Tensor.empty(x.shape, x.dtype, x.device)
     if x.size == 0:
         return out
+    if counter is None:
+        counter = _ZERO_COUNTERS.get(x.device)
+        if counter is None:
+            counter = _ZERO_COUNTERS[x.device] = new_counter(x.device)
     source = pragmas([x.dtype]) + PHILOX_SOURCE + _DROPOUT.format(st=st, ct=ct, stream=DROPOUT_STREAM)
-    types = [None, None, np.int64, np.uint32, np.uint32, np.uint32, np.float32]
+    types = [None, None, np.int64, np.uint32, np.uint32, np.uint32, np.float32, None]
     resolved = get_kernel(("random", "dropout", st, ct), x.device, lambda: source, "netcl_dropout", types)
     local = resolved.max_local
     args = (
@@ -200,5 +231,5 @@ def dropout(x: Tensor, p: float, seed: int) -> Tensor:
         np.uint32(threshold),
         np.float32(scale),
     )
-    launch(resolved.kernel, round_up(x.size, local), local, x, out, *args, queue=x.device.queue)
+    launch(resolved.kernel, round_up(x.size, local), local, x, out, *args, counter, queue=x.device.queue)
     return out
