@@ -226,7 +226,21 @@ GETITEM_CASES = [
     ),
     ("step 0", (slice(None, None, 0),), ValueError, r"slice step cannot be zero \(axis 0\)"),
     ("float index", 1.0, IndexError, r"index 1.0 of type float is not supported: .* gather / index_select"),
-    ("list index", ([0, 1],), IndexError, r"index \[0, 1\] of type list is not supported"),
+    ("dict index", ({},), IndexError, r"index \{\} of type dict is not supported"),
+    ("two arrays", ([0, 1], [0, 1]), IndexError, r"at most one integer-array index is supported, got 2"),
+    ("bool mask", (np.array([True, False]),), IndexError, r"boolean-mask indices are not supported"),
+    (
+        "array apart from int",
+        (0, slice(None), [1]),
+        IndexError,
+        r"integer-array index combined with integer indices that a slice",
+    ),
+    (
+        "array out of range",
+        (slice(None), [0, 3]),
+        IndexError,
+        r"getitem: index value 3 is out of range along axis 1: expected 0 <= index < 3",
+    ),
     ("two ellipses", (Ellipsis, Ellipsis), IndexError, r"single ellipsis"),
 ]
 

@@ -36,6 +36,27 @@ def test_getitem(check, key):
     check([S3], lambda x: x[key], lambda x: x[key], gradcheck=False)
 
 
+ARRAY_KEYS = [
+    [1, 0, 1],
+    (slice(None), [2, 0, 2]),
+    (Ellipsis, np.array([[3, 0], [1, 1]])),
+    (0, [-1, 1]),
+    (slice(None), 1, [0, 3]),
+    (None, [1], 2, slice(1, 3)),
+]
+
+
+@pytest.mark.parametrize("key", ARRAY_KEYS, ids=[repr(k) for k in ARRAY_KEYS])
+def test_getitem_integer_array(check, key):
+    # repeated array entries: their gradients add up
+    check([S3], lambda x: x[key], lambda x: x[key], gradcheck=False)
+
+
+def test_getitem_tensor_index(check, device):
+    index = nc.tensor(np.array([[2, 0], [1, 2]], dtype=np.int32), device=device)
+    check([S3], lambda x: x[:, [[2, 0], [1, 2]]], lambda x: x[:, index])
+
+
 def test_getitem_gradcheck_and_repeated_use(check):
     # two overlapping selections of one input: their gradients add up
     check([S3], lambda x: x[:, 1:] * x[:, :2], lambda x: x[:, 1:] * x[:, :2])

@@ -17,6 +17,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import reshape, transpose
+from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
 from netcl.runtime.ops import indexing as RI  # noqa: N812
 from netcl.runtime.ops import shape as RS  # noqa: N812
@@ -33,14 +34,65 @@ def _shape(x: Operand, op: str, arg: str = "x") -> tuple[int, ...]:
 
 
 def getitem(x: Operand, key: Any) -> Node:
-    """``x[key]`` with ints, slices (any step, negative indices), ``None`` and ``...`` (NumPy basic indexing)."""
+    """``x[key]`` with ints, slices (any step, negative indices), ``None`` and ``...`` (NumPy basic
+    indexing), plus at most one integer array (a list, NumPy array, int Tensor or Node), which
+    selects along its axis as ``index_select`` does, its dimensions taking that axis's place.
+    """
     shape = _shape(x, "getitem")
+    items = list(key) if isinstance(key, tuple) else [key]
+    arrays = [k for k, item in enumerate(items) if _is_array_index(item)]
+    if len(arrays) > 1:
+        raise IndexError(f"getitem: at most one integer-array index is supported, got {len(arrays)}")
+    if arrays:
+        return _array_getitem(x, shape, items, arrays[0])
     RI.parse_index(shape, key)  # IndexError / ValueError before anything runs
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         return [RI.getitem_backward(g, values[0].shape, key)]
 
     return apply_op(lambda v: RI.getitem(v, key), grad, x, op_name="getitem", attrs={"key": key})
+
+
+def _is_array_index(item: Any) -> bool:
+    return isinstance(item, (list, np.ndarray, Tensor, Node))
+
+
+def _array_getitem(x: Operand, shape: tuple[int, ...], items: list[Any], at: int) -> Node:
+    """``x[items]`` where ``items[at]`` is an integer array: basic indexing, then ``index_select``."""
+    index = items[at]
+    index_shape = tuple(np.shape(index.value if isinstance(index, Node) else index))
+    if isinstance(index, (list, np.ndarray)) and np.asarray(index).dtype.kind == "b":
+        raise IndexError("getitem: boolean-mask indices are not supported; use where() or an integer index")
+    advanced = [k for k, item in enumerate(items) if k == at or RI.is_int_index(item)]
+    if advanced != list(range(advanced[0], advanced[-1] + 1)):
+        raise IndexError(
+            "getitem: an integer-array index combined with integer indices that a slice, None or ... "
+            "separates from it is not supported (NumPy would move the selected axes to the front); "
+            "index in two steps"
+        )
+    basic = [*items[:at], slice(None), *items[at + 1 :]]
+    view = RI.parse_index(shape, tuple(basic))  # validates the rest of the key
+    consumed = builtins.sum(1 for item in basic if item is not None and item is not Ellipsis)
+    axis = 0
+    for item in items[:at]:
+        if item is Ellipsis:
+            axis += len(shape) - consumed
+        elif item is None or isinstance(item, slice):
+            axis += 1
+    if isinstance(index, (list, np.ndarray)):
+        index = np.asarray(index) if np.size(index) else np.zeros(np.shape(index), np.int64)  # x[[]] is empty
+        if index.size and index.dtype.kind in "iu":
+            index = np.where(index < 0, index + view.shape[axis], index)  # negative indices count from the end
+        RI.check_index_range(index, view.shape[axis], "getitem", "index", axis)  # before any launch
+    picked = getitem(x, tuple(basic)) if basic != [slice(None)] * len(basic) else x
+    flat = index.reshape(-1) if isinstance(index, np.ndarray) else index
+    if isinstance(flat, Node):
+        flat = flat.value
+    if isinstance(flat, Tensor) and flat.ndim != 1:
+        flat = flat.reshape(flat.size)
+    selected = index_select(picked, axis, flat)
+    out_shape = (*view.shape[:axis], *index_shape, *view.shape[axis + 1 :])
+    return selected if selected.shape == out_shape else reshape(selected, out_shape)
 
 
 def concat(xs: Sequence[Operand], axis: int = 0) -> Node:

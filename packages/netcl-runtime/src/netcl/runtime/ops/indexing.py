@@ -46,7 +46,8 @@ class BasicIndex:
     offset: int
 
 
-def _is_int(item: Any) -> bool:
+def is_int_index(item: Any) -> bool:
+    """A Python or NumPy integer (not a bool): an index that removes its axis."""
     return isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))
 
 
@@ -55,7 +56,7 @@ def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
     shape = tuple(int(d) for d in shape)
     items = list(key) if isinstance(key, tuple) else [key]
     for item in items:
-        if not (_is_int(item) or item is None or item is Ellipsis or isinstance(item, slice)):
+        if not (is_int_index(item) or item is None or item is Ellipsis or isinstance(item, slice)):
             raise IndexError(
                 f"index {item!r} of type {type(item).__name__} is not supported: use ints, slices, None and ...; "
                 "select with an integer array through gather / index_select / embedding"
@@ -81,7 +82,7 @@ def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
             out_strides.append(0)
             continue
         size, stride = shape[axis], strides[axis]
-        if _is_int(item):
+        if is_int_index(item):
             value = int(item)
             if not -size <= value < size:
                 raise IndexError(f"index {value} is out of bounds for axis {axis} with size {size}")
@@ -174,7 +175,7 @@ def check_index_range(
 
 
 def _axis(axis: Any, ndim: int, op: str) -> int:
-    if not _is_int(axis):
+    if not is_int_index(axis):
         raise TypeError(f"{op}: axis must be an int, got {axis!r}")
     if not -ndim <= int(axis) < max(ndim, 1):
         raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a {ndim}-d tensor")
