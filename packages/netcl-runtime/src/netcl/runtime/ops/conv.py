@@ -10,6 +10,7 @@ Both kernels are shape-generic: every size, stride, padding and dilation is a ke
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -256,12 +257,25 @@ def conv2d(
     return out
 
 
+#: Whether the runtime's matmul reads a stored operand transposed (``transpose_a=`` / ``transpose_b=``).
+_MATMUL_TRANSPOSES = "transpose_a" in inspect.signature(matmul).parameters
+
+
+def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    """``a @ b`` with a's / b's last two axes swapped: in the GEMM when it can, else by transpose kernels."""
+    if _MATMUL_TRANSPOSES:
+        return matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    swap_a = transpose(a, (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)) if transpose_a else a
+    swap_b = transpose(b, (*range(b.ndim - 2), b.ndim - 1, b.ndim - 2)) if transpose_b else b
+    return matmul(swap_a, swap_b)
+
+
 def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
     g = int(groups)
     w3 = _grouped_weight(w, g)
     g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
-    cols = matmul(transpose(w3, (0, 2, 1)), g4)  # (N, g, K, L)
+    cols = _matmul_t(w3, g4, transpose_a=True)  # (N, g, K, L)
     return col2im(cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW), geo)
 
 
@@ -270,9 +284,9 @@ def conv2d_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo:
     g = int(groups)
     out_ch = int(w_shape[0])
     K = geo.C // g * geo.KH * geo.KW
-    cols_t = transpose(im2col(x, geo).reshape(geo.N, g, K, geo.OH * geo.OW), (0, 1, 3, 2))  # (N, g, L, K)
+    cols = im2col(x, geo).reshape(geo.N, g, K, geo.OH * geo.OW)
     g4 = grad.reshape(geo.N, g, out_ch // g, geo.OH * geo.OW)
-    per_image = matmul(g4, cols_t)  # (N, g, O/g, K)
+    per_image = _matmul_t(g4, cols, transpose_b=True)  # (N, g, O/g, K)
     total = reduce_sum(per_image, axis=0) if geo.N > 1 else per_image.reshape(g, out_ch // g, K)
     return total.reshape(tuple(int(d) for d in w_shape))
 
