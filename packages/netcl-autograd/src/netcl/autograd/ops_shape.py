@@ -3,7 +3,8 @@
 Forwards are the runtime's strided copies (``netcl.runtime.ops.strided``/``shape``/``indexing``);
 gradients scatter back into zeros or copy the matching region. ``x[key]`` is a view of x when the
 selection is one contiguous block of it (``x[0]``, ``x[1:3]``, ``x[None]``, ``x[..., :]``; on OpenCL a
-sub-buffer, when the block's start is suitably aligned), otherwise a strided copy. ``squeeze``,
+sub-buffer, when the block's start is suitably aligned), otherwise a strided copy; one integer-array
+index in the key selects through ``index_select`` (a copy). ``squeeze``,
 ``unsqueeze`` and ``flatten`` are reshapes (views); ``permute`` is a materialized transpose.
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from netcl.core import Device
 from netcl.runtime.launch import launch
-from netcl.runtime.ops._common import get_kernel, round_up
+from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
 
 #: Elements at or above this count switch a kernel's index arithmetic to 64 bits.
 LONG_INDEX_LIMIT = 2**31 - 1024
@@ -47,6 +47,30 @@ def run_1d(
     )
     local = resolved.max_local
     launch(resolved.kernel, round_up(n, local), local, *args, queue=device.queue)
+
+
+def run_rows(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[], str],
+    name: str,
+    arg_types: Sequence[Any],
+    shape: tuple[int, int, int],
+    *args: Any,
+) -> None:
+    """Launch kernel ``name`` on a 3-D grid covering ``shape`` = (columns, rows, planes).
+
+    Work-groups are one row of up to 256 columns, so values that depend only on the row and plane
+    (``get_global_id(1)``, ``get_global_id(2)``) are uniform within a group; the kernel must
+    return for ``get_global_id(0) >= columns``.
+    """
+    if min(shape) <= 0:
+        return
+    resolved = get_kernel(
+        ("layers", *key) if isinstance(key, tuple) else ("layers", key), device, make_source, name, arg_types
+    )
+    local = min(resolved.max_local, pow2_ceil(shape[0]))
+    launch(resolved.kernel, (round_up(shape[0], local), shape[1], shape[2]), (local, 1, 1), *args, queue=device.queue)
 
 
 def params(ctype: str, names: Sequence[str]) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.linalg import matmul
 from netcl.runtime.ops.pointwise import add
@@ -79,20 +79,20 @@ class ConvGeometry:
 
 _IM2COL = """{pragmas}
 __kernel void netcl_im2col(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
-    const {idx} gid = ({idx})get_global_id(0);
-    if (gid >= n) return;
+    const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
     const {idx} L = ({idx})OH * OW;
-    const {idx} ow = gid % OW;
-    const {idx} oh = (gid / OW) % OH;
-    const {idx} row = (gid / L) % ((({idx})C) * KH * KW);
-    const {idx} b = gid / (L * C * KH * KW);
+    if (l >= L) return;
+    const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj): uniform in a work-group */
+    const {idx} b = ({idx})get_global_id(2);
     const {idx} kj = row % KW;
     const {idx} ki = (row / KW) % KH;
     const {idx} c = row / (KH * KW);
+    const {idx} ow = l % OW;
+    const {idx} oh = l / OW;
     const {idx} h = oh * SH - PH + ki * DH;
     const {idx} w = ow * SW - PW + kj * DW;
     const bool inside = h >= 0 && h < H && w >= 0 && w < W;
-    cols[gid] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
+    cols[(b * C * KH * KW + row) * L + l] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
 }}
 """
 
@@ -130,17 +130,12 @@ def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) 
         return template.format(pragmas=pragmas([dst.dtype]), st=st, ct=ct, idx=idx, geometry=params(idx, _GEOMETRY))
 
     types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
-    run_1d(
-        (name, st, idx),
-        dst.device,
-        source,
-        f"netcl_{name}",
-        types,
-        dst.size,
-        src,
-        dst,
-        *scalars(idx, [dst.size, *geo.values]),
-    )
+    values = scalars(idx, [dst.size, *geo.values])
+    if name == "im2col":  # one work-group row per (image, c, ki, kj): its divisions are uniform
+        grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
+        run_rows((name, st, idx), dst.device, source, f"netcl_{name}", types, grid, src, dst, *values)
+    else:
+        run_1d((name, st, idx), dst.device, source, f"netcl_{name}", types, dst.size, src, dst, *values)
     return dst
 
 
