@@ -13,7 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops as R
 from netcl.runtime.cache import program_cache
-from netcl.runtime.ops import conv, indexing, pool, shape, strided
+from netcl.runtime.ops import conv, gathering, indexing, pool, selecting, shape, strided
 from netcl.runtime.ops.random import dropout
 
 
@@ -50,9 +50,9 @@ def _layer_calls(n: int, h: int, device: nc.Device) -> None:
     pool.adaptive_avg_pool2d_backward(pool.adaptive_avg_pool2d(x, 1), x.shape)
     flat = x.reshape(n * 2, h * (h + 1))
     index = nc.tensor(rng.integers(0, h, size=(n * 2, 3)).astype(np.int64), device=device)
-    indexing.gather_backward(indexing.gather(flat, 1, index), 1, index, flat.shape)
+    gathering.gather_backward(gathering.gather(flat, 1, index), 1, index, flat.shape)
     rows = nc.tensor(np.arange(n) % 2, device=device)
-    indexing.index_select_backward(indexing.index_select(flat, 0, rows), 0, rows, flat.shape)
+    selecting.index_select_backward(selecting.index_select(flat, 0, rows), 0, rows, flat.shape)
     indexing.getitem_backward(
         indexing.getitem(x, (slice(None), 1, slice(None, None, 2))), x.shape, (slice(None), 1, slice(None, None, 2))
     )

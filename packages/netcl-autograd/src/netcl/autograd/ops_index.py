@@ -14,7 +14,9 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import DTypeError, ShapeError, Tensor
+from netcl.runtime.ops import gathering as RG  # noqa: N812
 from netcl.runtime.ops import indexing as RI  # noqa: N812
+from netcl.runtime.ops import selecting as RS  # noqa: N812
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -68,36 +70,36 @@ def embedding(ids: Any, table: Operand) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         flat = index.on(g.device)
         flat = flat.reshape(flat.size)
-        return [RI.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, values[0].shape)]
+        return [RS.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, values[0].shape)]
 
-    return apply_op(lambda t: RI.embedding(index.on(t.device), t), grad, table, op_name="embedding")
+    return apply_op(lambda t: RS.embedding(index.on(t.device), t), grad, table, op_name="embedding")
 
 
 def gather(x: Operand, axis: int, index: Any) -> Node:
     """``torch.gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``; shape of index."""
     shape = _shape(x, "gather", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
-    ax = RI.check_gather_shapes(shape, axis, index_shape)
+    ax = RG.check_gather_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RI.gather_backward(g, ax, index.on(g.device), values[0].shape)]
+        return [RG.gather_backward(g, ax, index.on(g.device), values[0].shape)]
 
-    return apply_op(lambda v: RI.gather(v, ax, index.on(v.device)), grad, x, op_name="gather", attrs={"axis": ax})
+    return apply_op(lambda v: RG.gather(v, ax, index.on(v.device)), grad, x, op_name="gather", attrs={"axis": ax})
 
 
 def index_select(x: Operand, axis: int, index: Any) -> Node:
     """``torch.index_select``: x's entries at the 1-d ``index`` along ``axis``."""
     shape = _shape(x, "index_select", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
-    ax = RI.check_index_select_shapes(shape, axis, index_shape)
+    ax = RS.check_index_select_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax], "index_select", "index", ax)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RI.index_select_backward(g, ax, index.on(g.device), values[0].shape)]
+        return [RS.index_select_backward(g, ax, index.on(g.device), values[0].shape)]
 
     return apply_op(
-        lambda v: RI.index_select(v, ax, index.on(v.device)), grad, x, op_name="index_select", attrs={"axis": ax}
+        lambda v: RS.index_select(v, ax, index.on(v.device)), grad, x, op_name="index_select", attrs={"axis": ax}
     )
 
 

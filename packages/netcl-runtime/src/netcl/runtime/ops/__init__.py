@@ -9,7 +9,8 @@ kernel (built once per op, shapes and dtypes through ``program_cache``, launched
 from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
 from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.conv import conv2d
-from netcl.runtime.ops.indexing import embedding, gather, getitem, index_select
+from netcl.runtime.ops.gathering import gather
+from netcl.runtime.ops.indexing import getitem
 from netcl.runtime.ops.layout import (
     broadcast_to,
     cast,
@@ -58,6 +59,7 @@ from netcl.runtime.ops.pointwise import (
 from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, sum
+from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
 
 __all__ = [
