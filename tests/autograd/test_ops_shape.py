@@ -7,6 +7,8 @@ gradients are sums of at most a few float32 terms against float64 finite differe
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -75,8 +77,17 @@ def test_getitem_contiguous_is_a_view(device):
         align = device.cl_device.mem_base_addr_align // 8
         n = align // 4  # float32 elements per alignment unit
         z = ag.tensor(np.arange(3 * n, dtype=np.float32).reshape(3, n), device=device)
-        assert z[1].value.base is z.value
-        np.testing.assert_array_equal(z[1].to_host(), np.arange(n, 2 * n))
+        view = z[1]
+        assert view.value.base is z.value
+        np.testing.assert_array_equal(view.to_host(), np.arange(n, 2 * n))
+    else:
+        z = ag.tensor(np.arange(3 * 64, dtype=np.float32).reshape(3, 64), device=device)
+        view, n = z[1], 64
+    del z
+    gc.collect()
+    junk = [nc.tensor(np.full((3, n), -1.0, np.float32), device=device) for _ in range(4)]  # reuses freed blocks
+    np.testing.assert_array_equal(view.to_host(), np.arange(n, 2 * n))  # the view keeps its base alive
+    assert len(junk) == 4
 
 
 # ---- concat / stack / split --------------------------------------------------------------------------

@@ -85,3 +85,36 @@ def test_runtime_layer_ops_without_autograd(device):
     joined = R.concat([R.getitem(y, (slice(None), 0)), R.narrow(y, 1, 1, 1).reshape(2, 3, 3)], axis=1)
     assert joined.shape == (2, 6, 3)
     np.testing.assert_array_equal(joined.to_host()[:, 3:], y.to_host()[:, 1])
+
+
+def _has_fp16(device: nc.Device) -> bool:
+    return device.kind == "cpu" or "cl_khr_fp16" in device.extensions
+
+
+def test_float16_layer_ops_follow_float32(device):
+    """float16 (amp's dtype) through every layer kernel, against the float32 result (rtol 1e-2: fp16 rounding)."""
+    if not _has_fp16(device):
+        pytest.skip(f"{device.name} has no cl_khr_fp16")
+    rng = np.random.default_rng(3)
+    x32 = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w32 = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    index = nc.tensor(np.array([3, 0, 3]), device=device)
+    calls = [
+        lambda x, w: R.conv2d(x, w, None, 1, 1, 1, 2),
+        lambda x, w: conv.conv2d_backward_input(
+            R.conv2d(x, w, None, 1, 1, 1, 2), w, conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 2), 2
+        ),
+        lambda x, w: pool.max_pool2d_backward(pool.max_pool2d(x, 2), x, 2),
+        lambda x, w: pool.avg_pool2d_backward(pool.avg_pool2d(x, 3, 1, 1), x.shape, 3, 1, 1),
+        lambda x, w: pool.adaptive_avg_pool2d(x, (2, 3)),
+        lambda x, w: R.concat(
+            [R.getitem(x, (slice(None), slice(None), slice(None, None, 2))), R.pad(x, (0, 0, 1, 0))], 2
+        ),
+        lambda x, w: selecting.index_select_backward(selecting.index_select(x, 1, index), 1, index, x.shape),
+        lambda x, w: R.dropout(x, 0.5, 9),
+    ]
+    for k, call in enumerate(calls):
+        want = call(nc.tensor(x32, device=device), nc.tensor(w32, device=device)).to_host()
+        got = call(nc.tensor(x32, np.float16, device), nc.tensor(w32, np.float16, device))
+        assert got.dtype == np.float16, k
+        np.testing.assert_allclose(got.to_host().astype(np.float32), want, rtol=1e-2, atol=2e-2, err_msg=str(k))
