@@ -175,6 +175,17 @@ class ProgramCache:
 
     # ---- building --------------------------------------------------------------------------
     def _build(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
+        if not BUILD_LISTENERS:
+            return self._build_program(source, ctx, flags)
+        for listener in list(BUILD_LISTENERS):
+            listener("start")
+        try:
+            return self._build_program(source, ctx, flags)
+        finally:
+            for listener in list(BUILD_LISTENERS):
+                listener("end")
+
+    def _build_program(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
         devices = ctx.devices
         disk_key = entry_key(source, flags, devices[0]) if len(devices) == 1 else None
         if disk_key is not None:
@@ -244,6 +255,10 @@ def _compile_message(program: cl.Program, source: str, flags: tuple[str, ...], e
     excerpt = "\n".join(f"{'>' if n in wanted else ' '}{n:5d} | {lines[n - 1]}" for n in shown)
     return f"OpenCL build failed (flags {list(flags)}):\n{text_log}\n--- source ---\n{excerpt}"
 
+
+#: Called with ``"start"`` and ``"end"`` around every program build or disk load, on the thread
+#: that builds (``netcl.runtime.perf`` keeps builds out of timed regions through this).
+BUILD_LISTENERS: list[Callable[[str], None]] = []
 
 #: The process-wide program cache every netcl layer builds through.
 program_cache = ProgramCache()
