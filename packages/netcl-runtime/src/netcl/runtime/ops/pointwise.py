@@ -83,6 +83,7 @@ class Plan:
         ctypes: Sequence[str],
         out_shape: tuple[int, ...],
         out_dtype: np.dtype,
+        preamble: str = "",
     ) -> None:
         self.expr = expr
         self.ctypes = tuple(ctypes)
@@ -105,7 +106,9 @@ class Plan:
         self.grid = dims  # strided operands: a 2-D/3-D grid over the collapsed dims (see ``launch_sizes``)
         dtypes = [v.dtype if isinstance(v, Tensor) else None for v in operands]
         rank = self.rank = len(dims)
-        self.make_source = lambda: _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
+        self.make_source = lambda: (
+            preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
+        )
 
     def kernel(self, device: Device) -> ResolvedKernel:
         resolved = self.resolved
@@ -297,14 +300,14 @@ def _expr_for(op: OpDef, compute: np.dtype) -> str:
 def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     """Run ``op`` over ``operands`` (broadcast) on their device; a new tensor."""
     device = device_of(operands, op.name)
-    key = (op.expr, op.int_expr, op.kind, signature(operands), device)
+    key = (op.expr, op.int_expr, op.kind, op.preamble, signature(operands), device)
     cached = _OP_PLANS.get(key)
     if cached is None:
         dtypes, compute, result = value_dtypes(op, operands)
         out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
         device.check_dtype(result)
         ctypes = [compute_ctype(d) for d in dtypes]
-        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result)
+        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result, op.preamble)
         cached = remember(_OP_PLANS, key, (plan, tuple(dtypes)))
     plan, dtypes = cached
     if device.kind == "cpu":
@@ -463,16 +466,17 @@ def clamp(x: Any, lo: Any, hi: Any) -> Tensor:
     return apply(CLAMP, (x, lo, hi))
 
 
-def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any) -> Tensor:
+def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any, preamble: str = "") -> Tensor:
     """A custom elementwise op: ``c_expr`` uses ``{0}``, ``{1}``, ... for the operands' values.
 
-    The expression may call ``PRIMITIVE_PREAMBLE`` helpers (``"BCE_LOGITS({0}, {1})"``).
+    The expression may call ``PRIMITIVE_PREAMBLE`` helpers (``"BCE_LOGITS({0}, {1})"``) and the
+    C helpers that ``preamble`` defines (placed before the kernel).
     Operands are read as float (double for float64 results); the result is float32 unless every
     tensor operand is float64. ``numpy_fn`` computes the same on NumPy arrays for the cpu device.
     """
     if not operands:
         raise TypeError("elementwise: needs at least one operand")
-    op = OpDef(f"elementwise({c_expr!r})", c_expr, numpy_fn, "float")
+    op = OpDef(f"elementwise({c_expr!r})", c_expr, numpy_fn, "float", preamble=preamble)
     return apply(op, operands)
 
 
