@@ -261,6 +261,17 @@ def timing_region(
     region.build_ms = bracket.excluded_ms()
 
 
+def enable_profiling(device: Device | str | None = None) -> bool:
+    """The API reference's switch for event profiling; True when ``device``'s queue has it.
+
+    netcl creates every device queue and ``Stream`` with ``PROFILING_ENABLE`` already, so there
+    is nothing to turn on: this checks it and returns False on the NumPy backend (or a foreign
+    queue without profiling), where ``PerfCounter`` and ``timing_region`` use the wall clock.
+    """
+    queue = get_device(device).queue
+    return bool(queue is not None and queue.properties & _PROFILING)
+
+
 def event_based_timing(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
     """Run ``fn(*args, **kwargs)``; return its result and the ms of the device work it enqueued.
 
