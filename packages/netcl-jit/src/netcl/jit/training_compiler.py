@@ -277,7 +277,7 @@ def fused_weighted_bce_smooth_l1_loss(
     reg_scale: float = 1.0,
     beta: float = 0.05,
 ) -> Node:
-    """The fused detection loss of DESIGN.md as one scalar Node:
+    """The fused detection loss of docs/architecture.md as one scalar Node:
 
     heat_scale*sum(heat_weight*bce_logits(pred, target)) + reg_scale*sum(reg_weight*smooth_l1(pred - target, beta))
 
