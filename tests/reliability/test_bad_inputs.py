@@ -379,6 +379,18 @@ def test_graph_replay_with_wrong_buffers(cl_device):
         graph.execute(other, other)
 
 
+def test_graph_captured_without_inputs_says_how_to_declare_them(cl_device):
+    x = Tensor.from_host(cl_device, np.arange(4, dtype=np.float32))
+    graph = Graph()
+    with graph.capture(cl_device.queue):  # no inputs=: nothing is replaceable
+        out = R.mul(x, 2.0)
+    graph.outputs = out
+    with pytest.raises(ReplayError, match=re.escape("captured without declared inputs")) as info:
+        graph.execute(Tensor.from_host(cl_device, np.ones(4, np.float32)))
+    assert "graph.capture(queue, inputs=[x, ...])" in str(info.value) and "set_inputs" in str(info.value)
+    np.testing.assert_allclose(graph.execute().to_host(), np.arange(4) * 2.0)  # plain replay still works
+
+
 def test_compiled_graph_replay_with_wrong_buffers_keeps_state(cl_device):
     w = _node(np.ones(4), cl_device, requires_grad=True)
     x0 = _node(np.arange(4), cl_device)

@@ -28,6 +28,7 @@ from netcl.autograd.grad_mode import (
     set_grad_enabled,
 )
 from netcl.core import Device, DeviceError, Tensor, get_device
+from netcl.core.tensor import format_values
 
 #: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
 GradFn = Callable[[Tensor], list[Tensor | None]]
@@ -120,6 +121,21 @@ class Node:
         """A NumPy copy of the value (a synchronization point)."""
         return self.value.to_host()
 
+    def numpy(self) -> np.ndarray:
+        """A NumPy copy of the value (as ``to_host``)."""
+        return self.value.to_host()
+
+    def to(self, device: Device | str) -> Node:
+        """This node on ``device``: itself when already there, else a copy whose gradient flows back."""
+        target = get_device(device)
+        if target is self.device:
+            return self
+
+        def move_back(grad: Tensor, values: tuple, out: Tensor) -> list[Tensor]:
+            return [grad.to(values[0].device)]
+
+        return apply_op(lambda v: v.to(target), move_back, self, op_name="to")
+
     def item(self) -> float:
         """The value of a one-element node as a Python number."""
         if self.value.size != 1:
@@ -145,10 +161,15 @@ class Node:
 
     def __repr__(self) -> str:
         device = getattr(self.value, "device", None)  # a tracer's value has no device
-        return (
-            f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
-            f"device={getattr(device, 'spec', None)}, requires_grad={self.requires_grad})"
-        )
+        if not isinstance(self.value, Tensor):
+            return (
+                f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"device={getattr(device, 'spec', None)}, requires_grad={self.requires_grad})"
+            )
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        op = f", op={self.op_name!r}" if self.op_name else ""
+        values = format_values(self.value, "Node(")
+        return f"Node({values}, device={device.spec}, dtype={self.dtype}{op}{grad})"
 
     # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
     def __add__(self, other: Any) -> Node:

@@ -14,6 +14,7 @@ import numpy as np
 from netcl.jit.codegen import Body
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
+from netcl.jit.primitives import custom_numpy_helpers
 
 BLOCK_ELEMENTS = 1 << 14
 _FLOAT_SUFFIX = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
@@ -69,7 +70,7 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
 
 def compile_function(name: str, source: str):
     """exec the generated source in the helper namespace and return the function."""
-    namespace = dict(NAMESPACE)
+    namespace = {**NAMESPACE, **custom_numpy_helpers()}  # helpers of register_primitive(..., numpy_helpers=)
     try:
         exec(compile(source, f"<netcl-jit {name}>", "exec"), namespace)
     except SyntaxError as exc:

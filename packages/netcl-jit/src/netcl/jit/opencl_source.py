@@ -12,6 +12,7 @@ import math
 from netcl.core import broadcast_index_lines, needs_64bit_index
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.jit.codegen import Body
+from netcl.jit.primitives import custom_preamble
 
 VECTOR_WIDTH = 4
 
@@ -46,7 +47,7 @@ def kernel_source(
         code = _broadcast_vector_kernel(input_shapes, out_shape, modes, body, extra_inputs, index_type, vector_width)
     else:
         code = _scalar_kernel(input_shapes, out_shape, body, extra_inputs, index_type)
-    return PRIMITIVE_PREAMBLE + "\n" + header + code + "}\n"
+    return PRIMITIVE_PREAMBLE + "\n" + custom_preamble() + header + code + "}\n"
 
 
 #: Largest work-group a fused kernel is launched with (PoCL allows 4096).

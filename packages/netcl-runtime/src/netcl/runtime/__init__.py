@@ -24,7 +24,14 @@ from netcl.runtime.cache import CacheStats, clear_caches, register_cache
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.graph import Command, Graph, Launch
 from netcl.runtime.launch import enqueue_copy, enqueue_fill
-from netcl.runtime.perf import PerfCounter, SectionStats, TimingRegion, event_based_timing, timing_region
+from netcl.runtime.perf import (
+    PerfCounter,
+    SectionStats,
+    TimingRegion,
+    enable_profiling,
+    event_based_timing,
+    timing_region,
+)
 from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
 
@@ -41,6 +48,7 @@ __all__ += [
     "capture_graph",
     "clear_caches",
     "enqueue_copy",
+    "enable_profiling",
     "enqueue_fill",
     "event_based_timing",
     "register_cache",

@@ -6,6 +6,7 @@ kernel (built once per op, shapes and dtypes through ``program_cache``, launched
 ``launch``); on the NumPy backend (``device.kind == "cpu"``) the same op runs in NumPy.
 """
 
+from netcl.core.tensor import ARITHMETIC as _TENSOR_ARITHMETIC
 from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
 from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.conv import conv2d
@@ -61,6 +62,9 @@ from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, sum
 from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
+
+# Tensor operators (grad tensors included: ``w.grad * 0.1``) run these ops.
+_TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)
 
 __all__ = [
     "abs",
