@@ -99,10 +99,10 @@ def _probe_device():
 
 
 def probe_primitive(primitive: AutogradPrimitive) -> None:
-    """Build the forward and backward expressions into one kernel; JitError with the build log if they fail."""
-    device = _probe_device()
-    if device is None:
-        return  # no OpenCL here: the NumPy path evaluates the expressions when called
+    """Build the forward and backward expressions into one kernel; JitError with the build log if they fail.
+
+    The expressions' types are checked everywhere; the build needs an OpenCL device (none: skipped).
+    """
     count = primitive.arity or 2
     args = [f"a{i}" for i in range(count)]
     try:
@@ -110,8 +110,15 @@ def probe_primitive(primitive: AutogradPrimitive) -> None:
         backward = primitive.backward(args, "g", {}, "out_v")
     except (KeyError, IndexError, TypeError, ValueError):
         return  # the expressions need attributes or arguments the probe cannot know
-    if not isinstance(forward, str) or not all(isinstance(e, str) for e in backward):
+    if (
+        not isinstance(forward, str)
+        or not isinstance(backward, (list, tuple))
+        or not all(isinstance(e, str) for e in backward)
+    ):
         raise JitError(f"primitive {primitive.name!r}: forward must return a C expression, backward a list of them")
+    device = _probe_device()
+    if device is None:
+        return  # no OpenCL here: the NumPy path evaluates the expressions when called
     params = ", ".join(f"const float {a}" for a in [*args, "g"])
     stores = "\n".join(f"    out[{i + 1}] = {expr};" for i, expr in enumerate(backward))
     source = (
