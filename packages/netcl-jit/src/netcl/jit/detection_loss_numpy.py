@@ -92,7 +92,7 @@ def partials(x, t, hw, rw, hs: float, rs: float, beta: float) -> np.ndarray:
         np.absolute(xb, out=s0)
         np.negative(s0, out=s0)
         np.exp(s0, out=s0)
-        np.log1p(s0, out=s0)
+        _log1p_unit(s0, s1, s2)
         np.maximum(xb, zeros, out=s1)
         np.multiply(xb, tb, out=s2)
         np.subtract(s1, s2, out=s1)
@@ -105,6 +105,21 @@ def partials(x, t, hw, rw, hs: float, rs: float, beta: float) -> np.ndarray:
 
     run_blocks(n, block, one_block)
     return out
+
+
+def _log1p_unit(e, u, d) -> None:
+    """``e = log1p(e)`` in place for e in [0, 1], as ``log(u) - ((u - 1) - e) / u`` with ``u = 1 + e``.
+
+    NumPy's float32 ``log1p`` has no SIMD loop (9 ns per element here, against 1 ns for ``log``).
+    ``u - 1`` is exact, so the second term corrects the rounding of ``u`` to first order (the
+    error left is below (e eps)^2); for e < eps/2, u == 1 and the result is e itself.
+    """
+    np.add(e, _F(1), out=u)
+    np.subtract(u, _F(1), out=d)
+    np.subtract(d, e, out=d)
+    np.divide(d, u, out=d)
+    np.log(u, out=e)
+    np.subtract(e, d, out=e)
 
 
 def _smooth_l1(xb, tb, beta: float, out, a, m, betas) -> None:
