@@ -4,8 +4,9 @@ CPU OpenCL devices are ranked by capability: a device whose compiler targets the
 ISA (a system PoCL reports its LLVM CPU, e.g. ``pthread-haswell-...`` or ``HSTR: ...-skylake-avx512``;
 Intel's CPU runtime always does) comes before one with a generic target, then wider preferred
 float vectors, then the newer driver. The best-ranked one is then measured once against the
-NumPy backend's fused path on a small probe (``chain8`` at 256K elements: the same per-element
-math as a fused kernel, preamble and all) and the faster engine is the default. The result is
+NumPy backend's fused path on a small probe (``chain8`` at 256K elements, written as netcl.jit
+writes fused kernels for CPU devices: the body on ``floatN`` vectors) and the faster engine is
+the default. The result is
 cached on disk per machine, device and driver (``engine-choice.json`` in ``NETCL_CACHE_DIR``,
 else ``~/.cache/netcl``), so only the first process on a machine pays for it (about a second).
 ``NETCL_ENGINE_PROBE=0`` skips the measurement: the best-ranked CPU OpenCL device is chosen.
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 PROBE_ENV = "NETCL_ENGINE_PROBE"
 CACHE_NAME = "engine-choice.json"
-PROBE_ELEMENTS = 1 << 18
+PROBE_ELEMENTS = 1 << 20
 #: LLVM CPU names that mean "no particular CPU": the compiler emits baseline x86-64/ARM code.
 GENERIC_TARGETS = frozenset({"", "generic", "x86-64", "x86_64", "x86-64-v1", "i686", "aarch64", "generic-rv64"})
 _HSTR = re.compile(r"HSTR:\s*\S*-(?:gnu\w*|musl\w*|elf|android\w*|none)-(\S+)")
@@ -151,7 +152,7 @@ def fingerprint(device: Device) -> str:
         _cpu_model(),
         np.__version__,
         f"threads={host_threads()}",
-        f"probe=v1:{PROBE_ELEMENTS}",
+        f"probe=v2:{PROBE_ELEMENTS}:{probe_width(device)}",
     ]
     return " | ".join(parts)
 
@@ -201,31 +202,40 @@ def measure_probe(device: Device, n: int = PROBE_ELEMENTS, repeats: int = 5) -> 
 PROBE_SOURCE = r"""
 __kernel void probe_chain8(__global const float* restrict x, __global const float* restrict a,
                            __global const float* restrict b, __global float* restrict out, const int n) {
-    int i = get_global_id(0);
-    if (i >= n) return;
-    float xi = x[i];
-    float h = ADD(MUL(xi, a[i]), b[i]);
-    h = MUL(RELU(h), 0.5f);
-    h = TANH(SUB(SIGMOID(h), xi));
-    out[i] = MUL(h, h);
+    int v = get_global_id(0);
+    if ((v + 1) * @W@ > n) return;
+    VF xi = vload@W@(v, x);
+    VF h = ADD(MUL(xi, vload@W@(v, a)), vload@W@(v, b));
+    h = MUL(V_RELU(h), 0.5f);
+    h = V_TANH(SUB(V_SIGMOID(h), xi));
+    vstore@W@(MUL(h, h), v, out);
 }
 """
 
 
+def probe_width(device: Device) -> int:
+    """The vector width fused kernels use on this CPU device (netcl.jit.tuning: the preferred float width)."""
+    preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
+    return preferred if preferred in (4, 8, 16) else 8
+
+
 def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
+    """The fused chain8 kernel as netcl.jit writes it for CPU devices: the body on float vectors."""
     import pyopencl as cl
 
     from netcl.core.kernels import PRIMITIVE_PREAMBLE
+    from netcl.core.kernels.vector_primitives import vector_preamble
 
+    width = probe_width(device)
     context, queue = device.context, device.queue
-    program = cl.Program(context, PRIMITIVE_PREAMBLE + PROBE_SOURCE).build()
-    kernel = program.probe_chain8
+    source = PRIMITIVE_PREAMBLE + vector_preamble(width) + PROBE_SOURCE.replace("@W@", str(width))
+    kernel = cl.Program(context, source).build().probe_chain8
     flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
     buffers = [cl.Buffer(context, flags, hostbuf=array) for array in (x, a, b)]
     out = cl.Buffer(context, cl.mem_flags.WRITE_ONLY, x.nbytes)
     n = x.size
     local = 64
-    global_size = -(-n // local) * local
+    global_size = -(-(n // width) // local) * local
     samples = []
     for _ in range(repeats + 1):
         event = kernel(queue, (global_size,), (local,), *buffers, out, np.int32(n))
