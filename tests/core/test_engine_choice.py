@@ -112,9 +112,9 @@ def test_numpy_backend_wins_when_it_measures_faster() -> None:
     assert chosen is NUMPY and calls == [PIP_POCL]
     assert reason == (
         "no OpenCL GPU; the NumPy backend beat the best CPU OpenCL device 1:0 'pthread-Intel(R) Xeon(R) Processor': "
-        f"generic compiler target (x86-64): fused chain8 probe ({engine_choice.PROBE_ELEMENTS:,} elements): OpenCL 40.00 ms, NumPy backend "
-        f"fused path 5.00 ms on {host_threads()} thread(s) (measured now); NETCL_DEVICE=1:0 picks that "
-        "device anyway"
+        f"generic compiler target (x86-64): fused chain8 probe ({engine_choice.PROBE_ELEMENTS:,} elements): "
+        f"OpenCL 40.00 ms, NumPy backend fused path 5.00 ms on {host_threads()} thread(s) (measured now); "
+        "NETCL_DEVICE=1:0 picks that device anyway"
     )
 
 
