@@ -17,7 +17,7 @@ import numpy as np
 from netcl.core import Tensor, broadcast_index_lines, broadcast_shapes
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import launch
-from netcl.runtime.ops import numpy_backend
+from netcl.runtime.ops import host_blas, numpy_backend
 from netcl.runtime.ops._common import (
     compute_ctype,
     device_of,
@@ -74,6 +74,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     device.check_dtype(result)
     if device.kind == "cpu":
         return numpy_backend.matmul(a, b, result)
+    if host_blas.applies(device, a, b, result):  # CPU OpenCL: NumPy's BLAS on the mapped buffers
+        return host_blas.matmul(a, b, out_shape, result)
     out = Tensor.empty(out_shape, result, device)
     M, K, N = a2[-2], a2[-1], b2[-1]
     if out.size == 0:
