@@ -22,16 +22,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes
-from netcl.core.dtypes import float32, float64
+from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime import capture as _capture
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops import precision as _precision
-from netcl.runtime.ops._common import device_of, float_dtype, get_kernel, promote
+from netcl.runtime.ops._common import device_of, float_dtype, get_kernel, pragmas, promote, remember, storage_ctype
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, portable_source
 from netcl.runtime.ops.layout import broadcast_to, cast
 from netcl.runtime.ops.pointwise import fill_
-from netcl.runtime.ops.reduce import sum as reduce_sum
 
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 #: Scalar argument dtypes of ``netcl_gemm`` (None: a buffer), see ``gemm_source``.
@@ -109,6 +109,9 @@ def merge_batch(a_batch, b_batch, batch, a_mat: int, b_mat: int) -> list[tuple[i
     return dims
 
 
+_PLANS: dict = {}
+
+
 def gemm(
     a: Tensor,
     b: Tensor,
@@ -125,12 +128,30 @@ def gemm(
     ``precision`` (float32 operands): "highest" (fp32 FMA), "high" (tf32 tensor cores), "medium"
     (bf16 tensor cores); None means ``get_float32_matmul_precision()``. Devices without tensor
     cores compute in fp32 whatever is asked. ``out_dtype`` defaults to the promoted float dtype.
+    A repeated call with the same shapes, dtypes and options reuses its launch plan.
     """
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
+    precision = _precision.resolve(precision)
+    device = a.device
+    key = (
+        device,
+        a.shape,
+        b.shape,
+        a.dtype,
+        b.dtype,
+        trans_a,
+        trans_b,
+        out_dtype,
+        precision,
+        epilogue,
+        None if bias is None else (bias.shape, bias.dtype, bias.device),
+    )
+    plan = _PLANS.get(key)
+    if plan is not None and b.device is device:
+        return plan.run(a, b, bias)
     device = device_of((a, b) if bias is None else (a, b, bias), "matmul")
     m, n, k, batch = operand_dims(a.shape, b.shape, trans_a, trans_b)
-    precision = _precision.resolve(precision)
     result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
     if result.kind != "f":
         raise DTypeError(f"matmul: out_dtype must be a float dtype, got {result}")
@@ -139,7 +160,14 @@ def gemm(
     out_shape = (*batch, m, n)
     if device.kind == "cpu":
         return numpy_backend.gemm(a, b, trans_a, trans_b, result, epilogue, bias)
-    return _gemm_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias)
+    plan = _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue)
+    if plan is None:  # rare layouts (casts, materialized broadcasts, empty): no plan, the general path
+        return _gemm_general(
+            device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias
+        )
+    if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
+        remember(_PLANS, key, plan)
+    return plan.run(a, b, bias)
 
 
 def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> None:
@@ -155,30 +183,47 @@ def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> 
         raise DTypeError(f"matmul: epilogue bias must be float32, got {bias.dtype}")
 
 
-def _gemm_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias):
+def _problem(a_shape, b_shape, trans_a, trans_b, m, n, k, batch) -> Problem | None:
+    dims = merge_batch(a_shape[:-2], b_shape[:-2], batch, m * k, k * n)
+    if len(dims) > 3:
+        return None
+    if len(dims) == 1 and not trans_a and dims[0][2] == 0 and dims[0][1] == m * k:
+        m, dims = m * dims[0][0], []  # x (B, M, K) @ w (K, N): one (B*M, K) @ (K, N) product
+    return Problem(m, n, k, trans_a, trans_b, tuple(dims))
+
+
+def _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue):
+    """The launch plan of a product that needs no operand casts or materialized broadcasts, else None."""
+    if math.prod(out_shape) == 0 or k == 0:
+        return None
+    from netcl.runtime.ops import gemm_mma
+
+    mode = gemm_mma.mode_for(device, a.dtype, b.dtype, precision)
+    if mode is None and (a.dtype != b.dtype or a.dtype.kind != "f" or (result == float64) != (a.dtype == float64)):
+        return None
+    problem = _problem(a.shape, b.shape, trans_a, trans_b, m, n, k, batch)
+    if problem is None:
+        return None
+    if mode is not None:
+        return gemm_mma.make_plan(device, mode, a.dtype, b.dtype, result, out_shape, problem, epilogue)
+    return make_plan(device, a.dtype, result, out_shape, problem, epilogue)
+
+
+def _gemm_general(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias):
+    """Empty products, K == 0, operand casts and broadcasts that merging cannot express."""
     out = Tensor.empty(out_shape, result, device)
     if out.size == 0:
         return out
     if k == 0:
         return _epilogue_on_zero(fill_(out, 0), epilogue, bias)
-    from netcl.runtime.ops import gemm_mma
-
-    mode = gemm_mma.mode_for(device, a.dtype, b.dtype, precision)
-    if mode is None:  # portable kernel: one storage dtype for both operands, float
-        compute = float64 if float64 in (a.dtype, b.dtype, result) else float32
-        if a.dtype != b.dtype or a.dtype.kind != "f":
-            a, b = _as_dtype(a, compute), _as_dtype(b, compute)
-    dims = merge_batch(a.shape[:-2], b.shape[:-2], batch, m * k, k * n)
-    if len(dims) > 3:  # an interleaving of broadcast dims merging cannot collapse: materialize
+    compute = float64 if float64 in (a.dtype, b.dtype, result) else float32
+    a, b = _as_dtype(a, compute), _as_dtype(b, compute)
+    if _problem(a.shape, b.shape, trans_a, trans_b, m, n, k, batch) is None:
         a = broadcast_to(a, (*batch, *a.shape[-2:]))
         b = broadcast_to(b, (*batch, *b.shape[-2:]))
-        dims = merge_batch(batch, batch, batch, m * k, k * n)
-    if len(dims) == 1 and not trans_a and dims[0][2] == 0 and dims[0][1] == m * k:
-        m, dims = m * dims[0][0], []  # x (B, M, K) @ w (K, N): one (B*M, K) @ (K, N) product
-    problem = Problem(m, n, k, trans_a, trans_b, tuple(dims))
-    if mode is not None:
-        return gemm_mma.run(device, mode, a, b, out, problem, epilogue, bias)
-    return run_portable(device, a, b, out, problem, epilogue, bias)
+    return gemm(
+        a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=result, precision=precision, epilogue=epilogue, bias=bias
+    )
 
 
 def _as_dtype(x: Tensor, dtype: np.dtype) -> Tensor:
@@ -229,73 +274,106 @@ def with_alignment(cfg: GemmConfig, problem: Problem) -> GemmConfig:
     return cfg if (va, vb) == (cfg.va, cfg.vb) else replace(cfg, va=va, vb=vb)
 
 
-def run_portable(
-    device: Device,
-    a: Tensor,
-    b: Tensor,
-    out: Tensor,
-    problem: Problem,
-    epilogue: Epilogue = IDENTITY,
-    bias: Tensor | None = None,
-    cfg: GemmConfig | None = None,
-) -> Tensor:
-    """Launch the portable kernel for ``problem`` (``cfg`` forces a config: the tuner's trials)."""
+class Plan:
+    """Everything one product launches, resolved once: kernel, sizes, scalar arguments, split-K sum."""
+
+    __slots__ = (
+        "device",
+        "kernel",
+        "gsize",
+        "lsize",
+        "args",
+        "out_shape",
+        "out_dtype",
+        "work",
+        "sum_kernel",
+        "sum_args",
+    )
+
+    def __init__(self, device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args):
+        self.device, self.kernel, self.gsize, self.lsize, self.args = device, kernel, gsize, lsize, args
+        self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
+        self.sum_kernel, self.sum_args = sum_kernel, sum_args
+
+    def run(self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+        device = self.device
+        if out is None:
+            out = Tensor.empty(self.out_shape, self.out_dtype, device)
+        target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
+        args = list(self.args)
+        args[3], args[5], args[7] = a, b, target
+        if bias is not None:
+            args.append(bias)
+        launch(self.kernel, self.gsize, self.lsize, *args, queue=device.queue)
+        if self.work is not None:
+            total, splits, gsize = self.sum_args
+            launch(self.sum_kernel, gsize, 256, target, out, total, splits, queue=device.queue)
+        return out
+
+
+def gemm_args(problem: Problem, splits: int, chunk: int) -> list:
+    """Scalar arguments of ``netcl_gemm`` (buffers as None placeholders at 3, 5, 7)."""
+    m, n = problem.m, problem.n
+    dims = [(1, 0, 0)] * (3 - len(problem.dims)) + list(problem.dims)
+    return [
+        m, n, problem.k, None, problem.lda, None, problem.ldb, None, n,
+        dims[1][0], dims[2][0], dims[0][1], dims[1][1], dims[2][1], dims[0][2], dims[1][2], dims[2][2],
+        m * n, splits, chunk, problem.batch * m * n,
+    ]  # fmt: skip
+
+
+def index_kind(problem: Problem) -> str:
+    p = problem
+    return "long" if max(p.m * p.lda, p.k * p.lda, p.n * p.ldb, p.k * p.ldb, p.m * p.n) >= 2**31 else "int"
+
+
+def finish_plan(device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype) -> Plan:
+    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum."""
+    work = sum_kernel = sum_args = None
+    if splits > 1:
+        acc = float64 if out_dtype == float64 else float32
+        total = problem.batch * problem.m * problem.n
+        work = ((splits, total), acc)
+        sum_kernel = _split_sum_kernel(device, acc, out_dtype)
+        sum_args = (total, splits, -(-total // 256) * 256)
+    args = gemm_args(problem, splits, chunk)
+    return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
+
+
+def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype):
+    ct, st = storage_ctype(acc), storage_ctype(out_dtype)
+    store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+
+    def source() -> str:
+        return f"""{pragmas([acc, out_dtype])}
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits) {{
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    {ct} s = 0;
+    for (int p = 0; p < splits; ++p) s += W[p * total + i];
+    {store};
+}}
+"""
+
+    key = ("gemm-split-sum", acc.str, out_dtype.str)
+    return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32]).kernel
+
+
+def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None) -> Plan:
+    """The portable kernel's plan for ``problem`` (``cfg`` forces a config: the tuner's trials)."""
     if cfg is None:
-        cfg = portable_config(device, problem, a.dtype)
+        cfg = portable_config(device, problem, dtype)
     splits, chunk = 1, problem.k
     if epilogue.is_identity:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)
-    target = out
-    if splits > 1:
-        target = Tensor.empty((splits, *out.shape), float64 if out.dtype == float64 else float32, device)
-    launch_kernel(device, cfg, a, b, target, problem, splits, chunk, epilogue, bias)
-    if splits > 1:
-        summed = reduce_sum(target, axis=0)
-        return summed if summed.dtype == out.dtype else cast(summed, out.dtype)
-    return out
-
-
-def launch_kernel(device, cfg, a, b, c, problem, splits, chunk, epilogue, bias) -> None:
-    """One launch of ``netcl_gemm`` (portable) writing ``c`` (or its split workspace)."""
-    m, n = problem.m, problem.n
-    big = max(m * problem.lda, problem.k * problem.lda, n * problem.ldb, problem.k * problem.ldb, m * n) >= 2**31
-    idx = "long" if big else "int"
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, a.dtype.str, b.dtype.str, c.dtype.str, idx, epilogue)
+    c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
+    idx = index_kind(problem)
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, a.dtype, b.dtype, c.dtype, idx, epilogue)
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
 
-    args = ARG_DTYPES + ([None] if bias is not None else [])
+    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
-    dims = [(1, 0, 0)] * (3 - len(problem.dims)) + list(problem.dims)
-    batch = problem.batch
-    gsize = (-(-n // cfg.bn) * cfg.wgn, -(-m // cfg.bm) * cfg.wgm, batch * splits)
-    extra = (bias,) if bias is not None else ()
-    launch(
-        kernel,
-        gsize,
-        (cfg.wgn, cfg.wgm, 1),
-        m,
-        n,
-        problem.k,
-        a,
-        problem.lda,
-        b,
-        problem.ldb,
-        c,
-        n,
-        dims[1][0],
-        dims[2][0],
-        dims[0][1],
-        dims[1][1],
-        dims[2][1],
-        dims[0][2],
-        dims[1][2],
-        dims[2][2],
-        m * n,
-        splits,
-        chunk,
-        batch * m * n,
-        *extra,
-        queue=device.queue,
-    )
+    gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)
+    return finish_plan(device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype)

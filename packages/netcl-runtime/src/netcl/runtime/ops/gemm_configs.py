@@ -85,7 +85,7 @@ class _Trial:
         self.operands: tuple[Tensor, Tensor, Tensor] | None = None
 
     def __call__(self, cfg: GemmConfig) -> None:
-        from netcl.runtime.ops.gemm import run_portable, with_alignment
+        from netcl.runtime.ops.gemm import make_plan, with_alignment
 
         p = self.problem
         if self.operands is None:
@@ -97,4 +97,5 @@ class _Trial:
             b = full((b_elems,), 0.25, self.dtype, self.device)
             self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, self.device))
         a, b, out = self.operands
-        run_portable(self.device, a, b, out, p, cfg=with_alignment(cfg, p))
+        plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, cfg=with_alignment(cfg, p))
+        plan.run(a, b, out=out)

@@ -20,7 +20,7 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import MmaConfig, mma_source
-from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue
+from netcl.runtime.ops.gemm_source import IDENTITY
 
 log = logging.getLogger("netcl.gemm")
 _PROBED: dict[tuple[Device, str], bool] = {}
@@ -52,45 +52,59 @@ def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: st
 
 def available(device: Device, mode: str) -> bool:
     """Whether ``device`` ran the probe of ``mode`` correctly (probed once per process)."""
+    return _probe_result(device, mode) is not None
+
+
+def _probe_result(device: Device, mode: str) -> int | None:
+    """None: no tensor cores for ``mode``; else the ``ldsm`` flag that worked (1: ldmatrix)."""
     if not _nvidia(device):
-        return False
+        return None
     key = (device, mode)
     with _LOCK:
-        known = _PROBED.get(key)
-    if known is None:
-        known = _probe(device, mode)
-        with _LOCK:
-            _PROBED[key] = known
-    return known
+        if key in _PROBED:
+            return _PROBED[key]
+    result = None
+    for ldsm in (1, 0):
+        if _probe(device, mode, ldsm):
+            result = ldsm
+            break
+    with _LOCK:
+        _PROBED[key] = result
+    return result
 
 
-def _probe(device: Device, mode: str) -> bool:
-    """Build the smallest mma kernel of ``mode`` and check a 16 x 8 x 16 product against NumPy."""
+def _probe(device: Device, mode: str, ldsm: int) -> bool:
+    """Build the smallest mma kernels of ``mode`` (NN and TT) and check 16 x 16 x 16 products."""
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.ops.gemm import Problem
 
     rng = np.random.default_rng(7)
     dtype = float16 if mode == "f16" else float32
-    a = rng.uniform(-1, 1, (16, 16)).astype(dtype)
-    b = rng.uniform(-1, 1, (16, 8)).astype(dtype)
-    cfg = MmaConfig(1, 1, 1, 1, 8, 0, 0)
-    try:
-        if dtype == float16 and not device.supports(float16):
-            return False
-        ta, tb = Tensor.from_host(device, a), Tensor.from_host(device, b)
-        out = Tensor.empty((16, 8), float32, device)
-        launch_mma(device, mode, cfg, ta, tb, out, Problem(16, 8, 16, False, False, ()), 1, 16, IDENTITY, None)
-        got = out.to_host()
-    except (CompileError, LaunchError) as exc:
-        log.info("netcl: tensor-core probe (%s) failed on %s: %s", mode, device.cl_device.name, str(exc)[:3000])
+    if dtype == float16 and not device.supports(float16):
         return False
-    expected = a.astype(np.float64) @ b.astype(np.float64)
-    # tf32 / bf16 operand rounding: relative 2**-11 / 2**-8 per product, 16 products of |x| <= 1
+    cfg = MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
+    # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
+    # of |x| <= 1, plus fp32 accumulation
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1}[mode]
-    ok = bool(np.all(np.abs(got - expected) <= tol))
-    if not ok:
-        log.warning("netcl: tensor-core probe (%s) on %s gave wrong results; not used", mode, device.cl_device.name)
-    return ok
+    for trans in (False, True):
+        a = rng.uniform(-1, 1, (16, 16)).astype(dtype)
+        b = rng.uniform(-1, 1, (16, 16)).astype(dtype)
+        try:
+            ta, tb = Tensor.from_host(device, a), Tensor.from_host(device, b)
+            problem = Problem(16, 16, 16, trans, trans, ())
+            plan = make_plan(device, mode, ta.dtype, tb.dtype, float32, (16, 16), problem, cfg=cfg)
+            got = plan.run(ta, tb).to_host()
+        except (CompileError, LaunchError) as exc:
+            log.info("netcl: tensor-core probe (%s, ldsm=%d) failed on %s: %s", mode, ldsm, device.cl_device.name, exc)
+            return False
+        x, y = (a.T, b.T) if trans else (a, b)
+        expected = x.astype(np.float64) @ y.astype(np.float64)
+        if not np.all(np.abs(got - expected) <= tol):
+            log.warning(
+                "netcl: tensor-core probe (%s, ldsm=%d) on %s gave wrong results", mode, ldsm, device.cl_device.name
+            )
+            return False
+    return True
 
 
 def _grid() -> list[MmaConfig]:
@@ -103,6 +117,8 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(2, 2, 2, 4, 16),
         MmaConfig(2, 2, 2, 2, 16),
         MmaConfig(2, 2, 4, 8, 8),
+        MmaConfig(4, 2, 4, 8, 8),
+        MmaConfig(2, 4, 4, 8, 8),
         MmaConfig(4, 2, 2, 4, 8),
     ]
 
@@ -115,12 +131,12 @@ def _default(device: Device, problem) -> MmaConfig:
     return MmaConfig(2, 2, 2, 2, 16)
 
 
-def _valid(device: Device, cfg: MmaConfig, mode: str, problem, a_half: bool, b_half: bool) -> bool:
+def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
     d = device.cl_device
     return (
-        not cfg.problems(mode, problem.trans_a, problem.trans_b, a_half, b_half)
+        not cfg.problems(mode, problem.trans_a, problem.trans_b)
         and cfg.threads <= d.max_work_group_size
-        and cfg.local_bytes() <= d.local_mem_size
+        and cfg.local_bytes(mode, problem.trans_a, problem.trans_b) <= d.local_mem_size
     )
 
 
@@ -137,10 +153,12 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
 
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
     key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
-    candidates = [c for c in _grid() if _valid(device, c, mode, problem, a_half, b_half)]
-    fallback = _default(device, problem)
-    if not _valid(device, fallback, mode, problem, a_half, b_half):
-        fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 1, 8)
+    ldsm = _probe_result(device, mode) or 0
+    candidates = [dataclasses.replace(c, ldsm=ldsm) for c in _grid()]
+    candidates = [c for c in candidates if _valid(device, c, mode, problem)]
+    fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
+    if not _valid(device, fallback, mode, problem):
+        fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
     trial = _Trial(device, mode, problem, a_half, b_half)
     cfg = tune.select(device, key, candidates, fallback, trial, dataclasses.asdict, lambda d: MmaConfig(**d))
     return _aligned(cfg, problem, a_half, b_half)
@@ -166,83 +184,39 @@ class _Trial:
             )
         a, b, out = self.operands
         cfg = _aligned(cfg, p, *(d == float16 for d in self.dtypes))
-        run(self.device, self.mode, a, b, out, p, cfg=cfg)
+        plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
+        plan.run(a, b, out=out)
 
 
-def run(device: Device, mode: str, a, b, out, problem, epilogue: Epilogue = IDENTITY, bias=None, cfg=None):
-    """``out = op(a) @ op(b)`` (+ epilogue) on tensor cores; split along K when the output is small."""
-    from netcl.runtime.ops.gemm import split_count
-    from netcl.runtime.ops.layout import cast
-    from netcl.runtime.ops.reduce import sum as reduce_sum
+def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None):
+    """The tensor-core kernel's plan for ``problem`` (split along K when the output is small)."""
+    from netcl.runtime.ops.gemm import ARG_DTYPES, finish_plan, index_kind, split_count
 
-    a_half, b_half = a.dtype == float16, b.dtype == float16
+    a_half, b_half = a_dtype == float16, b_dtype == float16
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
-    bk = cfg.bkw * (1 if mode == "tf32" else 2)
     splits, chunk = 1, problem.k
     if epilogue.is_identity:
-        splits, chunk = split_count(problem, cfg.bm, cfg.bn, bk, device)
-    if splits > 1:
-        work = Tensor.empty((splits, *out.shape), float32, device)
-        launch_mma(device, mode, cfg, a, b, work, problem, splits, chunk, epilogue, bias)
-        summed = reduce_sum(work, axis=0)
-        return summed if summed.dtype == out.dtype else cast(summed, out.dtype)
-    launch_mma(device, mode, cfg, a, b, out, problem, 1, chunk, epilogue, bias)
-    return out
-
-
-def launch_mma(device, mode, cfg, a, b, c, problem, splits, chunk, epilogue, bias) -> None:
-    from netcl.runtime.launch import launch
-    from netcl.runtime.ops.gemm import ARG_DTYPES
-
-    m, n = problem.m, problem.n
-    big = max(m * problem.lda, problem.k * problem.lda, n * problem.ldb, problem.k * problem.ldb, m * n) >= 2**31
-    idx = "long" if big else "int"
+        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device)
+    c_dtype = float32 if splits > 1 else out_dtype
+    idx = index_kind(problem)
     key = (
         "gemm-mma",
         mode,
         cfg,
         problem.trans_a,
         problem.trans_b,
-        a.dtype.str,
-        b.dtype.str,
-        c.dtype.str,
+        a_dtype.str,
+        b_dtype.str,
+        c_dtype.str,
         idx,
         epilogue,
     )
 
     def source() -> str:
-        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a.dtype, b.dtype, c.dtype, idx, epilogue)
+        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, epilogue)
 
-    kernel = get_kernel(key, device, source, "netcl_gemm", ARG_DTYPES + ([None] if bias is not None else [])).kernel
-    dims = [(1, 0, 0)] * (3 - len(problem.dims)) + list(problem.dims)
-    gsize = (-(-n // cfg.bn) * cfg.threads, -(-m // cfg.bm), problem.batch * splits)
-    extra = (bias,) if bias is not None else ()
-    launch(
-        kernel,
-        gsize,
-        (cfg.threads, 1, 1),
-        m,
-        n,
-        problem.k,
-        a,
-        problem.lda,
-        b,
-        problem.ldb,
-        c,
-        n,
-        dims[1][0],
-        dims[2][0],
-        dims[0][1],
-        dims[1][1],
-        dims[2][1],
-        dims[0][2],
-        dims[1][2],
-        dims[2][2],
-        m * n,
-        splits,
-        chunk,
-        problem.batch * m * n,
-        *extra,
-        queue=device.queue,
-    )
+    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
+    gsize = (-(-problem.n // cfg.bn) * cfg.threads, -(-problem.m // cfg.bm), problem.batch * splits)
+    return finish_plan(device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype)

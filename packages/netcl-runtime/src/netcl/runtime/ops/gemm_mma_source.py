@@ -1,16 +1,19 @@
-"""OpenCL C source of the tensor-core GEMM: NVIDIA ``mma.sync`` through inline PTX.
+"""OpenCL C source of the tensor-core GEMM: NVIDIA ``mma.sync`` (and ``ldmatrix``) through inline PTX.
 
-Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes:
-"f16" (float16 operands, ``mma.m16n8k16.f16``), "bf16" (float32 operands rounded to bf16,
-``m16n8k16.bf16``) and "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``); all
-accumulate in fp32. A work-group of WM x WN warps computes a BM x BN block (BM = WM*FM*16,
-BN = WN*FN*8); each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
+Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
+(float16 operands, ``mma.m16n8k16.f16``), "bf16" (float32 operands rounded to bf16,
+``m16n8k16.bf16``) and "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``); all accumulate
+in fp32. A work-group of WM x WN warps computes a BM x BN block (BM = WM*FM*16, BN = WN*FN*8);
+each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
 
-Local memory holds 32-bit words (two 16-bit or one tf32 element), both operands k-contiguous:
-``As[m][kw]``, ``Bs[n][kw]`` with rows padded to BKW + 4 words, so the fragment loads of a warp
-(rows gid, words tig) hit 32 distinct banks. Each thread loads its share of the next stage's
-tiles into registers (raw, 16-byte vectors where aligned) before the current stage's mma work
-and converts/stores them after it, so global latency hides behind the tensor cores.
+Local memory keeps each operand tile in its STORED orientation (k-contiguous rows for A and for a
+transposed B, m/n-contiguous rows otherwise), converted to the mma element type (16-bit pairs or
+tf32 words), so the global -> local copy is 16-byte loads and 16-byte stores. Fragments come out of
+local memory with ``ldmatrix`` (``.trans`` for m/n-contiguous 16-bit tiles), four 8x8 matrices per
+instruction; tf32 tiles stored m/n-contiguous use word loads. Row strides are padded so that the
+eight row addresses of an ``ldmatrix`` (or the 32 words of a warp's loads) fall in distinct banks.
+Each thread loads its share of the next stage into registers before the current stage's mma work
+and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage).
 """
 
 from __future__ import annotations
@@ -27,20 +30,20 @@ MMA = {
     "bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "tf32": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
 }
-PAD = 4
 
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Warps per work-group (wm x wn), mma tiles per warp (fm x fn), words per stage, vector loads."""
+    """Warps per work-group (wm x wn), mma tiles per warp (fm x fn), words per stage, load options."""
 
     wm: int = 2
     wn: int = 2
     fm: int = 4
     fn: int = 8
-    bkw: int = 16
+    bkw: int = 16  #: 32-bit words along K per stage (16-bit modes: 2 elements a word)
     va: int = 1  #: 1: 16-byte global loads of A where aligned; 0: element loads only
     vb: int = 1
+    ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
 
     @property
     def bm(self) -> int:
@@ -54,143 +57,187 @@ class MmaConfig:
     def threads(self) -> int:
         return 32 * self.wm * self.wn
 
-    @property
-    def bk(self) -> int:  # in elements of the widest mode (16-bit: two per word)
-        return self.bkw * 2
+    def bk_elements(self, mode: str) -> int:
+        return self.bkw * _epw(mode)
 
-    def local_bytes(self) -> int:
-        return 2 * 4 * (self.bm + self.bn) * (self.bkw + PAD)
+    def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
+        a = _tile_words(self.bm, self.bkw, not trans_a, mode)
+        b = _tile_words(self.bn, self.bkw, trans_b, mode)
+        return 2 * 4 * (a + b)
 
-    def patches(self, side: int, along_k: bool, half: bool, mode: str) -> int:
-        return _patches(side, self.bkw, along_k, half, mode)
-
-    def problems(self, mode: str, trans_a: bool, trans_b: bool, a_half: bool, b_half: bool) -> list[str]:
+    def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
         out = []
         if self.bkw % 8:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
-        for side, along_k, half in ((self.bm, not trans_a, a_half), (self.bn, trans_b, b_half)):
-            count = _patches(side, self.bkw, along_k, half, mode)
-            if count == 0:
-                out.append(f"the tile of {side} rows x {self.bkw} words cannot be cut into load patches")
         return out
 
     def short(self) -> str:
-        return (
-            f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn} bkw{self.bkw} v{self.va}{self.vb}"
-        )
+        tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
+        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm}"
 
 
 def _epw(mode: str) -> int:
     return 1 if mode == "tf32" else 2
 
 
-def _patch_shape(along_k: bool, half: bool, mode: str) -> tuple[int, int]:
-    """(elements along k, elements along m/n) one thread loads per patch."""
+def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]:
+    """(rows, padded words per row) of a tile kept in its stored orientation."""
     if along_k:
-        return (8 if half else 4), 1
-    return _epw(mode), (8 if half else 4)
+        return side, bkw + 4
+    words = side // _epw(mode)
+    if mode == "tf32":  # word loads at rows tig, columns gid: stride = 8 or 24 (mod 32)
+        pad = next(p for p in range(0, 40) if (words + p) % 32 in (8, 24))
+        return bkw, words + pad
+    return bkw * 2, words + (4 if (words // 4) % 2 == 0 else 0)
 
 
-def _patches(side: int, bkw: int, along_k: bool, half: bool, mode: str) -> int:
-    pk, pm = _patch_shape(along_k, half, mode)
-    bk = bkw * _epw(mode)
-    if bk % pk or side % pm:
-        return 0
-    return (bk // pk) * (side // pm)
+def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
+    rows, ld = _row_words(side, bkw, along_k, mode)
+    return rows * ld
 
 
-def _operand(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode: str, vec: int, bound: str):
-    """(declarations, global loads into registers, conversions + local stores) of one operand's tile."""
-    pk, pm = _patch_shape(along_k, half, mode)
+def _copy(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode: str, vec: int, bound: str):
+    """(declarations, global loads into registers, conversions + local stores) of one operand's tile.
+
+    A chunk is the 16 bytes of local memory one thread fills: 8 elements of a 16-bit mode or 4
+    tf32 words, consecutive along the operand's contiguous dimension.
+    """
     epw = _epw(mode)
-    bk = cfg.bkw * epw
-    count = _patches(side, cfg.bkw, along_k, half, mode)
+    chunk = 4 * epw  # elements per chunk
+    rows, ld_words = _row_words(side, cfg.bkw, along_k, mode)
+    row_elems = cfg.bkw * epw if along_k else side
+    per_row = row_elems // chunk
+    count = rows * per_row
     per = -(-count // cfg.threads)
-    across = bk // pk if along_k else side // pm  # patches along the contiguous dim
     ld = f"ld{name.lower()}"
+    src_t = "ushort" if half else "float"
     decls, loads, stores = [], [], []
-    rows = 1 if along_k else pk  # global rows (along k) one patch reads
-    raw_t = "uint4" if half else "float4"
+    nregs = 1 if (half or mode == "tf32") else 2  # float sources of 16-bit modes: two float4
+    reg_t = "uint4" if half else "float4"
     for j in range(per):
-        u, w = f"((tid + {j * cfg.threads}) % {across})", f"((tid + {j * cfg.threads}) / {across})"
-        guard = f"if (tid + {j * cfg.threads} < {count}) " if (j + 1) * cfg.threads > count else ""
-        first_store = len(stores)
-        for r in range(rows):
-            decls.append(f"{raw_t} {name}r{j}_{r};")
-        if along_k:
-            loads.append(f"{guard}{{ const IDX mn = {name}0 + {w}; const int kk = k0 + {u} * {pk};")
-            loads.append(f"  __global const {'ushort' if half else 'float'}* p = {name} + mn * {ld} + kk;")
-            full = f"mn < {bound} && kk + {pk} <= kend"
-            elem_ok = [f"mn < {bound} && kk + {e} < kend" for e in range(pk)]
-            offsets = [str(e) for e in range(pk)]
-            targets = [(0, e) for e in range(pk)]
+        c = f"(tid + {j * cfg.threads})"
+        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
+        regs = [f"{name}r{j}_{q}" for q in range(nregs)]
+        decls += [f"{reg_t} {r};" for r in regs]
+        if along_k:  # row: m/n within the tile, col: k offset
+            loads.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = k0 + {col};")
+            loads.append(f"  __global const {src_t}* p = {name} + mn * {ld} + kk;")
+            full = f"mn < {bound} && kk + {chunk} <= kend"
+            ok = [f"mn < {bound} && kk + {e} < kend" for e in range(chunk)]
+        else:  # row: k offset, col: m/n within the tile
+            loads.append(f"{guard}{{ const int kk = k0 + {row}; const IDX mn = {name}0 + {col};")
+            loads.append(f"  __global const {src_t}* p = {name} + (IDX)kk * {ld} + mn;")
+            full = f"kk < kend && mn + {chunk} <= {bound}"
+            ok = [f"kk < kend && mn + {e} < {bound}" for e in range(chunk)]
+        if half:
+            vector = [f"{regs[0]} = *(__global const uint4*)p;"]
+            scalar = ["{ uint h[8];"]
+            scalar += [f"  h[{e}] = ({ok[e]}) ? (uint)p[{e}] : 0u;" for e in range(8)]
+            pairs = ", ".join(f"h[{2 * q}] | (h[{2 * q + 1}] << 16)" for q in range(4))
+            scalar.append(f"  {regs[0]} = (uint4)({pairs}); }}")
         else:
-            loads.append(f"{guard}{{ const IDX mn = {name}0 + {u} * {pm}; const int kk = k0 + {w} * {pk};")
-            loads.append(f"  __global const {'ushort' if half else 'float'}* p = {name} + (IDX)kk * {ld} + mn;")
-            full = f"kk + {pk - 1} < kend && mn + {pm} <= {bound}"
-            elem_ok = [f"kk + {r} < kend && mn + {e} < {bound}" for r in range(pk) for e in range(pm)]
-            offsets = [f"{r} * {ld} + {e}" for r in range(pk) for e in range(pm)]
-            targets = [(r, e) for r in range(pk) for e in range(pm)]
-        vec_rows = [f"{name}r{j}_{r} = *(__global const {raw_t}*)(p + {r} * {ld});" for r in range(rows)]
-        if along_k:
-            vec_rows = [f"{name}r{j}_0 = *(__global const {raw_t}*)p;"]
-        scalar = []
-        if half:  # assemble the uint4 of 8 halves from 16-bit loads
-            for r in range(rows):
-                scalar.append("{ uint h[8];")
-                for e in range(8):
-                    idx = targets.index((r, e))
-                    scalar.append(f"  h[{e}] = ({elem_ok[idx]}) ? (uint)p[{offsets[idx]}] : 0u;")
-                scalar.append(
-                    f"  {name}r{j}_{r} = (uint4)(h[0] | (h[1] << 16), h[2] | (h[3] << 16), "
-                    "h[4] | (h[5] << 16), h[6] | (h[7] << 16)); }"
-                )
-        else:
-            for idx, (r, e) in enumerate(targets):
-                scalar.append(f"{name}r{j}_{r}.s{e} = ({elem_ok[idx]}) ? p[{offsets[idx]}] : 0.0f;")
+            vector = [f"{r} = *(__global const float4*)(p + {4 * q});" for q, r in enumerate(regs)]
+            scalar = [f"{regs[e // 4]}.s{e % 4} = ({ok[e]}) ? p[{e}] : 0.0f;" for e in range(chunk)]
         if vec:
-            loads.append(f"  if ({full}) {{ {' '.join(vec_rows)} }} else {{")
-            loads += ["    " + s for s in scalar]
+            loads.append(f"  if ({full}) {{ {' '.join(vector)} }} else {{")
+            loads += ["    " + line for line in scalar]
             loads.append("  } }")
         else:
-            loads += ["  " + s for s in scalar]
+            loads += ["  " + line for line in scalar]
             loads.append("}")
-        # conversions and local stores (word coordinates: row mn_local, word column kw)
-        base = f"{name}s[nb]"
-        if along_k:
-            row, kw = w, f"{u} * {pk // epw}"
-            if half:
-                stores.append(f"*(__local uint4*)&{base}[{row} * LDW + {kw}] = {name}r{j}_0;")
-            elif mode == "tf32":
-                stores.append(
-                    f"*(__local uint4*)&{base}[{row} * LDW + {kw}] = (uint4)(TF32({name}r{j}_0.s0), "
-                    f"TF32({name}r{j}_0.s1), TF32({name}r{j}_0.s2), TF32({name}r{j}_0.s3));"
-                )
-            else:  # bf16: two words from four floats
-                stores.append(
-                    f"*(__local uint2*)&{base}[{row} * LDW + {kw}] = (uint2)(BF16X2({name}r{j}_0.s0, "
-                    f"{name}r{j}_0.s1), BF16X2({name}r{j}_0.s2, {name}r{j}_0.s3));"
-                )
+        if half:
+            value = regs[0]
+        elif mode == "tf32":
+            r = regs[0]
+            value = f"(uint4)(TF32({r}.s0), TF32({r}.s1), TF32({r}.s2), TF32({r}.s3))"
         else:
-            row0, kw = f"{u} * {pm}", w
-            for e in range(pm):
-                if half:
-                    comp, shift = f"s{e // 2}", e % 2
-                    lo = f"{name}r{j}_0.{comp}"
-                    hi = f"{name}r{j}_1.{comp}"
-                    word = (
-                        f"(({lo} & 0xFFFFu) | ({hi} << 16))" if shift == 0 else f"(({lo} >> 16) | ({hi} & 0xFFFF0000u))"
-                    )
-                elif mode == "tf32":
-                    word = f"TF32({name}r{j}_0.s{e})"
-                elif mode == "bf16":
-                    word = f"BF16X2({name}r{j}_0.s{e}, {name}r{j}_1.s{e})"
-                else:  # f16 from float32 operands
-                    word = f"F16X2({name}r{j}_0.s{e}, {name}r{j}_1.s{e})"
-                stores.append(f"{base}[({row0} + {e}) * LDW + {kw}] = {word};")
-        if guard:
-            stores[first_store:] = [f"{guard}{{", *stores[first_store:], "}"]
-    return decls, loads, stores
+            cvt = "BF16X2" if mode == "bf16" else "F16X2"
+            r0, r1 = regs
+            value = (
+                f"(uint4)({cvt}({r0}.s0, {r0}.s1), {cvt}({r0}.s2, {r0}.s3), "
+                f"{cvt}({r1}.s0, {r1}.s1), {cvt}({r1}.s2, {r1}.s3))"
+            )
+        stores.append(f"{guard}*(__local uint4*)&{name}s[nb][{row} * {ld_words} + {col} / {epw}] = {value};")
+    return decls, loads, stores, ld_words
+
+
+def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_w: int, ldb_w: int) -> list[str]:
+    """Fragment loads of one k-step (``ks``: the step's first word within the stage)."""
+    out = []
+    sixteen = mode != "tf32"
+    for fm in range(cfg.fm):
+        base = f"wr + {fm * 16}"
+        if cfg.ldsm and (a_along_k or sixteen):
+            if a_along_k:  # rows m: lanes 0-15 rows, lanes 16-31 the words 4-7
+                addr = f"As[cb] + ({base} + (lane & 15)) * {lda_w} + ks + (lane >> 4) * 4"
+                op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+            else:  # rows k (16-bit pairs along m): .trans
+                addr = (
+                    f"As[cb] + (ks * 2 + ((lane >> 4) & 1) * 8 + (lane & 7)) * {lda_w} "
+                    f"+ ({base} + ((lane >> 3) & 1) * 8) / 2"
+                )
+                op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+            out.append(f'LDSM4("{op}", af[{fm}], {addr});')
+        elif a_along_k:
+            r = f"({base} + gid) * {lda_w} + ks + tig"
+            out.append(
+                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8 * {lda_w}]; "
+                f"af[{fm}][2] = As[cb][{r} + 4]; af[{fm}][3] = As[cb][{r} + 8 * {lda_w} + 4];"
+            )
+        elif not sixteen:  # tf32, rows k: a0 = (m gid, k tig)
+            r = f"(ks + tig) * {lda_w} + {base} + gid"
+            out.append(
+                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8]; "
+                f"af[{fm}][2] = As[cb][{r} + 4 * {lda_w}]; af[{fm}][3] = As[cb][{r} + 4 * {lda_w} + 8];"
+            )
+        else:  # 16-bit, rows k, no ldmatrix: gather the two halves of each word
+            h = "((__local const ushort*)As[cb])"
+            row = "(ks * 2 + tig * 2)"
+            col = f"({base} + gid)"
+            words = []
+            for q, (dk, dm) in enumerate(((0, 0), (0, 8), (8, 0), (8, 8))):
+                lo = f"{h}[({row} + {dk}) * {2 * lda_w} + {col} + {dm}]"
+                hi = f"{h}[({row} + {dk} + 1) * {2 * lda_w} + {col} + {dm}]"
+                words.append(f"af[{fm}][{q}] = (uint){lo} | ((uint){hi} << 16);")
+            out.append(" ".join(words))
+    fn = 0
+    while fn < cfg.fn:
+        pair = cfg.ldsm and (b_along_k or sixteen) and fn + 1 < cfg.fn
+        base = f"wc + {fn * 8}"
+        if pair:
+            if b_along_k:  # rows n: lanes 0-7 / 16-23 rows of tile fn / fn+1, lanes 8-15 / 24-31 words 4-7
+                addr = f"Bs[cb] + ({base} + (lane & 7) + (lane >> 4) * 8) * {ldb_w} + ks + ((lane >> 3) & 1) * 4"
+                op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+            else:  # rows k: matrices (k 0-7, fn), (k 8-15, fn), (k 0-7, fn+1), (k 8-15, fn+1)
+                addr = (
+                    f"Bs[cb] + (ks * 2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * {ldb_w} + ({base} + (lane >> 4) * 8) / 2"
+                )
+                op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+            out.append(
+                f'{{ uint t[4]; LDSM4("{op}", t, {addr}); '
+                f"bf[{fn}][0] = t[0]; bf[{fn}][1] = t[1]; bf[{fn + 1}][0] = t[2]; bf[{fn + 1}][1] = t[3]; }}"
+            )
+            fn += 2
+            continue
+        if b_along_k:
+            r = f"({base} + gid) * {ldb_w} + ks + tig"
+            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4];")
+        elif not sixteen:
+            r = f"(ks + tig) * {ldb_w} + {base} + gid"
+            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4 * {ldb_w}];")
+        else:
+            h = "((__local const ushort*)Bs[cb])"
+            row = "(ks * 2 + tig * 2)"
+            col = f"({base} + gid)"
+            words = []
+            for q, dk in enumerate((0, 8)):
+                lo = f"{h}[({row} + {dk}) * {2 * ldb_w} + {col}]"
+                hi = f"{h}[({row} + {dk} + 1) * {2 * ldb_w} + {col}]"
+                words.append(f"bf[{fn}][{q}] = (uint){lo} | ((uint){hi} << 16);")
+            out.append(" ".join(words))
+        fn += 1
+    return out
 
 
 def mma_source(
@@ -206,19 +253,12 @@ def mma_source(
 ) -> str:
     """The kernel ``netcl_gemm`` on tensor cores for one config, mode, layout and epilogue."""
     a_half, b_half = a_dtype == float16, b_dtype == float16
-    a_decl, a_load, a_store = _operand("A", cfg.bm, cfg, not trans_a, a_half, mode, cfg.va, "M")
-    b_decl, b_load, b_store = _operand("B", cfg.bn, cfg, trans_b, b_half, mode, cfg.vb, "N")
-    steps = cfg.bkw // 8
-    frag = []
-    for fm in range(cfg.fm):
-        r = f"(wr + {fm * 16} + gid) * LDW + kw"
-        frag.append(
-            f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8 * LDW]; "
-            f"af[{fm}][2] = As[cb][{r} + 4]; af[{fm}][3] = As[cb][{r} + 8 * LDW + 4];"
-        )
-    for fn in range(cfg.fn):
-        c = f"(wc + {fn * 8} + gid) * LDW + kw"
-        frag.append(f"bf[{fn}][0] = Bs[cb][{c}]; bf[{fn}][1] = Bs[cb][{c} + 4];")
+    a_along_k, b_along_k = not trans_a, trans_b
+    a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M")
+    b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N")
+    frag = _fragments(cfg, mode, a_along_k, b_along_k, lda_w, ldb_w)
+    a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
+    b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
     mma = []
     for fm in range(cfg.fm):
         for fn in range(cfg.fn):
@@ -241,13 +281,13 @@ def mma_source(
 #define IDX {idx}
 #define BM {cfg.bm}
 #define BN {cfg.bn}
-#define BKW {cfg.bkw}
-#define BK {cfg.bkw * _epw(mode)}
-#define LDW (BKW + {PAD})
+#define BK {cfg.bk_elements(mode)}
 #define NT {cfg.threads}
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
+#define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
+    : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
 inline uint tf32_bits(float x) {{
     uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
 inline uint bf16x2_bits(float lo, float hi) {{
@@ -263,8 +303,8 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local uint As[2][BM * LDW];
-    __local uint Bs[2][BN * LDW];
+    __local uint As[2][{a_words}] __attribute__((aligned(16)));
+    __local uint Bs[2][{b_words}] __attribute__((aligned(16)));
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
@@ -310,8 +350,8 @@ void netcl_gemm(const int M, const int N, const int K,
         {nl2.join(b_load)}
         }}
         #pragma unroll
-        for (int step = 0; step < {steps}; ++step) {{
-            const int kw = step * 8 + tig;
+        for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
+            const int ks = step * 8;
             uint af[{cfg.fm}][4], bf[{cfg.fn}][2];
             {nl2.join(frag)}
             {nl2.join(mma)}
