@@ -37,6 +37,7 @@ SHAPES = [
     ("mlp512", 128, 512, 512, False),
     ("wgrad", 64, 256, 262144, True),
 ]
+BACK_TO_BACK = 20
 QUICK = [("sq128", 128, 128, 128, False), ("mlp", 32, 64, 100, False), ("wgrad", 16, 32, 4096, True)]
 
 
@@ -131,6 +132,9 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
             first_s = time.perf_counter() - start
             ms = _median_ms(call, repeats, device.queue)
             row["netcl"][name] = {"ms": ms, "tflops": flops / ms / 1e9, "first_call_s": first_s}
+            if flops < 1e10:  # small: also per call when called back-to-back, as in a training step
+                b2b = _median_ms(lambda call=call: [call() for _ in range(BACK_TO_BACK)], repeats, device.queue)
+                row["netcl"][name]["b2b_ms"] = b2b / BACK_TO_BACK
             del a, b
         if torch:
             row["peer"] = _peer_row(torch, a_host, b_host, trans_a, flops, repeats)
@@ -144,6 +148,13 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
             flush=True,
         )
         results["rows"].append(row)
+    small = [r for r in results["rows"] if any("b2b_ms" in v for v in r["netcl"].values())]
+    if small:
+        print(f"\nsmall products, µs per call when {BACK_TO_BACK} run back-to-back (single call in parentheses):")
+        for r in small:
+            mine = ", ".join(f"{k} {1e3 * v['b2b_ms']:.1f} ({1e3 * v['ms']:.1f})" for k, v in r["netcl"].items())
+            peer = ", ".join(f"{k} {1e3 * v['b2b_ms']:.1f} ({1e3 * v['ms']:.1f})" for k, v in r["peer"].items())
+            print(f"  {r['shape']:<8} netcl {mine}" + (f" | {peer}" if peer else ""))
     results["errors"] = errors(device, modes, 256 if quick else 2048)
     print(f"\nerror vs float64 (relative Frobenius norm, inputs uniform in [-1, 1], {256 if quick else 2048}^3):")
     for name, err in results["errors"].items():
@@ -167,6 +178,9 @@ def _peer_row(torch, a_host, b_host, trans_a, flops, repeats) -> dict:
         fn = (lambda a=a, b=b: a.t() @ b) if trans_a else (lambda a=a, b=b: a @ b)
         ms = _torch_ms(torch, fn, repeats)
         out[name] = {"ms": ms, "tflops": flops / ms / 1e9}
+        if flops < 1e10:
+            b2b = _torch_ms(torch, lambda fn=fn: [fn() for _ in range(BACK_TO_BACK)], repeats)
+            out[name]["b2b_ms"] = b2b / BACK_TO_BACK
     torch.backends.cuda.matmul.allow_tf32 = False
     return out
 

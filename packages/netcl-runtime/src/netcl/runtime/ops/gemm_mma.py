@@ -73,7 +73,21 @@ def _probe_result(device: Device, mode: str) -> int | None:
     return result
 
 
-def _probe(device: Device, mode: str, ldsm: int) -> bool:
+def _async_ok(device: Device, mode: str) -> bool:
+    """Whether the cp.async pipeline (tf32 only) builds and multiplies correctly (probed once)."""
+    if mode != "tf32" or _probe_result(device, mode) is None:
+        return False
+    key = (device, "tf32-async")
+    with _LOCK:
+        if key in _PROBED:
+            return _PROBED[key] is not None
+    ok = _probe(device, mode, _probe_result(device, mode), stages=2)
+    with _LOCK:
+        _PROBED[key] = 1 if ok else None
+    return ok
+
+
+def _probe(device: Device, mode: str, ldsm: int, stages: int = 0) -> bool:
     """Build the smallest mma kernels of ``mode`` (NN and TT) and check 16 x 16 x 16 products."""
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.ops.gemm import Problem
@@ -82,7 +96,7 @@ def _probe(device: Device, mode: str, ldsm: int) -> bool:
     dtype = float16 if mode == "f16" else float32
     if dtype == float16 and not device.supports(float16):
         return False
-    cfg = MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
+    cfg = MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1}[mode]
@@ -95,7 +109,9 @@ def _probe(device: Device, mode: str, ldsm: int) -> bool:
             plan = make_plan(device, mode, ta.dtype, tb.dtype, float32, (16, 16), problem, cfg=cfg)
             got = plan.run(ta, tb).to_host()
         except (CompileError, LaunchError) as exc:
-            log.info("netcl: tensor-core probe (%s, ldsm=%d) failed on %s: %s", mode, ldsm, device.cl_device.name, exc)
+            log.info(
+                "netcl: tensor-core probe (%s, %s) failed on %s: %s", mode, cfg.short(), device.cl_device.name, exc
+            )
             return False
         x, y = (a.T, b.T) if trans else (a, b)
         expected = x.astype(np.float64) @ y.astype(np.float64)
@@ -120,6 +136,13 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 2, 4, 8, 8),
         MmaConfig(2, 4, 4, 8, 8),
         MmaConfig(4, 2, 2, 4, 8),
+        # tf32 only: cp.async pipelines (no register staging, raw fp32 in local memory)
+        MmaConfig(2, 2, 4, 8, 8, stages=3),
+        MmaConfig(2, 2, 4, 8, 8, stages=4),
+        MmaConfig(2, 4, 4, 4, 8, stages=4),
+        MmaConfig(4, 2, 2, 8, 8, stages=4),
+        MmaConfig(2, 2, 2, 8, 16, stages=3),
+        MmaConfig(2, 2, 2, 4, 16, stages=3),
     ]
 
 
@@ -145,7 +168,8 @@ def _aligned(cfg: MmaConfig, problem, a_half: bool, b_half: bool) -> MmaConfig:
     wa, wb = (8 if a_half else 4), (8 if b_half else 4)
     va = int(problem.lda % wa == 0 and all(d[1] % wa == 0 for d in problem.dims))
     vb = int(problem.ldb % wb == 0 and all(d[2] % wb == 0 for d in problem.dims))
-    return dataclasses.replace(cfg, va=va, vb=vb)
+    stages = cfg.stages if va and vb else 0  # cp.async copies 16-byte aligned chunks only
+    return dataclasses.replace(cfg, va=va, vb=vb, stages=stages)
 
 
 def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> MmaConfig:
@@ -154,8 +178,10 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
     key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
     ldsm = _probe_result(device, mode) or 0
-    candidates = [dataclasses.replace(c, ldsm=ldsm) for c in _grid()]
-    candidates = [c for c in candidates if _valid(device, c, mode, problem)]
+    candidates = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _grid()]
+    if not _async_ok(device, mode):
+        candidates = [c for c in candidates if not c.stages]
+    candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)

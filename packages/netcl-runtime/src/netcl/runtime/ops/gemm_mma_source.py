@@ -44,6 +44,7 @@ class MmaConfig:
     va: int = 1  #: 1: 16-byte global loads of A where aligned; 0: element loads only
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
+    stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
 
     @property
     def bm(self) -> int:
@@ -63,17 +64,19 @@ class MmaConfig:
     def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
         a = _tile_words(self.bm, self.bkw, not trans_a, mode)
         b = _tile_words(self.bn, self.bkw, trans_b, mode)
-        return 2 * 4 * (a + b)
+        return max(2, self.stages) * 4 * (a + b)
 
     def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
         out = []
         if self.bkw % 8:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
+        if self.stages and (mode != "tf32" or not (self.va and self.vb) or self.stages < 2):
+            out.append("cp.async stages need tf32, 16-byte aligned operands and at least 2 stages")
         return out
 
     def short(self) -> str:
         tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
-        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm}"
+        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}"
 
 
 def _epw(mode: str) -> int:
@@ -160,6 +163,30 @@ def _copy(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode:
             )
         stores.append(f"{guard}*(__local uint4*)&{name}s[nb][{row} * {ld_words} + {col} / {epw}] = {value};")
     return decls, loads, stores, ld_words
+
+
+def _async_copy(name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str) -> list[str]:
+    """cp.async of one tf32 tile (raw fp32 words; the mma ignores their low 13 bits) into
+    buffer ``buf`` for the K range starting at ``kt``; chunks past the edges are zero-filled."""
+    rows, ld_words = _row_words(side, cfg.bkw, along_k, "tf32")
+    per_row = (cfg.bkw if along_k else side) // 4
+    count = rows * per_row
+    ld = f"ld{name.lower()}"
+    out = []
+    for j in range(-(-count // cfg.threads)):
+        c = f"(tid + {j * cfg.threads})"
+        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * 4)"
+        if along_k:
+            out.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = kt + {col};")
+            out.append(f"  const int valid = mn < {bound} ? clamp(kend - kk, 0, 4) : 0;")
+            out.append(f"  __global const float* p = valid ? {name} + mn * {ld} + kk : {name};")
+        else:
+            out.append(f"{guard}{{ const int kk = kt + {row}; const IDX mn = {name}0 + {col};")
+            out.append(f"  const int valid = kk < kend ? (int)clamp(({bound} - mn), (IDX)0, (IDX)4) : 0;")
+            out.append(f"  __global const float* p = valid ? {name} + (IDX)kk * {ld} + mn : {name};")
+        out.append(f"  CP_ASYNC({name}s[buf] + {row} * {ld_words} + {col}, p, valid * 4); }}")
+    return out
 
 
 def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_w: int, ldb_w: int) -> list[str]:
@@ -277,6 +304,65 @@ def mma_source(
     sc = "half" if out_half else "float"
     store = "vstore_half_rte(OUT, 0, Cz + (IDX)r * ldc + c)" if out_half else "Cz[(IDX)r * ldc + c] = OUT"
     nl, nl2 = "\n    ", "\n        "
+    compute = f"""#pragma unroll
+        for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
+            const int ks = step * 8;
+            uint af[{cfg.fm}][4], bf[{cfg.fn}][2];
+            {nl2.join(frag)}
+            {nl2.join(mma)}
+        }}"""
+    if cfg.stages:
+        nbuf = cfg.stages
+        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M") + _async_copy("B", cfg.bn, cfg, b_along_k, "N")
+        main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    #pragma unroll
+    for (int st = 0; st < {nbuf - 1}; ++st) {{
+        if (st < ntiles) {{
+            const int buf = st; const int kt = kbeg + st * BK;
+            {nl2.join(issue)}
+        }}
+        asm volatile("cp.async.commit_group;");
+    }}
+    for (int t = 0; t < ntiles; ++t) {{
+        asm volatile("cp.async.wait_group {nbuf - 2};");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {{
+            const int tn = t + {nbuf - 1};
+            if (tn < ntiles) {{
+                const int buf = tn % {nbuf}; const int kt = kbeg + tn * BK;
+                {nl2.join(issue)}
+            }}
+            asm volatile("cp.async.commit_group;");
+        }}
+        const int cb = t % {nbuf};
+        {compute}
+    }}"""
+    else:
+        nbuf = 2
+        main_loop = f"""int k0 = kbeg;
+    int nb = 0;
+    {nl.join(a_decl + b_decl)}
+    {nl.join(a_load)}
+    {nl.join(b_load)}
+    {nl.join(a_store)}
+    {nl.join(b_store)}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    while (k0 < kend) {{
+        const int cb = nb;
+        k0 += BK;
+        nb ^= 1;
+        const int more = k0 < kend;
+        if (more) {{
+        {nl2.join(a_load)}
+        {nl2.join(b_load)}
+        }}
+        {compute}
+        if (more) {{
+        {nl2.join(a_store)}
+        {nl2.join(b_store)}
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}"""
     return f"""#define CT float
 #define IDX {idx}
 #define BM {cfg.bm}
@@ -286,6 +372,8 @@ def mma_source(
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
+#define CP_ASYNC(dst, src, bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \\
+    :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
 inline uint tf32_bits(float x) {{
@@ -303,8 +391,8 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local uint As[2][{a_words}] __attribute__((aligned(16)));
-    __local uint Bs[2][{b_words}] __attribute__((aligned(16)));
+    __local uint As[{nbuf}][{a_words}] __attribute__((aligned(16)));
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned(16)));
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
@@ -332,36 +420,7 @@ void netcl_gemm(const int M, const int N, const int K,
             acc[i][j][0] = 0.0f; acc[i][j][1] = 0.0f; acc[i][j][2] = 0.0f; acc[i][j][3] = 0.0f;
         }}
     }}
-    int k0 = kbeg;
-    int nb = 0;
-    {nl.join(a_decl + b_decl)}
-    {nl.join(a_load)}
-    {nl.join(b_load)}
-    {nl.join(a_store)}
-    {nl.join(b_store)}
-    barrier(CLK_LOCAL_MEM_FENCE);
-    while (k0 < kend) {{
-        const int cb = nb;
-        k0 += BK;
-        nb ^= 1;
-        const int more = k0 < kend;
-        if (more) {{
-        {nl2.join(a_load)}
-        {nl2.join(b_load)}
-        }}
-        #pragma unroll
-        for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
-            const int ks = step * 8;
-            uint af[{cfg.fm}][4], bf[{cfg.fn}][2];
-            {nl2.join(frag)}
-            {nl2.join(mma)}
-        }}
-        if (more) {{
-        {nl2.join(a_store)}
-        {nl2.join(b_store)}
-        }}
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
+    {main_loop}
     #pragma unroll
     for (int fm = 0; fm < {cfg.fm}; ++fm) {{
         #pragma unroll
