@@ -144,7 +144,7 @@ def gemm(
         trans_b,
         out_dtype,
         precision,
-        epilogue,
+        None if epilogue is IDENTITY else epilogue,
         None if bias is None else (bias.shape, bias.dtype, bias.device),
     )
     plan = _PLANS.get(key)
@@ -364,7 +364,7 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
     if cfg is None:
         cfg = portable_config(device, problem, dtype)
     splits, chunk = 1, problem.k
-    if epilogue.is_identity:
+    if epilogue.is_identity and cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)

@@ -9,6 +9,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.runtime import tune
+from netcl.runtime.ops.gemm_mma import _unsplit
 from netcl.runtime.ops.gemm_source import GemmConfig
 
 
@@ -66,6 +67,7 @@ def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
     if not _fits(device, fallback, itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
     candidates = [c for c in _grid() if _fits(device, c, itemsize, problem)]
+    candidates += _unsplit(device, problem, candidates, None)
     return tune.select(
         device,
         key,

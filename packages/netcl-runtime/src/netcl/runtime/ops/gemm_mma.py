@@ -182,12 +182,26 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     if not _async_ok(device, mode):
         candidates = [c for c in candidates if not c.stages]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
+    candidates += _unsplit(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
     trial = _Trial(device, mode, problem, a_half, b_half)
     cfg = tune.select(device, key, candidates, fallback, trial, dataclasses.asdict, lambda d: MmaConfig(**d))
     return _aligned(cfg, problem, a_half, b_half)
+
+
+def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
+    """Twins that never split along K, for candidates that would (the search decides: a split adds
+    a workspace and a second launch, which small products may not win back)."""
+    from netcl.runtime.ops.gemm import split_count
+
+    out = []
+    for c in candidates:
+        bk = c.bk_elements(mode) if mode else c.bk
+        if split_count(problem, c.bm, c.bn, bk, device)[0] > 1:
+            out.append(dataclasses.replace(c, split=0))
+    return out
 
 
 class _Trial:
@@ -222,7 +236,7 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
     splits, chunk = 1, problem.k
-    if epilogue.is_identity:
+    if epilogue.is_identity and cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device)
     c_dtype = float32 if splits > 1 else out_dtype
     idx = index_kind(problem)

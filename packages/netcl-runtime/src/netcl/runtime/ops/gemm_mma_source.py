@@ -45,6 +45,7 @@ class MmaConfig:
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
     stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
+    split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
 
     @property
     def bm(self) -> int:

@@ -77,6 +77,7 @@ class GemmConfig:
     va: int = 1  #: vector width of A's global loads (along its contiguous dim)
     vb: int = 1  #: vector width of B's global loads
     lv: int = 1  #: vector width of local-memory reads (divides tm and tn)
+    split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
 
     @property
     def bm(self) -> int:
