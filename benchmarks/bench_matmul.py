@@ -27,18 +27,26 @@ from netcl.runtime import ops
 from netcl.runtime.ops import gemm_mma
 from netcl.runtime.perf import timing_region
 
-#: (label, M, N, K, transpose_a): squares, the MLP layers at batch 128, a weight gradient x.T @ g.
+#: (label, M, N, K, transpose_a, transpose_b): squares, the MLP layers at batch 128, a weight
+#: gradient x.T @ g, and mlp_block's three products (x @ w, g @ w.T; its x.T @ g is "wgrad").
 SHAPES = [
-    ("sq1024", 1024, 1024, 1024, False),
-    ("sq2048", 2048, 2048, 2048, False),
-    ("sq4096", 4096, 4096, 4096, False),
-    ("sq8192", 8192, 8192, 8192, False),
-    ("mlp784", 128, 512, 784, False),
-    ("mlp512", 128, 512, 512, False),
-    ("wgrad", 64, 256, 262144, True),
+    ("sq1024", 1024, 1024, 1024, False, False),
+    ("sq2048", 2048, 2048, 2048, False, False),
+    ("sq4096", 4096, 4096, 4096, False, False),
+    ("sq8192", 8192, 8192, 8192, False, False),
+    ("mlp784", 128, 512, 784, False, False),
+    ("mlp512", 128, 512, 512, False, False),
+    ("wgrad", 64, 256, 262144, True, False),
+    ("blk_fwd", 262144, 256, 64, False, False),
+    ("blk_dx", 262144, 64, 256, False, True),
 ]
 BACK_TO_BACK = 20
-QUICK = [("sq128", 128, 128, 128, False), ("mlp", 32, 64, 100, False), ("wgrad", 16, 32, 4096, True)]
+QUICK = [
+    ("sq128", 128, 128, 128, False, False),
+    ("mlp", 32, 64, 100, False, False),
+    ("wgrad", 16, 32, 4096, True, False),
+    ("dx", 100, 16, 32, False, True),
+]
 
 
 def _rand(shape, seed):
@@ -115,17 +123,17 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     print("TFLOP/s (median device time)")
     print(header)
     print("-" * len(header))
-    for label, m, n, k, trans_a in QUICK if quick else SHAPES:
+    for label, m, n, k, trans_a, trans_b in QUICK if quick else SHAPES:
         flops = 2.0 * m * n * k
         a_host = _rand((k, m) if trans_a else (m, k), 1)
-        b_host = _rand((k, n), 2)
-        row = {"shape": label, "m": m, "n": n, "k": k, "trans_a": trans_a, "netcl": {}, "peer": {}}
+        b_host = _rand((n, k) if trans_b else (k, n), 2)
+        row = {"shape": label, "m": m, "n": n, "k": k, "trans_a": trans_a, "trans_b": trans_b, "netcl": {}, "peer": {}}
         for name, precision, dtype in modes:
             a = nc.tensor(a_host.astype(dtype), device=device)
             b = nc.tensor(b_host.astype(dtype), device=device)
 
-            def call(a=a, b=b, precision=precision, trans_a=trans_a):
-                return ops.matmul(a, b, transpose_a=trans_a, precision=precision)
+            def call(a=a, b=b, precision=precision, trans_a=trans_a, trans_b=trans_b):
+                return ops.matmul(a, b, transpose_a=trans_a, transpose_b=trans_b, precision=precision)
 
             start = time.perf_counter()
             call()  # first use: builds and, with tuning on, searches
@@ -137,7 +145,7 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
                 row["netcl"][name]["b2b_ms"] = b2b / BACK_TO_BACK
             del a, b
         if torch:
-            row["peer"] = _peer_row(torch, a_host, b_host, trans_a, flops, repeats)
+            row["peer"] = _peer_row(torch, a_host, b_host, trans_a, trans_b, flops, repeats)
         cells = "".join(f"{row['netcl'][m[0]]['tflops']:>9.3g}" for m in modes)
         peer_cells = "".join(f"{row['peer'].get(p, {}).get('tflops', float('nan')):>13.2f}" for p in peer_cols)
         ratios = _ratios(row)
@@ -162,7 +170,7 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     return results
 
 
-def _peer_row(torch, a_host, b_host, trans_a, flops, repeats) -> dict:
+def _peer_row(torch, a_host, b_host, trans_a, trans_b, flops, repeats) -> dict:
     out = {}
     a32 = torch.from_numpy(a_host).cuda()
     b32 = torch.from_numpy(b_host).cuda()
@@ -175,7 +183,8 @@ def _peer_row(torch, a_host, b_host, trans_a, flops, repeats) -> dict:
     for name, dtype, tf32 in variants:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         a, b = a32.to(dtype), b32.to(dtype)
-        fn = (lambda a=a, b=b: a.t() @ b) if trans_a else (lambda a=a, b=b: a @ b)
+        x, y = (a.t() if trans_a else a), (b.t() if trans_b else b)
+        fn = lambda x=x, y=y: x @ y  # noqa: E731
         ms = _torch_ms(torch, fn, repeats)
         out[name] = {"ms": ms, "tflops": flops / ms / 1e9}
         if flops < 1e10:
