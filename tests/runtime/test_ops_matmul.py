@@ -18,7 +18,7 @@ import netcl.core as nc
 from netcl.runtime import ops, tune
 from netcl.runtime.cache import program_cache
 from netcl.runtime.ops import gemm, gemm_mma
-from netcl.runtime.ops.gemm_source import Epilogue
+from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
 
 EPS = float(np.finfo(np.float32).eps)
@@ -237,3 +237,15 @@ def test_tuner_stores_and_reloads_the_winner(cl_device, tmp_path, monkeypatch):
     assert tune.select(cl_device, other, [1, 2], 0, calls.append, lambda c: {"v": c}, lambda d: d["v"]) == 0
     assert calls == []
     tune.clear(cl_device)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)])
+def test_tile_configs(cl_device, cfg):
+    """Configs the search may pick compute the same product: grouped block order (a partial last
+    group: 19 block-rows in groups of 3), another K depth and vector width."""
+    m, n, k = 300, 70, 36
+    a, b = _data((m, k), 0), _data((k, n), 1)
+    problem = gemm.Problem(m, n, k, False, False, ())
+    plan = gemm.make_plan(cl_device, np.dtype(np.float32), np.dtype(np.float32), (m, n), problem, cfg=cfg)
+    got = plan.run(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)).to_host()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=0, atol=_tolerance(k))

@@ -374,6 +374,7 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
         return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
 
     args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
-    kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
+    flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
+    kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)
     return finish_plan(device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype)

@@ -67,6 +67,11 @@ def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
     if not _fits(device, fallback, itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
     candidates = [c for c in _grid() if _fits(device, c, itemsize, problem)]
+    big = [c for c in candidates if c.bm * c.bn >= 128 * 64 and -(-problem.m // c.bm) >= 16]
+    candidates += [dataclasses.replace(c, group=8) for c in big]
+    if "NVIDIA" in device.platform_name.upper():  # a register cap: two 256-thread work-groups per SM
+        capped = [c for c in big if c.threads == 256 and c.tm * c.tn == 64]
+        candidates += [dataclasses.replace(c, maxreg=128, group=g) for c in capped for g in (0, 8)]
     candidates += _unsplit(device, problem, candidates, None)
     return tune.select(
         device,

@@ -46,6 +46,7 @@ class MmaConfig:
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
     stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
     split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
+    group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
 
     @property
     def bm(self) -> int:
@@ -370,6 +371,7 @@ def mma_source(
 #define BN {cfg.bn}
 #define BK {cfg.bk_elements(mode)}
 #define NT {cfg.threads}
+#define GROUP {cfg.group}
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
@@ -399,8 +401,18 @@ void netcl_gemm(const int M, const int N, const int K,
     const int gid = lane >> 2, tig = lane & 3;
     const int wr = (warp % {cfg.wm}) * {cfg.fm * 16};
     const int wc = (warp / {cfg.wm}) * {cfg.fn * 8};
-    const IDX B0 = (IDX)get_group_id(0) * BN;
-    const IDX A0 = (IDX)get_group_id(1) * BM;
+    int gx = get_group_id(0), gy = get_group_id(1);
+#if GROUP > 0
+    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
+        const int nx = get_num_groups(0), ny = get_num_groups(1);
+        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
+        const int rows = min(ny - first, GROUP);
+        gy = first + (pid % per) % rows;
+        gx = (pid % per) / rows;
+    }}
+#endif
+    const IDX B0 = (IDX)gx * BN;
+    const IDX A0 = (IDX)gy * BM;
     const int z = get_group_id(2);
     const int s = z % splits;
     int bz = z / splits;

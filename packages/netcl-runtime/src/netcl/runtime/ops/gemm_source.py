@@ -78,6 +78,8 @@ class GemmConfig:
     vb: int = 1  #: vector width of B's global loads
     lv: int = 1  #: vector width of local-memory reads (divides tm and tn)
     split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
+    group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
+    maxreg: int = 0  #: > 0: NVIDIA register cap (-cl-nv-maxrregcount), for more resident work-groups
 
     @property
     def bm(self) -> int:
@@ -214,6 +216,7 @@ def portable_source(
 #define BM (WGM * TM)
 #define BN (WGN * TN)
 #define LV {lv}
+#define GROUP {cfg.group}
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
 void netcl_gemm(const int M, const int N, const int K,
                 __global const {sa}* restrict A, const int lda,
@@ -227,8 +230,18 @@ void netcl_gemm(const int M, const int N, const int K,
     __local CT Bs[2][BK][BN];
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * WGN + tx;
-    const IDX B0 = (IDX)get_group_id(0) * BN;
-    const IDX A0 = (IDX)get_group_id(1) * BM;
+    int gx = get_group_id(0), gy = get_group_id(1);
+#if GROUP > 0
+    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
+        const int nx = get_num_groups(0), ny = get_num_groups(1);
+        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
+        const int rows = min(ny - first, GROUP);
+        gy = first + (pid % per) % rows;
+        gx = (pid % per) / rows;
+    }}
+#endif
+    const IDX B0 = (IDX)gx * BN;
+    const IDX A0 = (IDX)gy * BM;
     const int z = get_group_id(2);
     const int s = z % splits;
     int bz = z / splits;
