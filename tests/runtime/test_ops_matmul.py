@@ -239,7 +239,9 @@ def test_tuner_stores_and_reloads_the_winner(cl_device, tmp_path, monkeypatch):
     tune.clear(cl_device)
 
 
-@pytest.mark.parametrize("cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)])
+@pytest.mark.parametrize(
+    "cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)]
+)
 def test_tile_configs(cl_device, cfg):
     """Configs the search may pick compute the same product: grouped block order (a partial last
     group: 19 block-rows in groups of 3), another K depth and vector width."""
