@@ -60,6 +60,7 @@ from netcl.runtime.ops.pointwise import (
 from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, sum
+from netcl.runtime.ops.rowwise import layer_norm, log_softmax, logsumexp, rms_norm, softmax
 from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
 
@@ -68,6 +69,11 @@ _TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)
 
 __all__ = [
     "abs",
+    "layer_norm",
+    "log_softmax",
+    "logsumexp",
+    "rms_norm",
+    "softmax",
     "adaptive_avg_pool2d",
     "avg_pool2d",
     "concat",
