@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,9 @@ def _register_hypothesis_profiles() -> None:
 
 
 _register_hypothesis_profiles()
+
+# The GEMM tile search (netcl.runtime.tune) stays off in tests: defaults only, fast and deterministic.
+os.environ.setdefault("NETCL_TUNE", "0")
 
 
 def _has_opencl() -> bool:

@@ -171,10 +171,11 @@ def test_large_logits_do_not_overflow(device):
     np.testing.assert_allclose(grad, ref_grad(*arrays, **SCALES), rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@pytest.mark.parametrize("vec", [1, 4])
+@pytest.mark.parametrize("vec", [1, 4, 8, 16])
 @pytest.mark.parametrize("n", [10007, 8, 3])
 def test_both_vector_widths_strided_loops_and_tails(cl_device, vec, n):
-    """float4 (GPU) and scalar (CPU) kernels; 3 blocks make each work-item loop, odd n leaves tails."""
+    """scalar, float4 (GPU) and float8/16 vector-body (CPU) kernels; 3 blocks make each work-item loop,
+    odd n leaves tails."""
     arrays = make_inputs((n,), seed=6)
     tensors = [nc.tensor(a, device=cl_device) for a in arrays]
     plan = dataclasses.replace(compile_plan(cl_device, "int", vec=vec), max_blocks=3)

@@ -62,6 +62,12 @@ def _ops() -> Any:
     return ops
 
 
+def _shape_ops() -> Any:
+    from netcl.autograd import ops_shape  # imported late: ops_shape imports this module
+
+    return ops_shape
+
+
 def _rops() -> Any:
     from netcl.runtime import ops as rops
 
@@ -234,6 +240,24 @@ class Node:
     @property
     def T(self) -> Node:
         return _ops().transpose(self)
+
+    # ---- indexing and shape methods (netcl.autograd.ops_shape) ------------------------------
+    def __getitem__(self, key: Any) -> Node:
+        """Basic indexing (ints, slices, None, ...): a view when the selection is contiguous, else a copy."""
+        return _shape_ops().getitem(self, key)
+
+    def flatten(self, start_axis: int = 0, end_axis: int = -1) -> Node:
+        return _shape_ops().flatten(self, start_axis, end_axis)
+
+    def permute(self, *axes: int | Sequence[int]) -> Node:
+        dims = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return _shape_ops().permute(self, dims)
+
+    def unsqueeze(self, axis: int) -> Node:
+        return _shape_ops().unsqueeze(self, axis)
+
+    def squeeze(self, axis: int | Sequence[int] | None = None) -> Node:
+        return _shape_ops().squeeze(self, axis)
 
 
 def tensor(data: Any, requires_grad: bool = False, device: Device | str | None = None, dtype: Any = None) -> Node:

@@ -248,10 +248,14 @@ def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> N
 
 
 # ---- matmul ----------------------------------------------------------------------------------
-def _swap_last(t: Tensor) -> Tensor:
-    axes = list(range(t.ndim))
-    axes[-1], axes[-2] = axes[-2], axes[-1]
-    return R.transpose(t, tuple(axes))
+def _weight_grad(x: Tensor, g: Tensor, y: Tensor) -> Tensor:
+    """x.T @ g, read in place (no transpose kernel); a 2-D ``y`` shared by a batched ``x`` gets
+    its gradient as ONE (K, rows) @ (rows, N) product over the flattened batch, not a batched
+    product and a sum."""
+    if y.ndim == 2 and x.ndim > 2:
+        rows = x.size // x.shape[-1]
+        return R.matmul(x.reshape(rows, x.shape[-1]), g.reshape(rows, g.shape[-1]), transpose_a=True)
+    return R.matmul(x, g, transpose_a=True)
 
 
 def matmul(a: Operand, b: Operand) -> Node:
@@ -264,8 +268,8 @@ def matmul(a: Operand, b: Operand) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, y = values
-        ga = R.matmul(g, _swap_last(y)) if _needs(a) else None
-        gb = R.matmul(_swap_last(x), g) if _needs(b) else None
+        ga = R.matmul(g, y, transpose_b=True) if _needs(a) else None
+        gb = _weight_grad(x, g, y) if _needs(b) else None
         return [_reduce(ga, x), _reduce(gb, y)]
 
     return apply_op(R.matmul, grad, a, b, op_name="matmul")

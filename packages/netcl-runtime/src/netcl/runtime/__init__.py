@@ -60,3 +60,8 @@ from netcl.runtime import ops  # noqa: E402
 from netcl.runtime.memory import MemoryStats, empty_cache, memory_stats, reset_peak_memory_stats  # noqa: E402
 
 __all__ += ["MemoryStats", "empty_cache", "memory_stats", "ops", "reset_peak_memory_stats"]
+
+# The global random generator (dropout masks draw their seeds from it).
+from netcl.runtime.ops.random import initial_seed, manual_seed  # noqa: E402
+
+__all__ += ["initial_seed", "manual_seed"]

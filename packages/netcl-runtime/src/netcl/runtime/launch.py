@@ -26,6 +26,8 @@ _LAUNCH_LOCK = threading.Lock()
 _QUEUE_OF_CONTEXT: dict[int, cl.CommandQueue] = {}
 _PREFERRED_LOCAL = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 _MAX_DIMS = 3
+#: (kernel, global, local) tuple sizes that passed ``_checked_sizes`` (multi-dimensional launches).
+_CHECKED: set[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = set()
 
 
 def launch(
@@ -54,8 +56,14 @@ def launch(
         and local_size <= getattr(cl_kernel, "_netcl_wg_limit", 0)
     ):  # the common 1-D case, already valid: skip the general checks
         gsize, lsize = (global_size,), (local_size,)
+    elif type(global_size) is tuple and (cl_kernel, global_size, local_size) in _CHECKED:
+        gsize, lsize = global_size, local_size  # tuple sizes this kernel was launched with before
     else:
         gsize, lsize = _checked_sizes(cl_kernel, global_size, local_size)
+        if type(global_size) is tuple and (local_size is None or type(local_size) is tuple):
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add((cl_kernel, gsize, lsize))
     if queue is None:
         queue = _kernel_queue(cl_kernel)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]

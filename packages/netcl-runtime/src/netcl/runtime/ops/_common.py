@@ -191,6 +191,7 @@ def get_kernel(
     make_source: Callable[[], str],
     name: str,
     scalar_dtypes: Sequence[Any],
+    build_flags: Sequence[str] = (),
 ) -> ResolvedKernel:
     """The kernel ``name`` for ``key`` on ``device``: a dict lookup after the first call.
 
@@ -203,7 +204,7 @@ def get_kernel(
     if entry is not None and entry.handle_ref() is not None:
         return entry
     source = PRIMITIVE_PREAMBLE + make_source()
-    handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context)
+    handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context, build_flags)
     kernel = handle.kernel(name, scalar_dtypes)
     limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
     entry = ResolvedKernel(kernel, weakref.ref(handle), min(MAX_LOCAL, pow2_floor(limit)))
