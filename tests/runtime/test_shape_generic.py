@@ -15,10 +15,6 @@ import netcl.runtime.ops as R
 from netcl.runtime.cache import key_kind, program_cache
 from netcl.runtime.ops._common import FLAT, ONE, STRIDED, broadcast_layout, fast_divisor
 
-#: Kinds of program still specialized on shapes until the new GEMM (helper i13) lands; linalg.py
-#: bakes M, N, K into its source today.
-SHAPE_BAKED_KINDS = ("netcl.runtime.ops:matmul",)
-
 
 def _misses() -> dict[str, int]:
     return dict(program_cache.stats().misses_by_kind)
@@ -64,9 +60,8 @@ def test_a_new_batch_size_builds_no_eager_program(cl_device: nc.Device) -> None:
     for batch in (101, 57, 1000):
         before = _misses()
         loss, x, y = _mlp_step(w, b, batch, cl_device, rng)
-        new = _new_programs(before, _misses())
-        eager = {k: v for k, v in new.items() if k not in SHAPE_BAKED_KINDS}
-        assert eager == {}, f"batch {batch} built programs {eager}"
+        new = _new_programs(before, _misses())  # matmul included: the GEMM takes M, N, K as arguments
+        assert new == {}, f"batch {batch} built programs {new}"
         ref_loss, ref_gw, ref_gb = _reference(x, y, w_np, b_np)
         # float32 over sums of <= 1000 terms of O(1) values: 1e-4 relative is ~100 ulps of headroom
         np.testing.assert_allclose(loss.to_host(), ref_loss, rtol=1e-4)
