@@ -184,7 +184,6 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
-    candidates += [dataclasses.replace(c, fpre=1, group=8) for c in big if c.bkw >= 16]
     candidates += _unsplit(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if not _valid(device, fallback, mode, problem):
