@@ -45,7 +45,7 @@ class MmaConfig:
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
     stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
-    split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
+    split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
 
