@@ -68,12 +68,19 @@ def _fd_elementwise_grads(reference, arrays, upstream, eps=1e-6):
     return grads
 
 
-@pytest.fixture(params=[("1", "1"), ("4", "1"), ("4", "2")], ids=["scalar", "float4", "float4x2"])
+@pytest.fixture(
+    params=[("1", "1", "0"), ("4", "1", "0"), ("4", "2", "0"), ("4", "1", "1"), ("8", "2", "1")],
+    ids=["scalar", "float4", "float4x2", "float4-body", "float8x2-body"],
+)
 def launch_shape(request, monkeypatch):
-    """Every kernel form on every device: the defaults differ per device (netcl.jit.tuning)."""
-    width, items = request.param
+    """Every kernel form on every device: the defaults differ per device (netcl.jit.tuning).
+
+    "-body": the body evaluated on float vectors (vector_primitives), as on CPU devices.
+    """
+    width, items, body = request.param
     monkeypatch.setenv("NETCL_JIT_VECTOR", width)
     monkeypatch.setenv("NETCL_JIT_ITEMS", items)
+    monkeypatch.setenv("NETCL_JIT_VECTOR_BODY", body)
     return request.param
 
 

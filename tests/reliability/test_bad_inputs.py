@@ -284,7 +284,10 @@ def test_primitive_backward_with_wrong_count_fails_in_backward_and_tape_survives
 def test_primitive_that_does_not_compile(cl_device, tmp_path, monkeypatch):
     """CompileError with the build log; no program and no disk entry kept; the fixed primitive works."""
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    register_primitive("rel_broken_c", lambda a, t: f"MUL({a[0]}, {a[1]}) +* 2.0f", lambda a, g, t, o: [g, g], arity=2)
+    broken = (lambda a, t: f"MUL({a[0]}, {a[1]}) +* 2.0f", lambda a, g, t, o: [g, g])
+    with pytest.raises(JitError, match=r"does not compile[\s\S]*build log"):  # the probe at registration
+        register_primitive("rel_broken_c", *broken, arity=2)
+    register_primitive("rel_broken_c", *broken, arity=2, probe=False)  # unprobed: fails at its first compile
     op = _apply("rel_broken_c")
     jitted = jit_compile(lambda x, y: ag.relu(op(x, y)))
     x, y = _node([1.0, -2.0], cl_device), _node([3.0, 4.0], cl_device)
@@ -310,6 +313,7 @@ def test_backward_kernel_that_does_not_compile(cl_device):
         lambda a, t: f"MUL({a[0]}, {a[1]})",
         lambda a, g, t, o: [f"MUL({g}, {a[1]}))", f"MUL({g}, {a[0]})"],  # unbalanced parenthesis
         arity=2,
+        probe=False,  # the registration probe would refuse it; this checks the lazy path
     )
     op = _apply("rel_broken_bwd")
     jitted = jit_compile(lambda x, y: op(x, y) + 1.0)
@@ -347,7 +351,9 @@ def test_primitive_that_is_not_valid_python_on_the_numpy_backend():
 
 
 def test_primitive_returning_a_non_string():
-    register_primitive("rel_not_str", lambda a, t: 3.0, lambda a, g, t, o: [g], arity=1)
+    with pytest.raises(JitError, match="forward must return a C expression"):  # the registration probe
+        register_primitive("rel_not_str", lambda a, t: 3.0, lambda a, g, t, o: [g], arity=1)
+    register_primitive("rel_not_str", lambda a, t: 3.0, lambda a, g, t, o: [g], arity=1, probe=False)
 
     def op(a):
         return ag.apply_op(R.relu, lambda g, v, out: [g], a, op_name="rel_not_str")
@@ -377,6 +383,18 @@ def test_graph_replay_with_wrong_buffers(cl_device):
         np.testing.assert_allclose(graph.execute(other).to_host(), 10.0)
     with pytest.raises(ReplayError, match="captured with 1 inputs; execute got 2"):
         graph.execute(other, other)
+
+
+def test_graph_captured_without_inputs_says_how_to_declare_them(cl_device):
+    x = Tensor.from_host(cl_device, np.arange(4, dtype=np.float32))
+    graph = Graph()
+    with graph.capture(cl_device.queue):  # no inputs=: nothing is replaceable
+        out = R.mul(x, 2.0)
+    graph.outputs = out
+    with pytest.raises(ReplayError, match=re.escape("captured without declared inputs")) as info:
+        graph.execute(Tensor.from_host(cl_device, np.ones(4, np.float32)))
+    assert "graph.capture(queue, inputs=[x, ...])" in str(info.value) and "set_inputs" in str(info.value)
+    np.testing.assert_allclose(graph.execute().to_host(), np.arange(4) * 2.0)  # plain replay still works
 
 
 def test_compiled_graph_replay_with_wrong_buffers_keeps_state(cl_device):

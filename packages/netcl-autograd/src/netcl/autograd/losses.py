@@ -2,7 +2,7 @@
 
 ``mse_loss``, ``cross_entropy``, ``bce_with_logits`` and ``smooth_l1`` return the mean over all
 elements (a 0-d Node). ``weighted_bce`` and ``weighted_smooth_l1`` are the elementwise terms of
-the detection loss in DESIGN.md (no reduction) with gradients w.r.t. ``pred`` only.
+the detection loss in docs/architecture.md (no reduction) with gradients w.r.t. ``pred`` only.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def weighted_bce(pred: Any, target: Any, weight: Any) -> Node:
 def weighted_smooth_l1(pred: Any, target: Any, weight: Any, beta: float = 0.05) -> Node:
     """Elementwise ``weight * smooth_l1(pred - target, beta)``; gradient w.r.t. ``pred`` only.
 
-    ``beta`` defaults to the detection loss's 0.05 (see DESIGN.md).
+    ``beta`` defaults to the detection loss's 0.05 (see docs/architecture.md).
     """
     beta = float(beta)
 

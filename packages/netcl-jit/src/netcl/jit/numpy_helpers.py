@@ -132,6 +132,28 @@ def GELU_GRAD(x):
     return numpy_gelu_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
+# ``out=`` twins for the fused NumPy path (numpy_source): same values, written into scratch
+# buffers. ``out`` may alias ``x`` (each reads x before writing out); ``tmp`` aliases neither.
+def SIGMOID_OUT(x, out, tmp):
+    """SIGMOID as exp(min(x, 0)) / (1 + exp(-|x|)), branch-free: the numerator is max(e, x >= 0)."""
+    np.absolute(x, out=tmp)  # np.copysign(x, -1) would be one call, but has no SIMD loop
+    np.negative(tmp, out=tmp)
+    np.exp(tmp, out=tmp)
+    np.greater_equal(x, _F(0), out=out)
+    np.maximum(tmp, out, out=out)
+    np.add(tmp, _F(1), out=tmp)
+    return np.divide(out, tmp, out=out)
+
+
+def RELU_GRAD_OUT(x, out):
+    return np.greater(x, _F(0), out=out)
+
+
+def COPY_OUT(x, out):
+    np.copyto(out, x)
+    return out
+
+
 def BCE_LOGITS(x, t):
     return np.maximum(x, _F(0)) - x * t + np.log1p(np.exp(-np.abs(x)))
 

@@ -24,7 +24,14 @@ from netcl.runtime.cache import CacheStats, clear_caches, register_cache
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.graph import Command, Graph, Launch
 from netcl.runtime.launch import enqueue_copy, enqueue_fill
-from netcl.runtime.perf import PerfCounter, SectionStats, TimingRegion, event_based_timing, timing_region
+from netcl.runtime.perf import (
+    PerfCounter,
+    SectionStats,
+    TimingRegion,
+    enable_profiling,
+    event_based_timing,
+    timing_region,
+)
 from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
 
@@ -41,6 +48,7 @@ __all__ += [
     "capture_graph",
     "clear_caches",
     "enqueue_copy",
+    "enable_profiling",
     "enqueue_fill",
     "event_based_timing",
     "register_cache",
@@ -52,3 +60,8 @@ from netcl.runtime import ops  # noqa: E402
 from netcl.runtime.memory import MemoryStats, empty_cache, memory_stats, reset_peak_memory_stats  # noqa: E402
 
 __all__ += ["MemoryStats", "empty_cache", "memory_stats", "ops", "reset_peak_memory_stats"]
+
+# The global random generator (dropout masks draw their seeds from it).
+from netcl.runtime.ops.random import initial_seed, manual_seed  # noqa: E402
+
+__all__ += ["initial_seed", "manual_seed"]

@@ -280,6 +280,13 @@ class Graph:
         """Validate a replay's inputs against the captured signature; return their buffers."""
         if not new_inputs:
             return self._captured_raw
+        if not self._slots:
+            raise ReplayError(
+                f"execute got {len(new_inputs)} new input(s), but this graph was captured without declared inputs: "
+                "declare them when capturing, graph.capture(queue, inputs=[x, ...]) (or graph.set_inputs([x, ...]) "
+                "after capture, or capture_graph(queue, fn, x, ...)); execute() with no arguments replays on the "
+                "captured buffers"
+            )
         if len(new_inputs) != len(self._slots):
             raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
         raws = []
@@ -392,6 +399,13 @@ class Graph:
     def _check_numpy(self, new_inputs: Sequence[Any]) -> None:
         if not new_inputs:
             return
+        if not self._slots:
+            raise ReplayError(
+                f"execute got {len(new_inputs)} new input(s), but this graph was captured without declared inputs: "
+                "declare them when capturing, graph.capture(queue, inputs=[x, ...]) (or graph.set_inputs([x, ...]) "
+                "after capture, or capture_graph(queue, fn, x, ...)); execute() with no arguments replays on the "
+                "captured buffers"
+            )
         if len(new_inputs) != len(self._slots):
             raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
         for index, (obj, slot) in enumerate(zip(new_inputs, self._slots, strict=True)):

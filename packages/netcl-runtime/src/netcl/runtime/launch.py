@@ -71,7 +71,9 @@ def launch(
         try:
             cl_kernel.set_args(*raw)
         except (cl.LogicError, TypeError, ValueError) as exc:
-            raise LaunchError(f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}") from exc
+            raise LaunchError(
+                f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}{_scalar_hint(cl_kernel, raw)}"
+            ) from exc
         try:
             event = cl.enqueue_nd_range_kernel(queue, cl_kernel, gsize, lsize, wait_for=wait_for)
         except cl.LogicError as exc:
@@ -82,6 +84,21 @@ def launch(
     if _capture.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
     return event
+
+
+def _scalar_hint(kernel: cl.Kernel, raw: Sequence[Any]) -> str:
+    """A hint when Python numbers went to a kernel whose scalar argument types were never declared."""
+    from netcl.runtime.cache import declared_scalar_dtypes
+
+    numbers = [i for i, a in enumerate(raw) if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if not numbers or declared_scalar_dtypes(kernel) is not None:
+        return ""
+    where = ", ".join(f"#{i + 1} ({type(raw[i]).__name__} {raw[i]!r})" for i in numbers)
+    return (
+        f". Python numbers were passed as argument(s) {where}, but OpenCL needs their C type: declare it once "
+        "with handle.kernel(name, scalar_dtypes=[None, np.float32, ...]) (None for buffers), "
+        "or pass NumPy scalars such as np.float32(x) / np.int32(n)"
+    )
 
 
 def _checked_sizes(

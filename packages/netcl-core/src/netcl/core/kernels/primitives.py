@@ -58,7 +58,7 @@ inline float GELU_GRAD(float x) {
     return SIGMOID(2.0f * u) + tail;
 }
 
-/* Detection loss terms (see DESIGN.md, detection_loss). */
+/* Detection loss terms (see docs/architecture.md, detection_loss). */
 inline float BCE_LOGITS(float x, float t) {
     return fmax(x, 0.0f) - x * t + log1p(exp(-fabs(x)));
 }

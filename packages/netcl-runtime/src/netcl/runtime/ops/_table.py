@@ -27,6 +27,8 @@ class OpDef:
     numpy_fn: Callable[..., np.ndarray]
     kind: str
     int_expr: str | None = None
+    #: C helpers the expression calls beyond ``PRIMITIVE_PREAMBLE`` (a JIT primitive's ``preamble=``)
+    preamble: str = ""
 
 
 def numpy_sigmoid(x: np.ndarray) -> np.ndarray:

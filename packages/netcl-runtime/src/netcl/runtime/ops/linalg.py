@@ -13,6 +13,8 @@ import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes
 from netcl.core.errors import ShapeError
+from netcl.runtime.ops import host_blas
+from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.precision import (
     get_float32_matmul_precision,
@@ -71,6 +73,12 @@ def matmul(
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     if (transpose_a and a.ndim < 2) or (transpose_b and b.ndim < 2):
         raise ShapeError(f"matmul: a transposed operand must be at least 2-D, got shapes {a.shape} and {b.shape}")
+    if out_dtype is None and host_blas.applies(device_of((a, b), "matmul"), a, b, float_dtype(promote((a, b)))):
+        # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there)
+        a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
+        b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
+        out_shape = matmul_shapes(a_shape, b_shape)[3]
+        return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
     if a.ndim >= 2 and b.ndim >= 2:
         return gemm(a, b, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
     _, _, _, out_shape = matmul_shapes(a.shape, b.shape)

@@ -148,12 +148,12 @@ def philox4x32(counter: Sequence[np.ndarray], key: tuple[int, int], rounds: int 
     return [c.astype(np.uint32) for c in (c0, c1, c2, c3)]
 
 
-def random_bits(n: int, seed: int, stream: int) -> list[np.ndarray]:
-    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed``."""
+def random_bits(n: int, seed: int, stream: int, word3: int = 0) -> list[np.ndarray]:
+    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed`` (counter word 3: ``word3``)."""
     index = np.arange(n, dtype=np.uint64)
     seed %= 2**64
     zeros = np.zeros(n, dtype=np.uint64)
-    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros), (seed, seed >> 32))
+    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros + word3), (seed, seed >> 32))
 
 
 def uniform(shape: tuple[int, ...], low: float, span: float, seed: int, device: Device) -> Tensor:
