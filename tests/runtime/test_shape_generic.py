@@ -15,9 +15,10 @@ import netcl.runtime.ops as R
 from netcl.runtime.cache import key_kind, program_cache
 from netcl.runtime.ops._common import FLAT, ONE, STRIDED, broadcast_layout, fast_divisor
 
-#: Kinds of program still specialized on shapes until the new GEMM (helper i13) lands; linalg.py
-#: bakes M, N, K into its source today.
-SHAPE_BAKED_KINDS = ("netcl.runtime.ops:matmul",)
+#: Kinds of program still specialized on shapes (none: the GEMM takes M, N, K and strides as
+#: arguments; only its tile config follows the shape class, so a much larger product may pick
+#: another tile on a GPU, not a new program per size).
+SHAPE_BAKED_KINDS: tuple[str, ...] = ()
 
 
 def _misses() -> dict[str, int]:

@@ -331,12 +331,14 @@ def index_kind(problem: Problem) -> str:
 
 def finish_plan(device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype) -> Plan:
     """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum."""
-    work = sum_kernel = sum_args = None
+    work = sum_args = None
+    acc = float64 if out_dtype == float64 else float32
+    # built with the first plan even when this one does not split, so that a later product whose
+    # new size makes it split (a larger batch in a weight gradient) builds no program
+    sum_kernel = _split_sum_kernel(device, acc, out_dtype)
     if splits > 1:
-        acc = float64 if out_dtype == float64 else float32
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        sum_kernel = _split_sum_kernel(device, acc, out_dtype)
         sum_args = (total, splits, -(-total // 256) * 256)
     args = gemm_args(problem, splits, chunk)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
