@@ -58,6 +58,7 @@ from netcl.runtime.ops.pointwise import (
     where,
 )
 from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from netcl.runtime.ops.precision import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, sum
 from netcl.runtime.ops.selecting import embedding, index_select
@@ -67,6 +68,9 @@ from netcl.runtime.ops.shape import concat, narrow, pad
 _TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)
 
 __all__ = [
+    "get_float32_matmul_precision",
+    "matmul_precision",
+    "set_float32_matmul_precision",
     "abs",
     "adaptive_avg_pool2d",
     "avg_pool2d",
