@@ -30,6 +30,7 @@ from netcl.autograd.engine import (
     tensor,
 )
 from netcl.autograd.gradcheck import GradcheckError, gradcheck
+from netcl.autograd.losses import binary_cross_entropy, nll_loss
 from netcl.autograd.ops import (
     abs,
     add,
@@ -67,8 +68,10 @@ from netcl.autograd.ops import (
     weighted_smooth_l1,
     where,
 )
+from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
+from netcl.autograd.ops_norm import batch_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
 from netcl.autograd.ops_shape import (
     cat,
@@ -82,6 +85,7 @@ from netcl.autograd.ops_shape import (
     stack,
     unsqueeze,
 )
+from netcl.autograd.ops_softmax import log_softmax, logsumexp, softmax
 
 #: Names provided by the netcl-jit distribution: name -> module to import it from.
 JIT_NAMES = {
@@ -136,17 +140,21 @@ __all__ = [
     "add",
     "apply_op",
     "avg_pool2d",
+    "batch_norm",
     "bce_with_logits",
+    "binary_cross_entropy",
     "broadcast_to",
     "cat",
     "clamp",
     "concat",
     "conv2d",
+    "cos",
     "cross_entropy",
     "debug_tape",
     "detect_anomaly",
     "div",
     "dropout",
+    "elu",
     "embedding",
     "exp",
     "flatten",
@@ -161,8 +169,13 @@ __all__ = [
     "index_select",
     "is_anomaly_enabled",
     "is_grad_enabled",
+    "layer_norm",
     "le",
+    "leaky_relu",
     "log",
+    "log1p",
+    "log_softmax",
+    "logsumexp",
     "lt",
     "manual_seed",
     "matmul",
@@ -173,19 +186,27 @@ __all__ = [
     "minimum",
     "mse_loss",
     "mul",
+    "ne",
     "neg",
+    "nll_loss",
     "no_grad",
     "pad",
     "permute",
     "pow",
     "relu",
     "reshape",
+    "rms_norm",
+    "rsqrt",
     "set_current_tape",
     "set_detect_anomaly",
     "set_grad_enabled",
     "set_tracer",
     "sigmoid",
+    "silu",
+    "sin",
     "smooth_l1",
+    "softmax",
+    "softplus",
     "split",
     "sqrt",
     "squeeze",
