@@ -13,6 +13,7 @@ import pyopencl as cl
 import pytest
 
 import netcl.core as nc
+from netcl.core import engine_choice
 
 # ``netcl.core.devices`` the attribute is the function; the module holds the process default.
 devices_mod = importlib.import_module("netcl.core.devices")
@@ -20,25 +21,37 @@ devices_mod = importlib.import_module("netcl.core.devices")
 
 @pytest.fixture(autouse=True)
 def restore_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test here starts from automatic selection and leaves the process default as it was."""
+    """Every test here starts from automatic selection and leaves the process default as it was.
+
+    The CPU-engine measurement is off (``NETCL_ENGINE_PROBE=0``) unless a test fakes it, so the
+    choice does not depend on timing; tests/core/test_engine_choice.py covers the measured choice.
+    """
     saved = (devices_mod._default, devices_mod._default_reason)
     monkeypatch.delenv("NETCL_DEVICE", raising=False)
+    monkeypatch.setenv(engine_choice.PROBE_ENV, "0")
     devices_mod._default = None
     yield
     devices_mod._default, devices_mod._default_reason = saved
 
 
 def _expected_auto() -> nc.Device:
+    """GPUs first, then the best-ranked CPU OpenCL device (no measurement), then NumPy."""
     opencl = [d for d in nc.devices() if d.kind == "opencl"]
     gpus = [d for d in opencl if d.is_gpu]
-    return (gpus or opencl or [nc.devices()[-1]])[0]
+    return (gpus or sorted(opencl, key=engine_choice.cpu_rank) or [nc.devices()[-1]])[0]
 
 
 def _fake_registry(*types: int) -> list[nc.Device]:
     """A registry of fake OpenCL devices of the given ``cl.device_type``s, then the NumPy backend."""
     found = []
     for index, dev_type in enumerate(types):
-        fake = SimpleNamespace(name=f"Fake {cl.device_type.to_string(dev_type)} {index}", type=dev_type)
+        fake = SimpleNamespace(
+            name=f"Fake {cl.device_type.to_string(dev_type)} {index}",
+            type=dev_type,
+            version="OpenCL 3.0",
+            driver_version="1.0",
+            platform=SimpleNamespace(name="Fake", vendor="Fake"),
+        )
         found.append(nc.Device("opencl", f"{index}:0", fake))  # type: ignore[arg-type]
     return [*found, nc.Device("cpu", "cpu")]
 
@@ -91,9 +104,10 @@ def test_default_follows_selection_order() -> None:
     assert nc.get_device() is device
     reason = nc.default_reason()
     if device.is_gpu:
-        assert reason == "first OpenCL GPU"
+        assert reason == f"first OpenCL GPU ({device.name!r})"
     elif device.kind == "opencl":
-        assert reason == "no OpenCL GPU found; first other OpenCL device"
+        assert reason.startswith(f"no OpenCL GPU; best CPU OpenCL device {device.spec} {device.name!r}: ")
+        assert reason.endswith("(not measured: NETCL_ENGINE_PROBE=0)")
     else:
         assert reason == "no OpenCL device found; NumPy backend"
 
@@ -102,7 +116,7 @@ def test_selection_order_prefers_gpu_then_other_opencl_then_numpy(monkeypatch: p
     registry = _fake_registry(cl.device_type.CPU, cl.device_type.ACCELERATOR, cl.device_type.GPU)
     monkeypatch.setattr(devices_mod, "_registry", registry)
     assert nc.get_device() is registry[2]
-    assert nc.default_reason() == "first OpenCL GPU"
+    assert nc.default_reason() == f"first OpenCL GPU ({registry[2].name!r})"
     assert nc.get_device("opencl") is registry[2]  # "opencl" also takes GPUs first
     assert nc.get_device("gpu") is registry[2]
     assert nc.get_device("1:0") is registry[1]
@@ -110,8 +124,11 @@ def test_selection_order_prefers_gpu_then_other_opencl_then_numpy(monkeypatch: p
 
     registry = _fake_registry(cl.device_type.CPU, cl.device_type.ACCELERATOR)
     monkeypatch.setattr(devices_mod, "_registry", registry)
-    assert nc.set_device(None) is registry[0]
-    assert nc.default_reason() == "no OpenCL GPU found; first other OpenCL device"
+    assert nc.set_device(None) is registry[0]  # equal rank (target unknown): the first one
+    assert nc.default_reason() == (
+        f"no OpenCL GPU; best CPU OpenCL device 0:0 {registry[0].name!r}: compiler target unknown; ranked before "
+        f"1:0 {registry[1].name!r} (compiler target unknown) (not measured: NETCL_ENGINE_PROBE=0)"
+    )
 
     registry = _fake_registry()
     monkeypatch.setattr(devices_mod, "_registry", registry)
@@ -154,6 +171,7 @@ def test_env_garbage_is_device_error_listing_devices(monkeypatch: pytest.MonkeyP
         nc.get_device()
     message = str(info.value)
     assert "unknown device spec 'tpu7'" in message
+    assert "the environment variable NETCL_DEVICE='tpu7' is not a usable device" in message  # where it came from
     assert "expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>'" in message
     for device in nc.devices():
         assert f"{device.spec} ({device.name})" in message
@@ -188,15 +206,24 @@ def test_get_device_passes_devices_through_and_rejects_other_types() -> None:
 
 
 # ---- python -m netcl.core --------------------------------------------------------------------
-def _report(env_value: str | None) -> str:
+def _report(env_value: str | None, status: int = 0) -> str:
     env = {k: v for k, v in os.environ.items() if k != "NETCL_DEVICE"}
     if env_value is not None:
         env["NETCL_DEVICE"] = env_value
     done = subprocess.run(
         [sys.executable, "-m", "netcl.core"], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr
     return done.stdout
+
+
+def test_report_with_a_bad_env_lists_the_devices_and_says_what_is_wrong() -> None:
+    out = _report("tpu7", status=1)  # `hatch run devices` with a typo: a list and a sentence, no traceback
+    for device in nc.devices():
+        assert device.spec in out
+    assert "no default device: the environment variable NETCL_DEVICE='tpu7' is not a usable device" in out
+    assert "override with NETCL_DEVICE=" in out
 
 
 def test_report_names_default_and_why() -> None:

@@ -171,10 +171,11 @@ def test_large_logits_do_not_overflow(device):
     np.testing.assert_allclose(grad, ref_grad(*arrays, **SCALES), rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@pytest.mark.parametrize("vec", [1, 4])
+@pytest.mark.parametrize("vec", [1, 4, 8, 16])
 @pytest.mark.parametrize("n", [10007, 8, 3])
 def test_both_vector_widths_strided_loops_and_tails(cl_device, vec, n):
-    """float4 (GPU) and scalar (CPU) kernels; 3 blocks make each work-item loop, odd n leaves tails."""
+    """scalar, float4 (GPU) and float8/16 vector-body (CPU) kernels; 3 blocks make each work-item loop,
+    odd n leaves tails."""
     arrays = make_inputs((n,), seed=6)
     tensors = [nc.tensor(a, device=cl_device) for a in arrays]
     plan = dataclasses.replace(compile_plan(cl_device, "int", vec=vec), max_blocks=3)
@@ -323,6 +324,10 @@ def test_singleton_and_import_paths():
     assert ag.fused_weighted_bce_smooth_l1_loss is fused is spec_path.fused_weighted_bce_smooth_l1_loss
     assert "weighted_bce_smooth_l1_sum" in compiler
     assert TrainingGraphCompiler(builtins=False).names == []
+    # as the API reference: a bare call is the global singleton; an explicit one is private
+    assert TrainingGraphCompiler() is compiler and ag.TrainingGraphCompiler() is compiler
+    private = TrainingGraphCompiler(builtins=True)
+    assert private is not compiler and "weighted_bce_smooth_l1_sum" in private
 
 
 def test_user_pattern_register_match_plan_and_run(device):
@@ -337,7 +342,7 @@ def test_user_pattern_register_match_plan_and_run(device):
         count = pred.shape[0] * pred.shape[1]
         return lambda p, t: ag.sum((p - t) * (p - t)) * (1.0 / count)
 
-    compiler = TrainingGraphCompiler()
+    compiler = TrainingGraphCompiler(builtins=True)  # private: the global one stays as it was
     compiler.register(TrainingPattern("mse_2d", matcher, planner))
     with pytest.raises(ValueError, match="already registered"):
         compiler.register(TrainingPattern("mse_2d", matcher, planner))

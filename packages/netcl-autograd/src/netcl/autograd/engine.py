@@ -28,6 +28,7 @@ from netcl.autograd.grad_mode import (
     set_grad_enabled,
 )
 from netcl.core import Device, DeviceError, Tensor, get_device
+from netcl.core.tensor import format_values
 
 #: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
 GradFn = Callable[[Tensor], list[Tensor | None]]
@@ -64,6 +65,12 @@ def _ops() -> Any:
     from netcl.autograd import ops  # imported late: ops imports this module
 
     return ops
+
+
+def _shape_ops() -> Any:
+    from netcl.autograd import ops_shape  # imported late: ops_shape imports this module
+
+    return ops_shape
 
 
 def _rops() -> Any:
@@ -121,6 +128,21 @@ class Node:
         """A NumPy copy of the value (a synchronization point)."""
         return self.value.to_host()
 
+    def numpy(self) -> np.ndarray:
+        """A NumPy copy of the value (as ``to_host``)."""
+        return self.value.to_host()
+
+    def to(self, device: Device | str) -> Node:
+        """This node on ``device``: itself when already there, else a copy whose gradient flows back."""
+        target = get_device(device)
+        if target is self.device:
+            return self
+
+        def move_back(grad: Tensor, values: tuple, out: Tensor) -> list[Tensor]:
+            return [grad.to(values[0].device)]
+
+        return apply_op(lambda v: v.to(target), move_back, self, op_name="to")
+
     def item(self) -> float:
         """The value of a one-element node as a Python number."""
         if self.value.size != 1:
@@ -162,10 +184,15 @@ class Node:
 
     def __repr__(self) -> str:
         device = getattr(self.value, "device", None)  # a tracer's value has no device
-        return (
-            f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
-            f"device={getattr(device, 'spec', None)}, requires_grad={self.requires_grad})"
-        )
+        if not isinstance(self.value, Tensor):
+            return (
+                f"Node(op={self.op_name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"device={getattr(device, 'spec', None)}, requires_grad={self.requires_grad})"
+            )
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        op = f", op={self.op_name!r}" if self.op_name else ""
+        values = format_values(self.value, "Node(")
+        return f"Node({values}, device={device.spec}, dtype={self.dtype}{op}{grad})"
 
     # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
     def __add__(self, other: Any) -> Node:
@@ -236,6 +263,24 @@ class Node:
     @property
     def T(self) -> Node:
         return _ops().transpose(self)
+
+    # ---- indexing and shape methods (netcl.autograd.ops_shape) ------------------------------
+    def __getitem__(self, key: Any) -> Node:
+        """Basic indexing (ints, slices, None, ...): a view when the selection is contiguous, else a copy."""
+        return _shape_ops().getitem(self, key)
+
+    def flatten(self, start_axis: int = 0, end_axis: int = -1) -> Node:
+        return _shape_ops().flatten(self, start_axis, end_axis)
+
+    def permute(self, *axes: int | Sequence[int]) -> Node:
+        dims = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return _shape_ops().permute(self, dims)
+
+    def unsqueeze(self, axis: int) -> Node:
+        return _shape_ops().unsqueeze(self, axis)
+
+    def squeeze(self, axis: int | Sequence[int] | None = None) -> Node:
+        return _shape_ops().squeeze(self, axis)
 
 
 class HookHandle:

@@ -93,7 +93,12 @@ def _div_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tup
 
 
 def _pow_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    ga = R.mul(g, R.mul(b, R.pow(a, R.sub(b, 1.0) if not is_scalar(b) else b - 1.0))) if na else None
+    # d(a**b)/da = b * a**(b-1), and 0 where b == 0 (a**0 is constant; the product is 0 * inf at a = 0)
+    ga = None
+    if na and is_scalar(b):
+        ga = R.mul(g, 0.0 if b == 0 else R.mul(b, R.pow(a, b - 1.0)))
+    elif na:
+        ga = R.mul(g, R.where(R.eq(b, 0.0), 0.0, R.mul(b, R.pow(a, R.sub(b, 1.0)))))
     log_a = R.log(a) if not is_scalar(a) else _scalar_log(a)
     gb = R.mul(g, R.mul(out, log_a)) if nb else None
     return ga, gb
@@ -243,10 +248,14 @@ def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> N
 
 
 # ---- matmul ----------------------------------------------------------------------------------
-def _swap_last(t: Tensor) -> Tensor:
-    axes = list(range(t.ndim))
-    axes[-1], axes[-2] = axes[-2], axes[-1]
-    return R.transpose(t, tuple(axes))
+def _weight_grad(x: Tensor, g: Tensor, y: Tensor) -> Tensor:
+    """x.T @ g, read in place (no transpose kernel); a 2-D ``y`` shared by a batched ``x`` gets
+    its gradient as ONE (K, rows) @ (rows, N) product over the flattened batch, not a batched
+    product and a sum."""
+    if y.ndim == 2 and x.ndim > 2:
+        rows = x.size // x.shape[-1]
+        return R.matmul(x.reshape(rows, x.shape[-1]), g.reshape(rows, g.shape[-1]), transpose_a=True)
+    return R.matmul(x, g, transpose_a=True)
 
 
 def matmul(a: Operand, b: Operand) -> Node:
@@ -259,8 +268,8 @@ def matmul(a: Operand, b: Operand) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, y = values
-        ga = R.matmul(g, _swap_last(y)) if _needs(a) else None
-        gb = R.matmul(_swap_last(x), g) if _needs(b) else None
+        ga = R.matmul(g, y, transpose_b=True) if _needs(a) else None
+        gb = _weight_grad(x, g, y) if _needs(b) else None
         return [_reduce(ga, x), _reduce(gb, y)]
 
     return apply_op(R.matmul, grad, a, b, op_name="matmul")
@@ -312,6 +321,8 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
+        if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
+            return [R.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
         scaled = R.mul(g.reshape(_kept_shape(v.shape, axes)), 1.0 / count)
         return [R.broadcast_to(scaled, v.shape)]
 

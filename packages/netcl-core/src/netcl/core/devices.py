@@ -1,8 +1,11 @@
 """Devices: every OpenCL device on every platform, plus the NumPy ``cpu`` backend.
 
-Selection order, unless ``NETCL_DEVICE`` says otherwise: an OpenCL GPU, then any other
-OpenCL device (PoCL's CPU device on a machine with no GPU), then the NumPy backend.
-``NETCL_DEVICE`` takes ``gpu``, ``opencl``, ``cpu`` (NumPy) or ``<platform>:<device>``.
+Selection order, unless ``NETCL_DEVICE`` says otherwise: an OpenCL GPU; then the fastest CPU
+engine (``engine_choice``): the best CPU OpenCL device by capability (a compiler that targets
+the host's vector ISA first), measured once against the NumPy backend's fused path; the NumPy
+backend when there is no OpenCL device at all. ``default_reason()`` (and ``python -m
+netcl.core``) says why. ``NETCL_DEVICE`` takes ``gpu``, ``opencl``, ``cpu`` (NumPy) or
+``<platform>:<device>``.
 """
 
 from __future__ import annotations
@@ -186,15 +189,20 @@ def _available() -> str:
 def _auto_select() -> tuple[Device, str]:
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
-        device, why = _select(env)
+        try:
+            device, why = _select(env)
+        except DeviceError as exc:
+            raise DeviceError(f"the environment variable {ENV_VAR}={env!r} is not a usable device: {exc}") from None
         return device, f"{ENV_VAR}={env!r} ({why})"
+    from netcl.core import engine_choice
+
     opencl = _opencl_devices()
     gpus = [d for d in opencl if d.is_gpu]
     if gpus:
-        return gpus[0], "first OpenCL GPU"
-    if opencl:
-        return opencl[0], "no OpenCL GPU found; first other OpenCL device"
-    return devices()[-1], "no OpenCL device found; NumPy backend"
+        return gpus[0], f"first OpenCL GPU ({gpus[0].name!r})"
+    probe = os.environ.get(engine_choice.PROBE_ENV, "").strip() not in ("0", "false", "no", "off")
+    measure = engine_choice.cached_measure if probe else None
+    return engine_choice.choose_cpu_engine(opencl, devices()[-1], measure)
 
 
 def get_device(spec: str | Device | None = None) -> Device:

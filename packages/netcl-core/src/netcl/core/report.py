@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from netcl.core.devices import default_reason, devices, get_device
+from netcl.core.engine_choice import describe_target
+from netcl.core.errors import DeviceError
+from netcl.core.host_pool import host_threads
 
 _NOTABLE_EXTENSIONS = ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_command_buffer", "cl_khr_int64_base_atomics")
 
 
 def device_report() -> str:
-    """A human-readable report of every device netcl can use."""
-    default = get_device()
+    """A human-readable report of every device netcl can use (even when ``NETCL_DEVICE`` is bad)."""
+    try:
+        default, problem = get_device(), None
+    except DeviceError as exc:  # a bad NETCL_DEVICE: still list what there is, then say what is wrong
+        default, problem = None, str(exc)
     lines = ["netcl devices", ""]
     for device in devices():
         marker = "*" if device is default else " "
         if device.cl_device is None:
-            lines.append(f"{marker} cpu    NumPy backend (no OpenCL needed)")
+            lines.append(f"{marker} cpu    NumPy backend (no OpenCL needed; fused work on {host_threads()} thread(s))")
             continue
         d = device.cl_device
         kind = __import__("pyopencl").device_type.to_string(d.type)
@@ -25,9 +31,13 @@ def device_report() -> str:
             f"         driver: {device.driver_version}   OpenCL C: {d.opencl_c_version.strip()}",
             f"         memory: {device.global_mem_size / 2**30:.1f} GiB global, "
             f"{device.max_alloc_size / 2**30:.1f} GiB max buffer, {d.local_mem_size // 1024} KiB local",
-            f"         compute units: {d.max_compute_units}, max work-group: {d.max_work_group_size}",
+            f"         compute units: {d.max_compute_units}, max work-group: {d.max_work_group_size}"
+            + ("" if device.is_gpu else f", {describe_target(device)}"),
             f"         extensions: {', '.join(exts) or 'none of ' + ', '.join(_NOTABLE_EXTENSIONS)}",
         ]
-    lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
+    if problem is not None:
+        lines += ["", f"no default device: {problem}"]
+    else:
+        lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
     lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|<platform>:<device>")
     return "\n".join(lines)

@@ -125,7 +125,7 @@ class FusedDetectionLossPlan:
     backward_kernel: Any
     source: str | None = None
     max_blocks: int = MAX_BLOCKS
-    #: elements per work-item step: 4 (float4 loads) on GPUs, 1 elsewhere
+    #: elements per work-item step: 4 (float4 loads) on GPUs, 8 or 16 (float vectors) on CPU devices
     vec: int = 1
 
     @property
@@ -234,14 +234,16 @@ def build_plan(
 def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> FusedDetectionLossPlan:
     """The plan for ``device``: its kernels built through ``program_cache`` (NumPy functions on "cpu").
 
-    ``vec`` (1 or 4) defaults to 4 on GPUs and 1 elsewhere.
+    ``vec`` defaults to 4 on GPUs and to the preferred float width (8 with AVX2, 16 with AVX-512)
+    on CPU devices, whose kernels then evaluate the terms on float vectors.
     """
     if device.kind != "opencl":
         return FusedDetectionLossPlan(device, ctype, 1, npl.partials, npl.reduce, npl.backward)
     # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
     local = min(LOCAL_SIZE, _pow2_floor(device.cl_device.max_work_group_size))
     if vec is None:
-        vec = 4 if device.is_gpu else 1
+        preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
+        vec = 4 if device.is_gpu else (preferred if preferred in (8, 16) else 8)
     source = detection_loss_source(ctype, local, vec)
     handle = program_cache.get_or_compile(("netcl.jit.detection_loss", ctype, local, vec), source, device.context)
     index = np.int64 if ctype == "long" else np.int32

@@ -1,4 +1,4 @@
-"""OpenCL C source of the fused detection loss (DESIGN.md, ``detection_loss``): three kernels.
+"""OpenCL C source of the fused detection loss (docs/architecture.md, ``detection_loss``): three kernels.
 
 * ``detection_loss_partial`` — one work-group per block. Each work-item walks a strided range
   of elements (``VEC`` == 1) or of float4 chunks (``VEC`` == 4, ``vload4``), adds
@@ -14,13 +14,16 @@
 The work-group size (``LOCAL``), the vector width and the index type are compiled in; the
 scales, ``beta`` and the element count are kernel arguments. The reduction order depends only
 on the element count and the launch geometry, so a plan gives bit-identical results on every
-call. Float4 loads pay off on GPUs (wide coalesced loads); on CPU devices such as PoCL the
-scalar form vectorizes better across work-items.
+call. Float4 loads pay off on GPUs (wide coalesced loads). On CPU devices (``VEC`` 8 or 16, the
+device's preferred float width) the terms are evaluated on ``floatN`` values with the vector
+helpers (``netcl.core.kernels.vector_primitives``), so they compile to SIMD code: on the pip PoCL
+(AMD EPYC, 1M elements) the forward took 82 ms one float per work-item.
 """
 
 from __future__ import annotations
 
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
+from netcl.core.kernels.vector_primitives import vector_preamble
 
 PARTIAL_NAME = "detection_loss_partial"
 REDUCE_NAME = "detection_loss_reduce"
@@ -87,6 +90,21 @@ void detection_loss_partial(
     float sum = (v.s0 + v.s1) + (v.s2 + v.s3);
     const idx_t tail = 4 * n4 + gid;
     if (tail < n) sum += detection_term(pred[tail], target[tail], heat_w[tail], reg_w[tail], hs, rs, beta);
+#elif VEC > 4
+    const idx_t nv = n / VEC;
+    VF sumv = (VF)(0.0f);
+    VF compv = (VF)(0.0f);
+    for (idx_t i = gid; i < nv; i += stride) {{
+        VF x = vload{vec}(i, pred), t = vload{vec}(i, target), hw = vload{vec}(i, heat_w), rw = vload{vec}(i, reg_w);
+        VF term = hs * hw * V_BCE_LOGITS(x, t) + rs * rw * V_SMOOTH_L1(x - t, beta);
+        KAHAN(VF, sumv, compv, term);
+    }}
+    float lanes[VEC];
+    vstore{vec}(sumv - compv, 0, lanes);
+    float sum = 0.0f;
+    for (int k = 0; k < VEC; ++k) sum += lanes[k];
+    for (idx_t j = VEC * nv + gid; j < n; j += stride)
+        sum += detection_term(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
 #else
     float sum = 0.0f;
     float comp = 0.0f;
@@ -141,6 +159,15 @@ __kernel void detection_loss_backward(
     }}
     for (idx_t j = first; j < n; ++j)
         grad_pred[j] = g * detection_grad(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
+#elif VEC > 4
+    if (first + VEC <= n) {{
+        VF x = vload{vec}(i, pred), t = vload{vec}(i, target), hw = vload{vec}(i, heat_w), rw = vload{vec}(i, reg_w);
+        VF d = hs * hw * V_BCE_LOGITS_GRAD(x, t) + rs * rw * V_SMOOTH_L1_GRAD(x - t, beta);
+        vstore{vec}(g * d, i, grad_pred);
+        return;
+    }}
+    for (idx_t j = first; j < n; ++j)
+        grad_pred[j] = g * detection_grad(pred[j], target[j], heat_w[j], reg_w[j], hs, rs, beta);
 #else
     grad_pred[i] = g * detection_grad(pred[i], target[i], heat_w[i], reg_w[i], hs, rs, beta);
 #endif
@@ -149,11 +176,13 @@ __kernel void detection_loss_backward(
 
 
 def detection_loss_source(index_ctype: str, local_size: int, vec: int = 4) -> str:
-    """The program of the three kernels: ``int``/``long`` indices, work-group ``local_size``, width ``vec`` (1 or 4)."""
+    """The program of the three kernels: ``int``/``long`` indices, work-group ``local_size``, width ``vec``
+    (1 or 4: per-element helpers; 8 or 16: the body on ``floatN`` vectors)."""
     if index_ctype not in ("int", "long"):
         raise ValueError(f"index type must be 'int' or 'long', got {index_ctype!r}")
     if local_size < 1 or local_size & (local_size - 1):
         raise ValueError(f"work-group size must be a power of two, got {local_size}")
-    if vec not in (1, 4):
-        raise ValueError(f"vector width must be 1 or 4, got {vec}")
-    return PRIMITIVE_PREAMBLE + _BODY.format(index=index_ctype, local=local_size, vec=vec)
+    if vec not in (1, 4, 8, 16):
+        raise ValueError(f"vector width must be 1, 4, 8 or 16, got {vec}")
+    vectors = vector_preamble(vec) if vec > 4 else ""
+    return PRIMITIVE_PREAMBLE + vectors + _BODY.format(index=index_ctype, local=local_size, vec=vec)

@@ -54,7 +54,14 @@ class FusedStep:
         if self.is_opencl:
             config = self.configs["backward" if has_gout else "forward"]
             return opencl_source.kernel_source(
-                name, self.input_shapes, self.shape, body, int(has_gout), config.vector_width, config.items
+                name,
+                self.input_shapes,
+                self.shape,
+                body,
+                int(has_gout),
+                config.vector_width,
+                config.items,
+                config.vector_body,
             )
         return numpy_source.function_source(name, self.input_shapes, self.shape, body, has_gout)
 

@@ -1,22 +1,71 @@
 """Render fused bodies into Python functions over NumPy arrays (the NumPy backend's JIT).
 
-The generated function walks the output in cache-sized blocks and writes each block's result
-into preallocated output arrays, so a long chain does not stream through memory once per op.
+The generated function computes ONE block of the output: flat same-shape work in blocks of
+elements, broadcasting work in blocks of rows, sized so that a block's arrays stay in the L2
+cache. Ops with a NumPy ufunc twin write into per-thread scratch buffers (``out=``), reused
+block after block, so a long chain allocates nothing the size of the tensor and streams
+through memory once. ``compile_function`` runs the blocks on a thread pool
+(``netcl.core.host_pool``): blocks are independent, so results are bit-identical for any
+thread count.
 """
 
 from __future__ import annotations
 
+import ast
 import math
 import re
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from netcl.core.host_pool import block_elements, run_blocks
 from netcl.jit.codegen import Body
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
+from netcl.jit.primitives import custom_numpy_helpers
 
-BLOCK_ELEMENTS = 1 << 14
 _FLOAT_SUFFIX = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
+
+#: Helpers (and C builtins) that are exactly one NumPy ufunc on their arguments, so they can
+#: write into a scratch buffer. numpy_helpers defines each of them as that same ufunc.
+_UFUNCS = {
+    "ADD": "add",
+    "SUB": "subtract",
+    "MUL": "multiply",
+    "DIV": "divide",
+    "NEG": "negative",
+    "ABS": "absolute",
+    "SIGN": "sign",
+    "EXP": "exp",
+    "LOG": "log",
+    "LOG1P": "log1p",
+    "SQRT": "sqrt",
+    "TANH": "tanh",
+    "MAX": "maximum",
+    "MIN": "minimum",
+    "POW": "power",
+    "LT": "less",
+    "LE": "less_equal",
+    "GT": "greater",
+    "GE": "greater_equal",
+    "EQ": "equal",
+    "fmax": "fmax",
+    "fmin": "fmin",
+    "fabs": "absolute",
+    "exp": "exp",
+    "log": "log",
+    "log1p": "log1p",
+    "sqrt": "sqrt",
+    "tanh": "tanh",
+    "pow": "power",
+}
+#: Helpers with an ``out=`` twin in numpy_helpers: name -> (twin, extra scratch slots it needs).
+_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "RELU_GRAD": ("RELU_GRAD_OUT", 0), "COPY": ("COPY_OUT", 0)}
+#: ufuncs that are several times slower with a scalar operand than with an array one (NumPy
+#: 2.x has no SIMD loop for a broadcast scalar there): their literal operands become arrays.
+_SLOW_SCALAR = {"maximum", "minimum", "fmax", "fmin"}
+_BINOPS = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide"}
 
 
 def to_python(expr: str) -> str:
@@ -26,59 +75,193 @@ def to_python(expr: str) -> str:
     return _FLOAT_SUFFIX.sub(r"\1", expr)
 
 
+@dataclass
+class _Emitter:
+    """Turns body lines into statements, giving every ufunc result a scratch slot, freed after its last use."""
+
+    uses: dict[str, int]
+    statements: list[str] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)
+    slots: int = 0
+    owner: dict[str, int] = field(default_factory=dict)
+    #: literal value -> name of the per-thread array filled with it
+    constants: dict[float, str] = field(default_factory=dict)
+
+    def _take(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.slots += 1
+        return self.slots - 1
+
+    def expression(self, node: ast.expr, temps: list[int], read: list[str]) -> str:
+        """Python source for ``node``; its result's slot (if any) is appended to ``temps``.
+
+        Variables read are appended to ``read``; their slots are freed only after the whole line,
+        so no temporary of this line overwrites a variable it still has to read.
+        """
+        if isinstance(node, ast.Name):
+            read.append(node.id)
+            return node.id
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _OUT_HELPERS:
+            return self._out_helper(node, temps, read)
+        ufunc, args = _as_ufunc(node)
+        if ufunc is None:  # a call NumPy has no single ufunc for: evaluated as is (block-sized result)
+            read.extend(child.id for child in ast.walk(node) if isinstance(child, ast.Name))
+            return ast.unparse(node)
+        operand_temps: list[int] = []
+        parts = [self._operand(arg, operand_temps, read, ufunc) for arg in args]
+        # the operands' temporaries die here; the result may reuse one (a ufunc reads element i
+        # before it writes element i, so out= may alias an input)
+        self.free.extend(operand_temps)
+        slot = self._take()
+        temps.append(slot)
+        return f"np.{ufunc}({', '.join(parts)}, out=S{slot})"
+
+    def _operand(self, node: ast.expr, temps: list[int], read: list[str], ufunc: str) -> str:
+        if ufunc in _SLOW_SCALAR and isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return self.constants.setdefault(float(node.value), f"K{len(self.constants)}")
+        return self.expression(node, temps, read)
+
+    def _out_helper(self, node: ast.Call, temps: list[int], read: list[str]) -> str:
+        """``TWIN(args..., out, scratch...)``: the scratch slots differ from the operands and the result."""
+        twin, extra = _OUT_HELPERS[node.func.id]
+        operand_temps: list[int] = []
+        parts = [self.expression(arg, operand_temps, read) for arg in node.args]
+        scratch = [self._take() for _ in range(extra)]
+        self.free.extend(operand_temps)
+        slot = self._take()
+        self.free.extend(scratch)
+        temps.append(slot)
+        return f"{twin}({', '.join(parts + [f'S{slot}'] + [f'S{k}' for k in scratch])})"
+
+    def line(self, var: str, expr: str) -> None:
+        temps: list[int] = []
+        read: list[str] = []
+        node = ast.parse(to_python(expr), mode="eval").body
+        if isinstance(node, ast.Name):  # a plain copy: ``var`` must not share the other's buffer
+            node = ast.Call(ast.Name("COPY"), [node], [])
+        source = self.expression(node, temps, read)
+        self.statements.append(f"{var} = {source}")
+        for name in read:
+            if name in self.uses:
+                self.uses[name] -= 1
+                if self.uses[name] == 0 and name in self.owner:
+                    self.free.append(self.owner.pop(name))
+        if temps:  # the result's slot now belongs to ``var``
+            if self.uses.get(var, 0) > 0:
+                self.owner[var] = temps[0]
+            else:
+                self.free.append(temps[0])
+
+
+def _as_ufunc(node: ast.expr) -> tuple[str | None, list[ast.expr]]:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        if node.func.id == "RELU" and len(node.args) == 1:
+            return "maximum", [node.args[0], ast.Constant(0.0)]
+        if node.func.id in _UFUNCS:
+            return _UFUNCS[node.func.id], list(node.args)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)], [node.left, node.right]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return "negative", [node.operand]
+    return None, []
+
+
+def _count_uses(body: Body) -> dict[str, int]:
+    uses = {var: 0 for var, _ in body.lines}
+    for _, expr in body.lines:
+        for child in ast.walk(ast.parse(to_python(expr), mode="eval")):
+            if isinstance(child, ast.Name) and child.id in uses:
+                uses[child.id] += 1
+    for var in body.results:
+        uses[var] = uses.get(var, 0) + 1
+    return uses
+
+
 def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], body: Body, has_gout: bool) -> str:
-    """Source of ``def name(ins, outs, g_all)``; ``ins[k]`` is an array or a float32 scalar."""
+    """Source of ``def name(ins, outs, g, s, e, S)`` (one block) and its ``LAYOUT``.
+
+    ``ins[k]`` is an array (flattened or rank-padded by the caller) or a float32 scalar;
+    ``S`` are this thread's scratch buffers; ``LAYOUT`` says how ``compile_function`` blocks.
+    """
     flat = all(s is None or math.prod(s) == math.prod(out_shape) for s in input_shapes)
-    lines = [f"def {name}(ins, outs, g_all):"]
+    ndim = len(out_shape)
+    emitter = _Emitter(_count_uses(body))
+    for var, expr in body.lines:
+        emitter.line(var, expr)
+    scratch = emitter.slots if ndim else 0
+    live = sum(s is not None for s in input_shapes) + len(body.results) + scratch + int(has_gout)
+    block = block_elements(live)
+    lines = [f"def {name}(ins, outs, g, s, e, S):"]
     if flat:
-        lines.append("    total = outs[0].size")
-        lines.append("    flat_in = [x.reshape(-1) if hasattr(x, 'reshape') else x for x in ins]")
-        lines.append("    flat_out = [o.reshape(-1) for o in outs]")
-        lines.append("    flat_g = g_all.reshape(-1) if g_all is not None else None")
-        lines.append(f"    for s in range(0, total, {BLOCK_ELEMENTS}):")
-        lines.append(f"        e = min(s + {BLOCK_ELEMENTS}, total)")
+        layout = {"flat": True, "ndim": ndim, "block": block, "slots": scratch, "slot_shape": (block,)}
         for k, shape in enumerate(input_shapes):
-            lines.append(f"        x{k} = flat_in[{k}][s:e]" if shape is not None else f"        x{k} = flat_in[{k}]")
-        if has_gout:
-            lines.append("        gout = flat_g[s:e]")
-        target = "flat_out[{j}][s:e]"
+            lines.append(f"    x{k} = ins[{k}][s:e]" if shape is not None else f"    x{k} = ins[{k}]")
+        target = "outs[{j}][s:e]"
     else:
-        ndim = len(out_shape)
-        rows = out_shape[0] if ndim else 1
         row_size = max(1, math.prod(out_shape[1:])) if ndim else 1
-        step = max(1, BLOCK_ELEMENTS // row_size)
-        pad = f"x.reshape((1,) * ({ndim} - x.ndim) + x.shape)"
-        lines.append(f"    padded = [{pad} if hasattr(x, 'ndim') else x for x in ins]")
-        lines.append(f"    for s in range(0, {rows}, {step}):")
-        lines.append(f"        e = min(s + {step}, {rows})")
+        step = max(1, block // row_size)
+        layout = {"flat": False, "ndim": ndim, "block": step, "slots": scratch, "slot_shape": (step, *out_shape[1:])}
         for k, shape in enumerate(input_shapes):
             if shape is None:
-                lines.append(f"        x{k} = padded[{k}]")
+                lines.append(f"    x{k} = ins[{k}]")
             else:
                 lead = ((1,) * (ndim - len(shape)) + tuple(shape))[0] if ndim else 1
-                lines.append(f"        x{k} = padded[{k}][s:e]" if lead != 1 else f"        x{k} = padded[{k}]")
-        if has_gout:
-            lines.append("        gout = g_all[s:e]" if ndim else "        gout = g_all")
+                lines.append(f"    x{k} = ins[{k}][s:e]" if lead != 1 else f"    x{k} = ins[{k}]")
         target = "outs[{j}][s:e]" if ndim else "outs[{j}][...]"
-    for var, expr in body.lines:
-        lines.append(f"        {var} = {to_python(expr)}")
+    if has_gout:
+        lines.append("    gout = g[s:e]" if (flat or ndim) else "    gout = g")
+    constants = sorted(emitter.constants.items(), key=lambda item: int(item[1][1:])) if scratch else []
+    layout["constants"] = [value for value, _ in constants]
+    if scratch:
+        names = [f"S{i}" for i in range(scratch)] + [name for _, name in constants]
+        lines.append("    m = e - s")
+        lines.append("    " + ", ".join(names) + ", = [t[:m] for t in S]")
+        statements = emitter.statements
+    else:  # 0-d output (or no ufunc at all): plain expressions, no scratch
+        statements = [f"{var} = {to_python(expr)}" for var, expr in body.lines]
+    lines += ["    " + statement for statement in statements]
     for j, var in enumerate(body.results):
-        lines.append(f"        {target.format(j=j)} = {var}")
-    return "\n".join(line for line in lines if line) + "\n"
+        lines.append(f"    {target.format(j=j)} = {var}")
+    return f"LAYOUT = {layout!r}\n" + "\n".join(lines) + "\n"
 
 
 def compile_function(name: str, source: str):
-    """exec the generated source in the helper namespace and return the function."""
-    namespace = dict(NAMESPACE)
+    """exec the generated source in the helper namespace; return ``run(ins, outs, gout=None)``."""
+    namespace = {**NAMESPACE, **custom_numpy_helpers()}  # helpers of register_primitive(..., numpy_helpers=)
     try:
         exec(compile(source, f"<netcl-jit {name}>", "exec"), namespace)
     except SyntaxError as exc:
         raise JitError(f"generated NumPy source does not compile: {exc}\n{source}") from exc
-    function = namespace[name]
+    block_fn = namespace[name]
+    layout = namespace["LAYOUT"]
+    local = threading.local()
+
+    def scratch() -> list[np.ndarray]:
+        buffers = getattr(local, "buffers", None)
+        if buffers is None:
+            shape = layout["slot_shape"]
+            buffers = [np.empty(shape, np.float32) for _ in range(layout["slots"])]
+            buffers += [np.full(shape, value, np.float32) for value in layout["constants"]]
+            local.buffers = buffers
+        return buffers
 
     def run(ins, outs, gout=None):
-        with np.errstate(all="ignore"):
-            function(ins, outs, gout)
+        if layout["flat"]:
+            ins = [x.reshape(-1) if hasattr(x, "reshape") else x for x in ins]
+            outs = [o.reshape(-1) for o in outs]
+            gout = gout.reshape(-1) if gout is not None else None
+            total = outs[0].size
+        else:
+            ndim = layout["ndim"]
+            ins = [x.reshape((1,) * (ndim - x.ndim) + x.shape) if hasattr(x, "ndim") else x for x in ins]
+            total = outs[0].shape[0] if ndim else 1
+
+        def one_block(start: int, stop: int) -> None:
+            block_fn(ins, outs, gout, start, stop, scratch())
+
+        run_blocks(total, layout["block"], one_block)
 
     run.source = source  # type: ignore[attr-defined]
+    run.layout = layout  # type: ignore[attr-defined]
     return run

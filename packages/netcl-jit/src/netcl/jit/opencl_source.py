@@ -11,7 +11,9 @@ import math
 
 from netcl.core import broadcast_index_lines, needs_64bit_index
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
+from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.codegen import Body
+from netcl.jit.primitives import custom_preamble
 
 VECTOR_WIDTH = 4
 
@@ -24,12 +26,15 @@ def kernel_source(
     extra_inputs: int = 0,
     vector_width: int = VECTOR_WIDTH,
     items: int = 1,
+    vector_body: bool = False,
 ) -> str:
     """A complete program: preamble plus ``__kernel void name(...)``.
 
     ``input_shapes[k]`` is the shape of tensor input ``k``, or None for a scalar parameter.
     ``extra_inputs`` more same-shape tensor inputs follow (the backward's upstream gradient,
     read into ``gout``). Results are written to ``out0``, ``out1``, ... of ``out_shape``.
+    ``vector_body``: on the vector paths, evaluate the body once on ``float{vector_width}``
+    values (``vector_primitives``) instead of once per lane, when every expression allows it.
     """
     index_type = "long" if needs_long_index(out_shape, input_shapes, vector_width, items) else "int"
     params = []
@@ -40,13 +45,22 @@ def kernel_source(
     params.append(f"const {index_type} n")
     modes = vector_modes(input_shapes, out_shape, vector_width)
     header = f"__kernel void {name}(\n    " + ",\n    ".join(params) + "\n) {\n"
+    vector = vector_body and modes is not None and vector_width > 1 and vectorizable(body)
     if modes is not None and all(m in ("same", "param") for m in modes):
-        code = _vector_kernel(input_shapes, body, extra_inputs, index_type, vector_width, items)
+        code = _vector_kernel(input_shapes, body, extra_inputs, index_type, vector_width, items, vector)
     elif modes is not None:
-        code = _broadcast_vector_kernel(input_shapes, out_shape, modes, body, extra_inputs, index_type, vector_width)
+        code = _broadcast_vector_kernel(
+            input_shapes, out_shape, modes, body, extra_inputs, index_type, vector_width, vector
+        )
     else:
         code = _scalar_kernel(input_shapes, out_shape, body, extra_inputs, index_type)
-    return PRIMITIVE_PREAMBLE + "\n" + header + code + "}\n"
+    preamble = PRIMITIVE_PREAMBLE + (vector_preamble(vector_width) if vector else "")
+    return preamble + "\n" + custom_preamble() + header + code + "}\n"
+
+
+def vectorizable(body: Body) -> bool:
+    """Whether every expression of ``body`` has a ``floatN`` form (built-in helpers and operators only)."""
+    return all(vectorize(expr) is not None for _, expr in body.lines)
 
 
 #: Largest work-group a fused kernel is launched with (PoCL allows 4096).
@@ -116,7 +130,9 @@ def _scalar_kernel(input_shapes, out_shape, body: Body, extra_inputs: int, index
     return "\n".join(lines) + "\n"
 
 
-def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str, width: int, items: int = 1) -> str:
+def _vector_kernel(
+    input_shapes, body: Body, extra_inputs: int, index_type: str, width: int, items: int = 1, vector: bool = False
+) -> str:
     """``items`` vectors of ``width`` elements per work-item, strided by the grid (coalesced)."""
     lines = [
         f"    {index_type} stride = get_global_size(0);",
@@ -131,8 +147,12 @@ def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str,
             lines.append(f"        float{width} a{k} = vload{width}(v, in{k});")
     if extra_inputs:
         lines.append(f"        float{width} ag = vload{width}(v, gin_buf0);")
-    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "        ")
+    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "        ", vector)
     lines.append("    } else {")
+    if vector:  # the tail on zero-padded vectors: no scalar helpers in the kernel (10% on Debian's PoCL)
+        lines += _vector_tail(input_shapes, body, extra_inputs, index_type, width)
+        lines += ["    }", "    }"]
+        return "\n".join(lines) + "\n"
     lines.append(f"        for ({index_type} i = first; i < n; ++i) {{")
 
     def read_tail(k):
@@ -146,8 +166,31 @@ def _vector_kernel(input_shapes, body: Body, extra_inputs: int, index_type: str,
     return "\n".join(lines) + "\n"
 
 
+def _vector_tail(input_shapes, body: Body, extra_inputs: int, index_type: str, width: int) -> list[str]:
+    """The last ``n - first < width`` elements: inputs copied into zero-padded vectors, the body on
+    ``VF`` values, then only the lanes below ``n`` stored."""
+    indent = "        "
+    lines = []
+    sources = [(f"a{k}", f"in{k}") for k, shape in enumerate(input_shapes) if shape is not None]
+    sources += [("ag", "gin_buf0")] if extra_inputs else []
+    for name, buffer in sources:
+        lines.append(f"{indent}float {name}_t[{width}];")
+        lines.append(
+            f"{indent}for (int j = 0; j < {width}; ++j) {name}_t[j] = first + j < n ? {buffer}[first + j] : 0.0f;"
+        )
+        lines.append(f"{indent}VF {name} = vload{width}(0, {name}_t);")
+    body_lines = _vector_lanes(input_shapes, body, extra_inputs, width, indent, True)
+    stores = [line for line in body_lines if line.lstrip().startswith("vstore")]
+    lines += [line for line in body_lines if line not in stores]
+    for j, var in enumerate(body.results):
+        lines.append(f"{indent}float r{j}_t[{width}];")
+        lines.append(f"{indent}vstore{width}({var}, 0, r{j}_t);")
+        lines.append(f"{indent}for ({index_type} i = first; i < n; ++i) out{j}[i] = r{j}_t[i - first];")
+    return lines
+
+
 def _broadcast_vector_kernel(
-    input_shapes, out_shape, modes, body: Body, extra_inputs: int, index_type: str, width: int
+    input_shapes, out_shape, modes, body: Body, extra_inputs: int, index_type: str, width: int, vector: bool = False
 ):
     """``width`` consecutive outputs per work-item, which share one row of every broadcast input."""
     lines = [
@@ -166,12 +209,23 @@ def _broadcast_vector_kernel(
             lines.append(f"    float{width} a{k} = (float{width})(in{k}[i{k}]);")
     if extra_inputs:
         lines.append(f"    float{width} ag = vload{width}(v, gin_buf0);")
-    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "    ")
+    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "    ", vector)
     return "\n".join(lines) + "\n"
 
 
-def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, indent: str) -> list[str]:
-    """The element body once per lane of the loaded vectors ``a{k}``/``ag``, stored from ``r{j}``."""
+def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, indent: str, vector: bool) -> list[str]:
+    """The element body on the loaded vectors ``a{k}``/``ag``: once on ``VF`` values (``vector``), else
+    once per lane; stored with ``vstore``."""
+    if vector:
+        lines = [
+            f"{indent}VF x{k} = {f'a{k}' if shape is not None else f'(VF)(p{k})'};"
+            for k, shape in enumerate(input_shapes)
+        ]
+        if extra_inputs:
+            lines.append(f"{indent}VF gout = ag;")
+        lines += [f"{indent}VF {var} = {vectorize(expr)};" for var, expr in body.lines]
+        lines += [f"{indent}vstore{width}({var}, v, out{j});" for j, var in enumerate(body.results)]
+        return lines
     lines = [f"{indent}float{width} r{j};" for j in range(len(body.results))]
     for lane in (f"s{lane:x}" for lane in range(width)):
         lines.append(indent + "{")

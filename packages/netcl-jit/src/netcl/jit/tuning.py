@@ -20,6 +20,8 @@ class LaunchConfig:
     vector_width: int
     local_size: int
     items: int = 1
+    #: evaluate the body on ``float{vector_width}`` values (CPU devices), not lane by lane
+    vector_body: bool = False
 
 
 #: Measured defaults per kind of device and direction (see benchmarks/RESULTS.md): on an H200
@@ -28,13 +30,21 @@ class LaunchConfig:
 #: per work-item and 64-wide groups win (its compiler vectorizes across work-items itself):
 #: chain8 at 4M elements, forward 166 ms vs 207 ms with float4/256.
 GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128)}
-CPU_DEFAULT = {"forward": LaunchConfig(1, 64), "backward": LaunchConfig(1, 64)}
+CPU_DEFAULT = {"forward": LaunchConfig(8, 64, 1, True), "backward": LaunchConfig(8, 64, 1, True)}
 _WIDTHS = (1, 2, 4, 8, 16)
 
 
 def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
-    """The configuration fused ``direction`` kernels use on ``device`` (environment overrides first)."""
+    """The configuration fused ``direction`` kernels use on ``device`` (environment overrides first).
+
+    On CPU devices the vector width is the device's preferred float width (8 with AVX2, 16 with
+    AVX-512) and the body is evaluated on vectors.
+    """
     base = (GPU_DEFAULT if device.is_gpu else CPU_DEFAULT)[direction]
+    if not device.is_gpu and device.cl_device is not None:
+        preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
+        if preferred in (4, 8, 16):
+            base = LaunchConfig(preferred, base.local_size, base.items, base.vector_body)
     width = int(os.environ.get("NETCL_JIT_VECTOR", base.vector_width))
     local = int(os.environ.get("NETCL_JIT_LOCAL", base.local_size))
     items = int(os.environ.get("NETCL_JIT_ITEMS", base.items))
@@ -43,4 +53,5 @@ def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
     if items < 1:
         raise ValueError(f"NETCL_JIT_ITEMS must be >= 1, got {items}")
     limit = device.cl_device.max_work_group_size if device.cl_device is not None else local
-    return LaunchConfig(width, max(1, min(local, limit)), items)
+    vector_body = os.environ.get("NETCL_JIT_VECTOR_BODY", str(int(base.vector_body))).strip() not in ("0", "")
+    return LaunchConfig(width, max(1, min(local, limit)), items, vector_body)

@@ -1,0 +1,131 @@
+"""Host threads for the NumPy backend: run independent blocks of elementwise work on every core.
+
+NumPy releases the GIL inside ufunc loops, so blocks of a fused body evaluated by several
+threads run in parallel. Blocks must be independent (each writes only its own slice); then the
+result does not depend on the thread count or on which thread ran which block. Work is handed
+out dynamically (the next free thread takes the next block), which keeps both cores busy when
+another process steals one.
+
+``NETCL_HOST_THREADS`` sets the thread count (default: the CPUs this process may run on);
+``1`` runs every block on the calling thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+ENV_VAR = "NETCL_HOST_THREADS"
+_DEFAULT_L2_BYTES = 1 << 20
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def host_threads() -> int:
+    """Threads the NumPy backend uses: ``NETCL_HOST_THREADS`` or the CPUs available to this process."""
+    text = os.environ.get(ENV_VAR, "").strip()
+    if text:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{ENV_VAR} must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise ValueError(f"{ENV_VAR} must be a positive integer, got {text!r}")
+        return value
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def l2_cache_bytes() -> int:
+    """The per-core L2 cache size from sysfs (1 MiB when the system does not say)."""
+    path = "/sys/devices/system/cpu/cpu0/cache/index2/size"
+    try:
+        with open(path) as handle:
+            text = handle.read().strip().upper()
+    except OSError:
+        return _DEFAULT_L2_BYTES
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text.rstrip("KMG")
+    return int(digits) * scale if digits.isdigit() else _DEFAULT_L2_BYTES
+
+
+def block_elements(live_arrays: int, itemsize: int = 4, lo: int = 1 << 14, hi: int = 1 << 16) -> int:
+    """Elements per block so that ``live_arrays`` block-sized arrays fit in one core's L2 cache.
+
+    A power of two between ``lo`` and ``hi``: below 16K elements the per-call cost of NumPy
+    (about 1 µs per ufunc call) outweighs what the cache saves (chain8 forward at 1M elements,
+    one thread: 9.5 ms with 4K-element blocks, 6.9 ms with 16K, 6.1 ms with 64K; plain NumPy 5.2 ms).
+    """
+    budget = l2_cache_bytes() // max(1, live_arrays * itemsize)
+    size = 1 << max(0, budget.bit_length() - 1)
+    return max(lo, min(hi, size))
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size < workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="netcl-host")
+            _pool_size = workers
+        return _pool
+
+
+def run_blocks(total: int, block: int, body: Callable[[int, int], None], threads: int | None = None) -> None:
+    """Call ``body(start, stop)`` for every ``block``-sized slice of ``range(total)``, on ``threads`` threads.
+
+    The calling thread works too. Floating-point errors are ignored in every thread (the fused
+    bodies produce inf/NaN as IEEE arithmetic says, as the OpenCL kernels do). The first
+    exception raised by a block is re-raised here after every thread has stopped.
+    """
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    count = -(-total // block)
+    threads = min(host_threads() if threads is None else threads, count)
+    if threads <= 1:
+        with np.errstate(all="ignore"):
+            for start in range(0, total, block):
+                body(start, min(start + block, total))
+        return
+    starts = iter(range(0, total, block))
+    counter_lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> None:
+        with np.errstate(all="ignore"):
+            while not failed.is_set():
+                with counter_lock:
+                    start = next(starts, None)
+                if start is None:
+                    return
+                try:
+                    body(start, min(start + block, total))
+                except BaseException:
+                    failed.set()
+                    raise
+
+    futures: list[Future] = [_executor(threads - 1).submit(worker) for _ in range(threads - 1)]
+    error: BaseException | None = None
+    try:
+        worker()
+    except BaseException as exc:  # re-raised below, after the helpers stopped
+        error = exc
+    for future in futures:
+        # A helper that never started (the pool busy, e.g. this call runs on a pool thread)
+        # is cancelled: the calling thread already did its share.
+        if future.cancel():
+            continue
+        exc = future.exception()
+        if exc is not None and error is None:
+            error = exc
+    if error is not None:
+        raise error

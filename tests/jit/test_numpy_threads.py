@@ -1,0 +1,169 @@
+"""The NumPy backend's fused path on the host thread pool: blocks cover every element once, and
+results are bit-identical to one thread (elementwise blocks are independent; the detection loss's
+block sums are combined in block order), at block edges, for broadcasting and 0-d outputs.
+
+Blocks are shrunk to a few dozen elements so small, fast tensors span many blocks and partial
+last blocks. Values are also checked against float64 NumPy (tolerances as in test_jit_compile).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.core import host_pool
+from netcl.core.host_pool import host_threads, run_blocks
+from netcl.jit import detection_loss_numpy, jit_compile, numpy_source, workloads
+
+BLOCK = 48
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(numpy_source, "block_elements", lambda live: BLOCK)
+    monkeypatch.setattr(detection_loss_numpy, "block_size", lambda: BLOCK)
+
+
+def _run(fn, arrays, threads: int, monkeypatch: pytest.MonkeyPatch, upstream=None):
+    """Forward and gradients of a freshly jitted ``fn`` with ``threads`` host threads."""
+    monkeypatch.setenv(host_pool.ENV_VAR, str(threads))
+    jitted = jit_compile(fn)
+    nodes = [ag.tensor(a, requires_grad=True, device="cpu") for a in arrays]
+    with ag.Tape() as tape:
+        out = jitted(*nodes)
+    grad = np.ones(out.shape, np.float32) if upstream is None else upstream
+    tape.backward(out, grad=ag.tensor(grad, device="cpu").value)
+    assert jitted.cache_info()["fallbacks"] == 0
+    return out.value.to_host(), [n.grad.to_host() for n in nodes]
+
+
+def _chain8_64(x, a, b):
+    h = np.maximum(x * a + b, 0) * 0.5
+    h = 1 / (1 + np.exp(-h)) - x
+    h = np.tanh(h)
+    return h * h
+
+
+@pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK, BLOCK + 1, 7 * BLOCK - 5])
+def test_chain8_threads_bit_identical(n: int, small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(n)
+    arrays = [rng.uniform(-3, 3, n).astype(np.float32) for _ in range(3)]
+    arrays[0][:3] = [np.nan, np.inf, -np.inf][: min(3, n)]  # NaN/inf travel the same way in every block
+    upstream = rng.uniform(-1, 1, n).astype(np.float32)
+    one = _run(workloads.chain8, arrays, 1, monkeypatch, upstream)
+    four = _run(workloads.chain8, arrays, 4, monkeypatch, upstream)
+    np.testing.assert_array_equal(four[0], one[0])
+    for got, want in zip(four[1], one[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    finite = np.isfinite(arrays[0])
+    ref = _chain8_64(*(a.astype(np.float64) for a in arrays))
+    # float32 chain of 8 ops incl. exp/tanh: a few ulps each
+    np.testing.assert_allclose(one[0][finite], ref[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 13])
+def test_broadcast_rows_threads_bit_identical(rows: int, small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bias_gelu with x (rows, 7) and b (1, 7): blocks of rows (48 // 7 = 6 rows), the last one partial."""
+    rng = np.random.default_rng(rows)
+    arrays = [rng.uniform(-4, 4, (rows, 7)).astype(np.float32), rng.uniform(-1, 1, (1, 7)).astype(np.float32)]
+    one = _run(workloads.bias_gelu, arrays, 1, monkeypatch)
+    three = _run(workloads.bias_gelu, arrays, 3, monkeypatch)
+    np.testing.assert_array_equal(three[0], one[0])
+    for got, want in zip(three[1], one[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    v = arrays[0].astype(np.float64) + arrays[1]
+    ref = 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
+    np.testing.assert_allclose(one[0], ref, rtol=1e-5, atol=1e-6)  # GELU: a handful of float32 ops
+
+
+def test_zero_dim_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    arrays = [np.float32(0.25).reshape(()), np.float32(-2.0).reshape(()), np.float32(1.5).reshape(())]
+    one = _run(workloads.chain8, arrays, 1, monkeypatch)
+    two = _run(workloads.chain8, arrays, 2, monkeypatch)
+    assert one[0].shape == () and np.array_equal(one[0], two[0])
+    np.testing.assert_allclose(one[0], _chain8_64(*(np.float64(a) for a in arrays)), rtol=1e-5)
+
+
+def test_generated_source_writes_into_scratch() -> None:
+    """The fused forward reuses out= buffers: no op of chain8 allocates a result of its own."""
+    jitted = jit_compile(workloads.chain8)
+    nodes = [ag.tensor(np.ones(10, np.float32), device="cpu") for _ in range(3)]
+    forward, _ = jitted.source(*nodes)
+    body = [line.strip() for line in forward.splitlines() if line.strip().startswith("v")]
+    assert len(body) == 8 and all("out=S" in line or "SIGMOID_OUT(" in line for line in body), forward
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.0])
+def test_detection_loss_threads_bit_identical(beta: float, small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    n = 11 * BLOCK + 3
+    x = rng.uniform(-8, 8, n).astype(np.float32)
+    t = (rng.uniform(0, 1, n) > 0.6).astype(np.float32)
+    hw, rw = rng.uniform(0, 1, n).astype(np.float32), rng.uniform(0, 1, n).astype(np.float32)
+    x[:BLOCK] = t[:BLOCK] + rng.uniform(-0.1, 0.1, BLOCK).astype(np.float32)  # inside and outside the beta band
+    results = {}
+    for threads in (1, 4):
+        monkeypatch.setenv(host_pool.ENV_VAR, str(threads))
+        sums = detection_loss_numpy.partials(x, t, hw, rw, 0.7, 1.3, beta)
+        grad = detection_loss_numpy.backward(np.float32(2.0), x, t, hw, rw, 0.7, 1.3, beta)
+        results[threads] = (sums, detection_loss_numpy.reduce(sums), grad)
+    assert results[1][0].shape == (12,)
+    for got, want in zip(results[4], results[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    loss, grad64 = detection_loss_numpy.detection_loss_reference(x, t, hw, rw, 0.7, 1.3, beta)
+    np.testing.assert_allclose(float(results[1][1]), loss, rtol=1e-5)  # float32 terms, float64 sums
+    np.testing.assert_allclose(results[1][2], 2.0 * grad64, rtol=1e-5, atol=1e-6)
+
+
+# ---- the pool itself ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("total", "block"), [(0, 4), (3, 4), (4, 4), (17, 4), (1000, 7)])
+def test_run_blocks_covers_every_index_once(total: int, block: int) -> None:
+    hits = np.zeros(total, np.int64)
+    seen = []
+
+    def body(start: int, stop: int) -> None:
+        assert 0 <= start < stop <= total and stop - start <= block
+        hits[start:stop] += 1
+        seen.append((start, stop))
+
+    run_blocks(total, block, body, threads=3)
+    assert (hits == 1).all() and len(seen) == -(-total // block)
+
+
+def test_run_blocks_really_runs_threads_at_once() -> None:
+    """Three blocks wait for each other: this returns only if three threads run them concurrently."""
+    barrier = threading.Barrier(3, timeout=30)
+    threads = set()
+
+    def body(start: int, stop: int) -> None:
+        threads.add(threading.get_ident())
+        barrier.wait()
+
+    run_blocks(3, 1, body, threads=3)
+    assert len(threads) == 3
+
+
+def test_run_blocks_reraises_and_nests() -> None:
+    def bad(start: int, stop: int) -> None:
+        if start == 8:
+            raise KeyError("block 8")
+
+    with pytest.raises(KeyError, match="block 8"):
+        run_blocks(20, 4, bad, threads=2)
+    out = np.zeros(64)
+
+    def outer(start: int, stop: int) -> None:  # a pool thread running blocks of its own
+        run_blocks(stop - start, 2, lambda s, e: out[start + s : start + e].__iadd__(1), threads=2)
+
+    run_blocks(64, 16, outer, threads=2)
+    assert (out == 1).all()
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_bad_thread_count_is_named(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(host_pool.ENV_VAR, value)
+    with pytest.raises(ValueError, match=f"NETCL_HOST_THREADS must be a positive integer, got '{value}'"):
+        host_threads()

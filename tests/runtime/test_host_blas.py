@@ -1,0 +1,122 @@
+"""matmul through the host BLAS on CPU OpenCL devices (zero-copy mapped buffers), vs float64 NumPy;
+and inside a capture, where the GEMM kernel is recorded instead so the graph can replay it.
+
+Tolerance: float32 products summed over K terms are within K * eps32 * sum_k |a_ik b_kj| of the
+exact result (any summation order); the tests allow that bound plus 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import ops as rops
+from netcl.runtime.graph import Graph, capture_graph
+from netcl.runtime.ops import host_blas
+
+
+@pytest.fixture
+def cpu_cl(cl_device: nc.Device) -> nc.Device:
+    if not host_blas.host_memory_device(cl_device):
+        pytest.skip("the host-BLAS path is for CPU OpenCL devices (buffers in host memory)")
+    return cl_device
+
+
+@pytest.fixture
+def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Records every host-BLAS matmul (the real one still runs)."""
+    calls: list[tuple] = []
+    real = host_blas.matmul
+
+    def counting(a, b, out_shape, result, **transposes):
+        calls.append((a.shape, b.shape))
+        return real(a, b, out_shape, result, **transposes)
+
+    monkeypatch.setattr(host_blas, "matmul", counting)
+    monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
+    return calls
+
+
+def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = np.matmul(a64, b64)
+    k = a.shape[-1] if a.ndim else 1
+    bound = k * np.finfo(np.float32).eps * np.matmul(np.abs(a64), np.abs(b64)) + 1e-6 * np.abs(want)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
+
+
+CASES = [
+    ((7, 5), (5, 3)),  # plain 2-D, odd sizes
+    ((130, 67), (67, 129)),  # past the 64-wide GEMM blocks
+    ((3, 4, 5), (3, 5, 2)),  # batched
+    ((2, 1, 3, 4), (5, 4, 6)),  # broadcast batch dims
+    ((4,), (4, 3)),  # 1-D on the left
+    ((2, 3, 4), (4,)),  # 1-D on the right
+    ((4,), (4,)),  # dot product (0-d result)
+]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), CASES)
+def test_host_blas_matches_float64(cpu_cl: nc.Device, host_calls: list, a_shape, b_shape) -> None:
+    rng = np.random.default_rng(len(a_shape) * 10 + len(b_shape))
+    a = rng.uniform(-1, 1, a_shape).astype(np.float32)
+    b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+    got = rops.matmul(nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl))
+    assert host_calls == [(a_shape, b_shape)]
+    _check(got.to_host(), a, b)
+
+
+def test_transposed_operands_and_queued_producers(cpu_cl: nc.Device, host_calls: list) -> None:
+    """Operands written by kernels still queued (a transpose, an add) are read after they finish,
+    and a kernel queued after the matmul reads its result."""
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (6, 9)).astype(np.float32)
+    b = rng.uniform(-1, 1, (6, 4)).astype(np.float32)
+    ta, tb = nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl)
+    at = rops.transpose(ta, (1, 0))  # (9, 6), produced by a kernel
+    bb = rops.add(tb, tb)
+    product = rops.matmul(at, bb)
+    after = rops.add(product, product).to_host()
+    assert len(host_calls) == 1
+    _check(product.to_host(), a.T.copy(), 2 * b)
+    np.testing.assert_array_equal(after, 2 * product.to_host())
+
+
+def test_empty_and_zero_k(cpu_cl: nc.Device, host_calls: list) -> None:
+    zero_k = rops.matmul(nc.Tensor.empty((3, 0), device=cpu_cl), nc.Tensor.empty((0, 4), device=cpu_cl))
+    np.testing.assert_array_equal(zero_k.to_host(), np.zeros((3, 4), np.float32))
+    empty = rops.matmul(nc.Tensor.empty((0, 5), device=cpu_cl), nc.Tensor.empty((5, 2), device=cpu_cl))
+    assert empty.shape == (0, 2)
+
+
+def test_other_dtypes_and_switch_off_use_the_kernel(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    got = rops.matmul(nc.tensor(a, device=cpu_cl), nc.tensor(a.T.copy(), device=cpu_cl))
+    np.testing.assert_array_equal(got.to_host(), (a @ a.T).astype(np.float32))  # exact: small integers
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    f = a.astype(np.float32)
+    np.testing.assert_allclose(
+        rops.matmul(nc.tensor(f, device=cpu_cl), nc.tensor(f.T.copy(), device=cpu_cl)).to_host(), f @ f.T
+    )
+    assert host_calls == []
+
+
+def test_capture_records_the_gemm_kernel_and_replays(cpu_cl: nc.Device, host_calls: list) -> None:
+    """A host call cannot be replayed, so under capture matmul launches (and records) the kernel."""
+    rng = np.random.default_rng(9)
+    a, b = (rng.uniform(-1, 1, (5, 8)).astype(np.float32), rng.uniform(-1, 1, (8, 3)).astype(np.float32))
+    ta, tb = nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl)
+    graph = capture_graph(cpu_cl.queue, rops.matmul, ta, tb)
+    assert host_calls == [] and [launch.name for launch in graph.launches] == ["netcl_gemm"]
+    _check(graph.outputs.to_host(), a, b)
+    a2 = rng.uniform(-1, 1, (5, 8)).astype(np.float32)
+    graph.execute(nc.tensor(a2, device=cpu_cl), tb)
+    _check(graph.outputs.to_host(), a2, b)
+    assert host_calls == []
+    with Graph().capture(cpu_cl.queue):  # the context-manager form too
+        rops.matmul(ta, tb)
+    assert host_calls == []
+    rops.matmul(ta, tb)  # after the capture: host BLAS again
+    assert len(host_calls) == 1
