@@ -33,6 +33,9 @@ from netcl.runtime import distributed as dist
 from netcl.runtime.distributed import DistributedError
 
 DEFAULT_BUCKET_MB = 25.0
+#: The first bucket (the last parameters, whose gradients backward finishes first) is capped at
+#: 1 MB, as in torch: its all-reduce starts early in the backward instead of waiting for 25 MB.
+FIRST_BUCKET_MB = 1.0
 
 
 @dataclass
@@ -91,7 +94,8 @@ class DistributedDataParallel:
         self.params: list[Node] = [p for _, p in named if p.requires_grad]
         self.param_names = [n for n, p in named if p.requires_grad]
         self._broadcast_state([p.value for _, p in named], [b for _, b in buffers])
-        self.buckets = _make_buckets(self.params, int(bucket_cap_mb * 1024 * 1024))
+        cap = int(bucket_cap_mb * 1024 * 1024)
+        self.buckets = _make_buckets(self.params, cap, min(cap, int(FIRST_BUCKET_MB * 1024 * 1024)))
         self._bucket_of: dict[int, int] = {}
         for bucket in self.buckets:
             for i in bucket.params:
@@ -272,16 +276,18 @@ def _first_difference(reference: list[tuple], entries: list[tuple]) -> str | Non
     return None
 
 
-def _make_buckets(params: list[Node], cap_bytes: int) -> list[_Bucket]:
-    """Buckets of at most ``cap_bytes`` (a larger parameter gets its own), one dtype each,
-    filled in reverse parameter order (the order backward tends to finish gradients)."""
+def _make_buckets(params: list[Node], cap_bytes: int, first_cap_bytes: int) -> list[_Bucket]:
+    """Buckets of at most ``cap_bytes`` (the first: ``first_cap_bytes``; a larger parameter gets its
+    own), one dtype each, filled in reverse parameter order (the order backward tends to finish
+    gradients)."""
     buckets: list[_Bucket] = []
     open_by_dtype: dict[np.dtype, _Bucket] = {}
     for i in reversed(range(len(params))):
         p = params[i]
         nbytes = p.size * p.dtype.itemsize
         bucket = open_by_dtype.get(p.dtype)
-        if bucket is None or (bucket.params and bucket.nbytes + nbytes > cap_bytes):
+        limit = first_cap_bytes if bucket is not None and bucket.index == 0 else cap_bytes
+        if bucket is None or (bucket.params and bucket.nbytes + nbytes > limit):
             bucket = _Bucket(len(buckets), [], 0)
             buckets.append(bucket)
             open_by_dtype[p.dtype] = bucket

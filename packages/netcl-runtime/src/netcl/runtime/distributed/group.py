@@ -170,12 +170,16 @@ def mark_broken(reason: str) -> None:
 
 
 class Deadline:
-    """Polling with backoff against a timeout: ``check(what)`` raises once it has passed.
+    """Polling against a timeout: ``check(what)`` raises once it has passed.
 
-    The first polls spin (MPI progresses only inside MPI calls); then the poller sleeps 50 us
-    growing to 1 ms, so waiting ranks leave the CPU to ranks that still compute. A timeout
-    marks the group broken: later collectives fail at once instead of waiting again.
+    MPI moves a large message along only inside MPI calls (each test copies a slice of it), so
+    the poller first spins: for ``SPIN_SECONDS`` it only yields the CPU (``sleep(0)``). After that
+    the peer is evidently busy elsewhere, and the poller sleeps 50 us between polls, so a waiting
+    rank leaves the CPU to ranks that still compute. A timeout marks the group broken: later
+    collectives fail at once instead of waiting again.
     """
+
+    SPIN_SECONDS = 0.05
 
     def __init__(self, timeout: float | None = None, rank: int | None = None, size: int | None = None) -> None:
         if timeout is None or rank is None:
@@ -183,13 +187,11 @@ class Deadline:
             timeout, rank, size = info.timeout, info.rank, info.world_size
         self.timeout, self.rank, self.size = timeout, rank, size
         self.start = time.monotonic()
-        self.polls = 0
 
     def check(self, what: str) -> None:
-        self.polls += 1
-        if self.polls > 64:
-            time.sleep(min(1e-3, 5e-5 * (1.25 ** min(self.polls - 64, 40))))
-        if time.monotonic() - self.start > self.timeout:
+        waited = time.monotonic() - self.start
+        time.sleep(0 if waited < self.SPIN_SECONDS else 5e-5)
+        if waited > self.timeout:
             error = DistributedTimeoutError(
                 f"{what} timed out after {self.timeout:g} s on rank {self.rank} of {self.size}: another rank "
                 f"died, hangs, or did not call the same collective (set the limit with {TIMEOUT_ENV} or "
