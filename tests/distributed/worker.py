@@ -162,44 +162,44 @@ def case_ddp(info, device) -> dict:
 
 
 def fuse_graph_run(info, device) -> dict:
-    """fuse_graph (captured + replayed on OpenCL) of a DDP step with SGD, vs the same steps eagerly."""
+    """fuse_graph (captured + replayed on OpenCL) of a DDP step with netcl.optim's SGD (momentum) and
+    Adam, vs the same steps eagerly."""
     from netcl.jit import fuse_graph
+    from netcl.optim import SGD, Adam
 
-    lr = 0.1
     results = {}
-    for mode in ("replay", "eager"):
-        model = MLP(device, seed=20 + info.rank)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
-        params = list(model.parameters())
-
-        def sgd(params=params):
-            for p in params:
-                R.add_(p.value, R.mul(p.grad, -lr))
-
-        shard = slice(8 * info.rank, 8 * info.rank + 8)
-        xs = [batch(device, s, 16) for s in range(4)]
-        if mode == "replay":
-            x0, y0 = xs[0]
-            fused = fuse_graph(
-                ddp,
-                ag.tensor(x0[shard], device=device),
-                ag.tensor(y0[shard], device=device),
-                ag.cross_entropy,
-                params=params,
-                optimizer_step=sgd,
-            )
-            for x, y in xs[1:]:
-                fused.execute(ag.tensor(x[shard], device=device), ag.tensor(y[shard], device=device))
-        else:
-            for x, y in xs:
-                for p in params:
-                    p.grad = p.value.grad = None
-                with ag.Tape():
-                    loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
-                    loss.backward()
-                sgd()
-        ddp.remove_hooks()
-        results[mode] = [p.to_host() for p in params]
+    for name in ("sgd", "adam"):
+        for mode in ("replay", "eager"):
+            model = MLP(device, seed=20 + info.rank)
+            ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+            params = list(model.parameters())
+            opt = SGD(params, lr=0.1, momentum=0.9) if name == "sgd" else Adam(params, lr=0.01)
+            shard = slice(8 * info.rank, 8 * info.rank + 8)
+            xs = [batch(device, s, 16) for s in range(4)]
+            if mode == "replay":
+                x0, y0 = xs[0]
+                fused = fuse_graph(
+                    ddp,
+                    ag.tensor(x0[shard], device=device),
+                    ag.tensor(y0[shard], device=device),
+                    ag.cross_entropy,
+                    params=params,
+                    optimizer_step=opt.step,
+                )
+                for x, y in xs[1:]:
+                    fused.execute(ag.tensor(x[shard], device=device), ag.tensor(y[shard], device=device))
+                steps = fused.graph.steps if fused.graph is not None else []
+                results[f"{name}_recorded"] = [s.name for s in steps if s.name.startswith("all_reduce")]
+            else:
+                for x, y in xs:
+                    opt.zero_grad()
+                    with ag.Tape():
+                        logits = ddp(ag.tensor(x[shard], device=device))
+                        loss = ag.cross_entropy(logits, ag.tensor(y[shard], device=device))
+                        loss.backward()
+                    opt.step()
+            ddp.remove_hooks()
+            results[f"{name}_{mode}"] = [p.to_host() for p in params]
     return results
 
 
