@@ -52,7 +52,7 @@ def digits_cnn(device) -> nn.Module:
 
 
 def mlp(device) -> nn.Module:
-    """DESIGN.md's train workload: MLP 784-512-512-10 (669,706 parameters)."""
+    """The benchmarks' train workload: MLP 784-512-512-10 (669,706 parameters)."""
     return nn.Sequential(
         nn.Linear(784, 512, device=device),
         nn.ReLU(),
