@@ -86,9 +86,9 @@ class DistributedDataParallel:
     def __init__(self, module: Any, bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True) -> None:
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
+        named = _named_parameters(module)  # bad modules fail before MPI starts
         self.module = module
         self.info = dist.init()  # the existing group, or a new one
-        named = _named_parameters(module)
         buffers = _named_buffers(module) if broadcast_buffers else []
         self._handshake(named, buffers)
         self.params: list[Node] = [p for _, p in named if p.requires_grad]
