@@ -18,6 +18,7 @@ PRIMITIVE_PREAMBLE = r"""
 #define GT(a, b) ((a) > (b) ? 1 : 0)
 #define GE(a, b) ((a) >= (b) ? 1 : 0)
 #define EQ(a, b) ((a) == (b) ? 1 : 0)
+#define NE(a, b) ((a) != (b) ? 1 : 0)
 #define WHERE(c, a, b) ((c) != 0 ? (a) : (b))
 
 inline float RELU(float x) { return x > 0.0f ? x : (isnan(x) ? x : 0.0f); }
@@ -35,10 +36,31 @@ inline float MAX(float a, float b) { return (a > b || isnan(a)) ? a : b; }
 inline float MIN(float a, float b) { return (a < b || isnan(a)) ? a : b; }
 inline float CLAMP(float x, float lo, float hi) { return MIN(MAX(x, lo), hi); }
 
+inline float SIN(float x) { return sin(x); }
+inline float COS(float x) { return cos(x); }
+
 inline float SIGMOID(float x) {
     if (x >= 0.0f) { return 1.0f / (1.0f + exp(-x)); }
     float e = exp(x);
     return e / (1.0f + e);
+}
+
+/* Activations with parameters (PyTorch's definitions; the gradient at 0 is the x <= 0 branch's). */
+inline float SILU(float x) { return x * SIGMOID(x); }
+inline float SILU_GRAD(float x) { float s = SIGMOID(x); return s * (1.0f + x * (1.0f - s)); }
+inline float LEAKY_RELU(float x, float slope) { return x > 0.0f ? x : x * slope; }
+inline float LEAKY_RELU_GRAD(float x, float slope) { return x > 0.0f ? 1.0f : slope; }
+inline float ELU(float x, float alpha) { return x > 0.0f ? x : alpha * expm1(x); }
+inline float ELU_GRAD(float x, float alpha) { return x > 0.0f ? 1.0f : alpha * exp(x); }
+/* softplus: log(1 + exp(beta x)) / beta, x itself where beta x > threshold; written as
+   (max(z, 0) + log1p(exp(-|z|))) / beta so that no exp overflows whatever the threshold. */
+inline float SOFTPLUS(float x, float beta, float threshold) {
+    float z = beta * x;
+    return z > threshold ? x : (fmax(z, 0.0f) + log1p(exp(-fabs(z)))) / beta;
+}
+inline float SOFTPLUS_GRAD(float x, float beta, float threshold) {
+    float z = beta * x;
+    return z > threshold ? 1.0f : SIGMOID(z);
 }
 
 /* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = K (x + C x^3), written as x * sigmoid(2u) and
@@ -74,6 +96,7 @@ inline float SMOOTH_L1_GRAD(float d, float beta) {
 
 #: The helper names the preamble defines, for codegen and tests.
 PRIMITIVE_NAMES = (
-    "ADD SUB MUL DIV NEG LT LE GT GE EQ WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH "
-    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD"
+    "ADD SUB MUL DIV NEG LT LE GT GE EQ NE WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH "
+    "MAX MIN CLAMP SIN COS SIGMOID SILU SILU_GRAD LEAKY_RELU LEAKY_RELU_GRAD ELU ELU_GRAD SOFTPLUS SOFTPLUS_GRAD "
+    "GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD"
 ).split()
