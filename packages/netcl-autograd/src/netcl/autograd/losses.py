@@ -1,7 +1,9 @@
 """Differentiable losses, each one ``apply_op`` call named after its JIT primitive.
 
-``mse_loss``, ``cross_entropy``, ``bce_with_logits`` and ``smooth_l1`` return the mean over all
-elements (a 0-d Node). ``weighted_bce`` and ``weighted_smooth_l1`` are the elementwise terms of
+``mse_loss``, ``bce_with_logits`` and ``smooth_l1`` return the mean over all elements (a 0-d
+Node). ``cross_entropy``, ``nll_loss`` and ``binary_cross_entropy`` (PyTorch's signatures, with
+``reduction=``) live in ``netcl.autograd.losses_class`` and are re-exported here. ``weighted_bce`` and
+``weighted_smooth_l1`` are the elementwise terms of
 the detection loss in docs/architecture.md (no reduction) with gradients w.r.t. ``pred`` only.
 """
 
@@ -13,11 +15,24 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
-from netcl.core import ShapeError, Tensor
+from netcl.autograd.losses_class import binary_cross_entropy, cross_entropy, nll_loss
+from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
 from netcl.runtime.ops._table import numpy_sigmoid
 
 _Grads = list[Tensor | None]
+
+
+__all__ = [
+    "bce_with_logits",
+    "binary_cross_entropy",
+    "cross_entropy",
+    "mse_loss",
+    "nll_loss",
+    "smooth_l1",
+    "weighted_bce",
+    "weighted_smooth_l1",
+]
 
 
 def np_bce_logits(x: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -67,51 +82,6 @@ def mse_loss(pred: Any, target: Any) -> Node:
         return [_reduce(gd, p) if _needs(pred) else None, _reduce(R.neg(gd), t) if _needs(target) else None]
 
     return apply_op(forward, grad, pred, target, op_name="mse_loss")
-
-
-def _labels(target: Any, logits: Any) -> Any:
-    if isinstance(target, (Node, Tensor)):
-        return target
-    host = np.asarray(target)
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy needs integer class targets, got dtype {host.dtype}")
-    return Tensor.from_host(logits.device, host.astype(np.int32))
-
-
-def cross_entropy(logits: Any, target: Any) -> Node:
-    """Mean negative log-likelihood of integer class ``target`` (N,) under ``softmax(logits)`` (N, C).
-
-    Log-softmax with the row max subtracted, so logits of magnitude 1e4 stay finite. The gradient
-    w.r.t. the logits is ``(softmax - one_hot) / N``; ``target`` gets none.
-    """
-    if len(logits.shape) != 2:
-        raise ShapeError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
-    labels = _labels(target, logits)
-    if tuple(labels.shape) != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy targets must have shape ({logits.shape[0]},), got {labels.shape}")
-    n, classes = logits.shape
-    saved: dict[str, Any] = {}
-
-    def log_softmax(x: Tensor) -> Tensor:
-        z = R.sub(x, R.max(x, 1, True))
-        return R.sub(z, R.log(R.sum(R.exp(z), 1, True)))
-
-    def forward(x: Tensor, t: Tensor) -> Tensor:
-        logp = log_softmax(x)
-        onehot = R.one_hot(t, classes)
-        out = R.mul(R.sum(R.mul(onehot, logp)), -1.0 / n)
-        saved.update(out=out, logp=logp, onehot=onehot)
-        return out
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        x, t = values
-        if saved.get("out") is out:
-            logp, onehot = saved["logp"], saved["onehot"]
-        else:  # fn was re-run on other inputs (e.g. by a tracer's fallback): recompute
-            logp, onehot = log_softmax(x), R.one_hot(t, classes)
-        return [R.mul(R.sub(R.exp(logp), onehot), _scaled(g, n)), None]
-
-    return apply_op(forward, grad, logits, labels, op_name="cross_entropy")
 
 
 def bce_with_logits(pred: Any, target: Any) -> Node:

@@ -1,8 +1,9 @@
 """The built-in primitives: one flat table of forward and backward C templates, side by side.
 
 Templates use ``{a}``, ``{b}``, ``{c}`` for the inputs, ``{g}`` for the upstream gradient,
-``{out}`` for the op's output, ``{s}`` for a scalar attribute and ``{beta}`` for smooth-L1's
-beta, all as C expressions. Only PRIMITIVE_PREAMBLE helpers and ``+ - * /`` are used, so the
+``{out}`` for the op's output, ``{s}`` for a scalar attribute, ``{beta}`` for smooth-L1's (and
+softplus's) beta and any other numeric attribute by its name (``{negative_slope}``, ``{alpha}``,
+``{threshold}``), all as C expressions. Only PRIMITIVE_PREAMBLE helpers and ``+ - * /`` are used, so the
 same expressions also evaluate as Python over NumPy arrays (the NumPy path).
 """
 
@@ -28,6 +29,15 @@ UNARY = {
     "gelu": ("GELU({a})", ["MUL({g}, GELU_GRAD({a}))"]),
     "sigmoid": ("SIGMOID({a})", ["MUL({g}, MUL({out}, SUB(1.0f, {out})))"]),
     "tanh": ("TANH({a})", ["MUL({g}, SUB(1.0f, MUL({out}, {out})))"]),
+    "rsqrt": ("RSQRT({a})", ["NEG(MUL({g}, MUL(0.5f, MUL({out}, MUL({out}, {out})))))"]),
+    "log1p": ("LOG1P({a})", ["DIV({g}, ADD(1.0f, {a}))"]),
+    "sin": ("SIN({a})", ["MUL({g}, COS({a}))"]),
+    "cos": ("COS({a})", ["NEG(MUL({g}, SIN({a})))"]),
+    "silu": ("SILU({a})", ["MUL({g}, SILU_GRAD({a}))"]),
+    # activations with parameters: the attrs of ag.leaky_relu / ag.elu / ag.softplus, baked as constants
+    "leaky_relu": ("LEAKY_RELU({a}, {negative_slope})", ["MUL({g}, LEAKY_RELU_GRAD({a}, {negative_slope}))"]),
+    "elu": ("ELU({a}, {alpha})", ["MUL({g}, ELU_GRAD({a}, {alpha}))"]),
+    "softplus": ("SOFTPLUS({a}, {beta}, {threshold})", ["MUL({g}, SOFTPLUS_GRAD({a}, {beta}, {threshold}))"]),
 }
 
 BINARY = {
@@ -42,6 +52,7 @@ BINARY = {
     "le": ("LE({a}, {b})", [ZERO, ZERO]),
     "gt": ("GT({a}, {b})", [ZERO, ZERO]),
     "ge": ("GE({a}, {b})", [ZERO, ZERO]),
+    "ne": ("NE({a}, {b})", [ZERO, ZERO]),
     "add_relu": ("RELU(ADD({a}, {b}))", ["MUL({g}, RELU_GRAD(ADD({a}, {b})))"] * 2),
 }
 
@@ -97,6 +108,9 @@ def _attr_values(attrs: dict) -> dict[str, str]:
     for key in ("lo", "hi"):
         if key in attrs and attrs[key] is not None:
             values[key] = c_literal(attrs[key])
+    for key, value in attrs.items():  # other numeric attributes by name (negative_slope, alpha, threshold)
+        if key not in values and isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[key] = c_literal(value)
     return values
 
 

@@ -76,7 +76,7 @@ from netcl.runtime.ops.reduce import max, mean, min, prod, sum
 from netcl.runtime.ops.scan import argmax, argmin, cumsum, flip
 from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
-from netcl.runtime.ops.softmax import log_softmax, logsumexp, softmax
+from netcl.runtime.ops.softmaxes import log_softmax, logsumexp, softmax
 
 # Tensor operators (grad tensors included: ``w.grad * 0.1``) run these ops.
 _TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)

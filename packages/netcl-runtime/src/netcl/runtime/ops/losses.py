@@ -4,9 +4,10 @@
 shape (N,) or (N, d1, ...): one row kernel computes, per target position, the row's online-softmax
 statistics (max ``m``, ``s = sum(exp(x - m))``) and the loss ``(1 - eps)(m - x_t) + eps (m - mean(x))
 + log(s)`` (label smoothing ``eps``; the max is subtracted, so logits of 1e4 stay finite), storing
-``lse = m + log(s)`` per row. Targets equal to ``ignore_index`` add nothing and do not count. The
+``(m, log(s))`` per row (not their sum, whose rounding at |m| ~ 1e4 would cost the softmax ~1e-3).
+Targets equal to ``ignore_index`` add nothing and do not count. The
 ``mean`` (over the counted targets; NaN when none count, as PyTorch) and ``sum`` reductions are one
-more single-work-group kernel. The backward is one row kernel recomputing ``softmax = exp(x - lse)``:
+more single-work-group kernel. The backward is one row kernel recomputing ``softmax = exp((x - m) - log(s))``:
 ``g_row (softmax - (1 - eps) onehot - eps / C)``. ``nll_loss`` is the same over log-probabilities
 (``-x_t``). Values are computed in float32 (float64 for float64 logits); float16 logits are read as
 half and the loss is returned in their dtype.
@@ -123,7 +124,8 @@ _CE_ROWS = (
     "    SMOOTH_REDUCE\n"
     "    if (LID == 0) {\n"
     "        const long t = (long)target[row];\n"
-    "        lse[row] = m + log(s);\n"
+    "        lse[2 * row] = m;\n"
+    "        lse[2 * row + 1] = log(s);\n"
     "        if (t == ignore) { loss[row] = 0; valid[row] = 0; }\n"
     "        else if (t < 0 || t >= R) { loss[row] = NAN; valid[row] = 1; }\n"
     "        else {\n"
@@ -149,13 +151,13 @@ _FINALIZE = (
 
 
 def _class_rows(kind: str, x: Tensor, target: Tensor, ignore_index: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss per row, lse per row (cross_entropy) or the loss again, valid flag per row)."""
+    """(loss per row, (max, log-sum) per row (cross_entropy) or the loss again, valid flag per row)."""
     outer, C, inner = _split(x)
     rows = outer * inner
     stat = _rows.acc_dtype(x.dtype)
     loss = Tensor.empty((rows,), stat, x.device)
     valid = Tensor.empty((rows,), stat, x.device)
-    lse = Tensor.empty((rows,), stat, x.device) if kind == "cross_entropy" else loss
+    lse = Tensor.empty((rows, 2), stat, x.device) if kind == "cross_entropy" else loss
     acc = _rows.acc_ctype(x.dtype)
     idx = _rows.index_for(x.size)
     layout = _rows.layout_of(inner)
@@ -231,7 +233,7 @@ def _np_class_rows(
             s = np.exp(v - m_safe[:, None]).sum(axis=1)
             log_s = np.log(s) + (m_safe - m)
             loss = (1 - eps) * (m - picked) + eps * (m - v.mean(axis=1)) + log_s if eps > 0 else (m - picked) + log_s
-            lse = m + log_s
+            lse = np.stack([m, log_s], axis=1)
         else:
             loss = -picked
             lse = loss
@@ -256,7 +258,7 @@ def cross_entropy_forward(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """(loss, lse per row, count of counted targets (None for 'none'), target as a Tensor)."""
+    """(loss, (max, log-sum-exp minus max) per row, count of counted targets (None for 'none'), target)."""
     t = prepare(logits, target, ignore_index, reduction, "cross_entropy", label_smoothing)
     eps = float(label_smoothing)
     if logits.device.kind == "cpu" or logits.size == 0:
@@ -325,9 +327,9 @@ _CE_GRAD = (
     "    const long t = (long)target[row];\n"
     "    if (t == ignore) { for (IDX i = LID; i < R; i += LSIZE) gx[AT(i)] = (GT)0; return; }\n"
     "    const ACC gg = GSCALE;\n"
-    "    const ACC l = lse[row];\n"
+    "    const ACC mx = lse[2 * row], ls = lse[2 * row + 1];\n"
     "    for (IDX i = LID; i < R; i += LSIZE)\n"
-    "        gx[AT(i)] = (GT)(gg * (exp((ACC)x[AT(i)] - l) - (i == t ? (ACC)1 - eps : (ACC)0) - eps / (ACC)R));"
+    "        gx[AT(i)] = (GT)(gg * (exp(((ACC)x[AT(i)] - mx) - ls) - (i == t ? (ACC)1 - eps : (ACC)0) - eps / (ACC)R));"
 )
 
 _NLL_GRAD = (
@@ -418,7 +420,8 @@ def _np_class_backward(
     onehot = (t[:, None] == np.arange(C)[None, :]).astype(stat)
     with np.errstate(all="ignore"):
         if kind == "cross_entropy":
-            p = np.exp(v - host(lse).astype(stat).reshape(-1, 1))
+            stats = host(lse).astype(stat).reshape(-1, 2)
+            p = np.exp((v - stats[:, :1]) - stats[:, 1:])
             rows = scale[:, None] * (p - (1 - eps) * onehot - eps / C)
         else:
             rows = -scale[:, None] * onehot
@@ -472,10 +475,14 @@ def bce_terms(p: Tensor, t: Tensor, w: Tensor | float = 1.0) -> Tensor:
     return apply(BCE, (p, t, w))
 
 
-def bce_grads(p: Tensor, t: Tensor, w: Tensor | float, g: Tensor | float) -> tuple[Tensor, Tensor]:
-    """(d/dp, d/dt) of ``bce_terms`` times ``g``: ``g w (p - t) / max(p (1 - p), 1e-12)`` and
-    ``g w (log(1 - p) - log p)`` (clamped logs)."""
-    return apply(BCE_GRAD_P, (p, t, w, g)), apply(BCE_GRAD_T, (p, t, w, g))
+def bce_grads(
+    p: Tensor, t: Tensor, w: Tensor | float, g: Tensor | float, need_p: bool = True, need_t: bool = True
+) -> tuple[Tensor | None, Tensor | None]:
+    """(d/dp, d/dt) of ``bce_terms`` times ``g`` (one kernel each, only those needed):
+    ``g w (p - t) / max(p (1 - p), 1e-12)`` and ``g w (log(1 - p) - log p)`` (clamped logs)."""
+    gp = apply(BCE_GRAD_P, (p, t, w, g)) if need_p else None
+    gt = apply(BCE_GRAD_T, (p, t, w, g)) if need_t else None
+    return gp, gt
 
 
 __all__ = [
