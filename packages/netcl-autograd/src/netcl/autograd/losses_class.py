@@ -25,9 +25,25 @@ def _needs(x: Any) -> bool:
     return isinstance(x, Node) and x.requires_grad
 
 
-def _target(target: Any) -> Any:
-    """A Node's value (targets are data, not graph inputs); anything else as given."""
-    return target.value if isinstance(target, Node) else target
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, (Node, Tensor))
+
+
+def _apply_with(forward: Any, grad: Any, x: Any, extra: Any, op_name: str, attrs: dict[str, Any]) -> Node:
+    """apply_op on ``x`` and, when it is a Node or Tensor, ``extra`` as a second argument (so a jitted
+    function reads each call's tensor); anything else (NumPy targets, None) stays in the closure."""
+    if _is_tensor(extra):
+        return apply_op(
+            forward,
+            lambda g, values, out: [*grad(g, values[:1], out, values[1]), None],
+            x,
+            extra,
+            op_name=op_name,
+            attrs=attrs,
+        )
+    return apply_op(
+        lambda v: forward(v, extra), lambda g, values, out: grad(g, values, out, extra), x, op_name=op_name, attrs=attrs
+    )
 
 
 def _check_class(op: str, x: Any, target: Any, reduction: str) -> None:
@@ -50,20 +66,19 @@ def cross_entropy(
     The max is subtracted, so logits of magnitude 1e4 stay finite. The gradient w.r.t. the logits is
     ``g (softmax - (1 - eps) onehot - eps / C)`` per counted target (divided by their count for 'mean').
     """
-    labels = _target(target)
-    _check_class("cross_entropy", logits, labels, reduction)
+    _check_class("cross_entropy", logits, target, reduction)
     eps = float(label_smoothing)
     saved: dict[str, Any] = {}
 
-    def forward(x: Tensor) -> Tensor:
+    def forward(x: Tensor, labels: Any) -> Tensor:
         out, lse, count, t = RL.cross_entropy_forward(x, labels, eps, ignore_index, reduction)
         saved.update(out=out, lse=lse, count=count, target=t)
         return out
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, labels: Any) -> _Grads:
         (x,) = values
         if saved.get("out") is not out:  # fn was re-run on other inputs (a tracer's fallback): recompute
-            forward(x)
+            forward(x, labels)
         s = saved
         gx = RL.class_loss_backward(
             "cross_entropy", g, x, s["target"], s["lse"], s["count"], reduction, ignore_index, eps
@@ -71,29 +86,29 @@ def cross_entropy(
         return [gx]
 
     attrs = {"label_smoothing": eps, "ignore_index": ignore_index, "reduction": reduction}
-    return apply_op(forward, grad, logits, op_name="cross_entropy", attrs=attrs)
+    return _apply_with(forward, grad, logits, target, "cross_entropy", attrs)
 
 
 def nll_loss(log_probs: Any, target: Any, ignore_index: int = -100, reduction: str = "mean") -> Node:
     """``-log_probs[n, target[n], ...]`` reduced (PyTorch's ``nll_loss``; ``log_probs`` as ``log_softmax`` gives)."""
-    labels = _target(target)
-    _check_class("nll_loss", log_probs, labels, reduction)
+    _check_class("nll_loss", log_probs, target, reduction)
     saved: dict[str, Any] = {}
 
-    def forward(x: Tensor) -> Tensor:
+    def forward(x: Tensor, labels: Any) -> Tensor:
         out, count, t = RL.nll_loss_forward(x, labels, ignore_index, reduction)
         saved.update(out=out, count=count, target=t)
         return out
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, labels: Any) -> _Grads:
         (x,) = values
         if saved.get("out") is not out:
-            forward(x)
+            forward(x, labels)
         s = saved
         return [RL.class_loss_backward("nll_loss", g, x, s["target"], None, s["count"], reduction, ignore_index)]
 
-    attrs = {"ignore_index": ignore_index, "reduction": reduction}
-    return apply_op(forward, grad, log_probs, op_name="nll_loss", attrs=attrs)
+    return _apply_with(
+        forward, grad, log_probs, target, "nll_loss", {"ignore_index": ignore_index, "reduction": reduction}
+    )
 
 
 def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction: str = "mean") -> Node:
@@ -108,21 +123,22 @@ def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction:
         if not hasattr(value, "shape"):
             raise TypeError(f"binary_cross_entropy: {arg} must be a Node or Tensor, got {type(value).__name__}")
     RL.check_bce(tuple(probs.shape), tuple(target.shape), None if weight is None else tuple(weight.shape))
-    w = _target(weight) if weight is not None else 1.0
     count = math.prod(probs.shape)
 
-    def forward(p: Tensor, t: Tensor) -> Tensor:
+    def forward(p: Tensor, t: Tensor, w: Any = 1.0) -> Tensor:
         terms = RL.bce_terms(p, t, w)
         if reduction == "none":
             return terms
         return R.mean(terms) if reduction == "mean" else R.sum(terms)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        p, t = values
+        p, t = values[:2]
+        w = values[2] if len(values) > 2 else 1.0
         scale = R.mul(g, 1.0 / count) if reduction == "mean" and count else g
-        return list(RL.bce_grads(p, t, w, scale, _needs(probs), _needs(target)))
+        return [*RL.bce_grads(p, t, w, scale, _needs(probs), _needs(target)), None][: len(values)]
 
-    return apply_op(forward, grad, probs, target, op_name="binary_cross_entropy", attrs={"reduction": reduction})
+    args = (probs, target) if weight is None else (probs, target, weight)
+    return apply_op(forward, grad, *args, op_name="binary_cross_entropy", attrs={"reduction": reduction})
 
 
 __all__ = ["binary_cross_entropy", "cross_entropy", "nll_loss"]

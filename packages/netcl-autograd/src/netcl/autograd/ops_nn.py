@@ -32,10 +32,6 @@ def _shape(x: Any, op: str, arg: str) -> tuple[int, ...] | None:
     return tuple(x.shape)
 
 
-def _tensor(x: Any) -> Tensor | None:
-    return x.value if isinstance(x, Node) else x
-
-
 def softmax(x: Operand, axis: int = -1) -> Node:
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (one kernel; backward one kernel from the output)."""
 
@@ -145,21 +141,22 @@ def batch_norm(
     unbiased). Evaluation: normalize by the running statistics. ``weight``/``bias`` are per channel.
     The running statistics are state, not graph inputs: they get no gradient.
     """
-    rm, rv = _tensor(running_mean), _tensor(running_var)
     _shape(weight, "batch_norm", "weight")
     _shape(bias, "batch_norm", "bias")
-    RN.check_batch_norm(_shape(x, "batch_norm", "x"), rm, rv, weight, bias, bool(training))
+    RN.check_batch_norm(_shape(x, "batch_norm", "x"), running_mean, running_var, weight, bias, bool(training))
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
         raise TypeError(f"batch_norm: momentum must be a number, got {momentum!r}")
     training, momentum, eps = bool(training), float(momentum), float(eps)
     saved = _Saved()
 
-    def forward(v: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+    # The running statistics go through apply_op as arguments (no gradient), so that a jitted
+    # function updates the tensors of each call, not the ones it was traced with.
+    def forward(v: Tensor, w: Tensor | None, b: Tensor | None, rm: Tensor | None, rv: Tensor | None) -> Tensor:
         y, mean, rstd = RN.batch_norm_forward(v, rm, rv, w, b, training, momentum, eps)
         return saved.keep(y, mean, rstd)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        v, w, _ = values
+        v, w, _, rm, rv = values
         stats = saved.get(out)
         if stats is None:  # re-derive what the forward normalized with, without touching the running stats
             if training:
@@ -167,10 +164,10 @@ def batch_norm(
             else:
                 stats = RN.batch_norm_forward(v, rm, rv, w, None, False, momentum, eps)[1:]
         needs = (_needs(x), _needs(weight), _needs(bias))
-        return list(RN.batch_norm_backward(g, v, stats[0], stats[1], w, training, needs))
+        return [*RN.batch_norm_backward(g, v, stats[0], stats[1], w, training, needs), None, None]
 
     attrs = {"training": training, "momentum": momentum, "eps": eps}
-    return apply_op(forward, grad, x, weight, bias, op_name="batch_norm", attrs=attrs)
+    return apply_op(forward, grad, x, weight, bias, running_mean, running_var, op_name="batch_norm", attrs=attrs)
 
 
 __all__ = ["batch_norm", "layer_norm", "log_softmax", "rms_norm", "softmax"]

@@ -47,11 +47,12 @@ def check_class_target(logits_shape: tuple[int, ...], target: Any, op: str, arg:
     logits_shape = tuple(logits_shape)
     if len(logits_shape) < 2:
         raise ShapeError(f"{op}: {arg} must have shape (N, C) or (N, C, d1, ...), got {logits_shape}")
-    dtype = target.dtype if isinstance(target, Tensor) else np.asarray(target).dtype
+    tensor_like = hasattr(target, "shape") and hasattr(target, "dtype")  # a Tensor, a Node, a traced value
+    dtype = np.dtype(target.dtype) if tensor_like else np.asarray(target).dtype
     if dtype.kind not in "iu":
         raise DTypeError(f"{op}: target must hold integer class indices (int32/int64), got dtype {dtype}")
     expected = (logits_shape[0], *logits_shape[2:])
-    shape = tuple(target.shape) if isinstance(target, Tensor) else np.shape(target)
+    shape = tuple(target.shape) if tensor_like else np.shape(target)
     if shape != expected:
         raise ShapeError(
             f"{op}: target must have shape {expected} for {arg} of shape {logits_shape}, got {tuple(shape)}"
