@@ -30,11 +30,11 @@ from netcl.autograd.engine import (
     tensor,
 )
 from netcl.autograd.gradcheck import GradcheckError, gradcheck
+from netcl.autograd.losses import binary_cross_entropy, nll_loss
 from netcl.autograd.ops import (
     abs,
     add,
     bce_with_logits,
-    binary_cross_entropy,
     broadcast_to,
     clamp,
     cross_entropy,
@@ -54,7 +54,6 @@ from netcl.autograd.ops import (
     mse_loss,
     mul,
     neg,
-    nll_loss,
     pow,
     relu,
     reshape,
@@ -72,9 +71,9 @@ from netcl.autograd.ops import (
 from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
-from netcl.autograd.ops_nn import batch_norm, layer_norm, log_softmax, rms_norm, softmax
+from netcl.autograd.ops_norm import batch_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
-from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, logsumexp, min, prod, std, var
+from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, min, prod, std, var
 from netcl.autograd.ops_shape import (
     cat,
     concat,
@@ -87,6 +86,7 @@ from netcl.autograd.ops_shape import (
     stack,
     unsqueeze,
 )
+from netcl.autograd.ops_softmax import log_softmax, logsumexp, softmax
 
 #: Names provided by the netcl-jit distribution: name -> module to import it from.
 JIT_NAMES = {

@@ -1,11 +1,11 @@
-"""Differentiable reductions beyond sum/mean/max: ``min``, ``prod``, ``var``/``std``, ``logsumexp``,
-``cumsum``, the index reductions ``argmax``/``argmin`` (no gradient), and ``flip``.
+"""Differentiable reductions beyond sum/mean/max: ``min``, ``prod``, ``var``/``std``, ``cumsum``, the
+index reductions ``argmax``/``argmin`` (no gradient), and ``flip`` (``logsumexp`` is in ops_softmax).
 
 ``axis`` is NumPy's (None: all axes; an int or a tuple, negatives allowed; ``argmax``/``argmin``/
 ``cumsum`` take one int, ``argmax``/``argmin`` also None for the flattened tensor). Gradients:
 ``min`` shares among tied minima (as ``max``); ``prod`` is the product of the other elements, exact
 with zeros in the slice (one zero: only it gets a gradient; two or more: none); ``var``
-``2 (x - mean) / (n - ddof)``; ``logsumexp`` ``exp(x - out)`` (one kernel); ``cumsum`` the reversed
+``2 (x - mean) / (n - ddof)``; ``cumsum`` the reversed
 cumulative sum of the gradient (one kernel).
 """
 
@@ -22,7 +22,6 @@ from netcl.autograd.ops import _attrs_axis, _kept_shape, normalize_axes
 from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.ops import scan as RS  # noqa: N812
-from netcl.runtime.ops import softmaxes as RX  # noqa: N812
 
 Operand = Any  # Node | Tensor
 Axis = int | Sequence[int] | None
@@ -150,16 +149,6 @@ def std(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
     )
 
 
-def logsumexp(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
-    """log(sum(exp(x))) over ``axis``, max-subtracted (one row kernel); gradient ``exp(x - out)``."""
-    axes = _axes(x, axis)
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RX.logsumexp_backward(values[0], out, g, axes)]
-
-    return _reduction("logsumexp", lambda v: RX.logsumexp(v, axes, keepdims), grad, x, axis, keepdims)
-
-
 def cumsum(x: Operand, axis: int) -> Node:
     """Running sums along ``axis`` (one scan kernel); the gradient is the reversed running sum."""
 
@@ -194,4 +183,4 @@ def flip(x: Operand, axis: Axis = None) -> Node:
     return apply_op(lambda v: RS.flip(v, axis), grad, x, op_name="flip", attrs={"axis": _attrs_axis(axis)})
 
 
-__all__ = ["argmax", "argmin", "cumsum", "flip", "logsumexp", "min", "prod", "std", "var"]
+__all__ = ["argmax", "argmin", "cumsum", "flip", "min", "prod", "std", "var"]

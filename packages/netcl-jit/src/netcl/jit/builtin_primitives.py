@@ -1,9 +1,8 @@
 """The built-in primitives: one flat table of forward and backward C templates, side by side.
 
 Templates use ``{a}``, ``{b}``, ``{c}`` for the inputs, ``{g}`` for the upstream gradient,
-``{out}`` for the op's output, ``{s}`` for a scalar attribute, ``{beta}`` for smooth-L1's (and
-softplus's) beta and any other numeric attribute by its name (``{negative_slope}``, ``{alpha}``,
-``{threshold}``), all as C expressions. Only PRIMITIVE_PREAMBLE helpers and ``+ - * /`` are used, so the
+``{out}`` for the op's output, ``{s}`` for a scalar attribute and ``{beta}`` for smooth-L1's
+beta, all as C expressions. Only PRIMITIVE_PREAMBLE helpers and ``+ - * /`` are used, so the
 same expressions also evaluate as Python over NumPy arrays (the NumPy path).
 """
 
@@ -29,12 +28,11 @@ UNARY = {
     "gelu": ("GELU({a})", ["MUL({g}, GELU_GRAD({a}))"]),
     "sigmoid": ("SIGMOID({a})", ["MUL({g}, MUL({out}, SUB(1.0f, {out})))"]),
     "tanh": ("TANH({a})", ["MUL({g}, SUB(1.0f, MUL({out}, {out})))"]),
-    "rsqrt": ("RSQRT({a})", ["NEG(MUL({g}, MUL(0.5f, MUL({out}, MUL({out}, {out})))))"]),
+    "rsqrt": ("RSQRT({a})", ["MUL({g}, MUL(-0.5f, MUL({out}, MUL({out}, {out}))))"]),
     "log1p": ("LOG1P({a})", ["DIV({g}, ADD(1.0f, {a}))"]),
     "sin": ("SIN({a})", ["MUL({g}, COS({a}))"]),
     "cos": ("COS({a})", ["NEG(MUL({g}, SIN({a})))"]),
     "silu": ("SILU({a})", ["MUL({g}, SILU_GRAD({a}))"]),
-    # activations with parameters: the attrs of ag.leaky_relu / ag.elu / ag.softplus, baked as constants
     "leaky_relu": ("LEAKY_RELU({a}, {negative_slope})", ["MUL({g}, LEAKY_RELU_GRAD({a}, {negative_slope}))"]),
     "elu": ("ELU({a}, {alpha})", ["MUL({g}, ELU_GRAD({a}, {alpha}))"]),
     "softplus": ("SOFTPLUS({a}, {beta}, {threshold})", ["MUL({g}, SOFTPLUS_GRAD({a}, {beta}, {threshold}))"]),
@@ -105,12 +103,9 @@ def _attr_values(attrs: dict) -> dict[str, str]:
     if "scalar" in attrs:
         values["s"] = c_literal(attrs["scalar"])
     values["beta"] = c_literal(attrs.get("beta", 0.05))
-    for key in ("lo", "hi"):
+    for key in ("lo", "hi", "negative_slope", "alpha", "threshold"):
         if key in attrs and attrs[key] is not None:
             values[key] = c_literal(attrs[key])
-    for key, value in attrs.items():  # other numeric attributes by name (negative_slope, alpha, threshold)
-        if key not in values and isinstance(value, (int, float)) and not isinstance(value, bool):
-            values[key] = c_literal(value)
     return values
 
 

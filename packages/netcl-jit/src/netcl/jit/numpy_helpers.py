@@ -1,7 +1,6 @@
 """NumPy versions of the PRIMITIVE_PREAMBLE helpers, so fused bodies also run as Python.
 
-SIGMOID, GELU, GELU_GRAD and the parameterized activations (SILU, LEAKY_RELU, ELU, SOFTPLUS and
-their gradients) are the eager NumPy backend's own functions (one formula each).
+SIGMOID, GELU and GELU_GRAD are the eager NumPy backend's own functions (one formula each).
 
 Each works on float32 arrays (or scalars) and keeps float32, mirroring the C helpers.
 """
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from netcl.runtime.ops import _table
+from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
 GELU_K = _F(0.7978845608028654)
@@ -125,61 +124,16 @@ def CLAMP(x, lo, hi):
     return np.minimum(np.maximum(x, lo), hi)
 
 
-def SIN(x):
-    return np.sin(x)
-
-
-def COS(x):
-    return np.cos(x)
-
-
-def _f32(fn, *args):
-    """A runtime table twin evaluated on float32 arrays, kept float32."""
-    return np.asarray(fn(*(np.asarray(a, dtype=_F) for a in args)), dtype=_F)
-
-
-def SILU(x):
-    return _f32(_table.numpy_silu, x)
-
-
-def SILU_GRAD(x):
-    return _f32(_table.numpy_silu_grad, x)
-
-
-def LEAKY_RELU(x, slope):
-    return _f32(_table.numpy_leaky_relu, x, slope)
-
-
-def LEAKY_RELU_GRAD(x, slope):
-    return _f32(_table.numpy_leaky_relu_grad, x, slope)
-
-
-def ELU(x, alpha):
-    return _f32(_table.numpy_elu, x, alpha)
-
-
-def ELU_GRAD(x, alpha):
-    return _f32(_table.numpy_elu_grad, x, alpha)
-
-
-def SOFTPLUS(x, beta, threshold):
-    return _f32(_table.numpy_softplus, x, beta, threshold)
-
-
-def SOFTPLUS_GRAD(x, beta, threshold):
-    return _f32(_table.numpy_softplus_grad, x, beta, threshold)
-
-
 def SIGMOID(x):
-    return _table.numpy_sigmoid(np.asarray(x, dtype=_F)).astype(_F, copy=False)
+    return numpy_sigmoid(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 def GELU(x):
-    return _table.numpy_gelu(np.asarray(x, dtype=_F)).astype(_F, copy=False)
+    return numpy_gelu(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 def GELU_GRAD(x):
-    return _table.numpy_gelu_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
+    return numpy_gelu_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 # ``out=`` twins for the fused NumPy path (numpy_source): same values, written into scratch
@@ -221,6 +175,49 @@ def SMOOTH_L1(d, beta):
 def SMOOTH_L1_GRAD(d, beta):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.abs(d) < beta, d / beta, np.sign(d)).astype(_F)
+
+
+def SIN(x):
+    return np.sin(x)
+
+
+def COS(x):
+    return np.cos(x)
+
+
+def SILU(x):
+    return (x * SIGMOID(x)).astype(_F, copy=False)
+
+
+def SILU_GRAD(x):
+    s = SIGMOID(x)
+    return (s * (_F(1) + x * (_F(1) - s))).astype(_F, copy=False)
+
+
+def LEAKY_RELU(x, slope):
+    return np.where(np.greater(x, 0), x, x * slope).astype(_F)
+
+
+def LEAKY_RELU_GRAD(x, slope):
+    return np.where(np.greater(x, 0), _F(1), _F(slope)).astype(_F)
+
+
+def ELU(x, alpha):
+    return np.where(np.greater(x, 0), x, alpha * np.expm1(np.minimum(x, 0))).astype(_F)
+
+
+def ELU_GRAD(x, alpha):
+    return np.where(np.greater(x, 0), _F(1), alpha * np.exp(np.minimum(x, 0))).astype(_F)
+
+
+def SOFTPLUS(x, beta, threshold):
+    z = beta * x
+    return np.where(z > threshold, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta).astype(_F)
+
+
+def SOFTPLUS_GRAD(x, beta, threshold):
+    z = beta * x
+    return np.where(z > threshold, _F(1), SIGMOID(z)).astype(_F)
 
 
 # C math builtins user primitives may call.

@@ -24,8 +24,6 @@ from netcl.runtime.ops.layout import (
     zeros_like,
 )
 from netcl.runtime.ops.linalg import matmul
-from netcl.runtime.ops.losses import cross_entropy, nll_loss
-from netcl.runtime.ops.norm import batch_norm, layer_norm, rms_norm
 from netcl.runtime.ops.pointwise import (
     abs,
     add,
@@ -71,12 +69,13 @@ from netcl.runtime.ops.pointwise import (
     where,
 )
 from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from netcl.runtime.ops.precision import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, min, prod, sum
+from netcl.runtime.ops.rowwise import layer_norm, log_softmax, logsumexp, rms_norm, softmax
 from netcl.runtime.ops.scan import argmax, argmin, cumsum, flip
 from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
-from netcl.runtime.ops.softmaxes import log_softmax, logsumexp, softmax
 
 # Tensor operators (grad tensors included: ``w.grad * 0.1``) run these ops.
 _TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)
@@ -89,7 +88,6 @@ __all__ = [
     "argmax",
     "argmin",
     "avg_pool2d",
-    "batch_norm",
     "broadcast_to",
     "cast",
     "clamp",
@@ -98,7 +96,6 @@ __all__ = [
     "conv2d",
     "copy",
     "cos",
-    "cross_entropy",
     "cumsum",
     "div",
     "dropout",
@@ -115,6 +112,7 @@ __all__ = [
     "ge",
     "gelu",
     "gelu_grad",
+    "get_float32_matmul_precision",
     "getitem",
     "gt",
     "index_select",
@@ -129,6 +127,7 @@ __all__ = [
     "lt",
     "manual_seed",
     "matmul",
+    "matmul_precision",
     "max",
     "max_pool2d",
     "maximum",
@@ -139,7 +138,6 @@ __all__ = [
     "narrow",
     "ne",
     "neg",
-    "nll_loss",
     "normal",
     "one_hot",
     "ones_like",
@@ -150,6 +148,7 @@ __all__ = [
     "relu_grad",
     "rms_norm",
     "rsqrt",
+    "set_float32_matmul_precision",
     "sigmoid",
     "sign",
     "silu",

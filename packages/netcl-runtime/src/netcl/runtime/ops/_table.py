@@ -54,13 +54,15 @@ def numpy_gelu_grad(x: np.ndarray) -> np.ndarray:
     return numpy_sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
 
 
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(x), x, np.maximum(x, 0))
+
+
 def numpy_silu(x: np.ndarray) -> np.ndarray:
-    """SILU of the preamble: x * sigmoid(x)."""
     return x * numpy_sigmoid(x)
 
 
 def numpy_silu_grad(x: np.ndarray) -> np.ndarray:
-    """SILU_GRAD of the preamble: s (1 + x (1 - s)), s = sigmoid(x)."""
     s = numpy_sigmoid(x)
     return s * (1 + x * (1 - s))
 
@@ -70,7 +72,7 @@ def numpy_leaky_relu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
 
 
 def numpy_leaky_relu_grad(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, np.ones_like(x), slope + np.zeros_like(x))
+    return np.where(x > 0, 1.0, slope + 0 * x)
 
 
 def numpy_elu(x: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -78,22 +80,17 @@ def numpy_elu(x: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
 
 def numpy_elu_grad(x: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, np.ones_like(x), alpha * np.exp(np.minimum(x, 0)))
+    return np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0)))
 
 
 def numpy_softplus(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) -> np.ndarray:
-    """SOFTPLUS of the preamble: (max(z, 0) + log1p(exp(-|z|))) / beta with z = beta x; x past the threshold."""
     z = beta * x
     return np.where(z > threshold, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta)
 
 
 def numpy_softplus_grad(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) -> np.ndarray:
     z = beta * x
-    return np.where(z > threshold, np.ones_like(z), numpy_sigmoid(z))
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(x), x, np.maximum(x, 0))
+    return np.where(z > threshold, 1.0, numpy_sigmoid(z))
 
 
 def _cmp(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -152,7 +149,6 @@ BINARY: dict[str, OpDef] = {
         OpDef("ge", "GE({0}, {1})", _cmp(np.greater_equal), "compare"),
         OpDef("eq", "EQ({0}, {1})", _cmp(np.equal), "compare"),
         OpDef("ne", "NE({0}, {1})", _cmp(np.not_equal), "compare"),
-        # activations with a parameter: the parameter is the second (scalar) operand
         OpDef("leaky_relu", "LEAKY_RELU({0}, {1})", numpy_leaky_relu, "float"),
         OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
         OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
@@ -160,9 +156,13 @@ BINARY: dict[str, OpDef] = {
     )
 }
 
-#: softplus(x, beta, threshold) and its gradient (three operands)
-SOFTPLUS = OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float")
-SOFTPLUS_GRAD = OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float")
+TERNARY: dict[str, OpDef] = {
+    op.name: op
+    for op in (
+        OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
+        OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
+    )
+}
 
 WHERE = OpDef("where", "WHERE({0}, {1}, {2})", _where, "where", "WHERE({0}, {1}, {2})")
 CLAMP = OpDef("clamp", "CLAMP_G({0}, {1}, {2})", _clamp, "arith", "min(max({0}, {1}), {2})")
@@ -203,14 +203,21 @@ inline double GELU_GRAD_F64(double x) {
     double tail = sech2 == 0.0 ? 0.0 : 0.5 * x * sech2 * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
     return SIGMOID_F64(2.0 * u) + tail;
 }
+inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
+inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
+inline double SMOOTH_L1_F64(double d, double beta) {
+    double a = fabs(d);
+    return a < beta ? 0.5 * d * d / beta : a - 0.5 * beta;
+}
+inline double SMOOTH_L1_GRAD_F64(double d, double beta) { return fabs(d) < beta ? d / beta : SIGN_F64(d); }
 inline double SIN_F64(double x) { return sin(x); }
 inline double COS_F64(double x) { return cos(x); }
 inline double SILU_F64(double x) { return x * SIGMOID_F64(x); }
 inline double SILU_GRAD_F64(double x) { double s = SIGMOID_F64(x); return s * (1.0 + x * (1.0 - s)); }
-inline double LEAKY_RELU_F64(double x, double s) { return x > 0.0 ? x : x * s; }
-inline double LEAKY_RELU_GRAD_F64(double x, double s) { return x > 0.0 ? 1.0 : s; }
-inline double ELU_F64(double x, double a) { return x > 0.0 ? x : a * expm1(x); }
-inline double ELU_GRAD_F64(double x, double a) { return x > 0.0 ? 1.0 : a * exp(x); }
+inline double LEAKY_RELU_F64(double x, double slope) { return x > 0.0 ? x : (isnan(x) ? x : x * slope); }
+inline double LEAKY_RELU_GRAD_F64(double x, double slope) { return x > 0.0 ? 1.0 : slope; }
+inline double ELU_F64(double x, double alpha) { return x > 0.0 ? x : alpha * expm1(x); }
+inline double ELU_GRAD_F64(double x, double alpha) { return x > 0.0 ? 1.0 : alpha * exp(x); }
 inline double SOFTPLUS_F64(double x, double beta, double threshold) {
     double z = beta * x;
     return z > threshold ? x : (fmax(z, 0.0) + log1p(exp(-fabs(z)))) / beta;
@@ -219,13 +226,6 @@ inline double SOFTPLUS_GRAD_F64(double x, double beta, double threshold) {
     double z = beta * x;
     return z > threshold ? 1.0 : SIGMOID_F64(z);
 }
-inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
-inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
-inline double SMOOTH_L1_F64(double d, double beta) {
-    double a = fabs(d);
-    return a < beta ? 0.5 * d * d / beta : a - 0.5 * beta;
-}
-inline double SMOOTH_L1_GRAD_F64(double d, double beta) { return fabs(d) < beta ? d / beta : SIGN_F64(d); }
 """
 
 _F64_NAMES = re.compile(
