@@ -1,6 +1,7 @@
 """The math ops of issue 12 inside ``jit_compile``: the elementwise ones are primitives and fuse into one
 forward and one backward kernel; softmax, the norms and the losses run as eager steps between fused
-groups, and batch_norm's running statistics update once per call (never at trace time)."""
+groups (traced: the function does not fall back to eager), and batch_norm's running statistics update
+once per call (never at trace time)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_softmax_norms_and_losses_between_fused_groups(device):
     arrays = [rng.standard_normal(s).astype(np.float32) for s in ((4, 6), (6,), (6,))]
     stats = {}
     results = {}
-    for name, fn in (("eager", _block), ("jit", jit_compile(_block))):
+    jitted = jit_compile(_block)
+    for name, fn in (("eager", _block), ("jit", jitted)):
         rm = nc.tensor(np.zeros(6, np.float32), device=device)
         rv = nc.tensor(np.ones(6, np.float32), device=device)
         for _ in range(2):  # the jitted one traces, then replays its plan
@@ -68,3 +70,4 @@ def test_softmax_norms_and_losses_between_fused_groups(device):
         np.testing.assert_allclose(gj, ge, rtol=1e-4, atol=1e-6)
     for sj, se in zip(stats["jit"], stats["eager"], strict=True):
         np.testing.assert_allclose(sj, se, rtol=1e-6)  # two updates each: none at trace time
+    assert jitted.cache_info()["fallbacks"] == 0  # traced, not run as plain Python
