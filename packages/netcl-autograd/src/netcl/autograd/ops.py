@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
@@ -269,6 +270,8 @@ def matmul(a: Operand, b: Operand) -> Node:
             )
     if len(a.shape) == 1 or len(b.shape) == 1:
         return _matmul_vector(a, b)
+    if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
+        return autocast_mode.matmul(a, b, low)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, y = values

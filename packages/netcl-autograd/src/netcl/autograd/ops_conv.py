@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime.ops import conv as RC  # noqa: N812
@@ -41,6 +42,8 @@ def conv2d(
     """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None."""
     b_shape = None if b is None else _shape(b, "conv2d", "b")
     RC.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
+    if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
+        return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
