@@ -31,12 +31,18 @@ if __name__ == "__main__":
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart PNG (needs matplotlib)")
     parser.add_argument("--no-peers", action="store_true", help="skip torch even when importable")
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
-    parser.add_argument("--workload", choices=["fused", "matmul"], default="fused", help="matmul: bench_matmul.py")
+    parser.add_argument(
+        "--workload", choices=["fused", "matmul", "train"], default="fused", help="matmul/train: bench_<name>.py"
+    )
     args = parser.parse_args()
     if args.workload == "matmul":
         from bench_matmul import run as run_matmul
 
         results = run_matmul(args.device, args.quick, args.repeats, not args.no_peers)
+    elif args.workload == "train":
+        from bench_train import run as run_train
+
+        results = run_train(args.device, args.quick, args.repeats, not args.no_peers)
     else:
         results = main(args)
     if args.json_path:

@@ -73,6 +73,7 @@ from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max
 from netcl.autograd.ops_index import embedding, gather, index_select
 from netcl.autograd.ops_norm import batch_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
+from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, min, prod, std, var
 from netcl.autograd.ops_shape import (
     cat,
     concat,
@@ -139,6 +140,8 @@ __all__ = [
     "adaptive_avg_pool2d",
     "add",
     "apply_op",
+    "argmax",
+    "argmin",
     "avg_pool2d",
     "batch_norm",
     "bce_with_logits",
@@ -150,6 +153,7 @@ __all__ = [
     "conv2d",
     "cos",
     "cross_entropy",
+    "cumsum",
     "debug_tape",
     "detect_anomaly",
     "div",
@@ -158,6 +162,7 @@ __all__ = [
     "embedding",
     "exp",
     "flatten",
+    "flip",
     "gather",
     "ge",
     "gelu",
@@ -183,6 +188,7 @@ __all__ = [
     "max_pool2d",
     "maximum",
     "mean",
+    "min",
     "minimum",
     "mse_loss",
     "mul",
@@ -193,6 +199,7 @@ __all__ = [
     "pad",
     "permute",
     "pow",
+    "prod",
     "relu",
     "reshape",
     "rms_norm",
@@ -211,12 +218,14 @@ __all__ = [
     "sqrt",
     "squeeze",
     "stack",
+    "std",
     "sub",
     "sum",
     "tanh",
     "tensor",
     "transpose",
     "unsqueeze",
+    "var",
     "weighted_bce",
     "weighted_smooth_l1",
     "where",
