@@ -81,14 +81,21 @@ class DistributedDataParallel:
     wrapped module (keys are not prefixed with ``module.``). ``bucket_cap_mb`` sizes the buckets;
     ``broadcast_buffers`` also copies rank 0's buffers (e.g. BatchNorm running stats) at
     construction. Needs ``netcl.runtime.distributed.init()`` (called here if it was not).
+
+    Every rank must run the same backward: the same parameters get gradients in the same order
+    (buckets start in that order, and collectives must match across ranks). A parameter no
+    backward reaches contributes its current ``grad`` (or zeros) when the backward ends, and then
+    holds the averaged result like the others, so ranks stay identical; a parameter reached on
+    some ranks only (data-dependent branches) is not supported. ``no_sync()`` must enclose the
+    backward, not just the forward.
     """
 
     def __init__(self, module: Any, bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True) -> None:
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
+        named = _named_parameters(module)  # bad modules fail before MPI starts
         self.module = module
         self.info = dist.init()  # the existing group, or a new one
-        named = _named_parameters(module)
         buffers = _named_buffers(module) if broadcast_buffers else []
         self._handshake(named, buffers)
         self.params: list[Node] = [p for _, p in named if p.requires_grad]
