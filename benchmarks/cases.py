@@ -1,4 +1,16 @@
-"""The benchmark workloads (DESIGN.md names): how to run each variant, and the bytes it must move."""
+"""The benchmark workloads (docs/architecture.md names): how to run each variant, and the bytes it must move.
+
+Adding a workload is one registration line at the bottom of this file (or of any module that
+``harness`` imports)::
+
+    register_workload("matmul", matmul_case)
+
+where ``matmul_case(device, n) -> Case | None`` builds the runners (None: cannot run on this
+device; print why on stderr). A ``Case`` maps variant names to ``{"fwd": runner, "fwd+bwd":
+runner}`` (either mode may be missing); ``primary`` names the variant the verdict is about
+(default "netcl fused") and every other variant is compared with it. ``min_bytes`` gives GB/s;
+leave a mode out of it when bandwidth means nothing there (e.g. compute-bound matmul).
+"""
 
 from __future__ import annotations
 
@@ -28,6 +40,20 @@ class Case:
     runners: dict[str, dict[str, Runner]] = field(default_factory=dict)
     #: host arrays, for peers that build their own tensors
     arrays: list[np.ndarray] = field(default_factory=list)
+    #: the variant the verdict line is about; every other variant is compared with it
+    primary: str = "netcl fused"
+
+
+Builder = Callable[[Device, int], "Case | None"]
+
+#: name -> builder, in registration order (the order of the tables)
+WORKLOADS: dict[str, Builder] = {}
+
+
+def register_workload(name: str, builder: Builder) -> Builder:
+    """Add (or replace) a workload of ``hatch run bench``; returns ``builder``."""
+    WORKLOADS[name] = builder
+    return builder
 
 
 def _leaves(arrays: list[np.ndarray], device: Device, requires_grad: bool) -> list[ag.Node]:
@@ -182,7 +208,16 @@ def _detection_numpy(p, t, hw, rw, heat, reg, beta):
     return heat * np.sum(hw * bce, dtype=np.float64) + reg * np.sum(rw * sl1, dtype=np.float64)
 
 
-def all_cases(device: Device, n: int) -> list[Case]:
-    cases = [chain8_case(device, n), bias_gelu_case(device, n), mlp_block_case(device, n)]
-    detection = detection_loss_case(device, n)
-    return cases + ([detection] if detection is not None else [])
+def all_cases(device: Device, n: int, only: list[str] | None = None) -> list[Case]:
+    """Every registered workload (or those named in ``only``) that can run on ``device``."""
+    unknown = sorted(set(only or ()) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {unknown}; registered: {list(WORKLOADS)}")
+    built = (builder(device, n) for name, builder in WORKLOADS.items() if not only or name in only)
+    return [case for case in built if case is not None]
+
+
+register_workload("chain8", chain8_case)
+register_workload("bias_gelu", bias_gelu_case)
+register_workload("mlp_block", mlp_block_case)
+register_workload("detection_loss", detection_loss_case)

@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 from cases import Case, all_cases
 from dispatch import cold_vs_warm_compile, jit_vs_raw_launch, replay_vs_enqueue
-from measure import Timing, time_device, time_wall
-from peers import measure_torch
+from measure import Timing, kernel_breakdown, time_device, time_wall
+from peers import measure_torch, torch_status
+from plot import plot
+from verdict import overlaps, ratio_words, short, spread, verdict
 
 from netcl.core import Device, get_device
 from netcl.runtime.cache import program_cache
@@ -61,24 +63,40 @@ def copy_bandwidth(device: Device, n: int, repeats: int) -> tuple[Timing, float]
     return timing, 2 * n * 4 / (timing.median_ms * 1e6)
 
 
-def measure_case(device: Device, case: Case, repeats: int, progress: Progress, peers: bool) -> dict[str, Any]:
+def measure_case(device: Device, case: Case, repeats: int, progress: Progress, torch_backend) -> dict[str, Any]:
     timings: dict[str, dict[str, Timing]] = {}
     for variant, modes in case.runners.items():
         for mode, runner in modes.items():
             progress(f"{case.name}: {variant} {mode}")
             timer = time_wall(runner, repeats) if variant == "numpy" else time_device(device, runner, repeats)
             timings.setdefault(variant, {})[mode] = timer
-    if peers:
+    if torch_backend is not None:
         timings.update(measure_torch(device, case, repeats, progress))
     return timings
 
 
-def _gbps(nbytes: int, timing: Timing | None) -> float | None:
-    return nbytes / (timing.median_ms * 1e6) if timing else None
+def measure_kernels(device: Device, case: Case, progress: Progress) -> dict[str, dict[str, Any]]:
+    """Per-kernel device time of one call of each netcl variant (what the verdict's reasons quote)."""
+    kernels: dict[str, dict[str, Any]] = {}
+    for variant, modes in case.runners.items():
+        if variant == "numpy":
+            continue
+        for mode, runner in modes.items():
+            progress(f"{case.name}: kernels of {variant} {mode}")
+            kernels.setdefault(variant, {})[mode] = kernel_breakdown(device, runner)
+    return kernels
 
 
-def print_case(case: Case, timings: dict[str, dict[str, Timing]], copy_gbps: float) -> dict[str, Any]:
-    header = f"{'variant':<16}" + "".join(f"{m + ' ms':>12}{'GB/s':>9}{'% copy':>8}" for m in MODES)
+def _gbps(nbytes: int | None, timing: Timing | None) -> float | None:
+    return nbytes / (timing.median_ms * 1e6) if timing and nbytes else None
+
+
+def print_case(
+    case: Case, timings: dict[str, dict[str, Timing]], kernels: dict[str, dict[str, Any]], copy_gbps: float
+) -> dict[str, Any]:
+    """The workload's table (median and min-max per cell), its ratio lines and its verdict."""
+    cell = 27
+    header = f"{'variant':<16}" + "".join(f"{m + ' ms (min-max)':>{cell}}{'GB/s':>8}{'% copy':>8}" for m in MODES)
     print(f"\n{case.name}: {case.description}  ({case.elements:,} elements)")
     print(header)
     print("-" * len(header))
@@ -88,26 +106,77 @@ def print_case(case: Case, timings: dict[str, dict[str, Timing]], copy_gbps: flo
         rows[variant] = {}
         for mode in MODES:
             timing = modes.get(mode)
-            gbps = _gbps(case.min_bytes[mode], timing)
             if timing is None:
-                cells += f"{'-':>12}{'-':>9}{'-':>8}"
+                cells += f"{'-':>{cell}}{'-':>8}{'-':>8}"
                 continue
-            cells += f"{timing.median_ms:>12.3f}{gbps:>9.1f}{100 * gbps / copy_gbps:>7.0f}%"
-            rows[variant][mode] = {**timing.as_dict(), "gbps": gbps, "share_of_copy": gbps / copy_gbps}
+            gbps = _gbps(case.min_bytes.get(mode), timing)
+            share = f"{100 * gbps / copy_gbps:>7.0f}%" if gbps else f"{'-':>8}"
+            cells += f"{spread(timing):>{cell}}{(f'{gbps:.1f}' if gbps else '-'):>8}{share}"
+            rows[variant][mode] = {
+                **timing.as_dict(),
+                "gbps": gbps,
+                "share_of_copy": gbps / copy_gbps if gbps else None,
+            }
         print(cells)
-    speedups = {}
-    for mode in MODES:
-        fused, unfused = timings.get("netcl fused", {}).get(mode), timings.get("netcl unfused", {}).get(mode)
-        if fused and unfused:
-            speedups[mode] = unfused.median_ms / fused.median_ms
-    for peer in ("torch eager", "torch.compile"):
+    primary = case.primary
+    speedups: dict[str, float] = {}
+    for other in timings:
+        if other == primary:
+            continue
+        words = []
         for mode in MODES:
-            fused, other = timings.get("netcl fused", {}).get(mode), timings.get(peer, {}).get(mode)
-            if fused and other:
-                speedups[f"{mode} vs {peer}"] = other.median_ms / fused.median_ms
-    if speedups:
-        print("speed-up of netcl fused: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()))
-    return {"elements": case.elements, "min_bytes": case.min_bytes, "variants": rows, "speedups": speedups}
+            mine, theirs = timings.get(primary, {}).get(mode), timings[other].get(mode)
+            if mine and theirs:
+                speedups[f"{mode} vs {short(other)}"] = theirs.median_ms / mine.median_ms
+                noise = " (within spread)" if overlaps(mine, theirs) else ""
+                words.append(f"{mode}: {ratio_words(short(primary), mine, short(other), theirs)}{noise}")
+        if words:
+            print(f"  {short(primary)} vs {short(other)}: " + "; ".join(words))
+    for variant in (primary, "netcl unfused"):
+        for mode in MODES:
+            shares = kernels.get(variant, {}).get(mode)
+            if shares:
+                total = sum(k.ms for k in shares)
+                top = ", ".join(f"{k.name} x{k.launches} {k.ms:.3f}" for k in shares[:3])
+                more = f", +{len(shares) - 3} more" if len(shares) > 3 else ""
+                launches = sum(k.launches for k in shares)
+                print(f"  kernels of {short(variant)} {mode}: {launches} launch(es), {total:.3f} ms: {top}{more}")
+    copy_ms = {m: b / (copy_gbps * 1e6) for m, b in case.min_bytes.items() if b}
+    line = verdict(primary, timings, kernels, MODES, copy_ms)
+    print(f"verdict: {line}")
+    return {
+        "elements": case.elements,
+        "min_bytes": case.min_bytes,
+        "primary": primary,
+        "variants": rows,
+        "speedups": speedups,
+        "verdict": line,
+        "kernels": {v: {m: [vars(k) for k in ks] for m, ks in modes.items() if ks} for v, modes in kernels.items()},
+    }
+
+
+def device_words(device: Device, chosen_with: str | None) -> str:
+    """``"Intel(R) UHD 630 [GPU] on platform Intel(R) OpenCL HD Graphics, driver 31.0"`` and so on."""
+    if device.kind != "opencl":
+        return "the NumPy backend (host CPU, no OpenCL)"
+    import pyopencl as cl
+
+    kind = cl.device_type.to_string(device.cl_device.type)
+    return f"{device.name} [{kind}] on platform {device.platform_name}, driver {device.driver_version}"
+
+
+def selection_reason(chosen_with: str | None) -> str:
+    """Why this device: the --device flag, or netcl.core's reason for its default."""
+    if chosen_with:
+        return f"chosen with --device {chosen_with}"
+    import netcl.core as core
+
+    reason_of = getattr(core, "default_reason", None) or getattr(core, "selection_reason", None)
+    try:
+        reason = reason_of() if callable(reason_of) else None
+    except Exception as exc:  # the bench must not die on a report detail
+        reason = f"(the selection reason could not be read: {type(exc).__name__})"
+    return f"the default device because {reason}" if reason else "the default device"
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,13 +184,26 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.size or default_size(device, args.quick)
     repeats = args.repeats or (5 if args.quick else (30 if device.is_gpu else 10))
     progress = Progress()
-    print(f"netcl bench on {device!r}, driver {device.driver_version}, {n:,} float32 per tensor, {repeats} repeats")
-    print("times: median device ms (OpenCL profiling events; wall-clock on the NumPy backend)")
+    words, why = device_words(device, args.device), selection_reason(args.device)
+    backend, peer_line = (None, "peers: torch skipped (--no-peers given; leave it out to compare)")
+    if not args.no_peers:
+        backend, peer_line = torch_status(device)
+        peer_line = f"peers: {peer_line}"
+    print(f"netcl bench on {words}")
+    print(f"  {why}")
+    quick = " (--quick: small sizes, where launch costs weigh more)" if args.quick else ""
+    print(f"  {n:,} float32 per tensor, {repeats} repeats{quick}")
+    print(f"  {peer_line}")
+    print("times: median ms and (min-max) of the repeats; device time from OpenCL profiling events (program")
+    print("builds excluded), wall-clock on the NumPy backend and for NumPy. Ratios name their direction.")
     progress("device copy bandwidth (float4)")
     copy_timing, copy_gbps = copy_bandwidth(device, n, repeats)
     print(f"device copy: {copy_gbps:.1f} GB/s ({copy_timing.median_ms:.3f} ms for {2 * n * 4 / 1e6:.0f} MB moved)")
     results: dict[str, Any] = {
         "device": repr(device),
+        "device_words": words,
+        "selection": why,
+        "peers": peer_line,
         "driver": device.driver_version,
         "elements": n,
         "repeats": repeats,
@@ -129,9 +211,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "workloads": {},
     }
     progress("building the workloads")
-    for case in all_cases(device, n):
-        timings = measure_case(device, case, repeats, progress, peers=not args.no_peers)
-        results["workloads"][case.name] = print_case(case, timings, copy_gbps)
+    for case in all_cases(device, n, getattr(args, "only", None)):
+        timings = measure_case(device, case, repeats, progress, backend)
+        kernels = measure_kernels(device, case, progress)
+        results["workloads"][case.name] = print_case(case, timings, kernels, copy_gbps)
+    print(f"\n{peer_line}")
     if device.kind == "opencl":
         progress("host cost: cache-hit jit call vs raw launch")
         dispatch = jit_vs_raw_launch(device, repeats=max(repeats, 5))
@@ -140,7 +224,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         print("\nhost cost per call (µs, 1K elements)")
         print(
             f"  cache-hit jit call {dispatch['jit_call_us']:.1f} vs raw pyopencl launch {dispatch['raw_launch_us']:.1f}"
-            f"  ({dispatch['ratio']:.2f}x)"
+            f"  (the jit call costs {dispatch['ratio']:.2f}x the raw launch)"
         )
         print(
             f"  Graph.execute {replay['replay_us_per_kernel']:.1f} per kernel vs eager "
@@ -156,29 +240,5 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     results["compile"] = compile_times
     if args.plot_path:
-        _plot(results, args.plot_path)
+        plot(results, args.plot_path)
     return results
-
-
-def _plot(results: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'netcl-jit[plot]' or matplotlib); no plot written")
-        return
-    workloads = list(results["workloads"])
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4))
-    for ax, name in zip(np.atleast_1d(axes), workloads, strict=True):
-        variants = results["workloads"][name]["variants"]
-        labels = [v for v in variants if "fwd" in variants[v]]
-        ax.bar(labels, [variants[v]["fwd"]["median_ms"] for v in labels])
-        ax.set_title(f"{name} forward")
-        ax.set_ylabel("ms (lower is better)")
-        ax.tick_params(axis="x", rotation=45)
-    fig.suptitle(results["device"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")

@@ -77,3 +77,46 @@ def _sync(device: Device) -> None:
 
 def rand(shape: tuple[int, ...], seed: int, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+
+
+@dataclass
+class KernelShare:
+    """Device time of one kernel name during one call of a runner."""
+
+    name: str
+    launches: int
+    ms: float
+
+
+def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelShare] | None:
+    """Run ``fn`` once and return its kernels' device times, largest first (None off OpenCL).
+
+    Every netcl launch goes through ``pyopencl.enqueue_nd_range_kernel``; the bench wraps it for
+    this one call to read each launch's profiling event (the library itself is untouched).
+    """
+    if device.kind != "opencl":
+        return None
+    import pyopencl as cl
+
+    fn()  # warm: no builds inside the measured call
+    _sync(device)
+    original = cl.enqueue_nd_range_kernel
+    events: list[tuple[str, cl.Event]] = []
+
+    def recording(queue, kernel, *args, **kwargs):
+        event = original(queue, kernel, *args, **kwargs)
+        events.append((kernel.function_name, event))
+        return event
+
+    cl.enqueue_nd_range_kernel = recording
+    try:
+        fn()
+    finally:
+        cl.enqueue_nd_range_kernel = original
+    _sync(device)
+    shares: dict[str, KernelShare] = {}
+    for name, event in events:
+        share = shares.setdefault(name, KernelShare(name, 0, 0.0))
+        share.launches += 1
+        share.ms += (event.profile.end - event.profile.start) * 1e-6
+    return sorted(shares.values(), key=lambda s: -s.ms)

@@ -18,16 +18,27 @@ from netcl.core import Device
 
 def torch_backend(device: Device):
     """(torch module, torch device string) or None when torch is not importable."""
+    return torch_status(device)[0]
+
+
+def torch_status(device: Device) -> tuple[tuple | None, str]:
+    """((torch, "cuda" | "cpu") or None, a sentence saying which torch peers run and why)."""
     try:
         import torch
-    except Exception:  # any import failure means "no peer"
-        return None
+    except Exception as exc:  # any import failure means "no peer"
+        return None, (
+            f"torch eager and torch.compile skipped: torch is not importable ({type(exc).__name__}); "
+            "pip install torch in this environment to compare with them"
+        )
     nvidia = device.kind == "opencl" and device.is_gpu and "NVIDIA" in device.platform_name.upper()
     if nvidia and torch.cuda.is_available():
-        return torch, "cuda"
+        return (torch, "cuda"), f"torch {torch.__version__} eager and torch.compile on CUDA (same GPU)"
     if device.kind == "opencl" and device.is_gpu:
-        return None  # a non-NVIDIA GPU: torch on CPU would not be the same kind of device
-    return torch, "cpu"
+        return None, (
+            "torch eager and torch.compile skipped: this GPU is not NVIDIA/CUDA, and torch on the CPU would "
+            "not be the same kind of device; run with --device cpu or opencl on a CPU to compare on the host"
+        )
+    return (torch, "cpu"), f"torch {torch.__version__} eager and torch.compile on the host CPU"
 
 
 def _time_torch(torch, where: str, fn: Callable[[], object], repeats: int) -> Timing:

@@ -1,8 +1,13 @@
 """`hatch run bench`: fused vs un-fused netcl vs NumPy (and torch when importable), one table per workload.
 
-Times are medians of repeats: device time from OpenCL profiling events where the device is
-OpenCL, wall-clock on the NumPy backend. Effective GB/s is over the minimum bytes the workload
-must move; "% copy" compares that with this device's copy bandwidth measured in the same run.
+Times are medians of repeats with their min-max spread: device time from OpenCL profiling
+events where the device is OpenCL (program builds excluded), wall-clock on the NumPy backend.
+Effective GB/s is over the minimum bytes the workload must move; "% copy" compares that with
+this device's copy bandwidth measured in the same run. Each workload ends with a verdict line:
+how fused compares with every other variant and, where it loses, the reason this run measured
+(per-kernel device times of one call, launch counts, overlapping spreads). The header names the
+device and why it was chosen; a line says which peers ran and how to enable the skipped ones.
+Workloads are registered in cases.py (``register_workload``).
 """
 
 from __future__ import annotations
@@ -25,8 +30,21 @@ if __name__ == "__main__":
     parser.add_argument("--json", dest="json_path", default=None, help="write all results to this JSON file")
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart PNG (needs matplotlib)")
     parser.add_argument("--no-peers", action="store_true", help="skip torch even when importable")
+    parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
+    parser.add_argument(
+        "--workload", choices=["fused", "matmul", "train"], default="fused", help="matmul/train: bench_<name>.py"
+    )
     args = parser.parse_args()
-    results = main(args)
+    if args.workload == "matmul":
+        from bench_matmul import run as run_matmul
+
+        results = run_matmul(args.device, args.quick, args.repeats, not args.no_peers)
+    elif args.workload == "train":
+        from bench_train import run as run_train
+
+        results = run_train(args.device, args.quick, args.repeats, not args.no_peers)
+    else:
+        results = main(args)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2))
         print(f"wrote {args.json_path}")

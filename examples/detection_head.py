@@ -16,6 +16,7 @@ pair by ``jit_compile``; the loss is ``fused_weighted_bce_smooth_l1_loss`` (2 la
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -69,13 +70,15 @@ class DetectionHead:
 def train(
     steps: int = 100, lr: float = 0.5, device: str | None = None, log_every: int = 10, seed: int = 0
 ) -> list[float]:
-    """Train the head with SGD; prints and returns the loss of every step."""
+    """Train the head with SGD; prints the loss and time of logged steps and returns every step's loss."""
     dev = get_device(device)
     model = DetectionHead(dev, seed)
     rng = np.random.default_rng(seed)
     heat_scale, reg_scale = 1.0 / (B * C), 1.0 / (B * C)
     losses = []
+    seconds = []
     for step in range(steps):
+        start = time.perf_counter()
         x, target, heat_w, reg_w = synthetic_batch(rng, dev)
         with ag.Tape() as tape:
             pred = model(x)
@@ -84,17 +87,27 @@ def train(
         for p in model.parameters():  # SGD, in place on the device
             rops.add_(p.value, rops.mul(p.grad, -lr))
             p.grad = None
-        losses.append(loss.item())
+        losses.append(loss.item())  # a host read: the step's device work is done
+        seconds.append(time.perf_counter() - start)
         if step % log_every == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {losses[-1]:.4f}")
+            print(f"step {step:4d}  loss {losses[-1]:.4f}  ({1e3 * seconds[-1]:.1f} ms)")
+    if seconds:
+        later = seconds[1:]
+        per_step = f", then {1e3 * sum(later) / len(later):.2f} ms per step" if later else ""
+        print(f"time: first step {1e3 * seconds[0]:.1f} ms (builds or loads its programs){per_step}")
     return losses
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=100, help="training steps (0: build the model, train nothing)")
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--device", default=None, help="NETCL_DEVICE-style spec: gpu, opencl, cpu, P:D")
     args = parser.parse_args()
+    if args.steps < 0:
+        parser.error(f"--steps must be 0 or more, got {args.steps}")
     history = train(args.steps, args.lr, args.device)
-    print(f"loss {history[0]:.4f} -> {history[-1]:.4f} on {get_device(args.device).name}")
+    if history:
+        print(f"loss {history[0]:.4f} -> {history[-1]:.4f} on {get_device(args.device).name}")
+    else:
+        print(f"no steps run (--steps 0) on {get_device(args.device).name}")

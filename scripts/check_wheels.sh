@@ -32,8 +32,8 @@ for layer in core runtime autograd jit; do
 done
 ls -1 "$DIST"
 
-step "checking wheel contents (namespace package, one layer per wheel)"
-"$PYTHON" - "$DIST" <<'EOF'
+step "checking wheel contents (namespace package, one layer per wheel, the MIT LICENSE)"
+"$PYTHON" - "$DIST" "$ROOT" <<'EOF'
 import pathlib, sys, zipfile
 for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
     layer = wheel.name.split("-")[0].removeprefix("netcl_")
@@ -47,7 +47,11 @@ for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
     for needed in ("__about__.py", "py.typed"):
         if f"netcl/{layer}/{needed}" not in names:
             sys.exit(f"{wheel.name}: missing netcl/{layer}/{needed}")
-    print(f"{wheel.name}: {len(code)} files under netcl/{layer}/, no netcl/__init__.py")
+    licenses = [n for n in names if n.split("/")[0].endswith(".dist-info") and n.endswith("/licenses/LICENSE")]
+    root_license = (pathlib.Path(sys.argv[2]) / "LICENSE").read_bytes()
+    if len(licenses) != 1 or zipfile.ZipFile(wheel).read(licenses[0]) != root_license:
+        sys.exit(f"{wheel.name}: the repository's LICENSE (MIT) is not in .dist-info/licenses/: {licenses}")
+    print(f"{wheel.name}: {len(code)} files under netcl/{layer}/, no netcl/__init__.py, LICENSE included")
 EOF
 
 step "clean venv with only the netcl-core wheel"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
+import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,9 @@ def _register_hypothesis_profiles() -> None:
 
 _register_hypothesis_profiles()
 
+# The GEMM tile search (netcl.runtime.tune) stays off in tests: defaults only, fast and deterministic.
+os.environ.setdefault("NETCL_TUNE", "0")
+
 
 def _has_opencl() -> bool:
     return any(d.kind == "opencl" for d in nc.devices())
@@ -43,3 +49,29 @@ def cl_device() -> nc.Device:
     if not _has_opencl():
         pytest.skip("no OpenCL device on this machine")
     return nc.get_device("opencl")
+
+
+@pytest.fixture
+def settled_memory() -> Iterator[Callable[[nc.Device], object]]:
+    """Allocator statistics that only the code under test can change.
+
+    Automatic garbage collection is off for the test (a collection between two readings would
+    return blocks of objects that earlier tests left in reference cycles), and each reading
+    first collects the garbage that exists and finishes the device's queue:
+    ``before = settled_memory(device); ...; after = settled_memory(device)``.
+    """
+    from netcl.runtime import memory
+
+    def read(device: nc.Device) -> object:
+        gc.collect()
+        if device.queue is not None:
+            device.queue.finish()
+        return memory.memory_stats(device)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield read
+    finally:
+        if enabled:
+            gc.enable()

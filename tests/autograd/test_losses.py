@@ -104,7 +104,7 @@ def test_weighted_smooth_l1(check):
 
 
 def test_detection_loss_composition_matches_design_formula(device):
-    """heat_scale*sum(weighted_bce) + reg_scale*sum(weighted_smooth_l1): value and d/dpred of DESIGN.md."""
+    """heat_scale*sum(weighted_bce) + reg_scale*sum(weighted_smooth_l1): value and d/dpred of docs/architecture.md."""
     rng = np.random.default_rng(1)
     pred, target = rng.normal(size=(4, 5)), rng.uniform(size=(4, 5))
     hw, rw = rng.uniform(size=(4, 5)), (rng.uniform(size=(4, 5)) > 0.5) * 1.0

@@ -6,6 +6,8 @@ operands, ``S`` with ``ROW``/``COL`` for broadcasting, and Python scalars on bot
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -97,6 +99,41 @@ def test_pow_scalar_right(check):
 
 def test_pow_scalar_left(check):
     check([S], lambda x: 2.0**x, lambda x: 2.0**x)
+
+
+#: Bases where b * a ** (b - 1) meets 0, inf or a negative base, and the exponents of issue 11.
+SPECIAL_BASES = np.array([0.0, -0.0, -2.0, -0.5, 3.0, np.inf, -np.inf], np.float32)
+SPECIAL_EXPONENTS = [0.0, 1.0, 2.0, -1.0, 0.5]
+
+
+def pow_base_grad(a, b):
+    """d(a ** b)/da as PyTorch defines it: b * a ** (b - 1), and 0 where b == 0 (a ** 0 is constant)."""
+    a, b = np.broadcast_arrays(np.float64(a), np.float64(b))
+    with np.errstate(all="ignore"):
+        return np.where(b == 0, 0.0, b * np.power(a, b - 1.0))
+
+
+@pytest.mark.parametrize("exponent", SPECIAL_EXPONENTS)
+@pytest.mark.parametrize("form", ["scalar", "tensor", "jit scalar", "jit tensor"])
+def test_pow_gradient_at_special_bases(device, exponent, form):
+    """x ** 0.0 has gradient 0 at x = 0 (it was 0 * 0 ** -1 = NaN); the other points follow the rule.
+
+    The reference is the rule in float64; every value here is exact or inf/NaN in float32 except
+    0.5 * 3 ** -0.5 and 0.5 * 0.5 ** -0.5 (a few ulps), so rtol 1e-6 with NaN/inf matched exactly.
+    """
+    from netcl.jit import jit_compile
+
+    x = ag.tensor(SPECIAL_BASES, requires_grad=True, device=device)
+    e = exponent if "scalar" in form else ag.tensor(np.full(SPECIAL_BASES.shape, exponent, np.float32), device=device)
+    fn = (lambda t, u: t**u) if "tensor" in form else (lambda t: t**exponent)
+    if form.startswith("jit"):
+        fn = jit_compile(fn)
+    out = fn(x, e) if "tensor" in form else fn(x)
+    ag.sum(out).backward()
+    expected = pow_base_grad(SPECIAL_BASES, exponent)
+    np.testing.assert_allclose(x.grad.to_host(), expected, rtol=1e-6)
+    if form.startswith("jit"):
+        assert fn.cache_info()["fallbacks"] == 0
 
 
 def test_maximum(check):
@@ -214,6 +251,21 @@ def test_mean_all(check):
 
 def test_mean_axis(check):
     check([S], lambda x: np.mean(x, 0), lambda x: ag.mean(x, 0))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("axes", [(1, 3), (1,), None])
+def test_reduction_over_a_zero_size_axis(device, op, axes):
+    """Forward as NumPy (sum 0, mean NaN); backward an empty gradient (mean raised ZeroDivisionError)."""
+    host = np.zeros((2, 0, 3, 4), np.float32)
+    x = ag.tensor(host, requires_grad=True, device=device)
+    out = getattr(ag, op)(x, axes)
+    with warnings.catch_warnings():  # NumPy warns "Mean of empty slice"; NaN is the answer we compare with
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = getattr(np, op)(host.astype(np.float64), axis=axes)
+    np.testing.assert_array_equal(out.to_host(), expected)
+    ag.sum(out * 2.0).backward()
+    assert x.grad.shape == (2, 0, 3, 4) and x.grad.to_host().size == 0
 
 
 def test_max_all(check):

@@ -171,6 +171,7 @@ def test_env_garbage_is_device_error_listing_devices(monkeypatch: pytest.MonkeyP
         nc.get_device()
     message = str(info.value)
     assert "unknown device spec 'tpu7'" in message
+    assert "the environment variable NETCL_DEVICE='tpu7' is not a usable device" in message  # where it came from
     assert "expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>'" in message
     for device in nc.devices():
         assert f"{device.spec} ({device.name})" in message
@@ -205,15 +206,24 @@ def test_get_device_passes_devices_through_and_rejects_other_types() -> None:
 
 
 # ---- python -m netcl.core --------------------------------------------------------------------
-def _report(env_value: str | None) -> str:
+def _report(env_value: str | None, status: int = 0) -> str:
     env = {k: v for k, v in os.environ.items() if k != "NETCL_DEVICE"}
     if env_value is not None:
         env["NETCL_DEVICE"] = env_value
     done = subprocess.run(
         [sys.executable, "-m", "netcl.core"], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr
     return done.stdout
+
+
+def test_report_with_a_bad_env_lists_the_devices_and_says_what_is_wrong() -> None:
+    out = _report("tpu7", status=1)  # `hatch run devices` with a typo: a list and a sentence, no traceback
+    for device in nc.devices():
+        assert device.spec in out
+    assert "no default device: the environment variable NETCL_DEVICE='tpu7' is not a usable device" in out
+    assert "override with NETCL_DEVICE=" in out
 
 
 def test_report_names_default_and_why() -> None:

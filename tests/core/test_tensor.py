@@ -208,7 +208,51 @@ def test_tensor_convenience(device: nc.Device) -> None:
 
 def test_repr_and_len(device: nc.Device) -> None:
     t = nc.Tensor.zeros((3, 2), dtype=nc.int32, device=device)
-    assert repr(t) == f"Tensor(shape=(3, 2), dtype=int32, device={device.spec})"
+    assert repr(t) == f"tensor([[0, 0],\n        [0, 0],\n        [0, 0]], device={device.spec}, dtype=int32)"
     assert len(t) == 3
     with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
         len(nc.tensor(1.0, device=device))
+
+
+def test_repr_shortens_like_numpy_and_skips_huge_tensors(device: nc.Device, monkeypatch) -> None:
+    import sys
+
+    from netcl.core import tensor as tensor_function  # noqa: F401 - the module is patched below
+
+    long = nc.tensor(np.arange(5000, dtype=np.float32), device=device)
+    assert "..." in repr(long) and repr(long).startswith("tensor([0.000e+00,")  # NumPy's summarization
+    monkeypatch.setattr(sys.modules["netcl.core.tensor"], "REPR_MAX_BYTES", 1000)
+    assert (
+        repr(long) == f"tensor(<0 MiB, shape=(5000,): call .numpy() to read it>, device={device.spec}, dtype=float32)"
+    )
+
+
+def test_numpy_and_to(device: nc.Device) -> None:
+    t = nc.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=device)
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert t.to(device) is t and t.to(device.spec) is t
+    moved = t.to("cpu")
+    assert moved.device is nc.get_device("cpu") and moved.dtype == t.dtype
+    np.testing.assert_array_equal(moved.numpy(), t.numpy())
+
+
+def test_tensor_arithmetic_runs_the_runtime_ops(device: nc.Device) -> None:
+    import netcl.runtime  # noqa: F401 - installs the operators
+
+    a = nc.tensor(np.array([1.0, 2.0, 4.0], np.float32), device=device)
+    b = nc.tensor(np.array([0.5, 0.25, 2.0], np.float32), device=device)
+    cases = [
+        (a + b, [1.5, 2.25, 6.0]),
+        (a - 1, [0.0, 1.0, 3.0]),
+        (2 - a, [1.0, 0.0, -2.0]),
+        (a * b, [0.5, 0.5, 8.0]),
+        (np.float32(3) * a, [3.0, 6.0, 12.0]),
+        (a / b, [2.0, 8.0, 2.0]),
+        (1 / a, [1.0, 0.5, 0.25]),
+        (a**2, [1.0, 4.0, 16.0]),
+        (-a, [-1.0, -2.0, -4.0]),
+    ]
+    for result, expected in cases:  # each is one exactly representable float32 operation
+        assert isinstance(result, nc.Tensor) and result.device is device
+        np.testing.assert_array_equal(result.numpy(), np.array(expected, np.float32))
+    assert a.__add__("text") is NotImplemented  # other types get their reflected operator (a Node's)

@@ -324,6 +324,10 @@ def test_singleton_and_import_paths():
     assert ag.fused_weighted_bce_smooth_l1_loss is fused is spec_path.fused_weighted_bce_smooth_l1_loss
     assert "weighted_bce_smooth_l1_sum" in compiler
     assert TrainingGraphCompiler(builtins=False).names == []
+    # as the API reference: a bare call is the global singleton; an explicit one is private
+    assert TrainingGraphCompiler() is compiler and ag.TrainingGraphCompiler() is compiler
+    private = TrainingGraphCompiler(builtins=True)
+    assert private is not compiler and "weighted_bce_smooth_l1_sum" in private
 
 
 def test_user_pattern_register_match_plan_and_run(device):
@@ -338,7 +342,7 @@ def test_user_pattern_register_match_plan_and_run(device):
         count = pred.shape[0] * pred.shape[1]
         return lambda p, t: ag.sum((p - t) * (p - t)) * (1.0 / count)
 
-    compiler = TrainingGraphCompiler()
+    compiler = TrainingGraphCompiler(builtins=True)  # private: the global one stays as it was
     compiler.register(TrainingPattern("mse_2d", matcher, planner))
     with pytest.raises(ValueError, match="already registered"):
         compiler.register(TrainingPattern("mse_2d", matcher, planner))

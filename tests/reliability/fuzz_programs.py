@@ -45,11 +45,19 @@ FAMILIES: list[tuple[tuple[int, ...], list[tuple[int, ...]]]] = [
     ((3, 4), [(3, 4), (1, 4), (3, 1), (4,), ()]),
     ((2, 3, 4), [(2, 3, 4), (3, 4), (2, 1, 4), (1, 3, 1), ()]),
     ((0, 4), [(0, 4), (1, 4), (4,), ()]),  # zero-size output, broadcast inputs
+    ((3, 0), [(3, 0), (1, 0), (3, 1), (0,), ()]),  # reducing the last axis reduces zero elements
+    ((2, 0, 3), [(2, 0, 3), (0, 3), (2, 1, 3), (1, 0, 1), ()]),  # a zero-size middle axis
     ((), [()]),
 ]
 #: Input magnitudes: mostly O(1), sometimes tiny, large, or near float32's limit; 0 means small
 #: integers (-2..2), which make ties (maximum, comparisons) and exact zeros (relu, abs, where) common.
-SCALES = [0.0, 1.0, 1.0, 3.0, 30.0, 1e-3, 1e4, 1e19, 3e38]
+SCALES = [0.0, 1.0, 1.0, 3.0, 30.0, 1e-3, 1e4, 1e19, 3e38, math.inf]
+#: The elements of the ``math.inf`` scale: the special bases of pow (zeros, negatives, infinities).
+SPECIAL_ELEMENTS = [0.0, -0.0, -1.0, -2.0, -0.5, 0.5, 2.0, math.inf, -math.inf]
+#: Reductions (keepdims=True, so the result still broadcasts with the family) and their axes;
+#: ``max`` over zero elements is an error (tested in test_bad_inputs), so it is not drawn there.
+REDUCTIONS = ["sum", "mean", "max"]
+REDUCE_AXES = [-1, -1, 0, None]
 UNARY = ["neg", "exp", "log", "sqrt", "abs", "relu", "gelu", "sigmoid", "tanh"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "lt", "le", "gt", "ge"]
 COMPARE = {"lt", "le", "gt", "ge"}
@@ -67,6 +75,11 @@ class Instr:
     op: str
     args: tuple[int, ...]
     consts: tuple[Any, ...] = ()
+
+    @property
+    def axis(self) -> int | None:
+        """The axis of a reduction (``sum``/``mean``/``max``, keepdims): the last one unless given."""
+        return self.consts[0] if self.consts else -1
 
 
 @dataclass
@@ -86,7 +99,7 @@ class Case:
         shapes = [tuple(x.shape) for x in self.inputs]
         for ins in self.program:
             if ins.kind == "sum":
-                shapes.append(_summed_shape(shapes[ins.args[0]]))
+                shapes.append(_reduced_shape(shapes[ins.args[0]], ins.axis))
             else:
                 shapes.append(tuple(np.broadcast_shapes(*(shapes[a] for a in ins.args))))
         return shapes
@@ -102,9 +115,22 @@ class Case:
         return "\n".join(lines)
 
 
-def _summed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """``sum(axis=-1, keepdims=True)``: still broadcasts with every shape of the family."""
-    return (*shape[:-1], 1) if shape else ()
+def reduce_axes(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
+    """The axes a reduction over ``axis`` covers (all for None; none for a 0-d value)."""
+    if not shape:
+        return ()
+    return tuple(range(len(shape))) if axis is None else (axis % len(shape),)
+
+
+def _reduced_shape(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
+    """A keepdims reduction: still broadcasts with every shape of the family."""
+    axes = reduce_axes(shape, axis)
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def reduces_nothing(shape: tuple[int, ...], axis: int | None) -> bool:
+    """Does the reduction cover zero elements (non-empty output, empty reduced axes)?"""
+    return math.prod(shape[a] for a in reduce_axes(shape, axis)) == 0
 
 
 # ---- generation -----------------------------------------------------------------------------------
@@ -116,6 +142,8 @@ def _array(draw: Any, shape: tuple[int, ...], scale: float) -> np.ndarray:
     """Every element drawn on its own (no fill value: hypothesis would make most of them equal)."""
     if scale == 0.0:
         elements = st.sampled_from([-2.0, -1.0, 0.0, 1.0, 2.0])
+    elif math.isinf(scale):
+        elements = st.sampled_from(SPECIAL_ELEMENTS)
     else:
         scale = float(np.float32(scale))
         elements = st.floats(-scale, scale, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False)
@@ -159,7 +187,11 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
         elif kind in ("pr", "pl"):
             program.append(Instr(kind, draw(st.sampled_from(BINARY_WEIGHTED)), (draw(pick),)))
         elif kind == "sum":  # a reduction: an eager step between fused groups
-            program.append(Instr("sum", "sum", (draw(pick),)))
+            arg, axis = draw(pick), draw(st.sampled_from(REDUCE_AXES))
+            op = draw(st.sampled_from(REDUCTIONS))
+            if op == "max" and reduces_nothing(Case(inputs, [], None, program, []).shapes()[arg], axis):
+                op = "mean"  # max of zero elements raises (test_bad_inputs); mean gives NaN
+            program.append(Instr("sum", op, (arg,), (axis,)))
         elif kind == "where":
             if draw(st.integers(0, 4)) == 0:
                 program.append(Instr("where_s", "where", (draw(other), draw(pick)), (draw(_scalars()),)))
@@ -208,7 +240,8 @@ def make_function(case: Case):
             elif ins.kind == "pl":
                 vals.append(_BIN[ins.op](s, a[0]))
             elif ins.kind == "sum":
-                vals.append(ag.sum(a[0], axis=-1, keepdims=True) if a[0].ndim else ag.sum(a[0]))
+                reduce = getattr(ag, ins.op)
+                vals.append(reduce(a[0], axis=ins.axis, keepdims=True) if a[0].ndim else reduce(a[0]))
             elif ins.kind == "where":
                 vals.append(ag.where(a[0], a[1], a[2]))
             elif ins.kind == "where_s":
@@ -284,7 +317,10 @@ def _forward(ins: Instr, vals: list[Iv], param: float | None) -> Iv:
         return _forward_binary(ins.op, a[0], _scalar_iv(s)) if right else _forward_binary(ins.op, _scalar_iv(s), a[0])
     if ins.kind == "sum":
         x = a[0]
-        return R.reduce_sum(x, (len(x.shape) - 1,), keepdims=True) if x.shape else x
+        axes = reduce_axes(x.shape, ins.axis)
+        if not axes:
+            return x
+        return {"sum": R.reduce_sum, "mean": R.reduce_mean, "max": R.reduce_max}[ins.op](x, axes, keepdims=True)
     if ins.kind == "where":
         return R.where(a[0], a[1], a[2])
     if ins.kind == "where_s":
@@ -348,8 +384,9 @@ def _grads(ins: Instr, g: Iv, a: list[Iv], out: Iv, param: float | None) -> list
             return [R.mul(g, y), R.mul(g, x)]
         if op == "div":
             return [R.div(g, y), R.neg(R.div(R.mul(g, out), y))]
-        if op == "pow":
-            return [R.mul(g, R.mul(y, R.pow_(x, R.sub(y, one)))), R.mul(g, R.mul(out, R.log(x)))]
+        if op == "pow":  # d/dx is 0 where y == 0 (x ** 0 is constant; y * x ** (y - 1) is 0 * inf at x = 0)
+            base = R.where(y, R.mul(y, R.pow_(x, R.sub(y, one))), zero)
+            return [R.mul(g, base), R.mul(g, R.mul(out, R.log(x)))]
         if op == "maximum":
             return [R.mul(g, R.ge(x, y)), R.mul(g, R.lt(x, y))]
         return [R.mul(g, R.le(x, y)), R.mul(g, R.gt(x, y))]  # minimum
@@ -367,7 +404,7 @@ def _grads(ins: Instr, g: Iv, a: list[Iv], out: Iv, param: float | None) -> list
                     "sub": lambda: g,
                     "mul": lambda: R.mul(g, si),
                     "div": lambda: R.div(g, si),
-                    "pow": lambda: R.mul(g, R.mul(si, R.pow_point_exponent(x, _exponents(s)))),
+                    "pow": lambda: R.mul(g, zero if s == 0 else R.mul(si, R.pow_point_exponent(x, _exponents(s)))),
                     "maximum": lambda: R.mul(g, R.ge(x, si)),
                     "minimum": lambda: R.mul(g, R.le(x, si)),
                 }[op]()
@@ -436,11 +473,12 @@ def _backward(case: Case, vals: list[Iv], requires: list[bool], shapes: list, se
         g = R.total([iv for iv, _ in items])
         magnitude = sum(m for _, m in items)
         arg_ivs = [vals[i] for i in ins.args]
-        if ins.kind == "sum":  # the gradient is g broadcast back: exact
+        if ins.kind == "sum":  # the gradient is g broadcast back (divided by the count for mean)
             (arg,) = ins.args
             if requires[arg]:
                 m = np.broadcast_to(magnitude, shapes[arg])
-                contributions.setdefault(arg, []).append((R.broadcast(g, shapes[arg]), m))
+                grad = R.reduction_grad(ins.op, g, vals[arg], vals[index], reduce_axes(shapes[arg], ins.axis))
+                contributions.setdefault(arg, []).append((grad, m))
             continue
         grads = _grads(ins, g, arg_ivs, vals[index], case.param)
         local = _grads(ins, unit, arg_ivs, vals[index], case.param)

@@ -493,6 +493,55 @@ def reduce_sum(x: Iv, axes: tuple[int, ...], keepdims: bool) -> Iv:
         return _finish(lo, hi, may, must, 0, n * ULP * finite_mag + n * F32_TINY)
 
 
+def reduce_mean(x: Iv, axes: tuple[int, ...], keepdims: bool) -> Iv:
+    """Mean over ``axes``: the sum divided by the count (NaN over zero elements, as 0 / 0)."""
+    count = math.prod(x.shape[a] for a in axes)
+    total_ = reduce_sum(x, axes, keepdims)
+    if count == 0:
+        nan = np.ones(total_.shape, bool)
+        return Iv(np.full(total_.shape, np.nan), np.full(total_.shape, np.nan), nan, nan)
+    return div(total_, Iv.point(float(count)))
+
+
+def reduce_max(x: Iv, axes: tuple[int, ...], keepdims: bool) -> Iv:
+    """Maximum over ``axes`` (exact; NaN anywhere in the slice makes it NaN). Needs >= 1 element."""
+    with np.errstate(invalid="ignore"):
+        lo = np.max(np.where(x.may, -INF, x.lo), axis=axes, keepdims=keepdims)
+        hi = np.max(np.where(x.may, INF, x.hi), axis=axes, keepdims=keepdims)
+    may = np.any(x.may, axis=axes, keepdims=keepdims)
+    must = np.any(x.must, axis=axes, keepdims=keepdims)
+    return Iv(lo, hi, may, must)
+
+
+def reduction_grad(op: str, g: Iv, x: Iv, out: Iv, axes: tuple[int, ...]) -> Iv:
+    """Gradient of a keepdims reduction of ``x`` (shape kept by ``g``/``out``) for upstream ``g``.
+
+    sum: g broadcast (exact); mean: g / count; max: g / ties on the maxima and 0 elsewhere where
+    the slice's values are exact, NaN for the whole slice where it holds a NaN, else anything
+    (which element wins is not decided by intervals).
+    """
+    shape = x.shape
+    grad = broadcast(g, shape)
+    if op == "sum" or not axes:
+        return grad
+    count = math.prod(shape[a] for a in axes)
+    if op == "mean":
+        return grad if count == 0 else div(grad, Iv.point(float(count)))
+    exact = np.all((x.lo == x.hi) & ~x.may, axis=axes, keepdims=True)
+    nan_slice = np.broadcast_to(np.any(x.must, axis=axes, keepdims=True), shape)
+    with np.errstate(invalid="ignore"):
+        mask = (x.lo == np.max(x.lo, axis=axes, keepdims=True)).astype(np.float64)
+    ties = np.maximum(np.sum(mask, axis=axes, keepdims=True), 1.0)
+    shared = div(grad, Iv.point(np.broadcast_to(ties, shape)))
+    picked = where(Iv.point(mask), shared, Iv.point(np.zeros(shape)))
+    decided = np.broadcast_to(exact, shape)
+    unknown = grad.unknown_like()
+    lo = np.where(nan_slice, np.nan, np.where(decided, picked.lo, unknown.lo))
+    hi = np.where(nan_slice, np.nan, np.where(decided, picked.hi, unknown.hi))
+    may = np.where(nan_slice, True, np.where(decided, picked.may, True))
+    return Iv(lo, hi, may, nan_slice)
+
+
 def sum_to_shape(x: Iv, shape: tuple[int, ...]) -> Iv:
     """Reduce a broadcast gradient back to an input's ``shape``."""
     if x.shape == tuple(shape):

@@ -15,8 +15,11 @@ widened by each op's documented rounding slack; NaN exactly where the math gives
 of a negative, inf - inf, 0 * inf). The reference never fails on rounding, so a failure is a
 wrong formula, a wrong index, a lost or doubled gradient, or a wrong NaN.
 
-Examples: the ``ci`` profile runs ``max_examples`` on the NumPy backend and a quarter of that on
-OpenCL (each OpenCL example builds 2-6 kernels); ``--hypothesis-profile=long`` runs thousands.
+Programs also reduce (``sum``, ``mean``, ``max`` over the last, the first or all axes, keepdims)
+including over zero-size axes, and draw some inputs from pow's special bases (0, -0, negatives,
++-inf). Examples: the ``ci`` profile runs ``max_examples`` (the same ones every run) on the NumPy
+backend and a quarter of that on OpenCL (each OpenCL example builds 2-6 kernels);
+``--hypothesis-profile=long`` runs thousands of new ones.
 """
 
 from __future__ import annotations
@@ -173,6 +176,47 @@ REGRESSIONS = {
 }
 
 
+# Issue 11, found by differential testing against PyTorch: d(x ** 0)/dx at x = 0 was NaN (0 * 0 ** -1),
+# and mean's backward over a zero-size axis raised ZeroDivisionError.
+REGRESSIONS["pow_zero_exponent_at_zero_base"] = Case(
+    [_f32(0, -0.0, -2, 3, np.inf, -np.inf)], [True], None, [Instr("sr", "pow", (0,), (0.0,))], [1], [_f32(*[1] * 6)]
+)
+REGRESSIONS["pow_zero_tensor_exponent_at_zero_base"] = Case(
+    [_f32(0, -0.0, -2, 3, np.inf, -np.inf), _f32(0, 0, 0, 0, 0, 0)],
+    [True, True],
+    None,
+    [Instr("b", "pow", (0, 1))],
+    [2],
+    [_f32(*[1] * 6)],
+)
+REGRESSIONS["mean_over_a_zero_size_axis"] = Case(
+    [np.zeros((3, 0), np.float32), _f32(1, 2, 3).reshape(3, 1)],
+    [True, True],
+    None,
+    [Instr("sum", "mean", (0,), (-1,)), Instr("b", "add", (2, 1)), Instr("sum", "sum", (0,), (None,))],
+    [3, 4],
+    [np.ones((3, 1), np.float32), np.ones((1, 1), np.float32)],
+)
+
+
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
 def test_fuzz_regressions(device, name):
     run_case(REGRESSIONS[name], device)
+
+
+#: The special exponents and bases of pow (issue 11), every pair, through the fuzzer's oracle.
+POW_EXPONENTS = [0.0, 1.0, 2.0, -1.0, 0.5]
+POW_BASES = _f32(0, -0.0, -1, -2.5, 0.5, 3, np.inf, -np.inf)
+
+
+@pytest.mark.parametrize("exponent", POW_EXPONENTS)
+@pytest.mark.parametrize("form", ["scalar", "tensor"])
+def test_pow_special_exponents_and_bases(device, exponent, form):
+    n = POW_BASES.size
+    upstream = [np.linspace(0.5, 2.0, n, dtype=np.float32)]
+    if form == "scalar":
+        case = Case([POW_BASES], [True], None, [Instr("sr", "pow", (0,), (exponent,))], [1], upstream)
+    else:
+        exponents = np.full(n, exponent, np.float32)
+        case = Case([POW_BASES, exponents], [True, True], None, [Instr("b", "pow", (0, 1))], [2], upstream)
+    run_case(case, device)

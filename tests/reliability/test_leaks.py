@@ -59,6 +59,8 @@ def _step(params, x, t):
 
 
 def _snapshot(device):
+    gc.collect()  # automatic collection is off (no_gc); collect what the steps left in cycles
+    device.queue.finish()
     s = memory.memory_stats(device)
     return {
         "allocated_bytes": s.allocated_bytes,

@@ -13,6 +13,7 @@ from netcl.runtime.capture import capture_graph, get_capture
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.graph import Graph
 from netcl.runtime.launch import enqueue_copy, enqueue_fill, launch
+from netcl.runtime.replay_results import ReplayResult
 
 N = 256
 SRC = """
@@ -96,18 +97,21 @@ def test_inputs_declared_after_capture(cl_device, kernels):
     np.testing.assert_allclose(g.execute(b2).to_host(), reference(host(4), host(7)), rtol=1e-6, atol=1e-6)
 
 
-def test_outputs_are_reused_and_copy_outputs_gives_fresh_ones(cl_device, kernels):
+def test_collected_results_keep_their_values_and_copy_outputs_gives_fresh_ones(cl_device, kernels):
     x, b = nc.tensor(host(0), device=cl_device), nc.tensor(host(1), device=cl_device)
     g = capture_graph(None, chain, kernels, x, b)
     xa, xb = nc.tensor(host(8), device=cl_device), nc.tensor(host(9), device=cl_device)
     first = g.execute(xa, b)
     fresh = g.execute(xa, b, copy_outputs=True)
     second = g.execute(xb, b)
-    assert second is first and fresh is not first
-    # the second replay overwrote the first one's output buffer ...
-    np.testing.assert_allclose(first.to_host(), reference(host(9), host(1)), rtol=1e-6, atol=1e-6)
-    # ... but not the copy
+    assert isinstance(first, ReplayResult) and second is not first and fresh is not first
+    assert not isinstance(fresh, ReplayResult)
+    # the later replays wrote into the graph's buffer, but `first` was copied out before them
+    np.testing.assert_allclose(first.to_host(), reference(host(8), host(1)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(fresh.to_host(), reference(host(8), host(1)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(second.to_host(), reference(host(9), host(1)), rtol=1e-6, atol=1e-6)
+    # g.outputs is the graph's working buffer: it shows the latest replay
+    np.testing.assert_allclose(g.outputs.to_host(), reference(host(9), host(1)), rtol=1e-6, atol=1e-6)
 
 
 def test_mismatched_replay_raises_and_enqueues_nothing(cl_device, kernels, monkeypatch):
@@ -261,7 +265,7 @@ def test_output_that_is_an_input_follows_the_replay_input(cl_device, kernels):
     np.testing.assert_allclose(out.to_host().ravel(), host(2) + host(1), rtol=1e-6)
 
 
-def test_numpy_backend_capture_graph_reruns_with_reuse_semantics():
+def test_numpy_backend_capture_graph_reruns_with_fresh_results():
     cpu = nc.get_device("cpu")
 
     def fn(x, b, *, a):
@@ -273,9 +277,11 @@ def test_numpy_backend_capture_graph_reruns_with_reuse_semantics():
     first = g.execute(nc.tensor(host(2), device=cpu), b)
     fresh = g.execute(nc.tensor(host(2), device=cpu), b, copy_outputs=True)
     second = g.execute(nc.tensor(host(3), device=cpu), b)
-    assert second is first is g.outputs and fresh is not first
-    np.testing.assert_allclose(first.to_host(), reference(host(3), host(1)), rtol=1e-6, atol=1e-6)
+    assert len({id(first), id(fresh), id(second), id(g.outputs)}) == 4
+    np.testing.assert_allclose(first.to_host(), reference(host(2), host(1)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(fresh.to_host(), reference(host(2), host(1)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(second.to_host(), reference(host(3), host(1)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(g.outputs.to_host(), reference(host(3), host(1)), rtol=1e-6, atol=1e-6)
     with pytest.raises(ReplayError, match="input 0"):
         g.execute(nc.tensor(np.zeros(3, np.float32), device=cpu), b)
     with pytest.raises(ReplayError, match="captured with 2 inputs"):

@@ -108,3 +108,19 @@ def test_enqueue_copy_and_fill(cl_device):
     np.testing.assert_array_equal(dst.to_host(), 2.5)
     enqueue_fill(cl_device.queue, dst.data, byte_count=8)  # raw buffer, zero bytes, first two floats
     np.testing.assert_array_equal(dst.to_host(), [0, 0, 2.5, 2.5, 2.5, 2.5])
+
+
+def test_python_float_to_an_undeclared_kernel_hints_scalar_dtypes(cl_device) -> None:
+    import re
+
+    from netcl.runtime.errors import LaunchError
+
+    handle = program_cache.get_or_compile(
+        "test_launch_hint", "__kernel void set_a(__global float* x, float a) { x[0] = a; }", cl_device.context
+    )
+    t = nc.Tensor.zeros(4, device=cl_device)
+    with pytest.raises(LaunchError, match=re.escape("#2 (float 2.5)")) as info:
+        launch(handle.kernel("set_a"), 1, 1, t, 2.5)
+    assert "scalar_dtypes=[None, np.float32, ...]" in str(info.value) and "np.float32(x)" in str(info.value)
+    launch(handle.kernel("set_a", [None, np.float32]), 1, 1, t, 2.5)  # declared: Python floats are fine
+    assert t.to_host()[0] == 2.5

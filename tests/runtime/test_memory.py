@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import numpy as np
@@ -35,7 +34,7 @@ def _step(x: nc.Tensor, w: nc.Tensor) -> nc.Tensor:
     return ops.sum(ops.mul(h, h), axis=0)
 
 
-def test_steady_loop_allocates_nothing_new(cl_device: nc.Device) -> None:
+def test_steady_loop_allocates_nothing_new(cl_device: nc.Device, settled_memory) -> None:
     x = nc.tensor(np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32), device=cl_device)
     w = nc.tensor(np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32), device=cl_device)
     # Warm-up with the loop's own pattern: step 1 runs with nothing alive, step 2 while step 1's
@@ -43,55 +42,54 @@ def test_steady_loop_allocates_nothing_new(cl_device: nc.Device) -> None:
     for _ in range(2):
         result = _step(x, w)
     expected = result.to_host()
-    gc.collect()
-    before = memory_stats(cl_device)
+    before = settled_memory(cl_device)
     for _ in range(20):
         result = _step(x, w)
     np.testing.assert_array_equal(result.to_host(), expected)
-    after = memory_stats(cl_device)
+    after = settled_memory(cl_device)
     assert after.fresh_allocations == before.fresh_allocations
     assert after.served_from_pool - before.served_from_pool >= 20 * 5  # five results per step
     assert after.reserved_bytes == before.reserved_bytes
     assert after.allocated_bytes == before.allocated_bytes
 
 
-def test_buffer_returns_only_when_unreachable(cl_device: nc.Device) -> None:
+def test_buffer_returns_only_when_unreachable(cl_device: nc.Device, settled_memory) -> None:
     empty_cache(cl_device)
     t = nc.tensor(np.arange(1000, dtype=np.float32), device=cl_device)
     view = t.reshape(10, 100)
     raw = t.data
-    before = memory_stats(cl_device)
+    before = settled_memory(cl_device)
     del t
-    assert memory_stats(cl_device).cached_blocks == before.cached_blocks  # the view keeps the buffer
+    assert settled_memory(cl_device).cached_blocks == before.cached_blocks  # the view keeps the buffer
     del view
-    assert memory_stats(cl_device).cached_blocks == before.cached_blocks  # so does a bare reference
+    assert settled_memory(cl_device).cached_blocks == before.cached_blocks  # so does a bare reference
     other = nc.Tensor.empty((1000,), np.float32, cl_device)
     assert other.data.int_ptr != raw.int_ptr
     del raw
-    stats = memory_stats(cl_device)
+    stats = settled_memory(cl_device)
     assert stats.cached_blocks == before.cached_blocks + 1
     assert stats.allocated_bytes == before.allocated_bytes  # t's block is free, other's is new
     del other
 
 
-def test_stats_and_empty_cache(cl_device: nc.Device) -> None:
+def test_stats_and_empty_cache(cl_device: nc.Device, settled_memory) -> None:
     empty_cache(cl_device)
-    start = memory_stats(cl_device)
+    start = settled_memory(cl_device)
     tensors = [nc.Tensor.empty((n,), np.float32, cl_device) for n in (100, 1000, 300000)]
-    held = memory_stats(cl_device)
+    held = settled_memory(cl_device)
     expected = sum(size_class(4 * n) for n in (100, 1000, 300000))
     assert held.allocated_bytes - start.allocated_bytes == expected
     assert held.requested_bytes - start.requested_bytes == 4 * (100 + 1000 + 300000)
     assert held.peak_allocated_bytes >= held.allocated_bytes
     del tensors
-    freed = memory_stats(cl_device)
+    freed = settled_memory(cl_device)
     assert freed.cached_bytes - start.cached_bytes == expected
     assert freed.allocated_bytes == start.allocated_bytes
     assert freed.frees - start.frees == 3
     again = nc.Tensor.empty((1000,), np.float32, cl_device)
-    assert memory_stats(cl_device).served_from_pool == freed.served_from_pool + 1
+    assert settled_memory(cl_device).served_from_pool == freed.served_from_pool + 1
     assert empty_cache(cl_device) == freed.cached_bytes - size_class(4000)
-    assert memory_stats(cl_device).cached_bytes == 0
+    assert settled_memory(cl_device).cached_bytes == 0
     del again
 
 
@@ -131,12 +129,12 @@ def test_threads_share_the_pool_safely(cl_device: nc.Device) -> None:
     assert stats.allocated_bytes >= 0 and stats.cached_bytes >= 0
 
 
-def test_can_be_switched_off(cl_device: nc.Device) -> None:
+def test_can_be_switched_off(cl_device: nc.Device, settled_memory) -> None:
     try:
         assert install_caching_allocator(False) is False
-        before = memory_stats(cl_device)
+        before = settled_memory(cl_device)
         t = nc.Tensor.empty((10,), np.float32, cl_device)
-        assert memory_stats(cl_device).fresh_allocations == before.fresh_allocations
+        assert settled_memory(cl_device).fresh_allocations == before.fresh_allocations
         del t
     finally:
         assert install_caching_allocator(True) is True

@@ -1,9 +1,12 @@
-"""matmul against a float64 NumPy reference: odd sizes, batched with broadcast, 1-D, edge cases.
+"""matmul / gemm against a float64 NumPy reference: layouts, odd sizes, batches, split-K, precisions.
 
-Tolerance: each output is a K-term float32 dot product. With inputs in [-1, 1] its rounding
-error is bounded by ~K * eps * sum|a_ik b_kj| in the worst case and is ~sqrt(K) * eps of it
-in practice; we allow atol = 4 * K * eps * max|a| * max|b| (a few 1e-6 for K = 33), which a
-wrong index, a missed tile or an un-zeroed padding element (errors of order 0.1) exceed by far.
+Tolerance (fp32): each output is a K-term float32 dot product. With inputs in [-1, 1] its rounding
+error is bounded by ~K * eps * sum|a_ik b_kj| in the worst case and is ~sqrt(K) * eps of it in
+practice; we allow atol = 4 * K * eps (a few 1e-6 for K = 33), which a wrong index, a missed tile
+or an un-zeroed padding element (errors of order 0.1) exceed by far. Tensor-core precisions round
+each operand first: tf32 keeps 10 mantissa bits (relative error <= 2**-11 per operand rounded,
+2**-10 truncated), bf16 7 (<= 2**-8), fp16 10; a product of two rounded operands is off by <= 2u
+relative, so a K-term sum of |a b| <= 1 is off by <= 2uK, plus the fp32 accumulation above.
 """
 
 from __future__ import annotations
@@ -12,23 +15,42 @@ import numpy as np
 import pytest
 
 import netcl.core as nc
-from netcl.runtime import ops
+from netcl.runtime import ops, tune
+from netcl.runtime.cache import program_cache
+from netcl.runtime.ops import gemm, gemm_mma
+from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
+from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
 
 EPS = float(np.finfo(np.float32).eps)
+#: relative error of one rounded operand: tf32 truncated (the cp.async path feeds raw fp32 words,
+#: whose low 13 bits the mma ignores) 2**-10, bf16 rounded 2**-8, fp16 rounded 2**-11
+UNIT = {"highest": 0.0, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11}
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
 
 
-def _check(device: nc.Device, sa: tuple[int, ...], sb: tuple[int, ...], seed: int = 0) -> None:
+def _tolerance(k: int, mode: str = "highest") -> float:
+    return 4 * max(k, 1) * EPS + 2 * UNIT[mode] * max(k, 1)
+
+
+def _check(device, sa, sb, ta=False, tb=False, seed=0, precision=None) -> np.ndarray:
     a, b = _data(sa, seed), _data(sb, seed + 1)
-    result = ops.matmul(nc.tensor(a, device=device), nc.tensor(b, device=device))
-    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    result = ops.matmul(
+        nc.tensor(a, device=device), nc.tensor(b, device=device), transpose_a=ta, transpose_b=tb, precision=precision
+    )
+    x = np.swapaxes(a, -1, -2) if ta else a
+    y = np.swapaxes(b, -1, -2) if tb else b
+    expected = np.matmul(x.astype(np.float64), y.astype(np.float64))
     host = result.to_host()
     assert host.dtype == np.float32 and host.shape == expected.shape
-    k = sa[-1]
-    np.testing.assert_allclose(host, expected, rtol=0, atol=4 * max(k, 1) * EPS)
+    k = x.shape[-1]
+    mode = precision or "highest"
+    if device.kind != "opencl" or gemm_mma.mode_for(device, np.dtype("f4"), np.dtype("f4"), mode) is None:
+        mode = "highest"  # no tensor cores: fp32 whatever was asked
+    np.testing.assert_allclose(host, expected, rtol=0, atol=_tolerance(k, mode))
+    return host
 
 
 @pytest.mark.parametrize(
@@ -37,17 +59,42 @@ def _check(device: nc.Device, sa: tuple[int, ...], sb: tuple[int, ...], seed: in
         ((17, 33), (33, 5)),  # odd sizes: partial tiles in M, K and N
         ((16, 16), (16, 16)),  # exactly one tile
         ((1, 40), (40, 1)),  # a dot product
-        ((3, 17, 33), (33, 5)),  # batched left, shared right
+        ((1, 33), (33, 70)),  # one row
+        ((9, 1), (1, 13)),  # K = 1: an outer product
+        ((70, 64), (64, 68)),  # several blocks, vector loads (widths divide 64 and 68)
+        ((3, 17, 33), (33, 5)),  # batched left, shared right (folded into M)
+        ((3, 17, 33), (3, 33, 5)),  # batched both
+        ((17, 33), (4, 33, 5)),  # shared left, batched right
         ((2, 1, 4, 3), (3, 3, 5)),  # broadcast batch dims (2, 1) x (3,) -> (2, 3)
+        ((2, 1, 3, 1, 4, 6), (1, 5, 3, 2, 6, 3)),  # interleaved broadcasts: > 3 merged dims
         ((33,), (33, 5)),  # 1-D on the left
         ((17, 33), (33,)),  # 1-D on the right
     ],
 )
-def test_matmul(device: nc.Device, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+def test_matmul(device, sa, sb):
     _check(device, sa, sb)
 
 
-def test_zero_sizes(device: nc.Device) -> None:
+@pytest.mark.parametrize(("ta", "tb"), [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize(("m", "n", "k"), [(17, 5, 33), (66, 70, 64), (1, 9, 20)])
+def test_transposed_operands(device, ta, tb, m, n, k):
+    """op(a) @ op(b) reads the stored layout: a stored (K, M) with ta, b stored (N, K) with tb."""
+    _check(device, (k, m) if ta else (m, k), (n, k) if tb else (k, n), ta, tb)
+
+
+def test_transposed_batched_with_broadcast(device):
+    _check(device, (2, 1, 33, 17), (3, 5, 33), ta=True, tb=True)
+    _check(device, (4, 40, 12), (40, 12), ta=True)  # x.T @ g with a shared g
+
+
+def test_float64(device):
+    a, b = np.random.default_rng(0).normal(size=(2, 19, 37)), np.random.default_rng(1).normal(size=(37, 11))
+    got = ops.matmul(nc.tensor(a, np.float64, device=device), nc.tensor(b, np.float64, device=device))
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.to_host(), a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_zero_sizes(device):
     a = nc.tensor(np.zeros((3, 0), np.float32), device=device)
     b = nc.tensor(np.zeros((0, 4), np.float32), device=device)
     np.testing.assert_array_equal(ops.matmul(a, b).to_host(), np.zeros((3, 4), np.float32))
@@ -56,15 +103,21 @@ def test_zero_sizes(device: nc.Device) -> None:
     assert empty.shape == (0, 3)
 
 
-def test_shape_errors(device: nc.Device) -> None:
+def test_shape_errors(device):
     a = nc.tensor(_data((2, 3), 0), device=device)
     with pytest.raises(nc.ShapeError, match=r"inner dimensions 3 and 4"):
         ops.matmul(a, nc.tensor(_data((4, 2), 1), device=device))
+    with pytest.raises(nc.ShapeError, match=r"\(2, 3\)\.T and \(2, 3\)\.T do not fit"):
+        ops.matmul(a, a, transpose_a=True, transpose_b=True)
     with pytest.raises(nc.ShapeError, match="batch"):
         ops.matmul(nc.tensor(_data((2, 2, 3), 0), device=device), nc.tensor(_data((3, 3, 2), 1), device=device))
+    with pytest.raises(nc.ShapeError, match="transposed operand must be at least 2-D"):
+        ops.matmul(nc.tensor(_data((3,), 0), device=device), a, transpose_a=True)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ops.matmul(a, nc.tensor(_data((3, 2), 1), device=device), precision="fast")
 
 
-def test_integer_operands_give_float32(device: nc.Device) -> None:
+def test_integer_operands_give_float32(device):
     a = nc.tensor(np.arange(6, dtype=np.int32).reshape(2, 3), device=device)
     b = nc.tensor(np.ones((3, 2), np.float32), device=device)
     result = ops.matmul(a, b)
@@ -72,10 +125,172 @@ def test_integer_operands_give_float32(device: nc.Device) -> None:
     np.testing.assert_array_equal(result.to_host(), [[3, 3], [12, 12]])
 
 
-@pytest.mark.parametrize(("sa", "sb"), [((5, 16384), (16384, 7)), ((64, 8192), (8192, 3))])
-def test_small_output_with_large_k_is_split_along_k(device, sa, sb):
+@pytest.mark.parametrize(("sa", "sb", "ta"), [((5, 16384), (16384, 7), False), ((8192, 64), (8192, 3), True)])
+def test_small_output_with_large_k_is_split_along_k(device, sa, sb, ta):
     """Few output blocks and a large K take the split-K path (partial products, then their sum)."""
-    from netcl.runtime.ops.linalg import _k_splits
+    if device.kind == "opencl":
+        m, n, k = (sa[1] if ta else sa[0]), sb[1], sb[0]
+        problem = gemm.Problem(m, n, k, ta, False, ())
+        cfg = gemm.portable_config(device, problem, np.dtype(np.float32))
+        assert gemm.split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)[0] > 1
+    _check(device, sa, sb, ta=ta)
 
-    assert _k_splits(sa[0], sb[1], sa[1], (), (np.float32,) * 3) > 1
-    _check(device, sa, sb)
+
+def test_new_batch_size_builds_nothing(cl_device):
+    """Sizes and batch strides are kernel arguments: another batch size reuses the program."""
+    _check(cl_device, (3, 17, 33), (3, 33, 5))
+    builds = program_cache.stats().builds
+    _check(cl_device, (5, 17, 33), (5, 33, 5))
+    _check(cl_device, (2, 19, 30), (2, 30, 7))
+    assert program_cache.stats().builds == builds
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_reduced_precisions(device, precision):
+    """tf32 / bf16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
+    _check(device, (70, 96), (96, 68), precision=precision)
+    _check(device, (3, 33, 40), (40, 24), precision=precision)
+    _check(device, (40, 33), (24, 40), ta=True, tb=True, precision=precision)
+
+
+def test_precision_setting_and_context():
+    assert get_float32_matmul_precision() == "highest"
+    with matmul_precision("high"):
+        assert get_float32_matmul_precision() == "high"
+    set_float32_matmul_precision("medium")
+    try:
+        assert get_float32_matmul_precision() == "medium"
+    finally:
+        set_float32_matmul_precision("highest")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        set_float32_matmul_precision("low")
+
+
+def test_tensor_cores_only_where_probed(device):
+    """PoCL and the NumPy backend have no tensor cores: precision requests fall back to fp32."""
+    if device.kind == "opencl" and "NVIDIA" in device.platform_name.upper():
+        pytest.skip("an NVIDIA device may have tensor cores")
+    assert gemm_mma.mode_for(device, np.dtype("f4"), np.dtype("f4"), "high") is None
+
+
+@pytest.mark.parametrize(("bias", "activation"), [("col", "relu"), ("row", None), ("none", "gelu"), ("col", "tanh")])
+def test_epilogue(device, bias, activation):
+    """act(a @ b + bias) in the GEMM's store equals the separate ops in float64."""
+    a, b = _data((19, 23), 0), _data((23, 21), 1)
+    values = _data((19 if bias == "row" else 21,), 2)
+    ep = Epilogue(bias, activation)
+    got = gemm.gemm(
+        nc.tensor(a, device=device),
+        nc.tensor(b, device=device),
+        epilogue=ep,
+        bias=None if bias == "none" else nc.tensor(values, device=device),
+    ).to_host()
+    v = a.astype(np.float64) @ b.astype(np.float64)
+    if bias == "col":
+        v = v + values
+    elif bias == "row":
+        v = v + values[:, None]
+    ref = {
+        None: v,
+        "relu": np.maximum(v, 0),
+        "tanh": np.tanh(v),
+        "gelu": 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3))),
+    }[activation]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=_tolerance(23))
+
+
+def test_epilogue_errors(device):
+    a = nc.tensor(_data((4, 3), 0), device=device)
+    b = nc.tensor(_data((3, 5), 1), device=device)
+    with pytest.raises(nc.ShapeError, match="needs 5 values"):
+        gemm.gemm(a, b, epilogue=Epilogue("col"), bias=nc.tensor(_data((4,), 2), device=device))
+    with pytest.raises(ValueError, match="bias='none'"):
+        gemm.gemm(a, b, bias=nc.tensor(_data((5,), 2), device=device))
+    with pytest.raises(ValueError, match="activation"):
+        Epilogue("col", "swish")
+
+
+def test_batch_merging():
+    # (2, 1) x (3,) broadcast -> (2, 3): A strides (mat, 0), B strides (0, mat): two dims
+    assert gemm.merge_batch((2, 1), (3,), (2, 3), 12, 15) == [(2, 12, 0), (3, 0, 15)]
+    # contiguous batch dims of both merge into one
+    assert gemm.merge_batch((2, 3), (2, 3), (2, 3), 4, 5) == [(6, 4, 5)]
+    # size-1 dims vanish; a shared operand keeps stride 0
+    assert gemm.merge_batch((1, 4), (), (1, 4), 6, 7) == [(4, 6, 0)]
+
+
+def test_tuner_stores_and_reloads_the_winner(cl_device, tmp_path, monkeypatch):
+    """A search (here over trivial trials) stores its winner on disk; a fresh table reads it back."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_TUNE", "1")
+    tune.clear(cl_device)
+    calls = []
+    key = tune.shape_class("test", 100, 60, 33, False, "NN", "<f4")
+    assert key == "test|NN|<f4|128x64x64|1"
+    winner = tune.select(cl_device, key, [1, 2, 3], 0, calls.append, lambda c: {"v": c}, lambda d: d["v"])
+    assert winner in (1, 2, 3) and set(calls) == {1, 2, 3}
+    assert tune.store_path(cl_device).exists()
+    tune._MEMORY.clear()  # a new process: only the file knows
+    calls.clear()
+    assert tune.select(cl_device, key, [1, 2, 3], 0, calls.append, lambda c: {"v": c}, lambda d: d["v"]) == winner
+    assert calls == []
+    monkeypatch.setenv("NETCL_TUNE", "0")
+    other = tune.shape_class("test", 1000, 60, 33, False, "NN", "<f4")
+    assert tune.select(cl_device, other, [1, 2], 0, calls.append, lambda c: {"v": c}, lambda d: d["v"]) == 0
+    assert calls == []
+    tune.clear(cl_device)
+
+
+@pytest.mark.parametrize(
+    "cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)]
+)
+def test_tile_configs(cl_device, cfg):
+    """Configs the search may pick compute the same product: grouped block order (a partial last
+    group: 19 block-rows in groups of 3), another K depth and vector width."""
+    m, n, k = 300, 70, 36
+    a, b = _data((m, k), 0), _data((k, n), 1)
+    problem = gemm.Problem(m, n, k, False, False, ())
+    plan = gemm.make_plan(cl_device, np.dtype(np.float32), np.dtype(np.float32), (m, n), problem, cfg=cfg)
+    got = plan.run(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)).to_host()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=0, atol=_tolerance(k))
+
+
+def test_every_searchable_config_on_a_gpu(cl_device):
+    """Every config the tile search may pick (portable and tensor-core, with grouped order, fragment
+    prefetch, cp.async stages, no split) computes the same product. GPUs only: on PoCL this would be
+    dozens of slow builds, and the search is off there."""
+    import dataclasses
+
+    from netcl.runtime.ops import gemm_configs
+
+    if not cl_device.is_gpu:
+        pytest.skip("the tile search runs on GPUs")
+    f32 = np.dtype(np.float32)
+    m, n, k = 300, 200, 136
+    for trans in (False, True):
+        a, b = _data((k, m) if trans else (m, k), 0), _data((n, k) if trans else (k, n), 1)
+        x = (a.T if trans else a).astype(np.float64)
+        y = (b.T if trans else b).astype(np.float64)
+        ta, tb = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+        problem = gemm.Problem(m, n, k, trans, trans, ())
+        configs = [(c, None) for c in gemm_configs._grid()]
+        configs += [(dataclasses.replace(c, group=2, split=0), None) for c in gemm_configs._grid()[:3]]
+        for mode in ("tf32", "bf16"):
+            ldsm = gemm_mma._probe_result(cl_device, mode)
+            if ldsm is None:
+                continue
+            for c in gemm_mma._grid():
+                c = dataclasses.replace(c, ldsm=ldsm)
+                variants = [c, dataclasses.replace(c, group=2, fpre=1, split=0)]
+                configs += [(gemm_mma._aligned(v, problem, False, False), mode) for v in variants]
+        for cfg, mode in configs:
+            if mode is None:
+                plan = gemm.make_plan(cl_device, f32, f32, (m, n), problem, cfg=gemm.with_alignment(cfg, problem))
+            elif cfg.problems(mode, trans, trans):
+                continue
+            else:
+                plan = gemm_mma.make_plan(cl_device, mode, f32, f32, f32, (m, n), problem, cfg=cfg)
+            got = plan.run(ta, tb).to_host()
+            unit = {None: "highest", "tf32": "high", "bf16": "medium"}[mode]
+            err = np.abs(got - x @ y).max()
+            assert err <= _tolerance(k, unit), (cfg, mode, trans, err)

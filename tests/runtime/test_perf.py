@@ -123,3 +123,33 @@ def test_numpy_backend_uses_wall_clock_and_says_so():
     assert region.clock == "wall-clock" and region.elapsed_ms >= 1.0
     result, ms = event_based_timing(nc.get_device("cpu"), lambda: 7)
     assert result == 7 and ms >= 0
+
+
+def _fresh_source(tag: str) -> str:
+    """A kernel no cache has seen (the comment makes its source, hence its keys, unique)."""
+    return f"// {tag} {time.time_ns()}\n__kernel void fresh(__global float *x) {{ x[get_global_id(0)] += 1.0f; }}\n"
+
+
+def test_a_build_inside_a_region_is_excluded_and_counted(cl_device, busy):
+    """A program built inside the region is bracketed by markers and subtracted; kernels still count."""
+    pc = PerfCounter(["step"], queue=cl_device.queue)
+    with pc.section("step"), timing_region("step", cl_device.queue) as region:
+        event = busy()
+        program_cache.get_or_compile("test_perf_fresh", _fresh_source("events"), cl_device.context)
+    assert region.builds == 1 and region.build_ms > 0
+    # the kernel's own device time is still inside (builds are excluded, not the work around them)
+    assert region.elapsed_ms >= kernel_ms(event) * 0.999
+    assert pc.stats()["step"].builds == 1
+    assert "program builds happened inside sections (step 1); their time is excluded" in pc.report(stream=None)
+    with timing_region("no build", cl_device.queue) as quiet:
+        busy()
+    assert quiet.builds == 0 and quiet.build_ms == 0
+
+
+def test_a_build_inside_a_wall_clock_region_is_subtracted(cl_device):
+    queue = cl.CommandQueue(cl_device.context)  # no profiling: wall-clock
+    with timing_region("build", queue) as region:
+        program_cache.get_or_compile("test_perf_fresh", _fresh_source("wall"), cl_device.context)
+        time.sleep(0.002)
+    assert region.clock == "wall-clock" and region.builds == 1 and region.build_ms > 0
+    assert region.elapsed_ms >= 2.0  # the sleep stays; only the build's host time is removed

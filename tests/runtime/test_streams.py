@@ -41,9 +41,9 @@ def test_wait_for_orders_work_across_streams(cl_device, handle):
     dst = nc.Tensor.zeros(N, device=cl_device)
     cl_device.queue.finish()
     gate = cl.UserEvent(cl_device.context)  # holds s2's writer back until we open it
-    s2.submit(handle.kernel("write_value", [None, np.float32]), N, None, src, 41.0, wait_for=[gate])
+    s2.submit(handle.kernel("write_value", [None, np.float32]), src, 41.0, wait_for=[gate])
     s1.wait_for(s2)
-    reader = s1.submit(handle.kernel("copy_plus_one"), N, None, src, dst)
+    reader = s1.submit(handle.kernel("copy_plus_one"), src, dst)
     s1.flush()
     time.sleep(0.2)  # without the edge the reader would run now and see zeros
     assert reader.command_execution_status != cl.command_execution_status.COMPLETE
@@ -57,13 +57,16 @@ def test_streams_have_their_own_queues_and_submit_goes_through_launch(cl_device,
     assert s.queue is not cl_device.queue and s.queue.context == cl_device.context
     assert s.queue.properties & cl.command_queue_properties.PROFILING_ENABLE
     buf = nc.Tensor.empty(N, device=cl_device)
-    event = s.submit(handle.kernel("write_value", [None, np.float32]), N, None, buf, 3.0)
+    event = s.submit(handle.kernel("write_value", [None, np.float32]), buf, 3.0)  # the page: submit(kernel, *args)
     assert isinstance(event, cl.Event)
     s.finish()
     assert event.command_execution_status == cl.command_execution_status.COMPLETE
     np.testing.assert_array_equal(buf.to_host(), 3.0)
     with pytest.raises(LaunchError):
-        s.submit(handle.kernel("copy_plus_one"), N, 7, buf, buf)
+        s.submit(handle.kernel("copy_plus_one"), buf, buf, global_size=N, local_size=7)
+    with pytest.raises(LaunchError, match="pass global_size="):
+        s.submit(handle.kernel("copy_plus_one"), buf.data, buf.data)  # raw buffers: no size to infer
+    s.submit(handle.kernel("copy_plus_one"), buf.data, buf.data, global_size=N).wait()
 
 
 def test_priority_fallback_is_stated_once(cl_device):
@@ -87,8 +90,8 @@ def test_out_of_order_stream(cl_device, handle):
     assert ooo == s.out_of_order_applied
     buf = nc.Tensor.empty(N, device=cl_device)
     out = nc.Tensor.empty(N, device=cl_device)
-    e = s.submit(handle.kernel("write_value", [None, np.float32]), N, None, buf, 5.0)
-    s.submit(handle.kernel("copy_plus_one"), N, None, buf, out, wait_for=[e])
+    e = s.submit(handle.kernel("write_value", [None, np.float32]), buf, 5.0, global_size=N)
+    s.submit(handle.kernel("copy_plus_one"), buf, out, wait_for=[e])
     s.finish()
     np.testing.assert_array_equal(out.to_host(), 6.0)
 
@@ -103,7 +106,7 @@ def test_numpy_backend_stream_is_a_no_op():
     assert s.queue is None and s.wait_for(Stream(device="cpu")) is None and s.record() is None
     s.finish()
     with pytest.raises(LaunchError, match="NumPy"):
-        s.submit(None, 1, None)
+        s.submit(None, global_size=1)
 
 
 def test_default_stream_wraps_the_device_queue(cl_device):

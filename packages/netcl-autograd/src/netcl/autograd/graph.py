@@ -5,8 +5,11 @@ kernel launch on the parameters' queue is recorded; ``compile(inputs)`` names th
 change from step to step; ``replay(new_inputs)`` zeroes the captured gradient buffers and
 re-enqueues the recorded launches with the new input buffers. Everything else is frozen: the
 step's intermediate, gradient and output buffers are the captured ones (kept alive here), so a
-Node created in the captured step (e.g. the loss) reads the latest replay's value. Host work in
-the step (``to_host``, uploads, Python branches) is not replayed.
+Node created in the captured step (e.g. the loss) reads the latest replay's value. What
+``replay`` returns is different: new Nodes over ``ReplayResult`` tensors, which the next replay
+copies out (small ones, such as a loss) or marks stale (reading them raises
+``StaleResultError``), so a collected list of losses never reads back the last one.
+Host work in the step (``to_host``, uploads, Python branches) is not replayed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class CompiledGraph:
     The captured step starts from cleared gradients (each parameter's ``grad`` is set to None on
     the first entry), so the recorded backward writes every gradient buffer from scratch.
     Set ``g.outputs`` inside the capturing block to what ``replay`` should return (e.g. the loss
-    Node); replays overwrite those buffers in place.
+    Node); replays overwrite those buffers in place and return results that stay valid.
     """
 
     def __init__(self, params: Iterable[Node] = (), device: Device | str | None = None) -> None:
@@ -46,6 +49,7 @@ class CompiledGraph:
         self._keep: list[Any] = []
         self._allocator: Any = None
         self._compiled = False
+        self._result_template: Any = None
 
     @property
     def device(self) -> Device:
@@ -69,6 +73,7 @@ class CompiledGraph:
         for p in self.params:
             p.grad, p._grad_owned, p.value.grad = None, False, None
         self.graph = Graph()
+        self.graph.label = f"CompiledGraph over {len(self.params)} params"
         self._keep = []
         self._watch_allocations(device)
         self._capture_cm = self.graph.capture(device.queue)
@@ -132,11 +137,15 @@ class CompiledGraph:
         self._compiled = True
         return self
 
-    def replay(self, new_inputs: Sequence[Node | Tensor] = ()) -> Any:
+    def replay(self, new_inputs: Sequence[Node | Tensor] = (), copy_outputs: bool = False) -> Any:
         """Zero the gradient buffers and re-enqueue the captured step with ``new_inputs``.
 
         ``new_inputs`` must match the compiled inputs in count, shape, dtype and device
-        (``ReplayError`` otherwise, before anything is enqueued). Returns ``outputs``.
+        (``ReplayError`` otherwise, before anything is enqueued). Returns ``outputs`` as this
+        replay's results: new Nodes (no graph history) over ``ReplayResult`` tensors that the
+        next replay copies out or marks stale (see ``netcl.runtime.replay_results``); with
+        ``copy_outputs=True``, over fresh copies. The parameters' ``grad`` always holds the
+        latest replay's gradient.
         """
         graph = self._captured()
         tensors = [_tensor(x, i) for i, x in enumerate(new_inputs)]
@@ -148,9 +157,12 @@ class CompiledGraph:
         for grad in self.grads:
             if grad is not None and grad.nbytes:
                 enqueue_fill(queue, grad)
-        graph.execute(*tensors)
+        if self._result_template is not self.outputs:
+            self._result_template = self.outputs
+            graph.outputs = _map_nodes(self.outputs, lambda n: n.value)
+        results = graph.execute(*tensors, copy_outputs=copy_outputs)
         self.restore_grads()
-        return self.outputs
+        return _rewrap(self.outputs, results)
 
     def restore_grads(self) -> None:
         """Point every parameter's ``grad`` (and ``value.grad``) at its captured gradient buffer."""
@@ -186,3 +198,25 @@ def _tensor(x: Node | Tensor, index: int) -> Tensor:
     if isinstance(x, Tensor):
         return x
     raise ReplayError(f"input {index}: expected a Node or Tensor, got {type(x).__name__}")
+
+
+def _map_nodes(obj: Any, fn: Any) -> Any:
+    """``fn`` applied to each Node of a nested tuple/list/dict structure."""
+    if isinstance(obj, (tuple, list)):
+        items = [_map_nodes(o, fn) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict):
+        return {k: _map_nodes(v, fn) for k, v in obj.items()}
+    return fn(obj) if isinstance(obj, Node) else obj
+
+
+def _rewrap(template: Any, results: Any) -> Any:
+    """The replay's result tensors in ``template``'s structure, Nodes where it has Nodes."""
+    if isinstance(template, (tuple, list)):
+        items = [_rewrap(t, r) for t, r in zip(template, results, strict=True)]
+        return type(template)(*items) if hasattr(template, "_fields") else type(template)(items)
+    if isinstance(template, dict):
+        return {k: _rewrap(v, results[k]) for k, v in template.items()}
+    if isinstance(template, Node):
+        return Node(results, op_name=template.op_name)
+    return results

@@ -2,7 +2,7 @@
 
 ``mse_loss``, ``cross_entropy``, ``bce_with_logits`` and ``smooth_l1`` return the mean over all
 elements (a 0-d Node). ``weighted_bce`` and ``weighted_smooth_l1`` are the elementwise terms of
-the detection loss in DESIGN.md (no reduction) with gradients w.r.t. ``pred`` only.
+the detection loss in docs/architecture.md (no reduction) with gradients w.r.t. ``pred`` only.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
+from netcl.runtime.capture import is_recording
+from netcl.runtime.ops import rowwise as RW  # noqa: N812
 from netcl.runtime.ops._table import numpy_sigmoid
 
 _Grads = list[Tensor | None]
@@ -69,49 +71,223 @@ def mse_loss(pred: Any, target: Any) -> Node:
     return apply_op(forward, grad, pred, target, op_name="mse_loss")
 
 
-def _labels(target: Any, logits: Any) -> Any:
-    if isinstance(target, (Node, Tensor)):
-        return target
-    host = np.asarray(target)
-    if host.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy needs integer class targets, got dtype {host.dtype}")
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tensor | np.ndarray:
+    """``target`` as an int Tensor of shape (N, d1, ...) with values in [0, C) or ``ignore_index``.
+
+    ``logits`` is (N, C) or (N, C, d1, ...). A NumPy target is checked on the host; a Tensor target
+    is read back for the check (one synchronization), except while a capture records.
+    """
+    shape = tuple(logits.shape)
+    if len(shape) < 2:
+        raise ShapeError(f"{op}: input must be (N, C) or (N, C, d1, ...), got shape {shape}")
+    expected = (shape[0], *shape[2:])
+    labels = target.value if isinstance(target, Node) else target
+    if isinstance(labels, Tensor):
+        host = None
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"{op}: target must hold integer class indices, got dtype {labels.dtype}")
+    else:
+        host = np.asarray(labels)
+        if host.dtype.kind not in "iu":
+            raise TypeError(f"{op}: target must hold integer class indices, got dtype {host.dtype}")
+    if tuple(labels.shape) != expected:
+        raise ShapeError(
+            f"{op}: target must have shape {expected} for input of shape {shape}, got {tuple(labels.shape)}"
+        )
+    if host is None and labels.size and not (labels.device.kind != "cpu" and is_recording(labels.device.queue)):
+        host = np.asarray(labels.data) if labels.device.kind == "cpu" else labels.to_host()
+    if host is not None and host.size:
+        bad = host[(host != ignore_index) & ((host < 0) | (host >= shape[1]))]
+        if bad.size:
+            raise IndexError(
+                f"{op}: target value {int(bad[0])} is out of range: expected 0 <= target < {shape[1]} "
+                f"or target == ignore_index ({ignore_index})"
+            )
+    if isinstance(labels, Tensor):
+        return labels
+    if isinstance(logits, Node) and not isinstance(logits.value, Tensor):
+        return host.astype(np.int32)  # traced logits have no device yet: uploaded when the op runs
     return Tensor.from_host(logits.device, host.astype(np.int32))
 
 
-def cross_entropy(logits: Any, target: Any) -> Node:
-    """Mean negative log-likelihood of integer class ``target`` (N,) under ``softmax(logits)`` (N, C).
+def _device_targets(t: Any, like: Tensor) -> Tensor:
+    """Class targets as a Tensor on ``like``'s device (a host array kept by a traced call is uploaded)."""
+    return Tensor.from_host(like.device, t) if isinstance(t, np.ndarray) else t
 
-    Log-softmax with the row max subtracted, so logits of magnitude 1e4 stay finite. The gradient
-    w.r.t. the logits is ``(softmax - one_hot) / N``; ``target`` gets none.
+
+def _check_reduction(reduction: str, op: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _f32(t: Tensor) -> Tensor:
+    """float16 computes in float32 (losses stay float32); other dtypes pass through."""
+    return R.cast(t, np.float32) if t.dtype == np.float16 else t
+
+
+def _class_loss(
+    x: Any, target: Any, ignore_index: int, reduction: str, smoothing: float, from_logits: bool, op: str
+) -> Node:
+    """cross_entropy (``from_logits``: log_softmax over axis 1 first) or nll_loss, as PyTorch defines them.
+
+    Per position: ``-sum_c q_c * logp_c`` with ``q = (1 - s) * one_hot(t) + s / C``, 0 where
+    ``t == ignore_index``; "mean" divides by the number of non-ignored positions.
     """
-    if len(logits.shape) != 2:
-        raise ShapeError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
-    labels = _labels(target, logits)
-    if tuple(labels.shape) != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy targets must have shape ({logits.shape[0]},), got {labels.shape}")
-    n, classes = logits.shape
+    _check_reduction(reduction, op)
+    labels = class_targets(target, x, op, ignore_index)
+    shape = tuple(x.shape)
+    classes = shape[1]
+    rows = math.prod(shape) // classes if classes else 0
+    kept_shape = (shape[0], *shape[2:])
     saved: dict[str, Any] = {}
 
-    def log_softmax(x: Tensor) -> Tensor:
-        z = R.sub(x, R.max(x, 1, True))
-        return R.sub(z, R.log(R.sum(R.exp(z), 1, True)))
+    def parts(v: Tensor, t: Tensor) -> tuple[Tensor, tuple[int, ...], Tensor, Tensor]:
+        t = _device_targets(t, v)
+        flat, perm, _, _ = RW.rows_layout(_f32(v), (1,))
+        logp = RW.softmax_forward(flat, (1,), RW.LOG_SOFTMAX)[0] if from_logits else flat
+        ignored = R.eq(t.reshape(rows), ignore_index)
+        valid = R.sub(1.0, ignored)
+        q = R.one_hot(R.where(ignored, 0, t.reshape(rows)), classes)
+        if smoothing:
+            q = R.add(R.mul(q, 1.0 - smoothing), smoothing / classes)
+        return logp, perm, valid, q
 
-    def forward(x: Tensor, t: Tensor) -> Tensor:
-        logp = log_softmax(x)
-        onehot = R.one_hot(t, classes)
-        out = R.mul(R.sum(R.mul(onehot, logp)), -1.0 / n)
-        saved.update(out=out, logp=logp, onehot=onehot)
+    def forward(v: Tensor, t: Tensor) -> Tensor:
+        logp, perm, valid, q = parts(v, t)
+        per_row = R.mul(R.neg(R.sum(R.mul(q, logp), 1)), valid)
+        if reduction == "none":
+            out = per_row.reshape(kept_shape)
+        elif reduction == "sum":
+            out = R.sum(per_row)
+        else:
+            out = R.div(R.sum(per_row), R.sum(valid))
+        saved.update(out=out, parts=(logp, perm, valid, q))
         return out
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        x, t = values
-        if saved.get("out") is out:
-            logp, onehot = saved["logp"], saved["onehot"]
-        else:  # fn was re-run on other inputs (e.g. by a tracer's fallback): recompute
-            logp, onehot = log_softmax(x), R.one_hot(t, classes)
-        return [R.mul(R.sub(R.exp(logp), onehot), _scaled(g, n)), None]
+        v, t = values
+        logp, perm, valid, q = saved["parts"] if saved.get("out") is out else parts(v, t)
+        if reduction == "none":
+            scale = R.mul(g.reshape(rows), valid)
+        elif reduction == "sum":
+            scale = R.mul(valid, g)
+        else:
+            # every target ignored: the loss is 0/0 = NaN (PyTorch), but no position gets a gradient
+            scale = R.mul(valid, R.div(g, R.maximum(R.sum(valid), 1.0)))
+        base = R.sub(R.exp(logp), q) if from_logits else R.neg(q)
+        gflat = R.mul(base, scale.reshape(rows, 1))
+        gx = RW.restore_rows(gflat, shape, perm)
+        return [gx if gx.dtype == v.dtype else R.cast(gx, v.dtype), None]
 
-    return apply_op(forward, grad, logits, labels, op_name="cross_entropy")
+    attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": smoothing}
+    return apply_op(forward, grad, x, labels, op_name=op, attrs=attrs)
+
+
+def cross_entropy(
+    logits: Any, target: Any, label_smoothing: float = 0.0, ignore_index: int = -100, reduction: str = "mean"
+) -> Node:
+    """PyTorch's ``cross_entropy`` with integer class targets.
+
+    ``logits`` (N, C) or (N, C, d1, ...), ``target`` (N,) or (N, d1, ...) ints (a Tensor or a NumPy
+    array). Log-softmax over axis 1 with the row max subtracted (logits of magnitude 1e4 stay
+    finite); ``label_smoothing`` mixes the one-hot target with the uniform distribution;
+    positions whose target equals ``ignore_index`` add nothing and do not count in the mean.
+    The gradient w.r.t. the logits is ``(softmax - q) * scale``; ``target`` gets none. Float16
+    logits are computed in float32 and the loss is float32.
+    """
+    smoothing = float(label_smoothing)
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    return _class_loss(logits, target, int(ignore_index), reduction, smoothing, True, "cross_entropy")
+
+
+def nll_loss(log_probs: Any, target: Any, ignore_index: int = -100, reduction: str = "mean") -> Node:
+    """PyTorch's ``nll_loss``: ``-log_probs[n, target[n], ...]``, reduced; shapes as ``cross_entropy``."""
+    return _class_loss(log_probs, target, int(ignore_index), reduction, 0.0, False, "nll_loss")
+
+
+def _np_bce(p: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return -w * (t * np.maximum(np.log(p), -100.0) + (1 - t) * np.maximum(np.log1p(-p), -100.0))
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(d in (1, t) for d, t in zip(shape[::-1], target[::-1], strict=False))
+
+
+def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction: str = "mean") -> Node:
+    """PyTorch's ``binary_cross_entropy`` on probabilities: ``-w (t log p + (1 - t) log(1 - p))``.
+
+    The logs are clamped at -100 (as PyTorch), so p = 0 or 1 gives a finite loss. ``target`` and
+    ``weight`` broadcast to ``probs``'s shape. Gradients: ``probs`` gets ``w (p - t) / max(p (1 - p),
+    1e-12)``, ``target`` gets ``-w (log p - log(1 - p))`` (clamped logs); ``weight`` gets none.
+    """
+    _check_reduction(reduction, "binary_cross_entropy")
+    shape = tuple(probs.shape)
+    for arg, t in (("target", target), ("weight", weight)):
+        if t is not None and not _broadcasts_to(tuple(t.shape), shape):
+            raise ShapeError(f"binary_cross_entropy: {arg} of shape {tuple(t.shape)} does not broadcast to {shape}")
+    count = math.prod(shape)
+
+    def terms(p: Tensor, t: Tensor, w: Any) -> Tensor:
+        return R.elementwise(
+            "-{2} * ({1} * fmax(log({0}), -100.0f) + (1.0f - {1}) * fmax(log(1.0f - {0}), -100.0f))",
+            _np_bce,
+            _f32(p),
+            _f32(t),
+            w,
+        )
+
+    def forward(p: Tensor, t: Tensor, *rest: Tensor) -> Tensor:
+        w = rest[0] if rest else 1.0
+        per = terms(p, t, w)
+        if per.shape != shape:
+            per = R.broadcast_to(per, shape)
+        if reduction == "none":
+            return per
+        return R.sum(per) if reduction == "sum" else R.mean(per)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        p, t = _f32(values[0]), _f32(values[1])
+        w = values[2] if len(values) > 2 else 1.0
+        gs = R.mul(g, 1.0 / count) if reduction == "mean" else g
+        gp = gt = None
+        if _needs(probs):
+            gp = R.elementwise(
+                "{2} * ({0} - {1}) / fmax({0} * (1.0f - {0}), 1e-12f) * {3}",
+                lambda a, b, c, s: c * (a - b) / np.maximum(a * (1 - a), 1e-12) * s,
+                p,
+                t,
+                w,
+                gs,
+            )
+            gp = _reduce(gp, values[0])
+            gp = gp if gp.dtype == values[0].dtype else R.cast(gp, values[0].dtype)
+        if _needs(target):
+            gt = R.elementwise(
+                "-{2} * (fmax(log({0}), -100.0f) - fmax(log(1.0f - {0}), -100.0f)) * {3}",
+                _np_bce_target_grad,
+                p,
+                t,
+                w,
+                gs,
+            )
+            gt = _reduce(gt, values[1])
+            gt = gt if gt.dtype == values[1].dtype else R.cast(gt, values[1].dtype)
+        return [gp, gt] + ([None] if len(values) > 2 else [])
+
+    args = (probs, target) if weight is None else (probs, target, weight)
+    return apply_op(forward, grad, *args, op_name="binary_cross_entropy", attrs={"reduction": reduction})
+
+
+def _np_bce_target_grad(p: np.ndarray, t: np.ndarray, w: Any, s: Any) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return -w * (np.maximum(np.log(p), -100.0) - np.maximum(np.log1p(-p), -100.0)) * s
 
 
 def bce_with_logits(pred: Any, target: Any) -> Node:
@@ -184,7 +360,7 @@ def weighted_bce(pred: Any, target: Any, weight: Any) -> Node:
 def weighted_smooth_l1(pred: Any, target: Any, weight: Any, beta: float = 0.05) -> Node:
     """Elementwise ``weight * smooth_l1(pred - target, beta)``; gradient w.r.t. ``pred`` only.
 
-    ``beta`` defaults to the detection loss's 0.05 (see DESIGN.md).
+    ``beta`` defaults to the detection loss's 0.05 (see docs/architecture.md).
     """
     beta = float(beta)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
@@ -93,7 +94,12 @@ def _div_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tup
 
 
 def _pow_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    ga = R.mul(g, R.mul(b, R.pow(a, R.sub(b, 1.0) if not is_scalar(b) else b - 1.0))) if na else None
+    # d(a**b)/da = b * a**(b-1), and 0 where b == 0 (a**0 is constant; the product is 0 * inf at a = 0)
+    ga = None
+    if na and is_scalar(b):
+        ga = R.mul(g, 0.0 if b == 0 else R.mul(b, R.pow(a, b - 1.0)))
+    elif na:
+        ga = R.mul(g, R.where(R.eq(b, 0.0), 0.0, R.mul(b, R.pow(a, R.sub(b, 1.0)))))
     log_a = R.log(a) if not is_scalar(a) else _scalar_log(a)
     gb = R.mul(g, R.mul(out, log_a)) if nb else None
     return ga, gb
@@ -243,27 +249,53 @@ def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> N
 
 
 # ---- matmul ----------------------------------------------------------------------------------
-def _swap_last(t: Tensor) -> Tensor:
-    axes = list(range(t.ndim))
-    axes[-1], axes[-2] = axes[-2], axes[-1]
-    return R.transpose(t, tuple(axes))
+def _weight_grad(x: Tensor, g: Tensor, y: Tensor) -> Tensor:
+    """x.T @ g, read in place (no transpose kernel); a 2-D ``y`` shared by a batched ``x`` gets
+    its gradient as ONE (K, rows) @ (rows, N) product over the flattened batch, not a batched
+    product and a sum."""
+    if y.ndim == 2 and x.ndim > 2:
+        rows = x.size // x.shape[-1]
+        return R.matmul(x.reshape(rows, x.shape[-1]), g.reshape(rows, g.shape[-1]), transpose_a=True)
+    return R.matmul(x, g, transpose_a=True)
 
 
 def matmul(a: Operand, b: Operand) -> Node:
-    """(M, K) @ (K, N), or batched (..., M, K) @ (..., K, N) with broadcast batch dims."""
+    """(M, K) @ (K, N), batched (..., M, K) @ (..., K, N) with broadcast batch dims, and 1-D operands
+    as NumPy does: (K,) @ (K,) is a dot product (0-d), (..., M, K) @ (K,) a matrix-vector product and
+    (K,) @ (..., K, N) a vector-matrix product (the 1-D side is a row/column reshaped in and out)."""
     for operand in (a, b):
-        if is_scalar(operand) or len(operand.shape) < 2:
+        if is_scalar(operand) or not hasattr(operand, "shape") or len(operand.shape) < 1:
             raise ShapeError(
-                f"matmul needs operands with at least 2 dimensions, got {getattr(operand, 'shape', operand)}"
+                f"matmul needs operands with at least 1 dimension, got {getattr(operand, 'shape', operand)}"
             )
+    if len(a.shape) == 1 or len(b.shape) == 1:
+        return _matmul_vector(a, b)
+    if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
+        return autocast_mode.matmul(a, b, low)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, y = values
-        ga = R.matmul(g, _swap_last(y)) if _needs(a) else None
-        gb = R.matmul(_swap_last(x), g) if _needs(b) else None
+        ga = R.matmul(g, y, transpose_b=True) if _needs(a) else None
+        gb = _weight_grad(x, g, y) if _needs(b) else None
         return [_reduce(ga, x), _reduce(gb, y)]
 
     return apply_op(R.matmul, grad, a, b, op_name="matmul")
+
+
+def _matmul_vector(a: Operand, b: Operand) -> Node:
+    """matmul with a 1-D side: (K,) as (1, K) on the left or (K, 1) on the right, the added axis dropped."""
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    left = reshape(a, (1, a_shape[0])) if len(a_shape) == 1 else a
+    right = reshape(b, (b_shape[0], 1)) if len(b_shape) == 1 else b
+    if left.shape[-1] != right.shape[-2]:
+        raise ShapeError(f"matmul: shapes {a_shape} and {b_shape} do not align: {left.shape[-1]} != {right.shape[-2]}")
+    product = matmul(left, right)
+    shape = tuple(product.shape)
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    if len(a_shape) == 1:
+        shape = shape[:-2] + shape[-1:] if len(b_shape) > 1 else shape[:-1]
+    return reshape(product, shape)
 
 
 # ---- reductions ------------------------------------------------------------------------------
@@ -312,6 +344,8 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
+        if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
+            return [R.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
         scaled = R.mul(g.reshape(_kept_shape(v.shape, axes)), 1.0 / count)
         return [R.broadcast_to(scaled, v.shape)]
 
@@ -381,8 +415,10 @@ def broadcast_to(x: Operand, shape: Sequence[int]) -> Node:
 
 from netcl.autograd.losses import (  # noqa: E402  (re-export; losses does not import this module)
     bce_with_logits,
+    binary_cross_entropy,
     cross_entropy,
     mse_loss,
+    nll_loss,
     smooth_l1,
     weighted_bce,
     weighted_smooth_l1,
@@ -392,6 +428,7 @@ __all__ = [
     "abs",
     "add",
     "bce_with_logits",
+    "binary_cross_entropy",
     "broadcast_to",
     "clamp",
     "cross_entropy",
@@ -412,6 +449,7 @@ __all__ = [
     "mse_loss",
     "mul",
     "neg",
+    "nll_loss",
     "normalize_axes",
     "pow",
     "relu",

@@ -189,7 +189,10 @@ def _available() -> str:
 def _auto_select() -> tuple[Device, str]:
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
-        device, why = _select(env)
+        try:
+            device, why = _select(env)
+        except DeviceError as exc:
+            raise DeviceError(f"the environment variable {ENV_VAR}={env!r} is not a usable device: {exc}") from None
         return device, f"{ENV_VAR}={env!r} ({why})"
     from netcl.core import engine_choice
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from netcl.core.devices import default_reason, devices, get_device
 from netcl.core.engine_choice import describe_target
+from netcl.core.errors import DeviceError
 from netcl.core.host_pool import host_threads
 
 _NOTABLE_EXTENSIONS = ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_command_buffer", "cl_khr_int64_base_atomics")
 
 
 def device_report() -> str:
-    """A human-readable report of every device netcl can use."""
-    default = get_device()
+    """A human-readable report of every device netcl can use (even when ``NETCL_DEVICE`` is bad)."""
+    try:
+        default, problem = get_device(), None
+    except DeviceError as exc:  # a bad NETCL_DEVICE: still list what there is, then say what is wrong
+        default, problem = None, str(exc)
     lines = ["netcl devices", ""]
     for device in devices():
         marker = "*" if device is default else " "
@@ -31,6 +35,9 @@ def device_report() -> str:
             + ("" if device.is_gpu else f", {describe_target(device)}"),
             f"         extensions: {', '.join(exts) or 'none of ' + ', '.join(_NOTABLE_EXTENSIONS)}",
         ]
-    lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
+    if problem is not None:
+        lines += ["", f"no default device: {problem}"]
+    else:
+        lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
     lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|<platform>:<device>")
     return "\n".join(lines)

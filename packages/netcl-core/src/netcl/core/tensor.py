@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,43 @@ from netcl.core.broadcast import Shape, normalize_shape
 from netcl.core.devices import Device, check_allocation, device_of_queue, get_device
 from netcl.core.dtypes import as_dtype, float32
 from netcl.core.errors import ShapeError
+
+#: name -> function of two operands (``neg``: one), installed by ``netcl.runtime.ops`` on import.
+ARITHMETIC: dict[str, Callable[..., Any]] = {}
+
+#: Tensors of more bytes than this print their shape, not their values (a repr must stay cheap).
+REPR_MAX_BYTES = 64 << 20
+
+
+def _arithmetic(name: str) -> Callable[..., Any]:
+    fn = ARITHMETIC.get(name)
+    if fn is None:
+        raise TypeError(
+            f"netcl.core.Tensor arithmetic ({name}) runs kernels, which netcl-runtime provides: import "
+            f"netcl.runtime (or netcl.autograd) first, or call netcl.runtime.ops.{name}(...) directly; "
+            "to update parameters from their .grad use an optimizer from netcl.optim"
+        )
+    return fn
+
+
+def _operator(name: str, reflected: bool = False) -> Callable[[Tensor, Any], Any]:
+    def method(self: Tensor, other: Any) -> Any:
+        if not isinstance(other, (Tensor, numbers.Number, np.generic)):
+            return NotImplemented  # e.g. a Node: its reflected operator records the op on the tape
+        fn = _arithmetic(name)
+        return fn(other, self) if reflected else fn(self, other)
+
+    method.__name__ = f"__{'r' if reflected else ''}{name}__"
+    method.__doc__ = f"Elementwise {name} through netcl.runtime.ops (a new tensor)."
+    return method
+
+
+def format_values(tensor: Tensor, prefix: str = "") -> str:
+    """The values as NumPy prints them (shortened past 1000 elements); a note for huge tensors."""
+    if tensor.nbytes > REPR_MAX_BYTES:
+        return f"<{tensor.nbytes >> 20} MiB, shape={tensor.shape}: call .numpy() to read it>"
+    values = tensor.to_host()
+    return np.array2string(values, separator=", ", prefix=prefix, threshold=1000, edgeitems=3)
 
 
 class Tensor:
@@ -111,8 +150,36 @@ class Tensor:
             cl.enqueue_copy(self.queue, out.data, self.data, byte_count=self.nbytes)
         return out
 
+    def numpy(self) -> np.ndarray:
+        """A NumPy copy of the contents (as ``to_host``)."""
+        return self.to_host()
+
+    def to(self, device: Device | str) -> Tensor:
+        """This tensor on ``device`` (itself when it is already there; else a copy through the host)."""
+        target = get_device(device)
+        if target is self.device:
+            return self
+        return Tensor.from_host(target, self.to_host(), self.dtype)
+
     def __repr__(self) -> str:
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device.spec})"
+        return f"tensor({format_values(self, 'tensor(')}, device={self.device.spec}, dtype={self.dtype})"
+
+    # ---- arithmetic: provided by netcl.runtime.ops (core runs no kernels) ------------------
+    __array_ufunc__ = None  # NumPy scalars defer to the reflected operators below
+
+    __add__ = _operator("add")
+    __radd__ = _operator("add", reflected=True)
+    __sub__ = _operator("sub")
+    __rsub__ = _operator("sub", reflected=True)
+    __mul__ = _operator("mul")
+    __rmul__ = _operator("mul", reflected=True)
+    __truediv__ = _operator("div")
+    __rtruediv__ = _operator("div", reflected=True)
+    __pow__ = _operator("pow")
+    __rpow__ = _operator("pow", reflected=True)
+
+    def __neg__(self) -> Tensor:
+        return _arithmetic("neg")(self)
 
     def __len__(self) -> int:
         if not self.shape:

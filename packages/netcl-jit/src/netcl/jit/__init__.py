@@ -3,7 +3,7 @@
 from netcl.jit.__about__ import __version__
 from netcl.jit.builtin_primitives import register_builtins
 from netcl.jit.compiler import JitFunction, jit_compile
-from netcl.jit.errors import JitError, TracerConversionError
+from netcl.jit.errors import JitError, TracerConversionError, UnwatchedCaptureWarning
 from netcl.jit.primitives import _PRIMITIVES, AutogradPrimitive, get_primitive, register_primitive, registry_version
 from netcl.jit.tracing import TraceNode, TracingContext
 
@@ -17,6 +17,7 @@ __all__ = [
     "TraceNode",
     "TracerConversionError",
     "TracingContext",
+    "UnwatchedCaptureWarning",
     "__version__",
     "get_primitive",
     "jit_compile",

@@ -13,6 +13,9 @@ import math
 from netcl.jit.primitives import register_primitive
 
 ZERO = "0.0f"
+#: d(a**b)/da = b * a**(b-1), and 0 where b == 0: a**0 is constant, and at a = 0 the product
+#: would be 0 * inf = NaN (PyTorch's rule masks it the same way).
+POW_GRAD_BASE = "WHERE(EQ({b}, 0.0f), 0.0f, MUL({b}, POW({a}, SUB({b}, 1.0f))))"
 
 #: name -> (forward template, [backward template per input])
 UNARY = {
@@ -25,6 +28,14 @@ UNARY = {
     "gelu": ("GELU({a})", ["MUL({g}, GELU_GRAD({a}))"]),
     "sigmoid": ("SIGMOID({a})", ["MUL({g}, MUL({out}, SUB(1.0f, {out})))"]),
     "tanh": ("TANH({a})", ["MUL({g}, SUB(1.0f, MUL({out}, {out})))"]),
+    "rsqrt": ("RSQRT({a})", ["MUL({g}, MUL(-0.5f, MUL({out}, MUL({out}, {out}))))"]),
+    "log1p": ("LOG1P({a})", ["DIV({g}, ADD(1.0f, {a}))"]),
+    "sin": ("SIN({a})", ["MUL({g}, COS({a}))"]),
+    "cos": ("COS({a})", ["NEG(MUL({g}, SIN({a})))"]),
+    "silu": ("SILU({a})", ["MUL({g}, SILU_GRAD({a}))"]),
+    "leaky_relu": ("LEAKY_RELU({a}, {negative_slope})", ["MUL({g}, LEAKY_RELU_GRAD({a}, {negative_slope}))"]),
+    "elu": ("ELU({a}, {alpha})", ["MUL({g}, ELU_GRAD({a}, {alpha}))"]),
+    "softplus": ("SOFTPLUS({a}, {beta}, {threshold})", ["MUL({g}, SOFTPLUS_GRAD({a}, {beta}, {threshold}))"]),
 }
 
 BINARY = {
@@ -32,13 +43,14 @@ BINARY = {
     "sub": ("SUB({a}, {b})", ["{g}", "NEG({g})"]),
     "mul": ("MUL({a}, {b})", ["MUL({g}, {b})", "MUL({g}, {a})"]),
     "div": ("DIV({a}, {b})", ["DIV({g}, {b})", "NEG(DIV(MUL({g}, {out}), {b}))"]),
-    "pow": ("POW({a}, {b})", ["MUL({g}, MUL({b}, POW({a}, SUB({b}, 1.0f))))", "MUL({g}, MUL({out}, LOG({a})))"]),
+    "pow": ("POW({a}, {b})", ["MUL({g}, " + POW_GRAD_BASE + ")", "MUL({g}, MUL({out}, LOG({a})))"]),
     "maximum": ("MAX({a}, {b})", ["MUL({g}, GE({a}, {b}))", "MUL({g}, LT({a}, {b}))"]),
     "minimum": ("MIN({a}, {b})", ["MUL({g}, LE({a}, {b}))", "MUL({g}, GT({a}, {b}))"]),
     "lt": ("LT({a}, {b})", [ZERO, ZERO]),
     "le": ("LE({a}, {b})", [ZERO, ZERO]),
     "gt": ("GT({a}, {b})", [ZERO, ZERO]),
     "ge": ("GE({a}, {b})", [ZERO, ZERO]),
+    "ne": ("NE({a}, {b})", [ZERO, ZERO]),
     "add_relu": ("RELU(ADD({a}, {b}))", ["MUL({g}, RELU_GRAD(ADD({a}, {b})))"] * 2),
 }
 
@@ -53,7 +65,7 @@ SCALAR_LEFT = {
 for _table in (SCALAR_RIGHT, SCALAR_LEFT):
     _table.pop("add_relu")
 # pow with a constant exponent: d/da a**s = s * a**(s-1); the exponent is not an input.
-SCALAR_RIGHT["pow"] = ("POW({a}, {s})", ["MUL({g}, MUL({s}, POW({a}, SUB({s}, 1.0f))))"])
+SCALAR_RIGHT["pow"] = ("POW({a}, {s})", ["MUL({g}, " + POW_GRAD_BASE.replace("{b}", "{s}") + ")"])
 
 TERNARY = {
     "where": ("WHERE({a}, {b}, {c})", [ZERO, "WHERE({a}, {g}, 0.0f)", "WHERE({a}, 0.0f, {g})"]),
@@ -91,7 +103,7 @@ def _attr_values(attrs: dict) -> dict[str, str]:
     if "scalar" in attrs:
         values["s"] = c_literal(attrs["scalar"])
     values["beta"] = c_literal(attrs.get("beta", 0.05))
-    for key in ("lo", "hi"):
+    for key in ("lo", "hi", "negative_slope", "alpha", "threshold"):
         if key in attrs and attrs[key] is not None:
             values[key] = c_literal(attrs[key])
     return values
@@ -121,7 +133,7 @@ def register_builtins() -> None:
     ):
         for name, (fwd, bwd) in table.items():
             forward, backward = _make(fwd, bwd)
-            register_primitive(name + suffix, forward, backward, arity=arity)
+            register_primitive(name + suffix, forward, backward, arity=arity, probe=False)  # tested, not probed
     # clamp with constant bounds: autograd passes lo/hi as attrs when they are Python numbers.
     forward, backward = _make("CLAMP({a}, {lo}, {hi})", ["MUL({g}, MUL(GE({a}, {lo}), LE({a}, {hi})))"])
     register_primitive("clamp_scalar", forward, backward, arity=1)

@@ -2,9 +2,10 @@
 
 The first call with a new signature traces the function on symbolic values, splits the trace
 into fused groups and eager steps, and builds the kernels. Later calls are one dict lookup and
-the launches. A function that cannot be traced (it asks a traced value for ``bool``/``float``,
-returns something that is not a Node, raises while tracing) runs un-fused instead, every time,
-so decorating a function is always safe.
+the launches, plus, when the function reads tensors that are not arguments, a guard that
+re-traces if one of them was rebound (``guards.py``). A function that cannot be traced (it asks
+a traced value for ``bool``/``float``, returns something that is not a Node, raises while
+tracing) runs un-fused instead, every time, so decorating a function is always safe.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
@@ -21,7 +23,9 @@ from typing import Any
 from netcl.autograd import engine
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor, same_device
+from netcl.jit.errors import UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
+from netcl.jit.guards import find_guards
 from netcl.jit.partition import EagerStep, FusedGroup, partition
 from netcl.jit.primitives import registry_version
 from netcl.jit.tracing import TraceNode, TracingContext
@@ -47,6 +51,8 @@ class Plan:
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
+    #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound (see guards.py)
+    guard: Callable[[tuple[Any, ...]], bool] | None = None
 
     def __post_init__(self) -> None:
         if len(self.steps) != 1 or not isinstance(self.steps[0], FusedStep):
@@ -99,7 +105,9 @@ class JitFunction:
         self.hits = 0
         self.misses = 0
         self.fallbacks = 0
+        self.retraces = 0
         self.label = f"jit:{getattr(fn, '__qualname__', repr(fn))}"
+        self._warned: set[tuple[str, int]] = set()
 
     # ---- calling -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -113,6 +121,10 @@ class JitFunction:
             self.hits += 1
         if plan is _FALLBACK:
             return self.fn(*args, **kwargs)
+        if plan.guard is not None and not plan.guard(args):
+            plan = self._retrace(key, plan, args, kwargs)
+            if plan is _FALLBACK:
+                return self.fn(*args, **kwargs)
         return plan.run(args)
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
@@ -142,6 +154,15 @@ class JitFunction:
         except TypeError:
             return None
         return (tuple(parts), static, device, registry_version())
+
+    def _retrace(self, key: tuple, stale: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A captured tensor was rebound since ``stale`` was traced: trace again for this key."""
+        with self._lock:
+            if self._plans.get(key) is stale:
+                del self._plans[key]
+            self.retraces += 1
+            log.debug("%s: a captured tensor was rebound since the last trace; tracing again", self.label)
+        return self._compile(key, args, kwargs)
 
     # ---- compiling -----------------------------------------------------------------------
     def _compile(self, key: tuple, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -200,8 +221,31 @@ class JitFunction:
             else:
                 steps.append(step)
         plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused)
+        if context.consts:
+            plan.guard = self._guard(args, context)
         summary = f"{len(fused)} fused kernel(s), {len(steps) - len(fused)} eager op(s)"
         return plan, summary
+
+    def _guard(self, args: tuple[Any, ...], context: TracingContext) -> Callable[[tuple[Any, ...]], bool] | None:
+        """Watch where each captured tensor came from; warn (once per line) about those we cannot."""
+        captured = [const.attrs["value"] for const in context.consts]
+        check, unwatched = find_guards(self.fn, args, captured)
+        for value in unwatched:
+            const = next(c for c in context.consts if c.attrs["value"] is value)
+            filename, lineno, text = context.const_sources.get(const.id, ("<unknown>", 0, ""))
+            if (filename, lineno) in self._warned:
+                continue
+            self._warned.add((filename, lineno))
+            warnings.warn_explicit(
+                f"{self.label}: the {const.shape} {const.dtype} tensor read at {filename}:{lineno} "
+                f"({text!r}) is not an argument, and netcl cannot watch where it comes from: the "
+                "compiled function keeps using the tensor it saw while tracing, even where a later call "
+                "would read another one (in-place updates of its buffer are seen). Pass it as an argument.",
+                UnwatchedCaptureWarning,
+                filename,
+                lineno,
+            )
+        return check
 
     def _miss_reason(self, key: tuple) -> str:
         if not self._plans:
@@ -239,8 +283,14 @@ class JitFunction:
         return forward, backward
 
     def cache_info(self) -> dict[str, int]:
-        """hits, misses, entries (signatures compiled), fallbacks."""
-        return {"hits": self.hits, "misses": self.misses, "entries": len(self._plans), "fallbacks": self.fallbacks}
+        """hits, misses, entries (signatures compiled), fallbacks, retraces (a captured tensor rebound)."""
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "entries": len(self._plans),
+            "fallbacks": self.fallbacks,
+            "retraces": self.retraces,
+        }
 
     def cache_clear(self) -> None:
         with self._lock:

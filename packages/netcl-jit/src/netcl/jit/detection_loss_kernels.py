@@ -1,4 +1,4 @@
-"""OpenCL C source of the fused detection loss (DESIGN.md, ``detection_loss``): three kernels.
+"""OpenCL C source of the fused detection loss (docs/architecture.md, ``detection_loss``): three kernels.
 
 * ``detection_loss_partial`` — one work-group per block. Each work-item walks a strided range
   of elements (``VEC`` == 1) or of float4 chunks (``VEC`` == 4, ``vload4``), adds

@@ -65,7 +65,7 @@ def grad_terms(x, t, hw, rw, hs: float, rs: float, beta: float) -> np.ndarray:
 
 
 def detection_loss_reference(pred, target, heat_weight, reg_weight, heat_scale=1.0, reg_scale=1.0, beta=0.05):
-    """float64 loss and float64 gradient w.r.t. pred of DESIGN.md's ``detection_loss`` (upstream gradient 1)."""
+    """float64 loss and gradient w.r.t. pred of ``detection_loss`` (docs/architecture.md), upstream gradient 1."""
     args = (float(heat_scale), float(reg_scale), float(beta))
     loss = float(np.sum(partials(pred, target, heat_weight, reg_weight, *args), dtype=np.float64))
     grad = np.empty(np.shape(pred), dtype=np.float64)

@@ -9,3 +9,7 @@ class JitError(NetclError):
 
 class TracerConversionError(JitError, TypeError):
     """A traced value was asked to become concrete (bool, float, to_host) while tracing."""
+
+
+class UnwatchedCaptureWarning(UserWarning):
+    """A jitted function reads a tensor that is not an argument from a place netcl cannot watch."""

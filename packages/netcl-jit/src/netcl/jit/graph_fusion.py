@@ -22,10 +22,12 @@ class FusedGraph:
 
     ``execute(x, target)`` (alias ``replay``) runs one step on new inputs of the captured shapes
     and returns the step's output Node: the loss when there is a ``loss_fn``, else the model's
-    output. On OpenCL that is one replay of the captured kernels; the returned Node is the same
-    object every call and its buffer is overwritten by the next call (copy what you keep). After
-    a training step every parameter's ``grad`` holds this step's gradient (not accumulated). On
-    the NumPy backend there is nothing to capture and each call runs the jit-compiled step.
+    output. On OpenCL that is one replay of the captured kernels, and the returned Node is this
+    step's result: a small one (a loss) stays valid when later steps run (the next replay copies
+    it out of the graph's buffer if it is still referenced), reading a large one after a later
+    step raises ``StaleResultError`` (``copy_outputs=True`` keeps it). After a training step every
+    parameter's ``grad`` holds this step's gradient (not accumulated). On the NumPy backend there
+    is nothing to capture and each call runs the jit-compiled step.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class FusedGraph:
             return self.outputs
         compiled = CompiledGraph(self.params, device=self.device)
         with compiled:
+            compiled.graph.label = f"FusedGraph {getattr(self.step, '__name__', 'step')}"
             compiled.outputs = self._run(inputs)
         compiled.compile([x.value for x in inputs])
         self.compiled, self.outputs = compiled, compiled.outputs
@@ -77,12 +80,15 @@ class FusedGraph:
             return self._run(inputs)
 
     # ---- replay --------------------------------------------------------------------------------
-    def execute(self, x: Any, target: Any = None) -> Node:
-        """One step on ``x`` (and ``target``): same shapes, dtype and device as the captured samples."""
+    def execute(self, x: Any, target: Any = None, copy_outputs: bool = False) -> Node:
+        """One step on ``x`` (and ``target``): same shapes, dtype and device as the captured samples.
+
+        ``copy_outputs=True`` returns a fresh copy of the result (no later step touches it).
+        """
         inputs = self._inputs(x, target)
         if self.compiled is None:
             return self._eager(inputs)
-        return self.compiled.replay([n.value for n in inputs])
+        return self.compiled.replay([n.value for n in inputs], copy_outputs=copy_outputs)
 
     replay = execute
 

@@ -23,6 +23,7 @@ from netcl.core.host_pool import block_elements, run_blocks
 from netcl.jit.codegen import Body
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
+from netcl.jit.primitives import custom_numpy_helpers
 
 _FLOAT_SUFFIX = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
 
@@ -49,6 +50,9 @@ _UFUNCS = {
     "GT": "greater",
     "GE": "greater_equal",
     "EQ": "equal",
+    "NE": "not_equal",
+    "SIN": "sin",
+    "COS": "cos",
     "fmax": "fmax",
     "fmin": "fmin",
     "fabs": "absolute",
@@ -275,7 +279,7 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
 
 def compile_function(name: str, source: str):
     """exec the generated source in the helper namespace; return ``run(ins, outs, gout=None)``."""
-    namespace = dict(NAMESPACE)
+    namespace = {**NAMESPACE, **custom_numpy_helpers()}  # helpers of register_primitive(..., numpy_helpers=)
     try:
         exec(compile(source, f"<netcl-jit {name}>", "exec"), namespace)
     except SyntaxError as exc:

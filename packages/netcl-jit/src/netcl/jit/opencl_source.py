@@ -13,6 +13,7 @@ from netcl.core import broadcast_index_lines, needs_64bit_index
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.codegen import Body
+from netcl.jit.primitives import custom_preamble
 
 VECTOR_WIDTH = 4
 
@@ -54,7 +55,7 @@ def kernel_source(
     else:
         code = _scalar_kernel(input_shapes, out_shape, body, extra_inputs, index_type)
     preamble = PRIMITIVE_PREAMBLE + (vector_preamble(vector_width) if vector else "")
-    return preamble + "\n" + header + code + "}\n"
+    return preamble + "\n" + custom_preamble() + header + code + "}\n"
 
 
 def vectorizable(body: Body) -> bool:

@@ -8,6 +8,8 @@ op. A traced value refuses to become concrete (``bool``, ``float``, ``to_host``)
 
 from __future__ import annotations
 
+import linecache
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +21,17 @@ from netcl.core import Tensor, broadcast_shapes
 from netcl.jit.errors import TracerConversionError
 from netcl.jit.primitives import get_primitive
 from netcl.jit.shapes import infer_shape
+
+
+def _user_line() -> tuple[str, int, str]:
+    """(file, line, text) of the innermost caller outside netcl: the code that read a capture."""
+    frame = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("netcl."):
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0, "")
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    return filename, lineno, linecache.getline(filename, lineno).strip()
 
 
 class TraceNode:
@@ -106,6 +119,8 @@ class TracingContext:
         self.inputs: list[TraceNode] = []
         self.consts: list[TraceNode] = []
         self._const_ids: dict[int, TraceNode] = {}
+        #: const trace id -> (file, line, source text) of the user code that first read it
+        self.const_sources: dict[int, tuple[str, int, str]] = {}
 
     @classmethod
     def current(cls) -> TracingContext | None:
@@ -157,6 +172,7 @@ class TracingContext:
             trace.index = len(self.consts)
             self.consts.append(self._add(trace))
             self._const_ids[key] = trace
+            self.const_sources[trace.id] = _user_line()
         return self._const_ids[key]
 
     # ---- the hook autograd's apply_op calls -------------------------------------------------

@@ -86,11 +86,23 @@ class TrainingPattern:
         return (self.key or signature_key)(*args, **kwargs)
 
 
-class TrainingGraphCompiler:
+class _GlobalOnBareCall(type):
+    """``TrainingGraphCompiler()`` with no arguments is the process-wide singleton, as the API
+    reference's ``compiler = ag.TrainingGraphCompiler()  # the global singleton`` expects (a pattern
+    registered there is one ``fused_weighted_bce_smooth_l1_loss`` and every caller sees)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            return get_training_compiler()
+        return super().__call__(*args, **kwargs)
+
+
+class TrainingGraphCompiler(metaclass=_GlobalOnBareCall):
     """A registry of ``TrainingPattern``s and a cache of the plans they built.
 
-    ``TrainingGraphCompiler()`` is a new registry holding the built-in patterns (pass
-    ``builtins=False`` for an empty one); ``get_training_compiler()`` is the process-wide one.
+    ``TrainingGraphCompiler()`` is the process-wide registry (the same as ``get_training_compiler()``);
+    ``TrainingGraphCompiler(builtins=True)`` makes a private one holding the built-in patterns and
+    ``builtins=False`` an empty one.
     """
 
     def __init__(self, builtins: bool = True) -> None:
@@ -235,7 +247,7 @@ def get_training_compiler() -> TrainingGraphCompiler:
     if _SINGLETON is None:
         with _SINGLETON_LOCK:
             if _SINGLETON is None:
-                compiler = TrainingGraphCompiler()
+                compiler = TrainingGraphCompiler(builtins=True)
                 register_cache(compiler.clear_plans)
                 _SINGLETON = compiler
     return _SINGLETON
@@ -265,7 +277,7 @@ def fused_weighted_bce_smooth_l1_loss(
     reg_scale: float = 1.0,
     beta: float = 0.05,
 ) -> Node:
-    """The fused detection loss of DESIGN.md as one scalar Node:
+    """The fused detection loss of docs/architecture.md as one scalar Node:
 
     heat_scale*sum(heat_weight*bce_logits(pred, target)) + reg_scale*sum(reg_weight*smooth_l1(pred - target, beta))
 

@@ -1,4 +1,4 @@
-"""The reference workloads of DESIGN.md, as netcl functions and float64 NumPy references.
+"""The reference workloads of docs/architecture.md, as netcl functions and float64 NumPy references.
 
 Tests and benchmarks use these names. Each netcl version is a plain function of autograd ops
 (un-fused when called directly; wrap it in ``jit_compile`` to fuse).

@@ -3,7 +3,7 @@
 from netcl.runtime.__about__ import __version__
 from netcl.runtime.cache import KernelHandle, ProgramCache, program_cache
 from netcl.runtime.capture import get_capture
-from netcl.runtime.errors import CompileError, LaunchError, ReplayError
+from netcl.runtime.errors import CompileError, LaunchError, ReplayError, StaleResultError
 from netcl.runtime.launch import launch
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LaunchError",
     "ProgramCache",
     "ReplayError",
+    "StaleResultError",
     "__version__",
     "get_capture",
     "launch",
@@ -23,7 +24,15 @@ from netcl.runtime.cache import CacheStats, clear_caches, register_cache
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.graph import Command, Graph, Launch
 from netcl.runtime.launch import enqueue_copy, enqueue_fill
-from netcl.runtime.perf import PerfCounter, SectionStats, TimingRegion, event_based_timing, timing_region
+from netcl.runtime.perf import (
+    PerfCounter,
+    SectionStats,
+    TimingRegion,
+    enable_profiling,
+    event_based_timing,
+    timing_region,
+)
+from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
 
 __all__ += [
@@ -32,12 +41,14 @@ __all__ += [
     "Graph",
     "Launch",
     "PerfCounter",
+    "ReplayResult",
     "SectionStats",
     "Stream",
     "TimingRegion",
     "capture_graph",
     "clear_caches",
     "enqueue_copy",
+    "enable_profiling",
     "enqueue_fill",
     "event_based_timing",
     "register_cache",
@@ -49,3 +60,8 @@ from netcl.runtime import ops  # noqa: E402
 from netcl.runtime.memory import MemoryStats, empty_cache, memory_stats, reset_peak_memory_stats  # noqa: E402
 
 __all__ += ["MemoryStats", "empty_cache", "memory_stats", "ops", "reset_peak_memory_stats"]
+
+# The global random generator (dropout masks draw their seeds from it).
+from netcl.runtime.ops.random import initial_seed, manual_seed  # noqa: E402
+
+__all__ += ["initial_seed", "manual_seed"]

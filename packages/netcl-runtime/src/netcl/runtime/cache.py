@@ -86,6 +86,8 @@ class CacheStats:
     evictions: int = 0
     entries: int = 0
     by_context: dict[str, int] = field(default_factory=dict)
+    #: misses (builds + disk hits) per kind of key, e.g. ``"netcl.runtime.ops:ew"`` (see ``key_kind``)
+    misses_by_kind: dict[str, int] = field(default_factory=dict)
 
 
 class ProgramCache:
@@ -125,6 +127,8 @@ class ProgramCache:
                 self._stats.hits += 1
                 return handle
             self._stats.misses += 1
+            kind = key_kind(key)
+            self._stats.misses_by_kind[kind] = self._stats.misses_by_kind.get(kind, 0) + 1
         handle = self._build(source, ctx, flags)
         with self._lock:
             entries = self._entries(ctx)
@@ -154,7 +158,10 @@ class ProgramCache:
     def stats(self) -> CacheStats:
         """Counters since the last ``clear``: hits, misses, builds, disk hits, build seconds."""
         with self._lock:
-            snapshot = CacheStats(**{k: v for k, v in vars(self._stats).items() if k != "by_context"})
+            snapshot = CacheStats(
+                **{k: v for k, v in vars(self._stats).items() if k not in ("by_context", "misses_by_kind")}
+            )
+            snapshot.misses_by_kind = dict(self._stats.misses_by_kind)
             snapshot.entries = sum(len(e) for _, e in self._by_context.values())
             snapshot.by_context = {
                 f"{', '.join(d.name.strip() for d in ctx.devices)} @{ptr:#x}": len(e)
@@ -168,6 +175,17 @@ class ProgramCache:
 
     # ---- building --------------------------------------------------------------------------
     def _build(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
+        if not BUILD_LISTENERS:
+            return self._build_program(source, ctx, flags)
+        for listener in list(BUILD_LISTENERS):
+            listener("start")
+        try:
+            return self._build_program(source, ctx, flags)
+        finally:
+            for listener in list(BUILD_LISTENERS):
+                listener("end")
+
+    def _build_program(self, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> KernelHandle:
         devices = ctx.devices
         disk_key = entry_key(source, flags, devices[0]) if len(devices) == 1 else None
         if disk_key is not None:
@@ -198,6 +216,19 @@ class ProgramCache:
         return handle
 
 
+def key_kind(key: Hashable) -> str:
+    """A short label of a cache key: its leading strings, ``"netcl.runtime.ops:reduce"`` for
+    ``("netcl.runtime.ops", ("reduce", ...))``, ``"jit"`` for ``("jit", label)``."""
+    if isinstance(key, str):
+        return key
+    if not isinstance(key, tuple) or not key or not isinstance(key[0], str):
+        return type(key).__name__
+    inner = key[1] if len(key) > 1 else None
+    if isinstance(inner, tuple) and inner and isinstance(inner[0], str):
+        return f"{key[0]}:{inner[0]}"
+    return key[0]
+
+
 @functools.lru_cache(maxsize=4096)
 def _source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
@@ -224,6 +255,10 @@ def _compile_message(program: cl.Program, source: str, flags: tuple[str, ...], e
     excerpt = "\n".join(f"{'>' if n in wanted else ' '}{n:5d} | {lines[n - 1]}" for n in shown)
     return f"OpenCL build failed (flags {list(flags)}):\n{text_log}\n--- source ---\n{excerpt}"
 
+
+#: Called with ``"start"`` and ``"end"`` around every program build or disk load, on the thread
+#: that builds (``netcl.runtime.perf`` keeps builds out of timed regions through this).
+BUILD_LISTENERS: list[Callable[[str], None]] = []
 
 #: The process-wide program cache every netcl layer builds through.
 program_cache = ProgramCache()

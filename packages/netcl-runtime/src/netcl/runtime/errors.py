@@ -13,3 +13,7 @@ class ReplayError(NetclError):
 
 class LaunchError(NetclError, ValueError):
     """A kernel launch was asked for with arguments that cannot work."""
+
+
+class StaleResultError(ReplayError):
+    """A replay's result was read after a later replay of the same graph overwrote its buffer."""

@@ -21,9 +21,15 @@ Replay semantics:
 * Everything else is frozen: intermediate and output buffers are the ones allocated
   during capture (the graph keeps them alive), scalars keep their captured values, and
   host work in the captured function (prints, ``to_host``, uploads) is not replayed.
-* **Outputs are reused**: each replay writes into the same output buffers, so a second
-  replay overwrites the first one's result. Pass ``copy_outputs=True`` to get fresh
-  copies (made on the replay queue, after the replay), or copy what you need yourself.
+* **Results are never silently overwritten.** Each replay writes into the same captured
+  output buffers, so ``execute`` hands out ``ReplayResult`` tensors that alias them until the
+  next replay of the graph, which first *retires* the ones still referenced: a result of at
+  most ``snapshot_bytes`` (1 MiB) is copied into a buffer of its own (so collecting losses in
+  a list works), a larger one becomes stale and reading it raises ``StaleResultError``
+  (``netcl.runtime.replay_results``). ``copy_outputs=True`` returns fresh copies right away.
+  A result that is dropped before the next replay costs no copy. ``g.outputs`` itself is the
+  graph's working memory and always shows the latest replay. On the NumPy backend every
+  replay's results are fresh arrays.
 * On an out-of-order queue the replayed commands are chained with events, so they still
   run in captured order.
 """
@@ -46,6 +52,7 @@ from netcl.runtime import capture as _capture
 from netcl.runtime.cache import declared_scalar_dtypes
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.launch import enqueue_copy
+from netcl.runtime.replay_results import SNAPSHOT_BYTES, hand_out, retire
 
 _OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
 
@@ -122,6 +129,15 @@ class Graph:
         self._lock = threading.Lock()
         self._out_of_order = False
         self._numpy_fn: tuple[Callable[..., Any], list[Any], list[int], dict[str, Any]] | None = None
+        #: How many replays ran; a result names the replay that made it and the one that overwrote it.
+        self.replays = 0
+        #: Results up to this many bytes are copied when a later replay would overwrite them.
+        self.snapshot_bytes = SNAPSHOT_BYTES
+        #: How stale-result errors name this graph (owners such as CompiledGraph set it).
+        self.label: str | None = None
+        self._live_results: list[Any] = []
+        self._input_ids: set[int] = set()
+        self._last_queue: cl.CommandQueue | None = None
 
     # ---- inspection -----------------------------------------------------------------------
     @property
@@ -208,6 +224,7 @@ class Graph:
                     )
             raws.append(raw)
         self.inputs, self._slots, self._captured_raw = inputs, slots, raws
+        self._input_ids = {id(x) for x in inputs} | {id(r) for r in raws}
         self._plan = None
 
     # ---- replay ---------------------------------------------------------------------------
@@ -216,9 +233,10 @@ class Graph:
     ) -> Any:
         """Replay the captured launches with ``new_inputs`` in place of the captured inputs.
 
-        Returns ``outputs`` (the same buffers every replay: a later replay overwrites them),
-        or fresh copies of them with ``copy_outputs=True``. ``queue`` replays on another
-        queue of the same context; ``wait`` blocks until the replay has finished.
+        Returns ``outputs`` as this replay's results: ``ReplayResult`` tensors that the next
+        replay copies out (up to ``snapshot_bytes``) or marks stale (larger: reading them raises
+        ``StaleResultError``), or fresh copies of them with ``copy_outputs=True``. ``queue``
+        replays on another queue of the same context; ``wait`` blocks until it has finished.
         """
         if self._numpy_fn is not None:
             return self._execute_numpy(new_inputs, copy_outputs)
@@ -229,6 +247,12 @@ class Graph:
         if q is not self.queue and q.context != self.queue.context:
             raise ReplayError("execute(queue=...) must be a queue of the context the graph was captured on")
         with self._lock:
+            if self._live_results:  # results of the last replay still referenced: keep them valid
+                previous = self._last_queue or q
+                ooo = self._out_of_order if previous is self.queue else bool(previous.properties & _OUT_OF_ORDER)
+                retire(self, previous, ooo)
+                if previous is not q:
+                    previous.finish()
             plan = self._plan or self._build_plan()
             bound = self._bound
             for slot, raw in enumerate(raws):
@@ -242,6 +266,8 @@ class Graph:
                 event = _run_mixed(q, plan.steps)
             else:
                 event = _run_kernels(q, plan.steps)
+            self.replays += 1
+            self._last_queue = q
         self.last_event = event
         result = self._map_outputs(new_inputs, copy_outputs, q)
         if wait:
@@ -254,6 +280,13 @@ class Graph:
         """Validate a replay's inputs against the captured signature; return their buffers."""
         if not new_inputs:
             return self._captured_raw
+        if not self._slots:
+            raise ReplayError(
+                f"execute got {len(new_inputs)} new input(s), but this graph was captured without declared inputs: "
+                "declare them when capturing, graph.capture(queue, inputs=[x, ...]) (or graph.set_inputs([x, ...]) "
+                "after capture, or capture_graph(queue, fn, x, ...)); execute() with no arguments replays on the "
+                "captured buffers"
+            )
         if len(new_inputs) != len(self._slots):
             raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
         raws = []
@@ -312,8 +345,17 @@ class Graph:
 
     def _map_outputs(self, new_inputs: Sequence[Any], copy: bool, queue: cl.CommandQueue) -> Any:
         """``outputs`` with captured inputs (and views of them) replaced by the replay's inputs."""
-        if self.outputs is None:
+        outputs = self.outputs
+        if outputs is None:
             return None
+        if (  # the common case, kept short: one output tensor that is no input
+            not copy
+            and type(outputs) is Tensor
+            and id(outputs) not in self._input_ids
+            and id(outputs.data) not in self._input_ids
+        ):
+            return hand_out(self, outputs)
+        new_inputs = new_inputs or self.inputs
         replace = {id(old): new for old, new in zip(self.inputs, new_inputs, strict=False)}
         replace_raw = {id(old): new for old, new in zip(self._captured_raw, new_inputs, strict=False)}
 
@@ -326,6 +368,8 @@ class Graph:
                 obj = Tensor(
                     data, obj.shape, obj.dtype, obj.device, base=source if isinstance(source, Tensor) else None
                 )
+            elif isinstance(obj, Tensor) and not copy:
+                return hand_out(self, obj)  # a graph buffer: valid until the next replay retires it
             return _copy_tensor(obj, queue) if copy else obj
 
         return _map_structure(self.outputs, one)
@@ -337,12 +381,31 @@ class Graph:
         call_args = list(args)
         for position, new in zip(positions, new_inputs, strict=False):
             call_args[position] = new
-        result = _reuse_outputs(self.outputs, fn(*call_args, **kwargs), [t.data for t in self.inputs])
-        return _map_structure(result, _copy_tensor) if copy else result
+        result = fn(*call_args, **kwargs)
+        input_arrays = [t.data for t in self.inputs]
+        _reuse_outputs(self.outputs, result, input_arrays)  # g.outputs shows the latest replay, as on OpenCL
+        self.replays += 1
+        working = [a for a in _tensor_arrays(self.outputs) if not any(np.shares_memory(a, i) for i in input_arrays)]
+
+        def one(obj: Any) -> Any:
+            if not isinstance(obj, Tensor):
+                return obj
+            if copy or any(np.shares_memory(obj.data, a) for a in working):
+                return _copy_tensor(obj)  # fn handed back state the next replay overwrites
+            return obj
+
+        return _map_structure(result, one)
 
     def _check_numpy(self, new_inputs: Sequence[Any]) -> None:
         if not new_inputs:
             return
+        if not self._slots:
+            raise ReplayError(
+                f"execute got {len(new_inputs)} new input(s), but this graph was captured without declared inputs: "
+                "declare them when capturing, graph.capture(queue, inputs=[x, ...]) (or graph.set_inputs([x, ...]) "
+                "after capture, or capture_graph(queue, fn, x, ...)); execute() with no arguments replays on the "
+                "captured buffers"
+            )
         if len(new_inputs) != len(self._slots):
             raise ReplayError(f"graph was captured with {len(self._slots)} inputs; execute got {len(new_inputs)}")
         for index, (obj, slot) in enumerate(zip(new_inputs, self._slots, strict=True)):
@@ -362,8 +425,8 @@ def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     with ``g.execute(*new)``, same order); keyword arguments and other positional ones are
     frozen. ``fn``'s return value becomes ``g.outputs``. ``queue`` may be None (the queue of
     the first Tensor argument, else the default device's). On the NumPy backend nothing
-    can be captured: ``execute`` re-runs ``fn`` and copies its results into ``outputs``,
-    keeping the same reuse semantics.
+    can be captured: ``execute`` re-runs ``fn``, copies its results into ``outputs`` (which
+    shows the latest replay, as on OpenCL) and returns the re-run's own results.
     """
     positions = [i for i, a in enumerate(args) if isinstance(a, (Tensor, cl.MemoryObjectHolder))]
     inputs = [args[i] for i in positions]
@@ -482,6 +545,13 @@ def _rebuild(template: tuple | list, items: list[Any]) -> Any:
     if isinstance(template, list):
         return items
     return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
+
+
+def _tensor_arrays(obj: Any) -> list[Any]:
+    """The NumPy arrays of the Tensors in a nested structure of outputs."""
+    arrays: list[Any] = []
+    _map_structure(obj, lambda t: arrays.append(t.data) if isinstance(t, Tensor) else None)
+    return arrays
 
 
 def _reuse_outputs(outputs: Any, result: Any, input_arrays: list[np.ndarray]) -> Any:

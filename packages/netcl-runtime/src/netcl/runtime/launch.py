@@ -26,6 +26,8 @@ _LAUNCH_LOCK = threading.Lock()
 _QUEUE_OF_CONTEXT: dict[int, cl.CommandQueue] = {}
 _PREFERRED_LOCAL = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 _MAX_DIMS = 3
+#: (kernel, global, local) tuple sizes that passed ``_checked_sizes`` (multi-dimensional launches).
+_CHECKED: set[tuple[Any, tuple[int, ...], tuple[int, ...] | None]] = set()
 
 
 def launch(
@@ -54,8 +56,14 @@ def launch(
         and local_size <= getattr(cl_kernel, "_netcl_wg_limit", 0)
     ):  # the common 1-D case, already valid: skip the general checks
         gsize, lsize = (global_size,), (local_size,)
+    elif type(global_size) is tuple and (cl_kernel, global_size, local_size) in _CHECKED:
+        gsize, lsize = global_size, local_size  # tuple sizes this kernel was launched with before
     else:
         gsize, lsize = _checked_sizes(cl_kernel, global_size, local_size)
+        if type(global_size) is tuple and (local_size is None or type(local_size) is tuple):
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add((cl_kernel, gsize, lsize))
     if queue is None:
         queue = _kernel_queue(cl_kernel)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]
@@ -63,7 +71,9 @@ def launch(
         try:
             cl_kernel.set_args(*raw)
         except (cl.LogicError, TypeError, ValueError) as exc:
-            raise LaunchError(f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}") from exc
+            raise LaunchError(
+                f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}{_scalar_hint(cl_kernel, raw)}"
+            ) from exc
         try:
             event = cl.enqueue_nd_range_kernel(queue, cl_kernel, gsize, lsize, wait_for=wait_for)
         except cl.LogicError as exc:
@@ -74,6 +84,21 @@ def launch(
     if _capture.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
     return event
+
+
+def _scalar_hint(kernel: cl.Kernel, raw: Sequence[Any]) -> str:
+    """A hint when Python numbers went to a kernel whose scalar argument types were never declared."""
+    from netcl.runtime.cache import declared_scalar_dtypes
+
+    numbers = [i for i, a in enumerate(raw) if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if not numbers or declared_scalar_dtypes(kernel) is not None:
+        return ""
+    where = ", ".join(f"#{i + 1} ({type(raw[i]).__name__} {raw[i]!r})" for i in numbers)
+    return (
+        f". Python numbers were passed as argument(s) {where}, but OpenCL needs their C type: declare it once "
+        "with handle.kernel(name, scalar_dtypes=[None, np.float32, ...]) (None for buffers), "
+        "or pass NumPy scalars such as np.float32(x) / np.int32(n)"
+    )
 
 
 def _checked_sizes(

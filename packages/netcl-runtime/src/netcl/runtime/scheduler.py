@@ -21,6 +21,7 @@ from typing import Any
 import pyopencl as cl
 
 from netcl.core.devices import Device, get_device
+from netcl.core.tensor import Tensor
 from netcl.runtime.cache import KernelHandle
 from netcl.runtime.errors import LaunchError
 from netcl.runtime.launch import launch
@@ -103,14 +104,27 @@ class Stream:
     def submit(
         self,
         kernel: KernelHandle | cl.Kernel,
-        global_size: int | Sequence[int],
-        local_size: int | Sequence[int] | None,
         *args: Any,
+        global_size: int | Sequence[int] | None = None,
+        local_size: int | Sequence[int] | None = None,
         wait_for: Sequence[cl.Event] | None = None,
     ) -> cl.Event:
-        """Launch ``kernel`` on this stream (through ``netcl.runtime.launch``); returns the event."""
+        """Launch ``kernel`` with ``args`` on this stream (through ``netcl.runtime.launch``); the event.
+
+        As the API reference: ``stream.submit(kernel, *args)``. The global size defaults to the
+        element count of the largest ``Tensor`` argument (one work-item per element); pass
+        ``global_size=`` (and ``local_size=``) for anything else or when only raw buffers are passed.
+        """
         if self.queue is None:
             raise LaunchError("a Stream on the NumPy backend cannot run OpenCL kernels")
+        if global_size is None:
+            sizes = [a.size for a in args if isinstance(a, Tensor)]
+            if not sizes or max(sizes) == 0:
+                raise LaunchError(
+                    "Stream.submit: no Tensor argument with elements to take the global size from; "
+                    "pass global_size= (and local_size=)"
+                )
+            global_size = max(sizes)
         return launch(kernel, global_size, local_size, *args, queue=self.queue, wait_for=wait_for)
 
     def record(self) -> cl.Event | None:

@@ -6,8 +6,12 @@ kernel (built once per op, shapes and dtypes through ``program_cache``, launched
 ``launch``); on the NumPy backend (``device.kind == "cpu"``) the same op runs in NumPy.
 """
 
+from netcl.core.tensor import ARITHMETIC as _TENSOR_ARITHMETIC
 from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
 from netcl.runtime.ops._common import clear_kernel_memo
+from netcl.runtime.ops.conv import conv2d
+from netcl.runtime.ops.gathering import gather
+from netcl.runtime.ops.indexing import getitem
 from netcl.runtime.ops.layout import (
     broadcast_to,
     cast,
@@ -25,8 +29,11 @@ from netcl.runtime.ops.pointwise import (
     add,
     add_,
     clamp,
+    cos,
     div,
     elementwise,
+    elu,
+    elu_grad,
     eq,
     exp,
     fill_,
@@ -35,12 +42,15 @@ from netcl.runtime.ops.pointwise import (
     gelu_grad,
     gt,
     le,
+    leaky_relu,
+    leaky_relu_grad,
     log,
     log1p,
     lt,
     maximum,
     minimum,
     mul,
+    ne,
     neg,
     pow,
     relu,
@@ -48,53 +58,105 @@ from netcl.runtime.ops.pointwise import (
     rsqrt,
     sigmoid,
     sign,
+    silu,
+    silu_grad,
+    sin,
+    softplus,
+    softplus_grad,
     sqrt,
     sub,
     tanh,
     where,
 )
-from netcl.runtime.ops.random import normal, uniform
-from netcl.runtime.ops.reduce import max, mean, sum
+from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from netcl.runtime.ops.precision import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
+from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
+from netcl.runtime.ops.reduce import max, mean, min, prod, sum
+from netcl.runtime.ops.rowwise import layer_norm, log_softmax, logsumexp, rms_norm, softmax
+from netcl.runtime.ops.scan import argmax, argmin, cumsum, flip
+from netcl.runtime.ops.selecting import embedding, index_select
+from netcl.runtime.ops.shape import concat, narrow, pad
+
+# Tensor operators (grad tensors included: ``w.grad * 0.1``) run these ops.
+_TENSOR_ARITHMETIC.update(add=add, sub=sub, mul=mul, div=div, pow=pow, neg=neg)
 
 __all__ = [
     "abs",
+    "adaptive_avg_pool2d",
     "add",
     "add_",
+    "argmax",
+    "argmin",
+    "avg_pool2d",
     "broadcast_to",
     "cast",
     "clamp",
     "clear_kernel_memo",
+    "concat",
+    "conv2d",
     "copy",
+    "cos",
+    "cumsum",
     "div",
+    "dropout",
     "elementwise",
+    "elu",
+    "elu_grad",
+    "embedding",
     "eq",
     "exp",
     "fill_",
+    "flip",
     "full",
+    "gather",
     "ge",
     "gelu",
     "gelu_grad",
+    "get_float32_matmul_precision",
+    "getitem",
     "gt",
+    "index_select",
+    "layer_norm",
     "le",
+    "leaky_relu",
+    "leaky_relu_grad",
     "log",
     "log1p",
+    "log_softmax",
+    "logsumexp",
     "lt",
+    "manual_seed",
     "matmul",
+    "matmul_precision",
     "max",
+    "max_pool2d",
     "maximum",
     "mean",
+    "min",
     "minimum",
     "mul",
+    "narrow",
+    "ne",
     "neg",
     "normal",
     "one_hot",
     "ones_like",
+    "pad",
     "pow",
+    "prod",
     "relu",
     "relu_grad",
+    "rms_norm",
     "rsqrt",
+    "set_float32_matmul_precision",
     "sigmoid",
     "sign",
+    "silu",
+    "silu_grad",
+    "sin",
+    "softmax",
+    "softplus",
+    "softplus_grad",
     "sqrt",
     "sub",
     "sum",

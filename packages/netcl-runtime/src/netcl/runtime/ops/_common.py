@@ -191,6 +191,7 @@ def get_kernel(
     make_source: Callable[[], str],
     name: str,
     scalar_dtypes: Sequence[Any],
+    build_flags: Sequence[str] = (),
 ) -> ResolvedKernel:
     """The kernel ``name`` for ``key`` on ``device``: a dict lookup after the first call.
 
@@ -203,7 +204,7 @@ def get_kernel(
     if entry is not None and entry.handle_ref() is not None:
         return entry
     source = PRIMITIVE_PREAMBLE + make_source()
-    handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context)
+    handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context, build_flags)
     kernel = handle.kernel(name, scalar_dtypes)
     limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
     entry = ResolvedKernel(kernel, weakref.ref(handle), min(MAX_LOCAL, pow2_floor(limit)))
@@ -254,3 +255,119 @@ def normalize_axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> tupl
 def require_dtype_kind(tensor: Tensor, kinds: str, op: str) -> None:
     if tensor.dtype.kind not in kinds:
         raise DTypeError(f"{op}: expected a tensor of kind {kinds!r}, got dtype {tensor.dtype}")
+
+
+# ---- shape-generic indexing ----------------------------------------------------------------------
+#: How an elementwise kernel reads a tensor operand: at the output's index, at 0, or through strides.
+FLAT, ONE, STRIDED = "flat", "one", "strided"
+
+
+def broadcast_layout(
+    out_shape: tuple[int, ...], shapes: Sequence[tuple[int, ...] | None]
+) -> tuple[tuple[str | None, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(read class per operand, collapsed output dims, per STRIDED operand its element strides).
+
+    ``shapes`` holds each operand's shape (None for a scalar, class None). An operand with the
+    output's element count reads at the output index (FLAT), one with a single element at 0 (ONE);
+    the others are STRIDED: the output axes are collapsed (size-1 axes dropped, neighbours merged
+    where every strided operand is contiguous across them, so ``(B, F) + (F,)`` is rank 2 for every
+    B) and each strided operand gets one stride per collapsed axis (0 where it broadcasts). The dims
+    and strides are kernel arguments; only the classes and the collapsed rank shape the source.
+    """
+    total = math.prod(out_shape)
+    classes: list[str | None] = []
+    strided: list[tuple[int, ...]] = []
+    for shape in shapes:
+        if shape is None:
+            classes.append(None)
+        elif math.prod(shape) == total:
+            classes.append(FLAT)
+        elif math.prod(shape) == 1:
+            classes.append(ONE)
+        else:
+            classes.append(STRIDED)
+            padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+            step, steps = 1, []
+            for dim in reversed(padded):
+                steps.append(0 if dim == 1 else step)
+                step *= dim
+            strided.append(tuple(reversed(steps)))
+    if not strided:
+        return tuple(classes), (), ()
+    dims: list[int] = []
+    columns: list[list[int]] = []  # per collapsed axis, the strides of every strided operand
+    for axis, size in enumerate(out_shape):
+        if size == 1:
+            continue
+        column = [s[axis] for s in strided]
+        if dims and all(prev == cur * size for prev, cur in zip(columns[-1], column, strict=True)):
+            dims[-1] *= size
+            columns[-1] = column
+        else:
+            dims.append(size)
+            columns.append(column)
+    per_operand = tuple(tuple(col[k] for col in columns) for k in range(len(strided)))
+    return tuple(classes), tuple(dims), per_operand
+
+
+def fast_divisor(d: int) -> tuple[int, int]:
+    """(magic, shift) with ``n // d == (mul_hi(n, magic) + n) >> shift`` for 0 <= n, d < 2**31.
+
+    Division by a runtime divisor is a slow instruction on GPUs and does not vectorize on CPUs
+    (PoCL's broadcast add was 2.4x slower with ``%`` by a kernel argument than with a constant):
+    a multiply-high and a shift do it (Granlund and Montgomery, as PyTorch's ``IntDivider``).
+    """
+    d = int(d)
+    if d <= 1:  # 1 (and 0: an empty tensor, never launched): the quotient is n itself
+        return 1, 0
+    shift = (d - 1).bit_length()  # smallest shift with 2**shift >= d
+    magic = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return magic, shift
+
+
+#: C helper of ``fast_divisor``; the sum cannot overflow because n < 2**31.
+FASTDIV_SOURCE = "inline uint netcl_udiv(uint n, uint m, uint s) { return (mul_hi(n, m) + n) >> s; }\n"
+
+
+def dim_params(rank: int, idx: str, prefix: str = "d") -> list[str]:
+    """Kernel parameters of dims 1 .. rank-1 of a peeled index: size, magic and shift of each."""
+    return [f"const {idx} {prefix}{a}, const uint {prefix}{a}m, const uint {prefix}{a}s" for a in range(1, rank)]
+
+
+def dim_args(dims: Sequence[int]) -> tuple[int, ...]:
+    """The arguments ``dim_params`` declares for ``dims`` (dim 0 is not needed to peel)."""
+    return tuple(v for d in dims[1:] for v in (d, *fast_divisor(d)))
+
+
+def dim_arg_dtypes(rank: int, idx: str) -> list[np.dtype]:
+    return [ARG_DTYPES[idx], ARG_DTYPES["uint"], ARG_DTYPES["uint"]] * max(rank - 1, 0)
+
+
+def div_expr(var: str, divisor: str, idx: str) -> str:
+    """``var / divisor`` (both >= 0) through the divisor's magic ``{divisor}m`` and shift ``{divisor}s``."""
+    if idx == "long":  # past 2**31 elements: plain 64-bit division
+        return f"({var} / {divisor})"
+    return f"(int)netcl_udiv((uint)({var}), {divisor}m, {divisor}s)"
+
+
+def coordinate_lines(rank: int, index_var: str, idx: str, prefix: str = "d", coord: str = "c") -> list[str]:
+    """C lines peeling flat ``index_var`` into ``c0 .. c{rank-1}`` over runtime dims ``d1 ..``
+    (declared by ``dim_params``); needs ``FASTDIV_SOURCE`` in the program."""
+    if rank == 0:
+        return []
+    lines = [f"{idx} rest_ = {index_var};"]
+    for axis in range(rank - 1, 0, -1):
+        dim = f"{prefix}{axis}"
+        lines.append(f"const {idx} q{axis}_ = {div_expr('rest_', dim, idx)};")
+        lines.append(f"const {idx} {coord}{axis} = rest_ - q{axis}_ * {dim}; rest_ = q{axis}_;")
+    lines.append(f"const {idx} {coord}0 = rest_;")
+    return lines
+
+
+def dot_expr(
+    rank: int, stride_prefix: str, coord: str = "c", unit: Sequence[int] = (), zero: Sequence[int] = ()
+) -> str:
+    """``c0 * s_0 + c1 * s_1 + ...`` over ``rank`` axes (``0`` for none); axes in ``unit`` have stride
+    1 and those in ``zero`` stride 0, baked into the source (a layout class, not a size)."""
+    terms = [f"{coord}{a}" if a in unit else f"{coord}{a} * {stride_prefix}{a}" for a in range(rank) if a not in zero]
+    return " + ".join(terms) or "0"

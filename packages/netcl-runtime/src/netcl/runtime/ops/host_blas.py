@@ -55,7 +55,15 @@ def applies(device: Device, a: Tensor, b: Tensor, result: np.dtype) -> bool:
     )
 
 
-def matmul(a: Tensor, b: Tensor, out_shape: tuple[int, ...], result: np.dtype) -> Tensor:
+def matmul(
+    a: Tensor,
+    b: Tensor,
+    out_shape: tuple[int, ...],
+    result: np.dtype,
+    *,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> Tensor:
     """``a @ b`` into a new tensor of ``out_shape``: map both operands, NumPy ``matmul`` into the
     mapped output, unmap. Blocks until the work queued before it on the device's queue is done."""
     device = a.device
@@ -70,6 +78,10 @@ def matmul(a: Tensor, b: Tensor, out_shape: tuple[int, ...], result: np.dtype) -
         if a.size == 0 or b.size == 0:  # K == 0: a sum over nothing
             out_host.fill(0)
         else:
+            if transpose_a:
+                a_host = np.swapaxes(a_host, -1, -2)
+            if transpose_b:
+                b_host = np.swapaxes(b_host, -1, -2)
             np.matmul(a_host, b_host, out=out_host)
     finally:
         for mapped in (out_map, b_map, a_map):

@@ -19,8 +19,15 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
+    ARG_DTYPES,
+    FASTDIV_SOURCE,
     compute_ctype,
+    coordinate_lines,
     device_of,
+    dim_arg_dtypes,
+    dim_args,
+    dim_params,
+    dot_expr,
     get_kernel,
     index_type,
     pragmas,
@@ -86,14 +93,18 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
         return out
     if x.ndim >= 2 and perm == (*range(x.ndim - 2), x.ndim - 1, x.ndim - 2):
         return _swap_last_two(x, out)
-    key = ("transpose", x.shape, perm, x.dtype.str)
+    idx = index_type(x.shape)
+    key = ("transpose", x.ndim, x.dtype.str, idx)
 
     def source() -> str:
-        return _transpose_source(x.shape, perm, x.dtype)
+        return _transpose_source(x.ndim, x.dtype, idx)
 
-    resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None])
+    in_strides = contiguous_strides(x.shape)
+    args = (out.size, *dim_args(out_shape), *(in_strides[a] for a in perm))
+    arg_dtypes = [None, None, ARG_DTYPES[idx], *dim_arg_dtypes(x.ndim, idx)] + [ARG_DTYPES[idx]] * x.ndim
+    resolved = get_kernel(key, x.device, source, "netcl_transpose", arg_dtypes)
     local = resolved.max_local
-    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, queue=x.device.queue)
+    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, *args, queue=x.device.queue)
     return out
 
 
@@ -103,57 +114,52 @@ _TILE, _ROWS = 32, 8
 def _swap_last_two(x: Tensor, out: Tensor) -> Tensor:
     """(..., R, C) -> (..., C, R) through a 32x32 tile in local memory (reads and writes coalesced)."""
     batch, R, C = math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]
-    key = ("transpose2", batch, R, C, x.dtype.str)
     t = storage_ctype(x.dtype)
     idx = index_type(x.shape)
+    key = ("transpose2", x.dtype.str, idx)
 
     def source() -> str:
         return f"""{pragmas([x.dtype])}
 __kernel __attribute__((reqd_work_group_size({_TILE}, {_ROWS}, 1)))
-void netcl_transpose(__global const {t}* x, __global {t}* out) {{
+void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, const {idx} C) {{
     __local {t} tile[{_TILE}][{_TILE} + 1];
     const int lx = get_local_id(0);
     const int ly = get_local_id(1);
-    const {idx} base = ({idx})get_group_id(2) * {R * C};
+    const {idx} base = ({idx})get_group_id(2) * R * C;
     const {idx} c = ({idx})get_group_id(0) * {_TILE} + lx;
     const {idx} r0 = ({idx})get_group_id(1) * {_TILE};
     for (int j = ly; j < {_TILE}; j += {_ROWS}) {{
-        if (c < {C} && r0 + j < {R}) {{ tile[j][lx] = x[base + (r0 + j) * {C} + c]; }}
+        if (c < C && r0 + j < R) {{ tile[j][lx] = x[base + (r0 + j) * C + c]; }}
     }}
     barrier(CLK_LOCAL_MEM_FENCE);
     const {idx} r = r0 + lx;
     const {idx} c0 = ({idx})get_group_id(0) * {_TILE};
     for (int j = ly; j < {_TILE}; j += {_ROWS}) {{
-        if (r < {R} && c0 + j < {C}) {{ out[base + (c0 + j) * {R} + r] = tile[lx][j]; }}
+        if (r < R && c0 + j < C) {{ out[base + (c0 + j) * R + r] = tile[lx][j]; }}
     }}
 }}
 """
 
-    resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None])
+    resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None, ARG_DTYPES[idx], ARG_DTYPES[idx]])
     gsize = (-(-C // _TILE) * _TILE, -(-R // _TILE) * _ROWS, batch)
-    launch(resolved.kernel, gsize, (_TILE, _ROWS, 1), x.data, out.data, queue=x.device.queue)
+    launch(resolved.kernel, gsize, (_TILE, _ROWS, 1), x.data, out.data, R, C, queue=x.device.queue)
     return out
 
 
-def _transpose_source(shape: tuple[int, ...], perm: tuple[int, ...], dtype: np.dtype) -> str:
-    idx = index_type(shape)
-    in_strides = contiguous_strides(shape)
-    out_shape = [shape[a] for a in perm]
-    lines = [f"{idx} rest = gid;", f"{idx} src = 0;"]
-    for pos in range(len(perm) - 1, -1, -1):
-        coord = "rest" if pos == 0 else f"(rest % {out_shape[pos]})"
-        lines.append(f"src += {coord} * {in_strides[perm[pos]]};")
-        if pos > 0:
-            lines.append(f"rest /= {out_shape[pos]};")
-    body = "\n    ".join(lines)
+def _transpose_source(rank: int, dtype: np.dtype, idx: str) -> str:
+    """Gather kernel of any permutation of ``rank`` axes: out dims ``d1..`` and the input strides
+    ``s0..`` of each output axis are arguments (``n`` elements in all)."""
+    dims = "".join(f", {p}" for p in dim_params(rank, idx))
+    strides = "".join(f", const {idx} s{a}" for a in range(rank))
+    body = "\n    ".join(coordinate_lines(rank, "gid", idx))
     t = storage_ctype(dtype)
     return (
-        f"{pragmas([dtype])}"
-        f"__kernel void netcl_transpose(__global const {t}* x, __global {t}* out) {{\n"
+        f"{pragmas([dtype])}{FASTDIV_SOURCE}"
+        f"__kernel void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} n{dims}{strides}) {{\n"
         f"    const {idx} gid = ({idx})get_global_id(0);\n"
-        f"    if (gid >= {math.prod(shape)}) return;\n"
+        "    if (gid >= n) return;\n"
         f"    {body}\n"
-        "    out[gid] = x[src];\n"
+        f"    out[gid] = x[{dot_expr(rank, 's')}];\n"
         "}\n"
     )
 
@@ -190,11 +196,11 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
     if device.kind == "cpu":
         return numpy_backend.one_hot(labels, int(num_classes))
     C = int(num_classes)
-    expr = f"(({{0}}) == (long)(gid % {C}) ? 1.0f : 0.0f)"
+    expr = "(({0}) == (long)(gid % {1}) ? 1.0f : 0.0f)"  # C is a kernel argument: one program for all C
     out_shape = (*labels.shape, C)
     # Read labels at gid / C: broadcasting labels[..., None] to out_shape gives exactly that index.
     expanded = labels.reshape(*labels.shape, 1)
-    return run_elementwise(expr, (expanded,), ["long"], out_shape, float32, device)
+    return run_elementwise(expr, (expanded, C), ["long", "long"], out_shape, float32, device)
 
 
 def sum_to_shape(x: Tensor, shape: Sequence[int] | int) -> Tensor:

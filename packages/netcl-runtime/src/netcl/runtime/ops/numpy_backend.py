@@ -54,13 +54,17 @@ def assign(dst: Tensor, values: np.ndarray) -> Tensor:
 
 
 def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype, acc: np.dtype) -> Tensor:
-    """``sum``/``mean``/``max`` of x over ``axes`` (already normalized), computed in ``acc``."""
+    """``sum``/``mean``/``max``/``min``/``prod`` of x over ``axes`` (already normalized), computed in ``acc``."""
     data = np.asarray(x.data).astype(_np_compute(acc), copy=False)
     with np.errstate(all="ignore"):
         if op == "sum":
             result = np.sum(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
         elif op == "mean":
             result = np.mean(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
+        elif op == "prod":
+            result = np.prod(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
+        elif op == "min":
+            result = np.min(data, axis=axes, keepdims=keepdims)
         else:
             result = np.max(data, axis=axes, keepdims=keepdims)
     return wrap_numpy(np.asarray(result).astype(out_dtype), x.device, out_dtype)
@@ -69,6 +73,38 @@ def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype:
 def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
     compute = _np_compute(out_dtype)
     result = np.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
+    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
+
+
+_ACTIVATIONS: dict[str | None, Callable[[np.ndarray], np.ndarray]] = {
+    None: lambda v: v,
+    "relu": lambda v: np.maximum(v, 0),
+    "gelu": lambda v: 0.5 * v * (1 + np.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v**3))),
+    "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+    "tanh": np.tanh,
+}
+
+
+def apply_epilogue(values: np.ndarray, epilogue: Any, bias: np.ndarray | None) -> np.ndarray:
+    """``act(values + bias)`` of a GEMM epilogue (bias per column "col" or per row "row")."""
+    with np.errstate(all="ignore"):
+        if epilogue.bias == "col":
+            values = values + bias.reshape(-1).astype(values.dtype)
+        elif epilogue.bias == "row":
+            values = values + bias.reshape(-1, 1).astype(values.dtype)
+        return _ACTIVATIONS[epilogue.activation](values)
+
+
+def gemm(
+    a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, out_dtype: np.dtype, epilogue: Any, bias: Tensor | None
+) -> Tensor:
+    """``act(op(a) @ op(b) + bias)``, computed in float32 (float64 when the result is float64)."""
+    compute = np.float64 if out_dtype == np.float64 else np.float32
+    x = np.asarray(a.data, dtype=compute)
+    y = np.asarray(b.data, dtype=compute)
+    result = np.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
+    if not epilogue.is_identity:
+        result = apply_epilogue(result, epilogue, None if bias is None else np.asarray(bias.data))
     return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
 
 
@@ -116,12 +152,12 @@ def philox4x32(counter: Sequence[np.ndarray], key: tuple[int, int], rounds: int 
     return [c.astype(np.uint32) for c in (c0, c1, c2, c3)]
 
 
-def random_bits(n: int, seed: int, stream: int) -> list[np.ndarray]:
-    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed``."""
+def random_bits(n: int, seed: int, stream: int, word3: int = 0) -> list[np.ndarray]:
+    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed`` (counter word 3: ``word3``)."""
     index = np.arange(n, dtype=np.uint64)
     seed %= 2**64
     zeros = np.zeros(n, dtype=np.uint64)
-    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros), (seed, seed >> 32))
+    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros + word3), (seed, seed >> 32))
 
 
 def uniform(shape: tuple[int, ...], low: float, span: float, seed: int, device: Device) -> Tensor:

@@ -1,7 +1,10 @@
-"""Broadcasting elementwise ops: one generated kernel per (expression, shapes, dtypes).
+"""Broadcasting elementwise ops: one generated kernel per (expression, dtypes, layout class).
 
-Each kernel reads every tensor operand at its broadcast index (``broadcast_index_lines``),
-receives scalar operands as kernel arguments (a new scalar value never rebuilds anything),
+The source is shape-generic: the element count, the collapsed output dims and each broadcast
+operand's strides are kernel arguments (``_common.broadcast_layout``), so a new batch size
+builds nothing. The source depends only on the expression, the dtypes, how each operand is read
+(at the output index, at 0, or through strides), the collapsed rank and the index type. Scalar
+operands are kernel arguments too (a new scalar value never rebuilds anything). The body
 evaluates one C expression over ``PRIMITIVE_PREAMBLE`` helpers and stores the result.
 """
 
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_index_lines, broadcast_shapes
+from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import launch
@@ -22,28 +25,56 @@ from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     CLEAR_HOOKS,
+    FASTDIV_SOURCE,
+    FLAT,
+    STRIDED,
     ResolvedKernel,
+    broadcast_layout,
     compute_ctype,
     device_of,
+    dim_arg_dtypes,
+    dim_args,
+    dim_params,
+    div_expr,
+    dot_expr,
     float_dtype,
     get_kernel,
     index_type,
+    pow2_ceil,
     pragmas,
     promote,
     remember,
     scalar_dtype,
     storage_ctype,
 )
-from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, UNARY, WHERE, OpDef, f64_expr
+from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
 
 
 class Plan:
-    """Everything one (expression, operand signature, device) needs at launch, computed once."""
+    """Everything one (expression, operand signature, device) needs at launch, computed once.
 
-    __slots__ = ("expr", "ctypes", "out_shape", "out_dtype", "n", "nbytes", "arg_types", "resolved", "make_source")
+    ``shape_args`` are the kernel's trailing size arguments (n, collapsed dims, strides); the
+    source (``make_source``) does not depend on them, so plans of other shapes share the program.
+    """
+
+    __slots__ = (
+        "expr",
+        "ctypes",
+        "out_shape",
+        "out_dtype",
+        "n",
+        "nbytes",
+        "arg_types",
+        "resolved",
+        "make_source",
+        "shape_args",
+        "idx",
+        "rank",
+        "grid",
+    )
 
     def __init__(
         self,
@@ -52,6 +83,7 @@ class Plan:
         ctypes: Sequence[str],
         out_shape: tuple[int, ...],
         out_dtype: np.dtype,
+        preamble: str = "",
     ) -> None:
         self.expr = expr
         self.ctypes = tuple(ctypes)
@@ -63,8 +95,20 @@ class Plan:
             None if isinstance(v, Tensor) else ARG_DTYPES[c].type for v, c in zip(operands, ctypes, strict=True)
         )
         self.resolved: ResolvedKernel | None = None
-        shapes_dtypes = [(v.shape, v.dtype) if isinstance(v, Tensor) else None for v in operands]
-        self.make_source = lambda: _source(expr, shapes_dtypes, self.ctypes, out_shape, out_dtype)
+        shapes = [v.shape if isinstance(v, Tensor) else None for v in operands]
+        classes, dims, strides = broadcast_layout(out_shape, shapes)
+        self.idx = index_type(out_shape, *[s for s in shapes if s is not None])
+        # Stride 0 (broadcast axis) and 1 (nothing inner spans) follow from the layout class alone:
+        # baked into the source; the other strides are arguments.
+        patterns = tuple(tuple(0 if st == 0 else 1 if st == 1 else 2 for st in per) for per in strides)
+        free = [st for per in strides for st in per if st > 1]
+        self.shape_args = (self.n, dims[0], *dim_args(dims), *free) if dims else (self.n,)
+        self.grid = dims  # strided operands: a 2-D/3-D grid over the collapsed dims (see ``launch_sizes``)
+        dtypes = [v.dtype if isinstance(v, Tensor) else None for v in operands]
+        rank = self.rank = len(dims)
+        self.make_source = lambda: (
+            preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
+        )
 
     def kernel(self, device: Device) -> ResolvedKernel:
         resolved = self.resolved
@@ -73,6 +117,11 @@ class Plan:
             scalar_dtypes = [None] + [
                 None if t is None else ARG_DTYPES[c] for t, c in zip(self.arg_types, self.ctypes, strict=True)
             ]
+            size_dtypes = [ARG_DTYPES[self.idx]]
+            if self.rank:
+                size_dtypes += [ARG_DTYPES[self.idx], *dim_arg_dtypes(self.rank, self.idx)]
+            size_dtypes += [ARG_DTYPES[self.idx]] * (len(self.shape_args) - len(size_dtypes))  # the free strides
+            scalar_dtypes += size_dtypes
             resolved = self.resolved = get_kernel(key, device, self.make_source, "netcl_ew", scalar_dtypes)
         return resolved
 
@@ -116,8 +165,26 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
     resolved = plan.kernel(device)
     local = resolved.max_local
     args = [v.data if t is None else t(_plain(v)) for v, t in zip(operands, plan.arg_types, strict=True)]
-    launch(resolved.kernel, -(-plan.n // local) * local, local, out.data, *args, queue=device.queue)
+    if plan.grid:
+        gsize, lsize = launch_sizes(plan.grid, local)
+        launch(resolved.kernel, gsize, lsize, out.data, *args, *plan.shape_args, queue=device.queue)
+    else:
+        gsize = -(-plan.n // local) * local
+        launch(resolved.kernel, gsize, local, out.data, *args, *plan.shape_args, queue=device.queue)
     return out
+
+
+def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global, local) sizes of a strided kernel: x runs along the innermost collapsed axis, y along
+    the next, z over the rest. Work-items adjacent in x touch adjacent elements, which a CPU
+    driver vectorizes (PoCL: a 1-D grid peeling ``gid`` with ``%`` made a bias add 2-4x slower)."""
+    inner, outer = dims[-1], dims[-2]
+    lx = min(max_local, pow2_ceil(inner))
+    ly = min(max_local // lx, pow2_ceil(outer))
+    gsize = (-(-inner // lx) * lx, -(-outer // ly) * ly)
+    if len(dims) > 2:
+        return (*gsize, math.prod(dims[:-2])), (lx, ly, 1)
+    return gsize, (lx, ly)
 
 
 def _plain(value: Any) -> Any:
@@ -126,44 +193,81 @@ def _plain(value: Any) -> Any:
 
 def _source(
     expr: str,
-    operands: Sequence[tuple[tuple[int, ...], np.dtype] | None],
+    classes: Sequence[str | None],
+    dtypes: Sequence[np.dtype | None],
     value_ctypes: Sequence[str],
-    out_shape: tuple[int, ...],
+    rank: int,
+    patterns: Sequence[Sequence[int]],
     out_dtype: np.dtype,
+    idx: str,
 ) -> str:
-    """Kernel source; ``operands`` holds (shape, dtype) for tensors and None for scalars."""
-    shapes = [v[0] for v in operands if v is not None]
-    idx = index_type(out_shape, *shapes)
+    """Kernel source of one layout class: per operand its read class (None: scalar) and dtype;
+    per strided operand, per collapsed axis, 0 / 1 for a stride of 0 / 1 and 2 for an argument.
+
+    Arguments: ``out``, one per operand (buffer or scalar), ``n``, the collapsed dims ``d1 ..
+    d{rank-1}`` (each with its fast-division magic and shift), then the strides marked 2.
+    """
     out_t = storage_ctype(out_dtype)
     params = [f"__global {out_t}* out"]
-    body = []
-    dtypes = [out_dtype]
-    for i, (value, ctype) in enumerate(zip(operands, value_ctypes, strict=True)):
-        if value is not None:
-            shape, dtype = value
-            dtypes.append(dtype)
-            params.append(f"__global const {storage_ctype(dtype)}* in{i}")
-            body.extend(broadcast_index_lines(shape, out_shape, "gid", f"i{i}", idx))
-            body.append(f"const {ctype} v{i} = ({ctype})in{i}[i{i}];")
-        else:
+    body = (
+        _grid_lines(rank, idx)
+        if STRIDED in classes
+        else [f"const {idx} gid = ({idx})get_global_id(0);", "if (gid >= n) return;"]
+    )
+    stride_params = []
+    used = [out_dtype]
+    pattern_of = iter(patterns)
+    for i, (cls, dtype, ctype) in enumerate(zip(classes, dtypes, value_ctypes, strict=True)):
+        if cls is None:
             params.append(f"const {ctype} s{i}")
             body.append(f"const {ctype} v{i} = s{i};")
-    dtypes.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
-    extra = CLAMP_SOURCE
+            continue
+        used.append(dtype)
+        params.append(f"__global const {storage_ctype(dtype)}* in{i}")
+        if cls == STRIDED:
+            kinds = next(pattern_of)
+            zero = [a for a, k in enumerate(kinds) if k == 0]
+            unit = [a for a, k in enumerate(kinds) if k == 1]
+            stride_params += [f"const {idx} st{i}_{a}" for a, k in enumerate(kinds) if k == 2]
+            where = dot_expr(rank, f"st{i}_", unit=unit, zero=zero)
+        else:
+            where = "gid" if cls == FLAT else "0"
+        body.append(f"const {ctype} v{i} = ({ctype})in{i}[{where}];")
+    params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
+    used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
+    extra = CLAMP_SOURCE + FASTDIV_SOURCE
     if "double" in value_ctypes:
         expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
     store = f"(({value}) != 0)" if out_dtype.kind == "b" else f"({value})"
     lines = "\n    ".join(body)
     return (
-        f"{pragmas(dtypes)}{extra}"
+        f"{pragmas(used)}{extra}"
         f"__kernel void netcl_ew({', '.join(params)}) {{\n"
-        f"    const {idx} gid = ({idx})get_global_id(0);\n"
-        f"    if (gid >= {math.prod(out_shape)}) return;\n"
         f"    {lines}\n"
         f"    out[gid] = ({out_t}){store};\n"
         "}\n"
     )
+
+
+def _grid_lines(rank: int, idx: str) -> list[str]:
+    """Coordinates ``c0 .. c{rank-1}`` and the flat output index ``gid`` of a ``launch_sizes`` grid."""
+    inner, outer = rank - 1, rank - 2
+    lines = [
+        f"const {idx} c{inner} = ({idx})get_global_id(0);",
+        f"const {idx} c{outer} = ({idx})get_global_id(1);",
+        f"if (c{inner} >= d{inner} || c{outer} >= d{outer}) return;",
+    ]
+    if rank > 2:
+        lines.append(f"{idx} rest_ = ({idx})get_global_id(2);")
+        for axis in range(rank - 3, 0, -1):
+            lines.append(f"const {idx} q{axis}_ = {div_expr('rest_', f'd{axis}', idx)};")
+            lines.append(f"const {idx} c{axis} = rest_ - q{axis}_ * d{axis}; rest_ = q{axis}_;")
+        lines.append(f"const {idx} c0 = rest_;")
+    flat = "c0"
+    for axis in range(1, rank):
+        flat = f"({flat}) * d{axis} + c{axis}"
+    return [*lines, f"const {idx} gid = {flat};"]
 
 
 # ---- dtype rules ------------------------------------------------------------------------------
@@ -196,14 +300,14 @@ def _expr_for(op: OpDef, compute: np.dtype) -> str:
 def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     """Run ``op`` over ``operands`` (broadcast) on their device; a new tensor."""
     device = device_of(operands, op.name)
-    key = (op.expr, op.int_expr, op.kind, signature(operands), device)
+    key = (op.expr, op.int_expr, op.kind, op.preamble, signature(operands), device)
     cached = _OP_PLANS.get(key)
     if cached is None:
         dtypes, compute, result = value_dtypes(op, operands)
         out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
         device.check_dtype(result)
         ctypes = [compute_ctype(d) for d in dtypes]
-        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result)
+        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result, op.preamble)
         cached = remember(_OP_PLANS, key, (plan, tuple(dtypes)))
     plan, dtypes = cached
     if device.kind == "cpu":
@@ -351,6 +455,61 @@ def eq(a: Any, b: Any) -> Tensor:
     return _binary("eq", a, b)
 
 
+def sin(x: Tensor) -> Tensor:
+    """Sine."""
+    return _unary("sin", x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Cosine."""
+    return _unary("cos", x)
+
+
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x)."""
+    return _unary("silu", x)
+
+
+def silu_grad(x: Tensor) -> Tensor:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x)."""
+    return _unary("silu_grad", x)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x."""
+    return _binary("leaky_relu", x, float(negative_slope))
+
+
+def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """1 where x > 0, else negative_slope."""
+    return _binary("leaky_relu_grad", x, float(negative_slope))
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    return _binary("elu", x, float(alpha))
+
+
+def elu_grad(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """1 where x > 0, else alpha * exp(x)."""
+    return _binary("elu_grad", x, float(alpha))
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta, and x where beta x > threshold (PyTorch's softplus)."""
+    return apply(TERNARY["softplus"], (x, float(beta), float(threshold)))
+
+
+def softplus_grad(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """sigmoid(beta x), and 1 where beta x > threshold."""
+    return apply(TERNARY["softplus_grad"], (x, float(beta), float(threshold)))
+
+
+def ne(a: Any, b: Any) -> Tensor:
+    """1.0 where a != b else 0.0 (float32)."""
+    return _binary("ne", a, b)
+
+
 # ---- ternary and generic ----------------------------------------------------------------------
 def where(cond: Any, a: Any, b: Any) -> Tensor:
     """a where cond != 0, else b (all three broadcast)."""
@@ -362,16 +521,17 @@ def clamp(x: Any, lo: Any, hi: Any) -> Tensor:
     return apply(CLAMP, (x, lo, hi))
 
 
-def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any) -> Tensor:
+def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any, preamble: str = "") -> Tensor:
     """A custom elementwise op: ``c_expr`` uses ``{0}``, ``{1}``, ... for the operands' values.
 
-    The expression may call ``PRIMITIVE_PREAMBLE`` helpers (``"BCE_LOGITS({0}, {1})"``).
+    The expression may call ``PRIMITIVE_PREAMBLE`` helpers (``"BCE_LOGITS({0}, {1})"``) and the
+    C helpers that ``preamble`` defines (placed before the kernel).
     Operands are read as float (double for float64 results); the result is float32 unless every
     tensor operand is float64. ``numpy_fn`` computes the same on NumPy arrays for the cpu device.
     """
     if not operands:
         raise TypeError("elementwise: needs at least one operand")
-    op = OpDef(f"elementwise({c_expr!r})", c_expr, numpy_fn, "float")
+    op = OpDef(f"elementwise({c_expr!r})", c_expr, numpy_fn, "float", preamble=preamble)
     return apply(op, operands)
 
 

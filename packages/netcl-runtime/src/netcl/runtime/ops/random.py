@@ -12,6 +12,7 @@ contraction off, so both backends give identical float32 values; ``normal`` uses
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import float32
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
-from netcl.runtime.ops._common import get_kernel, round_up
+from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 
 PHILOX_SOURCE = r"""
 #pragma OPENCL FP_CONTRACT OFF
@@ -108,4 +109,127 @@ def _draw(kind: str, shape: Sequence[int] | int, a: float, b: float, seed: int, 
     local = resolved.max_local
     args = (np.int64(n), np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32), np.float32(a), np.float32(b))
     launch(resolved.kernel, round_up(n, local), local, out.data, *args, queue=target.queue)
+    return out
+
+
+# ---- the global generator and dropout ------------------------------------------------------------
+#: Seed of the global generator until ``manual_seed`` is called (fixed, so runs repeat, as in PyTorch).
+DEFAULT_SEED = 0x5EED_0F_4E7C1
+#: Philox stream of dropout masks (0 is ``uniform``, 1 ``normal``, 3 the generator's per-call seeds).
+DROPOUT_STREAM = 2
+_SEED_STREAM = 3
+_generator = {"seed": DEFAULT_SEED, "calls": 0}
+_generator_lock = threading.Lock()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the global generator: the sequence of ``next_seed()`` values (and so dropout masks) repeats."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"manual_seed: seed must be an int, got {seed!r}")
+    with _generator_lock:
+        _generator["seed"] = int(seed) % 2**64
+        _generator["calls"] = 0
+
+
+def initial_seed() -> int:
+    """The seed the global generator was last seeded with."""
+    return _generator["seed"]
+
+
+def next_seed() -> int:
+    """A fresh 64-bit seed: Philox of the call count under the global seed (host only, no device work)."""
+    with _generator_lock:
+        seed, call = _generator["seed"], _generator["calls"]
+        _generator["calls"] = call + 1
+    words = numpy_backend.philox4x32(
+        [np.uint64(call & 0xFFFFFFFF), np.uint64(call >> 32), np.uint64(_SEED_STREAM), np.uint64(0)],
+        (seed & 0xFFFFFFFF, seed >> 32),
+    )
+    return int(words[0]) | (int(words[1]) << 32)
+
+
+_DROPOUT = r"""
+__kernel void netcl_dropout(__global const {st}* x, __global {st}* out, const long n, const uint k0, const uint k1,
+                            const uint threshold, const float scale, __global const int* counter) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const uint4 r = philox4x32_10((uint4)((uint)gid, (uint)(gid >> 32), {stream}u, (uint)counter[0]), (uint2)(k0, k1));
+    out[gid] = (r.x >> 8) >= threshold ? ({st})(({ct})x[gid] * ({ct})scale) : ({st})0;
+}}
+"""
+
+_ADVANCE = r"""
+__kernel void netcl_counter_advance(__global int* counter) {
+    if (get_global_id(0) == 0) counter[0] = (int)((uint)counter[0] + 1u);
+}
+"""
+
+#: device -> a one-element zero counter that is never advanced (what eager dropout reads).
+_ZERO_COUNTERS: dict[Device, Tensor] = {}
+
+
+def new_counter(device: Device | str | None = None) -> Tensor:
+    """A one-element int32 device counter, 0, that ``advance_counter`` steps (Philox counter word 3)."""
+    return Tensor.zeros((1,), np.int32, get_device(device))
+
+
+def advance_counter(counter: Tensor) -> Tensor:
+    """``counter += 1`` on the device (a launch, so a captured graph advances it on every replay)."""
+    if counter.device.kind == "cpu":
+        counter.data[...] = (counter.data.astype(np.int64) + 1).astype(np.uint32).view(np.int32)
+        return counter
+    resolved = get_kernel(("random", "advance"), counter.device, lambda: _ADVANCE, "netcl_counter_advance", [None])
+    launch(resolved.kernel, 1, 1, counter, queue=counter.device.queue)
+    return counter
+
+
+def dropout_threshold(p: float) -> int:
+    """Element i is kept when the top 24 bits of its Philox word are >= this (probability 1 - p)."""
+    return min(round(float(p) * 2**24), 2**24)
+
+
+def dropout(x: Tensor, p: float, seed: int, counter: Tensor | None = None) -> Tensor:
+    """x with each element zeroed with probability ``p`` and the rest scaled by 1 / (1 - p).
+
+    The mask is a pure function of (seed, element index, ``counter``'s value: 0 when None)
+    (Philox stream 2, identical on every backend), so the gradient is ``dropout(grad, p, seed,
+    counter)``. The counter lives on the device: a captured graph that advances it before the
+    forward (``advance_counter``) draws a new mask on each replay, its backward the same one.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"dropout: x must be a Tensor, got {type(x).__name__}")
+    if x.dtype.kind != "f":
+        raise TypeError(f"dropout: x must be a floating-point tensor, got dtype {x.dtype}")
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    seed = int(seed) % 2**64
+    threshold = dropout_threshold(p)
+    scale = 0.0 if threshold >= 2**24 else 1.0 / (1.0 - float(p))
+    if x.device.kind == "cpu":
+        word3 = 0 if counter is None else int(np.asarray(counter.data).reshape(-1)[0].astype(np.uint32))
+        bits = numpy_backend.random_bits(x.size, seed, DROPOUT_STREAM, word3)[0] >> np.uint32(8)
+        keep = (bits >= threshold).reshape(x.shape)
+        compute = np.float64 if x.dtype == np.float64 else np.float32
+        values = np.where(keep, np.asarray(x.data, dtype=compute) * compute(scale), compute(0))
+        return numpy_backend.wrap_numpy(values, x.device, x.dtype)
+    st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
+    out = Tensor.empty(x.shape, x.dtype, x.device)
+    if x.size == 0:
+        return out
+    if counter is None:
+        counter = _ZERO_COUNTERS.get(x.device)
+        if counter is None:
+            counter = _ZERO_COUNTERS[x.device] = new_counter(x.device)
+    source = pragmas([x.dtype]) + PHILOX_SOURCE + _DROPOUT.format(st=st, ct=ct, stream=DROPOUT_STREAM)
+    types = [None, None, np.int64, np.uint32, np.uint32, np.uint32, np.float32, None]
+    resolved = get_kernel(("random", "dropout", st, ct), x.device, lambda: source, "netcl_dropout", types)
+    local = resolved.max_local
+    args = (
+        np.int64(x.size),
+        np.uint32(seed & 0xFFFFFFFF),
+        np.uint32(seed >> 32),
+        np.uint32(threshold),
+        np.float32(scale),
+    )
+    launch(resolved.kernel, round_up(x.size, local), local, x, out, *args, counter, queue=x.device.queue)
     return out

@@ -1,4 +1,4 @@
-"""Reductions ``sum``, ``mean``, ``max`` over all elements or given axes, with ``keepdims``.
+"""Reductions ``sum``, ``mean``, ``max``, ``min``, ``prod`` over all elements or given axes, with ``keepdims``.
 
 Layout: the reduced axes are moved last *conceptually*: an output index ``o`` and a reduced
 index ``r`` map to an input offset through the original strides (adjacent axes of the same
@@ -12,7 +12,12 @@ lanes along the reduced axes, so loads stay coalesced, and the tree runs over th
 When an output needs several chunks, the partials go to a scratch tensor that the next stage
 reduces the same way. A float32 sum of n elements thus adds at most ~16 terms serially per
 stage and log2 terms in every tree, so its error grows like log(n) rather than n. Reductions
-of at most ``SERIAL_MAX`` elements use one thread per output (a short loop beats a tree there).
+of at most ``SERIAL_MAX`` elements into several outputs use one thread per output (a short
+loop beats a tree there).
+
+Programs are shape-generic: sizes, strides, chunk counts and the tree's work-group size are
+kernel arguments, so a program is built once per (op, mode, number of kept/reduced axes after
+merging, dtypes, index type); a new batch size reuses it.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
+    FASTDIV_SOURCE,
     MAX_LOCAL,
     compute_ctype,
     device_of,
+    div_expr,
+    fast_divisor,
     get_kernel,
     index_type,
     normalize_axes,
@@ -68,13 +76,23 @@ def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce("max", x, axis, keepdims)
 
 
+def min(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Minimum over ``axis``; NaN anywhere in a slice gives NaN (as NumPy). Empty slices raise."""
+    return _reduce("min", x, axis, keepdims)
+
+
+def prod(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis``; 1 over an empty axis. Integer inputs give int64 (as ``sum``)."""
+    return _reduce("prod", x, axis, keepdims)
+
+
 def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
     """(accumulator dtype, result dtype) of reducing ``dtype`` with ``op``."""
     if dtype.kind == "f":
         return (float64 if dtype == float64 else float32), dtype
     if op == "mean":
         return float32, float32
-    if op == "sum":
+    if op in ("sum", "prod"):
         return int64, int64
     return dtype, dtype
 
@@ -88,11 +106,13 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool) -> Tensor:
     acc, out_dtype = reduce_dtypes(op, x.dtype)
     device.check_dtype(acc)
     R = math.prod(x.shape[a] for a in axes)
-    if R == 0 and op == "max" and math.prod(out_shape):
-        raise ValueError(f"max: reducing axes {axes} of shape {x.shape} covers zero elements, which has no maximum")
+    if R == 0 and op in ("max", "min") and math.prod(out_shape):
+        word = "maximum" if op == "max" else "minimum"
+        raise ValueError(f"{op}: reducing axes {axes} of shape {x.shape} covers zero elements, which has no {word}")
     if R == 0 or math.prod(out_shape) == 0:
         out = Tensor.empty(out_shape, out_dtype, device)
-        return fill_(out, 0 if op == "sum" else float("nan")) if out.size else out
+        empty_value = {"sum": 0, "prod": 1}.get(op, float("nan"))
+        return fill_(out, empty_value) if out.size else out
     if device.kind == "cpu":
         return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
     kept, reduced = merged_layout(x.shape, axes)
@@ -124,7 +144,7 @@ def _reduce_cl(
 ) -> None:
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
-    if R <= SERIAL_MAX:
+    if R <= SERIAL_MAX and K > 1:  # one output takes the tree below: the same program as a longer sum
         _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1)
         return
     if kept and kept[-1][1] == 1 and kept[-1][0] >= COLS_MIN:
@@ -157,82 +177,126 @@ def _launch_stage(
     chunks: int,
     local: int,
 ) -> None:
+    """One stage; the program depends on (op, mode, ranks of kept/reduced, dtypes, index type) only:
+    sizes, strides, chunk counts and the tree's work-group size are kernel arguments."""
     K = math.prod(d for d, _ in kept)
-    op = "max" if op == "max" else "sum"  # mean is a sum scaled by the ``scale`` argument
-    key = ("reduce", op, mode, kept, reduced, x.dtype.str, acc.str, out.dtype.str, chunks, local)
+    R = math.prod(d for d, _ in reduced)
+    op = "sum" if op == "mean" else op  # mean is a sum scaled by the ``scale`` argument
+    idx = index_type(x.shape, (K * chunks * builtins.max(local, COLS * ROWS),))
+    # Per axis: does it have stride 1? (a layout class: only the input's innermost axis does)
+    layout = (tuple(st == 1 for _, st in kept), tuple(st == 1 for _, st in reduced))
+    key = ("reduce", op, mode, layout, x.dtype.str, acc.str, out.dtype.str, idx)
     acc_ctype = compute_ctype(acc)
 
     def source() -> str:
-        return _source(op, mode, x.dtype, kept, reduced, acc, out.dtype, chunks, local, x.shape)
+        return _source(op, mode, x.dtype, layout, acc, out.dtype, idx)
 
-    resolved = get_kernel(key, device, source, "netcl_reduce", [None, None, ARG_DTYPES[acc_ctype]])
-    args = (x.data, out.data, ARG_DTYPES[acc_ctype].type(scale))
+    sizes = [K, R, chunks, -(-R // chunks)]
+    arg_dtypes = [None, None, ARG_DTYPES[acc_ctype]] + [ARG_DTYPES[idx]] * 4
+    for dims in (kept, reduced):
+        for pos, (size, stride) in enumerate(dims):
+            if pos > 0:
+                sizes += [size, *fast_divisor(size)]
+                arg_dtypes += [ARG_DTYPES[idx], ARG_DTYPES["uint"], ARG_DTYPES["uint"]]
+            if stride != 1:
+                sizes.append(stride)
+                arg_dtypes.append(ARG_DTYPES[idx])
+    resolved = get_kernel(key, device, source, "netcl_reduce", arg_dtypes)
+    args = (x.data, out.data, ARG_DTYPES[acc_ctype].type(scale), *sizes)
     if mode == "serial":
         step = resolved.max_local
         launch(resolved.kernel, -(-K // step) * step, step, *args, queue=device.queue)
     elif mode == "cols":
         launch(resolved.kernel, (-(-K // COLS) * COLS, chunks * ROWS), (COLS, ROWS), *args, queue=device.queue)
     else:
+        local = builtins.min(local, resolved.max_local)
         launch(resolved.kernel, K * chunks * local, local, *args, queue=device.queue)
 
 
-def _index_lines(dims: Dims, var: str, idx: str) -> list[str]:
-    """C lines adding to ``idx_off`` the offset of flat index ``var`` over ``dims`` (row-major)."""
-    lines = []
-    for pos in range(len(dims) - 1, -1, -1):
-        size, stride = dims[pos]
-        term = var if pos == 0 else f"({var} % {size})"
-        lines.append(f"off += {term} * {stride};" if stride != 1 else f"off += {term};")
+def _axis_params(prefix: str, unit: Sequence[bool], idx: str) -> list[str]:
+    """Parameter declarations of one class of axes (as ``_launch_stage`` passes them): per axis
+    ``pos`` > 0 its size ``{prefix}n{pos}`` with fast-division magic and shift; the stride
+    ``{prefix}s{pos}`` unless it is 1."""
+    params = []
+    for pos, is_unit in enumerate(unit):
         if pos > 0:
-            lines.append(f"{var} /= {size};")
+            params.append(f"const {idx} {prefix}n{pos}, const uint {prefix}n{pos}m, const uint {prefix}n{pos}s")
+        if not is_unit:
+            params.append(f"const {idx} {prefix}s{pos}")
+    return params
+
+
+def _index_lines(prefix: str, unit: Sequence[bool], var: str, idx: str) -> list[str]:
+    """C lines adding to ``off`` the offset of flat index ``var`` over the axes ``_axis_params``
+    declares, row-major."""
+    lines = []
+    for pos in range(len(unit) - 1, -1, -1):
+        if pos > 0:
+            size = f"{prefix}n{pos}"
+            lines.append(f"q = {div_expr(var, size, idx)};")
+            term = f"({var} - q * {size})"
+        else:
+            term = var
+        lines.append(f"off += {term};" if unit[pos] else f"off += {term} * {prefix}s{pos};")
+        if pos > 0:
+            lines.append(f"{var} = q;")
     return lines
 
 
 def _identity(op: str, acc: np.dtype) -> str:
-    if op != "max":
+    if op == "sum":
         return "0"
+    if op == "prod":
+        return "1"
     if acc.kind == "f":
-        return "-INFINITY"
-    return {"i4": "INT_MIN", "i8": "LONG_MIN"}.get(acc.str[1:], "0")
+        return "-INFINITY" if op == "max" else "INFINITY"
+    if op == "max":
+        return {"i4": "INT_MIN", "i8": "LONG_MIN"}.get(acc.str[1:], "0")
+    return {"i4": "INT_MAX", "i8": "LONG_MAX", "u4": "UINT_MAX"}.get(acc.str[1:], "UCHAR_MAX")
 
 
 def _combine(op: str, acc: np.dtype) -> str:
-    if op != "max":
+    if op == "sum":
         return "((a) + (b))"
+    if op == "prod":
+        return "((a) * (b))"
     if acc.kind == "f":
-        return "(((a) > (b) || isnan(a)) ? (a) : (b))"
-    return "max((a), (b))"
+        cmp = ">" if op == "max" else "<"
+        return f"(((a) {cmp} (b) || isnan(a)) ? (a) : (b))"
+    return f"{op}((a), (b))"
 
 
 def _source(
     op: str,
     mode: str,
     in_dtype: np.dtype,
-    kept: Dims,
-    reduced: Dims,
+    layout: tuple[tuple[bool, ...], tuple[bool, ...]],
     acc: np.dtype,
     out_dtype: np.dtype,
-    chunks: int,
-    local: int,
-    in_shape: tuple[int, ...],
+    idx: str,
 ) -> str:
-    idx = index_type(in_shape, (math.prod(d for d, _ in kept) * chunks * local,))
     acc_t = compute_ctype(acc)
     in_t = storage_ctype(in_dtype)
     out_t = storage_ctype(out_dtype)
-    K = math.prod(d for d, _ in kept)
-    R = math.prod(d for d, _ in reduced)
-    final = "acc" if op == "max" else "acc * scale"
+    final = "acc * scale" if op == "sum" else "acc"
     store = f"(({final}) != 0)" if out_dtype.kind == "b" else f"({final})"
-    in_index = "\n    ".join([f"{idx} off = 0;", *_index_lines(kept, "o", idx), *_index_lines(reduced, "r", idx)])
-    header = (
-        f"{pragmas([in_dtype, acc, out_dtype])}"
-        f"#define COMBINE(a, b) {_combine(op, acc)}\n"
-        f"inline {idx} in_index({idx} o, {idx} r) {{\n    {in_index}\n    return off;\n}}\n"
+    params = _axis_params("k", layout[0], idx) + _axis_params("r", layout[1], idx)
+    names = [p.rsplit(" ", 1)[1] for decl in params for p in decl.split(", ")]
+    dim_params = "".join(f", {p}" for p in params)
+    dim_args = "".join(f", {name}" for name in names)
+    in_index = "\n    ".join(
+        [f"{idx} off = 0, q = 0;", *_index_lines("k", layout[0], "o", idx), *_index_lines("r", layout[1], "r", idx)]
     )
-    signature = f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale"
-    per_group = -(-R // chunks)
-    loop = f"acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]);"
+    header = (
+        f"{pragmas([in_dtype, acc, out_dtype])}{FASTDIV_SOURCE}"
+        f"#define COMBINE(a, b) {_combine(op, acc)}\n"
+        f"inline {idx} in_index({idx} o, {idx} r{dim_params}) {{\n    {in_index}\n    return off;\n}}\n"
+    )
+    signature = (
+        f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale, "
+        f"const {idx} K, const {idx} R, const {idx} chunks, const {idx} per_group{dim_params}"
+    )
+    loop = f"acc = COMBINE(acc, ({acc_t})x[in_index(o, r{dim_args})]);"
     if mode == "cols":
         return header + (
             f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
@@ -242,10 +306,10 @@ def _source(
             "    const int ly = get_local_id(1);\n"
             f"    const {idx} o = ({idx})get_global_id(0);\n"
             f"    const {idx} c = ({idx})get_group_id(1);\n"
-            f"    const {idx} start = c * {per_group};\n"
-            f"    const {idx} stop = start + {per_group} < {R} ? start + {per_group} : {R};\n"
+            f"    const {idx} start = c * per_group;\n"
+            f"    const {idx} stop = start + per_group < R ? start + per_group : R;\n"
             f"    {acc_t} acc = {_identity(op, acc)};\n"
-            f"    if (o < {K}) {{\n"
+            "    if (o < K) {\n"
             f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
             "    }\n"
             "    scratch[ly][lx] = acc;\n"
@@ -254,35 +318,34 @@ def _source(
             "        if (ly < s) { scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + s][lx]); }\n"
             "        barrier(CLK_LOCAL_MEM_FENCE);\n"
             "    }\n"
-            f"    if (ly == 0 && o < {K}) {{ acc = scratch[0][lx]; out[o * {chunks} + c] = ({out_t}){store}; }}\n"
+            f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; out[o * chunks + c] = ({out_t}){store}; }}\n"
             "}\n"
         )
     if mode == "serial":
         return header + (
             f"__kernel void netcl_reduce({signature}) {{\n"
             f"    const {idx} o = ({idx})get_global_id(0);\n"
-            f"    if (o >= {K}) return;\n"
+            "    if (o >= K) return;\n"
             f"    {acc_t} acc = {_identity(op, acc)};\n"
-            f"    for ({idx} r = 0; r < {R}; ++r) {{ acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]); }}\n"
+            f"    for ({idx} r = 0; r < R; ++r) {{ {loop} }}\n"
             f"    out[o] = ({out_t}){store};\n"
             "}\n"
         )
+    # tree: the work-group size (a power of two <= MAX_LOCAL) is chosen at launch
     return header + (
-        f"__kernel __attribute__((reqd_work_group_size({local}, 1, 1)))\n"
-        f"void netcl_reduce({signature}) {{\n"
-        f"    __local {acc_t} scratch[{local}];\n"
+        f"__kernel void netcl_reduce({signature}) {{\n"
+        f"    __local {acc_t} scratch[{MAX_LOCAL}];\n"
         "    const int lid = get_local_id(0);\n"
+        "    const int local_size = get_local_size(0);\n"
         f"    const {idx} g = ({idx})get_group_id(0);\n"
-        f"    const {idx} o = g / {chunks};\n"
-        f"    const {idx} start = (g % {chunks}) * {per_group};\n"
-        f"    const {idx} stop = start + {per_group} < {R} ? start + {per_group} : {R};\n"
+        f"    const {idx} o = g / chunks;\n"
+        f"    const {idx} start = (g % chunks) * per_group;\n"
+        f"    const {idx} stop = start + per_group < R ? start + per_group : R;\n"
         f"    {acc_t} acc = {_identity(op, acc)};\n"
-        f"    for ({idx} r = start + lid; r < stop; r += {local}) {{\n"
-        f"        acc = COMBINE(acc, ({acc_t})x[in_index(o, r)]);\n"
-        "    }\n"
+        f"    for ({idx} r = start + lid; r < stop; r += local_size) {{ {loop} }}\n"
         "    scratch[lid] = acc;\n"
         "    barrier(CLK_LOCAL_MEM_FENCE);\n"
-        f"    for (int s = {local // 2}; s > 0; s >>= 1) {{\n"
+        "    for (int s = local_size / 2; s > 0; s >>= 1) {\n"
         "        if (lid < s) { scratch[lid] = COMBINE(scratch[lid], scratch[lid + s]); }\n"
         "        barrier(CLK_LOCAL_MEM_FENCE);\n"
         "    }\n"
@@ -291,4 +354,4 @@ def _source(
     )
 
 
-__all__ = ["max", "mean", "merged_layout", "reduce_dtypes", "sum"]
+__all__ = ["max", "mean", "merged_layout", "min", "prod", "reduce_dtypes", "sum"]

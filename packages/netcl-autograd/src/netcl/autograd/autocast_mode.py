@@ -1,0 +1,114 @@
+"""Autocast state and the mixed-precision forms of the matrix-product ops (used by ``netcl.amp``).
+
+While ``netcl.amp.autocast`` is active on this thread, ``matmul``, ``conv2d`` and
+``netcl.nn.functional.linear`` of float32 operands read their operands rounded to float16 and
+return float32 (fp32 accumulation); their gradients w.r.t. the float32 inputs are float32.
+Everything else (reductions, norms, losses, elementwise ops) stays float32.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Tensor
+from netcl.core.dtypes import float32
+from netcl.runtime import ops as R  # noqa: N812
+
+_local = threading.local()
+#: devices autocast has warned about (once each)
+_WARNED: set = set()
+
+
+def autocast_dtype() -> np.dtype | None:
+    """The low-precision dtype of the active autocast on this thread (None: autocast off)."""
+    return getattr(_local, "dtype", None)
+
+
+def set_autocast_dtype(dtype: np.dtype | None) -> np.dtype | None:
+    """Turn autocast on (``dtype``) or off (None) on this thread; returns the previous value."""
+    previous = autocast_dtype()
+    _local.dtype = None if dtype is None else np.dtype(dtype)
+    return previous
+
+
+def low_dtype_for(*operands: Any) -> np.dtype | None:
+    """The dtype the operands' product runs in under autocast, or None (autocast off, not all
+    float32, or a device without that dtype)."""
+    dtype = autocast_dtype()
+    if dtype is None:
+        return None
+    values = [x.value if isinstance(x, Node) else x for x in operands if x is not None]
+    if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
+        return None
+    device = values[0].device
+    if device.supports(dtype):
+        return dtype
+    if device not in _WARNED:
+        _WARNED.add(device)
+        warnings.warn(
+            f"autocast: device {device.name!r} has no {dtype} support (cl_khr_fp16); matmul and conv run in float32 "
+            "there (autocast does nothing on this device)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return None
+
+
+def lower(x: Tensor, dtype: np.dtype) -> Tensor:
+    """``x`` rounded to ``dtype`` (itself when it already has it)."""
+    return x if x.dtype == dtype else R.cast(x, dtype)
+
+
+def _needs(x: Any) -> bool:
+    return isinstance(x, Node) and x.requires_grad
+
+
+def matmul(a: Any, b: Any, dtype: np.dtype) -> Node:
+    """``a @ b`` with operands in ``dtype`` and a float32 result (autocast's matmul)."""
+
+    def forward(x: Tensor, y: Tensor) -> Tensor:
+        return R.matmul(lower(x, dtype), lower(y, dtype), out_dtype=float32)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        x, y = (lower(v, dtype) for v in values)
+        g16 = lower(g, dtype)
+        ga = R.matmul(g16, y, transpose_b=True, out_dtype=float32) if _needs(a) else None
+        gb = R.matmul(x, g16, transpose_a=True, out_dtype=float32) if _needs(b) else None
+        return [
+            None if ga is None else R.sum_to_shape(ga, values[0].shape),
+            None if gb is None else R.sum_to_shape(gb, values[1].shape),
+        ]
+
+    return apply_op(forward, grad, a, b, op_name="matmul_autocast", attrs={"dtype": str(dtype)})
+
+
+def conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int, dtype: np.dtype) -> Node:
+    """``conv2d`` with x and w in ``dtype`` and a float32 result (autocast's convolution)."""
+    from netcl.runtime.ops import conv as RC  # noqa: N812
+
+    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
+        out = R.cast(RC.conv2d(lower(xv, dtype), lower(wv, dtype), None, stride, padding, dilation, groups), float32)
+        return out if bv is None else R.add(out, bv.reshape(1, wv.shape[0], 1, 1))
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        xv, wv = values[0], values[1]
+        geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
+        g16 = lower(g, dtype)
+        gx = R.cast(RC.conv2d_backward_input(g16, lower(wv, dtype), geo, groups), float32) if _needs(x) else None
+        gw = (
+            R.cast(RC.conv2d_backward_weight(g16, lower(xv, dtype), wv.shape, geo, groups), float32)
+            if _needs(w)
+            else None
+        )
+        if b is None:
+            return [gx, gw]
+        return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
+
+    args = (x, w) if b is None else (x, w, b)
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups, "dtype": str(dtype)}
+    return apply_op(forward, grad, *args, op_name="conv2d_autocast", attrs=attrs)

@@ -1,0 +1,113 @@
+"""Differentiable convolution and pooling on NCHW (kernels in ``netcl.runtime.ops.conv`` / ``pool``).
+
+``conv2d`` runs im2col + the runtime's matmul forward; its input gradient is ``w^T @ grad``
+folded back by col2im, its weight gradient ``grad @ cols^T`` summed over the batch, its bias
+gradient ``grad`` summed over batch and space. Pooling backwards gather per input pixel
+(deterministic, no atomics); max-pool recomputes each window's arg-max instead of storing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from netcl.autograd import autocast_mode
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Tensor
+from netcl.runtime.ops import conv as RC  # noqa: N812
+from netcl.runtime.ops import pool as RP  # noqa: N812
+
+Operand = Any  # Node | Tensor
+_Grads = list[Tensor | None]
+
+
+def _needs(x: Any) -> bool:
+    return isinstance(x, Node) and x.requires_grad
+
+
+def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
+    if not hasattr(x, "shape"):
+        raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")
+    return tuple(x.shape)
+
+
+def conv2d(
+    x: Operand,
+    w: Operand,
+    b: Operand | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+) -> Node:
+    """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None."""
+    b_shape = None if b is None else _shape(b, "conv2d", "b")
+    RC.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
+    if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
+        return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+
+    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
+        return RC.conv2d(xv, wv, bv, stride, padding, dilation, groups)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        xv, wv = values[0], values[1]
+        geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
+        gx = RC.conv2d_backward_input(g, wv, geo, groups) if _needs(x) else None
+        gw = RC.conv2d_backward_weight(g, xv, wv.shape, geo, groups) if _needs(w) else None
+        if b is None:
+            return [gx, gw]
+        return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
+
+    args = (x, w) if b is None else (x, w, b)
+    return apply_op(forward, grad, *args, op_name="conv2d", attrs=attrs)
+
+
+def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
+    """Max over windows (stride defaults to kernel_size; padding <= kernel_size / 2 counts as -inf)."""
+    RP.pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [RP.max_pool2d_backward(g, values[0], kernel_size, stride, padding)]
+
+    return apply_op(
+        lambda v: RP.max_pool2d(v, kernel_size, stride, padding),
+        grad,
+        x,
+        op_name="max_pool2d",
+        attrs={"kernel_size": kernel_size, "stride": stride, "padding": padding},
+    )
+
+
+def avg_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
+    """Mean over windows; padding cells count in the divisor (PyTorch's default count_include_pad=True)."""
+    RP.pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [RP.avg_pool2d_backward(g, values[0].shape, kernel_size, stride, padding)]
+
+    return apply_op(
+        lambda v: RP.avg_pool2d(v, kernel_size, stride, padding),
+        grad,
+        x,
+        op_name="avg_pool2d",
+        attrs={"kernel_size": kernel_size, "stride": stride, "padding": padding},
+    )
+
+
+def adaptive_avg_pool2d(x: Operand, output_size: int | tuple[int | None, int | None]) -> Node:
+    """Mean over PyTorch's adaptive windows giving ``output_size`` (an int, a pair, None keeps a size)."""
+    RP.adaptive_output(x, output_size)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [RP.adaptive_avg_pool2d_backward(g, values[0].shape)]
+
+    return apply_op(
+        lambda v: RP.adaptive_avg_pool2d(v, output_size),
+        grad,
+        x,
+        op_name="adaptive_avg_pool2d",
+        attrs={"output_size": output_size},
+    )
+
+
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "max_pool2d"]

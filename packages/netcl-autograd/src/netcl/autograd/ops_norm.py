@@ -1,0 +1,205 @@
+"""Differentiable normalizations: ``layer_norm``, ``rms_norm`` and ``batch_norm``.
+
+``layer_norm`` / ``rms_norm`` run one row-wise kernel forward (saving mean and 1/std per row) and
+one backward kernel for the input gradient; the weight and bias gradients are column sums of
+``grad * x_hat`` and ``grad`` through the runtime's reductions. ``batch_norm`` composes the
+runtime's per-channel reductions. Float16 inputs are computed in float32 (the row kernels cast
+on load; ``batch_norm`` casts its input), and results keep the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.ops_softmax import value_of
+from netcl.core import ShapeError, Tensor
+from netcl.core.dtypes import float16, float32
+from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import rowwise as RW  # noqa: N812
+
+Operand = Any  # Node | Tensor
+_Grads = list[Tensor | None]
+
+
+def _needs(x: Any) -> bool:
+    return isinstance(x, Node) and x.requires_grad
+
+
+def _as_dtype(t: Tensor, dtype: np.dtype) -> Tensor:
+    return t if t.dtype == dtype else R.cast(t, dtype)
+
+
+def _row_norm(
+    x: Operand, weight: Operand | None, bias: Operand | None, axes: tuple[int, ...], eps: float, mode: int, name: str
+) -> Node:
+    saved: dict[str, Any] = {}
+    shape = tuple(x.shape[axes[0] :])
+    rows = math.prod(x.shape[: axes[0]])
+
+    def forward(v: Tensor, *params: Tensor) -> Tensor:
+        w = params[0] if weight is not None else None
+        b = params[-1] if bias is not None else None
+        out, mean, rstd = RW.norm_forward(v, axes, w, b, eps, mode)
+        saved.update(out=out, mean=mean, rstd=rstd)
+        return out
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        v = values[0]
+        w = values[1] if weight is not None else None
+        if saved.get("out") is out:
+            mean, rstd = saved["mean"], saved["rstd"]
+        else:
+            _, mean, rstd = RW.norm_forward(v, axes, w, None, eps, mode)
+        grads: _Grads = [RW.norm_backward(g, v, w, mean, rstd, axes, mode) if _needs(x) else None]
+        g2d = g.reshape(rows, math.prod(shape))
+        if weight is not None:
+            gw = R.sum(R.mul(g2d, RW.normalized_input(v, mean, rstd, axes)), 0) if _needs(weight) else None
+            grads.append(None if gw is None else _as_dtype(gw, w.dtype).reshape(shape))
+        if bias is not None:
+            gb = R.sum(g2d, 0) if _needs(bias) else None
+            grads.append(None if gb is None else _as_dtype(gb, v.dtype).reshape(shape))
+        return grads
+
+    args = [x] + [p for p in (weight, bias) if p is not None]
+    return apply_op(forward, grad, *args, op_name=name, attrs={"normalized_shape": shape, "eps": eps})
+
+
+def layer_norm(
+    x: Operand,
+    normalized_shape: int | tuple[int, ...],
+    weight: Operand | None = None,
+    bias: Operand | None = None,
+    eps: float = 1e-5,
+) -> Node:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape`` dims (biased var)."""
+    v = value_of(x, "layer_norm")
+    axes = RW.norm_axes(v, normalized_shape, "layer_norm")
+    shape = tuple(v.shape[axes[0] :])
+    RW.check_affine(
+        None if weight is None else value_of(weight, "layer_norm", "weight"), shape, v, "layer_norm", "weight"
+    )
+    RW.check_affine(None if bias is None else value_of(bias, "layer_norm", "bias"), shape, v, "layer_norm", "bias")
+    return _row_norm(x, weight, bias, axes, float(eps), RW.LAYER, "layer_norm")
+
+
+def rms_norm(
+    x: Operand, normalized_shape: int | tuple[int, ...], weight: Operand | None = None, eps: float | None = None
+) -> Node:
+    """x / sqrt(mean(x ** 2) + eps) * weight over the trailing dims; ``eps`` None: the dtype's epsilon."""
+    v = value_of(x, "rms_norm")
+    axes = RW.norm_axes(v, normalized_shape, "rms_norm")
+    shape = tuple(v.shape[axes[0] :])
+    RW.check_affine(None if weight is None else value_of(weight, "rms_norm", "weight"), shape, v, "rms_norm", "weight")
+    eps = float(np.finfo(v.dtype).eps) if eps is None else float(eps)
+    return _row_norm(x, weight, None, axes, eps, RW.RMS, "rms_norm")
+
+
+def _check_channel(t: Any, channels: int, arg: str) -> Tensor | None:
+    if t is None:
+        return None
+    v = value_of(t, "batch_norm", arg)
+    if tuple(v.shape) != (channels,):
+        raise ShapeError(f"batch_norm: {arg} must have shape ({channels},) (the channels of x), got {tuple(v.shape)}")
+    return v
+
+
+def batch_norm(
+    x: Operand,
+    running_mean: Tensor | Node | None,
+    running_var: Tensor | Node | None,
+    weight: Operand | None = None,
+    bias: Operand | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Node:
+    """Batch normalization of x (N, C) or (N, C, *) per channel C (PyTorch's ``F.batch_norm``).
+
+    Training normalizes with the batch mean and biased variance and, when given, updates
+    ``running_mean`` / ``running_var`` IN PLACE: ``r = (1 - momentum) * r + momentum * stat`` with
+    the unbiased variance. Evaluation uses the running statistics (required then).
+    """
+    v = value_of(x, "batch_norm")
+    if v.ndim < 2:
+        raise ShapeError(f"batch_norm: x must be (N, C) or (N, C, *), got shape {v.shape}")
+    if v.dtype.kind != "f":
+        raise TypeError(f"batch_norm: x must be a floating-point tensor, got dtype {v.dtype}")
+    channels = v.shape[1]
+    rm = _check_channel(running_mean, channels, "running_mean")
+    rv = _check_channel(running_var, channels, "running_var")
+    _check_channel(weight, channels, "weight")
+    _check_channel(bias, channels, "bias")
+    if (rm is None) != (rv is None):
+        raise ValueError("batch_norm: running_mean and running_var must both be given or both be None")
+    if not training and rm is None:
+        raise ValueError("batch_norm: running_mean and running_var are required when training=False")
+    axes = (0, *range(2, v.ndim))
+    count = math.prod(v.shape[a] for a in axes)
+    if training and count <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got x of shape {v.shape}")
+    kept = (1, channels) + (1,) * (v.ndim - 2)
+    momentum, eps = float(momentum), float(eps)
+    saved: dict[str, Any] = {}
+
+    def stats(xv: Tensor, rmv: Tensor | None, rvv: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(mean, rstd) per channel, shaped ``kept``, float32 (float64 for float64 x)."""
+        if not training:
+            dtype = xf(xv).dtype
+            return R.cast(rmv, dtype).reshape(kept), R.rsqrt(R.add(R.cast(rvv, dtype), eps)).reshape(kept)
+        xv = xf(xv)
+        mean = R.mean(xv, axes, True)
+        centered = R.sub(xv, mean)
+        var = R.mean(R.mul(centered, centered), axes, True)
+        saved["var"] = var
+        return mean, R.rsqrt(R.add(var, eps))
+
+    def xf(xv: Tensor) -> Tensor:
+        return R.cast(xv, float32) if xv.dtype == float16 else xv
+
+    # The running statistics are arguments (no gradient) and are updated inside the op, so a jitted
+    # function (which replays the op, not this Python code around it) updates each call's tensors.
+    def forward(xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None) -> Tensor:
+        mean, rstd = stats(xv, rmv, rvv)
+        y = R.mul(R.sub(xf(xv), mean), rstd)
+        if w is not None:
+            y = R.mul(y, w.reshape(kept))
+        if b is not None:
+            y = R.add(y, b.reshape(kept))
+        saved.update(out=_as_dtype(y, xv.dtype), mean=mean, rstd=rstd)
+        if training and rmv is not None:
+            unbiased = R.mul(saved["var"], count / (count - 1))
+            for running, stat in ((rmv, mean), (rvv, unbiased)):
+                R.add_(running, _as_dtype(R.mul(R.sub(stat.reshape(channels), running), momentum), running.dtype))
+        return saved["out"]
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        xv, w, b, rmv, rvv = values
+        if saved.get("out") is out:
+            mean, rstd = saved["mean"], saved["rstd"]
+        else:  # re-derive without touching the running statistics
+            mean, rstd = stats(xv, rmv, rvv)
+        gf = xf(g)
+        xhat = R.mul(R.sub(xf(xv), mean), rstd)
+        gy = R.mul(gf, w.reshape(kept)) if w is not None else gf
+        gx = None
+        if _needs(x):
+            if training:
+                a = R.mean(gy, axes, True)
+                c = R.mean(R.mul(gy, xhat), axes, True)
+                gx = R.mul(rstd, R.sub(R.sub(gy, a), R.mul(xhat, c)))
+            else:
+                gx = R.mul(gy, rstd)
+            gx = _as_dtype(gx, xv.dtype)
+        gw = _as_dtype(R.sum(R.mul(gf, xhat), axes), w.dtype) if w is not None and _needs(weight) else None
+        gb = _as_dtype(R.sum(gf, axes), b.dtype) if b is not None and _needs(bias) else None
+        return [gx, gw, gb, None, None]
+
+    attrs = {"training": training, "momentum": momentum, "eps": eps}
+    return apply_op(forward, grad, x, weight, bias, running_mean, running_var, op_name="batch_norm", attrs=attrs)
+
+
+__all__ = ["batch_norm", "layer_norm", "rms_norm"]

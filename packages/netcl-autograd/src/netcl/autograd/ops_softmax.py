@@ -1,0 +1,75 @@
+"""Differentiable ``softmax``, ``log_softmax`` and ``logsumexp`` (kernels in ``netcl.runtime.ops.rowwise``).
+
+Each forward is one row-wise kernel over the reduced axes moved last; it keeps the per-row max
+and sum of exponentials, and the backward is one kernel recomputing from them (recomputed from
+the input when the forward was re-run by a tracer on other values). Float16 inputs are computed
+in float32 inside the kernels; the result keeps the input's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Tensor
+from netcl.runtime.ops import rowwise as RW  # noqa: N812
+
+Operand = Any  # Node | Tensor
+_Grads = list[Tensor | None]
+
+
+def value_of(x: Any, op: str, arg: str = "x") -> Tensor:
+    """The Tensor behind a Node or Tensor argument (TypeError for anything else). A Node whose value
+    is a tracer's (inside ``jit_compile``) is returned itself: the checks read only its shape, ndim
+    and dtype, so the op is traced instead of making the whole function fall back to eager."""
+    if isinstance(x, Node) and not isinstance(x.value, Tensor):
+        return x  # type: ignore[return-value]
+    v = x.value if isinstance(x, Node) else x
+    if not isinstance(v, Tensor):
+        raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")
+    return v
+
+
+def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, ...] | None, attrs: dict) -> Node:
+    saved: dict[str, Any] = {}
+
+    def forward(v: Tensor) -> Tensor:
+        out, rowmax, rowsum = RW.softmax_forward(v, axes, mode)
+        if out_shape is not None:
+            out = out.reshape(out_shape)
+        saved.update(out=out, rowmax=rowmax, rowsum=rowsum)
+        return out
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        (v,) = values
+        if saved.get("out") is out:
+            rowmax, rowsum = saved["rowmax"], saved["rowsum"]
+        else:
+            _, rowmax, rowsum = RW.softmax_forward(v, axes, mode)
+        return [RW.softmax_backward(g, v, rowmax, rowsum, axes, mode)]
+
+    return apply_op(forward, grad, x, op_name=RW.MODE_NAMES[mode], attrs=attrs)
+
+
+def softmax(x: Operand, axis: int = -1) -> Node:
+    """exp(x - max) / sum(exp(x - max)) along ``axis`` (any axis; others go through a transpose)."""
+    axes = RW.one_axis(value_of(x, "softmax"), axis, "softmax")
+    return _family(x, axes, RW.SOFTMAX, None, {"axis": axis})
+
+
+def log_softmax(x: Operand, axis: int = -1) -> Node:
+    """x - max - log(sum(exp(x - max))) along ``axis``: finite for logits of any magnitude."""
+    axes = RW.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")
+    return _family(x, axes, RW.LOG_SOFTMAX, None, {"axis": axis})
+
+
+def logsumexp(x: Operand, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
+    """log(sum(exp(x))) over ``axis`` (None: all axes), max-subtracted; gradient softmax(x) * g."""
+    v = value_of(x, "logsumexp")
+    axes = RW.logsumexp_axes(v, axis)
+    shape = RW.logsumexp_shape(v.shape, axes, keepdims)
+    attrs = {"axis": tuple(axis) if isinstance(axis, (list, tuple)) else axis, "keepdims": keepdims}
+    return _family(x, axes, RW.LOGSUMEXP, shape, attrs)
+
+
+__all__ = ["log_softmax", "logsumexp", "softmax", "value_of"]

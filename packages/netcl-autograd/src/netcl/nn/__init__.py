@@ -1,0 +1,57 @@
+"""netcl.nn: PyTorch-style modules and layers, and safetensors checkpoints.
+
+``Module`` and the layers follow ``torch.nn``: same class names, constructor arguments, parameter
+names, shapes and default initialization, so ``model.load_state_dict({k: v.numpy() for k, v in
+torch_model.state_dict().items()})`` loads a PyTorch model's weights. ``save`` / ``load`` write
+and read state dicts as safetensors files.
+"""
+
+from netcl.nn import functional, init
+from netcl.nn.checkpoint import load, save
+from netcl.nn.containers import ModuleList, Sequential
+from netcl.nn.layers import Conv2d, Embedding, Linear
+from netcl.nn.module import IncompatibleKeys, Module
+from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from netcl.nn.parameter import Parameter
+from netcl.nn.simple import (
+    GELU,
+    AdaptiveAvgPool2d,
+    AvgPool2d,
+    Dropout,
+    Flatten,
+    Identity,
+    MaxPool2d,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Tanh,
+)
+
+__all__ = [
+    "GELU",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "Identity",
+    "IncompatibleKeys",
+    "LayerNorm",
+    "Linear",
+    "MaxPool2d",
+    "Module",
+    "ModuleList",
+    "Parameter",
+    "ReLU",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Tanh",
+    "functional",
+    "init",
+    "load",
+    "save",
+]

@@ -1,0 +1,65 @@
+"""Functional forms the layers use that are not plain autograd ops (``torch.nn.functional`` names).
+
+``linear`` is one differentiable op: ``x @ weight.T + bias`` through the runtime's matmul reading
+the weight transposed (no transpose copy), with the weight gradient ``grad.T @ x`` and the bias
+gradient summed over the leading dimensions. Under ``netcl.amp.autocast`` its product runs with
+float16 operands and float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from netcl.autograd import autocast_mode
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import ShapeError, Tensor
+from netcl.core.dtypes import float32
+from netcl.runtime import ops as R  # noqa: N812
+
+
+def _needs(x: Any) -> bool:
+    return isinstance(x, Node) and x.requires_grad
+
+
+def _shape(x: Any, arg: str) -> tuple[int, ...]:
+    if not hasattr(x, "shape"):
+        raise TypeError(f"linear: {arg} must be a Node or Tensor, got {type(x).__name__}")
+    return tuple(x.shape)
+
+
+def linear(x: Any, weight: Any, bias: Any = None) -> Node:
+    """``x @ weight.T + bias``: x (..., in_features), weight (out_features, in_features), bias (out_features,)."""
+    x_shape, w_shape = _shape(x, "x"), _shape(weight, "weight")
+    if len(w_shape) != 2:
+        raise ShapeError(f"linear: weight must be 2-d (out_features, in_features), got shape {w_shape}")
+    out_features, in_features = w_shape
+    if not x_shape or x_shape[-1] != in_features:
+        raise ShapeError(f"linear: x has shape {x_shape}, expected (..., {in_features}) for weight {w_shape}")
+    if bias is not None and _shape(bias, "bias") != (out_features,):
+        raise ShapeError(f"linear: bias has shape {tuple(bias.shape)}, expected ({out_features},)")
+    rows = math.prod(x_shape[:-1])
+    low = autocast_mode.low_dtype_for(x, weight)
+
+    def product(a: Tensor, b: Tensor, **kw: Any) -> Tensor:
+        if low is None:
+            return R.matmul(a, b, **kw)
+        return R.matmul(autocast_mode.lower(a, low), autocast_mode.lower(b, low), out_dtype=float32, **kw)
+
+    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
+        out = product(xv.reshape(rows, in_features), wv, transpose_b=True)
+        if bv is not None:
+            out = R.add(out, bv)
+        return out.reshape(*x_shape[:-1], out_features)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        xv, wv = values[0], values[1]
+        g2 = g.reshape(rows, out_features)
+        gx = product(g2, wv).reshape(x_shape) if _needs(x) else None
+        gw = product(g2, xv.reshape(rows, in_features), transpose_a=True) if _needs(weight) else None
+        if bias is None:
+            return [gx, gw]
+        return [gx, gw, R.sum(g2, 0) if _needs(bias) else None]
+
+    args = (x, weight) if bias is None else (x, weight, bias)
+    return apply_op(forward, grad, *args, op_name="linear")

@@ -1,0 +1,135 @@
+"""Layers with parameters: ``Linear``, ``Conv2d``, ``Embedding`` (PyTorch names, shapes and init)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import netcl.autograd as ag
+from netcl.autograd.engine import Node
+from netcl.core import Device, Tensor, get_device
+from netcl.core.dtypes import float32
+from netcl.nn import init
+from netcl.nn.functional import linear
+from netcl.nn.module import Module
+from netcl.nn.parameter import Parameter
+
+
+def empty_parameter(shape: tuple[int, ...], device: Device | str | None, dtype: Any = float32) -> Parameter:
+    """A Parameter of ``shape`` (contents set by the caller's init)."""
+    return Parameter(Tensor.zeros(shape, dtype, get_device(device)))
+
+
+def _positive(name: str, value: Any, layer: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
+    return value
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)  # type: ignore[return-value]
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``; weight (out_features, in_features), both U(-1/sqrt(in), 1/sqrt(in))."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device: Device | str | None = None
+    ) -> None:
+        super().__init__()
+        self.in_features = _positive("in_features", in_features, "Linear")
+        self.out_features = _positive("out_features", out_features, "Linear")
+        self.weight = empty_parameter((out_features, in_features), device)
+        if bias:
+            self.bias = empty_parameter((out_features,), device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Any) -> Node:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Conv2d(Module):
+    """2-D convolution on NCHW; weight (out, in / groups, kh, kw), init as ``Linear`` with fan_in = in/groups*kh*kw."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_channels = _positive("in_channels", in_channels, "Conv2d")
+        self.out_channels = _positive("out_channels", out_channels, "Conv2d")
+        self.groups = _positive("groups", groups, "Conv2d")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
+                f"groups ({groups})"
+            )
+        self.kernel_size = _pair(kernel_size)
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.weight = empty_parameter((out_channels, in_channels // groups, *self.kernel_size), device)
+        if bias:
+            self.bias = empty_parameter((out_channels,), device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Any) -> Node:
+        return ag.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0, 0):
+            text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text
+
+
+class Embedding(Module):
+    """A lookup table (num_embeddings, embedding_dim) initialized N(0, 1); ``forward(ids)`` gathers rows."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, device: Device | str | None = None) -> None:
+        super().__init__()
+        self.num_embeddings = _positive("num_embeddings", num_embeddings, "Embedding")
+        self.embedding_dim = _positive("embedding_dim", embedding_dim, "Embedding")
+        self.weight = empty_parameter((num_embeddings, embedding_dim), device)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.weight)
+
+    def forward(self, ids: Any) -> Node:
+        return ag.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"

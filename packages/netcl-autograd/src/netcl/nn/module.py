@@ -1,0 +1,325 @@
+"""``Module``: the base class of layers and models, as PyTorch's ``torch.nn.Module``.
+
+Attributes that are ``Parameter``s or ``Module``s register themselves on assignment; buffers
+(non-trainable state such as BatchNorm's running statistics) are registered with
+``register_buffer``. ``state_dict`` names everything with dotted paths (``"0.weight"``,
+``"features.1.running_mean"``), the same keys PyTorch gives the same model, so weights carry over.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from netcl.autograd.engine import Node
+from netcl.core import Device, ShapeError, Tensor, get_device
+from netcl.nn.parameter import Parameter
+from netcl.runtime.ops.optim_kernels import write_
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict(strict=False)`` did not match."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+class Module:
+    """Base class of every layer: subclass it, set parameters and sub-modules in ``__init__``, write ``forward``."""
+
+    training: bool
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_modules", OrderedDict())
+
+    # ---- registration ---------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"cannot assign {name!r} before Module.__init__() was called")
+        params, buffers, modules = self._parameters, self._buffers, self._modules
+        if isinstance(value, Parameter):
+            self._forget(name, keep=params)
+            params[name] = value
+        elif isinstance(value, Module):
+            self._forget(name, keep=modules)
+            modules[name] = value
+        elif name in params:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign {type(value).__name__} as parameter {name!r} (Parameter or None expected)"
+                )
+            params[name] = None
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign {type(value).__name__} as buffer {name!r} (Tensor or None expected)")
+            buffers[name] = value
+        elif name in modules:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign {type(value).__name__} as child module {name!r} (Module or None expected)"
+                )
+            modules[name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    def _forget(self, name: str, keep: dict | None = None) -> None:
+        """Remove ``name`` from every table but ``keep`` (where it is overwritten in place, keeping its order)."""
+        self.__dict__.pop(name, None)
+        for table in (self._parameters, self._buffers, self._modules):
+            if table is not keep:
+                table.pop(name, None)
+        self._non_persistent.discard(name)
+
+    def __getattr__(self, name: str) -> Any:
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = self.__dict__.get(table)
+            if entries is not None and name in entries:
+                return entries[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                self._non_persistent.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Add ``param`` (or None: a declared but absent parameter, like ``bias=False``) under ``name``."""
+        self._check_name(name)
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter: {name!r} must be a Parameter or None, got {type(param).__name__}")
+        self._forget(name, keep=self._parameters)
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        """Add non-trainable state (a ``Tensor``); ``persistent=False`` leaves it out of ``state_dict``."""
+        self._check_name(name)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: {name!r} must be a Tensor or None, got {type(tensor).__name__}")
+        self._forget(name, keep=self._buffers)
+        self._buffers[name] = tensor
+        if not persistent:
+            self._non_persistent.add(name)
+
+    def add_module(self, name: str, module: Module | None) -> None:
+        """Add a child module under ``name``."""
+        self._check_name(name)
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module: {name!r} must be a Module or None, got {type(module).__name__}")
+        self._forget(name, keep=self._modules)
+        self._modules[name] = module
+
+    register_module = add_module
+
+    def _check_name(self, name: str) -> None:
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"module attribute name must be a non-empty str without '.', got {name!r}")
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot register before Module.__init__() was called")
+
+    # ---- traversal ------------------------------------------------------------------------------
+    def named_modules(self, prefix: str = "", memo: set[int] | None = None) -> Iterator[tuple[str, Module]]:
+        """This module and every descendant, each once, with its dotted name ("" for this one)."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, child in self._modules.items():
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self) -> Iterator[Module]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        for name, child in self._modules.items():
+            if child is not None:
+                yield name, child
+
+    def children(self) -> Iterator[Module]:
+        for _, child in self.named_children():
+            yield child
+
+    def _named_members(self, table: str, prefix: str, recurse: bool) -> Iterator[tuple[str, Any]]:
+        seen: set[int] = set()
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for module_prefix, module in modules:
+            for name, value in getattr(module, table).items():
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                yield (f"{module_prefix}.{name}" if module_prefix else name), value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, Parameter) pairs; a parameter shared by two modules appears once."""
+        return self._named_members("_parameters", prefix, recurse)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, param in self.named_parameters(recurse=recurse):
+            yield param
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        return self._named_members("_buffers", prefix, recurse)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, buffer in self.named_buffers(recurse=recurse):
+            yield buffer
+
+    def apply(self, fn: Callable[[Module], Any]) -> Module:
+        """Call ``fn`` on every sub-module (children first) and on this module; returns self."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    # ---- modes, devices, gradients -------------------------------------------------------------
+    def train(self, mode: bool = True) -> Module:
+        """Training mode (dropout active, BatchNorm uses and updates batch statistics); returns self."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"train: mode must be a bool, got {type(mode).__name__}")
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self) -> Module:
+        """Evaluation mode (``train(False)``); returns self."""
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        for param in self.parameters():
+            param.requires_grad = requires_grad
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every parameter's gradient (None, or zeros with ``set_to_none=False``)."""
+        from netcl.optim.optimizer import clear_grad
+
+        for param in self.parameters():
+            clear_grad(param, set_to_none)
+
+    def to(self, device: Device | str) -> Module:
+        """Move every parameter and buffer to ``device`` (in place: the Parameter objects stay); returns self."""
+        target = get_device(device)
+        for module in self.modules():
+            for param in module._parameters.values():
+                if param is not None and param.value.device is not target:
+                    param.value = param.value.to(target)
+                    param.grad, param._grad_owned = None, False
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.device is not target:
+                    module._buffers[name] = buffer.to(target)
+        return self
+
+    @property
+    def device(self) -> Device | None:
+        """The device of the first parameter or buffer (None for a module without state)."""
+        for _, value in self._named_members("_parameters", "", True):
+            return value.device
+        for _, value in self._named_members("_buffers", "", True):
+            return value.device
+        return None
+
+    # ---- state ----------------------------------------------------------------------------------
+    def state_dict(self, prefix: str = "") -> OrderedDict[str, Tensor]:
+        """Every parameter's and persistent buffer's ``Tensor`` by dotted name (PyTorch's keys).
+
+        The Tensors are the live ones (not copies); ``{k: v.numpy() for k, v in ...}`` gives host arrays.
+        """
+        result: OrderedDict[str, Tensor] = OrderedDict()
+        for module_prefix, module in self.named_modules(prefix):
+            dotted = f"{module_prefix}." if module_prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    result[dotted + name] = param.value
+            for name, buffer in module._buffers.items():
+                if buffer is not None and name not in module._non_persistent:
+                    result[dotted + name] = buffer
+        return result
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy values (``Tensor``s, ``Node``s, NumPy arrays, anything ``np.asarray`` takes, e.g. torch
+        tensors on the CPU) into this module's parameters and buffers, in place.
+
+        With ``strict`` every key must match: missing or unexpected keys raise ``KeyError`` naming
+        them. A shape mismatch always raises ``ShapeError`` naming the key and both shapes. Nothing
+        is written unless every check passes.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if unexpected:
+                parts.append(f"unexpected keys {unexpected}")
+            raise KeyError(f"load_state_dict for {type(self).__name__}: " + "; ".join(parts))
+        staged: list[tuple[Tensor, np.ndarray]] = []
+        for key, target in own.items():
+            if key not in state_dict:
+                continue
+            host = _host_array(state_dict[key], key)
+            if tuple(host.shape) != tuple(target.shape):
+                raise ShapeError(
+                    f"load_state_dict: {key!r} has shape {tuple(host.shape)} in the state dict, "
+                    f"but the model's is {tuple(target.shape)}"
+                )
+            if host.dtype.kind not in "fiub":
+                raise TypeError(f"load_state_dict: {key!r} has dtype {host.dtype}, expected a numeric array")
+            staged.append((target, host))
+        for target, host in staged:
+            write_(target, host)
+        return IncompatibleKeys(missing, unexpected)
+
+    # ---- calling and printing --------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no forward(); subclasses of Module define it")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        """The text inside this module's parentheses in ``repr`` (override in layers)."""
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [line for line in self.extra_repr().split("\n") if line]
+        for name, child in self._modules.items():
+            text = repr(child).replace("\n", "\n  ")
+            lines.append(f"({name}): {text}")
+        if not self._modules:
+            return f"{type(self).__name__}({', '.join(lines)})" if len(lines) <= 1 else self._multiline(lines)
+        return self._multiline(lines)
+
+    def _multiline(self, lines: list[str]) -> str:
+        return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
+
+
+def _host_array(value: Any, key: str) -> np.ndarray:
+    if isinstance(value, Node):
+        value = value.value
+    if isinstance(value, Tensor):
+        return value.to_host()
+    detach = getattr(value, "detach", None)
+    if callable(detach) and hasattr(value, "cpu"):  # a torch tensor: host NumPy without importing torch
+        value = detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except Exception as exc:
+        raise TypeError(f"load_state_dict: cannot read {key!r} ({type(value).__name__}) as an array: {exc}") from exc

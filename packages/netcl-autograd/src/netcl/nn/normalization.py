@@ -1,0 +1,128 @@
+"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d`` and ``LayerNorm`` (PyTorch's state and defaults)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import netcl.autograd as ag
+from netcl.autograd.engine import Node
+from netcl.core import Device, ShapeError, Tensor, get_device
+from netcl.core.dtypes import float32, int64
+from netcl.nn import init
+from netcl.nn.layers import _positive, empty_parameter
+from netcl.nn.module import Module
+from netcl.runtime import ops as R  # noqa: N812
+
+
+class _BatchNorm(Module):
+    """Batch normalization over the channel axis 1; ``running_mean``, ``running_var`` and
+    ``num_batches_tracked`` buffers as PyTorch's (running_var keeps the unbiased batch variance)."""
+
+    _ranks: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_features = _positive("num_features", num_features, type(self).__name__)
+        self.eps, self.momentum = float(eps), float(momentum)
+        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        target = get_device(device)
+        if affine:
+            self.weight = empty_parameter((num_features,), target)
+            self.bias = empty_parameter((num_features,), target)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", Tensor.zeros((num_features,), float32, target))
+            self.register_buffer("running_var", Tensor.zeros((num_features,), float32, target))
+            self.register_buffer("num_batches_tracked", Tensor.zeros((), int64, target))
+        else:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(name, None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            R.fill_(self.running_mean, 0.0)
+            R.fill_(self.running_var, 1.0)
+            R.fill_(self.num_batches_tracked, 0)
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, x: Any) -> Node:
+        shape = tuple(getattr(x, "shape", ()))
+        if len(shape) not in self._ranks or shape[1] != self.num_features:
+            c = self.num_features
+            forms = {2: f"(N, {c})", 3: f"(N, {c}, L)", 4: f"(N, {c}, H, W)"}
+            expected = " or ".join(forms[r] for r in self._ranks)
+            raise ShapeError(f"{type(self).__name__}: x has shape {shape}, expected {expected}")
+        use_batch_stats = self.training or not self.track_running_stats
+        if self.training and self.track_running_stats:
+            R.add_(self.num_batches_tracked, 1)
+        return ag.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_stats, self.momentum, self.eps
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch norm of (N, C) or (N, C, L) inputs."""
+
+    _ranks = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm of (N, C, H, W) inputs."""
+
+    _ranks = (4,)
+
+
+class LayerNorm(Module):
+    """Normalization over the trailing ``normalized_shape``; weight ones, bias zeros (when affine)."""
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        for size in shape:
+            _positive("normalized_shape entries", size, "LayerNorm")
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, float(eps), bool(elementwise_affine)
+        if elementwise_affine:
+            self.weight = empty_parameter(shape, device)
+            init.ones_(self.weight)
+            if bias:
+                self.bias = empty_parameter(shape, device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Any) -> Node:
+        return ag.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -1,0 +1,124 @@
+"""Layers without parameters: activations, pooling, dropout, ``Flatten`` and ``Identity``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import netcl.autograd as ag
+from netcl.autograd.engine import Node
+from netcl.nn.module import Module
+
+
+class Identity(Module):
+    """Returns its input."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class ReLU(Module):
+    def forward(self, x: Any) -> Node:
+        return ag.relu(x)
+
+
+class GELU(Module):
+    """GELU; netcl computes the tanh approximation (PyTorch's ``approximate="tanh"``)."""
+
+    def __init__(self, approximate: str = "tanh") -> None:
+        super().__init__()
+        if approximate != "tanh":
+            raise ValueError(f"GELU: netcl implements approximate='tanh' only, got approximate={approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Any) -> Node:
+        return ag.gelu(x)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class SiLU(Module):
+    def forward(self, x: Any) -> Node:
+        return ag.silu(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Any) -> Node:
+        return ag.tanh(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Any) -> Node:
+        return ag.sigmoid(x)
+
+
+class Dropout(Module):
+    """Zeroes elements with probability ``p`` in training mode (scaling the rest by 1/(1-p)); identity in eval."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def forward(self, x: Any) -> Node:
+        return ag.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class _Pool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        self.padding = padding
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxPool2d(_Pool2d):
+    """Max over ``kernel_size`` windows of NCHW input (stride defaults to kernel_size)."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class AvgPool2d(_Pool2d):
+    """Mean over ``kernel_size`` windows of NCHW input (padding counts in the divisor, as PyTorch)."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class AdaptiveAvgPool2d(Module):
+    """Mean over the adaptive windows that give ``output_size`` (e.g. 1 for global average pooling)."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Any) -> Node:
+        return ag.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class Flatten(Module):
+    """Merges dimensions ``start_dim..end_dim`` (default: all but the batch dimension)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Any) -> Node:
+        return ag.flatten(x, self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

@@ -1,0 +1,23 @@
+"""netcl.optim: optimizers (``SGD``, ``Adam``, ``AdamW``) and LR schedulers, as ``torch.optim``.
+
+Each parameter's update is one fused in-place kernel; step counts and hyperparameters live on the
+device, so an optimizer step captured with ``fuse_graph`` / ``CompiledGraph`` replays correctly.
+"""
+
+from netcl.optim import lr_scheduler
+from netcl.optim.adam import Adam, AdamW
+from netcl.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, StepLR
+from netcl.optim.optimizer import Optimizer
+from netcl.optim.sgd import SGD
+
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "CosineAnnealingLR",
+    "LRScheduler",
+    "LinearLR",
+    "Optimizer",
+    "StepLR",
+    "lr_scheduler",
+]

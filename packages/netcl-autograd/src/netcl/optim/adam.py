@@ -1,0 +1,82 @@
+"""``Adam`` and ``AdamW`` (torch semantics: bias-corrected moments; L2 vs decoupled weight decay)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from netcl.autograd.engine import Node
+from netcl.core import Tensor
+from netcl.optim.optimizer import Optimizer
+from netcl.runtime.ops.optim_kernels import adam_step_
+
+
+class Adam(Optimizer):
+    """Adam: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
+    ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``; ``weight_decay`` adds ``wd * p`` to g.
+    One kernel per parameter; the step ``t`` is counted on the device."""
+
+    hyper_names = ("lr", "beta1", "beta2", "eps", "weight_decay")
+    state_names = ("exp_avg", "exp_avg_sq")
+    decoupled_weight_decay = False
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+    ) -> None:
+        if amsgrad:
+            raise ValueError(f"{type(self).__name__}: amsgrad=True is not implemented in netcl")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    def check_hyperparameters(self, group: dict[str, Any]) -> None:
+        name = type(self).__name__
+        for key in ("lr", "eps", "weight_decay"):
+            value = group[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name}: {key} must be a number >= 0, got {value!r}")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
+            raise ValueError(f"{name}: betas must be two numbers in [0, 1), got {betas!r}")
+
+    def hyper_values(self, group: dict[str, Any]) -> tuple[float, ...]:
+        b1, b2 = group["betas"]
+        return (float(group["lr"]), float(b1), float(b2), float(group["eps"]), float(group["weight_decay"]))
+
+    def update(
+        self, param: Node, grad: Tensor, state: dict[str, Any], group: dict[str, Any], index: int, hyper: Tensor
+    ) -> None:
+        if "exp_avg" not in state:
+            state["exp_avg"] = Tensor.zeros(param.shape, param.dtype, param.device)
+            state["exp_avg_sq"] = Tensor.zeros(param.shape, param.dtype, param.device)
+        adam_step_(
+            param.value,
+            grad,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            self.steps,
+            index,
+            hyper,
+            self.decoupled_weight_decay,
+        )
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: ``p *= 1 - lr * weight_decay`` before the Adam update (default 0.01)."""
+
+    decoupled_weight_decay = True
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad)

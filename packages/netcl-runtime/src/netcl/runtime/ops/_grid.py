@@ -1,0 +1,88 @@
+"""Launch plumbing shared by the shape-generic layer kernels (strided copies, indexing, conv, pool).
+
+Their sources are specialized only on the index type (``int``/``long``), the element types and,
+for strided copies, the rank; every size, stride and count is a kernel argument, so a new batch
+size or image size reuses the built program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device
+from netcl.runtime.launch import launch
+from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
+
+#: Elements at or above this count switch a kernel's index arithmetic to 64 bits.
+LONG_INDEX_LIMIT = 2**31 - 1024
+
+
+def index_ctype(*counts: int) -> str:
+    """``long`` when some count (an element count or a largest offset) needs 64 bits, else ``int``."""
+    return "long" if any(abs(int(c)) >= LONG_INDEX_LIMIT for c in counts) else "int"
+
+
+def index_dtype(ctype: str) -> np.dtype:
+    return np.dtype(np.int64 if ctype == "long" else np.int32)
+
+
+def run_1d(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[], str],
+    name: str,
+    arg_types: Sequence[Any],
+    n: int,
+    *args: Any,
+) -> None:
+    """Launch kernel ``name`` (built from ``make_source`` once per ``key``) over ``n`` work-items."""
+    if n <= 0:
+        return
+    resolved = get_kernel(
+        ("layers", *key) if isinstance(key, tuple) else ("layers", key), device, make_source, name, arg_types
+    )
+    local = resolved.max_local
+    launch(resolved.kernel, round_up(n, local), local, *args, queue=device.queue)
+
+
+def run_rows(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[], str],
+    name: str,
+    arg_types: Sequence[Any],
+    shape: tuple[int, int, int],
+    *args: Any,
+) -> None:
+    """Launch kernel ``name`` on a 3-D grid covering ``shape`` = (columns, rows, planes).
+
+    Work-groups are one row of up to 256 columns, so values that depend only on the row and plane
+    (``get_global_id(1)``, ``get_global_id(2)``) are uniform within a group; the kernel must
+    return for ``get_global_id(0) >= columns``.
+    """
+    if min(shape) <= 0:
+        return
+    resolved = get_kernel(
+        ("layers", *key) if isinstance(key, tuple) else ("layers", key), device, make_source, name, arg_types
+    )
+    local = min(resolved.max_local, pow2_ceil(shape[0]))
+    launch(resolved.kernel, (round_up(shape[0], local), shape[1], shape[2]), (local, 1, 1), *args, queue=device.queue)
+
+
+def params(ctype: str, names: Sequence[str]) -> str:
+    """``const <ctype> a, const <ctype> b, ...`` for a kernel's scalar parameters."""
+    return ", ".join(f"const {ctype} {name}" for name in names)
+
+
+def scalars(ctype: str, values: Sequence[int]) -> list[Any]:
+    """The values as NumPy scalars of the kernel's index type."""
+    dtype = index_dtype(ctype)
+    return [dtype.type(int(v)) for v in values]
+
+
+def prod(values: Sequence[int]) -> int:
+    return math.prod(int(v) for v in values)

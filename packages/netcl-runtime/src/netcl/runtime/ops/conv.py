@@ -1,0 +1,291 @@
+"""2-D convolution on NCHW through im2col + the runtime's matmul, and col2im for the input gradient.
+
+``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
+``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
+the padding). With ``groups`` g the rows split into g contiguous blocks, so the forward is one
+batched matmul ``w (g, O/g, K) @ cols (N, g, K, L)`` -> (N, g, O/g, L), which is NCHW already.
+``col2im`` is the adjoint: each input pixel gathers (no atomics) the column entries that read it.
+Both kernels are shape-generic: every size, stride, padding and dilation is a kernel argument.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.core.errors import ShapeError
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
+from netcl.runtime.ops.layout import transpose
+from netcl.runtime.ops.linalg import matmul
+from netcl.runtime.ops.pointwise import add
+from netcl.runtime.ops.reduce import sum as reduce_sum
+
+Pair = tuple[int, int]
+_GEOMETRY = ["C", "H", "W", "KH", "KW", "OH", "OW", "SH", "SW", "PH", "PW", "DH", "DW"]
+
+
+def pair(value: Any, name: str, op: str, minimum: int) -> Pair:
+    """An int or a pair of ints as a pair, each at least ``minimum`` (ValueError naming ``name``)."""
+    items = (
+        (value, value)
+        if isinstance(value, (int, np.integer))
+        else tuple(value)
+        if isinstance(value, (tuple, list))
+        else None
+    )
+    if (
+        items is None
+        or len(items) != 2
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items)
+    ):
+        raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    if any(int(v) < minimum for v in items):
+        raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """Output length along one spatial axis (floor mode); <= 0 when the kernel does not fit."""
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+class ConvGeometry:
+    """The sizes of one 2-D convolution or pooling window walk."""
+
+    def __init__(self, x_shape: Sequence[int], kernel: Pair, stride: Pair, padding: Pair, dilation: Pair, op: str):
+        self.N, self.C, self.H, self.W = (int(d) for d in x_shape)
+        self.KH, self.KW = kernel
+        self.SH, self.SW = stride
+        self.PH, self.PW = padding
+        self.DH, self.DW = dilation
+        self.OH = out_size(self.H, self.KH, self.SH, self.PH, self.DH)
+        self.OW = out_size(self.W, self.KW, self.SW, self.PW, self.DW)
+        if self.OH <= 0 or self.OW <= 0:
+            eff = (self.DH * (self.KH - 1) + 1, self.DW * (self.KW - 1) + 1)
+            raise ShapeError(
+                f"{op}: kernel of effective size {eff} is larger than the padded input "
+                f"({self.H + 2 * self.PH}, {self.W + 2 * self.PW}) of x shape {tuple(x_shape)} with padding {padding}"
+            )
+
+    @property
+    def values(self) -> list[int]:
+        return [getattr(self, name) for name in _GEOMETRY]
+
+
+_IM2COL = """{pragmas}
+__kernel void netcl_im2col(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
+    const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
+    const {idx} L = ({idx})OH * OW;
+    if (l >= L) return;
+    const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj): uniform in a work-group */
+    const {idx} b = ({idx})get_global_id(2);
+    const {idx} kj = row % KW;
+    const {idx} ki = (row / KW) % KH;
+    const {idx} c = row / (KH * KW);
+    const {idx} ow = l % OW;
+    const {idx} oh = l / OW;
+    const {idx} h = oh * SH - PH + ki * DH;
+    const {idx} w = ow * SW - PW + kj * DW;
+    const bool inside = h >= 0 && h < H && w >= 0 && w < W;
+    cols[(b * C * KH * KW + row) * L + l] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
+}}
+"""
+
+_COL2IM = """{pragmas}
+__kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {idx} n, {geometry}) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= n) return;
+    const {idx} w = gid % W;
+    const {idx} h = (gid / W) % H;
+    const {idx} c = (gid / (({idx})W * H)) % C;
+    const {idx} b = gid / (({idx})W * H * C);
+    const {idx} L = ({idx})OH * OW;
+    {ct} acc = 0;
+    for ({idx} ki = 0; ki < KH; ++ki) {{
+        const {idx} hh = h + PH - ki * DH;
+        if (hh < 0 || hh % SH != 0 || hh / SH >= OH) continue;
+        const {idx} oh = hh / SH;
+        for ({idx} kj = 0; kj < KW; ++kj) {{
+            const {idx} ww = w + PW - kj * DW;
+            if (ww < 0 || ww % SW != 0 || ww / SW >= OW) continue;
+            const {idx} row = (c * KH + ki) * KW + kj;
+            acc += ({ct})cols[((b * C * KH * KW) + row) * L + oh * OW + ww / SW];
+        }}
+    }}
+    x[gid] = ({st})acc;
+}}
+"""
+
+
+def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) -> Tensor:
+    idx = index_ctype(src.size, dst.size)
+    st, ct = storage_ctype(dst.dtype), compute_ctype(dst.dtype)
+
+    def source() -> str:
+        return template.format(pragmas=pragmas([dst.dtype]), st=st, ct=ct, idx=idx, geometry=params(idx, _GEOMETRY))
+
+    types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
+    values = scalars(idx, [dst.size, *geo.values])
+    if name == "im2col":  # one work-group row per (image, c, ki, kj): its divisions are uniform
+        grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
+        run_rows((name, st, idx), dst.device, source, f"netcl_{name}", types, grid, src, dst, *values)
+    else:
+        run_1d((name, st, idx), dst.device, source, f"netcl_{name}", types, dst.size, src, dst, *values)
+    return dst
+
+
+def _windows(geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the NumPy twins: (row h index, column w index, inside mask) of every (ki, kj, oh, ow)."""
+    ki = np.arange(geo.KH)[:, None, None, None]
+    kj = np.arange(geo.KW)[None, :, None, None]
+    oh = np.arange(geo.OH)[None, None, :, None]
+    ow = np.arange(geo.OW)[None, None, None, :]
+    h = oh * geo.SH - geo.PH + ki * geo.DH
+    w = ow * geo.SW - geo.PW + kj * geo.DW
+    inside = (h >= 0) & (h < geo.H) & (w >= 0) & (w < geo.W)
+    return np.clip(h, 0, geo.H - 1), np.clip(w, 0, geo.W - 1), inside
+
+
+def im2col(x: Tensor, geo: ConvGeometry) -> Tensor:
+    """x (N, C, H, W) -> cols (N, C*KH*KW, OH*OW)."""
+    shape = (geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
+    if x.device.kind == "cpu":
+        h, w, inside = _windows(geo)
+        data = np.asarray(x.data)[:, :, h, w] * inside  # (N, C, KH, KW, OH, OW)
+        return wrap_numpy(data.reshape(shape), x.device, x.dtype)
+    return _run(_IM2COL, "im2col", geo, x, Tensor.empty(shape, x.dtype, x.device))
+
+
+def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
+    """The adjoint of ``im2col``: cols (N, C*KH*KW, OH*OW) -> x (N, C, H, W), overlaps summed."""
+    shape = (geo.N, geo.C, geo.H, geo.W)
+    if cols.device.kind == "cpu":
+        compute = np.float64 if cols.dtype == np.float64 else np.float32
+        data = np.asarray(cols.data, dtype=compute).reshape(geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW)
+        padded = np.zeros((geo.N, geo.C, geo.H + 2 * geo.PH + geo.SH, geo.W + 2 * geo.PW + geo.SW), dtype=compute)
+        for ki in range(geo.KH):  # a loop over kernel offsets; each adds a whole strided plane
+            for kj in range(geo.KW):
+                h0, w0 = ki * geo.DH, kj * geo.DW
+                padded[:, :, h0 : h0 + geo.SH * geo.OH : geo.SH, w0 : w0 + geo.SW * geo.OW : geo.SW] += data[
+                    :, :, ki, kj
+                ]
+        out = padded[:, :, geo.PH : geo.PH + geo.H, geo.PW : geo.PW + geo.W]
+        return wrap_numpy(out, cols.device, cols.dtype)
+    return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
+
+
+# ---- conv2d --------------------------------------------------------------------------------------
+def check_conv2d(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    b_shape: Sequence[int] | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: Any,
+) -> ConvGeometry:
+    """Validate a conv2d call by shapes (ShapeError/ValueError naming the argument); returns its geometry."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    if len(x_shape) != 4:
+        raise ShapeError(f"conv2d: x must be 4-d (N, C, H, W), got shape {x_shape}")
+    if len(w_shape) != 4:
+        raise ShapeError(f"conv2d: w must be 4-d (out_channels, in_channels / groups, KH, KW), got shape {w_shape}")
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"conv2d: groups must be a positive int, got {groups!r}")
+    groups = int(groups)
+    out_ch, per_group = w_shape[0], w_shape[1]
+    if x_shape[1] % groups or out_ch % groups:
+        raise ValueError(
+            f"conv2d: groups={groups} must divide both in_channels {x_shape[1]} (x shape {x_shape}) "
+            f"and out_channels {out_ch} (w shape {w_shape})"
+        )
+    if per_group * groups != x_shape[1]:
+        raise ShapeError(
+            f"conv2d: w shape {w_shape} expects {per_group * groups} input channels "
+            f"({per_group} per group x {groups} groups), x shape {x_shape} has {x_shape[1]}"
+        )
+    if b_shape is not None and tuple(b_shape) != (out_ch,):
+        raise ShapeError(f"conv2d: b must have shape ({out_ch},) (one bias per output channel), got {tuple(b_shape)}")
+    kernel = (int(w_shape[2]), int(w_shape[3]))
+    if min(kernel) < 1:
+        raise ShapeError(f"conv2d: w shape {w_shape} has an empty kernel")
+    return ConvGeometry(
+        x_shape,
+        kernel,
+        pair(stride, "stride", "conv2d", 1),
+        pair(padding, "padding", "conv2d", 0),
+        pair(dilation, "dilation", "conv2d", 1),
+        "conv2d",
+    )
+
+
+def _grouped_weight(w: Tensor, groups: int) -> Tensor:
+    out_ch = w.shape[0]
+    return w.reshape(groups, out_ch // groups, w.size // out_ch)
+
+
+def conv2d(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    stride: int | Pair = 1,
+    padding: int | Pair = 0,
+    dilation: int | Pair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW)."""
+    for name, value in (("x", x), ("w", w), ("b", b)):
+        if not isinstance(value, Tensor) and not (name == "b" and value is None):
+            raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
+    device_of((x, w) if b is None else (x, w, b), "conv2d")
+    geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    g = int(groups)
+    cols = im2col(x, geo).reshape(geo.N, g, geo.C // g * geo.KH * geo.KW, geo.OH * geo.OW)
+    out = matmul(_grouped_weight(w, g), cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
+    if b is not None:
+        out = add(out, b.reshape(1, w.shape[0], 1, 1))
+    return out
+
+
+#: Whether the runtime's matmul reads a stored operand transposed (``transpose_a=`` / ``transpose_b=``).
+_MATMUL_TRANSPOSES = "transpose_a" in inspect.signature(matmul).parameters
+
+
+def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    """``a @ b`` with a's / b's last two axes swapped: in the GEMM when it can, else by transpose kernels."""
+    if _MATMUL_TRANSPOSES:
+        return matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    swap_a = transpose(a, (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)) if transpose_a else a
+    swap_b = transpose(b, (*range(b.ndim - 2), b.ndim - 1, b.ndim - 2)) if transpose_b else b
+    return matmul(swap_a, swap_b)
+
+
+def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
+    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+    g = int(groups)
+    w3 = _grouped_weight(w, g)
+    g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
+    cols = _matmul_t(w3, g4, transpose_a=True)  # (N, g, K, L)
+    return col2im(cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW), geo)
+
+
+def conv2d_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T."""
+    g = int(groups)
+    out_ch = int(w_shape[0])
+    K = geo.C // g * geo.KH * geo.KW
+    cols = im2col(x, geo).reshape(geo.N, g, K, geo.OH * geo.OW)
+    g4 = grad.reshape(geo.N, g, out_ch // g, geo.OH * geo.OW)
+    per_image = _matmul_t(g4, cols, transpose_b=True)  # (N, g, O/g, K)
+    total = reduce_sum(per_image, axis=0) if geo.N > 1 else per_image.reshape(g, out_ch // g, K)
+    return total.reshape(tuple(int(d) for d in w_shape))
+
+
+def conv2d_backward_bias(grad: Tensor) -> Tensor:
+    """d conv2d / d b: the upstream gradient summed over batch and space."""
+    return reduce_sum(grad, axis=(0, 2, 3))

@@ -1,0 +1,108 @@
+"""Which tile config a product uses: the candidates a search tries, and the defaults without one."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.runtime import tune
+from netcl.runtime.ops.gemm_mma import _unsplit
+from netcl.runtime.ops.gemm_source import GemmConfig
+
+
+def _fits(device: Device, cfg: GemmConfig, itemsize: int, problem) -> bool:
+    d = device.cl_device
+    return (
+        not cfg.problems(problem.trans_a, problem.trans_b)
+        and cfg.threads <= d.max_work_group_size
+        and cfg.local_bytes(itemsize) <= d.local_mem_size
+    )
+
+
+@cache
+def _grid() -> tuple[GemmConfig, ...]:
+    """Candidate tiles: (threads M x N, per-thread M x N, K depth, vector widths)."""
+    out = []
+    for wgm, wgn, tm, tn, bk in [
+        (16, 16, 8, 8, 8),
+        (16, 16, 8, 8, 16),
+        (16, 16, 8, 4, 16),
+        (16, 16, 4, 8, 16),
+        (8, 16, 8, 8, 16),
+        (16, 8, 8, 8, 16),
+        (16, 16, 4, 4, 16),
+        (16, 16, 4, 4, 32),
+        (8, 8, 4, 4, 32),
+        (16, 16, 2, 2, 32),
+        (8, 8, 2, 2, 32),
+    ]:
+        lv = min(4, tm, tn)
+        out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, lv))
+    return tuple(out)
+
+
+def default(device: Device, problem) -> GemmConfig:
+    """Without a search: big tiles when they fill the device, smaller ones (and split-K) otherwise."""
+    if not device.is_gpu:
+        return GemmConfig(16, 16, 4, 4, 16, 4, 4, 4)
+    units = device.cl_device.max_compute_units
+    blocks = -(-problem.m // 128) * -(-problem.n // 128) * problem.batch
+    if blocks >= units:
+        return GemmConfig(16, 16, 8, 8, 16, 4, 4, 4)
+    blocks = -(-problem.m // 64) * -(-problem.n // 64) * problem.batch
+    if blocks >= units // 2:
+        return GemmConfig(16, 16, 4, 4, 16, 4, 4, 4)
+    return GemmConfig(16, 16, 2, 2, 32, 4, 4, 2)
+
+
+def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
+    """The tuned config of ``problem``'s shape class on ``device`` (searching at first use), or the default."""
+    itemsize = np.dtype(dtype).itemsize
+    layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
+    key = tune.shape_class("portable", problem.m, problem.n, problem.k, problem.batch > 1, layout, np.dtype(dtype).str)
+    fallback = default(device, problem)
+    if not _fits(device, fallback, itemsize, problem):
+        fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
+    candidates = [c for c in _grid() if _fits(device, c, itemsize, problem)]
+    big = [c for c in candidates if c.bm * c.bn >= 128 * 64 and -(-problem.m // c.bm) >= 16]
+    candidates += [dataclasses.replace(c, group=8) for c in big]
+    if "NVIDIA" in device.platform_name.upper():  # a register cap: two 256-thread work-groups per SM
+        capped = [c for c in big if c.threads == 256 and c.tm * c.tn == 64]
+        candidates += [dataclasses.replace(c, maxreg=128, group=g) for c in capped for g in (0, 8)]
+    candidates += _unsplit(device, problem, candidates, None)
+    return tune.select(
+        device,
+        key,
+        candidates,
+        fallback,
+        trial=_Trial(device, problem, np.dtype(dtype)),
+        encode=dataclasses.asdict,
+        decode=lambda d: GemmConfig(**d),
+    )
+
+
+class _Trial:
+    """Runs one candidate on scratch operands of the problem's size (made once per search)."""
+
+    def __init__(self, device: Device, problem, dtype: np.dtype) -> None:
+        self.device, self.problem, self.dtype = device, problem, dtype
+        self.operands: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def __call__(self, cfg: GemmConfig) -> None:
+        from netcl.runtime.ops.gemm import make_plan, with_alignment
+
+        p = self.problem
+        if self.operands is None:
+            from netcl.runtime.ops.layout import full
+
+            a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
+            b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
+            a = full((a_elems,), 0.5, self.dtype, self.device)
+            b = full((b_elems,), 0.25, self.dtype, self.device)
+            self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, self.device))
+        a, b, out = self.operands
+        plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, cfg=with_alignment(cfg, p))
+        plan.run(a, b, out=out)

@@ -1,0 +1,265 @@
+"""Tensor cores through inline PTX: which devices have them (a probe), and running the mma kernel.
+
+A device qualifies when it is an NVIDIA GPU and a probe kernel with ``mma.sync`` of each mode
+builds and multiplies a 16 x 8 x 16 product correctly (checked against NumPy once per device
+and process). Every other device, and a device whose probe fails, keeps the portable kernel;
+asking for tensor cores there logs one line per device, never an error. ``NETCL_MMA=0``
+turns the path off (to compare with the portable kernel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float16, float32
+from netcl.runtime.ops._common import get_kernel
+from netcl.runtime.ops.gemm_mma_source import MmaConfig, mma_source
+from netcl.runtime.ops.gemm_source import IDENTITY
+
+log = logging.getLogger("netcl.gemm")
+_PROBED: dict[tuple[Device, str], bool] = {}
+_WARNED: set[Device] = set()
+_LOCK = threading.Lock()
+
+
+def _nvidia(device: Device) -> bool:
+    return device.kind == "opencl" and device.is_gpu and "NVIDIA" in device.platform_name.upper()
+
+
+def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: str) -> str | None:
+    """ "f16", "bf16", "tf32" or None (portable kernel) for operands of these dtypes."""
+    if a_dtype == float16 and b_dtype == float16:
+        mode = "f16"
+    elif a_dtype == float32 and b_dtype == float32 and precision != "highest":
+        mode = "tf32" if precision == "high" else "bf16"
+    else:
+        return None
+    if device.kind != "opencl" or os.environ.get("NETCL_MMA", "1").strip() == "0":
+        return None
+    if available(device, mode):
+        return mode
+    if device not in _WARNED:
+        _WARNED.add(device)
+        log.warning("netcl: no tensor cores on %s; %s products use the portable kernel", device.cl_device.name, mode)
+    return None
+
+
+def available(device: Device, mode: str) -> bool:
+    """Whether ``device`` ran the probe of ``mode`` correctly (probed once per process)."""
+    return _probe_result(device, mode) is not None
+
+
+def _probe_result(device: Device, mode: str) -> int | None:
+    """None: no tensor cores for ``mode``; else the ``ldsm`` flag that worked (1: ldmatrix)."""
+    if not _nvidia(device):
+        return None
+    key = (device, mode)
+    with _LOCK:
+        if key in _PROBED:
+            return _PROBED[key]
+    result = None
+    for ldsm in (1, 0):
+        if _probe(device, mode, ldsm):
+            result = ldsm
+            break
+    with _LOCK:
+        _PROBED[key] = result
+    return result
+
+
+def _async_ok(device: Device, mode: str) -> bool:
+    """Whether the cp.async pipeline (tf32 only) builds and multiplies correctly (probed once)."""
+    if mode != "tf32" or _probe_result(device, mode) is None:
+        return False
+    key = (device, "tf32-async")
+    with _LOCK:
+        if key in _PROBED:
+            return _PROBED[key] is not None
+    ok = _probe(device, mode, _probe_result(device, mode), stages=2)
+    with _LOCK:
+        _PROBED[key] = 1 if ok else None
+    return ok
+
+
+def _probe(device: Device, mode: str, ldsm: int, stages: int = 0) -> bool:
+    """Build the smallest mma kernels of ``mode`` (NN and TT) and check 16 x 16 x 16 products."""
+    from netcl.runtime.errors import CompileError, LaunchError
+    from netcl.runtime.ops.gemm import Problem
+
+    rng = np.random.default_rng(7)
+    dtype = float16 if mode == "f16" else float32
+    if dtype == float16 and not device.supports(float16):
+        return False
+    cfg = MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
+    # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
+    # of |x| <= 1, plus fp32 accumulation
+    tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1}[mode]
+    for trans in (False, True):
+        a = rng.uniform(-1, 1, (16, 16)).astype(dtype)
+        b = rng.uniform(-1, 1, (16, 16)).astype(dtype)
+        try:
+            ta, tb = Tensor.from_host(device, a), Tensor.from_host(device, b)
+            problem = Problem(16, 16, 16, trans, trans, ())
+            plan = make_plan(device, mode, ta.dtype, tb.dtype, float32, (16, 16), problem, cfg=cfg)
+            got = plan.run(ta, tb).to_host()
+        except (CompileError, LaunchError) as exc:
+            log.info(
+                "netcl: tensor-core probe (%s, %s) failed on %s: %s", mode, cfg.short(), device.cl_device.name, exc
+            )
+            return False
+        x, y = (a.T, b.T) if trans else (a, b)
+        expected = x.astype(np.float64) @ y.astype(np.float64)
+        if not np.all(np.abs(got - expected) <= tol):
+            log.warning(
+                "netcl: tensor-core probe (%s, ldsm=%d) on %s gave wrong results", mode, ldsm, device.cl_device.name
+            )
+            return False
+    return True
+
+
+def _grid() -> list[MmaConfig]:
+    return [
+        MmaConfig(2, 2, 4, 8, 16),
+        MmaConfig(2, 4, 4, 4, 16),
+        MmaConfig(4, 2, 2, 8, 16),
+        MmaConfig(2, 2, 4, 4, 16),
+        MmaConfig(2, 2, 2, 8, 16),
+        MmaConfig(2, 2, 2, 4, 16),
+        MmaConfig(2, 2, 2, 2, 16),
+        MmaConfig(2, 2, 4, 8, 8),
+        MmaConfig(4, 2, 4, 8, 8),
+        MmaConfig(2, 4, 4, 8, 8),
+        MmaConfig(4, 2, 2, 4, 8),
+        # tf32 only: cp.async pipelines (no register staging, raw fp32 in local memory)
+        MmaConfig(2, 2, 4, 8, 8, stages=3),
+        MmaConfig(2, 2, 4, 8, 8, stages=4),
+        MmaConfig(2, 4, 4, 4, 8, stages=4),
+        MmaConfig(4, 2, 2, 8, 8, stages=4),
+        MmaConfig(2, 2, 2, 8, 16, stages=3),
+        MmaConfig(2, 2, 2, 4, 16, stages=3),
+    ]
+
+
+def _default(device: Device, problem) -> MmaConfig:
+    units = device.cl_device.max_compute_units
+    for cfg in (MmaConfig(2, 2, 4, 8, 16), MmaConfig(2, 2, 2, 4, 16)):
+        if -(-problem.m // cfg.bm) * -(-problem.n // cfg.bn) * problem.batch >= units:
+            return cfg
+    return MmaConfig(2, 2, 2, 2, 16)
+
+
+def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
+    d = device.cl_device
+    return (
+        not cfg.problems(mode, problem.trans_a, problem.trans_b)
+        and cfg.threads <= d.max_work_group_size
+        and cfg.local_bytes(mode, problem.trans_a, problem.trans_b) <= d.local_mem_size
+    )
+
+
+def _aligned(cfg: MmaConfig, problem, a_half: bool, b_half: bool) -> MmaConfig:
+    """Vector loads only where the leading dims and batch strides keep 16-byte alignment."""
+    wa, wb = (8 if a_half else 4), (8 if b_half else 4)
+    va = int(problem.lda % wa == 0 and all(d[1] % wa == 0 for d in problem.dims))
+    vb = int(problem.ldb % wb == 0 and all(d[2] % wb == 0 for d in problem.dims))
+    stages = cfg.stages if va and vb else 0  # cp.async copies 16-byte aligned chunks only
+    return dataclasses.replace(cfg, va=va, vb=vb, stages=stages)
+
+
+def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> MmaConfig:
+    from netcl.runtime import tune
+
+    layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
+    key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
+    ldsm = _probe_result(device, mode) or 0
+    candidates = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _grid()]
+    if not _async_ok(device, mode):
+        candidates = [c for c in candidates if not c.stages]
+    candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
+    big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
+    candidates += [dataclasses.replace(c, group=8) for c in big]
+    candidates += _unsplit(device, problem, candidates, mode)
+    fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
+    if not _valid(device, fallback, mode, problem):
+        fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
+    trial = _Trial(device, mode, problem, a_half, b_half)
+    cfg = tune.select(device, key, candidates, fallback, trial, dataclasses.asdict, lambda d: MmaConfig(**d))
+    return _aligned(cfg, problem, a_half, b_half)
+
+
+def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
+    """For candidates that split along K: twins that never split and twins that split 4x finer
+    (the search decides: a split adds a workspace and a second launch, which small products may
+    not win back, while memory-bound ones such as weight gradients want more work-groups)."""
+    from netcl.runtime.ops.gemm import split_count
+
+    out = []
+    for c in candidates:
+        bk = c.bk_elements(mode) if mode else c.bk
+        if split_count(problem, c.bm, c.bn, bk, device)[0] > 1:
+            out += [dataclasses.replace(c, split=0), dataclasses.replace(c, split=4)]
+    return out
+
+
+class _Trial:
+    def __init__(self, device: Device, mode: str, problem, a_half: bool, b_half: bool) -> None:
+        self.device, self.mode, self.problem = device, mode, problem
+        self.dtypes = (float16 if a_half else float32, float16 if b_half else float32)
+        self.operands = None
+
+    def __call__(self, cfg: MmaConfig) -> None:
+        from netcl.runtime.ops.layout import full
+
+        p = self.problem
+        if self.operands is None:
+            a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
+            b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
+            self.operands = (
+                full((a_elems,), 0.5, self.dtypes[0], self.device),
+                full((b_elems,), 0.25, self.dtypes[1], self.device),
+                Tensor.empty((p.batch, p.m, p.n), float32, self.device),
+            )
+        a, b, out = self.operands
+        cfg = _aligned(cfg, p, *(d == float16 for d in self.dtypes))
+        plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
+        plan.run(a, b, out=out)
+
+
+def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None):
+    """The tensor-core kernel's plan for ``problem`` (split along K when the output is small)."""
+    from netcl.runtime.ops.gemm import ARG_DTYPES, finish_plan, index_kind, split_count
+
+    a_half, b_half = a_dtype == float16, b_dtype == float16
+    if cfg is None:
+        cfg = config(device, mode, problem, a_half, b_half)
+    splits, chunk = 1, problem.k
+    if epilogue.is_identity and cfg.split:
+        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)
+    c_dtype = float32 if splits > 1 else out_dtype
+    idx = index_kind(problem)
+    key = (
+        "gemm-mma",
+        mode,
+        cfg,
+        problem.trans_a,
+        problem.trans_b,
+        a_dtype.str,
+        b_dtype.str,
+        c_dtype.str,
+        idx,
+        epilogue,
+    )
+
+    def source() -> str:
+        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, epilogue)
+
+    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
+    gsize = (-(-problem.n // cfg.bn) * cfg.threads, -(-problem.m // cfg.bm), problem.batch * splits)
+    return finish_plan(device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype)

@@ -1,0 +1,470 @@
+"""OpenCL C source of the tensor-core GEMM: NVIDIA ``mma.sync`` (and ``ldmatrix``) through inline PTX.
+
+Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
+(float16 operands, ``mma.m16n8k16.f16``), "bf16" (float32 operands rounded to bf16,
+``m16n8k16.bf16``) and "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``); all accumulate
+in fp32. A work-group of WM x WN warps computes a BM x BN block (BM = WM*FM*16, BN = WN*FN*8);
+each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
+
+Local memory keeps each operand tile in its STORED orientation (k-contiguous rows for A and for a
+transposed B, m/n-contiguous rows otherwise), converted to the mma element type (16-bit pairs or
+tf32 words), so the global -> local copy is 16-byte loads and 16-byte stores. Fragments come out of
+local memory with ``ldmatrix`` (``.trans`` for m/n-contiguous 16-bit tiles), four 8x8 matrices per
+instruction; tf32 tiles stored m/n-contiguous use word loads. Row strides are padded so that the
+eight row addresses of an ``ldmatrix`` (or the 32 words of a warp's loads) fall in distinct banks.
+Each thread loads its share of the next stage into registers before the current stage's mma work
+and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from netcl.core.dtypes import float16
+from netcl.runtime.ops.gemm_source import ACTIVATIONS, IDENTITY, Epilogue
+
+MMA = {
+    "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    "bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "tf32": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+}
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Warps per work-group (wm x wn), mma tiles per warp (fm x fn), words per stage, load options."""
+
+    wm: int = 2
+    wn: int = 2
+    fm: int = 4
+    fn: int = 8
+    bkw: int = 16  #: 32-bit words along K per stage (16-bit modes: 2 elements a word)
+    va: int = 1  #: 1: 16-byte global loads of A where aligned; 0: element loads only
+    vb: int = 1
+    ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
+    stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
+    split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
+    group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
+    fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
+
+    @property
+    def bm(self) -> int:
+        return self.wm * self.fm * 16
+
+    @property
+    def bn(self) -> int:
+        return self.wn * self.fn * 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    def bk_elements(self, mode: str) -> int:
+        return self.bkw * _epw(mode)
+
+    def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
+        a = _tile_words(self.bm, self.bkw, not trans_a, mode)
+        b = _tile_words(self.bn, self.bkw, trans_b, mode)
+        return max(2, self.stages) * 4 * (a + b)
+
+    def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
+        out = []
+        if self.bkw % 8:
+            out.append("bkw must be a multiple of 8 words (one mma k-step)")
+        if self.stages and (mode != "tf32" or not (self.va and self.vb) or self.stages < 2):
+            out.append("cp.async stages need tf32, 16-byte aligned operands and at least 2 stages")
+        return out
+
+    def short(self) -> str:
+        tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
+        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}"
+
+
+def _epw(mode: str) -> int:
+    return 1 if mode == "tf32" else 2
+
+
+def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]:
+    """(rows, padded words per row) of a tile kept in its stored orientation."""
+    if along_k:
+        return side, bkw + 4
+    words = side // _epw(mode)
+    if mode == "tf32":  # word loads at rows tig, columns gid: stride = 8 or 24 (mod 32)
+        pad = next(p for p in range(0, 40) if (words + p) % 32 in (8, 24))
+        return bkw, words + pad
+    return bkw * 2, words + (4 if (words // 4) % 2 == 0 else 0)
+
+
+def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
+    rows, ld = _row_words(side, bkw, along_k, mode)
+    return rows * ld
+
+
+def _copy(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode: str, vec: int, bound: str):
+    """(declarations, global loads into registers, conversions + local stores) of one operand's tile.
+
+    A chunk is the 16 bytes of local memory one thread fills: 8 elements of a 16-bit mode or 4
+    tf32 words, consecutive along the operand's contiguous dimension.
+    """
+    epw = _epw(mode)
+    chunk = 4 * epw  # elements per chunk
+    rows, ld_words = _row_words(side, cfg.bkw, along_k, mode)
+    row_elems = cfg.bkw * epw if along_k else side
+    per_row = row_elems // chunk
+    count = rows * per_row
+    per = -(-count // cfg.threads)
+    ld = f"ld{name.lower()}"
+    src_t = "ushort" if half else "float"
+    decls, loads, stores = [], [], []
+    nregs = 1 if (half or mode == "tf32") else 2  # float sources of 16-bit modes: two float4
+    reg_t = "uint4" if half else "float4"
+    for j in range(per):
+        c = f"(tid + {j * cfg.threads})"
+        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
+        regs = [f"{name}r{j}_{q}" for q in range(nregs)]
+        decls += [f"{reg_t} {r};" for r in regs]
+        if along_k:  # row: m/n within the tile, col: k offset
+            loads.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = k0 + {col};")
+            loads.append(f"  __global const {src_t}* p = {name} + mn * {ld} + kk;")
+            full = f"mn < {bound} && kk + {chunk} <= kend"
+            ok = [f"mn < {bound} && kk + {e} < kend" for e in range(chunk)]
+        else:  # row: k offset, col: m/n within the tile
+            loads.append(f"{guard}{{ const int kk = k0 + {row}; const IDX mn = {name}0 + {col};")
+            loads.append(f"  __global const {src_t}* p = {name} + (IDX)kk * {ld} + mn;")
+            full = f"kk < kend && mn + {chunk} <= {bound}"
+            ok = [f"kk < kend && mn + {e} < {bound}" for e in range(chunk)]
+        if half:
+            vector = [f"{regs[0]} = *(__global const uint4*)p;"]
+            scalar = ["{ uint h[8];"]
+            scalar += [f"  h[{e}] = ({ok[e]}) ? (uint)p[{e}] : 0u;" for e in range(8)]
+            pairs = ", ".join(f"h[{2 * q}] | (h[{2 * q + 1}] << 16)" for q in range(4))
+            scalar.append(f"  {regs[0]} = (uint4)({pairs}); }}")
+        else:
+            vector = [f"{r} = *(__global const float4*)(p + {4 * q});" for q, r in enumerate(regs)]
+            scalar = [f"{regs[e // 4]}.s{e % 4} = ({ok[e]}) ? p[{e}] : 0.0f;" for e in range(chunk)]
+        if vec:
+            loads.append(f"  if ({full}) {{ {' '.join(vector)} }} else {{")
+            loads += ["    " + line for line in scalar]
+            loads.append("  } }")
+        else:
+            loads += ["  " + line for line in scalar]
+            loads.append("}")
+        if half:
+            value = regs[0]
+        elif mode == "tf32":
+            r = regs[0]
+            value = f"(uint4)(TF32({r}.s0), TF32({r}.s1), TF32({r}.s2), TF32({r}.s3))"
+        else:
+            cvt = "BF16X2" if mode == "bf16" else "F16X2"
+            r0, r1 = regs
+            value = (
+                f"(uint4)({cvt}({r0}.s0, {r0}.s1), {cvt}({r0}.s2, {r0}.s3), "
+                f"{cvt}({r1}.s0, {r1}.s1), {cvt}({r1}.s2, {r1}.s3))"
+            )
+        stores.append(f"{guard}*(__local uint4*)&{name}s[nb][{row} * {ld_words} + {col} / {epw}] = {value};")
+    return decls, loads, stores, ld_words
+
+
+def _async_copy(name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str) -> list[str]:
+    """cp.async of one tf32 tile (raw fp32 words; the mma ignores their low 13 bits) into
+    buffer ``buf`` for the K range starting at ``kt``; chunks past the edges are zero-filled."""
+    rows, ld_words = _row_words(side, cfg.bkw, along_k, "tf32")
+    per_row = (cfg.bkw if along_k else side) // 4
+    count = rows * per_row
+    ld = f"ld{name.lower()}"
+    out = []
+    for j in range(-(-count // cfg.threads)):
+        c = f"(tid + {j * cfg.threads})"
+        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * 4)"
+        if along_k:
+            out.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = kt + {col};")
+            out.append(f"  const int valid = mn < {bound} ? clamp(kend - kk, 0, 4) : 0;")
+            out.append(f"  __global const float* p = valid ? {name} + mn * {ld} + kk : {name};")
+        else:
+            out.append(f"{guard}{{ const int kk = kt + {row}; const IDX mn = {name}0 + {col};")
+            out.append(f"  const int valid = kk < kend ? (int)clamp(({bound} - mn), (IDX)0, (IDX)4) : 0;")
+            out.append(f"  __global const float* p = valid ? {name} + (IDX)kk * {ld} + mn : {name};")
+        out.append(f"  CP_ASYNC({name}s[buf] + {row} * {ld_words} + {col}, p, valid * 4); }}")
+    return out
+
+
+def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_w: int, ldb_w: int) -> list[str]:
+    """Fragment loads of one k-step (``ks``: the step's first word within the stage)."""
+    out = []
+    sixteen = mode != "tf32"
+    for fm in range(cfg.fm):
+        base = f"wr + {fm * 16}"
+        if cfg.ldsm and (a_along_k or sixteen):
+            if a_along_k:  # rows m: lanes 0-15 rows, lanes 16-31 the words 4-7
+                addr = f"As[cb] + ({base} + (lane & 15)) * {lda_w} + ks + (lane >> 4) * 4"
+                op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+            else:  # rows k (16-bit pairs along m): .trans
+                addr = (
+                    f"As[cb] + (ks * 2 + ((lane >> 4) & 1) * 8 + (lane & 7)) * {lda_w} "
+                    f"+ ({base} + ((lane >> 3) & 1) * 8) / 2"
+                )
+                op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+            out.append(f'LDSM4("{op}", af[{fm}], {addr});')
+        elif a_along_k:
+            r = f"({base} + gid) * {lda_w} + ks + tig"
+            out.append(
+                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8 * {lda_w}]; "
+                f"af[{fm}][2] = As[cb][{r} + 4]; af[{fm}][3] = As[cb][{r} + 8 * {lda_w} + 4];"
+            )
+        elif not sixteen:  # tf32, rows k: a0 = (m gid, k tig)
+            r = f"(ks + tig) * {lda_w} + {base} + gid"
+            out.append(
+                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8]; "
+                f"af[{fm}][2] = As[cb][{r} + 4 * {lda_w}]; af[{fm}][3] = As[cb][{r} + 4 * {lda_w} + 8];"
+            )
+        else:  # 16-bit, rows k, no ldmatrix: gather the two halves of each word
+            h = "((__local const ushort*)As[cb])"
+            row = "(ks * 2 + tig * 2)"
+            col = f"({base} + gid)"
+            words = []
+            for q, (dk, dm) in enumerate(((0, 0), (0, 8), (8, 0), (8, 8))):
+                lo = f"{h}[({row} + {dk}) * {2 * lda_w} + {col} + {dm}]"
+                hi = f"{h}[({row} + {dk} + 1) * {2 * lda_w} + {col} + {dm}]"
+                words.append(f"af[{fm}][{q}] = (uint){lo} | ((uint){hi} << 16);")
+            out.append(" ".join(words))
+    fn = 0
+    while fn < cfg.fn:
+        pair = cfg.ldsm and (b_along_k or sixteen) and fn + 1 < cfg.fn
+        base = f"wc + {fn * 8}"
+        if pair:
+            if b_along_k:  # rows n: lanes 0-7 / 16-23 rows of tile fn / fn+1, lanes 8-15 / 24-31 words 4-7
+                addr = f"Bs[cb] + ({base} + (lane & 7) + (lane >> 4) * 8) * {ldb_w} + ks + ((lane >> 3) & 1) * 4"
+                op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+            else:  # rows k: matrices (k 0-7, fn), (k 8-15, fn), (k 0-7, fn+1), (k 8-15, fn+1)
+                addr = (
+                    f"Bs[cb] + (ks * 2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * {ldb_w} + ({base} + (lane >> 4) * 8) / 2"
+                )
+                op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+            out.append(
+                f'{{ uint t[4]; LDSM4("{op}", t, {addr}); '
+                f"bf[{fn}][0] = t[0]; bf[{fn}][1] = t[1]; bf[{fn + 1}][0] = t[2]; bf[{fn + 1}][1] = t[3]; }}"
+            )
+            fn += 2
+            continue
+        if b_along_k:
+            r = f"({base} + gid) * {ldb_w} + ks + tig"
+            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4];")
+        elif not sixteen:
+            r = f"(ks + tig) * {ldb_w} + {base} + gid"
+            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4 * {ldb_w}];")
+        else:
+            h = "((__local const ushort*)Bs[cb])"
+            row = "(ks * 2 + tig * 2)"
+            col = f"({base} + gid)"
+            words = []
+            for q, dk in enumerate((0, 8)):
+                lo = f"{h}[({row} + {dk}) * {2 * ldb_w} + {col}]"
+                hi = f"{h}[({row} + {dk} + 1) * {2 * ldb_w} + {col}]"
+                words.append(f"bf[{fn}][{q}] = (uint){lo} | ((uint){hi} << 16);")
+            out.append(" ".join(words))
+        fn += 1
+    return out
+
+
+def mma_source(
+    cfg: MmaConfig,
+    mode: str,
+    trans_a: bool,
+    trans_b: bool,
+    a_dtype: np.dtype,
+    b_dtype: np.dtype,
+    c_dtype: np.dtype,
+    idx: str = "int",
+    epilogue: Epilogue = IDENTITY,
+) -> str:
+    """The kernel ``netcl_gemm`` on tensor cores for one config, mode, layout and epilogue."""
+    a_half, b_half = a_dtype == float16, b_dtype == float16
+    a_along_k, b_along_k = not trans_a, trans_b
+    a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M")
+    b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N")
+    frag = _fragments(cfg, mode, a_along_k, b_along_k, lda_w, ldb_w)
+    a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
+    b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
+    mma = []
+    for fm in range(cfg.fm):
+        for fn in range(cfg.fn):
+            acc = [f"acc[{fm}][{fn}][{i}]" for i in range(4)]
+            outs = ", ".join('"=f"(' + x + ")" for x in acc)
+            ins = ", ".join('"f"(' + x + ")" for x in acc)
+            regs = ", ".join(f'"r"(af[{fm}][{i}])' for i in range(4)) + f', "r"(bf[{fn}][0]), "r"(bf[{fn}][1])'
+            operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
+            mma.append(f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});')
+    bias_arg = ", __global const float* bias" if epilogue.bias != "none" else ""
+    bias_term = {"none": "", "col": " + bias[c]", "row": " + bias[r]"}[epilogue.bias]
+    act = ACTIVATIONS[epilogue.activation]
+    sa = "ushort" if a_half else "float"
+    sb = "ushort" if b_half else "float"
+    out_half = c_dtype == float16
+    sc = "half" if out_half else "float"
+    store = "vstore_half_rte(OUT, 0, Cz + (IDX)r * ldc + c)" if out_half else "Cz[(IDX)r * ldc + c] = OUT"
+    nl, nl2 = "\n    ", "\n        "
+    compute = f"""#pragma unroll
+        for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
+            const int ks = step * 8;
+            uint af[{cfg.fm}][4], bf[{cfg.fn}][2];
+            {nl2.join(frag)}
+            {nl2.join(mma)}
+        }}"""
+    if cfg.fpre:  # fragments of step s + 1 load while the mma of step s run (two register sets)
+        steps = cfg.bkw // 8
+
+        def renamed(lines: list[str], p: int, step: int) -> list[str]:
+            out = [ln.replace("af[", f"af{p}[").replace("bf[", f"bf{p}[") for ln in lines]
+            return [f"{{ const int ks = {step * 8}; {ln} }}" if "ks" in ln else ln for ln in out]
+
+        body = [f"uint af{p}[{cfg.fm}][4], bf{p}[{cfg.fn}][2];" for p in (0, 1)]
+        body += renamed(frag, 0, 0)
+        for step in range(steps):
+            if step + 1 < steps:
+                body += renamed(frag, (step + 1) % 2, step + 1)
+            body += renamed(mma, step % 2, step)
+        compute = "{\n            " + "\n            ".join(body) + "\n        }"
+    if cfg.stages:
+        nbuf = cfg.stages
+        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M") + _async_copy("B", cfg.bn, cfg, b_along_k, "N")
+        main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    #pragma unroll
+    for (int st = 0; st < {nbuf - 1}; ++st) {{
+        if (st < ntiles) {{
+            const int buf = st; const int kt = kbeg + st * BK;
+            {nl2.join(issue)}
+        }}
+        asm volatile("cp.async.commit_group;");
+    }}
+    for (int t = 0; t < ntiles; ++t) {{
+        asm volatile("cp.async.wait_group {nbuf - 2};");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {{
+            const int tn = t + {nbuf - 1};
+            if (tn < ntiles) {{
+                const int buf = tn % {nbuf}; const int kt = kbeg + tn * BK;
+                {nl2.join(issue)}
+            }}
+            asm volatile("cp.async.commit_group;");
+        }}
+        const int cb = t % {nbuf};
+        {compute}
+    }}"""
+    else:
+        nbuf = 2
+        main_loop = f"""int k0 = kbeg;
+    int nb = 0;
+    {nl.join(a_decl + b_decl)}
+    {nl.join(a_load)}
+    {nl.join(b_load)}
+    {nl.join(a_store)}
+    {nl.join(b_store)}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    while (k0 < kend) {{
+        const int cb = nb;
+        k0 += BK;
+        nb ^= 1;
+        const int more = k0 < kend;
+        if (more) {{
+        {nl2.join(a_load)}
+        {nl2.join(b_load)}
+        }}
+        {compute}
+        if (more) {{
+        {nl2.join(a_store)}
+        {nl2.join(b_store)}
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}"""
+    return f"""#define CT float
+#define IDX {idx}
+#define BM {cfg.bm}
+#define BN {cfg.bn}
+#define BK {cfg.bk_elements(mode)}
+#define NT {cfg.threads}
+#define GROUP {cfg.group}
+#define TF32(x) tf32_bits(x)
+#define BF16X2(lo, hi) bf16x2_bits(lo, hi)
+#define F16X2(lo, hi) f16x2_bits(lo, hi)
+#define CP_ASYNC(dst, src, bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \\
+    :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
+#define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
+    : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
+inline uint tf32_bits(float x) {{
+    uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
+inline uint bf16x2_bits(float lo, float hi) {{
+    uint r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
+inline uint f16x2_bits(float lo, float hi) {{
+    uint r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void netcl_gemm(const int M, const int N, const int K,
+                __global const {sa}* restrict A, const int lda,
+                __global const {sb}* restrict B, const int ldb,
+                __global {sc}* restrict C, const int ldc,
+                const int nb1, const int nb2,
+                const long sa0, const long sa1, const long sa2,
+                const long sb0, const long sb1, const long sb2,
+                const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
+    __local uint As[{nbuf}][{a_words}] __attribute__((aligned(16)));
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned(16)));
+    const int tid = get_local_id(0);
+    const int lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wr = (warp % {cfg.wm}) * {cfg.fm * 16};
+    const int wc = (warp / {cfg.wm}) * {cfg.fn * 8};
+    int gx = get_group_id(0), gy = get_group_id(1);
+#if GROUP > 0
+    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
+        const int nx = get_num_groups(0), ny = get_num_groups(1);
+        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
+        const int rows = min(ny - first, GROUP);
+        gy = first + (pid % per) % rows;
+        gx = (pid % per) / rows;
+    }}
+#endif
+    const IDX B0 = (IDX)gx * BN;
+    const IDX A0 = (IDX)gy * BM;
+    const int z = get_group_id(2);
+    const int s = z % splits;
+    int bz = z / splits;
+    const int zb = bz;
+    const int b2 = bz % nb2; bz /= nb2;
+    const int b1 = bz % nb1;
+    const int b0 = bz / nb1;
+    A += b0 * sa0 + b1 * sa1 + b2 * sa2;
+    B += b0 * sb0 + b1 * sb1 + b2 * sb2;
+    __global {sc}* Cz = C + zb * csb + s * css;
+    const int kbeg = s * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    float acc[{cfg.fm}][{cfg.fn}][4];
+    #pragma unroll
+    for (int i = 0; i < {cfg.fm}; ++i) {{
+        #pragma unroll
+        for (int j = 0; j < {cfg.fn}; ++j) {{
+            acc[i][j][0] = 0.0f; acc[i][j][1] = 0.0f; acc[i][j][2] = 0.0f; acc[i][j][3] = 0.0f;
+        }}
+    }}
+    {main_loop}
+    #pragma unroll
+    for (int fm = 0; fm < {cfg.fm}; ++fm) {{
+        #pragma unroll
+        for (int fn = 0; fn < {cfg.fn}; ++fn) {{
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                const IDX r = A0 + wr + fm * 16 + gid + (q >> 1) * 8;
+                const IDX c = B0 + wc + fn * 8 + tig * 2 + (q & 1);
+                if (r < M && c < N) {{
+                    const float v = acc[fm][fn][q]{bias_term};
+                    #define OUT ({act})
+                    {store};
+                    #undef OUT
+                }}
+            }}
+        }}
+    }}
+}}
+"""

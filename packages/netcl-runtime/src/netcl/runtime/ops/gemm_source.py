@@ -1,0 +1,312 @@
+"""OpenCL C source of the portable GEMM kernel (plain FMA, any OpenCL device).
+
+``C[z] = A[z] @ B[z]`` for every batch index ``z``, where A is (M, K) or, with ``trans_a``, stored
+as (K, M); B is (K, N) or, with ``trans_b``, stored as (N, K). Sizes, leading dimensions, batch
+strides and the split along K are KERNEL ARGUMENTS (a new batch size builds nothing); the tile
+shape is compile-time (``GemmConfig``, one program per config, layout and dtype).
+
+Scheme: a work-group of WGN x WGM threads computes a BM x BN block of C (BM = WGM*TM, BN = WGN*TN),
+each thread a TM x TN register block. Per step along K, the A and B tiles (BM x BK, BK x BN) are
+read from global memory with VA-/VB-wide vector loads along each operand's contiguous dimension
+and stored k-major in local memory (As[k][m], Bs[k][n]), double-buffered: the next step's tile is
+loaded into registers while the current one is multiplied, so each step needs one barrier.
+A thread's rows are ``(i / LV) * WGM*LV + ty*LV + i % LV``: LV-wide local reads, and each row of
+threads reads one contiguous span. Out-of-range elements load as zero, so any M, N, K work.
+
+The kernel's signature (shared with the tensor-core kernel, ``gemm_mma``)::
+
+    (M, N, K, A, lda, B, ldb, C, ldc, nb1, nb2, sa0, sa1, sa2, sb0, sb1, sb2, sc,
+     splits, kchunk, ss [, bias])
+
+Group z of dimension 2 is ``batch * splits + s``: batch index ``(b0, b1, b2)`` with inner sizes
+``nb1``, ``nb2`` (merged broadcast dims; a stride 0 broadcasts), split ``s`` covering K range
+``[s*kchunk, min(K, (s+1)*kchunk))`` and writing at ``C + batch*sc + s*ss``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from netcl.core.dtypes import float16, float64
+
+#: What the kernel computes at the store: None, or (bias kind, activation). Bias kinds: "none",
+#: "col" (one value per column n: a Linear layer's bias), "row" (one per row m).
+ACTIVATIONS = {
+    None: "v",
+    "relu": "fmax(v, (CT)0)",
+    "gelu": "GELU(v)",
+    "sigmoid": "SIGMOID(v)",
+    "tanh": "tanh(v)",
+}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """``act(acc + bias)`` applied in the store (``bias``: "none", "col" or "row")."""
+
+    bias: str = "none"
+    activation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.bias not in ("none", "col", "row"):
+            raise ValueError(f"epilogue bias must be 'none', 'col' or 'row', got {self.bias!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"epilogue activation must be one of {sorted(map(str, ACTIVATIONS))}, got {self.activation!r}"
+            )
+
+    @property
+    def is_identity(self) -> bool:
+        return self.bias == "none" and self.activation is None
+
+
+IDENTITY = Epilogue()
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile parameters of the portable kernel (all compile-time)."""
+
+    wgm: int = 16  #: threads along M
+    wgn: int = 16  #: threads along N
+    tm: int = 4  #: rows per thread
+    tn: int = 4  #: columns per thread
+    bk: int = 16  #: K depth of one step
+    va: int = 1  #: vector width of A's global loads (along its contiguous dim)
+    vb: int = 1  #: vector width of B's global loads
+    lv: int = 1  #: vector width of local-memory reads (divides tm and tn)
+    split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
+    group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
+    maxreg: int = 0  #: > 0: NVIDIA register cap (-cl-nv-maxrregcount), for more resident work-groups
+
+    @property
+    def bm(self) -> int:
+        return self.wgm * self.tm
+
+    @property
+    def bn(self) -> int:
+        return self.wgn * self.tn
+
+    @property
+    def threads(self) -> int:
+        return self.wgm * self.wgn
+
+    def local_bytes(self, itemsize: int) -> int:
+        return 2 * self.bk * (self.bm + self.bn) * itemsize
+
+    def problems(self, trans_a: bool, trans_b: bool) -> list[str]:
+        """Why this config cannot be built (empty when it can)."""
+        out = []
+        if self.tm % self.lv or self.tn % self.lv:
+            out.append(f"lv={self.lv} must divide tm={self.tm} and tn={self.tn}")
+        a_vec_dim = self.bm if trans_a else self.bk
+        b_vec_dim = self.bk if trans_b else self.bn
+        if a_vec_dim % self.va or b_vec_dim % self.vb:
+            out.append("vector widths must divide the tile side they load along")
+        if (self.bm * self.bk) % (self.va * self.threads) or (self.bk * self.bn) % (self.vb * self.threads):
+            out.append("every thread must load the same number of vectors of each tile")
+        return out
+
+    def short(self) -> str:
+        return (
+            f"{self.bm}x{self.bn}x{self.bk} t{self.tm}x{self.tn} wg{self.wgm}x{self.wgn} v{self.va}{self.vb}{self.lv}"
+        )
+
+
+def _vec(ct: str, width: int) -> str:
+    return ct if width == 1 else f"{ct}{width}"
+
+
+def _load_lines(
+    name: str, storage: str, ct: str, vec: int, along_k: bool, side: int, bk: int, threads: int, bound: str
+) -> tuple[list[str], list[str], list[str]]:
+    """Register declarations, global -> register loads and register -> local stores of one tile.
+
+    ``along_k``: the operand's contiguous dimension is K (A not transposed, B transposed). The tile
+    is ``side`` (BM or BN) x BK; register ``{name}r{j}`` holds this thread's vector j.
+    """
+    per = (side * bk) // (vec * threads)
+    across = (bk // vec) if along_k else (side // vec)  # vectors along the contiguous dim
+    vt = _vec(ct, vec)
+    half = storage == "half"
+    decls = [f"{vt} {name}r{j};" for j in range(per)]
+    loads, stores = [], []
+    for j in range(per):
+        u, w = f"((tid + {j * threads}) % {across})", f"((tid + {j * threads}) / {across})"
+        if along_k:  # u: vector index along k, w: row of the tile (m or n)
+            loads.append(f"{{ const IDX mn = {name}0 + {w}; const int kk = k0 + {u} * {vec};")
+            loads.append(f"  __global const {storage}* p = {name} + mn * ld{name.lower()} + kk;")
+            full, elem_ok = f"mn < {bound} && kk + {vec} <= kend", f"mn < {bound} && kk + {{v}} < kend"
+        else:  # u: vector index along m/n, w: k within the tile
+            loads.append(f"{{ const IDX mn = {name}0 + {u} * {vec}; const int kk = k0 + {w};")
+            loads.append(f"  __global const {storage}* p = {name} + (IDX)kk * ld{name.lower()} + mn;")
+            full, elem_ok = f"kk < kend && mn + {vec} <= {bound}", f"kk < kend && mn + {{v}} < {bound}"
+        if vec == 1:
+            value = "vload_half(0, p)" if half else "(CT)p[0]"
+            loads.append(f"  {name}r{j} = ({full}) ? {value} : (CT)0; }}")
+        else:
+            value = f"vload_half{vec}(0, p)" if half else f"*(__global const {_vec(storage, vec)}*)p"
+            loads.append(f"  if ({full}) {{ {name}r{j} = {value}; }} else {{")
+            for v in range(vec):
+                ev = f"vload_half({v}, p)" if half else f"(CT)p[{v}]"
+                loads.append(f"    {name}r{j}.s{v:x} = ({elem_ok.format(v=v)}) ? {ev} : (CT)0;")
+            loads.append("  } }")
+        if along_k:
+            for v in range(vec):
+                comp = f"{name}r{j}" if vec == 1 else f"{name}r{j}.s{v:x}"
+                stores.append(f"{name}s[nb][{u} * {vec} + {v}][{w}] = {comp};")
+        elif vec == 1:
+            stores.append(f"{name}s[nb][{w}][{u}] = {name}r{j};")
+        else:
+            stores.append(f"*(__local {vt}*)&{name}s[nb][{w}][{u} * {vec}] = {name}r{j};")
+    return decls, loads, stores
+
+
+def portable_source(
+    cfg: GemmConfig,
+    trans_a: bool,
+    trans_b: bool,
+    a_dtype: np.dtype,
+    b_dtype: np.dtype,
+    c_dtype: np.dtype,
+    idx: str = "int",
+    epilogue: Epilogue = IDENTITY,
+) -> str:
+    """The kernel ``netcl_gemm`` for one config, layout, dtype combination and epilogue."""
+    from netcl.runtime.ops._common import pragmas, storage_ctype
+
+    ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
+    sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
+    a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M")
+    b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N")
+    lv = cfg.lv
+    lvt = _vec(ct, lv)
+    comps = [""] if lv == 1 else [f".s{v:x}" for v in range(lv)]
+    reads_a = []
+    for i in range(cfg.tm // lv):
+        ref = f"As[cb][k][{i * cfg.wgm * lv} + ty * {lv}]"
+        reads_a.append(f"{{ const {lvt} t = *(__local {lvt}*)&{ref};")
+        reads_a += [f"  a[{i * lv + v}] = t{comps[v]};" for v in range(lv)]
+        reads_a.append("}")
+    reads_b = []
+    for j in range(cfg.tn // lv):
+        ref = f"Bs[cb][k][{j * cfg.wgn * lv} + tx * {lv}]"
+        reads_b.append(f"{{ const {lvt} t = *(__local {lvt}*)&{ref};")
+        reads_b += [f"  b[{j * lv + v}] = t{comps[v]};" for v in range(lv)]
+        reads_b.append("}")
+    bias_arg = ", __global const float* bias" if epilogue.bias != "none" else ""
+    bias_term = {"none": "", "col": " + (CT)bias[c]", "row": " + (CT)bias[r]"}[epilogue.bias]
+    act = ACTIVATIONS[epilogue.activation]
+    if c_dtype == float16:
+        store = "vstore_half_rte((float)(OUT), 0, Cz + (IDX)r * ldc + c)"
+    else:
+        store = f"Cz[(IDX)r * ldc + c] = ({sc})(OUT)"
+    nl = "\n    "
+    nl2 = "\n        "
+    return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
+#define CT {ct}
+#define IDX {idx}
+#define WGM {cfg.wgm}
+#define WGN {cfg.wgn}
+#define TM {cfg.tm}
+#define TN {cfg.tn}
+#define BK {cfg.bk}
+#define BM (WGM * TM)
+#define BN (WGN * TN)
+#define LV {lv}
+#define GROUP {cfg.group}
+__kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
+void netcl_gemm(const int M, const int N, const int K,
+                __global const {sa}* restrict A, const int lda,
+                __global const {sb}* restrict B, const int ldb,
+                __global {sc}* restrict C, const int ldc,
+                const int nb1, const int nb2,
+                const long sa0, const long sa1, const long sa2,
+                const long sb0, const long sb1, const long sb2,
+                const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
+    __local CT As[2][BK][BM];
+    __local CT Bs[2][BK][BN];
+    const int tx = get_local_id(0), ty = get_local_id(1);
+    const int tid = ty * WGN + tx;
+    int gx = get_group_id(0), gy = get_group_id(1);
+#if GROUP > 0
+    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
+        const int nx = get_num_groups(0), ny = get_num_groups(1);
+        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
+        const int rows = min(ny - first, GROUP);
+        gy = first + (pid % per) % rows;
+        gx = (pid % per) / rows;
+    }}
+#endif
+    const IDX B0 = (IDX)gx * BN;
+    const IDX A0 = (IDX)gy * BM;
+    const int z = get_group_id(2);
+    const int s = z % splits;
+    int bz = z / splits;
+    const int zb = bz;
+    const int b2 = bz % nb2; bz /= nb2;
+    const int b1 = bz % nb1;
+    const int b0 = bz / nb1;
+    A += b0 * sa0 + b1 * sa1 + b2 * sa2;
+    B += b0 * sb0 + b1 * sb1 + b2 * sb2;
+    __global {sc}* Cz = C + zb * csb + s * css;
+    const int kbeg = s * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    CT acc[TM][TN];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {{
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = (CT)0;
+    }}
+    int k0 = kbeg;
+    int nb = 0;
+    {nl.join(a_decls + b_decls)}
+    {nl.join(a_loads)}
+    {nl.join(b_loads)}
+    {nl.join(a_stores)}
+    {nl.join(b_stores)}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (; k0 < kend;) {{
+        const int cb = nb;
+        k0 += BK;
+        nb ^= 1;
+        const int more = k0 < kend;
+        if (more) {{
+        {nl2.join(a_loads)}
+        {nl2.join(b_loads)}
+        }}
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {{
+            CT a[TM], b[TN];
+            {nl2.join(reads_a)}
+            {nl2.join(reads_b)}
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) {{
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
+            }}
+        }}
+        if (more) {{
+        {nl2.join(a_stores)}
+        {nl2.join(b_stores)}
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {{
+        const IDX r = A0 + (i / LV) * (WGM * LV) + ty * LV + i % LV;
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) {{
+            const IDX c = B0 + (j / LV) * (WGN * LV) + tx * LV + j % LV;
+            if (r < M && c < N) {{
+                const CT v = acc[i][j]{bias_term};
+                #define OUT ({act})
+                {store};
+                #undef OUT
+            }}
+        }}
+    }}
+}}
+"""

@@ -1,0 +1,182 @@
+"""Basic indexing ``x[key]`` (views where the layout allows) and the index checks of the index ops.
+
+``getitem`` takes ints, slices (any step, negative indices), ``None`` and ``...``. The result is a
+view sharing x's memory when it is one contiguous block of x (a reshape; on the NumPy backend a
+NumPy view; on OpenCL a sub-buffer when the block starts at a multiple of the device's base
+address alignment), otherwise a copy through the strided-copy kernel. ``getitem_backward``
+scatters a gradient into zeros of x's shape (each position written once: no accumulation).
+
+Integer indices (``gather``, ``index_select``, ``embedding``: modules ``gather`` and
+``index_select``) are checked here on the host before any launch (``IndexError``); an index
+Tensor on an OpenCL device is read back for that, except while a capture records (then an
+out-of-range index reads as 0 and sends no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import Tensor, contiguous_strides
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.capture import is_recording
+from netcl.runtime.ops._grid import prod
+from netcl.runtime.ops.strided import collapse, filled, strided_copy, strided_write
+
+IndexKey = Any
+
+
+# ---- basic indexing ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BasicIndex:
+    """What ``x[key]`` selects: the strided view ``(shape, strides, offset)`` of C-contiguous x."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+
+def is_int_index(item: Any) -> bool:
+    """A Python or NumPy integer (not a bool): an index that removes its axis."""
+    return isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))
+
+
+def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
+    """The view ``key`` (ints, slices, None, Ellipsis) selects from a C-contiguous tensor of ``shape``."""
+    shape = tuple(int(d) for d in shape)
+    items = list(key) if isinstance(key, tuple) else [key]
+    for item in items:
+        if not (is_int_index(item) or item is None or item is Ellipsis or isinstance(item, slice)):
+            raise IndexError(
+                f"index {item!r} of type {type(item).__name__} is not supported: use ints, slices, None and ...; "
+                "select with an integer array through gather / index_select / embedding"
+            )
+    if sum(item is Ellipsis for item in items) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if consumed > len(shape):
+        raise IndexError(f"too many indices for a tensor of shape {shape}: {consumed} indexed dimensions")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at : at + 1] = [slice(None)] * (len(shape) - consumed)
+    else:
+        items += [slice(None)] * (len(shape) - consumed)
+    strides = contiguous_strides(shape)
+    out_shape: list[int] = []
+    out_strides: list[int] = []
+    offset = 0
+    axis = 0
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            out_strides.append(0)
+            continue
+        size, stride = shape[axis], strides[axis]
+        if is_int_index(item):
+            value = int(item)
+            if not -size <= value < size:
+                raise IndexError(f"index {value} is out of bounds for axis {axis} with size {size}")
+            offset += (value % size) * stride
+        else:
+            if item.step is not None and int(item.step) == 0:
+                raise ValueError(f"slice step cannot be zero (axis {axis})")
+            start, stop, step = item.indices(size)
+            length = len(range(start, stop, step))
+            if length:
+                offset += start * stride
+            out_shape.append(length)
+            out_strides.append(stride * step)
+        axis += 1
+    return BasicIndex(tuple(out_shape), tuple(out_strides), offset if prod(out_shape) else 0)
+
+
+def getitem(x: Tensor, key: IndexKey) -> Tensor:
+    """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"getitem: expected a Tensor, got {type(x).__name__}")
+    view = parse_index(x.shape, key)
+    return contiguous_view(x, view) or strided_copy(x, view.shape, view.strides, view.offset)
+
+
+def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
+    """``view`` of x as a Tensor sharing x's memory, or None when the layout does not allow it."""
+    n = prod(view.shape)
+    if n == 0:
+        return Tensor.empty(view.shape, x.dtype, x.device)
+    dims, steps = collapse(view.shape, view.strides)
+    if not (n == 1 or (len(dims) == 1 and steps[0] == 1)):
+        return None
+    root = x.base if x.base is not None else x
+    if n == x.size:
+        return x.reshape(view.shape)
+    if x.device.kind == "cpu":
+        data = np.asarray(x.data).reshape(-1)[view.offset : view.offset + n].reshape(view.shape)
+        return Tensor(data, view.shape, x.dtype, x.device, base=root)
+    if x.data is not root.data:  # x is itself a sub-buffer: OpenCL has no sub-buffers of sub-buffers
+        return None
+    itemsize = x.dtype.itemsize
+    align = max(x.device.cl_device.mem_base_addr_align // 8, 1)
+    if (view.offset * itemsize) % align:
+        return None
+    data = x.data.get_sub_region(view.offset * itemsize, n * itemsize, cl.mem_flags.READ_WRITE)
+    return Tensor(data, view.shape, x.dtype, x.device, base=root)
+
+
+def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tensor:
+    """The gradient of ``x[key]`` w.r.t. x: ``grad`` written into zeros of ``shape``."""
+    view = parse_index(shape, key)
+    if tuple(grad.shape) != view.shape:
+        raise ShapeError(f"getitem_backward: gradient shape {grad.shape} differs from the selection {view.shape}")
+    out = filled(shape, 0, grad.dtype, grad.device)
+    return strided_write(out, grad, view.strides, view.offset)
+
+
+# ---- index validation ------------------------------------------------------------------------------
+def check_index_tensor(index: Any, op: str, arg: str = "index") -> Tensor:
+    """``index`` must be an integer Tensor."""
+    if not isinstance(index, Tensor):
+        raise TypeError(f"{op}: {arg} must be an integer Tensor, got {type(index).__name__}")
+    if index.dtype.kind not in "iu":
+        raise DTypeError(f"{op}: {arg} must be an integer tensor (int32/int64), got dtype {index.dtype}")
+    return index
+
+
+def check_index_range(
+    index: Tensor | np.ndarray, size: int, op: str, arg: str = "index", axis: int | None = None
+) -> None:
+    """IndexError when some value of ``index`` is outside ``[0, size)``.
+
+    Reads an OpenCL index back to the host (a synchronization point), except while a capture
+    records on its queue: then the kernels' own guard applies (an out-of-range index reads 0).
+    """
+    if index.size == 0:
+        return
+    if isinstance(index, np.ndarray):
+        host = index
+    elif index.device.kind != "cpu" and is_recording(index.device.queue):
+        return
+    else:
+        host = np.asarray(index.data) if index.device.kind == "cpu" else index.to_host()
+    low, high = int(host.min()), int(host.max())
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        where = f" along axis {axis}" if axis is not None else ""
+        raise IndexError(f"{op}: {arg} value {bad} is out of range{where}: expected 0 <= {arg} < {size}")
+
+
+def check_axis(axis: Any, ndim: int, op: str) -> int:
+    """``axis`` of an ``ndim``-d tensor as a non-negative int (AxisError naming ``op`` otherwise)."""
+    if not is_int_index(axis):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if not -ndim <= int(axis) < max(ndim, 1):
+        raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a {ndim}-d tensor")
+    return int(axis) % max(ndim, 1)
+
+
+def split3(shape: Sequence[int], axis: int) -> tuple[int, int, int]:
+    """(elements before ``axis``, its size, elements after it) of a C-contiguous ``shape``."""
+    return prod(shape[:axis]), int(shape[axis]) if shape else 1, prod(shape[axis + 1 :])

@@ -1,0 +1,319 @@
+"""Fused, in-place optimizer updates: one kernel per parameter (SGD, Adam/AdamW), plus the helpers
+an optimizer and a gradient scaler need (per-parameter step counters, gradient unscaling).
+
+Everything an update reads that may change between steps lives in device memory, so a captured
+step replays correctly: the hyperparameters (``hyper``: learning rate, betas, ...) are a small
+float32 buffer the optimizer rewrites when they change, and the step count is an int32 entry of
+``steps`` (one per parameter) that the update reads (``t = steps[index] + 1``) and
+``count_steps_`` advances with a recorded launch, so Adam's bias correction and SGD's first
+momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
+Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import Tensor
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
+from netcl.runtime.ops._grid import run_1d
+
+#: Layout of the ``hyper`` buffer of each update.
+SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+ADAM_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+_SGD = """{pragmas}
+__kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}* buf,
+                        __global const int* steps, const int index, __global const float* hyper, const long n) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];
+    const {ct} w = ({ct})p[gid];
+    {ct} d = ({ct})g[gid];
+    if (wd != 0) d += wd * w;
+    {momentum}
+    p[gid] = ({st})(w - lr * d);
+}}
+"""
+
+_SGD_MOMENTUM = """if (momentum != 0) {{
+        const {ct} b = steps[index] == 0 ? d : momentum * ({ct})buf[gid] + (1 - dampening) * d;
+        buf[gid] = ({st})b;
+        d = hyper[4] != 0 ? d + momentum * b : b;
+    }}"""
+
+_ADAM = """{pragmas}
+__kernel void netcl_adam(__global {st}* p, __global const {st}* g, __global {st}* m, __global {st}* v,
+                         __global const int* steps, const int index, __global const float* hyper, const long n) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];
+    const {ct} t = ({ct})(steps[index] + 1);
+    {ct} w = ({ct})p[gid];
+    {ct} d = ({ct})g[gid];
+    {decay}
+    const {ct} m1 = beta1 * ({ct})m[gid] + (1 - beta1) * d;
+    const {ct} v1 = beta2 * ({ct})v[gid] + (1 - beta2) * d * d;
+    m[gid] = ({st})m1;
+    v[gid] = ({st})v1;
+    const {ct} bc1 = 1 - pow(beta1, t);
+    const {ct} bc2 = 1 - pow(beta2, t);
+    const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
+    p[gid] = ({st})(w - (lr / bc1) * m1 / denom);
+}}
+"""
+
+_ADAM_L2 = "if (wd != 0) d += wd * w;"
+_ADAMW_DECAY = "w *= 1 - lr * wd;"
+
+_COUNT = """
+__kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, const int n) {
+    const int gid = get_global_id(0);
+    if (gid < n && mask[gid]) steps[gid] += 1;
+}
+"""
+
+_UNSCALE = """{pragmas}
+__kernel void netcl_unscale(__global {st}* g, __global int* found, const float inv_scale, const long n) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const {ct} v = ({ct})g[gid] * ({ct})inv_scale;
+    if (!isfinite(v)) found[0] = 1;
+    g[gid] = ({st})v;
+}}
+"""
+
+#: scalar argument types: SGD (p, g, buf, steps, index, hyper, n), Adam (p, g, m, v, steps, index, hyper, n)
+_SGD_TYPES = [None, None, None, None, np.int32, None, np.int64]
+_ADAM_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
+
+
+# ---- checks ---------------------------------------------------------------------------------------------
+def _check_update(
+    op: str,
+    param: Tensor,
+    grad: Tensor,
+    buffers: dict[str, Tensor | None],
+    steps: Tensor,
+    index: int,
+    hyper: Tensor,
+    hyper_names: tuple[str, ...],
+) -> None:
+    for name, value in (("param", param), ("grad", grad), ("steps", steps), ("hyper", hyper)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(value).__name__}")
+    if param.dtype.kind != "f":
+        raise DTypeError(f"{op}: param must be a floating-point tensor, got dtype {param.dtype}")
+    for name, value in (("grad", grad), *buffers.items()):
+        if value is None:
+            continue
+        if value.shape != param.shape or value.dtype != param.dtype:
+            raise ShapeError(
+                f"{op}: {name} has shape {value.shape} {value.dtype}, expected the param's {param.shape} {param.dtype}"
+            )
+    if steps.dtype != np.int32 or steps.ndim != 1:
+        raise DTypeError(f"{op}: steps must be a 1-d int32 tensor, got {steps.shape} {steps.dtype}")
+    if not 0 <= int(index) < steps.shape[0]:
+        raise IndexError(f"{op}: index {index} is out of range for steps of length {steps.shape[0]}")
+    if hyper.dtype != np.float32 or hyper.shape != (len(hyper_names),):
+        raise ShapeError(f"{op}: hyper must be float32 of shape ({len(hyper_names)},) {hyper_names}, got {hyper.shape}")
+    device_of([param, grad, steps, hyper, *(b for b in buffers.values() if b is not None)], op)
+
+
+def _types(param: Tensor) -> dict[str, str]:
+    return {"st": storage_ctype(param.dtype), "ct": compute_ctype(param.dtype), "pragmas": pragmas([param.dtype])}
+
+
+# ---- SGD ------------------------------------------------------------------------------------------------
+def sgd_step_(
+    param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor
+) -> Tensor:
+    """PyTorch's SGD on ``param`` in place (``hyper`` = lr, momentum, dampening, weight_decay, nesterov).
+
+    ``momentum_buffer`` is required when ``hyper``'s momentum is non-zero; the first step
+    (``steps[index] == 0``) sets it to the gradient, as torch does. Returns ``param``.
+    """
+    _check_update("sgd_step_", param, grad, {"momentum_buffer": momentum_buffer}, steps, index, hyper, SGD_HYPER)
+    if param.device.kind == "cpu":
+        _sgd_numpy(param, grad, momentum_buffer, int(steps.data[index]), np.asarray(hyper.data, np.float64))
+        return param
+    types = _types(param)
+    momentum = _SGD_MOMENTUM.format(**types) if momentum_buffer is not None else ""
+    source = _SGD.format(momentum=momentum, **types)
+    key = ("optim", "sgd", types["st"], momentum_buffer is not None)
+    buf = momentum_buffer if momentum_buffer is not None else param
+    run_1d(
+        key,
+        param.device,
+        lambda: source,
+        "netcl_sgd",
+        _SGD_TYPES,
+        param.size,
+        param,
+        grad,
+        buf,
+        steps,
+        np.int32(index),
+        hyper,
+        np.int64(param.size),
+    )
+    return param
+
+
+def _sgd_numpy(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
+    compute = _compute(param.dtype)
+    lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
+    w = np.asarray(param.data, compute)
+    d = np.asarray(grad.data, compute)
+    if wd != 0:
+        d = d + wd * w
+    if buf is not None and momentum != 0:
+        b = d if step == 0 else momentum * np.asarray(buf.data, compute) + (1 - dampening) * d
+        buf.data[...] = b.astype(buf.dtype)
+        d = d + momentum * b if nesterov != 0 else b
+    param.data[...] = (w - lr * d).astype(param.dtype)
+
+
+# ---- Adam / AdamW ---------------------------------------------------------------------------------------
+def adam_step_(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    index: int,
+    hyper: Tensor,
+    decoupled_weight_decay: bool = False,
+) -> Tensor:
+    """PyTorch's Adam (AdamW with ``decoupled_weight_decay``) on ``param`` in place.
+
+    ``hyper`` = lr, beta1, beta2, eps, weight_decay; the step is ``t = steps[index] + 1``.
+    ``exp_avg`` / ``exp_avg_sq`` are updated in place. Returns ``param``.
+    """
+    buffers = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    for name, value in buffers.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"adam_step_: {name} must be a Tensor, got {type(value).__name__}")
+    _check_update("adam_step_", param, grad, buffers, steps, index, hyper, ADAM_HYPER)
+    if param.device.kind == "cpu":
+        step = int(steps.data[index]) + 1
+        _adam_numpy(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
+        return param
+    types = _types(param)
+    source = _ADAM.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
+    key = ("optim", "adam", types["st"], bool(decoupled_weight_decay))
+    run_1d(
+        key,
+        param.device,
+        lambda: source,
+        "netcl_adam",
+        _ADAM_TYPES,
+        param.size,
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        steps,
+        np.int32(index),
+        hyper,
+        np.int64(param.size),
+    )
+    return param
+
+
+def _adam_numpy(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool) -> None:
+    compute = _compute(param.dtype)
+    lr, beta1, beta2, eps, wd = (compute(h) for h in hyper.astype(np.float32))
+    w = np.asarray(param.data, compute)
+    d = np.asarray(grad.data, compute)
+    if decoupled:
+        w = w * (1 - lr * wd)
+    elif wd != 0:
+        d = d + wd * w
+    m1 = beta1 * np.asarray(m.data, compute) + (1 - beta1) * d
+    v1 = beta2 * np.asarray(v.data, compute) + (1 - beta2) * d * d
+    m.data[...] = m1.astype(m.dtype)
+    v.data[...] = v1.astype(v.dtype)
+    bc1 = 1 - np.power(beta1, compute(t))
+    bc2 = 1 - np.power(beta2, compute(t))
+    denom = np.sqrt(v1) / np.sqrt(bc2) + eps
+    param.data[...] = (w - (lr / bc1) * m1 / denom).astype(param.dtype)
+
+
+def _compute(dtype: np.dtype) -> type:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+# ---- step counters, unscaling, host writes ----------------------------------------------------------------
+def count_steps_(steps: Tensor, mask: Tensor) -> Tensor:
+    """``steps[i] += 1`` where ``mask[i]`` (uint8) is non-zero, on the device; returns ``steps``."""
+    if steps.dtype != np.int32 or steps.ndim != 1:
+        raise DTypeError(f"count_steps_: steps must be a 1-d int32 tensor, got {steps.shape} {steps.dtype}")
+    if mask.dtype != np.uint8 or mask.shape != steps.shape:
+        raise ShapeError(f"count_steps_: mask must be uint8 of shape {steps.shape}, got {mask.shape} {mask.dtype}")
+    device_of([steps, mask], "count_steps_")
+    if steps.device.kind == "cpu":
+        steps.data[...] += (np.asarray(mask.data) != 0).astype(np.int32)
+        return steps
+    n = steps.shape[0]
+    run_1d(
+        ("optim", "count"),
+        steps.device,
+        lambda: _COUNT,
+        "netcl_count_steps",
+        [None, None, np.int32],
+        n,
+        steps,
+        mask,
+        np.int32(n),
+    )
+    return steps
+
+
+def unscale_(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
+    """``grad *= inv_scale`` in place; sets ``found_inf[0] = 1`` (int32) if any result is inf or NaN."""
+    if not isinstance(grad, Tensor) or grad.dtype.kind != "f":
+        raise DTypeError(f"unscale_: grad must be a floating-point Tensor, got {getattr(grad, 'dtype', type(grad))}")
+    if not isinstance(found_inf, Tensor) or found_inf.dtype != np.int32 or found_inf.size < 1:
+        raise DTypeError("unscale_: found_inf must be an int32 Tensor with at least one element")
+    device_of([grad, found_inf], "unscale_")
+    if grad.device.kind == "cpu":
+        compute = _compute(grad.dtype)
+        with np.errstate(all="ignore"):
+            values = np.asarray(grad.data, compute) * compute(np.float32(inv_scale))
+        if not np.all(np.isfinite(values)):
+            found_inf.data.reshape(-1)[0] = 1
+        grad.data[...] = values.astype(grad.dtype)
+        return grad
+    types = _types(grad)
+    source = _UNSCALE.format(**types)
+    run_1d(
+        ("optim", "unscale", types["st"]),
+        grad.device,
+        lambda: source,
+        "netcl_unscale",
+        [None, None, np.float32, np.int64],
+        grad.size,
+        grad,
+        found_inf,
+        np.float32(inv_scale),
+        np.int64(grad.size),
+    )
+    return grad
+
+
+def write_(dst: Tensor, values: Any) -> Tensor:
+    """Copy host ``values`` (cast to dst's dtype and shape) into dst's existing buffer (blocking).
+
+    A host upload, not a launch: a captured graph keeps reading the buffer and sees the new values.
+    """
+    host = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=dst.dtype), dst.shape))
+    if dst.device.kind == "cpu":
+        dst.data[...] = host
+    elif host.nbytes:
+        cl.enqueue_copy(dst.device.queue, dst.data, host, is_blocking=True)
+    return dst

@@ -1,0 +1,71 @@
+"""Matrix-product precision of float32 operands, as torch's ``set_float32_matmul_precision``.
+
+"highest": fp32 multiply-add (the portable kernel, every device). "high": operands rounded to
+tf32 (10-bit mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation. "medium":
+operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. A device without
+tensor cores (PoCL, the NumPy backend) computes "high" and "medium" in fp32 (more accurate, never
+an error). ``round_tf32`` / ``round_bf16`` reproduce the tensor cores' operand rounding on the host
+(the tests' and benchmarks' reference for those modes).
+
+float16 operands always multiply as fp16 with fp32 accumulation (tensor cores where present).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+PRECISIONS = ("highest", "high", "medium")
+_state = threading.local()
+_default = ["highest"]
+
+
+def _check(value: str) -> str:
+    if value not in PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {PRECISIONS}, got {value!r}")
+    return value
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """Process-wide precision of float32 matrix products ("highest", "high", "medium")."""
+    _default[0] = _check(precision)
+
+
+def get_float32_matmul_precision() -> str:
+    """The precision in effect here (a ``matmul_precision`` block, else the process-wide one)."""
+    return getattr(_state, "value", None) or _default[0]
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """Within the block (this thread), float32 products use ``precision``; amp uses this."""
+    previous = getattr(_state, "value", None)
+    _state.value = _check(precision)
+    try:
+        yield
+    finally:
+        _state.value = previous
+
+
+def resolve(precision: str | None) -> str:
+    return get_float32_matmul_precision() if precision is None else _check(precision)
+
+
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to tf32 (``cvt.rna.tf32.f32``: nearest, ties away from zero)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = np.isfinite(x)
+    rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(finite, rounded, x).astype(np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 (``cvt.rn.bf16x2.f32``: nearest, ties to even)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = np.isfinite(x)
+    lsb = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = ((bits + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)).view(np.float32)
+    return np.where(finite, rounded, x).astype(np.float32)

@@ -1,0 +1,503 @@
+"""Row-wise kernels: softmax, log_softmax, logsumexp, layer_norm and rms_norm over trailing axes.
+
+The input is viewed as ``(rows, C)`` (the reduced axes moved last by one materialized transpose
+when they are not trailing already). One work-group takes one row: its threads stride over the
+row, then a tree in local memory combines their partials (max, then sum of ``exp(x - max)`` for
+the softmax family; sum, then sum of squares around the mean for the norms). ``rows`` and ``C``
+are kernel arguments, so the program is built once per dtype, index width and mode.
+
+Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
+norms: mean and 1/std) in float32 (float64 for float64 input); the backward kernels recompute
+from them in one pass per row. Float16 inputs are loaded as half and computed in float32 inside
+the kernels; outputs keep the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float32, float64
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.launch import launch
+from netcl.runtime.ops._common import (
+    compute_ctype,
+    get_kernel,
+    normalize_axes,
+    pow2_ceil,
+    pragmas,
+    storage_ctype,
+    wrap_numpy,
+)
+from netcl.runtime.ops._grid import index_ctype, index_dtype
+from netcl.runtime.ops.layout import transpose
+
+#: Softmax-family modes (compile-time, one program each).
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+MODE_NAMES = {SOFTMAX: "softmax", LOG_SOFTMAX: "log_softmax", LOGSUMEXP: "logsumexp"}
+LAYER, RMS = 0, 1
+
+_TREE = """
+inline {ct} netcl_tree_sum(__local {ct}* s, {ct} v) {{
+    const int lid = get_local_id(0);
+    s[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
+        if (lid < k) s[lid] += s[lid + k];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    v = s[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return v;
+}}
+inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || isnan(a)) ? a : b; }}
+inline {ct} netcl_tree_max(__local {ct}* s, {ct} v) {{
+    const int lid = get_local_id(0);
+    s[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
+        if (lid < k) s[lid] = netcl_max_nan(s[lid], s[lid + k]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    v = s[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return v;
+}}
+"""
+
+_SOFTMAX_FORWARD = """{pragmas}{tree}
+#define MODE {mode}
+__kernel void netcl_softmax_rows(__global const {st}* x, __global {st}* out, __global {ct}* rowmax,
+                                 __global {ct}* rowsum, const {idx} rows, const {idx} C) {{
+    __local {ct} scratch[256];
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    __global const {st}* xr = x + row * C;
+    {ct} m = -INFINITY;
+    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
+    m = netcl_tree_max(scratch, m);
+    const {ct} shift = isinf(m) ? ({ct})0 : m;  /* an all -inf row sums to 0: logsumexp -inf */
+    {ct} s = 0;
+    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
+    s = netcl_tree_sum(scratch, s);
+    if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
+#if MODE == 2
+    if (lid == 0) out[row] = ({st})(shift + log(s));
+#elif MODE == 1
+    const {ct} ls = log(s);  /* (x - max) - log(s): no rounding of max + log(s) at large |max| */
+    for ({idx} i = lid; i < C; i += L) out[row * C + i] = ({st})((({ct})xr[i] - shift) - ls);
+#else
+    const {ct} inv = ({ct})1 / s;
+    for ({idx} i = lid; i < C; i += L) out[row * C + i] = ({st})(exp(({ct})xr[i] - shift) * inv);
+#endif
+}}
+"""
+
+_SOFTMAX_BACKWARD = """{pragmas}{tree}
+#define MODE {mode}
+__kernel void netcl_softmax_rows_backward(__global const {st}* x, __global const {st}* g,
+                                          __global const {ct}* rowmax, __global const {ct}* rowsum,
+                                          __global {st}* gx, const {idx} rows, const {idx} C) {{
+    __local {ct} scratch[256];
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row];
+    __global const {st}* xr = x + row * C;
+#if MODE == 2
+    const {ct} gr = ({ct})g[row];
+    for ({idx} i = lid; i < C; i += L) gx[row * C + i] = ({st})(gr * exp(({ct})xr[i] - shift) * inv);
+#elif MODE == 1
+    {ct} gs = 0;
+    for ({idx} i = lid; i < C; i += L) gs += ({ct})g[row * C + i];
+    gs = netcl_tree_sum(scratch, gs);
+    for ({idx} i = lid; i < C; i += L)
+        gx[row * C + i] = ({st})(({ct})g[row * C + i] - exp(({ct})xr[i] - shift) * inv * gs);
+#else
+    {ct} dot = 0;
+    for ({idx} i = lid; i < C; i += L) dot += ({ct})g[row * C + i] * exp(({ct})xr[i] - shift) * inv;
+    dot = netcl_tree_sum(scratch, dot);
+    for ({idx} i = lid; i < C; i += L) {{
+        const {ct} y = exp(({ct})xr[i] - shift) * inv;
+        gx[row * C + i] = ({st})(y * (({ct})g[row * C + i] - dot));
+    }}
+#endif
+}}
+"""
+
+_NORM_FORWARD = """{pragmas}{tree}
+#define MODE {mode}
+#define HAS_W {has_w}
+#define HAS_B {has_b}
+__kernel void netcl_norm_rows(__global const {st}* x, __global const {st}* w, __global const {st}* b,
+                              __global {st}* out, __global {ct}* mean, __global {ct}* rstd,
+                              const {idx} rows, const {idx} C, const {ct} eps) {{
+    __local {ct} scratch[256];
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    __global const {st}* xr = x + row * C;
+    {ct} mu = 0;
+#if MODE == 0
+    for ({idx} i = lid; i < C; i += L) mu += ({ct})xr[i];
+    mu = netcl_tree_sum(scratch, mu) / ({ct})C;
+#endif
+    {ct} v = 0;
+    for ({idx} i = lid; i < C; i += L) {{ const {ct} d = ({ct})xr[i] - mu; v += d * d; }}
+    v = netcl_tree_sum(scratch, v) / ({ct})C;
+    const {ct} r = ({ct})1 / sqrt(v + eps);
+    if (lid == 0) {{ mean[row] = mu; rstd[row] = r; }}
+    for ({idx} i = lid; i < C; i += L) {{
+        {ct} y = (({ct})xr[i] - mu) * r;
+#if HAS_W
+        y *= ({ct})w[i];
+#endif
+#if HAS_B
+        y += ({ct})b[i];
+#endif
+        out[row * C + i] = ({st})y;
+    }}
+}}
+"""
+
+_NORM_BACKWARD = """{pragmas}{tree}
+#define MODE {mode}
+#define HAS_W {has_w}
+__kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {st}* g, __global const {st}* w,
+                                       __global const {ct}* mean, __global const {ct}* rstd, __global {st}* gx,
+                                       const {idx} rows, const {idx} C) {{
+    __local {ct} scratch[256];
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    const {ct} mu = mean[row], r = rstd[row];
+    {ct} a = 0, bsum = 0;
+    for ({idx} i = lid; i < C; i += L) {{
+        {ct} gy = ({ct})g[row * C + i];
+#if HAS_W
+        gy *= ({ct})w[i];
+#endif
+        a += gy;
+        bsum += gy * ((({ct})x[row * C + i] - mu) * r);
+    }}
+#if MODE == 0
+    a = netcl_tree_sum(scratch, a) / ({ct})C;
+#else
+    a = 0;
+#endif
+    bsum = netcl_tree_sum(scratch, bsum) / ({ct})C;
+    for ({idx} i = lid; i < C; i += L) {{
+        {ct} gy = ({ct})g[row * C + i];
+#if HAS_W
+        gy *= ({ct})w[i];
+#endif
+        const {ct} xhat = (({ct})x[row * C + i] - mu) * r;
+        gx[row * C + i] = ({st})(r * (gy - a - xhat * bsum));
+    }}
+}}
+"""
+
+
+def stats_dtype(dtype: np.dtype) -> np.dtype:
+    """dtype of the saved row statistics (and of the kernels' arithmetic): float64 stays, else float32."""
+    return float64 if dtype == float64 else float32
+
+
+def _check_float(x: Any, op: str) -> None:
+    # anything with a shape and a dtype passes the type check: autograd's checks also run on the
+    # traced values of jit_compile (shape and dtype known, no data yet)
+    if not isinstance(x, Tensor) and not all(hasattr(x, a) for a in ("shape", "dtype", "ndim")):
+        raise TypeError(f"{op}: x must be a Tensor, got {type(x).__name__}")
+    if x.dtype.kind != "f":
+        raise DTypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _run_rows(
+    template: str,
+    name: str,
+    fmt: dict[str, Any],
+    device: Device,
+    rows: int,
+    cols: int,
+    buffers: Sequence[Any],
+    extra=(),
+) -> None:
+    """Launch one work-group per row (``rows`` and ``cols`` as index-typed arguments)."""
+    if rows == 0:
+        return
+    idx = fmt["idx"]
+
+    def source() -> str:
+        return template.format(tree=_TREE.format(**fmt), **fmt)
+
+    key = ("rowwise", name, *sorted(fmt.items()))
+    types = [None] * len(buffers) + [index_dtype(idx)] * 2 + [np.dtype(type(v)) for v in extra]
+    resolved = get_kernel(key, device, source, f"netcl_{name}", types)
+    local = max(1, min(resolved.max_local, pow2_ceil(cols)))
+    dt = index_dtype(idx).type
+    launch(resolved.kernel, rows * local, local, *buffers, dt(rows), dt(cols), *extra, queue=device.queue)
+
+
+def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
+    return {
+        "pragmas": pragmas([x.dtype, stats_dtype(x.dtype)]),
+        "st": storage_ctype(x.dtype),
+        "ct": compute_ctype(stats_dtype(x.dtype)),
+        "idx": index_ctype(x.size),
+        "mode": mode,
+        **flags,
+    }
+
+
+# ---- layout: reduced axes last ---------------------------------------------------------------
+def rows_layout(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...], int, int]:
+    """(x as a contiguous (rows, C) tensor, the permutation applied, rows, C)."""
+    kept = tuple(a for a in range(x.ndim) if a not in axes)
+    perm = kept + axes
+    moved = x if perm == tuple(range(x.ndim)) else transpose(x, perm)
+    C = math.prod(x.shape[a] for a in axes)
+    rows = math.prod(x.shape[a] for a in kept)
+    return moved.reshape(rows, C), perm, rows, C
+
+
+def restore_rows(flat: Tensor, x_shape: tuple[int, ...], perm: tuple[int, ...]) -> Tensor:
+    permuted = flat.reshape(tuple(x_shape[a] for a in perm))
+    if perm == tuple(range(len(perm))):
+        return permuted
+    return transpose(permuted, tuple(int(i) for i in np.argsort(perm)))
+
+
+# ---- softmax family --------------------------------------------------------------------------
+def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, rowmax, rowsum) of softmax / log_softmax / logsumexp over ``axes`` (normalized).
+
+    ``out`` has x's shape, except for logsumexp where it is the flat ``(rows,)`` result.
+    """
+    _check_float(x, MODE_NAMES[mode])
+    flat, perm, rows, C = rows_layout(x, axes)
+    sd = stats_dtype(x.dtype)
+    if x.device.kind == "cpu":
+        data = np.asarray(flat.data, dtype=sd)
+        m = np.max(data, axis=1, keepdims=True) if C else np.full((rows, 1), -np.inf, sd)
+        shift = np.where(np.isinf(m), 0, m).astype(sd)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            e = np.exp(data - shift)
+            s = e.sum(axis=1, keepdims=True)
+            if mode == LOGSUMEXP:
+                res = (shift + np.log(s))[:, 0]
+            elif mode == LOG_SOFTMAX:
+                res = (data - shift) - np.log(s)
+            else:
+                res = e / s
+        out = wrap_numpy(res, x.device, x.dtype)
+        stats = [wrap_numpy(a[:, 0], x.device, sd) for a in (shift, s)]
+    else:
+        out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
+        stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
+        _run_rows(_SOFTMAX_FORWARD, "softmax_rows", _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+    if mode != LOGSUMEXP:
+        out = restore_rows(out, x.shape, perm)
+    return out, stats[0], stats[1]
+
+
+def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes: tuple[int, ...], mode: int) -> Tensor:
+    """d/dx of the softmax-family output for upstream ``g`` (x's shape; ``(rows,)``-sized for logsumexp)."""
+    flat, perm, rows, C = rows_layout(x, axes)
+    if mode == LOGSUMEXP:
+        gflat = g.reshape(rows)
+    else:
+        gflat, _, _, _ = rows_layout(g, axes)
+    sd = stats_dtype(x.dtype)
+    if x.device.kind == "cpu":
+        data = np.asarray(flat.data, dtype=sd)
+        gd = np.asarray(gflat.data, dtype=sd)
+        y = np.exp(data - np.asarray(rowmax.data)[:, None]) / np.asarray(rowsum.data)[:, None]
+        if mode == LOGSUMEXP:
+            res = gd[:, None] * y
+        elif mode == LOG_SOFTMAX:
+            res = gd - y * gd.sum(axis=1, keepdims=True)
+        else:
+            res = y * (gd - (gd * y).sum(axis=1, keepdims=True))
+        gx = wrap_numpy(res, x.device, x.dtype)
+    else:
+        gx = Tensor.empty((rows, C), x.dtype, x.device)
+        gflat = gflat if gflat.dtype == x.dtype else _cast(gflat, x.dtype)
+        _run_rows(
+            _SOFTMAX_BACKWARD,
+            "softmax_rows_backward",
+            _fmt(x, mode),
+            x.device,
+            rows,
+            C,
+            [flat, gflat, rowmax, rowsum, gx],
+        )
+    return restore_rows(gx, x.shape, perm)
+
+
+def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
+    from netcl.runtime.ops.layout import cast
+
+    return cast(t, dtype)
+
+
+def one_axis(x: Tensor, axis: int, op: str) -> tuple[int, ...]:
+    _check_float(x, op)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: x must have at least 1 dimension, got shape {x.shape}")
+    if not -x.ndim <= int(axis) < x.ndim:
+        raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a {x.ndim}-d tensor of shape {x.shape}")
+    return (int(axis) % x.ndim,)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along ``axis``."""
+    return softmax_forward(x, one_axis(x, axis, "softmax"), SOFTMAX)[0]
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """x - max - log(sum(exp(x - max))) along ``axis``."""
+    return softmax_forward(x, one_axis(x, axis, "log_softmax"), LOG_SOFTMAX)[0]
+
+
+def logsumexp_axes(x: Tensor, axis: Any, op: str = "logsumexp") -> tuple[int, ...]:
+    _check_float(x, op)
+    return normalize_axes(axis, x.ndim, op)
+
+
+def logsumexp_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    return tuple((1 if i in axes else d) for i, d in enumerate(shape) if keepdims or i not in axes)
+
+
+def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """log(sum(exp(x))) over ``axis`` (None: all), max-subtracted."""
+    axes = logsumexp_axes(x, axis)
+    out = softmax_forward(x, axes, LOGSUMEXP)[0]
+    return out.reshape(logsumexp_shape(x.shape, axes, keepdims))
+
+
+# ---- layer_norm / rms_norm -------------------------------------------------------------------
+def norm_axes(x: Tensor, normalized_shape: Any, op: str) -> tuple[int, ...]:
+    """The trailing axes ``normalized_shape`` names (ShapeError unless it matches x's trailing dims)."""
+    _check_float(x, op)
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    if not shape or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape) :]) != tuple(int(d) for d in shape):
+        raise ShapeError(
+            f"{op}: normalized_shape {tuple(shape)} must equal the trailing dimensions of x, got x of shape {x.shape}"
+        )
+    return tuple(range(x.ndim - len(shape), x.ndim))
+
+
+def check_affine(param: Any, shape: tuple[int, ...], x: Tensor, op: str, name: str) -> None:
+    if param is None:
+        return
+    if tuple(param.shape) != shape:
+        raise ShapeError(f"{op}: {name} must have shape {shape} (normalized_shape), got {tuple(param.shape)}")
+    if np.dtype(param.dtype) != x.dtype:
+        raise DTypeError(f"{op}: {name} has dtype {param.dtype}, expected x's dtype {x.dtype}")
+
+
+def norm_forward(
+    x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float, mode: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, mean, rstd) of layer_norm (mode LAYER) or rms_norm (mode RMS; mean is 0) over trailing ``axes``."""
+    rows = math.prod(x.shape[: axes[0]])
+    C = math.prod(x.shape[axes[0] :])
+    sd = stats_dtype(x.dtype)
+    if x.device.kind == "cpu":
+        data = np.asarray(x.data, dtype=sd).reshape(rows, C)
+        mu = data.mean(axis=1, keepdims=True) if mode == LAYER else np.zeros((rows, 1), sd)
+        r = (1.0 / np.sqrt(((data - mu) ** 2).mean(axis=1, keepdims=True) + eps)).astype(sd)
+        y = (data - mu) * r
+        if weight is not None:
+            y = y * np.asarray(weight.data, dtype=sd).reshape(1, C)
+        if bias is not None:
+            y = y + np.asarray(bias.data, dtype=sd).reshape(1, C)
+        out = wrap_numpy(y.reshape(x.shape), x.device, x.dtype)
+        mean = wrap_numpy(mu[:, 0], x.device, sd)
+        rstd = wrap_numpy(r[:, 0], x.device, sd)
+        return out, mean, rstd
+    out = Tensor.empty(x.shape, x.dtype, x.device)
+    mean, rstd = (Tensor.empty((rows,), sd, x.device) for _ in range(2))
+    fmt = _fmt(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
+    buffers = [x, weight if weight is not None else x, bias if bias is not None else x, out, mean, rstd]
+    _run_rows(_NORM_FORWARD, "norm_rows", fmt, x.device, rows, C, buffers, (sd.type(eps),))
+    return out, mean, rstd
+
+
+def norm_backward(
+    g: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, axes: tuple[int, ...], mode: int
+) -> Tensor:
+    """d/dx of layer_norm / rms_norm for upstream ``g`` (one kernel: two row sums, then the update)."""
+    rows = math.prod(x.shape[: axes[0]])
+    C = math.prod(x.shape[axes[0] :])
+    sd = stats_dtype(x.dtype)
+    if x.device.kind == "cpu":
+        data = np.asarray(x.data, dtype=sd).reshape(rows, C)
+        gy = np.asarray(g.data, dtype=sd).reshape(rows, C)
+        if weight is not None:
+            gy = gy * np.asarray(weight.data, dtype=sd).reshape(1, C)
+        mu, r = np.asarray(mean.data)[:, None], np.asarray(rstd.data)[:, None]
+        xhat = (data - mu) * r
+        a = gy.mean(axis=1, keepdims=True) if mode == LAYER else 0.0
+        res = r * (gy - a - xhat * (gy * xhat).mean(axis=1, keepdims=True))
+        return wrap_numpy(res.reshape(x.shape), x.device, x.dtype)
+    gx = Tensor.empty(x.shape, x.dtype, x.device)
+    g = g if g.dtype == x.dtype else _cast(g, x.dtype)
+    fmt = _fmt(x, mode, has_w=int(weight is not None))
+    buffers = [x, g, weight if weight is not None else x, mean, rstd, gx]
+    _run_rows(_NORM_BACKWARD, "norm_rows_backward", fmt, x.device, rows, C, buffers)
+    return gx
+
+
+def normalized_input(x: Tensor, mean: Tensor, rstd: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """(x - mean) * rstd as a (rows, C) tensor in the statistics' dtype (for the weight gradient)."""
+    from netcl.runtime.ops.pointwise import mul, sub
+
+    rows = math.prod(x.shape[: axes[0]])
+    flat = x.reshape(rows, math.prod(x.shape[axes[0] :]))
+    return mul(sub(flat, mean.reshape(rows, 1)), rstd.reshape(rows, 1))
+
+
+def layer_norm(
+    x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape`` dims."""
+    axes = norm_axes(x, normalized_shape, "layer_norm")
+    shape = tuple(x.shape[axes[0] :])
+    check_affine(weight, shape, x, "layer_norm", "weight")
+    check_affine(bias, shape, x, "layer_norm", "bias")
+    return norm_forward(x, axes, weight, bias, float(eps), LAYER)[0]
+
+
+def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x**2) + eps) * weight; ``eps`` None is the dtype's machine epsilon (as torch)."""
+    axes = norm_axes(x, normalized_shape, "rms_norm")
+    check_affine(weight, tuple(x.shape[axes[0] :]), x, "rms_norm", "weight")
+    eps = float(np.finfo(x.dtype).eps) if eps is None else float(eps)
+    return norm_forward(x, axes, weight, None, eps, RMS)[0]
+
+
+__all__ = [
+    "LAYER",
+    "LOGSUMEXP",
+    "LOG_SOFTMAX",
+    "RMS",
+    "SOFTMAX",
+    "layer_norm",
+    "log_softmax",
+    "logsumexp",
+    "norm_backward",
+    "norm_forward",
+    "normalized_input",
+    "rms_norm",
+    "softmax",
+    "softmax_backward",
+    "softmax_forward",
+]

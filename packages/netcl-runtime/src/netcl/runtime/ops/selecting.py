@@ -1,0 +1,195 @@
+"""``index_select`` (torch.index_select), ``embedding``, and their deterministic scatter-add backward.
+
+``index_select_backward`` ranks the index values (a stable counting sort: ``J**2`` integer
+compares for an index of length ``J``, one work-item per position) and then gives each element of
+the input gradient one work-item that sums its own positions in index order (binary search in the
+sorted keys: cost ``x.size * log J`` plus the gradient's size). No atomics, so results repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.core.dtypes import C_TYPES
+from netcl.core.errors import ShapeError
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
+from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, split3
+from netcl.runtime.ops.strided import _WORD, filled
+
+# ---- index_select and embedding ------------------------------------------------------------------------
+_INDEX_SELECT = """
+__kernel void netcl_index_select(__global const {word}* x, __global const {it}* index, __global {word}* out,
+                                 {sizes}) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= n) return;
+    const {idx} i = gid % I;
+    const {idx} j = (gid / I) % J;
+    const {idx} o = gid / (J * I);
+    const long v = (long)index[j];
+    out[gid] = (v >= 0 && v < A) ? x[(o * A + ({idx})v) * I + i] : ({word})0;
+}}
+"""
+
+_RANK = """
+__kernel void netcl_rank_index(__global const {it}* index, __global int* perm, __global long* keys, const int J) {{
+    const int j = get_global_id(0);
+    if (j >= J) return;
+    const long key = (long)index[j];
+    int r = 0;
+    for (int k = 0; k < J; ++k) {{
+        const long other = (long)index[k];
+        r += (other < key) || (other == key && k < j);
+    }}
+    perm[r] = j;
+    keys[r] = key;
+}}
+"""
+
+_INDEX_ADD = """{pragmas}
+__kernel void netcl_index_add(__global const {st}* g, __global const int* perm, __global const long* keys,
+                              __global {st}* gx, {sizes}) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= n) return;
+    const {idx} i = gid % I;
+    const {idx} a = (gid / I) % A;
+    const {idx} o = gid / (A * I);
+    int lo = 0, hi = (int)J;
+    while (lo < hi) {{
+        const int mid = (lo + hi) / 2;
+        if (keys[mid] < (long)a) lo = mid + 1; else hi = mid;
+    }}
+    {ct} acc = 0;
+    for (int r = lo; r < (int)J && keys[r] == (long)a; ++r) {{
+        acc += ({ct})g[(o * J + perm[r]) * I + i];
+    }}
+    gx[gid] = ({st})acc;
+}}
+"""
+
+
+def check_index_select_shapes(x_shape: Sequence[int], axis: Any, index_shape: Sequence[int]) -> int:
+    """Validate ``index_select`` by shapes; returns the normalized axis."""
+    if not len(x_shape):
+        raise ShapeError("index_select: x must have at least one dimension, got a 0-d tensor")
+    ax = check_axis(axis, len(x_shape), "index_select")
+    if len(index_shape) > 1:
+        raise ShapeError(f"index_select: index must be 0-d or 1-d, got shape {tuple(index_shape)}")
+    return ax
+
+
+def check_index_select(x: Tensor, axis: Any, index: Any) -> tuple[int, Tensor]:
+    """Validate ``index_select(x, axis, index)``; returns the normalized axis and the index."""
+    index = check_index_tensor(index, "index_select")
+    device_of((x, index), "index_select")
+    return check_index_select_shapes(x.shape, axis, index.shape), index
+
+
+def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
+    """x's entries at positions ``index`` (1-d) along ``axis`` (torch.index_select)."""
+    ax, index = check_index_select(x, axis, index)
+    check_index_range(index, x.shape[ax], "index_select", axis=ax)
+    J = index.size
+    out_shape = (*x.shape[:ax], J, *x.shape[ax + 1 :])
+    if x.device.kind == "cpu":
+        data = np.take(np.asarray(x.data), np.asarray(index.data).reshape(-1).astype(np.int64), axis=ax)
+        return wrap_numpy(data, x.device, x.dtype)
+    out = Tensor.empty(out_shape, x.dtype, x.device)
+    _, A, inner = split3(x.shape, ax)
+    idx = index_ctype(out.size, x.size)
+    word, it = _WORD[x.dtype.itemsize], C_TYPES[index.dtype]
+
+    def source() -> str:
+        return _INDEX_SELECT.format(word=word, it=it, idx=idx, sizes=params(idx, ["n", "A", "J", "I"]))
+
+    types = [None, None, None] + [index_dtype(idx)] * 4
+    run_1d(
+        ("index_select", word, it, idx),
+        x.device,
+        source,
+        "netcl_index_select",
+        types,
+        out.size,
+        x,
+        index,
+        out,
+        *scalars(idx, [out.size, A, J, inner]),
+    )
+    return out
+
+
+def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]) -> Tensor:
+    """The gradient of ``index_select(x, axis, index)`` w.r.t. x of ``shape``: repeated indices add up."""
+    shape = tuple(int(d) for d in shape)
+    ax = axis % len(shape)
+    if grad.device.kind == "cpu":
+        gx = np.zeros(shape, dtype=np.float64 if grad.dtype == np.float64 else np.float32)
+        where = (slice(None),) * ax + (np.asarray(index.data).reshape(-1).astype(np.int64),)
+        np.add.at(gx, where, np.asarray(grad.data, dtype=gx.dtype))
+        return wrap_numpy(gx, grad.device, grad.dtype)
+    out = Tensor.empty(shape, grad.dtype, grad.device)
+    J = index.size
+    if J == 0:
+        return filled(shape, 0, grad.dtype, grad.device)
+    _, A, inner = split3(shape, ax)
+    device = grad.device
+    perm = Tensor.empty((J,), np.int32, device)
+    keys = Tensor.empty((J,), np.int64, device)
+    it = C_TYPES[index.dtype]
+    run_1d(
+        ("rank_index", it),
+        device,
+        lambda: _RANK.format(it=it),
+        "netcl_rank_index",
+        [None, None, None, np.int32],
+        J,
+        index,
+        perm,
+        keys,
+        np.int32(J),
+    )
+    idx = index_ctype(out.size, grad.size)
+    st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
+
+    def source() -> str:
+        return _INDEX_ADD.format(
+            pragmas=pragmas([grad.dtype]), st=st, ct=ct, idx=idx, sizes=params(idx, ["n", "A", "J", "I"])
+        )
+
+    types = [None, None, None, None] + [index_dtype(idx)] * 4
+    run_1d(
+        ("index_add", st, idx),
+        device,
+        source,
+        "netcl_index_add",
+        types,
+        out.size,
+        grad,
+        perm,
+        keys,
+        out,
+        *scalars(idx, [out.size, A, J, inner]),
+    )
+    return out
+
+
+def check_embedding(ids: Any, table: Tensor) -> Tensor:
+    """Validate ``embedding(ids, table)``: a 2-d table and integer ids on its device."""
+    ids = check_index_tensor(ids, "embedding", "ids")
+    if not isinstance(table, Tensor) or table.ndim != 2:
+        got = table.shape if isinstance(table, Tensor) else type(table).__name__
+        raise ShapeError(f"embedding: table must be 2-d (num_embeddings, embedding_dim), got {got}")
+    device_of((ids, table), "embedding")
+    return ids
+
+
+def embedding(ids: Tensor, table: Tensor) -> Tensor:
+    """Rows of ``table`` (V, D) at ``ids`` (any shape): shape ``ids.shape + (D,)``."""
+    ids = check_embedding(ids, table)
+    check_index_range(ids, table.shape[0], "embedding", "ids")
+    rows = index_select(table, 0, ids.reshape(ids.size))
+    return rows.reshape(*ids.shape, table.shape[1])

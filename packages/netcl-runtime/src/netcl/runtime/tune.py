@@ -1,0 +1,241 @@
+"""Per-device parameter search for the GEMM kernels, stored on disk (``python -m netcl.runtime.tune``).
+
+At the first product of a shape class on a device, ``select`` times every candidate config on the
+real problem (device time from profiling events, best of a few runs), keeps the fastest, and
+stores it in ``<kernel cache dir>/tune/<device key>.json``; the device key names what the
+program cache's disk key names (platform, device, driver, device version) plus the kernel
+generation, so a new driver or new kernels search again. Later processes read the file.
+
+``NETCL_TUNE``: "0" turns the search off everywhere (defaults only; what tests and CI use), "1"
+turns it on everywhere; unset, GPUs search and CPU devices use defaults (their compiles are
+slow and a host-BLAS path serves them). No search runs while a capture is recording.
+Shape classes: M, N and K each rounded up to a power of two, batched or not, the layout and
+dtype, so one search serves a range of sizes (and a new batch size mostly reuses it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from netcl.core import Device
+from netcl.runtime import capture as _capture
+from netcl.runtime.disk_cache import cache_dir
+
+log = logging.getLogger("netcl.tune")
+ENV = "NETCL_TUNE"
+#: Bump when the kernels change, so stored winners of older kernels are not reused.
+GENERATION = "gemm-7"
+_LOCK = threading.Lock()
+_MEMORY: dict[str, dict[str, Any]] = {}
+
+
+def enabled(device: Device) -> bool:
+    """Whether a first use searches on ``device`` (see ``NETCL_TUNE`` in the module docstring)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes"):
+        return True
+    return device.is_gpu
+
+
+def device_key(device: Device) -> str:
+    d = device.cl_device
+    parts = [d.platform.name, d.platform.version, d.name, d.driver_version, d.version, GENERATION]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+
+
+def store_path(device: Device) -> Path | None:
+    directory = cache_dir()
+    return None if directory is None else directory / "tune" / f"{device_key(device)}.json"
+
+
+def _table(device: Device) -> dict[str, Any]:
+    key = device_key(device)
+    table = _MEMORY.get(key)
+    if table is None:
+        table = {}
+        path = store_path(device)
+        if path is not None:
+            try:
+                table = json.loads(path.read_text()).get("winners", {})
+            except (OSError, ValueError, AttributeError):
+                table = {}
+        _MEMORY[key] = table
+    return table
+
+
+def _save(device: Device, table: dict[str, Any]) -> None:
+    path = store_path(device)
+    if path is None:
+        return
+    payload = {"device": device.cl_device.name.strip(), "driver": device.driver_version, "winners": table}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:  # an unwritable cache only costs a search in the next process
+        log.warning("netcl tune: cannot store winners at %s (%s)", path, exc)
+
+
+def pow2_class(value: int) -> int:
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def shape_class(family: str, m: int, n: int, k: int, batched: bool, layout: str, dtype: str) -> str:
+    return f"{family}|{layout}|{dtype}|{pow2_class(m)}x{pow2_class(n)}x{pow2_class(k)}|{'b' if batched else '1'}"
+
+
+def lookup(device: Device, key: str) -> dict[str, Any] | None:
+    with _LOCK:
+        return _table(device).get(key)
+
+
+def remember(device: Device, key: str, winner: dict[str, Any], ms: float | None) -> None:
+    with _LOCK:
+        table = _table(device)
+        table[key] = {**winner, "_ms": ms}
+        _save(device, table)
+
+
+def select(
+    device: Device,
+    key: str,
+    candidates: Sequence[Any],
+    default: Any,
+    trial: Callable[[Any], None],
+    encode: Callable[[Any], dict[str, Any]],
+    decode: Callable[[dict[str, Any]], Any],
+    force: bool = False,
+) -> Any:
+    """The stored winner for ``key``, else (searching enabled) the fastest candidate, else ``default``."""
+    stored = None if force else lookup(device, key)
+    if stored is not None:
+        try:
+            return decode({k: v for k, v in stored.items() if not k.startswith("_")})
+        except (TypeError, ValueError):
+            pass  # a stale entry: search again
+    if not force and (not enabled(device) or _capture.RECORDING):
+        return default
+    best, best_ms = search(device, candidates, trial)
+    if best is None:
+        return default
+    remember(device, key, encode(best), best_ms)
+    log.info("netcl tune: %s -> %s (%.3f ms)", key, best, best_ms)
+    return best
+
+
+def search(device: Device, candidates: Sequence[Any], trial: Callable[[Any], None], repeats: int = 3):
+    """(fastest candidate, its ms): each built and run once, then the best of ``repeats`` timed runs."""
+    from netcl.runtime.errors import CompileError, LaunchError
+    from netcl.runtime.perf import timing_region
+
+    best, best_ms = None, float("inf")
+    for cfg in candidates:
+        try:
+            trial(cfg)  # builds; a config the device refuses is skipped
+            device.queue.finish()
+            times = []
+            for _ in range(repeats):
+                with timing_region("tune", device.queue) as region:
+                    trial(cfg)
+                times.append(region.elapsed_ms)
+        except (CompileError, LaunchError) as exc:
+            log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
+            continue
+        ms = min(times)
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best, best_ms
+
+
+def clear(device: Device) -> None:
+    """Forget ``device``'s winners (memory and disk)."""
+    with _LOCK:
+        _MEMORY.pop(device_key(device), None)
+        path = store_path(device)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
+#: (M, N, K, transpose_a, transpose_b) the command searches by default: squares, MLP layers at
+#: batch 128 (forward and both gradients), a weight gradient with a long K.
+DEFAULT_SHAPES = [
+    (256, 256, 256, False, False),
+    (1024, 1024, 1024, False, False),
+    (2048, 2048, 2048, False, False),
+    (4096, 4096, 4096, False, False),
+    (128, 512, 784, False, False),
+    (128, 784, 512, False, True),
+    (784, 512, 128, True, False),
+    (128, 512, 512, False, False),
+    (64, 256, 262144, True, False),
+]
+
+
+def _parse_shape(text: str) -> tuple[int, int, int, bool, bool]:
+    """``MxNxK`` with optional ``:TN`` / ``:NT`` / ``:TT`` layout suffix."""
+    dims, _, layout = text.partition(":")
+    m, n, k = (int(v) for v in dims.lower().split("x"))
+    layout = (layout or "NN").upper()
+    return m, n, k, layout[0] == "T", layout[1] == "T"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m netcl.runtime.tune``: search GEMM tiles for common shapes on a device, store them."""
+    import argparse
+
+    import numpy as np
+
+    import netcl.core as nc
+    from netcl.runtime.ops import gemm_mma, matmul
+
+    parser = argparse.ArgumentParser(prog="python -m netcl.runtime.tune", description=main.__doc__)
+    parser.add_argument("--device", default=None, help="NETCL_DEVICE-style spec (default: the default device)")
+    parser.add_argument("--shape", action="append", default=None, help="MxNxK[:NN|NT|TN|TT], repeatable")
+    parser.add_argument("--force", action="store_true", help="search again even where a winner is stored")
+    parser.add_argument("--show", action="store_true", help="print the stored winners and exit")
+    parser.add_argument("--clear", action="store_true", help="forget this device's winners and exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    device = nc.get_device(args.device)
+    if device.kind != "opencl":
+        raise SystemExit(f"{device!r} runs no OpenCL kernels; nothing to tune")
+    print(f"{device!r}: winners in {store_path(device)}")
+    if args.clear:
+        clear(device)
+        return
+    if args.show:
+        for key, value in sorted(_table(device).items()):
+            print(f"  {key}: {value}")
+        return
+    if args.force:
+        clear(device)
+    os.environ[ENV] = "1"
+    precisions = ["highest"] + [
+        p for p, mode in (("high", "tf32"), ("medium", "bf16")) if gemm_mma.available(device, mode)
+    ]
+    shapes = [_parse_shape(s) for s in args.shape] if args.shape else DEFAULT_SHAPES
+    rng = np.random.default_rng(0)
+    for m, n, k, ta, tb in shapes:
+        a = nc.tensor(rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32), device=device)
+        b = nc.tensor(rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32), device=device)
+        for precision in precisions:
+            matmul(a, b, transpose_a=ta, transpose_b=tb, precision=precision)
+        device.queue.finish()
+    for key, value in sorted(_table(device).items()):
+        print(f"  {key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Layer ops (conv2d, pooling, dropout) vs float64 NumPy references, one ``check`` line per case.
+
+The references are written independently of netcl's kernels: convolution and pooling loop over
+kernel offsets on a padded float64 array (no im2col); adaptive pooling loops over output cells.
+Tolerances: forward sums of <= 27 float32 products (|terms| <= 4) stay within 1e-4 absolute;
+gradients (float32 sums of <= 150 terms against exact float64 finite differences) within 1e-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.runtime as rt
+
+X, W = (2, 3, 5, 5), (4, 3, 3, 3)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def np_conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    n, _, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, o, oh, ow))
+    per = o // groups
+    for g in range(groups):
+        xs = xp[:, g * cg : (g + 1) * cg]
+        ws = w[g * per : (g + 1) * per]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                out[:, g * per : (g + 1) * per] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out if b is None else out + b[None, :, None, None]
+
+
+def np_pool(x, kernel, stride=None, padding=0, kind="max"):
+    (kh, kw), (ph, pw) = _pair(kernel), _pair(padding)
+    sh, sw = _pair(kernel if stride is None else stride)
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
+    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
+    parts = [
+        xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] for i in range(kh) for j in range(kw)
+    ]
+    return np.max(parts, axis=0) if kind == "max" else np.sum(parts, axis=0) / (kh * kw)
+
+
+def np_adaptive_avg(x, size):
+    oh, ow = _pair(size)
+    h, w = x.shape[2:]
+    out = np.zeros((*x.shape[:2], oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            h0, h1 = (i * h) // oh, -(-(i + 1) * h // oh)
+            w0, w1 = (j * w) // ow, -(-(j + 1) * w // ow)
+            out[:, :, i, j] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return out
+
+
+def distinct(shape, seed=0):
+    """Values 0.05 apart in random order: no ties inside a pooling window, even after +-1e-3 steps."""
+    n = int(np.prod(shape))
+    return (np.random.default_rng(seed).permutation(n) * 0.05 - n * 0.025).reshape(shape)
+
+
+# ---- conv2d ---------------------------------------------------------------------------------------
+def test_conv2d(check):
+    # inputs in [-1, 1): gradcheck's float32 differences need |sum(w * out)| small (rounding ~1e-7 |L| / eps)
+    check([X, W, (4,)], np_conv2d, ag.conv2d, atol=1e-4, grad_atol=1e-3, low=-1.0, high=1.0)
+
+
+def test_conv2d_padding_no_bias(check):
+    check(
+        [X, W],
+        lambda x, w: np_conv2d(x, w, padding=1),
+        lambda x, w: ag.conv2d(x, w, padding=1),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
+def test_conv2d_stride2(check):
+    check(
+        [(2, 3, 6, 5), W, (4,)],
+        lambda x, w, b: np_conv2d(x, w, b, stride=2, padding=(1, 0)),
+        lambda x, w, b: ag.conv2d(x, w, b, stride=2, padding=(1, 0)),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
+def test_conv2d_dilation2(check):
+    check(
+        [(1, 2, 7, 6), (3, 2, 3, 2)],
+        lambda x, w: np_conv2d(x, w, padding=2, dilation=2),
+        lambda x, w: ag.conv2d(x, w, None, 1, 2, 2),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
+def test_conv2d_groups2(check):
+    check(
+        [(2, 4, 5, 4), (6, 2, 3, 2), (6,)],
+        lambda x, w, b: np_conv2d(x, w, b, stride=(1, 2), groups=2),
+        lambda x, w, b: ag.conv2d(x, w, b, stride=(1, 2), groups=2),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
+def test_conv2d_1x1_only_weight_grad(check):
+    check(
+        [(2, 3, 4, 4), (5, 3, 1, 1)],
+        np_conv2d,
+        ag.conv2d,
+        atol=1e-4,
+        grad_atol=1e-3,
+        requires_grad=[False, True],
+        gradcheck=False,
+    )
+
+
+# ---- pooling --------------------------------------------------------------------------------------
+P = (2, 3, 6, 5)
+
+
+def test_max_pool2d(check):
+    check([P], lambda x: np_pool(x, 2), lambda x: ag.max_pool2d(x, 2), vals=[distinct(P)])
+
+
+def test_max_pool2d_overlapping_padded(check):
+    check([P], lambda x: np_pool(x, 3, 2, 1), lambda x: ag.max_pool2d(x, 3, 2, 1), vals=[distinct(P, 1)])
+
+
+def test_max_pool2d_rectangular(check):
+    check(
+        [P],
+        lambda x: np_pool(x, (3, 2), (1, 2), (1, 0)),
+        lambda x: ag.max_pool2d(x, (3, 2), (1, 2), (1, 0)),
+        vals=[distinct(P, 2)],
+        gradcheck=False,
+    )
+
+
+def test_avg_pool2d(check):
+    check([P], lambda x: np_pool(x, 2, kind="avg"), lambda x: ag.avg_pool2d(x, 2))
+
+
+def test_avg_pool2d_padded_counts_padding(check):
+    check([P], lambda x: np_pool(x, 3, 2, 1, kind="avg"), lambda x: ag.avg_pool2d(x, 3, 2, 1), gradcheck=False)
+
+
+@pytest.mark.parametrize("size", [1, (2, 3), (4, 4)])
+def test_adaptive_avg_pool2d(check, size):
+    check([P], lambda x: np_adaptive_avg(x, size), lambda x: ag.adaptive_avg_pool2d(x, size), gradcheck=size == 1)
+
+
+def test_adaptive_avg_pool2d_keeps_none_axis(check):
+    check([P], lambda x: np_adaptive_avg(x, (3, 5)), lambda x: ag.adaptive_avg_pool2d(x, (3, None)), gradcheck=False)
+
+
+# ---- dropout --------------------------------------------------------------------------------------
+def _mask(shape, p, seed, device):
+    """The keep mask dropout draws after ``manual_seed(seed)``, read off a forward on ones."""
+    ag.manual_seed(seed)
+    return ag.dropout(ag.tensor(np.ones(shape, np.float32), device=device), p).to_host() != 0
+
+
+def test_dropout(check, device):
+    shape, p = (4, 8), 0.25
+    keep = _mask(shape, p, 7, device)
+
+    def seeded(x):  # reseeding before each call makes every call (and gradcheck's) draw the same mask
+        ag.manual_seed(7)
+        return ag.dropout(x, p)
+
+    check([shape], lambda x: x * keep / (1 - p), seeded)
+
+
+def test_dropout_mask_statistics_and_backends(device):
+    """Keep rate near 1 - p (n = 20000: 4 standard deviations is 0.013); the mask is the same on both backends."""
+    p = 0.3
+    keep = _mask((20000,), p, 123, device)
+    assert abs(keep.mean() - (1 - p)) < 0.013
+    assert np.array_equal(keep, _mask((20000,), p, 123, "cpu"))
+    assert not np.array_equal(keep, _mask((20000,), p, 124, device))
+
+
+def test_dropout_fresh_mask_each_call_and_reproducible(device):
+    x = ag.tensor(np.ones((64,), np.float32), device=device)
+    ag.manual_seed(5)
+    first, second = ag.dropout(x).to_host(), ag.dropout(x).to_host()
+    assert not np.array_equal(first, second)
+    rt.manual_seed(5)  # the runtime's generator is the one ag.manual_seed seeds
+    assert np.array_equal(ag.dropout(x).to_host(), first)
+    assert rt.initial_seed() == 5
+
+
+def test_dropout_identity_cases(device):
+    x = ag.tensor(np.arange(6, dtype=np.float32), requires_grad=True, device=device)
+    assert ag.dropout(x, 0.5, training=False) is x
+    assert ag.dropout(x, 0.0) is x
+    with ag.Tape() as tape:
+        y = ag.dropout(x, 1.0)
+    assert np.array_equal(y.to_host(), np.zeros(6))
+    tape.backward(ag.sum(y))
+    assert np.array_equal(x.grad.to_host(), np.zeros(6))
+
+
+def test_dropout_replays_draw_new_masks(cl_device):
+    """In a CompiledGraph each replay advances a device counter: a new mask, and the backward uses it."""
+    from netcl.autograd.graph import CompiledGraph
+
+    x = ag.tensor(np.ones((256,), np.float32), requires_grad=True, device=cl_device)
+    graph = CompiledGraph([x])
+    with graph:
+        with ag.Tape() as tape:
+            out = ag.dropout(x, 0.5) * 3.0
+        tape.backward(ag.sum(out))
+        graph.outputs = out
+    outputs = [out.to_host()]
+    assert np.array_equal(x.grad.to_host(), outputs[0])  # d(3 * dropout(x))/dx = 6 * mask = out at x = 1
+    for _ in range(2):
+        outputs.append(graph.replay().to_host())
+        assert np.array_equal(graph.grads[0].to_host(), outputs[-1])
+    assert not np.array_equal(outputs[0], outputs[1]) and not np.array_equal(outputs[1], outputs[2])
+    assert all(abs((o != 0).mean() - 0.5) < 0.15 for o in outputs)  # 256 draws: 0.15 is 4.8 sigma

@@ -1,0 +1,162 @@
+"""jit_compile guards on captured tensors: rebinding what the function reads re-traces.
+
+A jitted function that reads a tensor which is not an argument bakes that tensor into its plan.
+Rebinding the closure variable, module global, attribute or dict entry it came from must give
+the new tensor's result on the next call (the plan is traced again), an in-place update of the
+captured buffer must be seen without a new trace, and a capture netcl cannot watch warns once.
+Results are compared with float64 NumPy: one or two float32 ops per element, so rtol 1e-6.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.jit import UnwatchedCaptureWarning, jit_compile
+from netcl.runtime import ops as R
+
+RTOL = 1e-6
+X = np.linspace(-2.0, 2.0, 12, dtype=np.float32).reshape(3, 4)
+
+
+def const(value, device, shape=(3, 4)):
+    return ag.tensor(np.full(shape, value, np.float32), device=device)
+
+
+def check(result, expected):
+    np.testing.assert_allclose(result.to_host(), np.asarray(expected, np.float64), rtol=RTOL)
+
+
+def fused_once(fn) -> None:
+    """The jitted function ran fused (no fallback) and traced again exactly once per rebinding."""
+    info = fn.cache_info()
+    assert info["fallbacks"] == 0 and info["entries"] == 1, info
+
+
+def test_rebinding_a_closure_variable_retraces(device):
+    x = ag.tensor(X, device=device)
+    c = const(1.0, device)
+    fn = jit_compile(lambda t: ag.relu(t * c) + c)
+    check(fn(x), np.maximum(X, 0) + 1.0)
+    c = const(-3.0, device)
+    check(fn(x), np.maximum(X.astype(np.float64) * -3.0, 0) - 3.0)
+    check(fn(x), np.maximum(X.astype(np.float64) * -3.0, 0) - 3.0)  # a cache hit again
+    assert fn.cache_info()["retraces"] == 1
+    fused_once(fn)
+
+
+SCALE = None
+
+
+def _scaled(t):
+    return ag.tanh(t * SCALE)
+
+
+def test_rebinding_a_module_global_retraces(device):
+    global SCALE
+    x = ag.tensor(X, device=device)
+    SCALE = const(0.5, device)
+    fn = jit_compile(_scaled)
+    check(fn(x), np.tanh(X * 0.5))
+    SCALE = const(2.0, device, shape=(4,))  # another shape too: the plan is rebuilt for it
+    check(fn(x), np.tanh(X.astype(np.float64) * 2.0))
+    assert fn.cache_info()["retraces"] == 1
+    fused_once(fn)
+
+
+class Affine:
+    """A model-like object: the jitted call reads its attributes and a dict of extra terms."""
+
+    def __init__(self, w, b):
+        self.w = w
+        self.extra = {"b": b}
+
+    def __call__(self, t):
+        return ag.sigmoid(t * self.w + self.extra["b"])
+
+
+def test_rebinding_an_attribute_or_dict_entry_retraces(device):
+    x = ag.tensor(X, device=device)
+    model = Affine(const(1.0, device), const(0.0, device))
+    fn = jit_compile(model)
+    sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
+    check(fn(x), sig(X.astype(np.float64)))
+    model.w = const(2.0, device)
+    check(fn(x), sig(2.0 * X.astype(np.float64)))
+    model.extra["b"] = const(-1.0, device)
+    check(fn(x), sig(2.0 * X.astype(np.float64) - 1.0))
+    assert fn.cache_info()["retraces"] == 2
+    fused_once(fn)
+
+
+def test_attribute_of_an_argument_and_of_self_in_a_bound_method(device):
+    class Holder:
+        def __init__(self, c):
+            self.c = c
+
+        def forward(self, t):
+            return t * self.c
+
+    x = ag.tensor(X, device=device)
+    holder = Holder(const(2.0, device))
+    as_argument = jit_compile(lambda h, t: ag.relu(t + h.c))  # h is a static argument
+    bound = jit_compile(holder.forward)
+    check(as_argument(holder, x), np.maximum(X + 2.0, 0))
+    check(bound(x), X * 2.0)
+    holder.c = const(-1.0, device)
+    check(as_argument(holder, x), np.maximum(X.astype(np.float64) - 1.0, 0))
+    check(bound(x), -X.astype(np.float64))
+
+
+def test_in_place_update_of_a_captured_buffer_is_seen_without_a_retrace(device):
+    x = ag.tensor(X, device=device)
+    c = const(1.0, device)
+    fn = jit_compile(lambda t: t * c + 1.0)
+    check(fn(x), X + 1.0)
+    R.add_(c.value, 2.0)  # c is still the same tensor, its buffer now holds 3
+    check(fn(x), X.astype(np.float64) * 3.0 + 1.0)
+    assert fn.cache_info()["retraces"] == 0 and fn.cache_info()["misses"] == 1
+
+
+def test_fused_gradient_follows_the_rebound_tensor(device):
+    x = ag.tensor(X, requires_grad=True, device=device)
+    c = const(2.0, device)
+    fn = jit_compile(lambda t: t * t * c)
+    ag.sum(fn(x)).backward()
+    np.testing.assert_allclose(x.grad.to_host(), 4.0 * X, rtol=RTOL)
+    c = const(-0.5, device)
+    x.grad = None
+    ag.sum(fn(x)).backward()
+    np.testing.assert_allclose(x.grad.to_host(), -1.0 * X, rtol=RTOL)
+
+
+def _fresh(device):
+    return const(5.0, device)
+
+
+def test_unwatchable_capture_warns_once_naming_shape_and_line(device):
+    x = ag.tensor(X, device=device)
+    fn = jit_compile(lambda t: t + _fresh(device))  # made by a call: nothing to watch
+    with pytest.warns(UnwatchedCaptureWarning) as record:
+        check(fn(x), X + 5.0)
+    (warning,) = [w for w in record if issubclass(w.category, UnwatchedCaptureWarning)]
+    message = str(warning.message)
+    assert "(3, 4) float32 tensor" in message and "Pass it as an argument" in message
+    assert "test_jit_guards.py" in warning.filename and "_fresh(device)" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnwatchedCaptureWarning)
+        check(fn(x), X + 5.0)  # a cache hit: no new warning
+        y = ag.tensor(np.ones(4, np.float32), device=device)
+        check(fn(y), np.full((3, 4), 6.0))  # another signature: traced again, no second warning
+    assert fn.cache_info()["misses"] == 2 and fn.cache_info()["retraces"] == 0
+
+
+def test_watched_captures_do_not_warn(device):
+    x = ag.tensor(X, device=device)
+    c = const(1.0, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnwatchedCaptureWarning)
+        check(jit_compile(lambda t: t - c)(x), X - 1.0)

@@ -1,0 +1,223 @@
+"""Layers against float64 NumPy references of PyTorch's definitions, loaded with torch-layout weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+import netcl.nn as nn
+from netcl.nn.functional import linear
+
+
+def _helpers():
+    name = "netcl_autograd_test_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "autograd" / "helpers.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _rand(seed, *shape, scale=1.0):
+    return (np.random.default_rng(seed).uniform(-1, 1, shape) * scale).astype(np.float32)
+
+
+# ---- functional.linear (one op: forward, gradients, gradcheck) ------------------------------------
+@pytest.mark.parametrize(
+    "shapes",
+    [((4, 5), (3, 5), (3,)), ((2, 4, 5), (3, 5), (3,)), ((4, 5), (3, 5))],
+    ids=["2d", "3d", "no-bias"],
+)
+def test_linear_op(device, shapes):
+    def reference(x, w, b=None):
+        return x @ w.T + (0 if b is None else b)
+
+    _helpers().check_op(shapes, reference, linear, device=device)
+
+
+def test_linear_bad_inputs(device):
+    x = ag.tensor(np.zeros((4, 5), np.float32), device=device)
+    with pytest.raises(
+        nc.ShapeError, match=r"linear: x has shape \(4, 5\), expected \(\.\.\., 6\) for weight \(3, 6\)"
+    ):
+        linear(x, ag.tensor(np.zeros((3, 6), np.float32), device=device))
+    with pytest.raises(nc.ShapeError, match=r"linear: bias has shape \(4,\), expected \(3,\)"):
+        linear(x, ag.tensor(np.zeros((3, 5), np.float32), device=device), ag.tensor(np.zeros(4, np.float32)))
+    with pytest.raises(ValueError, match="Linear: in_features must be a positive int, got 0"):
+        nn.Linear(0, 3)
+    with pytest.raises(ValueError, match=r"in_channels \(3\) and out_channels \(4\) must be divisible by groups \(2\)"):
+        nn.Conv2d(3, 4, 3, groups=2)
+
+
+# ---- a torch-layout state dict gives torch's outputs ----------------------------------------------
+def _conv_reference(x, w, b, padding):
+    x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    n, _, h, wd = x.shape
+    o, _c, kh, kw = w.shape
+    out = np.zeros((n, o, h - kh + 1, wd - kw + 1))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i : i + out.shape[2], j : j + out.shape[3]]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out + b[None, :, None, None]
+
+
+def _maxpool_reference(x):
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+
+
+def test_torch_layout_weights_give_torch_outputs(device):
+    """The digits CNN's layers, weights in PyTorch's layout (conv OIHW, linear (out, in)) by torch's keys."""
+    state = {
+        "0.weight": _rand(1, 4, 1, 3, 3),
+        "0.bias": _rand(2, 4),
+        "3.weight": _rand(3, 6, 4, 3, 3, scale=0.5),
+        "3.bias": _rand(4, 6),
+        "7.weight": _rand(5, 10, 24, scale=0.3),
+        "7.bias": _rand(6, 10),
+    }
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, device=device),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 3, padding=1, device=device),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(24, 10, device=device),
+    )
+    model.load_state_dict(state)
+    x = _rand(7, 3, 1, 8, 8)
+    s = {k: v.astype(np.float64) for k, v in state.items()}
+    h = _maxpool_reference(np.maximum(_conv_reference(x.astype(np.float64), s["0.weight"], s["0.bias"], 1), 0))
+    h = _maxpool_reference(np.maximum(_conv_reference(h, s["3.weight"], s["3.bias"], 1), 0))
+    expected = h.reshape(3, -1) @ s["7.weight"].T + s["7.bias"]
+    np.testing.assert_allclose(model(ag.tensor(x, device=device)).to_host(), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- initialization ------------------------------------------------------------------------------------
+def test_default_init_follows_torch_bounds_and_repeats_after_manual_seed(device):
+    ag.manual_seed(11)
+    layer = nn.Linear(400, 300, device=device)
+    conv = nn.Conv2d(8, 16, 3, device=device)
+    bound = 1 / math.sqrt(400)  # kaiming_uniform(a=sqrt(5)) on (out, in): U(-1/sqrt(in), 1/sqrt(in))
+    w = layer.weight.to_host()
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.99 * bound
+    # U(-a, a) has std a / sqrt(3): 120000 samples pin it within 1%
+    np.testing.assert_allclose(w.std(), bound / math.sqrt(3), rtol=0.01)
+    assert np.abs(layer.bias.to_host()).max() <= bound
+    conv_bound = 1 / math.sqrt(8 * 9)
+    assert np.abs(conv.weight.to_host()).max() <= conv_bound and np.abs(conv.bias.to_host()).max() <= conv_bound
+    ag.manual_seed(11)
+    again = nn.Linear(400, 300, device=device)
+    np.testing.assert_array_equal(again.weight.to_host(), w)
+    assert not np.array_equal(nn.Linear(400, 300, device=device).weight.to_host(), w)
+
+
+# ---- parameter-free layers -----------------------------------------------------------------------------
+def test_simple_layers(device):
+    x = _rand(8, 2, 3, 6, 6)
+    xn = ag.tensor(x, device=device)
+    x64 = x.astype(np.float64)
+    cases = [
+        (nn.ReLU(), np.maximum(x64, 0)),
+        (nn.Tanh(), np.tanh(x64)),
+        (nn.Sigmoid(), 1 / (1 + np.exp(-x64))),
+        (nn.GELU(), 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))),
+        (nn.Identity(), x64),
+        (nn.Flatten(), x64.reshape(2, -1)),
+        (nn.MaxPool2d(2), _maxpool_reference(x64)),
+        (nn.AvgPool2d(3), x64.reshape(2, 3, 2, 3, 2, 3).mean(axis=(3, 5))),
+        (nn.AdaptiveAvgPool2d(1), x64.mean(axis=(2, 3), keepdims=True)),
+    ]
+    for layer, expected in cases:
+        np.testing.assert_allclose(layer(xn).to_host(), expected, rtol=1e-5, atol=1e-6, err_msg=repr(layer))
+    with pytest.raises(ValueError, match="approximate='tanh' only"):
+        nn.GELU(approximate="none")
+
+
+def test_dropout_train_and_eval(device):
+    x = ag.tensor(np.ones((64, 64), np.float32), device=device)
+    layer = nn.Dropout(0.25)
+    out = layer(x).to_host()
+    assert set(np.unique(out)) <= {0.0, np.float32(1 / 0.75)}
+    assert 0.2 < np.mean(out == 0) < 0.3  # 4096 draws: the kept fraction is 0.75 +- 0.02
+    assert layer.eval()(x) is x
+    with pytest.raises(ValueError, match=r"Dropout: p must be a probability in \[0, 1\], got 1.5"):
+        nn.Dropout(1.5)
+
+
+def test_embedding(device):
+    table = _rand(9, 10, 4)
+    layer = nn.Embedding(10, 4, device=device)
+    layer.load_state_dict({"weight": table})
+    ids = np.array([[1, 9], [0, 1]], np.int32)
+    np.testing.assert_array_equal(layer(ids).to_host(), table[ids])
+
+
+# ---- normalization (the ops come with issue 12's op set) ---------------------------------------------------
+def needs(*names):
+    missing = [name for name in names if not hasattr(ag, name)]
+    return pytest.mark.skipif(bool(missing), reason=f"ag.{', '.join(missing)} not in this tree yet")
+
+
+@needs("batch_norm")
+def test_batch_norm_train_and_eval_match_torch(device):
+    x = _rand(10, 4, 3, 2, 2) * 2 + 0.5
+    layer = nn.BatchNorm2d(3, momentum=0.2, device=device)
+    layer.load_state_dict(
+        {
+            "weight": _rand(11, 3) + 1,
+            "bias": _rand(12, 3),
+            "running_mean": np.zeros(3),
+            "running_var": np.ones(3),
+            "num_batches_tracked": np.array(0),
+        },
+    )
+    w, b = layer.weight.to_host().astype(np.float64), layer.bias.to_host().astype(np.float64)
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
+    shape = (1, 3, 1, 1)
+    expected = (x64 - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-5) * w.reshape(shape) + b.reshape(shape)
+    np.testing.assert_allclose(layer(ag.tensor(x, device=device)).to_host(), expected, rtol=1e-4, atol=1e-5)
+    unbiased = var * 16 / 15
+    np.testing.assert_allclose(layer.running_mean.to_host(), 0.2 * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.running_var.to_host(), 0.8 + 0.2 * unbiased, rtol=1e-5)
+    assert layer.num_batches_tracked.to_host() == 1
+    layer.eval()
+    rm, rv = 0.2 * mean, 0.8 + 0.2 * unbiased
+    expected = (x64 - rm.reshape(shape)) / np.sqrt(rv.reshape(shape) + 1e-5) * w.reshape(shape) + b.reshape(shape)
+    np.testing.assert_allclose(layer(ag.tensor(x, device=device)).to_host(), expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(nc.ShapeError, match=r"BatchNorm2d: x has shape \(4, 3, 2\), expected \(N, 3, H, W\)"):
+        layer(ag.tensor(x[..., 0], device=device))
+    with pytest.raises(nc.ShapeError, match=r"expected \(N, 5\) or \(N, 5, L\)"):
+        nn.BatchNorm1d(5, device=device)(ag.tensor(x, device=device))
+
+
+@needs("layer_norm")
+def test_layer_norm(device):
+    x = _rand(13, 2, 5, 6)
+    layer = nn.LayerNorm(6, device=device)
+    layer.load_state_dict({"weight": _rand(14, 6) + 1, "bias": _rand(15, 6)})
+    x64 = x.astype(np.float64)
+    normed = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    expected = normed * layer.weight.to_host() + layer.bias.to_host()
+    np.testing.assert_allclose(layer(ag.tensor(x, device=device)).to_host(), expected, rtol=1e-4, atol=1e-5)
+
+
+@needs("silu")
+def test_silu(device):
+    x = _rand(13, 2, 5, 6)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(
+        nn.SiLU()(ag.tensor(x, device=device)).to_host(), x64 / (1 + np.exp(-x64)), rtol=1e-5, atol=1e-6
+    )

@@ -1,0 +1,233 @@
+"""SGD / Adam / AdamW against float64 NumPy transcriptions of torch.optim's algorithms, a few steps.
+
+Tolerances: the kernels compute in float32; three steps of these updates on values of order 1
+stay within ~1e-6 absolute of the float64 reference (Adam's step is ~lr per element).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+import netcl.nn as nn
+from netcl.optim import SGD, Adam, AdamW
+
+STEPS = 3
+SHAPES = [(3, 4), (5,)]
+
+
+def _setup(device, seed=0):
+    rng = np.random.default_rng(seed)
+    values = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in SHAPES] for _ in range(STEPS)]
+    params = [nn.Parameter(v, device=device) for v in values]
+    return params, values, grads
+
+
+def _run(opt_cls, kwargs, device):
+    params, values, grads = _setup(device)
+    opt = opt_cls(params, **kwargs)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = nc.tensor(g, device=device)
+        opt.step()
+        opt.zero_grad()
+    return [p.to_host() for p in params], values, grads, opt
+
+
+def sgd_reference(values, grads, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
+    params = [v.astype(np.float64) for v in values]
+    bufs = [None] * len(params)
+    for step_grads in grads:
+        for i, g in enumerate(step_grads):
+            d = g.astype(np.float64) + weight_decay * params[i]
+            if momentum:
+                bufs[i] = d.copy() if bufs[i] is None else momentum * bufs[i] + (1 - dampening) * d
+                d = d + momentum * bufs[i] if nesterov else bufs[i]
+            params[i] = params[i] - lr * d
+    return params
+
+
+def adam_reference(values, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+    params = [v.astype(np.float64) for v in values]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    b1, b2 = betas
+    for t, step_grads in enumerate(grads, start=1):
+        for i, g in enumerate(step_grads):
+            g = g.astype(np.float64)
+            if decoupled:
+                params[i] = params[i] * (1 - lr * weight_decay)
+            else:
+                g = g + weight_decay * params[i]
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            denom = np.sqrt(v[i]) / math.sqrt(1 - b2**t) + eps
+            params[i] = params[i] - lr / (1 - b1**t) * m[i] / denom
+    return params
+
+
+SGD_CASES = [
+    {"lr": 0.1},
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.05, "momentum": 0.8, "dampening": 0.3, "weight_decay": 0.01},
+    {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1},
+]
+
+
+@pytest.mark.parametrize("kwargs", SGD_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_sgd_matches_torch_algorithm(device, kwargs):
+    got, values, grads, _ = _run(SGD, kwargs, device)
+    for a, b in zip(got, sgd_reference(values, grads, **kwargs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+ADAM_CASES = [
+    (Adam, {"lr": 0.01}, False),
+    (Adam, {"lr": 0.02, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}, False),
+    (AdamW, {"lr": 0.01}, True),  # default weight_decay 0.01
+    (AdamW, {"lr": 0.03, "weight_decay": 0.5}, True),
+]
+
+
+@pytest.mark.parametrize("opt_cls,kwargs,decoupled", ADAM_CASES, ids=["adam", "adam-l2", "adamw", "adamw-wd"])
+def test_adam_matches_torch_algorithm(device, opt_cls, kwargs, decoupled):
+    got, values, grads, _ = _run(opt_cls, kwargs, device)
+    ref_kwargs = dict(kwargs)
+    if opt_cls is AdamW:
+        ref_kwargs.setdefault("weight_decay", 0.01)
+    for a, b in zip(got, adam_reference(values, grads, decoupled=decoupled, **ref_kwargs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_param_groups_use_their_own_hyperparameters(device):
+    params, values, grads = _setup(device)
+    opt = SGD([{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5}], lr=0.1, momentum=0.5)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = nc.tensor(g, device=device)
+        opt.step()
+    ref0 = sgd_reference(values[:1], [g[:1] for g in grads], lr=0.1, momentum=0.5)[0]
+    ref1 = sgd_reference(values[1:], [g[1:] for g in grads], lr=0.5, momentum=0.5)[0]
+    np.testing.assert_allclose(params[0].to_host(), ref0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(params[1].to_host(), ref1, rtol=1e-5, atol=1e-6)
+
+
+def test_parameter_without_grad_is_skipped_and_keeps_its_step(device):
+    params, values, grads = _setup(device)
+    opt = Adam(params, lr=0.1)
+    params[0].grad = nc.tensor(grads[0][0], device=device)
+    opt.step()
+    np.testing.assert_array_equal(params[1].to_host(), values[1])
+    assert opt.steps.to_host().tolist() == [1, 0]
+    assert params[1] not in opt.state
+
+
+def test_changing_lr_between_steps_takes_effect(device):
+    params, values, grads = _setup(device)
+    opt = SGD(params, lr=0.1)
+    for step_grads, lr in zip(grads, (0.1, 0.01, 0.3), strict=True):
+        opt.param_groups[0]["lr"] = lr
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = nc.tensor(g, device=device)
+        opt.step()
+    expected = [
+        v.astype(np.float64) - sum(lr * g[i] for g, lr in zip(grads, (0.1, 0.01, 0.3), strict=True))
+        for i, v in enumerate(values)
+    ]
+    for a, b in zip(params, expected, strict=True):
+        np.testing.assert_allclose(a.to_host(), b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", [(SGD, {"lr": 0.1, "momentum": 0.9}), (Adam, {"lr": 0.01})])
+def test_state_dict_round_trip_continues_identically(device, opt_cls, kwargs):
+    params_a, values, grads = _setup(device)
+    params_b = [nn.Parameter(v, device=device) for v in values]
+    opt_a = opt_cls(params_a, **kwargs)
+    for step_grads in grads[:2]:
+        for p, g in zip(params_a, step_grads, strict=True):
+            p.grad = nc.tensor(g, device=device)
+        opt_a.step()
+    saved = opt_a.state_dict()
+    assert sorted(saved["state"]) == [0, 1] and saved["state"][0]["step"] == 2.0
+    assert saved["param_groups"][0]["params"] == [0, 1]
+    for p, q in zip(params_b, params_a, strict=True):
+        p.value = nc.tensor(q.to_host(), device=device)
+    opt_b = opt_cls(params_b, lr=123.0)  # the loaded groups bring back the saved lr
+    opt_b.load_state_dict(saved)
+    assert opt_b.param_groups[0]["lr"] == kwargs["lr"]
+    for opt, params in ((opt_a, params_a), (opt_b, params_b)):
+        for p, g in zip(params, grads[2], strict=True):
+            p.grad = nc.tensor(g, device=device)
+        opt.step()
+    for a, b in zip(params_a, params_b, strict=True):
+        np.testing.assert_array_equal(a.to_host(), b.to_host())
+
+
+def test_load_state_dict_errors(device):
+    params, _, _ = _setup(device)
+    opt = Adam(params)
+    two_groups = Adam([{"params": [params[0]]}, {"params": [params[1]]}])
+    with pytest.raises(ValueError, match="1 parameter groups, this optimizer 2"):
+        two_groups.load_state_dict(opt.state_dict())
+    bad = {
+        "state": {0: {"step": 1.0, "exp_avg": np.zeros((2, 2)), "exp_avg_sq": np.zeros((3, 4))}},
+        "param_groups": opt.state_dict()["param_groups"],
+    }
+    with pytest.raises(ValueError, match=r"state 'exp_avg' of parameter 0 has shape \(2, 2\), expected \(3, 4\)"):
+        opt.load_state_dict(bad)
+    assert opt.state == {}
+
+
+def test_zero_grad_modes(device):
+    params, _, grads = _setup(device)
+    opt = SGD(params, lr=0.1)
+    for p, g in zip(params, grads[0], strict=True):
+        p.grad = nc.tensor(g, device=device)
+    opt.zero_grad(set_to_none=False)
+    assert all(np.all(p.grad.to_host() == 0) and p.grad.shape == p.shape for p in params)
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
+
+
+def test_bad_hyperparameters_and_params(device):
+    params, _, _ = _setup(device)
+    with pytest.raises(ValueError, match="SGD: lr must be a number >= 0, got -1"):
+        SGD(params, lr=-1)
+    with pytest.raises(ValueError, match="nesterov needs momentum > 0 and dampening = 0"):
+        SGD(params, lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match=r"Adam: betas must be two numbers in \[0, 1\)"):
+        Adam(params, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="empty parameter list"):
+        Adam([])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        SGD([{"params": params}, {"params": params[:1]}], lr=0.1)
+    with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['momentum'\] for Adam"):
+        Adam([{"params": params, "momentum": 0.9}])
+    x = ag.tensor(np.ones(3, np.float32), requires_grad=True, device=device)
+    with pytest.raises(ValueError, match="must be a leaf with requires_grad"):
+        SGD([x * 2.0], lr=0.1)
+    opt = SGD(params, lr=0.1)
+    opt.param_groups[0]["lr"] = -0.5
+    with pytest.raises(ValueError, match=r"lr must be a number >= 0, got -0\.5"):
+        opt.step()
+
+
+def test_each_parameter_update_is_one_kernel(cl_device):
+    from netcl.runtime.graph import Graph
+
+    params, _, grads = _setup(cl_device)
+    for opt in (SGD(params, lr=0.1, momentum=0.9), Adam(params), AdamW(params)):
+        for p, g in zip(params, grads[0], strict=True):
+            p.grad = nc.tensor(g, device=cl_device)
+        opt.step()  # builds the programs and the state buffers outside the capture
+        graph = Graph()
+        with graph.capture(cl_device.queue):
+            opt.step()
+        names = [launch.name for launch in graph.launches]
+        kernel = "netcl_sgd" if isinstance(opt, SGD) else "netcl_adam"
+        assert names == [kernel] * len(params) + ["netcl_count_steps"]

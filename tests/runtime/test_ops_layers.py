@@ -1,0 +1,120 @@
+"""The layer kernels of the runtime (im2col/col2im, pooling, strided copies, indexing, dropout).
+
+Values are checked through autograd's ``check_op`` tests (tests/autograd/test_ops_layers.py and
+test_ops_shape.py); here: col2im is the adjoint of im2col, and every layer kernel is shape-generic
+(a new batch or image size builds no program).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import ops as R
+from netcl.runtime.cache import program_cache
+from netcl.runtime.ops import conv, gathering, indexing, pool, selecting, shape, strided
+from netcl.runtime.ops.random import dropout
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 0, 1), ((2, 1), (1, 2), 2)])
+def test_col2im_is_the_adjoint_of_im2col(device, stride, padding, dilation):
+    """<im2col(x), c> == <x, col2im(c)> for random x and c (float32 sums of ~500 terms: rtol 1e-4)."""
+    rng = np.random.default_rng(0)
+    geo = conv.ConvGeometry(
+        (2, 3, 7, 6),
+        (3, 2),
+        conv.pair(stride, "stride", "t", 1),
+        conv.pair(padding, "padding", "t", 0),
+        conv.pair(dilation, "dilation", "t", 1),
+        "t",
+    )
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    c = rng.standard_normal((2, 3 * 3 * 2, geo.OH * geo.OW)).astype(np.float32)
+    cols = conv.im2col(nc.tensor(x, device=device), geo).to_host()
+    back = conv.col2im(nc.tensor(c, device=device), geo).to_host()
+    lhs = np.sum(cols.astype(np.float64) * c)
+    rhs = np.sum(x.astype(np.float64) * back)
+    assert lhs == pytest.approx(rhs, rel=1e-4)
+
+
+def _layer_calls(n: int, h: int, device: nc.Device) -> None:
+    """One call of every layer kernel at batch ``n`` and image size ``h`` x ``h + 1``."""
+    rng = np.random.default_rng(n)
+    x = nc.tensor(rng.standard_normal((n, 2, h, h + 1)), device=device)
+    geo = conv.ConvGeometry(x.shape, (3, 3), (1, 1), (1, 1), (1, 1), "t")
+    conv.col2im(conv.im2col(x, geo), geo)
+    g = pool.max_pool2d(x, 2)
+    pool.max_pool2d_backward(g, x, 2)
+    pool.avg_pool2d_backward(pool.avg_pool2d(x, 3, 1, 1), x.shape, 3, 1, 1)
+    pool.adaptive_avg_pool2d_backward(pool.adaptive_avg_pool2d(x, 1), x.shape)
+    flat = x.reshape(n * 2, h * (h + 1))
+    index = nc.tensor(rng.integers(0, h, size=(n * 2, 3)).astype(np.int64), device=device)
+    gathering.gather_backward(gathering.gather(flat, 1, index), 1, index, flat.shape)
+    rows = nc.tensor(np.arange(n) % 2, device=device)
+    selecting.index_select_backward(selecting.index_select(flat, 0, rows), 0, rows, flat.shape)
+    indexing.getitem_backward(
+        indexing.getitem(x, (slice(None), 1, slice(None, None, 2))), x.shape, (slice(None), 1, slice(None, None, 2))
+    )
+    shape.pad_backward(shape.pad(x, (1, 1, 0, 2)), x.shape, (1, 1, 0, 2))
+    dropout(x, 0.5, 1)
+
+
+def test_layer_kernels_are_shape_generic(cl_device):
+    """A second batch size and image size reuse every program the first one built."""
+    _layer_calls(2, 5, cl_device)
+    before = program_cache.stats().misses
+    _layer_calls(3, 7, cl_device)
+    assert program_cache.stats().misses == before
+
+
+def test_strided_copy_bounds_are_checked(device):
+    x = nc.tensor(np.arange(6, dtype=np.float32), device=device)
+    with pytest.raises(IndexError, match=r"reaches flat positions \[-1, 3\] outside a tensor of 6 elements"):
+        strided.strided_copy(x, (2, 2), (3, -1), 0)
+    np.testing.assert_array_equal(strided.strided_copy(x, (2, 3), (1, 2), 0).to_host(), [[0, 2, 4], [1, 3, 5]])
+
+
+def test_runtime_layer_ops_without_autograd(device):
+    """The eager library alone runs a conv-pool-flatten step (no netcl.autograd import needed)."""
+    rng = np.random.default_rng(1)
+    x = nc.tensor(rng.standard_normal((2, 1, 6, 6)), device=device)
+    w = nc.tensor(rng.standard_normal((4, 1, 3, 3)), device=device)
+    y = R.max_pool2d(R.relu(R.conv2d(x, w, None, 1, 1)), 2)
+    assert y.shape == (2, 4, 3, 3)
+    joined = R.concat([R.getitem(y, (slice(None), 0)), R.narrow(y, 1, 1, 1).reshape(2, 3, 3)], axis=1)
+    assert joined.shape == (2, 6, 3)
+    np.testing.assert_array_equal(joined.to_host()[:, 3:], y.to_host()[:, 1])
+
+
+def _has_fp16(device: nc.Device) -> bool:
+    return device.kind == "cpu" or "cl_khr_fp16" in device.extensions
+
+
+def test_float16_layer_ops_follow_float32(device):
+    """float16 (amp's dtype) through every layer kernel, against the float32 result (rtol 1e-2: fp16 rounding)."""
+    if not _has_fp16(device):
+        pytest.skip(f"{device.name} has no cl_khr_fp16")
+    rng = np.random.default_rng(3)
+    x32 = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w32 = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    index = nc.tensor(np.array([3, 0, 3]), device=device)
+    calls = [
+        lambda x, w: R.conv2d(x, w, None, 1, 1, 1, 2),
+        lambda x, w: conv.conv2d_backward_input(
+            R.conv2d(x, w, None, 1, 1, 1, 2), w, conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 2), 2
+        ),
+        lambda x, w: pool.max_pool2d_backward(pool.max_pool2d(x, 2), x, 2),
+        lambda x, w: pool.avg_pool2d_backward(pool.avg_pool2d(x, 3, 1, 1), x.shape, 3, 1, 1),
+        lambda x, w: pool.adaptive_avg_pool2d(x, (2, 3)),
+        lambda x, w: R.concat(
+            [R.getitem(x, (slice(None), slice(None), slice(None, None, 2))), R.pad(x, (0, 0, 1, 0))], 2
+        ),
+        lambda x, w: selecting.index_select_backward(selecting.index_select(x, 1, index), 1, index, x.shape),
+        lambda x, w: R.dropout(x, 0.5, 9),
+    ]
+    for k, call in enumerate(calls):
+        want = call(nc.tensor(x32, device=device), nc.tensor(w32, device=device)).to_host()
+        got = call(nc.tensor(x32, np.float16, device), nc.tensor(w32, np.float16, device))
+        assert got.dtype == np.float16, k
+        np.testing.assert_allclose(got.to_host().astype(np.float32), want, rtol=1e-2, atol=2e-2, err_msg=str(k))
