@@ -153,11 +153,6 @@ def RELU_GRAD_OUT(x, out):
     return np.greater(x, _F(0), out=out)
 
 
-def COPY_OUT(x, out):
-    np.copyto(out, x)
-    return out
-
-
 def BCE_LOGITS(x, t):
     return np.maximum(x, _F(0)) - x * t + np.log1p(np.exp(-np.abs(x)))
 
