@@ -18,50 +18,17 @@ import os
 import tempfile
 import time
 
-import numpy as np
+from train_digits_cnn import (  # the same model, data and scoring as the one-process example
+    accuracy,
+    digits_cnn,
+    load_data,
+)
 
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.nn.parallel import DistributedDataParallel, DistributedSampler
 from netcl.optim import SGD, Adam, CosineAnnealingLR
 from netcl.runtime import distributed as dist
-
-
-def digits_cnn(device=None) -> nn.Module:
-    """(N, 1, 8, 8) -> conv 32 -> relu -> pool -> conv 64 -> relu -> pool -> (N, 256) -> 10 logits."""
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(64 * 2 * 2, 10, device=device),
-    )
-
-
-def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test): images in [0, 1] as (N, 1, 8, 8), a stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
-    y = digits.target.astype(np.int32)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return x_train, y_train, x_test, y_test
-
-
-def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device, batch_size: int = 256) -> float:
-    model.eval()
-    correct = 0
-    with ag.no_grad():
-        for start in range(0, len(x), batch_size):
-            logits = model(ag.tensor(x[start : start + batch_size], device=device)).to_host()
-            correct += int(np.sum(logits.argmax(axis=1) == y[start : start + batch_size]))
-    model.train()
-    return correct / len(x)
 
 
 def train(args: argparse.Namespace) -> dict[str, float]:
