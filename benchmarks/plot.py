@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,8 @@ def plot(results: dict[str, Any], path: str) -> bool:
         entry = results["workloads"][name]
         _times(axes[0][col], name, entry)
         _speedups(axes[1][col], entry)
-    fig.suptitle(f"netcl bench: {results['device_words']}", fontsize=10)
+    title = textwrap.fill(f"netcl bench: {results['device_words']}", width=int(18 * len(workloads)) + 30)
+    fig.suptitle(title, fontsize=10)  # wrapped: one workload's figure is narrower than the device name
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
