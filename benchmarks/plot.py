@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,8 @@ def plot(results: dict[str, Any], path: str) -> bool:
         entry = results["workloads"][name]
         _times(axes[0][col], name, entry)
         _speedups(axes[1][col], entry)
-    fig.suptitle(f"netcl bench: {results['device_words']}", fontsize=10)
+    title = textwrap.fill(f"netcl bench: {results['device_words']}", width=int(18 * len(workloads)) + 30)
+    fig.suptitle(title, fontsize=10)  # wrapped: one workload's figure is narrower than the device name
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -53,10 +55,11 @@ def _times(ax, name: str, entry: dict[str, Any]) -> None:
         ax.bar(x + (i - (len(variants) - 1) / 2) * width, medians, width, yerr=[low, high], capsize=2, label=variant)
     ax.set_xticks(x, MODES)
     ax.set_yscale("log")
-    _plain_log_labels(ax.yaxis)
+    finite = [c[m]["median_ms"] for c in entry["variants"].values() for m in MODES if m in c]
+    _plain_log_labels(ax.yaxis, max(finite) / min(finite) if finite else 10.0)
     ax.set_ylabel("median ms, min-max bars (lower is better)")
     ax.set_title(f"{name} ({entry['elements']:,} elements)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best", framealpha=0.6)
 
 
 def _speedups(ax, entry: dict[str, Any]) -> None:
@@ -76,18 +79,20 @@ def _speedups(ax, entry: dict[str, Any]) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     low, high = min([*values, 1.0]), max([*values, 1.0])
-    ax.set_xlim(low / 1.6, high * 1.6)
-    _plain_log_labels(ax.xaxis)
+    ax.set_xlim(low / 1.6, high * 6.0)  # room right of the longest bar for its label
+    _plain_log_labels(ax.xaxis, high / low)
     ax.set_xlabel(f"speed-up of {primary} (right of 1x: {primary} faster)", fontsize=8)
     for bar, value in zip(bars, values, strict=True):
-        ha = "left" if value >= 1 else "right"
-        ax.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.2f}x ", va="center", ha=ha, fontsize=7)
+        # every label right of the bar's outer end (losses: right of the 1x line), clear of the tick labels
+        ax.text(max(value, 1.0), bar.get_y() + bar.get_height() / 2, f" {value:.2f}x", va="center", fontsize=7)
 
 
-def _plain_log_labels(axis) -> None:
-    """Ticks at 1-2-5 steps labelled as plain numbers (0.5, 1, 2), not 2x10^0."""
+def _plain_log_labels(axis, span: float = 10.0) -> None:
+    """Ticks labelled as plain numbers (0.5, 1, 2), not 2x10^0: 1-2-5 steps over a short range,
+    decades over a long one (so labels never overlap)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    subs = (1.0, 2.0, 5.0) if span <= 100 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())

@@ -135,6 +135,15 @@ def test_host_isa_device_is_measured_first_and_wins_when_faster() -> None:
     assert reason.endswith("(cached measurement)")
 
 
+def test_a_failing_probe_falls_back_to_numpy() -> None:
+    def measure(device: nc.Device) -> Measurement:
+        raise RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\nlog ...")
+
+    chosen, reason = choose_cpu_engine([SYSTEM_POCL], NUMPY, measure)
+    assert chosen is NUMPY
+    assert reason.endswith("(RuntimeError: clBuildProgram failed: BUILD_PROGRAM_FAILURE); NumPy backend")
+
+
 def test_no_measurement_and_no_opencl() -> None:
     chosen, reason = choose_cpu_engine([PIP_POCL, SYSTEM_POCL], NUMPY, None)
     assert chosen is SYSTEM_POCL and reason.endswith("(not measured: NETCL_ENGINE_PROBE=0)")

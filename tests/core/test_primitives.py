@@ -106,6 +106,21 @@ FLOAT_CASES: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
     "SMOOTH_L1_GRAD": (f"SMOOTH_L1_GRAD(a, {BETA}f)", lambda x, y, t: _smooth_l1_grad(x, BETA)),
     "SMOOTH_L1_BETA0": ("SMOOTH_L1(a, 0.0f)", lambda x, y, t: _smooth_l1(x, 0.0)),
     "SMOOTH_L1_GRAD_BETA0": ("SMOOTH_L1_GRAD(a, 0.0f)", lambda x, y, t: _smooth_l1_grad(x, 0.0)),
+    "NE": ("NE(a, a * (b > 0.0f))", lambda x, y, t: (x != x * (y > 0)) * 1.0),
+    "SIN": ("SIN(a)", lambda x, y, t: np.sin(x)),
+    "COS": ("COS(a)", lambda x, y, t: np.cos(x)),
+    "SILU": ("SILU(a)", lambda x, y, t: x * _sigmoid(x)),
+    "SILU_GRAD": ("SILU_GRAD(a)", lambda x, y, t: _sigmoid(x) * (1 + x * (1 - _sigmoid(x)))),
+    "LEAKY_RELU": ("LEAKY_RELU(a, 0.1f)", lambda x, y, t: np.where(x > 0, x, 0.1 * x)),
+    "LEAKY_RELU_GRAD": (
+        "LEAKY_RELU_GRAD(a, 0.1f)",
+        lambda x, y, t: np.where(x > 0, 1.0, np.where(np.isnan(x), 0.1, 0.1)),
+    ),
+    "ELU": ("ELU(a, 0.5f)", lambda x, y, t: np.where(x > 0, x, 0.5 * np.expm1(x))),
+    "ELU_GRAD": ("ELU_GRAD(a, 0.5f)", lambda x, y, t: np.where(x > 0, 1.0, 0.5 * np.exp(x))),
+    # softplus as logaddexp(0, beta x) / beta (an independent form), x above the threshold
+    "SOFTPLUS": ("SOFTPLUS(a, 2.0f, 20.0f)", lambda x, y, t: np.where(2 * x > 20, x, np.logaddexp(0, 2 * x) / 2)),
+    "SOFTPLUS_GRAD": ("SOFTPLUS_GRAD(a, 2.0f, 20.0f)", lambda x, y, t: np.where(2 * x > 20, 1.0, _sigmoid(2 * x))),
 }
 
 # The arithmetic/comparison macros are type-generic: check them on int too (exact).

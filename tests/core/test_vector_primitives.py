@@ -92,9 +92,9 @@ def test_vector_twin_matches_scalar_helper(cl_device: nc.Device, helper: str) ->
 
 
 def test_vectorize_rewrites_helpers_and_refuses_other_c() -> None:
-    assert vectorize("MUL(g10, SUB(1.0f, TANH(v9)))") == "MUL(g10,SUB(1.0f,V_TANH(v9)))"
-    assert vectorize("WHERE(GT(x0, (-2.5f)), gout, 0.0f)") == "V_WHERE(V_GT(x0,(-2.5f)),gout,0.0f)"
-    assert vectorize("fmax(x1, 1e-3f) * INFINITY") == "fmax(x1,1e-3f)*INFINITY"
+    assert vectorize("MUL(g10, SUB(1.0f, TANH(v9)))") == "MUL(g10, SUB(1.0f, V_TANH(v9)))"
+    assert vectorize("WHERE(GT(x0, (-2.5f)), gout, 0.0f)") == "V_WHERE(V_GT(x0, (-2.5f)), gout, 0.0f)"
+    assert vectorize("fmax(x1, 1e-3f) * INFINITY") == "fmax(x1, 1e-3f) * INFINITY"
     for c_only in ("x0 > 0.0f ? x0 : 0.0f", "(float)(x0)", "my_helper(x0)", "x0 % 2", "vals[0]"):
         assert vectorize(c_only) is None, c_only
     with pytest.raises(ValueError, match="vector width must be 2, 3, 4, 8 or 16, got 5"):

@@ -327,3 +327,37 @@ def test_gradients_after_a_first_call_without_grad(device):
     tape.backward(out, grad=ag.tensor(upstream, device=device).value)
     np.testing.assert_allclose(only_w[1].grad.to_host(), expected[1], rtol=1e-5, atol=1e-6)
     assert only_w[0].grad is None and only_w[2].grad is None
+
+
+def _new_activations(x, b):
+    h = ag.silu(x + b)
+    h = ag.leaky_relu(h, 0.1) + ag.elu(x, 0.5)
+    h = ag.softplus(h, 2.0, 1.0) * ag.sin(x) + ag.cos(x + b)
+    return h * ag.rsqrt(ag.log1p(x * x) + 1.0) + ag.ne(x, b)
+
+
+def _new_activations_reference(x, b):
+    s = (x + b) / (1 + np.exp(-(x + b)))
+    h = np.where(s > 0, s, 0.1 * s) + np.where(x > 0, x, 0.5 * np.expm1(x))
+    h = np.where(2 * h > 1, h, np.log1p(np.exp(2 * h)) / 2) * np.sin(x) + np.cos(x + b)
+    return h / np.sqrt(np.log1p(x * x) + 1.0) + (x != b)
+
+
+def test_new_activations_fuse_into_one_kernel(device):
+    """silu, leaky_relu, elu, softplus, sin, cos, rsqrt, log1p and ne trace as primitives: one fused
+    forward and one fused backward, equal to the un-fused path and float64 finite differences."""
+    arrays = [_rand((8, 16), 11), _rand((1, 16), 12)]
+    upstream = _rand((8, 16), 13)
+    fused = jit_compile(_new_activations)
+    out_f, grads_f = _grads(fused, arrays, device, upstream)
+    out_u, grads_u = _grads(_new_activations, arrays, device, upstream)
+    np.testing.assert_allclose(out_f, _new_activations_reference(*[a.astype(np.float64) for a in arrays]), 2e-5, 1e-5)
+    np.testing.assert_allclose(out_f, out_u, rtol=RTOL, atol=ATOL)
+    fd = _fd_elementwise_grads(_new_activations_reference, arrays, upstream)
+    for gf, gu, gr in zip(grads_f, grads_u, fd, strict=True):
+        # kinks (leaky_relu/elu at 0, softplus's switch) are measure-zero for these random inputs
+        np.testing.assert_allclose(gf, gr, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(gf, gu, rtol=1e-4, atol=1e-5)
+    assert fused.cache_info()["fallbacks"] == 0
+    plan = fused.plan_for(*[ag.tensor(a, device=device) for a in arrays])
+    assert len(plan.fused_steps) == 1 and len(plan.steps) == 1

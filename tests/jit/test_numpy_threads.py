@@ -88,12 +88,14 @@ def test_zero_dim_output(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_generated_source_writes_into_scratch() -> None:
-    """The fused forward reuses out= buffers: no op of chain8 allocates a result of its own."""
+    """The fused forward reuses out= buffers: no op of chain8 allocates a result of its own, and the
+    last one writes straight into the output block."""
     jitted = jit_compile(workloads.chain8)
     nodes = [ag.tensor(np.ones(10, np.float32), device="cpu") for _ in range(3)]
     forward, _ = jitted.source(*nodes)
     body = [line.strip() for line in forward.splitlines() if line.strip().startswith("v")]
-    assert len(body) == 8 and all("out=S" in line or "SIGMOID_OUT(" in line for line in body), forward
+    assert len(body) == 8 and all("out=S" in line or "SIGMOID_OUT(" in line for line in body[:-1]), forward
+    assert body[-1] == "v10 = np.multiply(v9, v9, out=O0)", forward
 
 
 @pytest.mark.parametrize("beta", [0.05, 0.0])

@@ -33,7 +33,7 @@ def test_cpu_default_is_the_vector_body(cpu_cl, monkeypatch) -> None:
     fused = jit_compile(workloads.chain8)
     forward, backward = fused.source(*nodes)
     for source in (forward, backward):
-        assert f"typedef float{width} VF;" in source and "VF v3 = MUL(x0,x1);" in source
+        assert f"typedef float{width} VF;" in source and "VF v3 = MUL(x0, x1);" in source
         assert f"vstore{width}(" in source and ".s0" not in source
     with ag.Tape() as tape:
         out = fused(*nodes)

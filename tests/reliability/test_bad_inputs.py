@@ -57,8 +57,10 @@ def test_mismatched_shapes(device):
         a + b
     with pytest.raises(ShapeError, match=r"\(3, 4\), \(5,\) cannot broadcast"):
         jit_compile(lambda x, y: ag.relu(x * y))(a, b)
-    with pytest.raises(ShapeError, match="at least 2 dimensions"):
-        ag.matmul(b, b)
+    with pytest.raises(ShapeError, match="at least 1 dimension"):
+        ag.matmul(_node(np.ones(()), device), b)  # 1-D operands work as in NumPy; 0-d ones do not
+    with pytest.raises(ShapeError, match=r"shapes \(3, 4\) and \(5,\) do not align: 4 != 5"):
+        ag.matmul(a, b)
     with pytest.raises((ShapeError, ValueError), match="4"):
         ag.matmul(a, a)
     with pytest.raises(ShapeError, match="cannot reshape"):

@@ -34,9 +34,13 @@ from netcl.core.tensor import format_values
 GradFn = Callable[[Tensor], list[Tensor | None]]
 #: The form ``apply_op`` takes: (grad_out, input values, output) -> one gradient per argument.
 OpGradFn = Callable[[Tensor, tuple[Any, ...], Tensor], Sequence[Tensor | None]]
+#: A gradient-ready hook: (node, the gradient backward will store in ``node.grad``) -> None.
+GradReadyHook = Callable[["Node", Tensor], None]
 
 __all__ = [
     "GradFn",
+    "GradReadyHook",
+    "HookHandle",
     "Node",
     "OpGradFn",
     "Tape",
@@ -48,6 +52,7 @@ __all__ = [
     "is_anomaly_enabled",
     "is_grad_enabled",
     "no_grad",
+    "queue_callback",
     "set_current_tape",
     "set_detect_anomaly",
     "set_grad_enabled",
@@ -89,6 +94,8 @@ class Node:
     _grad_owned: bool = field(default=False, repr=False)
     #: True once a backward without ``retain_graph`` released this node's grad_fn and parents.
     _freed: bool = field(default=False, repr=False)
+    #: Hooks run by backward as soon as this node's gradient is final (``register_grad_ready_hook``).
+    _grad_hooks: list[GradReadyHook] | None = field(default=None, repr=False)
 
     __hash__ = object.__hash__
 
@@ -150,6 +157,22 @@ class Node:
 
     def __float__(self) -> float:
         return float(self.item())
+
+    def register_grad_ready_hook(self, hook: GradReadyHook) -> HookHandle:
+        """Run ``hook(node, grad)`` during each backward, as soon as this node's gradient is final.
+
+        ``grad`` is the tensor backward will store in ``node.grad`` once the whole pass succeeds
+        (for a leaf that already had a gradient: the accumulated sum, in a buffer of its own). On
+        OpenCL its kernels may still be queued: the hook may enqueue work that reads it. The rest of
+        the backward runs after the hook returns; use ``queue_callback`` from a hook to run something
+        after the backward has stored every gradient. Returns a handle whose ``remove()`` detaches it.
+        """
+        if not callable(hook):
+            raise TypeError(f"hook must be callable (node, grad) -> None, got {type(hook).__name__}")
+        if self._grad_hooks is None:
+            self._grad_hooks = []
+        self._grad_hooks.append(hook)
+        return HookHandle(self._grad_hooks, hook)
 
     def detach(self) -> Node:
         """A new leaf sharing this node's value, cut off from the graph."""
@@ -260,6 +283,20 @@ class Node:
         return _shape_ops().squeeze(self, axis)
 
 
+class HookHandle:
+    """Returned by ``Node.register_grad_ready_hook``; ``remove()`` detaches the hook (idempotent)."""
+
+    def __init__(self, hooks: list[Any], hook: Any) -> None:
+        self._hooks = hooks
+        self._hook = hook
+
+    def remove(self) -> None:
+        for i, h in enumerate(self._hooks):
+            if h is self._hook:
+                del self._hooks[i]
+                return
+
+
 def tensor(data: Any, requires_grad: bool = False, device: Device | str | None = None, dtype: Any = None) -> Node:
     """A leaf Node from NumPy data, a Python sequence/scalar, a ``Tensor`` or another Node's value.
 
@@ -292,6 +329,21 @@ def get_current_tape() -> Tape | None:
 def set_current_tape(tape: Tape | None) -> None:
     """Install ``tape`` as this thread's current tape (``None`` removes it)."""
     _local.tape = tape
+
+
+def queue_callback(callback: Callable[[], Any]) -> None:
+    """Run ``callback()`` once at the end of the backward running on this thread.
+
+    Callbacks run in the order queued, after the backward has stored every gradient (and released
+    the graph); a callable queued twice in one backward (by equality, so the same bound method)
+    runs once. A backward that raises runs none of them. Outside a backward: ``RuntimeError``.
+    """
+    stack = getattr(_local, "backward_callbacks", None)
+    if not stack:
+        raise RuntimeError("queue_callback is only valid during a backward (call it from a grad-ready hook)")
+    callbacks = stack[-1]
+    if callback not in callbacks:
+        callbacks.append(callback)
 
 
 class Tracer(Protocol):
@@ -416,7 +468,9 @@ class Tape:
         sum of its gradients (added in place on the device). Leaves accumulate into an existing
         ``grad`` across calls; every reached node's ``grad`` and ``value.grad`` are set. Without
         ``retain_graph`` the graph is released afterwards and a second backward through it raises.
-        Nothing is written to any node unless the whole pass succeeds.
+        Nothing is written to any node unless the whole pass succeeds. Grad-ready hooks
+        (``Node.register_grad_ready_hook``) run as soon as a node's gradient is final, in the middle
+        of the pass; callbacks queued with ``queue_callback`` run after the gradients are stored.
         """
         if not isinstance(loss, Node):
             raise TypeError(f"backward needs a Node, got {type(loss).__name__}")
@@ -427,16 +481,38 @@ class Tape:
             )
         seed = _seed(loss, grad)
         order = _topological_order(loss)
+        stack = getattr(_local, "backward_callbacks", None)
+        if stack is None:
+            stack = _local.backward_callbacks = []
+        callbacks: list[Callable[[], Any]] = []
+        stack.append(callbacks)
+        try:
+            self._run_backward(loss, seed, order, retain_graph)
+        finally:
+            stack.pop()
+        for callback in callbacks:
+            callback()
+
+    def _run_backward(self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool) -> None:
         rops = _rops()
         anomaly = grad_mode._detect_anomaly
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
-        results: list[tuple[Node, Tensor, bool]] = []
+        results: list[tuple[Node, Tensor, bool, bool]] = []
         for node in reversed(order):
             g = pending.pop(node, None)
             if g is None:
                 continue
-            results.append((node, g, node in owned))
+            hooks = node._grad_hooks
+            if hooks:
+                replace = node.grad_fn is None and node.grad is not None
+                if replace:  # the accumulated gradient, in a fresh buffer: node.grad is untouched until the end
+                    g = rops.add(node.grad, g)
+                results.append((node, g, replace or node in owned, replace))
+                for hook in list(hooks):
+                    hook(node, g)
+            else:
+                results.append((node, g, node in owned, False))
             if node.grad_fn is None:
                 continue
             parent_grads = node.grad_fn(g)
@@ -459,8 +535,8 @@ class Tape:
                 else:
                     pending[parent] = rops.add(pending[parent], pg)
                     owned.add(parent)
-        for node, g, is_owned in results:
-            _store_grad(node, g, is_owned, rops)
+        for node, g, is_owned, replace in results:
+            _store_grad(node, g, is_owned, rops, replace)
         if not retain_graph:
             for node in order:
                 if node.grad_fn is not None:
@@ -525,8 +601,8 @@ def _check_finite(node: Node, grad: Tensor) -> None:
     )
 
 
-def _store_grad(node: Node, g: Tensor, owned: bool, rops: Any) -> None:
-    if node.grad_fn is None and node.grad is not None:  # a leaf accumulates across backward calls
+def _store_grad(node: Node, g: Tensor, owned: bool, rops: Any, replace: bool = False) -> None:
+    if not replace and node.grad_fn is None and node.grad is not None:  # a leaf accumulates across calls
         if node._grad_owned:
             rops.add_(node.grad, g)
         else:

@@ -74,7 +74,7 @@ def mse_loss(pred: Any, target: Any) -> Node:
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tensor:
+def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tensor | np.ndarray:
     """``target`` as an int Tensor of shape (N, d1, ...) with values in [0, C) or ``ignore_index``.
 
     ``logits`` is (N, C) or (N, C, d1, ...). A NumPy target is checked on the host; a Tensor target
@@ -108,7 +108,14 @@ def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tenso
             )
     if isinstance(labels, Tensor):
         return labels
+    if isinstance(logits, Node) and not isinstance(logits.value, Tensor):
+        return host.astype(np.int32)  # traced logits have no device yet: uploaded when the op runs
     return Tensor.from_host(logits.device, host.astype(np.int32))
+
+
+def _device_targets(t: Any, like: Tensor) -> Tensor:
+    """Class targets as a Tensor on ``like``'s device (a host array kept by a traced call is uploaded)."""
+    return Tensor.from_host(like.device, t) if isinstance(t, np.ndarray) else t
 
 
 def _check_reduction(reduction: str, op: str) -> None:
@@ -138,6 +145,7 @@ def _class_loss(
     saved: dict[str, Any] = {}
 
     def parts(v: Tensor, t: Tensor) -> tuple[Tensor, tuple[int, ...], Tensor, Tensor]:
+        t = _device_targets(t, v)
         flat, perm, _, _ = RW.rows_layout(_f32(v), (1,))
         logp = RW.softmax_forward(flat, (1,), RW.LOG_SOFTMAX)[0] if from_logits else flat
         ignored = R.eq(t.reshape(rows), ignore_index)
@@ -167,7 +175,8 @@ def _class_loss(
         elif reduction == "sum":
             scale = R.mul(valid, g)
         else:
-            scale = R.mul(valid, R.div(g, R.sum(valid)))
+            # every target ignored: the loss is 0/0 = NaN (PyTorch), but no position gets a gradient
+            scale = R.mul(valid, R.div(g, R.maximum(R.sum(valid), 1.0)))
         base = R.sub(R.exp(logp), q) if from_logits else R.neg(q)
         gflat = R.mul(base, scale.reshape(rows, 1))
         gx = RW.restore_rows(gflat, shape, perm)

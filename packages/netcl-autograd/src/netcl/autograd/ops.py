@@ -260,12 +260,16 @@ def _weight_grad(x: Tensor, g: Tensor, y: Tensor) -> Tensor:
 
 
 def matmul(a: Operand, b: Operand) -> Node:
-    """(M, K) @ (K, N), or batched (..., M, K) @ (..., K, N) with broadcast batch dims."""
+    """(M, K) @ (K, N), batched (..., M, K) @ (..., K, N) with broadcast batch dims, and 1-D operands
+    as NumPy does: (K,) @ (K,) is a dot product (0-d), (..., M, K) @ (K,) a matrix-vector product and
+    (K,) @ (..., K, N) a vector-matrix product (the 1-D side is a row/column reshaped in and out)."""
     for operand in (a, b):
-        if is_scalar(operand) or len(operand.shape) < 2:
+        if is_scalar(operand) or not hasattr(operand, "shape") or len(operand.shape) < 1:
             raise ShapeError(
-                f"matmul needs operands with at least 2 dimensions, got {getattr(operand, 'shape', operand)}"
+                f"matmul needs operands with at least 1 dimension, got {getattr(operand, 'shape', operand)}"
             )
+    if len(a.shape) == 1 or len(b.shape) == 1:
+        return _matmul_vector(a, b)
     if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.matmul(a, b, low)
 
@@ -276,6 +280,22 @@ def matmul(a: Operand, b: Operand) -> Node:
         return [_reduce(ga, x), _reduce(gb, y)]
 
     return apply_op(R.matmul, grad, a, b, op_name="matmul")
+
+
+def _matmul_vector(a: Operand, b: Operand) -> Node:
+    """matmul with a 1-D side: (K,) as (1, K) on the left or (K, 1) on the right, the added axis dropped."""
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    left = reshape(a, (1, a_shape[0])) if len(a_shape) == 1 else a
+    right = reshape(b, (b_shape[0], 1)) if len(b_shape) == 1 else b
+    if left.shape[-1] != right.shape[-2]:
+        raise ShapeError(f"matmul: shapes {a_shape} and {b_shape} do not align: {left.shape[-1]} != {right.shape[-2]}")
+    product = matmul(left, right)
+    shape = tuple(product.shape)
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    if len(a_shape) == 1:
+        shape = shape[:-2] + shape[-1:] if len(b_shape) > 1 else shape[:-1]
+    return reshape(product, shape)
 
 
 # ---- reductions ------------------------------------------------------------------------------
@@ -395,8 +415,10 @@ def broadcast_to(x: Operand, shape: Sequence[int]) -> Node:
 
 from netcl.autograd.losses import (  # noqa: E402  (re-export; losses does not import this module)
     bce_with_logits,
+    binary_cross_entropy,
     cross_entropy,
     mse_loss,
+    nll_loss,
     smooth_l1,
     weighted_bce,
     weighted_smooth_l1,
@@ -406,6 +428,7 @@ __all__ = [
     "abs",
     "add",
     "bce_with_logits",
+    "binary_cross_entropy",
     "broadcast_to",
     "clamp",
     "cross_entropy",
@@ -426,6 +449,7 @@ __all__ = [
     "mse_loss",
     "mul",
     "neg",
+    "nll_loss",
     "normalize_axes",
     "pow",
     "relu",

@@ -145,10 +145,11 @@ def batch_norm(
     momentum, eps = float(momentum), float(eps)
     saved: dict[str, Any] = {}
 
-    def stats(xv: Tensor) -> tuple[Tensor, Tensor]:
+    def stats(xv: Tensor, rmv: Tensor | None, rvv: Tensor | None) -> tuple[Tensor, Tensor]:
         """(mean, rstd) per channel, shaped ``kept``, float32 (float64 for float64 x)."""
         if not training:
-            return (R.cast(rm, xf(xv).dtype).reshape(kept), R.rsqrt(R.add(R.cast(rv, xf(xv).dtype), eps)).reshape(kept))
+            dtype = xf(xv).dtype
+            return R.cast(rmv, dtype).reshape(kept), R.rsqrt(R.add(R.cast(rvv, dtype), eps)).reshape(kept)
         xv = xf(xv)
         mean = R.mean(xv, axes, True)
         centered = R.sub(xv, mean)
@@ -159,47 +160,46 @@ def batch_norm(
     def xf(xv: Tensor) -> Tensor:
         return R.cast(xv, float32) if xv.dtype == float16 else xv
 
-    def forward(xv: Tensor, *params: Tensor) -> Tensor:
-        mean, rstd = stats(xv)
+    # The running statistics are arguments (no gradient) and are updated inside the op, so a jitted
+    # function (which replays the op, not this Python code around it) updates each call's tensors.
+    def forward(xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None) -> Tensor:
+        mean, rstd = stats(xv, rmv, rvv)
         y = R.mul(R.sub(xf(xv), mean), rstd)
-        if weight is not None:
-            y = R.mul(y, params[0].reshape(kept))
-        if bias is not None:
-            y = R.add(y, params[-1].reshape(kept))
+        if w is not None:
+            y = R.mul(y, w.reshape(kept))
+        if b is not None:
+            y = R.add(y, b.reshape(kept))
         saved.update(out=_as_dtype(y, xv.dtype), mean=mean, rstd=rstd)
+        if training and rmv is not None:
+            unbiased = R.mul(saved["var"], count / (count - 1))
+            for running, stat in ((rmv, mean), (rvv, unbiased)):
+                R.add_(running, _as_dtype(R.mul(R.sub(stat.reshape(channels), running), momentum), running.dtype))
         return saved["out"]
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        xv = values[0]
-        mean, rstd = (saved["mean"], saved["rstd"]) if saved.get("out") is out else stats(xv)
+        xv, w, b, rmv, rvv = values
+        if saved.get("out") is out:
+            mean, rstd = saved["mean"], saved["rstd"]
+        else:  # re-derive without touching the running statistics
+            mean, rstd = stats(xv, rmv, rvv)
         gf = xf(g)
         xhat = R.mul(R.sub(xf(xv), mean), rstd)
-        gy = R.mul(gf, values[1].reshape(kept)) if weight is not None else gf
+        gy = R.mul(gf, w.reshape(kept)) if w is not None else gf
         gx = None
         if _needs(x):
             if training:
                 a = R.mean(gy, axes, True)
-                b = R.mean(R.mul(gy, xhat), axes, True)
-                gx = R.mul(rstd, R.sub(R.sub(gy, a), R.mul(xhat, b)))
+                c = R.mean(R.mul(gy, xhat), axes, True)
+                gx = R.mul(rstd, R.sub(R.sub(gy, a), R.mul(xhat, c)))
             else:
                 gx = R.mul(gy, rstd)
             gx = _as_dtype(gx, xv.dtype)
-        grads: _Grads = [gx]
-        if weight is not None:
-            grads.append(_as_dtype(R.sum(R.mul(gf, xhat), axes), values[1].dtype) if _needs(weight) else None)
-        if bias is not None:
-            grads.append(_as_dtype(R.sum(gf, axes), values[-1].dtype) if _needs(bias) else None)
-        return grads
+        gw = _as_dtype(R.sum(R.mul(gf, xhat), axes), w.dtype) if w is not None and _needs(weight) else None
+        gb = _as_dtype(R.sum(gf, axes), b.dtype) if b is not None and _needs(bias) else None
+        return [gx, gw, gb, None, None]
 
-    args = [x] + [p for p in (weight, bias) if p is not None]
-    out = apply_op(
-        forward, grad, *args, op_name="batch_norm", attrs={"training": training, "momentum": momentum, "eps": eps}
-    )
-    if training and rm is not None and "mean" in saved:
-        unbiased = R.mul(saved["var"], count / (count - 1))
-        for running, stat in ((rm, saved["mean"]), (rv, unbiased)):
-            R.add_(running, _as_dtype(R.mul(R.sub(stat.reshape(channels), running), momentum), running.dtype))
-    return out
+    attrs = {"training": training, "momentum": momentum, "eps": eps}
+    return apply_op(forward, grad, x, weight, bias, running_mean, running_var, op_name="batch_norm", attrs=attrs)
 
 
 __all__ = ["batch_norm", "layer_norm", "rms_norm"]

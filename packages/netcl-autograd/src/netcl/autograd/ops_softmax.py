@@ -19,7 +19,11 @@ _Grads = list[Tensor | None]
 
 
 def value_of(x: Any, op: str, arg: str = "x") -> Tensor:
-    """The Tensor behind a Node or Tensor argument (TypeError for anything else)."""
+    """The Tensor behind a Node or Tensor argument (TypeError for anything else). A Node whose value
+    is a tracer's (inside ``jit_compile``) is returned itself: the checks read only its shape, ndim
+    and dtype, so the op is traced instead of making the whole function fall back to eager."""
+    if isinstance(x, Node) and not isinstance(x.value, Tensor):
+        return x  # type: ignore[return-value]
     v = x.value if isinstance(x, Node) else x
     if not isinstance(v, Tensor):
         raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")

@@ -119,7 +119,13 @@ def choose_cpu_engine(
         why += f"; ranked before {others}"
     if measure is None:
         return best, f"no OpenCL GPU; best CPU OpenCL device {why} (not measured: {PROBE_ENV}=0)"
-    result = measure(best)
+    try:
+        result = measure(best)
+    except Exception as exc:  # a device that cannot build or run the probe cannot run fused kernels either
+        return numpy_device, (
+            f"no OpenCL GPU; the probe failed on the best CPU OpenCL device {why} ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}); NumPy backend"
+        )
     source = "cached measurement" if result.cached else "measured now"
     timing = (
         f"fused chain8 probe ({PROBE_ELEMENTS:,} elements): OpenCL {result.opencl_ms:.2f} ms, "

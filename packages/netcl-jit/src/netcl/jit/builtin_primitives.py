@@ -28,6 +28,14 @@ UNARY = {
     "gelu": ("GELU({a})", ["MUL({g}, GELU_GRAD({a}))"]),
     "sigmoid": ("SIGMOID({a})", ["MUL({g}, MUL({out}, SUB(1.0f, {out})))"]),
     "tanh": ("TANH({a})", ["MUL({g}, SUB(1.0f, MUL({out}, {out})))"]),
+    "rsqrt": ("RSQRT({a})", ["MUL({g}, MUL(-0.5f, MUL({out}, MUL({out}, {out}))))"]),
+    "log1p": ("LOG1P({a})", ["DIV({g}, ADD(1.0f, {a}))"]),
+    "sin": ("SIN({a})", ["MUL({g}, COS({a}))"]),
+    "cos": ("COS({a})", ["NEG(MUL({g}, SIN({a})))"]),
+    "silu": ("SILU({a})", ["MUL({g}, SILU_GRAD({a}))"]),
+    "leaky_relu": ("LEAKY_RELU({a}, {negative_slope})", ["MUL({g}, LEAKY_RELU_GRAD({a}, {negative_slope}))"]),
+    "elu": ("ELU({a}, {alpha})", ["MUL({g}, ELU_GRAD({a}, {alpha}))"]),
+    "softplus": ("SOFTPLUS({a}, {beta}, {threshold})", ["MUL({g}, SOFTPLUS_GRAD({a}, {beta}, {threshold}))"]),
 }
 
 BINARY = {
@@ -42,6 +50,7 @@ BINARY = {
     "le": ("LE({a}, {b})", [ZERO, ZERO]),
     "gt": ("GT({a}, {b})", [ZERO, ZERO]),
     "ge": ("GE({a}, {b})", [ZERO, ZERO]),
+    "ne": ("NE({a}, {b})", [ZERO, ZERO]),
     "add_relu": ("RELU(ADD({a}, {b}))", ["MUL({g}, RELU_GRAD(ADD({a}, {b})))"] * 2),
 }
 
@@ -94,7 +103,7 @@ def _attr_values(attrs: dict) -> dict[str, str]:
     if "scalar" in attrs:
         values["s"] = c_literal(attrs["scalar"])
     values["beta"] = c_literal(attrs.get("beta", 0.05))
-    for key in ("lo", "hi"):
+    for key in ("lo", "hi", "negative_slope", "alpha", "threshold"):
         if key in attrs and attrs[key] is not None:
             values[key] = c_literal(attrs[key])
     return values

@@ -60,6 +60,10 @@ def EQ(a, b):
     return _flag(np.equal(a, b))
 
 
+def NE(a, b):
+    return _flag(np.not_equal(a, b))
+
+
 def WHERE(c, a, b):
     return np.where(np.not_equal(c, 0), a, b).astype(_F)
 
@@ -149,11 +153,6 @@ def RELU_GRAD_OUT(x, out):
     return np.greater(x, _F(0), out=out)
 
 
-def COPY_OUT(x, out):
-    np.copyto(out, x)
-    return out
-
-
 def BCE_LOGITS(x, t):
     return np.maximum(x, _F(0)) - x * t + np.log1p(np.exp(-np.abs(x)))
 
@@ -171,6 +170,49 @@ def SMOOTH_L1(d, beta):
 def SMOOTH_L1_GRAD(d, beta):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.abs(d) < beta, d / beta, np.sign(d)).astype(_F)
+
+
+def SIN(x):
+    return np.sin(x)
+
+
+def COS(x):
+    return np.cos(x)
+
+
+def SILU(x):
+    return (x * SIGMOID(x)).astype(_F, copy=False)
+
+
+def SILU_GRAD(x):
+    s = SIGMOID(x)
+    return (s * (_F(1) + x * (_F(1) - s))).astype(_F, copy=False)
+
+
+def LEAKY_RELU(x, slope):
+    return np.where(np.greater(x, 0), x, x * slope).astype(_F)
+
+
+def LEAKY_RELU_GRAD(x, slope):
+    return np.where(np.greater(x, 0), _F(1), _F(slope)).astype(_F)
+
+
+def ELU(x, alpha):
+    return np.where(np.greater(x, 0), x, alpha * np.expm1(np.minimum(x, 0))).astype(_F)
+
+
+def ELU_GRAD(x, alpha):
+    return np.where(np.greater(x, 0), _F(1), alpha * np.exp(np.minimum(x, 0))).astype(_F)
+
+
+def SOFTPLUS(x, beta, threshold):
+    z = beta * x
+    return np.where(z > threshold, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta).astype(_F)
+
+
+def SOFTPLUS_GRAD(x, beta, threshold):
+    z = beta * x
+    return np.where(z > threshold, _F(1), SIGMOID(z)).astype(_F)
 
 
 # C math builtins user primitives may call.

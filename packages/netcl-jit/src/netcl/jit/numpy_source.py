@@ -50,6 +50,9 @@ _UFUNCS = {
     "GT": "greater",
     "GE": "greater_equal",
     "EQ": "equal",
+    "NE": "not_equal",
+    "SIN": "sin",
+    "COS": "cos",
     "fmax": "fmax",
     "fmin": "fmin",
     "fabs": "absolute",
@@ -61,7 +64,7 @@ _UFUNCS = {
     "pow": "power",
 }
 #: Helpers with an ``out=`` twin in numpy_helpers: name -> (twin, extra scratch slots it needs).
-_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "RELU_GRAD": ("RELU_GRAD_OUT", 0), "COPY": ("COPY_OUT", 0)}
+_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "RELU_GRAD": ("RELU_GRAD_OUT", 0)}
 #: ufuncs that are several times slower with a scalar operand than with an array one (NumPy
 #: 2.x has no SIMD loop for a broadcast scalar there): their literal operands become arrays.
 _SLOW_SCALAR = {"maximum", "minimum", "fmax", "fmin"}
@@ -84,6 +87,8 @@ class _Emitter:
     free: list[int] = field(default_factory=list)
     slots: int = 0
     owner: dict[str, int] = field(default_factory=dict)
+    #: slot -> how many live variables hold it
+    holders: dict[int, int] = field(default_factory=dict)
     #: literal value -> name of the per-thread array filled with it
     constants: dict[float, str] = field(default_factory=dict)
 
@@ -93,17 +98,18 @@ class _Emitter:
         self.slots += 1
         return self.slots - 1
 
-    def expression(self, node: ast.expr, temps: list[int], read: list[str]) -> str:
+    def expression(self, node: ast.expr, temps: list[int], read: list[str], target: str | None = None) -> str:
         """Python source for ``node``; its result's slot (if any) is appended to ``temps``.
 
         Variables read are appended to ``read``; their slots are freed only after the whole line,
-        so no temporary of this line overwrites a variable it still has to read.
+        so no temporary of this line overwrites a variable it still has to read. ``target``: the
+        array the top-level ufunc writes into instead of a slot (an output block).
         """
         if isinstance(node, ast.Name):
             read.append(node.id)
             return node.id
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _OUT_HELPERS:
-            return self._out_helper(node, temps, read)
+            return self._out_helper(node, temps, read, target)
         ufunc, args = _as_ufunc(node)
         if ufunc is None:  # a call NumPy has no single ufunc for: evaluated as is (block-sized result)
             read.extend(child.id for child in ast.walk(node) if isinstance(child, ast.Name))
@@ -113,45 +119,68 @@ class _Emitter:
         # the operands' temporaries die here; the result may reuse one (a ufunc reads element i
         # before it writes element i, so out= may alias an input)
         self.free.extend(operand_temps)
+        return f"np.{ufunc}({', '.join(parts)}, out={target or self._result_slot(temps)})"
+
+    def _result_slot(self, temps: list[int]) -> str:
         slot = self._take()
         temps.append(slot)
-        return f"np.{ufunc}({', '.join(parts)}, out=S{slot})"
+        return f"S{slot}"
 
     def _operand(self, node: ast.expr, temps: list[int], read: list[str], ufunc: str) -> str:
         if ufunc in _SLOW_SCALAR and isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return self.constants.setdefault(float(node.value), f"K{len(self.constants)}")
         return self.expression(node, temps, read)
 
-    def _out_helper(self, node: ast.Call, temps: list[int], read: list[str]) -> str:
+    def _out_helper(self, node: ast.Call, temps: list[int], read: list[str], target: str | None = None) -> str:
         """``TWIN(args..., out, scratch...)``: the scratch slots differ from the operands and the result."""
         twin, extra = _OUT_HELPERS[node.func.id]
         operand_temps: list[int] = []
         parts = [self.expression(arg, operand_temps, read) for arg in node.args]
         scratch = [self._take() for _ in range(extra)]
         self.free.extend(operand_temps)
-        slot = self._take()
+        out = target or self._result_slot(temps)
         self.free.extend(scratch)
-        temps.append(slot)
-        return f"{twin}({', '.join(parts + [f'S{slot}'] + [f'S{k}' for k in scratch])})"
+        return f"{twin}({', '.join(parts + [out] + [f'S{k}' for k in scratch])})"
 
-    def line(self, var: str, expr: str) -> None:
+    def line(self, var: str, expr: str, target: str | None = None) -> bool:
+        """Emit ``var = expr``; True when the value was written straight into ``target``."""
         temps: list[int] = []
         read: list[str] = []
         node = ast.parse(to_python(expr), mode="eval").body
-        if isinstance(node, ast.Name):  # a plain copy: ``var`` must not share the other's buffer
-            node = ast.Call(ast.Name("COPY"), [node], [])
-        source = self.expression(node, temps, read)
+        if isinstance(node, ast.Name):  # the same array under a second name (a slot counts its holders)
+            source = node.id
+            read.append(node.id)
+            if node.id in self.owner and self.uses.get(var, 0) > 0:
+                self._hold(var, self.owner[node.id])
+            target = None
+        else:
+            if not (
+                _as_ufunc(node)[0] or (isinstance(node, ast.Call) and getattr(node.func, "id", "") in _OUT_HELPERS)
+            ):
+                target = None
+            source = self.expression(node, temps, read, target)
         self.statements.append(f"{var} = {source}")
         for name in read:
             if name in self.uses:
                 self.uses[name] -= 1
                 if self.uses[name] == 0 and name in self.owner:
-                    self.free.append(self.owner.pop(name))
+                    self._release(name)
         if temps:  # the result's slot now belongs to ``var``
             if self.uses.get(var, 0) > 0:
-                self.owner[var] = temps[0]
+                self._hold(var, temps[0])
             else:
                 self.free.append(temps[0])
+        return target is not None
+
+    def _hold(self, var: str, slot: int) -> None:
+        self.owner[var] = slot
+        self.holders[slot] = self.holders.get(slot, 0) + 1
+
+    def _release(self, var: str) -> None:
+        slot = self.owner.pop(var)
+        self.holders[slot] -= 1
+        if self.holders[slot] == 0:
+            self.free.append(slot)
 
 
 def _as_ufunc(node: ast.expr) -> tuple[str | None, list[ast.expr]]:
@@ -165,6 +194,18 @@ def _as_ufunc(node: ast.expr) -> tuple[str | None, list[ast.expr]]:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return "negative", [node.operand]
     return None, []
+
+
+def _live_lines(body: Body) -> list[tuple[str, str]]:
+    """The lines some result depends on (a backward recomputes the forward up to its output, which
+    it may never read)."""
+    live = set(body.results)
+    kept = []
+    for var, expr in reversed(body.lines):
+        if var in live:
+            kept.append((var, expr))
+            live.update(n.id for n in ast.walk(ast.parse(to_python(expr), mode="eval")) if isinstance(n, ast.Name))
+    return kept[::-1]
 
 
 def _count_uses(body: Body) -> dict[str, int]:
@@ -186,9 +227,15 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
     """
     flat = all(s is None or math.prod(s) == math.prod(out_shape) for s in input_shapes)
     ndim = len(out_shape)
+    body = Body(_live_lines(body), body.results)
     emitter = _Emitter(_count_uses(body))
+    first_output = {}
+    for j, var in enumerate(body.results):
+        first_output.setdefault(var, j)
+    in_place = set()
     for var, expr in body.lines:
-        emitter.line(var, expr)
+        if emitter.line(var, expr, f"O{first_output[var]}" if var in first_output else None):
+            in_place.add(var)
     scratch = emitter.slots if ndim else 0
     live = sum(s is not None for s in input_shapes) + len(body.results) + scratch + int(has_gout)
     block = block_elements(live)
@@ -211,18 +258,22 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
         target = "outs[{j}][s:e]" if ndim else "outs[{j}][...]"
     if has_gout:
         lines.append("    gout = g[s:e]" if (flat or ndim) else "    gout = g")
-    constants = sorted(emitter.constants.items(), key=lambda item: int(item[1][1:])) if scratch else []
+    constants = sorted(emitter.constants.items(), key=lambda item: int(item[1][1:])) if ndim else []
     layout["constants"] = [value for value, _ in constants]
-    if scratch:
+    if ndim:
         names = [f"S{i}" for i in range(scratch)] + [name for _, name in constants]
         lines.append("    m = e - s")
-        lines.append("    " + ", ".join(names) + ", = [t[:m] for t in S]")
+        if names:
+            lines.append("    " + ", ".join(names) + ", = [t[:m] for t in S]")
+        lines += [f"    O{j} = {target.format(j=j)}" for j in sorted(set(first_output.values()))]
         statements = emitter.statements
-    else:  # 0-d output (or no ufunc at all): plain expressions, no scratch
+    else:  # 0-d output: plain expressions, no scratch
         statements = [f"{var} = {to_python(expr)}" for var, expr in body.lines]
+        in_place = set()
     lines += ["    " + statement for statement in statements]
     for j, var in enumerate(body.results):
-        lines.append(f"    {target.format(j=j)} = {var}")
+        if not (var in in_place and first_output[var] == j):
+            lines.append(f"    {target.format(j=j)} = {var}")
     return f"LAYOUT = {layout!r}\n" + "\n".join(lines) + "\n"
 
 

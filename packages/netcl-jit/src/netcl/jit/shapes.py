@@ -46,13 +46,44 @@ def _scalar(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
     return ()
 
 
+def _same(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    return shapes[0]
+
+
+def _class_loss(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    """cross_entropy / nll_loss: the target's shape (N, d1, ...) for reduction 'none', else 0-d."""
+    if attrs.get("reduction", "mean") != "none":
+        return ()
+    return (shapes[0][0], *shapes[0][2:])
+
+
+def _elementwise_loss(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    return shapes[0] if attrs.get("reduction", "mean") == "none" else ()
+
+
 _RULES: dict[str, Callable[[list[tuple[int, ...]], dict], tuple[int, ...]]] = {
     "matmul": _matmul,
     "sum": _reduction,
     "mean": _reduction,
     "max": _reduction,
+    "min": _reduction,
+    "prod": _reduction,
+    "var": _reduction,
+    "std": _reduction,
+    "logsumexp": _reduction,
     "mse_loss": _scalar,
-    "cross_entropy": _scalar,
+    "cross_entropy": _class_loss,
+    "nll_loss": _class_loss,
+    "binary_cross_entropy": _elementwise_loss,
+    # ops with state or a costly probe: never run on zeros at trace time (batch_norm would update
+    # its running statistics there)
+    "softmax": _same,
+    "log_softmax": _same,
+    "layer_norm": _same,
+    "rms_norm": _same,
+    "batch_norm": _same,
+    "cumsum": _same,
+    "flip": _same,
 }
 
 

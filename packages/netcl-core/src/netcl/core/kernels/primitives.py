@@ -18,6 +18,7 @@ PRIMITIVE_PREAMBLE = r"""
 #define GT(a, b) ((a) > (b) ? 1 : 0)
 #define GE(a, b) ((a) >= (b) ? 1 : 0)
 #define EQ(a, b) ((a) == (b) ? 1 : 0)
+#define NE(a, b) ((a) != (b) ? 1 : 0)
 #define WHERE(c, a, b) ((c) != 0 ? (a) : (b))
 
 inline float RELU(float x) { return x > 0.0f ? x : (isnan(x) ? x : 0.0f); }
@@ -58,6 +59,25 @@ inline float GELU_GRAD(float x) {
     return SIGMOID(2.0f * u) + tail;
 }
 
+/* Activations (PyTorch definitions). */
+inline float SIN(float x) { return sin(x); }
+inline float COS(float x) { return cos(x); }
+inline float SILU(float x) { return x * SIGMOID(x); }
+inline float SILU_GRAD(float x) { float s = SIGMOID(x); return s * (1.0f + x * (1.0f - s)); }
+inline float LEAKY_RELU(float x, float slope) { return x > 0.0f ? x : (isnan(x) ? x : x * slope); }
+inline float LEAKY_RELU_GRAD(float x, float slope) { return x > 0.0f ? 1.0f : slope; }
+inline float ELU(float x, float alpha) { return x > 0.0f ? x : alpha * expm1(x); }
+inline float ELU_GRAD(float x, float alpha) { return x > 0.0f ? 1.0f : alpha * exp(x); }
+/* softplus(x) = log1p(exp(beta x)) / beta, linear above threshold (beta x > threshold). */
+inline float SOFTPLUS(float x, float beta, float threshold) {
+    float z = beta * x;
+    return z > threshold ? x : (fmax(z, 0.0f) + log1p(exp(-fabs(z)))) / beta;
+}
+inline float SOFTPLUS_GRAD(float x, float beta, float threshold) {
+    float z = beta * x;
+    return z > threshold ? 1.0f : SIGMOID(z);
+}
+
 /* Detection loss terms (see docs/architecture.md, detection_loss). */
 inline float BCE_LOGITS(float x, float t) {
     return fmax(x, 0.0f) - x * t + log1p(exp(-fabs(x)));
@@ -75,5 +95,6 @@ inline float SMOOTH_L1_GRAD(float d, float beta) {
 #: The helper names the preamble defines, for codegen and tests.
 PRIMITIVE_NAMES = (
     "ADD SUB MUL DIV NEG LT LE GT GE EQ WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH "
-    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD"
+    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD "
+    "NE SIN COS SILU SILU_GRAD LEAKY_RELU LEAKY_RELU_GRAD ELU ELU_GRAD SOFTPLUS SOFTPLUS_GRAD"
 ).split()

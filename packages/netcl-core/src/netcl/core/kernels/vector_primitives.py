@@ -41,15 +41,12 @@ def vectorize(expr: str) -> str | None:
         if match is None:
             return None if expr[position:].strip() else "".join(out)
         name = match.group("name")
-        if name is not None:
-            if name in VECTOR_HELPERS:
-                out.append("V_" + name)
-            elif name in _GENERIC or _VARIABLE.match(name):
-                out.append(name)
-            else:
-                return None
+        if name is not None and name in VECTOR_HELPERS:
+            out.append(match.group(0).replace(name, "V_" + name))  # keeps the spacing
+        elif name is None or name in _GENERIC or _VARIABLE.match(name):
+            out.append(match.group(0))
         else:
-            out.append(match.group(0).strip())
+            return None
         position = match.end()
     return "".join(out)
 

@@ -58,6 +58,41 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), x, np.maximum(x, 0))
 
 
+def numpy_silu(x: np.ndarray) -> np.ndarray:
+    return x * numpy_sigmoid(x)
+
+
+def numpy_silu_grad(x: np.ndarray) -> np.ndarray:
+    s = numpy_sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def numpy_leaky_relu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, x * slope)
+
+
+def numpy_leaky_relu_grad(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, 1.0, slope + 0 * x)
+
+
+def numpy_elu(x: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def numpy_elu_grad(x: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0)))
+
+
+def numpy_softplus(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    z = beta * x
+    return np.where(z > threshold, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta)
+
+
+def numpy_softplus_grad(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    z = beta * x
+    return np.where(z > threshold, 1.0, numpy_sigmoid(z))
+
+
 def _cmp(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return lambda a, b: fn(a, b).astype(np.float32)
 
@@ -91,6 +126,10 @@ UNARY: dict[str, OpDef] = {
         OpDef("gelu_grad", "GELU_GRAD({0})", numpy_gelu_grad, "float"),
         OpDef("sigmoid", "SIGMOID({0})", numpy_sigmoid, "float"),
         OpDef("tanh", "TANH({0})", np.tanh, "float"),
+        OpDef("sin", "SIN({0})", np.sin, "float"),
+        OpDef("cos", "COS({0})", np.cos, "float"),
+        OpDef("silu", "SILU({0})", numpy_silu, "float"),
+        OpDef("silu_grad", "SILU_GRAD({0})", numpy_silu_grad, "float"),
     )
 }
 
@@ -109,6 +148,19 @@ BINARY: dict[str, OpDef] = {
         OpDef("gt", "GT({0}, {1})", _cmp(np.greater), "compare"),
         OpDef("ge", "GE({0}, {1})", _cmp(np.greater_equal), "compare"),
         OpDef("eq", "EQ({0}, {1})", _cmp(np.equal), "compare"),
+        OpDef("ne", "NE({0}, {1})", _cmp(np.not_equal), "compare"),
+        OpDef("leaky_relu", "LEAKY_RELU({0}, {1})", numpy_leaky_relu, "float"),
+        OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
+        OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
+        OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
+    )
+}
+
+TERNARY: dict[str, OpDef] = {
+    op.name: op
+    for op in (
+        OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
+        OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
     )
 }
 
@@ -158,11 +210,28 @@ inline double SMOOTH_L1_F64(double d, double beta) {
     return a < beta ? 0.5 * d * d / beta : a - 0.5 * beta;
 }
 inline double SMOOTH_L1_GRAD_F64(double d, double beta) { return fabs(d) < beta ? d / beta : SIGN_F64(d); }
+inline double SIN_F64(double x) { return sin(x); }
+inline double COS_F64(double x) { return cos(x); }
+inline double SILU_F64(double x) { return x * SIGMOID_F64(x); }
+inline double SILU_GRAD_F64(double x) { double s = SIGMOID_F64(x); return s * (1.0 + x * (1.0 - s)); }
+inline double LEAKY_RELU_F64(double x, double slope) { return x > 0.0 ? x : (isnan(x) ? x : x * slope); }
+inline double LEAKY_RELU_GRAD_F64(double x, double slope) { return x > 0.0 ? 1.0 : slope; }
+inline double ELU_F64(double x, double alpha) { return x > 0.0 ? x : alpha * expm1(x); }
+inline double ELU_GRAD_F64(double x, double alpha) { return x > 0.0 ? 1.0 : alpha * exp(x); }
+inline double SOFTPLUS_F64(double x, double beta, double threshold) {
+    double z = beta * x;
+    return z > threshold ? x : (fmax(z, 0.0) + log1p(exp(-fabs(z)))) / beta;
+}
+inline double SOFTPLUS_GRAD_F64(double x, double beta, double threshold) {
+    double z = beta * x;
+    return z > threshold ? 1.0 : SIGMOID_F64(z);
+}
 """
 
 _F64_NAMES = re.compile(
     r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_GRAD|GELU|"
-    r"BCE_LOGITS_GRAD|BCE_LOGITS|SMOOTH_L1_GRAD|SMOOTH_L1)\("
+    r"BCE_LOGITS_GRAD|BCE_LOGITS|SMOOTH_L1_GRAD|SMOOTH_L1|SIN|COS|SILU_GRAD|SILU|LEAKY_RELU_GRAD|LEAKY_RELU|"
+    r"ELU_GRAD|ELU|SOFTPLUS_GRAD|SOFTPLUS)\("
 )
 
 

@@ -38,7 +38,7 @@ _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 ARG_DTYPES = [_I32, _I32, _I32, None, _I32, None, _I32, None, _I32, _I32, _I32] + [_I64] * 7 + [_I32, _I32, _I64]
 #: A split along K keeps each chunk at least this long.
 MIN_SPLIT_CHUNK = 256
-MAX_SPLITS = 64
+MAX_SPLITS = 256
 
 
 @dataclass(frozen=True)
@@ -240,10 +240,12 @@ def _epilogue_on_zero(out: Tensor, epilogue: Epilogue, bias: Tensor | None) -> T
     return Tensor.from_host(out.device, values.astype(out.dtype))
 
 
-def split_count(problem: Problem, block_m: int, block_n: int, bk: int, device: Device) -> tuple[int, int]:
-    """(splits, chunk) along K: enough blocks to fill the device, chunks of >= MIN_SPLIT_CHUNK."""
+def split_count(
+    problem: Problem, block_m: int, block_n: int, bk: int, device: Device, factor: int = 1
+) -> tuple[int, int]:
+    """(splits, chunk) along K: about ``2 * factor`` blocks per compute unit, chunks of >= MIN_SPLIT_CHUNK."""
     blocks = -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
-    target = 2 * max(1, device.cl_device.max_compute_units)
+    target = 2 * factor * max(1, device.cl_device.max_compute_units)
     if blocks >= target or problem.k < 2 * MIN_SPLIT_CHUNK:
         return 1, problem.k
     splits = min(-(-target // blocks), problem.k // MIN_SPLIT_CHUNK, MAX_SPLITS)
@@ -329,12 +331,14 @@ def index_kind(problem: Problem) -> str:
 
 def finish_plan(device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype) -> Plan:
     """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum."""
-    work = sum_kernel = sum_args = None
+    work = sum_args = None
+    acc = float64 if out_dtype == float64 else float32
+    # built with the first plan even when this one does not split, so that a later product whose
+    # new size makes it split (a larger batch in a weight gradient) builds no program
+    sum_kernel = _split_sum_kernel(device, acc, out_dtype)
     if splits > 1:
-        acc = float64 if out_dtype == float64 else float32
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        sum_kernel = _split_sum_kernel(device, acc, out_dtype)
         sum_args = (total, splits, -(-total // 256) * 256)
     args = gemm_args(problem, splits, chunk)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
@@ -365,7 +369,7 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
         cfg = portable_config(device, problem, dtype)
     splits, chunk = 1, problem.k
     if epilogue.is_identity and cfg.split:
-        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)
+        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
     key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue)

@@ -194,15 +194,16 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
 
 
 def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
-    """Twins that never split along K, for candidates that would (the search decides: a split adds
-    a workspace and a second launch, which small products may not win back)."""
+    """For candidates that split along K: twins that never split and twins that split 4x finer
+    (the search decides: a split adds a workspace and a second launch, which small products may
+    not win back, while memory-bound ones such as weight gradients want more work-groups)."""
     from netcl.runtime.ops.gemm import split_count
 
     out = []
     for c in candidates:
         bk = c.bk_elements(mode) if mode else c.bk
         if split_count(problem, c.bm, c.bn, bk, device)[0] > 1:
-            out.append(dataclasses.replace(c, split=0))
+            out += [dataclasses.replace(c, split=0), dataclasses.replace(c, split=4)]
     return out
 
 
@@ -239,7 +240,7 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
         cfg = config(device, mode, problem, a_half, b_half)
     splits, chunk = 1, problem.k
     if epilogue.is_identity and cfg.split:
-        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device)
+        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)
     c_dtype = float32 if splits > 1 else out_dtype
     idx = index_kind(problem)
     key = (

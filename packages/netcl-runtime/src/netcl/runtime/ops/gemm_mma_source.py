@@ -45,8 +45,9 @@ class MmaConfig:
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
     stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
-    split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
+    split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
+    fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
 
     @property
     def bm(self) -> int:
@@ -313,6 +314,20 @@ def mma_source(
             {nl2.join(frag)}
             {nl2.join(mma)}
         }}"""
+    if cfg.fpre:  # fragments of step s + 1 load while the mma of step s run (two register sets)
+        steps = cfg.bkw // 8
+
+        def renamed(lines: list[str], p: int, step: int) -> list[str]:
+            out = [ln.replace("af[", f"af{p}[").replace("bf[", f"bf{p}[") for ln in lines]
+            return [f"{{ const int ks = {step * 8}; {ln} }}" if "ks" in ln else ln for ln in out]
+
+        body = [f"uint af{p}[{cfg.fm}][4], bf{p}[{cfg.fn}][2];" for p in (0, 1)]
+        body += renamed(frag, 0, 0)
+        for step in range(steps):
+            if step + 1 < steps:
+                body += renamed(frag, (step + 1) % 2, step + 1)
+            body += renamed(mma, step % 2, step)
+        compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M") + _async_copy("B", cfg.bn, cfg, b_along_k, "N")

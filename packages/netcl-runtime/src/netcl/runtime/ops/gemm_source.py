@@ -77,7 +77,7 @@ class GemmConfig:
     va: int = 1  #: vector width of A's global loads (along its contiguous dim)
     vb: int = 1  #: vector width of B's global loads
     lv: int = 1  #: vector width of local-memory reads (divides tm and tn)
-    split: int = 1  #: 1: split along K when the output has too few blocks to fill the device; 0: never
+    split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     maxreg: int = 0  #: > 0: NVIDIA register cap (-cl-nv-maxrregcount), for more resident work-groups
 

@@ -9,6 +9,8 @@ operand's transpose without a transpose kernel.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes
@@ -53,6 +55,11 @@ def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[t
     return a2, b2, batch, out
 
 
+@functools.cache
+def _host_memory(device) -> bool:
+    return host_blas.host_memory_device(device)
+
+
 def matmul(
     a: Tensor,
     b: Tensor,
@@ -73,7 +80,11 @@ def matmul(
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     if (transpose_a and a.ndim < 2) or (transpose_b and b.ndim < 2):
         raise ShapeError(f"matmul: a transposed operand must be at least 2-D, got shapes {a.shape} and {b.shape}")
-    if out_dtype is None and host_blas.applies(device_of((a, b), "matmul"), a, b, float_dtype(promote((a, b)))):
+    if (
+        out_dtype is None
+        and _host_memory(a.device)  # cached: GPUs skip the host-BLAS checks at no cost per call
+        and host_blas.applies(device_of((a, b), "matmul"), a, b, float_dtype(promote((a, b))))
+    ):
         # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there)
         a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
         b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape

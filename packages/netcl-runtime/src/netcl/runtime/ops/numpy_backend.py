@@ -54,13 +54,17 @@ def assign(dst: Tensor, values: np.ndarray) -> Tensor:
 
 
 def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype, acc: np.dtype) -> Tensor:
-    """``sum``/``mean``/``max`` of x over ``axes`` (already normalized), computed in ``acc``."""
+    """``sum``/``mean``/``max``/``min``/``prod`` of x over ``axes`` (already normalized), computed in ``acc``."""
     data = np.asarray(x.data).astype(_np_compute(acc), copy=False)
     with np.errstate(all="ignore"):
         if op == "sum":
             result = np.sum(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
         elif op == "mean":
             result = np.mean(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
+        elif op == "prod":
+            result = np.prod(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
+        elif op == "min":
+            result = np.min(data, axis=axes, keepdims=keepdims)
         else:
             result = np.max(data, axis=axes, keepdims=keepdims)
     return wrap_numpy(np.asarray(result).astype(out_dtype), x.device, out_dtype)

@@ -47,7 +47,7 @@ from netcl.runtime.ops._common import (
     scalar_dtype,
     storage_ctype,
 )
-from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, UNARY, WHERE, OpDef, f64_expr
+from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
@@ -453,6 +453,61 @@ def ge(a: Any, b: Any) -> Tensor:
 def eq(a: Any, b: Any) -> Tensor:
     """1.0 where a == b else 0.0 (float32)."""
     return _binary("eq", a, b)
+
+
+def sin(x: Tensor) -> Tensor:
+    """Sine."""
+    return _unary("sin", x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Cosine."""
+    return _unary("cos", x)
+
+
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x)."""
+    return _unary("silu", x)
+
+
+def silu_grad(x: Tensor) -> Tensor:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x)."""
+    return _unary("silu_grad", x)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x."""
+    return _binary("leaky_relu", x, float(negative_slope))
+
+
+def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """1 where x > 0, else negative_slope."""
+    return _binary("leaky_relu_grad", x, float(negative_slope))
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    return _binary("elu", x, float(alpha))
+
+
+def elu_grad(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """1 where x > 0, else alpha * exp(x)."""
+    return _binary("elu_grad", x, float(alpha))
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta, and x where beta x > threshold (PyTorch's softplus)."""
+    return apply(TERNARY["softplus"], (x, float(beta), float(threshold)))
+
+
+def softplus_grad(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """sigmoid(beta x), and 1 where beta x > threshold."""
+    return apply(TERNARY["softplus_grad"], (x, float(beta), float(threshold)))
+
+
+def ne(a: Any, b: Any) -> Tensor:
+    """1.0 where a != b else 0.0 (float32)."""
+    return _binary("ne", a, b)
 
 
 # ---- ternary and generic ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Reductions ``sum``, ``mean``, ``max`` over all elements or given axes, with ``keepdims``.
+"""Reductions ``sum``, ``mean``, ``max``, ``min``, ``prod`` over all elements or given axes, with ``keepdims``.
 
 Layout: the reduced axes are moved last *conceptually*: an output index ``o`` and a reduced
 index ``r`` map to an input offset through the original strides (adjacent axes of the same
@@ -76,13 +76,23 @@ def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return _reduce("max", x, axis, keepdims)
 
 
+def min(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Minimum over ``axis``; NaN anywhere in a slice gives NaN (as NumPy). Empty slices raise."""
+    return _reduce("min", x, axis, keepdims)
+
+
+def prod(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis``; 1 over an empty axis. Integer inputs give int64 (as ``sum``)."""
+    return _reduce("prod", x, axis, keepdims)
+
+
 def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
     """(accumulator dtype, result dtype) of reducing ``dtype`` with ``op``."""
     if dtype.kind == "f":
         return (float64 if dtype == float64 else float32), dtype
     if op == "mean":
         return float32, float32
-    if op == "sum":
+    if op in ("sum", "prod"):
         return int64, int64
     return dtype, dtype
 
@@ -96,11 +106,13 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool) -> Tensor:
     acc, out_dtype = reduce_dtypes(op, x.dtype)
     device.check_dtype(acc)
     R = math.prod(x.shape[a] for a in axes)
-    if R == 0 and op == "max" and math.prod(out_shape):
-        raise ValueError(f"max: reducing axes {axes} of shape {x.shape} covers zero elements, which has no maximum")
+    if R == 0 and op in ("max", "min") and math.prod(out_shape):
+        word = "maximum" if op == "max" else "minimum"
+        raise ValueError(f"{op}: reducing axes {axes} of shape {x.shape} covers zero elements, which has no {word}")
     if R == 0 or math.prod(out_shape) == 0:
         out = Tensor.empty(out_shape, out_dtype, device)
-        return fill_(out, 0 if op == "sum" else float("nan")) if out.size else out
+        empty_value = {"sum": 0, "prod": 1}.get(op, float("nan"))
+        return fill_(out, empty_value) if out.size else out
     if device.kind == "cpu":
         return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
     kept, reduced = merged_layout(x.shape, axes)
@@ -169,7 +181,7 @@ def _launch_stage(
     sizes, strides, chunk counts and the tree's work-group size are kernel arguments."""
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
-    op = "max" if op == "max" else "sum"  # mean is a sum scaled by the ``scale`` argument
+    op = "sum" if op == "mean" else op  # mean is a sum scaled by the ``scale`` argument
     idx = index_type(x.shape, (K * chunks * builtins.max(local, COLS * ROWS),))
     # Per axis: does it have stride 1? (a layout class: only the input's innermost axis does)
     layout = (tuple(st == 1 for _, st in kept), tuple(st == 1 for _, st in reduced))
@@ -232,19 +244,26 @@ def _index_lines(prefix: str, unit: Sequence[bool], var: str, idx: str) -> list[
 
 
 def _identity(op: str, acc: np.dtype) -> str:
-    if op != "max":
+    if op == "sum":
         return "0"
+    if op == "prod":
+        return "1"
     if acc.kind == "f":
-        return "-INFINITY"
-    return {"i4": "INT_MIN", "i8": "LONG_MIN"}.get(acc.str[1:], "0")
+        return "-INFINITY" if op == "max" else "INFINITY"
+    if op == "max":
+        return {"i4": "INT_MIN", "i8": "LONG_MIN"}.get(acc.str[1:], "0")
+    return {"i4": "INT_MAX", "i8": "LONG_MAX", "u4": "UINT_MAX"}.get(acc.str[1:], "UCHAR_MAX")
 
 
 def _combine(op: str, acc: np.dtype) -> str:
-    if op != "max":
+    if op == "sum":
         return "((a) + (b))"
+    if op == "prod":
+        return "((a) * (b))"
     if acc.kind == "f":
-        return "(((a) > (b) || isnan(a)) ? (a) : (b))"
-    return "max((a), (b))"
+        cmp = ">" if op == "max" else "<"
+        return f"(((a) {cmp} (b) || isnan(a)) ? (a) : (b))"
+    return f"{op}((a), (b))"
 
 
 def _source(
@@ -259,7 +278,7 @@ def _source(
     acc_t = compute_ctype(acc)
     in_t = storage_ctype(in_dtype)
     out_t = storage_ctype(out_dtype)
-    final = "acc" if op == "max" else "acc * scale"
+    final = "acc * scale" if op == "sum" else "acc"
     store = f"(({final}) != 0)" if out_dtype.kind == "b" else f"({final})"
     params = _axis_params("k", layout[0], idx) + _axis_params("r", layout[1], idx)
     names = [p.rsplit(" ", 1)[1] for decl in params for p in decl.split(", ")]
@@ -335,4 +354,4 @@ def _source(
     )
 
 
-__all__ = ["max", "mean", "merged_layout", "reduce_dtypes", "sum"]
+__all__ = ["max", "mean", "merged_layout", "min", "prod", "reduce_dtypes", "sum"]

@@ -209,7 +209,9 @@ def stats_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _check_float(x: Any, op: str) -> None:
-    if not isinstance(x, Tensor):
+    # anything with a shape and a dtype passes the type check: autograd's checks also run on the
+    # traced values of jit_compile (shape and dtype known, no data yet)
+    if not isinstance(x, Tensor) and not all(hasattr(x, a) for a in ("shape", "dtype", "ndim")):
         raise TypeError(f"{op}: x must be a Tensor, got {type(x).__name__}")
     if x.dtype.kind != "f":
         raise DTypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")

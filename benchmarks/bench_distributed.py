@@ -1,0 +1,179 @@
+"""Data-parallel scaling: images/s of the digits CNN and the MLP 784-512-512-10 step on N ranks.
+
+Run ``mpiexec -n 2 python benchmarks/bench_distributed.py`` (or ``-n 1``); on a 2-GPU host each
+rank takes its own GPU. Weak scaling: the batch per rank is fixed, so N ranks process N times the
+images per step. Per model it times:
+
+- ``1 rank``: rank 0 alone (the others wait at a barrier) runs forward + backward + SGD step
+  without communication: the 1-device baseline, measured in the same run;
+- ``local``: every rank at once runs that step under ``no_sync()``: what contention for the
+  shared host (CPU, PCIe, memory) costs before any communication;
+- ``DDP``: the same step with gradients averaged by DistributedDataParallel (buckets all-reduced
+  during the backward);
+- ``all-reduce``: ``sync_gradients()`` alone (every gradient, blocking, staging included): the
+  communication a step needs when nothing overlaps it.
+
+Printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
+ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the share of the DDP step
+that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
+the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
+``--json`` writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import nullcontext
+
+import numpy as np
+
+import netcl.autograd as ag
+import netcl.nn as nn
+from netcl.nn.parallel import DistributedDataParallel
+from netcl.optim import SGD
+from netcl.runtime import distributed as dist
+
+
+def digits_cnn(device) -> nn.Module:
+    """The model of examples/train_digits_cnn.py (21,386 parameters) on (N, 1, 8, 8)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, device=device),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, device=device),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 2 * 2, 10, device=device),
+    )
+
+
+def mlp(device) -> nn.Module:
+    """The benchmarks' train workload: MLP 784-512-512-10 (669,706 parameters)."""
+    return nn.Sequential(
+        nn.Linear(784, 512, device=device),
+        nn.ReLU(),
+        nn.Linear(512, 512, device=device),
+        nn.ReLU(),
+        nn.Linear(512, 10, device=device),
+    )
+
+
+MODELS = {"cnn": (digits_cnn, (1, 8, 8)), "mlp": (mlp, (784,))}
+
+
+def finish(device) -> None:
+    if device.kind == "opencl":
+        device.queue.finish()
+
+
+def timed(fn, device, steps: int, repeats: int, alone: bool = False) -> float:
+    """Seconds per call: median over ``repeats`` of ``steps`` calls, slowest rank (``alone``: this rank)."""
+    samples = []
+    for _ in range(repeats):
+        if not alone:
+            dist.barrier()
+        finish(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        finish(device)
+        samples.append((time.perf_counter() - start) / steps)
+    median = statistics.median(samples)
+    return median if alone else max(dist.all_gather_object(median))
+
+
+def bench_model(name: str, batch: int, device, steps: int, repeats: int, bucket_mb: float) -> dict:
+    info = dist.init()
+    build, sample_shape = MODELS[name]
+    ag.manual_seed(0)
+    model = build(device)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+    opt = SGD(list(model.parameters()), lr=1e-3, momentum=0.9)
+    rng = np.random.default_rng(info.rank)
+    x = ag.tensor(rng.uniform(0, 1, (batch, *sample_shape)).astype(np.float32), device=device)
+    y = ag.tensor(rng.integers(0, 10, batch).astype(np.int32), device=device)
+
+    def step(sync: bool) -> None:
+        with nullcontext() if sync else ddp.no_sync():  # no_sync must cover the backward
+            with ag.Tape() as tape:
+                loss = ag.cross_entropy(ddp(x), y)
+            tape.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(3):  # warm-up: programs built, pools filled, both paths once
+        step(True)
+        step(False)
+    t_single = None
+    if info.rank == 0:
+        t_single = timed(lambda: step(False), device, steps, repeats, alone=True)
+    t_single = dist.broadcast_object(t_single)
+    t_local = timed(lambda: step(False), device, steps, repeats)
+    t_ddp = timed(lambda: step(True), device, steps, repeats)
+    t_comm = timed(ddp.sync_gradients, device, steps, repeats) if info.world_size > 1 else 0.0
+    ddp.remove_hooks()
+    n = info.world_size
+    exposed = max(t_ddp - t_local, 0.0)
+    return {
+        "model": name,
+        "ranks": n,
+        "batch_per_rank": batch,
+        "parameters": sum(p.size for p in model.parameters()),
+        "buckets": len(ddp.buckets),
+        "one_rank_ms": t_single * 1e3,
+        "local_ms": t_local * 1e3,
+        "ddp_ms": t_ddp * 1e3,
+        "allreduce_ms": t_comm * 1e3,
+        "images_per_s": n * batch / t_ddp,
+        "one_rank_images_per_s": batch / t_single,
+        "scaling_efficiency": (n * batch / t_ddp) / (n * batch / t_single),
+        "comm_share": t_comm / t_ddp,
+        "exposed_share": exposed / t_ddp,
+        "overlap": 1.0 - min(exposed / t_comm, 1.0) if t_comm > 0 else None,
+        "device": str(device),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=None, help="device of every rank (default: a GPU per rank, else default)")
+    parser.add_argument("--models", nargs="+", default=["cnn", "mlp"], choices=sorted(MODELS))
+    parser.add_argument("--cnn-batch", type=int, default=256, help="CNN images per rank per step")
+    parser.add_argument("--mlp-batch", type=int, default=128, help="MLP images per rank per step")
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket size in MB")
+    parser.add_argument("--json", dest="json_path", default=None, help="rank 0 writes the rows here")
+    args = parser.parse_args()
+    info = dist.init(device=args.device)
+    rows = []
+    for name in args.models:
+        batch = args.cnn_batch if name == "cnn" else args.mlp_batch
+        rows.append(bench_model(name, batch, info.device, args.steps, args.repeats, args.bucket_mb))
+    if info.rank != 0:
+        return
+    print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank)")
+    header = (
+        f"{'model':>5} {'ranks':>5} {'batch/rank':>10} {'1-rank ms':>9} {'local ms':>9} {'DDP ms':>8} "
+        f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'comm share':>10} {'exposed':>8} {'overlap':>8}"
+    )
+    print(header)
+    for r in rows:
+        print(
+            f"{r['model']:>5} {r['ranks']:>5} {r['batch_per_rank']:>10} {r['one_rank_ms']:>9.2f} {r['local_ms']:>9.2f} "
+            f"{r['ddp_ms']:>8.2f} "
+            f"{r['allreduce_ms']:>13.2f} {r['images_per_s']:>10.0f} {r['scaling_efficiency']:>10.1%} "
+            f"{r['comm_share']:>10.1%} {r['exposed_share']:>8.1%} "
+            + (f"{r['overlap']:>8.1%}" if r["overlap"] is not None else f"{'-':>8}")
+        )
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

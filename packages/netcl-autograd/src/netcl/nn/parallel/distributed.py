@@ -1,0 +1,303 @@
+"""``DistributedDataParallel``: data parallelism over MPI ranks, one device per rank.
+
+Construction: a handshake checks that every rank has the same parameters and buffers (names,
+shapes, dtypes; a mismatch raises the same clear error on every rank), then rank 0's values are
+broadcast to all. Backward: each parameter's grad-ready hook (``Node.register_grad_ready_hook``)
+drops its gradient into a bucket (~25 MB, parameters in reverse registration order, which is
+roughly the order backward finishes them); a full bucket starts a non-blocking, deterministic
+all-reduce (mean) at once, while the rest of the backward is still running; every later hook
+also advances the buckets in flight. At the end of the backward (``queue_callback``) the
+remaining buckets are started, all are waited for, and each parameter's ``grad`` becomes its
+averaged gradient, bit-identical on every rank, so any optimizer then takes identical steps.
+
+Graph replay (``CompiledGraph``, ``fuse_graph`` on OpenCL): while a step is captured the
+all-reduces run blocking, bucket by bucket, and each is recorded as a command of the graph, so
+every replay all-reduces the gradients again at the same points (without overlap); the
+optimizer's captured update then reads the averaged gradients. On the NumPy backend
+``fuse_graph`` runs the step eagerly and the hooks work as in eager mode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, queue_callback
+from netcl.core import Tensor
+from netcl.runtime import distributed as dist
+from netcl.runtime.distributed import DistributedError
+
+DEFAULT_BUCKET_MB = 25.0
+#: The first bucket (the last parameters, whose gradients backward finishes first) is capped at
+#: 1 MB, as in torch: its all-reduce starts early in the backward instead of waiting for 25 MB.
+FIRST_BUCKET_MB = 1.0
+
+
+@dataclass
+class _Bucket:
+    index: int
+    params: list[int]  #: indices into DistributedDataParallel.params
+    nbytes: int
+
+
+@dataclass
+class _Round:
+    """The state of one backward's gradient synchronization."""
+
+    grads: dict[int, Tensor] = field(default_factory=dict)
+    remaining: dict[int, int] = field(default_factory=dict)  #: bucket -> gradients still missing
+    works: dict[int, Any] = field(default_factory=dict)  #: bucket -> work in flight
+    outputs: dict[int, list[Tensor]] = field(default_factory=dict)
+    first_launch: float | None = None
+    started_in_hooks: int = 0
+
+
+@dataclass
+class SyncStats:
+    """Timings of the last synchronized backward (seconds, ``time.perf_counter``)."""
+
+    buckets: int = 0
+    bytes: int = 0
+    #: buckets started from a hook, during the backward (the rest started at its end)
+    started_during_backward: int = 0
+    #: from the first bucket's start to the last bucket's completion
+    comm_span_s: float = 0.0
+    #: time the end-of-backward callback spent waiting for communication (not overlapped)
+    exposed_wait_s: float = 0.0
+    steps: int = 0
+
+
+class DistributedDataParallel:
+    """Wrap ``module`` (``parameters()`` / ``named_parameters()`` of leaf Nodes) for data-parallel training.
+
+    Each rank runs the same model on its own shard of every batch; after ``loss.backward()``
+    every parameter's ``grad`` is the mean over ranks (what one process would get from the mean
+    loss over the concatenated batch). Calls, attribute reads and ``state_dict()`` go to the
+    wrapped module (keys are not prefixed with ``module.``). ``bucket_cap_mb`` sizes the buckets;
+    ``broadcast_buffers`` also copies rank 0's buffers (e.g. BatchNorm running stats) at
+    construction. Needs ``netcl.runtime.distributed.init()`` (called here if it was not).
+
+    Every rank must run the same backward: the same parameters get gradients in the same order
+    (buckets start in that order, and collectives must match across ranks). A parameter no
+    backward reaches contributes its current ``grad`` (or zeros) when the backward ends, and then
+    holds the averaged result like the others, so ranks stay identical; a parameter reached on
+    some ranks only (data-dependent branches) is not supported. ``no_sync()`` must enclose the
+    backward, not just the forward.
+    """
+
+    def __init__(self, module: Any, bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True) -> None:
+        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
+            raise ValueError(f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
+        named = _named_parameters(module)  # bad modules fail before MPI starts
+        self.module = module
+        self.info = dist.init()  # the existing group, or a new one
+        buffers = _named_buffers(module) if broadcast_buffers else []
+        self._handshake(named, buffers)
+        self.params: list[Node] = [p for _, p in named if p.requires_grad]
+        self.param_names = [n for n, p in named if p.requires_grad]
+        self._broadcast_state([p.value for _, p in named], [b for _, b in buffers])
+        cap = int(bucket_cap_mb * 1024 * 1024)
+        self.buckets = _make_buckets(self.params, cap, min(cap, int(FIRST_BUCKET_MB * 1024 * 1024)))
+        self._bucket_of: dict[int, int] = {}
+        for bucket in self.buckets:
+            for i in bucket.params:
+                self._bucket_of[i] = bucket.index
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._round: _Round | None = None
+        self._sync = True
+        self.stats = SyncStats()
+        self._handles = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
+
+    # ---- construction ---------------------------------------------------------------------------
+    def _handshake(self, named: list[tuple[str, Node]], buffers: list[tuple[str, Tensor]]) -> None:
+        devices = {p.device for _, p in named} | {b.device for _, b in buffers}
+        if len(devices) > 1:
+            raise DistributedError(
+                "DistributedDataParallel needs the whole model on one device per rank, found "
+                + ", ".join(sorted(d.spec for d in devices))
+            )
+        mine = [("parameter", n, tuple(p.shape), str(p.dtype), bool(p.requires_grad)) for n, p in named]
+        mine += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in buffers]
+        everyone = dist.all_gather_object(mine)
+        reference = everyone[0]
+        for rank, entries in enumerate(everyone[1:], start=1):
+            problem = _first_difference(reference, entries)
+            if problem is not None:
+                raise DistributedError(
+                    f"DistributedDataParallel: the model on rank {rank} differs from rank 0's: {problem}; "
+                    "every rank must build the same model (same parameters, shapes and dtypes, in the same order)"
+                )
+
+    def _broadcast_state(self, values: list[Tensor], buffers: list[Tensor]) -> None:
+        for tensor in [*values, *buffers]:
+            dist.broadcast(tensor, root=0)
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._round = None  # a backward that raised left its round behind
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "module":  # not yet set: construction failed
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate gradients locally, without communication (as torch's)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # ---- backward hooks ----------------------------------------------------------------------------
+    def _on_grad_ready(self, node: Node, grad: Tensor) -> None:
+        if not self._sync or self.info.world_size == 1:
+            return
+        state = self._round
+        if state is None:
+            state = self._round = _Round(remaining={b.index: len(b.params) for b in self.buckets})
+        queue_callback(self._finish)  # once per backward (queue_callback dedupes)
+        index = self._index[id(node)]
+        if index in state.grads:
+            return
+        state.grads[index] = grad
+        bucket = self._bucket_of[index]
+        state.remaining[bucket] -= 1
+        if state.remaining[bucket] == 0:
+            self._launch(state, self.buckets[bucket])
+            state.started_in_hooks += 1
+        if state.works:
+            dist.progress()  # move the buckets in flight along while the backward goes on
+
+    def _launch(self, state: _Round, bucket: _Bucket) -> None:
+        inputs = [state.grads.get(i) for i in bucket.params]
+        for k, i in enumerate(bucket.params):
+            if inputs[k] is None:  # not reached by this backward: its accumulated grad, or zeros
+                p = self.params[i]
+                inputs[k] = p.grad if p.grad is not None else Tensor.zeros(p.shape, p.dtype, p.device)
+        outputs = [Tensor.empty(t.shape, t.dtype, t.device) for t in inputs]
+        if state.first_launch is None:
+            state.first_launch = time.perf_counter()
+        state.works[bucket.index] = dist.all_reduce_coalesced_async(inputs, "mean", outputs)
+        state.outputs[bucket.index] = outputs
+
+    def _finish(self) -> None:
+        state, self._round = self._round, None
+        if state is None:
+            return
+        started = time.perf_counter()
+        for bucket in self.buckets:
+            if bucket.index not in state.works:
+                self._launch(state, bucket)
+        for bucket in self.buckets:
+            state.works[bucket.index].wait()
+        done = time.perf_counter()
+        for bucket in self.buckets:
+            for i, out in zip(bucket.params, state.outputs[bucket.index], strict=True):
+                p = self.params[i]
+                p.grad, p._grad_owned, p.value.grad = out, True, out
+        s = self.stats
+        s.buckets, s.bytes, s.steps = len(self.buckets), sum(b.nbytes for b in self.buckets), s.steps + 1
+        s.started_during_backward = state.started_in_hooks
+        s.exposed_wait_s = done - started
+        s.comm_span_s = done - (state.first_launch or started)
+
+    def sync_gradients(self) -> None:
+        """All-reduce (mean) every parameter's current ``grad`` now, blocking (e.g. after ``no_sync``)."""
+        if self.info.world_size == 1:
+            return
+        state = _Round(remaining={b.index: 0 for b in self.buckets})
+        for bucket in self.buckets:
+            self._launch(state, bucket)
+        self._round = state
+        self._finish()
+
+    def remove_hooks(self) -> None:
+        """Detach from the parameters (the module trains locally afterwards)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedDataParallel(rank={self.info.rank}/{self.info.world_size}, {len(self.params)} params in "
+            f"{len(self.buckets)} buckets, module={self.module!r})"
+        )
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _named_parameters(module: Any) -> list[tuple[str, Node]]:
+    getter = getattr(module, "named_parameters", None)
+    if callable(getter):
+        named = list(getter())
+    else:
+        params = getattr(module, "parameters", None)
+        if not callable(params):
+            raise TypeError(f"module must have parameters() or named_parameters(), got {type(module).__name__}")
+        named = [(f"param{i}", p) for i, p in enumerate(params())]
+    for name, p in named:
+        if not isinstance(p, Node):
+            raise TypeError(f"parameter {name!r} is a {type(p).__name__}; parameters must be netcl Nodes")
+        if p.grad_fn is not None:
+            raise ValueError(f"parameter {name!r} is not a leaf (op {p.op_name!r}); parameters must be leaf Nodes")
+    if not named:
+        raise ValueError(f"module {type(module).__name__} has no parameters to synchronize")
+    return named
+
+
+def _named_buffers(module: Any) -> list[tuple[str, Tensor]]:
+    getter = getattr(module, "named_buffers", None)
+    if not callable(getter):
+        return []
+    result = []
+    for name, b in getter():
+        b = getattr(b, "value", b)
+        if isinstance(b, Tensor):
+            result.append((name, b))
+    return result
+
+
+def _first_difference(reference: list[tuple], entries: list[tuple]) -> str | None:
+    for ref, got in zip(reference, entries, strict=False):
+        if ref != got:
+            kind, name, shape, dtype, grad = got
+            rkind, rname, rshape, rdtype, rgrad = ref
+            if (kind, name) != (rkind, rname):
+                return f"{rkind} {rname!r} on rank 0 is {kind} {name!r} here"
+            what = "requires_grad" if (shape, dtype) == (rshape, rdtype) else "shape/dtype"
+            return (
+                f"{kind} {name!r} has {what} {shape} {dtype} requires_grad={grad}, "
+                f"rank 0 has {rshape} {rdtype} requires_grad={rgrad}"
+            )
+    if len(reference) != len(entries):
+        return f"{len(entries)} parameters and buffers, rank 0 has {len(reference)}"
+    return None
+
+
+def _make_buckets(params: list[Node], cap_bytes: int, first_cap_bytes: int) -> list[_Bucket]:
+    """Buckets of at most ``cap_bytes`` (the first: ``first_cap_bytes``; a larger parameter gets its
+    own), one dtype each, filled in reverse parameter order (the order backward tends to finish
+    gradients)."""
+    buckets: list[_Bucket] = []
+    open_by_dtype: dict[np.dtype, _Bucket] = {}
+    for i in reversed(range(len(params))):
+        p = params[i]
+        nbytes = p.size * p.dtype.itemsize
+        bucket = open_by_dtype.get(p.dtype)
+        limit = first_cap_bytes if bucket is not None and bucket.index == 0 else cap_bytes
+        if bucket is None or (bucket.params and bucket.nbytes + nbytes > limit):
+            bucket = _Bucket(len(buckets), [], 0)
+            buckets.append(bucket)
+            open_by_dtype[p.dtype] = bucket
+        bucket.params.append(i)
+        bucket.nbytes += nbytes
+    return buckets

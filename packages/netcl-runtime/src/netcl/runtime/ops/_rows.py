@@ -1,0 +1,233 @@
+"""The row-kernel skeleton behind softmax, logsumexp, the norms, cumsum-free row losses and batch_norm.
+
+A *row* is the set of elements one statistic is taken over: the ``R`` elements along one axis (or a
+block of neighbouring axes) of a C-contiguous tensor, or, for batch_norm, every element of one
+channel. Each kernel handles one row per work-group ("group" mode: the threads stride through the
+row and combine their partials by a tree in local memory) or, for rows of at most ``SERIAL_MAX``
+elements, one row per work-item ("serial" mode: a plain loop, no tree). An op writes its body once
+over these macros, and both modes compile from it:
+
+- ``ROW`` (this row's index), ``LID``/``LSIZE`` (this thread's lane and the lane count: 0 and 1 in
+  serial mode), so ``for (IDX i = LID; i < R; i += LSIZE)`` visits the row;
+- ``AT(i)``: the flat offset of the row's element ``i``;
+- ``ROW_SUM(v)`` (an expression: the row-wide sum of every lane's ``v``), ``ROW_SUM2(a, b)`` (two sums
+  at once, in place), ``ROW_MAXSUM(m, s)`` (combine online-softmax pairs: max ``m`` and the sum
+  ``s`` of ``exp(v - m)``, in place);
+- ``ACC``: the compute type (``float``; ``double`` for float64 data; ``long`` for integer scans and
+  arg-reductions, which have no ``ROW_MAXSUM``), ``IDX``: the index type;
+- in group mode, ``scratch_a``/``scratch_b``: two ``__local ACC[MAX_LOCAL]`` arrays a body may use.
+
+Layouts (a layout class, baked into the source): ``contig`` (rows of ``R`` neighbours: the last
+axis), ``strided`` (element ``i`` of row ``g`` at ``(g / inner) * R * inner + g % inner + i * inner``:
+an inner axis, e.g. the class axis of (N, C, H, W) logits), ``channel`` (row ``c`` of batch_norm:
+element ``i`` at ``((i / inner) * rows + c) * inner + i % inner``). ``rows``, ``R`` and ``inner`` are
+kernel arguments, so a new batch size or row length builds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device
+from netcl.core.dtypes import float64
+from netcl.core.errors import DTypeError
+from netcl.runtime.launch import launch
+from netcl.runtime.ops._common import ARG_DTYPES, MAX_LOCAL, get_kernel, pow2_ceil, pragmas, round_up
+from netcl.runtime.ops._grid import index_ctype
+
+#: Rows of at most this many elements take one work-item each.
+SERIAL_MAX = 32
+#: Elements each lane of a work-group handles at least (the group is no wider than R / this).
+PER_LANE = 4
+
+CONTIG, STRIDED, CHANNEL = "contig", "strided", "channel"
+
+_GROUP_HELPERS = r"""
+inline ACC netcl_row_sum(ACC v, __local ACC* sa) {
+    const int lid = get_local_id(0);
+    sa[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
+        if (lid < s) sa[lid] += sa[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC r = sa[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+inline void netcl_row_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {
+    const int lid = get_local_id(0);
+    sa[lid] = *a;
+    sb[lid] = *b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
+        if (lid < s) { sa[lid] += sa[lid + s]; sb[lid] += sb[lid + s]; }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    *a = sa[0];
+    *b = sb[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#ifdef NETCL_FLOAT_ACC
+inline void netcl_row_maxsum(ACC* m, ACC* s, __local ACC* sm, __local ACC* ss) {
+    const int lid = get_local_id(0);
+    sm[lid] = *m;
+    ss[lid] = *s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {
+        if (lid < h) {
+            const ACC m1 = sm[lid], m2 = sm[lid + h];
+            const ACC mx = m1 > m2 ? m1 : m2;
+            ss[lid] = MAXSUM_TERM(m1, ss[lid], mx) + MAXSUM_TERM(m2, ss[lid + h], mx);
+            sm[lid] = mx;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    *m = sm[0];
+    *s = ss[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
+"""
+
+#: An online-softmax partial (max m, sum s of exp(v - m)) rescaled to the max ``mx``; a partial
+#: that saw only -inf (s == 0) adds 0, never exp(-inf + inf) = NaN.
+_MAXSUM_TERM = "#define MAXSUM_TERM(m, s, mx) ((m) == -INFINITY ? (ACC)0 : (s) * exp((m) - (mx)))\n"
+#: Fold one value ``v`` into a thread's running (m, s).
+MAXSUM_STEP = "if (v > m) { s = s * exp(m - v) + (ACC)1; m = v; } else if (v != -INFINITY) { s += exp(v - m); }"
+
+
+def source(
+    name: str,
+    params: Sequence[str],
+    body: str,
+    layout: str,
+    mode: str,
+    acc: str,
+    idx: str,
+    dtypes: Sequence[np.dtype],
+    helpers: str = "",
+) -> str:
+    """The kernel ``name(params..., rows, R, inner)`` running ``body`` once per row."""
+    group = mode == "group"
+    lines = [pragmas(list(dtypes)), f"#define ACC {acc}\n#define IDX {idx}\n", _MAXSUM_TERM]
+    if acc in ("float", "double"):
+        lines.append("#define NETCL_FLOAT_ACC\n")
+    if group:
+        lines += [
+            "#define LID ((IDX)get_local_id(0))\n#define LSIZE ((IDX)get_local_size(0))\n",
+            "#define ROW ((IDX)get_group_id(0))\n",
+            _GROUP_HELPERS,
+            "#define ROW_SUM(v) netcl_row_sum((v), scratch_a)\n",
+            "#define ROW_SUM2(a, b) netcl_row_sum2(&(a), &(b), scratch_a, scratch_b)\n",
+            "#define ROW_MAXSUM(m, s) netcl_row_maxsum(&(m), &(s), scratch_a, scratch_b)\n",
+        ]
+    else:
+        lines += [
+            "#define LID ((IDX)0)\n#define LSIZE ((IDX)1)\n#define ROW ((IDX)get_global_id(0))\n",
+            "#define ROW_SUM(v) (v)\n#define ROW_SUM2(a, b)\n#define ROW_MAXSUM(m, s)\n",
+        ]
+    base, at = {
+        CONTIG: ("row * R", "(base + (i))"),
+        STRIDED: ("(row / inner) * R * inner + row % inner", "(base + (i) * inner)"),
+        CHANNEL: ("row * inner", "(base + ((i) / inner) * rows * inner + (i) % inner)"),
+    }[layout]
+    lines.append(f"#define AT(i) {at}\n")
+    lines.append(helpers)
+    scratch = f"    __local ACC scratch_a[{MAX_LOCAL}], scratch_b[{MAX_LOCAL}];\n" if group else ""
+    signature = ", ".join([*params, "const IDX rows", "const IDX R", "const IDX inner"])
+    lines.append(
+        f"__kernel void {name}({signature}) {{\n{scratch}"
+        "    const IDX row = ROW;\n"
+        "    if (row >= rows) return;\n"
+        f"    const IDX base = {base};\n"
+        f"{body}\n}}\n"
+    )
+    return "".join(lines)
+
+
+def pick_mode(length: int) -> str:
+    return "serial" if length <= SERIAL_MAX else "group"
+
+
+def run(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[str], str],
+    name: str,
+    arg_dtypes: Sequence[Any],
+    rows: int,
+    length: int,
+    inner: int,
+    idx: str,
+    *args: Any,
+    mode: str | None = None,
+) -> None:
+    """Launch ``name`` over ``rows`` rows of ``length`` elements (``make_source(mode)`` builds it once per
+    ``key`` and mode). ``arg_dtypes`` covers ``args``; the row sizes follow as ``idx`` arguments."""
+    if rows <= 0:
+        return
+    mode = mode or pick_mode(length)
+    types = [*arg_dtypes, *[ARG_DTYPES[idx]] * 3]
+    resolved = get_kernel(("rows", name, mode, *key), device, lambda: make_source(mode), name, types)
+    size_args = [ARG_DTYPES[idx].type(v) for v in (rows, length, inner)]
+    if mode == "group":
+        local = min(resolved.max_local, max(16, pow2_ceil(-(-length // PER_LANE))))
+        launch(resolved.kernel, rows * local, local, *args, *size_args, queue=device.queue)
+    else:
+        local = min(resolved.max_local, 64)
+        launch(resolved.kernel, round_up(rows, local), local, *args, *size_args, queue=device.queue)
+
+
+def acc_ctype(dtype: np.dtype) -> str:
+    return "double" if dtype == float64 else "float"
+
+
+def acc_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype row statistics are kept in: float64 for float64 data, else float32."""
+    return float64 if dtype == float64 else np.dtype(np.float32)
+
+
+def index_for(*counts: int) -> str:
+    return index_ctype(*counts)
+
+
+def require_float(x: Any, op: str, arg: str = "x") -> None:
+    """DTypeError unless ``x`` holds floating-point values."""
+    if x.dtype.kind != "f":
+        raise DTypeError(f"{op}: {arg} must be a floating-point tensor (float16/float32/float64), got dtype {x.dtype}")
+
+
+def row_split(shape: Sequence[int], first: int, last: int) -> tuple[int, int, int]:
+    """(outer, R, inner) of the axes ``first..last`` (inclusive) of a C-contiguous ``shape``."""
+    return (
+        math.prod(shape[:first]),
+        math.prod(shape[first : last + 1]),
+        math.prod(shape[last + 1 :]),
+    )
+
+
+def layout_of(inner: int) -> str:
+    return CONTIG if inner == 1 else STRIDED
+
+
+__all__ = [
+    "CHANNEL",
+    "CONTIG",
+    "MAXSUM_STEP",
+    "SERIAL_MAX",
+    "STRIDED",
+    "acc_ctype",
+    "acc_dtype",
+    "index_for",
+    "layout_of",
+    "pick_mode",
+    "require_float",
+    "row_split",
+    "run",
+    "source",
+]

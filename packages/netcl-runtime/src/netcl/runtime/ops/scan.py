@@ -1,0 +1,207 @@
+"""Row scans and arg-reductions: ``cumsum`` (forward or reversed), ``argmax``/``argmin``, and ``flip``.
+
+All run on the ``_rows`` skeleton along one axis (``argmax``/``argmin`` with ``axis=None`` take the
+flattened tensor as one row). ``cumsum``: serial rows run a plain loop; a work-group row scans
+blocks of its lane count in local memory (Hillis-Steele) carrying the running total between blocks.
+``cumsum(..., reverse=True)`` sums from the end: it is cumsum's gradient, in one kernel. Float data
+is summed in float32 (float64 for float64) and returned in its dtype; integer and bool data in
+int64, returned as int64 (NumPy's cumsum of int32).
+
+``argmax``/``argmin`` return int64 indices (NumPy's ``intp`` on 64-bit hosts): the first index of
+the extreme value, and the first NaN when there is one (as NumPy). No gradient.
+
+``flip`` reverses axes through the strided-copy kernel (a view with negative strides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor, contiguous_strides
+from netcl.core.dtypes import int64
+from netcl.runtime.ops import _rows
+from netcl.runtime.ops._common import MAX_LOCAL, normalize_axes, storage_ctype, wrap_numpy
+from netcl.runtime.ops.strided import strided_copy
+
+
+def _check(x: Any, op: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    return x
+
+
+def _one_axis(x: Tensor, axis: Any, op: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if x.ndim == 0:
+        if int(axis) in (0, -1):
+            return 0
+        raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a 0-d tensor")
+    return normalize_axes(int(axis), x.ndim, op)[0]
+
+
+# ---- cumsum ---------------------------------------------------------------------------------------
+def cumsum_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype.kind == "f" else int64
+
+
+_SERIAL_SCAN = (
+    "    ACC run = 0;\n"
+    "    for (IDX i = 0; i < R; ++i) { const IDX j = REV ? R - 1 - i : i; run += (ACC)x[AT(j)]; y[AT(j)] = (YT)run; }"
+)
+
+_GROUP_SCAN = (
+    "    ACC carry = 0;\n"
+    "    const int lid = get_local_id(0), n = get_local_size(0);\n"
+    "    for (IDX start = 0; start < R; start += LSIZE) {\n"
+    "        const IDX i = start + LID;\n"
+    "        const IDX j = REV ? R - 1 - i : i;\n"
+    "        scratch_a[lid] = i < R ? (ACC)x[AT(j)] : (ACC)0;\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "        for (int off = 1; off < n; off <<= 1) {\n"
+    "            const ACC t = lid >= off ? scratch_a[lid - off] : (ACC)0;\n"
+    "            barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "            scratch_a[lid] += t;\n"
+    "            barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "        }\n"
+    "        if (i < R) y[AT(j)] = (YT)(carry + scratch_a[lid]);\n"
+    "        carry += scratch_a[n - 1];\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }"
+)
+
+
+def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
+    """Running sums along ``axis`` (from the end with ``reverse``); ints and bools give int64."""
+    _check(x, "cumsum")
+    ax = _one_axis(x, axis, "cumsum")
+    out_dtype = cumsum_dtype(x.dtype)
+    x.device.check_dtype(out_dtype)
+    if x.device.kind == "cpu":
+        acc = _rows.acc_dtype(x.dtype) if x.dtype.kind == "f" else int64
+        v = np.asarray(x.data).astype(acc).reshape(x.shape or (1,))
+        with np.errstate(all="ignore"):
+            if reverse:
+                result = np.flip(np.cumsum(np.flip(v, ax), axis=ax, dtype=acc), ax)
+            else:
+                result = np.cumsum(v, axis=ax, dtype=acc)
+        return wrap_numpy(result.reshape(x.shape), x.device, out_dtype)
+    out = Tensor.empty(x.shape, out_dtype, x.device)
+    if x.size == 0:
+        return out
+    outer, R, inner = _rows.row_split(x.shape or (1,), ax, ax)
+    layout = _rows.layout_of(inner)
+    acc = _rows.acc_ctype(x.dtype) if x.dtype.kind == "f" else "long"
+    idx = _rows.index_for(x.size)
+    name = "netcl_cumsum"
+
+    def make(mode: str) -> str:
+        body = (_GROUP_SCAN if mode == "group" else _SERIAL_SCAN).replace("YT", storage_ctype(out_dtype))
+        body = body.replace("REV", "1" if reverse else "0")
+        params = [f"__global const {storage_ctype(x.dtype)}* x", f"__global {storage_ctype(out_dtype)}* y"]
+        return _rows.source(name, params, body, layout, mode, acc, idx, [x.dtype, out_dtype])
+
+    key = (layout, x.dtype.str, out_dtype.str, bool(reverse), acc, idx)
+    _rows.run(key, x.device, make, name, [None, None], outer * inner, R, inner, idx, x, out)
+    return out
+
+
+# ---- argmax / argmin ----------------------------------------------------------------------------------
+def argmax(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """int64 index of the maximum along ``axis`` (None: of the flattened tensor); first one on ties,
+    the first NaN when there is one (as NumPy)."""
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """int64 index of the minimum along ``axis`` (see ``argmax``)."""
+    return _arg("argmin", x, axis, keepdims)
+
+
+def _better(kind: str, floating: bool) -> str:
+    cmp = ">" if kind == "argmax" else "<"
+    nan = " || (isnan(a) && !isnan(b))" if floating else ""
+    return f"#define BETTER(a, b) ((a) {cmp} (b){nan})\n"
+
+
+_ARG_LOOP = (
+    "    ACC best = 0;\n"
+    "    long at = -1;\n"
+    "    for (IDX i = LID; i < R; i += LSIZE) {\n"
+    "        const ACC v = (ACC)x[AT(i)];\n"
+    "        if (at < 0 || BETTER(v, best)) { best = v; at = (long)i; }\n"
+    "    }\n"
+)
+
+_ARG_TREE = (
+    f"    __local long sidx[{MAX_LOCAL}];\n"
+    "    const int lid = get_local_id(0);\n"
+    "    scratch_a[lid] = best;\n"
+    "    sidx[lid] = at;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {\n"
+    "        if (lid < h) {\n"
+    "            const ACC b1 = scratch_a[lid], b2 = scratch_a[lid + h];\n"
+    "            const long a1 = sidx[lid], a2 = sidx[lid + h];\n"
+    "            if (a1 < 0 || (a2 >= 0 && (BETTER(b2, b1) || (!BETTER(b1, b2) && a2 < a1)))) {\n"
+    "                scratch_a[lid] = b2; sidx[lid] = a2;\n"
+    "            }\n"
+    "        }\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    at = sidx[0];\n"
+)
+
+
+def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
+    _check(x, kind)
+    if x.size == 0:
+        raise ValueError(f"{kind}: x of shape {x.shape} is empty, which has no {kind[3:]}imum")
+    if axis is None:
+        out_shape = (1,) * x.ndim if keepdims else ()
+        split, ax = (1, x.size, 1), None
+    else:
+        ax = _one_axis(x, axis, kind)
+        shape = x.shape or (1,)
+        out_shape = tuple((1 if i == ax else d) for i, d in enumerate(x.shape) if keepdims or i != ax)
+        split = _rows.row_split(shape, ax, ax)
+    if x.device.kind == "cpu":
+        v = np.asarray(x.data)
+        fn = np.argmax if kind == "argmax" else np.argmin
+        result = fn(v.reshape(-1)) if ax is None else fn(v.reshape(x.shape or (1,)), axis=ax)
+        return wrap_numpy(np.asarray(result, dtype=np.int64).reshape(out_shape), x.device, int64)
+    out = Tensor.empty(out_shape, int64, x.device)
+    outer, R, inner = split
+    layout = _rows.layout_of(inner)
+    floating = x.dtype.kind == "f"
+    acc = _rows.acc_ctype(x.dtype) if floating else "long"
+    idx = _rows.index_for(x.size)
+    name = f"netcl_{kind}"
+
+    def make(mode: str) -> str:
+        body = _ARG_LOOP + (_ARG_TREE if mode == "group" else "") + "    if (LID == 0) out[row] = at;"
+        params = [f"__global const {storage_ctype(x.dtype)}* x", "__global long* out"]
+        return _rows.source(name, params, body, layout, mode, acc, idx, [x.dtype], helpers=_better(kind, floating))
+
+    key = (layout, x.dtype.str, acc, idx)
+    _rows.run(key, x.device, make, name, [None, None], outer * inner, R, inner, idx, x, out)
+    return out
+
+
+# ---- flip ----------------------------------------------------------------------------------------
+def flip(x: Tensor, axis: int | Sequence[int] | None = None) -> Tensor:
+    """x with the order of elements along ``axis`` (None: every axis) reversed; a copy."""
+    _check(x, "flip")
+    axes = normalize_axes(axis, x.ndim, "flip")
+    strides = list(contiguous_strides(x.shape))
+    offset = 0
+    for a in axes:
+        offset += (x.shape[a] - 1) * strides[a] if x.shape[a] else 0
+        strides[a] = -strides[a]
+    return strided_copy(x, x.shape, strides, offset)
+
+
+__all__ = ["argmax", "argmin", "cumsum", "cumsum_dtype", "flip"]

@@ -1,0 +1,246 @@
+"""One MPI rank of the distributed tests: ``worker.py CASE DEVICE OUTDIR`` (run under mpiexec).
+
+Each case writes ``OUTDIR/rank{r}.pkl``: a dict of results (NumPy arrays, messages) that the
+pytest side compares across ranks and against float64 / single-process references.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import netcl.autograd as ag
+from netcl.core import Tensor, get_device
+from netcl.nn.parallel import DistributedDataParallel
+from netcl.runtime import distributed as dist
+from netcl.runtime import ops as R
+
+SIZES = (1, 5, 1000, 4099)
+
+
+def rank_data(rank: int, size: int, dtype=np.float32) -> np.ndarray:
+    """What rank ``rank`` contributes (the test regenerates it for the reference)."""
+    return np.random.default_rng(1000 * rank + size).normal(size=size).astype(dtype)
+
+
+class MLP:
+    """A 6-8-3 MLP with one buffer; ``seed`` differs per rank so DDP's broadcast matters."""
+
+    def __init__(self, device, seed: int, hidden: int = 8) -> None:
+        rng = np.random.default_rng(seed)
+        shapes = {"fc1.weight": (6, hidden), "fc1.bias": (1, hidden), "fc2.weight": (hidden, 3), "fc2.bias": (1, 3)}
+        self.named = [
+            (k, ag.tensor(rng.normal(0, 0.5, s).astype(np.float32), requires_grad=True, device=device))
+            for k, s in shapes.items()
+        ]
+        self.running = Tensor.from_host(device, np.full(3, float(seed), np.float32))
+
+    def named_parameters(self):
+        return iter(self.named)
+
+    def parameters(self):
+        return (p for _, p in self.named)
+
+    def named_buffers(self):
+        return iter([("running", self.running)])
+
+    def __call__(self, x):
+        w1, b1, w2, b2 = (p for _, p in self.named)
+        return ag.relu(x @ w1 + b1) @ w2 + b2
+
+
+def batch(device, step: int, n: int = 8):
+    rng = np.random.default_rng(77 + step)
+    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+
+
+def grads_of(model, x, y, device):
+    with ag.Tape():
+        loss = ag.cross_entropy(model(ag.tensor(x, device=device)), ag.tensor(y, device=device))
+        loss.backward()
+    return [p.grad.to_host() for p in model.parameters()]
+
+
+def error_of(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # the tests check the type name and message
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+# ---- cases -------------------------------------------------------------------------------------------
+def case_collectives(info, device) -> dict:
+    out: dict = {}
+    for size in SIZES:
+        for op in ("sum", "mean"):
+            t = Tensor.from_host(device, rank_data(info.rank, size))
+            dist.all_reduce(t, op)
+            out[f"{op}{size}"] = t.to_host()
+    ints = Tensor.from_host(device, np.arange(10, dtype=np.int32) * (info.rank + 1))
+    out["int_sum"] = dist.all_reduce(ints).to_host()
+    a = Tensor.from_host(device, rank_data(info.rank, 300))
+    b = Tensor.from_host(device, rank_data(info.rank, 301))
+    wa, wb = dist.all_reduce_async(a), dist.all_reduce_async(b, "mean")
+    wb.wait()
+    wa.wait()
+    out["async_a"], out["async_b"] = a.to_host(), b.to_host()
+    ins = [Tensor.from_host(device, rank_data(info.rank, n)) for n in (3, 4)]
+    outs = [Tensor.empty(t.shape, t.dtype, device) for t in ins]
+    dist.all_reduce_coalesced_async(ins, "sum", outs).wait()
+    out["coalesced"] = [t.to_host() for t in outs]
+    out["coalesced_inputs_kept"] = [t.to_host() for t in ins]
+    c = Tensor.from_host(device, np.full((2, 3), info.rank + 5.0, np.float32))
+    out["broadcast"] = dist.broadcast(c, root=1).to_host()
+    out["all_gather"] = dist.all_gather(Tensor.from_host(device, np.full(4, info.rank, np.int32))).to_host()
+    out["objects"] = dist.all_gather_object({"rank": info.rank})
+    out["broadcast_object"] = dist.broadcast_object(f"from {info.rank}", root=1)
+    dist.barrier()
+    t = Tensor.from_host(device, np.ones(3, np.float32))
+    out["errors"] = {
+        "op": error_of(lambda: dist.all_reduce(t, "max")),
+        "int_mean": error_of(lambda: dist.all_reduce(ints, "mean")),
+        "root": error_of(lambda: dist.broadcast(t, root=2)),
+        "type": error_of(lambda: dist.all_reduce(np.ones(3))),
+    }
+    if device.kind == "opencl":  # a captured all-reduce replays
+        from netcl.runtime.graph import Graph
+
+        x = Tensor.from_host(device, rank_data(info.rank, 6))
+        g = Graph()
+        with g.capture(device.queue):
+            R.add_(x, 1.0)
+            dist.all_reduce(x)
+        out["captured"] = x.to_host()
+        import pyopencl as cl
+
+        cl.enqueue_copy(device.queue, x.data, rank_data(info.rank, 6) * 2, is_blocking=True)
+        g.execute(wait=True)
+        out["replayed"] = x.to_host()
+    dist.barrier()
+    return out
+
+
+def case_ddp(info, device) -> dict:
+    out: dict = {}
+    model = MLP(device, seed=10 + info.rank)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)  # ~100 bytes: several buckets
+    out["params_after_init"] = [p.to_host() for p in model.parameters()]
+    out["buffer_after_init"] = model.running.to_host()
+    out["buckets"] = len(ddp.buckets)
+    x, y = batch(device, 0, 16)
+    shard = slice(8 * info.rank, 8 * info.rank + 8)
+    with ag.Tape():
+        loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
+        loss.backward()
+    out["grads"] = [p.grad.to_host() for p in model.parameters()]
+    out["started_during_backward"] = ddp.stats.started_during_backward
+    # the single-process reference on the whole batch, from the same (broadcast) parameters
+    reference = MLP(device, seed=0)
+    for (_, p), (_, q) in zip(reference.named, model.named, strict=True):
+        p.value = Tensor.from_host(device, q.to_host())
+    out["reference_grads"] = grads_of(reference, x, y, device)
+    # a second backward accumulates: mean(g1) + mean(g2)
+    with ag.Tape():
+        loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
+        loss.backward()
+    out["accumulated"] = [p.grad.to_host() for p in model.parameters()]
+    # no_sync keeps gradients local; sync_gradients averages them afterwards
+    for p in model.parameters():
+        p.grad = p.value.grad = None
+    with ddp.no_sync(), ag.Tape():
+        loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
+        loss.backward()
+    out["local_grads"] = [p.grad.to_host() for p in model.parameters()]
+    ddp.sync_gradients()
+    out["synced_grads"] = [p.grad.to_host() for p in model.parameters()]
+    out["fuse_graph"] = fuse_graph_run(info, device)
+    return out
+
+
+def fuse_graph_run(info, device) -> dict:
+    """fuse_graph (captured + replayed on OpenCL) of a DDP step with netcl.optim's SGD (momentum) and
+    Adam, vs the same steps eagerly."""
+    from netcl.jit import fuse_graph
+    from netcl.optim import SGD, Adam
+
+    results = {}
+    for name in ("sgd", "adam"):
+        for mode in ("replay", "eager"):
+            model = MLP(device, seed=20 + info.rank)
+            ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+            params = list(model.parameters())
+            opt = SGD(params, lr=0.1, momentum=0.9) if name == "sgd" else Adam(params, lr=0.01)
+            shard = slice(8 * info.rank, 8 * info.rank + 8)
+            xs = [batch(device, s, 16) for s in range(4)]
+            if mode == "replay":
+                x0, y0 = xs[0]
+                fused = fuse_graph(
+                    ddp,
+                    ag.tensor(x0[shard], device=device),
+                    ag.tensor(y0[shard], device=device),
+                    ag.cross_entropy,
+                    params=params,
+                    optimizer_step=opt.step,
+                )
+                for x, y in xs[1:]:
+                    fused.execute(ag.tensor(x[shard], device=device), ag.tensor(y[shard], device=device))
+                steps = fused.graph.steps if fused.graph is not None else []
+                results[f"{name}_recorded"] = [s.name for s in steps if s.name.startswith("all_reduce")]
+            else:
+                for x, y in xs:
+                    opt.zero_grad()
+                    with ag.Tape():
+                        logits = ddp(ag.tensor(x[shard], device=device))
+                        loss = ag.cross_entropy(logits, ag.tensor(y[shard], device=device))
+                        loss.backward()
+                    opt.step()
+            ddp.remove_hooks()
+            results[f"{name}_{mode}"] = [p.to_host() for p in params]
+    return results
+
+
+def case_mismatch(info, device) -> dict:
+    model = MLP(device, seed=1, hidden=8 if info.rank == 0 else 9)
+    return {"error": error_of(lambda: DistributedDataParallel(model))}
+
+
+def case_dead(info, device) -> dict:
+    if info.rank == 1:
+        sys.exit(0)  # leaves without joining the all-reduce
+    t = Tensor.from_host(device, np.ones(4, np.float32))
+    return {"error": error_of(lambda: dist.all_reduce(t)), "after": error_of(lambda: dist.barrier())}
+
+
+def case_single(info, device) -> dict:
+    model = MLP(device, seed=3)
+    before = [p.to_host() for p in model.parameters()]
+    ddp = DistributedDataParallel(model)
+    x, y = batch(device, 0)
+    with ag.Tape():
+        ag.cross_entropy(ddp(ag.tensor(x, device=device)), ag.tensor(y, device=device)).backward()
+    t = Tensor.from_host(device, np.arange(4, dtype=np.float32))
+    return {
+        "world_size": info.world_size,
+        "params": [p.to_host() for p in model.parameters()],
+        "before": before,
+        "grads": [p.grad.to_host() for p in model.parameters()],
+        "reference_grads": grads_of(MLP(device, seed=3), x, y, device),
+        "all_reduce": dist.all_reduce(t, "mean").to_host(),
+        "all_gather": dist.all_gather(t).to_host(),
+    }
+
+
+def main() -> None:
+    case, spec, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    info = dist.init(device=spec)
+    result = globals()[f"case_{case}"](info, get_device(spec))
+    with open(outdir / f"rank{info.rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
