@@ -10,6 +10,8 @@ or callable object reached from those (a model's ``__call__`` reading ``self.w``
 paths into one small function that re-reads them on every call and compares identities: a cache
 hit costs a few attribute loads and ``is`` comparisons. A capture with no path found (made by a
 function call, read through a property...) cannot be watched; ``jit_compile`` warns about it once.
+A ``netcl.nn.Module``'s parameters and buffers are one step from the module (by their state_dict
+names), so a model's weights are watched however deeply its layers nest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
+from netcl.nn.module import Module
 
 #: How many steps a path may take from its root (cell -> object -> dict -> tensor is 3).
 MAX_DEPTH = 4
@@ -31,7 +34,8 @@ MAX_OBJECTS = 20000
 
 _MISSING = object()
 
-#: A step of a path: ("attr", name) | ("item", key) | ("cell",) | ("closure", i) | ("globals", name).
+#: A step of a path: ("attr", name) | ("item", key) | ("cell",) | ("closure", i) | ("globals", name)
+#: | ("named", "features.0.weight") (a netcl.nn Module's parameter or buffer, one step from the model).
 Step = tuple[Any, ...]
 
 
@@ -145,6 +149,9 @@ def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
         return
     if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
         return  # a module's or class's namespace is not the caller's state
+    if isinstance(obj, Module):  # a model: each parameter and buffer one step away, by its dotted name
+        for name, value in (*obj.named_parameters(), *obj.named_buffers()):
+            yield ("named", name), value
     state = getattr(obj, "__dict__", None)
     if isinstance(state, dict) and len(state) <= MAX_ITEMS:
         for name, value in list(state.items()):
@@ -153,6 +160,13 @@ def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
         for name in cls.__dict__.get("__slots__", ()):
             if isinstance(name, str) and not name.startswith("__") and hasattr(obj, name):
                 yield ("attr", name), getattr(obj, name)
+
+
+def _dotted(obj: Any, parts: tuple[str, ...]) -> Any:
+    """``obj.a.b.c`` for parts ("a", "b", "c"): a Module's parameter or buffer by its state_dict name."""
+    for part in parts:
+        obj = getattr(obj, part)
+    return obj
 
 
 def _hashable_key(key: Any) -> bool:
@@ -197,5 +211,9 @@ def _step_expr(expr: str, step: Step, env: dict[str, Any], name: str) -> str:
     if kind == "attr":
         env[name] = step[1]
         return f"getattr({expr}, {name}, _M)"
+    if kind == "named":
+        env[name] = tuple(step[1].split("."))
+        env["_dotted"] = _dotted
+        return f"_dotted({expr}, {name})"
     env[name] = step[1]  # item
     return f"{expr}[{name}]"

@@ -12,6 +12,7 @@ Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy bac
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -124,8 +125,13 @@ def _check_update(
     device_of([param, grad, steps, hyper, *(b for b in buffers.values() if b is not None)], op)
 
 
+@functools.lru_cache(maxsize=16)
+def _dtype_types(dtype: np.dtype) -> dict[str, str]:
+    return {"st": storage_ctype(dtype), "ct": compute_ctype(dtype), "pragmas": pragmas([dtype])}
+
+
 def _types(param: Tensor) -> dict[str, str]:
-    return {"st": storage_ctype(param.dtype), "ct": compute_ctype(param.dtype), "pragmas": pragmas([param.dtype])}
+    return _dtype_types(param.dtype)
 
 
 # ---- SGD ------------------------------------------------------------------------------------------------
@@ -142,14 +148,13 @@ def sgd_step_(
         _sgd_numpy(param, grad, momentum_buffer, int(steps.data[index]), np.asarray(hyper.data, np.float64))
         return param
     types = _types(param)
-    momentum = _SGD_MOMENTUM.format(**types) if momentum_buffer is not None else ""
-    source = _SGD.format(momentum=momentum, **types)
-    key = ("optim", "sgd", types["st"], momentum_buffer is not None)
-    buf = momentum_buffer if momentum_buffer is not None else param
+    has_momentum = momentum_buffer is not None
+    key = ("optim", "sgd", types["st"], has_momentum)
+    buf = momentum_buffer if has_momentum else param
     run_1d(
         key,
         param.device,
-        lambda: source,
+        lambda: _SGD.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types),
         "netcl_sgd",
         _SGD_TYPES,
         param.size,
@@ -204,12 +209,11 @@ def adam_step_(
         _adam_numpy(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
         return param
     types = _types(param)
-    source = _ADAM.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
     key = ("optim", "adam", types["st"], bool(decoupled_weight_decay))
     run_1d(
         key,
         param.device,
-        lambda: source,
+        lambda: _ADAM.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types),
         "netcl_adam",
         _ADAM_TYPES,
         param.size,
@@ -290,11 +294,10 @@ def unscale_(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
         grad.data[...] = values.astype(grad.dtype)
         return grad
     types = _types(grad)
-    source = _UNSCALE.format(**types)
     run_1d(
         ("optim", "unscale", types["st"]),
         grad.device,
-        lambda: source,
+        lambda: _UNSCALE.format(**types),
         "netcl_unscale",
         [None, None, np.float32, np.int64],
         grad.size,
