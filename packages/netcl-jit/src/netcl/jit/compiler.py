@@ -53,6 +53,10 @@ class Plan:
     direct: tuple[list[int], list[int]] | None = None
     #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound (see guards.py)
     guard: Callable[[tuple[Any, ...]], bool] | None = None
+    #: Whether an argument of this signature wants a gradient (then ``run`` goes through autograd).
+    needs_grad: bool = True
+    #: ``fast(args)``: a direct plan without gradients as one generated call (``FusedStep.direct_caller``)
+    fast: Callable[[tuple[Any, ...]], Any] | None = None
 
     def __post_init__(self) -> None:
         if len(self.steps) != 1 or not isinstance(self.steps[0], FusedStep):
@@ -61,8 +65,12 @@ class Plan:
         position = {id(t): i for i, t in enumerate(self.arg_traces) if t is not None}
         if all(id(p) in position for p in group.inputs) and all(o in group.outputs for o in self.outputs):
             self.direct = ([position[id(p)] for p in group.inputs], [group.outputs.index(o) for o in self.outputs])
+            if not self.needs_grad:
+                self.fast = self.steps[0].direct_caller(*self.direct, self.returns_tuple)
 
     def run(self, args: tuple[Any, ...]) -> Any:
+        if self.fast is not None:
+            return self.fast(args)
         if self.direct is not None:
             inputs, outputs = self.direct
             nodes = self.steps[0].forward([args[i] for i in inputs])
@@ -131,24 +139,27 @@ class JitFunction:
         # Whether each argument needs a gradient is part of the signature: the ops the trace
         # runs eagerly (matmul, reductions) decide at trace time which inputs get a gradient.
         parts: list[Any] = []
+        append = parts.append
         device: Device | None = None
         grad_on = engine.is_grad_enabled()
         for arg in args:
             if isinstance(arg, Node):
                 value = arg.value
-                parts.append((value.shape, value.dtype, grad_on and arg.requires_grad))
+                append((value.shape, value.dtype, grad_on and arg.requires_grad))
                 if device is None:
                     device = value.device
             elif isinstance(arg, Tensor):
-                parts.append((arg.shape, arg.dtype, False))
+                append((arg.shape, arg.dtype, False))
                 if device is None:
                     device = arg.device
             elif isinstance(arg, Real) and not isinstance(arg, bool):
-                parts.append("scalar")
+                append("scalar")
             else:
-                parts.append(("static", _hashable(arg)))
+                append(("static", _hashable(arg)))
         if device is None:
             return None
+        if not kwargs:
+            return (tuple(parts), (), device, registry_version())
         try:
             static = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
         except TypeError:
@@ -188,12 +199,14 @@ class JitFunction:
         context = TracingContext()
         arg_traces: list[TraceNode | None] = []
         traced_args: list[Any] = []
+        needs_grad = False
         try:
             with context:
                 for position, arg in enumerate(args):
                     value = arg.value if isinstance(arg, Node) else arg
                     if isinstance(value, Tensor):
                         wants = engine.is_grad_enabled() and isinstance(arg, Node) and arg.requires_grad
+                        needs_grad = needs_grad or wants
                         node = context.input(value.shape, value.dtype, wants)
                     elif isinstance(value, Real) and not isinstance(value, bool):
                         node = context.param(position)
@@ -220,7 +233,7 @@ class JitFunction:
                 steps.append(runnable)
             else:
                 steps.append(step)
-        plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused)
+        plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused, needs_grad=needs_grad)
         if context.consts:
             plan.guard = self._guard(args, context)
         summary = f"{len(fused)} fused kernel(s), {len(steps) - len(fused)} eager op(s)"

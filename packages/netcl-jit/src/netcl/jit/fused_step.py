@@ -21,8 +21,8 @@ from netcl.jit.codegen import backward_body, forward_body, reached_inputs
 from netcl.jit.partition import FusedGroup
 from netcl.jit.tuning import launch_config
 from netcl.runtime import ops as rops
-from netcl.runtime.cache import program_cache
-from netcl.runtime.launch import launch
+from netcl.runtime.cache import declared_scalar_dtypes, program_cache
+from netcl.runtime.launch import PreparedLaunch, launch
 
 _F32 = np.dtype(np.float32)
 FORWARD_NAME = "fused_forward"
@@ -79,6 +79,53 @@ class FusedStep:
             self.size, self.shape, self.input_shapes, local, config.vector_width, config.items
         )
         return (kernel, gsize, local)
+
+    def _prepared(self, compiled) -> PreparedLaunch:
+        """The launch of ``compiled`` with its element count (the last argument) bound once."""
+        kernel, gsize, local = compiled
+        dtypes = list(declared_scalar_dtypes(kernel) or ())
+        last = len(dtypes) - 1
+        static = {last: dtypes[last].type(self.size)}
+        return PreparedLaunch(kernel, gsize, local, static, list(enumerate(dtypes[:last])))
+
+    def direct_caller(self, positions: list[int], outputs: list[int], returns_tuple: bool):
+        """``call(args)``: the forward of a plan that is this one kernel on argument values, no gradient.
+
+        Generated once per plan: it reads the arguments at ``positions`` (Nodes, Tensors or
+        numbers), allocates the outputs, sets the per-call arguments of a prepared launch and
+        enqueues it, and returns the Nodes of ``outputs`` (a tuple when ``returns_tuple``).
+        None where there is no such path (NumPy backend, empty shape).
+        """
+        if not self.is_opencl or not self.size:
+            return None
+        prepared = self._prepared(self._forward)
+        lines = ["def direct(args):"]
+        values = []
+        for n, (position, shape) in enumerate(zip(positions, self.input_shapes, strict=True)):
+            lines.append(f"    x{n} = args[{position}]")
+            if shape is None:
+                values.append(f"f32(x{n})")
+            else:
+                values.append(f"(x{n}.data if x{n}.__class__ is Tensor else x{n}.value.data)")
+        outs = [f"o{j}" for j in range(len(self.group.outputs))]
+        for out in outs:
+            lines.append(f"    {out} = device.allocator(device, nbytes)")
+        lines.append(f"    call({', '.join(values + outs)})")
+        nodes = [f"Node(Tensor(o{j}, shape, F32, device), op_name=label)" for j in outputs]
+        lines.append(f"    return ({', '.join(nodes)},)" if returns_tuple else f"    return {nodes[0]}")
+        scope = {
+            "Tensor": Tensor,
+            "Node": Node,
+            "F32": _F32,
+            "f32": np.float32,
+            "device": self.device,
+            "nbytes": self.nbytes,
+            "shape": self.shape,
+            "label": self.label,
+            "call": prepared.call,
+        }
+        exec(compile("\n".join(lines), f"<netcl jit direct call {self.label}>", "exec"), scope)
+        return scope["direct"]
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
         return self._backward_kernel(output_index, wants)[1]

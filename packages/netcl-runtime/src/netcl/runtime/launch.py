@@ -1,7 +1,10 @@
 """``launch``: the one function through which every kernel launch in netcl goes.
 
-It also holds ``enqueue_copy`` and ``enqueue_fill``, the device-side copy and fill commands
-that a capture records alongside kernels (plain ``cl.enqueue_copy`` calls are not recorded).
+``PreparedLaunch`` is its hot-path form: one kernel, sizes and constant arguments fixed once,
+the per-call arguments set by generated code, the enqueue through ``netcl.runtime.enqueue``;
+while a capture records, it goes through ``launch`` so the capture sees it. The module also
+holds ``enqueue_copy`` and ``enqueue_fill``, the device-side copy and fill commands that a capture
+records alongside kernels (plain ``cl.enqueue_copy`` calls are not recorded).
 """
 
 from __future__ import annotations
@@ -247,3 +250,99 @@ def _work_group_limit(kernel: cl.Kernel) -> int:
         device = kernel.context.devices[0]
         limit = kernel._netcl_wg_limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
     return limit
+
+
+class PreparedLaunch:
+    """One kernel launch prepared for a hot path: ``prepared.call(*dynamic_args)`` sets and enqueues.
+
+    ``kernel`` gets a private copy (its own ``cl.Kernel`` of the same program and function),
+    so no other launch can disturb the arguments set here; ``static`` maps argument index ->
+    value, set once now; ``dynamic`` lists the per-call arguments in call order as
+    (argument index, numpy dtype for a scalar or None for a buffer). Each call passes raw
+    ``cl.Buffer``s and numbers (no Tensors, no conversions): generated code packs them with
+    pyopencl's multi-argument setters and the enqueue is ``enqueue.enqueuer``'s (no event).
+    While a capture records on the queue, the call goes through ``launch`` instead, which
+    records it. Sizes are validated once, here, as ``launch`` validates them.
+    """
+
+    def __init__(
+        self,
+        kernel: cl.Kernel,
+        global_size: int | Sequence[int],
+        local_size: int | Sequence[int] | None,
+        static: dict[int, Any],
+        dynamic: Sequence[tuple[int, Any]],
+        queue: cl.CommandQueue | None = None,
+    ) -> None:
+        from netcl.runtime.enqueue import enqueuer
+
+        self.kernel = cl.Kernel(kernel.program, kernel.function_name)
+        self.global_size, self.local_size = _checked_sizes(self.kernel, global_size, local_size)
+        self.queue = queue if queue is not None else _kernel_queue(kernel)
+        indices = sorted([*static, *(i for i, _ in dynamic)])
+        if indices != list(range(self.kernel.num_args)):
+            raise LaunchError(
+                f"kernel {kernel.function_name!r} has {self.kernel.num_args} arguments; static and dynamic "
+                f"must name each index once, got {indices}"
+            )
+        self._static = dict(static)
+        self._dynamic = [(int(i), None if d is None else np.dtype(d)) for i, d in dynamic]
+        for index, value in self._static.items():
+            self.kernel.set_arg(index, value.data if isinstance(value, Tensor) else value)
+        self._lock = threading.Lock()
+        self._enqueue, self._returns_status = enqueuer(self.queue, self.kernel, self.global_size, self.local_size)
+        #: ``call(*dynamic_args)``: the generated setter + enqueue (hot paths bind it once)
+        self.call = self._generate()
+
+    def __call__(self, *dynamic: Any) -> None:
+        self.call(*dynamic)
+
+    def _generate(self) -> Any:
+        from netcl.runtime.enqueue import raise_status
+
+        names = [f"a{n}" for n in range(len(self._dynamic))]
+        buffers = [f"{i}, {name}" for (i, d), name in zip(self._dynamic, names, strict=True) if d is None]
+        scalars = [
+            f"{i}, {d.char.encode()!r}, {name}"
+            for (i, d), name in zip(self._dynamic, names, strict=True)
+            if d is not None
+        ]
+        lines = [f"def prepared({', '.join(names)}):"]
+        lines.append(f"    if RECORDING: return slow(({', '.join(names)},))")
+        lines.append("    with lock:")
+        lines.append("        try:")
+        if buffers:
+            lines.append(f"            set_buffers(({', '.join(buffers)},))")
+        if scalars:
+            lines.append(f"            set_scalars(({', '.join(scalars)},))")
+        lines.append("        except Exception as exc: raise bad_args(exc) from exc")
+        if self._returns_status:
+            lines.append("        status = enqueue()")
+            lines.append("        if status: raise_status(status, kernel)")
+        else:
+            lines.append("        enqueue()")
+        scope = {
+            "RECORDING": _capture.RECORDING,
+            "slow": self._through_launch,
+            "lock": self._lock,
+            "set_buffers": self.kernel._set_arg_multi,
+            "set_scalars": self.kernel._set_arg_buf_pack_multi,
+            "bad_args": self._bad_args,
+            "enqueue": self._enqueue,
+            "raise_status": raise_status,
+            "kernel": self.kernel,
+        }
+        exec(compile("\n".join(lines), f"<netcl prepared launch of {self.kernel.function_name}>", "exec"), scope)
+        return scope["prepared"]
+
+    def _through_launch(self, dynamic: tuple[Any, ...]) -> None:
+        args: list[Any] = [None] * self.kernel.num_args
+        for index, value in self._static.items():
+            args[index] = value
+        for (index, dtype), value in zip(self._dynamic, dynamic, strict=True):
+            args[index] = value if dtype is None else dtype.type(value)
+        with self._lock:  # launch sets every argument, the static ones to the same values
+            launch(self.kernel, self.global_size, self.local_size, *args, queue=self.queue)
+
+    def _bad_args(self, exc: Exception) -> LaunchError:
+        return LaunchError(f"cannot set arguments of kernel {self.kernel.function_name!r}: {exc}")

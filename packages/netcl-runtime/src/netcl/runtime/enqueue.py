@@ -1,0 +1,122 @@
+"""The cheapest enqueue of a kernel whose arguments are already set: ``enqueuer(queue, kernel, g, l)``.
+
+A hot path (a cache-hit jit call, a graph replay) enqueues the same kernel object with the
+same sizes again and again, so everything that does not change is prepared once and the
+call itself is one C-level ``functools.partial``. The candidates, measured per enqueue by
+``benchmarks/enqueue_paths.py`` (host microseconds; PoCL 3.1 on a 2-core Zen 5 /
+NVIDIA OpenCL on an H100 host, see benchmarks/RESULTS.md):
+
+=========================================================  ==========================
+path                                                       what it does per call
+=========================================================  ==========================
+``kernel(queue, g, l, *args)`` (pyopencl's invoker)        set every arg, enqueue, event
+``kernel.set_args(*args)`` + ``cl.enqueue_nd_range_kernel``  same, plus keyword parsing
+pre-set args + ``_cl.enqueue_nd_range_kernel`` positional  tuple -> size_t[], an event
+pre-set args + ``clEnqueueNDRangeKernel`` through ctypes   size arrays made once,
+                                                           no event (``event=NULL``)
+=========================================================  ==========================
+
+The ctypes call of the ICD loader's ``clEnqueueNDRangeKernel`` is the cheapest: it passes
+prepared ``size_t`` arrays and asks for no event, so the driver creates no ``cl_event`` and
+pyopencl wraps none (on NVIDIA's OpenCL the event is a large part of an enqueue). It calls
+the very loader pyopencl loaded (found in ``/proc/self/maps``), so the kernel and queue
+handles are the ones pyopencl made. Where that loader cannot be found, or
+``NETCL_DIRECT_ENQUEUE=0``, the pyopencl positional call is used instead. Callers that need
+an event (timing, ``wait_for``, the last command of a replay) use ``cl.enqueue_nd_range_kernel``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyopencl as cl
+import pyopencl._cl as _cl
+
+from netcl.runtime.errors import LaunchError
+
+ENV_VAR = "NETCL_DIRECT_ENQUEUE"
+
+
+def _loaded_opencl() -> ctypes.CDLL | None:
+    """The OpenCL ICD loader this process already uses (pyopencl's), or None."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libOpenCL" in line and "/" in line})
+    except OSError:
+        pass
+    if not paths:
+        found = ctypes.util.find_library("OpenCL")
+        paths = [found] if found else []
+    for path in paths:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def _prototype() -> Callable[..., int] | None:
+    if os.environ.get(ENV_VAR, "0").strip().lower() in ("", "0", "false", "off", "no"):
+        return None
+    lib = _loaded_opencl()
+    if lib is None or not hasattr(lib, "clEnqueueNDRangeKernel"):
+        return None
+    fn = lib.clEnqueueNDRangeKernel
+    fn.restype = ctypes.c_int32  # no argtypes: every argument is passed as a prepared ctypes object
+    return fn
+
+
+_DIRECT = _prototype()
+
+
+def direct_available() -> bool:
+    """Whether enqueuers call ``clEnqueueNDRangeKernel`` directly (``NETCL_DIRECT_ENQUEUE=1``)."""
+    return _DIRECT is not None
+
+
+def enqueuer(
+    queue: cl.CommandQueue,
+    kernel: cl.Kernel,
+    global_size: Sequence[int],
+    local_size: Sequence[int] | None,
+    direct: bool | None = None,
+) -> tuple[Callable[[], Any], bool]:
+    """``(enqueue, returns_status)``: ``enqueue()`` enqueues ``kernel`` (arguments already set).
+
+    With ``returns_status`` (the direct path) ``enqueue()`` returns the OpenCL status, 0 on
+    success (pass anything else to ``raise_status``), and makes no event; otherwise it
+    returns the ``cl.Event`` and raises pyopencl's errors itself. The caller keeps ``queue``
+    and ``kernel`` alive while it uses ``enqueue``; sizes must already be valid (``launch``
+    checks them). ``direct=False`` forces pyopencl's enqueue, ``None`` follows the setting.
+    """
+    gsize = tuple(int(g) for g in global_size)
+    lsize = None if local_size is None else tuple(int(v) for v in local_size)
+    if _DIRECT is None or direct is False:
+        call = functools.partial(_cl.enqueue_nd_range_kernel, queue, kernel, gsize, lsize, None, None, False, False)
+        return call, False
+    dims = len(gsize)
+    array = ctypes.c_size_t * dims
+    call = functools.partial(
+        _DIRECT,
+        ctypes.c_void_p(queue.int_ptr),
+        ctypes.c_void_p(kernel.int_ptr),
+        ctypes.c_uint(dims),
+        None,
+        array(*gsize),
+        None if lsize is None else array(*lsize),
+        ctypes.c_uint(0),
+        None,
+        None,
+    )
+    return call, True
+
+
+def raise_status(status: int, kernel: cl.Kernel) -> None:
+    """Raise the ``LaunchError`` of a failed direct enqueue of ``kernel``."""
+    raise LaunchError(f"clEnqueueNDRangeKernel of kernel {kernel.function_name!r} failed with OpenCL status {status}")
