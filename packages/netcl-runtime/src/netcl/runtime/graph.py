@@ -50,6 +50,7 @@ from netcl.core import Tensor
 from netcl.core.devices import Device, get_device
 from netcl.runtime import capture as _capture
 from netcl.runtime.cache import declared_scalar_dtypes
+from netcl.runtime.enqueue import enqueuer, raise_status
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.launch import enqueue_copy
 from netcl.runtime.replay_results import SNAPSHOT_BYTES, hand_out, retire
@@ -103,6 +104,10 @@ class _Plan:
     steps: list[tuple[Any, Any, Any]]
     uses: list[list[tuple[Callable[[int, Any], None], int]]]
     has_commands: bool
+    #: on the captured in-order queue, kernels only: one prepared enqueue per step but the last
+    #: (``netcl.runtime.enqueue.enqueuer``), whether they return a status, and the last step
+    calls: list[Callable[[], Any]] = field(default_factory=list)
+    calls_return_status: bool = False
 
 
 class Graph:
@@ -262,6 +267,8 @@ class Graph:
                     bound[slot] = raw
             if self._out_of_order if q is self.queue else q.properties & _OUT_OF_ORDER:
                 event = _run_chained(q, plan.steps)
+            elif q is self.queue and plan.steps and not plan.has_commands:
+                event = _run_prepared(q, plan)
             elif plan.has_commands:
                 event = _run_mixed(q, plan.steps)
             else:
@@ -341,6 +348,10 @@ class Graph:
                 uses[slot].append((setter, i))
         self._bound = list(self._captured_raw)
         self._plan = _Plan(steps, uses, has_commands)
+        if not has_commands and not self._out_of_order:
+            prepared = [enqueuer(self.queue, kernel, gsize, lsize) for kernel, gsize, lsize in steps[:-1]]
+            self._plan.calls = [call for call, _ in prepared]
+            self._plan.calls_return_status = any(status for _, status in prepared)
         return self._plan
 
     def _map_outputs(self, new_inputs: Sequence[Any], copy: bool, queue: cl.CommandQueue) -> Any:
@@ -465,6 +476,20 @@ def as_queue(obj: Any) -> cl.CommandQueue | None:
 
 
 # ---- replay loops (kept tiny: this is the per-kernel host cost) -------------------------------
+def _run_prepared(queue: cl.CommandQueue, plan: _Plan) -> cl.Event:
+    """Kernels only, on the captured queue: the prepared enqueues, then the last step with its event."""
+    if plan.calls_return_status:
+        for index, call in enumerate(plan.calls):
+            status = call()
+            if status:
+                raise_status(status, plan.steps[index][0])
+    else:
+        for call in plan.calls:
+            call()
+    kernel, gsize, lsize = plan.steps[-1]
+    return cl.enqueue_nd_range_kernel(queue, kernel, gsize, lsize)
+
+
 def _run_kernels(queue: cl.CommandQueue, steps: list[tuple[Any, Any, Any]]) -> cl.Event | None:
     enqueue = cl.enqueue_nd_range_kernel
     event = None
