@@ -123,6 +123,10 @@ class JitFunction:
             return self.fn(*args, **kwargs)
         key = self._key(args, kwargs)
         plan = self._plans.get(key) if key is not None else _FALLBACK
+        fast = getattr(plan, "fast", None)
+        if fast is not None and plan.guard is None:  # the hit path of a one-kernel plan, no gradient
+            self.hits += 1
+            return fast(args)
         if plan is None:
             plan = self._compile(key, args, kwargs)
         else:

@@ -10,6 +10,7 @@ each broadcast input.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,9 @@ from netcl.runtime.cache import declared_scalar_dtypes, program_cache
 from netcl.runtime.launch import PreparedLaunch, launch
 
 _F32 = np.dtype(np.float32)
+#: per output of a direct plan: how many small output buffers the plan recycles, and up to what size
+RING_SIZE = 4
+RING_MAX_BYTES = 1 << 20
 FORWARD_NAME = "fused_forward"
 BACKWARD_NAME = "fused_backward"
 
@@ -95,6 +99,13 @@ class FusedStep:
         numbers), allocates the outputs, sets the per-call arguments of a prepared launch and
         enqueues it, and returns the Nodes of ``outputs`` (a tuple when ``returns_tuple``).
         None where there is no such path (NumPy backend, empty shape).
+
+        Outputs of at most ``RING_MAX_BYTES`` come from a ring of up to ``RING_SIZE`` buffers per
+        output that the plan keeps (taken from the device allocator once): a ring buffer is reused
+        only when its reference count says that nothing else holds it (every result, view,
+        capture or user variable that reads it holds the ``cl.Buffer``), which is cheaper than a
+        pool round trip. As with the pool, reuse is ordered after earlier work by the in-order
+        device queue. When every ring buffer is still referenced, the allocator serves the call.
         """
         if not self.is_opencl or not self.size:
             return None
@@ -108,11 +119,20 @@ class FusedStep:
             else:
                 values.append(f"(x{n}.data if x{n}.__class__ is Tensor else x{n}.value.data)")
         outs = [f"o{j}" for j in range(len(self.group.outputs))]
-        for out in outs:
-            lines.append(f"    {out} = device.allocator(device, nbytes)")
+        recycle = self.nbytes <= RING_MAX_BYTES
+        for j, out in enumerate(outs):
+            if recycle:  # a buffer of this plan's ring that nothing references any more, else a new one
+                lines.append(f"    for {out} in ring{j}:")
+                lines.append(f"        if getrefcount({out}) == FREE: break")
+                lines.append("    else:")
+                lines.append(f"        {out} = device.allocator(device, nbytes)")
+                lines.append(f"        if len(ring{j}) < RING: ring{j}.append({out})")
+            else:
+                lines.append(f"    {out} = device.allocator(device, nbytes)")
         lines.append(f"    call({', '.join(values + outs)})")
         nodes = [f"Node(Tensor(o{j}, shape, F32, device), op_name=label)" for j in outputs]
         lines.append(f"    return ({', '.join(nodes)},)" if returns_tuple else f"    return {nodes[0]}")
+        lines += ["def calibrate(ring0):", "    for o0 in ring0:", "        return getrefcount(o0)"]
         scope = {
             "Tensor": Tensor,
             "Node": Node,
@@ -123,9 +143,13 @@ class FusedStep:
             "shape": self.shape,
             "label": self.label,
             "call": prepared.call,
+            "getrefcount": sys.getrefcount,
+            "RING": RING_SIZE,
+            **{f"ring{j}": [] for j in range(len(outs))},
         }
         exec(compile("\n".join(lines), f"<netcl jit direct call {self.label}>", "exec"), scope)
-        return scope["direct"]
+        scope["FREE"] = scope.pop("calibrate")([object()])  # the count of a buffer only the ring holds
+        return scope.pop("direct")  # popped: the function and its globals form no reference cycle
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
         return self._backward_kernel(output_index, wants)[1]

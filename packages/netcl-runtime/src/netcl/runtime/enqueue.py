@@ -61,9 +61,9 @@ def _loaded_opencl() -> ctypes.CDLL | None:
     return None
 
 
-def _prototype() -> Callable[..., int] | None:
-    if os.environ.get(ENV_VAR, "0").strip().lower() in ("", "0", "false", "off", "no"):
-        return None
+@functools.cache
+def direct_function() -> Callable[..., int] | None:
+    """The loader's ``clEnqueueNDRangeKernel`` for ctypes calls (None where it cannot be found)."""
     lib = _loaded_opencl()
     if lib is None or not hasattr(lib, "clEnqueueNDRangeKernel"):
         return None
@@ -72,12 +72,9 @@ def _prototype() -> Callable[..., int] | None:
     return fn
 
 
-_DIRECT = _prototype()
-
-
-def direct_available() -> bool:
-    """Whether enqueuers call ``clEnqueueNDRangeKernel`` directly (``NETCL_DIRECT_ENQUEUE=1``)."""
-    return _DIRECT is not None
+def direct_enabled() -> bool:
+    """Whether enqueuers call ``clEnqueueNDRangeKernel`` directly by default (``NETCL_DIRECT_ENQUEUE=1``)."""
+    return os.environ.get(ENV_VAR, "0").strip().lower() not in ("", "0", "false", "off", "no")
 
 
 def enqueuer(
@@ -93,17 +90,19 @@ def enqueuer(
     success (pass anything else to ``raise_status``), and makes no event; otherwise it
     returns the ``cl.Event`` and raises pyopencl's errors itself. The caller keeps ``queue``
     and ``kernel`` alive while it uses ``enqueue``; sizes must already be valid (``launch``
-    checks them). ``direct=False`` forces pyopencl's enqueue, ``None`` follows the setting.
+    checks them). ``direct`` True/False picks the path (True falls back to pyopencl's where the
+    loader cannot be found); None follows ``NETCL_DIRECT_ENQUEUE``.
     """
     gsize = tuple(int(g) for g in global_size)
     lsize = None if local_size is None else tuple(int(v) for v in local_size)
-    if _DIRECT is None or direct is False:
+    function = direct_function() if (direct_enabled() if direct is None else direct) else None
+    if function is None:
         call = functools.partial(_cl.enqueue_nd_range_kernel, queue, kernel, gsize, lsize, None, None, False, False)
         return call, False
     dims = len(gsize)
     array = ctypes.c_size_t * dims
     call = functools.partial(
-        _DIRECT,
+        function,
         ctypes.c_void_p(queue.int_ptr),
         ctypes.c_void_p(kernel.int_ptr),
         ctypes.c_uint(dims),

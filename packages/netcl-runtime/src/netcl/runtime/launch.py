@@ -9,6 +9,7 @@ records alongside kernels (plain ``cl.enqueue_copy`` calls are not recorded).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -321,28 +322,42 @@ class PreparedLaunch:
             lines.append("        if status: raise_status(status, kernel)")
         else:
             lines.append("        enqueue()")
+        # the generated function must not reach ``self`` (no reference cycle: a dropped plan frees at once)
+        sizes = (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
         scope = {
             "RECORDING": _capture.RECORDING,
-            "slow": self._through_launch,
+            "slow": functools.partial(_prepared_through_launch, *sizes, dict(self._static), list(self._dynamic)),
             "lock": self._lock,
             "set_buffers": self.kernel._set_arg_multi,
             "set_scalars": self.kernel._set_arg_buf_pack_multi,
-            "bad_args": self._bad_args,
+            "bad_args": functools.partial(_bad_args, self.kernel.function_name),
             "enqueue": self._enqueue,
             "raise_status": raise_status,
             "kernel": self.kernel,
         }
         exec(compile("\n".join(lines), f"<netcl prepared launch of {self.kernel.function_name}>", "exec"), scope)
-        return scope["prepared"]
+        return scope.pop("prepared")
 
-    def _through_launch(self, dynamic: tuple[Any, ...]) -> None:
-        args: list[Any] = [None] * self.kernel.num_args
-        for index, value in self._static.items():
-            args[index] = value
-        for (index, dtype), value in zip(self._dynamic, dynamic, strict=True):
-            args[index] = value if dtype is None else dtype.type(value)
-        with self._lock:  # launch sets every argument, the static ones to the same values
-            launch(self.kernel, self.global_size, self.local_size, *args, queue=self.queue)
 
-    def _bad_args(self, exc: Exception) -> LaunchError:
-        return LaunchError(f"cannot set arguments of kernel {self.kernel.function_name!r}: {exc}")
+def _prepared_through_launch(
+    kernel: cl.Kernel,
+    gsize: tuple[int, ...],
+    lsize: tuple[int, ...] | None,
+    queue: cl.CommandQueue,
+    lock: threading.Lock,
+    static: dict[int, Any],
+    dynamic_types: list[tuple[int, np.dtype | None]],
+    dynamic: tuple[Any, ...],
+) -> None:
+    """A ``PreparedLaunch`` call while a capture records: through ``launch``, which records it."""
+    args: list[Any] = [None] * kernel.num_args
+    for index, value in static.items():
+        args[index] = value
+    for (index, dtype), value in zip(dynamic_types, dynamic, strict=True):
+        args[index] = value if dtype is None else dtype.type(value)
+    with lock:  # launch sets every argument, the static ones to the same values
+        launch(kernel, gsize, lsize, *args, queue=queue)
+
+
+def _bad_args(name: str, exc: Exception) -> LaunchError:
+    return LaunchError(f"cannot set arguments of kernel {name!r}: {exc}")

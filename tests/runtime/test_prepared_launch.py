@@ -1,0 +1,132 @@
+"""PreparedLaunch and netcl.runtime.enqueue: the hot-path launch (private kernel, static args set
+once, per-call args, the pyopencl or direct ctypes enqueue), its capture, and its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import enqueue
+from netcl.runtime.cache import program_cache
+from netcl.runtime.errors import LaunchError
+from netcl.runtime.graph import Graph
+from netcl.runtime.launch import PreparedLaunch, launch
+
+N = 300
+SRC = """
+__kernel void axpb(__global const float *x, __global float *y, float a, float b, int n) {
+    int i = get_global_id(0); if (i < n) y[i] = a * x[i] + b;
+}
+"""
+DIRECT = [False, pytest.param(True, id="direct")]
+
+
+@pytest.fixture
+def kernel(cl_device):
+    handle = program_cache.get_or_compile("test_prepared_launch", SRC, cl_device.context)
+    return handle.kernel("axpb", [None, None, np.float32, np.float32, np.int32])
+
+
+def host(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(N).astype(np.float32)
+
+
+def reference(x: np.ndarray, a: float, b: float) -> np.ndarray:
+    # one float32 multiply and add (an fma at most): a few ulps of float64
+    return np.float32(a) * x.astype(np.float64) + np.float32(b)
+
+
+@pytest.mark.parametrize("direct", DIRECT)
+def test_enqueuer_runs_a_kernel_whose_arguments_are_set(cl_device, kernel, direct):
+    x = nc.tensor(host(0), device=cl_device)
+    y = nc.Tensor.empty((N,), device=cl_device)
+    private = cl.Kernel(kernel.program, "axpb")
+    private.set_args(x.data, y.data, np.float32(2.0), np.float32(-1.0), np.int32(N))
+    call, returns_status = enqueue.enqueuer(cl_device.queue, private, (320,), (64,), direct=direct)
+    assert returns_status == (direct and enqueue.direct_function() is not None)
+    result = call()
+    if returns_status:
+        assert result == 0
+    np.testing.assert_allclose(y.to_host(), reference(host(0), 2.0, -1.0), rtol=1e-6, atol=1e-6)
+
+
+def test_failed_direct_enqueue_names_the_kernel(cl_device, kernel):
+    if enqueue.direct_function() is None:
+        pytest.skip("the OpenCL loader cannot be called directly here")
+    private = cl.Kernel(kernel.program, "axpb")  # no arguments set: the driver refuses the enqueue
+    call, returns_status = enqueue.enqueuer(cl_device.queue, private, (320,), (64,), direct=True)
+    status = call()
+    assert returns_status and status != 0
+    with pytest.raises(LaunchError, match=r"axpb.*status"):
+        enqueue.raise_status(status, private)
+
+
+@pytest.mark.parametrize("direct", DIRECT)
+def test_prepared_launch_sets_static_once_and_dynamic_per_call(cl_device, kernel, monkeypatch, direct):
+    monkeypatch.setenv(enqueue.ENV_VAR, "1" if direct else "0")
+    prepared = PreparedLaunch(
+        kernel, N, None, {3: np.float32(0.5), 4: np.int32(N)}, [(0, None), (1, None), (2, np.float32)]
+    )
+    assert prepared.kernel is not kernel and prepared.global_size == (N,)
+    ys = []
+    for seed, a in ((0, 2.0), (1, -3.0), (2, 0.25)):
+        x = nc.tensor(host(seed), device=cl_device)
+        y = nc.Tensor.empty((N,), device=cl_device)
+        prepared.call(x.data, y.data, a)
+        # eager launches of the shared kernel with other arguments do not disturb the prepared one
+        launch(kernel, N, None, x, nc.Tensor.empty((N,), device=cl_device), 9.0, 9.0, N)
+        ys.append((y, seed, a))
+    for y, seed, a in ys:
+        np.testing.assert_allclose(y.to_host(), reference(host(seed), a, 0.5), rtol=1e-6, atol=1e-6)
+
+
+def test_prepared_launch_is_recorded_by_a_capture(cl_device, kernel):
+    prepared = PreparedLaunch(
+        kernel, N, None, {3: np.float32(1.0), 4: np.int32(N)}, [(0, None), (1, None), (2, np.float32)]
+    )
+    x, y = nc.tensor(host(0), device=cl_device), nc.Tensor.empty((N,), device=cl_device)
+    graph = Graph()
+    with graph.capture(cl_device.queue, inputs=[x]):
+        prepared.call(x.data, y.data, 3.0)
+    assert [s.name for s in graph.launches] == ["axpb"] and graph.launches[0].args[2] == np.float32(3.0)
+    graph.outputs = y
+    out = graph.execute(nc.tensor(host(5), device=cl_device))
+    np.testing.assert_allclose(out.to_host(), reference(host(5), 3.0, 1.0), rtol=1e-6, atol=1e-6)
+
+
+def test_prepared_launch_bad_inputs(cl_device, kernel):
+    static = {3: np.float32(1.0), 4: np.int32(N)}
+    with pytest.raises(LaunchError, match="static and dynamic must name each index once"):
+        PreparedLaunch(kernel, N, None, static, [(0, None), (2, np.float32)])
+    with pytest.raises(LaunchError, match="divide"):
+        PreparedLaunch(kernel, N, 64, static, [(0, None), (1, None), (2, np.float32)])
+    prepared = PreparedLaunch(kernel, N, None, static, [(0, None), (1, None), (2, np.float32)])
+    with pytest.raises(LaunchError, match="cannot set arguments of kernel 'axpb'"):
+        prepared.call("not a buffer", nc.Tensor.empty((N,), device=cl_device).data, 1.0)
+
+
+@pytest.mark.parametrize("direct", DIRECT)
+def test_replay_through_prepared_enqueues_matches_eager(cl_device, kernel, monkeypatch, direct):
+    """A kernels-only graph replays through enqueuers (direct or not): same values as eager launches."""
+    monkeypatch.setenv(enqueue.ENV_VAR, "1" if direct else "0")
+    x = nc.tensor(host(0), device=cl_device)
+    bufs = [nc.Tensor.empty((N,), device=cl_device) for _ in range(2)]
+
+    def chain(x):
+        src = x
+        for i in range(5):
+            launch(kernel, N, None, src, bufs[i % 2], 0.5, 1.0, N)
+            src = bufs[i % 2]
+        return src
+
+    graph = Graph()
+    with graph.capture(cl_device.queue, inputs=[x]):
+        graph.outputs = chain(x)
+    expected = host(7).astype(np.float64)
+    for _ in range(5):
+        expected = 0.5 * expected + 1.0
+    for _ in range(2):
+        np.testing.assert_allclose(graph.execute(nc.tensor(host(7), device=cl_device)).to_host(), expected, rtol=1e-6)
+    assert len(graph._plan.calls) == 4  # every step but the last, which returns the replay's event
