@@ -217,7 +217,7 @@ def test_bad_hyperparameters_and_params(device):
         opt.step()
 
 
-def test_each_parameter_update_is_one_kernel(cl_device):
+def test_the_parameters_update_is_one_multi_tensor_kernel(cl_device):
     from netcl.runtime.graph import Graph
 
     params, _, grads = _setup(cl_device)
@@ -229,5 +229,5 @@ def test_each_parameter_update_is_one_kernel(cl_device):
         with graph.capture(cl_device.queue):
             opt.step()
         names = [launch.name for launch in graph.launches]
-        kernel = "netcl_sgd" if isinstance(opt, SGD) else "netcl_adam"
-        assert names == [kernel] * len(params) + ["netcl_count_steps"]
+        kernel = "netcl_sgd_multi" if isinstance(opt, SGD) else "netcl_adam_multi"
+        assert names == [kernel, "netcl_count_steps"]

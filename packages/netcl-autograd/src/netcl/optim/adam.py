@@ -7,14 +7,14 @@ from typing import Any
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.optim.optimizer import Optimizer
-from netcl.runtime.ops.optim_kernels import adam_step_
+from netcl.optim.optimizer import Optimizer, by_dtype
+from netcl.runtime.ops.optim_kernels import adam_multi_step_, adam_step_
 
 
 class Adam(Optimizer):
     """Adam: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
     ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``; ``weight_decay`` adds ``wd * p`` to g.
-    One kernel per parameter; the step ``t`` is counted on the device."""
+    One multi-tensor kernel per group, dtype and 16 parameters; the step ``t`` is counted on the device."""
 
     hyper_names = ("lr", "beta1", "beta2", "eps", "weight_decay")
     state_names = ("exp_avg", "exp_avg_sq")
@@ -63,6 +63,25 @@ class Adam(Optimizer):
             hyper,
             self.decoupled_weight_decay,
         )
+
+    def update_many(
+        self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
+    ) -> None:
+        for bucket in by_dtype(batch):
+            for param, _, state, _ in bucket:
+                if "exp_avg" not in state:
+                    state["exp_avg"] = Tensor.zeros(param.shape, param.dtype, param.device)
+                    state["exp_avg_sq"] = Tensor.zeros(param.shape, param.dtype, param.device)
+            adam_multi_step_(
+                [item[0].value for item in bucket],
+                [item[1] for item in bucket],
+                [item[2]["exp_avg"] for item in bucket],
+                [item[2]["exp_avg_sq"] for item in bucket],
+                self.steps,
+                [item[3] for item in bucket],
+                hyper,
+                self.decoupled_weight_decay,
+            )
 
 
 class AdamW(Adam):

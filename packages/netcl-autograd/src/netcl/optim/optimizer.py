@@ -1,6 +1,7 @@
 """``Optimizer``: parameter groups, per-parameter state and the device-side step bookkeeping.
 
-Each parameter's update is one fused in-place kernel (``netcl.runtime.ops.optim_kernels``). What
+The updates are fused in-place kernels (``netcl.runtime.ops.optim_kernels``): SGD and Adam/AdamW
+update all parameters of a group and dtype with one multi-tensor launch per 16 of them. What
 an update reads that changes from step to step lives on the device: every group's
 hyperparameters in a small float32 buffer (rewritten from ``param_groups`` whenever a value
 changed: at ``step()`` and when an LR scheduler steps) and one int32 step count per parameter,
@@ -20,6 +21,14 @@ from netcl.autograd.engine import Node
 from netcl.core import Device, DeviceError, Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.ops.optim_kernels import count_steps_, write_
+
+
+def by_dtype(batch: list[tuple[Node, Tensor, dict[str, Any], int]]) -> list[list[tuple[Node, Tensor, dict, int]]]:
+    """``batch`` split by parameter dtype (a multi-tensor launch updates one dtype), order kept."""
+    buckets: dict[Any, list[tuple[Node, Tensor, dict, int]]] = {}
+    for item in batch:
+        buckets.setdefault(item[0].value.dtype, []).append(item)
+    return list(buckets.values())
 
 
 def clear_grad(param: Node, set_to_none: bool = True) -> None:
@@ -134,23 +143,37 @@ class Optimizer:
 
     # ---- stepping ------------------------------------------------------------------------------
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Update every parameter that has a gradient (one kernel each), then advance their step counts."""
+        """Update every parameter that has a gradient, then advance their step counts.
+
+        The parameters of a group that have a gradient go to ``update_many`` together: SGD and
+        Adam/AdamW update them with multi-tensor kernels (one launch per dtype and up to
+        ``MULTI_ARITY`` parameters), bit-identical to one kernel per parameter.
+        """
         loss = closure() if closure is not None else None
         self.sync_hyperparameters()
         updated = [False] * len(self._index)
         for group_index, group in enumerate(self.param_groups):
-            hyper = self.group_hyper(group_index)
+            batch: list[tuple[Node, Tensor, dict[str, Any], int]] = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 index = self._index[p]
                 if p.grad.shape != p.shape or p.grad.device is not p.device:
                     raise ValueError(f"parameter {index}: gradient {p.grad.shape} on {p.grad.device!r} does not match")
-                self.update(p, p.grad, self.state.setdefault(p, {}), group, index, hyper)
+                batch.append((p, p.grad, self.state.setdefault(p, {}), index))
                 updated[index] = True
+            if batch:
+                self.update_many(batch, group, self.group_hyper(group_index))
         if any(updated):
             self._count(tuple(updated))
         return loss
+
+    def update_many(
+        self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
+    ) -> None:
+        """Update each (param, grad, state, index) of one group; by default one ``update`` each."""
+        for param, grad, state, index in batch:
+            self.update(param, grad, state, group, index, hyper)
 
     def update(
         self, param: Node, grad: Tensor, state: dict[str, Any], group: dict[str, Any], index: int, hyper: Tensor

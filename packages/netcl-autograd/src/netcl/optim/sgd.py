@@ -7,8 +7,8 @@ from typing import Any
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.optim.optimizer import Optimizer
-from netcl.runtime.ops.optim_kernels import SGD_HYPER, sgd_step_
+from netcl.optim.optimizer import Optimizer, by_dtype
+from netcl.runtime.ops.optim_kernels import SGD_HYPER, sgd_multi_step_, sgd_step_
 
 
 def _non_negative(group: dict[str, Any], name: str) -> None:
@@ -20,7 +20,7 @@ def _non_negative(group: dict[str, Any], name: str) -> None:
 class SGD(Optimizer):
     """``p -= lr * d`` with ``d = g + weight_decay * p``, through a momentum buffer when ``momentum > 0``
     (``buf = momentum * buf + (1 - dampening) * d``, the first step ``buf = d``; Nesterov uses
-    ``d + momentum * buf``). One kernel per parameter."""
+    ``d + momentum * buf``). One multi-tensor kernel per group, dtype and 16 parameters."""
 
     hyper_names = SGD_HYPER
     state_names = ("momentum_buffer",)
@@ -56,3 +56,22 @@ class SGD(Optimizer):
         if buf is None and group["momentum"] != 0:
             buf = state["momentum_buffer"] = Tensor.zeros(param.shape, param.dtype, param.device)
         sgd_step_(param.value, grad, buf, self.steps, index, hyper)
+
+    def update_many(
+        self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
+    ) -> None:
+        momentum = group["momentum"] != 0
+        for bucket in by_dtype(batch):
+            bufs = []
+            for param, _, state, _ in bucket:
+                buf = state.get("momentum_buffer")
+                if buf is None and momentum:
+                    buf = state["momentum_buffer"] = Tensor.zeros(param.shape, param.dtype, param.device)
+                bufs.append(buf)
+            if any(b is not None for b in bufs) and not all(b is not None for b in bufs):
+                for (param, grad, _state, index), buf in zip(bucket, bufs, strict=True):  # mixed: loaded state
+                    sgd_step_(param.value, grad, buf, self.steps, index, hyper)
+                continue
+            params = [item[0].value for item in bucket]
+            grads = [item[1] for item in bucket]
+            sgd_multi_step_(params, grads, bufs, self.steps, [item[3] for item in bucket], hyper)

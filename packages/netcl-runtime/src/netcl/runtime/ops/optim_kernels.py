@@ -20,6 +20,7 @@ import pyopencl as cl
 
 from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
 
@@ -250,6 +251,222 @@ def _adam_numpy(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper
 
 def _compute(dtype: np.dtype) -> type:
     return np.float64 if dtype == np.float64 else np.float32
+
+
+# ---- multi-tensor updates ---------------------------------------------------------------------------------
+#: parameters one multi-tensor launch updates (a fixed arity: OpenCL 1.2 has no table of pointers)
+MULTI_ARITY = 16
+
+_MULTI = """{pragmas}
+__kernel void {name}({buffers},
+                     __global const int* steps, __global const float* hyper, __global const long* table,
+                     const long total) {{
+    const long t_gid = get_global_id(0);
+    if (t_gid >= total) return;
+    {hyper}
+{branches}
+}}
+"""
+_SGD_MULTI_HYPER = "const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];"
+_ADAM_MULTI_HYPER = "const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];"
+
+#: the per-element statements of the per-parameter kernels above, on slot @j's buffers (P, G, B / M, V) at element gid
+#: (``@j`` is replaced by the slot number after the types are formatted in)
+_SGD_BODY = """const {ct} w = ({ct})P@j[gid];
+        {ct} d = ({ct})G@j[gid];
+        if (wd != 0) d += wd * w;
+        {momentum}
+        P@j[gid] = ({st})(w - lr * d);"""
+_SGD_MOMENTUM_MULTI = """if (momentum != 0) {{
+            const {ct} b = steps[index] == 0 ? d : momentum * ({ct})B@j[gid] + (1 - dampening) * d;
+            B@j[gid] = ({st})b;
+            d = hyper[4] != 0 ? d + momentum * b : b;
+        }}"""
+_ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
+        {ct} w = ({ct})P@j[gid];
+        {ct} d = ({ct})G@j[gid];
+        {decay}
+        const {ct} m1 = beta1 * ({ct})M@j[gid] + (1 - beta1) * d;
+        const {ct} v1 = beta2 * ({ct})V@j[gid] + (1 - beta2) * d * d;
+        M@j[gid] = ({st})m1;
+        V@j[gid] = ({st})v1;
+        const {ct} bc1 = 1 - pow(beta1, t);
+        const {ct} bc2 = 1 - pow(beta2, t);
+        const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
+        P@j[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
+
+
+def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, types: dict[str, str]) -> str:
+    """A kernel over ``MULTI_ARITY`` parameter slots: ``table`` holds each slot's first element (slot
+    j covers [table[j], table[j+1]) of the launch) and, after those ``MULTI_ARITY + 1`` offsets, each
+    slot's index into ``steps``. A work-item finds its slot and runs the per-parameter statements."""
+    buffers = ",\n                     ".join(
+        f"__global {'const ' if slot == 'G' else ''}{types['st']}* {slot}{j}"
+        for j in range(MULTI_ARITY)
+        for slot in slots
+    )
+    branches = []
+    for j in range(MULTI_ARITY):
+        test = "if" if j == 0 else "else if"
+        branches.append(
+            f"    {test} (t_gid < table[{j + 1}]) {{\n"
+            f"        const long gid = t_gid - table[{j}];\n"
+            f"        const int index = (int)table[{MULTI_ARITY + 1 + j}];\n"
+            f"        {body.replace('@j', str(j))}\n    }}"
+        )
+    return _MULTI.format(
+        name=name, buffers=buffers, hyper=hyper, branches="\n".join(branches), pragmas=types["pragmas"]
+    )
+
+
+_TABLES: dict[tuple[Any, ...], Tensor] = {}
+_MAX_TABLES = 256
+
+
+def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...]) -> Tensor:
+    """The offsets-and-indices table of one launch (uploaded once per parameter set, then reused)."""
+    key = (device, sizes, indices)
+    table = _TABLES.get(key)
+    if table is None:
+        offsets = np.zeros(MULTI_ARITY + 1, np.int64)
+        offsets[1 : len(sizes) + 1] = np.cumsum(sizes)
+        offsets[len(sizes) + 1 :] = offsets[len(sizes)]  # unused slots cover no elements
+        slots = np.zeros(MULTI_ARITY, np.int64)
+        slots[: len(indices)] = indices
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.clear()
+        table = _TABLES[key] = Tensor.from_host(device, np.concatenate([offsets, slots]))
+    return table
+
+
+register_cache(_TABLES.clear)
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    return [(start, min(n, start + MULTI_ARITY)) for start in range(0, n, MULTI_ARITY)]
+
+
+def _check_multi(op: str, lists: dict[str, list[Any]], indices: list[int]) -> None:
+    n = len(indices)
+    for name, values in lists.items():
+        if len(values) != n:
+            raise ValueError(f"{op}: {name} has {len(values)} entries, indices has {n}; give one per parameter")
+    dtypes = {p.dtype for p in lists["params"] if isinstance(p, Tensor)}
+    if len(dtypes) > 1:
+        raise DTypeError(f"{op}: all parameters of one call must share a dtype, got {sorted(map(str, dtypes))}")
+
+
+def sgd_multi_step_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffers: list[Tensor | None],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+) -> list[Tensor]:
+    """``sgd_step_`` on many parameters of one dtype: one launch per ``MULTI_ARITY`` of them.
+
+    Each parameter gets exactly the arithmetic of ``sgd_step_`` (bit-identical results).
+    ``momentum_buffers`` are all Tensors or all None. Returns ``params``.
+    """
+    _check_multi("sgd_multi_step_", {"params": params, "grads": grads, "momentum_buffers": momentum_buffers}, indices)
+    has = [b is not None for b in momentum_buffers]
+    if any(has) and not all(has):
+        raise ValueError("sgd_multi_step_: momentum_buffers must be all Tensors or all None")
+    for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
+        _check_update("sgd_multi_step_", p, g, {"momentum_buffer": b}, steps, i, hyper, SGD_HYPER)
+    if not params:
+        return params
+    if params[0].device.kind == "cpu":
+        for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
+            _sgd_numpy(p, g, b, int(steps.data[i]), np.asarray(hyper.data, np.float64))
+        return params
+    types = _types(params[0])
+    has_momentum = all(has)
+
+    def source() -> str:
+        momentum = _SGD_MOMENTUM_MULTI.format(**types) if has_momentum else ""
+        body = _SGD_BODY.format(momentum=momentum, **types)
+        return _multi_source("netcl_sgd_multi", ("P", "G", "B"), _SGD_MULTI_HYPER.format(**types), body, types)
+
+    key = ("optim", "sgd_multi", MULTI_ARITY, types["st"], has_momentum)
+    arg_types = [None] * (3 * MULTI_ARITY) + [None, None, None, np.int64]
+    for start, stop in _chunks(len(params)):
+        slots: list[Any] = []
+        for j in range(MULTI_ARITY):
+            k = start + j if start + j < stop else start
+            slots += [params[k], grads[k], momentum_buffers[k] if has_momentum else params[k]]
+        _launch_multi(
+            key, source, "netcl_sgd_multi", arg_types, params[start:stop], indices[start:stop], slots, steps, hyper
+        )
+    return params
+
+
+def adam_multi_step_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    decoupled_weight_decay: bool = False,
+) -> list[Tensor]:
+    """``adam_step_`` on many parameters of one dtype: one launch per ``MULTI_ARITY`` of them.
+
+    Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results). Returns ``params``.
+    """
+    lists = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
+    _check_multi("adam_multi_step_", lists, indices)
+    for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
+        for name, value in (("exp_avg", m), ("exp_avg_sq", v)):
+            if not isinstance(value, Tensor):
+                raise TypeError(f"adam_multi_step_: {name} must be a Tensor, got {type(value).__name__}")
+        _check_update("adam_multi_step_", p, g, {"exp_avg": m, "exp_avg_sq": v}, steps, i, hyper, ADAM_HYPER)
+    if not params:
+        return params
+    if params[0].device.kind == "cpu":
+        for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
+            step = int(steps.data[i]) + 1
+            _adam_numpy(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay)
+        return params
+    types = _types(params[0])
+
+    def source() -> str:
+        decay = _ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2
+        body = _ADAM_BODY.format(decay=decay, **types)
+        return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), _ADAM_MULTI_HYPER.format(**types), body, types)
+
+    key = ("optim", "adam_multi", MULTI_ARITY, types["st"], bool(decoupled_weight_decay))
+    arg_types = [None] * (4 * MULTI_ARITY) + [None, None, None, np.int64]
+    for start, stop in _chunks(len(params)):
+        slots: list[Any] = []
+        for j in range(MULTI_ARITY):
+            k = start + j if start + j < stop else start
+            slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
+        _launch_multi(
+            key, source, "netcl_adam_multi", arg_types, params[start:stop], indices[start:stop], slots, steps, hyper
+        )
+    return params
+
+
+def _launch_multi(
+    key: tuple[Any, ...],
+    source: Any,
+    name: str,
+    arg_types: list[Any],
+    params: list[Tensor],
+    indices: list[int],
+    slots: list[Any],
+    steps: Tensor,
+    hyper: Tensor,
+) -> None:
+    sizes = tuple(p.size for p in params)
+    total = sum(sizes)
+    if total == 0:
+        return
+    table = _table(params[0].device, sizes, tuple(int(i) for i in indices))
+    run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, hyper, table, np.int64(total))
 
 
 # ---- step counters, unscaling, host writes ----------------------------------------------------------------
