@@ -296,22 +296,20 @@ _ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
         P@j[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
 
 
-def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, types: dict[str, str]) -> str:
-    """A kernel over ``MULTI_ARITY`` parameter slots: ``table`` holds each slot's first element (slot
-    j covers [table[j], table[j+1]) of the launch) and, after those ``MULTI_ARITY + 1`` offsets, each
-    slot's index into ``steps``. A work-item finds its slot and runs the per-parameter statements."""
+def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, types: dict[str, str], arity: int) -> str:
+    """A kernel over ``arity`` parameter slots: ``table`` holds each slot's first element (slot j
+    covers [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
+    index into ``steps``. A work-item finds its slot and runs the per-parameter statements."""
     buffers = ",\n                     ".join(
-        f"__global {'const ' if slot == 'G' else ''}{types['st']}* {slot}{j}"
-        for j in range(MULTI_ARITY)
-        for slot in slots
+        f"__global {'const ' if slot == 'G' else ''}{types['st']}* {slot}{j}" for j in range(arity) for slot in slots
     )
     branches = []
-    for j in range(MULTI_ARITY):
+    for j in range(arity):
         test = "if" if j == 0 else "else if"
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
             f"        const long gid = t_gid - table[{j}];\n"
-            f"        const int index = (int)table[{MULTI_ARITY + 1 + j}];\n"
+            f"        const int index = (int)table[{arity + 1 + j}];\n"
             f"        {body.replace('@j', str(j))}\n    }}"
         )
     return _MULTI.format(
@@ -323,15 +321,15 @@ _TABLES: dict[tuple[Any, ...], Tensor] = {}
 _MAX_TABLES = 256
 
 
-def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...]) -> Tensor:
+def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity: int) -> Tensor:
     """The offsets-and-indices table of one launch (uploaded once per parameter set, then reused)."""
-    key = (device, sizes, indices)
+    key = (device, sizes, indices, arity)
     table = _TABLES.get(key)
     if table is None:
-        offsets = np.zeros(MULTI_ARITY + 1, np.int64)
+        offsets = np.zeros(arity + 1, np.int64)
         offsets[1 : len(sizes) + 1] = np.cumsum(sizes)
         offsets[len(sizes) + 1 :] = offsets[len(sizes)]  # unused slots cover no elements
-        slots = np.zeros(MULTI_ARITY, np.int64)
+        slots = np.zeros(arity, np.int64)
         slots[: len(indices)] = indices
         if len(_TABLES) >= _MAX_TABLES:
             _TABLES.clear()
@@ -342,18 +340,53 @@ def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...]) -> Ten
 register_cache(_TABLES.clear)
 
 
-def _chunks(n: int) -> list[tuple[int, int]]:
-    return [(start, min(n, start + MULTI_ARITY)) for start in range(0, n, MULTI_ARITY)]
+def _chunks(n: int) -> list[tuple[int, int, int]]:
+    """(start, stop, arity) of each launch: ``MULTI_ARITY`` parameters, the last launch's arity the
+    power of two that holds the rest (fewer unused slots: an enqueue's cost grows with its arguments)."""
+    chunks = []
+    for start in range(0, n, MULTI_ARITY):
+        stop = min(n, start + MULTI_ARITY)
+        chunks.append((start, stop, min(MULTI_ARITY, 1 << (stop - start - 1).bit_length())))
+    return chunks
 
 
-def _check_multi(op: str, lists: dict[str, list[Any]], indices: list[int]) -> None:
+def _check_multi(
+    op: str,
+    params: list[Any],
+    others: dict[str, list[Any]],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    hyper_names: tuple[str, ...],
+) -> None:
+    """What ``_check_update`` checks for each parameter, in one pass (this runs at every step)."""
     n = len(indices)
-    for name, values in lists.items():
+    for name, values in {"params": params, **others}.items():
         if len(values) != n:
             raise ValueError(f"{op}: {name} has {len(values)} entries, indices has {n}; give one per parameter")
-    dtypes = {p.dtype for p in lists["params"] if isinstance(p, Tensor)}
-    if len(dtypes) > 1:
-        raise DTypeError(f"{op}: all parameters of one call must share a dtype, got {sorted(map(str, dtypes))}")
+    if not params:
+        return
+    first = params[0]
+    if not isinstance(first, Tensor):
+        raise TypeError(f"{op}: param must be a Tensor, got {type(first).__name__}")
+    dtype, device = first.dtype, first.device
+    extra = {name: values for name, values in others.items()}
+    for k, (p, index) in enumerate(zip(params, indices, strict=True)):
+        if not isinstance(p, Tensor) or p.dtype != dtype or p.device is not device:
+            _check_update(op, p, p, {}, steps, index, hyper, hyper_names)  # raises the per-parameter error
+            if p.dtype != dtype:
+                raise DTypeError(f"{op}: all parameters of one call must share a dtype, got {dtype} and {p.dtype}")
+            device_of([first, p], op)
+        for name, values in extra.items():
+            v = values[k]
+            if v is not None and (
+                not isinstance(v, Tensor) or v.shape != p.shape or v.dtype != dtype or v.device is not device
+            ):
+                _check_update(op, p, p, {name.rstrip("s"): v}, steps, index, hyper, hyper_names)
+                device_of([p, v], op)
+        if not 0 <= index < steps.shape[0]:
+            raise IndexError(f"{op}: index {index} is out of range for steps of length {steps.shape[0]}")
+    _check_update(op, first, first, {}, steps, indices[0], hyper, hyper_names)  # kinds, steps, hyper, devices
 
 
 def sgd_multi_step_(
@@ -369,12 +402,13 @@ def sgd_multi_step_(
     Each parameter gets exactly the arithmetic of ``sgd_step_`` (bit-identical results).
     ``momentum_buffers`` are all Tensors or all None. Returns ``params``.
     """
-    _check_multi("sgd_multi_step_", {"params": params, "grads": grads, "momentum_buffers": momentum_buffers}, indices)
+    others = {"grads": grads, "momentum_buffers": momentum_buffers}
+    _check_multi("sgd_multi_step_", params, others, steps, indices, hyper, SGD_HYPER)
+    if any(g is None for g in grads):
+        raise TypeError("sgd_multi_step_: grad must be a Tensor, got NoneType")
     has = [b is not None for b in momentum_buffers]
     if any(has) and not all(has):
         raise ValueError("sgd_multi_step_: momentum_buffers must be all Tensors or all None")
-    for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
-        _check_update("sgd_multi_step_", p, g, {"momentum_buffer": b}, steps, i, hyper, SGD_HYPER)
     if not params:
         return params
     if params[0].device.kind == "cpu":
@@ -384,21 +418,22 @@ def sgd_multi_step_(
     types = _types(params[0])
     has_momentum = all(has)
 
-    def source() -> str:
+    def source(arity: int) -> str:
         momentum = _SGD_MOMENTUM_MULTI.format(**types) if has_momentum else ""
         body = _SGD_BODY.format(momentum=momentum, **types)
-        return _multi_source("netcl_sgd_multi", ("P", "G", "B"), _SGD_MULTI_HYPER.format(**types), body, types)
+        hyper_line = _SGD_MULTI_HYPER.format(**types)
+        return _multi_source("netcl_sgd_multi", ("P", "G", "B"), hyper_line, body, types, arity)
 
-    key = ("optim", "sgd_multi", MULTI_ARITY, types["st"], has_momentum)
-    arg_types = [None] * (3 * MULTI_ARITY) + [None, None, None, np.int64]
-    for start, stop in _chunks(len(params)):
+    for start, stop, arity in _chunks(len(params)):
+        key = ("optim", "sgd_multi", arity, types["st"], has_momentum)
+        arg_types = [None] * (3 * arity) + [None, None, None, np.int64]
         slots: list[Any] = []
-        for j in range(MULTI_ARITY):
+        for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], momentum_buffers[k] if has_momentum else params[k]]
-        _launch_multi(
-            key, source, "netcl_sgd_multi", arg_types, params[start:stop], indices[start:stop], slots, steps, hyper
-        )
+        chunk, chunk_indices = params[start:stop], indices[start:stop]
+        make = functools.partial(source, arity)
+        _launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, steps, hyper)
     return params
 
 
@@ -416,13 +451,11 @@ def adam_multi_step_(
 
     Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results). Returns ``params``.
     """
-    lists = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
-    _check_multi("adam_multi_step_", lists, indices)
-    for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
-        for name, value in (("exp_avg", m), ("exp_avg_sq", v)):
-            if not isinstance(value, Tensor):
-                raise TypeError(f"adam_multi_step_: {name} must be a Tensor, got {type(value).__name__}")
-        _check_update("adam_multi_step_", p, g, {"exp_avg": m, "exp_avg_sq": v}, steps, i, hyper, ADAM_HYPER)
+    others = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
+    _check_multi("adam_multi_step_", params, others, steps, indices, hyper, ADAM_HYPER)
+    for name, values in others.items():
+        if any(v is None for v in values):
+            raise TypeError(f"adam_multi_step_: {name.rstrip('s')} must be a Tensor, got NoneType")
     if not params:
         return params
     if params[0].device.kind == "cpu":
@@ -432,21 +465,22 @@ def adam_multi_step_(
         return params
     types = _types(params[0])
 
-    def source() -> str:
+    def source(arity: int) -> str:
         decay = _ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2
         body = _ADAM_BODY.format(decay=decay, **types)
-        return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), _ADAM_MULTI_HYPER.format(**types), body, types)
+        hyper_line = _ADAM_MULTI_HYPER.format(**types)
+        return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), hyper_line, body, types, arity)
 
-    key = ("optim", "adam_multi", MULTI_ARITY, types["st"], bool(decoupled_weight_decay))
-    arg_types = [None] * (4 * MULTI_ARITY) + [None, None, None, np.int64]
-    for start, stop in _chunks(len(params)):
+    for start, stop, arity in _chunks(len(params)):
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
+        arg_types = [None] * (4 * arity) + [None, None, None, np.int64]
         slots: list[Any] = []
-        for j in range(MULTI_ARITY):
+        for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
-        _launch_multi(
-            key, source, "netcl_adam_multi", arg_types, params[start:stop], indices[start:stop], slots, steps, hyper
-        )
+        chunk, chunk_indices = params[start:stop], indices[start:stop]
+        make = functools.partial(source, arity)
+        _launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, steps, hyper)
     return params
 
 
@@ -455,6 +489,7 @@ def _launch_multi(
     source: Any,
     name: str,
     arg_types: list[Any],
+    arity: int,
     params: list[Tensor],
     indices: list[int],
     slots: list[Any],
@@ -465,7 +500,7 @@ def _launch_multi(
     total = sum(sizes)
     if total == 0:
         return
-    table = _table(params[0].device, sizes, tuple(int(i) for i in indices))
+    table = _table(params[0].device, sizes, tuple(int(i) for i in indices), arity)
     run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, hyper, table, np.int64(total))
 
 
