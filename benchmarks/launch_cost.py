@@ -4,7 +4,9 @@ Rows: a raw pyopencl launch (``kernel(queue, gsize, lsize, *args)``) vs a cache-
 ``jit_compile`` call of the same kernel (chain8, 1K elements, grad off) and their ratio
 (target <= 1.3); ``Graph.execute`` µs per captured kernel for the un-fused chain8 (8 kernels)
 and for 50 tiny kernels (bench_replay's workload), next to the enqueue-only floor (target
-<= 4 µs on the GPU); and the candidate enqueue paths of ``netcl.runtime.enqueue``. Host
+<= 4 µs on the GPU); the candidate enqueue paths of ``netcl.runtime.enqueue``; and an
+optimizer step over the MLP's 6 parameters, multi-tensor vs one kernel per parameter (host
+µs, and whether their results are bit-identical). Host
 times are the median of wall-clock samples and, beside them, the fastest thread-CPU sample
 (less disturbed by other processes on a shared machine).
 """
@@ -64,6 +66,37 @@ def replay_50(device: Device) -> dict[str, float]:
     return {f"{k}_us_per_kernel": v for k, v in measured.items()}
 
 
+def optimizer_steps(device: Device) -> dict[str, float]:
+    """Host µs of one ``opt.step()`` over the MLP's 6 parameters: multi-tensor vs one kernel each, and
+    whether 3 steps of both give bit-identical parameters (SGD momentum 0.9 and Adam)."""
+    from netcl import nn
+    from netcl.optim import SGD, Adam
+    from netcl.optim.optimizer import Optimizer
+
+    shapes = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
+    rng = np.random.default_rng(0)
+    values = [(0.01 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    results: dict[str, float] = {}
+    for cls, kwargs in ((SGD, {"lr": 1e-3, "momentum": 0.9}), (Adam, {"lr": 1e-3})):
+        finals = []
+        for multi in (True, False):
+            params = [nn.Parameter(v, device=device) for v in values]
+            opt = cls(params, **kwargs)
+            if not multi:  # the per-parameter kernels, as before multi-tensor updates
+                opt.update_many = lambda batch, group, hyper, opt=opt: Optimizer.update_many(opt, batch, group, hyper)
+            for step_grads in grads:
+                for p, g in zip(params, step_grads, strict=True):
+                    p.grad = ag.tensor(g, device=device).value
+                opt.step()
+            finals.append([p.to_host() for p in params])
+            label = f"{cls.__name__.lower()}_step_{'multi' if multi else 'per_param'}"
+            results[f"{label}_cpu_us"] = thread_us(opt.step, device.queue, inner=100, repeats=5)
+        same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(*finals, strict=True))
+        results[f"{cls.__name__.lower()}_multi_bit_identical"] = float(same)
+    return results
+
+
 def run(device_spec: str | None = None, quick: bool = False) -> dict[str, float]:
     device = get_device(device_spec)
     if device.kind != "opencl":
@@ -78,6 +111,7 @@ def run(device_spec: str | None = None, quick: bool = False) -> dict[str, float]
         lambda: replay_vs_enqueue(device, repeats),
         lambda: replay_50(device),
         lambda: {f"path_{k}": v for k, v in enqueue_paths(device).items()},
+        lambda: optimizer_steps(device),
     ]
     start = time.perf_counter()
     for step in steps:
