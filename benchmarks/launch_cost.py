@@ -103,7 +103,7 @@ def run(device_spec: str | None = None, quick: bool = False) -> dict[str, float]
         print("launch costs are an OpenCL measurement; the device is the NumPy backend")
         return {}
     repeats = 5 if quick else 15
-    direct = enqueue.direct_enabled() and enqueue.direct_function() is not None
+    direct = enqueue.direct_enabled(device.queue) and enqueue.direct_function() is not None
     results: dict[str, float] = {"direct_enqueue": float(direct)}
     steps: list[Callable[[], dict]] = [
         lambda: jit_vs_raw_launch(device, repeats),

@@ -130,3 +130,14 @@ def test_replay_through_prepared_enqueues_matches_eager(cl_device, kernel, monke
     for _ in range(2):
         np.testing.assert_allclose(graph.execute(nc.tensor(host(7), device=cl_device)).to_host(), expected, rtol=1e-6)
     assert len(graph._plan.calls) == 4  # every step but the last, which returns the replay's event
+
+
+def test_direct_enqueue_setting(cl_device, monkeypatch):
+    queue = cl_device.queue
+    monkeypatch.setenv(enqueue.ENV_VAR, "1")
+    assert enqueue.direct_enabled(queue)
+    monkeypatch.setenv(enqueue.ENV_VAR, "0")
+    assert not enqueue.direct_enabled(queue)
+    monkeypatch.setenv(enqueue.ENV_VAR, "auto")  # measured cheaper on NVIDIA's OpenCL only
+    assert enqueue.direct_enabled(queue) == ("nvidia" in queue.device.platform.vendor.lower())
+    assert not enqueue.direct_enabled(None)

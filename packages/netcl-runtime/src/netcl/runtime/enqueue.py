@@ -2,27 +2,31 @@
 
 A hot path (a cache-hit jit call, a graph replay) enqueues the same kernel object with the
 same sizes again and again, so everything that does not change is prepared once and the
-call itself is one C-level ``functools.partial``. The candidates, measured per enqueue by
-``benchmarks/enqueue_paths.py`` (host microseconds; PoCL 3.1 on a 2-core Zen 5 /
-NVIDIA OpenCL on an H100 host, see benchmarks/RESULTS.md):
+call itself is one C-level ``functools.partial``. The candidates, host microseconds per
+enqueue of a 1K-element kernel (``benchmarks/enqueue_paths.py``, thread CPU time; PoCL 3.1 on
+a shared 2-core Zen 5, NVIDIA's OpenCL on an H100 host, same code, one run each):
 
-=========================================================  ==========================
-path                                                       what it does per call
-=========================================================  ==========================
-``kernel(queue, g, l, *args)`` (pyopencl's invoker)        set every arg, enqueue, event
-``kernel.set_args(*args)`` + ``cl.enqueue_nd_range_kernel``  same, plus keyword parsing
-pre-set args + ``_cl.enqueue_nd_range_kernel`` positional  tuple -> size_t[], an event
-pre-set args + ``clEnqueueNDRangeKernel`` through ctypes   size arrays made once,
-                                                           no event (``event=NULL``)
-=========================================================  ==========================
+================================================================  =======  =========
+path                                                              PoCL     H100
+================================================================  =======  =========
+``kernel(queue, g, l, *args)``: pyopencl's invoker (the raw launch)  1.41     14.1
+``kernel.set_args(*args)`` + ``cl.enqueue_nd_range_kernel``          1.35     13.9
+pre-set args + ``_cl.enqueue_nd_range_kernel`` (positional, event)   0.69     13.1
+pre-set args + ctypes ``clEnqueueNDRangeKernel``, ``event=NULL``     0.86      8.1
+pre-set args + ctypes ``clEnqueueNDRangeKernel`` with an event       1.05     17.3
+setting one buffer argument (``_set_arg_multi``)                     0.06      0.2
+================================================================  =======  =========
 
-The ctypes call of the ICD loader's ``clEnqueueNDRangeKernel`` is the cheapest: it passes
-prepared ``size_t`` arrays and asks for no event, so the driver creates no ``cl_event`` and
-pyopencl wraps none (on NVIDIA's OpenCL the event is a large part of an enqueue). It calls
-the very loader pyopencl loaded (found in ``/proc/self/maps``), so the kernel and queue
-handles are the ones pyopencl made. Where that loader cannot be found, or
-``NETCL_DIRECT_ENQUEUE=0``, the pyopencl positional call is used instead. Callers that need
-an event (timing, ``wait_for``, the last command of a replay) use ``cl.enqueue_nd_range_kernel``.
+On NVIDIA's OpenCL the event is the larger part of an enqueue: asking for none through a
+direct ctypes call of the loader's ``clEnqueueNDRangeKernel`` (prepared ``size_t`` arrays, no
+``argtypes`` conversion) costs 8 µs where every pyopencl path costs 13-14 µs, because pyopencl
+always requests and wraps an event. On PoCL the event is cheap and ctypes' call overhead
+(~0.2 µs) makes pyopencl's positional call the cheapest. So the default (``NETCL_DIRECT_ENQUEUE``
+unset or ``auto``) is the direct call on NVIDIA platforms and pyopencl's positional call
+elsewhere; ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` forces one. The direct call goes through the very
+loader pyopencl loaded (found in ``/proc/self/maps``), so the queue and kernel handles are the
+ones pyopencl made; where that loader cannot be found, pyopencl's call is used. Callers that
+need an event (timing, ``wait_for``, the last command of a replay) use ``cl.enqueue_nd_range_kernel``.
 """
 
 from __future__ import annotations
@@ -72,9 +76,26 @@ def direct_function() -> Callable[..., int] | None:
     return fn
 
 
-def direct_enabled() -> bool:
-    """Whether enqueuers call ``clEnqueueNDRangeKernel`` directly by default (``NETCL_DIRECT_ENQUEUE=1``)."""
-    return os.environ.get(ENV_VAR, "0").strip().lower() not in ("", "0", "false", "off", "no")
+def direct_enabled(queue: cl.CommandQueue | None = None) -> bool:
+    """Whether enqueuers on ``queue`` call ``clEnqueueNDRangeKernel`` directly by default.
+
+    ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` decide; unset or ``auto``: on NVIDIA platforms (where it is
+    measured cheaper, see the module docstring), off elsewhere and when no queue is given.
+    """
+    setting = os.environ.get(ENV_VAR, "auto").strip().lower()
+    if setting in ("1", "true", "on", "yes"):
+        return True
+    if setting not in ("", "auto") or queue is None:
+        return False
+    key = queue.context.int_ptr
+    auto = _AUTO.get(key)
+    if auto is None:
+        auto = _AUTO[key] = "nvidia" in queue.device.platform.vendor.lower()
+    return auto
+
+
+#: context int_ptr -> whether its platform gets direct enqueues by default
+_AUTO: dict[int, bool] = {}
 
 
 def enqueuer(
@@ -91,11 +112,11 @@ def enqueuer(
     returns the ``cl.Event`` and raises pyopencl's errors itself. The caller keeps ``queue``
     and ``kernel`` alive while it uses ``enqueue``; sizes must already be valid (``launch``
     checks them). ``direct`` True/False picks the path (True falls back to pyopencl's where the
-    loader cannot be found); None follows ``NETCL_DIRECT_ENQUEUE``.
+    loader cannot be found); None follows ``direct_enabled(queue)``.
     """
     gsize = tuple(int(g) for g in global_size)
     lsize = None if local_size is None else tuple(int(v) for v in local_size)
-    function = direct_function() if (direct_enabled() if direct is None else direct) else None
+    function = direct_function() if (direct_enabled(queue) if direct is None else direct) else None
     if function is None:
         call = functools.partial(_cl.enqueue_nd_range_kernel, queue, kernel, gsize, lsize, None, None, False, False)
         return call, False
