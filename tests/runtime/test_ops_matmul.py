@@ -210,6 +210,29 @@ def test_epilogue_errors(device):
         Epilogue("col", "swish")
 
 
+def test_code_epilogue(cl_device):
+    """C statements in the store: every operand kind, a batched product, a saved pre-activation."""
+    a, b = _data((2, 9, 23), 0), _data((23, 7), 1)
+    full, col, row = _data((2, 9, 7), 2), _data((7,), 3), _data((2, 9, 1), 4)
+    code = "float ep_out0 = fmax(ep_value + ep1, 0.0f) * ep0 + ep2 * ep3;\nfloat ep_out1 = ep_value;"
+    ep = Epilogue(code=code, operands=("full", "col", "row", "scalar", "out"))
+    saved = nc.Tensor.empty((2, 9, 7), np.dtype("f4"), cl_device)
+    args = [nc.tensor(v, device=cl_device) for v in (full, col, row)] + [1.5, saved]
+    for _ in range(2):  # the second call runs the remembered plan
+        got = gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=args)
+        v = a.astype(np.float64) @ b.astype(np.float64)
+        ref = np.maximum(v + col, 0) * full + row * 1.5
+        np.testing.assert_allclose(got.to_host(), ref, rtol=1e-5, atol=_tolerance(23))
+        np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=_tolerance(23))
+    with pytest.raises(ValueError, match="4 arguments"):
+        gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=args[:4])
+    with pytest.raises(nc.ShapeError, match="operand 1 \\(col\\)"):
+        bad = [args[0], args[0], *args[2:]]
+        gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=bad)
+    with pytest.raises(ValueError, match="operand kinds"):
+        Epilogue(code="float ep_out0 = ep_value;", operands=("diag",))
+
+
 def test_batch_merging():
     # (2, 1) x (3,) broadcast -> (2, 3): A strides (mat, 0), B strides (0, mat): two dims
     assert gemm.merge_batch((2, 1), (3,), (2, 3), 12, 15) == [(2, 12, 0), (3, 0, 15)]

@@ -17,11 +17,12 @@ passed the probe; float16 operands always do there. Everything else runs the por
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes
+from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture as _capture
@@ -122,8 +123,13 @@ def gemm(
     precision: str | None = None,
     epilogue: Epilogue = IDENTITY,
     bias: Tensor | None = None,
+    epilogue_args: Sequence[Tensor | float] = (),
 ) -> Tensor:
     """``act(op(a) @ op(b) + bias)`` with broadcast batch dims; see the module docstring.
+
+    A code epilogue (``Epilogue.code``, OpenCL devices only) reads and writes ``epilogue_args``, one
+    per ``Epilogue.operands`` kind: float32 Tensors of C's shape ("full", "out"), of N or of the
+    flattened rows of C ("col", "row"), and floats ("scalar").
 
     ``precision`` (float32 operands): "highest" (fp32 FMA), "high" (tf32 tensor cores), "medium"
     (bf16 tensor cores); None means ``get_float32_matmul_precision()``. Devices without tensor
@@ -149,7 +155,9 @@ def gemm(
     )
     plan = _PLANS.get(key)
     if plan is not None and b.device is device:
-        return plan.run(a, b, bias)
+        if epilogue_args or epilogue.operands:
+            _check_epilogue_args(epilogue, epilogue_args, plan.out_shape, device)
+        return plan.run(a, b, bias, extras=epilogue_args)
     device = device_of((a, b) if bias is None else (a, b, bias), "matmul")
     m, n, k, batch = operand_dims(a.shape, b.shape, trans_a, trans_b)
     result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
@@ -158,16 +166,19 @@ def gemm(
     device.check_dtype(result)
     _check_epilogue(epilogue, bias, m, n)
     out_shape = (*batch, m, n)
+    _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
     if device.kind == "cpu":
+        if epilogue.code:
+            raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
         return numpy_backend.gemm(a, b, trans_a, trans_b, result, epilogue, bias)
     plan = _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue)
     if plan is None:  # rare layouts (casts, materialized broadcasts, empty): no plan, the general path
         return _gemm_general(
-            device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias
+            device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args
         )
     if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
         remember(_PLANS, key, plan)
-    return plan.run(a, b, bias)
+    return plan.run(a, b, bias, extras=epilogue_args)
 
 
 def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> None:
@@ -181,6 +192,27 @@ def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> 
         raise ShapeError(f"matmul: epilogue bias ({epilogue.bias}) needs {want} values, got {got}")
     if bias.dtype != float32:
         raise DTypeError(f"matmul: epilogue bias must be float32, got {bias.dtype}")
+
+
+def _check_epilogue_args(epilogue: Epilogue, args: Sequence, out_shape: tuple[int, ...], device: Device) -> None:
+    if len(args) != len(epilogue.operands):
+        raise ValueError(f"matmul: the epilogue has {len(epilogue.operands)} operands, got {len(args)} arguments")
+    rows = math.prod(out_shape[:-1])
+    want = {"full": math.prod(out_shape), "out": math.prod(out_shape), "col": out_shape[-1], "row": rows}
+    for k, (kind, arg) in enumerate(zip(epilogue.operands, args, strict=True)):
+        if kind == "scalar":
+            if isinstance(arg, Tensor) or not isinstance(arg, (int, float, np.floating, np.integer)):
+                raise TypeError(
+                    f"matmul: epilogue operand {k} (scalar) must be a real number, got {type(arg).__name__}"
+                )
+            continue
+        if not isinstance(arg, Tensor) or arg.dtype != float32 or arg.size != want[kind]:
+            got = (arg.shape, arg.dtype) if isinstance(arg, Tensor) else type(arg).__name__
+            raise ShapeError(
+                f"matmul: epilogue operand {k} ({kind}) must be a float32 Tensor of {want[kind]} values, got {got}"
+            )
+        if arg.device is not device:
+            same_device(device, arg.device)
 
 
 def _problem(a_shape, b_shape, trans_a, trans_b, m, n, k, batch) -> Problem | None:
@@ -209,12 +241,16 @@ def _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, 
     return make_plan(device, a.dtype, result, out_shape, problem, epilogue)
 
 
-def _gemm_general(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias):
+def _gemm_general(
+    device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args=()
+):
     """Empty products, K == 0, operand casts and broadcasts that merging cannot express."""
     out = Tensor.empty(out_shape, result, device)
     if out.size == 0:
         return out
     if k == 0:
+        if epilogue.code:
+            raise ValueError("matmul: a code epilogue needs an inner dimension K > 0")
         return _epilogue_on_zero(fill_(out, 0), epilogue, bias)
     compute = float64 if float64 in (a.dtype, b.dtype, result) else float32
     a, b = _as_dtype(a, compute), _as_dtype(b, compute)
@@ -222,7 +258,15 @@ def _gemm_general(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, res
         a = broadcast_to(a, (*batch, *a.shape[-2:]))
         b = broadcast_to(b, (*batch, *b.shape[-2:]))
     return gemm(
-        a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=result, precision=precision, epilogue=epilogue, bias=bias
+        a,
+        b,
+        trans_a=trans_a,
+        trans_b=trans_b,
+        out_dtype=result,
+        precision=precision,
+        epilogue=epilogue,
+        bias=bias,
+        epilogue_args=epilogue_args,
     )
 
 
@@ -297,7 +341,9 @@ class Plan:
         self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
         self.sum_kernel, self.sum_args = sum_kernel, sum_args
 
-    def run(self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    def run(
+        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+    ) -> Tensor:
         device = self.device
         if out is None:
             out = Tensor.empty(self.out_shape, self.out_dtype, device)
@@ -306,6 +352,8 @@ class Plan:
         args[3], args[5], args[7] = a, b, target
         if bias is not None:
             args.append(bias)
+        if extras:
+            args += [x if isinstance(x, Tensor) else np.float32(x) for x in extras]
         launch(self.kernel, self.gsize, self.lsize, *args, queue=device.queue)
         if self.work is not None:
             total, splits, gsize = self.sum_args
@@ -377,7 +425,7 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
     def source() -> str:
         return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
 
-    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    args = ARG_DTYPES + epilogue.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
     kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)

@@ -259,7 +259,7 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
     def source() -> str:
         return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, epilogue)
 
-    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    args = ARG_DTYPES + epilogue.arg_dtypes()
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.threads, -(-problem.m // cfg.bm), problem.batch * splits)
     return finish_plan(device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype)
