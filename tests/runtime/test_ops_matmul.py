@@ -210,8 +210,10 @@ def test_epilogue_errors(device):
         Epilogue("col", "swish")
 
 
-def test_code_epilogue(cl_device):
-    """C statements in the store: every operand kind, a batched product, a saved pre-activation."""
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_code_epilogue(cl_device, precision):
+    """C statements in the store: every operand kind, a batched product, a saved pre-activation
+    (on the tensor-core kernel too where "high" selects it; elsewhere both are fp32)."""
     a, b = _data((2, 9, 23), 0), _data((23, 7), 1)
     full, col, row = _data((2, 9, 7), 2), _data((7,), 3), _data((2, 9, 1), 4)
     code = "float ep_out0 = fmax(ep_value + ep1, 0.0f) * ep0 + ep2 * ep3;\nfloat ep_out1 = ep_value;"
@@ -219,11 +221,12 @@ def test_code_epilogue(cl_device):
     saved = nc.Tensor.empty((2, 9, 7), np.dtype("f4"), cl_device)
     args = [nc.tensor(v, device=cl_device) for v in (full, col, row)] + [1.5, saved]
     for _ in range(2):  # the second call runs the remembered plan
-        got = gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=args)
+        x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+        got = gemm.gemm(x, y, epilogue=ep, epilogue_args=args, precision=precision)
         v = a.astype(np.float64) @ b.astype(np.float64)
         ref = np.maximum(v + col, 0) * full + row * 1.5
-        np.testing.assert_allclose(got.to_host(), ref, rtol=1e-5, atol=_tolerance(23))
-        np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=_tolerance(23))
+        np.testing.assert_allclose(got.to_host(), ref, rtol=1e-5, atol=2 * _tolerance(23, precision))
+        np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=_tolerance(23, precision))
     with pytest.raises(ValueError, match="4 arguments"):
         gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=args[:4])
     with pytest.raises(nc.ShapeError, match="operand 1 \\(col\\)"):
