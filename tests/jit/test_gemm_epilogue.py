@@ -14,9 +14,17 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.jit import jit_compile, workloads
-from netcl.jit.gemm_epilogue import GemmEpilogueStep
+from netcl.jit.gemm_epilogue import GemmEpilogueStep, one_kernel
 from netcl.runtime.graph import Graph
+from netcl.runtime.ops import host_blas
 from netcl.runtime.ops.gemm_source import OPERAND_KINDS
+
+
+@pytest.fixture(autouse=True)
+def _gemm_kernel_on_cpu_opencl(monkeypatch):
+    """On a CPU OpenCL device products run on the host BLAS, and so does this path; switched off here
+    so that PoCL runs (and these tests check) the one-kernel path a GPU takes."""
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
 
 
 def _rand(shape, seed, low=-1.0, high=1.0):
@@ -34,6 +42,7 @@ def _gelu(v):
 # name: (netcl function, float64 reference, input shapes)
 CASES = {
     "mlp_block": (workloads.mlp_block, workloads.mlp_block_reference, [(17, 9), (9, 13), (1, 13)]),
+    "linear": (lambda x, w, b: ag.matmul(x, w) + b, lambda x, w, b: x @ w + b, [(9, 5), (5, 6), (6,)]),
     "no_bias": (lambda x, w: ag.sigmoid(ag.matmul(x, w)), lambda x, w: _sigmoid(x @ w), [(6, 5), (5, 7)]),
     "gelu_bias_1d": (
         lambda x, w, b: ag.gelu(ag.matmul(x, w) + b),
@@ -148,6 +157,22 @@ def test_not_merged_when_product_is_read_elsewhere(device):
     assert not any(isinstance(s, GemmEpilogueStep) for s in fused.plan_for(*args).steps)
 
 
+def test_host_blas_devices_keep_two_steps(cl_device, monkeypatch):
+    """With the host BLAS on, a CPU OpenCL device runs the product there, then the group's kernel."""
+    monkeypatch.setenv(host_blas.ENV_VAR, "1")
+    fn, reference, shapes = CASES["residual"]
+    arrays = [_rand(s, seed) for seed, s in enumerate(shapes)]
+    fused = jit_compile(fn)
+    expected = reference(*[a.astype(np.float64) for a in arrays])
+    upstream = _rand(expected.shape, 7)
+    out, grads = _run(fused, arrays, cl_device, upstream)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    for got, ref in zip(grads, _fd_grads(reference, arrays, upstream), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    step = fused.plan_for(*[ag.tensor(a, device=cl_device) for a in arrays]).steps[0]
+    assert step.one_kernel == one_kernel(cl_device) == (not host_blas.host_memory_device(cl_device))
+
+
 def test_operand_kinds_known():
     assert set(OPERAND_KINDS) == {"full", "col", "row", "scalar", "out"}
 
@@ -186,3 +211,11 @@ def test_one_launch_forward(cl_device):
     assert plain.names == ["netcl_gemm"] and forward.names == ["netcl_gemm"]
     assert backward.names.count("fused_backward") == 1 and backward.names.count("netcl_gemm") == 2
     assert "fused_forward" not in backward.names
+
+    linear = jit_compile(CASES["linear"][0])
+    for _ in range(2):
+        with ag.Tape() as tape:
+            out = linear(nodes[0], nodes[1], nodes[2])
+        with _Launches(cl_device.queue) as backward:
+            tape.backward(out, grad=upstream)
+    assert "fused_backward" not in backward.names  # d(product) is the upstream gradient itself

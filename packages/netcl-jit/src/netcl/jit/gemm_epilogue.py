@@ -8,7 +8,8 @@ so ``relu(x @ w + b) + 1`` is one kernel. Under autograd the kernel also stores 
 group's backward needs it); the backward is the group's fused backward kernel for ``d(product)``
 (a bias gradient with the same expression is its sum to the bias's shape, not a second full-size
 output), then the matmul's own gradient rule (``dX = dP W^T``, ``dW = X^T dP``). On the NumPy
-backend the product and the group's generated function run one after the other.
+backend, and on CPU OpenCL devices whose products run on the host BLAS, the product and the group's
+kernel (or generated function) run one after the other.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from netcl.jit.fused_step import FusedStep, _Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
 from netcl.jit.primitives import custom_preamble
 from netcl.jit.tracing import TraceNode
+from netcl.runtime import capture
 from netcl.runtime import ops as rops
+from netcl.runtime.ops import host_blas
 from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.gemm_source import Epilogue
 
 _F32 = np.dtype(np.float32)
+#: ``_alias`` source meaning "the upstream gradient itself"
+_GOUT = -1
 
 
 @dataclass
@@ -117,6 +122,15 @@ def merge_epilogues(steps: list[Step], outputs: list[TraceNode]) -> list[Step | 
     return result
 
 
+def one_kernel(device: Device) -> bool:
+    """Whether the group runs in the GEMM's store on ``device``: on OpenCL, except where products run on
+    the host BLAS (a CPU device's mapped memory, ``NETCL_HOST_BLAS``), which beats the portable GEMM kernel
+    there even with the extra pass (Debian's PoCL, 8192x64x256 mlp_block: 17 ms against 24 ms)."""
+    if device.kind != "opencl":
+        return False
+    return not (host_blas.enabled() and host_blas.host_memory_device(device))
+
+
 class GemmEpilogueStep:
     """Runs one ``MatmulGroup``; ``group`` lists its external inputs (matmul operands first) and outputs."""
 
@@ -125,8 +139,11 @@ class GemmEpilogueStep:
         self.group = FusedGroup(merged.group.nodes, merged.group.shape, merged.inputs, merged.outputs)
         self.device = device
         self.shape = merged.group.shape
-        self.one_kernel = device.kind == "opencl"
+        self.is_opencl = device.kind == "opencl"
+        #: a capture records the GEMM kernel even where products otherwise run on the host BLAS
+        self.one_kernel = one_kernel(device)
         self.inner = FusedStep(merged.group, device, label, build_forward=not self.one_kernel)
+        self.label = label
         self.h_index = merged.group.inputs.index(merged.matmul)
         self.epilogues = {save: self._epilogue(save) for save in (False, True)}
         self.forward_source = self.epilogues[False].code
@@ -159,7 +176,7 @@ class GemmEpilogueStep:
         save = any(wants)
         a, b, others = values[0], values[1], values[2:]
         n_out = len(self.group.outputs)
-        if self.one_kernel:
+        if self.one_kernel or (self.is_opencl and capture.is_recording(self.device.queue)):
             extra = [self._empty() for _ in range(n_out - 1)] + ([self._empty()] if save else [])
             first = gemm(a, b, epilogue=self.epilogues[save], epilogue_args=[*others, *extra])
             outs = [first, *extra[: n_out - 1]]
@@ -194,10 +211,13 @@ class GemmEpilogueStep:
         group_values = self._group_values(product, values[2:])
         grads = self.inner.backward(output_index, kernel_wants, grad_out, group_values) if any(kernel_wants) else []
         grads = grads or [None] * len(group_values)
-        for k, source in alias.items():
-            if grads[source] is not None:
+        if tuple(grad_out.shape) != self.shape:
+            grad_out = rops.broadcast_to(grad_out, self.shape)
+        for k, source in sorted(alias.items(), key=lambda item: item[0] != self.h_index):  # the product first
+            grad = grad_out if source == _GOUT else grads[source]
+            if grad is not None:
                 shape = self.inner.input_shapes[k]
-                grads[k] = grads[source] if shape == self.shape else rops.sum_to_shape(grads[source], shape)
+                grads[k] = grad if shape == self.shape else rops.sum_to_shape(grad, shape)
         d_product = grads[self.h_index]
         matmul_grads = [None, None]
         if d_product is not None and (wants[0] or wants[1]):
@@ -207,8 +227,9 @@ class GemmEpilogueStep:
         return [*matmul_grads, *rest]
 
     def _alias(self, output_index: int, wants: tuple[bool, ...]) -> tuple[tuple[bool, ...], dict[int, int]]:
-        """Which group inputs the backward kernel computes, and those whose gradient is the same
-        expression as the product's (a bias): summed from the product's gradient instead."""
+        """Which group inputs the backward kernel computes, and those it need not: an input whose
+        gradient is the same expression as the product's (a bias) is summed from the product's gradient,
+        and where that is the upstream gradient itself (``x @ w + b``) no kernel runs (source ``_GOUT``)."""
         key = (output_index, wants)
         if key not in self._aliases:
             alias: dict[int, int] = {}
@@ -216,15 +237,25 @@ class GemmEpilogueStep:
             if wants[h]:
                 body = backward_body(self.merged.group, self.group.outputs[output_index], list(wants))
                 exprs = dict(body.lines)
+
+                def resolved(var: str) -> str:
+                    while exprs.get(var, "").strip() in exprs:
+                        var = exprs[var].strip()
+                    return exprs.get(var, var).strip()
+
                 names = dict(zip([k for k, w in enumerate(wants) if w], body.results, strict=True))
+                product = resolved(names[h])
+                if product == "gout":
+                    alias[h] = _GOUT
                 for k, var in names.items():
-                    if k != h and self.inner.input_shapes[k] is not None and exprs[var] == exprs[names[h]]:
+                    if k != h and self.inner.input_shapes[k] is not None and resolved(var) == product:
                         alias[k] = h
             kernel = tuple(w and k not in alias for k, w in enumerate(wants))
             self._aliases[key] = (kernel, alias)
         return self._aliases[key]
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
+        """The group's backward kernel for these wants ("" when the upstream gradient is the product's)."""
         group_wants = self._group_values(wants[0] or wants[1], list(wants[2:]))
         kernel_wants, _ = self._alias(output_index, tuple(group_wants))
-        return self.inner.backward_source(output_index, kernel_wants)
+        return self.inner.backward_source(output_index, kernel_wants) if any(kernel_wants) else ""
