@@ -43,6 +43,11 @@ def _gelu(v):
 CASES = {
     "mlp_block": (workloads.mlp_block, workloads.mlp_block_reference, [(17, 9), (9, 13), (1, 13)]),
     "linear": (lambda x, w, b: ag.matmul(x, w) + b, lambda x, w, b: x @ w + b, [(9, 5), (5, 6), (6,)]),
+    "scaled_linear": (
+        lambda x, w, b: (ag.matmul(x, w) * 0.5 + b) * 3.0,
+        lambda x, w, b: (x @ w * 0.5 + b) * 3.0,
+        [(6, 3), (3, 5), (1, 5)],
+    ),
     "no_bias": (lambda x, w: ag.sigmoid(ag.matmul(x, w)), lambda x, w: _sigmoid(x @ w), [(6, 5), (5, 7)]),
     "gelu_bias_1d": (
         lambda x, w, b: ag.gelu(ag.matmul(x, w) + b),
@@ -171,6 +176,15 @@ def test_host_blas_devices_keep_two_steps(cl_device, monkeypatch):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     step = fused.plan_for(*[ag.tensor(a, device=cl_device) for a in arrays]).steps[0]
     assert step.one_kernel == one_kernel(cl_device) == (not host_blas.host_memory_device(cl_device))
+
+
+@pytest.mark.parametrize(("case", "saved"), [("mlp_block", True), ("linear", False), ("scaled_linear", False)])
+def test_product_saved_only_when_read(device, case, saved):
+    """Under autograd the forward also stores the product only where a backward kernel reads it."""
+    fn, _, shapes = CASES[case]
+    nodes = [ag.tensor(_rand(s, seed), requires_grad=True, device=device) for seed, s in enumerate(shapes)]
+    step = jit_compile(fn).plan_for(*nodes).steps[0]
+    assert step._needs_product((True,) * len(shapes)) is saved
 
 
 def test_operand_kinds_known():

@@ -4,10 +4,11 @@
 result nothing else reads, the two become one ``MatmulGroup``. ``GemmEpilogueStep`` runs it: on
 OpenCL the group's per-element body (the same ``codegen`` body the fused kernel would run) is
 injected into the GEMM's store as a code epilogue (``netcl.runtime.ops.gemm_source.Epilogue``),
-so ``relu(x @ w + b) + 1`` is one kernel. Under autograd the kernel also stores the product (the
-group's backward needs it); the backward is the group's fused backward kernel for ``d(product)``
-(a bias gradient with the same expression is its sum to the bias's shape, not a second full-size
-output), then the matmul's own gradient rule (``dX = dP W^T``, ``dW = X^T dP``). On the NumPy
+so ``relu(x @ w + b) + 1`` is one kernel. Under autograd the kernel also stores the product where
+the group's backward reads it (``relu`` does; ``x @ w + b`` does not). The backward is the group's
+fused backward kernel for ``d(product)`` (a bias gradient with the same expression is its sum to the
+bias's shape, not a second full-size output; no kernel at all where ``d(product)`` is the upstream
+gradient), then the matmul's own gradient rule (``dX = dP W^T``, ``dW = X^T dP``). On the NumPy
 backend, and on CPU OpenCL devices whose products run on the host BLAS, the product and the group's
 kernel (or generated function) run one after the other.
 """
@@ -15,6 +16,7 @@ kernel (or generated function) run one after the other.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +124,24 @@ def merge_epilogues(steps: list[Step], outputs: list[TraceNode]) -> list[Step | 
     return result
 
 
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _live_names(lines: list[tuple[str, str]], results: list[str]) -> set[str]:
+    """Every name the ``results`` of a body depend on, through its (variable, expression) lines."""
+    exprs = dict(lines)
+    live: set[str] = set()
+    stack = list(results)
+    while stack:
+        name = stack.pop()
+        if name in live:
+            continue
+        live.add(name)
+        if name in exprs:
+            stack.extend(_NAME.findall(exprs[name]))
+    return live
+
+
 def one_kernel(device: Device) -> bool:
     """Whether the group runs in the GEMM's store on ``device``: on OpenCL, except where products run on
     the host BLAS (a CPU device's mapped memory, ``NETCL_HOST_BLAS``), which beats the portable GEMM kernel
@@ -148,6 +168,7 @@ class GemmEpilogueStep:
         self.epilogues = {save: self._epilogue(save) for save in (False, True)}
         self.forward_source = self.epilogues[False].code
         self._aliases: dict[tuple[int, tuple[bool, ...]], tuple[tuple[bool, ...], dict[int, int]]] = {}
+        self._needs: dict[tuple, bool] = {}
 
     # ---- the code epilogue ---------------------------------------------------------------
     def _epilogue(self, save: bool) -> Epilogue:
@@ -173,7 +194,8 @@ class GemmEpilogueStep:
         """The product and the group on the external inputs (matmul operands first); one Node per output."""
         values = [x.value if isinstance(x, Node) else x for x in ext]
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
-        save = any(wants)
+        grad = any(wants)
+        save = grad and self._needs_product(wants)
         a, b, others = values[0], values[1], values[2:]
         n_out = len(self.group.outputs)
         if self.one_kernel or (self.is_opencl and capture.is_recording(self.device.queue)):
@@ -186,7 +208,7 @@ class GemmEpilogueStep:
             outs = [self._empty() for _ in range(n_out)]
             group_values = self._group_values(product, others)
             self.inner._run(self.inner._forward, group_values, outs, None)
-        if not save:
+        if not grad:
             return [Node(out, op_name=self.inner.label) for out in outs]
         return [
             apply_op(_Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
@@ -204,15 +226,19 @@ class GemmEpilogueStep:
 
         return grad_fn
 
-    def backward(self, output_index: int, wants, grad_out: Tensor, values: list[Any], product: Tensor):
-        """Gradients of every external input (None where not wanted or not reached)."""
+    def backward(self, output_index: int, wants, grad_out: Tensor, values: list[Any], product: Tensor | None):
+        """Gradients of every external input (None where not wanted or not reached).
+
+        ``product`` is None where no backward kernel reads it (``_needs_product``); the kernel then
+        gets the upstream gradient in its slot, a same-shape buffer it never reads.
+        """
         group_wants = self._group_values(wants[0] or wants[1], list(wants[2:]))
         kernel_wants, alias = self._alias(output_index, tuple(group_wants))
-        group_values = self._group_values(product, values[2:])
-        grads = self.inner.backward(output_index, kernel_wants, grad_out, group_values) if any(kernel_wants) else []
-        grads = grads or [None] * len(group_values)
         if tuple(grad_out.shape) != self.shape:
             grad_out = rops.broadcast_to(grad_out, self.shape)
+        group_values = self._group_values(grad_out if product is None else product, values[2:])
+        grads = self.inner.backward(output_index, kernel_wants, grad_out, group_values) if any(kernel_wants) else []
+        grads = grads or [None] * len(group_values)
         for k, source in sorted(alias.items(), key=lambda item: item[0] != self.h_index):  # the product first
             grad = grad_out if source == _GOUT else grads[source]
             if grad is not None:
@@ -253,6 +279,21 @@ class GemmEpilogueStep:
             kernel = tuple(w and k not in alias for k, w in enumerate(wants))
             self._aliases[key] = (kernel, alias)
         return self._aliases[key]
+
+    def _needs_product(self, wants: tuple[bool, ...]) -> bool:
+        """Whether a backward kernel for these wants (any output) reads the product: if not, the
+        forward stores only the outputs (``relu(x @ w + b)`` needs it; ``x @ w + b`` and ``(x @ w) * s`` do not)."""
+        key = ("product", wants)
+        if key not in self._needs:
+            group_wants = tuple(self._group_values(wants[0] or wants[1], list(wants[2:])))
+            needed = False
+            for j, output in enumerate(self.group.outputs):
+                kernel_wants, _ = self._alias(j, group_wants)
+                if any(kernel_wants):
+                    body = backward_body(self.merged.group, output, list(kernel_wants))
+                    needed = needed or f"x{self.h_index}" in _live_names(body.lines, body.results)
+            self._needs[key] = needed
+        return self._needs[key]
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
         """The group's backward kernel for these wants ("" when the upstream gradient is the product's)."""
