@@ -48,6 +48,11 @@ CASES = {
         lambda x, w, b: (x @ w * 0.5 + b) * 3.0,
         [(6, 3), (3, 5), (1, 5)],
     ),
+    "residual_of_input": (
+        lambda x, w: ag.tanh(ag.matmul(x, w) + x) * x,
+        lambda x, w: np.tanh(x @ w + x) * x,
+        [(5, 4), (4, 4)],
+    ),
     "no_bias": (lambda x, w: ag.sigmoid(ag.matmul(x, w)), lambda x, w: _sigmoid(x @ w), [(6, 5), (5, 7)]),
     "gelu_bias_1d": (
         lambda x, w, b: ag.gelu(ag.matmul(x, w) + b),
@@ -146,6 +151,24 @@ def test_scalar_argument_and_two_outputs(device):
     np.testing.assert_allclose(nodes[1].grad.to_host(), gw, rtol=1e-4, atol=1e-5)
     step = fused.plan_for(nodes[0], nodes[1], 1.5).steps[0]
     assert isinstance(step, GemmEpilogueStep) and step.merged.kinds == ["scalar"]
+
+
+def test_some_inputs_without_gradient(device):
+    """Only w and b require a gradient (x is data): they get theirs, x gets none."""
+    fn, reference, shapes = CASES["mlp_block"]
+    arrays = [_rand(s, seed) for seed, s in enumerate(shapes)]
+    expected = reference(*[a.astype(np.float64) for a in arrays])
+    upstream = _rand(expected.shape, 3)
+    nodes = [ag.tensor(a, requires_grad=k > 0, device=device) for k, a in enumerate(arrays)]
+    fused = jit_compile(fn)
+    with ag.Tape() as tape:
+        out = fused(*nodes)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    np.testing.assert_allclose(out.to_host(), expected, rtol=1e-5, atol=1e-5)
+    refs = _fd_grads(reference, arrays, upstream)
+    assert nodes[0].grad is None
+    for node, ref in zip(nodes[1:], refs[1:], strict=True):
+        np.testing.assert_allclose(node.grad.to_host(), ref, rtol=1e-4, atol=1e-5)
 
 
 def test_not_merged_when_product_is_read_elsewhere(device):

@@ -111,7 +111,7 @@ def merge_epilogues(steps: list[Step], outputs: list[TraceNode]) -> list[Step | 
                 continue
             others = [p for p in step.inputs if p is not node]
             kinds = [operand_kind(p, step.shape) for p in others]
-            if None in kinds:
+            if None in kinds or any(p.kind != "param" and p.dtype != _F32 for p in others):
                 continue
             merged[id(step)] = MatmulGroup(node, step, others, kinds)  # type: ignore[arg-type]
             break
