@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
+import netcl.nn.functional as F
+from netcl import nn
 from netcl.jit import jit_compile, workloads
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, one_kernel
 from netcl.runtime.graph import Graph
@@ -52,6 +54,16 @@ CASES = {
         lambda x, w: ag.tanh(ag.matmul(x, w) + x) * x,
         lambda x, w: np.tanh(x @ w + x) * x,
         [(5, 4), (4, 4)],
+    ),
+    "nn_linear": (
+        lambda x, w, b: ag.relu(F.linear(x, w, b)) * 2.0,
+        lambda x, w, b: np.maximum(x @ w.T + b, 0.0) * 2.0,
+        [(7, 5), (4, 5), (4,)],
+    ),
+    "nn_linear_3d_no_bias": (
+        lambda x, w: ag.tanh(F.linear(x, w)) + 0.5,
+        lambda x, w: np.tanh(x @ w.T) + 0.5,
+        [(2, 3, 5), (4, 5)],
     ),
     "no_bias": (lambda x, w: ag.sigmoid(ag.matmul(x, w)), lambda x, w: _sigmoid(x @ w), [(6, 5), (5, 7)]),
     "gelu_bias_1d": (
@@ -169,6 +181,26 @@ def test_some_inputs_without_gradient(device):
     assert nodes[0].grad is None
     for node, ref in zip(nodes[1:], refs[1:], strict=True):
         np.testing.assert_allclose(node.grad.to_host(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_sequential_model(device):
+    """``Linear -> ReLU -> Linear`` under jit_compile: the first layer and its ReLU are one GEMM; the
+    output and every parameter gradient equal the eager model's."""
+    model = nn.Sequential(nn.Linear(6, 16, device=device), nn.ReLU(), nn.Linear(16, 3, device=device))
+    x = ag.tensor(_rand((9, 6), 0), device=device)
+    upstream = ag.tensor(_rand((9, 3), 1), device=device).value
+    results = []
+    for fn in (model, jit_compile(model)):
+        for p in model.parameters():
+            p.grad = None
+        with ag.Tape() as tape:
+            out = fn(x)
+        tape.backward(out, grad=upstream)
+        results.append([out.to_host()] + [p.grad.to_host() for p in model.parameters()])
+    for eager, fused in zip(*results, strict=True):
+        np.testing.assert_allclose(fused, eager, rtol=1e-5, atol=1e-6)
+    steps = jit_compile(model).plan_for(x).steps
+    assert sum(isinstance(s, GemmEpilogueStep) for s in steps) == 1
 
 
 def test_not_merged_when_product_is_read_elsewhere(device):

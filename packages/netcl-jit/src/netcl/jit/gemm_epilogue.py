@@ -55,6 +55,16 @@ class MatmulGroup:
         return [*self.matmul.inputs, *self.others]
 
     @property
+    def linear(self) -> bool:
+        """``x @ weight.T (+ bias)`` (``nn.functional.linear``) rather than ``a @ b``."""
+        return self.matmul.op_name == "linear"
+
+    @property
+    def operands(self) -> int:
+        """How many of ``inputs`` belong to the product: a, b and a linear layer's bias."""
+        return len(self.matmul.inputs)
+
+    @property
     def outputs(self) -> list[TraceNode]:
         return self.group.outputs
 
@@ -77,14 +87,20 @@ def operand_kind(node: TraceNode, out_shape: tuple[int, ...]) -> str | None:
 
 
 def _eligible(node: TraceNode) -> bool:
-    if node.op_name != "matmul" or node.fn is not rops.matmul or node.dtype != _F32:
+    """A float32 ``matmul`` of >= 2-D operands, or ``nn.functional.linear`` outside autocast."""
+    if node.op_name == "matmul":
+        if node.fn is not rops.matmul or len(node.inputs) != 2:
+            return False
+    elif node.op_name == "linear":
+        if node.attrs.get("autocast", "?") is not None or len(node.inputs) != 2 + bool(node.attrs.get("bias")):
+            return False
+    else:
         return False
-    if len(node.inputs) != 2 or any(kind != "node" for kind, _ in node.arg_layout):
+    if node.dtype != _F32 or any(kind != "node" for kind, _ in node.arg_layout):
         return False
-    a, b = node.inputs
+    a, b = node.inputs[:2]
     return (
-        a.dtype == _F32
-        and b.dtype == _F32
+        all(p.dtype == _F32 for p in node.inputs)
         and len(a.shape) >= 2
         and len(b.shape) >= 2
         and a.shape[-1] > 0
@@ -175,15 +191,17 @@ class GemmEpilogueStep:
         """The group's forward body as GEMM store statements; ``save`` also stores the product."""
         group = self.merged.group
         body = forward_body(group)
-        operand = {p.id: j for j, p in enumerate(self.merged.others)}
+        lead = self.merged.operands - 2  # a linear layer's bias: operand 0, added to the product
+        operand = {p.id: lead + j for j, p in enumerate(self.merged.others)}
+        product = "ep_value + ep0" if lead else "ep_value"
         lines = [
-            f"float x{k} = {'ep_value' if p is self.merged.matmul else f'ep{operand[p.id]}'};"
+            f"float x{k} = {product if p is self.merged.matmul else f'ep{operand[p.id]}'};"
             for k, p in enumerate(group.inputs)
         ]
         lines += [f"float {var} = {expr};" for var, expr in body.lines]
         results = list(body.results) + ([f"x{self.h_index}"] if save else [])
         lines += [f"float ep_out{j} = {var};" for j, var in enumerate(results)]
-        kinds = tuple(self.merged.kinds) + ("out",) * (len(results) - 1)
+        kinds = ("col",) * lead + tuple(self.merged.kinds) + ("out",) * (len(results) - 1)
         return Epilogue(code="\n".join(lines), operands=kinds, preamble=custom_preamble())
 
     # ---- running -------------------------------------------------------------------------
@@ -196,15 +214,17 @@ class GemmEpilogueStep:
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
         grad = any(wants)
         save = grad and self._needs_product(wants)
-        a, b, others = values[0], values[1], values[2:]
+        n = self.merged.operands
+        a, b, lead, others = values[0], values[1], values[2:n], values[n:]
         n_out = len(self.group.outputs)
         if self.one_kernel or (self.is_opencl and capture.is_recording(self.device.queue)):
             extra = [self._empty() for _ in range(n_out - 1)] + ([self._empty()] if save else [])
-            first = gemm(a, b, epilogue=self.epilogues[save], epilogue_args=[*others, *extra])
+            epilogue, args = self.epilogues[save], [*lead, *others, *extra]
+            first = gemm(a, b, trans_b=self.merged.linear, epilogue=epilogue, epilogue_args=args)
             outs = [first, *extra[: n_out - 1]]
             product = extra[-1] if save else None
         else:
-            product = rops.matmul(a, b)
+            product = self.merged.matmul.fn(*values[:n])  # the traced op itself
             outs = [self._empty() for _ in range(n_out)]
             group_values = self._group_values(product, others)
             self.inner._run(self.inner._forward, group_values, outs, None)
@@ -220,6 +240,11 @@ class GemmEpilogueStep:
         rest = iter(others)
         return [product if k == self.h_index else next(rest) for k in range(len(self.merged.group.inputs))]
 
+    def _group_wants(self, wants: tuple[bool, ...]) -> tuple[bool, ...]:
+        """Per group input, from per external input: the product wants one if an operand of it does."""
+        n = self.merged.operands
+        return tuple(self._group_values(any(wants[:n]), list(wants[n:])))
+
     def _grad_fn(self, output_index: int, wants: tuple[bool, ...], product: Tensor):
         def grad_fn(grad_out: Tensor, inputs: tuple[Any, ...], output: Tensor) -> list[Tensor | None]:
             return self.backward(output_index, wants, grad_out, list(inputs), product)
@@ -232,11 +257,12 @@ class GemmEpilogueStep:
         ``product`` is None where no backward kernel reads it (``_needs_product``); the kernel then
         gets the upstream gradient in its slot, a same-shape buffer it never reads.
         """
-        group_wants = self._group_values(wants[0] or wants[1], list(wants[2:]))
-        kernel_wants, alias = self._alias(output_index, tuple(group_wants))
+        n = self.merged.operands
+        group_wants = self._group_wants(wants)
+        kernel_wants, alias = self._alias(output_index, group_wants)
         if tuple(grad_out.shape) != self.shape:
             grad_out = rops.broadcast_to(grad_out, self.shape)
-        group_values = self._group_values(grad_out if product is None else product, values[2:])
+        group_values = self._group_values(grad_out if product is None else product, values[n:])
         grads = self.inner.backward(output_index, kernel_wants, grad_out, group_values) if any(kernel_wants) else []
         grads = grads or [None] * len(group_values)
         for k, source in sorted(alias.items(), key=lambda item: item[0] != self.h_index):  # the product first
@@ -245,10 +271,10 @@ class GemmEpilogueStep:
                 shape = self.inner.input_shapes[k]
                 grads[k] = grad if shape == self.shape else rops.sum_to_shape(grad, shape)
         d_product = grads[self.h_index]
-        matmul_grads = [None, None]
-        if d_product is not None and (wants[0] or wants[1]):
-            matmul_grads = self.merged.matmul.grad_fn(d_product, tuple(values[:2]), product)
-            matmul_grads = [g if w else None for g, w in zip(matmul_grads, wants[:2], strict=True)]
+        matmul_grads = [None] * n
+        if d_product is not None and any(wants[:n]):  # the product's own rule (matmul's, linear's)
+            matmul_grads = self.merged.matmul.grad_fn(d_product, tuple(values[:n]), product)
+            matmul_grads = [g if w else None for g, w in zip(matmul_grads, wants[:n], strict=True)]
         rest = [g for k, g in enumerate(grads) if k != self.h_index]
         return [*matmul_grads, *rest]
 
@@ -285,7 +311,7 @@ class GemmEpilogueStep:
         forward stores only the outputs (``relu(x @ w + b)`` needs it; ``x @ w + b`` and ``(x @ w) * s`` do not)."""
         key = ("product", wants)
         if key not in self._needs:
-            group_wants = tuple(self._group_values(wants[0] or wants[1], list(wants[2:])))
+            group_wants = self._group_wants(wants)
             needed = False
             for j, output in enumerate(self.group.outputs):
                 kernel_wants, _ = self._alias(j, group_wants)
@@ -297,6 +323,5 @@ class GemmEpilogueStep:
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
         """The group's backward kernel for these wants ("" when the upstream gradient is the product's)."""
-        group_wants = self._group_values(wants[0] or wants[1], list(wants[2:]))
-        kernel_wants, _ = self._alias(output_index, tuple(group_wants))
+        kernel_wants, _ = self._alias(output_index, self._group_wants(wants))
         return self.inner.backward_source(output_index, kernel_wants) if any(kernel_wants) else ""
