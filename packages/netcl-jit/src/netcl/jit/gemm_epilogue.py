@@ -1,6 +1,7 @@
 """A matmul and the fused elementwise group it feeds, run as ONE GEMM kernel.
 
-``merge_epilogues`` runs after ``partition``: where a fused group reads a float32 ``matmul`` whose
+``merge_epilogues`` runs after ``partition``: where a fused group reads a float32 ``matmul`` (or
+``nn.functional.linear`` outside autocast: ``x @ weight.T``, its bias added in the store) whose
 result nothing else reads, the two become one ``MatmulGroup``. ``GemmEpilogueStep`` runs it: on
 OpenCL the group's per-element body (the same ``codegen`` body the fused kernel would run) is
 injected into the GEMM's store as a code epilogue (``netcl.runtime.ops.gemm_source.Epilogue``),
