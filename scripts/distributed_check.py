@@ -186,7 +186,7 @@ def find_mpiexec() -> str:
 def default_devices() -> list[str]:
     import netcl.core as nc
 
-    return ["cpu", "opencl"] if any(d.kind == "opencl" for d in nc.devices()) else ["cpu"]
+    return ["cpu", "opencl"] if nc.usable_opencl_devices() else ["cpu"]
 
 
 def launch(devices: list[str], ranks: int = 2, timeout: float = 300.0) -> int:
