@@ -256,8 +256,10 @@ def _auto_select() -> tuple[Device, str]:
         return gpus[0], f"first OpenCL GPU ({gpus[0].name!r})"
     probe = os.environ.get(engine_choice.PROBE_ENV, "").strip() not in ("0", "false", "no", "off")
     measure = engine_choice.cached_measure if probe else None
-    device, why = engine_choice.choose_cpu_engine(_usable_cpu_devices(), devices()[-1], measure)
-    unusable = _unusable_text()
+    usable, unusable = _usable_cpu_devices(), _unusable_text()
+    if not usable and unusable:
+        return devices()[-1], f"no OpenCL device here builds programs ({unusable}); NumPy backend"
+    device, why = engine_choice.choose_cpu_engine(usable, devices()[-1], measure)
     return device, (f"{why} (not considered: {unusable})" if unusable else why)
 
 
