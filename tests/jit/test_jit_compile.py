@@ -150,7 +150,8 @@ def test_launch_counts(cl_device):
     mlp(*xs)
     with LaunchCounter(cl_device.queue) as counter:
         mlp(*xs)
-    assert len(counter.names) == 2 and counter.names[-1] == "fused_forward"
+    steps = [step.name for step in counter.graph.steps]  # on a CPU OpenCL device the product is a host BLAS command
+    assert len(steps) == 2 and steps[-1] == "fused_forward", steps
 
 
 def test_spec_examples(device):
