@@ -12,6 +12,7 @@ TF32 setting). Variants:
 - ``netcl eager``: ``Tape`` + ``backward`` + ``opt.step()`` + ``opt.zero_grad()`` every step;
 - ``netcl replayed``: the step captured once by ``fuse_graph(..., optimizer_step=opt.step)`` and
   replayed per step (on the NumPy backend there is nothing to capture: it runs the jitted step);
+  amp steps replay with ``GradScaler(capturable=True)`` (no host read of the inf flag);
 - ``torch eager`` and, on CUDA, ``torch CUDA graph`` (the whole step captured with
   ``torch.cuda.graph``), when torch is importable (no CUDA graph of the amp steps).
 
@@ -150,11 +151,20 @@ def netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, floa
         from measure import kernel_breakdown
 
         breakdown = kernel_breakdown(device, eager)
-    if scaler is None:
-        from netcl.jit import fuse_graph
+    from netcl.jit import fuse_graph
 
+    if scaler is None:
         graph = fuse_graph(model, x, y, loss_fn, optimizer_step=opt.step)
-        results["netcl replayed"] = _per_step_ms(lambda: graph.execute(x, y), sync, repeats)
+    else:  # the scale, its schedule and the skip of an inf step stay on the device: the step replays
+        capturable = amp.GradScaler(capturable=True)
+
+        def scaled_step() -> None:
+            capturable.step(opt)
+            capturable.update()
+
+        with amp.autocast():
+            graph = fuse_graph(model, x, y, lambda o, t: capturable.scale(loss_fn(o, t)), optimizer_step=scaled_step)
+    results["netcl replayed"] = _per_step_ms(lambda: graph.execute(x, y), sync, repeats)
     return results, breakdown
 
 
