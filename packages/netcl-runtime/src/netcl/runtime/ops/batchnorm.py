@@ -34,8 +34,10 @@ from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas
 from netcl.runtime.ops._grid import index_ctype
 from netcl.runtime.ops.layout import cast
 
-#: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices).
-MAX_LANES = 1024
+#: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices):
+#: a GPU needs wide groups to keep loads in flight with one group per channel; on a CPU (PoCL) each lane
+#: is a loop iteration between barriers and 64 lanes measured 2.8x faster than 1024 at (8, 16, 28, 28).
+MAX_LANES, CPU_LANES = 1024, 64
 #: Vectors each lane handles at least (the group is no wider than the channel's vectors / this).
 PER_LANE = 4
 
@@ -205,7 +207,8 @@ def _run(
     limit = _LIMITS.get((key, device))
     if limit is None:
         wg = resolved.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
-        limit = _LIMITS[(key, device)] = min(MAX_LANES, 1 << (int(wg).bit_length() - 1))
+        cap = CPU_LANES if device.cl_device.type & cl.device_type.CPU else MAX_LANES
+        limit = _LIMITS[(key, device)] = min(cap, 1 << (int(wg).bit_length() - 1))
     lanes = min(limit, pow2_ceil(max(1, -(-vectors // PER_LANE))))
     launch(resolved.kernel, channels * lanes, lanes, *args, queue=device.queue)
 
