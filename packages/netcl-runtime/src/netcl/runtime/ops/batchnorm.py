@@ -57,11 +57,17 @@ _HEADER = """{pragmas}#define ACC {acc}
 #define STOREV(v, p, i, T) ((p)[i] = (T)(v))
 #define HSUM(v) (v)
 #endif
-/* Lane lid's walk over one channel: vector i of T = N * SV at plane n, offset s (no division per step). */
-#define CHANNEL_LOOP(body) {{ \\
-    IDX n = (IDX)lid / SV, s = (IDX)lid % SV; \\
-    for (IDX i = lid; i < T; i += ls) {{ const IDX at = (n * C + c) * SV + s; body; \\
-        n += dn; s += ds; if (s >= SV) {{ s -= SV; ++n; }} }} }}
+/* Lane lid's walk over one channel: vector i of T = N * SV sits in plane n at offset s (no division per
+   step). STEP(at) runs for each of the lane's vectors, four per iteration (their loads issue together). */
+#define AT_NS ((n * C + c) * SV + s)
+#define WALK {{ n += dn; s += ds; if (s >= SV) {{ s -= SV; ++n; }} }}
+#define CHANNEL_LOOP(STEP) {{ \
+    IDX n = (IDX)lid / SV, s = (IDX)lid % SV, i = lid; \
+    for (; i + 3 * (IDX)ls < T; i += 4 * (IDX)ls) {{ \
+        const IDX a0 = AT_NS; WALK; const IDX a1 = AT_NS; WALK; \
+        const IDX a2 = AT_NS; WALK; const IDX a3 = AT_NS; WALK; \
+        STEP(a0); STEP(a1); STEP(a2); STEP(a3); }} \
+    for (; i < T; i += ls) {{ const IDX a0 = AT_NS; WALK; STEP(a0); }} }}
 inline void netcl_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {{
     const int lid = get_local_id(0);
     sa[lid] = *a;
@@ -77,9 +83,9 @@ inline void netcl_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {{
 """
 
 _FORWARD = """
-__kernel void netcl_batch_norm(__global const {xt}* x, {params}__global {xt}* y, __global ACC* mean,
-                               __global ACC* rstd, const ACC eps, const ACC momentum,
-                               const IDX N, const IDX C, const IDX SV) {{
+__kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global {xt}* restrict y,
+                               __global ACC* restrict mean, __global ACC* restrict rstd, const ACC eps,
+                               const ACC momentum, const IDX N, const IDX C, const IDX SV) {{
     __local ACC sa[LMAX], sb[LMAX];
     const IDX c = get_group_id(0);
     const int lid = get_local_id(0), ls = get_local_size(0);
@@ -87,7 +93,8 @@ __kernel void netcl_batch_norm(__global const {xt}* x, {params}__global {xt}* y,
 #if TRAINING
     const ACC k = (ACC)x[c * SV * VEC];
     ACC s1 = 0, s2 = 0;
-    CHANNEL_LOOP(const VT v = LOADV(x, at) - k; s1 += HSUM(v); s2 += HSUM(v * v))
+#define STATS(at) {{ const VT v = LOADV(x, at) - k; s1 += HSUM(v); s2 += HSUM(v * v); }}
+    CHANNEL_LOOP(STATS)
     netcl_sum2(&s1, &s2, sa, sb);
     const ACC count = (ACC)(T * VEC), d = s1 / count;
     const ACC var = max(s2 / count - d * d, (ACC)0);
@@ -105,14 +112,16 @@ __kernel void netcl_batch_norm(__global const {xt}* x, {params}__global {xt}* y,
     if (lid == 0) {{ mean[c] = mu; rstd[c] = rs; }}
 #endif
     const ACC scale = {w} * rs, shift = {b} - mu * scale;
-    CHANNEL_LOOP(STOREV(LOADV(x, at) * scale + shift, y, at, {xt}))
+#define NORMALIZE(at) STOREV(LOADV(x, at) * scale + shift, y, at, {xt})
+    CHANNEL_LOOP(NORMALIZE)
 }}
 """
 
 _BACKWARD = """
-__kernel void netcl_batch_norm_backward(__global const {xt}* x, __global const {gt}* g, {params}
-                                        __global const ACC* mean, __global const ACC* rstd, __global {gt}* gx,
-                                        __global ACC* dw, __global ACC* db,
+__kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __global const {gt}* restrict g,
+                                        {params}__global const ACC* restrict mean,
+                                        __global const ACC* restrict rstd, __global {gt}* restrict gx,
+                                        __global ACC* restrict dw, __global ACC* restrict db,
                                         const IDX N, const IDX C, const IDX SV) {{
     __local ACC sa[LMAX], sb[LMAX];
     const IDX c = get_group_id(0);
@@ -121,7 +130,8 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* x, __global const {
     const ACC mu = mean[c], rs = rstd[c];
 #if REDUCE
     ACC a = 0, b = 0;
-    CHANNEL_LOOP(const VT gg = LOADV(g, at); a += HSUM(gg); b += HSUM(gg * (LOADV(x, at) - mu)))
+#define SUMS(at) {{ const VT gg = LOADV(g, at); a += HSUM(gg); b += HSUM(gg * (LOADV(x, at) - mu)); }}
+    CHANNEL_LOOP(SUMS)
     netcl_sum2(&a, &b, sa, sb);
     if (lid == 0) {{ dw[c] = b * rs; db[c] = a; }}
 #endif
@@ -129,9 +139,11 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* x, __global const {
     const ACC ws = {w} * rs;
 #if TRAINING
     const ACC count = (ACC)(T * VEC), ca = a / count, cb = b * rs * rs / count;
-    CHANNEL_LOOP(STOREV(ws * (LOADV(g, at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt}))
+#define DX(at) STOREV(ws * (LOADV(g, at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt})
+    CHANNEL_LOOP(DX)
 #else
-    CHANNEL_LOOP(STOREV(ws * LOADV(g, at), gx, at, {gt}))
+#define DX(at) STOREV(ws * LOADV(g, at), gx, at, {gt})
+    CHANNEL_LOOP(DX)
 #endif
 #endif
 }}
@@ -219,7 +231,7 @@ def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -
 
 
 def _param(name: str, t: Tensor | None, const: bool = True) -> str:
-    return "" if t is None else f"__global {'const ' if const else ''}{storage_ctype(t.dtype)}* {name}, "
+    return "" if t is None else f"__global {'const ' if const else ''}{storage_ctype(t.dtype)}* restrict {name}, "
 
 
 def batch_norm_forward(
