@@ -30,7 +30,6 @@ from netcl.jit.fused_step import FusedStep, _Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
 from netcl.jit.primitives import custom_preamble
 from netcl.jit.tracing import TraceNode
-from netcl.runtime import capture
 from netcl.runtime import ops as rops
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops.gemm import gemm
@@ -176,8 +175,6 @@ class GemmEpilogueStep:
         self.group = FusedGroup(merged.group.nodes, merged.group.shape, merged.inputs, merged.outputs)
         self.device = device
         self.shape = merged.group.shape
-        self.is_opencl = device.kind == "opencl"
-        #: a capture records the GEMM kernel even where products otherwise run on the host BLAS
         self.one_kernel = one_kernel(device)
         self.inner = FusedStep(merged.group, device, label, build_forward=not self.one_kernel)
         self.label = label
@@ -218,7 +215,7 @@ class GemmEpilogueStep:
         n = self.merged.operands
         a, b, lead, others = values[0], values[1], values[2:n], values[n:]
         n_out = len(self.group.outputs)
-        if self.one_kernel or (self.is_opencl and capture.is_recording(self.device.queue)):
+        if self.one_kernel:
             extra = [self._empty() for _ in range(n_out - 1)] + ([self._empty()] if save else [])
             epilogue, args = self.epilogues[save], [*lead, *others, *extra]
             first = gemm(a, b, trans_b=self.merged.linear, epilogue=epilogue, epilogue_args=args)
