@@ -217,6 +217,20 @@ def test_not_merged_when_product_is_read_elsewhere(device):
     assert not any(isinstance(s, GemmEpilogueStep) for s in fused.plan_for(*args).steps)
 
 
+def test_split_product_applies_the_group_in_its_sum(cl_device):
+    """A small output with a large K is split along K (many work-groups); the group then runs in the
+    split's sum kernel: still no separate elementwise kernel, forward vs float64."""
+    arrays = [_rand((16, 1536), 0), _rand((1536, 24), 1), _rand((1, 24), 2)]
+    nodes = [ag.tensor(a, device=cl_device) for a in arrays]
+    mlp = jit_compile(workloads.mlp_block)
+    mlp(*nodes)
+    with _Launches(cl_device.queue) as launches:
+        out = mlp(*nodes)
+    expected = workloads.mlp_block_reference(*[a.astype(np.float64) for a in arrays])
+    np.testing.assert_allclose(out.to_host(), expected, rtol=1e-5, atol=1e-4)  # K = 1536: ~1536 ulps of sums
+    assert launches.names == ["netcl_gemm", "netcl_split_sum"]
+
+
 def test_host_blas_devices_keep_two_steps(cl_device, monkeypatch):
     """With the host BLAS on, a CPU OpenCL device runs the product there, then the group's kernel."""
     monkeypatch.setenv(host_blas.ENV_VAR, "1")

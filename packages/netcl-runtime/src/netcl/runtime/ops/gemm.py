@@ -8,7 +8,8 @@ of ``matmul`` needs (``g @ w.T``, ``x.T @ g``).
 Planning (all on the host, nothing here changes the program unless the layout class changes):
 batch dims of both operands are merged into at most three (size, stride) dims, a stride 0 being
 a broadcast; a batched ``x @ w`` with a 2-D ``w`` folds the batch into M; an output with too few
-blocks to fill the device is split along K into a float32 workspace that ``sum`` reduces. The
+blocks to fill the device is split along K into a float32 workspace that ``sum`` reduces (and where
+the product has an epilogue, the sum kernel applies it: the partial products are raw). The
 tile shape comes from ``netcl.runtime.tune`` (searched per device at first use, or defaults).
 Float32 products run on tensor cores (``gemm_mma``) when the precision asks for it and the device
 passed the probe; float16 operands always do there. Everything else runs the portable kernel.
@@ -350,14 +351,15 @@ class Plan:
         target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
         args = list(self.args)
         args[3], args[5], args[7] = a, b, target
-        if bias is not None:
-            args.append(bias)
+        tail = [] if bias is None else [bias]
         if extras:
-            args += [x if isinstance(x, Tensor) else np.float32(x) for x in extras]
+            tail += [x if isinstance(x, Tensor) else np.float32(x) for x in extras]
+        if self.work is None:  # split along K, the epilogue runs in the sum instead
+            args += tail
         launch(self.kernel, self.gsize, self.lsize, *args, queue=device.queue)
         if self.work is not None:
-            total, splits, gsize = self.sum_args
-            launch(self.sum_kernel, gsize, 256, target, out, total, splits, queue=device.queue)
+            total, splits, gsize, sizes = self.sum_args
+            launch(self.sum_kernel, gsize, 256, target, out, total, splits, *sizes, *tail, queue=device.queue)
         return out
 
 
@@ -377,38 +379,61 @@ def index_kind(problem: Problem) -> str:
     return "long" if max(p.m * p.lda, p.k * p.lda, p.n * p.ldb, p.k * p.ldb, p.m * p.n) >= 2**31 else "int"
 
 
-def finish_plan(device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype) -> Plan:
-    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum."""
+def finish_plan(
+    device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype, epilogue: Epilogue = IDENTITY
+) -> Plan:
+    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum,
+    which then applies ``epilogue`` (the kernel wrote raw partial products)."""
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
     # built with the first plan even when this one does not split, so that a later product whose
     # new size makes it split (a larger batch in a weight gradient) builds no program
-    sum_kernel = _split_sum_kernel(device, acc, out_dtype)
+    sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        sum_args = (total, splits, -(-total // 256) * 256)
+        sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
+        sum_args = (total, splits, -(-total // 256) * 256, sizes)
     args = gemm_args(problem, splits, chunk)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 
-def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype):
+def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
-    store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+    if epilogue.is_identity:
+        store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+        params, lines = "", [f"{store};"]
+    else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
+        store = "vstore_half_rte((float)(OUT), 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})(OUT)"
+        params = ", const int M, const int N" + epilogue.params()
+        lines = [
+            "const long csb = (long)M * N;",
+            "const int ldc = N;",
+            "const int zb = (int)(i / csb);",
+            "const IDX r = (i - zb * csb) / N;",
+            "const IDX c = (i - zb * csb) - r * N;",
+            *epilogue.store_lines("s", "CT", store),
+        ]
+    body = "\n    ".join(lines)
 
     def source() -> str:
         return f"""{pragmas([acc, out_dtype])}
-__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits) {{
+{epilogue.preamble}
+#define CT {ct}
+#define IDX long
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits{params}) {{
     const long i = get_global_id(0);
     if (i >= total) return;
-    {ct} s = 0;
+    CT s = 0;
     for (int p = 0; p < splits; ++p) s += W[p * total + i];
-    {store};
+    {body}
 }}
 """
 
-    key = ("gemm-split-sum", acc.str, out_dtype.str)
-    return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32]).kernel
+    key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
+    sizes = [] if epilogue.is_identity else [np.int32, np.int32]
+    dtypes = [None, None, np.int64, np.int32, *sizes, *epilogue.arg_dtypes()]
+    return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
 
 
 def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None) -> Plan:
@@ -416,17 +441,20 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
     if cfg is None:
         cfg = portable_config(device, problem, dtype)
     splits, chunk = 1, problem.k
-    if epilogue.is_identity and cfg.split:
+    if cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue)
+    store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store)
 
-    args = ARG_DTYPES + epilogue.arg_dtypes()
+    args = ARG_DTYPES + store.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
     kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)
-    return finish_plan(device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype)
+    return finish_plan(
+        device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype, epilogue
+    )
