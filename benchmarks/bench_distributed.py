@@ -25,42 +25,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from bench_train import mlp  # MLP 784-512-512-10, the train workload's
+from train_digits_cnn import digits_cnn  # the model of examples/train_digits_cnn.py
+
 import netcl.autograd as ag
-import netcl.nn as nn
 from netcl.nn.parallel import DistributedDataParallel
 from netcl.optim import SGD
 from netcl.runtime import distributed as dist
-
-
-def digits_cnn(device) -> nn.Module:
-    """The model of examples/train_digits_cnn.py (21,386 parameters) on (N, 1, 8, 8)."""
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(64 * 2 * 2, 10, device=device),
-    )
-
-
-def mlp(device) -> nn.Module:
-    """The benchmarks' train workload: MLP 784-512-512-10 (669,706 parameters)."""
-    return nn.Sequential(
-        nn.Linear(784, 512, device=device),
-        nn.ReLU(),
-        nn.Linear(512, 512, device=device),
-        nn.ReLU(),
-        nn.Linear(512, 10, device=device),
-    )
-
 
 MODELS = {"cnn": (digits_cnn, (1, 8, 8)), "mlp": (mlp, (784,))}
 

@@ -1,14 +1,23 @@
 """The ``train`` workload: milliseconds per training step, eager and replayed, with torch as the peer.
 
 Two steps at batch 128: an MLP 784-512-512-10 (ReLU) with SGD (momentum 0.9), and the digits CNN
-of ``examples/train_digits_cnn.py`` (8x8 inputs, conv-relu-pool x2, linear) with Adam. Each step is
-forward, cross-entropy, backward and the optimizer update, on random data. Variants:
+of ``examples/train_digits_cnn.py`` (8x8 inputs, conv-relu-pool x2, linear) with Adam; each is
+forward, cross-entropy, backward and the optimizer update, on random data. And a ResNet basic block
+(conv3x3-bn-relu-conv3x3-bn, + identity, relu; no conv bias) with SGD (momentum 0.9) and an MSE loss
+against a random target: batch 64, 64 channels, 56x56 on a GPU (batch 8, 16 channels, 16x16 with
+``--quick`` or off a GPU), in float32 and under ``amp`` (``autocast`` + ``GradScaler``; torch: the
+same with ``torch.autocast`` and ``torch.amp.GradScaler``; torch convolutions run with its default
+TF32 setting). Variants:
 
 - ``netcl eager``: ``Tape`` + ``backward`` + ``opt.step()`` + ``opt.zero_grad()`` every step;
 - ``netcl replayed``: the step captured once by ``fuse_graph(..., optimizer_step=opt.step)`` and
   replayed per step (on the NumPy backend there is nothing to capture: it runs the jitted step);
+  amp steps replay with ``GradScaler(capturable=True)`` (no host read of the inf flag);
 - ``torch eager`` and, on CUDA, ``torch CUDA graph`` (the whole step captured with
-  ``torch.cuda.graph``), when torch is importable.
+  ``torch.cuda.graph``), when torch is importable (no CUDA graph of the amp steps).
+
+On OpenCL the ResNet block's eager step is also broken down by kernel (device time of each kernel
+name, from profiling events), to show where the time goes.
 
 Times are wall-clock per step (median of repeats of ``STEPS`` back-to-back steps, the device
 drained at the end of each repeat), so host overhead counts, as it does in training. Run alone
@@ -34,10 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import netcl.autograd as ag
 import netcl.core as nc
 import netcl.nn as nn
+from netcl import amp
 from netcl.optim import SGD, Adam
 
 BATCH = 128
 STEPS = 10
+#: (batch, channels, height = width) of the ResNet basic block step: full size on a GPU, else small.
+BLOCK_FULL, BLOCK_SMALL = (64, 64, 56), (8, 16, 16)
+WIDTH = 40
 
 
 def mlp(device) -> nn.Module:
@@ -50,14 +63,48 @@ def mlp(device) -> nn.Module:
     )
 
 
-def workloads(device) -> list[tuple[str, nn.Module, Callable, tuple[int, ...]]]:
-    """(name, model, optimizer factory, input shape) of each training step."""
+class BasicBlock(nn.Module):
+    """ResNet's basic block with an identity shortcut: relu(bn2(conv2(relu(bn1(conv1(x))))) + x)."""
+
+    def __init__(self, channels: int, device) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False, device=device)
+        self.bn1 = nn.BatchNorm2d(channels, device=device)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False, device=device)
+        self.bn2 = nn.BatchNorm2d(channels, device=device)
+
+    def forward(self, x):
+        out = ag.relu(self.bn1(self.conv1(x)))
+        return ag.relu(self.bn2(self.conv2(out)) + x)
+
+
+def block_size(device, quick: bool) -> tuple[int, int, int]:
+    return BLOCK_FULL if device.kind == "opencl" and _is_gpu(device) and not quick else BLOCK_SMALL
+
+
+def _is_gpu(device) -> bool:
+    import pyopencl as cl
+
+    return bool(device.cl_device.type & cl.device_type.GPU)
+
+
+def workloads(device, quick: bool = False) -> list[dict]:
+    """Each training step: name, model, optimizer factory, input shape, loss, target shape, amp or not."""
     from train_digits_cnn import digits_cnn
 
-    return [
-        ("mlp 784-512-512-10, SGD", mlp(device), lambda p: SGD(p, lr=0.01, momentum=0.9), (BATCH, 784)),
-        ("digits CNN, Adam", digits_cnn(device), lambda p: Adam(p, lr=1e-3), (BATCH, 1, 8, 8)),
+    n, c, hw = block_size(device, quick)
+    sgd = lambda p: SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
+    block = f"resnet block {n}x{c}x{hw}x{hw}, SGD"
+    rows = [
+        dict(name="mlp 784-512-512-10, SGD", model=mlp(device), opt=sgd, shape=(BATCH, 784), loss="ce"),
+        dict(name="digits CNN, Adam", model=digits_cnn(device), opt=lambda p: Adam(p, lr=1e-3), shape=(BATCH, 1, 8, 8)),
+        dict(name=block, model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse"),
+        dict(name=block + ", amp", model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse", amp=True),
     ]
+    for row in rows:
+        row.setdefault("loss", "ce")
+        row.setdefault("amp", False)
+    return rows
 
 
 def _per_step_ms(step: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
@@ -74,24 +121,51 @@ def _per_step_ms(step: Callable[[], object], sync: Callable[[], None], repeats: 
     return statistics.median(samples)
 
 
-def netcl_variants(device, model, make_opt, x_host, y_host, repeats) -> dict[str, float]:
+def netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, float], list | None]:
+    """ms per step of each netcl variant, and the eager step's kernel breakdown (ResNet block, OpenCL)."""
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
+    model = row["model"]
     x, y = ag.tensor(x_host, device=device), ag.tensor(y_host, device=device)
-    opt = make_opt(model.parameters())
+    opt = row["opt"](model.parameters())
+    loss_fn = ag.cross_entropy if row["loss"] == "ce" else ag.mse_loss
+    scaler = amp.GradScaler() if row["amp"] else None
 
     def eager() -> None:
         opt.zero_grad()
         with ag.Tape() as tape:
-            loss = ag.cross_entropy(model(x), y)
+            if scaler is None:
+                loss = loss_fn(model(x), y)
+            else:
+                with amp.autocast():
+                    loss = scaler.scale(loss_fn(model(x), y))
         tape.backward(loss)
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
 
     results = {"netcl eager": _per_step_ms(eager, sync, repeats)}
+    breakdown = None
+    if row["name"].startswith("resnet"):
+        from measure import kernel_breakdown
+
+        breakdown = kernel_breakdown(device, eager)
     from netcl.jit import fuse_graph
 
-    graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
+    if scaler is None:
+        graph = fuse_graph(model, x, y, loss_fn, optimizer_step=opt.step)
+    else:  # the scale, its schedule and the skip of an inf step stay on the device: the step replays
+        capturable = amp.GradScaler(capturable=True)
+
+        def scaled_step() -> None:
+            capturable.step(opt)
+            capturable.update()
+
+        with amp.autocast():
+            graph = fuse_graph(model, x, y, lambda o, t: capturable.scale(loss_fn(o, t)), optimizer_step=scaled_step)
     results["netcl replayed"] = _per_step_ms(lambda: graph.execute(x, y), sync, repeats)
-    return results
+    return results, breakdown
 
 
 def _torch():
@@ -102,12 +176,34 @@ def _torch():
     return torch
 
 
-def torch_variants(torch, name, x_host, y_host, repeats) -> dict[str, float]:
+def _torch_block(torch, channels: int):
+    tnn = torch.nn
+
+    class Block(tnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = tnn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn1 = tnn.BatchNorm2d(channels)
+            self.conv2 = tnn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn2 = tnn.BatchNorm2d(channels)
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(out)) + x)
+
+    return Block()
+
+
+def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
+    name = row["name"]
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     tnn = torch.nn
     if name.startswith("mlp"):
         model = tnn.Sequential(tnn.Linear(784, 512), tnn.ReLU(), tnn.Linear(512, 512), tnn.ReLU(), tnn.Linear(512, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    elif name.startswith("resnet"):
+        model = _torch_block(torch, x_host.shape[1])
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     else:
         model = tnn.Sequential(
@@ -118,17 +214,25 @@ def torch_variants(torch, name, x_host, y_host, repeats) -> dict[str, float]:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=cuda)
     model = model.to(dev)
     x = torch.from_numpy(x_host).to(dev)
-    y = torch.from_numpy(y_host.astype(np.int64)).to(dev)
-    loss_fn = tnn.CrossEntropyLoss()
+    y = torch.from_numpy(y_host.astype(np.int64) if row["loss"] == "ce" else y_host).to(dev)
+    loss_fn = tnn.CrossEntropyLoss() if row["loss"] == "ce" else tnn.MSELoss()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    scaler = torch.amp.GradScaler(dev) if row["amp"] else None
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
+        if scaler is None:
+            loss_fn(model(x), y).backward()
+            opt.step()
+            return
+        with torch.autocast(dev, dtype=torch.float16 if cuda else torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
     results = {"torch eager": _per_step_ms(step, sync, repeats)}
-    if cuda:
+    if cuda and scaler is None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -149,23 +253,37 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     repeats = repeats or (3 if quick else 10)
     torch = _torch() if peers else None
     peer = "none" if torch is None else f"torch {torch.__version__} on {'CUDA' if torch.cuda.is_available() else 'CPU'}"
-    print(f"train: ms per training step at batch {BATCH} on {device!r} (peer: {peer})")
+    print(f"train: ms per training step on {device!r} (peer: {peer})")
     rng = np.random.default_rng(0)
     results: dict = {"device": repr(device), "batch": BATCH, "rows": []}
-    header = f"{'workload':<28}{'variant':<20}{'ms/step':>10}"
+    header = f"{'workload':<{WIDTH}}{'variant':<20}{'ms/step':>10}"
     print(header)
     print("-" * len(header))
-    for name, model, make_opt, shape in workloads(device):
+    for row in workloads(device, quick):
+        name, shape = row["name"], row["shape"]
         x_host = rng.normal(size=shape).astype(np.float32)
-        y_host = rng.integers(0, 10, BATCH).astype(np.int32)
-        times = netcl_variants(device, model, make_opt, x_host, y_host, repeats)
+        if row["loss"] == "ce":
+            y_host = rng.integers(0, 10, shape[0]).astype(np.int32)
+        else:
+            y_host = rng.normal(size=shape).astype(np.float32)
+        times, breakdown = netcl_variants(device, row, x_host, y_host, repeats)
         if torch is not None:
-            times.update(torch_variants(torch, name, x_host, y_host, repeats))
+            times.update(torch_variants(torch, row, x_host, y_host, repeats))
         for variant, ms in times.items():
-            print(f"{name:<28}{variant:<20}{ms:>10.3f}", flush=True)
-        ratio = times["netcl eager"] / times["netcl replayed"]
-        print(f"{'':<28}replay speed-up {ratio:.2f}x over netcl eager")
-        results["rows"].append({"workload": name, "ms_per_step": times})
+            print(f"{name:<{WIDTH}}{variant:<20}{ms:>10.3f}", flush=True)
+        if "netcl replayed" in times:
+            ratio = times["netcl eager"] / times["netcl replayed"]
+            print(f"{'':<{WIDTH}}replay speed-up {ratio:.2f}x over netcl eager")
+        if "torch eager" in times:
+            print(f"{'':<{WIDTH}}netcl eager / torch eager: {times['netcl eager'] / times['torch eager']:.2f}x")
+        entry = {"workload": name, "ms_per_step": times}
+        if breakdown:
+            total = sum(k.ms for k in breakdown)
+            print(f"{'':<{WIDTH}}device time of one eager step by kernel ({total:.3f} ms in all):")
+            for k in breakdown[:12]:
+                print(f"{'':<{WIDTH}}  {k.name:<40}{k.launches:>4} x {k.ms:>9.3f} ms {100 * k.ms / total:5.1f}%")
+            entry["kernels"] = [{"name": k.name, "launches": k.launches, "ms": k.ms} for k in breakdown]
+        results["rows"].append(entry)
     return results
 
 

@@ -148,10 +148,11 @@ def mlp_block_case(device: Device, n: int, inner: int = 64, features: int = 256)
         "mlp_block",
         f"relu(x @ w + b) + 1, x ({rows}, {inner}), w ({inner}, {features})",
         elements,
-        # the epilogue alone must read the matmul result and write the output
+        # fwd: read x and w, write the output (the epilogue runs in the GEMM's store). fwd+bwd: also
+        # save the product, read it and the upstream gradient back, read x again and write dx.
         {
-            "fwd": (rows * inner + inner * features + 2 * elements) * F32,
-            "fwd+bwd": (rows * inner * 2 + 5 * elements) * F32,
+            "fwd": (rows * inner + inner * features + elements) * F32,
+            "fwd+bwd": (rows * inner * 3 + inner * features + 4 * elements) * F32,
         },
         _netcl_variants(workloads.mlp_block, arrays, device, (rows, features)),
         arrays,

@@ -37,7 +37,24 @@ if __name__ == "__main__":
         default="fused",
         help="matmul/train: bench_<name>.py; launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
+    parser.add_argument(
+        "--matmul-precision",
+        choices=["highest", "high"],
+        default="highest",
+        help="float32 products on both sides: fp32 (default) or tf32 tensor cores (netcl and torch alike)",
+    )
     args = parser.parse_args()
+    if args.matmul_precision != "highest":
+        from netcl.runtime.ops import set_float32_matmul_precision
+
+        set_float32_matmul_precision(args.matmul_precision)
+        try:
+            import torch
+
+            torch.set_float32_matmul_precision(args.matmul_precision)
+        except ImportError:
+            pass
+        print(f"float32 matmul precision: {args.matmul_precision} (netcl and torch)")
     if args.workload == "matmul":
         from bench_matmul import run as run_matmul
 

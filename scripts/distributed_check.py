@@ -45,16 +45,10 @@ def build_model(kind: str, device):
         return nn.Sequential(
             nn.Flatten(), nn.Linear(64, 48, device=device), nn.ReLU(), nn.Linear(48, 10, device=device)
         )
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, device=device),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(64 * 2 * 2, 10, device=device),
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from train_digits_cnn import digits_cnn
+
+    return digits_cnn(device)
 
 
 def make_optimizer(kind: str, params):
@@ -186,7 +180,7 @@ def find_mpiexec() -> str:
 def default_devices() -> list[str]:
     import netcl.core as nc
 
-    return ["cpu", "opencl"] if any(d.kind == "opencl" for d in nc.devices()) else ["cpu"]
+    return ["cpu", "opencl"] if nc.usable_opencl_devices() else ["cpu"]
 
 
 def launch(devices: list[str], ranks: int = 2, timeout: float = 300.0) -> int:

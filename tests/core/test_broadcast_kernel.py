@@ -52,7 +52,7 @@ def program(cl_device: nc.Device) -> cl.Program:
 
 @pytest.fixture(scope="module")
 def cl_device() -> nc.Device:  # module scope, so the program above is built once
-    if not any(d.kind == "opencl" for d in nc.devices()):
+    if not nc.usable_opencl_devices():
         pytest.skip("no OpenCL device on this machine")
     return nc.get_device("opencl")
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 
+import numpy as np
 import pyopencl as cl
 import pytest
 
@@ -38,11 +39,15 @@ def _expected_auto() -> nc.Device:
     """GPUs first, then the best-ranked CPU OpenCL device (no measurement), then NumPy."""
     opencl = [d for d in nc.devices() if d.kind == "opencl"]
     gpus = [d for d in opencl if d.is_gpu]
-    return (gpus or sorted(opencl, key=engine_choice.cpu_rank) or [nc.devices()[-1]])[0]
+    usable = [d for d in opencl if d.build_error is None]
+    return (gpus or sorted(usable, key=engine_choice.cpu_rank) or [nc.devices()[-1]])[0]
 
 
-def _fake_registry(*types: int) -> list[nc.Device]:
-    """A registry of fake OpenCL devices of the given ``cl.device_type``s, then the NumPy backend."""
+def _fake_registry(*types: int, build_errors: dict[int, str] | None = None) -> list[nc.Device]:
+    """Fake OpenCL devices of the given ``cl.device_type``s, then the NumPy backend.
+
+    ``build_errors`` maps a device index to the reason it cannot build programs (default: all can).
+    """
     found = []
     for index, dev_type in enumerate(types):
         fake = SimpleNamespace(
@@ -52,7 +57,9 @@ def _fake_registry(*types: int) -> list[nc.Device]:
             driver_version="1.0",
             platform=SimpleNamespace(name="Fake", vendor="Fake"),
         )
-        found.append(nc.Device("opencl", f"{index}:0", fake))  # type: ignore[arg-type]
+        device = nc.Device("opencl", f"{index}:0", fake)  # type: ignore[arg-type]
+        device.__dict__["build_error"] = (build_errors or {}).get(index)  # a fake cannot build anything
+        found.append(device)
     return [*found, nc.Device("cpu", "cpu")]
 
 
@@ -107,7 +114,9 @@ def test_default_follows_selection_order() -> None:
         assert reason == f"first OpenCL GPU ({device.name!r})"
     elif device.kind == "opencl":
         assert reason.startswith(f"no OpenCL GPU; best CPU OpenCL device {device.spec} {device.name!r}: ")
-        assert reason.endswith("(not measured: NETCL_ENGINE_PROBE=0)")
+        assert "(not measured: NETCL_ENGINE_PROBE=0)" in reason
+    elif nc.devices()[:-1]:
+        assert reason.startswith("no OpenCL device here builds programs (") and reason.endswith("; NumPy backend")
     else:
         assert reason == "no OpenCL device found; NumPy backend"
 
@@ -136,6 +145,43 @@ def test_selection_order_prefers_gpu_then_other_opencl_then_numpy(monkeypatch: p
     assert nc.default_reason() == "no OpenCL device found; NumPy backend"
     with pytest.raises(nc.DeviceError, match=r"device spec 'opencl': no OpenCL device found; available: cpu \(NumPy\)"):
         nc.get_device("opencl")
+
+
+def test_cpu_device_that_cannot_build_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = "error: unknown target CPU 'generic'"  # the pip PoCL's LLVM 14 on AMD Zen 5
+    registry = _fake_registry(cl.device_type.CPU, cl.device_type.CPU, build_errors={0: why})
+    monkeypatch.setattr(devices_mod, "_registry", registry)
+    assert nc.get_device() is registry[1]
+    assert nc.default_reason().endswith(f"(not considered: 0:0 {registry[0].name!r} cannot build programs ({why}))")
+    assert nc.get_device("opencl") is registry[1]
+    assert nc.get_device("0:0") is registry[0]  # named explicitly: the user's choice
+
+    registry = _fake_registry(cl.device_type.CPU, build_errors={0: why})
+    monkeypatch.setattr(devices_mod, "_registry", registry)
+    assert nc.set_device(None) is registry[1] and registry[1].kind == "cpu"
+    assert nc.default_reason() == (
+        f"no OpenCL device here builds programs (0:0 {registry[0].name!r} cannot build programs ({why})); NumPy backend"
+    )
+    with pytest.raises(nc.DeviceError, match=r"no usable OpenCL device: 0:0 .* cannot build .*pocl-opencl-icd"):
+        nc.get_device("opencl")
+
+
+def test_build_error_of_real_cpu_devices() -> None:
+    """A CPU OpenCL device either builds a kernel and runs it, or says why it cannot build."""
+    for device in nc.devices():
+        if device.kind != "opencl" or device.is_gpu:
+            continue
+        if device.build_error is not None:
+            assert isinstance(device.build_error, str) and device.build_error
+            with pytest.raises(cl.Error):
+                cl.Program(device.context, "__kernel void k(__global int* x) { x[0] = 2; }").build()
+            continue
+        program = cl.Program(device.context, "__kernel void k(__global int* x) { x[0] = 2; }").build()
+        buffer = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, 4)
+        program.k(device.queue, (1,), None, buffer)
+        out = np.zeros(1, np.int32)
+        cl.enqueue_copy(device.queue, out, buffer)
+        assert out[0] == 2
 
 
 # ---- NETCL_DEVICE ----------------------------------------------------------------------------

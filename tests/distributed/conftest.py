@@ -34,7 +34,7 @@ def device_kinds() -> set[str]:
     """``{"cpu"}``, plus ``"opencl"`` when this machine has an OpenCL device."""
     import netcl.core as nc
 
-    return {"cpu"} | ({"opencl"} if any(d.kind == "opencl" for d in nc.devices()) else set())
+    return {"cpu"} | ({"opencl"} if nc.usable_opencl_devices() else set())
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 import netcl.autograd as ag
 from netcl.core import host_pool
 from netcl.core.host_pool import host_threads, run_blocks
-from netcl.jit import detection_loss_numpy, jit_compile, numpy_source, workloads
+from netcl.jit import detection_loss_numpy, jit_compile, numpy_helpers, numpy_source, workloads
 
 BLOCK = 48
 
@@ -96,6 +96,23 @@ def test_generated_source_writes_into_scratch() -> None:
     body = [line.strip() for line in forward.splitlines() if line.strip().startswith("v")]
     assert len(body) == 8 and all("out=S" in line or "SIGMOID_OUT(" in line for line in body[:-1]), forward
     assert body[-1] == "v10 = np.multiply(v9, v9, out=O0)", forward
+
+
+@pytest.mark.parametrize("name", ["SIGMOID", "GELU"])
+def test_out_twins_are_bit_identical_to_the_eager_helpers(name: str) -> None:
+    """The fused path's out= twins give the eager NumPy helpers' float32 values, also written in place."""
+    rng = np.random.default_rng(7)
+    special = np.float32([0.0, -0.0, 1e-30, -1e-30, 40.0, -40.0, 1e30, -1e30, np.inf, -np.inf, np.nan])
+    x = np.concatenate([rng.standard_normal(4099).astype(np.float32) * 6, special])
+    eager, twin = getattr(numpy_helpers, name), getattr(numpy_helpers, f"{name}_OUT")
+    scratch = [np.empty_like(x) for _ in range(2 if name == "GELU" else 1)]
+    with np.errstate(all="ignore"):
+        want = eager(x)
+        out = twin(x, np.empty_like(x), *scratch)
+        aliased = x.copy()
+        twin(aliased, aliased, *scratch)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(aliased, want)
 
 
 @pytest.mark.parametrize("beta", [0.05, 0.0])

@@ -61,7 +61,7 @@ def _no_disk_cache():
 
 
 def _has_opencl() -> bool:
-    return any(d.kind == "opencl" for d in nc.devices())
+    return nc.usable_opencl_devices()
 
 
 def _check(label: str, what: str, interval: Any, got: np.ndarray, case: Any) -> None:

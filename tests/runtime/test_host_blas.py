@@ -12,7 +12,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime import ops as rops
-from netcl.runtime.graph import Graph, capture_graph
+from netcl.runtime.graph import capture_graph
 from netcl.runtime.ops import host_blas
 
 
@@ -103,20 +103,20 @@ def test_other_dtypes_and_switch_off_use_the_kernel(cpu_cl: nc.Device, host_call
     assert host_calls == []
 
 
-def test_capture_records_the_gemm_kernel_and_replays(cpu_cl: nc.Device, host_calls: list) -> None:
-    """A host call cannot be replayed, so under capture matmul launches (and records) the kernel."""
+def test_capture_records_the_host_product_and_replays_it(cpu_cl: nc.Device, host_calls: list) -> None:
+    """Under capture the host BLAS product is a graph command: a replay multiplies the new inputs."""
     rng = np.random.default_rng(9)
     a, b = (rng.uniform(-1, 1, (5, 8)).astype(np.float32), rng.uniform(-1, 1, (8, 3)).astype(np.float32))
     ta, tb = nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl)
-    graph = capture_graph(cpu_cl.queue, rops.matmul, ta, tb)
-    assert host_calls == [] and [launch.name for launch in graph.launches] == ["netcl_gemm"]
-    _check(graph.outputs.to_host(), a, b)
+    graph = capture_graph(cpu_cl.queue, lambda x, y: rops.relu(rops.matmul(x, y)), ta, tb)
+    assert len(host_calls) == 1 and graph.launches and all(launch.name != "netcl_gemm" for launch in graph.launches)
+    assert graph.steps[0].name == "host_matmul"
+    np.testing.assert_allclose(graph.outputs.to_host(), np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-5, atol=1e-6)
     a2 = rng.uniform(-1, 1, (5, 8)).astype(np.float32)
-    graph.execute(nc.tensor(a2, device=cpu_cl), tb)
-    _check(graph.outputs.to_host(), a2, b)
-    assert host_calls == []
-    with Graph().capture(cpu_cl.queue):  # the context-manager form too
-        rops.matmul(ta, tb)
-    assert host_calls == []
-    rops.matmul(ta, tb)  # after the capture: host BLAS again
-    assert len(host_calls) == 1
+    b2 = rng.uniform(-1, 1, (8, 3)).astype(np.float32)
+    out = graph.execute(nc.tensor(a2, device=cpu_cl), nc.tensor(b2, device=cpu_cl))
+    np.testing.assert_allclose(out.to_host(), np.maximum(a2.astype(np.float64) @ b2, 0), rtol=1e-5, atol=1e-6)
+    assert len(host_calls) == 1  # the replay ran the recorded command, not ops.matmul
+    tb_t = nc.tensor(b.T.copy(), device=cpu_cl)
+    transposed = capture_graph(cpu_cl.queue, lambda x, y: rops.matmul(x, y, transpose_b=True), ta, tb_t)
+    np.testing.assert_allclose(transposed.outputs.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-6)

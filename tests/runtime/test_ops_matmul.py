@@ -210,6 +210,54 @@ def test_epilogue_errors(device):
         Epilogue("col", "swish")
 
 
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_code_epilogue(cl_device, precision):
+    """C statements in the store: every operand kind, a batched product, a saved pre-activation
+    (on the tensor-core kernel too where "high" selects it; elsewhere both are fp32)."""
+    a, b = _data((2, 9, 23), 0), _data((23, 7), 1)
+    full, col, row = _data((2, 9, 7), 2), _data((7,), 3), _data((2, 9, 1), 4)
+    code = "float ep_out0 = fmax(ep_value + ep1, 0.0f) * ep0 + ep2 * ep3;\nfloat ep_out1 = ep_value;"
+    ep = Epilogue(code=code, operands=("full", "col", "row", "scalar", "out"))
+    saved = nc.Tensor.empty((2, 9, 7), np.dtype("f4"), cl_device)
+    args = [nc.tensor(v, device=cl_device) for v in (full, col, row)] + [1.5, saved]
+    for _ in range(2):  # the second call runs the remembered plan
+        x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+        got = gemm.gemm(x, y, epilogue=ep, epilogue_args=args, precision=precision)
+        v = a.astype(np.float64) @ b.astype(np.float64)
+        ref = np.maximum(v + col, 0) * full + row * 1.5
+        np.testing.assert_allclose(got.to_host(), ref, rtol=1e-5, atol=2 * _tolerance(23, precision))
+        np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=_tolerance(23, precision))
+    with pytest.raises(ValueError, match="4 arguments"):
+        gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=args[:4])
+    with pytest.raises(nc.ShapeError, match="operand 1 \\(col\\)"):
+        bad = [args[0], args[0], *args[2:]]
+        gemm.gemm(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device), epilogue=ep, epilogue_args=bad)
+    with pytest.raises(ValueError, match="operand kinds"):
+        Epilogue(code="float ep_out0 = ep_value;", operands=("diag",))
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_code_epilogue_on_a_split_product(cl_device, precision):
+    """A product split along K stores raw partial sums; the split's sum kernel applies the epilogue."""
+    a, b = _data((2, 8, 1536), 5), _data((1536, 24), 6)
+    problem = gemm.Problem(16, 24, 1536, False, False, ())
+    cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
+    assert gemm.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
+    col, row = _data((24,), 7), _data((2, 8, 1), 8)
+    code = "float ep_out0 = tanh(ep_value * ep2) + ep0 * ep1;\nfloat ep_out1 = ep_value;"
+    ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
+    saved = nc.Tensor.empty((2, 8, 24), np.dtype("f4"), cl_device)
+    bias = nc.tensor(_data((24,), 9), device=cl_device)
+    args = [nc.tensor(col, device=cl_device), nc.tensor(row, device=cl_device), 0.25, saved]
+    x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+    for _ in range(2):
+        got = gemm.gemm(x, y, epilogue=ep, bias=bias, epilogue_args=args, precision=precision)
+        v = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias.to_host(), 0)
+        tol = _tolerance(1536, precision)
+        np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=tol)
+        np.testing.assert_allclose(got.to_host(), np.tanh(v * 0.25) + col * row, rtol=1e-5, atol=tol)
+
+
 def test_batch_merging():
     # (2, 1) x (3,) broadcast -> (2, 3): A strides (mat, 0), B strides (0, mat): two dims
     assert gemm.merge_batch((2, 1), (3,), (2, 3), 12, 15) == [(2, 12, 0), (3, 0, 15)]

@@ -11,7 +11,9 @@ import netcl.autograd as ag
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812
-from netcl.runtime.ops.optim_kernels import unscale_
+from netcl.runtime.capture import is_recording, paused
+from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_by_, update_scale_
+from netcl.runtime.ops.optim_kernels import unscale_, write_
 
 
 class GradScaler:
@@ -21,6 +23,16 @@ class GradScaler:
     ``growth_interval`` clean steps in a row.
 
     ``scaler.scale_loss(loss)`` -> backward -> ``scaler.step(opt, params)`` -> ``scaler.update()``.
+
+    ``capturable=True`` keeps the scale, the clean-step count and the inf/NaN flag on the device and
+    never reads them back in a step, so a step captured with ``fuse_graph`` / ``CompiledGraph``
+    replays the whole schedule: the loss is multiplied by the device scale, the gradients divided by
+    it, and a step with an inf/NaN gradient is undone on the device (the parameters, the optimizer's
+    state tensors and its step counts are snapshot before ``optimizer.step()`` and restored where the
+    flag is up; state the step created is zeroed; inside a capture the optimizer's lazy state is
+    created first by one step that is undone, with the recording paused). ``step`` then returns the
+    optimizer's value even for a skipped step and ``unscale_`` returns the flag tensor; ``get_scale()``
+    reads the scale back.
     """
 
     def __init__(
@@ -30,6 +42,7 @@ class GradScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         enabled: bool = True,
+        capturable: bool = False,
     ) -> None:
         if not init_scale > 0:
             raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale!r}")
@@ -47,9 +60,21 @@ class GradScaler:
         #: inf/NaN found by this iteration's unscale (None: not unscaled yet)
         self._found_inf: bool | None = None
         self._flags: dict[Any, Tensor] = {}
+        self.capturable = bool(capturable)
+        #: capturable: (scale, clean-step count, inf/NaN flag) on the device, made by the first scale_loss
+        self._device_state: tuple[Tensor, Tensor, Tensor] | None = None
+        #: capturable: id of a snapshot tensor -> (the tensor, its backup buffer)
+        self._backups: dict[int, tuple[Tensor, Tensor]] = {}
+        self._unscaled = False
+        self._primed: set[int] = set()
 
     def get_scale(self) -> float:
-        return self._scale if self.enabled else 1.0
+        """The current scale (capturable: read back from the device)."""
+        if not self.enabled:
+            return 1.0
+        if self._device_state is not None:
+            return float(np.asarray(self._device_state[0].to_host()).reshape(-1)[0])
+        return self._scale
 
     def is_enabled(self) -> bool:
         return self.enabled
@@ -58,13 +83,19 @@ class GradScaler:
         """``loss * scale`` (the loss itself when disabled)."""
         if not isinstance(loss, Node):
             raise TypeError(f"scale_loss: expected a Node, got {type(loss).__name__}")
-        return ag.mul(loss, self._scale) if self.enabled else loss
+        if not self.enabled:
+            return loss
+        if self.capturable:
+            return ag.mul(loss, self._state(loss.device)[0])
+        return ag.mul(loss, self._scale)
 
     scale = scale_loss
 
     def unscale_(self, optimizer: Any, params: Iterable[Node] | None = None) -> bool:
         """Divide the gradients of ``params`` (default: the optimizer's) by the scale in place; True if
         any gradient holds inf/NaN. Runs once per iteration (a second call returns the first result)."""
+        if self.capturable and self.enabled:
+            return self._unscale_on_device(optimizer, params)
         if self._found_inf is not None:
             return self._found_inf
         chosen = _params(optimizer, params)
@@ -92,6 +123,8 @@ class GradScaler:
         """
         if not self.enabled:
             return optimizer.step()
+        if self.capturable:
+            return self._step_on_device(optimizer, params)
         if self.unscale_(optimizer, params):
             return None
         return optimizer.step()
@@ -99,6 +132,14 @@ class GradScaler:
     def update(self, new_scale: float | None = None) -> None:
         """Back off after a skipped step, grow after ``growth_interval`` clean ones (or set ``new_scale``)."""
         if not self.enabled:
+            return
+        if self._device_state is not None:
+            scale, tracker, found = self._device_state
+            if new_scale is not None:
+                write_(scale, np.float32(new_scale))
+            elif self._unscaled:
+                update_scale_(scale, tracker, found, self.growth_factor, self.backoff_factor, self.growth_interval)
+            self._unscaled = False
             return
         if new_scale is not None:
             self._scale = float(new_scale)
@@ -118,7 +159,101 @@ class GradScaler:
             flag = self._flags[like.device] = Tensor.zeros((1,), np.int32, like.device)
         return flag
 
+    # ---- capturable: everything on the device ---------------------------------------------------------
+    def _state(self, device: Any) -> tuple[Tensor, Tensor, Tensor]:
+        if self._device_state is None:
+            self._device_state = (
+                Tensor.from_host(device, np.asarray(self._scale, np.float32)),
+                Tensor.from_host(device, np.asarray(self._growth_tracker, np.int32)),
+                Tensor.zeros((1,), np.int32, device),
+            )
+        elif self._device_state[0].device is not device:
+            raise ValueError(f"GradScaler(capturable=True) lives on {self._device_state[0].device!r}, got {device!r}")
+        return self._device_state
+
+    def _unscale_on_device(self, optimizer: Any, params: Iterable[Node] | None) -> Tensor | None:
+        chosen = _params(optimizer, params)
+        grads, seen = [], set()
+        for p in chosen:
+            if p.grad is not None and id(p.grad.data) not in seen:
+                seen.add(id(p.grad.data))
+                grads.append(p.grad)
+        if not grads:
+            return None
+        scale, _, found = self._state(grads[0].device)
+        if not self._unscaled:
+            R.fill_(found, 0)
+            for g in grads:
+                unscale_by_(g, scale, found)
+            self._unscaled = True
+        return found
+
+    def _step_on_device(self, optimizer: Any, params: Iterable[Node] | None) -> Any:
+        found = self._unscale_on_device(optimizer, params)
+        if found is None:
+            return optimizer.step()
+        if found.device.kind == "opencl" and is_recording(found.device.queue):
+            self._prime(optimizer, found)
+        before = self._optimizer_tensors(optimizer)
+        for t in before:
+            copy_if_(self._backup(t), t, found, ALWAYS)
+        result = optimizer.step()
+        for t in before:
+            copy_if_(t, self._backups[id(t)][1], found, IF_FOUND)
+        known = {id(t) for t in before}
+        for t in self._optimizer_tensors(optimizer):
+            if id(t) not in known:  # state the step created: fresh state is zeros
+                copy_if_(t, None, found, ZERO_IF_FOUND)
+        return result
+
+    def _prime(self, optimizer: Any, found: Tensor) -> None:
+        """Inside a capture, once: make the optimizer create its lazy state (one step, undone), with the
+        recording paused, so the recorded snapshot covers that state and a replayed skip restores it."""
+        fresh = [
+            p
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not optimizer.state.get(p) and id(p) not in self._primed
+        ]
+        if not fresh:
+            return
+        self._primed.update(id(p) for p in fresh)
+        with paused(found.device.queue):
+            before = self._optimizer_tensors(optimizer)
+            for t in before:
+                copy_if_(self._backup(t), t, found, ALWAYS)
+            optimizer.step()
+            for t in before:
+                copy_if_(t, self._backups[id(t)][1], found, ALWAYS)
+            known = {id(t) for t in before}
+            for t in self._optimizer_tensors(optimizer):
+                if id(t) not in known:
+                    R.fill_(t, 0)
+
+    def _backup(self, t: Tensor) -> Tensor:
+        entry = self._backups.get(id(t))
+        if entry is None or entry[0] is not t:
+            entry = self._backups[id(t)] = (t, Tensor.empty(t.shape, t.dtype, t.device))
+        return entry[1]
+
+    @staticmethod
+    def _optimizer_tensors(optimizer: Any) -> list[Tensor]:
+        """What ``optimizer.step()`` writes: its parameters, their state tensors and the step counts."""
+        tensors: list[Tensor] = []
+        for group in getattr(optimizer, "param_groups", []):
+            for p in group["params"]:
+                tensors.append(p.value)
+                state = getattr(optimizer, "state", {}).get(p, {})
+                tensors.extend(v for v in state.values() if isinstance(v, Tensor))
+        steps = getattr(optimizer, "_steps", None)
+        if isinstance(steps, Tensor):
+            tensors.append(steps)
+        return tensors
+
     def state_dict(self) -> dict[str, Any]:
+        if self._device_state is not None:
+            self._scale = self.get_scale()
+            self._growth_tracker = int(np.asarray(self._device_state[1].to_host()).reshape(-1)[0])
         return {
             "scale": self._scale,
             "growth_factor": self.growth_factor,
@@ -133,9 +268,14 @@ class GradScaler:
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = int(state["growth_interval"])
         self._growth_tracker = int(state["_growth_tracker"])
+        if self._device_state is not None:
+            write_(self._device_state[0], np.float32(self._scale))
+            write_(self._device_state[1], np.int32(self._growth_tracker))
 
     def __repr__(self) -> str:
-        return f"GradScaler(scale={self._scale}, growth_tracker={self._growth_tracker}, enabled={self.enabled})"
+        capturable = ", capturable=True" if self.capturable else ""
+        tracker = self._growth_tracker
+        return f"GradScaler(scale={self._scale}, growth_tracker={tracker}, enabled={self.enabled}{capturable})"
 
 
 def _params(optimizer: Any, params: Iterable[Node] | None) -> list[Node]:

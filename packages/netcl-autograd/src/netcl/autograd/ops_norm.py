@@ -2,9 +2,10 @@
 
 ``layer_norm`` / ``rms_norm`` run one row-wise kernel forward (saving mean and 1/std per row) and
 one backward kernel for the input gradient; the weight and bias gradients are column sums of
-``grad * x_hat`` and ``grad`` through the runtime's reductions. ``batch_norm`` composes the
-runtime's per-channel reductions. Float16 inputs are computed in float32 (the row kernels cast
-on load; ``batch_norm`` casts its input), and results keep the input's dtype.
+``grad * x_hat`` and ``grad`` through the runtime's reductions. ``batch_norm`` runs one channel
+kernel each way (statistics, normalization and the running-statistics update in the forward; dx,
+dweight and dbias in the backward). Float16 inputs are computed in float32 (the kernels cast on
+load), and results keep the input's dtype.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_softmax import value_of
 from netcl.core import ShapeError, Tensor
-from netcl.core.dtypes import float16, float32
 from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import batchnorm as BN  # noqa: N812
 from netcl.runtime.ops import rowwise as RW  # noqa: N812
 
 Operand = Any  # Node | Tensor
@@ -141,62 +142,31 @@ def batch_norm(
     count = math.prod(v.shape[a] for a in axes)
     if training and count <= 1:
         raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got x of shape {v.shape}")
-    kept = (1, channels) + (1,) * (v.ndim - 2)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+        raise TypeError(f"batch_norm: momentum must be a number, got {momentum!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"batch_norm: eps must be a number > 0, got {eps!r}")
     momentum, eps = float(momentum), float(eps)
     saved: dict[str, Any] = {}
 
-    def stats(xv: Tensor, rmv: Tensor | None, rvv: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(mean, rstd) per channel, shaped ``kept``, float32 (float64 for float64 x)."""
-        if not training:
-            dtype = xf(xv).dtype
-            return R.cast(rmv, dtype).reshape(kept), R.rsqrt(R.add(R.cast(rvv, dtype), eps)).reshape(kept)
-        xv = xf(xv)
-        mean = R.mean(xv, axes, True)
-        centered = R.sub(xv, mean)
-        var = R.mean(R.mul(centered, centered), axes, True)
-        saved["var"] = var
-        return mean, R.rsqrt(R.add(var, eps))
-
-    def xf(xv: Tensor) -> Tensor:
-        return R.cast(xv, float32) if xv.dtype == float16 else xv
-
-    # The running statistics are arguments (no gradient) and are updated inside the op, so a jitted
-    # function (which replays the op, not this Python code around it) updates each call's tensors.
+    # One channel kernel each way (netcl.runtime.ops.batchnorm). The running statistics are arguments
+    # (no gradient) updated IN PLACE by the forward kernel, so a jitted function or a captured step
+    # (which replays the op, not this Python code around it) updates each call's tensors.
     def forward(xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None) -> Tensor:
-        mean, rstd = stats(xv, rmv, rvv)
-        y = R.mul(R.sub(xf(xv), mean), rstd)
-        if w is not None:
-            y = R.mul(y, w.reshape(kept))
-        if b is not None:
-            y = R.add(y, b.reshape(kept))
-        saved.update(out=_as_dtype(y, xv.dtype), mean=mean, rstd=rstd)
-        if training and rmv is not None:
-            unbiased = R.mul(saved["var"], count / (count - 1))
-            for running, stat in ((rmv, mean), (rvv, unbiased)):
-                R.add_(running, _as_dtype(R.mul(R.sub(stat.reshape(channels), running), momentum), running.dtype))
-        return saved["out"]
+        y, mean, rstd = BN.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps)
+        saved.update(out=y, mean=mean, rstd=rstd)
+        return y
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         xv, w, b, rmv, rvv = values
         if saved.get("out") is out:
             mean, rstd = saved["mean"], saved["rstd"]
         else:  # re-derive without touching the running statistics
-            mean, rstd = stats(xv, rmv, rvv)
-        gf = xf(g)
-        xhat = R.mul(R.sub(xf(xv), mean), rstd)
-        gy = R.mul(gf, w.reshape(kept)) if w is not None else gf
-        gx = None
-        if _needs(x):
-            if training:
-                a = R.mean(gy, axes, True)
-                c = R.mean(R.mul(gy, xhat), axes, True)
-                gx = R.mul(rstd, R.sub(R.sub(gy, a), R.mul(xhat, c)))
-            else:
-                gx = R.mul(gy, rstd)
-            gx = _as_dtype(gx, xv.dtype)
-        gw = _as_dtype(R.sum(R.mul(gf, xhat), axes), w.dtype) if w is not None and _needs(weight) else None
-        gb = _as_dtype(R.sum(gf, axes), b.dtype) if b is not None and _needs(bias) else None
-        return [gx, gw, gb, None, None]
+            stats = (None, None) if training else (rmv, rvv)
+            _, mean, rstd = BN.batch_norm_forward(xv, *stats, None, None, training, momentum, eps)
+        needs = (_needs(x), w is not None and _needs(weight), b is not None and _needs(bias))
+        gx, gw, gb = BN.batch_norm_backward(_as_dtype(g, xv.dtype), xv, mean, rstd, w, training, needs)
+        return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None]
 
     attrs = {"training": training, "momentum": momentum, "eps": eps}
     return apply_op(forward, grad, x, weight, bias, running_mean, running_var, op_name="batch_norm", attrs=attrs)

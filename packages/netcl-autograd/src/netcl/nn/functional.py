@@ -62,4 +62,6 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
         return [gx, gw, R.sum(g2, 0) if _needs(bias) else None]
 
     args = (x, weight) if bias is None else (x, weight, bias)
-    return apply_op(forward, grad, *args, op_name="linear")
+    # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store
+    attrs = {"autocast": None if low is None else str(low), "bias": bias is not None}
+    return apply_op(forward, grad, *args, op_name="linear", attrs=attrs)

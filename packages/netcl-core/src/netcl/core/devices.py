@@ -3,9 +3,11 @@
 Selection order, unless ``NETCL_DEVICE`` says otherwise: an OpenCL GPU; then the fastest CPU
 engine (``engine_choice``): the best CPU OpenCL device by capability (a compiler that targets
 the host's vector ISA first), measured once against the NumPy backend's fused path; the NumPy
-backend when there is no OpenCL device at all. ``default_reason()`` (and ``python -m
-netcl.core``) says why. ``NETCL_DEVICE`` takes ``gpu``, ``opencl``, ``cpu`` (NumPy) or
-``<platform>:<device>``.
+backend when there is no OpenCL device at all. A CPU OpenCL device whose compiler cannot build
+a program on this host (the pip PoCL's LLVM 14 on a CPU newer than it, e.g. AMD Zen 5: "unknown
+target CPU 'generic'") is never chosen, and the reason names it (``Device.build_error``).
+``default_reason()`` (and ``python -m netcl.core``) says why. ``NETCL_DEVICE`` takes ``gpu``,
+``opencl``, ``cpu`` (NumPy) or ``<platform>:<device>``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,21 @@ class Device:
     @property
     def is_gpu(self) -> bool:
         return self.cl_device is not None and bool(self.cl_device.type & cl.device_type.GPU)
+
+    @cached_property
+    def build_error(self) -> str | None:
+        """Why this CPU OpenCL device cannot build a program here, or None when it can.
+
+        Checked once per process by building an empty kernel. GPUs and the NumPy backend are not
+        checked (None): their drivers compile for the device they run on.
+        """
+        if self.cl_device is None or self.is_gpu:
+            return None
+        try:
+            cl.Program(self.context, "__kernel void netcl_build_check(__global int* x) { x[0] = 1; }").build()
+        except cl.Error as exc:
+            return _first_log_line(exc)
+        return None
 
     @cached_property
     def context(self) -> cl.Context | None:
@@ -158,6 +175,35 @@ def _opencl_devices() -> list[Device]:
     return [d for d in devices() if d.kind == "opencl"]
 
 
+def _first_log_line(exc: Exception) -> str:
+    """The build log's first error line (``error: unknown target CPU 'generic'``), else the message."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "error" in line.lower() and "clBuildProgram failed" not in line:
+            return line.strip()
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def unusable_cpu_devices() -> list[tuple[Device, str]]:
+    """CPU OpenCL devices that cannot build a program on this host, each with the reason."""
+    return [(d, d.build_error) for d in _opencl_devices() if not d.is_gpu and d.build_error is not None]
+
+
+def usable_opencl_devices() -> list[Device]:
+    """OpenCL GPUs, then the CPU OpenCL devices that build programs here (best-ranked first)."""
+    return [d for d in _opencl_devices() if d.is_gpu] + _usable_cpu_devices()
+
+
+def _usable_cpu_devices() -> list[Device]:
+    from netcl.core.engine_choice import cpu_rank
+
+    return sorted((d for d in _opencl_devices() if not d.is_gpu and d.build_error is None), key=cpu_rank)
+
+
+def _unusable_text() -> str:
+    return "; ".join(f"{d.spec} {d.name!r} cannot build programs ({why})" for d, why in unusable_cpu_devices())
+
+
 def _select(spec: str) -> tuple[Device, str]:
     text = spec.strip().lower()
     opencl = _opencl_devices()
@@ -172,7 +218,15 @@ def _select(spec: str) -> tuple[Device, str]:
         if not opencl:
             raise DeviceError(f"device spec {spec!r}: no OpenCL device found; available: {_available()}")
         gpus = [d for d in opencl if d.is_gpu]
-        return (gpus or opencl)[0], f"spec {spec!r}: first OpenCL device, GPUs first"
+        if gpus:
+            return gpus[0], f"spec {spec!r}: first OpenCL GPU"
+        usable = _usable_cpu_devices()
+        if not usable:
+            raise DeviceError(
+                f"device spec {spec!r}: no usable OpenCL device: {_unusable_text()}; a system PoCL "
+                "(apt-get install pocl-opencl-icd) or another CPU OpenCL runtime may know this CPU"
+            )
+        return usable[0], f"spec {spec!r}: no OpenCL GPU; the best CPU OpenCL device that builds programs"
     if ":" in text:
         for device in opencl:
             if device.spec == text.replace(" ", ""):
@@ -202,7 +256,11 @@ def _auto_select() -> tuple[Device, str]:
         return gpus[0], f"first OpenCL GPU ({gpus[0].name!r})"
     probe = os.environ.get(engine_choice.PROBE_ENV, "").strip() not in ("0", "false", "no", "off")
     measure = engine_choice.cached_measure if probe else None
-    return engine_choice.choose_cpu_engine(opencl, devices()[-1], measure)
+    usable, unusable = _usable_cpu_devices(), _unusable_text()
+    if not usable and unusable:
+        return devices()[-1], f"no OpenCL device here builds programs ({unusable}); NumPy backend"
+    device, why = engine_choice.choose_cpu_engine(usable, devices()[-1], measure)
+    return device, (f"{why} (not considered: {unusable})" if unusable else why)
 
 
 def get_device(spec: str | Device | None = None) -> Device:

@@ -25,6 +25,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor, same_device
 from netcl.jit.errors import UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
+from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
 from netcl.jit.guards import find_guards
 from netcl.jit.partition import EagerStep, FusedGroup, partition
 from netcl.jit.primitives import registry_version
@@ -44,10 +45,10 @@ class Plan:
 
     arg_traces: list[TraceNode | None]
     consts: list[TraceNode]
-    steps: list[FusedStep | EagerStep]
+    steps: list[FusedStep | GemmEpilogueStep | EagerStep]
     outputs: list[TraceNode]
     returns_tuple: bool
-    fused_steps: list[FusedStep] = field(default_factory=list)
+    fused_steps: list[FusedStep | GemmEpilogueStep] = field(default_factory=list)
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
@@ -59,7 +60,7 @@ class Plan:
     fast: Callable[[tuple[Any, ...]], Any] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.steps) != 1 or not isinstance(self.steps[0], FusedStep):
+        if len(self.steps) != 1 or isinstance(self.steps[0], EagerStep):
             return
         group = self.steps[0].group
         position = {id(t): i for i, t in enumerate(self.arg_traces) if t is not None}
@@ -82,7 +83,7 @@ class Plan:
         for const in self.consts:
             env[const.id] = const.attrs["value"]
         for step in self.steps:
-            if isinstance(step, FusedStep):
+            if not isinstance(step, EagerStep):
                 for trace, node in zip(
                     step.group.outputs, step.forward([env[p.id] for p in step.group.inputs]), strict=True
                 ):
@@ -228,11 +229,12 @@ class JitFunction:
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
             return None, "the function does not return traced Nodes"
         output_traces = [o.value for o in outputs]
-        steps: list[FusedStep | EagerStep] = []
-        fused: list[FusedStep] = []
-        for step in partition(output_traces):
-            if isinstance(step, FusedGroup):
-                runnable = FusedStep(step, device, f"{self.label}#{len(fused)}")
+        steps: list[FusedStep | GemmEpilogueStep | EagerStep] = []
+        fused: list[FusedStep | GemmEpilogueStep] = []
+        for step in merge_epilogues(partition(output_traces), output_traces):
+            if isinstance(step, (FusedGroup, MatmulGroup)):
+                kind = FusedStep if isinstance(step, FusedGroup) else GemmEpilogueStep
+                runnable = kind(step, device, f"{self.label}#{len(fused)}")
                 fused.append(runnable)
                 steps.append(runnable)
             else:
@@ -240,7 +242,8 @@ class JitFunction:
         plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused, needs_grad=needs_grad)
         if context.consts:
             plan.guard = self._guard(args, context)
-        summary = f"{len(fused)} fused kernel(s), {len(steps) - len(fused)} eager op(s)"
+        epilogues = sum(isinstance(s, GemmEpilogueStep) for s in fused)
+        summary = f"{len(fused)} fused kernel(s) ({epilogues} in a GEMM's store), {len(steps) - len(fused)} eager op(s)"
         return plan, summary
 
     def _guard(self, args: tuple[Any, ...], context: TracingContext) -> Callable[[tuple[Any, ...]], bool] | None:

@@ -36,7 +36,7 @@ BACKWARD_NAME = "fused_backward"
 class FusedStep:
     """Runs one ``FusedGroup`` on one device."""
 
-    def __init__(self, group: FusedGroup, device: Device, label: str) -> None:
+    def __init__(self, group: FusedGroup, device: Device, label: str, build_forward: bool = True) -> None:
         self.group = group
         self.device = device
         self.label = label
@@ -48,7 +48,12 @@ class FusedStep:
         self.is_opencl = device.kind == "opencl"
         self.configs = {d: launch_config(device, d) for d in ("forward", "backward")} if self.is_opencl else {}
         self.forward_source = self._source(FORWARD_NAME, forward_body(group), has_gout=False)
-        self._forward = self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
+        #: None when another kernel computes the forward (a GEMM epilogue, ``gemm_epilogue``)
+        self._forward = (
+            self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
+            if build_forward
+            else None
+        )
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
         #: per output: which external inputs its gradient reaches (others get None, not zeros)
         self._reached = [tuple(reached_inputs(group, out)) for out in group.outputs]

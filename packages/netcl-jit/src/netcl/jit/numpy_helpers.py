@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from netcl.runtime.ops import _table
 from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
@@ -147,6 +148,17 @@ def SIGMOID_OUT(x, out, tmp):
     np.maximum(tmp, out, out=out)
     np.add(tmp, _F(1), out=tmp)
     return np.divide(out, tmp, out=out)
+
+
+def GELU_OUT(x, out, tmp, tmp2):
+    """GELU as x * sigmoid(2u), u = K (x + C x^3), in the order of the eager twin (same float32 values)."""
+    np.multiply(x, _F(_table.GELU_C), out=tmp)
+    np.multiply(tmp, x, out=tmp)
+    np.multiply(tmp, x, out=tmp)
+    np.add(x, tmp, out=tmp)
+    np.multiply(tmp, _F(2.0 * _table.GELU_K), out=tmp)
+    SIGMOID_OUT(tmp, tmp, tmp2)
+    return np.multiply(x, tmp, out=out)
 
 
 def RELU_GRAD_OUT(x, out):

@@ -64,7 +64,7 @@ _UFUNCS = {
     "pow": "power",
 }
 #: Helpers with an ``out=`` twin in numpy_helpers: name -> (twin, extra scratch slots it needs).
-_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "RELU_GRAD": ("RELU_GRAD_OUT", 0)}
+_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "GELU": ("GELU_OUT", 2), "RELU_GRAD": ("RELU_GRAD_OUT", 0)}
 #: ufuncs that are several times slower with a scalar operand than with an array one (NumPy
 #: 2.x has no SIMD loop for a broadcast scalar there): their literal operands become arrays.
 _SLOW_SCALAR = {"maximum", "minimum", "fmax", "fmin"}

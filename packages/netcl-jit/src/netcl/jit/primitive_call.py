@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import apply_op
-from netcl.core import Tensor, devices, get_device
+from netcl.core import Tensor, get_device, usable_opencl_devices
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
@@ -95,7 +95,7 @@ def _probe_device():
     default = get_device()
     if default.kind == "opencl":
         return default
-    return next((d for d in devices() if d.kind == "opencl"), None)
+    return next(iter(usable_opencl_devices()), None)
 
 
 def probe_primitive(primitive: AutogradPrimitive) -> None:

@@ -9,7 +9,8 @@ for one queue with ``begin`` and stops with ``end``. Captures do not nest on one
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyopencl as cl
@@ -98,6 +99,20 @@ def get_capture() -> Recorder | None:
     """The capture (a ``Graph``) this thread is recording into, or None."""
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
+
+
+@contextmanager
+def paused(queue: cl.CommandQueue) -> Iterator[None]:
+    """Launches on ``queue`` inside the block run but are not recorded: one-time setup inside a capture
+    (e.g. creating state that a replay must then find existing). A no-op when nothing records."""
+    with _lock:
+        recorder = RECORDING.pop(queue.int_ptr, None)
+    try:
+        yield
+    finally:
+        if recorder is not None:
+            with _lock:
+                RECORDING[queue.int_ptr] = recorder
 
 
 def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Graph:

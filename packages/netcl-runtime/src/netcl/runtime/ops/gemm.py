@@ -8,7 +8,8 @@ of ``matmul`` needs (``g @ w.T``, ``x.T @ g``).
 Planning (all on the host, nothing here changes the program unless the layout class changes):
 batch dims of both operands are merged into at most three (size, stride) dims, a stride 0 being
 a broadcast; a batched ``x @ w`` with a 2-D ``w`` folds the batch into M; an output with too few
-blocks to fill the device is split along K into a float32 workspace that ``sum`` reduces. The
+blocks to fill the device is split along K into a float32 workspace that ``sum`` reduces (and where
+the product has an epilogue, the sum kernel applies it: the partial products are raw). The
 tile shape comes from ``netcl.runtime.tune`` (searched per device at first use, or defaults).
 Float32 products run on tensor cores (``gemm_mma``) when the precision asks for it and the device
 passed the probe; float16 operands always do there. Everything else runs the portable kernel.
@@ -17,11 +18,12 @@ passed the probe; float16 operands always do there. Everything else runs the por
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes
+from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture as _capture
@@ -122,8 +124,13 @@ def gemm(
     precision: str | None = None,
     epilogue: Epilogue = IDENTITY,
     bias: Tensor | None = None,
+    epilogue_args: Sequence[Tensor | float] = (),
 ) -> Tensor:
     """``act(op(a) @ op(b) + bias)`` with broadcast batch dims; see the module docstring.
+
+    A code epilogue (``Epilogue.code``, OpenCL devices only) reads and writes ``epilogue_args``, one
+    per ``Epilogue.operands`` kind: float32 Tensors of C's shape ("full", "out"), of N or of the
+    flattened rows of C ("col", "row"), and floats ("scalar").
 
     ``precision`` (float32 operands): "highest" (fp32 FMA), "high" (tf32 tensor cores), "medium"
     (bf16 tensor cores); None means ``get_float32_matmul_precision()``. Devices without tensor
@@ -149,7 +156,9 @@ def gemm(
     )
     plan = _PLANS.get(key)
     if plan is not None and b.device is device:
-        return plan.run(a, b, bias)
+        if epilogue_args or epilogue.operands:
+            _check_epilogue_args(epilogue, epilogue_args, plan.out_shape, device)
+        return plan.run(a, b, bias, extras=epilogue_args)
     device = device_of((a, b) if bias is None else (a, b, bias), "matmul")
     m, n, k, batch = operand_dims(a.shape, b.shape, trans_a, trans_b)
     result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
@@ -158,16 +167,19 @@ def gemm(
     device.check_dtype(result)
     _check_epilogue(epilogue, bias, m, n)
     out_shape = (*batch, m, n)
+    _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
     if device.kind == "cpu":
+        if epilogue.code:
+            raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
         return numpy_backend.gemm(a, b, trans_a, trans_b, result, epilogue, bias)
     plan = _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue)
     if plan is None:  # rare layouts (casts, materialized broadcasts, empty): no plan, the general path
         return _gemm_general(
-            device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias
+            device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args
         )
     if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
         remember(_PLANS, key, plan)
-    return plan.run(a, b, bias)
+    return plan.run(a, b, bias, extras=epilogue_args)
 
 
 def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> None:
@@ -181,6 +193,27 @@ def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> 
         raise ShapeError(f"matmul: epilogue bias ({epilogue.bias}) needs {want} values, got {got}")
     if bias.dtype != float32:
         raise DTypeError(f"matmul: epilogue bias must be float32, got {bias.dtype}")
+
+
+def _check_epilogue_args(epilogue: Epilogue, args: Sequence, out_shape: tuple[int, ...], device: Device) -> None:
+    if len(args) != len(epilogue.operands):
+        raise ValueError(f"matmul: the epilogue has {len(epilogue.operands)} operands, got {len(args)} arguments")
+    rows = math.prod(out_shape[:-1])
+    want = {"full": math.prod(out_shape), "out": math.prod(out_shape), "col": out_shape[-1], "row": rows}
+    for k, (kind, arg) in enumerate(zip(epilogue.operands, args, strict=True)):
+        if kind == "scalar":
+            if isinstance(arg, Tensor) or not isinstance(arg, (int, float, np.floating, np.integer)):
+                raise TypeError(
+                    f"matmul: epilogue operand {k} (scalar) must be a real number, got {type(arg).__name__}"
+                )
+            continue
+        if not isinstance(arg, Tensor) or arg.dtype != float32 or arg.size != want[kind]:
+            got = (arg.shape, arg.dtype) if isinstance(arg, Tensor) else type(arg).__name__
+            raise ShapeError(
+                f"matmul: epilogue operand {k} ({kind}) must be a float32 Tensor of {want[kind]} values, got {got}"
+            )
+        if arg.device is not device:
+            same_device(device, arg.device)
 
 
 def _problem(a_shape, b_shape, trans_a, trans_b, m, n, k, batch) -> Problem | None:
@@ -209,12 +242,16 @@ def _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, 
     return make_plan(device, a.dtype, result, out_shape, problem, epilogue)
 
 
-def _gemm_general(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias):
+def _gemm_general(
+    device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args=()
+):
     """Empty products, K == 0, operand casts and broadcasts that merging cannot express."""
     out = Tensor.empty(out_shape, result, device)
     if out.size == 0:
         return out
     if k == 0:
+        if epilogue.code:
+            raise ValueError("matmul: a code epilogue needs an inner dimension K > 0")
         return _epilogue_on_zero(fill_(out, 0), epilogue, bias)
     compute = float64 if float64 in (a.dtype, b.dtype, result) else float32
     a, b = _as_dtype(a, compute), _as_dtype(b, compute)
@@ -222,7 +259,15 @@ def _gemm_general(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, res
         a = broadcast_to(a, (*batch, *a.shape[-2:]))
         b = broadcast_to(b, (*batch, *b.shape[-2:]))
     return gemm(
-        a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=result, precision=precision, epilogue=epilogue, bias=bias
+        a,
+        b,
+        trans_a=trans_a,
+        trans_b=trans_b,
+        out_dtype=result,
+        precision=precision,
+        epilogue=epilogue,
+        bias=bias,
+        epilogue_args=epilogue_args,
     )
 
 
@@ -297,19 +342,24 @@ class Plan:
         self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
         self.sum_kernel, self.sum_args = sum_kernel, sum_args
 
-    def run(self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    def run(
+        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+    ) -> Tensor:
         device = self.device
         if out is None:
             out = Tensor.empty(self.out_shape, self.out_dtype, device)
         target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
         args = list(self.args)
         args[3], args[5], args[7] = a, b, target
-        if bias is not None:
-            args.append(bias)
+        tail = [] if bias is None else [bias]
+        if extras:
+            tail += [x if isinstance(x, Tensor) else np.float32(x) for x in extras]
+        if self.work is None:  # split along K, the epilogue runs in the sum instead
+            args += tail
         launch(self.kernel, self.gsize, self.lsize, *args, queue=device.queue)
         if self.work is not None:
-            total, splits, gsize = self.sum_args
-            launch(self.sum_kernel, gsize, 256, target, out, total, splits, queue=device.queue)
+            total, splits, gsize, sizes = self.sum_args
+            launch(self.sum_kernel, gsize, 256, target, out, total, splits, *sizes, *tail, queue=device.queue)
         return out
 
 
@@ -329,38 +379,61 @@ def index_kind(problem: Problem) -> str:
     return "long" if max(p.m * p.lda, p.k * p.lda, p.n * p.ldb, p.k * p.ldb, p.m * p.n) >= 2**31 else "int"
 
 
-def finish_plan(device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype) -> Plan:
-    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum."""
+def finish_plan(
+    device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype, epilogue: Epilogue = IDENTITY
+) -> Plan:
+    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum,
+    which then applies ``epilogue`` (the kernel wrote raw partial products)."""
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
     # built with the first plan even when this one does not split, so that a later product whose
     # new size makes it split (a larger batch in a weight gradient) builds no program
-    sum_kernel = _split_sum_kernel(device, acc, out_dtype)
+    sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        sum_args = (total, splits, -(-total // 256) * 256)
+        sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
+        sum_args = (total, splits, -(-total // 256) * 256, sizes)
     args = gemm_args(problem, splits, chunk)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 
-def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype):
+def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
-    store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+    if epilogue.is_identity:
+        store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+        params, lines = "", [f"{store};"]
+    else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
+        store = "vstore_half_rte((float)(OUT), 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})(OUT)"
+        params = ", const int M, const int N" + epilogue.params()
+        lines = [
+            "const long csb = (long)M * N;",
+            "const int ldc = N;",
+            "const int zb = (int)(i / csb);",
+            "const IDX r = (i - zb * csb) / N;",
+            "const IDX c = (i - zb * csb) - r * N;",
+            *epilogue.store_lines("s", "CT", store),
+        ]
+    body = "\n    ".join(lines)
 
     def source() -> str:
         return f"""{pragmas([acc, out_dtype])}
-__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits) {{
+{epilogue.preamble}
+#define CT {ct}
+#define IDX long
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits{params}) {{
     const long i = get_global_id(0);
     if (i >= total) return;
-    {ct} s = 0;
+    CT s = 0;
     for (int p = 0; p < splits; ++p) s += W[p * total + i];
-    {store};
+    {body}
 }}
 """
 
-    key = ("gemm-split-sum", acc.str, out_dtype.str)
-    return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32]).kernel
+    key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
+    sizes = [] if epilogue.is_identity else [np.int32, np.int32]
+    dtypes = [None, None, np.int64, np.int32, *sizes, *epilogue.arg_dtypes()]
+    return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
 
 
 def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None) -> Plan:
@@ -368,17 +441,20 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
     if cfg is None:
         cfg = portable_config(device, problem, dtype)
     splits, chunk = 1, problem.k
-    if epilogue.is_identity and cfg.split:
+    if cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue)
+    store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store)
 
-    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    args = ARG_DTYPES + store.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
     kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)
-    return finish_plan(device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype)
+    return finish_plan(
+        device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype, epilogue
+    )

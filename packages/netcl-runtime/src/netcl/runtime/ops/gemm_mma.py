@@ -239,10 +239,11 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
     splits, chunk = 1, problem.k
-    if epilogue.is_identity and cfg.split:
+    if cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)
     c_dtype = float32 if splits > 1 else out_dtype
     idx = index_kind(problem)
+    store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw, the sum applies it
     key = (
         "gemm-mma",
         mode,
@@ -253,13 +254,15 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
         b_dtype.str,
         c_dtype.str,
         idx,
-        epilogue,
+        store,
     )
 
     def source() -> str:
-        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, epilogue)
+        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store)
 
-    args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
+    args = ARG_DTYPES + store.arg_dtypes()
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.threads, -(-problem.m // cfg.bm), problem.batch * splits)
-    return finish_plan(device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype)
+    return finish_plan(
+        device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype, epilogue
+    )

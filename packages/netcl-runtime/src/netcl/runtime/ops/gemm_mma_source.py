@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netcl.core.dtypes import float16
-from netcl.runtime.ops.gemm_source import ACTIVATIONS, IDENTITY, Epilogue
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue
 
 MMA = {
     "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -298,15 +298,14 @@ def mma_source(
             regs = ", ".join(f'"r"(af[{fm}][{i}])' for i in range(4)) + f', "r"(bf[{fn}][0]), "r"(bf[{fn}][1])'
             operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
             mma.append(f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});')
-    bias_arg = ", __global const float* bias" if epilogue.bias != "none" else ""
-    bias_term = {"none": "", "col": " + bias[c]", "row": " + bias[r]"}[epilogue.bias]
-    act = ACTIVATIONS[epilogue.activation]
+    bias_arg = epilogue.params()
     sa = "ushort" if a_half else "float"
     sb = "ushort" if b_half else "float"
     out_half = c_dtype == float16
     sc = "half" if out_half else "float"
     store = "vstore_half_rte(OUT, 0, Cz + (IDX)r * ldc + c)" if out_half else "Cz[(IDX)r * ldc + c] = OUT"
     nl, nl2 = "\n    ", "\n        "
+    nl5 = "\n                    "
     compute = f"""#pragma unroll
         for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
             const int ks = step * 8;
@@ -380,7 +379,8 @@ def mma_source(
         }}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
-    return f"""#define CT float
+    return f"""{epilogue.preamble}
+#define CT float
 #define IDX {idx}
 #define BM {cfg.bm}
 #define BN {cfg.bn}
@@ -458,10 +458,7 @@ void netcl_gemm(const int M, const int N, const int K,
                 const IDX r = A0 + wr + fm * 16 + gid + (q >> 1) * 8;
                 const IDX c = B0 + wc + fn * 8 + tig * 2 + (q & 1);
                 if (r < M && c < N) {{
-                    const float v = acc[fm][fn][q]{bias_term};
-                    #define OUT ({act})
-                    {store};
-                    #undef OUT
+                    {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store))}
                 }}
             }}
         }}

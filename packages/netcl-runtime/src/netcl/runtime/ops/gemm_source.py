@@ -42,12 +42,28 @@ ACTIVATIONS = {
 }
 
 
+#: Kinds of a code epilogue's extra kernel arguments (see ``Epilogue.operands``).
+OPERAND_KINDS = ("full", "col", "row", "scalar", "out")
+
+
 @dataclass(frozen=True)
 class Epilogue:
-    """``act(acc + bias)`` applied in the store (``bias``: "none", "col" or "row")."""
+    """``act(acc + bias)`` applied in the store (``bias``: "none", "col" or "row").
+
+    A *code* epilogue (``code`` non-empty; what ``netcl.jit`` injects for an elementwise chain that
+    follows a product) then runs C statements on each element: they read ``ep_value`` (the float
+    value above) and ``ep{k}`` (extra operand k), and define ``float ep_out0`` (stored in C) and
+    ``float ep_out{j}`` for the j-th "out" operand. ``operands`` are the kinds of the extra kernel
+    arguments that follow the bias, in order: "full" (laid out like C), "col" (one value per column),
+    "row" (one per row of the flattened batch of C), "scalar" (a float argument) and "out" (a float32
+    output laid out like C). ``preamble`` holds helper definitions the statements use.
+    """
 
     bias: str = "none"
     activation: str | None = None
+    code: str = ""
+    operands: tuple[str, ...] = ()
+    preamble: str = ""
 
     def __post_init__(self) -> None:
         if self.bias not in ("none", "col", "row"):
@@ -56,10 +72,61 @@ class Epilogue:
             raise ValueError(
                 f"epilogue activation must be one of {sorted(map(str, ACTIVATIONS))}, got {self.activation!r}"
             )
+        bad = [k for k in self.operands if k not in OPERAND_KINDS]
+        if bad:
+            raise ValueError(f"epilogue operand kinds must be among {OPERAND_KINDS}, got {bad}")
+        if self.operands and not self.code:
+            raise ValueError("epilogue operands need code that reads them")
 
     @property
     def is_identity(self) -> bool:
-        return self.bias == "none" and self.activation is None
+        return self.bias == "none" and self.activation is None and not self.code
+
+    @property
+    def outputs(self) -> int:
+        """How many values each element stores: C, then one per "out" operand."""
+        return 1 + self.operands.count("out")
+
+    def arg_dtypes(self) -> list:
+        """Kernel argument dtypes after the fixed ones (None: a buffer)."""
+        extra = [np.dtype(np.float32) if kind == "scalar" else None for kind in self.operands]
+        return ([None] if self.bias != "none" else []) + extra
+
+    def params(self) -> str:
+        """The kernel parameters after the fixed ones."""
+        out = ", __global const float* bias" if self.bias != "none" else ""
+        for k, kind in enumerate(self.operands):
+            if kind == "scalar":
+                out += f", const float E{k}"
+            elif kind == "out":
+                out += f", __global float* restrict E{k}"
+            else:
+                out += f", __global const float* restrict E{k}"
+        return out
+
+    def store_lines(self, value: str, ct: str, store: str) -> list[str]:
+        """Statements storing one element of C (``r``, ``c`` in range; ``zb`` its batch index).
+
+        ``value``: the accumulator; ``store``: a statement writing the macro ``OUT`` to C.
+        """
+        bias_term = {"none": "", "col": " + (CT)bias[c]", "row": " + (CT)bias[r]"}[self.bias]
+        lines = [f"const {ct} v = {value}{bias_term};", f"#define OUT ({ACTIVATIONS[self.activation]})"]
+        if not self.code:
+            return [*lines, f"{store};", "#undef OUT"]
+        at = {
+            "full": "[zb * csb + (IDX)r * ldc + c]",
+            "out": "[zb * csb + (IDX)r * ldc + c]",
+            "col": "[c]",
+            "row": "[(IDX)zb * M + r]",
+            "scalar": "",
+        }
+        lines += ["{", "const float ep_value = (float)(OUT);", "#undef OUT"]
+        lines += [f"const float ep{k} = E{k}{at[kind]};" for k, kind in enumerate(self.operands) if kind != "out"]
+        lines += [line for line in self.code.splitlines() if line.strip()]
+        lines += ["#define OUT ep_out0", f"{store};", "#undef OUT"]
+        outs = [k for k, kind in enumerate(self.operands) if kind == "out"]
+        lines += [f"E{k}{at['out']} = ep_out{j + 1};" for j, k in enumerate(outs)]
+        return [*lines, "}"]
 
 
 IDENTITY = Epilogue()
@@ -196,16 +263,16 @@ def portable_source(
         reads_b.append(f"{{ const {lvt} t = *(__local {lvt}*)&{ref};")
         reads_b += [f"  b[{j * lv + v}] = t{comps[v]};" for v in range(lv)]
         reads_b.append("}")
-    bias_arg = ", __global const float* bias" if epilogue.bias != "none" else ""
-    bias_term = {"none": "", "col": " + (CT)bias[c]", "row": " + (CT)bias[r]"}[epilogue.bias]
-    act = ACTIVATIONS[epilogue.activation]
+    bias_arg = epilogue.params()
     if c_dtype == float16:
         store = "vstore_half_rte((float)(OUT), 0, Cz + (IDX)r * ldc + c)"
     else:
         store = f"Cz[(IDX)r * ldc + c] = ({sc})(OUT)"
     nl = "\n    "
     nl2 = "\n        "
+    nl4 = "\n                "
     return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
+{epilogue.preamble}
 #define CT {ct}
 #define IDX {idx}
 #define WGM {cfg.wgm}
@@ -301,10 +368,7 @@ void netcl_gemm(const int M, const int N, const int K,
         for (int j = 0; j < TN; ++j) {{
             const IDX c = B0 + (j / LV) * (WGN * LV) + tx * LV + j % LV;
             if (r < M && c < N) {{
-                const CT v = acc[i][j]{bias_term};
-                #define OUT ({act})
-                {store};
-                #undef OUT
+                {nl4.join(epilogue.store_lines("acc[i][j]", "CT", store))}
             }}
         }}
     }}

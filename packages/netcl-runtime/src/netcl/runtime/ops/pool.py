@@ -219,13 +219,18 @@ def _np_windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
     return np.where(inside, x[:, :, h, w], fill)
 
 
+def _np_max_windows(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """(N, C, KH*KW, OH, OW) windows (padding -inf) and each window's first maximum (NumPy backend)."""
+    windows = _np_windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
+    return windows, _first_argmax(windows)
+
+
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """Max over KH x KW windows (padding counts as -inf); (N, C, OH, OW)."""
     geo = pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
     out_shape = (geo.N, geo.C, geo.OH, geo.OW)
     if x.device.kind == "cpu":
-        windows = _np_windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
-        first = _first_argmax(windows)
+        windows, first = _np_max_windows(x, geo)
         data = np.take_along_axis(windows, first[:, :, None], axis=2)[:, :, 0]
         return wrap_numpy(data, x.device, x.dtype)
     out = Tensor.empty(out_shape, x.dtype, x.device)
@@ -243,8 +248,7 @@ def max_pool2d_backward(grad: Tensor, x: Tensor, kernel_size: Any, stride: Any =
     """d max_pool2d / d x: each window's gradient goes to its (first) maximum."""
     geo = pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
     if x.device.kind == "cpu":
-        windows = _np_windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
-        first = _first_argmax(windows)
+        _, first = _np_max_windows(x, geo)
         onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(_np_float(x))
         cols = onehot * np.asarray(grad.data, dtype=_np_float(x))[:, :, None]
         return _np_fold(cols, geo, x)

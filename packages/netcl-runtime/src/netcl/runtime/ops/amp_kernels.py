@@ -1,0 +1,141 @@
+"""Device-side loss scaling for a capturable ``GradScaler``: nothing here reads a value back to the host.
+
+The scale (a 0-d float32 tensor), the count of clean steps (0-d int32) and the inf/NaN flag (int32)
+live on the device, so a captured training step replays them: ``unscale_by_`` divides a gradient
+by the current scale and raises the flag, ``update_scale_`` applies torch's schedule (back off after
+an inf/NaN step, grow after ``interval`` clean ones), and ``copy_if_`` snapshots and conditionally
+restores tensors (how an optimizer step is undone when the flag is up). Each kernel has a NumPy twin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
+from netcl.runtime.ops._grid import run_1d
+
+#: copy_if_ modes: copy always, copy where the flag is up, zero where the flag is up.
+ALWAYS, IF_FOUND, ZERO_IF_FOUND = 0, 1, 2
+
+_UNSCALE = """{pragmas}
+__kernel void netcl_amp_unscale(__global {st}* g, __global const float* scale, __global int* found, const long n) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const {ct} v = ({ct})g[gid] * ({ct})(1.0f / scale[0]);
+    if (!isfinite(v)) found[0] = 1;
+    g[gid] = ({st})v;
+}}
+"""
+
+_COPY = """{pragmas}
+__kernel void netcl_amp_copy_if(__global {st}* dst, __global const {st}* src, __global const int* found,
+                                const int mode, const long n) {{
+    const long gid = get_global_id(0);
+    if (gid >= n || (mode != 0 && found[0] == 0)) return;
+    dst[gid] = mode == 2 ? ({st})0 : src[gid];
+}}
+"""
+
+_UPDATE = """
+__kernel void netcl_amp_update_scale(__global float* scale, __global int* tracker, __global const int* found,
+                                     const float growth, const float backoff, const int interval) {
+    if (get_global_id(0) != 0) return;
+    if (found[0]) {
+        scale[0] *= backoff;
+        tracker[0] = 0;
+    } else {
+        const int t = tracker[0] + 1;
+        if (t == interval) scale[0] *= growth;
+        tracker[0] = t == interval ? 0 : t;
+    }
+}
+"""
+
+
+def _scalar(t: object, dtype: type, name: str, op: str) -> None:
+    if not isinstance(t, Tensor) or t.dtype != np.dtype(dtype) or t.size != 1:
+        got = f"{getattr(t, 'shape', None)} {getattr(t, 'dtype', type(t).__name__)}"
+        raise DTypeError(f"{op}: {name} must be a one-element {np.dtype(dtype)} Tensor, got {got}")
+
+
+def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
+    """``grad *= 1 / scale`` in place (``scale``: one float32 on the device); ``found_inf = 1`` (int32)
+    if any result is inf or NaN."""
+    op = "unscale_by_"
+    if not isinstance(grad, Tensor) or grad.dtype.kind != "f":
+        raise DTypeError(f"{op}: grad must be a floating-point Tensor, got {getattr(grad, 'dtype', type(grad))}")
+    _scalar(scale, np.float32, "scale", op)
+    _scalar(found_inf, np.int32, "found_inf", op)
+    device_of([grad, scale, found_inf], op)
+    if grad.device.kind == "cpu":
+        compute = np.float64 if grad.dtype == np.float64 else np.float32
+        with np.errstate(all="ignore"):
+            inv = compute(np.float32(1.0) / np.asarray(scale.data, np.float32).reshape(-1)[0])
+            values = np.asarray(grad.data, compute) * inv
+        if not np.all(np.isfinite(values)):
+            found_inf.data.reshape(-1)[0] = 1
+        grad.data[...] = values.astype(grad.dtype)
+        return grad
+    st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
+    source = lambda: _UNSCALE.format(pragmas=pragmas([grad.dtype]), st=st, ct=ct)  # noqa: E731
+    types = [None, None, None, np.int64]
+    run_1d(("amp", "unscale", st), grad.device, source, "netcl_amp_unscale", types, grad.size, grad, scale, found_inf,
+           np.int64(grad.size))  # fmt: skip
+    return grad
+
+
+def copy_if_(dst: Tensor, src: Tensor | None, found_inf: Tensor, mode: int) -> Tensor:
+    """``dst = src`` (``ALWAYS``), the same only where ``found_inf`` is up (``IF_FOUND``), or ``dst = 0``
+    where it is up (``ZERO_IF_FOUND``; ``src`` unused); the flag is read on the device."""
+    op = "copy_if_"
+    if mode not in (ALWAYS, IF_FOUND, ZERO_IF_FOUND):
+        raise ValueError(f"{op}: mode must be ALWAYS (0), IF_FOUND (1) or ZERO_IF_FOUND (2), got {mode!r}")
+    if not isinstance(dst, Tensor):
+        raise TypeError(f"{op}: dst must be a Tensor, got {type(dst).__name__}")
+    src = dst if mode == ZERO_IF_FOUND else src
+    if not isinstance(src, Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ShapeError(f"{op}: src must be a Tensor of dst's shape {dst.shape} and dtype {dst.dtype}")
+    _scalar(found_inf, np.int32, "found_inf", op)
+    device_of([dst, src, found_inf], op)
+    if dst.device.kind == "cpu":
+        if mode == ALWAYS or np.asarray(found_inf.data).reshape(-1)[0]:
+            dst.data[...] = 0 if mode == ZERO_IF_FOUND else src.data
+        return dst
+    st = storage_ctype(dst.dtype)
+    source = lambda: _COPY.format(pragmas=pragmas([dst.dtype]), st=st)  # noqa: E731
+    types = [None, None, None, np.int32, np.int64]
+    run_1d(("amp", "copy", st), dst.device, source, "netcl_amp_copy_if", types, dst.size, dst, src, found_inf,
+           np.int32(mode), np.int64(dst.size))  # fmt: skip
+    return dst
+
+
+def update_scale_(
+    scale: Tensor, tracker: Tensor, found_inf: Tensor, growth: float, backoff: float, interval: int
+) -> Tensor:
+    """torch's ``_amp_update_scale_`` on the device: after an inf/NaN step ``scale *= backoff`` and the
+    clean-step count restarts; after ``interval`` clean steps in a row ``scale *= growth``."""
+    op = "update_scale_"
+    _scalar(scale, np.float32, "scale", op)
+    _scalar(tracker, np.int32, "tracker", op)
+    _scalar(found_inf, np.int32, "found_inf", op)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+        raise ValueError(f"{op}: interval must be a positive int, got {interval!r}")
+    device_of([scale, tracker, found_inf], op)
+    if scale.device.kind == "cpu":
+        s, t = scale.data.reshape(-1), tracker.data.reshape(-1)
+        if np.asarray(found_inf.data).reshape(-1)[0]:
+            s[0], t[0] = s[0] * np.float32(backoff), 0
+        else:
+            t[0] += 1
+            if t[0] == interval:
+                s[0], t[0] = s[0] * np.float32(growth), 0
+        return scale
+    types = [None, None, None, np.float32, np.float32, np.int32]
+    run_1d(("amp", "update"), scale.device, lambda: _UPDATE, "netcl_amp_update_scale", types, 1, scale, tracker,
+           found_inf, np.float32(growth), np.float32(backoff), np.int32(interval))  # fmt: skip
+    return scale
+
+
+__all__ = ["ALWAYS", "IF_FOUND", "ZERO_IF_FOUND", "copy_if_", "unscale_by_", "update_scale_"]

@@ -1,0 +1,171 @@
+"""batch_norm's channel kernels (netcl.runtime.ops.batchnorm) vs float64 NumPy, on PoCL and the NumPy backend.
+
+``check`` compares the forward with the float64 reference, the gradients with its central
+differences and runs ``ag.gradcheck``. The shapes pick each kernel path: (N, C) and odd spatial
+sizes load scalars, ``S % 4 == 0`` loads float4, channels of more than 4 vectors spread over
+several lanes (the tree in local memory). Tolerances: a channel sums at most 512 float32 terms of
+magnitude <= ~4 (|x - k| with the shift k one of the channel's values), relative error ~1e-6; the
+gradients chain two channel sums, checked at 1e-4 as the other norms (``ag.gradcheck``, float32 finite
+differences, only on channels of at most 64 values: beyond, its own noise passes 1e-3). Data far from zero (around
+100) checks that the shifted one-pass variance does not cancel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+import netcl.nn as nn
+from netcl.core import DTypeError, ShapeError
+from netcl.runtime.graph import Graph
+from netcl.runtime.ops import batchnorm as BN
+
+
+def ref_train(x, w=None, b=None, eps=1e-5):
+    axes = (0, *range(2, x.ndim))
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    y = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
+    return y * (1 if w is None else w.reshape(shape)) + (0 if b is None else b.reshape(shape))
+
+
+def stats(c, device, mean=0.0, var=1.0):
+    return nc.tensor(np.full(c, mean, np.float32), device=device), nc.tensor(np.full(c, var, np.float32), device=device)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 5), (4, 2, 4, 4), (3, 2, 7, 9), (32, 2, 1, 8)])
+def test_training(check, device, shape):
+    rm, rv = stats(shape[1], device)
+    fn = lambda x, w, b: ag.batch_norm(x, rm, rv, w, b, training=True)  # noqa: E731
+    small = np.prod(shape) // shape[1] <= 64  # float32 finite differences of longer channels are noise (~1e-3)
+    check([shape, shape[1:2], shape[1:2]], ref_train, fn, grad_atol=1e-4, gradcheck=small)
+
+
+def test_training_far_from_zero(check, device):
+    fn = lambda x: ag.batch_norm(x, None, None, training=True)  # noqa: E731
+    check([(6, 2, 4, 4)], ref_train, fn, low=100.0, high=104.0, atol=5e-5, grad_atol=1e-3, gradcheck=False)
+
+
+def test_training_no_affine_and_partial_grads(check, device):
+    check([(4, 3, 6)], ref_train, lambda x: ag.batch_norm(x, None, None, training=True), grad_atol=1e-4)
+    fn = lambda x, w, b: ag.batch_norm(x, None, None, w, b, training=True)  # noqa: E731
+    check([(4, 3, 8), (3,), (3,)], ref_train, fn, requires_grad=[False, True, False])
+    check([(4, 3, 8), (3,), (3,)], ref_train, fn, requires_grad=[False, False, True])
+
+
+def test_eval(check, device):
+    mean, var = np.array([0.5, -1.0, 0.2]), np.array([0.5, 2.0, 1.5])
+    rm, rv = nc.tensor(mean.astype(np.float32), device=device), nc.tensor(var.astype(np.float32), device=device)
+    shape = (1, 3, 1, 1)
+
+    def ref(x, w, b):
+        return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-3) * w.reshape(shape) + b.reshape(shape)
+
+    check([(2, 3, 2, 4), (3,), (3,)], ref, lambda x, w, b: ag.batch_norm(x, rm, rv, w, b, eps=1e-3))
+    np.testing.assert_array_equal(rv.to_host(), var.astype(np.float32))  # eval leaves them alone
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5, 4)])
+def test_running_stats_in_place(device, shape):
+    x = np.random.default_rng(3).standard_normal(shape) * 2 + 1
+    rm, rv = stats(shape[1], device, 0.5, 2.0)
+    ag.batch_norm(ag.tensor(x.astype(np.float32), device=device), rm, rv, training=True, momentum=0.2)
+    x = x.astype(np.float32).astype(np.float64)
+    axes = (0, *range(2, x.ndim))
+    np.testing.assert_allclose(rm.to_host(), 0.8 * 0.5 + 0.2 * x.mean(axes), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rv.to_host(), 0.8 * 2.0 + 0.2 * x.var(axes, ddof=1), rtol=1e-5)
+
+
+def test_float64_kernels_match_numpy(device):
+    """The runtime functions directly, float64 data: the kernels' formulas to 1e-12."""
+    rng = np.random.default_rng(5)
+    x, g = rng.standard_normal((3, 4, 6, 4)), rng.standard_normal((3, 4, 6, 4))
+    w = rng.standard_normal(4)
+    t = lambda a: nc.tensor(a, dtype=np.float64, device=device)  # noqa: E731
+    y, mean, rstd = BN.batch_norm_forward(t(x), None, None, t(w), None, training=True)
+    np.testing.assert_allclose(y.to_host(), ref_train(x, w), atol=1e-12)
+    xh = ref_train(x)
+    axes = (0, 2, 3)
+    dx, dw, db = BN.batch_norm_backward(t(g), t(x), mean, rstd, t(w), training=True)
+    inner = g - g.mean(axes, keepdims=True) - xh * (g * xh).mean(axes, keepdims=True)
+    np.testing.assert_allclose(
+        dx.to_host(), w.reshape(1, 4, 1, 1) * rstd.to_host().reshape(1, 4, 1, 1) * inner, atol=1e-12
+    )
+    np.testing.assert_allclose(dw.to_host(), (g * xh).sum(axes), atol=1e-11)
+    np.testing.assert_allclose(db.to_host(), g.sum(axes), atol=1e-11)
+
+
+def test_float16_input(device):
+    if not device.supports(np.float16):
+        pytest.skip("no cl_khr_fp16")
+    x = np.random.default_rng(2).standard_normal((8, 3, 4, 4)).astype(np.float16)
+    y = ag.batch_norm(ag.tensor(x, device=device), None, None, training=True)
+    assert y.dtype == np.float16
+    # half storage of y: relative 2^-11 of values <= ~4
+    np.testing.assert_allclose(y.to_host().astype(np.float64), ref_train(x.astype(np.float64)), atol=4e-3)
+
+
+def test_one_kernel_each_way(cl_device):
+    """Forward is one launch (statistics, normalization, running stats), backward one launch."""
+    layer = nn.BatchNorm2d(4, device=cl_device)
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32), requires_grad=True)
+    x = ag.tensor(x.value.to_host(), requires_grad=True, device=cl_device)
+    for _ in range(2):  # the second pass counts (programs built by the first)
+        graph = Graph()
+        with graph.capture(cl_device.queue):
+            with ag.Tape() as tape:
+                out = ag.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, True)
+            forward = len(graph)
+            tape.backward(out, grad=nc.tensor(np.ones((2, 4, 4, 4), np.float32), device=cl_device))
+    names = [launch.name for launch in graph.launches]
+    assert forward == 1 and names[0] == "netcl_batch_norm", names
+    assert names.count("netcl_batch_norm_backward") == 1, names
+
+
+def raises_before_launch(device, error, match, fn):
+    if device.kind != "opencl":
+        with pytest.raises(error, match=match):
+            fn()
+        return
+    graph = Graph()
+    with pytest.raises(error, match=match), graph.capture(device.queue):
+        fn()
+    assert len(graph) == 0, f"{len(graph)} kernel(s) launched before the error"
+
+
+def _t(shape, device, dtype=np.float32):
+    return nc.tensor(np.ones(shape, dtype), dtype=dtype, device=device)
+
+
+BAD = [
+    ("int x", lambda d: BN.batch_norm(_t((4, 3), d, np.int32), None, None, training=True), DTypeError, "floating"),
+    ("x 1-d", lambda d: BN.batch_norm(_t((4,), d), None, None, training=True), ShapeError, r"\(N, C\)"),
+    ("weight shape", lambda d: BN.batch_norm(_t((4, 3), d), None, None, _t((4,), d), training=True), ShapeError,
+     r"weight must have shape \(3,\) \(the channels of x\), got \(4,\)"),
+    ("one running stat", lambda d: BN.batch_norm(_t((4, 3), d), _t((3,), d), None, training=True), ValueError,
+     "both be given"),
+    ("eval without stats", lambda d: BN.batch_norm(_t((4, 3), d), None, None), ValueError,
+     "required when training=False"),
+    ("one value per channel", lambda d: BN.batch_norm(_t((1, 3, 1), d), None, None, training=True), ValueError,
+     "more than 1 value per channel"),
+    ("eps", lambda d: BN.batch_norm(_t((4, 3), d), None, None, training=True, eps=0.0), ValueError, "eps must be > 0"),
+    ("momentum", lambda d: BN.batch_norm(_t((4, 3), d), None, None, training=True, momentum="x"), TypeError,
+     "momentum must be a number"),
+    ("weight list", lambda d: BN.batch_norm(_t((4, 3), d), None, None, [1, 1, 1], training=True), TypeError,
+     "weight must be a Tensor or None, got list"),
+    ("backward g shape", lambda d: BN.batch_norm_backward(_t((4, 2), d), _t((4, 3), d), _t((3,), d), _t((3,), d)),
+     ShapeError, r"g \(4, 2\) and x \(4, 3\)"),
+    ("backward stats dtype",
+     lambda d: BN.batch_norm_backward(_t((4, 3), d), _t((4, 3), d), _t((3,), d, np.float64), _t((3,), d)),
+     DTypeError, "mean and rstd must be float32"),
+    ("ag eps", lambda d: ag.batch_norm(_t((4, 3), d), None, None, training=True, eps=-1.0), ValueError, "eps"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_inputs_raise_before_launch(device, case):
+    _, fn, error, match = case
+    if "dtype" in case[0] and not device.supports(np.float64):
+        pytest.skip("no cl_khr_fp64")
+    raises_before_launch(device, error, match, lambda: fn(device))
