@@ -66,8 +66,9 @@ class Plan:
         position = {id(t): i for i, t in enumerate(self.arg_traces) if t is not None}
         if all(id(p) in position for p in group.inputs) and all(o in group.outputs for o in self.outputs):
             self.direct = ([position[id(p)] for p in group.inputs], [group.outputs.index(o) for o in self.outputs])
-            if not self.needs_grad:
-                self.fast = self.steps[0].direct_caller(*self.direct, self.returns_tuple)
+            caller = getattr(self.steps[0], "direct_caller", None)  # a FusedStep's (not a GEMM epilogue's)
+            if caller is not None and not self.needs_grad:
+                self.fast = caller(*self.direct, self.returns_tuple)
 
     def run(self, args: tuple[Any, ...]) -> Any:
         if self.fast is not None:
