@@ -111,6 +111,8 @@ class FusedStep:
         capture or user variable that reads it holds the ``cl.Buffer``), which is cheaper than a
         pool round trip. As with the pool, reuse is ordered after earlier work by the in-order
         device queue. When every ring buffer is still referenced, the allocator serves the call.
+        Two threads cannot take one buffer: the loop variable that found it holds a reference
+        from the check on, so the other thread's count is one higher (the GIL orders them).
         """
         if not self.is_opencl or not self.size:
             return None
