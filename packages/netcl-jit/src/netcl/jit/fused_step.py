@@ -23,7 +23,7 @@ from netcl.jit.partition import FusedGroup
 from netcl.jit.tuning import launch_config
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import declared_scalar_dtypes, program_cache
-from netcl.runtime.launch import PreparedLaunch, launch
+from netcl.runtime.launch import PreparedLaunch
 
 _F32 = np.dtype(np.float32)
 #: per output of a direct plan: how many small output buffers the plan recycles, and up to what size
@@ -55,6 +55,8 @@ class FusedStep:
             else None
         )
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
+        #: id of a compiled (kernel, global, local) -> its PreparedLaunch (``_run``)
+        self._launches: dict[int, PreparedLaunch] = {}
         #: per output: which external inputs its gradient reaches (others get None, not zeros)
         self._reached = [tuple(reached_inputs(group, out)) for out in group.outputs]
 
@@ -173,12 +175,14 @@ class FusedStep:
 
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, values: list[Any], outs: list[Tensor], gout: Tensor | None) -> None:
-        if self.is_opencl:
-            kernel, gsize, local = compiled
-            args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
+        if self.is_opencl:  # a prepared launch per kernel: its element count is set once
+            prepared = self._launches.get(id(compiled))
+            if prepared is None:
+                prepared = self._launches[id(compiled)] = self._prepared(compiled)
+            args = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
             if gout is not None:
-                args.append(gout)
-            launch(kernel, gsize, local, *args, *outs, self.size)
+                args.append(gout.data)
+            prepared.call(*args, *[o.data for o in outs])
         else:
             ins = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
             compiled(ins, [o.data for o in outs], gout.data if gout is not None else None)
