@@ -128,3 +128,25 @@ def test_large_outputs_come_from_the_allocator(cl_device, nbytes_over, monkeypat
     for out in outs:
         np.testing.assert_allclose(out.to_host(), expected, rtol=RTOL, atol=ATOL)
     assert memory.memory_stats(cl_device).active_blocks >= 3
+
+
+def test_a_replay_result_and_a_parameter_as_arguments(cl_device):
+    """Tensor subclasses (a graph's ReplayResult) and Node subclasses (nn.Parameter) on the fast path."""
+    import netcl.nn as nn
+    from netcl.runtime.graph import capture_graph
+    from netcl.runtime.ops import mul
+
+    x = nc.tensor(_rand(1), device=cl_device)
+    graph = capture_graph(cl_device.queue, lambda t: mul(t, 2.0), x)
+    doubled = graph.execute(x)
+    assert type(doubled) is not nc.Tensor and isinstance(doubled, nc.Tensor)
+    weight = nn.Parameter(_rand(2), device=cl_device)
+    scaled = jit_compile(_scaled)
+    with ag.no_grad():
+        scaled(doubled, 0.5)
+        out = scaled(doubled, 0.5)  # cache hit: the fast path
+        both = jit_compile(lambda a, b: a * b)
+        both(doubled, weight)
+        product = both(doubled, weight)
+    np.testing.assert_allclose(out.to_host(), np.tanh(2 * _rand(1) * 0.5) + 0.5, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(product.to_host(), 2 * _rand(1).astype(np.float64) * _rand(2), rtol=RTOL, atol=ATOL)

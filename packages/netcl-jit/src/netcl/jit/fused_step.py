@@ -126,7 +126,7 @@ class FusedStep:
             if shape is None:
                 values.append(f"f32(x{n})")
             else:
-                values.append(f"(x{n}.data if x{n}.__class__ is Tensor else x{n}.value.data)")
+                values.append(f"(x{n}.value.data if isinstance(x{n}, Node) else x{n}.data)")
         outs = [f"o{j}" for j in range(len(self.group.outputs))]
         recycle = self.nbytes <= RING_MAX_BYTES
         for j, out in enumerate(outs):
