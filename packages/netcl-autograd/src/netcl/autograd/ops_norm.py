@@ -65,7 +65,8 @@ def _row_norm(
         return grads
 
     args = [x] + [p for p in (weight, bias) if p is not None]
-    return apply_op(forward, grad, *args, op_name=name, attrs={"normalized_shape": shape, "eps": eps})
+    attrs = {"normalized_shape": shape, "eps": eps, "has_weight": weight is not None, "has_bias": bias is not None}
+    return apply_op(forward, grad, *args, op_name=name, attrs=attrs)
 
 
 def layer_norm(

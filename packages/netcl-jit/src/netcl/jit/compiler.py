@@ -26,8 +26,9 @@ from netcl.core import Device, Tensor, same_device
 from netcl.jit.errors import UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.guards import find_guards
-from netcl.jit.partition import EagerStep, FusedGroup, partition
+from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
 from netcl.jit.primitives import registry_version
+from netcl.jit.row_step import RowStep
 from netcl.jit.tracing import TraceNode, TracingContext
 
 log = logging.getLogger("netcl.jit")
@@ -44,10 +45,10 @@ class Plan:
 
     arg_traces: list[TraceNode | None]
     consts: list[TraceNode]
-    steps: list[FusedStep | EagerStep]
+    steps: list[FusedStep | RowStep | EagerStep]
     outputs: list[TraceNode]
     returns_tuple: bool
-    fused_steps: list[FusedStep] = field(default_factory=list)
+    fused_steps: list[FusedStep | RowStep] = field(default_factory=list)
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
@@ -55,7 +56,7 @@ class Plan:
     guard: Callable[[tuple[Any, ...]], bool] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.steps) != 1 or not isinstance(self.steps[0], FusedStep):
+        if len(self.steps) != 1 or isinstance(self.steps[0], EagerStep):
             return
         group = self.steps[0].group
         position = {id(t): i for i, t in enumerate(self.arg_traces) if t is not None}
@@ -74,7 +75,7 @@ class Plan:
         for const in self.consts:
             env[const.id] = const.attrs["value"]
         for step in self.steps:
-            if isinstance(step, FusedStep):
+            if not isinstance(step, EagerStep):
                 for trace, node in zip(
                     step.group.outputs, step.forward([env[p.id] for p in step.group.inputs]), strict=True
                 ):
@@ -211,11 +212,12 @@ class JitFunction:
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
             return None, "the function does not return traced Nodes"
         output_traces = [o.value for o in outputs]
-        steps: list[FusedStep | EagerStep] = []
-        fused: list[FusedStep] = []
+        steps: list[FusedStep | RowStep | EagerStep] = []
+        fused: list[FusedStep | RowStep] = []
         for step in partition(output_traces):
-            if isinstance(step, FusedGroup):
-                runnable = FusedStep(step, device, f"{self.label}#{len(fused)}")
+            if isinstance(step, (FusedGroup, RowGroup)):
+                kind = FusedStep if isinstance(step, FusedGroup) else RowStep
+                runnable = kind(step, device, f"{self.label}#{len(fused)}")
                 fused.append(runnable)
                 steps.append(runnable)
             else:
