@@ -200,9 +200,10 @@ def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
         # the max subtracted carries no gradient: the result does not depend on it
         shift = b.reduce("max", x, grad=False)
         d = b.prim("sub", [x, shift])
-        total = b.reduce("sum", b.prim("exp", [d]))
+        e = b.prim("exp", [d])
+        total = b.reduce("sum", e)
         if name == "softmax":
-            return b.prim("div", [b.prim("exp", [d]), total], var=var)
+            return b.prim("div", [e, total], var=var)
         if name == "log_softmax":
             return b.prim("sub", [d, b.prim("log", [total])], var=var)
         return b.prim("add", [shift, b.prim("log", [total])], var=var)

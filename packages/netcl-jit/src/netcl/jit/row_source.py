@@ -67,8 +67,20 @@ def _schedule(program: RowProgram) -> tuple[dict[str, int], int]:
     return avail, passes
 
 
-def kernel_source(name: str, program: RowProgram, config: RowConfig, long_index: bool) -> str:
-    """The complete OpenCL program of ``program`` (kernel args: inputs, outputs, ``rows``)."""
+def kernel_source(
+    name: str,
+    program: RowProgram,
+    config: RowConfig,
+    long_index: bool,
+    column_sums: frozenset[int] = frozenset(),
+    rows_per_group: int = 1,
+) -> str:
+    """The complete OpenCL program of ``program`` (kernel args: inputs, outputs, ``rows``).
+
+    Outputs in ``column_sums`` (elem values) are summed over the ``rows_per_group`` rows each
+    work-group takes, in registers, and written as one ``C``-row of partial sums per work-group
+    (a weight's gradient: the caller sums the partials). Without them a work-group takes one row.
+    """
     C, L, VW = program.C, config.local, config.vw
     K = config.chunks(C)
     idx = "long" if long_index else "int"
@@ -83,22 +95,27 @@ def kernel_source(name: str, program: RowProgram, config: RowConfig, long_index:
         params.append(f"const float p{k}" if inp.kind == PARAM else f"__global const float* restrict in{k}")
     params += [f"__global float* restrict out{j}" for j in range(len(program.outputs))]
     params.append(f"const {idx} rows")
-    lines = [
+    head = [
         f"#define C {C}",
         f"#define L {L}",
         f"__kernel __attribute__((reqd_work_group_size({L}, 1, 1))) void {name}(",
         "    " + ",\n    ".join(params),
         ") {",
-        f"    const {idx} row = get_group_id(0);",
-        "    if (row >= rows) return;",
         "    const int lid = get_local_id(0);",
-        f"    const {idx} base = row * ({idx})C;",
     ]
+    if column_sums:
+        head.append(f"    const {idx} first_row = ({idx})get_group_id(0) * {rows_per_group};")
+        head += [f"    float cs{j}[{K * VW}];" for j in sorted(column_sums)]
+        head += [f"    for (int q = 0; q < {K * VW}; ++q) cs{j}[q] = 0.0f;" for j in sorted(column_sums)]
+    else:
+        head.append(f"    const {idx} row = get_group_id(0);")
+        head.append("    if (row >= rows) return;")
+    lines = [f"    const {idx} base = row * ({idx})C;"]
     n_local = max(
         [sum(1 for s in program.stmts if s.reduce and avail[s.var] == p + 1) for p in range(passes)], default=0
     )
     if n_local:
-        lines.append(f"    __local float lred[{n_local * L}];")
+        head.append(f"    __local float lred[{n_local * L}];")
     for k, inp in enumerate(program.inputs):
         if inp.kind == ROW:
             lines.append(f"    const float {inp.var} = in{k}[row];")
@@ -214,7 +231,17 @@ def kernel_source(name: str, program: RowProgram, config: RowConfig, long_index:
             lines.append(f"    const float {s.var} = lred[{j * L}];")
         lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
 
-    elem_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] == ELEM]
+    elem_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] == ELEM and j not in column_sums]
+    summed = [(j, program.outputs[j]) for j in sorted(column_sums)]
+    if summed:
+
+        def add_columns(lane):
+            if lane in ("pre", "post"):
+                return []
+            slot = f"kk * {VW} + {lane}"
+            return [f"            cs{j}[{slot}] += {v};" for j, v in summed]
+
+        lines += element_pass([v for _, v in summed], add_columns)
     if elem_outputs:
 
         def store(lane):
@@ -232,6 +259,19 @@ def kernel_source(name: str, program: RowProgram, config: RowConfig, long_index:
         lines.append("    if (lid == 0) {")
         lines += [f"        out{j}[row] = {v};" for j, v in row_outputs]
         lines.append("    }")
+    if column_sums:
+        body = ["        " + line for line in lines]
+        lines = [f"    for ({idx} row = first_row; row < first_row + {rows_per_group}; ++row) {{"]
+        lines += ["    if (row < rows) {", *body, "    }", "    }"]
+        lines += ["    #pragma unroll", f"    for (int kk = 0; kk < {K}; ++kk) {{", f"        const int c0 = (kk * L + lid) * {VW};"]
+        lines += ["        if (c0 < C) {"] if guard else []
+        for j, _ in summed:
+            lines += [
+                f"        out{j}[({idx})get_group_id(0) * C + c0 + {lane}] = cs{j}[kk * {VW} + {lane}];" for lane in range(VW)
+            ]
+        lines += ["        }"] if guard else []
+        lines.append("    }")
+    lines = head + lines
     lines.append("}")
     return PRIMITIVE_PREAMBLE + "\n" + custom_preamble() + "\n".join(lines) + "\n"
 

@@ -42,31 +42,35 @@ class RowStep:
         self.stats = [s.var for s in self.program.stmts if s.reduce]
         self.out_kinds = self.program.output_kinds()
         self.is_opencl = device.kind == "opencl"
+        #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
+        self.rows_per_group = max(1, self.rows // (2048 if device.is_gpu else 64))
         forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
         self.forward_source, self._forward = self._build(FORWARD_NAME, forward)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
 
     # ---- building ------------------------------------------------------------------------
-    def _build(self, name: str, program: RowProgram) -> tuple[str, Any]:
+    def _build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
         if not self.is_opencl:
             fn = row_numpy.compile_function(name, program)
             return fn.source, fn
         cl_device = self.device.cl_device
         config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
         long_index = row_source.needs_long(self.rows, self.C)
-        source = row_source.kernel_source(name, program, config, long_index)
+        per_group = self.rows_per_group if column_sums else 1
+        source = row_source.kernel_source(name, program, config, long_index, column_sums, per_group)
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
         dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
         dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
         kernel = handle.kernel(name, dtypes)
-        return source, (kernel, config.local, np.int64 if long_index else np.int32)
+        return source, (kernel, config.local, np.int64 if long_index else np.int32, -(-self.rows // per_group))
 
     def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
         key = (output_index, wants)
         entry = self._backward.get(key)
         if entry is None:
             program, which, _ = backward_program(self.program, output_index, list(wants))
-            source, compiled = self._build(BACKWARD_NAME, program)
+            columns = frozenset(j for j, k in enumerate(which) if self.program.inputs[k].kind == COL)
+            source, compiled = self._build(BACKWARD_NAME, program, columns if self.is_opencl else frozenset())
             entry = self._backward[key] = (compiled, source, which)
         return entry
 
@@ -76,9 +80,9 @@ class RowStep:
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, program_inputs, values: list[Any], outs: list[Tensor]) -> None:
         if self.is_opencl:
-            kernel, local, index = compiled
+            kernel, local, index, groups = compiled
             args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
-            launch(kernel, self.rows * local, local, *args, *outs, index(self.rows))
+            launch(kernel, groups * local, local, *args, *outs, index(self.rows))
             return
         arrays = [v.data if isinstance(v, Tensor) else v for v in values]
         ins = row_numpy.shaped_inputs_for(program_inputs, arrays, self.rows, self.C)
@@ -123,14 +127,15 @@ class RowStep:
         if tuple(grad_out.shape) != out_shape:
             grad_out = rops.broadcast_to(grad_out, out_shape)
         program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
-        shapes = [self._grad_shape(k) for k in which]
+        partial = self.is_opencl and compiled[3] != self.rows  # column gradients come as per-group partial sums
+        shapes = [self._grad_shape(k, compiled[3] if partial else 0) for k in which]
         grads = [self._empty(shape) for shape in shapes]
         self._run(compiled, program_inputs, [*values, *stats, grad_out], grads)
         result: list[Tensor | None] = [None] * len(values)
         for k, grad in zip(which, grads, strict=True):
             target = tuple(self.group.inputs[k].shape)
             if self.program.inputs[k].kind == COL:
-                grad = rops.sum_to_shape(grad, target)
+                grad = rops.sum(grad, 0).reshape(target) if partial else rops.sum_to_shape(grad, target)
             elif grad.shape != target:
                 grad = grad.reshape(target)
             result[k] = grad
@@ -142,8 +147,10 @@ class RowStep:
     def _gout_input(self, output_index: int) -> RowInput:
         return RowInput("gout", ELEM if self.out_kinds[output_index] == ELEM else ROW)
 
-    def _grad_shape(self, k: int) -> tuple[int, ...]:
+    def _grad_shape(self, k: int, groups: int) -> tuple[int, ...]:
         kind = self.program.inputs[k].kind
+        if kind == COL and groups:
+            return (groups, self.C)
         if kind in (ELEM, COL):
             return self.shape
         return tuple(self.group.inputs[k].shape)
