@@ -168,7 +168,11 @@ def kernel_source(
         body_vars = closure(targets)
         reads = {n for v in body_vars for n in names_in(by_var[v].expr)} | set(targets)
         used_inputs = [(k, inp) for k, inp in tensor_inputs if inp.var in reads]
-        out = ["    #pragma unroll", f"    for (int kk = 0; kk < {K}; ++kk) {{", f"        const int c0 = (kk * L + lid) * {VW};"]
+        out = [
+            "    #pragma unroll",
+            f"    for (int kk = 0; kk < {K}; ++kk) {{",
+            f"        const int c0 = (kk * L + lid) * {VW};",
+        ]
         if guard:
             out.append("        if (c0 < C) {")
         if not cache:
@@ -263,11 +267,16 @@ def kernel_source(
         body = ["        " + line for line in lines]
         lines = [f"    for ({idx} row = first_row; row < first_row + {rows_per_group}; ++row) {{"]
         lines += ["    if (row < rows) {", *body, "    }", "    }"]
-        lines += ["    #pragma unroll", f"    for (int kk = 0; kk < {K}; ++kk) {{", f"        const int c0 = (kk * L + lid) * {VW};"]
+        lines += [
+            "    #pragma unroll",
+            f"    for (int kk = 0; kk < {K}; ++kk) {{",
+            f"        const int c0 = (kk * L + lid) * {VW};",
+        ]
         lines += ["        if (c0 < C) {"] if guard else []
         for j, _ in summed:
             lines += [
-                f"        out{j}[({idx})get_group_id(0) * C + c0 + {lane}] = cs{j}[kk * {VW} + {lane}];" for lane in range(VW)
+                f"        out{j}[({idx})get_group_id(0) * C + c0 + {lane}] = cs{j}[kk * {VW} + {lane}];"
+                for lane in range(VW)
             ]
         lines += ["        }"] if guard else []
         lines.append("    }")
