@@ -39,6 +39,7 @@ def sweep(rows: int, features: int, repeats: int, locals_, widths) -> None:
     w, b = (ag.tensor(rand((features,), s, 0.5, 1.5), requires_grad=True, device=device) for s in (1, 2))
     upstream = ag.tensor(rand((rows, features), 3), device=device).value
     print(f"{'local':>5} {'vw':>3} {'softmax fwd':>12} {'softmax f+b':>12} {'lnorm fwd':>10} {'lnorm f+b':>10}")
+    best = (float("inf"), 0, 0)
     for local in locals_:
         for vw in widths:
             os.environ["NETCL_ROW_LOCAL"], os.environ["NETCL_ROW_VW"] = str(local), str(vw)
@@ -50,6 +51,8 @@ def sweep(rows: int, features: int, repeats: int, locals_, widths) -> None:
                     cells.append(time_device(device, lambda fn=fn, nodes=nodes: fn(*nodes), repeats).median_ms)
                 cells.append(time_device(device, _step(fn, nodes, upstream), repeats).median_ms)
             print(f"{local:>5} {vw:>3} {cells[0]:>12.3f} {cells[1]:>12.3f} {cells[2]:>10.3f} {cells[3]:>10.3f}")
+            best = min(best, (sum(cells), local, vw))
+    print(f"BEST NETCL_ROW_LOCAL={best[1]} NETCL_ROW_VW={best[2]}")
 
 
 def main() -> None:

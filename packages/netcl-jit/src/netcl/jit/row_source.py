@@ -13,6 +13,7 @@ The row length ``C`` is baked into the source (shapes are part of the JIT's cach
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
@@ -42,24 +43,49 @@ def _pow2_ceil(n: int) -> int:
 
 def row_config(C: int, is_gpu: bool, max_local: int) -> RowConfig:
     """Defaults: float4 chunks when C allows; on a GPU up to 256 work-items (one chunk each at
-    C = 1024), on a CPU device at most 16 (PoCL runs a group's work-items as loops between
-    barriers). ``NETCL_ROW_LOCAL`` / ``NETCL_ROW_VW`` override (tuning)."""
+    C = 1024), on a CPU device the fewest (>= 16) that keep a row slice in registers (PoCL runs
+    a group's work-items as loops between barriers). ``NETCL_ROW_LOCAL`` / ``NETCL_ROW_VW``
+    override (tuning)."""
     vw = int(os.environ.get("NETCL_ROW_VW", 4 if C % 4 == 0 else 1))
     if vw not in (1, 2, 4, 8, 16) or C % vw:
         vw = 1
-    cap = int(os.environ.get("NETCL_ROW_LOCAL", 256 if is_gpu else 16))
+    # CPU: the fewest work-items that keep a row slice in registers (at least 16)
+    cpu = max(16, _pow2_ceil(-(-C // CACHE_MAX)))
+    cap = int(os.environ.get("NETCL_ROW_LOCAL", 256 if is_gpu else cpu))
     local = min(_pow2_ceil(max(1, -(-C // vw))), _pow2_ceil(cap), max(1, max_local))
     while local > max_local:
         local //= 2
     return RowConfig(max(1, local), vw)
 
 
-def _schedule(program: RowProgram) -> tuple[dict[str, int], int]:
+def online_pairs(program: RowProgram) -> dict[str, str]:
+    """``sum(exp(x - m))`` with ``m = max(x)``: sum var -> max var. Both are taken in ONE pass and
+    one tree (online softmax: each work-item sums ``exp(x - its own max)``, and the tree rescales
+    the partial sums to the common max). ``NETCL_ROW_ONLINE=0`` turns this off."""
+    if os.environ.get("NETCL_ROW_ONLINE", "1").strip() in ("0", ""):
+        return {}
+    by_var = {s.var: s for s in program.stmts}
+    pairs = {}
+    for stmt in program.stmts:
+        exp = by_var.get(stmt.expr) if stmt.reduce == "sum" else None
+        match = re.fullmatch(r"EXP\((\w+)\)", exp.expr) if exp is not None and not exp.reduce else None
+        sub = by_var.get(match.group(1)) if match else None
+        parts = re.fullmatch(r"SUB\((\w+), (\w+)\)", sub.expr) if sub is not None and not sub.reduce else None
+        peak = by_var.get(parts.group(2)) if parts else None
+        if peak is not None and peak.reduce == "max" and peak.expr == parts.group(1):
+            pairs[stmt.var] = peak.var
+    return pairs
+
+
+def _schedule(program: RowProgram, pairs: dict[str, str]) -> tuple[dict[str, int], int]:
     """avail[var]: how many passes must end before ``var`` can be computed; and the pass count."""
     avail: dict[str, int] = {i.var: 0 for i in program.inputs}
     passes = 0
     for stmt in program.stmts:
         level = max((avail[n] for n in names_in(stmt.expr) if n in avail), default=0)
+        if stmt.var in pairs:  # taken with its max
+            avail[stmt.var] = avail[pairs[stmt.var]]
+            continue
         if stmt.reduce:
             passes = max(passes, level + 1)
             level += 1
@@ -85,7 +111,8 @@ def kernel_source(
     K = config.chunks(C)
     idx = "long" if long_index else "int"
     kinds = program.kinds()
-    avail, passes = _schedule(program)
+    pairs = online_pairs(program)
+    avail, passes = _schedule(program, pairs)
     by_var = {s.var: s for s in program.stmts}
     tensor_inputs = [(k, i) for k, i in enumerate(program.inputs) if i.kind in (ELEM, COL)]
     cache = K * VW <= CACHE_MAX
@@ -211,21 +238,40 @@ def kernel_source(
         for j, s in enumerate(reds):
             lines.append(f"    float acc{j}_{s.var} = {_INIT[s.reduce]};")
 
-        def accumulate(lane, reds=reds):
-            if lane in ("pre", "post"):
+        slot = {s.var: j for j, s in enumerate(reds)}
+        first = [(j, s) for j, s in enumerate(reds) if s.var not in pairs]
+        second = [(j, s) for j, s in enumerate(reds) if s.var in pairs]
+
+        def accumulate(lane, group):
+            if lane == "pre":  # the online sums: exp(x - this work-item's max)
+                return [
+                    f"        const float {pairs[s.var]} = acc{slot[pairs[s.var]]}_{pairs[s.var]};" for _, s in group
+                ]
+            if lane == "post":
                 return []
             return [
                 f"            acc{j}_{s.var} = {_COMBINE[s.reduce].format(a=f'acc{j}_{s.var}', b=s.expr)};"
-                for j, s in enumerate(reds)
+                for j, s in group
             ]
 
-        lines += element_pass([s.expr for s in reds], accumulate)
+        lines += element_pass([s.expr for _, s in first], lambda lane: [] if lane == "pre" else accumulate(lane, first))
+        if second:
+            lines += element_pass([s.expr for _, s in second], lambda lane: accumulate(lane, second))
         for j, s in enumerate(reds):
             lines.append(f"    lred[{j * L} + lid] = acc{j}_{s.var};")
         lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
         lines.append("    for (int h = L / 2; h > 0; h >>= 1) {")
         lines.append("        if (lid < h) {")
-        for j, s in enumerate(reds):
+        for j, s in second:  # rescale both partial sums to the larger max (before the max is combined)
+            m = slot[pairs[s.var]]
+            m1, m2 = f"lred[{m * L} + lid]", f"lred[{m * L} + lid + h]"
+            s1, s2 = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
+            lines.append(f"            const float mx{j} = MAX({m1}, {m2});")
+            lines.append(
+                f"            {s1} = ({m1} == -INFINITY ? 0.0f : {s1} * exp({m1} - mx{j}))"
+                f" + ({m2} == -INFINITY ? 0.0f : {s2} * exp({m2} - mx{j}));"
+            )
+        for j, s in first:
             a, b = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
             lines.append(f"            {a} = {_COMBINE[s.reduce].format(a=a, b=b)};")
         lines.append("        }")

@@ -10,6 +10,7 @@ then the gradients of the inputs that want one. A per-column input's gradient (a
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,8 @@ class RowStep:
         self.out_kinds = self.program.output_kinds()
         self.is_opencl = device.kind == "opencl"
         #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
-        self.rows_per_group = max(1, self.rows // (2048 if device.is_gpu else 64))
+        groups = int(os.environ.get("NETCL_ROW_GROUPS", 2048 if device.is_gpu else 64))
+        self.rows_per_group = max(1, self.rows // max(1, groups))
         forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
         self.forward_source, self._forward = self._build(FORWARD_NAME, forward)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
