@@ -1,11 +1,11 @@
 """Row groups: reductions along the last axis with their elementwise prologue and epilogue.
 
-``find_row_groups`` grows one group around each reduction of a float32 value of shape ``S``
+``find_row_groups`` grows one group around each reduction of a float32 value of shape ``full``
 along its last axis (``sum``/``mean``/``max``/``min``, and the built-in ``softmax``,
 ``log_softmax``, ``logsumexp``, ``layer_norm``, ``rms_norm`` over that axis): elementwise ops of
-shape ``S`` that feed it (prologue), ops that consume its result broadcast back over the row or
+shape ``full`` that feed it (prologue), ops that consume its result broadcast back over the row or
 per row (epilogue), and further reductions of the same rows. The group's values read from outside
-are ``S``-shaped, per column (``(C,)``), per row (``S[:-1] + (1,)``) or Python scalars. A group
+are ``full``-shaped, per column (``(C,)``), per row (``(*full[:-1], 1)``) or Python scalars. A group
 never reads a value that depends on itself (it would have to run twice). ``build_program`` writes a
 group as a ``row_ir.RowProgram``.
 """
@@ -47,7 +47,7 @@ def _all_nodes(node: TraceNode) -> bool:
 
 
 def row_seed_shape(node: TraceNode) -> tuple[int, ...] | None:
-    """``S`` when ``node`` reduces a float32 value of shape ``S`` along its last axis, else None."""
+    """``full`` when ``node`` reduces a float32 value of shape ``full`` along its last axis, else None."""
     if node.kind != "op" or not node.inputs or node.dtype != _F32:
         return None
     x = node.inputs[0]
@@ -78,46 +78,46 @@ class _Finder:
         self.ancestors = ancestors
         self.claimed: set[int] = set()
 
-    def external_kind(self, p: TraceNode, S: tuple[int, ...]) -> str | None:
+    def external_kind(self, p: TraceNode, full: tuple[int, ...]) -> str | None:
         """How a value from outside the group is read, or None when it cannot be."""
         if p.kind == "param":
             return PARAM
         if p.dtype != _F32:
             return None
-        if p.shape == S:
+        if p.shape == full:
             return ELEM
-        C = S[-1]
-        if p.shape and p.shape[-1] == C and len(p.shape) <= len(S) and all(d == 1 for d in p.shape[:-1]):
+        C = full[-1]
+        if p.shape and p.shape[-1] == C and len(p.shape) <= len(full) and all(d == 1 for d in p.shape[:-1]):
             return COL
-        if p.shape == S[:-1] + (1,):
+        if p.shape == (*full[:-1], 1):
             return ROW
-        return "flat" if p.shape == S[:-1] else None
+        return "flat" if p.shape == full[:-1] else None
 
-    def value_kind(self, p: TraceNode, S: tuple[int, ...], group: dict[int, TraceNode]) -> str | None:
+    def value_kind(self, p: TraceNode, full: tuple[int, ...], group: dict[int, TraceNode]) -> str | None:
         if p.id not in group:
-            return self.external_kind(p, S)
-        if p.shape == S:
+            return self.external_kind(p, full)
+        if p.shape == full:
             return ELEM
-        return ROW if p.shape == S[:-1] + (1,) else "flat"
+        return ROW if p.shape == (*full[:-1], 1) else "flat"
 
-    def eligible(self, node: TraceNode, S: tuple[int, ...], group: dict[int, TraceNode]) -> bool:
-        """Whether ``node`` can be computed inside a group of rows of shape ``S`` holding ``group``."""
+    def eligible(self, node: TraceNode, full: tuple[int, ...], group: dict[int, TraceNode]) -> bool:
+        """Whether ``node`` can be computed inside a group of rows of shape ``full`` holding ``group``."""
         if node.id in self.claimed or node.kind != "op":
             return False
-        kinds = [self.value_kind(p, S, group) for p in node.inputs]
+        kinds = [self.value_kind(p, full, group) for p in node.inputs]
         if any(k is None for k in kinds):
             return False
-        keep, flat = S[:-1] + (1,), S[:-1]
+        keep, flat = (*full[:-1], 1), full[:-1]
         seed = row_seed_shape(node)
         if seed is not None:
-            return seed == S and kinds[0] == ELEM and all(k == COL for k in kinds[1:])
+            return seed == full and kinds[0] == ELEM and all(k == COL for k in kinds[1:])
         if not _fusible(node):
             return False
-        if node.shape == S:
+        if node.shape == full:
             # a per-row value without the kept axis would broadcast along columns: not a row value
-            return all(k != "flat" or len(S) == 1 for k in kinds) and any(k in (ELEM, COL) for k in kinds)
+            return all(k != "flat" or len(full) == 1 for k in kinds) and any(k in (ELEM, COL) for k in kinds)
         if node.shape == keep:
-            return all(k in (ROW, PARAM) or (k == "flat" and len(S) == 1) for k in kinds)
+            return all(k in (ROW, PARAM) or (k == "flat" and len(full) == 1) for k in kinds)
         if node.shape == flat:
             return all(k in ("flat", PARAM) for k in kinds)
         return False
@@ -126,14 +126,14 @@ class _Finder:
         above = set().union(*(self.ancestors[g] for g in ids)) - ids
         return not any(n.id in above and self.ancestors[n.id] & ids for n in self.nodes if n.id not in ids)
 
-    def grow(self, seed: TraceNode, S: tuple[int, ...]) -> dict[int, TraceNode]:
+    def grow(self, seed: TraceNode, full: tuple[int, ...]) -> dict[int, TraceNode]:
         group = {seed.id: seed}
         changed = True
         while changed:
             changed = False
             for member in list(group.values()):  # prologue: what the group reads
                 for p in member.inputs:
-                    if p.id in group or p.kind != "op" or p.shape != S or not self.eligible(p, S, group):
+                    if p.id in group or p.kind != "op" or p.shape != full or not self.eligible(p, full, group):
                         continue
                     if self._acyclic(set(group) | {p.id}):
                         group[p.id] = p
@@ -141,7 +141,7 @@ class _Finder:
             for node in self.nodes:  # epilogue: what reads the group
                 if node.id in group or not any(p.id in group for p in node.inputs):
                     continue
-                if not self.eligible(node, S, group):
+                if not self.eligible(node, full, group):
                     continue
                 outside = [p for p in node.inputs if p.id not in group]
                 if any(self.ancestors[p.id] & set(group) for p in outside):
@@ -158,28 +158,28 @@ def find_row_groups(nodes: list[TraceNode], ancestors: dict[int, set[int]]) -> l
     for node in nodes:
         if node.id in finder.claimed:
             continue
-        S = row_seed_shape(node)
-        if S is None:
+        full = row_seed_shape(node)
+        if full is None:
             continue
-        group = finder.grow(node, S)
+        group = finder.grow(node, full)
         finder.claimed |= set(group)
         groups.append(group)
     return groups
 
 
-def external_kind(p: TraceNode, S: tuple[int, ...]) -> str:
+def external_kind(p: TraceNode, full: tuple[int, ...]) -> str:
     """How the row program reads the outside value ``p`` (a value without the kept axis is per row too)."""
-    kind = _Finder([], {}).external_kind(p, S)
+    kind = _Finder([], {}).external_kind(p, full)
     if kind is None:
-        raise AssertionError(f"internal error: {p} cannot be read by a row group of shape {S}")
+        raise AssertionError(f"internal error: {p} cannot be read by a row group of shape {full}")
     return ROW if kind == "flat" else kind
 
 
 def build_program(group: RowGroup) -> RowProgram:
     """The group as a row program: inputs ``x{k}``, op node ``n`` as ``v{n.id}``."""
-    S = group.shape
-    C = S[-1]
-    inputs = [RowInput(f"x{k}", external_kind(p, S)) for k, p in enumerate(group.inputs)]
+    full = group.shape
+    C = full[-1]
+    inputs = [RowInput(f"x{k}", external_kind(p, full)) for k, p in enumerate(group.inputs)]
     b = Builder(C, inputs)
     names = {p.id: f"x{k}" for k, p in enumerate(group.inputs)}
     for node in group.nodes:

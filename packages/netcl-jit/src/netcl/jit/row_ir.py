@@ -82,8 +82,8 @@ def kind_of(expr: str, kinds: dict[str, str]) -> str:
 class Builder:
     """Appends statements with fresh names (``t0``, ``t1``, ...) and tracks each value's kind."""
 
-    def __init__(self, C: int, inputs: list[RowInput], prefix: str = "t") -> None:
-        self.C = C
+    def __init__(self, cols: int, inputs: list[RowInput], prefix: str = "t") -> None:
+        self.C = cols
         self.inputs = inputs
         self.stmts: list[Stmt] = []
         self.kinds = {i.var: (ROW if i.kind in (ROW, PARAM) else ELEM) for i in inputs}

@@ -57,16 +57,16 @@ def compile_function(name: str, program: RowProgram):
     return run
 
 
-def shaped_inputs_for(inputs: list, values: list, rows: int, C: int) -> list:
+def shaped_inputs_for(inputs: list, values: list, rows: int, cols: int) -> list:
     """Arrays of the forms ``function_source`` reads (params as float32 scalars)."""
     out = []
     for inp, v in zip(inputs, values, strict=True):
         if inp.kind == PARAM:
             out.append(np.float32(v))
         elif inp.kind == ELEM:
-            out.append(np.asarray(v).reshape(rows, C))
+            out.append(np.asarray(v).reshape(rows, cols))
         elif inp.kind == COL:
-            out.append(np.asarray(v).reshape(1, C))
+            out.append(np.asarray(v).reshape(1, cols))
         else:
             out.append(np.asarray(v).reshape(rows, 1))
     return out

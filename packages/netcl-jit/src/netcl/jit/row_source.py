@@ -33,19 +33,20 @@ class RowConfig:
     local: int
     vw: int
 
-    def chunks(self, C: int) -> int:
-        return -(-C // (self.local * self.vw))
+    def chunks(self, cols: int) -> int:
+        return -(-cols // (self.local * self.vw))
 
 
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def row_config(C: int, is_gpu: bool, max_local: int) -> RowConfig:
+def row_config(cols: int, is_gpu: bool, max_local: int) -> RowConfig:
     """Defaults: float4 chunks when C allows; on a GPU up to 256 work-items (one chunk each at
     C = 1024), on a CPU device the fewest (>= 16) that keep a row slice in registers (PoCL runs
     a group's work-items as loops between barriers). ``NETCL_ROW_LOCAL`` / ``NETCL_ROW_VW``
     override (tuning)."""
+    C = cols  # noqa: N806
     vw = int(os.environ.get("NETCL_ROW_VW", 4 if C % 4 == 0 else 1))
     if vw not in (1, 2, 4, 8, 16) or C % vw:
         vw = 1
@@ -58,22 +59,49 @@ def row_config(C: int, is_gpu: bool, max_local: int) -> RowConfig:
     return RowConfig(max(1, local), vw)
 
 
-def online_pairs(program: RowProgram) -> dict[str, str]:
-    """``sum(exp(x - m))`` with ``m = max(x)``: sum var -> max var. Both are taken in ONE pass and
-    one tree (online softmax: each work-item sums ``exp(x - its own max)``, and the tree rescales
-    the partial sums to the common max). ``NETCL_ROW_ONLINE=0`` turns this off."""
+def online_pairs(program: RowProgram) -> dict[str, tuple[str, str, str]]:
+    """Second reductions taken in the SAME pass (and tree) as the first one they depend on.
+
+    sum var -> (partner reduction, row value to shadow, how):
+
+    - ``"exp"``: ``sum(exp(x - m))`` with ``m = max(x)`` (online softmax: each work-item sums
+      ``exp(x - its own max)``; the tree rescales the partial sums to the common max);
+    - ``"centered"``: ``sum((x - mu) ** 2)`` with ``mu = sum(x) / C`` (each work-item centres on its
+      own mean; the tree merges (count, sum, M2) as Chan et al.).
+
+    ``NETCL_ROW_ONLINE=0`` turns this off.
+    """
     if os.environ.get("NETCL_ROW_ONLINE", "1").strip() in ("0", ""):
         return {}
     by_var = {s.var: s for s in program.stmts}
+
+    def op(var: str, pattern: str):
+        stmt = by_var.get(var)
+        return re.fullmatch(pattern, stmt.expr) if stmt is not None and not stmt.reduce else None
+
     pairs = {}
     for stmt in program.stmts:
-        exp = by_var.get(stmt.expr) if stmt.reduce == "sum" else None
-        match = re.fullmatch(r"EXP\((\w+)\)", exp.expr) if exp is not None and not exp.reduce else None
-        sub = by_var.get(match.group(1)) if match else None
-        parts = re.fullmatch(r"SUB\((\w+), (\w+)\)", sub.expr) if sub is not None and not sub.reduce else None
-        peak = by_var.get(parts.group(2)) if parts else None
-        if peak is not None and peak.reduce == "max" and peak.expr == parts.group(1):
-            pairs[stmt.var] = peak.var
+        if stmt.reduce != "sum":
+            continue
+        exp = op(stmt.expr, r"EXP\((\w+)\)")
+        sub = op(exp.group(1), r"SUB\((\w+), (\w+)\)") if exp else None
+        peak = by_var.get(sub.group(2)) if sub else None
+        if peak is not None and peak.reduce == "max" and peak.expr == sub.group(1):
+            pairs[stmt.var] = (peak.var, peak.var, "exp")
+            continue
+        square = op(stmt.expr, r"MUL\((\w+), (\w+)\)")
+        if square is None or square.group(1) != square.group(2):
+            continue
+        sub = op(square.group(1), r"SUB\((\w+), (\w+)\)")
+        mean = op(sub.group(2), r"MUL\((\w+), \(?([0-9.e+-]+)f\)?\)") if sub else None
+        total = by_var.get(mean.group(1)) if mean else None
+        if (
+            total is not None
+            and total.reduce == "sum"
+            and total.expr == sub.group(1)
+            and abs(float(mean.group(2)) * program.C - 1.0) < 1e-6
+        ):
+            pairs[stmt.var] = (total.var, sub.group(2), "centered")
     return pairs
 
 
@@ -83,8 +111,8 @@ def _schedule(program: RowProgram, pairs: dict[str, str]) -> tuple[dict[str, int
     passes = 0
     for stmt in program.stmts:
         level = max((avail[n] for n in names_in(stmt.expr) if n in avail), default=0)
-        if stmt.var in pairs:  # taken with its max
-            avail[stmt.var] = avail[pairs[stmt.var]]
+        if stmt.var in pairs:  # taken with its partner
+            avail[stmt.var] = avail[pairs[stmt.var][0]]
             continue
         if stmt.reduce:
             passes = max(passes, level + 1)
@@ -138,8 +166,18 @@ def kernel_source(
         head.append(f"    const {idx} row = get_group_id(0);")
         head.append("    if (row >= rows) return;")
     lines = [f"    const {idx} base = row * ({idx})C;"]
+    # elements of a row this work-item holds (for the per-work-item means of "centered" pairs)
+    head.append(f"    const float n_t = (float)({VW} * (lid < {C // VW} ? ({C // VW} - 1 - lid) / L + 1 : 0));")
     n_local = max(
-        [sum(1 for s in program.stmts if s.reduce and avail[s.var] == p + 1) for p in range(passes)], default=0
+        [
+            sum(
+                1 + (s.var in pairs and pairs[s.var][2] == "centered")
+                for s in program.stmts
+                if s.reduce and avail[s.var] == p + 1
+            )
+            for p in range(passes)
+        ],
+        default=0,
     )
     if n_local:
         head.append(f"    __local float lred[{n_local * L}];")
@@ -161,7 +199,7 @@ def kernel_source(
         return out
 
     if cache:
-        for k, inp in tensor_inputs:
+        for k, _ in tensor_inputs:
             lines.append(f"    float a{k}[{K * VW}];")
         if tensor_inputs:
             lines.append("    #pragma unroll")
@@ -242,11 +280,20 @@ def kernel_source(
         first = [(j, s) for j, s in enumerate(reds) if s.var not in pairs]
         second = [(j, s) for j, s in enumerate(reds) if s.var in pairs]
 
-        def accumulate(lane, group):
-            if lane == "pre":  # the online sums: exp(x - this work-item's max)
-                return [
-                    f"        const float {pairs[s.var]} = acc{slot[pairs[s.var]]}_{pairs[s.var]};" for _, s in group
-                ]
+        count = {s.var: len(reds) + c for c, (_, s) in enumerate(x for x in second if pairs[x[1].var][2] == "centered")}
+
+        def accumulate(lane, group, slot=slot):
+            if lane == "pre":  # the partner reductions' values shadowed by this work-item's partials
+                out = []
+                for _, s in group:
+                    partner, shadow, how = pairs[s.var]
+                    acc = f"acc{slot[partner]}_{partner}"
+                    out.append(
+                        f"        const float {shadow} = {acc};"
+                        if how == "exp"
+                        else f"        const float {shadow} = {acc} / n_t;"
+                    )
+                return out
             if lane == "post":
                 return []
             return [
@@ -254,23 +301,39 @@ def kernel_source(
                 for j, s in group
             ]
 
-        lines += element_pass([s.expr for _, s in first], lambda lane: [] if lane == "pre" else accumulate(lane, first))
+        lines += element_pass(
+            [s.expr for _, s in first], lambda lane, first=first: [] if lane == "pre" else accumulate(lane, first)
+        )
         if second:
-            lines += element_pass([s.expr for _, s in second], lambda lane: accumulate(lane, second))
+            lines += element_pass([s.expr for _, s in second], lambda lane, second=second: accumulate(lane, second))
         for j, s in enumerate(reds):
             lines.append(f"    lred[{j * L} + lid] = acc{j}_{s.var};")
+        for c in count.values():
+            lines.append(f"    lred[{c * L} + lid] = n_t;")
         lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
         lines.append("    for (int h = L / 2; h > 0; h >>= 1) {")
         lines.append("        if (lid < h) {")
-        for j, s in second:  # rescale both partial sums to the larger max (before the max is combined)
-            m = slot[pairs[s.var]]
+        for j, s in second:  # combined before their partners are
+            m = slot[pairs[s.var][0]]
             m1, m2 = f"lred[{m * L} + lid]", f"lred[{m * L} + lid + h]"
             s1, s2 = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
-            lines.append(f"            const float mx{j} = MAX({m1}, {m2});")
+            if pairs[s.var][2] == "exp":  # rescale both partial sums to the larger max
+                lines.append(f"            const float mx{j} = MAX({m1}, {m2});")
+                lines.append(
+                    f"            {s1} = ({m1} == -INFINITY ? 0.0f : {s1} * exp({m1} - mx{j}))"
+                    f" + ({m2} == -INFINITY ? 0.0f : {s2} * exp({m2} - mx{j}));"
+                )
+                continue
+            c = count[s.var]  # (count, sum, M2) of two halves merged
+            na, nb = f"lred[{c * L} + lid]", f"lred[{c * L} + lid + h]"
+            lines.append(f"            const float na{j} = {na}, nb{j} = {nb}, n{j} = na{j} + nb{j};")
             lines.append(
-                f"            {s1} = ({m1} == -INFINITY ? 0.0f : {s1} * exp({m1} - mx{j}))"
-                f" + ({m2} == -INFINITY ? 0.0f : {s2} * exp({m2} - mx{j}));"
+                f"            const float d{j} = (na{j} > 0.0f && nb{j} > 0.0f) ? {m2} / nb{j} - {m1} / na{j} : 0.0f;"
             )
+            lines.append(
+                f"            {s1} = {s1} + {s2} + (n{j} > 0.0f ? d{j} * d{j} * (na{j} * nb{j} / n{j}) : 0.0f);"
+            )
+            lines.append(f"            {na} = n{j};")
         for j, s in first:
             a, b = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
             lines.append(f"            {a} = {_COMBINE[s.reduce].format(a=a, b=b)};")
@@ -331,8 +394,8 @@ def kernel_source(
     return PRIMITIVE_PREAMBLE + "\n" + custom_preamble() + "\n".join(lines) + "\n"
 
 
-def needs_long(rows: int, C: int) -> bool:
-    return rows * C >= 2**31 or rows >= 2**31 // 2
+def needs_long(rows: int, cols: int) -> bool:
+    return rows * cols >= 2**31 or rows >= 2**31 // 2
 
 
 __all__ = ["CACHE_MAX", "RowConfig", "kernel_source", "needs_long", "row_config"]
