@@ -46,7 +46,7 @@ def row_config(cols: int, is_gpu: bool, max_local: int) -> RowConfig:
     C = 1024), on a CPU device the fewest (>= 16) that keep a row slice in registers (PoCL runs
     a group's work-items as loops between barriers). ``NETCL_ROW_LOCAL`` / ``NETCL_ROW_VW``
     override (tuning)."""
-    C = cols  # noqa: N806
+    C = cols
     vw = int(os.environ.get("NETCL_ROW_VW", 4 if C % 4 == 0 else 1))
     if vw not in (1, 2, 4, 8, 16) or C % vw:
         vw = 1
