@@ -89,6 +89,12 @@ PROGRAMS = {
         [(6, 9), (6, 1)],
         [True, True],
     ),
+    "cross_entropy_one_hot": (
+        lambda x, q: -ag.sum(ag.log_softmax(x, -1) * q, -1),
+        lambda x, q: -(np.log(_softmax64(x)) * q).sum(-1),
+        [(6, 10), (6, 10)],
+        [True, False],
+    ),
     "max_with_ties": (
         lambda x: ag.max(ag.relu(x), -1, keepdims=True) * x,
         lambda x: np.maximum(x, 0).max(-1, keepdims=True) * x,
@@ -131,6 +137,8 @@ def _fd_grads(reference, arrays, upstream, wants, eps=1e-6):
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_row_program_matches_float64(device, name):
     fn, reference, shapes, wants = PROGRAMS[name]
+    if name == "cross_entropy_one_hot":
+        arrays[1] = np.eye(shapes[1][1], dtype=np.float32)[[3, 0, 9, 9, 1, 4]]
     if name == "max_with_ties":  # ties: central differences see one side; the gradient is shared
         pytest.skip("checked by test_max_ties_share_the_gradient")
     arrays = _inputs(shapes, name)
