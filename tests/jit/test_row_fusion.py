@@ -247,3 +247,30 @@ def test_one_kernel_each_way(cl_device, name):
     assert counter.names == ["row_forward"]
     plan = fused.plan_for(node, *consts)
     assert len(plan.steps) == 1 and isinstance(plan.steps[0], RowStep)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_of_logits_with_integer_targets(device, smoothing):
+    """One row kernel forward (per-row losses and an epilogue), one backward: (softmax - q) * upstream."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((9, 12)) * 3).astype(np.float32)
+    t = rng.integers(0, 12, 9).astype(np.int32)
+    t[4] = -100  # ignored: no loss, no gradient
+    upstream = np.linspace(-1, 1, 9).astype(np.float32)
+
+    def loss(x, t):
+        return ag.cross_entropy(x, t, reduction="none", label_smoothing=smoothing) * 2.0
+
+    fused = jit_compile(loss)
+    node, targets = ag.tensor(x, requires_grad=True, device=device), ag.tensor(t, device=device)
+    with ag.Tape() as tape:
+        out = fused(node, targets)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    x64 = x.astype(np.float64)
+    valid = (t != -100).astype(np.float64)
+    q = np.eye(12)[np.where(t < 0, 0, t)] * (1 - smoothing) + smoothing / 12
+    logp = np.log(_softmax64(x64))
+    np.testing.assert_allclose(out.to_host(), -2.0 * (q * logp).sum(-1) * valid, rtol=RTOL, atol=ATOL)
+    expected = 2.0 * (np.exp(logp) - q) * (valid * upstream)[:, None]
+    np.testing.assert_allclose(node.grad.to_host(), expected, rtol=RTOL, atol=ATOL)
+    assert [type(s).__name__ for s in fused.plan_for(node, targets).steps] == ["RowStep"]

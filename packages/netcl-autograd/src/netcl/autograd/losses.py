@@ -84,6 +84,10 @@ def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tenso
     if len(shape) < 2:
         raise ShapeError(f"{op}: input must be (N, C) or (N, C, d1, ...), got shape {shape}")
     expected = (shape[0], *shape[2:])
+    if isinstance(target, Node) and not isinstance(target.value, Tensor):  # traced by jit_compile
+        if np.dtype(target.dtype).kind not in "iu" or tuple(target.shape) != expected:
+            raise TypeError(f"{op}: target must be integer class indices of shape {expected}")
+        return target  # type: ignore[return-value]
     labels = target.value if isinstance(target, Node) else target
     if isinstance(labels, Tensor):
         host = None

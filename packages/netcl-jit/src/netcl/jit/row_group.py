@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, Builder, RowInput, RowProgram
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, Builder, RowInput, RowProgram
 from netcl.jit.tracing import TraceNode
 
 _REDUCTIONS = ("sum", "mean", "max", "min")
@@ -59,6 +59,11 @@ def row_seed_shape(node: TraceNode) -> tuple[int, ...] | None:
         if len(node.inputs) != 1 or not _all_nodes(node) or not _last_axis(node.attrs.get("axis", -1), ndim):
             return None
         return x.shape
+    if name == "cross_entropy":  # integer class targets, per-row losses (reduction "none")
+        target = node.inputs[1] if len(node.inputs) == 2 else None
+        if len(x.shape) != 2 or target is None or target.dtype != np.int32 or target.shape != x.shape[:1]:
+            return None
+        return x.shape if node.attrs.get("reduction") == "none" and _all_nodes(node) else None
     if name in ("layer_norm", "rms_norm"):
         if tuple(node.attrs.get("normalized_shape", ())) != (x.shape[-1],) or "has_weight" not in node.attrs:
             return None
@@ -82,6 +87,8 @@ class _Finder:
         """How a value from outside the group is read, or None when it cannot be."""
         if p.kind == "param":
             return PARAM
+        if p.dtype == np.int32 and p.shape == full[:-1] and len(full) == 2:
+            return INDEX
         if p.dtype != _F32:
             return None
         if p.shape == full:
@@ -110,6 +117,8 @@ class _Finder:
         keep, flat = (*full[:-1], 1), full[:-1]
         seed = row_seed_shape(node)
         if seed is not None:
+            if node.op_name == "cross_entropy":
+                return seed == full and kinds == [ELEM, INDEX]
             return seed == full and kinds[0] == ELEM and all(k == COL for k in kinds[1:])
         if not _fusible(node):
             return False
@@ -207,6 +216,8 @@ def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
         if name == "log_softmax":
             return b.prim("sub", [d, b.prim("log", [total])], var=var)
         return b.prim("add", [shift, b.prim("log", [total])], var=var)
+    if name == "cross_entropy":
+        return _cross_entropy_rows(b, args[0], args[1], attrs, var)
     if name in ("layer_norm", "rms_norm"):
         x, params = args[0], iter(args[1:])
         eps = float(attrs.get("eps", 1e-5))
@@ -222,6 +233,21 @@ def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
             y = b.prim("add", [y, next(params)])
         return _rename(b, y, var)
     return b.prim(name, args, attrs, var=var)
+
+
+def _cross_entropy_rows(b: Builder, x: str, target: str, attrs: dict, var: str) -> str:
+    """Per row: ``lse(x) - sum(q * x)`` with ``q = (1 - s) one_hot(t) + s / C``; 0 where ``t == ignore_index``."""
+    shift = b.reduce("max", x, grad=False)
+    d = b.prim("sub", [x, shift])
+    total = b.reduce("sum", b.prim("exp", [d]))
+    hit = b.expr(f"EQ({COLIDX}, {target})", ELEM)  # no gradient: the target is an index
+    smoothing = float(attrs.get("label_smoothing", 0.0))
+    picked = b.reduce("sum", b.prim("mul", [hit, d]))
+    loss = b.prim("sub", [b.prim("log", [total]), b.scalar("mul", picked, 1.0 - smoothing)])
+    if smoothing:
+        loss = b.prim("sub", [loss, b.scalar("mul", b.reduce("sum", d), smoothing / b.C)])
+    valid = b.expr(f"NE({target}, {float(attrs.get('ignore_index', -100))}f)", ROW)
+    return b.prim("mul", [loss, valid], var=var)
 
 
 def _rename(b: Builder, value: str, var: str) -> str:

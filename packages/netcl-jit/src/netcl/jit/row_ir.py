@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from netcl.jit.errors import JitError
 from netcl.jit.primitives import get_primitive
 
-ELEM, COL, ROW, PARAM = "elem", "col", "row", "param"
+ELEM, COL, ROW, PARAM, INDEX = "elem", "col", "row", "param", "index"
+#: The column index of the element (a float), readable by any elem statement.
+COLIDX = "colidx"
 _IDENT = re.compile(r"\b[a-z_][a-z_0-9]*\b")
 
 
@@ -45,7 +47,8 @@ class Stmt:
 @dataclass
 class RowInput:
     """An input: ``elem`` (the row's elements), ``col`` (one value per column, shared by all rows),
-    ``row`` (one value per row) or ``param`` (a scalar kernel argument)."""
+    ``row`` (one value per row), ``index`` (one int32 per row, read as a float: a class target) or
+    ``param`` (a scalar kernel argument)."""
 
     var: str
     kind: str
@@ -61,7 +64,8 @@ class RowProgram:
     outputs: list[str]
 
     def kinds(self) -> dict[str, str]:
-        kinds = {i.var: (ROW if i.kind in (ROW, PARAM) else ELEM) for i in self.inputs}
+        kinds = {i.var: (ROW if i.kind in (ROW, PARAM, INDEX) else ELEM) for i in self.inputs}
+        kinds[COLIDX] = ELEM
         kinds.update({s.var: s.kind for s in self.stmts})
         return kinds
 
@@ -86,7 +90,8 @@ class Builder:
         self.C = cols
         self.inputs = inputs
         self.stmts: list[Stmt] = []
-        self.kinds = {i.var: (ROW if i.kind in (ROW, PARAM) else ELEM) for i in inputs}
+        self.kinds = {i.var: (ROW if i.kind in (ROW, PARAM, INDEX) else ELEM) for i in inputs}
+        self.kinds[COLIDX] = ELEM
         self._prefix = prefix
         self._count = 0
 
@@ -150,7 +155,7 @@ def backward_program(forward: RowProgram, output: int, wants: list[bool]) -> tup
             b.add(Stmt(stmt.var, ROW, stat_vars[stmt.var]))
         else:
             b.add(Stmt(stmt.var, stmt.kind, stmt.expr))
-    needs = {i.var: w and i.kind != PARAM for i, w in zip(forward.inputs, wants, strict=True)}
+    needs = {i.var: w and i.kind not in (PARAM, INDEX) for i, w in zip(forward.inputs, wants, strict=True)}
     for stmt in forward.stmts:
         deps = [stmt.expr] if stmt.reduce else list(stmt.args)
         needs[stmt.var] = stmt.grad and any(needs.get(d, False) for d in deps)

@@ -15,7 +15,7 @@ from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_source import to_python
 from netcl.jit.primitives import custom_numpy_helpers
-from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowProgram
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
 
 _REDUCE = {"sum": "np.sum", "max": "np.max", "min": "np.min"}
 
@@ -24,10 +24,12 @@ def function_source(name: str, program: RowProgram) -> str:
     """``def name(ins, outs, s, e)``: the rows ``s:e`` (inputs as (rows, C) / (1, C) / (rows, 1) / scalars)."""
     lines = [f"def {name}(ins, outs, s, e):"]
     for k, inp in enumerate(program.inputs):
-        if inp.kind in (ELEM, ROW):
+        if inp.kind in (ELEM, ROW, INDEX):
             lines.append(f"    {inp.var} = ins[{k}][s:e]")
         else:
             lines.append(f"    {inp.var} = ins[{k}]")
+    if any(COLIDX in names_in(stmt.expr) for stmt in program.stmts):
+        lines.append(f"    {COLIDX} = np.arange({program.C}, dtype=np.float32)[None, :]")
     for stmt in program.stmts:
         if stmt.reduce:
             lines.append(f"    {stmt.var} = {_REDUCE[stmt.reduce]}({stmt.expr}, axis=-1, keepdims=True)")
@@ -67,6 +69,8 @@ def shaped_inputs_for(inputs: list, values: list, rows: int, cols: int) -> list:
             out.append(np.asarray(v).reshape(rows, cols))
         elif inp.kind == COL:
             out.append(np.asarray(v).reshape(1, cols))
+        elif inp.kind == INDEX:
+            out.append(np.asarray(v).reshape(rows, 1).astype(np.float32))
         else:
             out.append(np.asarray(v).reshape(rows, 1))
     return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.jit.primitives import custom_preamble
-from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowProgram, names_in
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
 
 #: Largest row slice (elements per work-item) kept in registers.
 CACHE_MAX = 32
@@ -147,7 +147,10 @@ def kernel_source(
     guard = C % (L * VW) != 0
     params = []
     for k, inp in enumerate(program.inputs):
-        params.append(f"const float p{k}" if inp.kind == PARAM else f"__global const float* restrict in{k}")
+        if inp.kind == PARAM:
+            params.append(f"const float p{k}")
+        else:
+            params.append(f"__global const {'int' if inp.kind == INDEX else 'float'}* restrict in{k}")
     params += [f"__global float* restrict out{j}" for j in range(len(program.outputs))]
     params.append(f"const {idx} rows")
     head = [
@@ -182,8 +185,8 @@ def kernel_source(
     if n_local:
         head.append(f"    __local float lred[{n_local * L}];")
     for k, inp in enumerate(program.inputs):
-        if inp.kind == ROW:
-            lines.append(f"    const float {inp.var} = in{k}[row];")
+        if inp.kind in (ROW, INDEX):
+            lines.append(f"    const float {inp.var} = (float)in{k}[row];")
         elif inp.kind == PARAM:
             lines.append(f"    const float {inp.var} = p{k};")
 
@@ -251,6 +254,8 @@ def kernel_source(
             slot = f"kk * {VW} + {lane}" if cache else str(lane)
             for k, inp in used_inputs:
                 out.append(f"            const float {inp.var} = a{k}[{slot}];")
+            if COLIDX in reads:
+                out.append(f"            const float {COLIDX} = (float)i;")
             for var in body_vars:
                 out.append(f"            const float {var} = {by_var[var].expr};")
             out += emit_tail(lane)
