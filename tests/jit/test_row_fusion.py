@@ -274,3 +274,25 @@ def test_cross_entropy_of_logits_with_integer_targets(device, smoothing):
     expected = 2.0 * (np.exp(logp) - q) * (valid * upstream)[:, None]
     np.testing.assert_allclose(node.grad.to_host(), expected, rtol=RTOL, atol=ATOL)
     assert [type(s).__name__ for s in fused.plan_for(node, targets).steps] == ["RowStep"]
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "cross_entropy"])
+def test_eager_built_ins_run_the_row_kernels(cl_device, name):
+    """ag.softmax / ag.layer_norm / ag.cross_entropy (no jit_compile) of >= 64K float32 elements."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, size=(128, 512)).astype(np.float32)
+    node = ag.tensor(x, requires_grad=True, device=cl_device)
+    w = ag.tensor(rng.uniform(0.5, 1.5, 512).astype(np.float32), device=cl_device)
+    t = ag.tensor(rng.integers(0, 512, 128).astype(np.int32), device=cl_device)
+    ops = {
+        "softmax": lambda: ag.softmax(node, -1),
+        "layer_norm": lambda: ag.layer_norm(node, 512, w, w),
+        "cross_entropy": lambda: ag.cross_entropy(node, t, reduction="none"),
+    }
+    for _ in range(2):  # the first call builds the kernels
+        node.grad = None
+        with LaunchCounter(cl_device.queue) as counter:
+            with ag.Tape() as tape:
+                out = ops[name]()
+            tape.backward(out, grad=ag.tensor(np.ones(out.shape, np.float32), device=cl_device).value)
+    assert counter.names == ["row_forward", "row_backward"]

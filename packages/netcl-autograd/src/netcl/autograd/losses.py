@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
 from netcl.runtime.capture import is_recording
@@ -205,6 +206,11 @@ def cross_entropy(
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    _check_reduction(reduction, "cross_entropy")
+    attrs = {"ignore_index": int(ignore_index), "reduction": reduction, "label_smoothing": smoothing}
+    fused = provided("cross_entropy", (logits, target), attrs)
+    if fused is not None:
+        return fused
     return _class_loss(logits, target, int(ignore_index), reduction, smoothing, True, "cross_entropy")
 
 
