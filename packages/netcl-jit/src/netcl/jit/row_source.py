@@ -350,6 +350,7 @@ def kernel_source(
         lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
 
     elem_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] == ELEM and j not in column_sums]
+    when = "if (live) " if column_sums else ""
     summed = [(j, program.outputs[j]) for j in sorted(column_sums)]
     if summed:
 
@@ -357,7 +358,7 @@ def kernel_source(
             if lane in ("pre", "post"):
                 return []
             slot = f"kk * {VW} + {lane}"
-            return [f"            cs{j}[{slot}] += {v};" for j, v in summed]
+            return [f"            cs{j}[{slot}] += live ? {v} : 0.0f;" for j, v in summed]
 
         lines += element_pass([v for _, v in summed], add_columns)
     if elem_outputs:
@@ -367,20 +368,29 @@ def kernel_source(
                 return [f"        float r{j}[{VW}];" for j, _ in elem_outputs]
             if lane == "post":
                 if VW == 1:
-                    return [f"        out{j}[base + c0] = r{j}[0];" for j, _ in elem_outputs]
-                return [f"        vstore{VW}(vload{VW}(0, r{j}), 0, out{j} + base + c0);" for j, _ in elem_outputs]
+                    return [f"        {when}out{j}[base + c0] = r{j}[0];" for j, _ in elem_outputs]
+                return [
+                    f"        {when}vstore{VW}(vload{VW}(0, r{j}), 0, out{j} + base + c0);" for j, _ in elem_outputs
+                ]
             return [f"            r{j}[{lane}] = {v};" for j, v in elem_outputs]
 
         lines += element_pass([v for _, v in elem_outputs], store)
     row_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] != ELEM]
     if row_outputs:
-        lines.append("    if (lid == 0) {")
+        lines.append("    if (lid == 0 && live) {" if column_sums else "    if (lid == 0) {")
         lines += [f"        out{j}[row] = {v};" for j, v in row_outputs]
         lines.append("    }")
     if column_sums:
         body = ["        " + line for line in lines]
-        lines = [f"    for ({idx} row = first_row; row < first_row + {rows_per_group}; ++row) {{"]
-        lines += ["    if (row < rows) {", *body, "    }", "    }"]
+        # a fixed trip count and no branch around the barriers: a group's rows past the end
+        # recompute the last row and store nothing
+        lines = [f"    for (int rr = 0; rr < {rows_per_group}; ++rr) {{"]
+        lines += [
+            "        const int live = first_row + rr < rows;",
+            f"        const {idx} row = live ? first_row + rr : rows - 1;",
+            *body,
+            "    }",
+        ]
         lines += [
             "    #pragma unroll",
             f"    for (int kk = 0; kk < {K}; ++kk) {{",
