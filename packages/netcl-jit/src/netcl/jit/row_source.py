@@ -59,7 +59,7 @@ def row_config(cols: int, is_gpu: bool, max_local: int) -> RowConfig:
     return RowConfig(max(1, local), vw)
 
 
-def online_pairs(program: RowProgram) -> dict[str, tuple[str, str, str]]:
+def online_pairs(program: RowProgram, enabled: bool = True) -> dict[str, tuple[str, str, str]]:
     """Second reductions taken in the SAME pass (and tree) as the first one they depend on.
 
     sum var -> (partner reduction, row value to shadow, how):
@@ -69,9 +69,10 @@ def online_pairs(program: RowProgram) -> dict[str, tuple[str, str, str]]:
     - ``"centered"``: ``sum((x - mu) ** 2)`` with ``mu = sum(x) / C`` (each work-item centres on its
       own mean; the tree merges (count, sum, M2) as Chan et al.).
 
-    ``NETCL_ROW_ONLINE=0`` turns this off.
+    ``enabled`` is the default (on for GPUs: one tree less; off for CPU devices, where PoCL runs
+    the two-pass forms 2-4x faster); ``NETCL_ROW_ONLINE=0/1`` overrides.
     """
-    if os.environ.get("NETCL_ROW_ONLINE", "1").strip() in ("0", ""):
+    if os.environ.get("NETCL_ROW_ONLINE", "1" if enabled else "0").strip() in ("0", ""):
         return {}
     by_var = {s.var: s for s in program.stmts}
 
@@ -128,6 +129,7 @@ def kernel_source(
     long_index: bool,
     column_sums: frozenset[int] = frozenset(),
     rows_per_group: int = 1,
+    online: bool = True,
 ) -> str:
     """The complete OpenCL program of ``program`` (kernel args: inputs, outputs, ``rows``).
 
@@ -139,7 +141,7 @@ def kernel_source(
     K = config.chunks(C)
     idx = "long" if long_index else "int"
     kinds = program.kinds()
-    pairs = online_pairs(program)
+    pairs = online_pairs(program, online)
     avail, passes = _schedule(program, pairs)
     by_var = {s.var: s for s in program.stmts}
     tensor_inputs = [(k, i) for k, i in enumerate(program.inputs) if i.kind in (ELEM, COL)]

@@ -59,7 +59,8 @@ class RowStep:
         config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
         long_index = row_source.needs_long(self.rows, self.C)
         per_group = self.rows_per_group if column_sums else 1
-        source = row_source.kernel_source(name, program, config, long_index, column_sums, per_group)
+        online = self.device.is_gpu
+        source = row_source.kernel_source(name, program, config, long_index, column_sums, per_group, online)
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
         dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
         dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
