@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, is_grad_enabled
 from netcl.core import Device, Tensor
 from netcl.jit import row_numpy, row_source
 from netcl.jit.row_group import RowGroup, build_program
@@ -49,6 +49,8 @@ class RowStep:
         forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
         self.forward_source, self._forward = self._build(FORWARD_NAME, forward)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
+        #: where a forward without a backward writes the row statistics (nobody reads them)
+        self._scratch: list[Tensor] | None = None
 
     # ---- building ------------------------------------------------------------------------
     def _build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
@@ -102,11 +104,14 @@ class RowStep:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
         values = [x.value if isinstance(x, Node) else x for x in ext]
         outs = [self._empty(o.shape) for o in self.group.outputs]
+        wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
+        if not (any(wants) and is_grad_enabled()):  # no backward: the statistics go to a scratch buffer
+            if self._scratch is None:
+                self._scratch = [self._empty((self.rows,)) for _ in self.stats]
+            self._run(self._forward, self.program.inputs, values, outs + self._scratch)
+            return [Node(out, op_name=self.label) for out in outs]
         stats = [self._empty((self.rows,)) for _ in self.stats]
         self._run(self._forward, self.program.inputs, values, outs + stats)
-        wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
-        if not any(wants):
-            return [Node(out, op_name=self.label) for out in outs]
         return [
             apply_op(_Precomputed(out), self._grad_fn(j, wants, stats), *ext, op_name=self.label)
             for j, out in enumerate(outs)
