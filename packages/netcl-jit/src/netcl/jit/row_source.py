@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
+from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.primitives import custom_preamble
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
 
@@ -130,6 +131,7 @@ def kernel_source(
     column_sums: frozenset[int] = frozenset(),
     rows_per_group: int = 1,
     online: bool = True,
+    vector_body: bool = False,
 ) -> str:
     """The complete OpenCL program of ``program`` (kernel args: inputs, outputs, ``rows``).
 
@@ -250,6 +252,19 @@ def kernel_source(
                 out.append(f"        float a{k}[{VW}];")
                 out += load_chunk(k, inp, "        ", f"a{k}")
         out += emit_tail("pre")
+        vector = vector_body and VW > 1 and _vector_lines(body_vars, targets, reads, used_inputs)
+        if vector:
+            out += vector
+            for lane in range(VW):  # the consumers read each lane of the vector results
+                out.append("        {")
+                out += [f"            const float {t} = {_vname(t)}.s{lane:x};" for t in dict.fromkeys(targets)]
+                out += emit_tail(lane)
+                out.append("        }")
+            out += emit_tail("post")
+            if guard:
+                out.append("        }")
+            out.append("    }")
+            return out
         for lane in range(VW):
             out.append("        {")
             out.append(f"            const int i = c0 + {lane};")
@@ -266,6 +281,34 @@ def kernel_source(
         if guard:
             out.append("        }")
         out.append("    }")
+        return out
+
+    vnames: dict[str, str] = {}
+
+    def _vname(name: str) -> str:
+        return vnames.setdefault(name, f"gin{len(vnames)}")  # a name vectorize() accepts
+
+    def _rename(expr: str) -> str:
+        return re.sub(
+            r"\b[a-z_][a-z_0-9]*\b", lambda m: _vname(m.group(0)) if m.group(0) in kinds else m.group(0), expr
+        )
+
+    def _vector_lines(body_vars, targets, reads, used_inputs) -> list[str] | None:
+        """The body once on ``float{VW}`` values (CPU devices: SIMD math), or None if it cannot be."""
+        exprs = [vectorize(_rename(by_var[v].expr)) for v in body_vars]
+        if any(e is None for e in exprs):
+            return None
+        out = []
+        for k, inp in used_inputs:
+            source = f"vload{VW}(kk, a{k})" if cache else f"vload{VW}(0, a{k})"
+            out.append(f"        const VF {_vname(inp.var)} = {source};")
+        if COLIDX in reads:
+            lanes = ", ".join(f"{lane}.0f" for lane in range(VW))
+            out.append(f"        const VF {_vname(COLIDX)} = (VF)((float)c0) + (VF)({lanes});")
+        rows = {n for v in body_vars for n in names_in(by_var[v].expr) if kinds.get(n) == ROW}
+        rows |= {t for t in targets if kinds.get(t) == ROW}
+        out += [f"        const VF {_vname(r)} = (VF)({r});" for r in sorted(rows)]
+        out += [f"        const VF {_vname(v)} = {e};" for v, e in zip(body_vars, exprs, strict=True)]
         return out
 
     def row_statements(level: int) -> list[str]:
@@ -408,7 +451,8 @@ def kernel_source(
         lines.append("    }")
     lines = head + lines
     lines.append("}")
-    return PRIMITIVE_PREAMBLE + "\n" + custom_preamble() + "\n".join(lines) + "\n"
+    preamble = PRIMITIVE_PREAMBLE + (vector_preamble(VW) if vector_body and VW in (2, 4, 8, 16) else "")
+    return preamble + "\n" + custom_preamble() + "\n".join(lines) + "\n"
 
 
 def needs_long(rows: int, cols: int) -> bool:

@@ -62,7 +62,10 @@ class RowStep:
         long_index = row_source.needs_long(self.rows, self.C)
         per_group = self.rows_per_group if column_sums else 1
         online = self.device.is_gpu
-        source = row_source.kernel_source(name, program, config, long_index, column_sums, per_group, online)
+        vector = not self.device.is_gpu and os.environ.get("NETCL_ROW_VECTOR_BODY", "1").strip() not in ("0", "")
+        source = row_source.kernel_source(
+            name, program, config, long_index, column_sums, per_group, online, vector_body=vector
+        )
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
         dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
         dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
