@@ -296,3 +296,11 @@ def test_eager_built_ins_run_the_row_kernels(cl_device, name):
                 out = ops[name]()
             tape.backward(out, grad=ag.tensor(np.ones(out.shape, np.float32), device=cl_device).value)
     assert counter.names == ["row_forward", "row_backward"]
+
+
+def test_eager_cross_entropy_on_row_kernels_checks_targets(device):
+    """A bad class index is named before any launch, also on the fused path (>= 64K logits)."""
+    x = ag.tensor(np.zeros((128, 1024), np.float32), requires_grad=True, device=device)
+    t = ag.tensor(np.full(128, 5000, np.int32), device=device)
+    with pytest.raises(IndexError, match="target value 5000 is out of range"):
+        ag.cross_entropy(x, t)

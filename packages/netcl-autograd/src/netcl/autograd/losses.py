@@ -134,7 +134,14 @@ def _f32(t: Tensor) -> Tensor:
 
 
 def _class_loss(
-    x: Any, target: Any, ignore_index: int, reduction: str, smoothing: float, from_logits: bool, op: str
+    x: Any,
+    target: Any,
+    ignore_index: int,
+    reduction: str,
+    smoothing: float,
+    from_logits: bool,
+    op: str,
+    checked: bool = False,
 ) -> Node:
     """cross_entropy (``from_logits``: log_softmax over axis 1 first) or nll_loss, as PyTorch defines them.
 
@@ -142,7 +149,7 @@ def _class_loss(
     ``t == ignore_index``; "mean" divides by the number of non-ignored positions.
     """
     _check_reduction(reduction, op)
-    labels = class_targets(target, x, op, ignore_index)
+    labels = target if checked else class_targets(target, x, op, ignore_index)
     shape = tuple(x.shape)
     classes = shape[1]
     rows = math.prod(shape) // classes if classes else 0
@@ -208,9 +215,14 @@ def cross_entropy(
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
     _check_reduction(reduction, "cross_entropy")
     attrs = {"ignore_index": int(ignore_index), "reduction": reduction, "label_smoothing": smoothing}
-    fused = provided("cross_entropy", (logits, target), attrs)
-    if fused is not None:
-        return fused
+    # eager: the targets are checked once, then the fused row kernels may take the call
+    traced = isinstance(logits, Node) and not isinstance(logits.value, Tensor)
+    if not traced and isinstance(target, (Tensor, Node)) and len(tuple(logits.shape)) == 2:
+        labels = class_targets(target, logits, "cross_entropy", int(ignore_index))
+        fused = provided("cross_entropy", (logits, labels), attrs)
+        if fused is not None:
+            return fused
+        return _class_loss(logits, labels, int(ignore_index), reduction, smoothing, True, "cross_entropy", True)
     return _class_loss(logits, target, int(ignore_index), reduction, smoothing, True, "cross_entropy")
 
 
