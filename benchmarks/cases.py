@@ -23,6 +23,7 @@ from measure import rand
 import netcl.autograd as ag
 from netcl.core import Device
 from netcl.jit import jit_compile, workloads
+from netcl.runtime import ops as rops
 
 F32 = 4
 Runner = Callable[[], object]
@@ -209,6 +210,73 @@ def _detection_numpy(p, t, hw, rw, heat, reg, beta):
     return heat * np.sum(hw * bce, dtype=np.float64) + reg * np.sum(rw * sl1, dtype=np.float64)
 
 
+def _row_case(name: str, device: Device, n: int, fused_fn, unfused_fn, eager_fn, numpy_fn, params: int) -> Case:
+    """A (rows, 1024) row workload: the fused jit kernel, the composed ops, the eager row op, a copy."""
+    features = 1024
+    rows = max(1, n // features)
+    arrays = [rand((rows, features), 0)] + [rand((features,), 1 + k, 0.5, 1.5) for k in range(params)]
+    elements = rows * features
+    variants = _netcl_variants(fused_fn, arrays, device, (rows, features))
+    eager = _netcl_variants(eager_fn, arrays, device, (rows, features))["netcl unfused"]
+    variants["netcl unfused"] = _netcl_variants(unfused_fn, arrays, device, (rows, features))["netcl unfused"]
+    variants["netcl row op"] = eager
+    source = ag.tensor(arrays[0], device=device).value
+    variants["tensor copy"] = {"fwd": lambda: rops.copy(source)}
+    case = Case(
+        name,
+        f"{name} over the last axis of ({rows}, {features})" + (", weight and bias (1024,)" if params else ""),
+        elements,
+        # fwd: read x, write y. bwd: read x and the upstream gradient, write gx (weight grads: small).
+        {"fwd": 8 * elements, "fwd+bwd": (8 + 12) * elements},
+        variants,
+        arrays,
+    )
+    case.runners["numpy"] = {"fwd": lambda: numpy_fn(*arrays)}
+    return case
+
+
+def _softmax_composed(x):
+    e = ag.exp(x - ag.max(x, -1, keepdims=True))
+    return e / ag.sum(e, -1, keepdims=True)
+
+
+def _softmax_numpy(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_case(device: Device, n: int) -> Case:
+    return _row_case(
+        "softmax",
+        device,
+        n,
+        lambda x: ag.softmax(x, -1),
+        _softmax_composed,
+        lambda x: ag.softmax(x, -1),
+        _softmax_numpy,
+        0,
+    )
+
+
+def _layer_norm_composed(x, w, b):
+    mu = ag.mean(x, -1, keepdims=True)
+    d = x - mu
+    return d * ag.rsqrt(ag.mean(d * d, -1, keepdims=True) + 1e-5) * w + b
+
+
+def _layer_norm_numpy(x, w, b):
+    mu = x.mean(axis=-1, keepdims=True)
+    d = x - mu
+    return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(1e-5)) * w + b
+
+
+def layer_norm_case(device: Device, n: int) -> Case:
+    def layer_norm(x, w, b):
+        return ag.layer_norm(x, x.shape[-1], w, b)
+
+    return _row_case("layer_norm", device, n, layer_norm, _layer_norm_composed, layer_norm, _layer_norm_numpy, 2)
+
+
 def all_cases(device: Device, n: int, only: list[str] | None = None) -> list[Case]:
     """Every registered workload (or those named in ``only``) that can run on ``device``."""
     unknown = sorted(set(only or ()) - set(WORKLOADS))
@@ -222,3 +290,5 @@ register_workload("chain8", chain8_case)
 register_workload("bias_gelu", bias_gelu_case)
 register_workload("mlp_block", mlp_block_case)
 register_workload("detection_loss", detection_loss_case)
+register_workload("softmax", softmax_case)
+register_workload("layer_norm", layer_norm_case)

@@ -78,7 +78,20 @@ def _torch_fns(torch, name: str):
         sl1 = torch.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
         return heat * (hw * bce).sum() + reg * (rw * sl1).sum()
 
-    return {"chain8": chain8, "bias_gelu": bias_gelu, "mlp_block": mlp_block, "detection_loss": detection_loss}[name]
+    def softmax(x):
+        return torch.softmax(x, -1)
+
+    def layer_norm(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    return {
+        "chain8": chain8,
+        "bias_gelu": bias_gelu,
+        "mlp_block": mlp_block,
+        "detection_loss": detection_loss,
+        "softmax": softmax,
+        "layer_norm": layer_norm,
+    }[name]
 
 
 def measure_torch(device: Device, case, repeats: int, progress: Callable[[str], None]) -> dict[str, dict[str, Timing]]:

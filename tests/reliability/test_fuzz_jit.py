@@ -16,9 +16,11 @@ of a negative, inf - inf, 0 * inf). The reference never fails on rounding, so a 
 wrong formula, a wrong index, a lost or doubled gradient, or a wrong NaN.
 
 Programs also reduce (``sum``, ``mean``, ``max`` over the last, the first or all axes, keepdims)
-including over zero-size axes, and draw some inputs from pow's special bases (0, -0, negatives,
-+-inf). Examples: the ``ci`` profile runs ``max_examples`` (the same ones every run) on the NumPy
-backend and a quarter of that on OpenCL (each OpenCL example builds 2-6 kernels);
+including over zero-size axes; a reduction over the last axis fuses with the elementwise ops
+around it into one row kernel each way (``netcl.jit.row_group``), the others are eager steps.
+Some inputs come from pow's special bases (0, -0, negatives, +-inf). Examples: the ``ci``
+profile runs ``max_examples`` (the same ones every run) on the NumPy backend and a quarter of
+that on OpenCL (each OpenCL example builds 2-6 kernels);
 ``--hypothesis-profile=long`` runs thousands of new ones.
 """
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
 from netcl.runtime.capture import is_recording
@@ -84,6 +85,10 @@ def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tenso
     if len(shape) < 2:
         raise ShapeError(f"{op}: input must be (N, C) or (N, C, d1, ...), got shape {shape}")
     expected = (shape[0], *shape[2:])
+    if isinstance(target, Node) and not isinstance(target.value, Tensor):  # traced by jit_compile
+        if np.dtype(target.dtype).kind not in "iu" or tuple(target.shape) != expected:
+            raise TypeError(f"{op}: target must be integer class indices of shape {expected}")
+        return target  # type: ignore[return-value]
     labels = target.value if isinstance(target, Node) else target
     if isinstance(labels, Tensor):
         host = None
@@ -129,7 +134,14 @@ def _f32(t: Tensor) -> Tensor:
 
 
 def _class_loss(
-    x: Any, target: Any, ignore_index: int, reduction: str, smoothing: float, from_logits: bool, op: str
+    x: Any,
+    target: Any,
+    ignore_index: int,
+    reduction: str,
+    smoothing: float,
+    from_logits: bool,
+    op: str,
+    checked: bool = False,
 ) -> Node:
     """cross_entropy (``from_logits``: log_softmax over axis 1 first) or nll_loss, as PyTorch defines them.
 
@@ -137,7 +149,7 @@ def _class_loss(
     ``t == ignore_index``; "mean" divides by the number of non-ignored positions.
     """
     _check_reduction(reduction, op)
-    labels = class_targets(target, x, op, ignore_index)
+    labels = target if checked else class_targets(target, x, op, ignore_index)
     shape = tuple(x.shape)
     classes = shape[1]
     rows = math.prod(shape) // classes if classes else 0
@@ -201,6 +213,16 @@ def cross_entropy(
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    _check_reduction(reduction, "cross_entropy")
+    attrs = {"ignore_index": int(ignore_index), "reduction": reduction, "label_smoothing": smoothing}
+    # eager: the targets are checked once, then the fused row kernels may take the call
+    traced = isinstance(logits, Node) and not isinstance(logits.value, Tensor)
+    if not traced and isinstance(target, (Tensor, Node)) and len(tuple(logits.shape)) == 2:
+        labels = class_targets(target, logits, "cross_entropy", int(ignore_index))
+        fused = provided("cross_entropy", (logits, labels), attrs)
+        if fused is not None:
+            return fused
+        return _class_loss(logits, labels, int(ignore_index), reduction, smoothing, True, "cross_entropy", True)
     return _class_loss(logits, target, int(ignore_index), reduction, smoothing, True, "cross_entropy")
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_softmax import value_of
+from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.ops import batchnorm as BN  # noqa: N812
@@ -66,7 +67,8 @@ def _row_norm(
         return grads
 
     args = [x] + [p for p in (weight, bias) if p is not None]
-    return apply_op(forward, grad, *args, op_name=name, attrs={"normalized_shape": shape, "eps": eps})
+    attrs = {"normalized_shape": shape, "eps": eps, "has_weight": weight is not None, "has_bias": bias is not None}
+    return apply_op(forward, grad, *args, op_name=name, attrs=attrs)
 
 
 def layer_norm(
@@ -84,6 +86,9 @@ def layer_norm(
         None if weight is None else value_of(weight, "layer_norm", "weight"), shape, v, "layer_norm", "weight"
     )
     RW.check_affine(None if bias is None else value_of(bias, "layer_norm", "bias"), shape, v, "layer_norm", "bias")
+    fused = provided("layer_norm", (x, weight, bias), {"normalized_shape": shape, "eps": float(eps)})
+    if fused is not None:
+        return fused
     return _row_norm(x, weight, bias, axes, float(eps), RW.LAYER, "layer_norm")
 
 
@@ -96,6 +101,9 @@ def rms_norm(
     shape = tuple(v.shape[axes[0] :])
     RW.check_affine(None if weight is None else value_of(weight, "rms_norm", "weight"), shape, v, "rms_norm", "weight")
     eps = float(np.finfo(v.dtype).eps) if eps is None else float(eps)
+    fused = provided("rms_norm", (x, weight, None), {"normalized_shape": shape, "eps": eps})
+    if fused is not None:
+        return fused
     return _row_norm(x, weight, None, axes, eps, RW.RMS, "rms_norm")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.row_hook import provided
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise as RW  # noqa: N812
 
@@ -54,12 +55,18 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
 def softmax(x: Operand, axis: int = -1) -> Node:
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (any axis; others go through a transpose)."""
     axes = RW.one_axis(value_of(x, "softmax"), axis, "softmax")
+    fused = provided("softmax", (x,), {"axis": axes[0]})
+    if fused is not None:
+        return fused
     return _family(x, axes, RW.SOFTMAX, None, {"axis": axis})
 
 
 def log_softmax(x: Operand, axis: int = -1) -> Node:
     """x - max - log(sum(exp(x - max))) along ``axis``: finite for logits of any magnitude."""
     axes = RW.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")
+    fused = provided("log_softmax", (x,), {"axis": axes[0]})
+    if fused is not None:
+        return fused
     return _family(x, axes, RW.LOG_SOFTMAX, None, {"axis": axis})
 
 

@@ -9,6 +9,8 @@ from netcl.jit.tracing import TraceNode, TracingContext
 
 register_builtins()
 
+from netcl.jit import row_eager  # noqa: E402,F401  (the built-in row ops on the fused row kernels)
+
 __all__ = [
     "_PRIMITIVES",
     "AutogradPrimitive",

@@ -27,8 +27,9 @@ from netcl.jit.errors import UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
 from netcl.jit.guards import find_guards
-from netcl.jit.partition import EagerStep, FusedGroup, partition
+from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
 from netcl.jit.primitives import registry_version
+from netcl.jit.row_step import RowStep
 from netcl.jit.tracing import TraceNode, TracingContext
 
 log = logging.getLogger("netcl.jit")
@@ -45,10 +46,10 @@ class Plan:
 
     arg_traces: list[TraceNode | None]
     consts: list[TraceNode]
-    steps: list[FusedStep | GemmEpilogueStep | EagerStep]
+    steps: list[FusedStep | RowStep | GemmEpilogueStep | EagerStep]
     outputs: list[TraceNode]
     returns_tuple: bool
-    fused_steps: list[FusedStep | GemmEpilogueStep] = field(default_factory=list)
+    fused_steps: list[FusedStep | RowStep | GemmEpilogueStep] = field(default_factory=list)
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
@@ -230,11 +231,12 @@ class JitFunction:
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
             return None, "the function does not return traced Nodes"
         output_traces = [o.value for o in outputs]
-        steps: list[FusedStep | GemmEpilogueStep | EagerStep] = []
-        fused: list[FusedStep | GemmEpilogueStep] = []
+        steps: list[FusedStep | RowStep | GemmEpilogueStep | EagerStep] = []
+        fused: list[FusedStep | RowStep | GemmEpilogueStep] = []
+        step_kinds = {FusedGroup: FusedStep, RowGroup: RowStep, MatmulGroup: GemmEpilogueStep}
         for step in merge_epilogues(partition(output_traces), output_traces):
-            if isinstance(step, (FusedGroup, MatmulGroup)):
-                kind = FusedStep if isinstance(step, FusedGroup) else GemmEpilogueStep
+            if type(step) in step_kinds:
+                kind = step_kinds[type(step)]
                 runnable = kind(step, device, f"{self.label}#{len(fused)}")
                 fused.append(runnable)
                 steps.append(runnable)

@@ -113,7 +113,7 @@ def merge_epilogues(steps: list[Step], outputs: list[TraceNode]) -> list[Step | 
     readers: dict[int, int] = {o.id: 1 for o in outputs}
     matmuls: dict[int, TraceNode] = {}
     for step in steps:
-        reads = step.inputs if isinstance(step, FusedGroup) else step.node.inputs
+        reads = step.node.inputs if isinstance(step, EagerStep) else step.inputs
         for node_id in {p.id for p in reads}:
             readers[node_id] = readers.get(node_id, 0) + 1
         if isinstance(step, EagerStep) and _eligible(step.node):

@@ -2,8 +2,10 @@
 
 A fused group holds fusible float32 ops of one output shape; it is grown greedily in
 topological order and never so that a value outside the group lies on a path from the
-group back into it (that would need the group to run twice). Everything else (matmul,
-reductions, ops without a primitive or with ``fusible=False``) is an eager step.
+group back into it (that would need the group to run twice). Reductions along the last axis
+first claim their elementwise prologue and epilogue as row groups (``row_group``: one row
+kernel each way). Everything else (matmul, other reductions, ops without a primitive or with
+``fusible=False``) is an eager step.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from netcl.jit.row_group import RowGroup, find_row_groups
 from netcl.jit.tracing import TraceNode
 
 
@@ -32,7 +35,7 @@ class EagerStep:
     node: TraceNode
 
 
-Step = FusedGroup | EagerStep
+Step = FusedGroup | RowGroup | EagerStep
 
 
 def live_nodes(outputs: list[TraceNode]) -> list[TraceNode]:
@@ -70,11 +73,18 @@ def partition(outputs: list[TraceNode]) -> list[Step]:
 
     group_of: dict[int, int] = {}
     groups: dict[int, list[TraceNode]] = {}
+    row_groups = find_row_groups(nodes, ancestors)
+    for index, members in enumerate(row_groups):
+        gid = -1 - index  # row groups: negative ids, never merged with elementwise groups
+        groups[gid] = sorted(members.values(), key=lambda n: n.id)
+        group_of.update({i: gid for i in members})
     for node in nodes:
-        if not _is_fusible(node):
+        if node.id in group_of or not _is_fusible(node):
             continue
         candidates = {
-            group_of[p.id] for p in node.inputs if p.id in group_of and groups[group_of[p.id]][0].shape == node.shape
+            group_of[p.id]
+            for p in node.inputs
+            if p.id in group_of and group_of[p.id] >= 0 and groups[group_of[p.id]][0].shape == node.shape
         }
         merged = [node]
         for gid in sorted(candidates):
@@ -104,8 +114,18 @@ def partition(outputs: list[TraceNode]) -> list[Step]:
                     if p.id not in member_ids and all(p is not q for q in inputs):
                         inputs.append(p)
             outs = [m for m in members if m.id in used_outside]
-            steps.append(FusedGroup(members, node.shape, inputs, outs))
+            if gid < 0:
+                steps.append(RowGroup(members, _row_shape(members), inputs, outs))
+            else:
+                steps.append(FusedGroup(members, node.shape, inputs, outs))
     return _order(steps)
+
+
+def _row_shape(members: list[TraceNode]) -> tuple[int, ...]:
+    """The shape ``S`` whose rows a row group reduces (its first reduction's operand)."""
+    from netcl.jit.row_group import row_seed_shape
+
+    return next(shape for shape in map(row_seed_shape, members) if shape is not None)
 
 
 def _acyclic(group: set[int], ancestors: dict[int, set[int]], nodes: list[TraceNode]) -> bool:
@@ -126,11 +146,11 @@ def _order(steps: list[Step]) -> list[Step]:
     """Topological order of steps (a group runs once every value it reads exists)."""
     produced_by: dict[int, int] = {}
     for index, step in enumerate(steps):
-        for node in step.nodes if isinstance(step, FusedGroup) else [step.node]:
+        for node in [step.node] if isinstance(step, EagerStep) else step.nodes:
             produced_by[node.id] = index
     deps = []
     for index, step in enumerate(steps):
-        reads = step.inputs if isinstance(step, FusedGroup) else step.node.inputs
+        reads = step.node.inputs if isinstance(step, EagerStep) else step.inputs
         deps.append({produced_by[p.id] for p in reads if p.id in produced_by} - {index})
     ordered: list[Step] = []
     done: set[int] = set()

@@ -21,6 +21,8 @@ def infer_shape(
     shapes = [i.shape for i in inputs]
     dtype = np.result_type(*(i.dtype for i in inputs)) if inputs else np.dtype(np.float32)
     rule = _RULES.get(name)
+    if name in ("cross_entropy", "nll_loss") and inputs:  # float losses of integer targets
+        dtype = np.dtype(np.float64) if inputs[0].dtype == np.float64 else np.dtype(np.float32)
     if rule is not None:
         return rule(shapes, attrs), dtype
     return _probe(fn, inputs, layout)

@@ -1,0 +1,260 @@
+"""Row groups: reductions along the last axis with their elementwise prologue and epilogue.
+
+``find_row_groups`` grows one group around each reduction of a float32 value of shape ``full``
+along its last axis (``sum``/``mean``/``max``/``min``, and the built-in ``softmax``,
+``log_softmax``, ``logsumexp``, ``layer_norm``, ``rms_norm`` over that axis): elementwise ops of
+shape ``full`` that feed it (prologue), ops that consume its result broadcast back over the row or
+per row (epilogue), and further reductions of the same rows. The group's values read from outside
+are ``full``-shaped, per column (``(C,)``), per row (``(*full[:-1], 1)``) or Python scalars. A group
+never reads a value that depends on itself (it would have to run twice). ``build_program`` writes a
+group as a ``row_ir.RowProgram``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, Builder, RowInput, RowProgram
+from netcl.jit.tracing import TraceNode
+
+_REDUCTIONS = ("sum", "mean", "max", "min")
+_BUILTINS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm")
+_F32 = np.dtype(np.float32)
+
+
+@dataclass
+class RowGroup:
+    """Ops that become one row kernel forward (and one per output backward)."""
+
+    nodes: list[TraceNode]
+    shape: tuple[int, ...]
+    inputs: list[TraceNode] = field(default_factory=list)
+    outputs: list[TraceNode] = field(default_factory=list)
+    program: RowProgram | None = None
+
+
+def _last_axis(axis, ndim: int) -> bool:
+    if axis is None:
+        return ndim == 1
+    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    return len(axes) == 1 and isinstance(axes[0], (int, np.integer)) and int(axes[0]) % max(ndim, 1) == ndim - 1
+
+
+def _all_nodes(node: TraceNode) -> bool:
+    return all(kind == "node" for kind, _ in node.arg_layout)
+
+
+def row_seed_shape(node: TraceNode) -> tuple[int, ...] | None:
+    """``full`` when ``node`` reduces a float32 value of shape ``full`` along its last axis, else None."""
+    if node.kind != "op" or not node.inputs or node.dtype != _F32:
+        return None
+    x = node.inputs[0]
+    if x.dtype != _F32 or not x.shape or x.shape[-1] < 2 or 0 in x.shape:
+        return None
+    ndim = len(x.shape)
+    name = node.op_name
+    if name in _REDUCTIONS or name in ("softmax", "log_softmax", "logsumexp"):
+        if len(node.inputs) != 1 or not _all_nodes(node) or not _last_axis(node.attrs.get("axis", -1), ndim):
+            return None
+        return x.shape
+    if name == "cross_entropy":  # integer class targets, per-row losses (reduction "none")
+        target = node.inputs[1] if len(node.inputs) == 2 else None
+        if len(x.shape) != 2 or target is None or target.dtype != np.int32 or target.shape != x.shape[:1]:
+            return None
+        return x.shape if node.attrs.get("reduction") == "none" and _all_nodes(node) else None
+    if name in ("layer_norm", "rms_norm"):
+        if tuple(node.attrs.get("normalized_shape", ())) != (x.shape[-1],) or "has_weight" not in node.attrs:
+            return None
+        if any(p.shape != (x.shape[-1],) or p.dtype != _F32 for p in node.inputs[1:]):
+            return None
+        return x.shape
+    return None
+
+
+def _fusible(node: TraceNode) -> bool:
+    return node.fusible and node.dtype == _F32 and _all_nodes(node)
+
+
+class _Finder:
+    def __init__(self, nodes: list[TraceNode], ancestors: dict[int, set[int]]) -> None:
+        self.nodes = nodes
+        self.ancestors = ancestors
+        self.claimed: set[int] = set()
+
+    def external_kind(self, p: TraceNode, full: tuple[int, ...]) -> str | None:
+        """How a value from outside the group is read, or None when it cannot be."""
+        if p.kind == "param":
+            return PARAM
+        if p.dtype == np.int32 and p.shape == full[:-1] and len(full) == 2:
+            return INDEX
+        if p.dtype != _F32:
+            return None
+        if p.shape == full:
+            return ELEM
+        C = full[-1]
+        if p.shape and p.shape[-1] == C and len(p.shape) <= len(full) and all(d == 1 for d in p.shape[:-1]):
+            return COL
+        if p.shape == (*full[:-1], 1):
+            return ROW
+        return "flat" if p.shape == full[:-1] else None
+
+    def value_kind(self, p: TraceNode, full: tuple[int, ...], group: dict[int, TraceNode]) -> str | None:
+        if p.id not in group:
+            return self.external_kind(p, full)
+        if p.shape == full:
+            return ELEM
+        return ROW if p.shape == (*full[:-1], 1) else "flat"
+
+    def eligible(self, node: TraceNode, full: tuple[int, ...], group: dict[int, TraceNode]) -> bool:
+        """Whether ``node`` can be computed inside a group of rows of shape ``full`` holding ``group``."""
+        if node.id in self.claimed or node.kind != "op":
+            return False
+        kinds = [self.value_kind(p, full, group) for p in node.inputs]
+        if any(k is None for k in kinds):
+            return False
+        keep, flat = (*full[:-1], 1), full[:-1]
+        seed = row_seed_shape(node)
+        if seed is not None:
+            if node.op_name == "cross_entropy":
+                return seed == full and kinds == [ELEM, INDEX]
+            return seed == full and kinds[0] == ELEM and all(k == COL for k in kinds[1:])
+        if not _fusible(node):
+            return False
+        if node.shape == full:
+            # a per-row value without the kept axis would broadcast along columns: not a row value
+            return all(k != "flat" or len(full) == 1 for k in kinds) and any(k in (ELEM, COL) for k in kinds)
+        if node.shape == keep:
+            return all(k in (ROW, PARAM) or (k == "flat" and len(full) == 1) for k in kinds)
+        if node.shape == flat:
+            return all(k in ("flat", PARAM) for k in kinds)
+        return False
+
+    def _acyclic(self, ids: set[int]) -> bool:
+        above = set().union(*(self.ancestors[g] for g in ids)) - ids
+        return not any(n.id in above and self.ancestors[n.id] & ids for n in self.nodes if n.id not in ids)
+
+    def grow(self, seed: TraceNode, full: tuple[int, ...]) -> dict[int, TraceNode]:
+        group = {seed.id: seed}
+        changed = True
+        while changed:
+            changed = False
+            for member in list(group.values()):  # prologue: what the group reads
+                for p in member.inputs:
+                    if p.id in group or p.kind != "op" or p.shape != full or not self.eligible(p, full, group):
+                        continue
+                    if self._acyclic(set(group) | {p.id}):
+                        group[p.id] = p
+                        changed = True
+            for node in self.nodes:  # epilogue: what reads the group
+                if node.id in group or not any(p.id in group for p in node.inputs):
+                    continue
+                if not self.eligible(node, full, group):
+                    continue
+                outside = [p for p in node.inputs if p.id not in group]
+                if any(self.ancestors[p.id] & set(group) for p in outside):
+                    continue
+                group[node.id] = node
+                changed = True
+        return group
+
+
+def find_row_groups(nodes: list[TraceNode], ancestors: dict[int, set[int]]) -> list[dict[int, TraceNode]]:
+    """Groups (id -> node) around every reduction along a last axis, in trace order of their seeds."""
+    finder = _Finder(nodes, ancestors)
+    groups = []
+    for node in nodes:
+        if node.id in finder.claimed:
+            continue
+        full = row_seed_shape(node)
+        if full is None:
+            continue
+        group = finder.grow(node, full)
+        finder.claimed |= set(group)
+        groups.append(group)
+    return groups
+
+
+def external_kind(p: TraceNode, full: tuple[int, ...]) -> str:
+    """How the row program reads the outside value ``p`` (a value without the kept axis is per row too)."""
+    kind = _Finder([], {}).external_kind(p, full)
+    if kind is None:
+        raise AssertionError(f"internal error: {p} cannot be read by a row group of shape {full}")
+    return ROW if kind == "flat" else kind
+
+
+def build_program(group: RowGroup) -> RowProgram:
+    """The group as a row program: inputs ``x{k}``, op node ``n`` as ``v{n.id}``."""
+    full = group.shape
+    C = full[-1]
+    inputs = [RowInput(f"x{k}", external_kind(p, full)) for k, p in enumerate(group.inputs)]
+    b = Builder(C, inputs)
+    names = {p.id: f"x{k}" for k, p in enumerate(group.inputs)}
+    for node in group.nodes:
+        args = [names[p.id] for p in node.inputs]
+        var = f"v{node.id}"
+        names[node.id] = _emit(b, node, args, var)
+    return RowProgram(C, inputs, b.stmts, [names[o.id] for o in group.outputs])
+
+
+def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
+    name, attrs = node.op_name, node.attrs
+    if name in ("sum", "max", "min"):
+        return b.reduce(name, args[0], var=var)
+    if name == "mean":
+        return b.scalar("mul", b.reduce("sum", args[0]), 1.0 / b.C, var=var)
+    if name in ("softmax", "log_softmax", "logsumexp"):
+        x = args[0]
+        # the max subtracted carries no gradient: the result does not depend on it
+        shift = b.reduce("max", x, grad=False)
+        d = b.prim("sub", [x, shift])
+        e = b.prim("exp", [d])
+        total = b.reduce("sum", e)
+        if name == "softmax":
+            return b.prim("div", [e, total], var=var)
+        if name == "log_softmax":
+            return b.prim("sub", [d, b.prim("log", [total])], var=var)
+        return b.prim("add", [shift, b.prim("log", [total])], var=var)
+    if name == "cross_entropy":
+        return _cross_entropy_rows(b, args[0], args[1], attrs, var)
+    if name in ("layer_norm", "rms_norm"):
+        x, params = args[0], iter(args[1:])
+        eps = float(attrs.get("eps", 1e-5))
+        if name == "layer_norm":
+            centered = b.prim("sub", [x, b.mean(x)])
+        else:
+            centered = x
+        var_ = b.mean(b.prim("mul", [centered, centered]))
+        y = b.prim("mul", [centered, b.prim("rsqrt", [b.scalar("add", var_, eps)])])
+        if attrs.get("has_weight"):
+            y = b.prim("mul", [y, next(params)])
+        if attrs.get("has_bias"):
+            y = b.prim("add", [y, next(params)])
+        return _rename(b, y, var)
+    return b.prim(name, args, attrs, var=var)
+
+
+def _cross_entropy_rows(b: Builder, x: str, target: str, attrs: dict, var: str) -> str:
+    """Per row: ``lse(x) - sum(q * x)`` with ``q = (1 - s) one_hot(t) + s / C``; 0 where ``t == ignore_index``."""
+    shift = b.reduce("max", x, grad=False)
+    d = b.prim("sub", [x, shift])
+    total = b.reduce("sum", b.prim("exp", [d]))
+    hit = b.expr(f"EQ({COLIDX}, {target})", ELEM)  # no gradient: the target is an index
+    smoothing = float(attrs.get("label_smoothing", 0.0))
+    picked = b.reduce("sum", b.prim("mul", [hit, d]))
+    loss = b.prim("sub", [b.prim("log", [total]), b.scalar("mul", picked, 1.0 - smoothing)])
+    if smoothing:
+        loss = b.prim("sub", [loss, b.scalar("mul", b.reduce("sum", d), smoothing / b.C)])
+    valid = b.expr(f"NE({target}, {float(attrs.get('ignore_index', -100))}f)", ROW)
+    return b.prim("mul", [loss, valid], var=var)
+
+
+def _rename(b: Builder, value: str, var: str) -> str:
+    """Give the last statement (which computed ``value``) the node's name."""
+    stmt = b.stmts[-1]
+    assert stmt.var == value
+    del b.kinds[value]
+    stmt.var = var
+    b.kinds[var] = stmt.kind
+    return var

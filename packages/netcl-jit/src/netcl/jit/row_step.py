@@ -1,0 +1,179 @@
+"""A row group made runnable: ONE forward row kernel, and ONE backward row kernel per output and pattern.
+
+The forward writes the group's outputs and every reduction's per-row result (the saved
+statistics). Each output becomes one Node through ``apply_op``; its gradient function runs the
+backward program (``row_ir.backward_program``): the forward recomputed from the saved statistics,
+then the gradients of the inputs that want one. A per-column input's gradient (a weight of shape
+``(C,)``) is summed over the rows afterwards; every other gradient comes out of the one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op, is_grad_enabled
+from netcl.core import Device, Tensor
+from netcl.jit import row_numpy, row_source
+from netcl.jit.row_group import RowGroup, build_program
+from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backward_program
+from netcl.runtime import ops as rops
+from netcl.runtime.cache import program_cache
+from netcl.runtime.launch import launch
+
+_F32 = np.dtype(np.float32)
+FORWARD_NAME = "row_forward"
+BACKWARD_NAME = "row_backward"
+
+
+class RowStep:
+    """Runs one ``RowGroup`` on one device."""
+
+    def __init__(self, group: RowGroup, device: Device, label: str) -> None:
+        self.group = group
+        self.device = device
+        self.label = label
+        self.shape = group.shape
+        self.C = group.shape[-1]
+        self.rows = math.prod(group.shape[:-1])
+        self.program = group.program = build_program(group)
+        self.stats = [s.var for s in self.program.stmts if s.reduce]
+        self.out_kinds = self.program.output_kinds()
+        self.is_opencl = device.kind == "opencl"
+        #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
+        groups = int(os.environ.get("NETCL_ROW_GROUPS", 2048 if device.is_gpu else 64))
+        self.rows_per_group = max(1, self.rows // max(1, groups))
+        forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
+        self.forward_source, self._forward = self._build(FORWARD_NAME, forward)
+        self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
+        #: where a forward without a backward writes the row statistics (nobody reads them)
+        self._scratch: list[Tensor] | None = None
+
+    # ---- building ------------------------------------------------------------------------
+    def _build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
+        if not self.is_opencl:
+            fn = row_numpy.compile_function(name, program)
+            return fn.source, fn
+        cl_device = self.device.cl_device
+        config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
+        long_index = row_source.needs_long(self.rows, self.C)
+        per_group = self.rows_per_group if column_sums else 1
+        online = self.device.is_gpu
+        vector = not self.device.is_gpu and os.environ.get("NETCL_ROW_VECTOR_BODY", "1").strip() not in ("0", "")
+        source = row_source.kernel_source(
+            name, program, config, long_index, column_sums, per_group, online, vector_body=vector
+        )
+        handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
+        dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
+        dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
+        kernel = handle.kernel(name, dtypes)
+        return source, (kernel, config.local, np.int64 if long_index else np.int32, -(-self.rows // per_group))
+
+    def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
+        key = (output_index, wants)
+        entry = self._backward.get(key)
+        if entry is None:
+            program, which, _ = backward_program(self.program, output_index, list(wants))
+            columns = frozenset(j for j, k in enumerate(which) if self.program.inputs[k].kind == COL)
+            source, compiled = self._build(BACKWARD_NAME, program, columns if self.is_opencl else frozenset())
+            entry = self._backward[key] = (compiled, source, which)
+        return entry
+
+    def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
+        return self._backward_kernel(output_index, tuple(wants))[1]
+
+    # ---- running -------------------------------------------------------------------------
+    def _run(self, compiled, program_inputs, values: list[Any], outs: list[Tensor]) -> None:
+        if self.is_opencl:
+            kernel, local, index, groups = compiled
+            args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
+            launch(kernel, groups * local, local, *args, *outs, index(self.rows))
+            return
+        arrays = [v.data if isinstance(v, Tensor) else v for v in values]
+        ins = row_numpy.shaped_inputs_for(program_inputs, arrays, self.rows, self.C)
+        views = [o.data.reshape(self.rows, -1) for o in outs]
+        compiled(ins, views, self.rows)
+
+    def _empty(self, shape: tuple[int, ...]) -> Tensor:
+        device = self.device
+        if self.is_opencl:
+            return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
+        return Tensor(np.empty(shape, _F32), shape, _F32, device)
+
+    def forward(self, ext: list[Any]) -> list[Node]:
+        """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
+        values = [x.value if isinstance(x, Node) else x for x in ext]
+        outs = [self._empty(o.shape) for o in self.group.outputs]
+        wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
+        if not (any(wants) and is_grad_enabled()):  # no backward: the statistics go to a scratch buffer
+            if self._scratch is None:
+                self._scratch = [self._empty((self.rows,)) for _ in self.stats]
+            self._run(self._forward, self.program.inputs, values, outs + self._scratch)
+            return [Node(out, op_name=self.label) for out in outs]
+        stats = [self._empty((self.rows,)) for _ in self.stats]
+        self._run(self._forward, self.program.inputs, values, outs + stats)
+        return [
+            apply_op(_Precomputed(out), self._grad_fn(j, wants, stats), *ext, op_name=self.label)
+            for j, out in enumerate(outs)
+        ]
+
+    def _grad_fn(self, output_index: int, wants: tuple[bool, ...], stats: list[Tensor]):
+        def grad_fn(grad_out: Tensor, inputs: tuple[Any, ...], output: Tensor) -> list[Tensor | None]:
+            return self.backward(output_index, wants, grad_out, list(inputs), stats)
+
+        return grad_fn
+
+    def backward(
+        self, output_index: int, wants: tuple[bool, ...], grad_out: Tensor, values: list[Any], stats: list[Tensor]
+    ) -> list[Tensor | None]:
+        """Gradients of the inputs that want one (None where the output does not reach an input)."""
+        wants = tuple(w and i.kind != PARAM for w, i in zip(wants, self.program.inputs, strict=True))
+        if not any(wants):
+            return [None] * len(values)
+        compiled, _, which = self._backward_kernel(output_index, wants)
+        out_shape = tuple(self.group.outputs[output_index].shape)
+        if tuple(grad_out.shape) != out_shape:
+            grad_out = rops.broadcast_to(grad_out, out_shape)
+        program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
+        partial = self.is_opencl and compiled[3] != self.rows  # column gradients come as per-group partial sums
+        shapes = [self._grad_shape(k, compiled[3] if partial else 0) for k in which]
+        grads = [self._empty(shape) for shape in shapes]
+        self._run(compiled, program_inputs, [*values, *stats, grad_out], grads)
+        result: list[Tensor | None] = [None] * len(values)
+        for k, grad in zip(which, grads, strict=True):
+            target = tuple(self.group.inputs[k].shape)
+            if self.program.inputs[k].kind == COL:
+                grad = rops.sum(grad, 0).reshape(target) if partial else rops.sum_to_shape(grad, target)
+            elif grad.shape != target:
+                grad = grad.reshape(target)
+            result[k] = grad
+        return result
+
+    def _stat_inputs(self) -> list[RowInput]:
+        return [RowInput(f"s{j}", ROW) for j in range(len(self.stats))]
+
+    def _gout_input(self, output_index: int) -> RowInput:
+        return RowInput("gout", ELEM if self.out_kinds[output_index] == ELEM else ROW)
+
+    def _grad_shape(self, k: int, groups: int) -> tuple[int, ...]:
+        kind = self.program.inputs[k].kind
+        if kind == COL and groups:
+            return (groups, self.C)
+        if kind in (ELEM, COL):
+            return self.shape
+        return tuple(self.group.inputs[k].shape)
+
+
+class _Precomputed:
+    """The forward ``fn`` handed to apply_op: the kernel already ran, so it returns its output."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, out: Tensor) -> None:
+        self.out = out
+
+    def __call__(self, *values: Any) -> Tensor:
+        return self.out

@@ -1,0 +1,306 @@
+"""jit_compile of reductions along the last axis: one row kernel forward, one backward.
+
+Each program runs fused (``jit_compile``) on the OpenCL device and the NumPy backend; its output
+and the gradient of every input (upstream gradient random) are compared with float64 NumPy:
+the output with the reference function, the gradients with central differences of
+``sum(upstream * reference(...))`` in float64 (step 1e-6: truncation error ~1e-12, far below the
+tolerance). float32 kernels sum rows of <= 67 elements of O(1) values: each result is within a few
+ulps times the row length of the exact value, so 1e-4 relative + 1e-5 absolute is ample, while a
+wrong formula, index or lost gradient term is off by more than 1e-2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.jit import jit_compile
+from netcl.jit.row_step import RowStep
+from netcl.runtime.graph import Graph
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _softmax64(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm64(x, w=None, b=None, eps=1e-5):
+    d = x - x.mean(-1, keepdims=True)
+    y = d / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+def _masked_softmax(x, m):
+    e = ag.exp(x - ag.max(x, -1, keepdims=True)) * m
+    return e / ag.sum(e, -1, keepdims=True)
+
+
+def _masked_softmax64(x, m):
+    e = np.exp(x - x.max(-1, keepdims=True)) * m
+    return e / e.sum(-1, keepdims=True)
+
+
+def _user_layer_norm(x, w, b):
+    mu = ag.mean(x, -1, keepdims=True)
+    d = x - mu
+    return d * ag.rsqrt(ag.mean(d * d, -1, keepdims=True) + 1e-5) * w + b
+
+
+def _mask(shape, seed):
+    return (np.random.default_rng(seed).uniform(size=shape) > 0.3).astype(np.float32) + 0.0
+
+
+#: name -> (netcl function, float64 reference, input shapes, which inputs get a gradient, input maker)
+PROGRAMS = {
+    "softmax": (lambda x: ag.softmax(x, -1), _softmax64, [(5, 33)], [True]),
+    "log_softmax": (lambda x: ag.log_softmax(x, -1), lambda x: np.log(_softmax64(x)), [(4, 40)], [True]),
+    "logsumexp": (
+        lambda x: ag.logsumexp(x, -1),
+        lambda x: np.log(np.exp(x).sum(-1)),
+        [(6, 17)],
+        [True],
+    ),
+    "layer_norm_affine": (
+        lambda x, w, b: ag.layer_norm(x, 24, w, b),
+        _layer_norm64,
+        [(7, 24), (24,), (24,)],
+        [True, True, True],
+    ),
+    "rms_norm": (
+        lambda x, w: ag.rms_norm(x, 20, w, eps=1e-6),
+        lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+        [(3, 20), (20,)],
+        [True, True],
+    ),
+    "masked_softmax": (_masked_softmax, _masked_softmax64, [(4, 36), (4, 36)], [True, False]),
+    "user_layer_norm": (_user_layer_norm, _layer_norm64, [(5, 67), (67,), (67,)], [True, True, True]),
+    "prologue_epilogue": (
+        lambda x, a, b: ag.softmax(ag.tanh(x * a) + b, -1) * 2.0 + x,
+        lambda x, a, b: _softmax64(np.tanh(x * a) + b) * 2.0 + x,
+        [(3, 2, 16), (3, 2, 16), (16,)],
+        [True, True, True],
+    ),
+    "row_statistic_output": (
+        lambda x, r: ag.sum(ag.exp(x) * r, -1) + 1.0,
+        lambda x, r: (np.exp(x) * r).sum(-1) + 1.0,
+        [(6, 9), (6, 1)],
+        [True, True],
+    ),
+    "cross_entropy_one_hot": (
+        lambda x, q: -ag.sum(ag.log_softmax(x, -1) * q, -1),
+        lambda x, q: -(np.log(_softmax64(x)) * q).sum(-1),
+        [(6, 10), (6, 10)],
+        [True, False],
+    ),
+    "max_with_ties": (
+        lambda x: ag.max(ag.relu(x), -1, keepdims=True) * x,
+        lambda x: np.maximum(x, 0).max(-1, keepdims=True) * x,
+        [(4, 8)],
+        [True],
+    ),
+}
+
+
+def _inputs(shapes, name):
+    rng = np.random.default_rng(len(name))
+    arrays = [rng.uniform(-2, 2, size=s).astype(np.float32) for s in shapes]
+    if name == "masked_softmax":
+        arrays[1] = _mask(shapes[1], 3)
+        arrays[1][:, 0] = 1.0  # no row fully masked
+    if name == "cross_entropy_one_hot":
+        arrays[1] = np.eye(shapes[1][1], dtype=np.float32)[[3, 0, 9, 9, 1, 4]]
+    if name == "max_with_ties":
+        arrays[0] = np.round(arrays[0]).astype(np.float32)  # ties of the maximum
+    return arrays
+
+
+def _fd_grads(reference, arrays, upstream, wants, eps=1e-6):
+    arrays64 = [a.astype(np.float64) for a in arrays]
+    grads = []
+    for k, a in enumerate(arrays64):
+        if not wants[k]:
+            grads.append(None)
+            continue
+        grad = np.zeros_like(a)
+        for index in np.ndindex(a.shape):
+            plus = [x.copy() for x in arrays64]
+            minus = [x.copy() for x in arrays64]
+            plus[k][index] += eps
+            minus[k][index] -= eps
+            delta = np.sum(upstream * (reference(*plus) - reference(*minus)))
+            grad[index] = delta / (2 * eps)
+        grads.append(grad)
+    return grads
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_row_program_matches_float64(device, name):
+    fn, reference, shapes, wants = PROGRAMS[name]
+    if name == "max_with_ties":  # ties: central differences see one side; the gradient is shared
+        pytest.skip("checked by test_max_ties_share_the_gradient")
+    arrays = _inputs(shapes, name)
+    fused = jit_compile(fn)
+    nodes = [ag.tensor(a, requires_grad=w, device=device) for a, w in zip(arrays, wants, strict=True)]
+    with ag.Tape() as tape:
+        out = fused(*nodes)
+    expected = reference(*[a.astype(np.float64) for a in arrays])
+    np.testing.assert_allclose(out.to_host(), expected, rtol=RTOL, atol=ATOL)
+    upstream = np.random.default_rng(7).uniform(-1, 1, size=out.shape).astype(np.float32)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    for k, (node, grad) in enumerate(zip(nodes, _fd_grads(reference, arrays, upstream, wants), strict=True)):
+        if grad is None:
+            assert node.grad is None
+            continue
+        np.testing.assert_allclose(node.grad.to_host(), grad, rtol=RTOL, atol=ATOL, err_msg=f"{name}: input {k}")
+    plan = fused.plan_for(*nodes)
+    assert [type(s).__name__ for s in plan.steps] == ["RowStep"], f"{name}: {plan.steps}"
+
+
+def test_max_ties_share_the_gradient(device):
+    fn = PROGRAMS["max_with_ties"][0]
+    x = np.array([[1, 3, 3, 0, -1, 3, 2, 1], [0, 0, 0, 0, -1, -2, -3, -4]], np.float32)
+    node = ag.tensor(x, requires_grad=True, device=device)
+    with ag.Tape() as tape:
+        out = jit_compile(fn)(node)
+    tape.backward(out, grad=ag.tensor(np.ones_like(x), device=device).value)
+    m = np.maximum(x, 0).max(-1, keepdims=True)
+    hit = (np.maximum(x, 0) == m) * (x > 0)
+    ties = (np.maximum(x, 0) == m).sum(-1, keepdims=True)
+    expected = m + hit * x.sum(-1, keepdims=True) / ties
+    np.testing.assert_allclose(node.grad.to_host(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_fused_equals_unfused_on_large_rows(device):
+    """Rows longer than a work-group's register slice (re-read passes) and not a multiple of 4."""
+    x = np.random.default_rng(1).uniform(-3, 3, size=(3, 4099)).astype(np.float32)
+    fn = PROGRAMS["masked_softmax"][0]
+    m = _mask(x.shape, 2)
+    results = []
+    for f in (fn, jit_compile(fn)):
+        node = ag.tensor(x, requires_grad=True, device=device)
+        with ag.Tape() as tape:
+            out = f(node, ag.tensor(m, device=device))
+        tape.backward(out, grad=ag.tensor(np.cos(x), device=device).value)
+        results.append((out.to_host(), node.grad.to_host()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=RTOL, atol=1e-7)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=RTOL, atol=1e-7)
+
+
+def test_weight_gradients_over_many_rows(device):
+    """Per-column gradients summed over blocks of rows (per-group partial sums on OpenCL)."""
+    fn = PROGRAMS["layer_norm_affine"][0]
+    arrays = _inputs([(300, 24), (24,), (24,)], "many")
+    nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+    with ag.Tape() as tape:
+        out = jit_compile(fn)(*nodes)
+    upstream = np.random.default_rng(3).uniform(-1, 1, size=out.shape)
+    tape.backward(out, grad=ag.tensor(upstream.astype(np.float32), device=device).value)
+    x64 = arrays[0].astype(np.float64)
+    xhat = _layer_norm64(x64)
+    np.testing.assert_allclose(nodes[1].grad.to_host(), (upstream * xhat).sum(0), rtol=RTOL, atol=1e-4)
+    np.testing.assert_allclose(nodes[2].grad.to_host(), upstream.sum(0), rtol=RTOL, atol=1e-4)
+
+
+class LaunchCounter:
+    """The kernels launched on a queue, through the runtime's capture (``Graph``)."""
+
+    def __init__(self, queue):
+        self.graph = Graph()
+        self._capture = self.graph.capture(queue)
+
+    @property
+    def names(self) -> list[str]:
+        return [launch.name for launch in self.graph.launches]
+
+    def __enter__(self):
+        self._capture.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._capture.__exit__(*exc)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm"])
+def test_one_kernel_each_way(cl_device, name):
+    x = np.random.default_rng(0).uniform(-2, 2, size=(64, 256)).astype(np.float32)
+    w, b = (np.random.default_rng(s).uniform(0.5, 1.5, size=256).astype(np.float32) for s in (1, 2))
+    if name == "softmax":
+        fused = jit_compile(lambda x: ag.softmax(x, -1))
+        consts = []
+    else:
+        fused = jit_compile(lambda x, w, b: ag.layer_norm(x, 256, w, b))
+        consts = [ag.tensor(w, device=cl_device), ag.tensor(b, device=cl_device)]
+    node = ag.tensor(x, requires_grad=True, device=cl_device)
+    upstream = ag.tensor(np.ones_like(x), device=cl_device).value
+    for _ in range(2):  # the first run builds the kernels
+        node.grad = None  # no accumulation kernel into the last step's gradient
+        with LaunchCounter(cl_device.queue) as counter:
+            with ag.Tape() as tape:
+                out = fused(node, *consts)
+            tape.backward(out, grad=upstream)
+    assert counter.names == ["row_forward", "row_backward"]
+    with LaunchCounter(cl_device.queue) as counter, ag.no_grad():
+        fused(node, *consts)
+    assert counter.names == ["row_forward"]
+    plan = fused.plan_for(node, *consts)
+    assert len(plan.steps) == 1 and isinstance(plan.steps[0], RowStep)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_of_logits_with_integer_targets(device, smoothing):
+    """One row kernel forward (per-row losses and an epilogue), one backward: (softmax - q) * upstream."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((9, 12)) * 3).astype(np.float32)
+    t = rng.integers(0, 12, 9).astype(np.int32)
+    t[4] = -100  # ignored: no loss, no gradient
+    upstream = np.linspace(-1, 1, 9).astype(np.float32)
+
+    def loss(x, t):
+        return ag.cross_entropy(x, t, reduction="none", label_smoothing=smoothing) * 2.0
+
+    fused = jit_compile(loss)
+    node, targets = ag.tensor(x, requires_grad=True, device=device), ag.tensor(t, device=device)
+    with ag.Tape() as tape:
+        out = fused(node, targets)
+    tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+    x64 = x.astype(np.float64)
+    valid = (t != -100).astype(np.float64)
+    q = np.eye(12)[np.where(t < 0, 0, t)] * (1 - smoothing) + smoothing / 12
+    logp = np.log(_softmax64(x64))
+    np.testing.assert_allclose(out.to_host(), -2.0 * (q * logp).sum(-1) * valid, rtol=RTOL, atol=ATOL)
+    expected = 2.0 * (np.exp(logp) - q) * (valid * upstream)[:, None]
+    np.testing.assert_allclose(node.grad.to_host(), expected, rtol=RTOL, atol=ATOL)
+    assert [type(s).__name__ for s in fused.plan_for(node, targets).steps] == ["RowStep"]
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "cross_entropy"])
+def test_eager_built_ins_run_the_row_kernels(cl_device, name):
+    """ag.softmax / ag.layer_norm / ag.cross_entropy (no jit_compile) of >= 64K float32 elements."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, size=(128, 512)).astype(np.float32)
+    node = ag.tensor(x, requires_grad=True, device=cl_device)
+    w = ag.tensor(rng.uniform(0.5, 1.5, 512).astype(np.float32), device=cl_device)
+    t = ag.tensor(rng.integers(0, 512, 128).astype(np.int32), device=cl_device)
+    ops = {
+        "softmax": lambda: ag.softmax(node, -1),
+        "layer_norm": lambda: ag.layer_norm(node, 512, w, w),
+        "cross_entropy": lambda: ag.cross_entropy(node, t, reduction="none"),
+    }
+    for _ in range(2):  # the first call builds the kernels
+        node.grad = None
+        with LaunchCounter(cl_device.queue) as counter:
+            with ag.Tape() as tape:
+                out = ops[name]()
+            tape.backward(out, grad=ag.tensor(np.ones(out.shape, np.float32), device=cl_device).value)
+    assert counter.names == ["row_forward", "row_backward"]
+
+
+def test_eager_cross_entropy_on_row_kernels_checks_targets(device):
+    """A bad class index is named before any launch, also on the fused path (>= 64K logits)."""
+    x = ag.tensor(np.zeros((128, 1024), np.float32), requires_grad=True, device=device)
+    t = ag.tensor(np.full(128, 5000, np.int32), device=device)
+    with pytest.raises(IndexError, match="target value 5000 is out of range"):
+        ag.cross_entropy(x, t)
