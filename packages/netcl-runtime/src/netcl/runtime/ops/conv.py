@@ -1,4 +1,10 @@
-"""2-D convolution on NCHW through im2col + the runtime's matmul, and col2im for the input gradient.
+"""2-D convolution on NCHW: implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
+
+On OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
+``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
+addresses in its tile loads, no column buffer). The path below serves everything else: groups > 1,
+float16 (amp), float32 under a tensor-core matmul precision (its product runs on the mma kernel),
+and the NumPy backend; ``implicit=False`` forces it (benchmarks compare the two).
 
 ``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
 ``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
@@ -18,6 +24,7 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
+from netcl.runtime.ops import conv_implicit
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
 from netcl.runtime.ops.layout import transpose
@@ -237,13 +244,20 @@ def conv2d(
     padding: int | Pair = 0,
     dilation: int | Pair = 1,
     groups: int = 1,
+    *,
+    implicit: bool = True,
 ) -> Tensor:
-    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW)."""
+    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW).
+
+    ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module docstring).
+    """
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
     device_of((x, w) if b is None else (x, w, b), "conv2d")
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    if implicit and conv_implicit.supports(x, w, b, groups):
+        return conv_implicit.forward(x, w, b, geo)
     g = int(groups)
     cols = im2col(x, geo).reshape(geo.N, g, geo.C // g * geo.KH * geo.KW, geo.OH * geo.OW)
     out = matmul(_grouped_weight(w, g), cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
@@ -265,8 +279,10 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
     return matmul(swap_a, swap_b)
 
 
-def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
+def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int, *, implicit: bool = True) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+    if implicit and conv_implicit.supports(grad, w, None, groups):
+        return conv_implicit.backward_input(grad, w, geo)
     g = int(groups)
     w3 = _grouped_weight(w, g)
     g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
@@ -274,8 +290,12 @@ def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: in
     return col2im(cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW), geo)
 
 
-def conv2d_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:
+def conv2d_backward_weight(
+    grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int, *, implicit: bool = True
+) -> Tensor:
     """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T."""
+    if implicit and conv_implicit.supports(grad, x, None, groups):
+        return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo)
     g = int(groups)
     out_ch = int(w_shape[0])
     K = geo.C // g * geo.KH * geo.KW

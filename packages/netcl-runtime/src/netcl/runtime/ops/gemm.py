@@ -363,19 +363,25 @@ __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const lo
     return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32]).kernel
 
 
-def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None) -> Plan:
-    """The portable kernel's plan for ``problem`` (``cfg`` forces a config: the tuner's trials)."""
+def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None, views=(None, None)) -> Plan:
+    """The portable kernel's plan for ``problem`` (``cfg`` forces a config: the tuner's trials).
+
+    ``views``: ``OperandView`` or None for A and B (an implicit operand, see ``gemm_source``);
+    a view's vector width is narrowed to 1.
+    """
     if cfg is None:
         cfg = portable_config(device, problem, dtype)
+    if (views[0] is not None and cfg.va != 1) or (views[1] is not None and cfg.vb != 1):
+        cfg = replace(cfg, va=1 if views[0] is not None else cfg.va, vb=1 if views[1] is not None else cfg.vb)
     splits, chunk = 1, problem.k
     if epilogue.is_identity and cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue)
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, epilogue, views)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue)
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, epilogue, views)
 
     args = ARG_DTYPES + ([None] if epilogue.bias != "none" else [])
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()

@@ -21,6 +21,11 @@ The kernel's signature (shared with the tensor-core kernel, ``gemm_mma``)::
 Group z of dimension 2 is ``batch * splits + s``: batch index ``(b0, b1, b2)`` with inner sizes
 ``nb1``, ``nb2`` (merged broadcast dims; a stride 0 broadcasts), split ``s`` covering K range
 ``[s*kchunk, min(K, (s+1)*kchunk))`` and writing at ``C + batch*sc + s*ss``.
+
+An operand may be read through an ``OperandView`` instead of as a stored matrix: the tile load
+then evaluates the view's C expression for element (row ``mn``, depth ``kk``) from the operand's
+batch base pointer ``p`` (scalar loads). That is how convolution runs as an implicit GEMM
+(``conv``): the im2col address is computed in the load, no column buffer is written.
 """
 
 from __future__ import annotations
@@ -63,6 +68,21 @@ class Epilogue:
 
 
 IDENTITY = Epilogue()
+
+
+@dataclass(frozen=True)
+class OperandView:
+    """An operand whose element (``mn``, ``kk``) is the C expression ``element``, not ``p[mn * ld + kk]``.
+
+    ``element`` may use ``p`` (the operand's pointer after the batch offset, of the storage type),
+    ``mn`` (IDX: row of A / column of B) and ``kk`` (int: depth), and is only evaluated inside
+    ``[0, M or N) x [kbeg, kend)``; ``helpers`` is C placed before the kernel (macros, inline
+    functions; names should be prefixed to avoid the kernel's own macros). Hashable: part of the
+    program key.
+    """
+
+    helpers: str
+    element: str
 
 
 @dataclass(frozen=True)
@@ -120,7 +140,16 @@ def _vec(ct: str, width: int) -> str:
 
 
 def _load_lines(
-    name: str, storage: str, ct: str, vec: int, along_k: bool, side: int, bk: int, threads: int, bound: str
+    name: str,
+    storage: str,
+    ct: str,
+    vec: int,
+    along_k: bool,
+    side: int,
+    bk: int,
+    threads: int,
+    bound: str,
+    view: OperandView | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """Register declarations, global -> register loads and register -> local stores of one tile.
 
@@ -135,7 +164,13 @@ def _load_lines(
     loads, stores = [], []
     for j in range(per):
         u, w = f"((tid + {j * threads}) % {across})", f"((tid + {j * threads}) / {across})"
-        if along_k:  # u: vector index along k, w: row of the tile (m or n)
+        if (j * threads) % across == 0:  # the same u for every j: lets the compiler share index math
+            u, w = f"(tid % {across})", f"(tid / {across} + {j * threads // across})"
+        if view is not None:  # scalar loads through the view's address expression
+            mn, kk = (f"{name}0 + {w}", f"k0 + {u}") if along_k else (f"{name}0 + {u}", f"k0 + {w}")
+            loads.append(f"{{ const IDX mn = {mn}; const int kk = {kk}; __global const {storage}* p = {name};")
+            loads.append(f"  {name}r{j} = (mn < {bound} && kk < kend) ? (CT)({view.element}) : (CT)0; }}")
+        elif along_k:  # u: vector index along k, w: row of the tile (m or n)
             loads.append(f"{{ const IDX mn = {name}0 + {w}; const int kk = k0 + {u} * {vec};")
             loads.append(f"  __global const {storage}* p = {name} + mn * ld{name.lower()} + kk;")
             full, elem_ok = f"mn < {bound} && kk + {vec} <= kend", f"mn < {bound} && kk + {{v}} < kend"
@@ -143,7 +178,9 @@ def _load_lines(
             loads.append(f"{{ const IDX mn = {name}0 + {u} * {vec}; const int kk = k0 + {w};")
             loads.append(f"  __global const {storage}* p = {name} + (IDX)kk * ld{name.lower()} + mn;")
             full, elem_ok = f"kk < kend && mn + {vec} <= {bound}", f"kk < kend && mn + {{v}} < {bound}"
-        if vec == 1:
+        if view is not None:
+            pass
+        elif vec == 1:
             value = "vload_half(0, p)" if half else "(CT)p[0]"
             loads.append(f"  {name}r{j} = ({full}) ? {value} : (CT)0; }}")
         else:
@@ -173,14 +210,20 @@ def portable_source(
     c_dtype: np.dtype,
     idx: str = "int",
     epilogue: Epilogue = IDENTITY,
+    views: tuple[OperandView | None, OperandView | None] = (None, None),
 ) -> str:
-    """The kernel ``netcl_gemm`` for one config, layout, dtype combination and epilogue."""
+    """The kernel ``netcl_gemm`` for one config, layout, dtype combination, epilogue and operand views."""
     from netcl.runtime.ops._common import pragmas, storage_ctype
 
     ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
     sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
-    a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M")
-    b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N")
+    view_a, view_b = views
+    for view, width, side in ((view_a, cfg.va, "A"), (view_b, cfg.vb, "B")):
+        if view is not None and width != 1:
+            raise ValueError(f"gemm: operand {side} is read through a view, its vector width must be 1, got {width}")
+    a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M", view_a)
+    b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N", view_b)
+    helpers = "\n".join(v.helpers for v in views if v is not None)
     lv = cfg.lv
     lvt = _vec(ct, lv)
     comps = [""] if lv == 1 else [f".s{v:x}" for v in range(lv)]
@@ -217,6 +260,7 @@ def portable_source(
 #define BN (WGN * TN)
 #define LV {lv}
 #define GROUP {cfg.group}
+{helpers}
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
 void netcl_gemm(const int M, const int N, const int K,
                 __global const {sa}* restrict A, const int lda,

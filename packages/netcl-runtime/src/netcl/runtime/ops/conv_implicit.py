@@ -1,0 +1,233 @@
+"""Convolution as an implicit GEMM: the portable GEMM kernel reads im2col addresses on the fly.
+
+No column buffer is written: the GEMM's tile loads of the image operand go through an
+``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
+in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
+
+- forward ``y[n] = w (O, C*KK) @ cols(x[n]) (C*KK, L)``: A is w as stored, B a view of x; one
+  batch entry per image, so the output is NCHW as written; the bias is the GEMM's row epilogue.
+- input gradient ``dx[n] = wT (C, O*KK) @ V(dy[n]) (O*KK, H*W)`` where ``wT[c, (o, ki, kj)] =
+  w[o, c, ki, kj]`` (a small transpose) and ``V[(o, ki, kj), (h, w)] = dy[n, o, (h + PH - ki*DH) /
+  SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output pixel, else 0.
+- weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
+  (the batch is part of the reduction), split along K when the output is small.
+
+The geometry is compile-time (``#define``: divisions by constants), so each layer shape builds its
+own programs; the batch size is a kernel argument (forward, input gradient) or part of K (weight
+gradient). Tile configs come from ``netcl.runtime.tune`` (searched per device and layer at first
+use where tuning is on), else a default by output size. ``supports`` says which calls this path
+takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, tensor-core precisions,
+the NumPy backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float32, float64
+from netcl.runtime import capture as _capture
+from netcl.runtime import tune
+from netcl.runtime.ops import precision as _precision
+from netcl.runtime.ops._common import remember, storage_ctype
+from netcl.runtime.ops.gemm import Plan, Problem, make_plan
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView
+from netcl.runtime.ops.layout import transpose
+
+#: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
+_CANDIDATES = [
+    (16, 16, 8, 8, 8),
+    (16, 16, 8, 8, 16),
+    (8, 16, 8, 8, 16),
+    (16, 8, 8, 8, 16),
+    (16, 16, 4, 8, 16),
+    (16, 16, 8, 4, 16),
+    (16, 16, 4, 4, 16),
+    (16, 16, 4, 4, 32),
+]
+_PLANS: dict = {}
+
+
+def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
+    """Whether conv2d of these operands runs here (else: im2col + matmul)."""
+    from netcl.runtime.ops import gemm_mma
+
+    device = x.device
+    if device.kind != "opencl" or int(groups) != 1:
+        return False
+    dtype = x.dtype
+    if dtype not in (float32, float64) or w.dtype != dtype or (b is not None and b.dtype != dtype):
+        return False
+    if x.size == 0 or w.size == 0:
+        return False
+    # a tensor-core precision keeps the im2col path, whose product runs on the mma kernel
+    return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) is None
+
+
+def _defines(geo, out_ch: int, idx: str) -> str:
+    values = {
+        "C": geo.C, "H": geo.H, "W": geo.W, "O": out_ch, "KH": geo.KH, "KW": geo.KW, "OH": geo.OH, "OW": geo.OW,
+        "SH": geo.SH, "SW": geo.SW, "PH": geo.PH, "PW": geo.PW, "DH": geo.DH, "DW": geo.DW,
+    }  # fmt: skip
+    lines = ["#ifndef CV_C"] + [f"#define CV_{k} {v}" for k, v in values.items()]
+    lines += ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}", "#endif"]
+    return "\n".join(lines)
+
+
+#: x read as im2col columns: row r = (c, ki, kj), column l = (oh, ow) of image base ``p``.
+_X_COLS = """
+inline CT cv_x_cols(__global const {st}* p, uint r, uint l) {{
+    const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[((CV_I)c * CV_H + h) * CV_W + w] : (CT)0;
+}}
+"""
+
+#: dy read as the input gradient's columns: row r = (o, ki, kj), column q = (h, w) of image base ``p``.
+_DY_COLS = """
+inline CT cv_dy_cols(__global const {st}* p, uint r, uint q) {{
+    const uint o = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
+    const int hh = (int)(q / CV_W) + CV_PH - (int)ki * CV_DH;
+    const int ww = (int)(q % CV_W) + CV_PW - (int)kj * CV_DW;
+    if (hh < 0 || ww < 0) return (CT)0;
+    const int oh = hh / CV_SH, ow = ww / CV_SW;
+    const bool ok = oh < CV_OH && ow < CV_OW && oh * CV_SH == hh && ow * CV_SW == ww;
+    return ok ? (CT)p[((CV_I)o * CV_OH + oh) * CV_OW + ow] : (CT)0;
+}}
+"""
+
+#: dy as (O, N*L): row o, column q = (n, l).
+_DY_ROWS = """
+inline CT cv_dy_rows(__global const {st}* p, uint o, uint q) {{
+    return (CT)p[((CV_I)(q / CV_L) * CV_O + o) * CV_L + q % CV_L];
+}}
+"""
+
+#: x as the weight gradient's (C*KK, N*L) columns, transposed: row r = (c, ki, kj), column q = (n, l).
+_X_ROWS = """
+inline CT cv_x_rows(__global const {st}* p, uint r, uint q) {{
+    return cv_x_cols(p + (CV_I)(q / CV_L) * (CV_C * CV_H * CV_W), r, q % CV_L);
+}}
+"""
+
+
+def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
+    return OperandView(_defines(geo, out_ch, idx) + "".join(b.format(st=st) for b in bodies), element)
+
+
+def _idx(*sizes: int) -> str:
+    return "long" if max(sizes) >= 2**31 else "int"
+
+
+def _default(device: Device, problem: Problem) -> GemmConfig:
+    """Without a search: 128 x 128 tiles on GPUs (64 x 128 for fewer than 128 output rows)."""
+    if not device.is_gpu:
+        return GemmConfig(16, 16, 4, 4, 16, 4, 1, 4)
+    if problem.m < 128:
+        return GemmConfig(8, 16, 8, 8, 16, 4, 1, 4)
+    return GemmConfig(16, 16, 8, 8, 16, 4, 1, 4)
+
+
+def _config(device: Device, kind: str, problem: Problem, trial: _Layer) -> GemmConfig:
+    from netcl.runtime.ops.gemm_configs import _fits
+
+    views_a, itemsize = kind == "dw", trial.dtype.itemsize
+    fallback = _default(device, problem)
+    candidates = []
+    for wgm, wgn, tm, tn, bk in _CANDIDATES:
+        lv = min(4, tm, tn)
+        va = 1 if views_a else (4 if problem.lda % 4 == 0 else 1)
+        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, 1, lv)
+        if _fits(device, cfg, itemsize, problem):
+            candidates.append(cfg)
+    fallback = dataclasses.replace(fallback, va=1 if views_a or problem.lda % 4 else 4)
+    if not _fits(device, fallback, itemsize, problem):
+        fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
+    return tune.select(
+        device, trial.key, candidates, fallback, trial, encode=dataclasses.asdict, decode=lambda d: GemmConfig(**d)
+    )
+
+
+class _Layer:
+    """One (kind, shapes, geometry, dtype) on a device: its Problem, views and, once made, its Plan."""
+
+    def __init__(self, kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool) -> None:
+        n, c, h, w, kk, length = geo.N, geo.C, geo.H, geo.W, geo.KH * geo.KW, geo.OH * geo.OW
+        idx = _idx(n * c * h * w, n * out_ch * length, out_ch * c * kk)
+        st = storage_ctype(dtype)
+        self.kind, self.device, self.dtype = kind, device, np.dtype(dtype)
+        self.epilogue: Epilogue = IDENTITY
+        if kind == "fwd":
+            self.problem = Problem(out_ch, length, c * kk, False, False, ((n, 0, c * h * w),))
+            self.views = (None, _view(geo, out_ch, idx, st, [_X_COLS], "cv_x_cols(p, kk, mn)"))
+            self.out_shape = (n, out_ch, geo.OH, geo.OW)
+            self.sizes = (out_ch * c * kk, n * c * h * w)
+            if bias:
+                self.epilogue = Epilogue(bias="row")
+        elif kind == "dx":
+            self.problem = Problem(c, h * w, out_ch * kk, False, False, ((n, 0, out_ch * length),))
+            self.views = (None, _view(geo, out_ch, idx, st, [_DY_COLS], "cv_dy_cols(p, kk, mn)"))
+            self.out_shape = (n, c, h, w)
+            self.sizes = (out_ch * c * kk, n * out_ch * length)
+        else:
+            self.problem = Problem(out_ch, c * kk, n * length, False, True, ())
+            view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)")
+            self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
+            self.out_shape = (out_ch, c, geo.KH, geo.KW)
+            self.sizes = (n * out_ch * length, n * c * h * w)
+        self.key = f"conv-{kind}|{np.dtype(dtype).str}|{n},{c},{h},{w}|{out_ch},{geo.KH},{geo.KW}|{geo.values}"
+        self.scratch: tuple[Tensor, Tensor] | None = None
+
+    def plan(self, cfg: GemmConfig | None = None) -> Plan:
+        if cfg is None:
+            cfg = _config(self.device, self.kind, self.problem, self)
+        return make_plan(
+            self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
+        )
+
+    def __call__(self, cfg: GemmConfig) -> None:  # a tuning trial on scratch operands
+        from netcl.runtime.ops.layout import full
+
+        if self.scratch is None:
+            self.scratch = (
+                full((self.sizes[0],), 0.5, self.dtype, self.device),
+                full((self.sizes[1],), 0.25, self.dtype, self.device),
+            )
+        bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
+        self.plan(cfg).run(*self.scratch, bias)
+
+
+def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False) -> Plan:
+    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _Layer(kind, device, geo, out_ch, dtype, bias).plan()
+        if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
+            remember(_PLANS, key, plan)
+    return plan
+
+
+def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
+    """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
+    fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
+    out = _layer("fwd", x.device, geo, w.shape[0], x.dtype, fused).run(w, x, b if fused else None)
+    if b is not None and not fused:
+        from netcl.runtime.ops.pointwise import add
+
+        out = add(out, b.reshape(1, w.shape[0], 1, 1))
+    return out
+
+
+def backward_input(grad: Tensor, w: Tensor, geo) -> Tensor:
+    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+    out_ch = w.shape[0]
+    w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 0, 2))  # (C, O, KK): small
+    return _layer("dx", grad.device, geo, out_ch, grad.dtype).run(w_t, grad)
+
+
+def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo) -> Tensor:
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): (O, C, KH, KW)."""
+    return _layer("dw", grad.device, geo, out_ch, grad.dtype).run(grad, x)
