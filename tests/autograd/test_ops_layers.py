@@ -121,6 +121,32 @@ def test_conv2d_groups2(check):
     )
 
 
+#: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
+#: stride 1 and 2, 1x1, odd image sizes, batch > 1, channel counts no tile divides, and a weight
+#: gradient whose reduction (N * OH * OW = 512) is split along K. Sums of <= 512 float32 terms.
+IMPLICIT = [
+    ((3, 5, 9, 7), (6, 5, 3, 3), 1, 1),
+    ((2, 5, 9, 7), (7, 5, 3, 3), 2, 1),
+    ((3, 6, 5, 7), (5, 6, 1, 1), 1, 0),
+    ((2, 3, 16, 16), (4, 3, 3, 3), 1, 1),
+    ((1, 17, 6, 5), (19, 17, 3, 3), 1, 1),
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding", IMPLICIT)
+def test_conv2d_implicit_gemm_shapes(check, xs, ws, stride, padding):
+    check(
+        [xs, ws, (ws[0],)],
+        lambda x, w, b: np_conv2d(x, w, b, stride, padding),
+        lambda x, w, b: ag.conv2d(x, w, b, stride, padding),
+        atol=1e-4,
+        grad_atol=1e-3,
+        low=-1.0,
+        high=1.0,
+        gradcheck=False,
+    )
+
+
 def test_conv2d_1x1_only_weight_grad(check):
     check(
         [(2, 3, 4, 4), (5, 3, 1, 1)],
