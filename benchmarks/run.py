@@ -32,13 +32,20 @@ if __name__ == "__main__":
     parser.add_argument("--no-peers", action="store_true", help="skip torch even when importable")
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
-        "--workload", choices=["fused", "matmul", "train"], default="fused", help="matmul/train: bench_<name>.py"
+        "--workload",
+        choices=["fused", "matmul", "conv", "train"],
+        default="fused",
+        help="matmul/conv/train: bench_<name>.py",
     )
     args = parser.parse_args()
     if args.workload == "matmul":
         from bench_matmul import run as run_matmul
 
         results = run_matmul(args.device, args.quick, args.repeats, not args.no_peers)
+    elif args.workload == "conv":
+        from bench_conv import run as run_conv
+
+        results = run_conv(args.device, args.quick, args.repeats, not args.no_peers)
     elif args.workload == "train":
         from bench_train import run as run_train
 

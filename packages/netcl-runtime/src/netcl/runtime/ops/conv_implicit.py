@@ -48,6 +48,8 @@ _CANDIDATES = [
     (16, 16, 4, 4, 32),
 ]
 _PLANS: dict = {}
+#: The tile config each layer's plan uses, by its tuning key (what benchmarks report).
+CHOSEN: dict[str, GemmConfig] = {}
 
 
 def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
@@ -184,6 +186,7 @@ class _Layer:
     def plan(self, cfg: GemmConfig | None = None) -> Plan:
         if cfg is None:
             cfg = _config(self.device, self.kind, self.problem, self)
+            CHOSEN[self.key] = cfg
         return make_plan(
             self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
         )
