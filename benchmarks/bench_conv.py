@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import _median_ms, _rand, _torch, _torch_ms
 
 import netcl.core as nc
+from netcl.runtime import tune
 from netcl.runtime.ops import conv, conv_implicit
+from netcl.runtime.ops.linalg import matmul
 
 #: (label, batch, channels, image side)
 LAYERS = [("c64x56", 64, 64, 56), ("c128x28", 64, 128, 28), ("c256x14", 64, 256, 14)]
@@ -44,6 +46,27 @@ def _netcl_calls(x, w, g, geo, implicit: bool) -> dict:
     }
     parts["fwd+bwd"] = lambda: [parts[k]() for k in ("fwd", "dx", "dw")]
     return parts
+
+
+def _sweep(device, geo, out_ch: int) -> None:
+    """Every candidate tile of each implicit kernel, timed (best of 3): what the search chooses from."""
+    for kind in ("fwd", "dx", "dw"):
+        layer = conv_implicit._Layer(kind, device, geo, out_ch, np.dtype(np.float32), False)
+        cells = []
+        for cfg in conv_implicit.candidates(layer):
+            _, ms = tune.search(device, [cfg], layer)
+            cells.append(f"{cfg.bm}x{cfg.bn}x{cfg.bk}/{cfg.tm}x{cfg.tn} {ms:.3f}")
+        layer.scratch = None
+        print(f"{'':<9}sweep {kind}: " + ", ".join(cells), flush=True)
+
+
+def _im2col_parts(x, w, geo, device, repeats) -> str:
+    """The im2col path's forward split: the im2col kernel, and its product alone."""
+    cols = conv.im2col(x, geo).reshape(geo.N, 1, geo.C * 9, geo.OH * geo.OW)
+    w3 = w.reshape(1, w.shape[0], geo.C * 9)
+    t_cols = _median_ms(lambda: conv.im2col(x, geo), repeats, device.queue)
+    t_mm = _median_ms(lambda: matmul(w3, cols), repeats, device.queue)
+    return f"im2col fwd = im2col {t_cols:.3f} ms + matmul {t_mm:.3f} ms"
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -83,6 +106,7 @@ def run(
     repeats: int | None = None,
     peers: bool = True,
     tune_im2col: bool = False,
+    sweep: bool = False,
 ) -> dict:
     device = nc.get_device(device_spec)
     repeats = repeats or (3 if quick else 10)
@@ -96,7 +120,7 @@ def run(
     print(header)
     print("-" * len(header))
     for label, n, c, s in QUICK if quick else LAYERS:
-        x_host, w_host = _rand((n, c, s, s), 1), _rand((c, c, 3, 3), 2) * (1.0 / np.sqrt(9 * c))
+        x_host, w_host = _rand((n, c, s, s), 1), (_rand((c, c, 3, 3), 2) / np.sqrt(9 * c)).astype(np.float32)
         g_host = _rand((n, c, s, s), 3)
         flops = 2.0 * n * c * c * 9 * s * s
         x, w, g = (nc.tensor(a, device=device) for a in (x_host, w_host, g_host))
@@ -137,11 +161,15 @@ def run(
         tiles = ", ".join(
             f"{key.split('|')[0][5:]} {cfg.short()}"
             for key, cfg in conv_implicit.CHOSEN.items()
-            if f"|{n},{c},{s},{s}|" in key
+            if f"|{c}|[{c}, {s}, {s}," in key
         )
         row["tiles"] = tiles
         print(f"{'':<9}netcl parts: {split}; first call {row['netcl']['first_call_s']:.1f} s; tiles {tiles}")
         print(f"{'':<9}error {errs}", flush=True)
+        if device.kind == "opencl":
+            print(f"{'':<9}{_im2col_parts(x, w, geo, device, repeats)}")
+        if sweep and device.kind == "opencl":
+            _sweep(device, geo, c)
         results["rows"].append(row)
         del x, w, g
     return results
@@ -155,8 +183,9 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--tune-im2col", action="store_true", help="let the im2col path's products search too")
+    parser.add_argument("--sweep", action="store_true", help="time every candidate tile of the implicit kernels")
     args = parser.parse_args()
-    results = run(args.device, args.quick, args.repeats, not args.no_peers, args.tune_im2col)
+    results = run(args.device, args.quick, args.repeats, not args.no_peers, args.tune_im2col, args.sweep)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2))
 

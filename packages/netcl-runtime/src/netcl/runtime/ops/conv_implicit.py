@@ -4,18 +4,21 @@ No column buffer is written: the GEMM's tile loads of the image operand go throu
 ``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
 in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
 
-- forward ``y[n] = w (O, C*KK) @ cols(x[n]) (C*KK, L)``: A is w as stored, B a view of x; one
-  batch entry per image, so the output is NCHW as written; the bias is the GEMM's row epilogue.
-- input gradient ``dx[n] = wT (C, O*KK) @ V(dy[n]) (O*KK, H*W)`` where ``wT[c, (o, ki, kj)] =
-  w[o, c, ki, kj]`` (a small transpose) and ``V[(o, ki, kj), (h, w)] = dy[n, o, (h + PH - ki*DH) /
-  SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output pixel, else 0.
+- forward ``y = w (O, C*KK) @ cols(x) (C*KK, N*L)``: A is w as stored, B a view of x whose
+  columns run over (image, output pixel), so the batch fills the tiles (no per-image tail); C's
+  view stores column (n, l) of row o at NCHW ``y[n, o, l]``; the bias is the GEMM's row epilogue.
+- input gradient ``dx = wT (C, O*KK) @ V(dy) (O*KK, N*H*W)``, stored NCHW the same way, where
+  ``wT[c, (o, ki, kj)] = w[o, c, ki, kj]`` (a small transpose) and ``V[(o, ki, kj), (n, h, w)] =
+  dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
+  pixel, else 0.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
   (the batch is part of the reduction), split along K when the output is small.
 
 The geometry is compile-time (``#define``: divisions by constants), so each layer shape builds its
-own programs; the batch size is a kernel argument (forward, input gradient) or part of K (weight
-gradient). Tile configs come from ``netcl.runtime.tune`` (searched per device and layer at first
-use where tuning is on), else a default by output size. ``supports`` says which calls this path
+own programs; the batch size only enters the GEMM's N (forward, input gradient) or K (weight
+gradient), kernel arguments, so a new batch size builds nothing. Tile configs come from
+``netcl.runtime.tune`` (searched per device, layer and batch size rounded up to a power of two at
+first use where tuning is on), else a default by output size. ``supports`` says which calls this path
 takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, tensor-core precisions,
 the NumPy backend).
 """
@@ -101,6 +104,13 @@ inline CT cv_dy_cols(__global const {st}* p, uint r, uint q) {{
 }}
 """
 
+#: dy read as the input gradient's columns over the batch: row r = (o, ki, kj), column q = (n, h, w).
+_DY_FOLD = """
+inline CT cv_dy_fold(__global const {st}* p, uint r, uint q) {{
+    return cv_dy_cols(p + (CV_I)(q / (CV_H * CV_W)) * (CV_O * CV_L), r, q % (CV_H * CV_W));
+}}
+"""
+
 #: dy as (O, N*L): row o, column q = (n, l).
 _DY_ROWS = """
 inline CT cv_dy_rows(__global const {st}* p, uint o, uint q) {{
@@ -133,23 +143,36 @@ def _default(device: Device, problem: Problem) -> GemmConfig:
     return GemmConfig(16, 16, 8, 8, 16, 4, 1, 4)
 
 
-def _config(device: Device, kind: str, problem: Problem, trial: _Layer) -> GemmConfig:
+def candidates(layer: _Layer) -> list[GemmConfig]:
+    """The tile configs a search of ``layer`` tries (those the device can run)."""
     from netcl.runtime.ops.gemm_configs import _fits
 
-    views_a, itemsize = kind == "dw", trial.dtype.itemsize
-    fallback = _default(device, problem)
-    candidates = []
+    problem, itemsize = layer.problem, layer.dtype.itemsize
+    va = 1 if layer.kind == "dw" or problem.lda % 4 else 4
+    out = []
     for wgm, wgn, tm, tn, bk in _CANDIDATES:
-        lv = min(4, tm, tn)
-        va = 1 if views_a else (4 if problem.lda % 4 == 0 else 1)
-        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, 1, lv)
-        if _fits(device, cfg, itemsize, problem):
-            candidates.append(cfg)
-    fallback = dataclasses.replace(fallback, va=1 if views_a or problem.lda % 4 else 4)
-    if not _fits(device, fallback, itemsize, problem):
+        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, 1, min(4, tm, tn))
+        if _fits(layer.device, cfg, itemsize, problem):
+            out.append(cfg)
+    return out
+
+
+def _config(layer: _Layer) -> GemmConfig:
+    from netcl.runtime.ops.gemm_configs import _fits
+
+    problem = layer.problem
+    fallback = _default(layer.device, problem)
+    fallback = dataclasses.replace(fallback, va=1 if layer.kind == "dw" or problem.lda % 4 else 4)
+    if not _fits(layer.device, fallback, layer.dtype.itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
     return tune.select(
-        device, trial.key, candidates, fallback, trial, encode=dataclasses.asdict, decode=lambda d: GemmConfig(**d)
+        layer.device,
+        layer.key,
+        candidates(layer),
+        fallback,
+        layer,
+        encode=dataclasses.asdict,
+        decode=lambda d: GemmConfig(**d),
     )
 
 
@@ -162,16 +185,20 @@ class _Layer:
         st = storage_ctype(dtype)
         self.kind, self.device, self.dtype = kind, device, np.dtype(dtype)
         self.epilogue: Epilogue = IDENTITY
-        if kind == "fwd":
-            self.problem = Problem(out_ch, length, c * kk, False, False, ((n, 0, c * h * w),))
-            self.views = (None, _view(geo, out_ch, idx, st, [_X_COLS], "cv_x_cols(p, kk, mn)"))
+        if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
+            self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
+            view_b = _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, kk, mn)")
+            out = OperandView("", "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
+            self.views = (None, view_b, out)
             self.out_shape = (n, out_ch, geo.OH, geo.OW)
             self.sizes = (out_ch * c * kk, n * c * h * w)
             if bias:
                 self.epilogue = Epilogue(bias="row")
-        elif kind == "dx":
-            self.problem = Problem(c, h * w, out_ch * kk, False, False, ((n, 0, out_ch * length),))
-            self.views = (None, _view(geo, out_ch, idx, st, [_DY_COLS], "cv_dy_cols(p, kk, mn)"))
+        elif kind == "dx":  # columns (n, h, w)
+            self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
+            view_b = _view(geo, out_ch, idx, st, [_DY_COLS, _DY_FOLD], "cv_dy_fold(p, kk, mn)")
+            out = OperandView("", "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)")
+            self.views = (None, view_b, out)
             self.out_shape = (n, c, h, w)
             self.sizes = (out_ch * c * kk, n * out_ch * length)
         else:
@@ -180,12 +207,12 @@ class _Layer:
             self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
             self.out_shape = (out_ch, c, geo.KH, geo.KW)
             self.sizes = (n * out_ch * length, n * c * h * w)
-        self.key = f"conv-{kind}|{np.dtype(dtype).str}|{n},{c},{h},{w}|{out_ch},{geo.KH},{geo.KW}|{geo.values}"
+        self.key = f"conv-{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
         self.scratch: tuple[Tensor, Tensor] | None = None
 
     def plan(self, cfg: GemmConfig | None = None) -> Plan:
         if cfg is None:
-            cfg = _config(self.device, self.kind, self.problem, self)
+            cfg = _config(self)
             CHOSEN[self.key] = cfg
         return make_plan(
             self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views

@@ -210,14 +210,18 @@ def portable_source(
     c_dtype: np.dtype,
     idx: str = "int",
     epilogue: Epilogue = IDENTITY,
-    views: tuple[OperandView | None, OperandView | None] = (None, None),
+    views: tuple[OperandView | None, ...] = (None, None),
 ) -> str:
-    """The kernel ``netcl_gemm`` for one config, layout, dtype combination, epilogue and operand views."""
+    """The kernel ``netcl_gemm`` for one config, layout, dtype combination, epilogue and operand views.
+
+    ``views``: (A, B) or (A, B, C); C's view gives the flat output index of row ``r``, column ``c``
+    (IDX) relative to the batch's output base, instead of ``r * ldc + c``.
+    """
     from netcl.runtime.ops._common import pragmas, storage_ctype
 
     ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
     sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
-    view_a, view_b = views
+    view_a, view_b, view_c = (*views, None)[:3]
     for view, width, side in ((view_a, cfg.va, "A"), (view_b, cfg.vb, "B")):
         if view is not None and width != 1:
             raise ValueError(f"gemm: operand {side} is read through a view, its vector width must be 1, got {width}")
@@ -242,10 +246,11 @@ def portable_source(
     bias_arg = ", __global const float* bias" if epilogue.bias != "none" else ""
     bias_term = {"none": "", "col": " + (CT)bias[c]", "row": " + (CT)bias[r]"}[epilogue.bias]
     act = ACTIVATIONS[epilogue.activation]
+    at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
     if c_dtype == float16:
-        store = "vstore_half_rte((float)(OUT), 0, Cz + (IDX)r * ldc + c)"
+        store = f"vstore_half_rte((float)(OUT), 0, Cz + {at})"
     else:
-        store = f"Cz[(IDX)r * ldc + c] = ({sc})(OUT)"
+        store = f"Cz[{at}] = ({sc})(OUT)"
     nl = "\n    "
     nl2 = "\n        "
     return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
