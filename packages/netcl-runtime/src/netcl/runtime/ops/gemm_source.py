@@ -228,6 +228,10 @@ def portable_source(
     a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M", view_a)
     b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N", view_b)
     helpers = "\n".join(v.helpers for v in views if v is not None)
+    # a view read along K stores a column of the k-major tile per thread row: pad the rows by 4 so
+    # those stores spread over the banks (16-way -> 2-way conflicts); 4 keeps the LV-wide reads aligned
+    pad_a = 4 if view_a is not None and not trans_a else 0
+    pad_b = 4 if view_b is not None and trans_b else 0
     lv = cfg.lv
     lvt = _vec(ct, lv)
     comps = [""] if lv == 1 else [f".s{v:x}" for v in range(lv)]
@@ -275,8 +279,8 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local CT As[2][BK][BM];
-    __local CT Bs[2][BK][BN];
+    __local CT As[2][BK][BM + {pad_a}];
+    __local CT Bs[2][BK][BN + {pad_b}];
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * WGN + tx;
     int gx = get_group_id(0), gy = get_group_id(1);
