@@ -4,11 +4,14 @@ No column buffer is written: the GEMM's tile loads of the image operand go throu
 ``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
 in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
 
-- forward ``y = w (O, C*KK) @ cols(x) (C*KK, N*L)``: A is w as stored, B a view of x whose
-  columns run over (image, output pixel), so the batch fills the tiles (no per-image tail); C's
-  view stores column (n, l) of row o at NCHW ``y[n, o, l]``; the bias is the GEMM's row epilogue.
-- input gradient ``dx = wT (C, O*KK) @ V(dy) (O*KK, N*H*W)``, stored NCHW the same way, where
-  ``wT[c, (o, ki, kj)] = w[o, c, ki, kj]`` (a small transpose) and ``V[(o, ki, kj), (n, h, w)] =
+- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is w reordered to (O, KH, KW, C) (a small
+  transpose), B a view of x whose rows run over (ki, kj, c) and columns over (image, output pixel),
+  so the batch fills the tiles (no per-image tail); C's view stores column (n, l) of row o at NCHW
+  ``y[n, o, l]``; the bias is the GEMM's row epilogue. With the channel innermost along K, a K tile
+  of BK rows shares one (ki, kj) when BK divides C: the view computes it once per tile, per element
+  only the channel offset.
+- input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
+  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
   dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
   pixel, else 0.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
@@ -91,23 +94,39 @@ inline CT cv_x_cols(__global const {st}* p, uint r, uint l) {{
 }}
 """
 
-#: dy read as the input gradient's columns: row r = (o, ki, kj), column q = (h, w) of image base ``p``.
-_DY_COLS = """
-inline CT cv_dy_cols(__global const {st}* p, uint r, uint q) {{
-    const uint o = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
-    const int hh = (int)(q / CV_W) + CV_PH - (int)ki * CV_DH;
-    const int ww = (int)(q % CV_W) + CV_PW - (int)kj * CV_DW;
-    if (hh < 0 || ww < 0) return (CT)0;
-    const int oh = hh / CV_SH, ow = ww / CV_SW;
-    const bool ok = oh < CV_OH && ow < CV_OW && oh * CV_SH == hh && ow * CV_SW == ww;
-    return ok ? (CT)p[((CV_I)o * CV_OH + oh) * CV_OW + ow] : (CT)0;
+#: x read as the forward's columns over the batch, rows ordered (ki, kj, c): row r, column q = (n, oh, ow).
+#: ``k0`` is the K tile's first row: when BK divides C a tile shares one (ki, kj), computed once per tile.
+_X_FWD = """
+inline CT cv_x_fwd(__global const {st}* p, uint r, uint k0, uint q) {{
+#if CV_C % BK == 0
+    const uint rk = k0 / CV_C;
+#else
+    const uint rk = r / CV_C;
+#endif
+    const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
+    const CV_I at = (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W + w;
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[at] : (CT)0;
 }}
 """
 
-#: dy read as the input gradient's columns over the batch: row r = (o, ki, kj), column q = (n, h, w).
-_DY_FOLD = """
-inline CT cv_dy_fold(__global const {st}* p, uint r, uint q) {{
-    return cv_dy_cols(p + (CV_I)(q / (CV_H * CV_W)) * (CV_O * CV_L), r, q % (CV_H * CV_W));
+#: dy read as the input gradient's columns over the batch, rows ordered (ki, kj, o): row r, column
+#: q = (n, h, w); ``k0`` as in ``cv_x_fwd`` (BK dividing O).
+_DY_DX = """
+inline CT cv_dy_dx(__global const {st}* p, uint r, uint k0, uint q) {{
+#if CV_O % BK == 0
+    const uint rk = k0 / CV_O;
+#else
+    const uint rk = r / CV_O;
+#endif
+    const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W);
+    const int hh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
+    const int ww = (int)(hw % CV_W) + CV_PW - (int)kj * CV_DW;
+    const int oh = max(hh, 0) / CV_SH, ow = max(ww, 0) / CV_SW;
+    const bool ok = hh >= 0 && ww >= 0 && oh < CV_OH && ow < CV_OW && oh * CV_SH == hh && ow * CV_SW == ww;
+    const CV_I at = (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW + ow;
+    return ok ? (CT)p[at] : (CT)0;
 }}
 """
 
@@ -187,7 +206,7 @@ class _Layer:
         self.epilogue: Epilogue = IDENTITY
         if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
             self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
-            view_b = _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, kk, mn)")
+            view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
             self.views = (None, view_b, out)
             self.out_shape = (n, out_ch, geo.OH, geo.OW)
@@ -196,7 +215,7 @@ class _Layer:
                 self.epilogue = Epilogue(bias="row")
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
-            view_b = _view(geo, out_ch, idx, st, [_DY_COLS, _DY_FOLD], "cv_dy_fold(p, kk, mn)")
+            view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)")
             self.views = (None, view_b, out)
             self.out_shape = (n, c, h, w)
@@ -243,7 +262,9 @@ def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: b
 def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
     """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
     fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
-    out = _layer("fwd", x.device, geo, w.shape[0], x.dtype, fused).run(w, x, b if fused else None)
+    out_ch = w.shape[0]
+    w_r = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (0, 2, 1))  # (O, KK, C): small
+    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(w_r, x, b if fused else None)
     if b is not None and not fused:
         from netcl.runtime.ops.pointwise import add
 
@@ -254,7 +275,7 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 def backward_input(grad: Tensor, w: Tensor, geo) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
     out_ch = w.shape[0]
-    w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 0, 2))  # (C, O, KK): small
+    w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 2, 0))  # (C, KK, O): small
     return _layer("dx", grad.device, geo, out_ch, grad.dtype).run(w_t, grad)
 
 
