@@ -37,6 +37,8 @@ if __name__ == "__main__":
         default="fused",
         help="matmul/conv/train: bench_<name>.py",
     )
+    parser.add_argument("--sweep", action="store_true", help="conv: time every candidate tile of the implicit kernels")
+    parser.add_argument("--tune-im2col", action="store_true", help="conv: let the im2col path's products search too")
     args = parser.parse_args()
     if args.workload == "matmul":
         from bench_matmul import run as run_matmul
@@ -45,7 +47,7 @@ if __name__ == "__main__":
     elif args.workload == "conv":
         from bench_conv import run as run_conv
 
-        results = run_conv(args.device, args.quick, args.repeats, not args.no_peers)
+        results = run_conv(args.device, args.quick, args.repeats, not args.no_peers, args.tune_im2col, args.sweep)
     elif args.workload == "train":
         from bench_train import run as run_train
 
