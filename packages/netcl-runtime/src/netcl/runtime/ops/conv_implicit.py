@@ -153,13 +153,16 @@ def _idx(*sizes: int) -> str:
     return "long" if max(sizes) >= 2**31 else "int"
 
 
-def _default(device: Device, problem: Problem) -> GemmConfig:
-    """Without a search: 128 x 128 tiles on GPUs (64 x 128 for fewer than 128 output rows)."""
+def _default(device: Device, kind: str, problem: Problem) -> GemmConfig:
+    """Without a search, the H100 sweep's winners (benchmarks/RESULTS.md, "Convolution"): on GPUs
+    64 x 128 tiles for fewer than 128 output rows, else 128 x 64 (fwd, dx) or 128 x 128 with BK 8 (dw)."""
     if not device.is_gpu:
         return GemmConfig(16, 16, 4, 4, 16, 4, 1, 4)
     if problem.m < 128:
         return GemmConfig(8, 16, 8, 8, 16, 4, 1, 4)
-    return GemmConfig(16, 16, 8, 8, 16, 4, 1, 4)
+    if kind == "dw":
+        return GemmConfig(16, 16, 8, 8, 8, 4, 1, 4)
+    return GemmConfig(16, 8, 8, 8, 16, 4, 1, 4)
 
 
 def candidates(layer: _Layer) -> list[GemmConfig]:
@@ -180,7 +183,7 @@ def _config(layer: _Layer) -> GemmConfig:
     from netcl.runtime.ops.gemm_configs import _fits
 
     problem = layer.problem
-    fallback = _default(layer.device, problem)
+    fallback = _default(layer.device, layer.kind, problem)
     fallback = dataclasses.replace(fallback, va=1 if layer.kind == "dw" or problem.lda % 4 else 4)
     if not _fits(layer.device, fallback, layer.dtype.itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
