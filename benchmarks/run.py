@@ -33,9 +33,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
         "--workload",
-        choices=["fused", "matmul", "train", "launch"],
+        choices=["fused", "matmul", "conv", "train", "launch"],
         default="fused",
-        help="matmul/train: bench_<name>.py; launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
+        help="matmul/conv/train: bench_<name>.py; launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
     parser.add_argument(
         "--matmul-precision",
@@ -43,6 +43,8 @@ if __name__ == "__main__":
         default="highest",
         help="float32 products on both sides: fp32 (default) or tf32 tensor cores (netcl and torch alike)",
     )
+    parser.add_argument("--sweep", action="store_true", help="conv: time every candidate tile of the implicit kernels")
+    parser.add_argument("--tune-im2col", action="store_true", help="conv: let the im2col path's products search too")
     args = parser.parse_args()
     if args.matmul_precision != "highest":
         from netcl.runtime.ops import set_float32_matmul_precision
@@ -63,6 +65,10 @@ if __name__ == "__main__":
         from launch_cost import run as run_launch
 
         results = run_launch(args.device, args.quick)
+    elif args.workload == "conv":
+        from bench_conv import run as run_conv
+
+        results = run_conv(args.device, args.quick, args.repeats, not args.no_peers, args.tune_im2col, args.sweep)
     elif args.workload == "train":
         from bench_train import run as run_train
 

@@ -13,6 +13,7 @@ import pytest
 
 import netcl.autograd as ag
 import netcl.runtime as rt
+from netcl.runtime.ops import host_blas
 
 X, W = (2, 3, 5, 5), (4, 3, 3, 3)
 
@@ -117,6 +118,35 @@ def test_conv2d_groups2(check):
         lambda x, w, b: ag.conv2d(x, w, b, stride=(1, 2), groups=2),
         atol=1e-4,
         grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
+#: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
+#: stride 1 and 2, 1x1, odd image sizes, batch > 1, channel counts no tile divides, and a weight
+#: gradient whose reduction (N * OH * OW = 512) is split along K. Sums of <= 512 float32 terms. Host
+#: BLAS off: a CPU device would run these short reductions as im2col + BLAS.
+IMPLICIT = [
+    ((3, 5, 9, 7), (6, 5, 3, 3), 1, 1),
+    ((2, 5, 9, 7), (7, 5, 3, 3), 2, 1),
+    ((3, 6, 5, 7), (5, 6, 1, 1), 1, 0),
+    ((2, 3, 16, 16), (4, 3, 3, 3), 1, 1),
+    ((1, 17, 6, 5), (19, 17, 3, 3), 1, 1),
+    ((2, 16, 7, 5), (16, 16, 3, 3), 1, 1),  # 16 channels: a K tile shares one kernel offset
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding", IMPLICIT)
+def test_conv2d_implicit_gemm_shapes(check, monkeypatch, xs, ws, stride, padding):
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    check(
+        [xs, ws, (ws[0],)],
+        lambda x, w, b: np_conv2d(x, w, b, stride, padding),
+        lambda x, w, b: ag.conv2d(x, w, b, stride, padding),
+        atol=1e-4,
+        grad_atol=1e-3,
+        low=-1.0,
+        high=1.0,
         gradcheck=False,
     )
 

@@ -13,7 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops as R
 from netcl.runtime.cache import program_cache
-from netcl.runtime.ops import conv, gathering, indexing, pool, selecting, shape, strided
+from netcl.runtime.ops import conv, gathering, host_blas, indexing, pool, selecting, shape, strided
 from netcl.runtime.ops.random import dropout
 
 
@@ -66,6 +66,55 @@ def test_layer_kernels_are_shape_generic(cl_device):
     before = program_cache.stats().misses
     _layer_calls(3, 7, cl_device)
     assert program_cache.stats().misses == before
+
+
+def _conv_three(x, w, b, g, geo, implicit: bool) -> list:
+    """conv2d (stride 2, padding 1) and its input and weight gradients for upstream ``g``."""
+    return [
+        conv.conv2d(x, w, b, 2, 1, implicit=implicit),
+        conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit),
+        conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit),
+    ]
+
+
+def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch):
+    """The implicit-GEMM conv (fwd, dx, dw) against im2col + matmul and float64; a new batch builds nothing.
+
+    Host BLAS off: a CPU device would run these short reductions as im2col + BLAS. Sums of <= 6*9
+    (forward, input gradient) and 3*7*6 (weight gradient) float32 terms: atol 1e-4.
+    """
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    rng = np.random.default_rng(5)
+    w64, b64 = rng.standard_normal((5, 6, 3, 3)), rng.standard_normal(5)
+    w, b = nc.tensor(w64.astype(np.float32), device=cl_device), nc.tensor(b64.astype(np.float32), device=cl_device)
+    before = None
+    for n in (3, 2):
+        x64 = rng.standard_normal((n, 6, 7, 6))
+        x = nc.tensor(x64.astype(np.float32), device=cl_device)
+        geo = conv.check_conv2d(x.shape, w.shape, None, 2, 1, 1, 1)
+        assert conv._use_implicit(True, x, w, b, 1, geo)
+        g = nc.tensor(rng.standard_normal((n, 5, geo.OH, geo.OW)).astype(np.float32), device=cl_device)
+        got = [out.to_host() for imp in (True, False) for out in _conv_three(x, w, b, g, geo, imp)]
+        for k in range(3):
+            np.testing.assert_allclose(got[k], got[k + 3], atol=1e-4, err_msg=str(k))
+        np.testing.assert_allclose(
+            got[0][:, :, 1, 1], np.einsum("nchw,ochw->no", x64[:, :, 1:4, 1:4], w64) + b64, atol=1e-4
+        )
+        if before is None:
+            before = program_cache.stats().misses
+    assert program_cache.stats().misses == before
+
+
+def test_host_blas_cpu_device_runs_short_conv_reductions_as_im2col(cl_device, monkeypatch):
+    """On a host-memory CPU device with host BLAS on, K = C*KH*KW < 256 takes im2col + BLAS; longer is implicit."""
+    if not host_blas.host_memory_device(cl_device):
+        pytest.skip("a GPU: every supported conv is implicit")
+    monkeypatch.setenv(host_blas.ENV_VAR, "1")
+    for channels, implicit in ((6, False), (64, True)):
+        x = nc.tensor(np.zeros((1, channels, 4, 4), np.float32), device=cl_device)
+        w = nc.tensor(np.zeros((2, channels, 3, 3), np.float32), device=cl_device)
+        geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+        assert conv._use_implicit(True, x, w, None, 1, geo) is implicit
 
 
 def test_strided_copy_bounds_are_checked(device):

@@ -1,8 +1,8 @@
 """Differentiable convolution and pooling on NCHW (kernels in ``netcl.runtime.ops.conv`` / ``pool``).
 
-``conv2d`` runs im2col + the runtime's matmul forward; its input gradient is ``w^T @ grad``
-folded back by col2im, its weight gradient ``grad @ cols^T`` summed over the batch, its bias
-gradient ``grad`` summed over batch and space. Pooling backwards gather per input pixel
+``conv2d`` and its input and weight gradients are the runtime's (implicit GEMMs on OpenCL devices,
+im2col + matmul / col2im otherwise, see ``netcl.runtime.ops.conv``); its bias gradient is ``grad``
+summed over batch and space. Pooling backwards gather per input pixel
 (deterministic, no atomics); max-pool recomputes each window's arg-max instead of storing it.
 """
 

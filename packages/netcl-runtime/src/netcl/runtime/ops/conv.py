@@ -1,4 +1,12 @@
-"""2-D convolution on NCHW through im2col + the runtime's matmul, and col2im for the input gradient.
+"""2-D convolution on NCHW: implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
+
+On OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
+``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
+addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
+host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there, see
+``_use_implicit``). The path below serves everything else: groups > 1,
+float16 (amp), float32 under a tensor-core matmul precision (its product runs on the mma kernel),
+and the NumPy backend; ``implicit=False`` forces it (benchmarks compare the two).
 
 ``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
 ``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
@@ -18,6 +26,7 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
+from netcl.runtime.ops import conv_implicit, host_blas
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
 from netcl.runtime.ops.layout import transpose
@@ -229,6 +238,21 @@ def _grouped_weight(w: Tensor, groups: int) -> Tensor:
     return w.reshape(groups, out_ch // groups, w.size // out_ch)
 
 
+#: On a host-BLAS CPU device the implicit kernels win from this reduction length on (Debian PoCL on
+#: 2 Zen 5 cores: 32x64x28x28 -> 64 channels, K 576: forward 41 vs 78 ms) and lose below it
+#: (64x16x8x8 -> 32, K 144: input gradient 4.0 vs 1.35 ms; the 8x8 digits CNN's layers alike).
+HOST_IMPLICIT_MIN_K = 256
+
+
+def _use_implicit(implicit: bool, a: Tensor, b: Tensor, bias: Tensor | None, groups: int, geo: ConvGeometry) -> bool:
+    """Whether the implicit GEMM runs this convolution (operands as ``conv_implicit.supports`` takes them)."""
+    if not implicit or not conv_implicit.supports(a, b, bias, groups):
+        return False
+    if geo.C * geo.KH * geo.KW >= HOST_IMPLICIT_MIN_K:
+        return True
+    return not (host_blas.enabled() and host_blas.host_memory_device(a.device))
+
+
 def conv2d(
     x: Tensor,
     w: Tensor,
@@ -237,13 +261,20 @@ def conv2d(
     padding: int | Pair = 0,
     dilation: int | Pair = 1,
     groups: int = 1,
+    *,
+    implicit: bool = True,
 ) -> Tensor:
-    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW)."""
+    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW).
+
+    ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module docstring).
+    """
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
     device_of((x, w) if b is None else (x, w, b), "conv2d")
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    if _use_implicit(implicit, x, w, b, groups, geo):
+        return conv_implicit.forward(x, w, b, geo)
     g = int(groups)
     cols = im2col(x, geo).reshape(geo.N, g, geo.C // g * geo.KH * geo.KW, geo.OH * geo.OW)
     out = matmul(_grouped_weight(w, g), cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
@@ -265,8 +296,10 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
     return matmul(swap_a, swap_b)
 
 
-def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
+def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int, *, implicit: bool = True) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+    if _use_implicit(implicit, grad, w, None, groups, geo):
+        return conv_implicit.backward_input(grad, w, geo)
     g = int(groups)
     w3 = _grouped_weight(w, g)
     g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
@@ -274,8 +307,12 @@ def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: in
     return col2im(cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW), geo)
 
 
-def conv2d_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:
+def conv2d_backward_weight(
+    grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int, *, implicit: bool = True
+) -> Tensor:
     """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T."""
+    if _use_implicit(implicit, grad, x, None, groups, geo):
+        return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo)
     g = int(groups)
     out_ch = int(w_shape[0])
     K = geo.C // g * geo.KH * geo.KW

@@ -436,20 +436,27 @@ __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const lo
     return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
 
 
-def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None) -> Plan:
-    """The portable kernel's plan for ``problem`` (``cfg`` forces a config: the tuner's trials)."""
+def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None, views=(None, None)) -> Plan:
+    """The portable kernel's plan for ``problem`` (``cfg`` forces a config: the tuner's trials).
+
+    ``views``: ``OperandView`` or None for A and B, optionally C's output index (an implicit
+    operand, see ``gemm_source``); a view's vector width is narrowed to 1. A product with a C
+    view is never split along K (the split workspace is laid out as plain rows).
+    """
     if cfg is None:
         cfg = portable_config(device, problem, dtype)
+    if (views[0] is not None and cfg.va != 1) or (views[1] is not None and cfg.vb != 1):
+        cfg = replace(cfg, va=1 if views[0] is not None else cfg.va, vb=1 if views[1] is not None else cfg.vb)
     splits, chunk = 1, problem.k
-    if cfg.split:
+    if cfg.split and (len(views) < 3 or views[2] is None):
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
     store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store)
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store, views)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store)
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store, views)
 
     args = ARG_DTYPES + store.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()

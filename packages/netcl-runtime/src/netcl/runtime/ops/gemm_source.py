@@ -21,6 +21,11 @@ The kernel's signature (shared with the tensor-core kernel, ``gemm_mma``)::
 Group z of dimension 2 is ``batch * splits + s``: batch index ``(b0, b1, b2)`` with inner sizes
 ``nb1``, ``nb2`` (merged broadcast dims; a stride 0 broadcasts), split ``s`` covering K range
 ``[s*kchunk, min(K, (s+1)*kchunk))`` and writing at ``C + batch*sc + s*ss``.
+
+An operand may be read through an ``OperandView`` instead of as a stored matrix: the tile load
+then evaluates the view's C expression for element (row ``mn``, depth ``kk``) from the operand's
+batch base pointer ``p`` (scalar loads). That is how convolution runs as an implicit GEMM
+(``conv``): the im2col address is computed in the load, no column buffer is written.
 """
 
 from __future__ import annotations
@@ -133,6 +138,21 @@ IDENTITY = Epilogue()
 
 
 @dataclass(frozen=True)
+class OperandView:
+    """An operand whose element (``mn``, ``kk``) is the C expression ``element``, not ``p[mn * ld + kk]``.
+
+    ``element`` may use ``p`` (the operand's pointer after the batch offset, of the storage type),
+    ``mn`` (IDX: row of A / column of B) and ``kk`` (int: depth), and is only evaluated inside
+    ``[0, M or N) x [kbeg, kend)``; ``helpers`` is C placed before the kernel (macros, inline
+    functions; names should be prefixed to avoid the kernel's own macros). Hashable: part of the
+    program key.
+    """
+
+    helpers: str
+    element: str
+
+
+@dataclass(frozen=True)
 class GemmConfig:
     """Tile parameters of the portable kernel (all compile-time)."""
 
@@ -187,7 +207,16 @@ def _vec(ct: str, width: int) -> str:
 
 
 def _load_lines(
-    name: str, storage: str, ct: str, vec: int, along_k: bool, side: int, bk: int, threads: int, bound: str
+    name: str,
+    storage: str,
+    ct: str,
+    vec: int,
+    along_k: bool,
+    side: int,
+    bk: int,
+    threads: int,
+    bound: str,
+    view: OperandView | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """Register declarations, global -> register loads and register -> local stores of one tile.
 
@@ -202,7 +231,13 @@ def _load_lines(
     loads, stores = [], []
     for j in range(per):
         u, w = f"((tid + {j * threads}) % {across})", f"((tid + {j * threads}) / {across})"
-        if along_k:  # u: vector index along k, w: row of the tile (m or n)
+        if (j * threads) % across == 0:  # the same u for every j: lets the compiler share index math
+            u, w = f"(tid % {across})", f"(tid / {across} + {j * threads // across})"
+        if view is not None:  # scalar loads through the view's address expression
+            mn, kk = (f"{name}0 + {w}", f"k0 + {u}") if along_k else (f"{name}0 + {u}", f"k0 + {w}")
+            loads.append(f"{{ const IDX mn = {mn}; const int kk = {kk}; __global const {storage}* p = {name};")
+            loads.append(f"  {name}r{j} = (mn < {bound} && kk < kend) ? (CT)({view.element}) : (CT)0; }}")
+        elif along_k:  # u: vector index along k, w: row of the tile (m or n)
             loads.append(f"{{ const IDX mn = {name}0 + {w}; const int kk = k0 + {u} * {vec};")
             loads.append(f"  __global const {storage}* p = {name} + mn * ld{name.lower()} + kk;")
             full, elem_ok = f"mn < {bound} && kk + {vec} <= kend", f"mn < {bound} && kk + {{v}} < kend"
@@ -210,7 +245,9 @@ def _load_lines(
             loads.append(f"{{ const IDX mn = {name}0 + {u} * {vec}; const int kk = k0 + {w};")
             loads.append(f"  __global const {storage}* p = {name} + (IDX)kk * ld{name.lower()} + mn;")
             full, elem_ok = f"kk < kend && mn + {vec} <= {bound}", f"kk < kend && mn + {{v}} < {bound}"
-        if vec == 1:
+        if view is not None:
+            pass
+        elif vec == 1:
             value = "vload_half(0, p)" if half else "(CT)p[0]"
             loads.append(f"  {name}r{j} = ({full}) ? {value} : (CT)0; }}")
         else:
@@ -240,14 +277,30 @@ def portable_source(
     c_dtype: np.dtype,
     idx: str = "int",
     epilogue: Epilogue = IDENTITY,
+    views: tuple[OperandView | None, ...] = (None, None),
 ) -> str:
-    """The kernel ``netcl_gemm`` for one config, layout, dtype combination and epilogue."""
+    """The kernel ``netcl_gemm`` for one config, layout, dtype combination, epilogue and operand views.
+
+    ``views``: (A, B) or (A, B, C); C's view gives the flat output index of row ``r``, column ``c``
+    (IDX) relative to the batch's output base, instead of ``r * ldc + c``.
+    """
     from netcl.runtime.ops._common import pragmas, storage_ctype
 
     ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
     sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
-    a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M")
-    b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N")
+    view_a, view_b, view_c = (*views, None)[:3]
+    for view, width, side in ((view_a, cfg.va, "A"), (view_b, cfg.vb, "B")):
+        if view is not None and width != 1:
+            raise ValueError(f"gemm: operand {side} is read through a view, its vector width must be 1, got {width}")
+    if view_c is not None and epilogue.code:
+        raise ValueError("gemm: a code epilogue indexes C as plain rows; it cannot store through an output view")
+    a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M", view_a)
+    b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N", view_b)
+    helpers = "\n".join(v.helpers for v in views if v is not None)
+    # a view read along K stores a column of the k-major tile per thread row: pad the rows by 4 so
+    # those stores spread over the banks (16-way -> 2-way conflicts); 4 keeps the LV-wide reads aligned
+    pad_a = 4 if view_a is not None and not trans_a else 0
+    pad_b = 4 if view_b is not None and trans_b else 0
     lv = cfg.lv
     lvt = _vec(ct, lv)
     comps = [""] if lv == 1 else [f".s{v:x}" for v in range(lv)]
@@ -264,10 +317,11 @@ def portable_source(
         reads_b += [f"  b[{j * lv + v}] = t{comps[v]};" for v in range(lv)]
         reads_b.append("}")
     bias_arg = epilogue.params()
+    at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
     if c_dtype == float16:
-        store = "vstore_half_rte((float)(OUT), 0, Cz + (IDX)r * ldc + c)"
+        store = f"vstore_half_rte((float)(OUT), 0, Cz + {at})"
     else:
-        store = f"Cz[(IDX)r * ldc + c] = ({sc})(OUT)"
+        store = f"Cz[{at}] = ({sc})(OUT)"
     nl = "\n    "
     nl2 = "\n        "
     nl4 = "\n                "
@@ -284,6 +338,7 @@ def portable_source(
 #define BN (WGN * TN)
 #define LV {lv}
 #define GROUP {cfg.group}
+{helpers}
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
 void netcl_gemm(const int M, const int N, const int K,
                 __global const {sa}* restrict A, const int lda,
@@ -293,8 +348,8 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local CT As[2][BK][BM];
-    __local CT Bs[2][BK][BN];
+    __local CT As[2][BK][BM + {pad_a}];
+    __local CT Bs[2][BK][BN + {pad_b}];
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * WGN + tx;
     int gx = get_group_id(0), gy = get_group_id(1);

@@ -1,0 +1,287 @@
+"""Convolution as an implicit GEMM: the portable GEMM kernel reads im2col addresses on the fly.
+
+No column buffer is written: the GEMM's tile loads of the image operand go through an
+``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
+in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
+
+- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is w reordered to (O, KH, KW, C) (a small
+  transpose), B a view of x whose rows run over (ki, kj, c) and columns over (image, output pixel),
+  so the batch fills the tiles (no per-image tail); C's view stores column (n, l) of row o at NCHW
+  ``y[n, o, l]``; the bias is the GEMM's row epilogue. With the channel innermost along K, a K tile
+  of BK rows shares one (ki, kj) when BK divides C: the view computes it once per tile, per element
+  only the channel offset.
+- input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
+  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
+  dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
+  pixel, else 0.
+- weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
+  (the batch is part of the reduction), split along K when the output is small.
+
+The geometry is compile-time (``#define``: divisions by constants), so each layer shape builds its
+own programs; the batch size only enters the GEMM's N (forward, input gradient) or K (weight
+gradient), kernel arguments, so a new batch size builds nothing. Tile configs come from
+``netcl.runtime.tune`` (searched per device, layer and batch size rounded up to a power of two at
+first use where tuning is on), else a default by output size. ``supports`` says which calls this path
+takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, tensor-core precisions,
+the NumPy backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float32, float64
+from netcl.runtime import capture as _capture
+from netcl.runtime import tune
+from netcl.runtime.ops import precision as _precision
+from netcl.runtime.ops._common import remember, storage_ctype
+from netcl.runtime.ops.gemm import Plan, Problem, make_plan
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView
+from netcl.runtime.ops.layout import transpose
+
+#: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
+_CANDIDATES = [
+    (16, 16, 8, 8, 8),
+    (16, 16, 8, 8, 16),
+    (8, 16, 8, 8, 16),
+    (16, 8, 8, 8, 16),
+    (16, 16, 4, 8, 16),
+    (16, 16, 8, 4, 16),
+    (16, 16, 4, 4, 16),
+    (16, 16, 4, 4, 32),
+]
+_PLANS: dict = {}
+#: The tile config each layer's plan uses, by its tuning key (what benchmarks report).
+CHOSEN: dict[str, GemmConfig] = {}
+
+
+def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
+    """Whether conv2d of these operands runs here (else: im2col + matmul)."""
+    from netcl.runtime.ops import gemm_mma
+
+    device = x.device
+    if device.kind != "opencl" or int(groups) != 1:
+        return False
+    dtype = x.dtype
+    if dtype not in (float32, float64) or w.dtype != dtype or (b is not None and b.dtype != dtype):
+        return False
+    if x.size == 0 or w.size == 0:
+        return False
+    # a tensor-core precision keeps the im2col path, whose product runs on the mma kernel
+    return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) is None
+
+
+def _defines(geo, out_ch: int, idx: str) -> str:
+    values = {
+        "C": geo.C, "H": geo.H, "W": geo.W, "O": out_ch, "KH": geo.KH, "KW": geo.KW, "OH": geo.OH, "OW": geo.OW,
+        "SH": geo.SH, "SW": geo.SW, "PH": geo.PH, "PW": geo.PW, "DH": geo.DH, "DW": geo.DW,
+    }  # fmt: skip
+    lines = ["#ifndef CV_C"] + [f"#define CV_{k} {v}" for k, v in values.items()]
+    lines += ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}", "#endif"]
+    return "\n".join(lines)
+
+
+#: x read as im2col columns: row r = (c, ki, kj), column l = (oh, ow) of image base ``p``.
+_X_COLS = """
+inline CT cv_x_cols(__global const {st}* p, uint r, uint l) {{
+    const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[((CV_I)c * CV_H + h) * CV_W + w] : (CT)0;
+}}
+"""
+
+#: x read as the forward's columns over the batch, rows ordered (ki, kj, c): row r, column q = (n, oh, ow).
+#: ``k0`` is the K tile's first row: when BK divides C a tile shares one (ki, kj), computed once per tile.
+_X_FWD = """
+inline CT cv_x_fwd(__global const {st}* p, uint r, uint k0, uint q) {{
+#if CV_C % BK == 0
+    const uint rk = k0 / CV_C;
+#else
+    const uint rk = r / CV_C;
+#endif
+    const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
+    const CV_I at = (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W + w;
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[at] : (CT)0;
+}}
+"""
+
+#: dy read as the input gradient's columns over the batch, rows ordered (ki, kj, o): row r, column
+#: q = (n, h, w); ``k0`` as in ``cv_x_fwd`` (BK dividing O).
+_DY_DX = """
+inline CT cv_dy_dx(__global const {st}* p, uint r, uint k0, uint q) {{
+#if CV_O % BK == 0
+    const uint rk = k0 / CV_O;
+#else
+    const uint rk = r / CV_O;
+#endif
+    const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W);
+    const int hh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
+    const int ww = (int)(hw % CV_W) + CV_PW - (int)kj * CV_DW;
+    const int oh = max(hh, 0) / CV_SH, ow = max(ww, 0) / CV_SW;
+    const bool ok = hh >= 0 && ww >= 0 && oh < CV_OH && ow < CV_OW && oh * CV_SH == hh && ow * CV_SW == ww;
+    const CV_I at = (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW + ow;
+    return ok ? (CT)p[at] : (CT)0;
+}}
+"""
+
+#: dy as (O, N*L): row o, column q = (n, l).
+_DY_ROWS = """
+inline CT cv_dy_rows(__global const {st}* p, uint o, uint q) {{
+    return (CT)p[((CV_I)(q / CV_L) * CV_O + o) * CV_L + q % CV_L];
+}}
+"""
+
+#: x as the weight gradient's (C*KK, N*L) columns, transposed: row r = (c, ki, kj), column q = (n, l).
+_X_ROWS = """
+inline CT cv_x_rows(__global const {st}* p, uint r, uint q) {{
+    return cv_x_cols(p + (CV_I)(q / CV_L) * (CV_C * CV_H * CV_W), r, q % CV_L);
+}}
+"""
+
+
+def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
+    return OperandView(_defines(geo, out_ch, idx) + "".join(b.format(st=st) for b in bodies), element)
+
+
+def _idx(*sizes: int) -> str:
+    return "long" if max(sizes) >= 2**31 else "int"
+
+
+def _default(device: Device, kind: str, problem: Problem) -> GemmConfig:
+    """Without a search, the H100 sweep's winners (benchmarks/RESULTS.md, "Convolution"): on GPUs
+    64 x 128 tiles for fewer than 128 output rows, else 128 x 64 (fwd, dx) or 128 x 128 with BK 8 (dw)."""
+    if not device.is_gpu:
+        return GemmConfig(16, 16, 4, 4, 16, 4, 1, 4)
+    if problem.m < 128:
+        return GemmConfig(8, 16, 8, 8, 16, 4, 1, 4)
+    if kind == "dw":
+        return GemmConfig(16, 16, 8, 8, 8, 4, 1, 4)
+    return GemmConfig(16, 8, 8, 8, 16, 4, 1, 4)
+
+
+def candidates(layer: _Layer) -> list[GemmConfig]:
+    """The tile configs a search of ``layer`` tries (those the device can run)."""
+    from netcl.runtime.ops.gemm_configs import _fits
+
+    problem, itemsize = layer.problem, layer.dtype.itemsize
+    va = 1 if layer.kind == "dw" or problem.lda % 4 else 4
+    out = []
+    for wgm, wgn, tm, tn, bk in _CANDIDATES:
+        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, 1, min(4, tm, tn))
+        if _fits(layer.device, cfg, itemsize, problem):
+            out.append(cfg)
+    return out
+
+
+def _config(layer: _Layer) -> GemmConfig:
+    from netcl.runtime.ops.gemm_configs import _fits
+
+    problem = layer.problem
+    fallback = _default(layer.device, layer.kind, problem)
+    fallback = dataclasses.replace(fallback, va=1 if layer.kind == "dw" or problem.lda % 4 else 4)
+    if not _fits(layer.device, fallback, layer.dtype.itemsize, problem):
+        fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
+    return tune.select(
+        layer.device,
+        layer.key,
+        candidates(layer),
+        fallback,
+        layer,
+        encode=dataclasses.asdict,
+        decode=lambda d: GemmConfig(**d),
+    )
+
+
+class _Layer:
+    """One (kind, shapes, geometry, dtype) on a device: its Problem, views and, once made, its Plan."""
+
+    def __init__(self, kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool) -> None:
+        n, c, h, w, kk, length = geo.N, geo.C, geo.H, geo.W, geo.KH * geo.KW, geo.OH * geo.OW
+        idx = _idx(n * c * h * w, n * out_ch * length, out_ch * c * kk)
+        st = storage_ctype(dtype)
+        self.kind, self.device, self.dtype = kind, device, np.dtype(dtype)
+        self.epilogue: Epilogue = IDENTITY
+        if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
+            self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
+            view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)")
+            out = OperandView("", "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
+            self.views = (None, view_b, out)
+            self.out_shape = (n, out_ch, geo.OH, geo.OW)
+            self.sizes = (out_ch * c * kk, n * c * h * w)
+            if bias:
+                self.epilogue = Epilogue(bias="row")
+        elif kind == "dx":  # columns (n, h, w)
+            self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
+            view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)")
+            out = OperandView("", "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)")
+            self.views = (None, view_b, out)
+            self.out_shape = (n, c, h, w)
+            self.sizes = (out_ch * c * kk, n * out_ch * length)
+        else:
+            self.problem = Problem(out_ch, c * kk, n * length, False, True, ())
+            view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)")
+            self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
+            self.out_shape = (out_ch, c, geo.KH, geo.KW)
+            self.sizes = (n * out_ch * length, n * c * h * w)
+        self.key = f"conv-{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
+        self.scratch: tuple[Tensor, Tensor] | None = None
+
+    def plan(self, cfg: GemmConfig | None = None) -> Plan:
+        if cfg is None:
+            cfg = _config(self)
+            CHOSEN[self.key] = cfg
+        return make_plan(
+            self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
+        )
+
+    def __call__(self, cfg: GemmConfig) -> None:  # a tuning trial on scratch operands
+        from netcl.runtime.ops.layout import full
+
+        if self.scratch is None:
+            self.scratch = (
+                full((self.sizes[0],), 0.5, self.dtype, self.device),
+                full((self.sizes[1],), 0.25, self.dtype, self.device),
+            )
+        bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
+        self.plan(cfg).run(*self.scratch, bias)
+
+
+def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False) -> Plan:
+    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _Layer(kind, device, geo, out_ch, dtype, bias).plan()
+        if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
+            remember(_PLANS, key, plan)
+    return plan
+
+
+def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
+    """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
+    fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
+    out_ch = w.shape[0]
+    w_r = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (0, 2, 1))  # (O, KK, C): small
+    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(w_r, x, b if fused else None)
+    if b is not None and not fused:
+        from netcl.runtime.ops.pointwise import add
+
+        out = add(out, b.reshape(1, w.shape[0], 1, 1))
+    return out
+
+
+def backward_input(grad: Tensor, w: Tensor, geo) -> Tensor:
+    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+    out_ch = w.shape[0]
+    w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 2, 0))  # (C, KK, O): small
+    return _layer("dx", grad.device, geo, out_ch, grad.dtype).run(w_t, grad)
+
+
+def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo) -> Tensor:
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): (O, C, KH, KW)."""
+    return _layer("dw", grad.device, geo, out_ch, grad.dtype).run(grad, x)
