@@ -66,8 +66,11 @@ def test_softmax_norms_and_losses_between_fused_groups(device):
         results[name] = (out.item(), [n.grad.to_host() for n in nodes])
         stats[name] = (rm.to_host(), rv.to_host())
     np.testing.assert_allclose(results["jit"][0], results["eager"][0], rtol=1e-5)
+    # batch_norm removes a per-column scale and shift, so layer_norm's weight and bias gradients vanish
+    # up to batch_norm's eps: both sides hold cancellation residue amplified by 1/std of a column
+    # (column 2: up to 2e-6 on the H100 and PoCL), hence atol 1e-5
     for gj, ge in zip(results["jit"][1], results["eager"][1], strict=True):
-        np.testing.assert_allclose(gj, ge, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(gj, ge, rtol=1e-4, atol=1e-5)
     for sj, se in zip(stats["jit"], stats["eager"], strict=True):
         np.testing.assert_allclose(sj, se, rtol=1e-6)  # two updates each: none at trace time
     assert jitted.cache_info()["fallbacks"] == 0  # traced, not run as plain Python
