@@ -288,3 +288,14 @@ def test_report_with_env_override() -> None:
     out = _report("cpu")
     assert "* cpu    NumPy backend" in out
     assert "default: cpu (NumPy) because NETCL_DEVICE='cpu'" in out
+
+
+@pytest.mark.parametrize("given,expected", [(None, "1"), ("0", "0")])
+def test_pocl_workers_are_pinned_unless_the_user_says(given: str | None, expected: str) -> None:
+    """netcl.core asks PoCL to pin its worker threads (POCL_AFFINITY=1) before any platform loads."""
+    env = {k: v for k, v in os.environ.items() if k != "POCL_AFFINITY"}
+    if given is not None:
+        env["POCL_AFFINITY"] = given
+    code = "import os, netcl.core; print(os.environ['POCL_AFFINITY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
