@@ -152,6 +152,24 @@ def test_run_blocks_covers_every_index_once(total: int, block: int) -> None:
     assert (hits == 1).all() and len(seen) == -(-total // block)
 
 
+@pytest.mark.parametrize(
+    ("l2", "l3", "cpus", "live", "expected"),
+    [
+        (1 << 20, 32 << 20, 2, 7, 1 << 19),  # the Zen 5 CI VM: 16 MiB of L3 per core / 28 bytes -> 512K
+        (1 << 20, 32 << 20, 2, 20, 1 << 17),  # more live arrays, smaller blocks
+        (1 << 20, 0, 2, 7, 1 << 16),  # no L3 reported: twice the L2 (2 MiB / 28 bytes -> 64K)
+        (1 << 20, 8 << 20, 16, 7, 1 << 16),  # a 512 KiB L3 share is less than twice the L2
+        (1 << 20, 1 << 30, 1, 1, 1 << 20),  # capped at 1M elements
+        (1 << 10, 0, 64, 100, 1 << 14),  # at least 16K elements
+    ],
+)
+def test_block_elements_fit_one_cores_cache_share(l2, l3, cpus, live, expected, monkeypatch) -> None:
+    monkeypatch.setattr(host_pool, "_cache_bytes", lambda level, default: {2: l2, 3: l3}[level])
+    monkeypatch.setattr(host_pool.os, "cpu_count", lambda: cpus)
+    monkeypatch.setenv(host_pool.ENV_VAR, "3")  # the thread count never changes the block
+    assert host_pool.block_elements(live) == expected
+
+
 def test_run_blocks_really_runs_threads_at_once() -> None:
     """Three blocks wait for each other: this returns only if three threads run them concurrently."""
     barrier = threading.Barrier(3, timeout=30)
