@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -434,10 +434,13 @@ def _bind_grad_fn(
 
 # ---- Tape ----------------------------------------------------------------------------------------
 class Tape:
-    """Records the Nodes of a forward pass on this thread and runs ``backward``."""
+    """Records the Nodes of a forward pass on this thread and runs ``backward``.
 
-    #: The queue the last backward enqueued on; the next ``__enter__`` drains it (then resets it).
-    _pending_flush_queue: ClassVar[Any] = None
+    Nothing here waits for the device: a training loop's next forward is enqueued while the
+    previous step's kernels still run (one in-order queue orders them; the caching allocator's
+    reuse is safe on it, see ``netcl.runtime.memory``). Reading a value (``item``, ``to_host``)
+    waits for what it depends on.
+    """
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
@@ -445,10 +448,6 @@ class Tape:
         self._saved: list[Tape | None] = []
 
     def __enter__(self) -> Tape:
-        queue = Tape._pending_flush_queue
-        if queue is not None:
-            Tape._pending_flush_queue = None
-            queue.finish()
         self._saved.append(get_current_tape())
         set_current_tape(self)
         return self
@@ -541,8 +540,6 @@ class Tape:
             for node in order:
                 if node.grad_fn is not None:
                     node.grad_fn, node.parents, node._freed = None, [], True
-        if loss.device.kind == "opencl":
-            Tape._pending_flush_queue = loss.device.queue
 
 
 def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:
