@@ -333,6 +333,17 @@ def test_cross_entropy_many_classes(check):
     check([(2, 40)], lambda x: np_cross_entropy(x, t, 0.05), lambda x: ag.cross_entropy(x, t, label_smoothing=0.05))
 
 
+def test_cross_entropy_rows_longer_than_a_work_group(check):
+    """700 classes: the class-loss kernels stride each row over a 256-wide work-group."""
+    t = np.array([699, 0, 300])
+    check(
+        [(3, 700)],
+        lambda x: np_cross_entropy(x, t, 0.1),
+        lambda x: ag.cross_entropy(x, t, label_smoothing=0.1),
+        gradcheck=False,
+    )
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss(check, reduction):
     check(

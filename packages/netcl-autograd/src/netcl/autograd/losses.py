@@ -17,6 +17,7 @@ from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
 from netcl.runtime.capture import is_recording
+from netcl.runtime.ops import class_loss as CL  # noqa: N812
 from netcl.runtime.ops import rowwise as RW  # noqa: N812
 from netcl.runtime.ops._table import numpy_sigmoid
 
@@ -150,6 +151,9 @@ def _class_loss(
     """
     _check_reduction(reduction, op)
     labels = target if checked else class_targets(target, x, op, ignore_index)
+    traced = isinstance(x, Node) and not isinstance(x.value, Tensor)
+    if from_logits and len(tuple(x.shape)) == 2 and x.shape[1] and not traced:
+        return _logit_rows_loss(x, labels, ignore_index, reduction, smoothing, op)
     shape = tuple(x.shape)
     classes = shape[1]
     rows = math.prod(shape) // classes if classes else 0
@@ -192,6 +196,32 @@ def _class_loss(
         base = R.sub(R.exp(logp), q) if from_logits else R.neg(q)
         gflat = R.mul(base, scale.reshape(rows, 1))
         gx = RW.restore_rows(gflat, shape, perm)
+        return [gx if gx.dtype == v.dtype else R.cast(gx, v.dtype), None]
+
+    attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": smoothing}
+    return apply_op(forward, grad, x, labels, op_name=op, attrs=attrs)
+
+
+def _logit_rows_loss(x: Any, labels: Any, ignore_index: int, reduction: str, smoothing: float, op: str) -> Node:
+    """cross_entropy of (N, C) logits on the runtime's class-loss kernels (``class_loss``): one row
+    kernel and one reduction forward, one row kernel backward."""
+    saved: dict[str, Any] = {}
+
+    def forward(v: Tensor, t: Tensor) -> Tensor:
+        t = _device_targets(t, v)
+        rows_loss, rowmax, rowsum = CL.class_loss_forward(_f32(v), t, ignore_index, smoothing)
+        out, count = rows_loss, rowmax  # "none": the backward reads no count
+        if reduction != "none":
+            out, count = CL.class_loss_reduce(rows_loss, t, ignore_index, reduction == "mean")
+        saved.update(out=out, stats=(t, rowmax, rowsum, count))
+        return out
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        v = values[0]
+        if saved.get("out") is not out:
+            forward(v, values[1])
+        t, rowmax, rowsum, count = saved["stats"]
+        gx = CL.class_loss_backward(g, _f32(v), t, rowmax, rowsum, count, ignore_index, smoothing, reduction)
         return [gx if gx.dtype == v.dtype else R.cast(gx, v.dtype), None]
 
     attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": smoothing}

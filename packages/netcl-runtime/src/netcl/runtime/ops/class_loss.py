@@ -1,0 +1,237 @@
+"""Cross-entropy of (rows, C) logits against integer class targets: three launches per step.
+
+``class_loss_forward`` runs one work-group per row (as the softmax kernels): the row max, the sum
+of ``exp(x - max)`` and, with label smoothing ``eps``, the row sum of x, then per row
+
+    loss = lse - (1 - eps) * x[t] - eps / C * sum(x)    (lse = max + log(sum exp(x - max)))
+
+which is ``-sum_c q_c * log_softmax(x)_c`` for ``q = (1 - eps) * one_hot(t) + eps / C`` (q sums to
+1), and 0 where ``t == ignore_index``. ``class_loss_reduce`` adds the row losses and counts the
+kept rows in ONE work-group (a fixed order: deterministic), giving the "sum" or the "mean" (0/0 =
+NaN when every row is ignored, as PyTorch). ``class_loss_backward`` writes the gradient in one
+pass per row: ``scale * (softmax(x) - q)`` with ``scale`` 0 for an ignored row, else the upstream
+gradient (per row for "none", divided by ``max(count, 1)`` for "mean").
+
+The composed path (log_softmax, one_hot, products and sums: about twenty launches for a small
+classifier head) took most of a batch-128 MLP step's launches. Targets must be in range: the
+caller (``netcl.autograd.losses``) checks them before any launch. Arithmetic is in float32
+(float64 for float64 logits); the loss has that dtype, the gradient the logits' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.runtime.launch import launch
+from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
+from netcl.runtime.ops._grid import index_dtype
+from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
+
+#: Reductions (compile-time in the backward kernel).
+NONE, SUM, MEAN = 0, 1, 2
+REDUCTIONS = {"none": NONE, "sum": SUM, "mean": MEAN}
+
+_FORWARD = """{pragmas}{tree}
+#define SMOOTH {smooth}
+__kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}* t, __global {ct}* loss,
+                                    __global {ct}* rowmax, __global {ct}* rowsum, const {idx} rows,
+                                    const {idx} C, const long ignore, const {ct} eps) {{
+    __local {ct} scratch[256];
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    __global const {st}* xr = x + row * C;
+    {ct} m = -INFINITY;
+    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
+    m = netcl_tree_max(scratch, m);
+    const {ct} shift = isinf(m) ? ({ct})0 : m;
+    {ct} s = 0;
+    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
+    s = netcl_tree_sum(scratch, s);
+#if SMOOTH
+    {ct} sx = 0;
+    for ({idx} i = lid; i < C; i += L) sx += ({ct})xr[i];
+    sx = netcl_tree_sum(scratch, sx);
+#endif
+    if (lid == 0) {{
+        rowmax[row] = shift;
+        rowsum[row] = s;
+        const long target = (long)t[row];
+        {ct} value = 0;
+        if (target != ignore) {{
+            value = (shift + log(s)) - (({ct})1 - eps) * ({ct})xr[target];
+#if SMOOTH
+            value -= eps / ({ct})C * sx;
+#endif
+        }}
+        loss[row] = value;
+    }}
+}}
+"""
+
+_REDUCE = """{pragmas}{tree}
+__kernel void netcl_class_loss_reduce(__global const {ct}* loss, __global const {tt}* t, __global {ct}* out,
+                                      __global {ct}* count, const {idx} rows, const long ignore,
+                                      const int mean) {{
+    __local {ct} scratch[256];
+    const int lid = get_local_id(0), L = get_local_size(0);
+    {ct} s = 0, c = 0;
+    for ({idx} i = lid; i < rows; i += L) {{
+        s += loss[i];
+        c += ((long)t[i] != ignore) ? ({ct})1 : ({ct})0;
+    }}
+    s = netcl_tree_sum(scratch, s);
+    c = netcl_tree_sum(scratch, c);
+    if (lid == 0) {{
+        count[0] = c;
+        out[0] = mean ? s / c : s;
+    }}
+}}
+"""
+
+_BACKWARD = """{pragmas}{tree}
+#define REDUCTION {reduction}
+__kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global const {tt}* t,
+                                             __global const {ct}* rowmax, __global const {ct}* rowsum,
+                                             __global const {ct}* g, __global const {ct}* count,
+                                             __global {st}* gx, const {idx} rows, const {idx} C,
+                                             const long ignore, const {ct} eps) {{
+    const {idx} row = ({idx})get_group_id(0);
+    if (row >= rows) return;
+    const int lid = get_local_id(0), L = get_local_size(0);
+    const long target = (long)t[row];
+#if REDUCTION == 0
+    const {ct} upstream = g[row];
+#elif REDUCTION == 1
+    const {ct} upstream = g[0];
+#else
+    const {ct} upstream = g[0] / fmax(count[0], ({ct})1);
+#endif
+    const {ct} scale = (target != ignore) ? upstream : ({ct})0;
+    const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row], spread = eps / ({ct})C;
+    __global const {st}* xr = x + row * C;
+    for ({idx} i = lid; i < C; i += L) {{
+        const {ct} q = (i == target ? ({ct})1 - eps : ({ct})0) + spread;
+        gx[row * C + i] = ({st})(scale * (exp(({ct})xr[i] - shift) * inv - q));
+    }}
+}}
+"""
+
+
+def _formats(x: Tensor, t: Tensor, **flags: int) -> dict[str, Any]:
+    return {**_fmt(x, 0), "tt": storage_ctype(t.dtype), **flags}
+
+
+def _host(a: Any, dtype: np.dtype) -> np.ndarray:
+    return np.asarray(a.data, dtype=dtype)
+
+
+def class_loss_forward(x: Tensor, t: Tensor, ignore_index: int, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(per-row loss, row max, row sum of exp(x - max)) of logits ``x`` (rows, C), targets ``t`` (rows,)."""
+    rows, C = x.shape
+    sd = stats_dtype(x.dtype)
+    if x.device.kind == "cpu":
+        data, target = _host(x, sd), np.asarray(t.data).astype(np.int64)
+        m = data.max(axis=1) if C else np.full(rows, -np.inf, sd)
+        shift = np.where(np.isinf(m), 0, m).astype(sd)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            s = np.exp(data - shift[:, None]).sum(axis=1)
+            kept = target != ignore_index
+            picked = data[np.arange(rows), np.where(kept, target, 0)] if C else np.zeros(rows, sd)
+            loss = (shift + np.log(s)) - sd.type(1.0 - smoothing) * picked
+            if smoothing:
+                loss = loss - sd.type(smoothing / C) * data.sum(axis=1)
+            loss = np.where(kept, loss, 0).astype(sd)
+        return tuple(wrap_numpy(a, x.device, sd) for a in (loss, shift, s))  # type: ignore[return-value]
+    loss, rowmax, rowsum = (Tensor.empty((rows,), sd, x.device) for _ in range(3))
+    _run_rows(
+        _FORWARD,
+        "class_loss_rows",
+        _formats(x, t, smooth=int(bool(smoothing))),
+        x.device,
+        rows,
+        C,
+        [x, t, loss, rowmax, rowsum],
+        (np.int64(ignore_index), sd.type(smoothing)),
+    )
+    return loss, rowmax, rowsum
+
+
+def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) -> tuple[Tensor, Tensor]:
+    """(0-d sum or mean of the row losses, 0-d count of rows whose target is not ``ignore_index``)."""
+    sd = loss.dtype
+    if loss.device.kind == "cpu":
+        count = np.count_nonzero(np.asarray(t.data) != ignore_index)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            total = np.sum(_host(loss, sd))
+            value = total / sd.type(count) if mean else total
+        return wrap_numpy(np.asarray(value, sd), loss.device, sd), wrap_numpy(np.asarray(count, sd), loss.device, sd)
+    out, count = Tensor.empty((), sd, loss.device), Tensor.empty((), sd, loss.device)
+    fmt = _formats(loss, t)
+
+    def source() -> str:
+        return _REDUCE.format(tree=_TREE.format(**fmt), **fmt)
+
+    idx = index_dtype(fmt["idx"])
+    types = [None] * 4 + [idx, np.int64, np.int32]
+    key = ("class_loss", "reduce", *sorted(fmt.items()))
+    resolved = get_kernel(key, loss.device, source, "netcl_class_loss_reduce", types)
+    local = min(256, resolved.max_local)
+    rows = loss.shape[0]
+    launch(
+        resolved.kernel, local, local, loss, t, out, count, idx.type(rows), np.int64(ignore_index), np.int32(mean),
+        queue=loss.device.queue,
+    )  # fmt: skip
+    return out, count
+
+
+def class_loss_backward(
+    g: Tensor,
+    x: Tensor,
+    t: Tensor,
+    rowmax: Tensor,
+    rowsum: Tensor,
+    count: Tensor,
+    ignore_index: int,
+    smoothing: float,
+    reduction: str,
+) -> Tensor:
+    """d loss / d x for upstream ``g`` ((rows,) for "none", 0-d otherwise); x's shape and dtype."""
+    rows, C = x.shape
+    sd = stats_dtype(x.dtype)
+    mode = REDUCTIONS[reduction]
+    if x.device.kind == "cpu":
+        data, target = _host(x, sd), np.asarray(t.data).astype(np.int64)
+        kept = target != ignore_index
+        up = _host(g, sd)
+        if mode == MEAN:
+            up = up / max(_host(count, sd).item(), sd.type(1))
+        scale = np.where(kept, up, 0).astype(sd)
+        q = np.full((rows, C), smoothing / C, sd) if C else np.zeros((rows, 0), sd)
+        q[np.arange(rows)[kept], target[kept]] += sd.type(1.0 - smoothing)
+        with np.errstate(over="ignore", invalid="ignore"):
+            p = np.exp(data - _host(rowmax, sd)[:, None]) / _host(rowsum, sd)[:, None]
+            res = scale[:, None] * (p - q)
+        return wrap_numpy(res, x.device, x.dtype)
+    g = g if g.dtype == sd else _cast(g, sd)
+    gx = Tensor.empty((rows, C), x.dtype, x.device)
+    _run_rows(
+        _BACKWARD,
+        "class_loss_rows_backward",
+        _formats(x, t, reduction=mode),
+        x.device,
+        rows,
+        C,
+        [x, t, rowmax, rowsum, g, count, gx],
+        (np.int64(ignore_index), sd.type(smoothing)),
+    )
+    return gx
+
+
+def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
+    from netcl.runtime.ops.layout import cast
+
+    return cast(t, dtype)
