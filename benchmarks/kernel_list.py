@@ -12,35 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import pyopencl as cl
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cases  # noqa: F401  (registers the workloads)
 from cases import WORKLOADS
+from measure import launches
 
 from netcl.core import get_device
-
-
-def launches(device, fn) -> list[tuple[str, tuple, tuple, float]]:
-    """(name, global size, local size, device ms) of each launch of one ``fn()`` call, after a warm call."""
-    fn()
-    device.queue.finish()
-    original = cl.enqueue_nd_range_kernel
-    seen: list[tuple[str, tuple, tuple, cl.Event]] = []
-
-    def recording(queue, kernel, global_size, local_size, *args, **kwargs):
-        event = original(queue, kernel, global_size, local_size, *args, **kwargs)
-        seen.append((kernel.function_name, tuple(global_size), tuple(local_size or ()), event))
-        return event
-
-    cl.enqueue_nd_range_kernel = recording
-    try:
-        fn()
-    finally:
-        cl.enqueue_nd_range_kernel = original
-    device.queue.finish()
-    return [(n, g, lsz, (e.profile.end - e.profile.start) * 1e-6) for n, g, lsz, e in seen]
 
 
 def main() -> None:
@@ -54,10 +32,10 @@ def main() -> None:
     case = WORKLOADS[args.workload](device, args.size)
     for variant in args.variants:
         for mode, fn in case.runners[variant].items():
-            rows = launches(device, fn)
-            print(f"{variant} {mode}: {len(rows)} launches, {sum(r[3] for r in rows):.3f} ms")
-            for name, gsize, lsize, ms in rows:
-                print(f"  {name:28s} global {str(gsize):22s} local {str(lsize):14s} {ms:8.3f} ms")
+            rows = launches(device, fn) or []
+            print(f"{variant} {mode}: {len(rows)} launches, {sum(r.ms for r in rows):.3f} ms")
+            for r in rows:
+                print(f"  {r.name:28s} global {r.global_size!s:22s} local {r.local_size!s:14s} {r.ms:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -88,8 +88,18 @@ class KernelShare:
     ms: float
 
 
-def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelShare] | None:
-    """Run ``fn`` once and return its kernels' device times, largest first (None off OpenCL).
+@dataclass
+class Launch:
+    """One kernel launch of a measured call: its name, global and local size, device ms."""
+
+    name: str
+    global_size: tuple
+    local_size: tuple
+    ms: float
+
+
+def launches(device: Device, fn: Callable[[], object]) -> list[Launch] | None:
+    """Run ``fn`` once (after a warm call: no builds inside) and return its launches (None off OpenCL).
 
     Every netcl launch goes through ``pyopencl.enqueue_nd_range_kernel``; the bench wraps it for
     this one call to read each launch's profiling event (the library itself is untouched).
@@ -98,14 +108,14 @@ def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelSha
         return None
     import pyopencl as cl
 
-    fn()  # warm: no builds inside the measured call
+    fn()
     _sync(device)
     original = cl.enqueue_nd_range_kernel
-    events: list[tuple[str, cl.Event]] = []
+    seen: list[tuple[str, tuple, tuple, cl.Event]] = []
 
-    def recording(queue, kernel, *args, **kwargs):
-        event = original(queue, kernel, *args, **kwargs)
-        events.append((kernel.function_name, event))
+    def recording(queue, kernel, global_size, local_size, *args, **kwargs):
+        event = original(queue, kernel, global_size, local_size, *args, **kwargs)
+        seen.append((kernel.function_name, tuple(global_size), tuple(local_size or ()), event))
         return event
 
     cl.enqueue_nd_range_kernel = recording
@@ -114,9 +124,17 @@ def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelSha
     finally:
         cl.enqueue_nd_range_kernel = original
     _sync(device)
+    return [Launch(n, g, lsz, (e.profile.end - e.profile.start) * 1e-6) for n, g, lsz, e in seen]
+
+
+def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelShare] | None:
+    """Run ``fn`` once and return its kernels' device times by name, largest first (None off OpenCL)."""
+    recorded = launches(device, fn)
+    if recorded is None:
+        return None
     shares: dict[str, KernelShare] = {}
-    for name, event in events:
-        share = shares.setdefault(name, KernelShare(name, 0, 0.0))
+    for launch in recorded:
+        share = shares.setdefault(launch.name, KernelShare(launch.name, 0, 0.0))
         share.launches += 1
-        share.ms += (event.profile.end - event.profile.start) * 1e-6
+        share.ms += launch.ms
     return sorted(shares.values(), key=lambda s: -s.ms)
