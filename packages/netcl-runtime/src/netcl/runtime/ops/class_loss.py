@@ -44,13 +44,8 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
     if (row >= rows) return;
     const int lid = get_local_id(0), L = get_local_size(0);
     __global const {st}* xr = x + row * C;
-    {ct} m = -INFINITY;
-    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
-    m = netcl_tree_max(scratch, m);
-    const {ct} shift = isinf(m) ? ({ct})0 : m;
-    {ct} s = 0;
-    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
-    s = netcl_tree_sum(scratch, s);
+    {ct} s;
+    const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
 #if SMOOTH
     {ct} sx = 0;
     for ({idx} i = lid; i < C; i += L) sx += ({ct})xr[i];

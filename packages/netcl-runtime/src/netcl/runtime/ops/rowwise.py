@@ -67,6 +67,19 @@ inline {ct} netcl_tree_max(__local {ct}* s, {ct} v) {{
     barrier(CLK_LOCAL_MEM_FENCE);
     return v;
 }}
+/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
+   in *sum, the sum of exp(x - shift) over the row: every work-item of the group calls it. */
+inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local {ct}* scratch, {ct}* sum) {{
+    const int lid = get_local_id(0), L = get_local_size(0);
+    {ct} m = -INFINITY;
+    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
+    m = netcl_tree_max(scratch, m);
+    const {ct} shift = isinf(m) ? ({ct})0 : m;
+    {ct} s = 0;
+    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
+    *sum = netcl_tree_sum(scratch, s);
+    return shift;
+}}
 """
 
 _SOFTMAX_FORWARD = """{pragmas}{tree}
@@ -78,13 +91,8 @@ __kernel void netcl_softmax_rows(__global const {st}* x, __global {st}* out, __g
     if (row >= rows) return;
     const int lid = get_local_id(0), L = get_local_size(0);
     __global const {st}* xr = x + row * C;
-    {ct} m = -INFINITY;
-    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
-    m = netcl_tree_max(scratch, m);
-    const {ct} shift = isinf(m) ? ({ct})0 : m;  /* an all -inf row sums to 0: logsumexp -inf */
-    {ct} s = 0;
-    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
-    s = netcl_tree_sum(scratch, s);
+    {ct} s;
+    const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
     if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
 #if MODE == 2
     if (lid == 0) out[row] = ({st})(shift + log(s));
