@@ -251,7 +251,7 @@ def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, re
 
 
 def _time_numpy(x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
-    """The NumPy backend's fused path for chain8: L2-sized blocks, out= scratch, the host thread pool."""
+    """The NumPy backend's fused path for chain8: cache-sized blocks, out= scratch, the host thread pool."""
     out = np.empty_like(x)
     block = block_elements(6)
     f32 = np.float32

@@ -1,7 +1,7 @@
 """The fused detection loss on the NumPy backend, and its float64 reference.
 
 The NumPy "kernels" mirror the OpenCL plan: ``partials`` evaluates the terms in float32 (as the
-kernels do) over blocks of ``block_size()`` elements that fit in the L2 cache, writing into
+kernels do) over blocks of ``block_size()`` elements that fit one core's share of the cache, writing into
 per-thread scratch buffers (``out=``), and sums each block in float64; ``reduce`` adds the block
 sums in block order and rounds to float32; ``backward`` evaluates the gradient in float32, block
 by block. Blocks run on ``netcl.core.host_pool``'s threads; each writes only its own slice or
@@ -35,7 +35,7 @@ _scratch = threading.local()
 
 
 def block_size() -> int:
-    """Elements per block of the fused NumPy kernels (fits the L2 cache)."""
+    """Elements per block of the fused NumPy kernels (``host_pool.block_elements``)."""
     return block_elements(_LIVE)
 
 
