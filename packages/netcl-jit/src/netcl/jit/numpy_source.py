@@ -2,9 +2,9 @@
 
 The generated function computes ONE block of the output: flat same-shape work in blocks of
 elements, broadcasting work in blocks of rows, sized so that a block's arrays stay in one
-core's share of the cache (``host_pool.block_elements``). Ops with a NumPy ufunc twin write into per-thread scratch buffers (``out=``), reused
-block after block, so a long chain allocates nothing the size of the tensor and streams
-through memory once. ``compile_function`` runs the blocks on a thread pool
+core's share of the cache (``host_pool.block_elements``). Ops with a NumPy ufunc twin write
+into per-thread scratch buffers (``out=``), reused block after block, so a long chain allocates
+nothing the size of the tensor and streams through memory once. ``compile_function`` runs the blocks on a thread pool
 (``netcl.core.host_pool``): blocks are independent, so results are bit-identical for any
 thread count.
 """
