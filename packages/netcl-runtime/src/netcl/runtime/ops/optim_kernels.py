@@ -28,49 +28,71 @@ from netcl.runtime.ops._grid import run_1d
 SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 ADAM_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
+#: The per-element statements of each update, on the buffers ``@P`` (param), ``@G`` (grad) and
+#: ``@B`` (momentum) / ``@M``, ``@V`` (Adam's moments) at element ``gid``: the per-parameter and the
+#: multi-tensor kernels run this same text (``_on`` names the buffers), hence bit-identical results.
+_SGD_HYPER_LINE = "const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];"
+_SGD_BODY = """const {ct} w = ({ct})@P[gid];
+    {ct} d = ({ct})@G[gid];
+    if (wd != 0) d += wd * w;
+    {momentum}
+    @P[gid] = ({st})(w - lr * d);"""
+_SGD_MOMENTUM = """if (momentum != 0) {{
+        const {ct} b = steps[index] == 0 ? d : momentum * ({ct})@B[gid] + (1 - dampening) * d;
+        @B[gid] = ({st})b;
+        d = hyper[4] != 0 ? d + momentum * b : b;
+    }}"""
+_ADAM_HYPER_LINE = "const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];"
+_ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
+    {ct} w = ({ct})@P[gid];
+    {ct} d = ({ct})@G[gid];
+    {decay}
+    const {ct} m1 = beta1 * ({ct})@M[gid] + (1 - beta1) * d;
+    const {ct} v1 = beta2 * ({ct})@V[gid] + (1 - beta2) * d * d;
+    @M[gid] = ({st})m1;
+    @V[gid] = ({st})v1;
+    const {ct} bc1 = 1 - pow(beta1, t);
+    const {ct} bc2 = 1 - pow(beta2, t);
+    const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
+    @P[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
+_ADAM_L2 = "if (wd != 0) d += wd * w;"
+_ADAMW_DECAY = "w *= 1 - lr * wd;"
+
 _SGD = """{pragmas}
 __kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}* buf,
                         __global const int* steps, const int index, __global const float* hyper, const long n) {{
     const long gid = get_global_id(0);
     if (gid >= n) return;
-    const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];
-    const {ct} w = ({ct})p[gid];
-    {ct} d = ({ct})g[gid];
-    if (wd != 0) d += wd * w;
-    {momentum}
-    p[gid] = ({st})(w - lr * d);
+    {hyper}
+    {body}
 }}
 """
-
-_SGD_MOMENTUM = """if (momentum != 0) {{
-        const {ct} b = steps[index] == 0 ? d : momentum * ({ct})buf[gid] + (1 - dampening) * d;
-        buf[gid] = ({st})b;
-        d = hyper[4] != 0 ? d + momentum * b : b;
-    }}"""
 
 _ADAM = """{pragmas}
 __kernel void netcl_adam(__global {st}* p, __global const {st}* g, __global {st}* m, __global {st}* v,
                          __global const int* steps, const int index, __global const float* hyper, const long n) {{
     const long gid = get_global_id(0);
     if (gid >= n) return;
-    const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];
-    const {ct} t = ({ct})(steps[index] + 1);
-    {ct} w = ({ct})p[gid];
-    {ct} d = ({ct})g[gid];
-    {decay}
-    const {ct} m1 = beta1 * ({ct})m[gid] + (1 - beta1) * d;
-    const {ct} v1 = beta2 * ({ct})v[gid] + (1 - beta2) * d * d;
-    m[gid] = ({st})m1;
-    v[gid] = ({st})v1;
-    const {ct} bc1 = 1 - pow(beta1, t);
-    const {ct} bc2 = 1 - pow(beta2, t);
-    const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
-    p[gid] = ({st})(w - (lr / bc1) * m1 / denom);
+    {hyper}
+    {body}
 }}
 """
 
-_ADAM_L2 = "if (wd != 0) d += wd * w;"
-_ADAMW_DECAY = "w *= 1 - lr * wd;"
+
+def _on(body: str, **buffers: str) -> str:
+    """``body`` with each ``@NAME`` placeholder replaced by the buffer ``buffers[NAME]``."""
+    for name, buffer in buffers.items():
+        body = body.replace(f"@{name}", buffer)
+    return body
+
+
+def _sgd_body(types: dict[str, str], has_momentum: bool) -> str:
+    return _SGD_BODY.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types)
+
+
+def _adam_body(types: dict[str, str], decoupled_weight_decay: bool) -> str:
+    return _ADAM_BODY.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
+
 
 _COUNT = """
 __kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, const int n) {
@@ -155,7 +177,11 @@ def sgd_step_(
     run_1d(
         key,
         param.device,
-        lambda: _SGD.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types),
+        lambda: _SGD.format(
+            hyper=_SGD_HYPER_LINE.format(**types),
+            body=_on(_sgd_body(types, has_momentum), P="p", G="g", B="buf"),
+            **types,
+        ),
         "netcl_sgd",
         _SGD_TYPES,
         param.size,
@@ -214,7 +240,11 @@ def adam_step_(
     run_1d(
         key,
         param.device,
-        lambda: _ADAM.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types),
+        lambda: _ADAM.format(
+            hyper=_ADAM_HYPER_LINE.format(**types),
+            body=_on(_adam_body(types, decoupled_weight_decay), P="p", G="g", M="m", V="v"),
+            **types,
+        ),
         "netcl_adam",
         _ADAM_TYPES,
         param.size,
@@ -267,50 +297,24 @@ __kernel void {name}({buffers},
 {branches}
 }}
 """
-_SGD_MULTI_HYPER = "const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];"
-_ADAM_MULTI_HYPER = "const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];"
-
-#: the per-element statements of the per-parameter kernels above, on slot @j's buffers (P, G, B / M, V) at element gid
-#: (``@j`` is replaced by the slot number after the types are formatted in)
-_SGD_BODY = """const {ct} w = ({ct})P@j[gid];
-        {ct} d = ({ct})G@j[gid];
-        if (wd != 0) d += wd * w;
-        {momentum}
-        P@j[gid] = ({st})(w - lr * d);"""
-_SGD_MOMENTUM_MULTI = """if (momentum != 0) {{
-            const {ct} b = steps[index] == 0 ? d : momentum * ({ct})B@j[gid] + (1 - dampening) * d;
-            B@j[gid] = ({st})b;
-            d = hyper[4] != 0 ? d + momentum * b : b;
-        }}"""
-_ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
-        {ct} w = ({ct})P@j[gid];
-        {ct} d = ({ct})G@j[gid];
-        {decay}
-        const {ct} m1 = beta1 * ({ct})M@j[gid] + (1 - beta1) * d;
-        const {ct} v1 = beta2 * ({ct})V@j[gid] + (1 - beta2) * d * d;
-        M@j[gid] = ({st})m1;
-        V@j[gid] = ({st})v1;
-        const {ct} bc1 = 1 - pow(beta1, t);
-        const {ct} bc2 = 1 - pow(beta2, t);
-        const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
-        P@j[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
 
 
 def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, types: dict[str, str], arity: int) -> str:
     """A kernel over ``arity`` parameter slots: ``table`` holds each slot's first element (slot j
     covers [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
-    index into ``steps``. A work-item finds its slot and runs the per-parameter statements."""
+    index into ``steps``. A work-item finds its slot and runs the per-parameter statements (``body``,
+    with ``@`` placeholders for the ``slots`` buffers)."""
     buffers = ",\n                     ".join(
         f"__global {'const ' if slot == 'G' else ''}{types['st']}* {slot}{j}" for j in range(arity) for slot in slots
     )
-    branches = []
+    branches, nl = [], "\n"
     for j in range(arity):
         test = "if" if j == 0 else "else if"
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
             f"        const long gid = t_gid - table[{j}];\n"
             f"        const int index = (int)table[{arity + 1 + j}];\n"
-            f"        {body.replace('@j', str(j))}\n    }}"
+            f"        {_on(body, **{slot: f'{slot}{j}' for slot in slots}).replace(nl, nl + '    ')}\n    }}"
         )
     return _MULTI.format(
         name=name, buffers=buffers, hyper=hyper, branches="\n".join(branches), pragmas=types["pragmas"]
@@ -370,14 +374,13 @@ def _check_multi(
     if not isinstance(first, Tensor):
         raise TypeError(f"{op}: param must be a Tensor, got {type(first).__name__}")
     dtype, device = first.dtype, first.device
-    extra = {name: values for name, values in others.items()}
     for k, (p, index) in enumerate(zip(params, indices, strict=True)):
         if not isinstance(p, Tensor) or p.dtype != dtype or p.device is not device:
             _check_update(op, p, p, {}, steps, index, hyper, hyper_names)  # raises the per-parameter error
             if p.dtype != dtype:
                 raise DTypeError(f"{op}: all parameters of one call must share a dtype, got {dtype} and {p.dtype}")
             device_of([first, p], op)
-        for name, values in extra.items():
+        for name, values in others.items():
             v = values[k]
             if v is not None and (
                 not isinstance(v, Tensor) or v.shape != p.shape or v.dtype != dtype or v.device is not device
@@ -419,9 +422,7 @@ def sgd_multi_step_(
     has_momentum = all(has)
 
     def source(arity: int) -> str:
-        momentum = _SGD_MOMENTUM_MULTI.format(**types) if has_momentum else ""
-        body = _SGD_BODY.format(momentum=momentum, **types)
-        hyper_line = _SGD_MULTI_HYPER.format(**types)
+        hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
         return _multi_source("netcl_sgd_multi", ("P", "G", "B"), hyper_line, body, types, arity)
 
     for start, stop, arity in _chunks(len(params)):
@@ -466,9 +467,8 @@ def adam_multi_step_(
     types = _types(params[0])
 
     def source(arity: int) -> str:
-        decay = _ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2
-        body = _ADAM_BODY.format(decay=decay, **types)
-        hyper_line = _ADAM_MULTI_HYPER.format(**types)
+        hyper_line = _ADAM_HYPER_LINE.format(**types)
+        body = _adam_body(types, decoupled_weight_decay)
         return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), hyper_line, body, types, arity)
 
     for start, stop, arity in _chunks(len(params)):
