@@ -75,3 +75,30 @@ def settled_memory() -> Iterator[Callable[[nc.Device], object]]:
     finally:
         if enabled:
             gc.enable()
+
+
+class LaunchCounter:
+    """The kernels launched on a queue inside the ``with`` block, through a runtime ``Graph`` capture."""
+
+    def __init__(self, queue) -> None:
+        from netcl.runtime.graph import Graph
+
+        self.graph = Graph()
+        self._capture = self.graph.capture(queue)
+
+    @property
+    def names(self) -> list[str]:
+        return [launch.name for launch in self.graph.launches]
+
+    def __enter__(self) -> LaunchCounter:
+        self._capture.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> object:
+        return self._capture.__exit__(*exc)
+
+
+@pytest.fixture
+def launch_counter() -> type[LaunchCounter]:
+    """``with launch_counter(queue) as launches: ...``, then ``launches.names``: the kernels launched."""
+    return LaunchCounter

@@ -17,7 +17,6 @@ import netcl.nn.functional as F
 from netcl import nn
 from netcl.jit import jit_compile, workloads
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, one_kernel
-from netcl.runtime.graph import Graph
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops.gemm_source import OPERAND_KINDS
 
@@ -217,14 +216,14 @@ def test_not_merged_when_product_is_read_elsewhere(device):
     assert not any(isinstance(s, GemmEpilogueStep) for s in fused.plan_for(*args).steps)
 
 
-def test_split_product_applies_the_group_in_its_sum(cl_device):
+def test_split_product_applies_the_group_in_its_sum(cl_device, launch_counter):
     """A small output with a large K is split along K (many work-groups); the group then runs in the
     split's sum kernel: still no separate elementwise kernel, forward vs float64."""
     arrays = [_rand((16, 1536), 0), _rand((1536, 24), 1), _rand((1, 24), 2)]
     nodes = [ag.tensor(a, device=cl_device) for a in arrays]
     mlp = jit_compile(workloads.mlp_block)
     mlp(*nodes)
-    with _Launches(cl_device.queue) as launches:
+    with launch_counter(cl_device.queue) as launches:
         out = mlp(*nodes)
     expected = workloads.mlp_block_reference(*[a.astype(np.float64) for a in arrays])
     np.testing.assert_allclose(out.to_host(), expected, rtol=1e-5, atol=1e-4)  # K = 1536: ~1536 ulps of sums
@@ -260,24 +259,7 @@ def test_operand_kinds_known():
     assert set(OPERAND_KINDS) == {"full", "col", "row", "scalar", "out"}
 
 
-class _Launches:
-    def __init__(self, queue):
-        self.graph = Graph()
-        self._capture = self.graph.capture(queue)
-
-    @property
-    def names(self) -> list[str]:
-        return [launch.name for launch in self.graph.launches]
-
-    def __enter__(self):
-        self._capture.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._capture.__exit__(*exc)
-
-
-def test_one_launch_forward(cl_device):
+def test_one_launch_forward(cl_device, launch_counter):
     """mlp_block forward is one GEMM launch, with and without autograd; the backward is one fused
     kernel for d(product), the bias's column sum and the two products of the matmul's gradient."""
     arrays = [_rand(s, i) for i, s in enumerate([(16, 8), (8, 12), (1, 12)])]
@@ -285,11 +267,11 @@ def test_one_launch_forward(cl_device):
     mlp = jit_compile(workloads.mlp_block)
     upstream = ag.tensor(_rand((16, 12), 5), device=cl_device).value
     for _ in range(2):  # the first round builds every kernel
-        with _Launches(cl_device.queue) as plain, ag.no_grad():
+        with launch_counter(cl_device.queue) as plain, ag.no_grad():
             mlp(*nodes)
-        with _Launches(cl_device.queue) as forward, ag.Tape() as tape:
+        with launch_counter(cl_device.queue) as forward, ag.Tape() as tape:
             out = mlp(*nodes)
-        with _Launches(cl_device.queue) as backward:
+        with launch_counter(cl_device.queue) as backward:
             tape.backward(out, grad=upstream)
     assert plain.names == ["netcl_gemm"] and forward.names == ["netcl_gemm"]
     assert backward.names.count("fused_backward") == 1 and backward.names.count("netcl_gemm") == 2
@@ -299,6 +281,6 @@ def test_one_launch_forward(cl_device):
     for _ in range(2):
         with ag.Tape() as tape:
             out = linear(nodes[0], nodes[1], nodes[2])
-        with _Launches(cl_device.queue) as backward:
+        with launch_counter(cl_device.queue) as backward:
             tape.backward(out, grad=upstream)
     assert "fused_backward" not in backward.names  # d(product) is the upstream gradient itself

@@ -10,7 +10,6 @@ from netcl.jit import JitError, jit_compile, register_primitive, workloads
 from netcl.jit.gemm_epilogue import one_kernel
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
-from netcl.runtime.graph import Graph
 
 # float32 chains of ~8 transcendental ops: each op is within a few ulps; errors compound
 # through at most 8 ops, so 2e-5 relative plus 1e-6 absolute (values are O(1)) is ample
@@ -20,25 +19,6 @@ RTOL, ATOL = 2e-5, 1e-6
 
 def _rand(shape, seed, low=-2.0, high=2.0):
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
-
-
-class LaunchCounter:
-    """Counts the kernels launched on a queue, through the runtime's capture (``Graph``)."""
-
-    def __init__(self, queue):
-        self.graph = Graph()
-        self._capture = self.graph.capture(queue)
-
-    @property
-    def names(self) -> list[str]:
-        return [launch.name for launch in self.graph.launches]
-
-    def __enter__(self):
-        self._capture.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._capture.__exit__(*exc)
 
 
 def _grads(fn, arrays, device, upstream):
@@ -129,17 +109,17 @@ def test_mlp_block_fuses_epilogue(device):
     assert len(plan.fused_steps) == 1 and len(plan.steps) == 1  # the epilogue runs in the GEMM's store
 
 
-def test_launch_counts(cl_device):
+def test_launch_counts(cl_device, launch_counter):
     arrays = [_rand((4096,), s) for s in range(3)]
     nodes = [ag.tensor(a, requires_grad=True, device=cl_device) for a in arrays]
     chain8 = jit_compile(workloads.chain8)
     chain8(*nodes)  # compile outside the count
-    with LaunchCounter(cl_device.queue) as forward, ag.no_grad():
+    with launch_counter(cl_device.queue) as forward, ag.no_grad():
         chain8(*nodes)
     assert forward.names == ["fused_forward"]
     upstream = ag.tensor(_rand((4096,), 7), device=cl_device).value
     _ = _grads(chain8, arrays, cl_device, upstream.to_host())  # builds the backward kernel
-    with LaunchCounter(cl_device.queue) as both:
+    with launch_counter(cl_device.queue) as both:
         with ag.Tape() as tape:
             out = chain8(*nodes)
         tape.backward(out, grad=upstream)
@@ -149,7 +129,7 @@ def test_launch_counts(cl_device):
     mlp = jit_compile(workloads.mlp_block)
     xs = [ag.tensor(_rand(s, i), device=cl_device) for i, s in enumerate([(8, 4), (4, 6), (1, 6)])]
     mlp(*xs)
-    with LaunchCounter(cl_device.queue) as counter:
+    with launch_counter(cl_device.queue) as counter:
         mlp(*xs)
     steps = [step.name for step in counter.graph.steps]
     if one_kernel(cl_device):  # the epilogue runs in the GEMM's store

@@ -17,7 +17,6 @@ import pytest
 import netcl.autograd as ag
 from netcl.jit import jit_compile
 from netcl.jit.row_step import RowStep
-from netcl.runtime.graph import Graph
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -204,27 +203,8 @@ def test_weight_gradients_over_many_rows(device):
     np.testing.assert_allclose(nodes[2].grad.to_host(), upstream.sum(0), rtol=RTOL, atol=1e-4)
 
 
-class LaunchCounter:
-    """The kernels launched on a queue, through the runtime's capture (``Graph``)."""
-
-    def __init__(self, queue):
-        self.graph = Graph()
-        self._capture = self.graph.capture(queue)
-
-    @property
-    def names(self) -> list[str]:
-        return [launch.name for launch in self.graph.launches]
-
-    def __enter__(self):
-        self._capture.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._capture.__exit__(*exc)
-
-
 @pytest.mark.parametrize("name", ["softmax", "layer_norm"])
-def test_one_kernel_each_way(cl_device, name):
+def test_one_kernel_each_way(cl_device, launch_counter, name):
     x = np.random.default_rng(0).uniform(-2, 2, size=(64, 256)).astype(np.float32)
     w, b = (np.random.default_rng(s).uniform(0.5, 1.5, size=256).astype(np.float32) for s in (1, 2))
     if name == "softmax":
@@ -237,12 +217,12 @@ def test_one_kernel_each_way(cl_device, name):
     upstream = ag.tensor(np.ones_like(x), device=cl_device).value
     for _ in range(2):  # the first run builds the kernels
         node.grad = None  # no accumulation kernel into the last step's gradient
-        with LaunchCounter(cl_device.queue) as counter:
+        with launch_counter(cl_device.queue) as counter:
             with ag.Tape() as tape:
                 out = fused(node, *consts)
             tape.backward(out, grad=upstream)
     assert counter.names == ["row_forward", "row_backward"]
-    with LaunchCounter(cl_device.queue) as counter, ag.no_grad():
+    with launch_counter(cl_device.queue) as counter, ag.no_grad():
         fused(node, *consts)
     assert counter.names == ["row_forward"]
     plan = fused.plan_for(node, *consts)
@@ -277,7 +257,7 @@ def test_cross_entropy_of_logits_with_integer_targets(device, smoothing):
 
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "cross_entropy"])
-def test_eager_built_ins_run_the_row_kernels(cl_device, name):
+def test_eager_built_ins_run_the_row_kernels(cl_device, launch_counter, name):
     """ag.softmax / ag.layer_norm / ag.cross_entropy (no jit_compile) of >= 64K float32 elements."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-2, 2, size=(128, 512)).astype(np.float32)
@@ -291,7 +271,7 @@ def test_eager_built_ins_run_the_row_kernels(cl_device, name):
     }
     for _ in range(2):  # the first call builds the kernels
         node.grad = None
-        with LaunchCounter(cl_device.queue) as counter:
+        with launch_counter(cl_device.queue) as counter:
             with ag.Tape() as tape:
                 out = ops[name]()
             tape.backward(out, grad=ag.tensor(np.ones(out.shape, np.float32), device=cl_device).value)

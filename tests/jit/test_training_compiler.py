@@ -27,7 +27,6 @@ from netcl.jit.training_compiler import (
     get_training_compiler,
 )
 from netcl.runtime.cache import program_cache
-from netcl.runtime.graph import Graph
 
 fused = fused_weighted_bce_smooth_l1_loss
 RTOL = 1e-5
@@ -81,25 +80,6 @@ def loss_and_grad(arrays, device, upstream=None, **scales):
         out = loss if upstream is None else loss * upstream
     tape.backward(out)
     return loss, ns[0].grad.to_host()
-
-
-class LaunchCounter:
-    """The kernels launched on a queue inside the block, through a runtime ``Graph`` capture."""
-
-    def __init__(self, queue):
-        self.graph = Graph()
-        self._cm = self.graph.capture(queue)
-
-    @property
-    def names(self):
-        return [launch.name for launch in self.graph.launches]
-
-    def __enter__(self):
-        self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
 
 
 # ---- values and gradients ----------------------------------------------------------------------
@@ -234,15 +214,15 @@ def test_16M_elements_logits_80_within_1e5_relative(device, big_case):
 
 
 # ---- launches, caching ---------------------------------------------------------------------------
-def test_two_launches_forward_one_backward(cl_device):
+def test_two_launches_forward_one_backward(cl_device, launch_counter):
     arrays = make_inputs((129, 31), seed=10)
     ns = nodes(arrays, cl_device)
     fused(*ns)  # compile outside the counted region
-    with LaunchCounter(cl_device.queue) as fwd, ag.Tape() as tape:
+    with launch_counter(cl_device.queue) as fwd, ag.Tape() as tape:
         loss = fused(*ns, **SCALES)
     assert fwd.names == ["detection_loss_partial", "detection_loss_reduce"]
     upstream = nc.tensor(np.float32(1.5), device=cl_device)
-    with LaunchCounter(cl_device.queue) as bwd:
+    with launch_counter(cl_device.queue) as bwd:
         tape.backward(loss, grad=upstream)
     assert bwd.names == ["detection_loss_backward"]
     np.testing.assert_allclose(ns[0].grad.to_host(), 1.5 * ref_grad(*arrays, **SCALES), rtol=GRAD_RTOL, atol=GRAD_ATOL)
