@@ -258,26 +258,19 @@ def kernel_source(
         vector = vector_body and VW > 1 and _vector_lines(body_vars, targets, reads, used_inputs)
         if vector:
             out += vector
-            for lane in range(VW):  # the consumers read each lane of the vector results
-                out.append("        {")
-                out += [f"            const float {t} = {_vname(t)}.s{lane:x};" for t in dict.fromkeys(targets)]
-                out += emit_tail(lane)
-                out.append("        }")
-            out += emit_tail("post")
-            if guard:
-                out.append("        }")
-            out.append("    }")
-            return out
         for lane in range(VW):
             out.append("        {")
-            out.append(f"            const int i = c0 + {lane};")
-            slot = f"kk * {VW} + {lane}" if cache else str(lane)
-            for k, inp in used_inputs:
-                out.append(f"            const float {inp.var} = a{k}[{slot}];")
-            if COLIDX in reads:
-                out.append(f"            const float {COLIDX} = (float)i;")
-            for var in body_vars:
-                out.append(f"            const float {var} = {by_var[var].expr};")
+            if vector:  # the consumers read each lane of the vector results
+                out += [f"            const float {t} = {_vname(t)}.s{lane:x};" for t in dict.fromkeys(targets)]
+            else:
+                out.append(f"            const int i = c0 + {lane};")
+                slot = f"kk * {VW} + {lane}" if cache else str(lane)
+                for k, inp in used_inputs:
+                    out.append(f"            const float {inp.var} = a{k}[{slot}];")
+                if COLIDX in reads:
+                    out.append(f"            const float {COLIDX} = (float)i;")
+                for var in body_vars:
+                    out.append(f"            const float {var} = {by_var[var].expr};")
             out += emit_tail(lane)
             out.append("        }")
         out += emit_tail("post")
