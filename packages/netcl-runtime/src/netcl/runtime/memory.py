@@ -118,33 +118,29 @@ class DevicePool:
             if self._returned:
                 self._drain()
             blocks = self._free.get(size)
-            if blocks:
+            if blocks:  # a block is cached only after a tagged wrapper of it died: tagging works here
                 real = blocks.pop()
                 stats.served_from_pool += 1
                 stats.cached_bytes -= size
                 stats.cached_blocks -= 1
-                wrapper = self._wrap(real, size, nbytes)
-                if wrapper is not None:
-                    stats.allocated_bytes += size
-                    stats.requested_bytes += nbytes
-                    stats.active_blocks += 1
-                    if stats.allocated_bytes > stats.peak_allocated_bytes:
-                        stats.peak_allocated_bytes = stats.allocated_bytes
-                    return wrapper
-                blocks.append(real)  # cannot tag a wrapper: hand out a block of its own instead
-                stats.served_from_pool -= 1
-                stats.cached_bytes += size
-                stats.cached_blocks += 1
+                self._account(size, nbytes)
+                return self._wrap(real, size, nbytes)
         real = self._fresh(size, nbytes)
         wrapper = self._wrap(real, size, nbytes)
         if wrapper is None:  # a pyopencl without dynamic attributes: no pooling
             wrapper, size = real, 0
         with self._lock:
-            stats.allocated_bytes += size
-            stats.requested_bytes += nbytes
-            stats.active_blocks += 1 if size else 0
-            stats.peak_allocated_bytes = max(stats.peak_allocated_bytes, stats.allocated_bytes)
+            self._account(size, nbytes)
         return wrapper
+
+    def _account(self, size: int, nbytes: int) -> None:
+        """Count a handed-out block of ``size`` (0: an unpooled buffer); the caller holds the lock."""
+        stats = self._stats
+        stats.allocated_bytes += size
+        stats.requested_bytes += nbytes
+        stats.active_blocks += 1 if size else 0
+        if stats.allocated_bytes > stats.peak_allocated_bytes:
+            stats.peak_allocated_bytes = stats.allocated_bytes
 
     def _size_for(self, device: Device, nbytes: int) -> int:
         """The block size for ``nbytes`` (checked against the device's limits; memoized when small)."""
