@@ -15,8 +15,6 @@ run with the search off unless ``--tune-im2col`` (its many GEMM shapes cost minu
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_matmul import _median_ms, _rand, _torch, _torch_ms
+from measure import standalone_parser, write_results
 
 import netcl.core as nc
 from netcl.runtime import tune
@@ -176,18 +175,12 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-peers", action="store_true")
-    parser.add_argument("--json", dest="json_path", default=None)
+    parser = standalone_parser(__doc__)
     parser.add_argument("--tune-im2col", action="store_true", help="let the im2col path's products search too")
     parser.add_argument("--sweep", action="store_true", help="time every candidate tile of the implicit kernels")
     args = parser.parse_args()
     results = run(args.device, args.quick, args.repeats, not args.no_peers, args.tune_im2col, args.sweep)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    write_results(results, args.json_path)
 
 
 if __name__ == "__main__":

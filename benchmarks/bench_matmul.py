@@ -10,8 +10,6 @@ printed for one shape (relative Frobenius norm, random uniform inputs in [-1, 1]
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import standalone_parser, write_results
 
 import netcl.core as nc
 from netcl.runtime import ops
@@ -217,16 +216,8 @@ def errors(device, modes, size: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-peers", action="store_true")
-    parser.add_argument("--json", dest="json_path", default=None)
-    args = parser.parse_args()
-    results = run(args.device, args.quick, args.repeats, not args.no_peers)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    args = standalone_parser(__doc__).parse_args()
+    write_results(run(args.device, args.quick, args.repeats, not args.no_peers), args.json_path)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ drained at the end of each repeat), so host overhead counts, as it does in train
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from measure import standalone_parser, write_results
 
 import netcl.autograd as ag
 import netcl.core as nc
@@ -288,16 +288,8 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-peers", action="store_true")
-    parser.add_argument("--json", dest="json_path", default=None)
-    args = parser.parse_args()
-    results = run(args.device, args.quick, args.repeats, not args.no_peers)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    args = standalone_parser(__doc__).parse_args()
+    write_results(run(args.device, args.quick, args.repeats, not args.no_peers), args.json_path)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -138,3 +141,20 @@ def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelSha
         share.launches += 1
         share.ms += launch.ms
     return sorted(shares.values(), key=lambda s: -s.ms)
+
+
+def standalone_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a ``bench_<name>.py`` run alone: --quick, --device, --repeats, --no-peers, --json."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--json", dest="json_path", default=None)
+    return parser
+
+
+def write_results(results: dict, path: str | None) -> None:
+    """``results`` as indented JSON at ``path`` (nothing when None)."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2))
