@@ -7,14 +7,41 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from measure import rand, time_host
 
 import netcl.autograd as ag
-from netcl.core import Device
+from netcl.core import Device, Tensor
 from netcl.jit import jit_compile, workloads
 from netcl.runtime.graph import Graph
+
+
+@dataclass
+class Chain8Launch:
+    """chain8 jitted on three 1K-element inputs (its plan built), and one raw launch of its kernel:
+    ``args`` are the three input buffers, a preallocated output's buffer and the element count."""
+
+    fused: Any
+    nodes: list[Any]
+    kernel: Any
+    global_size: int
+    local_size: int
+    out: Tensor
+    args: list[Any]
+
+
+def chain8_launch(device: Device) -> Chain8Launch:
+    nodes = [ag.tensor(rand((1024,), s), device=device) for s in range(3)]
+    fused = jit_compile(workloads.chain8)
+    with ag.no_grad():
+        fused(*nodes)
+    kernel, gsize, local = fused.plan_for(*nodes).fused_steps[0]._forward
+    out = Tensor.empty((1024,), np.float32, device)
+    args = [n.value.data for n in nodes] + [out.data, np.int32(1024)]
+    return Chain8Launch(fused, nodes, kernel, gsize, local, out, args)
 
 
 def jit_vs_raw_launch(device: Device, repeats: int) -> dict[str, float]:
@@ -24,17 +51,10 @@ def jit_vs_raw_launch(device: Device, repeats: int) -> dict[str, float]:
     ready (buffers and an ``np.int32``), writing one preallocated output; the jit call
     allocates its output, checks its signature and returns a Node.
     """
-    nodes = [ag.tensor(rand((1024,), s), device=device) for s in range(3)]
-    fused = jit_compile(workloads.chain8)
-    with ag.no_grad():
-        fused(*nodes)
-    step = fused.plan_for(*nodes).fused_steps[0]
-    kernel, gsize, local = step._forward
-    out = ag.tensor(np.zeros(1024, np.float32), device=device).value
-    buffers = [n.value.data for n in nodes] + [out.data, np.int32(1024)]
+    setup = chain8_launch(device)
+    fused, nodes, kernel, buffers = setup.fused, setup.nodes, setup.kernel, setup.args
     queue = device.queue
-
-    gsizes, lsizes = (gsize,), (local,)
+    gsizes, lsizes = (setup.global_size,), (setup.local_size,)
 
     def raw() -> None:
         kernel(queue, gsizes, lsizes, *buffers)

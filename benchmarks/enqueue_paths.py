@@ -15,14 +15,11 @@ import json
 import time
 from collections.abc import Callable
 
-import numpy as np
 import pyopencl as cl
 import pyopencl._cl as _cl
-from measure import rand
+from dispatch import chain8_launch
 
-import netcl.autograd as ag
 from netcl.core import Device, get_device
-from netcl.jit import jit_compile, workloads
 from netcl.runtime import enqueue as enqueue_module
 
 
@@ -42,15 +39,9 @@ def thread_us(fn: Callable[[], object], queue: cl.CommandQueue, inner: int = 500
 
 
 def enqueue_paths(device: Device) -> dict[str, float]:
-    nodes = [ag.tensor(rand((1024,), s), device=device) for s in range(3)]
-    fused = jit_compile(workloads.chain8)
-    with ag.no_grad():
-        fused(*nodes)
-    step = fused.plan_for(*nodes).fused_steps[0]
-    kernel, gsize, local = step._forward
+    setup = chain8_launch(device)
+    kernel, gsize, local, out, args = setup.kernel, setup.global_size, setup.local_size, setup.out, setup.args
     queue = device.queue
-    out = ag.tensor(np.zeros(1024, np.float32), device=device).value
-    args = [n.value.data for n in nodes] + [out.data, np.int32(1024)]
     g, loc = (gsize,), (local,)
     private = cl.Kernel(kernel.program, kernel.function_name)
     private.set_args(*args)

@@ -7,24 +7,19 @@ import pstats
 
 import numpy as np
 import pyopencl as cl
-from measure import rand, time_host
+from dispatch import chain8_launch
+from measure import time_host
 
 import netcl.autograd as ag
 from netcl.core import Tensor, get_device
-from netcl.jit import jit_compile, workloads
 from netcl.runtime.launch import launch
 
 
 def main() -> None:
     device = get_device()
-    nodes = [ag.tensor(rand((1024,), s), device=device) for s in range(3)]
-    fused = jit_compile(workloads.chain8)
-    with ag.no_grad():
-        fused(*nodes)
-    step = fused.plan_for(*nodes).fused_steps[0]
-    kernel, gsize, local = step._forward
-    out = Tensor.empty((1024,), np.float32, device)
-    bufs = [n.value.data for n in nodes] + [out.data, np.int32(1024)]
+    setup = chain8_launch(device)
+    fused, nodes, kernel, out, bufs = setup.fused, setup.nodes, setup.kernel, setup.out, setup.args
+    gsize, local = setup.global_size, setup.local_size
     queue = device.queue
 
     def raw():
