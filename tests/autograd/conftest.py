@@ -28,6 +28,12 @@ helpers = _load_helpers()
 
 
 @pytest.fixture
+def raises_before_launch() -> Callable[..., None]:
+    """``raises_before_launch(device, error, match, fn)``: ``helpers.raises_before_launch``."""
+    return helpers.raises_before_launch
+
+
+@pytest.fixture
 def check(device: nc.Device) -> Callable[..., None]:
     """``check_op`` on the current ``device`` (OpenCL, then the NumPy backend)."""
     return functools.partial(helpers.check_op, device=device)

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 import netcl.autograd as ag
 import netcl.core as nc
+from netcl.runtime.graph import Graph
 
 
 def numeric_grad(
@@ -95,3 +97,16 @@ def check_op(
             ag.tensor(a.astype(np.float32), requires_grad=r, device=device) for a, r in zip(arrays, wants, strict=True)
         ]
         assert ag.gradcheck(netcl_fn, *fresh)
+
+
+def raises_before_launch(device: nc.Device, error: type[BaseException], match: str, fn: Callable[[], Any]) -> None:
+    """``fn()`` raises ``error`` matching ``match`` and, on OpenCL, launches no kernel first (it runs
+    inside a ``Graph`` capture, which must record nothing)."""
+    if device.kind != "opencl":
+        with pytest.raises(error, match=match):
+            fn()
+        return
+    graph = Graph()
+    with pytest.raises(error, match=match), graph.capture(device.queue):
+        fn()
+    assert len(graph) == 0, f"{len(graph)} kernel(s) launched before the error"

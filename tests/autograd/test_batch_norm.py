@@ -123,17 +123,6 @@ def test_one_kernel_each_way(cl_device):
     assert names.count("netcl_batch_norm_backward") == 1, names
 
 
-def raises_before_launch(device, error, match, fn):
-    if device.kind != "opencl":
-        with pytest.raises(error, match=match):
-            fn()
-        return
-    graph = Graph()
-    with pytest.raises(error, match=match), graph.capture(device.queue):
-        fn()
-    assert len(graph) == 0, f"{len(graph)} kernel(s) launched before the error"
-
-
 def _t(shape, device, dtype=np.float32):
     return nc.tensor(np.ones(shape, dtype), dtype=dtype, device=device)
 
@@ -164,7 +153,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
-def test_bad_inputs_raise_before_launch(device, case):
+def test_bad_inputs_raise_before_launch(device, case, raises_before_launch):
     _, fn, error, match = case
     if "dtype" in case[0] and not device.supports(np.float64):
         pytest.skip("no cl_khr_fp64")
