@@ -12,6 +12,7 @@ another process steals one.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -44,8 +45,10 @@ def host_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@functools.cache
 def _cache_bytes(level: int, default: int) -> int:
-    """cpu0's cache of ``level`` (index2 = L2, index3 = L3) from sysfs, ``default`` when not said."""
+    """cpu0's cache of ``level`` (index2 = L2, index3 = L3) from sysfs, ``default`` when not said
+    (read once per process: ``block_elements`` runs on every fused detection-loss call)."""
     path = f"/sys/devices/system/cpu/cpu0/cache/index{level}/size"
     try:
         with open(path) as handle:
