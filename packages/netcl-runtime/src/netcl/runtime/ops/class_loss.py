@@ -28,6 +28,7 @@ from netcl.core import Tensor
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_dtype
+from netcl.runtime.ops.layout import cast
 from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
 
 #: Reductions (compile-time in the backward kernel).
@@ -211,7 +212,7 @@ def class_loss_backward(
             p = np.exp(data - _host(rowmax, sd)[:, None]) / _host(rowsum, sd)[:, None]
             res = scale[:, None] * (p - q)
         return wrap_numpy(res, x.device, x.dtype)
-    g = g if g.dtype == sd else _cast(g, sd)
+    g = g if g.dtype == sd else cast(g, sd)
     gx = Tensor.empty((rows, C), x.dtype, x.device)
     _run_rows(
         _BACKWARD,
@@ -224,9 +225,3 @@ def class_loss_backward(
         (np.int64(ignore_index), sd.type(smoothing)),
     )
     return gx
-
-
-def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
-    from netcl.runtime.ops.layout import cast
-
-    return cast(t, dtype)
