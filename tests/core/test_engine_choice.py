@@ -43,6 +43,7 @@ def fake_cpu(spec: str, name: str, version: str = "OpenCL 3.0", driver: str = "3
     )
     device = nc.Device("opencl", spec, cl_device)  # type: ignore[arg-type]
     device.__dict__["build_error"] = None  # a fake builds nothing: say it could
+    device.__dict__["vector_width"] = width
     return device
 
 

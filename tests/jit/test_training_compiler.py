@@ -156,6 +156,8 @@ def test_large_logits_do_not_overflow(device):
 def test_both_vector_widths_strided_loops_and_tails(cl_device, vec, n):
     """scalar, float4 (GPU) and float8/16 vector-body (CPU) kernels; 3 blocks make each work-item loop,
     odd n leaves tails."""
+    if not cl_device.is_gpu and vec > cl_device.vector_width:
+        pytest.skip(f"float{vec} crashes this device's compiler (Device.vector_width is {cl_device.vector_width})")
     arrays = make_inputs((n,), seed=6)
     tensors = [nc.tensor(a, device=cl_device) for a in arrays]
     plan = dataclasses.replace(compile_plan(cl_device, "int", vec=vec), max_blocks=3)

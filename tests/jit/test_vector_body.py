@@ -26,7 +26,7 @@ def test_cpu_default_is_the_vector_body(cpu_cl, monkeypatch) -> None:
     for name in ("NETCL_JIT_VECTOR", "NETCL_JIT_ITEMS", "NETCL_JIT_VECTOR_BODY", "NETCL_JIT_LOCAL"):
         monkeypatch.delenv(name, raising=False)
     config = launch_config(cpu_cl)
-    assert config.vector_body and config.vector_width == cpu_cl.cl_device.preferred_vector_width_float
+    assert config.vector_body and config.vector_width == cpu_cl.vector_width
     width = config.vector_width
     arrays = [np.random.default_rng(k).uniform(-3, 3, 1003).astype(np.float32) for k in range(3)]
     nodes = [ag.tensor(a, requires_grad=True, device=cpu_cl) for a in arrays]

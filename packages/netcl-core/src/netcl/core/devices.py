@@ -5,7 +5,8 @@ engine (``engine_choice``): the best CPU OpenCL device by capability (a compiler
 the host's vector ISA first), measured once against the NumPy backend's fused path; the NumPy
 backend when there is no OpenCL device at all. A CPU OpenCL device whose compiler cannot build
 a program on this host (the pip PoCL's LLVM 14 on a CPU newer than it, e.g. AMD Zen 5: "unknown
-target CPU 'generic'") is never chosen, and the reason names it (``Device.build_error``).
+target CPU 'generic'"), or whose compiler crashes on every vector width (``netcl.core.vector_width``),
+is never chosen, and the reason names it (``Device.build_error``).
 ``default_reason()`` (and ``python -m netcl.core``) says why. ``NETCL_DEVICE`` takes ``gpu``,
 ``opencl``, ``cpu`` (NumPy) or ``<platform>:<device>``.
 """
@@ -23,6 +24,7 @@ import pyopencl as cl
 
 from netcl.core.dtypes import REQUIRED_EXTENSION, as_dtype
 from netcl.core.errors import DeviceError, DTypeError
+from netcl.core.vector_width import preferred_width, usable_width
 
 ENV_VAR = "NETCL_DEVICE"
 
@@ -57,8 +59,9 @@ class Device:
     def build_error(self) -> str | None:
         """Why this CPU OpenCL device cannot build a program here, or None when it can.
 
-        Checked once per process by building an empty kernel. GPUs and the NumPy backend are not
-        checked (None): their drivers compile for the device they run on.
+        Checked once per process by building an empty kernel, then (once per machine, in child
+        processes: ``netcl.core.vector_width``) by building and running a vector kernel. GPUs and
+        the NumPy backend are not checked (None): their drivers compile for the device they run on.
         """
         if self.cl_device is None or self.is_gpu:
             return None
@@ -66,7 +69,20 @@ class Device:
             cl.Program(self.context, "__kernel void netcl_build_check(__global int* x) { x[0] = 1; }").build()
         except cl.Error as exc:
             return _first_log_line(exc)
+        width, failures = usable_width(self)
+        if width is None:
+            return "no vector width works: " + "; ".join(failures)
         return None
+
+    @cached_property
+    def vector_width(self) -> int:
+        """Float vector width of fused kernels on a CPU OpenCL device: the preferred width (8 with
+        AVX2, 16 with AVX-512), or the widest narrower one where the compiler crashes on it
+        (``netcl.core.vector_width``, checked once per machine). 4 elsewhere."""
+        if self.cl_device is None or self.is_gpu:
+            return 4
+        width, _ = usable_width(self)
+        return width if width is not None else preferred_width(self)
 
     @cached_property
     def context(self) -> cl.Context | None:

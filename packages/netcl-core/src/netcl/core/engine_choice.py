@@ -88,8 +88,7 @@ def _driver_key(device: Device) -> tuple[int, ...]:
 
 def cpu_rank(device: Device) -> tuple:
     """Sort key, best first: host-ISA compiler, wider preferred float vectors, newer driver."""
-    width = int(getattr(device.cl_device, "preferred_vector_width_float", 1) or 1)
-    return (not targets_host_isa(device), -width, tuple(-v for v in _driver_key(device)))
+    return (not targets_host_isa(device), -device.vector_width, tuple(-v for v in _driver_key(device)))
 
 
 def describe_target(device: Device) -> str:
@@ -220,22 +219,25 @@ __kernel void probe_chain8(__global const float* restrict x, __global const floa
 
 
 def probe_width(device: Device) -> int:
-    """The vector width fused kernels use on this CPU device (netcl.jit.tuning: the preferred float width)."""
-    preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
-    return preferred if preferred in (4, 8, 16) else 8
+    """The vector width fused kernels use on this CPU device (``Device.vector_width``)."""
+    return device.vector_width
+
+
+def probe_kernel_source(width: int) -> str:
+    """The chain8 probe as netcl.jit writes fused kernels for CPU devices: the body on ``float{width}``."""
+    from netcl.core.kernels import PRIMITIVE_PREAMBLE
+    from netcl.core.kernels.vector_primitives import vector_preamble
+
+    return PRIMITIVE_PREAMBLE + vector_preamble(width) + PROBE_SOURCE.replace("@W@", str(width))
 
 
 def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
     """The fused chain8 kernel as netcl.jit writes it for CPU devices: the body on float vectors."""
     import pyopencl as cl
 
-    from netcl.core.kernels import PRIMITIVE_PREAMBLE
-    from netcl.core.kernels.vector_primitives import vector_preamble
-
     width = probe_width(device)
     context, queue = device.context, device.queue
-    source = PRIMITIVE_PREAMBLE + vector_preamble(width) + PROBE_SOURCE.replace("@W@", str(width))
-    kernel = cl.Program(context, source).build().probe_chain8
+    kernel = cl.Program(context, probe_kernel_source(width)).build().probe_chain8
     flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
     buffers = [cl.Buffer(context, flags, hostbuf=array) for array in (x, a, b)]
     out = cl.Buffer(context, cl.mem_flags.WRITE_ONLY, x.nbytes)

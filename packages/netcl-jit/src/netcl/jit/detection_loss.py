@@ -242,8 +242,7 @@ def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> 
     # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
     local = min(LOCAL_SIZE, _pow2_floor(device.cl_device.max_work_group_size))
     if vec is None:
-        preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
-        vec = 4 if device.is_gpu else (preferred if preferred in (8, 16) else 8)
+        vec = 4 if device.is_gpu else max(8, device.vector_width)
     source = detection_loss_source(ctype, local, vec)
     handle = program_cache.get_or_compile(("netcl.jit.detection_loss", ctype, local, vec), source, device.context)
     index = np.int64 if ctype == "long" else np.int32

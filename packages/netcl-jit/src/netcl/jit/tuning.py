@@ -37,14 +37,12 @@ _WIDTHS = (1, 2, 4, 8, 16)
 def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
     """The configuration fused ``direction`` kernels use on ``device`` (environment overrides first).
 
-    On CPU devices the vector width is the device's preferred float width (8 with AVX2, 16 with
-    AVX-512) and the body is evaluated on vectors.
+    On CPU devices the vector width is ``Device.vector_width`` (the preferred float width, 8 with
+    AVX2 and 16 with AVX-512, unless the compiler crashes on it) and the body is evaluated on vectors.
     """
     base = (GPU_DEFAULT if device.is_gpu else CPU_DEFAULT)[direction]
     if not device.is_gpu and device.cl_device is not None:
-        preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
-        if preferred in (4, 8, 16):
-            base = LaunchConfig(preferred, base.local_size, base.items, base.vector_body)
+        base = LaunchConfig(device.vector_width, base.local_size, base.items, base.vector_body)
     width = int(os.environ.get("NETCL_JIT_VECTOR", base.vector_width))
     local = int(os.environ.get("NETCL_JIT_LOCAL", base.local_size))
     items = int(os.environ.get("NETCL_JIT_ITEMS", base.items))
