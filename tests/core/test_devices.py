@@ -59,6 +59,7 @@ def _fake_registry(*types: int, build_errors: dict[int, str] | None = None) -> l
         )
         device = nc.Device("opencl", f"{index}:0", fake)  # type: ignore[arg-type]
         device.__dict__["build_error"] = (build_errors or {}).get(index)  # a fake cannot build anything
+        device.__dict__["vector_width"] = 8  # nor run a child process's vector-width check
         found.append(device)
     return [*found, nc.Device("cpu", "cpu")]
 
