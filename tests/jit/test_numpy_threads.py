@@ -8,6 +8,7 @@ last blocks. Values are also checked against float64 NumPy (tolerances as in tes
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -181,6 +182,42 @@ def test_run_blocks_really_runs_threads_at_once() -> None:
 
     run_blocks(3, 1, body, threads=3)
     assert len(threads) == 3
+
+
+def _affinities_during_a_call() -> dict[str, set[int]]:
+    """Each thread's CPU set while two threads run one block each."""
+    barrier = threading.Barrier(2, timeout=30)
+    seen: dict[str, set[int]] = {}
+    caller = threading.get_ident()
+
+    def body(start: int, stop: int) -> None:
+        seen["caller" if threading.get_ident() == caller else "helper"] = os.sched_getaffinity(0)
+        barrier.wait()
+
+    run_blocks(2, 1, body, threads=2)
+    return seen
+
+
+needs_two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs and affinity"
+)
+
+
+@needs_two_cpus
+def test_run_blocks_pins_the_helper_and_the_caller_and_restores_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(host_pool.PIN_ENV, raising=False)
+    before = os.sched_getaffinity(0)
+    first, second = sorted(before)[:2]
+    assert _affinities_during_a_call() == {"caller": {first}, "helper": {second}}
+    assert os.sched_getaffinity(0) == before
+
+
+@needs_two_cpus
+def test_pinning_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(host_pool.PIN_ENV, "0")
+    before = os.sched_getaffinity(0)
+    assert host_pool.pinning_cpus(2) is None
+    assert _affinities_during_a_call() == {"caller": before, "helper": before}
 
 
 def test_run_blocks_reraises_and_nests() -> None:
