@@ -12,6 +12,9 @@ from cases import Case, all_cases
 from dispatch import cold_vs_warm_compile, jit_vs_raw_launch, replay_vs_enqueue
 from measure import Timing, kernel_breakdown, time_device, time_wall
 from peers import measure_torch, torch_status
+
+#: seconds between workloads on CPU devices, for BLAS worker threads to stop spinning
+BLAS_SETTLE_S = 0.3
 from plot import plot
 from verdict import overlaps, ratio_words, short, spread, verdict
 
@@ -215,6 +218,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         timings = measure_case(device, case, repeats, progress, backend)
         kernels = measure_kernels(device, case, progress)
         results["workloads"][case.name] = print_case(case, timings, kernels, copy_gbps)
+        if not device.is_gpu:
+            # The NumPy peer's products leave OpenBLAS's worker threads spinning for ~0.1 s; on a
+            # 2-vCPU machine they took a core from the next workload's first measurement (the
+            # fused detection loss after mlp_block: 5-8 ms instead of 3). Let them go to sleep.
+            time.sleep(BLAS_SETTLE_S)
     print(f"\n{peer_line}")
     if device.kind == "opencl":
         progress("host cost: cache-hit jit call vs raw launch")

@@ -241,3 +241,29 @@ def test_bad_thread_count_is_named(value: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(host_pool.ENV_VAR, value)
     with pytest.raises(ValueError, match=f"NETCL_HOST_THREADS must be a positive integer, got '{value}'"):
         host_threads()
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "y_shape"),
+    [
+        ((300, 70), (70, 50)),  # rows split over the threads
+        ((3, 5, 90, 64), (5, 64, 33)),  # whole products of a broadcast batch
+        ((1, 256, 128), (128, 129)),  # one product: rows split
+        ((7, 3), (3, 2)),  # below the split size: one call
+        ((64,), (64, 8)),  # vector @ matrix
+    ],
+)
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_host_matmul_equals_numpy(x_shape, y_shape, threads: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Single-threaded BLAS per block gives each row what one np.matmul call gives it."""
+    from threadpoolctl import threadpool_info
+
+    monkeypatch.setenv(host_pool.ENV_VAR, threads)
+    monkeypatch.setattr(host_pool, "MATMUL_SPLIT_MACS", 1000)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(y_shape).astype(np.float32)
+    before = [lib["num_threads"] for lib in threadpool_info()]
+    got = host_pool.matmul(x, y)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ y.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert got.shape == np.matmul(x, y).shape and got.dtype == np.float32
+    assert [lib["num_threads"] for lib in threadpool_info()] == before  # BLAS threads restored

@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,17 +261,22 @@ def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, re
 
 
 def _time_numpy(x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
-    """The NumPy backend's fused path for chain8: cache-sized blocks, out= scratch, the host thread pool,
-    and a fresh output array per call, as a fused call allocates its result."""
+    """The NumPy backend's fused path for chain8: cache-sized blocks, per-thread out= scratch, the host
+    thread pool, and a fresh output array per call, as a fused call allocates its result."""
     out = np.empty_like(x)
     block = block_elements(6)
     f32 = np.float32
+    local = threading.local()  # per-thread scratch, kept across calls as the fused path keeps it
 
     def one_block(start: int, stop: int) -> None:
-        xb, s0, s1 = x[start:stop], np.empty(stop - start, f32), np.empty(stop - start, f32)
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = [np.empty(block, f32), np.empty(block, f32), np.zeros(block, f32)]
+        m = stop - start
+        xb, s0, s1, zeros = x[start:stop], scratch[0][:m], scratch[1][:m], scratch[2][:m]
         np.multiply(xb, a[start:stop], out=s0)
         np.add(s0, b[start:stop], out=s0)
-        np.maximum(s0, np.zeros_like(s0), out=s0)
+        np.maximum(s0, zeros, out=s0)
         np.multiply(s0, f32(0.5), out=s0)
         np.absolute(s0, out=s1)  # the overflow-free SIGMOID, as the fused path evaluates it
         np.negative(s1, out=s1)

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import Device, Tensor
+from netcl.core import Device, Tensor, host_pool
 from netcl.runtime import capture
 
 ENV_VAR = "NETCL_HOST_BLAS"
@@ -100,7 +100,7 @@ class HostMatmul:
                 if self.transpose_b:
                     b_host = np.swapaxes(b_host, -1, -2)
                 with np.errstate(all="ignore"):  # inf/NaN as IEEE arithmetic says, silently, as the kernels do
-                    np.matmul(a_host, b_host, out=out_host)
+                    host_pool.matmul(a_host, b_host, out=out_host)
         finally:
             for mapped in (out_map, b_map, a_map):
                 if mapped is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes
+from netcl.core import Device, Tensor, broadcast_shapes, host_pool
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import wrap_numpy
 
@@ -72,7 +72,7 @@ def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype:
 
 def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
     compute = _np_compute(out_dtype)
-    result = np.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
+    result = host_pool.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
     return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
 
 
@@ -102,7 +102,7 @@ def gemm(
     compute = np.float64 if out_dtype == np.float64 else np.float32
     x = np.asarray(a.data, dtype=compute)
     y = np.asarray(b.data, dtype=compute)
-    result = np.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
+    result = host_pool.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
     if not epilogue.is_identity:
         result = apply_epilogue(result, epilogue, None if bias is None else np.asarray(bias.data))
     return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
