@@ -12,15 +12,15 @@ from cases import Case, all_cases
 from dispatch import cold_vs_warm_compile, jit_vs_raw_launch, replay_vs_enqueue
 from measure import Timing, kernel_breakdown, time_device, time_wall
 from peers import measure_torch, torch_status
-
-#: seconds between workloads on CPU devices, for BLAS worker threads to stop spinning
-BLAS_SETTLE_S = 0.3
 from plot import plot
 from verdict import overlaps, ratio_words, short, spread, verdict
 
 from netcl.core import Device, get_device
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
+
+#: seconds between workloads on CPU devices, for BLAS worker threads to stop spinning
+BLAS_SETTLE_S = 0.3
 
 MODES = ("fwd", "fwd+bwd")
 

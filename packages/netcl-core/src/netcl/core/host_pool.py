@@ -25,8 +25,8 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
