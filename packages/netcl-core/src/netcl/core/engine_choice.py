@@ -202,11 +202,10 @@ def cached_measure(device: Device) -> Measurement:
 def measure_probe(device: Device, n: int = PROBE_ELEMENTS, repeats: int = 9) -> Measurement:
     """Median times of ``repeats`` runs of the fused chain8 probe on ``device`` and on the NumPy backend.
 
-    Medians, not minima: the NumPy backend's two threads hand the GIL back and forth between ufunc
-    calls, and on a VM a sleeping thread can miss the handoffs for a whole block, so its best run
-    says little about its usual one (AMD Zen 4 VM, pip PoCL float8 against the NumPy backend: best
-    1.46 ms against 1.77, while the bench's fused chain8 forward took 2.0-2.2 ms on the NumPy
-    backend and 1.93 ms on the PoCL)."""
+    Medians, not minima: on a shared VM the NumPy backend's two threads are sometimes slowed for a
+    whole call (a core taken by another VM, BLAS threads spinning), so its best run said little
+    about its usual one (AMD Zen 4 VM: best of 5 1.46 ms, while the bench's fused chain8 forward
+    took 2.0-2.2 ms there)."""
     rng = np.random.default_rng(0)
     x, a, b = (rng.uniform(-2.0, 2.0, n).astype(np.float32) for _ in range(3))
     return Measurement(_time_opencl(device, x, a, b, repeats), _time_numpy(x, a, b, repeats))
@@ -263,7 +262,6 @@ def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, re
 def _time_numpy(x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
     """The NumPy backend's fused path for chain8: cache-sized blocks, per-thread out= scratch, the host
     thread pool, and a fresh output array per call, as a fused call allocates its result."""
-    out = np.empty_like(x)
     block = block_elements(6)
     f32 = np.float32
     local = threading.local()  # per-thread scratch, kept across calls as the fused path keeps it

@@ -250,10 +250,10 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
             return np.matmul(x, y, out=out)
         batch = shape[:-2]
         count = int(np.prod(batch, dtype=np.int64))
+        xs = np.broadcast_to(x, (*batch, *x.shape[-2:]))  # views: nothing is copied
+        ys = np.broadcast_to(y, (*batch, *y.shape[-2:]))
         if count < threads:  # split the rows of each product
             rows = shape[-2]
-            xs = np.broadcast_to(x, (*batch, *x.shape[-2:]))
-            ys = np.broadcast_to(y, (*batch, *y.shape[-2:]))
 
             def row_blocks(start: int, stop: int) -> None:
                 for k in range(count):
@@ -262,8 +262,6 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
             run_blocks(rows, max(1, -(-rows // threads)), row_blocks)
         else:  # hand out whole products of the batch
-            xs = np.broadcast_to(x, (*batch, *x.shape[-2:]))
-            ys = np.broadcast_to(y, (*batch, *y.shape[-2:]))
 
             def products(start: int, stop: int) -> None:
                 for k in range(start, stop):
