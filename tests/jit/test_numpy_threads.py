@@ -213,6 +213,30 @@ def test_run_blocks_pins_the_helper_and_the_caller_and_restores_the_caller(monke
 
 
 @needs_two_cpus
+def test_only_one_caller_at_a_time_is_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread calling in while another's call runs keeps its CPU set (both on one CPU would be slower)."""
+    monkeypatch.delenv(host_pool.PIN_ENV, raising=False)
+    caller = threading.get_ident()
+    seen: dict[str, object] = {}
+
+    def other() -> None:
+        seen["other"] = host_pool._pin_caller(host_pool.pinning_cpus(2))
+
+    def body(start: int, stop: int) -> None:
+        if threading.get_ident() == caller:
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+
+    run_blocks(2, 1, body, threads=2)
+    assert seen["other"] is None
+    previous = host_pool._pin_caller(host_pool.pinning_cpus(2))  # free again once the call is over
+    assert previous is not None
+    host_pool._unpin_caller(previous)
+    assert os.sched_getaffinity(0) == previous
+
+
+@needs_two_cpus
 def test_pinning_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(host_pool.PIN_ENV, "0")
     before = os.sched_getaffinity(0)

@@ -38,6 +38,8 @@ _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_cpus: list[int] | None = None
+#: whether a caller is pinned right now (``_pin_caller``)
+_pinned_caller = False
 
 
 def host_threads() -> int:
@@ -139,17 +141,36 @@ def _executor(workers: int, cpus: list[int] | None) -> ThreadPoolExecutor:
 
 
 def _pin_caller(cpus: list[int] | None) -> set[int] | None:
-    """Pin the calling thread to ``cpus[0]``; its previous CPU set (None when left alone)."""
+    """Pin the calling thread to ``cpus[0]``; its previous CPU set (None when left alone).
+
+    Only the one caller at a time: threads calling in concurrently would all share ``cpus[0]``.
+    """
+    global _pinned_caller
     if not cpus:
         return None
+    with _pool_lock:
+        if _pinned_caller:
+            return None
+        _pinned_caller = True
     try:
         previous = os.sched_getaffinity(0)
-        if cpus[0] not in previous:
-            return None
-        os.sched_setaffinity(0, {cpus[0]})
+        if cpus[0] in previous:
+            os.sched_setaffinity(0, {cpus[0]})
+            return previous
     except OSError:
-        return None
-    return previous
+        pass
+    _unpin_caller(None)
+    return None
+
+
+def _unpin_caller(previous: set[int] | None) -> None:
+    """Undo ``_pin_caller``: restore the caller's CPU set, free the slot."""
+    global _pinned_caller
+    if previous is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, previous)
+    with _pool_lock:
+        _pinned_caller = False
 
 
 def run_blocks(total: int, block: int, body: Callable[[int, int], None], threads: int | None = None) -> None:
@@ -196,7 +217,7 @@ def run_blocks(total: int, block: int, body: Callable[[int, int], None], threads
         error = exc
     finally:
         if previous is not None:
-            os.sched_setaffinity(0, previous)
+            _unpin_caller(previous)
     for future in futures:
         # A helper that never started (the pool busy, e.g. this call runs on a pool thread)
         # is cancelled: the calling thread already did its share.
