@@ -78,6 +78,18 @@ def test_no_working_width_makes_the_device_unusable(monkeypatch: pytest.MonkeyPa
     )
 
 
+def test_error_exits_everywhere_are_not_cached() -> None:
+    """An error exit may be this environment's (a child that cannot import): check again next time."""
+
+    def failing(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        return 1, "ModuleNotFoundError: No module named 'netcl'\n"
+
+    assert usable_width(fake_cpu(8), failing)[0] is None
+    again = Children(crash=set())
+    assert usable_width(fake_cpu(8), again) == (8, [])
+    assert again.widths == [8]  # a child ran: the failure was not cached
+
+
 def test_a_child_that_errors_reports_its_last_line() -> None:
     def failing(argv: Sequence[str], timeout: float) -> tuple[int, str]:
         return 1, "Traceback ...\nSystemExit: float8 probe kernel returned wrong values (largest error 3)\n"

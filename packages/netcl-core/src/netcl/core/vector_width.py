@@ -44,10 +44,14 @@ ChildRunner = Callable[[Sequence[str], float], tuple[int, str]]
 
 
 def _run_child(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+    """Run ``argv`` with this netcl-core importable (also where the parent put it on ``sys.path``
+    itself); a child past ``timeout`` is killed and reads as SIGKILL."""
+    src = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p))
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
-        return -1, f"no answer within {timeout:.0f} s"
+        return -9, f"no answer within {timeout:.0f} s"
     return done.returncode, done.stderr
 
 
@@ -65,21 +69,29 @@ def candidate_widths(device: Device) -> list[int]:
 def check_width(device: Device, width: int, runner: ChildRunner = _run_child) -> str | None:
     """None when a ``float{width}`` fused kernel builds, runs and is right on ``device`` (in a
     child process), else why not: the child's error, or the signal that killed it."""
+    return _check(device, width, runner)[0]
+
+
+def _check(device: Device, width: int, runner: ChildRunner) -> tuple[str | None, bool]:
+    """``check_width``'s answer, and whether the child was killed (a crash or a hang: a fact about
+    the compiler, unlike an error exit, which may be this environment's, e.g. a failed import)."""
     platform_name, device_name = device.cl_device.platform.name, device.cl_device.name
     argv = [sys.executable, "-m", "netcl.core.vector_width", platform_name, device_name, str(width)]
     code, stderr = runner(argv, CHILD_TIMEOUT_S)
     if code == 0:
-        return None
+        return None, False
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     llvm = [line for line in lines if line.startswith("LLVM ERROR")]
     detail = llvm[0] if llvm else (lines[-1] if lines else "no message")
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return f"float{width} kernel: {how} ({detail})"
+    return f"float{width} kernel: {how} ({detail})", code < 0
 
 
 def usable_width(device: Device, runner: ChildRunner = _run_child) -> tuple[int | None, list[str]]:
     """The widest width whose kernel works on ``device`` (None when none does), and why each wider
-    one did not; from the disk cache when this device, driver and CPU were checked before."""
+    one did not; from the disk cache when this device, driver and CPU were checked before. A "none
+    works" answer is cached only when every child was killed: an error exit may be passing (a
+    child that cannot import), and must not turn the device off for good."""
     path = cache_path()
     key = fingerprint(device)
     entries = _read(path)
@@ -89,14 +101,17 @@ def usable_width(device: Device, runner: ChildRunner = _run_child) -> tuple[int 
         return (int(width) if width is not None else None), [str(f) for f in entry["failures"]]
     failures: list[str] = []
     found: int | None = None
+    all_killed = True
     for width in candidate_widths(device):
-        why = check_width(device, width, runner)
+        why, killed = _check(device, width, runner)
         if why is None:
             found = width
             break
         failures.append(why)
-    entries[key] = {"width": found, "failures": failures, "checked_at": time.time()}
-    _write(path, entries)
+        all_killed = all_killed and killed
+    if found is not None or all_killed:
+        entries[key] = {"width": found, "failures": failures, "checked_at": time.time()}
+        _write(path, entries)
     return found, failures
 
 
