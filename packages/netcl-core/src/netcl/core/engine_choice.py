@@ -17,8 +17,6 @@ part of any op (ops and their kernels live in netcl.runtime).
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import re
 import statistics
@@ -31,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from netcl.core.fact_cache import cache_file, read_entries, write_entries
 from netcl.core.host_pool import block_elements, host_threads, run_blocks
 
 if TYPE_CHECKING:
@@ -142,9 +141,7 @@ def choose_cpu_engine(
 
 # ---- the measurement ------------------------------------------------------------------------------
 def cache_path() -> Path:
-    base = os.environ.get("NETCL_CACHE_DIR", "").strip()
-    root = Path(base) if base else Path.home() / ".cache" / "netcl"
-    return root / CACHE_NAME
+    return cache_file(CACHE_NAME)
 
 
 def fingerprint(device: Device) -> str:
@@ -179,23 +176,13 @@ def cached_measure(device: Device) -> Measurement:
     """The probe result for ``device`` from the disk cache, measuring (and storing) it on a miss."""
     path = cache_path()
     key = fingerprint(device)
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        entries = {}
-    entry = entries.get(key) if isinstance(entries, dict) else None
+    entries = read_entries(path)
+    entry = entries.get(key)
     if isinstance(entry, dict) and {"opencl_ms", "numpy_ms"} <= entry.keys():
         return Measurement(float(entry["opencl_ms"]), float(entry["numpy_ms"]), cached=True)
     result = measure_probe(device)
-    entries = entries if isinstance(entries, dict) else {}
     entries[key] = {"opencl_ms": result.opencl_ms, "numpy_ms": result.numpy_ms, "measured_at": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache directory: measure again next time
+    write_entries(path, entries)  # read-only directory: measured again next time
     return result
 
 

@@ -15,7 +15,6 @@ works; the crashing float16 build above took ~50 s before it aborted).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from netcl.core.fact_cache import cache_file, read_entries, write_entries
 
 if TYPE_CHECKING:
     from netcl.core.devices import Device
@@ -94,7 +95,7 @@ def usable_width(device: Device, runner: ChildRunner = _run_child) -> tuple[int 
     child that cannot import), and must not turn the device off for good."""
     path = cache_path()
     key = fingerprint(device)
-    entries = _read(path)
+    entries = read_entries(path)
     entry = entries.get(key)
     if isinstance(entry, dict) and "width" in entry and isinstance(entry.get("failures"), list):
         width = entry["width"]
@@ -111,14 +112,12 @@ def usable_width(device: Device, runner: ChildRunner = _run_child) -> tuple[int 
         all_killed = all_killed and killed
     if found is not None or all_killed:
         entries[key] = {"width": found, "failures": failures, "checked_at": time.time()}
-        _write(path, entries)
+        write_entries(path, entries)  # read-only directory: checked again next time
     return found, failures
 
 
 def cache_path() -> Path:
-    base = os.environ.get("NETCL_CACHE_DIR", "").strip()
-    root = Path(base) if base else Path.home() / ".cache" / "netcl"
-    return root / CACHE_NAME
+    return cache_file(CACHE_NAME)
 
 
 def fingerprint(device: Device) -> str:
@@ -155,24 +154,6 @@ def host_cpu_identity() -> str:
     flags = fields.pop("flags", fields.pop("Features", ""))
     digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
     return " ".join(f"{k}={v}" for k, v in sorted(fields.items())) + f" flags={digest}"
-
-
-def _read(path: Path) -> dict:
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
-def _write(path: Path, entries: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache directory: check again next time
 
 
 # ---- the child ------------------------------------------------------------------------------------
