@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
 from netcl.jit import JitError, jit_compile, register_primitive, workloads
+from netcl.jit.column_source import column_input, column_layout
 from netcl.jit.gemm_epilogue import one_kernel
+from netcl.jit.tuning import column_groups, launch_config
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
+from netcl.runtime.ops import host_blas
 
 # float32 chains of ~8 transcendental ops: each op is within a few ulps; errors compound
 # through at most 8 ops, so 2e-5 relative plus 1e-6 absolute (values are O(1)) is ample
@@ -346,3 +351,132 @@ def test_new_activations_fuse_into_one_kernel(device):
     assert fused.cache_info()["fallbacks"] == 0
     plan = fused.plan_for(*[ag.tensor(a, device=device) for a in arrays])
     assert len(plan.fused_steps) == 1 and len(plan.steps) == 1
+
+
+# ---- a bias's gradient summed down the rows inside the backward kernel (``column_source``) --------
+# A bias gradient is a float32 sum over up to 131 rows of O(1) terms: ~131 ulps of rounding at worst,
+# so 1e-4 relative and 1e-5 absolute against float64; a wrong row, column or partial-sum index is off
+# by O(0.1).
+GROUPS = {"one partial row": "1", "three partial rows": "3", "device default": None}
+
+
+@pytest.fixture
+def column_sums(monkeypatch):
+    """Column sums on every OpenCL device (GPUs use them by default, CPU devices not): the kernels are
+    checked on PoCL too."""
+    monkeypatch.setenv("NETCL_JIT_COLUMN_SUMS", "1")
+
+
+def _bias_tanh(x, b):
+    return ag.tanh(x * b + b) * x
+
+
+def _bias_tanh_reference(x, b):
+    return np.tanh(x * b + b) * x
+
+
+CASES = {
+    # name: (function, float64 reference, input shapes)
+    "bias_gelu": (workloads.bias_gelu, workloads.bias_gelu_reference, [(131, 64), (1, 64)]),
+    "bias_gelu_3d_flat_bias": (workloads.bias_gelu, workloads.bias_gelu_reference, [(5, 7, 32), (32,)]),
+    "two_uses_of_the_bias": (_bias_tanh, _bias_tanh_reference, [(40, 6), (1, 6)]),  # a row of 6: 2 lanes
+    "same_row_and_bias_inputs": (workloads.chain8, workloads.chain8_reference, [(16, 64), (16, 1), (64,)]),
+    "odd_row_length": (workloads.bias_gelu, workloads.bias_gelu_reference, [(9, 65), (1, 65)]),  # flat kernel
+}
+
+
+@pytest.mark.parametrize("groups", list(GROUPS.values()), ids=list(GROUPS))
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.usefixtures("column_sums")
+def test_gradients_vs_float64(device, monkeypatch, case, groups):
+    if groups is not None:
+        monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", groups)
+    fn, reference, shapes = CASES[case]
+    arrays = [_rand(s, seed) for seed, s in enumerate(shapes)]
+    upstream = _rand(np.broadcast_shapes(*shapes), 99)
+    fused = jit_compile(fn)
+    out, grads = _grads(fused, arrays, device, upstream)
+    np.testing.assert_allclose(out, reference(*[a.astype(np.float64) for a in arrays]), rtol=2e-5, atol=1e-6)
+    for got, ref in zip(grads, _fd_elementwise_grads(reference, arrays, upstream), strict=True):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    source = fused.source(*[ag.tensor(a, device=device) for a in arrays])[1]
+    summed_in_kernel = device.kind == "opencl" and case != "odd_row_length"
+    assert bool(re.search(r"acc\d+ \+= ", source)) == summed_in_kernel, source[-1500:]
+
+
+@pytest.mark.parametrize("groups", ["1", "4"])
+@pytest.mark.usefixtures("column_sums")
+def test_mlp_block_bias_is_summed_in_the_relu_backward_kernel(device, monkeypatch, groups):
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", groups)
+    x, w, b = _rand((45, 9), 1, -1, 1), _rand((9, 16), 2, -1, 1), _rand((1, 16), 3, -1, 1)
+    upstream = _rand((45, 16), 4)
+    fused = jit_compile(workloads.mlp_block)
+    _, (gx, gw, gb) = _grads(fused, [x, w, b], device, upstream)
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    gpre = upstream * (x64 @ w64 + b64 > 0)
+    np.testing.assert_allclose(gx, gpre @ w64.T, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw, x64.T @ gpre, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gb, gpre.sum(axis=0, keepdims=True), rtol=1e-4, atol=1e-5)
+    step = fused.plan_for(*[ag.tensor(a, device=device) for a in (x, w, b)]).steps[0]
+    if device.kind == "opencl":  # the bias is a result of the kernel, not a sum of d(product)
+        assert step.inner.sums_columns(1)  # the group's inputs: the product, b
+        assert re.search(r"acc1 \+= (gin|r)1;", step.backward_source(0, (True, True, True)))
+
+
+@pytest.mark.usefixtures("column_sums")
+def test_bias_gradient_is_bitwise_repeatable(cl_device, monkeypatch):
+    monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", "5")
+    arrays = [_rand((300, 32), 0), _rand((1, 32), 1)]
+    upstream = _rand((300, 32), 2)
+    fused = jit_compile(workloads.bias_gelu)
+    first = _grads(fused, arrays, cl_device, upstream)[1][1]
+    for _ in range(3):
+        assert np.array_equal(_grads(fused, arrays, cl_device, upstream)[1][1], first)
+
+
+@pytest.mark.usefixtures("column_sums")
+def test_launches(cl_device, monkeypatch, launch_counter):
+    """One backward kernel; the partial rows then take one small reduction, none when there is one row."""
+    arrays = [_rand((64, 32), 0), _rand((1, 32), 1)]
+    upstream = ag.tensor(_rand((64, 32), 2), device=cl_device).value
+    for groups, extra in (("1", 0), ("4", 1)):
+        monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", groups)
+        fused = jit_compile(workloads.bias_gelu)
+        nodes = [ag.tensor(a, requires_grad=True, device=cl_device) for a in arrays]
+        _grads(fused, arrays, cl_device, upstream.to_host())  # builds both kernels
+        with launch_counter(cl_device.queue) as launches:
+            with ag.Tape() as tape:
+                out = fused(*nodes)
+            tape.backward(out, grad=upstream)
+        names = launches.names
+        assert names[:2] == ["fused_forward", "fused_backward"] and len(names) == 2 + extra, names
+
+
+def test_layout():
+    """Which inputs count as a bias, how each input is read, lanes and the clamp of groups to rows."""
+    assert column_input((1, 8), (4, 8)) and column_input((8,), (3, 4, 8))
+    assert not column_input((4, 1), (4, 8)) and not column_input((1, 8), (1, 8)) and not column_input(None, (4, 8))
+    layout = column_layout([(4, 8), (1, 8), (4, 1), (1, 1), None], (4, 8), 16, 100)
+    assert layout.modes == ("same", "col", "row", "one", "param")
+    assert (layout.rows, layout.width, layout.lanes, layout.groups, layout.vectors) == (4, 8, 8, 4, 1)
+    assert column_layout([(2, 4, 8), (4, 8)], (2, 4, 8), 4, 1) is None  # a broadcast it cannot read
+    assert column_layout([(4, 6), (1, 6)], (4, 6), 8, 1).lanes == 2
+    assert column_layout([(4, 7), (1, 7)], (4, 7), 8, 1) is None
+
+
+def test_column_sums_default_on_gpus_only(cl_device, monkeypatch):
+    """The switch and its default: on where the device is a GPU (measured faster there, slower on PoCL)."""
+    assert launch_config(cl_device, "backward").column_sums == cl_device.is_gpu
+    monkeypatch.setenv("NETCL_JIT_COLUMN_SUMS", "0")
+    assert not launch_config(cl_device, "backward").column_sums
+    arrays = [_rand((8, 4), 0), _rand((1, 4), 1)]
+    source = jit_compile(workloads.bias_gelu).source(*[ag.tensor(a, device=cl_device) for a in arrays])[1]
+    assert "acc1" not in source
+
+
+def test_bad_group_override(cl_device, monkeypatch):
+    monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", "0")
+    with pytest.raises(ValueError, match="NETCL_JIT_COLUMN_GROUPS must be a whole number >= 1, got '0'"):
+        column_groups(cl_device, 8)

@@ -4,7 +4,8 @@ On OpenCL the kernels are built through the runtime's program cache and launched
 ``launch``; on the NumPy backend they are generated Python functions. Each output of the
 group becomes one Node through ``apply_op``, whose gradient function runs ONE backward kernel
 (specialized for that output and for which inputs require a gradient) plus a reduction for
-each broadcast input.
+each broadcast input. On GPUs, a bias-like input's gradient (one row broadcast down the output) is
+summed over the rows inside that kernel (``column_source``), leaving a small partial sum.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
 from netcl.jit import numpy_source, opencl_source
 from netcl.jit.codegen import backward_body, forward_body, reached_inputs
+from netcl.jit.column_source import ColumnLayout, column_input, column_kernel_source, column_layout
 from netcl.jit.partition import FusedGroup
-from netcl.jit.tuning import launch_config
+from netcl.jit.tuning import column_groups, launch_config
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import declared_scalar_dtypes, program_cache
 from netcl.runtime.launch import PreparedLaunch
@@ -76,7 +78,7 @@ class FusedStep:
             )
         return numpy_source.function_source(name, self.input_shapes, self.shape, body, has_gout)
 
-    def _build(self, name: str, source: str, n_out: int, has_gout: bool):
+    def _build(self, name: str, source: str, n_out: int, has_gout: bool, work_items: int | None = None):
         if not self.is_opencl:
             return numpy_source.compile_function(name, source)
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
@@ -86,9 +88,12 @@ class FusedStep:
         kernel = handle.kernel(name, dtypes)
         config = self.configs["backward" if has_gout else "forward"]
         local = config.local_size
-        gsize = opencl_source.global_size(
-            self.size, self.shape, self.input_shapes, local, config.vector_width, config.items
-        )
+        if work_items is None:
+            gsize = opencl_source.global_size(
+                self.size, self.shape, self.input_shapes, local, config.vector_width, config.items
+            )
+        else:
+            gsize = max(local, -(-work_items // local) * local)
         return (kernel, gsize, local)
 
     def _prepared(self, compiled) -> PreparedLaunch:
@@ -164,14 +169,42 @@ class FusedStep:
         return self._backward_kernel(output_index, wants)[1]
 
     def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
+        """(compiled, source, column layout or None, per result: whether it comes as partial column sums)."""
         key = (output_index, wants)
         entry = self._backward.get(key)
         if entry is None:
             body = backward_body(self.group, self.group.outputs[output_index], list(wants))
-            source = self._source(BACKWARD_NAME, body, has_gout=True)
-            entry = (self._build(BACKWARD_NAME, source, len(body.results), has_gout=True), source)
+            wanted = [shape for shape, want in zip(self.input_shapes, wants, strict=True) if want]
+            columns = [column_input(shape, self.shape) for shape in wanted]
+            layout = self._column_layout() if any(columns) else None
+            if layout is None:
+                columns = [False] * len(columns)
+                source = self._source(BACKWARD_NAME, body, has_gout=True)
+                work_items = None
+            else:
+                config = self.configs["backward"]
+                source = column_kernel_source(
+                    BACKWARD_NAME, self.input_shapes, self.shape, layout, body, columns, config.vector_body
+                )
+                work_items = layout.work_items
+            compiled = self._build(BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items)
+            entry = (compiled, source, layout, columns)
             self._backward[key] = entry
         return entry
+
+    def sums_columns(self, k: int) -> bool:
+        """Whether the backward kernel sums input ``k``'s gradient over the rows itself (a bias on OpenCL)."""
+        return column_input(self.input_shapes[k], self.shape) and self._column_layout() is not None
+
+    def _column_layout(self) -> ColumnLayout | None:
+        """The backward kernels' column layout; None off OpenCL, where switched off or where inputs do not fit."""
+        if not self.is_opencl or not self.configs["backward"].column_sums:
+            return None
+        lanes = self.configs["backward"].vector_width
+        probe = column_layout(self.input_shapes, self.shape, lanes, 1)
+        if probe is None:
+            return None
+        return column_layout(self.input_shapes, self.shape, lanes, column_groups(self.device, probe.vectors))
 
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, values: list[Any], outs: list[Tensor], gout: Tensor | None) -> None:
@@ -223,21 +256,29 @@ class FusedStep:
             return [None] * len(values)
         if tuple(grad_out.shape) != self.shape:
             grad_out = rops.broadcast_to(grad_out, self.shape)
-        compiled, _ = self._backward_kernel(output_index, wants)
-        grads = [self._empty() for w in wants if w]
+        compiled, _, layout, columns = self._backward_kernel(output_index, wants)
+        grads = [self._partial_sums(layout) if column else self._empty() for column in columns]
         if self.size:
             self._run(compiled, values, grads, grad_out)
         else:
             grads = [rops.full(self.shape, 0.0, device=self.device) for _ in grads]
         result: list[Tensor | None] = []
-        pending = iter(grads)
+        pending = iter(zip(grads, columns, strict=True))
         for want, shape in zip(wants, self.input_shapes, strict=True):
             if not want:
                 result.append(None)
                 continue
-            grad = next(pending)
-            result.append(grad if shape == self.shape else rops.sum_to_shape(grad, shape))
+            grad, column = next(pending)
+            if column:  # (groups, width) partial sums of a bias's gradient
+                result.append((grad if layout.groups == 1 else rops.sum(grad, axis=0)).reshape(shape))
+            else:
+                result.append(grad if shape == self.shape else rops.sum_to_shape(grad, shape))
         return result
+
+    def _partial_sums(self, layout: ColumnLayout) -> Tensor:
+        """A new (groups, width) float32 tensor for a column kernel's partial sums."""
+        shape = (layout.groups, layout.width)
+        return Tensor(self.device.allocator(self.device, 4 * math.prod(shape)), shape, _F32, self.device)
 
 
 class _Precomputed:

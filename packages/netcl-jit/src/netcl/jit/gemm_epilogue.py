@@ -7,11 +7,12 @@ OpenCL the group's per-element body (the same ``codegen`` body the fused kernel 
 injected into the GEMM's store as a code epilogue (``netcl.runtime.ops.gemm_source.Epilogue``),
 so ``relu(x @ w + b) + 1`` is one kernel. Under autograd the kernel also stores the product where
 the group's backward reads it (``relu`` does; ``x @ w + b`` does not). The backward is the group's
-fused backward kernel for ``d(product)`` (a bias gradient with the same expression is its sum to the
-bias's shape, not a second full-size output; no kernel at all where ``d(product)`` is the upstream
-gradient), then the matmul's own gradient rule (``dX = dP W^T``, ``dW = X^T dP``). On the NumPy
-backend, and on CPU OpenCL devices whose products run on the host BLAS, the product and the group's
-kernel (or generated function) run one after the other.
+fused backward kernel for ``d(product)`` (a bias gradient with the same expression is summed down
+the rows in that kernel on GPUs, ``column_source``, or is the sum of ``d(product)`` to the bias's
+shape; no kernel at all where ``d(product)`` is the upstream gradient), then the matmul's own
+gradient rule (``dX = dP W^T``, ``dW = X^T dP``). On the NumPy backend, and on CPU OpenCL devices
+whose products run on the host BLAS, the product and the group's kernel (or generated function) run
+one after the other.
 """
 
 from __future__ import annotations
@@ -278,8 +279,9 @@ class GemmEpilogueStep:
 
     def _alias(self, output_index: int, wants: tuple[bool, ...]) -> tuple[tuple[bool, ...], dict[int, int]]:
         """Which group inputs the backward kernel computes, and those it need not: an input whose
-        gradient is the same expression as the product's (a bias) is summed from the product's gradient,
-        and where that is the upstream gradient itself (``x @ w + b``) no kernel runs (source ``_GOUT``)."""
+        gradient is the same expression as the product's (a bias) is summed from the product's gradient
+        (unless the kernel sums it down the rows itself: ``FusedStep.sums_columns``), and where that is
+        the upstream gradient itself (``x @ w + b``) no kernel runs (source ``_GOUT``)."""
         key = (output_index, wants)
         if key not in self._aliases:
             alias: dict[int, int] = {}
@@ -298,8 +300,10 @@ class GemmEpilogueStep:
                 if product == "gout":
                     alias[h] = _GOUT
                 for k, var in names.items():
-                    if k != h and self.inner.input_shapes[k] is not None and resolved(var) == product:
-                        alias[k] = h
+                    if k == h or self.inner.input_shapes[k] is None or resolved(var) != product:
+                        continue
+                    if alias.get(h) == _GOUT or not self.inner.sums_columns(k):
+                        alias[k] = h  # else the kernel sums it down the rows as it stores d(product)
             kernel = tuple(w and k not in alias for k, w in enumerate(wants))
             self._aliases[key] = (kernel, alias)
         return self._aliases[key]

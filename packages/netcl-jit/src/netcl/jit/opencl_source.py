@@ -213,9 +213,16 @@ def _broadcast_vector_kernel(
     return "\n".join(lines) + "\n"
 
 
-def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, indent: str, vector: bool) -> list[str]:
+def _vector_lanes(
+    input_shapes, body: Body, extra_inputs: int, width: int, indent: str, vector: bool, store=None
+) -> list[str]:
     """The element body on the loaded vectors ``a{k}``/``ag``: once on ``VF`` values (``vector``), else
-    once per lane; stored with ``vstore``."""
+    once per lane; each result vector handed to ``store(j, value)`` (default: ``vstore`` at vector ``v``)."""
+    if store is None:
+
+        def store(j, value):
+            return f"vstore{width}({value}, v, out{j});"
+
     if vector:
         lines = [
             f"{indent}VF x{k} = {f'a{k}' if shape is not None else f'(VF)(p{k})'};"
@@ -224,7 +231,7 @@ def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, inden
         if extra_inputs:
             lines.append(f"{indent}VF gout = ag;")
         lines += [f"{indent}VF {var} = {vectorize(expr)};" for var, expr in body.lines]
-        lines += [f"{indent}vstore{width}({var}, v, out{j});" for j, var in enumerate(body.results)]
+        lines += [f"{indent}{store(j, var)}" for j, var in enumerate(body.results)]
         return lines
     lines = [f"{indent}float{width} r{j};" for j in range(len(body.results))]
     for lane in (f"s{lane:x}" for lane in range(width)):
@@ -238,7 +245,7 @@ def _vector_lanes(input_shapes, body: Body, extra_inputs: int, width: int, inden
 
         lines += _scalar_element(input_shapes, body, extra_inputs, read, write, indent + "    ")
         lines.append(indent + "}")
-    lines += [f"{indent}vstore{width}(r{j}, v, out{j});" for j in range(len(body.results))]
+    lines += [f"{indent}{store(j, f'r{j}')}" for j in range(len(body.results))]
     return lines
 
 

@@ -22,14 +22,18 @@ class LaunchConfig:
     items: int = 1
     #: evaluate the body on ``float{vector_width}`` values (CPU devices), not lane by lane
     vector_body: bool = False
+    #: backward kernels sum a bias's gradient down the rows themselves (``column_source``; GPUs)
+    column_sums: bool = False
 
 
 #: Measured defaults per kind of device and direction (see benchmarks/RESULTS.md): on an H200
 #: forward kernels are fastest with float4 and backward kernels (which recompute the forward,
 #: so hold more registers) with float2 and 128-wide groups. On PoCL's CPU device one element
 #: per work-item and 64-wide groups win (its compiler vectorizes across work-items itself):
-#: chain8 at 4M elements, forward 166 ms vs 207 ms with float4/256.
-GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128)}
+#: chain8 at 4M elements, forward 166 ms vs 207 ms with float4/256. Column sums pay on GPUs (H100,
+#: bias_gelu (65536, 1024) fwd+bwd 0.67-0.70 -> 0.51-0.52 ms) and lose on PoCL's CPU device, whose
+#: work-items run one after another, each down its own column of rows (46 -> 84 ms at (4096, 1024)).
+GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128, column_sums=True)}
 CPU_DEFAULT = {"forward": LaunchConfig(8, 64, 1, True), "backward": LaunchConfig(8, 64, 1, True)}
 _WIDTHS = (1, 2, 4, 8, 16)
 
@@ -42,7 +46,7 @@ def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
     """
     base = (GPU_DEFAULT if device.is_gpu else CPU_DEFAULT)[direction]
     if not device.is_gpu and device.cl_device is not None:
-        base = LaunchConfig(device.vector_width, base.local_size, base.items, base.vector_body)
+        base = LaunchConfig(device.vector_width, base.local_size, base.items, base.vector_body, base.column_sums)
     width = int(os.environ.get("NETCL_JIT_VECTOR", base.vector_width))
     local = int(os.environ.get("NETCL_JIT_LOCAL", base.local_size))
     items = int(os.environ.get("NETCL_JIT_ITEMS", base.items))
@@ -51,5 +55,29 @@ def launch_config(device: Device, direction: str = "forward") -> LaunchConfig:
     if items < 1:
         raise ValueError(f"NETCL_JIT_ITEMS must be >= 1, got {items}")
     limit = device.cl_device.max_work_group_size if device.cl_device is not None else local
-    vector_body = os.environ.get("NETCL_JIT_VECTOR_BODY", str(int(base.vector_body))).strip() not in ("0", "")
-    return LaunchConfig(width, max(1, min(local, limit)), items, vector_body)
+    vector_body = _flag("NETCL_JIT_VECTOR_BODY", base.vector_body)
+    column_sums = _flag("NETCL_JIT_COLUMN_SUMS", base.column_sums)
+    return LaunchConfig(width, max(1, min(local, limit)), items, vector_body, column_sums)
+
+
+def _flag(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(int(default))).strip() not in ("0", "")
+
+
+#: Work-items a column-sum backward kernel aims for (``column_source``), per compute unit: on GPUs
+#: enough loads in flight to cover memory latency (H100, bias_gelu (65536, 1024) fwd+bwd: 0.57 ms
+#: with 256 partial rows, 0.51-0.52 with 1024-8192), on CPUs a few work-groups per core.
+COLUMN_ITEMS_PER_UNIT = {"gpu": 4096, "cpu": 256}
+
+
+def column_groups(device: Device, vectors: int) -> int:
+    """How many partial rows a column-sum kernel with ``vectors`` work-items per row writes
+    (``NETCL_JIT_COLUMN_GROUPS`` overrides; the kernel clamps it to the row count)."""
+    override = os.environ.get("NETCL_JIT_COLUMN_GROUPS")
+    if override is not None:
+        if not override.strip().isdigit() or int(override) < 1:
+            raise ValueError(f"NETCL_JIT_COLUMN_GROUPS must be a whole number >= 1, got {override!r}")
+        return int(override)
+    units = device.cl_device.max_compute_units if device.cl_device is not None else 1
+    per_unit = COLUMN_ITEMS_PER_UNIT["gpu" if device.is_gpu else "cpu"]
+    return max(1, -(-units * per_unit // max(vectors, 1)))
