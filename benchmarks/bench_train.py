@@ -16,7 +16,7 @@ TF32 setting). Variants:
 - ``torch eager`` and, on CUDA, ``torch CUDA graph`` (the whole step captured with
   ``torch.cuda.graph``), when torch is importable (no CUDA graph of the amp steps).
 
-On OpenCL the ResNet block's eager step is also broken down by kernel (device time of each kernel
+On OpenCL each eager step is also broken down by kernel (device time of each kernel
 name, from profiling events), to show where the time goes.
 
 Times are wall-clock per step (median of repeats of ``STEPS`` back-to-back steps, the device
@@ -122,7 +122,7 @@ def _per_step_ms(step: Callable[[], object], sync: Callable[[], None], repeats: 
 
 
 def netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, float], list | None]:
-    """ms per step of each netcl variant, and the eager step's kernel breakdown (ResNet block, OpenCL)."""
+    """ms per step of each netcl variant, and the eager step's kernel breakdown (OpenCL)."""
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
     model = row["model"]
     x, y = ag.tensor(x_host, device=device), ag.tensor(y_host, device=device)
@@ -147,7 +147,7 @@ def netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, floa
 
     results = {"netcl eager": _per_step_ms(eager, sync, repeats)}
     breakdown = None
-    if row["name"].startswith("resnet"):
+    if device.kind == "opencl":
         from measure import kernel_breakdown
 
         breakdown = kernel_breakdown(device, eager)

@@ -101,15 +101,34 @@ class Launch:
     ms: float
 
 
+class _NothingRecorded:
+    """A capture recorder that keeps nothing (``launches``)."""
+
+    def record_launch(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def record_command(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+_NO_QUEUE = -1  #: a queue ``int_ptr`` no queue has
+_NOTHING_RECORDED = _NothingRecorded()
+
+
 def launches(device: Device, fn: Callable[[], object]) -> list[Launch] | None:
     """Run ``fn`` once (after a warm call: no builds inside) and return its launches (None off OpenCL).
 
-    Every netcl launch goes through ``pyopencl.enqueue_nd_range_kernel``; the bench wraps it for
-    this one call to read each launch's profiling event (the library itself is untouched).
+    ``launch`` enqueues through ``pyopencl.enqueue_nd_range_kernel``; the bench wraps it for this
+    one call to read each launch's profiling event (the library itself is untouched). Prepared
+    launches (``PreparedLaunch``: fused kernels on hot paths) enqueue without an event, except while
+    any capture records, when they go through ``launch``: an entry under a key that no queue has
+    sends them there without recording anything or changing what any queue's capture sees.
     """
     if device.kind != "opencl":
         return None
     import pyopencl as cl
+
+    from netcl.runtime import capture
 
     fn()
     _sync(device)
@@ -122,10 +141,12 @@ def launches(device: Device, fn: Callable[[], object]) -> list[Launch] | None:
         return event
 
     cl.enqueue_nd_range_kernel = recording
+    capture.RECORDING[_NO_QUEUE] = _NOTHING_RECORDED
     try:
         fn()
     finally:
         cl.enqueue_nd_range_kernel = original
+        capture.RECORDING.pop(_NO_QUEUE, None)
     _sync(device)
     return [Launch(n, g, lsz, (e.profile.end - e.profile.start) * 1e-6) for n, g, lsz, e in seen]
 
