@@ -151,8 +151,7 @@ def _class_loss(
     """
     _check_reduction(reduction, op)
     labels = target if checked else class_targets(target, x, op, ignore_index)
-    traced = isinstance(x, Node) and not isinstance(x.value, Tensor)
-    if from_logits and len(tuple(x.shape)) == 2 and x.shape[1] and not traced:
+    if from_logits and len(tuple(x.shape)) == 2 and x.shape[1]:
         return _logit_rows_loss(x, labels, ignore_index, reduction, smoothing, op)
     shape = tuple(x.shape)
     classes = shape[1]
