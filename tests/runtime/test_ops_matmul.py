@@ -35,14 +35,20 @@ def _tolerance(k: int, mode: str = "highest") -> float:
     return 4 * max(k, 1) * EPS + 2 * UNIT[mode] * max(k, 1)
 
 
-def _check(device, sa, sb, ta=False, tb=False, seed=0, precision=None) -> np.ndarray:
+def _check(device, sa, sb, ta=False, tb=False, seed=0, precision=None, bias=False) -> np.ndarray:
     a, b = _data(sa, seed), _data(sb, seed + 1)
-    result = ops.matmul(
-        nc.tensor(a, device=device), nc.tensor(b, device=device), transpose_a=ta, transpose_b=tb, precision=precision
-    )
     x = np.swapaxes(a, -1, -2) if ta else a
     y = np.swapaxes(b, -1, -2) if tb else b
-    expected = np.matmul(x.astype(np.float64), y.astype(np.float64))
+    row = _data((y.shape[-1],), seed + 2) if bias else None
+    result = ops.matmul(
+        nc.tensor(a, device=device),
+        nc.tensor(b, device=device),
+        transpose_a=ta,
+        transpose_b=tb,
+        precision=precision,
+        bias=None if row is None else nc.tensor(row, device=device),
+    )
+    expected = np.matmul(x.astype(np.float64), y.astype(np.float64)) + (0.0 if row is None else row)
     host = result.to_host()
     assert host.dtype == np.float32 and host.shape == expected.shape
     k = x.shape[-1]
@@ -171,6 +177,36 @@ def test_tensor_cores_only_where_probed(device):
     if device.kind == "opencl" and "NVIDIA" in device.platform_name.upper():
         pytest.skip("an NVIDIA device may have tensor cores")
     assert gemm_mma.mode_for(device, np.dtype("f4"), np.dtype("f4"), "high") is None
+
+
+@pytest.mark.parametrize("host_blas", ["1", "0"], ids=["host-blas-where-it-applies", "gemm-kernel"])
+@pytest.mark.parametrize(
+    ("sa", "sb", "tb"),
+    [
+        ((17, 33), (33, 5), False),  # partial tiles
+        ((9, 6), (4, 6), True),  # a Linear layer: x @ weight.T
+        ((4, 3000), (3000, 6), False),  # split along K: the bias is added by the sum of the parts
+        ((3, 17, 33), (33, 5), False),  # batched left (folded into M)
+    ],
+)
+def test_matmul_bias(device, monkeypatch, host_blas, sa, sb, tb):
+    """``matmul(a, b, bias=row)``: the row added to every row of the product (in the GEMM's store)."""
+    monkeypatch.setenv("NETCL_HOST_BLAS", host_blas)
+    _check(device, sa, sb, tb=tb, bias=True)
+
+
+def test_matmul_bias_errors(device):
+    a, b = nc.tensor(_data((4, 3), 0), device=device), nc.tensor(_data((3, 5), 1), device=device)
+    with pytest.raises(nc.ShapeError, match=r"bias must have shape \(5,\) for a product with 5 columns, got \(4,\)"):
+        ops.matmul(a, b, bias=nc.tensor(_data((4,), 2), device=device))
+    with pytest.raises(nc.DTypeError, match="bias must be float32, got int32"):
+        ops.matmul(a, b, bias=nc.tensor(np.zeros(5, np.int32), device=device))
+    with pytest.raises(TypeError, match="bias must be a float32 Tensor, got ndarray"):
+        ops.matmul(a, b, bias=np.zeros(5, np.float32))
+    with pytest.raises(nc.ShapeError, match="a bias needs operands of at least 2-D"):
+        ops.matmul(nc.tensor(_data((3,), 0), device=device), b, bias=nc.tensor(_data((5,), 2), device=device))
+    with pytest.raises(nc.DTypeError, match="a bias needs a float32 result, got float64"):
+        ops.matmul(a, b, bias=nc.tensor(_data((5,), 2), device=device), out_dtype=np.float64)
 
 
 @pytest.mark.parametrize(("bias", "activation"), [("col", "relu"), ("row", None), ("none", "gelu"), ("col", "tanh")])

@@ -47,7 +47,10 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
         return R.matmul(autocast_mode.lower(a, low), autocast_mode.lower(b, low), out_dtype=float32, **kw)
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
-        out = product(xv.reshape(rows, in_features), wv, transpose_b=True)
+        x2 = xv.reshape(rows, in_features)
+        if bv is not None and low is None and float32 == bv.dtype == xv.dtype == wv.dtype:  # added in the store
+            return R.matmul(x2, wv, transpose_b=True, bias=bv).reshape(*x_shape[:-1], out_features)
+        out = product(x2, wv, transpose_b=True)
         if bv is not None:
             out = R.add(out, bv)
         return out.reshape(*x_shape[:-1], out_features)

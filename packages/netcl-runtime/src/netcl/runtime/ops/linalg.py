@@ -14,10 +14,12 @@ import functools
 import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes
-from netcl.core.errors import ShapeError
+from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.gemm import gemm
+from netcl.runtime.ops.gemm_source import Epilogue
+from netcl.runtime.ops.pointwise import add
 from netcl.runtime.ops.precision import (
     get_float32_matmul_precision,
     matmul_precision,
@@ -68,18 +70,22 @@ def matmul(
     transpose_b: bool = False,
     precision: str | None = None,
     out_dtype: np.dtype | None = None,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """Matrix product with NumPy's ``matmul`` semantics; float result (float32 for integer inputs).
 
     ``transpose_a`` / ``transpose_b`` use a (>= 2-D) operand's last two axes swapped. ``precision``
     for float32 operands: "highest", "high" (tf32), "medium" (bf16); default
     ``get_float32_matmul_precision()``. ``out_dtype``: e.g. float32 for float16 operands (fp32
-    accumulation either way).
+    accumulation either way). ``bias``: a float32 ``(N,)`` tensor added to every row of a float32
+    result of >= 2-D operands (``torch.addmm``'s broadcast bias), in the product's store.
     """
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     if (transpose_a and a.ndim < 2) or (transpose_b and b.ndim < 2):
         raise ShapeError(f"matmul: a transposed operand must be at least 2-D, got shapes {a.shape} and {b.shape}")
+    if bias is not None:
+        return _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype)
     if (
         out_dtype is None
         and _host_memory(a.device)  # cached: GPUs skip the host-BLAS checks at no cost per call
@@ -97,3 +103,36 @@ def matmul(
     b2 = b.reshape(*b.shape, 1) if b.ndim == 1 else b
     result = gemm(a2, b2, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
     return result.reshape(out_shape)
+
+
+#: the store of a product with a bias: ``acc + bias[column]``
+COL_BIAS = Epilogue(bias="col")
+
+
+def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> Tensor:
+    """``matmul(a, b) + bias`` (a (N,) row added to each row): in the GEMM's store where it runs one."""
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul: a bias needs operands of at least 2-D, got shapes {a.shape} and {b.shape}")
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"matmul: bias must be a float32 Tensor, got {type(bias).__name__}")
+    if bias.dtype != np.float32:
+        raise DTypeError(f"matmul: bias must be float32, got {bias.dtype}")
+    n = b.shape[-2] if transpose_b else b.shape[-1]
+    if bias.shape != (n,):
+        raise ShapeError(f"matmul: bias must have shape ({n},) for a product with {n} columns, got {bias.shape}")
+    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
+    if result != np.float32:
+        raise DTypeError(f"matmul: a bias needs a float32 result, got {result}")
+    if _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result):
+        out = matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype)
+        return add(out, bias)
+    return gemm(
+        a,
+        b,
+        trans_a=transpose_a,
+        trans_b=transpose_b,
+        out_dtype=out_dtype,
+        precision=precision,
+        epilogue=COL_BIAS,
+        bias=bias,
+    )
