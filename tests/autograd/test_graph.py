@@ -134,6 +134,36 @@ def test_compiled_graph_replay_agrees_with_eager(cl_device):
         graph.replay([x0])
 
 
+def test_replay_rewrites_gradients_without_zeroing(cl_device, launch_counter):
+    """The recorded backward writes every gradient buffer from scratch, also where a parameter is used
+    twice (two contributions added): replays enqueue no fills of the gradients, and after several
+    replays each gradient is that step's own, not a sum over replays."""
+    device = cl_device
+    rng = np.random.default_rng(4)
+    w = ag.tensor(rng.normal(size=(D, D)).astype(np.float32), requires_grad=True, device=device)
+    xs = [ag.tensor(rng.normal(size=(N, D)).astype(np.float32), device=device) for _ in range(4)]
+
+    def step(x):
+        with ag.Tape() as tape:
+            loss = ag.sum(ag.tanh(ag.matmul(ag.matmul(x, w), w)))  # w twice: its gradient is a sum
+        tape.backward(loss)
+        return loss
+
+    graph = CompiledGraph(params=[w])
+    with graph:
+        graph.outputs = step(xs[0])
+    graph.compile([xs[0]])
+    for x in xs[1:]:
+        with launch_counter(device.queue) as counter:
+            graph.replay([x])
+        assert not [s for s in counter.graph.steps if "fill" in s.name.lower()], counter.graph.steps
+        got = w.grad.to_host()
+        w.grad = None
+        step(x)
+        np.testing.assert_allclose(got, w.grad.to_host(), rtol=1e-6, atol=1e-6)
+        graph.restore_grads()
+
+
 def test_compiled_graph_errors(device):
     params = [ag.tensor(np.ones(2, np.float32), requires_grad=True, device=device)]
     graph = CompiledGraph(params=params)

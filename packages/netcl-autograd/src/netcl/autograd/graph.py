@@ -2,12 +2,12 @@
 
 Built on ``netcl.runtime.graph.Graph``. The first ``with g:`` runs the step eagerly while every
 kernel launch on the parameters' queue is recorded; ``compile(inputs)`` names the tensors that
-change from step to step; ``replay(new_inputs)`` zeroes the captured gradient buffers and
-re-enqueues the recorded launches with the new input buffers. Everything else is frozen: the
-step's intermediate, gradient and output buffers are the captured ones (kept alive here), so a
-Node created in the captured step (e.g. the loss) reads the latest replay's value. What
-``replay`` returns is different: new Nodes over ``ReplayResult`` tensors, which the next replay
-copies out (small ones, such as a loss) or marks stale (reading them raises
+change from step to step; ``replay(new_inputs)`` re-enqueues the recorded launches with the new
+input buffers (the recorded backward writes every gradient buffer from scratch: nothing to zero).
+Everything else is frozen: the step's intermediate, gradient and output buffers are the captured
+ones (kept alive here), so a Node created in the captured step (e.g. the loss) reads the latest
+replay's value. What ``replay`` returns is different: new Nodes over ``ReplayResult`` tensors,
+which the next replay copies out (small ones, such as a loss) or marks stale (reading them raises
 ``StaleResultError``), so a collected list of losses never reads back the last one.
 Host work in the step (``to_host``, uploads, Python branches) is not replayed.
 """
@@ -22,7 +22,6 @@ from netcl.autograd.engine import Node, Tape, get_current_tape
 from netcl.core import Device, Tensor, get_device
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.graph import Graph
-from netcl.runtime.launch import enqueue_fill
 
 EMPTY, CAPTURING, CAPTURED = "empty", "capturing", "captured"
 
@@ -138,7 +137,7 @@ class CompiledGraph:
         return self
 
     def replay(self, new_inputs: Sequence[Node | Tensor] = (), copy_outputs: bool = False) -> Any:
-        """Zero the gradient buffers and re-enqueue the captured step with ``new_inputs``.
+        """Re-enqueue the captured step with ``new_inputs`` (its backward rewrites the gradient buffers).
 
         ``new_inputs`` must match the compiled inputs in count, shape, dtype and device
         (``ReplayError`` otherwise, before anything is enqueued). Returns ``outputs`` as this
@@ -152,11 +151,7 @@ class CompiledGraph:
         if tensors and not self._compiled:
             raise ReplayError("replay got new inputs but compile(inputs) was never called to declare them")
         if tensors:
-            _validate(graph.inputs, tensors)  # before touching the gradient buffers
-        queue = graph.queue
-        for grad in self.grads:
-            if grad is not None and grad.nbytes:
-                enqueue_fill(queue, grad)
+            _validate(graph.inputs, tensors)  # before anything is enqueued
         if self._result_template is not self.outputs:
             self._result_template = self.outputs
             graph.outputs = _map_nodes(self.outputs, lambda n: n.value)
