@@ -17,7 +17,7 @@ import pytest
 import netcl.autograd as ag
 from netcl.core import host_pool
 from netcl.core.host_pool import host_threads, run_blocks
-from netcl.jit import detection_loss_numpy, jit_compile, numpy_helpers, numpy_source, workloads
+from netcl.jit import detection_loss_numpy, jit_compile, numpy_helpers, numpy_ranges, numpy_source, workloads
 
 BLOCK = 48
 
@@ -95,8 +95,43 @@ def test_generated_source_writes_into_scratch() -> None:
     nodes = [ag.tensor(np.ones(10, np.float32), device="cpu") for _ in range(3)]
     forward, _ = jitted.source(*nodes)
     body = [line.strip() for line in forward.splitlines() if line.strip().startswith("v")]
-    assert len(body) == 8 and all("out=S" in line or "SIGMOID_OUT(" in line for line in body[:-1]), forward
+    assert len(body) == 8 and all("out=S" in line or "SIGMOID_NONNEG_OUT(" in line for line in body[:-1]), forward
     assert body[-1] == "v10 = np.multiply(v9, v9, out=O0)", forward
+
+
+@pytest.mark.parametrize(
+    ("expr", "nonnegative"),
+    [
+        ("SIGMOID(x0)", False),  # an input: any sign
+        ("SIGMOID(MUL(RELU(x0), 0.5))", True),  # chain8's
+        ("SIGMOID(MUL(RELU(x0), -0.5))", False),
+        ("SIGMOID(MUL(x0, x0))", True),  # a square
+        ("SIGMOID(x0 * x0 + EXP(x1))", True),
+        ("SIGMOID(SUB(EXP(x0), 1.0))", False),
+        ("SIGMOID(MAX(x0, 0.0))", True),
+        ("SIGMOID(MIN(x0, 0.0))", False),
+        ("SIGMOID(DIV(ABS(x0), SQRT(x1)))", True),
+        ("SIGMOID(v1)", True),  # through a variable
+        ("SIGMOID(v2)", False),
+    ],
+)
+def test_sigmoid_of_a_nonnegative_value_takes_the_short_form(expr: str, nonnegative: bool) -> None:
+    lines = numpy_ranges.specialize([("v1", "RELU(x1)"), ("v2", "NEG(v1)"), ("v3", expr)])
+    assert lines[-1][1].startswith("SIGMOID_NONNEG(") == nonnegative, lines
+
+
+def test_short_sigmoid_equals_sigmoid_where_it_is_used() -> None:
+    """SIGMOID_NONNEG_OUT gives SIGMOID's float32 values on x >= 0, -0.0, inf and NaN, also in place."""
+    rng = np.random.default_rng(8)
+    special = np.float32([0.0, -0.0, 1e-30, 1e-45, 17.0, 40.0, 88.0, 1e30, np.inf, np.nan])
+    x = np.concatenate([np.abs(rng.standard_normal(4099).astype(np.float32)) * 6, special])
+    with np.errstate(all="ignore"):
+        want = numpy_helpers.SIGMOID(x)
+        np.testing.assert_array_equal(numpy_helpers.SIGMOID_NONNEG_OUT(x, np.empty_like(x)), want)
+        aliased = x.copy()
+        numpy_helpers.SIGMOID_NONNEG_OUT(aliased, aliased)
+    np.testing.assert_array_equal(aliased, want)
+    np.testing.assert_array_equal(numpy_helpers.SIGMOID_NONNEG(x), want)
 
 
 @pytest.mark.parametrize("name", ["SIGMOID", "GELU"])

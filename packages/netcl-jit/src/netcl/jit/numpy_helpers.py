@@ -150,6 +150,19 @@ def SIGMOID_OUT(x, out, tmp):
     return np.divide(out, tmp, out=out)
 
 
+def SIGMOID_NONNEG(x):
+    """SIGMOID of a value the body proves >= 0 (or NaN); ``numpy_ranges`` picks it."""
+    return SIGMOID(x)
+
+
+def SIGMOID_NONNEG_OUT(x, out):
+    """SIGMOID_OUT where x >= 0 or NaN: 1 / (1 + exp(-x)), the same float32 value in 4 passes, not 7."""
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    np.add(out, _F(1), out=out)
+    return np.divide(_F(1), out, out=out)
+
+
 def GELU_OUT(x, out, tmp, tmp2):
     """GELU as x * sigmoid(2u), u = K (x + C x^3), in the order of the eager twin (same float32 values)."""
     np.multiply(x, _F(_table.GELU_C), out=tmp)

@@ -23,6 +23,7 @@ from netcl.core.host_pool import block_elements, run_blocks
 from netcl.jit.codegen import Body
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
+from netcl.jit.numpy_ranges import specialize
 from netcl.jit.primitives import custom_numpy_helpers
 
 _FLOAT_SUFFIX = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
@@ -64,7 +65,12 @@ _UFUNCS = {
     "pow": "power",
 }
 #: Helpers with an ``out=`` twin in numpy_helpers: name -> (twin, extra scratch slots it needs).
-_OUT_HELPERS = {"SIGMOID": ("SIGMOID_OUT", 1), "GELU": ("GELU_OUT", 2), "RELU_GRAD": ("RELU_GRAD_OUT", 0)}
+_OUT_HELPERS = {
+    "SIGMOID": ("SIGMOID_OUT", 1),
+    "SIGMOID_NONNEG": ("SIGMOID_NONNEG_OUT", 0),
+    "GELU": ("GELU_OUT", 2),
+    "RELU_GRAD": ("RELU_GRAD_OUT", 0),
+}
 #: ufuncs that are several times slower with a scalar operand than with an array one (NumPy
 #: 2.x has no SIMD loop for a broadcast scalar there): their literal operands become arrays.
 _SLOW_SCALAR = {"maximum", "minimum", "fmax", "fmin"}
@@ -227,7 +233,7 @@ def function_source(name: str, input_shapes: list, out_shape: tuple[int, ...], b
     """
     flat = all(s is None or math.prod(s) == math.prod(out_shape) for s in input_shapes)
     ndim = len(out_shape)
-    body = Body(_live_lines(body), body.results)
+    body = Body(specialize([(var, to_python(expr)) for var, expr in _live_lines(body)]), body.results)
     emitter = _Emitter(_count_uses(body))
     first_output = {}
     for j, var in enumerate(body.results):
