@@ -27,7 +27,8 @@ from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture as _capture
-from netcl.runtime.launch import launch
+from netcl.runtime.cache import declared_scalar_dtypes
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops import precision as _precision
 from netcl.runtime.ops._common import device_of, float_dtype, get_kernel, pragmas, promote, remember, storage_ctype
@@ -335,32 +336,60 @@ class Plan:
         "work",
         "sum_kernel",
         "sum_args",
+        "_product",
+        "_sum",
     )
 
     def __init__(self, device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args):
         self.device, self.kernel, self.gsize, self.lsize, self.args = device, kernel, gsize, lsize, args
         self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
         self.sum_kernel, self.sum_args = sum_kernel, sum_args
+        #: prepared launches of the product and of the split sum, made at the first run
+        self._product: PreparedLaunch | None = None
+        self._sum: PreparedLaunch | None = None
 
     def run(
         self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
     ) -> Tensor:
+        """``out`` (a new tensor when None) = the product of ``a`` and ``b`` with the plan's epilogue.
+
+        Launches are prepared once per plan (the scalar arguments set on a private kernel), so a call
+        sets only its buffers (and an epilogue's scalars) and enqueues: a small product's host cost.
+        """
         device = self.device
         if out is None:
             out = Tensor.empty(self.out_shape, self.out_dtype, device)
         target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
-        args = list(self.args)
-        args[3], args[5], args[7] = a, b, target
-        tail = [] if bias is None else [bias]
+        tail = [] if bias is None else [bias.data]
         if extras:
-            tail += [x if isinstance(x, Tensor) else np.float32(x) for x in extras]
+            tail += [x.data if isinstance(x, Tensor) else np.float32(x) for x in extras]
+        if self._product is None:
+            self._prepare(len(tail))
         if self.work is None:  # split along K, the epilogue runs in the sum instead
-            args += tail
-        launch(self.kernel, self.gsize, self.lsize, *args, queue=device.queue)
+            self._product.call(a.data, b.data, target.data, *tail)
+        else:
+            self._product.call(a.data, b.data, target.data)
+            self._sum.call(target.data, out.data, *tail)
+        return out
+
+    def _prepare(self, tail: int) -> None:
+        """The prepared launches: buffers (and the tail of epilogue operands) per call, the rest set once."""
+        product_tail = 0 if self.work is not None else tail
+        self._product = _prepared(self.kernel, self.gsize, self.lsize, self.args, (3, 5, 7), product_tail, self.device)
         if self.work is not None:
             total, splits, gsize, sizes = self.sum_args
-            launch(self.sum_kernel, gsize, 256, target, out, total, splits, *sizes, *tail, queue=device.queue)
-        return out
+            args = [None, None, total, splits, *sizes]
+            self._sum = _prepared(self.sum_kernel, gsize, 256, args, (0, 1), tail, self.device)
+
+
+def _prepared(kernel, gsize, lsize, args: list, buffers: tuple[int, ...], tail: int, device) -> PreparedLaunch:
+    """A PreparedLaunch of ``kernel``: ``args`` at every index but ``buffers`` set once (typed by the
+    kernel's declared dtypes); per call the ``buffers`` then ``tail`` more arguments after ``args``."""
+    dtypes = list(declared_scalar_dtypes(kernel) or ())
+    static = {i: dtypes[i].type(v) for i, v in enumerate(args) if i not in buffers}
+    extra = range(len(args), len(args) + tail)
+    dynamic = [(i, None) for i in buffers] + [(i, dtypes[i]) for i in extra]
+    return PreparedLaunch(kernel, gsize, lsize, static, dynamic, queue=device.queue)
 
 
 def gemm_args(problem: Problem, splits: int, chunk: int) -> list:
