@@ -193,7 +193,7 @@ class FusedStep:
         return entry
 
     def sums_columns(self, k: int) -> bool:
-        """Whether the backward kernel sums input ``k``'s gradient over the rows itself (a bias on OpenCL)."""
+        """Whether the backward kernel sums input ``k``'s gradient over the rows itself (a bias; GPUs by default)."""
         return column_input(self.input_shapes[k], self.shape) and self._column_layout() is not None
 
     def _column_layout(self) -> ColumnLayout | None:
