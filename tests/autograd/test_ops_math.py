@@ -96,6 +96,19 @@ def test_min(check, axis, keepdims):
     )
 
 
+@pytest.mark.parametrize("reduce", [ag.min, ag.max])
+def test_min_max_gradient_goes_only_to_the_extremum_also_when_nan(device, reduce):
+    """d min / d x is 0 away from the minimum even where the upstream gradient is NaN (not 0 * NaN)."""
+    x = np.zeros((2, 4), np.float32)
+    x[1, 3] = 1.0 if reduce is ag.max else -1.0
+    node = ag.tensor(x, requires_grad=True, device=device)
+    with ag.Tape() as tape:
+        out = reduce(node, -1)
+    tape.backward(out, grad=ag.tensor(np.float32([1.0, np.nan]), device=device).value)
+    expected = np.float32([[0.25] * 4, [0, 0, 0, np.nan]])
+    np.testing.assert_array_equal(node.grad.to_host(), expected)
+
+
 @pytest.mark.parametrize("fn, ref", [(ag.argmax, np.argmax), (ag.argmin, np.argmin)])
 @pytest.mark.parametrize("axis", [None, 0, -1])
 def test_argmax_argmin(check, fn, ref, axis):

@@ -127,6 +127,18 @@ def test_fuzz_opencl(case):
     run_case(case, "opencl")
 
 
+@pytest.mark.skipif(not _has_opencl(), reason="no OpenCL device")
+@_scaled(0.1)
+@given(case=fp.cases())
+def test_fuzz_opencl_column_sums(case):
+    """As above with the GPU default of summing a bias's gradient in the backward kernel (off on CPU
+    devices), over 3 partial rows, so PoCL runs those kernels on the fuzzed programs too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NETCL_JIT_COLUMN_SUMS", "1")
+        mp.setenv("NETCL_JIT_COLUMN_GROUPS", "3")
+        run_case(case, "opencl")
+
+
 @_scaled(1.0)
 @given(case=fp.cases())
 def test_fuzz_numpy_backend(case):
@@ -198,6 +210,20 @@ REGRESSIONS["mean_over_a_zero_size_axis"] = Case(
     [Instr("sum", "mean", (0,), (-1,)), Instr("b", "add", (2, 1)), Instr("sum", "sum", (0,), (None,))],
     [3, 4],
     [np.ones((3, 1), np.float32), np.ones((1, 1), np.float32)],
+)
+
+# Found with column sums on: max over the last axis whose upstream gradient is NaN (sqrt of a negative
+# max) gave NaN to every element of the row, not just to the maximum (mask * share: 0 * NaN), eager and
+# in the row kernel. (min had the same formula; the fuzzer's reference has no min: tests/autograd.)
+_ROWS = np.zeros((2, 3, 4), np.float32)
+_ROWS[1, 2, 3] = 1.0
+REGRESSIONS["max_with_a_nan_upstream_gradient"] = Case(
+    [_ROWS],
+    [True],
+    None,
+    [Instr("sum", "max", (0,), (-1,)), Instr("u", "neg", (1,)), Instr("u", "sqrt", (2,))],
+    [3],
+    [-np.ones((2, 3, 1), np.float32)],
 )
 
 

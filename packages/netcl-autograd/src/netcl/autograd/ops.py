@@ -367,7 +367,8 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
         kept = _kept_shape(v.shape, axes)
         mask = R.eq(v, out.reshape(kept))
         count = R.sum(mask, axes, True)
-        return [R.mul(mask, R.div(g.reshape(kept), count))]
+        # where, not mask * share: an element that is not a maximum gets 0 even when the share is NaN
+        return [R.where(mask, R.div(g.reshape(kept), count), 0.0)]
 
     return apply_op(
         lambda v: R.max(v, axes, keepdims),

@@ -47,7 +47,8 @@ def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
         (v,) = values
         kept = _kept_shape(v.shape, axes)
         mask = R.eq(v, out.reshape(kept))
-        return [R.mul(mask, R.div(g.reshape(kept), R.sum(mask, axes, True)))]
+        # where, not mask * share: an element that is not a minimum gets 0 even when the share is NaN
+        return [R.where(mask, R.div(g.reshape(kept), R.sum(mask, axes, True)), 0.0)]
 
     return _reduction("min", lambda v: R.min(v, axes, keepdims), grad, x, axis, keepdims)
 

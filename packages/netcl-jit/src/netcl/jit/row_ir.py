@@ -184,10 +184,11 @@ def backward_program(forward: RowProgram, output: int, wants: list[bool]) -> tup
         if stmt.reduce:
             if stmt.reduce == "sum":
                 terms.setdefault(stmt.expr, []).append(grad)
-            else:  # max / min: shared equally among the tied elements, as the eager op
+            else:  # max / min: shared equally among the tied elements, as the eager op (0 elsewhere, also
+                # where the share is NaN: WHERE, not MUL)
                 hit = b.expr(f"EQ({stmt.expr}, {stmt.var})", ELEM)
                 count = b.reduce("sum", hit)
-                terms.setdefault(stmt.expr, []).append(f"MUL({hit}, DIV({grad}, {count}))")
+                terms.setdefault(stmt.expr, []).append(f"WHERE({hit}, DIV({grad}, {count}), 0.0f)")
             continue
         if not stmt.op:
             continue
