@@ -365,9 +365,9 @@ class Plan:
             tail += [x.data if isinstance(x, Tensor) else np.float32(x) for x in extras]
         if self._product is None:
             self._prepare(len(tail))
-        if self.work is None:  # split along K, the epilogue runs in the sum instead
+        if self.work is None:  # one kernel: it applies the epilogue
             self._product.call(a.data, b.data, target.data, *tail)
-        else:
+        else:  # split along K: raw partial products, then their sum applies the epilogue
             self._product.call(a.data, b.data, target.data)
             self._sum.call(target.data, out.data, *tail)
         return out
