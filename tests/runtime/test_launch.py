@@ -9,7 +9,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime.cache import program_cache
 from netcl.runtime.errors import LaunchError
-from netcl.runtime.launch import _pick_local_size, enqueue_copy, enqueue_fill, launch
+from netcl.runtime.launch import PreparedLaunch, _pick_local_size, enqueue_copy, enqueue_fill, launch
 
 SRC = """
 __kernel void local_size(__global int *out) { out[get_global_id(0)] = (int)get_local_size(0); }
@@ -52,6 +52,20 @@ def test_arguments_tensors_buffers_and_python_scalars(cl_device, handle):
     assert isinstance(event, cl.Event)
     launch(kernel, 16, 8, y, x, np.float32(2.0), np.int32(10), queue=cl_device.queue, wait_for=[event])
     np.testing.assert_allclose(y.to_host(), 1.0 + 2.5 * x_host.astype(np.float64), rtol=1e-6)
+
+
+def test_prepared_launch_binding_sets_bound_arguments_once(cl_device, handle):
+    """``PreparedLaunch.binding``: bound numbers typed by the declared dtypes, the rest per call in order."""
+    kernel = handle.kernel("axpy", [None, None, np.float32, np.int32])
+    x_host = np.arange(10, dtype=np.float32)
+    y = nc.tensor(np.ones(10, np.float32), device=cl_device)
+    x = nc.tensor(x_host, device=cl_device)
+    prepared = PreparedLaunch.binding(kernel, 16, 8, {2: 0.5, 3: 10})
+    prepared(y.data, x.data)
+    prepared(y.data, x.data)
+    np.testing.assert_allclose(y.to_host(), 1.0 + 1.0 * x_host.astype(np.float64), rtol=1e-6)
+    with pytest.raises(LaunchError, match="no declared scalar dtypes"):
+        PreparedLaunch.binding(handle.kernel("local_size"), 16, 8, {})
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from netcl.jit.column_source import ColumnLayout, column_input, column_kernel_so
 from netcl.jit.partition import FusedGroup
 from netcl.jit.tuning import column_groups, launch_config
 from netcl.runtime import ops as rops
-from netcl.runtime.cache import declared_scalar_dtypes, program_cache
+from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import PreparedLaunch
 
 _F32 = np.dtype(np.float32)
@@ -99,10 +99,7 @@ class FusedStep:
     def _prepared(self, compiled) -> PreparedLaunch:
         """The launch of ``compiled`` with its element count (the last argument) bound once."""
         kernel, gsize, local = compiled
-        dtypes = list(declared_scalar_dtypes(kernel) or ())
-        last = len(dtypes) - 1
-        static = {last: dtypes[last].type(self.size)}
-        return PreparedLaunch(kernel, gsize, local, static, list(enumerate(dtypes[:last])))
+        return PreparedLaunch.binding(kernel, gsize, local, {kernel.num_args - 1: self.size})
 
     def direct_caller(self, positions: list[int], outputs: list[int], returns_tuple: bool):
         """``call(args)``: the forward of a plan that is this one kernel on argument values, no gradient.

@@ -22,7 +22,7 @@ import pyopencl as cl
 from netcl.core import Tensor
 from netcl.core.devices import devices
 from netcl.runtime import capture as _capture
-from netcl.runtime.cache import KernelHandle
+from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
 
 #: cl.Kernel objects hold their arguments, so setting them and enqueueing must not interleave.
@@ -294,6 +294,25 @@ class PreparedLaunch:
         self._enqueue, self._returns_status = enqueuer(self.queue, self.kernel, self.global_size, self.local_size)
         #: ``call(*dynamic_args)``: the generated setter + enqueue (hot paths bind it once)
         self.call = self._generate()
+
+    @classmethod
+    def binding(
+        cls,
+        kernel: cl.Kernel,
+        global_size: int | Sequence[int],
+        local_size: int | Sequence[int] | None,
+        bound: dict[int, Any],
+        queue: cl.CommandQueue | None = None,
+    ) -> PreparedLaunch:
+        """The launch of a kernel with declared scalar dtypes (``KernelHandle.kernel(name, dtypes)``):
+        the arguments at ``bound``'s indices set once (numbers typed by their declared dtype), every
+        other argument passed per call, in index order."""
+        dtypes = declared_scalar_dtypes(kernel)
+        if dtypes is None:
+            raise LaunchError(f"kernel {kernel.function_name!r} has no declared scalar dtypes to bind arguments by")
+        static = {i: v if dtypes[i] is None else dtypes[i].type(v) for i, v in bound.items()}
+        dynamic = [(i, d) for i, d in enumerate(dtypes) if i not in bound]
+        return cls(kernel, global_size, local_size, static, dynamic, queue)
 
     def __call__(self, *dynamic: Any) -> None:
         self.call(*dynamic)

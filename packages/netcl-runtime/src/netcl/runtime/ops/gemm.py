@@ -27,7 +27,6 @@ from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture as _capture
-from netcl.runtime.cache import declared_scalar_dtypes
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops import precision as _precision
@@ -364,7 +363,7 @@ class Plan:
         if extras:
             tail += [x.data if isinstance(x, Tensor) else np.float32(x) for x in extras]
         if self._product is None:
-            self._prepare(len(tail))
+            self._prepare()
         if self.work is None:  # one kernel: it applies the epilogue
             self._product.call(a.data, b.data, target.data, *tail)
         else:  # split along K: raw partial products, then their sum applies the epilogue
@@ -372,24 +371,16 @@ class Plan:
             self._sum.call(target.data, out.data, *tail)
         return out
 
-    def _prepare(self, tail: int) -> None:
-        """The prepared launches: buffers (and the tail of epilogue operands) per call, the rest set once."""
-        product_tail = 0 if self.work is not None else tail
-        self._product = _prepared(self.kernel, self.gsize, self.lsize, self.args, (3, 5, 7), product_tail, self.device)
+    def _prepare(self) -> None:
+        """The prepared launches: the scalar arguments set once; per call the buffers, then the
+        epilogue's operands (bias, extras) after the fixed arguments."""
+        queue = self.device.queue
+        scalars = {i: v for i, v in enumerate(self.args) if v is not None}
+        self._product = PreparedLaunch.binding(self.kernel, self.gsize, self.lsize, scalars, queue)
         if self.work is not None:
             total, splits, gsize, sizes = self.sum_args
-            args = [None, None, total, splits, *sizes]
-            self._sum = _prepared(self.sum_kernel, gsize, 256, args, (0, 1), tail, self.device)
-
-
-def _prepared(kernel, gsize, lsize, args: list, buffers: tuple[int, ...], tail: int, device) -> PreparedLaunch:
-    """A PreparedLaunch of ``kernel``: ``args`` at every index but ``buffers`` set once (typed by the
-    kernel's declared dtypes); per call the ``buffers`` then ``tail`` more arguments after ``args``."""
-    dtypes = list(declared_scalar_dtypes(kernel) or ())
-    static = {i: dtypes[i].type(v) for i, v in enumerate(args) if i not in buffers}
-    extra = range(len(args), len(args) + tail)
-    dynamic = [(i, None) for i in buffers] + [(i, dtypes[i]) for i in extra]
-    return PreparedLaunch(kernel, gsize, lsize, static, dynamic, queue=device.queue)
+            scalars = dict(enumerate([total, splits, *sizes], start=2))
+            self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, scalars, queue)
 
 
 def gemm_args(problem: Problem, splits: int, chunk: int) -> list:
