@@ -20,6 +20,7 @@ from netcl.core.kernels.vector_primitives import vector_preamble
 from netcl.jit.codegen import Body
 from netcl.jit.opencl_source import _vector_lanes, needs_long_index, vectorizable
 from netcl.jit.primitives import custom_preamble
+from netcl.jit.shapes import broadcast_kind
 
 
 @dataclass(frozen=True)
@@ -45,26 +46,20 @@ class ColumnLayout:
 
 
 def column_input(shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> bool:
-    """Whether an input of ``shape`` is one row broadcast down an output of ``out_shape`` (a bias)."""
-    if shape is None or len(out_shape) < 2 or len(shape) > len(out_shape):
-        return False
-    padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return padded == (1,) * (len(out_shape) - 1) + (out_shape[-1],) and math.prod(out_shape[:-1]) > 1
+    """Whether an input of ``shape`` is one row broadcast down an output of ``out_shape`` (a bias).
+    (A "col" input is never the output's own shape, so the output has more than one row.)"""
+    return shape is not None and broadcast_kind(shape, out_shape) == "col"
 
 
 def _mode(shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> str | None:
     if shape is None:
         return "param"
-    padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    if padded == tuple(out_shape):
+    kind = broadcast_kind(shape, out_shape)
+    if kind == "full":
         return "same"
-    if all(d == 1 for d in padded):
+    if len(shape) <= len(out_shape) and all(d == 1 for d in shape):
         return "one"
-    if column_input(shape, out_shape):
-        return "col"
-    if padded == (*out_shape[:-1], 1):
-        return "row"
-    return None
+    return kind  # "col", "row" or None
 
 
 def column_layout(input_shapes, out_shape: tuple[int, ...], max_lanes: int, groups: int) -> ColumnLayout | None:

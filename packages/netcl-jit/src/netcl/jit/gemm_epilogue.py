@@ -30,6 +30,7 @@ from netcl.jit.codegen import backward_body, forward_body
 from netcl.jit.fused_step import FusedStep, _Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
 from netcl.jit.primitives import custom_preamble
+from netcl.jit.shapes import broadcast_kind
 from netcl.jit.tracing import TraceNode
 from netcl.runtime import ops as rops
 from netcl.runtime.ops import host_blas
@@ -72,19 +73,7 @@ class MatmulGroup:
 
 def operand_kind(node: TraceNode, out_shape: tuple[int, ...]) -> str | None:
     """How a GEMM store reads ``node`` for an output of ``out_shape``; None when it cannot."""
-    if node.kind == "param":
-        return "scalar"
-    shape, rank = node.shape, len(out_shape)
-    if len(shape) > rank:
-        return None
-    padded = (1,) * (rank - len(shape)) + tuple(shape)
-    if padded == tuple(out_shape):
-        return "full"
-    if padded == (1,) * (rank - 1) + (out_shape[-1],):
-        return "col"
-    if padded == (*out_shape[:-1], 1):
-        return "row"
-    return None
+    return "scalar" if node.kind == "param" else broadcast_kind(node.shape, out_shape)
 
 
 def _eligible(node: TraceNode) -> bool:

@@ -10,6 +10,21 @@ import numpy as np
 from netcl.core import Tensor, broadcast_shapes, get_device
 
 
+def broadcast_kind(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str | None:
+    """How ``shape`` broadcasts to ``out_shape`` (1s padded on the left): "full" (the same shape),
+    "col" (one row of ``out_shape[-1]`` values, a bias), "row" (one value per row); None otherwise."""
+    if len(shape) > len(out_shape):
+        return None
+    padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    if padded == tuple(out_shape):
+        return "full"
+    if padded == (1,) * (len(out_shape) - 1) + (out_shape[-1],):
+        return "col"
+    if padded == (*out_shape[:-1], 1):
+        return "row"
+    return None
+
+
 def infer_shape(
     name: str, fn: Callable, inputs: list, layout: list[tuple[str, Any]], attrs: dict
 ) -> tuple[tuple[int, ...], np.dtype]:
