@@ -13,7 +13,7 @@ the result is the same on every run.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble
@@ -44,6 +44,10 @@ class ColumnLayout:
     def work_items(self) -> int:
         return self.groups * self.vectors
 
+    def with_groups(self, groups: int) -> ColumnLayout:
+        """This layout writing ``groups`` partial rows (1 to ``rows``)."""
+        return replace(self, groups=max(1, min(groups, self.rows)))
+
 
 def column_input(shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> bool:
     """Whether an input of ``shape`` is one row broadcast down an output of ``out_shape`` (a bias).
@@ -62,7 +66,7 @@ def _mode(shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> str | No
     return kind  # "col", "row" or None
 
 
-def column_layout(input_shapes, out_shape: tuple[int, ...], max_lanes: int, groups: int) -> ColumnLayout | None:
+def column_layout(input_shapes, out_shape: tuple[int, ...], max_lanes: int, groups: int = 1) -> ColumnLayout | None:
     """The layout for an output of ``out_shape``, or None where a column kernel cannot read every input
     (another broadcast) or the row length has no even divisor up to ``max_lanes``."""
     if len(out_shape) < 2 or math.prod(out_shape) == 0:
@@ -74,7 +78,7 @@ def column_layout(input_shapes, out_shape: tuple[int, ...], max_lanes: int, grou
     lanes = max((w for w in (2, 4, 8, 16) if w <= max_lanes and width % w == 0), default=0)
     if not lanes:
         return None
-    return ColumnLayout(rows, width, lanes, max(1, min(groups, rows)), modes)  # type: ignore[arg-type]
+    return ColumnLayout(rows, width, lanes, 1, modes).with_groups(groups)  # type: ignore[arg-type]
 
 
 def column_kernel_source(

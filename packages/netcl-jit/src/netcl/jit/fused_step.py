@@ -197,11 +197,8 @@ class FusedStep:
         """The backward kernels' column layout; None off OpenCL, where switched off or where inputs do not fit."""
         if not self.is_opencl or not self.configs["backward"].column_sums:
             return None
-        lanes = self.configs["backward"].vector_width
-        probe = column_layout(self.input_shapes, self.shape, lanes, 1)
-        if probe is None:
-            return None
-        return column_layout(self.input_shapes, self.shape, lanes, column_groups(self.device, probe.vectors))
+        layout = column_layout(self.input_shapes, self.shape, self.configs["backward"].vector_width)
+        return None if layout is None else layout.with_groups(column_groups(self.device, layout.vectors))
 
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, values: list[Any], outs: list[Tensor], gout: Tensor | None) -> None:
