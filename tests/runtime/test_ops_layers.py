@@ -105,6 +105,39 @@ def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch
     assert program_cache.stats().misses == before
 
 
+@pytest.mark.parametrize("precision,unit", [("high", 2.0**-10), ("medium", 2.0**-7)])
+@pytest.mark.parametrize("shape,stride", [((3, 6, 7, 6), 2), ((2, 16, 9, 10), 1)])
+def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, precision, unit, shape, stride):
+    """conv2d, input and weight gradient under a tf32 / bf16 matmul precision: on tensor cores the
+    implicit views feed the mma kernel (elsewhere the FMA kernel runs); each element within the
+    rounding bound of its sum: operands rounded to tf32 (bf16) are each off by <= 2**-11 (2**-8)
+    relative, a product by ~2**-10 (2**-7), so |error| <= unit * sum |x||w| (+ float32 summation).
+    """
+    from netcl.runtime.ops import conv_implicit, gemm_mma
+
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    rng = np.random.default_rng(11)
+    x64 = rng.standard_normal(shape)
+    w64 = rng.standard_normal((8, shape[1], 3, 3))
+    b64 = rng.standard_normal(8)
+    geo = conv.check_conv2d(x64.shape, w64.shape, None, stride, 1, 1, 1)
+    g64 = rng.standard_normal((shape[0], 8, geo.OH, geo.OW))
+    put = [nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64, b64, g64)]
+    magnitudes = [nc.tensor(np.abs(v).astype(np.float32), device=cl_device) for v in (x64, w64, g64)]
+    exact = [out.to_host() for out in _conv_three(*put, geo, True)]  # "highest": tested against float64 above
+    bounds = [out.to_host() for out in _conv_three(magnitudes[0], magnitudes[1], None, magnitudes[2], geo, True)]
+    with R.matmul_precision(precision):
+        got = [out.to_host() for out in _conv_three(*put, geo, True)]
+    mode = "tf32" if precision == "high" else "bf16"
+    tensor_cores = gemm_mma.available(cl_device, mode)
+    assert any(f"mma-{mode}-" in key for key in conv_implicit.CHOSEN) == tensor_cores
+    for k, name in enumerate(("forward", "input gradient", "weight gradient")):
+        bound = unit * bounds[k] + 1e-4 + (np.abs(b64).reshape(1, -1, 1, 1) * 2.0**-20 if k == 0 else 0)
+        assert np.all(np.abs(got[k] - exact[k]) <= bound), name
+        if tensor_cores:  # the rounding shows: not the FMA kernel's result
+            assert not np.array_equal(got[k], exact[k]), name
+
+
 def test_host_blas_cpu_device_runs_short_conv_reductions_as_im2col(cl_device, monkeypatch):
     """On a host-memory CPU device with host BLAS on, K = C*KH*KW < 256 takes im2col + BLAS; longer is implicit."""
     if not host_blas.host_memory_device(cl_device):

@@ -22,8 +22,12 @@ own programs; the batch size only enters the GEMM's N (forward, input gradient) 
 gradient), kernel arguments, so a new batch size builds nothing. Tile configs come from
 ``netcl.runtime.tune`` (searched per device, layer and batch size rounded up to a power of two at
 first use where tuning is on), else a default by output size. ``supports`` says which calls this path
-takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, tensor-core precisions,
-the NumPy backend).
+takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, the NumPy backend).
+
+Under a tensor-core matmul precision (``set_float32_matmul_precision("high")`` / ``"medium"``,
+like torch's TF32 convolutions) on a device with tensor cores, the same views feed the
+``mma.sync`` kernel (``gemm_mma``): its operand tiles are staged through registers, each element
+read through the view and rounded to tf32 / bf16 there.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64
 from netcl.runtime import capture as _capture
 from netcl.runtime import tune
+from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops import precision as _precision
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm import Plan, Problem, make_plan
+from netcl.runtime.ops.gemm_mma_source import MmaConfig
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 
@@ -60,18 +66,20 @@ CHOSEN: dict[str, GemmConfig] = {}
 
 def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
     """Whether conv2d of these operands runs here (else: im2col + matmul)."""
-    from netcl.runtime.ops import gemm_mma
-
     device = x.device
     if device.kind != "opencl" or int(groups) != 1:
         return False
     dtype = x.dtype
     if dtype not in (float32, float64) or w.dtype != dtype or (b is not None and b.dtype != dtype):
         return False
-    if x.size == 0 or w.size == 0:
-        return False
-    # a tensor-core precision keeps the im2col path, whose product runs on the mma kernel
-    return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) is None
+    return x.size > 0 and w.size > 0
+
+
+def _mma_mode(device: Device, dtype: np.dtype) -> str | None:
+    """The tensor-core mode the current matmul precision asks for on ``device`` (None: FMA kernel)."""
+    from netcl.runtime.ops import gemm_mma
+
+    return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) if dtype == float32 else None
 
 
 def _defines(geo, out_ch: int, idx: str) -> str:
@@ -198,14 +206,30 @@ def _config(layer: _Layer) -> GemmConfig:
     )
 
 
+def _mma_config(layer: _Layer) -> MmaConfig:
+    """The searched (or default) tensor-core config of ``layer``."""
+    device, problem, views = layer.device, layer.problem, layer.views
+    return tune.select(
+        device,
+        layer.key,
+        gemm_mma.view_candidates(device, layer.mode, problem, views),
+        gemm_mma.view_default(device, layer.mode, problem, views),
+        layer,
+        encode=dataclasses.asdict,
+        decode=lambda d: MmaConfig(**d),
+    )
+
+
 class _Layer:
     """One (kind, shapes, geometry, dtype) on a device: its Problem, views and, once made, its Plan."""
 
-    def __init__(self, kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool) -> None:
+    def __init__(
+        self, kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool, mode: str | None = None
+    ) -> None:
         n, c, h, w, kk, length = geo.N, geo.C, geo.H, geo.W, geo.KH * geo.KW, geo.OH * geo.OW
         idx = _idx(n * c * h * w, n * out_ch * length, out_ch * c * kk)
         st = storage_ctype(dtype)
-        self.kind, self.device, self.dtype = kind, device, np.dtype(dtype)
+        self.kind, self.device, self.dtype, self.mode = kind, device, np.dtype(dtype), mode
         self.epilogue: Epilogue = IDENTITY
         if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
             self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
@@ -229,13 +253,19 @@ class _Layer:
             self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
             self.out_shape = (out_ch, c, geo.KH, geo.KW)
             self.sizes = (n * out_ch * length, n * c * h * w)
-        self.key = f"conv-{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
+        kernel = f"mma-{mode}-" if mode else ""
+        self.key = f"conv-{kernel}{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
         self.scratch: tuple[Tensor, Tensor] | None = None
 
-    def plan(self, cfg: GemmConfig | None = None) -> Plan:
+    def plan(self, cfg: GemmConfig | MmaConfig | None = None) -> Plan:
         if cfg is None:
-            cfg = _config(self)
+            cfg = _mma_config(self) if self.mode else _config(self)
             CHOSEN[self.key] = cfg
+        if self.mode:
+            return gemm_mma.make_plan(
+                self.device, self.mode, self.dtype, self.dtype, self.dtype, self.out_shape, self.problem,
+                self.epilogue, cfg, self.views,
+            )  # fmt: skip
         return make_plan(
             self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
         )
@@ -253,10 +283,11 @@ class _Layer:
 
 
 def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False) -> Plan:
-    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias)
+    mode = _mma_mode(device, np.dtype(dtype))
+    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _Layer(kind, device, geo, out_ch, dtype, bias).plan()
+        plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode).plan()
         if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
             remember(_PLANS, key, plan)
     return plan

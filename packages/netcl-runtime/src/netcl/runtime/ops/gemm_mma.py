@@ -20,7 +20,7 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import MmaConfig, mma_source
-from netcl.runtime.ops.gemm_source import IDENTITY
+from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
 log = logging.getLogger("netcl.gemm")
 _PROBED: dict[tuple[Device, str], bool] = {}
@@ -193,6 +193,29 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     return _aligned(cfg, problem, a_half, b_half)
 
 
+def view_candidates(device: Device, mode: str, problem, views: tuple) -> list[MmaConfig]:
+    """Register-staged configs (no cp.async) a search of a product with operand ``views`` tries:
+    an operand read through a view loads element by element; a stored one 16 bytes at a time
+    where aligned."""
+    ldsm = _probe_result(device, mode) or 0
+    out = []
+    for c in _grid():
+        if c.stages:
+            continue
+        c = _aligned(dataclasses.replace(c, ldsm=ldsm), problem, False, False)
+        c = dataclasses.replace(c, va=0 if views[0] is not None else c.va, vb=0 if views[1] is not None else c.vb)
+        if _valid(device, c, mode, problem):
+            out.append(c)
+    return list(dict.fromkeys(out))
+
+
+def view_default(device: Device, mode: str, problem, views: tuple) -> MmaConfig:
+    """The config of a product with operand ``views`` when nothing was searched (``_default``'s rule)."""
+    cfg = dataclasses.replace(_default(device, problem), ldsm=_probe_result(device, mode) or 0)
+    cfg = _aligned(cfg, problem, False, False)
+    return dataclasses.replace(cfg, va=0 if views[0] is not None else cfg.va, vb=0 if views[1] is not None else cfg.vb)
+
+
 def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
     """For candidates that split along K: twins that never split and twins that split 4x finer
     (the search decides: a split adds a workspace and a second launch, which small products may
@@ -231,15 +254,34 @@ class _Trial:
         plan.run(a, b, out=out)
 
 
-def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, cfg=None):
-    """The tensor-core kernel's plan for ``problem`` (split along K when the output is small)."""
+def make_plan(
+    device: Device,
+    mode: str,
+    a_dtype,
+    b_dtype,
+    out_dtype,
+    out_shape,
+    problem,
+    epilogue=IDENTITY,
+    cfg=None,
+    views: tuple[OperandView | None, ...] = (None, None),
+):
+    """The tensor-core kernel's plan for ``problem`` (split along K when the output is small).
+
+    ``views`` as in ``gemm.make_plan`` (operands read through an expression: no cp.async, no
+    16-byte loads; a product with a C view is never split).
+    """
     from netcl.runtime.ops.gemm import ARG_DTYPES, finish_plan, index_kind, split_count
 
     a_half, b_half = a_dtype == float16, b_dtype == float16
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
+    if views[0] is not None or views[1] is not None:
+        cfg = dataclasses.replace(
+            cfg, stages=0, va=0 if views[0] is not None else cfg.va, vb=0 if views[1] is not None else cfg.vb
+        )
     splits, chunk = 1, problem.k
-    if cfg.split:
+    if cfg.split and (len(views) < 3 or views[2] is None):
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)
     c_dtype = float32 if splits > 1 else out_dtype
     idx = index_kind(problem)
@@ -255,10 +297,11 @@ def make_plan(device: Device, mode: str, a_dtype, b_dtype, out_dtype, out_shape,
         c_dtype.str,
         idx,
         store,
+        views,
     )
 
     def source() -> str:
-        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store)
+        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store, views)
 
     args = ARG_DTYPES + store.arg_dtypes()
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netcl.core.dtypes import float16
-from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, OperandView
 
 MMA = {
     "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -102,11 +102,67 @@ def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
     return rows * ld
 
 
-def _copy(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode: str, vec: int, bound: str):
+def _row_loads(
+    name: str,
+    regs: list[str],
+    along_k: bool,
+    half: bool,
+    vec: int,
+    chunk: int,
+    guard: str,
+    row: str,
+    col: str,
+    ld: str,
+    src_t: str,
+    bound: str,
+) -> list[str]:
+    """Global loads of one chunk of a stored operand into ``regs`` (16-byte vectors where ``vec``
+    and the chunk is inside the operand, element by element with zeros past its edges otherwise)."""
+    if along_k:  # row: m/n within the tile, col: k offset
+        lines = [f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = k0 + {col};"]
+        lines.append(f"  __global const {src_t}* p = {name} + mn * {ld} + kk;")
+        full = f"mn < {bound} && kk + {chunk} <= kend"
+        ok = [f"mn < {bound} && kk + {e} < kend" for e in range(chunk)]
+    else:  # row: k offset, col: m/n within the tile
+        lines = [f"{guard}{{ const int kk = k0 + {row}; const IDX mn = {name}0 + {col};"]
+        lines.append(f"  __global const {src_t}* p = {name} + (IDX)kk * {ld} + mn;")
+        full = f"kk < kend && mn + {chunk} <= {bound}"
+        ok = [f"kk < kend && mn + {e} < {bound}" for e in range(chunk)]
+    if half:
+        vector = [f"{regs[0]} = *(__global const uint4*)p;"]
+        scalar = ["{ uint h[8];"]
+        scalar += [f"  h[{e}] = ({ok[e]}) ? (uint)p[{e}] : 0u;" for e in range(8)]
+        pairs = ", ".join(f"h[{2 * q}] | (h[{2 * q + 1}] << 16)" for q in range(4))
+        scalar.append(f"  {regs[0]} = (uint4)({pairs}); }}")
+    else:
+        vector = [f"{r} = *(__global const float4*)(p + {4 * q});" for q, r in enumerate(regs)]
+        scalar = [f"{regs[e // 4]}.s{e % 4} = ({ok[e]}) ? p[{e}] : 0.0f;" for e in range(chunk)]
+    if vec:
+        lines.append(f"  if ({full}) {{ {' '.join(vector)} }} else {{")
+        lines += ["    " + line for line in scalar]
+        lines.append("  } }")
+    else:
+        lines += ["  " + line for line in scalar]
+        lines.append("}")
+    return lines
+
+
+def _copy(
+    name: str,
+    side: int,
+    cfg: MmaConfig,
+    along_k: bool,
+    half: bool,
+    mode: str,
+    vec: int,
+    bound: str,
+    view: OperandView | None = None,
+):
     """(declarations, global loads into registers, conversions + local stores) of one operand's tile.
 
     A chunk is the 16 bytes of local memory one thread fills: 8 elements of a 16-bit mode or 4
-    tf32 words, consecutive along the operand's contiguous dimension.
+    tf32 words, consecutive along the operand's contiguous dimension. An operand read through a
+    ``view`` (float32 only) evaluates the view's expression per element instead of loading rows.
     """
     epw = _epw(mode)
     chunk = 4 * epw  # elements per chunk
@@ -126,32 +182,19 @@ def _copy(name: str, side: int, cfg: MmaConfig, along_k: bool, half: bool, mode:
         row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
         regs = [f"{name}r{j}_{q}" for q in range(nregs)]
         decls += [f"{reg_t} {r};" for r in regs]
-        if along_k:  # row: m/n within the tile, col: k offset
-            loads.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = k0 + {col};")
-            loads.append(f"  __global const {src_t}* p = {name} + mn * {ld} + kk;")
-            full = f"mn < {bound} && kk + {chunk} <= kend"
-            ok = [f"mn < {bound} && kk + {e} < kend" for e in range(chunk)]
-        else:  # row: k offset, col: m/n within the tile
-            loads.append(f"{guard}{{ const int kk = k0 + {row}; const IDX mn = {name}0 + {col};")
-            loads.append(f"  __global const {src_t}* p = {name} + (IDX)kk * {ld} + mn;")
-            full = f"kk < kend && mn + {chunk} <= {bound}"
-            ok = [f"kk < kend && mn + {e} < {bound}" for e in range(chunk)]
-        if half:
-            vector = [f"{regs[0]} = *(__global const uint4*)p;"]
-            scalar = ["{ uint h[8];"]
-            scalar += [f"  h[{e}] = ({ok[e]}) ? (uint)p[{e}] : 0u;" for e in range(8)]
-            pairs = ", ".join(f"h[{2 * q}] | (h[{2 * q + 1}] << 16)" for q in range(4))
-            scalar.append(f"  {regs[0]} = (uint4)({pairs}); }}")
-        else:
-            vector = [f"{r} = *(__global const float4*)(p + {4 * q});" for q, r in enumerate(regs)]
-            scalar = [f"{regs[e // 4]}.s{e % 4} = ({ok[e]}) ? p[{e}] : 0.0f;" for e in range(chunk)]
-        if vec:
-            loads.append(f"  if ({full}) {{ {' '.join(vector)} }} else {{")
-            loads += ["    " + line for line in scalar]
-            loads.append("  } }")
-        else:
-            loads += ["  " + line for line in scalar]
+        if view is not None:  # element e of the chunk: (mn, kk) advanced along the contiguous dim
+            first_mn, first_kk = (f"{name}0 + {row}", f"k0 + {col}") if along_k else (f"{name}0 + {col}", f"k0 + {row}")
+            loads.append(f"{guard}{{ const IDX mn0 = {first_mn}; const int kk0 = {first_kk};")
+            loads.append(f"  __global const float* p = {name};")
+            for e in range(chunk):
+                at = ("mn0", f"kk0 + {e}") if along_k else (f"mn0 + {e}", "kk0")
+                loads.append(
+                    f"  {{ const IDX mn = {at[0]}; const int kk = {at[1]}; "
+                    f"{regs[e // 4]}.s{e % 4} = (mn < {bound} && kk < kend) ? (float)({view.element}) : 0.0f; }}"
+                )
             loads.append("}")
+        else:
+            loads += _row_loads(name, regs, along_k, half, vec, chunk, guard, row, col, ld, src_t, bound)
         if half:
             value = regs[0]
         elif mode == "tf32":
@@ -280,12 +323,26 @@ def mma_source(
     c_dtype: np.dtype,
     idx: str = "int",
     epilogue: Epilogue = IDENTITY,
+    views: tuple[OperandView | None, ...] = (None, None),
 ) -> str:
-    """The kernel ``netcl_gemm`` on tensor cores for one config, mode, layout and epilogue."""
+    """The kernel ``netcl_gemm`` on tensor cores for one config, mode, layout and epilogue.
+
+    ``views`` as in ``gemm_source.portable_source``: (A, B) or (A, B, C); an operand view reads
+    float32 elements through its expression (register staging, no cp.async), C's view gives the
+    flat output index of (``r``, ``c``).
+    """
     a_half, b_half = a_dtype == float16, b_dtype == float16
+    view_a, view_b, view_c = (*views, None)[:3]
+    if (view_a is not None and a_half) or (view_b is not None and b_half):
+        raise ValueError("gemm_mma: an operand view reads float32 storage; float16 operands cannot be views")
+    if (view_a is not None or view_b is not None) and cfg.stages:
+        raise ValueError("gemm_mma: operands read through a view are staged in registers; cp.async stages must be 0")
+    if view_c is not None and epilogue.code:
+        raise ValueError("gemm_mma: a code epilogue indexes C as plain rows; it cannot store through an output view")
     a_along_k, b_along_k = not trans_a, trans_b
-    a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M")
-    b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N")
+    a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M", view_a)
+    b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N", view_b)
+    helpers = "".join(v.helpers + "\n" for v in views if v is not None and v.helpers)
     frag = _fragments(cfg, mode, a_along_k, b_along_k, lda_w, ldb_w)
     a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
     b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
@@ -303,7 +360,8 @@ def mma_source(
     sb = "ushort" if b_half else "float"
     out_half = c_dtype == float16
     sc = "half" if out_half else "float"
-    store = "vstore_half_rte(OUT, 0, Cz + (IDX)r * ldc + c)" if out_half else "Cz[(IDX)r * ldc + c] = OUT"
+    at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
+    store = f"vstore_half_rte(OUT, 0, Cz + {at})" if out_half else f"Cz[{at}] = OUT"
     nl, nl2 = "\n    ", "\n        "
     nl5 = "\n                    "
     compute = f"""#pragma unroll
@@ -394,7 +452,7 @@ def mma_source(
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
-inline uint tf32_bits(float x) {{
+{helpers}inline uint tf32_bits(float x) {{
     uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
 inline uint bf16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
