@@ -69,37 +69,48 @@ def test_layer_kernels_are_shape_generic(cl_device):
 
 
 def _conv_three(x, w, b, g, geo, implicit: bool) -> list:
-    """conv2d (stride 2, padding 1) and its input and weight gradients for upstream ``g``."""
+    """conv2d (``geo``'s stride, padding, dilation) and its input and weight gradients for upstream ``g``."""
+    step, pad, dil = (geo.SH, geo.SW), (geo.PH, geo.PW), (geo.DH, geo.DW)
     return [
-        conv.conv2d(x, w, b, 2, 1, implicit=implicit),
+        conv.conv2d(x, w, b, step, pad, dil, implicit=implicit),
         conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit),
         conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit),
     ]
 
 
-def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch):
+@pytest.mark.parametrize(
+    "image,stride,padding,dilation",
+    [
+        ((6, 7, 6), 2, 1, 1),  # OW 3: every group of four columns taken element by element
+        ((5, 9, 10), 1, 1, 1),  # OW 10: groups of four inside a row, and groups across rows
+        ((4, 12, 11), 2, 2, 2),  # strided, dilated: the taps of a group step by the stride
+        ((3, 6, 16), (1, 2), (0, 1), 1),  # OW 8, no row padding
+    ],
+)
+def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch, image, stride, padding, dilation):
     """The implicit-GEMM conv (fwd, dx, dw) against im2col + matmul and float64; a new batch builds nothing.
 
     Host BLAS off: a CPU device would run these short reductions as im2col + BLAS. Sums of <= 6*9
-    (forward, input gradient) and 3*7*6 (weight gradient) float32 terms: atol 1e-4.
+    (forward, input gradient) and 3*12*11 (weight gradient) float32 terms of N(0, 1) values: atol 1e-4.
     """
     monkeypatch.setenv(host_blas.ENV_VAR, "0")
     rng = np.random.default_rng(5)
-    w64, b64 = rng.standard_normal((5, 6, 3, 3)), rng.standard_normal(5)
+    w64, b64 = rng.standard_normal((5, image[0], 3, 3)), rng.standard_normal(5)
     w, b = nc.tensor(w64.astype(np.float32), device=cl_device), nc.tensor(b64.astype(np.float32), device=cl_device)
     before = None
     for n in (3, 2):
-        x64 = rng.standard_normal((n, 6, 7, 6))
+        x64 = rng.standard_normal((n, *image))
         x = nc.tensor(x64.astype(np.float32), device=cl_device)
-        geo = conv.check_conv2d(x.shape, w.shape, None, 2, 1, 1, 1)
+        geo = conv.check_conv2d(x.shape, w.shape, None, stride, padding, dilation, 1)
         assert conv._use_implicit(True, x, w, b, 1, geo)
         g = nc.tensor(rng.standard_normal((n, 5, geo.OH, geo.OW)).astype(np.float32), device=cl_device)
         got = [out.to_host() for imp in (True, False) for out in _conv_three(x, w, b, g, geo, imp)]
         for k in range(3):
             np.testing.assert_allclose(got[k], got[k + 3], atol=1e-4, err_msg=str(k))
-        np.testing.assert_allclose(
-            got[0][:, :, 1, 1], np.einsum("nchw,ochw->no", x64[:, :, 1:4, 1:4], w64) + b64, atol=1e-4
-        )
+        i, j = geo.SH - geo.PH, geo.SW - geo.PW  # output pixel (1, 1): its taps start at input (i, j)
+        if i >= 0 and j >= 0:
+            patch = x64[:, :, i : i + 2 * geo.DH + 1 : geo.DH, j : j + 2 * geo.DW + 1 : geo.DW]
+            np.testing.assert_allclose(got[0][:, :, 1, 1], np.einsum("nchw,ochw->no", patch, w64) + b64, atol=1e-4)
         if before is None:
             before = program_cache.stats().misses
     assert program_cache.stats().misses == before

@@ -153,8 +153,85 @@ inline CT cv_x_rows(__global const {st}* p, uint r, uint q) {{
 """
 
 
+#: Four consecutive elements of the views above (``OperandView.vector4``, float32, the mma kernel): where
+#: they share an output row (a weight-gradient row of dy: an image) the index math runs once and
+#: the four taps differ only in their column, else element by element.
+_VECTOR4 = {
+    "cv_x_fwd": """
+#define CV_TAP(row, w) (((w) >= 0 && (w) < CV_W) ? (row)[w] : 0.0f)
+#define CV_TAPS(row, w) (float4)(CV_TAP(row, w), CV_TAP(row, (w) + CV_SW), CV_TAP(row, (w) + 2 * CV_SW), \
+    CV_TAP(row, (w) + 3 * CV_SW))
+inline float4 cv_x_fwd4(__global const float* p, uint r, uint k0, uint q) {
+#if CV_C % BK == 0
+    const uint rk = k0 / CV_C;
+#else
+    const uint rk = r / CV_C;
+#endif
+    const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L, ow = l % CV_OW;
+    if (ow + 3 >= CV_OW)
+        return (float4)(cv_x_fwd(p, r, k0, q), cv_x_fwd(p, r, k0, q + 1), cv_x_fwd(p, r, k0, q + 2),
+                        cv_x_fwd(p, r, k0, q + 3));
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    if (h < 0 || h >= CV_H) return (float4)(0.0f);
+    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
+    __global const float* row = p + (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W;
+    return CV_TAPS(row, w);
+}
+""",
+    "cv_dy_dx": """
+#define CV_DY_TAP(row, w) (((w) >= 0 && (w) < CV_OW) ? (row)[w] : 0.0f)
+inline float4 cv_dy_dx4(__global const float* p, uint r, uint k0, uint q) {
+#if CV_SH == 1 && CV_SW == 1
+#if CV_O % BK == 0
+    const uint rk = k0 / CV_O;
+#else
+    const uint rk = r / CV_O;
+#endif
+    const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W), ww = hw % CV_W;
+    if (ww + 3 < CV_W) {
+        const int oh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
+        if (oh < 0 || oh >= CV_OH) return (float4)(0.0f);
+        const int ow = (int)ww + CV_PW - (int)kj * CV_DW;
+        __global const float* row = p + (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW;
+        return (float4)(CV_DY_TAP(row, ow), CV_DY_TAP(row, ow + 1), CV_DY_TAP(row, ow + 2), CV_DY_TAP(row, ow + 3));
+    }
+#endif
+    return (float4)(cv_dy_dx(p, r, k0, q), cv_dy_dx(p, r, k0, q + 1), cv_dy_dx(p, r, k0, q + 2),
+                    cv_dy_dx(p, r, k0, q + 3));
+}
+""",
+    "cv_dy_rows": """
+inline float4 cv_dy_rows4(__global const float* p, uint o, uint q) {
+    const uint l = q % CV_L;
+    if (l + 3 < CV_L) return vload4(0, p + ((CV_I)(q / CV_L) * CV_O + o) * CV_L + l);
+    return (float4)(cv_dy_rows(p, o, q), cv_dy_rows(p, o, q + 1), cv_dy_rows(p, o, q + 2), cv_dy_rows(p, o, q + 3));
+}
+""",
+    "cv_x_rows": """
+#define CV_TAP(row, w) (((w) >= 0 && (w) < CV_W) ? (row)[w] : 0.0f)
+#define CV_TAPS(row, w) (float4)(CV_TAP(row, w), CV_TAP(row, (w) + CV_SW), CV_TAP(row, (w) + 2 * CV_SW), \
+    CV_TAP(row, (w) + 3 * CV_SW))
+inline float4 cv_x_rows4(__global const float* p, uint r, uint q) {
+    const uint l = q % CV_L, ow = l % CV_OW;
+    if (ow + 3 >= CV_OW)
+        return (float4)(cv_x_rows(p, r, q), cv_x_rows(p, r, q + 1), cv_x_rows(p, r, q + 2), cv_x_rows(p, r, q + 3));
+    const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    if (h < 0 || h >= CV_H) return (float4)(0.0f);
+    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
+    __global const float* row = p + (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W;
+    return CV_TAPS(row, w);
+}
+""",
+}
+
+
 def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
-    return OperandView(_defines(geo, out_ch, idx) + "".join(b.format(st=st) for b in bodies), element)
+    helpers = _defines(geo, out_ch, idx) + "".join(b.format(st=st) for b in bodies)
+    function = element.split("(")[0]
+    if st != "float":
+        return OperandView(helpers, element)
+    return OperandView(helpers + _VECTOR4[function], element, element.replace(function + "(", function + "4(", 1))
 
 
 def _idx(*sizes: int) -> str:
@@ -178,13 +255,18 @@ def candidates(layer: _Layer) -> list[GemmConfig]:
     from netcl.runtime.ops.gemm_configs import _fits
 
     problem, itemsize = layer.problem, layer.dtype.itemsize
-    va = 1 if layer.kind == "dw" or problem.lda % 4 else 4
+    va, vb = _widths(layer)
     out = []
     for wgm, wgn, tm, tn, bk in _CANDIDATES:
-        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, 1, min(4, tm, tn))
+        cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, vb, min(4, tm, tn))
         if _fits(layer.device, cfg, itemsize, problem):
             out.append(cfg)
     return out
+
+
+def _widths(layer: _Layer) -> tuple[int, int]:
+    """Load widths of A and B: a stored weight 4 where its rows allow; a view 1 (``OperandView``)."""
+    return (1 if layer.kind == "dw" or layer.problem.lda % 4 else 4), 1
 
 
 def _config(layer: _Layer) -> GemmConfig:
@@ -192,7 +274,8 @@ def _config(layer: _Layer) -> GemmConfig:
 
     problem = layer.problem
     fallback = _default(layer.device, layer.kind, problem)
-    fallback = dataclasses.replace(fallback, va=1 if layer.kind == "dw" or problem.lda % 4 else 4)
+    va, vb = _widths(layer)
+    fallback = dataclasses.replace(fallback, va=va, vb=vb)
     if not _fits(layer.device, fallback, layer.dtype.itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
     return tune.select(

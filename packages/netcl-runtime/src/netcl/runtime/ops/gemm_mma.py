@@ -210,8 +210,10 @@ def view_candidates(device: Device, mode: str, problem, views: tuple) -> list[Mm
 
 
 def view_default(device: Device, mode: str, problem, views: tuple) -> MmaConfig:
-    """The config of a product with operand ``views`` when nothing was searched (``_default``'s rule)."""
-    cfg = dataclasses.replace(_default(device, problem), ldsm=_probe_result(device, mode) or 0)
+    """The config of a product with operand ``views`` when nothing was searched: ``_default``'s
+    rule, with 64-row tiles for at most 64 rows (a convolution with 64 output channels)."""
+    cfg = MmaConfig(2, 2, 2, 8, 16) if problem.m <= 64 else _default(device, problem)
+    cfg = dataclasses.replace(cfg, ldsm=_probe_result(device, mode) or 0)
     cfg = _aligned(cfg, problem, False, False)
     return dataclasses.replace(cfg, va=0 if views[0] is not None else cfg.va, vb=0 if views[1] is not None else cfg.vb)
 

@@ -102,6 +102,35 @@ def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
     return rows * ld
 
 
+def view_chunk_lines(
+    view: OperandView, regs: list[str], along_k: bool, bound: str, first_mn: str, first_kk: str, pointer: str
+) -> list[str]:
+    """Statements loading ``4 * len(regs)`` consecutive elements of ``view`` (along its contiguous
+    dimension, from (``first_mn``, ``first_kk``)) into the float4 registers ``regs``.
+
+    Each group of four uses ``view.vector4`` where all four are inside the operand (``mn <
+    bound``, ``kk < kend``), else one element at a time, zero outside. ``pointer`` declares ``p``.
+    """
+    lines = [f"{{ const IDX mn0 = {first_mn}; const int kk0 = {first_kk};", f"  {pointer}"]
+    for q, reg in enumerate(regs):
+        first = ("mn0", f"kk0 + {4 * q}") if along_k else (f"mn0 + {4 * q}", "kk0")
+        full = f"mq < {bound} && kq + 4 <= kend" if along_k else f"kq < kend && mq + 4 <= {bound}"
+        lines.append(f"  {{ const IDX mq = {first[0]}; const int kq = {first[1]};")
+        if view.vector4:
+            lines.append(f"    if ({full}) {{ const IDX mn = mq; const int kk = kq; {reg} = {view.vector4}; }} else {{")
+        else:
+            lines.append("    {")
+        for e in range(4):
+            at = ("mq", f"kq + {e}") if along_k else (f"mq + {e}", "kq")
+            lines.append(
+                f"      {{ const IDX mn = {at[0]}; const int kk = {at[1]}; "
+                f"{reg}.s{e} = (mn < {bound} && kk < kend) ? (float)({view.element}) : 0.0f; }}"
+            )
+        lines.append("  } }")
+    lines.append("}")
+    return lines
+
+
 def _row_loads(
     name: str,
     regs: list[str],
@@ -182,17 +211,12 @@ def _copy(
         row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
         regs = [f"{name}r{j}_{q}" for q in range(nregs)]
         decls += [f"{reg_t} {r};" for r in regs]
-        if view is not None:  # element e of the chunk: (mn, kk) advanced along the contiguous dim
+        if view is not None:  # chunk elements through the view, four at a time
             first_mn, first_kk = (f"{name}0 + {row}", f"k0 + {col}") if along_k else (f"{name}0 + {col}", f"k0 + {row}")
-            loads.append(f"{guard}{{ const IDX mn0 = {first_mn}; const int kk0 = {first_kk};")
-            loads.append(f"  __global const float* p = {name};")
-            for e in range(chunk):
-                at = ("mn0", f"kk0 + {e}") if along_k else (f"mn0 + {e}", "kk0")
-                loads.append(
-                    f"  {{ const IDX mn = {at[0]}; const int kk = {at[1]}; "
-                    f"{regs[e // 4]}.s{e % 4} = (mn < {bound} && kk < kend) ? (float)({view.element}) : 0.0f; }}"
-                )
-            loads.append("}")
+            chunk_lines = view_chunk_lines(
+                view, regs, along_k, bound, first_mn, first_kk, f"__global const float* p = {name};"
+            )
+            loads += [guard + chunk_lines[0], *chunk_lines[1:]]
         else:
             loads += _row_loads(name, regs, along_k, half, vec, chunk, guard, row, col, ld, src_t, bound)
         if half:

@@ -153,10 +153,19 @@ class OperandView:
     ``[0, M or N) x [kbeg, kend)``; ``helpers`` is C placed before the kernel (macros, inline
     functions; names should be prefixed to avoid the kernel's own macros). Hashable: part of the
     program key.
+
+    ``vector4`` (optional, float32 views): a ``float4`` expression of four consecutive elements
+    along the operand's contiguous dimension starting at (``mn``, ``kk``): ``mn .. mn + 3`` for B
+    and a transposed A, ``kk .. kk + 3`` for A and a transposed B. It is evaluated only where all
+    four are inside the operand, and lets the view share its index math over the four. The
+    tensor-core kernel, which stages 4-element chunks per thread, uses it; the portable kernel
+    reads views element by element (each thread one column: a warp's loads stay contiguous; four
+    columns per thread measured 5-20% slower on the H100).
     """
 
     helpers: str
     element: str
+    vector4: str = ""
 
 
 @dataclass(frozen=True)
