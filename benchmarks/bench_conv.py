@@ -29,7 +29,7 @@ from measure import standalone_parser, write_results
 
 import netcl.core as nc
 from netcl.runtime import tune
-from netcl.runtime.ops import conv, conv_implicit
+from netcl.runtime.ops import conv, conv_implicit, gemm_mma, matmul_precision
 from netcl.runtime.ops.linalg import matmul
 
 #: (label, batch, channels, image side)
@@ -37,11 +37,20 @@ LAYERS = [("c64x56", 64, 64, 56), ("c128x28", 64, 128, 28), ("c256x14", 64, 256,
 QUICK = [("c8x16", 2, 8, 16), ("c16x8", 2, 16, 8)]
 
 
-def _netcl_calls(x, w, g, geo, implicit: bool) -> dict:
+def _netcl_calls(x, w, g, geo, implicit: bool, precision: str = "highest") -> dict:
+    """The three passes (and all three) under matmul ``precision``."""
+
+    def under(fn):
+        def call():
+            with matmul_precision(precision):
+                return fn()
+
+        return call
+
     parts = {
-        "fwd": lambda: conv.conv2d(x, w, None, 1, 1, implicit=implicit),
-        "dx": lambda: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit),
-        "dw": lambda: conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit),
+        "fwd": under(lambda: conv.conv2d(x, w, None, 1, 1, implicit=implicit)),
+        "dx": under(lambda: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit)),
+        "dw": under(lambda: conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit)),
     }
     parts["fwd+bwd"] = lambda: [parts[k]() for k in ("fwd", "dx", "dw")]
     return parts
@@ -72,10 +81,10 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
-def _torch_row(torch, x_host, w_host, g_host, flops, repeats) -> tuple[dict, list[np.ndarray]]:
+def _torch_row(torch, x_host, w_host, g_host, flops, repeats, tf32: bool = False) -> tuple[dict, list[np.ndarray]]:
     import torch.nn.functional as F
 
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     x = torch.from_numpy(x_host).cuda().requires_grad_(True)
@@ -110,6 +119,7 @@ def run(
     device = nc.get_device(device_spec)
     repeats = repeats or (3 if quick else 10)
     torch = _torch() if peers and device.kind == "opencl" and device.is_gpu else None
+    tensor_cores = device.kind == "opencl" and gemm_mma.available(device, "tf32")
     print(f"conv on {device!r}; torch peer: {torch.__version__ + ' (cuDNN fp32, TF32 off)' if torch else 'none'}")
     results: dict = {"device": repr(device), "rows": []}
     header = (
@@ -126,8 +136,12 @@ def run(
         geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
         row: dict = {"layer": label, "shape": [n, c, s, s], "netcl": {}, "im2col": {}, "peer": {}, "error": {}}
         outs = {}
-        for variant, implicit in (("netcl", True), ("im2col", False)):
-            parts = _netcl_calls(x, w, g, geo, implicit)
+        variants = [("netcl", True, "highest"), ("im2col", False, "highest")]
+        if tensor_cores:
+            variants.append(("tf32", True, "high"))
+        for variant, implicit, precision in variants:
+            parts = _netcl_calls(x, w, g, geo, implicit, precision)
+            row.setdefault(variant, {})
             saved = os.environ.get("NETCL_TUNE")
             if not implicit and not tune_im2col:
                 os.environ["NETCL_TUNE"] = "0"
@@ -148,6 +162,11 @@ def run(
             row["peer"], ref = _torch_row(torch, x_host, w_host, g_host, flops, repeats)
             for k, part in enumerate(("fwd", "dx", "dw")):
                 row["error"][f"{part} vs cuDNN"] = _rel(outs["netcl"][k], ref[k])
+            if tensor_cores:
+                row["peer_tf32"], _ = _torch_row(torch, x_host, w_host, g_host, flops, repeats, tf32=True)
+        if tensor_cores:
+            for k, part in enumerate(("fwd", "dx", "dw")):
+                row["error"][f"tf32 {part} vs fp32"] = _rel(outs["tf32"][k], outs["netcl"][k].astype(np.float64))
         for name in ("fwd", "fwd+bwd"):
             mine, old = row["netcl"][name], row["im2col"][name]
             peer = row["peer"].get(name)
@@ -155,6 +174,13 @@ def run(
             ratio = f"{mine['tflops'] / peer['tflops']:>11.2f}x" if peer else " " * 12
             times = f"{mine['ms']:.3f} / {old['ms']:.3f}" + (f" / {peer['ms']:.3f}" if peer else "")
             print(f"{label:<9}{name:<9}{''.join(cells)}{ratio}{mine['tflops'] / old['tflops']:>12.2f}x   {times}")
+        if tensor_cores:
+            cells = []
+            for name in ("fwd", "fwd+bwd"):
+                mine, peer = row["tf32"][name], row.get("peer_tf32", {}).get(name)
+                versus = f" vs cuDNN TF32 {peer['tflops']:.1f} ({mine['tflops'] / peer['tflops']:.2f}x)" if peer else ""
+                cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
+            print(f"{'':<9}tf32 (implicit on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
         tiles = ", ".join(

@@ -5,9 +5,10 @@ of ``examples/train_digits_cnn.py`` (8x8 inputs, conv-relu-pool x2, linear) with
 forward, cross-entropy, backward and the optimizer update, on random data. And a ResNet basic block
 (conv3x3-bn-relu-conv3x3-bn, + identity, relu; no conv bias) with SGD (momentum 0.9) and an MSE loss
 against a random target: batch 64, 64 channels, 56x56 on a GPU (batch 8, 16 channels, 16x16 with
-``--quick`` or off a GPU), in float32 and under ``amp`` (``autocast`` + ``GradScaler``; torch: the
-same with ``torch.autocast`` and ``torch.amp.GradScaler``; torch convolutions run with its default
-TF32 setting). Variants:
+``--quick`` or off a GPU), in float32 (torch: TF32 off), in float32 under the ``"high"`` matmul
+precision (netcl's convolutions on tf32 tensor cores where the device has them; torch with its
+default, TF32 convolutions) and under ``amp`` (``autocast`` + ``GradScaler``; torch: the same with
+``torch.autocast`` and ``torch.amp.GradScaler``). Variants:
 
 - ``netcl eager``: ``Tape`` + ``backward`` + ``opt.step()`` + ``opt.zero_grad()`` every step;
 - ``netcl replayed``: the step captured once by ``fuse_graph(..., optimizer_step=opt.step)`` and
@@ -45,6 +46,7 @@ import netcl.core as nc
 import netcl.nn as nn
 from netcl import amp
 from netcl.optim import SGD, Adam
+from netcl.runtime.ops import matmul_precision
 
 BATCH = 128
 STEPS = 10
@@ -99,11 +101,20 @@ def workloads(device, quick: bool = False) -> list[dict]:
         dict(name="mlp 784-512-512-10, SGD", model=mlp(device), opt=sgd, shape=(BATCH, 784), loss="ce"),
         dict(name="digits CNN, Adam", model=digits_cnn(device), opt=lambda p: Adam(p, lr=1e-3), shape=(BATCH, 1, 8, 8)),
         dict(name=block, model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse"),
+        dict(
+            name=block + ", tf32",
+            model=BasicBlock(c, device),
+            opt=sgd,
+            shape=(n, c, hw, hw),
+            loss="mse",
+            precision="high",
+        ),
         dict(name=block + ", amp", model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse", amp=True),
     ]
     for row in rows:
         row.setdefault("loss", "ce")
         row.setdefault("amp", False)
+        row.setdefault("precision", "highest")
     return rows
 
 
@@ -122,7 +133,13 @@ def _per_step_ms(step: Callable[[], object], sync: Callable[[], None], repeats: 
 
 
 def netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, float], list | None]:
-    """ms per step of each netcl variant, and the eager step's kernel breakdown (OpenCL)."""
+    """ms per step of each netcl variant (under the row's matmul precision), and the eager step's
+    kernel breakdown (OpenCL)."""
+    with matmul_precision(row["precision"]):
+        return _netcl_variants(device, row, x_host, y_host, repeats)
+
+
+def _netcl_variants(device, row, x_host, y_host, repeats) -> tuple[dict[str, float], list | None]:
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
     model = row["model"]
     x, y = ag.tensor(x_host, device=device), ag.tensor(y_host, device=device)
@@ -218,6 +235,7 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     loss_fn = tnn.CrossEntropyLoss() if row["loss"] == "ce" else tnn.MSELoss()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     scaler = torch.amp.GradScaler(dev) if row["amp"] else None
+    torch.backends.cudnn.allow_tf32 = row["precision"] != "highest"  # "highest": fp32 convolutions as netcl's
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -116,16 +116,31 @@ def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch
     assert program_cache.stats().misses == before
 
 
-@pytest.mark.parametrize("precision,unit", [("high", 2.0**-10), ("medium", 2.0**-7)])
+@pytest.mark.parametrize(
+    "precision,pipeline,unit",
+    [("high", "registers", 2.0**-10), ("high", "cp.async", 2.0**-9), ("medium", "registers", 2.0**-7)],
+)
 @pytest.mark.parametrize("shape,stride", [((3, 6, 7, 6), 2), ((2, 16, 9, 10), 1)])
-def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, precision, unit, shape, stride):
+def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, precision, pipeline, unit, shape, stride):
     """conv2d, input and weight gradient under a tf32 / bf16 matmul precision: on tensor cores the
     implicit views feed the mma kernel (elsewhere the FMA kernel runs); each element within the
     rounding bound of its sum: operands rounded to tf32 (bf16) are each off by <= 2**-11 (2**-8)
     relative, a product by ~2**-10 (2**-7), so |error| <= unit * sum |x||w| (+ float32 summation).
+    The cp.async pipeline copies raw float32 words, which the mma truncates: 2**-10 per operand,
+    2**-9 a product.
     """
     from netcl.runtime.ops import conv_implicit, gemm_mma
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig
 
+    if pipeline == "cp.async":
+        if not gemm_mma.available(cl_device, "tf32") or not gemm_mma._async_ok(cl_device, "tf32"):
+            pytest.skip("no cp.async tensor-core pipeline on this device")
+        staged = MmaConfig(2, 2, 2, 4, 8, stages=3)
+        monkeypatch.setattr(
+            gemm_mma, "view_default", lambda d, m, p, v: gemm_mma._view_flags(staged, m, p, v)
+        )  # what conv_implicit falls back to without a search (NETCL_TUNE=0 in the tests)
+        monkeypatch.setattr(conv_implicit, "_PLANS", {})
+        monkeypatch.setattr(conv_implicit, "CHOSEN", {})
     monkeypatch.setenv(host_blas.ENV_VAR, "0")
     rng = np.random.default_rng(11)
     x64 = rng.standard_normal(shape)
@@ -141,7 +156,10 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
         got = [out.to_host() for out in _conv_three(*put, geo, True)]
     mode = "tf32" if precision == "high" else "bf16"
     tensor_cores = gemm_mma.available(cl_device, mode)
-    assert any(f"mma-{mode}-" in key for key in conv_implicit.CHOSEN) == tensor_cores
+    chosen = [cfg for key, cfg in conv_implicit.CHOSEN.items() if f"mma-{mode}-" in key]
+    assert bool(chosen) == tensor_cores
+    if pipeline == "cp.async":
+        assert len(chosen) == 3 and all(cfg.stages == 3 for cfg in chosen)
     for k, name in enumerate(("forward", "input gradient", "weight gradient")):
         bound = unit * bounds[k] + 1e-4 + (np.abs(b64).reshape(1, -1, 1, 1) * 2.0**-20 if k == 0 else 0)
         assert np.all(np.abs(got[k] - exact[k]) <= bound), name

@@ -82,156 +82,152 @@ def _mma_mode(device: Device, dtype: np.dtype) -> str | None:
     return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) if dtype == float32 else None
 
 
-def _defines(geo, out_ch: int, idx: str) -> str:
+def _defines(geo, out_ch: int, idx: str, st: str) -> str:
+    """The layer's geometry as macros, and the loads every view shares (once per program)."""
     values = {
         "C": geo.C, "H": geo.H, "W": geo.W, "O": out_ch, "KH": geo.KH, "KW": geo.KW, "OH": geo.OH, "OW": geo.OW,
         "SH": geo.SH, "SW": geo.SW, "PH": geo.PH, "PW": geo.PW, "DH": geo.DH, "DW": geo.DW,
     }  # fmt: skip
     lines = ["#ifndef CV_C"] + [f"#define CV_{k} {v}" for k, v in values.items()]
-    lines += ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}", "#endif"]
+    lines += ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}"]
+    lines += [f"#define CV_I4 {idx}4", _LOADS.replace("{st}", st)]
+    if st == "float":
+        lines.append(_LOAD4)
+    lines.append("#endif")
     return "\n".join(lines)
 
 
-#: x read as im2col columns: row r = (c, ki, kj), column l = (oh, ow) of image base ``p``.
+#: Each view is an offset function ``cv_<view>_at(row, [k0,] column)``: the element's index into the
+#: operand, -1 where it is zero padding; its value is ``cv_load`` of that. The ``_at4`` twins give
+#: four consecutive columns (``OperandView.vector4``, ``offsets4``): where the four share an output
+#: row, the index math runs once and the taps differ only in their column.
+_LOADS = """
+inline CT cv_load(__global const {st}* p, CV_I at) { return at >= 0 ? (CT)p[at] : (CT)0; }
+#define CV_TAP(row, w, width) (((w) >= 0 && (w) < (width)) ? (row) + (w) : (CV_I)-1)
+#define CV_TAPS(row, w, step, width) (CV_I4)(CV_TAP(row, w, width), CV_TAP(row, (w) + (step), width), \\
+    CV_TAP(row, (w) + 2 * (step), width), CV_TAP(row, (w) + 3 * (step), width))
+#define CV_EACH4(f, ...) (CV_I4)(f(__VA_ARGS__, 0), f(__VA_ARGS__, 1), f(__VA_ARGS__, 2), f(__VA_ARGS__, 3))
+"""
+
+_LOAD4 = """
+inline float4 cv_load4(__global const float* p, CV_I4 at) {
+    return (float4)(cv_load(p, at.s0), cv_load(p, at.s1), cv_load(p, at.s2), cv_load(p, at.s3));
+}
+"""
+
+#: x read as im2col columns: row r = (c, ki, kj), column l = (oh, ow), within one image.
 _X_COLS = """
-inline CT cv_x_cols(__global const {st}* p, uint r, uint l) {{
+inline CV_I cv_x_cols_at(uint r, uint l) {
     const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
     const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
     const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
-    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[((CV_I)c * CV_H + h) * CV_W + w] : (CT)0;
-}}
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? ((CV_I)c * CV_H + h) * CV_W + w : -1;
+}
 """
 
 #: x read as the forward's columns over the batch, rows ordered (ki, kj, c): row r, column q = (n, oh, ow).
 #: ``k0`` is the K tile's first row: when BK divides C a tile shares one (ki, kj), computed once per tile.
 _X_FWD = """
-inline CT cv_x_fwd(__global const {st}* p, uint r, uint k0, uint q) {{
 #if CV_C % BK == 0
-    const uint rk = k0 / CV_C;
+#define CV_X_FWD_RK(r, k0) ((k0) / CV_C)
 #else
-    const uint rk = r / CV_C;
+#define CV_X_FWD_RK(r, k0) ((r) / CV_C)
 #endif
+inline CV_I cv_x_fwd_at(uint r, uint k0, uint q) {
+    const uint rk = CV_X_FWD_RK(r, k0);
     const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L;
     const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
     const int w = (int)(l % CV_OW) * CV_SW - CV_PW + (int)kj * CV_DW;
-    const CV_I at = (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W + w;
-    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (CT)p[at] : (CT)0;
-}}
+    return (h >= 0 && h < CV_H && w >= 0 && w < CV_W) ? (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W + w : -1;
+}
+inline CT cv_x_fwd(__global const {st}* p, uint r, uint k0, uint q) { return cv_load(p, cv_x_fwd_at(r, k0, q)); }
+#define CV_X_FWD_AT_E(r, k0, q, e) cv_x_fwd_at(r, k0, (q) + (e))
+inline CV_I4 cv_x_fwd_at4(uint r, uint k0, uint q) {
+    const uint rk = CV_X_FWD_RK(r, k0);
+    const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L, ow = l % CV_OW;
+    if (ow + 3 >= CV_OW) return CV_EACH4(CV_X_FWD_AT_E, r, k0, q);
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    if (h < 0 || h >= CV_H) return (CV_I4)(-1);
+    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
+    return CV_TAPS((((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W, w, CV_SW, CV_W);
+}
 """
 
 #: dy read as the input gradient's columns over the batch, rows ordered (ki, kj, o): row r, column
 #: q = (n, h, w); ``k0`` as in ``cv_x_fwd`` (BK dividing O).
 _DY_DX = """
-inline CT cv_dy_dx(__global const {st}* p, uint r, uint k0, uint q) {{
 #if CV_O % BK == 0
-    const uint rk = k0 / CV_O;
+#define CV_DY_DX_RK(r, k0) ((k0) / CV_O)
 #else
-    const uint rk = r / CV_O;
+#define CV_DY_DX_RK(r, k0) ((r) / CV_O)
 #endif
+inline CV_I cv_dy_dx_at(uint r, uint k0, uint q) {
+    const uint rk = CV_DY_DX_RK(r, k0);
     const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W);
     const int hh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
     const int ww = (int)(hw % CV_W) + CV_PW - (int)kj * CV_DW;
     const int oh = max(hh, 0) / CV_SH, ow = max(ww, 0) / CV_SW;
     const bool ok = hh >= 0 && ww >= 0 && oh < CV_OH && ow < CV_OW && oh * CV_SH == hh && ow * CV_SW == ww;
-    const CV_I at = (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW + ow;
-    return ok ? (CT)p[at] : (CT)0;
-}}
+    return ok ? (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW + ow : -1;
+}
+inline CT cv_dy_dx(__global const {st}* p, uint r, uint k0, uint q) { return cv_load(p, cv_dy_dx_at(r, k0, q)); }
+#define CV_DY_DX_AT_E(r, k0, q, e) cv_dy_dx_at(r, k0, (q) + (e))
+inline CV_I4 cv_dy_dx_at4(uint r, uint k0, uint q) {
+#if CV_SH == 1 && CV_SW == 1
+    const uint rk = CV_DY_DX_RK(r, k0);
+    const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W), ww = hw % CV_W;
+    if (ww + 3 < CV_W) {
+        const int oh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
+        if (oh < 0 || oh >= CV_OH) return (CV_I4)(-1);
+        const int ow = (int)ww + CV_PW - (int)kj * CV_DW;
+        return CV_TAPS((((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW, ow, 1, CV_OW);
+    }
+#endif
+    return CV_EACH4(CV_DY_DX_AT_E, r, k0, q);
+}
 """
 
 #: dy as (O, N*L): row o, column q = (n, l).
 _DY_ROWS = """
-inline CT cv_dy_rows(__global const {st}* p, uint o, uint q) {{
-    return (CT)p[((CV_I)(q / CV_L) * CV_O + o) * CV_L + q % CV_L];
-}}
+inline CV_I cv_dy_rows_at(uint o, uint q) { return ((CV_I)(q / CV_L) * CV_O + o) * CV_L + q % CV_L; }
+inline CT cv_dy_rows(__global const {st}* p, uint o, uint q) { return cv_load(p, cv_dy_rows_at(o, q)); }
+#define CV_DY_ROWS_AT_E(o, q, e) cv_dy_rows_at(o, (q) + (e))
+inline CV_I4 cv_dy_rows_at4(uint o, uint q) {
+    if (q % CV_L + 3 < CV_L) return (CV_I4)(cv_dy_rows_at(o, q)) + (CV_I4)(0, 1, 2, 3);
+    return CV_EACH4(CV_DY_ROWS_AT_E, o, q);
+}
 """
 
 #: x as the weight gradient's (C*KK, N*L) columns, transposed: row r = (c, ki, kj), column q = (n, l).
 _X_ROWS = """
-inline CT cv_x_rows(__global const {st}* p, uint r, uint q) {{
-    return cv_x_cols(p + (CV_I)(q / CV_L) * (CV_C * CV_H * CV_W), r, q % CV_L);
-}}
+inline CV_I cv_x_rows_at(uint r, uint q) {
+    const CV_I at = cv_x_cols_at(r, q % CV_L);
+    return at >= 0 ? (CV_I)(q / CV_L) * (CV_C * CV_H * CV_W) + at : -1;
+}
+inline CT cv_x_rows(__global const {st}* p, uint r, uint q) { return cv_load(p, cv_x_rows_at(r, q)); }
+#define CV_X_ROWS_AT_E(r, q, e) cv_x_rows_at(r, (q) + (e))
+inline CV_I4 cv_x_rows_at4(uint r, uint q) {
+    const uint l = q % CV_L, ow = l % CV_OW;
+    if (ow + 3 >= CV_OW) return CV_EACH4(CV_X_ROWS_AT_E, r, q);
+    const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
+    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
+    if (h < 0 || h >= CV_H) return (CV_I4)(-1);
+    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
+    return CV_TAPS((((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W, w, CV_SW, CV_W);
+}
 """
 
 
-#: Four consecutive elements of the views above (``OperandView.vector4``, float32, the mma kernel): where
-#: they share an output row (a weight-gradient row of dy: an image) the index math runs once and
-#: the four taps differ only in their column, else element by element.
-_VECTOR4 = {
-    "cv_x_fwd": """
-#define CV_TAP(row, w) (((w) >= 0 && (w) < CV_W) ? (row)[w] : 0.0f)
-#define CV_TAPS(row, w) (float4)(CV_TAP(row, w), CV_TAP(row, (w) + CV_SW), CV_TAP(row, (w) + 2 * CV_SW), \
-    CV_TAP(row, (w) + 3 * CV_SW))
-inline float4 cv_x_fwd4(__global const float* p, uint r, uint k0, uint q) {
-#if CV_C % BK == 0
-    const uint rk = k0 / CV_C;
-#else
-    const uint rk = r / CV_C;
-#endif
-    const uint c = r - rk * CV_C, ki = rk / CV_KW, kj = rk % CV_KW, l = q % CV_L, ow = l % CV_OW;
-    if (ow + 3 >= CV_OW)
-        return (float4)(cv_x_fwd(p, r, k0, q), cv_x_fwd(p, r, k0, q + 1), cv_x_fwd(p, r, k0, q + 2),
-                        cv_x_fwd(p, r, k0, q + 3));
-    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
-    if (h < 0 || h >= CV_H) return (float4)(0.0f);
-    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
-    __global const float* row = p + (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W;
-    return CV_TAPS(row, w);
-}
-""",
-    "cv_dy_dx": """
-#define CV_DY_TAP(row, w) (((w) >= 0 && (w) < CV_OW) ? (row)[w] : 0.0f)
-inline float4 cv_dy_dx4(__global const float* p, uint r, uint k0, uint q) {
-#if CV_SH == 1 && CV_SW == 1
-#if CV_O % BK == 0
-    const uint rk = k0 / CV_O;
-#else
-    const uint rk = r / CV_O;
-#endif
-    const uint o = r - rk * CV_O, ki = rk / CV_KW, kj = rk % CV_KW, hw = q % (CV_H * CV_W), ww = hw % CV_W;
-    if (ww + 3 < CV_W) {
-        const int oh = (int)(hw / CV_W) + CV_PH - (int)ki * CV_DH;
-        if (oh < 0 || oh >= CV_OH) return (float4)(0.0f);
-        const int ow = (int)ww + CV_PW - (int)kj * CV_DW;
-        __global const float* row = p + (((CV_I)(q / (CV_H * CV_W)) * CV_O + o) * CV_OH + oh) * CV_OW;
-        return (float4)(CV_DY_TAP(row, ow), CV_DY_TAP(row, ow + 1), CV_DY_TAP(row, ow + 2), CV_DY_TAP(row, ow + 3));
-    }
-#endif
-    return (float4)(cv_dy_dx(p, r, k0, q), cv_dy_dx(p, r, k0, q + 1), cv_dy_dx(p, r, k0, q + 2),
-                    cv_dy_dx(p, r, k0, q + 3));
-}
-""",
-    "cv_dy_rows": """
-inline float4 cv_dy_rows4(__global const float* p, uint o, uint q) {
-    const uint l = q % CV_L;
-    if (l + 3 < CV_L) return vload4(0, p + ((CV_I)(q / CV_L) * CV_O + o) * CV_L + l);
-    return (float4)(cv_dy_rows(p, o, q), cv_dy_rows(p, o, q + 1), cv_dy_rows(p, o, q + 2), cv_dy_rows(p, o, q + 3));
-}
-""",
-    "cv_x_rows": """
-#define CV_TAP(row, w) (((w) >= 0 && (w) < CV_W) ? (row)[w] : 0.0f)
-#define CV_TAPS(row, w) (float4)(CV_TAP(row, w), CV_TAP(row, (w) + CV_SW), CV_TAP(row, (w) + 2 * CV_SW), \
-    CV_TAP(row, (w) + 3 * CV_SW))
-inline float4 cv_x_rows4(__global const float* p, uint r, uint q) {
-    const uint l = q % CV_L, ow = l % CV_OW;
-    if (ow + 3 >= CV_OW)
-        return (float4)(cv_x_rows(p, r, q), cv_x_rows(p, r, q + 1), cv_x_rows(p, r, q + 2), cv_x_rows(p, r, q + 3));
-    const uint c = r / CV_KK, rk = r % CV_KK, ki = rk / CV_KW, kj = rk % CV_KW;
-    const int h = (int)(l / CV_OW) * CV_SH - CV_PH + (int)ki * CV_DH;
-    if (h < 0 || h >= CV_H) return (float4)(0.0f);
-    const int w = (int)ow * CV_SW - CV_PW + (int)kj * CV_DW;
-    __global const float* row = p + (((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W;
-    return CV_TAPS(row, w);
-}
-""",
-}
-
-
 def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
-    helpers = _defines(geo, out_ch, idx) + "".join(b.format(st=st) for b in bodies)
-    function = element.split("(")[0]
+    """The view whose element is ``element`` (``cv_<name>(p, ...)``); in float32 with its four-wide
+    twins: ``vector4`` (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
+    helpers = _defines(geo, out_ch, idx, st) + "".join(b.replace("{st}", st) for b in bodies)
     if st != "float":
         return OperandView(helpers, element)
-    return OperandView(helpers + _VECTOR4[function], element, element.replace(function + "(", function + "4(", 1))
+    function, args = element.split("(", 1)
+    offsets = f"{function}_at4({args.split(', ', 1)[1]}"  # the same arguments after p
+    vector4 = f"cv_load4(p, {offsets})"
+    return OperandView(helpers, element, vector4, offsets if idx == "int" else "")
 
 
 def _idx(*sizes: int) -> str:

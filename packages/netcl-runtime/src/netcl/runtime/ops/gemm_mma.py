@@ -193,18 +193,27 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     return _aligned(cfg, problem, a_half, b_half)
 
 
+def _view_flags(cfg: MmaConfig, mode: str, problem, views: tuple) -> MmaConfig:
+    """``cfg`` for a product with operand ``views``: a stored operand's 16-byte flag as alignment
+    allows; a view's flag 1 where its elements can be copied by cp.async (tf32 and the view's
+    ``offsets4``), else 0 (register staging); cp.async stages only where both operands can."""
+    stored = _aligned(dataclasses.replace(cfg, stages=0), problem, False, False)
+    flags = []
+    for view, flag in zip(views[:2], (stored.va, stored.vb), strict=True):
+        flags.append(flag if view is None else int(mode == "tf32" and bool(view.offsets4)))
+    stages = cfg.stages if cfg.stages and all(flags) else 0
+    return dataclasses.replace(cfg, va=flags[0], vb=flags[1], stages=stages)
+
+
 def view_candidates(device: Device, mode: str, problem, views: tuple) -> list[MmaConfig]:
-    """Register-staged configs (no cp.async) a search of a product with operand ``views`` tries:
-    an operand read through a view loads element by element; a stored one 16 bytes at a time
-    where aligned."""
+    """The configs a search of a product with operand ``views`` tries: register-staged ones, and
+    the cp.async pipelines where both operands can be copied that way (``_view_flags``)."""
     ldsm = _probe_result(device, mode) or 0
+    async_ok = _async_ok(device, mode)
     out = []
     for c in _grid():
-        if c.stages:
-            continue
-        c = _aligned(dataclasses.replace(c, ldsm=ldsm), problem, False, False)
-        c = dataclasses.replace(c, va=0 if views[0] is not None else c.va, vb=0 if views[1] is not None else c.vb)
-        if _valid(device, c, mode, problem):
+        c = _view_flags(dataclasses.replace(c, ldsm=ldsm), mode, problem, views)
+        if (async_ok or not c.stages) and _valid(device, c, mode, problem):
             out.append(c)
     return list(dict.fromkeys(out))
 
@@ -213,9 +222,7 @@ def view_default(device: Device, mode: str, problem, views: tuple) -> MmaConfig:
     """The config of a product with operand ``views`` when nothing was searched: ``_default``'s
     rule, with 64-row tiles for at most 64 rows (a convolution with 64 output channels)."""
     cfg = MmaConfig(2, 2, 2, 8, 16) if problem.m <= 64 else _default(device, problem)
-    cfg = dataclasses.replace(cfg, ldsm=_probe_result(device, mode) or 0)
-    cfg = _aligned(cfg, problem, False, False)
-    return dataclasses.replace(cfg, va=0 if views[0] is not None else cfg.va, vb=0 if views[1] is not None else cfg.vb)
+    return _view_flags(dataclasses.replace(cfg, ldsm=_probe_result(device, mode) or 0), mode, problem, views)
 
 
 def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
@@ -279,9 +286,7 @@ def make_plan(
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
     if views[0] is not None or views[1] is not None:
-        cfg = dataclasses.replace(
-            cfg, stages=0, va=0 if views[0] is not None else cfg.va, vb=0 if views[1] is not None else cfg.vb
-        )
+        cfg = _view_flags(cfg, mode, problem, views)
     splits, chunk = 1, problem.k
     if cfg.split and (len(views) < 3 or views[2] is None):
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)

@@ -235,9 +235,13 @@ def _copy(
     return decls, loads, stores, ld_words
 
 
-def _async_copy(name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str) -> list[str]:
+def _async_copy(
+    name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str, view: OperandView | None = None
+) -> list[str]:
     """cp.async of one tf32 tile (raw fp32 words; the mma ignores their low 13 bits) into
-    buffer ``buf`` for the K range starting at ``kt``; chunks past the edges are zero-filled."""
+    buffer ``buf`` for the K range starting at ``kt``; chunks past the edges are zero-filled.
+    An operand read through a ``view`` copies its elements one word at a time from the indices
+    of ``view.offsets4`` (a zero, -1, copies nothing and fills zero)."""
     rows, ld_words = _row_words(side, cfg.bkw, along_k, "tf32")
     per_row = (cfg.bkw if along_k else side) // 4
     count = rows * per_row
@@ -247,6 +251,18 @@ def _async_copy(name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str)
         c = f"(tid + {j * cfg.threads})"
         guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
         row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * 4)"
+        if view is not None:
+            first = (f"{name}0 + {row}", f"kt + {col}") if along_k else (f"{name}0 + {col}", f"kt + {row}")
+            out.append(f"{guard}{{ const IDX mn = {first[0]}; const int kk = {first[1]}; const int k0 = kt;")
+            out.append(f"  __global const float* p = {name}; const int4 o = {view.offsets4};")
+            for e in range(4):
+                mn, kk = ("mn", f"kk + {e}") if along_k else (f"mn + {e}", "kk")
+                out.append(
+                    f"  {{ const int ok = {mn} < {bound} && {kk} < kend && o.s{e} >= 0; "
+                    f"CP_ASYNC4({name}s[buf] + {row} * {ld_words} + {col} + {e}, ok ? p + o.s{e} : p, ok * 4); }}"
+                )
+            out.append("}")
+            continue
         if along_k:
             out.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = kt + {col};")
             out.append(f"  const int valid = mn < {bound} ? clamp(kend - kk, 0, 4) : 0;")
@@ -359,8 +375,8 @@ def mma_source(
     view_a, view_b, view_c = (*views, None)[:3]
     if (view_a is not None and a_half) or (view_b is not None and b_half):
         raise ValueError("gemm_mma: an operand view reads float32 storage; float16 operands cannot be views")
-    if (view_a is not None or view_b is not None) and cfg.stages:
-        raise ValueError("gemm_mma: operands read through a view are staged in registers; cp.async stages must be 0")
+    if cfg.stages and any(v is not None and not v.offsets4 for v in (view_a, view_b)):
+        raise ValueError("gemm_mma: cp.async stages copy a view's elements from its offsets4 (tf32 only)")
     if view_c is not None and epilogue.code:
         raise ValueError("gemm_mma: a code epilogue indexes C as plain rows; it cannot store through an output view")
     a_along_k, b_along_k = not trans_a, trans_b
@@ -411,7 +427,9 @@ def mma_source(
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
-        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M") + _async_copy("B", cfg.bn, cfg, b_along_k, "N")
+        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", view_a) + _async_copy(
+            "B", cfg.bn, cfg, b_along_k, "N", view_b
+        )
         main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     #pragma unroll
     for (int st = 0; st < {nbuf - 1}; ++st) {{
@@ -473,6 +491,8 @@ def mma_source(
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
 #define CP_ASYNC(dst, src, bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \\
+    :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
+#define CP_ASYNC4(dst, src, bytes) asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \\
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))

@@ -160,12 +160,15 @@ class OperandView:
     four are inside the operand, and lets the view share its index math over the four. The
     tensor-core kernel, which stages 4-element chunks per thread, uses it; the portable kernel
     reads views element by element (each thread one column: a warp's loads stay contiguous; four
-    columns per thread measured 5-20% slower on the H100).
+    columns per thread measured 5-20% slower on the H100). ``offsets4`` (optional, with
+    ``vector4``): an ``int4`` expression of the same four elements' indices into ``p``, -1 for a
+    zero: the tensor-core kernel's cp.async pipeline copies those elements without registers.
     """
 
     helpers: str
     element: str
     vector4: str = ""
+    offsets4: str = ""
 
 
 @dataclass(frozen=True)
