@@ -1,5 +1,6 @@
 """autocast: float16 operands with float32 accumulation for linear/matmul/conv2d where the device has
-fp16 (the NumPy backend; OpenCL devices with cl_khr_fp16), nothing but one warning where it has not.
+fp16 (the NumPy backend; OpenCL devices with cl_khr_fp16); tf32 products of the float32 tensors
+where it has no fp16 but tf32 tensor cores (NVIDIA's OpenCL); nothing but one warning elsewhere.
 
 The fp16 references round the operands to float16 and multiply in float64: the netcl result may
 differ from that only by float32 accumulation (and, for conv2d, the float16 rounding of its
@@ -18,6 +19,7 @@ import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.autograd import autocast_mode
 from netcl.core.dtypes import float16
+from netcl.runtime import ops as R
 
 
 def _arrays(seed, *shapes):
@@ -53,6 +55,19 @@ def test_linear_and_matmul_under_autocast(device):
         assert np.abs(out.to_host() - (full + b)).max() > 1e-4  # it really rounded the operands
         np.testing.assert_allclose(layer.weight.grad.to_host(), _half(g).T @ _half(x), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(xn.grad.to_host(), _half(g) @ _half(w), rtol=1e-5, atol=1e-5)
+    elif autocast_mode.fallback_precision(xn) is not None:  # no float16, tf32 tensor cores (NVIDIA)
+        assert not caught
+        mixed_grads = [layer.weight.grad.to_host(), xn.grad.to_host()]  # backward ran after the block
+        layer.weight.grad = None
+        with ag.Tape() as tape, R.matmul_precision(autocast_mode.FALLBACK_PRECISION):
+            xr = ag.tensor(x, requires_grad=True, device=device)
+            reference = [layer(xr), ag.matmul(xr, ag.tensor(w.T.copy(), device=device))]
+            tape.backward(ag.sum(reference[0] * ag.tensor(g, device=device)))
+        np.testing.assert_array_equal(out.to_host(), reference[0].to_host())
+        np.testing.assert_array_equal(product.to_host(), reference[1].to_host())
+        np.testing.assert_array_equal(mixed_grads[0], layer.weight.grad.to_host())  # gradients at tf32 too
+        np.testing.assert_array_equal(mixed_grads[1], xr.grad.to_host())
+        assert 1e-5 < np.abs(out.to_host() - (full + b)).max() < 2e-2  # 32 products of |x| < 1, each within 2**-10
     else:
         assert [str(w.message) for w in caught if w.category is RuntimeWarning] == [
             f"autocast: device {device.name!r} has no float16 support (cl_khr_fp16); matmul and conv run in float32 "
@@ -79,6 +94,10 @@ def test_conv2d_under_autocast(device):
     if device.supports(float16):
         np.testing.assert_allclose(mixed.to_host(), reference, rtol=2e-3, atol=2e-3)
         assert np.abs(mixed.to_host() - plain).max() > 1e-4
+    elif autocast_mode.fallback_precision(xn) is not None:  # tf32 tensor cores
+        with ag.no_grad(), R.matmul_precision(autocast_mode.FALLBACK_PRECISION):
+            np.testing.assert_array_equal(mixed.to_host(), conv(xn).to_host())
+        assert 0 < np.abs(mixed.to_host() - plain).max() < 1e-2
     else:
         np.testing.assert_array_equal(mixed.to_host(), plain)
 

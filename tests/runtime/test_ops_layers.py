@@ -159,7 +159,10 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
     chosen = [cfg for key, cfg in conv_implicit.CHOSEN.items() if f"mma-{mode}-" in key]
     assert bool(chosen) == tensor_cores
     if pipeline == "cp.async":
-        assert len(chosen) == 3 and all(cfg.stages == 3 for cfg in chosen)
+        # staged wherever both operands can be copied so (a weight whose rows are not 16-byte
+        # aligned, 6 channels * 9 taps, is loaded through registers)
+        assert len(chosen) == 3 and all(cfg.stages == 3 or not (cfg.va and cfg.vb) for cfg in chosen)
+        assert any(cfg.stages == 3 for cfg in chosen)
     for k, name in enumerate(("forward", "input gradient", "weight gradient")):
         bound = unit * bounds[k] + 1e-4 + (np.abs(b64).reshape(1, -1, 1, 1) * 2.0**-20 if k == 0 else 0)
         assert np.all(np.abs(got[k] - exact[k]) <= bound), name

@@ -3,7 +3,10 @@
 While ``netcl.amp.autocast`` is active on this thread, ``matmul``, ``conv2d`` and
 ``netcl.nn.functional.linear`` of float32 operands read their operands rounded to float16 and
 return float32 (fp32 accumulation); their gradients w.r.t. the float32 inputs are float32.
-Everything else (reductions, norms, losses, elementwise ops) stays float32.
+Everything else (reductions, norms, losses, elementwise ops) stays float32. On a device without
+float16 that has tf32 tensor cores the same ops run on float32 tensors at matmul precision
+``FALLBACK_PRECISION`` instead (``fallback_precision``); elsewhere autocast warns once and does
+nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def low_dtype_for(*operands: Any) -> np.dtype | None:
     device = values[0].device
     if device.supports(dtype):
         return dtype
+    if _tensor_core_precision(device) is not None:  # ``fallback_precision`` takes these products
+        return None
     if device not in _WARNED:
         _WARNED.add(device)
         warnings.warn(
@@ -57,6 +62,44 @@ def low_dtype_for(*operands: Any) -> np.dtype | None:
             stacklevel=3,
         )
     return None
+
+
+#: The matmul precision of autocast's products on a device without float16 whose tensor cores
+#: take tf32 (NVIDIA's OpenCL): float32 tensors, operands rounded to tf32 (float16's 10-bit
+#: mantissa with float32's range), fp32 accumulation; forward and gradient products alike.
+FALLBACK_PRECISION = "high"
+
+
+def _tensor_core_precision(device: Any) -> str | None:
+    from netcl.runtime.ops import gemm_mma
+
+    return FALLBACK_PRECISION if gemm_mma.mode_for(device, float32, float32, FALLBACK_PRECISION) else None
+
+
+def fallback_precision(*operands: Any) -> str | None:
+    """``FALLBACK_PRECISION`` when autocast is on, the operands are float32 and their device has no
+    float16 but tf32 tensor cores (then the op runs at that matmul precision), else None."""
+    dtype = autocast_dtype()
+    if dtype is None:
+        return None
+    values = [x.value if isinstance(x, Node) else x for x in operands if x is not None]
+    if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
+        return None
+    device = values[0].device
+    return None if device.supports(dtype) else _tensor_core_precision(device)
+
+
+def at_precision(precision: str | None, fn: Any) -> Any:
+    """``fn`` running its products at matmul ``precision`` (``fn`` itself when None): an op's
+    forward and gradient wrapped alike, so its backward matches its forward wherever it runs."""
+    if precision is None:
+        return fn
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with R.matmul_precision(precision):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def lower(x: Tensor, dtype: np.dtype) -> Tensor:

@@ -272,6 +272,7 @@ def matmul(a: Operand, b: Operand) -> Node:
         return _matmul_vector(a, b)
     if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.matmul(a, b, low)
+    precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, y = values
@@ -279,7 +280,8 @@ def matmul(a: Operand, b: Operand) -> Node:
         gb = _weight_grad(x, g, y) if _needs(b) else None
         return [_reduce(ga, x), _reduce(gb, y)]
 
-    return apply_op(R.matmul, grad, a, b, op_name="matmul")
+    at = autocast_mode.at_precision
+    return apply_op(at(precision, R.matmul), at(precision, grad), a, b, op_name="matmul")
 
 
 def _matmul_vector(a: Operand, b: Operand) -> Node:

@@ -44,6 +44,7 @@ def conv2d(
     RC.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
     if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
+    precision = autocast_mode.fallback_precision(x, w, b)  # autocast on a device without float16
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
@@ -59,7 +60,8 @@ def conv2d(
         return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
 
     args = (x, w) if b is None else (x, w, b)
-    return apply_op(forward, grad, *args, op_name="conv2d", attrs=attrs)
+    at = autocast_mode.at_precision
+    return apply_op(at(precision, forward), at(precision, grad), *args, op_name="conv2d", attrs=attrs)
 
 
 def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:

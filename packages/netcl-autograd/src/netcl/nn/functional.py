@@ -40,6 +40,7 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
         raise ShapeError(f"linear: bias has shape {tuple(bias.shape)}, expected ({out_features},)")
     rows = math.prod(x_shape[:-1])
     low = autocast_mode.low_dtype_for(x, weight)
+    precision = autocast_mode.fallback_precision(x, weight)  # autocast on a device without float16
 
     def product(a: Tensor, b: Tensor, **kw: Any) -> Tensor:
         if low is None:
@@ -67,4 +68,5 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
     args = (x, weight) if bias is None else (x, weight, bias)
     # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store
     attrs = {"autocast": None if low is None else str(low), "bias": bias is not None}
-    return apply_op(forward, grad, *args, op_name="linear", attrs=attrs)
+    at = autocast_mode.at_precision
+    return apply_op(at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs)
