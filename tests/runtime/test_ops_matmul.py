@@ -325,6 +325,20 @@ def test_tuner_stores_and_reloads_the_winner(cl_device, tmp_path, monkeypatch):
     tune.clear(cl_device)
 
 
+def test_search_times_a_trials_prepared_run(cl_device):
+    """A trial that returns its prepared run is called once per candidate (the build, its set-up);
+    the search then runs and times only what it returned (once to warm up, then ``repeats``)."""
+    trials, runs = [], []
+
+    def trial(cfg):
+        trials.append(cfg)
+        return lambda: runs.append(cfg)
+
+    best, ms = tune.search(cl_device, ["a", "b"], trial, repeats=3)
+    assert trials == ["a", "b"] and runs == ["a"] * 4 + ["b"] * 4
+    assert best in ("a", "b") and ms >= 0
+
+
 @pytest.mark.parametrize(
     "cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)]
 )

@@ -33,6 +33,7 @@ read through the view and rounded to tf32 / bf16 there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -349,7 +350,7 @@ class _Layer:
             self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
         )
 
-    def __call__(self, cfg: GemmConfig) -> None:  # a tuning trial on scratch operands
+    def __call__(self, cfg: GemmConfig | MmaConfig) -> Callable[[], Tensor]:  # a tuning trial on scratch operands
         from netcl.runtime.ops.layout import full
 
         if self.scratch is None:
@@ -358,7 +359,9 @@ class _Layer:
                 full((self.sizes[1],), 0.25, self.dtype, self.device),
             )
         bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
-        self.plan(cfg).run(*self.scratch, bias)
+        plan = self.plan(cfg)
+        out = plan.run(*self.scratch, bias)
+        return lambda: plan.run(*self.scratch, bias, out=out)
 
 
 def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False) -> Plan:

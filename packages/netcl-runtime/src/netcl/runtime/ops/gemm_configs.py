@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
@@ -91,7 +92,7 @@ class _Trial:
         self.device, self.problem, self.dtype = device, problem, dtype
         self.operands: tuple[Tensor, Tensor, Tensor] | None = None
 
-    def __call__(self, cfg: GemmConfig) -> None:
+    def __call__(self, cfg: GemmConfig) -> Callable[[], Tensor]:
         from netcl.runtime.ops.gemm import make_plan, with_alignment
 
         p = self.problem
@@ -106,3 +107,4 @@ class _Trial:
         a, b, out = self.operands
         plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, cfg=with_alignment(cfg, p))
         plan.run(a, b, out=out)
+        return lambda: plan.run(a, b, out=out)

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -245,7 +246,7 @@ class _Trial:
         self.dtypes = (float16 if a_half else float32, float16 if b_half else float32)
         self.operands = None
 
-    def __call__(self, cfg: MmaConfig) -> None:
+    def __call__(self, cfg: MmaConfig) -> Callable[[], Tensor]:
         from netcl.runtime.ops.layout import full
 
         p = self.problem
@@ -261,6 +262,7 @@ class _Trial:
         cfg = _aligned(cfg, p, *(d == float16 for d in self.dtypes))
         plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
         plan.run(a, b, out=out)
+        return lambda: plan.run(a, b, out=out)
 
 
 def make_plan(
