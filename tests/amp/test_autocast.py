@@ -55,8 +55,8 @@ def test_linear_and_matmul_under_autocast(device):
         assert np.abs(out.to_host() - (full + b)).max() > 1e-4  # it really rounded the operands
         np.testing.assert_allclose(layer.weight.grad.to_host(), _half(g).T @ _half(x), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(xn.grad.to_host(), _half(g) @ _half(w), rtol=1e-5, atol=1e-5)
-    elif autocast_mode.fallback_precision(xn) is not None:  # no float16, tf32 tensor cores (NVIDIA)
-        assert not caught
+    elif autocast_mode.device_fallback_precision(device) is not None:  # no float16, tf32 tensor cores (NVIDIA)
+        assert not [w for w in caught if "autocast" in str(w.message)]  # (the compiler may warn on a build)
         mixed_grads = [layer.weight.grad.to_host(), xn.grad.to_host()]  # backward ran after the block
         layer.weight.grad = None
         with ag.Tape() as tape, R.matmul_precision(autocast_mode.FALLBACK_PRECISION):
@@ -94,7 +94,7 @@ def test_conv2d_under_autocast(device):
     if device.supports(float16):
         np.testing.assert_allclose(mixed.to_host(), reference, rtol=2e-3, atol=2e-3)
         assert np.abs(mixed.to_host() - plain).max() > 1e-4
-    elif autocast_mode.fallback_precision(xn) is not None:  # tf32 tensor cores
+    elif autocast_mode.device_fallback_precision(device) is not None:  # no float16, tf32 tensor cores
         with ag.no_grad(), R.matmul_precision(autocast_mode.FALLBACK_PRECISION):
             np.testing.assert_array_equal(mixed.to_host(), conv(xn).to_host())
         assert 0 < np.abs(mixed.to_host() - plain).max() < 1e-2

@@ -51,7 +51,7 @@ def low_dtype_for(*operands: Any) -> np.dtype | None:
     device = values[0].device
     if device.supports(dtype):
         return dtype
-    if _tensor_core_precision(device) is not None:  # ``fallback_precision`` takes these products
+    if device_fallback_precision(device) is not None:  # ``fallback_precision`` takes these products
         return None
     if device not in _WARNED:
         _WARNED.add(device)
@@ -70,7 +70,9 @@ def low_dtype_for(*operands: Any) -> np.dtype | None:
 FALLBACK_PRECISION = "high"
 
 
-def _tensor_core_precision(device: Any) -> str | None:
+def device_fallback_precision(device: Any) -> str | None:
+    """``FALLBACK_PRECISION`` where ``device`` has tf32 tensor cores (what autocast uses there when it
+    has no float16), else None."""
     from netcl.runtime.ops import gemm_mma
 
     return FALLBACK_PRECISION if gemm_mma.mode_for(device, float32, float32, FALLBACK_PRECISION) else None
@@ -86,7 +88,7 @@ def fallback_precision(*operands: Any) -> str | None:
     if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
         return None
     device = values[0].device
-    return None if device.supports(dtype) else _tensor_core_precision(device)
+    return None if device.supports(dtype) else device_fallback_precision(device)
 
 
 def at_precision(precision: str | None, fn: Any) -> Any:
