@@ -26,8 +26,8 @@ takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, the Num
 
 Under a tensor-core matmul precision (``set_float32_matmul_precision("high")`` / ``"medium"``,
 like torch's TF32 convolutions) on a device with tensor cores, the same views feed the
-``mma.sync`` kernel (``gemm_mma``): its operand tiles are staged through registers, each element
-read through the view and rounded to tf32 / bf16 there.
+``mma.sync`` kernel (``gemm_mma``): a view's elements are staged through registers (rounded to
+tf32 / bf16 there) or, in tf32, copied word by word by its cp.async pipeline from the view's offsets.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _CANDIDATES = [
 ]
 _PLANS: dict = {}
 #: The tile config each layer's plan uses, by its tuning key (what benchmarks report).
-CHOSEN: dict[str, GemmConfig] = {}
+CHOSEN: dict[str, GemmConfig | MmaConfig] = {}
 
 
 def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
@@ -78,8 +78,6 @@ def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
 
 def _mma_mode(device: Device, dtype: np.dtype) -> str | None:
     """The tensor-core mode the current matmul precision asks for on ``device`` (None: FMA kernel)."""
-    from netcl.runtime.ops import gemm_mma
-
     return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) if dtype == float32 else None
 
 

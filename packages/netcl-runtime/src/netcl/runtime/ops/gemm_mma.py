@@ -279,8 +279,9 @@ def make_plan(
 ):
     """The tensor-core kernel's plan for ``problem`` (split along K when the output is small).
 
-    ``views`` as in ``gemm.make_plan`` (operands read through an expression: no cp.async, no
-    16-byte loads; a product with a C view is never split).
+    ``views`` as in ``gemm.make_plan``: an operand read through an expression loads element by
+    element (cp.async stages only from a tf32 view's ``offsets4``, ``_view_flags``); a product
+    with a C view is never split.
     """
     from netcl.runtime.ops.gemm import ARG_DTYPES, finish_plan, index_kind, split_count
 

@@ -102,7 +102,7 @@ def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
     return rows * ld
 
 
-def view_chunk_lines(
+def _view_chunk_lines(
     view: OperandView, regs: list[str], along_k: bool, bound: str, first_mn: str, first_kk: str, pointer: str
 ) -> list[str]:
     """Statements loading ``4 * len(regs)`` consecutive elements of ``view`` (along its contiguous
@@ -213,7 +213,7 @@ def _copy(
         decls += [f"{reg_t} {r};" for r in regs]
         if view is not None:  # chunk elements through the view, four at a time
             first_mn, first_kk = (f"{name}0 + {row}", f"k0 + {col}") if along_k else (f"{name}0 + {col}", f"k0 + {row}")
-            chunk_lines = view_chunk_lines(
+            chunk_lines = _view_chunk_lines(
                 view, regs, along_k, bound, first_mn, first_kk, f"__global const float* p = {name};"
             )
             loads += [guard + chunk_lines[0], *chunk_lines[1:]]
