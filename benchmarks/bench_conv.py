@@ -15,6 +15,7 @@ run with the search off unless ``--tune-im2col`` (its many GEMM shapes cost minu
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from measure import standalone_parser, write_results
 
 import netcl.core as nc
 from netcl.runtime import tune
-from netcl.runtime.ops import conv, conv_implicit, gemm_mma, matmul_precision
+from netcl.runtime.ops import at_matmul_precision, conv, conv_implicit, gemm_mma
 from netcl.runtime.ops.linalg import matmul
 
 #: (label, batch, channels, image side)
@@ -39,14 +40,7 @@ QUICK = [("c8x16", 2, 8, 16), ("c16x8", 2, 16, 8)]
 
 def _netcl_calls(x, w, g, geo, implicit: bool, precision: str = "highest") -> dict:
     """The three passes (and all three) under matmul ``precision``."""
-
-    def under(fn):
-        def call():
-            with matmul_precision(precision):
-                return fn()
-
-        return call
-
+    under = functools.partial(at_matmul_precision, precision)
     parts = {
         "fwd": under(lambda: conv.conv2d(x, w, None, 1, 1, implicit=implicit)),
         "dx": under(lambda: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit)),

@@ -172,6 +172,18 @@ def test_precision_setting_and_context():
         set_float32_matmul_precision("low")
 
 
+def test_a_function_at_a_matmul_precision():
+    """``at_matmul_precision`` runs each call inside the context (autocast wraps an op's forward and
+    gradient so); None leaves the function as it is; a bad precision fails when wrapping."""
+    from netcl.runtime.ops import at_matmul_precision
+
+    seen = at_matmul_precision("high", get_float32_matmul_precision)
+    assert seen() == "high" and get_float32_matmul_precision() == "highest"
+    assert at_matmul_precision(None, get_float32_matmul_precision) is get_float32_matmul_precision
+    with pytest.raises(ValueError, match="precision must be one of"):
+        at_matmul_precision("low", get_float32_matmul_precision)
+
+
 def test_tensor_cores_only_where_probed(device):
     """PoCL and the NumPy backend have no tensor cores: precision requests fall back to fp32."""
     if device.kind == "opencl" and "NVIDIA" in device.platform_name.upper():

@@ -39,16 +39,25 @@ def set_autocast_dtype(dtype: np.dtype | None) -> np.dtype | None:
     return previous
 
 
-def low_dtype_for(*operands: Any) -> np.dtype | None:
-    """The dtype the operands' product runs in under autocast, or None (autocast off, not all
-    float32, or a device without that dtype)."""
+def _autocast_device(operands: tuple[Any, ...]) -> tuple[np.dtype, Any] | None:
+    """(autocast's dtype, the operands' device) when autocast is on and every operand given is a
+    float32 Tensor (or a Node of one), else None: the products autocast takes."""
     dtype = autocast_dtype()
     if dtype is None:
         return None
     values = [x.value if isinstance(x, Node) else x for x in operands if x is not None]
     if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
         return None
-    device = values[0].device
+    return dtype, values[0].device
+
+
+def low_dtype_for(*operands: Any) -> np.dtype | None:
+    """The dtype the operands' product runs in under autocast, or None (autocast off, not all
+    float32, or a device without that dtype)."""
+    taken = _autocast_device(operands)
+    if taken is None:
+        return None
+    dtype, device = taken
     if device.supports(dtype):
         return dtype
     if device_fallback_precision(device) is not None:  # ``fallback_precision`` takes these products
@@ -81,27 +90,11 @@ def device_fallback_precision(device: Any) -> str | None:
 def fallback_precision(*operands: Any) -> str | None:
     """``FALLBACK_PRECISION`` when autocast is on, the operands are float32 and their device has no
     float16 but tf32 tensor cores (then the op runs at that matmul precision), else None."""
-    dtype = autocast_dtype()
-    if dtype is None:
+    taken = _autocast_device(operands)
+    if taken is None:
         return None
-    values = [x.value if isinstance(x, Node) else x for x in operands if x is not None]
-    if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
-        return None
-    device = values[0].device
+    dtype, device = taken
     return None if device.supports(dtype) else device_fallback_precision(device)
-
-
-def at_precision(precision: str | None, fn: Any) -> Any:
-    """``fn`` running its products at matmul ``precision`` (``fn`` itself when None): an op's
-    forward and gradient wrapped alike, so its backward matches its forward wherever it runs."""
-    if precision is None:
-        return fn
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with R.matmul_precision(precision):
-            return fn(*args, **kwargs)
-
-    return wrapped
 
 
 def lower(x: Tensor, dtype: np.dtype) -> Tensor:

@@ -280,7 +280,7 @@ def matmul(a: Operand, b: Operand) -> Node:
         gb = _weight_grad(x, g, y) if _needs(b) else None
         return [_reduce(ga, x), _reduce(gb, y)]
 
-    at = autocast_mode.at_precision
+    at = R.at_matmul_precision  # the op's forward and gradient alike
     return apply_op(at(precision, R.matmul), at(precision, grad), a, b, op_name="matmul")
 
 

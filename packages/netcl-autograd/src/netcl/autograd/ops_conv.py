@@ -15,6 +15,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime.ops import conv as RC  # noqa: N812
 from netcl.runtime.ops import pool as RP  # noqa: N812
+from netcl.runtime.ops import precision as RPR  # noqa: N812
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -60,7 +61,7 @@ def conv2d(
         return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
 
     args = (x, w) if b is None else (x, w, b)
-    at = autocast_mode.at_precision
+    at = RPR.at_matmul_precision  # the op's forward and gradient alike
     return apply_op(at(precision, forward), at(precision, grad), *args, op_name="conv2d", attrs=attrs)
 
 

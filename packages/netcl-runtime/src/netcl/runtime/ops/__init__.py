@@ -70,7 +70,12 @@ from netcl.runtime.ops.pointwise import (
     where,
 )
 from netcl.runtime.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
-from netcl.runtime.ops.precision import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
+from netcl.runtime.ops.precision import (
+    at_matmul_precision,
+    get_float32_matmul_precision,
+    matmul_precision,
+    set_float32_matmul_precision,
+)
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, min, prod, sum
 from netcl.runtime.ops.rowwise import layer_norm, log_softmax, logsumexp, rms_norm, softmax
@@ -114,6 +119,7 @@ __all__ = [
     "ge",
     "gelu",
     "gelu_grad",
+    "at_matmul_precision",
     "get_float32_matmul_precision",
     "getitem",
     "gt",

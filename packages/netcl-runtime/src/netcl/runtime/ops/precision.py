@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
 PRECISIONS = ("highest", "high", "medium")
+T = TypeVar("T")
 _state = threading.local()
 _default = ["highest"]
 
@@ -48,6 +50,20 @@ def matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         _state.value = previous
+
+
+def at_matmul_precision(precision: str | None, fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` with its float32 products at ``precision`` (each call inside ``matmul_precision``);
+    ``fn`` itself when ``precision`` is None."""
+    if precision is None:
+        return fn
+    _check(precision)
+
+    def wrapped(*args: Any, **kwargs: Any) -> T:
+        with matmul_precision(precision):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def resolve(precision: str | None) -> str:
