@@ -116,6 +116,31 @@ def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch
     assert program_cache.stats().misses == before
 
 
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_conv_gradients_with_an_addend(device, monkeypatch, implicit, precision):
+    """conv2d's input and weight gradients with ``addend=``: the bits of the plain gradient + the
+    addend (one float add, in the implicit GEMM's store or an add kernel); bad addends raise first."""
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    rng = np.random.default_rng(3)
+    x = nc.tensor(rng.standard_normal((2, 6, 9, 8)).astype(np.float32), device=device)
+    w = nc.tensor(rng.standard_normal((5, 6, 3, 3)).astype(np.float32), device=device)
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    g = nc.tensor(rng.standard_normal((2, 5, geo.OH, geo.OW)).astype(np.float32), device=device)
+    with R.matmul_precision(precision):
+        for fn, shape in (
+            (lambda **kw: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit, **kw), x.shape),
+            (lambda **kw: conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit, **kw), w.shape),
+        ):
+            addend = rng.standard_normal(shape).astype(np.float32)
+            got = fn(addend=nc.tensor(addend, device=device)).to_host()
+            np.testing.assert_array_equal(got, fn().to_host() + addend)
+            with pytest.raises(nc.ShapeError, match="addend must have shape"):
+                fn(addend=nc.tensor(addend[:1], device=device))
+            with pytest.raises(TypeError, match="addend must be a Tensor"):
+                fn(addend=addend)
+
+
 @pytest.mark.parametrize(
     "precision,pipeline,unit",
     [("high", "registers", 2.0**-10), ("high", "cp.async", 2.0**-9), ("medium", "registers", 2.0**-7)],

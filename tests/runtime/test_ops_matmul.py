@@ -221,6 +221,52 @@ def test_matmul_bias_errors(device):
         ops.matmul(a, b, bias=nc.tensor(_data((5,), 2), device=device), out_dtype=np.float64)
 
 
+@pytest.mark.parametrize("host_blas", ["1", "0"], ids=["host-blas-where-it-applies", "gemm-kernel"])
+@pytest.mark.parametrize(
+    ("sa", "sb", "ta", "tb", "precision"),
+    [
+        ((17, 33), (33, 5), False, False, None),  # partial tiles
+        ((64, 32), (64, 48), True, False, None),  # a weight gradient x.T @ g
+        ((4, 3000), (3000, 6), False, False, None),  # split along K: the sum of the parts adds it
+        ((3, 5, 7), (7, 4), False, False, None),  # batched left (folded into M)
+        ((2, 3, 8, 16), (3, 16, 8), False, False, None),  # broadcast batch
+        ((40, 30), (20, 30), False, True, "high"),  # tensor cores where the device has them
+        ((5,), (5, 3), False, False, None),  # a 1-D operand: matmul, then an add
+    ],
+)
+def test_matmul_addend(device, monkeypatch, host_blas, sa, sb, ta, tb, precision):
+    """``matmul(a, b, addend=c)``: the bits of ``matmul(a, b)`` + c (one float add, in the GEMM's store
+    or an add kernel), and within the product's tolerance of float64."""
+    monkeypatch.setenv("NETCL_HOST_BLAS", host_blas)
+    a, b = nc.tensor(_data(sa, 0), device=device), nc.tensor(_data(sb, 1), device=device)
+    product = ops.matmul(a, b, transpose_a=ta, transpose_b=tb, precision=precision).to_host()
+    c = _data(product.shape, 2)
+    got = ops.matmul(a, b, transpose_a=ta, transpose_b=tb, precision=precision, addend=nc.tensor(c, device=device))
+    np.testing.assert_array_equal(got.to_host(), product + c)
+    x, y = _data(sa, 0).astype(np.float64), _data(sb, 1).astype(np.float64)
+    x, y = (np.swapaxes(x, -1, -2) if ta else x), (np.swapaxes(y, -1, -2) if tb else y)
+    mode = (
+        precision
+        if device.kind == "opencl" and gemm_mma.mode_for(device, np.dtype("f4"), np.dtype("f4"), precision or "highest")
+        else "highest"
+    )
+    np.testing.assert_allclose(got.to_host(), np.matmul(x, y) + c, rtol=0, atol=_tolerance(x.shape[-1], mode) + 2 * EPS)
+
+
+def test_matmul_addend_errors(device):
+    a, b = nc.tensor(_data((4, 3), 0), device=device), nc.tensor(_data((3, 5), 1), device=device)
+    with pytest.raises(nc.ShapeError, match=r"addend must have the result's shape \(4, 5\), got \(5, 4\)"):
+        ops.matmul(a, b, addend=nc.tensor(_data((5, 4), 2), device=device))
+    with pytest.raises(nc.DTypeError, match="addend must have the result's dtype float32, got int32"):
+        ops.matmul(a, b, addend=nc.tensor(np.zeros((4, 5), np.int32), device=device))
+    with pytest.raises(TypeError, match="addend must be a Tensor, got ndarray"):
+        ops.matmul(a, b, addend=np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match="bias= and addend= together"):
+        ops.matmul(
+            a, b, bias=nc.tensor(_data((5,), 2), device=device), addend=nc.tensor(_data((4, 5), 2), device=device)
+        )
+
+
 @pytest.mark.parametrize(("bias", "activation"), [("col", "relu"), ("row", None), ("none", "gelu"), ("col", "tanh")])
 def test_epilogue(device, bias, activation):
     """act(a @ b + bias) in the GEMM's store equals the separate ops in float64."""

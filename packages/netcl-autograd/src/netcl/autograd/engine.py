@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -377,6 +378,7 @@ def apply_op(
     tape: Tape | None = None,
     op_name: str | None = None,
     attrs: dict[str, Any] | None = None,
+    folds_addends: bool = False,
 ) -> Any:
     """Run ``fn`` on the values of ``args`` and record how to differentiate it.
 
@@ -385,6 +387,12 @@ def apply_op(
     constants); ``None`` marks the op as not differentiable. Order: (1) an installed tracer takes
     the call, (2) with grad mode off the result is a plain Node, (3) otherwise a Node with the
     graph edges is built and recorded on ``tape`` (default: the current tape).
+
+    ``folds_addends``: backward may call ``grad_fn(grad_out, values, output, addends=...)`` with one
+    entry per argument, a gradient already summed for it or None; the op then returns, for each
+    argument given an addend, a NEW tensor ``addend + its gradient`` (or None: no gradient). A
+    product adds it in its store, which saves the add kernel of a gradient summed over several
+    uses or accumulated into a leaf's ``grad`` (see ``Tape.backward``).
     """
     if op_name is None:
         op_name = sys._getframe(1).f_code.co_name
@@ -409,7 +417,7 @@ def apply_op(
     else:
         node = Node(
             out,
-            _bind_grad_fn(grad_fn, values, out, index, len(args), op_name),  # type: ignore[arg-type]
+            _bind_grad_fn(grad_fn, values, out, index, len(args), op_name, folds_addends),  # type: ignore[arg-type]
             [args[i] for i in index],
             requires_grad=True,
             op_name=op_name,
@@ -421,14 +429,27 @@ def apply_op(
 
 
 def _bind_grad_fn(
-    grad_fn: OpGradFn, values: tuple[Any, ...], out: Tensor, index: list[int], nargs: int, op_name: str
+    grad_fn: OpGradFn,
+    values: tuple[Any, ...],
+    out: Tensor,
+    index: list[int],
+    nargs: int,
+    op_name: str,
+    folds_addends: bool = False,
 ) -> GradFn:
-    def node_grad_fn(grad_out: Tensor) -> list[Tensor | None]:
-        grads = list(grad_fn(grad_out, values, out))
+    def node_grad_fn(grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+        if addends is None:
+            grads = list(grad_fn(grad_out, values, out))
+        else:  # one per parent (the Node arguments), passed on as one per argument
+            per_argument: list[Tensor | None] = [None] * nargs
+            for i, addend in zip(index, addends, strict=True):
+                per_argument[i] = addend
+            grads = list(grad_fn(grad_out, values, out, addends=per_argument))  # type: ignore[call-arg]
         if len(grads) != nargs:
             raise RuntimeError(f"grad_fn of op {op_name!r} returned {len(grads)} gradients for {nargs} arguments")
         return [grads[i] for i in index]
 
+    node_grad_fn.folds_addends = folds_addends  # type: ignore[attr-defined]
     return node_grad_fn
 
 
@@ -464,9 +485,12 @@ class Tape:
         """Send gradients from ``loss`` to every node that requires grad.
 
         Each grad_fn runs once, in reverse topological order; a parent used several times gets the
-        sum of its gradients (added in place on the device). Leaves accumulate into an existing
-        ``grad`` across calls; every reached node's ``grad`` and ``value.grad`` are set. Without
-        ``retain_graph`` the graph is released afterwards and a second backward through it raises.
+        sum of its gradients (added in place on the device, or in the store of a product whose op
+        folds addends, ``apply_op``). Leaves accumulate into an existing ``grad`` across calls (a
+        product that is a leaf's one use in the graph adds it in its store: gradient accumulation
+        over micro-batches costs no add kernels there); every reached node's ``grad`` and
+        ``value.grad`` are set. Without ``retain_graph`` the graph is released afterwards and a
+        second backward through it raises.
         Nothing is written to any node unless the whole pass succeeds. Grad-ready hooks
         (``Node.register_grad_ready_hook``) run as soon as a node's gradient is final, in the middle
         of the pass; callbacks queued with ``queue_callback`` run after the gradients are stored.
@@ -497,25 +521,38 @@ class Tape:
         anomaly = grad_mode._detect_anomaly
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
+        with_stored: set[Node] = set()  # leaves whose pending sum already holds their stored grad
+        uses: Counter[Node] | None = None
         results: list[tuple[Node, Tensor, bool, bool]] = []
         for node in reversed(order):
             g = pending.pop(node, None)
             if g is None:
                 continue
             hooks = node._grad_hooks
+            stored = node in with_stored
             if hooks:
                 replace = node.grad_fn is None and node.grad is not None
-                if replace:  # the accumulated gradient, in a fresh buffer: node.grad is untouched until the end
+                if replace and not stored:  # the accumulated gradient, in a fresh buffer: node.grad untouched
                     g = rops.add(node.grad, g)
                 results.append((node, g, replace or node in owned, replace))
                 for hook in list(hooks):
                     hook(node, g)
             else:
-                results.append((node, g, node in owned, False))
+                results.append((node, g, stored or node in owned, stored))
             if node.grad_fn is None:
                 continue
-            parent_grads = node.grad_fn(g)
-            for parent, pg in zip(node.parents, parent_grads, strict=True):
+            addends = None
+            if getattr(node.grad_fn, "folds_addends", False):
+                if uses is None:
+                    uses = _uses(order)
+                addends = [
+                    None if any(p is parent for p in node.parents[:k]) else _addend(parent, pending, uses)
+                    for k, parent in enumerate(node.parents)
+                ]
+                parent_grads = node.grad_fn(g, addends)  # type: ignore[call-arg]
+            else:
+                parent_grads = node.grad_fn(g)
+            for k, (parent, pg) in enumerate(zip(node.parents, parent_grads, strict=True)):
                 if pg is None or not parent.requires_grad:
                     continue
                 if isinstance(pg, Node):
@@ -527,7 +564,12 @@ class Tape:
                     )
                 if anomaly:
                     _check_finite(node, pg)
-                if parent not in pending:
+                if addends is not None and addends[k] is not None:  # the op's store added the sum so far
+                    if parent not in pending:
+                        with_stored.add(parent)
+                    pending[parent] = pg
+                    owned.add(parent)
+                elif parent not in pending:
                     pending[parent] = pg
                 elif parent in owned:
                     rops.add_(pending[parent], pg)
@@ -540,6 +582,24 @@ class Tape:
             for node in order:
                 if node.grad_fn is not None:
                     node.grad_fn, node.parents, node._freed = None, [], True
+
+
+def _uses(order: list[Node]) -> Counter[Node]:
+    """How many gradient edges lead to each node of ``order``."""
+    return Counter(parent for node in order for parent in node.parents if parent.requires_grad)
+
+
+def _addend(parent: Node, pending: dict[Node, Tensor], uses: Counter[Node]) -> Tensor | None:
+    """What a folding op may add ``parent``'s gradient to: the sum pending for it, or a leaf's stored
+    grad where this is the leaf's one use (so the float sums keep the unfolded path's order)."""
+    if not parent.requires_grad:
+        return None
+    if parent in pending:
+        return pending[parent]
+    grad = parent.grad
+    if parent.grad_fn is None and grad is not None and uses[parent] == 1 and grad.dtype == parent.dtype:
+        return grad
+    return None
 
 
 def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:

@@ -18,7 +18,7 @@ import numpy as np
 
 from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
-from netcl.core import ShapeError, Tensor
+from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
 
 Operand = Any  # Node | Tensor | int | float
@@ -249,14 +249,35 @@ def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> N
 
 
 # ---- matmul ----------------------------------------------------------------------------------
-def _weight_grad(x: Tensor, g: Tensor, y: Tensor) -> Tensor:
-    """x.T @ g, read in place (no transpose kernel); a 2-D ``y`` shared by a batched ``x`` gets
-    its gradient as ONE (K, rows) @ (rows, N) product over the flattened batch, not a batched
+def plus(addend: Tensor | None, grad: Tensor | None) -> Tensor | None:
+    """``addend + grad`` by an add kernel; ``grad`` itself without an addend, None without a gradient
+    (what a folding op returns for an argument, see ``apply_op``'s ``folds_addends``)."""
+    if addend is None or grad is None:
+        return grad
+    return R.add(addend, grad)
+
+
+def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Tensor, **kw: Any) -> Tensor:
+    """``a @ b`` (``kw``: ``R.matmul``'s options) as the gradient of an operand of ``shape``: summed to
+    that shape, plus ``addend`` when given: in the product's store when the product has the shape
+    (no broadcast batch to sum) and the addend its dtype, else by an add."""
+    rows = a.shape[-1] if kw.get("transpose_a") else a.shape[-2]
+    cols = b.shape[-2] if kw.get("transpose_b") else b.shape[-1]
+    product_shape = (*broadcast_shapes(a.shape[:-2], b.shape[:-2]), rows, cols)
+    result = np.dtype(kw["out_dtype"]) if kw.get("out_dtype") is not None else np.result_type(a.dtype, b.dtype)
+    if addend is not None and product_shape == tuple(shape) and addend.dtype == result:
+        return R.matmul(a, b, addend=addend, **kw)
+    return plus(addend, R.sum_to_shape(R.matmul(a, b, **kw), tuple(shape)))
+
+
+def _weight_grad(x: Tensor, g: Tensor, y: Tensor, addend: Tensor | None = None) -> Tensor:
+    """x.T @ g (+ addend), read in place (no transpose kernel); a 2-D ``y`` shared by a batched ``x``
+    gets its gradient as ONE (K, rows) @ (rows, N) product over the flattened batch, not a batched
     product and a sum."""
     if y.ndim == 2 and x.ndim > 2:
         rows = x.size // x.shape[-1]
-        return R.matmul(x.reshape(rows, x.shape[-1]), g.reshape(rows, g.shape[-1]), transpose_a=True)
-    return R.matmul(x, g, transpose_a=True)
+        x, g = x.reshape(rows, x.shape[-1]), g.reshape(rows, g.shape[-1])
+    return product_grad(y.shape, addend, x, g, transpose_a=True)
 
 
 def matmul(a: Operand, b: Operand) -> Node:
@@ -274,14 +295,14 @@ def matmul(a: Operand, b: Operand) -> Node:
         return autocast_mode.matmul(a, b, low)
     precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None)) -> _Grads:
         x, y = values
-        ga = R.matmul(g, y, transpose_b=True) if _needs(a) else None
-        gb = _weight_grad(x, g, y) if _needs(b) else None
-        return [_reduce(ga, x), _reduce(gb, y)]
+        ga = product_grad(x.shape, addends[0], g, y, transpose_b=True) if _needs(a) else None
+        gb = _weight_grad(x, g, y, addends[1]) if _needs(b) else None
+        return [ga, gb]
 
     at = R.at_matmul_precision  # the op's forward and gradient alike
-    return apply_op(at(precision, R.matmul), at(precision, grad), a, b, op_name="matmul")
+    return apply_op(at(precision, R.matmul), at(precision, grad), a, b, op_name="matmul", folds_addends=True)
 
 
 def _matmul_vector(a: Operand, b: Operand) -> Node:

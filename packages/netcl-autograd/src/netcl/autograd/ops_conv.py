@@ -8,10 +8,12 @@ summed over batch and space. Pooling backwards gather per input pixel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.ops import plus
 from netcl.core import Tensor
 from netcl.runtime.ops import conv as RC  # noqa: N812
 from netcl.runtime.ops import pool as RP  # noqa: N812
@@ -51,18 +53,27 @@ def conv2d(
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
         return RC.conv2d(xv, wv, bv, stride, padding, dilation, groups)
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None, None)) -> _Grads:
         xv, wv = values[0], values[1]
         geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
-        gx = RC.conv2d_backward_input(g, wv, geo, groups) if _needs(x) else None
-        gw = RC.conv2d_backward_weight(g, xv, wv.shape, geo, groups) if _needs(w) else None
+        # the products sum an addend of g's dtype; another is added after them
+        folds = [a if a is not None and a.dtype == g.dtype else None for a in addends]
+        gx = gw = None
+        if _needs(x):
+            gx = RC.conv2d_backward_input(g, wv, geo, groups, addend=folds[0])
+            gx = gx if folds[0] is not None else plus(addends[0], gx)
+        if _needs(w):
+            gw = RC.conv2d_backward_weight(g, xv, wv.shape, geo, groups, addend=folds[1])
+            gw = gw if folds[1] is not None else plus(addends[1], gw)
         if b is None:
             return [gx, gw]
-        return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
+        return [gx, gw, plus(addends[2], RC.conv2d_backward_bias(g)) if _needs(b) else None]
 
     args = (x, w) if b is None else (x, w, b)
     at = RPR.at_matmul_precision  # the op's forward and gradient alike
-    return apply_op(at(precision, forward), at(precision, grad), *args, op_name="conv2d", attrs=attrs)
+    return apply_op(
+        at(precision, forward), at(precision, grad), *args, op_name="conv2d", attrs=attrs, folds_addends=True
+    )
 
 
 def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:

@@ -9,9 +9,10 @@ float16 operands and float32 accumulation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from netcl.autograd import autocast_mode
+from netcl.autograd import autocast_mode, ops
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor
 from netcl.core.dtypes import float32
@@ -47,6 +48,12 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
             return R.matmul(a, b, **kw)
         return R.matmul(autocast_mode.lower(a, low), autocast_mode.lower(b, low), out_dtype=float32, **kw)
 
+    def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Tensor, **kw: Any) -> Tensor:
+        if low is None:
+            return ops.product_grad(shape, addend, a, b, **kw)
+        a, b = autocast_mode.lower(a, low), autocast_mode.lower(b, low)
+        return ops.product_grad(shape, addend, a, b, out_dtype=float32, **kw)
+
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
         x2 = xv.reshape(rows, in_features)
         if bv is not None and low is None and float32 == bv.dtype == xv.dtype == wv.dtype:  # added in the store
@@ -56,17 +63,25 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
             out = R.add(out, bv)
         return out.reshape(*x_shape[:-1], out_features)
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+    def grad(
+        g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Tensor | None] = (None, None, None)
+    ) -> list[Tensor | None]:
         xv, wv = values[0], values[1]
         g2 = g.reshape(rows, out_features)
-        gx = product(g2, wv).reshape(x_shape) if _needs(x) else None
-        gw = product(g2, xv.reshape(rows, in_features), transpose_a=True) if _needs(weight) else None
+        gx = gw = None
+        if _needs(x):
+            add_x = None if addends[0] is None else addends[0].reshape(rows, in_features)
+            gx = product_grad((rows, in_features), add_x, g2, wv).reshape(x_shape)
+        if _needs(weight):
+            gw = product_grad(w_shape, addends[1], g2, xv.reshape(rows, in_features), transpose_a=True)
         if bias is None:
             return [gx, gw]
-        return [gx, gw, R.sum(g2, 0) if _needs(bias) else None]
+        return [gx, gw, ops.plus(addends[2], R.sum(g2, 0)) if _needs(bias) else None]
 
     args = (x, weight) if bias is None else (x, weight, bias)
     # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store
     attrs = {"autocast": None if low is None else str(low), "bias": bias is not None}
     at = R.at_matmul_precision  # the op's forward and gradient alike
-    return apply_op(at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs)
+    return apply_op(
+        at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs, folds_addends=True
+    )

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops import conv_implicit, host_blas
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
@@ -296,10 +297,21 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
     return matmul(swap_a, swap_b)
 
 
-def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int, *, implicit: bool = True) -> Tensor:
-    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+def conv2d_backward_input(
+    grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int, *, implicit: bool = True, addend: Tensor | None = None
+) -> Tensor:
+    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW).
+
+    ``addend`` (a tensor of x's shape and grad's dtype): the result is ``addend + d x``, summed in the
+    implicit GEMM's store where it runs in float32, else by an ``add``."""
+    if addend is not None:
+        _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
     if _use_implicit(implicit, grad, w, None, groups, geo):
-        return conv_implicit.backward_input(grad, w, geo)
+        if addend is None or grad.dtype == float32:
+            return conv_implicit.backward_input(grad, w, geo, addend)
+        return add(addend, conv_implicit.backward_input(grad, w, geo))
+    if addend is not None:
+        return add(addend, conv2d_backward_input(grad, w, geo, groups, implicit=False))
     g = int(groups)
     w3 = _grouped_weight(w, g)
     g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
@@ -308,11 +320,27 @@ def conv2d_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: in
 
 
 def conv2d_backward_weight(
-    grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int, *, implicit: bool = True
+    grad: Tensor,
+    x: Tensor,
+    w_shape: Sequence[int],
+    geo: ConvGeometry,
+    groups: int,
+    *,
+    implicit: bool = True,
+    addend: Tensor | None = None,
 ) -> Tensor:
-    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T."""
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T.
+
+    ``addend`` (a tensor of w's shape and grad's dtype): the result is ``addend + d w``, summed in the
+    implicit GEMM's store where it runs in float32, else by an ``add``."""
+    if addend is not None:
+        _check_addend("conv2d_backward_weight", addend, w_shape, grad)
     if _use_implicit(implicit, grad, x, None, groups, geo):
-        return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo)
+        if addend is None or grad.dtype == float32:
+            return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo, addend)
+        return add(addend, conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo))
+    if addend is not None:
+        return add(addend, conv2d_backward_weight(grad, x, w_shape, geo, groups, implicit=False))
     g = int(groups)
     out_ch = int(w_shape[0])
     K = geo.C // g * geo.KH * geo.KW
@@ -321,6 +349,18 @@ def conv2d_backward_weight(
     per_image = _matmul_t(g4, cols, transpose_b=True)  # (N, g, O/g, K)
     total = reduce_sum(per_image, axis=0) if geo.N > 1 else per_image.reshape(g, out_ch // g, K)
     return total.reshape(tuple(int(d) for d in w_shape))
+
+
+def _check_addend(op: str, addend: Tensor, shape: Sequence[int], grad: Tensor) -> None:
+    if not isinstance(addend, Tensor):
+        raise TypeError(f"{op}: addend must be a Tensor, got {type(addend).__name__}")
+    want = tuple(int(d) for d in shape)
+    if tuple(addend.shape) != want or addend.dtype != grad.dtype:
+        raise ShapeError(
+            f"{op}: addend must have shape {want} and the gradient's dtype {grad.dtype}, "
+            f"got {tuple(addend.shape)} {addend.dtype}"
+        )
+    device_of((grad, addend), op)
 
 
 def conv2d_backward_bias(grad: Tensor) -> Tensor:

@@ -46,7 +46,7 @@ from netcl.runtime.ops import precision as _precision
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm import Plan, Problem, make_plan
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
-from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView
+from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
@@ -302,7 +302,15 @@ class _Layer:
     """One (kind, shapes, geometry, dtype) on a device: its Problem, views and, once made, its Plan."""
 
     def __init__(
-        self, kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool, mode: str | None = None
+        self,
+        kind: str,
+        device: Device,
+        geo,
+        out_ch: int,
+        dtype: np.dtype,
+        bias: bool,
+        mode: str | None = None,
+        addend: bool = False,
     ) -> None:
         n, c, h, w, kk, length = geo.N, geo.C, geo.H, geo.W, geo.KH * geo.KW, geo.OH * geo.OW
         idx = _idx(n * c * h * w, n * out_ch * length, out_ch * c * kk)
@@ -325,12 +333,16 @@ class _Layer:
             self.views = (None, view_b, out)
             self.out_shape = (n, c, h, w)
             self.sizes = (out_ch * c * kk, n * out_ch * length)
+            if addend:  # stored through C's view: the addend, laid out like x, is read at C's offset
+                self.epilogue = PLUS_ADDEND
         else:
             self.problem = Problem(out_ch, c * kk, n * length, False, True, ())
             view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)")
             self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
             self.out_shape = (out_ch, c, geo.KH, geo.KW)
             self.sizes = (n * out_ch * length, n * c * h * w)
+            if addend:  # its columns (c, kh, kw) are w's own layout: the addend is read at C's offset
+                self.epilogue = PLUS_ADDEND
         kernel = f"mma-{mode}-" if mode else ""
         self.key = f"conv-{kernel}{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
         self.scratch: tuple[Tensor, Tensor] | None = None
@@ -357,17 +369,20 @@ class _Layer:
                 full((self.sizes[1],), 0.25, self.dtype, self.device),
             )
         bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
+        extras = [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands]
         plan = self.plan(cfg)
-        out = plan.run(*self.scratch, bias)
-        return lambda: plan.run(*self.scratch, bias, out=out)
+        out = plan.run(*self.scratch, bias, extras=extras)
+        return lambda: plan.run(*self.scratch, bias, out=out, extras=extras)
 
 
-def _layer(kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False) -> Plan:
+def _layer(
+    kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False, addend: bool = False
+) -> Plan:
     mode = _mma_mode(device, np.dtype(dtype))
-    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode)
+    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode, addend)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode).plan()
+        plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode, addend).plan()
         if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
             remember(_PLANS, key, plan)
     return plan
@@ -386,13 +401,21 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
     return out
 
 
-def backward_input(grad: Tensor, w: Tensor, geo) -> Tensor:
-    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW)."""
+def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
+    """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
+    summed in the product's store, when given."""
     out_ch = w.shape[0]
     w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 2, 0))  # (C, KK, O): small
-    return _layer("dx", grad.device, geo, out_ch, grad.dtype).run(w_t, grad)
+    return _run("dx", w_t, grad, out_ch, geo, addend)
 
 
-def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo) -> Tensor:
-    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): (O, C, KH, KW)."""
-    return _layer("dw", grad.device, geo, out_ch, grad.dtype).run(grad, x)
+def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo, addend: Tensor | None = None) -> Tensor:
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): (O, C, KH, KW); plus a float32 ``addend``
+    of that shape, summed in the product's store, when given."""
+    return _run("dw", grad, x, out_ch, geo, addend)
+
+
+def _run(kind: str, a: Tensor, b: Tensor, out_ch: int, geo, addend: Tensor | None) -> Tensor:
+    if addend is None:
+        return _layer(kind, a.device, geo, out_ch, b.dtype).run(a, b)
+    return _layer(kind, a.device, geo, out_ch, b.dtype, addend=True).run(a, b, extras=(addend,))

@@ -377,8 +377,6 @@ def mma_source(
         raise ValueError("gemm_mma: an operand view reads float32 storage; float16 operands cannot be views")
     if cfg.stages and any(v is not None and not v.offsets4 for v in (view_a, view_b)):
         raise ValueError("gemm_mma: cp.async stages copy a view's elements from its offsets4 (tf32 only)")
-    if view_c is not None and epilogue.code:
-        raise ValueError("gemm_mma: a code epilogue indexes C as plain rows; it cannot store through an output view")
     a_along_k, b_along_k = not trans_a, trans_b
     a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M", view_a)
     b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N", view_b)
@@ -560,7 +558,7 @@ void netcl_gemm(const int M, const int N, const int K,
                 const IDX r = A0 + wr + fm * 16 + gid + (q >> 1) * 8;
                 const IDX c = B0 + wc + fn * 8 + tig * 2 + (q & 1);
                 if (r < M && c < N) {{
-                    {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store))}
+                    {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store, at=at))}
                 }}
             }}
         }}

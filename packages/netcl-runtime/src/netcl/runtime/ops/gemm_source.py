@@ -111,20 +111,27 @@ class Epilogue:
         return out
 
     def store_lines(
-        self, value: str, ct: str, store: str, out_store: Callable[[int, str], str] | None = None
+        self,
+        value: str,
+        ct: str,
+        store: str,
+        out_store: Callable[[int, str], str] | None = None,
+        at: str = "(IDX)r * ldc + c",
     ) -> list[str]:
         """Statements storing one element of C (``r``, ``c`` in range; ``zb`` its batch index).
 
         ``value``: the accumulator; ``store``: a statement writing the macro ``OUT`` to C;
-        ``out_store(k, value)``: the statement storing an "out" operand k (default: into ``E{k}``).
+        ``out_store(k, value)``: the statement storing an "out" operand k (default: into ``E{k}``);
+        ``at``: the element's offset in its batch entry of C (an output view's expression), where
+        "full" and "out" operands hold it too.
         """
         bias_term = {"none": "", "col": " + (CT)bias[c]", "row": " + (CT)bias[r]"}[self.bias]
         lines = [f"const {ct} v = {value}{bias_term};", f"#define OUT ({ACTIVATIONS[self.activation]})"]
         if not self.code:
             return [*lines, f"{store};", "#undef OUT"]
         at = {
-            "full": "[zb * csb + (IDX)r * ldc + c]",
-            "out": "[zb * csb + (IDX)r * ldc + c]",
+            "full": f"[zb * csb + {at}]",
+            "out": f"[zb * csb + {at}]",
             "col": "[c]",
             "row": "[(IDX)zb * M + r]",
             "scalar": "",
@@ -142,6 +149,9 @@ class Epilogue:
 
 
 IDENTITY = Epilogue()
+#: ``acc + addend[element]``: a product summed into a tensor of C's layout (BLAS's beta = 1; a
+#: backward's gradient added to the sum so far), its one "full" operand the addend
+PLUS_ADDEND = Epilogue(code="float ep_out0 = ep_value + ep0;", operands=("full",))
 
 
 @dataclass(frozen=True)
@@ -311,8 +321,6 @@ def portable_source(
     for view, width, side in ((view_a, cfg.va, "A"), (view_b, cfg.vb, "B")):
         if view is not None and width != 1:
             raise ValueError(f"gemm: operand {side} is read through a view, its vector width must be 1, got {width}")
-    if view_c is not None and epilogue.code:
-        raise ValueError("gemm: a code epilogue indexes C as plain rows; it cannot store through an output view")
     a_decls, a_loads, a_stores = _load_lines("A", sa, ct, cfg.va, not trans_a, cfg.bm, cfg.bk, cfg.threads, "M", view_a)
     b_decls, b_loads, b_stores = _load_lines("B", sb, ct, cfg.vb, trans_b, cfg.bn, cfg.bk, cfg.threads, "N", view_b)
     helpers = "\n".join(v.helpers for v in views if v is not None)
@@ -346,7 +354,7 @@ def portable_source(
     if lv > 1 and view_c is None and c_dtype == float32 and ct == "float":
         store_section = _vector_store_section(epilogue, lv)
     else:
-        store_section = _scalar_store_section(epilogue, store)
+        store_section = _scalar_store_section(epilogue, store, at)
     return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
 {epilogue.preamble}
 #define CT {ct}
@@ -443,9 +451,9 @@ void netcl_gemm(const int M, const int N, const int K,
 """
 
 
-def _scalar_store_section(epilogue: Epilogue, store: str) -> str:
-    """Each thread stores its TM x TN accumulators one element at a time."""
-    body = "\n                ".join(epilogue.store_lines("acc[i][j]", "CT", store))
+def _scalar_store_section(epilogue: Epilogue, store: str, at: str) -> str:
+    """Each thread stores its TM x TN accumulators one element at a time (``at``: C's offset)."""
+    body = "\n                ".join(epilogue.store_lines("acc[i][j]", "CT", store, at=at))
     return f"""#pragma unroll
     for (int i = 0; i < TM; ++i) {{
         const IDX r = A0 + (i / LV) * (WGM * LV) + ty * LV + i % LV;

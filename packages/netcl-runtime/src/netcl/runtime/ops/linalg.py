@@ -18,7 +18,7 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.gemm import gemm
-from netcl.runtime.ops.gemm_source import Epilogue
+from netcl.runtime.ops.gemm_source import PLUS_ADDEND, Epilogue
 from netcl.runtime.ops.pointwise import add
 from netcl.runtime.ops.precision import (
     get_float32_matmul_precision,
@@ -71,6 +71,7 @@ def matmul(
     precision: str | None = None,
     out_dtype: np.dtype | None = None,
     bias: Tensor | None = None,
+    addend: Tensor | None = None,
 ) -> Tensor:
     """Matrix product with NumPy's ``matmul`` semantics; float result (float32 for integer inputs).
 
@@ -79,11 +80,16 @@ def matmul(
     ``get_float32_matmul_precision()``. ``out_dtype``: e.g. float32 for float16 operands (fp32
     accumulation either way). ``bias``: a float32 ``(N,)`` tensor added to every row of a float32
     result of >= 2-D operands (``torch.addmm``'s broadcast bias), in the product's store.
+    ``addend``: a tensor of the result's shape and dtype; the result is ``addend + a @ b`` (BLAS's
+    beta = 1), summed in the product's store where one GEMM kernel writes a float32 result (how a
+    backward adds a gradient to one already there without a kernel of its own), else by an ``add``.
     """
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     if (transpose_a and a.ndim < 2) or (transpose_b and b.ndim < 2):
         raise ShapeError(f"matmul: a transposed operand must be at least 2-D, got shapes {a.shape} and {b.shape}")
+    if addend is not None:
+        return _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype, bias)
     if bias is not None:
         return _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype)
     if (
@@ -107,6 +113,48 @@ def matmul(
 
 #: the store of a product with a bias: ``acc + bias[column]``
 COL_BIAS = Epilogue(bias="col")
+
+
+def _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype, bias) -> Tensor:
+    """``addend + matmul(a, b)``: in the GEMM's store where it runs one writing float32, else an ``add``
+    (both round the one float sum the same way, so the result's bits do not depend on the path)."""
+    if bias is not None:
+        raise ValueError("matmul: bias= and addend= together are not supported; add the bias to the addend")
+    if not isinstance(addend, Tensor):
+        raise TypeError(f"matmul: addend must be a Tensor, got {type(addend).__name__}")
+    a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
+    b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
+    a2, _, _, out_shape = matmul_shapes(a_shape, b_shape)
+    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
+    if tuple(addend.shape) != tuple(out_shape):
+        raise ShapeError(f"matmul: addend must have the result's shape {tuple(out_shape)}, got {tuple(addend.shape)}")
+    if addend.dtype != result:
+        raise DTypeError(f"matmul: addend must have the result's dtype {result}, got {addend.dtype}")
+    device = device_of((a, b, addend), "matmul")
+    folds = (
+        device.kind != "cpu"
+        and result == np.float32
+        and a.ndim >= 2
+        and b.ndim >= 2
+        and a2[-1] > 0
+        and addend.size > 0
+        and not (_host_memory(device) and host_blas.applies(device, a, b, result))
+    )
+    if not folds:
+        return add(
+            matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, precision=precision, out_dtype=out_dtype),
+            addend,
+        )
+    return gemm(
+        a,
+        b,
+        trans_a=transpose_a,
+        trans_b=transpose_b,
+        out_dtype=out_dtype,
+        precision=precision,
+        epilogue=PLUS_ADDEND,
+        epilogue_args=(addend,),
+    )
 
 
 def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> Tensor:
