@@ -94,3 +94,24 @@ def test_state_dict_and_bad_arguments():
         GradScaler(growth_interval=0)
     with pytest.raises(TypeError, match="scale_loss: expected a Node"):
         scaler.scale_loss(3.0)
+
+
+def test_steps_with_netcl_optimizers_read_nothing_back(device, monkeypatch):
+    """scale_loss, backward, step and update over a clean, an inf and a clean iteration with no host read
+    (the flag goes to the SGD kernels); afterwards the skip and the schedule are what they should be."""
+    scaler = GradScaler(init_scale=8.0, growth_interval=1)
+    p = _param(device)
+    opt = SGD([p], lr=0.5)
+    factors = [1.0, np.inf, 1.0]
+    with monkeypatch.context() as patch:
+        patch.setattr(nc.Tensor, "to_host", lambda self: pytest.fail("a host read in an amp step"))
+        for factor in factors:
+            with ag.Tape() as tape:
+                loss = scaler.scale_loss(ag.sum(p * factor))
+            tape.backward(loss)
+            scaler.step(opt)
+            scaler.update()
+            p.grad = None
+    assert scaler.get_scale() == 16.0  # 8 grew to 16, the inf step halved it, the last step grew it again
+    np.testing.assert_allclose(p.to_host(), np.array([1.0, 2.0, 3.0]) - 2 * 0.5)
+    assert opt.steps.to_host().tolist() == [2]

@@ -1,9 +1,10 @@
 """GradScaler(capturable=True): the scale, its schedule and the skip of an inf/NaN step on the device.
 
-Eager, a capturable scaler must give what the host scaler gives (parameters, optimizer state, step
+Eager, a capturable scaler must give what the default scaler gives (parameters, optimizer state, step
 counts, scale) over clean and inf/NaN steps; captured with ``fuse_graph``, the replayed step must
 follow the same schedule with no host read in it (the replays skip, back off and grow by themselves).
-Both run the same kernels in the same order, so the parameters agree to float32 rounding.
+netcl's optimizers skip in their kernels (``skips_on_device``); the ``Snapshot*`` twins below do not,
+so they take the other paths: the default scaler's host read, the capturable one's snapshots.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from netcl.amp import GradScaler
 from netcl.jit import fuse_graph
 from netcl.optim import SGD, Adam
 
+
+class SnapshotAdam(Adam):
+    skips_on_device = False
+
+
+class SnapshotSGD(SGD):
+    skips_on_device = False
+
+
 GRADS = [(1.0, -2.0, 4.0), (1.0, np.inf, 0.0), (0.5, 0.5, 0.5), (np.nan, 1.0, 1.0), (2.0, -1.0, 1.0), (1.0, 1.0, 3.0)]
 
 
@@ -25,7 +35,16 @@ def _params(device):
     return [nn.Parameter(np.asarray(v, np.float32), device=device) for v in ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))]
 
 
-@pytest.mark.parametrize("make_opt", [lambda p: Adam(p, lr=0.1), lambda p: SGD(p, lr=0.1, momentum=0.9)])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p: Adam(p, lr=0.1),
+        lambda p: SGD(p, lr=0.1, momentum=0.9),
+        lambda p: SnapshotAdam(p, lr=0.1),
+        lambda p: SnapshotSGD(p, lr=0.1, momentum=0.9),
+    ],
+    ids=["adam", "sgd", "adam-snapshots", "sgd-snapshots"],
+)
 def test_capturable_matches_the_host_scaler(device, make_opt):
     runs = []
     for capturable in (False, True):
@@ -48,9 +67,10 @@ def test_capturable_matches_the_host_scaler(device, make_opt):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_first_step_skipped_leaves_fresh_state(device):
+@pytest.mark.parametrize("opt_cls", [Adam, SnapshotAdam])
+def test_first_step_skipped_leaves_fresh_state(device, opt_cls):
     params = _params(device)
-    opt = Adam(params, lr=0.1)
+    opt = opt_cls(params, lr=0.1)
     scaler = GradScaler(init_scale=4.0, capturable=True)
     for p in params:
         p.grad = nc.tensor(np.array([1.0, np.nan, 1.0], np.float32), device=device)
@@ -67,12 +87,13 @@ def _model(device):
     return nn.Sequential(nn.Linear(4, 8, device=device), nn.ReLU(), nn.Linear(8, 2, device=device))
 
 
-def test_captured_amp_step_replays_skip_and_schedule(cl_device):
+@pytest.mark.parametrize("opt_cls", [Adam, SnapshotAdam])
+def test_captured_amp_step_replays_skip_and_schedule(cl_device, opt_cls):
     device = cl_device
     ag.manual_seed(1)
     captured, eager = _model(device), _model(device)
     eager.load_state_dict({k: v.to_host() for k, v in captured.state_dict().items()})
-    opt_c, opt_e = Adam(captured.parameters(), lr=0.05), Adam(eager.parameters(), lr=0.05)
+    opt_c, opt_e = opt_cls(captured.parameters(), lr=0.05), opt_cls(eager.parameters(), lr=0.05)
     sc_c = GradScaler(init_scale=1024.0, growth_interval=2, capturable=True)
     sc_e = GradScaler(init_scale=1024.0, growth_interval=2)
     rng = np.random.default_rng(0)

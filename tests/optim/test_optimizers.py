@@ -231,3 +231,63 @@ def test_the_parameters_update_is_one_multi_tensor_kernel(cl_device):
         names = [launch.name for launch in graph.launches]
         kernel = "netcl_sgd_multi" if isinstance(opt, SGD) else "netcl_adam_multi"
         assert names == [kernel, "netcl_count_steps"]
+
+
+def _snapshot(opt, params) -> dict:
+    return {
+        "params": [p.to_host().copy() for p in params],
+        "state": [t.to_host().copy() for p in params for t in opt.state.get(p, {}).values()],
+        "steps": opt.steps.to_host().copy(),
+    }
+
+
+def _no_host_read(self):
+    pytest.fail("a host read in a step the device skips")
+
+
+@pytest.mark.parametrize(
+    ("opt_cls", "kwargs"), [(SGD, {"lr": 0.1, "momentum": 0.9}), (Adam, {"lr": 0.1}), (AdamW, {"lr": 0.1})]
+)
+def test_a_raised_skip_flag_changes_nothing(device, opt_cls, kwargs, monkeypatch):
+    """``step(skip_if=flag)``, the flag read by the kernels alone (no host read): up, parameters, state
+    and step counts keep their bits (the first step's state is made, as zeros); down, the step is a
+    plain step's, bit for bit."""
+    up, down = (nc.tensor(np.array([v], np.int32), dtype=np.int32, device=device) for v in (1, 0))
+    params, _, grads = _setup(device)
+    twins, _, _ = _setup(device)
+    opt, plain = opt_cls(params, **kwargs), opt_cls(twins, **kwargs)
+    for step, step_grads in enumerate(grads):
+        for p, q, g in zip(params, twins, step_grads, strict=True):
+            p.grad, q.grad = nc.tensor(g, device=device), nc.tensor(g, device=device)
+        if step != 1:
+            before = _snapshot(opt, params)
+            with monkeypatch.context() as patch:
+                patch.setattr(nc.Tensor, "to_host", _no_host_read)
+                opt.step(skip_if=up)
+            after = _snapshot(opt, params)
+            if step == 0:
+                assert before["state"] == [] and all(np.all(t == 0) for t in after["state"])
+                after["state"] = []
+            for key in before:
+                for a, b in zip(after[key], before[key], strict=True):
+                    np.testing.assert_array_equal(a, b)
+        opt.step(skip_if=down)
+        plain.step()
+        ours, theirs = _snapshot(opt, params), _snapshot(plain, twins)
+        for key in ours:
+            for a, b in zip(ours[key], theirs[key], strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_skip_flag_needs_an_optimizer_that_reads_it(device):
+    class PythonSGD(SGD):
+        skips_on_device = False
+
+    params, _, _ = _setup(device)
+    for p in params:
+        p.grad = nc.tensor(np.ones(p.shape, np.float32), device=device)
+    flag = nc.tensor(np.zeros(1, np.int32), dtype=np.int32, device=device)
+    with pytest.raises(TypeError, match="skip_if needs an optimizer whose kernels read it"):
+        PythonSGD(params, lr=0.1).step(skip_if=flag)
+    with pytest.raises(nc.DTypeError, match="skip must be one int32 on the device"):
+        SGD(params, lr=0.1).step(skip_if=nc.tensor(np.zeros(2, np.float32), device=device))

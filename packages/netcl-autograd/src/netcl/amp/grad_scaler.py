@@ -13,7 +13,7 @@ from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.capture import is_recording, paused
 from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_by_, update_scale_
-from netcl.runtime.ops.optim_kernels import unscale_, write_
+from netcl.runtime.ops.optim_kernels import write_
 
 
 class GradScaler:
@@ -24,15 +24,17 @@ class GradScaler:
 
     ``scaler.scale_loss(loss)`` -> backward -> ``scaler.step(opt, params)`` -> ``scaler.update()``.
 
-    ``capturable=True`` keeps the scale, the clean-step count and the inf/NaN flag on the device and
-    never reads them back in a step, so a step captured with ``fuse_graph`` / ``CompiledGraph``
-    replays the whole schedule: the loss is multiplied by the device scale, the gradients divided by
-    it, and a step with an inf/NaN gradient is undone on the device (the parameters, the optimizer's
-    state tensors and its step counts are snapshot before ``optimizer.step()`` and restored where the
-    flag is up; state the step created is zeroed; inside a capture the optimizer's lazy state is
-    created first by one step that is undone, with the recording paused). ``step`` then returns the
-    optimizer's value even for a skipped step and ``unscale_`` returns the flag tensor; ``get_scale()``
-    reads the scale back.
+    The scale, the clean-step count and the inf/NaN flag live on the device (made at the first
+    ``scale_loss`` or ``step``), as torch's do. With netcl's optimizers (SGD, Adam, AdamW:
+    ``skips_on_device``) ``step`` hands the flag to the update kernels, which change nothing where it
+    is up: a step reads nothing back to the host (torch's fused optimizers work so), and ``step``
+    returns the optimizer's value. With another optimizer ``step`` reads the flag and returns None
+    for a skipped step, unless ``capturable=True``: then the parameters, the optimizer's state tensors
+    and its step counts are snapshot before ``optimizer.step()`` and restored on the device where the
+    flag is up (state the step created is zeroed). Either way a step captured with ``fuse_graph`` /
+    ``CompiledGraph`` replays the whole schedule; inside a capture the optimizer's lazy state is
+    created first, with the recording paused. ``unscale_`` returns whether a gradient is inf/NaN
+    (``capturable=True``: the flag tensor, no host read); ``get_scale()`` reads the scale back.
     """
 
     def __init__(
@@ -57,19 +59,17 @@ class GradScaler:
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = growth_interval
         self._growth_tracker = 0
-        #: inf/NaN found by this iteration's unscale (None: not unscaled yet)
-        self._found_inf: bool | None = None
-        self._flags: dict[Any, Tensor] = {}
         self.capturable = bool(capturable)
-        #: capturable: (scale, clean-step count, inf/NaN flag) on the device, made by the first scale_loss
+        #: (scale, clean-step count, inf/NaN flag) on the device, made by the first scale_loss or step
         self._device_state: tuple[Tensor, Tensor, Tensor] | None = None
-        #: capturable: id of a snapshot tensor -> (the tensor, its backup buffer)
+        #: capturable, another optimizer: id of a snapshot tensor -> (the tensor, its backup buffer)
         self._backups: dict[int, tuple[Tensor, Tensor]] = {}
         self._unscaled = False
         self._primed: set[int] = set()
+        self._up: Tensor | None = None
 
     def get_scale(self) -> float:
-        """The current scale (capturable: read back from the device)."""
+        """The current scale (read back from the device once it lives there)."""
         if not self.enabled:
             return 1.0
         if self._device_state is not None:
@@ -85,47 +85,38 @@ class GradScaler:
             raise TypeError(f"scale_loss: expected a Node, got {type(loss).__name__}")
         if not self.enabled:
             return loss
-        if self.capturable:
-            return ag.mul(loss, self._state(loss.device)[0])
-        return ag.mul(loss, self._scale)
+        return ag.mul(loss, self._state(loss.device)[0])
 
     scale = scale_loss
 
-    def unscale_(self, optimizer: Any, params: Iterable[Node] | None = None) -> bool:
+    def unscale_(self, optimizer: Any, params: Iterable[Node] | None = None) -> bool | Tensor | None:
         """Divide the gradients of ``params`` (default: the optimizer's) by the scale in place; True if
-        any gradient holds inf/NaN. Runs once per iteration (a second call returns the first result)."""
-        if self.capturable and self.enabled:
-            return self._unscale_on_device(optimizer, params)
-        if self._found_inf is not None:
-            return self._found_inf
-        chosen = _params(optimizer, params)
-        found = False
-        if self.enabled:
-            seen: set[int] = set()
-            grads = []
-            for p in chosen:
-                if p.grad is not None and id(p.grad.data) not in seen:  # a buffer shared by two params once
-                    seen.add(id(p.grad.data))
-                    grads.append(p.grad)
-            if grads:
-                flag = self._flag(grads[0])
-                R.fill_(flag, 0)
-                for g in grads:
-                    unscale_(g, 1.0 / self._scale, flag)
-                found = bool(np.asarray(flag.to_host()).reshape(-1)[0])
-        self._found_inf = found
-        return found
+        any gradient holds inf/NaN (``capturable=True``: the int32 flag tensor, or None without
+        gradients). Runs once per iteration (a second call returns the first result)."""
+        if not self.enabled:
+            return None if self.capturable else False
+        found = self._unscale_on_device(optimizer, params)
+        if self.capturable:
+            return found
+        return found is not None and _is_up(found)
 
     def step(self, optimizer: Any, params: Iterable[Node] | None = None) -> Any:
         """Unscale the gradients (unless ``unscale_`` did), then ``optimizer.step()`` unless one is inf/NaN.
 
-        Returns the optimizer's return value, or None when the step was skipped.
+        Returns the optimizer's return value; None for a step skipped by a host read (an optimizer
+        without ``skips_on_device``, ``capturable=False``).
         """
         if not self.enabled:
             return optimizer.step()
+        found = self._unscale_on_device(optimizer, params)
+        if found is None:
+            return optimizer.step()
+        if getattr(optimizer, "skips_on_device", False):
+            self._prime_skipping(optimizer, found.device)
+            return optimizer.step(skip_if=found)
         if self.capturable:
-            return self._step_on_device(optimizer, params)
-        if self.unscale_(optimizer, params):
+            return self._step_with_snapshots(optimizer, found)
+        if _is_up(found):
             return None
         return optimizer.step()
 
@@ -133,33 +124,18 @@ class GradScaler:
         """Back off after a skipped step, grow after ``growth_interval`` clean ones (or set ``new_scale``)."""
         if not self.enabled:
             return
-        if self._device_state is not None:
-            scale, tracker, found = self._device_state
+        if self._device_state is None:  # nothing scaled or unscaled yet: the host values
             if new_scale is not None:
-                write_(scale, np.float32(new_scale))
-            elif self._unscaled:
-                update_scale_(scale, tracker, found, self.growth_factor, self.backoff_factor, self.growth_interval)
-            self._unscaled = False
+                self._scale = float(new_scale)
             return
+        scale, tracker, found = self._device_state
         if new_scale is not None:
-            self._scale = float(new_scale)
-        elif self._found_inf:
-            self._scale *= self.backoff_factor
-            self._growth_tracker = 0
-        elif self._found_inf is not None:
-            self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
-                self._scale *= self.growth_factor
-                self._growth_tracker = 0
-        self._found_inf = None
+            write_(scale, np.float32(new_scale))
+        elif self._unscaled:
+            update_scale_(scale, tracker, found, self.growth_factor, self.backoff_factor, self.growth_interval)
+        self._unscaled = False
 
-    def _flag(self, like: Tensor) -> Tensor:
-        flag = self._flags.get(like.device)
-        if flag is None:
-            flag = self._flags[like.device] = Tensor.zeros((1,), np.int32, like.device)
-        return flag
-
-    # ---- capturable: everything on the device ---------------------------------------------------------
+    # ---- on the device -------------------------------------------------------------------------------
     def _state(self, device: Any) -> tuple[Tensor, Tensor, Tensor]:
         if self._device_state is None:
             self._device_state = (
@@ -168,14 +144,14 @@ class GradScaler:
                 Tensor.zeros((1,), np.int32, device),
             )
         elif self._device_state[0].device is not device:
-            raise ValueError(f"GradScaler(capturable=True) lives on {self._device_state[0].device!r}, got {device!r}")
+            raise ValueError(f"GradScaler lives on {self._device_state[0].device!r}, got {device!r}")
         return self._device_state
 
     def _unscale_on_device(self, optimizer: Any, params: Iterable[Node] | None) -> Tensor | None:
         chosen = _params(optimizer, params)
         grads, seen = [], set()
         for p in chosen:
-            if p.grad is not None and id(p.grad.data) not in seen:
+            if p.grad is not None and id(p.grad.data) not in seen:  # a buffer shared by two params once
                 seen.add(id(p.grad.data))
                 grads.append(p.grad)
         if not grads:
@@ -188,10 +164,26 @@ class GradScaler:
             self._unscaled = True
         return found
 
-    def _step_on_device(self, optimizer: Any, params: Iterable[Node] | None) -> Any:
-        found = self._unscale_on_device(optimizer, params)
-        if found is None:
-            return optimizer.step()
+    def _prime_skipping(self, optimizer: Any, device: Any) -> None:
+        """Inside a capture, once per parameter: a step under a raised flag (recording paused) makes the
+        optimizer's lazy state and changes nothing, so no recorded command creates state."""
+        if device.kind != "opencl" or not is_recording(device.queue):
+            return
+        fresh = [
+            p
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not optimizer.state.get(p) and id(p) not in self._primed
+        ]
+        if not fresh:
+            return
+        self._primed.update(id(p) for p in fresh)
+        if self._up is None:
+            self._up = Tensor.from_host(device, np.ones(1, np.int32))
+        with paused(device.queue):
+            optimizer.step(skip_if=self._up)
+
+    def _step_with_snapshots(self, optimizer: Any, found: Tensor) -> Any:
         if found.device.kind == "opencl" and is_recording(found.device.queue):
             self._prime(optimizer, found)
         before = self._optimizer_tensors(optimizer)
@@ -285,3 +277,8 @@ def _params(optimizer: Any, params: Iterable[Node] | None) -> list[Node]:
     if groups is None:
         raise TypeError(f"GradScaler: cannot find parameters of {type(optimizer).__name__}; pass params=")
     return [p for g in groups for p in g["params"]]
+
+
+def _is_up(flag: Tensor) -> bool:
+    """The inf/NaN flag read back to the host (waits for the work before it)."""
+    return bool(np.asarray(flag.to_host()).reshape(-1)[0])

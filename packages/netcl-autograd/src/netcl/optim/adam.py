@@ -19,6 +19,7 @@ class Adam(Optimizer):
     hyper_names = ("lr", "beta1", "beta2", "eps", "weight_decay")
     state_names = ("exp_avg", "exp_avg_sq")
     decoupled_weight_decay = False
+    skips_on_device = True
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class Adam(Optimizer):
             index,
             hyper,
             self.decoupled_weight_decay,
+            self.skip_flag,
         )
 
     def update_many(
@@ -81,6 +83,7 @@ class Adam(Optimizer):
                 [item[3] for item in bucket],
                 hyper,
                 self.decoupled_weight_decay,
+                self.skip_flag,
             )
 
 

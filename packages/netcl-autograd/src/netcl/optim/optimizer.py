@@ -48,6 +48,8 @@ class Optimizer:
 
     #: Names of the hyperparameters the update kernel reads from a group's device buffer, in order.
     hyper_names: tuple[str, ...] = ()
+    #: Whether the updates honour ``skip_flag`` (``step(skip_if=...)``): SGD, Adam and AdamW do.
+    skips_on_device: bool = False
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
@@ -58,6 +60,8 @@ class Optimizer:
         self._device: Device | None = None
         self._steps: Tensor | None = None
         self._hyper: list[tuple[tuple[float, ...], Tensor] | None] = []
+        #: during ``step(skip_if=flag)``: the flag the update kernels read (None otherwise)
+        self.skip_flag: Tensor | None = None
         self._masks: dict[tuple[bool, ...], Tensor] = {}
         items = list(params) if not isinstance(params, (Node, Tensor)) else None
         if items is None:
@@ -139,17 +143,30 @@ class Optimizer:
         mask = self._masks.get(updated)
         if mask is None:
             mask = self._masks[updated] = Tensor.from_host(self._device, np.asarray(updated, np.uint8))
-        count_steps_(self.steps, mask)
+        count_steps_(self.steps, mask, self.skip_flag)
 
     # ---- stepping ------------------------------------------------------------------------------
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, *, skip_if: Tensor | None = None) -> Any:
         """Update every parameter that has a gradient, then advance their step counts.
 
         The parameters of a group that have a gradient go to ``update_many`` together: SGD and
         Adam/AdamW update them with multi-tensor kernels (one launch per dtype and up to
-        ``MULTI_ARITY`` parameters), bit-identical to one kernel per parameter.
+        ``MULTI_ARITY`` parameters), bit-identical to one kernel per parameter. ``skip_if``: one
+        int32 on the device (``GradScaler``'s inf/NaN flag); where it is non-zero the kernels change
+        nothing, parameters, state and step counts alike, with no host read (``skips_on_device``
+        optimizers only; torch's fused optimizers take ``found_inf`` alike).
         """
+        if skip_if is not None and not self.skips_on_device:
+            raise TypeError(f"{type(self).__name__}.step: skip_if needs an optimizer whose kernels read it")
         loss = closure() if closure is not None else None
+        self.skip_flag = skip_if
+        try:
+            self._step()
+        finally:
+            self.skip_flag = None
+        return loss
+
+    def _step(self) -> None:
         self.sync_hyperparameters()
         updated = [False] * len(self._index)
         for group_index, group in enumerate(self.param_groups):
@@ -166,7 +183,6 @@ class Optimizer:
                 self.update_many(batch, group, self.group_hyper(group_index))
         if any(updated):
             self._count(tuple(updated))
-        return loss
 
     def update_many(
         self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor

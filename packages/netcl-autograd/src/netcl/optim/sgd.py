@@ -24,6 +24,7 @@ class SGD(Optimizer):
 
     hyper_names = SGD_HYPER
     state_names = ("momentum_buffer",)
+    skips_on_device = True
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class SGD(Optimizer):
         buf = state.get("momentum_buffer")
         if buf is None and group["momentum"] != 0:
             buf = state["momentum_buffer"] = Tensor.zeros(param.shape, param.dtype, param.device)
-        sgd_step_(param.value, grad, buf, self.steps, index, hyper)
+        sgd_step_(param.value, grad, buf, self.steps, index, hyper, self.skip_flag)
 
     def update_many(
         self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
@@ -70,8 +71,8 @@ class SGD(Optimizer):
                 bufs.append(buf)
             if any(b is not None for b in bufs) and not all(b is not None for b in bufs):
                 for (param, grad, _state, index), buf in zip(bucket, bufs, strict=True):  # mixed: loaded state
-                    sgd_step_(param.value, grad, buf, self.steps, index, hyper)
+                    sgd_step_(param.value, grad, buf, self.steps, index, hyper, self.skip_flag)
                 continue
             params = [item[0].value for item in bucket]
             grads = [item[1] for item in bucket]
-            sgd_multi_step_(params, grads, bufs, self.steps, [item[3] for item in bucket], hyper)
+            sgd_multi_step_(params, grads, bufs, self.steps, [item[3] for item in bucket], hyper, self.skip_flag)

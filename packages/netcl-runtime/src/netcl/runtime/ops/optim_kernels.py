@@ -8,6 +8,10 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 ``count_steps_`` advances with a recorded launch, so Adam's bias correction and SGD's first
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
 Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend.
+
+Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
+they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
+fused optimizers do with ``found_inf``); without one they read a zero flag.
 """
 
 from __future__ import annotations
@@ -60,9 +64,10 @@ _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
 _SGD = """{pragmas}
 __kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}* buf,
-                        __global const int* steps, const int index, __global const float* hyper, const long n) {{
+                        __global const int* steps, __global const int* skip, const int index,
+                        __global const float* hyper, const long n) {{
     const long gid = get_global_id(0);
-    if (gid >= n) return;
+    if (gid >= n || skip[0]) return;
     {hyper}
     {body}
 }}
@@ -70,9 +75,10 @@ __kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}*
 
 _ADAM = """{pragmas}
 __kernel void netcl_adam(__global {st}* p, __global const {st}* g, __global {st}* m, __global {st}* v,
-                         __global const int* steps, const int index, __global const float* hyper, const long n) {{
+                         __global const int* steps, __global const int* skip, const int index,
+                         __global const float* hyper, const long n) {{
     const long gid = get_global_id(0);
-    if (gid >= n) return;
+    if (gid >= n || skip[0]) return;
     {hyper}
     {body}
 }}
@@ -95,9 +101,10 @@ def _adam_body(types: dict[str, str], decoupled_weight_decay: bool) -> str:
 
 
 _COUNT = """
-__kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, const int n) {
+__kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, __global const int* skip,
+                                const int n) {
     const int gid = get_global_id(0);
-    if (gid < n && mask[gid]) steps[gid] += 1;
+    if (gid < n && mask[gid] && !skip[0]) steps[gid] += 1;
 }
 """
 
@@ -111,9 +118,31 @@ __kernel void netcl_unscale(__global {st}* g, __global int* found, const float i
 }}
 """
 
-#: scalar argument types: SGD (p, g, buf, steps, index, hyper, n), Adam (p, g, m, v, steps, index, hyper, n)
-_SGD_TYPES = [None, None, None, None, np.int32, None, np.int64]
-_ADAM_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
+#: scalar argument types: SGD (p, g, buf, steps, skip, index, hyper, n), Adam (p, g, m, v, steps, skip,
+#: index, hyper, n)
+_SGD_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
+_ADAM_TYPES = [None, None, None, None, None, None, np.int32, None, np.int64]
+
+_NEVER: dict[Any, Tensor] = {}
+
+
+def _skip_flag(skip: Tensor | None, like: Tensor, op: str) -> Tensor:
+    """``skip`` checked (one int32 on ``like``'s device), or the device's zero flag."""
+    if skip is None:
+        flag = _NEVER.get(like.device)
+        if flag is None:
+            flag = _NEVER[like.device] = Tensor.zeros((1,), np.int32, like.device)
+        return flag
+    if not isinstance(skip, Tensor) or skip.dtype != np.int32 or skip.size != 1:
+        got = (skip.shape, skip.dtype) if isinstance(skip, Tensor) else type(skip).__name__
+        raise DTypeError(f"{op}: skip must be one int32 on the device (a flag), got {got}")
+    device_of([like, skip], op)
+    return skip
+
+
+def _skipped(skip: Tensor) -> bool:
+    """NumPy backend: whether the flag is up."""
+    return bool(np.asarray(skip.data).reshape(-1)[0])
 
 
 # ---- checks ---------------------------------------------------------------------------------------------
@@ -159,15 +188,25 @@ def _types(param: Tensor) -> dict[str, str]:
 
 # ---- SGD ------------------------------------------------------------------------------------------------
 def sgd_step_(
-    param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor
+    param: Tensor,
+    grad: Tensor,
+    momentum_buffer: Tensor | None,
+    steps: Tensor,
+    index: int,
+    hyper: Tensor,
+    skip: Tensor | None = None,
 ) -> Tensor:
     """PyTorch's SGD on ``param`` in place (``hyper`` = lr, momentum, dampening, weight_decay, nesterov).
 
     ``momentum_buffer`` is required when ``hyper``'s momentum is non-zero; the first step
-    (``steps[index] == 0``) sets it to the gradient, as torch does. Returns ``param``.
+    (``steps[index] == 0``) sets it to the gradient, as torch does. Nothing changes where the
+    ``skip`` flag is up. Returns ``param``.
     """
     _check_update("sgd_step_", param, grad, {"momentum_buffer": momentum_buffer}, steps, index, hyper, SGD_HYPER)
+    skip = _skip_flag(skip, param, "sgd_step_")
     if param.device.kind == "cpu":
+        if _skipped(skip):
+            return param
         _sgd_numpy(param, grad, momentum_buffer, int(steps.data[index]), np.asarray(hyper.data, np.float64))
         return param
     types = _types(param)
@@ -189,6 +228,7 @@ def sgd_step_(
         grad,
         buf,
         steps,
+        skip,
         np.int32(index),
         hyper,
         np.int64(param.size),
@@ -220,18 +260,23 @@ def adam_step_(
     index: int,
     hyper: Tensor,
     decoupled_weight_decay: bool = False,
+    skip: Tensor | None = None,
 ) -> Tensor:
     """PyTorch's Adam (AdamW with ``decoupled_weight_decay``) on ``param`` in place.
 
     ``hyper`` = lr, beta1, beta2, eps, weight_decay; the step is ``t = steps[index] + 1``.
-    ``exp_avg`` / ``exp_avg_sq`` are updated in place. Returns ``param``.
+    ``exp_avg`` / ``exp_avg_sq`` are updated in place; nothing changes where the ``skip`` flag is
+    up. Returns ``param``.
     """
     buffers = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     for name, value in buffers.items():
         if not isinstance(value, Tensor):
             raise TypeError(f"adam_step_: {name} must be a Tensor, got {type(value).__name__}")
     _check_update("adam_step_", param, grad, buffers, steps, index, hyper, ADAM_HYPER)
+    skip = _skip_flag(skip, param, "adam_step_")
     if param.device.kind == "cpu":
+        if _skipped(skip):
+            return param
         step = int(steps.data[index]) + 1
         _adam_numpy(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
         return param
@@ -253,6 +298,7 @@ def adam_step_(
         exp_avg,
         exp_avg_sq,
         steps,
+        skip,
         np.int32(index),
         hyper,
         np.int64(param.size),
@@ -289,10 +335,10 @@ MULTI_ARITY = 16
 
 _MULTI = """{pragmas}
 __kernel void {name}({buffers},
-                     __global const int* steps, __global const float* hyper, __global const long* table,
-                     const long total) {{
+                     __global const int* steps, __global const int* skip, __global const float* hyper,
+                     __global const long* table, const long total) {{
     const long t_gid = get_global_id(0);
-    if (t_gid >= total) return;
+    if (t_gid >= total || skip[0]) return;
     {hyper}
 {branches}
 }}
@@ -399,11 +445,12 @@ def sgd_multi_step_(
     steps: Tensor,
     indices: list[int],
     hyper: Tensor,
+    skip: Tensor | None = None,
 ) -> list[Tensor]:
     """``sgd_step_`` on many parameters of one dtype: one launch per ``MULTI_ARITY`` of them.
 
     Each parameter gets exactly the arithmetic of ``sgd_step_`` (bit-identical results).
-    ``momentum_buffers`` are all Tensors or all None. Returns ``params``.
+    ``momentum_buffers`` are all Tensors or all None; nothing changes where ``skip`` is up. Returns ``params``.
     """
     others = {"grads": grads, "momentum_buffers": momentum_buffers}
     _check_multi("sgd_multi_step_", params, others, steps, indices, hyper, SGD_HYPER)
@@ -414,7 +461,10 @@ def sgd_multi_step_(
         raise ValueError("sgd_multi_step_: momentum_buffers must be all Tensors or all None")
     if not params:
         return params
+    skip = _skip_flag(skip, params[0], "sgd_multi_step_")
     if params[0].device.kind == "cpu":
+        if _skipped(skip):
+            return params
         for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
             _sgd_numpy(p, g, b, int(steps.data[i]), np.asarray(hyper.data, np.float64))
         return params
@@ -427,14 +477,14 @@ def sgd_multi_step_(
 
     for start, stop, arity in _chunks(len(params)):
         key = ("optim", "sgd_multi", arity, types["st"], has_momentum)
-        arg_types = [None] * (3 * arity) + [None, None, None, np.int64]
+        arg_types = [None] * (3 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], momentum_buffers[k] if has_momentum else params[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        _launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, steps, hyper)
+        _launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, steps, skip, hyper)
     return params
 
 
@@ -447,10 +497,12 @@ def adam_multi_step_(
     indices: list[int],
     hyper: Tensor,
     decoupled_weight_decay: bool = False,
+    skip: Tensor | None = None,
 ) -> list[Tensor]:
     """``adam_step_`` on many parameters of one dtype: one launch per ``MULTI_ARITY`` of them.
 
-    Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results). Returns ``params``.
+    Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results); nothing
+    changes where ``skip`` is up. Returns ``params``.
     """
     others = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
     _check_multi("adam_multi_step_", params, others, steps, indices, hyper, ADAM_HYPER)
@@ -459,7 +511,10 @@ def adam_multi_step_(
             raise TypeError(f"adam_multi_step_: {name.rstrip('s')} must be a Tensor, got NoneType")
     if not params:
         return params
+    skip = _skip_flag(skip, params[0], "adam_multi_step_")
     if params[0].device.kind == "cpu":
+        if _skipped(skip):
+            return params
         for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
             step = int(steps.data[i]) + 1
             _adam_numpy(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay)
@@ -473,14 +528,14 @@ def adam_multi_step_(
 
     for start, stop, arity in _chunks(len(params)):
         key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
-        arg_types = [None] * (4 * arity) + [None, None, None, np.int64]
+        arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        _launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, steps, hyper)
+        _launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, steps, skip, hyper)
     return params
 
 
@@ -494,6 +549,7 @@ def _launch_multi(
     indices: list[int],
     slots: list[Any],
     steps: Tensor,
+    skip: Tensor,
     hyper: Tensor,
 ) -> None:
     sizes = tuple(p.size for p in params)
@@ -501,18 +557,22 @@ def _launch_multi(
     if total == 0:
         return
     table = _table(params[0].device, sizes, tuple(int(i) for i in indices), arity)
-    run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, hyper, table, np.int64(total))
+    run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, skip, hyper, table, np.int64(total))
 
 
 # ---- step counters, unscaling, host writes ----------------------------------------------------------------
-def count_steps_(steps: Tensor, mask: Tensor) -> Tensor:
-    """``steps[i] += 1`` where ``mask[i]`` (uint8) is non-zero, on the device; returns ``steps``."""
+def count_steps_(steps: Tensor, mask: Tensor, skip: Tensor | None = None) -> Tensor:
+    """``steps[i] += 1`` where ``mask[i]`` (uint8) is non-zero, on the device, unless the ``skip`` flag
+    is up; returns ``steps``."""
     if steps.dtype != np.int32 or steps.ndim != 1:
         raise DTypeError(f"count_steps_: steps must be a 1-d int32 tensor, got {steps.shape} {steps.dtype}")
     if mask.dtype != np.uint8 or mask.shape != steps.shape:
         raise ShapeError(f"count_steps_: mask must be uint8 of shape {steps.shape}, got {mask.shape} {mask.dtype}")
     device_of([steps, mask], "count_steps_")
+    skip = _skip_flag(skip, steps, "count_steps_")
     if steps.device.kind == "cpu":
+        if _skipped(skip):
+            return steps
         steps.data[...] += (np.asarray(mask.data) != 0).astype(np.int32)
         return steps
     n = steps.shape[0]
@@ -521,10 +581,11 @@ def count_steps_(steps: Tensor, mask: Tensor) -> Tensor:
         steps.device,
         lambda: _COUNT,
         "netcl_count_steps",
-        [None, None, np.int32],
+        [None, None, None, np.int32],
         n,
         steps,
         mask,
+        skip,
         np.int32(n),
     )
     return steps
