@@ -11,6 +11,8 @@ dw) are timed alone too, and every result is checked against the im2col path and
 error relative to the largest magnitude). ``--quick``: small shapes for a CPU device. The
 implicit path searches its tiles at first use as ``NETCL_TUNE`` says; the im2col path's products
 run with the search off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds).
+On tensor cores the implicit GEMM also runs at precision "tf32x3" (three tf32 products, near-fp32
+accuracy; compared with cuDNN fp32) and "high" (tf32; compared with cuDNN TF32).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def run(
         outs = {}
         variants = [("netcl", True, "highest"), ("im2col", False, "highest")]
         if tensor_cores:
-            variants.append(("tf32", True, "high"))
+            variants += [("tf32x3", True, "tf32x3"), ("tf32", True, "high")]
         for variant, implicit, precision in variants:
             parts = _netcl_calls(x, w, g, geo, implicit, precision)
             row.setdefault(variant, {})
@@ -159,8 +161,9 @@ def run(
             if tensor_cores:
                 row["peer_tf32"], _ = _torch_row(torch, x_host, w_host, g_host, flops, repeats, tf32=True)
         if tensor_cores:
-            for k, part in enumerate(("fwd", "dx", "dw")):
-                row["error"][f"tf32 {part} vs fp32"] = _rel(outs["tf32"][k], outs["netcl"][k].astype(np.float64))
+            for mode in ("tf32x3", "tf32"):
+                for k, part in enumerate(("fwd", "dx", "dw")):
+                    row["error"][f"{mode} {part} vs fp32"] = _rel(outs[mode][k], outs["netcl"][k].astype(np.float64))
         for name in ("fwd", "fwd+bwd"):
             mine, old = row["netcl"][name], row["im2col"][name]
             peer = row["peer"].get(name)
@@ -169,12 +172,14 @@ def run(
             times = f"{mine['ms']:.3f} / {old['ms']:.3f}" + (f" / {peer['ms']:.3f}" if peer else "")
             print(f"{label:<9}{name:<9}{''.join(cells)}{ratio}{mine['tflops'] / old['tflops']:>12.2f}x   {times}")
         if tensor_cores:
-            cells = []
-            for name in ("fwd", "fwd+bwd"):
-                mine, peer = row["tf32"][name], row.get("peer_tf32", {}).get(name)
-                versus = f" vs cuDNN TF32 {peer['tflops']:.1f} ({mine['tflops'] / peer['tflops']:.2f}x)" if peer else ""
-                cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
-            print(f"{'':<9}tf32 (implicit on tensor cores): " + "; ".join(cells))
+            for mode, peer_key, peer_name in (("tf32x3", "peer", "cuDNN fp32"), ("tf32", "peer_tf32", "cuDNN TF32")):
+                cells = []
+                for name in ("fwd", "fwd+bwd"):
+                    mine, peer = row[mode][name], row.get(peer_key, {}).get(name)
+                    ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
+                    versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
+                    cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
+                print(f"{'':<9}{mode} (implicit on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
         tiles = ", ".join(

@@ -4,7 +4,8 @@ Run alone (``python benchmarks/bench_matmul.py [--quick] [--device SPEC]``) or a
 ``hatch run bench --workload matmul``. Each row times one product ``(M x K) @ (K x N)`` on the
 netcl device (median device time from profiling events, around the call) and, when torch sees
 CUDA on an NVIDIA OpenCL device, the same product through torch (CUDA events): fp32 with TF32
-off, TF32, fp16 and bf16. The error of every netcl precision against a float64 product is
+off, TF32, fp16 and bf16 (netcl's "tf32x3", three tf32 products for near-fp32 accuracy, is
+compared with cuBLAS fp32). The error of every netcl precision against a float64 product is
 printed for one shape (relative Frobenius norm, random uniform inputs in [-1, 1]).
 """
 
@@ -97,6 +98,8 @@ def netcl_modes(device) -> list[tuple[str, str, object]]:
     """(label, precision, operand dtype) of the netcl variants this device runs."""
     modes = [("fp32", "highest", np.float32)]
     if device.kind == "opencl":
+        if gemm_mma.available(device, "tf32x3"):
+            modes.append(("tf32x3", "tf32x3", np.float32))
         if gemm_mma.available(device, "tf32"):
             modes.append(("tf32", "high", np.float32))
         if gemm_mma.available(device, "bf16"):
@@ -194,7 +197,13 @@ def _peer_row(torch, a_host, b_host, trans_a, trans_b, flops, repeats) -> dict:
 
 
 def _ratios(row) -> dict:
-    pairs = [("fp32", "cuBLAS fp32"), ("tf32", "cuBLAS tf32"), ("fp16", "cuBLAS fp16"), ("bf16", "cuBLAS bf16")]
+    pairs = [
+        ("fp32", "cuBLAS fp32"),
+        ("tf32x3", "cuBLAS fp32"),
+        ("tf32", "cuBLAS tf32"),
+        ("fp16", "cuBLAS fp16"),
+        ("bf16", "cuBLAS bf16"),
+    ]
     return {
         f"{mine}/{peer.split()[1]}": row["netcl"][mine]["tflops"] / row["peer"][peer]["tflops"]
         for mine, peer in pairs

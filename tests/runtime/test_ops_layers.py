@@ -143,7 +143,13 @@ def test_conv_gradients_with_an_addend(device, monkeypatch, implicit, precision)
 
 @pytest.mark.parametrize(
     "precision,pipeline,unit",
-    [("high", "registers", 2.0**-10), ("high", "cp.async", 2.0**-9), ("medium", "registers", 2.0**-7)],
+    [
+        ("high", "registers", 2.0**-10),
+        ("high", "cp.async", 2.0**-9),
+        ("medium", "registers", 2.0**-7),
+        ("tf32x3", "registers", 2.0**-20),
+        ("tf32x3", "cp.async", 2.0**-20),
+    ],
 )
 @pytest.mark.parametrize("shape,stride", [((3, 6, 7, 6), 2), ((2, 16, 9, 10), 1)])
 def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, precision, pipeline, unit, shape, stride):
@@ -152,13 +158,15 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
     rounding bound of its sum: operands rounded to tf32 (bf16) are each off by <= 2**-11 (2**-8)
     relative, a product by ~2**-10 (2**-7), so |error| <= unit * sum |x||w| (+ float32 summation).
     The cp.async pipeline copies raw float32 words, which the mma truncates: 2**-10 per operand,
-    2**-9 a product.
+    2**-9 a product. tf32x3 splits each operand into tf32 hi + lo (off by <= 2**-22 relative) and
+    drops lo * lo: <= 3 * 2**-22 a product, within 2**-20.
     """
     from netcl.runtime.ops import conv_implicit, gemm_mma
     from netcl.runtime.ops.gemm_mma_source import MmaConfig
 
+    mode = {"high": "tf32", "medium": "bf16", "tf32x3": "tf32x3"}[precision]
     if pipeline == "cp.async":
-        if not gemm_mma.available(cl_device, "tf32") or not gemm_mma._async_ok(cl_device, "tf32"):
+        if not gemm_mma.available(cl_device, mode) or not gemm_mma._async_ok(cl_device, mode):
             pytest.skip("no cp.async tensor-core pipeline on this device")
         staged = MmaConfig(2, 2, 2, 4, 8, stages=3)
         monkeypatch.setattr(
@@ -166,7 +174,6 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
         )  # what conv_implicit falls back to without a search (NETCL_TUNE=0 in the tests)
         monkeypatch.setattr(conv_implicit, "_PLANS", {})
         monkeypatch.setattr(conv_implicit, "CHOSEN", {})
-    mode = "tf32" if precision == "high" else "bf16"
     tensor_cores = gemm_mma.available(cl_device, mode)
     if not tensor_cores and shape[1] != 6:
         pytest.skip("no tensor cores: the first shape checks the fallback to the FMA kernel")

@@ -7,6 +7,8 @@ or an un-zeroed padding element (errors of order 0.1) exceed by far. Tensor-core
 each operand first: tf32 keeps 10 mantissa bits (relative error <= 2**-11 per operand rounded,
 2**-10 truncated), bf16 7 (<= 2**-8), fp16 10; a product of two rounded operands is off by <= 2u
 relative, so a K-term sum of |a b| <= 1 is off by <= 2uK, plus the fp32 accumulation above.
+tf32x3 splits each operand into tf32 hi + lo (off by <= 2**-22) and drops lo * lo: a product is off
+by <= 3 * 2**-22 < 2 * 2**-21 relative.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precis
 EPS = float(np.finfo(np.float32).eps)
 #: relative error of one rounded operand: tf32 truncated (the cp.async path feeds raw fp32 words,
 #: whose low 13 bits the mma ignores) 2**-10, bf16 rounded 2**-8, fp16 rounded 2**-11
-UNIT = {"highest": 0.0, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11}
+UNIT = {"highest": 0.0, "tf32x3": 2.0**-21, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11}
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -151,9 +153,9 @@ def test_new_batch_size_builds_nothing(cl_device):
     assert program_cache.stats().builds == builds
 
 
-@pytest.mark.parametrize("precision", ["high", "medium"])
+@pytest.mark.parametrize("precision", ["tf32x3", "high", "medium"])
 def test_reduced_precisions(device, precision):
-    """tf32 / bf16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
+    """tf32x3 / tf32 / bf16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
     _check(device, (70, 96), (96, 68), precision=precision)
     _check(device, (3, 33, 40), (40, 24), precision=precision)
     _check(device, (40, 33), (24, 40), ta=True, tb=True, precision=precision)
@@ -166,6 +168,8 @@ def test_precision_setting_and_context():
     set_float32_matmul_precision("medium")
     try:
         assert get_float32_matmul_precision() == "medium"
+        with matmul_precision("tf32x3"):
+            assert get_float32_matmul_precision() == "tf32x3"
     finally:
         set_float32_matmul_precision("highest")
     with pytest.raises(ValueError, match="precision must be one of"):
@@ -431,7 +435,7 @@ def test_every_searchable_config_on_a_gpu(cl_device):
         problem = gemm.Problem(m, n, k, trans, trans, ())
         configs = [(c, None) for c in gemm_configs._grid()]
         configs += [(dataclasses.replace(c, group=2, split=0), None) for c in gemm_configs._grid()[:3]]
-        for mode in ("tf32", "bf16"):
+        for mode in ("tf32", "tf32x3", "bf16"):
             ldsm = gemm_mma._probe_result(cl_device, mode)
             if ldsm is None:
                 continue
@@ -447,6 +451,6 @@ def test_every_searchable_config_on_a_gpu(cl_device):
             else:
                 plan = gemm_mma.make_plan(cl_device, mode, f32, f32, f32, (m, n), problem, cfg=cfg)
             got = plan.run(ta, tb).to_host()
-            unit = {None: "highest", "tf32": "high", "bf16": "medium"}[mode]
+            unit = {None: "highest", "tf32": "high", "tf32x3": "tf32x3", "bf16": "medium"}[mode]
             err = np.abs(got - x @ y).max()
             assert err <= _tolerance(k, unit), (cfg, mode, trans, err)

@@ -2,7 +2,9 @@
 
 Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
 (float16 operands, ``mma.m16n8k16.f16``), "bf16" (float32 operands rounded to bf16,
-``m16n8k16.bf16``) and "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``); all accumulate
+``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``) and "tf32x3"
+(float32 operands split into two tf32 parts, hi + lo, multiplied as lo*hi + hi*lo + hi*hi: three
+tf32 mma per tile for float32's accuracy; local memory keeps the raw float32 words); all accumulate
 in fp32. A work-group of WM x WN warps computes a BM x BN block (BM = WM*FM*16, BN = WN*FN*8);
 each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
 
@@ -29,7 +31,10 @@ MMA = {
     "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
     "bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "tf32": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    "tf32x3": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
 }
+#: modes with one 32-bit word per element (tf32 tiles)
+WORD_MODES = ("tf32", "tf32x3")
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,10 @@ class MmaConfig:
         out = []
         if self.bkw % 8:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
-        if self.stages and (mode != "tf32" or not (self.va and self.vb) or self.stages < 2):
+        if self.stages and (mode not in WORD_MODES or not (self.va and self.vb) or self.stages < 2):
             out.append("cp.async stages need tf32, 16-byte aligned operands and at least 2 stages")
+        if self.fpre and mode == "tf32x3":
+            out.append("tf32x3 splits each fragment in place: no fragment prefetch")
         return out
 
     def short(self) -> str:
@@ -83,7 +90,7 @@ class MmaConfig:
 
 
 def _epw(mode: str) -> int:
-    return 1 if mode == "tf32" else 2
+    return 1 if mode in WORD_MODES else 2
 
 
 def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]:
@@ -91,7 +98,7 @@ def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]
     if along_k:
         return side, bkw + 4
     words = side // _epw(mode)
-    if mode == "tf32":  # word loads at rows tig, columns gid: stride = 8 or 24 (mod 32)
+    if mode in WORD_MODES:  # word loads at rows tig, columns gid: stride = 8 or 24 (mod 32)
         pad = next(p for p in range(0, 40) if (words + p) % 32 in (8, 24))
         return bkw, words + pad
     return bkw * 2, words + (4 if (words // 4) % 2 == 0 else 0)
@@ -203,7 +210,7 @@ def _copy(
     ld = f"ld{name.lower()}"
     src_t = "ushort" if half else "float"
     decls, loads, stores = [], [], []
-    nregs = 1 if (half or mode == "tf32") else 2  # float sources of 16-bit modes: two float4
+    nregs = 1 if (half or mode in WORD_MODES) else 2  # float sources of 16-bit modes: two float4
     reg_t = "uint4" if half else "float4"
     for j in range(per):
         c = f"(tid + {j * cfg.threads})"
@@ -224,6 +231,8 @@ def _copy(
         elif mode == "tf32":
             r = regs[0]
             value = f"(uint4)(TF32({r}.s0), TF32({r}.s1), TF32({r}.s2), TF32({r}.s3))"
+        elif mode == "tf32x3":  # raw words: the fragments are split after their loads
+            value = f"as_uint4({regs[0]})"
         else:
             cvt = "BF16X2" if mode == "bf16" else "F16X2"
             r0, r1 = regs
@@ -278,7 +287,7 @@ def _async_copy(
 def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_w: int, ldb_w: int) -> list[str]:
     """Fragment loads of one k-step (``ks``: the step's first word within the stage)."""
     out = []
-    sixteen = mode != "tf32"
+    sixteen = mode not in WORD_MODES
     for fm in range(cfg.fm):
         base = f"wr + {fm * 16}"
         if cfg.ldsm and (a_along_k or sixteen):
@@ -353,6 +362,16 @@ def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_
     return out
 
 
+def _split_lines(raw: str, hi: str, count: int, words: int) -> list[str]:
+    """Split each raw float32 word of ``raw`` into ``hi`` = tf32(x) and, in place, lo = tf32(x - hi)."""
+    return [
+        f"{{ const float x = as_float({raw}[{i}][{q}]); {hi}[{i}][{q}] = TF32(x); "
+        f"{raw}[{i}][{q}] = TF32(x - as_float({hi}[{i}][{q}])); }}"
+        for i in range(count)
+        for q in range(words)
+    ]
+
+
 def mma_source(
     cfg: MmaConfig,
     mode: str,
@@ -385,14 +404,24 @@ def mma_source(
     a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
     b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
     mma = []
+    # tf32x3: af / bf become the lo parts, ah / bh the hi parts; lo*hi and hi*lo before hi*hi
+    pairs = [("af", "bh"), ("ah", "bf"), ("ah", "bh")] if mode == "tf32x3" else [("af", "bf")]
     for fm in range(cfg.fm):
         for fn in range(cfg.fn):
             acc = [f"acc[{fm}][{fn}][{i}]" for i in range(4)]
             outs = ", ".join('"=f"(' + x + ")" for x in acc)
             ins = ", ".join('"f"(' + x + ")" for x in acc)
-            regs = ", ".join(f'"r"(af[{fm}][{i}])' for i in range(4)) + f', "r"(bf[{fn}][0]), "r"(bf[{fn}][1])'
-            operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
-            mma.append(f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});')
+            for a, b in pairs:
+                regs = ", ".join(f'"r"({a}[{fm}][{i}])' for i in range(4)) + f', "r"({b}[{fn}][0]), "r"({b}[{fn}][1])'
+                operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
+                mma.append(f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});')
+    if mode == "tf32x3":
+        frag = [
+            *frag,
+            f"uint ah[{cfg.fm}][4], bh[{cfg.fn}][2];",
+            *_split_lines("af", "ah", cfg.fm, 4),
+            *_split_lines("bf", "bh", cfg.fn, 2),
+        ]
     bias_arg = epilogue.params()
     sa = "ushort" if a_half else "float"
     sb = "ushort" if b_half else "float"
