@@ -8,7 +8,8 @@ each operand first: tf32 keeps 10 mantissa bits (relative error <= 2**-11 per op
 2**-10 truncated), bf16 7 (<= 2**-8), fp16 10; a product of two rounded operands is off by <= 2u
 relative, so a K-term sum of |a b| <= 1 is off by <= 2uK, plus the fp32 accumulation above.
 tf32x3 splits each operand into tf32 hi + lo (off by <= 2**-22) and drops lo * lo: a product is off
-by <= 3 * 2**-22 < 2 * 2**-21 relative.
+by <= 3 * 2**-22 < 2 * 2**-21 relative; the mma's truncating accumulation (<= 2**-23 relative an add)
+stays within the 4 * K * eps term.
 """
 
 from __future__ import annotations

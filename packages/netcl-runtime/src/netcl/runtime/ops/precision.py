@@ -3,7 +3,8 @@
 "highest": fp32 multiply-add (the portable kernel, every device). "tf32x3" (netcl's addition,
 XLA's ``TF32_TF32_F32_X3``): each operand split into two tf32 parts, x = hi + lo, and the product
 summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores with fp32 accumulation: near-fp32 accuracy
-(4-9x fp32's error on the H100, 30-50x less than tf32's) at tensor-core speed. "high": operands
+(3-9x fp32 FMA's error on the H100, 8-150x less than tf32's; the mma accumulation truncates, so
+the gap grows with K) at tensor-core speed. "high": operands
 rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation.
 "medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. A device
 without tensor cores (PoCL, the NumPy backend) computes "tf32x3", "high" and "medium" in fp32
