@@ -402,6 +402,23 @@ def test_search_times_a_trials_prepared_run(cl_device):
     assert best in ("a", "b") and ms >= 0
 
 
+def test_trials_run_on_random_operands(cl_device):
+    """The GEMM and convolution trials multiply uniform [-1, 1) data, not constants (tensor cores run
+    faster on zeros, and a split precision's lo parts of constants like 0.5 are zeros)."""
+    from netcl.runtime.ops import conv, conv_implicit, gemm_configs
+
+    f32 = np.dtype(np.float32)
+    problem = gemm.Problem(32, 32, 32, False, False, ())
+    product = gemm_configs._Trial(cl_device, problem, f32)
+    product(gemm.portable_config(cl_device, problem, f32))()
+    geo = conv.check_conv2d((2, 4, 6, 6), (5, 4, 3, 3), None, 1, 1, 1, 1)
+    layer = conv_implicit._Layer("fwd", cl_device, geo, 5, f32, False)
+    layer(conv_implicit._config(layer))()
+    for operand in (*product.operands[:2], *layer.scratch):
+        values = operand.to_host()
+        assert values.min() >= -1 and values.max() < 1 and len(np.unique(values)) > values.size // 2
+
+
 @pytest.mark.parametrize(
     "cfg", [GemmConfig(8, 8, 2, 2, 16, 1, 1, 2, split=0, group=3), GemmConfig(8, 8, 2, 2, 8, 2, 2, 2)]
 )

@@ -365,8 +365,8 @@ class _Layer:
 
         if self.scratch is None:
             self.scratch = (
-                full((self.sizes[0],), 0.5, self.dtype, self.device),
-                full((self.sizes[1],), 0.25, self.dtype, self.device),
+                tune.trial_operand(self.sizes[0], self.dtype, self.device, 1),
+                tune.trial_operand(self.sizes[1], self.dtype, self.device, 2),
             )
         bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
         extras = [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands]

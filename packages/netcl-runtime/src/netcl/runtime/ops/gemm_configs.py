@@ -97,12 +97,10 @@ class _Trial:
 
         p = self.problem
         if self.operands is None:
-            from netcl.runtime.ops.layout import full
-
             a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
             b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
-            a = full((a_elems,), 0.5, self.dtype, self.device)
-            b = full((b_elems,), 0.25, self.dtype, self.device)
+            a = tune.trial_operand(a_elems, self.dtype, self.device, 1)
+            b = tune.trial_operand(b_elems, self.dtype, self.device, 2)
             self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, self.device))
         a, b, out = self.operands
         plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, cfg=with_alignment(cfg, p))

@@ -249,15 +249,15 @@ class _Trial:
         self.operands = None
 
     def __call__(self, cfg: MmaConfig) -> Callable[[], Tensor]:
-        from netcl.runtime.ops.layout import full
+        from netcl.runtime import tune
 
         p = self.problem
         if self.operands is None:
             a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
             b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
             self.operands = (
-                full((a_elems,), 0.5, self.dtypes[0], self.device),
-                full((b_elems,), 0.25, self.dtypes[1], self.device),
+                tune.trial_operand(a_elems, self.dtypes[0], self.device, 1),
+                tune.trial_operand(b_elems, self.dtypes[1], self.device, 2),
                 Tensor.empty((p.batch, p.m, p.n), float32, self.device),
             )
         a, b, out = self.operands
