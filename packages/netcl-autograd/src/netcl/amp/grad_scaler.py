@@ -94,7 +94,7 @@ class GradScaler:
         any gradient holds inf/NaN (``capturable=True``: the int32 flag tensor, or None without
         gradients). Runs once per iteration (a second call returns the first result)."""
         if not self.enabled:
-            return None if self.capturable else False
+            return False
         found = self._unscale_on_device(optimizer, params)
         if self.capturable:
             return found

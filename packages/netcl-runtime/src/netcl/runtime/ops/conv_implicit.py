@@ -333,16 +333,16 @@ class _Layer:
             self.views = (None, view_b, out)
             self.out_shape = (n, c, h, w)
             self.sizes = (out_ch * c * kk, n * out_ch * length)
-            if addend:  # stored through C's view: the addend, laid out like x, is read at C's offset
-                self.epilogue = PLUS_ADDEND
         else:
             self.problem = Problem(out_ch, c * kk, n * length, False, True, ())
             view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)")
             self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
             self.out_shape = (out_ch, c, geo.KH, geo.KW)
             self.sizes = (n * out_ch * length, n * c * h * w)
-            if addend:  # its columns (c, kh, kw) are w's own layout: the addend is read at C's offset
-                self.epilogue = PLUS_ADDEND
+        if addend:  # a gradient plus the sum so far: the addend, laid out like the output, read at C's offset
+            if kind == "fwd":
+                raise ValueError("conv_implicit: an addend is for the gradients (dx, dw), not the forward")
+            self.epilogue = PLUS_ADDEND
         kernel = f"mma-{mode}-" if mode else ""
         self.key = f"conv-{kernel}{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
         self.scratch: tuple[Tensor, Tensor] | None = None

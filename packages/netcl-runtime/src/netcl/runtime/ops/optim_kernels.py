@@ -123,7 +123,9 @@ __kernel void netcl_unscale(__global {st}* g, __global int* found, const float i
 _SGD_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
 _ADAM_TYPES = [None, None, None, None, None, None, np.int32, None, np.int64]
 
+#: per device, the zero flag an update reads when no ``skip`` is given
 _NEVER: dict[Any, Tensor] = {}
+register_cache(_NEVER.clear)
 
 
 def _skip_flag(skip: Tensor | None, like: Tensor, op: str) -> Tensor:
