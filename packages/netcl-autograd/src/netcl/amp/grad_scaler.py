@@ -167,17 +167,8 @@ class GradScaler:
     def _prime_skipping(self, optimizer: Any, device: Any) -> None:
         """Inside a capture, once per parameter: a step under a raised flag (recording paused) makes the
         optimizer's lazy state and changes nothing, so no recorded command creates state."""
-        if device.kind != "opencl" or not is_recording(device.queue):
+        if device.kind != "opencl" or not is_recording(device.queue) or not self._unprimed(optimizer):
             return
-        fresh = [
-            p
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and not optimizer.state.get(p) and id(p) not in self._primed
-        ]
-        if not fresh:
-            return
-        self._primed.update(id(p) for p in fresh)
         if self._up is None:
             self._up = Tensor.from_host(device, np.ones(1, np.int32))
         with paused(device.queue):
@@ -201,15 +192,8 @@ class GradScaler:
     def _prime(self, optimizer: Any, found: Tensor) -> None:
         """Inside a capture, once: make the optimizer create its lazy state (one step, undone), with the
         recording paused, so the recorded snapshot covers that state and a replayed skip restores it."""
-        fresh = [
-            p
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and not optimizer.state.get(p) and id(p) not in self._primed
-        ]
-        if not fresh:
+        if not self._unprimed(optimizer):
             return
-        self._primed.update(id(p) for p in fresh)
         with paused(found.device.queue):
             before = self._optimizer_tensors(optimizer)
             for t in before:
@@ -221,6 +205,18 @@ class GradScaler:
             for t in self._optimizer_tensors(optimizer):
                 if id(t) not in known:
                     R.fill_(t, 0)
+
+    def _unprimed(self, optimizer: Any) -> bool:
+        """Whether a parameter with a gradient has no optimizer state yet and was not primed; marks
+        such parameters primed."""
+        fresh = [
+            id(p)
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not optimizer.state.get(p) and id(p) not in self._primed
+        ]
+        self._primed.update(fresh)
+        return bool(fresh)
 
     def _backup(self, t: Tensor) -> Tensor:
         entry = self._backups.get(id(t))
