@@ -138,3 +138,37 @@ def test_bad_inputs(device):
         copy_if_(g, g, flag, 5)
     with pytest.raises(ValueError, match="interval must be a positive int"):
         update_scale_(nc.tensor(np.ones(1, np.float32), device=device), flag, flag, 2.0, 0.5, 0)
+
+
+@pytest.mark.parametrize("bad", [None, 17])
+def test_unscale_many_is_the_per_gradient_unscale(device, bad):
+    """``unscale_many_`` over 20 gradients (two launches of float32, one of float64) gives the bits of
+    ``unscale_by_`` on each, and raises the flag exactly when one holds inf/NaN."""
+    from netcl.runtime.ops.amp_kernels import unscale_by_, unscale_many_
+
+    rng = np.random.default_rng(5)
+    hosts = [rng.normal(size=(k % 5 + 1, 7)).astype(np.float64 if k % 7 == 3 else np.float32) for k in range(20)]
+    if bad is not None:
+        hosts[bad][0, 3] = np.inf
+    scale = nc.tensor(np.array([3.0], np.float32), device=device)
+    results = []
+    for unscale in (lambda gs, f: unscale_many_(gs, scale, f), lambda gs, f: [unscale_by_(g, scale, f) for g in gs]):
+        grads = [nc.tensor(h, dtype=h.dtype, device=device) for h in hosts]
+        flag = nc.tensor(np.zeros(1, np.int32), dtype=np.int32, device=device)
+        unscale(grads, flag)
+        results.append(([g.to_host() for g in grads], int(flag.to_host()[0])))
+    (many, flag_many), (each, flag_each) = results
+    assert flag_many == flag_each == (bad is not None)
+    for a, b in zip(many, each, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_amp_step_unscales_in_one_launch(cl_device, launch_counter):
+    scaler = GradScaler(init_scale=4.0)
+    params = _params(cl_device)
+    opt = SGD(params, lr=0.1)
+    for p in params:
+        p.grad = nc.tensor(np.ones(3, np.float32), device=cl_device)
+    with launch_counter(cl_device.queue) as launches:
+        scaler.step(opt)
+    assert launches.names.count("netcl_amp_unscale_multi") == 1 and "netcl_amp_unscale" not in launches.names

@@ -12,7 +12,7 @@ from netcl.autograd.engine import Node
 from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.capture import is_recording, paused
-from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_by_, update_scale_
+from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_many_, update_scale_
 from netcl.runtime.ops.optim_kernels import write_
 
 
@@ -159,8 +159,7 @@ class GradScaler:
         scale, _, found = self._state(grads[0].device)
         if not self._unscaled:
             R.fill_(found, 0)
-            for g in grads:
-                unscale_by_(g, scale, found)
+            unscale_many_(grads, scale, found)
             self._unscaled = True
         return found
 

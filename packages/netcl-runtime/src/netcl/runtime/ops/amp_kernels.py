@@ -2,12 +2,15 @@
 
 The scale (a 0-d float32 tensor), the count of clean steps (0-d int32) and the inf/NaN flag (int32)
 live on the device, so a captured training step replays them: ``unscale_by_`` divides a gradient
-by the current scale and raises the flag, ``update_scale_`` applies torch's schedule (back off after
+by the current scale and raises the flag (``unscale_many_``: many gradients, one launch per dtype
+and ``MULTI_ARITY`` of them, bit-identical), ``update_scale_`` applies torch's schedule (back off after
 an inf/NaN step, grow after ``interval`` clean ones), and ``copy_if_`` snapshots and conditionally
 restores tensors (how an optimizer step is undone when the flag is up). Each kernel has a NumPy twin.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -15,6 +18,7 @@ from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
+from netcl.runtime.ops.optim_kernels import multi_chunks, multi_table
 
 #: copy_if_ modes: copy always, copy where the flag is up, zero where the flag is up.
 ALWAYS, IF_FOUND, ZERO_IF_FOUND = 0, 1, 2
@@ -84,6 +88,64 @@ def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
     run_1d(("amp", "unscale", st), grad.device, source, "netcl_amp_unscale", types, grad.size, grad, scale, found_inf,
            np.int64(grad.size))  # fmt: skip
     return grad
+
+
+def _unscale_multi_source(st: str, ct: str, pragma: str, arity: int) -> str:
+    """``netcl_amp_unscale``'s statements over ``arity`` gradient slots (``table``: each slot's first
+    element of the launch, as the optimizers' multi-tensor kernels)."""
+    buffers = ", ".join(f"__global {st}* G{j}" for j in range(arity))
+    branches = "\n".join(
+        f"    {'if' if j == 0 else 'else if'} (t_gid < table[{j + 1}]) {{\n"
+        f"        const long gid = t_gid - table[{j}];\n"
+        f"        const {ct} v = ({ct})G{j}[gid] * inv;\n"
+        f"        if (!isfinite(v)) found[0] = 1;\n"
+        f"        G{j}[gid] = ({st})v;\n    }}"
+        for j in range(arity)
+    )
+    return f"""{pragma}
+__kernel void netcl_amp_unscale_multi({buffers}, __global const float* scale, __global int* found,
+                                      __global const long* table, const long total) {{
+    const long t_gid = get_global_id(0);
+    if (t_gid >= total) return;
+    const {ct} inv = ({ct})(1.0f / scale[0]);
+{branches}
+}}
+"""
+
+
+def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list[Tensor]:
+    """``unscale_by_`` on each of ``grads`` (any dtypes): one launch per dtype and ``MULTI_ARITY``
+    gradients, the same arithmetic (bit-identical). Returns ``grads``."""
+    op = "unscale_many_"
+    _scalar(scale, np.float32, "scale", op)
+    _scalar(found_inf, np.int32, "found_inf", op)
+    for g in grads:
+        if not isinstance(g, Tensor) or g.dtype.kind != "f":
+            raise DTypeError(f"{op}: each grad must be a floating-point Tensor, got {getattr(g, 'dtype', type(g))}")
+    device_of([*grads, scale, found_inf], op)
+    if not grads or grads[0].device.kind == "cpu":
+        for g in grads:
+            unscale_by_(g, scale, found_inf)
+        return grads
+    by_dtype: dict[np.dtype, list[Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for dtype, group in by_dtype.items():
+        st, ct, pragma = storage_ctype(dtype), compute_ctype(dtype), pragmas([dtype])
+        for start, stop, arity in multi_chunks(len(group)):
+            chunk = group[start:stop]
+            sizes = tuple(g.size for g in chunk)
+            total = sum(sizes)
+            if total == 0:
+                continue
+            slots = chunk + [chunk[0]] * (arity - len(chunk))  # unused slots cover no elements
+            table = multi_table(chunk[0].device, sizes, (0,) * len(chunk), arity)
+            types = [None] * (arity + 3) + [np.int64]
+            source = functools.partial(_unscale_multi_source, st, ct, pragma, arity)
+            args = (*slots, scale, found_inf, table, np.int64(total))
+            run_1d(("amp", "unscale_multi", st, arity), chunk[0].device, source, "netcl_amp_unscale_multi", types,
+                   total, *args)  # fmt: skip
+    return grads
 
 
 def copy_if_(dst: Tensor, src: Tensor | None, found_inf: Tensor, mode: int) -> Tensor:

@@ -373,7 +373,7 @@ _TABLES: dict[tuple[Any, ...], Tensor] = {}
 _MAX_TABLES = 256
 
 
-def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity: int) -> Tensor:
+def multi_table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity: int) -> Tensor:
     """The offsets-and-indices table of one launch (uploaded once per parameter set, then reused)."""
     key = (device, sizes, indices, arity)
     table = _TABLES.get(key)
@@ -392,7 +392,7 @@ def _table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity:
 register_cache(_TABLES.clear)
 
 
-def _chunks(n: int) -> list[tuple[int, int, int]]:
+def multi_chunks(n: int) -> list[tuple[int, int, int]]:
     """(start, stop, arity) of each launch: ``MULTI_ARITY`` parameters, the last launch's arity the
     power of two that holds the rest (fewer unused slots: an enqueue's cost grows with its arguments)."""
     chunks = []
@@ -477,7 +477,7 @@ def sgd_multi_step_(
         hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
         return _multi_source("netcl_sgd_multi", ("P", "G", "B"), hyper_line, body, types, arity)
 
-    for start, stop, arity in _chunks(len(params)):
+    for start, stop, arity in multi_chunks(len(params)):
         key = ("optim", "sgd_multi", arity, types["st"], has_momentum)
         arg_types = [None] * (3 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
@@ -528,7 +528,7 @@ def adam_multi_step_(
         body = _adam_body(types, decoupled_weight_decay)
         return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), hyper_line, body, types, arity)
 
-    for start, stop, arity in _chunks(len(params)):
+    for start, stop, arity in multi_chunks(len(params)):
         key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
         arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
@@ -558,7 +558,7 @@ def _launch_multi(
     total = sum(sizes)
     if total == 0:
         return
-    table = _table(params[0].device, sizes, tuple(int(i) for i in indices), arity)
+    table = multi_table(params[0].device, sizes, tuple(int(i) for i in indices), arity)
     run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, skip, hyper, table, np.int64(total))
 
 
