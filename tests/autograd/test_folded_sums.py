@@ -1,9 +1,10 @@
 """Gradient sums folded into the store of a product (``apply_op``'s ``folds_addends``).
 
 matmul, linear and conv2d take the gradient summed so far for an input (a second use, or a
-leaf's stored ``grad``) into their product's store: the sum has the bits of the add it replaces
-(one float add either way), and accumulating costs no add kernel. ``NETCL_HOST_BLAS=0`` keeps
-PoCL's products on the GEMM kernels (the host BLAS path adds after its product).
+leaf's stored ``grad``) into their product's store (a bias's into its sum's last store): the sum
+has the bits of the add it replaces (one float add either way), and accumulating costs no add
+kernel. ``NETCL_HOST_BLAS=0`` keeps PoCL's products on the GEMM kernels (the host BLAS path adds
+after its product).
 """
 
 from __future__ import annotations
@@ -69,15 +70,15 @@ def test_micro_batches_accumulate_to_the_float32_sum(device, case):
 @pytest.mark.parametrize("case", ["matmul", "linear", "conv2d"])
 def test_accumulating_launches_no_add_kernel(cl_device, launch_counter, case):
     """A backward into leaves that already hold a gradient launches the kernels of one into empty grads
-    (the weight products add the stored grads in their stores); the input and weight grads then hold
-    exactly twice the first pass's (the bias of linear/conv2d is a reduction: an add of its own)."""
+    (the products and the bias sums add the stored grads in their stores); the input, weight and bias
+    grads then hold exactly twice the first pass's."""
     loss_fn, x_shape, p_shapes = CASES[case]
     x = ag.tensor(_rand(x_shape, 0), requires_grad=True, device=cl_device)
-    params = [ag.tensor(_rand(s, 10 + k), requires_grad=True, device=cl_device) for k, s in enumerate(p_shapes[:1])]
+    params = [ag.tensor(_rand(s, 10 + k), requires_grad=True, device=cl_device) for k, s in enumerate(p_shapes)]
     names, grads = [], []
     for _ in range(2):
         with ag.Tape() as tape:
-            loss = loss_fn(x, [*params, None])
+            loss = loss_fn(x, params)
         with launch_counter(cl_device.queue) as launches:
             tape.backward(loss)
         names.append(launches.names)

@@ -112,3 +112,23 @@ def test_merged_layout() -> None:
     assert merged_layout((3, 4, 5), (0,)) == (((20, 1),), ((3, 20),))
     assert merged_layout((3, 4, 5), (1,)) == (((3, 20), (5, 1)), ((4, 5),))
     assert merged_layout((3, 1, 5), (0, 1)) == (((5, 1),), ((3, 5),))
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((40, 9), 0), ((3, 5), 1), ((70000,), 0), ((5, 3000), 1), ((600, 24), 0), ((2, 3, 4, 5), (0, 2, 3))],
+    ids=["cols", "serial", "all-multi-stage", "tree", "cols-multi-stage", "conv-bias"],
+)
+def test_sum_with_an_addend(device, shape, axis):
+    """``sum(x, axis, addend=a)``: the bits of ``sum(x, axis) + a`` (one float add, in the last stage's
+    store), in every reduction mode and across stages; bad addends raise before any launch."""
+    rng = np.random.default_rng(4)
+    x = nc.tensor(rng.standard_normal(shape).astype(np.float32), device=device)
+    plain = ops.sum(x, axis).to_host()
+    a = rng.standard_normal(plain.shape).astype(np.float32)
+    got = ops.sum(x, axis, addend=nc.tensor(a, device=device)).to_host()
+    np.testing.assert_array_equal(got, plain + a)
+    with pytest.raises(nc.ShapeError, match="addend must have the result's shape"):
+        ops.sum(x, axis, addend=nc.tensor(np.zeros((*plain.shape, 2), np.float32), device=device))
+    with pytest.raises(TypeError, match="addend must be a Tensor"):
+        ops.sum(x, axis, addend=a)

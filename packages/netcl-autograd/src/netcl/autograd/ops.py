@@ -257,6 +257,14 @@ def plus(addend: Tensor | None, grad: Tensor | None) -> Tensor | None:
     return R.add(addend, grad)
 
 
+def sum_grad(addend: Tensor | None, x: Tensor, axis: Any) -> Tensor:
+    """``x`` summed over ``axis`` as a gradient, plus ``addend`` when given: in the sum's last store
+    when the addend has the result's dtype, else by an add."""
+    if addend is not None and addend.dtype == x.dtype and x.dtype.kind == "f":
+        return R.sum(x, axis, addend=addend)
+    return plus(addend, R.sum(x, axis))
+
+
 def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Tensor, **kw: Any) -> Tensor:
     """``a @ b`` (``kw``: ``R.matmul``'s options) as the gradient of an operand of ``shape``: summed to
     that shape, plus ``addend`` when given: in the product's store when the product has the shape

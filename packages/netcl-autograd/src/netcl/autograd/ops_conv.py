@@ -56,7 +56,7 @@ def conv2d(
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None, None)) -> _Grads:
         xv, wv = values[0], values[1]
         geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
-        # the products sum an addend of g's dtype; another is added after them
+        # the products and the bias sum take an addend of g's dtype; another is added after them
         folds = [a if a is not None and a.dtype == g.dtype else None for a in addends]
         gx = gw = None
         if _needs(x):
@@ -67,7 +67,10 @@ def conv2d(
             gw = gw if folds[1] is not None else plus(addends[1], gw)
         if b is None:
             return [gx, gw]
-        return [gx, gw, plus(addends[2], RC.conv2d_backward_bias(g)) if _needs(b) else None]
+        if not _needs(b):
+            return [gx, gw, None]
+        gb = RC.conv2d_backward_bias(g, addend=folds[2])
+        return [gx, gw, gb if folds[2] is not None else plus(addends[2], gb)]
 
     args = (x, w) if b is None else (x, w, b)
     at = RPR.at_matmul_precision  # the op's forward and gradient alike

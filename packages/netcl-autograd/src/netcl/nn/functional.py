@@ -76,7 +76,7 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
             gw = product_grad(w_shape, addends[1], g2, xv.reshape(rows, in_features), transpose_a=True)
         if bias is None:
             return [gx, gw]
-        return [gx, gw, ops.plus(addends[2], R.sum(g2, 0)) if _needs(bias) else None]
+        return [gx, gw, ops.sum_grad(addends[2], g2, 0) if _needs(bias) else None]
 
     args = (x, weight) if bias is None else (x, weight, bias)
     # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store

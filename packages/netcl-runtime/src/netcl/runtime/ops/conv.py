@@ -363,6 +363,7 @@ def _check_addend(op: str, addend: Tensor, shape: Sequence[int], grad: Tensor) -
     device_of((grad, addend), op)
 
 
-def conv2d_backward_bias(grad: Tensor) -> Tensor:
-    """d conv2d / d b: the upstream gradient summed over batch and space."""
-    return reduce_sum(grad, axis=(0, 2, 3))
+def conv2d_backward_bias(grad: Tensor, addend: Tensor | None = None) -> Tensor:
+    """d conv2d / d b: the upstream gradient summed over batch and space (plus ``addend``, of b's shape
+    and grad's dtype, added in the sum's last store)."""
+    return reduce_sum(grad, axis=(0, 2, 3), addend=addend)

@@ -30,6 +30,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64, int64
+from netcl.core.errors import ShapeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
@@ -48,7 +49,7 @@ from netcl.runtime.ops._common import (
     pragmas,
     storage_ctype,
 )
-from netcl.runtime.ops.pointwise import fill_
+from netcl.runtime.ops.pointwise import add, fill_
 
 PER_THREAD = 16
 CHUNK = MAX_LOCAL * PER_THREAD
@@ -61,9 +62,14 @@ Axis = int | Sequence[int] | None
 Dims = tuple[tuple[int, int], ...]
 
 
-def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis`` (None: all; int or tuple, negatives allowed). Integer inputs give int64."""
-    return _reduce("sum", x, axis, keepdims)
+def sum(x: Tensor, axis: Axis = None, keepdims: bool = False, addend: Tensor | None = None) -> Tensor:
+    """Sum over ``axis`` (None: all; int or tuple, negatives allowed). Integer inputs give int64.
+
+    ``addend`` (a tensor of the result's shape and dtype): the result is ``addend + the sum``, added
+    in the last stage's store for float results (the bits of an ``add`` after the sum)."""
+    if addend is None:
+        return _reduce("sum", x, axis, keepdims)
+    return _sum_plus(x, axis, keepdims, addend)
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -97,7 +103,26 @@ def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
     return dtype, dtype
 
 
-def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool) -> Tensor:
+def _sum_plus(x: Tensor, axis: Axis, keepdims: bool, addend: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"sum: expected a Tensor, got {type(x).__name__}")
+    if not isinstance(addend, Tensor):
+        raise TypeError(f"sum: addend must be a Tensor, got {type(addend).__name__}")
+    axes = normalize_axes(axis, x.ndim, "sum")
+    out_shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
+    out_dtype = reduce_dtypes("sum", x.dtype)[1]
+    if tuple(addend.shape) != out_shape or addend.dtype != out_dtype:
+        raise ShapeError(
+            f"sum: addend must have the result's shape {out_shape} and dtype {out_dtype}, "
+            f"got {tuple(addend.shape)} {addend.dtype}"
+        )
+    device = device_of((x, addend), "sum")
+    if device.kind == "cpu" or out_dtype.kind != "f" or math.prod(out_shape) == 0 or x.size == 0:
+        return add(addend, _reduce("sum", x, axis, keepdims))
+    return _reduce("sum", x, axis, keepdims, addend)
+
+
+def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | None = None) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     device = device_of((x,), op)
@@ -117,7 +142,7 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool) -> Tensor:
         return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
     kept, reduced = merged_layout(x.shape, axes)
     out = Tensor.empty(out_shape, out_dtype, device)
-    _reduce_cl(op, x, kept, reduced, acc, out, 1.0 / R if op == "mean" else 1.0, device)
+    _reduce_cl(op, x, kept, reduced, acc, out, 1.0 / R if op == "mean" else 1.0, device, addend)
     return out
 
 
@@ -140,12 +165,21 @@ def merged_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[Dims, 
 
 
 def _reduce_cl(
-    op: str, x: Tensor, kept: Dims, reduced: Dims, acc: np.dtype, out: Tensor, scale: float, device: Device
+    op: str,
+    x: Tensor,
+    kept: Dims,
+    reduced: Dims,
+    acc: np.dtype,
+    out: Tensor,
+    scale: float,
+    device: Device,
+    addend: Tensor | None = None,
 ) -> None:
+    """Reduce in stages into ``out``; the stage that writes ``out`` adds ``addend`` in its store."""
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
     if R <= SERIAL_MAX and K > 1:  # one output takes the tree below: the same program as a longer sum
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1)
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1, addend=addend)
         return
     if kept and kept[-1][1] == 1 and kept[-1][0] >= COLS_MIN:
         # Outputs are contiguous in memory: neighbouring threads take neighbouring outputs.
@@ -156,12 +190,12 @@ def _reduce_cl(
         per_group = -(-R // chunks)
         mode, local = "tree", builtins.min(limit, builtins.max(16, pow2_ceil(-(-per_group // PER_THREAD))))
     if chunks == 1:
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local)
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local, addend=addend)
         return
     partial = Tensor.empty((K * chunks,), acc, device)  # partial[o * chunks + c]
     _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, mode, chunks=chunks, local=local)
     next_kept = ((K, chunks),) if K > 1 else ()
-    _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device)
+    _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device, addend)
 
 
 def _launch_stage(
@@ -176,20 +210,23 @@ def _launch_stage(
     mode: str,
     chunks: int,
     local: int,
+    addend: Tensor | None = None,
 ) -> None:
-    """One stage; the program depends on (op, mode, ranks of kept/reduced, dtypes, index type) only:
-    sizes, strides, chunk counts and the tree's work-group size are kernel arguments."""
+    """One stage; the program depends on (op, mode, ranks of kept/reduced, dtypes, index type, with an
+    addend or not) only: sizes, strides, chunk counts and the tree's work-group size are kernel
+    arguments. ``addend`` (final stage only: ``chunks`` is 1) is added to each output in its store."""
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
     op = "sum" if op == "mean" else op  # mean is a sum scaled by the ``scale`` argument
     idx = index_type(x.shape, (K * chunks * builtins.max(local, COLS * ROWS),))
     # Per axis: does it have stride 1? (a layout class: only the input's innermost axis does)
     layout = (tuple(st == 1 for _, st in kept), tuple(st == 1 for _, st in reduced))
-    key = ("reduce", op, mode, layout, x.dtype.str, acc.str, out.dtype.str, idx)
+    plus = addend is not None
+    key = ("reduce", op, mode, layout, x.dtype.str, acc.str, out.dtype.str, idx, plus)
     acc_ctype = compute_ctype(acc)
 
     def source() -> str:
-        return _source(op, mode, x.dtype, layout, acc, out.dtype, idx)
+        return _source(op, mode, x.dtype, layout, acc, out.dtype, idx, plus)
 
     sizes = [K, R, chunks, -(-R // chunks)]
     arg_dtypes = [None, None, ARG_DTYPES[acc_ctype]] + [ARG_DTYPES[idx]] * 4
@@ -201,6 +238,9 @@ def _launch_stage(
             if stride != 1:
                 sizes.append(stride)
                 arg_dtypes.append(ARG_DTYPES[idx])
+    if plus:
+        arg_dtypes.append(None)
+        sizes.append(addend.data)
     resolved = get_kernel(key, device, source, "netcl_reduce", arg_dtypes)
     args = (x.data, out.data, ARG_DTYPES[acc_ctype].type(scale), *sizes)
     if mode == "serial":
@@ -274,6 +314,7 @@ def _source(
     acc: np.dtype,
     out_dtype: np.dtype,
     idx: str,
+    plus: bool = False,
 ) -> str:
     acc_t = compute_ctype(acc)
     in_t = storage_ctype(in_dtype)
@@ -295,7 +336,13 @@ def _source(
     signature = (
         f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale, "
         f"const {idx} K, const {idx} R, const {idx} chunks, const {idx} per_group{dim_params}"
+        + (f", __global const {out_t}* addend" if plus else "")
     )
+
+    def put(at: str) -> str:  # the output's store; with an addend, the float add after the rounding
+        value = f"({out_t}){store}"
+        return f"out[{at}] = " + (f"({out_t})({value} + addend[{at}]);" if plus else f"{value};")
+
     loop = f"acc = COMBINE(acc, ({acc_t})x[in_index(o, r{dim_args})]);"
     if mode == "cols":
         return header + (
@@ -318,7 +365,7 @@ def _source(
             "        if (ly < s) { scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + s][lx]); }\n"
             "        barrier(CLK_LOCAL_MEM_FENCE);\n"
             "    }\n"
-            f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; out[o * chunks + c] = ({out_t}){store}; }}\n"
+            f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put('o * chunks + c')} }}\n"
             "}\n"
         )
     if mode == "serial":
@@ -328,7 +375,7 @@ def _source(
             "    if (o >= K) return;\n"
             f"    {acc_t} acc = {_identity(op, acc)};\n"
             f"    for ({idx} r = 0; r < R; ++r) {{ {loop} }}\n"
-            f"    out[o] = ({out_t}){store};\n"
+            f"    {put('o')}\n"
             "}\n"
         )
     # tree: the work-group size (a power of two <= MAX_LOCAL) is chosen at launch
@@ -349,7 +396,7 @@ def _source(
         "        if (lid < s) { scratch[lid] = COMBINE(scratch[lid], scratch[lid + s]); }\n"
         "        barrier(CLK_LOCAL_MEM_FENCE);\n"
         "    }\n"
-        f"    if (lid == 0) {{ acc = scratch[0]; out[g] = ({out_t}){store}; }}\n"
+        f"    if (lid == 0) {{ acc = scratch[0]; {put('g')} }}\n"
         "}\n"
     )
 
