@@ -67,9 +67,7 @@ def sum(x: Tensor, axis: Axis = None, keepdims: bool = False, addend: Tensor | N
 
     ``addend`` (a tensor of the result's shape and dtype): the result is ``addend + the sum``, added
     in the last stage's store for float results (the bits of an ``add`` after the sum)."""
-    if addend is None:
-        return _reduce("sum", x, axis, keepdims)
-    return _sum_plus(x, axis, keepdims, addend)
+    return _reduce("sum", x, axis, keepdims, addend)
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -103,32 +101,25 @@ def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
     return dtype, dtype
 
 
-def _sum_plus(x: Tensor, axis: Axis, keepdims: bool, addend: Tensor) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"sum: expected a Tensor, got {type(x).__name__}")
-    if not isinstance(addend, Tensor):
-        raise TypeError(f"sum: addend must be a Tensor, got {type(addend).__name__}")
-    axes = normalize_axes(axis, x.ndim, "sum")
-    out_shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
-    out_dtype = reduce_dtypes("sum", x.dtype)[1]
-    if tuple(addend.shape) != out_shape or addend.dtype != out_dtype:
-        raise ShapeError(
-            f"sum: addend must have the result's shape {out_shape} and dtype {out_dtype}, "
-            f"got {tuple(addend.shape)} {addend.dtype}"
-        )
-    device = device_of((x, addend), "sum")
-    if device.kind == "cpu" or out_dtype.kind != "f" or math.prod(out_shape) == 0 or x.size == 0:
-        return add(addend, _reduce("sum", x, axis, keepdims))
-    return _reduce("sum", x, axis, keepdims, addend)
-
-
 def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | None = None) -> Tensor:
+    """``op`` over ``axis``, plus ``addend`` (sum only) in the last stage's store where the result is
+    a float on OpenCL; elsewhere an ``add`` after the reduction (the same float add)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
-    device = device_of((x,), op)
+    if addend is not None and not isinstance(addend, Tensor):
+        raise TypeError(f"{op}: addend must be a Tensor, got {type(addend).__name__}")
+    device = device_of((x,) if addend is None else (x, addend), op)
     axes = normalize_axes(axis, x.ndim, op)
     out_shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
     acc, out_dtype = reduce_dtypes(op, x.dtype)
+    if addend is not None:
+        if tuple(addend.shape) != out_shape or addend.dtype != out_dtype:
+            raise ShapeError(
+                f"{op}: addend must have the result's shape {out_shape} and dtype {out_dtype}, "
+                f"got {tuple(addend.shape)} {addend.dtype}"
+            )
+        if device.kind == "cpu" or out_dtype.kind != "f" or x.size == 0:
+            return add(addend, _reduce(op, x, axis, keepdims))
     device.check_dtype(acc)
     R = math.prod(x.shape[a] for a in axes)
     if R == 0 and op in ("max", "min") and math.prod(out_shape):
