@@ -18,18 +18,25 @@ from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
-from netcl.runtime.ops.optim_kernels import multi_chunks, multi_table
+from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source
 
 #: copy_if_ modes: copy always, copy where the flag is up, zero where the flag is up.
 ALWAYS, IF_FOUND, ZERO_IF_FOUND = 0, 1, 2
+
+#: ``netcl_amp_unscale``'s per-gradient statements on the buffer ``@G`` (``1 / scale`` as ``inv``): the
+#: one-gradient kernel and the multi-tensor one (``multi_source``) run the same text, so the same bits
+_UNSCALE_BODY = """const {ct} v = ({ct})@G[gid] * inv;
+    if (!isfinite(v)) found[0] = 1;
+    @G[gid] = ({st})v;"""
+_UNSCALE_PARAMS = "__global const float* scale, __global int* found"
+_UNSCALE_PROLOGUE = "const {ct} inv = ({ct})(1.0f / scale[0]);"
 
 _UNSCALE = """{pragmas}
 __kernel void netcl_amp_unscale(__global {st}* g, __global const float* scale, __global int* found, const long n) {{
     const long gid = get_global_id(0);
     if (gid >= n) return;
-    const {ct} v = ({ct})g[gid] * ({ct})(1.0f / scale[0]);
-    if (!isfinite(v)) found[0] = 1;
-    g[gid] = ({st})v;
+    {prologue}
+    {body}
 }}
 """
 
@@ -83,34 +90,12 @@ def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
         grad.data[...] = values.astype(grad.dtype)
         return grad
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
-    source = lambda: _UNSCALE.format(pragmas=pragmas([grad.dtype]), st=st, ct=ct)  # noqa: E731
+    prologue, body = _UNSCALE_PROLOGUE.format(ct=ct), _UNSCALE_BODY.format(st=st, ct=ct).replace("@G", "g")
+    source = lambda: _UNSCALE.format(pragmas=pragmas([grad.dtype]), st=st, ct=ct, prologue=prologue, body=body)  # noqa: E731
     types = [None, None, None, np.int64]
     run_1d(("amp", "unscale", st), grad.device, source, "netcl_amp_unscale", types, grad.size, grad, scale, found_inf,
            np.int64(grad.size))  # fmt: skip
     return grad
-
-
-def _unscale_multi_source(st: str, ct: str, pragma: str, arity: int) -> str:
-    """``netcl_amp_unscale``'s statements over ``arity`` gradient slots (``table``: each slot's first
-    element of the launch, as the optimizers' multi-tensor kernels)."""
-    buffers = ", ".join(f"__global {st}* G{j}" for j in range(arity))
-    branches = "\n".join(
-        f"    {'if' if j == 0 else 'else if'} (t_gid < table[{j + 1}]) {{\n"
-        f"        const long gid = t_gid - table[{j}];\n"
-        f"        const {ct} v = ({ct})G{j}[gid] * inv;\n"
-        f"        if (!isfinite(v)) found[0] = 1;\n"
-        f"        G{j}[gid] = ({st})v;\n    }}"
-        for j in range(arity)
-    )
-    return f"""{pragma}
-__kernel void netcl_amp_unscale_multi({buffers}, __global const float* scale, __global int* found,
-                                      __global const long* table, const long total) {{
-    const long t_gid = get_global_id(0);
-    if (t_gid >= total) return;
-    const {ct} inv = ({ct})(1.0f / scale[0]);
-{branches}
-}}
-"""
 
 
 def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list[Tensor]:
@@ -131,20 +116,18 @@ def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
     for dtype, group in by_dtype.items():
-        st, ct, pragma = storage_ctype(dtype), compute_ctype(dtype), pragmas([dtype])
+        types = {"st": storage_ctype(dtype), "ct": compute_ctype(dtype), "pragmas": pragmas([dtype])}
+        prologue, body = _UNSCALE_PROLOGUE.format(**types), _UNSCALE_BODY.format(**types)
         for start, stop, arity in multi_chunks(len(group)):
             chunk = group[start:stop]
-            sizes = tuple(g.size for g in chunk)
-            total = sum(sizes)
-            if total == 0:
-                continue
             slots = chunk + [chunk[0]] * (arity - len(chunk))  # unused slots cover no elements
-            table = multi_table(chunk[0].device, sizes, (0,) * len(chunk), arity)
-            types = [None] * (arity + 3) + [np.int64]
-            source = functools.partial(_unscale_multi_source, st, ct, pragma, arity)
-            args = (*slots, scale, found_inf, table, np.int64(total))
-            run_1d(("amp", "unscale_multi", st, arity), chunk[0].device, source, "netcl_amp_unscale_multi", types,
-                   total, *args)  # fmt: skip
+            source = functools.partial(
+                multi_source, "netcl_amp_unscale_multi", ("G",), _UNSCALE_PARAMS, prologue, body, types, arity, ()
+            )
+            arg_types = [None] * (arity + 3) + [np.int64]
+            key = ("amp", "unscale_multi", types["st"], arity)
+            launch_multi(key, source, "netcl_amp_unscale_multi", arg_types, arity, chunk, [0] * len(chunk), slots,
+                         (scale, found_inf))  # fmt: skip
     return grads
 
 

@@ -337,23 +337,40 @@ MULTI_ARITY = 16
 
 _MULTI = """{pragmas}
 __kernel void {name}({buffers},
-                     __global const int* steps, __global const int* skip, __global const float* hyper,
+                     {params},
                      __global const long* table, const long total) {{
     const long t_gid = get_global_id(0);
-    if (t_gid >= total || skip[0]) return;
-    {hyper}
+    if (t_gid >= total{stop}) return;
+    {prologue}
 {branches}
 }}
 """
 
+#: the optimizers' arguments after the slots (their multi-tensor kernels stop where ``skip`` is up)
+_OPTIM_PARAMS = "__global const int* steps, __global const int* skip, __global const float* hyper"
 
-def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, types: dict[str, str], arity: int) -> str:
-    """A kernel over ``arity`` parameter slots: ``table`` holds each slot's first element (slot j
-    covers [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
-    index into ``steps``. A work-item finds its slot and runs the per-parameter statements (``body``,
-    with ``@`` placeholders for the ``slots`` buffers)."""
+
+def multi_source(
+    name: str,
+    slots: tuple[str, ...],
+    params: str,
+    prologue: str,
+    body: str,
+    types: dict[str, str],
+    arity: int,
+    read_only: tuple[str, ...] = ("G",),
+    stop: str = "",
+) -> str:
+    """A kernel over ``arity`` tensor slots: ``table`` holds each slot's first element (slot j covers
+    [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
+    ``index`` (into an optimizer's ``steps``). A work-item finds its slot and runs the per-tensor
+    statements (``body``, with ``@`` placeholders for the ``slots`` buffers; those in ``read_only``
+    are const) after ``prologue``. ``params``: the arguments between the slots and ``table``;
+    ``stop``: a condition under which every work-item returns at once."""
     buffers = ",\n                     ".join(
-        f"__global {'const ' if slot == 'G' else ''}{types['st']}* {slot}{j}" for j in range(arity) for slot in slots
+        f"__global {'const ' if slot in read_only else ''}{types['st']}* {slot}{j}"
+        for j in range(arity)
+        for slot in slots
     )
     branches, nl = [], "\n"
     for j in range(arity):
@@ -365,7 +382,13 @@ def _multi_source(name: str, slots: tuple[str, ...], hyper: str, body: str, type
             f"        {_on(body, **{slot: f'{slot}{j}' for slot in slots}).replace(nl, nl + '    ')}\n    }}"
         )
     return _MULTI.format(
-        name=name, buffers=buffers, hyper=hyper, branches="\n".join(branches), pragmas=types["pragmas"]
+        name=name,
+        buffers=buffers,
+        params=params,
+        stop=f" || {stop}" if stop else "",
+        prologue=prologue,
+        branches="\n".join(branches),
+        pragmas=types["pragmas"],
     )
 
 
@@ -475,7 +498,8 @@ def sgd_multi_step_(
 
     def source(arity: int) -> str:
         hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
-        return _multi_source("netcl_sgd_multi", ("P", "G", "B"), hyper_line, body, types, arity)
+        slots = ("P", "G", "B")
+        return multi_source("netcl_sgd_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]")
 
     for start, stop, arity in multi_chunks(len(params)):
         key = ("optim", "sgd_multi", arity, types["st"], has_momentum)
@@ -486,7 +510,7 @@ def sgd_multi_step_(
             slots += [params[k], grads[k], momentum_buffers[k] if has_momentum else params[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        _launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, steps, skip, hyper)
+        launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper))
     return params
 
 
@@ -526,7 +550,8 @@ def adam_multi_step_(
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
         body = _adam_body(types, decoupled_weight_decay)
-        return _multi_source("netcl_adam_multi", ("P", "G", "M", "V"), hyper_line, body, types, arity)
+        slots = ("P", "G", "M", "V")
+        return multi_source("netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]")
 
     for start, stop, arity in multi_chunks(len(params)):
         key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
@@ -537,29 +562,29 @@ def adam_multi_step_(
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        _launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, steps, skip, hyper)
+        launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper))
     return params
 
 
-def _launch_multi(
+def launch_multi(
     key: tuple[Any, ...],
     source: Any,
     name: str,
     arg_types: list[Any],
     arity: int,
-    params: list[Tensor],
+    tensors: list[Tensor],
     indices: list[int],
     slots: list[Any],
-    steps: Tensor,
-    skip: Tensor,
-    hyper: Tensor,
+    params: tuple[Any, ...],
 ) -> None:
-    sizes = tuple(p.size for p in params)
+    """Launch a ``multi_source`` kernel over ``tensors`` (their ``indices`` in its table): ``slots``
+    the buffers slot by slot, ``params`` its arguments between the slots and the table."""
+    sizes = tuple(t.size for t in tensors)
     total = sum(sizes)
     if total == 0:
         return
-    table = multi_table(params[0].device, sizes, tuple(int(i) for i in indices), arity)
-    run_1d(key, params[0].device, source, name, arg_types, total, *slots, steps, skip, hyper, table, np.int64(total))
+    table = multi_table(tensors[0].device, sizes, tuple(int(i) for i in indices), arity)
+    run_1d(key, tensors[0].device, source, name, arg_types, total, *slots, *params, table, np.int64(total))
 
 
 # ---- step counters, unscaling, host writes ----------------------------------------------------------------
