@@ -115,7 +115,12 @@ def run(
     device = nc.get_device(device_spec)
     repeats = repeats or (3 if quick else 10)
     torch = _torch() if peers and device.kind == "opencl" and device.is_gpu else None
-    tensor_cores = device.kind == "opencl" and gemm_mma.available(device, "tf32")
+    #: (variant, matmul precision, peer key, peer name) of the tensor-core modes the device probed
+    tensor_modes = [
+        m
+        for m in (("tf32x3", "tf32x3", "peer", "cuDNN fp32"), ("tf32", "high", "peer_tf32", "cuDNN TF32"))
+        if device.kind == "opencl" and gemm_mma.available(device, m[0])
+    ]
     print(f"conv on {device!r}; torch peer: {torch.__version__ + ' (cuDNN fp32, TF32 off)' if torch else 'none'}")
     results: dict = {"device": repr(device), "rows": []}
     header = (
@@ -133,8 +138,7 @@ def run(
         row: dict = {"layer": label, "shape": [n, c, s, s], "netcl": {}, "im2col": {}, "peer": {}, "error": {}}
         outs = {}
         variants = [("netcl", True, "highest"), ("im2col", False, "highest")]
-        if tensor_cores:
-            variants += [("tf32x3", True, "tf32x3"), ("tf32", True, "high")]
+        variants += [(mode, True, precision) for mode, precision, _, _ in tensor_modes]
         for variant, implicit, precision in variants:
             parts = _netcl_calls(x, w, g, geo, implicit, precision)
             row.setdefault(variant, {})
@@ -158,12 +162,11 @@ def run(
             row["peer"], ref = _torch_row(torch, x_host, w_host, g_host, flops, repeats)
             for k, part in enumerate(("fwd", "dx", "dw")):
                 row["error"][f"{part} vs cuDNN"] = _rel(outs["netcl"][k], ref[k])
-            if tensor_cores:
+            if any(m[2] == "peer_tf32" for m in tensor_modes):
                 row["peer_tf32"], _ = _torch_row(torch, x_host, w_host, g_host, flops, repeats, tf32=True)
-        if tensor_cores:
-            for mode in ("tf32x3", "tf32"):
-                for k, part in enumerate(("fwd", "dx", "dw")):
-                    row["error"][f"{mode} {part} vs fp32"] = _rel(outs[mode][k], outs["netcl"][k].astype(np.float64))
+        for mode, _, _, _ in tensor_modes:
+            for k, part in enumerate(("fwd", "dx", "dw")):
+                row["error"][f"{mode} {part} vs fp32"] = _rel(outs[mode][k], outs["netcl"][k].astype(np.float64))
         for name in ("fwd", "fwd+bwd"):
             mine, old = row["netcl"][name], row["im2col"][name]
             peer = row["peer"].get(name)
@@ -171,15 +174,14 @@ def run(
             ratio = f"{mine['tflops'] / peer['tflops']:>11.2f}x" if peer else " " * 12
             times = f"{mine['ms']:.3f} / {old['ms']:.3f}" + (f" / {peer['ms']:.3f}" if peer else "")
             print(f"{label:<9}{name:<9}{''.join(cells)}{ratio}{mine['tflops'] / old['tflops']:>12.2f}x   {times}")
-        if tensor_cores:
-            for mode, peer_key, peer_name in (("tf32x3", "peer", "cuDNN fp32"), ("tf32", "peer_tf32", "cuDNN TF32")):
-                cells = []
-                for name in ("fwd", "fwd+bwd"):
-                    mine, peer = row[mode][name], row.get(peer_key, {}).get(name)
-                    ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
-                    versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
-                    cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
-                print(f"{'':<9}{mode} (implicit on tensor cores): " + "; ".join(cells))
+        for mode, _, peer_key, peer_name in tensor_modes:
+            cells = []
+            for name in ("fwd", "fwd+bwd"):
+                mine, peer = row[mode][name], row.get(peer_key, {}).get(name)
+                ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
+                versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
+                cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
+            print(f"{'':<9}{mode} (implicit on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
         tiles = ", ".join(

@@ -24,10 +24,11 @@ gradient), kernel arguments, so a new batch size builds nothing. Tile configs co
 first use where tuning is on), else a default by output size. ``supports`` says which calls this path
 takes; ``conv`` keeps im2col + matmul for the rest (groups > 1, float16, the NumPy backend).
 
-Under a tensor-core matmul precision (``set_float32_matmul_precision("high")`` / ``"medium"``,
-like torch's TF32 convolutions) on a device with tensor cores, the same views feed the
-``mma.sync`` kernel (``gemm_mma``): a view's elements are staged through registers (rounded to
-tf32 / bf16 there) or, in tf32, copied word by word by its cp.async pipeline from the view's offsets.
+Under a tensor-core matmul precision (``set_float32_matmul_precision("high")``, ``"tf32x3"`` or
+``"medium"``; "high" like torch's TF32 convolutions) on a device with tensor cores, the same views
+feed the ``mma.sync`` kernel (``gemm_mma``): a view's elements are staged through registers
+(rounded to tf32 / bf16 there, raw for tf32x3) or, in the tf32 modes, copied word by word by its
+cp.async pipeline from the view's offsets.
 """
 
 from __future__ import annotations

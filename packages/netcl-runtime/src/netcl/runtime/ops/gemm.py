@@ -66,6 +66,13 @@ class Problem:
     def ldb(self) -> int:
         return self.k if self.trans_b else self.n
 
+    @property
+    def operand_sizes(self) -> tuple[int, int]:
+        """Elements A and B span (the batch strides included): what scratch operands of a trial need."""
+        a = self.m * self.k + sum((d[0] - 1) * d[1] for d in self.dims)
+        b = self.k * self.n + sum((d[0] - 1) * d[2] for d in self.dims)
+        return a, b
+
 
 def operand_dims(a_shape, b_shape, trans_a: bool, trans_b: bool) -> tuple[int, int, int, tuple[int, ...]]:
     """(M, N, K, batch shape) of ``op(a) @ op(b)``; ShapeError naming both shapes if they do not fit."""

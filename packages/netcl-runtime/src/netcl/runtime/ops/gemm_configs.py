@@ -97,8 +97,7 @@ class _Trial:
 
         p = self.problem
         if self.operands is None:
-            a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
-            b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
+            a_elems, b_elems = p.operand_sizes
             a = tune.trial_operand(a_elems, self.dtype, self.device, 1)
             b = tune.trial_operand(b_elems, self.dtype, self.device, 2)
             self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, self.device))

@@ -20,7 +20,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops.gemm_mma_source import MmaConfig, mma_source
+from netcl.runtime.ops.gemm_mma_source import WORD_MODES, MmaConfig, mma_source
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
 log = logging.getLogger("netcl.gemm")
@@ -75,8 +75,8 @@ def _probe_result(device: Device, mode: str) -> int | None:
 
 
 def _async_ok(device: Device, mode: str) -> bool:
-    """Whether the cp.async pipeline (tf32 only) builds and multiplies correctly (probed once)."""
-    if mode not in ("tf32", "tf32x3") or _probe_result(device, mode) is None:
+    """Whether the cp.async pipeline (tf32 modes only) builds and multiplies correctly (probed once)."""
+    if mode not in WORD_MODES or _probe_result(device, mode) is None:
         return False
     key = (device, f"{mode}-async")
     with _LOCK:
@@ -203,7 +203,7 @@ def _view_flags(cfg: MmaConfig, mode: str, problem, views: tuple) -> MmaConfig:
     stored = _aligned(dataclasses.replace(cfg, stages=0), problem, False, False)
     flags = []
     for view, flag in zip(views[:2], (stored.va, stored.vb), strict=True):
-        flags.append(flag if view is None else int(mode in ("tf32", "tf32x3") and bool(view.offsets4)))
+        flags.append(flag if view is None else int(mode in WORD_MODES and bool(view.offsets4)))
     stages = cfg.stages if cfg.stages and all(flags) else 0
     return dataclasses.replace(cfg, va=flags[0], vb=flags[1], stages=stages)
 
@@ -253,8 +253,7 @@ class _Trial:
 
         p = self.problem
         if self.operands is None:
-            a_elems = p.m * p.k + sum((d[0] - 1) * d[1] for d in p.dims)
-            b_elems = p.k * p.n + sum((d[0] - 1) * d[2] for d in p.dims)
+            a_elems, b_elems = p.operand_sizes
             self.operands = (
                 tune.trial_operand(a_elems, self.dtypes[0], self.device, 1),
                 tune.trial_operand(b_elems, self.dtypes[1], self.device, 2),

@@ -387,8 +387,8 @@ def mma_source(
     """The kernel ``netcl_gemm`` on tensor cores for one config, mode, layout and epilogue.
 
     ``views`` as in ``gemm_source.portable_source``: (A, B) or (A, B, C); an operand view reads
-    float32 elements through its expression (register staging, no cp.async), C's view gives the
-    flat output index of (``r``, ``c``).
+    float32 elements through its expression (register staging), or, in cp.async stages, copies them
+    from its ``offsets4``; C's view gives the flat output index of (``r``, ``c``).
     """
     a_half, b_half = a_dtype == float16, b_dtype == float16
     view_a, view_b, view_c = (*views, None)[:3]
