@@ -174,8 +174,7 @@ class GradScaler:
             optimizer.step(skip_if=self._up)
 
     def _step_with_snapshots(self, optimizer: Any, found: Tensor) -> Any:
-        if found.device.kind == "opencl" and is_recording(found.device.queue):
-            self._prime(optimizer, found)
+        self._prime(optimizer, found)
         before = self._optimizer_tensors(optimizer)
         for t in before:
             copy_if_(self._backup(t), t, found, ALWAYS)
@@ -191,7 +190,8 @@ class GradScaler:
     def _prime(self, optimizer: Any, found: Tensor) -> None:
         """Inside a capture, once: make the optimizer create its lazy state (one step, undone), with the
         recording paused, so the recorded snapshot covers that state and a replayed skip restores it."""
-        if not self._unprimed(optimizer):
+        device = found.device
+        if device.kind != "opencl" or not is_recording(device.queue) or not self._unprimed(optimizer):
             return
         with paused(found.device.queue):
             before = self._optimizer_tensors(optimizer)
