@@ -372,6 +372,33 @@ def _split_lines(raw: str, hi: str, count: int, words: int) -> list[str]:
     ]
 
 
+def _mma_line(mode: str, a: str, b: str, fm: int, fn: int, out: list[str], into: list[str]) -> str:
+    """One ``mma.sync`` of fragments ``a[fm]`` x ``b[fn]`` adding ``into`` (registers or constants) into ``out``."""
+    outs = ", ".join('"=f"(' + x + ")" for x in out)
+    ins = ", ".join('"f"(' + x + ")" for x in into)
+    regs = ", ".join(f'"r"({a}[{fm}][{i}])' for i in range(4)) + f', "r"({b}[{fn}][0]), "r"({b}[{fn}][1])'
+    operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
+    return f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});'
+
+
+def _tile_mma(mode: str, fm: int, fn: int) -> str:
+    """The mma work of tile (``fm``, ``fn``) for one k-step.
+
+    tf32x3 (``af`` / ``bf`` the lo parts, ``ah`` / ``bh`` the hi parts) sums lo*hi + hi*lo + hi*hi
+    of the step into a zero-started ``t`` and adds ``t`` to the accumulator with IEEE float adds:
+    the tensor cores' own accumulation truncates, which over K / 8 steps into a large accumulator
+    is a bias growing with K; into ``t`` it is relative to one step's sum.
+    """
+    acc = [f"acc[{fm}][{fn}][{i}]" for i in range(4)]
+    if mode != "tf32x3":
+        return _mma_line(mode, "af", "bf", fm, fn, acc, acc)
+    t = [f"t{i}" for i in range(4)]
+    lines = ["{ float t0, t1, t2, t3;", _mma_line(mode, "af", "bh", fm, fn, t, ["0.0f"] * 4)]
+    lines += [_mma_line(mode, a, b, fm, fn, t, t) for a, b in (("ah", "bf"), ("ah", "bh"))]
+    lines.append(" ".join(f"{x} += {y};" for x, y in zip(acc, t, strict=True)) + " }")
+    return "\n        ".join(lines)
+
+
 def mma_source(
     cfg: MmaConfig,
     mode: str,
@@ -403,18 +430,7 @@ def mma_source(
     frag = _fragments(cfg, mode, a_along_k, b_along_k, lda_w, ldb_w)
     a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
     b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
-    mma = []
-    # tf32x3: af / bf become the lo parts, ah / bh the hi parts; lo*hi and hi*lo before hi*hi
-    pairs = [("af", "bh"), ("ah", "bf"), ("ah", "bh")] if mode == "tf32x3" else [("af", "bf")]
-    for fm in range(cfg.fm):
-        for fn in range(cfg.fn):
-            acc = [f"acc[{fm}][{fn}][{i}]" for i in range(4)]
-            outs = ", ".join('"=f"(' + x + ")" for x in acc)
-            ins = ", ".join('"f"(' + x + ")" for x in acc)
-            for a, b in pairs:
-                regs = ", ".join(f'"r"({a}[{fm}][{i}])' for i in range(4)) + f', "r"({b}[{fn}][0]), "r"({b}[{fn}][1])'
-                operands = "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}"
-                mma.append(f'asm volatile("{MMA[mode]} {operands};" : {outs} : {regs}, {ins});')
+    mma = [_tile_mma(mode, fm, fn) for fm in range(cfg.fm) for fn in range(cfg.fn)]
     if mode == "tf32x3":
         frag = [
             *frag,

@@ -2,14 +2,14 @@
 
 "highest": fp32 multiply-add (the portable kernel, every device). "tf32x3" (netcl's addition,
 XLA's ``TF32_TF32_F32_X3``): each operand split into two tf32 parts, x = hi + lo, and the product
-summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores with fp32 accumulation: near-fp32 accuracy
-(3-9x fp32 FMA's error on the H100, 8-150x less than tf32's; the mma accumulation truncates, so
-the gap grows with K) at tensor-core speed. "high": operands rounded to tf32 (10-bit mantissa,
-round to nearest, ties away) on tensor cores, fp32 accumulation. "medium": operands rounded to
-bf16 (7-bit mantissa, ties to even), fp32 accumulation. A device without tensor cores (PoCL, the
-NumPy backend) computes "tf32x3", "high" and "medium" in fp32 (more accurate, never an error).
-``round_tf32`` / ``round_bf16`` reproduce the tensor cores' operand rounding on the host (the
-tests' and benchmarks' reference for those modes).
+summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores, each k-step's sum added to the accumulator
+with an IEEE fp32 add (the mma's own accumulation truncates): fp32's accuracy or better (on the H100
+a third of fp32 FMA's and cuBLAS fp32's error at 1024-4096) at tensor-core speed. "high": operands
+rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation.
+"medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. A device
+without tensor cores (PoCL, the NumPy backend) computes "tf32x3", "high" and "medium" in fp32
+(more accurate, never an error). ``round_tf32`` / ``round_bf16`` reproduce the tensor cores'
+operand rounding on the host (the tests' and benchmarks' reference for those modes).
 
 float16 operands always multiply as fp16 with fp32 accumulation (tensor cores where present).
 """
