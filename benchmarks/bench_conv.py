@@ -1,10 +1,13 @@
-"""The ``conv`` workload: ResNet-style 3x3 convolutions, netcl's implicit GEMM vs im2col vs cuDNN.
+"""The ``conv`` workload: ResNet-style 3x3 convolutions, netcl's Winograd and implicit GEMM vs im2col vs cuDNN.
 
 Run alone (``python benchmarks/bench_conv.py [--quick] [--device SPEC]``) or as
 ``hatch run bench --workload conv``. Each layer is x (64, C, S, S) conv w (C, C, 3, 3), padding 1,
 stride 1, no bias (64x56x56, 128x28x28, 256x14x14), timed forward and forward + both backwards
-(input and weight gradient), as the median device time of one call: netcl's implicit GEMM
-(``conv_implicit``), netcl's im2col + matmul path (``implicit=False``), and, when torch sees
+(input and weight gradient), as the median device time of one call: netcl's default path (for these
+layers Winograd F(2x2, 3x3) forward and input gradient, ``conv_winograd``, and the implicit GEMM's
+weight gradient), the implicit GEMM alone (``conv_implicit``, ``winograd=False``), Winograd
+F(4x4, 3x3) (``winograd=4``: faster, ~10x the rounding error), netcl's im2col + matmul path
+(``implicit=False``), and, when torch sees
 CUDA on an NVIDIA OpenCL device, cuDNN through torch in fp32 (TF32 off, ``cudnn.benchmark`` on).
 TFLOP/s count 2 * N * O * C * 9 * OH * OW per pass (x3 for fwd+bwd). The netcl parts (fwd, dx,
 dw) are timed alone too, and every result is checked against the im2col path and cuDNN (max
@@ -40,12 +43,12 @@ LAYERS = [("c64x56", 64, 64, 56), ("c128x28", 64, 128, 28), ("c256x14", 64, 256,
 QUICK = [("c8x16", 2, 8, 16), ("c16x8", 2, 16, 8)]
 
 
-def _netcl_calls(x, w, g, geo, implicit: bool, precision: str = "highest") -> dict:
+def _netcl_calls(x, w, g, geo, implicit: bool, precision: str = "highest", winograd: bool | int | None = None) -> dict:
     """The three passes (and all three) under matmul ``precision``."""
     under = functools.partial(at_matmul_precision, precision)
     parts = {
-        "fwd": under(lambda: conv.conv2d(x, w, None, 1, 1, implicit=implicit)),
-        "dx": under(lambda: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit)),
+        "fwd": under(lambda: conv.conv2d(x, w, None, 1, 1, implicit=implicit, winograd=winograd)),
+        "dx": under(lambda: conv.conv2d_backward_input(g, w, geo, 1, implicit=implicit, winograd=winograd)),
         "dw": under(lambda: conv.conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=implicit)),
     }
     parts["fwd+bwd"] = lambda: [parts[k]() for k in ("fwd", "dx", "dw")]
@@ -124,8 +127,8 @@ def run(
     print(f"conv on {device!r}; torch peer: {torch.__version__ + ' (cuDNN fp32, TF32 off)' if torch else 'none'}")
     results: dict = {"device": repr(device), "rows": []}
     header = (
-        f"{'layer':<9}{'pass':<9}{'implicit':>10}{'im2col':>10}{'cuDNN':>10}"
-        f"{'impl/cuDNN':>12}{'impl/im2col':>13}   (TFLOP/s; ms)"
+        f"{'layer':<9}{'pass':<9}{'netcl':>10}{'implicit':>10}{'im2col':>10}{'cuDNN':>10}"
+        f"{'netcl/cuDNN':>12}{'impl/cuDNN':>12}   (TFLOP/s; ms: netcl / implicit / im2col / cuDNN)"
     )
     print(header)
     print("-" * len(header))
@@ -137,10 +140,12 @@ def run(
         geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
         row: dict = {"layer": label, "shape": [n, c, s, s], "netcl": {}, "im2col": {}, "peer": {}, "error": {}}
         outs = {}
-        variants = [("netcl", True, "highest"), ("im2col", False, "highest")]
-        variants += [(mode, True, precision) for mode, precision, _, _ in tensor_modes]
-        for variant, implicit, precision in variants:
-            parts = _netcl_calls(x, w, g, geo, implicit, precision)
+        variants = [("netcl", True, "highest", None), ("implicit", True, "highest", False)]
+        variants += [("wino4", True, "highest", 4)] if device.kind == "opencl" else []
+        variants += [("im2col", False, "highest", None)]
+        variants += [(mode, True, precision, None) for mode, precision, _, _ in tensor_modes]
+        for variant, implicit, precision, winograd in variants:
+            parts = _netcl_calls(x, w, g, geo, implicit, precision, winograd)
             row.setdefault(variant, {})
             saved = os.environ.get("NETCL_TUNE")
             if not implicit and not tune_im2col:
@@ -160,20 +165,29 @@ def run(
             row["error"][f"{part} vs im2col"] = _rel(outs["netcl"][k], outs["im2col"][k].astype(np.float64))
         if torch:
             row["peer"], ref = _torch_row(torch, x_host, w_host, g_host, flops, repeats)
-            for k, part in enumerate(("fwd", "dx", "dw")):
-                row["error"][f"{part} vs cuDNN"] = _rel(outs["netcl"][k], ref[k])
+            for variant in ("netcl", "implicit", "wino4"):  # (peers only on OpenCL GPUs: wino4 ran)
+                for k, part in enumerate(("fwd", "dx", "dw")[: 3 if variant == "netcl" else 2]):
+                    row["error"][f"{variant} {part} vs cuDNN"] = _rel(outs[variant][k], ref[k])
             if any(m[2] == "peer_tf32" for m in tensor_modes):
                 row["peer_tf32"], _ = _torch_row(torch, x_host, w_host, g_host, flops, repeats, tf32=True)
         for mode, _, _, _ in tensor_modes:
             for k, part in enumerate(("fwd", "dx", "dw")):
                 row["error"][f"{mode} {part} vs fp32"] = _rel(outs[mode][k], outs["netcl"][k].astype(np.float64))
         for name in ("fwd", "fwd+bwd"):
-            mine, old = row["netcl"][name], row["im2col"][name]
+            mine, imp, old = (row[v][name] for v in ("netcl", "implicit", "im2col"))
             peer = row["peer"].get(name)
-            cells = [f"{v['tflops']:>10.3g}" for v in (mine, old)] + [f"{peer['tflops']:>10.3g}" if peer else " " * 10]
-            ratio = f"{mine['tflops'] / peer['tflops']:>11.2f}x" if peer else " " * 12
-            times = f"{mine['ms']:.3f} / {old['ms']:.3f}" + (f" / {peer['ms']:.3f}" if peer else "")
-            print(f"{label:<9}{name:<9}{''.join(cells)}{ratio}{mine['tflops'] / old['tflops']:>12.2f}x   {times}")
+            cells = [f"{v['tflops']:>10.3g}" for v in (mine, imp, old)]
+            cells.append(f"{peer['tflops']:>10.3g}" if peer else " " * 10)
+            ratios = [f"{v['tflops'] / peer['tflops']:>11.2f}x" if peer else " " * 12 for v in (mine, imp)]
+            times = " / ".join(f"{v['ms']:.3f}" for v in (mine, imp, old, peer) if v)
+            print(f"{label:<9}{name:<9}{''.join(cells)}{''.join(ratios)}   {times}")
+        if "wino4" in row:
+            four, peer = row["wino4"], row["peer"]
+            cells = []
+            for name in ("fwd", "fwd+bwd"):
+                ratio = f" ({four[name]['tflops'] / peer[name]['tflops']:.2f}x cuDNN)" if peer else ""
+                cells.append(f"{name} {four[name]['tflops']:.1f} TFLOP/s ({four[name]['ms']:.3f} ms){ratio}")
+            print(f"{'':<9}Winograd F(4x4, 3x3): " + "; ".join(cells))
         for mode, _, peer_key, peer_name in tensor_modes:
             cells = []
             for name in ("fwd", "fwd+bwd"):

@@ -1,5 +1,8 @@
-"""2-D convolution on NCHW: implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
+"""2-D convolution on NCHW: Winograd or implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
 
+float32 3x3 stride-1 layers of >= 16 channels each way run forward and input gradient as
+Winograd's F(2x2, 3x3) (``conv_winograd``: transforms around 16 batched products; ``NETCL_WINOGRAD``
+picks F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" matmul precision.
 On OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
@@ -27,7 +30,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
-from netcl.runtime.ops import conv_implicit, host_blas
+from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
 from netcl.runtime.ops.layout import transpose
@@ -254,6 +257,38 @@ def _use_implicit(implicit: bool, a: Tensor, b: Tensor, bias: Tensor | None, gro
     return not (host_blas.enabled() and host_blas.host_memory_device(a.device))
 
 
+def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Tensor, groups: int, geo, op: str) -> int:
+    """The Winograd tile m of F(m x m, 3 x 3) that runs this forward or input gradient, 0 for none
+    (``a``: x or the upstream gradient).
+
+    ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
+    input and output channels on OpenCL devices at the "highest" matmul precision (a tensor-core
+    precision keeps the implicit GEMM on the mma kernel), with the tile ``NETCL_WINOGRAD`` says
+    (2 unless set; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that
+    tile (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
+    """
+    if winograd is False or not implicit:
+        return 0
+    if winograd is not None and winograd is not True and winograd not in (2, 4):
+        raise ValueError(f"{op}: winograd must be None, True, False, 2 or 4, got {winograd!r}")
+    fits = conv_winograd.applies(a, w, groups, geo)
+    if winograd is not None:
+        if not fits:
+            raise ValueError(
+                f"{op}: winograd={winograd} needs float32 operands on an OpenCL device, groups 1, a 3x3 "
+                f"window, stride 1, dilation 1 and padding <= 2; got {a.dtype} on {a.device.kind}, groups "
+                f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
+                f"padding {(geo.PH, geo.PW)}"
+            )
+        return int(winograd) if winograd is not True else (conv_winograd.default_tile() or 2)
+    picked = (
+        fits
+        and min(geo.C, int(w.shape[0])) >= conv_winograd.MIN_CHANNELS
+        and conv_implicit._mma_mode(a.device, float32) is None
+    )
+    return conv_winograd.default_tile() if picked else 0
+
+
 def conv2d(
     x: Tensor,
     w: Tensor,
@@ -264,16 +299,22 @@ def conv2d(
     groups: int = 1,
     *,
     implicit: bool = True,
+    winograd: bool | int | None = None,
 ) -> Tensor:
     """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW).
 
-    ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module docstring).
+    ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module
+    docstring); ``winograd`` chooses Winograd's F(m x m, 3 x 3) for 3x3 stride-1 layers
+    (``_winograd_tile``: None picks it by layer, True / 2 / 4 ask for it, False never).
     """
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
     device_of((x, w) if b is None else (x, w, b), "conv2d")
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    tile = _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d") if b is None or b.dtype == float32 else 0
+    if tile:
+        return conv_winograd.forward(x, w, b, geo, tile)
     if _use_implicit(implicit, x, w, b, groups, geo):
         return conv_implicit.forward(x, w, b, geo)
     g = int(groups)
@@ -298,14 +339,25 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
 
 
 def conv2d_backward_input(
-    grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int, *, implicit: bool = True, addend: Tensor | None = None
+    grad: Tensor,
+    w: Tensor,
+    geo: ConvGeometry,
+    groups: int,
+    *,
+    implicit: bool = True,
+    addend: Tensor | None = None,
+    winograd: bool | int | None = None,
 ) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW).
 
     ``addend`` (a tensor of x's shape and grad's dtype): the result is ``addend + d x``, summed in the
-    implicit GEMM's store where it runs in float32, else by an ``add``."""
+    implicit GEMM's or Winograd's store where it runs in float32, else by an ``add``. ``implicit`` and
+    ``winograd`` as in ``conv2d``."""
     if addend is not None:
         _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
+    tile = _winograd_tile(winograd, implicit, grad, w, groups, geo, "conv2d_backward_input")
+    if tile:
+        return conv_winograd.backward_input(grad, w, geo, addend, tile)
     if _use_implicit(implicit, grad, w, None, groups, geo):
         if addend is None or grad.dtype == float32:
             return conv_implicit.backward_input(grad, w, geo, addend)

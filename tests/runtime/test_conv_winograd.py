@@ -1,0 +1,167 @@
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution (``conv_winograd``) against float64 NumPy.
+
+Tolerance: each output is a sum over S channels of 9 products. The direct float32 sum is off by
+about sqrt(9S) eps of sum |x||w| (a bound of 9S eps). Winograd sums S products of transformed
+values instead, then transforms back: F(2x2)'s transforms add <= 4 values with coefficients +-1
+and 1/2, so its intermediates are at most ~9x a direct term and its error a few eps of 9 sum |x||w|
+(measured: within 2 eps of it); F(4x4)'s coefficients reach 5 (B), 8 (A) and 1/24 (G), whose
+products grow the intermediates ~100x (measured: within 17 eps of 9 sum |x||w|, 64 channels
+included). The tests allow 8 eps and 80 eps of ``9 * sum |x||w|``: a wrong tap, a missed tile or
+a border error is off by a whole term (~1 here), far above either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime.ops import conv, conv_implicit, conv_winograd
+from netcl.runtime.ops.linalg import matmul_precision
+from tests.autograd.helpers import raises_before_launch
+
+EPS = float(np.finfo(np.float32).eps)
+UNITS = {2: 8 * EPS, 4: 80 * EPS}
+
+
+def _direct(x: np.ndarray, w: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
+    """Stride-1 3x3 cross-correlation in float64."""
+    n, _, h, width = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[0]), (pads[1], pads[1])))
+    oh, ow = h + 2 * pads[0] - 2, width + 2 * pads[1] - 2
+    out = np.zeros((n, w.shape[0], oh, ow))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + oh, j : j + ow], w[:, :, i, j])
+    return out
+
+
+def _flipped(w: np.ndarray) -> np.ndarray:
+    """The input gradient's filters: w'[c, o] = w[o, c, ::-1, ::-1]."""
+    return np.flip(w, (2, 3)).transpose(1, 0, 2, 3)
+
+
+def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, tile: int, what: str) -> None:
+    err = np.abs(got - exact)
+    limit = UNITS[tile] * 9 * bound + 1e-30
+    assert np.all(err <= limit), (
+        f"{what}: worst error {err.max():.3g} at {np.unravel_index(np.argmax(err / limit), err.shape)}"
+    )
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize(
+    "n,c,o,h,width,pad",
+    [
+        (2, 5, 7, 9, 8, 1),  # odd output rows: the last tile row half outside
+        (3, 4, 6, 7, 10, 0),  # no padding: output 5 x 8
+        (2, 3, 5, 6, 5, 2),  # padding 2: the input gradient at padding 0
+        (1, 16, 16, 12, 12, 1),
+    ],
+)
+def test_winograd_forward_and_input_gradient(cl_device, tile, n, c, o, h, width, pad):
+    """Forward with bias and the input gradient against float64; the input gradient's addend is
+    added in the output transform's store: the bits of the plain gradient + the addend."""
+    rng = np.random.default_rng(tile + c)
+    x, w, b = rng.standard_normal((n, c, h, width)), rng.standard_normal((o, c, 3, 3)), rng.standard_normal(o)
+    put = [nc.tensor(a.astype(np.float32), device=cl_device) for a in (x, w, b)]
+    geo = conv.check_conv2d(x.shape, w.shape, b.shape, 1, pad, 1, 1)
+    y = conv_winograd.forward(*put, geo, tile).to_host()
+    _close(y, _direct(x, w, (pad, pad)) + b[None, :, None, None], _direct(np.abs(x), np.abs(w), (pad, pad)), tile, "y")
+    g = rng.standard_normal(y.shape)
+    gt = nc.tensor(g.astype(np.float32), device=cl_device)
+    dx = conv_winograd.backward_input(gt, put[1], geo, tile=tile).to_host()
+    back = (2 - pad, 2 - pad)
+    _close(dx, _direct(g, _flipped(w), back), _direct(np.abs(g), np.abs(_flipped(w)), back), tile, "dx")
+    addend = rng.standard_normal(dx.shape).astype(np.float32)
+    summed = conv_winograd.backward_input(gt, put[1], geo, nc.tensor(addend, device=cl_device), tile).to_host()
+    np.testing.assert_array_equal(summed, dx + addend)
+
+
+def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
+    """conv2d and its input gradient run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
+    stride-1 layers of >= 16 channels each way, the implicit GEMM otherwise; NETCL_WINOGRAD=0 and
+    ``winograd=False`` turn it off."""
+    calls = []
+    for name in ("forward", "backward_input"):
+        real = getattr(conv_winograd, name)
+        monkeypatch.setattr(
+            conv_winograd, name, lambda *a, _real=real, _name=name, **k: calls.append((_name, a[-1])) or _real(*a, **k)
+        )
+    rng = np.random.default_rng(0)
+
+    def run(c: int, o: int, stride: int = 1, **kw) -> list:
+        calls.clear()
+        x = nc.tensor(rng.standard_normal((2, c, 8, 8)).astype(np.float32), device=cl_device)
+        w = nc.tensor(rng.standard_normal((o, c, 3, 3)).astype(np.float32), device=cl_device)
+        y = conv.conv2d(x, w, None, stride, 1, **kw)
+        geo = conv.check_conv2d(x.shape, w.shape, None, stride, 1, 1, 1)
+        conv.conv2d_backward_input(y, w, geo, 1, **kw)
+        return list(calls)
+
+    assert run(16, 16) == [("forward", 2), ("backward_input", 2)]
+    assert run(16, 8) == [] and run(8, 16) == [] and run(16, 16, stride=2) == []
+    assert run(16, 16, winograd=False) == [] and run(16, 16, implicit=False) == []
+    assert run(4, 4, winograd=True) == [("forward", 2), ("backward_input", 2)]
+    assert run(4, 4, winograd=4) == [("forward", 4), ("backward_input", 4)]
+    monkeypatch.setenv(conv_winograd.ENV_VAR, "4")
+    assert run(16, 16) == [("forward", 4), ("backward_input", 4)]
+    monkeypatch.setenv(conv_winograd.ENV_VAR, "0")
+    assert run(16, 16) == []
+    monkeypatch.delenv(conv_winograd.ENV_VAR)
+    with matmul_precision("high"):  # a tensor-core precision keeps the implicit GEMM on the mma kernel
+        tensor_cores = conv_implicit._mma_mode(cl_device, np.dtype(np.float32)) is not None
+        assert run(16, 16) == ([] if tensor_cores else [("forward", 2), ("backward_input", 2)])
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"stride": 2, "winograd": True}, ValueError, r"conv2d: winograd=True needs .* stride \(2, 2\)"),
+        ({"dilation": 2, "winograd": 2}, ValueError, r"conv2d: winograd=2 needs .* dilation \(2, 2\)"),
+        ({"padding": 3, "winograd": 4}, ValueError, r"padding <= 2; .* padding \(3, 3\)"),
+        ({"winograd": 3}, ValueError, r"conv2d: winograd must be None, True, False, 2 or 4, got 3"),
+    ],
+)
+def test_winograd_bad_requests_raise_before_any_launch(device, kwargs, error, match):
+    x = nc.tensor(np.ones((1, 4, 9, 9), np.float32), device=device)
+    w = nc.tensor(np.ones((4, 4, 3, 3), np.float32), device=device)
+    raises_before_launch(device, error, match, lambda: conv.conv2d(x, w, None, **kwargs))
+
+
+def test_winograd_on_the_numpy_backend_is_an_error():
+    x = nc.tensor(np.ones((1, 4, 9, 9), np.float32), device="cpu")
+    w = nc.tensor(np.ones((4, 4, 3, 3), np.float32), device="cpu")
+    with pytest.raises(
+        ValueError, match=r"winograd=True needs float32 operands on an OpenCL device, .* got float32 on cpu"
+    ):
+        conv.conv2d(x, w, None, 1, 1, winograd=True)
+
+
+def test_bad_environment_tile_is_an_error(cl_device, monkeypatch):
+    monkeypatch.setenv(conv_winograd.ENV_VAR, "3")
+    x = nc.tensor(np.ones((1, 16, 6, 6), np.float32), device=cl_device)
+    w = nc.tensor(np.ones((16, 16, 3, 3), np.float32), device=cl_device)
+    with pytest.raises(ValueError, match=r"NETCL_WINOGRAD must be 0 \(off\), 2 .* or 4 .*, got '3'"):
+        conv.conv2d(x, w, None, 1, 1)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
+    """A new batch, image size or channel count generates no transform source (sizes are arguments)."""
+    rng = np.random.default_rng(1)
+    sources = []
+    real = conv_winograd._source
+    monkeypatch.setattr(conv_winograd, "_source", lambda *a: sources.append(a) or real(*a))
+
+    def layer(n: int, c: int, side: int) -> None:
+        x = nc.tensor(rng.standard_normal((n, c, side, side)).astype(np.float32), device=cl_device)
+        w = nc.tensor(rng.standard_normal((c, c, 3, 3)).astype(np.float32), device=cl_device)
+        geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+        conv_winograd.backward_input(conv_winograd.forward(x, w, None, geo, tile), w, geo, tile=tile).to_host()
+
+    layer(2, 4, 6)
+    sources.clear()
+    for n, c, side in ((3, 4, 9), (1, 5, 7)):
+        layer(n, c, side)
+    assert sources == []
