@@ -14,8 +14,9 @@ dw) are timed alone too, and every result is checked against the im2col path and
 error relative to the largest magnitude). ``--quick``: small shapes for a CPU device. The
 implicit path searches its tiles at first use as ``NETCL_TUNE`` says; the im2col path's products
 run with the search off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds).
-On tensor cores the implicit GEMM also runs at precision "tf32x3" (three tf32 products, near-fp32
-accuracy; compared with cuDNN fp32) and "high" (tf32; compared with cuDNN TF32).
+On tensor cores netcl also runs at precision "tf32x3" (three tf32 products, fp32-class accuracy:
+Winograd's products and the implicit weight gradient; compared with cuDNN fp32) and "high" (tf32,
+the implicit GEMM; compared with cuDNN TF32).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def run(
                 ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
                 versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
                 cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
-            print(f"{'':<9}{mode} (implicit on tensor cores): " + "; ".join(cells))
+            path = "Winograd + implicit dw" if mode == "tf32x3" else "implicit"
+            print(f"{'':<9}{mode} ({path} on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
         tiles = ", ".join(

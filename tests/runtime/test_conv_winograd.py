@@ -7,7 +7,8 @@ and 1/2, so its intermediates are at most ~9x a direct term and its error a few 
 (measured: within 2 eps of it); F(4x4)'s coefficients reach 5 (B), 8 (A) and 1/24 (G), whose
 products grow the intermediates ~100x (measured: within 17 eps of 9 sum |x||w|, 64 channels
 included). The tests allow 8 eps and 80 eps of ``9 * sum |x||w|``: a wrong tap, a missed tile or
-a border error is off by a whole term (~1 here), far above either.
+a border error is off by a whole term (~1 here), far above either. Under "tf32x3" on tensor cores
+each product of the 16 (36) is off by <= 3 * 2**-22 = 6 eps of |U||V| more: 8 eps more allowed.
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ def _flipped(w: np.ndarray) -> np.ndarray:
     return np.flip(w, (2, 3)).transpose(1, 0, 2, 3)
 
 
-def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, tile: int, what: str) -> None:
+def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, unit: float, what: str) -> None:
     err = np.abs(got - exact)
-    limit = UNITS[tile] * 9 * bound + 1e-30
+    limit = unit * 9 * bound + 1e-30
     assert np.all(err <= limit), (
         f"{what}: worst error {err.max():.3g} at {np.unravel_index(np.argmax(err / limit), err.shape)}"
     )
 
 
+@pytest.mark.parametrize("precision", ["highest", "tf32x3"])
 @pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize(
     "n,c,o,h,width,pad",
@@ -59,29 +61,33 @@ def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, tile: int, wha
         (1, 16, 16, 12, 12, 1),
     ],
 )
-def test_winograd_forward_and_input_gradient(cl_device, tile, n, c, o, h, width, pad):
-    """Forward with bias and the input gradient against float64; the input gradient's addend is
-    added in the output transform's store: the bits of the plain gradient + the addend."""
+def test_winograd_forward_and_input_gradient(cl_device, precision, tile, n, c, o, h, width, pad):
+    """Forward with bias and the input gradient against float64 (the 16 or 36 products at matmul
+    ``precision``); the input gradient's addend is added in the output transform's store: the bits
+    of the plain gradient + the addend."""
     rng = np.random.default_rng(tile + c)
+    unit = UNITS[tile] + (8 * EPS if precision == "tf32x3" else 0.0)
     x, w, b = rng.standard_normal((n, c, h, width)), rng.standard_normal((o, c, 3, 3)), rng.standard_normal(o)
     put = [nc.tensor(a.astype(np.float32), device=cl_device) for a in (x, w, b)]
     geo = conv.check_conv2d(x.shape, w.shape, b.shape, 1, pad, 1, 1)
-    y = conv_winograd.forward(*put, geo, tile).to_host()
-    _close(y, _direct(x, w, (pad, pad)) + b[None, :, None, None], _direct(np.abs(x), np.abs(w), (pad, pad)), tile, "y")
-    g = rng.standard_normal(y.shape)
+    g = rng.standard_normal((n, o, geo.OH, geo.OW))
     gt = nc.tensor(g.astype(np.float32), device=cl_device)
-    dx = conv_winograd.backward_input(gt, put[1], geo, tile=tile).to_host()
+    addend = rng.standard_normal((n, c, h, width)).astype(np.float32)
+    with matmul_precision(precision):
+        y = conv_winograd.forward(*put, geo, tile).to_host()
+        dx = conv_winograd.backward_input(gt, put[1], geo, tile=tile).to_host()
+        summed = conv_winograd.backward_input(gt, put[1], geo, nc.tensor(addend, device=cl_device), tile).to_host()
+    exact, bound = _direct(x, w, (pad, pad)) + b[None, :, None, None], _direct(np.abs(x), np.abs(w), (pad, pad))
+    _close(y, exact, bound, unit, "y")
     back = (2 - pad, 2 - pad)
-    _close(dx, _direct(g, _flipped(w), back), _direct(np.abs(g), np.abs(_flipped(w)), back), tile, "dx")
-    addend = rng.standard_normal(dx.shape).astype(np.float32)
-    summed = conv_winograd.backward_input(gt, put[1], geo, nc.tensor(addend, device=cl_device), tile).to_host()
+    _close(dx, _direct(g, _flipped(w), back), _direct(np.abs(g), np.abs(_flipped(w)), back), unit, "dx")
     np.testing.assert_array_equal(summed, dx + addend)
 
 
 def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
     """conv2d and its input gradient run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
-    stride-1 layers of >= 16 channels each way, the implicit GEMM otherwise; NETCL_WINOGRAD=0 and
-    ``winograd=False`` turn it off."""
+    stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the implicit GEMM
+    otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
     calls = []
     for name in ("forward", "backward_input"):
         real = getattr(conv_winograd, name)
@@ -109,9 +115,11 @@ def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
     monkeypatch.setenv(conv_winograd.ENV_VAR, "0")
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
-    with matmul_precision("high"):  # a tensor-core precision keeps the implicit GEMM on the mma kernel
+    with matmul_precision("high"):  # tf32 keeps the implicit GEMM on the mma kernel where there is one
         tensor_cores = conv_implicit._mma_mode(cl_device, np.dtype(np.float32)) is not None
         assert run(16, 16) == ([] if tensor_cores else [("forward", 2), ("backward_input", 2)])
+    with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there
+        assert run(16, 16) == [("forward", 2), ("backward_input", 2)]
 
 
 @pytest.mark.parametrize(

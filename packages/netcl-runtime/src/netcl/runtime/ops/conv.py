@@ -2,7 +2,7 @@
 
 float32 3x3 stride-1 layers of >= 16 channels each way run forward and input gradient as
 Winograd's F(2x2, 3x3) (``conv_winograd``: transforms around 16 batched products; ``NETCL_WINOGRAD``
-picks F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" matmul precision.
+picks F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
 On OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
@@ -262,8 +262,9 @@ def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Te
     (``a``: x or the upstream gradient).
 
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
-    input and output channels on OpenCL devices at the "highest" matmul precision (a tensor-core
-    precision keeps the implicit GEMM on the mma kernel), with the tile ``NETCL_WINOGRAD`` says
+    input and output channels on OpenCL devices at the "highest" or "tf32x3" matmul precision (its
+    16 products then run in that precision; "high" and "medium" keep the implicit GEMM on the mma
+    kernel, whose rounding Winograd's transforms would only add to), with the tile ``NETCL_WINOGRAD`` says
     (2 unless set; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that
     tile (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
     """
@@ -284,7 +285,7 @@ def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Te
     picked = (
         fits
         and min(geo.C, int(w.shape[0])) >= conv_winograd.MIN_CHANNELS
-        and conv_implicit._mma_mode(a.device, float32) is None
+        and conv_implicit._mma_mode(a.device, float32) in (None, "tf32x3")
     )
     return conv_winograd.default_tile() if picked else 0
 
