@@ -19,6 +19,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime.ops import conv, conv_implicit, conv_winograd
+from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.linalg import matmul_precision
 from tests.autograd.helpers import raises_before_launch
 
@@ -37,6 +38,14 @@ def _direct(x: np.ndarray, w: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
         for j in range(3):
             out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + oh, j : j + ow], w[:, :, i, j])
     return out
+
+
+def _weight_grad(g: np.ndarray, x: np.ndarray, pad: int) -> np.ndarray:
+    """d conv / d w in float64: dw[o, c, i, j] = sum over n, h, w of g[n, o, h, w] x_padded[n, c, h + i, w + j]."""
+    oh, ow = g.shape[2:]
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    taps = [[np.einsum("nohw,nchw->oc", g, padded[:, :, i : i + oh, j : j + ow]) for j in range(3)] for i in range(3)]
+    return np.stack([np.stack(row, axis=-1) for row in taps], axis=-2)
 
 
 def _flipped(w: np.ndarray) -> np.ndarray:
@@ -63,10 +72,10 @@ def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, unit: float, w
         (1, 16, 16, 12, 12, 1),
     ],
 )
-def test_winograd_forward_and_input_gradient(cl_device, precision, tile, n, c, o, h, width, pad):
-    """Forward with bias and the input gradient against float64 (the 16 or 36 products at matmul
-    ``precision``); the input gradient's addend is added in the output transform's store: the bits
-    of the plain gradient + the addend."""
+def test_winograd_forward_and_gradients(cl_device, precision, tile, n, c, o, h, width, pad):
+    """Forward with bias and both gradients against float64 (the 16 or 36 products at matmul
+    ``precision``); a gradient's addend is added in its last transform's store: the bits of the
+    plain gradient + the addend."""
     rng = np.random.default_rng(tile + c)
     unit = UNITS[tile] + (TF32X3_EXTRA[tile] if precision == "tf32x3" else 0.0)
     x, w, b = rng.standard_normal((n, c, h, width)), rng.standard_normal((o, c, 3, 3)), rng.standard_normal(o)
@@ -74,24 +83,30 @@ def test_winograd_forward_and_input_gradient(cl_device, precision, tile, n, c, o
     geo = conv.check_conv2d(x.shape, w.shape, b.shape, 1, pad, 1, 1)
     g = rng.standard_normal((n, o, geo.OH, geo.OW))
     gt = nc.tensor(g.astype(np.float32), device=cl_device)
-    addend = rng.standard_normal((n, c, h, width)).astype(np.float32)
+    addends = [nc.tensor(rng.standard_normal(v.shape).astype(np.float32), device=cl_device) for v in (x, w)]
     with matmul_precision(precision):
         y = conv_winograd.forward(*put, geo, tile).to_host()
         dx = conv_winograd.backward_input(gt, put[1], geo, tile=tile).to_host()
-        summed = conv_winograd.backward_input(gt, put[1], geo, nc.tensor(addend, device=cl_device), tile).to_host()
+        dw = conv_winograd.backward_weight(gt, put[0], geo, tile=tile).to_host()
+        summed = [
+            conv_winograd.backward_input(gt, put[1], geo, addends[0], tile).to_host(),
+            conv_winograd.backward_weight(gt, put[0], geo, addends[1], tile).to_host(),
+        ]
     exact, bound = _direct(x, w, (pad, pad)) + b[None, :, None, None], _direct(np.abs(x), np.abs(w), (pad, pad))
     _close(y, exact, bound, unit, "y")
     back = (2 - pad, 2 - pad)
     _close(dx, _direct(g, _flipped(w), back), _direct(np.abs(g), np.abs(_flipped(w)), back), unit, "dx")
-    np.testing.assert_array_equal(summed, dx + addend)
+    _close(dw, _weight_grad(g, x, pad), _weight_grad(np.abs(g), np.abs(x), pad), unit, "dw")
+    for got, plain, addend in zip(summed, (dx, dw), addends, strict=True):
+        np.testing.assert_array_equal(got, plain + addend.to_host())
 
 
 def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
-    """conv2d and its input gradient run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
+    """conv2d and both gradients run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
     stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the implicit GEMM
     otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
     calls = []
-    for name in ("forward", "backward_input"):
+    for name in ("forward", "backward_input", "backward_weight"):
         real = getattr(conv_winograd, name)
         monkeypatch.setattr(
             conv_winograd, name, lambda *a, _real=real, _name=name, **k: calls.append((_name, a[-1])) or _real(*a, **k)
@@ -105,23 +120,25 @@ def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
         y = conv.conv2d(x, w, None, stride, 1, **kw)
         geo = conv.check_conv2d(x.shape, w.shape, None, stride, 1, 1, 1)
         conv.conv2d_backward_input(y, w, geo, 1, **kw)
+        conv.conv2d_backward_weight(y, x, w.shape, geo, 1, **kw)
         return list(calls)
 
-    assert run(16, 16) == [("forward", 2), ("backward_input", 2)]
+    every = [("forward", 2), ("backward_input", 2), ("backward_weight", 2)]
+    assert run(16, 16) == every
     assert run(16, 8) == [] and run(8, 16) == [] and run(16, 16, stride=2) == []
     assert run(16, 16, winograd=False) == [] and run(16, 16, implicit=False) == []
-    assert run(4, 4, winograd=True) == [("forward", 2), ("backward_input", 2)]
-    assert run(4, 4, winograd=4) == [("forward", 4), ("backward_input", 4)]
+    assert run(4, 4, winograd=True) == every
+    assert run(4, 4, winograd=4) == [(name, 4) for name, _ in every]
     monkeypatch.setenv(conv_winograd.ENV_VAR, "4")
-    assert run(16, 16) == [("forward", 4), ("backward_input", 4)]
+    assert run(16, 16) == [(name, 4) for name, _ in every]
     monkeypatch.setenv(conv_winograd.ENV_VAR, "0")
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
     with matmul_precision("high"):  # tf32 keeps the implicit GEMM on the mma kernel where there is one
         tensor_cores = conv_implicit._mma_mode(cl_device, np.dtype(np.float32)) is not None
-        assert run(16, 16) == ([] if tensor_cores else [("forward", 2), ("backward_input", 2)])
+        assert run(16, 16) == ([] if tensor_cores else every)
     with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there
-        assert run(16, 16) == [("forward", 2), ("backward_input", 2)]
+        assert run(16, 16) == every
 
 
 @pytest.mark.parametrize(
@@ -161,16 +178,20 @@ def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
     """A new batch, image size or channel count generates no transform source (sizes are arguments)."""
     rng = np.random.default_rng(1)
     sources = []
-    real = conv_winograd._source
-    monkeypatch.setattr(conv_winograd, "_source", lambda *a: sources.append(a) or real(*a))
+    for part, real in conv_winograd._SOURCES.items():
+        monkeypatch.setitem(conv_winograd._SOURCES, part, lambda *a, _real=real: sources.append(a) or _real(*a))
 
     def layer(n: int, c: int, side: int) -> None:
         x = nc.tensor(rng.standard_normal((n, c, side, side)).astype(np.float32), device=cl_device)
         w = nc.tensor(rng.standard_normal((c, c, 3, 3)).astype(np.float32), device=cl_device)
         geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
-        conv_winograd.backward_input(conv_winograd.forward(x, w, None, geo, tile), w, geo, tile=tile).to_host()
+        y = conv_winograd.forward(x, w, None, geo, tile)
+        conv_winograd.backward_input(y, w, geo, tile=tile)
+        conv_winograd.backward_weight(y, x, geo, tile=tile).to_host()
 
+    clear_kernel_memo()  # the first layer resolves every transform: two weight transforms and four others
     layer(2, 4, 6)
+    assert len(sources) == 6
     sources.clear()
     for n, c, side in ((3, 4, 9), (1, 5, 7)):
         layer(n, c, side)

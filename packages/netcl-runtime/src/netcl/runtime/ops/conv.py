@@ -257,9 +257,11 @@ def _use_implicit(implicit: bool, a: Tensor, b: Tensor, bias: Tensor | None, gro
     return not (host_blas.enabled() and host_blas.host_memory_device(a.device))
 
 
-def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Tensor, groups: int, geo, op: str) -> int:
-    """The Winograd tile m of F(m x m, 3 x 3) that runs this forward or input gradient, 0 for none
-    (``a``: x or the upstream gradient).
+def _winograd_tile(
+    winograd: bool | int | None, implicit: bool, a: Tensor, b: Tensor, groups: int, geo, op: str, out_ch: int
+) -> int:
+    """The Winograd tile m of F(m x m, 3 x 3) that runs this pass, 0 for none (``a``, ``b``: its two
+    operands: x and w, the upstream gradient and w, or the upstream gradient and x).
 
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
     input and output channels on OpenCL devices at the "highest" or "tf32x3" matmul precision (its
@@ -272,7 +274,7 @@ def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Te
         return 0
     if winograd is not None and winograd is not True and winograd not in (2, 4):
         raise ValueError(f"{op}: winograd must be None, True, False, 2 or 4, got {winograd!r}")
-    fits = conv_winograd.applies(a, w, groups, geo)
+    fits = conv_winograd.applies(a, b, groups, geo)
     if winograd is not None:
         if not fits:
             raise ValueError(
@@ -284,7 +286,7 @@ def _winograd_tile(winograd: bool | int | None, implicit: bool, a: Tensor, w: Te
         return int(winograd) if winograd is not True else (conv_winograd.default_tile() or 2)
     picked = (
         fits
-        and min(geo.C, int(w.shape[0])) >= conv_winograd.MIN_CHANNELS
+        and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS
         and conv_implicit._mma_mode(a.device, float32) in (None, "tf32x3")
     )
     return conv_winograd.default_tile() if picked else 0
@@ -313,7 +315,11 @@ def conv2d(
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
     device_of((x, w) if b is None else (x, w, b), "conv2d")
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
-    tile = _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d") if b is None or b.dtype == float32 else 0
+    tile = (
+        _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d", int(w.shape[0]))
+        if b is None or b.dtype == float32
+        else 0
+    )
     if tile:
         return conv_winograd.forward(x, w, b, geo, tile)
     if _use_implicit(implicit, x, w, b, groups, geo):
@@ -356,7 +362,7 @@ def conv2d_backward_input(
     ``winograd`` as in ``conv2d``."""
     if addend is not None:
         _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
-    tile = _winograd_tile(winograd, implicit, grad, w, groups, geo, "conv2d_backward_input")
+    tile = _winograd_tile(winograd, implicit, grad, w, groups, geo, "conv2d_backward_input", int(w.shape[0]))
     if tile:
         return conv_winograd.backward_input(grad, w, geo, addend, tile)
     if _use_implicit(implicit, grad, w, None, groups, geo):
@@ -381,13 +387,18 @@ def conv2d_backward_weight(
     *,
     implicit: bool = True,
     addend: Tensor | None = None,
+    winograd: bool | int | None = None,
 ) -> Tensor:
     """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T.
 
     ``addend`` (a tensor of w's shape and grad's dtype): the result is ``addend + d w``, summed in the
-    implicit GEMM's store where it runs in float32, else by an ``add``."""
+    implicit GEMM's or Winograd's store where it runs in float32, else by an ``add``. ``implicit`` and
+    ``winograd`` as in ``conv2d``."""
     if addend is not None:
         _check_addend("conv2d_backward_weight", addend, w_shape, grad)
+    tile = _winograd_tile(winograd, implicit, grad, x, groups, geo, "conv2d_backward_weight", int(w_shape[0]))
+    if tile:
+        return conv_winograd.backward_weight(grad, x, geo, addend, tile)
     if _use_implicit(implicit, grad, x, None, groups, geo):
         if addend is None or grad.dtype == float32:
             return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo, addend)

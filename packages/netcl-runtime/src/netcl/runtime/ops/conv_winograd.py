@@ -79,81 +79,143 @@ def _sandwich(left: list, values: list[list[str]], right: list, store) -> list[s
     return lines
 
 
-def _source(part: str, m: int, idx: str, flags: dict[str, int]) -> str:
-    """The OpenCL C of one transform kernel of F(m x m, 3 x 3)."""
-    bt, g, at = _MATRICES[m]
-    a = m + 2
-    sizes = params(idx, _SIZES[part])
+def _transposed(matrix: list) -> list:
+    return [list(row) for row in zip(*matrix, strict=True)]
+
+
+def _kernel(name: str, buffers: str, idx: str, head: list[str], body: list[str]) -> str:
+    """``netcl_wino_<name>`` over (column p or s, row r or c): ``head`` then ``body`` statements."""
     nl = "\n    "
-    if part == "weight":
-        if flags["FLIP"]:  # input gradient: w (S, R, 3, 3) read as w'[r, s, i, j] = w[s, r, 2 - i, 2 - j]
-            base, tap = "(s * R + r) * 9", "p[{0}]"
-            grid = [[tap.format((2 - i) * 3 + 2 - j) for j in range(3)] for i in range(3)]
-        else:  # forward: w (R, S, 3, 3)
-            base = "(r * S + s) * 9"
-            grid = [[f"p[{i * 3 + j}]" for j in range(3)] for i in range(3)]
-        body = _sandwich(g, grid, g, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
-        return f"""
-__kernel void netcl_wino_weight(__global const float* w, __global float* u, {sizes}) {{
-    const {idx} s = get_global_id(0);  /* input channel of the transformed conv */
-    if (s >= S) return;
-    const {idx} r = get_global_id(1);  /* its output channel */
-    __global const float* p = w + {base};
-    const {idx} plane = R * S;
-    __global float* out = u + r * S + s;
+    return f"""
+__kernel void netcl_wino_{name}({buffers}, {params(idx, _SIZES[name])}) {{
+    {nl.join(head)}
     {nl.join(body)}
 }}
 """
-    if part == "input":
-        loads = [
-            f"const float d{i}_{j} = (h0 + {i} >= 0 && h0 + {i} < H && w0 + {j} >= 0 && w0 + {j} < W) "
-            f"? src[(h0 + {i}) * W + w0 + {j}] : 0.0f;"
-            for i in range(a)
-            for j in range(a)
-        ]
-        grid = [[f"d{i}_{j}" for j in range(a)] for i in range(a)]
-        body = _sandwich(bt, grid, bt, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
-        return f"""
-__kernel void netcl_wino_input(__global const float* x, __global float* v, {sizes}) {{
-    const {idx} p = get_global_id(0);  /* tile (n, th, tw) */
-    if (p >= P) return;
-    const {idx} c = get_global_id(1);
-    const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);
-    const {idx} h0 = {m} * th - PH, w0 = {m} * tw - PW;
-    __global const float* src = x + (n * S + c) * H * W;
-    {nl.join(loads)}
-    const {idx} plane = S * P;
-    __global float* out = v + c * P + p;
-    {nl.join(body)}
-}}
-"""
+
+
+#: A tile column p = (n, th, tw): its image and the first output row and column of its block.
+_TILE = "const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);"
+
+
+def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """U[e, r, s] = (G g G^T)[e] for the R x S filters g (flipped and transposed under FLIP)."""
+    _, g, _ = _MATRICES[m]
+    a = m + 2
+    if flags["FLIP"]:  # input gradient: w (S, R, 3, 3) read as w'[r, s, i, j] = w[s, r, 2 - i, 2 - j]
+        base, taps = "(s * R + r) * 9", [[f"p[{(2 - i) * 3 + 2 - j}]" for j in range(3)] for i in range(3)]
+    else:  # forward: w (R, S, 3, 3)
+        base, taps = "(r * S + s) * 9", [[f"p[{i * 3 + j}]" for j in range(3)] for i in range(3)]
+    head = [
+        f"const {idx} s = get_global_id(0), r = get_global_id(1), plane = R * S;",
+        "if (s >= S) return;",
+        f"__global const float* p = w + {base};",
+        "__global float* out = u + r * S + s;",
+    ]
+    body = _sandwich(g, taps, g, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    return _kernel("weight", "__global const float* w, __global float* u", idx, head, body)
+
+
+def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
+    bt, _, _ = _MATRICES[m]
+    a = m + 2
+    head = [
+        f"const {idx} p = get_global_id(0), c = get_global_id(1), plane = S * P;",
+        "if (p >= P) return;",
+        _TILE.format(idx=idx),
+        f"const {idx} h0 = {m} * th - PH, w0 = {m} * tw - PW;",
+        "__global const float* src = x + (n * S + c) * H * W;",
+        "__global float* out = v + c * P + p;",
+    ]
+    head += [
+        f"const float d{i}_{j} = (h0 + {i} >= 0 && h0 + {i} < H && w0 + {j} >= 0 && w0 + {j} < W) "
+        f"? src[(h0 + {i}) * W + w0 + {j}] : 0.0f;"
+        for i in range(a)
+        for j in range(a)
+    ]
+    grid = [[f"d{i}_{j}" for j in range(a)] for i in range(a)]
+    body = _sandwich(bt, grid, bt, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    return _kernel("input", "__global const float* x, __global float* v", idx, head, body)
+
+
+def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend."""
+    _, _, at = _MATRICES[m]
+    a = m + 2
+    head = [
+        f"const {idx} p = get_global_id(0), r = get_global_id(1), plane = R * P;",
+        "if (p >= P) return;",
+        _TILE.format(idx=idx),
+        f"const {idx} h0 = {m} * th, w0 = {m} * tw;",
+        "__global const float* src = m + r * P + p;",
+    ]
     grid = [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
 
     def store(i: int, j: int, e: str) -> str:
-        at = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
-        return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at}; y[at] = {first}({e}){extra}; }}"
+        at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
+        return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; y[at] = {first}({e}){extra}; }}"
 
     body = _sandwich(at, grid, at, store)
-    return f"""
-__kernel void netcl_wino_output(__global const float* m, __global float* y, __global const float* extra, {sizes}) {{
-    const {idx} p = get_global_id(0);
-    if (p >= P) return;
-    const {idx} r = get_global_id(1);
-    const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);
-    const {idx} h0 = {m} * th, w0 = {m} * tw;
-    const {idx} plane = R * P;
-    __global const float* src = m + r * P + p;
-    {nl.join(body)}
-}}
-"""
+    buffers = "__global const float* m, __global float* y, __global const float* extra"
+    return _kernel("output", buffers, idx, head, body)
 
 
+def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """dM[e, r, p] = (A dY A^T)[e] for the m x m block dY of the upstream gradient at tile p (the
+    adjoint of the output transform; zero past the output's edges)."""
+    _, _, at = _MATRICES[m]
+    a, left = m + 2, _transposed(at)
+    head = [
+        f"const {idx} p = get_global_id(0), r = get_global_id(1), plane = R * P;",
+        "if (p >= P) return;",
+        _TILE.format(idx=idx),
+        f"const {idx} h0 = {m} * th, w0 = {m} * tw;",
+        "__global const float* src = dy + (n * R + r) * OH * OW;",
+        "__global float* out = dm + r * P + p;",
+    ]
+    head += [
+        f"const float g{i}_{j} = (h0 + {i} < OH && w0 + {j} < OW) ? src[(h0 + {i}) * OW + w0 + {j}] : 0.0f;"
+        for i in range(m)
+        for j in range(m)
+    ]
+    grid = [[f"g{i}_{j}" for j in range(m)] for i in range(m)]
+    body = _sandwich(left, grid, left, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    return _kernel("grad_output", "__global const float* dy, __global float* dm", idx, head, body)
+
+
+def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """dw[r, s] = G^T dU[:, r, s] G (the adjoint of the weight transform), plus the addend."""
+    _, g, _ = _MATRICES[m]
+    a, left = m + 2, _transposed(g)
+    head = [
+        f"const {idx} s = get_global_id(0), r = get_global_id(1), plane = R * S;",
+        "if (s >= S) return;",
+        "__global const float* src = du + r * S + s;",
+        f"const {idx} base = (r * S + s) * 9;",
+    ]
+    grid = [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
+    first = "extra[base + {0}] + " if flags["ADDEND"] else ""
+    body = _sandwich(left, grid, left, lambda i, j, e: f"dw[base + {i * 3 + j}] = {first.format(i * 3 + j)}({e});")
+    buffers = "__global const float* du, __global float* dw, __global const float* extra"
+    return _kernel("weight_grad", buffers, idx, head, body)
+
+
+_SOURCES = {
+    "weight": _weight_source,
+    "input": _input_source,
+    "output": _output_source,
+    "grad_output": _grad_output_source,
+    "weight_grad": _weight_grad_source,
+}
 _SIZES = {
     "weight": ["R", "S"],
     "input": ["S", "H", "W", "PH", "PW", "TH", "TW", "P"],
     "output": ["R", "OH", "OW", "TH", "TW", "P"],
+    "grad_output": ["R", "OH", "OW", "TH", "TW", "P"],
+    "weight_grad": ["R", "S"],
 }
 
 
@@ -165,19 +227,20 @@ def default_tile() -> int:
     return int(value)
 
 
-def applies(x: Tensor, w: Tensor, groups: int, geo) -> bool:
-    """Whether these operands can run here: an OpenCL device, float32, groups 1, a 3x3 window
-    at stride 1 and dilation 1, padding <= 2 (the input gradient's padding is 2 - P)."""
+def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
+    """Whether a pass with operands ``a`` and ``b`` (x and w, or the upstream gradient and w or x)
+    can run here: an OpenCL device, float32, groups 1, a 3x3 window at stride 1 and dilation 1,
+    padding <= 2 (the input gradient's padding is 2 - P)."""
     return (
-        x.device.kind == "opencl"
-        and x.dtype == float32
-        and w.dtype == float32
+        a.device.kind == "opencl"
+        and a.dtype == float32
+        and b.dtype == float32
         and int(groups) == 1
         and (geo.KH, geo.KW, geo.SH, geo.SW, geo.DH, geo.DW) == (3, 3, 1, 1, 1, 1)
         and geo.PH <= 2
         and geo.PW <= 2
-        and x.size > 0
-        and w.size > 0
+        and a.size > 0
+        and b.size > 0
     )
 
 
@@ -189,9 +252,31 @@ def _launch(
     types = [None] * len(args) + [index_dtype(idx)] * len(names)
     key = ("winograd", part, m, idx, tuple(sorted(flags.items())))
     run_rows(
-        key, args[0].device, lambda: _source(part, m, idx, flags), f"netcl_wino_{part}", types, (*grid, 1),
+        key, args[0].device, lambda: _SOURCES[part](m, idx, flags), f"netcl_wino_{part}", types, (*grid, 1),
         *args, *scalars(idx, sizes),
     )  # fmt: skip
+
+
+class _Tiling:
+    """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), and the
+    index type every transform of the layer uses."""
+
+    def __init__(self, m: int, n: int, out_hw: tuple[int, int], channels: tuple[int, int], sizes: tuple[int, ...]):
+        if m not in _MATRICES:
+            raise ValueError(f"conv_winograd: tile must be one of {sorted(_MATRICES)}, got {m}")
+        self.m, self.a2 = m, (m + 2) ** 2
+        self.oh, self.ow = out_hw
+        self.th, self.tw = -(-self.oh // m), -(-self.ow // m)
+        self.count = n * self.th * self.tw
+        self.idx = index_ctype(*(self.a2 * c * self.count for c in channels), *sizes)
+
+    def transform_input(self, src: Tensor, pads: tuple[int, int]) -> Tensor:
+        """V (a2, S, P): the input transform of every tile's patch of ``src`` (N, S, H, W)."""
+        _, s, h, width = src.shape
+        v = Tensor.empty((self.a2, s, self.count), float32, src.device)
+        sizes = [s, h, width, *pads, self.th, self.tw, self.count]
+        _launch("input", self.m, (self.count, s), [src, v], sizes, {}, self.idx)
+        return v
 
 
 def _convolve(
@@ -209,23 +294,15 @@ def _convolve(
     """The stride-1 3x3 correlation of ``src`` (N, S, H, W) at ``pads`` with the R x S filters of
     ``w`` (flipped and transposed when ``flip``) by F(m x m, 3 x 3): (N, R, OH, OW), plus ``extra``
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
-    if m not in _MATRICES:
-        raise ValueError(f"conv_winograd: tile must be one of {sorted(_MATRICES)}, got {m}")
-    n, _, h, width = src.shape
-    oh, ow = out_hw
-    th, tw = -(-oh // m), -(-ow // m)
-    tiles, a2 = n * th * tw, (m + 2) ** 2
-    device = src.device
-    idx = index_ctype(a2 * s * tiles, a2 * r * tiles, src.size, n * r * oh * ow)
-    u = Tensor.empty((a2, r, s), float32, device)
-    _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(a2 * r * s))
-    v = Tensor.empty((a2, s, tiles), float32, device)
-    _launch("input", m, (tiles, s), [src, v], [s, h, width, *pads, th, tw, tiles], {}, idx)
-    prod = matmul(u, v)  # (a2, R, P)
-    y = Tensor.empty((n, r, oh, ow), float32, device)
+    n = src.shape[0]
+    tiling = _Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+    u = Tensor.empty((tiling.a2, r, s), float32, src.device)
+    _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(tiling.a2 * r * s))
+    prod = matmul(u, tiling.transform_input(src, pads))  # (a2, R, P)
+    y = Tensor.empty((n, r, *out_hw), float32, src.device)
     flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
-    args = [prod, y, extra if extra is not None else prod]
-    _launch("output", m, (tiles, r), args, [r, oh, ow, th, tw, tiles], flags, idx)
+    sizes = [r, *out_hw, tiling.th, tiling.tw, tiling.count]
+    _launch("output", m, (tiling.count, r), [prod, y, prod if extra is None else extra], sizes, flags, tiling.idx)
     return y
 
 
@@ -244,3 +321,24 @@ def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None, t
     pads = (2 - geo.PH, 2 - geo.PW)
     kind = "addend" if addend is not None else ""
     return _convolve(grad, w, True, geo.C, out_ch, pads, (geo.H, geo.W), addend, kind, tile)
+
+
+def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, tile: int = 2) -> Tensor:
+    """d conv2d / d w for upstream ``grad`` (N, O, OH, OW) and input x: (O, C, 3, 3), plus ``addend``
+    (of that shape, float32) added in the last transform's store when given.
+
+    The adjoint of the forward: dU[e] = dM[e] (O, P) @ V[e]^T (P, C), with dM = A dY A^T the
+    transposed output transform of each upstream block and V the forward's input transform of x,
+    then dw = G^T dU G; ``tile`` as in ``forward``."""
+    out_ch, n = int(grad.shape[1]), geo.N
+    tiling = _Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+    v = tiling.transform_input(x, (geo.PH, geo.PW))
+    dm = Tensor.empty((tiling.a2, out_ch, tiling.count), float32, x.device)
+    sizes = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, tiling.count]
+    _launch("grad_output", tile, (tiling.count, out_ch), [grad, dm], sizes, {}, tiling.idx)
+    du = matmul(dm, v, transpose_b=True)  # (a2, O, C): a product along the P tiles
+    dw = Tensor.empty((out_ch, geo.C, 3, 3), float32, x.device)
+    flags = {"ADDEND": int(addend is not None)}
+    args = [du, dw, du if addend is None else addend]
+    _launch("weight_grad", tile, (geo.C, out_ch), args, [out_ch, geo.C], flags, index_ctype(du.size))
+    return dw
