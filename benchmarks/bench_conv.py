@@ -3,20 +3,18 @@
 Run alone (``python benchmarks/bench_conv.py [--quick] [--device SPEC]``) or as
 ``hatch run bench --workload conv``. Each layer is x (64, C, S, S) conv w (C, C, 3, 3), padding 1,
 stride 1, no bias (64x56x56, 128x28x28, 256x14x14), timed forward and forward + both backwards
-(input and weight gradient), as the median device time of one call: netcl's default path (for these
-layers Winograd F(2x2, 3x3) forward and input gradient, ``conv_winograd``, and the implicit GEMM's
-weight gradient), the implicit GEMM alone (``conv_implicit``, ``winograd=False``), Winograd
-F(4x4, 3x3) (``winograd=4``: faster, ~10x the rounding error), netcl's im2col + matmul path
-(``implicit=False``), and, when torch sees
-CUDA on an NVIDIA OpenCL device, cuDNN through torch in fp32 (TF32 off, ``cudnn.benchmark`` on).
-TFLOP/s count 2 * N * O * C * 9 * OH * OW per pass (x3 for fwd+bwd). The netcl parts (fwd, dx,
-dw) are timed alone too, and every result is checked against the im2col path and cuDNN (max
-error relative to the largest magnitude). ``--quick``: small shapes for a CPU device. The
-implicit path searches its tiles at first use as ``NETCL_TUNE`` says; the im2col path's products
-run with the search off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds).
-On tensor cores netcl also runs at precision "tf32x3" (three tf32 products, fp32-class accuracy:
-Winograd's products and the implicit weight gradient; compared with cuDNN fp32) and "high" (tf32,
-the implicit GEMM; compared with cuDNN TF32).
+(input and weight gradient), as the median device time of one call: netcl's default path (for
+these layers Winograd F(2x2, 3x3) in all three passes, ``conv_winograd``), the implicit GEMM alone
+(``conv_implicit``, ``winograd=False``), Winograd F(4x4, 3x3) (``winograd=4``: faster, ~10x the
+rounding error), netcl's im2col + matmul path (``implicit=False``), and, when torch sees CUDA on an
+NVIDIA OpenCL device, cuDNN through torch in fp32 (TF32 off, ``cudnn.benchmark`` on). TFLOP/s
+count 2 * N * O * C * 9 * OH * OW per pass (x3 for fwd+bwd). The netcl parts (fwd, dx, dw) are
+timed alone too, and every result is checked against the im2col path and cuDNN (max error
+relative to the largest magnitude). ``--quick``: small shapes for a CPU device. The GEMMs search
+their tiles at first use as ``NETCL_TUNE`` says; the im2col path's products run with the search
+off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds). On tensor cores netcl
+also runs at precision "tf32x3" (Winograd's products as three tf32 products each, fp32-class
+accuracy; compared with cuDNN fp32) and "high" (tf32, the implicit GEMM; compared with cuDNN TF32).
 """
 
 from __future__ import annotations
@@ -196,7 +194,7 @@ def run(
                 ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
                 versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
                 cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
-            path = "Winograd + implicit dw" if mode == "tf32x3" else "implicit"
+            path = "Winograd" if mode == "tf32x3" else "implicit"
             print(f"{'':<9}{mode} ({path} on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())

@@ -1,22 +1,25 @@
-"""3x3 stride-1 convolution by Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray, 2015).
+"""3x3 stride-1 convolution by Winograd's minimal filtering F(m x m, 3 x 3), m = 2 or 4 (Lavin & Gray, 2015).
 
-Each 2x2 block of outputs comes from a 4x4 input patch with 16 multiplications per channel pair
-instead of 36: the patch d and the filter g move into a 4x4 transform domain, V = B^T d B and
-U = G g G^T, where the convolution is an elementwise product summed over the input channels, and
-``A^T M A`` brings each 4x4 sum M back to the 2x2 outputs. Over a layer the sum is 16 independent
-matrix products, ``M[e] = U[e] (R, S) @ V[e] (S, P)`` for the 16 transform positions e, R output
-channels, S input channels and P = N * tiles: the runtime's batched GEMM computes them (2.25x fewer
-multiply-adds than the implicit GEMM), three small memory-bound kernels the transforms.
+Each m x m block of outputs comes from an a x a input patch (a = m + 2) with a^2 multiplications
+per channel pair instead of 9 m^2 (16 for 36 at m = 2, 36 for 144 at m = 4): the patch d and the
+filter g move into the transform domain, V = B^T d B and U = G g G^T, where the convolution is an
+elementwise product summed over the input channels, and ``A^T M A`` brings each sum M back to the
+outputs. Over a layer the sum is a^2 independent matrix products, ``M[e] = U[e] (R, S) @ V[e]
+(S, P)`` for the transform positions e, R output channels, S input channels and P = N * tiles: the
+runtime's batched GEMM computes them (2.25x / 4x fewer multiply-adds than the implicit GEMM), small
+memory-bound kernels the transforms, generated as straight-line code from the (B^T, G, A^T) matrices.
 
-The same kernels give the input gradient: for stride 1 it is the correlation of the upstream
+The input gradient is the same computation: for stride 1 it is the correlation of the upstream
 gradient with the weights flipped and transposed, ``w'[c, o] = w[o, c, ::-1, ::-1]``, at padding
-``2 - P`` (so ``P <= 2``), which the weight transform reads in place (``FLIP``).
+``2 - P`` (so ``P <= 2``), which the weight transform reads in place (``FLIP``). The weight
+gradient is the forward's adjoint: dU[e] = dM[e] @ V[e]^T with dM = A dY A^T, then dw = G^T dU G.
 
-Rounding: the transforms add up to four values, the 0.5 factors of G are exact, and the products
-sum over S channels on transformed values at most 9x a direct term's magnitude, so the float32
-error is a few times the direct convolution's (tests bound it by float64 and by the implicit GEMM).
-All sizes are kernel arguments; the programs depend only on the index type and FLIP / BIAS /
-ADDEND, so every layer shape shares them.
+Rounding: F(2x2)'s transforms add up to four values, the 0.5 factors of G are exact, and the
+products sum over S channels on transformed values at most 9x a direct term's magnitude: on the
+H100 its error is below the implicit GEMM's (a shorter sum). F(4x4)'s coefficients (up to 8 in A,
+1/24 in G) grow the intermediates ~100x: ~10x the direct error, which is why 2 is the default.
+All sizes are kernel arguments; the programs depend only on the tile, the index type and FLIP /
+BIAS / ADDEND, so every layer shape shares them.
 """
 
 from __future__ import annotations
