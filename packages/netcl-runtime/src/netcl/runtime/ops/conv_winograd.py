@@ -97,8 +97,35 @@ __kernel void netcl_wino_{name}({buffers}, {params(idx, _SIZES[name])}) {{
 """
 
 
-#: A tile column p = (n, th, tw): its image and the first output row and column of its block.
-_TILE = "const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);"
+def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool) -> list[str]:
+    """The first statements of a kernel over (tile column p, ``channel`` row): p = (n, th, tw), the
+    first row and column ``h0``, ``w0`` of its block (of its input patch when ``padded``), and the
+    stride ``plane`` between two transform positions of a (positions, ``channels``, P) tensor."""
+    shift = (" - PH", " - PW") if padded else ("", "")
+    return [
+        f"const {idx} p = get_global_id(0), {channel} = get_global_id(1), plane = {channels} * P;",
+        "if (p >= P) return;",
+        f"const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);",
+        f"const {idx} h0 = {m} * th{shift[0]}, w0 = {m} * tw{shift[1]};",
+    ]
+
+
+def _block_loads(name: str, size: int, rows: str, cols: str, padded: bool) -> tuple[list[str], list[list[str]]]:
+    """Statements loading the ``size`` x ``size`` block at (h0, w0) of the ``rows`` x ``cols`` plane
+    ``src`` into registers ``<name><i>_<j>`` (zero outside it), and the grid of their names."""
+    lines = []
+    for i in range(size):
+        for j in range(size):
+            inside = f"h0 + {i} < {rows} && w0 + {j} < {cols}"
+            if padded:
+                inside = f"h0 + {i} >= 0 && w0 + {j} >= 0 && " + inside
+            lines.append(f"const float {name}{i}_{j} = ({inside}) ? src[(h0 + {i}) * {cols} + w0 + {j}] : 0.0f;")
+    return lines, [[f"{name}{i}_{j}" for j in range(size)] for i in range(size)]
+
+
+def _to_planes(a: int):
+    """A ``_sandwich`` store writing result (i, j) to transform position i * a + j of ``out``."""
+    return lambda i, j, e: f"out[{i * a + j} * plane] = {e};"
 
 
 def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -115,7 +142,7 @@ def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
         f"__global const float* p = w + {base};",
         "__global float* out = u + r * S + s;",
     ]
-    body = _sandwich(g, taps, g, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    body = _sandwich(g, taps, g, _to_planes(a))
     return _kernel("weight", "__global const float* w, __global float* u", idx, head, body)
 
 
@@ -123,22 +150,14 @@ def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
     bt, _, _ = _MATRICES[m]
     a = m + 2
+    loads, grid = _block_loads("d", a, "H", "W", padded=True)
     head = [
-        f"const {idx} p = get_global_id(0), c = get_global_id(1), plane = S * P;",
-        "if (p >= P) return;",
-        _TILE.format(idx=idx),
-        f"const {idx} h0 = {m} * th - PH, w0 = {m} * tw - PW;",
+        *_tile_head(idx, "c", "S", m, padded=True),
         "__global const float* src = x + (n * S + c) * H * W;",
         "__global float* out = v + c * P + p;",
+        *loads,
     ]
-    head += [
-        f"const float d{i}_{j} = (h0 + {i} >= 0 && h0 + {i} < H && w0 + {j} >= 0 && w0 + {j} < W) "
-        f"? src[(h0 + {i}) * W + w0 + {j}] : 0.0f;"
-        for i in range(a)
-        for j in range(a)
-    ]
-    grid = [[f"d{i}_{j}" for j in range(a)] for i in range(a)]
-    body = _sandwich(bt, grid, bt, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    body = _sandwich(bt, grid, bt, _to_planes(a))
     return _kernel("input", "__global const float* x, __global float* v", idx, head, body)
 
 
@@ -146,13 +165,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend."""
     _, _, at = _MATRICES[m]
     a = m + 2
-    head = [
-        f"const {idx} p = get_global_id(0), r = get_global_id(1), plane = R * P;",
-        "if (p >= P) return;",
-        _TILE.format(idx=idx),
-        f"const {idx} h0 = {m} * th, w0 = {m} * tw;",
-        "__global const float* src = m + r * P + p;",
-    ]
+    head = [*_tile_head(idx, "r", "R", m, padded=False), "__global const float* src = m + r * P + p;"]
     grid = [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
@@ -171,21 +184,14 @@ def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     adjoint of the output transform; zero past the output's edges)."""
     _, _, at = _MATRICES[m]
     a, left = m + 2, _transposed(at)
+    loads, grid = _block_loads("g", m, "OH", "OW", padded=False)
     head = [
-        f"const {idx} p = get_global_id(0), r = get_global_id(1), plane = R * P;",
-        "if (p >= P) return;",
-        _TILE.format(idx=idx),
-        f"const {idx} h0 = {m} * th, w0 = {m} * tw;",
+        *_tile_head(idx, "r", "R", m, padded=False),
         "__global const float* src = dy + (n * R + r) * OH * OW;",
         "__global float* out = dm + r * P + p;",
+        *loads,
     ]
-    head += [
-        f"const float g{i}_{j} = (h0 + {i} < OH && w0 + {j} < OW) ? src[(h0 + {i}) * OW + w0 + {j}] : 0.0f;"
-        for i in range(m)
-        for j in range(m)
-    ]
-    grid = [[f"g{i}_{j}" for j in range(m)] for i in range(m)]
-    body = _sandwich(left, grid, left, lambda i, j, e: f"out[{i * a + j} * plane] = {e};")
+    body = _sandwich(left, grid, left, _to_planes(a))
     return _kernel("grad_output", "__global const float* dy, __global float* dm", idx, head, body)
 
 
