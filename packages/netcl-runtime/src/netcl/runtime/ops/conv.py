@@ -3,7 +3,8 @@
 float32 3x3 stride-1 layers of >= 16 channels each way run all three passes as Winograd's
 F(2x2, 3x3) (``conv_winograd``: transforms around 16 batched products; ``NETCL_WINOGRAD`` picks
 F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
-On OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
+
+Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
 host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there, see

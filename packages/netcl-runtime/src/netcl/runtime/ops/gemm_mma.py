@@ -187,7 +187,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     candidates += [dataclasses.replace(c, group=8) for c in big]
     candidates += _unsplit(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
-    if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (H100 2048^3: 0.39 ms, 0.44 staged)
+    if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (H100 2048^3: 0.39 ms, 0.44 unstaged)
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if _async_ok(device, mode) else 0)
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
