@@ -216,6 +216,36 @@ def test_host_blas_cpu_device_runs_short_conv_reductions_as_im2col(cl_device, mo
         assert conv._use_implicit(True, x, w, None, 1, geo) is implicit
 
 
+def test_host_blas_cpu_device_measures_long_conv_reductions(cl_device, monkeypatch, tmp_path):
+    """With the search allowed (NETCL_TUNE unset), a host-memory CPU device times the implicit GEMM
+    against im2col + BLAS at a layer's first use (K = 64*9 here), stores the winner and reuses it;
+    the pass's result is the same sum either way (a stride-2 layer: no Winograd)."""
+    from netcl.runtime import tune
+
+    if not host_blas.host_memory_device(cl_device):
+        pytest.skip("a GPU: every supported conv is implicit")
+    monkeypatch.setenv(host_blas.ENV_VAR, "1")
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(tune.ENV, raising=False)
+    tune.clear(cl_device)
+    rng = np.random.default_rng(4)
+    x64, w64 = rng.standard_normal((2, 64, 9, 9)), rng.standard_normal((8, 64, 3, 3))
+    x, w = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64))
+    geo = conv.check_conv2d(x.shape, w.shape, None, 2, 1, 1, 1)
+    measured = []
+    real_search = tune.search
+    monkeypatch.setattr(tune, "search", lambda *a, **k: measured.append(a[1]) or real_search(*a, **k))
+    chosen = conv._use_implicit(True, x, w, None, 1, geo)
+    assert measured == [["implicit", "im2col"]]
+    key = f"conv-algorithm-fwd|<f4|8|{geo.values}"
+    assert tune.lookup(cl_device, key)["algorithm"] == ("implicit" if chosen else "im2col")
+    assert conv._use_implicit(True, x, w, None, 1, geo) is chosen and len(measured) == 1
+    got = conv.conv2d(x, w, None, 2, 1).to_host()
+    patch = x64[:, :, 1:4, 1:4]  # output pixel (1, 1) reads input rows and columns 1-3
+    np.testing.assert_allclose(got[:, :, 1, 1], np.einsum("nchw,ochw->no", patch, w64), atol=5e-4)  # 576-term sums
+    tune.clear(cl_device)
+
+
 def test_strided_copy_bounds_are_checked(device):
     x = nc.tensor(np.arange(6, dtype=np.float32), device=device)
     with pytest.raises(IndexError, match=r"reaches flat positions \[-1, 3\] outside a tensor of 6 elements"):

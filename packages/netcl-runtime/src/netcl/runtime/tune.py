@@ -8,7 +8,9 @@ generation, so a new driver or new kernels search again. Later processes read th
 
 ``NETCL_TUNE``: "0" turns the search off everywhere (defaults only; what tests and CI use), "1"
 turns it on everywhere; unset, GPUs search and CPU devices use defaults (their compiles are
-slow and a host-BLAS path serves them). No search runs while a capture is recording.
+slow and a host-BLAS path serves them), except for choices between two paths that a CPU device
+makes by measurement too (``select(..., cpu=True)``: conv's implicit GEMM or im2col + host BLAS).
+No search runs while a capture is recording.
 Shape classes: M, N and K each rounded up to a power of two, batched or not, the layout and
 dtype, so one search serves a range of sizes (and a new batch size mostly reuses it).
 """
@@ -37,14 +39,15 @@ _LOCK = threading.Lock()
 _MEMORY: dict[str, dict[str, Any]] = {}
 
 
-def enabled(device: Device) -> bool:
-    """Whether a first use searches on ``device`` (see ``NETCL_TUNE`` in the module docstring)."""
+def enabled(device: Device, cpu: bool = False) -> bool:
+    """Whether a first use searches on ``device`` (see ``NETCL_TUNE`` in the module docstring);
+    ``cpu``: a search cheap enough for CPU devices too when ``NETCL_TUNE`` is unset."""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("0", "false", "off", "no"):
         return False
     if value in ("1", "true", "on", "yes"):
         return True
-    return device.is_gpu
+    return device.is_gpu or cpu
 
 
 def device_key(device: Device) -> str:
@@ -117,15 +120,17 @@ def select(
     encode: Callable[[Any], dict[str, Any]],
     decode: Callable[[dict[str, Any]], Any],
     force: bool = False,
+    cpu: bool = False,
 ) -> Any:
-    """The stored winner for ``key``, else (searching enabled) the fastest candidate, else ``default``."""
+    """The stored winner for ``key``, else (searching enabled; ``cpu`` as in ``enabled``) the fastest
+    candidate, else ``default``."""
     stored = None if force else lookup(device, key)
     if stored is not None:
         try:
             return decode({k: v for k, v in stored.items() if not k.startswith("_")})
         except (TypeError, ValueError):
             pass  # a stale entry: search again
-    if not force and (not enabled(device) or _capture.RECORDING):
+    if not force and (not enabled(device, cpu) or _capture.RECORDING):
         return default
     best, best_ms = search(device, candidates, trial)
     if best is None:

@@ -7,10 +7,10 @@ F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" and "tf32x3" m
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
-host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there, see
-``_use_implicit``). The path below serves everything else: groups > 1,
-float16 (amp), float32 under a tensor-core matmul precision (its product runs on the mma kernel),
-and the NumPy backend; ``implicit=False`` forces it (benchmarks compare the two).
+host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there) or where
+a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``). The path below
+serves everything else: groups > 1, float16 (amp) and the NumPy backend; ``implicit=False``
+forces it (benchmarks compare the two).
 
 ``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
 ``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
@@ -243,19 +243,78 @@ def _grouped_weight(w: Tensor, groups: int) -> Tensor:
     return w.reshape(groups, out_ch // groups, w.size // out_ch)
 
 
-#: On a host-BLAS CPU device the implicit kernels win from this reduction length on (Debian PoCL on
-#: 2 Zen 5 cores: 32x64x28x28 -> 64 channels, K 576: forward 41 vs 78 ms) and lose below it
-#: (64x16x8x8 -> 32, K 144: input gradient 4.0 vs 1.35 ms; the 8x8 digits CNN's layers alike).
+#: On a host-BLAS CPU device the implicit kernels lose below this reduction length (64x16x8x8 -> 32,
+#: K 144: input gradient 4.0 vs 1.35 ms on Debian's PoCL; the 8x8 digits CNN's layers alike). From it
+#: on, which wins depends on the OpenCL compiler: Debian PoCL 3.1 (2 Zen 5 cores, 32x64x28x28 -> 64, K
+#: 576) forward 41 ms implicit vs 78 ms im2col; the pip PoCL 3.0 (LLVM 14, 2 Zen 4 cores), whose GEMM
+#: kernels run at 2.6 GFLOP/s beside the BLAS's 140, 383 vs 20 ms (8x64x28x28 -> 128). So there the
+#: first use of each layer times both on one image (``_implicit_wins_on_host``).
 HOST_IMPLICIT_MIN_K = 256
 
 
-def _use_implicit(implicit: bool, a: Tensor, b: Tensor, bias: Tensor | None, groups: int, geo: ConvGeometry) -> bool:
-    """Whether the implicit GEMM runs this convolution (operands as ``conv_implicit.supports`` takes them)."""
+def _use_implicit(
+    implicit: bool, a: Tensor, b: Tensor, bias: Tensor | None, groups: int, geo: ConvGeometry, kind: str = "fwd"
+) -> bool:
+    """Whether the implicit GEMM runs this pass (``kind`` "fwd", "dx" or "dw"; operands as
+    ``conv_implicit.supports`` takes them)."""
     if not implicit or not conv_implicit.supports(a, b, bias, groups):
         return False
-    if geo.C * geo.KH * geo.KW >= HOST_IMPLICIT_MIN_K:
+    if not (host_blas.enabled() and host_blas.host_memory_device(a.device)):
         return True
-    return not (host_blas.enabled() and host_blas.host_memory_device(a.device))
+    if geo.C * geo.KH * geo.KW < HOST_IMPLICIT_MIN_K:
+        return False
+    out_ch = int(a.shape[1] if kind == "dw" else b.shape[0])
+    return _implicit_wins_on_host(a.device, geo, out_ch, kind, a.dtype)
+
+
+def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dtype) -> bool:
+    """Whether the implicit GEMM beats im2col + host BLAS for this pass of this layer on a host-memory
+    CPU device: measured at the first use (one image, scratch operands) and stored like a tile
+    search (``tune.select(..., cpu=True)``); "implicit" without a measurement (``NETCL_TUNE=0``, or
+    while a capture records)."""
+    from netcl.runtime import tune
+
+    key = f"conv-algorithm-{kind}|{np.dtype(dtype).str}|{out_ch}|{geo.values}"
+    trial = _AlgorithmTrial(device, geo, out_ch, kind, np.dtype(dtype))
+    choice = tune.select(
+        device, key, ["implicit", "im2col"], "implicit", trial, lambda c: {"algorithm": c}, lambda d: d["algorithm"],
+        cpu=True,
+    )  # fmt: skip
+    return choice == "implicit"
+
+
+class _AlgorithmTrial:
+    """One pass of one layer at batch 1 on scratch operands, by the implicit GEMM or by im2col."""
+
+    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype) -> None:
+        from netcl.runtime import tune
+
+        one = ConvGeometry(
+            (1, geo.C, geo.H, geo.W), (geo.KH, geo.KW), (geo.SH, geo.SW), (geo.PH, geo.PW), (geo.DH, geo.DW), kind
+        )
+        sizes = {"x": (1, geo.C, geo.H, geo.W), "w": (out_ch, geo.C, geo.KH, geo.KW), "g": (1, out_ch, one.OH, one.OW)}
+        self.geo, self.kind, self.out_ch = one, kind, out_ch
+        self.operands = {
+            name: tune.trial_operand(int(np.prod(shape)), dtype, device, seed).reshape(*shape)
+            for seed, (name, shape) in enumerate(sizes.items(), start=1)
+        }
+
+    def __call__(self, algorithm: str):
+        x, w, g, geo = self.operands["x"], self.operands["w"], self.operands["g"], self.geo
+        if algorithm == "implicit":
+            passes = {
+                "fwd": lambda: conv_implicit.forward(x, w, None, geo),
+                "dx": lambda: conv_implicit.backward_input(g, w, geo),
+                "dw": lambda: conv_implicit.backward_weight(g, x, self.out_ch, geo),
+            }
+        else:
+            step, pad, dil = (geo.SH, geo.SW), (geo.PH, geo.PW), (geo.DH, geo.DW)
+            passes = {
+                "fwd": lambda: conv2d(x, w, None, step, pad, dil, implicit=False),
+                "dx": lambda: conv2d_backward_input(g, w, geo, 1, implicit=False),
+                "dw": lambda: conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=False),
+            }
+        return passes[self.kind]
 
 
 def _winograd_tile(
@@ -366,7 +425,7 @@ def conv2d_backward_input(
     tile = _winograd_tile(winograd, implicit, grad, w, groups, geo, "conv2d_backward_input", int(w.shape[0]))
     if tile:
         return conv_winograd.backward_input(grad, w, geo, addend, tile)
-    if _use_implicit(implicit, grad, w, None, groups, geo):
+    if _use_implicit(implicit, grad, w, None, groups, geo, "dx"):
         if addend is None or grad.dtype == float32:
             return conv_implicit.backward_input(grad, w, geo, addend)
         return add(addend, conv_implicit.backward_input(grad, w, geo))
@@ -400,7 +459,7 @@ def conv2d_backward_weight(
     tile = _winograd_tile(winograd, implicit, grad, x, groups, geo, "conv2d_backward_weight", int(w_shape[0]))
     if tile:
         return conv_winograd.backward_weight(grad, x, geo, addend, tile)
-    if _use_implicit(implicit, grad, x, None, groups, geo):
+    if _use_implicit(implicit, grad, x, None, groups, geo, "dw"):
         if addend is None or grad.dtype == float32:
             return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo, addend)
         return add(addend, conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo))
