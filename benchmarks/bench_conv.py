@@ -5,7 +5,7 @@ Run alone (``python benchmarks/bench_conv.py [--quick] [--device SPEC]``) or as
 stride 1, no bias (64x56x56, 128x28x28, 256x14x14), timed forward and forward + both backwards
 (input and weight gradient), as the median device time of one call: netcl's default path (for
 these layers Winograd F(2x2, 3x3) in all three passes, ``conv_winograd``), the implicit GEMM alone
-(``conv_implicit``, ``winograd=False``), Winograd F(4x4, 3x3) (``winograd=4``: faster, ~10x the
+(``conv_implicit``, ``winograd=False``), Winograd F(4x4, 3x3) (``winograd=4``: faster, several times the
 rounding error), netcl's im2col + matmul path (``implicit=False``), and, when torch sees CUDA on an
 NVIDIA OpenCL device, cuDNN through torch in fp32 (TF32 off, ``cudnn.benchmark`` on). TFLOP/s
 count 2 * N * O * C * 9 * OH * OW per pass (x3 for fwd+bwd). The netcl parts (fwd, dx, dw) are
