@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution (``conv_winograd``) against float64 NumPy.
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution (``conv_winograd`` and its NumPy twin) against float64 NumPy.
 
 Tolerance: each output is a sum over S channels of 9 products. The direct float32 sum is off by
 about sqrt(9S) eps of sum |x||w| (a bound of 9S eps). Winograd sums S products of transformed
@@ -73,18 +73,18 @@ def _close(got: np.ndarray, exact: np.ndarray, bound: np.ndarray, unit: float, w
         (1, 16, 16, 12, 12, 1),
     ],
 )
-def test_winograd_forward_and_gradients(cl_device, precision, tile, n, c, o, h, width, pad):
+def test_winograd_forward_and_gradients(device, precision, tile, n, c, o, h, width, pad):
     """Forward with bias and both gradients against float64 (the 16 or 36 products at matmul
     ``precision``); a gradient's addend is added in its last transform's store: the bits of the
     plain gradient + the addend."""
     rng = np.random.default_rng(tile + c)
     unit = UNITS[tile] + (TF32X3_EXTRA[tile] if precision == "tf32x3" else 0.0)
     x, w, b = rng.standard_normal((n, c, h, width)), rng.standard_normal((o, c, 3, 3)), rng.standard_normal(o)
-    put = [nc.tensor(a.astype(np.float32), device=cl_device) for a in (x, w, b)]
+    put = [nc.tensor(a.astype(np.float32), device=device) for a in (x, w, b)]
     geo = conv.check_conv2d(x.shape, w.shape, b.shape, 1, pad, 1, 1)
     g = rng.standard_normal((n, o, geo.OH, geo.OW))
-    gt = nc.tensor(g.astype(np.float32), device=cl_device)
-    addends = [nc.tensor(rng.standard_normal(v.shape).astype(np.float32), device=cl_device) for v in (x, w)]
+    gt = nc.tensor(g.astype(np.float32), device=device)
+    addends = [nc.tensor(rng.standard_normal(v.shape).astype(np.float32), device=device) for v in (x, w)]
     with matmul_precision(precision):
         y = conv_winograd.forward(*put, geo, tile).to_host()
         dx = conv_winograd.backward_input(gt, put[1], geo, tile=tile).to_host()
@@ -102,7 +102,7 @@ def test_winograd_forward_and_gradients(cl_device, precision, tile, n, c, o, h, 
         np.testing.assert_array_equal(got, plain + addend.to_host())
 
 
-def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
+def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     """conv2d and both gradients run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
     stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the implicit GEMM
     otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
@@ -116,8 +116,8 @@ def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
 
     def run(c: int, o: int, stride: int = 1, **kw) -> list:
         calls.clear()
-        x = nc.tensor(rng.standard_normal((2, c, 8, 8)).astype(np.float32), device=cl_device)
-        w = nc.tensor(rng.standard_normal((o, c, 3, 3)).astype(np.float32), device=cl_device)
+        x = nc.tensor(rng.standard_normal((2, c, 8, 8)).astype(np.float32), device=device)
+        w = nc.tensor(rng.standard_normal((o, c, 3, 3)).astype(np.float32), device=device)
         y = conv.conv2d(x, w, None, stride, 1, **kw)
         geo = conv.check_conv2d(x.shape, w.shape, None, stride, 1, 1, 1)
         conv.conv2d_backward_input(y, w, geo, 1, **kw)
@@ -136,7 +136,7 @@ def test_conv2d_picks_winograd_by_layer(cl_device, monkeypatch):
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
     with matmul_precision("high"):  # tf32 keeps the implicit GEMM on the mma kernel where there is one
-        tensor_cores = conv_implicit._mma_mode(cl_device, np.dtype(np.float32)) is not None
+        tensor_cores = conv_implicit._mma_mode(device, np.dtype(np.float32)) is not None
         assert run(16, 16) == ([] if tensor_cores else every)
     with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there
         assert run(16, 16) == every
@@ -157,13 +157,15 @@ def test_winograd_bad_requests_raise_before_any_launch(device, kwargs, error, ma
     raises_before_launch(device, error, match, lambda: conv.conv2d(x, w, None, **kwargs))
 
 
-def test_winograd_on_the_numpy_backend_is_an_error():
-    x = nc.tensor(np.ones((1, 4, 9, 9), np.float32), device="cpu")
-    w = nc.tensor(np.ones((4, 4, 3, 3), np.float32), device="cpu")
-    with pytest.raises(
-        ValueError, match=r"winograd=True needs float32 operands on an OpenCL device, .* got float32 on cpu"
-    ):
-        conv.conv2d(x, w, None, 1, 1, winograd=True)
+def test_winograd_of_float64_is_an_error(device):
+    x = nc.tensor(np.ones((1, 4, 9, 9)), dtype="float64", device=device)
+    w = nc.tensor(np.ones((4, 4, 3, 3)), dtype="float64", device=device)
+    raises_before_launch(
+        device,
+        ValueError,
+        r"winograd=True needs float32 operands \(OpenCL or NumPy backend\), .* got float64 on (opencl|cpu)",
+        lambda: conv.conv2d(x, w, None, 1, 1, winograd=True),
+    )
 
 
 def test_bad_environment_tile_is_an_error(cl_device, monkeypatch):

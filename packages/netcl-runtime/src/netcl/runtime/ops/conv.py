@@ -1,8 +1,9 @@
-"""2-D convolution on NCHW: Winograd or implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
+"""2-D convolution on NCHW: Winograd, implicit GEMM on OpenCL devices, else im2col + matmul and col2im.
 
 float32 3x3 stride-1 layers of >= 16 channels each way run all three passes as Winograd's
-F(2x2, 3x3) (``conv_winograd``: transforms around 16 batched products; ``NETCL_WINOGRAD`` picks
-F(4x4, 3x3) or turns it off; ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
+F(2x2, 3x3) (``conv_winograd``, on OpenCL devices and, as its NumPy twin, on the NumPy backend:
+transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or turns it off;
+``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
 
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
@@ -324,7 +325,7 @@ def _winograd_tile(
     operands: x and w, the upstream gradient and w, or the upstream gradient and x).
 
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
-    input and output channels on OpenCL devices at the "highest" or "tf32x3" matmul precision (its
+    input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul precision (its
     16 products then run in that precision; "high" and "medium" keep the implicit GEMM on the mma
     kernel, whose rounding Winograd's transforms would only add to), with the tile ``NETCL_WINOGRAD`` says
     (2 unless set; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that
@@ -338,7 +339,7 @@ def _winograd_tile(
     if winograd is not None:
         if not fits:
             raise ValueError(
-                f"{op}: winograd={winograd} needs float32 operands on an OpenCL device, groups 1, a 3x3 "
+                f"{op}: winograd={winograd} needs float32 operands (OpenCL or NumPy backend), groups 1, a 3x3 "
                 f"window, stride 1, dilation 1 and padding <= 2; got {a.dtype} on {a.device.kind}, groups "
                 f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
                 f"padding {(geo.PH, geo.PW)}"

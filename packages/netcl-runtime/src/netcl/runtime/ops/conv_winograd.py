@@ -19,7 +19,8 @@ products sum over S channels on transformed values at most 9x a direct term's ma
 H100 its error is below the implicit GEMM's (a shorter sum). F(4x4)'s coefficients (up to 8 in A,
 5 in B) grow the intermediates: several times the direct error, which is why 2 is the default.
 All sizes are kernel arguments; the programs depend only on the tile, the index type and FLIP /
-BIAS / ADDEND, so every layer shape shares them.
+BIAS / ADDEND, so every layer shape shares them. The NumPy backend runs the same algorithm in
+``conv_winograd_numpy``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fractions import Fraction
 
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
+from netcl.runtime.ops import conv_winograd_numpy as _numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
 from netcl.runtime.ops.linalg import matmul
 
@@ -243,10 +245,10 @@ def default_tile() -> int:
 
 def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
     """Whether a pass with operands ``a`` and ``b`` (x and w, or the upstream gradient and w or x)
-    can run here: an OpenCL device, float32, groups 1, a 3x3 window at stride 1 and dilation 1,
-    padding <= 2 (the input gradient's padding is 2 - P)."""
+    can run here: float32, groups 1, a 3x3 window at stride 1 and dilation 1, padding <= 2 (the input
+    gradient's padding is 2 - P); on an OpenCL device or the NumPy backend (its twin, ``_numpy``)."""
     return (
-        a.device.kind == "opencl"
+        a.device.kind in ("opencl", "cpu")
         and a.dtype == float32
         and b.dtype == float32
         and int(groups) == 1
@@ -310,6 +312,8 @@ def _convolve(
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
     n = src.shape[0]
     tiling = _Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+    if src.device.kind == "cpu":
+        return _numpy.convolve(src, w, flip, pads, extra, kind, tiling)
     u = Tensor.empty((tiling.a2, r, s), float32, src.device)
     _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(tiling.a2 * r * s))
     prod = matmul(u, tiling.transform_input(src, pads))  # (a2, R, P)
@@ -346,6 +350,8 @@ def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, 
     then dw = G^T dU G; ``tile`` as in ``forward``."""
     out_ch, n = int(grad.shape[1]), geo.N
     tiling = _Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+    if x.device.kind == "cpu":
+        return _numpy.weight_grad(grad, x, (geo.PH, geo.PW), addend, tiling)
     v = tiling.transform_input(x, (geo.PH, geo.PW))
     dm = Tensor.empty((tiling.a2, out_ch, tiling.count), float32, x.device)
     sizes = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, tiling.count]

@@ -1,0 +1,146 @@
+"""The NumPy backend's twin of ``conv_winograd``: the same transforms on NumPy arrays, the same
+batched product through the runtime's ``matmul`` (the host BLAS on the backend's threads).
+
+Each transform is the kernels' straight-line code vectorized over every tile and channel at once:
+the (i, j) element of a patch is a strided slice of the (zero-padded) image, and ``left @ block @
+right^T`` is two passes of linear combinations of such slices (zero coefficients skipped, +-1 an
+add or a subtract), written straight into the product's operand layout. float32 throughout, so its
+rounding is of the same kind as the kernels' (sums of a few terms), not bit for bit theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.core.dtypes import float32
+from netcl.runtime.ops._common import wrap_numpy
+from netcl.runtime.ops.linalg import matmul
+
+if TYPE_CHECKING:
+    from netcl.runtime.ops.conv_winograd import _Tiling
+
+
+def _matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of F(m x m, 3 x 3) as float32 arrays."""
+    from netcl.runtime.ops.conv_winograd import _MATRICES
+
+    return tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in _MATRICES[m])
+
+
+def _combine(coeffs: Sequence[np.float32], arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """sum(coefficient * array) in float32, zero coefficients left out, into ``out`` when given."""
+    terms = [(c, a) for c, a in zip(coeffs, arrays, strict=True) if c != 0]
+    if not terms:
+        return np.zeros_like(arrays[0]) if out is None else np.copyto(out, 0) or out
+    (c, a), rest = terms[0], terms[1:]
+    acc = np.empty_like(a) if out is None else out
+    if c == 1:
+        np.copyto(acc, a)
+    else:
+        np.multiply(a, c, out=acc)
+    for c, a in rest:
+        if c == 1:
+            np.add(acc, a, out=acc)
+        elif c == -1:
+            np.subtract(acc, a, out=acc)
+        else:
+            acc += a * c
+    return acc
+
+
+def _sandwich(left: np.ndarray, block: Callable[[int, int], np.ndarray], right: np.ndarray, out) -> None:
+    """``out(i, j)[...] = (left @ B @ right^T)[i, j]`` where ``block(k, q)`` is element (k, q) of
+    every B at once: ``left`` times the block into temporaries, then ``right`` (as the kernels do)."""
+    inner, cols = left.shape[1], right.shape[1]
+    temps = {
+        (i, q): _combine(left[i], [block(k, q) for k in range(inner)]) for i in range(len(left)) for q in range(cols)
+    }
+    for i in range(len(left)):
+        for j in range(len(right)):
+            _combine(right[j], [temps[i, q] for q in range(cols)], out(i, j))
+
+
+def _phases(src: np.ndarray, pads: tuple[int, int], tiling: _Tiling, extra: int) -> np.ndarray:
+    """``src`` (N, S, H, W) zero-padded by ``pads`` (and zero past its end), split into its m x m
+    phases: (m, m, S, N, TH + e, TW + e) with e = ceil(extra / m), where [p, q, ..., y, x] is image
+    element (m y + p, m x + q). A patch tap at (k, l) is then a contiguous-row slice of one phase."""
+    n, s, h, width = src.shape
+    m = tiling.m
+    blocks_h, blocks_w = tiling.th + -(-extra // m), tiling.tw + -(-extra // m)
+    image = np.zeros((s, n, m * blocks_h, m * blocks_w), np.float32)
+    keep_h, keep_w = min(h, m * blocks_h - pads[0]), min(width, m * blocks_w - pads[1])
+    image[:, :, pads[0] : pads[0] + keep_h, pads[1] : pads[1] + keep_w] = src[:, :, :keep_h, :keep_w].transpose(
+        1, 0, 2, 3
+    )
+    return np.ascontiguousarray(image.reshape(s, n, blocks_h, m, blocks_w, m).transpose(3, 5, 0, 1, 2, 4))
+
+
+def _taps(phases: np.ndarray, tiling: _Tiling) -> Callable[[int, int], np.ndarray]:
+    """Element (k, l) of every tile's patch: (S, N, TH, TW) slices of the phases."""
+    m, th, tw = tiling.m, tiling.th, tiling.tw
+    return lambda k, q: phases[k % m, q % m, :, :, k // m : k // m + th, q // m : q // m + tw]
+
+
+def _transform_input(src: np.ndarray, tiling: _Tiling, pads: tuple[int, int]) -> np.ndarray:
+    """V (a2, S, P) of ``src`` (N, S, H, W), P ordered (n, th, tw) as the kernels order it."""
+    bt, _, _ = _matrices(tiling.m)
+    a, s = tiling.m + 2, src.shape[1]
+    phases = _phases(src, pads, tiling, 2)
+    v = np.empty((a * a, s, src.shape[0], tiling.th, tiling.tw), np.float32)
+    _sandwich(bt, _taps(phases, tiling), bt, lambda i, j: v[i * a + j])
+    return v.reshape(a * a, s, tiling.count)
+
+
+def _filters(filters: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """U (a2, R, S) = G g G^T of each of the R x S 3x3 filters."""
+    a = len(g)
+    return np.einsum("ik,rskl,jl->ijrs", g, filters, g).astype(np.float32).reshape(a * a, *filters.shape[:2])
+
+
+def convolve(
+    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: _Tiling
+) -> Tensor:
+    """``conv_winograd._convolve`` on the NumPy backend."""
+    _, g, at = _matrices(tiling.m)
+    a, m, n = tiling.m + 2, tiling.m, src.shape[0]
+    filters = np.asarray(w.data, np.float32)
+    if flip:  # w (S, R, 3, 3) read as w'[r, s] = w[s, r, ::-1, ::-1]
+        filters = filters[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+    r = filters.shape[0]
+    v = _transform_input(np.asarray(src.data, np.float32), tiling, pads)
+    u = _filters(filters, g)
+    prod = np.asarray(matmul(wrap_numpy(u, src.device), wrap_numpy(v, src.device)).data)  # (a2, R, P)
+    blocks = prod.reshape(a * a, r, n, tiling.th, tiling.tw)
+    y = np.empty((m, m, r, n, tiling.th, tiling.tw), np.float32)  # phases of the output
+    _sandwich(at, lambda k, q: blocks[k * a + q], at, lambda i, j: y[i, j])
+    y = y.transpose(3, 2, 4, 0, 5, 1).reshape(n, r, m * tiling.th, m * tiling.tw)
+    out = np.ascontiguousarray(y[:, :, : tiling.oh, : tiling.ow])
+    if kind == "bias":
+        out += np.asarray(extra.data, np.float32).reshape(1, r, 1, 1)
+    elif kind == "addend":
+        out = np.asarray(extra.data, np.float32) + out
+    return wrap_numpy(out, src.device, float32)
+
+
+def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor | None, tiling: _Tiling) -> Tensor:
+    """``conv_winograd.backward_weight`` on the NumPy backend."""
+    _, g, at = _matrices(tiling.m)
+    a = tiling.m + 2
+    dy = np.asarray(grad.data, np.float32)
+    o = dy.shape[1]
+    v = _transform_input(np.asarray(x.data, np.float32), tiling, pads)
+    phases = _phases(dy, (0, 0), tiling, 0)  # zero past the output's edges
+    dm = np.empty((a * a, o, dy.shape[0], tiling.th, tiling.tw), np.float32)
+    _sandwich(at.T, _taps(phases, tiling), at.T, lambda i, j: dm[i * a + j])
+    device = x.device
+    du = np.asarray(
+        matmul(wrap_numpy(dm.reshape(a * a, o, tiling.count), device), wrap_numpy(v, device), transpose_b=True).data
+    )
+    dw = np.einsum("ki,klrs,lj->rsij", g, du.reshape(a, a, o, -1), g).astype(np.float32)
+    if addend is not None:
+        dw = np.asarray(addend.data, np.float32) + dw
+    return wrap_numpy(dw, device, float32)
