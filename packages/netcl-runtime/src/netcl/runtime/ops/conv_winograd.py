@@ -274,13 +274,13 @@ def _launch(
 
 
 class _Tiling:
-    """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), and the
-    index type every transform of the layer uses."""
+    """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), the
+    index type every transform of the layer uses and F(m x m, 3 x 3)'s (B^T, G, A^T)."""
 
     def __init__(self, m: int, n: int, out_hw: tuple[int, int], channels: tuple[int, int], sizes: tuple[int, ...]):
         if m not in _MATRICES:
             raise ValueError(f"conv_winograd: tile must be one of {sorted(_MATRICES)}, got {m}")
-        self.m, self.a2 = m, (m + 2) ** 2
+        self.m, self.a2, self.matrices = m, (m + 2) ** 2, _MATRICES[m]
         self.oh, self.ow = out_hw
         self.th, self.tw = -(-self.oh // m), -(-self.ow // m)
         self.count = n * self.th * self.tw

@@ -24,20 +24,19 @@ if TYPE_CHECKING:
     from netcl.runtime.ops.conv_winograd import _Tiling
 
 
-def _matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B^T, G, A^T) of F(m x m, 3 x 3) as float32 arrays."""
-    from netcl.runtime.ops.conv_winograd import _MATRICES
-
-    return tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in _MATRICES[m])
+def _matrices(tiling: _Tiling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of the tiling's F(m x m, 3 x 3) as float32 arrays."""
+    return tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in tiling.matrices)
 
 
 def _combine(coeffs: Sequence[np.float32], arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
     """sum(coefficient * array) in float32, zero coefficients left out, into ``out`` when given."""
     terms = [(c, a) for c, a in zip(coeffs, arrays, strict=True) if c != 0]
+    acc = np.empty_like(arrays[0]) if out is None else out
     if not terms:
-        return np.zeros_like(arrays[0]) if out is None else np.copyto(out, 0) or out
+        acc.fill(0.0)
+        return acc
     (c, a), rest = terms[0], terms[1:]
-    acc = np.empty_like(a) if out is None else out
     if c == 1:
         np.copyto(acc, a)
     else:
@@ -87,7 +86,7 @@ def _taps(phases: np.ndarray, tiling: _Tiling) -> Callable[[int, int], np.ndarra
 
 def _transform_input(src: np.ndarray, tiling: _Tiling, pads: tuple[int, int]) -> np.ndarray:
     """V (a2, S, P) of ``src`` (N, S, H, W), P ordered (n, th, tw) as the kernels order it."""
-    bt, _, _ = _matrices(tiling.m)
+    bt, _, _ = _matrices(tiling)
     a, s = tiling.m + 2, src.shape[1]
     phases = _phases(src, pads, tiling, 2)
     v = np.empty((a * a, s, src.shape[0], tiling.th, tiling.tw), np.float32)
@@ -105,7 +104,7 @@ def convolve(
     src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: _Tiling
 ) -> Tensor:
     """``conv_winograd._convolve`` on the NumPy backend."""
-    _, g, at = _matrices(tiling.m)
+    _, g, at = _matrices(tiling)
     a, m, n = tiling.m + 2, tiling.m, src.shape[0]
     filters = np.asarray(w.data, np.float32)
     if flip:  # w (S, R, 3, 3) read as w'[r, s] = w[s, r, ::-1, ::-1]
@@ -128,7 +127,7 @@ def convolve(
 
 def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor | None, tiling: _Tiling) -> Tensor:
     """``conv_winograd.backward_weight`` on the NumPy backend."""
-    _, g, at = _matrices(tiling.m)
+    _, g, at = _matrices(tiling)
     a = tiling.m + 2
     dy = np.asarray(grad.data, np.float32)
     o = dy.shape[1]
