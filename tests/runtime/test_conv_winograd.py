@@ -104,8 +104,8 @@ def test_winograd_forward_and_gradients(device, precision, tile, n, c, o, h, wid
 
 def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     """conv2d and both gradients run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
-    stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the implicit GEMM
-    otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
+    stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the other paths
+    (implicit GEMM, im2col) otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
     calls = []
     for name in ("forward", "backward_input", "backward_weight"):
         real = getattr(conv_winograd, name)
