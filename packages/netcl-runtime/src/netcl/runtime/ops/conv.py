@@ -24,7 +24,7 @@ Both kernels are shape-generic: every size, stride, padding and dilation is a ke
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -406,6 +406,34 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
     return matmul(swap_a, swap_b)
 
 
+def _gradient(
+    kind: str,
+    a: Tensor,
+    b: Tensor,
+    groups: int,
+    geo: ConvGeometry,
+    out_ch: int,
+    implicit: bool,
+    winograd: bool | int | None,
+    addend: Tensor | None,
+    paths: dict[str, Callable[..., Tensor]],
+) -> Tensor:
+    """One gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``) by the first path that runs it:
+    Winograd (``paths["winograd"](tile, addend)``), the implicit GEMM (``paths["implicit"](addend)``,
+    the addend summed in its store in float32), else im2col (``paths["im2col"]()``); where a path
+    cannot take the addend it is added by an ``add``."""
+    op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
+    tile = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
+    if tile:
+        return paths["winograd"](tile, addend)
+    if _use_implicit(implicit, a, b, None, groups, geo, kind):
+        if addend is None or a.dtype == float32:
+            return paths["implicit"](addend)
+        return add(addend, paths["implicit"](None))
+    result = paths["im2col"]()
+    return result if addend is None else add(addend, result)
+
+
 def conv2d_backward_input(
     grad: Tensor,
     w: Tensor,
@@ -423,15 +451,15 @@ def conv2d_backward_input(
     ``winograd`` as in ``conv2d``."""
     if addend is not None:
         _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
-    tile = _winograd_tile(winograd, implicit, grad, w, groups, geo, "conv2d_backward_input", int(w.shape[0]))
-    if tile:
-        return conv_winograd.backward_input(grad, w, geo, addend, tile)
-    if _use_implicit(implicit, grad, w, None, groups, geo, "dx"):
-        if addend is None or grad.dtype == float32:
-            return conv_implicit.backward_input(grad, w, geo, addend)
-        return add(addend, conv_implicit.backward_input(grad, w, geo))
-    if addend is not None:
-        return add(addend, conv2d_backward_input(grad, w, geo, groups, implicit=False))
+    paths = {
+        "winograd": lambda tile, extra: conv_winograd.backward_input(grad, w, geo, extra, tile),
+        "implicit": lambda extra: conv_implicit.backward_input(grad, w, geo, extra),
+        "im2col": lambda: _im2col_backward_input(grad, w, geo, groups),
+    }
+    return _gradient("dx", grad, w, groups, geo, int(w.shape[0]), implicit, winograd, addend, paths)
+
+
+def _im2col_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
     g = int(groups)
     w3 = _grouped_weight(w, g)
     g4 = grad.reshape(geo.N, g, w.shape[0] // g, geo.OH * geo.OW)
@@ -457,15 +485,16 @@ def conv2d_backward_weight(
     ``winograd`` as in ``conv2d``."""
     if addend is not None:
         _check_addend("conv2d_backward_weight", addend, w_shape, grad)
-    tile = _winograd_tile(winograd, implicit, grad, x, groups, geo, "conv2d_backward_weight", int(w_shape[0]))
-    if tile:
-        return conv_winograd.backward_weight(grad, x, geo, addend, tile)
-    if _use_implicit(implicit, grad, x, None, groups, geo, "dw"):
-        if addend is None or grad.dtype == float32:
-            return conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo, addend)
-        return add(addend, conv_implicit.backward_weight(grad, x, int(w_shape[0]), geo))
-    if addend is not None:
-        return add(addend, conv2d_backward_weight(grad, x, w_shape, geo, groups, implicit=False))
+    out_ch = int(w_shape[0])
+    paths = {
+        "winograd": lambda tile, extra: conv_winograd.backward_weight(grad, x, geo, extra, tile),
+        "implicit": lambda extra: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
+        "im2col": lambda: _im2col_backward_weight(grad, x, w_shape, geo, groups),
+    }
+    return _gradient("dw", grad, x, groups, geo, out_ch, implicit, winograd, addend, paths)
+
+
+def _im2col_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:
     g = int(groups)
     out_ch = int(w_shape[0])
     K = geo.C // g * geo.KH * geo.KW
