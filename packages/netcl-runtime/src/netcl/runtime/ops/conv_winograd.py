@@ -153,19 +153,28 @@ def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
     return _kernel("weight", "__global const float* w, __global float* u", idx, head, body)
 
 
-def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
-    """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
-    bt, _, _ = _MATRICES[m]
-    a = m + 2
-    loads, grid = _block_loads("d", a, "H", "W", padded=True)
+def _block_source(
+    name: str, left: list, size: int, m: int, idx: str, channel: tuple[str, str], plane: tuple[str, str], padded: bool
+) -> str:
+    """A kernel over (tile column p, ``channel`` row) storing ``left @ D @ left^T`` of each tile's
+    ``size`` x ``size`` block D of its ``plane`` (rows, columns) image, zero outside it, at the
+    transform positions of a (positions, channels, P) tensor. Buffers: the images, then the output."""
+    (c, channels), (rows, cols) = channel, plane
+    src, dst = {"input": ("x", "v"), "grad_output": ("dy", "dm")}[name]
+    loads, grid = _block_loads("d", size, rows, cols, padded)
     head = [
-        *_tile_head(idx, "c", "S", m, padded=True),
-        "__global const float* src = x + (n * S + c) * H * W;",
-        "__global float* out = v + c * P + p;",
+        *_tile_head(idx, c, channels, m, padded),
+        f"__global const float* src = {src} + (n * {channels} + {c}) * {rows} * {cols};",
+        f"__global float* out = {dst} + {c} * P + p;",
         *loads,
     ]
-    body = _sandwich(bt, grid, bt, _to_planes(a))
-    return _kernel("input", "__global const float* x, __global float* v", idx, head, body)
+    body = _sandwich(left, grid, left, _to_planes(len(left)))
+    return _kernel(name, f"__global const float* {src}, __global float* {dst}", idx, head, body)
+
+
+def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
+    return _block_source("input", _MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True)
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -189,17 +198,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
 def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """dM[e, r, p] = (A dY A^T)[e] for the m x m block dY of the upstream gradient at tile p (the
     adjoint of the output transform; zero past the output's edges)."""
-    _, _, at = _MATRICES[m]
-    a, left = m + 2, _transposed(at)
-    loads, grid = _block_loads("g", m, "OH", "OW", padded=False)
-    head = [
-        *_tile_head(idx, "r", "R", m, padded=False),
-        "__global const float* src = dy + (n * R + r) * OH * OW;",
-        "__global float* out = dm + r * P + p;",
-        *loads,
-    ]
-    body = _sandwich(left, grid, left, _to_planes(a))
-    return _kernel("grad_output", "__global const float* dy, __global float* dm", idx, head, body)
+    return _block_source("grad_output", _transposed(_MATRICES[m][2]), m, m, idx, ("r", "R"), ("OH", "OW"), False)
 
 
 def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
