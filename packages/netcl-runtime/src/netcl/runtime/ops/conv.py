@@ -285,23 +285,42 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
 
 
 class _AlgorithmTrial:
-    """One pass of one layer at batch 1 on scratch operands, by the implicit GEMM or by im2col."""
+    """One pass of one layer at batch 1 on scratch operands, by the implicit GEMM or by im2col (the
+    operands are made at the first trial: a stored choice needs none)."""
 
     def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype) -> None:
+        self.device, self.geo, self.out_ch, self.kind, self.dtype = device, geo, out_ch, kind, dtype
+        self.scratch: tuple[ConvGeometry, dict[str, Tensor]] | None = None
+
+    def _scratch(self) -> tuple[ConvGeometry, dict[str, Tensor]]:
+        """The one-image geometry and its operands x, w, g (uniform scratch values)."""
         from netcl.runtime import tune
 
-        one = ConvGeometry(
-            (1, geo.C, geo.H, geo.W), (geo.KH, geo.KW), (geo.SH, geo.SW), (geo.PH, geo.PW), (geo.DH, geo.DW), kind
-        )
-        sizes = {"x": (1, geo.C, geo.H, geo.W), "w": (out_ch, geo.C, geo.KH, geo.KW), "g": (1, out_ch, one.OH, one.OW)}
-        self.geo, self.kind, self.out_ch = one, kind, out_ch
-        self.operands = {
-            name: tune.trial_operand(int(np.prod(shape)), dtype, device, seed).reshape(*shape)
-            for seed, (name, shape) in enumerate(sizes.items(), start=1)
-        }
+        if self.scratch is None:
+            geo, out_ch = self.geo, self.out_ch
+            one = ConvGeometry(
+                (1, geo.C, geo.H, geo.W),
+                (geo.KH, geo.KW),
+                (geo.SH, geo.SW),
+                (geo.PH, geo.PW),
+                (geo.DH, geo.DW),
+                "trial",
+            )
+            shapes = {
+                "x": (1, geo.C, geo.H, geo.W),
+                "w": (out_ch, geo.C, geo.KH, geo.KW),
+                "g": (1, out_ch, one.OH, one.OW),
+            }
+            operands = {
+                name: tune.trial_operand(int(np.prod(shape)), self.dtype, self.device, seed).reshape(*shape)
+                for seed, (name, shape) in enumerate(shapes.items(), start=1)
+            }
+            self.scratch = (one, operands)
+        return self.scratch
 
     def __call__(self, algorithm: str):
-        x, w, g, geo = self.operands["x"], self.operands["w"], self.operands["g"], self.geo
+        geo, operands = self._scratch()
+        x, w, g = operands["x"], operands["w"], operands["g"]
         if algorithm == "implicit":
             passes = {
                 "fwd": lambda: conv_implicit.forward(x, w, None, geo),
