@@ -103,9 +103,10 @@ def test_winograd_forward_and_gradients(device, precision, tile, n, c, o, h, wid
 
 
 def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
-    """conv2d and both gradients run Winograd (the tile NETCL_WINOGRAD says) for float32 3x3
-    stride-1 layers of >= 16 channels each way at precision "highest" or "tf32x3", the other paths
-    (implicit GEMM, im2col) otherwise; NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
+    """conv2d and both gradients run Winograd for float32 3x3 stride-1 layers of >= 16 channels each
+    way at precision "highest" or "tf32x3", the other paths (implicit GEMM, im2col) otherwise; the tile
+    is NETCL_WINOGRAD's, unset F(4x4) where tf32x3 runs on tensor cores, else F(2x2);
+    NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
     calls = []
     for name in ("forward", "backward_input", "backward_weight"):
         real = getattr(conv_winograd, name)
@@ -139,6 +140,11 @@ def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
         tensor_cores = conv_implicit._mma_mode(device, np.dtype(np.float32)) is not None
         assert run(16, 16) == ([] if tensor_cores else every)
     with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there
+        three_tf32 = conv_implicit._mma_mode(device, np.dtype(np.float32)) == "tf32x3"
+        tile = 4 if three_tf32 else 2
+        assert run(16, 16) == [(name, tile) for name, _ in every]
+        assert run(4, 4, winograd=True) == [(name, tile) for name, _ in every]
+        monkeypatch.setenv(conv_winograd.ENV_VAR, "2")
         assert run(16, 16) == every
 
 

@@ -346,9 +346,10 @@ def _winograd_tile(
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
     input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul precision (its
     16 products then run in that precision; "high" and "medium" keep the implicit GEMM on the mma
-    kernel, whose rounding Winograd's transforms would only add to), with the tile ``NETCL_WINOGRAD`` says
-    (2 unless set; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that
-    tile (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
+    kernel, whose rounding Winograd's transforms would only add to), with the tile
+    ``conv_winograd.default_tile`` says (``NETCL_WINOGRAD``; unset: 4 where tf32x3 runs on tensor
+    cores, else 2; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that tile
+    (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
     """
     if winograd is False or not implicit:
         return 0
@@ -363,13 +364,11 @@ def _winograd_tile(
                 f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
                 f"padding {(geo.PH, geo.PW)}"
             )
-        return int(winograd) if winograd is not True else (conv_winograd.default_tile() or 2)
-    picked = (
-        fits
-        and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS
-        and conv_implicit._mma_mode(a.device, float32) in (None, "tf32x3")
-    )
-    return conv_winograd.default_tile() if picked else 0
+    mode = conv_implicit._mma_mode(a.device, float32)
+    if winograd is not None:
+        return int(winograd) if winograd is not True else (conv_winograd.default_tile(mode == "tf32x3") or 2)
+    picked = fits and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS and mode in (None, "tf32x3")
+    return conv_winograd.default_tile(mode == "tf32x3") if picked else 0
 
 
 def conv2d(

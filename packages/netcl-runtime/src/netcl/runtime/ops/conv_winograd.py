@@ -34,8 +34,8 @@ from netcl.runtime.ops import conv_winograd_numpy as _numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
 from netcl.runtime.ops.linalg import matmul
 
-#: ``NETCL_WINOGRAD``: "2" (the default) F(2x2, 3x3), "4" F(4x4, 3x3), "0" off (every 3x3
-#: convolution runs as an implicit GEMM), for the layers ``conv.conv2d`` picks on its own.
+#: ``NETCL_WINOGRAD``: "2" F(2x2, 3x3), "4" F(4x4, 3x3), "0" off (every 3x3 convolution runs as an
+#: implicit GEMM), for the layers ``conv.conv2d`` picks on its own; unset, ``default_tile`` decides.
 ENV_VAR = "NETCL_WINOGRAD"
 HALF, SIXTH = Fraction(1, 2), Fraction(1, 6)
 #: Fewest input and output channels for which ``conv.conv2d`` picks Winograd on its own: below them
@@ -234,11 +234,21 @@ _SIZES = {
 }
 
 
-def default_tile() -> int:
-    """The tile ``NETCL_WINOGRAD`` asks for: 2 (unset), 4, or 0 (off)."""
-    value = os.environ.get(ENV_VAR, "2").strip()
-    if value not in ("0", "2", "4"):
+def default_tile(three_tf32: bool = False) -> int:
+    """The tile ``NETCL_WINOGRAD`` asks for (2, 4, or 0: off); unset, 4 where the products run as
+    tf32x3 on tensor cores (``three_tf32``), else 2.
+
+    F(4x4)'s transforms carry larger coefficients, so its rounding error is several times F(2x2)'s.
+    With FMA products that puts it above the implicit GEMM's (H200, batch 64: 3.1-5.1e-6 of the
+    largest output against 1.0-2.5e-6), so "highest" keeps F(2x2). With tf32x3 products it measured
+    1.5-2.1e-6, the fp32 FMA implicit GEMM's level, at 1.3-1.4x F(2x2)'s speed: the precision that asks
+    for fp32-class accuracy at tensor-core speed gets it.
+    """
+    value = os.environ.get(ENV_VAR, "").strip()
+    if value not in ("", "0", "2", "4"):
         raise ValueError(f"{ENV_VAR} must be 0 (off), 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)), got {value!r}")
+    if not value:
+        return 4 if three_tf32 else 2
     return int(value)
 
 
