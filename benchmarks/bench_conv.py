@@ -14,7 +14,8 @@ relative to the largest magnitude). ``--quick``: small shapes for a CPU device. 
 their tiles at first use as ``NETCL_TUNE`` says; the im2col path's products run with the search
 off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds). On tensor cores netcl
 also runs at precision "tf32x3" (its default there: Winograd F(4x4, 3x3) with the products as three
-tf32 products each, the fp32 implicit GEMM's accuracy; compared with cuDNN fp32) and "high" (tf32, the implicit GEMM; compared with cuDNN TF32).
+tf32 products each, the fp32 implicit GEMM's accuracy; compared with cuDNN fp32) and "high" (tf32,
+the implicit GEMM; compared with cuDNN TF32).
 """
 
 from __future__ import annotations

@@ -356,14 +356,13 @@ def _winograd_tile(
     if winograd is not None and winograd is not True and winograd not in (2, 4):
         raise ValueError(f"{op}: winograd must be None, True, False, 2 or 4, got {winograd!r}")
     fits = conv_winograd.applies(a, b, groups, geo)
-    if winograd is not None:
-        if not fits:
-            raise ValueError(
-                f"{op}: winograd={winograd} needs float32 operands (OpenCL or NumPy backend), groups 1, a 3x3 "
-                f"window, stride 1, dilation 1 and padding <= 2; got {a.dtype} on {a.device.kind}, groups "
-                f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
-                f"padding {(geo.PH, geo.PW)}"
-            )
+    if winograd is not None and not fits:
+        raise ValueError(
+            f"{op}: winograd={winograd} needs float32 operands (OpenCL or NumPy backend), groups 1, a 3x3 "
+            f"window, stride 1, dilation 1 and padding <= 2; got {a.dtype} on {a.device.kind}, groups "
+            f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
+            f"padding {(geo.PH, geo.PW)}"
+        )
     mode = conv_implicit._mma_mode(a.device, float32)
     if winograd is not None:
         return int(winograd) if winograd is not True else (conv_winograd.default_tile(mode == "tf32x3") or 2)
