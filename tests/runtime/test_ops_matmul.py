@@ -14,12 +14,15 @@ within the 4 * K * eps term.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import netcl.core as nc
 from netcl.runtime import ops, tune
 from netcl.runtime.cache import program_cache
+from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops import gemm, gemm_mma
 from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
@@ -143,6 +146,48 @@ def test_small_output_with_large_k_is_split_along_k(device, sa, sb, ta):
         cfg = gemm.portable_config(device, problem, np.dtype(np.float32))
         assert gemm.split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)[0] > 1
     _check(device, sa, sb, ta=ta)
+
+
+@pytest.mark.parametrize("precision", ["highest", "tf32x3"])
+def test_split_product_is_its_parts_summed_in_order(cl_device, precision):
+    """Split along K, the split-sum kernel adds the splits' partial products in split order: bit for
+    bit the float32 sum, in that order, of the unsplit products of the K chunks with the same tiles.
+    Again on a later call, after a product with more blocks, and in a captured graph's replays."""
+    f4 = np.dtype(np.float32)
+    m, n, k = 5, 7, 12288
+    problem = gemm.Problem(m, n, k, False, False, ())
+    mode = gemm_mma.mode_for(cl_device, f4, f4, precision)
+    if mode is None:
+        cfg = gemm.portable_config(cl_device, problem, f4)
+
+        def plan(p: gemm.Problem, c) -> gemm.Plan:
+            return gemm.make_plan(cl_device, f4, f4, (p.m, p.n), p, cfg=c)
+    else:
+        cfg = gemm_mma.config(cl_device, mode, problem, False, False)
+
+        def plan(p: gemm.Problem, c) -> gemm.Plan:
+            return gemm_mma.make_plan(cl_device, mode, f4, f4, f4, (p.m, p.n), p, cfg=c)
+
+    bk = cfg.bk if mode is None else cfg.bk_elements(mode)
+    splits, chunk = gemm.split_count(problem, cfg.bm, cfg.bn, bk, cl_device, cfg.split)
+    assert splits > 1
+    a, b = _data((m, k), 3), _data((k, n), 4)
+    x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+    got = plan(problem, cfg).run(x, y).to_host()
+    expected = np.zeros((m, n), np.float32)
+    for lo in range(0, k, chunk):
+        hi = min(k, lo + chunk)
+        part = plan(gemm.Problem(m, n, hi - lo, False, False, ()), dataclasses.replace(cfg, split=0))
+        ends = nc.tensor(np.ascontiguousarray(a[:, lo:hi]), device=cl_device), nc.tensor(b[lo:hi], device=cl_device)
+        expected = expected + part.run(*ends).to_host()
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(plan(problem, cfg).run(x, y).to_host(), got)
+    wide = gemm.Problem(64, 64, k, False, False, ())
+    plan(wide, cfg).run(nc.tensor(_data((64, k), 5), device=cl_device), nc.tensor(_data((k, 64), 6), device=cl_device))
+    np.testing.assert_array_equal(plan(problem, cfg).run(x, y).to_host(), got)
+    graph = capture_graph(cl_device.queue, plan(problem, cfg).run, x, y)
+    for _ in range(2):
+        np.testing.assert_array_equal(graph.execute(x, y).to_host(), got)
 
 
 def test_new_batch_size_builds_nothing(cl_device):
@@ -451,7 +496,6 @@ def test_every_searchable_config_on_a_gpu(cl_device):
     """Every config the tile search may pick (portable and tensor-core, with grouped order, fragment
     prefetch, cp.async stages, no split) computes the same product. GPUs only: on PoCL this would be
     dozens of slow builds, and the search is off there."""
-    import dataclasses
 
     from netcl.runtime.ops import gemm_configs
 
