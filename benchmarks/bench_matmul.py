@@ -168,7 +168,7 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     results["errors"] = errors(device, modes, 256 if quick else 2048)
     print(f"\nerror vs float64 (relative Frobenius norm, inputs uniform in [-1, 1], {256 if quick else 2048}^3):")
     for name, err in results["errors"].items():
-        print(f"  {name:<6}{err:.2e}")
+        print(f"  {name:<8}{err:.2e}")
     return results
 
 

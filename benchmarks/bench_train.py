@@ -5,7 +5,9 @@ of ``examples/train_digits_cnn.py`` (8x8 inputs, conv-relu-pool x2, linear) with
 forward, cross-entropy, backward and the optimizer update, on random data. And a ResNet basic block
 (conv3x3-bn-relu-conv3x3-bn, + identity, relu; no conv bias) with SGD (momentum 0.9) and an MSE loss
 against a random target: batch 64, 64 channels, 56x56 on a GPU (batch 8, 16 channels, 16x16 with
-``--quick`` or off a GPU), in float32 (torch: TF32 off), in float32 under the ``"high"`` matmul
+``--quick`` or off a GPU), in float32 (torch: TF32 off), in float32 under the ``"tf32x3"`` matmul
+precision where the device has tensor cores (netcl's convolutions as Winograd F(4x4) on tf32x3
+products, the fp32 implicit GEMM's accuracy; torch: fp32, TF32 off), under the ``"high"`` matmul
 precision (netcl's convolutions on tf32 tensor cores where the device has them; torch with its
 default, TF32 convolutions) and under ``amp`` (``autocast`` + ``GradScaler``; torch: the same with
 ``torch.autocast`` and ``torch.amp.GradScaler``). Variants:
@@ -46,7 +48,7 @@ import netcl.core as nc
 import netcl.nn as nn
 from netcl import amp
 from netcl.optim import SGD, Adam
-from netcl.runtime.ops import matmul_precision
+from netcl.runtime.ops import gemm_mma, matmul_precision
 
 BATCH = 128
 STEPS = 10
@@ -101,6 +103,20 @@ def workloads(device, quick: bool = False) -> list[dict]:
         dict(name="mlp 784-512-512-10, SGD", model=mlp(device), opt=sgd, shape=(BATCH, 784), loss="ce"),
         dict(name="digits CNN, Adam", model=digits_cnn(device), opt=lambda p: Adam(p, lr=1e-3), shape=(BATCH, 1, 8, 8)),
         dict(name=block, model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse"),
+        *(
+            [
+                dict(
+                    name=block + ", tf32x3",
+                    model=BasicBlock(c, device),
+                    opt=sgd,
+                    shape=(n, c, hw, hw),
+                    loss="mse",
+                    precision="tf32x3",
+                )
+            ]
+            if device.kind == "opencl" and gemm_mma.available(device, "tf32x3")
+            else []
+        ),
         dict(
             name=block + ", tf32",
             model=BasicBlock(c, device),
@@ -235,7 +251,8 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     loss_fn = tnn.CrossEntropyLoss() if row["loss"] == "ce" else tnn.MSELoss()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     scaler = torch.amp.GradScaler(dev) if row["amp"] else None
-    torch.backends.cudnn.allow_tf32 = row["precision"] != "highest"  # "highest": fp32 convolutions as netcl's
+    # "highest" and "tf32x3": fp32 convolutions (TF32 off), the accuracy class netcl's are in
+    torch.backends.cudnn.allow_tf32 = row["precision"] not in ("highest", "tf32x3")
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
