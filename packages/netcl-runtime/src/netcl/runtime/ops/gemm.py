@@ -488,7 +488,7 @@ def make_plan(device, dtype, out_dtype, out_shape, problem, epilogue=IDENTITY, c
     args = ARG_DTYPES + store.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
     kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
-    gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits)
+    gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits * cfg.ks)
     return finish_plan(
-        device, kernel, gsize, (cfg.wgn, cfg.wgm, 1), problem, splits, chunk, out_shape, out_dtype, epilogue
+        device, kernel, gsize, (cfg.wgn, cfg.wgm, cfg.ks), problem, splits, chunk, out_shape, out_dtype, epilogue
     )

@@ -196,6 +196,7 @@ class GemmConfig:
     split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     maxreg: int = 0  #: > 0: NVIDIA register cap (-cl-nv-maxrregcount), for more resident work-groups
+    ks: int = 1  #: K slices per work-group: ks sets of threads take turns along K, then add up in local memory
 
     @property
     def bm(self) -> int:
@@ -207,16 +208,24 @@ class GemmConfig:
 
     @property
     def threads(self) -> int:
+        """Threads of one K slice (they share its tile loads)."""
         return self.wgm * self.wgn
 
+    @property
+    def group_size(self) -> int:
+        return self.threads * self.ks
+
     def local_bytes(self, itemsize: int) -> int:
-        return 2 * self.bk * (self.bm + self.bn) * itemsize
+        tiles = 2 * self.bk * (self.bm + self.bn) * itemsize * self.ks
+        return tiles + (self.ks - 1) * self.bm * self.bn * itemsize  # slices 1.. hand their sums to slice 0
 
     def problems(self, trans_a: bool, trans_b: bool) -> list[str]:
         """Why this config cannot be built (empty when it can)."""
         out = []
         if self.tm % self.lv or self.tn % self.lv:
             out.append(f"lv={self.lv} must divide tm={self.tm} and tn={self.tn}")
+        if self.ks < 1:
+            out.append(f"ks={self.ks} must be >= 1")
         a_vec_dim = self.bm if trans_a else self.bk
         b_vec_dim = self.bk if trans_b else self.bn
         if a_vec_dim % self.va or b_vec_dim % self.vb:
@@ -226,8 +235,10 @@ class GemmConfig:
         return out
 
     def short(self) -> str:
+        slices = f" ks{self.ks}" if self.ks > 1 else ""
         return (
             f"{self.bm}x{self.bn}x{self.bk} t{self.tm}x{self.tn} wg{self.wgm}x{self.wgn} v{self.va}{self.vb}{self.lv}"
+            + slices
         )
 
 
@@ -355,6 +366,9 @@ def portable_source(
         store_section = _vector_store_section(epilogue, lv)
     else:
         store_section = _scalar_store_section(epilogue, store, at)
+    parts = _slices(cfg, pad_a, pad_b, store_section)
+    tile_decls, slice_decls, store_section = parts["tile_decls"], parts["slice_decls"], parts["store_section"]
+    k_start, k_loop, k_step, k_more = parts["k_start"], parts["k_loop"], parts["k_step"], parts["k_more"]
     return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
 {epilogue.preamble}
 #define CT {ct}
@@ -368,8 +382,9 @@ def portable_source(
 #define BN (WGN * TN)
 #define LV {lv}
 #define GROUP {cfg.group}
+#define KS {cfg.ks}
 {helpers}
-__kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
+__kernel __attribute__((reqd_work_group_size(WGN, WGM, KS)))
 void netcl_gemm(const int M, const int N, const int K,
                 __global const {sa}* restrict A, const int lda,
                 __global const {sb}* restrict B, const int ldb,
@@ -378,10 +393,9 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local CT As[2][BK][BM + {pad_a}];
-    __local CT Bs[2][BK][BN + {pad_b}];
+    {tile_decls}
     const int tx = get_local_id(0), ty = get_local_id(1);
-    const int tid = ty * WGN + tx;
+    const int tid = ty * WGN + tx;{slice_decls}
     int gx = get_group_id(0), gy = get_group_id(1);
 #if GROUP > 0
     {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
@@ -412,7 +426,7 @@ void netcl_gemm(const int M, const int N, const int K,
         #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = (CT)0;
     }}
-    int k0 = kbeg;
+    {k_start}
     int nb = 0;
     {nl.join(a_decls + b_decls)}
     {nl.join(a_loads)}
@@ -420,11 +434,11 @@ void netcl_gemm(const int M, const int N, const int K,
     {nl.join(a_stores)}
     {nl.join(b_stores)}
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (; k0 < kend;) {{
+    {k_loop}
         const int cb = nb;
-        k0 += BK;
+        k0 += {k_step};
         nb ^= 1;
-        const int more = k0 < kend;
+        const int more = {k_more};
         if (more) {{
         {nl2.join(a_loads)}
         {nl2.join(b_loads)}
@@ -449,6 +463,57 @@ void netcl_gemm(const int M, const int N, const int K,
     {store_section}
 }}
 """
+
+
+def _slices(cfg: GemmConfig, pad_a: int, pad_b: int, store_section: str) -> dict[str, str]:
+    """The parts of ``netcl_gemm`` that K slices change (``cfg.ks``; one slice: the plain kernel).
+
+    Slice ``ksl`` (``get_local_id(2)``) takes K steps ksl, ksl + KS, ... of the work-group's range with
+    its own tiles in local memory; every slice runs the same number of steps (past the range its
+    loads are zeros), so the barriers stay uniform. Then slices 1 .. KS-1 leave their accumulators
+    in local memory and slice 0 adds them in slice order (a fixed order: the result does not depend
+    on timing) and stores. A small output with a long K gets KS times the threads per block without
+    a split's second kernel: the MLP layers' 128 x 512 products at K = 512-784.
+    """
+    if cfg.ks == 1:
+        return {
+            "tile_decls": f"__local CT As[2][BK][BM + {pad_a}];\n    __local CT Bs[2][BK][BN + {pad_b}];",
+            "slice_decls": "",
+            "k_start": "int k0 = kbeg;",
+            "k_loop": "for (; k0 < kend;) {",
+            "k_step": "BK",
+            "k_more": "k0 < kend",
+            "store_section": store_section,
+        }
+    hand_over = """if (ksl > 0) {
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) Red[ksl - 1][i * TN + j][tid] = acc[i][j];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (ksl == 0) {
+    for (int q = 0; q < KS - 1; ++q) {
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += Red[q][i * TN + j][tid];
+        }
+    }
+    """
+    return {
+        "tile_decls": (
+            f"__local CT As_sl[KS][2][BK][BM + {pad_a}];\n    __local CT Bs_sl[KS][2][BK][BN + {pad_b}];\n"
+            "    __local CT Red[KS - 1][TM * TN][WGM * WGN];"
+        ),
+        "slice_decls": "\n    const int ksl = get_local_id(2);\n#define As As_sl[ksl]\n#define Bs Bs_sl[ksl]",
+        "k_start": "int k0 = kbeg + ksl * BK;\n    const int trips = ((kend - kbeg + BK - 1) / BK + KS - 1) / KS;",
+        "k_loop": "for (int t = 0; t < trips; ++t) {",
+        "k_step": "KS * BK",
+        "k_more": "t + 1 < trips",
+        "store_section": hand_over + store_section + "\n    }",
+    }
 
 
 def _scalar_store_section(epilogue: Epilogue, store: str, at: str) -> str:
