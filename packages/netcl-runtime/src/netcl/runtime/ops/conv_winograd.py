@@ -323,9 +323,12 @@ def _convolve(
     tiling = _Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
     if src.device.kind == "cpu":
         return _numpy.convolve(src, w, flip, pads, extra, kind, tiling)
+    # the input transform first, so that the small weight transform's enqueue overlaps its run
+    # (H200, forward at batch 64: 0.64-0.66 vs 0.67-0.82 ms at 64x56x56, within the noise elsewhere)
+    v = tiling.transform_input(src, pads)
     u = Tensor.empty((tiling.a2, r, s), float32, src.device)
     _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(tiling.a2 * r * s))
-    prod = matmul(u, tiling.transform_input(src, pads))  # (a2, R, P)
+    prod = matmul(u, v)  # (a2, R, P)
     y = Tensor.empty((n, r, *out_hw), float32, src.device)
     flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
     sizes = [r, *out_hw, tiling.th, tiling.tw, tiling.count]
