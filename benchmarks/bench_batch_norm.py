@@ -1,7 +1,8 @@
 """batch_norm training forward and forward+backward at a ResNet shape: netcl's channel kernels vs torch.
 
-netcl: device time (profiling events) of ``batch_norm_forward`` (one kernel: statistics, normalize,
-running statistics) and of forward + ``batch_norm_backward`` (one kernel: dx, dweight, dbias), with
+netcl: device time (profiling events) of ``batch_norm_forward`` (statistics, normalize, running
+statistics) and of forward + ``batch_norm_backward`` (dx, dweight, dbias): one kernel each, or on a
+GPU with few channels two (each channel's chunks summed, then applied: ``batchnorm._parts``), with
 a same-run device copy of x as the bandwidth reference; torch eager (``F.batch_norm``) timed with
 CUDA events when torch sees a GPU. Run alone: ``python benchmarks/bench_batch_norm.py [--shape N C H W]``.
 """

@@ -123,6 +123,41 @@ def test_one_kernel_each_way(cl_device):
     assert names.count("netcl_batch_norm_backward") == 1, names
 
 
+@pytest.mark.parametrize("parts", [2, 7])
+def test_channels_split_into_chunks(check, device, monkeypatch, parts):
+    """With few channels on a GPU each channel spreads over several work-groups (``_parts``; forced
+    here): the statistics' chunk sums are added in chunk order by a second launch. Training (also far
+    from zero, without affine parameters), evaluation, the running statistics, float64 formulas and
+    more chunks than a channel has vectors, against the same references as above; two launches
+    forward and backward in training, one in evaluation."""
+    if device.kind != "opencl":
+        pytest.skip("chunks are the OpenCL kernels' (the NumPy backend sums whole channels)")
+    cl_device = device
+    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors: parts)
+    test_training(check, cl_device, (3, 2, 7, 9))
+    test_training(check, cl_device, (4, 3, 8, 8))
+    test_training(check, cl_device, (5, 3))
+    test_training_far_from_zero(check, cl_device)
+    test_training_no_affine_and_partial_grads(check, cl_device)
+    test_eval(check, cl_device)
+    test_running_stats_in_place(cl_device, (4, 3, 5, 4))
+    test_float64_kernels_match_numpy(cl_device)
+    layer = nn.BatchNorm2d(4, device=cl_device)
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32), device=cl_device)
+    x.requires_grad = True
+    for training in (True, False):
+        for _ in range(2):  # the second pass counts (programs built by the first)
+            graph = Graph()
+            with graph.capture(cl_device.queue):
+                with ag.Tape() as tape:
+                    out = ag.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, training)
+                forward = len(graph)
+                tape.backward(out, grad=nc.tensor(np.ones((2, 4, 4, 4), np.float32), device=cl_device))
+        names = [launch.name for launch in graph.launches]
+        assert forward == (2 if training else 1) and names[:forward] == ["netcl_batch_norm"] * forward, names
+        assert names.count("netcl_batch_norm_backward") == 2, names  # (eval too: the weight's gradient sums)
+
+
 def _t(shape, device, dtype=np.float32):
     return nc.tensor(np.ones(shape, dtype), dtype=dtype, device=device)
 
