@@ -3,6 +3,9 @@
 x is (N, C) or (N, C, *) and C-contiguous; channel ``c`` is every element ``x[n, c, s]`` (``N * S``
 values, ``S`` the product of the trailing dims). One work-group takes one channel: its lanes walk
 the channel's planes (``float4`` loads when ``S % 4 == 0``), a tree in local memory combines them.
+On a GPU with few, long channels (``_parts``) a work-group takes one chunk of a channel instead: a
+first launch stores each chunk's sums, a second adds them in chunk order and writes (the result does
+not depend on timing); elsewhere each pass below is one launch.
 
 - Forward (training): one pass takes shifted sums ``sum(x - k)`` and ``sum((x - k)^2)`` with ``k``
   the channel's first element (no ``E[x^2] - E[x]^2`` cancellation for data far from zero), then
