@@ -32,6 +32,7 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, remember, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype
@@ -240,6 +241,7 @@ def _np(t: Tensor, dtype: np.dtype) -> np.ndarray:
 _LIMITS: dict[tuple[Any, Device], int] = {}
 #: prepared launches by (kernel key, device, global size, lanes)
 _PREPARED: dict[tuple, PreparedLaunch] = {}
+register_cache(_PREPARED.clear)
 
 
 def _parts(device: Device, channels: int, vectors: int) -> int:

@@ -12,6 +12,8 @@ and stored k-major in local memory (As[k][m], Bs[k][n]), double-buffered: the ne
 loaded into registers while the current one is multiplied, so each step needs one barrier.
 A thread's rows are ``(i / LV) * WGM*LV + ty*LV + i % LV``: LV-wide local reads, and each row of
 threads reads one contiguous span. Out-of-range elements load as zero, so any M, N, K work.
+With K slices (``GemmConfig.ks``, ``_slices``) a work-group holds ks such thread sets, which take
+turns along K and add their accumulators in slice order before the store.
 
 The kernel's signature (shared with the tensor-core kernel, ``gemm_mma``)::
 
