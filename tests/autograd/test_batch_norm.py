@@ -106,19 +106,24 @@ def test_float16_input(device):
     np.testing.assert_allclose(y.to_host().astype(np.float64), ref_train(x.astype(np.float64)), atol=4e-3)
 
 
-def test_one_kernel_each_way(cl_device):
-    """Forward is one launch (statistics, normalization, running stats), backward one launch."""
-    layer = nn.BatchNorm2d(4, device=cl_device)
-    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32), requires_grad=True)
-    x = ag.tensor(x.value.to_host(), requires_grad=True, device=cl_device)
+def _launches(device, training: bool = True) -> tuple[int, list[str]]:
+    """(forward launches, every launch's kernel name) of a BatchNorm2d forward and backward."""
+    layer = nn.BatchNorm2d(4, device=device)
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32), device=device)
+    x.requires_grad = True
     for _ in range(2):  # the second pass counts (programs built by the first)
         graph = Graph()
-        with graph.capture(cl_device.queue):
+        with graph.capture(device.queue):
             with ag.Tape() as tape:
-                out = ag.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, True)
+                out = ag.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, training)
             forward = len(graph)
-            tape.backward(out, grad=nc.tensor(np.ones((2, 4, 4, 4), np.float32), device=cl_device))
-    names = [launch.name for launch in graph.launches]
+            tape.backward(out, grad=nc.tensor(np.ones((2, 4, 4, 4), np.float32), device=device))
+    return forward, [launch.name for launch in graph.launches]
+
+
+def test_one_kernel_each_way(cl_device):
+    """Forward is one launch (statistics, normalization, running stats), backward one launch."""
+    forward, names = _launches(cl_device)
     assert forward == 1 and names[0] == "netcl_batch_norm", names
     assert names.count("netcl_batch_norm_backward") == 1, names
 
@@ -142,18 +147,8 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     test_eval(check, cl_device)
     test_running_stats_in_place(cl_device, (4, 3, 5, 4))
     test_float64_kernels_match_numpy(cl_device)
-    layer = nn.BatchNorm2d(4, device=cl_device)
-    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 4, 4, 4)).astype(np.float32), device=cl_device)
-    x.requires_grad = True
     for training in (True, False):
-        for _ in range(2):  # the second pass counts (programs built by the first)
-            graph = Graph()
-            with graph.capture(cl_device.queue):
-                with ag.Tape() as tape:
-                    out = ag.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, training)
-                forward = len(graph)
-                tape.backward(out, grad=nc.tensor(np.ones((2, 4, 4, 4), np.float32), device=cl_device))
-        names = [launch.name for launch in graph.launches]
+        forward, names = _launches(cl_device, training)
         assert forward == (2 if training else 1) and names[:forward] == ["netcl_batch_norm"] * forward, names
         assert names.count("netcl_batch_norm_backward") == 2, names  # (eval too: the weight's gradient sums)
 

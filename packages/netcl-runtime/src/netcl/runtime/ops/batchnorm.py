@@ -84,6 +84,19 @@ _HEADER = """{pragmas}#define ACC {acc}
     const IDX c = get_group_id(0) / P; \
     const int p = get_group_id(0) % P, lid = get_local_id(0), ls = get_local_size(0); \
     const IDX T = N * SV, dn = ls / SV, ds = ls % SV, per = (T + P - 1) / P, lo = p * per, hi = min(T, lo + per);
+/* The channel's sums A, B of STEP: this group's chunk (P == 1: the whole channel; stage 0 stores the
+   chunk's and returns), or in stage 1 the chunks' stored sums added in chunk order. */
+#define CHANNEL_SUMS(A, B, STEP) \
+    if (P == 1 || stage == 0) {{ \
+        CHANNEL_LOOP(STEP) \
+        netcl_sum2(&A, &B, sa, sb); \
+        if (P > 1) {{ \
+            if (lid == 0) {{ part[2 * (c * P + p)] = A; part[2 * (c * P + p) + 1] = B; }} \
+            return; \
+        }} \
+    }} else {{ \
+        for (int q = 0; q < P; ++q) {{ A += part[2 * (c * P + q)]; B += part[2 * (c * P + q) + 1]; }} \
+    }}
 inline void netcl_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {{
     const int lid = get_local_id(0);
     sa[lid] = *a;
@@ -108,17 +121,8 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
 #if TRAINING
     const ACC k = (ACC)x[c * SV * VEC];
     ACC s1 = 0, s2 = 0;
-    if (P == 1 || stage == 0) {{
 #define STATS(at) {{ const VT v = LOADV(x, at) - k; s1 += HSUM(v); s2 += HSUM(v * v); }}
-        CHANNEL_LOOP(STATS)
-        netcl_sum2(&s1, &s2, sa, sb);
-        if (P > 1) {{  /* stage 0: this chunk's sums */
-            if (lid == 0) {{ part[2 * (c * P + p)] = s1; part[2 * (c * P + p) + 1] = s2; }}
-            return;
-        }}
-    }} else {{  /* stage 1: the channel's chunk sums, in chunk order */
-        for (int q = 0; q < P; ++q) {{ s1 += part[2 * (c * P + q)]; s2 += part[2 * (c * P + q) + 1]; }}
-    }}
+    CHANNEL_SUMS(s1, s2, STATS)
     const ACC count = (ACC)(T * VEC), d = s1 / count;
     const ACC var = max(s2 / count - d * d, (ACC)0);
     const ACC mu = k + d, rs = rsqrt(var + eps);
@@ -152,17 +156,8 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __globa
     const ACC mu = mean[c], rs = rstd[c];
 #if REDUCE
     ACC a = 0, b = 0;
-    if (P == 1 || stage == 0) {{
 #define SUMS(at) {{ const VT gg = LOADV(g, at); a += HSUM(gg); b += HSUM(gg * (LOADV(x, at) - mu)); }}
-        CHANNEL_LOOP(SUMS)
-        netcl_sum2(&a, &b, sa, sb);
-        if (P > 1) {{  /* stage 0: this chunk's sums */
-            if (lid == 0) {{ part[2 * (c * P + p)] = a; part[2 * (c * P + p) + 1] = b; }}
-            return;
-        }}
-    }} else {{  /* stage 1: the channel's chunk sums, in chunk order */
-        for (int q = 0; q < P; ++q) {{ a += part[2 * (c * P + q)]; b += part[2 * (c * P + q) + 1]; }}
-    }}
+    CHANNEL_SUMS(a, b, SUMS)
     if (lid == 0 && p == 0) {{ dw[c] = b * rs; db[c] = a; }}
 #endif
 #if NEED_DX
