@@ -501,6 +501,28 @@ def test_tile_configs(cl_device, cfg, m, n, k):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=0, atol=_tolerance(k))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_k_slices_with_an_epilogue(cl_device, dtype):
+    """A K-sliced config (the search may pick one for any small product) applies a bias, an
+    activation and a code epilogue with a second output once, after the slices' sums: slice 0
+    stores; in float32 and float64 (the slices' hand-over buffer is of the accumulator type)."""
+    m, n, k = 37, 45, 1000
+    a, b = _data((m, k), 0).astype(dtype), _data((k, n), 1).astype(dtype)
+    bias = _data((n,), 2)
+    problem = gemm.Problem(m, n, k, False, False, ())
+    ep = Epilogue("col", "relu", code="float ep_out0 = ep_value * 2.0f;\nfloat ep_out1 = ep_value;", operands=("out",))
+    cfg = gemm.with_alignment(GemmConfig(8, 8, 2, 2, 16, 4, 4, 2, ks=3), problem)
+    saved = nc.Tensor.empty((m, n), np.dtype("f4"), cl_device)
+    f = np.dtype(dtype)
+    plan = gemm.make_plan(cl_device, f, f, (m, n), problem, epilogue=ep, cfg=cfg)
+    x, y = nc.tensor(a, dtype=dtype, device=cl_device), nc.tensor(b, dtype=dtype, device=cl_device)
+    got = plan.run(x, y, bias=nc.tensor(bias, device=cl_device), extras=[saved]).to_host()
+    v = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0)
+    tol = _tolerance(k) if dtype == np.float32 else 4e-6  # float64 sums; the epilogue's values are float
+    np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=tol)
+    np.testing.assert_allclose(got, 2 * v, rtol=1e-5, atol=2 * tol)
+
+
 def test_every_searchable_config_on_a_gpu(cl_device):
     """Every config the tile search may pick (portable and tensor-core, with grouped order, fragment
     prefetch, cp.async stages, no split) computes the same product. GPUs only: on PoCL this would be
