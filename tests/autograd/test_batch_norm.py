@@ -19,7 +19,7 @@ import netcl.autograd as ag
 import netcl.core as nc
 import netcl.nn as nn
 from netcl.core import DTypeError, ShapeError
-from netcl.runtime.graph import Graph
+from netcl.runtime.graph import Graph, capture_graph
 from netcl.runtime.ops import batchnorm as BN
 
 
@@ -133,8 +133,9 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     """With few channels on a GPU each channel spreads over several work-groups (``_parts``; forced
     here): the statistics' chunk sums are added in chunk order by a second launch. Training (also far
     from zero, without affine parameters), evaluation, the running statistics, float64 formulas and
-    more chunks than a channel has vectors, against the same references as above; two launches
-    forward and backward in training, one in evaluation."""
+    more chunks than a channel has vectors, against the same references as above; a captured
+    training step replays bit for bit as eager; two launches forward and backward in training, one
+    forward in evaluation."""
     if device.kind != "opencl":
         pytest.skip("chunks are the OpenCL kernels' (the NumPy backend sums whole channels)")
     cl_device = device
@@ -147,6 +148,19 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     test_eval(check, cl_device)
     test_running_stats_in_place(cl_device, (4, 3, 5, 4))
     test_float64_kernels_match_numpy(cl_device)
+    # a captured training forward and backward (two stages each) replays on new inputs as eager runs
+    rng = np.random.default_rng(4)
+    x, g = (nc.tensor(rng.standard_normal((3, 4, 6, 8)).astype(np.float32), device=cl_device) for _ in range(2))
+    w = nc.tensor(rng.standard_normal(4).astype(np.float32), device=cl_device)
+
+    def step(x, g):
+        y, mean, rstd = BN.batch_norm_forward(x, None, None, w, None, training=True)
+        return (y, *BN.batch_norm_backward(g, x, mean, rstd, w, training=True))
+
+    graph = capture_graph(cl_device.queue, step, x, g)
+    x2, g2 = (nc.tensor(rng.standard_normal((3, 4, 6, 8)).astype(np.float32), device=cl_device) for _ in range(2))
+    for got, want in zip(graph.execute(x2, g2), step(x2, g2), strict=True):
+        np.testing.assert_array_equal(got.to_host(), want.to_host())
     for training in (True, False):
         forward, names = _launches(cl_device, training)
         assert forward == (2 if training else 1) and names[:forward] == ["netcl_batch_norm"] * forward, names
