@@ -32,10 +32,8 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.cache import register_cache
-from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, remember, storage_ctype, wrap_numpy
-from netcl.runtime.ops._grid import index_ctype
+from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._grid import index_ctype, launch_prepared
 from netcl.runtime.ops.layout import cast
 
 #: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices):
@@ -234,9 +232,6 @@ def _np(t: Tensor, dtype: np.dtype) -> np.ndarray:
 
 # ---- launches -------------------------------------------------------------------------------------------
 _LIMITS: dict[tuple[Any, Device], int] = {}
-#: prepared launches by (kernel key, device, global size, lanes)
-_PREPARED: dict[tuple, PreparedLaunch] = {}
-register_cache(_PREPARED.clear)
 
 
 def _parts(device: Device, channels: int, vectors: int) -> int:
@@ -276,13 +271,10 @@ def _run(
     lanes = min(limit, pow2_ceil(max(1, -(-vectors // (PER_LANE * parts)))))
     staged = parts > 1 and two_stages
     work = Tensor.empty((channels * parts * 2,), spare.dtype, device) if staged else spare
-    size = (key, device, channels * parts * lanes, lanes)
-    prepared = _PREPARED.get(size)
-    if prepared is None:  # every argument per call; set by generated code, not ``launch``'s checks
-        prepared = remember(_PREPARED, size, PreparedLaunch.binding(resolved.kernel, size[2], lanes, {}, device.queue))
-    values = [a.data if isinstance(a, Tensor) else a for a in args]
     for stage in (0, 1) if staged else (1,):
-        prepared.call(*values, work.data, parts, stage)
+        launch_prepared(
+            ("batch_norm", *key), device, resolved.kernel, channels * parts * lanes, lanes, [*args, work, parts, stage]
+        )
 
 
 def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -> str:
