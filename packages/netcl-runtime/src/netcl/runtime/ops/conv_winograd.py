@@ -135,6 +135,11 @@ def _to_planes(a: int):
     return lambda i, j, e: f"out[{i * a + j} * plane] = {e};"
 
 
+def _from_planes(a: int) -> list[list[str]]:
+    """The a x a grid of ``src``'s transform positions (``_to_planes``' reverse), for a ``_sandwich``."""
+    return [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
+
+
 def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """U[e, r, s] = (G g G^T)[e] for the R x S filters g (flipped and transposed under FLIP)."""
     _, g, _ = _MATRICES[m]
@@ -182,7 +187,6 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     _, _, at = _MATRICES[m]
     a = m + 2
     head = [*_tile_head(idx, "r", "R", m, padded=False), "__global const float* src = m + r * P + p;"]
-    grid = [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
 
@@ -190,7 +194,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
         at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
         return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; y[at] = {first}({e}){extra}; }}"
 
-    body = _sandwich(at, grid, at, store)
+    body = _sandwich(at, _from_planes(a), at, store)
     buffers = "__global const float* m, __global float* y, __global const float* extra"
     return _kernel("output", buffers, idx, head, body)
 
@@ -211,9 +215,10 @@ def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
         "__global const float* src = du + r * S + s;",
         f"const {idx} base = (r * S + s) * 9;",
     ]
-    grid = [[f"src[{i * a + j} * plane]" for j in range(a)] for i in range(a)]
     first = "extra[base + {0}] + " if flags["ADDEND"] else ""
-    body = _sandwich(left, grid, left, lambda i, j, e: f"dw[base + {i * 3 + j}] = {first.format(i * 3 + j)}({e});")
+    body = _sandwich(
+        left, _from_planes(a), left, lambda i, j, e: f"dw[base + {i * 3 + j}] = {first.format(i * 3 + j)}({e});"
+    )
     buffers = "__global const float* du, __global float* dw, __global const float* extra"
     return _kernel("weight_grad", buffers, idx, head, body)
 

@@ -84,14 +84,22 @@ def _taps(phases: np.ndarray, tiling: _Tiling) -> Callable[[int, int], np.ndarra
     return lambda k, q: phases[k % m, q % m, :, :, k // m : k // m + th, q // m : q // m + tw]
 
 
+def _transform_blocks(
+    src: np.ndarray, tiling: _Tiling, left: np.ndarray, pads: tuple[int, int], extra: int
+) -> np.ndarray:
+    """(a^2, S, P) with a = len(left): ``left @ D @ left^T`` of each tile's block D of ``src``
+    (N, S, H, W) padded by ``pads`` (``_phases``' ``extra``: the block reaches past the tile), P
+    ordered (n, th, tw) as the kernels order it: the input patches' transform (B^T) and the upstream
+    gradient blocks' (A), as ``conv_winograd._block_source``."""
+    a, s = len(left), src.shape[1]
+    out = np.empty((a * a, s, src.shape[0], tiling.th, tiling.tw), np.float32)
+    _sandwich(left, _taps(_phases(src, pads, tiling, extra), tiling), left, lambda i, j: out[i * a + j])
+    return out.reshape(a * a, s, tiling.count)
+
+
 def _transform_input(src: np.ndarray, tiling: _Tiling, pads: tuple[int, int]) -> np.ndarray:
-    """V (a2, S, P) of ``src`` (N, S, H, W), P ordered (n, th, tw) as the kernels order it."""
-    bt, _, _ = _matrices(tiling)
-    a, s = tiling.m + 2, src.shape[1]
-    phases = _phases(src, pads, tiling, 2)
-    v = np.empty((a * a, s, src.shape[0], tiling.th, tiling.tw), np.float32)
-    _sandwich(bt, _taps(phases, tiling), bt, lambda i, j: v[i * a + j])
-    return v.reshape(a * a, s, tiling.count)
+    """V (a2, S, P) of ``src`` (N, S, H, W): each tile's (m + 2)^2 patch under B^T."""
+    return _transform_blocks(src, tiling, _matrices(tiling)[0], pads, 2)
 
 
 def _filters(filters: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -132,13 +140,9 @@ def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor |
     dy = np.asarray(grad.data, np.float32)
     o = dy.shape[1]
     v = _transform_input(np.asarray(x.data, np.float32), tiling, pads)
-    phases = _phases(dy, (0, 0), tiling, 0)  # zero past the output's edges
-    dm = np.empty((a * a, o, dy.shape[0], tiling.th, tiling.tw), np.float32)
-    _sandwich(at.T, _taps(phases, tiling), at.T, lambda i, j: dm[i * a + j])
+    dm = _transform_blocks(dy, tiling, at.T, (0, 0), 0)  # the m x m blocks, zero past the output's edges
     device = x.device
-    du = np.asarray(
-        matmul(wrap_numpy(dm.reshape(a * a, o, tiling.count), device), wrap_numpy(v, device), transpose_b=True).data
-    )
+    du = np.asarray(matmul(wrap_numpy(dm, device), wrap_numpy(v, device), transpose_b=True).data)
     dw = np.einsum("ki,klrs,lj->rsij", g, du.reshape(a, a, o, -1), g).astype(np.float32)
     if addend is not None:
         dw = np.asarray(addend.data, np.float32) + dw
