@@ -99,34 +99,20 @@ def workloads(device, quick: bool = False) -> list[dict]:
     n, c, hw = block_size(device, quick)
     sgd = lambda p: SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
     block = f"resnet block {n}x{c}x{hw}x{hw}, SGD"
+
+    def block_row(suffix: str = "", **options) -> dict:
+        return dict(
+            name=block + suffix, model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse", **options
+        )
+
     rows = [
         dict(name="mlp 784-512-512-10, SGD", model=mlp(device), opt=sgd, shape=(BATCH, 784), loss="ce"),
         dict(name="digits CNN, Adam", model=digits_cnn(device), opt=lambda p: Adam(p, lr=1e-3), shape=(BATCH, 1, 8, 8)),
-        dict(name=block, model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse"),
-        *(
-            [
-                dict(
-                    name=block + ", tf32x3",
-                    model=BasicBlock(c, device),
-                    opt=sgd,
-                    shape=(n, c, hw, hw),
-                    loss="mse",
-                    precision="tf32x3",
-                )
-            ]
-            if device.kind == "opencl" and gemm_mma.available(device, "tf32x3")
-            else []
-        ),
-        dict(
-            name=block + ", tf32",
-            model=BasicBlock(c, device),
-            opt=sgd,
-            shape=(n, c, hw, hw),
-            loss="mse",
-            precision="high",
-        ),
-        dict(name=block + ", amp", model=BasicBlock(c, device), opt=sgd, shape=(n, c, hw, hw), loss="mse", amp=True),
+        block_row(),
     ]
+    if device.kind == "opencl" and gemm_mma.available(device, "tf32x3"):
+        rows.append(block_row(", tf32x3", precision="tf32x3"))
+    rows += [block_row(", tf32", precision="high"), block_row(", amp", amp=True)]
     for row in rows:
         row.setdefault("loss", "ce")
         row.setdefault("amp", False)
