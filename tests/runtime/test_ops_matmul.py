@@ -482,6 +482,7 @@ def test_trials_run_on_random_operands(cl_device):
         GemmConfig(8, 8, 2, 2, 8, 2, 2, 2),
         GemmConfig(8, 8, 2, 2, 8, 2, 2, 2, ks=3),
         GemmConfig(8, 16, 2, 2, 32, 4, 4, 2, ks=2, group=3),
+        GemmConfig(8, 16, 16, 8, 8, 4, 4, 4),
     ],
 )
 @pytest.mark.parametrize(("m", "n", "k"), [(300, 70, 36), (5, 7, 3000), (9, 3, 0)])
@@ -489,7 +490,7 @@ def test_tile_configs(cl_device, cfg, m, n, k):
     """Configs the search may pick compute the same product: grouped block order (a partial last
     group: 19 block-rows in groups of 3), another K depth and vector width, K slices (three slices
     over 5 steps of K: one runs a step past the range on zeros; with a split along K at 5 x 7 x 3000;
-    and K = 0)."""
+    and K = 0), 16 x 8 outputs per thread in 128 x 128 blocks (NVIDIA's default for big products)."""
     a, b = _data((m, k), 0), _data((k, n), 1)
     problem = gemm.Problem(m, n, k, False, False, ())
     cfg = gemm.with_alignment(cfg, problem)  # as the search's trials: vector widths the strides allow

@@ -54,7 +54,23 @@ def _grid() -> tuple[GemmConfig, ...]:
         (8, 8, 4, 4, 16, 4),
     ]:
         out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, min(4, tm, tn), ks=ks))
+    # 128 outputs per thread (16 x 8, 8 x 16): with vector reads from local memory these are the
+    # fastest big tiles on the H200 (4096^3 fp32 at 44.6-45.9 TFLOP/s against 39.7 for 8 x 8 per thread)
+    for wgm, wgn, tm, tn, bk in [
+        (8, 16, 16, 8, 8),
+        (8, 16, 16, 8, 16),
+        (16, 16, 16, 8, 8),
+        (16, 16, 8, 16, 8),
+        (8, 32, 16, 4, 8),
+        (8, 16, 16, 4, 16),
+        (16, 8, 16, 8, 16),
+    ]:
+        out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, 4))
     return tuple(out)
+
+
+def _is_nvidia(device: Device) -> bool:
+    return "NVIDIA" in device.platform_name.upper()
 
 
 def default(device: Device, problem) -> GemmConfig:
@@ -63,6 +79,8 @@ def default(device: Device, problem) -> GemmConfig:
         return GemmConfig(16, 16, 4, 4, 16, 4, 4, 4)
     units = device.cl_device.max_compute_units
     blocks = -(-problem.m // 128) * -(-problem.n // 128) * problem.batch
+    if blocks >= units and _is_nvidia(device):  # 128 accumulators per thread fit NVIDIA's 255 registers
+        return GemmConfig(8, 16, 16, 8, 8, 4, 4, 4)
     if blocks >= units:
         return GemmConfig(16, 16, 8, 8, 16, 4, 4, 4)
     blocks = -(-problem.m // 64) * -(-problem.n // 64) * problem.batch
@@ -82,7 +100,7 @@ def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
     candidates = [c for c in _grid() if _fits(device, c, itemsize, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 64 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
-    if "NVIDIA" in device.platform_name.upper():  # a register cap: two 256-thread work-groups per SM
+    if _is_nvidia(device):  # a register cap: two 256-thread work-groups per SM
         capped = [c for c in big if c.threads == 256 and c.tm * c.tn == 64]
         candidates += [dataclasses.replace(c, maxreg=128, group=g) for c in capped for g in (0, 8)]
     candidates += _unsplit(device, problem, candidates, None)

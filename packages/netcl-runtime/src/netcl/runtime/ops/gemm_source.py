@@ -385,6 +385,9 @@ def portable_source(
 #define LV {lv}
 #define GROUP {cfg.group}
 #define KS {cfg.ks}
+/* the tiles' LV-wide reads become one vector load (ld.shared.v4) only where the arrays' alignment is
+   known: NVIDIA's compiler split each into four scalar loads at the default alignment of 4 */
+#define ALIGNED __attribute__((aligned(32)))
 {helpers}
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, KS)))
 void netcl_gemm(const int M, const int N, const int K,
@@ -479,7 +482,7 @@ def _slices(cfg: GemmConfig, pad_a: int, pad_b: int, store_section: str) -> dict
     """
     if cfg.ks == 1:
         return {
-            "tile_decls": f"__local CT As[2][BK][BM + {pad_a}];\n    __local CT Bs[2][BK][BN + {pad_b}];",
+            "tile_decls": f"__local CT As[2][BK][BM + {pad_a}] ALIGNED;\n    __local CT Bs[2][BK][BN + {pad_b}] ALIGNED;",
             "slice_decls": "",
             "k_start": "int k0 = kbeg;",
             "k_loop": "for (; k0 < kend;) {",
@@ -506,7 +509,7 @@ def _slices(cfg: GemmConfig, pad_a: int, pad_b: int, store_section: str) -> dict
     """
     return {
         "tile_decls": (
-            f"__local CT As_sl[KS][2][BK][BM + {pad_a}];\n    __local CT Bs_sl[KS][2][BK][BN + {pad_b}];\n"
+            f"__local CT As_sl[KS][2][BK][BM + {pad_a}] ALIGNED;\n    __local CT Bs_sl[KS][2][BK][BN + {pad_b}] ALIGNED;\n"
             "    __local CT Red[KS - 1][TM * TN][WGM * WGN];"
         ),
         "slice_decls": "\n    const int ksl = get_local_id(2);\n#define As As_sl[ksl]\n#define Bs Bs_sl[ksl]",
