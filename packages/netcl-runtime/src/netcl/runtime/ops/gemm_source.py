@@ -482,7 +482,9 @@ def _slices(cfg: GemmConfig, pad_a: int, pad_b: int, store_section: str) -> dict
     """
     if cfg.ks == 1:
         return {
-            "tile_decls": f"__local CT As[2][BK][BM + {pad_a}] ALIGNED;\n    __local CT Bs[2][BK][BN + {pad_b}] ALIGNED;",
+            "tile_decls": (
+                f"__local CT As[2][BK][BM + {pad_a}] ALIGNED;\n    __local CT Bs[2][BK][BN + {pad_b}] ALIGNED;"
+            ),
             "slice_decls": "",
             "k_start": "int k0 = kbeg;",
             "k_loop": "for (; k0 < kend;) {",
@@ -509,7 +511,8 @@ def _slices(cfg: GemmConfig, pad_a: int, pad_b: int, store_section: str) -> dict
     """
     return {
         "tile_decls": (
-            f"__local CT As_sl[KS][2][BK][BM + {pad_a}] ALIGNED;\n    __local CT Bs_sl[KS][2][BK][BN + {pad_b}] ALIGNED;\n"
+            f"__local CT As_sl[KS][2][BK][BM + {pad_a}] ALIGNED;\n"
+            f"    __local CT Bs_sl[KS][2][BK][BN + {pad_b}] ALIGNED;\n"
             "    __local CT Red[KS - 1][TM * TN][WGM * WGN];"
         ),
         "slice_decls": "\n    const int ksl = get_local_id(2);\n#define As As_sl[ksl]\n#define Bs Bs_sl[ksl]",
