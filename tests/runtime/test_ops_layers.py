@@ -116,6 +116,35 @@ def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch
     assert program_cache.stats().misses == before
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_pointwise_conv_is_one_batched_product(device, monkeypatch, with_bias):
+    """A 1x1 stride-1 unpadded layer: conv2d and its input gradient run as batched products of the
+    stored tensors (no im2col, no implicit GEMM), against float64 (sums of 24 float32 products of
+    N(0, 1) values: atol 1e-4); the input gradient with an addend is the plain one + the addend bit
+    for bit; any stride, padding or groups takes the other paths."""
+    from netcl.runtime.ops import conv_implicit
+
+    rng = np.random.default_rng(11)
+    x64, w64, b64 = rng.standard_normal((3, 24, 5, 7)), rng.standard_normal((10, 24, 1, 1)), rng.standard_normal(10)
+    g64, extra = rng.standard_normal((3, 10, 5, 7)), rng.standard_normal((3, 24, 5, 7)).astype(np.float32)
+    x, w, b, g = (nc.tensor(a.astype(np.float32), device=device) for a in (x64, w64, b64, g64))
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 0, 1, 1)
+    for name in ("forward", "backward_input"):
+        monkeypatch.setattr(conv_implicit, name, lambda *a, **k: pytest.fail("the implicit GEMM ran"))
+    monkeypatch.setattr(conv, "im2col", lambda *a, **k: pytest.fail("im2col ran"))
+    y = conv.conv2d(x, w, b if with_bias else None).to_host()
+    dx = conv.conv2d_backward_input(g, w, geo, 1).to_host()
+    summed = conv.conv2d_backward_input(g, w, geo, 1, addend=nc.tensor(extra, device=device)).to_host()
+    want = np.einsum("oc,nchw->nohw", w64[:, :, 0, 0], x64) + (b64[:, None, None] if with_bias else 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(dx, np.einsum("oc,nohw->nchw", w64[:, :, 0, 0], g64), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(summed, dx + extra)
+    for stride, padding, groups in ((2, 0, 1), (1, 1, 1), (1, 0, 2)):
+        other = conv.check_conv2d(x.shape, (10, 24 // groups, 1, 1), None, stride, padding, 1, groups)
+        assert not conv._pointwise(True, x, w, groups, other)
+    assert not conv._pointwise(False, x, w, 1, geo)
+
+
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
 @pytest.mark.parametrize("precision", ["highest", "high"])
 def test_conv_gradients_with_an_addend(device, monkeypatch, implicit, precision):

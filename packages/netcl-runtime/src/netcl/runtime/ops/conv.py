@@ -5,6 +5,11 @@ F(2x2, 3x3) (``conv_winograd``, on OpenCL devices and, as its NumPy twin, on the
 transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or turns it off;
 ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
 
+A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product,
+``y[n] = w (O, C) @ x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as
+``matmul`` on every backend (on the H200 1.3-1.8x faster than the implicit GEMM's element-by-element
+view loads); the weight gradient, a sum over the batch too, stays on the paths below.
+
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
@@ -400,6 +405,8 @@ def conv2d(
     )
     if tile:
         return conv_winograd.forward(x, w, b, geo, tile)
+    if _pointwise(implicit, x, w, groups, geo):
+        return _pointwise_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
         return conv_implicit.forward(x, w, b, geo)
     g = int(groups)
@@ -408,6 +415,31 @@ def conv2d(
     if b is not None:
         out = add(out, b.reshape(1, w.shape[0], 1, 1))
     return out
+
+
+def _pointwise(implicit: bool, a: Tensor, b: Tensor, groups: int, geo: ConvGeometry) -> bool:
+    """Whether a pass of this layer is one batched product of the stored tensors (a 1x1 window at
+    stride 1, no padding, groups 1, operands of one float dtype); ``implicit=False`` keeps im2col."""
+    window = (geo.KH, geo.KW, geo.SH, geo.SW, geo.PH, geo.PW)
+    return implicit and int(groups) == 1 and window == (1, 1, 1, 1, 0, 0) and a.dtype == b.dtype and a.dtype.kind == "f"
+
+
+def _pointwise_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry) -> Tensor:
+    """conv2d of a 1x1 layer (``_pointwise``): ``w (O, C) @ x[n] (C, H*W)`` for every image, NCHW already."""
+    out_ch = int(w.shape[0])
+    y = matmul(w.reshape(out_ch, geo.C), x.reshape(geo.N, geo.C, geo.H * geo.W))
+    if b is not None:
+        y = add(y, b.reshape(1, out_ch, 1))
+    return y.reshape(geo.N, out_ch, geo.OH, geo.OW)
+
+
+def _pointwise_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, addend: Tensor | None) -> Tensor:
+    """d x of a 1x1 layer: ``w (O, C)^T @ grad[n] (O, H*W)``, ``addend`` summed in the product's store."""
+    out_ch = int(w.shape[0])
+    g3 = grad.reshape(geo.N, out_ch, geo.OH * geo.OW)
+    extra = None if addend is None else addend.reshape(geo.N, geo.C, geo.H * geo.W)
+    dx = matmul(w.reshape(out_ch, geo.C), g3, transpose_a=True, addend=extra)
+    return dx.reshape(geo.N, geo.C, geo.H, geo.W)
 
 
 #: Whether the runtime's matmul reads a stored operand transposed (``transpose_a=`` / ``transpose_b=``).
@@ -436,13 +468,16 @@ def _gradient(
     paths: dict[str, Callable[..., Tensor]],
 ) -> Tensor:
     """One gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``) by the first path that runs it:
-    Winograd (``paths["winograd"](tile, addend)``), the implicit GEMM (``paths["implicit"](addend)``,
+    Winograd (``paths["winograd"](tile, addend)``), one batched product of a 1x1 layer
+    (``paths["pointwise"](addend)``, where given), the implicit GEMM (``paths["implicit"](addend)``,
     the addend summed in its store in float32), else im2col (``paths["im2col"]()``); where a path
     cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
         return paths["winograd"](tile, addend)
+    if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
+        return paths["pointwise"](addend)
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
         if addend is None or a.dtype == float32:
             return paths["implicit"](addend)
@@ -470,6 +505,7 @@ def conv2d_backward_input(
         _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
     paths = {
         "winograd": lambda tile, extra: conv_winograd.backward_input(grad, w, geo, extra, tile),
+        "pointwise": lambda extra: _pointwise_backward_input(grad, w, geo, extra),
         "implicit": lambda extra: conv_implicit.backward_input(grad, w, geo, extra),
         "im2col": lambda: _im2col_backward_input(grad, w, geo, groups),
     }
