@@ -7,8 +7,9 @@ transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or t
 
 A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product,
 ``y[n] = w (O, C) @ x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as
-``matmul`` on every backend (on the H200 1.3-1.8x faster than the implicit GEMM's element-by-element
-view loads); the weight gradient, a sum over the batch too, stays on the paths below.
+``matmul`` on every backend (4-wide loads of both operands; on the H200 faster than the implicit
+GEMM's element-by-element view loads in 5 of 6 ResNet-50 layers, fwd+bwd 4.09 against 4.76 ms over
+the six); the weight gradient, a sum over the batch too, stays on the paths below.
 
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
