@@ -21,7 +21,7 @@ import netcl.core as nc
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops import conv, conv_implicit, conv_winograd
 from netcl.runtime.ops._common import clear_kernel_memo
-from netcl.runtime.ops.linalg import matmul_precision
+from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision
 from tests.autograd.helpers import raises_before_launch
 
 EPS = float(np.finfo(np.float32).eps)
@@ -104,15 +104,22 @@ def test_winograd_forward_and_gradients(device, precision, tile, n, c, o, h, wid
 
 def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     """conv2d and both gradients run Winograd for float32 3x3 stride-1 layers of >= 16 channels each
-    way at precision "highest" or "tf32x3", the other paths (implicit GEMM, im2col) otherwise; the tile
-    is NETCL_WINOGRAD's, unset F(4x4) where tf32x3 runs on tensor cores, else F(2x2);
+    way at precision "highest" or "tf32x3", and at "high" with its products as tf32x3 where tensor
+    cores take that (F(2x2) on FMA elsewhere), the other paths (implicit GEMM, im2col) otherwise; the
+    tile is NETCL_WINOGRAD's, unset F(4x4) where tf32x3 runs on tensor cores, else F(2x2);
     NETCL_WINOGRAD=0 and ``winograd=False`` turn it off."""
-    calls = []
+    calls, precisions = [], []
+
+    def recorded(real, name):
+        def call(*a, **k):
+            calls.append((name, a[-1]))
+            precisions.append(get_float32_matmul_precision())
+            return real(*a, **k)
+
+        return call
+
     for name in ("forward", "backward_input", "backward_weight"):
-        real = getattr(conv_winograd, name)
-        monkeypatch.setattr(
-            conv_winograd, name, lambda *a, _real=real, _name=name, **k: calls.append((_name, a[-1])) or _real(*a, **k)
-        )
+        monkeypatch.setattr(conv_winograd, name, recorded(getattr(conv_winograd, name), name))
     rng = np.random.default_rng(0)
 
     def run(c: int, o: int, stride: int = 1, **kw) -> list:
@@ -136,7 +143,14 @@ def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     monkeypatch.setenv(conv_winograd.ENV_VAR, "0")
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
-    with matmul_precision("high"):  # tf32 keeps the implicit GEMM on the mma kernel where there is one
+    with matmul_precision("high"):  # tf32 tensor cores: F(4x4) with tf32x3 products, more accurate and faster
+        as_three = conv._winograd_precision(device) == "tf32x3"
+        assert as_three == (conv_implicit._mma_mode(device, np.dtype(np.float32)) == "tf32")
+        precisions.clear()
+        assert run(16, 16) == [(name, 4 if as_three else 2) for name, _ in every]
+        assert precisions == ["tf32x3" if as_three else "high"] * 3
+        assert run(16, 8) == []
+    with matmul_precision("medium"):  # bf16 keeps the implicit GEMM on the mma kernel where there is one
         tensor_cores = conv_implicit._mma_mode(device, np.dtype(np.float32)) is not None
         assert run(16, 16) == ([] if tensor_cores else every)
     with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there

@@ -3,7 +3,8 @@
 float32 3x3 stride-1 layers of >= 16 channels each way run all three passes as Winograd's
 F(2x2, 3x3) (``conv_winograd``, on OpenCL devices and, as its NumPy twin, on the NumPy backend:
 transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or turns it off;
-``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions.
+``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions, and at "high" as F(4x4) on
+tf32x3 products where tensor cores take them (``_winograd_precision``).
 
 A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product,
 ``y[n] = w (O, C) @ x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as
@@ -44,6 +45,7 @@ from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, ru
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.linalg import matmul
 from netcl.runtime.ops.pointwise import add
+from netcl.runtime.ops.precision import at_matmul_precision
 from netcl.runtime.ops.reduce import sum as reduce_sum
 
 Pair = tuple[int, int]
@@ -350,9 +352,11 @@ def _winograd_tile(
     operands: x and w, the upstream gradient and w, or the upstream gradient and x).
 
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
-    input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul precision (its
-    16 products then run in that precision; "high" and "medium" keep the implicit GEMM on the mma
-    kernel, whose rounding Winograd's transforms would only add to), with the tile
+    input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul
+    precision (its 16 products then run in that precision), and at "high" where tensor cores take
+    tf32x3 too (its products then run as tf32x3, ``_winograd_precision``: more accurate than tf32's
+    rounding and, as F(4x4), faster than the implicit GEMM on tf32); "medium" keeps the implicit GEMM
+    on the mma kernel, whose rounding Winograd's transforms would only add to. The tile is what
     ``conv_winograd.default_tile`` says (``NETCL_WINOGRAD``; unset: 4 where tf32x3 runs on tensor
     cores, else 2; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that tile
     (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
@@ -370,10 +374,23 @@ def _winograd_tile(
             f"padding {(geo.PH, geo.PW)}"
         )
     mode = conv_implicit._mma_mode(a.device, float32)
+    three = mode == "tf32x3" or _winograd_precision(a.device) is not None
     if winograd is not None:
-        return int(winograd) if winograd is not True else (conv_winograd.default_tile(mode == "tf32x3") or 2)
-    picked = fits and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS and mode in (None, "tf32x3")
-    return conv_winograd.default_tile(mode == "tf32x3") if picked else 0
+        return int(winograd) if winograd is not True else (conv_winograd.default_tile(three) or 2)
+    picked = fits and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS and (mode is None or three)
+    return conv_winograd.default_tile(three) if picked else 0
+
+
+def _winograd_precision(device) -> str | None:
+    """The matmul precision Winograd's products run at when it is not the current one: "tf32x3"
+    where the current precision asks for tf32 on tensor cores that take tf32x3 as well (H200, batch
+    64, three ResNet layers: F(4x4) on tf32x3 fwd+bwd 1.3-1.45x faster than the implicit GEMM on
+    tf32, at fp32-class error instead of tf32's); None: the current one."""
+    from netcl.runtime.ops import gemm_mma
+
+    if device.kind != "opencl" or conv_implicit._mma_mode(device, float32) != "tf32":
+        return None
+    return "tf32x3" if gemm_mma.available(device, "tf32x3") else None
 
 
 def conv2d(
@@ -405,7 +422,7 @@ def conv2d(
         else 0
     )
     if tile:
-        return conv_winograd.forward(x, w, b, geo, tile)
+        return at_matmul_precision(_winograd_precision(x.device), conv_winograd.forward)(x, w, b, geo, tile)
     if _pointwise(implicit, x, w, groups, geo):
         return _pointwise_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
@@ -476,7 +493,7 @@ def _gradient(
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
-        return paths["winograd"](tile, addend)
+        return at_matmul_precision(_winograd_precision(a.device), paths["winograd"])(tile, addend)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"](addend)
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
