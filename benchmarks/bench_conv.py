@@ -14,8 +14,9 @@ relative to the largest magnitude). ``--quick``: small shapes for a CPU device. 
 their tiles at first use as ``NETCL_TUNE`` says; the im2col path's products run with the search
 off unless ``--tune-im2col`` (its many GEMM shapes cost minutes of builds). On tensor cores netcl
 also runs at precision "tf32x3" (its default there: Winograd F(4x4, 3x3) with the products as three
-tf32 products each, the fp32 implicit GEMM's accuracy; compared with cuDNN fp32) and "high" (tf32,
-the implicit GEMM; compared with cuDNN TF32).
+tf32 products each, the fp32 implicit GEMM's accuracy; compared with cuDNN fp32) and "high" (tf32;
+for these layers the same F(4x4) on tf32x3 products where the tensor cores take tf32x3, else the
+implicit GEMM on tf32; compared with cuDNN TF32).
 """
 
 from __future__ import annotations
@@ -195,7 +196,9 @@ def run(
                 ratio = f"{mine['tflops'] / peer['tflops']:.2f}x" if peer else ""
                 versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
                 cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
-            path = "Winograd F(4x4)" if mode == "tf32x3" else "implicit"
+            # precision "high" runs 3x3 stride-1 layers as F(4x4) on tf32x3 where the tensor cores take it
+            winograd = mode == "tf32x3" or any(m[0] == "tf32x3" for m in tensor_modes)
+            path = {"tf32x3": "Winograd F(4x4)", "tf32": "Winograd F(4x4) as tf32x3" if winograd else "implicit"}[mode]
             print(f"{'':<9}{mode} ({path} on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
