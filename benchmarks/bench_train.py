@@ -8,9 +8,12 @@ against a random target: batch 64, 64 channels, 56x56 on a GPU (batch 8, 16 chan
 ``--quick`` or off a GPU), in float32 (torch: TF32 off), in float32 under the ``"tf32x3"`` matmul
 precision where the device has tensor cores (netcl's convolutions as Winograd F(4x4) on tf32x3
 products, the fp32 implicit GEMM's accuracy; torch: fp32, TF32 off), under the ``"high"`` matmul
-precision (netcl's convolutions on tf32 tensor cores where the device has them; torch with its
-default, TF32 convolutions) and under ``amp`` (``autocast`` + ``GradScaler``; torch: the same with
-``torch.autocast`` and ``torch.amp.GradScaler``). Variants:
+precision (netcl's 3x3 convolutions as Winograd F(4x4) on tf32x3 products where the tensor cores
+take them, else on tf32 tensor cores; torch with its default, TF32 convolutions) and under ``amp``
+(``autocast`` + ``GradScaler``; torch: the same with ``torch.autocast`` and
+``torch.amp.GradScaler``). And ResNet-50's bottleneck block (conv1x1-bn-relu, conv3x3-bn-relu,
+conv1x1-bn, + identity, relu) in float32: batch 64, 256 channels (64 inside), 56x56 on a GPU (batch
+8, 32 channels, 16x16 otherwise). Variants:
 
 - ``netcl eager``: ``Tape`` + ``backward`` + ``opt.step()`` + ``opt.zero_grad()`` every step;
 - ``netcl replayed``: the step captured once by ``fuse_graph(..., optimizer_step=opt.step)`` and
@@ -54,6 +57,8 @@ BATCH = 128
 STEPS = 10
 #: (batch, channels, height = width) of the ResNet basic block step: full size on a GPU, else small.
 BLOCK_FULL, BLOCK_SMALL = (64, 64, 56), (8, 16, 16)
+#: the same for the bottleneck block (its inner width: a quarter of the channels)
+BOTTLENECK_FULL, BOTTLENECK_SMALL = (64, 256, 56), (8, 32, 16)
 WIDTH = 40
 
 
@@ -82,8 +87,31 @@ class BasicBlock(nn.Module):
         return ag.relu(self.bn2(self.conv2(out)) + x)
 
 
-def block_size(device, quick: bool) -> tuple[int, int, int]:
-    return BLOCK_FULL if device.kind == "opencl" and _is_gpu(device) and not quick else BLOCK_SMALL
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck block with an identity shortcut: a 1x1 convolution down to a quarter of
+    the channels, a 3x3 one, a 1x1 one back up, each with batch norm; relu(... + x)."""
+
+    def __init__(self, channels: int, device) -> None:
+        super().__init__()
+        width = channels // 4
+        self.conv1 = nn.Conv2d(channels, width, 1, bias=False, device=device)
+        self.bn1 = nn.BatchNorm2d(width, device=device)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False, device=device)
+        self.bn2 = nn.BatchNorm2d(width, device=device)
+        self.conv3 = nn.Conv2d(width, channels, 1, bias=False, device=device)
+        self.bn3 = nn.BatchNorm2d(channels, device=device)
+
+    def forward(self, x):
+        out = ag.relu(self.bn1(self.conv1(x)))
+        out = ag.relu(self.bn2(self.conv2(out)))
+        return ag.relu(self.bn3(self.conv3(out)) + x)
+
+
+def block_size(device, quick: bool, bottleneck: bool = False) -> tuple[int, int, int]:
+    full = device.kind == "opencl" and _is_gpu(device) and not quick
+    if bottleneck:
+        return BOTTLENECK_FULL if full else BOTTLENECK_SMALL
+    return BLOCK_FULL if full else BLOCK_SMALL
 
 
 def _is_gpu(device) -> bool:
@@ -113,6 +141,16 @@ def workloads(device, quick: bool = False) -> list[dict]:
     if device.kind == "opencl" and gemm_mma.available(device, "tf32x3"):
         rows.append(block_row(", tf32x3", precision="tf32x3"))
     rows += [block_row(", tf32", precision="high"), block_row(", amp", amp=True)]
+    bn, bc, bhw = block_size(device, quick, bottleneck=True)
+    rows.append(
+        dict(
+            name=f"resnet bottleneck {bn}x{bc}x{bhw}x{bhw}, SGD",
+            model=Bottleneck(bc, device),
+            opt=sgd,
+            shape=(bn, bc, bhw, bhw),
+            loss="mse",
+        )
+    )
     for row in rows:
         row.setdefault("loss", "ce")
         row.setdefault("amp", False)
@@ -213,6 +251,28 @@ def _torch_block(torch, channels: int):
     return Block()
 
 
+def _torch_bottleneck(torch, channels: int):
+    tnn = torch.nn
+    width = channels // 4
+
+    class Block(tnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = tnn.Conv2d(channels, width, 1, bias=False)
+            self.bn1 = tnn.BatchNorm2d(width)
+            self.conv2 = tnn.Conv2d(width, width, 3, padding=1, bias=False)
+            self.bn2 = tnn.BatchNorm2d(width)
+            self.conv3 = tnn.Conv2d(width, channels, 1, bias=False)
+            self.bn3 = tnn.BatchNorm2d(channels)
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = torch.relu(self.bn2(self.conv2(out)))
+            return torch.relu(self.bn3(self.conv3(out)) + x)
+
+    return Block()
+
+
 def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     name = row["name"]
     cuda = torch.cuda.is_available()
@@ -222,7 +282,8 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
         model = tnn.Sequential(tnn.Linear(784, 512), tnn.ReLU(), tnn.Linear(512, 512), tnn.ReLU(), tnn.Linear(512, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     elif name.startswith("resnet"):
-        model = _torch_block(torch, x_host.shape[1])
+        block = _torch_bottleneck if name.startswith("resnet bottleneck") else _torch_block
+        model = block(torch, x_host.shape[1])
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     else:
         model = tnn.Sequential(
