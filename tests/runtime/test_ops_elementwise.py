@@ -101,6 +101,22 @@ def test_binary_same_shape(device: nc.Device, name: str) -> None:
     _check(getattr(ops, name)(nc.tensor(a, device=device), nc.tensor(b, device=device)), expected, tol)
 
 
+@pytest.mark.parametrize(
+    ("name", "derivative", "tol"),
+    [("relu_backward", lambda x: (x > 0).astype(np.float64), EXACT), ("gelu_backward", _gelu_grad64, TRANSCENDENTAL)],
+)
+def test_activation_backward_is_one_kernel_of_both_ops(device: nc.Device, name: str, derivative, tol: dict) -> None:
+    """g * act'(x) in one launch: float64 within the derivative's tolerance (relu's exact, 0 at 0), and
+    relu's bits those of mul(g, relu_grad(x)) (the same products)."""
+    g, x = _data(SHAPE, seed=6), _data(SHAPE, seed=7, low=-6.0, high=6.0)
+    x[0, :3] = 0.0
+    tg, tx = nc.tensor(g, device=device), nc.tensor(x, device=device)
+    got = getattr(ops, name)(tg, tx)
+    _check(got, g.astype(np.float64) * derivative(x.astype(np.float64)), tol)
+    if name == "relu_backward":
+        np.testing.assert_array_equal(got.to_host(), ops.mul(tg, ops.relu_grad(tx)).to_host())
+
+
 BROADCAST_SHAPES = [
     ((5, 1), (1, 7)),  # (B, 1) vs (1, F)
     ((3, 1, 4), (2, 4)),  # rank difference and a stretched middle axis

@@ -153,6 +153,9 @@ BINARY: dict[str, OpDef] = {
         OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
         OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
         OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
+        # an upstream gradient times an activation's derivative: one kernel for a backward's two ops
+        OpDef("relu_backward", "MUL({0}, RELU_GRAD({1}))", lambda g, x: g * (x > 0).astype(g.dtype), "float"),
+        OpDef("gelu_backward", "MUL({0}, GELU_GRAD({1}))", lambda g, x: g * numpy_gelu_grad(x), "float"),
     )
 }
 

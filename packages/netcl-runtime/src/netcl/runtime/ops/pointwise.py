@@ -374,6 +374,11 @@ def relu_grad(x: Tensor) -> Tensor:
     return _unary("relu_grad", x)
 
 
+def relu_backward(g: Tensor, x: Tensor) -> Tensor:
+    """g * relu_grad(x) in one kernel: relu's gradient for upstream ``g``."""
+    return _binary("relu_backward", g, x)
+
+
 def gelu(x: Tensor) -> Tensor:
     """GELU, tanh approximation."""
     return _unary("gelu", x)
@@ -382,6 +387,11 @@ def gelu(x: Tensor) -> Tensor:
 def gelu_grad(x: Tensor) -> Tensor:
     """d gelu(x) / dx for the tanh approximation."""
     return _unary("gelu_grad", x)
+
+
+def gelu_backward(g: Tensor, x: Tensor) -> Tensor:
+    """g * gelu_grad(x) in one kernel: gelu's gradient for upstream ``g``."""
+    return _binary("gelu_backward", g, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
