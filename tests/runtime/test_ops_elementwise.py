@@ -101,15 +101,36 @@ def test_binary_same_shape(device: nc.Device, name: str) -> None:
     _check(getattr(ops, name)(nc.tensor(a, device=device), nc.tensor(b, device=device)), expected, tol)
 
 
+#: sigmoid's y (1 - y) and tanh's 1 - y^2 from a float32 y: three roundings of at most 2**-24 relative
+#: each (4.8e-7 with the last), and 1 - y^2 near |y| = 1 cancels y^2's rounding to an absolute
+#: 2**-24 at most, times |g| <= 3: atol 1e-6
+OUTPUT_FORM = {"rtol": 4.8e-7, "atol": 1e-6}
+
+
+def _silu_grad64(x: np.ndarray) -> np.ndarray:
+    s = 1 / (1 + np.exp(-x))
+    return s * (1 + x * (1 - s))
+
+
 @pytest.mark.parametrize(
     ("name", "derivative", "tol"),
-    [("relu_backward", lambda x: (x > 0).astype(np.float64), EXACT), ("gelu_backward", _gelu_grad64, TRANSCENDENTAL)],
+    [
+        ("relu_backward", lambda x: (x > 0).astype(np.float64), EXACT),
+        ("gelu_backward", _gelu_grad64, TRANSCENDENTAL),
+        ("silu_backward", _silu_grad64, TRANSCENDENTAL),
+        ("sigmoid_backward", lambda y: y * (1 - y), OUTPUT_FORM),  # of the output: y in (0, 1)
+        ("tanh_backward", lambda y: 1 - y * y, OUTPUT_FORM),  # of the output: y in (-1, 1)
+    ],
 )
 def test_activation_backward_is_one_kernel_of_both_ops(device: nc.Device, name: str, derivative, tol: dict) -> None:
-    """g * act'(x) in one launch: float64 within the derivative's tolerance (relu's exact, 0 at 0), and
-    relu's bits those of mul(g, relu_grad(x)) (the same products)."""
-    g, x = _data(SHAPE, seed=6), _data(SHAPE, seed=7, low=-6.0, high=6.0)
-    x[0, :3] = 0.0
+    """g * act'(.) in one launch, against float64: relu's, gelu's and silu's of the input (relu's 0 at
+    0, exact), sigmoid's and tanh's of the output (``OUTPUT_FORM``); relu's bits are those of
+    mul(g, relu_grad(x))."""
+    g = _data(SHAPE, seed=6)
+    low, high = {"sigmoid_backward": (0.01, 0.99), "tanh_backward": (-0.99, 0.99)}.get(name, (-6.0, 6.0))
+    x = _data(SHAPE, seed=7, low=low, high=high)
+    if name == "relu_backward":
+        x[0, :3] = 0.0  # relu's gradient at 0 is 0
     tg, tx = nc.tensor(g, device=device), nc.tensor(x, device=device)
     got = getattr(ops, name)(tg, tx)
     _check(got, g.astype(np.float64) * derivative(x.astype(np.float64)), tol)

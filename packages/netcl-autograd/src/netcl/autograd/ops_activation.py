@@ -16,7 +16,7 @@ from netcl.runtime import ops as R  # noqa: N812
 
 Operand = Any  # Node | Tensor
 
-silu = _unary("silu", R.silu, lambda g, x, out: R.mul(g, R.silu_grad(x)))
+silu = _unary("silu", R.silu, lambda g, x, out: R.silu_backward(g, x))
 sin = _unary("sin", R.sin, lambda g, x, out: R.mul(g, R.cos(x)))
 cos = _unary("cos", R.cos, lambda g, x, out: R.neg(R.mul(g, R.sin(x))))
 rsqrt = _unary("rsqrt", R.rsqrt, lambda g, x, out: R.mul(g, R.mul(-0.5, R.mul(out, R.mul(out, out)))))

@@ -156,6 +156,10 @@ BINARY: dict[str, OpDef] = {
         # an upstream gradient times an activation's derivative: one kernel for a backward's two ops
         OpDef("relu_backward", "MUL({0}, RELU_GRAD({1}))", lambda g, x: g * (x > 0).astype(g.dtype), "float"),
         OpDef("gelu_backward", "MUL({0}, GELU_GRAD({1}))", lambda g, x: g * numpy_gelu_grad(x), "float"),
+        OpDef("silu_backward", "MUL({0}, SILU_GRAD({1}))", lambda g, x: g * numpy_silu_grad(x), "float"),
+        # from the output y: sigmoid' = y (1 - y), tanh' = 1 - y^2
+        OpDef("sigmoid_backward", "MUL({0}, MUL({1}, SUB(1.0f, {1})))", lambda g, y: g * (y * (1 - y)), "float"),
+        OpDef("tanh_backward", "MUL({0}, SUB(1.0f, MUL({1}, {1})))", lambda g, y: g * (1 - y * y), "float"),
     )
 }
 

@@ -399,9 +399,19 @@ def sigmoid(x: Tensor) -> Tensor:
     return _unary("sigmoid", x)
 
 
+def sigmoid_backward(g: Tensor, y: Tensor) -> Tensor:
+    """g * y * (1 - y) in one kernel: sigmoid's gradient for upstream ``g`` from its output ``y``."""
+    return _binary("sigmoid_backward", g, y)
+
+
 def tanh(x: Tensor) -> Tensor:
     """Hyperbolic tangent."""
     return _unary("tanh", x)
+
+
+def tanh_backward(g: Tensor, y: Tensor) -> Tensor:
+    """g * (1 - y * y) in one kernel: tanh's gradient for upstream ``g`` from its output ``y``."""
+    return _binary("tanh_backward", g, y)
 
 
 # ---- binary -----------------------------------------------------------------------------------
@@ -483,6 +493,11 @@ def silu(x: Tensor) -> Tensor:
 def silu_grad(x: Tensor) -> Tensor:
     """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x)."""
     return _unary("silu_grad", x)
+
+
+def silu_backward(g: Tensor, x: Tensor) -> Tensor:
+    """g * silu_grad(x) in one kernel: silu's gradient for upstream ``g``."""
+    return _binary("silu_backward", g, x)
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
