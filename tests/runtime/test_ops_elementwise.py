@@ -113,26 +113,30 @@ def _silu_grad64(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("name", "derivative", "tol"),
+    ("name", "derivative", "tol", "parameter"),
     [
-        ("relu_backward", lambda x: (x > 0).astype(np.float64), EXACT),
-        ("gelu_backward", _gelu_grad64, TRANSCENDENTAL),
-        ("silu_backward", _silu_grad64, TRANSCENDENTAL),
-        ("sigmoid_backward", lambda y: y * (1 - y), OUTPUT_FORM),  # of the output: y in (0, 1)
-        ("tanh_backward", lambda y: 1 - y * y, OUTPUT_FORM),  # of the output: y in (-1, 1)
+        ("relu_backward", lambda x: (x > 0).astype(np.float64), EXACT, None),
+        ("gelu_backward", _gelu_grad64, TRANSCENDENTAL, None),
+        ("silu_backward", _silu_grad64, TRANSCENDENTAL, None),
+        ("sigmoid_backward", lambda y: y * (1 - y), OUTPUT_FORM, None),  # of the output: y in (0, 1)
+        ("tanh_backward", lambda y: 1 - y * y, OUTPUT_FORM, None),  # of the output: y in (-1, 1)
+        ("leaky_relu_backward", lambda x: np.where(x > 0, 1.0, 0.125), EXACT, 0.125),
+        ("elu_backward", lambda x: np.where(x > 0, 1.0, 1.5 * np.exp(x)), TRANSCENDENTAL, 1.5),
     ],
 )
-def test_activation_backward_is_one_kernel_of_both_ops(device: nc.Device, name: str, derivative, tol: dict) -> None:
-    """g * act'(.) in one launch, against float64: relu's, gelu's and silu's of the input (relu's 0 at
-    0, exact), sigmoid's and tanh's of the output (``OUTPUT_FORM``); relu's bits are those of
-    mul(g, relu_grad(x))."""
+def test_activation_backward_is_one_kernel_of_both_ops(
+    device: nc.Device, name: str, derivative, tol: dict, parameter: float | None
+) -> None:
+    """g * act'(.) in one launch, against float64: relu's, gelu's, silu's, leaky_relu's (slope 0.125) and
+    elu's (alpha 1.5) of the input (relu's 0 at 0, exact), sigmoid's and tanh's of the output
+    (``OUTPUT_FORM``); relu's bits are those of mul(g, relu_grad(x))."""
     g = _data(SHAPE, seed=6)
     low, high = {"sigmoid_backward": (0.01, 0.99), "tanh_backward": (-0.99, 0.99)}.get(name, (-6.0, 6.0))
     x = _data(SHAPE, seed=7, low=low, high=high)
     if name == "relu_backward":
         x[0, :3] = 0.0  # relu's gradient at 0 is 0
     tg, tx = nc.tensor(g, device=device), nc.tensor(x, device=device)
-    got = getattr(ops, name)(tg, tx)
+    got = getattr(ops, name)(tg, tx, *(() if parameter is None else (parameter,)))
     _check(got, g.astype(np.float64) * derivative(x.astype(np.float64)), tol)
     if name == "relu_backward":
         np.testing.assert_array_equal(got.to_host(), ops.mul(tg, ops.relu_grad(tx)).to_host())

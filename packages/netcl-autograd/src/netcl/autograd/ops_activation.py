@@ -33,7 +33,7 @@ def leaky_relu(x: Operand, negative_slope: float = 0.01) -> Node:
     slope = float(negative_slope)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
-        return [R.mul(g, R.leaky_relu_grad(values[0], slope))]
+        return [R.leaky_relu_backward(g, values[0], slope)]
 
     return apply_op(lambda v: R.leaky_relu(v, slope), grad, x, op_name="leaky_relu", attrs={"negative_slope": slope})
 
@@ -43,7 +43,7 @@ def elu(x: Operand, alpha: float = 1.0) -> Node:
     alpha = float(alpha)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
-        return [R.mul(g, R.elu_grad(values[0], alpha))]
+        return [R.elu_backward(g, values[0], alpha)]
 
     return apply_op(lambda v: R.elu(v, alpha), grad, x, op_name="elu", attrs={"alpha": alpha})
 

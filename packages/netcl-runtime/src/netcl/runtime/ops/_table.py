@@ -168,6 +168,15 @@ TERNARY: dict[str, OpDef] = {
     for op in (
         OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
         OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
+        OpDef(
+            "leaky_relu_backward",
+            "MUL({0}, LEAKY_RELU_GRAD({1}, {2}))",
+            lambda g, x, slope: g * numpy_leaky_relu_grad(x, slope),
+            "float",
+        ),
+        OpDef(
+            "elu_backward", "MUL({0}, ELU_GRAD({1}, {2}))", lambda g, x, alpha: g * numpy_elu_grad(x, alpha), "float"
+        ),
     )
 }
 

@@ -510,6 +510,11 @@ def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     return _binary("leaky_relu_grad", x, float(negative_slope))
 
 
+def leaky_relu_backward(g: Tensor, x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """g * leaky_relu_grad(x, negative_slope) in one kernel."""
+    return apply(TERNARY["leaky_relu_backward"], (g, x, float(negative_slope)))
+
+
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     return _binary("elu", x, float(alpha))
@@ -518,6 +523,11 @@ def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
 def elu_grad(x: Tensor, alpha: float = 1.0) -> Tensor:
     """1 where x > 0, else alpha * exp(x)."""
     return _binary("elu_grad", x, float(alpha))
+
+
+def elu_backward(g: Tensor, x: Tensor, alpha: float = 1.0) -> Tensor:
+    """g * elu_grad(x, alpha) in one kernel."""
+    return apply(TERNARY["elu_backward"], (g, x, float(alpha)))
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
