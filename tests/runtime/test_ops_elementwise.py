@@ -142,6 +142,23 @@ def test_activation_backward_is_one_kernel_of_both_ops(
         np.testing.assert_array_equal(got.to_host(), ops.mul(tg, ops.relu_grad(tx)).to_host())
 
 
+def test_squared_and_scaled_difference(device: nc.Device) -> None:
+    """The mean squared error's terms (a - b)^2 and gradient (a - b) * c in one kernel each, b and c
+    broadcast: the bits of the two-op compositions (the same float32 roundings), and float64 within
+    3 * 2**-24 * (|a| + |b|)^2 (a - b rounded once relative to |a| + |b|, then squared) and one more
+    rounding for the scale."""
+    a, b, c = _data((4, 33), seed=8), _data((33,), seed=9), _data((), seed=10)
+    ta, tb, tc = (nc.tensor(v, device=device) for v in (a, b, c))
+    squared, scaled = ops.squared_difference(ta, tb).to_host(), ops.scaled_difference(ta, tb, tc).to_host()
+    d = ops.sub(ta, tb)
+    np.testing.assert_array_equal(squared, ops.mul(d, d).to_host())
+    np.testing.assert_array_equal(scaled, ops.mul(d, tc).to_host())
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = 3 * 2.0**-24 * (np.abs(a64) + np.abs(b64)) ** 2
+    assert np.all(np.abs(squared - (a64 - b64) ** 2) <= bound)
+    assert np.all(np.abs(scaled - (a64 - b64) * float(c)) <= 2 * 2.0**-24 * (np.abs(a64) + np.abs(b64)) * abs(float(c)))
+
+
 BROADCAST_SHAPES = [
     ((5, 1), (1, 7)),  # (B, 1) vs (1, F)
     ((3, 1, 4), (2, 4)),  # rank difference and a stretched middle axis

@@ -61,13 +61,12 @@ def mse_loss(pred: Any, target: Any) -> Node:
     """mean((pred - target) ** 2); target broadcasts against pred."""
 
     def forward(p: Tensor, t: Tensor) -> Tensor:
-        d = R.sub(p, t)
-        return R.mean(R.mul(d, d))
+        return R.mean(R.squared_difference(p, t))
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t = values
-        d = R.sub(p, t)
-        gd = R.mul(d, R.mul(g, 2.0 / d.size))
+        size = math.prod(np.broadcast_shapes(tuple(p.shape), tuple(t.shape)))
+        gd = R.scaled_difference(p, t, R.mul(g, 2.0 / size))
         return [_reduce(gd, p) if _needs(pred) else None, _reduce(R.neg(gd), t) if _needs(target) else None]
 
     return apply_op(forward, grad, pred, target, op_name="mse_loss")

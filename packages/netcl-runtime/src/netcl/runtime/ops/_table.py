@@ -153,6 +153,8 @@ BINARY: dict[str, OpDef] = {
         OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
         OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
         OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
+        # (a - b)^2: the mean squared error's terms in one kernel
+        OpDef("squared_difference", "MUL(SUB({0}, {1}), SUB({0}, {1}))", lambda a, b: (a - b) * (a - b), "float"),
         # an upstream gradient times an activation's derivative: one kernel for a backward's two ops
         OpDef("relu_backward", "MUL({0}, RELU_GRAD({1}))", lambda g, x: g * (x > 0).astype(g.dtype), "float"),
         OpDef("gelu_backward", "MUL({0}, GELU_GRAD({1}))", lambda g, x: g * numpy_gelu_grad(x), "float"),
@@ -168,6 +170,8 @@ TERNARY: dict[str, OpDef] = {
     for op in (
         OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
         OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
+        # (a - b) * c: the mean squared error's gradient in one kernel
+        OpDef("scaled_difference", "MUL(SUB({0}, {1}), {2})", lambda a, b, c: (a - b) * c, "float"),
         OpDef(
             "leaky_relu_backward",
             "MUL({0}, LEAKY_RELU_GRAD({1}, {2}))",

@@ -510,6 +510,16 @@ def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     return _binary("leaky_relu_grad", x, float(negative_slope))
 
 
+def squared_difference(a: Any, b: Any) -> Tensor:
+    """(a - b) ** 2 in one kernel (broadcasting)."""
+    return _binary("squared_difference", a, b)
+
+
+def scaled_difference(a: Any, b: Any, c: Any) -> Tensor:
+    """(a - b) * c in one kernel (broadcasting)."""
+    return apply(TERNARY["scaled_difference"], (a, b, c))
+
+
 def leaky_relu_backward(g: Tensor, x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """g * leaky_relu_grad(x, negative_slope) in one kernel."""
     return apply(TERNARY["leaky_relu_backward"], (g, x, float(negative_slope)))
