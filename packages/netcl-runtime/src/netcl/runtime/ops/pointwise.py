@@ -425,6 +425,16 @@ def sub(a: Any, b: Any) -> Tensor:
     return _binary("sub", a, b)
 
 
+def squared_difference(a: Any, b: Any) -> Tensor:
+    """(a - b) ** 2 in one kernel (broadcasting)."""
+    return _binary("squared_difference", a, b)
+
+
+def scaled_difference(a: Any, b: Any, c: Any) -> Tensor:
+    """(a - b) * c in one kernel (broadcasting)."""
+    return apply(TERNARY["scaled_difference"], (a, b, c))
+
+
 def mul(a: Any, b: Any) -> Tensor:
     """a * b."""
     return _binary("mul", a, b)
@@ -508,16 +518,6 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """1 where x > 0, else negative_slope."""
     return _binary("leaky_relu_grad", x, float(negative_slope))
-
-
-def squared_difference(a: Any, b: Any) -> Tensor:
-    """(a - b) ** 2 in one kernel (broadcasting)."""
-    return _binary("squared_difference", a, b)
-
-
-def scaled_difference(a: Any, b: Any, c: Any) -> Tensor:
-    """(a - b) * c in one kernel (broadcasting)."""
-    return apply(TERNARY["scaled_difference"], (a, b, c))
 
 
 def leaky_relu_backward(g: Tensor, x: Tensor, negative_slope: float = 0.01) -> Tensor:
