@@ -123,13 +123,16 @@ def test_conv2d_groups2(check):
 
 
 #: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
-#: stride 1 and 2, 1x1, odd image sizes, batch > 1, channel counts no tile divides, and a weight
-#: gradient whose reduction (N * OH * OW = 512) is split along K. Sums of <= 512 float32 terms. Host
-#: BLAS off: a CPU device would run these short reductions as im2col + BLAS.
+#: stride 1 and 2, 1x1 at stride 2 (a ResNet shortcut; at stride 1 its forward and input gradient are
+#: batched products, ``conv._pointwise``, its weight gradient implicit), odd image sizes, batch > 1,
+#: channel counts no tile divides, and a weight gradient whose reduction (N * OH * OW = 512) is split
+#: along K. Sums of <= 512 float32 terms. Host BLAS off: a CPU device would run these short reductions
+#: as im2col + BLAS.
 IMPLICIT = [
     ((3, 5, 9, 7), (6, 5, 3, 3), 1, 1),
     ((2, 5, 9, 7), (7, 5, 3, 3), 2, 1),
     ((3, 6, 5, 7), (5, 6, 1, 1), 1, 0),
+    ((3, 6, 5, 7), (5, 6, 1, 1), 2, 0),
     ((2, 3, 16, 16), (4, 3, 3, 3), 1, 1),
     ((1, 17, 6, 5), (19, 17, 3, 3), 1, 1),
     ((2, 16, 7, 5), (16, 16, 3, 3), 1, 1),  # 16 channels: a K tile shares one kernel offset
