@@ -261,6 +261,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key, value in sorted(_table(device).items()):
         print(f"  {key}: {value}")
 
-
-if __name__ == "__main__":
-    main()
