@@ -15,6 +15,9 @@ within the 4 * K * eps term.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -442,6 +445,25 @@ def test_tuner_stores_and_reloads_the_winner(cl_device, tmp_path, monkeypatch):
     assert tune.select(cl_device, other, [1, 2], 0, calls.append, lambda c: {"v": c}, lambda d: d["v"]) == 0
     assert calls == []
     tune.clear(cl_device)
+
+
+def test_tune_command_runs_without_warnings(cl_device, tmp_path):
+    """``python -m netcl.runtime.tune --show`` (the README's command) runs with warnings as errors:
+    runpy warned when the package had imported the module it was asked to run."""
+    env = {**os.environ, "NETCL_CACHE_DIR": str(tmp_path)}
+    command = [
+        sys.executable,
+        "-W",
+        "error::RuntimeWarning",
+        "-m",
+        "netcl.runtime.tune",
+        "--show",
+        "--device",
+        "opencl",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"winners in {tmp_path}" in done.stdout
 
 
 def test_search_times_a_trials_prepared_run(cl_device):
