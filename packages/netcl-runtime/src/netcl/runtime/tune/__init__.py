@@ -260,4 +260,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         device.queue.finish()
     for key, value in sorted(_table(device).items()):
         print(f"  {key}: {value}")
-
