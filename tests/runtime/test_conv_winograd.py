@@ -144,8 +144,9 @@ def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
     with matmul_precision("high"):  # tf32 tensor cores: F(4x4) with tf32x3 products, more accurate and faster
-        as_three = conv._winograd_precision(device) == "tf32x3"
-        assert as_three == (conv_implicit._mma_mode(device, np.dtype(np.float32)) == "tf32")
+        mode = conv_implicit._mma_mode(device, np.dtype(np.float32))
+        as_three = conv._winograd_precision(device, mode) == "tf32x3"
+        assert as_three == (mode == "tf32")
         precisions.clear()
         assert run(16, 16) == [(name, 4 if as_three else 2) for name, _ in every]
         assert precisions == ["tf32x3" if as_three else "high"] * 3

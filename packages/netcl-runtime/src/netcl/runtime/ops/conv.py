@@ -347,9 +347,10 @@ class _AlgorithmTrial:
 
 def _winograd_tile(
     winograd: bool | int | None, implicit: bool, a: Tensor, b: Tensor, groups: int, geo, op: str, out_ch: int
-) -> int:
+) -> tuple[int, str | None]:
     """The Winograd tile m of F(m x m, 3 x 3) that runs this pass, 0 for none (``a``, ``b``: its two
-    operands: x and w, the upstream gradient and w, or the upstream gradient and x).
+    operands: x and w, the upstream gradient and w, or the upstream gradient and x), and the matmul
+    precision its products run at when not the current one (``_winograd_precision``).
 
     ``winograd=None`` picks it for float32 3x3 stride-1 layers of >= ``conv_winograd.MIN_CHANNELS``
     input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul
@@ -362,7 +363,7 @@ def _winograd_tile(
     (an error where it cannot run); False never. ``implicit=False`` forces im2col either way.
     """
     if winograd is False or not implicit:
-        return 0
+        return 0, None
     if winograd is not None and winograd is not True and winograd not in (2, 4):
         raise ValueError(f"{op}: winograd must be None, True, False, 2 or 4, got {winograd!r}")
     fits = conv_winograd.applies(a, b, groups, geo)
@@ -374,21 +375,23 @@ def _winograd_tile(
             f"padding {(geo.PH, geo.PW)}"
         )
     mode = conv_implicit._mma_mode(a.device, float32)
-    three = mode == "tf32x3" or _winograd_precision(a.device) is not None
+    products = _winograd_precision(a.device, mode)
+    three = mode == "tf32x3" or products is not None
     if winograd is not None:
-        return int(winograd) if winograd is not True else (conv_winograd.default_tile(three) or 2)
+        return (int(winograd) if winograd is not True else (conv_winograd.default_tile(three) or 2)), products
     picked = fits and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS and (mode is None or three)
-    return conv_winograd.default_tile(three) if picked else 0
+    return (conv_winograd.default_tile(three) if picked else 0), products
 
 
-def _winograd_precision(device) -> str | None:
-    """The matmul precision Winograd's products run at when it is not the current one: "tf32x3"
-    where the current precision asks for tf32 on tensor cores that take tf32x3 as well (H200, batch
-    64, three ResNet layers: F(4x4) on tf32x3 fwd+bwd 1.3-1.45x faster than the implicit GEMM on
-    tf32, at fp32-class error instead of tf32's); None: the current one."""
+def _winograd_precision(device, mode: str | None) -> str | None:
+    """The matmul precision Winograd's products run at when it is not the current one (whose
+    tensor-core mode on ``device`` is ``mode``): "tf32x3" where the current precision asks for tf32
+    on tensor cores that take tf32x3 as well (H200, batch 64, three ResNet layers: F(4x4) on tf32x3
+    fwd+bwd 1.3-1.45x faster than the implicit GEMM on tf32, at fp32-class error instead of tf32's);
+    None: the current one."""
     from netcl.runtime.ops import gemm_mma
 
-    if device.kind != "opencl" or conv_implicit._mma_mode(device, float32) != "tf32":
+    if device.kind != "opencl" or mode != "tf32":
         return None
     return "tf32x3" if gemm_mma.available(device, "tf32x3") else None
 
@@ -416,13 +419,13 @@ def conv2d(
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
     device_of((x, w) if b is None else (x, w, b), "conv2d")
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
-    tile = (
+    tile, products = (
         _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d", int(w.shape[0]))
         if b is None or b.dtype == float32
-        else 0
+        else (0, None)
     )
     if tile:
-        return at_matmul_precision(_winograd_precision(x.device), conv_winograd.forward)(x, w, b, geo, tile)
+        return at_matmul_precision(products, conv_winograd.forward)(x, w, b, geo, tile)
     if _pointwise(implicit, x, w, groups, geo):
         return _pointwise_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
@@ -491,9 +494,9 @@ def _gradient(
     the addend summed in its store in float32), else im2col (``paths["im2col"]()``); where a path
     cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
-    tile = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
+    tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
-        return at_matmul_precision(_winograd_precision(a.device), paths["winograd"])(tile, addend)
+        return at_matmul_precision(products, paths["winograd"])(tile, addend)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"](addend)
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
