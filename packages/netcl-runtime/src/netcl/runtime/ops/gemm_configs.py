@@ -23,50 +23,45 @@ def _fits(device: Device, cfg: GemmConfig, itemsize: int, problem) -> bool:
     )
 
 
-@cache
-def _grid() -> tuple[GemmConfig, ...]:
-    """Candidate tiles: (threads M x N, per-thread M x N, K depth, vector widths)."""
-    out = []
-    for wgm, wgn, tm, tn, bk in [
-        (16, 16, 8, 8, 8),
-        (16, 16, 8, 8, 16),
-        (16, 16, 8, 4, 16),
-        (16, 16, 4, 8, 16),
-        (8, 16, 8, 8, 16),
-        (16, 8, 8, 8, 16),
-        (16, 16, 4, 4, 16),
-        (16, 16, 4, 4, 32),
-        (8, 8, 4, 4, 32),
-        (16, 16, 2, 2, 32),
-        (8, 8, 2, 2, 32),
-    ]:
-        lv = min(4, tm, tn)
-        out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, lv))
+#: Candidate tiles: (threads M x N, per-thread M x N, K depth, K slices); 4-wide global loads, local
+#: reads as wide as the thread's block allows (4 at most).
+_TILES = [
+    (16, 16, 8, 8, 8, 1),
+    (16, 16, 8, 8, 16, 1),
+    (16, 16, 8, 4, 16, 1),
+    (16, 16, 4, 8, 16, 1),
+    (8, 16, 8, 8, 16, 1),
+    (16, 8, 8, 8, 16, 1),
+    (16, 16, 4, 4, 16, 1),
+    (16, 16, 4, 4, 32, 1),
+    (8, 8, 4, 4, 32, 1),
+    (16, 16, 2, 2, 32, 1),
+    (8, 8, 2, 2, 32, 1),
     # small outputs with a long K (the MLP layers' 128 x 512 at K = 512-784): 16 x 32 tiles, and K
     # slices (two or four thread sets per block taking turns along K; H200: 128 x 512 x 784 at 15.6 us
     # per call against 21.3 for this grid's best before, cuBLAS fp32 15.8)
-    for wgm, wgn, tm, tn, bk, ks in [
-        (8, 16, 2, 2, 32, 1),
-        (8, 16, 2, 2, 32, 2),
-        (8, 8, 2, 4, 32, 2),
-        (8, 8, 2, 2, 32, 2),
-        (8, 8, 2, 2, 32, 4),
-        (8, 8, 4, 4, 16, 4),
-    ]:
-        out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, min(4, tm, tn), ks=ks))
+    (8, 16, 2, 2, 32, 1),
+    (8, 16, 2, 2, 32, 2),
+    (8, 8, 2, 4, 32, 2),
+    (8, 8, 2, 2, 32, 2),
+    (8, 8, 2, 2, 32, 4),
+    (8, 8, 4, 4, 16, 4),
     # 128 outputs per thread (16 x 8, 8 x 16): with vector reads from local memory these are the
     # fastest big tiles on the H200 (4096^3 fp32 at 44.6-45.9 TFLOP/s against 39.7 for 8 x 8 per thread)
-    for wgm, wgn, tm, tn, bk in [
-        (8, 16, 16, 8, 8),
-        (8, 16, 16, 8, 16),
-        (16, 16, 16, 8, 8),
-        (16, 16, 8, 16, 8),
-        (8, 32, 16, 4, 8),
-        (8, 16, 16, 4, 16),
-        (16, 8, 16, 8, 16),
-    ]:
-        out.append(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, 4))
-    return tuple(out)
+    (8, 16, 16, 8, 8, 1),
+    (8, 16, 16, 8, 16, 1),
+    (16, 16, 16, 8, 8, 1),
+    (16, 16, 8, 16, 8, 1),
+    (8, 32, 16, 4, 8, 1),
+    (8, 16, 16, 4, 16, 1),
+    (16, 8, 16, 8, 16, 1),
+]
+
+
+@cache
+def _grid() -> tuple[GemmConfig, ...]:
+    """The candidate configs of ``_TILES``, in its order."""
+    return tuple(GemmConfig(wgm, wgn, tm, tn, bk, 4, 4, min(4, tm, tn), ks=ks) for wgm, wgn, tm, tn, bk, ks in _TILES)
 
 
 def _is_nvidia(device: Device) -> bool:
