@@ -197,8 +197,8 @@ def run(
                 versus = f" vs {peer_name} {peer['tflops']:.1f} ({ratio})" if peer else ""
                 cells.append(f"{name} {mine['tflops']:.1f} TFLOP/s ({mine['ms']:.3f} ms){versus}")
             # precision "high" runs 3x3 stride-1 layers as F(4x4) on tf32x3 where the tensor cores take it
-            winograd = mode == "tf32x3" or any(m[0] == "tf32x3" for m in tensor_modes)
-            path = {"tf32x3": "Winograd F(4x4)", "tf32": "Winograd F(4x4) as tf32x3" if winograd else "implicit"}[mode]
+            three = any(m[0] == "tf32x3" for m in tensor_modes)
+            path = {"tf32x3": "Winograd F(4x4)", "tf32": "Winograd F(4x4) as tf32x3" if three else "implicit"}[mode]
             print(f"{'':<9}{mode} ({path} on tensor cores): " + "; ".join(cells))
         split = ", ".join(f"{k} {row['netcl'][k]['ms']:.3f} ms ({row['netcl'][k]['tflops']:.1f})" for k in ("dx", "dw"))
         errs = ", ".join(f"{k} {v:.1e}" for k, v in row["error"].items())
