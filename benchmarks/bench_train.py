@@ -135,6 +135,7 @@ def workloads(device, quick: bool = False) -> list[dict]:
 
     rows = [
         dict(name="mlp 784-512-512-10, SGD", model=mlp(device), opt=sgd, shape=(BATCH, 784), loss="ce"),
+        dict(name="mlp 784-512-512-10, SGD, amp", model=mlp(device), opt=sgd, shape=(BATCH, 784), amp=True),
         dict(name="digits CNN, Adam", model=digits_cnn(device), opt=lambda p: Adam(p, lr=1e-3), shape=(BATCH, 1, 8, 8)),
         block_row(),
     ]

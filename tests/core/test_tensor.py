@@ -48,8 +48,9 @@ def test_supported_dtypes_follow_extensions(device: nc.Device) -> None:
     if device.kind == "cpu":
         assert _supported(device) == ALL_DTYPES
     else:
-        assert device.supports(nc.float16) == ("cl_khr_fp16" in device.extensions)
-        assert device.supports(nc.float64) == ("cl_khr_fp64" in device.extensions)
+        assert device.supports(nc.float16)  # storage everywhere; arithmetic where the extension is
+        assert device.computes(nc.float16) == ("cl_khr_fp16" in device.extensions)
+        assert device.supports(nc.float64) == device.computes(nc.float64) == ("cl_khr_fp64" in device.extensions)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -33,7 +33,7 @@ from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precis
 EPS = float(np.finfo(np.float32).eps)
 #: relative error of one rounded operand: tf32 truncated (the cp.async path feeds raw fp32 words,
 #: whose low 13 bits the mma ignores) 2**-10, bf16 rounded 2**-8, fp16 rounded 2**-11
-UNIT = {"highest": 0.0, "tf32x3": 2.0**-21, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11}
+UNIT = {"highest": 0.0, "tf32x3": 2.0**-21, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11, "fp16": 2.0**-11}
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -199,9 +199,9 @@ def test_new_batch_size_builds_nothing(cl_device):
     assert program_cache.stats().builds == builds
 
 
-@pytest.mark.parametrize("precision", ["tf32x3", "high", "medium"])
+@pytest.mark.parametrize("precision", ["tf32x3", "high", "medium", "fp16"])
 def test_reduced_precisions(device, precision):
-    """tf32x3 / tf32 / bf16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
+    """tf32x3 / tf32 / bf16 / fp16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
     _check(device, (70, 96), (96, 68), precision=precision)
     _check(device, (3, 33, 40), (40, 24), precision=precision)
     _check(device, (40, 33), (24, 40), ta=True, tb=True, precision=precision)

@@ -3,10 +3,11 @@
 While ``netcl.amp.autocast`` is active on this thread, ``matmul``, ``conv2d`` and
 ``netcl.nn.functional.linear`` of float32 operands read their operands rounded to float16 and
 return float32 (fp32 accumulation); their gradients w.r.t. the float32 inputs are float32.
-Everything else (reductions, norms, losses, elementwise ops) stays float32. On a device without
-float16 that has tf32 tensor cores the same ops run on float32 tensors at matmul precision
-``FALLBACK_PRECISION`` instead (``fallback_precision``); elsewhere autocast warns once and does
-nothing.
+Everything else (reductions, norms, losses, elementwise ops) stays float32. On a device where
+float16 is storage-only but tensor cores multiply it (NVIDIA's OpenCL), the same ops run on the
+float32 tensors at a matmul precision instead (``fallback_precision``): "fp16" for matmul and
+linear (operands rounded to float16 in the kernel, the same numbers), "high" for convolutions;
+elsewhere autocast warns once and does nothing.
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ def _autocast_device(operands: tuple[Any, ...]) -> tuple[np.dtype, Any] | None:
 
 def low_dtype_for(*operands: Any) -> np.dtype | None:
     """The dtype the operands' product runs in under autocast, or None (autocast off, not all
-    float32, or a device without that dtype)."""
+    float32, or a device that does not compute in that dtype)."""
     taken = _autocast_device(operands)
     if taken is None:
         return None
     dtype, device = taken
-    if device.supports(dtype):
+    if device.computes(dtype):
         return dtype
     if device_fallback_precision(device) is not None:  # ``fallback_precision`` takes these products
         return None
@@ -73,28 +74,36 @@ def low_dtype_for(*operands: Any) -> np.dtype | None:
     return None
 
 
-#: The matmul precision of autocast's products on a device without float16 whose tensor cores
-#: take tf32 (NVIDIA's OpenCL): float32 tensors, operands rounded to tf32 (float16's 10-bit
-#: mantissa with float32's range), fp32 accumulation; forward and gradient products alike.
-FALLBACK_PRECISION = "high"
+#: The matmul precision of autocast's matrix products on a device where float16 is storage-only
+#: and tensor cores multiply it (NVIDIA's OpenCL): float32 tensors whose operands the kernel rounds
+#: to float16 as it loads them (the numbers of float16 operands, without cast kernels), fp32
+#: accumulation; forward and gradient products alike.
+FALLBACK_PRECISION = "fp16"
+#: The same for convolutions, and for matrix products where tensor cores take tf32 but not float16:
+#: operands rounded to tf32 (float16's 10-bit mantissa with float32's range; 3x3 layers run
+#: Winograd on tf32x3 there, ``conv2d``), fp32 accumulation.
+CONV_FALLBACK_PRECISION = "high"
 
 
-def device_fallback_precision(device: Any) -> str | None:
-    """``FALLBACK_PRECISION`` where ``device`` has tf32 tensor cores (what autocast uses there when it
-    has no float16), else None."""
+def device_fallback_precision(device: Any, product: str = "matmul") -> str | None:
+    """The matmul precision autocast runs ``product`` ("matmul" or "conv") at on ``device`` when the
+    device does not compute in float16: ``FALLBACK_PRECISION`` for matrix products where tensor
+    cores take float16, else ``CONV_FALLBACK_PRECISION`` where they take tf32, else None."""
     from netcl.runtime.ops import gemm_mma
 
-    return FALLBACK_PRECISION if gemm_mma.mode_for(device, float32, float32, FALLBACK_PRECISION) else None
+    if product == "matmul" and gemm_mma.enabled(device, "f16"):
+        return FALLBACK_PRECISION
+    return CONV_FALLBACK_PRECISION if gemm_mma.enabled(device, "tf32") else None
 
 
-def fallback_precision(*operands: Any) -> str | None:
-    """``FALLBACK_PRECISION`` when autocast is on, the operands are float32 and their device has no
-    float16 but tf32 tensor cores (then the op runs at that matmul precision), else None."""
+def fallback_precision(*operands: Any, product: str = "matmul") -> str | None:
+    """``device_fallback_precision`` when autocast is on, the operands are float32 and their device
+    does not compute in float16 (then the op runs on them at that matmul precision), else None."""
     taken = _autocast_device(operands)
     if taken is None:
         return None
     dtype, device = taken
-    return None if device.supports(dtype) else device_fallback_precision(device)
+    return None if device.computes(dtype) else device_fallback_precision(device, product)
 
 
 def lower(x: Tensor, dtype: np.dtype) -> Tensor:

@@ -47,7 +47,7 @@ def conv2d(
     RC.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
     if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
-    precision = autocast_mode.fallback_precision(x, w, b)  # autocast on a device without float16
+    precision = autocast_mode.fallback_precision(x, w, b, product="conv")  # autocast without float16 arithmetic
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:

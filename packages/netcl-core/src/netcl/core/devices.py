@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core.dtypes import REQUIRED_EXTENSION, as_dtype
+from netcl.core.dtypes import REQUIRED_EXTENSION, STORAGE_ONLY, as_dtype
 from netcl.core.errors import DeviceError, DTypeError
 from netcl.core.vector_width import preferred_width, usable_width
 
@@ -121,7 +121,12 @@ class Device:
         return int(self.cl_device.max_mem_alloc_size)
 
     def supports(self, dtype: object) -> bool:
-        """Whether tensors of ``dtype`` can live on this device."""
+        """Whether tensors of ``dtype`` can live on this device (float16 everywhere: see ``computes``)."""
+        result = as_dtype(dtype)
+        return result in STORAGE_ONLY or self.computes(result)
+
+    def computes(self, dtype: object) -> bool:
+        """Whether kernels compute in ``dtype`` here; float16 without ``cl_khr_fp16`` is storage-only."""
         needed = REQUIRED_EXTENSION.get(as_dtype(dtype))
         return self.cl_device is None or needed is None or needed in self.extensions
 

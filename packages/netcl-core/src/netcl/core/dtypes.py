@@ -25,11 +25,24 @@ C_TYPES: dict[np.dtype, str] = {
     bool_: "uchar",
 }
 
-#: dtypes that need a device extension on OpenCL.
+#: dtypes whose arithmetic needs a device extension on OpenCL.
 REQUIRED_EXTENSION: dict[np.dtype, str] = {
     float16: "cl_khr_fp16",
     float64: "cl_khr_fp64",
 }
+#: dtypes a device without their extension still stores: OpenCL C's ``half`` is a storage format
+#: there (``vload_half`` / ``vstore_half`` are core), so such tensors are copied, cast to and from
+#: other dtypes and multiplied (``matmul`` computes in float32 or on tensor cores), nothing else.
+STORAGE_ONLY: frozenset[np.dtype] = frozenset({float16})
+
+
+def storage_only_message(dtype: np.dtype, device_name: str) -> str:
+    """Why a kernel computing in ``dtype`` cannot run on a device that only stores it."""
+    return (
+        f"{dtype} arithmetic needs {REQUIRED_EXTENSION[dtype]}, which device {device_name!r} lacks: {dtype} "
+        f"tensors there are storage-only (copies, casts and matmul take them); cast to float32 first "
+        f"(ops.cast(x, float32))"
+    )
 
 
 def as_dtype(dtype: object) -> np.dtype:

@@ -21,10 +21,28 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from netcl.core.dtypes import REQUIRED_EXTENSION, STORAGE_ONLY, storage_only_message
+from netcl.core.errors import DTypeError
 from netcl.runtime.disk_cache import DiskCache, entry_key
 from netcl.runtime.errors import CompileError
 
 DEFAULT_MAX_ENTRIES = 1024
+_EXTENSION_PRAGMA = re.compile(r"#pragma\s+OPENCL\s+EXTENSION\s+(\w+)\s*:\s*enable")
+
+
+def check_extensions(source: str, ctx: cl.Context) -> None:
+    """Raise ``DTypeError`` before a build when ``source`` enables a dtype's extension that a device of
+    ``ctx`` lacks (a float16 kernel where float16 is storage-only); other extensions are the build's."""
+    needed = set(_EXTENSION_PRAGMA.findall(source))
+    if not needed:
+        return
+    for device in ctx.devices:
+        missing = needed - set(device.extensions.split())
+        for dtype, extension in REQUIRED_EXTENSION.items():
+            if extension in missing:
+                if dtype in STORAGE_ONLY:
+                    raise DTypeError(storage_only_message(dtype, device.name.strip()))
+                raise DTypeError(f"dtype {dtype} needs {extension}, which device {device.name.strip()!r} lacks")
 
 
 class KernelHandle:
@@ -129,6 +147,7 @@ class ProgramCache:
             self._stats.misses += 1
             kind = key_kind(key)
             self._stats.misses_by_kind[kind] = self._stats.misses_by_kind.get(kind, 0) + 1
+        check_extensions(source, ctx)
         handle = self._build(source, ctx, flags)
         with self._lock:
             entries = self._entries(ctx)

@@ -137,6 +137,12 @@ def pragmas(dtypes: Sequence[np.dtype]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def storage_pragmas(dtypes: Sequence[np.dtype]) -> str:
+    """``pragmas`` of a kernel that only loads and stores float16 (``vload_half`` / ``vstore_half``,
+    core OpenCL, computing in float): no ``cl_khr_fp16``, so it runs where float16 is storage-only."""
+    return pragmas([d for d in dtypes if d != float16])
+
+
 def index_type(*shapes: Sequence[int]) -> str:
     """``long`` when some shape has 2**31 elements or more, else ``int``."""
     return "long" if any(math.prod(s) >= 2**31 - MAX_LOCAL for s in shapes) else "int"

@@ -30,7 +30,15 @@ from netcl.runtime import capture as _capture
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops import precision as _precision
-from netcl.runtime.ops._common import device_of, float_dtype, get_kernel, pragmas, promote, remember, storage_ctype
+from netcl.runtime.ops._common import (
+    device_of,
+    float_dtype,
+    get_kernel,
+    promote,
+    remember,
+    storage_ctype,
+    storage_pragmas,
+)
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, portable_source
 from netcl.runtime.ops.layout import broadcast_to, cast
 from netcl.runtime.ops.pointwise import fill_
@@ -444,7 +452,7 @@ def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilog
     body = "\n    ".join(lines)
 
     def source() -> str:
-        return f"""{pragmas([acc, out_dtype])}
+        return f"""{storage_pragmas([acc, out_dtype])}
 {epilogue.preamble}
 #define CT {ct}
 #define IDX long

@@ -20,7 +20,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops.gemm_mma_source import WORD_MODES, MmaConfig, mma_source
+from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WORD_MODES, MmaConfig, mma_source
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
 log = logging.getLogger("netcl.gemm")
@@ -38,10 +38,10 @@ def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: st
     if a_dtype == float16 and b_dtype == float16:
         mode = "f16"
     elif a_dtype == float32 and b_dtype == float32 and precision != "highest":
-        mode = {"tf32x3": "tf32x3", "high": "tf32", "medium": "bf16"}[precision]
+        mode = {"tf32x3": "tf32x3", "high": "tf32", "medium": "bf16", "fp16": "f16"}[precision]
     else:
         return None
-    if device.kind != "opencl" or os.environ.get("NETCL_MMA", "1").strip() == "0":
+    if not _switched_on(device):
         return None
     if available(device, mode):
         return mode
@@ -49,6 +49,15 @@ def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: st
         _WARNED.add(device)
         log.warning("netcl: no tensor cores on %s; %s products use the portable kernel", device.cl_device.name, mode)
     return None
+
+
+def enabled(device: Device, mode: str) -> bool:
+    """Whether products of ``mode`` run on tensor cores on ``device`` (``NETCL_MMA`` and the probe; no log line)."""
+    return _switched_on(device) and available(device, mode)
+
+
+def _switched_on(device: Device) -> bool:
+    return device.kind == "opencl" and os.environ.get("NETCL_MMA", "1").strip() != "0"
 
 
 def available(device: Device, mode: str) -> bool:
@@ -75,8 +84,8 @@ def _probe_result(device: Device, mode: str) -> int | None:
 
 
 def _async_ok(device: Device, mode: str) -> bool:
-    """Whether the cp.async pipeline (tf32 modes only) builds and multiplies correctly (probed once)."""
-    if mode not in WORD_MODES or _probe_result(device, mode) is None:
+    """Whether the cp.async pipeline (tf32 and f16 modes) builds and multiplies correctly (probed once)."""
+    if mode not in ASYNC_MODES or _probe_result(device, mode) is None:
         return False
     key = (device, f"{mode}-async")
     with _LOCK:
@@ -137,7 +146,10 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 2, 4, 8, 8),
         MmaConfig(2, 4, 4, 8, 8),
         MmaConfig(4, 2, 2, 4, 8),
-        # tf32 only: cp.async pipelines (no register staging, raw fp32 in local memory)
+        # tf32 and f16: cp.async pipelines (no register staging, operands unconverted in local memory)
+        MmaConfig(2, 4, 4, 4, 16, stages=2),
+        MmaConfig(2, 2, 4, 8, 16, stages=2),
+        MmaConfig(4, 2, 2, 8, 16, stages=2),
         MmaConfig(2, 2, 4, 8, 8, stages=3),
         MmaConfig(2, 2, 4, 8, 8, stages=4),
         MmaConfig(2, 4, 4, 4, 8, stages=4),
@@ -180,7 +192,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
     ldsm = _probe_result(device, mode) or 0
     candidates = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _grid()]
-    if not _async_ok(device, mode):
+    staged = _async_ok(device, mode) and (mode in WORD_MODES or (a_half and b_half))  # f16 of float32: converts
+    if not staged:
         candidates = [c for c in candidates if not c.stages]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
@@ -189,6 +202,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (H100 2048^3: 0.39 ms, 0.44 unstaged)
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if _async_ok(device, mode) else 0)
+    if mode == "f16" and fallback.bm * fallback.bn >= 128 * 128 and staged:
+        # 8 warps, 2 cp.async stages of 32 elements (H200 fp16 4096^2 / 8192^2: 248 / 284 TFLOP/s)
+        fallback = dataclasses.replace(fallback, wm=2, wn=4, fm=4, fn=4, stages=2)
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
     trial = _Trial(device, mode, problem, a_half, b_half)

@@ -1,12 +1,12 @@
 """OpenCL C source of the tensor-core GEMM: NVIDIA ``mma.sync`` (and ``ldmatrix``) through inline PTX.
 
 Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
-(float16 operands, ``mma.m16n8k16.f16``), "bf16" (float32 operands rounded to bf16,
-``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32, ``m16n8k8.tf32``) and "tf32x3"
-(float32 operands split into two tf32 parts, hi + lo, multiplied as lo*hi + hi*lo + hi*hi: three
-tf32 mma per tile for float32's accuracy; local memory keeps the raw float32 words); all accumulate
-in fp32. A work-group of WM x WN warps computes a BM x BN block (BM = WM*FM*16, BN = WN*FN*8);
-each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
+(float16 operands, or float32 operands rounded to float16, ``mma.m16n8k16.f16``), "bf16"
+(float32 operands rounded to bf16, ``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32,
+``m16n8k8.tf32``) and "tf32x3" (float32 operands split into two tf32 parts, hi + lo, multiplied
+as lo*hi + hi*lo + hi*hi: three tf32 mma per tile for float32's accuracy; local memory keeps the
+raw float32 words); all accumulate in fp32. A work-group of WM x WN warps computes a BM x BN
+block (BM = WM*FM*16, BN = WN*FN*8); each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
 
 Local memory keeps each operand tile in its STORED orientation (k-contiguous rows for A and for a
 transposed B, m/n-contiguous rows otherwise), converted to the mma element type (16-bit pairs or
@@ -35,6 +35,8 @@ MMA = {
 }
 #: modes with one 32-bit word per element (tf32 tiles)
 WORD_MODES = ("tf32", "tf32x3")
+#: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
+ASYNC_MODES = (*WORD_MODES, "f16")
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class MmaConfig:
     va: int = 1  #: 1: 16-byte global loads of A where aligned; 0: element loads only
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
-    stages: int = 0  #: tf32 only: >= 2 copies global -> local with cp.async, this many stages deep
+    stages: int = 0  #: tf32 / f16: >= 2 copies global -> local with cp.async, this many stages deep
     split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
@@ -78,8 +80,8 @@ class MmaConfig:
         out = []
         if self.bkw % 8:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
-        if self.stages and (mode not in WORD_MODES or not (self.va and self.vb) or self.stages < 2):
-            out.append("cp.async stages need tf32, 16-byte aligned operands and at least 2 stages")
+        if self.stages and (mode not in ASYNC_MODES or not (self.va and self.vb) or self.stages < 2):
+            out.append("cp.async stages need tf32 or f16, 16-byte aligned operands and at least 2 stages")
         if self.fpre and mode == "tf32x3":
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
         return out
@@ -245,21 +247,32 @@ def _copy(
 
 
 def _async_copy(
-    name: str, side: int, cfg: MmaConfig, along_k: bool, bound: str, view: OperandView | None = None
+    name: str,
+    side: int,
+    cfg: MmaConfig,
+    along_k: bool,
+    bound: str,
+    mode: str,
+    src_t: str = "float",
+    view: OperandView | None = None,
 ) -> list[str]:
-    """cp.async of one tf32 tile (raw fp32 words; the mma ignores their low 13 bits) into
-    buffer ``buf`` for the K range starting at ``kt``; chunks past the edges are zero-filled.
-    An operand read through a ``view`` copies its elements one word at a time from the indices
-    of ``view.offsets4`` (a zero, -1, copies nothing and fills zero)."""
-    rows, ld_words = _row_words(side, cfg.bkw, along_k, "tf32")
-    per_row = (cfg.bkw if along_k else side) // 4
+    """cp.async of one tile stored in the mma's element format (tf32: raw fp32 words, the mma ignores
+    their low 13 bits; f16: float16 storage) into buffer ``buf`` for the K range starting at ``kt``;
+    chunks past the edges are zero-filled. An operand read through a ``view`` (tf32) copies its
+    elements one word at a time from the indices of ``view.offsets4`` (a zero, -1, copies nothing)."""
+    epw = _epw(mode)
+    chunk = 4 * epw  # elements in 16 bytes
+    rows, ld_words = _row_words(side, cfg.bkw, along_k, mode)
+    per_row = (cfg.bkw * epw if along_k else side) // chunk
     count = rows * per_row
     ld = f"ld{name.lower()}"
+    size = 4 // epw  # bytes an element
+    word = "" if epw == 1 else f" / {epw}"
     out = []
     for j in range(-(-count // cfg.threads)):
         c = f"(tid + {j * cfg.threads})"
         guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
-        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * 4)"
+        row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
         if view is not None:
             first = (f"{name}0 + {row}", f"kt + {col}") if along_k else (f"{name}0 + {col}", f"kt + {row}")
             out.append(f"{guard}{{ const IDX mn = {first[0]}; const int kk = {first[1]}; const int k0 = kt;")
@@ -274,13 +287,13 @@ def _async_copy(
             continue
         if along_k:
             out.append(f"{guard}{{ const IDX mn = {name}0 + {row}; const int kk = kt + {col};")
-            out.append(f"  const int valid = mn < {bound} ? clamp(kend - kk, 0, 4) : 0;")
-            out.append(f"  __global const float* p = valid ? {name} + mn * {ld} + kk : {name};")
+            out.append(f"  const int valid = mn < {bound} ? clamp(kend - kk, 0, {chunk}) : 0;")
+            out.append(f"  __global const {src_t}* p = valid ? {name} + mn * {ld} + kk : {name};")
         else:
             out.append(f"{guard}{{ const int kk = kt + {row}; const IDX mn = {name}0 + {col};")
-            out.append(f"  const int valid = kk < kend ? (int)clamp(({bound} - mn), (IDX)0, (IDX)4) : 0;")
-            out.append(f"  __global const float* p = valid ? {name} + (IDX)kk * {ld} + mn : {name};")
-        out.append(f"  CP_ASYNC({name}s[buf] + {row} * {ld_words} + {col}, p, valid * 4); }}")
+            out.append(f"  const int valid = kk < kend ? (int)clamp(({bound} - mn), (IDX)0, (IDX){chunk}) : 0;")
+            out.append(f"  __global const {src_t}* p = valid ? {name} + (IDX)kk * {ld} + mn : {name};")
+        out.append(f"  CP_ASYNC({name}s[buf] + {row} * {ld_words} + {col}{word}, p, valid * {size}); }}")
     return out
 
 
@@ -421,6 +434,8 @@ def mma_source(
     view_a, view_b, view_c = (*views, None)[:3]
     if (view_a is not None and a_half) or (view_b is not None and b_half):
         raise ValueError("gemm_mma: an operand view reads float32 storage; float16 operands cannot be views")
+    if cfg.stages and mode not in WORD_MODES and not (a_half and b_half):
+        raise ValueError("gemm_mma: cp.async stages copy stored operands; f16 of float32 operands converts them")
     if cfg.stages and any(v is not None and not v.offsets4 for v in (view_a, view_b)):
         raise ValueError("gemm_mma: cp.async stages copy a view's elements from its offsets4 (tf32 only)")
     a_along_k, b_along_k = not trans_a, trans_b
@@ -470,8 +485,8 @@ def mma_source(
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
-        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", view_a) + _async_copy(
-            "B", cfg.bn, cfg, b_along_k, "N", view_b
+        issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
+            "B", cfg.bn, cfg, b_along_k, "N", mode, sb, view_b
         )
         main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     #pragma unroll

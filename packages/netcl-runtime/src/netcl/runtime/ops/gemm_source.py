@@ -326,7 +326,7 @@ def portable_source(
     ``views``: (A, B) or (A, B, C); C's view gives the flat output index of row ``r``, column ``c``
     (IDX) relative to the batch's output base, instead of ``r * ldc + c``.
     """
-    from netcl.runtime.ops._common import pragmas, storage_ctype
+    from netcl.runtime.ops._common import storage_ctype, storage_pragmas
 
     ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
     sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
@@ -371,7 +371,7 @@ def portable_source(
     parts = _slices(cfg, pad_a, pad_b, store_section)
     tile_decls, slice_decls, store_section = parts["tile_decls"], parts["slice_decls"], parts["store_section"]
     k_start, k_loop, k_step, k_more = parts["k_start"], parts["k_loop"], parts["k_step"], parts["k_more"]
-    return f"""{pragmas([a_dtype, b_dtype, c_dtype])}
+    return f"""{storage_pragmas([a_dtype, b_dtype, c_dtype])}
 {epilogue.preamble}
 #define CT {ct}
 #define IDX {idx}

@@ -14,7 +14,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
-from netcl.core.dtypes import as_dtype, float32
+from netcl.core.dtypes import as_dtype, float16, float32
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
@@ -33,6 +33,7 @@ from netcl.runtime.ops._common import (
     pragmas,
     round_up,
     storage_ctype,
+    storage_pragmas,
 )
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
@@ -61,10 +62,50 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
     target = x.device.check_dtype(dtype)
     if x.device.kind == "cpu":
         return numpy_backend.cast(x, target)
+    if float16 in (x.dtype, target) and not x.device.computes(float16):
+        return _storage_cast(x, target)
     ctype = storage_ctype(target) if target.kind != "b" else compute_ctype(x.dtype)
     if target.kind == "f" and x.dtype.kind == "f":
         ctype = compute_ctype(target if target.itemsize >= x.dtype.itemsize else x.dtype)
     return run_elementwise("{0}", (x,), [ctype], x.shape, target, x.device)
+
+
+def _storage_cast(x: Tensor, target: np.dtype) -> Tensor:
+    """``cast`` on a device where float16 is storage-only: halves are read with ``vload_half`` and
+    written with ``vstore_half_rte`` (round to nearest even, as float16 conversion does elsewhere)."""
+    out = Tensor.empty(x.shape, target, x.device)
+    if out.size == 0:
+        return out
+    idx = index_type(x.shape)
+    key = ("cast-storage", x.dtype.str, target.str, idx)
+    resolved = get_kernel(
+        key, x.device, lambda: _storage_cast_source(x.dtype, target, idx), "netcl_cast", [None, None, ARG_DTYPES[idx]]
+    )
+    local = resolved.max_local
+    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, out.size, queue=x.device.queue)
+    return out
+
+
+def _storage_cast_source(source: np.dtype, target: np.dtype, idx: str) -> str:
+    """One element per work-item: float16 -> float16 copies the bits, float16 -> other converts the
+    float value (C rules), other -> float16 rounds the value (float64 directly, the rest via float,
+    exact for every value float16 can hold)."""
+    if source == target:
+        types, body = ("ushort", "ushort"), "out[i] = x[i];"
+    elif source == float16:
+        value = "vload_half(i, x)"
+        body = f"out[i] = {value} != 0.0f;" if target.kind == "b" else f"out[i] = ({storage_ctype(target)}){value};"
+        types = ("half", storage_ctype(target))
+    else:
+        value = "x[i]" if source.kind == "f" else "(float)x[i]"
+        types, body = (storage_ctype(source), "half"), f"vstore_half_rte({value}, i, out);"
+    return (
+        f"{storage_pragmas([source, target])}"
+        f"__kernel void netcl_cast(__global const {types[0]}* x, __global {types[1]}* out, const {idx} n) {{\n"
+        f"    const {idx} i = ({idx})get_global_id(0);\n"
+        f"    if (i < n) {{ {body} }}\n"
+        "}\n"
+    )
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:

@@ -6,10 +6,13 @@ summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores, each k-step's sum added to
 with an IEEE fp32 add (the mma's own accumulation truncates): fp32's accuracy or better (on the H100
 a third of fp32 FMA's and cuBLAS fp32's error at 1024-4096) at tensor-core speed. "high": operands
 rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation.
-"medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. A device
-without tensor cores (PoCL, the NumPy backend) computes "tf32x3", "high" and "medium" in fp32
-(more accurate, never an error). ``round_tf32`` / ``round_bf16`` reproduce the tensor cores'
-operand rounding on the host (the tests' and benchmarks' reference for those modes).
+"medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. "fp16"
+(netcl's addition; autocast's matrix products where float16 is storage-only): operands rounded to
+float16 (10-bit mantissa, 5-bit exponent, ties to even: the numbers of float16 operands) as the
+kernel loads them, fp32 accumulation. A device without tensor cores (PoCL, the NumPy backend)
+computes "tf32x3", "high", "medium" and "fp16" in fp32 (more accurate, never an error).
+``round_tf32`` / ``round_bf16`` reproduce the tensor cores' operand rounding on the host (the
+tests' and benchmarks' reference for those modes; fp16's is NumPy's ``astype(float16)``).
 
 float16 operands always multiply as fp16 with fp32 accumulation (tensor cores where present).
 """
@@ -23,7 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-PRECISIONS = ("highest", "tf32x3", "high", "medium")
+PRECISIONS = ("highest", "tf32x3", "high", "medium", "fp16")
 T = TypeVar("T")
 _state = threading.local()
 _default = ["highest"]
@@ -36,7 +39,7 @@ def _check(value: str) -> str:
 
 
 def set_float32_matmul_precision(precision: str) -> None:
-    """Process-wide precision of float32 matrix products ("highest", "tf32x3", "high", "medium")."""
+    """Process-wide precision of float32 matrix products ("highest", "tf32x3", "high", "medium", "fp16")."""
     _default[0] = _check(precision)
 
 

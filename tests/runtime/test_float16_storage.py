@@ -1,0 +1,102 @@
+"""float16 tensors on every device, storage-only where the device lacks ``cl_khr_fp16`` (PoCL here,
+NVIDIA's OpenCL): copies, casts and matmul take them there; every other kernel raises a DTypeError
+that says so before it is built. Casts are checked bit for bit against NumPy's conversions (both
+round to nearest even), products against float64 products of the same float16 values.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.core.dtypes import storage_only_message
+from netcl.runtime import ops as R
+
+#: float32 values whose float16 rounding is delicate: ties (2049, 2051 lie halfway between
+#: float16 neighbours), the largest finite value and the first that overflows, subnormals and
+#: the underflow boundary, signed zero, infinities and NaN
+_FINITE = [1.0, 0.1, -2.5, 2049.0, 2051.0, 65504.0, 65519.0, 65520.0, 1e-8, 3e-8, 6e-8, 5.96e-8, 3.0e-5, -0.0]
+SPECIAL = np.array([*_FINITE, np.inf, -np.inf, np.nan, 1 / 3, -1e5], np.float32)
+
+
+def _half(values: np.ndarray) -> np.ndarray:
+    """NumPy's float16 conversion (overflow to inf is part of what is checked)."""
+    with np.errstate(over="ignore"):
+        return values.astype(np.float16)
+
+
+def _same_bits(got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.dtype == expected.dtype
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), expected[~nan].view(np.uint16))
+
+
+def test_float16_tensors_round_trip_and_copy(device):
+    assert device.supports(nc.float16)
+    host = _half(SPECIAL).reshape(19, 1)
+    t = nc.tensor(host, device=device)
+    assert t.dtype == nc.float16
+    _same_bits(t.to_host(), host)
+    _same_bits(R.copy(t).to_host(), host)
+    _same_bits(R.cast(t, nc.float16).to_host(), host)
+    _same_bits(nc.Tensor.zeros((3, 2), nc.float16, device).to_host(), np.zeros((3, 2), np.float16))
+
+
+def test_casts_to_float16_round_like_numpy(device):
+    _same_bits(R.cast(nc.tensor(SPECIAL, device=device), nc.float16).to_host(), _half(SPECIAL))
+    ints = np.array([0, 1, -7, 2049, 2051, 65504, 65519, 65520, 100000, -(2**31)], np.int32)
+    _same_bits(R.cast(nc.tensor(ints, device=device), nc.float16).to_host(), _half(ints))
+    flags = np.array([True, False, True])
+    _same_bits(R.cast(nc.tensor(flags, device=device), nc.float16).to_host(), _half(flags))
+    if device.supports(nc.float64):  # float64 rounds to float16 directly, not through float32
+        wide = np.array([1 + 2**-11 + 2**-40, 1 + 2**-11, 65519.99, 1e-300, np.nan], np.float64)
+        got = R.cast(nc.tensor(wide, dtype=nc.float64, device=device), nc.float16).to_host()
+        _same_bits(got, _half(wide))
+
+
+def test_casts_from_float16_are_exact(device):
+    halves = _half(SPECIAL)
+    _same_bits(R.cast(nc.tensor(halves, device=device), nc.float32).to_host().astype(np.float16), halves)
+    np.testing.assert_array_equal(R.cast(nc.tensor(halves, device=device), nc.float32).to_host(), halves.astype("f4"))
+    if device.supports(nc.float64):
+        got = R.cast(nc.tensor(halves, device=device), nc.float64).to_host()
+        np.testing.assert_array_equal(got, halves.astype(np.float64))
+    small = np.array([0.0, 1.0, 2.75, 255.0, 17.5], np.float16)  # in range of every integer target
+    for dtype in (nc.int32, nc.int64, nc.uint8, nc.bool_):
+        np.testing.assert_array_equal(R.cast(nc.tensor(small, device=device), dtype).to_host(), small.astype(dtype))
+
+
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (False, True), (True, False)])
+def test_float16_matmul_matches_float64(device, trans_a, trans_b):
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (17, 33) if trans_a else (33, 17)).astype(np.float16)
+    b = rng.uniform(-1, 1, (9, 17) if trans_b else (17, 9)).astype(np.float16)
+    ta, tb = nc.tensor(a, device=device), nc.tensor(b, device=device)
+    x, y = (a.T if trans_a else a).astype(np.float64), (b.T if trans_b else b).astype(np.float64)
+    reference, scale = x @ y, np.abs(x) @ np.abs(y)
+    wide = R.matmul(ta, tb, transpose_a=trans_a, transpose_b=trans_b, out_dtype=nc.float32)
+    assert wide.dtype == nc.float32
+    # float16 x float16 products are exact in float32; 17 float32 additions: 17 * 2**-24 of sum |x y|
+    assert np.all(np.abs(wide.to_host() - reference) <= 17 * 2.0**-24 * scale + 1e-30)
+    narrow = R.matmul(ta, tb, transpose_a=trans_a, transpose_b=trans_b)
+    assert narrow.dtype == nc.float16
+    np.testing.assert_array_equal(narrow.to_host(), wide.to_host().astype(np.float16))  # one rounding of the sum
+    mixed = R.matmul(ta, R.cast(tb, nc.float32), transpose_a=trans_a, transpose_b=trans_b)  # promoted: float32
+    assert mixed.dtype == nc.float32  # (an fp32 kernel: its sums may round apart from the tensor cores')
+    assert np.all(np.abs(mixed.to_host() - reference) <= 17 * 2.0**-24 * scale + 1e-30)
+
+
+def test_float16_arithmetic_where_storage_only_says_so(device):
+    if device.computes(nc.float16):
+        pytest.skip(f"{device.name} computes in float16 (cl_khr_fp16 or the NumPy backend)")
+    h = nc.tensor(np.ones((4, 3), np.float16), device=device)
+    message = re.escape(storage_only_message(nc.float16, device.name))
+    for op in (lambda: R.add(h, h), lambda: R.relu(h), lambda: R.sum(h)):
+        with pytest.raises(nc.DTypeError, match=message):
+            op()
+    _same_bits(h.to_host(), np.ones((4, 3), np.float16))  # untouched, and still usable
+    np.testing.assert_array_equal(R.add(R.cast(h, nc.float32), 1.0).to_host(), np.full((4, 3), 2.0, np.float32))
