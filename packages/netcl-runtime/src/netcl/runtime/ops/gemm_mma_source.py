@@ -548,7 +548,8 @@ def mma_source(
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
-#define CP_ASYNC(dst, src, bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \\
+/* cp.async.ca (through L1): H200 tf32 / f16 products 2-22% faster than with .cg */
+#define CP_ASYNC(dst, src, bytes) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" \\
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define CP_ASYNC4(dst, src, bytes) asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \\
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
