@@ -600,3 +600,29 @@ def test_default_tiles_follow_the_device():
     assert (
         gemm_configs.default(nvidia, small) == gemm_configs.default(amd, small) == GemmConfig(16, 16, 2, 2, 32, 4, 4, 2)
     )
+
+
+@pytest.mark.parametrize("mode", ["tf32", "f16"])
+@pytest.mark.parametrize("along_k", [True, False], ids=["rows-mn", "rows-k"])
+@pytest.mark.parametrize("bkw", [8, 16])
+def test_swizzled_tiles_are_permutations_without_bank_conflicts(mode, along_k, bkw):
+    """A swizzled tile of the tensor-core kernel (cp.async stages with ldmatrix: three 128 x 16-word
+    stages fit 48 KB) puts every (row, word) at its own word and keeps 16-byte chunks whole, and the
+    8 rows an ldmatrix reads at one chunk (a tf32 word load: rows tig x 8 words) hit distinct banks.
+    The generated macro itself is evaluated (its C operators mean the same on non-negative ints)."""
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig, _tile
+
+    tile = _tile("A", 128, MmaConfig(2, 2, 4, 8, bkw, stages=3), along_k, mode)
+    assert tile.swizzle and tile.ld == (bkw if along_k else 128 // (1 if mode == "tf32" else 2))
+    body = tile.macro().split("SWA(r, w) ", 1)[1]
+    at = {(r, w): eval(body, {"r": r, "w": w}) for r in range(tile.rows) for w in range(tile.ld)}
+    assert sorted(at.values()) == list(range(tile.words))
+    assert all(at[r, w] - at[r, w & ~3] == w & 3 for r, w in at)
+    if along_k or mode == "f16":  # ldmatrix: one 16-byte chunk of 8 consecutive rows, 8 chunks of banks
+        for first in range(0, tile.rows, 8):
+            for chunk in range(tile.ld // 4):
+                assert len({at[r, 4 * chunk] // 4 % 8 for r in range(first, first + 8)}) == 8
+    else:  # tf32 rows k: lanes read rows ks + tig (4) at words base + gid (8 consecutive)
+        for ks in range(0, tile.rows, 8):
+            for base in range(0, tile.ld, 16):
+                assert len({at[ks + t, base + g] % 32 for t in range(4) for g in range(8)}) == 32

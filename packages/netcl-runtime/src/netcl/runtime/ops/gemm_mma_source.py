@@ -71,9 +71,14 @@ class MmaConfig:
     def bk_elements(self, mode: str) -> int:
         return self.bkw * _epw(mode)
 
+    @property
+    def swizzles(self) -> bool:
+        """Whether tiles may be swizzled instead of padded (cp.async stages with ldmatrix fragments)."""
+        return self.stages > 0 and self.ldsm == 1 and self.fn % 2 == 0
+
     def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
-        a = _tile_words(self.bm, self.bkw, not trans_a, mode)
-        b = _tile_words(self.bn, self.bkw, trans_b, mode)
+        a = _tile("A", self.bm, self, not trans_a, mode).words
+        b = _tile("B", self.bn, self, trans_b, mode).words
         return max(2, self.stages) * 4 * (a + b)
 
     def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
@@ -106,9 +111,50 @@ def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]
     return bkw * 2, words + (4 if (words // 4) % 2 == 0 else 0)
 
 
-def _tile_words(side: int, bkw: int, along_k: bool, mode: str) -> int:
-    rows, ld = _row_words(side, bkw, along_k, mode)
-    return rows * ld
+@dataclass(frozen=True)
+class Tile:
+    """One operand's tile in local memory: ``rows`` rows of ``ld`` words, and where the tile is
+    swizzled, the C expression (of the row ``r``) XORed into each 16-byte chunk's index of a row."""
+
+    name: str
+    rows: int
+    ld: int
+    swizzle: str = ""
+
+    @property
+    def words(self) -> int:
+        return self.rows * self.ld
+
+    def at(self, row: str, word: str) -> str:
+        """The word offset of (``row``, ``word``) in one buffer of the tile."""
+        return f"SW{self.name}({row}, {word})" if self.swizzle else f"{row} * {self.ld} + {word}"
+
+    def macro(self) -> str:
+        if not self.swizzle:
+            return ""
+        chunk = f"((((w) >> 2) ^ {self.swizzle}) << 2)"
+        return f"#define SW{self.name}(r, w) ((r) * {self.ld} + ({chunk} | ((w) & 3)))\n"
+
+
+def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Tile:
+    """The tile of an operand with ``side`` rows (m or n) kept in its stored orientation.
+
+    Padded rows by default (``_row_words``). With cp.async stages and ldmatrix (``cfg.swizzles``)
+    a row of a power-of-two number of words is unpadded and its 16-byte chunks swizzled instead, so
+    three 128 x 16-word stages fit 48 KB: ldmatrix reads one chunk of 8 consecutive rows, which
+    land in distinct banks when the chunk index is XORed with (row / rows-per-128-bytes); tf32 word
+    loads of rows k read rows tig (4) x 8 consecutive words, distinct with (row % 4) * 2.
+    """
+    rows, ld = _row_words(side, cfg.bkw, along_k, mode)
+    width = cfg.bkw if along_k else side // _epw(mode)
+    if not cfg.swizzles or width < 8 or width & (width - 1):
+        return Tile(name, rows, ld)
+    if along_k or mode not in WORD_MODES:
+        shift = max(1, 32 // width).bit_length() - 1
+        return Tile(name, rows, width, f"(((r) >> {shift}) & {min(width // 4, 8) - 1})")
+    if width < 32:
+        return Tile(name, rows, ld)
+    return Tile(name, rows, width, "(((r) & 3) << 1)")
 
 
 def _view_chunk_lines(
@@ -204,7 +250,8 @@ def _copy(
     """
     epw = _epw(mode)
     chunk = 4 * epw  # elements per chunk
-    rows, ld_words = _row_words(side, cfg.bkw, along_k, mode)
+    tile = _tile(name, side, cfg, along_k, mode)
+    rows = tile.rows
     row_elems = cfg.bkw * epw if along_k else side
     per_row = row_elems // chunk
     count = rows * per_row
@@ -242,8 +289,8 @@ def _copy(
                 f"(uint4)({cvt}({r0}.s0, {r0}.s1), {cvt}({r0}.s2, {r0}.s3), "
                 f"{cvt}({r1}.s0, {r1}.s1), {cvt}({r1}.s2, {r1}.s3))"
             )
-        stores.append(f"{guard}*(__local uint4*)&{name}s[nb][{row} * {ld_words} + {col} / {epw}] = {value};")
-    return decls, loads, stores, ld_words
+        stores.append(f"{guard}*(__local uint4*)&{name}s[nb][{tile.at(row, f'{col} / {epw}')}] = {value};")
+    return decls, loads, stores, tile
 
 
 def _async_copy(
@@ -262,7 +309,8 @@ def _async_copy(
     elements one word at a time from the indices of ``view.offsets4`` (a zero, -1, copies nothing)."""
     epw = _epw(mode)
     chunk = 4 * epw  # elements in 16 bytes
-    rows, ld_words = _row_words(side, cfg.bkw, along_k, mode)
+    tile = _tile(name, side, cfg, along_k, mode)
+    rows = tile.rows
     per_row = (cfg.bkw * epw if along_k else side) // chunk
     count = rows * per_row
     ld = f"ld{name.lower()}"
@@ -281,7 +329,7 @@ def _async_copy(
                 mn, kk = ("mn", f"kk + {e}") if along_k else (f"mn + {e}", "kk")
                 out.append(
                     f"  {{ const int ok = {mn} < {bound} && {kk} < kend && o.s{e} >= 0; "
-                    f"CP_ASYNC4({name}s[buf] + {row} * {ld_words} + {col} + {e}, ok ? p + o.s{e} : p, ok * 4); }}"
+                    f"CP_ASYNC4({name}s[buf] + {tile.at(row, f'{col} + {e}')}, ok ? p + o.s{e} : p, ok * 4); }}"
                 )
             out.append("}")
             continue
@@ -293,38 +341,37 @@ def _async_copy(
             out.append(f"{guard}{{ const int kk = kt + {row}; const IDX mn = {name}0 + {col};")
             out.append(f"  const int valid = kk < kend ? (int)clamp(({bound} - mn), (IDX)0, (IDX){chunk}) : 0;")
             out.append(f"  __global const {src_t}* p = valid ? {name} + (IDX)kk * {ld} + mn : {name};")
-        out.append(f"  CP_ASYNC({name}s[buf] + {row} * {ld_words} + {col}{word}, p, valid * {size}); }}")
+        out.append(f"  CP_ASYNC({name}s[buf] + {tile.at(row, f'{col}{word}')}, p, valid * {size}); }}")
     return out
 
 
-def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_w: int, ldb_w: int) -> list[str]:
+def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, ta: Tile, tb: Tile) -> list[str]:
     """Fragment loads of one k-step (``ks``: the step's first word within the stage)."""
+    lda_w, ldb_w = ta.ld, tb.ld  # (the 16-bit gathers without ldmatrix: never swizzled)
     out = []
     sixteen = mode not in WORD_MODES
     for fm in range(cfg.fm):
         base = f"wr + {fm * 16}"
         if cfg.ldsm and (a_along_k or sixteen):
             if a_along_k:  # rows m: lanes 0-15 rows, lanes 16-31 the words 4-7
-                addr = f"As[cb] + ({base} + (lane & 15)) * {lda_w} + ks + (lane >> 4) * 4"
+                addr = f"As[cb] + {ta.at(f'({base} + (lane & 15))', 'ks + (lane >> 4) * 4')}"
                 op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
             else:  # rows k (16-bit pairs along m): .trans
-                addr = (
-                    f"As[cb] + (ks * 2 + ((lane >> 4) & 1) * 8 + (lane & 7)) * {lda_w} "
-                    f"+ ({base} + ((lane >> 3) & 1) * 8) / 2"
-                )
+                row = "(ks * 2 + ((lane >> 4) & 1) * 8 + (lane & 7))"
+                addr = f"As[cb] + {ta.at(row, f'({base} + ((lane >> 3) & 1) * 8) / 2')}"
                 op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
             out.append(f'LDSM4("{op}", af[{fm}], {addr});')
         elif a_along_k:
-            r = f"({base} + gid) * {lda_w} + ks + tig"
+            r0, r8 = f"({base} + gid)", f"({base} + gid + 8)"
             out.append(
-                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8 * {lda_w}]; "
-                f"af[{fm}][2] = As[cb][{r} + 4]; af[{fm}][3] = As[cb][{r} + 8 * {lda_w} + 4];"
+                f"af[{fm}][0] = As[cb][{ta.at(r0, 'ks + tig')}]; af[{fm}][1] = As[cb][{ta.at(r8, 'ks + tig')}]; "
+                f"af[{fm}][2] = As[cb][{ta.at(r0, 'ks + tig + 4')}]; af[{fm}][3] = As[cb][{ta.at(r8, 'ks + tig + 4')}];"
             )
         elif not sixteen:  # tf32, rows k: a0 = (m gid, k tig)
-            r = f"(ks + tig) * {lda_w} + {base} + gid"
+            r0, r4, c0, c8 = "(ks + tig)", "(ks + tig + 4)", f"{base} + gid", f"{base} + gid + 8"
             out.append(
-                f"af[{fm}][0] = As[cb][{r}]; af[{fm}][1] = As[cb][{r} + 8]; "
-                f"af[{fm}][2] = As[cb][{r} + 4 * {lda_w}]; af[{fm}][3] = As[cb][{r} + 4 * {lda_w} + 8];"
+                f"af[{fm}][0] = As[cb][{ta.at(r0, c0)}]; af[{fm}][1] = As[cb][{ta.at(r0, c8)}]; "
+                f"af[{fm}][2] = As[cb][{ta.at(r4, c0)}]; af[{fm}][3] = As[cb][{ta.at(r4, c8)}];"
             )
         else:  # 16-bit, rows k, no ldmatrix: gather the two halves of each word
             h = "((__local const ushort*)As[cb])"
@@ -342,12 +389,12 @@ def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_
         base = f"wc + {fn * 8}"
         if pair:
             if b_along_k:  # rows n: lanes 0-7 / 16-23 rows of tile fn / fn+1, lanes 8-15 / 24-31 words 4-7
-                addr = f"Bs[cb] + ({base} + (lane & 7) + (lane >> 4) * 8) * {ldb_w} + ks + ((lane >> 3) & 1) * 4"
+                row = f"({base} + (lane & 7) + (lane >> 4) * 8)"
+                addr = f"Bs[cb] + {tb.at(row, 'ks + ((lane >> 3) & 1) * 4')}"
                 op = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
             else:  # rows k: matrices (k 0-7, fn), (k 8-15, fn), (k 0-7, fn+1), (k 8-15, fn+1)
-                addr = (
-                    f"Bs[cb] + (ks * 2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * {ldb_w} + ({base} + (lane >> 4) * 8) / 2"
-                )
+                row = "(ks * 2 + ((lane >> 3) & 1) * 8 + (lane & 7))"
+                addr = f"Bs[cb] + {tb.at(row, f'({base} + (lane >> 4) * 8) / 2')}"
                 op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
             out.append(
                 f'{{ uint t[4]; LDSM4("{op}", t, {addr}); '
@@ -356,11 +403,15 @@ def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, lda_
             fn += 2
             continue
         if b_along_k:
-            r = f"({base} + gid) * {ldb_w} + ks + tig"
-            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4];")
+            r = f"({base} + gid)"
+            out.append(
+                f"bf[{fn}][0] = Bs[cb][{tb.at(r, 'ks + tig')}]; bf[{fn}][1] = Bs[cb][{tb.at(r, 'ks + tig + 4')}];"
+            )
         elif not sixteen:
-            r = f"(ks + tig) * {ldb_w} + {base} + gid"
-            out.append(f"bf[{fn}][0] = Bs[cb][{r}]; bf[{fn}][1] = Bs[cb][{r} + 4 * {ldb_w}];")
+            c = f"{base} + gid"
+            out.append(
+                f"bf[{fn}][0] = Bs[cb][{tb.at('(ks + tig)', c)}]; bf[{fn}][1] = Bs[cb][{tb.at('(ks + tig + 4)', c)}];"
+            )
         else:
             h = "((__local const ushort*)Bs[cb])"
             row = "(ks * 2 + tig * 2)"
@@ -439,12 +490,11 @@ def mma_source(
     if cfg.stages and any(v is not None and not v.offsets4 for v in (view_a, view_b)):
         raise ValueError("gemm_mma: cp.async stages copy a view's elements from its offsets4 (tf32 only)")
     a_along_k, b_along_k = not trans_a, trans_b
-    a_decl, a_load, a_store, lda_w = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M", view_a)
-    b_decl, b_load, b_store, ldb_w = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N", view_b)
+    a_decl, a_load, a_store, tile_a = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M", view_a)
+    b_decl, b_load, b_store, tile_b = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N", view_b)
     helpers = "".join(v.helpers + "\n" for v in views if v is not None and v.helpers)
-    frag = _fragments(cfg, mode, a_along_k, b_along_k, lda_w, ldb_w)
-    a_words = _tile_words(cfg.bm, cfg.bkw, a_along_k, mode)
-    b_words = _tile_words(cfg.bn, cfg.bkw, b_along_k, mode)
+    frag = _fragments(cfg, mode, a_along_k, b_along_k, tile_a, tile_b)
+    a_words, b_words = tile_a.words, tile_b.words
     mma = [_tile_mma(mode, fm, fn) for fm in range(cfg.fm) for fn in range(cfg.fn)]
     if mode == "tf32x3":
         frag = [
@@ -555,7 +605,7 @@ def mma_source(
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
-{helpers}inline uint tf32_bits(float x) {{
+{helpers}{tile_a.macro()}{tile_b.macro()}inline uint tf32_bits(float x) {{
     uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
 inline uint bf16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
