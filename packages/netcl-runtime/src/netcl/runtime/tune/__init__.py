@@ -34,7 +34,7 @@ from netcl.runtime.disk_cache import cache_dir
 log = logging.getLogger("netcl.tune")
 ENV = "NETCL_TUNE"
 #: Bump when the kernels change, so stored winners of older kernels are not reused.
-GENERATION = "gemm-10"
+GENERATION = "gemm-11"
 _LOCK = threading.Lock()
 _MEMORY: dict[str, dict[str, Any]] = {}
 
