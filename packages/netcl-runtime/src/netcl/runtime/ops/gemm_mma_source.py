@@ -13,9 +13,12 @@ transposed B, m/n-contiguous rows otherwise), converted to the mma element type 
 tf32 words), so the global -> local copy is 16-byte loads and 16-byte stores. Fragments come out of
 local memory with ``ldmatrix`` (``.trans`` for m/n-contiguous 16-bit tiles), four 8x8 matrices per
 instruction; tf32 tiles stored m/n-contiguous use word loads. Row strides are padded so that the
-eight row addresses of an ``ldmatrix`` (or the 32 words of a warp's loads) fall in distinct banks.
+eight row addresses of an ``ldmatrix`` (or the 32 words of a warp's loads) fall in distinct banks;
+under cp.async stages the 16-byte chunks of unpadded rows are swizzled instead (``_tile``).
 Each thread loads its share of the next stage into registers before the current stage's mma work
-and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage).
+and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage);
+operands stored in the mma's format (tf32 words, float16) can instead be copied by ``cp.async``
+(through L1) ``stages`` deep.
 """
 
 from __future__ import annotations
