@@ -203,7 +203,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     candidates += _unsplit(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (H100 2048^3: 0.39 ms, 0.44 unstaged)
-        fallback = dataclasses.replace(fallback, bkw=8, stages=4 if _async_ok(device, mode) else 0)
+        fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
     if mode in ("tf32", "f16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2 (H200 4096^3: tf32 166 / 152,
         # fp16 316 / 288 TFLOP/s; the best of the grid)

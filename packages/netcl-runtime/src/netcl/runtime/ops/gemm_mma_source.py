@@ -133,6 +133,7 @@ class Tile:
         return f"SW{self.name}({row}, {word})" if self.swizzle else f"{row} * {self.ld} + {word}"
 
     def macro(self) -> str:
+        """The ``SW<name>(r, w)`` macro ``at`` uses in a swizzled tile (else nothing)."""
         if not self.swizzle:
             return ""
         chunk = f"((((w) >> 2) ^ {self.swizzle}) << 2)"
@@ -145,8 +146,9 @@ def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Til
     Padded rows by default (``_row_words``). With cp.async stages and ldmatrix (``cfg.swizzles``)
     a row of a power-of-two number of words is unpadded and its 16-byte chunks swizzled instead, so
     three 128 x 16-word stages fit 48 KB: ldmatrix reads one chunk of 8 consecutive rows, which
-    land in distinct banks when the chunk index is XORed with (row / rows-per-128-bytes); tf32 word
-    loads of rows k read rows tig (4) x 8 consecutive words, distinct with (row % 4) * 2.
+    land in distinct banks when the chunk index is XORed with (row / rows-per-128-bytes) modulo the
+    chunks of a row (at most 8); tf32 word loads of rows k read rows tig (4) x 8 consecutive words,
+    distinct with (row % 4) * 2.
     """
     rows, ld = _row_words(side, cfg.bkw, along_k, mode)
     width = cfg.bkw if along_k else side // _epw(mode)
