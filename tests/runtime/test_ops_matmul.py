@@ -468,16 +468,21 @@ def test_tune_command_runs_without_warnings(cl_device, tmp_path):
 
 def test_search_times_a_trials_prepared_run(cl_device):
     """A trial that returns its prepared run is called once per candidate (the build, its set-up);
-    the search then runs and times only what it returned (once to warm up, then ``repeats``)."""
+    the search then runs and times only what it returned (once to warm up, then ``repeats``), and
+    the ``finalists`` fastest again in interleaved ``rounds``, the winner one of them."""
     trials, runs = [], []
 
     def trial(cfg):
         trials.append(cfg)
         return lambda: runs.append(cfg)
 
-    best, ms = tune.search(cl_device, ["a", "b"], trial, repeats=3)
-    assert trials == ["a", "b"] and runs == ["a"] * 4 + ["b"] * 4
-    assert best in ("a", "b") and ms >= 0
+    best, ms = tune.search(cl_device, ["a", "b", "c"], trial, repeats=3, finalists=2, rounds=5)
+    assert trials == ["a", "b", "c"] and runs[:12] == ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    again = runs[12:]
+    assert len(set(again)) == 2 and again == again[:2] * 5  # two finalists, alternating
+    assert best in again and ms >= 0
+    runs.clear()
+    assert tune.search(cl_device, ["a"], trial, repeats=3)[0] == "a" and runs == ["a"] * 4  # no final
 
 
 def test_trials_run_on_random_operands(cl_device):
