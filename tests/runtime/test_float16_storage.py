@@ -1,5 +1,5 @@
 """float16 tensors on every device, storage-only where the device lacks ``cl_khr_fp16`` (PoCL here,
-NVIDIA's OpenCL): copies, casts and matmul take them there; every other kernel raises a DTypeError
+NVIDIA's OpenCL): copies, transposes, casts and matmul take them there; every other kernel raises a DTypeError
 that says so before it is built. Casts are checked bit for bit against NumPy's conversions (both
 round to nearest even), products against float64 products of the same float16 values.
 """
@@ -44,6 +44,13 @@ def test_float16_tensors_round_trip_and_copy(device):
     _same_bits(R.copy(t).to_host(), host)
     _same_bits(R.cast(t, nc.float16).to_host(), host)
     _same_bits(nc.Tensor.zeros((3, 2), nc.float16, device).to_host(), np.zeros((3, 2), np.float16))
+
+
+def test_float16_transposes_move_the_bits(device):
+    host = _half(np.concatenate([SPECIAL, SPECIAL[:5]]).reshape(2, 3, 4))
+    t = nc.tensor(host, device=device)
+    _same_bits(R.transpose(t, (0, 2, 1)).to_host(), np.ascontiguousarray(host.transpose(0, 2, 1)))  # tiled swap
+    _same_bits(R.transpose(t, (2, 0, 1)).to_host(), np.ascontiguousarray(host.transpose(2, 0, 1)))  # gather
 
 
 def test_casts_to_float16_round_like_numpy(device):

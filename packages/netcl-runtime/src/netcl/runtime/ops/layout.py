@@ -30,7 +30,6 @@ from netcl.runtime.ops._common import (
     dot_expr,
     get_kernel,
     index_type,
-    pragmas,
     round_up,
     storage_ctype,
     storage_pragmas,
@@ -152,15 +151,21 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
 _TILE, _ROWS = 32, 8
 
 
+def _bits_ctype(dtype: np.dtype) -> str:
+    """The C type a kernel that only moves ``dtype``'s values uses: float16 as its 16 bits (so the
+    move needs no ``cl_khr_fp16`` and runs where float16 is storage-only), else the storage type."""
+    return "ushort" if dtype == float16 else storage_ctype(dtype)
+
+
 def _swap_last_two(x: Tensor, out: Tensor) -> Tensor:
     """(..., R, C) -> (..., C, R) through a 32x32 tile in local memory (reads and writes coalesced)."""
     batch, R, C = math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]
-    t = storage_ctype(x.dtype)
+    t = _bits_ctype(x.dtype)
     idx = index_type(x.shape)
     key = ("transpose2", x.dtype.str, idx)
 
     def source() -> str:
-        return f"""{pragmas([x.dtype])}
+        return f"""{storage_pragmas([x.dtype])}
 __kernel __attribute__((reqd_work_group_size({_TILE}, {_ROWS}, 1)))
 void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, const {idx} C) {{
     __local {t} tile[{_TILE}][{_TILE} + 1];
@@ -193,9 +198,9 @@ def _transpose_source(rank: int, dtype: np.dtype, idx: str) -> str:
     dims = "".join(f", {p}" for p in dim_params(rank, idx))
     strides = "".join(f", const {idx} s{a}" for a in range(rank))
     body = "\n    ".join(coordinate_lines(rank, "gid", idx))
-    t = storage_ctype(dtype)
+    t = _bits_ctype(dtype)
     return (
-        f"{pragmas([dtype])}{FASTDIV_SOURCE}"
+        f"{storage_pragmas([dtype])}{FASTDIV_SOURCE}"
         f"__kernel void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} n{dims}{strides}) {{\n"
         f"    const {idx} gid = ({idx})get_global_id(0);\n"
         "    if (gid >= n) return;\n"
