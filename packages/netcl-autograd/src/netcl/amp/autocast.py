@@ -18,7 +18,9 @@ SUPPORTED = {"float16": float16, "half": float16}
 class autocast:  # noqa: N801 - torch's name
     """Within the block, matmul / ``nn.Linear`` / conv2d of float32 operands read them as float16 and
     accumulate in float32 (float32 results and gradients); reductions, norms, losses and elementwise
-    ops stay float32. On a device without ``cl_khr_fp16`` it does nothing and warns once per device.
+    ops stay float32. On a device without ``cl_khr_fp16`` whose tensor cores take float16 or tf32
+    (NVIDIA's OpenCL) those ops run on the float32 tensors at matmul precision "fp16" (matmul,
+    linear) or "high" (conv2d); on any other device without it autocast does nothing and warns once.
     Also usable as a decorator. ``enabled=False`` turns autocast off inside an enclosing block.
     """
 
