@@ -1,5 +1,6 @@
 """float16 tensors on every device, storage-only where the device lacks ``cl_khr_fp16`` (PoCL here,
-NVIDIA's OpenCL): copies, transposes, casts and matmul take them there; every other kernel raises a DTypeError
+NVIDIA's OpenCL): copies and moves (slices, concat, pad, flip, broadcast, transposes), casts and
+matmul take them there; every other kernel raises a DTypeError
 that says so before it is built. Casts are checked bit for bit against NumPy's conversions (both
 round to nearest even), products against float64 products of the same float16 values.
 """
@@ -51,6 +52,22 @@ def test_float16_transposes_move_the_bits(device):
     t = nc.tensor(host, device=device)
     _same_bits(R.transpose(t, (0, 2, 1)).to_host(), np.ascontiguousarray(host.transpose(0, 2, 1)))  # tiled swap
     _same_bits(R.transpose(t, (2, 0, 1)).to_host(), np.ascontiguousarray(host.transpose(2, 0, 1)))  # gather
+
+
+def test_float16_moves_slice_pad_and_broadcast(device):
+    """The raw-word movers (slicing, narrow, concat, pad, flip) and broadcast_to keep every bit."""
+    host = _half(np.concatenate([SPECIAL, SPECIAL[:5]]).reshape(2, 3, 4))
+    t = nc.tensor(host, device=device)
+    cases = [
+        (R.getitem(t, (slice(None), 1)), host[:, 1]),
+        (R.narrow(t, 2, 1, 2), host[:, :, 1:3]),
+        (R.concat([t, t], axis=1), np.concatenate([host, host], 1)),
+        (R.pad(t, (1, 2, 0, 1), value=0.5), np.pad(host, ((0, 0), (0, 1), (1, 2)), constant_values=np.float16(0.5))),
+        (R.flip(t, 1), host[:, ::-1]),
+        (R.broadcast_to(R.narrow(t, 1, 0, 1), (3, 2, 5, 4)), np.broadcast_to(host[:, :1], (3, 2, 5, 4))),
+    ]
+    for got, expected in cases:
+        _same_bits(got.to_host(), np.ascontiguousarray(expected))
 
 
 def test_casts_to_float16_round_like_numpy(device):

@@ -36,6 +36,7 @@ from netcl.runtime.ops._common import (
 )
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
+from netcl.runtime.ops.strided import strided_copy
 
 
 def _require_tensor(x: Any, op: str) -> Tensor:
@@ -115,6 +116,10 @@ def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
         raise ShapeError(f"broadcast_to: shape {x.shape} cannot broadcast to {target}")
     if x.device.kind == "cpu":
         return numpy_backend.broadcast_to(x, target)
+    if x.dtype == float16 and not x.device.computes(float16):  # storage-only: a strided move of the bits
+        own = (1,) * (len(target) - x.ndim) + tuple(x.shape)
+        steps = contiguous_strides(own)
+        return strided_copy(x, target, [0 if d == 1 else step for d, step in zip(own, steps, strict=True)])
     return run_elementwise("{0}", (x,), [storage_ctype(x.dtype)], target, x.dtype, x.device)
 
 
