@@ -54,8 +54,8 @@ def test_float16_transposes_move_the_bits(device):
     _same_bits(R.transpose(t, (2, 0, 1)).to_host(), np.ascontiguousarray(host.transpose(2, 0, 1)))  # gather
 
 
-def test_float16_moves_slice_pad_and_broadcast(device):
-    """The raw-word movers (slicing, narrow, concat, pad, flip) and broadcast_to keep every bit."""
+def test_float16_moves_slice_pad_broadcast_and_fill(device):
+    """The raw-word movers (slicing, narrow, concat, pad, flip), broadcast_to and fills keep every bit."""
     host = _half(np.concatenate([SPECIAL, SPECIAL[:5]]).reshape(2, 3, 4))
     t = nc.tensor(host, device=device)
     cases = [
@@ -65,6 +65,8 @@ def test_float16_moves_slice_pad_and_broadcast(device):
         (R.pad(t, (1, 2, 0, 1), value=0.5), np.pad(host, ((0, 0), (0, 1), (1, 2)), constant_values=np.float16(0.5))),
         (R.flip(t, 1), host[:, ::-1]),
         (R.broadcast_to(R.narrow(t, 1, 0, 1), (3, 2, 5, 4)), np.broadcast_to(host[:, :1], (3, 2, 5, 4))),
+        (R.full((2, 3), 1 / 3, nc.float16, device), _half(np.full((2, 3), 1 / 3))),  # rounded once, to nearest
+        (R.zeros_like(t), np.zeros_like(host)),
     ]
     for got, expected in cases:
         _same_bits(got.to_host(), np.ascontiguousarray(expected))

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
-from netcl.runtime.launch import launch
+from netcl.runtime.launch import enqueue_fill, launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -604,4 +604,8 @@ def fill_(dst: Tensor, value: Any) -> Tensor:
     device = device_of((dst, value), "fill_")
     if device.kind == "cpu":
         return numpy_backend.assign(dst, numpy_backend.value(value, dst.dtype))
+    if dst.dtype == float16 and not device.computes(float16) and not isinstance(value, Tensor):
+        if dst.nbytes:  # storage-only float16: a fill command with the value's float16 bits
+            enqueue_fill(device.queue, dst, value, float16)
+        return dst
     return run_elementwise("{0}", (value,), [compute_ctype(dst.dtype)], dst.shape, dst.dtype, device, out=dst)
