@@ -13,7 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device, same_device
-from netcl.core.dtypes import C_TYPES, as_dtype, float16, float32, float64
+from netcl.core.dtypes import C_TYPES, STORAGE_ONLY, as_dtype, float16, float32, float64
 from netcl.core.errors import DTypeError
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
 from netcl.runtime.cache import program_cache, register_cache
@@ -135,6 +135,12 @@ def pragmas(dtypes: Sequence[np.dtype]) -> str:
     if any(d == float16 for d in dtypes):
         lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def storage_only(device: Device, dtype: np.dtype) -> bool:
+    """Whether ``device`` holds ``dtype`` without computing in it (float16 without ``cl_khr_fp16``):
+    such tensors take only kernels that move, fill, convert or multiply them (``STORAGE_ONLY``)."""
+    return dtype in STORAGE_ONLY and not device.computes(dtype)
 
 
 def storage_pragmas(dtypes: Sequence[np.dtype]) -> str:

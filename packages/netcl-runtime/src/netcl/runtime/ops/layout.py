@@ -32,6 +32,7 @@ from netcl.runtime.ops._common import (
     index_type,
     round_up,
     storage_ctype,
+    storage_only,
     storage_pragmas,
 )
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
@@ -62,7 +63,7 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
     target = x.device.check_dtype(dtype)
     if x.device.kind == "cpu":
         return numpy_backend.cast(x, target)
-    if float16 in (x.dtype, target) and not x.device.computes(float16):
+    if storage_only(x.device, x.dtype) or storage_only(x.device, target):
         return _storage_cast(x, target)
     ctype = storage_ctype(target) if target.kind != "b" else compute_ctype(x.dtype)
     if target.kind == "f" and x.dtype.kind == "f":
@@ -116,7 +117,7 @@ def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
         raise ShapeError(f"broadcast_to: shape {x.shape} cannot broadcast to {target}")
     if x.device.kind == "cpu":
         return numpy_backend.broadcast_to(x, target)
-    if x.dtype == float16 and not x.device.computes(float16):  # storage-only: a strided move of the bits
+    if storage_only(x.device, x.dtype):  # a strided move of the bits
         own = (1,) * (len(target) - x.ndim) + tuple(x.shape)
         steps = contiguous_strides(own)
         return strided_copy(x, target, [0 if d == 1 else step for d, step in zip(own, steps, strict=True)])

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes
-from netcl.core.dtypes import float16, float32
+from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import enqueue_fill, launch
 from netcl.runtime.ops import numpy_backend
@@ -46,6 +46,7 @@ from netcl.runtime.ops._common import (
     remember,
     scalar_dtype,
     storage_ctype,
+    storage_only,
 )
 from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
 
@@ -604,8 +605,8 @@ def fill_(dst: Tensor, value: Any) -> Tensor:
     device = device_of((dst, value), "fill_")
     if device.kind == "cpu":
         return numpy_backend.assign(dst, numpy_backend.value(value, dst.dtype))
-    if dst.dtype == float16 and not device.computes(float16) and not isinstance(value, Tensor):
-        if dst.nbytes:  # storage-only float16: a fill command with the value's float16 bits
-            enqueue_fill(device.queue, dst, value, float16)
+    if storage_only(device, dst.dtype) and not isinstance(value, Tensor):
+        if dst.nbytes:  # a fill command with the value's bits in dst's dtype
+            enqueue_fill(device.queue, dst, value, dst.dtype)
         return dst
     return run_elementwise("{0}", (value,), [compute_ctype(dst.dtype)], dst.shape, dst.dtype, device, out=dst)
