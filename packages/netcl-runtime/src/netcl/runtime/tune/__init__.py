@@ -1,7 +1,8 @@
 """Per-device parameter search for the GEMM kernels, stored on disk (``python -m netcl.runtime.tune``).
 
 At the first product of a shape class on a device, ``select`` times every candidate config on the
-real problem (device time from profiling events, best of a few runs), keeps the fastest, and
+real problem (device time from profiling events, best of a few runs; the three fastest again by
+median, ``search``), keeps the fastest, and
 stores it in ``<kernel cache dir>/tune/<device key>.json``; the device key names what the
 program cache's disk key names (platform, device, driver, device version) plus the kernel
 generation, so a new driver or new kernels search again. Later processes read the file.
