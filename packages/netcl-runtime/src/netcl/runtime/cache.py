@@ -23,6 +23,7 @@ import pyopencl as cl
 
 from netcl.core.dtypes import REQUIRED_EXTENSION, STORAGE_ONLY, storage_only_message
 from netcl.core.errors import DTypeError
+from netcl.runtime import ptx_patch
 from netcl.runtime.disk_cache import DiskCache, entry_key
 from netcl.runtime.errors import CompileError
 
@@ -226,6 +227,8 @@ class ProgramCache:
             program.build(options=list(flags))
         except cl.RuntimeError as exc:
             raise CompileError(_compile_message(program, source, flags, exc)) from None
+        if ptx_patch.needed(source):
+            program = _patched(program, source, ctx, flags)
         handle = KernelHandle(program, source, flags, ctx)
         with self._lock:
             self._stats.builds += 1
@@ -233,6 +236,20 @@ class ProgramCache:
         if disk_key is not None:
             self.disk.store(disk_key, program.get_info(cl.program_info.BINARIES)[0])
         return handle
+
+
+def _patched(program: cl.Program, source: str, ctx: cl.Context, flags: tuple[str, ...]) -> cl.Program:
+    """``program`` rebuilt from its PTX after ``ptx_patch.patch`` (instructions OpenCL C cannot reach)."""
+    try:
+        binaries = [ptx_patch.patch(b.decode()).encode() for b in program.get_info(cl.program_info.BINARIES)]
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CompileError(f"PTX patch failed: {exc}") from None
+    patched = cl.Program(ctx, ctx.devices, binaries)
+    try:
+        patched.build(options=list(flags))
+    except cl.RuntimeError as exc:
+        raise CompileError(_compile_message(patched, source, flags, exc)) from None
+    return patched
 
 
 def key_kind(key: Hashable) -> str:

@@ -58,6 +58,10 @@ class MmaConfig:
     split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
+    #: Hopper's warpgroup ``wgmma`` (a warpgroup of 4 warps per 64 rows, tiles in swizzle atoms): 1: a
+    #: stage's products run on while the previous stage's buffer refills (two barriers a stage); 2: they
+    #: finish before the next stage (one barrier)
+    wg: int = 0
 
     @property
     def bm(self) -> int:
@@ -77,7 +81,7 @@ class MmaConfig:
     @property
     def swizzles(self) -> bool:
         """Whether tiles may be swizzled instead of padded (cp.async stages with ldmatrix fragments)."""
-        return self.stages > 0 and self.ldsm == 1 and self.fn % 2 == 0
+        return self.stages > 0 and self.ldsm == 1 and self.fn % 2 == 0 and not self.wg
 
     def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
         a = _tile("A", self.bm, self, not trans_a, mode).words
@@ -92,11 +96,28 @@ class MmaConfig:
             out.append("cp.async stages need tf32 or f16, 16-byte aligned operands and at least 2 stages")
         if self.fpre and mode == "tf32x3":
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
+        if self.wg:
+            out += _wgmma_problems(self, mode, trans_a, trans_b)
         return out
 
     def short(self) -> str:
         tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
         return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}"
+
+
+def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
+    out = []
+    if cfg.stages < 2 or mode not in ASYNC_MODES:
+        out.append("wgmma copies tf32 / f16 operands with cp.async: stages >= 2")
+    if cfg.wn != 1 or cfg.fm != 1 or cfg.wm % 4 or cfg.fpre:
+        out.append("wgmma: warps stacked along M (wn = fm = 1, wm a multiple of 4), no fragment prefetch")
+    if cfg.bn > 256:
+        out.append("wgmma multiplies at most 256 columns (fn <= 32)")
+    if cfg.bkw > 32:
+        out.append("wgmma: at most 32 words along K a stage (a K-major row in one 128-byte swizzle atom)")
+    if mode in WORD_MODES and (trans_a or not trans_b):
+        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed")
+    return out
 
 
 def _epw(mode: str) -> int:
@@ -123,6 +144,7 @@ class Tile:
     rows: int
     ld: int
     swizzle: str = ""
+    atom: int = 0  #: words per row of a ``wgmma`` swizzle atom (8 rows of 32, 64 or 128 bytes); 0: none
 
     @property
     def words(self) -> int:
@@ -130,10 +152,23 @@ class Tile:
 
     def at(self, row: str, word: str) -> str:
         """The word offset of (``row``, ``word``) in one buffer of the tile."""
-        return f"SW{self.name}({row}, {word})" if self.swizzle else f"{row} * {self.ld} + {word}"
+        if self.swizzle or self.atom:
+            return f"SW{self.name}({row}, {word})"
+        return f"{row} * {self.ld} + {word}"
 
     def macro(self) -> str:
-        """The ``SW<name>(r, w)`` macro ``at`` uses in a swizzled tile (else nothing)."""
+        """The ``SW<name>(r, w)`` macro ``at`` uses in a swizzled tile (else nothing).
+
+        In ``wgmma`` atoms (``atom`` words a row): groups of 8 rows, each a row of atoms side by side,
+        and in an atom the 16-byte chunk index XORed with bits 7 and up of the row's byte offset (the
+        hardware's 32 / 64 / 128-byte swizzle of the address; buffers aligned to 1024 bytes).
+        """
+        if self.atom:
+            aw, chunks = self.atom, self.atom // 4
+            shift = {8: 2, 16: 1, 32: 0}[aw]
+            group = f"(((r) >> 3) * {self.ld // aw} + (w) / {aw}) * {8 * aw}"
+            chunk = f"(((((w) >> 2) & {chunks - 1}) ^ ((((r) & 7) >> {shift}) & {chunks - 1})) << 2)"
+            return f"#define SW{self.name}(r, w) ({group} + ((r) & 7) * {aw} + {chunk} + ((w) & 3))\n"
         if not self.swizzle:
             return ""
         chunk = f"((((w) >> 2) ^ {self.swizzle}) << 2)"
@@ -152,6 +187,8 @@ def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Til
     """
     rows, ld = _row_words(side, cfg.bkw, along_k, mode)
     width = cfg.bkw if along_k else side // _epw(mode)
+    if cfg.wg:  # rows of up to 128 bytes in one atom
+        return Tile(name, rows, width, atom=min(width, 32))
     if not cfg.swizzles or width < 8 or width & (width - 1):
         return Tile(name, rows, ld)
     if along_k or mode not in WORD_MODES:
@@ -431,6 +468,63 @@ def _fragments(cfg: MmaConfig, mode: str, a_along_k: bool, b_along_k: bool, ta: 
     return out
 
 
+def _descriptor_bits(along_k: bool, tile: Tile) -> int:
+    """The constant bits of a ``wgmma`` shared-memory descriptor of a swizzled ``tile``: leading
+    byte offset (bits 16-29: atom to atom along M/N of an M/N-major tile; unused K-major), stride
+    byte offset (bits 32-45: one group of 8 rows to the next), in 16-byte units, and the swizzle
+    (bits 62-63: 1, 2, 3 for 128, 64, 32 bytes)."""
+    atom_bytes = 8 * 4 * tile.atom
+    lead = 0 if along_k else atom_bytes
+    stride = atom_bytes * (tile.ld // tile.atom)
+    mode = {32: 1, 16: 2, 8: 3}[tile.atom]
+    return ((lead >> 4) << 16) | ((stride >> 4) << 32) | (mode << 62)
+
+
+def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles: tuple[Tile, Tile]) -> list[str]:
+    """The ``wgmma`` of one stage (``cb``): per k-step one instruction per warpgroup, 64 x BN x k.
+
+    A k-step is 8 words along K: 32 bytes on in a K-major tile (within its atoms' rows), two groups
+    of 8 rows on in an M/N-major one; warpgroup ``wgi`` reads A's rows from 64 * wgi.
+    """
+    regs = _wgmma_accumulators(cfg)
+    n = len(regs)
+    shape = f"m64n{cfg.bn}k16.f32.f16.f16" if mode == "f16" else f"m64n{cfg.bn}k8.f32.tf32.tf32"
+    tail = "1, 1, 1" + ("" if mode in WORD_MODES else f", {int(not along[0])}, {int(not along[1])}")
+    listed = ", ".join("%" + str(i) for i in range(n))
+    outs = ", ".join(f'"+f"({r})' for r in regs)
+    group_bytes = [32 * t.ld for t in tiles]  # 8 rows
+    step_bytes = [32 if k else 2 * g for k, g in zip(along, group_bytes, strict=True)]
+    a_warpgroup = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * 32 * tiles[0].atom
+    lines = [
+        f"const ulong da0 = {_descriptor_bits(along[0], tiles[0])}UL | "
+        f"((((uint)(size_t)As[cb]) + wgi * {a_warpgroup}) >> 4);",
+        f"const ulong db0 = {_descriptor_bits(along[1], tiles[1])}UL | (((uint)(size_t)Bs[cb]) >> 4);",
+        'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
+    ]
+    for step in range(cfg.bkw // 8):
+        da, db = f"da0 + {step * step_bytes[0] >> 4}", f"db0 + {step * step_bytes[1] >> 4}"
+        lines.append(
+            f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.{shape} {{{listed}}}, %{n}, %{n + 1}, {tail};"'
+            f' : {outs} : "l"({da}), "l"({db}));'
+        )
+    lines.append('asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");')
+    if cfg.wg == 2:
+        lines.append(_wgmma_wait(cfg, 0))
+    return lines
+
+
+def _wgmma_accumulators(cfg: MmaConfig) -> list[str]:
+    """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values)."""
+    return [f"acc[0][{j}][{i}]" for j in range(cfg.fn) for i in range(4)]
+
+
+def _wgmma_wait(cfg: MmaConfig, pending: int) -> str:
+    """Wait until at most ``pending`` groups of ``wgmma`` are in flight; the accumulators are its
+    operands, so the compiler neither reads nor moves them before the wait."""
+    outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg))
+    return f'asm volatile("// NETCL_PTX wgmma.wait_group.sync.aligned {pending};" : {outs} :: "memory");'
+
+
 def _split_lines(raw: str, hi: str, count: int, words: int) -> list[str]:
     """Split each raw float32 word of ``raw`` into ``hi`` = tf32(x) and, in place, lo = tf32(x - hi)."""
     return [
@@ -498,7 +592,7 @@ def mma_source(
     a_decl, a_load, a_store, tile_a = _copy("A", cfg.bm, cfg, a_along_k, a_half, mode, cfg.va, "M", view_a)
     b_decl, b_load, b_store, tile_b = _copy("B", cfg.bn, cfg, b_along_k, b_half, mode, cfg.vb, "N", view_b)
     helpers = "".join(v.helpers + "\n" for v in views if v is not None and v.helpers)
-    frag = _fragments(cfg, mode, a_along_k, b_along_k, tile_a, tile_b)
+    frag = [] if cfg.wg else _fragments(cfg, mode, a_along_k, b_along_k, tile_a, tile_b)
     a_words, b_words = tile_a.words, tile_b.words
     mma = [_tile_mma(mode, fm, fn) for fm in range(cfg.fm) for fn in range(cfg.fn)]
     if mode == "tf32x3":
@@ -516,6 +610,7 @@ def mma_source(
     at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
     store = f"vstore_half_rte(OUT, 0, Cz + {at})" if out_half else f"Cz[{at}] = OUT"
     nl, nl2 = "\n    ", "\n        "
+    align = 1024 if cfg.wg else 16  # wgmma's swizzle is of the address: atoms start at its period
     nl5 = "\n                    "
     compute = f"""#pragma unroll
         for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
@@ -538,14 +633,34 @@ def mma_source(
                 body += renamed(frag, (step + 1) % 2, step + 1)
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
+    if cfg.wg:  # the stage's products run asynchronously on the warpgroups
+        compute = "{\n            const int wgi = warp >> 2;\n            " + nl2.join(
+            _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
+        ) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
+        # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
+        proxy_fence = nl + 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");' if cfg.wg else ""
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
             "B", cfg.bn, cfg, b_along_k, "N", mode, sb, view_b
         )
+        ahead = nbuf - 1  # tiles copied ahead of the one multiplied
+        drain = nl + _wgmma_wait(cfg, 0) if cfg.wg else ""
+        refill = f"""{{
+            const int tn = t + {ahead};
+            if (tn < ntiles) {{
+                const int buf = tn % {nbuf}; const int kt = kbeg + tn * BK;
+                {nl2.join(issue)}
+            }}
+            asm volatile("cp.async.commit_group;");
+        }}"""
+        body = f"{refill}\n        const int cb = t % {nbuf};\n        {compute}"
+        if cfg.wg == 1:  # refill the previous stage's buffer once every warpgroup's products of it are done
+            parts = [f"const int cb = t % {nbuf};", compute, _wgmma_wait(cfg, 1), "barrier(CLK_LOCAL_MEM_FENCE);", refill]
+            body = nl2.join(parts)
         main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     #pragma unroll
-    for (int st = 0; st < {nbuf - 1}; ++st) {{
+    for (int st = 0; st < {ahead}; ++st) {{
         if (st < ntiles) {{
             const int buf = st; const int kt = kbeg + st * BK;
             {nl2.join(issue)}
@@ -553,19 +668,10 @@ def mma_source(
         asm volatile("cp.async.commit_group;");
     }}
     for (int t = 0; t < ntiles; ++t) {{
-        asm volatile("cp.async.wait_group {nbuf - 2};");
+        asm volatile("cp.async.wait_group {ahead - 1};");{proxy_fence}
         barrier(CLK_LOCAL_MEM_FENCE);
-        {{
-            const int tn = t + {nbuf - 1};
-            if (tn < ntiles) {{
-                const int buf = tn % {nbuf}; const int kt = kbeg + tn * BK;
-                {nl2.join(issue)}
-            }}
-            asm volatile("cp.async.commit_group;");
-        }}
-        const int cb = t % {nbuf};
-        {compute}
-    }}"""
+        {body}
+    }}{drain}"""
     else:
         nbuf = 2
         main_loop = f"""int k0 = kbeg;
@@ -625,8 +731,8 @@ void netcl_gemm(const int M, const int N, const int K,
                 const long sa0, const long sa1, const long sa2,
                 const long sb0, const long sb1, const long sb2,
                 const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
-    __local uint As[{nbuf}][{a_words}] __attribute__((aligned(16)));
-    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned(16)));
+    __local uint As[{nbuf}][{a_words}] __attribute__((aligned({align})));
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
