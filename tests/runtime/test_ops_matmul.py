@@ -631,3 +631,80 @@ def test_swizzled_tiles_are_permutations_without_bank_conflicts(mode, along_k, b
         for ks in range(0, tile.rows, 8):
             for base in range(0, tile.ld, 16):
                 assert len({at[ks + t, base + g] % 32 for t in range(4) for g in range(8)}) == 32
+
+
+@pytest.mark.parametrize(
+    ("along_k", "side", "bkw", "mode"),
+    [
+        (True, 128, 16, "f16"),
+        (True, 64, 8, "tf32"),
+        (True, 128, 32, "f16"),
+        (False, 128, 16, "f16"),
+        (False, 16, 8, "f16"),
+    ],
+)
+def test_wgmma_atoms_follow_the_hardware_swizzle(along_k, side, bkw, mode):
+    """A wgmma tile's macro puts (row, word) where Hopper's swizzle reads it: canonical rows of 8 x
+    W-byte atoms (K-major: one atom a row group; M/N-major: atoms side by side along M/N), each
+    address's 16-byte chunk bits XORed with its bits 7 and up (PTX ISA, "shared memory matrix
+    layout", swizzle modes 32/64/128 B). The generated macro is evaluated."""
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig, _tile
+
+    tile = _tile("A", side, MmaConfig(8, 1, 1, 16, bkw, stages=3, wg=1), along_k, mode)
+    width = 4 * tile.atom  # bytes of an atom's row
+    body = tile.macro().split("SWA(r, w) ", 1)[1]
+    for r in range(tile.rows):
+        for w in range(tile.ld):
+            atom, inside = divmod(4 * w, width)
+            canonical = ((r // 8) * (tile.ld // tile.atom) + atom) * 8 * width + (r % 8) * width + inside
+            mask = width // 16 - 1
+            swizzled = canonical ^ (((canonical >> 7) & mask) << 4)
+            assert 4 * eval(body, {"r": r, "w": w}) == swizzled, (r, w)
+
+
+def test_wgmma_descriptors_and_limits():
+    """Descriptor strides in 16-byte units (leading: atom to atom along M/N, stride: 8 rows on) and the
+    swizzle field; the layouts wgmma cannot read are refused by ``problems``."""
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig, _descriptor_bits, _tile
+
+    cfg = MmaConfig(8, 1, 1, 16, 16, stages=3, wg=1)
+    a = _descriptor_bits(True, _tile("A", 128, cfg, True, "f16"))  # rows m of 64 bytes: 64-byte swizzle
+    assert (a >> 16) & 0x3FFF == 0 and (a >> 32) & 0x3FFF == 8 * 64 // 16 and a >> 62 == 2
+    b = _descriptor_bits(False, _tile("B", 128, cfg, False, "f16"))  # rows k of 256 bytes: two 128-byte atoms
+    assert (b >> 16) & 0x3FFF == 1024 // 16 and (b >> 32) & 0x3FFF == 2048 // 16 and b >> 62 == 1
+    assert not cfg.problems("f16", True, False) and not cfg.problems("tf32", False, True)
+    assert "tf32 wgmma reads both operands K-major" in " ".join(cfg.problems("tf32", False, False))
+    assert cfg.problems("tf32", True, True)
+    assert dataclasses.replace(cfg, stages=1).problems("f16", False, False)
+    assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
+    assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
+
+
+def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
+    """Every wgmma config of the search computes float16 products in all four layouts and tf32 ones
+    in the layout it reads (A untransposed, B transposed), with partial tiles in M, N and K, split
+    along K or not, against float64 products of the same operands. Hopper GPUs only (its probe)."""
+    if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
+        pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
+    f32 = np.dtype(np.float32)
+    m, n, k = 300, 200, 136
+    for mode, dtype, layouts in (
+        ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
+        ("tf32", np.float32, [(False, True)]),
+    ):
+        if not gemm_mma.wgmma_ok(cl_device, mode):
+            continue
+        for ta, tb in layouts:
+            a = _data((k, m) if ta else (m, k), 0).astype(dtype)
+            b = _data((n, k) if tb else (k, n), 1).astype(dtype)
+            expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+            problem = gemm.Problem(m, n, k, ta, tb, ())
+            for cfg in [c for c in gemm_mma._grid() if c.wg]:
+                for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
+                    variant = gemm_mma._aligned(variant, problem, dtype == np.float16, dtype == np.float16)
+                    assert not variant.problems(mode, ta, tb), variant
+                    plan = gemm_mma.make_plan(cl_device, mode, x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)
+                    err = np.abs(plan.run(x, y).to_host() - expected).max()
+                    # float16 operands multiply exactly; both modes accumulate on the tensor cores
+                    assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)

@@ -31,7 +31,7 @@ def patch(ptx: str) -> str:
     exist only on Hopper) or holds no marked instruction (the compiler dropped them).
     """
     if not _TARGET.search(ptx):
-        found = re.search(r"\.target\s+(\S+)", ptx)
+        found = re.search(r"\.target\s+([^\s,]+)", ptx)
         raise ValueError(f"PTX patch: target {found.group(1) if found else '(none)'}; sm_90 expected")
     if MARK not in ptx:
         raise ValueError("PTX patch: the compiled PTX holds no marked instruction")

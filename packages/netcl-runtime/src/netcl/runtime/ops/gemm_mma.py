@@ -2,9 +2,10 @@
 
 A device qualifies when it is an NVIDIA GPU and a probe kernel with ``mma.sync`` of each mode
 builds and multiplies a 16 x 8 x 16 product correctly (checked against NumPy once per device
-and process). Every other device, and a device whose probe fails, keeps the portable kernel;
-asking for tensor cores there logs one line per device, never an error. ``NETCL_MMA=0``
-turns the path off (to compare with the portable kernel).
+and process). Hopper's ``wgmma`` (tf32 and f16, through patched PTX: ``netcl.runtime.ptx_patch``)
+joins the configs where its own probe passes. Every other device, and a device whose probe fails,
+keeps the portable kernel; asking for tensor cores there logs one line per device, never an error.
+``NETCL_MMA=0`` turns the path off (to compare with the portable kernel).
 """
 
 from __future__ import annotations
@@ -97,8 +98,23 @@ def _async_ok(device: Device, mode: str) -> bool:
     return ok
 
 
-def _probe(device: Device, mode: str, ldsm: int, stages: int = 0) -> bool:
-    """Build the smallest mma kernels of ``mode`` (NN and TT) and check 16 x 16 x 16 products."""
+def wgmma_ok(device: Device, mode: str) -> bool:
+    """Whether ``wgmma`` kernels of ``mode`` (tf32, f16) build and multiply correctly (probed once)."""
+    if not _async_ok(device, mode):
+        return False
+    key = (device, f"{mode}-wgmma")
+    with _LOCK:
+        if key in _PROBED:
+            return _PROBED[key] is not None
+    ok = _probe(device, mode, 1, cfg=MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1))
+    with _LOCK:
+        _PROBED[key] = 1 if ok else None
+    return ok
+
+
+def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig | None = None) -> bool:
+    """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT) and check
+    16 x 16 x 16 products."""
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.ops.gemm import Problem
 
@@ -106,16 +122,17 @@ def _probe(device: Device, mode: str, ldsm: int, stages: int = 0) -> bool:
     dtype = float16 if mode == "f16" else float32
     if dtype == float16 and not device.supports(float16):
         return False
-    cfg = MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
+    cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
+    layouts = [(False, True)] if cfg.wg and mode in WORD_MODES else [(False, False), (True, True)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
-    for trans in (False, True):
+    for trans_a, trans_b in layouts:
         a = rng.uniform(-1, 1, (16, 16)).astype(dtype)
         b = rng.uniform(-1, 1, (16, 16)).astype(dtype)
         try:
             ta, tb = Tensor.from_host(device, a), Tensor.from_host(device, b)
-            problem = Problem(16, 16, 16, trans, trans, ())
+            problem = Problem(16, 16, 16, trans_a, trans_b, ())
             plan = make_plan(device, mode, ta.dtype, tb.dtype, float32, (16, 16), problem, cfg=cfg)
             got = plan.run(ta, tb).to_host()
         except (CompileError, LaunchError) as exc:
@@ -123,11 +140,11 @@ def _probe(device: Device, mode: str, ldsm: int, stages: int = 0) -> bool:
                 "netcl: tensor-core probe (%s, %s) failed on %s: %s", mode, cfg.short(), device.cl_device.name, exc
             )
             return False
-        x, y = (a.T, b.T) if trans else (a, b)
+        x, y = (a.T if trans_a else a), (b.T if trans_b else b)
         expected = x.astype(np.float64) @ y.astype(np.float64)
         if not np.all(np.abs(got - expected) <= tol):
             log.warning(
-                "netcl: tensor-core probe (%s, ldsm=%d) on %s gave wrong results", mode, ldsm, device.cl_device.name
+                "netcl: tensor-core probe (%s, %s) on %s gave wrong results", mode, cfg.short(), device.cl_device.name
             )
             return False
     return True
@@ -158,6 +175,13 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 2, 2, 8, 8, stages=4),
         MmaConfig(2, 2, 2, 8, 16, stages=3),
         MmaConfig(2, 2, 2, 4, 16, stages=3),
+        # Hopper's wgmma (tf32 and f16): two warpgroups of 64 x 128 (H200 4096^3 f16 345-348, tf32 NT
+        # 176-184 TFLOP/s against mma.sync's 306-314 / 166), 64 x 128 for fewer rows, 2 x 64 x 256
+        MmaConfig(8, 1, 1, 16, 16, stages=3, wg=1),
+        MmaConfig(8, 1, 1, 16, 16, stages=3, wg=2),
+        MmaConfig(4, 1, 1, 16, 16, stages=3, wg=1),
+        MmaConfig(8, 1, 1, 32, 8, stages=4, wg=1),
+        MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2),
     ]
 
 
@@ -197,6 +221,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     staged = _async_ok(device, mode) and (mode in WORD_MODES or (a_half and b_half))  # f16 of float32: converts
     if not staged:
         candidates = [c for c in candidates if not c.stages]
+    warpgroups = staged and wgmma_ok(device, mode)
+    if not warpgroups:
+        candidates = [c for c in candidates if not c.wg]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
@@ -209,6 +236,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         # fp16 316 / 288 TFLOP/s; the best of the grid)
         three = dataclasses.replace(fallback, stages=3)
         fallback = three if _valid(device, three, mode, problem) else dataclasses.replace(fallback, stages=2)
+        wide = MmaConfig(8, 1, 1, 16, 16, ldsm=ldsm, stages=3, wg=1)  # wgmma where the layout allows it
+        if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
+            fallback = wide
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
     trial = _Trial(device, mode, problem, a_half, b_half)
@@ -235,6 +265,8 @@ def view_candidates(device: Device, mode: str, problem, views: tuple) -> list[Mm
     async_ok = _async_ok(device, mode)
     out = []
     for c in _grid():
+        if c.wg:  # operand views copy through the mma.sync kernels' tiles
+            continue
         c = _view_flags(dataclasses.replace(c, ldsm=ldsm), mode, problem, views)
         if (async_ok or not c.stages) and _valid(device, c, mode, problem):
             out.append(c)

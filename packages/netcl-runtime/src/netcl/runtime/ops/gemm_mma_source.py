@@ -166,7 +166,7 @@ class Tile:
         if self.atom:
             aw, chunks = self.atom, self.atom // 4
             shift = {8: 2, 16: 1, 32: 0}[aw]
-            group = f"(((r) >> 3) * {self.ld // aw} + (w) / {aw}) * {8 * aw}"
+            group = f"(((r) >> 3) * {self.ld // aw} + ((w) >> {aw.bit_length() - 1})) * {8 * aw}"
             chunk = f"(((((w) >> 2) & {chunks - 1}) ^ ((((r) & 7) >> {shift}) & {chunks - 1})) << 2)"
             return f"#define SW{self.name}(r, w) ({group} + ((r) & 7) * {aw} + {chunk} + ((w) & 3))\n"
         if not self.swizzle:
@@ -634,9 +634,11 @@ def mma_source(
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.wg:  # the stage's products run asynchronously on the warpgroups
-        compute = "{\n            const int wgi = warp >> 2;\n            " + nl2.join(
-            _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
-        ) + "\n        }"
+        compute = (
+            "{\n            const int wgi = warp >> 2;\n            "
+            + nl2.join(_wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b)))
+            + "\n        }"
+        )
     if cfg.stages:
         nbuf = cfg.stages
         # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
@@ -656,7 +658,13 @@ def mma_source(
         }}"""
         body = f"{refill}\n        const int cb = t % {nbuf};\n        {compute}"
         if cfg.wg == 1:  # refill the previous stage's buffer once every warpgroup's products of it are done
-            parts = [f"const int cb = t % {nbuf};", compute, _wgmma_wait(cfg, 1), "barrier(CLK_LOCAL_MEM_FENCE);", refill]
+            parts = [
+                f"const int cb = t % {nbuf};",
+                compute,
+                _wgmma_wait(cfg, 1),
+                "barrier(CLK_LOCAL_MEM_FENCE);",
+                refill,
+            ]
             body = nl2.join(parts)
         main_loop = f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     #pragma unroll
