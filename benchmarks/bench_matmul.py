@@ -27,13 +27,14 @@ from netcl.runtime import ops
 from netcl.runtime.ops import gemm_mma
 from netcl.runtime.perf import timing_region
 
-#: (label, M, N, K, transpose_a, transpose_b): squares, the MLP layers at batch 128, a weight
-#: gradient x.T @ g, and mlp_block's three products (x @ w, g @ w.T; its x.T @ g is "wgrad").
+#: (label, M, N, K, transpose_a, transpose_b): squares (one with B transposed), the MLP layers at
+#: batch 128, a weight gradient x.T @ g, and mlp_block's three products (x @ w, g @ w.T; its x.T @ g is "wgrad").
 SHAPES = [
     ("sq1024", 1024, 1024, 1024, False, False),
     ("sq2048", 2048, 2048, 2048, False, False),
     ("sq4096", 4096, 4096, 4096, False, False),
     ("sq8192", 8192, 8192, 8192, False, False),
+    ("sq4096nt", 4096, 4096, 4096, False, True),  # B transposed: the layout tf32 wgmma reads
     ("mlp784", 128, 512, 784, False, False),
     ("mlp512", 128, 512, 512, False, False),
     ("wgrad", 64, 256, 262144, True, False),

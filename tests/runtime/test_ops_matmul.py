@@ -678,6 +678,7 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(cfg, stages=1).problems("f16", False, False)
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
+    assert cfg.problems("tf32x3", False, True) and cfg.problems("bf16", False, True)
 
 
 def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
@@ -687,7 +688,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
-    m, n, k = 300, 200, 136
+    m, n, k = 296, 200, 136  # leading dims of 16-byte rows, as cp.async needs
     for mode, dtype, layouts in (
         ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
         ("tf32", np.float32, [(False, True)]),

@@ -21,7 +21,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WORD_MODES, MmaConfig, mma_source
+from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_MODES, MmaConfig, mma_source
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
 log = logging.getLogger("netcl.gemm")
@@ -100,7 +100,7 @@ def _async_ok(device: Device, mode: str) -> bool:
 
 def wgmma_ok(device: Device, mode: str) -> bool:
     """Whether ``wgmma`` kernels of ``mode`` (tf32, f16) build and multiply correctly (probed once)."""
-    if not _async_ok(device, mode):
+    if mode not in WGMMA_MODES or not _async_ok(device, mode):
         return False
     key = (device, f"{mode}-wgmma")
     with _LOCK:

@@ -40,6 +40,8 @@ MMA = {
 WORD_MODES = ("tf32", "tf32x3")
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
 ASYNC_MODES = (*WORD_MODES, "f16")
+#: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``)
+WGMMA_MODES = ("tf32", "f16")
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,10 @@ class MmaConfig:
 
 def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
     out = []
-    if cfg.stages < 2 or mode not in ASYNC_MODES:
-        out.append("wgmma copies tf32 / f16 operands with cp.async: stages >= 2")
+    if mode not in WGMMA_MODES:
+        out.append("wgmma multiplies tf32 or f16 (tf32x3's split runs on mma.sync)")
+    if cfg.stages < 2:
+        out.append("wgmma copies its operands with cp.async: stages >= 2")
     if cfg.wn != 1 or cfg.fm != 1 or cfg.wm % 4 or cfg.fpre:
         out.append("wgmma: warps stacked along M (wn = fm = 1, wm a multiple of 4), no fragment prefetch")
     if cfg.bn > 256:
