@@ -684,7 +684,8 @@ def test_wgmma_descriptors_and_limits():
 def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     """Every wgmma config of the search computes float16 products in all four layouts and tf32 ones
     in the layout it reads (A untransposed, B transposed), with partial tiles in M, N and K, split
-    along K or not, against float64 products of the same operands. Hopper GPUs only (its probe)."""
+    along K or not, in grouped block order, and a batch, against float64 products of the same
+    operands. Hopper GPUs only (its probe)."""
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
@@ -709,3 +710,11 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
                     err = np.abs(plan.run(x, y).to_host() - expected).max()
                     # float16 operands multiply exactly; both modes accumulate on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
+    # a batch of two (each product's operands one stride on)
+    a, b = _data((2, m, k), 2).astype(np.float16), _data((2, k, n), 3).astype(np.float16)
+    problem = gemm.Problem(m, n, k, False, False, ((2, m * k, k * n),))
+    cfg = gemm_mma._aligned(next(c for c in gemm_mma._grid() if c.wg), problem, True, True)
+    x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+    plan = gemm_mma.make_plan(cl_device, "f16", x.dtype, y.dtype, f32, (2, m, n), problem, cfg=cfg)
+    err = np.abs(plan.run(x, y).to_host() - a.astype(np.float64) @ b.astype(np.float64)).max()
+    assert err <= _tolerance(k, "high"), err
