@@ -19,6 +19,12 @@ Each thread loads its share of the next stage into registers before the current 
 and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage);
 operands stored in the mma's format (tf32 words, float16) can instead be copied by ``cp.async``
 (through L1) ``stages`` deep.
+
+With ``MmaConfig.wg`` the products run on Hopper's ``wgmma`` instead (tf32 and f16, through patched
+PTX: ``netcl.runtime.ptx_patch``): warps stacked along M, a warpgroup of four per 64 rows issuing one
+64 x BN x k instruction a k-step from shared-memory descriptors; the tiles are kept in wgmma's
+swizzled atoms (``Tile.atom``) and copied by ``cp.async`` past L1; the fragments and ``mma.sync``
+above are not used.
 """
 
 from __future__ import annotations
