@@ -175,9 +175,11 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 2, 2, 8, 8, stages=4),
         MmaConfig(2, 2, 2, 8, 16, stages=3),
         MmaConfig(2, 2, 2, 4, 16, stages=3),
-        # Hopper's wgmma (tf32 and f16): two warpgroups of 64 x 128 (H200 4096^3 f16 347-349, tf32 NT
-        # 182-192 TFLOP/s against mma.sync's 303 / 157 in the same process), 64 x 128 for fewer rows,
-        # 2 x 64 x 256
+        # Hopper's wgmma (tf32 and f16): one warpgroup of 2 x 64 x 128 (116 registers a thread: three
+        # work-groups per SM; H200 4096^3 f16 400, tf32 NT 226 TFLOP/s, two warpgroups of 64 x 128 368 /
+        # 204, mma.sync 303 / 157), 64 x 128 for fewer rows, 2 x 64 x 256
+        MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2),
+        MmaConfig(4, 1, 2, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 16, 16, stages=3, wg=2),
         MmaConfig(4, 1, 1, 16, 16, stages=3, wg=1),
@@ -237,7 +239,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         # fp16 316 / 288 TFLOP/s; the best of the grid)
         three = dataclasses.replace(fallback, stages=3)
         fallback = three if _valid(device, three, mode, problem) else dataclasses.replace(fallback, stages=2)
-        wide = MmaConfig(8, 1, 1, 16, 16, ldsm=ldsm, stages=3, wg=2)  # wgmma where the layout allows it
+        wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, stages=3, wg=2)  # wgmma where the layout allows it
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide
     if not _valid(device, fallback, mode, problem):

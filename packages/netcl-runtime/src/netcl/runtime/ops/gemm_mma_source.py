@@ -66,7 +66,7 @@ class MmaConfig:
     split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
-    #: Hopper's warpgroup ``wgmma`` (a warpgroup of 4 warps per 64 rows, tiles in swizzle atoms): 1: a
+    #: Hopper's warpgroup ``wgmma`` (a warpgroup of 4 warps per fm x 64 rows, tiles in swizzle atoms): 1: a
     #: stage's products run on while the previous stage's buffer refills (two barriers a stage); 2: they
     #: finish before the next stage (one barrier)
     wg: int = 0
@@ -119,8 +119,8 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("wgmma multiplies tf32 or f16 (tf32x3's split runs on mma.sync)")
     if cfg.stages < 2:
         out.append("wgmma copies its operands with cp.async: stages >= 2")
-    if cfg.wn != 1 or cfg.fm != 1 or cfg.wm % 4 or cfg.fpre:
-        out.append("wgmma: warps stacked along M (wn = fm = 1, wm a multiple of 4), no fragment prefetch")
+    if cfg.wn != 1 or cfg.wm % 4 or cfg.fpre:
+        out.append("wgmma: warps stacked along M (wn = 1, wm a multiple of 4), no fragment prefetch")
     if cfg.bn > 256:
         out.append("wgmma multiplies at most 256 columns (fn <= 32)")
     if cfg.bkw > 32:
@@ -491,41 +491,44 @@ def _descriptor_bits(along_k: bool, tile: Tile) -> int:
 
 
 def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles: tuple[Tile, Tile]) -> list[str]:
-    """The ``wgmma`` of one stage (``cb``): per k-step one instruction per warpgroup, 64 x BN x k.
+    """The ``wgmma`` of one stage (``cb``): per k-step one instruction per warpgroup and 64-row block
+    ``f`` of its ``fm``, 64 x BN x k.
 
     A k-step is 8 words along K: 32 bytes on in a K-major tile (within its atoms' rows), two groups
-    of 8 rows on in an M/N-major one; warpgroup ``wgi`` reads A's rows from 64 * wgi.
+    of 8 rows on in an M/N-major one; warpgroup ``wgi`` reads A's rows from 64 * fm * wgi.
     """
-    regs = _wgmma_accumulators(cfg)
-    n = len(regs)
+    n = 4 * cfg.fn
     shape = f"m64n{cfg.bn}k16.f32.f16.f16" if mode == "f16" else f"m64n{cfg.bn}k8.f32.tf32.tf32"
     tail = "1, 1, 1" + ("" if mode in WORD_MODES else f", {int(not along[0])}, {int(not along[1])}")
     listed = ", ".join("%" + str(i) for i in range(n))
-    outs = ", ".join(f'"+f"({r})' for r in regs)
     group_bytes = [32 * t.ld for t in tiles]  # 8 rows
     step_bytes = [32 if k else 2 * g for k, g in zip(along, group_bytes, strict=True)]
-    a_warpgroup = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * 32 * tiles[0].atom
+    rows64 = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * 32 * tiles[0].atom  # 64 rows of A
     lines = [
         f"const ulong da0 = {_descriptor_bits(along[0], tiles[0])}UL | "
-        f"((((uint)(size_t)As[cb]) + wgi * {a_warpgroup}) >> 4);",
+        f"((((uint)(size_t)As[cb]) + wgi * {cfg.fm * rows64}) >> 4);",
         f"const ulong db0 = {_descriptor_bits(along[1], tiles[1])}UL | (((uint)(size_t)Bs[cb]) >> 4);",
         'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
     ]
     for step in range(cfg.bkw // 8):
-        da, db = f"da0 + {step * step_bytes[0] >> 4}", f"db0 + {step * step_bytes[1] >> 4}"
-        lines.append(
-            f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.{shape} {{{listed}}}, %{n}, %{n + 1}, {tail};"'
-            f' : {outs} : "l"({da}), "l"({db}));'
-        )
+        for f in range(cfg.fm):
+            outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg, f))
+            da, db = f"da0 + {(step * step_bytes[0] + f * rows64) >> 4}", f"db0 + {step * step_bytes[1] >> 4}"
+            lines.append(
+                f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.{shape} {{{listed}}}, %{n}, %{n + 1}, '
+                f'{tail};" : {outs} : "l"({da}), "l"({db}));'
+            )
     lines.append('asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");')
     if cfg.wg == 2:
         lines.append(_wgmma_wait(cfg, 0))
     return lines
 
 
-def _wgmma_accumulators(cfg: MmaConfig) -> list[str]:
-    """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values)."""
-    return [f"acc[0][{j}][{i}]" for j in range(cfg.fn) for i in range(4)]
+def _wgmma_accumulators(cfg: MmaConfig, block: int | None = None) -> list[str]:
+    """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values),
+    of 64-row ``block`` or of all of them."""
+    blocks = range(cfg.fm) if block is None else (block,)
+    return [f"acc[{f}][{j}][{i}]" for f in blocks for j in range(cfg.fn) for i in range(4)]
 
 
 def _wgmma_wait(cfg: MmaConfig, pending: int) -> str:
@@ -621,6 +624,8 @@ def mma_source(
     store = f"vstore_half_rte(OUT, 0, Cz + {at})" if out_half else f"Cz[{at}] = OUT"
     nl, nl2 = "\n    ", "\n        "
     align = 1024 if cfg.wg else 16  # wgmma's swizzle is of the address: atoms start at its period
+    # a warp's first row: wgmma's warpgroups take fm blocks of 64 rows, each warp 16 rows of a block
+    warp_rows = f"(warp >> 2) * {cfg.fm * 64} + (warp & 3) * 16" if cfg.wg else f"(warp % {cfg.wm}) * {cfg.fm * 16}"
     # 16-byte copies through L1 (.ca) for mma.sync, past it (.cg) for wgmma: each 2-22% / 5-12% faster
     # than the other way on the H200 (tf32 / f16, 4096^3 and 8192^3)
     copy_cache = "cg" if cfg.wg else "ca"
@@ -758,7 +763,7 @@ void netcl_gemm(const int M, const int N, const int K,
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int wr = (warp % {cfg.wm}) * {cfg.fm * 16};
+    const int wr = {warp_rows};
     const int wc = (warp / {cfg.wm}) * {cfg.fn * 8};
     int gx = get_group_id(0), gy = get_group_id(1);
 #if GROUP > 0
@@ -799,7 +804,7 @@ void netcl_gemm(const int M, const int N, const int K,
         for (int fn = 0; fn < {cfg.fn}; ++fn) {{
             #pragma unroll
             for (int q = 0; q < 4; ++q) {{
-                const IDX r = A0 + wr + fm * 16 + gid + (q >> 1) * 8;
+                const IDX r = A0 + wr + fm * {16 * (4 if cfg.wg else 1)} + gid + (q >> 1) * 8;
                 const IDX c = B0 + wc + fn * 8 + tig * 2 + (q & 1);
                 if (r < M && c < N) {{
                     {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store, at=at))}
