@@ -175,9 +175,9 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 2, 2, 8, 8, stages=4),
         MmaConfig(2, 2, 2, 8, 16, stages=3),
         MmaConfig(2, 2, 2, 4, 16, stages=3),
-        # Hopper's wgmma (tf32 and f16): one warpgroup of 2 x 64 x 128 (116 registers a thread: three
-        # work-groups per SM; H200 4096^3 f16 400, tf32 NT 226 TFLOP/s, two warpgroups of 64 x 128 368 /
-        # 204, mma.sync 303 / 157), 64 x 128 for fewer rows, 2 x 64 x 256
+        # Hopper's wgmma (tf32 and f16): one warpgroup of 2 x 64 x 128 (128 threads: more work-groups per
+        # SM than two warpgroups of 64 x 128; H200 4096^3 f16 400 against 368, tf32 NT 226 against 204
+        # TFLOP/s, mma.sync 303 / 157), 64 x 128 for fewer rows, 2 x 64 x 256
         MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2),
         MmaConfig(4, 1, 2, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 16, 16, stages=3, wg=1),
