@@ -212,23 +212,23 @@ def gemm(
     return plan.run(a, b, bias, extras=epilogue_args)
 
 
-#: the fewest rows of A (batches of A over a shared B included) for which a tf32 product transposes
-#: B to run on wgmma: the transpose moves 8 bytes per element of B, the product 2 * M flops per
-#: element; at 1024 rows it costs ~20% of a product that runs ~1.4x faster (H200 4096^3: 227 against
-#: 166 TFLOP/s), and more rows make it cheaper
-WGMMA_TRANSPOSE_ROWS = 1024
+#: the fewest flops (2 M N K, batches of A over a shared B included) for which a tf32 product of
+#: untransposed operands transposes B to run on wgmma: the transpose is a pass over B and one more
+#: launch. H200, through ``ops.matmul`` (device time, the launch gap included), against mma.sync's
+#: 121-131 / 164-166 / 155 TFLOP/s: 2048^3 99, 4096^3 179, 8192^3 201
+WGMMA_TRANSPOSE_FLOPS = 2 * 4096**3
 
 
 def _transposes_b(
     device: Device, a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, m: int, n: int, k: int, precision: str
 ) -> bool:
     """Whether ``gemm`` runs ``a @ b`` as ``a @ (b.T).T`` (NT) on tf32 ``wgmma``: untransposed float32
-    operands at precision "high" on a device whose probe passed, 16-byte rows, and enough rows of A
-    per B (``WGMMA_TRANSPOSE_ROWS``) and columns of B for the transpose to pay."""
+    operands at precision "high" on a device whose probe passed, 16-byte rows, and a product per B
+    big enough for the transpose to pay (``WGMMA_TRANSPOSE_FLOPS``)."""
     if trans_a or trans_b or device.kind != "opencl" or a.dtype != float32 or b.dtype != float32:
         return False
     rows = m * (math.prod(a.shape[:-2]) if b.ndim == 2 else 1)
-    if rows < WGMMA_TRANSPOSE_ROWS or n < 128 or k < 128 or k % 4:
+    if 2 * rows * n * k < WGMMA_TRANSPOSE_FLOPS or k % 4:
         return False
     from netcl.runtime.ops import gemm_mma
 
