@@ -179,7 +179,14 @@ def gemm(
         return plan.run(a, b, bias, extras=epilogue_args)
     device = device_of((a, b) if bias is None else (a, b, bias), "matmul")
     m, n, k, batch = operand_dims(a.shape, b.shape, trans_a, trans_b)
-    if _transposes_b(device, a, b, trans_a, trans_b, m, n, k, precision):
+    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
+    if result.kind != "f":
+        raise DTypeError(f"matmul: out_dtype must be a float dtype, got {result}")
+    device.check_dtype(result)
+    _check_epilogue(epilogue, bias, m, n)
+    out_shape = (*batch, m, n)
+    _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
+    if _transposes_b(device, a, b, trans_a, trans_b, m, n, k, precision):  # after every check: no launch before
         b_t = transpose(b, (*range(b.ndim - 2), b.ndim - 1, b.ndim - 2))
         return gemm(
             a,
@@ -191,13 +198,6 @@ def gemm(
             bias=bias,
             epilogue_args=epilogue_args,
         )
-    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
-    if result.kind != "f":
-        raise DTypeError(f"matmul: out_dtype must be a float dtype, got {result}")
-    device.check_dtype(result)
-    _check_epilogue(epilogue, bias, m, n)
-    out_shape = (*batch, m, n)
-    _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
     if device.kind == "cpu":
         if epilogue.code:
             raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
