@@ -1,8 +1,9 @@
 """float16 tensors on every device, storage-only where the device lacks ``cl_khr_fp16`` (PoCL here,
-NVIDIA's OpenCL): copies and moves (slices, concat, pad, flip, broadcast, transposes), casts and
-matmul take them there; every other kernel raises a DTypeError
-that says so before it is built. Casts are checked bit for bit against NumPy's conversions (both
-round to nearest even), products against float64 products of the same float16 values.
+NVIDIA's OpenCL): copies and moves (slices, concat, pad, flip, broadcast, transposes), casts,
+elementwise ops and matmul take them there; every other kernel raises a DTypeError that says so
+before it is built. Casts and elementwise ops are checked bit for bit against NumPy (float16 values
+computed in float32, rounded once to nearest even), products against float64 products of the same
+float16 values.
 """
 
 from __future__ import annotations
@@ -116,12 +117,48 @@ def test_float16_matmul_matches_float64(device, trans_a, trans_b):
     assert np.all(np.abs(mixed.to_host() - reference) <= 17 * 2.0**-24 * scale + 1e-30)
 
 
+def test_float16_elementwise_ops_round_like_numpy(device):
+    """Elementwise ops load float16 with ``vload_half``, compute in float32 and store with
+    ``vstore_half_rte``: NumPy's float16 ufuncs do the same (float32 loops, one rounding), so the
+    bits agree, broadcasts and specials included; a Python scalar is a float32 operand (torch's
+    rule; NumPy would round it to float16 first); exp and tanh (float32 libraries that may differ
+    in the last float32 bit) within one float16 step. Mixed with float32: float32."""
+    rng = np.random.default_rng(3)
+    a = np.concatenate([rng.uniform(-8, 8, 40), [0.0, -0.0, 1e-7, 65504, np.inf, -np.inf, np.nan, 2049]])
+    a = _half(a.reshape(6, 8))
+    b = _half(rng.uniform(-8, 8, 8))
+    ta, tb = nc.tensor(a, device=device), nc.tensor(b, device=device)
+    with np.errstate(all="ignore"):
+        exact = [
+            (R.add(ta, tb), a + b),
+            (R.sub(ta, tb), a - b),
+            (R.mul(ta, tb), a * b),
+            (R.mul(ta, 0.3), _half(a.astype(np.float32) * np.float32(0.3))),  # the scalar in float32, as torch
+            (R.maximum(ta, tb), np.maximum(a, b)),
+            (R.relu(ta), np.where((a > 0) | np.isnan(a), a, np.float16(0))),  # as float32: -0 -> +0, NaN stays
+            (R.neg(ta), -a),
+            (R.abs(ta), np.abs(a)),
+            (R.where(R.gt(ta, 0.0), ta, tb), np.where(a > 0, a, b)),
+        ]
+        close = [(R.exp(ta), np.exp(a)), (R.tanh(ta), np.tanh(a))]
+    for got, expected in exact:
+        assert got.dtype == nc.float16
+        _same_bits(got.to_host(), expected)
+    for got, expected in close:
+        host, finite = got.to_host(), np.isfinite(expected)
+        np.testing.assert_array_equal(np.isnan(host), np.isnan(expected))
+        assert np.all(np.abs(host[finite] - expected[finite]) <= np.spacing(np.abs(expected[finite])))
+    mixed = R.add(ta, nc.tensor(b.astype(np.float32), device=device))
+    assert mixed.dtype == nc.float32
+    np.testing.assert_array_equal(mixed.to_host(), a.astype(np.float32) + b.astype(np.float32))
+
+
 def test_float16_arithmetic_where_storage_only_says_so(device):
     if device.computes(nc.float16):
         pytest.skip(f"{device.name} computes in float16 (cl_khr_fp16 or the NumPy backend)")
     h = nc.tensor(np.ones((4, 3), np.float16), device=device)
     message = re.escape(storage_only_message(nc.float16, device.name))
-    for op in (lambda: R.add(h, h), lambda: R.relu(h), lambda: R.sum(h)):
+    for op in (lambda: R.sum(h), lambda: R.max(h, axis=1), lambda: R.softmax(h)):
         with pytest.raises(nc.DTypeError, match=message):
             op()
     _same_bits(h.to_host(), np.ones((4, 3), np.float16))  # untouched, and still usable

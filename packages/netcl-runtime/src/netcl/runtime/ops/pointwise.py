@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import enqueue_fill, launch
 from netcl.runtime.ops import numpy_backend
@@ -41,12 +41,12 @@ from netcl.runtime.ops._common import (
     get_kernel,
     index_type,
     pow2_ceil,
-    pragmas,
     promote,
     remember,
     scalar_dtype,
     storage_ctype,
     storage_only,
+    storage_pragmas,
 )
 from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
 
@@ -233,7 +233,8 @@ def _source(
             where = dot_expr(rank, f"st{i}_", unit=unit, zero=zero)
         else:
             where = "gid" if cls == FLAT else "0"
-        body.append(f"const {ctype} v{i} = ({ctype})in{i}[{where}];")
+        read = f"vload_half({where}, in{i})" if dtype == float16 else f"in{i}[{where}]"
+        body.append(f"const {ctype} v{i} = ({ctype}){read};")
     params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
     used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
     extra = CLAMP_SOURCE + FASTDIV_SOURCE
@@ -241,14 +242,16 @@ def _source(
         expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
     store = f"(({value}) != 0)" if out_dtype.kind == "b" else f"({value})"
+    if out_dtype == float16:  # rounded once, to nearest even, from the float (or double) value
+        wide = "double" if "double" in value_ctypes else "float"
+        write = f"vstore_half_rte(({wide}){store}, gid, out);"
+    else:
+        write = f"out[gid] = ({out_t}){store};"
     lines = "\n    ".join(body)
-    return (
-        f"{pragmas(used)}{extra}"
-        f"__kernel void netcl_ew({', '.join(params)}) {{\n"
-        f"    {lines}\n"
-        f"    out[gid] = ({out_t}){store};\n"
-        "}\n"
-    )
+    # float16 only loaded and stored (vload_half / vstore_half_rte, computing in float): no cl_khr_fp16,
+    # so elementwise ops run where float16 is storage-only
+    head = f"{storage_pragmas(used)}{extra}__kernel void netcl_ew({', '.join(params)}) {{"
+    return f"{head}\n    {lines}\n    {write}\n}}\n"
 
 
 def _grid_lines(rank: int, idx: str) -> list[str]:
