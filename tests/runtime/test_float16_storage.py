@@ -1,9 +1,9 @@
 """float16 tensors on every device, storage-only where the device lacks ``cl_khr_fp16`` (PoCL here,
 NVIDIA's OpenCL): copies and moves (slices, concat, pad, flip, broadcast, transposes), casts,
-elementwise ops and matmul take them there; every other kernel raises a DTypeError that says so
-before it is built. Casts and elementwise ops are checked bit for bit against NumPy (float16 values
-computed in float32, rounded once to nearest even), products against float64 products of the same
-float16 values.
+elementwise ops, reductions and matmul take them there; every other kernel raises a DTypeError that
+says so before it is built. Casts and elementwise ops are checked bit for bit against NumPy (float16
+values computed in float32, rounded once to nearest even), reductions and products against float64
+results of the same float16 values.
 """
 
 from __future__ import annotations
@@ -153,12 +153,35 @@ def test_float16_elementwise_ops_round_like_numpy(device):
     np.testing.assert_array_equal(mixed.to_host(), a.astype(np.float32) + b.astype(np.float32))
 
 
+def test_float16_reductions_accumulate_in_float32(device):
+    """sum, mean, max and min of float16 tensors load halves, accumulate in float32 (partials of a
+    long reduction are float32) and round the result once: within one float16 step of the float64
+    result (max / min exactly NumPy's), also over a long axis in several stages and with an addend."""
+    rng = np.random.default_rng(4)
+    x = _half(rng.uniform(-2, 2, (6, 5000)))
+    t = nc.tensor(x, device=device)
+    wide = x.astype(np.float64)
+
+    def near(got, expected):
+        assert got.dtype == nc.float16
+        host = got.to_host().astype(np.float64)
+        step = np.spacing(np.abs(expected).astype(np.float16)).astype(np.float64)
+        assert np.all(np.abs(host - expected) <= step), np.abs(host - expected).max()
+
+    near(R.sum(t, axis=1), wide.sum(1))
+    near(R.sum(t), wide.sum())
+    near(R.mean(t, axis=0, keepdims=True), wide.mean(0, keepdims=True))
+    near(R.sum(t, axis=1, addend=R.sum(t, axis=1)), 2 * _half(wide.sum(1)).astype(np.float64))
+    _same_bits(R.max(t, axis=1).to_host(), x.max(1))
+    _same_bits(R.min(t, axis=0).to_host(), x.min(0))
+
+
 def test_float16_arithmetic_where_storage_only_says_so(device):
     if device.computes(nc.float16):
         pytest.skip(f"{device.name} computes in float16 (cl_khr_fp16 or the NumPy backend)")
     h = nc.tensor(np.ones((4, 3), np.float16), device=device)
     message = re.escape(storage_only_message(nc.float16, device.name))
-    for op in (lambda: R.sum(h), lambda: R.max(h, axis=1), lambda: R.softmax(h)):
+    for op in (lambda: R.softmax(h), lambda: R.cumsum(h, 1), lambda: R.logsumexp(h, 1)):
         with pytest.raises(nc.DTypeError, match=message):
             op()
     _same_bits(h.to_host(), np.ones((4, 3), np.float16))  # untouched, and still usable

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float32, float64, int64
+from netcl.core.dtypes import float16, float32, float64, int64
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
@@ -46,8 +46,8 @@ from netcl.runtime.ops._common import (
     normalize_axes,
     pow2_ceil,
     pow2_floor,
-    pragmas,
     storage_ctype,
+    storage_pragmas,
 )
 from netcl.runtime.ops.pointwise import add, fill_
 
@@ -320,7 +320,7 @@ def _source(
         [f"{idx} off = 0, q = 0;", *_index_lines("k", layout[0], "o", idx), *_index_lines("r", layout[1], "r", idx)]
     )
     header = (
-        f"{pragmas([in_dtype, acc, out_dtype])}{FASTDIV_SOURCE}"
+        f"{storage_pragmas([in_dtype, acc, out_dtype])}{FASTDIV_SOURCE}"
         f"#define COMBINE(a, b) {_combine(op, acc)}\n"
         f"inline {idx} in_index({idx} o, {idx} r{dim_params}) {{\n    {in_index}\n    return off;\n}}\n"
     )
@@ -331,10 +331,17 @@ def _source(
     )
 
     def put(at: str) -> str:  # the output's store; with an addend, the float add after the rounding
+        if out_dtype == float16:  # only loaded and stored (vload_half / vstore_half_rte): no cl_khr_fp16
+            line = f"vstore_half_rte((float){store}, {at}, out);"
+            return line + (
+                f" vstore_half_rte(vload_half({at}, out) + vload_half({at}, addend), {at}, out);" if plus else ""
+            )
         value = f"({out_t}){store}"
         return f"out[{at}] = " + (f"({out_t})({value} + addend[{at}]);" if plus else f"{value};")
 
-    loop = f"acc = COMBINE(acc, ({acc_t})x[in_index(o, r{dim_args})]);"
+    at = f"in_index(o, r{dim_args})"
+    read = f"vload_half({at}, x)" if in_dtype == float16 else f"x[{at}]"
+    loop = f"acc = COMBINE(acc, ({acc_t}){read});"
     if mode == "cols":
         return header + (
             f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
