@@ -33,8 +33,9 @@ REQUIRED_EXTENSION: dict[np.dtype, str] = {
 #: dtypes a device without their extension still stores: OpenCL C's ``half`` is a storage format
 #: there (``vload_half`` / ``vstore_half`` are core), so such tensors are copied and moved (slices,
 #: concat, pad, flip, broadcast, transposes: raw 16-bit words), filled with a value, cast to and
-#: from other dtypes, taken by elementwise ops and reductions (computed in float32) and multiplied
-#: (``matmul`` computes in float32 or on tensor cores), nothing else.
+#: from other dtypes, taken by elementwise ops, reductions and the row kernels (softmax, norms,
+#: cross-entropy; computed in float32) and multiplied (``matmul`` computes in float32 or on tensor
+#: cores), nothing else.
 STORAGE_ONLY: frozenset[np.dtype] = frozenset({float16})
 
 
@@ -42,8 +43,8 @@ def storage_only_message(dtype: np.dtype, device_name: str) -> str:
     """Why a kernel computing in ``dtype`` cannot run on a device that only stores it."""
     return (
         f"{dtype} arithmetic needs {REQUIRED_EXTENSION[dtype]}, which device {device_name!r} lacks: {dtype} "
-        f"tensors there are storage-only (copies, moves, fills, casts, elementwise ops, reductions and matmul "
-        f"take them); cast to float32 first (ops.cast(x, float32))"
+        f"tensors there are storage-only (copies, moves, fills, casts, elementwise ops, reductions, softmax, "
+        f"norms and matmul take them); cast to float32 first (ops.cast(x, float32))"
     )
 
 

@@ -49,7 +49,7 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
     const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
 #if SMOOTH
     {ct} sx = 0;
-    for ({idx} i = lid; i < C; i += L) sx += ({ct})xr[i];
+    for ({idx} i = lid; i < C; i += L) sx += LD(xr, i);
     sx = netcl_tree_sum(scratch, sx);
 #endif
     if (lid == 0) {{
@@ -58,7 +58,7 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
         const long target = (long)t[row];
         {ct} value = 0;
         if (target != ignore) {{
-            value = (shift + log(s)) - (({ct})1 - eps) * ({ct})xr[target];
+            value = (shift + log(s)) - (({ct})1 - eps) * LD(xr, target);
 #if SMOOTH
             value -= eps / ({ct})C * sx;
 #endif
@@ -111,7 +111,7 @@ __kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global co
     __global const {st}* xr = x + row * C;
     for ({idx} i = lid; i < C; i += L) {{
         const {ct} q = (i == target ? ({ct})1 - eps : ({ct})0) + spread;
-        gx[row * C + i] = ({st})(scale * (exp(({ct})xr[i] - shift) * inv - q));
+        ST(gx, row * C + i, (scale * (exp(LD(xr, i) - shift) * inv - q)));
     }}
 }}
 """

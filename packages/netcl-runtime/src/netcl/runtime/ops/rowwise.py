@@ -8,8 +8,9 @@ are kernel arguments, so the program is built once per dtype, index width and mo
 
 Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
 norms: mean and 1/std) in float32 (float64 for float64 input); the backward kernels recompute
-from them in one pass per row. Float16 inputs are loaded as half and computed in float32 inside
-the kernels; outputs keep the input dtype.
+from them in one pass per row. Float16 inputs are loaded with ``vload_half`` and computed in
+float32 inside the kernels; outputs keep the input dtype (float16 stored with ``vstore_half_rte``),
+so the kernels need no ``cl_khr_fp16`` and run where float16 is storage-only.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float32, float64
+from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import (
@@ -29,8 +30,8 @@ from netcl.runtime.ops._common import (
     get_kernel,
     normalize_axes,
     pow2_ceil,
-    pragmas,
     storage_ctype,
+    storage_pragmas,
     wrap_numpy,
 )
 from netcl.runtime.ops._grid import index_ctype, index_dtype
@@ -42,6 +43,9 @@ MODE_NAMES = {SOFTMAX: "softmax", LOG_SOFTMAX: "log_softmax", LOGSUMEXP: "logsum
 LAYER, RMS = 0, 1
 
 _TREE = """
+/* loads and stores of the storage type: float16 through vload_half / vstore_half_rte (no cl_khr_fp16) */
+#define LD(p, i) {load}
+#define ST(p, i, v) {store}
 inline {ct} netcl_tree_sum(__local {ct}* s, {ct} v) {{
     const int lid = get_local_id(0);
     s[lid] = v;
@@ -72,11 +76,11 @@ inline {ct} netcl_tree_max(__local {ct}* s, {ct} v) {{
 inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local {ct}* scratch, {ct}* sum) {{
     const int lid = get_local_id(0), L = get_local_size(0);
     {ct} m = -INFINITY;
-    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, ({ct})xr[i]);
+    for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, LD(xr, i));
     m = netcl_tree_max(scratch, m);
     const {ct} shift = isinf(m) ? ({ct})0 : m;
     {ct} s = 0;
-    for ({idx} i = lid; i < C; i += L) s += exp(({ct})xr[i] - shift);
+    for ({idx} i = lid; i < C; i += L) s += exp(LD(xr, i) - shift);
     *sum = netcl_tree_sum(scratch, s);
     return shift;
 }}
@@ -95,13 +99,13 @@ __kernel void netcl_softmax_rows(__global const {st}* x, __global {st}* out, __g
     const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
     if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
 #if MODE == 2
-    if (lid == 0) out[row] = ({st})(shift + log(s));
+    if (lid == 0) ST(out, row, (shift + log(s)));
 #elif MODE == 1
     const {ct} ls = log(s);  /* (x - max) - log(s): no rounding of max + log(s) at large |max| */
-    for ({idx} i = lid; i < C; i += L) out[row * C + i] = ({st})((({ct})xr[i] - shift) - ls);
+    for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, ((LD(xr, i) - shift) - ls));
 #else
     const {ct} inv = ({ct})1 / s;
-    for ({idx} i = lid; i < C; i += L) out[row * C + i] = ({st})(exp(({ct})xr[i] - shift) * inv);
+    for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, (exp(LD(xr, i) - shift) * inv));
 #endif
 }}
 """
@@ -118,21 +122,21 @@ __kernel void netcl_softmax_rows_backward(__global const {st}* x, __global const
     const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row];
     __global const {st}* xr = x + row * C;
 #if MODE == 2
-    const {ct} gr = ({ct})g[row];
-    for ({idx} i = lid; i < C; i += L) gx[row * C + i] = ({st})(gr * exp(({ct})xr[i] - shift) * inv);
+    const {ct} gr = LD(g, row);
+    for ({idx} i = lid; i < C; i += L) ST(gx, row * C + i, (gr * exp(LD(xr, i) - shift) * inv));
 #elif MODE == 1
     {ct} gs = 0;
-    for ({idx} i = lid; i < C; i += L) gs += ({ct})g[row * C + i];
+    for ({idx} i = lid; i < C; i += L) gs += LD(g, row * C + i);
     gs = netcl_tree_sum(scratch, gs);
     for ({idx} i = lid; i < C; i += L)
-        gx[row * C + i] = ({st})(({ct})g[row * C + i] - exp(({ct})xr[i] - shift) * inv * gs);
+        ST(gx, row * C + i, (LD(g, row * C + i) - exp(LD(xr, i) - shift) * inv * gs));
 #else
     {ct} dot = 0;
-    for ({idx} i = lid; i < C; i += L) dot += ({ct})g[row * C + i] * exp(({ct})xr[i] - shift) * inv;
+    for ({idx} i = lid; i < C; i += L) dot += LD(g, row * C + i) * exp(LD(xr, i) - shift) * inv;
     dot = netcl_tree_sum(scratch, dot);
     for ({idx} i = lid; i < C; i += L) {{
-        const {ct} y = exp(({ct})xr[i] - shift) * inv;
-        gx[row * C + i] = ({st})(y * (({ct})g[row * C + i] - dot));
+        const {ct} y = exp(LD(xr, i) - shift) * inv;
+        ST(gx, row * C + i, (y * (LD(g, row * C + i) - dot)));
     }}
 #endif
 }}
@@ -152,23 +156,23 @@ __kernel void netcl_norm_rows(__global const {st}* x, __global const {st}* w, __
     __global const {st}* xr = x + row * C;
     {ct} mu = 0;
 #if MODE == 0
-    for ({idx} i = lid; i < C; i += L) mu += ({ct})xr[i];
+    for ({idx} i = lid; i < C; i += L) mu += LD(xr, i);
     mu = netcl_tree_sum(scratch, mu) / ({ct})C;
 #endif
     {ct} v = 0;
-    for ({idx} i = lid; i < C; i += L) {{ const {ct} d = ({ct})xr[i] - mu; v += d * d; }}
+    for ({idx} i = lid; i < C; i += L) {{ const {ct} d = LD(xr, i) - mu; v += d * d; }}
     v = netcl_tree_sum(scratch, v) / ({ct})C;
     const {ct} r = ({ct})1 / sqrt(v + eps);
     if (lid == 0) {{ mean[row] = mu; rstd[row] = r; }}
     for ({idx} i = lid; i < C; i += L) {{
-        {ct} y = (({ct})xr[i] - mu) * r;
+        {ct} y = (LD(xr, i) - mu) * r;
 #if HAS_W
-        y *= ({ct})w[i];
+        y *= LD(w, i);
 #endif
 #if HAS_B
-        y += ({ct})b[i];
+        y += LD(b, i);
 #endif
-        out[row * C + i] = ({st})y;
+        ST(out, row * C + i, y);
     }}
 }}
 """
@@ -186,12 +190,12 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
     const {ct} mu = mean[row], r = rstd[row];
     {ct} a = 0, bsum = 0;
     for ({idx} i = lid; i < C; i += L) {{
-        {ct} gy = ({ct})g[row * C + i];
+        {ct} gy = LD(g, row * C + i);
 #if HAS_W
-        gy *= ({ct})w[i];
+        gy *= LD(w, i);
 #endif
         a += gy;
-        bsum += gy * ((({ct})x[row * C + i] - mu) * r);
+        bsum += gy * ((LD(x, row * C + i) - mu) * r);
     }}
 #if MODE == 0
     a = netcl_tree_sum(scratch, a) / ({ct})C;
@@ -200,12 +204,12 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
 #endif
     bsum = netcl_tree_sum(scratch, bsum) / ({ct})C;
     for ({idx} i = lid; i < C; i += L) {{
-        {ct} gy = ({ct})g[row * C + i];
+        {ct} gy = LD(g, row * C + i);
 #if HAS_W
-        gy *= ({ct})w[i];
+        gy *= LD(w, i);
 #endif
-        const {ct} xhat = (({ct})x[row * C + i] - mu) * r;
-        gx[row * C + i] = ({st})(r * (gy - a - xhat * bsum));
+        const {ct} xhat = (LD(x, row * C + i) - mu) * r;
+        ST(gx, row * C + i, (r * (gy - a - xhat * bsum)));
     }}
 }}
 """
@@ -252,10 +256,14 @@ def _run_rows(
 
 
 def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
+    st, ct = storage_ctype(x.dtype), compute_ctype(stats_dtype(x.dtype))
+    half = x.dtype == float16
     return {
-        "pragmas": pragmas([x.dtype, stats_dtype(x.dtype)]),
-        "st": storage_ctype(x.dtype),
-        "ct": compute_ctype(stats_dtype(x.dtype)),
+        "pragmas": storage_pragmas([x.dtype, stats_dtype(x.dtype)]),
+        "load": "vload_half((i), (p))" if half else f"(({ct})(p)[i])",
+        "store": f"vstore_half_rte(({ct})(v), (i), (p))" if half else f"((p)[i] = ({st})(v))",
+        "st": st,
+        "ct": ct,
         "idx": index_ctype(x.size),
         "mode": mode,
         **flags,
