@@ -66,50 +66,38 @@ def available(device: Device, mode: str) -> bool:
     return _probe_result(device, mode) is not None
 
 
-def _probe_result(device: Device, mode: str) -> int | None:
-    """None: no tensor cores for ``mode``; else the ``ldsm`` flag that worked (1: ldmatrix)."""
-    if not _nvidia(device):
-        return None
-    key = (device, mode)
+def _once(key: tuple, probe: Callable[[], int | None]) -> int | None:
+    """``probe()``'s result for ``key``, run once per process (the builds happen outside the lock)."""
     with _LOCK:
         if key in _PROBED:
             return _PROBED[key]
-    result = None
-    for ldsm in (1, 0):
-        if _probe(device, mode, ldsm):
-            result = ldsm
-            break
+    result = probe()
     with _LOCK:
         _PROBED[key] = result
     return result
 
 
+def _probe_result(device: Device, mode: str) -> int | None:
+    """None: no tensor cores for ``mode``; else the ``ldsm`` flag that worked (1: ldmatrix)."""
+    if not _nvidia(device):
+        return None
+    return _once((device, mode), lambda: next((ldsm for ldsm in (1, 0) if _probe(device, mode, ldsm)), None))
+
+
 def _async_ok(device: Device, mode: str) -> bool:
     """Whether the cp.async pipeline (tf32 and f16 modes) builds and multiplies correctly (probed once)."""
-    if mode not in ASYNC_MODES or _probe_result(device, mode) is None:
+    ldsm = _probe_result(device, mode) if mode in ASYNC_MODES else None
+    if ldsm is None:
         return False
-    key = (device, f"{mode}-async")
-    with _LOCK:
-        if key in _PROBED:
-            return _PROBED[key] is not None
-    ok = _probe(device, mode, _probe_result(device, mode), stages=2)
-    with _LOCK:
-        _PROBED[key] = 1 if ok else None
-    return ok
+    return _once((device, f"{mode}-async"), lambda: 1 if _probe(device, mode, ldsm, stages=2) else None) is not None
 
 
 def wgmma_ok(device: Device, mode: str) -> bool:
     """Whether ``wgmma`` kernels of ``mode`` (tf32, f16) build and multiply correctly (probed once)."""
     if mode not in WGMMA_MODES or not _async_ok(device, mode):
         return False
-    key = (device, f"{mode}-wgmma")
-    with _LOCK:
-        if key in _PROBED:
-            return _PROBED[key] is not None
-    ok = _probe(device, mode, 1, cfg=MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1))
-    with _LOCK:
-        _PROBED[key] = 1 if ok else None
-    return ok
+    cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1)
+    return _once((device, f"{mode}-wgmma"), lambda: 1 if _probe(device, mode, 1, cfg=cfg) else None) is not None
 
 
 def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig | None = None) -> bool:
