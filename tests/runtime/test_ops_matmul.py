@@ -633,6 +633,26 @@ def test_swizzled_tiles_are_permutations_without_bank_conflicts(mode, along_k, b
                 assert len({at[ks + t, base + g] % 32 for t in range(4) for g in range(8)}) == 32
 
 
+@pytest.mark.parametrize("bkw", [8, 16])
+def test_swapped_tf32_tiles(bkw):
+    """The swapped tf32 kernel keeps A's tile in wgmma atoms (K-major, as wgmma's B) and B's k-rows
+    tile swizzled: a permutation of whole 16-byte chunks where a warp's fragment load (rows ks + tig,
+    words wr + 64 f (+ 8) + gid: any multiple of 8 on) hits 32 distinct banks."""
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig, _tile
+
+    cfg = MmaConfig(4, 1, 2, 16, bkw, stages=3, wg=2, swap=1)
+    assert _tile("A", cfg.bm, cfg, True, "tf32").atom == bkw
+    tile = _tile("B", cfg.bn, cfg, False, "tf32")
+    assert tile.swizzle and not tile.atom and (tile.rows, tile.ld) == (bkw, 128)
+    body = tile.macro().split("SWB(r, w) ", 1)[1]
+    at = {(r, w): eval(body, {"r": r, "w": w}) for r in range(tile.rows) for w in range(tile.ld)}
+    assert sorted(at.values()) == list(range(tile.words))
+    assert all(at[r, w] - at[r, w & ~3] == w & 3 for r, w in at)
+    for ks in range(0, tile.rows, 4):
+        for base in range(0, tile.ld, 8):
+            assert len({at[(ks + t) % tile.rows, base + g] % 32 for t in range(4) for g in range(8)}) == 32
+
+
 @pytest.mark.parametrize(
     ("along_k", "side", "bkw", "mode"),
     [
@@ -674,6 +694,12 @@ def test_wgmma_descriptors_and_limits():
     assert (b >> 16) & 0x3FFF == 1024 // 16 and (b >> 32) & 0x3FFF == 2048 // 16 and b >> 62 == 1
     assert not cfg.problems("f16", True, False) and not cfg.problems("tf32", False, True)
     assert "tf32 wgmma reads both operands K-major" in " ".join(cfg.problems("tf32", False, False))
+    swap = dataclasses.replace(cfg, wg=2, swap=1)  # C^T = B^T A^T: tf32 of untransposed operands only
+    assert (swap.bm, swap.bn) == (16 * 8, 8 * 1 * 16) and not swap.problems("tf32", False, False)
+    for bad in (("f16", False, False), ("tf32", False, True), ("tf32", True, False), ("tf32", True, True)):
+        assert "swap" in " ".join(swap.problems(*bad)), bad
+    assert dataclasses.replace(swap, wg=1).problems("tf32", False, False)
+    assert dataclasses.replace(swap, wg=0).problems("tf32", False, False)
     assert cfg.problems("tf32", True, True)
     assert dataclasses.replace(cfg, stages=1).problems("f16", False, False)
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
@@ -683,16 +709,16 @@ def test_wgmma_descriptors_and_limits():
 
 def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     """Every wgmma config of the search computes float16 products in all four layouts and tf32 ones
-    in the layout it reads (A untransposed, B transposed), with partial tiles in M, N and K, split
-    along K or not, in grouped block order, and a batch, against float64 products of the same
-    operands. Hopper GPUs only (its probe)."""
+    in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
+    partial tiles in M, N and K, split along K or not, in grouped block order, and a batch, against
+    float64 products of the same operands. Hopper GPUs only (its probe)."""
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
     m, n, k = 296, 200, 136  # leading dims of 16-byte rows, as cp.async needs
     for mode, dtype, layouts in (
         ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
-        ("tf32", np.float32, [(False, True)]),
+        ("tf32", np.float32, [(False, True), (False, False)]),
     ):
         if not gemm_mma.wgmma_ok(cl_device, mode):
             continue
@@ -702,7 +728,8 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
             x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
             problem = gemm.Problem(m, n, k, ta, tb, ())
-            for cfg in [c for c in gemm_mma._grid() if c.wg]:
+            # tf32: NT on the plain kernels, NN swapped (C^T = B^T A^T); float16: no swapped kernels
+            for cfg in [c for c in gemm_mma._grid() if c.wg and c.swap == (mode == "tf32" and not tb)]:
                 for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
                     variant = gemm_mma._aligned(variant, problem, dtype == np.float16, dtype == np.float16)
                     assert not variant.problems(mode, ta, tb), variant
@@ -720,40 +747,23 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     assert err <= _tolerance(k, "high"), err
 
 
-def test_when_tf32_products_transpose_b(cl_device, monkeypatch):
-    """The rule (device facts faked, operands by shape): untransposed float32 operands at "high" where
-    tf32 wgmma runs, a product of >= 2 * 4096**3 flops per B (a batch of A over a shared B counts), K
-    in 16-byte rows; never on the NumPy backend, for float16 or for transposed operands."""
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(gemm_mma, "mode_for", lambda device, a, b, precision: {"high": "tf32"}.get(precision))
-    monkeypatch.setattr(gemm_mma, "wgmma_ok", lambda device, mode: mode == "tf32")
-
-    def rule(a_shape, b_shape, trans_a=False, trans_b=False, precision="high", dtype=np.float32, device=cl_device):
-        a, b = (SimpleNamespace(shape=s, ndim=len(s), dtype=np.dtype(dtype)) for s in (a_shape, b_shape))
-        m, n, k, _ = gemm.operand_dims(a.shape, b.shape, trans_a, trans_b)
-        return gemm._transposes_b(device, a, b, trans_a, trans_b, m, n, k, precision)
-
-    assert rule((4096, 4096), (4096, 4096)) and rule((8192, 8192), (8192, 1024))
-    assert rule((4, 1024, 4096), (4096, 4096))  # 4 x 1024 rows of A share B
-    assert not rule((4, 1024, 4096), (4, 4096, 4096))  # each B has 1024 rows against it
-    assert not rule((4095, 4096), (4096, 4096)) and not rule((4096, 4098), (4098, 4096))
-    assert not rule((4096, 4096), (4096, 4096), trans_a=True) and not rule((4096, 4096), (4096, 4096), trans_b=True)
-    assert not rule((4096, 4096), (4096, 4096), precision="highest")
-    assert not rule((4096, 4096), (4096, 4096), dtype=np.float16)
-    assert not rule((4096, 4096), (4096, 4096), device=nc.get_device("cpu"))
-
-
-def test_tf32_products_of_untransposed_operands_on_wgmma(cl_device):
-    """On a GPU with tf32 wgmma a big NN product at "high" is the NT product of B transposed, bit for
-    bit, bias and all, within tf32's bound of the float64 product (its first rows). Hopper GPUs only."""
-    if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "tf32")):
+def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
+    """On a GPU with tf32 wgmma the default of a big NN product at "high" (tuning off) is the swapped
+    kernel (C^T = B^T A^T, B^T's fragments from registers); its result, bias and activation applied in
+    the store, is within tf32's bound of the float64 product, partial tiles in M, N and K. NT keeps the
+    plain wgmma kernel, TN and TT mma.sync. Hopper GPUs only."""
+    if not (cl_device.kind == "opencl" and gemm_mma.swap_ok(cl_device)):
         pytest.skip("tf32 wgmma: Hopper GPUs through NVIDIA's OpenCL")
-    m, n, k = 8192, 1032, 8192
-    a, b, bias = _data((m, k), 0), _data((k, n), 1), _data((n,), 2)
-    x, y, row = (nc.tensor(v, device=cl_device) for v in (a, b, bias))
-    got = ops.matmul(x, y, precision="high", bias=row).to_host()
-    y_t = nc.tensor(np.ascontiguousarray(b.T), device=cl_device)
-    assert np.array_equal(got, ops.matmul(x, y_t, transpose_b=True, precision="high", bias=row).to_host())
-    expected = a[:256].astype(np.float64) @ b.astype(np.float64) + bias
-    np.testing.assert_allclose(got[:256], expected, rtol=0, atol=_tolerance(k, "high"))
+
+    def default(ta: bool, tb: bool):
+        return gemm_mma.config(cl_device, "tf32", gemm.Problem(2048, 2048, 2048, ta, tb, ()), False, False)
+
+    assert default(False, False).swap and default(False, False).wg
+    assert default(False, True).wg and not default(False, True).swap
+    assert not default(True, False).wg and not default(True, True).wg
+    m, n, k = 2056, 1032, 1028
+    a, b, bias, addend = _data((m, k), 0), _data((k, n), 1), _data((n,), 2), _data((m, n), 3)
+    x, y, row, res = (nc.tensor(v, device=cl_device) for v in (a, b, bias, addend))
+    got = ops.matmul(x, y, precision="high", bias=row, addend=res).to_host()
+    expected = a.astype(np.float64) @ b.astype(np.float64) + bias + addend
+    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(k, "high"))

@@ -13,9 +13,6 @@ the product has an epilogue, the sum kernel applies it: the partial products are
 tile shape comes from ``netcl.runtime.tune`` (searched per device at first use, or defaults).
 Float32 products run on tensor cores (``gemm_mma``) when the precision asks for it and the device
 passed the probe; float16 operands always do there. Everything else runs the portable kernel.
-One exception to "without a transpose kernel": a big tf32 product of untransposed operands on a
-GPU with tf32 ``wgmma`` (which reads B only K-major) transposes B first and runs the NT product
-(``_transposes_b``).
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from netcl.runtime.ops._common import (
     storage_pragmas,
 )
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, portable_source
-from netcl.runtime.ops.layout import broadcast_to, cast, transpose
+from netcl.runtime.ops.layout import broadcast_to, cast
 from netcl.runtime.ops.pointwise import fill_
 
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
@@ -186,18 +183,6 @@ def gemm(
     _check_epilogue(epilogue, bias, m, n)
     out_shape = (*batch, m, n)
     _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
-    if _transposes_b(device, a, b, trans_a, trans_b, m, n, k, precision):  # after every check: no launch before
-        b_t = transpose(b, (*range(b.ndim - 2), b.ndim - 1, b.ndim - 2))
-        return gemm(
-            a,
-            b_t,
-            trans_b=True,
-            out_dtype=out_dtype,
-            precision=precision,
-            epilogue=epilogue,
-            bias=bias,
-            epilogue_args=epilogue_args,
-        )
     if device.kind == "cpu":
         if epilogue.code:
             raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
@@ -210,29 +195,6 @@ def gemm(
     if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
         remember(_PLANS, key, plan)
     return plan.run(a, b, bias, extras=epilogue_args)
-
-
-#: the fewest flops (2 M N K, batches of A over a shared B included) for which a tf32 product of
-#: untransposed operands transposes B to run on wgmma: the transpose is a pass over B and one more
-#: launch. H200, through ``ops.matmul`` (device time, the launch gap included), against mma.sync's
-#: 121-131 / 164-166 / 155 TFLOP/s: 2048^3 99, 4096^3 179, 8192^3 201
-WGMMA_TRANSPOSE_FLOPS = 2 * 4096**3
-
-
-def _transposes_b(
-    device: Device, a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, m: int, n: int, k: int, precision: str
-) -> bool:
-    """Whether ``gemm`` runs ``a @ b`` as ``a @ (b.T).T`` (NT) on tf32 ``wgmma``: untransposed float32
-    operands at precision "high" on a device whose probe passed, 16-byte rows, and a product per B
-    big enough for the transpose to pay (``WGMMA_TRANSPOSE_FLOPS``)."""
-    if trans_a or trans_b or device.kind != "opencl" or a.dtype != float32 or b.dtype != float32:
-        return False
-    rows = m * (math.prod(a.shape[:-2]) if b.ndim == 2 else 1)
-    if 2 * rows * n * k < WGMMA_TRANSPOSE_FLOPS or k % 4:
-        return False
-    from netcl.runtime.ops import gemm_mma
-
-    return gemm_mma.mode_for(device, a.dtype, b.dtype, precision) == "tf32" and gemm_mma.wgmma_ok(device, "tf32")
 
 
 def _check_epilogue(epilogue: Epilogue, bias: Tensor | None, m: int, n: int) -> None:

@@ -3,7 +3,8 @@
 A device qualifies when it is an NVIDIA GPU and a probe kernel with ``mma.sync`` of each mode
 builds and multiplies a 16 x 8 x 16 product correctly (checked against NumPy once per device
 and process). Hopper's ``wgmma`` (tf32 and f16, through patched PTX: ``netcl.runtime.ptx_patch``)
-joins the configs where its own probe passes. Every other device, and a device whose probe fails,
+joins the configs where its own probe passes (tf32 products of untransposed operands: the swapped
+kernel, ``MmaConfig.swap``, with a probe of its own). Every other device, and a device whose probe fails,
 keeps the portable kernel; asking for tensor cores there logs one line per device, never an error.
 ``NETCL_MMA=0`` turns the path off (to compare with the portable kernel).
 """
@@ -100,6 +101,15 @@ def wgmma_ok(device: Device, mode: str) -> bool:
     return _once((device, f"{mode}-wgmma"), lambda: 1 if _probe(device, mode, 1, cfg=cfg) else None) is not None
 
 
+def swap_ok(device: Device) -> bool:
+    """Whether tf32 ``wgmma`` with B^T's fragments from registers (``MmaConfig.swap``: untransposed
+    operands) builds and multiplies correctly (probed once)."""
+    if not wgmma_ok(device, "tf32"):
+        return False
+    cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=2, swap=1)
+    return _once((device, "tf32-wgmma-swap"), lambda: 1 if _probe(device, "tf32", 1, cfg=cfg) else None) is not None
+
+
 def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig | None = None) -> bool:
     """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT) and check
     16 x 16 x 16 products."""
@@ -111,7 +121,9 @@ def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig
     if dtype == float16 and not device.supports(float16):
         return False
     cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
-    layouts = [(False, True)] if cfg.wg and mode in WORD_MODES else [(False, False), (True, True)]
+    layouts = [(False, False), (True, True)]
+    if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
+        layouts = [(False, not cfg.swap)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
@@ -173,6 +185,13 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 1, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 32, 8, stages=4, wg=1),
         MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2),
+        # tf32 of untransposed operands on wgmma: C^T = B^T A^T, B^T's fragments from registers
+        MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2, swap=1),
+        MmaConfig(8, 1, 1, 16, 16, stages=3, wg=2, swap=1),
+        MmaConfig(4, 1, 2, 16, 8, stages=5, wg=2, swap=1),
+        MmaConfig(4, 1, 2, 8, 16, stages=3, wg=2, swap=1),
+        MmaConfig(4, 1, 1, 16, 16, stages=4, wg=2, swap=1),
+        MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2, swap=1),
     ]
 
 
@@ -215,6 +234,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     warpgroups = staged and wgmma_ok(device, mode)
     if not warpgroups:
         candidates = [c for c in candidates if not c.wg]
+    swapped = warpgroups and mode == "tf32" and not (problem.trans_a or problem.trans_b) and swap_ok(device)
+    if not swapped:
+        candidates = [c for c in candidates if not c.swap]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
@@ -228,6 +250,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         three = dataclasses.replace(fallback, stages=3)
         fallback = three if _valid(device, three, mode, problem) else dataclasses.replace(fallback, stages=2)
         wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, stages=3, wg=2)  # wgmma where the layout allows it
+        if swapped:
+            wide = dataclasses.replace(wide, swap=1)
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide
     if not _valid(device, fallback, mode, problem):

@@ -24,7 +24,11 @@ With ``MmaConfig.wg`` the products run on Hopper's ``wgmma`` instead (tf32 and f
 PTX: ``netcl.runtime.ptx_patch``): warps stacked along M, a warpgroup of four per 64 rows issuing one
 64 x BN x k instruction a k-step from shared-memory descriptors; the tiles are kept in wgmma's
 swizzled atoms (``Tile.atom``) and copied by ``cp.async`` past L1; the fragments and ``mma.sync``
-above are not used.
+above are not used. tf32 ``wgmma`` reads local memory K-major only (no transpose bits), so a
+product of untransposed float32 operands runs swapped (``MmaConfig.swap``): the warpgroups compute
+C^T = B^T A^T, B^T's fragments loaded into registers from B's k-rows tile (``wgmma``'s register
+form of A) and A's K-major tile read as wgmma's B, and the store writes each element back at
+(row, column) of C.
 """
 
 from __future__ import annotations
@@ -70,14 +74,18 @@ class MmaConfig:
     #: stage's products run on while the previous stage's buffer refills (two barriers a stage); 2: they
     #: finish before the next stage (one barrier)
     wg: int = 0
+    #: 1 (tf32 ``wgmma``, untransposed operands): the products of C^T = B^T A^T, B^T's fragments from
+    #: registers (tf32 ``wgmma`` reads local memory K-major only) and A's tile as wgmma's K-major B;
+    #: the warpgroups' rows run along N (BN = wm * fm * 16), wgmma's columns along M (BM = fn * 8)
+    swap: int = 0
 
     @property
     def bm(self) -> int:
-        return self.wm * self.fm * 16
+        return self.fn * 8 if self.swap else self.wm * self.fm * 16
 
     @property
     def bn(self) -> int:
-        return self.wn * self.fn * 8
+        return self.wm * self.fm * 16 if self.swap else self.wn * self.fn * 8
 
     @property
     def threads(self) -> int:
@@ -106,6 +114,8 @@ class MmaConfig:
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
         if self.wg:
             out += _wgmma_problems(self, mode, trans_a, trans_b)
+        elif self.swap:
+            out.append("swap runs on wgmma (wg 2)")
         return out
 
     def short(self) -> str:
@@ -121,12 +131,14 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("wgmma copies its operands with cp.async: stages >= 2")
     if cfg.wn != 1 or cfg.wm % 4 or cfg.fpre:
         out.append("wgmma: warps stacked along M (wn = 1, wm a multiple of 4), no fragment prefetch")
-    if cfg.bn > 256:
+    if cfg.fn > 32:
         out.append("wgmma multiplies at most 256 columns (fn <= 32)")
     if cfg.bkw > 32:
         out.append("wgmma: at most 32 words along K a stage (a K-major row in one 128-byte swizzle atom)")
-    if mode in WORD_MODES and (trans_a or not trans_b):
-        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed")
+    if cfg.swap and (mode != "tf32" or trans_a or trans_b or cfg.wg != 2):
+        out.append("swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, wg 2")
+    elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
+        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
     return out
 
 
@@ -197,8 +209,10 @@ def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Til
     """
     rows, ld = _row_words(side, cfg.bkw, along_k, mode)
     width = cfg.bkw if along_k else side // _epw(mode)
-    if cfg.wg:  # rows of up to 128 bytes in one atom
+    if cfg.wg and not (cfg.swap and not along_k):  # rows of up to 128 bytes in one atom
         return Tile(name, rows, width, atom=min(width, 32))
+    if cfg.swap and width >= 32 and not width & (width - 1):  # B's k-rows: swizzled like mma.sync's
+        return Tile(name, rows, width, "(((r) & 3) << 1)")
     if not cfg.swizzles or width < 8 or width & (width - 1):
         return Tile(name, rows, ld)
     if along_k or mode not in WORD_MODES:
@@ -524,6 +538,38 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
     return lines
 
 
+def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
+    """The ``wgmma`` of one stage (``cb``) under ``cfg.swap``: C^T's 64 x BM x 8 products, B^T's
+    fragments loaded from B's k-rows tile (padded: the 32 words of a warp's load in distinct banks) in
+    mma.sync's tf32 A layout, wgmma's B the K-major tile of A; one ``wgmma.fence`` after the loads."""
+    tile_a, tile_b = tiles
+    n, steps = 4 * cfg.fn, cfg.bkw // 8
+    listed = ", ".join("%" + str(i) for i in range(n))
+    lines = [f"uint af[{steps}][{cfg.fm}][4];"]
+    for step in range(steps):
+        r0, r4 = f"({step * 8} + tig)", f"({step * 8 + 4} + tig)"
+        for f in range(cfg.fm):
+            c0, c8 = f"(wr + {f * 64} + gid)", f"(wr + {f * 64 + 8} + gid)"
+            at = [tile_b.at(r, c) for r, c in ((r0, c0), (r0, c8), (r4, c0), (r4, c8))]
+            lines.append(" ".join(f"af[{step}][{f}][{i}] = Bs[cb][{a}];" for i, a in enumerate(at)))
+    lines += [
+        f"const ulong db0 = {_descriptor_bits(True, tile_a)}UL | (((uint)(size_t)As[cb]) >> 4);",
+        'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
+    ]
+    for step in range(steps):
+        for f in range(cfg.fm):
+            outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg, f))
+            regs = ", ".join(f'"r"(af[{step}][{f}][{i}])' for i in range(4))
+            frag = ",".join(f"%{n + i}" for i in range(4))
+            lines.append(
+                f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.m64n{cfg.bm}k8.f32.tf32.tf32 '
+                f'{{{listed}}}, {{{frag}}}, %{n + 4}, 1, 1, 1;" : {outs} : {regs}, "l"(db0 + {step * 2}));'
+            )
+    lines.append('asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");')
+    lines.append(_wgmma_wait(cfg, 0))
+    return lines
+
+
 def _wgmma_accumulators(cfg: MmaConfig, block: int | None = None) -> list[str]:
     """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values),
     of 64-row ``block`` or of all of them."""
@@ -631,6 +677,12 @@ def mma_source(
     copy_cache = "cg" if cfg.wg else "ca"
     copy_note = f"cp.async.{copy_cache}: {'past' if cfg.wg else 'through'} L1, the faster for this kernel on the H200"
     nl5 = "\n                    "
+    # the element of acc[fm][fn][q]: fragment rows (gid) along M, or along N under swap (C^T's products)
+    frag_rows = f"wr + fm * {16 * (4 if cfg.wg else 1)} + gid + (q >> 1) * 8"
+    frag_cols = "wc + fn * 8 + tig * 2 + (q & 1)"
+    if cfg.swap:
+        frag_rows, frag_cols = frag_cols, frag_rows
+    row_col = f"const IDX r = A0 + {frag_rows};\n                const IDX c = B0 + {frag_cols};"
     compute = f"""#pragma unroll
         for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
             const int ks = step * 8;
@@ -653,11 +705,12 @@ def mma_source(
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.wg:  # the stage's products run asynchronously on the warpgroups
-        compute = (
-            "{\n            const int wgi = warp >> 2;\n            "
-            + nl2.join(_wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b)))
-            + "\n        }"
+        products = (
+            _wgmma_swap_lines(cfg, (tile_a, tile_b))
+            if cfg.swap
+            else _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
         )
+        compute = "{\n            const int wgi = warp >> 2;\n            " + nl2.join(products) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
         # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
@@ -804,8 +857,7 @@ void netcl_gemm(const int M, const int N, const int K,
         for (int fn = 0; fn < {cfg.fn}; ++fn) {{
             #pragma unroll
             for (int q = 0; q < 4; ++q) {{
-                const IDX r = A0 + wr + fm * {16 * (4 if cfg.wg else 1)} + gid + (q >> 1) * 8;
-                const IDX c = B0 + wc + fn * 8 + tig * 2 + (q & 1);
+                {row_col}
                 if (r < M && c < N) {{
                     {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store, at=at))}
                 }}

@@ -36,7 +36,7 @@ from netcl.runtime.disk_cache import cache_dir
 log = logging.getLogger("netcl.tune")
 ENV = "NETCL_TUNE"
 #: Bump when the kernels change, so stored winners of older kernels are not reused.
-GENERATION = "gemm-12"
+GENERATION = "gemm-13"
 _LOCK = threading.Lock()
 _MEMORY: dict[str, dict[str, Any]] = {}
 
