@@ -749,9 +749,9 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
 
 def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     """On a GPU with tf32 wgmma the default of a big NN product at "high" (tuning off) is the swapped
-    kernel (C^T = B^T A^T, B^T's fragments from registers); its result, bias and activation applied in
-    the store, is within tf32's bound of the float64 product, partial tiles in M, N and K. NT keeps the
-    plain wgmma kernel, TN and TT mma.sync. Hopper GPUs only."""
+    kernel (C^T = B^T A^T, B^T's fragments from registers); its results (a bias, then an addend added
+    in the store) are within tf32's bound of the float64 product, partial tiles in M, N and K. NT keeps
+    the plain wgmma kernel, TN and TT mma.sync. Hopper GPUs only."""
     if not (cl_device.kind == "opencl" and gemm_mma.swap_ok(cl_device)):
         pytest.skip("tf32 wgmma: Hopper GPUs through NVIDIA's OpenCL")
 
@@ -764,6 +764,8 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     m, n, k = 2056, 1032, 1028
     a, b, bias, addend = _data((m, k), 0), _data((k, n), 1), _data((n,), 2), _data((m, n), 3)
     x, y, row, res = (nc.tensor(v, device=cl_device) for v in (a, b, bias, addend))
-    got = ops.matmul(x, y, precision="high", bias=row, addend=res).to_host()
-    expected = a.astype(np.float64) @ b.astype(np.float64) + bias + addend
-    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(k, "high"))
+    product = a.astype(np.float64) @ b.astype(np.float64)
+    got = ops.matmul(x, y, precision="high", bias=row).to_host()
+    np.testing.assert_allclose(got, product + bias, rtol=0, atol=_tolerance(k, "high"))
+    got = ops.matmul(x, y, precision="high", addend=res).to_host()
+    np.testing.assert_allclose(got, product + addend, rtol=0, atol=_tolerance(k, "high"))
