@@ -3,10 +3,10 @@
 A device qualifies when it is an NVIDIA GPU and a probe kernel with ``mma.sync`` of each mode
 builds and multiplies a 16 x 8 x 16 product correctly (checked against NumPy once per device
 and process). Hopper's ``wgmma`` (tf32 and f16, through patched PTX: ``netcl.runtime.ptx_patch``)
-joins the configs where its own probe passes (tf32 products of untransposed operands: the swapped
-kernel, ``MmaConfig.swap``, with a probe of its own). Every other device, and a device whose probe fails,
-keeps the portable kernel; asking for tensor cores there logs one line per device, never an error.
-``NETCL_MMA=0`` turns the path off (to compare with the portable kernel).
+joins the configs where its own probe passes (tf32 products of untransposed operands: the
+swapped kernel, ``MmaConfig.swap``, with a probe of its own). Every other device, and a device
+whose probe fails, keeps the portable kernel; asking for tensor cores there logs one line per
+device, never an error. ``NETCL_MMA=0`` turns the path off (to compare with the portable kernel).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def swap_ok(device: Device) -> bool:
 
 
 def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig | None = None) -> bool:
-    """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT) and check
+    """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT, swapped: NN) and check
     16 x 16 x 16 products."""
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.ops.gemm import Problem

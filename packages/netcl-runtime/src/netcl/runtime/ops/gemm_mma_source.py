@@ -120,7 +120,8 @@ class MmaConfig:
 
     def short(self) -> str:
         tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
-        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}"
+        wgmma = f" wg{self.wg}{' swap' if self.swap else ''}" if self.wg else ""
+        return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}{wgmma}"
 
 
 def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
@@ -205,7 +206,8 @@ def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Til
     three 128 x 16-word stages fit 48 KB: ldmatrix reads one chunk of 8 consecutive rows, which
     land in distinct banks when the chunk index is XORed with (row / rows-per-128-bytes) modulo the
     chunks of a row (at most 8); tf32 word loads of rows k read rows tig (4) x 8 consecutive words,
-    distinct with (row % 4) * 2.
+    distinct with (row % 4) * 2. The swapped tf32 kernel (``cfg.swap``) keeps A in wgmma atoms and
+    B's k-rows swizzled that way (its fragment loads are those tf32 word loads).
     """
     rows, ld = _row_words(side, cfg.bkw, along_k, mode)
     width = cfg.bkw if along_k else side // _epw(mode)
@@ -519,6 +521,7 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
     step_bytes = [32 if k else 2 * g for k, g in zip(along, group_bytes, strict=True)]
     rows64 = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * 32 * tiles[0].atom  # 64 rows of A
     lines = [
+        "const int wgi = warp >> 2;",
         f"const ulong da0 = {_descriptor_bits(along[0], tiles[0])}UL | "
         f"((((uint)(size_t)As[cb]) + wgi * {cfg.fm * rows64}) >> 4);",
         f"const ulong db0 = {_descriptor_bits(along[1], tiles[1])}UL | (((uint)(size_t)Bs[cb]) >> 4);",
@@ -540,8 +543,8 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
 
 def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
     """The ``wgmma`` of one stage (``cb``) under ``cfg.swap``: C^T's 64 x BM x 8 products, B^T's
-    fragments loaded from B's k-rows tile (padded: the 32 words of a warp's load in distinct banks) in
-    mma.sync's tf32 A layout, wgmma's B the K-major tile of A; one ``wgmma.fence`` after the loads."""
+    fragments loaded from B's k-rows tile (swizzled: the 32 words of a warp's load in distinct banks)
+    in mma.sync's tf32 A layout, wgmma's B the K-major tile of A; one ``wgmma.fence`` after the loads."""
     tile_a, tile_b = tiles
     n, steps = 4 * cfg.fn, cfg.bkw // 8
     listed = ", ".join("%" + str(i) for i in range(n))
@@ -710,7 +713,7 @@ def mma_source(
             if cfg.swap
             else _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
         )
-        compute = "{\n            const int wgi = warp >> 2;\n            " + nl2.join(products) + "\n        }"
+        compute = "{\n            " + nl2.join(products) + "\n        }"
     if cfg.stages:
         nbuf = cfg.stages
         # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
