@@ -769,3 +769,17 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     np.testing.assert_allclose(got, product + bias, rtol=0, atol=_tolerance(k, "high"))
     got = ops.matmul(x, y, precision="high", addend=res).to_host()
     np.testing.assert_allclose(got, product + addend, rtol=0, atol=_tolerance(k, "high"))
+    # a code epilogue (the JIT's) with every operand kind, on the swapped kernel unsplit
+    f32 = np.dtype(np.float32)
+    col, rows = _data((n,), 4), _data((m, 1), 5)
+    code = "float ep_out0 = ep_value * ep2 + ep0 * ep1;\nfloat ep_out1 = ep_value;"
+    ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
+    problem = gemm.Problem(m, n, k, False, False, ())
+    cfg = gemm_mma._aligned(gemm_mma.MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2, swap=1, split=0), problem, False, False)
+    plan = gemm_mma.make_plan(cl_device, "tf32", f32, f32, f32, (m, n), problem, epilogue=ep, cfg=cfg)
+    saved = nc.Tensor.empty((m, n), f32, cl_device)
+    extras = [nc.tensor(col, device=cl_device), nc.tensor(rows, device=cl_device), 0.5, saved]
+    got = plan.run(x, y, row, extras=extras).to_host()
+    v = np.maximum(product + bias, 0.0)
+    np.testing.assert_allclose(saved.to_host(), v, rtol=0, atol=_tolerance(k, "high"))
+    np.testing.assert_allclose(got, v * 0.5 + col * rows, rtol=1e-6, atol=_tolerance(k, "high"))
