@@ -99,23 +99,27 @@ def test_casts_from_float16_are_exact(device):
 
 
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (False, True), (True, False)])
-def test_float16_matmul_matches_float64(device, trans_a, trans_b):
+@pytest.mark.parametrize(("m", "k", "n"), [(33, 17, 9), (2056, 64, 1032)], ids=["odd", "big"])
+def test_float16_matmul_matches_float64(device, trans_a, trans_b, m, k, n):
+    """float16 x float16: the float32 result within K float32 additions of float64, the float16 one
+    its single rounding (bit for bit; odd rows of C unaligned for paired stores, and the big shape the
+    wgmma / paired-store kernels on a Hopper GPU)."""
     rng = np.random.default_rng(5)
-    a = rng.uniform(-1, 1, (17, 33) if trans_a else (33, 17)).astype(np.float16)
-    b = rng.uniform(-1, 1, (9, 17) if trans_b else (17, 9)).astype(np.float16)
+    a = rng.uniform(-1, 1, (k, m) if trans_a else (m, k)).astype(np.float16)
+    b = rng.uniform(-1, 1, (n, k) if trans_b else (k, n)).astype(np.float16)
     ta, tb = nc.tensor(a, device=device), nc.tensor(b, device=device)
     x, y = (a.T if trans_a else a).astype(np.float64), (b.T if trans_b else b).astype(np.float64)
     reference, scale = x @ y, np.abs(x) @ np.abs(y)
     wide = R.matmul(ta, tb, transpose_a=trans_a, transpose_b=trans_b, out_dtype=nc.float32)
     assert wide.dtype == nc.float32
-    # float16 x float16 products are exact in float32; 17 float32 additions: 17 * 2**-24 of sum |x y|
-    assert np.all(np.abs(wide.to_host() - reference) <= 17 * 2.0**-24 * scale + 1e-30)
+    # float16 x float16 products are exact in float32; K float32 additions: K * 2**-24 of sum |x y|
+    assert np.all(np.abs(wide.to_host() - reference) <= k * 2.0**-24 * scale + 1e-30)
     narrow = R.matmul(ta, tb, transpose_a=trans_a, transpose_b=trans_b)
     assert narrow.dtype == nc.float16
     np.testing.assert_array_equal(narrow.to_host(), wide.to_host().astype(np.float16))  # one rounding of the sum
     mixed = R.matmul(ta, R.cast(tb, nc.float32), transpose_a=trans_a, transpose_b=trans_b)  # promoted: float32
     assert mixed.dtype == nc.float32  # (an fp32 kernel: its sums may round apart from the tensor cores')
-    assert np.all(np.abs(mixed.to_host() - reference) <= 17 * 2.0**-24 * scale + 1e-30)
+    assert np.all(np.abs(mixed.to_host() - reference) <= k * 2.0**-24 * scale + 1e-30)
 
 
 def test_float16_elementwise_ops_round_like_numpy(device):

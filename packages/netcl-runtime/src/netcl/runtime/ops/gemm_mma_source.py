@@ -624,6 +624,20 @@ def _tile_mma(mode: str, fm: int, fn: int) -> str:
     return "\n        ".join(lines)
 
 
+def _paired_half_store() -> str:
+    """After the odd value of a pair: columns c - 1 and c of row r (values ``hv``) to float16 C."""
+    return """
+                if ((q & 1) && r < M) {
+                    __global half* p = Cz + (IDX)r * ldc + c - 1;
+                    if (c < N && !((size_t)p & 3)) {
+                        *(__global uint*)p = f16x2_bits(hv[0], hv[1]);
+                    } else {
+                        if (c - 1 < N) vstore_half_rte(hv[0], 0, p);
+                        if (c < N) vstore_half_rte(hv[1], 0, p + 1);
+                    }
+                }"""
+
+
 def mma_source(
     cfg: MmaConfig,
     mode: str,
@@ -686,6 +700,19 @@ def mma_source(
     if cfg.swap:
         frag_rows, frag_cols = frag_cols, frag_rows
     row_col = f"const IDX r = A0 + {frag_rows};\n                const IDX c = B0 + {frag_cols};"
+    # float16 C: values q and q + 1 are columns c and c + 1 of one row, stored as one 32-bit word of both
+    # halves (rounded to nearest even, as vstore_half_rte) where the word is aligned
+    paired = out_half and view_c is None and not cfg.swap
+    elements = epilogue.store_lines("acc[fm][fn][q]", "float", "hv[q & 1] = OUT" if paired else store, at=at)
+    store_loop = f"""#pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                {row_col}
+                if (r < M && c < N) {{
+                    {nl5.join(elements)}
+                }}{_paired_half_store() if paired else ""}
+            }}"""
+    if paired:
+        store_loop = "float hv[2] = {0.0f, 0.0f};\n            " + store_loop
     compute = f"""#pragma unroll
         for (int step = 0; step < {cfg.bkw // 8}; ++step) {{
             const int ks = step * 8;
@@ -858,13 +885,7 @@ void netcl_gemm(const int M, const int N, const int K,
     for (int fm = 0; fm < {cfg.fm}; ++fm) {{
         #pragma unroll
         for (int fn = 0; fn < {cfg.fn}; ++fn) {{
-            #pragma unroll
-            for (int q = 0; q < 4; ++q) {{
-                {row_col}
-                if (r < M && c < N) {{
-                    {nl5.join(epilogue.store_lines("acc[fm][fn][q]", "float", store, at=at))}
-                }}
-            }}
+            {store_loop}
         }}
     }}
 }}
