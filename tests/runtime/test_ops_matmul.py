@@ -702,6 +702,9 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(swap, wg=0).problems("tf32", False, False)
     assert cfg.problems("tf32", True, True)
     assert dataclasses.replace(cfg, stages=1).problems("f16", False, False)
+    registers = dataclasses.replace(cfg, stages=0, wg=2)  # converted float32 operands: tiles filled by stores
+    assert not registers.problems("bf16", True, False) and not registers.problems("f16", False, True)
+    assert dataclasses.replace(cfg, stages=0).problems("bf16", False, False)  # wg 1 needs cp.async stages
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
     assert cfg.problems("tf32x3", False, True) and cfg.problems("bf16", False, True)
@@ -711,7 +714,8 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     """Every wgmma config of the search computes float16 products in all four layouts and tf32 ones
     in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
     partial tiles in M, N and K, split along K or not, in grouped block order, and a batch, against
-    float64 products of the same operands. Hopper GPUs only (its probe)."""
+    float64 products of the same operands; float32 operands rounded to f16 / bf16 through registers
+    in all four layouts. Hopper GPUs only (its probe)."""
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
@@ -737,6 +741,22 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
                     err = np.abs(plan.run(x, y).to_host() - expected).max()
                     # float16 operands multiply exactly; both modes accumulate on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
+    # float32 operands rounded to f16 / bf16 as they pass through registers (amp's "fp16", "medium"),
+    # within the rounded operands' bound of the float64 product
+    for mode, precision in (("f16", "fp16"), ("bf16", "medium")):
+        if not gemm_mma.wgmma_ok(cl_device, mode, converts=True):
+            continue
+        for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+            a, b = _data((k, m) if ta else (m, k), 4), _data((n, k) if tb else (k, n), 5)
+            expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+            problem = gemm.Problem(m, n, k, ta, tb, ())
+            for cfg in [c for c in gemm_mma._grid() if c.wg == 2 and not c.swap]:
+                variant = gemm_mma._aligned(dataclasses.replace(cfg, stages=0), problem, False, False)
+                assert not variant.problems(mode, ta, tb), variant
+                plan = gemm_mma.make_plan(cl_device, mode, x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)
+                err = np.abs(plan.run(x, y).to_host() - expected).max()
+                assert err <= _tolerance(k, precision), (variant.short(), mode, ta, tb, err)
     # a batch of two (each product's operands one stride on)
     a, b = _data((2, m, k), 2).astype(np.float16), _data((2, k, n), 3).astype(np.float16)
     problem = gemm.Problem(m, n, k, False, False, ((2, m * k, k * n),))
@@ -761,6 +781,9 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     assert default(False, False).swap and default(False, False).wg
     assert default(False, True).wg and not default(False, True).swap
     assert not default(True, False).wg and not default(True, True).wg
+    for mode in ("f16", "bf16"):  # float32 operands rounded as they are loaded: wgmma through registers
+        converted = gemm_mma.config(cl_device, mode, gemm.Problem(2048, 2048, 2048, False, False, ()), False, False)
+        assert converted.wg == 2 and not converted.stages, (mode, converted)
     m, n, k = 2056, 1032, 1028
     a, b, bias, addend = _data((m, k), 0), _data((k, n), 1), _data((n,), 2), _data((m, n), 3)
     x, y, row, res = (nc.tensor(v, device=cl_device) for v in (a, b, bias, addend))

@@ -93,9 +93,19 @@ def _async_ok(device: Device, mode: str) -> bool:
     return _once((device, f"{mode}-async"), lambda: 1 if _probe(device, mode, ldsm, stages=2) else None) is not None
 
 
-def wgmma_ok(device: Device, mode: str) -> bool:
-    """Whether ``wgmma`` kernels of ``mode`` (tf32, f16) build and multiply correctly (probed once)."""
-    if mode not in WGMMA_MODES or not _async_ok(device, mode):
+def wgmma_ok(device: Device, mode: str, converts: bool = False) -> bool:
+    """Whether ``wgmma`` kernels of ``mode`` build and multiply correctly (probed once): tf32 and f16
+    operands copied by cp.async, or with ``converts`` float32 operands rounded to f16 / bf16 as
+    they pass through registers into local memory (amp's "fp16", "medium")."""
+    if mode not in WGMMA_MODES:
+        return False
+    if converts:
+        if mode in WORD_MODES or not available(device, mode):
+            return False
+        regs = MmaConfig(4, 1, 1, 2, 8, wg=2)
+        key = (device, f"{mode}-wgmma-converts")
+        return _once(key, lambda: 1 if _probe(device, mode, 1, cfg=regs, operands=float32) else None) is not None
+    if not _async_ok(device, mode):
         return False
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1)
     return _once((device, f"{mode}-wgmma"), lambda: 1 if _probe(device, mode, 1, cfg=cfg) else None) is not None
@@ -110,14 +120,21 @@ def swap_ok(device: Device) -> bool:
     return _once((device, "tf32-wgmma-swap"), lambda: 1 if _probe(device, "tf32", 1, cfg=cfg) else None) is not None
 
 
-def _probe(device: Device, mode: str, ldsm: int, stages: int = 0, cfg: MmaConfig | None = None) -> bool:
-    """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT, swapped: NN) and check
-    16 x 16 x 16 products."""
+def _probe(
+    device: Device,
+    mode: str,
+    ldsm: int,
+    stages: int = 0,
+    cfg: MmaConfig | None = None,
+    operands: np.dtype | None = None,
+) -> bool:
+    """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT, swapped: NN) and
+    check 16 x 16 x 16 products of ``operands`` (default: float16 for f16, else float32)."""
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.ops.gemm import Problem
 
     rng = np.random.default_rng(7)
-    dtype = float16 if mode == "f16" else float32
+    dtype = operands or (float16 if mode == "f16" else float32)
     if dtype == float16 and not device.supports(float16):
         return False
     cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
@@ -229,9 +246,14 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     ldsm = _probe_result(device, mode) or 0
     candidates = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _grid()]
     staged = _async_ok(device, mode) and (mode in WORD_MODES or (a_half and b_half))  # f16 of float32: converts
+    # float32 operands rounded to f16 / bf16 as they are loaded: wgmma from tiles filled through registers
+    converts = not staged and mode in ("f16", "bf16") and not (a_half or b_half)
     if not staged:
-        candidates = [c for c in candidates if not c.stages]
-    warpgroups = staged and wgmma_ok(device, mode)
+        registers = [dataclasses.replace(c, stages=0) for c in candidates if c.wg == 2 and not c.swap]
+        candidates = [c for c in candidates if not c.stages] + (registers if converts else [])
+    if not converts:  # (unaligned stored operands: mma.sync)
+        candidates = [c for c in candidates if not (c.wg and not c.stages)]
+    warpgroups = wgmma_ok(device, mode) if staged else converts and wgmma_ok(device, mode, converts=True)
     if not warpgroups:
         candidates = [c for c in candidates if not c.wg]
     swapped = warpgroups and mode == "tf32" and not (problem.trans_a or problem.trans_b) and swap_ok(device)
@@ -253,6 +275,11 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         if swapped:
             wide = dataclasses.replace(wide, swap=1)
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
+            fallback = wide
+    if converts and warpgroups and fallback.bm * fallback.bn >= 128 * 128:
+        # H200 4096^3 bf16 / f16 of float32: 207-209 against mma.sync's best 170-178 TFLOP/s
+        wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, wg=2)
+        if _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide
     if not _valid(device, fallback, mode, problem):
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)

@@ -51,7 +51,7 @@ WORD_MODES = ("tf32", "tf32x3")
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
 ASYNC_MODES = (*WORD_MODES, "f16")
 #: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``)
-WGMMA_MODES = ("tf32", "f16")
+WGMMA_MODES = ("tf32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,9 @@ class MmaConfig:
 def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
     out = []
     if mode not in WGMMA_MODES:
-        out.append("wgmma multiplies tf32 or f16 (tf32x3's split runs on mma.sync)")
-    if cfg.stages < 2:
-        out.append("wgmma copies its operands with cp.async: stages >= 2")
+        out.append("wgmma multiplies tf32, f16 or bf16 (tf32x3's split runs on mma.sync)")
+    if cfg.stages == 1 or (not cfg.stages and cfg.wg != 2):
+        out.append("wgmma's operands come by cp.async (stages >= 2) or through registers (stages 0, wg 2)")
     if cfg.wn != 1 or cfg.wm % 4 or cfg.fpre:
         out.append("wgmma: warps stacked along M (wn = 1, wm a multiple of 4), no fragment prefetch")
     if cfg.fn > 32:
@@ -514,7 +514,7 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
     of 8 rows on in an M/N-major one; warpgroup ``wgi`` reads A's rows from 64 * fm * wgi.
     """
     n = 4 * cfg.fn
-    shape = f"m64n{cfg.bn}k16.f32.f16.f16" if mode == "f16" else f"m64n{cfg.bn}k8.f32.tf32.tf32"
+    shape = f"m64n{cfg.bn}k8.f32.tf32.tf32" if mode in WORD_MODES else f"m64n{cfg.bn}k16.f32.{mode}.{mode}"
     tail = "1, 1, 1" + ("" if mode in WORD_MODES else f", {int(not along[0])}, {int(not along[1])}")
     listed = ", ".join("%" + str(i) for i in range(n))
     group_bytes = [32 * t.ld for t in tiles]  # 8 rows
@@ -741,10 +741,10 @@ def mma_source(
             else _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
         )
         compute = "{\n            " + nl2.join(products) + "\n        }"
+    # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
+    proxy_fence = nl + 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");' if cfg.wg else ""
     if cfg.stages:
         nbuf = cfg.stages
-        # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
-        proxy_fence = nl + 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");' if cfg.wg else ""
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
             "B", cfg.bn, cfg, b_along_k, "N", mode, sb, view_b
         )
@@ -790,7 +790,7 @@ def mma_source(
     {nl.join(a_load)}
     {nl.join(b_load)}
     {nl.join(a_store)}
-    {nl.join(b_store)}
+    {nl.join(b_store)}{proxy_fence}
     barrier(CLK_LOCAL_MEM_FENCE);
     while (k0 < kend) {{
         const int cb = nb;
@@ -805,7 +805,7 @@ def mma_source(
         if (more) {{
         {nl2.join(a_store)}
         {nl2.join(b_store)}
-        }}
+        }}{proxy_fence}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
     return f"""{epilogue.preamble}
