@@ -2,9 +2,10 @@
 
 A device qualifies when it is an NVIDIA GPU and a probe kernel with ``mma.sync`` of each mode
 builds and multiplies a 16 x 8 x 16 product correctly (checked against NumPy once per device
-and process). Hopper's ``wgmma`` (tf32 and f16, through patched PTX: ``netcl.runtime.ptx_patch``)
+and process). Hopper's ``wgmma`` (tf32, f16 and bf16, through patched PTX: ``netcl.runtime.ptx_patch``)
 joins the configs where its own probe passes (tf32 products of untransposed operands: the
-swapped kernel, ``MmaConfig.swap``, with a probe of its own). Every other device, and a device
+swapped kernel, ``MmaConfig.swap``; float32 operands rounded to f16 / bf16 in the kernel: tiles
+filled through registers; each with a probe of its own). Every other device, and a device
 whose probe fails, keeps the portable kernel; asking for tensor cores there logs one line per
 device, never an error. ``NETCL_MMA=0`` turns the path off (to compare with the portable kernel).
 """
