@@ -25,11 +25,11 @@ patched PTX: ``netcl.runtime.ptx_patch``): warps stacked along M, a warpgroup of
 issuing one 64 x BN x k instruction a k-step from shared-memory descriptors; the tiles are kept in
 wgmma's swizzled atoms (``Tile.atom``) and copied by ``cp.async`` past L1, or, for float32 operands
 rounded to f16 / bf16 on the way (``stages`` 0), loaded into registers, converted and stored like
-the mma.sync kernels' register staging; the fragments and ``mma.sync`` above are not used. tf32 ``wgmma`` reads local memory K-major only (no transpose bits), so a
-product of untransposed float32 operands runs swapped (``MmaConfig.swap``): the warpgroups compute
-C^T = B^T A^T, B^T's fragments loaded into registers from B's k-rows tile (``wgmma``'s register
-form of A) and A's K-major tile read as wgmma's B, and the store writes each element back at
-(row, column) of C.
+the mma.sync kernels' register staging; the fragments and ``mma.sync`` above are not used.
+tf32 ``wgmma`` reads local memory K-major only (no transpose bits), so a product of untransposed
+float32 operands runs swapped (``MmaConfig.swap``): the warpgroups compute C^T = B^T A^T, B^T's
+fragments loaded into registers from B's k-rows tile (``wgmma``'s register form of A) and A's
+K-major tile read as wgmma's B, and the store writes each element back at (row, column) of C.
 """
 
 from __future__ import annotations
