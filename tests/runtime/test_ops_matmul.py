@@ -715,7 +715,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
     partial tiles in M, N and K, split along K or not, in grouped block order, and a batch, against
     float64 products of the same operands; float32 operands rounded to f16 / bf16 through registers
-    in all four layouts. Hopper GPUs only (its probe)."""
+    in all four layouts (and a big product's default). Hopper GPUs only (its probe)."""
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
@@ -746,6 +746,9 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):
         if not gemm_mma.wgmma_ok(cl_device, mode, converts=True):
             continue
+        big = gemm.Problem(2048, 2048, 2048, False, False, ())  # its default (tuning off): register-fed wgmma
+        default = gemm_mma.config(cl_device, mode, big, False, False)
+        assert default.wg == 2 and not default.stages, (mode, default)
         for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
             a, b = _data((k, m) if ta else (m, k), 4), _data((n, k) if tb else (k, n), 5)
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
@@ -781,9 +784,6 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     assert default(False, False).swap and default(False, False).wg
     assert default(False, True).wg and not default(False, True).swap
     assert not default(True, False).wg and not default(True, True).wg
-    for mode in ("f16", "bf16"):  # float32 operands rounded as they are loaded: wgmma through registers
-        converted = gemm_mma.config(cl_device, mode, gemm.Problem(2048, 2048, 2048, False, False, ()), False, False)
-        assert converted.wg == 2 and not converted.stages, (mode, converted)
     m, n, k = 2056, 1032, 1028
     a, b, bias, addend = _data((m, k), 0), _data((k, n), 1), _data((n,), 2), _data((m, n), 3)
     x, y, row, res = (nc.tensor(v, device=cl_device) for v in (a, b, bias, addend))
