@@ -167,7 +167,7 @@ def search(
             run()
         return region.elapsed_ms
 
-    first = []  # (best of the first pass, position, candidate, its run)
+    top = []  # the fastest of the first pass so far: (best time, position, candidate, its run)
     for position, cfg in enumerate(candidates):
         try:
             prepared = trial(cfg)  # builds; a config the device refuses is skipped
@@ -178,10 +178,10 @@ def search(
         except (CompileError, LaunchError) as exc:
             log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
             continue
-        first.append((ms, position, cfg, run))
-    if not first:
+        # only the finalists' runs are kept alive: each holds its plan and its output tensor
+        top = sorted([*top, (ms, position, cfg, run)], key=lambda entry: entry[:2])[:finalists]
+    if not top:
         return None, float("inf")
-    top = sorted(first, key=lambda entry: entry[:2])[:finalists]
     if len(top) == 1:
         return top[0][2], top[0][0]
     samples: dict[int, list[float]] = {position: [] for _, position, _, _ in top}
