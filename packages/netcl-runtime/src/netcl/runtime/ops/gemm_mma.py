@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +80,11 @@ def _once(key: tuple, probe: Callable[[], int | None]) -> int | None:
     return result
 
 
+def _probed(key: tuple, device: Device, mode: str, **probe: Any) -> bool:
+    """Whether ``_probe(device, mode, **probe)`` passed, run once per process under ``key``."""
+    return _once(key, lambda: 1 if _probe(device, mode, **probe) else None) is not None
+
+
 def _probe_result(device: Device, mode: str) -> int | None:
     """None: no tensor cores for ``mode``; else the ``ldsm`` flag that worked (1: ldmatrix)."""
     if not _nvidia(device):
@@ -91,7 +97,7 @@ def _async_ok(device: Device, mode: str) -> bool:
     ldsm = _probe_result(device, mode) if mode in ASYNC_MODES else None
     if ldsm is None:
         return False
-    return _once((device, f"{mode}-async"), lambda: 1 if _probe(device, mode, ldsm, stages=2) else None) is not None
+    return _probed((device, f"{mode}-async"), device, mode, ldsm=ldsm, stages=2)
 
 
 def wgmma_ok(device: Device, mode: str, converts: bool = False) -> bool:
@@ -104,12 +110,11 @@ def wgmma_ok(device: Device, mode: str, converts: bool = False) -> bool:
         if mode in WORD_MODES or not available(device, mode):
             return False
         regs = MmaConfig(4, 1, 1, 2, 8, wg=2)
-        key = (device, f"{mode}-wgmma-converts")
-        return _once(key, lambda: 1 if _probe(device, mode, 1, cfg=regs, operands=float32) else None) is not None
+        return _probed((device, f"{mode}-wgmma-converts"), device, mode, ldsm=1, cfg=regs, operands=float32)
     if not _async_ok(device, mode):
         return False
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1)
-    return _once((device, f"{mode}-wgmma"), lambda: 1 if _probe(device, mode, 1, cfg=cfg) else None) is not None
+    return _probed((device, f"{mode}-wgmma"), device, mode, ldsm=1, cfg=cfg)
 
 
 def swap_ok(device: Device) -> bool:
@@ -118,7 +123,7 @@ def swap_ok(device: Device) -> bool:
     if not wgmma_ok(device, "tf32"):
         return False
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=2, swap=1)
-    return _once((device, "tf32-wgmma-swap"), lambda: 1 if _probe(device, "tf32", 1, cfg=cfg) else None) is not None
+    return _probed((device, "tf32-wgmma-swap"), device, "tf32", ldsm=1, cfg=cfg)
 
 
 def _probe(
@@ -136,8 +141,6 @@ def _probe(
 
     rng = np.random.default_rng(7)
     dtype = operands or (float16 if mode == "f16" else float32)
-    if dtype == float16 and not device.supports(float16):
-        return False
     cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
     layouts = [(False, False), (True, True)]
     if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
