@@ -257,11 +257,18 @@ def test_only_one_caller_at_a_time_is_pinned(monkeypatch: pytest.MonkeyPatch) ->
     def other() -> None:
         seen["other"] = host_pool._pin_caller(host_pool.pinning_cpus(2))
 
+    caller_ran = threading.Event()
+
     def body(start: int, stop: int) -> None:
         if threading.get_ident() == caller:
             thread = threading.Thread(target=other)
             thread.start()
             thread.join()
+            caller_ran.set()
+        else:
+            # The helper holds its block until the caller has run one: whichever thread starts
+            # first, the caller always runs a block (and so calls in while pinned).
+            caller_ran.wait()
 
     run_blocks(2, 1, body, threads=2)
     assert seen["other"] is None
