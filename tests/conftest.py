@@ -39,6 +39,22 @@ def _opencl_device() -> nc.Device:
         pytest.skip(f"no usable OpenCL device on this machine: {exc}")
 
 
+@pytest.fixture(autouse=True)
+def no_index_error_left_behind() -> Iterator[None]:
+    """A test that leaves an out-of-range index recorded on the device (never waited for) fails here,
+    instead of the next test's first read raising it (``netcl.core.device_errors``)."""
+    yield
+    from netcl.runtime import synchronize
+
+    for device in nc.devices():
+        word = getattr(device, "__dict__", {}).get("error_word")  # only devices whose word was made
+        if word is not None and word.in_use:
+            try:
+                synchronize(device)
+            except IndexError as exc:
+                pytest.fail(f"the test left an out-of-range index recorded on {device.name}: {exc}")
+
+
 @pytest.fixture(params=["opencl", "cpu"])
 def device(request: pytest.FixtureRequest) -> nc.Device:
     """The OpenCL device ``get_device("opencl")`` picks (a GPU, else a CPU device that builds), then NumPy."""

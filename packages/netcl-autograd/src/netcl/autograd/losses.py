@@ -16,7 +16,6 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
-from netcl.runtime.capture import is_recording
 from netcl.runtime.ops import class_loss as CL  # noqa: N812
 from netcl.runtime.ops import rowwise as RW  # noqa: N812
 from netcl.runtime.ops._table import numpy_sigmoid
@@ -78,8 +77,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tensor | np.ndarray:
     """``target`` as an int Tensor of shape (N, d1, ...) with values in [0, C) or ``ignore_index``.
 
-    ``logits`` is (N, C) or (N, C, d1, ...). A NumPy target is checked on the host; a Tensor target
-    is read back for the check (one synchronization), except while a capture records.
+    ``logits`` is (N, C) or (N, C, d1, ...). A NumPy target (or one on the NumPy backend) is checked on the
+    host here; an OpenCL Tensor target is checked by the kernels that read it, without a wait
+    (``class_loss``: ``IndexError`` at the next wait).
     """
     shape = tuple(logits.shape)
     if len(shape) < 2:
@@ -102,8 +102,8 @@ def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tenso
         raise ShapeError(
             f"{op}: target must have shape {expected} for input of shape {shape}, got {tuple(labels.shape)}"
         )
-    if host is None and labels.size and not (labels.device.kind != "cpu" and is_recording(labels.device.queue)):
-        host = np.asarray(labels.data) if labels.device.kind == "cpu" else labels.to_host()
+    if host is None and labels.device.kind == "cpu":
+        host = np.asarray(labels.data)
     if host is not None and host.size:
         bad = host[(host != ignore_index) & ((host < 0) | (host >= shape[1]))]
         if bad.size:
@@ -160,6 +160,7 @@ def _class_loss(
 
     def parts(v: Tensor, t: Tensor) -> tuple[Tensor, tuple[int, ...], Tensor, Tensor]:
         t = _device_targets(t, v)
+        CL.check_targets(t, classes, ignore_index, op)  # one_hot below reads a bad target as no class
         flat, perm, _, _ = RW.rows_layout(_f32(v), (1,))
         logp = RW.softmax_forward(flat, (1,), RW.LOG_SOFTMAX)[0] if from_logits else flat
         ignored = R.eq(t.reshape(rows), ignore_index)
@@ -207,7 +208,7 @@ def _logit_rows_loss(x: Any, labels: Any, ignore_index: int, reduction: str, smo
 
     def forward(v: Tensor, t: Tensor) -> Tensor:
         t = _device_targets(t, v)
-        rows_loss, rowmax, rowsum = CL.class_loss_forward(_f32(v), t, ignore_index, smoothing)
+        rows_loss, rowmax, rowsum = CL.class_loss_forward(_f32(v), t, ignore_index, smoothing, op)
         out, count = rows_loss, rowmax  # "none": the backward reads no count
         if reduction != "none":
             out, count = CL.class_loss_reduce(rows_loss, t, ignore_index, reduction == "mean")

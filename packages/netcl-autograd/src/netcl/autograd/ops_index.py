@@ -3,7 +3,8 @@
 Indices are integer Tensors, integer Nodes or NumPy integer arrays (copied to the operand's
 device). They get no gradient. The operand's gradient is a deterministic scatter-add (see
 ``netcl.runtime.ops.indexing``: no atomics, repeated indices summed in index order).
-Out-of-range indices raise ``IndexError`` before any launch.
+Out-of-range host indices raise ``IndexError`` before any launch; an OpenCL index Tensor is checked by
+the kernel that reads it, and ``IndexError`` is raised at the host's next wait (``netcl.core.device_errors``).
 """
 
 from __future__ import annotations

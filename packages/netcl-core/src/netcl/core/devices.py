@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from netcl.core.device_errors import ErrorWord
 from netcl.core.dtypes import REQUIRED_EXTENSION, STORAGE_ONLY, as_dtype
 from netcl.core.errors import DeviceError, DTypeError
 from netcl.core.vector_width import preferred_width, usable_width
@@ -95,6 +96,11 @@ class Device:
         if self.context is None:
             return None
         return cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+
+    @cached_property
+    def error_word(self) -> ErrorWord | None:
+        """The word index-checking kernels set (``netcl.core.device_errors``); None on the NumPy backend."""
+        return ErrorWord(self.context) if self.context is not None else None
 
     @property
     def platform_name(self) -> str:

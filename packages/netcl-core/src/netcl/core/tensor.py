@@ -127,12 +127,20 @@ class Tensor:
 
     # ---- movement ------------------------------------------------------------------------
     def to_host(self) -> np.ndarray:
-        """A NumPy copy of the contents (waits for pending work on the device's queue)."""
+        """A NumPy copy of the contents (waits for pending work on the device's queue).
+
+        IndexError when a kernel recorded an out-of-range index since the last wait (``device_errors``).
+        """
         if self.device.kind == "cpu":
             return np.array(self.data, copy=True).reshape(self.shape)
         out = np.empty(self.shape, dtype=self.dtype)
+        queue, word = self.queue, self.device.error_word
+        pending = word.enqueue_read(queue)
         if out.nbytes:
-            cl.enqueue_copy(self.queue, out, self.data, is_blocking=True)
+            cl.enqueue_copy(queue, out, self.data, is_blocking=True)
+        elif pending is not None:
+            queue.finish()
+        word.raise_if_set(pending, queue)
         return out
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:

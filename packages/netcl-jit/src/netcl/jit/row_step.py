@@ -23,6 +23,7 @@ from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backwa
 from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
+from netcl.runtime.ops.class_loss import check_targets
 
 _F32 = np.dtype(np.float32)
 FORWARD_NAME = "row_forward"
@@ -42,6 +43,13 @@ class RowStep:
         self.program = group.program = build_program(group)
         self.stats = [s.var for s in self.program.stmts if s.reduce]
         self.out_kinds = self.program.output_kinds()
+        #: (input position, ignore_index) of each class target read by a cross_entropy in the group
+        position = {p.id: k for k, p in enumerate(group.inputs)}
+        self.target_checks = [
+            (position[node.inputs[1].id], node.attrs.get("ignore_index", -100))
+            for node in group.nodes
+            if node.op_name == "cross_entropy" and node.inputs[1].id in position
+        ]
         self.is_opencl = device.kind == "opencl"
         #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
         groups = int(os.environ.get("NETCL_ROW_GROUPS", 2048 if device.is_gpu else 64))
@@ -106,6 +114,9 @@ class RowStep:
     def forward(self, ext: list[Any]) -> list[Node]:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
         values = [x.value if isinstance(x, Node) else x for x in ext]
+        for k, ignore in self.target_checks:  # on OpenCL: IndexError at the next wait
+            if isinstance(values[k], Tensor):
+                check_targets(values[k], self.C, int(ignore), "cross_entropy")
         outs = [self._empty(o.shape) for o in self.group.outputs]
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
         if not (any(wants) and is_grad_enabled()):  # no backward: the statistics go to a scratch buffer

@@ -34,6 +34,7 @@ from netcl.runtime.perf import (
 )
 from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
+from netcl.runtime.sync import synchronize
 
 __all__ += [
     "CacheStats",
@@ -52,6 +53,7 @@ __all__ += [
     "enqueue_fill",
     "event_based_timing",
     "register_cache",
+    "synchronize",
     "timing_region",
 ]
 

@@ -151,9 +151,10 @@ class Stream:
         return cl.enqueue_barrier(self.queue, wait_for=[marker])
 
     def finish(self) -> None:
-        """Block until everything enqueued on this stream has completed."""
+        """Block until everything enqueued on this stream has completed; ``IndexError`` when a kernel
+        recorded an out-of-range index since the last wait (``netcl.core.device_errors``)."""
         if self.queue is not None:
-            self.queue.finish()
+            self.device.error_word.check(self.queue)
 
     def flush(self) -> None:
         """Submit everything enqueued so far to the device without waiting."""

@@ -13,8 +13,9 @@ pass per row: ``scale * (softmax(x) - q)`` with ``scale`` 0 for an ignored row, 
 gradient (per row for "none", divided by ``max(count, 1)`` for "mean").
 
 The composed path (log_softmax, one_hot, products and sums: about twenty launches for a small
-classifier head) took most of a batch-128 MLP step's launches. Targets must be in range: the
-caller (``netcl.autograd.losses``) checks them before any launch. Arithmetic is in float32
+classifier head) took most of a batch-128 MLP step's launches. A target out of range is recorded in
+the device's error word (``class_loss_forward``); on the NumPy backend the caller
+(``netcl.autograd.losses``) checks targets before computing. Arithmetic is in float32
 (float64 for float64 logits); the loss has that dtype, the gradient the logits' dtype.
 """
 
@@ -25,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.device_errors import INDEX_CHECK_C, index_error_code, index_error_message
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
-from netcl.runtime.ops._grid import index_dtype
+from netcl.runtime.ops._grid import index_dtype, run_1d
 from netcl.runtime.ops.layout import cast
 from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
 
@@ -35,11 +37,12 @@ from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
 NONE, SUM, MEAN = 0, 1, 2
 REDUCTIONS = {"none": NONE, "sum": SUM, "mean": MEAN}
 
-_FORWARD = """{pragmas}{tree}
+_FORWARD = """{pragmas}{tree}{check}
 #define SMOOTH {smooth}
 __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}* t, __global {ct}* loss,
-                                    __global {ct}* rowmax, __global {ct}* rowsum, const {idx} rows,
-                                    const {idx} C, const long ignore, const {ct} eps) {{
+                                    __global {ct}* rowmax, __global {ct}* rowsum, __global int* err,
+                                    const {idx} rows, const {idx} C, const long ignore, const {ct} eps,
+                                    const int code) {{
     __local {ct} scratch[256];
     const {idx} row = ({idx})get_group_id(0);
     if (row >= rows) return;
@@ -57,7 +60,9 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
         rowsum[row] = s;
         const long target = (long)t[row];
         {ct} value = 0;
-        if (target != ignore) {{
+        if (target != ignore && (target < 0 || target >= C)) {{
+            netcl_index_error(err, code, target, C);  /* the row adds nothing, as an ignored one */
+        }} else if (target != ignore) {{
             value = (shift + log(s)) - (({ct})1 - eps) * LD(xr, target);
 #if SMOOTH
             value -= eps / ({ct})C * sx;
@@ -106,7 +111,7 @@ __kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global co
 #else
     const {ct} upstream = g[0] / fmax(count[0], ({ct})1);
 #endif
-    const {ct} scale = (target != ignore) ? upstream : ({ct})0;
+    const {ct} scale = (target != ignore && target >= 0 && target < C) ? upstream : ({ct})0;
     const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row], spread = eps / ({ct})C;
     __global const {st}* xr = x + row * C;
     for ({idx} i = lid; i < C; i += L) {{
@@ -117,19 +122,74 @@ __kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global co
 """
 
 
+_CHECK_TARGETS = """{check}
+__kernel void netcl_check_class_targets(__global const {tt}* t, __global int* err, const long n, const long C,
+                                        const long ignore, const int code) {{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    const long target = (long)t[gid];
+    if (target != ignore && (target < 0 || target >= C)) netcl_index_error(err, code, target, C);
+}}
+"""
+
+
+def check_targets(t: Tensor, classes: int, ignore_index: int, op: str) -> None:
+    """IndexError for a class target outside ``[0, classes)`` that is not ``ignore_index``.
+
+    On OpenCL the check is one launch and no wait: the value is recorded in the error word and the host
+    raises at its next wait. On the NumPy backend the targets are on the host: raised here."""
+    if t.size == 0:
+        return
+    if t.device.kind == "cpu":
+        host = np.asarray(t.data)
+        bad = host[(host != ignore_index) & ((host < 0) | (host >= classes))]
+        if bad.size:
+            raise IndexError(index_error_message(target_error_code(op, ignore_index), int(bad[0]), classes))
+        return
+    tt = storage_ctype(t.dtype)
+    word = t.device.error_word.buffer(t.device.queue)
+    code = np.int32(target_error_code(op, ignore_index))
+    run_1d(
+        ("class_targets", tt),
+        t.device,
+        lambda: _CHECK_TARGETS.format(check=INDEX_CHECK_C, tt=tt),
+        "netcl_check_class_targets",
+        [None, None, np.int64, np.int64, np.int64, np.int32],
+        t.size,
+        t,
+        word,
+        np.int64(t.size),
+        np.int64(classes),
+        np.int64(ignore_index),
+        code,
+    )
+
+
 def _formats(x: Tensor, t: Tensor, **flags: int) -> dict[str, Any]:
-    return {**_fmt(x, 0), "tt": storage_ctype(t.dtype), **flags}
+    return {**_fmt(x, 0), "tt": storage_ctype(t.dtype), "check": INDEX_CHECK_C, **flags}
 
 
 def _host(a: Any, dtype: np.dtype) -> np.ndarray:
     return np.asarray(a.data, dtype=dtype)
 
 
-def class_loss_forward(x: Tensor, t: Tensor, ignore_index: int, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(per-row loss, row max, row sum of exp(x - max)) of logits ``x`` (rows, C), targets ``t`` (rows,)."""
+def target_error_code(op: str, ignore_index: int) -> int:
+    """The error-word code of an out-of-range class target of ``op`` (``netcl.core.device_errors``)."""
+    return index_error_code(op, "target", None, f"or target == ignore_index ({ignore_index})")
+
+
+def class_loss_forward(
+    x: Tensor, t: Tensor, ignore_index: int, smoothing: float, op: str = "cross_entropy"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(per-row loss, row max, row sum of exp(x - max)) of logits ``x`` (rows, C), targets ``t`` (rows,).
+
+    On OpenCL a target outside ``[0, C)`` that is not ``ignore_index`` adds nothing (as an ignored row,
+    though it counts in the mean) and is recorded in the error word: the host raises ``IndexError`` naming
+    ``op`` at its next wait. The NumPy backend's caller checks targets on the host first."""
     rows, C = x.shape
     sd = stats_dtype(x.dtype)
     if x.device.kind == "cpu":
+        check_targets(t, C, ignore_index, op)
         data, target = _host(x, sd), np.asarray(t.data).astype(np.int64)
         m = data.max(axis=1) if C else np.full(rows, -np.inf, sd)
         shift = np.where(np.isinf(m), 0, m).astype(sd)
@@ -150,8 +210,8 @@ def class_loss_forward(x: Tensor, t: Tensor, ignore_index: int, smoothing: float
         x.device,
         rows,
         C,
-        [x, t, loss, rowmax, rowsum],
-        (np.int64(ignore_index), sd.type(smoothing)),
+        [x, t, loss, rowmax, rowsum, x.device.error_word.buffer(x.device.queue)],
+        (np.int64(ignore_index), sd.type(smoothing), np.int32(target_error_code(op, ignore_index))),
     )
     return loss, rowmax, rowsum
 

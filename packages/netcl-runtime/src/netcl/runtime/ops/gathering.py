@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, contiguous_strides
+from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
-from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, split3
+from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import _WORD, filled, strided_copy, strided_write
 
 
@@ -54,15 +55,20 @@ def _narrowed(x: Tensor, axis: int, index_shape: Sequence[int]) -> Tensor:
     return strided_copy(x, sizes, contiguous_strides(x.shape), 0)
 
 
-_GATHER = """
+_GATHER = """{check}
 __kernel void netcl_gather(__global const {word}* x, __global const {it}* index, __global {word}* out,
-                           {sizes}) {{
+                           __global int* err, const int code, {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
     const long v = (long)index[gid];
     const {idx} o = gid / (J * I);
     const {idx} i = gid % I;
-    out[gid] = (v >= 0 && v < A) ? x[(o * A + ({idx})v) * I + i] : ({word})0;
+    if (v >= 0 && v < A) {{
+        out[gid] = x[(o * A + ({idx})v) * I + i];
+    }} else {{
+        netcl_index_error(err, code, v, A);
+        out[gid] = ({word})0;
+    }}
 }}
 """
 
@@ -100,9 +106,9 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
     names = ["n", "A", "J", "I"]
 
     def source() -> str:
-        return _GATHER.format(word=word, it=it, idx=idx, sizes=params(idx, names))
+        return _GATHER.format(check=INDEX_CHECK_C, word=word, it=it, idx=idx, sizes=params(idx, names))
 
-    types = [None, None, None] + [index_dtype(idx)] * 4
+    types = [None, None, None, None, np.int32] + [index_dtype(idx)] * 4
     run_1d(
         ("gather", word, it, idx),
         x.device,
@@ -113,6 +119,7 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
         xs,
         index,
         out,
+        *index_error_args(x.device, "gather", axis=ax),
         *scalars(idx, [out.size, A, J, inner]),
     )
     return out

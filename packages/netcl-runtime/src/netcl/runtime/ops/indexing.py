@@ -7,9 +7,9 @@ address alignment), otherwise a copy through the strided-copy kernel. ``getitem_
 scatters a gradient into zeros of x's shape (each position written once: no accumulation).
 
 Integer indices (``gather``, ``index_select``, ``embedding``: modules ``gather`` and
-``index_select``) are checked here on the host before any launch (``IndexError``); an index
-Tensor on an OpenCL device is read back for that, except while a capture records (then an
-out-of-range index reads as 0 and sends no gradient).
+``index_select``) given on the host are checked here before any launch (``IndexError``); an index
+Tensor on an OpenCL device is checked by the kernel that reads it (an out-of-range index reads as 0,
+sends no gradient, and the host raises ``IndexError`` at its next wait: ``netcl.core.device_errors``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import Tensor, contiguous_strides
+from netcl.core import Device, Tensor, contiguous_strides
+from netcl.core.device_errors import index_error_code, index_error_message
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.capture import is_recording
 from netcl.runtime.ops._grid import prod
 from netcl.runtime.ops.strided import collapse, filled, strided_copy, strided_write
 
@@ -148,24 +148,28 @@ def check_index_tensor(index: Any, op: str, arg: str = "index") -> Tensor:
 def check_index_range(
     index: Tensor | np.ndarray, size: int, op: str, arg: str = "index", axis: int | None = None
 ) -> None:
-    """IndexError when some value of ``index`` is outside ``[0, size)``.
+    """IndexError when some value of a host ``index`` (NumPy, or a NumPy-backend Tensor) is outside ``[0, size)``.
 
-    Reads an OpenCL index back to the host (a synchronization point), except while a capture
-    records on its queue: then the kernels' own guard applies (an out-of-range index reads 0).
+    An index Tensor on an OpenCL device is not read here (no synchronization): the kernel that takes it
+    checks every value against the error word (``index_error_args``) and the host raises at its next wait.
     """
     if index.size == 0:
         return
     if isinstance(index, np.ndarray):
         host = index
-    elif index.device.kind != "cpu" and is_recording(index.device.queue):
+    elif index.device.kind != "cpu":
         return
     else:
-        host = np.asarray(index.data) if index.device.kind == "cpu" else index.to_host()
+        host = np.asarray(index.data)
     low, high = int(host.min()), int(host.max())
     if low < 0 or high >= size:
         bad = low if low < 0 else high
-        where = f" along axis {axis}" if axis is not None else ""
-        raise IndexError(f"{op}: {arg} value {bad} is out of range{where}: expected 0 <= {arg} < {size}")
+        raise IndexError(index_error_message(index_error_code(op, arg, axis), bad, size))
+
+
+def index_error_args(device: Device, op: str, arg: str = "index", axis: int | None = None) -> tuple[Any, np.int32]:
+    """The two kernel arguments of an index check (``INDEX_CHECK_C``): ``device``'s error word and the code."""
+    return device.error_word.buffer(device.queue), np.int32(index_error_code(op, arg, axis))
 
 
 def check_axis(axis: Any, ndim: int, op: str) -> int:

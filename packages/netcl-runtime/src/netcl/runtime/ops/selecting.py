@@ -14,24 +14,30 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
-from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, split3
+from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import _WORD, filled
 
 # ---- index_select and embedding ------------------------------------------------------------------------
-_INDEX_SELECT = """
+_INDEX_SELECT = """{check}
 __kernel void netcl_index_select(__global const {word}* x, __global const {it}* index, __global {word}* out,
-                                 {sizes}) {{
+                                 __global int* err, const int code, {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
     const {idx} i = gid % I;
     const {idx} j = (gid / I) % J;
     const {idx} o = gid / (J * I);
     const long v = (long)index[j];
-    out[gid] = (v >= 0 && v < A) ? x[(o * A + ({idx})v) * I + i] : ({word})0;
+    if (v >= 0 && v < A) {{
+        out[gid] = x[(o * A + ({idx})v) * I + i];
+    }} else {{
+        if (gid % I == 0 && o == 0) netcl_index_error(err, code, v, A);
+        out[gid] = ({word})0;
+    }}
 }}
 """
 
@@ -93,6 +99,11 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     """x's entries at positions ``index`` (1-d) along ``axis`` (torch.index_select)."""
     ax, index = check_index_select(x, axis, index)
     check_index_range(index, x.shape[ax], "index_select", axis=ax)
+    return _select(x, ax, index, ("index_select", "index", ax))
+
+
+def _select(x: Tensor, ax: int, index: Tensor, reported_as: tuple[str, str, int | None]) -> Tensor:
+    """``index_select`` after its checks; an out-of-range index is reported as (op, arg, axis) says."""
     J = index.size
     out_shape = (*x.shape[:ax], J, *x.shape[ax + 1 :])
     if x.device.kind == "cpu":
@@ -104,9 +115,11 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     word, it = _WORD[x.dtype.itemsize], C_TYPES[index.dtype]
 
     def source() -> str:
-        return _INDEX_SELECT.format(word=word, it=it, idx=idx, sizes=params(idx, ["n", "A", "J", "I"]))
+        return _INDEX_SELECT.format(
+            check=INDEX_CHECK_C, word=word, it=it, idx=idx, sizes=params(idx, ["n", "A", "J", "I"])
+        )
 
-    types = [None, None, None] + [index_dtype(idx)] * 4
+    types = [None, None, None, None, np.int32] + [index_dtype(idx)] * 4
     run_1d(
         ("index_select", word, it, idx),
         x.device,
@@ -117,6 +130,7 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
         x,
         index,
         out,
+        *index_error_args(x.device, *reported_as),
         *scalars(idx, [out.size, A, J, inner]),
     )
     return out
@@ -191,5 +205,5 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
     """Rows of ``table`` (V, D) at ``ids`` (any shape): shape ``ids.shape + (D,)``."""
     ids = check_embedding(ids, table)
     check_index_range(ids, table.shape[0], "embedding", "ids")
-    rows = index_select(table, 0, ids.reshape(ids.size))
+    rows = _select(table, 0, ids.reshape(ids.size), ("embedding", "ids", None))
     return rows.reshape(*ids.shape, table.shape[1])
