@@ -748,7 +748,8 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             continue
         big = gemm.Problem(2048, 2048, 2048, False, False, ())  # its default (tuning off): register-fed wgmma
         default = gemm_mma.config(cl_device, mode, big, False, False)
-        assert default.wg == 2 and not default.stages, (mode, default)
+        # register-fed wgmma; how many warpgroups is the device's choice (the H200 takes 2, the H100 1)
+        assert default.wg and not default.stages, (mode, default)
         for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
             a, b = _data((k, m) if ta else (m, k), 4), _data((n, k) if tb else (k, n), 5)
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
