@@ -36,6 +36,7 @@ def report(
     start_ns: int,
     global_size: Sequence[int] | None = None,
     args: Sequence[Any] = (),
+    local_size: Sequence[int] | None = None,
 ) -> None:
     """Hand one enqueued command to every active profiler.
 
@@ -43,9 +44,10 @@ def report(
     copy's name; ``queue`` and ``event`` the ``cl.CommandQueue`` and ``cl.Event`` of the command
     (``event`` None when it made none; ``queue`` None for a range of no device); ``start_ns`` the host clock (``now()``) when the op that
     enqueued it started; the end is taken here. ``args`` are the launch's arguments as the caller
-    passed them (their Tensors' shapes are what ``record_shapes`` keeps).
+    passed them (their Tensors' shapes are what ``record_shapes`` keeps); ``global_size`` and
+    ``local_size`` a kernel's sizes.
     """
     end_ns = now()
     thread = threading.get_ident()
     for profiler in tuple(ACTIVE):
-        profiler.add(kind, name, queue, event, start_ns, end_ns, thread, global_size, args)
+        profiler.add(kind, name, queue, event, start_ns, end_ns, thread, global_size, args, local_size)

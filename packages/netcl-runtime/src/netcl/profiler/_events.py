@@ -35,6 +35,7 @@ class Record:
     thread: int
     global_size: tuple[int, ...] | None
     shapes: tuple[tuple[int, ...], ...] | None
+    local_size: tuple[int, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -47,6 +48,7 @@ class ProfilerEvent:
     commands on a queue without profiling, and on the NumPy backend). ``device`` names the device,
     ``queue`` numbers its queues in order of first use. ``shapes`` are the shapes of the Tensor
     arguments (``record_shapes=True`` only; launches that pass raw buffers have none).
+    ``global_size`` / ``local_size``: a kernel's sizes (``local_size`` None: the driver chose).
     """
 
     name: str
@@ -59,6 +61,7 @@ class ProfilerEvent:
     device: str | None = None
     queue: int | None = None
     global_size: tuple[int, ...] | None = None
+    local_size: tuple[int, ...] | None = None
     shapes: tuple[tuple[int, ...], ...] | None = None
     #: host ranges: the device time of the commands enqueued inside (on the NumPy backend: the host time)
     device_time_inside: float = 0.0
@@ -105,6 +108,7 @@ def resolve(records: Sequence[Record], origin_ns: int, host_clock: bool) -> list
             (record.end_ns - origin_ns) / 1e3,
             record.thread,
             global_size=record.global_size,
+            local_size=record.local_size,
             shapes=record.shapes,
         )
         if record.queue is not None:

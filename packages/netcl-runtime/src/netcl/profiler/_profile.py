@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -91,13 +92,15 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
         thread: int,
         global_size: Sequence[int] | None,
         args: Sequence[Any],
+        local_size: Sequence[int] | None = None,
     ) -> None:
         """Called by ``netcl.core.profile_hooks.report`` for each command or range (see there)."""
         if self.device is not None and queue is not None and not self._keeps(queue):
             return
         shapes = tuple(a.shape for a in args if isinstance(a, Tensor)) or None if self.record_shapes else None
         size = None if global_size is None else tuple(global_size)
-        record = Record(kind, name, queue, event, start_ns, end_ns, thread, size, shapes)
+        local = None if local_size is None else tuple(local_size)
+        record = Record(kind, name, queue, event, start_ns, end_ns, thread, size, shapes, local)
         with self._lock:
             if self.state == RECORDING:
                 self._records.append(record)
@@ -160,3 +163,30 @@ class record_function(ContextDecorator):  # noqa: N801 - torch.profiler.record_f
         start = self._starts.pop()
         if start and _hooks.ACTIVE:
             _hooks.report(_hooks.RANGE, self.name, None, None, start)
+
+
+def merged_events(profiles: Sequence[profile]) -> list[ProfilerEvent]:
+    """The events of several profiles on one timeline (microseconds from the earliest start)."""
+    if not profiles:
+        return []
+    origin = min(p._start_ns for p in profiles)
+    merged = []
+    for p in profiles:
+        shift = (p._start_ns - origin) / 1e3
+        for event in p.events():
+            moved = dataclasses.replace(event, host_start=event.host_start + shift, host_end=event.host_end + shift)
+            if event.device_start is not None and event.device_end is not None:
+                moved.device_start, moved.device_end = event.device_start + shift, event.device_end + shift
+            merged.append(moved)
+    merged.sort(key=lambda e: (e.host_start, -e.host_end))
+    return merged
+
+
+def export_chrome_trace(profiles: Sequence[profile], path: str | os.PathLike[str]) -> None:
+    """One Chrome trace of several profiles (e.g. one per measured call) on one timeline."""
+    write_chrome_trace(merged_events(profiles), path)
+
+
+def key_averages_of(profiles: Sequence[profile], group_by_input_shape: bool = False) -> EventList:
+    """``key_averages()`` over the events of several profiles together."""
+    return key_averages(merged_events(profiles), bool(group_by_input_shape))

@@ -40,6 +40,8 @@ def chrome_trace(events: Sequence[ProfilerEvent]) -> dict[str, Any]:
             args["device"] = event.device
         if event.global_size is not None:
             args["global size"] = list(event.global_size)
+        if event.local_size is not None:
+            args["local size"] = list(event.local_size)
         if event.shapes is not None:
             args["shapes"] = [list(s) for s in event.shapes]
         out.append(_complete(event.name, event.kind, host_pid, tid, event.host_start, event.host_time, args))

@@ -92,7 +92,7 @@ def launch(
     if _capture.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
     if start:
-        report(KERNEL, cl_kernel.function_name, queue, event, start, gsize, args)
+        report(KERNEL, cl_kernel.function_name, queue, event, start, gsize, args, lsize)
     return event
 
 

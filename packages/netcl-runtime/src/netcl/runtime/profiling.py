@@ -37,6 +37,6 @@ def replay(queue: cl.CommandQueue, steps: list[tuple[Any, Any, Any]], chained: b
             report(kind, shown, queue, None if kind == HOST else event, start)
         else:
             event = cl.enqueue_nd_range_kernel(queue, kernel, a, b, wait_for=wait)
-            report(KERNEL, kernel.function_name, queue, event, start, a)
+            report(KERNEL, kernel.function_name, queue, event, start, a, local_size=b)
     report(RANGE, label or "Graph.execute", queue, None, began)
     return event
