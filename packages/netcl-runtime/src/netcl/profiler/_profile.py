@@ -51,7 +51,9 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
         #: whether host ranges' device time is their host time (a profile of the NumPy backend)
         self.host_clock = (self.device or get_device()).kind == "cpu"
         self.state = NOT_STARTED
-        self._context = self.device.context.int_ptr if self.device is not None and self.device.kind == "opencl" else None
+        self._context = (
+            self.device.context.int_ptr if self.device is not None and self.device.kind == "opencl" else None
+        )
         self._queue_kept: dict[int, bool] = {}
         self._records: list[Record] = []
         self._lock = threading.Lock()

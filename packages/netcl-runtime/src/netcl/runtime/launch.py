@@ -275,7 +275,8 @@ class PreparedLaunch:
     ``cl.Buffer``s and numbers (no Tensors, no conversions): generated code packs them with
     pyopencl's multi-argument setters and the enqueue is ``enqueue.enqueuer``'s (no event).
     While a capture records on the queue or a ``netcl.profiler.profile`` is active, the call goes
-    through ``launch`` instead, which records or reports it. Sizes are validated once, here, as ``launch`` validates them.
+    through ``launch`` instead, which records or reports it. Sizes are validated once, here, as
+    ``launch`` validates them.
     """
 
     def __init__(

@@ -70,7 +70,7 @@ def matmul(
     start = now() if _PROFILERS else 0
     command.run(device.queue, a.data, b.data, out.data)
     if start:
-        report(HOST, HostMatmul.__name__, device.queue, None, start, args=(a, b))
+        report(HOST, command.__name__, device.queue, None, start, args=(a, b))
     return out
 
 
