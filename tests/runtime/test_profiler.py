@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -272,3 +274,20 @@ def test_no_profiler_keeps_the_prepared_fast_path(cl_device: nc.Device) -> None:
     with profile():
         assert len(profile_hooks.ACTIVE) == 1
     assert profile_hooks.ACTIVE == []
+
+
+def test_the_docs_example_runs(cl_device: nc.Device, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/profiling.md's example as written: it prints the table and writes trace.json."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "profiling.md"
+    (code,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    monkeypatch.chdir(tmp_path)
+    previous = nc.get_device()
+    nc.set_device(cl_device)  # the example runs on the default device
+    scope: dict = {}
+    try:
+        exec(compile(code, str(page), "exec"), scope)
+    finally:
+        nc.set_device(previous)
+    rows = {row.key: row.count for row in scope["prof"].key_averages(group_by_input_shape=False)}
+    assert rows["fused_forward"] == 3 and rows["step 0"] == 1 and rows["Memcpy DtoH"] == 3
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]

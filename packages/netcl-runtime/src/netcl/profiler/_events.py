@@ -45,7 +45,8 @@ class ProfilerEvent:
     ``host_start`` / ``host_end`` bracket the host call that enqueued the command (setting its
     arguments and enqueueing; a blocking copy's wait included) or the range. ``device_start`` /
     ``device_end`` are when the device ran it, on the host's timeline (None for host ranges, for
-    commands on a queue without profiling, and on the NumPy backend). ``device`` names the device,
+    commands on a queue without profiling, and on the NumPy backend; for host work on a device's
+    memory, kind ``"host"``, its host times). ``device`` names the device,
     ``queue`` numbers its queues in order of first use. ``shapes`` are the shapes of the Tensor
     arguments (``record_shapes=True`` only; launches that pass raw buffers have none).
     ``global_size`` / ``local_size``: a kernel's sizes (``local_size`` None: the driver chose).

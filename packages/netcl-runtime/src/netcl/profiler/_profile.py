@@ -26,7 +26,8 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
     through ``netcl.runtime.launch``, prepared launches and ``Graph.execute``), the device copies
     and fills of ``netcl.runtime.launch``, and ``Tensor``'s host<->device copies
     (``from_host``: "Memcpy HtoD", ``to_host``: "Memcpy DtoH", ``copy``: "Memcpy DtoD",
-    ``zeros``: "Memset"), each with the host time of the call that enqueued it and the device
+    ``zeros``: "Memset") and the host BLAS products of CPU OpenCL devices ("host_matmul", kind
+    ``"host"``: device time = host time), each with the host time of the call that enqueued it and the device
     time its profiling event measured; and the host ranges of ``record_function`` (and one per
     ``Graph.execute``). Then ``prof.key_averages().table(sort_by="device_time")`` prints the
     per-name table and ``prof.export_chrome_trace(path)`` writes a trace for Perfetto.
