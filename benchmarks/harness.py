@@ -78,15 +78,19 @@ def measure_case(device: Device, case: Case, repeats: int, progress: Progress, t
     return timings
 
 
-def measure_kernels(device: Device, case: Case, progress: Progress) -> dict[str, dict[str, Any]]:
-    """Per-kernel device time of one call of each netcl variant (what the verdict's reasons quote)."""
+def measure_kernels(
+    device: Device, case: Case, progress: Progress, profiles: list | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per-kernel device time of one call of each netcl variant (what the verdict's reasons quote), from
+    a ``netcl.profiler`` profile of the call; ``profiles`` (a list) collects those profiles."""
     kernels: dict[str, dict[str, Any]] = {}
     for variant, modes in case.runners.items():
         if variant == "numpy":
             continue
         for mode, runner in modes.items():
             progress(f"{case.name}: kernels of {variant} {mode}")
-            kernels.setdefault(variant, {})[mode] = kernel_breakdown(device, runner)
+            label = f"{case.name}: {variant} {mode}"
+            kernels.setdefault(variant, {})[mode] = kernel_breakdown(device, runner, label, profiles)
     return kernels
 
 
@@ -158,6 +162,19 @@ def print_case(
     }
 
 
+def write_profile(profiles: list, path: str, device: Device) -> None:
+    """``--profile PATH``: one Chrome trace of the per-kernel calls (one call of each netcl variant and
+    mode of each workload, each in a range named "workload: variant mode"), and their top kernels."""
+    from netcl.profiler import export_chrome_trace, key_averages
+
+    if device.kind != "opencl":
+        print(f"--profile: the NumPy backend launches no kernels; {path} holds no device work")
+    export_chrome_trace(profiles, path)
+    print("\nkernels of one call of each netcl variant, all workloads (netcl.profiler):")
+    print(key_averages(profiles).table(sort_by="device_time", row_limit=20))
+    print(f"wrote the Chrome trace to {path} (open it in https://ui.perfetto.dev)")
+
+
 def device_words(device: Device, chosen_with: str | None) -> str:
     """``"Intel(R) UHD 630 [GPU] on platform Intel(R) OpenCL HD Graphics, driver 31.0"`` and so on."""
     if device.kind != "opencl":
@@ -214,9 +231,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "workloads": {},
     }
     progress("building the workloads")
+    profiles: list | None = [] if getattr(args, "profile_path", None) else None
     for case in all_cases(device, n, getattr(args, "only", None)):
         timings = measure_case(device, case, repeats, progress, backend)
-        kernels = measure_kernels(device, case, progress)
+        kernels = measure_kernels(device, case, progress, profiles)
         results["workloads"][case.name] = print_case(case, timings, kernels, copy_gbps)
         if not device.is_gpu:
             # The NumPy peer's products leave OpenBLAS's worker threads spinning for ~0.1 s; on a
@@ -224,6 +242,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             # fused detection loss after mlp_block: 5-8 ms instead of 3). Let them go to sleep.
             time.sleep(BLAS_SETTLE_S)
     print(f"\n{peer_line}")
+    if profiles is not None:
+        write_profile(profiles, args.profile_path, device)
     if device.kind == "opencl":
         progress("host cost: cache-hit jit call vs raw launch")
         dispatch = jit_vs_raw_launch(device, repeats=max(repeats, 5))

@@ -93,7 +93,7 @@ class KernelShare:
 
 @dataclass
 class Launch:
-    """One kernel launch of a measured call: its name, global and local size, device ms."""
+    """One command of a measured call: its name, global and local size (kernels), device ms."""
 
     name: str
     global_size: tuple
@@ -101,59 +101,41 @@ class Launch:
     ms: float
 
 
-class _NothingRecorded:
-    """A capture recorder that keeps nothing (``launches``)."""
+def launches(
+    device: Device, fn: Callable[[], object], label: str | None = None, keep: list | None = None
+) -> list[Launch] | None:
+    """Run ``fn`` once (after a warm call: no builds inside) and return what it ran on the device (None off OpenCL).
 
-    def record_launch(self, *args: object, **kwargs: object) -> None:
-        pass
-
-    def record_command(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
-_NO_QUEUE = -1  #: a queue ``int_ptr`` no queue has
-_NOTHING_RECORDED = _NothingRecorded()
-
-
-def launches(device: Device, fn: Callable[[], object]) -> list[Launch] | None:
-    """Run ``fn`` once (after a warm call: no builds inside) and return its launches (None off OpenCL).
-
-    ``launch`` enqueues through ``pyopencl.enqueue_nd_range_kernel``; the bench wraps it for this
-    one call to read each launch's profiling event (the library itself is untouched). Prepared
-    launches (``PreparedLaunch``: fused kernels on hot paths) enqueue without an event, except while
-    any capture records, when they go through ``launch``: an entry under a key that no queue has
-    sends them there without recording anything or changing what any queue's capture sees.
+    A ``netcl.profiler.profile`` of ``device`` records the call: every kernel (eager, prepared,
+    replayed), device copy and fill, and the host BLAS products of CPU OpenCL devices (their
+    device time is their host time), in enqueue order, with the device time of each. With
+    ``keep`` (a list) the profile is appended to it, the call inside a ``record_function(label)``
+    range, for one trace of many calls (``netcl.profiler.export_chrome_trace``).
     """
     if device.kind != "opencl":
         return None
-    import pyopencl as cl
-
-    from netcl.runtime import capture
+    from netcl.profiler import profile, record_function
 
     fn()
     _sync(device)
-    original = cl.enqueue_nd_range_kernel
-    seen: list[tuple[str, tuple, tuple, cl.Event]] = []
-
-    def recording(queue, kernel, global_size, local_size, *args, **kwargs):
-        event = original(queue, kernel, global_size, local_size, *args, **kwargs)
-        seen.append((kernel.function_name, tuple(global_size), tuple(local_size or ()), event))
-        return event
-
-    cl.enqueue_nd_range_kernel = recording
-    capture.RECORDING[_NO_QUEUE] = _NOTHING_RECORDED
-    try:
+    with profile(device) as prof, record_function(label or getattr(fn, "__name__", "call")):
         fn()
-    finally:
-        cl.enqueue_nd_range_kernel = original
-        capture.RECORDING.pop(_NO_QUEUE, None)
     _sync(device)
-    return [Launch(n, g, lsz, (e.profile.end - e.profile.start) * 1e-6) for n, g, lsz, e in seen]
+    if keep is not None:
+        keep.append(prof)
+    return [
+        Launch(e.name, tuple(e.global_size or ()), tuple(e.local_size or ()), (e.device_time or 0.0) * 1e-3)
+        for e in prof.events()
+        if e.kind != "range"
+    ]
 
 
-def kernel_breakdown(device: Device, fn: Callable[[], object]) -> list[KernelShare] | None:
-    """Run ``fn`` once and return its kernels' device times by name, largest first (None off OpenCL)."""
-    recorded = launches(device, fn)
+def kernel_breakdown(
+    device: Device, fn: Callable[[], object], label: str | None = None, keep: list | None = None
+) -> list[KernelShare] | None:
+    """Run ``fn`` once and return its kernels' device times by name, largest first (None off OpenCL);
+    ``label`` and ``keep`` as in ``launches``."""
+    recorded = launches(device, fn, label, keep)
     if recorded is None:
         return None
     shares: dict[str, KernelShare] = {}

@@ -44,8 +44,18 @@ if __name__ == "__main__":
         help="float32 products on both sides: fp32 (default) or tf32 tensor cores (netcl and torch alike)",
     )
     parser.add_argument("--sweep", action="store_true", help="conv: time every candidate tile of the implicit kernels")
+    parser.add_argument(
+        "--profile",
+        dest="profile_path",
+        default=None,
+        metavar="PATH",
+        help="fused workloads: write a Chrome trace (netcl.profiler) of one call of each netcl variant and mode "
+        "of each workload, the calls whose per-kernel lines the report prints, and print their top kernels",
+    )
     parser.add_argument("--tune-im2col", action="store_true", help="conv: let the im2col path's products search too")
     args = parser.parse_args()
+    if args.profile_path and args.workload != "fused":
+        parser.error(f"--profile traces the fused workloads' calls; --workload {args.workload} has no per-call pass")
     if args.matmul_precision != "highest":
         from netcl.runtime.ops import set_float32_matmul_precision
 

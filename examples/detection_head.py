@@ -16,6 +16,7 @@ pair by ``jit_compile``; the loss is ``fused_weighted_bce_smooth_l1_loss`` (2 la
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 import netcl.autograd as ag
 from netcl.core import get_device
 from netcl.jit import fused_weighted_bce_smooth_l1_loss, jit_compile
+from netcl.profiler import profile, record_function
 from netcl.runtime import ops as rops
 
 B, F, H, C = 256, 16, 64, 4  # anchors, features, hidden units, classes
@@ -78,17 +80,18 @@ def train(
     losses = []
     seconds = []
     for step in range(steps):
-        start = time.perf_counter()
-        x, target, heat_w, reg_w = synthetic_batch(rng, dev)
-        with ag.Tape() as tape:
-            pred = model(x)
-            loss = fused_weighted_bce_smooth_l1_loss(pred, target, heat_w, reg_w, heat_scale, reg_scale, beta=0.05)
-        tape.backward(loss)
-        for p in model.parameters():  # SGD, in place on the device
-            rops.add_(p.value, rops.mul(p.grad, -lr))
-            p.grad = None
-        losses.append(loss.item())  # a host read: the step's device work is done
-        seconds.append(time.perf_counter() - start)
+        with record_function(f"step {step}"):  # a range in the trace of --profile (free without one)
+            start = time.perf_counter()
+            x, target, heat_w, reg_w = synthetic_batch(rng, dev)
+            with ag.Tape() as tape:
+                pred = model(x)
+                loss = fused_weighted_bce_smooth_l1_loss(pred, target, heat_w, reg_w, heat_scale, reg_scale, beta=0.05)
+            tape.backward(loss)
+            for p in model.parameters():  # SGD, in place on the device
+                rops.add_(p.value, rops.mul(p.grad, -lr))
+                p.grad = None
+            losses.append(loss.item())  # a host read: the step's device work is done
+            seconds.append(time.perf_counter() - start)
         if step % log_every == 0 or step == steps - 1:
             print(f"step {step:4d}  loss {losses[-1]:.4f}  ({1e3 * seconds[-1]:.1f} ms)")
     if seconds:
@@ -103,10 +106,18 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=100, help="training steps (0: build the model, train nothing)")
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--device", default=None, help="NETCL_DEVICE-style spec: gpu, opencl, cpu, P:D")
+    parser.add_argument(
+        "--profile", default=None, metavar="PATH", help="write a Chrome trace of the run (netcl.profiler)"
+    )
     args = parser.parse_args()
     if args.steps < 0:
         parser.error(f"--steps must be 0 or more, got {args.steps}")
-    history = train(args.steps, args.lr, args.device)
+    with profile() if args.profile else contextlib.nullcontext() as prof:
+        history = train(args.steps, args.lr, args.device)
+    if prof is not None:
+        print(prof.key_averages().table(sort_by="device_time", row_limit=15))
+        prof.export_chrome_trace(args.profile)
+        print(f"wrote the Chrome trace to {args.profile} (open it in https://ui.perfetto.dev)")
     if history:
         print(f"loss {history[0]:.4f} -> {history[-1]:.4f} on {get_device(args.device).name}")
     else:

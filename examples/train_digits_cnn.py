@@ -13,6 +13,7 @@ Run: ``python examples/train_digits_cnn.py [--optimizer sgd|adam] [--epochs 8] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -23,6 +24,7 @@ import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.core import get_device
 from netcl.optim import SGD, Adam, CosineAnnealingLR
+from netcl.profiler import profile, record_function
 
 
 def digits_cnn(device=None) -> nn.Module:
@@ -87,13 +89,14 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         bar = tqdm(batches, desc=f"epoch {epoch}/{args.epochs}", unit="step", disable=args.quiet, leave=False)
         epoch_start, epoch_steps, loss_value = time.perf_counter(), 0, float("nan")
         for first in bar:
-            index = order[first : first + args.batch_size]
-            x = ag.tensor(x_train[index], device=device)
-            with ag.Tape() as tape:
-                loss = ag.cross_entropy(model(x), y_train[index])
-            tape.backward(loss)
-            opt.step()
-            opt.zero_grad()
+            with record_function(f"step {steps}"):  # a range in the trace of --profile (free without one)
+                index = order[first : first + args.batch_size]
+                x = ag.tensor(x_train[index], device=device)
+                with ag.Tape() as tape:
+                    loss = ag.cross_entropy(model(x), y_train[index])
+                tape.backward(loss)
+                opt.step()
+                opt.zero_grad()
             steps += 1
             epoch_steps += 1
             if epoch_steps % 5 == 0 or first + args.batch_size >= len(order):
@@ -134,8 +137,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", default=None, help="where to save the weights (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--profile", default=None, metavar="PATH", help="write a Chrome trace of the run (netcl.profiler; few steps)"
+    )
     return parser.parse_args(argv)
 
 
+def profiled(args: argparse.Namespace, run) -> dict[str, float]:
+    """``run(args)``, inside a ``netcl.profiler.profile`` when ``--profile PATH`` was given: then its top
+    kernels are printed and the Chrome trace is written to PATH."""
+    with profile() if args.profile else contextlib.nullcontext() as prof:
+        result = run(args)
+    if prof is not None:
+        print(prof.key_averages().table(sort_by="device_time", row_limit=15))
+        prof.export_chrome_trace(args.profile)
+        print(f"wrote the Chrome trace to {args.profile} (open it in https://ui.perfetto.dev)")
+    return result
+
+
 if __name__ == "__main__":
-    train(parse_args())
+    args = parse_args()
+    profiled(args, train)

@@ -22,12 +22,14 @@ from train_digits_cnn import (  # the same model, data and scoring as the one-pr
     accuracy,
     digits_cnn,
     load_data,
+    profiled,
 )
 
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.nn.parallel import DistributedDataParallel, DistributedSampler
 from netcl.optim import SGD, Adam, CosineAnnealingLR
+from netcl.profiler import record_function
 from netcl.runtime import distributed as dist
 
 
@@ -35,6 +37,8 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     info = dist.init(device=args.device)
     device, main = info.device, info.rank == 0
     say = print if main else (lambda *a, **k: None)
+    if args.profile and not main:  # read by ``profiled`` when the run is over
+        args.profile = f"{args.profile}.rank{info.rank}"
     ag.manual_seed(args.seed + info.rank)  # replicas start apart on purpose: DDP broadcasts rank 0's weights
     x_train, y_train, x_test, y_test = load_data(args.seed)
     model = digits_cnn(device)
@@ -53,12 +57,13 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         order = sampler.indices()
         epoch_start = time.perf_counter()
         for first in range(0, len(order), args.batch_size):
-            index = order[first : first + args.batch_size]
-            with ag.Tape() as tape:
-                loss = ag.cross_entropy(ddp(ag.tensor(x_train[index], device=device)), y_train[index])
-            tape.backward(loss)  # gradients are averaged over the ranks during this backward
-            opt.step()
-            opt.zero_grad()
+            with record_function(f"step {steps}"):  # a range in the trace of --profile (free without one)
+                index = order[first : first + args.batch_size]
+                with ag.Tape() as tape:
+                    loss = ag.cross_entropy(ddp(ag.tensor(x_train[index], device=device)), y_train[index])
+                tape.backward(loss)  # gradients are averaged over the ranks during this backward
+                opt.step()
+                opt.zero_grad()
             steps += 1
             if args.max_steps is not None and steps >= args.max_steps:
                 break
@@ -93,8 +98,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (quick runs)")
     parser.add_argument("--checkpoint", default=None, help="where rank 0 saves the weights (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="write a Chrome trace of the run (netcl.profiler); rank r > 0 writes PATH.rank<r>",
+    )
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    profiled(parse_args(), train)

@@ -14,6 +14,8 @@ from netcl.core.broadcast import Shape, normalize_shape
 from netcl.core.devices import Device, check_allocation, device_of_queue, get_device
 from netcl.core.dtypes import as_dtype, float32
 from netcl.core.errors import ShapeError
+from netcl.core.profile_hooks import ACTIVE as _PROFILERS
+from netcl.core.profile_hooks import MEMCPY, MEMSET, now, report
 
 #: name -> function of two operands (``neg``: one), installed by ``netcl.runtime.ops`` on import.
 ARITHMETIC: dict[str, Callable[..., Any]] = {}
@@ -83,7 +85,10 @@ class Tensor:
             return cls(host.copy(), host.shape, target, device)
         tensor = cls.empty(host.shape, target, device)
         if host.nbytes:
-            cl.enqueue_copy(device.queue, tensor.data, host, is_blocking=True)
+            start = now() if _PROFILERS else 0
+            event = cl.enqueue_copy(device.queue, tensor.data, host, is_blocking=True)
+            if start:
+                report(MEMCPY, "Memcpy HtoD", device.queue, event, start, args=(tensor,))
         return tensor
 
     @classmethod
@@ -105,7 +110,10 @@ class Tensor:
         if tensor.device.kind == "cpu":
             tensor.data.fill(0)
         elif tensor.nbytes:
-            cl.enqueue_fill_buffer(tensor.queue, tensor.data, np.zeros(1, np.uint8), 0, tensor.nbytes)
+            start = now() if _PROFILERS else 0
+            event = cl.enqueue_fill_buffer(tensor.queue, tensor.data, np.zeros(1, np.uint8), 0, tensor.nbytes)
+            if start:
+                report(MEMSET, "Memset", tensor.queue, event, start, args=(tensor,))
         return tensor
 
     # ---- properties ----------------------------------------------------------------------
@@ -137,7 +145,10 @@ class Tensor:
         queue, word = self.queue, self.device.error_word
         pending = word.enqueue_read(queue)
         if out.nbytes:
-            cl.enqueue_copy(queue, out, self.data, is_blocking=True)
+            start = now() if _PROFILERS else 0
+            event = cl.enqueue_copy(queue, out, self.data, is_blocking=True)
+            if start:
+                report(MEMCPY, "Memcpy DtoH", queue, event, start, args=(self,))
         elif pending is not None:
             queue.finish()
         word.raise_if_set(pending, queue)
@@ -155,7 +166,10 @@ class Tensor:
             return Tensor(self.data.copy(), self.shape, self.dtype, self.device)
         out = Tensor.empty(self.shape, self.dtype, self.device)
         if self.nbytes:
-            cl.enqueue_copy(self.queue, out.data, self.data, byte_count=self.nbytes)
+            start = now() if _PROFILERS else 0
+            event = cl.enqueue_copy(self.queue, out.data, self.data, byte_count=self.nbytes)
+            if start:
+                report(MEMCPY, "Memcpy DtoD", self.queue, event, start, args=(self,))
         return out
 
     def numpy(self) -> np.ndarray:

@@ -48,11 +48,13 @@ import pyopencl as cl
 
 from netcl.core import Tensor
 from netcl.core.devices import Device, get_device
+from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.runtime import capture as _capture
 from netcl.runtime.cache import declared_scalar_dtypes
 from netcl.runtime.enqueue import enqueuer, raise_status
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.launch import enqueue_copy
+from netcl.runtime.profiling import replay as _profiled_replay
 from netcl.runtime.replay_results import SNAPSHOT_BYTES, hand_out, retire
 
 _OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
@@ -265,7 +267,10 @@ class Graph:
                     for setter, index in plan.uses[slot]:
                         setter(index, raw)
                     bound[slot] = raw
-            if self._out_of_order if q is self.queue else q.properties & _OUT_OF_ORDER:
+            chained = self._out_of_order if q is self.queue else q.properties & _OUT_OF_ORDER
+            if _PROFILERS:  # netcl.profiler is active: every command with an event, reported
+                event = _profiled_replay(q, plan.steps, bool(chained), self.label)
+            elif chained:
                 event = _run_chained(q, plan.steps)
             elif q is self.queue and plan.steps and not plan.has_commands:
                 event = _run_prepared(q, plan)

@@ -21,6 +21,8 @@ import pyopencl as cl
 
 from netcl.core import Tensor
 from netcl.core.devices import devices
+from netcl.core.profile_hooks import ACTIVE as _PROFILERS
+from netcl.core.profile_hooks import KERNEL, MEMCPY, MEMSET, now, report
 from netcl.runtime import capture as _capture
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
@@ -49,8 +51,10 @@ def launch(
     With ``local_size=None`` a 1-D launch gets the largest of 256, 128, ... that divides the
     global size and the kernel allows; other shapes leave the choice to the driver.
     ``queue`` defaults to the default queue of the device that owns the kernel's context.
-    If a capture is recording on the queue, the launch is also recorded.
+    If a capture is recording on the queue, the launch is also recorded; while a
+    ``netcl.profiler.profile`` is active, it is reported to it.
     """
+    start = now() if _PROFILERS else 0
     cl_kernel = kernel if isinstance(kernel, cl.Kernel) else kernel.kernel()
     if (
         type(global_size) is int
@@ -87,6 +91,8 @@ def launch(
             ) from exc
     if _capture.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
+    if start:
+        report(KERNEL, cl_kernel.function_name, queue, event, start, gsize, args, lsize)
     return event
 
 
@@ -135,10 +141,13 @@ def enqueue_copy(
     wait_for: Sequence[cl.Event] | None = None,
 ) -> cl.Event:
     """Device-to-device copy of ``byte_count`` bytes (default: all of ``src``); recorded by captures."""
+    start = now() if _PROFILERS else 0
     dst_buf, src_buf = _raw(dst), _raw(src)
     if byte_count is None:
         byte_count = src.nbytes if isinstance(src, Tensor) else src_buf.size
     event = _copy_command(queue, dst_buf, src_buf, byte_count, wait_for=wait_for)
+    if start:
+        report(MEMCPY, "Memcpy DtoD", queue, event, start, args=(src,))
     if _capture.RECORDING:
         _capture.record_command(queue, _copy_command, [dst_buf, src_buf, byte_count], keep=(dst, src))
     return event
@@ -153,11 +162,14 @@ def enqueue_fill(
     wait_for: Sequence[cl.Event] | None = None,
 ) -> cl.Event:
     """Fill ``buffer`` with ``value`` of ``dtype`` (default: zero bytes); recorded by captures."""
+    start = now() if _PROFILERS else 0
     buf = _raw(buffer)
     pattern = np.full(1, value, dtype=np.dtype(dtype))
     if byte_count is None:
         byte_count = buffer.nbytes if isinstance(buffer, Tensor) else buf.size
     event = _fill_command(queue, buf, pattern, byte_count, wait_for=wait_for)
+    if start:
+        report(MEMSET, "Memset", queue, event, start, args=(buffer,))
     if _capture.RECORDING:
         _capture.record_command(queue, _fill_command, [buf, pattern, byte_count], keep=(buffer,))
     return event
@@ -262,8 +274,9 @@ class PreparedLaunch:
     (argument index, numpy dtype for a scalar or None for a buffer). Each call passes raw
     ``cl.Buffer``s and numbers (no Tensors, no conversions): generated code packs them with
     pyopencl's multi-argument setters and the enqueue is ``enqueue.enqueuer``'s (no event).
-    While a capture records on the queue, the call goes through ``launch`` instead, which
-    records it. Sizes are validated once, here, as ``launch`` validates them.
+    While a capture records on the queue or a ``netcl.profiler.profile`` is active, the call goes
+    through ``launch`` instead, which records or reports it. Sizes are validated once, here, as
+    ``launch`` validates them.
     """
 
     def __init__(
@@ -328,7 +341,7 @@ class PreparedLaunch:
             if d is not None
         ]
         lines = [f"def prepared({', '.join(names)}):"]
-        lines.append(f"    if RECORDING: return slow(({', '.join(names)},))")
+        lines.append(f"    if RECORDING or PROFILERS: return slow(({', '.join(names)},))")
         lines.append("    with lock:")
         lines.append("        try:")
         if buffers:
@@ -345,6 +358,7 @@ class PreparedLaunch:
         sizes = (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
         scope = {
             "RECORDING": _capture.RECORDING,
+            "PROFILERS": _PROFILERS,
             "slow": functools.partial(_prepared_through_launch, *sizes, dict(self._static), list(self._dynamic)),
             "lock": self._lock,
             "set_buffers": self.kernel._set_arg_multi,
@@ -368,7 +382,7 @@ def _prepared_through_launch(
     dynamic_types: list[tuple[int, np.dtype | None]],
     dynamic: tuple[Any, ...],
 ) -> None:
-    """A ``PreparedLaunch`` call while a capture records: through ``launch``, which records it."""
+    """A ``PreparedLaunch`` call while a capture records or a profiler is active: through ``launch``."""
     args: list[Any] = [None] * kernel.num_args
     for index, value in static.items():
         args[index] = value

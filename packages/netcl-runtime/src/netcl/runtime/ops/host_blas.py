@@ -21,6 +21,8 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, host_pool
+from netcl.core.profile_hooks import ACTIVE as _PROFILERS
+from netcl.core.profile_hooks import HOST, now, report
 from netcl.runtime import capture
 
 ENV_VAR = "NETCL_HOST_BLAS"
@@ -65,7 +67,10 @@ def matmul(
         return out
     command = HostMatmul(a.shape, b.shape, out.shape, result, transpose_a, transpose_b)
     capture.record_command(device.queue, command, [a.data, b.data, out.data], keep=(a, b, out))
+    start = now() if _PROFILERS else 0
     command.run(device.queue, a.data, b.data, out.data)
+    if start:
+        report(HOST, command.__name__, device.queue, None, start, args=(a, b))
     return out
 
 
