@@ -1,4 +1,4 @@
-"""netcl.data datasets and samplers: Subset, random_split, ConcatDataset, RandomSampler, BatchSampler, DistributedSampler."""
+"""netcl.data datasets and samplers: Subset, random_split, ConcatDataset, the samplers, DistributedSampler."""
 
 from __future__ import annotations
 
@@ -99,7 +99,9 @@ def test_distributed_sampler_shards_disjoint_and_covering(n, replicas):
     padded = [DistributedSampler(n, num_replicas=replicas, rank=r, seed=2).indices() for r in range(replicas)]
     assert set(np.concatenate(padded).tolist()) == set(range(n))  # covering (padded by repeats)
     assert sum(map(len, padded)) == -(-n // replicas) * replicas
-    cut = [DistributedSampler(n, num_replicas=replicas, rank=r, seed=2, drop_last=True).indices() for r in range(replicas)]
+    cut = [
+        DistributedSampler(n, num_replicas=replicas, rank=r, seed=2, drop_last=True).indices() for r in range(replicas)
+    ]
     merged = np.concatenate(cut).tolist()
     assert len(set(merged)) == len(merged) == n // replicas * replicas  # disjoint
 

@@ -14,7 +14,7 @@ class WorkerDiedError(DataLoaderError):
 
 
 @dataclass
-class BatchFailure(Exception):
+class BatchBuildError(Exception):
     """What went wrong while building one batch; picklable, so process workers send it back as is.
 
     ``stage`` is "dataset" (``dataset[index]`` raised), "collate" (the items do not stack: the
@@ -41,7 +41,9 @@ class BatchFailure(Exception):
         if self.stage == "dataset":
             head = f"dataset[{self.index}] raised {self.type_name} in {self.worker}: "
         elif self.stage == "collate_fn":
-            head = f"collate_fn raised {self.type_name} in {self.worker} on the batch of dataset indices {self.indices}: "
+            head = (
+                f"collate_fn raised {self.type_name} in {self.worker} on the batch of dataset indices {self.indices}: "
+            )
         else:
             head = ""
         text = head + self.message

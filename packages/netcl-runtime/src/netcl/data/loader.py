@@ -19,6 +19,7 @@ Tensors' storage directly.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,7 +29,7 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device
 from netcl.data.collate import batch_dtype
-from netcl.data.errors import BatchFailure
+from netcl.data.errors import BatchBuildError
 from netcl.data.pinned import BatchBuffers, PinnedPool
 from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, _check_epoch, _check_seed
 from netcl.data.workers import HostBatch, InlineProducer, ProcessProducer, ThreadProducer, build_batch
@@ -207,7 +208,7 @@ class _LoaderIterator(Iterator[Any]):
     def _collect(self) -> HostBatch:
         try:
             result = self.producer.result(self.collected)
-        except BatchFailure as failure:
+        except BatchBuildError as failure:
             failure.reraise()
         self.collected += 1
         return result
@@ -287,7 +288,5 @@ class _LoaderIterator(Iterator[Any]):
             self.pool.clear()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

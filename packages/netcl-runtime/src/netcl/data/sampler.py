@@ -86,7 +86,8 @@ class RandomSampler(Sampler):
             raise ValueError(f"num_samples must be an int >= 0 or None, got {num_samples!r}")
         if num_samples is not None and not self.replacement and num_samples > self.length:
             raise ValueError(
-                f"num_samples={num_samples} exceeds the dataset's {self.length} items; pass replacement=True to draw more"
+                f"num_samples={num_samples} exceeds the dataset's {self.length} items; "
+                "pass replacement=True to draw more"
             )
         self.num_samples = self.length if num_samples is None else int(num_samples)
         self.seed = _check_seed(seed)

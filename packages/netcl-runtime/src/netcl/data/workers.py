@@ -12,6 +12,7 @@ or a process exits, never on a clock.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.reduction
@@ -22,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from netcl.data.collate import Alloc, collate, to_batch
-from netcl.data.errors import BatchFailure, WorkerDiedError
+from netcl.data.errors import BatchBuildError, WorkerDiedError
 
 #: ``(batch, buffers)``: the collated batch and the pinned buffers it lives in (None: plain NumPy memory).
 HostBatch = tuple[Any, Any]
@@ -30,8 +31,8 @@ HostBatch = tuple[Any, Any]
 
 def _failure(
     stage: str, indices: list[int], index: int | None, exc: BaseException, worker: str, remote: bool
-) -> BatchFailure:
-    return BatchFailure(
+) -> BatchBuildError:
+    return BatchBuildError(
         stage=stage,
         indices=list(indices),
         index=index,
@@ -51,7 +52,7 @@ def build_batch(
     worker: str,
     remote: bool = False,
 ) -> HostBatch:
-    """Fetch and collate one batch; a failure raises ``BatchFailure`` naming the stage and the index."""
+    """Fetch and collate one batch; a failure raises ``BatchBuildError`` naming the stage and the index."""
     items = []
     for index in indices:
         try:
@@ -70,7 +71,7 @@ def build_batch(
         except Exception as exc:
             raise _failure(stage, indices, None, exc, worker, remote) from exc
         return (to_batch(result, alloc) if alloc is not None else to_batch(result)), buffers
-    except BatchFailure:
+    except BatchBuildError:
         if buffers is not None:
             buffers.release()
         raise
@@ -138,7 +139,7 @@ def _process_main(dataset: Any, collate_fn: Any, conn: multiprocessing.connectio
         ticket, indices = task
         try:
             message = (ticket, build_batch(dataset, indices, collate_fn, lambda: None, name, remote=True)[0], None)
-        except BatchFailure as failure:
+        except BatchBuildError as failure:
             try:  # the original exception travels only when it pickles
                 multiprocessing.reduction.ForkingPickler.dumps(failure.error)
             except Exception:
@@ -161,7 +162,7 @@ class ProcessProducer:
         self.processes: list[Any] = []
         self.conns: list[multiprocessing.connection.Connection] = []
         self.owned: dict[int, tuple[int, list[int]]] = {}
-        self.done: dict[int, tuple[Any, BatchFailure | None]] = {}
+        self.done: dict[int, tuple[Any, BatchBuildError | None]] = {}
         for w in range(num_workers):
             parent, child = ctx.Pipe(duplex=True)
             name = f"worker process {w}"
@@ -232,12 +233,10 @@ class ProcessProducer:
 
     def close(self) -> list[HostBatch]:
         """Stop every worker (those still busy are terminated) and wait for them to exit."""
-        for conn, process in zip(self.conns, self.processes):
+        for conn, process in zip(self.conns, self.processes, strict=True):
             if process.is_alive():
-                try:
+                with contextlib.suppress(OSError):  # BrokenPipeError, ConnectionResetError: it just died
                     conn.send(None)
-                except (BrokenPipeError, ConnectionResetError, OSError):
-                    pass
         for process in self.processes:
             if process.is_alive():
                 process.terminate()
