@@ -25,11 +25,14 @@ def _labels(loader: DataLoader) -> list[int]:
 
 
 # ---- contents ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_batches_equal_numpy_reference(device, num_workers):
+@pytest.mark.parametrize("num_workers, worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_batches_equal_numpy_reference(device, num_workers, worker_type):
     x, y = _data()
-    loader = DataLoader(TensorDataset(x, y), batch_size=4, device=device, num_workers=num_workers)
-    batches = list(loader)  # every batch kept: a reused host or device buffer would show here
+    loader = DataLoader(
+        TensorDataset(x, y), batch_size=4, device=device, num_workers=num_workers, worker_type=worker_type
+    )
+    for _ in range(2):  # the second epoch reuses the loader's pinned buffers
+        batches = list(loader)  # every batch kept: a reused host or device buffer would show here
     assert len(batches) == len(loader) == 6
     for k, (xb, yb) in enumerate(batches):
         assert isinstance(xb, Tensor) and xb.device is device and yb.device is device
@@ -157,11 +160,11 @@ class Failing(Dataset):
 
 
 @pytest.mark.parametrize("num_workers, worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
-def test_worker_exception_reraised_with_item_index(num_workers, worker_type):
-    loader = DataLoader(Failing(), batch_size=4, device="cpu", num_workers=num_workers, worker_type=worker_type)
+def test_worker_exception_reraised_with_item_index(device, num_workers, worker_type):
+    loader = DataLoader(Failing(), batch_size=4, device=device, num_workers=num_workers, worker_type=worker_type)
     iterator = iter(loader)
-    for _ in range(3):  # items 0-11 load
-        next(iterator)
+    for k in range(3):  # items 0-11 load, whenever the workers reach item 13
+        np.testing.assert_array_equal(next(iterator).to_host()[:, 0], np.arange(4 * k, 4 * k + 4))
     with pytest.raises(KeyError, match=r"dataset\[13\] raised KeyError.*no record 13"):
         next(iterator)
     assert iterator.closed  # the workers are stopped
@@ -181,8 +184,8 @@ class Killing(Dataset):
         return np.full(2, i, np.float32)
 
 
-def test_killed_process_worker_ends_the_epoch_with_an_error():
-    loader = DataLoader(Killing(), batch_size=2, device="cpu", num_workers=2, worker_type="process")
+def test_killed_process_worker_ends_the_epoch_with_an_error(device):
+    loader = DataLoader(Killing(), batch_size=2, device=device, num_workers=2, worker_type="process")
     iterator = iter(loader)
     processes = list(iterator.producer.processes)
     np.testing.assert_array_equal(next(iterator).to_host(), [[0, 0], [1, 1]])

@@ -28,7 +28,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device
-from netcl.data.collate import batch_dtype
+from netcl.data.collate import batch_dtype, to_batch
 from netcl.data.errors import BatchBuildError
 from netcl.data.pinned import BatchBuffers, PinnedPool
 from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, _check_epoch, _check_seed
@@ -119,6 +119,17 @@ class DataLoader:
         self.worker_type = worker_type
         self.multiprocessing_context = multiprocessing_context
         self.epoch = 0
+        self._copy_stream: Stream | None = None
+        self._pinned: PinnedPool | None = None
+
+    def _staging(self) -> tuple[Stream | None, PinnedPool | None]:
+        """The copy Stream and the pinned buffer pool, made at the first iteration and kept across epochs."""
+        if self.device.kind != "opencl":
+            return None, None
+        if self._copy_stream is None:
+            self._copy_stream = Stream(device=self.device)
+            self._pinned = PinnedPool(self.device, self._copy_stream.queue, self.pin_memory)
+        return self._copy_stream, self._pinned
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` uses (then it advances by one per iteration)."""
@@ -163,8 +174,7 @@ class _LoaderIterator(Iterator[Any]):
         self.device = device = loader.device
         self.length = len(loader.dataset)
         self.opencl = device.kind == "opencl"
-        self.copy_stream = Stream(device=device) if self.opencl else None
-        self.pool = PinnedPool(device, self.copy_stream.queue, loader.pin_memory) if self.opencl else None
+        self.copy_stream, self.pool = loader._staging()
         pool = self.pool
         dataset, collate_fn = loader.dataset, loader.collate_fn
 
@@ -181,6 +191,11 @@ class _LoaderIterator(Iterator[Any]):
             self.producer = ThreadProducer(build, loader.num_workers)
         else:
             self.producer = ProcessProducer(dataset, collate_fn, loader.num_workers, loader.multiprocessing_context)
+        # process workers send NumPy batches: the main thread copies them into pinned buffers
+        self.pin_received = (
+            not self.inline and loader.worker_type == "process" and pool is not None and pool.queue is not None
+        )
+        self.alloc_factory = alloc_factory
         self.in_flight = 1 if self.inline else loader.num_workers * loader.prefetch_factor
         self.batches = iter(loader.batch_sampler)
         self.submitted = 0  # tickets handed to the producer
@@ -188,6 +203,8 @@ class _LoaderIterator(Iterator[Any]):
         self.sampler_done = False
         self.uploaded: deque[tuple[Any, cl.Event | None]] = deque()
         self.closed = False
+        #: an error building batch n+1 while batch n was handed out: raised when batch n+1 is asked for
+        self.deferred: BaseException | None = None
 
     # ---- host side -----------------------------------------------------------------------
     def _submit(self) -> None:
@@ -211,6 +228,9 @@ class _LoaderIterator(Iterator[Any]):
         except BatchBuildError as failure:
             failure.reraise()
         self.collected += 1
+        if self.pin_received and result[1] is None:
+            buffers = self.alloc_factory()
+            result = (to_batch(result[0], buffers), buffers)
         return result
 
     # ---- device side ---------------------------------------------------------------------
@@ -250,6 +270,8 @@ class _LoaderIterator(Iterator[Any]):
         if self.closed:
             raise StopIteration
         try:
+            if not self.uploaded and self.deferred is not None:
+                raise self.deferred
             self._submit()
             if not self.uploaded:
                 if self.collected == self.submitted:
@@ -259,8 +281,11 @@ class _LoaderIterator(Iterator[Any]):
             batch, event = self.uploaded.popleft()
             self._submit()
             # start the next batch's copies now, so they overlap the step that consumes this one
-            if self.opencl and self.collected < self.submitted and (self.producer.ready(self.collected)):
-                self._upload(self._collect())
+            if self.opencl and self.collected < self.submitted and self.producer.ready(self.collected):
+                try:
+                    self._upload(self._collect())
+                except Exception as exc:
+                    self.deferred = exc
             if event is not None:
                 cl.enqueue_barrier(self.device.queue, wait_for=[event])
             return batch
@@ -274,7 +299,7 @@ class _LoaderIterator(Iterator[Any]):
         return self
 
     def close(self) -> None:
-        """Stop the workers, wait for copies of batches never handed out, free the pinned buffers."""
+        """Stop the workers; wait for the copies of batches never handed out (the pinned pool stays with the loader)."""
         if self.closed:
             return
         self.closed = True
@@ -284,8 +309,6 @@ class _LoaderIterator(Iterator[Any]):
         if self.copy_stream is not None:
             self.copy_stream.finish()  # a dropped batch's blocks must not be reused under a running copy
         self.uploaded.clear()
-        if self.pool is not None:
-            self.pool.clear()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

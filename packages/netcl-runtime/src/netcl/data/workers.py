@@ -5,9 +5,10 @@ of a ticket (``result(ticket)``), whichever worker built it, so batches leave in
 their contents never depend on the number of workers. A batch is built by ``build_batch``:
 ``dataset[i]`` for each index, then collation into buffers from ``alloc_factory``.
 
-A worker process that dies is noticed through its sentinel (``multiprocessing.connection.wait``
-on the result pipes and the process sentinels together): the wait returns when a result arrives
-or a process exits, never on a clock.
+A worker process that dies is noticed through its sentinel: waiting for a batch waits on its
+worker's pipe and that process's sentinel together (``multiprocessing.connection.wait``), so it
+returns when the result arrives or the process exits, never on a clock. A death is reported when
+a batch of that worker is waited for, so earlier batches are all delivered first.
 """
 
 from __future__ import annotations
@@ -177,54 +178,50 @@ class ProcessProducer:
     def submit(self, ticket: int, indices: list[int]) -> None:
         worker = ticket % len(self.processes)
         self.owned[ticket] = (worker, indices)
-        try:
+        with contextlib.suppress(OSError):  # a dead worker: reported when its batch is waited for
             self.conns[worker].send((ticket, indices))
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            self._check_alive(force=True)
-            raise
 
-    def _collect(self, block: bool) -> None:
-        """Receive what has arrived (waiting for a result or a death when ``block``); raise on a dead worker."""
-        waitables = [*self.conns, *(p.sentinel for p in self.processes)]
-        ready = multiprocessing.connection.wait(waitables, timeout=None if block else 0)
-        for conn in self.conns:
-            if conn in ready:
-                while conn.poll():
-                    try:
-                        ticket, batch, failure = conn.recv()
-                    except (EOFError, ConnectionResetError):
-                        break
-                    self.done[ticket] = (batch, failure)
-        if len(ready) > sum(c in ready for c in self.conns):
-            self._check_alive()
+    def _drain(self, worker: int) -> None:
+        """Receive every message worker ``worker`` has sent so far."""
+        conn = self.conns[worker]
+        try:
+            while conn.poll():
+                ticket, batch, failure = conn.recv()
+                self.done[ticket] = (batch, failure)
+        except (EOFError, OSError):  # the worker is gone; what it sent before is kept
+            pass
 
-    def _check_alive(self, force: bool = False) -> None:
-        for worker, process in enumerate(self.processes):
-            if process.is_alive() and not force:
-                continue
-            process.join(0)
-            if process.exitcode is None:
-                continue
-            pending = sorted(t for t, (w, _) in self.owned.items() if w == worker and t not in self.done)
-            code = process.exitcode
-            how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            where = (
-                f" while building batch {pending[0]} (dataset indices {self.owned[pending[0]][1]})" if pending else ""
-            )
-            raise WorkerDiedError(
-                f"DataLoader worker process {worker} (pid {process.pid}) {how}{where}; the epoch cannot finish "
-                "(a crash in native code or the system's out-of-memory killer are the usual causes; "
-                "num_workers=0 runs the dataset in this process, where the error shows)"
-            )
+    def _died(self, worker: int) -> WorkerDiedError:
+        process = self.processes[worker]
+        process.join()
+        code = process.exitcode
+        how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        pending = sorted(t for t, (w, _) in self.owned.items() if w == worker and t not in self.done)
+        where = f" while building batch {pending[0]} (dataset indices {self.owned[pending[0]][1]})" if pending else ""
+        return WorkerDiedError(
+            f"DataLoader worker process {worker} (pid {process.pid}) {how}{where}; the epoch cannot finish "
+            "(a crash in native code or the system's out-of-memory killer are the usual causes; "
+            "num_workers=0 runs the dataset in this process, where the error shows)"
+        )
 
     def ready(self, ticket: int) -> bool:
+        """Whether ``result(ticket)`` returns (or raises) without waiting."""
         if ticket not in self.done:
-            self._collect(block=False)
-        return ticket in self.done
+            worker = self.owned[ticket][0]
+            self._drain(worker)
+            if ticket not in self.done:
+                return not self.processes[worker].is_alive()
+        return True
 
     def result(self, ticket: int) -> HostBatch:
+        """Batch ``ticket``, waiting on its worker's pipe and its liveness (its sentinel) together."""
+        worker = self.owned[ticket][0]
+        process, conn = self.processes[worker], self.conns[worker]
         while ticket not in self.done:
-            self._collect(block=True)
+            ready = multiprocessing.connection.wait([conn, process.sentinel])
+            self._drain(worker)
+            if ticket not in self.done and process.sentinel in ready:
+                raise self._died(worker)
         self.owned.pop(ticket, None)
         batch, failure = self.done.pop(ticket)
         if failure is not None:
