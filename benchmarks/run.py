@@ -33,9 +33,10 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
         "--workload",
-        choices=["fused", "matmul", "conv", "train", "launch"],
+        choices=["fused", "matmul", "conv", "train", "launch", "input"],
         default="fused",
-        help="matmul/conv/train: bench_<name>.py; launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
+        help="matmul/conv/train/input: bench_<name>.py; "
+        "launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
     parser.add_argument(
         "--matmul-precision",
@@ -83,6 +84,10 @@ if __name__ == "__main__":
         from bench_train import run as run_train
 
         results = run_train(args.device, args.quick, args.repeats, not args.no_peers)
+    elif args.workload == "input":
+        from bench_input import run as run_input
+
+        results = run_input(args.device, args.quick, args.repeats)
     else:
         results = main(args)
     if args.json_path:
