@@ -5,7 +5,9 @@ is immediate; each case below reads the result, so it holds on both backends."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
@@ -171,3 +173,11 @@ def test_numpy_indices_keep_their_immediate_check(device) -> None:
         ag.gather(x, 1, np.array([[5], [0], [1]]))
     with pytest.raises(IndexError, match="cross_entropy: target value 9"):
         ag.cross_entropy(x, np.array([0, 9, 1]))
+
+
+def test_the_docs_example_runs() -> None:
+    """docs/index-checks.md's example as written (on the default device)."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "index-checks.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], str(page), "exec"), {"__name__": "docs_example"})
