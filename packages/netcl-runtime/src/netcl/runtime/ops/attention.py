@@ -512,7 +512,7 @@ def _mask_offsets(device: Device, spec: AttentionSpec) -> Tensor:
     return table
 
 
-def _scalar_args(spec: AttentionSpec, fmt: dict[str, Any], seed: int, mask: Tensor | None, device: Device) -> list:
+def _scalar_args(spec: AttentionSpec, fmt: dict[str, Any], seed: int, mask: Tensor | None) -> list:
     it = index_dtype(fmt["idx"]).type
     ct = np.float64 if fmt["ct"] == "double" else np.float32
     strides = spec.mask_strides() if mask is not None else (0, 0)
@@ -541,20 +541,23 @@ def _arg_types(n_buffers: int, fmt: dict[str, Any]) -> list:
     return [None] * n_buffers + [None, None] + [it] * 7 + [ct, np.uint32, np.uint32, np.uint32, ct, None]
 
 
-def _run(name: str, template: str, n_buffers: int, buffers: list, grid: tuple[int, int], dtype: np.dtype,
-         spec: AttentionSpec, mask: Tensor | None, seed: int, counter: Tensor | None, device: Device) -> None:
+def _run(name: str, template: str, buffers: list, grid: tuple[int, int], spec: AttentionSpec, extra: tuple) -> None:
+    """Launch kernel ``name``: ``grid`` = (rows, planes), one work-item per row; ``extra`` = (mask, seed, counter)."""
     rows, planes = grid
     if rows == 0 or planes == 0:
         return
+    mask, seed, counter = extra
+    device, dtype = buffers[0].device, buffers[0].dtype
     fmt = _source_fields(dtype, spec, device)
     key = ("attention", name, *sorted((k, v) for k, v in fmt.items() if k != "philox"))
-    resolved = get_kernel(key, device, lambda: (_COMMON + template).format(**fmt), name, _arg_types(n_buffers, fmt))
+    types = _arg_types(len(buffers), fmt)
+    resolved = get_kernel(key, device, lambda: (_COMMON + template).format(**fmt), name, types)
     local = max(1, min(BLOCK_ROWS, resolved.max_local, 1 << (max(rows, 1) - 1).bit_length()))
     moff = _mask_offsets(device, spec) if mask is not None else _zero_counter(device)
     counter = counter if counter is not None else _zero_counter(device)
     mask_buf = mask if mask is not None else buffers[0]
     gsize = (-(-rows // local) * local, planes)
-    args = [*buffers, mask_buf, moff, *_scalar_args(spec, fmt, seed, mask, device), counter]
+    args = [*buffers, mask_buf, moff, *_scalar_args(spec, fmt, seed, mask), counter]
     launch(resolved.kernel, gsize, (local, 1), *args, queue=device.queue)
 
 
@@ -565,8 +568,7 @@ def _lse_dtype(dtype: np.dtype) -> np.dtype:
 def _portable_forward(q, k, v, mask, spec, seed, counter):
     out = Tensor.empty((*spec.lead, spec.L, spec.Ev), q.dtype, q.device)
     lse = Tensor.empty((*spec.lead, spec.L), _lse_dtype(q.dtype), q.device)
-    _run("netcl_attention_fwd", _FORWARD, 5, [q, k, v, out, lse], (spec.L, spec.BH), q.dtype, spec, mask, seed,
-         counter, q.device)
+    _run("netcl_attention_fwd", _FORWARD, [q, k, v, out, lse], (spec.L, spec.BH), spec, (mask, seed, counter))
     return out, lse
 
 
@@ -574,9 +576,9 @@ def _portable_backward(g, q, k, v, out, lse, mask, spec, seed, counter):
     dq = Tensor.empty(q.shape, q.dtype, q.device)
     dk = Tensor.empty(k.shape, k.dtype, k.device)
     dv = Tensor.empty(v.shape, v.dtype, v.device)
-    common = (q.dtype, spec, mask, seed, counter, q.device)
-    _run("netcl_attention_bwd_kv", _BACKWARD_KV, 8, [q, k, v, out, g, lse, dk, dv], (spec.S, spec.BHkv), *common)
-    _run("netcl_attention_bwd_q", _BACKWARD_Q, 7, [q, k, v, out, g, lse, dq], (spec.L, spec.BH), *common)
+    extra = (mask, seed, counter)
+    _run("netcl_attention_bwd_kv", _BACKWARD_KV, [q, k, v, out, g, lse, dk, dv], (spec.S, spec.BHkv), spec, extra)
+    _run("netcl_attention_bwd_q", _BACKWARD_Q, [q, k, v, out, g, lse, dq], (spec.L, spec.BH), spec, extra)
     return dq, dk, dv
 
 
