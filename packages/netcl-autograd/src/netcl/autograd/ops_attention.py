@@ -64,7 +64,12 @@ def scaled_dot_product_attention(
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
         qv, kv, vv = values[:3]
         mv = values[3] if len(values) > 3 else None
-        lse, seed, counter = _SAVED[out]
+        saved = _SAVED.get(out)
+        if saved is None:  # out was not made by this op's forward (a tracer re-ran it): recompute the lse
+            if spec.dropout_p > 0:
+                raise RuntimeError("scaled_dot_product_attention: the dropout mask of this output is unknown")
+            saved = (RA.attention_forward(qv, kv, vv, mv, spec)[1], 0, None)
+        lse, seed, counter = saved
         dq, dk, dv = RA.attention_backward(g, qv, kv, vv, out, lse, mv, spec, seed, counter)
         return [dq, dk, dv] + ([None] if len(values) > 3 else [])
 

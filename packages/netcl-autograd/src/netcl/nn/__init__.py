@@ -7,6 +7,7 @@ and read state dicts as safetensors files.
 """
 
 from netcl.nn import functional, init
+from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
 from netcl.nn.layers import Conv2d, Embedding, Linear
@@ -43,6 +44,7 @@ __all__ = [
     "Linear",
     "MaxPool2d",
     "Module",
+    "MultiheadAttention",
     "ModuleList",
     "Parameter",
     "ReLU",
