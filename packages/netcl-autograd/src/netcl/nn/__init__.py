@@ -27,6 +27,7 @@ from netcl.nn.simple import (
     SiLU,
     Tanh,
 )
+from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "GELU",
@@ -52,6 +53,9 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "functional",
     "init",
     "load",
