@@ -69,6 +69,7 @@ from netcl.autograd.ops import (
     where,
 )
 from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
+from netcl.autograd.ops_attention import scaled_dot_product_attention
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
 from netcl.autograd.ops_norm import batch_norm, layer_norm, rms_norm
@@ -204,6 +205,7 @@ __all__ = [
     "reshape",
     "rms_norm",
     "rsqrt",
+    "scaled_dot_product_attention",
     "set_current_tape",
     "set_detect_anomaly",
     "set_grad_enabled",

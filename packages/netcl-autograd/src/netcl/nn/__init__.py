@@ -7,6 +7,7 @@ and read state dicts as safetensors files.
 """
 
 from netcl.nn import functional, init
+from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
 from netcl.nn.layers import Conv2d, Embedding, Linear
@@ -26,6 +27,7 @@ from netcl.nn.simple import (
     SiLU,
     Tanh,
 )
+from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "GELU",
@@ -43,6 +45,7 @@ __all__ = [
     "Linear",
     "MaxPool2d",
     "Module",
+    "MultiheadAttention",
     "ModuleList",
     "Parameter",
     "ReLU",
@@ -50,6 +53,9 @@ __all__ = [
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "functional",
     "init",
     "load",

@@ -88,6 +88,23 @@ class _BlockToken:
             pass
 
 
+class _CountToken:
+    """Rides on an unpooled buffer; takes its bytes off the statistics when the buffer dies."""
+
+    __slots__ = ("released", "size", "requested")
+
+    def __init__(self, released: deque, size: int, requested: int) -> None:
+        self.released = released
+        self.size = size
+        self.requested = requested
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105
+            self.released.append((self.size, self.requested))
+        except Exception:
+            pass
+
+
 class DevicePool:
     """The pool of one OpenCL device; thread-safe.
 
@@ -100,6 +117,7 @@ class DevicePool:
         self._lock = threading.Lock()
         self._free: dict[int, list[cl.Buffer]] = {}
         self._returned: deque[tuple[cl.Buffer, int, int]] = deque()
+        self._released: deque[tuple[int, int]] = deque()  # (size, requested) of dead unpooled buffers
         self._stats = MemoryStats()
         self._limit: int | None = None  # min(max alloc, global memory), read once
 
@@ -115,7 +133,7 @@ class DevicePool:
             size = self._size_for(device, nbytes)
         stats = self._stats
         with self._lock:
-            if self._returned:
+            if self._returned or self._released:
                 self._drain()
             blocks = self._free.get(size)
             if blocks:  # a block is cached only after a tagged wrapper of it died: tagging works here
@@ -132,6 +150,22 @@ class DevicePool:
         with self._lock:
             self._account(size, nbytes)
         return wrapper
+
+    def allocate_unpooled(self, device: Device, nbytes: int) -> cl.Buffer:
+        """A fresh device buffer, released to the driver when it dies, still counted in the statistics
+        (allocated and peak bytes): the allocator while the pool is switched off."""
+        buffer = raw_allocate(device, nbytes)
+        size = max(int(nbytes), 4)
+        try:
+            buffer._netcl_count = _CountToken(self._released, size, int(nbytes))
+        except (AttributeError, TypeError):  # a pyopencl without dynamic attributes: not counted
+            return buffer
+        with self._lock:
+            self._stats.allocated_bytes += size
+            self._stats.requested_bytes += int(nbytes)
+            if self._stats.allocated_bytes > self._stats.peak_allocated_bytes:
+                self._stats.peak_allocated_bytes = self._stats.allocated_bytes
+        return buffer
 
     def _account(self, size: int, nbytes: int) -> None:
         """Count a handed-out block of ``size`` (0: an unpooled buffer); the caller holds the lock."""
@@ -188,6 +222,10 @@ class DevicePool:
         """Fold queued frees into the free lists (caller holds the lock)."""
         returned = self._returned
         stats = self._stats
+        while self._released:
+            size, requested = self._released.popleft()
+            stats.allocated_bytes -= size
+            stats.requested_bytes -= requested
         while returned:
             real, size, requested = returned.popleft()
             self._free.setdefault(size, []).append(real)
@@ -253,7 +291,7 @@ def install_caching_allocator(enabled: bool | None = None) -> bool:
         current = device.allocator
         ours = current is raw_allocate or getattr(current, "__self__", None) is pool
         if ours:
-            device.allocator = pool.allocate if enabled else raw_allocate
+            device.allocator = pool.allocate if enabled else pool.allocate_unpooled
     return bool(enabled)
 
 
@@ -278,6 +316,19 @@ def reset_peak_memory_stats(device: Device | str | None = None) -> None:
     pool = pool_for(device)
     if pool is not None:
         pool.reset_peak()
+
+
+def max_allocated(device: Device | str | None = None) -> int:
+    """The most bytes live tensors of ``device`` held at once since the last ``reset_peak`` (torch's
+    ``max_memory_allocated``): counted through the pool (block sizes) and, with the pool switched off,
+    per raw allocation; 0 on the NumPy backend."""
+    return memory_stats(device).peak_allocated_bytes
+
+
+def reset_peak(device: Device | str | None = None) -> None:
+    """Start a new peak for ``max_allocated``: set it to the bytes allocated now (torch's
+    ``reset_peak_memory_stats``; this module's ``reset_peak_memory_stats`` is the same)."""
+    reset_peak_memory_stats(device)
 
 
 install_caching_allocator()

@@ -9,6 +9,7 @@ kernel (built once per op, shapes and dtypes through ``program_cache``, launched
 from netcl.core.tensor import ARITHMETIC as _TENSOR_ARITHMETIC
 from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
 from netcl.runtime.ops._common import clear_kernel_memo
+from netcl.runtime.ops.attention import scaled_dot_product_attention
 from netcl.runtime.ops.batchnorm import batch_norm
 from netcl.runtime.ops.conv import conv2d
 from netcl.runtime.ops.gathering import gather
@@ -170,6 +171,7 @@ __all__ = [
     "rms_norm",
     "rsqrt",
     "scaled_difference",
+    "scaled_dot_product_attention",
     "set_float32_matmul_precision",
     "sigmoid",
     "sigmoid_backward",
