@@ -43,8 +43,8 @@ def report(
     ``kind`` is ``KERNEL``, ``MEMCPY``, ``MEMSET``, ``HOST`` or ``RANGE``; ``name`` the kernel's
     function name or the copy's name; ``queue`` and ``event`` the ``cl.CommandQueue`` and
     ``cl.Event`` of the command (``event`` None when it made none; ``queue`` None for a range of
-    no device); ``start_ns`` the host clock (``now()``) when the op that enqueued it started; the end is taken here. ``args`` are the launch's arguments as the caller
-    passed them (their Tensors' shapes are what ``record_shapes`` keeps); ``global_size`` and
+    no device); ``start_ns`` the host clock (``now()``) when the op that enqueued it started; the
+    end is taken here. ``args`` are the launch's arguments as the caller passed them (their Tensors' shapes are what ``record_shapes`` keeps); ``global_size`` and
     ``local_size`` a kernel's sizes.
     """
     end_ns = now()
