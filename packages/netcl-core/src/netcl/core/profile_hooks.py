@@ -44,8 +44,9 @@ def report(
     function name or the copy's name; ``queue`` and ``event`` the ``cl.CommandQueue`` and
     ``cl.Event`` of the command (``event`` None when it made none; ``queue`` None for a range of
     no device); ``start_ns`` the host clock (``now()``) when the op that enqueued it started; the
-    end is taken here. ``args`` are the launch's arguments as the caller passed them (their Tensors' shapes are what ``record_shapes`` keeps); ``global_size`` and
-    ``local_size`` a kernel's sizes.
+    end is taken here. ``args`` are the launch's arguments as the caller passed them (their
+    Tensors' shapes are what ``record_shapes`` keeps); ``global_size`` and ``local_size`` a
+    kernel's sizes.
     """
     end_ns = now()
     thread = threading.get_ident()
