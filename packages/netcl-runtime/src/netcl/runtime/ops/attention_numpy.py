@@ -13,7 +13,7 @@ from netcl.core import Tensor
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops import random as RR  # noqa: N812
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops.attention import BOOL_MASK, AttentionSpec
+from netcl.runtime.ops.attention_spec import BOOL_MASK, AttentionSpec
 
 #: scores held at once per block of query rows (all batch-heads together)
 BLOCK_ELEMENTS = 1 << 22
