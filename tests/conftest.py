@@ -29,6 +29,9 @@ _register_hypothesis_profiles()
 
 # The GEMM tile search (netcl.runtime.tune) stays off in tests: defaults only, fast and deterministic.
 os.environ.setdefault("NETCL_TUNE", "0")
+# The suite runs the JIT strict: a jitted function that would fall back raises JitError with the reason
+# (tests of the fallback itself pass strict=False).
+os.environ.setdefault("NETCL_JIT_STRICT", "1")
 
 
 def _opencl_device() -> nc.Device:

@@ -216,7 +216,7 @@ def test_custom_primitive_and_reregistration(device):
 
 
 def test_untraceable_and_unknown_ops_fall_back(device):
-    @jit_compile
+    @jit_compile(strict=False)
     def data_dependent(x):
         if x.to_host().sum() > 0:  # needs a concrete value: cannot be traced
             return x * 2.0
@@ -480,3 +480,23 @@ def test_bad_group_override(cl_device, monkeypatch):
     monkeypatch.setenv("NETCL_JIT_COLUMN_GROUPS", "0")
     with pytest.raises(ValueError, match="NETCL_JIT_COLUMN_GROUPS must be a whole number >= 1, got '0'"):
         column_groups(cl_device, 8)
+
+
+def test_strict_mode_raises_where_it_would_fall_back(device, monkeypatch):
+    """strict=True, or NETCL_JIT_STRICT=1 when strict is None, names the reason instead of running un-fused."""
+
+    def data_dependent(x):
+        return x * 2.0 if x.to_host().sum() > 0 else x * 3.0
+
+    xn = ag.tensor(np.ones(4, np.float32), device=device)
+    with pytest.raises(JitError, match="strict mode.*TracerConversionError.*to_host"):
+        jit_compile(data_dependent, strict=True)(xn)
+    monkeypatch.setenv("NETCL_JIT_STRICT", "1")
+    with pytest.raises(JitError, match="strict mode"):
+        jit_compile(data_dependent)(xn)
+    with pytest.raises(JitError, match="no Tensor or Node positional argument"):
+        jit_compile(lambda a: a * 2.0)(3.0)
+    monkeypatch.setenv("NETCL_JIT_STRICT", "0")
+    lenient = jit_compile(data_dependent)
+    np.testing.assert_allclose(lenient(xn).to_host(), 2.0)
+    assert lenient.cache_info()["fallbacks"] == 1

@@ -111,7 +111,14 @@ class Node:
 
     @property
     def device(self) -> Device:
-        return self.value.device
+        """The value's device; for a traced value, the device the traced call runs on."""
+        value = self.value
+        if isinstance(value, Tensor):
+            return value.device
+        tracer = get_tracer()
+        if tracer is not None and tracer.device is not None:
+            return tracer.device
+        return value.device
 
     @property
     def ndim(self) -> int:
@@ -348,7 +355,12 @@ def queue_callback(callback: Callable[[], Any]) -> None:
 
 
 class Tracer(Protocol):
-    """What a tracer (e.g. netcl.jit's TracingContext) installs in ``apply_op``'s hook."""
+    """What a tracer (e.g. netcl.jit's TracingContext) installs in ``apply_op``'s hook.
+
+    ``device`` is where the traced call will run (what a traced Node's ``device`` answers).
+    """
+
+    device: Device | None
 
     def trace(
         self,

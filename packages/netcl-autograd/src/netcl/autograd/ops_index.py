@@ -9,6 +9,7 @@ the kernel that reads it, and ``IndexError`` is raised at the host's next wait (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,17 @@ class _Index:
     """An index as given: a Tensor (used as is) or a host array, copied once per device it meets."""
 
     def __init__(self, index: Any, size: int, op: str, arg: str, axis: int | None = None) -> None:
-        if isinstance(index, Node):
-            index = index.value
         self.tensor: Tensor | None = None
         self.copies: dict[Any, Tensor] = {}
+        #: a traced index (inside jit_compile / fuse_graph): passed to the op as an argument
+        self.traced: Node | None = None
+        if isinstance(index, Node) and not isinstance(index.value, Tensor):
+            if np.dtype(index.dtype).kind not in "iu":
+                raise DTypeError(f"{op}: {arg} must be an integer tensor (int32/int64), got dtype {index.dtype}")
+            self.traced, self.shape = index, tuple(index.shape)
+            return
+        if isinstance(index, Node):
+            index = index.value
         if isinstance(index, Tensor):
             self.tensor = RI.check_index_tensor(index, op, arg)
             self.shape = index.shape
@@ -55,6 +63,32 @@ class _Index:
         return copy
 
 
+def _indexed(
+    op: Callable[[Tensor, Tensor], Tensor],
+    grad: Callable[[Tensor, Tensor, Tensor], Tensor],
+    x: Operand,
+    index: _Index,
+    op_name: str,
+    attrs: dict[str, Any] | None = None,
+) -> Node:
+    """``op(x, index)`` through ``apply_op``, ``grad(g, x, index)`` its gradient w.r.t. x (the index gets none).
+
+    A traced index is an argument of the op (a trace sees it as an input); any other index is a constant
+    of the op, copied to x's device once."""
+    if index.traced is not None:
+        return apply_op(
+            op, lambda g, values, out: [grad(g, values[0], values[1]), None], x, index.traced,
+            op_name=op_name, attrs=attrs,
+        )  # fmt: skip
+    return apply_op(
+        lambda v: op(v, index.on(v.device)),
+        lambda g, values, out: [grad(g, values[0], index.on(g.device))],
+        x,
+        op_name=op_name,
+        attrs=attrs,
+    )
+
+
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
     if not hasattr(x, "shape"):
         raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")
@@ -68,12 +102,11 @@ def embedding(ids: Any, table: Operand) -> Node:
         raise ShapeError(f"embedding: table must be 2-d (num_embeddings, embedding_dim), got shape {shape}")
     index = _Index(ids, shape[0], "embedding", "ids")
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        flat = index.on(g.device)
-        flat = flat.reshape(flat.size)
-        return [RS.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, values[0].shape)]
+    def grad(g: Tensor, t: Tensor, ids: Tensor) -> Tensor:
+        flat = ids.reshape(ids.size)
+        return RS.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, t.shape)
 
-    return apply_op(lambda t: RS.embedding(index.on(t.device), t), grad, table, op_name="embedding")
+    return _indexed(lambda t, ids: RS.embedding(ids, t), grad, table, index, "embedding")
 
 
 def gather(x: Operand, axis: int, index: Any) -> Node:
@@ -83,10 +116,10 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     ax = RG.check_gather_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RG.gather_backward(g, ax, index.on(g.device), values[0].shape)]
+    def grad(g: Tensor, v: Tensor, i: Tensor) -> Tensor:
+        return RG.gather_backward(g, ax, i, v.shape)
 
-    return apply_op(lambda v: RG.gather(v, ax, index.on(v.device)), grad, x, op_name="gather", attrs={"axis": ax})
+    return _indexed(lambda v, i: RG.gather(v, ax, i), grad, x, index, "gather", {"axis": ax})
 
 
 def index_select(x: Operand, axis: int, index: Any) -> Node:
@@ -96,12 +129,10 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
     ax = RS.check_index_select_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax], "index_select", "index", ax)
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RS.index_select_backward(g, ax, index.on(g.device), values[0].shape)]
+    def grad(g: Tensor, v: Tensor, i: Tensor) -> Tensor:
+        return RS.index_select_backward(g, ax, i, v.shape)
 
-    return apply_op(
-        lambda v: RS.index_select(v, ax, index.on(v.device)), grad, x, op_name="index_select", attrs={"axis": ax}
-    )
+    return _indexed(lambda v, i: RS.index_select(v, ax, i), grad, x, index, "index_select", {"axis": ax})
 
 
 __all__ = ["embedding", "gather", "index_select"]

@@ -22,8 +22,8 @@ from typing import Any
 
 from netcl.autograd import engine
 from netcl.autograd.engine import Node, apply_op
-from netcl.core import Device, Tensor, same_device
-from netcl.jit.errors import UnwatchedCaptureWarning
+from netcl.core import Device, DeviceError, DTypeError, ShapeError, Tensor, same_device
+from netcl.jit.errors import JitError, UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
 from netcl.jit.guards import find_guards
@@ -38,6 +38,10 @@ if os.environ.get("NETCL_DEBUG", "").strip() not in ("", "0"):
     log.setLevel(logging.DEBUG)
 
 _FALLBACK = object()
+#: ``NETCL_JIT_STRICT=1``: a jitted function that would fall back raises ``JitError`` (``jit_compile(strict=...)``)
+STRICT_ENV = "NETCL_JIT_STRICT"
+#: errors about the caller's inputs: strict mode raises them as they are (the un-fused call would too)
+_INPUT_ERRORS = (ShapeError, DTypeError, DeviceError, IndexError)
 
 
 @dataclass
@@ -108,9 +112,11 @@ def _as_node(value: Any) -> Any:
 class JitFunction:
     """A function compiled per signature into fused kernels (see ``jit_compile``)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], strict: bool | None = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
+        #: raise JitError where the function would fall back (None: NETCL_JIT_STRICT decides at each call)
+        self.strict = strict
         self._plans: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self.hits = 0
@@ -125,7 +131,12 @@ class JitFunction:
         if engine.get_tracer() is not None:  # called inside another trace: inline it
             return self.fn(*args, **kwargs)
         key = self._key(args, kwargs)
-        plan = self._plans.get(key) if key is not None else _FALLBACK
+        if key is not None:
+            plan = self._plans.get(key)
+        elif self._is_strict():
+            raise JitError(f"{self.label} cannot be compiled for this call: {self._unkeyed_reason(args, kwargs)}")
+        else:
+            plan = _FALLBACK
         fast = getattr(plan, "fast", None)
         if fast is not None and plan.guard is None:  # the hit path of a one-kernel plan, no gradient
             self.hits += 1
@@ -173,6 +184,17 @@ class JitFunction:
             return None
         return (tuple(parts), static, device, registry_version())
 
+    def _is_strict(self) -> bool:
+        if self.strict is not None:
+            return self.strict
+        return os.environ.get(STRICT_ENV, "").strip() not in ("", "0")
+
+    @staticmethod
+    def _unkeyed_reason(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if not any(isinstance(a, (Node, Tensor)) for a in args):
+            return "no Tensor or Node positional argument (the device and signature come from them)"
+        return f"keyword arguments that cannot be hashed into the signature: {sorted(kwargs)}"
+
     def _retrace(self, key: tuple, stale: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A captured tensor was rebound since ``stale`` was traced: trace again for this key."""
         with self._lock:
@@ -191,6 +213,8 @@ class JitFunction:
             self.misses += 1
             log.debug("%s: cache miss (%s)", self.label, self._miss_reason(key))
             plan, reason = self._trace(args, kwargs)
+            if plan is None and self._is_strict():
+                raise JitError(f"{self.label} cannot be compiled (strict mode): {reason}")
             if plan is None:
                 self.fallbacks += 1
                 log.debug("%s: falls back to the un-fused function: %s", self.label, reason)
@@ -203,7 +227,7 @@ class JitFunction:
     def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Plan | None, str]:
         devices = [a.value.device if isinstance(a, Node) else a.device for a in args if isinstance(a, (Node, Tensor))]
         device = same_device(*devices)
-        context = TracingContext()
+        context = TracingContext(device)
         arg_traces: list[TraceNode | None] = []
         traced_args: list[Any] = []
         needs_grad = False
@@ -225,6 +249,10 @@ class JitFunction:
                     traced_args.append(node)
                 result = self.fn(*traced_args, **kwargs)
         except Exception as exc:
+            if self._is_strict() and isinstance(exc, _INPUT_ERRORS):
+                raise  # what the un-fused call would raise too: the caller's inputs are wrong
+            if self._is_strict():
+                raise JitError(f"{self.label} cannot be compiled (strict mode): tracing raised {exc!r}") from exc
             return None, f"tracing raised {type(exc).__name__}: {exc}"
         returns_tuple = isinstance(result, (tuple, list))
         outputs = list(result) if returns_tuple else [result]
@@ -325,11 +353,15 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def jit_compile(fn: Callable[..., Any] | None = None) -> Any:
+def jit_compile(fn: Callable[..., Any] | None = None, *, strict: bool | None = None) -> Any:
     """Decorator: fuse the elementwise ops of ``fn`` into one forward and one backward kernel.
 
-    Usable as ``@jit_compile`` or ``@jit_compile()``.
+    Usable as ``@jit_compile``, ``@jit_compile()`` or ``@jit_compile(strict=True)``. Where a call cannot be
+    compiled (tracing raised, the result is not traced Nodes, no Tensor argument), the function runs
+    un-fused and ``cache_info()["fallbacks"]`` counts it; with ``strict=True`` (or, when ``strict`` is
+    None, with the environment variable ``NETCL_JIT_STRICT=1``) a ``JitError`` with the reason is raised
+    instead.
     """
     if fn is None:
-        return jit_compile
-    return JitFunction(fn)
+        return functools.partial(jit_compile, strict=strict)
+    return JitFunction(fn, strict)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import engine
-from netcl.core import Tensor, broadcast_shapes
+from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.jit.errors import TracerConversionError
 from netcl.jit.primitives import get_primitive
 from netcl.jit.shapes import infer_shape
@@ -113,8 +113,10 @@ class TracingContext:
 
     _local = threading.local()
 
-    def __init__(self) -> None:
+    def __init__(self, device: Device | None = None) -> None:
         self.active = False
+        #: the device the traced call runs on (a traced Node's ``device``)
+        self.device = device
         self.nodes: list[TraceNode] = []
         self.inputs: list[TraceNode] = []
         self.consts: list[TraceNode] = []
