@@ -489,7 +489,7 @@ def test_strict_mode_raises_where_it_would_fall_back(device, monkeypatch):
         return x * 2.0 if x.to_host().sum() > 0 else x * 3.0
 
     xn = ag.tensor(np.ones(4, np.float32), device=device)
-    with pytest.raises(JitError, match="strict mode.*TracerConversionError.*to_host"):
+    with pytest.raises(JitError, match=r"strict mode.*TracerConversionError.*to_host"):
         jit_compile(data_dependent, strict=True)(xn)
     monkeypatch.setenv("NETCL_JIT_STRICT", "1")
     with pytest.raises(JitError, match="strict mode"):
