@@ -66,8 +66,9 @@ def direct_function() -> Callable[..., int] | None:
 def direct_enabled(queue: cl.CommandQueue | None = None) -> bool:
     """Whether enqueuers on ``queue`` call ``clEnqueueNDRangeKernel`` directly by default.
 
-    ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` decide; unset or ``auto``: on NVIDIA platforms (where it is
-    measured cheaper, see the module docstring), off elsewhere and when no queue is given.
+    ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` decide; unset or ``auto``: on NVIDIA platforms (where it is measured
+    cheaper: see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", enqueue.py), off elsewhere
+    and when no queue is given.
     """
     setting = os.environ.get(ENV_VAR, "auto").strip().lower()
     if setting in ("1", "true", "on", "yes"):
