@@ -190,9 +190,8 @@ def measure_probe(device: Device, n: int = PROBE_ELEMENTS, repeats: int = 9) -> 
     """Median times of ``repeats`` runs of the fused chain8 probe on ``device`` and on the NumPy backend.
 
     Medians, not minima: on a shared VM the NumPy backend's two threads are sometimes slowed for a
-    whole call (a core taken by another VM, BLAS threads spinning), so its best run said little
-    about its usual one (AMD Zen 4 VM: best of 5 1.46 ms, while the bench's fused chain8 forward
-    took 2.0-2.2 ms there)."""
+    whole call (a core taken by another VM, BLAS threads spinning), so its best run says little
+    about its usual one (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", engine_choice.py)."""
     rng = np.random.default_rng(0)
     x, a, b = (rng.uniform(-2.0, 2.0, n).astype(np.float32) for _ in range(3))
     return Measurement(_time_opencl(device, x, a, b, repeats), _time_numpy(x, a, b, repeats))

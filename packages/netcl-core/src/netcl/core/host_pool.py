@@ -9,13 +9,11 @@ another process steals one.
 ``NETCL_HOST_THREADS`` sets the thread count (default: the CPUs this process may run on);
 ``1`` runs every block on the calling thread.
 
-Each helper thread is pinned to its own CPU, and the calling thread to the first CPU for the
-duration of a multi-threaded call (its own CPU set is restored afterwards). Unpinned, the two
-threads of a 2-vCPU VM (AMD Zen 4) often ran on the same CPU: every GIL handoff between ufunc
-calls wakes the other thread, and the scheduler placed it beside its waker, so a call took as
-long as on one thread (two 512K-element blocks of 36 ufunc calls: 3.8-4.6 ms pinned in every one
-of 16 calls, 7.2-10.5 ms in half of them unpinned, 7.5-8.9 ms on one thread). ``NETCL_HOST_PIN=0``
-leaves every thread's CPU set alone.
+Each helper thread is pinned to its own CPU, and the calling thread to the first CPU for the duration of a
+multi-threaded call (its own CPU set is restored afterwards): unpinned, the scheduler may put both threads on one
+CPU, since every GIL handoff between ufunc calls wakes the other thread beside its waker (see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", host_pool.py). ``NETCL_HOST_PIN=0`` leaves
+every thread's CPU set alone.
 """
 
 from __future__ import annotations
@@ -88,13 +86,9 @@ def block_elements(live_arrays: int, itemsize: int = 4, lo: int = 1 << 14, hi: i
     """Elements per block so that ``live_arrays`` block-sized arrays fit in one core's share of the
     cache: its share of the L3, or twice its L2 where that is larger.
 
-    A power of two between ``lo`` and ``hi``. Below 16K elements the per-call cost of NumPy (about
-    1 µs per ufunc call) outweighs what the cache saves (chain8 forward at 1M elements, one thread:
-    9.5 ms with 4K-element blocks, 6.9 ms with 16K, 6.1 ms with 64K; plain NumPy 5.2 ms). Large
-    blocks matter more with threads: every ufunc call of a block re-takes the GIL, a handoff
-    between threads costs ~12 µs on a 2-vCPU VM (AMD Zen 5, 1 MiB L2, 32 MiB L3), and there
-    chain8 forward on 2 threads took 1.33 ms with 64K-element blocks and 0.91 ms with 512K (1M
-    elements; plain NumPy 1.42 ms), 5.2 against 3.4 ms at 4M, 23.5 against 18.6 ms at 16M. The
+    A power of two between ``lo`` and ``hi``. Small blocks pay NumPy's per-ufunc-call cost, and
+    with threads every ufunc call of a block re-takes the GIL, so blocks are as large as the cache
+    share allows (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", host_pool.py). The
     block depends only on the machine, never on the thread count, so that blockwise sums (the
     detection loss) are the same for any ``NETCL_HOST_THREADS``.
     """
@@ -249,13 +243,11 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """``np.matmul(x, y, out=out)`` with single-threaded BLAS, the rows (or batch entries) of the
     product split over the pool's threads.
 
-    BLAS's own worker threads keep spinning for a while after every product (OpenBLAS: ~0.1 s).
-    Beside the pool's pinned threads they took a CPU away from fused work: a fused detection-loss
-    forward (1M float32, NumPy backend, 2-vCPU AMD Zen 4) took 14 ms right after a (4096 x 64) @
-    (64 x 256) product and 5-6 ms up to a second later, against 3 ms with OPENBLAS_NUM_THREADS=1.
-    Here BLAS runs one thread per call (threadpoolctl; the previous setting is restored), so its
-    workers never wake and the pool supplies the parallelism. Every element is still one BLAS dot
-    product over K, so results agree with ``np.matmul`` to float rounding.
+    BLAS's own worker threads keep spinning for a while after every product, which beside the pool's pinned threads
+    takes a CPU away from fused work (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    host_pool.py). Here BLAS runs one thread per call (threadpoolctl; the previous setting is restored), so its
+    workers never wake and the pool supplies the parallelism. Every element is still one BLAS dot product over K,
+    so results agree with ``np.matmul`` to float rounding.
     """
     controller = _blas_controller()
     if controller is None:

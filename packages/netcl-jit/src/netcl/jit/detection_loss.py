@@ -27,8 +27,8 @@ OP_NAME = "weighted_bce_smooth_l1_sum"
 ARG_NAMES = ("pred", "target", "heat_weight", "reg_weight")
 #: Upper bound on the number of partial sums (work-groups of the partial kernel).
 MAX_BLOCKS = 1024
-#: Measured on an H200 (benchmarks/tune_detection_loss.py, 64M elements): the two forward kernels
-#: take 0.273 ms with 1024 partials and 0.262 ms with 8192 (float4 loads).
+#: Partial sums on GPUs, chosen with benchmarks/tune_detection_loss.py (see benchmarks/RESULTS.md, "Measurements
+#: moved out of source docstrings", detection_loss.py).
 GPU_MAX_BLOCKS = 8192
 #: Preferred work-group size.
 LOCAL_SIZE = 256

@@ -44,11 +44,9 @@ def _pow2_ceil(n: int) -> int:
 
 def row_config(cols: int, is_gpu: bool, max_local: int) -> RowConfig:
     """Defaults: float4 chunks when C allows; on a GPU eight chunks per work-item, 32 to 256 of them
-    (32, one warp, at C = 1024: on the H100, softmax and layer_norm of (65536, 1024) forward in
-    0.232 / 0.236 ms against 0.232 / 0.256 with 128 two-chunk work-items and 0.273 / 0.302 with 256
-    one-chunk ones, forward+backward 0.523 / 0.580 against 0.528 / 0.598 and 0.592 / 0.736;
-    `benchmarks/tune_rows.py`: fewer work-items mean fewer tree steps, each a barrier and, for
-    layer_norm's (count, sum, M2) merge, two divisions), on a CPU device the fewest (>= 16) that
+    (32, one warp, at C = 1024: fewer work-items mean fewer tree steps, each a barrier and, for
+    layer_norm's (count, sum, M2) merge, two divisions; `benchmarks/tune_rows.py`, see
+    benchmarks/RESULTS.md, "Row kernels re-tuned the same day"), on a CPU device the fewest (>= 16) that
     keep a row slice in registers (PoCL runs a group's work-items as loops between barriers).
     ``NETCL_ROW_LOCAL`` / ``NETCL_ROW_VW`` override (tuning)."""
     C = cols

@@ -26,13 +26,11 @@ class LaunchConfig:
     column_sums: bool = False
 
 
-#: Measured defaults per kind of device and direction (see benchmarks/RESULTS.md): on an H200
-#: forward kernels are fastest with float4 and backward kernels (which recompute the forward,
-#: so hold more registers) with float2 and 128-wide groups. On PoCL's CPU device one element
-#: per work-item and 64-wide groups win (its compiler vectorizes across work-items itself):
-#: chain8 at 4M elements, forward 166 ms vs 207 ms with float4/256. Column sums pay on GPUs (H100,
-#: bias_gelu (65536, 1024) fwd+bwd 0.67-0.70 -> 0.51-0.52 ms) and lose on PoCL's CPU device, whose
-#: work-items run one after another, each down its own column of rows (46 -> 84 ms at (4096, 1024)).
+#: Measured defaults per kind of device and direction: on GPUs forward kernels use float4 and
+#: backward kernels (which recompute the forward, so hold more registers) float2 and 128-wide groups.
+#: On CPU devices 64-wide groups (their compilers vectorize across work-items). Column sums are a
+#: GPU default only: PoCL's CPU device runs work-items one after another, each down its own column of
+#: rows (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", tuning.py).
 GPU_DEFAULT = {"forward": LaunchConfig(4, 256), "backward": LaunchConfig(2, 128, column_sums=True)}
 CPU_DEFAULT = {"forward": LaunchConfig(8, 64, 1, True), "backward": LaunchConfig(8, 64, 1, True)}
 _WIDTHS = (1, 2, 4, 8, 16)
@@ -65,8 +63,8 @@ def _flag(name: str, default: bool) -> bool:
 
 
 #: Work-items a column-sum backward kernel aims for (``column_source``), per compute unit: on GPUs
-#: enough loads in flight to cover memory latency (H100, bias_gelu (65536, 1024) fwd+bwd: 0.57 ms
-#: with 256 partial rows, 0.51-0.52 with 1024-8192), on CPUs a few work-groups per core.
+#: enough loads in flight to cover memory latency, on CPUs a few work-groups per core (see
+#: benchmarks/RESULTS.md, "Measurements moved out of source docstrings", tuning.py).
 COLUMN_ITEMS_PER_UNIT = {"gpu": 4096, "cpu": 256}
 
 

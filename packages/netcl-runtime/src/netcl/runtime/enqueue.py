@@ -2,28 +2,15 @@
 
 A hot path (a cache-hit jit call, a graph replay) enqueues the same kernel object with the
 same sizes again and again, so everything that does not change is prepared once and the
-call itself is one C-level ``functools.partial``. The candidates, host microseconds per
-enqueue of a 1K-element kernel (``benchmarks/enqueue_paths.py``, thread CPU time; PoCL 3.1 on
-a shared 2-core Zen 5, NVIDIA's OpenCL on an H100 host, same code, one run each):
+call itself is one C-level ``functools.partial``.
 
-================================================================  =======  =========
-path                                                              PoCL     H100
-================================================================  =======  =========
-``kernel(queue, g, l, *args)``: pyopencl's invoker (the raw launch)  1.41     14.1
-``kernel.set_args(*args)`` + ``cl.enqueue_nd_range_kernel``          1.35     13.9
-pre-set args + ``_cl.enqueue_nd_range_kernel`` (positional, event)   0.69     13.1
-pre-set args + ctypes ``clEnqueueNDRangeKernel``, ``event=NULL``     0.86      8.1
-pre-set args + ctypes ``clEnqueueNDRangeKernel`` with an event       1.05     17.3
-setting one buffer argument (``_set_arg_multi``)                     0.06      0.2
-================================================================  =======  =========
-
-On NVIDIA's OpenCL the event is the larger part of an enqueue: asking for none through a
-direct ctypes call of the loader's ``clEnqueueNDRangeKernel`` (prepared ``size_t`` arrays, no
-``argtypes`` conversion) costs 8 µs where every pyopencl path costs 13-14 µs, because pyopencl
-always requests and wraps an event. On PoCL the event is cheap and ctypes' call overhead
-(~0.2 µs) makes pyopencl's positional call the cheapest. So the default (``NETCL_DIRECT_ENQUEUE``
-unset or ``auto``) is the direct call on NVIDIA platforms and pyopencl's positional call
-elsewhere; ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` forces one. The direct call goes through the very
+Two ways to enqueue a kernel whose arguments are set: a direct ctypes call of the loader's
+``clEnqueueNDRangeKernel`` with ``event=NULL`` (prepared ``size_t`` arrays, no ``argtypes``
+conversion), and pyopencl's positional ``_cl.enqueue_nd_range_kernel``, which always requests and
+wraps an event. The default (``NETCL_DIRECT_ENQUEUE`` unset or ``auto``) is the direct call on NVIDIA
+platforms and pyopencl's positional call elsewhere, the cheaper one on each by measurement (see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", enqueue.py);
+``NETCL_DIRECT_ENQUEUE=1`` / ``0`` forces one. The direct call goes through the very
 loader pyopencl loaded (found in ``/proc/self/maps``), so the queue and kernel handles are the
 ones pyopencl made; where that loader cannot be found, pyopencl's call is used. Callers that
 need an event (timing, ``wait_for``, the last command of a replay) use ``cl.enqueue_nd_range_kernel``.
@@ -79,8 +66,9 @@ def direct_function() -> Callable[..., int] | None:
 def direct_enabled(queue: cl.CommandQueue | None = None) -> bool:
     """Whether enqueuers on ``queue`` call ``clEnqueueNDRangeKernel`` directly by default.
 
-    ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` decide; unset or ``auto``: on NVIDIA platforms (where it is
-    measured cheaper, see the module docstring), off elsewhere and when no queue is given.
+    ``NETCL_DIRECT_ENQUEUE=1`` / ``0`` decide; unset or ``auto``: on NVIDIA platforms (where it is measured
+    cheaper: see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", enqueue.py), off elsewhere
+    and when no queue is given.
     """
     setting = os.environ.get(ENV_VAR, "auto").strip().lower()
     if setting in ("1", "true", "on", "yes"):

@@ -1,10 +1,8 @@
 """Vector twins of the PRIMITIVE_PREAMBLE helpers: a fused body evaluated on ``floatN`` values.
 
-On CPU OpenCL devices a fused kernel whose body is written on ``floatN`` vectors compiles to
-SIMD code whatever the compiler's work-group vectorizer does; the math builtins (``exp``,
-``tanh``, ``log1p`` on ``float8``) are the vectorized ones. On the pip PoCL (LLVM 14, an AMD EPYC
-host) 1M elements of ``exp`` take 7.3 ms one float per work-item and 0.42 ms as ``float8``;
-``tanh`` 17.0 ms and 0.86 ms.
+On CPU OpenCL devices a fused kernel whose body is written on ``floatN`` vectors compiles to SIMD code whatever the
+compiler's work-group vectorizer does; the math builtins (``exp``, ``tanh``, ``log1p`` on ``float8``) are the
+vectorized ones (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", vector_primitives.py).
 
 ``vector_preamble(width)`` defines ``VF``/``VI`` (``floatN``/``intN``) and ``V_<NAME>`` for every
 helper whose scalar form is a function or a comparison macro (``ADD``/``SUB``/``MUL``/``DIV``/

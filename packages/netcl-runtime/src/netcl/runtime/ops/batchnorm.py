@@ -36,17 +36,17 @@ from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas
 from netcl.runtime.ops._grid import index_ctype, launch_prepared
 from netcl.runtime.ops.layout import cast
 
-#: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices):
-#: a GPU needs wide groups to keep loads in flight with one group per channel; on a CPU (PoCL) each lane
-#: is a loop iteration between barriers and 64 lanes measured 2.8x faster than 1024 at (8, 16, 28, 28).
+#: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices): a GPU
+#: needs wide groups to keep loads in flight with one group per channel; on a CPU (PoCL) each lane is a loop
+#: iteration between barriers, so fewer lanes win (see benchmarks/RESULTS.md, "Measurements moved out of source
+#: docstrings", batchnorm.py).
 MAX_LANES, CPU_LANES = 1024, 64
 #: Vectors each lane handles at least (the group is no wider than the chunk's vectors / this).
 PER_LANE = 4
 #: A GPU with fewer channels than this many work-groups per compute unit splits each channel into
-#: chunks of at least ``MIN_CHUNK`` vectors, one work-group each (``_parts``): one group per channel
-#: left 68 of the H200's 132 units idle at (64, 64, 56, 56), the backward at 0.31 ms (0.14 in six
-#: chunks). Shorter channels stay whole: at (64, 128, 28, 28) three chunks made the forward slower
-#: (0.17 vs 0.11 ms: its second launch's host time is not hidden there).
+#: chunks of at least ``MIN_CHUNK`` vectors, one work-group each (``_parts``), so that every unit has
+#: work; shorter channels stay whole, where a second launch's host time is not hidden
+#: (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", batchnorm.py).
 GROUPS_PER_UNIT, MIN_CHUNK = 4, 8192
 
 Grads = tuple[Tensor | None, Tensor | None, Tensor | None]

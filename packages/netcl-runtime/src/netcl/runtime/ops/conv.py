@@ -6,11 +6,11 @@ transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or t
 ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions, and at "high" as F(4x4) on
 tf32x3 products where tensor cores take them (``_winograd_precision``).
 
-A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product,
-``y[n] = w (O, C) @ x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as
-``matmul`` on every backend (4-wide loads of both operands; on the H200 faster than the implicit
-GEMM's element-by-element view loads in 5 of 6 ResNet-50 layers, fwd+bwd 4.09 against 4.76 ms over
-the six); the weight gradient, a sum over the batch too, stays on the paths below.
+A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product, ``y[n] = w (O, C) @
+x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as ``matmul`` on every backend
+(4-wide loads of both operands, where the implicit GEMM loads the view element by element; see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv.py); the weight gradient, a sum over the
+batch too, stays on the paths below.
 
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
@@ -252,12 +252,9 @@ def _grouped_weight(w: Tensor, groups: int) -> Tensor:
     return w.reshape(groups, out_ch // groups, w.size // out_ch)
 
 
-#: On a host-BLAS CPU device the implicit kernels lose below this reduction length (64x16x8x8 -> 32,
-#: K 144: input gradient 4.0 vs 1.35 ms on Debian's PoCL; the 8x8 digits CNN's layers alike). From it
-#: on, which wins depends on the OpenCL compiler: Debian PoCL 3.1 (2 Zen 5 cores, 32x64x28x28 -> 64, K
-#: 576) forward 41 ms implicit vs 78 ms im2col; the pip PoCL 3.0 (LLVM 14, 2 Zen 4 cores), whose GEMM
-#: kernels run at 2.6 GFLOP/s beside the BLAS's 140, 383 vs 20 ms (8x64x28x28 -> 128). So there the
-#: first use of each layer times both on one image (``_implicit_wins_on_host``).
+#: On a host-BLAS CPU device the implicit kernels lose to im2col + BLAS below this reduction length (C*KH*KW); from
+#: it on, which wins depends on the OpenCL compiler, so the first use of each layer times both on one image
+#: (``_implicit_wins_on_host``; see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv.py).
 HOST_IMPLICIT_MIN_K = 256
 
 
@@ -385,10 +382,9 @@ def _winograd_tile(
 
 def _winograd_precision(device, mode: str | None) -> str | None:
     """The matmul precision Winograd's products run at when it is not the current one (whose
-    tensor-core mode on ``device`` is ``mode``): "tf32x3" where the current precision asks for tf32
-    on tensor cores that take tf32x3 as well (H200, batch 64, three ResNet layers: F(4x4) on tf32x3
-    fwd+bwd 1.3-1.45x faster than the implicit GEMM on tf32, at fp32-class error instead of tf32's);
-    None: the current one."""
+    tensor-core mode on ``device`` is ``mode``): "tf32x3" where the current precision asks for tf32 on tensor cores
+    that take tf32x3 as well (faster there than the implicit GEMM on tf32, at fp32-class error; see
+    benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv.py); None: the current one."""
     from netcl.runtime.ops import gemm_mma
 
     if device.kind != "opencl" or mode != "tf32":

@@ -243,11 +243,11 @@ def default_tile(three_tf32: bool = False) -> int:
     """The tile ``NETCL_WINOGRAD`` asks for (2, 4, or 0: off); unset, 4 where the products run as
     tf32x3 on tensor cores (``three_tf32``), else 2.
 
-    F(4x4)'s transforms carry larger coefficients, so its rounding error is several times F(2x2)'s.
-    With FMA products that puts it above the implicit GEMM's (H200, batch 64: 3.1-5.1e-6 of the
-    largest output against 1.0-2.5e-6), so "highest" keeps F(2x2). With tf32x3 products it measured
-    1.5-2.1e-6, the fp32 FMA implicit GEMM's level, at 1.3-1.4x F(2x2)'s speed: the precision that asks
-    for fp32-class accuracy at tensor-core speed gets it.
+    F(4x4)'s transforms carry larger coefficients, so its rounding error is several times F(2x2)'s. With FMA
+    products that puts it above the implicit GEMM's, so "highest" keeps F(2x2). With tf32x3 products it is at the
+    fp32 FMA implicit GEMM's level and faster than F(2x2): the precision that asks for fp32-class accuracy at
+    tensor-core speed gets it (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    conv_winograd.py).
     """
     value = os.environ.get(ENV_VAR, "").strip()
     if value not in ("", "0", "2", "4"):
@@ -329,7 +329,7 @@ def _convolve(
     if src.device.kind == "cpu":
         return _numpy.convolve(src, w, flip, pads, extra, kind, tiling)
     # the input transform first, so that the small weight transform's enqueue overlaps its run
-    # (H200, forward at batch 64: 0.64-0.66 vs 0.67-0.82 ms at 64x56x56, within the noise elsewhere)
+    # (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py)
     v = tiling.transform_input(src, pads)
     u = Tensor.empty((tiling.a2, r, s), float32, src.device)
     _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(tiling.a2 * r * s))

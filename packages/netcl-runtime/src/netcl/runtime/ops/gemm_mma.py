@@ -197,8 +197,8 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(2, 2, 2, 8, 16, stages=3),
         MmaConfig(2, 2, 2, 4, 16, stages=3),
         # Hopper's wgmma (tf32 and f16): one warpgroup of 2 x 64 x 128 (128 threads: more work-groups per
-        # SM than two warpgroups of 64 x 128; H200 4096^3 f16 400 against 368, tf32 NT 226 against 204
-        # TFLOP/s, mma.sync 303 / 157), 64 x 128 for fewer rows, 2 x 64 x 256
+        # SM than two warpgroups of 64 x 128; see benchmarks/RESULTS.md, "The NVIDIA H200, 2026-11-26
+        # (fourth session)"), 64 x 128 for fewer rows, 2 x 64 x 256
         MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2),
         MmaConfig(4, 1, 2, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 16, 16, stages=3, wg=1),
@@ -268,11 +268,11 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     candidates += [dataclasses.replace(c, group=8) for c in big]
     candidates += _unsplit(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
-    if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (H100 2048^3: 0.39 ms, 0.44 unstaged)
+    if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
     if mode in ("tf32", "f16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
-        # 3 cp.async stages of 16 words in swizzled tiles, else 2 (H200 4096^3: tf32 166 / 152,
-        # fp16 316 / 288 TFLOP/s; the best of the grid)
+        # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see
+        # benchmarks/RESULTS.md, "Deeper pipelines for the tensor-core kernel")
         three = dataclasses.replace(fallback, stages=3)
         fallback = three if _valid(device, three, mode, problem) else dataclasses.replace(fallback, stages=2)
         wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, stages=3, wg=2)  # wgmma where the layout allows it
@@ -281,7 +281,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide
     if converts and warpgroups and fallback.bm * fallback.bn >= 128 * 128:
-        # H200 4096^3 bf16 / f16 of float32: 207-209 against mma.sync's best 170-178 TFLOP/s
+        # faster than mma.sync's best (see benchmarks/RESULTS.md, "wgmma for float32 operands rounded in the kernel")
         wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, wg=2)
         if _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide

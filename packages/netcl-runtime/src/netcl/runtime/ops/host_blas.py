@@ -3,13 +3,12 @@
 A CPU OpenCL device (PoCL, Intel's CPU runtime) keeps its buffers in host memory, so mapping
 one costs no copy; NumPy's ``matmul`` (OpenBLAS, on every core) then runs on the mapped arrays
 and writes straight into the mapped output buffer. A GEMM kernel written for GPUs is many
-times slower there (``mlp_block``'s (16384 x 64) @ (64 x 256): 17.6 ms on Debian's PoCL, 2.1 ms
-with NumPy's BLAS).
+times slower there (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", host_blas.py).
 
 Capture/replay: a capture on the device's queue records the host call as a graph command
 (``HostMatmul``) holding the three buffers, so a replay maps and multiplies them again, with
 new input buffers where the graph's inputs changed; the GPU GEMM kernel is never recorded on a
-CPU device (the digits CNN step replayed on Debian's PoCL took 730 ms that way, 48 ms eager).
+CPU device (it is far slower there than the host product, same pointer).
 ``NETCL_HOST_BLAS=0`` turns the path off.
 """
 
