@@ -20,7 +20,7 @@ import numpy as np
 from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
-from netcl.runtime.launch import enqueue_fill, launch
+from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -75,6 +75,7 @@ class Plan:
         "idx",
         "rank",
         "grid",
+        "prepared",
     )
 
     def __init__(
@@ -105,6 +106,8 @@ class Plan:
         free = [st for per in strides for st in per if st > 1]
         self.shape_args = (self.n, dims[0], *dim_args(dims), *free) if dims else (self.n,)
         self.grid = dims  # strided operands: a 2-D/3-D grid over the collapsed dims (see ``launch_sizes``)
+        #: the launch prepared once for this plan's kernel and sizes (``execute``)
+        self.prepared: PreparedLaunch | None = None
         dtypes = [v.dtype if isinstance(v, Tensor) else None for v in operands]
         rank = self.rank = len(dims)
         self.make_source = lambda: (
@@ -163,16 +166,27 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
         out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
     if plan.n == 0:
         return out
+    prepared = plan.prepared
+    if prepared is None:
+        prepared = plan.prepared = _prepare(plan, device)
+    prepared.call(
+        out.data, *[v.data if t is None else t(_plain(v)) for v, t in zip(operands, plan.arg_types, strict=True)]
+    )
+    return out
+
+
+def _prepare(plan: Plan, device: Device) -> PreparedLaunch:
+    """``plan``'s launch on ``device`` with its size arguments bound: per call only the output and the operands
+    are set (no size checks, no event)."""
     resolved = plan.kernel(device)
     local = resolved.max_local
-    args = [v.data if t is None else t(_plain(v)) for v, t in zip(operands, plan.arg_types, strict=True)]
     if plan.grid:
         gsize, lsize = launch_sizes(plan.grid, local)
-        launch(resolved.kernel, gsize, lsize, out.data, *args, *plan.shape_args, queue=device.queue)
     else:
-        gsize = -(-plan.n // local) * local
-        launch(resolved.kernel, gsize, local, out.data, *args, *plan.shape_args, queue=device.queue)
-    return out
+        gsize, lsize = -(-plan.n // local) * local, local
+    first = 1 + len(plan.arg_types)  # out, the operands, then the size arguments
+    bound = {first + k: value for k, value in enumerate(plan.shape_args)}
+    return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
 
 
 def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
