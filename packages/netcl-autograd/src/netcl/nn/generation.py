@@ -100,9 +100,9 @@ class Decoder:
         self.graph: Graph | None = None
         self.captures = 0
 
-    def _run(self, ids: Tensor) -> Tensor:
+    def _run(self, ids: Tensor, pos: Variable) -> Tensor:
         with no_grad():
-            return _tensor(self.model.decode(ids, self.pos, self.caches))
+            return _tensor(self.model.decode(ids, pos, self.caches))
 
     def step(self, tokens: Any, pos: int) -> np.ndarray:
         """Logits ``(batch, vocab)`` (float32 host array) for ``tokens`` ``(batch,)`` at position ``pos``."""
@@ -110,9 +110,9 @@ class Decoder:
         self.pos.bind(pos)  # ValueError naming "pos" outside [0, max_len - 1], before any launch
         ids = Tensor.from_host(self.device, ids_host, np.int32)
         if not self.replay:
-            return self._run(ids).to_host()
+            return self._run(ids, self.pos).to_host()
         if self.graph is None:
-            self.graph = capture_graph(self.device, self._run, ids)
+            self.graph = capture_graph(self.device, self._run, ids, self.pos)
             self.captures += 1
             return _tensor(self.graph.outputs).to_host()
         return self.graph.execute(ids).to_host()
