@@ -33,9 +33,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
         "--workload",
-        choices=["fused", "matmul", "conv", "train", "launch", "input"],
+        choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer"],
         default="fused",
-        help="matmul/conv/train/input: bench_<name>.py; "
+        help="matmul/conv/train/input/transformer: bench_<name>.py; "
         "launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
     parser.add_argument(
@@ -84,6 +84,10 @@ if __name__ == "__main__":
         from bench_train import run as run_train
 
         results = run_train(args.device, args.quick, args.repeats, not args.no_peers)
+    elif args.workload == "transformer":
+        from bench_transformer import run as run_transformer
+
+        results = run_transformer(args.device, args.quick, args.repeats, not args.no_peers)
     elif args.workload == "input":
         from bench_input import run as run_input
 

@@ -6,10 +6,11 @@ torch_model.state_dict().items()})`` loads a PyTorch model's weights. ``save`` /
 and read state dicts as safetensors files.
 """
 
-from netcl.nn import functional, init
+from netcl.nn import functional, generation, init
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
+from netcl.nn.kv_cache import KVCache
 from netcl.nn.layers import Conv2d, Embedding, Linear
 from netcl.nn.module import IncompatibleKeys, Module
 from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
@@ -41,6 +42,7 @@ __all__ = [
     "Flatten",
     "Identity",
     "IncompatibleKeys",
+    "KVCache",
     "LayerNorm",
     "Linear",
     "MaxPool2d",
@@ -57,6 +59,7 @@ __all__ = [
     "TransformerEncoder",
     "TransformerEncoderLayer",
     "functional",
+    "generation",
     "init",
     "load",
     "save",

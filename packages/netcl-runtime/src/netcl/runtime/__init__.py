@@ -35,6 +35,7 @@ from netcl.runtime.perf import (
 from netcl.runtime.replay_results import ReplayResult
 from netcl.runtime.scheduler import Stream
 from netcl.runtime.sync import synchronize
+from netcl.runtime.variable import Variable
 
 __all__ += [
     "CacheStats",
@@ -46,6 +47,7 @@ __all__ += [
     "SectionStats",
     "Stream",
     "TimingRegion",
+    "Variable",
     "capture_graph",
     "clear_caches",
     "enqueue_copy",

@@ -21,6 +21,10 @@ Replay semantics:
 * Everything else is frozen: intermediate and output buffers are the ones allocated
   during capture (the graph keeps them alive), scalars keep their captured values, and
   host work in the captured function (prints, ``to_host``, uploads) is not replayed.
+* Except bound integers: a ``netcl.runtime.Variable`` passed as a kernel argument is recorded as
+  the variable, and each replay passes its value at that time (``var.bind(n)`` before
+  ``execute``, or ``execute(bindings={"name": n})``; a value outside the variable's range raises
+  ``ValueError`` before anything is enqueued). ``graph.variables`` lists them by name.
 * **Results are never silently overwritten.** Each replay writes into the same captured
   output buffers, so ``execute`` hands out ``ReplayResult`` tensors that alias them until the
   next replay of the graph, which first *retires* the ones still referenced: a result of at
@@ -56,6 +60,8 @@ from netcl.runtime.errors import ReplayError
 from netcl.runtime.launch import enqueue_copy
 from netcl.runtime.profiling import replay as _profiled_replay
 from netcl.runtime.replay_results import SNAPSHOT_BYTES, hand_out, retire
+from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
+from netcl.runtime.variable import Variable
 
 _OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
 
@@ -110,6 +116,8 @@ class _Plan:
     #: (``netcl.runtime.enqueue.enqueuer``), whether they return a status, and the last step
     calls: list[Callable[[], Any]] = field(default_factory=list)
     calls_return_status: bool = False
+    #: per recorded Variable: [variable, value its uses were last set to, [(setter, argument index)]]
+    variables: list[list[Any]] = field(default_factory=list)
 
 
 class Graph:
@@ -145,6 +153,7 @@ class Graph:
         self._live_results: list[Any] = []
         self._input_ids: set[int] = set()
         self._last_queue: cl.CommandQueue | None = None
+        self._variables: dict[int, Variable] = {}
 
     # ---- inspection -----------------------------------------------------------------------
     @property
@@ -154,6 +163,11 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    @property
+    def variables(self) -> dict[str, Variable]:
+        """The bound integers (``netcl.runtime.Variable``) the captured launches take, by name."""
+        return {v.name: v for v in self._variables.values()}
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self.steps[:6]) + (", ..." if len(self.steps) > 6 else "")
@@ -202,6 +216,19 @@ class Graph:
         """Called by ``launch`` for each launch on the capturing queue."""
         self.steps.append(Launch(kernel, tuple(global_size), local_size, _freeze_scalars(kernel, args)))
         self._keep.extend(keep)
+        if _VARIABLES_IN_USE[0]:
+            self._note_variables(args)
+
+    def _note_variables(self, args: Sequence[Any]) -> None:
+        for a in args:
+            if type(a) is Variable:
+                other = self.variables.get(a.name)
+                if other is not None and other is not a:
+                    raise ReplayError(
+                        f"two different Variables named {a.name!r} in one capture; bindings name them, so names "
+                        "must be unique within a graph"
+                    )
+                self._variables[id(a)] = a
 
     def record_command(self, command: Callable[..., Any], args: list[Any], keep: Sequence[Any] = ()) -> None:
         """Called by ``enqueue_copy`` / ``enqueue_fill`` for each command on the capturing queue."""
@@ -236,15 +263,27 @@ class Graph:
 
     # ---- replay ---------------------------------------------------------------------------
     def execute(
-        self, *new_inputs: Tensor | cl.Buffer, copy_outputs: bool = False, queue: Any = None, wait: bool = False
+        self,
+        *new_inputs: Tensor | cl.Buffer,
+        copy_outputs: bool = False,
+        queue: Any = None,
+        wait: bool = False,
+        bindings: dict[str, int] | None = None,
     ) -> Any:
         """Replay the captured launches with ``new_inputs`` in place of the captured inputs.
+
+        ``bindings`` maps ``Variable`` names (``graph.variables``) to the values this replay (and,
+        the variables keeping them, later ones) passes; every recorded Variable's current value is
+        passed either way. An unknown name is a ``ReplayError``, a value out of range a ``ValueError``,
+        both before anything is enqueued.
 
         Returns ``outputs`` as this replay's results: ``ReplayResult`` tensors that the next
         replay copies out (up to ``snapshot_bytes``) or marks stale (larger: reading them raises
         ``StaleResultError``), or fresh copies of them with ``copy_outputs=True``. ``queue``
         replays on another queue of the same context; ``wait`` blocks until it has finished.
         """
+        if bindings:
+            self._bind(bindings)
         if self._numpy_fn is not None:
             return self._execute_numpy(new_inputs, copy_outputs)
         if self.state != CAPTURED:
@@ -267,6 +306,13 @@ class Graph:
                     for setter, index in plan.uses[slot]:
                         setter(index, raw)
                     bound[slot] = raw
+            for entry in plan.variables:  # bound integers: their value now, where it changed
+                value = entry[0].value
+                if value != entry[1]:
+                    arg = np.int32(value)
+                    for setter, index in entry[2]:
+                        setter(index, arg)
+                    entry[1] = value
             chained = self._out_of_order if q is self.queue else q.properties & _OUT_OF_ORDER
             if _PROFILERS:  # netcl.profiler is active: every command with an event, reported
                 event = _profiled_replay(q, plan.steps, bool(chained), self.label)
@@ -287,6 +333,21 @@ class Graph:
         return result
 
     __call__ = execute
+
+    def _bind(self, bindings: dict[str, int]) -> None:
+        """Check every binding, then bind them all (nothing changes when one is bad)."""
+        known = self.variables
+        checked = []
+        for name, value in bindings.items():
+            variable = known.get(name)
+            if variable is None:
+                raise ReplayError(
+                    f"execute(bindings=...): this graph has no Variable named {name!r}; "
+                    f"its variables: {sorted(known) or 'none'}"
+                )
+            checked.append((variable, variable.check(value)))
+        for variable, value in checked:
+            variable.bind(value)
 
     def _check(self, new_inputs: Sequence[Any]) -> list[Any]:
         """Validate a replay's inputs against the captured signature; return their buffers."""
@@ -331,6 +392,7 @@ class Graph:
         slot_of = {raw.int_ptr: slot for slot, raw in enumerate(self._captured_raw)}
         uses: list[list[tuple[Callable[[int, Any], None], int]]] = [[] for _ in self._captured_raw]
         steps: list[tuple[Any, Any, Any]] = []
+        variables: dict[int, list[Any]] = {}
         has_commands = False
         for step in self.steps:
             step.dynamic = {
@@ -341,6 +403,12 @@ class Graph:
             if isinstance(step, Launch):
                 private = cl.Kernel(step.kernel.program, step.kernel.function_name)
                 for i, a in enumerate(step.args):
+                    if type(a) is Variable:
+                        entry = variables.get(id(a))
+                        if entry is None:
+                            entry = variables[id(a)] = [a, a.value, []]
+                        entry[2].append((private.set_arg, i))
+                        a = np.int32(entry[1])
                     private.set_arg(i, a)
                 setter = private.set_arg
                 steps.append((private, step.global_size, step.local_size))
@@ -352,7 +420,7 @@ class Graph:
             for i, slot in step.dynamic.items():
                 uses[slot].append((setter, i))
         self._bound = list(self._captured_raw)
-        self._plan = _Plan(steps, uses, has_commands)
+        self._plan = _Plan(steps, uses, has_commands, variables=list(variables.values()))
         if not has_commands and not self._out_of_order:
             prepared = [enqueuer(self.queue, kernel, gsize, lsize) for kernel, gsize, lsize in steps[:-1]]
             self._plan.calls = [call for call, _ in prepared]
@@ -447,6 +515,7 @@ def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     positions = [i for i, a in enumerate(args) if isinstance(a, (Tensor, cl.MemoryObjectHolder))]
     inputs = [args[i] for i in positions]
     graph = Graph()
+    graph._note_variables([*args, *kwargs.values()])  # bindable by name on both backends
     if _is_numpy(queue, inputs):
         graph._numpy_fn = (fn, list(args), positions, dict(kwargs))
         graph.set_inputs(inputs)

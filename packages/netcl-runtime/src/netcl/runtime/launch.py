@@ -26,6 +26,8 @@ from netcl.core.profile_hooks import KERNEL, MEMCPY, MEMSET, now, report
 from netcl.runtime import capture as _capture
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
+from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
+from netcl.runtime.variable import launch_values
 
 #: cl.Kernel objects hold their arguments, so setting them and enqueueing must not interleave.
 _LAUNCH_LOCK = threading.Lock()
@@ -51,6 +53,8 @@ def launch(
     With ``local_size=None`` a 1-D launch gets the largest of 256, 128, ... that divides the
     global size and the kernel allows; other shapes leave the choice to the driver.
     ``queue`` defaults to the default queue of the device that owns the kernel's context.
+    A ``netcl.runtime.Variable`` argument passes its current value as a C ``int``; a capture records
+    the variable itself, so replays pass its value at replay time.
     If a capture is recording on the queue, the launch is also recorded; while a
     ``netcl.profiler.profile`` is active, it is reported to it.
     """
@@ -75,12 +79,13 @@ def launch(
     if queue is None:
         queue = _kernel_queue(cl_kernel)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]
+    values = launch_values(raw) if _VARIABLES_IN_USE[0] else raw  # a Variable passes its current value
     with _LAUNCH_LOCK:
         try:
-            cl_kernel.set_args(*raw)
+            cl_kernel.set_args(*values)
         except (cl.LogicError, TypeError, ValueError) as exc:
             raise LaunchError(
-                f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}{_scalar_hint(cl_kernel, raw)}"
+                f"cannot set arguments of kernel {cl_kernel.function_name!r}: {exc}{_scalar_hint(cl_kernel, values)}"
             ) from exc
         try:
             event = cl.enqueue_nd_range_kernel(queue, cl_kernel, gsize, lsize, wait_for=wait_for)
