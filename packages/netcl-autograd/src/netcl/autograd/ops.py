@@ -207,7 +207,29 @@ tanh.__doc__ = "Hyperbolic tangent."
 
 # ---- ternary ops -----------------------------------------------------------------------------
 def where(cond: Operand, a: Operand, b: Operand) -> Node:
-    """``a`` where ``cond != 0`` else ``b``; ``a``/``b`` may be scalars; no gradient for ``cond``."""
+    """``a`` where ``cond != 0`` else ``b``; ``a``/``b`` may be scalars; no gradient for ``cond``.
+
+    With one scalar branch the op is ``where_scalar_right`` / ``where_scalar_left`` (the scalar in
+    ``attrs``, the inputs the condition and the tensor branch), so the JIT fuses it.
+    """
+    if is_scalar(b) and not is_scalar(a) and not is_scalar(cond):
+
+        def grad_right(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+            c, x = values
+            return [None, _reduce(R.where(c, g, 0.0), x) if _needs(a) else None]
+
+        return apply_op(
+            lambda c, x: R.where(c, x, b), grad_right, cond, a, op_name="where_scalar_right", attrs={"scalar": b}
+        )
+    if is_scalar(a) and not is_scalar(b) and not is_scalar(cond):
+
+        def grad_left(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+            c, y = values
+            return [None, _reduce(R.where(c, 0.0, g), y) if _needs(b) else None]
+
+        return apply_op(
+            lambda c, y: R.where(c, a, y), grad_left, cond, b, op_name="where_scalar_left", attrs={"scalar": a}
+        )
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         c, x, y = values

@@ -85,6 +85,12 @@ TERNARY = {
 }
 
 
+WHERE_SCALAR = {
+    "where_scalar_right": ("WHERE({a}, {b}, {s})", [ZERO, "WHERE({a}, {g}, 0.0f)"]),
+    "where_scalar_left": ("WHERE({a}, {s}, {b})", [ZERO, "WHERE({a}, 0.0f, {g})"]),
+}
+
+
 def c_literal(value: float) -> str:
     """A float constant as an OpenCL C (and, without the suffix, Python) literal."""
     value = float(value)
@@ -134,6 +140,10 @@ def register_builtins() -> None:
         for name, (fwd, bwd) in table.items():
             forward, backward = _make(fwd, bwd)
             register_primitive(name + suffix, forward, backward, arity=arity, probe=False)  # tested, not probed
+    # where with one constant branch (the scalar in attrs): the inputs are the condition and the other branch.
+    for name, (fwd, bwd) in WHERE_SCALAR.items():
+        forward, backward = _make(fwd, bwd)
+        register_primitive(name, forward, backward, arity=2, probe=False)
     # clamp with constant bounds: autograd passes lo/hi as attrs when they are Python numbers.
     forward, backward = _make("CLAMP({a}, {lo}, {hi})", ["MUL({g}, MUL(GE({a}, {lo}), LE({a}, {hi})))"])
     register_primitive("clamp_scalar", forward, backward, arity=1)

@@ -19,9 +19,11 @@ import numpy as np
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, Builder, RowInput, RowProgram
 from netcl.jit.tracing import TraceNode
 
-_REDUCTIONS = ("sum", "mean", "max", "min")
+_REDUCTIONS = ("sum", "mean", "max", "min", "var", "std")
 _BUILTINS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm")
 _F32 = np.dtype(np.float32)
+#: other dtypes a row program reads (a mask, integer codes), by their C type, converting each value to float
+READ_AS_FLOAT = {np.dtype(np.bool_): "uchar", np.dtype(np.uint8): "uchar", np.dtype(np.int32): "int"}
 
 
 @dataclass
@@ -89,7 +91,7 @@ class _Finder:
             return PARAM
         if p.dtype == np.int32 and p.shape == full[:-1] and len(full) == 2:
             return INDEX
-        if p.dtype != _F32:
+        if p.dtype != _F32 and np.dtype(p.dtype) not in READ_AS_FLOAT:
             return None
         if p.shape == full:
             return ELEM
@@ -172,7 +174,29 @@ def find_row_groups(nodes: list[TraceNode], ancestors: dict[int, set[int]]) -> l
             continue
         group = finder.grow(node, full)
         finder.claimed |= set(group)
-        groups.append(group)
+        groups.append((group, full))
+    return [group for group, _ in _merge_connected(groups, finder)]
+
+
+def _merge_connected(
+    groups: list[tuple[dict[int, TraceNode], tuple[int, ...]]], finder: _Finder
+) -> list[tuple[dict[int, TraceNode], tuple[int, ...]]]:
+    """Merge groups over the same rows where one reads the other (a LayerNorm's mean and variance, each grown
+    from its own reduction), as long as the union stays acyclic: one row kernel computes both."""
+    merged = True
+    while merged:
+        merged = False
+        pairs = [(a, b) for a in range(len(groups)) for b in range(a + 1, len(groups))]
+        for i, j in pairs:
+            (first, full), (second, other) = groups[i], groups[j]
+            reads = any(p.id in first for n in second.values() for p in n.inputs) or any(
+                p.id in second for n in first.values() for p in n.inputs
+            )
+            if full == other and reads and finder._acyclic(set(first) | set(second)):
+                groups[i] = ({**first, **second}, full)
+                del groups[j]
+                merged = True
+                break
     return groups
 
 
@@ -188,7 +212,11 @@ def build_program(group: RowGroup) -> RowProgram:
     """The group as a row program: inputs ``x{k}``, op node ``n`` as ``v{n.id}``."""
     full = group.shape
     C = full[-1]
-    inputs = [RowInput(f"x{k}", external_kind(p, full)) for k, p in enumerate(group.inputs)]
+    inputs = [
+        RowInput(f"x{k}", kind, "int" if kind == INDEX else READ_AS_FLOAT.get(np.dtype(p.dtype), "float"))
+        for k, p in enumerate(group.inputs)
+        for kind in [external_kind(p, full)]
+    ]
     b = Builder(C, inputs)
     names = {p.id: f"x{k}" for k, p in enumerate(group.inputs)}
     for node in group.nodes:
@@ -204,6 +232,13 @@ def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
         return b.reduce(name, args[0], var=var)
     if name == "mean":
         return b.scalar("mul", b.reduce("sum", args[0]), 1.0 / b.C, var=var)
+    if name in ("var", "std"):  # the mean squared deviation (two passes: the mean, then the squares)
+        centered = b.prim("sub", [args[0], b.mean(args[0])])
+        dof = b.C - (1 if attrs.get("unbiased") else 0)
+        squares = b.reduce("sum", b.prim("mul", [centered, centered]))
+        if name == "var":
+            return b.scalar("mul", squares, 1.0 / dof, var=var)
+        return b.prim("sqrt", [b.scalar("mul", squares, 1.0 / dof)], var=var)
     if name in ("softmax", "log_softmax", "logsumexp"):
         x = args[0]
         # the max subtracted carries no gradient: the result does not depend on it

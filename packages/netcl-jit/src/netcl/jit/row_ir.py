@@ -52,6 +52,8 @@ class RowInput:
 
     var: str
     kind: str
+    #: C type of the buffer (elem / col / row inputs other than float32 - a mask - are read and converted to float)
+    ctype: str = "float"
 
 
 @dataclass

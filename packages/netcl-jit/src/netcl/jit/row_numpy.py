@@ -66,11 +66,16 @@ def shaped_inputs_for(inputs: list, values: list, rows: int, cols: int) -> list:
         if inp.kind == PARAM:
             out.append(np.float32(v))
         elif inp.kind == ELEM:
-            out.append(np.asarray(v).reshape(rows, cols))
+            out.append(_as_float(v).reshape(rows, cols))
         elif inp.kind == COL:
-            out.append(np.asarray(v).reshape(1, cols))
+            out.append(_as_float(v).reshape(1, cols))
         elif inp.kind == INDEX:
             out.append(np.asarray(v).reshape(rows, 1).astype(np.float32))
         else:
-            out.append(np.asarray(v).reshape(rows, 1))
+            out.append(_as_float(v).reshape(rows, 1))
     return out
+
+
+def _as_float(v) -> np.ndarray:
+    """An input as the float32 values the program computes with (a mask or integer codes converted)."""
+    return np.asarray(v).astype(np.float32, copy=False)

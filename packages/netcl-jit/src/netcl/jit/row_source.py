@@ -157,7 +157,7 @@ def kernel_source(
         if inp.kind == PARAM:
             params.append(f"const float p{k}")
         else:
-            params.append(f"__global const {'int' if inp.kind == INDEX else 'float'}* restrict in{k}")
+            params.append(f"__global const {inp.ctype}* restrict in{k}")
     params += [f"__global float* restrict out{j}" for j in range(len(program.outputs))]
     params.append(f"const {idx} rows")
     head = [
@@ -203,8 +203,11 @@ def kernel_source(
     def load_chunk(k: int, inp, indent: str, into: str) -> list[str]:
         """Lines putting chunk ``kk``'s VW values of input k into ``into[...]``."""
         if VW == 1:
-            return [f"{indent}{into}[0] = ({src(k, inp)})[c0];"]
-        out = [f"{indent}const float{VW} ld{k} = vload{VW}(0, {src(k, inp)} + c0);"]
+            return [f"{indent}{into}[0] = (float)({src(k, inp)})[c0];"]
+        load = f"vload{VW}(0, {src(k, inp)} + c0)"
+        if inp.ctype != "float":
+            load = f"convert_float{VW}({load})"
+        out = [f"{indent}const float{VW} ld{k} = {load};"]
         out += [f"{indent}{into}[{lane}] = ld{k}.s{lane:x};" for lane in range(VW)]
         return out
 
