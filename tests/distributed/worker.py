@@ -309,6 +309,64 @@ def case_tune_agree(info, device) -> dict:
     return out
 
 
+# ---- overlapped all-reduce --------------------------------------------------------------------------
+def case_ddp_overlap(info, device) -> dict:
+    """Overlapped DDP (tiny buckets and 40-byte pipeline chunks: many of each) vs the inline path vs one
+    process, over two steps with SGD."""
+    from netcl.optim import SGD
+
+    out: dict = {}
+    x, y = batch(device, 3, 16)
+    shard = slice(8 * info.rank, 8 * info.rank + 8)
+    for name, kwargs in (
+        ("overlap", {"overlap": True, "pipeline_chunk_mb": 40 / 2**20}),
+        ("inline", {"overlap": False}),
+    ):
+        model = MLP(device, seed=30 + info.rank, hidden=24)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, **kwargs)
+        opt = SGD(list(model.parameters()), lr=0.1)
+        grads = []
+        for _ in range(2):
+            opt.zero_grad()
+            with ag.Tape():
+                loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
+                loss.backward()
+            grads.append([p.grad.to_host() for p in model.parameters()])
+            opt.step()
+        out[name] = {
+            "grads": grads,
+            "params": [p.to_host() for p in model.parameters()],
+            "buckets": len(ddp.buckets),
+            "overlapped": ddp.stats.overlapped,
+            "started_during_backward": ddp.stats.started_during_backward,
+        }
+        ddp.remove_hooks()
+    # one process on the whole batch from the same broadcast start (rank 0's seed)
+    reference = MLP(device, seed=30, hidden=24)
+    out["reference_grads"] = grads_of(reference, x, y, device)
+    return out
+
+
+def case_ddp_dead(info, device) -> dict:
+    """Rank 1 leaves after DDP's construction: rank 0's overlapped backward must time out, not hang."""
+    model = MLP(device, seed=5)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+    if info.rank == 1:
+        sys.exit(0)
+    x, y = batch(device, 0)
+
+    def step():
+        with ag.Tape():
+            ag.cross_entropy(ddp(ag.tensor(x, device=device)), ag.tensor(y, device=device)).backward()
+
+    return {"error": error_of(step), "after": error_of(lambda: dist.barrier())}
+
+
+def case_bucket_mismatch(info, device) -> dict:
+    model = MLP(device, seed=1)
+    return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}
+
+
 def main() -> None:
     case, spec, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     info = dist.init(device=spec)
