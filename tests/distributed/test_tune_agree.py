@@ -32,6 +32,8 @@ def test_rank_zero_decides_every_tuned_choice(mpirun, device_kinds):
         np.testing.assert_allclose(a, _reference(m, n, k), rtol=0, atol=1e-4)
     # inside local_choices each rank keeps its own (rank-dependent) search result, unshared
     assert r0["local"] != r1["local"] and not r0["local_agreed"] and not r1["local_agreed"]
+    for r in results:  # ... but a key agreed before keeps the agreed config there
+        assert r["local_reuses"] == r0["agreed"]["portable|NN|<f4|64x64x64|1"]
     # ranks that reach different shape classes: the same named error on both
     for r in results:
         assert r["mismatch"].startswith("DistributedError"), r["mismatch"]
@@ -43,3 +45,15 @@ def test_rank_zero_decides_every_tuned_choice(mpirun, device_kinds):
         assert r["forced"].startswith("RuntimeError") and "use_deterministic_algorithms(True)" in r["forced"]
         assert r["forced_warn_only"] == 2 and any("deterministic" in w for w in r["warnings"])
     assert r0["deterministic"].tobytes() == r1["deterministic"].tobytes()
+
+
+def test_a_choice_reached_alone_times_out_naming_it(mpirun, device_kinds):
+    if "opencl" not in device_kinds:
+        pytest.skip("no OpenCL device")
+    results, proc = mpirun("tune_alone", "opencl", timeout=2.0)
+    check_ok(results, proc)
+    r0, r1 = results
+    assert r0["error"].startswith("DistributedTimeoutError"), r0["error"]
+    assert "'portable|NN|<f4|16x16x16|1'" in r0["error"] and "local_choices()" in r0["error"]
+    assert r0["after"].startswith("DistributedError") and "unusable" in r0["after"]
+    assert r1["error"].startswith("DistributedTimeoutError")  # its barrier never had a partner

@@ -283,6 +283,8 @@ def case_tune_agree(info, device) -> dict:
     local_key = _gemm_key(8, 8, 300)
     out["local"] = tune.lookup(device, local_key)
     out["local_agreed"] = any(k == local_key for _, k in agree._AGREED)
+    with tune.local_choices():  # an agreed key keeps its agreed config (not rank 1's stored winner)
+        out["local_reuses"] = tune.select(device, first, [], None, lambda c: None, dict, dict)
     # ranks that reach different shapes: an error on both, naming both keys
     shape = (16, 16, 16) if info.rank == 0 else (16, 16, 600)
     out["mismatch"] = error_of(lambda: _product(device, *shape))
@@ -365,6 +367,16 @@ def case_ddp_dead(info, device) -> dict:
 def case_bucket_mismatch(info, device) -> dict:
     model = MLP(device, seed=1)
     return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}
+
+
+def case_tune_alone(info, device) -> dict:
+    """Rank 0 reaches a tuned choice alone (rank 1 waits at a barrier): a timeout naming the choice."""
+    import os
+
+    os.environ["NETCL_TUNE"], os.environ["NETCL_HOST_BLAS"] = "0", "0"
+    if info.rank == 0:
+        return {"error": error_of(lambda: _product(device, 12, 12, 12)), "after": error_of(dist.barrier)}
+    return {"error": error_of(dist.barrier)}
 
 
 def main() -> None:

@@ -147,7 +147,8 @@ def select(
 
     if agree.active():
         return agree.choose(device_key(device), key, decide, encode, decode)
-    return decide()
+    agreed = agree.agreed(device_key(device), key) if agree.agreed_any() else None
+    return decide() if agreed is None else decode(dict(agreed))
 
 
 def _choose(

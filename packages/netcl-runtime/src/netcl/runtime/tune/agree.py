@@ -12,7 +12,9 @@ always), so a later job on that model reuses it; other ranks write nothing.
 The exchange is collective: every rank must reach the same keys in the same order, which data
 parallel training does (same model, same shapes). A rank that asks for another key gets a
 ``DistributedError`` naming both keys, on every rank; work that only some ranks run (evaluation on
-rank 0, say) must run inside ``local_choices()``, whose choices are this process's own. Ranks on
+rank 0, say) must run inside ``local_choices()``, whose new choices are this process's own (a key
+agreed earlier keeps its agreed config there too); a rank that reaches a choice alone otherwise
+waits for the others on the group's choice communicator until ``NETCL_DIST_TIMEOUT``. Ranks on
 different device models cannot share configs: the first exchange finds that out, logs it once, and
 each rank then chooses alone.
 """
@@ -20,10 +22,13 @@ each rank then chooses alone.
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 log = logging.getLogger("netcl.tune")
 _local = threading.local()
@@ -62,7 +67,7 @@ def choose(
 ) -> Any:
     """Rank 0's choice for ``key`` on every rank (``decide()`` runs on rank 0 only, with nested
     choices local); ``DistributedError`` when the ranks ask for different keys."""
-    from netcl.runtime.distributed import all_gather_object, get_rank
+    from netcl.runtime.distributed import get_rank
     from netcl.runtime.distributed.errors import DistributedError
 
     agreed = _AGREED.get((device_key, key))
@@ -79,7 +84,7 @@ def choose(
             payload = dict(encode(mine))
         except Exception as exc:  # the others must not wait for a choice that never comes
             failure = exc
-    entries = all_gather_object((key, device_key, payload, None if failure is None else repr(failure)))
+    entries = _all_gather((key, device_key, payload, None if failure is None else repr(failure)), key)
     root_key, root_model, root_payload, root_failure = entries[0]
     if failure is not None:
         raise failure
@@ -100,6 +105,37 @@ def choose(
     assert root_payload is not None
     _AGREED[(device_key, key)] = root_payload
     return mine if rank == 0 else decode(dict(root_payload))
+
+
+def agreed(device_key: str, key: str) -> dict[str, Any] | None:
+    """The choice agreed for ``key`` earlier in this process, if any (``local_choices`` reuses it, so
+    rank-local work on the job's shapes runs the job's configs)."""
+    return _AGREED.get((device_key, key))
+
+
+def agreed_any() -> bool:
+    """Whether any choice was agreed in this process (a cheap test before ``agreed``)."""
+    return bool(_AGREED)
+
+
+def _all_gather(obj: Any, key: str) -> list[Any]:
+    """Every rank's ``obj`` over the group's choice communicator (its own: a rank that reaches a choice
+    alone waits there until the timeout, instead of pairing with another collective)."""
+    from netcl.runtime.distributed.group import mpi, wait_requests, world
+
+    MPI = mpi()
+    comm = world().choice_comm
+    payload = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.zeros(comm.size, np.int64)
+    what = (
+        f"agreeing the tuned choice {key!r} with the other ranks (every rank must reach it; run rank-local "
+        "work inside netcl.runtime.tune.local_choices())"
+    )
+    wait_requests([comm.Iallgather([np.array([payload.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])], what)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    data = np.empty(int(sizes.sum()), np.uint8)
+    wait_requests([comm.Iallgatherv([payload, MPI.BYTE], [data, (sizes.tolist(), offsets.tolist()), MPI.BYTE])], what)
+    return [pickle.loads(data[o : o + s].tobytes()) for o, s in zip(offsets, sizes, strict=True)]
 
 
 def forget() -> None:
