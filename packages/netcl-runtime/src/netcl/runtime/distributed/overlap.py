@@ -54,13 +54,21 @@ class OverlapWork:
     """One bucket's all-reduce on the reducer's thread; ``wait()`` finishes it (see the module)."""
 
     def __init__(
-        self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str, ready: Any, chunk_bytes: int, size: int
+        self,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        op: str,
+        ready: Any,
+        chunk_bytes: int,
+        limits: tuple[float, int, int],
     ) -> None:
         self.inputs, self.outputs, self.op, self.ready = list(inputs), list(outputs), op, ready
         self.device: Device = self.inputs[0].device
         self.dtype = self.inputs[0].dtype
         self.total = sum(t.size for t in self.inputs)
         item = self.dtype.itemsize
+        self.limits = limits  #: (timeout, rank, world size): waits never consult the (maybe broken) group
+        size = limits[2]
         #: pipeline chunk in elements: a multiple of the rank count (each rank reduces an equal share)
         self.per_chunk = max(size, (chunk_bytes // item) // size * size)
         self.chunks = max(1, math.ceil(self.total / self.per_chunk))
@@ -81,7 +89,7 @@ class OverlapWork:
     def wait(self) -> list[Tensor]:
         """The outputs, once reduced; raises the thread's error (a timeout of a peer, say)."""
         if not self.done.is_set():
-            deadline = Deadline()
+            deadline = Deadline(*self.limits)
             while not self.done.wait(_WAIT_SLICE):  # the thread drives MPI: block, do not spin
                 deadline.check(f"all_reduce({self.op}) of {self.total} {self.dtype} elements (overlapped)")
         if self.error is not None:
@@ -109,7 +117,7 @@ class OverlapReducer:
         self.cl_queue = cl.CommandQueue(device.context, device.cl_device) if device.kind == "opencl" else None
         self.jobs: queue.Queue[OverlapWork | None] = queue.Queue()
         info = w.info
-        self.size = info.world_size
+        self.limits = (info.timeout, info.rank, info.world_size)
         self.thread = threading.Thread(
             target=_serve,
             args=(self.jobs, comm, self.cl_queue, info.rank, info.world_size, info.timeout),
@@ -125,7 +133,7 @@ class OverlapReducer:
         if self.device.kind == "opencl":
             ready = cl.enqueue_marker(self.device.queue)
             self.device.queue.flush()
-        work = OverlapWork(inputs, outputs, op, ready, self.chunk_bytes, self.size)
+        work = OverlapWork(inputs, outputs, op, ready, self.chunk_bytes, self.limits)
         self.jobs.put(work)
         return work
 
