@@ -1,4 +1,4 @@
-"""Data-parallel scaling: images/s of the digits CNN and the MLP 784-512-512-10 step on N ranks.
+"""Data-parallel scaling: samples/s of the digits CNN, the MLP 784-512-512-10 and the GPT block step on N ranks.
 
 Run ``mpiexec -n 2 python benchmarks/bench_distributed.py`` (or ``-n 1``); on a 2-GPU host each
 rank takes its own GPU. Weak scaling: the batch per rank is fixed, so N ranks process N times the
@@ -9,7 +9,8 @@ images per step. Per model it times:
 - ``local``: every rank at once runs that step under ``no_sync()``: what contention for the
   shared host (CPU, PCIe, memory) costs before any communication;
 - ``DDP``: the same step with gradients averaged by DistributedDataParallel (buckets all-reduced
-  during the backward);
+  during the backward; by default on DDP's overlap thread, pipelined in chunks: ``--no-overlap``
+  measures the inline path instead);
 - ``all-reduce``: ``sync_gradients()`` alone (every gradient, blocking, staging included): the
   communication a step needs when nothing overlaps it.
 
@@ -17,7 +18,7 @@ Printed by rank 0, a table: ms per step (slowest rank, median of repeats), image
 ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the share of the DDP step
 that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
 the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
-``--json`` writes the rows.
+``--json`` writes the rows. The GPT block is DESIGN.md's ``gpt_block`` (its "images" are sequences).
 """
 
 from __future__ import annotations
@@ -39,11 +40,43 @@ from bench_train import mlp  # MLP 784-512-512-10, the train workload's
 from train_digits_cnn import digits_cnn  # the model of examples/train_digits_cnn.py
 
 import netcl.autograd as ag
+from netcl import nn
 from netcl.nn.parallel import DistributedDataParallel
-from netcl.optim import SGD
+from netcl.optim import SGD, AdamW
 from netcl.runtime import distributed as dist
 
-MODELS = {"cnn": (digits_cnn, (1, 8, 8)), "mlp": (mlp, (784,))}
+GPT = {"vocab": 1024, "d": 512, "heads": 8, "seq": 256}
+
+
+class GptBlock(nn.Module):
+    """``gpt_block`` (DESIGN.md): embedding, pre-norm causal attention (8 heads), GELU MLP (4x), LM head;
+    ``forward(ids (B, S) int32)`` -> logits (B * S, vocab)."""
+
+    def __init__(self, device, vocab: int, d: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d, device=device), nn.Embedding(seq, d, device=device)
+        self.ln1, self.ln2, self.ln_f = (nn.LayerNorm(d, device=device) for _ in range(3))
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True, device=device)
+        self.fc1, self.act, self.fc2 = nn.Linear(d, 4 * d, device=device), nn.GELU(), nn.Linear(4 * d, d, device=device)
+        self.head = nn.Linear(d, vocab, device=device)
+        self.vocab = vocab
+        self.positions = ag.tensor(np.arange(seq, dtype=np.int32), device=device)
+        self.causal = ag.tensor(np.triu(np.ones((seq, seq), bool), 1), device=device)
+
+    def forward(self, ids):
+        h = self.tok(ids) + self.pos(self.positions)
+        a = self.ln1(h)
+        h = h + self.attn(a, a, a, need_weights=False, attn_mask=self.causal, is_causal=True)[0]
+        h = h + self.fc2(self.act(self.fc1(self.ln2(h))))
+        logits = self.head(self.ln_f(h))
+        return ag.reshape(logits, (-1, self.vocab))
+
+
+def gpt(device):
+    return GptBlock(device, **GPT)
+
+
+MODELS = {"cnn": (digits_cnn, (1, 8, 8)), "mlp": (mlp, (784,)), "gpt": (gpt, None)}
 
 
 def finish(device) -> None:
@@ -67,16 +100,24 @@ def timed(fn, device, steps: int, repeats: int, alone: bool = False) -> float:
     return median if alone else max(dist.all_gather_object(median))
 
 
-def bench_model(name: str, batch: int, device, steps: int, repeats: int, bucket_mb: float) -> dict:
+def bench_model(
+    name: str, batch: int, device, steps: int, repeats: int, bucket_mb: float, overlap: bool = True
+) -> dict:
     info = dist.init()
     build, sample_shape = MODELS[name]
     ag.manual_seed(0)
     model = build(device)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
-    opt = SGD(list(model.parameters()), lr=1e-3, momentum=0.9)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb, overlap=overlap)
     rng = np.random.default_rng(info.rank)
-    x = ag.tensor(rng.uniform(0, 1, (batch, *sample_shape)).astype(np.float32), device=device)
-    y = ag.tensor(rng.integers(0, 10, batch).astype(np.int32), device=device)
+    if name == "gpt":  # next-token targets over (batch, seq) ids; AdamW as in the gpt_block workload
+        opt = AdamW(list(model.parameters()), lr=1e-4)
+        ids = rng.integers(0, GPT["vocab"], (batch, GPT["seq"] + 1)).astype(np.int32)
+        x = ag.tensor(ids[:, :-1], device=device)
+        y = ag.tensor(ids[:, 1:].reshape(-1), device=device)
+    else:
+        opt = SGD(list(model.parameters()), lr=1e-3, momentum=0.9)
+        x = ag.tensor(rng.uniform(0, 1, (batch, *sample_shape)).astype(np.float32), device=device)
+        y = ag.tensor(rng.integers(0, 10, batch).astype(np.int32), device=device)
 
     def step(sync: bool) -> None:
         with nullcontext() if sync else ddp.no_sync():  # no_sync must cover the backward
@@ -105,6 +146,7 @@ def bench_model(name: str, batch: int, device, steps: int, repeats: int, bucket_
         "batch_per_rank": batch,
         "parameters": sum(p.size for p in model.parameters()),
         "buckets": len(ddp.buckets),
+        "overlapped_buckets": ddp.stats.overlapped,
         "one_rank_ms": t_single * 1e3,
         "local_ms": t_local * 1e3,
         "ddp_ms": t_ddp * 1e3,
@@ -122,22 +164,29 @@ def bench_model(name: str, batch: int, device, steps: int, repeats: int, bucket_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="device of every rank (default: a GPU per rank, else default)")
-    parser.add_argument("--models", nargs="+", default=["cnn", "mlp"], choices=sorted(MODELS))
+    parser.add_argument("--models", nargs="+", default=["cnn", "mlp", "gpt"], choices=sorted(MODELS))
     parser.add_argument("--cnn-batch", type=int, default=256, help="CNN images per rank per step")
     parser.add_argument("--mlp-batch", type=int, default=128, help="MLP images per rank per step")
+    parser.add_argument("--gpt-batch", type=int, default=8, help="GPT block sequences per rank per step")
+    parser.add_argument("--gpt-seq", type=int, default=GPT["seq"], help="GPT block sequence length")
+    parser.add_argument(
+        "--no-overlap", dest="overlap", action="store_false", help="all-reduce buckets inline (no overlap thread)"
+    )
     parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket size in MB")
     parser.add_argument("--json", dest="json_path", default=None, help="rank 0 writes the rows here")
     args = parser.parse_args()
+    GPT["seq"] = args.gpt_seq
     info = dist.init(device=args.device)
     rows = []
     for name in args.models:
-        batch = args.cnn_batch if name == "cnn" else args.mlp_batch
-        rows.append(bench_model(name, batch, info.device, args.steps, args.repeats, args.bucket_mb))
+        batch = {"cnn": args.cnn_batch, "mlp": args.mlp_batch, "gpt": args.gpt_batch}[name]
+        rows.append(bench_model(name, batch, info.device, args.steps, args.repeats, args.bucket_mb, args.overlap))
     if info.rank != 0:
         return
-    print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank)")
+    path = "overlapped (own thread and queue, chunked)" if args.overlap else "inline"
+    print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank); all-reduce {path}")
     header = (
         f"{'model':>5} {'ranks':>5} {'batch/rank':>10} {'1-rank ms':>9} {'local ms':>9} {'DDP ms':>8} "
         f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'comm share':>10} {'exposed':>8} {'overlap':>8}"

@@ -119,6 +119,7 @@ def worker(devices: list[str]) -> None:
     from netcl.core import get_device
     from netcl.nn.parallel import DistributedDataParallel
     from netcl.runtime import distributed as dist
+    from netcl.runtime import tune
 
     info = dist.init(device=devices[0])
     report = []
@@ -137,12 +138,15 @@ def worker(devices: list[str]) -> None:
                 everyone = dist.all_gather_object(mine)
                 if info.rank == 0:
                     ref = []
-                    for run in (train, train_shard_mean):
-                        reference = build_model(model_kind, device)
-                        reference.load_state_dict(start)
-                        optimizer = make_optimizer(kind, list(reference.parameters()))
-                        run(reference, optimizer, device, None if run is train else info.world_size)
-                        ref.append([p.to_host() for p in reference.parameters()])
+                    # rank 0 alone: new tuned choices (the whole batch's shapes) are its own; the shards'
+                    # shapes keep the configs the ranks agreed on, so (b) rounds as DDP did
+                    with tune.local_choices():
+                        for run in (train, train_shard_mean):
+                            reference = build_model(model_kind, device)
+                            reference.load_state_dict(start)
+                            optimizer = make_optimizer(kind, list(reference.parameters()))
+                            run(reference, optimizer, device, None if run is train else info.world_size)
+                            ref.append([p.to_host() for p in reference.parameters()])
                     identical = all(
                         all(a.tobytes() == b.tobytes() for a, b in zip(everyone[0], other, strict=True))
                         for other in everyone[1:]

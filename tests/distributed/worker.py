@@ -234,6 +234,151 @@ def case_single(info, device) -> dict:
     }
 
 
+# ---- choices that agree ---------------------------------------------------------------------------
+def _gemm_key(m: int, n: int, k: int) -> str:
+    from netcl.runtime import tune
+
+    return tune.shape_class("portable", m, n, k, False, "NN", "<f4")
+
+
+def _product(device, m: int, n: int, k: int) -> np.ndarray:
+    """The same operands on every rank (seeded by the shape), multiplied by the portable GEMM."""
+    rng = np.random.default_rng(m * 10007 + n * 101 + k)
+    a = Tensor.from_host(device, rng.uniform(-1, 1, (m, k)).astype(np.float32))
+    b = Tensor.from_host(device, rng.uniform(-1, 1, (k, n)).astype(np.float32))
+    return R.matmul(a, b).to_host()
+
+
+def case_tune_agree(info, device) -> dict:
+    """The tile search on (NETCL_TUNE=1, host BLAS off so PoCL runs the portable GEMM). The search is
+    replaced by a deterministic stand-in whose winner depends on the rank, as a clock's can: without
+    the choice authority the ranks would pick different tiles."""
+    import os
+    import warnings
+
+    from netcl.runtime import determinism, tune
+    from netcl.runtime.tune import agree
+
+    os.environ["NETCL_TUNE"], os.environ["NETCL_HOST_BLAS"] = "1", "0"
+    outdir = Path(sys.argv[3])
+    tune.store_path = lambda device: outdir / f"tune{info.rank}.json"  # a fresh store per rank
+    searched: list[str] = []
+
+    def rank_dependent_search(device, candidates, trial, **kwargs):
+        pick = candidates[(3 + 5 * info.rank) % len(candidates)]
+        searched.append(str(pick))
+        trial(pick)  # the config builds and runs, as in a real search
+        return pick, 1.0
+
+    tune.search = rank_dependent_search
+    first = _gemm_key(64, 40, 48)
+    if info.rank == 1:  # a winner stored by an earlier single-process run on rank 1 only
+        tune._table(device)[first] = {"wgm": 8, "wgn": 8, "tm": 1, "tn": 1, "bk": 8, "va": 1, "vb": 1, "lv": 1}
+    out: dict = {"products": [_product(device, 64, 40, 48), _product(device, 20, 130, 70)]}
+    out["agreed"] = {k: dict(v) for (_, k), v in agree._AGREED.items()}
+    out["searched"] = list(searched)
+    out["stored"] = tune.store_path(device).exists()
+    with tune.local_choices():  # rank-local: each rank's own search
+        _product(device, 8, 8, 300)
+    local_key = _gemm_key(8, 8, 300)
+    out["local"] = tune.lookup(device, local_key)
+    out["local_agreed"] = any(k == local_key for _, k in agree._AGREED)
+    with tune.local_choices():  # an agreed key keeps its agreed config (not rank 1's stored winner)
+        out["local_reuses"] = tune.select(device, first, [], None, lambda c: None, dict, dict)
+    # ranks that reach different shapes: an error on both, naming both keys
+    shape = (16, 16, 16) if info.rank == 0 else (16, 16, 600)
+    out["mismatch"] = error_of(lambda: _product(device, *shape))
+    # deterministic algorithms: the documented default, no search, no exchange
+    before = len(searched)
+    determinism.use_deterministic_algorithms(True)
+    try:
+        out["deterministic"] = _product(device, 100, 3, 5)
+        out["det_key_agreed"] = any(k == _gemm_key(100, 3, 5) for _, k in agree._AGREED)
+        out["det_searched"] = len(searched) - before
+        out["forced"] = error_of(
+            lambda: tune.select(device, "forced", [1, 2], 1, lambda c: None, lambda c: {"c": c}, lambda d: d["c"], True)
+        )
+        determinism.use_deterministic_algorithms(True, warn_only=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out["forced_warn_only"] = tune.select(
+                device, "forced", [1, 2], 1, lambda c: None, lambda c: {"c": c}, lambda d: d["c"], True
+            )
+        out["warnings"] = [str(w.message) for w in caught]
+    finally:
+        determinism.use_deterministic_algorithms(False)
+    dist.barrier()
+    return out
+
+
+# ---- overlapped all-reduce --------------------------------------------------------------------------
+def case_ddp_overlap(info, device) -> dict:
+    """Overlapped DDP (tiny buckets and 40-byte pipeline chunks: many of each) vs the inline path vs one
+    process, over two steps with SGD."""
+    from netcl.optim import SGD
+
+    out: dict = {}
+    x, y = batch(device, 3, 16)
+    shard = slice(8 * info.rank, 8 * info.rank + 8)
+    for name, kwargs in (
+        ("overlap", {"overlap": True, "pipeline_chunk_mb": 40 / 2**20}),
+        ("inline", {"overlap": False}),
+    ):
+        model = MLP(device, seed=30 + info.rank, hidden=24)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, **kwargs)
+        opt = SGD(list(model.parameters()), lr=0.1)
+        grads = []
+        for _ in range(2):
+            opt.zero_grad()
+            with ag.Tape():
+                loss = ag.cross_entropy(ddp(ag.tensor(x[shard], device=device)), ag.tensor(y[shard], device=device))
+                loss.backward()
+            grads.append([p.grad.to_host() for p in model.parameters()])
+            opt.step()
+        out[name] = {
+            "grads": grads,
+            "params": [p.to_host() for p in model.parameters()],
+            "buckets": len(ddp.buckets),
+            "overlapped": ddp.stats.overlapped,
+            "started_during_backward": ddp.stats.started_during_backward,
+        }
+        ddp.remove_hooks()
+    # one process on the whole batch from the same broadcast start (rank 0's seed)
+    reference = MLP(device, seed=30, hidden=24)
+    out["reference_grads"] = grads_of(reference, x, y, device)
+    return out
+
+
+def case_ddp_dead(info, device) -> dict:
+    """Rank 1 leaves after DDP's construction: rank 0's overlapped backward must time out, not hang."""
+    model = MLP(device, seed=5)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+    if info.rank == 1:
+        sys.exit(0)
+    x, y = batch(device, 0)
+
+    def step():
+        with ag.Tape():
+            ag.cross_entropy(ddp(ag.tensor(x, device=device)), ag.tensor(y, device=device)).backward()
+
+    return {"error": error_of(step), "after": error_of(lambda: dist.barrier())}
+
+
+def case_bucket_mismatch(info, device) -> dict:
+    model = MLP(device, seed=1)
+    return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}
+
+
+def case_tune_alone(info, device) -> dict:
+    """Rank 0 reaches a tuned choice alone (rank 1 waits at a barrier): a timeout naming the choice."""
+    import os
+
+    os.environ["NETCL_TUNE"], os.environ["NETCL_HOST_BLAS"] = "0", "0"
+    if info.rank == 0:
+        return {"error": error_of(lambda: _product(device, 12, 12, 12)), "after": error_of(dist.barrier)}
+    return {"error": error_of(dist.barrier)}
+
+
 def main() -> None:
     case, spec, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     info = dist.init(device=spec)

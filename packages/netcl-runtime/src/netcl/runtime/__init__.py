@@ -69,3 +69,16 @@ __all__ += ["MemoryStats", "empty_cache", "memory_stats", "ops", "reset_peak_mem
 from netcl.runtime.ops.random import initial_seed, manual_seed  # noqa: E402
 
 __all__ += ["initial_seed", "manual_seed"]
+
+# torch.use_deterministic_algorithms's names (netcl has no top-level namespace module to hold them).
+from netcl.runtime.determinism import (  # noqa: E402
+    are_deterministic_algorithms_enabled,
+    is_deterministic_algorithms_warn_only_enabled,
+    use_deterministic_algorithms,
+)
+
+__all__ += [
+    "are_deterministic_algorithms_enabled",
+    "is_deterministic_algorithms_warn_only_enabled",
+    "use_deterministic_algorithms",
+]

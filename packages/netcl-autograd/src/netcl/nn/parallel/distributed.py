@@ -4,11 +4,17 @@ Construction: a handshake checks that every rank has the same parameters and buf
 shapes, dtypes; a mismatch raises the same clear error on every rank), then rank 0's values are
 broadcast to all. Backward: each parameter's grad-ready hook (``Node.register_grad_ready_hook``)
 drops its gradient into a bucket (~25 MB, parameters in reverse registration order, which is
-roughly the order backward finishes them); a full bucket starts a non-blocking, deterministic
-all-reduce (mean) at once, while the rest of the backward is still running; every later hook
-also advances the buckets in flight. At the end of the backward (``queue_callback``) the
-remaining buckets are started, all are waited for, and each parameter's ``grad`` becomes its
-averaged gradient, bit-identical on every rank, so any optimizer then takes identical steps.
+roughly the order backward finishes them); a full bucket starts a deterministic all-reduce (mean)
+at once, while the rest of the backward is still running. By default (``overlap=True``) the bucket
+goes to the DDP's own thread and OpenCL queue (``netcl.runtime.distributed.overlap``): its copies
+wait on the event that marks its gradients complete, not on the queue, and it is pipelined in
+chunks (device -> pinned host -> MPI -> device) beside the backward; ``overlap=False`` runs the
+non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give the same bits. At
+the end of the backward (``queue_callback``) the remaining buckets are started, all are waited for
+(bounded by ``NETCL_DIST_TIMEOUT``), and each parameter's ``grad`` becomes its averaged gradient,
+bit-identical on every rank, so any optimizer then takes identical steps. The handshake also
+compares the bucket layout (and ``overlap``) across ranks and names the first parameter placed
+differently.
 
 Graph replay (``CompiledGraph``, ``fuse_graph`` on OpenCL): while a step is captured the
 all-reduces run blocking, bucket by bucket, and each is recorded as a command of the graph, so
@@ -19,6 +25,7 @@ optimizer's captured update then reads the averaged gradients. On the NumPy back
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,13 +36,18 @@ import numpy as np
 
 from netcl.autograd.engine import Node, queue_callback
 from netcl.core import Tensor
+from netcl.runtime import capture
 from netcl.runtime import distributed as dist
 from netcl.runtime.distributed import DistributedError
+from netcl.runtime.distributed.overlap import OverlapReducer, threads_supported
 
+log = logging.getLogger("netcl.distributed")
 DEFAULT_BUCKET_MB = 25.0
 #: The first bucket (the last parameters, whose gradients backward finishes first) is capped at
 #: 1 MB, as in torch: its all-reduce starts early in the backward instead of waiting for 25 MB.
 FIRST_BUCKET_MB = 1.0
+#: Chunks of the overlapped all-reduce's pipeline (device -> pinned host -> MPI -> device).
+DEFAULT_CHUNK_MB = 4.0
 
 
 @dataclass
@@ -55,6 +67,7 @@ class _Round:
     outputs: dict[int, list[Tensor]] = field(default_factory=dict)
     first_launch: float | None = None
     started_in_hooks: int = 0
+    overlapped: int = 0
 
 
 @dataclass
@@ -70,6 +83,8 @@ class SyncStats:
     #: time the end-of-backward callback spent waiting for communication (not overlapped)
     exposed_wait_s: float = 0.0
     steps: int = 0
+    #: buckets all-reduced on the overlap thread (the rest: inline, or recorded in a captured graph)
+    overlapped: int = 0
 
 
 class DistributedDataParallel:
@@ -80,7 +95,9 @@ class DistributedDataParallel:
     loss over the concatenated batch). Calls, attribute reads and ``state_dict()`` go to the
     wrapped module (keys are not prefixed with ``module.``). ``bucket_cap_mb`` sizes the buckets;
     ``broadcast_buffers`` also copies rank 0's buffers (e.g. BatchNorm running stats) at
-    construction. Needs ``netcl.runtime.distributed.init()`` (called here if it was not).
+    construction. ``overlap`` all-reduces buckets on a thread of their own, pipelined in chunks of
+    ``pipeline_chunk_mb`` (needs ``MPI_THREAD_MULTIPLE``; without it, a warning and the inline path).
+    Needs ``netcl.runtime.distributed.init()`` (called here if it was not).
 
     Every rank must run the same backward: the same parameters get gradients in the same order
     (buckets start in that order, and collectives must match across ranks). A parameter no
@@ -90,9 +107,20 @@ class DistributedDataParallel:
     backward, not just the forward.
     """
 
-    def __init__(self, module: Any, bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True) -> None:
+    def __init__(
+        self,
+        module: Any,
+        bucket_cap_mb: float = DEFAULT_BUCKET_MB,
+        broadcast_buffers: bool = True,
+        overlap: bool = True,
+        pipeline_chunk_mb: float = DEFAULT_CHUNK_MB,
+    ) -> None:
         if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap must be a bool, got {type(overlap).__name__}")
+        if not (isinstance(pipeline_chunk_mb, (int, float)) and pipeline_chunk_mb > 0):
+            raise ValueError(f"pipeline_chunk_mb must be a number > 0, got {pipeline_chunk_mb!r}")
         named = _named_parameters(module)  # bad modules fail before MPI starts
         self.module = module
         self.info = dist.init()  # the existing group, or a new one
@@ -108,6 +136,14 @@ class DistributedDataParallel:
             for i in bucket.params:
                 self._bucket_of[i] = bucket.index
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._check_buckets(overlap)
+        self._reducer: OverlapReducer | None = None
+        if overlap and self.info.world_size > 1:
+            if threads_supported():
+                chunk = max(1, int(pipeline_chunk_mb * 1024 * 1024))
+                self._reducer = OverlapReducer(self.params[0].device, chunk)
+            else:  # the same on every rank: one MPI library
+                log.warning("netcl DDP: MPI lacks MPI_THREAD_MULTIPLE; buckets are all-reduced without a thread")
         self._round: _Round | None = None
         self._sync = True
         self.stats = SyncStats()
@@ -131,6 +167,35 @@ class DistributedDataParallel:
                 raise DistributedError(
                     f"DistributedDataParallel: the model on rank {rank} differs from rank 0's: {problem}; "
                     "every rank must build the same model (same parameters, shapes and dtypes, in the same order)"
+                )
+
+    def _check_buckets(self, overlap: bool) -> None:
+        """Every rank must cut the same buckets in the same order (and choose the same path), or
+        their all-reduces would pair different gradients: an error naming the first parameter placed
+        differently (``bucket_cap_mb`` differing across ranks, say)."""
+        mine = (overlap, [[self.param_names[i] for i in b.params] for b in self.buckets])
+        everyone = dist.all_gather_object(mine)
+        ref_overlap, reference = everyone[0]
+        where = {name: k for k, names in enumerate(reference) for name in names}
+        for rank, (other_overlap, buckets) in enumerate(everyone[1:], start=1):
+            for k, names in enumerate(buckets):
+                for position, name in enumerate(names):
+                    ref_names = reference[k] if k < len(reference) else []
+                    if position >= len(ref_names) or ref_names[position] != name:
+                        raise DistributedError(
+                            f"DistributedDataParallel: rank {rank} puts parameter {name!r} in bucket {k} (position "
+                            f"{position}), rank 0 in bucket {where.get(name)}; every rank must pass the same "
+                            "bucket_cap_mb so that buckets pair the same gradients"
+                        )
+            if len(buckets) != len(reference):
+                raise DistributedError(
+                    f"DistributedDataParallel: rank {rank} has {len(buckets)} buckets, rank 0 has {len(reference)}; "
+                    "every rank must pass the same bucket_cap_mb"
+                )
+            if other_overlap != ref_overlap:
+                raise DistributedError(
+                    f"DistributedDataParallel: overlap={other_overlap} on rank {rank} but {ref_overlap} on rank 0; "
+                    "every rank must pass the same overlap"
                 )
 
     def _broadcast_state(self, values: list[Tensor], buffers: list[Tensor]) -> None:
@@ -187,7 +252,13 @@ class DistributedDataParallel:
         outputs = [Tensor.empty(t.shape, t.dtype, t.device) for t in inputs]
         if state.first_launch is None:
             state.first_launch = time.perf_counter()
-        state.works[bucket.index] = dist.all_reduce_coalesced_async(inputs, "mean", outputs)
+        device = inputs[0].device
+        recording = device.kind == "opencl" and capture.is_recording(device.queue)
+        if self._reducer is not None and not recording:
+            state.works[bucket.index] = self._reducer.submit(inputs, outputs, "mean")
+            state.overlapped += 1
+        else:  # a captured step records its all-reduces as graph commands (run inline, blocking)
+            state.works[bucket.index] = dist.all_reduce_coalesced_async(inputs, "mean", outputs)
         state.outputs[bucket.index] = outputs
 
     def _finish(self) -> None:
@@ -208,6 +279,7 @@ class DistributedDataParallel:
         s = self.stats
         s.buckets, s.bytes, s.steps = len(self.buckets), sum(b.nbytes for b in self.buckets), s.steps + 1
         s.started_during_backward = state.started_in_hooks
+        s.overlapped = state.overlapped
         s.exposed_wait_s = done - started
         s.comm_span_s = done - (state.first_launch or started)
 
@@ -226,6 +298,9 @@ class DistributedDataParallel:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._reducer is not None:
+            self._reducer.close()
+            self._reducer = None
 
     def __repr__(self) -> str:
         return (

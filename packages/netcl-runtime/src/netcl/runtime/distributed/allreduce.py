@@ -102,21 +102,7 @@ class AllReduceWork:
         self.phase = EXCHANGING
 
     def _reduce(self) -> None:
-        parts = self.recv.reshape(self.size, self.chunk)
-        mine = self.work[self.rank * self.chunk : (self.rank + 1) * self.chunk]
-        if self.dtype == np.float16:
-            acc = parts[0].astype(np.float32)
-            for r in range(1, self.size):
-                acc += parts[r]
-            if self.op == "mean":
-                acc /= np.float32(self.size)
-            mine[...] = acc
-        else:
-            np.add(parts[0], parts[1], out=mine)
-            for r in range(2, self.size):
-                np.add(mine, parts[r], out=mine)
-            if self.op == "mean":
-                np.divide(mine, self.dtype.type(self.size), out=mine)
+        reduce_parts(self.recv.reshape(self.size, self.chunk), self.work, self.rank, self.op)
         self.phase = REDUCED
 
     def _start_gather(self) -> None:
@@ -190,6 +176,28 @@ class AllReduceWork:
         while not self.test():
             deadline.check(f"all_reduce({self.op}) of {self.total} {self.dtype} elements")
         return self.outputs
+
+
+def reduce_parts(parts: np.ndarray, work: np.ndarray, rank: int, op: str) -> None:
+    """Rank ``rank``'s share of an all-reduce: ``parts`` (one row per rank, as the alltoall delivered
+    them) summed in rank order 0, 1, ..., n-1 (float16 in float32), divided by n for "mean", into
+    row ``rank`` of ``work``. Each element's arithmetic depends only on its n addends, not on how
+    the buffer was cut, so every caller (one exchange, or a pipeline of chunks) gives the same bits."""
+    size, chunk = parts.shape
+    mine = work[rank * chunk : (rank + 1) * chunk]
+    if parts.dtype == np.float16:
+        acc = parts[0].astype(np.float32)
+        for r in range(1, size):
+            acc += parts[r]
+        if op == "mean":
+            acc /= np.float32(size)
+        mine[...] = acc
+    else:
+        np.add(parts[0], parts[1], out=mine)
+        for r in range(2, size):
+            np.add(mine, parts[r], out=mine)
+        if op == "mean":
+            np.divide(mine, parts.dtype.type(size), out=mine)
 
 
 def progress() -> None:

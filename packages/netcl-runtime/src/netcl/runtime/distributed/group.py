@@ -58,6 +58,7 @@ class _World:
     exchange_comm: Any  #: the alltoall phase of all-reduces
     gather_comm: Any  #: the allgather phase of all-reduces
     info: DistInfo
+    choice_comm: Any = None  #: tuned choices agreed at first use (netcl.runtime.tune.agree)
     broken: str | None = None
     #: all-reduces in flight, in creation order; each posts its alltoall (allgather) only when every
     #: earlier one has posted its own, so every rank posts them in the same order on each communicator
@@ -107,9 +108,9 @@ def init(device: Device | str | None = None, timeout: float | None = None) -> Di
     MPI = mpi()
     world = MPI.COMM_WORLD
     # our own communicators: user traffic on COMM_WORLD cannot interleave with ours
-    dups = [world.Idup() for _ in range(3)]
+    dups = [world.Idup() for _ in range(4)]
     _poll([r for _, r in dups], f"init (communicator setup, {world.size} ranks)", limit, world.rank, world.size)
-    comm, exchange_comm, gather_comm = (c for c, _ in dups)
+    comm, exchange_comm, gather_comm, choice_comm = (c for c, _ in dups)
     names = np.zeros((comm.size, _HOSTNAME_BYTES), np.uint8)
     mine = np.frombuffer(socket.gethostname().encode()[:_HOSTNAME_BYTES].ljust(_HOSTNAME_BYTES, b"\0"), np.uint8)
     request = comm.Iallgather([mine, MPI.BYTE], [names, MPI.BYTE])
@@ -119,7 +120,7 @@ def init(device: Device | str | None = None, timeout: float | None = None) -> Di
     chosen = _pick_device(device, local_rank)
     set_device(chosen)
     info = DistInfo(comm.rank, comm.size, local_rank, sum(same_host), chosen, limit)
-    _world = _World(comm, exchange_comm, gather_comm, info)
+    _world = _World(comm, exchange_comm, gather_comm, info, choice_comm=choice_comm)
     return info
 
 

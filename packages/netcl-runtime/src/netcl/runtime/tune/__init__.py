@@ -12,6 +12,8 @@ turns it on everywhere; unset, GPUs search and CPU devices use defaults (their c
 slow and a host-BLAS path serves them), except for choices between two paths that a CPU device
 makes by measurement too (``select(..., cpu=True)``: conv's implicit GEMM or im2col + host BLAS).
 No search runs while a capture is recording.
+In a distributed job rank 0 decides every choice and the others take it (``tune.agree``), and
+``netcl.runtime.use_deterministic_algorithms(True)`` fixes every choice to its default.
 Shape classes: M, N and K each rounded up to a power of two, batched or not, the layout and
 dtype, so one search serves a range of sizes (and a new batch size mostly reuses it).
 """
@@ -32,6 +34,7 @@ from typing import Any
 from netcl.core import Device, Tensor
 from netcl.runtime import capture as _capture
 from netcl.runtime.disk_cache import cache_dir
+from netcl.runtime.tune.agree import local_choices as local_choices
 
 log = logging.getLogger("netcl.tune")
 ENV = "NETCL_TUNE"
@@ -125,7 +128,41 @@ def select(
     cpu: bool = False,
 ) -> Any:
     """The stored winner for ``key``, else (searching enabled; ``cpu`` as in ``enabled``) the fastest
-    candidate, else ``default``."""
+    candidate, else ``default``.
+
+    Under ``use_deterministic_algorithms(True)``: ``default`` (``force`` raises, or warns and searches
+    in ``warn_only`` mode). In a distributed job of several ranks: rank 0's choice on every rank
+    (``netcl.runtime.tune.agree``; collective at a key's first use in the process).
+    """
+    from netcl.runtime.determinism import alert_not_deterministic, are_deterministic_algorithms_enabled
+    from netcl.runtime.tune import agree
+
+    if are_deterministic_algorithms_enabled():
+        if not force:
+            return default
+        alert_not_deterministic(f"the timed config search for {key!r} (tune.select(force=True))")
+
+    def decide() -> Any:
+        return _choose(device, key, candidates, default, trial, encode, decode, force, cpu)
+
+    if agree.active():
+        return agree.choose(device_key(device), key, decide, encode, decode)
+    agreed = agree.agreed(device_key(device), key) if agree.agreed_any() else None
+    return decide() if agreed is None else decode(dict(agreed))
+
+
+def _choose(
+    device: Device,
+    key: str,
+    candidates: Sequence[Any],
+    default: Any,
+    trial: Callable[[Any], None],
+    encode: Callable[[Any], dict[str, Any]],
+    decode: Callable[[dict[str, Any]], Any],
+    force: bool,
+    cpu: bool,
+) -> Any:
+    """``select`` in this process alone."""
     stored = None if force else lookup(device, key)
     if stored is not None:
         try:
@@ -206,7 +243,10 @@ def trial_operand(elements: int, dtype: Any, device: Device, seed: int) -> Tenso
 
 
 def clear(device: Device) -> None:
-    """Forget ``device``'s winners (memory and disk)."""
+    """Forget ``device``'s winners (memory and disk) and the choices agreed with other ranks."""
+    from netcl.runtime.tune import agree
+
+    agree.forget()
     with _LOCK:
         _MEMORY.pop(device_key(device), None)
         path = store_path(device)
