@@ -11,6 +11,7 @@ Primitives an example registers are removed afterwards, so they do not leak into
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,11 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch) -> None:
     from netcl.jit.primitives import _PRIMITIVES
 
     registered = dict(_PRIMITIVES)
+    # run from a scratch directory that has the repository's examples/ as a neighbour: a page may import
+    # an example's module as a user in the repository does (sys.path.insert(0, "examples"))
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
     try:
         for body, line in blocks:
