@@ -18,7 +18,8 @@ Printed by rank 0, a table: ms per step (slowest rank, median of repeats), image
 ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the share of the DDP step
 that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
 the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
-``--json`` writes the rows. The GPT block is the reference workload ``gpt_block`` (docs/architecture.md) (its "images" are sequences).
+``--json`` writes the rows. The GPT block is the reference workload ``gpt_block`` (docs/architecture.md; its
+"images" are sequences).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ GPT = {"vocab": 1024, "d": 512, "heads": 8, "seq": 256}
 
 
 class GptBlock(nn.Module):
-    """``gpt_block`` (the reference workload, docs/architecture.md): embedding, pre-norm causal attention (8 heads), GELU MLP (4x), LM head;
+    """``gpt_block`` (the reference workload, docs/architecture.md): embedding, pre-norm causal attention
+    (8 heads), GELU MLP (4x), LM head;
     ``forward(ids (B, S) int32)`` -> logits (B * S, vocab)."""
 
     def __init__(self, device, vocab: int, d: int, heads: int, seq: int) -> None:
