@@ -1,0 +1,651 @@
+"""``Trainer``: the training loop a PyTorch user writes by hand, with graph replay and exact resumption.
+
+A step is ``loss = loss_fn(model(x), target)``, its backward, then (every ``grad_accum_steps``
+batches) the optional gradient clipping and the optimizer's step. ``replay="auto"`` captures that
+step with ``netcl.jit.fuse_graph`` the second time a batch signature (shapes and dtypes) is seen and
+replays it for every later batch of that signature; other signatures (a short last batch) run
+eagerly. Losses go into a device-side log (``netcl.runtime.ops.scalar_log``) read once per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.amp import GradScaler, autocast
+from netcl.autograd.engine import Node, Tape, no_grad
+from netcl.core import Device, Tensor, get_device
+from netcl.jit.graph_fusion import FusedGraph, fuse_graph
+from netcl.nn.utils import clip_grad_norm_
+from netcl.optim.optimizer import Optimizer
+from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops.layout import copy as device_copy
+from netcl.runtime.ops.optim_kernels import write_
+from netcl.runtime.ops.scalar_log import log_scalar_
+from netcl.train.callbacks import Callback
+from netcl.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from netcl.train.progress import Progress
+
+REPLAY_MODES = ("auto", "off")
+
+
+class Trainer:
+    """Train ``model`` with ``optimizer`` on ``loss_fn(model(x), target)``; see ``fit``.
+
+    ``scheduler``: an LR scheduler stepped once per epoch. ``amp``: forward under
+    ``netcl.amp.autocast`` with a ``GradScaler`` (loss scaling, inf/NaN steps skipped on the device).
+    ``grad_accum_steps``: gradients of that many batches are summed (each loss divided by it) before
+    one optimizer step (these steps run eagerly). ``clip_grad_norm``: the ``max_norm`` of
+    ``netcl.nn.utils.clip_grad_norm_`` applied before every optimizer step. ``replay``: ``"auto"``
+    (capture and replay the step, see the module docstring) or ``"off"`` (``False``) for eager steps.
+    ``device``: moves the model there (``Module.to``; the optimizer follows). ``progress``: a tqdm
+    bar per epoch (None: only when stderr is a terminal). ``log_path``: a JSONL file that gets one
+    line per epoch (appended). Under MPI (``netcl.runtime.distributed`` initialized with more than
+    one rank) the model is wrapped in ``DistributedDataParallel`` and loaders get a
+    ``DistributedSampler``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Optimizer,
+        loss_fn: Callable[[Node, Any], Node],
+        scheduler: Any = None,
+        amp: bool = False,
+        grad_accum_steps: int = 1,
+        clip_grad_norm: float | None = None,
+        replay: str | bool = "auto",
+        device: Device | str | None = None,
+        *,
+        progress: bool | None = None,
+        log_path: str | os.PathLike | None = None,
+    ) -> None:
+        if not callable(model) or not hasattr(model, "parameters"):
+            raise TypeError(f"Trainer: model must be a Module (callable with parameters()), got {type(model).__name__}")
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"Trainer: optimizer must be a netcl.optim Optimizer, got {type(optimizer).__name__}")
+        if not callable(loss_fn):
+            raise TypeError(f"Trainer: loss_fn must be callable (output, target) -> loss Node, got {loss_fn!r}")
+        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+            raise ValueError("Trainer: the scheduler steps another optimizer than the one given")
+        if not isinstance(amp, bool):
+            raise TypeError(f"Trainer: amp must be a bool, got {amp!r}")
+        if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+            raise ValueError(f"Trainer: grad_accum_steps must be an int >= 1, got {grad_accum_steps!r}")
+        if clip_grad_norm is not None and (
+            isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float)) or not clip_grad_norm > 0
+        ):
+            raise ValueError(f"Trainer: clip_grad_norm must be a number > 0 or None, got {clip_grad_norm!r}")
+        if replay is True:
+            replay = "auto"
+        elif replay is False:
+            replay = "off"
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"Trainer: replay must be one of {REPLAY_MODES} (or a bool), got {replay!r}")
+        if device is not None:
+            model.to(device)
+        params = list(model.parameters())
+        if not params:
+            raise ValueError("Trainer: the model has no parameters to train")
+        self.device: Device = params[0].device if device is None else get_device(device)
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scheduler = scheduler
+        self.amp = amp
+        self.scaler: GradScaler | None = GradScaler(capturable=True) if amp else None
+        self.grad_accum_steps = grad_accum_steps
+        self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
+        self.replay = replay
+        self.progress = progress
+        self.log_path = None if log_path is None else os.fspath(log_path)
+        self.network = _wrap_distributed(model)
+        #: epochs completed; the next ``fit`` epoch is this one
+        self.epoch = 0
+        #: batches of the current epoch already trained (non-zero only mid-epoch, e.g. in a step callback)
+        self.batch_in_epoch = 0
+        #: optimizer steps taken
+        self.global_step = 0
+        #: the last step's values for callbacks: {"epoch", "batch", "step"}
+        self.last_step: dict[str, int] = {}
+        self._signatures: dict[str, int] = {}
+        self._graph: FusedGraph | None = None
+        self._graph_signature: str | None = None
+        self._graph_runs = 0
+        self._graph_rng: dict[str, int] | None = None
+        self._resume_graph: dict[str, Any] | None = None
+        self._loader_seed: int | None = None
+        self._log: Tensor | None = None
+        self._position: Tensor | None = None
+        self._ones = Tensor.from_host(self.device, np.ones(1, np.float32))
+        self._divisor: Tensor | None = None
+
+    # ---- training ----------------------------------------------------------------------------------
+    def fit(
+        self,
+        train_loader: Iterable[Any],
+        epochs: int,
+        val_loader: Iterable[Any] | None = None,
+        metrics: Mapping[str, Callable[[Node, Any], Any]] | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> dict[str, list[float]]:
+        """Train until ``epochs`` epochs are complete, counted from the start of training (a resumed
+        Trainer continues where its checkpoint stopped; nothing runs when they are already done).
+
+        ``train_loader``: a ``netcl.data.DataLoader`` (or any re-iterable of ``(input, target)``
+        batches with ``len`` and ``set_epoch``); each epoch calls ``set_epoch(epoch)`` first, so the
+        shuffle is a function of the loader's seed and the epoch. ``val_loader`` / ``metrics``
+        (name -> ``metric(output, target)``, a batch mean): evaluated after every epoch. Callbacks
+        (``netcl.train.Callback``) see every step and epoch. Returns the history of this call:
+        ``"loss"`` holds one float per optimizer step (read from the device once per epoch),
+        ``"val_loss"`` and each metric one float per epoch.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"fit: epochs must be an int >= 0, got {epochs!r}")
+        _check_loader(train_loader, "train_loader")
+        metrics = dict(metrics or {})
+        if val_loader is None and metrics:
+            raise ValueError("fit: metrics are computed on val_loader; pass one")
+        for name, fn in metrics.items():
+            if not callable(fn):
+                raise TypeError(f"fit: metric {name!r} must be callable (output, target) -> value")
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"fit: callbacks must be netcl.train.Callback instances, got {type(cb).__name__}")
+        self._prepare_loader(train_loader)
+        history: dict[str, list[float]] = {"loss": []}
+        if val_loader is not None:
+            history["val_loss"] = []
+            for name in metrics:
+                history[name] = []
+        for cb in callbacks:
+            cb.on_fit_start(self)
+        while self.epoch < epochs:
+            losses = self._train_epoch(train_loader, epochs, callbacks)
+            history["loss"].extend(losses)
+            self.epoch += 1
+            self.batch_in_epoch = 0
+            if self.scheduler is not None:
+                self.scheduler.step()
+            logs: dict[str, float] = {
+                "epoch": self.epoch - 1,
+                "step": self.global_step,
+                "loss": float(np.mean(losses)) if losses else math.nan,
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
+            }
+            if val_loader is not None:
+                results = self.evaluate(val_loader, metrics)
+                history["val_loss"].append(results["loss"])
+                logs["val_loss"] = results["loss"]
+                for name in metrics:
+                    history[name].append(results[name])
+                    logs[name] = results[name]
+            self._write_log_line(logs)
+            for cb in callbacks:
+                cb.on_epoch_end(self, logs)
+        for cb in callbacks:
+            cb.on_fit_end(self, history)
+        return history
+
+    def _train_epoch(self, loader: Any, epochs: int, callbacks: list[Callback]) -> list[float]:
+        epoch, skip = self.epoch, self.batch_in_epoch
+        loader.set_epoch(epoch)
+        total = len(loader)
+        self._start_log(total)
+        self.network.train()
+        bar = Progress(self.progress, total, skip, f"epoch {epoch + 1}/{epochs}")
+        iterator = iter(loader)
+        try:
+            for index, batch in enumerate(iterator):
+                if index < skip:  # resumed mid-epoch: the same order, the trained batches passed over
+                    continue
+                x, target = _split(batch)
+                self._train_batch(x, target, index, total)
+                self.batch_in_epoch = index + 1
+                bar.step(_batch_size(x))
+                self.last_step = {"epoch": epoch, "batch": index, "step": self.global_step}
+                for cb in callbacks:
+                    cb.on_step_end(self, self.last_step)
+        finally:
+            close = getattr(iterator, "close", None)
+            if callable(close):
+                close()
+        losses = self._read_log()
+        bar.close(losses[-1] if losses else None)
+        return losses
+
+    def _train_batch(self, x: Any, target: Any, index: int, total: int) -> None:
+        k = self.grad_accum_steps
+        signature = _signature(x, target)
+        seen = self._signatures.get(signature, 0)
+        self._signatures[signature] = seen + 1
+        if k > 1:
+            group_start = index - index % k
+            group = min(k, total - group_start)
+            last = index - group_start == group - 1
+            self._eager_step(x, target, 1.0 / group, first=index == group_start, last=last)
+            return
+        if self.replay == "auto" and self._graph is not None and signature == self._graph_signature:
+            self._replay_step(x, target)
+        elif self.replay == "auto" and self._graph is None and seen >= 1:
+            if self._graph_signature is None or self._graph_signature == signature:
+                self._capture_step(x, target, signature)
+            else:
+                self._eager_step(x, target, 1.0, first=True, last=True)
+        else:
+            self._eager_step(x, target, 1.0, first=True, last=True)
+
+    def _autocast(self) -> Any:
+        return autocast() if self.amp else contextlib.nullcontext()
+
+    def _eager_step(self, x: Any, target: Any, weight: float, first: bool, last: bool) -> None:
+        if first and self._graph is not None:  # a replay left its gradients in place: start from none
+            self.optimizer.zero_grad()
+        with Tape() as tape:
+            with self._autocast():
+                loss = self.loss_fn(self.network(x), target)
+            backward = loss if self.grad_accum_steps == 1 else loss * (1.0 / self.grad_accum_steps)
+            if self.scaler is not None:
+                backward = self.scaler.scale_loss(backward)
+        tape.backward(backward)
+        log_scalar_(self._log, self._position, loss.value, self._ones, weight, advance=last)
+        if last:
+            self._update()
+            self.optimizer.zero_grad()
+            self.global_step += 1
+
+    def _update(self) -> None:
+        """Clip (optional), then the optimizer's step (through the scaler under amp)."""
+        if self.scaler is not None:
+            if self.clip_grad_norm is not None:
+                self.scaler.unscale_(self.optimizer)
+                clip_grad_norm_(self.optimizer_params(), self.clip_grad_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            if self.clip_grad_norm is not None:
+                clip_grad_norm_(self.optimizer_params(), self.clip_grad_norm)
+            self.optimizer.step()
+
+    def optimizer_params(self) -> list[Node]:
+        """Every parameter of the optimizer's groups, in order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    # ---- replay ------------------------------------------------------------------------------------
+    def _graph_loss(self, output: Node, target: Node) -> Node:
+        loss = self.loss_fn(output, target)
+        return self.scaler.scale_loss(loss) if self.scaler is not None else loss
+
+    def _graph_update(self) -> None:
+        if self.scaler is not None:  # the scale this step's loss was multiplied by, before update() moves it
+            self._divisor = device_copy(self.scaler._state(self.device)[0])
+        self._update()
+
+    def _capture_step(self, x: Any, target: Any, signature: str) -> None:
+        """Capture the step (it runs once) with ``fuse_graph``. After a resume the capture draws the
+        dropout seeds and device counters of the original capture's next replay (bit-identical runs)."""
+        resume, current = self._resume_graph, RR.get_rng_state()
+        rewind = resume is not None and self.device.kind == "opencl"
+        if rewind:
+            RR.set_rng_state(resume["rng"])
+        rng_at_capture = RR.get_rng_state()
+        start = int(resume["runs"]) if rewind else 0
+        with RR.counters_start_at(start % 2**32), self._autocast():
+            fused = fuse_graph(self.network, x, target, self._graph_loss, optimizer_step=self._graph_update)
+        if rewind:
+            RR.set_rng_state(current)
+            rng_at_capture = dict(resume["rng"])
+        self._graph, self._graph_signature, self._resume_graph = fused, signature, None
+        self._graph_runs = start + 1
+        self._graph_rng = rng_at_capture
+        self._log_graph_loss(fused.outputs)
+
+    def _replay_step(self, x: Any, target: Any) -> None:
+        assert self._graph is not None
+        self._log_graph_loss(self._graph.execute(x, target))
+        self._graph_runs += 1
+
+    def _log_graph_loss(self, loss: Node) -> None:
+        divisor = self._divisor if self.scaler is not None and self._divisor is not None else self._ones
+        log_scalar_(self._log, self._position, loss.value, divisor, 1.0, advance=True)
+        self.global_step += 1
+
+    # ---- the loss log --------------------------------------------------------------------------------
+    def _start_log(self, steps: int) -> None:
+        if self._log is None or self._log.shape[0] < max(steps, 1):
+            self._log = Tensor.zeros((max(steps, 1),), np.float32, self.device)
+            self._position = Tensor.zeros((1,), np.int32, self.device)
+        else:
+            write_(self._log, np.zeros(self._log.shape, np.float32))
+            write_(self._position, np.zeros(1, np.int32))
+
+    def _read_log(self) -> list[float]:
+        assert self._log is not None and self._position is not None
+        count = int(np.asarray(self._position.to_host()).reshape(-1)[0])
+        if count > self._log.shape[0]:
+            raise RuntimeError(f"Trainer: {count} steps logged into a loss log of {self._log.shape[0]} (len(loader) lied)")
+        return [float(v) for v in self._log.to_host()[:count]]
+
+    # ---- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self, loader: Iterable[Any], metrics: Mapping[str, Callable[[Node, Any], Any]] | None = None) -> dict:
+        """Mean loss and metrics over ``loader`` (eval mode, no gradients), weighted by batch size:
+        ``{"loss": float, name: float, ...}``. Device values are summed on the device and read once."""
+        metrics = dict(metrics or {})
+        names = ["loss", *metrics]
+        sums = Tensor.zeros((len(names),), np.float32, self.device)
+        position = Tensor.zeros((1,), np.int32, self.device)
+        host = dict.fromkeys(names, 0.0)
+        count = 0
+        was_training = getattr(self.model, "training", True)
+        self.network.eval()
+        try:
+            with no_grad(), self._autocast():
+                for batch in loader:
+                    x, target = _split(batch)
+                    n = _batch_size(x)
+                    output = self.network(x)
+                    values = {"loss": self.loss_fn(output, target)}
+                    values.update({name: fn(output, target) for name, fn in metrics.items()})
+                    for slot, name in enumerate(names):
+                        value = values[name]
+                        if isinstance(value, Node):
+                            value = value.value
+                        if isinstance(value, Tensor):
+                            write_(position, np.int32(slot))
+                            log_scalar_(sums, position, value, self._ones, float(n), advance=False)
+                        else:
+                            host[name] += float(value) * n
+                    count += n
+        finally:
+            self.network.train(was_training)
+        if count == 0:
+            raise ValueError("evaluate: the loader yielded no batches")
+        device_sums = sums.to_host()
+        return {name: (float(device_sums[i]) + host[name]) / count for i, name in enumerate(names)}
+
+    # ---- logging -------------------------------------------------------------------------------------
+    def _write_log_line(self, logs: Mapping[str, float]) -> None:
+        if self.log_path is None:
+            return
+        from netcl.runtime.distributed import get_rank, is_initialized
+
+        if is_initialized() and get_rank() != 0:
+            return
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**logs, "time": time.time()}) + "\n")
+
+    # ---- loaders -------------------------------------------------------------------------------------
+    def _prepare_loader(self, loader: Any) -> None:
+        """Shard the loader under MPI; give it the checkpoint's shuffle seed after a resume."""
+        _shard(loader)
+        if self._loader_seed is not None:
+            _set_seed(loader, self._loader_seed)
+        self._loader_seed = _get_seed(loader)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a checkpoint to ``path`` atomically (a temporary file, then ``os.replace``): the model,
+        the optimizer (state and groups), the scheduler, the GradScaler, the global Philox generator,
+        the loader's shuffle seed and the position (epoch, batch, step, replay state). Under MPI only
+        rank 0 writes."""
+        tensors, state = self._state()
+        from netcl.runtime.distributed import get_rank, is_initialized
+
+        if is_initialized() and get_rank() != 0:
+            return
+        write_checkpoint(path, tensors, state)
+
+    def _state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        tensors: dict[str, np.ndarray] = {}
+        for name, value in _model_state(self.model).items():
+            tensors[f"model/{name}"] = value.to_host()
+        opt_state = self.optimizer.state_dict()
+        saved_state: dict[str, dict[str, Any]] = {}
+        for index, entries in opt_state["state"].items():
+            scalars = {}
+            for key, value in entries.items():
+                if isinstance(value, np.ndarray):
+                    tensors[f"optimizer/{index}/{key}"] = value
+                else:
+                    scalars[key] = value
+            saved_state[str(index)] = scalars
+        state = {
+            "model_class": type(self.model).__name__,
+            "optimizer_class": type(self.optimizer).__name__,
+            "optimizer": {"state": saved_state, "param_groups": opt_state["param_groups"]},
+            "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "rng": RR.get_rng_state(),
+            "loader_seed": self._loader_seed,
+            "position": {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
+            "signatures": dict(self._signatures),
+            "graph": None
+            if self._graph_signature is None
+            else {"signature": self._graph_signature, "runs": self._graph_runs, "rng": self._graph_rng},
+        }
+        if self._graph is None and self._resume_graph is not None:  # resumed, not yet captured again
+            state["graph"] = dict(self._resume_graph)
+        return tensors, state
+
+    @classmethod
+    def resume(
+        cls, path: str | os.PathLike, model: Any, optimizer: Optimizer, loss_fn: Callable[..., Node], **options: Any
+    ) -> Trainer:
+        """A Trainer (``options`` as for the constructor) whose model, optimizer, scheduler, scaler,
+        RNG and position are those of the checkpoint at ``path``: its ``fit`` continues where the
+        checkpoint stopped, bit-identical to the uninterrupted run.
+
+        Checked before anything changes: ``CheckpointError`` for a missing, torn or corrupt file;
+        ``KeyError`` naming the differing keys when the model's state dict or the optimizer's layout
+        (class, groups, state buffers) differ from the checkpoint's; ``ShapeError`` for a shape.
+        """
+        tensors, state = read_checkpoint(path)
+        trainer = cls(model, optimizer, loss_fn, **options)
+        trainer._load(tensors, state, os.fspath(path))
+        return trainer
+
+    def _load(self, tensors: dict[str, np.ndarray], state: dict[str, Any], path: str) -> None:
+        try:
+            model_arrays = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
+            opt_arrays = {k[len("optimizer/") :]: v for k, v in tensors.items() if k.startswith("optimizer/")}
+            optimizer_state = _optimizer_state(state["optimizer"], opt_arrays)
+            position = state["position"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path!r} lacks a part of the Trainer state: {exc!r}") from exc
+        own = _model_state(self.model)
+        missing = sorted(set(own) - set(model_arrays))
+        unexpected = sorted(set(model_arrays) - set(own))
+        reshaped = sorted(k for k in set(own) & set(model_arrays) if tuple(own[k].shape) != model_arrays[k].shape)
+        if missing or unexpected or reshaped:
+            parts = [
+                f"{what} {keys}"
+                for what, keys in (
+                    ("keys missing from the checkpoint", missing),
+                    ("keys only in the checkpoint", unexpected),
+                    ("keys of another shape", reshaped),
+                )
+                if keys
+            ]
+            raise KeyError(
+                f"Trainer.resume: the checkpoint {path!r} holds another model ({state.get('model_class')}): "
+                + "; ".join(parts)
+                + "; nothing was loaded"
+            )
+        _check_optimizer(self.optimizer, optimizer_state, state.get("optimizer_class"), path)
+        if (state.get("scheduler") is None) != (self.scheduler is None):
+            raise KeyError(
+                f"Trainer.resume: the checkpoint {path!r} has "
+                f"{'no' if state.get('scheduler') is None else 'a'} scheduler, this Trainer "
+                f"{'has one' if self.scheduler is not None else 'has none'}; nothing was loaded"
+            )
+        if (state.get("scaler") is None) != (self.scaler is None):
+            raise KeyError(f"Trainer.resume: amp differs between the checkpoint {path!r} and this Trainer")
+        # every check passed: load
+        self.model.load_state_dict(model_arrays)
+        self.optimizer.load_state_dict(optimizer_state)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(dict(state["scheduler"]))
+            self.optimizer.sync_hyperparameters()
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        RR.set_rng_state(state["rng"])
+        self._loader_seed = state.get("loader_seed")
+        self.epoch = int(position["epoch"])
+        self.batch_in_epoch = int(position["batch_in_epoch"])
+        self.global_step = int(position["global_step"])
+        self._signatures = {str(k): int(v) for k, v in state.get("signatures", {}).items()}
+        graph = state.get("graph")
+        self._graph, self._resume_graph = None, graph
+        self._graph_signature = None if graph is None else graph["signature"]
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+def _model_state(model: Any) -> dict[str, Tensor]:
+    return {name: value.value if isinstance(value, Node) else value for name, value in model.state_dict().items()}
+
+
+def _optimizer_state(saved: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The optimizer state_dict a checkpoint holds (its scalars from JSON, its buffers from tensors)."""
+    state: dict[int, dict[str, Any]] = {}
+    for index, scalars in saved["state"].items():
+        state[int(index)] = dict(scalars)
+    for key, array in arrays.items():
+        index, name = key.split("/", 1)
+        state.setdefault(int(index), {})[name] = array
+    return {"state": state, "param_groups": [dict(g) for g in saved["param_groups"]]}
+
+
+def _check_optimizer(optimizer: Optimizer, saved: Mapping[str, Any], saved_class: Any, path: str) -> None:
+    """Raise ``KeyError`` naming what differs between ``optimizer`` and a saved state_dict's layout."""
+    problems = []
+    if saved_class is not None and saved_class != type(optimizer).__name__:
+        problems.append(f"class {saved_class} in the checkpoint, {type(optimizer).__name__} here")
+    groups = saved["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        problems.append(f"{len(groups)} parameter groups in the checkpoint, {len(optimizer.param_groups)} here")
+    else:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, (mine, theirs) in enumerate(zip(optimizer.param_groups, groups, strict=True)):
+            if len(mine["params"]) != len(theirs["params"]):
+                problems.append(f"group {i} has {len(theirs['params'])} parameters in the checkpoint, "
+                                f"{len(mine['params'])} here")  # fmt: skip
+            keys = set(mine) - {"params", "initial_lr"}
+            other = set(theirs) - {"params", "initial_lr"}
+            if keys != other:
+                problems.append(f"group {i} hyperparameter keys differ: {sorted(keys ^ other)}")
+        order = [int(i) for g in groups for i in g["params"]]
+        if not problems:
+            for index, entries in saved["state"].items():
+                position = order.index(int(index)) if int(index) in order else None
+                if position is None:
+                    problems.append(f"state for parameter {index}, which no group lists")
+                    continue
+                p = params[position]
+                for name in optimizer.state_names:
+                    value = entries.get(name)
+                    if value is not None and tuple(np.shape(value)) != tuple(p.shape):
+                        problems.append(f"state {index}/{name}: shape {tuple(np.shape(value))} vs {tuple(p.shape)}")
+                unknown = set(entries) - {"step", *optimizer.state_names}
+                if unknown:
+                    problems.append(f"state {index} has keys {sorted(unknown)} that {type(optimizer).__name__} lacks")
+    if problems:
+        raise KeyError(
+            f"Trainer.resume: the checkpoint {path!r} holds another optimizer: " + "; ".join(problems)
+            + "; nothing was loaded"
+        )  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"Trainer.save: cannot store {type(value).__name__} {value!r} in a checkpoint's JSON state")
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise TypeError(
+        f"Trainer: a batch must be an (input, target) pair, got {type(batch).__name__}"
+        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    )
+
+
+def _batch_size(x: Any) -> int:
+    shape = getattr(x, "shape", None)
+    return int(shape[0]) if shape else 1
+
+
+def _signature(x: Any, target: Any) -> str:
+    def one(v: Any) -> str:
+        return f"{tuple(getattr(v, 'shape', ()))}:{getattr(v, 'dtype', type(v).__name__)}"
+
+    return f"{one(x)}|{one(target)}"
+
+
+def _check_loader(loader: Any, name: str) -> None:
+    for attr in ("__iter__", "__len__", "set_epoch"):
+        if not hasattr(loader, attr):
+            raise TypeError(
+                f"fit: {name} must be a netcl.data.DataLoader (or have __iter__, __len__ and set_epoch); "
+                f"{type(loader).__name__} lacks {attr}"
+            )
+
+
+def _get_seed(loader: Any) -> int | None:
+    sampler = getattr(loader, "sampler", None)
+    seed = getattr(sampler, "seed", getattr(loader, "seed", None))
+    return None if seed is None else int(seed)
+
+
+def _set_seed(loader: Any, seed: int) -> None:
+    if hasattr(loader, "seed"):
+        loader.seed = seed
+    sampler = getattr(loader, "sampler", None)
+    if sampler is not None and hasattr(sampler, "seed"):
+        sampler.seed = seed
+
+
+def _wrap_distributed(model: Any) -> Any:
+    from netcl.runtime import distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return model
+    from netcl.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def _shard(loader: Any) -> None:
+    """Under MPI, give a DataLoader that owns its sampler a ``DistributedSampler`` (same seed and shuffle)."""
+    from netcl.runtime import distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    from netcl.data import BatchSampler, DataLoader, DistributedSampler
+
+    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
+        return
+    sampler = DistributedSampler(len(loader.dataset), shuffle=loader.shuffle, seed=loader.seed,
+                                 drop_last=loader.drop_last)  # fmt: skip
+    loader.sampler = sampler
+    loader.batch_sampler = BatchSampler(sampler, loader.batch_size, loader.drop_last)
+    loader._owns_sampler = False  # set_epoch now reaches the sampler
+
+
+def _isatty() -> bool:
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
