@@ -120,7 +120,7 @@ class Trainer:
         self._graph: FusedGraph | None = None
         self._graph_signature: str | None = None
         self._graph_runs = 0
-        self._graph_rng: dict[str, int] | None = None
+        self._graph_info: dict[str, Any] = {}
         self._resume_graph: dict[str, Any] | None = None
         self._loader_seed: int | None = None
         self._log: Tensor | None = None
@@ -291,27 +291,35 @@ class Trainer:
         self._update()
 
     def _capture_step(self, x: Any, target: Any, signature: str) -> None:
-        """Capture the step (it runs once) with ``fuse_graph``. After a resume the capture draws the
-        dropout seeds and device counters of the original capture's next replay (bit-identical runs)."""
+        """Capture the step (it runs once) with ``fuse_graph``, so that a resumed run draws what the
+        uninterrupted one drew: on OpenCL the capture after a resume takes the original capture's
+        dropout seeds and device counters at its next replay's value; on the NumPy backend (where each
+        call draws fresh seeds and the capture's trace draws as many again) the generator is rewound
+        by the trace's draws, so the capture's own step takes the seeds a replay would have taken."""
         resume, current = self._resume_graph, RR.get_rng_state()
-        rewind = resume is not None and self.device.kind == "opencl"
-        if rewind:
+        start = 0
+        if resume is not None and self.device.kind == "opencl":
             RR.set_rng_state(resume["rng"])
-        rng_at_capture = RR.get_rng_state()
-        start = int(resume["runs"]) if rewind else 0
+            start = int(resume["runs"])
+        elif resume is not None:
+            trace_draws = int(resume["capture_draws"]) - int(resume.get("step_draws", resume["capture_draws"] // 2))
+            RR.set_rng_state({"seed": current["seed"], "calls": max(current["calls"] - trace_draws, 0)})
+        before = RR.get_rng_state()
         with RR.counters_start_at(start % 2**32), self._autocast():
             fused = fuse_graph(self.network, x, target, self._graph_loss, optimizer_step=self._graph_update)
-        if rewind:
+        draws = RR.get_rng_state()["calls"] - before["calls"]
+        if resume is not None and self.device.kind == "opencl":
             RR.set_rng_state(current)
-            rng_at_capture = dict(resume["rng"])
         self._graph, self._graph_signature, self._resume_graph = fused, signature, None
         self._graph_runs = start + 1
-        self._graph_rng = rng_at_capture
+        self._graph_info = dict(resume) if resume is not None else {"rng": before, "capture_draws": draws}
         self._log_graph_loss(fused.outputs)
 
     def _replay_step(self, x: Any, target: Any) -> None:
         assert self._graph is not None
+        before = RR.get_rng_state()["calls"]
         self._log_graph_loss(self._graph.execute(x, target))
+        self._graph_info.setdefault("step_draws", RR.get_rng_state()["calls"] - before)
         self._graph_runs += 1
 
     def _log_graph_loss(self, loss: Node) -> None:
@@ -430,7 +438,7 @@ class Trainer:
             "signatures": dict(self._signatures),
             "graph": None
             if self._graph_signature is None
-            else {"signature": self._graph_signature, "runs": self._graph_runs, "rng": self._graph_rng},
+            else {**self._graph_info, "signature": self._graph_signature, "runs": self._graph_runs},
         }
         if self._graph is None and self._resume_graph is not None:  # resumed, not yet captured again
             state["graph"] = dict(self._resume_graph)
