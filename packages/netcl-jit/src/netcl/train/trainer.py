@@ -306,30 +306,39 @@ class Trainer:
             RR.set_rng_state({"seed": current["seed"], "calls": max(current["calls"] - trace_draws, 0)})
         before = RR.get_rng_state()
         with RR.counters_start_at(start % 2**32), self._autocast():
-            fused = fuse_graph(self.network, x, target, self._graph_loss, optimizer_step=self._graph_update)
+            fused = fuse_graph(
+                self.network, x, target, self._graph_loss, optimizer_step=self._graph_update, after_step=self._log_loss
+            )
         draws = RR.get_rng_state()["calls"] - before["calls"]
         if resume is not None and self.device.kind == "opencl":
             RR.set_rng_state(current)
         self._graph, self._graph_signature, self._resume_graph = fused, signature, None
         self._graph_runs = start + 1
         self._graph_info = dict(resume) if resume is not None else {"rng": before, "capture_draws": draws}
-        self._log_graph_loss(fused.outputs)
+        self.global_step += 1
 
     def _replay_step(self, x: Any, target: Any) -> None:
         assert self._graph is not None
-        before = RR.get_rng_state()["calls"]
-        self._log_graph_loss(self._graph.execute(x, target))
-        self._graph_info.setdefault("step_draws", RR.get_rng_state()["calls"] - before)
+        if "step_draws" in self._graph_info:
+            self._graph.execute(x, target)  # its loss lands in the device-side log (after_step, captured)
+        else:  # the first replay: how many seeds a replayed step draws (a resume on the NumPy backend needs it)
+            before = RR.get_rng_state()["calls"]
+            self._graph.execute(x, target)
+            self._graph_info["step_draws"] = RR.get_rng_state()["calls"] - before
         self._graph_runs += 1
+        self.global_step += 1
 
-    def _log_graph_loss(self, loss: Node) -> None:
+    def _log_loss(self, loss: Node) -> None:
+        """``after_step`` of the captured step: append its (unscaled) loss to the device-side log."""
         divisor = self._divisor if self.scaler is not None and self._divisor is not None else self._ones
         log_scalar_(self._log, self._position, loss.value, divisor, 1.0, advance=True)
-        self.global_step += 1
 
     # ---- the loss log --------------------------------------------------------------------------------
     def _start_log(self, steps: int) -> None:
+        """Zero the log (in place: a captured step appends to these buffers) for an epoch of ``steps``."""
         if self._log is None or self._log.shape[0] < max(steps, 1):
+            if self._graph is not None:  # the captured step appends to the old buffers: capture again
+                self._graph, self._graph_signature = None, None
             self._log = Tensor.zeros((max(steps, 1),), np.float32, self.device)
             self._position = Tensor.zeros((1,), np.int32, self.device)
         else:
