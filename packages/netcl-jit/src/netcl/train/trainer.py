@@ -116,6 +116,9 @@ class Trainer:
         self.global_step = 0
         #: the last step's values for callbacks: {"epoch", "batch", "step"}
         self.last_step: dict[str, int] = {}
+        #: set by a callback to end training: the current epoch ends after this step (its scheduler step,
+        #: validation and epoch callbacks run, and it counts as complete), then ``fit`` returns
+        self.should_stop = False
         self._signatures: dict[str, int] = {}
         self._graph: FusedGraph | None = None
         self._graph_signature: str | None = None
@@ -167,9 +170,10 @@ class Trainer:
             history["val_loss"] = []
             for name in metrics:
                 history[name] = []
+        self.should_stop = False
         for cb in callbacks:
             cb.on_fit_start(self)
-        while self.epoch < epochs:
+        while self.epoch < epochs and not self.should_stop:
             losses = self._train_epoch(train_loader, epochs, callbacks)
             history["loss"].extend(losses)
             self.epoch += 1
@@ -215,6 +219,8 @@ class Trainer:
                 self.last_step = {"epoch": epoch, "batch": index, "step": self.global_step}
                 for cb in callbacks:
                     cb.on_step_end(self, self.last_step)
+                if self.should_stop:
+                    break
         finally:
             close = getattr(iterator, "close", None)
             if callable(close):
