@@ -1,8 +1,9 @@
-"""Shared pieces of the Trainer tests (imported as tests.train.helpers): a tiny data set and model, a hand-written loop."""
+"""Shared pieces of the Trainer tests (tests.train.helpers): a tiny data set and model, a hand-written loop."""
 
 from __future__ import annotations
 
 import numpy as np
+
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.data import DataLoader, TensorDataset

@@ -171,6 +171,6 @@ def test_bad_arguments_raise_before_training(device):
     trainer = Trainer(model, opt, ag.cross_entropy)
     with pytest.raises(ValueError, match="metrics are computed on val_loader"):
         trainer.fit(loader, 1, metrics={"acc": accuracy})
-    with pytest.raises(TypeError, match="must be a netcl.data.DataLoader"):
+    with pytest.raises(TypeError, match=r"must be a netcl\.data\.DataLoader"):
         trainer.fit([(1, 2)], 1)
     assert trainer.global_step == 0

@@ -116,6 +116,10 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         )
     for name, array in tensors.items():
         entry = expected[name]
-        if str(array.dtype) != entry["dtype"] or list(array.shape) != entry["shape"] or _digest(array) != entry["sha256"]:
+        if (
+            str(array.dtype) != entry["dtype"]
+            or list(array.shape) != entry["shape"]
+            or _digest(array) != entry["sha256"]
+        ):
             raise CheckpointError(f"checkpoint {target!r} is corrupt: tensor {name!r} does not match its digest")
     return tensors, state

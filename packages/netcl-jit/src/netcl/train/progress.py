@@ -29,7 +29,9 @@ class Progress:
             elapsed = max(time.perf_counter() - self.start, 1e-9)
             self.bar.update(1)
             if self.steps % 10 == 0:
-                self.bar.set_postfix(steps_per_s=f"{self.steps / elapsed:.1f}", samples_per_s=f"{self.samples / elapsed:.0f}")
+                self.bar.set_postfix(
+                    steps_per_s=f"{self.steps / elapsed:.1f}", samples_per_s=f"{self.samples / elapsed:.0f}"
+                )
 
     def close(self, loss: float | None) -> None:
         if self.bar is None:

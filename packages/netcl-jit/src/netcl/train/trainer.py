@@ -355,7 +355,10 @@ class Trainer:
         assert self._log is not None and self._position is not None
         count = int(np.asarray(self._position.to_host()).reshape(-1)[0])
         if count > self._log.shape[0]:
-            raise RuntimeError(f"Trainer: {count} steps logged into a loss log of {self._log.shape[0]} (len(loader) lied)")
+            raise RuntimeError(
+                f"Trainer: {count} steps were logged into a loss log sized {self._log.shape[0]} by len(loader): "
+                "the loader yielded more batches than its len() says"
+            )
         return [float(v) for v in self._log.to_host()[:count]]
 
     # ---- evaluation ----------------------------------------------------------------------------------
