@@ -126,6 +126,7 @@ class Trainer:
         self._graph_info: dict[str, Any] = {}
         self._resume_graph: dict[str, Any] | None = None
         self._loader_seed: int | None = None
+        self._resume_loader_seed: int | None = None
         self._log: Tensor | None = None
         self._position: Tensor | None = None
         self._ones = Tensor.from_host(self.device, np.ones(1, np.float32))
@@ -411,10 +412,12 @@ class Trainer:
 
     # ---- loaders -------------------------------------------------------------------------------------
     def _prepare_loader(self, loader: Any) -> None:
-        """Shard the loader under MPI; give it the checkpoint's shuffle seed after a resume."""
+        """Shard the loader under MPI; give it the checkpoint's shuffle seed at the first ``fit`` after a
+        resume; remember its seed for the next checkpoint."""
         _shard(loader)
-        if self._loader_seed is not None:
-            _set_seed(loader, self._loader_seed)
+        if self._resume_loader_seed is not None:
+            _set_seed(loader, self._resume_loader_seed)
+            self._resume_loader_seed = None
         self._loader_seed = _get_seed(loader)
 
     # ---- checkpoints ---------------------------------------------------------------------------------
@@ -524,7 +527,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         RR.set_rng_state(state["rng"])
-        self._loader_seed = state.get("loader_seed")
+        self._loader_seed = self._resume_loader_seed = state.get("loader_seed")
         self.epoch = int(position["epoch"])
         self.batch_in_epoch = int(position["batch_in_epoch"])
         self.global_step = int(position["global_step"])
