@@ -16,6 +16,8 @@ from netcl.runtime.ops.random import get_rng_state
 from netcl.train import Callback, CheckpointError, Trainer
 from tests.train.helpers import make_dataset, make_parts
 
+pytestmark = pytest.mark.filterwarnings("ignore:autocast")  # devices without float16: autocast does nothing
+
 EPOCHS = 4  # 5 batches each: 20 steps
 
 
@@ -61,6 +63,27 @@ def test_interrupted_and_resumed_run_is_bit_identical(device, replay, at, tmp_pa
     for a, b in zip(uninterrupted.model.parameters(), model.parameters(), strict=True):
         np.testing.assert_array_equal(a.value.to_host(), b.value.to_host())
     assert opt.param_groups[0]["lr"] == uninterrupted.optimizer.param_groups[0]["lr"]
+
+
+def test_adam_amp_clipping_resume_is_bit_identical(device, tmp_path):
+    """Adam's moments, the GradScaler's scale and clean-step count, clipping: all in the checkpoint."""
+
+    def run(callbacks=(), resume_from=None):
+        model, _, _, loader = make_parts(device, make_dataset())
+        opt = Adam(model.parameters(), lr=0.01)
+        options = {"amp": True, "clip_grad_norm": 0.5, "replay": "auto"}
+        ag.manual_seed(7)
+        if resume_from is not None:
+            trainer = Trainer.resume(resume_from, model, opt, ag.cross_entropy, **options)
+        else:
+            trainer = Trainer(model, opt, ag.cross_entropy, **options)
+        return trainer.fit(loader, 3, callbacks=callbacks)["loss"]
+
+    full = run()
+    path = tmp_path / "adam.ckpt"
+    with pytest.raises(Crash):
+        run(callbacks=[SaveThenCrash(path, 8)])
+    assert run(resume_from=path) == full[8:]
 
 
 def _snapshot(model, opt):

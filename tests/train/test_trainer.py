@@ -10,7 +10,7 @@ import pytest
 import netcl.autograd as ag
 from netcl.core import get_device
 from netcl.data import DataLoader
-from netcl.optim import SGD
+from netcl.optim import SGD, Adam
 from netcl.train import Callback, Trainer, accuracy
 from tests.train.helpers import hand_written_loop, make_dataset, make_model, make_parts
 
@@ -133,7 +133,9 @@ def test_amp_trains_and_logs_unscaled_losses(device):
     np.testing.assert_allclose(losses[True], losses[False], rtol=5e-2)
 
 
-def test_optimizer_built_before_model_to_keeps_working():
+@pytest.mark.parametrize("make_opt", [lambda p: SGD(p, lr=0.1, momentum=0.9), lambda p: Adam(p, lr=0.01)],
+                         ids=["sgd-momentum", "adam"])  # fmt: skip
+def test_optimizer_built_before_model_to_keeps_working(make_opt):
     """torch habit: the optimizer is built, then the model moves; its state (momentum, step counts,
     hyperparameters) follows the parameters, which moved in place."""
     cpu, cl = get_device("cpu"), get_device("opencl")
@@ -143,7 +145,7 @@ def test_optimizer_built_before_model_to_keeps_working():
     finals = []
     for move in (False, True):
         model = make_model(cpu, dropout=0.0)
-        opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = make_opt(model.parameters())
         for step in range(3):
             if move and step == 1:
                 model.to(cl)

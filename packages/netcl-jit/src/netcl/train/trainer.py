@@ -326,12 +326,15 @@ class Trainer:
 
     def _replay_step(self, x: Any, target: Any) -> None:
         assert self._graph is not None
-        if "step_draws" in self._graph_info:
-            self._graph.execute(x, target)  # its loss lands in the device-side log (after_step, captured)
-        else:  # the first replay: how many seeds a replayed step draws (a resume on the NumPy backend needs it)
-            before = RR.get_rng_state()["calls"]
-            self._graph.execute(x, target)
-            self._graph_info["step_draws"] = RR.get_rng_state()["calls"] - before
+        # its loss lands in the device-side log (after_step, captured). Under amp the execute runs in autocast
+        # too: the NumPy backend has nothing captured and runs the jit-compiled step again.
+        with self._autocast():
+            if "step_draws" in self._graph_info:
+                self._graph.execute(x, target)
+            else:  # the first replay: how many seeds a replayed step draws (a NumPy-backend resume needs it)
+                before = RR.get_rng_state()["calls"]
+                self._graph.execute(x, target)
+                self._graph_info["step_draws"] = RR.get_rng_state()["calls"] - before
         self._graph_runs += 1
         self.global_step += 1
 
@@ -369,7 +372,7 @@ class Trainer:
         metrics = dict(metrics or {})
         names = ["loss", *metrics]
         sums = Tensor.zeros((len(names),), np.float32, self.device)
-        position = Tensor.zeros((1,), np.int32, self.device)
+        slots = [Tensor.from_host(self.device, np.asarray([i], np.int32)) for i in range(len(names))]
         host = dict.fromkeys(names, 0.0)
         count = 0
         was_training = getattr(self.model, "training", True)
@@ -387,8 +390,7 @@ class Trainer:
                         if isinstance(value, Node):
                             value = value.value
                         if isinstance(value, Tensor):
-                            write_(position, np.int32(slot))
-                            log_scalar_(sums, position, value, self._ones, float(n), advance=False)
+                            log_scalar_(sums, slots[slot], value, self._ones, float(n), advance=False)
                         else:
                             host[name] += float(value) * n
                     count += n
