@@ -13,7 +13,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -30,9 +29,11 @@ from netcl.runtime.ops import random as RR  # noqa: N812
 from netcl.runtime.ops.layout import copy as device_copy
 from netcl.runtime.ops.optim_kernels import write_
 from netcl.runtime.ops.scalar_log import log_scalar_
+from netcl.train import loaders
 from netcl.train.callbacks import Callback
-from netcl.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from netcl.train.checkpoint import read_checkpoint, write_checkpoint
 from netcl.train.progress import Progress
+from netcl.train.state import load_trainer_state, trainer_state
 
 REPLAY_MODES = ("auto", "off")
 
@@ -107,7 +108,7 @@ class Trainer:
         self.replay = replay
         self.progress = progress
         self.log_path = None if log_path is None else os.fspath(log_path)
-        self.network = _wrap_distributed(model)
+        self.network = loaders.wrap_distributed(model)
         #: epochs completed; the next ``fit`` epoch is this one
         self.epoch = 0
         #: batches of the current epoch already trained (non-zero only mid-epoch, e.g. in a step callback)
@@ -154,7 +155,7 @@ class Trainer:
         """
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
             raise ValueError(f"fit: epochs must be an int >= 0, got {epochs!r}")
-        _check_loader(train_loader, "train_loader")
+        loaders.check_loader(train_loader, "train_loader")
         metrics = dict(metrics or {})
         if val_loader is None and metrics:
             raise ValueError("fit: metrics are computed on val_loader; pass one")
@@ -213,10 +214,10 @@ class Trainer:
             for index, batch in enumerate(iterator):
                 if index < skip:  # resumed mid-epoch: the same order, the trained batches passed over
                     continue
-                x, target = _split(batch)
+                x, target = loaders.split_batch(batch)
                 self._train_batch(x, target, index, total)
                 self.batch_in_epoch = index + 1
-                bar.step(_batch_size(x))
+                bar.step(loaders.batch_size(x))
                 self.last_step = {"epoch": epoch, "batch": index, "step": self.global_step}
                 for cb in callbacks:
                     cb.on_step_end(self, self.last_step)
@@ -232,7 +233,7 @@ class Trainer:
 
     def _train_batch(self, x: Any, target: Any, index: int, total: int) -> None:
         k = self.grad_accum_steps
-        signature = _signature(x, target)
+        signature = loaders.signature(x, target)
         seen = self._signatures.get(signature, 0)
         self._signatures[signature] = seen + 1
         if k > 1:
@@ -380,8 +381,8 @@ class Trainer:
         try:
             with no_grad(), self._autocast():
                 for batch in loader:
-                    x, target = _split(batch)
-                    n = _batch_size(x)
+                    x, target = loaders.split_batch(batch)
+                    n = loaders.batch_size(x)
                     output = self.network(x)
                     values = {"loss": self.loss_fn(output, target)}
                     values.update({name: fn(output, target) for name, fn in metrics.items()})
@@ -416,11 +417,11 @@ class Trainer:
     def _prepare_loader(self, loader: Any) -> None:
         """Shard the loader under MPI; give it the checkpoint's shuffle seed at the first ``fit`` after a
         resume; remember its seed for the next checkpoint."""
-        _shard(loader)
+        loaders.shard(loader)
         if self._resume_loader_seed is not None:
-            _set_seed(loader, self._resume_loader_seed)
+            loaders.set_seed(loader, self._resume_loader_seed)
             self._resume_loader_seed = None
-        self._loader_seed = _get_seed(loader)
+        self._loader_seed = loaders.get_seed(loader)
 
     # ---- checkpoints ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
@@ -436,36 +437,7 @@ class Trainer:
         write_checkpoint(path, tensors, state)
 
     def _state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        tensors: dict[str, np.ndarray] = {}
-        for name, value in _model_state(self.model).items():
-            tensors[f"model/{name}"] = value.to_host()
-        opt_state = self.optimizer.state_dict()
-        saved_state: dict[str, dict[str, Any]] = {}
-        for index, entries in opt_state["state"].items():
-            scalars = {}
-            for key, value in entries.items():
-                if isinstance(value, np.ndarray):
-                    tensors[f"optimizer/{index}/{key}"] = value
-                else:
-                    scalars[key] = value
-            saved_state[str(index)] = scalars
-        state = {
-            "model_class": type(self.model).__name__,
-            "optimizer_class": type(self.optimizer).__name__,
-            "optimizer": {"state": saved_state, "param_groups": opt_state["param_groups"]},
-            "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),
-            "scaler": None if self.scaler is None else self.scaler.state_dict(),
-            "rng": RR.get_rng_state(),
-            "loader_seed": self._loader_seed,
-            "position": {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step},
-            "signatures": dict(self._signatures),
-            "graph": None
-            if self._graph_signature is None
-            else {**self._graph_info, "signature": self._graph_signature, "runs": self._graph_runs},
-        }
-        if self._graph is None and self._resume_graph is not None:  # resumed, not yet captured again
-            state["graph"] = dict(self._resume_graph)
-        return tensors, state
+        return trainer_state(self)
 
     @classmethod
     def resume(
@@ -485,198 +457,4 @@ class Trainer:
         return trainer
 
     def _load(self, tensors: dict[str, np.ndarray], state: dict[str, Any], path: str) -> None:
-        try:
-            model_arrays = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
-            opt_arrays = {k[len("optimizer/") :]: v for k, v in tensors.items() if k.startswith("optimizer/")}
-            optimizer_state = _optimizer_state(state["optimizer"], opt_arrays)
-            position = state["position"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {path!r} lacks a part of the Trainer state: {exc!r}") from exc
-        own = _model_state(self.model)
-        missing = sorted(set(own) - set(model_arrays))
-        unexpected = sorted(set(model_arrays) - set(own))
-        reshaped = sorted(k for k in set(own) & set(model_arrays) if tuple(own[k].shape) != model_arrays[k].shape)
-        if missing or unexpected or reshaped:
-            parts = [
-                f"{what} {keys}"
-                for what, keys in (
-                    ("keys missing from the checkpoint", missing),
-                    ("keys only in the checkpoint", unexpected),
-                    ("keys of another shape", reshaped),
-                )
-                if keys
-            ]
-            raise KeyError(
-                f"Trainer.resume: the checkpoint {path!r} holds another model ({state.get('model_class')}): "
-                + "; ".join(parts)
-                + "; nothing was loaded"
-            )
-        _check_optimizer(self.optimizer, optimizer_state, state.get("optimizer_class"), path)
-        if (state.get("scheduler") is None) != (self.scheduler is None):
-            raise KeyError(
-                f"Trainer.resume: the checkpoint {path!r} has "
-                f"{'no' if state.get('scheduler') is None else 'a'} scheduler, this Trainer "
-                f"{'has one' if self.scheduler is not None else 'has none'}; nothing was loaded"
-            )
-        if (state.get("scaler") is None) != (self.scaler is None):
-            raise KeyError(f"Trainer.resume: amp differs between the checkpoint {path!r} and this Trainer")
-        # every check passed: load
-        self.model.load_state_dict(model_arrays)
-        self.optimizer.load_state_dict(optimizer_state)
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(dict(state["scheduler"]))
-            self.optimizer.sync_hyperparameters()
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        RR.set_rng_state(state["rng"])
-        self._loader_seed = self._resume_loader_seed = state.get("loader_seed")
-        self.epoch = int(position["epoch"])
-        self.batch_in_epoch = int(position["batch_in_epoch"])
-        self.global_step = int(position["global_step"])
-        self._signatures = {str(k): int(v) for k, v in state.get("signatures", {}).items()}
-        graph = state.get("graph")
-        self._graph, self._resume_graph = None, graph
-        self._graph_signature = None if graph is None else graph["signature"]
-
-
-# ---- helpers -----------------------------------------------------------------------------------------
-def _model_state(model: Any) -> dict[str, Tensor]:
-    return {name: value.value if isinstance(value, Node) else value for name, value in model.state_dict().items()}
-
-
-def _optimizer_state(saved: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """The optimizer state_dict a checkpoint holds (its scalars from JSON, its buffers from tensors)."""
-    state: dict[int, dict[str, Any]] = {}
-    for index, scalars in saved["state"].items():
-        state[int(index)] = dict(scalars)
-    for key, array in arrays.items():
-        index, name = key.split("/", 1)
-        state.setdefault(int(index), {})[name] = array
-    return {"state": state, "param_groups": [dict(g) for g in saved["param_groups"]]}
-
-
-def _check_optimizer(optimizer: Optimizer, saved: Mapping[str, Any], saved_class: Any, path: str) -> None:
-    """Raise ``KeyError`` naming what differs between ``optimizer`` and a saved state_dict's layout."""
-    problems = []
-    if saved_class is not None and saved_class != type(optimizer).__name__:
-        problems.append(f"class {saved_class} in the checkpoint, {type(optimizer).__name__} here")
-    groups = saved["param_groups"]
-    if len(groups) != len(optimizer.param_groups):
-        problems.append(f"{len(groups)} parameter groups in the checkpoint, {len(optimizer.param_groups)} here")
-    else:
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        for i, (mine, theirs) in enumerate(zip(optimizer.param_groups, groups, strict=True)):
-            if len(mine["params"]) != len(theirs["params"]):
-                problems.append(f"group {i} has {len(theirs['params'])} parameters in the checkpoint, "
-                                f"{len(mine['params'])} here")  # fmt: skip
-            keys = set(mine) - {"params", "initial_lr"}
-            other = set(theirs) - {"params", "initial_lr"}
-            if keys != other:
-                problems.append(f"group {i} hyperparameter keys differ: {sorted(keys ^ other)}")
-        order = [int(i) for g in groups for i in g["params"]]
-        if not problems:
-            for index, entries in saved["state"].items():
-                position = order.index(int(index)) if int(index) in order else None
-                if position is None:
-                    problems.append(f"state for parameter {index}, which no group lists")
-                    continue
-                p = params[position]
-                for name in optimizer.state_names:
-                    value = entries.get(name)
-                    if value is not None and tuple(np.shape(value)) != tuple(p.shape):
-                        problems.append(f"state {index}/{name}: shape {tuple(np.shape(value))} vs {tuple(p.shape)}")
-                unknown = set(entries) - {"step", *optimizer.state_names}
-                if unknown:
-                    problems.append(f"state {index} has keys {sorted(unknown)} that {type(optimizer).__name__} lacks")
-    if problems:
-        raise KeyError(
-            f"Trainer.resume: the checkpoint {path!r} holds another optimizer: " + "; ".join(problems)
-            + "; nothing was loaded"
-        )  # fmt: skip
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.generic,)):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"Trainer.save: cannot store {type(value).__name__} {value!r} in a checkpoint's JSON state")
-
-
-def _split(batch: Any) -> tuple[Any, Any]:
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise TypeError(
-        f"Trainer: a batch must be an (input, target) pair, got {type(batch).__name__}"
-        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-    )
-
-
-def _batch_size(x: Any) -> int:
-    shape = getattr(x, "shape", None)
-    return int(shape[0]) if shape else 1
-
-
-def _signature(x: Any, target: Any) -> str:
-    def one(v: Any) -> str:
-        return f"{tuple(getattr(v, 'shape', ()))}:{getattr(v, 'dtype', type(v).__name__)}"
-
-    return f"{one(x)}|{one(target)}"
-
-
-def _check_loader(loader: Any, name: str) -> None:
-    for attr in ("__iter__", "__len__", "set_epoch"):
-        if not hasattr(loader, attr):
-            raise TypeError(
-                f"fit: {name} must be a netcl.data.DataLoader (or have __iter__, __len__ and set_epoch); "
-                f"{type(loader).__name__} lacks {attr}"
-            )
-
-
-def _get_seed(loader: Any) -> int | None:
-    sampler = getattr(loader, "sampler", None)
-    seed = getattr(sampler, "seed", getattr(loader, "seed", None))
-    return None if seed is None else int(seed)
-
-
-def _set_seed(loader: Any, seed: int) -> None:
-    if hasattr(loader, "seed"):
-        loader.seed = seed
-    sampler = getattr(loader, "sampler", None)
-    if sampler is not None and hasattr(sampler, "seed"):
-        sampler.seed = seed
-
-
-def _wrap_distributed(model: Any) -> Any:
-    from netcl.runtime import distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return model
-    from netcl.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model)
-
-
-def _shard(loader: Any) -> None:
-    """Under MPI, give a DataLoader that owns its sampler a ``DistributedSampler`` (same seed and shuffle)."""
-    from netcl.runtime import distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    from netcl.data import BatchSampler, DataLoader, DistributedSampler
-
-    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
-        return
-    sampler = DistributedSampler(len(loader.dataset), shuffle=loader.shuffle, seed=loader.seed,
-                                 drop_last=loader.drop_last)  # fmt: skip
-    loader.sampler = sampler
-    loader.batch_sampler = BatchSampler(sampler, loader.batch_size, loader.drop_last)
-    loader._owns_sampler = False  # set_epoch now reaches the sampler
-
-
-def _isatty() -> bool:
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+        load_trainer_state(self, tensors, state, path)
