@@ -33,9 +33,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
         "--workload",
-        choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer"],
+        choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer", "trainer"],
         default="fused",
-        help="matmul/conv/train/input/transformer: bench_<name>.py; "
+        help="matmul/conv/train/input/transformer/trainer: bench_<name>.py; "
         "launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
     parser.add_argument(
@@ -92,6 +92,10 @@ if __name__ == "__main__":
         from bench_input import run as run_input
 
         results = run_input(args.device, args.quick, args.repeats)
+    elif args.workload == "trainer":
+        from bench_trainer import run as run_trainer
+
+        results = run_trainer(args.device, args.quick, args.repeats)
     else:
         results = main(args)
     if args.json_path:

@@ -1,13 +1,16 @@
 """Train a small CNN on scikit-learn's bundled 8x8 digits with netcl.nn and netcl.optim.
 
-The model is PyTorch-shaped (conv-relu-pool twice, then a linear layer); training uses
-minibatches, SGD with momentum or Adam under a cosine learning-rate schedule, a tqdm
-progress bar (loss, steps/s) and the test accuracy after every epoch. At the end the weights
-are saved as a safetensors checkpoint, loaded into a fresh model and evaluated again: the
-accuracy must be identical.
+The model is PyTorch-shaped (conv-relu-pool twice, then a linear layer); ``netcl.train.Trainer``
+runs the loop: shuffled minibatches from a ``netcl.data.DataLoader``, SGD with momentum or Adam
+under a cosine learning-rate schedule, the step captured once and replayed (``--replay off``: eager
+steps), a tqdm progress bar (steps/s, samples/s, loss) and the test accuracy after every epoch.
+At the end the weights are saved as a safetensors checkpoint, loaded into a fresh model and
+evaluated again: the accuracy must be identical.
 No download: ``load_digits`` ships with scikit-learn (install the ``examples`` extra).
 
-Run: ``python examples/train_digits_cnn.py [--optimizer sgd|adam] [--epochs 8] [--device cpu]``.
+Run: ``python examples/train_digits_cnn.py [--optimizer sgd|adam] [--epochs 8] [--device cpu]
+[--trainer-checkpoint PATH]`` (the last saves the Trainer after every epoch and resumes from it
+when the file exists: an interrupted run continues bit-identically).
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ import numpy as np
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.core import get_device
+from netcl.data import DataLoader, TensorDataset
 from netcl.optim import SGD, Adam, CosineAnnealingLR
-from netcl.profiler import profile, record_function
+from netcl.profiler import profile
+from netcl.train import Callback, Checkpoint, Trainer
+from netcl.train import accuracy as accuracy_metric
 
 
 def digits_cnn(device=None) -> nn.Module:
@@ -71,48 +77,56 @@ def make_optimizer(name: str, params, lr: float | None):
     return Adam(params, lr=5e-3 if lr is None else lr)
 
 
-def train(args: argparse.Namespace) -> dict[str, float]:
-    from tqdm import tqdm
+class StopAfter(Callback):
+    """End training after ``max_steps`` optimizer steps (the epoch in progress ends there)."""
 
+    def __init__(self, max_steps: int | None) -> None:
+        self.max_steps = max_steps
+
+    def on_step_end(self, trainer: Trainer, step: dict[str, int]) -> None:
+        if self.max_steps is not None and step["step"] >= self.max_steps:
+            trainer.should_stop = True
+
+
+class Report(Callback):
+    """One line per epoch: the mean training loss, the test accuracy, steps per second."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.steps = 0
+
+    def on_epoch_end(self, trainer: Trainer, logs: dict[str, float]) -> None:
+        rate = (trainer.global_step - self.steps) / max(time.perf_counter() - self.start, 1e-9)
+        print(f"epoch {int(logs['epoch']) + 1}: loss {logs['loss']:.4f}  test accuracy {logs['accuracy']:.2%}  "
+              f"({rate:.1f} steps/s)")  # fmt: skip
+        self.start, self.steps = time.perf_counter(), trainer.global_step
+
+
+def train(args: argparse.Namespace) -> dict[str, float]:
     device = get_device(args.device)
     ag.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_data(args.seed)
+    train_loader = DataLoader(TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True,
+                              seed=args.seed, device=device)  # fmt: skip
+    test_loader = DataLoader(TensorDataset(x_test, y_test), batch_size=256, device=device)
     model = digits_cnn(device)
     opt = make_optimizer(args.optimizer, model.parameters(), args.lr)
     schedule = CosineAnnealingLR(opt, T_max=args.epochs)  # the lr decays to 0 over the run, per epoch
-    rng = np.random.default_rng(args.seed)
-    steps, start, test_acc = 0, time.perf_counter(), 0.0
+    options = {"scheduler": schedule, "replay": args.replay, "progress": not args.quiet}
+    if args.trainer_checkpoint and os.path.exists(args.trainer_checkpoint):
+        trainer = Trainer.resume(args.trainer_checkpoint, model, opt, ag.cross_entropy, **options)
+        print(f"resumed from {args.trainer_checkpoint} at epoch {trainer.epoch}, step {trainer.global_step}")
+    else:
+        trainer = Trainer(model, opt, ag.cross_entropy, **options)
     print(f"training {sum(p.size for p in model.parameters())} parameters with {type(opt).__name__} on {device}")
-    for epoch in range(1, args.epochs + 1):
-        order = rng.permutation(len(x_train))
-        batches = range(0, len(order), args.batch_size)
-        bar = tqdm(batches, desc=f"epoch {epoch}/{args.epochs}", unit="step", disable=args.quiet, leave=False)
-        epoch_start, epoch_steps, loss_value = time.perf_counter(), 0, float("nan")
-        for first in bar:
-            with record_function(f"step {steps}"):  # a range in the trace of --profile (free without one)
-                index = order[first : first + args.batch_size]
-                x = ag.tensor(x_train[index], device=device)
-                with ag.Tape() as tape:
-                    loss = ag.cross_entropy(model(x), y_train[index])
-                tape.backward(loss)
-                opt.step()
-                opt.zero_grad()
-            steps += 1
-            epoch_steps += 1
-            if epoch_steps % 5 == 0 or first + args.batch_size >= len(order):
-                loss_value = loss.item()  # a sync point: read the loss only now and then
-                rate = epoch_steps / max(time.perf_counter() - epoch_start, 1e-9)
-                bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.1f}")
-            if args.max_steps is not None and steps >= args.max_steps:
-                break
-        bar.close()
-        schedule.step()
-        test_acc = accuracy(model, x_test, y_test, device)
-        rate = epoch_steps / max(time.perf_counter() - epoch_start, 1e-9)
-        print(f"epoch {epoch}: loss {loss.item():.4f}  test accuracy {test_acc:.2%}  ({rate:.1f} steps/s)")
-        if args.max_steps is not None and steps >= args.max_steps:
-            break
+    callbacks: list[Callback] = [Report(), StopAfter(args.max_steps)]
+    if args.trainer_checkpoint:
+        callbacks.append(Checkpoint(args.trainer_checkpoint))
+    start = time.perf_counter()
+    trainer.fit(train_loader, args.epochs, val_loader=test_loader, metrics={"accuracy": accuracy_metric},
+                callbacks=callbacks)  # fmt: skip
     elapsed = time.perf_counter() - start
+    test_acc = accuracy(model, x_test, y_test, device)
 
     path = args.checkpoint or os.path.join(tempfile.mkdtemp(prefix="netcl-digits-"), "digits_cnn.safetensors")
     nn.save(model.state_dict(), path)
@@ -121,6 +135,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     reloaded_acc = accuracy(reloaded, x_test, y_test, device)
     if reloaded_acc != test_acc:
         raise RuntimeError(f"the reloaded checkpoint scores {reloaded_acc:.2%}, the trained model {test_acc:.2%}")
+    steps = trainer.global_step
     print(f"test accuracy {test_acc:.2%} after {steps} steps ({elapsed:.1f} s) on {device.spec}")
     print(f"checkpoint {path} reloaded: test accuracy {reloaded_acc:.2%} (identical)")
     return {"test_accuracy": test_acc, "reloaded_accuracy": reloaded_acc, "steps": steps}
@@ -135,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (quick runs)")
     parser.add_argument("--checkpoint", default=None, help="where to save the weights (default: a temp dir)")
+    parser.add_argument(
+        "--trainer-checkpoint", default=None, metavar="PATH", help="save the Trainer here each epoch; resume from it"
+    )
+    parser.add_argument("--replay", choices=["auto", "off"], default="auto", help="capture and replay the step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(

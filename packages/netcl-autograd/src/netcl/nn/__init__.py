@@ -6,7 +6,7 @@ torch_model.state_dict().items()})`` loads a PyTorch model's weights. ``save`` /
 and read state dicts as safetensors files.
 """
 
-from netcl.nn import functional, generation, init
+from netcl.nn import functional, generation, init, utils
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
@@ -63,4 +63,5 @@ __all__ = [
     "init",
     "load",
     "save",
+    "utils",
 ]

@@ -166,7 +166,28 @@ class Optimizer:
             self.skip_flag = None
         return loss
 
+    def follow_parameters(self) -> None:
+        """Move the optimizer's device state (step counts, hyperparameters, per-parameter buffers) to the
+        parameters' device when ``Module.to`` moved them (in place) after the optimizer was built, as a
+        torch optimizer keeps working; raises ``DeviceError`` if the parameters now live on two devices."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        device = params[0].device
+        if device is self._device:
+            return
+        for i, p in enumerate(params):
+            if p.device is not device:
+                raise DeviceError(f"optimizer parameters live on two devices: {device!r} and {p.device!r} (param {i})")
+        self._device = device
+        self._steps = self.steps.to(device)
+        self._hyper = [None if h is None else (h[0], h[1].to(device)) for h in self._hyper]
+        self._masks.clear()
+        for entries in self.state.values():
+            for name, value in entries.items():
+                if isinstance(value, Tensor):
+                    entries[name] = value.to(device)
+
     def _step(self) -> None:
+        self.follow_parameters()
         self.sync_hyperparameters()
         updated = [False] * len(self._index)
         for group_index, group in enumerate(self.param_groups):

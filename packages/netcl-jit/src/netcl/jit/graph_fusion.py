@@ -38,6 +38,7 @@ class FusedGraph:
         train: bool,
         has_target: bool,
         optimizer_step: Callable[[], Any] | None,
+        after_step: Callable[[Node], Any] | None = None,
     ) -> None:
         self.step = step
         self.params = params
@@ -45,6 +46,7 @@ class FusedGraph:
         self.train = train
         self.has_target = has_target
         self.optimizer_step = optimizer_step
+        self.after_step = after_step
         #: The CompiledGraph holding the captured step (None on the NumPy backend).
         self.compiled: CompiledGraph | None = None
         self.outputs: Node | None = None
@@ -71,6 +73,8 @@ class FusedGraph:
         out.backward()
         if self.optimizer_step is not None:
             self.optimizer_step()
+        if self.after_step is not None:
+            self.after_step(out)
         return out
 
     def _eager(self, inputs: list[Node]) -> Node:
@@ -142,6 +146,7 @@ def fuse_graph(
     *,
     params: Iterable[Node] | None = None,
     optimizer_step: Callable[[], Any] | None = None,
+    after_step: Callable[[Node], Any] | None = None,
     jit: bool = True,
 ) -> FusedGraph:
     """Jit-fuse and capture one step of ``model``; returns a ``FusedGraph`` to ``execute`` per step.
@@ -151,8 +156,9 @@ def fuse_graph(
     ``model.parameters()``, or ``params=`` for a plain function. With ``loss_fn`` the step is a
     training step: ``loss = loss_fn(model(x), target)`` (``loss_fn(model(x))`` when ``target`` is
     None), then the backward into the parameters' ``grad``, then ``optimizer_step()`` when given
-    (e.g. an SGD update with in-place runtime ops). Without ``loss_fn`` it is an inference step
-    (``model(x)`` under ``no_grad``).
+    (e.g. an SGD update with in-place runtime ops), then ``after_step(loss)`` when given (device work on
+    the step's loss, e.g. appending it to a device-side log: captured with the step, so every replay
+    runs it). Without ``loss_fn`` it is an inference step (``model(x)`` under ``no_grad``).
 
     How: the step function is wrapped in ``jit_compile`` (``jit=False`` skips it), so chains of
     elementwise ops collapse into fused kernels while matmuls and losses stay their own kernels;
@@ -168,8 +174,8 @@ def fuse_graph(
     train = loss_fn is not None
     if not train and target is not None:
         raise ValueError("fuse_graph got a target but no loss_fn; pass loss_fn to capture a training step")
-    if not train and optimizer_step is not None:
-        raise ValueError("optimizer_step needs a training step: pass loss_fn")
+    if not train and (optimizer_step is not None or after_step is not None):
+        raise ValueError("optimizer_step and after_step need a training step: pass loss_fn")
     if train and not any(p.requires_grad for p in param_list):
         raise ValueError(
             "a training step needs parameters that require grad: give model a parameters() method returning "
@@ -199,7 +205,9 @@ def fuse_graph(
             return model(x)
 
     step.__qualname__ = step.__name__ = f"fused_step_{getattr(model, '__name__', type(model).__name__)}"
-    fused = FusedGraph(jit_compile(step) if jit else step, param_list, device, train, has_target, optimizer_step)
+    fused = FusedGraph(
+        jit_compile(step) if jit else step, param_list, device, train, has_target, optimizer_step, after_step
+    )
     inputs = fused._inputs(sample_input, target)
     fused.capture(inputs)
     return fused

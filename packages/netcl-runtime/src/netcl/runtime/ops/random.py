@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -136,6 +137,24 @@ def initial_seed() -> int:
     return _generator["seed"]
 
 
+def get_rng_state() -> dict[str, int]:
+    """The global generator's state, ``{"seed": int, "calls": int}`` (JSON-ready; ``set_rng_state`` restores it)."""
+    with _generator_lock:
+        return {"seed": int(_generator["seed"]), "calls": int(_generator["calls"])}
+
+
+def set_rng_state(state: dict[str, int]) -> None:
+    """Restore what ``get_rng_state`` returned: the following ``next_seed()`` values repeat."""
+    try:
+        seed, calls = int(state["seed"]), int(state["calls"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"set_rng_state: expected {{'seed': int, 'calls': int}}, got {state!r}") from exc
+    if not 0 <= seed < 2**64 or calls < 0:
+        raise ValueError(f"set_rng_state: seed must be in [0, 2**64) and calls >= 0, got {state!r}")
+    with _generator_lock:
+        _generator["seed"], _generator["calls"] = seed, calls
+
+
 def next_seed() -> int:
     """A fresh 64-bit seed: Philox of the call count under the global seed (host only, no device work)."""
     with _generator_lock:
@@ -168,9 +187,28 @@ __kernel void netcl_counter_advance(__global int* counter) {
 _ZERO_COUNTERS: dict[Device, Tensor] = {}
 
 
+#: the value new counters start at (``counters_start_at``); 0 outside it
+_counter_start = [0]
+
+
+@contextmanager
+def counters_start_at(value: int) -> Iterator[None]:
+    """Within the block, ``new_counter`` starts counters at ``value`` instead of 0: a step captured
+    again after a resume draws the masks that the ``value``-th replay of the first capture drew."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**32:
+        raise ValueError(f"counters_start_at: value must be an int in [0, 2**32), got {value!r}")
+    previous, _counter_start[0] = _counter_start[0], int(value)
+    try:
+        yield
+    finally:
+        _counter_start[0] = previous
+
+
 def new_counter(device: Device | str | None = None) -> Tensor:
-    """A one-element int32 device counter, 0, that ``advance_counter`` steps (Philox counter word 3)."""
-    return Tensor.zeros((1,), np.int32, get_device(device))
+    """A one-element int32 device counter that ``advance_counter`` steps (Philox counter word 3): 0, or the
+    value of an enclosing ``counters_start_at``."""
+    start = np.asarray([_counter_start[0]], np.uint32).view(np.int32)
+    return Tensor.from_host(get_device(device), start)
 
 
 def advance_counter(counter: Tensor) -> Tensor:
@@ -219,7 +257,7 @@ def dropout(x: Tensor, p: float, seed: int, counter: Tensor | None = None) -> Te
     if counter is None:
         counter = _ZERO_COUNTERS.get(x.device)
         if counter is None:
-            counter = _ZERO_COUNTERS[x.device] = new_counter(x.device)
+            counter = _ZERO_COUNTERS[x.device] = Tensor.zeros((1,), np.int32, x.device)
     source = pragmas([x.dtype]) + PHILOX_SOURCE + _DROPOUT.format(st=st, ct=ct, stream=DROPOUT_STREAM)
     types = [None, None, np.int64, np.uint32, np.uint32, np.uint32, np.float32, None]
     resolved = get_kernel(("random", "dropout", st, ct), x.device, lambda: source, "netcl_dropout", types)
