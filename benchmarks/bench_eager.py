@@ -33,7 +33,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,17 +69,24 @@ OPS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] = {
 }
 
 
-def _host_us(fn: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
-    """Median host microseconds per call of ``fn`` (``INNER`` calls per sample, ``sync`` between samples)."""
-    for _ in range(5):
-        fn()
+def _host_us(
+    fn: Callable[[], object], sync: Callable[[], None], repeats: int, context: Callable[[], Any] = nullcontext
+) -> float:
+    """Median host microseconds per call of ``fn`` (``INNER`` calls per sample inside one ``context()``, ``sync``
+    between samples). A recording sample gets a tape of its own: the nodes (and their output blocks) of one
+    sample are released before the next, as a training step's are."""
+    for _ in range(2):
+        with context():
+            for _ in range(5):
+                fn()
     sync()
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(INNER):
-            fn()
-        samples.append((time.perf_counter() - start) / INNER * 1e6)
+        with context():
+            start = time.perf_counter()
+            for _ in range(INNER):
+                fn()
+            samples.append((time.perf_counter() - start) / INNER * 1e6)
         sync()
     return statistics.median(samples)
 
@@ -159,9 +168,7 @@ def netcl_ops(device, repeats: int) -> dict[str, dict[str, float]]:
         with ag.no_grad():
             no_grad = _host_us(lambda op=op: op(plain), sync, repeats)
             calls = _calls_per_op(lambda op=op: op(plain), sync)
-        with ag.Tape():
-            # each sample's nodes die with the sample's results: a fresh tape per sample would time its setup too
-            recording = _host_us(lambda op=op: op(tracked), sync, repeats)
+        recording = _host_us(lambda op=op: op(tracked), sync, repeats, ag.Tape)
         rows[name] = {"no_grad": no_grad, "recording": recording, "calls": calls}
     return rows
 
