@@ -73,7 +73,9 @@ class MemoryStats:
 
 #: A pool event is one int: ``size * _EVENT_SHIFT + requested``, positive for a block taken from the
 #: free lists, negative for a block returned to them (an int, not a tuple: making it starts no collection).
-_EVENT_SHIFT = 1 << 48
+_EVENT_BITS = 48
+_EVENT_SHIFT = 1 << _EVENT_BITS
+_EVENT_MASK = _EVENT_SHIFT - 1
 
 
 class _BlockToken:
@@ -259,28 +261,29 @@ class DevicePool:
             size, requested = released.popleft()
             stats.allocated_bytes -= size
             stats.requested_bytes -= requested
+        # a taken block moves its bytes from cached to allocated, a returned one back: cached moves opposite
+        allocated = start = stats.allocated_bytes
+        requested, peak, taken, returned = stats.requested_bytes, stats.peak_allocated_bytes, 0, 0
         events = self._events
         popleft = events.popleft
-        while events:
+        for _ in range(len(events)):  # events appended meanwhile wait for the next fold
             event = popleft()
             if event > 0:
-                size, requested = divmod(event, _EVENT_SHIFT)
-                stats.allocated_bytes += size
-                stats.requested_bytes += requested
-                stats.cached_bytes -= size
-                stats.cached_blocks -= 1
-                stats.active_blocks += 1
-                stats.served_from_pool += 1
-                if stats.allocated_bytes > stats.peak_allocated_bytes:
-                    stats.peak_allocated_bytes = stats.allocated_bytes
+                allocated += event >> _EVENT_BITS
+                requested += event & _EVENT_MASK
+                taken += 1
+                if allocated > peak:
+                    peak = allocated
             else:
-                size, requested = divmod(-event, _EVENT_SHIFT)
-                stats.allocated_bytes -= size
-                stats.requested_bytes -= requested
-                stats.cached_bytes += size
-                stats.cached_blocks += 1
-                stats.active_blocks -= 1
-                stats.frees += 1
+                allocated -= (-event) >> _EVENT_BITS
+                requested -= (-event) & _EVENT_MASK
+                returned += 1
+        stats.allocated_bytes, stats.requested_bytes, stats.peak_allocated_bytes = allocated, requested, peak
+        stats.cached_bytes -= allocated - start
+        stats.cached_blocks += returned - taken
+        stats.active_blocks += taken - returned
+        stats.served_from_pool += taken
+        stats.frees += returned
 
     def empty_cache(self) -> int:
         """Release every cached block to the device; returns the bytes released."""
