@@ -33,9 +33,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
         "--workload",
-        choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer", "trainer"],
+        choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer", "trainer", "eager"],
         default="fused",
-        help="matmul/conv/train/input/transformer/trainer: bench_<name>.py; "
+        help="matmul/conv/train/input/transformer/trainer/eager: bench_<name>.py; "
         "launch: launch_cost.py (jit call vs raw launch, replay per kernel)",
     )
     parser.add_argument(
@@ -92,6 +92,10 @@ if __name__ == "__main__":
         from bench_input import run as run_input
 
         results = run_input(args.device, args.quick, args.repeats)
+    elif args.workload == "eager":
+        from bench_eager import run as run_eager
+
+        results = run_eager(args.device, args.quick, args.repeats, not args.no_peers)
     elif args.workload == "trainer":
         from bench_trainer import run as run_trainer
 

@@ -23,7 +23,15 @@ from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime import ops as R  # noqa: N812
 
-_local = threading.local()
+
+class _ThreadState(threading.local):
+    """This thread's autocast dtype; the class attribute is the default (None: off), read without the failed
+    instance lookup a bare ``threading.local`` pays on every product."""
+
+    dtype: np.dtype | None = None
+
+
+_local = _ThreadState()
 #: devices autocast has warned about (once each)
 _WARNED: set = set()
 

@@ -326,7 +326,17 @@ def tensor(data: Any, requires_grad: bool = False, device: Device | str | None =
 
 
 # ---- thread-local slots ------------------------------------------------------------------------
-_local = threading.local()
+class _ThreadState(threading.local):
+    """This thread's tape, tracer and backward callback stack; the class attributes are the defaults, so a
+    thread that never set one reads None without the failed instance lookup ``getattr(local, name, None)``
+    pays on a bare ``threading.local`` (on every op)."""
+
+    tape: Tape | None = None
+    tracer: Tracer | None = None
+    backward_callbacks: list[list[Callable[[], Any]]] | None = None
+
+
+_local = _ThreadState()
 
 
 def get_current_tape() -> Tape | None:
@@ -408,20 +418,20 @@ def apply_op(
     """
     if op_name is None:
         op_name = sys._getframe(1).f_code.co_name
-    tracer = get_tracer()
+    tracer = _local.tracer
     if tracer is not None:
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
-    values = tuple(a.value if isinstance(a, Node) else a for a in args)
+    values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
     out = fn(*values)
     if not grad_mode._grad_enabled:
         return Node(out, op_name=op_name)
     if tape is None:
-        tape = get_current_tape()
+        tape = _local.tape
     index = [i for i, a in enumerate(args) if isinstance(a, Node)]
     tracking = (
         grad_fn is not None
         and (tape is None or tape.enabled)
-        and any(args[i].requires_grad for i in index)
+        and any([args[i].requires_grad for i in index])
         and out.dtype.kind == "f"
     )
     if not tracking:

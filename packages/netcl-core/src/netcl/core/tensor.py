@@ -20,6 +20,10 @@ from netcl.core.profile_hooks import MEMCPY, MEMSET, now, report
 #: name -> function of two operands (``neg``: one), installed by ``netcl.runtime.ops`` on import.
 ARITHMETIC: dict[str, Callable[..., Any]] = {}
 
+#: (dtype argument, device) -> the dtype ``device.check_dtype`` returned for it (an equal key is the same dtype)
+_CHECKED_DTYPES: dict[tuple[Any, Any], np.dtype] = {}
+_INT = frozenset({int})
+
 #: Tensors of more bytes than this print their shape, not their values (a repr must stay cheap).
 REPR_MAX_BYTES = 64 << 20
 
@@ -94,9 +98,19 @@ class Tensor:
     @classmethod
     def empty(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
         """An uninitialized tensor."""
-        dims = normalize_shape(shape)
+        if type(shape) is tuple and {*map(type, shape)} <= _INT and min(shape, default=0) >= 0:
+            dims = shape  # already a shape: a tuple of ints >= 0 (no bools, no NumPy ints)
+        else:
+            dims = normalize_shape(shape)
         device = get_device(device)
-        target = device.check_dtype(dtype)
+        try:
+            target = _CHECKED_DTYPES.get((dtype, device))
+        except TypeError:  # an unhashable dtype argument: check_dtype says what is wrong with it
+            target = None
+        if target is None:
+            target = device.check_dtype(dtype)
+            if len(_CHECKED_DTYPES) < 1024:
+                _CHECKED_DTYPES[(dtype, device)] = target
         nbytes = math.prod(dims) * target.itemsize
         if device.kind == "cpu":
             check_allocation(device, nbytes)

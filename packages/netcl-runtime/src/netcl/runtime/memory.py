@@ -34,6 +34,8 @@ import pyopencl as cl
 from netcl.core import Device, devices, get_device
 from netcl.core.devices import check_allocation, raw_allocate
 
+_from_int_ptr = cl.Buffer.from_int_ptr
+
 ENV_VAR = "NETCL_CACHING_ALLOCATOR"
 MIN_BLOCK = 512
 POW2_LIMIT = 1 << 20
@@ -69,21 +71,30 @@ class MemoryStats:
     cached_blocks: int = 0
 
 
+#: A pool event is one int: ``size * _EVENT_SHIFT + requested``, positive for a block taken from the
+#: free lists, negative for a block returned to them (an int, not a tuple: making it starts no collection).
+_EVENT_BITS = 48
+_EVENT_SHIFT = 1 << _EVENT_BITS
+_EVENT_MASK = _EVENT_SHIFT - 1
+
+
 class _BlockToken:
-    """Rides on a handed-out buffer wrapper; returns the block when the wrapper dies."""
+    """Rides on a handed-out buffer wrapper; returns the block when the wrapper dies: straight onto its size
+    class's free list (``list.append`` is atomic), with an event for the statistics."""
 
-    __slots__ = ("returned", "real", "size", "requested")
+    __slots__ = ("free", "events", "real", "event")
 
-    def __init__(self, returned: deque, real: cl.Buffer, size: int, requested: int) -> None:
-        self.returned = returned
+    def __init__(self, free: list, events: deque, real: cl.Buffer, event: int) -> None:
+        self.free = free
+        self.events = events
         self.real = real
-        self.size = size
-        self.requested = requested
+        self.event = event
 
     def __del__(self) -> None:
         # not contextlib.suppress: it costs ~0.4 us on every free
-        try:  # noqa: SIM105
-            self.returned.append((self.real, self.size, self.requested))
+        try:
+            self.free.append(self.real)
+            self.events.append(-self.event)
         except Exception:  # at interpreter shutdown there is nothing to return to
             pass
 
@@ -108,41 +119,56 @@ class _CountToken:
 class DevicePool:
     """The pool of one OpenCL device; thread-safe.
 
-    Frees are queued lock-free (a finalizer may run during any allocation, even one that holds
-    the lock) and folded into the free lists at the next allocation or stats call.
+    The hot path (a cached block of the size class) takes no lock: it pops the block from its size
+    class's free list (atomic) and appends one event to a queue; a dying wrapper's token puts its block
+    back on that list and appends the opposite event. The statistics fold the events in order (so the
+    peak is exact) when they are read, when an allocation needs a fresh block, and every
+    ``_FOLD_EVERY`` events; everything else (fresh blocks, releases, statistics) holds the lock.
     """
+
+    _FOLD_EVERY = 4096
 
     def __init__(self, device: Device) -> None:
         self.device = device
         self._lock = threading.Lock()
+        #: size class -> its free blocks; a list is never replaced (tokens of live wrappers hold it)
         self._free: dict[int, list[cl.Buffer]] = {}
-        self._returned: deque[tuple[cl.Buffer, int, int]] = deque()
+        self._events: deque[int] = deque()
         self._released: deque[tuple[int, int]] = deque()  # (size, requested) of dead unpooled buffers
         self._stats = MemoryStats()
         self._limit: int | None = None  # min(max alloc, global memory), read once
+        self._taggable = True  # False on a pyopencl whose buffers take no attributes: no pooling
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``).
 
-        The common case (a cached block of the size class) takes the lock once and makes one
-        wrapper: this is on the path of every op's output, a cache-hit jit call included.
+        The common case (a cached block of the size class) takes no lock and makes one wrapper: this
+        is on the path of every op's output, a cache-hit jit call included.
         """
         nbytes = int(nbytes)
         size = _CLASSES.get(nbytes)
         if size is None:
             size = self._size_for(device, nbytes)
-        stats = self._stats
-        with self._lock:
-            if self._returned or self._released:
-                self._drain()
-            blocks = self._free.get(size)
-            if blocks:  # a block is cached only after a tagged wrapper of it died: tagging works here
+        blocks = self._free.get(size)
+        if blocks:
+            try:
                 real = blocks.pop()
-                stats.served_from_pool += 1
-                stats.cached_bytes -= size
-                stats.cached_blocks -= 1
-                self._account(size, nbytes)
-                return self._wrap(real, size, nbytes)
+            except IndexError:  # another thread took the last one
+                pass
+            else:
+                event = size * _EVENT_SHIFT + nbytes
+                events = self._events
+                events.append(event)
+                wrapper = _from_int_ptr(real.int_ptr, retain=True)
+                wrapper._netcl_block = _BlockToken(blocks, events, real, event)
+                if len(events) > self._FOLD_EVERY:
+                    with self._lock:
+                        self._drain()
+                return wrapper
+        return self._allocate_fresh(size, nbytes)
+
+    def _allocate_fresh(self, size: int, nbytes: int) -> cl.Buffer:
+        """A new device block of ``size`` for a request of ``nbytes`` (the free list of its class is empty)."""
         real = self._fresh(size, nbytes)
         wrapper = self._wrap(real, size, nbytes)
         if wrapper is None:  # a pyopencl without dynamic attributes: no pooling
@@ -192,15 +218,20 @@ class DevicePool:
 
     def _wrap(self, real: cl.Buffer, size: int, nbytes: int) -> cl.Buffer | None:
         """A second wrapper of ``real`` that returns the block when it dies (None if it cannot be tagged)."""
+        if not self._taggable:
+            return None
+        blocks = self._free.setdefault(size, [])
         try:
-            wrapper = cl.Buffer.from_int_ptr(real.int_ptr, retain=True)
-            wrapper._netcl_block = _BlockToken(self._returned, real, size, nbytes)
+            wrapper = _from_int_ptr(real.int_ptr, retain=True)
+            wrapper._netcl_block = _BlockToken(blocks, self._events, real, size * _EVENT_SHIFT + nbytes)
         except (AttributeError, TypeError):
+            self._taggable = False
             return None
         return wrapper
 
     def _fresh(self, size: int, nbytes: int) -> cl.Buffer:
         with self._lock:
+            self._drain()
             self._stats.fresh_allocations += 1
             over = self._stats.allocated_bytes + self._stats.cached_bytes + size > self.device.global_mem_size
         if over:
@@ -219,31 +250,56 @@ class DevicePool:
                 ) from None
 
     def _drain(self) -> None:
-        """Fold queued frees into the free lists (caller holds the lock)."""
-        returned = self._returned
+        """Fold queued events into the statistics (caller holds the lock).
+
+        A taken block moves its bytes from cached to allocated, a returned one back; a block released
+        by ``empty_cache`` before its return event was folded was already taken off the cached bytes there.
+        """
         stats = self._stats
-        while self._released:
-            size, requested = self._released.popleft()
+        released = self._released
+        while released:
+            size, requested = released.popleft()
             stats.allocated_bytes -= size
             stats.requested_bytes -= requested
-        while returned:
-            real, size, requested = returned.popleft()
-            self._free.setdefault(size, []).append(real)
-            stats.allocated_bytes -= size
-            stats.requested_bytes -= requested
-            stats.cached_bytes += size
-            stats.active_blocks -= 1
-            stats.cached_blocks += 1
-            stats.frees += 1
+        # a taken block moves its bytes from cached to allocated, a returned one back: cached moves opposite
+        allocated = start = stats.allocated_bytes
+        requested, peak, taken, returned = stats.requested_bytes, stats.peak_allocated_bytes, 0, 0
+        events = self._events
+        popleft = events.popleft
+        for _ in range(len(events)):  # events appended meanwhile wait for the next fold
+            event = popleft()
+            if event > 0:
+                allocated += event >> _EVENT_BITS
+                requested += event & _EVENT_MASK
+                taken += 1
+                if allocated > peak:
+                    peak = allocated
+            else:
+                allocated -= (-event) >> _EVENT_BITS
+                requested -= (-event) & _EVENT_MASK
+                returned += 1
+        stats.allocated_bytes, stats.requested_bytes, stats.peak_allocated_bytes = allocated, requested, peak
+        stats.cached_bytes -= allocated - start
+        stats.cached_blocks += returned - taken
+        stats.active_blocks += taken - returned
+        stats.served_from_pool += taken
+        stats.frees += returned
 
     def empty_cache(self) -> int:
         """Release every cached block to the device; returns the bytes released."""
+        released = 0
         with self._lock:
             self._drain()
-            released = self._stats.cached_bytes
-            self._free = {}
-            self._stats.cached_bytes = 0
-            self._stats.cached_blocks = 0
+            for size, blocks in self._free.items():
+                while True:  # pop, not clear: a token may append to the list meanwhile
+                    try:
+                        blocks.pop()
+                    except IndexError:
+                        break
+                    released += size
+                    # a block whose return event is not folded yet: the fold adds it back
+                    self._stats.cached_bytes -= size
+                    self._stats.cached_blocks -= 1
         return released
 
     def stats(self) -> MemoryStats:

@@ -16,7 +16,6 @@ from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import as_dtype, float16, float32
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -35,6 +34,7 @@ from netcl.runtime.ops._common import (
     storage_only,
     storage_pragmas,
 )
+from netcl.runtime.ops._grid import launch_prepared
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
 from netcl.runtime.ops.strided import strided_copy
@@ -83,7 +83,7 @@ def _storage_cast(x: Tensor, target: np.dtype) -> Tensor:
         key, x.device, lambda: _storage_cast_source(x.dtype, target, idx), "netcl_cast", [None, None, ARG_DTYPES[idx]]
     )
     local = resolved.max_local
-    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, out.size, queue=x.device.queue)
+    launch_prepared(key, x.device, resolved.kernel, round_up(out.size, local), local, (x.data, out.data, out.size))
     return out
 
 
@@ -150,7 +150,7 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     arg_dtypes = [None, None, ARG_DTYPES[idx], *dim_arg_dtypes(x.ndim, idx)] + [ARG_DTYPES[idx]] * x.ndim
     resolved = get_kernel(key, x.device, source, "netcl_transpose", arg_dtypes)
     local = resolved.max_local
-    launch(resolved.kernel, round_up(out.size, local), local, x.data, out.data, *args, queue=x.device.queue)
+    launch_prepared(key, x.device, resolved.kernel, round_up(out.size, local), local, (x.data, out.data, *args))
     return out
 
 
@@ -194,7 +194,7 @@ void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, co
 
     resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None, ARG_DTYPES[idx], ARG_DTYPES[idx]])
     gsize = (-(-C // _TILE) * _TILE, -(-R // _TILE) * _ROWS, batch)
-    launch(resolved.kernel, gsize, (_TILE, _ROWS, 1), x.data, out.data, R, C, queue=x.device.queue)
+    launch_prepared(key, x.device, resolved.kernel, gsize, (_TILE, _ROWS, 1), (x.data, out.data, R, C))
     return out
 
 

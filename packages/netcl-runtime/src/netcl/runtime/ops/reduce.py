@@ -31,7 +31,8 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32, float64, int64
 from netcl.core.errors import ShapeError
-from netcl.runtime.launch import launch
+from netcl.runtime.cache import register_cache
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -46,6 +47,7 @@ from netcl.runtime.ops._common import (
     normalize_axes,
     pow2_ceil,
     pow2_floor,
+    remember,
     storage_ctype,
     storage_pragmas,
 )
@@ -104,6 +106,14 @@ def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
 def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | None = None) -> Tensor:
     """``op`` over ``axis``, plus ``addend`` (sum only) in the last stage's store where the result is
     a float on OpenCL; elsewhere an ``add`` after the reduction (the same float add)."""
+    if addend is None and type(x) is Tensor and (axis is None or type(axis) is int or _int_tuple(axis)):
+        plan = _PLANS.get((op, x.shape, x.dtype, axis, keepdims, x.device))
+        if plan is not None:  # a shape, dtype and axis this op reduced before on this OpenCL device
+            out_shape, out_dtype, nbytes, kept, reduced, acc, scale = plan
+            device = x.device
+            out = Tensor(device.allocator(device, nbytes), out_shape, out_dtype, device)
+            _reduce_cl(op, x, kept, reduced, acc, out, scale, device)
+            return out
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     if addend is not None and not isinstance(addend, Tensor):
@@ -133,8 +143,26 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
         return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
     kept, reduced = merged_layout(x.shape, axes)
     out = Tensor.empty(out_shape, out_dtype, device)
-    _reduce_cl(op, x, kept, reduced, acc, out, 1.0 / R if op == "mean" else 1.0, device, addend)
+    scale = 1.0 / R if op == "mean" else 1.0
+    if addend is None and (axis is None or type(axis) is int or _int_tuple(axis)):
+        plan = (out.shape, out_dtype, out.nbytes, kept, reduced, acc, scale)
+        remember(_PLANS, (op, x.shape, x.dtype, axis, keepdims, device), plan)
+    _reduce_cl(op, x, kept, reduced, acc, out, scale, device, addend)
     return out
+
+
+#: (op, shape, dtype, axis as given, keepdims, device) -> what ``_reduce`` derives from them on OpenCL
+#: (out shape, out dtype, out bytes, kept, reduced, accumulator dtype, scale): the checks passed once
+_PLANS: dict[tuple, tuple] = {}
+#: the prepared launch of each stage (its kernel, sizes and size arguments bound; input, output and addend per call)
+_STAGES: dict[tuple, PreparedLaunch] = {}
+register_cache(_PLANS.clear)
+register_cache(_STAGES.clear)
+
+
+def _int_tuple(axis: object) -> bool:
+    """Whether ``axis`` is a tuple of exact ints (a memo key that equals only itself: no bools, no NumPy ints)."""
+    return type(axis) is tuple and all(type(a) is int for a in axis)
 
 
 def merged_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[Dims, Dims]:
@@ -206,13 +234,40 @@ def _launch_stage(
     """One stage; the program depends on (op, mode, ranks of kept/reduced, dtypes, index type, with an
     addend or not) only: sizes, strides, chunk counts and the tree's work-group size are kernel
     arguments. ``addend`` (final stage only: ``chunks`` is 1) is added to each output in its store."""
+    plus = addend is not None
+    key = (op, mode, kept, reduced, x.dtype, acc, out.dtype, chunks, local, scale, plus, device)
+    prepared = _STAGES.get(key)
+    if prepared is None:
+        prepared = remember(
+            _STAGES, key, _prepare_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks, local, plus)
+        )
+    if plus:
+        prepared.call(x.data, out.data, addend.data)
+    else:
+        prepared.call(x.data, out.data)
+
+
+def _prepare_stage(
+    op: str,
+    x: Tensor,
+    kept: Dims,
+    reduced: Dims,
+    acc: np.dtype,
+    out: Tensor,
+    scale: float,
+    device: Device,
+    mode: str,
+    chunks: int,
+    local: int,
+    plus: bool,
+) -> PreparedLaunch:
+    """The launch of one stage with its scale and size arguments bound; per call: input, output (and addend)."""
     K = math.prod(d for d, _ in kept)
     R = math.prod(d for d, _ in reduced)
     op = "sum" if op == "mean" else op  # mean is a sum scaled by the ``scale`` argument
     idx = index_type(x.shape, (K * chunks * builtins.max(local, COLS * ROWS),))
     # Per axis: does it have stride 1? (a layout class: only the input's innermost axis does)
     layout = (tuple(st == 1 for _, st in kept), tuple(st == 1 for _, st in reduced))
-    plus = addend is not None
     key = ("reduce", op, mode, layout, x.dtype.str, acc.str, out.dtype.str, idx, plus)
     acc_ctype = compute_ctype(acc)
 
@@ -231,17 +286,17 @@ def _launch_stage(
                 arg_dtypes.append(ARG_DTYPES[idx])
     if plus:
         arg_dtypes.append(None)
-        sizes.append(addend.data)
     resolved = get_kernel(key, device, source, "netcl_reduce", arg_dtypes)
-    args = (x.data, out.data, ARG_DTYPES[acc_ctype].type(scale), *sizes)
+    bound = {2: scale, **{3 + i: size for i, size in enumerate(sizes)}}
     if mode == "serial":
         step = resolved.max_local
-        launch(resolved.kernel, -(-K // step) * step, step, *args, queue=device.queue)
+        gsize, lsize = -(-K // step) * step, step
     elif mode == "cols":
-        launch(resolved.kernel, (-(-K // COLS) * COLS, chunks * ROWS), (COLS, ROWS), *args, queue=device.queue)
+        gsize, lsize = (-(-K // COLS) * COLS, chunks * ROWS), (COLS, ROWS)
     else:
         local = builtins.min(local, resolved.max_local)
-        launch(resolved.kernel, K * chunks * local, local, *args, queue=device.queue)
+        gsize, lsize = K * chunks * local, local
+    return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
 
 
 def _axis_params(prefix: str, unit: Sequence[bool], idx: str) -> list[str]:

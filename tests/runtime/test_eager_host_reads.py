@@ -1,0 +1,127 @@
+"""Eager and replayed training steps read nothing back (issue 33, the eager fast path): an eager step
+(``Tape`` + ``backward`` + ``opt.step()``) and a step replayed by ``fuse_graph`` of the MLP and the
+digits CNN make no device-to-host copy. Each test then reads the trained parameters once and compares
+them with the same steps run on the NumPy backend, so a step that silently did nothing fails too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyopencl._cl as _cl
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+import netcl.nn as nn
+from netcl.jit import fuse_graph
+from netcl.optim import SGD, Adam, Optimizer
+
+BATCH = 16
+
+
+def _count_reads(patch: pytest.MonkeyPatch) -> list[int]:
+    """Byte counts of the device-to-host copies made from now on while ``patch`` is active: every buffer
+    read pyopencl makes (``cl.enqueue_copy`` into host memory, whatever module imported it, goes through
+    ``pyopencl._cl._enqueue_read_buffer`` / ``_enqueue_read_buffer_rect``)."""
+    reads: list[int] = []
+    for name in ("_enqueue_read_buffer", "_enqueue_read_buffer_rect"):
+        original = getattr(_cl, name)
+
+        def counting(queue, mem, hostbuf, *args, _original=original, **kwargs):
+            reads.append(memoryview(hostbuf).nbytes)
+            return _original(queue, mem, hostbuf, *args, **kwargs)
+
+        patch.setattr(_cl, name, counting)
+    return reads
+
+
+def _mlp(device: nc.Device) -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)).to(device)
+
+
+def _cnn(device: nc.Device) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 2 * 2, 10),
+    ).to(device)
+
+
+# (name, model factory, optimizer factory, input shape)
+MODELS: list[tuple[str, Callable, Callable, tuple[int, ...]]] = [
+    ("mlp_sgd", _mlp, lambda p: SGD(p, lr=0.05, momentum=0.9), (BATCH, 64)),
+    ("digits_cnn_adam", _cnn, lambda p: Adam(p, lr=1e-2), (BATCH, 1, 8, 8)),
+]
+
+
+def _setup(device: nc.Device, make_model, make_opt, shape) -> tuple[nn.Module, Optimizer, nc.Tensor, nc.Tensor]:
+    model = make_model(nc.get_device("cpu"))
+    model.to(device)
+    rng = np.random.default_rng(3)
+    x = nc.Tensor.from_host(device, rng.standard_normal(shape).astype(np.float32))
+    y = nc.Tensor.from_host(device, rng.integers(0, 10, shape[0]).astype(np.int32))
+    return model, make_opt(model.parameters()), x, y
+
+
+def _eager_step(model: nn.Module, opt: Optimizer, x: nc.Tensor, y: nc.Tensor) -> None:
+    opt.zero_grad()
+    with ag.Tape() as tape:
+        loss = ag.cross_entropy(model(x), y)
+    tape.backward(loss)
+    opt.step()
+
+
+def _params(model: nn.Module) -> list[np.ndarray]:
+    return [np.asarray(p.value.to_host(), np.float64) for p in model.parameters()]
+
+
+def _reference(make_model, make_opt, shape, steps: int, initial: list[np.ndarray]) -> list[np.ndarray]:
+    """The same steps on the NumPy backend from the same initial parameters."""
+    cpu = nc.get_device("cpu")
+    model, opt, _, _ = _setup(cpu, make_model, make_opt, shape)
+    for p, value in zip(model.parameters(), initial, strict=True):
+        p.value = nc.Tensor.from_host(cpu, value.astype(np.float32))
+    rng = np.random.default_rng(3)
+    x = nc.Tensor.from_host(cpu, rng.standard_normal(shape).astype(np.float32))
+    y = nc.Tensor.from_host(cpu, rng.integers(0, 10, shape[0]).astype(np.int32))
+    for _ in range(steps):
+        _eager_step(model, opt, x, y)
+    return _params(model)
+
+
+@pytest.mark.parametrize(("name", "make_model", "make_opt", "shape"), MODELS, ids=[m[0] for m in MODELS])
+def test_eager_steps_read_nothing_back(cl_device, name, make_model, make_opt, shape) -> None:
+    model, opt, x, y = _setup(cl_device, make_model, make_opt, shape)
+    initial = _params(model)
+    _eager_step(model, opt, x, y)  # the first step builds the programs and creates the optimizer state
+    with pytest.MonkeyPatch.context() as patch:
+        reads = _count_reads(patch)
+        for _ in range(2):
+            _eager_step(model, opt, x, y)
+        cl_device.queue.finish()
+    assert reads == [], f"{name}: an eager step copied {reads} bytes from the device to the host"
+    # 3 steps in all; float32 kernels against NumPy float32 with another summation order
+    for got, want in zip(_params(model), _reference(make_model, make_opt, shape, 3, initial), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize(("name", "make_model", "make_opt", "shape"), MODELS, ids=[m[0] for m in MODELS])
+def test_replayed_steps_read_nothing_back(cl_device, name, make_model, make_opt, shape) -> None:
+    model, opt, x, y = _setup(cl_device, make_model, make_opt, shape)
+    initial = _params(model)
+    step = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)  # captures and runs step 1
+    step.execute(x, y)
+    with pytest.MonkeyPatch.context() as patch:
+        reads = _count_reads(patch)
+        for _ in range(2):
+            step.execute(x, y)
+        cl_device.queue.finish()
+    assert reads == [], f"{name}: a replayed step copied {reads} bytes from the device to the host"
+    for got, want in zip(_params(model), _reference(make_model, make_opt, shape, 4, initial), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
