@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from netcl.data.collate import Alloc, collate, to_batch
+from netcl.data.collate import Alloc, _empty, collate, to_batch
 from netcl.data.errors import BatchBuildError, WorkerDiedError
 
 #: ``(batch, buffers)``: the collated batch and the pinned buffers it lives in (None: plain NumPy memory).
@@ -53,7 +53,15 @@ def build_batch(
     worker: str,
     remote: bool = False,
 ) -> HostBatch:
-    """Fetch and collate one batch; a failure raises ``BatchBuildError`` naming the stage and the index."""
+    """Fetch and collate one batch; a failure raises ``BatchBuildError`` naming the stage and the index.
+
+    Without a ``collate_fn``, a dataset with ``gather_batch(indices, alloc)`` (``TensorDataset``,
+    ``Subset`` of one) builds the whole batch in one call; when that raises, or returns None, the
+    batch is built item by item, which names the failing index.
+    """
+    gathered = _gather(dataset, indices, alloc_factory) if collate_fn is None else None
+    if gathered is not None:
+        return gathered
     items = []
     for index in indices:
         try:
@@ -80,6 +88,21 @@ def build_batch(
         if buffers is not None:
             buffers.release()
         raise _failure("collate", indices, None, exc, worker, remote) from exc
+
+
+def _gather(dataset: Any, indices: list[int], alloc_factory: Callable[[], Any]) -> HostBatch | None:
+    """The batch from ``dataset.gather_batch``, or None (no such method, it declined, or it raised)."""
+    gather = getattr(dataset, "gather_batch", None)
+    if gather is None:
+        return None
+    buffers = alloc_factory()
+    try:
+        batch = gather(indices, buffers if buffers is not None else _empty)
+    except Exception:  # the item-by-item build reports the error with the index that caused it
+        batch = None
+    if batch is None and buffers is not None:
+        buffers.release()
+    return None if batch is None else (batch, buffers)
 
 
 class InlineProducer:
