@@ -28,7 +28,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device
-from netcl.data.collate import batch_dtype, to_batch
+from netcl.data.collate import batch_dtype
 from netcl.data.errors import BatchBuildError
 from netcl.data.pinned import BatchBuffers, PinnedPool
 from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, _check_epoch, _check_seed
@@ -55,8 +55,10 @@ class DataLoader:
     ``pin_memory`` stages batches in page-locked host memory on OpenCL devices. ``device``
     defaults to netcl's default device; ``seed`` (default: drawn from netcl's global generator,
     see ``netcl.runtime.manual_seed``) seeds the shuffle. ``persistent_workers``: the workers of an
-    epoch that ran to its end serve the next epoch too (an epoch left early or failed stops its own). Each leaf of a batch is a ``Tensor``
-    (float64 data arrives as float32); strings stay lists of strings.
+    epoch that ran to its end serve the next epoch too (an epoch left early or failed stops its
+    own). Each leaf of a batch is a ``Tensor`` (float64 data arrives as float32); strings stay lists
+    of strings. Without a ``collate_fn``, a dataset with ``gather_batch(indices, alloc)`` (as
+    ``TensorDataset`` has) builds each batch in one call instead of item by item.
     """
 
     def __init__(
@@ -142,6 +144,10 @@ class DataLoader:
             self._pinned = PinnedPool(self.device, self._copy_stream.queue, self.pin_memory)
         return self._copy_stream, self._pinned
 
+    def _alloc_factory(self) -> BatchBuffers | None:
+        """Buffers for one batch: pinned ones on OpenCL devices, None (plain NumPy memory) otherwise."""
+        return BatchBuffers(self._pinned) if self._pinned is not None else None
+
     def _producer(self, build: Callable[[list[int], str], HostBatch]) -> Any:
         """The workers for a new epoch: those a finished epoch parked, else new ones."""
         if self._parked is not None:
@@ -151,7 +157,9 @@ class DataLoader:
             return InlineProducer(build)
         if self.worker_type == "thread":
             return ThreadProducer(build, self.num_workers)
-        return ProcessProducer(self.dataset, self.collate_fn, self.num_workers, self.multiprocessing_context)
+        return ProcessProducer(
+            self.dataset, self.collate_fn, self.num_workers, self.multiprocessing_context, self._alloc_factory
+        )
 
     def _park(self, producer: Any) -> bool:
         """Keep an idle ``producer`` for the next epoch; False when it is not wanted (the caller stops it)."""
@@ -209,11 +217,7 @@ class _LoaderIterator(Iterator[Any]):
         self.length = len(loader.dataset)
         self.opencl = device.kind == "opencl"
         self.copy_stream, self.pool = loader._staging()
-        pool = self.pool
-        dataset, collate_fn = loader.dataset, loader.collate_fn
-
-        def alloc_factory() -> BatchBuffers | None:
-            return BatchBuffers(pool) if pool is not None else None
+        dataset, collate_fn, alloc_factory = loader.dataset, loader.collate_fn, loader._alloc_factory
 
         def build(indices: list[int], worker: str) -> HostBatch:
             return build_batch(dataset, indices, collate_fn, alloc_factory, worker)
@@ -221,11 +225,6 @@ class _LoaderIterator(Iterator[Any]):
         self.loader = loader
         self.inline = loader.num_workers == 0
         self.producer: Any = loader._producer(build)
-        # process workers send NumPy batches: the main thread copies them into pinned buffers
-        self.pin_received = (
-            not self.inline and loader.worker_type == "process" and pool is not None and pool.queue is not None
-        )
-        self.alloc_factory = alloc_factory
         self.in_flight = 1 if self.inline else loader.num_workers * loader.prefetch_factor
         self.batches = iter(loader.batch_sampler)
         self.submitted = 0  # tickets handed to the producer
@@ -258,9 +257,6 @@ class _LoaderIterator(Iterator[Any]):
         except BatchBuildError as failure:
             failure.reraise()
         self.collected += 1
-        if self.pin_received and result[1] is None:
-            buffers = self.alloc_factory()
-            result = (to_batch(result[0], buffers), buffers)
         return result
 
     # ---- device side ---------------------------------------------------------------------
