@@ -77,7 +77,10 @@ class SmallCNN(nn.Module):
 
 
 def _workers() -> int:
-    """Worker threads for the overlap case: half the CPUs, between 2 and 8."""
+    """Worker threads for the overlap case: ``NETCL_BENCH_INPUT_WORKERS``, else half the CPUs, between 2 and 8."""
+    chosen = os.environ.get("NETCL_BENCH_INPUT_WORKERS")
+    if chosen:
+        return int(chosen)
     return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
