@@ -143,14 +143,13 @@ class Mixed(Dataset):
         return {"big": big, "strided": big[::8, ::16], "label": i, "name": f"n{i}"}
 
 
+def with_view(items):
+    """``default_collate`` plus a non-contiguous view of the stacked big arrays."""
+    return {**default_collate(items), "view": np.stack([item["big"] for item in items])[:, ::3, 1::2]}
+
+
 def test_process_batches_arrive_out_of_band_intact(device):
-    collate = (
-        lambda items: {  # noqa: E731 - a collate_fn that returns a non-contiguous view
-            **default_collate(items),
-            "view": np.stack([item["big"] for item in items])[:, ::3, 1::2],
-        }
-    )
-    for collate_fn in (None, collate):
+    for collate_fn in (None, with_view):
         loader = DataLoader(
             Mixed(), batch_size=3, device=device, num_workers=2, worker_type="process", collate_fn=collate_fn
         )
