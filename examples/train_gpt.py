@@ -6,8 +6,11 @@ its name is 0 mod 10, so it is the same on every machine with the same files. Ch
 tab, newline and printable ASCII; anything else (each byte of a non-ASCII character) is one
 "unknown" token, so the vocabulary (98 tokens) does not depend on the data.
 
-Each epoch runs ``--steps-per-epoch`` AdamW steps on random windows of ``--block-size`` characters
-(tqdm progress bar), then prints the validation loss and perplexity over fixed windows. The
+``netcl.train.Trainer`` runs the loop: each epoch is ``--steps-per-epoch`` AdamW steps on batches of
+random windows of ``--block-size`` characters from a ``netcl.data.DataLoader`` (``Windows``, a
+dataset whose ``gather_batch`` cuts a whole batch of windows in one NumPy gather), the step captured
+once and replayed (``--replay off``: eager), a tqdm progress bar; then the validation loss and
+perplexity over fixed windows. The
 weights (and the model configuration, in the file's metadata) are saved as a safetensors
 checkpoint. ``--sample "prompt"`` continues a prompt with the key/value cache, one decode step
 captured once and replayed for every position (``--eager-sample`` runs it eagerly).
@@ -33,9 +36,11 @@ import numpy as np
 
 import netcl.autograd as ag
 import netcl.nn as nn
-from netcl.core import Tensor, get_device
+from netcl.core import get_device
+from netcl.data import DataLoader, Dataset, RandomSampler
 from netcl.nn.generation import Decoder
 from netcl.optim import AdamW
+from netcl.train import Callback, Trainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import GPT  # examples/gpt.py, next to this file
@@ -75,30 +80,71 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, int, int]:
     return np.concatenate(train), np.concatenate(val), len(train), len(val)
 
 
-def windows(data: np.ndarray, starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs ``(len(starts), length)`` and next-character targets, flattened, for windows at ``starts``."""
-    rows = starts[:, None] + np.arange(length + 1)[None, :]
-    chunk = data[rows]
-    return np.ascontiguousarray(chunk[:, :-1]), chunk[:, 1:].reshape(-1).astype(np.int32)
+class Windows(Dataset):
+    """Item ``i``: the ``length`` characters of ``data`` from ``starts[i]`` (int32) and the next character
+    of each (the targets): a language model's input and target windows."""
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, length: int) -> None:
+        self.data, self.starts, self.length = data, np.asarray(starts, np.int64), length
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        start = self.starts[i]
+        chunk = self.data[start : start + self.length + 1]
+        return chunk[:-1], chunk[1:]
+
+    def gather_batch(self, indices, alloc) -> tuple[np.ndarray, np.ndarray]:
+        """The windows at ``indices`` stacked into ``alloc``'s arrays in one gather (what the loader would
+        stack item by item)."""
+        rows = self.starts[np.asarray(indices)][:, None] + np.arange(self.length + 1)[None, :]
+        chunk = self.data[rows]
+        x, y = alloc((len(rows), self.length), np.dtype(np.int32)), alloc((len(rows), self.length), np.dtype(np.int32))
+        np.copyto(x, chunk[:, :-1])
+        np.copyto(y, chunk[:, 1:])
+        return x, y
 
 
-def loss_of(model: GPT, x: np.ndarray, y: np.ndarray, device) -> ag.Node:
-    logits = model(Tensor.from_host(device, x, np.int32))
-    return ag.cross_entropy(ag.reshape(logits, (y.size, VOCAB)), y)
+def lm_loss(logits: ag.Node, target) -> ag.Node:
+    """Cross-entropy of ``(B, T, vocab)`` logits against ``(B, T)`` next-character targets."""
+    count = int(np.prod(target.shape))
+    return ag.cross_entropy(ag.reshape(logits, (count, VOCAB)), ag.reshape(target, (count,)))
 
 
-def validate(model: GPT, val: np.ndarray, args: argparse.Namespace, device) -> float:
-    """Mean loss over ``--val-batches`` batches of windows evenly spaced over the validation text."""
-    count = args.val_batches * args.batch_size
-    starts = np.linspace(0, len(val) - args.block_size - 1, count).astype(np.int64)
-    total = 0.0
-    model.eval()
-    with ag.no_grad():
-        for b in range(args.val_batches):
-            x, y = windows(val, starts[b * args.batch_size : (b + 1) * args.batch_size], args.block_size)
-            total += loss_of(model, x, y, device).item()
-    model.train()
-    return total / args.val_batches
+def train_loader(data: np.ndarray, args: argparse.Namespace, device) -> DataLoader:
+    """``--steps-per-epoch`` batches of windows at random starts, drawn anew each epoch (``set_epoch``)."""
+    windows = Windows(data, np.arange(len(data) - args.block_size), args.block_size)
+    sampler = RandomSampler(windows, replacement=True, num_samples=args.steps_per_epoch * args.batch_size,
+                            seed=args.seed)  # fmt: skip
+    return DataLoader(windows, batch_size=args.batch_size, sampler=sampler, device=device)
+
+
+def val_loader(data: np.ndarray, args: argparse.Namespace, device) -> DataLoader:
+    """``--val-batches`` batches of windows evenly spaced over the validation text."""
+    starts = np.linspace(0, len(data) - args.block_size - 1, args.val_batches * args.batch_size).astype(np.int64)
+    return DataLoader(Windows(data, starts, args.block_size), batch_size=args.batch_size, device=device)
+
+
+class Report(Callback):
+    """One line per epoch (the mean training loss, validation loss and perplexity, tokens/s); ends training
+    after ``max_steps`` optimizer steps."""
+
+    def __init__(self, tokens_per_step: int, max_steps: int | None) -> None:
+        self.tokens_per_step, self.max_steps = tokens_per_step, max_steps
+        self.start, self.steps = time.perf_counter(), 0
+
+    def on_step_end(self, trainer: Trainer, step: dict[str, int]) -> None:
+        if self.max_steps is not None and step["step"] >= self.max_steps:
+            trainer.should_stop = True
+
+    def on_epoch_end(self, trainer: Trainer, logs: dict[str, float]) -> None:
+        rate = (trainer.global_step - self.steps) * self.tokens_per_step / max(time.perf_counter() - self.start, 1e-9)
+        print(
+            f"epoch {int(logs['epoch']) + 1}: train loss {logs['loss']:.4f}  val loss {logs['val_loss']:.4f}  "
+            f"val perplexity {math.exp(logs['val_loss']):.2f}  ({rate:.0f} tokens/s)"
+        )
+        self.start, self.steps = time.perf_counter(), trainer.global_step
 
 
 def build_model(args: argparse.Namespace, device) -> GPT:
@@ -116,11 +162,8 @@ def build_model(args: argparse.Namespace, device) -> GPT:
 
 
 def train(args: argparse.Namespace) -> dict[str, float]:
-    from tqdm import tqdm
-
     device = get_device(args.device)
     ag.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
     model = build_model(args, device)
     args.block_size = model.max_len
     check_sample_args(args)
@@ -131,32 +174,17 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         f"GPT of {n_params} parameters on {device.spec}: {len(train_ids)} training characters from {n_train} "
         f"stdlib files, {len(val_ids)} validation characters from {n_val}"
     )
-    steps, val_loss = 0, float("nan")
-    for epoch in range(1, args.epochs + 1):
-        if args.max_steps is not None and steps >= args.max_steps:
-            break
-        bar = tqdm(range(args.steps_per_epoch), desc=f"epoch {epoch}/{args.epochs}", disable=args.quiet, leave=False)
-        start, done = time.perf_counter(), 0
-        for i in bar:
-            starts = rng.integers(0, len(train_ids) - args.block_size - 1, args.batch_size)
-            x, y = windows(train_ids, starts, args.block_size)
-            with ag.Tape() as tape:
-                loss = loss_of(model, x, y, device)
-            tape.backward(loss)
-            opt.step()
-            opt.zero_grad()
-            steps, done = steps + 1, done + 1
-            if i % 10 == 0:
-                bar.set_postfix(loss=f"{loss.item():.3f}")  # a sync point: only now and then
-            if args.max_steps is not None and steps >= args.max_steps:
-                break
-        bar.close()
-        val_loss = validate(model, val_ids, args, device)
-        rate = done * args.batch_size * args.block_size / max(time.perf_counter() - start, 1e-9)
-        print(
-            f"epoch {epoch}: train loss {loss.item():.4f}  val loss {val_loss:.4f}  "
-            f"val perplexity {math.exp(val_loss):.2f}  ({rate:.0f} tokens/s)"
+    trainer = Trainer(model, opt, lm_loss, replay=args.replay, progress=not args.quiet)
+    history = {}
+    if args.max_steps != 0:
+        history = trainer.fit(
+            train_loader(train_ids, args, device),
+            args.epochs,
+            val_loader=val_loader(val_ids, args, device),
+            callbacks=[Report(args.batch_size * args.block_size, args.max_steps)],
         )
+    steps = trainer.global_step
+    val_loss = history["val_loss"][-1] if history.get("val_loss") else float("nan")
     path = args.checkpoint or os.path.join(tempfile.mkdtemp(prefix="netcl-gpt-"), "gpt.safetensors")
     if steps:
         nn.save(model.state_dict(), path, metadata={"config": json.dumps(model.config)})
@@ -219,6 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=20, help="sample among the k likeliest (0: all)")
     parser.add_argument("--eager-sample", action="store_true", help="decode eagerly instead of replaying one step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replay", choices=["auto", "off"], default="auto", help="capture and replay the step")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     for name in ("epochs", "steps_per_epoch", "batch_size", "block_size", "val_batches", "sample_tokens"):

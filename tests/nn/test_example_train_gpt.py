@@ -90,3 +90,18 @@ def test_a_sample_longer_than_the_context_is_refused_before_training(monkeypatch
     with pytest.raises(SystemExit, match=r"--sample-tokens 40 with a 4-character prompt needs 44 positions"):
         run(monkeypatch, capsys, *TINY, "--device", "cpu", "--sample", "def ", "--sample-tokens", "40")
     assert "GPT of" not in capsys.readouterr().out
+
+
+def test_windows_gather_batch_equals_the_items_collated():
+    from netcl.data import default_collate
+
+    namespace = runpy.run_path(str(EXAMPLE), run_name="train_gpt_test")
+    data = namespace["encode"]("import sys\nprint(sys.argv)\n" * 3)
+    windows = namespace["Windows"](data, np.array([0, 5, 17, 30, 2]), 8)
+    indices = [4, 1, 1, 3]
+    gathered = windows.gather_batch(indices, lambda shape, dtype: np.full(shape, -1, dtype))
+    reference = default_collate([windows[i] for i in indices])
+    for got, want in zip(gathered, reference, strict=True):
+        assert got.dtype == want.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(gathered[1][:, :-1], gathered[0][:, 1:])  # targets: the inputs shifted by one

@@ -9,7 +9,11 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.data.collate import Alloc, batch_dtype
 from netcl.data.sampler import _check_seed, permutation
+
+#: dtype kinds ``gather_batch`` stacks itself (bool, integers, floats, complex); others go item by item
+_GATHER_KINDS = "biufc"
 
 
 class Dataset:
@@ -54,6 +58,33 @@ class TensorDataset(Dataset):
     def __len__(self) -> int:
         return int(self.tensors[0].shape[0])
 
+    def gather_batch(self, indices: Sequence[int], alloc: Alloc) -> tuple[np.ndarray, ...] | None:
+        """The default collation of the items at ``indices``, each array gathered into ``alloc``'s arrays.
+
+        Equal to ``default_collate([self[i] for i in indices])`` (float64 arrives as float32) in
+        one ``np.take`` per array, which runs without the GIL. None when an array's dtype is not
+        numeric (strings, objects): the loader then collates item by item. ``indices`` must lie in
+        ``[-len(self), len(self))``; anything else raises ``IndexError``.
+        """
+        if any(a.dtype.kind not in _GATHER_KINDS for a in self.tensors):
+            return None
+        index = np.asarray(indices, dtype=np.intp)
+        n = len(self)
+        if index.ndim != 1 or not index.size:
+            raise ValueError(f"TensorDataset.gather_batch: indices must be a non-empty 1-d sequence, got {indices!r}")
+        if index.min() < -n or index.max() >= n:
+            bad = index[(index < -n) | (index >= n)][0]
+            raise IndexError(f"TensorDataset: index {bad} is out of range for {n} items")
+        batch = []
+        for array in self.tensors:
+            out = alloc((index.size, *array.shape[1:]), batch_dtype(array.dtype))
+            if out.dtype == array.dtype:
+                np.take(array, index, axis=0, out=out, mode="wrap")  # in range (checked): "wrap" copies once
+            else:
+                np.copyto(out, np.take(array, index, axis=0, mode="wrap"), casting="same_kind")
+            batch.append(out)
+        return tuple(batch)
+
 
 class Subset(Dataset):
     """The items of ``dataset`` at ``indices``, in that order."""
@@ -73,6 +104,13 @@ class Subset(Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def gather_batch(self, indices: Sequence[int], alloc: Alloc) -> Any:
+        """The wrapped dataset's ``gather_batch`` of the mapped indices; None when it has none."""
+        gather = getattr(self.dataset, "gather_batch", None)
+        if gather is None:
+            return None
+        return gather([self.indices[i] for i in indices], alloc)
 
 
 class ConcatDataset(Dataset):

@@ -9,9 +9,9 @@ a sampler that has ``set_epoch``, such as ``DistributedSampler``).
 
 Movement (OpenCL devices). Workers collate each batch into pinned host buffers; the main thread
 enqueues the host-to-device copies on a copy ``Stream`` of its own and, before handing batch n
-out, puts a barrier on the device's default queue that waits for batch n's copies only. The
-copies of batch n+1 are enqueued as batch n is handed out (when its host batch is ready), so they
-run while the step that consumes batch n computes. Each copy first waits for a marker of the
+out, puts a barrier on the device's default queue that waits for batch n's copies only. As batch n
+is handed out, the copies of batches n+1 and n+2 are enqueued (those whose host batch is ready), so
+they run while the step that consumes batch n computes. Each copy first waits for a marker of the
 default queue placed when it is enqueued: the caching allocator may give the new batch a block
 that work enqueued before then still reads. On the NumPy backend a batch's arrays become the
 Tensors' storage directly.
@@ -28,7 +28,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device
-from netcl.data.collate import batch_dtype, to_batch
+from netcl.data.collate import batch_dtype
 from netcl.data.errors import BatchBuildError
 from netcl.data.pinned import BatchBuffers, PinnedPool
 from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, _check_epoch, _check_seed
@@ -36,6 +36,8 @@ from netcl.data.workers import HostBatch, InlineProducer, ProcessProducer, Threa
 from netcl.runtime.scheduler import Stream
 
 WORKER_TYPES = ("thread", "process")
+#: batches whose copies are enqueued before the step that consumes the current one
+COPY_AHEAD = 2
 
 
 def _positive_int(name: str, value: Any, minimum: int) -> int:
@@ -52,8 +54,11 @@ class DataLoader:
     the GIL) build batches ahead, at most ``num_workers * prefetch_factor`` of them.
     ``pin_memory`` stages batches in page-locked host memory on OpenCL devices. ``device``
     defaults to netcl's default device; ``seed`` (default: drawn from netcl's global generator,
-    see ``netcl.runtime.manual_seed``) seeds the shuffle. Each leaf of a batch is a ``Tensor``
-    (float64 data arrives as float32); strings stay lists of strings.
+    see ``netcl.runtime.manual_seed``) seeds the shuffle. ``persistent_workers``: the workers of an
+    epoch that ran to its end serve the next epoch too (an epoch left early or failed stops its
+    own). Each leaf of a batch is a ``Tensor`` (float64 data arrives as float32); strings stay lists
+    of strings. Without a ``collate_fn``, a dataset with ``gather_batch(indices, alloc)`` (as
+    ``TensorDataset`` has) builds each batch in one call instead of item by item.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class DataLoader:
         seed: int | None = None,
         worker_type: str | None = None,
         multiprocessing_context: Any = None,
+        persistent_workers: bool = False,
     ) -> None:
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError(
@@ -83,6 +89,10 @@ class DataLoader:
         self.batch_size = _positive_int("batch_size", batch_size, 1)
         self.num_workers = _positive_int("num_workers", num_workers, 0)
         self.prefetch_factor = _positive_int("prefetch_factor", prefetch_factor, 1)
+        if not isinstance(persistent_workers, bool):
+            raise TypeError(f"DataLoader: persistent_workers must be a bool, got {persistent_workers!r}")
+        if persistent_workers and self.num_workers == 0:
+            raise ValueError("DataLoader: persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"DataLoader: collate_fn must be callable or None, got {type(collate_fn).__name__}")
         if worker_type is None:
@@ -118,6 +128,9 @@ class DataLoader:
         self.device = get_device(device)
         self.worker_type = worker_type
         self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        #: the workers a finished epoch left for the next one (persistent_workers)
+        self._parked: Any = None
         self.epoch = 0
         self._copy_stream: Stream | None = None
         self._pinned: PinnedPool | None = None
@@ -130,6 +143,35 @@ class DataLoader:
             self._copy_stream = Stream(device=self.device)
             self._pinned = PinnedPool(self.device, self._copy_stream.queue, self.pin_memory)
         return self._copy_stream, self._pinned
+
+    def _alloc_factory(self) -> BatchBuffers | None:
+        """Buffers for one batch: pinned ones on OpenCL devices, None (plain NumPy memory) otherwise."""
+        return BatchBuffers(self._pinned) if self._pinned is not None else None
+
+    def _producer(self, build: Callable[[list[int], str], HostBatch]) -> Any:
+        """The workers for a new epoch: those a finished epoch parked, else new ones."""
+        if self._parked is not None:
+            producer, self._parked = self._parked, None
+            return producer
+        if self.num_workers == 0:
+            return InlineProducer(build)
+        if self.worker_type == "thread":
+            return ThreadProducer(build, self.num_workers)
+        return ProcessProducer(
+            self.dataset, self.collate_fn, self.num_workers, self.multiprocessing_context, self._alloc_factory
+        )
+
+    def _park(self, producer: Any) -> bool:
+        """Keep an idle ``producer`` for the next epoch; False when it is not wanted (the caller stops it)."""
+        if not self.persistent_workers or self._parked is not None:
+            return False
+        self._parked = producer
+        return True
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._parked is not None:
+                self._parked.close()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` uses (then it advances by one per iteration)."""
@@ -175,27 +217,14 @@ class _LoaderIterator(Iterator[Any]):
         self.length = len(loader.dataset)
         self.opencl = device.kind == "opencl"
         self.copy_stream, self.pool = loader._staging()
-        pool = self.pool
-        dataset, collate_fn = loader.dataset, loader.collate_fn
-
-        def alloc_factory() -> BatchBuffers | None:
-            return BatchBuffers(pool) if pool is not None else None
+        dataset, collate_fn, alloc_factory = loader.dataset, loader.collate_fn, loader._alloc_factory
 
         def build(indices: list[int], worker: str) -> HostBatch:
             return build_batch(dataset, indices, collate_fn, alloc_factory, worker)
 
+        self.loader = loader
         self.inline = loader.num_workers == 0
-        if self.inline:
-            self.producer: Any = InlineProducer(build)
-        elif loader.worker_type == "thread":
-            self.producer = ThreadProducer(build, loader.num_workers)
-        else:
-            self.producer = ProcessProducer(dataset, collate_fn, loader.num_workers, loader.multiprocessing_context)
-        # process workers send NumPy batches: the main thread copies them into pinned buffers
-        self.pin_received = (
-            not self.inline and loader.worker_type == "process" and pool is not None and pool.queue is not None
-        )
-        self.alloc_factory = alloc_factory
+        self.producer: Any = loader._producer(build)
         self.in_flight = 1 if self.inline else loader.num_workers * loader.prefetch_factor
         self.batches = iter(loader.batch_sampler)
         self.submitted = 0  # tickets handed to the producer
@@ -228,9 +257,6 @@ class _LoaderIterator(Iterator[Any]):
         except BatchBuildError as failure:
             failure.reraise()
         self.collected += 1
-        if self.pin_received and result[1] is None:
-            buffers = self.alloc_factory()
-            result = (to_batch(result[0], buffers), buffers)
         return result
 
     # ---- device side ---------------------------------------------------------------------
@@ -266,6 +292,23 @@ class _LoaderIterator(Iterator[Any]):
             buffers.release(event)
         self.uploaded.append((tensors, event))
 
+    def _upload_ready(self) -> None:
+        """Start the copies of the next ``COPY_AHEAD`` batches that are built, so they overlap the coming step.
+
+        An error building one of them is kept in ``deferred`` and raised when that batch is asked for.
+        """
+        while (
+            self.opencl
+            and self.deferred is None
+            and len(self.uploaded) < COPY_AHEAD
+            and self.collected < self.submitted
+            and self.producer.ready(self.collected)
+        ):
+            try:
+                self._upload(self._collect())
+            except Exception as exc:
+                self.deferred = exc
+
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
@@ -280,12 +323,7 @@ class _LoaderIterator(Iterator[Any]):
                 self._upload(self._collect())
             batch, event = self.uploaded.popleft()
             self._submit()
-            # start the next batch's copies now, so they overlap the step that consumes this one
-            if self.opencl and self.collected < self.submitted and self.producer.ready(self.collected):
-                try:
-                    self._upload(self._collect())
-                except Exception as exc:
-                    self.deferred = exc
+            self._upload_ready()
             if event is not None:
                 cl.enqueue_barrier(self.device.queue, wait_for=[event])
             return batch
@@ -303,9 +341,11 @@ class _LoaderIterator(Iterator[Any]):
         if self.closed:
             return
         self.closed = True
-        for _, buffers in self.producer.close():
-            if buffers is not None:
-                buffers.release()
+        finished = self.sampler_done and self.collected == self.submitted and self.deferred is None
+        if not (finished and self.loader._park(self.producer)):
+            for _, buffers in self.producer.close():
+                if buffers is not None:
+                    buffers.release()
         if self.copy_stream is not None:
             self.copy_stream.finish()  # a dropped batch's blocks must not be reused under a running copy
         self.uploaded.clear()

@@ -5,6 +5,10 @@ of a ticket (``result(ticket)``), whichever worker built it, so batches leave in
 their contents never depend on the number of workers. A batch is built by ``build_batch``:
 ``dataset[i]`` for each index, then collation into buffers from ``alloc_factory``.
 
+A worker process sends a batch as a pickle (protocol 5) whose array data travel out of band: the
+raw bytes follow the pickle on the same pipe and the main process reads them straight into the
+batch's (pinned) buffers, so each array is copied once on each side and never pickled.
+
 A worker process that dies is noticed through its sentinel: waiting for a batch waits on its
 worker's pipe and that process's sentinel together (``multiprocessing.connection.wait``), so it
 returns when the result arrives or the process exits, never on a clock. A death is reported when
@@ -17,13 +21,17 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.reduction
+import os
+import pickle
 import signal
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from netcl.data.collate import Alloc, collate, to_batch
+import numpy as np
+
+from netcl.data.collate import Alloc, _empty, collate, to_batch
 from netcl.data.errors import BatchBuildError, WorkerDiedError
 
 #: ``(batch, buffers)``: the collated batch and the pinned buffers it lives in (None: plain NumPy memory).
@@ -53,7 +61,15 @@ def build_batch(
     worker: str,
     remote: bool = False,
 ) -> HostBatch:
-    """Fetch and collate one batch; a failure raises ``BatchBuildError`` naming the stage and the index."""
+    """Fetch and collate one batch; a failure raises ``BatchBuildError`` naming the stage and the index.
+
+    Without a ``collate_fn``, a dataset with ``gather_batch(indices, alloc)`` (``TensorDataset``,
+    ``Subset`` of one) builds the whole batch in one call; when that raises, or returns None, the
+    batch is built item by item, which names the failing index.
+    """
+    gathered = _gather(dataset, indices, alloc_factory) if collate_fn is None else None
+    if gathered is not None:
+        return gathered
     items = []
     for index in indices:
         try:
@@ -80,6 +96,21 @@ def build_batch(
         if buffers is not None:
             buffers.release()
         raise _failure("collate", indices, None, exc, worker, remote) from exc
+
+
+def _gather(dataset: Any, indices: list[int], alloc_factory: Callable[[], Any]) -> HostBatch | None:
+    """The batch from ``dataset.gather_batch``, or None (no such method, it declined, or it raised)."""
+    gather = getattr(dataset, "gather_batch", None)
+    if gather is None:
+        return None
+    buffers = alloc_factory()
+    try:
+        batch = gather(indices, buffers if buffers is not None else _empty)
+    except Exception:  # the item-by-item build reports the error with the index that caused it
+        batch = None
+    if batch is None and buffers is not None:
+        buffers.release()
+    return None if batch is None else (batch, buffers)
 
 
 class InlineProducer:
@@ -138,32 +169,58 @@ def _process_main(dataset: Any, collate_fn: Any, conn: multiprocessing.connectio
         if task is None:
             return
         ticket, indices = task
+        raw: list[memoryview] = []
         try:
-            message = (ticket, build_batch(dataset, indices, collate_fn, lambda: None, name, remote=True)[0], None)
+            batch = build_batch(dataset, indices, collate_fn, lambda: None, name, remote=True)[0]
+            out_of_band: list[pickle.PickleBuffer] = []
+            meta = pickle.dumps(batch, protocol=5, buffer_callback=out_of_band.append)
+            raw = [buffer.raw() for buffer in out_of_band]
+            message = (ticket, meta, [view.nbytes for view in raw], None)
         except BatchBuildError as failure:
             try:  # the original exception travels only when it pickles
                 multiprocessing.reduction.ForkingPickler.dumps(failure.error)
             except Exception:
                 failure.error = None
-            message = (ticket, None, failure)
-        try:
-            conn.send(message)
+            message = (ticket, None, [], failure)
         except Exception as exc:  # the batch does not pickle
-            conn.send((ticket, None, _failure("collate", indices, None, exc, name, remote=True)))
+            message = (ticket, None, [], _failure("collate", indices, None, exc, name, remote=True))
+        conn.send(message)
+        for view in raw:
+            _write_all(conn.fileno(), view)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < view.nbytes:
+        done += os.write(fd, view[done:])
+
+
+def _read_into(fd: int, target: np.ndarray) -> None:
+    """Fill ``target`` (a uint8 array) from ``fd``; EOFError when the writer is gone first."""
+    view = memoryview(target).cast("B")
+    done = 0
+    while done < view.nbytes:
+        count = os.readv(fd, [view[done:]])
+        if count == 0:
+            raise EOFError("the worker closed its pipe in the middle of a batch")
+        done += count
 
 
 class ProcessProducer:
     """``num_workers`` processes; ticket t goes to worker ``t % num_workers`` over its own pipe."""
 
-    def __init__(self, dataset: Any, collate_fn: Any, num_workers: int, context: Any) -> None:
+    def __init__(
+        self, dataset: Any, collate_fn: Any, num_workers: int, context: Any, alloc_factory: Callable[[], Any]
+    ) -> None:
         if context is None:
             methods = multiprocessing.get_all_start_methods()
             context = "fork" if "fork" in methods else "spawn"
         ctx = multiprocessing.get_context(context) if isinstance(context, str) else context
         self.processes: list[Any] = []
         self.conns: list[multiprocessing.connection.Connection] = []
+        self.alloc_factory = alloc_factory
         self.owned: dict[int, tuple[int, list[int]]] = {}
-        self.done: dict[int, tuple[Any, BatchBuildError | None]] = {}
+        self.done: dict[int, tuple[HostBatch | None, BatchBuildError | None]] = {}
         for w in range(num_workers):
             parent, child = ctx.Pipe(duplex=True)
             name = f"worker process {w}"
@@ -186,10 +243,25 @@ class ProcessProducer:
         conn = self.conns[worker]
         try:
             while conn.poll():
-                ticket, batch, failure = conn.recv()
-                self.done[ticket] = (batch, failure)
+                ticket, meta, sizes, failure = conn.recv()
+                self.done[ticket] = (None, failure) if failure is not None else (self._receive(conn, meta, sizes), None)
         except (EOFError, OSError):  # the worker is gone; what it sent before is kept
             pass
+
+    def _receive(self, conn: multiprocessing.connection.Connection, meta: bytes, sizes: list[int]) -> HostBatch:
+        """Read a batch's array data into fresh (pinned) buffers and rebuild the batch around them."""
+        buffers = self.alloc_factory()
+        try:
+            targets = []
+            for nbytes in sizes:
+                target = buffers((nbytes,), np.dtype(np.uint8)) if buffers is not None else np.empty(nbytes, np.uint8)
+                _read_into(conn.fileno(), target)
+                targets.append(target)
+            return pickle.loads(meta, buffers=targets), buffers
+        except BaseException:
+            if buffers is not None:
+                buffers.release()
+            raise
 
     def _died(self, worker: int) -> WorkerDiedError:
         process = self.processes[worker]
@@ -226,7 +298,7 @@ class ProcessProducer:
         batch, failure = self.done.pop(ticket)
         if failure is not None:
             raise failure
-        return batch, None
+        return batch
 
     def close(self) -> list[HostBatch]:
         """Stop every worker (those still busy are terminated) and wait for them to exit."""
@@ -240,7 +312,8 @@ class ProcessProducer:
             process.join()
         for conn in self.conns:
             conn.close()
+        received = [batch for batch, _ in self.done.values() if batch is not None]
         self.processes, self.conns = [], []
         self.owned.clear()
         self.done.clear()
-        return []
+        return received
