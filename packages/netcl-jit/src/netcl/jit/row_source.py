@@ -20,6 +20,7 @@ from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.primitives import custom_preamble
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
+from netcl.runtime.ops._common import index_ctype
 
 #: Largest row slice (elements per work-item) kept in registers.
 CACHE_MAX = 32
@@ -455,7 +456,8 @@ def kernel_source(
 
 
 def needs_long(rows: int, cols: int) -> bool:
-    return rows * cols >= 2**31 or rows >= 2**31 // 2
+    """64-bit indices when the rows hold 2**31 elements or ``2 * rows`` reaches 2**31 (``index_ctype``)."""
+    return index_ctype(rows * cols, 2 * rows, headroom=0) == "long"
 
 
 __all__ = ["CACHE_MAX", "RowConfig", "kernel_source", "needs_long", "row_config"]

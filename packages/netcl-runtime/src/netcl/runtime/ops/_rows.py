@@ -37,7 +37,6 @@ from netcl.core.dtypes import float64
 from netcl.core.errors import DTypeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import ARG_DTYPES, MAX_LOCAL, get_kernel, pow2_ceil, pragmas, round_up
-from netcl.runtime.ops._grid import index_ctype
 
 #: Rows of at most this many elements take one work-item each.
 SERIAL_MAX = 32
@@ -192,10 +191,6 @@ def acc_dtype(dtype: np.dtype) -> np.dtype:
     return float64 if dtype == float64 else np.dtype(np.float32)
 
 
-def index_for(*counts: int) -> str:
-    return index_ctype(*counts)
-
-
 def require_float(x: Any, op: str, arg: str = "x") -> None:
     """DTypeError unless ``x`` holds floating-point values."""
     if x.dtype.kind != "f":
@@ -223,7 +218,6 @@ __all__ = [
     "STRIDED",
     "acc_ctype",
     "acc_dtype",
-    "index_for",
     "layout_of",
     "pick_mode",
     "require_float",

@@ -23,7 +23,7 @@ import numpy as np
 from netcl.core import Tensor, contiguous_strides
 from netcl.core.dtypes import int64
 from netcl.runtime.ops import _rows
-from netcl.runtime.ops._common import MAX_LOCAL, normalize_axes, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype, wrap_numpy
 from netcl.runtime.ops.strided import strided_copy
 
 
@@ -95,7 +95,7 @@ def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     outer, R, inner = _rows.row_split(x.shape or (1,), ax, ax)
     layout = _rows.layout_of(inner)
     acc = _rows.acc_ctype(x.dtype) if x.dtype.kind == "f" else "long"
-    idx = _rows.index_for(x.size)
+    idx = index_ctype(x.size)
     name = "netcl_cumsum"
 
     def make(mode: str) -> str:
@@ -178,7 +178,7 @@ def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
     layout = _rows.layout_of(inner)
     floating = x.dtype.kind == "f"
     acc = _rows.acc_ctype(x.dtype) if floating else "long"
-    idx = _rows.index_for(x.size)
+    idx = index_ctype(x.size)
     name = f"netcl_{kind}"
 
     def make(mode: str) -> str:
