@@ -31,7 +31,7 @@ from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_dtype, run_1d
 from netcl.runtime.ops.layout import cast
-from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
+from netcl.runtime.ops.rowwise import _fmt, _run_rows, stats_dtype, tree_source
 
 #: Reductions (compile-time in the backward kernel).
 NONE, SUM, MEAN = 0, 1, 2
@@ -53,7 +53,7 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
 #if SMOOTH
     {ct} sx = 0;
     for ({idx} i = lid; i < C; i += L) sx += LD(xr, i);
-    sx = netcl_tree_sum(scratch, sx);
+    sx = netcl_tree_sum(sx, scratch);
 #endif
     if (lid == 0) {{
         rowmax[row] = shift;
@@ -84,8 +84,8 @@ __kernel void netcl_class_loss_reduce(__global const {ct}* loss, __global const 
         s += loss[i];
         c += ((long)t[i] != ignore) ? ({ct})1 : ({ct})0;
     }}
-    s = netcl_tree_sum(scratch, s);
-    c = netcl_tree_sum(scratch, c);
+    s = netcl_tree_sum(s, scratch);
+    c = netcl_tree_sum(c, scratch);
     if (lid == 0) {{
         count[0] = c;
         out[0] = mean ? s / c : s;
@@ -229,7 +229,7 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     fmt = _formats(loss, t)
 
     def source() -> str:
-        return _REDUCE.format(tree=_TREE.format(**fmt), **fmt)
+        return _REDUCE.format(tree=tree_source(fmt), **fmt)
 
     idx = index_dtype(fmt["idx"])
     types = [None] * 4 + [idx, np.int64, np.int32]

@@ -25,6 +25,7 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import launch
+from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import (
     compute_ctype,
     get_kernel,
@@ -42,46 +43,24 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 MODE_NAMES = {SOFTMAX: "softmax", LOG_SOFTMAX: "log_softmax", LOGSUMEXP: "logsumexp"}
 LAYER, RMS = 0, 1
 
-_TREE = """
+_LOAD_STORE = """
 /* loads and stores of the storage type: float16 through vload_half / vstore_half_rte (no cl_khr_fp16) */
 #define LD(p, i) {load}
 #define ST(p, i, v) {store}
-inline {ct} netcl_tree_sum(__local {ct}* s, {ct} v) {{
-    const int lid = get_local_id(0);
-    s[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
-        if (lid < k) s[lid] += s[lid + k];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    v = s[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return v;
-}}
 inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || isnan(a)) ? a : b; }}
-inline {ct} netcl_tree_max(__local {ct}* s, {ct} v) {{
-    const int lid = get_local_id(0);
-    s[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
-        if (lid < k) s[lid] = netcl_max_nan(s[lid], s[lid + k]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    v = s[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return v;
-}}
-/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
+"""
+
+_SHIFT_SUM = """/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
    in *sum, the sum of exp(x - shift) over the row: every work-item of the group calls it. */
 inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local {ct}* scratch, {ct}* sum) {{
     const int lid = get_local_id(0), L = get_local_size(0);
     {ct} m = -INFINITY;
     for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, LD(xr, i));
-    m = netcl_tree_max(scratch, m);
+    m = netcl_tree_max(m, scratch);
     const {ct} shift = isinf(m) ? ({ct})0 : m;
     {ct} s = 0;
     for ({idx} i = lid; i < C; i += L) s += exp(LD(xr, i) - shift);
-    *sum = netcl_tree_sum(scratch, s);
+    *sum = netcl_tree_sum(s, scratch);
     return shift;
 }}
 """
@@ -127,13 +106,13 @@ __kernel void netcl_softmax_rows_backward(__global const {st}* x, __global const
 #elif MODE == 1
     {ct} gs = 0;
     for ({idx} i = lid; i < C; i += L) gs += LD(g, row * C + i);
-    gs = netcl_tree_sum(scratch, gs);
+    gs = netcl_tree_sum(gs, scratch);
     for ({idx} i = lid; i < C; i += L)
         ST(gx, row * C + i, (LD(g, row * C + i) - exp(LD(xr, i) - shift) * inv * gs));
 #else
     {ct} dot = 0;
     for ({idx} i = lid; i < C; i += L) dot += LD(g, row * C + i) * exp(LD(xr, i) - shift) * inv;
-    dot = netcl_tree_sum(scratch, dot);
+    dot = netcl_tree_sum(dot, scratch);
     for ({idx} i = lid; i < C; i += L) {{
         const {ct} y = exp(LD(xr, i) - shift) * inv;
         ST(gx, row * C + i, (y * (LD(g, row * C + i) - dot)));
@@ -157,11 +136,11 @@ __kernel void netcl_norm_rows(__global const {st}* x, __global const {st}* w, __
     {ct} mu = 0;
 #if MODE == 0
     for ({idx} i = lid; i < C; i += L) mu += LD(xr, i);
-    mu = netcl_tree_sum(scratch, mu) / ({ct})C;
+    mu = netcl_tree_sum(mu, scratch) / ({ct})C;
 #endif
     {ct} v = 0;
     for ({idx} i = lid; i < C; i += L) {{ const {ct} d = LD(xr, i) - mu; v += d * d; }}
-    v = netcl_tree_sum(scratch, v) / ({ct})C;
+    v = netcl_tree_sum(v, scratch) / ({ct})C;
     const {ct} r = ({ct})1 / sqrt(v + eps);
     if (lid == 0) {{ mean[row] = mu; rstd[row] = r; }}
     for ({idx} i = lid; i < C; i += L) {{
@@ -198,11 +177,11 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
         bsum += gy * ((LD(x, row * C + i) - mu) * r);
     }}
 #if MODE == 0
-    a = netcl_tree_sum(scratch, a) / ({ct})C;
+    a = netcl_tree_sum(a, scratch) / ({ct})C;
 #else
     a = 0;
 #endif
-    bsum = netcl_tree_sum(scratch, bsum) / ({ct})C;
+    bsum = netcl_tree_sum(bsum, scratch) / ({ct})C;
     for ({idx} i = lid; i < C; i += L) {{
         {ct} gy = LD(g, row * C + i);
 #if HAS_W
@@ -213,6 +192,20 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
     }}
 }}
 """
+
+
+def tree_source(fmt: dict[str, Any]) -> str:
+    """The helpers of the row kernels (``{tree}`` in their templates): ``LD``/``ST``, the work-group
+    trees ``netcl_tree_sum(v, scratch)`` / ``netcl_tree_max(v, scratch)`` (``_rows.tree_reduce_c``: the one
+    tree of the row kernels) and ``netcl_row_shift_sum``, in the compute type ``fmt["ct"]``."""
+    ct = fmt["ct"]
+    max_nan = "s0[lid] = netcl_max_nan(s0[lid], s0[lid + h]);"
+    return (
+        _LOAD_STORE.format(**fmt)
+        + _rows.tree_reduce_c("netcl_tree_sum", ct, _rows.sum_combine())
+        + _rows.tree_reduce_c("netcl_tree_max", ct, max_nan)
+        + _SHIFT_SUM.format(**fmt)
+    )
 
 
 def stats_dtype(dtype: np.dtype) -> np.dtype:
@@ -245,7 +238,7 @@ def _run_rows(
     idx = fmt["idx"]
 
     def source() -> str:
-        return template.format(tree=_TREE.format(**fmt), **fmt)
+        return template.format(tree=tree_source(fmt), **fmt)
 
     key = ("rowwise", name, *sorted(fmt.items()))
     types = [None] * len(buffers) + [index_dtype(idx)] * 2 + [np.dtype(type(v)) for v in extra]
