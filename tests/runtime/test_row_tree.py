@@ -3,7 +3,8 @@
 A kernel built from ``tree_reduce_c`` combines each work-group's values in the tree's fixed pairing
 (lane ``i`` takes lane ``i + h`` for h = L/2, ..., 1): its float32 sums equal, bit for bit, a NumPy
 replay of that pairing, and its (max, first index) merge the first index of the maximum. Every row
-kernel family's source takes its tree from these generators and writes no halving loop of its own.
+kernel family's source takes its tree from these generators and writes no halving loop of its own;
+the softmax family, the norms and the class losses are kernels on the ``_rows`` skeleton (``RowKernel``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from netcl.core import Tensor
 from netcl.core.dtypes import float32, int32
 from netcl.jit import row_source
 from netcl.runtime.launch import launch
-from netcl.runtime.ops import _rows, batchnorm, reduce, rowwise
+from netcl.runtime.ops import _rows, batchnorm, class_loss, reduce, rowwise
 from netcl.runtime.ops._common import get_kernel
 
 _ARGMAX = (
@@ -78,9 +79,12 @@ def _halving_loops(source: str) -> int:
 def test_row_kernel_families_take_their_trees_from_rows():
     loop = "for (int h = get_local_size(0) / 2; h > 0; h >>= 1)"
     fmt = {"ct": "float", "st": "float", "load": "((float)(p)[i])", "store": "((p)[i] = (float)(v))", "idx": "int"}
-    tree = rowwise.tree_source(fmt)
-    assert _rows.tree_reduce_c("netcl_tree_sum", "float", _rows.sum_combine()) in tree
-    assert _halving_loops(tree) == tree.count(loop) == 2
+    helpers = rowwise.row_helpers(fmt)  # the NaN-keeping max tree; sums are the skeleton's ROW_SUM
+    assert _halving_loops(helpers) == helpers.count(loop) == 1
+    for kernel in (*[getattr(rowwise, n) for n in ("_SOFTMAX_FORWARD", "_SOFTMAX_BACKWARD", "_NORM_FORWARD",
+                   "_NORM_BACKWARD")], class_loss._FORWARD, class_loss._BACKWARD):  # fmt: skip
+        assert isinstance(kernel, rowwise.RowKernel)  # framed by _rows.source
+        assert "barrier" not in kernel.body and "__local" not in kernel.body
     header = batchnorm._header([np.dtype(np.float32)], "float", "int", {"VEC": 1})
     assert _halving_loops(header) == header.count(loop) == 1
     assert _halving_loops(_rows._GROUP_HELPERS) == _rows._GROUP_HELPERS.count(loop) == 3

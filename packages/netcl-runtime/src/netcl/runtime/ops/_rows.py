@@ -192,9 +192,12 @@ def run(
     idx: str,
     *args: Any,
     mode: str | None = None,
+    lanes: int | None = None,
 ) -> None:
     """Launch ``name`` over ``rows`` rows of ``length`` elements (``make_source(mode)`` builds it once per
-    ``key`` and mode). ``arg_dtypes`` covers ``args``; the row sizes follow as ``idx`` arguments."""
+    ``key`` and mode). ``arg_dtypes`` covers ``args``; the row sizes follow as ``idx`` arguments. ``lanes``
+    (group mode): the work-group size (a power of two, capped by the kernel's limit) instead of the
+    default ``PER_LANE`` elements a lane; a kernel family keeps its lane count, so its sums keep their order."""
     if rows <= 0:
         return
     mode = mode or pick_mode(length)
@@ -202,7 +205,7 @@ def run(
     resolved = get_kernel(("rows", name, mode, *key), device, lambda: make_source(mode), name, types)
     size_args = [ARG_DTYPES[idx].type(v) for v in (rows, length, inner)]
     if mode == "group":
-        local = min(resolved.max_local, max(16, pow2_ceil(-(-length // PER_LANE))))
+        local = min(resolved.max_local, lanes or max(16, pow2_ceil(-(-length // PER_LANE))))
         launch(resolved.kernel, rows * local, local, *args, *size_args, queue=device.queue)
     else:
         local = min(resolved.max_local, 64)
