@@ -14,9 +14,9 @@ import pytest
 
 from netcl.core import Tensor
 from netcl.core.dtypes import float32, int32
-from netcl.jit import row_source
+from netcl.jit import detection_loss_kernels, row_source
 from netcl.runtime.launch import launch
-from netcl.runtime.ops import _rows, batchnorm, class_loss, reduce, rowwise
+from netcl.runtime.ops import _rows, batchnorm, class_loss, clip_kernels, reduce, rowwise
 from netcl.runtime.ops._common import get_kernel
 
 _ARGMAX = (
@@ -93,4 +93,8 @@ def test_row_kernel_families_take_their_trees_from_rows():
         source = reduce._source("sum", mode, f32, ((), (True,)), f32, f32, "int")
         assert _halving_loops(source) == source.count("h > 0; h >>= 1)") == count
     assert "h > 0; h >>= 1)" in _rows.tree_loop_c("", half="L / 2")
+    clip = clip_kernels._partial_source(np.dtype(np.float32), "two", 2) + clip_kernels._finish_source("inf")
+    assert _halving_loops(clip) == clip.count("h > 0; h >>= 1)") == 2
+    detection = detection_loss_kernels.detection_loss_source("int", 256)
+    assert _halving_loops(detection) == detection.count("h > 0; h >>= 1)") == 1
     assert row_source.tree_loop_c is _rows.tree_loop_c

@@ -79,14 +79,19 @@ def sum_combine(slots: int = 1) -> list[str]:
 
 
 def tree_reduce_c(
-    name: str, ctypes: str | Sequence[str], combine: str | Sequence[str], final_barrier: bool = True
+    name: str,
+    ctypes: str | Sequence[str],
+    combine: str | Sequence[str],
+    final_barrier: bool = True,
+    half: str = "get_local_size(0) / 2",
 ) -> str:
     """An inline C function that every lane of a work-group calls with its partial(s); each gets the
     group's result (``tree_loop_c`` over the ``__local`` arrays ``s0, s1, ...``, one per value, each at
     least the lane count long). One ctype: ``T name(T v0, __local T* s0)`` returns the result; several:
     ``void name(T0* v0, T1* v1, ..., __local T0* s0, __local T1* s1, ...)`` updates the values in place.
     ``combine`` merges slot ``lid + h`` into slot ``lid`` of every array (``sum_combine``). With
-    ``final_barrier`` the arrays may be reused right after the call."""
+    ``final_barrier`` the arrays may be reused right after the call. ``half``: half the lane count (a
+    compile-time constant where the work-group size is fixed)."""
     types = [ctypes] if isinstance(ctypes, str) else list(ctypes)
     one = len(types) == 1
     values = [f"v{k}" if one else f"*v{k}" for k in range(len(types))]
@@ -97,7 +102,7 @@ def tree_reduce_c(
         "    const int lid = get_local_id(0);\n",
     ]
     lines += [f"    s{k}[lid] = {v};\n" for k, v in enumerate(values)]
-    lines.append(tree_loop_c(combine))
+    lines.append(tree_loop_c(combine, half=half))
     lines += [f"    {v} = s{k}[0];\n" for k, v in enumerate(values)]
     lines += ["    barrier(CLK_LOCAL_MEM_FENCE);\n"] if final_barrier else []
     lines += ["    return v0;\n"] if one else []
