@@ -5,8 +5,9 @@ The tree: ``tree_loop_c`` (the halving loop: lanes below ``h`` merge slot ``lane
 value(s), runs the loop and hands every lane the result) generate every work-group reduction of
 the row kernels: the helpers below, softmax / logsumexp / the norms (``rowwise.tree_source``), the
 class losses (through rowwise), batch_norm's channel sums, the reductions' "tree" and "cols" stages
-(``reduce``), argmax/argmin, and the JIT's fused row kernels (``netcl.jit.row_source``, several
-reductions merged in one loop). The pairing is fixed, so results depend only on the lane count.
+(``reduce``), argmax/argmin, clip_grad_norm's partial norms, the JIT's fused row kernels
+(``netcl.jit.row_source``, several reductions merged in one loop) and its fused detection loss. The
+pairing is fixed, so results depend only on the lane count.
 
 A *row* is the set of elements one statistic is taken over: the ``R`` elements along one axis (or a
 block of neighbouring axes) of a C-contiguous tensor, or, for batch_norm, every element of one
