@@ -22,6 +22,7 @@ from netcl.jit import detection_loss_numpy as npl
 from netcl.jit.detection_loss_kernels import BACKWARD_NAME, PARTIAL_NAME, REDUCE_NAME, detection_loss_source
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
+from netcl.runtime.ops._common import index_ctype as runtime_index_ctype
 
 OP_NAME = "weighted_bce_smooth_l1_sum"
 ARG_NAMES = ("pred", "target", "heat_weight", "reg_weight")
@@ -35,8 +36,8 @@ LOCAL_SIZE = 256
 
 
 def index_ctype(n: int) -> str:
-    """``long`` when strided indices could pass 2**31 for ``n`` elements, else ``int``."""
-    return "long" if n >= 2**31 - 2**24 else "int"
+    """``long`` when strided indices could pass 2**31 for ``n`` elements (2**24 of headroom), else ``int``."""
+    return runtime_index_ctype(n, headroom=2**24)
 
 
 # ---- validation --------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble
+from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
+
+#: every kernel here runs LOCAL work-items a group (reqd_work_group_size): the tree's size is a constant
+_GROUP_SUM = tree_reduce_c("group_sum", "float", sum_combine(), final_barrier=False, half="LOCAL / 2")
 
 PARTIAL_NAME = "detection_loss_partial"
 REDUCE_NAME = "detection_loss_reduce"
@@ -46,18 +50,8 @@ inline float detection_grad(float x, float t, float hw, float rw, float hs, floa
 #define KAHAN(T, sum, comp, value) \
     {{ T y_ = (value) - comp; T s_ = sum + y_; comp = (s_ - sum) - y_; sum = s_; }}
 
-/* Tree-reduce one value per work-item; every work-item gets the group total. */
-inline float group_sum(__local float* scratch, float value) {{
-    const int lid = get_local_id(0);
-    scratch[lid] = value;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LOCAL / 2; s > 0; s >>= 1) {{
-        if (lid < s) scratch[lid] += scratch[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    return scratch[0];
-}}
-
+/* Tree-reduce one value per work-item; every work-item gets the group total (runtime's tree_reduce_c). */
+{group_sum}
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void detection_loss_partial(
     __global const float* pred,
@@ -113,7 +107,7 @@ void detection_loss_partial(
     }}
     sum -= comp;
 #endif
-    float total = group_sum(scratch, sum);
+    float total = group_sum(sum, scratch);
     if (get_local_id(0) == 0) partials[get_group_id(0)] = total;
 }}
 
@@ -126,7 +120,7 @@ void detection_loss_reduce(__global const float* partials, __global float* out, 
     for (int i = get_local_id(0); i < count; i += LOCAL) {{
         KAHAN(float, sum, comp, partials[i]);
     }}
-    float total = group_sum(scratch, sum - comp);
+    float total = group_sum(sum - comp, scratch);
     if (get_local_id(0) == 0) out[0] = total;
 }}
 
@@ -185,4 +179,6 @@ def detection_loss_source(index_ctype: str, local_size: int, vec: int = 4) -> st
     if vec not in (1, 4, 8, 16):
         raise ValueError(f"vector width must be 1, 4, 8 or 16, got {vec}")
     vectors = vector_preamble(vec) if vec > 4 else ""
-    return PRIMITIVE_PREAMBLE + vectors + _BODY.format(index=index_ctype, local=local_size, vec=vec)
+    return (
+        PRIMITIVE_PREAMBLE + vectors + _BODY.format(index=index_ctype, local=local_size, vec=vec, group_sum=_GROUP_SUM)
+    )

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
-from netcl.core import broadcast_index_lines, needs_64bit_index
+from netcl.core import broadcast_index_lines
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.codegen import Body
 from netcl.jit.primitives import custom_preamble
+from netcl.runtime.ops._common import index_ctype
 
 VECTOR_WIDTH = 4
 
@@ -71,7 +72,8 @@ def needs_long_index(out_shape: tuple[int, ...], input_shapes, vector_width: int
     """64-bit indices when a buffer has 2**31 elements, or when the grid, rounded up to whole
     work-groups, forms an index (``get_global_id``, ``v * width``) past 2**31 - 1."""
     padding = MAX_LOCAL_SIZE * max(vector_width, 1) * max(items, 1)
-    return needs_64bit_index(out_shape, *(s for s in input_shapes if s)) or math.prod(out_shape) + padding >= 2**31
+    counts = [math.prod(s) for s in (out_shape, *(s for s in input_shapes if s))]
+    return index_ctype(*counts, math.prod(out_shape) + padding, headroom=0) == "long"
 
 
 def vector_modes(input_shapes, out_shape: tuple[int, ...], width: int) -> list[str] | None:

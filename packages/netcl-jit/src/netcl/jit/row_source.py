@@ -20,6 +20,8 @@ from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.primitives import custom_preamble
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
+from netcl.runtime.ops._common import index_ctype
+from netcl.runtime.ops._rows import tree_loop_c
 
 #: Largest row slice (elements per work-item) kept in registers.
 CACHE_MAX = 32
@@ -359,36 +361,28 @@ def kernel_source(
             lines.append(f"    lred[{j * L} + lid] = acc{j}_{s.var};")
         for c in count.values():
             lines.append(f"    lred[{c * L} + lid] = n_t;")
-        lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
-        lines.append("    for (int h = L / 2; h > 0; h >>= 1) {")
-        lines.append("        if (lid < h) {")
+        combine = []  # one tree for every reduction of the pass (runtime's tree_loop_c)
         for j, s in second:  # combined before their partners are
             m = slot[pairs[s.var][0]]
             m1, m2 = f"lred[{m * L} + lid]", f"lred[{m * L} + lid + h]"
             s1, s2 = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
             if pairs[s.var][2] == "exp":  # rescale both partial sums to the larger max
-                lines.append(f"            const float mx{j} = MAX({m1}, {m2});")
-                lines.append(
-                    f"            {s1} = ({m1} == -INFINITY ? 0.0f : {s1} * exp({m1} - mx{j}))"
+                combine.append(f"const float mx{j} = MAX({m1}, {m2});")
+                combine.append(
+                    f"{s1} = ({m1} == -INFINITY ? 0.0f : {s1} * exp({m1} - mx{j}))"
                     f" + ({m2} == -INFINITY ? 0.0f : {s2} * exp({m2} - mx{j}));"
                 )
                 continue
             c = count[s.var]  # (count, sum, M2) of two halves merged
             na, nb = f"lred[{c * L} + lid]", f"lred[{c * L} + lid + h]"
-            lines.append(f"            const float na{j} = {na}, nb{j} = {nb}, n{j} = na{j} + nb{j};")
-            lines.append(
-                f"            const float d{j} = (na{j} > 0.0f && nb{j} > 0.0f) ? {m2} / nb{j} - {m1} / na{j} : 0.0f;"
-            )
-            lines.append(
-                f"            {s1} = {s1} + {s2} + (n{j} > 0.0f ? d{j} * d{j} * (na{j} * nb{j} / n{j}) : 0.0f);"
-            )
-            lines.append(f"            {na} = n{j};")
+            combine.append(f"const float na{j} = {na}, nb{j} = {nb}, n{j} = na{j} + nb{j};")
+            combine.append(f"const float d{j} = (na{j} > 0.0f && nb{j} > 0.0f) ? {m2} / nb{j} - {m1} / na{j} : 0.0f;")
+            combine.append(f"{s1} = {s1} + {s2} + (n{j} > 0.0f ? d{j} * d{j} * (na{j} * nb{j} / n{j}) : 0.0f);")
+            combine.append(f"{na} = n{j};")
         for j, s in first:
             a, b = f"lred[{j * L} + lid]", f"lred[{j * L} + lid + h]"
-            lines.append(f"            {a} = {_COMBINE[s.reduce].format(a=a, b=b)};")
-        lines.append("        }")
-        lines.append("        barrier(CLK_LOCAL_MEM_FENCE);")
-        lines.append("    }")
+            combine.append(f"{a} = {_COMBINE[s.reduce].format(a=a, b=b)};")
+        lines += tree_loop_c(combine, "lid", "L / 2").rstrip("\n").split("\n")
         for j, s in enumerate(reds):
             lines.append(f"    const float {s.var} = lred[{j * L}];")
         lines.append("    barrier(CLK_LOCAL_MEM_FENCE);")
@@ -455,7 +449,8 @@ def kernel_source(
 
 
 def needs_long(rows: int, cols: int) -> bool:
-    return rows * cols >= 2**31 or rows >= 2**31 // 2
+    """64-bit indices when the rows hold 2**31 elements or ``2 * rows`` reaches 2**31 (``index_ctype``)."""
+    return index_ctype(rows * cols, 2 * rows, headroom=0) == "long"
 
 
 __all__ = ["CACHE_MAX", "RowConfig", "kernel_source", "needs_long", "row_config"]

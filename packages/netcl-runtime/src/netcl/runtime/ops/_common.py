@@ -149,9 +149,21 @@ def storage_pragmas(dtypes: Sequence[np.dtype]) -> str:
     return pragmas([d for d in dtypes if d != float16])
 
 
+#: How far below 2**31 ``index_ctype`` switches to 64-bit indices by default: a grid rounded up to whole
+#: work-groups and a kernel's largest offset reach a little past the element count.
+INDEX_HEADROOM = 1024
+
+
+def index_ctype(*counts: int, headroom: int = INDEX_HEADROOM) -> str:
+    """THE index-width rule of every generated kernel: ``long`` when some count (an element count, a
+    largest offset or grid size) is within ``headroom`` of 2**31 (C ``int`` arithmetic could overflow),
+    else ``int``. Callers with another margin pass their ``headroom`` (0: exactly 2**31)."""
+    return "long" if any(abs(int(c)) >= 2**31 - headroom for c in counts) else "int"
+
+
 def index_type(*shapes: Sequence[int]) -> str:
-    """``long`` when some shape has 2**31 elements or more, else ``int``."""
-    return "long" if any(math.prod(s) >= 2**31 - MAX_LOCAL for s in shapes) else "int"
+    """``index_ctype`` of the shapes' element counts, with ``MAX_LOCAL`` (one work-group) of headroom."""
+    return index_ctype(*(math.prod(s) for s in shapes), headroom=MAX_LOCAL)
 
 
 def new_tensor(shape: tuple[int, ...], dtype: np.dtype, device: Device) -> Tensor:

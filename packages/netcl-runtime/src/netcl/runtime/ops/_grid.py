@@ -16,15 +16,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops._common import get_kernel, pow2_ceil, remember, round_up
-
-#: Elements at or above this count switch a kernel's index arithmetic to 64 bits.
-LONG_INDEX_LIMIT = 2**31 - 1024
-
-
-def index_ctype(*counts: int) -> str:
-    """``long`` when some count (an element count or a largest offset) needs 64 bits, else ``int``."""
-    return "long" if any(abs(int(c)) >= LONG_INDEX_LIMIT for c in counts) else "int"
+from netcl.runtime.ops._common import get_kernel, index_ctype, pow2_ceil, remember, round_up  # noqa: F401 (index_ctype: re-exported)
 
 
 def index_dtype(ctype: str) -> np.dtype:

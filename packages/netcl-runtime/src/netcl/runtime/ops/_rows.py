@@ -1,11 +1,20 @@
-"""The row-kernel skeleton behind softmax, logsumexp, the norms, cumsum-free row losses and batch_norm.
+"""The row-kernel skeleton (cumsum, argmax/argmin) and THE local-memory reduction tree of every row kernel.
+
+The tree: ``tree_loop_c`` (the halving loop: lanes below ``h`` merge slot ``lane + h`` into slot
+``lane``, a barrier a level) and ``tree_reduce_c`` (an inline C function that stores each lane's
+value(s), runs the loop and hands every lane the result) generate every work-group reduction of
+the row kernels: the helpers below, softmax / logsumexp / the norms (``rowwise.tree_source``), the
+class losses (through rowwise), batch_norm's channel sums, the reductions' "tree" and "cols" stages
+(``reduce``), argmax/argmin, clip_grad_norm's partial norms, the JIT's fused row kernels
+(``netcl.jit.row_source``, several reductions merged in one loop) and its fused detection loss. The
+pairing is fixed, so results depend only on the lane count.
 
 A *row* is the set of elements one statistic is taken over: the ``R`` elements along one axis (or a
 block of neighbouring axes) of a C-contiguous tensor, or, for batch_norm, every element of one
-channel. Each kernel handles one row per work-group ("group" mode: the threads stride through the
-row and combine their partials by a tree in local memory) or, for rows of at most ``SERIAL_MAX``
-elements, one row per work-item ("serial" mode: a plain loop, no tree). An op writes its body once
-over these macros, and both modes compile from it:
+channel. Each kernel of the skeleton (``source``/``run``) handles one row per work-group ("group"
+mode: the threads stride through the row and combine their partials by the tree) or, for rows of at
+most ``SERIAL_MAX`` elements, one row per work-item ("serial" mode: a plain loop, no tree). An op
+writes its body once over these macros, and both modes compile from it:
 
 - ``ROW`` (this row's index), ``LID``/``LSIZE`` (this thread's lane and the lane count: 0 and 1 in
   serial mode), so ``for (IDX i = LID; i < R; i += LSIZE)`` visits the row;
@@ -37,7 +46,6 @@ from netcl.core.dtypes import float64
 from netcl.core.errors import DTypeError
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import ARG_DTYPES, MAX_LOCAL, get_kernel, pow2_ceil, pragmas, round_up
-from netcl.runtime.ops._grid import index_ctype
 
 #: Rows of at most this many elements take one work-item each.
 SERIAL_MAX = 32
@@ -46,53 +54,77 @@ PER_LANE = 4
 
 CONTIG, STRIDED, CHANNEL = "contig", "strided", "channel"
 
-_GROUP_HELPERS = r"""
-inline ACC netcl_row_sum(ACC v, __local ACC* sa) {
-    const int lid = get_local_id(0);
-    sa[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) sa[lid] += sa[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const ACC r = sa[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-inline void netcl_row_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {
-    const int lid = get_local_id(0);
-    sa[lid] = *a;
-    sb[lid] = *b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) { sa[lid] += sa[lid + s]; sb[lid] += sb[lid + s]; }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    *a = sa[0];
-    *b = sb[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#ifdef NETCL_FLOAT_ACC
-inline void netcl_row_maxsum(ACC* m, ACC* s, __local ACC* sm, __local ACC* ss) {
-    const int lid = get_local_id(0);
-    sm[lid] = *m;
-    ss[lid] = *s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {
-        if (lid < h) {
-            const ACC m1 = sm[lid], m2 = sm[lid + h];
-            const ACC mx = m1 > m2 ? m1 : m2;
-            ss[lid] = MAXSUM_TERM(m1, ss[lid], mx) + MAXSUM_TERM(m2, ss[lid + h], mx);
-            sm[lid] = mx;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    *m = sm[0];
-    *s = ss[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#endif
-"""
+
+def tree_loop_c(
+    combine: str | Sequence[str], lane: str = "lid", half: str = "get_local_size(0) / 2", indent: str = "    "
+) -> str:
+    """THE local-memory reduction tree of every row kernel, as C statements: a barrier, then for
+    ``h = half, half / 2, ..., 1`` the lanes below ``h`` run ``combine`` (statements that merge slot
+    ``lane + h`` into slot ``lane``, reading ``h``), with a barrier after each level. The pairing is fixed,
+    so a result depends only on the lane count (``half`` is half of it, a power of two), never on timing.
+    Slot 0 holds the result after it; the lanes' partials must be stored before it."""
+    lines = [combine] if isinstance(combine, str) else list(combine)
+    body = "".join(f"{indent}        {line}\n" for line in lines)
+    return (
+        f"{indent}barrier(CLK_LOCAL_MEM_FENCE);\n"
+        f"{indent}for (int h = {half}; h > 0; h >>= 1) {{\n"
+        f"{indent}    if ({lane} < h) {{\n{body}{indent}    }}\n"
+        f"{indent}    barrier(CLK_LOCAL_MEM_FENCE);\n"
+        f"{indent}}}\n"
+    )
+
+
+def sum_combine(slots: int = 1) -> list[str]:
+    """``tree_reduce_c``'s combine of plain sums over ``slots`` values."""
+    return [f"s{k}[lid] += s{k}[lid + h];" for k in range(slots)]
+
+
+def tree_reduce_c(
+    name: str,
+    ctypes: str | Sequence[str],
+    combine: str | Sequence[str],
+    final_barrier: bool = True,
+    half: str = "get_local_size(0) / 2",
+) -> str:
+    """An inline C function that every lane of a work-group calls with its partial(s); each gets the
+    group's result (``tree_loop_c`` over the ``__local`` arrays ``s0, s1, ...``, one per value, each at
+    least the lane count long). One ctype: ``T name(T v0, __local T* s0)`` returns the result; several:
+    ``void name(T0* v0, T1* v1, ..., __local T0* s0, __local T1* s1, ...)`` updates the values in place.
+    ``combine`` merges slot ``lid + h`` into slot ``lid`` of every array (``sum_combine``). With
+    ``final_barrier`` the arrays may be reused right after the call. ``half``: half the lane count (a
+    compile-time constant where the work-group size is fixed)."""
+    types = [ctypes] if isinstance(ctypes, str) else list(ctypes)
+    one = len(types) == 1
+    values = [f"v{k}" if one else f"*v{k}" for k in range(len(types))]
+    params = [f"{t} v{k}" if one else f"{t}* v{k}" for k, t in enumerate(types)]
+    params += [f"__local {t}* s{k}" for k, t in enumerate(types)]
+    lines = [
+        f"inline {types[0] if one else 'void'} {name}({', '.join(params)}) {{\n",
+        "    const int lid = get_local_id(0);\n",
+    ]
+    lines += [f"    s{k}[lid] = {v};\n" for k, v in enumerate(values)]
+    lines.append(tree_loop_c(combine, half=half))
+    lines += [f"    {v} = s{k}[0];\n" for k, v in enumerate(values)]
+    lines += ["    barrier(CLK_LOCAL_MEM_FENCE);\n"] if final_barrier else []
+    lines += ["    return v0;\n"] if one else []
+    return "".join([*lines, "}\n"])
+
+
+#: Merge two online-softmax partials (max in s0, sum of exp(v - max) in s1) at the larger max.
+MAXSUM_COMBINE = (
+    "const ACC m1 = s0[lid], m2 = s0[lid + h];",
+    "const ACC mx = m1 > m2 ? m1 : m2;",
+    "s1[lid] = MAXSUM_TERM(m1, s1[lid], mx) + MAXSUM_TERM(m2, s1[lid + h], mx);",
+    "s0[lid] = mx;",
+)
+
+_GROUP_HELPERS = (
+    tree_reduce_c("netcl_row_sum", "ACC", sum_combine())
+    + tree_reduce_c("netcl_row_sum2", ["ACC", "ACC"], sum_combine(2))
+    + "#ifdef NETCL_FLOAT_ACC\n"
+    + tree_reduce_c("netcl_row_maxsum", ["ACC", "ACC"], MAXSUM_COMBINE)
+    + "#endif\n"
+)
 
 #: An online-softmax partial (max m, sum s of exp(v - m)) rescaled to the max ``mx``; a partial
 #: that saw only -inf (s == 0) adds 0, never exp(-inf + inf) = NaN.
@@ -166,9 +198,12 @@ def run(
     idx: str,
     *args: Any,
     mode: str | None = None,
+    lanes: int | None = None,
 ) -> None:
     """Launch ``name`` over ``rows`` rows of ``length`` elements (``make_source(mode)`` builds it once per
-    ``key`` and mode). ``arg_dtypes`` covers ``args``; the row sizes follow as ``idx`` arguments."""
+    ``key`` and mode). ``arg_dtypes`` covers ``args``; the row sizes follow as ``idx`` arguments. ``lanes``
+    (group mode): the work-group size (a power of two, capped by the kernel's limit) instead of the
+    default ``PER_LANE`` elements a lane; a kernel family keeps its lane count, so its sums keep their order."""
     if rows <= 0:
         return
     mode = mode or pick_mode(length)
@@ -176,7 +211,7 @@ def run(
     resolved = get_kernel(("rows", name, mode, *key), device, lambda: make_source(mode), name, types)
     size_args = [ARG_DTYPES[idx].type(v) for v in (rows, length, inner)]
     if mode == "group":
-        local = min(resolved.max_local, max(16, pow2_ceil(-(-length // PER_LANE))))
+        local = min(resolved.max_local, lanes or max(16, pow2_ceil(-(-length // PER_LANE))))
         launch(resolved.kernel, rows * local, local, *args, *size_args, queue=device.queue)
     else:
         local = min(resolved.max_local, 64)
@@ -190,10 +225,6 @@ def acc_ctype(dtype: np.dtype) -> str:
 def acc_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype row statistics are kept in: float64 for float64 data, else float32."""
     return float64 if dtype == float64 else np.dtype(np.float32)
-
-
-def index_for(*counts: int) -> str:
-    return index_ctype(*counts)
 
 
 def require_float(x: Any, op: str, arg: str = "x") -> None:
@@ -218,16 +249,19 @@ def layout_of(inner: int) -> str:
 __all__ = [
     "CHANNEL",
     "CONTIG",
+    "MAXSUM_COMBINE",
     "MAXSUM_STEP",
     "SERIAL_MAX",
     "STRIDED",
     "acc_ctype",
     "acc_dtype",
-    "index_for",
     "layout_of",
     "pick_mode",
     "require_float",
     "row_split",
     "run",
     "source",
+    "sum_combine",
+    "tree_loop_c",
+    "tree_reduce_c",
 ]

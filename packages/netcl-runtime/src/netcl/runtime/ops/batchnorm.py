@@ -34,6 +34,7 @@ from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, launch_prepared
+from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.layout import cast
 
 #: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices): a GPU
@@ -95,19 +96,9 @@ _HEADER = """{pragmas}#define ACC {acc}
     }} else {{ \
         for (int q = 0; q < P; ++q) {{ A += part[2 * (c * P + q)]; B += part[2 * (c * P + q) + 1]; }} \
     }}
-inline void netcl_sum2(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {{
-    const int lid = get_local_id(0);
-    sa[lid] = *a;
-    sb[lid] = *b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {{
-        if (lid < h) {{ sa[lid] += sa[lid + h]; sb[lid] += sb[lid + h]; }}
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    *a = sa[0];
-    *b = sb[0];
-}}
 """
+#: The channel's two sums over the work-group (``_rows``' tree; each caller is done with ``sa``/``sb`` after it).
+_SUM2 = tree_reduce_c("netcl_sum2", ["ACC", "ACC"], sum_combine(2), final_barrier=False)
 
 _FORWARD = """
 __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global {xt}* restrict y,
@@ -279,7 +270,7 @@ def _run(
 
 def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -> str:
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
-    return defines + _HEADER.format(pragmas=pragmas(dtypes), acc=acc, idx=idx, lmax=MAX_LANES)
+    return defines + _HEADER.format(pragmas=pragmas(dtypes), acc=acc, idx=idx, lmax=MAX_LANES) + _SUM2
 
 
 def _param(name: str, t: Tensor | None, const: bool = True) -> str:

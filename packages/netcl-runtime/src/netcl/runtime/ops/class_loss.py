@@ -30,30 +30,28 @@ from netcl.core.device_errors import INDEX_CHECK_C, index_error_code, index_erro
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_dtype, run_1d
+from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.layout import cast
-from netcl.runtime.ops.rowwise import _TREE, _fmt, _run_rows, stats_dtype
+from netcl.runtime.ops.rowwise import RowKernel, _fmt, _run_rows, stats_dtype
 
 #: Reductions (compile-time in the backward kernel).
 NONE, SUM, MEAN = 0, 1, 2
 REDUCTIONS = {"none": NONE, "sum": SUM, "mean": MEAN}
 
-_FORWARD = """{pragmas}{tree}{check}
-#define SMOOTH {smooth}
-__kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}* t, __global {ct}* loss,
-                                    __global {ct}* rowmax, __global {ct}* rowsum, __global int* err,
-                                    const {idx} rows, const {idx} C, const long ignore, const {ct} eps,
-                                    const int code) {{
-    __local {ct} scratch[256];
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    __global const {st}* xr = x + row * C;
+_FORWARD = RowKernel(
+    "class_loss_rows",
+    (
+        "__global const {st}* x, __global const {tt}* t, __global {ct}* loss, __global {ct}* rowmax, "
+        "__global {ct}* rowsum, __global int* err, const long ignore, const {ct} eps, const int code"
+    ),
+    "{check}#define SMOOTH {smooth}\n",
+    """    __global const {st}* xr = x + row * C;
     {ct} s;
-    const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
+    const {ct} shift = netcl_row_shift_sum(xr, C, scratch_a, &s);
 #if SMOOTH
     {ct} sx = 0;
     for ({idx} i = lid; i < C; i += L) sx += LD(xr, i);
-    sx = netcl_tree_sum(scratch, sx);
+    sx = ROW_SUM(sx);
 #endif
     if (lid == 0) {{
         rowmax[row] = shift;
@@ -70,8 +68,8 @@ __kernel void netcl_class_loss_rows(__global const {st}* x, __global const {tt}*
         }}
         loss[row] = value;
     }}
-}}
-"""
+""",
+)
 
 _REDUCE = """{pragmas}{tree}
 __kernel void netcl_class_loss_reduce(__global const {ct}* loss, __global const {tt}* t, __global {ct}* out,
@@ -84,8 +82,8 @@ __kernel void netcl_class_loss_reduce(__global const {ct}* loss, __global const 
         s += loss[i];
         c += ((long)t[i] != ignore) ? ({ct})1 : ({ct})0;
     }}
-    s = netcl_tree_sum(scratch, s);
-    c = netcl_tree_sum(scratch, c);
+    s = netcl_tree_sum(s, scratch);
+    c = netcl_tree_sum(c, scratch);
     if (lid == 0) {{
         count[0] = c;
         out[0] = mean ? s / c : s;
@@ -93,17 +91,15 @@ __kernel void netcl_class_loss_reduce(__global const {ct}* loss, __global const 
 }}
 """
 
-_BACKWARD = """{pragmas}{tree}
-#define REDUCTION {reduction}
-__kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global const {tt}* t,
-                                             __global const {ct}* rowmax, __global const {ct}* rowsum,
-                                             __global const {ct}* g, __global const {ct}* count,
-                                             __global {st}* gx, const {idx} rows, const {idx} C,
-                                             const long ignore, const {ct} eps) {{
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    const long target = (long)t[row];
+_BACKWARD = RowKernel(
+    "class_loss_rows_backward",
+    (
+        "__global const {st}* x, __global const {tt}* t, __global const {ct}* rowmax, "
+        "__global const {ct}* rowsum, __global const {ct}* g, __global const {ct}* count, "
+        "__global {st}* gx, const long ignore, const {ct} eps"
+    ),
+    "#define REDUCTION {reduction}\n",
+    """    const long target = (long)t[row];
 #if REDUCTION == 0
     const {ct} upstream = g[row];
 #elif REDUCTION == 1
@@ -118,8 +114,8 @@ __kernel void netcl_class_loss_rows_backward(__global const {st}* x, __global co
         const {ct} q = (i == target ? ({ct})1 - eps : ({ct})0) + spread;
         ST(gx, row * C + i, (scale * (exp(LD(xr, i) - shift) * inv - q)));
     }}
-}}
-"""
+""",
+)
 
 
 _CHECK_TARGETS = """{check}
@@ -205,7 +201,6 @@ def class_loss_forward(
     loss, rowmax, rowsum = (Tensor.empty((rows,), sd, x.device) for _ in range(3))
     _run_rows(
         _FORWARD,
-        "class_loss_rows",
         _formats(x, t, smooth=int(bool(smoothing))),
         x.device,
         rows,
@@ -229,7 +224,7 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     fmt = _formats(loss, t)
 
     def source() -> str:
-        return _REDUCE.format(tree=_TREE.format(**fmt), **fmt)
+        return _REDUCE.format(tree=tree_reduce_c("netcl_tree_sum", fmt["ct"], sum_combine()), **fmt)
 
     idx = index_dtype(fmt["idx"])
     types = [None] * 4 + [idx, np.int64, np.int32]
@@ -276,7 +271,6 @@ def class_loss_backward(
     gx = Tensor.empty((rows, C), x.dtype, x.device)
     _run_rows(
         _BACKWARD,
-        "class_loss_rows_backward",
         _formats(x, t, reduction=mode),
         x.device,
         rows,

@@ -27,6 +27,7 @@ from netcl.core import Device, Tensor
 from netcl.core.errors import DTypeError
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import launch_prepared
+from netcl.runtime.ops._rows import tree_loop_c
 from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source, multi_table
 
 #: work-items per group and groups per partial-sum launch (the grid strides over the elements)
@@ -49,12 +50,7 @@ void netcl_norm_partial({buffers},
         {accumulate}
     }}
     scratch[lid] = acc;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = {local} / 2; s > 0; s >>= 1) {{
-        if (lid < s) scratch[lid] = {combine};
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    if (lid == 0) partials[part_offset + get_group_id(0)] = (float)scratch[0];
+{tree}    if (lid == 0) partials[part_offset + get_group_id(0)] = (float)scratch[0];
 }}
 """
 
@@ -70,12 +66,7 @@ void netcl_norm_finish(__global const float* partials, const int n, const float 
         acc = {combine_acc};
     }}
     scratch[lid] = acc;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = {local} / 2; s > 0; s >>= 1) {{
-        if (lid < s) scratch[lid] = {combine};
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    if (lid == 0) {{
+{tree}    if (lid == 0) {{
         const float total = {root};
         norm[0] = total;
         coef[0] = fmin(max_norm / (total + {eps}f), 1.0f);
@@ -109,6 +100,11 @@ def _combine(mode: str, a: str, b: str) -> str:
     return f"fmax({a}, {b})" if mode == "inf" else f"{a} + {b}"
 
 
+def _tree(mode: str) -> str:
+    """The work-group tree over ``scratch`` (``_rows.tree_loop_c``, the tree of the row kernels)."""
+    return tree_loop_c(f"scratch[lid] = {_combine(mode, 'scratch[lid]', 'scratch[lid + h]')};", half=f"{LOCAL} / 2")
+
+
 def _partial_source(dtype: np.dtype, mode: str, arity: int) -> str:
     st, ct = storage_ctype(dtype), compute_ctype(dtype)
     acc = "double" if ct == "double" else "float"
@@ -125,7 +121,7 @@ def _partial_source(dtype: np.dtype, mode: str, arity: int) -> str:
         acc=acc,
         branches="\n".join(branches),
         accumulate=accumulate,
-        combine=_combine(mode, "scratch[lid]", "scratch[lid + s]"),
+        tree=_tree(mode),
     )
 
 
@@ -134,7 +130,7 @@ def _finish_source(mode: str) -> str:
     return _FINISH.format(
         local=LOCAL,
         combine_acc=_combine(mode, "acc", "v"),
-        combine=_combine(mode, "scratch[lid]", "scratch[lid + s]"),
+        tree=_tree(mode),
         root=root,
         eps=EPS,
     )

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netcl.core.dtypes import float16
-from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, OperandView
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, OperandView, block_indexing, kernel_signature
 
 MMA = {
     "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -834,14 +834,7 @@ inline uint bf16x2_bits(float lo, float hi) {{
 inline uint f16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void netcl_gemm(const int M, const int N, const int K,
-                __global const {sa}* restrict A, const int lda,
-                __global const {sb}* restrict B, const int ldb,
-                __global {sc}* restrict C, const int ldc,
-                const int nb1, const int nb2,
-                const long sa0, const long sa1, const long sa2,
-                const long sb0, const long sb1, const long sb2,
-                const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
+{kernel_signature(sa, sb, sc, bias_arg)}
     __local uint As[{nbuf}][{a_words}] __attribute__((aligned({align})));
     __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));
     const int tid = get_local_id(0);
@@ -849,30 +842,7 @@ void netcl_gemm(const int M, const int N, const int K,
     const int gid = lane >> 2, tig = lane & 3;
     const int wr = {warp_rows};
     const int wc = (warp / {cfg.wm}) * {cfg.fn * 8};
-    int gx = get_group_id(0), gy = get_group_id(1);
-#if GROUP > 0
-    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
-        const int nx = get_num_groups(0), ny = get_num_groups(1);
-        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
-        const int rows = min(ny - first, GROUP);
-        gy = first + (pid % per) % rows;
-        gx = (pid % per) / rows;
-    }}
-#endif
-    const IDX B0 = (IDX)gx * BN;
-    const IDX A0 = (IDX)gy * BM;
-    const int z = get_group_id(2);
-    const int s = z % splits;
-    int bz = z / splits;
-    const int zb = bz;
-    const int b2 = bz % nb2; bz /= nb2;
-    const int b1 = bz % nb1;
-    const int b0 = bz / nb1;
-    A += b0 * sa0 + b1 * sa1 + b2 * sa2;
-    B += b0 * sb0 + b1 * sb1 + b2 * sb2;
-    __global {sc}* Cz = C + zb * csb + s * css;
-    const int kbeg = s * kchunk;
-    const int kend = min(K, kbeg + kchunk);
+{block_indexing(sc)}
     float acc[{cfg.fm}][{cfg.fn}][4];
     #pragma unroll
     for (int i = 0; i < {cfg.fm}; ++i) {{

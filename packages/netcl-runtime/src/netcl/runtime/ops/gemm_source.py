@@ -244,6 +244,55 @@ class GemmConfig:
         )
 
 
+def kernel_signature(sa: str, sb: str, sc: str, bias_arg: str) -> str:
+    """The ``netcl_gemm`` signature and opening brace every GEMM kernel shares (portable and tensor-core):
+    A, B, C of storage types ``sa``, ``sb``, ``sc``, then ``bias_arg`` (the epilogue's parameters)."""
+    return (
+        "void netcl_gemm(const int M, const int N, const int K,\n"
+        f"                __global const {sa}* restrict A, const int lda,\n"
+        f"                __global const {sb}* restrict B, const int ldb,\n"
+        f"                __global {sc}* restrict C, const int ldc,\n"
+        "                const int nb1, const int nb2,\n"
+        "                const long sa0, const long sa1, const long sa2,\n"
+        "                const long sb0, const long sb1, const long sb2,\n"
+        f"                const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{"
+    )
+
+
+_BLOCK_INDEXING = """    int gx = get_group_id(0), gy = get_group_id(1);
+#if GROUP > 0
+    {  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
+        const int nx = get_num_groups(0), ny = get_num_groups(1);
+        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
+        const int rows = min(ny - first, GROUP);
+        gy = first + (pid % per) % rows;
+        gx = (pid % per) / rows;
+    }
+#endif
+    const IDX B0 = (IDX)gx * BN;
+    const IDX A0 = (IDX)gy * BM;
+    const int z = get_group_id(2);
+    const int s = z % splits;
+    int bz = z / splits;
+    const int zb = bz;
+    const int b2 = bz % nb2; bz /= nb2;
+    const int b1 = bz % nb1;
+    const int b0 = bz / nb1;
+    A += b0 * sa0 + b1 * sa1 + b2 * sa2;
+    B += b0 * sb0 + b1 * sb1 + b2 * sb2;
+    __global SC* Cz = C + zb * csb + s * css;
+    const int kbeg = s * kchunk;
+    const int kend = min(K, kbeg + kchunk);"""
+
+
+def block_indexing(sc: str) -> str:
+    """The block indexing every GEMM kernel starts with (portable and tensor-core; needs ``GROUP``, ``IDX``,
+    ``BM``, ``BN`` defined): the block's (``gx``, ``gy``) in grouped order, its first row ``A0`` and column
+    ``B0``, the split ``s`` and batch ``(b0, b1, b2)`` of dimension 2 with A and B moved to the batch, ``Cz``
+    (C of storage type ``sc`` at the batch and split) and the split's K range ``[kbeg, kend)``."""
+    return _BLOCK_INDEXING.replace("SC*", f"{sc}*")
+
+
 def _vec(ct: str, width: int) -> str:
     return ct if width == 1 else f"{ct}{width}"
 
@@ -390,41 +439,11 @@ def portable_source(
 #define ALIGNED __attribute__((aligned(32)))
 {helpers}
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, KS)))
-void netcl_gemm(const int M, const int N, const int K,
-                __global const {sa}* restrict A, const int lda,
-                __global const {sb}* restrict B, const int ldb,
-                __global {sc}* restrict C, const int ldc,
-                const int nb1, const int nb2,
-                const long sa0, const long sa1, const long sa2,
-                const long sb0, const long sb1, const long sb2,
-                const long csb, const int splits, const int kchunk, const long css{bias_arg}) {{
+{kernel_signature(sa, sb, sc, bias_arg)}
     {tile_decls}
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * WGN + tx;{slice_decls}
-    int gx = get_group_id(0), gy = get_group_id(1);
-#if GROUP > 0
-    {{  /* grouped block order: GROUP block-rows advance together, so their A and B tiles share L2 */
-        const int nx = get_num_groups(0), ny = get_num_groups(1);
-        const int pid = gy * nx + gx, per = GROUP * nx, first = (pid / per) * GROUP;
-        const int rows = min(ny - first, GROUP);
-        gy = first + (pid % per) % rows;
-        gx = (pid % per) / rows;
-    }}
-#endif
-    const IDX B0 = (IDX)gx * BN;
-    const IDX A0 = (IDX)gy * BM;
-    const int z = get_group_id(2);
-    const int s = z % splits;
-    int bz = z / splits;
-    const int zb = bz;
-    const int b2 = bz % nb2; bz /= nb2;
-    const int b1 = bz % nb1;
-    const int b0 = bz / nb1;
-    A += b0 * sa0 + b1 * sa1 + b2 * sa2;
-    B += b0 * sb0 + b1 * sb1 + b2 * sb2;
-    __global {sc}* Cz = C + zb * csb + s * css;
-    const int kbeg = s * kchunk;
-    const int kend = min(K, kbeg + kchunk);
+{block_indexing(sc)}
     CT acc[TM][TN];
     #pragma unroll
     for (int i = 0; i < TM; ++i) {{

@@ -51,6 +51,7 @@ from netcl.runtime.ops._common import (
     storage_ctype,
     storage_pragmas,
 )
+from netcl.runtime.ops._rows import tree_loop_c, tree_reduce_c
 from netcl.runtime.ops.pointwise import add, fill_
 
 PER_THREAD = 16
@@ -413,12 +414,8 @@ def _source(
             f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
             "    }\n"
             "    scratch[ly][lx] = acc;\n"
-            "    barrier(CLK_LOCAL_MEM_FENCE);\n"
-            f"    for (int s = {ROWS // 2}; s > 0; s >>= 1) {{\n"
-            "        if (ly < s) { scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + s][lx]); }\n"
-            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-            "    }\n"
-            f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put('o * chunks + c')} }}\n"
+            + tree_loop_c("scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + h][lx]);", "ly", str(ROWS // 2))
+            + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put('o * chunks + c')} }}\n"
             "}\n"
         )
     if mode == "serial":
@@ -432,6 +429,9 @@ def _source(
             "}\n"
         )
     # tree: the work-group size (a power of two <= MAX_LOCAL) is chosen at launch
+    header += tree_reduce_c(
+        "netcl_tree_combine", acc_t, "s0[lid] = COMBINE(s0[lid], s0[lid + h]);", final_barrier=False
+    )
     return header + (
         f"__kernel void netcl_reduce({signature}) {{\n"
         f"    __local {acc_t} scratch[{MAX_LOCAL}];\n"
@@ -443,13 +443,8 @@ def _source(
         f"    const {idx} stop = start + per_group < R ? start + per_group : R;\n"
         f"    {acc_t} acc = {_identity(op, acc)};\n"
         f"    for ({idx} r = start + lid; r < stop; r += local_size) {{ {loop} }}\n"
-        "    scratch[lid] = acc;\n"
-        "    barrier(CLK_LOCAL_MEM_FENCE);\n"
-        "    for (int s = local_size / 2; s > 0; s >>= 1) {\n"
-        "        if (lid < s) { scratch[lid] = COMBINE(scratch[lid], scratch[lid + s]); }\n"
-        "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-        "    }\n"
-        f"    if (lid == 0) {{ acc = scratch[0]; {put('g')} }}\n"
+        "    acc = netcl_tree_combine(acc, scratch);\n"
+        f"    if (lid == 0) {{ {put('g')} }}\n"
         "}\n"
     )
 

@@ -3,7 +3,9 @@
 The input is viewed as ``(rows, C)`` (the reduced axes moved last by one materialized transpose
 when they are not trailing already). One work-group takes one row: its threads stride over the
 row, then a tree in local memory combines their partials (max, then sum of ``exp(x - max)`` for
-the softmax family; sum, then sum of squares around the mean for the norms). ``rows`` and ``C``
+the softmax family; sum, then sum of squares around the mean for the norms). The kernels (and the
+class losses', ``class_loss``) are ``RowKernel`` bodies on the ``_rows`` skeleton and its tree, with
+``pow2_ceil(C)`` lanes (at most the kernel's limit) per row. ``rows`` and ``C``
 are kernel arguments, so the program is built once per dtype, index width and mode.
 
 Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,17 +27,16 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.launch import launch
+from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import (
     compute_ctype,
-    get_kernel,
     normalize_axes,
     pow2_ceil,
     storage_ctype,
     storage_pragmas,
     wrap_numpy,
 )
-from netcl.runtime.ops._grid import index_ctype, index_dtype
+from netcl.runtime.ops._grid import index_ctype
 from netcl.runtime.ops.layout import transpose
 
 #: Softmax-family modes (compile-time, one program each).
@@ -42,61 +44,51 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 MODE_NAMES = {SOFTMAX: "softmax", LOG_SOFTMAX: "log_softmax", LOGSUMEXP: "logsumexp"}
 LAYER, RMS = 0, 1
 
-_TREE = """
+
+@dataclass(frozen=True)
+class RowKernel:
+    """A row kernel on the ``_rows`` skeleton (templates over ``_fmt``): ``netcl_{name}`` with ``params``
+    (before the skeleton's ``rows, R, inner``), compile-time ``defines`` and a ``body`` that runs after
+    ``_PROLOGUE`` (``lid``, the lane count ``L``, the row length ``C``; the skeleton's ``row``, ``ROW_SUM``
+    and ``scratch_a``)."""
+
+    name: str
+    params: str
+    defines: str
+    body: str
+
+
+_PROLOGUE = "    const int lid = get_local_id(0), L = get_local_size(0);\n    const {idx} C = R;\n"
+
+_LOAD_STORE = """
 /* loads and stores of the storage type: float16 through vload_half / vstore_half_rte (no cl_khr_fp16) */
 #define LD(p, i) {load}
 #define ST(p, i, v) {store}
-inline {ct} netcl_tree_sum(__local {ct}* s, {ct} v) {{
-    const int lid = get_local_id(0);
-    s[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
-        if (lid < k) s[lid] += s[lid + k];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    v = s[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return v;
-}}
 inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || isnan(a)) ? a : b; }}
-inline {ct} netcl_tree_max(__local {ct}* s, {ct} v) {{
-    const int lid = get_local_id(0);
-    s[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = get_local_size(0) / 2; k > 0; k >>= 1) {{
-        if (lid < k) s[lid] = netcl_max_nan(s[lid], s[lid + k]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    v = s[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return v;
-}}
-/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
+"""
+
+_SHIFT_SUM = """/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
    in *sum, the sum of exp(x - shift) over the row: every work-item of the group calls it. */
 inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local {ct}* scratch, {ct}* sum) {{
     const int lid = get_local_id(0), L = get_local_size(0);
     {ct} m = -INFINITY;
     for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, LD(xr, i));
-    m = netcl_tree_max(scratch, m);
+    m = netcl_tree_max(m, scratch);
     const {ct} shift = isinf(m) ? ({ct})0 : m;
     {ct} s = 0;
     for ({idx} i = lid; i < C; i += L) s += exp(LD(xr, i) - shift);
-    *sum = netcl_tree_sum(scratch, s);
+    *sum = netcl_row_sum(s, scratch);
     return shift;
 }}
 """
 
-_SOFTMAX_FORWARD = """{pragmas}{tree}
-#define MODE {mode}
-__kernel void netcl_softmax_rows(__global const {st}* x, __global {st}* out, __global {ct}* rowmax,
-                                 __global {ct}* rowsum, const {idx} rows, const {idx} C) {{
-    __local {ct} scratch[256];
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    __global const {st}* xr = x + row * C;
+_SOFTMAX_FORWARD = RowKernel(
+    "softmax_rows",
+    ("__global const {st}* x, __global {st}* out, __global {ct}* rowmax, __global {ct}* rowsum"),
+    "#define MODE {mode}\n",
+    """    __global const {st}* xr = x + row * C;
     {ct} s;
-    const {ct} shift = netcl_row_shift_sum(xr, C, scratch, &s);
+    const {ct} shift = netcl_row_shift_sum(xr, C, scratch_a, &s);
     if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
 #if MODE == 2
     if (lid == 0) ST(out, row, (shift + log(s)));
@@ -107,19 +99,17 @@ __kernel void netcl_softmax_rows(__global const {st}* x, __global {st}* out, __g
     const {ct} inv = ({ct})1 / s;
     for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, (exp(LD(xr, i) - shift) * inv));
 #endif
-}}
-"""
+""",
+)
 
-_SOFTMAX_BACKWARD = """{pragmas}{tree}
-#define MODE {mode}
-__kernel void netcl_softmax_rows_backward(__global const {st}* x, __global const {st}* g,
-                                          __global const {ct}* rowmax, __global const {ct}* rowsum,
-                                          __global {st}* gx, const {idx} rows, const {idx} C) {{
-    __local {ct} scratch[256];
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row];
+_SOFTMAX_BACKWARD = RowKernel(
+    "softmax_rows_backward",
+    (
+        "__global const {st}* x, __global const {st}* g, __global const {ct}* rowmax, "
+        "__global const {ct}* rowsum, __global {st}* gx"
+    ),
+    "#define MODE {mode}\n",
+    """    const {ct} shift = rowmax[row], inv = ({ct})1 / rowsum[row];
     __global const {st}* xr = x + row * C;
 #if MODE == 2
     const {ct} gr = LD(g, row);
@@ -127,41 +117,37 @@ __kernel void netcl_softmax_rows_backward(__global const {st}* x, __global const
 #elif MODE == 1
     {ct} gs = 0;
     for ({idx} i = lid; i < C; i += L) gs += LD(g, row * C + i);
-    gs = netcl_tree_sum(scratch, gs);
+    gs = ROW_SUM(gs);
     for ({idx} i = lid; i < C; i += L)
         ST(gx, row * C + i, (LD(g, row * C + i) - exp(LD(xr, i) - shift) * inv * gs));
 #else
     {ct} dot = 0;
     for ({idx} i = lid; i < C; i += L) dot += LD(g, row * C + i) * exp(LD(xr, i) - shift) * inv;
-    dot = netcl_tree_sum(scratch, dot);
+    dot = ROW_SUM(dot);
     for ({idx} i = lid; i < C; i += L) {{
         const {ct} y = exp(LD(xr, i) - shift) * inv;
         ST(gx, row * C + i, (y * (LD(g, row * C + i) - dot)));
     }}
 #endif
-}}
-"""
+""",
+)
 
-_NORM_FORWARD = """{pragmas}{tree}
-#define MODE {mode}
-#define HAS_W {has_w}
-#define HAS_B {has_b}
-__kernel void netcl_norm_rows(__global const {st}* x, __global const {st}* w, __global const {st}* b,
-                              __global {st}* out, __global {ct}* mean, __global {ct}* rstd,
-                              const {idx} rows, const {idx} C, const {ct} eps) {{
-    __local {ct} scratch[256];
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    __global const {st}* xr = x + row * C;
+_NORM_FORWARD = RowKernel(
+    "norm_rows",
+    (
+        "__global const {st}* x, __global const {st}* w, __global const {st}* b, __global {st}* out, "
+        "__global {ct}* mean, __global {ct}* rstd, const {ct} eps"
+    ),
+    "#define MODE {mode}\n#define HAS_W {has_w}\n#define HAS_B {has_b}\n",
+    """    __global const {st}* xr = x + row * C;
     {ct} mu = 0;
 #if MODE == 0
     for ({idx} i = lid; i < C; i += L) mu += LD(xr, i);
-    mu = netcl_tree_sum(scratch, mu) / ({ct})C;
+    mu = ROW_SUM(mu) / ({ct})C;
 #endif
     {ct} v = 0;
     for ({idx} i = lid; i < C; i += L) {{ const {ct} d = LD(xr, i) - mu; v += d * d; }}
-    v = netcl_tree_sum(scratch, v) / ({ct})C;
+    v = ROW_SUM(v) / ({ct})C;
     const {ct} r = ({ct})1 / sqrt(v + eps);
     if (lid == 0) {{ mean[row] = mu; rstd[row] = r; }}
     for ({idx} i = lid; i < C; i += L) {{
@@ -174,20 +160,17 @@ __kernel void netcl_norm_rows(__global const {st}* x, __global const {st}* w, __
 #endif
         ST(out, row * C + i, y);
     }}
-}}
-"""
+""",
+)
 
-_NORM_BACKWARD = """{pragmas}{tree}
-#define MODE {mode}
-#define HAS_W {has_w}
-__kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {st}* g, __global const {st}* w,
-                                       __global const {ct}* mean, __global const {ct}* rstd, __global {st}* gx,
-                                       const {idx} rows, const {idx} C) {{
-    __local {ct} scratch[256];
-    const {idx} row = ({idx})get_group_id(0);
-    if (row >= rows) return;
-    const int lid = get_local_id(0), L = get_local_size(0);
-    const {ct} mu = mean[row], r = rstd[row];
+_NORM_BACKWARD = RowKernel(
+    "norm_rows_backward",
+    (
+        "__global const {st}* x, __global const {st}* g, __global const {st}* w, "
+        "__global const {ct}* mean, __global const {ct}* rstd, __global {st}* gx"
+    ),
+    "#define MODE {mode}\n#define HAS_W {has_w}\n",
+    """    const {ct} mu = mean[row], r = rstd[row];
     {ct} a = 0, bsum = 0;
     for ({idx} i = lid; i < C; i += L) {{
         {ct} gy = LD(g, row * C + i);
@@ -198,11 +181,11 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
         bsum += gy * ((LD(x, row * C + i) - mu) * r);
     }}
 #if MODE == 0
-    a = netcl_tree_sum(scratch, a) / ({ct})C;
+    a = ROW_SUM(a) / ({ct})C;
 #else
     a = 0;
 #endif
-    bsum = netcl_tree_sum(scratch, bsum) / ({ct})C;
+    bsum = ROW_SUM(bsum) / ({ct})C;
     for ({idx} i = lid; i < C; i += L) {{
         {ct} gy = LD(g, row * C + i);
 #if HAS_W
@@ -211,8 +194,17 @@ __kernel void netcl_norm_rows_backward(__global const {st}* x, __global const {s
         const {ct} xhat = (LD(x, row * C + i) - mu) * r;
         ST(gx, row * C + i, (r * (gy - a - xhat * bsum)));
     }}
-}}
-"""
+""",
+)
+
+
+def row_helpers(fmt: dict[str, Any]) -> str:
+    """The helpers of the row kernels, after the skeleton's (``netcl_row_sum``): ``LD``/``ST``, the NaN-keeping
+    max tree ``netcl_tree_max(v, scratch)`` (``_rows.tree_reduce_c``) and ``netcl_row_shift_sum``."""
+    max_nan = "s0[lid] = netcl_max_nan(s0[lid], s0[lid + h]);"
+    return (
+        _LOAD_STORE.format(**fmt) + _rows.tree_reduce_c("netcl_tree_max", fmt["ct"], max_nan) + _SHIFT_SUM.format(**fmt)
+    )
 
 
 def stats_dtype(dtype: np.dtype) -> np.dtype:
@@ -230,8 +222,7 @@ def _check_float(x: Any, op: str) -> None:
 
 
 def _run_rows(
-    template: str,
-    name: str,
+    kernel: RowKernel,
     fmt: dict[str, Any],
     device: Device,
     rows: int,
@@ -239,20 +230,22 @@ def _run_rows(
     buffers: Sequence[Any],
     extra=(),
 ) -> None:
-    """Launch one work-group per row (``rows`` and ``cols`` as index-typed arguments)."""
-    if rows == 0:
-        return
-    idx = fmt["idx"]
+    """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
+    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers."""
 
-    def source() -> str:
-        return template.format(tree=_TREE.format(**fmt), **fmt)
+    def source(mode: str) -> str:
+        body = (_PROLOGUE + kernel.body).format(**fmt)
+        helpers = kernel.defines.format(**fmt) + row_helpers(fmt)
+        stats = float64 if fmt["ct"] == "double" else float32  # float16 data: loads and stores only
+        name = f"netcl_{kernel.name}"
+        return _rows.source(name, [kernel.params.format(**fmt)], body, _rows.CONTIG, mode, fmt["ct"], fmt["idx"],
+                            [stats], helpers)  # fmt: skip
 
-    key = ("rowwise", name, *sorted(fmt.items()))
-    types = [None] * len(buffers) + [index_dtype(idx)] * 2 + [np.dtype(type(v)) for v in extra]
-    resolved = get_kernel(key, device, source, f"netcl_{name}", types)
-    local = max(1, min(resolved.max_local, pow2_ceil(cols)))
-    dt = index_dtype(idx).type
-    launch(resolved.kernel, rows * local, local, *buffers, dt(rows), dt(cols), *extra, queue=device.queue)
+    key = ("rowwise", *sorted(fmt.items()))
+    types = [None] * len(buffers) + [np.dtype(type(v)) for v in extra]
+    name = f"netcl_{kernel.name}"
+    _rows.run(key, device, source, name, types, rows, cols, 1, fmt["idx"], *buffers, *extra, mode="group",
+              lanes=pow2_ceil(cols))  # fmt: skip
 
 
 def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
@@ -315,7 +308,7 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
     else:
         out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
         stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
-        _run_rows(_SOFTMAX_FORWARD, "softmax_rows", _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
     if mode != LOGSUMEXP:
         out = restore_rows(out, x.shape, perm)
     return out, stats[0], stats[1]
@@ -345,7 +338,6 @@ def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes:
         gflat = gflat if gflat.dtype == x.dtype else _cast(gflat, x.dtype)
         _run_rows(
             _SOFTMAX_BACKWARD,
-            "softmax_rows_backward",
             _fmt(x, mode),
             x.device,
             rows,
@@ -443,7 +435,7 @@ def norm_forward(
     mean, rstd = (Tensor.empty((rows,), sd, x.device) for _ in range(2))
     fmt = _fmt(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
     buffers = [x, weight if weight is not None else x, bias if bias is not None else x, out, mean, rstd]
-    _run_rows(_NORM_FORWARD, "norm_rows", fmt, x.device, rows, C, buffers, (sd.type(eps),))
+    _run_rows(_NORM_FORWARD, fmt, x.device, rows, C, buffers, (sd.type(eps),))
     return out, mean, rstd
 
 
@@ -468,7 +460,7 @@ def norm_backward(
     g = g if g.dtype == x.dtype else _cast(g, x.dtype)
     fmt = _fmt(x, mode, has_w=int(weight is not None))
     buffers = [x, g, weight if weight is not None else x, mean, rstd, gx]
-    _run_rows(_NORM_BACKWARD, "norm_rows_backward", fmt, x.device, rows, C, buffers)
+    _run_rows(_NORM_BACKWARD, fmt, x.device, rows, C, buffers)
     return gx
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from netcl.core import Tensor, contiguous_strides
 from netcl.core.dtypes import int64
 from netcl.runtime.ops import _rows
-from netcl.runtime.ops._common import MAX_LOCAL, normalize_axes, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype, wrap_numpy
 from netcl.runtime.ops.strided import strided_copy
 
 
@@ -95,7 +95,7 @@ def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     outer, R, inner = _rows.row_split(x.shape or (1,), ax, ax)
     layout = _rows.layout_of(inner)
     acc = _rows.acc_ctype(x.dtype) if x.dtype.kind == "f" else "long"
-    idx = _rows.index_for(x.size)
+    idx = index_ctype(x.size)
     name = "netcl_cumsum"
 
     def make(mode: str) -> str:
@@ -136,24 +136,16 @@ _ARG_LOOP = (
     "    }\n"
 )
 
-_ARG_TREE = (
-    f"    __local long sidx[{MAX_LOCAL}];\n"
-    "    const int lid = get_local_id(0);\n"
-    "    scratch_a[lid] = best;\n"
-    "    sidx[lid] = at;\n"
-    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
-    "    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {\n"
-    "        if (lid < h) {\n"
-    "            const ACC b1 = scratch_a[lid], b2 = scratch_a[lid + h];\n"
-    "            const long a1 = sidx[lid], a2 = sidx[lid + h];\n"
-    "            if (a1 < 0 || (a2 >= 0 && (BETTER(b2, b1) || (!BETTER(b1, b2) && a2 < a1)))) {\n"
-    "                scratch_a[lid] = b2; sidx[lid] = a2;\n"
-    "            }\n"
-    "        }\n"
-    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
-    "    }\n"
-    "    at = sidx[0];\n"
+#: Merge two (best value, its index) partials: the better value, the lower index on a tie; index -1: none.
+_ARG_COMBINE = (
+    "const ACC b1 = s0[lid], b2 = s0[lid + h];",
+    "const long a1 = s1[lid], a2 = s1[lid + h];",
+    "if (a1 < 0 || (a2 >= 0 && (BETTER(b2, b1) || (!BETTER(b1, b2) && a2 < a1)))) {",
+    "    s0[lid] = b2; s1[lid] = a2;",
+    "}",
 )
+_ARG_HELPER = _rows.tree_reduce_c("netcl_row_argbest", ["ACC", "long"], _ARG_COMBINE)
+_ARG_TREE = f"    __local long sidx[{MAX_LOCAL}];\n    netcl_row_argbest(&best, &at, scratch_a, sidx);\n"
 
 
 def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
@@ -178,13 +170,14 @@ def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
     layout = _rows.layout_of(inner)
     floating = x.dtype.kind == "f"
     acc = _rows.acc_ctype(x.dtype) if floating else "long"
-    idx = _rows.index_for(x.size)
+    idx = index_ctype(x.size)
     name = f"netcl_{kind}"
 
     def make(mode: str) -> str:
         body = _ARG_LOOP + (_ARG_TREE if mode == "group" else "") + "    if (LID == 0) out[row] = at;"
         params = [f"__global const {storage_ctype(x.dtype)}* x", "__global long* out"]
-        return _rows.source(name, params, body, layout, mode, acc, idx, [x.dtype], helpers=_better(kind, floating))
+        helpers = _better(kind, floating) + (_ARG_HELPER if mode == "group" else "")
+        return _rows.source(name, params, body, layout, mode, acc, idx, [x.dtype], helpers=helpers)
 
     key = (layout, x.dtype.str, acc, idx)
     _rows.run(key, x.device, make, name, [None, None], outer * inner, R, inner, idx, x, out)
