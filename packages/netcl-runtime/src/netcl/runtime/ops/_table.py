@@ -54,10 +54,6 @@ def numpy_gelu_grad(x: np.ndarray) -> np.ndarray:
     return numpy_sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
 
 
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(x), x, np.maximum(x, 0))
-
-
 def numpy_silu(x: np.ndarray) -> np.ndarray:
     return x * numpy_sigmoid(x)
 
@@ -93,42 +89,20 @@ def numpy_softplus_grad(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) 
     return np.where(z > threshold, 1.0, numpy_sigmoid(z))
 
 
-def _cmp(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-    return lambda a, b: fn(a, b).astype(np.float32)
+def numpy_relu(x: np.ndarray) -> np.ndarray:
+    """RELU of the preamble, in NumPy (NaN stays NaN)."""
+    return np.where(np.isnan(x), x, np.maximum(x, 0))
 
 
-def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(c != 0, a, b)
-
-
-def _clamp(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    # MIN(MAX(x, lo), hi) with NaN propagation from x, as the preamble's CLAMP.
-    return np.minimum(np.maximum(x, lo), hi)
-
-
-_MAXIMUM_GENERIC = "(({0}) > ({1}) || isnan({0}) ? ({0}) : ({1}))"
-_MINIMUM_GENERIC = "(({0}) < ({1}) || isnan({0}) ? ({0}) : ({1}))"
-
+# The differentiable ops (exp, add, where, ...) are defined in ``elementwise_defs``, which builds
+# their OpDefs; these tables hold the runtime's helper kernels: derivatives and fused gradient
+# steps (``relu_backward``), fused loss terms, and ops without an autograd front (``eq``, ``sign``).
 UNARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("neg", "NEG({0})", np.negative, "arith", "NEG({0})"),
-        OpDef("exp", "EXP({0})", np.exp, "float"),
-        OpDef("log", "LOG({0})", np.log, "float"),
-        OpDef("log1p", "LOG1P({0})", np.log1p, "float"),
-        OpDef("sqrt", "SQRT({0})", np.sqrt, "float"),
-        OpDef("rsqrt", "RSQRT({0})", lambda x: 1.0 / np.sqrt(x), "float"),
-        OpDef("abs", "ABS({0})", np.abs, "float"),
         OpDef("sign", "SIGN({0})", np.sign, "float"),
-        OpDef("relu", "RELU({0})", _relu, "float"),
         OpDef("relu_grad", "RELU_GRAD({0})", lambda x: (x > 0).astype(x.dtype), "float"),
-        OpDef("gelu", "GELU({0})", numpy_gelu, "float"),
         OpDef("gelu_grad", "GELU_GRAD({0})", numpy_gelu_grad, "float"),
-        OpDef("sigmoid", "SIGMOID({0})", numpy_sigmoid, "float"),
-        OpDef("tanh", "TANH({0})", np.tanh, "float"),
-        OpDef("sin", "SIN({0})", np.sin, "float"),
-        OpDef("cos", "COS({0})", np.cos, "float"),
-        OpDef("silu", "SILU({0})", numpy_silu, "float"),
         OpDef("silu_grad", "SILU_GRAD({0})", numpy_silu_grad, "float"),
     )
 }
@@ -136,22 +110,8 @@ UNARY: dict[str, OpDef] = {
 BINARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("add", "ADD({0}, {1})", np.add, "arith", "ADD({0}, {1})"),
-        OpDef("sub", "SUB({0}, {1})", np.subtract, "arith", "SUB({0}, {1})"),
-        OpDef("mul", "MUL({0}, {1})", np.multiply, "arith", "MUL({0}, {1})"),
-        OpDef("div", "DIV({0}, {1})", np.true_divide, "float"),
-        OpDef("pow", "POW({0}, {1})", np.power, "float"),
-        OpDef("maximum", _MAXIMUM_GENERIC, np.maximum, "arith", "max({0}, {1})"),
-        OpDef("minimum", _MINIMUM_GENERIC, np.minimum, "arith", "min({0}, {1})"),
-        OpDef("lt", "LT({0}, {1})", _cmp(np.less), "compare"),
-        OpDef("le", "LE({0}, {1})", _cmp(np.less_equal), "compare"),
-        OpDef("gt", "GT({0}, {1})", _cmp(np.greater), "compare"),
-        OpDef("ge", "GE({0}, {1})", _cmp(np.greater_equal), "compare"),
-        OpDef("eq", "EQ({0}, {1})", _cmp(np.equal), "compare"),
-        OpDef("ne", "NE({0}, {1})", _cmp(np.not_equal), "compare"),
-        OpDef("leaky_relu", "LEAKY_RELU({0}, {1})", numpy_leaky_relu, "float"),
+        OpDef("eq", "EQ({0}, {1})", lambda a, b: np.equal(a, b).astype(np.float32), "compare"),
         OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
-        OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
         OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
         # (a - b)^2: the mean squared error's terms in one kernel
         OpDef("squared_difference", "MUL(SUB({0}, {1}), SUB({0}, {1}))", lambda a, b: (a - b) * (a - b), "float"),
@@ -168,7 +128,6 @@ BINARY: dict[str, OpDef] = {
 TERNARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
         OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
         # (a - b) * c: the mean squared error's gradient in one kernel
         OpDef("scaled_difference", "MUL(SUB({0}, {1}), {2})", lambda a, b, c: (a - b) * c, "float"),
@@ -183,14 +142,6 @@ TERNARY: dict[str, OpDef] = {
         ),
     )
 }
-
-WHERE = OpDef("where", "WHERE({0}, {1}, {2})", _where, "where", "WHERE({0}, {1}, {2})")
-CLAMP = OpDef("clamp", "CLAMP_G({0}, {1}, {2})", _clamp, "arith", "min(max({0}, {1}), {2})")
-
-#: Type-generic clamp for float and double compute types (the preamble's CLAMP is float-only).
-CLAMP_SOURCE = (
-    "#define CLAMP_G(x, lo, hi) (" + _MINIMUM_GENERIC.format(_MAXIMUM_GENERIC.format("x", "lo"), "hi") + ")\n"
-)
 
 #: Double-precision twins of the preamble's float helpers (whose float parameters would round a
 #: double to float). Kernels computing in double get this source, and their expression has

@@ -21,7 +21,7 @@ from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
-from netcl.runtime.ops import numpy_backend
+from netcl.runtime.ops import _table, numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     CLEAR_HOOKS,
@@ -48,7 +48,14 @@ from netcl.runtime.ops._common import (
     storage_only,
     storage_pragmas,
 )
-from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
+from netcl.runtime.ops._table import F64_SOURCE, OpDef, f64_expr
+from netcl.runtime.ops.elementwise_defs import OPDEFS, OPDEFS_BY_ARITY
+
+#: name -> OpDef by operand count (inputs, then attributes): the defined ops, then the helper kernels.
+UNARY = {**OPDEFS_BY_ARITY[1], **_table.UNARY}
+BINARY = {**OPDEFS_BY_ARITY[2], **_table.BINARY}
+TERNARY = {**OPDEFS_BY_ARITY[3], **_table.TERNARY}
+WHERE, CLAMP = OPDEFS["where"], OPDEFS["clamp"]
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
@@ -251,7 +258,7 @@ def _source(
         body.append(f"const {ctype} v{i} = ({ctype}){read};")
     params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
     used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
-    extra = CLAMP_SOURCE + FASTDIV_SOURCE
+    extra = FASTDIV_SOURCE
     if "double" in value_ctypes:
         expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
@@ -306,7 +313,8 @@ def value_dtypes(op: OpDef, operands: Sequence[Any]) -> tuple[list[np.dtype], np
     if op.kind == "where":
         compute, result = result_dtypes(OpDef("", "", op.numpy_fn, "arith"), operands[1:])
         cond = operands[0]
-        return [cond.dtype if isinstance(cond, Tensor) else promote((cond,)), compute, compute], compute, result
+        cond_dtype = cond.dtype if isinstance(cond, Tensor) else promote((cond,))
+        return [cond_dtype] + [compute] * (len(operands) - 1), compute, result
     compute, result = result_dtypes(op, operands)
     return [compute] * len(operands), compute, result
 
