@@ -7,6 +7,8 @@ to the input's shape when the input was broadcast. ``op_name`` and ``attrs`` are
 name and attributes: the JIT primitive of the same name (generated from the same entry) traces it.
 ``unary`` / ``binary`` build the public functions (a Python number on one side of a binary op
 selects its ``_scalar_right`` / ``_scalar_left`` variant, the number in ``attrs["scalar"]``).
+``fronts`` builds one for every defined op without attributes: ``netcl.autograd`` exports those
+that have no hand-written front, so a new op needs only its definition.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
-from netcl.runtime.ops.elementwise_defs import ALL, OPDEFS, ZERO, derivative_opdef, forward_operands
+from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, derivative_opdef, forward_operands
 from netcl.runtime.ops.pointwise import apply
 
 Operand = Any  # Node | Tensor | int | float
@@ -98,3 +100,13 @@ def binary(name: str) -> Callable[[Operand, Operand], Node]:
     op.__name__ = op.__qualname__ = name
     op.__doc__ = ALL[name].doc
     return op
+
+
+def fronts() -> dict[str, Callable[..., Node]]:
+    """The public function of every defined op without attributes, one or two inputs (``unary`` /
+    ``binary``): what ``netcl.autograd`` exports for an op that has no hand-written front."""
+    found: dict[str, Callable[..., Node]] = {}
+    for d in DEFS:
+        if not d.attrs and len(d.inputs) in (1, 2):
+            found[d.name] = unary(d.name) if len(d.inputs) == 1 else binary(d.name)
+    return found

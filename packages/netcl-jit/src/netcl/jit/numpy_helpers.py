@@ -13,8 +13,8 @@ from netcl.runtime.ops import _table
 from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
-GELU_K = _F(0.7978845608028654)
-GELU_C = _F(0.044715)
+GELU_K = _F(_table.GELU_K)
+GELU_C = _F(_table.GELU_C)
 
 
 def _flag(condition):
@@ -165,7 +165,7 @@ def SIGMOID_NONNEG_OUT(x, out):
 
 def GELU_OUT(x, out, tmp, tmp2):
     """GELU as x * sigmoid(2u), u = K (x + C x^3), in the order of the eager twin (same float32 values)."""
-    np.multiply(x, _F(_table.GELU_C), out=tmp)
+    np.multiply(x, GELU_C, out=tmp)
     np.multiply(tmp, x, out=tmp)
     np.multiply(tmp, x, out=tmp)
     np.add(x, tmp, out=tmp)

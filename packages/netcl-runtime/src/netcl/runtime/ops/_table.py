@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GELU_K = 0.7978845608028654
-GELU_C = 0.044715
+from netcl.core.kernels.primitives import GELU_C, GELU_K, gelu_source
 
 
 @dataclass(frozen=True)
@@ -166,14 +165,7 @@ inline double SIGMOID_F64(double x) {
     double e = exp(x);
     return e / (1.0 + e);
 }
-inline double GELU_F64(double x) { return x * SIGMOID_F64(2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x)); }
-inline double GELU_GRAD_F64(double x) {
-    double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    double e = exp(-2.0 * fabs(u));
-    double sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e));
-    double tail = sech2 == 0.0 ? 0.0 : 0.5 * x * sech2 * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
-    return SIGMOID_F64(2.0 * u) + tail;
-}
+@GELU@
 inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
 inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
 inline double SMOOTH_L1_F64(double d, double beta) {
@@ -197,7 +189,7 @@ inline double SOFTPLUS_GRAD_F64(double x, double beta, double threshold) {
     double z = beta * x;
     return z > threshold ? 1.0 : SIGMOID_F64(z);
 }
-"""
+""".replace("@GELU@", gelu_source("double"))
 
 _F64_NAMES = re.compile(
     r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_GRAD|GELU|"

@@ -51,16 +51,15 @@ class Elementwise:
     ``grads`` has one derivative template per input (its length is the op's input count);
     ``attrs`` are the scalar attributes after the inputs (kernel arguments eagerly, constants
     baked into fused code). ``numpy_fn`` takes the inputs then the attributes, as arrays of the
-    compute dtype. ``kind`` is ``_table``'s result-dtype rule; ``int_forward`` the expression
-    integer compute types use. ``scalar_variants``: a binary op also gets ``NAME_scalar_right`` /
-    ``NAME_scalar_left`` (one side a Python number). ``autograd``: the autograd op is generated
-    under this name in ``netcl.autograd`` (False: the op has a hand-written front, as where and
-    clamp, which pick a variant).
+    compute dtype; None: generated from ``forward`` (``twin``). ``kind`` is ``_table``'s
+    result-dtype rule; ``int_forward`` the expression integer compute types use.
+    ``scalar_variants``: a binary op also gets ``NAME_scalar_right`` / ``NAME_scalar_left`` (one
+    side a Python number). ``doc``: the docstring of the generated autograd function.
     """
 
     name: str
     forward: str
-    numpy_fn: Callable[..., np.ndarray]
+    numpy_fn: Callable[..., np.ndarray] | None
     grads: tuple[str, ...]
     kind: str = "float"
     int_forward: str | None = None
@@ -80,6 +79,12 @@ class Elementwise:
     @property
     def differentiable(self) -> bool:
         return any(grad != ZERO for grad in self.grads)
+
+    def twin(self) -> Callable[..., np.ndarray]:
+        """The forward's NumPy twin: ``numpy_fn``, or ``forward`` run as Python (``c_expr``)."""
+        if self.numpy_fn is not None:
+            return self.numpy_fn
+        return c_expr.numpy_function(self.forward, (*self.inputs, *self.attrs), self.name)
 
 
 def _cmp(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -128,6 +133,13 @@ DEFS: tuple[Elementwise, ...] = (
     _E("sin", "SIN({a})", np.sin, ("MUL({g}, COS({a}))",), doc="Sine."),
     _E("cos", "COS({a})", np.cos, ("NEG(MUL({g}, SIN({a})))",), doc="Cosine."),
     _E("silu", "SILU({a})", numpy_silu, ("MUL({g}, SILU_GRAD({a}))",), doc="x * sigmoid(x) (SiLU / swish)."),
+    _E(
+        "softsign",
+        "DIV({a}, ADD(1.0f, ABS({a})))",
+        None,
+        ("DIV({g}, MUL(ADD(1.0f, ABS({a})), ADD(1.0f, ABS({a}))))",),
+        doc="x / (1 + |x|).",
+    ),
     _E(
         "leaky_relu",
         "LEAKY_RELU({a}, {negative_slope})",
@@ -254,7 +266,7 @@ def variant(base: Elementwise, name: str, constants: Mapping[str, str]) -> Eleme
     order = [base.inputs.index(i) for i in kept]
     placed = {base.inputs.index(i): k for i, k in constants.items()}
     new_attrs = (*base.attrs, *dict.fromkeys(constants.values()))
-    base_fn, n_base = base.numpy_fn, len(base.inputs)
+    base_fn, n_base = base.twin(), len(base.inputs)
 
     def numpy_fn(*args: np.ndarray) -> np.ndarray:
         values = dict(zip(order, args[: len(kept)], strict=True))
@@ -316,7 +328,7 @@ def opdef(d: Elementwise) -> OpDef:
     """The runtime ``OpDef`` of ``d``'s forward: operands are the inputs, then the attributes."""
     params = (*d.inputs, *d.attrs)
     int_expr = None if d.int_forward is None else positional(d.int_forward, params)
-    return OpDef(d.name, positional(d.forward, params), d.numpy_fn, d.kind, int_expr)
+    return OpDef(d.name, positional(d.forward, params), d.twin(), d.kind, int_expr)
 
 
 #: The eager forward kernels of ``DEFS`` (variants run their base op with a scalar operand).
