@@ -2,7 +2,7 @@
 
 ``apply_elementwise(name, inputs, attrs)`` is the whole op: its forward is the definition's eager
 kernel, its gradient for each input that needs one is the definition's derivative template run
-as ONE fused kernel (``derivative_opdef``; ``{g}`` alone is ``g`` itself, no kernel), summed back
+as ONE fused kernel (``pointwise.derivative``; ``{g}`` alone is ``g`` itself, no kernel), summed back
 to the input's shape when the input was broadcast. ``op_name`` and ``attrs`` are the definition's
 name and attributes: the JIT primitive of the same name (generated from the same entry) traces it.
 ``unary`` / ``binary`` build the public functions (a Python number on one side of a binary op
@@ -21,8 +21,8 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
-from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, derivative_opdef, forward_operands
-from netcl.runtime.ops.pointwise import apply
+from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
+from netcl.runtime.ops.pointwise import apply, derivative
 
 Operand = Any  # Node | Tensor | int | float
 _Grads = list[Tensor | None]
@@ -36,16 +36,6 @@ def is_scalar(x: Any) -> bool:
 def needs_grad(x: Any) -> bool:
     """Whether ``x`` is a Node that requires a gradient."""
     return isinstance(x, Node) and x.requires_grad
-
-
-def derivative(name: str, index: int, named: Mapping[str, Any]) -> Tensor:
-    """Op ``name``'s derivative for input ``index`` (upstream gradient included) as one kernel over
-    ``named`` (input letters, ``g``, ``out`` and attribute names -> values); not yet reduced."""
-    template = ALL[name].grads[index]
-    if template == "{g}":
-        return named["g"]
-    op, params = derivative_opdef(name, index)
-    return apply(op, [named[p] for p in params])
 
 
 def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:

@@ -1,4 +1,7 @@
-"""The elementwise op table: name -> C expression, NumPy function and result-dtype rule, side by side.
+"""Elementwise kernel definitions: ``OpDef`` (C expression, NumPy function, result-dtype rule), the
+NumPy twins of the preamble helpers, the runtime's helper kernels, and the float64 helper twins.
+
+The differentiable ops are defined in ``elementwise_defs``, which builds their ``OpDef``s.
 
 Kinds decide the result dtype (see ``_common.promote``):
 
@@ -94,8 +97,9 @@ def numpy_relu(x: np.ndarray) -> np.ndarray:
 
 
 # The differentiable ops (exp, add, where, ...) are defined in ``elementwise_defs``, which builds
-# their OpDefs; these tables hold the runtime's helper kernels: derivatives and fused gradient
-# steps (``relu_backward``), fused loss terms, and ops without an autograd front (``eq``, ``sign``).
+# their OpDefs (and their derivatives' kernels, ``derivative_opdef``); these tables hold the runtime's
+# helper kernels: the preamble's derivative helpers alone (``relu_grad``), fused loss terms, and ops
+# without an autograd front (``eq``, ``sign``).
 UNARY: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -114,13 +118,6 @@ BINARY: dict[str, OpDef] = {
         OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
         # (a - b)^2: the mean squared error's terms in one kernel
         OpDef("squared_difference", "MUL(SUB({0}, {1}), SUB({0}, {1}))", lambda a, b: (a - b) * (a - b), "float"),
-        # an upstream gradient times an activation's derivative: one kernel for a backward's two ops
-        OpDef("relu_backward", "MUL({0}, RELU_GRAD({1}))", lambda g, x: g * (x > 0).astype(g.dtype), "float"),
-        OpDef("gelu_backward", "MUL({0}, GELU_GRAD({1}))", lambda g, x: g * numpy_gelu_grad(x), "float"),
-        OpDef("silu_backward", "MUL({0}, SILU_GRAD({1}))", lambda g, x: g * numpy_silu_grad(x), "float"),
-        # from the output y: sigmoid' = y (1 - y), tanh' = 1 - y^2
-        OpDef("sigmoid_backward", "MUL({0}, MUL({1}, SUB(1.0f, {1})))", lambda g, y: g * (y * (1 - y)), "float"),
-        OpDef("tanh_backward", "MUL({0}, SUB(1.0f, MUL({1}, {1})))", lambda g, y: g * (1 - y * y), "float"),
     )
 }
 
@@ -130,15 +127,6 @@ TERNARY: dict[str, OpDef] = {
         OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
         # (a - b) * c: the mean squared error's gradient in one kernel
         OpDef("scaled_difference", "MUL(SUB({0}, {1}), {2})", lambda a, b, c: (a - b) * c, "float"),
-        OpDef(
-            "leaky_relu_backward",
-            "MUL({0}, LEAKY_RELU_GRAD({1}, {2}))",
-            lambda g, x, slope: g * numpy_leaky_relu_grad(x, slope),
-            "float",
-        ),
-        OpDef(
-            "elu_backward", "MUL({0}, ELU_GRAD({1}, {2}))", lambda g, x, alpha: g * numpy_elu_grad(x, alpha), "float"
-        ),
     )
 }
 
