@@ -15,25 +15,33 @@ GELU_C = 0.044715
 
 
 def gelu_source(ctype: str) -> str:
-    """C helpers ``GELU`` and ``GELU_GRAD`` for ``ctype`` "float" (the preamble's) or "double"
-    (``GELU_F64`` / ``GELU_GRAD_F64``, which call ``SIGMOID_F64``)."""
-    if ctype not in ("float", "double"):
-        raise ValueError(f"gelu_source: ctype must be 'float' or 'double', got {ctype!r}")
-    f, suffix = ("f", "") if ctype == "float" else ("", "_F64")
+    """C helpers ``GELU`` and ``GELU_GRAD`` for ``ctype``: "float" (the preamble's), "double"
+    (``GELU_F64`` / ``GELU_GRAD_F64``, calling ``SIGMOID_F64``) or "VF" (the vector twins
+    ``V_GELU_`` / ``V_GELU_GRAD_`` of ``vector_primitives``, calling ``V_SIGMOID_``)."""
+    names = {
+        "float": ("f", "GELU", "GELU_GRAD", "SIGMOID"),
+        "double": ("", "GELU_F64", "GELU_GRAD_F64", "SIGMOID_F64"),
+        "VF": ("f", "V_GELU_", "V_GELU_GRAD_", "V_SIGMOID_"),
+    }
+    if ctype not in names:
+        raise ValueError(f"gelu_source: ctype must be 'float', 'double' or 'VF', got {ctype!r}")
+    f, gelu, grad, sigmoid = names[ctype]
     k, c, t = f"{GELU_K!r}{f}", f"{GELU_C!r}{f}", ctype
+    term = f"0.5{f} * x * sech2 * {k} * (1.0{f} + 3.0{f} * {c} * x * x)"
+    # sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): the term is skipped there, 0 * inf is NaN
+    tail = f"select({term}, (VF)0.0f, sech2 == 0.0f)" if ctype == "VF" else f"sech2 == 0.0{f} ? 0.0{f} : {term}"
     return f"""/* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = K (x + C x^3), written as x * sigmoid(2u) and
    sech(u)^2 = 4e / (1 + e)^2 with e = exp(-2|u|): no 1 - tanh(u)^2 cancellation, which a tanh a few
    ulps off +-1 turns into errors growing like x^3 (GELU_GRAD(-100) = -0.0064 instead of 0). */
-inline {t} GELU{suffix}({t} x) {{
-    return x * SIGMOID{suffix}(2.0{f} * {k} * (x + {c} * x * x * x));
+inline {t} {gelu}({t} x) {{
+    return x * {sigmoid}(2.0{f} * {k} * (x + {c} * x * x * x));
 }}
-inline {t} GELU_GRAD{suffix}({t} x) {{
+inline {t} {grad}({t} x) {{
     {t} u = {k} * (x + {c} * x * x * x);
     {t} e = exp(-2.0{f} * fabs(u));
     {t} sech2 = 4.0{f} * e / ((1.0{f} + e) * (1.0{f} + e));
-    /* sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): skip the term there, 0 * inf is NaN */
-    {t} tail = sech2 == 0.0{f} ? 0.0{f} : 0.5{f} * x * sech2 * {k} * (1.0{f} + 3.0{f} * {c} * x * x);
-    return SIGMOID{suffix}(2.0{f} * u) + tail;
+    {t} tail = {tail};
+    return {sigmoid}(2.0{f} * u) + tail;
 }}
 """
 
