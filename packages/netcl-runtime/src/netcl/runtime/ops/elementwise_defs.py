@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -67,7 +67,7 @@ class Elementwise:
     scalar_variants: bool = False
     doc: str = ""
     #: inputs read in their own dtype, not promoted with the others (where's condition)
-    own_dtype: tuple[str, ...] = field(default=())
+    own_dtype: tuple[str, ...] = ()
     #: a variant: the op it specializes, and (input of that op, attribute in its place) per constant
     base: str = ""
     constants: tuple[tuple[str, str], ...] = ()
@@ -258,30 +258,19 @@ def variant(base: Elementwise, name: str, constants: Mapping[str, str]) -> Eleme
     """``base`` with the inputs in ``constants`` replaced by attributes (input -> attribute name).
 
     The remaining inputs keep their order and are renamed ``a``, ``b``, ...; a replaced input's
-    derivative is dropped; the attributes come after ``base``'s own. The NumPy twin takes the
-    remaining inputs then the attributes.
+    derivative is dropped; the attributes come after ``base``'s own. Its NumPy twin is generated
+    from its forward (eagerly a variant runs its base op's kernel, ``forward_operands``).
     """
     kept = [i for i in base.inputs if i not in constants]
     names = {**constants, **{old: INPUTS[k] for k, old in enumerate(kept)}}
-    order = [base.inputs.index(i) for i in kept]
-    placed = {base.inputs.index(i): k for i, k in constants.items()}
-    new_attrs = (*base.attrs, *dict.fromkeys(constants.values()))
-    base_fn, n_base = base.twin(), len(base.inputs)
-
-    def numpy_fn(*args: np.ndarray) -> np.ndarray:
-        values = dict(zip(order, args[: len(kept)], strict=True))
-        extra = dict(zip(new_attrs, args[len(kept) :], strict=True))
-        full = [values[i] if i in values else extra[placed[i]] for i in range(n_base)]
-        return base_fn(*full, *[extra[a] for a in base.attrs])
-
     return replace(
         base,
         name=name,
         forward=_rename(base.forward, names),
         int_forward=None if base.int_forward is None else _rename(base.int_forward, names),
-        numpy_fn=numpy_fn,
+        numpy_fn=None,
         grads=tuple(_rename(base.grads[base.inputs.index(i)], names) for i in kept),
-        attrs=new_attrs,
+        attrs=(*base.attrs, *dict.fromkeys(constants.values())),
         scalar_variants=False,
         own_dtype=tuple(names[i] for i in base.own_dtype if i in kept),
         base=base.name,
