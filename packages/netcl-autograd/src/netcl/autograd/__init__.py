@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from netcl.autograd import elementwise as _elementwise
 from netcl.autograd.__about__ import __version__
 from netcl.autograd.debug import debug_tape
 from netcl.autograd.engine import (
@@ -232,3 +233,9 @@ __all__ = [
     "weighted_smooth_l1",
     "where",
 ]
+
+# Elementwise ops defined in netcl.runtime.ops.elementwise_defs and not imported above by name.
+for _name, _op in _elementwise.fronts().items():
+    if _name not in globals():
+        globals()[_name] = _op
+        __all__.append(_name)

@@ -1,22 +1,26 @@
 """Differentiable ops: each is one ``apply_op`` call named after its JIT primitive.
 
 Forwards run on the runtime's eager kernels (``netcl.runtime.ops``); gradients are built from
-the same kernels. Binary ops follow NumPy broadcasting and reduce each input's gradient back to
-its shape (``sum_to_shape``). A Python scalar operand selects the ``<op>_scalar_right`` /
-``<op>_scalar_left`` variant with the scalar in ``attrs["scalar"]``. Comparisons return 1.0/0.0
-and have no gradient. The losses live in ``netcl.autograd.losses`` and are re-exported here.
+the same kernels. The elementwise ops are generated from their one definition each
+(``netcl.runtime.ops.elementwise_defs``, see ``netcl.autograd.elementwise``): binary ones follow
+NumPy broadcasting and reduce each input's gradient back to its shape (``sum_to_shape``); a
+Python scalar operand selects the ``<op>_scalar_right`` / ``<op>_scalar_left`` variant with the
+scalar in ``attrs["scalar"]``; comparisons return 1.0/0.0 and have no gradient. The losses live
+in ``netcl.autograd.losses`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from netcl.autograd import autocast_mode
+from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, unary
+from netcl.autograd.elementwise import needs_grad as _needs
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
@@ -26,186 +30,29 @@ Axis = int | tuple[int, ...] | None
 _Grads = list[Tensor | None]
 
 
-def is_scalar(x: Any) -> bool:
-    """Whether ``x`` is a Python or NumPy number (as opposed to a Node or Tensor)."""
-    return isinstance(x, (int, float, np.number)) and not isinstance(x, np.ndarray)
+# ---- elementwise ops: generated from their definitions (netcl.runtime.ops.elementwise_defs) ----
+add = binary("add")
+sub = binary("sub")
+mul = binary("mul")
+div = binary("div")
+pow = binary("pow")
+maximum = binary("maximum")
+minimum = binary("minimum")
+lt = binary("lt")
+le = binary("le")
+gt = binary("gt")
+ge = binary("ge")
+neg = unary("neg")
+exp = unary("exp")
+log = unary("log")
+sqrt = unary("sqrt")
+abs = unary("abs")
+relu = unary("relu")
+gelu = unary("gelu")
+sigmoid = unary("sigmoid")
+tanh = unary("tanh")
 
 
-def _reduce(grad: Tensor | None, like: Any) -> Tensor | None:
-    """Sum a gradient back to the shape of the operand ``like`` (None for scalars)."""
-    if grad is None or is_scalar(like):
-        return None
-    return R.sum_to_shape(grad, tuple(like.shape))
-
-
-# ---- binary ops ------------------------------------------------------------------------------
-#: grad rule: (g, a, b, out, need_a, need_b) -> (grad_a, grad_b) before reduction to the shapes.
-BinaryGrad = Callable[[Tensor, Any, Any, Tensor, bool, bool], tuple[Tensor | None, Tensor | None]]
-
-
-def _binary(name: str, forward: Callable[[Any, Any], Tensor], rule: BinaryGrad | None, a: Operand, b: Operand) -> Node:
-    """Dispatch a binary op to its tensor-tensor or scalar variant."""
-    if is_scalar(a) and is_scalar(b):
-        raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
-    if is_scalar(b):
-        grad_right = None if rule is None else _scalar_grad(rule, b, right=True)
-        return apply_op(lambda x: forward(x, b), grad_right, a, op_name=f"{name}_scalar_right", attrs={"scalar": b})
-    if is_scalar(a):
-        grad_left = None if rule is None else _scalar_grad(rule, a, right=False)
-        return apply_op(lambda x: forward(a, x), grad_left, b, op_name=f"{name}_scalar_left", attrs={"scalar": a})
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        x, y = values
-        ga, gb = rule(g, x, y, out, _needs(a), _needs(b))  # type: ignore[misc]
-        return [_reduce(ga, x), _reduce(gb, y)]
-
-    return apply_op(forward, None if rule is None else grad, a, b, op_name=name)
-
-
-def _needs(x: Any) -> bool:
-    return isinstance(x, Node) and x.requires_grad
-
-
-def _scalar_grad(rule: BinaryGrad, scalar: Any, right: bool) -> Callable[[Tensor, tuple[Any, ...], Tensor], _Grads]:
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        (x,) = values
-        if right:
-            return [_reduce(rule(g, x, scalar, out, True, False)[0], x)]
-        return [_reduce(rule(g, scalar, x, out, False, True)[1], x)]
-
-    return grad
-
-
-def _add_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    return (g if na else None, g if nb else None)
-
-
-def _sub_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    return (g if na else None, R.neg(g) if nb else None)
-
-
-def _mul_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    return (R.mul(g, b) if na else None, R.mul(g, a) if nb else None)
-
-
-def _div_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    # d(a/b)/db = -a/b^2 = -out/b
-    return (R.div(g, b) if na else None, R.neg(R.div(R.mul(g, out), b)) if nb else None)
-
-
-def _pow_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    # d(a**b)/da = b * a**(b-1), and 0 where b == 0 (a**0 is constant; the product is 0 * inf at a = 0)
-    ga = None
-    if na and is_scalar(b):
-        ga = R.mul(g, 0.0 if b == 0 else R.mul(b, R.pow(a, b - 1.0)))
-    elif na:
-        ga = R.mul(g, R.where(R.eq(b, 0.0), 0.0, R.mul(b, R.pow(a, R.sub(b, 1.0)))))
-    log_a = R.log(a) if not is_scalar(a) else _scalar_log(a)
-    gb = R.mul(g, R.mul(out, log_a)) if nb else None
-    return ga, gb
-
-
-def _scalar_log(a: float) -> float:
-    """log of a scalar base as the ``log`` kernel and the fused ``LOG`` give it: -inf at 0, NaN below."""
-    return math.log(a) if a > 0 else -math.inf if a == 0 else math.nan
-
-
-def _maximum_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    # ties send the gradient to ``a`` (as the JIT primitive does)
-    return (R.mul(g, R.ge(a, b)) if na else None, R.mul(g, R.lt(a, b)) if nb else None)
-
-
-def _minimum_grad(g: Tensor, a: Any, b: Any, out: Tensor, na: bool, nb: bool) -> tuple[Any, Any]:
-    return (R.mul(g, R.le(a, b)) if na else None, R.mul(g, R.gt(a, b)) if nb else None)
-
-
-def add(a: Operand, b: Operand) -> Node:
-    """a + b."""
-    return _binary("add", R.add, _add_grad, a, b)
-
-
-def sub(a: Operand, b: Operand) -> Node:
-    """a - b."""
-    return _binary("sub", R.sub, _sub_grad, a, b)
-
-
-def mul(a: Operand, b: Operand) -> Node:
-    """a * b."""
-    return _binary("mul", R.mul, _mul_grad, a, b)
-
-
-def div(a: Operand, b: Operand) -> Node:
-    """a / b."""
-    return _binary("div", R.div, _div_grad, a, b)
-
-
-def pow(a: Operand, b: Operand) -> Node:
-    """a ** b (the gradient w.r.t. ``b`` is ``out * log(a)``: NaN for a <= 0)."""
-    return _binary("pow", R.pow, _pow_grad, a, b)
-
-
-def maximum(a: Operand, b: Operand) -> Node:
-    """Elementwise max; at ties the gradient goes to ``a``."""
-    return _binary("maximum", R.maximum, _maximum_grad, a, b)
-
-
-def minimum(a: Operand, b: Operand) -> Node:
-    """Elementwise min; at ties the gradient goes to ``a``."""
-    return _binary("minimum", R.minimum, _minimum_grad, a, b)
-
-
-def lt(a: Operand, b: Operand) -> Node:
-    """1.0 where a < b else 0.0 (no gradient)."""
-    return _binary("lt", R.lt, None, a, b)
-
-
-def le(a: Operand, b: Operand) -> Node:
-    """1.0 where a <= b else 0.0 (no gradient)."""
-    return _binary("le", R.le, None, a, b)
-
-
-def gt(a: Operand, b: Operand) -> Node:
-    """1.0 where a > b else 0.0 (no gradient)."""
-    return _binary("gt", R.gt, None, a, b)
-
-
-def ge(a: Operand, b: Operand) -> Node:
-    """1.0 where a >= b else 0.0 (no gradient)."""
-    return _binary("ge", R.ge, None, a, b)
-
-
-# ---- unary ops -------------------------------------------------------------------------------
-def _unary(
-    name: str, forward: Callable[[Tensor], Tensor], rule: Callable[[Tensor, Tensor, Tensor], Tensor]
-) -> Callable:
-    def op(x: Operand) -> Node:
-        return apply_op(forward, lambda g, values, out: [rule(g, values[0], out)], x, op_name=name)
-
-    op.__name__ = name
-    return op
-
-
-neg = _unary("neg", R.neg, lambda g, x, out: R.neg(g))
-exp = _unary("exp", R.exp, lambda g, x, out: R.mul(g, out))
-log = _unary("log", R.log, lambda g, x, out: R.div(g, x))
-sqrt = _unary("sqrt", R.sqrt, lambda g, x, out: R.div(R.mul(g, 0.5), out))
-abs = _unary("abs", R.abs, lambda g, x, out: R.mul(g, R.sign(x)))
-relu = _unary("relu", R.relu, lambda g, x, out: R.relu_backward(g, x))
-gelu = _unary("gelu", R.gelu, lambda g, x, out: R.gelu_backward(g, x))
-sigmoid = _unary("sigmoid", R.sigmoid, lambda g, x, out: R.sigmoid_backward(g, out))
-tanh = _unary("tanh", R.tanh, lambda g, x, out: R.tanh_backward(g, out))
-neg.__doc__ = "-x."
-exp.__doc__ = "e ** x."
-log.__doc__ = "Natural logarithm."
-sqrt.__doc__ = "Square root."
-abs.__doc__ = "|x| (gradient sign(x), 0 at 0)."
-relu.__doc__ = "max(x, 0) (gradient 0 at 0)."
-gelu.__doc__ = "GELU, tanh approximation."
-sigmoid.__doc__ = "1 / (1 + e ** -x), overflow-free."
-tanh.__doc__ = "Hyperbolic tangent."
-
-
-# ---- ternary ops -----------------------------------------------------------------------------
 def where(cond: Operand, a: Operand, b: Operand) -> Node:
     """``a`` where ``cond != 0`` else ``b``; ``a``/``b`` may be scalars; no gradient for ``cond``.
 
@@ -213,31 +60,10 @@ def where(cond: Operand, a: Operand, b: Operand) -> Node:
     ``attrs``, the inputs the condition and the tensor branch), so the JIT fuses it.
     """
     if is_scalar(b) and not is_scalar(a) and not is_scalar(cond):
-
-        def grad_right(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-            c, x = values
-            return [None, _reduce(R.where(c, g, 0.0), x) if _needs(a) else None]
-
-        return apply_op(
-            lambda c, x: R.where(c, x, b), grad_right, cond, a, op_name="where_scalar_right", attrs={"scalar": b}
-        )
+        return apply_elementwise("where_scalar_right", (cond, a), {"scalar": b})
     if is_scalar(a) and not is_scalar(b) and not is_scalar(cond):
-
-        def grad_left(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-            c, y = values
-            return [None, _reduce(R.where(c, 0.0, g), y) if _needs(b) else None]
-
-        return apply_op(
-            lambda c, y: R.where(c, a, y), grad_left, cond, b, op_name="where_scalar_left", attrs={"scalar": a}
-        )
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        c, x, y = values
-        ga = R.where(c, g, 0.0) if _needs(a) else None
-        gb = R.where(c, 0.0, g) if _needs(b) else None
-        return [None, _reduce(ga, x), _reduce(gb, y)]
-
-    return apply_op(R.where, grad, cond, a, b, op_name="where")
+        return apply_elementwise("where_scalar_left", (cond, b), {"scalar": a})
+    return apply_elementwise("where", (cond, a, b))
 
 
 def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> Node:
@@ -250,24 +76,8 @@ def clamp(x: Operand, lo: Operand | None = None, hi: Operand | None = None) -> N
     lo = -math.inf if lo is None else lo
     hi = math.inf if hi is None else hi
     if is_scalar(lo) and is_scalar(hi):
-
-        def grad_scalar(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-            (v,) = values
-            return [R.mul(g, R.mul(R.ge(v, lo), R.le(v, hi)))]
-
-        return apply_op(
-            lambda v: R.clamp(v, lo, hi), grad_scalar, x, op_name="clamp_scalar", attrs={"lo": lo, "hi": hi}
-        )
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        v, low, high = values
-        inside = R.mul(R.ge(v, low), R.le(v, high))
-        gx = R.mul(g, inside) if _needs(x) else None
-        glo = R.mul(g, R.lt(v, low)) if _needs(lo) else None
-        ghi = R.mul(g, R.mul(R.ge(v, low), R.gt(v, high))) if _needs(hi) else None
-        return [_reduce(gx, v), _reduce(glo, low), _reduce(ghi, high)]
-
-    return apply_op(R.clamp, grad, x, lo, hi, op_name="clamp")
+        return apply_elementwise("clamp_scalar", (x,), {"lo": lo, "hi": hi})
+    return apply_elementwise("clamp", (x, lo, hi))
 
 
 # ---- matmul ----------------------------------------------------------------------------------

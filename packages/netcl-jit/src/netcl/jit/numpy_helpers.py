@@ -1,6 +1,7 @@
 """NumPy versions of the PRIMITIVE_PREAMBLE helpers, so fused bodies also run as Python.
 
-SIGMOID, GELU and GELU_GRAD are the eager NumPy backend's own functions (one formula each).
+SIGMOID, GELU, GELU_GRAD and the activations' helpers (SILU, ELU, SOFTPLUS, ...) are the eager
+NumPy backend's own functions (``netcl.runtime.ops._table``, one formula each) on float32.
 
 Each works on float32 arrays (or scalars) and keeps float32, mirroring the C helpers.
 """
@@ -13,8 +14,8 @@ from netcl.runtime.ops import _table
 from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
-GELU_K = _F(0.7978845608028654)
-GELU_C = _F(0.044715)
+GELU_K = _F(_table.GELU_K)
+GELU_C = _F(_table.GELU_C)
 
 
 def _flag(condition):
@@ -165,7 +166,7 @@ def SIGMOID_NONNEG_OUT(x, out):
 
 def GELU_OUT(x, out, tmp, tmp2):
     """GELU as x * sigmoid(2u), u = K (x + C x^3), in the order of the eager twin (same float32 values)."""
-    np.multiply(x, _F(_table.GELU_C), out=tmp)
+    np.multiply(x, GELU_C, out=tmp)
     np.multiply(tmp, x, out=tmp)
     np.multiply(tmp, x, out=tmp)
     np.add(x, tmp, out=tmp)
@@ -205,39 +206,24 @@ def COS(x):
     return np.cos(x)
 
 
-def SILU(x):
-    return (x * SIGMOID(x)).astype(_F, copy=False)
+def _float32(fn):
+    """``fn`` (a NumPy twin of ``netcl.runtime.ops._table``) on float32 arguments, returning float32."""
+
+    def helper(*args):
+        return np.asarray(fn(*[np.asarray(a, dtype=_F) for a in args])).astype(_F, copy=False)
+
+    helper.__name__ = fn.__name__
+    return helper
 
 
-def SILU_GRAD(x):
-    s = SIGMOID(x)
-    return (s * (_F(1) + x * (_F(1) - s))).astype(_F, copy=False)
-
-
-def LEAKY_RELU(x, slope):
-    return np.where(np.greater(x, 0), x, x * slope).astype(_F)
-
-
-def LEAKY_RELU_GRAD(x, slope):
-    return np.where(np.greater(x, 0), _F(1), _F(slope)).astype(_F)
-
-
-def ELU(x, alpha):
-    return np.where(np.greater(x, 0), x, alpha * np.expm1(np.minimum(x, 0))).astype(_F)
-
-
-def ELU_GRAD(x, alpha):
-    return np.where(np.greater(x, 0), _F(1), alpha * np.exp(np.minimum(x, 0))).astype(_F)
-
-
-def SOFTPLUS(x, beta, threshold):
-    z = beta * x
-    return np.where(z > threshold, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta).astype(_F)
-
-
-def SOFTPLUS_GRAD(x, beta, threshold):
-    z = beta * x
-    return np.where(z > threshold, _F(1), SIGMOID(z)).astype(_F)
+SILU = _float32(_table.numpy_silu)
+SILU_GRAD = _float32(_table.numpy_silu_grad)
+LEAKY_RELU = _float32(_table.numpy_leaky_relu)
+LEAKY_RELU_GRAD = _float32(_table.numpy_leaky_relu_grad)
+ELU = _float32(_table.numpy_elu)
+ELU_GRAD = _float32(_table.numpy_elu_grad)
+SOFTPLUS = _float32(_table.numpy_softplus)
+SOFTPLUS_GRAD = _float32(_table.numpy_softplus_grad)
 
 
 # C math builtins user primitives may call.

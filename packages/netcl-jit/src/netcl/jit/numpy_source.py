@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import math
-import re
 import threading
 from dataclasses import dataclass, field
 
@@ -25,8 +24,7 @@ from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_ranges import specialize
 from netcl.jit.primitives import custom_numpy_helpers
-
-_FLOAT_SUFFIX = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
+from netcl.runtime.ops import c_expr
 
 #: Helpers (and C builtins) that are exactly one NumPy ufunc on their arguments, so they can
 #: write into a scratch buffer. numpy_helpers defines each of them as that same ufunc.
@@ -78,10 +76,11 @@ _BINOPS = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "
 
 
 def to_python(expr: str) -> str:
-    """A C expression as Python: float literal suffixes dropped; C-only syntax is refused."""
-    if any(token in expr for token in ("?", "&&", "||", "->", "++", "--")):
-        raise JitError(f"expression {expr!r} uses C syntax the NumPy path cannot run")
-    return _FLOAT_SUFFIX.sub(r"\1", expr)
+    """A C expression as Python (``netcl.runtime.ops.c_expr.to_python``); JitError for C-only syntax."""
+    try:
+        return c_expr.to_python(expr)
+    except ValueError as exc:
+        raise JitError(str(exc)) from None
 
 
 @dataclass

@@ -7,6 +7,45 @@ Comparisons yield the C int 1 or 0 (promoted to float in float arithmetic). ``MA
 overflows for large logits.
 """
 
+#: GELU's tanh form: 0.5 x (1 + tanh(u)), u = GELU_K (x + GELU_C x^3). Its one formula is
+#: ``gelu_source`` (the float and double C helpers); the NumPy twins (``netcl.runtime.ops._table``)
+#: and the ``V_`` vector helpers use these constants.
+GELU_K = 0.7978845608028654
+GELU_C = 0.044715
+
+
+def gelu_source(ctype: str) -> str:
+    """C helpers ``GELU`` and ``GELU_GRAD`` for ``ctype``: "float" (the preamble's), "double"
+    (``GELU_F64`` / ``GELU_GRAD_F64``, calling ``SIGMOID_F64``) or "VF" (the vector twins
+    ``V_GELU_`` / ``V_GELU_GRAD_`` of ``vector_primitives``, calling ``V_SIGMOID_``)."""
+    names = {
+        "float": ("f", "GELU", "GELU_GRAD", "SIGMOID"),
+        "double": ("", "GELU_F64", "GELU_GRAD_F64", "SIGMOID_F64"),
+        "VF": ("f", "V_GELU_", "V_GELU_GRAD_", "V_SIGMOID_"),
+    }
+    if ctype not in names:
+        raise ValueError(f"gelu_source: ctype must be 'float', 'double' or 'VF', got {ctype!r}")
+    f, gelu, grad, sigmoid = names[ctype]
+    k, c, t = f"{GELU_K!r}{f}", f"{GELU_C!r}{f}", ctype
+    term = f"0.5{f} * x * sech2 * {k} * (1.0{f} + 3.0{f} * {c} * x * x)"
+    # sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): the term is skipped there, 0 * inf is NaN
+    tail = f"select({term}, (VF)0.0f, sech2 == 0.0f)" if ctype == "VF" else f"sech2 == 0.0{f} ? 0.0{f} : {term}"
+    return f"""/* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = K (x + C x^3), written as x * sigmoid(2u) and
+   sech(u)^2 = 4e / (1 + e)^2 with e = exp(-2|u|): no 1 - tanh(u)^2 cancellation, which a tanh a few
+   ulps off +-1 turns into errors growing like x^3 (GELU_GRAD(-100) = -0.0064 instead of 0). */
+inline {t} {gelu}({t} x) {{
+    return x * {sigmoid}(2.0{f} * {k} * (x + {c} * x * x * x));
+}}
+inline {t} {grad}({t} x) {{
+    {t} u = {k} * (x + {c} * x * x * x);
+    {t} e = exp(-2.0{f} * fabs(u));
+    {t} sech2 = 4.0{f} * e / ((1.0{f} + e) * (1.0{f} + e));
+    {t} tail = {tail};
+    return {sigmoid}(2.0{f} * u) + tail;
+}}
+"""
+
+
 PRIMITIVE_PREAMBLE = r"""
 #define ADD(a, b) ((a) + (b))
 #define SUB(a, b) ((a) - (b))
@@ -42,23 +81,7 @@ inline float SIGMOID(float x) {
     return e / (1.0f + e);
 }
 
-/* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = K (x + C x^3), written as x * sigmoid(2u) and
-   sech(u)^2 = 4e / (1 + e)^2 with e = exp(-2|u|): no 1 - tanh(u)^2 cancellation, which a tanh a few
-   ulps off +-1 turns into errors growing like x^3 (GELU_GRAD(-100) = -0.0064 instead of 0). */
-#define GELU_K 0.7978845608028654f
-#define GELU_C 0.044715f
-inline float GELU(float x) {
-    return x * SIGMOID(2.0f * GELU_K * (x + GELU_C * x * x * x));
-}
-inline float GELU_GRAD(float x) {
-    float u = GELU_K * (x + GELU_C * x * x * x);
-    float e = exp(-2.0f * fabs(u));
-    float sech2 = 4.0f * e / ((1.0f + e) * (1.0f + e));
-    /* sech2 is 0 long before 3 C x^2 overflows (|x| > 1.8e19): skip the term there, 0 * inf is NaN */
-    float tail = sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-    return SIGMOID(2.0f * u) + tail;
-}
-
+@GELU@
 /* Activations (PyTorch definitions). */
 inline float SIN(float x) { return sin(x); }
 inline float COS(float x) { return cos(x); }
@@ -90,7 +113,10 @@ inline float SMOOTH_L1(float d, float beta) {
 inline float SMOOTH_L1_GRAD(float d, float beta) {
     return fabs(d) < beta ? d / beta : SIGN(d);
 }
-"""
+""".replace(
+    "@GELU@",
+    f"#define GELU_K {GELU_K!r}f\n#define GELU_C {GELU_C!r}f\n" + gelu_source("float"),
+)
 
 #: The helper names the preamble defines, for codegen and tests.
 PRIMITIVE_NAMES = (

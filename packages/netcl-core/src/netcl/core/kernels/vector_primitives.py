@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from netcl.core.kernels.primitives import gelu_source
+
 #: Helpers with a ``V_`` twin.
 VECTOR_HELPERS = (
     "LT LE GT GE EQ WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH MAX MIN CLAMP "
@@ -80,14 +82,7 @@ inline VF V_SIGMOID_(VF x) {
     VF d = 1.0f + e;
     return select(e / d, 1.0f / d, x >= 0.0f);
 }
-inline VF V_GELU_(VF x) { return x * V_SIGMOID_(2.0f * GELU_K * (x + GELU_C * x * x * x)); }
-inline VF V_GELU_GRAD_(VF x) {
-    VF u = GELU_K * (x + GELU_C * x * x * x);
-    VF e = exp(-2.0f * fabs(u));
-    VF sech2 = 4.0f * e / ((1.0f + e) * (1.0f + e));
-    VF tail = select(0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x), (VF)0.0f, sech2 == 0.0f);
-    return V_SIGMOID_(2.0f * u) + tail;
-}
+@GELU@
 inline VF V_BCE_LOGITS_(VF x, VF t) { return fmax(x, 0.0f) - x * t + log1p(exp(-fabs(x))); }
 inline VF V_SMOOTH_L1_(VF d, VF beta) {
     VF a = fabs(d);
@@ -115,4 +110,4 @@ inline VF V_SMOOTH_L1_GRAD_(VF d, VF beta) { return select(V_SIGN_(d), d / beta,
 #define V_BCE_LOGITS_GRAD(x, t) (V_SIGMOID_((VF)(x)) - (VF)(t))
 #define V_SMOOTH_L1(d, beta) V_SMOOTH_L1_((VF)(d), (VF)(beta))
 #define V_SMOOTH_L1_GRAD(d, beta) V_SMOOTH_L1_GRAD_((VF)(d), (VF)(beta))
-"""
+""".replace("@GELU@", gelu_source("VF"))

@@ -1,4 +1,7 @@
-"""The elementwise op table: name -> C expression, NumPy function and result-dtype rule, side by side.
+"""Elementwise kernel definitions: ``OpDef`` (C expression, NumPy function, result-dtype rule), the
+NumPy twins of the preamble helpers, the runtime's helper kernels, and the float64 helper twins.
+
+The differentiable ops are defined in ``elementwise_defs``, which builds their ``OpDef``s.
 
 Kinds decide the result dtype (see ``_common.promote``):
 
@@ -16,8 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GELU_K = 0.7978845608028654
-GELU_C = 0.044715
+from netcl.core.kernels.primitives import GELU_C, GELU_K, gelu_source
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,6 @@ def numpy_gelu_grad(x: np.ndarray) -> np.ndarray:
     # sech2 is 0 long before 3 C x^2 overflows: the term is 0 there, not 0 * inf = NaN
     tail = 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
     return numpy_sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(x), x, np.maximum(x, 0))
 
 
 def numpy_silu(x: np.ndarray) -> np.ndarray:
@@ -93,42 +91,21 @@ def numpy_softplus_grad(x: np.ndarray, beta: np.ndarray, threshold: np.ndarray) 
     return np.where(z > threshold, 1.0, numpy_sigmoid(z))
 
 
-def _cmp(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-    return lambda a, b: fn(a, b).astype(np.float32)
+def numpy_relu(x: np.ndarray) -> np.ndarray:
+    """RELU of the preamble, in NumPy (NaN stays NaN)."""
+    return np.where(np.isnan(x), x, np.maximum(x, 0))
 
 
-def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(c != 0, a, b)
-
-
-def _clamp(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    # MIN(MAX(x, lo), hi) with NaN propagation from x, as the preamble's CLAMP.
-    return np.minimum(np.maximum(x, lo), hi)
-
-
-_MAXIMUM_GENERIC = "(({0}) > ({1}) || isnan({0}) ? ({0}) : ({1}))"
-_MINIMUM_GENERIC = "(({0}) < ({1}) || isnan({0}) ? ({0}) : ({1}))"
-
+# The differentiable ops (exp, add, where, ...) are defined in ``elementwise_defs``, which builds
+# their OpDefs (and their derivatives' kernels, ``derivative_opdef``); these tables hold the runtime's
+# helper kernels: the preamble's derivative helpers alone (``relu_grad``), fused loss terms, and ops
+# without an autograd front (``eq``, ``sign``).
 UNARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("neg", "NEG({0})", np.negative, "arith", "NEG({0})"),
-        OpDef("exp", "EXP({0})", np.exp, "float"),
-        OpDef("log", "LOG({0})", np.log, "float"),
-        OpDef("log1p", "LOG1P({0})", np.log1p, "float"),
-        OpDef("sqrt", "SQRT({0})", np.sqrt, "float"),
-        OpDef("rsqrt", "RSQRT({0})", lambda x: 1.0 / np.sqrt(x), "float"),
-        OpDef("abs", "ABS({0})", np.abs, "float"),
         OpDef("sign", "SIGN({0})", np.sign, "float"),
-        OpDef("relu", "RELU({0})", _relu, "float"),
         OpDef("relu_grad", "RELU_GRAD({0})", lambda x: (x > 0).astype(x.dtype), "float"),
-        OpDef("gelu", "GELU({0})", numpy_gelu, "float"),
         OpDef("gelu_grad", "GELU_GRAD({0})", numpy_gelu_grad, "float"),
-        OpDef("sigmoid", "SIGMOID({0})", numpy_sigmoid, "float"),
-        OpDef("tanh", "TANH({0})", np.tanh, "float"),
-        OpDef("sin", "SIN({0})", np.sin, "float"),
-        OpDef("cos", "COS({0})", np.cos, "float"),
-        OpDef("silu", "SILU({0})", numpy_silu, "float"),
         OpDef("silu_grad", "SILU_GRAD({0})", numpy_silu_grad, "float"),
     )
 }
@@ -136,61 +113,22 @@ UNARY: dict[str, OpDef] = {
 BINARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("add", "ADD({0}, {1})", np.add, "arith", "ADD({0}, {1})"),
-        OpDef("sub", "SUB({0}, {1})", np.subtract, "arith", "SUB({0}, {1})"),
-        OpDef("mul", "MUL({0}, {1})", np.multiply, "arith", "MUL({0}, {1})"),
-        OpDef("div", "DIV({0}, {1})", np.true_divide, "float"),
-        OpDef("pow", "POW({0}, {1})", np.power, "float"),
-        OpDef("maximum", _MAXIMUM_GENERIC, np.maximum, "arith", "max({0}, {1})"),
-        OpDef("minimum", _MINIMUM_GENERIC, np.minimum, "arith", "min({0}, {1})"),
-        OpDef("lt", "LT({0}, {1})", _cmp(np.less), "compare"),
-        OpDef("le", "LE({0}, {1})", _cmp(np.less_equal), "compare"),
-        OpDef("gt", "GT({0}, {1})", _cmp(np.greater), "compare"),
-        OpDef("ge", "GE({0}, {1})", _cmp(np.greater_equal), "compare"),
-        OpDef("eq", "EQ({0}, {1})", _cmp(np.equal), "compare"),
-        OpDef("ne", "NE({0}, {1})", _cmp(np.not_equal), "compare"),
-        OpDef("leaky_relu", "LEAKY_RELU({0}, {1})", numpy_leaky_relu, "float"),
+        OpDef("eq", "EQ({0}, {1})", lambda a, b: np.equal(a, b).astype(np.float32), "compare"),
         OpDef("leaky_relu_grad", "LEAKY_RELU_GRAD({0}, {1})", numpy_leaky_relu_grad, "float"),
-        OpDef("elu", "ELU({0}, {1})", numpy_elu, "float"),
         OpDef("elu_grad", "ELU_GRAD({0}, {1})", numpy_elu_grad, "float"),
         # (a - b)^2: the mean squared error's terms in one kernel
         OpDef("squared_difference", "MUL(SUB({0}, {1}), SUB({0}, {1}))", lambda a, b: (a - b) * (a - b), "float"),
-        # an upstream gradient times an activation's derivative: one kernel for a backward's two ops
-        OpDef("relu_backward", "MUL({0}, RELU_GRAD({1}))", lambda g, x: g * (x > 0).astype(g.dtype), "float"),
-        OpDef("gelu_backward", "MUL({0}, GELU_GRAD({1}))", lambda g, x: g * numpy_gelu_grad(x), "float"),
-        OpDef("silu_backward", "MUL({0}, SILU_GRAD({1}))", lambda g, x: g * numpy_silu_grad(x), "float"),
-        # from the output y: sigmoid' = y (1 - y), tanh' = 1 - y^2
-        OpDef("sigmoid_backward", "MUL({0}, MUL({1}, SUB(1.0f, {1})))", lambda g, y: g * (y * (1 - y)), "float"),
-        OpDef("tanh_backward", "MUL({0}, SUB(1.0f, MUL({1}, {1})))", lambda g, y: g * (1 - y * y), "float"),
     )
 }
 
 TERNARY: dict[str, OpDef] = {
     op.name: op
     for op in (
-        OpDef("softplus", "SOFTPLUS({0}, {1}, {2})", numpy_softplus, "float"),
         OpDef("softplus_grad", "SOFTPLUS_GRAD({0}, {1}, {2})", numpy_softplus_grad, "float"),
         # (a - b) * c: the mean squared error's gradient in one kernel
         OpDef("scaled_difference", "MUL(SUB({0}, {1}), {2})", lambda a, b, c: (a - b) * c, "float"),
-        OpDef(
-            "leaky_relu_backward",
-            "MUL({0}, LEAKY_RELU_GRAD({1}, {2}))",
-            lambda g, x, slope: g * numpy_leaky_relu_grad(x, slope),
-            "float",
-        ),
-        OpDef(
-            "elu_backward", "MUL({0}, ELU_GRAD({1}, {2}))", lambda g, x, alpha: g * numpy_elu_grad(x, alpha), "float"
-        ),
     )
 }
-
-WHERE = OpDef("where", "WHERE({0}, {1}, {2})", _where, "where", "WHERE({0}, {1}, {2})")
-CLAMP = OpDef("clamp", "CLAMP_G({0}, {1}, {2})", _clamp, "arith", "min(max({0}, {1}), {2})")
-
-#: Type-generic clamp for float and double compute types (the preamble's CLAMP is float-only).
-CLAMP_SOURCE = (
-    "#define CLAMP_G(x, lo, hi) (" + _MINIMUM_GENERIC.format(_MAXIMUM_GENERIC.format("x", "lo"), "hi") + ")\n"
-)
 
 #: Double-precision twins of the preamble's float helpers (whose float parameters would round a
 #: double to float). Kernels computing in double get this source, and their expression has
@@ -215,14 +153,7 @@ inline double SIGMOID_F64(double x) {
     double e = exp(x);
     return e / (1.0 + e);
 }
-inline double GELU_F64(double x) { return x * SIGMOID_F64(2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x)); }
-inline double GELU_GRAD_F64(double x) {
-    double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    double e = exp(-2.0 * fabs(u));
-    double sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e));
-    double tail = sech2 == 0.0 ? 0.0 : 0.5 * x * sech2 * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
-    return SIGMOID_F64(2.0 * u) + tail;
-}
+@GELU@
 inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
 inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
 inline double SMOOTH_L1_F64(double d, double beta) {
@@ -246,7 +177,7 @@ inline double SOFTPLUS_GRAD_F64(double x, double beta, double threshold) {
     double z = beta * x;
     return z > threshold ? 1.0 : SIGMOID_F64(z);
 }
-"""
+""".replace("@GELU@", gelu_source("double"))
 
 _F64_NAMES = re.compile(
     r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_GRAD|GELU|"

@@ -16,6 +16,7 @@ import numpy as np
 from netcl.core import Device, Tensor, broadcast_shapes, host_pool
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import wrap_numpy
+from netcl.runtime.ops._table import numpy_gelu
 
 
 def _np_compute(dtype: np.dtype) -> np.dtype:
@@ -79,7 +80,7 @@ def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
 _ACTIVATIONS: dict[str | None, Callable[[np.ndarray], np.ndarray]] = {
     None: lambda v: v,
     "relu": lambda v: np.maximum(v, 0),
-    "gelu": lambda v: 0.5 * v * (1 + np.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v**3))),
+    "gelu": numpy_gelu,
     "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
     "tanh": np.tanh,
 }

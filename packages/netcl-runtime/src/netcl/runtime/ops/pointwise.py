@@ -21,7 +21,7 @@ from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
-from netcl.runtime.ops import numpy_backend
+from netcl.runtime.ops import _table, numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     CLEAR_HOOKS,
@@ -48,7 +48,14 @@ from netcl.runtime.ops._common import (
     storage_only,
     storage_pragmas,
 )
-from netcl.runtime.ops._table import BINARY, CLAMP, CLAMP_SOURCE, F64_SOURCE, TERNARY, UNARY, WHERE, OpDef, f64_expr
+from netcl.runtime.ops._table import F64_SOURCE, OpDef, f64_expr
+from netcl.runtime.ops.elementwise_defs import OPDEFS, OPDEFS_BY_ARITY, derivative_opdef
+
+#: name -> OpDef by operand count (inputs, then attributes): the defined ops, then the helper kernels.
+UNARY = {**OPDEFS_BY_ARITY[1], **_table.UNARY}
+BINARY = {**OPDEFS_BY_ARITY[2], **_table.BINARY}
+TERNARY = {**OPDEFS_BY_ARITY[3], **_table.TERNARY}
+WHERE, CLAMP = OPDEFS["where"], OPDEFS["clamp"]
 
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
@@ -251,7 +258,7 @@ def _source(
         body.append(f"const {ctype} v{i} = ({ctype}){read};")
     params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
     used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
-    extra = CLAMP_SOURCE + FASTDIV_SOURCE
+    extra = FASTDIV_SOURCE
     if "double" in value_ctypes:
         expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
@@ -306,7 +313,8 @@ def value_dtypes(op: OpDef, operands: Sequence[Any]) -> tuple[list[np.dtype], np
     if op.kind == "where":
         compute, result = result_dtypes(OpDef("", "", op.numpy_fn, "arith"), operands[1:])
         cond = operands[0]
-        return [cond.dtype if isinstance(cond, Tensor) else promote((cond,)), compute, compute], compute, result
+        cond_dtype = cond.dtype if isinstance(cond, Tensor) else promote((cond,))
+        return [cond_dtype] + [compute] * (len(operands) - 1), compute, result
     compute, result = result_dtypes(op, operands)
     return [compute] * len(operands), compute, result
 
@@ -394,7 +402,7 @@ def relu_grad(x: Tensor) -> Tensor:
 
 def relu_backward(g: Tensor, x: Tensor) -> Tensor:
     """g * relu_grad(x) in one kernel: relu's gradient for upstream ``g``."""
-    return _binary("relu_backward", g, x)
+    return derivative("relu", 0, {"g": g, "a": x})
 
 
 def gelu(x: Tensor) -> Tensor:
@@ -409,7 +417,7 @@ def gelu_grad(x: Tensor) -> Tensor:
 
 def gelu_backward(g: Tensor, x: Tensor) -> Tensor:
     """g * gelu_grad(x) in one kernel: gelu's gradient for upstream ``g``."""
-    return _binary("gelu_backward", g, x)
+    return derivative("gelu", 0, {"g": g, "a": x})
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -419,7 +427,7 @@ def sigmoid(x: Tensor) -> Tensor:
 
 def sigmoid_backward(g: Tensor, y: Tensor) -> Tensor:
     """g * y * (1 - y) in one kernel: sigmoid's gradient for upstream ``g`` from its output ``y``."""
-    return _binary("sigmoid_backward", g, y)
+    return derivative("sigmoid", 0, {"g": g, "out": y})
 
 
 def tanh(x: Tensor) -> Tensor:
@@ -429,7 +437,7 @@ def tanh(x: Tensor) -> Tensor:
 
 def tanh_backward(g: Tensor, y: Tensor) -> Tensor:
     """g * (1 - y * y) in one kernel: tanh's gradient for upstream ``g`` from its output ``y``."""
-    return _binary("tanh_backward", g, y)
+    return derivative("tanh", 0, {"g": g, "out": y})
 
 
 # ---- binary -----------------------------------------------------------------------------------
@@ -525,7 +533,7 @@ def silu_grad(x: Tensor) -> Tensor:
 
 def silu_backward(g: Tensor, x: Tensor) -> Tensor:
     """g * silu_grad(x) in one kernel: silu's gradient for upstream ``g``."""
-    return _binary("silu_backward", g, x)
+    return derivative("silu", 0, {"g": g, "a": x})
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
@@ -540,7 +548,7 @@ def leaky_relu_grad(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 def leaky_relu_backward(g: Tensor, x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """g * leaky_relu_grad(x, negative_slope) in one kernel."""
-    return apply(TERNARY["leaky_relu_backward"], (g, x, float(negative_slope)))
+    return derivative("leaky_relu", 0, {"g": g, "a": x, "negative_slope": float(negative_slope)})
 
 
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
@@ -555,7 +563,7 @@ def elu_grad(x: Tensor, alpha: float = 1.0) -> Tensor:
 
 def elu_backward(g: Tensor, x: Tensor, alpha: float = 1.0) -> Tensor:
     """g * elu_grad(x, alpha) in one kernel."""
-    return apply(TERNARY["elu_backward"], (g, x, float(alpha)))
+    return derivative("elu", 0, {"g": g, "a": x, "alpha": float(alpha)})
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
@@ -582,6 +590,16 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
 def clamp(x: Any, lo: Any, hi: Any) -> Tensor:
     """min(max(x, lo), hi); lo and hi are scalars or tensors. NaN in x stays NaN."""
     return apply(CLAMP, (x, lo, hi))
+
+
+def derivative(name: str, index: int, named: dict[str, Any]) -> Tensor:
+    """Op ``name``'s derivative for input ``index`` (``elementwise_defs``; the upstream gradient
+    included) as one kernel over ``named``: input letters, ``g``, ``out`` and attribute names -> values.
+    Not reduced to the input's shape."""
+    op, params = derivative_opdef(name, index)
+    if op.expr == "{0}" and params == ("g",):  # the gradient passes through: no kernel
+        return named["g"]
+    return apply(op, [named[p] for p in params])
 
 
 def elementwise(c_expr: str, numpy_fn: Callable[..., Any], *operands: Any, preamble: str = "") -> Tensor:

@@ -1,0 +1,102 @@
+"""Autograd ops generated from the elementwise definitions (``netcl.runtime.ops.elementwise_defs``).
+
+``apply_elementwise(name, inputs, attrs)`` is the whole op: its forward is the definition's eager
+kernel, its gradient for each input that needs one is the definition's derivative template run
+as ONE fused kernel (``pointwise.derivative``; ``{g}`` alone is ``g`` itself, no kernel), summed back
+to the input's shape when the input was broadcast. ``op_name`` and ``attrs`` are the definition's
+name and attributes: the JIT primitive of the same name (generated from the same entry) traces it.
+``unary`` / ``binary`` build the public functions (a Python number on one side of a binary op
+selects its ``_scalar_right`` / ``_scalar_left`` variant, the number in ``attrs["scalar"]``).
+``fronts`` builds one for every defined op without attributes: ``netcl.autograd`` exports those
+that have no hand-written front, so a new op needs only its definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Node, apply_op
+from netcl.core import Tensor
+from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
+from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
+from netcl.runtime.ops.pointwise import apply, derivative
+
+Operand = Any  # Node | Tensor | int | float
+_Grads = list[Tensor | None]
+
+
+def is_scalar(x: Any) -> bool:
+    """Whether ``x`` is a Python or NumPy number (as opposed to a Node or Tensor)."""
+    return isinstance(x, (int, float, np.number)) and not isinstance(x, np.ndarray)
+
+
+def needs_grad(x: Any) -> bool:
+    """Whether ``x`` is a Node that requires a gradient."""
+    return isinstance(x, Node) and x.requires_grad
+
+
+def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
+    """Op ``name`` of ``elementwise_defs.ALL`` on ``inputs`` (Nodes, Tensors or scalars) with
+    attribute values ``attrs`` (one per ``attrs`` name of the definition), through ``apply_op``."""
+    d = ALL[name]
+    attrs = dict(attrs or {})
+    kernel = OPDEFS[d.base or d.name]
+
+    def forward(*values: Any) -> Tensor:
+        return apply(kernel, forward_operands(d, values, attrs))
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **attrs}
+        grads: _Grads = []
+        for index, (operand, value) in enumerate(zip(inputs, values, strict=True)):
+            if d.grads[index] == ZERO or not needs_grad(operand):
+                grads.append(None)
+                continue
+            full = derivative(name, index, named)
+            grads.append(full if tuple(full.shape) == tuple(value.shape) else R.sum_to_shape(full, tuple(value.shape)))
+        return grads
+
+    return apply_op(
+        forward, grad if d.differentiable else None, *inputs, op_name=name, attrs=attrs if d.attrs else None
+    )
+
+
+def unary(name: str) -> Callable[[Operand], Node]:
+    """The autograd function of unary op ``name`` (no attributes), named and documented from its definition."""
+
+    def op(x: Operand) -> Node:
+        return apply_elementwise(name, (x,))
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = ALL[name].doc
+    return op
+
+
+def binary(name: str) -> Callable[[Operand, Operand], Node]:
+    """The autograd function of binary op ``name``: two operands, at most one of them a Python number."""
+
+    def op(a: Operand, b: Operand) -> Node:
+        if is_scalar(a) and is_scalar(b):
+            raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
+        if is_scalar(b):
+            return apply_elementwise(f"{name}_scalar_right", (a,), {"scalar": b})
+        if is_scalar(a):
+            return apply_elementwise(f"{name}_scalar_left", (b,), {"scalar": a})
+        return apply_elementwise(name, (a, b))
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = ALL[name].doc
+    return op
+
+
+def fronts() -> dict[str, Callable[..., Node]]:
+    """The public function of every defined op without attributes, one or two inputs (``unary`` /
+    ``binary``): what ``netcl.autograd`` exports for an op that has no hand-written front."""
+    found: dict[str, Callable[..., Node]] = {}
+    for d in DEFS:
+        if not d.attrs and len(d.inputs) in (1, 2):
+            found[d.name] = unary(d.name) if len(d.inputs) == 1 else binary(d.name)
+    return found
