@@ -67,6 +67,15 @@ inline float netcl_part_dot(const float4* regs, __local const float4* tile, cons
     for (int i = 0; i < PER; ++i) acc += dot(regs[i], tile[t * D4 + quad + 4 * i]);
     return acc;
 }}
+/* rows first .. first + n - 1 of a and b (row length D) into local tiles of TN rows, zeros past n */
+inline void netcl_stage_tiles(__local float4* ta, __local float4* tb, __global const float4* a,
+                              __global const float4* b, const idx_t first, const int n, const int tid) {{
+    for (int t = tid; t < TN * D4; t += 128) {{
+        const int row = t / D4;
+        ta[t] = row < n ? a[(first + row) * D4 + t % D4] : (float4)(0.0f);
+        tb[t] = row < n ? b[(first + row) * D4 + t % D4] : (float4)(0.0f);
+    }}
+}}
 """
 
 _FORWARD = """
@@ -99,11 +108,7 @@ void netcl_attention_fwd_quad(__global const float* q, __global const float* k, 
     for (idx_t n0 = 0; n0 < nend; n0 += TN) {{
         const int tn = (int)min((idx_t)TN, S - n0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int t = tid; t < TN * D4; t += 128) {{
-            const int j = t / D4;
-            ks[t] = j < tn ? kb[(n0 + j) * D4 + t % D4] : (float4)(0.0f);
-            vs[t] = j < tn ? vb[(n0 + j) * D4 + t % D4] : (float4)(0.0f);
-        }}
+        netcl_stage_tiles(ks, vs, kb, vb, n0, tn, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int j0 = 0; j0 < TN; j0 += FWD_CHUNK) {{
             float s[FWD_CHUNK];
@@ -180,11 +185,7 @@ void netcl_attention_bwd_q_quad(__global const float* q, __global const float* k
     for (idx_t n0 = 0; n0 < nend; n0 += TN) {{
         const int tn = (int)min((idx_t)TN, S - n0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int t = tid; t < TN * D4; t += 128) {{
-            const int j = t / D4;
-            ks[t] = j < tn ? kb[(n0 + j) * D4 + t % D4] : (float4)(0.0f);
-            vs[t] = j < tn ? vb[(n0 + j) * D4 + t % D4] : (float4)(0.0f);
-        }}
+        netcl_stage_tiles(ks, vs, kb, vb, n0, tn, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int j0 = 0; j0 < TN; j0 += Q_CHUNK) {{
             float s[Q_CHUNK], dp[Q_CHUNK];
@@ -253,11 +254,7 @@ void netcl_attention_bwd_kv_quad(__global const float* q, __global const float* 
         for (idx_t m0 = mstart; m0 < L; m0 += TN) {{
             const int tm = (int)min((idx_t)TN, L - m0);
             barrier(CLK_LOCAL_MEM_FENCE);
-            for (int t = tid; t < TN * D4; t += 128) {{
-                const int i = t / D4;
-                qs[t] = i < tm ? qb[(m0 + i) * D4 + t % D4] : (float4)(0.0f);
-                gs[t] = i < tm ? gb[(m0 + i) * D4 + t % D4] : (float4)(0.0f);
-            }}
+            netcl_stage_tiles(qs, gs, qb, gb, m0, tm, tid);
             for (int i = tid; i < TN; i += 128) {{
                 dd[i] = i < tm ? drow[bh * L + m0 + i] : 0.0f;
                 ls[i] = i < tm ? lse[bh * L + m0 + i] : -INFINITY;
