@@ -29,9 +29,9 @@ from netcl.core.vector_width import preferred_width, usable_width
 
 ENV_VAR = "NETCL_DEVICE"
 
-#: PoCL's pthread CPU device pins its worker threads to cores only when asked. On the 2-core CI VM
-#: the scheduler otherwise often stacks both workers on one core: a fused chain8 forward (1M float32,
-#: Debian's PoCL 3.1) took 1.30 ms median unpinned against 0.80 ms pinned (0.72 ms best either way).
+#: PoCL's pthread CPU device pins its worker threads to cores only when asked. Unpinned, the scheduler
+#: often stacks a small VM's workers on one core (see benchmarks/RESULTS.md, "Measurements moved out of
+#: source docstrings", devices.py).
 #: PoCL reads it when its platform loads (the first ``devices()``); a user's own setting wins.
 os.environ.setdefault("POCL_AFFINITY", "1")
 

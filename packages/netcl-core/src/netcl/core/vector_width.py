@@ -8,8 +8,8 @@ ERROR: Cannot emit physreg copy instruction"); ``float8`` works there. A crash c
 the process that suffers it, so each width, widest first, is built and run in a child process
 (``python -m netcl.core.vector_width``) until one returns the right numbers. The answer is cached on
 disk per device, driver and host CPU (``vector-width.json`` in ``NETCL_CACHE_DIR``, else
-``~/.cache/netcl``), so only the first process on a machine pays (about a second per width that
-works; the crashing float16 build above took ~50 s before it aborted).
+``~/.cache/netcl``), so only the first process on a machine pays (the build times: see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", vector_width.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 
 CACHE_NAME = "vector-width.json"
 WIDTHS = (16, 8, 4)
-#: A child that has not finished in this many seconds counts as a failure (a hung compiler). A cold
-#: build is ~1 s where the compiler copes; the pip PoCL spent ~50 s on float16 before aborting (Zen 4).
+#: A child that has not finished in this many seconds counts as a failure (a hung compiler): well above
+#: a cold build's time, a crashing one's included (see benchmarks/RESULTS.md, "Measurements moved out of
+#: source docstrings", vector_width.py).
 CHILD_TIMEOUT_S = 180
 _PROBE_VERSION = "v1"
 _PROBE_ELEMENTS = 4096

@@ -16,8 +16,8 @@ scales, ``beta`` and the element count are kernel arguments. The reduction order
 on the element count and the launch geometry, so a plan gives bit-identical results on every
 call. Float4 loads pay off on GPUs (wide coalesced loads). On CPU devices (``VEC`` 8 or 16, the
 device's preferred float width) the terms are evaluated on ``floatN`` values with the vector
-helpers (``netcl.core.kernels.vector_primitives``), so they compile to SIMD code: on the pip PoCL
-(AMD EPYC, 1M elements) the forward took 82 ms one float per work-item.
+helpers (``netcl.core.kernels.vector_primitives``), so they compile to SIMD code (see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", detection_loss_kernels.py).
 """
 
 from __future__ import annotations

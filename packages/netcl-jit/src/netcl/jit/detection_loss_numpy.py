@@ -8,7 +8,8 @@ by block. Blocks run on ``netcl.core.host_pool``'s threads; each writes only its
 block sum, and the sums are combined in a fixed order, so results are bit-identical for any
 thread count. ``terms``/``grad_terms``/``detection_loss_reference`` are the float64 reference.
 
-Branch-free forms (NumPy's ``where`` costs ~5 ns per element on random masks):
+Branch-free forms (NumPy's ``where`` is slow on random masks; see benchmarks/RESULTS.md, "Measurements
+moved out of source docstrings", detection_loss_numpy.py):
 ``smooth_l1(d) = 0.5 m^2 / beta + (|d| - m)`` with ``m = min(|d|, beta)``, and its gradient
 ``clip(d / beta, -1, 1)``; both equal the two-sided definitions (beta == 0: ``|d|`` and ``sign(d)``).
 """
@@ -110,7 +111,8 @@ def partials(x, t, hw, rw, hs: float, rs: float, beta: float) -> np.ndarray:
 def _log1p_unit(e, u, d) -> None:
     """``e = log1p(e)`` in place for e in [0, 1], as ``log(u) - ((u - 1) - e) / u`` with ``u = 1 + e``.
 
-    NumPy's float32 ``log1p`` has no SIMD loop (9 ns per element here, against 1 ns for ``log``).
+    NumPy's float32 ``log1p`` has no SIMD loop (``log`` has one; see benchmarks/RESULTS.md, "Measurements
+    moved out of source docstrings", detection_loss_numpy.py).
     ``u - 1`` is exact, so the second term corrects the rounding of ``u`` to first order (the
     error left is below (e eps)^2); for e < eps/2, u == 1 and the result is e itself.
     """

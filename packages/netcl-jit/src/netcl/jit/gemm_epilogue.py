@@ -151,7 +151,8 @@ def _live_names(lines: list[tuple[str, str]], results: list[str]) -> set[str]:
 def one_kernel(device: Device) -> bool:
     """Whether the group runs in the GEMM's store on ``device``: on OpenCL, except where products run on
     the host BLAS (a CPU device's mapped memory, ``NETCL_HOST_BLAS``), which beats the portable GEMM kernel
-    there even with the extra pass (Debian's PoCL, 8192x64x256 mlp_block: 17 ms against 24 ms)."""
+    there even with the extra pass (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    gemm_epilogue.py)."""
     if device.kind != "opencl":
         return False
     return not (host_blas.enabled() and host_blas.host_memory_device(device))

@@ -76,7 +76,8 @@ def online_pairs(program: RowProgram, enabled: bool = True) -> dict[str, tuple[s
       own mean; the tree merges (count, sum, M2) as Chan et al.).
 
     ``enabled`` is the default (on for GPUs: one tree less; off for CPU devices, where PoCL runs
-    the two-pass forms 2-4x faster); ``NETCL_ROW_ONLINE=0/1`` overrides.
+    the two-pass forms faster: see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    row_source.py); ``NETCL_ROW_ONLINE=0/1`` overrides.
     """
     if os.environ.get("NETCL_ROW_ONLINE", "1" if enabled else "0").strip() in ("0", ""):
         return {}

@@ -91,7 +91,8 @@ class _BlockToken:
         self.event = event
 
     def __del__(self) -> None:
-        # not contextlib.suppress: it costs ~0.4 us on every free
+        # not contextlib.suppress: it costs more on every free (see benchmarks/RESULTS.md, "Measurements
+        # moved out of source docstrings", memory.py)
         try:
             self.free.append(self.real)
             self.events.append(-self.event)

@@ -15,7 +15,8 @@ Program builds are kept out: when the program cache builds (or loads from disk) 
 while a region is open on the building thread, a marker pair brackets the build on the
 region's queue and the device time between them (the device idles while the host compiles)
 is subtracted; on the wall clock the build's host time is. ``TimingRegion.builds`` and the
-report say how many builds happened inside (a first call's 1.9 s "GPU time" was a build).
+report say how many builds happened inside (see benchmarks/RESULTS.md, "Measurements moved out of
+source docstrings", perf.py).
 """
 
 from __future__ import annotations

@@ -338,7 +338,7 @@ def fast_divisor(d: int) -> tuple[int, int]:
     """(magic, shift) with ``n // d == (mul_hi(n, magic) + n) >> shift`` for 0 <= n, d < 2**31.
 
     Division by a runtime divisor is a slow instruction on GPUs and does not vectorize on CPUs
-    (PoCL's broadcast add was 2.4x slower with ``%`` by a kernel argument than with a constant):
+    (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", _common.py):
     a multiply-high and a shift do it (Granlund and Montgomery, as PyTorch's ``IntDivider``).
     """
     d = int(d)

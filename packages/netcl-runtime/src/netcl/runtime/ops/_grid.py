@@ -31,8 +31,7 @@ register_cache(_PREPARED.clear)
 def launch_prepared(key: Hashable, device: Device, kernel: Any, gsize: Any, lsize: Any, args: Sequence[Any]) -> None:
     """Enqueue ``kernel`` (declared scalar dtypes) with ``args`` through one ``PreparedLaunch`` per key
     and sizes: generated code sets every argument per call, without ``launch``'s general checks and
-    conversions (H200: the eager ResNet block step 2-7% faster; PoCL: a small batch_norm forward call
-    45-57 us instead of 79-108)."""
+    conversions (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", _grid.py)."""
     size = (key, device, gsize, lsize)
     prepared = _PREPARED.get(size)
     if prepared is None:

@@ -36,7 +36,8 @@ from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 
 #: keys (forward, bwd_q) or queries (bwd_kv) whose scores are formed before their quad reductions; more
-#: spill registers (bwd_kv at 8: 4-5x slower; benchmarks/RESULTS.md, "attention on NVIDIA")
+#: spill registers (benchmarks/RESULTS.md, "attention on NVIDIA"; "Measurements moved out of source
+#: docstrings", attention_tiled.py)
 CHUNKS = {"fwd_chunk": 4, "q_chunk": 2, "kv_chunk": 2}
 #: work-items per work-group: 32 rows of four
 THREADS = 128

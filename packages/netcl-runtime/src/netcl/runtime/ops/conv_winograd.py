@@ -15,8 +15,9 @@ gradient with the weights flipped and transposed, ``w'[c, o] = w[o, c, ::-1, ::-
 gradient is the forward's adjoint: dU[e] = dM[e] @ V[e]^T with dM = A dY A^T, then dw = G^T dU G.
 
 Rounding: F(2x2)'s transforms add up to four values, the 0.5 factors of G are exact, and the
-products sum over S channels on transformed values at most 9x a direct term's magnitude: on the
-H100 its error is below the implicit GEMM's (a shorter sum). F(4x4)'s coefficients (up to 8 in A,
+products sum over S channels on transformed values at most 9x a direct term's magnitude, a shorter
+sum than the implicit GEMM's (its error against that one's: see benchmarks/RESULTS.md, "Measurements
+moved out of source docstrings", conv_winograd.py). F(4x4)'s coefficients (up to 8 in A,
 5 in B) grow the intermediates: several times the direct error, which is why 2 is the default.
 All sizes are kernel arguments; the programs depend only on the tile, the index type and FLIP /
 BIAS / ADDEND, so every layer shape shares them. The NumPy backend runs the same algorithm in
@@ -44,8 +45,8 @@ MIN_CHANNELS = 16
 
 #: (B^T, G, A^T) of F(m x m, 3 x 3) for output tiles m = 2 (points 0, 1, -1; Lavin & Gray) and m = 4
 #: (points 0, 1, -1, 2, -1/2 and infinity, the Toom-Cook construction with B^T scaled to integers):
-#: Lavin & Gray's 0, +-1, +-2 measured ~3x the rounding error of these points (PoCL, 64 and 128
-#: channels: 7.2-7.8e-6 against 2.1-2.6e-6 of the largest output), at the same number of products.
+#: these points round less than Lavin & Gray's 0, +-1, +-2 at the same number of products (see
+#: benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py).
 _MATRICES = {
     2: (
         [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],

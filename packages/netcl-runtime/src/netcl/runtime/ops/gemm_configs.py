@@ -38,16 +38,16 @@ _TILES = [
     (16, 16, 2, 2, 32, 1),
     (8, 8, 2, 2, 32, 1),
     # small outputs with a long K (the MLP layers' 128 x 512 at K = 512-784): 16 x 32 tiles, and K
-    # slices (two or four thread sets per block taking turns along K; H200: 128 x 512 x 784 at 15.6 us
-    # per call against 21.3 for this grid's best before, cuBLAS fp32 15.8)
+    # slices (two or four thread sets per block taking turns along K; see benchmarks/RESULTS.md,
+    # "Measurements moved out of source docstrings", gemm_configs.py)
     (8, 16, 2, 2, 32, 1),
     (8, 16, 2, 2, 32, 2),
     (8, 8, 2, 4, 32, 2),
     (8, 8, 2, 2, 32, 2),
     (8, 8, 2, 2, 32, 4),
     (8, 8, 4, 4, 16, 4),
-    # 128 outputs per thread (16 x 8, 8 x 16): with vector reads from local memory these are the
-    # fastest big tiles on the H200 (4096^3 fp32 at 44.6-45.9 TFLOP/s against 39.7 for 8 x 8 per thread)
+    # 128 outputs per thread (16 x 8, 8 x 16): with vector reads from local memory the fastest big tiles
+    # on the H200 (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", gemm_configs.py)
     (8, 16, 16, 8, 8, 1),
     (8, 16, 16, 8, 16, 1),
     (16, 16, 16, 8, 8, 1),

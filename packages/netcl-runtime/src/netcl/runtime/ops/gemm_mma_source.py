@@ -690,8 +690,8 @@ def mma_source(
     align = 1024 if cfg.wg else 16  # wgmma's swizzle is of the address: atoms start at its period
     # a warp's first row: wgmma's warpgroups take fm blocks of 64 rows, each warp 16 rows of a block
     warp_rows = f"(warp >> 2) * {cfg.fm * 64} + (warp & 3) * 16" if cfg.wg else f"(warp % {cfg.wm}) * {cfg.fm * 16}"
-    # 16-byte copies through L1 (.ca) for mma.sync, past it (.cg) for wgmma: each 2-22% / 5-12% faster
-    # than the other way on the H200 (tf32 / f16, 4096^3 and 8192^3)
+    # 16-byte copies through L1 (.ca) for mma.sync, past it (.cg) for wgmma: each the faster way on the H200
+    # (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", gemm_mma_source.py)
     copy_cache = "cg" if cfg.wg else "ca"
     copy_note = f"cp.async.{copy_cache}: {'past' if cfg.wg else 'through'} L1, the faster for this kernel on the H200"
     nl5 = "\n                    "

@@ -172,9 +172,10 @@ class OperandView:
     four are inside the operand, and lets the view share its index math over the four. The
     tensor-core kernel, which stages 4-element chunks per thread, uses it; the portable kernel
     reads views element by element (each thread one column: a warp's loads stay contiguous; four
-    columns per thread measured 5-20% slower on the H100). ``offsets4`` (optional, with
-    ``vector4``): an ``int4`` expression of the same four elements' indices into ``p``, -1 for a
-    zero: the tensor-core kernel's cp.async pipeline copies those elements without registers.
+    columns per thread were slower: see benchmarks/RESULTS.md, "Measurements moved out of source
+    docstrings", gemm_source.py). ``offsets4`` (optional, with ``vector4``): an ``int4`` expression
+    of the same four elements' indices into ``p``, -1 for a zero: the tensor-core kernel's cp.async
+    pipeline copies those elements without registers.
     """
 
     helpers: str
@@ -564,11 +565,11 @@ def _vector_store_section(epilogue: Epilogue, lv: int) -> str:
 
     The scalar stores left a warp's store instruction touching every LV-th word of its span (a
     quarter of each sector at LV = 4), which made the stores, not the arithmetic, the limit of
-    products with a small K: 262144 x 256 x 64 with a bias/ReLU epilogue that also saves the
-    product took 0.69 ms against 0.42 ms with one output (H100). The epilogue's values are first
-    computed into registers, column by column (only for columns inside C: its operands are read
-    there), then stored as vectors where all LV columns are inside C and the addresses are
-    aligned, element by element otherwise (the right edge, odd leading dimensions, offset views).
+    products with a small K (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    gemm_source.py). The epilogue's values are first computed into registers, column by column (only
+    for columns inside C: its operands are read there), then stored as vectors where all LV columns
+    are inside C and the addresses are aligned, element by element otherwise (the right edge, odd
+    leading dimensions, offset views).
     """
     outs = [k for k, kind in enumerate(epilogue.operands) if kind == "out"]
     vec = f"float{lv}"

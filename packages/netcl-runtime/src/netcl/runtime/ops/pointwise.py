@@ -199,7 +199,8 @@ def _prepare(plan: Plan, device: Device) -> PreparedLaunch:
 def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global, local) sizes of a strided kernel: x runs along the innermost collapsed axis, y along
     the next, z over the rest. Work-items adjacent in x touch adjacent elements, which a CPU
-    driver vectorizes (PoCL: a 1-D grid peeling ``gid`` with ``%`` made a bias add 2-4x slower)."""
+    driver vectorizes (a 1-D grid peeling ``gid`` with ``%`` is slower: see benchmarks/RESULTS.md,
+    "Measurements moved out of source docstrings", pointwise.py)."""
     inner, outer = dims[-1], dims[-2]
     lx = min(max_local, pow2_ceil(inner))
     ly = min(max_local // lx, pow2_ceil(outer))

@@ -3,9 +3,10 @@
 "highest": fp32 multiply-add (the portable kernel, every device). "tf32x3" (netcl's addition,
 XLA's ``TF32_TF32_F32_X3``): each operand split into two tf32 parts, x = hi + lo, and the product
 summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores, each k-step's sum added to the accumulator
-with an IEEE fp32 add (the mma's own accumulation truncates): fp32's accuracy or better (on the H100
-a third of fp32 FMA's and cuBLAS fp32's error at 1024-4096) at tensor-core speed. "high": operands
-rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation.
+with an IEEE fp32 add (the mma's own accumulation truncates): fp32's accuracy or better (see
+benchmarks/RESULTS.md, "Measurements moved out of source docstrings", precision.py) at tensor-core
+speed. "high": operands rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor
+cores, fp32 accumulation.
 "medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. "fp16"
 (netcl's addition; autocast's matrix products where float16 is storage-only): operands rounded to
 float16 (10-bit mantissa, 5-bit exponent, ties to even: the numbers of float16 operands) as the

@@ -190,11 +190,11 @@ def search(
     """(fastest candidate, its ms): each built and run once, then the best of ``repeats`` timed runs;
     the ``finalists`` fastest are timed again in ``rounds`` interleaved rounds and ranked by their
     median, so neither a lucky minimum nor a clock change during the first pass picks the winner
-    (H200, tf32 8192^3: one pass had kept a config at 153 TFLOP/s over its 176 TFLOP/s twin).
+    (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", tune/__init__.py).
 
     A trial that returns a callable (its prepared run: plan built, output allocated) has that
-    timed, so the ranking measures the kernels, not the trial's set-up (a plan and a 51 MB output
-    per call weighed ~0.4 ms beside a 0.5 ms convolution on the H100); otherwise the trial itself.
+    timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
+    allocation per call); otherwise the trial itself.
     """
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.perf import timing_region
@@ -231,8 +231,9 @@ def search(
 
 def trial_operand(elements: int, dtype: Any, device: Device, seed: int) -> Tensor:
     """A scratch operand for trials: uniform values in [-1, 1) (a pure function of ``seed``), as real
-    data has. Constants can flatter a kernel: a split precision's lo parts of 0.5 are zeros, and a
-    search on constants timed tf32x3 convolutions at 0.35 ms that took 0.54 ms on real data (H100)."""
+    data has. Constants can flatter a kernel: a split precision's lo parts of 0.5 are zeros, so a
+    search on constants times tf32x3 kernels faster than they run on real data (see benchmarks/RESULTS.md,
+    "Measurements moved out of source docstrings", tune/__init__.py)."""
     import numpy as np
 
     from netcl.runtime.ops.layout import cast
