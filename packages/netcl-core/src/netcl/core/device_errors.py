@@ -34,10 +34,6 @@ inline long netcl_index_error(__global int* err, const int code, const long v, c
     }
     return 0;
 }
-/* v when 0 <= v < bound, else the error is recorded and 0 returned. */
-inline long netcl_checked_index(__global int* err, const int code, const long v, const long bound) {
-    return (v >= 0 && v < bound) ? v : netcl_index_error(err, code, v, bound);
-}
 """
 
 _codes: dict[tuple[str, str, int | None, str], int] = {}
@@ -97,18 +93,21 @@ class ErrorWord:
         """Whether some kernel was given the word (only then do waits read it)."""
         return self._buffer is not None
 
-    def enqueue_read(self, queue: cl.CommandQueue) -> np.ndarray | None:
-        """Start reading the word on ``queue`` (no wait); pass the result to ``raise_if_set`` after a wait."""
+    def enqueue_read(self, queue: cl.CommandQueue) -> tuple[np.ndarray, Any] | None:
+        """Start reading the word on ``queue`` (no wait); pass the result to ``raise_if_set`` after a wait.
+
+        The result holds the copy's event as well: pyopencl waits for a dropped read event, so the caller keeps
+        it until its own wait has covered the read."""
         if self._buffer is None:
             return None
         host = np.empty(ERROR_WORDS, np.int32)
-        cl.enqueue_copy(queue, host, self._buffer, is_blocking=False)
-        return host
+        return host, cl.enqueue_copy(queue, host, self._buffer, is_blocking=False)
 
-    def raise_if_set(self, host: np.ndarray | None, queue: cl.CommandQueue) -> None:
-        """IndexError when ``host`` (a finished ``enqueue_read``) holds a recorded index; the word is cleared."""
-        if host is None or host[0] == 0:
+    def raise_if_set(self, pending: tuple[np.ndarray, Any] | None, queue: cl.CommandQueue) -> None:
+        """IndexError when ``pending`` (a finished ``enqueue_read``) holds a recorded index; the word is cleared."""
+        if pending is None or pending[0][0] == 0:
             return
+        host = pending[0]
         with self._lock:
             cl.enqueue_copy(queue, self._buffer, np.zeros(ERROR_WORDS, np.int32), is_blocking=True)
         words = host.astype(np.int64)
@@ -118,11 +117,6 @@ class ErrorWord:
 
     def check(self, queue: cl.CommandQueue) -> None:
         """Wait for ``queue`` and raise what the word holds (a no-op read-free wait when unused)."""
-        host = self.enqueue_read(queue)
+        pending = self.enqueue_read(queue)
         queue.finish()
-        self.raise_if_set(host, queue)
-
-
-def error_word(device: Any) -> ErrorWord | None:
-    """``device``'s error word (None on the NumPy backend, whose index checks run on the host)."""
-    return device.error_word
+        self.raise_if_set(pending, queue)
