@@ -33,11 +33,17 @@ def launch_prepared(key: Hashable, device: Device, kernel: Any, gsize: Any, lsiz
     and sizes: generated code sets every argument per call, without ``launch``'s general checks and
     conversions (H200: the eager ResNet block step 2-7% faster; PoCL: a small batch_norm forward call
     45-57 us instead of 79-108)."""
+    prepared_for(key, device, kernel, gsize, lsize).call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+def prepared_for(key: Hashable, device: Device, kernel: Any, gsize: Any, lsize: Any) -> PreparedLaunch:
+    """The ``PreparedLaunch`` ``launch_prepared`` goes through (nothing bound: ``call`` takes every argument,
+    raw ``cl.Buffer``s and numbers), for a caller that keeps it in a plan of its own."""
     size = (key, device, gsize, lsize)
     prepared = _PREPARED.get(size)
     if prepared is None:
         prepared = remember(_PREPARED, size, PreparedLaunch.binding(kernel, gsize, lsize, {}, device.queue))
-    prepared.call(*[a.data if isinstance(a, Tensor) else a for a in args])
+    return prepared
 
 
 def run_1d(

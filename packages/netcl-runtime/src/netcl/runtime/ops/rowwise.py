@@ -27,11 +27,13 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import (
     compute_ctype,
     normalize_axes,
     pow2_ceil,
+    remember,
     storage_ctype,
     storage_pragmas,
     wrap_numpy,
@@ -227,11 +229,12 @@ def _run_rows(
     device: Device,
     rows: int,
     cols: int,
-    buffers: Sequence[Any],
+    buffers: Sequence[Tensor],
     extra=(),
-) -> None:
+) -> Any:
     """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
-    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers."""
+    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers. Returns
+    the ``PreparedLaunch`` it went through (None for zero rows), for a caller's plan."""
 
     def source(mode: str) -> str:
         body = (_PROLOGUE + kernel.body).format(**fmt)
@@ -244,8 +247,11 @@ def _run_rows(
     key = ("rowwise", *sorted(fmt.items()))
     types = [None] * len(buffers) + [np.dtype(type(v)) for v in extra]
     name = f"netcl_{kernel.name}"
-    _rows.run(key, device, source, name, types, rows, cols, 1, fmt["idx"], *buffers, *extra, mode="group",
-              lanes=pow2_ceil(cols))  # fmt: skip
+    if rows <= 0:
+        return None
+    prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], "group", pow2_ceil(cols))
+    prepared.call(*[b.data for b in buffers], *extra)
+    return prepared
 
 
 def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
@@ -287,6 +293,10 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
 
     ``out`` has x's shape, except for logsumexp where it is the flat ``(rows,)`` result.
     """
+    if type(x) is Tensor:
+        plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
+        if plan is not None:  # OpenCL, axes already last: a shape, dtype and axes done before
+            return _planned_softmax(x, plan)
     _check_float(x, MODE_NAMES[mode])
     flat, perm, rows, C = rows_layout(x, axes)
     sd = stats_dtype(x.dtype)
@@ -308,10 +318,31 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
     else:
         out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
         stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
-        _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        prepared = _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        if prepared is not None and type(x) is Tensor and perm == tuple(range(x.ndim)):
+            out_shape = out.shape if mode == LOGSUMEXP else x.shape
+            plan = (prepared, out_shape, out.nbytes, rows, stats[0].nbytes, sd)
+            remember(_SOFTMAX_PLANS, (x.shape, x.dtype, axes, mode, x.device), plan)
     if mode != LOGSUMEXP:
         out = restore_rows(out, x.shape, perm)
     return out, stats[0], stats[1]
+
+
+#: (shape, dtype, axes, mode, device) -> (prepared launch, out shape, out bytes, rows, stats bytes, stats
+#: dtype) of an OpenCL softmax-family forward whose axes are already last: the checks and layout done once
+_SOFTMAX_PLANS: dict[tuple, tuple] = {}
+register_cache(_SOFTMAX_PLANS.clear)
+
+
+def _planned_softmax(x: Tensor, plan: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    prepared, out_shape, out_bytes, rows, stat_bytes, sd = plan
+    device = x.device
+    allocate = device.allocator
+    out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
+    rowmax = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+    rowsum = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+    prepared.call(x.data, out.data, rowmax.data, rowsum.data)
+    return out, rowmax, rowsum
 
 
 def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes: tuple[int, ...], mode: int) -> Tensor:
