@@ -58,10 +58,17 @@ def run_1d(
     """Launch kernel ``name`` (built from ``make_source`` once per ``key``) over ``n`` work-items."""
     if n <= 0:
         return
+    prepare_1d(key, device, make_source, name, arg_types, n).call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+def prepare_1d(
+    key: Hashable, device: Device, make_source: Callable[[], str], name: str, arg_types: Sequence[Any], n: int
+) -> PreparedLaunch:
+    """The launch ``run_1d`` makes over ``n`` > 0 work-items (nothing bound), for a caller's plan."""
     full = ("layers", *key) if isinstance(key, tuple) else ("layers", key)
     resolved = get_kernel(full, device, make_source, name, arg_types)
     local = resolved.max_local
-    launch_prepared(full, device, resolved.kernel, round_up(n, local), local, args)
+    return prepared_for(full, device, resolved.kernel, round_up(n, local), local)
 
 
 def run_rows(

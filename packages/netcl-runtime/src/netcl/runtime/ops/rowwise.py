@@ -229,7 +229,7 @@ def _run_rows(
     device: Device,
     rows: int,
     cols: int,
-    buffers: Sequence[Tensor],
+    buffers: Sequence[Any],
     extra=(),
 ) -> Any:
     """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
@@ -250,7 +250,7 @@ def _run_rows(
     if rows <= 0:
         return None
     prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], "group", pow2_ceil(cols))
-    prepared.call(*[b.data for b in buffers], *extra)
+    prepared.call(*[b.data if isinstance(b, Tensor) else b for b in buffers], *extra)
     return prepared
 
 
