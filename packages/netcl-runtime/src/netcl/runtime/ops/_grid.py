@@ -58,7 +58,8 @@ def run_1d(
     """Launch kernel ``name`` (built from ``make_source`` once per ``key``) over ``n`` work-items."""
     if n <= 0:
         return
-    prepare_1d(key, device, make_source, name, arg_types, n).call(*[a.data if isinstance(a, Tensor) else a for a in args])
+    prepared = prepare_1d(key, device, make_source, name, arg_types, n)
+    prepared.call(*[a.data if isinstance(a, Tensor) else a for a in args])
 
 
 def prepare_1d(

@@ -16,6 +16,8 @@ from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import as_dtype, float16, float32
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -35,8 +37,6 @@ from netcl.runtime.ops._common import (
     storage_only,
     storage_pragmas,
 )
-from netcl.runtime.cache import register_cache
-from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._grid import launch_prepared, prepared_for
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
