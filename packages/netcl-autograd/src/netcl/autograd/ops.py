@@ -259,10 +259,12 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
     perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % builtins.max(ndim, 1) for a in axes)
     if sorted(perm) != list(range(ndim)):
         raise ShapeError(f"transpose axes {axes} are not a permutation of {ndim} dimensions")
-    inverse = tuple(int(i) for i in np.argsort(perm))
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [R.transpose(g, inverse)]
+        inverse = [0] * ndim  # the inverse permutation, built only when the gradient is taken
+        for position, axis in enumerate(perm):
+            inverse[axis] = position
+        return [R.transpose(g, tuple(inverse))]
 
     return apply_op(lambda v: R.transpose(v, perm), grad, x, op_name="transpose", attrs={"axes": perm})
 

@@ -32,11 +32,17 @@ def launch_prepared(key: Hashable, device: Device, kernel: Any, gsize: Any, lsiz
     """Enqueue ``kernel`` (declared scalar dtypes) with ``args`` through one ``PreparedLaunch`` per key
     and sizes: generated code sets every argument per call, without ``launch``'s general checks and
     conversions (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", _grid.py)."""
+    prepared_for(key, device, kernel, gsize, lsize).call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+def prepared_for(key: Hashable, device: Device, kernel: Any, gsize: Any, lsize: Any) -> PreparedLaunch:
+    """The ``PreparedLaunch`` ``launch_prepared`` goes through (nothing bound: ``call`` takes every argument,
+    raw ``cl.Buffer``s and numbers), for a caller that keeps it in a plan of its own."""
     size = (key, device, gsize, lsize)
     prepared = _PREPARED.get(size)
     if prepared is None:
         prepared = remember(_PREPARED, size, PreparedLaunch.binding(kernel, gsize, lsize, {}, device.queue))
-    prepared.call(*[a.data if isinstance(a, Tensor) else a for a in args])
+    return prepared
 
 
 def run_1d(
@@ -51,10 +57,18 @@ def run_1d(
     """Launch kernel ``name`` (built from ``make_source`` once per ``key``) over ``n`` work-items."""
     if n <= 0:
         return
+    prepared = prepare_1d(key, device, make_source, name, arg_types, n)
+    prepared.call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+def prepare_1d(
+    key: Hashable, device: Device, make_source: Callable[[], str], name: str, arg_types: Sequence[Any], n: int
+) -> PreparedLaunch:
+    """The launch ``run_1d`` makes over ``n`` > 0 work-items (nothing bound), for a caller's plan."""
     full = ("layers", *key) if isinstance(key, tuple) else ("layers", key)
     resolved = get_kernel(full, device, make_source, name, arg_types)
     local = resolved.max_local
-    launch_prepared(full, device, resolved.kernel, round_up(n, local), local, args)
+    return prepared_for(full, device, resolved.kernel, round_up(n, local), local)
 
 
 def run_rows(

@@ -41,11 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import Device
+from netcl.core import Device, Tensor
 from netcl.core.dtypes import float64
 from netcl.core.errors import DTypeError
-from netcl.runtime.launch import launch
-from netcl.runtime.ops._common import ARG_DTYPES, MAX_LOCAL, get_kernel, pow2_ceil, pragmas, round_up
+from netcl.runtime.cache import register_cache
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import ARG_DTYPES, MAX_LOCAL, get_kernel, pow2_ceil, pragmas, remember, round_up
 
 #: Rows of at most this many elements take one work-item each.
 SERIAL_MAX = 32
@@ -206,16 +207,48 @@ def run(
     default ``PER_LANE`` elements a lane; a kernel family keeps its lane count, so its sums keep their order."""
     if rows <= 0:
         return
+    prepared = prepare(key, device, make_source, name, arg_dtypes, rows, length, inner, idx, mode, lanes)
+    prepared.call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+#: prepared row launches by (kernel key, mode, device, rows, length, inner, lanes): the sizes bound
+_PREPARED: dict[tuple, PreparedLaunch] = {}
+register_cache(_PREPARED.clear)
+
+
+def prepare(
+    key: Hashable,
+    device: Device,
+    make_source: Callable[[str], str],
+    name: str,
+    arg_dtypes: Sequence[Any],
+    rows: int,
+    length: int,
+    inner: int,
+    idx: str,
+    mode: str | None = None,
+    lanes: int | None = None,
+) -> PreparedLaunch:
+    """The launch ``run`` makes (``rows`` > 0), its row sizes bound: ``prepared.call(*raw_args)`` passes
+    the ``arg_dtypes`` arguments (``cl.Buffer``s and numbers) per call. One per key, mode and sizes; the
+    program is shared by every size (shape-generic), only the bound size arguments differ."""
     mode = mode or pick_mode(length)
+    full = ("rows", name, mode, *key)
+    size_key = (full, device, rows, length, inner, lanes)
+    prepared = _PREPARED.get(size_key)
+    if prepared is not None:
+        return prepared
     types = [*arg_dtypes, *[ARG_DTYPES[idx]] * 3]
-    resolved = get_kernel(("rows", name, mode, *key), device, lambda: make_source(mode), name, types)
-    size_args = [ARG_DTYPES[idx].type(v) for v in (rows, length, inner)]
+    resolved = get_kernel(full, device, lambda: make_source(mode), name, types)
+    n = len(arg_dtypes)
+    bound = {n: rows, n + 1: length, n + 2: inner}
     if mode == "group":
         local = min(resolved.max_local, lanes or max(16, pow2_ceil(-(-length // PER_LANE))))
-        launch(resolved.kernel, rows * local, local, *args, *size_args, queue=device.queue)
+        gsize = rows * local
     else:
         local = min(resolved.max_local, 64)
-        launch(resolved.kernel, round_up(rows, local), local, *args, *size_args, queue=device.queue)
+        gsize = round_up(rows, local)
+    return remember(_PREPARED, size_key, PreparedLaunch.binding(resolved.kernel, gsize, local, bound, device.queue))
 
 
 def acc_ctype(dtype: np.dtype) -> str:

@@ -27,9 +27,8 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.device_errors import INDEX_CHECK_C, index_error_code, index_error_message
-from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
-from netcl.runtime.ops._grid import index_dtype, run_1d
+from netcl.runtime.ops._grid import index_dtype, launch_prepared, run_1d
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.layout import cast
 from netcl.runtime.ops.rowwise import RowKernel, _fmt, _run_rows, stats_dtype
@@ -232,10 +231,8 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     resolved = get_kernel(key, loss.device, source, "netcl_class_loss_reduce", types)
     local = min(256, resolved.max_local)
     rows = loss.shape[0]
-    launch(
-        resolved.kernel, local, local, loss, t, out, count, idx.type(rows), np.int64(ignore_index), np.int32(mean),
-        queue=loss.device.queue,
-    )  # fmt: skip
+    args = (loss, t, out, count, idx.type(rows), np.int64(ignore_index), np.int32(mean))
+    launch_prepared(key, loss.device, resolved.kernel, local, local, args)
     return out, count
 
 

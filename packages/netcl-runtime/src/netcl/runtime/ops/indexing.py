@@ -24,8 +24,9 @@ import pyopencl as cl
 from netcl.core import Device, Tensor, contiguous_strides
 from netcl.core.device_errors import index_error_code, index_error_message
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._grid import prod
-from netcl.runtime.ops.strided import collapse, filled, strided_copy, strided_write
+from netcl.runtime.ops.strided import collapse, filled, prepare_launch, strided_copy, strided_write
 
 IndexKey = Any
 
@@ -45,9 +46,52 @@ def is_int_index(item: Any) -> bool:
     return isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))
 
 
+def memo_key(key: IndexKey) -> tuple | None:
+    """A hashable stand-in for a basic ``key`` made only of Python ints, slices of Python ints / None,
+    None and Ellipsis (two keys get the same one only when they select the same view); None for any
+    other key (NumPy integers, bools, arrays, ...), which is parsed every time."""
+    items = key if type(key) is tuple else (key,)
+    out = []
+    for item in items:
+        kind = type(item)
+        if kind is slice:
+            start, stop, step = item.start, item.stop, item.step
+            if not (
+                (start is None or type(start) is int)
+                and (stop is None or type(stop) is int)
+                and (step is None or type(step) is int)
+            ):
+                return None
+            out.append((start, stop, step))
+        elif kind is int or item is None or item is Ellipsis:
+            out.append(item)
+        else:
+            return None
+    return tuple(out)
+
+
+#: (shape, memo_key(key)) -> the BasicIndex ``parse_index`` found (valid keys only)
+_PARSED: dict[tuple, BasicIndex] = {}
+_MAX_PARSED = 4096
+
+
 def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
-    """The view ``key`` (ints, slices, None, Ellipsis) selects from a C-contiguous tensor of ``shape``."""
-    shape = tuple(int(d) for d in shape)
+    """The view ``key`` (ints, slices, None, Ellipsis) selects from a C-contiguous tensor of ``shape``.
+    Keys of Python ints, int slices, None and ``...`` are parsed once per shape (``memo_key``)."""
+    shape = tuple(int(d) for d in shape) if type(shape) is not tuple else shape
+    memo = memo_key(key)
+    if memo is None:
+        return _parse_index(shape, key)
+    parsed = _PARSED.get((shape, memo))
+    if parsed is None:
+        parsed = _parse_index(tuple(int(d) for d in shape), key)
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.clear()
+        _PARSED[(shape, memo)] = parsed
+    return parsed
+
+
+def _parse_index(shape: tuple[int, ...], key: IndexKey) -> BasicIndex:
     items = list(key) if isinstance(key, tuple) else [key]
     for item in items:
         if not (is_int_index(item) or item is None or item is Ellipsis or isinstance(item, slice)):
@@ -96,10 +140,34 @@ def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
 
 def getitem(x: Tensor, key: IndexKey) -> Tensor:
     """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy."""
+    memo = memo_key(key) if type(x) is Tensor and x.base is None else None
+    if memo is not None:
+        plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
+        if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before
+            shape, nbytes, prepared, values = plan
+            device = x.device
+            out = Tensor(device.allocator(device, nbytes), shape, x.dtype, device)
+            prepared.call(x.data, out.data, *values)
+            return out
     if not isinstance(x, Tensor):
         raise TypeError(f"getitem: expected a Tensor, got {type(x).__name__}")
     view = parse_index(x.shape, key)
-    return contiguous_view(x, view) or strided_copy(x, view.shape, view.strides, view.offset)
+    result = contiguous_view(x, view)
+    if result is not None:
+        return result
+    out = strided_copy(x, view.shape, view.strides, view.offset)
+    if memo is not None and x.device.kind != "cpu" and out.size:
+        prepared, values = prepare_launch(x, out, view.shape, view.strides, view.offset, write=False)
+        if len(_GETITEM_PLANS) >= _MAX_PARSED:
+            _GETITEM_PLANS.clear()
+        _GETITEM_PLANS[(x.shape, x.dtype, memo, x.device)] = (out.shape, out.nbytes, prepared, values)
+    return out
+
+
+#: (shape, dtype, memo_key(key), device) -> (out shape, out bytes, prepared copy, size arguments) of an
+#: OpenCL getitem of a root tensor (``base`` None) that is a strided copy: the parse and layout done once
+_GETITEM_PLANS: dict[tuple, tuple] = {}
+register_cache(_GETITEM_PLANS.clear)
 
 
 def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:

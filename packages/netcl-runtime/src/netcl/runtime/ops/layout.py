@@ -16,6 +16,8 @@ from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import as_dtype, float16, float32
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -29,12 +31,13 @@ from netcl.runtime.ops._common import (
     dot_expr,
     get_kernel,
     index_type,
+    remember,
     round_up,
     storage_ctype,
     storage_only,
     storage_pragmas,
 )
-from netcl.runtime.ops._grid import launch_prepared
+from netcl.runtime.ops._grid import launch_prepared, prepared_for
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
 from netcl.runtime.ops.strided import strided_copy
@@ -126,6 +129,15 @@ def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
 
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     """x with its axes permuted (default: reversed), materialized."""
+    plannable = type(x) is Tensor and (axes is None or type(axes) is tuple)
+    if plannable:
+        plan = _TRANSPOSE_PLANS.get((x.shape, x.dtype, axes, x.device))
+        if plan is not None:  # OpenCL, a shape, dtype and axes transposed before: checks and sizes done
+            out_shape, nbytes, prepared, sizes = plan
+            device = x.device
+            out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
+            prepared.call(x.data, out.data, *sizes)
+            return out
     x = _require_tensor(x, "transpose")
     perm = tuple(range(x.ndim))[::-1] if axes is None else tuple(int(a) for a in axes)
     if sorted(a % x.ndim if -x.ndim <= a < x.ndim else a + 2 * x.ndim + 1 for a in perm) != list(range(x.ndim)):
@@ -138,20 +150,30 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     if out.size == 0:
         return out
     if x.ndim >= 2 and perm == (*range(x.ndim - 2), x.ndim - 1, x.ndim - 2):
-        return _swap_last_two(x, out)
-    idx = index_type(x.shape)
-    key = ("transpose", x.ndim, x.dtype.str, idx)
+        prepared, sizes = _swap_last_two(x)
+    else:
+        idx = index_type(x.shape)
+        key = ("transpose", x.ndim, x.dtype.str, idx)
 
-    def source() -> str:
-        return _transpose_source(x.ndim, x.dtype, idx)
+        def source() -> str:
+            return _transpose_source(x.ndim, x.dtype, idx)
 
-    in_strides = contiguous_strides(x.shape)
-    args = (out.size, *dim_args(out_shape), *(in_strides[a] for a in perm))
-    arg_dtypes = [None, None, ARG_DTYPES[idx], *dim_arg_dtypes(x.ndim, idx)] + [ARG_DTYPES[idx]] * x.ndim
-    resolved = get_kernel(key, x.device, source, "netcl_transpose", arg_dtypes)
-    local = resolved.max_local
-    launch_prepared(key, x.device, resolved.kernel, round_up(out.size, local), local, (x.data, out.data, *args))
+        in_strides = contiguous_strides(x.shape)
+        sizes = (out.size, *dim_args(out_shape), *(in_strides[a] for a in perm))
+        arg_dtypes = [None, None, ARG_DTYPES[idx], *dim_arg_dtypes(x.ndim, idx)] + [ARG_DTYPES[idx]] * x.ndim
+        resolved = get_kernel(key, x.device, source, "netcl_transpose", arg_dtypes)
+        local = resolved.max_local
+        prepared = prepared_for(key, x.device, resolved.kernel, round_up(out.size, local), local)
+    prepared.call(x.data, out.data, *sizes)
+    if plannable:
+        remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), (out_shape, out.nbytes, prepared, sizes))
     return out
+
+
+#: (shape, dtype, axes as given, device) -> (out shape, out bytes, prepared launch, size arguments) of an
+#: OpenCL transpose that ran before
+_TRANSPOSE_PLANS: dict[tuple, tuple] = {}
+register_cache(_TRANSPOSE_PLANS.clear)
 
 
 _TILE, _ROWS = 32, 8
@@ -163,8 +185,9 @@ def _bits_ctype(dtype: np.dtype) -> str:
     return "ushort" if dtype == float16 else storage_ctype(dtype)
 
 
-def _swap_last_two(x: Tensor, out: Tensor) -> Tensor:
-    """(..., R, C) -> (..., C, R) through a 32x32 tile in local memory (reads and writes coalesced)."""
+def _swap_last_two(x: Tensor) -> tuple[PreparedLaunch, tuple[int, int]]:
+    """The launch of (..., R, C) -> (..., C, R) through a 32x32 tile in local memory (reads and writes
+    coalesced) and its size arguments: ``prepared.call(x, out, *sizes)``."""
     batch, R, C = math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]
     t = _bits_ctype(x.dtype)
     idx = index_type(x.shape)
@@ -194,8 +217,7 @@ void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, co
 
     resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None, ARG_DTYPES[idx], ARG_DTYPES[idx]])
     gsize = (-(-C // _TILE) * _TILE, -(-R // _TILE) * _ROWS, batch)
-    launch_prepared(key, x.device, resolved.kernel, gsize, (_TILE, _ROWS, 1), (x.data, out.data, R, C))
-    return out
+    return prepared_for(key, x.device, resolved.kernel, gsize, (_TILE, _ROWS, 1)), (R, C)
 
 
 def _transpose_source(rank: int, dtype: np.dtype, idx: str) -> str:

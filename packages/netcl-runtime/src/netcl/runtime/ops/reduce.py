@@ -163,7 +163,12 @@ register_cache(_STAGES.clear)
 
 def _int_tuple(axis: object) -> bool:
     """Whether ``axis`` is a tuple of exact ints (a memo key that equals only itself: no bools, no NumPy ints)."""
-    return type(axis) is tuple and all(type(a) is int for a in axis)
+    if type(axis) is not tuple:
+        return False
+    for a in axis:  # noqa: SIM110 (a loop, not all(genexpr): this runs on every eager reduction)
+        if type(a) is not int:
+            return False
+    return True
 
 
 def merged_layout(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[Dims, Dims]:
@@ -196,8 +201,11 @@ def _reduce_cl(
     addend: Tensor | None = None,
 ) -> None:
     """Reduce in stages into ``out``; the stage that writes ``out`` adds ``addend`` in its store."""
-    K = math.prod(d for d, _ in kept)
-    R = math.prod(d for d, _ in reduced)
+    K = R = 1
+    for d, _ in kept:  # plain loops: this runs on every eager reduction
+        K *= d
+    for d, _ in reduced:
+        R *= d
     if R <= SERIAL_MAX and K > 1:  # one output takes the tree below: the same program as a longer sum
         _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1, addend=addend)
         return

@@ -27,11 +27,13 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.cache import register_cache
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import (
     compute_ctype,
     normalize_axes,
     pow2_ceil,
+    remember,
     storage_ctype,
     storage_pragmas,
     wrap_numpy,
@@ -229,9 +231,10 @@ def _run_rows(
     cols: int,
     buffers: Sequence[Any],
     extra=(),
-) -> None:
+) -> Any:
     """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
-    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers."""
+    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers. Returns
+    the ``PreparedLaunch`` it went through (None for zero rows), for a caller's plan."""
 
     def source(mode: str) -> str:
         body = (_PROLOGUE + kernel.body).format(**fmt)
@@ -244,8 +247,11 @@ def _run_rows(
     key = ("rowwise", *sorted(fmt.items()))
     types = [None] * len(buffers) + [np.dtype(type(v)) for v in extra]
     name = f"netcl_{kernel.name}"
-    _rows.run(key, device, source, name, types, rows, cols, 1, fmt["idx"], *buffers, *extra, mode="group",
-              lanes=pow2_ceil(cols))  # fmt: skip
+    if rows <= 0:
+        return None
+    prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], "group", pow2_ceil(cols))
+    prepared.call(*[b.data if isinstance(b, Tensor) else b for b in buffers], *extra)
+    return prepared
 
 
 def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
@@ -278,7 +284,7 @@ def restore_rows(flat: Tensor, x_shape: tuple[int, ...], perm: tuple[int, ...]) 
     permuted = flat.reshape(tuple(x_shape[a] for a in perm))
     if perm == tuple(range(len(perm))):
         return permuted
-    return transpose(permuted, tuple(int(i) for i in np.argsort(perm)))
+    return transpose(permuted, _inverse(perm))
 
 
 # ---- softmax family --------------------------------------------------------------------------
@@ -287,6 +293,10 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
 
     ``out`` has x's shape, except for logsumexp where it is the flat ``(rows,)`` result.
     """
+    if type(x) is Tensor:
+        plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
+        if plan is not None:  # OpenCL, axes already last: a shape, dtype and axes done before
+            return _planned_softmax(x, plan)
     _check_float(x, MODE_NAMES[mode])
     flat, perm, rows, C = rows_layout(x, axes)
     sd = stats_dtype(x.dtype)
@@ -308,10 +318,52 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
     else:
         out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
         stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
-        _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        prepared = _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        if prepared is not None and type(x) is Tensor:
+            moved = None if perm == tuple(range(x.ndim)) else tuple(x.shape[a] for a in perm)
+            out_shape = out.shape if mode == LOGSUMEXP else moved or x.shape
+            restore = None if moved is None or mode == LOGSUMEXP else _inverse(perm)
+            plan = (
+                prepared,
+                out_shape,
+                out.nbytes,
+                rows,
+                stats[0].nbytes,
+                sd,
+                None if moved is None else perm,
+                restore,
+            )
+            remember(_SOFTMAX_PLANS, (x.shape, x.dtype, axes, mode, x.device), plan)
     if mode != LOGSUMEXP:
         out = restore_rows(out, x.shape, perm)
     return out, stats[0], stats[1]
+
+
+#: (shape, dtype, axes, mode, device) -> (prepared launch, kernel output shape, its bytes, rows, stats bytes,
+#: stats dtype, the permutation that moves the axes last or None, the one that moves them back or None) of
+#: an OpenCL softmax-family forward: the checks and layout done once
+_SOFTMAX_PLANS: dict[tuple, tuple] = {}
+register_cache(_SOFTMAX_PLANS.clear)
+
+
+def _planned_softmax(x: Tensor, plan: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    prepared, out_shape, out_bytes, rows, stat_bytes, sd, perm, restore = plan
+    device = x.device
+    moved = x if perm is None else transpose(x, perm)
+    allocate = device.allocator
+    out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
+    rowmax = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+    rowsum = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+    prepared.call(moved.data, out.data, rowmax.data, rowsum.data)
+    return (out if restore is None else transpose(out, restore)), rowmax, rowsum
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    """The permutation that undoes ``perm``."""
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    return tuple(inverse)
 
 
 def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes: tuple[int, ...], mode: int) -> Tensor:
@@ -357,11 +409,12 @@ def one_axis(x: Tensor, axis: int, op: str) -> tuple[int, ...]:
     _check_float(x, op)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{op}: axis must be an int, got {axis!r}")
-    if x.ndim == 0:
+    ndim = len(x.shape)
+    if ndim == 0:
         raise ShapeError(f"{op}: x must have at least 1 dimension, got shape {x.shape}")
-    if not -x.ndim <= int(axis) < x.ndim:
-        raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a {x.ndim}-d tensor of shape {x.shape}")
-    return (int(axis) % x.ndim,)
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(f"{op}: axis {axis} is out of range for a {ndim}-d tensor of shape {x.shape}")
+    return (int(axis) % ndim,)
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:

@@ -17,8 +17,9 @@ from netcl.core import Tensor
 from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
+from netcl.runtime.cache import register_cache
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype, wrap_numpy
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import _WORD, filled
 
@@ -97,13 +98,27 @@ def check_index_select(x: Tensor, axis: Any, index: Any) -> tuple[int, Tensor]:
 
 def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     """x's entries at positions ``index`` (1-d) along ``axis`` (torch.index_select)."""
+    if type(x) is Tensor and type(index) is Tensor and type(axis) is int and index.device is x.device:
+        plan = _PLANS.get((x.shape, x.dtype, axis, index.shape, index.dtype, x.device))
+        if plan is not None:  # OpenCL, shapes, dtypes and axis checked before: no host check left
+            out_shape, nbytes, prepared, tail = plan
+            device = x.device
+            out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
+            prepared.call(x.data, index.data, out.data, *tail)
+            return out
     ax, index = check_index_select(x, axis, index)
     check_index_range(index, x.shape[ax], "index_select", axis=ax)
-    return _select(x, ax, index, ("index_select", "index", ax))
+    plan_key = None
+    if type(x) is Tensor and type(index) is Tensor and type(axis) is int:
+        plan_key = (x.shape, x.dtype, axis, index.shape, index.dtype, x.device)
+    return _select(x, ax, index, ("index_select", "index", ax), plan_key)
 
 
-def _select(x: Tensor, ax: int, index: Tensor, reported_as: tuple[str, str, int | None]) -> Tensor:
-    """``index_select`` after its checks; an out-of-range index is reported as (op, arg, axis) says."""
+def _select(
+    x: Tensor, ax: int, index: Tensor, reported_as: tuple[str, str, int | None], plan_key: tuple | None = None
+) -> Tensor:
+    """``index_select`` after its checks; an out-of-range index is reported as (op, arg, axis) says.
+    ``plan_key``: where an OpenCL launch keeps its plan for ``index_select``'s next call of these shapes."""
     J = index.size
     out_shape = (*x.shape[:ax], J, *x.shape[ax + 1 :])
     if x.device.kind == "cpu":
@@ -120,20 +135,20 @@ def _select(x: Tensor, ax: int, index: Tensor, reported_as: tuple[str, str, int 
         )
 
     types = [None, None, None, None, np.int32] + [index_dtype(idx)] * 4
-    run_1d(
-        ("index_select", word, it, idx),
-        x.device,
-        source,
-        "netcl_index_select",
-        types,
-        out.size,
-        x,
-        index,
-        out,
-        *index_error_args(x.device, *reported_as),
-        *scalars(idx, [out.size, A, J, inner]),
-    )
+    if out.size == 0:
+        return out
+    prepared = prepare_1d(("index_select", word, it, idx), x.device, source, "netcl_index_select", types, out.size)
+    tail = (*index_error_args(x.device, *reported_as), *scalars(idx, [out.size, A, J, inner]))
+    prepared.call(x.data, index.data, out.data, *tail)
+    if plan_key is not None:
+        remember(_PLANS, plan_key, (out.shape, out.nbytes, prepared, tail))
     return out
+
+
+#: (x shape, x dtype, axis as given, index shape, index dtype, device) -> (out shape, out bytes, prepared
+#: launch, error word / code / size arguments) of an OpenCL ``index_select`` whose checks passed once
+_PLANS: dict[tuple, tuple] = {}
+register_cache(_PLANS.clear)
 
 
 def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]) -> Tensor:

@@ -12,12 +12,13 @@ sizes, strides and the offset are kernel arguments.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from netcl.core import Device, Tensor, contiguous_strides
-from netcl.runtime.launch import enqueue_fill
-from netcl.runtime.ops._grid import index_ctype, params, prod, run_1d, scalars
+from netcl.runtime.launch import PreparedLaunch, enqueue_fill
+from netcl.runtime.ops._grid import index_ctype, params, prepare_1d, prod, scalars
 
 _WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
@@ -89,6 +90,15 @@ __kernel void netcl_strided(__global const {word}* src, __global {word}* dst, co
 
 
 def _launch(src: Tensor, dst: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int, write: bool) -> None:
+    prepared, values = prepare_launch(src, dst, shape, strides, offset, write)
+    prepared.call(src.data, dst.data, *values)
+
+
+def prepare_launch(
+    src: Tensor, dst: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int, write: bool
+) -> tuple[PreparedLaunch, list[Any]]:
+    """The copy kernel's launch for a non-empty view and its size arguments: ``prepared.call(src.data,
+    dst.data, *values)`` runs it (for ``src`` and ``dst`` of the same sizes and dtype, on the same device)."""
     dims, steps = collapse(shape, strides)
     n = prod(dims)
     low, high = extent(dims, steps, offset)
@@ -98,7 +108,8 @@ def _launch(src: Tensor, dst: Tensor, shape: Sequence[int], strides: Sequence[in
     key = ("strided", "write" if write else "read", rank, word, idx)
     arg_types = [None, None] + [np.dtype(np.int64 if idx == "long" else np.int32)] * (2 * rank + 1)
     values = scalars(idx, [n, offset, *dims[1:], *steps])
-    run_1d(key, src.device, lambda: _source(rank, word, idx, write), "netcl_strided", arg_types, n, src, dst, *values)
+    prepared = prepare_1d(key, src.device, lambda: _source(rank, word, idx, write), "netcl_strided", arg_types, n)
+    return prepared, values
 
 
 def strided_copy(x: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int = 0) -> Tensor:
