@@ -62,18 +62,6 @@ __all__ = [
 ]
 
 
-def _ops() -> Any:
-    from netcl.autograd import ops  # imported late: ops imports this module
-
-    return ops
-
-
-def _shape_ops() -> Any:
-    from netcl.autograd import ops_shape  # imported late: ops_shape imports this module
-
-    return ops_shape
-
-
 def _rops() -> Any:
     from netcl.runtime import ops as rops
 
@@ -202,93 +190,8 @@ class Node:
         values = format_values(self.value, "Node(")
         return f"Node({values}, device={device.spec}, dtype={self.dtype}{op}{grad})"
 
-    # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
-    def __add__(self, other: Any) -> Node:
-        return _ops().add(self, other)
-
-    def __radd__(self, other: Any) -> Node:
-        return _ops().add(other, self)
-
-    def __sub__(self, other: Any) -> Node:
-        return _ops().sub(self, other)
-
-    def __rsub__(self, other: Any) -> Node:
-        return _ops().sub(other, self)
-
-    def __mul__(self, other: Any) -> Node:
-        return _ops().mul(self, other)
-
-    def __rmul__(self, other: Any) -> Node:
-        return _ops().mul(other, self)
-
-    def __truediv__(self, other: Any) -> Node:
-        return _ops().div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Node:
-        return _ops().div(other, self)
-
-    def __pow__(self, other: Any) -> Node:
-        return _ops().pow(self, other)
-
-    def __rpow__(self, other: Any) -> Node:
-        return _ops().pow(other, self)
-
-    def __neg__(self) -> Node:
-        return _ops().neg(self)
-
-    def __matmul__(self, other: Any) -> Node:
-        return _ops().matmul(self, other)
-
-    def __lt__(self, other: Any) -> Node:
-        return _ops().lt(self, other)
-
-    def __le__(self, other: Any) -> Node:
-        return _ops().le(self, other)
-
-    def __gt__(self, other: Any) -> Node:
-        return _ops().gt(self, other)
-
-    def __ge__(self, other: Any) -> Node:
-        return _ops().ge(self, other)
-
-    # ---- method forms of common ops ---------------------------------------------------------
-    def reshape(self, *shape: int | tuple[int, ...]) -> Node:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return _ops().reshape(self, dims)
-
-    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().sum(self, axis, keepdims)
-
-    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().mean(self, axis, keepdims)
-
-    def max(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().max(self, axis, keepdims)
-
-    def transpose(self, axes: Sequence[int] | None = None) -> Node:
-        return _ops().transpose(self, axes)
-
-    @property
-    def T(self) -> Node:
-        return _ops().transpose(self)
-
-    # ---- indexing and shape methods (netcl.autograd.ops_shape) ------------------------------
-    def __getitem__(self, key: Any) -> Node:
-        """Basic indexing (ints, slices, None, ...): a view when the selection is contiguous, else a copy."""
-        return _shape_ops().getitem(self, key)
-
-    def flatten(self, start_axis: int = 0, end_axis: int = -1) -> Node:
-        return _shape_ops().flatten(self, start_axis, end_axis)
-
-    def permute(self, *axes: int | Sequence[int]) -> Node:
-        dims = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return _shape_ops().permute(self, dims)
-
-    def unsqueeze(self, axis: int) -> Node:
-        return _shape_ops().unsqueeze(self, axis)
-
-    def squeeze(self, axis: int | Sequence[int] | None = None) -> Node:
-        return _shape_ops().squeeze(self, axis)
+    # The operators (``+``, ``@``, ``<``, ...) and the op methods (``reshape``, ``sum``, ``T``,
+    # ``__getitem__``, ...) are installed by netcl.autograd.node_methods when netcl.autograd is imported.
 
 
 class HookHandle:
