@@ -53,7 +53,7 @@ import pyopencl as cl
 from netcl.core import Tensor
 from netcl.core.devices import Device, get_device
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
-from netcl.runtime import capture as _capture
+from netcl.runtime import recording
 from netcl.runtime.cache import declared_scalar_dtypes
 from netcl.runtime.enqueue import enqueuer, raise_status
 from netcl.runtime.errors import ReplayError
@@ -194,7 +194,7 @@ class Graph:
         self._out_of_order = bool(q.properties & _OUT_OF_ORDER)
         if inputs is not None:
             self.set_inputs(inputs)
-        _capture.begin(q, self)
+        recording.begin(q, self)
         self.state = CAPTURING
         try:
             yield self
@@ -202,7 +202,7 @@ class Graph:
             self.state = FAILED
             raise
         finally:
-            _capture.end(q, self)
+            recording.end(q, self)
         self.state = CAPTURED
 
     def record_launch(
