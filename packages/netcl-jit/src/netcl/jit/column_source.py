@@ -19,7 +19,7 @@ from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble
 from netcl.jit.codegen import Body
 from netcl.jit.opencl_source import _vector_lanes, needs_long_index, vectorizable
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.shapes import broadcast_kind
 
 

@@ -29,7 +29,7 @@ from netcl.core import Device, Tensor
 from netcl.jit.codegen import backward_body, forward_body
 from netcl.jit.fused_step import FusedStep, _Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.shapes import broadcast_kind
 from netcl.jit.tracing import TraceNode
 from netcl.runtime import ops as rops

@@ -13,7 +13,7 @@ from netcl.core import broadcast_index_lines
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.codegen import Body
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.runtime.ops._common import index_ctype
 
 VECTOR_WIDTH = 4
