@@ -12,6 +12,7 @@ from __future__ import annotations
 from netcl.runtime.graph import capture_graph
 from netcl.runtime.recording import (
     RECORDING,
+    CaptureState,
     Recorder,
     begin,
     end,
@@ -24,6 +25,7 @@ from netcl.runtime.recording import (
 
 __all__ = [
     "RECORDING",
+    "CaptureState",
     "Recorder",
     "begin",
     "capture_graph",

@@ -11,9 +11,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any, Protocol
 
 import pyopencl as cl
+
+
+class CaptureState(str, Enum):
+    """Where a capture (``netcl.runtime.graph.Graph``, ``netcl.autograd.graph.CompiledGraph``) stands.
+
+    A ``str`` enum: a state equals its word (``graph.state == "captured"``) and prints as it.
+    """
+
+    EMPTY = "empty"  # nothing captured yet
+    CAPTURING = "capturing"  # inside the capturing block
+    CAPTURED = "captured"  # ready to replay
+    FAILED = "failed"  # the capturing block raised (a runtime Graph cannot capture again)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class Recorder(Protocol):
