@@ -13,7 +13,7 @@ from netcl.core import Tensor
 from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.capture import is_recording, paused
 from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_many_, update_scale_
-from netcl.runtime.ops.optim_kernels import write_
+from netcl.runtime.ops.upload import write_
 
 
 class GradScaler:

@@ -20,7 +20,8 @@ import numpy as np
 from netcl.autograd.engine import Node
 from netcl.core import Device, DeviceError, Tensor
 from netcl.runtime import ops as R  # noqa: N812
-from netcl.runtime.ops.optim_kernels import count_steps_, write_
+from netcl.runtime.ops.optim_kernels import count_steps_
+from netcl.runtime.ops.upload import write_
 
 
 def by_dtype(batch: list[tuple[Node, Tensor, dict[str, Any], int]]) -> list[list[tuple[Node, Tensor, dict, int]]]:

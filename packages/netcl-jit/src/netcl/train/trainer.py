@@ -27,8 +27,8 @@ from netcl.nn.utils import clip_grad_norm_
 from netcl.optim.optimizer import Optimizer
 from netcl.runtime.ops import random as RR  # noqa: N812
 from netcl.runtime.ops.layout import copy as device_copy
-from netcl.runtime.ops.optim_kernels import write_
 from netcl.runtime.ops.scalar_log import log_scalar_
+from netcl.runtime.ops.upload import write_
 from netcl.train import loaders
 from netcl.train.callbacks import Callback
 from netcl.train.checkpoint import read_checkpoint, write_checkpoint
