@@ -11,7 +11,7 @@ from netcl.core.dtypes import float32, int64
 from netcl.nn import init
 from netcl.nn.layers import _positive, empty_parameter
 from netcl.nn.module import Module
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import pointwise
 
 
 def count_batch(x: Any, counter: Tensor) -> Node:
@@ -19,7 +19,7 @@ def count_batch(x: Any, counter: Tensor) -> Node:
     it and a captured graph replays it (a bare runtime call in ``forward`` would run only once)."""
 
     def forward(xv: Tensor, c: Tensor) -> Tensor:
-        R.add_(c, 1)
+        pointwise.add_(c, 1)
         return xv
 
     return apply_op(forward, lambda g, values, out: [g, None], x, counter, op_name="count_batch")
@@ -62,9 +62,9 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            R.fill_(self.running_mean, 0.0)
-            R.fill_(self.running_var, 1.0)
-            R.fill_(self.num_batches_tracked, 0)
+            pointwise.fill_(self.running_mean, 0.0)
+            pointwise.fill_(self.running_var, 1.0)
+            pointwise.fill_(self.num_batches_tracked, 0)
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
