@@ -176,11 +176,11 @@ def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(result))
 
 
-def _kept_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+def kept_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def _attrs_axis(axis: Axis) -> Any:
+def attrs_axis(axis: Axis) -> Any:
     return tuple(axis) if isinstance(axis, (list, tuple)) else axis
 
 
@@ -190,14 +190,14 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        return [layout.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
+        return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
 
     return apply_op(
         lambda v: reduce.sum(v, axes, keepdims),
         grad,
         x,
         op_name="sum",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 
@@ -209,8 +209,8 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
         if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
-            return [layout.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
-        scaled = pointwise.mul(g.reshape(_kept_shape(v.shape, axes)), 1.0 / count)
+            return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
+        scaled = pointwise.mul(g.reshape(kept_shape(v.shape, axes)), 1.0 / count)
         return [layout.broadcast_to(scaled, v.shape)]
 
     return apply_op(
@@ -218,7 +218,7 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
         grad,
         x,
         op_name="mean",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 
@@ -228,7 +228,7 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         mask = pointwise.eq(v, out.reshape(kept))
         count = reduce.sum(mask, axes, True)
         # where, not mask * share: an element that is not a maximum gets 0 even when the share is NaN
@@ -239,7 +239,7 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
         grad,
         x,
         op_name="max",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 

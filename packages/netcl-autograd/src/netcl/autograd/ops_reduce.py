@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
-from netcl.autograd.ops import _attrs_axis, _kept_shape, normalize_axes
+from netcl.autograd.ops import attrs_axis, kept_shape, normalize_axes
 from netcl.core import Tensor
 from netcl.runtime.ops import pointwise, reduce, scan
 
@@ -34,7 +34,7 @@ def _axes(x: Operand, axis: Axis) -> tuple[int, ...]:
 
 
 def _reduction(name: str, forward: Any, grad: Any, x: Operand, axis: Axis, keepdims: bool, **extra: Any) -> Node:
-    attrs = {"axis": _attrs_axis(axis), "keepdims": keepdims, **extra}
+    attrs = {"axis": attrs_axis(axis), "keepdims": keepdims, **extra}
     return apply_op(forward, grad, x, op_name=name, attrs=attrs)
 
 
@@ -44,7 +44,7 @@ def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         mask = pointwise.eq(v, out.reshape(kept))
         # where, not mask * share: an element that is not a minimum gets 0 even when the share is NaN
         return [pointwise.where(mask, pointwise.div(g.reshape(kept), reduce.sum(mask, axes, True)), 0.0)]
@@ -63,7 +63,7 @@ def prod(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         is_zero = pointwise.eq(v, 0.0)
         zeros = reduce.sum(is_zero, axes, True)  # zeros in each slice
         rest = reduce.prod(pointwise.where(is_zero, 1.0, v), axes, True)  # product of the non-zero elements
@@ -99,7 +99,7 @@ def var(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
         (v,) = values
         m = reduce.mean(v, axes, True)
         inv = _moments_scale(v, axes, unbiased)
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         return [pointwise.elementwise("{2} * {3} * 2.0f * ({0} - {1})", _np_var_grad2, v, m, g.reshape(kept), inv)]
 
     return _reduction(
@@ -124,7 +124,7 @@ def std(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
         (v,) = values
         m = reduce.mean(v, axes, True)
         inv = _moments_scale(v, axes, unbiased)
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         expr = "{2} * {3} * ({0} - {1}) / {4}"
         return [
             pointwise.elementwise(
@@ -180,7 +180,7 @@ def flip(x: Operand, axis: Axis = None) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         return [scan.flip(g, axis)]
 
-    return apply_op(lambda v: scan.flip(v, axis), grad, x, op_name="flip", attrs={"axis": _attrs_axis(axis)})
+    return apply_op(lambda v: scan.flip(v, axis), grad, x, op_name="flip", attrs={"axis": attrs_axis(axis)})
 
 
 __all__ = ["argmax", "argmin", "cumsum", "flip", "min", "prod", "std", "var"]

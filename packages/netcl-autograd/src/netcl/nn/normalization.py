@@ -9,7 +9,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import float32, int64
 from netcl.nn import init
-from netcl.nn.layers import _positive, empty_parameter
+from netcl.nn.layers import empty_parameter, positive_int
 from netcl.nn.module import Module
 from netcl.runtime.ops import pointwise
 
@@ -41,7 +41,7 @@ class _BatchNorm(Module):
         device: Device | str | None = None,
     ) -> None:
         super().__init__()
-        self.num_features = _positive("num_features", num_features, type(self).__name__)
+        self.num_features = positive_int("num_features", num_features, type(self).__name__)
         self.eps, self.momentum = float(eps), float(momentum)
         self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
         target = get_device(device)
@@ -119,7 +119,7 @@ class LayerNorm(Module):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         for size in shape:
-            _positive("normalized_shape entries", size, "LayerNorm")
+            positive_int("normalized_shape entries", size, "LayerNorm")
         self.normalized_shape, self.eps, self.elementwise_affine = shape, float(eps), bool(elementwise_affine)
         if elementwise_affine:
             self.weight = empty_parameter(shape, device)

@@ -231,7 +231,7 @@ class FusedStep:
         if not any(wants):  # nothing to differentiate: what apply_op returns here, without its overhead
             return [Node(out, op_name=self.label) for out in outs]
         return [
-            apply_op(_Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
+            apply_op(Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
         ]
 
     def _grad_fn(self, output_index: int, wants: tuple[bool, ...]):
@@ -275,7 +275,7 @@ class FusedStep:
         return Tensor(self.device.allocator(self.device, 4 * math.prod(shape)), shape, _F32, self.device)
 
 
-class _Precomputed:
+class Precomputed:
     """The forward ``fn`` handed to apply_op: the kernel already ran, so it returns its output."""
 
     __slots__ = ("out",)

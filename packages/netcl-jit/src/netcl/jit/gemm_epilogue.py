@@ -27,7 +27,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
 from netcl.jit.codegen import backward_body, forward_body
-from netcl.jit.fused_step import FusedStep, _Precomputed
+from netcl.jit.fused_step import FusedStep, Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
 from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.shapes import broadcast_kind
@@ -219,7 +219,7 @@ class GemmEpilogueStep:
         if not grad:
             return [Node(out, op_name=self.inner.label) for out in outs]
         return [
-            apply_op(_Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
+            apply_op(Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
             for j, out in enumerate(outs)
         ]
 

@@ -287,7 +287,7 @@ def _launch(
     )  # fmt: skip
 
 
-class _Tiling:
+class Tiling:
     """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), the
     index type every transform of the layer uses and F(m x m, 3 x 3)'s (B^T, G, A^T)."""
 
@@ -325,7 +325,7 @@ def _convolve(
     ``w`` (flipped and transposed when ``flip``) by F(m x m, 3 x 3): (N, R, OH, OW), plus ``extra``
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
     n = src.shape[0]
-    tiling = _Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+    tiling = Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
     if src.device.kind == "cpu":
         return _numpy.convolve(src, w, flip, pads, extra, kind, tiling)
     # the input transform first, so that the small weight transform's enqueue overlaps its run
@@ -366,7 +366,7 @@ def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, 
     transposed output transform of each upstream block and V the forward's input transform of x,
     then dw = G^T dU G; ``tile`` as in ``forward``."""
     out_ch, n = int(grad.shape[1]), geo.N
-    tiling = _Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+    tiling = Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
     if x.device.kind == "cpu":
         return _numpy.weight_grad(grad, x, (geo.PH, geo.PW), addend, tiling)
     v = tiling.transform_input(x, (geo.PH, geo.PW))

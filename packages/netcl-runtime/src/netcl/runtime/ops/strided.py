@@ -19,7 +19,7 @@ from netcl.core import Device, Tensor, contiguous_strides
 from netcl.runtime.launch import enqueue_fill
 from netcl.runtime.ops._grid import index_ctype, params, prod, run_1d, scalars
 
-_WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 Layout = tuple[tuple[int, ...], tuple[int, ...], int]
 
@@ -93,7 +93,7 @@ def _launch(src: Tensor, dst: Tensor, shape: Sequence[int], strides: Sequence[in
     n = prod(dims)
     low, high = extent(dims, steps, offset)
     idx = index_ctype(n, low, high, max(src.size, dst.size))
-    word = _WORD[src.dtype.itemsize]
+    word = WORD[src.dtype.itemsize]
     rank = len(dims)
     key = ("strided", "write" if write else "read", rank, word, idx)
     arg_types = [None, None] + [np.dtype(np.int64 if idx == "long" else np.int32)] * (2 * rank + 1)
