@@ -326,7 +326,7 @@ def apply_op(
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
     values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
     out = fn(*values)
-    if not grad_mode._grad_enabled:
+    if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)
     if tape is None:
         tape = _local.tape
@@ -346,7 +346,7 @@ def apply_op(
             [args[i] for i in index],
             requires_grad=True,
             op_name=op_name,
-            creation_trace=traceback.format_stack()[:-1] if grad_mode._detect_anomaly else None,
+            creation_trace=traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
         )
     if tape is not None:
         tape.record(node)
@@ -443,7 +443,7 @@ class Tape:
 
     def _run_backward(self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool) -> None:
         rops = _rops()
-        anomaly = grad_mode._detect_anomaly
+        anomaly = grad_mode.anomaly_enabled
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
         with_stored: set[Node] = set()  # leaves whose pending sum already holds their stored grad

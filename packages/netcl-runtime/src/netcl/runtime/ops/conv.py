@@ -371,7 +371,7 @@ def _winograd_tile(
             f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
             f"padding {(geo.PH, geo.PW)}"
         )
-    mode = conv_implicit._mma_mode(a.device, float32)
+    mode = conv_implicit.mma_mode(a.device, float32)
     products = _winograd_precision(a.device, mode)
     three = mode == "tf32x3" or products is not None
     if winograd is not None:

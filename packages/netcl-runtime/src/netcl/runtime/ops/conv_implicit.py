@@ -77,7 +77,7 @@ def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
     return x.size > 0 and w.size > 0
 
 
-def _mma_mode(device: Device, dtype: np.dtype) -> str | None:
+def mma_mode(device: Device, dtype: np.dtype) -> str | None:
     """The tensor-core mode the current matmul precision asks for on ``device`` (None: FMA kernel)."""
     return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) if dtype == float32 else None
 
@@ -379,7 +379,7 @@ class _Layer:
 def _layer(
     kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False, addend: bool = False
 ) -> Plan:
-    mode = _mma_mode(device, np.dtype(dtype))
+    mode = mma_mode(device, np.dtype(dtype))
     key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode, addend)
     plan = _PLANS.get(key)
     if plan is None:
