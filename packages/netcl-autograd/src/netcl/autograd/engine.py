@@ -30,6 +30,7 @@ from netcl.autograd.grad_mode import (
 )
 from netcl.core import Device, DeviceError, Tensor, get_device
 from netcl.core.tensor import format_values
+from netcl.runtime.ops import layout, pointwise
 
 #: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
 GradFn = Callable[[Tensor], list[Tensor | None]]
@@ -60,12 +61,6 @@ __all__ = [
     "set_tracer",
     "tensor",
 ]
-
-
-def _rops() -> Any:
-    from netcl.runtime import ops as rops
-
-    return rops
 
 
 @dataclass(eq=False)
@@ -220,7 +215,7 @@ def tensor(data: Any, requires_grad: bool = False, device: Device | str | None =
         target = data.device if device is None else get_device(device)
         value = data if target is data.device else Tensor.from_host(target, data.to_host(), dtype or data.dtype)
         if dtype is not None and value.dtype != np.dtype(dtype):
-            value = _rops().cast(value, dtype)
+            value = layout.cast(value, dtype)
     else:
         value = Tensor.from_host(get_device(device), data, dtype)
     if requires_grad and value.dtype.kind != "f":
@@ -442,7 +437,6 @@ class Tape:
             callback()
 
     def _run_backward(self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool) -> None:
-        rops = _rops()
         anomaly = grad_mode.anomaly_enabled
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
@@ -458,7 +452,7 @@ class Tape:
             if hooks:
                 replace = node.grad_fn is None and node.grad is not None
                 if replace and not stored:  # the accumulated gradient, in a fresh buffer: node.grad untouched
-                    g = rops.add(node.grad, g)
+                    g = pointwise.add(node.grad, g)
                 results.append((node, g, replace or node in owned, replace))
                 for hook in list(hooks):
                     hook(node, g)
@@ -497,12 +491,12 @@ class Tape:
                 elif parent not in pending:
                     pending[parent] = pg
                 elif parent in owned:
-                    rops.add_(pending[parent], pg)
+                    pointwise.add_(pending[parent], pg)
                 else:
-                    pending[parent] = rops.add(pending[parent], pg)
+                    pending[parent] = pointwise.add(pending[parent], pg)
                     owned.add(parent)
         for node, g, is_owned, replace in results:
-            _store_grad(node, g, is_owned, rops, replace)
+            _store_grad(node, g, is_owned, replace)
         if not retain_graph:
             for node in order:
                 if node.grad_fn is not None:
@@ -534,7 +528,7 @@ def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:
                 f"backward of a non-scalar loss of shape {loss.shape} needs grad= (a tensor of that shape); "
                 "reduce the loss to one element or pass the upstream gradient"
             )
-        return _rops().ones_like(loss.value)
+        return layout.ones_like(loss.value)
     if isinstance(grad, Node):
         grad = grad.value
     if not isinstance(grad, Tensor):
@@ -583,12 +577,12 @@ def _check_finite(node: Node, grad: Tensor) -> None:
     )
 
 
-def _store_grad(node: Node, g: Tensor, owned: bool, rops: Any, replace: bool = False) -> None:
+def _store_grad(node: Node, g: Tensor, owned: bool, replace: bool = False) -> None:
     if not replace and node.grad_fn is None and node.grad is not None:  # a leaf accumulates across calls
         if node._grad_owned:
-            rops.add_(node.grad, g)
+            pointwise.add_(node.grad, g)
         else:
-            node.grad, node._grad_owned = rops.add(node.grad, g), True
+            node.grad, node._grad_owned = pointwise.add(node.grad, g), True
     else:
         node.grad, node._grad_owned = g, owned
     node.value.grad = node.grad

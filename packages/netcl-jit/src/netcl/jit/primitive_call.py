@@ -20,9 +20,9 @@ from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_source import to_python
 from netcl.jit.primitive_registry import PrimitiveDef
-from netcl.runtime import ops as rt_ops
 from netcl.runtime.cache import program_cache
 from netcl.runtime.errors import CompileError
+from netcl.runtime.ops import layout, pointwise
 
 
 def _placeholders(count: int) -> list[str]:
@@ -58,7 +58,7 @@ def _evaluate(primitive: PrimitiveDef, expr: str, values: Sequence[Any]) -> Tens
                 "register_primitive with a NumPy function for each helper its preamble defines"
             ) from None
 
-    return rt_ops.elementwise(expr, checked, *values, preamble=primitive.preamble)
+    return pointwise.elementwise(expr, checked, *values, preamble=primitive.preamble)
 
 
 def call_primitive(primitive: PrimitiveDef, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
@@ -85,7 +85,7 @@ def call_primitive(primitive: PrimitiveDef, inputs: Sequence[Any], attrs: dict[s
                 grads.append(None)
                 continue
             full = _evaluate(primitive, expr, (*values, grad, out))
-            grads.append(rt_ops.sum_to_shape(full, value.shape) if full.shape != value.shape else full)
+            grads.append(layout.sum_to_shape(full, value.shape) if full.shape != value.shape else full)
         return grads
 
     return apply_op(forward, backward, *inputs, op_name=primitive.name, attrs=dict(attrs))
