@@ -21,7 +21,6 @@ from typing import Any
 from netcl.jit.errors import JitError
 from netcl.jit.primitive_call import call_primitive, probe_primitive
 from netcl.jit.primitive_registry import (
-    PRIMITIVES,
     BackwardFn,
     ForwardFn,
     PrimitiveDef,
@@ -42,9 +41,6 @@ __all__ = [
     "register_primitive",
     "registry_version",
 ]
-
-#: The registry (``primitive_registry.PRIMITIVES``) under its older name.
-_PRIMITIVES = PRIMITIVES
 
 
 class AutogradPrimitive(PrimitiveDef):
