@@ -50,9 +50,9 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch) -> None:
     blocks = [(body, line) for info, body, line in python_blocks(page.read_text()) if info != NO_RUN]
     if not blocks:
         pytest.skip(f"{page.name} has no runnable python block")
-    from netcl.jit.primitives import _PRIMITIVES
+    from netcl.jit.primitive_registry import PRIMITIVES
 
-    registered = dict(_PRIMITIVES)
+    registered = dict(PRIMITIVES)
     # run from a scratch directory that has the repository's examples/ as a neighbour: a page may import
     # an example's module as a user in the repository does (sys.path.insert(0, "examples"))
     (tmp_path / "examples").symlink_to(ROOT / "examples")
@@ -64,5 +64,5 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch) -> None:
             # padded so that a traceback's line numbers are the page's
             exec(compile("\n" * line + body, str(page), "exec"), namespace)
     finally:
-        for name in set(_PRIMITIVES) - set(registered):
-            _PRIMITIVES.pop(name)
+        for name in set(PRIMITIVES) - set(registered):
+            PRIMITIVES.pop(name)

@@ -29,15 +29,15 @@ def test_package_readme_installs_from_the_repository_and_its_example_runs(readme
     assert blocks, f"{readme} has no python example"
     if 'nc.get_device("opencl")' in text and not nc.usable_opencl_devices():
         pytest.skip("the example needs an OpenCL device that builds programs; this machine has none")
-    from netcl.jit.primitives import _PRIMITIVES
+    from netcl.jit.primitive_registry import PRIMITIVES
 
-    registered = set(_PRIMITIVES)
+    registered = set(PRIMITIVES)
     try:
         for block in blocks:
             exec(compile(block, str(readme), "exec"), {"__name__": "readme_example"})
     finally:
-        for name in set(_PRIMITIVES) - registered:  # the jit example registers a primitive
-            _PRIMITIVES.pop(name)
+        for name in set(PRIMITIVES) - registered:  # the jit example registers a primitive
+            PRIMITIVES.pop(name)
     assert capsys.readouterr().out  # every example prints what it shows
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.jit import JitError, jit_compile, register_primitive
-from netcl.jit.primitives import _PRIMITIVES
+from netcl.jit.primitive_registry import PRIMITIVES
 
 SQPLUS = "inline float SQPLUS(float x, float y) { return x * x + y; }\n"
 
@@ -18,7 +18,7 @@ def registered():
     names: list[str] = []
     yield names
     for name in names:
-        _PRIMITIVES.pop(name, None)
+        PRIMITIVES.pop(name, None)
 
 
 def _sq_plus(registered: list[str]):
@@ -71,7 +71,7 @@ def test_an_expression_that_does_not_build_fails_at_registration_with_the_log(cl
         )
     text = str(info.value)
     assert "MY_OP" in text and "build log" in text and "preamble=" in text
-    assert "no_such_helper" not in _PRIMITIVES  # nothing half-registered
+    assert "no_such_helper" not in PRIMITIVES  # nothing half-registered
 
 
 def test_a_helper_without_its_numpy_twin_names_numpy_helpers(registered):

@@ -144,7 +144,7 @@ def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
     assert run(16, 16) == []
     monkeypatch.delenv(conv_winograd.ENV_VAR)
     with matmul_precision("high"):  # tf32 tensor cores: F(4x4) with tf32x3 products, more accurate and faster
-        mode = conv_implicit._mma_mode(device, np.dtype(np.float32))
+        mode = conv_implicit.mma_mode(device, np.dtype(np.float32))
         as_three = conv._winograd_precision(device, mode) == "tf32x3"
         assert as_three == (mode == "tf32")
         precisions.clear()
@@ -152,10 +152,10 @@ def test_conv2d_picks_winograd_by_layer(device, monkeypatch):
         assert precisions == ["tf32x3" if as_three else "high"] * 3
         assert run(16, 8) == []
     with matmul_precision("medium"):  # bf16 keeps the implicit GEMM on the mma kernel where there is one
-        tensor_cores = conv_implicit._mma_mode(device, np.dtype(np.float32)) is not None
+        tensor_cores = conv_implicit.mma_mode(device, np.dtype(np.float32)) is not None
         assert run(16, 16) == ([] if tensor_cores else every)
     with matmul_precision("tf32x3"):  # Winograd's products run in tf32x3 there
-        three_tf32 = conv_implicit._mma_mode(device, np.dtype(np.float32)) == "tf32x3"
+        three_tf32 = conv_implicit.mma_mode(device, np.dtype(np.float32)) == "tf32x3"
         tile = 4 if three_tf32 else 2
         assert run(16, 16) == [(name, tile) for name, _ in every]
         assert run(4, 4, winograd=True) == [(name, tile) for name, _ in every]

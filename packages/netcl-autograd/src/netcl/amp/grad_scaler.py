@@ -10,10 +10,10 @@ import numpy as np
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.capture import is_recording, paused
+from netcl.runtime.ops import pointwise
 from netcl.runtime.ops.amp_kernels import ALWAYS, IF_FOUND, ZERO_IF_FOUND, copy_if_, unscale_many_, update_scale_
-from netcl.runtime.ops.optim_kernels import write_
+from netcl.runtime.ops.upload import write_
 
 
 class GradScaler:
@@ -158,7 +158,7 @@ class GradScaler:
             return None
         scale, _, found = self._state(grads[0].device)
         if not self._unscaled:
-            R.fill_(found, 0)
+            pointwise.fill_(found, 0)
             unscale_many_(grads, scale, found)
             self._unscaled = True
         return found
@@ -203,7 +203,7 @@ class GradScaler:
             known = {id(t) for t in before}
             for t in self._optimizer_tensors(optimizer):
                 if id(t) not in known:
-                    R.fill_(t, 0)
+                    pointwise.fill_(t, 0)
 
     def _unprimed(self, optimizer: Any) -> bool:
         """Whether a parameter with a gradient has no optimizer state yet and was not primed; marks

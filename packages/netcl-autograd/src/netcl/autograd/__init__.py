@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from netcl.autograd import elementwise as _elementwise
+from netcl.autograd import node_methods  # noqa: F401  (installs Node's operators and op methods)
 from netcl.autograd.__about__ import __version__
 from netcl.autograd.debug import debug_tape
 from netcl.autograd.engine import (

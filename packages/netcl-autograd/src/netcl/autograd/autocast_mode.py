@@ -21,7 +21,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import layout, linalg, pointwise
 
 
 class _ThreadState(threading.local):
@@ -116,7 +116,7 @@ def fallback_precision(*operands: Any, product: str = "matmul") -> str | None:
 
 def lower(x: Tensor, dtype: np.dtype) -> Tensor:
     """``x`` rounded to ``dtype`` (itself when it already has it)."""
-    return x if x.dtype == dtype else R.cast(x, dtype)
+    return x if x.dtype == dtype else layout.cast(x, dtype)
 
 
 def _needs(x: Any) -> bool:
@@ -127,16 +127,16 @@ def matmul(a: Any, b: Any, dtype: np.dtype) -> Node:
     """``a @ b`` with operands in ``dtype`` and a float32 result (autocast's matmul)."""
 
     def forward(x: Tensor, y: Tensor) -> Tensor:
-        return R.matmul(lower(x, dtype), lower(y, dtype), out_dtype=float32)
+        return linalg.matmul(lower(x, dtype), lower(y, dtype), out_dtype=float32)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
         x, y = (lower(v, dtype) for v in values)
         g16 = lower(g, dtype)
-        ga = R.matmul(g16, y, transpose_b=True, out_dtype=float32) if _needs(a) else None
-        gb = R.matmul(x, g16, transpose_a=True, out_dtype=float32) if _needs(b) else None
+        ga = linalg.matmul(g16, y, transpose_b=True, out_dtype=float32) if _needs(a) else None
+        gb = linalg.matmul(x, g16, transpose_a=True, out_dtype=float32) if _needs(b) else None
         return [
-            None if ga is None else R.sum_to_shape(ga, values[0].shape),
-            None if gb is None else R.sum_to_shape(gb, values[1].shape),
+            None if ga is None else layout.sum_to_shape(ga, values[0].shape),
+            None if gb is None else layout.sum_to_shape(gb, values[1].shape),
         ]
 
     return apply_op(forward, grad, a, b, op_name="matmul_autocast", attrs={"dtype": str(dtype)})
@@ -144,25 +144,27 @@ def matmul(a: Any, b: Any, dtype: np.dtype) -> Node:
 
 def conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: int, dtype: np.dtype) -> Node:
     """``conv2d`` with x and w in ``dtype`` and a float32 result (autocast's convolution)."""
-    from netcl.runtime.ops import conv as RC  # noqa: N812
+    from netcl.runtime.ops import conv
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
-        out = R.cast(RC.conv2d(lower(xv, dtype), lower(wv, dtype), None, stride, padding, dilation, groups), float32)
-        return out if bv is None else R.add(out, bv.reshape(1, wv.shape[0], 1, 1))
+        out = layout.cast(
+            conv.conv2d(lower(xv, dtype), lower(wv, dtype), None, stride, padding, dilation, groups), float32
+        )
+        return out if bv is None else pointwise.add(out, bv.reshape(1, wv.shape[0], 1, 1))
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
         xv, wv = values[0], values[1]
-        geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
+        geo = conv.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
         g16 = lower(g, dtype)
-        gx = R.cast(RC.conv2d_backward_input(g16, lower(wv, dtype), geo, groups), float32) if _needs(x) else None
+        gx = layout.cast(conv.conv2d_backward_input(g16, lower(wv, dtype), geo, groups), float32) if _needs(x) else None
         gw = (
-            R.cast(RC.conv2d_backward_weight(g16, lower(xv, dtype), wv.shape, geo, groups), float32)
+            layout.cast(conv.conv2d_backward_weight(g16, lower(xv, dtype), wv.shape, geo, groups), float32)
             if _needs(w)
             else None
         )
         if b is None:
             return [gx, gw]
-        return [gx, gw, RC.conv2d_backward_bias(g) if _needs(b) else None]
+        return [gx, gw, conv.conv2d_backward_bias(g) if _needs(b) else None]
 
     args = (x, w) if b is None else (x, w, b)
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups, "dtype": str(dtype)}

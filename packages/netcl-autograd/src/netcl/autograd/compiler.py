@@ -15,7 +15,7 @@ register_primitive = _jit.register_primitive
 get_primitive = _jit.get_primitive
 _PRIMITIVES = getattr(_jit, "_PRIMITIVES", None)
 if _PRIMITIVES is None:
-    _PRIMITIVES = import_jit("netcl.jit.primitives")._PRIMITIVES
+    _PRIMITIVES = import_jit("netcl.jit.primitive_registry").PRIMITIVES
 
 __all__ = [
     "_PRIMITIVES",

@@ -20,7 +20,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
-from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
+from netcl.runtime.ops import layout
 from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
 from netcl.runtime.ops.pointwise import apply, derivative
 
@@ -56,7 +56,9 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
                 grads.append(None)
                 continue
             full = derivative(name, index, named)
-            grads.append(full if tuple(full.shape) == tuple(value.shape) else R.sum_to_shape(full, tuple(value.shape)))
+            grads.append(
+                full if tuple(full.shape) == tuple(value.shape) else layout.sum_to_shape(full, tuple(value.shape))
+            )
         return grads
 
     return apply_op(

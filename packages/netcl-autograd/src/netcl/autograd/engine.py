@@ -30,6 +30,7 @@ from netcl.autograd.grad_mode import (
 )
 from netcl.core import Device, DeviceError, Tensor, get_device
 from netcl.core.tensor import format_values
+from netcl.runtime.ops import layout, pointwise
 
 #: The one-argument form stored on a Node: upstream gradient -> one gradient per parent.
 GradFn = Callable[[Tensor], list[Tensor | None]]
@@ -60,24 +61,6 @@ __all__ = [
     "set_tracer",
     "tensor",
 ]
-
-
-def _ops() -> Any:
-    from netcl.autograd import ops  # imported late: ops imports this module
-
-    return ops
-
-
-def _shape_ops() -> Any:
-    from netcl.autograd import ops_shape  # imported late: ops_shape imports this module
-
-    return ops_shape
-
-
-def _rops() -> Any:
-    from netcl.runtime import ops as rops
-
-    return rops
 
 
 @dataclass(eq=False)
@@ -202,93 +185,8 @@ class Node:
         values = format_values(self.value, "Node(")
         return f"Node({values}, device={device.spec}, dtype={self.dtype}{op}{grad})"
 
-    # ---- operator overloads (dispatch to netcl.autograd.ops) -------------------------------
-    def __add__(self, other: Any) -> Node:
-        return _ops().add(self, other)
-
-    def __radd__(self, other: Any) -> Node:
-        return _ops().add(other, self)
-
-    def __sub__(self, other: Any) -> Node:
-        return _ops().sub(self, other)
-
-    def __rsub__(self, other: Any) -> Node:
-        return _ops().sub(other, self)
-
-    def __mul__(self, other: Any) -> Node:
-        return _ops().mul(self, other)
-
-    def __rmul__(self, other: Any) -> Node:
-        return _ops().mul(other, self)
-
-    def __truediv__(self, other: Any) -> Node:
-        return _ops().div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Node:
-        return _ops().div(other, self)
-
-    def __pow__(self, other: Any) -> Node:
-        return _ops().pow(self, other)
-
-    def __rpow__(self, other: Any) -> Node:
-        return _ops().pow(other, self)
-
-    def __neg__(self) -> Node:
-        return _ops().neg(self)
-
-    def __matmul__(self, other: Any) -> Node:
-        return _ops().matmul(self, other)
-
-    def __lt__(self, other: Any) -> Node:
-        return _ops().lt(self, other)
-
-    def __le__(self, other: Any) -> Node:
-        return _ops().le(self, other)
-
-    def __gt__(self, other: Any) -> Node:
-        return _ops().gt(self, other)
-
-    def __ge__(self, other: Any) -> Node:
-        return _ops().ge(self, other)
-
-    # ---- method forms of common ops ---------------------------------------------------------
-    def reshape(self, *shape: int | tuple[int, ...]) -> Node:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return _ops().reshape(self, dims)
-
-    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().sum(self, axis, keepdims)
-
-    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().mean(self, axis, keepdims)
-
-    def max(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
-        return _ops().max(self, axis, keepdims)
-
-    def transpose(self, axes: Sequence[int] | None = None) -> Node:
-        return _ops().transpose(self, axes)
-
-    @property
-    def T(self) -> Node:
-        return _ops().transpose(self)
-
-    # ---- indexing and shape methods (netcl.autograd.ops_shape) ------------------------------
-    def __getitem__(self, key: Any) -> Node:
-        """Basic indexing (ints, slices, None, ...): a view when the selection is contiguous, else a copy."""
-        return _shape_ops().getitem(self, key)
-
-    def flatten(self, start_axis: int = 0, end_axis: int = -1) -> Node:
-        return _shape_ops().flatten(self, start_axis, end_axis)
-
-    def permute(self, *axes: int | Sequence[int]) -> Node:
-        dims = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return _shape_ops().permute(self, dims)
-
-    def unsqueeze(self, axis: int) -> Node:
-        return _shape_ops().unsqueeze(self, axis)
-
-    def squeeze(self, axis: int | Sequence[int] | None = None) -> Node:
-        return _shape_ops().squeeze(self, axis)
+    # The operators (``+``, ``@``, ``<``, ...) and the op methods (``reshape``, ``sum``, ``T``,
+    # ``__getitem__``, ...) are installed by netcl.autograd.node_methods when netcl.autograd is imported.
 
 
 class HookHandle:
@@ -317,7 +215,7 @@ def tensor(data: Any, requires_grad: bool = False, device: Device | str | None =
         target = data.device if device is None else get_device(device)
         value = data if target is data.device else Tensor.from_host(target, data.to_host(), dtype or data.dtype)
         if dtype is not None and value.dtype != np.dtype(dtype):
-            value = _rops().cast(value, dtype)
+            value = layout.cast(value, dtype)
     else:
         value = Tensor.from_host(get_device(device), data, dtype)
     if requires_grad and value.dtype.kind != "f":
@@ -423,7 +321,7 @@ def apply_op(
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
     values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
     out = fn(*values)
-    if not grad_mode._grad_enabled:
+    if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)
     if tape is None:
         tape = _local.tape
@@ -443,7 +341,7 @@ def apply_op(
             [args[i] for i in index],
             requires_grad=True,
             op_name=op_name,
-            creation_trace=traceback.format_stack()[:-1] if grad_mode._detect_anomaly else None,
+            creation_trace=traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
         )
     if tape is not None:
         tape.record(node)
@@ -539,8 +437,7 @@ class Tape:
             callback()
 
     def _run_backward(self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool) -> None:
-        rops = _rops()
-        anomaly = grad_mode._detect_anomaly
+        anomaly = grad_mode.anomaly_enabled
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
         with_stored: set[Node] = set()  # leaves whose pending sum already holds their stored grad
@@ -555,7 +452,7 @@ class Tape:
             if hooks:
                 replace = node.grad_fn is None and node.grad is not None
                 if replace and not stored:  # the accumulated gradient, in a fresh buffer: node.grad untouched
-                    g = rops.add(node.grad, g)
+                    g = pointwise.add(node.grad, g)
                 results.append((node, g, replace or node in owned, replace))
                 for hook in list(hooks):
                     hook(node, g)
@@ -594,12 +491,12 @@ class Tape:
                 elif parent not in pending:
                     pending[parent] = pg
                 elif parent in owned:
-                    rops.add_(pending[parent], pg)
+                    pointwise.add_(pending[parent], pg)
                 else:
-                    pending[parent] = rops.add(pending[parent], pg)
+                    pending[parent] = pointwise.add(pending[parent], pg)
                     owned.add(parent)
         for node, g, is_owned, replace in results:
-            _store_grad(node, g, is_owned, rops, replace)
+            _store_grad(node, g, is_owned, replace)
         if not retain_graph:
             for node in order:
                 if node.grad_fn is not None:
@@ -631,7 +528,7 @@ def _seed(loss: Node, grad: Tensor | Node | np.ndarray | None) -> Tensor:
                 f"backward of a non-scalar loss of shape {loss.shape} needs grad= (a tensor of that shape); "
                 "reduce the loss to one element or pass the upstream gradient"
             )
-        return _rops().ones_like(loss.value)
+        return layout.ones_like(loss.value)
     if isinstance(grad, Node):
         grad = grad.value
     if not isinstance(grad, Tensor):
@@ -680,12 +577,12 @@ def _check_finite(node: Node, grad: Tensor) -> None:
     )
 
 
-def _store_grad(node: Node, g: Tensor, owned: bool, rops: Any, replace: bool = False) -> None:
+def _store_grad(node: Node, g: Tensor, owned: bool, replace: bool = False) -> None:
     if not replace and node.grad_fn is None and node.grad is not None:  # a leaf accumulates across calls
         if node._grad_owned:
-            rops.add_(node.grad, g)
+            pointwise.add_(node.grad, g)
         else:
-            node.grad, node._grad_owned = rops.add(node.grad, g), True
+            node.grad, node._grad_owned = pointwise.add(node.grad, g), True
     else:
         node.grad, node._grad_owned = g, owned
     node.value.grad = node.grad

@@ -9,19 +9,21 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_grad_enabled = True
-_detect_anomaly = False
+#: The switches ``engine.apply_op`` reads on every op; change them only through ``set_grad_enabled`` /
+#: ``set_detect_anomaly`` (or ``no_grad`` / ``detect_anomaly``).
+grad_enabled = True
+anomaly_enabled = False
 
 
 def set_grad_enabled(mode: bool) -> None:
     """Turn gradient recording on or off for every subsequent ``apply_op`` in the process."""
-    global _grad_enabled
-    _grad_enabled = bool(mode)
+    global grad_enabled
+    grad_enabled = bool(mode)
 
 
 def is_grad_enabled() -> bool:
     """Whether ``apply_op`` currently builds the graph (True by default)."""
-    return _grad_enabled
+    return grad_enabled
 
 
 class no_grad:  # noqa: N801  (spec name)
@@ -49,13 +51,13 @@ class no_grad:  # noqa: N801  (spec name)
 
 def set_detect_anomaly(enable: bool) -> None:
     """Turn anomaly detection on or off: creation traces on every Node, NaN/Inf checks in backward."""
-    global _detect_anomaly
-    _detect_anomaly = bool(enable)
+    global anomaly_enabled
+    anomaly_enabled = bool(enable)
 
 
 def is_anomaly_enabled() -> bool:
     """Whether anomaly detection is on."""
-    return _detect_anomaly
+    return anomaly_enabled
 
 
 class detect_anomaly:  # noqa: N801  (spec name)

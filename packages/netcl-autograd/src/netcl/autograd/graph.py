@@ -20,10 +20,9 @@ from typing import Any
 
 from netcl.autograd.engine import Node, Tape, get_current_tape
 from netcl.core import Device, Tensor, get_device
+from netcl.runtime.capture import CaptureState
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.graph import Graph
-
-EMPTY, CAPTURING, CAPTURED = "empty", "capturing", "captured"
 
 
 class CompiledGraph:
@@ -38,7 +37,7 @@ class CompiledGraph:
     def __init__(self, params: Iterable[Node] = (), device: Device | str | None = None) -> None:
         self.params: list[Node] = list(params)
         self.outputs: Any = None
-        self.state = EMPTY
+        self.state = CaptureState.EMPTY
         self.graph: Graph | None = None
         self.grads: list[Tensor | None] = []
         self._device = device
@@ -58,10 +57,10 @@ class CompiledGraph:
 
     # ---- capture ---------------------------------------------------------------------------
     def __enter__(self) -> CompiledGraph:
-        if self.state == CAPTURED:
+        if self.state == CaptureState.CAPTURED:
             self.restore_grads()
             return self
-        if self.state == CAPTURING:
+        if self.state == CaptureState.CAPTURING:
             raise ReplayError("CompiledGraph is already capturing; its with-blocks do not nest")
         device = self.device
         if device.kind != "opencl":
@@ -85,11 +84,11 @@ class CompiledGraph:
         self._tape = Tape() if self._own_tape else get_current_tape()
         if self._own_tape:
             self._tape.__enter__()
-        self.state = CAPTURING
+        self.state = CaptureState.CAPTURING
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self.state != CAPTURING:
+        if self.state != CaptureState.CAPTURING:
             return
         device = self.device
         if self._own_tape and self._tape is not None:
@@ -99,7 +98,7 @@ class CompiledGraph:
         finally:
             self._unwatch_allocations(device)
         if exc_type is not None:
-            self.state, self.graph, self._keep = EMPTY, None, []
+            self.state, self.graph, self._keep = CaptureState.EMPTY, None, []
             return
         # keep every tensor of the captured step alive: replay writes into these buffers
         if self._tape is not None:
@@ -108,7 +107,7 @@ class CompiledGraph:
                 self._keep.append(node.grad)
         self._tape = None
         self.grads = [p.grad for p in self.params]
-        self.state = CAPTURED
+        self.state = CaptureState.CAPTURED
 
     def _watch_allocations(self, device: Device) -> None:
         """Keep every buffer allocated during the capture (so no pool hands it out again)."""
@@ -165,7 +164,7 @@ class CompiledGraph:
             p.grad, p._grad_owned, p.value.grad = grad, False, grad
 
     def _captured(self) -> Graph:
-        if self.state != CAPTURED or self.graph is None:
+        if self.state != CaptureState.CAPTURED or self.graph is None:
             raise ReplayError(f"CompiledGraph is {self.state}; capture a step with `with graph:` first")
         return self.graph
 

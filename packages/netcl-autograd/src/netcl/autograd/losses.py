@@ -15,9 +15,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
-from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
-from netcl.runtime.ops import class_loss as CL  # noqa: N812
-from netcl.runtime.ops import rowwise as RW  # noqa: N812
+from netcl.runtime.ops import class_loss, layout, pointwise, reduce, rowwise
 from netcl.runtime.ops._table import numpy_sigmoid
 
 _Grads = list[Tensor | None]
@@ -48,25 +46,25 @@ def _needs(x: Any) -> bool:
 
 
 def _reduce(grad: Tensor | None, like: Any) -> Tensor | None:
-    return None if grad is None else R.sum_to_shape(grad, tuple(like.shape))
+    return None if grad is None else layout.sum_to_shape(grad, tuple(like.shape))
 
 
 def _scaled(g: Tensor, count: int) -> Tensor:
     """The upstream gradient of a mean, divided by the element count (a 0-d tensor)."""
-    return R.mul(g, 1.0 / count)
+    return pointwise.mul(g, 1.0 / count)
 
 
 def mse_loss(pred: Any, target: Any) -> Node:
     """mean((pred - target) ** 2); target broadcasts against pred."""
 
     def forward(p: Tensor, t: Tensor) -> Tensor:
-        return R.mean(R.squared_difference(p, t))
+        return reduce.mean(pointwise.squared_difference(p, t))
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t = values
         size = math.prod(np.broadcast_shapes(tuple(p.shape), tuple(t.shape)))
-        gd = R.scaled_difference(p, t, R.mul(g, 2.0 / size))
-        return [_reduce(gd, p) if _needs(pred) else None, _reduce(R.neg(gd), t) if _needs(target) else None]
+        gd = pointwise.scaled_difference(p, t, pointwise.mul(g, 2.0 / size))
+        return [_reduce(gd, p) if _needs(pred) else None, _reduce(pointwise.neg(gd), t) if _needs(target) else None]
 
     return apply_op(forward, grad, pred, target, op_name="mse_loss")
 
@@ -130,7 +128,7 @@ def _check_reduction(reduction: str, op: str) -> None:
 
 def _f32(t: Tensor) -> Tensor:
     """float16 computes in float32 (losses stay float32); other dtypes pass through."""
-    return R.cast(t, np.float32) if t.dtype == np.float16 else t
+    return layout.cast(t, np.float32) if t.dtype == np.float16 else t
 
 
 def _class_loss(
@@ -160,25 +158,25 @@ def _class_loss(
 
     def parts(v: Tensor, t: Tensor) -> tuple[Tensor, tuple[int, ...], Tensor, Tensor]:
         t = _device_targets(t, v)
-        CL.check_targets(t, classes, ignore_index, op)  # one_hot below reads a bad target as no class
-        flat, perm, _, _ = RW.rows_layout(_f32(v), (1,))
-        logp = RW.softmax_forward(flat, (1,), RW.LOG_SOFTMAX)[0] if from_logits else flat
-        ignored = R.eq(t.reshape(rows), ignore_index)
-        valid = R.sub(1.0, ignored)
-        q = R.one_hot(R.where(ignored, 0, t.reshape(rows)), classes)
+        class_loss.check_targets(t, classes, ignore_index, op)  # one_hot below reads a bad target as no class
+        flat, perm, _, _ = rowwise.rows_layout(_f32(v), (1,))
+        logp = rowwise.softmax_forward(flat, (1,), rowwise.LOG_SOFTMAX)[0] if from_logits else flat
+        ignored = pointwise.eq(t.reshape(rows), ignore_index)
+        valid = pointwise.sub(1.0, ignored)
+        q = layout.one_hot(pointwise.where(ignored, 0, t.reshape(rows)), classes)
         if smoothing:
-            q = R.add(R.mul(q, 1.0 - smoothing), smoothing / classes)
+            q = pointwise.add(pointwise.mul(q, 1.0 - smoothing), smoothing / classes)
         return logp, perm, valid, q
 
     def forward(v: Tensor, t: Tensor) -> Tensor:
         logp, perm, valid, q = parts(v, t)
-        per_row = R.mul(R.neg(R.sum(R.mul(q, logp), 1)), valid)
+        per_row = pointwise.mul(pointwise.neg(reduce.sum(pointwise.mul(q, logp), 1)), valid)
         if reduction == "none":
             out = per_row.reshape(kept_shape)
         elif reduction == "sum":
-            out = R.sum(per_row)
+            out = reduce.sum(per_row)
         else:
-            out = R.div(R.sum(per_row), R.sum(valid))
+            out = pointwise.div(reduce.sum(per_row), reduce.sum(valid))
         saved.update(out=out, parts=(logp, perm, valid, q))
         return out
 
@@ -186,16 +184,16 @@ def _class_loss(
         v, t = values
         logp, perm, valid, q = saved["parts"] if saved.get("out") is out else parts(v, t)
         if reduction == "none":
-            scale = R.mul(g.reshape(rows), valid)
+            scale = pointwise.mul(g.reshape(rows), valid)
         elif reduction == "sum":
-            scale = R.mul(valid, g)
+            scale = pointwise.mul(valid, g)
         else:
             # every target ignored: the loss is 0/0 = NaN (PyTorch), but no position gets a gradient
-            scale = R.mul(valid, R.div(g, R.maximum(R.sum(valid), 1.0)))
-        base = R.sub(R.exp(logp), q) if from_logits else R.neg(q)
-        gflat = R.mul(base, scale.reshape(rows, 1))
-        gx = RW.restore_rows(gflat, shape, perm)
-        return [gx if gx.dtype == v.dtype else R.cast(gx, v.dtype), None]
+            scale = pointwise.mul(valid, pointwise.div(g, pointwise.maximum(reduce.sum(valid), 1.0)))
+        base = pointwise.sub(pointwise.exp(logp), q) if from_logits else pointwise.neg(q)
+        gflat = pointwise.mul(base, scale.reshape(rows, 1))
+        gx = rowwise.restore_rows(gflat, shape, perm)
+        return [gx if gx.dtype == v.dtype else layout.cast(gx, v.dtype), None]
 
     attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": smoothing}
     return apply_op(forward, grad, x, labels, op_name=op, attrs=attrs)
@@ -208,10 +206,10 @@ def _logit_rows_loss(x: Any, labels: Any, ignore_index: int, reduction: str, smo
 
     def forward(v: Tensor, t: Tensor) -> Tensor:
         t = _device_targets(t, v)
-        rows_loss, rowmax, rowsum = CL.class_loss_forward(_f32(v), t, ignore_index, smoothing, op)
+        rows_loss, rowmax, rowsum = class_loss.class_loss_forward(_f32(v), t, ignore_index, smoothing, op)
         out, count = rows_loss, rowmax  # "none": the backward reads no count
         if reduction != "none":
-            out, count = CL.class_loss_reduce(rows_loss, t, ignore_index, reduction == "mean")
+            out, count = class_loss.class_loss_reduce(rows_loss, t, ignore_index, reduction == "mean")
         saved.update(out=out, stats=(t, rowmax, rowsum, count))
         return out
 
@@ -220,8 +218,8 @@ def _logit_rows_loss(x: Any, labels: Any, ignore_index: int, reduction: str, smo
         if saved.get("out") is not out:
             forward(v, values[1])
         t, rowmax, rowsum, count = saved["stats"]
-        gx = CL.class_loss_backward(g, _f32(v), t, rowmax, rowsum, count, ignore_index, smoothing, reduction)
-        return [gx if gx.dtype == v.dtype else R.cast(gx, v.dtype), None]
+        gx = class_loss.class_loss_backward(g, _f32(v), t, rowmax, rowsum, count, ignore_index, smoothing, reduction)
+        return [gx if gx.dtype == v.dtype else layout.cast(gx, v.dtype), None]
 
     attrs = {"ignore_index": ignore_index, "reduction": reduction, "label_smoothing": smoothing}
     return apply_op(forward, grad, x, labels, op_name=op, attrs=attrs)
@@ -286,7 +284,7 @@ def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction:
     count = math.prod(shape)
 
     def terms(p: Tensor, t: Tensor, w: Any) -> Tensor:
-        return R.elementwise(
+        return pointwise.elementwise(
             "-{2} * ({1} * fmax(log({0}), -100.0f) + (1.0f - {1}) * fmax(log(1.0f - {0}), -100.0f))",
             _np_bce,
             _f32(p),
@@ -298,18 +296,18 @@ def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction:
         w = rest[0] if rest else 1.0
         per = terms(p, t, w)
         if per.shape != shape:
-            per = R.broadcast_to(per, shape)
+            per = layout.broadcast_to(per, shape)
         if reduction == "none":
             return per
-        return R.sum(per) if reduction == "sum" else R.mean(per)
+        return reduce.sum(per) if reduction == "sum" else reduce.mean(per)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t = _f32(values[0]), _f32(values[1])
         w = values[2] if len(values) > 2 else 1.0
-        gs = R.mul(g, 1.0 / count) if reduction == "mean" else g
+        gs = pointwise.mul(g, 1.0 / count) if reduction == "mean" else g
         gp = gt = None
         if _needs(probs):
-            gp = R.elementwise(
+            gp = pointwise.elementwise(
                 "{2} * ({0} - {1}) / fmax({0} * (1.0f - {0}), 1e-12f) * {3}",
                 lambda a, b, c, s: c * (a - b) / np.maximum(a * (1 - a), 1e-12) * s,
                 p,
@@ -318,9 +316,9 @@ def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction:
                 gs,
             )
             gp = _reduce(gp, values[0])
-            gp = gp if gp.dtype == values[0].dtype else R.cast(gp, values[0].dtype)
+            gp = gp if gp.dtype == values[0].dtype else layout.cast(gp, values[0].dtype)
         if _needs(target):
-            gt = R.elementwise(
+            gt = pointwise.elementwise(
                 "-{2} * (fmax(log({0}), -100.0f) - fmax(log(1.0f - {0}), -100.0f)) * {3}",
                 _np_bce_target_grad,
                 p,
@@ -329,7 +327,7 @@ def binary_cross_entropy(probs: Any, target: Any, weight: Any = None, reduction:
                 gs,
             )
             gt = _reduce(gt, values[1])
-            gt = gt if gt.dtype == values[1].dtype else R.cast(gt, values[1].dtype)
+            gt = gt if gt.dtype == values[1].dtype else layout.cast(gt, values[1].dtype)
         return [gp, gt] + ([None] if len(values) > 2 else [])
 
     args = (probs, target) if weight is None else (probs, target, weight)
@@ -347,12 +345,12 @@ def bce_with_logits(pred: Any, target: Any) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         x, t = values
         gs = _scaled(g, math.prod(np.broadcast_shapes(tuple(x.shape), tuple(t.shape))))
-        gx = R.elementwise("BCE_LOGITS_GRAD({0}, {1}) * {2}", _np_bce_grad, x, t, gs) if _needs(pred) else None
-        gt = R.mul(R.neg(x), gs) if _needs(target) else None
+        gx = pointwise.elementwise("BCE_LOGITS_GRAD({0}, {1}) * {2}", _np_bce_grad, x, t, gs) if _needs(pred) else None
+        gt = pointwise.mul(pointwise.neg(x), gs) if _needs(target) else None
         return [_reduce(gx, x), _reduce(gt, t)]
 
     return apply_op(
-        lambda x, t: R.mean(R.elementwise("BCE_LOGITS({0}, {1})", np_bce_logits, x, t)),
+        lambda x, t: reduce.mean(pointwise.elementwise("BCE_LOGITS({0}, {1})", np_bce_logits, x, t)),
         grad,
         pred,
         target,
@@ -371,14 +369,14 @@ def smooth_l1(pred: Any, target: Any, beta: float = 1.0) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t = values
         gs = _scaled(g, math.prod(np.broadcast_shapes(tuple(p.shape), tuple(t.shape))))
-        gd = R.elementwise(
+        gd = pointwise.elementwise(
             "SMOOTH_L1_GRAD({0} - {1}, {2}) * {3}", lambda a, b, c, s: np_smooth_l1_grad(a - b, c) * s, p, t, beta, gs
         )
-        return [_reduce(gd, p) if _needs(pred) else None, _reduce(R.neg(gd), t) if _needs(target) else None]
+        return [_reduce(gd, p) if _needs(pred) else None, _reduce(pointwise.neg(gd), t) if _needs(target) else None]
 
     return apply_op(
-        lambda p, t: R.mean(
-            R.elementwise("SMOOTH_L1({0} - {1}, {2})", lambda a, b, c: np_smooth_l1(a - b, c), p, t, beta)
+        lambda p, t: reduce.mean(
+            pointwise.elementwise("SMOOTH_L1({0} - {1}, {2})", lambda a, b, c: np_smooth_l1(a - b, c), p, t, beta)
         ),
         grad,
         pred,
@@ -393,13 +391,15 @@ def weighted_bce(pred: Any, target: Any, weight: Any) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t, w = values
-        gp = R.elementwise(
+        gp = pointwise.elementwise(
             "{2} * BCE_LOGITS_GRAD({0}, {1}) * {3}", lambda a, b, c, s: c * (np_sigmoid(a) - b) * s, p, t, w, g
         )
         return [_reduce(gp, p), None, None]
 
     return apply_op(
-        lambda p, t, w: R.elementwise("{2} * BCE_LOGITS({0}, {1})", lambda a, b, c: c * np_bce_logits(a, b), p, t, w),
+        lambda p, t, w: pointwise.elementwise(
+            "{2} * BCE_LOGITS({0}, {1})", lambda a, b, c: c * np_bce_logits(a, b), p, t, w
+        ),
         grad,
         pred,
         target,
@@ -417,7 +417,7 @@ def weighted_smooth_l1(pred: Any, target: Any, weight: Any, beta: float = 0.05) 
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         p, t, w = values
-        gp = R.elementwise(
+        gp = pointwise.elementwise(
             "{2} * SMOOTH_L1_GRAD({0} - {1}, {3}) * {4}",
             lambda a, b, c, bt, s: c * np_smooth_l1_grad(a - b, bt) * s,
             p,
@@ -429,7 +429,7 @@ def weighted_smooth_l1(pred: Any, target: Any, weight: Any, beta: float = 0.05) 
         return [_reduce(gp, p), None, None]
 
     return apply_op(
-        lambda p, t, w: R.elementwise(
+        lambda p, t, w: pointwise.elementwise(
             "{2} * SMOOTH_L1({0} - {1}, {3})", lambda a, b, c, bt: c * np_smooth_l1(a - b, bt), p, t, w, beta
         ),
         grad,

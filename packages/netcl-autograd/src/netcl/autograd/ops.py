@@ -23,7 +23,8 @@ from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, una
 from netcl.autograd.elementwise import needs_grad as _needs
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor, broadcast_shapes
-from netcl.runtime import ops as R  # noqa: N812  (R: the runtime op library)
+from netcl.runtime.ops import layout, linalg, pointwise, reduce
+from netcl.runtime.ops.precision import at_matmul_precision
 
 Operand = Any  # Node | Tensor | int | float
 Axis = int | tuple[int, ...] | None
@@ -86,19 +87,19 @@ def plus(addend: Tensor | None, grad: Tensor | None) -> Tensor | None:
     (what a folding op returns for an argument, see ``apply_op``'s ``folds_addends``)."""
     if addend is None or grad is None:
         return grad
-    return R.add(addend, grad)
+    return pointwise.add(addend, grad)
 
 
 def sum_grad(addend: Tensor | None, x: Tensor, axis: Any) -> Tensor:
     """``x`` summed over ``axis`` as a gradient, plus ``addend`` when given: in the sum's last store
     when the addend has the result's dtype, else by an add."""
     if addend is not None and addend.dtype == x.dtype and x.dtype.kind == "f":
-        return R.sum(x, axis, addend=addend)
-    return plus(addend, R.sum(x, axis))
+        return reduce.sum(x, axis, addend=addend)
+    return plus(addend, reduce.sum(x, axis))
 
 
 def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Tensor, **kw: Any) -> Tensor:
-    """``a @ b`` (``kw``: ``R.matmul``'s options) as the gradient of an operand of ``shape``: summed to
+    """``a @ b`` (``kw``: ``linalg.matmul``'s options) as the gradient of an operand of ``shape``: summed to
     that shape, plus ``addend`` when given: in the product's store when the product has the shape
     (no broadcast batch to sum) and the addend its dtype, else by an add."""
     rows = a.shape[-1] if kw.get("transpose_a") else a.shape[-2]
@@ -106,8 +107,8 @@ def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Te
     product_shape = (*broadcast_shapes(a.shape[:-2], b.shape[:-2]), rows, cols)
     result = np.dtype(kw["out_dtype"]) if kw.get("out_dtype") is not None else np.result_type(a.dtype, b.dtype)
     if addend is not None and product_shape == tuple(shape) and addend.dtype == result:
-        return R.matmul(a, b, addend=addend, **kw)
-    return plus(addend, R.sum_to_shape(R.matmul(a, b, **kw), tuple(shape)))
+        return linalg.matmul(a, b, addend=addend, **kw)
+    return plus(addend, layout.sum_to_shape(linalg.matmul(a, b, **kw), tuple(shape)))
 
 
 def _weight_grad(x: Tensor, g: Tensor, y: Tensor, addend: Tensor | None = None) -> Tensor:
@@ -141,8 +142,8 @@ def matmul(a: Operand, b: Operand) -> Node:
         gb = _weight_grad(x, g, y, addends[1]) if _needs(b) else None
         return [ga, gb]
 
-    at = R.at_matmul_precision  # the op's forward and gradient alike
-    return apply_op(at(precision, R.matmul), at(precision, grad), a, b, op_name="matmul", folds_addends=True)
+    at = at_matmul_precision  # the op's forward and gradient alike
+    return apply_op(at(precision, linalg.matmul), at(precision, grad), a, b, op_name="matmul", folds_addends=True)
 
 
 def _matmul_vector(a: Operand, b: Operand) -> Node:
@@ -175,11 +176,11 @@ def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(result))
 
 
-def _kept_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+def kept_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def _attrs_axis(axis: Axis) -> Any:
+def attrs_axis(axis: Axis) -> Any:
     return tuple(axis) if isinstance(axis, (list, tuple)) else axis
 
 
@@ -189,14 +190,14 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        return [R.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
+        return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
 
     return apply_op(
-        lambda v: R.sum(v, axes, keepdims),
+        lambda v: reduce.sum(v, axes, keepdims),
         grad,
         x,
         op_name="sum",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 
@@ -208,16 +209,16 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
         if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
-            return [R.broadcast_to(g.reshape(_kept_shape(v.shape, axes)), v.shape)]
-        scaled = R.mul(g.reshape(_kept_shape(v.shape, axes)), 1.0 / count)
-        return [R.broadcast_to(scaled, v.shape)]
+            return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
+        scaled = pointwise.mul(g.reshape(kept_shape(v.shape, axes)), 1.0 / count)
+        return [layout.broadcast_to(scaled, v.shape)]
 
     return apply_op(
-        lambda v: R.mean(v, axes, keepdims),
+        lambda v: reduce.mean(v, axes, keepdims),
         grad,
         x,
         op_name="mean",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 
@@ -227,18 +228,18 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
-        mask = R.eq(v, out.reshape(kept))
-        count = R.sum(mask, axes, True)
+        kept = kept_shape(v.shape, axes)
+        mask = pointwise.eq(v, out.reshape(kept))
+        count = reduce.sum(mask, axes, True)
         # where, not mask * share: an element that is not a maximum gets 0 even when the share is NaN
-        return [R.where(mask, R.div(g.reshape(kept), count), 0.0)]
+        return [pointwise.where(mask, pointwise.div(g.reshape(kept), count), 0.0)]
 
     return apply_op(
-        lambda v: R.max(v, axes, keepdims),
+        lambda v: reduce.max(v, axes, keepdims),
         grad,
         x,
         op_name="max",
-        attrs={"axis": _attrs_axis(axis), "keepdims": keepdims},
+        attrs={"axis": attrs_axis(axis), "keepdims": keepdims},
     )
 
 
@@ -264,9 +265,9 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
         inverse = [0] * ndim  # the inverse permutation, built only when the gradient is taken
         for position, axis in enumerate(perm):
             inverse[axis] = position
-        return [R.transpose(g, tuple(inverse))]
+        return [layout.transpose(g, tuple(inverse))]
 
-    return apply_op(lambda v: R.transpose(v, perm), grad, x, op_name="transpose", attrs={"axes": perm})
+    return apply_op(lambda v: layout.transpose(v, perm), grad, x, op_name="transpose", attrs={"axes": perm})
 
 
 def broadcast_to(x: Operand, shape: Sequence[int]) -> Node:
@@ -274,9 +275,9 @@ def broadcast_to(x: Operand, shape: Sequence[int]) -> Node:
     shape = tuple(shape)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [R.sum_to_shape(g, values[0].shape)]
+        return [layout.sum_to_shape(g, values[0].shape)]
 
-    return apply_op(lambda v: R.broadcast_to(v, shape), grad, x, op_name="broadcast_to", attrs={"shape": shape})
+    return apply_op(lambda v: layout.broadcast_to(v, shape), grad, x, op_name="broadcast_to", attrs={"shape": shape})
 
 
 from netcl.autograd.losses import (  # noqa: E402  (re-export; losses does not import this module)

@@ -19,8 +19,7 @@ from typing import Any
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime.capture import is_recording
-from netcl.runtime.ops import attention as RA  # noqa: N812
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import attention, random
 
 #: output tensor -> (lse, seed, device counter or None) of the forward that made it
 _SAVED: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int, Tensor | None]] = weakref.WeakKeyDictionary()
@@ -46,7 +45,7 @@ def scaled_dot_product_attention(
     ``is_causal`` with ``attn_mask`` raise (naming the argument) before any launch.
     """
     q, k, v, m = (_value(x) for x in (query, key, value, attn_mask))
-    spec = RA.check_attention(q, k, v, m, dropout_p, is_causal, scale, enable_gqa)
+    spec = attention.check_attention(q, k, v, m, dropout_p, is_causal, scale, enable_gqa)
     for name, t in (("key", k), ("value", v), ("attn_mask", m)):
         if isinstance(t, Tensor) and isinstance(q, Tensor) and t.device is not q.device:
             raise ValueError(f"scaled_dot_product_attention: {name} is on {t.device}, query on {q.device}")
@@ -54,10 +53,10 @@ def scaled_dot_product_attention(
     def forward(qv: Tensor, kv: Tensor, vv: Tensor, mv: Tensor | None = None) -> Tensor:
         seed, counter = 0, None
         if spec.dropout_p > 0:
-            seed = RR.next_seed()
+            seed = random.next_seed()
             if qv.device.kind == "opencl" and is_recording(qv.device.queue):
-                counter = RR.advance_counter(RR.new_counter(qv.device))
-        out, lse = RA.attention_forward(qv, kv, vv, mv, spec, seed, counter)
+                counter = random.advance_counter(random.new_counter(qv.device))
+        out, lse = attention.attention_forward(qv, kv, vv, mv, spec, seed, counter)
         _SAVED[out] = (lse, seed, counter)
         return out
 
@@ -68,9 +67,9 @@ def scaled_dot_product_attention(
         if saved is None:  # out was not made by this op's forward (a tracer re-ran it): recompute the lse
             if spec.dropout_p > 0:
                 raise RuntimeError("scaled_dot_product_attention: the dropout mask of this output is unknown")
-            saved = (RA.attention_forward(qv, kv, vv, mv, spec)[1], 0, None)
+            saved = (attention.attention_forward(qv, kv, vv, mv, spec)[1], 0, None)
         lse, seed, counter = saved
-        dq, dk, dv = RA.attention_backward(g, qv, kv, vv, out, lse, mv, spec, seed, counter)
+        dq, dk, dv = attention.attention_backward(g, qv, kv, vv, out, lse, mv, spec, seed, counter)
         return [dq, dk, dv] + ([None] if len(values) > 3 else [])
 
     args = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)

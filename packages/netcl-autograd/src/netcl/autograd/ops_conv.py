@@ -15,9 +15,8 @@ from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import plus
 from netcl.core import Tensor
-from netcl.runtime.ops import conv as RC  # noqa: N812
-from netcl.runtime.ops import pool as RP  # noqa: N812
-from netcl.runtime.ops import precision as RPR  # noqa: N812
+from netcl.runtime.ops import conv, pool
+from netcl.runtime.ops.precision import at_matmul_precision
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -44,36 +43,36 @@ def conv2d(
 ) -> Node:
     """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None."""
     b_shape = None if b is None else _shape(b, "conv2d", "b")
-    RC.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
+    conv.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
     if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
     precision = autocast_mode.fallback_precision(x, w, b, product="conv")  # autocast without float16 arithmetic
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
-        return RC.conv2d(xv, wv, bv, stride, padding, dilation, groups)
+        return conv.conv2d(xv, wv, bv, stride, padding, dilation, groups)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None, None)) -> _Grads:
         xv, wv = values[0], values[1]
-        geo = RC.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
+        geo = conv.check_conv2d(xv.shape, wv.shape, None, stride, padding, dilation, groups)
         # the products and the bias sum take an addend of g's dtype; another is added after them
         folds = [a if a is not None and a.dtype == g.dtype else None for a in addends]
         gx = gw = None
         if _needs(x):
-            gx = RC.conv2d_backward_input(g, wv, geo, groups, addend=folds[0])
+            gx = conv.conv2d_backward_input(g, wv, geo, groups, addend=folds[0])
             gx = gx if folds[0] is not None else plus(addends[0], gx)
         if _needs(w):
-            gw = RC.conv2d_backward_weight(g, xv, wv.shape, geo, groups, addend=folds[1])
+            gw = conv.conv2d_backward_weight(g, xv, wv.shape, geo, groups, addend=folds[1])
             gw = gw if folds[1] is not None else plus(addends[1], gw)
         if b is None:
             return [gx, gw]
         if not _needs(b):
             return [gx, gw, None]
-        gb = RC.conv2d_backward_bias(g, addend=folds[2])
+        gb = conv.conv2d_backward_bias(g, addend=folds[2])
         return [gx, gw, gb if folds[2] is not None else plus(addends[2], gb)]
 
     args = (x, w) if b is None else (x, w, b)
-    at = RPR.at_matmul_precision  # the op's forward and gradient alike
+    at = at_matmul_precision  # the op's forward and gradient alike
     return apply_op(
         at(precision, forward), at(precision, grad), *args, op_name="conv2d", attrs=attrs, folds_addends=True
     )
@@ -81,13 +80,13 @@ def conv2d(
 
 def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
     """Max over windows (stride defaults to kernel_size; padding <= kernel_size / 2 counts as -inf)."""
-    RP.pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
+    pool.pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RP.max_pool2d_backward(g, values[0], kernel_size, stride, padding)]
+        return [pool.max_pool2d_backward(g, values[0], kernel_size, stride, padding)]
 
     return apply_op(
-        lambda v: RP.max_pool2d(v, kernel_size, stride, padding),
+        lambda v: pool.max_pool2d(v, kernel_size, stride, padding),
         grad,
         x,
         op_name="max_pool2d",
@@ -97,13 +96,13 @@ def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = Non
 
 def avg_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
     """Mean over windows; padding cells count in the divisor (PyTorch's default count_include_pad=True)."""
-    RP.pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
+    pool.pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RP.avg_pool2d_backward(g, values[0].shape, kernel_size, stride, padding)]
+        return [pool.avg_pool2d_backward(g, values[0].shape, kernel_size, stride, padding)]
 
     return apply_op(
-        lambda v: RP.avg_pool2d(v, kernel_size, stride, padding),
+        lambda v: pool.avg_pool2d(v, kernel_size, stride, padding),
         grad,
         x,
         op_name="avg_pool2d",
@@ -113,13 +112,13 @@ def avg_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = Non
 
 def adaptive_avg_pool2d(x: Operand, output_size: int | tuple[int | None, int | None]) -> Node:
     """Mean over PyTorch's adaptive windows giving ``output_size`` (an int, a pair, None keeps a size)."""
-    RP.adaptive_output(x, output_size)
+    pool.adaptive_output(x, output_size)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RP.adaptive_avg_pool2d_backward(g, values[0].shape)]
+        return [pool.adaptive_avg_pool2d_backward(g, values[0].shape)]
 
     return apply_op(
-        lambda v: RP.adaptive_avg_pool2d(v, output_size),
+        lambda v: pool.adaptive_avg_pool2d(v, output_size),
         grad,
         x,
         op_name="adaptive_avg_pool2d",

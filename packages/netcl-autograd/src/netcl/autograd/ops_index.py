@@ -16,9 +16,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import DTypeError, ShapeError, Tensor
-from netcl.runtime.ops import gathering as RG  # noqa: N812
-from netcl.runtime.ops import indexing as RI  # noqa: N812
-from netcl.runtime.ops import selecting as RS  # noqa: N812
+from netcl.runtime.ops import gathering, indexing, selecting
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -40,7 +38,7 @@ class _Index:
         if isinstance(index, Node):
             index = index.value
         if isinstance(index, Tensor):
-            self.tensor = RI.check_index_tensor(index, op, arg)
+            self.tensor = indexing.check_index_tensor(index, op, arg)
             self.shape = index.shape
             return
         host = np.asarray(index)
@@ -48,7 +46,7 @@ class _Index:
             raise DTypeError(
                 f"{op}: {arg} must hold integers (an int Tensor or NumPy int array), got dtype {host.dtype}"
             )
-        RI.check_index_range(host, size, op, arg, axis)
+        indexing.check_index_range(host, size, op, arg, axis)
         small = host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31)
         self.host = host.astype(np.int32 if small else np.int64)
         self.shape = self.host.shape
@@ -104,35 +102,35 @@ def embedding(ids: Any, table: Operand) -> Node:
 
     def grad(g: Tensor, t: Tensor, ids: Tensor) -> Tensor:
         flat = ids.reshape(ids.size)
-        return RS.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, t.shape)
+        return selecting.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, t.shape)
 
-    return _indexed(lambda t, ids: RS.embedding(ids, t), grad, table, index, "embedding")
+    return _indexed(lambda t, ids: selecting.embedding(ids, t), grad, table, index, "embedding")
 
 
 def gather(x: Operand, axis: int, index: Any) -> Node:
     """``torch.gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``; shape of index."""
     shape = _shape(x, "gather", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
-    ax = RG.check_gather_shapes(shape, axis, index_shape)
+    ax = gathering.check_gather_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
 
     def grad(g: Tensor, v: Tensor, i: Tensor) -> Tensor:
-        return RG.gather_backward(g, ax, i, v.shape)
+        return gathering.gather_backward(g, ax, i, v.shape)
 
-    return _indexed(lambda v, i: RG.gather(v, ax, i), grad, x, index, "gather", {"axis": ax})
+    return _indexed(lambda v, i: gathering.gather(v, ax, i), grad, x, index, "gather", {"axis": ax})
 
 
 def index_select(x: Operand, axis: int, index: Any) -> Node:
     """``torch.index_select``: x's entries at the 1-d ``index`` along ``axis``."""
     shape = _shape(x, "index_select", "x")
     index_shape = np.shape(index.value if isinstance(index, Node) else index)
-    ax = RS.check_index_select_shapes(shape, axis, index_shape)
+    ax = selecting.check_index_select_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax], "index_select", "index", ax)
 
     def grad(g: Tensor, v: Tensor, i: Tensor) -> Tensor:
-        return RS.index_select_backward(g, ax, i, v.shape)
+        return selecting.index_select_backward(g, ax, i, v.shape)
 
-    return _indexed(lambda v, i: RS.index_select(v, ax, i), grad, x, index, "index_select", {"axis": ax})
+    return _indexed(lambda v, i: selecting.index_select(v, ax, i), grad, x, index, "index_select", {"axis": ax})
 
 
 __all__ = ["embedding", "gather", "index_select"]

@@ -19,9 +19,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_softmax import value_of
 from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
-from netcl.runtime import ops as R  # noqa: N812
-from netcl.runtime.ops import batchnorm as BN  # noqa: N812
-from netcl.runtime.ops import rowwise as RW  # noqa: N812
+from netcl.runtime.ops import batchnorm, layout, pointwise, reduce, rowwise
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -32,7 +30,7 @@ def _needs(x: Any) -> bool:
 
 
 def _as_dtype(t: Tensor, dtype: np.dtype) -> Tensor:
-    return t if t.dtype == dtype else R.cast(t, dtype)
+    return t if t.dtype == dtype else layout.cast(t, dtype)
 
 
 def _row_norm(
@@ -45,7 +43,7 @@ def _row_norm(
     def forward(v: Tensor, *params: Tensor) -> Tensor:
         w = params[0] if weight is not None else None
         b = params[-1] if bias is not None else None
-        out, mean, rstd = RW.norm_forward(v, axes, w, b, eps, mode)
+        out, mean, rstd = rowwise.norm_forward(v, axes, w, b, eps, mode)
         saved.update(out=out, mean=mean, rstd=rstd)
         return out
 
@@ -55,14 +53,18 @@ def _row_norm(
         if saved.get("out") is out:
             mean, rstd = saved["mean"], saved["rstd"]
         else:
-            _, mean, rstd = RW.norm_forward(v, axes, w, None, eps, mode)
-        grads: _Grads = [RW.norm_backward(g, v, w, mean, rstd, axes, mode) if _needs(x) else None]
+            _, mean, rstd = rowwise.norm_forward(v, axes, w, None, eps, mode)
+        grads: _Grads = [rowwise.norm_backward(g, v, w, mean, rstd, axes, mode) if _needs(x) else None]
         g2d = g.reshape(rows, math.prod(shape))
         if weight is not None:
-            gw = R.sum(R.mul(g2d, RW.normalized_input(v, mean, rstd, axes)), 0) if _needs(weight) else None
+            gw = (
+                reduce.sum(pointwise.mul(g2d, rowwise.normalized_input(v, mean, rstd, axes)), 0)
+                if _needs(weight)
+                else None
+            )
             grads.append(None if gw is None else _as_dtype(gw, w.dtype).reshape(shape))
         if bias is not None:
-            gb = R.sum(g2d, 0) if _needs(bias) else None
+            gb = reduce.sum(g2d, 0) if _needs(bias) else None
             grads.append(None if gb is None else _as_dtype(gb, v.dtype).reshape(shape))
         return grads
 
@@ -80,16 +82,16 @@ def layer_norm(
 ) -> Node:
     """(x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape`` dims (biased var)."""
     v = value_of(x, "layer_norm")
-    axes = RW.norm_axes(v, normalized_shape, "layer_norm")
+    axes = rowwise.norm_axes(v, normalized_shape, "layer_norm")
     shape = tuple(v.shape[axes[0] :])
-    RW.check_affine(
+    rowwise.check_affine(
         None if weight is None else value_of(weight, "layer_norm", "weight"), shape, v, "layer_norm", "weight"
     )
-    RW.check_affine(None if bias is None else value_of(bias, "layer_norm", "bias"), shape, v, "layer_norm", "bias")
+    rowwise.check_affine(None if bias is None else value_of(bias, "layer_norm", "bias"), shape, v, "layer_norm", "bias")
     fused = provided("layer_norm", (x, weight, bias), {"normalized_shape": shape, "eps": float(eps)})
     if fused is not None:
         return fused
-    return _row_norm(x, weight, bias, axes, float(eps), RW.LAYER, "layer_norm")
+    return _row_norm(x, weight, bias, axes, float(eps), rowwise.LAYER, "layer_norm")
 
 
 def rms_norm(
@@ -97,14 +99,16 @@ def rms_norm(
 ) -> Node:
     """x / sqrt(mean(x ** 2) + eps) * weight over the trailing dims; ``eps`` None: the dtype's epsilon."""
     v = value_of(x, "rms_norm")
-    axes = RW.norm_axes(v, normalized_shape, "rms_norm")
+    axes = rowwise.norm_axes(v, normalized_shape, "rms_norm")
     shape = tuple(v.shape[axes[0] :])
-    RW.check_affine(None if weight is None else value_of(weight, "rms_norm", "weight"), shape, v, "rms_norm", "weight")
+    rowwise.check_affine(
+        None if weight is None else value_of(weight, "rms_norm", "weight"), shape, v, "rms_norm", "weight"
+    )
     eps = float(np.finfo(v.dtype).eps) if eps is None else float(eps)
     fused = provided("rms_norm", (x, weight, None), {"normalized_shape": shape, "eps": eps})
     if fused is not None:
         return fused
-    return _row_norm(x, weight, None, axes, eps, RW.RMS, "rms_norm")
+    return _row_norm(x, weight, None, axes, eps, rowwise.RMS, "rms_norm")
 
 
 def _check_channel(t: Any, channels: int, arg: str) -> Tensor | None:
@@ -161,7 +165,7 @@ def batch_norm(
     # (no gradient) updated IN PLACE by the forward kernel, so a jitted function or a captured step
     # (which replays the op, not this Python code around it) updates each call's tensors.
     def forward(xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None) -> Tensor:
-        y, mean, rstd = BN.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps)
+        y, mean, rstd = batchnorm.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps)
         saved.update(out=y, mean=mean, rstd=rstd)
         return y
 
@@ -171,9 +175,9 @@ def batch_norm(
             mean, rstd = saved["mean"], saved["rstd"]
         else:  # re-derive without touching the running statistics
             stats = (None, None) if training else (rmv, rvv)
-            _, mean, rstd = BN.batch_norm_forward(xv, *stats, None, None, training, momentum, eps)
+            _, mean, rstd = batchnorm.batch_norm_forward(xv, *stats, None, None, training, momentum, eps)
         needs = (_needs(x), w is not None and _needs(weight), b is not None and _needs(bias))
-        gx, gw, gb = BN.batch_norm_backward(_as_dtype(g, xv.dtype), xv, mean, rstd, w, training, needs)
+        gx, gw, gb = batchnorm.batch_norm_backward(_as_dtype(g, xv.dtype), xv, mean, rstd, w, training, needs)
         return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None]
 
     attrs = {"training": training, "momentum": momentum, "eps": eps}

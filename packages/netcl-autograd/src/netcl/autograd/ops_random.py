@@ -17,7 +17,7 @@ from typing import Any
 from netcl.autograd.engine import apply_op
 from netcl.core import Tensor
 from netcl.runtime.capture import is_recording
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import random
 from netcl.runtime.ops.random import initial_seed, manual_seed
 
 #: output tensor -> (seed, device counter or None) its forward used (weak: dies with the tensor).
@@ -35,17 +35,17 @@ def dropout(x: Any, p: float = 0.5, training: bool = True) -> Any:
         return x
 
     def forward(v: Tensor) -> Tensor:
-        seed = RR.next_seed()
+        seed = random.next_seed()
         counter = None
         if v.device.kind == "opencl" and is_recording(v.device.queue):
-            counter = RR.advance_counter(RR.new_counter(v.device))
-        out = RR.dropout(v, p, seed, counter)
+            counter = random.advance_counter(random.new_counter(v.device))
+        out = random.dropout(v, p, seed, counter)
         _SEEDS[out] = (seed, counter)
         return out
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
         seed, counter = _SEEDS[out]
-        return [RR.dropout(g, p, seed, counter)]
+        return [random.dropout(g, p, seed, counter)]
 
     return apply_op(forward, grad, x, op_name="dropout", attrs={"p": p})
 

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
-from netcl.autograd.ops import _attrs_axis, _kept_shape, normalize_axes
+from netcl.autograd.ops import attrs_axis, kept_shape, normalize_axes
 from netcl.core import Tensor
-from netcl.runtime import ops as R  # noqa: N812
-from netcl.runtime.ops import scan as RS  # noqa: N812
+from netcl.runtime.ops import pointwise, reduce, scan
 
 Operand = Any  # Node | Tensor
 Axis = int | Sequence[int] | None
@@ -35,7 +34,7 @@ def _axes(x: Operand, axis: Axis) -> tuple[int, ...]:
 
 
 def _reduction(name: str, forward: Any, grad: Any, x: Operand, axis: Axis, keepdims: bool, **extra: Any) -> Node:
-    attrs = {"axis": _attrs_axis(axis), "keepdims": keepdims, **extra}
+    attrs = {"axis": attrs_axis(axis), "keepdims": keepdims, **extra}
     return apply_op(forward, grad, x, op_name=name, attrs=attrs)
 
 
@@ -45,12 +44,12 @@ def min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
-        mask = R.eq(v, out.reshape(kept))
+        kept = kept_shape(v.shape, axes)
+        mask = pointwise.eq(v, out.reshape(kept))
         # where, not mask * share: an element that is not a minimum gets 0 even when the share is NaN
-        return [R.where(mask, R.div(g.reshape(kept), R.sum(mask, axes, True)), 0.0)]
+        return [pointwise.where(mask, pointwise.div(g.reshape(kept), reduce.sum(mask, axes, True)), 0.0)]
 
-    return _reduction("min", lambda v: R.min(v, axes, keepdims), grad, x, axis, keepdims)
+    return _reduction("min", lambda v: reduce.min(v, axes, keepdims), grad, x, axis, keepdims)
 
 
 def _np_prod_grad(v: np.ndarray, g: np.ndarray, out: np.ndarray, zeros: np.ndarray, rest: np.ndarray) -> np.ndarray:
@@ -64,14 +63,14 @@ def prod(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        kept = _kept_shape(v.shape, axes)
-        is_zero = R.eq(v, 0.0)
-        zeros = R.sum(is_zero, axes, True)  # zeros in each slice
-        rest = R.prod(R.where(is_zero, 1.0, v), axes, True)  # product of the non-zero elements
+        kept = kept_shape(v.shape, axes)
+        is_zero = pointwise.eq(v, 0.0)
+        zeros = reduce.sum(is_zero, axes, True)  # zeros in each slice
+        rest = reduce.prod(pointwise.where(is_zero, 1.0, v), axes, True)  # product of the non-zero elements
         expr = "{1} * WHERE(EQ({3}, 0.0f), {2} / {0}, WHERE(EQ({0}, 0.0f) * EQ({3}, 1.0f), {4}, 0.0f))"
-        return [R.elementwise(expr, _np_prod_grad, v, g.reshape(kept), out.reshape(kept), zeros, rest)]
+        return [pointwise.elementwise(expr, _np_prod_grad, v, g.reshape(kept), out.reshape(kept), zeros, rest)]
 
-    return _reduction("prod", lambda v: R.prod(v, axes, keepdims), grad, x, axis, keepdims)
+    return _reduction("prod", lambda v: reduce.prod(v, axes, keepdims), grad, x, axis, keepdims)
 
 
 def _np_sq_dev(v: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -87,9 +86,9 @@ def _moments(v: Tensor, axes: tuple[int, ...], keepdims: bool, unbiased: bool) -
     n = math.prod(v.shape[a] for a in axes)
     dof = n - (1 if unbiased else 0)
     inv = 1.0 / dof if dof > 0 else math.nan  # NumPy and PyTorch: NaN when n <= ddof
-    m = R.mean(v, axes, True)
-    sq = R.elementwise("({0} - {1}) * ({0} - {1})", _np_sq_dev, v, m)
-    return m, R.mul(R.sum(sq, axes, keepdims), inv), inv
+    m = reduce.mean(v, axes, True)
+    sq = pointwise.elementwise("({0} - {1}) * ({0} - {1})", _np_sq_dev, v, m)
+    return m, pointwise.mul(reduce.sum(sq, axes, keepdims), inv), inv
 
 
 def var(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = False) -> Node:
@@ -98,10 +97,10 @@ def var(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        m = R.mean(v, axes, True)
+        m = reduce.mean(v, axes, True)
         inv = _moments_scale(v, axes, unbiased)
-        kept = _kept_shape(v.shape, axes)
-        return [R.elementwise("{2} * {3} * 2.0f * ({0} - {1})", _np_var_grad2, v, m, g.reshape(kept), inv)]
+        kept = kept_shape(v.shape, axes)
+        return [pointwise.elementwise("{2} * {3} * 2.0f * ({0} - {1})", _np_var_grad2, v, m, g.reshape(kept), inv)]
 
     return _reduction(
         "var", lambda v: _moments(v, axes, keepdims, unbiased)[1], grad, x, axis, keepdims, unbiased=unbiased
@@ -123,12 +122,12 @@ def std(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
-        m = R.mean(v, axes, True)
+        m = reduce.mean(v, axes, True)
         inv = _moments_scale(v, axes, unbiased)
-        kept = _kept_shape(v.shape, axes)
+        kept = kept_shape(v.shape, axes)
         expr = "{2} * {3} * ({0} - {1}) / {4}"
         return [
-            R.elementwise(
+            pointwise.elementwise(
                 expr,
                 lambda a, b, c, d, e: c * d * (a - b) / e,
                 v,
@@ -141,7 +140,7 @@ def std(x: Operand, axis: Axis = None, keepdims: bool = False, unbiased: bool = 
 
     return _reduction(
         "std",
-        lambda v: R.sqrt(_moments(v, axes, keepdims, unbiased)[1]),
+        lambda v: pointwise.sqrt(_moments(v, axes, keepdims, unbiased)[1]),
         grad,
         x,
         axis,
@@ -154,23 +153,23 @@ def cumsum(x: Operand, axis: int) -> Node:
     """Running sums along ``axis`` (one scan kernel); the gradient is the reversed running sum."""
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RS.cumsum(g, axis, reverse=True)]
+        return [scan.cumsum(g, axis, reverse=True)]
 
-    return apply_op(lambda v: RS.cumsum(v, axis), grad, x, op_name="cumsum", attrs={"axis": axis})
+    return apply_op(lambda v: scan.cumsum(v, axis), grad, x, op_name="cumsum", attrs={"axis": axis})
 
 
 def argmax(x: Operand, axis: int | None = None, keepdims: bool = False) -> Node:
     """int64 index of the maximum along ``axis`` (None: of the flattened tensor; NumPy's semantics:
     first index on ties, the first NaN when there is one); not differentiable."""
     return apply_op(
-        lambda v: RS.argmax(v, axis, keepdims), None, x, op_name="argmax", attrs={"axis": axis, "keepdims": keepdims}
+        lambda v: scan.argmax(v, axis, keepdims), None, x, op_name="argmax", attrs={"axis": axis, "keepdims": keepdims}
     )
 
 
 def argmin(x: Operand, axis: int | None = None, keepdims: bool = False) -> Node:
     """int64 index of the minimum along ``axis`` (see ``argmax``); not differentiable."""
     return apply_op(
-        lambda v: RS.argmin(v, axis, keepdims), None, x, op_name="argmin", attrs={"axis": axis, "keepdims": keepdims}
+        lambda v: scan.argmin(v, axis, keepdims), None, x, op_name="argmin", attrs={"axis": axis, "keepdims": keepdims}
     )
 
 
@@ -179,9 +178,9 @@ def flip(x: Operand, axis: Axis = None) -> Node:
     _axes(x, axis)  # AxisError before anything runs
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RS.flip(g, axis)]
+        return [scan.flip(g, axis)]
 
-    return apply_op(lambda v: RS.flip(v, axis), grad, x, op_name="flip", attrs={"axis": _attrs_axis(axis)})
+    return apply_op(lambda v: scan.flip(v, axis), grad, x, op_name="flip", attrs={"axis": attrs_axis(axis)})
 
 
 __all__ = ["argmax", "argmin", "cumsum", "flip", "min", "prod", "std", "var"]

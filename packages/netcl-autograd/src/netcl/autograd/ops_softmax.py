@@ -13,7 +13,7 @@ from typing import Any
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.row_hook import provided
 from netcl.core import Tensor
-from netcl.runtime.ops import rowwise as RW  # noqa: N812
+from netcl.runtime.ops import rowwise
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -35,7 +35,7 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
     saved: dict[str, Any] = {}
 
     def forward(v: Tensor) -> Tensor:
-        out, rowmax, rowsum = RW.softmax_forward(v, axes, mode)
+        out, rowmax, rowsum = rowwise.softmax_forward(v, axes, mode)
         if out_shape is not None:
             out = out.reshape(out_shape)
         saved.update(out=out, rowmax=rowmax, rowsum=rowsum)
@@ -46,37 +46,37 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
         if saved.get("out") is out:
             rowmax, rowsum = saved["rowmax"], saved["rowsum"]
         else:
-            _, rowmax, rowsum = RW.softmax_forward(v, axes, mode)
-        return [RW.softmax_backward(g, v, rowmax, rowsum, axes, mode)]
+            _, rowmax, rowsum = rowwise.softmax_forward(v, axes, mode)
+        return [rowwise.softmax_backward(g, v, rowmax, rowsum, axes, mode)]
 
-    return apply_op(forward, grad, x, op_name=RW.MODE_NAMES[mode], attrs=attrs)
+    return apply_op(forward, grad, x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (any axis; others go through a transpose)."""
-    axes = RW.one_axis(value_of(x, "softmax"), axis, "softmax")
+    axes = rowwise.one_axis(value_of(x, "softmax"), axis, "softmax")
     fused = provided("softmax", (x,), {"axis": axes[0]})
     if fused is not None:
         return fused
-    return _family(x, axes, RW.SOFTMAX, None, {"axis": axis})
+    return _family(x, axes, rowwise.SOFTMAX, None, {"axis": axis})
 
 
 def log_softmax(x: Operand, axis: int = -1) -> Node:
     """x - max - log(sum(exp(x - max))) along ``axis``: finite for logits of any magnitude."""
-    axes = RW.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")
+    axes = rowwise.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")
     fused = provided("log_softmax", (x,), {"axis": axes[0]})
     if fused is not None:
         return fused
-    return _family(x, axes, RW.LOG_SOFTMAX, None, {"axis": axis})
+    return _family(x, axes, rowwise.LOG_SOFTMAX, None, {"axis": axis})
 
 
 def logsumexp(x: Operand, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Node:
     """log(sum(exp(x))) over ``axis`` (None: all axes), max-subtracted; gradient softmax(x) * g."""
     v = value_of(x, "logsumexp")
-    axes = RW.logsumexp_axes(v, axis)
-    shape = RW.logsumexp_shape(v.shape, axes, keepdims)
+    axes = rowwise.logsumexp_axes(v, axis)
+    shape = rowwise.logsumexp_shape(v.shape, axes, keepdims)
     attrs = {"axis": tuple(axis) if isinstance(axis, (list, tuple)) else axis, "keepdims": keepdims}
-    return _family(x, axes, RW.LOGSUMEXP, shape, attrs)
+    return _family(x, axes, rowwise.LOGSUMEXP, shape, attrs)
 
 
 __all__ = ["log_softmax", "logsumexp", "softmax", "value_of"]

@@ -28,7 +28,7 @@ from netcl.nn import init
 from netcl.nn.functional import linear
 from netcl.nn.layers import Linear, empty_parameter
 from netcl.nn.module import Module
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import layout, pointwise
 
 
 def _value(x: Any) -> Any:
@@ -41,10 +41,10 @@ def _additive(mask: Any, dtype: np.dtype, name: str) -> Tensor:
     if not isinstance(m, Tensor):
         raise TypeError(f"MultiheadAttention: {name} must be a Tensor or Node, got {type(mask).__name__}")
     if m.dtype == np.bool_:
-        m = R.where(m, -np.inf, 0.0)
+        m = pointwise.where(m, -np.inf, 0.0)
     elif m.dtype.kind != "f":
         raise TypeError(f"MultiheadAttention: {name} must be bool or float, got dtype {m.dtype}")
-    return m if m.dtype == dtype else R.cast(m, dtype)
+    return m if m.dtype == dtype else layout.cast(m, dtype)
 
 
 class MultiheadAttention(Module):
@@ -197,7 +197,7 @@ class MultiheadAttention(Module):
                     f"MultiheadAttention: attn_mask must be (L, S) = {(L, S)} or (N * num_heads, L, S) = "
                     f"{(N * self.num_heads, L, S)}, got {am.shape}"
                 )
-            merged = am if merged is None else R.add(merged, am)
+            merged = am if merged is None else pointwise.add(merged, am)
         return merged
 
     def extra_repr(self) -> str:

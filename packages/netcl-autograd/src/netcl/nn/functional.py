@@ -17,7 +17,8 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_attention import scaled_dot_product_attention  # noqa: F401 - torch.nn.functional's name
 from netcl.core import ShapeError, Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import linalg, pointwise
+from netcl.runtime.ops.precision import at_matmul_precision
 
 
 def _needs(x: Any) -> bool:
@@ -46,8 +47,8 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
 
     def product(a: Tensor, b: Tensor, **kw: Any) -> Tensor:
         if low is None:
-            return R.matmul(a, b, **kw)
-        return R.matmul(autocast_mode.lower(a, low), autocast_mode.lower(b, low), out_dtype=float32, **kw)
+            return linalg.matmul(a, b, **kw)
+        return linalg.matmul(autocast_mode.lower(a, low), autocast_mode.lower(b, low), out_dtype=float32, **kw)
 
     def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Tensor, **kw: Any) -> Tensor:
         if low is None:
@@ -58,10 +59,10 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
         x2 = xv.reshape(rows, in_features)
         if bv is not None and low is None and float32 == bv.dtype == xv.dtype == wv.dtype:  # added in the store
-            return R.matmul(x2, wv, transpose_b=True, bias=bv).reshape(*x_shape[:-1], out_features)
+            return linalg.matmul(x2, wv, transpose_b=True, bias=bv).reshape(*x_shape[:-1], out_features)
         out = product(x2, wv, transpose_b=True)
         if bv is not None:
-            out = R.add(out, bv)
+            out = pointwise.add(out, bv)
         return out.reshape(*x_shape[:-1], out_features)
 
     def grad(
@@ -82,7 +83,7 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
     args = (x, weight) if bias is None else (x, weight, bias)
     # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store
     attrs = {"autocast": None if low is None else str(low), "bias": bias is not None}
-    at = R.at_matmul_precision  # the op's forward and gradient alike
+    at = at_matmul_precision  # the op's forward and gradient alike
     return apply_op(
         at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs, folds_addends=True
     )

@@ -12,8 +12,8 @@ from typing import Any
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.runtime import ops as R  # noqa: N812
 from netcl.runtime.launch import enqueue_copy
+from netcl.runtime.ops import layout, pointwise, random
 from netcl.runtime.ops.random import next_seed
 
 
@@ -25,7 +25,7 @@ def _tensor(x: Node | Tensor, op: str) -> Tensor:
 
 
 def _assign(dst: Tensor, src: Tensor) -> None:
-    src = R.cast(src, dst.dtype) if src.dtype != dst.dtype else src
+    src = layout.cast(src, dst.dtype) if src.dtype != dst.dtype else src
     if dst.device.kind == "cpu":
         dst.data[...] = src.data
     elif dst.nbytes:
@@ -44,20 +44,20 @@ def calculate_fan_in_and_fan_out(x: Node | Tensor) -> tuple[int, int]:
 def uniform_(x: Any, a: float = 0.0, b: float = 1.0) -> Any:
     """Fill with U(a, b); returns x."""
     t = _tensor(x, "uniform_")
-    _assign(t, R.uniform(t.shape, a, b, seed=next_seed(), device=t.device))
+    _assign(t, random.uniform(t.shape, a, b, seed=next_seed(), device=t.device))
     return x
 
 
 def normal_(x: Any, mean: float = 0.0, std: float = 1.0) -> Any:
     """Fill with N(mean, std**2); returns x."""
     t = _tensor(x, "normal_")
-    _assign(t, R.normal(t.shape, mean, std, seed=next_seed(), device=t.device))
+    _assign(t, random.normal(t.shape, mean, std, seed=next_seed(), device=t.device))
     return x
 
 
 def constant_(x: Any, value: float) -> Any:
     """Fill with ``value``; returns x."""
-    R.fill_(_tensor(x, "constant_"), value)
+    pointwise.fill_(_tensor(x, "constant_"), value)
     return x
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor, get_device
 from netcl.core.dtypes import as_dtype, float32
-from netcl.runtime.ops import kv_cache as RK  # noqa: N812
+from netcl.runtime.ops import kv_cache
 from netcl.runtime.variable import Variable
 
 
@@ -56,14 +56,14 @@ class KVCache:
 
     def update(self, k: Any, v: Any, pos: int | Variable) -> None:
         """Write ``k`` ``(batch, heads, S, head_dim)`` and ``v`` at positions ``pos .. pos + S - 1``."""
-        RK.write_rows(self.k, _value(k), pos)
-        RK.write_rows(self.v, _value(v), pos)
+        kv_cache.write_rows(self.k, _value(k), pos)
+        kv_cache.write_rows(self.v, _value(v), pos)
 
     def attend(self, q: Any, pos: int | Variable, scale: float | None = None) -> Node:
         """Attention of ``q`` ``(batch, heads, L, head_dim)`` at positions ``pos..`` over the cached keys."""
-        RK.check_cache_attention(_value(q), self.k, self.v, pos)
+        kv_cache.check_cache_attention(_value(q), self.k, self.v, pos)
         return apply_op(
-            lambda qv: RK.cache_attention(qv, self.k, self.v, pos, scale), None, q, op_name="cache_attention"
+            lambda qv: kv_cache.cache_attention(qv, self.k, self.v, pos, scale), None, q, op_name="cache_attention"
         )
 
     def __repr__(self) -> str:
@@ -75,7 +75,7 @@ class KVCache:
 
 def rows_at(table: Any, pos: int | Variable, count: int = 1) -> Node:
     """Rows ``pos .. pos + count - 1`` of ``table`` ``(..., T, R)`` as ``(..., count, R)`` (no gradient)."""
-    return apply_op(lambda t: RK.read_rows(t, pos, count), None, table, op_name="rows_at")
+    return apply_op(lambda t: kv_cache.read_rows(t, pos, count), None, table, op_name="rows_at")
 
 
 __all__ = ["KVCache", "rows_at"]

@@ -20,7 +20,7 @@ def empty_parameter(shape: tuple[int, ...], device: Device | str | None, dtype: 
     return Parameter(Tensor.zeros(shape, dtype, get_device(device)))
 
 
-def _positive(name: str, value: Any, layer: str) -> int:
+def positive_int(name: str, value: Any, layer: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
     return value
@@ -37,8 +37,8 @@ class Linear(Module):
         self, in_features: int, out_features: int, bias: bool = True, device: Device | str | None = None
     ) -> None:
         super().__init__()
-        self.in_features = _positive("in_features", in_features, "Linear")
-        self.out_features = _positive("out_features", out_features, "Linear")
+        self.in_features = positive_int("in_features", in_features, "Linear")
+        self.out_features = positive_int("out_features", out_features, "Linear")
         self.weight = empty_parameter((out_features, in_features), device)
         if bias:
             self.bias = empty_parameter((out_features,), device)
@@ -75,9 +75,9 @@ class Conv2d(Module):
         device: Device | str | None = None,
     ) -> None:
         super().__init__()
-        self.in_channels = _positive("in_channels", in_channels, "Conv2d")
-        self.out_channels = _positive("out_channels", out_channels, "Conv2d")
-        self.groups = _positive("groups", groups, "Conv2d")
+        self.in_channels = positive_int("in_channels", in_channels, "Conv2d")
+        self.out_channels = positive_int("out_channels", out_channels, "Conv2d")
+        self.groups = positive_int("groups", groups, "Conv2d")
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
@@ -120,8 +120,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device: Device | str | None = None) -> None:
         super().__init__()
-        self.num_embeddings = _positive("num_embeddings", num_embeddings, "Embedding")
-        self.embedding_dim = _positive("embedding_dim", embedding_dim, "Embedding")
+        self.num_embeddings = positive_int("num_embeddings", num_embeddings, "Embedding")
+        self.embedding_dim = positive_int("embedding_dim", embedding_dim, "Embedding")
         self.weight = empty_parameter((num_embeddings, embedding_dim), device)
         self.reset_parameters()
 

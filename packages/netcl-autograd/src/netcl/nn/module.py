@@ -17,7 +17,7 @@ import numpy as np
 from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.nn.parameter import Parameter
-from netcl.runtime.ops.optim_kernels import write_
+from netcl.runtime.ops.upload import write_
 
 
 class IncompatibleKeys(NamedTuple):

@@ -9,9 +9,9 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import float32, int64
 from netcl.nn import init
-from netcl.nn.layers import _positive, empty_parameter
+from netcl.nn.layers import empty_parameter, positive_int
 from netcl.nn.module import Module
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import pointwise
 
 
 def count_batch(x: Any, counter: Tensor) -> Node:
@@ -19,7 +19,7 @@ def count_batch(x: Any, counter: Tensor) -> Node:
     it and a captured graph replays it (a bare runtime call in ``forward`` would run only once)."""
 
     def forward(xv: Tensor, c: Tensor) -> Tensor:
-        R.add_(c, 1)
+        pointwise.add_(c, 1)
         return xv
 
     return apply_op(forward, lambda g, values, out: [g, None], x, counter, op_name="count_batch")
@@ -41,7 +41,7 @@ class _BatchNorm(Module):
         device: Device | str | None = None,
     ) -> None:
         super().__init__()
-        self.num_features = _positive("num_features", num_features, type(self).__name__)
+        self.num_features = positive_int("num_features", num_features, type(self).__name__)
         self.eps, self.momentum = float(eps), float(momentum)
         self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
         target = get_device(device)
@@ -62,9 +62,9 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            R.fill_(self.running_mean, 0.0)
-            R.fill_(self.running_var, 1.0)
-            R.fill_(self.num_batches_tracked, 0)
+            pointwise.fill_(self.running_mean, 0.0)
+            pointwise.fill_(self.running_var, 1.0)
+            pointwise.fill_(self.num_batches_tracked, 0)
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
@@ -119,7 +119,7 @@ class LayerNorm(Module):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         for size in shape:
-            _positive("normalized_shape entries", size, "LayerNorm")
+            positive_int("normalized_shape entries", size, "LayerNorm")
         self.normalized_shape, self.eps, self.elementwise_affine = shape, float(eps), bool(elementwise_affine)
         if elementwise_affine:
             self.weight = empty_parameter(shape, device)

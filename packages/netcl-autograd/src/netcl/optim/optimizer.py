@@ -19,8 +19,9 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Device, DeviceError, Tensor
-from netcl.runtime import ops as R  # noqa: N812
-from netcl.runtime.ops.optim_kernels import count_steps_, write_
+from netcl.runtime.ops import pointwise
+from netcl.runtime.ops.optim_kernels import count_steps_
+from netcl.runtime.ops.upload import write_
 
 
 def by_dtype(batch: list[tuple[Node, Tensor, dict[str, Any], int]]) -> list[list[tuple[Node, Tensor, dict, int]]]:
@@ -36,7 +37,7 @@ def clear_grad(param: Node, set_to_none: bool = True) -> None:
     if set_to_none or param.grad is None:
         param.grad, param._grad_owned = None, False
     elif param._grad_owned:
-        R.fill_(param.grad, 0.0)
+        pointwise.fill_(param.grad, 0.0)
     else:  # the buffer may be shared with another node: give this parameter its own zeros
         param.grad, param._grad_owned = Tensor.zeros(param.grad.shape, param.grad.dtype, param.grad.device), True
     param.value.grad = param.grad

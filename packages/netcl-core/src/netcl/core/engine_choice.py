@@ -25,15 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import numpy as np
 
+from netcl.core.device_facts import DeviceFacts
 from netcl.core.fact_cache import cache_file, read_entries, write_entries
 from netcl.core.host_pool import block_elements, host_threads, run_blocks
+from netcl.core.probe_kernel import probe_kernel_source
 
-if TYPE_CHECKING:
-    from netcl.core.devices import Device
+#: A device the engine choice ranks and returns (a ``netcl.core.devices.Device``).
+DeviceT = TypeVar("DeviceT", bound=DeviceFacts)
 
 PROBE_ENV = "NETCL_ENGINE_PROBE"
 CACHE_NAME = "engine-choice.json"
@@ -53,7 +55,7 @@ class Measurement:
     cached: bool = False
 
 
-def compiler_target(device: Device) -> str | None:
+def compiler_target(device: DeviceFacts) -> str | None:
     """The CPU the device's compiler generates code for (an LLVM CPU name), or None when unknown.
 
     PoCL names it in the device version (``HSTR: pthread-x86_64-pc-linux-gnu-haswell``) or, from
@@ -77,22 +79,22 @@ def compiler_target(device: Device) -> str | None:
     return None
 
 
-def targets_host_isa(device: Device) -> bool:
+def targets_host_isa(device: DeviceFacts) -> bool:
     """True when the compiler targets a particular CPU (its vector ISA), not a generic baseline."""
     target = compiler_target(device)
     return target is not None and target.lower() not in GENERIC_TARGETS
 
 
-def _driver_key(device: Device) -> tuple[int, ...]:
+def _driver_key(device: DeviceFacts) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", device.driver_version)[:3])
 
 
-def cpu_rank(device: Device) -> tuple:
+def cpu_rank(device: DeviceFacts) -> tuple:
     """Sort key, best first: host-ISA compiler, wider preferred float vectors, newer driver."""
     return (not targets_host_isa(device), -device.vector_width, tuple(-v for v in _driver_key(device)))
 
 
-def describe_target(device: Device) -> str:
+def describe_target(device: DeviceFacts) -> str:
     target = compiler_target(device)
     if target is None:
         return "compiler target unknown"
@@ -102,8 +104,8 @@ def describe_target(device: Device) -> str:
 
 
 def choose_cpu_engine(
-    cpu_devices: list[Device], numpy_device: Device, measure: Callable[[Device], Measurement] | None
-) -> tuple[Device, str]:
+    cpu_devices: list[DeviceT], numpy_device: DeviceT, measure: Callable[[DeviceT], Measurement] | None
+) -> tuple[DeviceT, str]:
     """The default among CPU OpenCL devices and the NumPy backend, and the reason in words.
 
     ``measure`` times the best-ranked OpenCL device against the NumPy backend (None: no
@@ -144,7 +146,7 @@ def cache_path() -> Path:
     return cache_file(CACHE_NAME)
 
 
-def fingerprint(device: Device) -> str:
+def fingerprint(device: DeviceFacts) -> str:
     """What the measurement depends on: this device and driver, the host CPU, NumPy, the thread count."""
     cl_device = device.cl_device
     parts = [
@@ -172,7 +174,7 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def cached_measure(device: Device) -> Measurement:
+def cached_measure(device: DeviceFacts) -> Measurement:
     """The probe result for ``device`` from the disk cache, measuring (and storing) it on a miss."""
     path = cache_path()
     key = fingerprint(device)
@@ -186,7 +188,7 @@ def cached_measure(device: Device) -> Measurement:
     return result
 
 
-def measure_probe(device: Device, n: int = PROBE_ELEMENTS, repeats: int = 9) -> Measurement:
+def measure_probe(device: DeviceFacts, n: int = PROBE_ELEMENTS, repeats: int = 9) -> Measurement:
     """Median times of ``repeats`` runs of the fused chain8 probe on ``device`` and on the NumPy backend.
 
     Medians, not minima: on a shared VM the NumPy backend's two threads are sometimes slowed for a
@@ -197,34 +199,12 @@ def measure_probe(device: Device, n: int = PROBE_ELEMENTS, repeats: int = 9) -> 
     return Measurement(_time_opencl(device, x, a, b, repeats), _time_numpy(x, a, b, repeats))
 
 
-PROBE_SOURCE = r"""
-__kernel void probe_chain8(__global const float* restrict x, __global const float* restrict a,
-                           __global const float* restrict b, __global float* restrict out, const int n) {
-    int v = get_global_id(0);
-    if ((v + 1) * @W@ > n) return;
-    VF xi = vload@W@(v, x);
-    VF h = ADD(MUL(xi, vload@W@(v, a)), vload@W@(v, b));
-    h = MUL(V_RELU(h), 0.5f);
-    h = V_TANH(SUB(V_SIGMOID(h), xi));
-    vstore@W@(MUL(h, h), v, out);
-}
-"""
-
-
-def probe_width(device: Device) -> int:
+def probe_width(device: DeviceFacts) -> int:
     """The vector width fused kernels use on this CPU device (``Device.vector_width``)."""
     return device.vector_width
 
 
-def probe_kernel_source(width: int) -> str:
-    """The chain8 probe as netcl.jit writes fused kernels for CPU devices: the body on ``float{width}``."""
-    from netcl.core.kernels import PRIMITIVE_PREAMBLE
-    from netcl.core.kernels.vector_primitives import vector_preamble
-
-    return PRIMITIVE_PREAMBLE + vector_preamble(width) + PROBE_SOURCE.replace("@W@", str(width))
-
-
-def _time_opencl(device: Device, x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
+def _time_opencl(device: DeviceFacts, x: np.ndarray, a: np.ndarray, b: np.ndarray, repeats: int) -> float:
     """The fused chain8 kernel as netcl.jit writes it for CPU devices: the body on float vectors."""
     import pyopencl as cl
 

@@ -22,14 +22,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from netcl.core.device_facts import DeviceFacts
 from netcl.core.fact_cache import cache_file, read_entries, write_entries
-
-if TYPE_CHECKING:
-    from netcl.core.devices import Device
 
 CACHE_NAME = "vector-width.json"
 WIDTHS = (16, 8, 4)
@@ -57,24 +54,24 @@ def _run_child(argv: Sequence[str], timeout: float) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-def preferred_width(device: Device) -> int:
+def preferred_width(device: DeviceFacts) -> int:
     """The device's preferred float vector width, if it is one fused kernels use (else 8)."""
     preferred = int(getattr(device.cl_device, "preferred_vector_width_float", 0) or 0)
     return preferred if preferred in WIDTHS else 8
 
 
-def candidate_widths(device: Device) -> list[int]:
+def candidate_widths(device: DeviceFacts) -> list[int]:
     """Widths to try, widest first: the preferred one, then the narrower ones."""
     return [w for w in WIDTHS if w <= preferred_width(device)]
 
 
-def check_width(device: Device, width: int, runner: ChildRunner = _run_child) -> str | None:
+def check_width(device: DeviceFacts, width: int, runner: ChildRunner = _run_child) -> str | None:
     """None when a ``float{width}`` fused kernel builds, runs and is right on ``device`` (in a
     child process), else why not: the child's error, or the signal that killed it."""
     return _check(device, width, runner)[0]
 
 
-def _check(device: Device, width: int, runner: ChildRunner) -> tuple[str | None, bool]:
+def _check(device: DeviceFacts, width: int, runner: ChildRunner) -> tuple[str | None, bool]:
     """``check_width``'s answer, and whether the child was killed (a crash or a hang: a fact about
     the compiler, unlike an error exit, which may be this environment's, e.g. a failed import)."""
     platform_name, device_name = device.cl_device.platform.name, device.cl_device.name
@@ -89,7 +86,7 @@ def _check(device: Device, width: int, runner: ChildRunner) -> tuple[str | None,
     return f"float{width} kernel: {how} ({detail})", code < 0
 
 
-def usable_width(device: Device, runner: ChildRunner = _run_child) -> tuple[int | None, list[str]]:
+def usable_width(device: DeviceFacts, runner: ChildRunner = _run_child) -> tuple[int | None, list[str]]:
     """The widest width whose kernel works on ``device`` (None when none does), and why each wider
     one did not; from the disk cache when this device, driver and CPU were checked before. A "none
     works" answer is cached only when every child was killed: an error exit may be passing (a
@@ -121,7 +118,7 @@ def cache_path() -> Path:
     return cache_file(CACHE_NAME)
 
 
-def fingerprint(device: Device) -> str:
+def fingerprint(device: DeviceFacts) -> str:
     """What the answer depends on: the device, its driver and compiler, the host CPU's identity."""
     cl_device = device.cl_device
     parts = [
@@ -162,7 +159,7 @@ def _child(platform_name: str, device_name: str, width: int) -> None:
     """Build and run the chain8 probe at ``width`` on the named device; exit 1 on a wrong result."""
     import pyopencl as cl
 
-    from netcl.core.engine_choice import probe_kernel_source
+    from netcl.core.probe_kernel import probe_kernel_source
 
     matches = [
         d for p in cl.get_platforms() if p.name == platform_name for d in p.get_devices() if d.name == device_name

@@ -4,8 +4,12 @@ from netcl.jit.__about__ import __version__
 from netcl.jit.builtin_primitives import register_builtins
 from netcl.jit.compiler import JitFunction, jit_compile
 from netcl.jit.errors import JitError, TracerConversionError, UnwatchedCaptureWarning
-from netcl.jit.primitives import _PRIMITIVES, AutogradPrimitive, get_primitive, register_primitive, registry_version
+from netcl.jit.primitive_registry import PRIMITIVES
+from netcl.jit.primitives import AutogradPrimitive, get_primitive, register_primitive, registry_version
 from netcl.jit.tracing import TraceNode, TracingContext
+
+#: The primitive registry (``primitive_registry.PRIMITIVES``) under its older name.
+_PRIMITIVES = PRIMITIVES
 
 register_builtins()
 

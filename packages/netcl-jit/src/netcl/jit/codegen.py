@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from netcl.jit.errors import JitError
 from netcl.jit.partition import FusedGroup
-from netcl.jit.primitives import get_primitive
+from netcl.jit.primitive_registry import get_primitive
 from netcl.jit.tracing import TraceNode
 
 Line = tuple[str, str]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble
 from netcl.jit.codegen import Body
-from netcl.jit.opencl_source import _vector_lanes, needs_long_index, vectorizable
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.opencl_source import needs_long_index, vector_lanes, vectorizable
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.shapes import broadcast_kind
 
 
@@ -129,7 +129,7 @@ def column_kernel_source(
     def store(j: int, value: str) -> str:
         return f"acc{j} += {value};" if columns[j] else f"vstore{width}({value}, v, out{j});"
 
-    lines += _vector_lanes(input_shapes, body, 1, width, "        ", vector, store)
+    lines += vector_lanes(input_shapes, body, 1, width, "        ", vector, store)
     lines.append("    }")
     lines += [f"    vstore{width}(acc{j}, item, out{j});" for j, column in enumerate(columns) if column]
     header = f"__kernel void {name}(\n    " + ",\n    ".join(params) + "\n) {\n"

@@ -28,7 +28,7 @@ from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
 from netcl.jit.guards import find_guards
 from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
-from netcl.jit.primitives import registry_version
+from netcl.jit.primitive_registry import registry_version
 from netcl.jit.row_step import RowStep
 from netcl.jit.tracing import TraceNode, TracingContext
 

@@ -18,7 +18,7 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.jit import detection_loss_numpy as npl
+from netcl.jit import detection_loss_numpy
 from netcl.jit.detection_loss_kernels import BACKWARD_NAME, PARTIAL_NAME, REDUCE_NAME, detection_loss_source
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
@@ -136,7 +136,7 @@ class FusedDetectionLossPlan:
     def blocks(self, n: int) -> int:
         """Work-groups (= partial sums) for ``n`` elements: >= ``vec`` elements per work-item, <= ``max_blocks``."""
         if not self.is_opencl:
-            return max(1, -(-n // npl.BLOCK))
+            return max(1, -(-n // detection_loss_numpy.BLOCK))
         return min(self.max_blocks, max(1, -(-n // (self.vec * self.local_size))))
 
     def forward(
@@ -239,7 +239,9 @@ def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> 
     on CPU devices, whose kernels then evaluate the terms on float vectors.
     """
     if device.kind != "opencl":
-        return FusedDetectionLossPlan(device, ctype, 1, npl.partials, npl.reduce, npl.backward)
+        return FusedDetectionLossPlan(
+            device, ctype, 1, detection_loss_numpy.partials, detection_loss_numpy.reduce, detection_loss_numpy.backward
+        )
     # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
     local = min(LOCAL_SIZE, _pow2_floor(device.cl_device.max_work_group_size))
     if vec is None:

@@ -23,9 +23,10 @@ from netcl.jit.codegen import backward_body, forward_body, reached_inputs
 from netcl.jit.column_source import ColumnLayout, column_input, column_kernel_source, column_layout
 from netcl.jit.partition import FusedGroup
 from netcl.jit.tuning import column_groups, launch_config
-from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops import reduce
+from netcl.runtime.ops.layout import broadcast_to, full, sum_to_shape
 
 _F32 = np.dtype(np.float32)
 #: per output of a direct plan: how many small output buffers the plan recycles, and up to what size
@@ -231,7 +232,7 @@ class FusedStep:
         if not any(wants):  # nothing to differentiate: what apply_op returns here, without its overhead
             return [Node(out, op_name=self.label) for out in outs]
         return [
-            apply_op(_Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
+            apply_op(Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
         ]
 
     def _grad_fn(self, output_index: int, wants: tuple[bool, ...]):
@@ -249,13 +250,13 @@ class FusedStep:
         if not any(wants):
             return [None] * len(values)
         if tuple(grad_out.shape) != self.shape:
-            grad_out = rops.broadcast_to(grad_out, self.shape)
+            grad_out = broadcast_to(grad_out, self.shape)
         compiled, _, layout, columns = self._backward_kernel(output_index, wants)
         grads = [self._partial_sums(layout) if column else self._empty() for column in columns]
         if self.size:
             self._run(compiled, values, grads, grad_out)
         else:
-            grads = [rops.full(self.shape, 0.0, device=self.device) for _ in grads]
+            grads = [full(self.shape, 0.0, device=self.device) for _ in grads]
         result: list[Tensor | None] = []
         pending = iter(zip(grads, columns, strict=True))
         for want, shape in zip(wants, self.input_shapes, strict=True):
@@ -264,9 +265,9 @@ class FusedStep:
                 continue
             grad, column = next(pending)
             if column:  # (groups, width) partial sums of a bias's gradient
-                result.append((grad if layout.groups == 1 else rops.sum(grad, axis=0)).reshape(shape))
+                result.append((grad if layout.groups == 1 else reduce.sum(grad, axis=0)).reshape(shape))
             else:
-                result.append(grad if shape == self.shape else rops.sum_to_shape(grad, shape))
+                result.append(grad if shape == self.shape else sum_to_shape(grad, shape))
         return result
 
     def _partial_sums(self, layout: ColumnLayout) -> Tensor:
@@ -275,7 +276,7 @@ class FusedStep:
         return Tensor(self.device.allocator(self.device, 4 * math.prod(shape)), shape, _F32, self.device)
 
 
-class _Precomputed:
+class Precomputed:
     """The forward ``fn`` handed to apply_op: the kernel already ran, so it returns its output."""
 
     __slots__ = ("out",)

@@ -27,13 +27,12 @@ import numpy as np
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
 from netcl.jit.codegen import backward_body, forward_body
-from netcl.jit.fused_step import FusedStep, _Precomputed
+from netcl.jit.fused_step import FusedStep, Precomputed
 from netcl.jit.partition import EagerStep, FusedGroup, Step
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.shapes import broadcast_kind
 from netcl.jit.tracing import TraceNode
-from netcl.runtime import ops as rops
-from netcl.runtime.ops import host_blas
+from netcl.runtime.ops import host_blas, layout, linalg
 from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.gemm_source import Epilogue
 
@@ -79,7 +78,7 @@ def operand_kind(node: TraceNode, out_shape: tuple[int, ...]) -> str | None:
 def _eligible(node: TraceNode) -> bool:
     """A float32 ``matmul`` of >= 2-D operands, or ``nn.functional.linear`` outside autocast."""
     if node.op_name == "matmul":
-        if node.fn is not rops.matmul or len(node.inputs) != 2:
+        if node.fn is not linalg.matmul or len(node.inputs) != 2:
             return False
     elif node.op_name == "linear":
         if node.attrs.get("autocast", "?") is not None or len(node.inputs) != 2 + bool(node.attrs.get("bias")):
@@ -220,7 +219,7 @@ class GemmEpilogueStep:
         if not grad:
             return [Node(out, op_name=self.inner.label) for out in outs]
         return [
-            apply_op(_Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
+            apply_op(Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
             for j, out in enumerate(outs)
         ]
 
@@ -250,7 +249,7 @@ class GemmEpilogueStep:
         group_wants = self._group_wants(wants)
         kernel_wants, alias = self._alias(output_index, group_wants)
         if tuple(grad_out.shape) != self.shape:
-            grad_out = rops.broadcast_to(grad_out, self.shape)
+            grad_out = layout.broadcast_to(grad_out, self.shape)
         group_values = self._group_values(grad_out if product is None else product, values[n:])
         grads = self.inner.backward(output_index, kernel_wants, grad_out, group_values) if any(kernel_wants) else []
         grads = grads or [None] * len(group_values)
@@ -258,7 +257,7 @@ class GemmEpilogueStep:
             grad = grad_out if source == _GOUT else grads[source]
             if grad is not None:
                 shape = self.inner.input_shapes[k]
-                grads[k] = grad if shape == self.shape else rops.sum_to_shape(grad, shape)
+                grads[k] = grad if shape == self.shape else layout.sum_to_shape(grad, shape)
         d_product = grads[self.h_index]
         matmul_grads = [None] * n
         if d_product is not None and any(wants[:n]):  # the product's own rule (matmul's, linear's)

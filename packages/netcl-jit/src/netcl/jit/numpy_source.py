@@ -23,7 +23,7 @@ from netcl.jit.codegen import Body
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_ranges import specialize
-from netcl.jit.primitives import custom_numpy_helpers
+from netcl.jit.primitive_registry import custom_numpy_helpers
 from netcl.runtime.ops import c_expr
 
 #: Helpers (and C builtins) that are exactly one NumPy ufunc on their arguments, so they can

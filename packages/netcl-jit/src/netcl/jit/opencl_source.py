@@ -13,7 +13,7 @@ from netcl.core import broadcast_index_lines
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.codegen import Body
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.runtime.ops._common import index_ctype
 
 VECTOR_WIDTH = 4
@@ -149,7 +149,7 @@ def _vector_kernel(
             lines.append(f"        float{width} a{k} = vload{width}(v, in{k});")
     if extra_inputs:
         lines.append(f"        float{width} ag = vload{width}(v, gin_buf0);")
-    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "        ", vector)
+    lines += vector_lanes(input_shapes, body, extra_inputs, width, "        ", vector)
     lines.append("    } else {")
     if vector:  # the tail on zero-padded vectors: no scalar helpers in the kernel (10% on Debian's PoCL)
         lines += _vector_tail(input_shapes, body, extra_inputs, index_type, width)
@@ -181,7 +181,7 @@ def _vector_tail(input_shapes, body: Body, extra_inputs: int, index_type: str, w
             f"{indent}for (int j = 0; j < {width}; ++j) {name}_t[j] = first + j < n ? {buffer}[first + j] : 0.0f;"
         )
         lines.append(f"{indent}VF {name} = vload{width}(0, {name}_t);")
-    body_lines = _vector_lanes(input_shapes, body, extra_inputs, width, indent, True)
+    body_lines = vector_lanes(input_shapes, body, extra_inputs, width, indent, True)
     stores = [line for line in body_lines if line.lstrip().startswith("vstore")]
     lines += [line for line in body_lines if line not in stores]
     for j, var in enumerate(body.results):
@@ -211,11 +211,11 @@ def _broadcast_vector_kernel(
             lines.append(f"    float{width} a{k} = (float{width})(in{k}[i{k}]);")
     if extra_inputs:
         lines.append(f"    float{width} ag = vload{width}(v, gin_buf0);")
-    lines += _vector_lanes(input_shapes, body, extra_inputs, width, "    ", vector)
+    lines += vector_lanes(input_shapes, body, extra_inputs, width, "    ", vector)
     return "\n".join(lines) + "\n"
 
 
-def _vector_lanes(
+def vector_lanes(
     input_shapes, body: Body, extra_inputs: int, width: int, indent: str, vector: bool, store=None
 ) -> list[str]:
     """The element body on the loaded vectors ``a{k}``/``ag``: once on ``VF`` values (``vector``), else

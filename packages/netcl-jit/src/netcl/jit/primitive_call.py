@@ -19,10 +19,10 @@ from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_source import to_python
-from netcl.jit.primitives import AutogradPrimitive
-from netcl.runtime import ops as rt_ops
+from netcl.jit.primitive_registry import PrimitiveDef
 from netcl.runtime.cache import program_cache
 from netcl.runtime.errors import CompileError
+from netcl.runtime.ops import layout, pointwise
 
 
 def _placeholders(count: int) -> list[str]:
@@ -33,7 +33,7 @@ def _is_zero(expr: str) -> bool:
     return expr.strip() in ("0.0f", "0", "0.0")
 
 
-def _numpy_fn(primitive: AutogradPrimitive, expr: str, count: int) -> Callable[..., np.ndarray]:
+def _numpy_fn(primitive: PrimitiveDef, expr: str, count: int) -> Callable[..., np.ndarray]:
     """``expr`` ({i} = argument i) as a Python function over NumPy arrays (the NumPy backend)."""
     body = to_python(expr)
     for i in range(count):
@@ -46,7 +46,7 @@ def _numpy_fn(primitive: AutogradPrimitive, expr: str, count: int) -> Callable[.
         raise JitError(f"primitive {primitive.name!r}: expression {expr!r} is not valid on the NumPy path") from exc
 
 
-def _evaluate(primitive: AutogradPrimitive, expr: str, values: Sequence[Any]) -> Tensor:
+def _evaluate(primitive: PrimitiveDef, expr: str, values: Sequence[Any]) -> Tensor:
     numpy_fn = _numpy_fn(primitive, expr, len(values))
 
     def checked(*arrays: np.ndarray) -> np.ndarray:
@@ -58,10 +58,10 @@ def _evaluate(primitive: AutogradPrimitive, expr: str, values: Sequence[Any]) ->
                 "register_primitive with a NumPy function for each helper its preamble defines"
             ) from None
 
-    return rt_ops.elementwise(expr, checked, *values, preamble=primitive.preamble)
+    return pointwise.elementwise(expr, checked, *values, preamble=primitive.preamble)
 
 
-def call_primitive(primitive: AutogradPrimitive, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
+def call_primitive(primitive: PrimitiveDef, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
     """Apply ``primitive`` to ``inputs`` through ``apply_op`` (Nodes, Tensors or scalars)."""
     if primitive.arity is not None and len(inputs) != primitive.arity:
         raise JitError(f"primitive {primitive.name!r} takes {primitive.arity} inputs, got {len(inputs)}")
@@ -85,7 +85,7 @@ def call_primitive(primitive: AutogradPrimitive, inputs: Sequence[Any], attrs: d
                 grads.append(None)
                 continue
             full = _evaluate(primitive, expr, (*values, grad, out))
-            grads.append(rt_ops.sum_to_shape(full, value.shape) if full.shape != value.shape else full)
+            grads.append(layout.sum_to_shape(full, value.shape) if full.shape != value.shape else full)
         return grads
 
     return apply_op(forward, backward, *inputs, op_name=primitive.name, attrs=dict(attrs))
@@ -98,7 +98,7 @@ def _probe_device():
     return next(iter(usable_opencl_devices()), None)
 
 
-def probe_primitive(primitive: AutogradPrimitive) -> None:
+def probe_primitive(primitive: PrimitiveDef) -> None:
     """Build the forward and backward expressions into one kernel; JitError with the build log if they fail.
 
     The expressions' types are checked everywhere; the build needs an OpenCL device (none: skipped).

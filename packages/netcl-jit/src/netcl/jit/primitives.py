@@ -15,41 +15,40 @@ on an OpenCL device, so an expression that does not compile fails there, with th
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from netcl.jit.errors import JitError
+from netcl.jit.primitive_call import call_primitive, probe_primitive
+from netcl.jit.primitive_registry import (
+    BackwardFn,
+    ForwardFn,
+    PrimitiveDef,
+    add,
+    custom_numpy_helpers,
+    custom_preamble,
+    get_primitive,
+    registry_version,
+)
 
-ForwardFn = Callable[[list[str], dict], str]
-BackwardFn = Callable[[list[str], str, dict, str], list[str]]
+__all__ = [
+    "AutogradPrimitive",
+    "BackwardFn",
+    "ForwardFn",
+    "custom_numpy_helpers",
+    "custom_preamble",
+    "get_primitive",
+    "register_primitive",
+    "registry_version",
+]
 
 
-@dataclass(frozen=True)
-class AutogradPrimitive:
-    """How one elementwise op is written inside a fused kernel."""
-
-    name: str
-    forward: ForwardFn
-    backward: BackwardFn
-    arity: int | None = None
-    fusible: bool = True
-    #: C helpers the expressions call beyond PRIMITIVE_PREAMBLE
-    preamble: str = ""
-    #: NumPy functions of the helpers ``preamble`` defines (the NumPy backend's twins)
-    numpy_helpers: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, hash=False)
+class AutogradPrimitive(PrimitiveDef):
+    """A registered primitive: its definition (``PrimitiveDef``), callable as the op itself."""
 
     def __call__(self, *inputs: Any, **attrs: Any) -> Any:
         """Apply the primitive: a Node built through ``apply_op`` (traced inside ``jit_compile``)."""
-        from netcl.jit.primitive_call import call_primitive
-
         return call_primitive(self, inputs, attrs)
-
-
-_PRIMITIVES: dict[str, AutogradPrimitive] = {}
-_lock = threading.Lock()
-_version = 0
 
 
 def register_primitive(
@@ -71,7 +70,6 @@ def register_primitive(
     names an expression that does not compile. Expressions needing attributes the probe cannot
     guess (``attrs`` is empty there) are probed when they first compile instead.
     """
-    global _version
     if not isinstance(name, str) or not name.isidentifier():
         raise JitError(f"primitive name must be an identifier string, got {name!r}")
     if not callable(forward) or not callable(backward):
@@ -85,36 +83,6 @@ def register_primitive(
         raise JitError(f"primitive {name!r}: numpy_helpers must map names to callables")
     primitive = AutogradPrimitive(name, forward, backward, arity, bool(fusible), preamble, helpers)
     if probe:
-        from netcl.jit.primitive_call import probe_primitive
-
         probe_primitive(primitive)  # raises JitError with the build log before anything is registered
-    with _lock:
-        _PRIMITIVES[name] = primitive
-        _version += 1
+    add(primitive)
     return primitive
-
-
-def get_primitive(name: str) -> AutogradPrimitive | None:
-    """The registered primitive ``name``, or None."""
-    return _PRIMITIVES.get(name)
-
-
-def registry_version() -> int:
-    """Bumped on every registration; part of every JIT cache key."""
-    return _version
-
-
-def custom_preamble() -> str:
-    """The ``preamble=`` C helpers of every registered primitive (each once, in name order)."""
-    with _lock:
-        parts = dict.fromkeys(p.preamble for _, p in sorted(_PRIMITIVES.items()) if p.preamble)
-    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
-
-
-def custom_numpy_helpers() -> dict[str, Callable[..., Any]]:
-    """The ``numpy_helpers=`` of every registered primitive, merged."""
-    helpers: dict[str, Callable[..., Any]] = {}
-    with _lock:
-        for primitive in _PRIMITIVES.values():
-            helpers.update(primitive.numpy_helpers)
-    return helpers

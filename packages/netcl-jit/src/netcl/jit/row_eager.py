@@ -19,7 +19,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.row_hook import set_row_provider
 from netcl.core import Tensor
 from netcl.jit.compiler import JitFunction, jit_compile
-from netcl.runtime import ops as rops
+from netcl.runtime.ops import layout, pointwise, reduce
 
 #: Below this many elements the runtime's row kernels (row length a kernel argument) are used.
 MIN_ELEMENTS = 1 << 16
@@ -100,12 +100,15 @@ def _cross_entropy(x: Any, target: Any, attrs: dict) -> Any:
     total = ag.sum(rows)
     if reduction == "sum":
         return total
-    valid = rops.sum(rops.ne(t, ignore))
-    count = rops.cast(valid, np.float32) if valid.dtype != _F32 else valid
-    safe = rops.maximum(count, 1.0)
+    valid = reduce.sum(pointwise.ne(t, ignore))
+    count = layout.cast(valid, np.float32) if valid.dtype != _F32 else valid
+    safe = pointwise.maximum(count, 1.0)
     # every target ignored: the mean is 0/0 = NaN (PyTorch), but no position gets a gradient
     return apply_op(
-        lambda s: rops.div(s, count), lambda g, values, out: [rops.div(g, safe)], total, op_name="cross_entropy_mean"
+        lambda s: pointwise.div(s, count),
+        lambda g, values, out: [pointwise.div(g, safe)],
+        total,
+        op_name="cross_entropy_mean",
     )
 
 

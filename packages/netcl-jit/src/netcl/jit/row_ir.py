@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from netcl.jit.errors import JitError
-from netcl.jit.primitives import get_primitive
+from netcl.jit.primitive_registry import get_primitive
 
 ELEM, COL, ROW, PARAM, INDEX = "elem", "col", "row", "param", "index"
 #: The column index of the element (a float), readable by any elem statement.

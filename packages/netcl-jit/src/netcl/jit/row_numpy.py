@@ -14,7 +14,7 @@ from netcl.core.host_pool import block_elements, run_blocks
 from netcl.jit.errors import JitError
 from netcl.jit.numpy_helpers import NAMESPACE
 from netcl.jit.numpy_source import to_python
-from netcl.jit.primitives import custom_numpy_helpers
+from netcl.jit.primitive_registry import custom_numpy_helpers
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
 
 _REDUCE = {"sum": "np.sum", "max": "np.max", "min": "np.min"}

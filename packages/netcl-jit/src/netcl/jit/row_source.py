@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
-from netcl.jit.primitives import custom_preamble
+from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
 from netcl.runtime.ops._common import index_ctype
 from netcl.runtime.ops._rows import tree_loop_c

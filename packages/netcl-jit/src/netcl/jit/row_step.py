@@ -20,9 +20,9 @@ from netcl.core import Device, Tensor
 from netcl.jit import row_numpy, row_source
 from netcl.jit.row_group import RowGroup, build_program
 from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backward_program
-from netcl.runtime import ops as rops
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
+from netcl.runtime.ops import layout, reduce
 from netcl.runtime.ops.class_loss import check_targets
 
 _F32 = np.dtype(np.float32)
@@ -147,7 +147,7 @@ class RowStep:
         compiled, _, which = self._backward_kernel(output_index, wants)
         out_shape = tuple(self.group.outputs[output_index].shape)
         if tuple(grad_out.shape) != out_shape:
-            grad_out = rops.broadcast_to(grad_out, out_shape)
+            grad_out = layout.broadcast_to(grad_out, out_shape)
         program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
         partial = self.is_opencl and compiled[3] != self.rows  # column gradients come as per-group partial sums
         shapes = [self._grad_shape(k, compiled[3] if partial else 0) for k in which]
@@ -157,7 +157,7 @@ class RowStep:
         for k, grad in zip(which, grads, strict=True):
             target = tuple(self.group.inputs[k].shape)
             if self.program.inputs[k].kind == COL:
-                grad = rops.sum(grad, 0).reshape(target) if partial else rops.sum_to_shape(grad, target)
+                grad = reduce.sum(grad, 0).reshape(target) if partial else layout.sum_to_shape(grad, target)
             elif grad.shape != target:
                 grad = grad.reshape(target)
             result[k] = grad

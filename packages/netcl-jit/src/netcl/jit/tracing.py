@@ -19,7 +19,7 @@ import numpy as np
 from netcl.autograd import engine
 from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.jit.errors import TracerConversionError
-from netcl.jit.primitives import get_primitive
+from netcl.jit.primitive_registry import get_primitive
 from netcl.jit.shapes import infer_shape
 
 

@@ -8,29 +8,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from netcl.autograd import ops as ag
+from netcl.autograd import ops
 
 
 def chain8(x, a, b):
     """Eight elementwise ops; 3 inputs, 1 output (16 bytes per element when fused)."""
     h = x * a
     h = h + b
-    h = ag.relu(h)
+    h = ops.relu(h)
     h = h * 0.5
-    h = ag.sigmoid(h)
+    h = ops.sigmoid(h)
     h = h - x
-    h = ag.tanh(h)
+    h = ops.tanh(h)
     return h * h
 
 
 def bias_gelu(x, b):
     """``gelu(x + b)`` with x ``(B, F)`` and b ``(1, F)``."""
-    return ag.gelu(x + b)
+    return ops.gelu(x + b)
 
 
 def mlp_block(x, w, b):
     """``relu(x @ w + b) + 1.0``: a matmul, then an epilogue that fuses into one kernel."""
-    return ag.relu(ag.matmul(x, w) + b) + 1.0
+    return ops.relu(ops.matmul(x, w) + b) + 1.0
 
 
 # ---- float64 NumPy references --------------------------------------------------------------

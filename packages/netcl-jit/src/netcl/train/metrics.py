@@ -8,7 +8,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.runtime import ops as R  # noqa: N812
+from netcl.runtime.ops import layout, pointwise, reduce, scan
 
 
 def accuracy(output: Any, target: Any) -> Tensor:
@@ -20,6 +20,6 @@ def accuracy(output: Any, target: Any) -> Tensor:
         labels = Tensor.from_host(logits.device, np.asarray(labels))
     if logits.ndim != 2 or labels.shape != (logits.shape[0],):
         raise ValueError(f"accuracy: expected output (N, C) and target (N,), got {logits.shape} and {labels.shape}")
-    predicted = R.cast(R.argmax(logits, axis=1), np.int64)
-    hits = R.cast(R.eq(predicted, R.cast(labels, np.int64)), np.float32)
-    return R.mean(hits)
+    predicted = layout.cast(scan.argmax(logits, axis=1), np.int64)
+    hits = layout.cast(pointwise.eq(predicted, layout.cast(labels, np.int64)), np.float32)
+    return reduce.mean(hits)

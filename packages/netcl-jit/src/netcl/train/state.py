@@ -11,7 +11,7 @@ import numpy as np
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
 from netcl.optim.optimizer import Optimizer
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import random
 from netcl.train.checkpoint import CheckpointError
 
 
@@ -36,7 +36,7 @@ def trainer_state(trainer: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         "optimizer": {"state": saved_state, "param_groups": opt_state["param_groups"]},
         "scheduler": None if trainer.scheduler is None else _jsonable(trainer.scheduler.state_dict()),
         "scaler": None if trainer.scaler is None else trainer.scaler.state_dict(),
-        "rng": RR.get_rng_state(),
+        "rng": random.get_rng_state(),
         "loader_seed": trainer._loader_seed,
         "position": {
             "epoch": trainer.epoch,
@@ -99,7 +99,7 @@ def load_trainer_state(trainer: Any, tensors: dict[str, np.ndarray], state: dict
         trainer.optimizer.sync_hyperparameters()
     if trainer.scaler is not None:
         trainer.scaler.load_state_dict(state["scaler"])
-    RR.set_rng_state(state["rng"])
+    random.set_rng_state(state["rng"])
     trainer._loader_seed = trainer._resume_loader_seed = state.get("loader_seed")
     trainer.epoch = int(position["epoch"])
     trainer.batch_in_epoch = int(position["batch_in_epoch"])

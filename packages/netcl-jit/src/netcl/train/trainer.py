@@ -25,10 +25,10 @@ from netcl.core import Device, Tensor, get_device
 from netcl.jit.graph_fusion import FusedGraph, fuse_graph
 from netcl.nn.utils import clip_grad_norm_
 from netcl.optim.optimizer import Optimizer
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import random
 from netcl.runtime.ops.layout import copy as device_copy
-from netcl.runtime.ops.optim_kernels import write_
 from netcl.runtime.ops.scalar_log import log_scalar_
+from netcl.runtime.ops.upload import write_
 from netcl.train import loaders
 from netcl.train.callbacks import Callback
 from netcl.train.checkpoint import read_checkpoint, write_checkpoint
@@ -304,22 +304,22 @@ class Trainer:
         dropout seeds and device counters at its next replay's value; on the NumPy backend (where each
         call draws fresh seeds and the capture's trace draws as many again) the generator is rewound
         by the trace's draws, so the capture's own step takes the seeds a replay would have taken."""
-        resume, current = self._resume_graph, RR.get_rng_state()
+        resume, current = self._resume_graph, random.get_rng_state()
         start = 0
         if resume is not None and self.device.kind == "opencl":
-            RR.set_rng_state(resume["rng"])
+            random.set_rng_state(resume["rng"])
             start = int(resume["runs"])
         elif resume is not None:
             trace_draws = int(resume["capture_draws"]) - int(resume.get("step_draws", resume["capture_draws"] // 2))
-            RR.set_rng_state({"seed": current["seed"], "calls": max(current["calls"] - trace_draws, 0)})
-        before = RR.get_rng_state()
-        with RR.counters_start_at(start % 2**32), self._autocast():
+            random.set_rng_state({"seed": current["seed"], "calls": max(current["calls"] - trace_draws, 0)})
+        before = random.get_rng_state()
+        with random.counters_start_at(start % 2**32), self._autocast():
             fused = fuse_graph(
                 self.network, x, target, self._graph_loss, optimizer_step=self._graph_update, after_step=self._log_loss
             )
-        draws = RR.get_rng_state()["calls"] - before["calls"]
+        draws = random.get_rng_state()["calls"] - before["calls"]
         if resume is not None and self.device.kind == "opencl":
-            RR.set_rng_state(current)
+            random.set_rng_state(current)
         self._graph, self._graph_signature, self._resume_graph = fused, signature, None
         self._graph_runs = start + 1
         self._graph_info = dict(resume) if resume is not None else {"rng": before, "capture_draws": draws}
@@ -333,9 +333,9 @@ class Trainer:
             if "step_draws" in self._graph_info:
                 self._graph.execute(x, target)
             else:  # the first replay: how many seeds a replayed step draws (a NumPy-backend resume needs it)
-                before = RR.get_rng_state()["calls"]
+                before = random.get_rng_state()["calls"]
                 self._graph.execute(x, target)
-                self._graph_info["step_draws"] = RR.get_rng_state()["calls"] - before
+                self._graph_info["step_draws"] = random.get_rng_state()["calls"] - before
         self._graph_runs += 1
         self.global_step += 1
 

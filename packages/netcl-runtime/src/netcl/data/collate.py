@@ -28,7 +28,7 @@ def batch_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float64 else np.dtype(dtype)
 
 
-def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def empty_host(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
@@ -62,7 +62,7 @@ def _mismatch(indices: Sequence[int], k: int, what: str, first: str, other: str)
     )
 
 
-def collate(items: Sequence[Any], indices: Sequence[int], alloc: Alloc = _empty, where: str = "") -> Any:
+def collate(items: Sequence[Any], indices: Sequence[int], alloc: Alloc = empty_host, where: str = "") -> Any:
     """Stack ``items`` (the dataset items at ``indices``) into one batch; see the module docstring."""
     first = items[0]
     if isinstance(first, dict):
@@ -99,7 +99,7 @@ def collate(items: Sequence[Any], indices: Sequence[int], alloc: Alloc = _empty,
     return out
 
 
-def to_batch(value: Any, alloc: Alloc = _empty) -> Any:
+def to_batch(value: Any, alloc: Alloc = empty_host) -> Any:
     """A ``collate_fn`` result with every array leaf copied into ``alloc``'s arrays (float64 -> float32)."""
     if isinstance(value, dict):
         return {key: to_batch(v, alloc) for key, v in value.items()}

@@ -10,7 +10,7 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.data.collate import Alloc, batch_dtype
-from netcl.data.sampler import _check_seed, permutation
+from netcl.data.sampler import check_seed, permutation
 
 #: dtype kinds ``gather_batch`` stacks itself (bool, integers, floats, complex); others go item by item
 _GATHER_KINDS = "biufc"
@@ -166,7 +166,7 @@ def random_split(dataset: Any, lengths: Sequence[float], seed: int | None = None
         from netcl.runtime.ops.random import next_seed
 
         seed = next_seed()
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     total = len(dataset)
     counts = _split_lengths(total, lengths)
     order = permutation(total, seed, 0).tolist()

@@ -31,7 +31,7 @@ from netcl.core import Device, Tensor, get_device
 from netcl.data.collate import batch_dtype
 from netcl.data.errors import BatchBuildError
 from netcl.data.pinned import BatchBuffers, PinnedPool
-from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, _check_epoch, _check_seed
+from netcl.data.sampler import BatchSampler, RandomSampler, SequentialSampler, check_epoch, check_seed
 from netcl.data.workers import HostBatch, InlineProducer, ProcessProducer, ThreadProducer, build_batch
 from netcl.runtime.scheduler import Stream
 
@@ -103,7 +103,7 @@ class DataLoader:
             from netcl.runtime.ops.random import next_seed
 
             seed = next_seed()
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         if sampler is not None and shuffle:
             raise ValueError("DataLoader: sampler and shuffle=True are mutually exclusive (the sampler sets the order)")
         if sampler is None:
@@ -175,7 +175,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter(loader)`` uses (then it advances by one per iteration)."""
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_epoch(epoch)
         if not self._owns_sampler and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
 

@@ -21,13 +21,13 @@ def _length(dataset: Any) -> int:
     return int(length)
 
 
-def _check_epoch(epoch: Any) -> int:
+def check_epoch(epoch: Any) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     return int(epoch)
 
 
-def _check_seed(seed: Any) -> int:
+def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     return int(seed)
@@ -49,7 +49,7 @@ class Sampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Samplers without randomness ignore the epoch."""
-        _check_epoch(epoch)
+        check_epoch(epoch)
 
 
 class SequentialSampler(Sampler):
@@ -90,11 +90,11 @@ class RandomSampler(Sampler):
                 "pass replacement=True to draw more"
             )
         self.num_samples = self.length if num_samples is None else int(num_samples)
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_epoch(epoch)
 
     def indices(self) -> np.ndarray:
         """The current epoch's indices (int64)."""
@@ -180,7 +180,7 @@ class DistributedSampler(Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``seed + epoch`` for the next iteration's shuffle (the same on every rank)."""
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_epoch(epoch)
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the current epoch (int64)."""

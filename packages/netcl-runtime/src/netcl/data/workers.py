@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.data.collate import Alloc, _empty, collate, to_batch
+from netcl.data.collate import Alloc, collate, empty_host, to_batch
 from netcl.data.errors import BatchBuildError, WorkerDiedError
 
 #: ``(batch, buffers)``: the collated batch and the pinned buffers it lives in (None: plain NumPy memory).
@@ -105,7 +105,7 @@ def _gather(dataset: Any, indices: list[int], alloc_factory: Callable[[], Any]) 
         return None
     buffers = alloc_factory()
     try:
-        batch = gather(indices, buffers if buffers is not None else _empty)
+        batch = gather(indices, buffers if buffers is not None else empty_host)
     except Exception:  # the item-by-item build reports the error with the index that caused it
         batch = None
     if batch is None and buffers is not None:

@@ -3,124 +3,36 @@
 ``launch`` calls ``record`` whenever ``RECORDING`` is non-empty; a capture registers itself
 for one queue with ``begin`` and stops with ``end``. Captures do not nest on one queue.
 ``capture_graph(queue, fn, *args, **kwargs)`` is the functional form (it lives in
-``netcl.runtime.graph`` and is re-exported here).
+``netcl.runtime.graph`` and is re-exported here). The registry itself lives in
+``netcl.runtime.recording``, which ``launch`` and ``graph`` import (this module imports ``graph``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from netcl.runtime.graph import capture_graph
+from netcl.runtime.recording import (
+    RECORDING,
+    CaptureState,
+    Recorder,
+    begin,
+    end,
+    get_capture,
+    is_recording,
+    paused,
+    record,
+    record_command,
+)
 
-import pyopencl as cl
-
-if TYPE_CHECKING:
-    from netcl.runtime.graph import Graph
-
-
-class Recorder(Protocol):
-    def record_launch(
-        self,
-        kernel: cl.Kernel,
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...] | None,
-        args: list[Any],
-        keep: Sequence[Any] = (),
-    ) -> None: ...
-
-    def record_command(self, command: Callable[..., Any], args: list[Any], keep: Sequence[Any] = ()) -> None: ...
-
-
-#: queue int_ptr -> the recorder capturing launches on that queue. Empty when nothing records.
-RECORDING: dict[int, Recorder] = {}
-_lock = threading.Lock()
-_local = threading.local()
-
-
-def is_recording(queue: cl.CommandQueue) -> bool:
-    """Whether a capture records launches on ``queue``."""
-    return queue.int_ptr in RECORDING
-
-
-def record(
-    queue: cl.CommandQueue,
-    kernel: cl.Kernel,
-    gsize: tuple[int, ...],
-    lsize: tuple[int, ...] | None,
-    args: list[Any],
-    keep: Sequence[Any] = (),
-) -> None:
-    """Hand one kernel launch to the recorder of ``queue`` (no-op when none records it).
-
-    ``args`` are the raw kernel arguments; ``keep`` holds objects (e.g. Tensors) that the
-    capture must keep alive so their buffers are not recycled while the graph exists.
-    """
-    recorder = RECORDING.get(queue.int_ptr)
-    if recorder is not None:
-        recorder.record_launch(kernel, gsize, lsize, args, keep)
-
-
-def record_command(
-    queue: cl.CommandQueue, command: Callable[..., Any], args: list[Any], keep: Sequence[Any] = ()
-) -> None:
-    """Hand a non-kernel command (``command(queue, *args)`` re-enqueues it) to ``queue``'s recorder."""
-    recorder = RECORDING.get(queue.int_ptr)
-    if recorder is not None:
-        recorder.record_command(command, args, keep)
-
-
-def begin(queue: cl.CommandQueue, recorder: Recorder) -> None:
-    """Start recording launches on ``queue`` into ``recorder``."""
-    with _lock:
-        if queue.int_ptr in RECORDING:
-            raise RuntimeError(
-                "a capture is already recording on this queue; captures do not nest on one queue "
-                "(finish the active capture first, or capture on another queue)"
-            )
-        RECORDING[queue.int_ptr] = recorder
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    stack.append(recorder)
-
-
-def end(queue: cl.CommandQueue, recorder: Recorder) -> None:
-    """Stop recording on ``queue``."""
-    with _lock:
-        if RECORDING.get(queue.int_ptr) is recorder:
-            del RECORDING[queue.int_ptr]
-    stack = getattr(_local, "stack", [])
-    if recorder in stack:
-        stack.remove(recorder)
-
-
-def get_capture() -> Recorder | None:
-    """The capture (a ``Graph``) this thread is recording into, or None."""
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
-
-
-@contextmanager
-def paused(queue: cl.CommandQueue) -> Iterator[None]:
-    """Launches on ``queue`` inside the block run but are not recorded: one-time setup inside a capture
-    (e.g. creating state that a replay must then find existing). A no-op when nothing records."""
-    with _lock:
-        recorder = RECORDING.pop(queue.int_ptr, None)
-    try:
-        yield
-    finally:
-        if recorder is not None:
-            with _lock:
-                RECORDING[queue.int_ptr] = recorder
-
-
-def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Graph:
-    """Run ``fn(*args, **kwargs)`` while capturing on ``queue``; return the ``Graph``.
-
-    The ``Tensor`` and ``cl.Buffer`` positional arguments are the graph's dynamic inputs
-    and ``fn``'s return value its outputs. See ``netcl.runtime.graph.capture_graph``.
-    """
-    from netcl.runtime.graph import capture_graph as _capture_graph
-
-    return _capture_graph(queue, fn, *args, **kwargs)
+__all__ = [
+    "RECORDING",
+    "CaptureState",
+    "Recorder",
+    "begin",
+    "capture_graph",
+    "end",
+    "get_capture",
+    "is_recording",
+    "paused",
+    "record",
+    "record_command",
+]

@@ -53,19 +53,18 @@ import pyopencl as cl
 from netcl.core import Tensor
 from netcl.core.devices import Device, get_device
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
-from netcl.runtime import capture as _capture
+from netcl.runtime import recording
 from netcl.runtime.cache import declared_scalar_dtypes
 from netcl.runtime.enqueue import enqueuer, raise_status
 from netcl.runtime.errors import ReplayError
 from netcl.runtime.launch import enqueue_copy
 from netcl.runtime.profiling import replay as _profiled_replay
+from netcl.runtime.recording import CaptureState
 from netcl.runtime.replay_results import SNAPSHOT_BYTES, hand_out, retire
 from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
 from netcl.runtime.variable import Variable
 
 _OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-
-EMPTY, CAPTURING, CAPTURED, FAILED = "empty", "capturing", "captured", "failed"
 
 
 @dataclass(eq=False)
@@ -133,7 +132,7 @@ class Graph:
         #: What ``execute`` returns: set by ``capture_graph`` from ``fn``'s result, or by you.
         self.outputs: Any = None
         self.queue: cl.CommandQueue | None = None
-        self.state = EMPTY
+        self.state = CaptureState.EMPTY
         #: Event of the last command of the most recent replay (None before the first).
         self.last_event: cl.Event | None = None
         self._slots: list[_Slot] = []
@@ -183,7 +182,7 @@ class Graph:
         ``inputs`` declares the dynamic input buffers (also possible later with ``set_inputs``).
         Raises ``RuntimeError`` if another capture is already recording on the queue.
         """
-        if self.state != EMPTY:
+        if self.state != CaptureState.EMPTY:
             raise ReplayError(f"this graph is already {self.state}; make a new Graph to capture again")
         q = as_queue(queue)
         if q is None:
@@ -194,16 +193,16 @@ class Graph:
         self._out_of_order = bool(q.properties & _OUT_OF_ORDER)
         if inputs is not None:
             self.set_inputs(inputs)
-        _capture.begin(q, self)
-        self.state = CAPTURING
+        recording.begin(q, self)
+        self.state = CaptureState.CAPTURING
         try:
             yield self
         except BaseException:
-            self.state = FAILED
+            self.state = CaptureState.FAILED
             raise
         finally:
-            _capture.end(q, self)
-        self.state = CAPTURED
+            recording.end(q, self)
+        self.state = CaptureState.CAPTURED
 
     def record_launch(
         self,
@@ -286,7 +285,7 @@ class Graph:
             self._bind(bindings)
         if self._numpy_fn is not None:
             return self._execute_numpy(new_inputs, copy_outputs)
-        if self.state != CAPTURED:
+        if self.state != CaptureState.CAPTURED:
             raise ReplayError(f"cannot execute a graph that is {self.state}; capture it first")
         raws = self._check(new_inputs)
         q = self.queue if queue is None else as_queue(queue)
@@ -520,7 +519,7 @@ def capture_graph(queue: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any)
         graph._numpy_fn = (fn, list(args), positions, dict(kwargs))
         graph.set_inputs(inputs)
         graph.outputs = fn(*args, **kwargs)
-        graph.state = CAPTURED
+        graph.state = CaptureState.CAPTURED
         return graph
     if queue is None:
         first = next((a for a in inputs if isinstance(a, Tensor)), None)

@@ -23,7 +23,7 @@ from netcl.core import Tensor
 from netcl.core.devices import devices
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import KERNEL, MEMCPY, MEMSET, now, report
-from netcl.runtime import capture as _capture
+from netcl.runtime import recording
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
 from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
@@ -94,7 +94,7 @@ def launch(
                 f"cannot enqueue kernel {cl_kernel.function_name!r} with global size {gsize} and "
                 f"local size {lsize}: {exc}"
             ) from exc
-    if _capture.RECORDING:
+    if recording.RECORDING:
         _record(queue, cl_kernel, gsize, lsize, raw, args)
     if start:
         report(KERNEL, cl_kernel.function_name, queue, event, start, gsize, args, lsize)
@@ -153,8 +153,8 @@ def enqueue_copy(
     event = _copy_command(queue, dst_buf, src_buf, byte_count, wait_for=wait_for)
     if start:
         report(MEMCPY, "Memcpy DtoD", queue, event, start, args=(src,))
-    if _capture.RECORDING:
-        _capture.record_command(queue, _copy_command, [dst_buf, src_buf, byte_count], keep=(dst, src))
+    if recording.RECORDING:
+        recording.record_command(queue, _copy_command, [dst_buf, src_buf, byte_count], keep=(dst, src))
     return event
 
 
@@ -175,8 +175,8 @@ def enqueue_fill(
     event = _fill_command(queue, buf, pattern, byte_count, wait_for=wait_for)
     if start:
         report(MEMSET, "Memset", queue, event, start, args=(buffer,))
-    if _capture.RECORDING:
-        _capture.record_command(queue, _fill_command, [buf, pattern, byte_count], keep=(buffer,))
+    if recording.RECORDING:
+        recording.record_command(queue, _fill_command, [buf, pattern, byte_count], keep=(buffer,))
     return event
 
 
@@ -204,9 +204,9 @@ def _record(
     raw: list[Any],
     args: tuple[Any, ...],
 ) -> None:
-    if _capture.is_recording(queue):
-        _capture.record(queue, kernel, gsize, lsize, raw, keep=args)
-    elif _capture.get_capture() is not None:
+    if recording.is_recording(queue):
+        recording.record(queue, kernel, gsize, lsize, raw, keep=args)
+    elif recording.get_capture() is not None:
         warnings.warn(
             f"kernel {kernel.function_name!r} was launched on a queue this thread is not capturing "
             "while a capture is active on another queue; it is NOT part of the captured graph",
@@ -362,7 +362,7 @@ class PreparedLaunch:
         # the generated function must not reach ``self`` (no reference cycle: a dropped plan frees at once)
         sizes = (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
         scope = {
-            "RECORDING": _capture.RECORDING,
+            "RECORDING": recording.RECORDING,
             "PROFILERS": _PROFILERS,
             "slow": functools.partial(_prepared_through_launch, *sizes, dict(self._static), list(self._dynamic)),
             "lock": self._lock,

@@ -49,7 +49,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float64
 from netcl.runtime.launch import launch
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import random
 from netcl.runtime.ops._common import compute_ctype, get_kernel, remember, storage_ctype, storage_pragmas
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention_spec import (
@@ -344,8 +344,8 @@ def _source_fields(dtype: np.dtype, spec: AttentionSpec, device: Device) -> dict
         "mask": spec.mask_kind,
         "causal": int(spec.causal),
         "dropout": int(spec.dropout_p > 0),
-        "stream": RR.DROPOUT_STREAM,
-        "philox": RR.PHILOX_SOURCE if spec.dropout_p > 0 else "",
+        "stream": random.DROPOUT_STREAM,
+        "philox": random.PHILOX_SOURCE if spec.dropout_p > 0 else "",
     }
 
 
@@ -356,7 +356,7 @@ _OFFSETS: dict[tuple, Tensor] = {}
 def _zero_counter(device: Device) -> Tensor:
     counter = _ZERO_COUNTERS.get(device)
     if counter is None:
-        counter = _ZERO_COUNTERS[device] = RR.new_counter(device)
+        counter = _ZERO_COUNTERS[device] = random.new_counter(device)
     return counter
 
 
@@ -373,7 +373,7 @@ def _scalar_args(spec: AttentionSpec, fmt: dict[str, Any], seed: int, mask: Tens
     it = index_dtype(fmt["idx"]).type
     ct = np.float64 if fmt["ct"] == "double" else np.float32
     strides = spec.mask_strides() if mask is not None else (0, 0)
-    threshold = RR.dropout_threshold(spec.dropout_p)
+    threshold = random.dropout_threshold(spec.dropout_p)
     dscale = 1.0 / (1.0 - spec.dropout_p) if spec.dropout_p > 0 else 1.0
     seed = int(seed) % 2**64
     return [
@@ -524,7 +524,7 @@ def scaled_dot_product_attention(
         if t is not None and t.device is not q.device:
             raise ValueError(f"scaled_dot_product_attention: {name} is on {t.device}, query on {q.device}")
     if seed is None:
-        seed = RR.next_seed() if spec.dropout_p > 0 else 0
+        seed = random.next_seed() if spec.dropout_p > 0 else 0
     return attention_forward(q, k, v, attn_mask, spec, seed)[0]
 
 

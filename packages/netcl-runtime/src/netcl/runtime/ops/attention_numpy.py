@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.runtime.ops import numpy_backend
-from netcl.runtime.ops import random as RR  # noqa: N812
+from netcl.runtime.ops import numpy_backend, random
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.attention_spec import BOOL_MASK, AttentionSpec
 
@@ -54,10 +53,10 @@ def _keep(spec: AttentionSpec, r0: int, r1: int, seed: int, counter: Tensor | No
     seed = int(seed) % 2**64
     zeros = np.zeros(flat.shape, np.uint64)
     words = numpy_backend.philox4x32(
-        (flat & np.uint64(0xFFFFFFFF), flat >> np.uint64(32), zeros + RR.DROPOUT_STREAM, zeros + word3),
+        (flat & np.uint64(0xFFFFFFFF), flat >> np.uint64(32), zeros + random.DROPOUT_STREAM, zeros + word3),
         (seed, seed >> 32),
     )
-    keep = (words[0] >> np.uint32(8)) >= RR.dropout_threshold(spec.dropout_p)
+    keep = (words[0] >> np.uint32(8)) >= random.dropout_threshold(spec.dropout_p)
     return np.where(keep, ct(np.float32(1.0 / (1.0 - spec.dropout_p))), ct(0))
 
 

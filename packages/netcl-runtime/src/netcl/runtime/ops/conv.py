@@ -162,7 +162,7 @@ def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) 
     return dst
 
 
-def _windows(geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def window_indices(geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For the NumPy twins: (row h index, column w index, inside mask) of every (ki, kj, oh, ow)."""
     ki = np.arange(geo.KH)[:, None, None, None]
     kj = np.arange(geo.KW)[None, :, None, None]
@@ -178,7 +178,7 @@ def im2col(x: Tensor, geo: ConvGeometry) -> Tensor:
     """x (N, C, H, W) -> cols (N, C*KH*KW, OH*OW)."""
     shape = (geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
     if x.device.kind == "cpu":
-        h, w, inside = _windows(geo)
+        h, w, inside = window_indices(geo)
         data = np.asarray(x.data)[:, :, h, w] * inside  # (N, C, KH, KW, OH, OW)
         return wrap_numpy(data.reshape(shape), x.device, x.dtype)
     return _run(_IM2COL, "im2col", geo, x, Tensor.empty(shape, x.dtype, x.device))
@@ -371,7 +371,7 @@ def _winograd_tile(
             f"{groups}, window {(geo.KH, geo.KW)}, stride {(geo.SH, geo.SW)}, dilation {(geo.DH, geo.DW)}, "
             f"padding {(geo.PH, geo.PW)}"
         )
-    mode = conv_implicit._mma_mode(a.device, float32)
+    mode = conv_implicit.mma_mode(a.device, float32)
     products = _winograd_precision(a.device, mode)
     three = mode == "tf32x3" or products is not None
     if winograd is not None:

@@ -40,10 +40,8 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64
-from netcl.runtime import capture as _capture
-from netcl.runtime import tune
-from netcl.runtime.ops import gemm_mma
-from netcl.runtime.ops import precision as _precision
+from netcl.runtime import capture, tune
+from netcl.runtime.ops import gemm_mma, precision
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm import Plan, Problem, make_plan
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
@@ -77,9 +75,9 @@ def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
     return x.size > 0 and w.size > 0
 
 
-def _mma_mode(device: Device, dtype: np.dtype) -> str | None:
+def mma_mode(device: Device, dtype: np.dtype) -> str | None:
     """The tensor-core mode the current matmul precision asks for on ``device`` (None: FMA kernel)."""
-    return gemm_mma.mode_for(device, dtype, dtype, _precision.resolve(None)) if dtype == float32 else None
+    return gemm_mma.mode_for(device, dtype, dtype, precision.resolve(None)) if dtype == float32 else None
 
 
 def _defines(geo, out_ch: int, idx: str, st: str) -> str:
@@ -379,12 +377,12 @@ class _Layer:
 def _layer(
     kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False, addend: bool = False
 ) -> Plan:
-    mode = _mma_mode(device, np.dtype(dtype))
+    mode = mma_mode(device, np.dtype(dtype))
     key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode, addend)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode, addend).plan()
-        if not _capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
+        if not capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
             remember(_PLANS, key, plan)
     return plan
 

@@ -31,7 +31,7 @@ from fractions import Fraction
 
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime.ops import conv_winograd_numpy as _numpy
+from netcl.runtime.ops import conv_winograd_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
 from netcl.runtime.ops.linalg import matmul
 
@@ -261,7 +261,7 @@ def default_tile(three_tf32: bool = False) -> int:
 def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
     """Whether a pass with operands ``a`` and ``b`` (x and w, or the upstream gradient and w or x)
     can run here: float32, groups 1, a 3x3 window at stride 1 and dilation 1, padding <= 2 (the input
-    gradient's padding is 2 - P); on an OpenCL device or the NumPy backend (its twin, ``_numpy``)."""
+    gradient's padding is 2 - P); on an OpenCL device or the NumPy backend (its twin, ``conv_winograd_numpy``)."""
     return (
         a.device.kind in ("opencl", "cpu")
         and a.dtype == float32
@@ -288,7 +288,7 @@ def _launch(
     )  # fmt: skip
 
 
-class _Tiling:
+class Tiling:
     """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), the
     index type every transform of the layer uses and F(m x m, 3 x 3)'s (B^T, G, A^T)."""
 
@@ -326,9 +326,9 @@ def _convolve(
     ``w`` (flipped and transposed when ``flip``) by F(m x m, 3 x 3): (N, R, OH, OW), plus ``extra``
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
     n = src.shape[0]
-    tiling = _Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+    tiling = Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
     if src.device.kind == "cpu":
-        return _numpy.convolve(src, w, flip, pads, extra, kind, tiling)
+        return conv_winograd_numpy.convolve(src, w, flip, pads, extra, kind, tiling)
     # the input transform first, so that the small weight transform's enqueue overlaps its run
     # (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py)
     v = tiling.transform_input(src, pads)
@@ -367,9 +367,9 @@ def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, 
     transposed output transform of each upstream block and V the forward's input transform of x,
     then dw = G^T dU G; ``tile`` as in ``forward``."""
     out_ch, n = int(grad.shape[1]), geo.N
-    tiling = _Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+    tiling = Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
     if x.device.kind == "cpu":
-        return _numpy.weight_grad(grad, x, (geo.PH, geo.PW), addend, tiling)
+        return conv_winograd_numpy.weight_grad(grad, x, (geo.PH, geo.PW), addend, tiling)
     v = tiling.transform_input(x, (geo.PH, geo.PW))
     dm = Tensor.empty((tiling.a2, out_ch, tiling.count), float32, x.device)
     sizes = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, tiling.count]

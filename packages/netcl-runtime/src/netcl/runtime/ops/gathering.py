@@ -20,7 +20,7 @@ from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
-from netcl.runtime.ops.strided import _WORD, filled, strided_copy, strided_write
+from netcl.runtime.ops.strided import WORD, filled, strided_copy, strided_write
 
 
 # ---- gather ----------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
     _, A, inner = split3(xs.shape, ax)
     J = index.shape[ax] if index.ndim else 1
     idx = index_ctype(out.size, xs.size)
-    word, it = _WORD[x.dtype.itemsize], C_TYPES[index.dtype]
+    word, it = WORD[x.dtype.itemsize], C_TYPES[index.dtype]
     names = ["n", "A", "J", "I"]
 
     def source() -> str:

@@ -20,7 +20,6 @@ import functools
 from typing import Any
 
 import numpy as np
-import pyopencl as cl
 
 from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
@@ -647,16 +646,3 @@ def unscale_(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
         np.int64(grad.size),
     )
     return grad
-
-
-def write_(dst: Tensor, values: Any) -> Tensor:
-    """Copy host ``values`` (cast to dst's dtype and shape) into dst's existing buffer (blocking).
-
-    A host upload, not a launch: a captured graph keeps reading the buffer and sees the new values.
-    """
-    host = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=dst.dtype), dst.shape))
-    if dst.device.kind == "cpu":
-        dst.data[...] = host
-    elif host.nbytes:
-        cl.enqueue_copy(dst.device.queue, dst.data, host, is_blocking=True)
-    return dst

@@ -18,7 +18,7 @@ from netcl.core import Tensor
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops._common import compute_ctype, pragmas, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
-from netcl.runtime.ops.conv import ConvGeometry, _windows, pair
+from netcl.runtime.ops.conv import ConvGeometry, pair, window_indices
 
 _POOL = ["n", "H", "W", "OH", "OW", "KH", "KW", "SH", "SW", "PH", "PW"]
 
@@ -215,7 +215,7 @@ def _pool_values(geo: ConvGeometry) -> list[int]:
 
 def _np_windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
     """(N, C, KH, KW, OH, OW) window values of x, ``fill`` in the padding (NumPy backend)."""
-    h, w, inside = _windows(geo)
+    h, w, inside = window_indices(geo)
     return np.where(inside, x[:, :, h, w], fill)
 
 

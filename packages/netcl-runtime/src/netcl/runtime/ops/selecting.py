@@ -21,7 +21,7 @@ from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
-from netcl.runtime.ops.strided import _WORD, filled
+from netcl.runtime.ops.strided import WORD, filled
 
 # ---- index_select and embedding ------------------------------------------------------------------------
 _INDEX_SELECT = """{check}
@@ -127,7 +127,7 @@ def _select(
     out = Tensor.empty(out_shape, x.dtype, x.device)
     _, A, inner = split3(x.shape, ax)
     idx = index_ctype(out.size, x.size)
-    word, it = _WORD[x.dtype.itemsize], C_TYPES[index.dtype]
+    word, it = WORD[x.dtype.itemsize], C_TYPES[index.dtype]
 
     def source() -> str:
         return _INDEX_SELECT.format(

@@ -20,7 +20,7 @@ from netcl.core import Device, Tensor, contiguous_strides
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops._grid import index_ctype, params, prepare_1d, prod, scalars
 
-_WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 Layout = tuple[tuple[int, ...], tuple[int, ...], int]
 
@@ -103,7 +103,7 @@ def prepare_launch(
     n = prod(dims)
     low, high = extent(dims, steps, offset)
     idx = index_ctype(n, low, high, max(src.size, dst.size))
-    word = _WORD[src.dtype.itemsize]
+    word = WORD[src.dtype.itemsize]
     rank = len(dims)
     key = ("strided", "write" if write else "read", rank, word, idx)
     arg_types = [None, None] + [np.dtype(np.int64 if idx == "long" else np.int32)] * (2 * rank + 1)
