@@ -13,7 +13,12 @@ take them, else on tf32 tensor cores; torch with its default, TF32 convolutions)
 (``autocast`` + ``GradScaler``; torch: the same with ``torch.autocast`` and
 ``torch.amp.GradScaler``). And ResNet-50's bottleneck block (conv1x1-bn-relu, conv3x3-bn-relu,
 conv1x1-bn, + identity, relu) in float32: batch 64, 256 channels (64 inside), 56x56 on a GPU (batch
-8, 32 channels, 16x16 otherwise). Variants:
+8, 32 channels, 16x16 otherwise). And two whole CIFAR-style networks of ``examples/resnet.py``
+(32x32 inputs, cross-entropy, SGD with momentum 0.9): ResNet-8 (3x3 stem, three stride-2 basic
+blocks with 1x1 shortcut convolutions, global pooling, linear) and ResNet-18, at batch 128 on a GPU
+(batch 8 at an eighth of the width with ``--quick`` or off a GPU), each in float32 (torch: TF32 off),
+under ``"high"`` (torch: TF32 matmuls and convolutions, its default at ``"high"``) and under amp;
+the torch twin starts from netcl's initial weights (same state-dict keys). Variants:
 
 - ``netcl eager``: ``Tape`` + ``backward`` + ``opt.step()`` + ``opt.zero_grad()`` every step;
 - ``netcl replayed``: the step captured once by ``fuse_graph(..., optimizer_step=opt.step)`` and
@@ -59,7 +64,9 @@ STEPS = 10
 BLOCK_FULL, BLOCK_SMALL = (64, 64, 56), (8, 16, 16)
 #: the same for the bottleneck block (its inner width: a quarter of the channels)
 BOTTLENECK_FULL, BOTTLENECK_SMALL = (64, 256, 56), (8, 32, 16)
-WIDTH = 40
+#: (batch, width multiplier) of the whole-ResNet steps (32x32 inputs): full size on a GPU, else small.
+RESNET_FULL, RESNET_SMALL = (BATCH, 1.0), (8, 0.125)
+WIDTH = 48
 
 
 def mlp(device) -> nn.Module:
@@ -114,6 +121,11 @@ def block_size(device, quick: bool, bottleneck: bool = False) -> tuple[int, int,
     return BLOCK_FULL if full else BLOCK_SMALL
 
 
+def resnet_size(device, quick: bool) -> tuple[int, float]:
+    full = device.kind == "opencl" and _is_gpu(device) and not quick
+    return RESNET_FULL if full else RESNET_SMALL
+
+
 def _is_gpu(device) -> bool:
     import pyopencl as cl
 
@@ -152,10 +164,36 @@ def workloads(device, quick: bool = False) -> list[dict]:
             loss="mse",
         )
     )
+    rows += resnet_rows(device, quick, sgd)
     for row in rows:
         row.setdefault("loss", "ce")
         row.setdefault("amp", False)
         row.setdefault("precision", "highest")
+    return rows
+
+
+def resnet_rows(device, quick: bool, sgd) -> list[dict]:
+    """ResNet-8 and ResNet-18 steps (float32, "high", amp); each row keeps its model's initial weights
+    (``state``) so the torch twin starts from the same ones."""
+    from resnet import RESNET8, RESNET18, ResNet, host_state
+
+    n, width = resnet_size(device, quick)
+    scale = "" if width == 1.0 else f" (width x{width:g})"
+    rows = []
+    for label, config in (("ResNet-8", RESNET8), ("ResNet-18", RESNET18)):
+        for suffix, options in (("", {}), (", tf32", {"precision": "high"}), (", amp", {"amp": True})):
+            model = ResNet(*config, width=width, device=device)
+            rows.append(
+                dict(
+                    name=f"{label} {n}x3x32x32{scale}, SGD{suffix}",
+                    model=model,
+                    opt=sgd,
+                    shape=(n, 3, 32, 32),
+                    arch=(config, width),
+                    state=host_state(model),
+                    **options,
+                )
+            )
     return rows
 
 
@@ -279,7 +317,14 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     tnn = torch.nn
-    if name.startswith("mlp"):
+    if "arch" in row:  # a whole ResNet, from netcl's initial weights
+        from resnet import torch_resnet
+
+        config, width = row["arch"]
+        model = torch_resnet(torch, config, width=width)
+        model.load_state_dict({key: torch.from_numpy(value) for key, value in row["state"].items()})
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    elif name.startswith("mlp"):
         model = tnn.Sequential(tnn.Linear(784, 512), tnn.ReLU(), tnn.Linear(512, 512), tnn.ReLU(), tnn.Linear(512, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     elif name.startswith("resnet"):
@@ -301,6 +346,8 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     scaler = torch.amp.GradScaler(dev) if row["amp"] else None
     # "highest" and "tf32x3": fp32 convolutions (TF32 off), the accuracy class netcl's are in
     torch.backends.cudnn.allow_tf32 = row["precision"] not in ("highest", "tf32x3")
+    # "high": TF32 matmuls too (torch.set_float32_matmul_precision("high")); else torch's default, off
+    torch.backends.cuda.matmul.allow_tf32 = row["precision"] == "high"
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -1,12 +1,14 @@
 """Random elementwise programs for the JIT fuzzer: generation, the netcl function, the interval reference.
 
 A ``Case`` is a straight-line program over tensor inputs of one broadcast family (every shape of
-a family broadcasts with every other), an optional Python-scalar argument, 1-12 instructions
-that may reuse any earlier value (shared sub-expressions), 1-3 outputs and one upstream gradient
-per output. ``make_function`` turns it into a Python function of ``netcl.autograd`` ops (what a
-user would decorate with ``jit_compile``); ``reference`` evaluates it on intervals
-(``interval_reference``) forward and in reverse mode, with the gradient formulas the ops
-document, so float32 results of any correct implementation lie inside.
+a family broadcasts with every other), an optional boolean mask input over the last axis (used by
+``where(mask, x, fill)`` followed by a reduction over the last axis, as a user's masked softmax),
+an optional Python-scalar argument, 1-12 instructions that may reuse any earlier value (shared
+sub-expressions), 1-3 outputs and one upstream gradient per output. ``make_function`` turns it
+into a Python function of ``netcl.autograd`` ops (what a user would decorate with
+``jit_compile``; its arguments: the inputs, the mask if any, the scalar if any); ``reference``
+evaluates it on intervals (``interval_reference``) forward and in reverse mode, with the gradient
+formulas the ops document, so float32 results of any correct implementation lie inside.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ SCALES = [0.0, 1.0, 1.0, 3.0, 30.0, 1e-3, 1e4, 1e19, 3e38, math.inf]
 #: The elements of the ``math.inf`` scale: the special bases of pow (zeros, negatives, infinities).
 SPECIAL_ELEMENTS = [0.0, -0.0, -1.0, -2.0, -0.5, 0.5, 2.0, math.inf, -math.inf]
 #: Reductions (keepdims=True, so the result still broadcasts with the family) and their axes;
-#: ``max`` over zero elements is an error (tested in test_bad_inputs), so it is not drawn there.
-REDUCTIONS = ["sum", "mean", "max"]
+#: ``max`` and ``min`` over zero elements are errors (tested in test_bad_inputs), so not drawn there.
+REDUCTIONS = ["sum", "mean", "max", "min"]
+EXTREMES = {"max", "min"}
+#: The else-value of a masked ``where`` (-inf: a masked softmax's; a masked-out row then reduces to
+#: -inf, or to NaN once it meets -inf - -inf).
+MASK_FILLS = [-math.inf, -math.inf, 0.0, -1e30, 1.0]
 REDUCE_AXES = [-1, -1, 0, None]
 UNARY = ["neg", "exp", "log", "sqrt", "abs", "relu", "gelu", "sigmoid", "tanh"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "lt", "le", "gt", "ge"]
@@ -69,7 +75,8 @@ SPECIAL_SCALARS = [0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -2.0, 1e-3, 1e30, -1e30, 0.1, 
 @dataclass(frozen=True)
 class Instr:
     """One op. ``kind``: u (unary), b (binary), sr/sl (Python scalar right/left), pr/pl (the scalar
-    argument right/left), where, where_s (scalar else-branch: an eager op), clamp_s, clamp_t."""
+    argument right/left), where, where_s (scalar else-branch: an eager op), mwhere (``where(mask,
+    x, consts[0])`` with the case's boolean mask), clamp_s, clamp_t, sum (a reduction ``op``)."""
 
     kind: str
     op: str
@@ -78,7 +85,7 @@ class Instr:
 
     @property
     def axis(self) -> int | None:
-        """The axis of a reduction (``sum``/``mean``/``max``, keepdims): the last one unless given."""
+        """The axis of a reduction (``sum``/``mean``/``max``/``min``, keepdims): the last one unless given."""
         return self.consts[0] if self.consts else -1
 
 
@@ -90,6 +97,8 @@ class Case:
     program: list[Instr]
     outputs: list[int]
     upstream: list[np.ndarray] = field(default_factory=list)
+    #: a boolean array over the family's last axis, the first argument after the inputs (or None)
+    mask: np.ndarray | None = None
 
     @property
     def n_in(self) -> int:
@@ -100,12 +109,16 @@ class Case:
         for ins in self.program:
             if ins.kind == "sum":
                 shapes.append(_reduced_shape(shapes[ins.args[0]], ins.axis))
+            elif ins.kind == "mwhere":
+                shapes.append(tuple(np.broadcast_shapes(shapes[ins.args[0]], self.mask.shape)))
             else:
                 shapes.append(tuple(np.broadcast_shapes(*(shapes[a] for a in ins.args))))
         return shapes
 
     def __repr__(self) -> str:
         lines = [f"Case(param={self.param!r}, outputs={self.outputs})"]
+        if self.mask is not None:
+            lines.append(f"  mask = {np.array2string(self.mask)}")
         for i, (x, rg) in enumerate(zip(self.inputs, self.requires_grad, strict=True)):
             lines.append(f"  v{i} = input {x.shape} requires_grad={rg}: {np.array2string(x, precision=9)}")
         for k, ins in enumerate(self.program):
@@ -162,7 +175,7 @@ def _upstream(draw: Any, shape: tuple[int, ...]) -> np.ndarray:
 @st.composite
 def cases(draw: Any, max_ops: int = 12) -> Case:
     """A random program (see the module docstring)."""
-    _, members = draw(st.sampled_from(FAMILIES))
+    out_shape, members = draw(st.sampled_from(FAMILIES))
     n_in = draw(st.integers(1, 3))
     shapes = [draw(st.sampled_from(members)) for _ in range(n_in)]
     inputs = [_array(draw, s, draw(st.sampled_from(SCALES))) for s in shapes]
@@ -170,12 +183,15 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
     param = draw(st.one_of(st.none(), _scalars()))
     n_ops = draw(st.integers(1, max_ops))
     program: list[Instr] = []
-    for k in range(n_ops):
-        count = n_in + k
+    mask: np.ndarray | None = None
+    while len(program) < n_ops:
+        count = n_in + len(program)
         pick = st.one_of(st.just(count - 1), st.integers(0, count - 1))  # favour chains, allow sharing
         other = st.integers(0, count - 1)  # a second operand: anything earlier (x - x is rare, not common)
-        kinds = ["u", "u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp", "sum"]
+        kinds = ["u", "u", "u", "b", "b", "b", "sr", "sl", "pr", "pl", "where", "clamp", "sum", "masked"]
         kind = draw(st.sampled_from(kinds))
+        if kind == "masked" and not out_shape:
+            kind = "where"  # a 0-d family has no last axis to mask
         if kind in ("pr", "pl") and param is None:
             kind = "sr" if kind == "pr" else "sl"
         if kind == "u":
@@ -189,9 +205,18 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
         elif kind == "sum":  # a reduction: an eager step between fused groups
             arg, axis = draw(pick), draw(st.sampled_from(REDUCE_AXES))
             op = draw(st.sampled_from(REDUCTIONS))
-            if op == "max" and reduces_nothing(Case(inputs, [], None, program, []).shapes()[arg], axis):
-                op = "mean"  # max of zero elements raises (test_bad_inputs); mean gives NaN
+            if op in EXTREMES and reduces_nothing(Case(inputs, [], None, program, [], mask=mask).shapes()[arg], axis):
+                op = "mean"  # max/min of zero elements raises (test_bad_inputs); mean gives NaN
             program.append(Instr("sum", op, (arg,), (axis,)))
+        elif kind == "masked":  # where(mask, x, fill), then a reduction over the last axis
+            if mask is None:
+                mask = draw(hnp.arrays(np.bool_, out_shape[-1:], elements=st.booleans(), fill=st.nothing()))
+            program.append(Instr("mwhere", "where", (draw(pick),), (draw(st.sampled_from(MASK_FILLS)),)))
+            masked = n_in + len(program) - 1
+            op = draw(st.sampled_from(REDUCTIONS))
+            if op in EXTREMES and reduces_nothing(Case(inputs, [], None, program, [], mask=mask).shapes()[masked], -1):
+                op = "mean"
+            program.append(Instr("sum", op, (masked,), (-1,)))
         elif kind == "where":
             if draw(st.integers(0, 4)) == 0:
                 program.append(Instr("where_s", "where", (draw(other), draw(pick)), (draw(_scalars()),)))
@@ -203,11 +228,12 @@ def cases(draw: Any, max_ops: int = 12) -> Case:
             program.append(Instr("clamp_s", "clamp", (draw(pick),), (lo, hi)))
         else:
             program.append(Instr("clamp_t", "clamp", (draw(pick), draw(other), draw(other))))
+    n_ops = len(program)  # a masked reduction adds two instructions
     candidates = list(range(n_in, n_in + n_ops))
     # the last value (most ops are its ancestors: outputs elsewhere leave dead code) and 0-2 others
     others = draw(st.lists(st.sampled_from(candidates[:-1]), max_size=2, unique=True)) if n_ops > 1 else []
     outputs = [candidates[-1], *others]
-    case = Case(inputs, requires_grad, param, program, outputs)
+    case = Case(inputs, requires_grad, param, program, outputs, mask=mask)
     shapes_all = case.shapes()
     case.upstream = [_upstream(draw, shapes_all[o]) for o in outputs]
     return case
@@ -219,12 +245,14 @@ _UN = {name: getattr(ag, name) for name in UNARY}
 
 
 def make_function(case: Case):
-    """``fn(*inputs[, param])`` applying the program with netcl.autograd ops; returns the outputs."""
+    """``fn(*inputs[, mask][, param])`` applying the program with netcl.autograd ops; returns the outputs."""
     n_in, program, outputs = case.n_in, case.program, case.outputs
+    n_args = n_in + (case.mask is not None)
 
     def fn(*args: Any) -> Any:
         vals = list(args[:n_in])
-        s = args[n_in] if len(args) > n_in else None
+        mask = args[n_in] if case.mask is not None else None
+        s = args[n_args] if len(args) > n_args else None
         for ins in program:
             a = [vals[i] for i in ins.args]
             if ins.kind == "u":
@@ -246,6 +274,8 @@ def make_function(case: Case):
                 vals.append(ag.where(a[0], a[1], a[2]))
             elif ins.kind == "where_s":
                 vals.append(ag.where(a[0], a[1], ins.consts[0]))
+            elif ins.kind == "mwhere":
+                vals.append(ag.where(mask, a[0], ins.consts[0]))
             elif ins.kind == "clamp_s":
                 vals.append(ag.clamp(a[0], ins.consts[0], ins.consts[1]))
             else:
@@ -290,7 +320,7 @@ def _scalar_iv(value: Any) -> Iv:
     return Iv.scalar(float(value))
 
 
-def _forward(ins: Instr, vals: list[Iv], param: float | None) -> Iv:
+def _forward(ins: Instr, vals: list[Iv], param: float | None, mask: Iv | None = None) -> Iv:
     a = [vals[i] for i in ins.args]
     if ins.kind == "u":
         table = {
@@ -320,11 +350,14 @@ def _forward(ins: Instr, vals: list[Iv], param: float | None) -> Iv:
         axes = reduce_axes(x.shape, ins.axis)
         if not axes:
             return x
-        return {"sum": R.reduce_sum, "mean": R.reduce_mean, "max": R.reduce_max}[ins.op](x, axes, keepdims=True)
+        table = {"sum": R.reduce_sum, "mean": R.reduce_mean, "max": R.reduce_max, "min": R.reduce_min}
+        return table[ins.op](x, axes, keepdims=True)
     if ins.kind == "where":
         return R.where(a[0], a[1], a[2])
     if ins.kind == "where_s":
         return R.where(a[0], a[1], _scalar_iv(ins.consts[0]))
+    if ins.kind == "mwhere":
+        return R.where(mask, a[0], _scalar_iv(ins.consts[0]))
     if ins.kind == "clamp_s":
         lo = -math.inf if ins.consts[0] is None else ins.consts[0]
         hi = math.inf if ins.consts[1] is None else ins.consts[1]
@@ -352,7 +385,7 @@ def _log_scalar(s: float) -> Iv:
     return R.log(_scalar_iv(s))
 
 
-def _grads(ins: Instr, g: Iv, a: list[Iv], out: Iv, param: float | None) -> list[Iv | None]:
+def _grads(ins: Instr, g: Iv, a: list[Iv], out: Iv, param: float | None, mask: Iv | None = None) -> list[Iv | None]:
     """One gradient interval per tensor argument (at the output's shape), None where there is none."""
     one, two = Iv.point(1.0), Iv.point(2.0)
     zero = Iv.point(0.0)
@@ -424,6 +457,8 @@ def _grads(ins: Instr, g: Iv, a: list[Iv], out: Iv, param: float | None) -> list
         return [None, R.where(a[0], g, zero), R.where(a[0], zero, g)]
     if ins.kind == "where_s":
         return [None, R.where(a[0], g, zero)]
+    if ins.kind == "mwhere":
+        return [R.where(mask, g, zero)]
     if ins.kind == "clamp_s":
         lo = _scalar_iv(-math.inf if ins.consts[0] is None else ins.consts[0])
         hi = _scalar_iv(math.inf if ins.consts[1] is None else ins.consts[1])
@@ -462,6 +497,7 @@ def _sum_to_shape_array(m: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _backward(case: Case, vals: list[Iv], requires: list[bool], shapes: list, seed: int, upstream: np.ndarray):
     """Reverse mode from one output: per input, (gradient interval, sum of |path products|) or None."""
+    mask = _mask_iv(case)
     contributions: dict[int, list[tuple[Iv, np.ndarray]]] = {seed: [(Iv.point(upstream), np.abs(upstream))]}
     unit = Iv.point(1.0)
     for k in reversed(range(len(case.program))):
@@ -480,8 +516,8 @@ def _backward(case: Case, vals: list[Iv], requires: list[bool], shapes: list, se
                 grad = R.reduction_grad(ins.op, g, vals[arg], vals[index], reduce_axes(shapes[arg], ins.axis))
                 contributions.setdefault(arg, []).append((grad, m))
             continue
-        grads = _grads(ins, g, arg_ivs, vals[index], case.param)
-        local = _grads(ins, unit, arg_ivs, vals[index], case.param)
+        grads = _grads(ins, g, arg_ivs, vals[index], case.param, mask)
+        local = _grads(ins, unit, arg_ivs, vals[index], case.param, mask)
         for arg, grad, d in zip(ins.args, grads, local, strict=True):
             if grad is None or not requires[arg]:
                 continue
@@ -498,6 +534,10 @@ def _backward(case: Case, vals: list[Iv], requires: list[bool], shapes: list, se
     return result
 
 
+def _mask_iv(case: Case) -> Iv | None:
+    return None if case.mask is None else Iv.point(case.mask.astype(np.float64))
+
+
 def reference(case: Case) -> Reference:
     """Forward intervals of the outputs; gradient intervals of the inputs for the upstream gradients.
 
@@ -507,8 +547,9 @@ def reference(case: Case) -> Reference:
     vals = [Iv.point(x) for x in case.inputs]
     requires = list(case.requires_grad)
     shapes = case.shapes()
+    mask = _mask_iv(case)
     for ins in case.program:
-        vals.append(_forward(ins, vals, case.param))
+        vals.append(_forward(ins, vals, case.param, mask))
         requires.append(_differentiable(ins) and any(requires[i] for i in ins.args))
     differentiable = [requires[o] for o in case.outputs]
     passes = [

@@ -513,12 +513,24 @@ def reduce_max(x: Iv, axes: tuple[int, ...], keepdims: bool) -> Iv:
     return Iv(lo, hi, may, must)
 
 
+def reduce_min(x: Iv, axes: tuple[int, ...], keepdims: bool) -> Iv:
+    """Minimum over ``axes`` (exact; NaN anywhere in the slice makes it NaN). Needs >= 1 element."""
+    with np.errstate(invalid="ignore"):
+        lo = np.min(np.where(x.may, -INF, x.lo), axis=axes, keepdims=keepdims)
+        hi = np.min(np.where(x.may, INF, x.hi), axis=axes, keepdims=keepdims)
+    may = np.any(x.may, axis=axes, keepdims=keepdims)
+    must = np.any(x.must, axis=axes, keepdims=keepdims)
+    return Iv(lo, hi, may, must)
+
+
 def reduction_grad(op: str, g: Iv, x: Iv, out: Iv, axes: tuple[int, ...]) -> Iv:
     """Gradient of a keepdims reduction of ``x`` (shape kept by ``g``/``out``) for upstream ``g``.
 
-    sum: g broadcast (exact); mean: g / count; max: g / ties on the maxima and 0 elsewhere where
-    the slice's values are exact, NaN for the whole slice where it holds a NaN, else anything
-    (which element wins is not decided by intervals).
+    sum: g broadcast (exact); mean: g / count; max (min): g / ties on the maxima (minima) and 0
+    elsewhere where the slice's values are exact; 0 for the whole slice where it holds a NaN (the
+    result is NaN, which no element equals: the ops share the gradient among the elements equal to
+    the result and give the others 0, NaN shares too); else anything (which element wins is not
+    decided by intervals).
     """
     shape = x.shape
     grad = broadcast(g, shape)
@@ -530,16 +542,17 @@ def reduction_grad(op: str, g: Iv, x: Iv, out: Iv, axes: tuple[int, ...]) -> Iv:
     exact = np.all((x.lo == x.hi) & ~x.may, axis=axes, keepdims=True)
     nan_slice = np.broadcast_to(np.any(x.must, axis=axes, keepdims=True), shape)
     with np.errstate(invalid="ignore"):
-        mask = (x.lo == np.max(x.lo, axis=axes, keepdims=True)).astype(np.float64)
+        extreme = np.max if op == "max" else np.min
+        mask = (x.lo == extreme(x.lo, axis=axes, keepdims=True)).astype(np.float64)
     ties = np.maximum(np.sum(mask, axis=axes, keepdims=True), 1.0)
     shared = div(grad, Iv.point(np.broadcast_to(ties, shape)))
     picked = where(Iv.point(mask), shared, Iv.point(np.zeros(shape)))
     decided = np.broadcast_to(exact, shape)
     unknown = grad.unknown_like()
-    lo = np.where(nan_slice, np.nan, np.where(decided, picked.lo, unknown.lo))
-    hi = np.where(nan_slice, np.nan, np.where(decided, picked.hi, unknown.hi))
-    may = np.where(nan_slice, True, np.where(decided, picked.may, True))
-    return Iv(lo, hi, may, nan_slice)
+    lo = np.where(nan_slice, 0.0, np.where(decided, picked.lo, unknown.lo))
+    hi = np.where(nan_slice, 0.0, np.where(decided, picked.hi, unknown.hi))
+    may = np.where(nan_slice, False, np.where(decided, picked.may, True))
+    return Iv(lo, hi, may, np.zeros(shape, bool))
 
 
 def sum_to_shape(x: Iv, shape: tuple[int, ...]) -> Iv:

@@ -15,9 +15,11 @@ widened by each op's documented rounding slack; NaN exactly where the math gives
 of a negative, inf - inf, 0 * inf). The reference never fails on rounding, so a failure is a
 wrong formula, a wrong index, a lost or doubled gradient, or a wrong NaN.
 
-Programs also reduce (``sum``, ``mean``, ``max`` over the last, the first or all axes, keepdims)
-including over zero-size axes; a reduction over the last axis fuses with the elementwise ops
-around it into one row kernel each way (``netcl.jit.row_group``), the others are eager steps.
+Programs also reduce (``sum``, ``mean``, ``max``, ``min`` over the last, the first or all axes,
+keepdims) including over zero-size axes, and mask (``where`` of a boolean mask input over the last
+axis and a fill such as -inf, then a reduction over the last axis: a user's masked softmax); a
+reduction over the last axis fuses with the elementwise ops around it into one row kernel each way
+(``netcl.jit.row_group``), the others are eager steps.
 Some inputs come from pow's special bases (0, -0, negatives, +-inf). Examples: the ``ci``
 profile runs ``max_examples`` (the same ones every run) on the NumPy backend and a quarter of
 that on OpenCL (each OpenCL example builds 2-6 kernels);
@@ -72,11 +74,17 @@ def _check(label: str, what: str, interval: Any, got: np.ndarray, case: Any) -> 
         raise AssertionError(f"{label} {what} outside the float64 reference:\n{interval.describe(got)}\n{case!r}")
 
 
+def _extra(case: Any, device: nc.Device) -> tuple:
+    """The arguments after the inputs: the boolean mask (a tensor), then the Python scalar."""
+    mask = () if case.mask is None else (ag.tensor(case.mask, device=device),)
+    return mask + (() if case.param is None else (case.param,))
+
+
 def _run(fn: Any, case: Any, device: nc.Device, ref: Any, label: str) -> list[np.ndarray]:
     nodes = [
         ag.tensor(x, requires_grad=rg, device=device) for x, rg in zip(case.inputs, case.requires_grad, strict=True)
     ]
-    extra = () if case.param is None else (case.param,)
+    extra = _extra(case, device)
     with ag.Tape() as tape:
         result = fn(*nodes, *extra)
     outs = result if isinstance(result, tuple) else (result,)
@@ -107,7 +115,7 @@ def run_case(case: Any, device: nc.Device | str) -> None:
     jitted = jit_compile(fn)
     first = _run(jitted, case, device, ref, "jit")
     nodes = [ag.tensor(x, device=device) for x in case.inputs]
-    extra = () if case.param is None else (case.param,)
+    extra = _extra(case, device)
     again = jitted(*nodes, *extra)
     again = again if isinstance(again, tuple) else (again,)
     for j, (a, b) in enumerate(zip(first, again, strict=True)):
@@ -214,7 +222,7 @@ REGRESSIONS["mean_over_a_zero_size_axis"] = Case(
 
 # Found with column sums on: max over the last axis whose upstream gradient is NaN (sqrt of a negative
 # max) gave NaN to every element of the row, not just to the maximum (mask * share: 0 * NaN), eager and
-# in the row kernel. (min had the same formula; the fuzzer's reference has no min: tests/autograd.)
+# in the row kernel. (min had the same formula; the fuzzer draws min too.)
 _ROWS = np.zeros((2, 3, 4), np.float32)
 _ROWS[1, 2, 3] = 1.0
 REGRESSIONS["max_with_a_nan_upstream_gradient"] = Case(
@@ -224,6 +232,39 @@ REGRESSIONS["max_with_a_nan_upstream_gradient"] = Case(
     [Instr("sum", "max", (0,), (-1,)), Instr("u", "neg", (1,)), Instr("u", "sqrt", (2,))],
     [3],
     [-np.ones((2, 3, 1), np.float32)],
+)
+
+
+# Found when the fuzzer drew min and masked reductions: sum(x + b, -1) with b per row ((N, 1), or (1,) for a
+# 1-d x) gave b the row's upstream gradient once, not summed over the row: the gradient of an elem value
+# that read only row values (gout broadcast back) was taken as a row value, so nothing reduced it.
+REGRESSIONS["row_input_gradient_summed_over_the_row"] = Case(
+    [np.full((3, 4), -2, np.float32), _f32(1, 2, 3).reshape(3, 1)],
+    [True, True],
+    None,
+    [Instr("b", "add", (0, 1)), Instr("sum", "sum", (2,), (-1,))],
+    [3],
+    [_f32(-1, 0.5, 2).reshape(3, 1)],
+)
+# Found by the masked reductions: where(mask, x, fill) with a bool mask fused into an elementwise kernel
+# (not a row group) on OpenCL read the mask's bytes as floats, so every element took x.
+REGRESSIONS["bool_mask_in_an_elementwise_kernel"] = Case(
+    [np.full((2, 1, 3), -2, np.float32)],
+    [True],
+    None,
+    [Instr("u", "neg", (0,)), Instr("mwhere", "where", (1,), (-np.inf,)), Instr("u", "neg", (2,))],
+    [3],
+    [_f32(1, 2, 3, -1, 0.5, 4).reshape(2, 1, 3)],
+    mask=np.array([False, True, False]),
+)
+REGRESSIONS["masked_min_of_a_row"] = Case(
+    [_f32(3, -1, 2, 5, 0, -4, 1, 1).reshape(2, 4), _f32(0.5, -2).reshape(2, 1)],
+    [True, True],
+    None,
+    [Instr("b", "mul", (0, 1)), Instr("mwhere", "where", (2,), (-np.inf,)), Instr("sum", "min", (3,), (-1,))],
+    [4],
+    [_f32(1.5, -2).reshape(2, 1)],
+    mask=np.array([True, False, True, True]),
 )
 
 

@@ -52,12 +52,19 @@ def live_nodes(outputs: list[TraceNode]) -> list[TraceNode]:
 
 
 def _is_fusible(node: TraceNode) -> bool:
-    """A float32 op with a fusible primitive applied to tensors only.
+    """A float32 op with a fusible primitive applied to float32 tensors only.
 
     An op given a Python value in a tensor slot (``where(c, a, 0.0)``, ``clamp(x, lo_tensor, None)``)
-    has fewer traced inputs than its primitive's template expects: it runs eagerly.
+    has fewer traced inputs than its primitive's template expects: it runs eagerly. So does one
+    reading another dtype (a bool mask of ``where``): the elementwise kernel reads every input as
+    float (row groups read masks themselves: ``row_group.READ_AS_FLOAT``).
     """
-    return node.fusible and node.dtype == np.float32 and all(kind == "node" for kind, _ in node.arg_layout)
+    return (
+        node.fusible
+        and node.dtype == np.float32
+        and all(kind == "node" for kind, _ in node.arg_layout)
+        and all(p.dtype == np.float32 for p in node.inputs)
+    )
 
 
 def partition(outputs: list[TraceNode]) -> list[Step]:

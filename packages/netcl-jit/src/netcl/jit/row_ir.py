@@ -168,8 +168,8 @@ def backward_program(forward: RowProgram, output: int, wants: list[bool]) -> tup
         parts = [t for t in terms.get(var, []) if not _is_zero(t)]
         if not parts:
             return None
-        if b.kinds[var] == ELEM:
-            return b.expr(" + ".join(f"({t})" for t in parts) if len(parts) > 1 else parts[0])
+        if b.kinds[var] == ELEM:  # ELEM also when every term is a row value (gout of a sum broadcast back)
+            return b.expr(" + ".join(f"({t})" for t in parts) if len(parts) > 1 else parts[0], ELEM)
         elem = [t for t in parts if kind_of(t, b.kinds) == ELEM]
         row = [t for t in parts if kind_of(t, b.kinds) != ELEM]
         if elem:

@@ -30,11 +30,18 @@ def function_source(name: str, program: RowProgram) -> str:
             lines.append(f"    {inp.var} = ins[{k}]")
     if any(COLIDX in names_in(stmt.expr) for stmt in program.stmts):
         lines.append(f"    {COLIDX} = np.arange({program.C}, dtype=np.float32)[None, :]")
+    per_column = {i.var for i in program.inputs if i.kind in (ELEM, COL)} | {COLIDX}
     for stmt in program.stmts:
         if stmt.reduce:
             lines.append(f"    {stmt.var} = {_REDUCE[stmt.reduce]}({stmt.expr}, axis=-1, keepdims=True)")
+        elif stmt.kind == ELEM and not per_column.intersection(names_in(stmt.expr)):
+            # an elem value computed from row values only (a row's gradient broadcast back): (rows, C)
+            lines.append(f"    {stmt.var} = np.broadcast_to({to_python(stmt.expr)}, (e - s, {program.C}))")
+            per_column.add(stmt.var)
         else:
             lines.append(f"    {stmt.var} = {to_python(stmt.expr)}")
+            if stmt.kind == ELEM:
+                per_column.add(stmt.var)
     for j, var in enumerate(program.outputs):
         lines.append(f"    outs[{j}][s:e] = {var}")
     return "\n".join(lines) + "\n"
