@@ -126,6 +126,22 @@ inline ct netcl_att_keep(const idx_t bh, const idx_t r, const idx_t c, const idx
     return (ct)1;
 #endif
 }}
+/* a query-row kernel's prologue: its batch-head, row, kv head, mask base and key / value rows */
+#define QUERY_BLOCK \
+    const idx_t bh = get_group_id(1); \
+    const int lid = get_local_id(0), BM = get_local_size(0); \
+    const idx_t row0 = (idx_t)get_group_id(0) * BM, r = row0 + lid; \
+    const int live = r < L; \
+    const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group; \
+    const idx_t mb = MASK ? moff[bh] : 0; \
+    __global const {st}* kb = k + kvh * S * E; \
+    __global const {st}* vb = v + kvh * S * EV
+/* key / value rows n0 .. n0 + tn - 1 into the local tiles ks, vs (between barriers) */
+#define STAGE_KV_TILE \
+    barrier(CLK_LOCAL_MEM_FENCE); \
+    for (int t = lid; t < tn * E; t += BM) ks[t] = LD(kb, n0 * E + t); \
+    for (int t = lid; t < tn * EV; t += BM) vs[t] = LD(vb, n0 * EV + t); \
+    barrier(CLK_LOCAL_MEM_FENCE)
 #define ATT_ARGS __global const {mst}* mask, __global const long* moff, const idx_t L, const idx_t S, \\
     const idx_t Hq, const idx_t group, const idx_t Hkv, const idx_t mrow, const idx_t mcol, const ct scale, \\
     const uint k0, const uint k1, const uint threshold, const ct dscale, __global const int* counter
@@ -136,14 +152,7 @@ __kernel void netcl_attention_fwd(__global const {st}* q, __global const {st}* k
                                   __global {st}* out, __global ct* lse, ATT_ARGS) {{
     __local ct ks[TN * E];
     __local ct vs[TN * EV];
-    const idx_t bh = get_group_id(1);
-    const int lid = get_local_id(0), BM = get_local_size(0);
-    const idx_t row0 = (idx_t)get_group_id(0) * BM, r = row0 + lid;
-    const int live = r < L;
-    const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-    const idx_t mb = MASK ? moff[bh] : 0;
-    __global const {st}* kb = k + kvh * S * E;
-    __global const {st}* vb = v + kvh * S * EV;
+    QUERY_BLOCK;
     ct qv[E], acc[EV], sc[TN];
     for (int e = 0; e < E; ++e) qv[e] = live ? LD(q, (bh * L + r) * E + e) : (ct)0;
     for (int e = 0; e < EV; ++e) acc[e] = 0;
@@ -155,10 +164,7 @@ __kernel void netcl_attention_fwd(__global const {st}* q, __global const {st}* k
 #endif
     for (idx_t n0 = 0; n0 < nend; n0 += TN) {{
         const int tn = (int)min((idx_t)TN, nend - n0);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int t = lid; t < tn * E; t += BM) ks[t] = LD(kb, n0 * E + t);
-        for (int t = lid; t < tn * EV; t += BM) vs[t] = LD(vb, n0 * EV + t);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        STAGE_KV_TILE;
         if (!live) continue;
         ct mt = m;
         for (int j = 0; j < tn; ++j) {{
@@ -260,14 +266,7 @@ __kernel void netcl_attention_bwd_q(__global const {st}* q, __global const {st}*
                                     __global {st}* dq, ATT_ARGS) {{
     __local ct ks[TN * E];
     __local ct vs[TN * EV];
-    const idx_t bh = get_group_id(1);
-    const int lid = get_local_id(0), BM = get_local_size(0);
-    const idx_t row0 = (idx_t)get_group_id(0) * BM, r = row0 + lid;
-    const int live = r < L;
-    const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-    const idx_t mb = MASK ? moff[bh] : 0;
-    __global const {st}* kb = k + kvh * S * E;
-    __global const {st}* vb = v + kvh * S * EV;
+    QUERY_BLOCK;
     ct qv[E], gv[EV], dqv[E];
     ct d = 0;
     for (int e = 0; e < E; ++e) {{ qv[e] = live ? LD(q, (bh * L + r) * E + e) : (ct)0; dqv[e] = 0; }}
@@ -283,10 +282,7 @@ __kernel void netcl_attention_bwd_q(__global const {st}* q, __global const {st}*
 #endif
     for (idx_t n0 = 0; n0 < nend; n0 += TN) {{
         const int tn = (int)min((idx_t)TN, nend - n0);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int t = lid; t < tn * E; t += BM) ks[t] = LD(kb, n0 * E + t);
-        for (int t = lid; t < tn * EV; t += BM) vs[t] = LD(vb, n0 * EV + t);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        STAGE_KV_TILE;
         if (!live || lr == -INFINITY) continue;
         for (int j = 0; j < tn; ++j) {{
             const ct s = netcl_att_score(qv, ks + j * E, scale, mask, mb, mrow, mcol, r, n0 + j);
