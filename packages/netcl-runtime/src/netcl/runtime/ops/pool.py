@@ -16,9 +16,12 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
-from netcl.runtime.ops._common import compute_ctype, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import compute_ctype, pragmas, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
-from netcl.runtime.ops.conv import ConvGeometry, pair, window_indices
+from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.conv import ConvGeometry, pair
+
+_TWINS = "netcl.runtime.numpy_twins.pool"
 
 _POOL = ["n", "H", "W", "OH", "OW", "KH", "KW", "SH", "SW", "PH", "PW"]
 
@@ -183,11 +186,6 @@ def _launch(template: str, name: str, names: list[str], values: list[int], out: 
     return out
 
 
-def _np_float(t: Tensor) -> type:
-    """The NumPy dtype the twins compute in (as the kernels: float64 stays, others float32)."""
-    return np.float64 if t.dtype == np.float64 else np.float32
-
-
 def _check_input(x: Any, op: str) -> None:
     """x (a Tensor, or anything with ``shape`` and ``dtype``) must be a 4-d float tensor."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
@@ -213,62 +211,38 @@ def _pool_values(geo: ConvGeometry) -> list[int]:
     return [geo.H, geo.W, geo.OH, geo.OW, geo.KH, geo.KW, geo.SH, geo.SW, geo.PH, geo.PW]
 
 
-def _np_windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
-    """(N, C, KH, KW, OH, OW) window values of x, ``fill`` in the padding (NumPy backend)."""
-    h, w, inside = window_indices(geo)
-    return np.where(inside, x[:, :, h, w], fill)
-
-
-def _np_max_windows(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
-    """(N, C, KH*KW, OH, OW) windows (padding -inf) and each window's first maximum (NumPy backend)."""
-    windows = _np_windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
-    return windows, _first_argmax(windows)
-
-
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """Max over KH x KW windows (padding counts as -inf); (N, C, OH, OW)."""
-    geo = pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
-    out_shape = (geo.N, geo.C, geo.OH, geo.OW)
-    if x.device.kind == "cpu":
-        windows, first = _np_max_windows(x, geo)
-        data = np.take_along_axis(windows, first[:, :, None], axis=2)[:, :, 0]
-        return wrap_numpy(data, x.device, x.dtype)
-    out = Tensor.empty(out_shape, x.dtype, x.device)
+    return max_pool(x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d"))
+
+
+@backend_op(_TWINS)
+def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+    """``max_pool2d`` of a checked call."""
+    out = Tensor.empty((geo.N, geo.C, geo.OH, geo.OW), x.dtype, x.device)
     return _launch(_MAX_FORWARD, "max_pool", _POOL, _pool_values(geo), out, x)
-
-
-def _first_argmax(windows: np.ndarray) -> np.ndarray:
-    """Index along axis 2 of the first maximum, a NaN winning (as the kernel)."""
-    nan = np.isnan(windows)
-    filled = np.where(nan, np.inf, windows)
-    return np.where(nan.any(axis=2), nan.argmax(axis=2), filled.argmax(axis=2))
 
 
 def max_pool2d_backward(grad: Tensor, x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """d max_pool2d / d x: each window's gradient goes to its (first) maximum."""
-    geo = pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
-    if x.device.kind == "cpu":
-        _, first = _np_max_windows(x, geo)
-        onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(_np_float(x))
-        cols = onehot * np.asarray(grad.data, dtype=_np_float(x))[:, :, None]
-        return _np_fold(cols, geo, x)
+    return max_pool_backward(grad, x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d"))
+
+
+@backend_op(_TWINS)
+def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
+    """``max_pool2d_backward`` of a checked call."""
     out = Tensor.empty(x.shape, x.dtype, x.device)
     return _launch(_MAX_BACKWARD, "max_pool_backward", _POOL, _pool_values(geo), out, x, grad)
 
 
-def _np_fold(cols: np.ndarray, geo: ConvGeometry, like: Tensor) -> Tensor:
-    from netcl.runtime.ops.conv import col2im
-
-    flat = cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
-    return col2im(wrap_numpy(flat, like.device, like.dtype), geo)
-
-
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """Mean over KH x KW windows, padding counted as zeros in the divisor (count_include_pad=True)."""
-    geo = pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
-    if x.device.kind == "cpu":
-        windows = _np_windows(np.asarray(x.data, dtype=_np_float(x)), geo, 0.0)
-        return wrap_numpy(windows.mean(axis=(2, 3)), x.device, x.dtype)
+    return avg_pool(x, pool_geometry(x, kernel_size, stride, padding, "avg_pool2d"))
+
+
+@backend_op(_TWINS)
+def avg_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+    """``avg_pool2d`` of a checked call."""
     out = Tensor.empty((geo.N, geo.C, geo.OH, geo.OW), x.dtype, x.device)
     return _launch(_AVG_FORWARD, "avg_pool", _POOL, _pool_values(geo), out, x)
 
@@ -276,12 +250,13 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 def avg_pool2d_backward(grad: Tensor, x_shape: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """d avg_pool2d / d x: each window's gradient spread evenly over its KH*KW cells."""
     like = Tensor.empty(tuple(x_shape), grad.dtype, grad.device)
-    geo = pool_geometry(like, kernel_size, stride, padding, "avg_pool2d")
-    if grad.device.kind == "cpu":
-        share = np.asarray(grad.data, dtype=_np_float(grad))[:, :, None, None] / (geo.KH * geo.KW)
-        cols = np.broadcast_to(share, (geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW))
-        return _np_fold(np.ascontiguousarray(cols), geo, like)
-    return _launch(_AVG_BACKWARD, "avg_pool_backward", _POOL, _pool_values(geo), like, grad)
+    return avg_pool_backward(grad, like, pool_geometry(like, kernel_size, stride, padding, "avg_pool2d"))
+
+
+@backend_op(_TWINS)
+def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry) -> Tensor:
+    """``avg_pool2d_backward`` of a checked call, written into ``out`` (x's shape)."""
+    return _launch(_AVG_BACKWARD, "avg_pool_backward", _POOL, _pool_values(geo), out, grad)
 
 
 def adaptive_output(x: Any, output_size: Any, op: str = "adaptive_avg_pool2d") -> tuple[int, int]:
@@ -296,39 +271,23 @@ def adaptive_output(x: Any, output_size: Any, op: str = "adaptive_avg_pool2d") -
     return int(sizes[0]), int(sizes[1])
 
 
-def _bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
-    i = np.arange(out)
-    return (i * size) // out, ((i + 1) * size + out - 1) // out
-
-
 def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
     """Average over PyTorch's adaptive windows ``[floor(i*H/OH), ceil((i+1)*H/OH))``: (N, C, OH, OW)."""
-    OH, OW = adaptive_output(x, output_size)
+    return adaptive_avg_pool(x, *adaptive_output(x, output_size))
+
+
+@backend_op(_TWINS)
+def adaptive_avg_pool(x: Tensor, out_h: int, out_w: int) -> Tensor:
+    """``adaptive_avg_pool2d`` of a checked call."""
     N, C, H, W = x.shape
-    if x.device.kind == "cpu":
-        data = np.asarray(x.data, dtype=_np_float(x))
-        h0, h1 = _bounds(H, OH)
-        w0, w1 = _bounds(W, OW)
-        rows = np.stack([data[:, :, a:b].mean(axis=2) for a, b in zip(h0, h1, strict=True)], axis=2)
-        out = np.stack([rows[..., a:b].mean(axis=3) for a, b in zip(w0, w1, strict=True)], axis=3)
-        return wrap_numpy(out, x.device, x.dtype)
-    out = Tensor.empty((N, C, OH, OW), x.dtype, x.device)
-    return _launch(_ADAPTIVE_FORWARD, "adaptive_avg_pool", _ADAPTIVE, [H, W, OH, OW], out, x)
+    out = Tensor.empty((N, C, out_h, out_w), x.dtype, x.device)
+    return _launch(_ADAPTIVE_FORWARD, "adaptive_avg_pool", _ADAPTIVE, [H, W, out_h, out_w], out, x)
 
 
+@backend_op(_TWINS)
 def adaptive_avg_pool2d_backward(grad: Tensor, x_shape: Any) -> Tensor:
     """d adaptive_avg_pool2d / d x for upstream ``grad`` (N, C, OH, OW)."""
     N, C, H, W = (int(d) for d in x_shape)
     OH, OW = grad.shape[2], grad.shape[3]
-    if grad.device.kind == "cpu":
-        g = np.asarray(grad.data, dtype=_np_float(grad))
-        out = np.zeros((N, C, H, W), dtype=g.dtype)
-        h0, h1 = _bounds(H, OH)
-        w0, w1 = _bounds(W, OW)
-        for i in range(OH):  # a loop over output cells (at most OH * OW), each adding a whole window
-            for j in range(OW):
-                area = g.dtype.type((h1[i] - h0[i]) * (w1[j] - w0[j]))
-                out[:, :, h0[i] : h1[i], w0[j] : w1[j]] += (g[:, :, i, j] / area)[:, :, None, None]
-        return wrap_numpy(out, grad.device, grad.dtype)
     out = Tensor.empty((N, C, H, W), grad.dtype, grad.device)
     return _launch(_ADAPTIVE_BACKWARD, "adaptive_avg_pool_backward", _ADAPTIVE, [H, W, OH, OW], out, grad)

@@ -1,0 +1,94 @@
+"""NumPy twins of ``netcl.runtime.ops.pool`` (arguments already checked there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Tensor
+from netcl.runtime.ops._common import wrap_numpy
+from netcl.runtime.ops.conv import ConvGeometry, col2im, window_indices
+
+
+def _float(t: Tensor) -> type:
+    """The NumPy dtype the twins compute in (as the kernels: float64 stays, others float32)."""
+    return np.float64 if t.dtype == np.float64 else np.float32
+
+
+def _windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
+    """(N, C, KH, KW, OH, OW) window values of x, ``fill`` in the padding."""
+    h, w, inside = window_indices(geo)
+    return np.where(inside, x[:, :, h, w], fill)
+
+
+def _first_argmax(windows: np.ndarray) -> np.ndarray:
+    """Index along axis 2 of the first maximum, a NaN winning (as the kernel)."""
+    nan = np.isnan(windows)
+    filled = np.where(nan, np.inf, windows)
+    return np.where(nan.any(axis=2), nan.argmax(axis=2), filled.argmax(axis=2))
+
+
+def _max_windows(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """(N, C, KH*KW, OH, OW) windows (padding -inf) and each window's first maximum."""
+    windows = _windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
+    return windows, _first_argmax(windows)
+
+
+def _fold(cols: np.ndarray, geo: ConvGeometry, like: Tensor) -> Tensor:
+    flat = cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
+    return col2im(wrap_numpy(flat, like.device, like.dtype), geo)
+
+
+def _bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's adaptive windows ``[floor(i*size/out), ceil((i+1)*size/out))`` for i < out."""
+    i = np.arange(out)
+    return (i * size) // out, ((i + 1) * size + out - 1) // out
+
+
+def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+    windows, first = _max_windows(x, geo)
+    data = np.take_along_axis(windows, first[:, :, None], axis=2)[:, :, 0]
+    return wrap_numpy(data, x.device, x.dtype)
+
+
+def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
+    _, first = _max_windows(x, geo)
+    onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(_float(x))
+    cols = onehot * np.asarray(grad.data, dtype=_float(x))[:, :, None]
+    return _fold(cols, geo, x)
+
+
+def avg_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+    windows = _windows(np.asarray(x.data, dtype=_float(x)), geo, 0.0)
+    return wrap_numpy(windows.mean(axis=(2, 3)), x.device, x.dtype)
+
+
+def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry) -> Tensor:
+    share = np.asarray(grad.data, dtype=_float(grad))[:, :, None, None] / (geo.KH * geo.KW)
+    cols = np.broadcast_to(share, (geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW))
+    return _fold(np.ascontiguousarray(cols), geo, out)
+
+
+def adaptive_avg_pool(x: Tensor, out_h: int, out_w: int) -> Tensor:
+    H, W = x.shape[2:]
+    data = np.asarray(x.data, dtype=_float(x))
+    h0, h1 = _bounds(H, out_h)
+    w0, w1 = _bounds(W, out_w)
+    rows = np.stack([data[:, :, a:b].mean(axis=2) for a, b in zip(h0, h1, strict=True)], axis=2)
+    out = np.stack([rows[..., a:b].mean(axis=3) for a, b in zip(w0, w1, strict=True)], axis=3)
+    return wrap_numpy(out, x.device, x.dtype)
+
+
+def adaptive_avg_pool2d_backward(grad: Tensor, x_shape: Any) -> Tensor:
+    N, C, H, W = (int(d) for d in x_shape)
+    OH, OW = grad.shape[2], grad.shape[3]
+    g = np.asarray(grad.data, dtype=_float(grad))
+    out = np.zeros((N, C, H, W), dtype=g.dtype)
+    h0, h1 = _bounds(H, OH)
+    w0, w1 = _bounds(W, OW)
+    for i in range(OH):  # a loop over output cells (at most OH * OW), each adding a whole window
+        for j in range(OW):
+            area = g.dtype.type((h1[i] - h0[i]) * (w1[j] - w0[j]))
+            out[:, :, h0[i] : h1[i], w0[j] : w1[j]] += (g[:, :, i, j] / area)[:, :, None, None]
+    return wrap_numpy(out, grad.device, grad.dtype)
