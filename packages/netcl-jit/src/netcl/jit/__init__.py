@@ -2,6 +2,7 @@
 
 from netcl.jit.__about__ import __version__
 from netcl.jit.builtin_primitives import register_builtins
+from netcl.jit.builtin_row_ops import register_builtin_row_ops
 from netcl.jit.compiler import JitFunction, jit_compile
 from netcl.jit.errors import JitError, TracerConversionError, UnwatchedCaptureWarning
 from netcl.jit.primitive_registry import PRIMITIVES
@@ -12,6 +13,7 @@ from netcl.jit.tracing import TraceNode, TracingContext
 _PRIMITIVES = PRIMITIVES
 
 register_builtins()
+register_builtin_row_ops()
 
 from netcl.jit import row_eager  # noqa: E402,F401  (the built-in row ops on the fused row kernels)
 

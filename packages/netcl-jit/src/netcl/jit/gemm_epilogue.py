@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +57,9 @@ class MatmulGroup:
         return [*self.matmul.inputs, *self.others]
 
     @property
-    def linear(self) -> bool:
-        """``x @ weight.T (+ bias)`` (``nn.functional.linear``) rather than ``a @ b``."""
-        return self.matmul.op_name == "linear"
+    def trans_b(self) -> bool:
+        """Whether the product reads its second operand transposed (``x @ weight.T``: ``nn.functional.linear``)."""
+        return PRODUCTS[self.matmul.op_name].trans_b
 
     @property
     def operands(self) -> int:
@@ -75,15 +76,30 @@ def operand_kind(node: TraceNode, out_shape: tuple[int, ...]) -> str | None:
     return "scalar" if node.kind == "param" else broadcast_kind(node.shape, out_shape)
 
 
+@dataclass(frozen=True)
+class Product:
+    """An op whose result a GEMM's store can follow with an epilogue."""
+
+    #: whether a traced node of the op runs as one GEMM (its operands, attributes, the function it runs)
+    eligible: Callable[[TraceNode], bool]
+    #: the GEMM reads the second operand transposed
+    trans_b: bool
+
+
+#: op name -> how it runs as a GEMM: ``matmul`` (``a @ b``), ``linear`` (``x @ weight.T (+ bias)`` outside autocast)
+PRODUCTS: dict[str, Product] = {
+    "matmul": Product(lambda node: node.fn is linalg.matmul and len(node.inputs) == 2, trans_b=False),
+    "linear": Product(
+        lambda node: node.attrs.get("autocast", "?") is None and len(node.inputs) == 2 + bool(node.attrs.get("bias")),
+        trans_b=True,
+    ),
+}
+
+
 def _eligible(node: TraceNode) -> bool:
-    """A float32 ``matmul`` of >= 2-D operands, or ``nn.functional.linear`` outside autocast."""
-    if node.op_name == "matmul":
-        if node.fn is not linalg.matmul or len(node.inputs) != 2:
-            return False
-    elif node.op_name == "linear":
-        if node.attrs.get("autocast", "?") is not None or len(node.inputs) != 2 + bool(node.attrs.get("bias")):
-            return False
-    else:
+    """A float32 ``PRODUCTS`` op (``matmul``, ``linear`` outside autocast) of >= 2-D operands."""
+    product = PRODUCTS.get(node.op_name)
+    if product is None or not product.eligible(node):
         return False
     if node.dtype != _F32 or any(kind != "node" for kind, _ in node.arg_layout):
         return False
@@ -208,7 +224,7 @@ class GemmEpilogueStep:
         if self.one_kernel:
             extra = [self._empty() for _ in range(n_out - 1)] + ([self._empty()] if save else [])
             epilogue, args = self.epilogues[save], [*lead, *others, *extra]
-            first = gemm(a, b, trans_b=self.merged.linear, epilogue=epilogue, epilogue_args=args)
+            first = gemm(a, b, trans_b=self.merged.trans_b, epilogue=epilogue, epilogue_args=args)
             outs = [first, *extra[: n_out - 1]]
             product = extra[-1] if save else None
         else:

@@ -42,9 +42,15 @@ _version = 0
 
 def add(primitive: PrimitiveDef) -> None:
     """Register (or replace) ``primitive`` under its name and bump ``registry_version()``."""
-    global _version
     with _lock:
         PRIMITIVES[primitive.name] = primitive
+    bump_version()
+
+
+def bump_version() -> None:
+    """Make every JIT cache key new: a definition the compiled code depends on changed (a primitive, a row op)."""
+    global _version
+    with _lock:
         _version += 1
 
 
@@ -54,7 +60,7 @@ def get_primitive(name: str) -> PrimitiveDef | None:
 
 
 def registry_version() -> int:
-    """Bumped on every registration; part of every JIT cache key."""
+    """Bumped on every registration (of a primitive or a ``row_ops`` row op); part of every JIT cache key."""
     return _version
 
 

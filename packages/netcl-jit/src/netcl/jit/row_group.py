@@ -1,13 +1,13 @@
 """Row groups: reductions along the last axis with their elementwise prologue and epilogue.
 
-``find_row_groups`` grows one group around each reduction of a float32 value of shape ``full``
-along its last axis (``sum``/``mean``/``max``/``min``, and the built-in ``softmax``,
-``log_softmax``, ``logsumexp``, ``layer_norm``, ``rms_norm`` over that axis): elementwise ops of
+``find_row_groups`` grows one group around each row op (``row_ops``: ``sum``/``mean``/``max``/``min``/
+``var``/``std``, ``softmax``, ``log_softmax``, ``logsumexp``, ``layer_norm``, ``rms_norm``,
+``cross_entropy``) that reduces a float32 value of shape ``full`` along its last axis: elementwise ops of
 shape ``full`` that feed it (prologue), ops that consume its result broadcast back over the row or
 per row (epilogue), and further reductions of the same rows. The group's values read from outside
 are ``full``-shaped, per column (``(C,)``), per row (``(*full[:-1], 1)``) or Python scalars. A group
 never reads a value that depends on itself (it would have to run twice). ``build_program`` writes a
-group as a ``row_ir.RowProgram``.
+group as a ``row_ir.RowProgram``, each row op through its entry's ``emit``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, Builder, RowInput, RowProgram
+from netcl.jit.row_ir import COL, ELEM, INDEX, PARAM, ROW, Builder, RowInput, RowProgram
+from netcl.jit.row_ops import get_row_op
 from netcl.jit.tracing import TraceNode
 
-_REDUCTIONS = ("sum", "mean", "max", "min", "var", "std")
-_BUILTINS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm")
 _F32 = np.dtype(np.float32)
 #: other dtypes a row program reads (a mask, integer codes), by their C type, converting each value to float
 READ_AS_FLOAT = {np.dtype(np.bool_): "uchar", np.dtype(np.uint8): "uchar", np.dtype(np.int32): "int"}
@@ -37,42 +36,20 @@ class RowGroup:
     program: RowProgram | None = None
 
 
-def _last_axis(axis, ndim: int) -> bool:
-    if axis is None:
-        return ndim == 1
-    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-    return len(axes) == 1 and isinstance(axes[0], (int, np.integer)) and int(axes[0]) % max(ndim, 1) == ndim - 1
-
-
 def _all_nodes(node: TraceNode) -> bool:
     return all(kind == "node" for kind, _ in node.arg_layout)
 
 
 def row_seed_shape(node: TraceNode) -> tuple[int, ...] | None:
-    """``full`` when ``node`` reduces a float32 value of shape ``full`` along its last axis, else None."""
+    """``full`` when ``node`` is a row op (``row_ops``) reducing a float32 value of shape ``full`` along its
+    last axis (its entry's ``seed`` rule), else None."""
     if node.kind != "op" or not node.inputs or node.dtype != _F32:
         return None
     x = node.inputs[0]
     if x.dtype != _F32 or not x.shape or x.shape[-1] < 2 or 0 in x.shape:
         return None
-    ndim = len(x.shape)
-    name = node.op_name
-    if name in _REDUCTIONS or name in ("softmax", "log_softmax", "logsumexp"):
-        if len(node.inputs) != 1 or not _all_nodes(node) or not _last_axis(node.attrs.get("axis", -1), ndim):
-            return None
-        return x.shape
-    if name == "cross_entropy":  # integer class targets, per-row losses (reduction "none")
-        target = node.inputs[1] if len(node.inputs) == 2 else None
-        if len(x.shape) != 2 or target is None or target.dtype != np.int32 or target.shape != x.shape[:1]:
-            return None
-        return x.shape if node.attrs.get("reduction") == "none" and _all_nodes(node) else None
-    if name in ("layer_norm", "rms_norm"):
-        if tuple(node.attrs.get("normalized_shape", ())) != (x.shape[-1],) or "has_weight" not in node.attrs:
-            return None
-        if any(p.shape != (x.shape[-1],) or p.dtype != _F32 for p in node.inputs[1:]):
-            return None
-        return x.shape
-    return None
+    row_op = get_row_op(node.op_name)
+    return x.shape if row_op is not None and row_op.seed(node) else None
 
 
 def _fusible(node: TraceNode) -> bool:
@@ -118,10 +95,9 @@ class _Finder:
             return False
         keep, flat = (*full[:-1], 1), full[:-1]
         seed = row_seed_shape(node)
-        if seed is not None:
-            if node.op_name == "cross_entropy":
-                return seed == full and kinds == [ELEM, INDEX]
-            return seed == full and kinds[0] == ELEM and all(k == COL for k in kinds[1:])
+        if seed is not None:  # a row op: its first input the row's elements, the others as its entry reads them
+            operand_kind = get_row_op(node.op_name).operand_kind
+            return seed == full and kinds[0] == ELEM and all(k == operand_kind for k in kinds[1:])
         if not _fusible(node):
             return False
         if node.shape == full:
@@ -227,69 +203,7 @@ def build_program(group: RowGroup) -> RowProgram:
 
 
 def _emit(b: Builder, node: TraceNode, args: list[str], var: str) -> str:
-    name, attrs = node.op_name, node.attrs
-    if name in ("sum", "max", "min"):
-        return b.reduce(name, args[0], var=var)
-    if name == "mean":
-        return b.scalar("mul", b.reduce("sum", args[0]), 1.0 / b.C, var=var)
-    if name in ("var", "std"):  # the mean squared deviation (two passes: the mean, then the squares)
-        centered = b.prim("sub", [args[0], b.mean(args[0])])
-        dof = b.C - (1 if attrs.get("unbiased") else 0)
-        squares = b.reduce("sum", b.prim("mul", [centered, centered]))
-        if name == "var":
-            return b.scalar("mul", squares, 1.0 / dof, var=var)
-        return b.prim("sqrt", [b.scalar("mul", squares, 1.0 / dof)], var=var)
-    if name in ("softmax", "log_softmax", "logsumexp"):
-        x = args[0]
-        # the max subtracted carries no gradient: the result does not depend on it
-        shift = b.reduce("max", x, grad=False)
-        d = b.prim("sub", [x, shift])
-        e = b.prim("exp", [d])
-        total = b.reduce("sum", e)
-        if name == "softmax":
-            return b.prim("div", [e, total], var=var)
-        if name == "log_softmax":
-            return b.prim("sub", [d, b.prim("log", [total])], var=var)
-        return b.prim("add", [shift, b.prim("log", [total])], var=var)
-    if name == "cross_entropy":
-        return _cross_entropy_rows(b, args[0], args[1], attrs, var)
-    if name in ("layer_norm", "rms_norm"):
-        x, params = args[0], iter(args[1:])
-        eps = float(attrs.get("eps", 1e-5))
-        if name == "layer_norm":
-            centered = b.prim("sub", [x, b.mean(x)])
-        else:
-            centered = x
-        var_ = b.mean(b.prim("mul", [centered, centered]))
-        y = b.prim("mul", [centered, b.prim("rsqrt", [b.scalar("add", var_, eps)])])
-        if attrs.get("has_weight"):
-            y = b.prim("mul", [y, next(params)])
-        if attrs.get("has_bias"):
-            y = b.prim("add", [y, next(params)])
-        return _rename(b, y, var)
-    return b.prim(name, args, attrs, var=var)
-
-
-def _cross_entropy_rows(b: Builder, x: str, target: str, attrs: dict, var: str) -> str:
-    """Per row: ``lse(x) - sum(q * x)`` with ``q = (1 - s) one_hot(t) + s / C``; 0 where ``t == ignore_index``."""
-    shift = b.reduce("max", x, grad=False)
-    d = b.prim("sub", [x, shift])
-    total = b.reduce("sum", b.prim("exp", [d]))
-    hit = b.expr(f"EQ({COLIDX}, {target})", ELEM)  # no gradient: the target is an index
-    smoothing = float(attrs.get("label_smoothing", 0.0))
-    picked = b.reduce("sum", b.prim("mul", [hit, d]))
-    loss = b.prim("sub", [b.prim("log", [total]), b.scalar("mul", picked, 1.0 - smoothing)])
-    if smoothing:
-        loss = b.prim("sub", [loss, b.scalar("mul", b.reduce("sum", d), smoothing / b.C)])
-    valid = b.expr(f"NE({target}, {float(attrs.get('ignore_index', -100))}f)", ROW)
-    return b.prim("mul", [loss, valid], var=var)
-
-
-def _rename(b: Builder, value: str, var: str) -> str:
-    """Give the last statement (which computed ``value``) the node's name."""
-    stmt = b.stmts[-1]
-    assert stmt.var == value
-    del b.kinds[value]
-    stmt.var = var
-    b.kinds[var] = stmt.kind
-    return var
+    row_op = get_row_op(node.op_name)
+    if row_op is not None:
+        return row_op.emit(b, args, node.attrs, var)
+    return b.prim(node.op_name, args, node.attrs, var=var)

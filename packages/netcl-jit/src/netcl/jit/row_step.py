@@ -20,6 +20,7 @@ from netcl.core import Device, Tensor
 from netcl.jit import row_numpy, row_source
 from netcl.jit.row_group import RowGroup, build_program
 from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backward_program
+from netcl.jit.row_ops import get_row_op
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import layout, reduce
@@ -43,12 +44,16 @@ class RowStep:
         self.program = group.program = build_program(group)
         self.stats = [s.var for s in self.program.stmts if s.reduce]
         self.out_kinds = self.program.output_kinds()
-        #: (input position, ignore_index) of each class target read by a cross_entropy in the group
+        #: (input position, ignore_index, op name) of each class target a row op of the group reads
+        #: (its entry's ``class_target``), checked against the row length before the forward
         position = {p.id: k for k, p in enumerate(group.inputs)}
         self.target_checks = [
-            (position[node.inputs[1].id], node.attrs.get("ignore_index", -100))
+            (position[target.id], node.attrs.get("ignore_index", -100), node.op_name)
             for node in group.nodes
-            if node.op_name == "cross_entropy" and node.inputs[1].id in position
+            for row_op in [get_row_op(node.op_name)]
+            if row_op is not None and row_op.class_target is not None
+            for target in [node.inputs[row_op.class_target]]
+            if target.id in position
         ]
         self.is_opencl = device.kind == "opencl"
         #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
@@ -114,9 +119,9 @@ class RowStep:
     def forward(self, ext: list[Any]) -> list[Node]:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
         values = [x.value if isinstance(x, Node) else x for x in ext]
-        for k, ignore in self.target_checks:  # on OpenCL: IndexError at the next wait
+        for k, ignore, op_name in self.target_checks:  # on OpenCL: IndexError at the next wait
             if isinstance(values[k], Tensor):
-                check_targets(values[k], self.C, int(ignore), "cross_entropy")
+                check_targets(values[k], self.C, int(ignore), op_name)
         outs = [self._empty(o.shape) for o in self.group.outputs]
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
         if not (any(wants) and is_grad_enabled()):  # no backward: the statistics go to a scratch buffer

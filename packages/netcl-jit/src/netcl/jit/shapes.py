@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes, get_device
+from netcl.jit.row_ops import get_row_op
 
 
 def broadcast_kind(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str | None:
@@ -30,14 +31,16 @@ def infer_shape(
 ) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a non-fused op's output.
 
-    Known ops use shape rules; anything else runs ``fn`` once on zero tensors of the input
-    shapes on the NumPy backend (only at trace time).
+    Row ops (``row_ops``) and the ops of ``_RULES`` use their shape rules (and dtype rules); anything
+    else runs ``fn`` once on zero tensors of the input shapes on the NumPy backend (only at trace time).
     """
     shapes = [i.shape for i in inputs]
     dtype = np.result_type(*(i.dtype for i in inputs)) if inputs else np.dtype(np.float32)
-    rule = _RULES.get(name)
-    if name in ("cross_entropy", "nll_loss") and inputs:  # float losses of integer targets
-        dtype = np.dtype(np.float64) if inputs[0].dtype == np.float64 else np.dtype(np.float32)
+    row_op = get_row_op(name)
+    rule = row_op.shape if row_op is not None else _RULES.get(name)
+    dtype_rule = row_op.dtype if row_op is not None else _DTYPES.get(name)
+    if dtype_rule is not None and inputs:
+        dtype = dtype_rule([i.dtype for i in inputs])
     if rule is not None:
         return rule(shapes, attrs), dtype
     return _probe(fn, inputs, layout)
@@ -50,7 +53,8 @@ def _matmul(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
     return (*broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
 
 
-def _reduction(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+def reduction_shape(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    """The shape after reducing ``attrs["axis"]`` (None: every axis), the axes kept as 1s with ``keepdims``."""
     shape = shapes[0]
     axis = attrs.get("axis")
     keepdims = bool(attrs.get("keepdims", False))
@@ -63,45 +67,42 @@ def _scalar(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
     return ()
 
 
-def _same(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+def same_shape(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+    """The first input's shape."""
     return shapes[0]
 
 
-def _class_loss(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
+def class_loss_shape(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
     """cross_entropy / nll_loss: the target's shape (N, d1, ...) for reduction 'none', else 0-d."""
     if attrs.get("reduction", "mean") != "none":
         return ()
     return (shapes[0][0], *shapes[0][2:])
 
 
+def class_loss_dtype(dtypes: list[np.dtype]) -> np.dtype:
+    """cross_entropy / nll_loss: a float loss of integer targets (float64 for float64 scores, else float32)."""
+    return np.dtype(np.float64) if dtypes[0] == np.float64 else np.dtype(np.float32)
+
+
 def _elementwise_loss(shapes: list[tuple[int, ...]], attrs: dict) -> tuple[int, ...]:
     return shapes[0] if attrs.get("reduction", "mean") == "none" else ()
 
 
+#: shape rules of the ops that are not row ops (the row ops' are their ``row_ops`` entries')
 _RULES: dict[str, Callable[[list[tuple[int, ...]], dict], tuple[int, ...]]] = {
     "matmul": _matmul,
-    "sum": _reduction,
-    "mean": _reduction,
-    "max": _reduction,
-    "min": _reduction,
-    "prod": _reduction,
-    "var": _reduction,
-    "std": _reduction,
-    "logsumexp": _reduction,
+    "prod": reduction_shape,
     "mse_loss": _scalar,
-    "cross_entropy": _class_loss,
-    "nll_loss": _class_loss,
+    "nll_loss": class_loss_shape,
     "binary_cross_entropy": _elementwise_loss,
     # ops with state or a costly probe: never run on zeros at trace time (batch_norm would update
     # its running statistics there)
-    "softmax": _same,
-    "log_softmax": _same,
-    "layer_norm": _same,
-    "rms_norm": _same,
-    "batch_norm": _same,
-    "cumsum": _same,
-    "flip": _same,
+    "batch_norm": same_shape,
+    "cumsum": same_shape,
+    "flip": same_shape,
 }
+#: dtype rules of the ops that are not row ops (others: NumPy's result type of the inputs)
+_DTYPES: dict[str, Callable[[list[np.dtype]], np.dtype]] = {"nll_loss": class_loss_dtype}
 
 
 def _probe(fn: Callable, inputs: list, layout: list[tuple[str, Any]]) -> tuple[tuple[int, ...], np.dtype]:
