@@ -466,6 +466,27 @@ def test_tune_command_runs_without_warnings(cl_device, tmp_path):
     assert f"winners in {tmp_path}" in done.stdout
 
 
+def test_tune_command_shows_and_clears_the_stored_winners(cl_device, tmp_path, monkeypatch, capsys):
+    """``--show`` lists ``tune.winners`` (a copy of the table), ``--clear`` forgets them; shapes parse
+    as ``MxNxK[:layout]``."""
+    from netcl.runtime.tune import __main__ as command
+
+    assert command.parse_shape("128x512x784") == (128, 512, 784, False, False)
+    assert command.parse_shape("784X512x128:tn") == (784, 512, 128, True, False)
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    tune.clear(cl_device)
+    key = tune.shape_class("test", 64, 64, 64, False, "NN", "<f4")
+    tune.remember(cl_device, key, {"v": 3}, 1.5)
+    shown = tune.winners(cl_device)
+    assert shown == {key: {"v": 3, "_ms": 1.5}}
+    shown[key]["v"] = 4  # a copy: the stored table is unchanged
+    assert tune.lookup(cl_device, key) == {"v": 3, "_ms": 1.5}
+    command.main(["--device", "opencl", "--show"])
+    assert f"  {key}: {{'v': 3, '_ms': 1.5}}" in capsys.readouterr().out
+    command.main(["--device", "opencl", "--clear"])
+    assert tune.winners(cl_device) == {} and not tune.store_path(cl_device).exists()
+
+
 def test_search_times_a_trials_prepared_run(cl_device):
     """A trial that returns its prepared run is called once per candidate (the build, its set-up);
     the search then runs and times only what it returned (once to warm up, then ``repeats``), and
@@ -577,7 +598,9 @@ def test_every_searchable_config_on_a_gpu(cl_device):
                 configs += [(gemm_mma._aligned(v, problem, False, False), mode) for v in variants]
         for cfg, mode in configs:
             if mode is None:
-                plan = gemm_plan.make_plan(cl_device, f32, f32, (m, n), problem, cfg=gemm_plan.with_alignment(cfg, problem))
+                plan = gemm_plan.make_plan(
+                    cl_device, f32, f32, (m, n), problem, cfg=gemm_plan.with_alignment(cfg, problem)
+                )
             elif cfg.problems(mode, trans, trans):
                 continue
             else:
@@ -599,7 +622,10 @@ def test_default_tiles_follow_the_device():
         return SimpleNamespace(is_gpu=True, platform_name=platform, cl_device=SimpleNamespace(max_compute_units=132))
 
     nvidia, amd = device("NVIDIA CUDA"), device("AMD Accelerated Parallel Processing")
-    big, small = gemm_plan.Problem(4096, 4096, 4096, False, False, ()), gemm_plan.Problem(128, 512, 784, False, False, ())
+    big, small = (
+        gemm_plan.Problem(4096, 4096, 4096, False, False, ()),
+        gemm_plan.Problem(128, 512, 784, False, False, ()),
+    )
     assert gemm_configs.default(nvidia, big) == GemmConfig(8, 16, 16, 8, 8, 4, 4, 4)
     assert gemm_configs.default(amd, big) == GemmConfig(16, 16, 8, 8, 16, 4, 4, 4)
     assert (
