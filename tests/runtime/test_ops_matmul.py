@@ -26,7 +26,7 @@ import netcl.core as nc
 from netcl.runtime import ops, tune
 from netcl.runtime.cache import program_cache
 from netcl.runtime.capture import capture_graph
-from netcl.runtime.ops import gemm, gemm_mma
+from netcl.runtime.ops import gemm, gemm_mma, gemm_plan
 from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision, set_float32_matmul_precision
 
@@ -145,9 +145,9 @@ def test_small_output_with_large_k_is_split_along_k(device, sa, sb, ta):
     """Few output blocks and a large K take the split-K path (partial products, then their sum)."""
     if device.kind == "opencl":
         m, n, k = (sa[1] if ta else sa[0]), sb[1], sb[0]
-        problem = gemm.Problem(m, n, k, ta, False, ())
+        problem = gemm_plan.Problem(m, n, k, ta, False, ())
         cfg = gemm.portable_config(device, problem, np.dtype(np.float32))
-        assert gemm.split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)[0] > 1
+        assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, device)[0] > 1
     _check(device, sa, sb, ta=ta)
 
 
@@ -158,21 +158,21 @@ def test_split_product_is_its_parts_summed_in_order(cl_device, precision):
     Again on a later call and in a captured graph's replays."""
     f4 = np.dtype(np.float32)
     m, n, k = 5, 7, 12288
-    problem = gemm.Problem(m, n, k, False, False, ())
+    problem = gemm_plan.Problem(m, n, k, False, False, ())
     mode = gemm_mma.mode_for(cl_device, f4, f4, precision)
     if mode is None:
         cfg = gemm.portable_config(cl_device, problem, f4)
 
-        def plan(p: gemm.Problem, c) -> gemm.Plan:
-            return gemm.make_plan(cl_device, f4, f4, (p.m, p.n), p, cfg=c)
+        def plan(p: gemm_plan.Problem, c) -> gemm_plan.Plan:
+            return gemm_plan.make_plan(cl_device, f4, f4, (p.m, p.n), p, cfg=c)
     else:
         cfg = gemm_mma.config(cl_device, mode, problem, False, False)
 
-        def plan(p: gemm.Problem, c) -> gemm.Plan:
+        def plan(p: gemm_plan.Problem, c) -> gemm_plan.Plan:
             return gemm_mma.make_plan(cl_device, mode, f4, f4, f4, (p.m, p.n), p, cfg=c)
 
     bk = cfg.bk if mode is None else cfg.bk_elements(mode)
-    splits, chunk = gemm.split_count(problem, cfg.bm, cfg.bn, bk, cl_device, cfg.split)
+    splits, chunk = gemm_plan.split_count(problem, cfg.bm, cfg.bn, bk, cl_device, cfg.split)
     assert splits > 1
     a, b = _data((m, k), 3), _data((k, n), 4)
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
@@ -180,7 +180,7 @@ def test_split_product_is_its_parts_summed_in_order(cl_device, precision):
     expected = np.zeros((m, n), np.float32)
     for lo in range(0, k, chunk):
         hi = min(k, lo + chunk)
-        part = plan(gemm.Problem(m, n, hi - lo, False, False, ()), dataclasses.replace(cfg, split=0))
+        part = plan(gemm_plan.Problem(m, n, hi - lo, False, False, ()), dataclasses.replace(cfg, split=0))
         ends = nc.tensor(np.ascontiguousarray(a[:, lo:hi]), device=cl_device), nc.tensor(b[lo:hi], device=cl_device)
         expected = expected + part.run(*ends).to_host()
     np.testing.assert_array_equal(got, expected)
@@ -398,9 +398,9 @@ def test_code_epilogue(cl_device, precision):
 def test_code_epilogue_on_a_split_product(cl_device, precision):
     """A product split along K stores raw partial sums; the split's sum kernel applies the epilogue."""
     a, b = _data((2, 8, 1536), 5), _data((1536, 24), 6)
-    problem = gemm.Problem(16, 24, 1536, False, False, ())
+    problem = gemm_plan.Problem(16, 24, 1536, False, False, ())
     cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
-    assert gemm.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
+    assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
     col, row = _data((24,), 7), _data((2, 8, 1), 8)
     code = "float ep_out0 = tanh(ep_value * ep2) + ep0 * ep1;\nfloat ep_out1 = ep_value;"
     ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
@@ -466,6 +466,27 @@ def test_tune_command_runs_without_warnings(cl_device, tmp_path):
     assert f"winners in {tmp_path}" in done.stdout
 
 
+def test_tune_command_shows_and_clears_the_stored_winners(cl_device, tmp_path, monkeypatch, capsys):
+    """``--show`` lists ``tune.winners`` (a copy of the table), ``--clear`` forgets them; shapes parse
+    as ``MxNxK[:layout]``."""
+    from netcl.runtime.tune import __main__ as command
+
+    assert command.parse_shape("128x512x784") == (128, 512, 784, False, False)
+    assert command.parse_shape("784X512x128:tn") == (784, 512, 128, True, False)
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    tune.clear(cl_device)
+    key = tune.shape_class("test", 64, 64, 64, False, "NN", "<f4")
+    tune.remember(cl_device, key, {"v": 3}, 1.5)
+    shown = tune.winners(cl_device)
+    assert shown == {key: {"v": 3, "_ms": 1.5}}
+    shown[key]["v"] = 4  # a copy: the stored table is unchanged
+    assert tune.lookup(cl_device, key) == {"v": 3, "_ms": 1.5}
+    command.main(["--device", "opencl", "--show"])
+    assert f"  {key}: {{'v': 3, '_ms': 1.5}}" in capsys.readouterr().out
+    command.main(["--device", "opencl", "--clear"])
+    assert tune.winners(cl_device) == {} and not tune.store_path(cl_device).exists()
+
+
 def test_search_times_a_trials_prepared_run(cl_device):
     """A trial that returns its prepared run is called once per candidate (the build, its set-up);
     the search then runs and times only what it returned (once to warm up, then ``repeats``), and
@@ -491,7 +512,7 @@ def test_trials_run_on_random_operands(cl_device):
     from netcl.runtime.ops import conv, conv_implicit, gemm_configs
 
     f32 = np.dtype(np.float32)
-    problem = gemm.Problem(32, 32, 32, False, False, ())
+    problem = gemm_plan.Problem(32, 32, 32, False, False, ())
     product = gemm_configs._Trial(cl_device, problem, f32)
     product(gemm.portable_config(cl_device, problem, f32))()
     geo = conv.check_conv2d((2, 4, 6, 6), (5, 4, 3, 3), None, 1, 1, 1, 1)
@@ -519,9 +540,9 @@ def test_tile_configs(cl_device, cfg, m, n, k):
     over 5 steps of K: one runs a step past the range on zeros; with a split along K at 5 x 7 x 3000;
     and K = 0), 16 x 8 outputs per thread in 128 x 128 blocks (NVIDIA's default for big products)."""
     a, b = _data((m, k), 0), _data((k, n), 1)
-    problem = gemm.Problem(m, n, k, False, False, ())
-    cfg = gemm.with_alignment(cfg, problem)  # as the search's trials: vector widths the strides allow
-    plan = gemm.make_plan(cl_device, np.dtype(np.float32), np.dtype(np.float32), (m, n), problem, cfg=cfg)
+    problem = gemm_plan.Problem(m, n, k, False, False, ())
+    cfg = gemm_plan.with_alignment(cfg, problem)  # as the search's trials: vector widths the strides allow
+    plan = gemm_plan.make_plan(cl_device, np.dtype(np.float32), np.dtype(np.float32), (m, n), problem, cfg=cfg)
     got = plan.run(nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)).to_host()
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=0, atol=_tolerance(k))
 
@@ -534,12 +555,12 @@ def test_k_slices_with_an_epilogue(cl_device, dtype):
     m, n, k = 37, 45, 1000
     a, b = _data((m, k), 0).astype(dtype), _data((k, n), 1).astype(dtype)
     bias = _data((n,), 2)
-    problem = gemm.Problem(m, n, k, False, False, ())
+    problem = gemm_plan.Problem(m, n, k, False, False, ())
     ep = Epilogue("col", "relu", code="float ep_out0 = ep_value * 2.0f;\nfloat ep_out1 = ep_value;", operands=("out",))
-    cfg = gemm.with_alignment(GemmConfig(8, 8, 2, 2, 16, 4, 4, 2, ks=3), problem)
+    cfg = gemm_plan.with_alignment(GemmConfig(8, 8, 2, 2, 16, 4, 4, 2, ks=3), problem)
     saved = nc.Tensor.empty((m, n), np.dtype("f4"), cl_device)
     f = np.dtype(dtype)
-    plan = gemm.make_plan(cl_device, f, f, (m, n), problem, epilogue=ep, cfg=cfg)
+    plan = gemm_plan.make_plan(cl_device, f, f, (m, n), problem, epilogue=ep, cfg=cfg)
     x, y = nc.tensor(a, dtype=dtype, device=cl_device), nc.tensor(b, dtype=dtype, device=cl_device)
     got = plan.run(x, y, bias=nc.tensor(bias, device=cl_device), extras=[saved]).to_host()
     v = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0)
@@ -564,7 +585,7 @@ def test_every_searchable_config_on_a_gpu(cl_device):
         x = (a.T if trans else a).astype(np.float64)
         y = (b.T if trans else b).astype(np.float64)
         ta, tb = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
-        problem = gemm.Problem(m, n, k, trans, trans, ())
+        problem = gemm_plan.Problem(m, n, k, trans, trans, ())
         configs = [(c, None) for c in gemm_configs._grid()]
         configs += [(dataclasses.replace(c, group=2, split=0), None) for c in gemm_configs._grid()[:3]]
         for mode in ("tf32", "tf32x3", "bf16"):
@@ -577,7 +598,9 @@ def test_every_searchable_config_on_a_gpu(cl_device):
                 configs += [(gemm_mma._aligned(v, problem, False, False), mode) for v in variants]
         for cfg, mode in configs:
             if mode is None:
-                plan = gemm.make_plan(cl_device, f32, f32, (m, n), problem, cfg=gemm.with_alignment(cfg, problem))
+                plan = gemm_plan.make_plan(
+                    cl_device, f32, f32, (m, n), problem, cfg=gemm_plan.with_alignment(cfg, problem)
+                )
             elif cfg.problems(mode, trans, trans):
                 continue
             else:
@@ -599,7 +622,10 @@ def test_default_tiles_follow_the_device():
         return SimpleNamespace(is_gpu=True, platform_name=platform, cl_device=SimpleNamespace(max_compute_units=132))
 
     nvidia, amd = device("NVIDIA CUDA"), device("AMD Accelerated Parallel Processing")
-    big, small = gemm.Problem(4096, 4096, 4096, False, False, ()), gemm.Problem(128, 512, 784, False, False, ())
+    big, small = (
+        gemm_plan.Problem(4096, 4096, 4096, False, False, ()),
+        gemm_plan.Problem(128, 512, 784, False, False, ()),
+    )
     assert gemm_configs.default(nvidia, big) == GemmConfig(8, 16, 16, 8, 8, 4, 4, 4)
     assert gemm_configs.default(amd, big) == GemmConfig(16, 16, 8, 8, 16, 4, 4, 4)
     assert (
@@ -731,7 +757,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             b = _data((n, k) if tb else (k, n), 1).astype(dtype)
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
             x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
-            problem = gemm.Problem(m, n, k, ta, tb, ())
+            problem = gemm_plan.Problem(m, n, k, ta, tb, ())
             # tf32: NT on the plain kernels, NN swapped (C^T = B^T A^T); float16: no swapped kernels
             for cfg in [c for c in gemm_mma._grid() if c.wg and c.swap == (mode == "tf32" and not tb)]:
                 for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
@@ -746,7 +772,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):
         if not gemm_mma.wgmma_ok(cl_device, mode, converts=True):
             continue
-        big = gemm.Problem(2048, 2048, 2048, False, False, ())  # its default (tuning off): register-fed wgmma
+        big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())  # its default (tuning off): register-fed wgmma
         default = gemm_mma.config(cl_device, mode, big, False, False)
         # register-fed wgmma; how many warpgroups is the device's choice (the H200 takes 2, the H100 1)
         assert default.wg and not default.stages, (mode, default)
@@ -754,7 +780,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             a, b = _data((k, m) if ta else (m, k), 4), _data((n, k) if tb else (k, n), 5)
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
             x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
-            problem = gemm.Problem(m, n, k, ta, tb, ())
+            problem = gemm_plan.Problem(m, n, k, ta, tb, ())
             for cfg in [c for c in gemm_mma._grid() if c.wg == 2 and not c.swap]:
                 variant = gemm_mma._aligned(dataclasses.replace(cfg, stages=0), problem, False, False)
                 assert not variant.problems(mode, ta, tb), variant
@@ -763,7 +789,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
                 assert err <= _tolerance(k, precision), (variant.short(), mode, ta, tb, err)
     # a batch of two (each product's operands one stride on)
     a, b = _data((2, m, k), 2).astype(np.float16), _data((2, k, n), 3).astype(np.float16)
-    problem = gemm.Problem(m, n, k, False, False, ((2, m * k, k * n),))
+    problem = gemm_plan.Problem(m, n, k, False, False, ((2, m * k, k * n),))
     cfg = gemm_mma._aligned(next(c for c in gemm_mma._grid() if c.wg), problem, True, True)
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
     plan = gemm_mma.make_plan(cl_device, "f16", x.dtype, y.dtype, f32, (2, m, n), problem, cfg=cfg)
@@ -780,7 +806,7 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
         pytest.skip("tf32 wgmma: Hopper GPUs through NVIDIA's OpenCL")
 
     def default(ta: bool, tb: bool):
-        return gemm_mma.config(cl_device, "tf32", gemm.Problem(2048, 2048, 2048, ta, tb, ()), False, False)
+        return gemm_mma.config(cl_device, "tf32", gemm_plan.Problem(2048, 2048, 2048, ta, tb, ()), False, False)
 
     assert default(False, False).swap and default(False, False).wg
     assert default(False, True).wg and not default(False, True).swap
@@ -798,7 +824,7 @@ def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     col, rows = _data((n,), 4), _data((m, 1), 5)
     code = "float ep_out0 = ep_value * ep2 + ep0 * ep1;\nfloat ep_out1 = ep_value;"
     ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
-    problem = gemm.Problem(m, n, k, False, False, ())
+    problem = gemm_plan.Problem(m, n, k, False, False, ())
     cfg = gemm_mma._aligned(gemm_mma.MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2, swap=1, split=0), problem, False, False)
     plan = gemm_mma.make_plan(cl_device, "tf32", f32, f32, f32, (m, n), problem, epilogue=ep, cfg=cfg)
     saved = nc.Tensor.empty((m, n), f32, cl_device)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from netcl.autograd import elementwise as _elementwise
-from netcl.autograd import node_methods  # noqa: F401  (installs Node's operators and op methods)
+from netcl.autograd import (
+    elementwise,
+    node_methods,  # noqa: F401  (installs Node's operators and op methods)
+)
 from netcl.autograd.__about__ import __version__
 from netcl.autograd.debug import debug_tape
 from netcl.autograd.engine import (
@@ -236,7 +238,7 @@ __all__ = [
 ]
 
 # Elementwise ops defined in netcl.runtime.ops.elementwise_defs and not imported above by name.
-for _name, _op in _elementwise.fronts().items():
+for _name, _op in elementwise.fronts().items():
     if _name not in globals():
         globals()[_name] = _op
         __all__.append(_name)

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import autocast_mode
-from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, unary
-from netcl.autograd.elementwise import needs_grad as _needs
+from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.runtime.ops import layout, linalg, pointwise, reduce
@@ -138,8 +137,8 @@ def matmul(a: Operand, b: Operand) -> Node:
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None)) -> _Grads:
         x, y = values
-        ga = product_grad(x.shape, addends[0], g, y, transpose_b=True) if _needs(a) else None
-        gb = _weight_grad(x, g, y, addends[1]) if _needs(b) else None
+        ga = product_grad(x.shape, addends[0], g, y, transpose_b=True) if needs_grad(a) else None
+        gb = _weight_grad(x, g, y, addends[1]) if needs_grad(b) else None
         return [ga, gb]
 
     at = at_matmul_precision  # the op's forward and gradient alike

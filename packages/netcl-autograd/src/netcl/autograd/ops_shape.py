@@ -20,8 +20,10 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import reshape, transpose
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
-from netcl.runtime.ops import indexing as RI  # noqa: N812
-from netcl.runtime.ops import shape as RS  # noqa: N812
+from netcl.runtime.ops import indexing
+from netcl.runtime.ops.shape import concat as device_concat
+from netcl.runtime.ops.shape import concat_shape, normalize_axis, pad_backward, pad_widths
+from netcl.runtime.ops.shape import pad as device_pad
 from netcl.runtime.ops.strided import region_layout, strided_copy
 
 Operand = Any  # Node | Tensor
@@ -46,12 +48,12 @@ def getitem(x: Operand, key: Any) -> Node:
         raise IndexError(f"getitem: at most one integer-array index is supported, got {len(arrays)}")
     if arrays:
         return _array_getitem(x, shape, items, arrays[0])
-    RI.parse_index(shape, key)  # IndexError / ValueError before anything runs
+    indexing.parse_index(shape, key)  # IndexError / ValueError before anything runs
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RI.getitem_backward(g, values[0].shape, key)]
+        return [indexing.getitem_backward(g, values[0].shape, key)]
 
-    return apply_op(lambda v: RI.getitem(v, key), grad, x, op_name="getitem", attrs={"key": key})
+    return apply_op(lambda v: indexing.getitem(v, key), grad, x, op_name="getitem", attrs={"key": key})
 
 
 def _is_array_index(item: Any) -> bool:
@@ -64,7 +66,7 @@ def _array_getitem(x: Operand, shape: tuple[int, ...], items: list[Any], at: int
     index_shape = tuple(np.shape(index.value if isinstance(index, Node) else index))
     if isinstance(index, (list, np.ndarray)) and np.asarray(index).dtype.kind == "b":
         raise IndexError("getitem: boolean-mask indices are not supported; use where() or an integer index")
-    advanced = [k for k, item in enumerate(items) if k == at or RI.is_int_index(item)]
+    advanced = [k for k, item in enumerate(items) if k == at or indexing.is_int_index(item)]
     if advanced != list(range(advanced[0], advanced[-1] + 1)):
         raise IndexError(
             "getitem: an integer-array index combined with integer indices that a slice, None or ... "
@@ -72,7 +74,7 @@ def _array_getitem(x: Operand, shape: tuple[int, ...], items: list[Any], at: int
             "index in two steps"
         )
     basic = [*items[:at], slice(None), *items[at + 1 :]]
-    view = RI.parse_index(shape, tuple(basic))  # validates the rest of the key
+    view = indexing.parse_index(shape, tuple(basic))  # validates the rest of the key
     consumed = builtins.sum(1 for item in basic if item is not None and item is not Ellipsis)
     axis = 0
     for item in items[:at]:
@@ -84,7 +86,7 @@ def _array_getitem(x: Operand, shape: tuple[int, ...], items: list[Any], at: int
         index = np.asarray(index) if np.size(index) else np.zeros(np.shape(index), np.int64)  # x[[]] is empty
         if index.size and index.dtype.kind in "iu":
             index = np.where(index < 0, index + view.shape[axis], index)  # negative indices count from the end
-        RI.check_index_range(index, view.shape[axis], "getitem", "index", axis)  # before any launch
+        indexing.check_index_range(index, view.shape[axis], "getitem", "index", axis)  # before any launch
     picked = getitem(x, tuple(basic)) if basic != [slice(None)] * len(basic) else x
     flat = index.reshape(-1) if isinstance(index, np.ndarray) else index
     if isinstance(flat, Node):
@@ -102,7 +104,7 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Node:
     if xs is None:
         raise TypeError("concat: expected a list or tuple of Nodes/Tensors")
     shapes = [_shape(x, "concat", f"item {k}") for k, x in enumerate(xs)]
-    ax, _ = RS.concat_shape(shapes, [x.dtype for x in xs], axis)
+    ax, _ = concat_shape(shapes, [x.dtype for x in xs], axis)
     starts = np.cumsum([0] + [s[ax] for s in shapes[:-1]]).tolist()
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
@@ -116,7 +118,7 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Node:
             grads.append(strided_copy(g, *region_layout(g.shape, begin, shape)))
         return grads
 
-    return apply_op(lambda *vs: RS.concat(vs, ax), grad, *xs, op_name="concat", attrs={"axis": ax})
+    return apply_op(lambda *vs: device_concat(vs, ax), grad, *xs, op_name="concat", attrs={"axis": ax})
 
 
 cat = concat
@@ -139,7 +141,7 @@ def split(x: Operand, split_size_or_sections: int | Sequence[int], axis: int = 0
     shape = _shape(x, "split")
     if not shape:
         raise ShapeError("split: x must have at least one dimension, got a 0-d tensor")
-    ax = RS.normalize_axis(axis, len(shape), "split")
+    ax = normalize_axis(axis, len(shape), "split")
     size = shape[ax]
     spec = split_size_or_sections
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
@@ -170,13 +172,15 @@ def pad(x: Operand, pad: Sequence[int], value: float = 0.0) -> Node:
     Negative widths crop.
     """
     shape = _shape(x, "pad")
-    RS.pad_widths(shape, pad)
+    pad_widths(shape, pad)
     widths = tuple(int(p) for p in pad)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [RS.pad_backward(g, values[0].shape, widths)]
+        return [pad_backward(g, values[0].shape, widths)]
 
-    return apply_op(lambda v: RS.pad(v, widths, value), grad, x, op_name="pad", attrs={"pad": widths, "value": value})
+    return apply_op(
+        lambda v: device_pad(v, widths, value), grad, x, op_name="pad", attrs={"pad": widths, "value": value}
+    )
 
 
 def squeeze(x: Operand, axis: int | Sequence[int] | None = None) -> Node:
@@ -187,7 +191,7 @@ def squeeze(x: Operand, axis: int | Sequence[int] | None = None) -> Node:
     else:
         items = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
         ndim = builtins.max(len(shape), 1)
-        drop = {RS.normalize_axis(a, ndim, "squeeze") for a in items}
+        drop = {normalize_axis(a, ndim, "squeeze") for a in items}
         drop = {a for a in drop if a < len(shape) and shape[a] == 1}
     return reshape(x, tuple(d for i, d in enumerate(shape) if i not in drop))
 
@@ -216,8 +220,8 @@ def flatten(x: Operand, start_axis: int = 0, end_axis: int = -1) -> Node:
     shape = _shape(x, "flatten")
     if not shape:
         return reshape(x, (1,))
-    start = RS.normalize_axis(start_axis, len(shape), "flatten", "start_axis")
-    end = RS.normalize_axis(end_axis, len(shape), "flatten", "end_axis")
+    start = normalize_axis(start_axis, len(shape), "flatten", "start_axis")
+    end = normalize_axis(end_axis, len(shape), "flatten", "end_axis")
     if start > end:
         raise ValueError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} for shape {shape}")
     merged = int(np.prod(shape[start : end + 1], dtype=np.int64))

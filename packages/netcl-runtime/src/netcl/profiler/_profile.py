@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from contextlib import ContextDecorator
 from typing import Any
 
-from netcl.core import Device, Tensor, get_device
-from netcl.core import profile_hooks as _hooks
+from netcl.core import Device, Tensor, get_device, profile_hooks
 from netcl.profiler._events import ProfilerEvent, Record, resolve
 from netcl.profiler._table import EventList, key_averages
 from netcl.profiler._trace import write_chrome_trace
@@ -67,14 +66,14 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
         if self.state != NOT_STARTED:
             raise RuntimeError(f"this profile is {self.state}; a profile records once, make a new one")
         self.state = RECORDING
-        self._start_ns = _hooks.now()
-        _hooks.ACTIVE.append(self)
+        self._start_ns = profile_hooks.now()
+        profile_hooks.ACTIVE.append(self)
 
     def stop(self) -> None:
         """Stop recording (``__exit__`` does this); later commands are not recorded."""
         if self.state == RECORDING:
-            if self in _hooks.ACTIVE:
-                _hooks.ACTIVE.remove(self)
+            if self in profile_hooks.ACTIVE:
+                profile_hooks.ACTIVE.remove(self)
             self.state = FINISHED
 
     def __enter__(self) -> profile:
@@ -159,13 +158,13 @@ class record_function(ContextDecorator):  # noqa: N801 - torch.profiler.record_f
         self._starts: list[int] = []
 
     def __enter__(self) -> record_function:
-        self._starts.append(_hooks.now() if _hooks.ACTIVE else 0)
+        self._starts.append(profile_hooks.now() if profile_hooks.ACTIVE else 0)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         start = self._starts.pop()
-        if start and _hooks.ACTIVE:
-            _hooks.report(_hooks.RANGE, self.name, None, None, start)
+        if start and profile_hooks.ACTIVE:
+            profile_hooks.report(profile_hooks.RANGE, self.name, None, None, start)
 
 
 def merged_events(profiles: Sequence[profile]) -> list[ProfilerEvent]:

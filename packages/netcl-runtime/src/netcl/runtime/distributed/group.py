@@ -138,6 +138,11 @@ def is_initialized() -> bool:
     return _world is not None
 
 
+def is_usable() -> bool:
+    """Whether the group is initialized and no collective has failed since (``world()`` returns it)."""
+    return _world is not None and _world.broken is None
+
+
 def world() -> _World:
     """The initialized group; ``DistributedError`` before ``init`` or after a failed collective."""
     if _world is None:

@@ -31,7 +31,7 @@ from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
 from netcl.runtime.ops._grid import index_dtype, launch_prepared, run_1d
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.layout import cast
-from netcl.runtime.ops.rowwise import RowKernel, _fmt, _run_rows, stats_dtype
+from netcl.runtime.ops.rowwise import RowKernel, row_format, run_row_kernel, stats_dtype
 
 #: Reductions (compile-time in the backward kernel).
 NONE, SUM, MEAN = 0, 1, 2
@@ -161,7 +161,7 @@ def check_targets(t: Tensor, classes: int, ignore_index: int, op: str) -> None:
 
 
 def _formats(x: Tensor, t: Tensor, **flags: int) -> dict[str, Any]:
-    return {**_fmt(x, 0), "tt": storage_ctype(t.dtype), "check": INDEX_CHECK_C, **flags}
+    return {**row_format(x, 0), "tt": storage_ctype(t.dtype), "check": INDEX_CHECK_C, **flags}
 
 
 def _host(a: Any, dtype: np.dtype) -> np.ndarray:
@@ -198,7 +198,7 @@ def class_loss_forward(
             loss = np.where(kept, loss, 0).astype(sd)
         return tuple(wrap_numpy(a, x.device, sd) for a in (loss, shift, s))  # type: ignore[return-value]
     loss, rowmax, rowsum = (Tensor.empty((rows,), sd, x.device) for _ in range(3))
-    _run_rows(
+    run_row_kernel(
         _FORWARD,
         _formats(x, t, smooth=int(bool(smoothing))),
         x.device,
@@ -266,7 +266,7 @@ def class_loss_backward(
         return wrap_numpy(res, x.device, x.dtype)
     g = g if g.dtype == sd else cast(g, sd)
     gx = Tensor.empty((rows, C), x.dtype, x.device)
-    _run_rows(
+    run_row_kernel(
         _BACKWARD,
         _formats(x, t, reduction=mode),
         x.device,

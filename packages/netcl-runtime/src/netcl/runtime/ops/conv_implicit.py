@@ -41,12 +41,14 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64
 from netcl.runtime import capture, tune
-from netcl.runtime.ops import gemm_mma, precision
+from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops._common import remember, storage_ctype
-from netcl.runtime.ops.gemm import Plan, Problem, make_plan
+from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
+from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
+from netcl.runtime.ops.precision import resolve_precision
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
 _CANDIDATES = [
@@ -77,7 +79,7 @@ def supports(x: Tensor, w: Tensor, b: Tensor | None, groups: int) -> bool:
 
 def mma_mode(device: Device, dtype: np.dtype) -> str | None:
     """The tensor-core mode the current matmul precision asks for on ``device`` (None: FMA kernel)."""
-    return gemm_mma.mode_for(device, dtype, dtype, precision.resolve(None)) if dtype == float32 else None
+    return gemm_mma.mode_for(device, dtype, dtype, resolve_precision(None)) if dtype == float32 else None
 
 
 def _defines(geo, out_ch: int, idx: str, st: str) -> str:
@@ -246,14 +248,12 @@ def _default(device: Device, kind: str, problem: Problem) -> GemmConfig:
 
 def candidates(layer: _Layer) -> list[GemmConfig]:
     """The tile configs a search of ``layer`` tries (those the device can run)."""
-    from netcl.runtime.ops.gemm_configs import _fits
-
     problem, itemsize = layer.problem, layer.dtype.itemsize
     va, vb = _widths(layer)
     out = []
     for wgm, wgn, tm, tn, bk in _CANDIDATES:
         cfg = GemmConfig(wgm, wgn, tm, tn, bk, va, vb, min(4, tm, tn))
-        if _fits(layer.device, cfg, itemsize, problem):
+        if fits(layer.device, cfg, itemsize, problem):
             out.append(cfg)
     return out
 
@@ -264,13 +264,11 @@ def _widths(layer: _Layer) -> tuple[int, int]:
 
 
 def _config(layer: _Layer) -> GemmConfig:
-    from netcl.runtime.ops.gemm_configs import _fits
-
     problem = layer.problem
     fallback = _default(layer.device, layer.kind, problem)
     va, vb = _widths(layer)
     fallback = dataclasses.replace(fallback, va=va, vb=vb)
-    if not _fits(layer.device, fallback, layer.dtype.itemsize, problem):
+    if not fits(layer.device, fallback, layer.dtype.itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
     return tune.select(
         layer.device,
@@ -356,7 +354,7 @@ class _Layer:
                 self.epilogue, cfg, self.views,
             )  # fmt: skip
         return make_plan(
-            self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg, self.views
+            self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg=cfg, views=self.views
         )
 
     def __call__(self, cfg: GemmConfig | MmaConfig) -> Callable[[], Tensor]:  # a tuning trial on scratch operands

@@ -33,36 +33,15 @@ from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops import conv_winograd_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
+from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
 from netcl.runtime.ops.linalg import matmul
 
 #: ``NETCL_WINOGRAD``: "2" F(2x2, 3x3), "4" F(4x4, 3x3), "0" off (every 3x3 convolution runs as an
 #: implicit GEMM), for the layers ``conv.conv2d`` picks on its own; unset, ``default_tile`` decides.
 ENV_VAR = "NETCL_WINOGRAD"
-HALF, SIXTH = Fraction(1, 2), Fraction(1, 6)
 #: Fewest input and output channels for which ``conv.conv2d`` picks Winograd on its own: below them
 #: the 16 products are too thin to win back the transforms' memory traffic.
 MIN_CHANNELS = 16
-
-#: (B^T, G, A^T) of F(m x m, 3 x 3) for output tiles m = 2 (points 0, 1, -1; Lavin & Gray) and m = 4
-#: (points 0, 1, -1, 2, -1/2 and infinity, the Toom-Cook construction with B^T scaled to integers):
-#: these points round less than Lavin & Gray's 0, +-1, +-2 at the same number of products (see
-#: benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py).
-_MATRICES = {
-    2: (
-        [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
-        [[1, 0, 0], [HALF, HALF, HALF], [HALF, -HALF, HALF], [0, 0, 1]],
-        [[1, 1, 1, 0], [0, 1, -1, -1]],
-    ),
-    4: (
-        [[2, 3, -4, -3, 2, 0], [0, 2, 5, 1, -2, 0], [0, 2, 1, -5, 2, 0],
-         [0, 1, 2, -1, -2, 0], [0, 2, -1, -2, 1, 0], [0, 2, 3, -4, -3, 2]],
-        [[HALF, 0, 0], [SIXTH, SIXTH, SIXTH], [SIXTH, -SIXTH, SIXTH],
-         [Fraction(-1, 30), Fraction(-1, 15), Fraction(-2, 15)], [Fraction(-16, 15), Fraction(8, 15), Fraction(-4, 15)],
-         [0, 0, HALF]],
-        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -HALF, 0], [0, 1, 1, 4, Fraction(1, 4), 0],
-         [0, 1, -1, 8, Fraction(-1, 8), 1]],
-    ),
-}  # fmt: skip
 
 
 def _sum(terms: list[tuple[Fraction | int, str]]) -> str:
@@ -143,7 +122,7 @@ def _from_planes(a: int) -> list[list[str]]:
 
 def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """U[e, r, s] = (G g G^T)[e] for the R x S filters g (flipped and transposed under FLIP)."""
-    _, g, _ = _MATRICES[m]
+    _, g, _ = MATRICES[m]
     a = m + 2
     if flags["FLIP"]:  # input gradient: w (S, R, 3, 3) read as w'[r, s, i, j] = w[s, r, 2 - i, 2 - j]
         base, taps = "(s * R + r) * 9", [[f"p[{(2 - i) * 3 + 2 - j}]" for j in range(3)] for i in range(3)]
@@ -180,12 +159,12 @@ def _block_source(
 
 def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
-    return _block_source("input", _MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True)
+    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True)
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend."""
-    _, _, at = _MATRICES[m]
+    _, _, at = MATRICES[m]
     a = m + 2
     head = [*_tile_head(idx, "r", "R", m, padded=False), "__global const float* src = m + r * P + p;"]
     extra = " + extra[r]" if flags["BIAS"] else ""
@@ -203,12 +182,12 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
 def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """dM[e, r, p] = (A dY A^T)[e] for the m x m block dY of the upstream gradient at tile p (the
     adjoint of the output transform; zero past the output's edges)."""
-    return _block_source("grad_output", _transposed(_MATRICES[m][2]), m, m, idx, ("r", "R"), ("OH", "OW"), False)
+    return _block_source("grad_output", _transposed(MATRICES[m][2]), m, m, idx, ("r", "R"), ("OH", "OW"), False)
 
 
 def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """dw[r, s] = G^T dU[:, r, s] G (the adjoint of the weight transform), plus the addend."""
-    _, g, _ = _MATRICES[m]
+    _, g, _ = MATRICES[m]
     a, left = m + 2, _transposed(g)
     head = [
         f"const {idx} s = get_global_id(0), r = get_global_id(1), plane = R * S;",
@@ -288,18 +267,8 @@ def _launch(
     )  # fmt: skip
 
 
-class Tiling:
-    """The m x m output blocks of a layer: ``th`` x ``tw`` per image, ``count`` in all (P), the
-    index type every transform of the layer uses and F(m x m, 3 x 3)'s (B^T, G, A^T)."""
-
-    def __init__(self, m: int, n: int, out_hw: tuple[int, int], channels: tuple[int, int], sizes: tuple[int, ...]):
-        if m not in _MATRICES:
-            raise ValueError(f"conv_winograd: tile must be one of {sorted(_MATRICES)}, got {m}")
-        self.m, self.a2, self.matrices = m, (m + 2) ** 2, _MATRICES[m]
-        self.oh, self.ow = out_hw
-        self.th, self.tw = -(-self.oh // m), -(-self.ow // m)
-        self.count = n * self.th * self.tw
-        self.idx = index_ctype(*(self.a2 * c * self.count for c in channels), *sizes)
+class Tiling(TileGrid):
+    """A layer's ``TileGrid`` with the OpenCL input transform."""
 
     def transform_input(self, src: Tensor, pads: tuple[int, int]) -> Tensor:
         """V (a2, S, P): the input transform of every tile's patch of ``src`` (N, S, H, W)."""

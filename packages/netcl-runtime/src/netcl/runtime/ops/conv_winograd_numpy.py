@@ -11,20 +11,17 @@ rounding is of the same kind as the kernels' (sums of a few terms), not bit for 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops._common import wrap_numpy
+from netcl.runtime.ops.conv_winograd_tiling import TileGrid
 from netcl.runtime.ops.linalg import matmul
 
-if TYPE_CHECKING:
-    from netcl.runtime.ops.conv_winograd import Tiling
 
-
-def _matrices(tiling: Tiling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _matrices(tiling: TileGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(B^T, G, A^T) of the tiling's F(m x m, 3 x 3) as float32 arrays."""
     return tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in tiling.matrices)
 
@@ -63,7 +60,7 @@ def _sandwich(left: np.ndarray, block: Callable[[int, int], np.ndarray], right: 
             _combine(right[j], [temps[i, q] for q in range(cols)], out(i, j))
 
 
-def _phases(src: np.ndarray, pads: tuple[int, int], tiling: Tiling, extra: int) -> np.ndarray:
+def _phases(src: np.ndarray, pads: tuple[int, int], tiling: TileGrid, extra: int) -> np.ndarray:
     """``src`` (N, S, H, W) zero-padded by ``pads`` (and zero past its end), split into its m x m
     phases: (m, m, S, N, TH + e, TW + e) with e = ceil(extra / m), where [p, q, ..., y, x] is image
     element (m y + p, m x + q). A patch tap at (k, l) is then a contiguous-row slice of one phase."""
@@ -78,14 +75,14 @@ def _phases(src: np.ndarray, pads: tuple[int, int], tiling: Tiling, extra: int) 
     return np.ascontiguousarray(image.reshape(s, n, blocks_h, m, blocks_w, m).transpose(3, 5, 0, 1, 2, 4))
 
 
-def _taps(phases: np.ndarray, tiling: Tiling) -> Callable[[int, int], np.ndarray]:
+def _taps(phases: np.ndarray, tiling: TileGrid) -> Callable[[int, int], np.ndarray]:
     """Element (k, l) of every tile's patch: (S, N, TH, TW) slices of the phases."""
     m, th, tw = tiling.m, tiling.th, tiling.tw
     return lambda k, q: phases[k % m, q % m, :, :, k // m : k // m + th, q // m : q // m + tw]
 
 
 def _transform_blocks(
-    src: np.ndarray, tiling: Tiling, left: np.ndarray, pads: tuple[int, int], extra: int
+    src: np.ndarray, tiling: TileGrid, left: np.ndarray, pads: tuple[int, int], extra: int
 ) -> np.ndarray:
     """(a^2, S, P) with a = len(left): ``left @ D @ left^T`` of each tile's block D of ``src``
     (N, S, H, W) padded by ``pads`` (``_phases``' ``extra``: the block reaches past the tile), P
@@ -97,7 +94,7 @@ def _transform_blocks(
     return out.reshape(a * a, s, tiling.count)
 
 
-def _transform_input(src: np.ndarray, tiling: Tiling, pads: tuple[int, int]) -> np.ndarray:
+def _transform_input(src: np.ndarray, tiling: TileGrid, pads: tuple[int, int]) -> np.ndarray:
     """V (a2, S, P) of ``src`` (N, S, H, W): each tile's (m + 2)^2 patch under B^T."""
     return _transform_blocks(src, tiling, _matrices(tiling)[0], pads, 2)
 
@@ -109,7 +106,7 @@ def _filters(filters: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def convolve(
-    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: Tiling
+    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: TileGrid
 ) -> Tensor:
     """``conv_winograd._convolve`` on the NumPy backend."""
     _, g, at = _matrices(tiling)
@@ -133,7 +130,7 @@ def convolve(
     return wrap_numpy(out, src.device, float32)
 
 
-def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor | None, tiling: Tiling) -> Tensor:
+def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor | None, tiling: TileGrid) -> Tensor:
     """``conv_winograd.backward_weight`` on the NumPy backend."""
     _, g, at = _matrices(tiling)
     a = tiling.m + 2

@@ -10,11 +10,13 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.runtime import tune
-from netcl.runtime.ops.gemm_mma import _unsplit
+from netcl.runtime.ops.gemm_plan import Problem, make_plan, split_twins, with_alignment
 from netcl.runtime.ops.gemm_source import GemmConfig
 
 
-def _fits(device: Device, cfg: GemmConfig, itemsize: int, problem) -> bool:
+def fits(device: Device, cfg: GemmConfig, itemsize: int, problem: Problem) -> bool:
+    """Whether ``device`` can run ``cfg`` on ``problem``'s layout with operands of ``itemsize`` bytes
+    (the config supports the layout; its work-group and local memory are within the device's limits)."""
     d = device.cl_device
     return (
         not cfg.problems(problem.trans_a, problem.trans_b)
@@ -90,15 +92,15 @@ def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
     key = tune.shape_class("portable", problem.m, problem.n, problem.k, problem.batch > 1, layout, np.dtype(dtype).str)
     fallback = default(device, problem)
-    if not _fits(device, fallback, itemsize, problem):
+    if not fits(device, fallback, itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
-    candidates = [c for c in _grid() if _fits(device, c, itemsize, problem)]
+    candidates = [c for c in _grid() if fits(device, c, itemsize, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 64 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
     if _is_nvidia(device):  # a register cap: two 256-thread work-groups per SM
         capped = [c for c in big if c.threads == 256 and c.tm * c.tn == 64]
         candidates += [dataclasses.replace(c, maxreg=128, group=g) for c in capped for g in (0, 8)]
-    candidates += _unsplit(device, problem, candidates, None)
+    candidates += split_twins(device, problem, candidates, None)
     return tune.select(
         device,
         key,
@@ -118,8 +120,6 @@ class _Trial:
         self.operands: tuple[Tensor, Tensor, Tensor] | None = None
 
     def __call__(self, cfg: GemmConfig) -> Callable[[], Tensor]:
-        from netcl.runtime.ops.gemm import make_plan, with_alignment
-
         p = self.problem
         if self.operands is None:
             a_elems, b_elems = p.operand_sizes

@@ -23,8 +23,10 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float32
+from netcl.runtime import tune
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_MODES, MmaConfig, mma_source
+from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
 log = logging.getLogger("netcl.gemm")
@@ -137,7 +139,6 @@ def _probe(
     """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT, swapped: NN) and
     check 16 x 16 x 16 products of ``operands`` (default: float16 for f16, else float32)."""
     from netcl.runtime.errors import CompileError, LaunchError
-    from netcl.runtime.ops.gemm import Problem
 
     rng = np.random.default_rng(7)
     dtype = operands or (float16 if mode == "f16" else float32)
@@ -243,8 +244,6 @@ def _aligned(cfg: MmaConfig, problem, a_half: bool, b_half: bool) -> MmaConfig:
 
 
 def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> MmaConfig:
-    from netcl.runtime import tune
-
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
     key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
     ldsm = _probe_result(device, mode) or 0
@@ -266,7 +265,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
-    candidates += _unsplit(device, problem, candidates, mode)
+    candidates += split_twins(device, problem, candidates, mode)
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
@@ -326,20 +325,6 @@ def view_default(device: Device, mode: str, problem, views: tuple) -> MmaConfig:
     return _view_flags(dataclasses.replace(cfg, ldsm=_probe_result(device, mode) or 0), mode, problem, views)
 
 
-def _unsplit(device: Device, problem, candidates: list, mode: str | None) -> list:
-    """For candidates that split along K: twins that never split and twins that split 4x finer
-    (the search decides: a split adds a workspace and a second launch, which small products may
-    not win back, while memory-bound ones such as weight gradients want more work-groups)."""
-    from netcl.runtime.ops.gemm import split_count
-
-    out = []
-    for c in candidates:
-        bk = c.bk_elements(mode) if mode else c.bk
-        if split_count(problem, c.bm, c.bn, bk, device)[0] > 1:
-            out += [dataclasses.replace(c, split=0), dataclasses.replace(c, split=4)]
-    return out
-
-
 class _Trial:
     def __init__(self, device: Device, mode: str, problem, a_half: bool, b_half: bool) -> None:
         self.device, self.mode, self.problem = device, mode, problem
@@ -347,8 +332,6 @@ class _Trial:
         self.operands = None
 
     def __call__(self, cfg: MmaConfig) -> Callable[[], Tensor]:
-        from netcl.runtime import tune
-
         p = self.problem
         if self.operands is None:
             a_elems, b_elems = p.operand_sizes
@@ -378,12 +361,10 @@ def make_plan(
 ):
     """The tensor-core kernel's plan for ``problem`` (split along K when the output is small).
 
-    ``views`` as in ``gemm.make_plan``: an operand read through an expression loads element by
+    ``views`` as in ``gemm_plan.make_plan``: an operand read through an expression loads element by
     element (cp.async stages only from a tf32 view's ``offsets4``, ``_view_flags``); a product
     with a C view is never split.
     """
-    from netcl.runtime.ops.gemm import ARG_DTYPES, finish_plan, index_kind, split_count
-
     a_half, b_half = a_dtype == float16, b_dtype == float16
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)

@@ -74,7 +74,8 @@ def at_matmul_precision(precision: str | None, fn: Callable[..., T]) -> Callable
     return wrapped
 
 
-def resolve(precision: str | None) -> str:
+def resolve_precision(precision: str | None) -> str:
+    """``precision`` checked against ``PRECISIONS``, or the current matmul precision for None."""
     return get_float32_matmul_precision() if precision is None else _check(precision)
 
 

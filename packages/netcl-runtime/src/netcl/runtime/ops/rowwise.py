@@ -49,7 +49,7 @@ LAYER, RMS = 0, 1
 
 @dataclass(frozen=True)
 class RowKernel:
-    """A row kernel on the ``_rows`` skeleton (templates over ``_fmt``): ``netcl_{name}`` with ``params``
+    """A row kernel on the ``_rows`` skeleton (templates over ``row_format``): ``netcl_{name}`` with ``params``
     (before the skeleton's ``rows, R, inner``), compile-time ``defines`` and a ``body`` that runs after
     ``_PROLOGUE`` (``lid``, the lane count ``L``, the row length ``C``; the skeleton's ``row``, ``ROW_SUM``
     and ``scratch_a``)."""
@@ -223,7 +223,7 @@ def _check_float(x: Any, op: str) -> None:
         raise DTypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def _run_rows(
+def run_row_kernel(
     kernel: RowKernel,
     fmt: dict[str, Any],
     device: Device,
@@ -254,7 +254,10 @@ def _run_rows(
     return prepared
 
 
-def _fmt(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
+def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
+    """The template fields of a row kernel over ``x``'s dtype and size (pragmas, storage and compute
+    types, ``LD`` / ``ST`` expressions, index type), the softmax-family ``mode`` and compile-time
+    ``flags``: what ``RowKernel`` texts are formatted with, and part of the program's cache key."""
     st, ct = storage_ctype(x.dtype), compute_ctype(stats_dtype(x.dtype))
     half = x.dtype == float16
     return {
@@ -318,7 +321,7 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
     else:
         out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
         stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
-        prepared = _run_rows(_SOFTMAX_FORWARD, _fmt(x, mode), x.device, rows, C, [flat, out, *stats])
+        prepared = run_row_kernel(_SOFTMAX_FORWARD, row_format(x, mode), x.device, rows, C, [flat, out, *stats])
         if prepared is not None and type(x) is Tensor:
             moved = None if perm == tuple(range(x.ndim)) else tuple(x.shape[a] for a in perm)
             out_shape = out.shape if mode == LOGSUMEXP else moved or x.shape
@@ -388,9 +391,9 @@ def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes:
     else:
         gx = Tensor.empty((rows, C), x.dtype, x.device)
         gflat = gflat if gflat.dtype == x.dtype else _cast(gflat, x.dtype)
-        _run_rows(
+        run_row_kernel(
             _SOFTMAX_BACKWARD,
-            _fmt(x, mode),
+            row_format(x, mode),
             x.device,
             rows,
             C,
@@ -486,9 +489,9 @@ def norm_forward(
         return out, mean, rstd
     out = Tensor.empty(x.shape, x.dtype, x.device)
     mean, rstd = (Tensor.empty((rows,), sd, x.device) for _ in range(2))
-    fmt = _fmt(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
+    fmt = row_format(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
     buffers = [x, weight if weight is not None else x, bias if bias is not None else x, out, mean, rstd]
-    _run_rows(_NORM_FORWARD, fmt, x.device, rows, C, buffers, (sd.type(eps),))
+    run_row_kernel(_NORM_FORWARD, fmt, x.device, rows, C, buffers, (sd.type(eps),))
     return out, mean, rstd
 
 
@@ -511,9 +514,9 @@ def norm_backward(
         return wrap_numpy(res.reshape(x.shape), x.device, x.dtype)
     gx = Tensor.empty(x.shape, x.dtype, x.device)
     g = g if g.dtype == x.dtype else _cast(g, x.dtype)
-    fmt = _fmt(x, mode, has_w=int(weight is not None))
+    fmt = row_format(x, mode, has_w=int(weight is not None))
     buffers = [x, g, weight if weight is not None else x, mean, rstd, gx]
-    _run_rows(_NORM_BACKWARD, fmt, x.device, rows, C, buffers)
+    run_row_kernel(_NORM_BACKWARD, fmt, x.device, rows, C, buffers)
     return gx
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from netcl.core import Device, Tensor
-from netcl.runtime import capture as _capture
+from netcl.runtime import capture
 from netcl.runtime.disk_cache import cache_dir
 from netcl.runtime.tune.agree import local_choices as local_choices
 
@@ -64,6 +64,13 @@ def device_key(device: Device) -> str:
 def store_path(device: Device) -> Path | None:
     directory = cache_dir()
     return None if directory is None else directory / "tune" / f"{device_key(device)}.json"
+
+
+def winners(device: Device) -> dict[str, dict[str, Any]]:
+    """A copy of ``device``'s stored winners: choice key -> the winning config's dict, with the
+    winner's time in milliseconds (None where none was measured) under ``_ms``."""
+    with _LOCK:
+        return {key: dict(value) for key, value in _table(device).items()}
 
 
 def _table(device: Device) -> dict[str, Any]:
@@ -169,7 +176,7 @@ def _choose(
             return decode({k: v for k, v in stored.items() if not k.startswith("_")})
         except (TypeError, ValueError):
             pass  # a stale entry: search again
-    if not force and (not enabled(device, cpu) or _capture.RECORDING):
+    if not force and (not enabled(device, cpu) or capture.RECORDING):
         return default
     best, best_ms = search(device, candidates, trial)
     if best is None:
@@ -253,72 +260,3 @@ def clear(device: Device) -> None:
         path = store_path(device)
         if path is not None:
             path.unlink(missing_ok=True)
-
-
-#: (M, N, K, transpose_a, transpose_b) the command searches by default: squares, MLP layers at
-#: batch 128 (forward and both gradients), a weight gradient with a long K.
-DEFAULT_SHAPES = [
-    (256, 256, 256, False, False),
-    (1024, 1024, 1024, False, False),
-    (2048, 2048, 2048, False, False),
-    (4096, 4096, 4096, False, False),
-    (128, 512, 784, False, False),
-    (128, 784, 512, False, True),
-    (784, 512, 128, True, False),
-    (128, 512, 512, False, False),
-    (64, 256, 262144, True, False),
-]
-
-
-def _parse_shape(text: str) -> tuple[int, int, int, bool, bool]:
-    """``MxNxK`` with optional ``:TN`` / ``:NT`` / ``:TT`` layout suffix."""
-    dims, _, layout = text.partition(":")
-    m, n, k = (int(v) for v in dims.lower().split("x"))
-    layout = (layout or "NN").upper()
-    return m, n, k, layout[0] == "T", layout[1] == "T"
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m netcl.runtime.tune``: search GEMM tiles for common shapes on a device, store them."""
-    import argparse
-
-    import numpy as np
-
-    import netcl.core as nc
-    from netcl.runtime.ops import gemm_mma, matmul
-
-    parser = argparse.ArgumentParser(prog="python -m netcl.runtime.tune", description=main.__doc__)
-    parser.add_argument("--device", default=None, help="NETCL_DEVICE-style spec (default: the default device)")
-    parser.add_argument("--shape", action="append", default=None, help="MxNxK[:NN|NT|TN|TT], repeatable")
-    parser.add_argument("--force", action="store_true", help="search again even where a winner is stored")
-    parser.add_argument("--show", action="store_true", help="print the stored winners and exit")
-    parser.add_argument("--clear", action="store_true", help="forget this device's winners and exit")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    device = nc.get_device(args.device)
-    if device.kind != "opencl":
-        raise SystemExit(f"{device!r} runs no OpenCL kernels; nothing to tune")
-    print(f"{device!r}: winners in {store_path(device)}")
-    if args.clear:
-        clear(device)
-        return
-    if args.show:
-        for key, value in sorted(_table(device).items()):
-            print(f"  {key}: {value}")
-        return
-    if args.force:
-        clear(device)
-    os.environ[ENV] = "1"
-    precisions = ["highest"] + [
-        p for p, mode in (("high", "tf32"), ("medium", "bf16")) if gemm_mma.available(device, mode)
-    ]
-    shapes = [_parse_shape(s) for s in args.shape] if args.shape else DEFAULT_SHAPES
-    rng = np.random.default_rng(0)
-    for m, n, k, ta, tb in shapes:
-        a = nc.tensor(rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32), device=device)
-        b = nc.tensor(rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32), device=device)
-        for precision in precisions:
-            matmul(a, b, transpose_a=ta, transpose_b=tb, precision=precision)
-        device.queue.finish()
-    for key, value in sorted(_table(device).items()):
-        print(f"  {key}: {value}")

@@ -54,8 +54,7 @@ def active() -> bool:
         return False
     from netcl.runtime.distributed import group
 
-    w = group._world
-    return w is not None and w.broken is None and w.info.world_size > 1
+    return group.is_usable() and group.world().info.world_size > 1
 
 
 def choose(

@@ -1,0 +1,280 @@
+"""A GEMM launch plan: the ``Problem`` after batch merging, the split along K, and ``Plan``.
+
+The layer under ``gemm`` (which plans a product from its operands' shapes), ``gemm_mma`` (the
+tensor-core kernel's plans), ``gemm_configs`` (which tile config a product uses) and
+``conv_implicit`` (convolutions as products with operand views): each of them builds its plans
+here from a config it has chosen, so none of them imports another to make a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.core.dtypes import float16, float32, float64
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import get_kernel, storage_ctype, storage_pragmas
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView, portable_source
+
+_I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
+#: Scalar argument dtypes of ``netcl_gemm`` (None: a buffer), see ``gemm_source``.
+ARG_DTYPES = [_I32, _I32, _I32, None, _I32, None, _I32, None, _I32, _I32, _I32] + [_I64] * 7 + [_I32, _I32, _I64]
+#: A split along K keeps each chunk at least this long.
+MIN_SPLIT_CHUNK = 256
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One product after batch merging: ``dims`` are (size, a stride, b stride), outermost first."""
+
+    m: int
+    n: int
+    k: int
+    trans_a: bool
+    trans_b: bool
+    dims: tuple[tuple[int, int, int], ...]
+
+    @property
+    def batch(self) -> int:
+        return math.prod(d[0] for d in self.dims)
+
+    @property
+    def lda(self) -> int:
+        return self.m if self.trans_a else self.k
+
+    @property
+    def ldb(self) -> int:
+        return self.k if self.trans_b else self.n
+
+    @property
+    def operand_sizes(self) -> tuple[int, int]:
+        """Elements A and B span (the batch strides included): what scratch operands of a trial need."""
+        a = self.m * self.k + sum((d[0] - 1) * d[1] for d in self.dims)
+        b = self.k * self.n + sum((d[0] - 1) * d[2] for d in self.dims)
+        return a, b
+
+
+def split_count(
+    problem: Problem, block_m: int, block_n: int, bk: int, device: Device, factor: int = 1
+) -> tuple[int, int]:
+    """(splits, chunk) along K: about ``2 * factor`` blocks per compute unit, chunks of >= MIN_SPLIT_CHUNK."""
+    blocks = -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
+    target = 2 * factor * max(1, device.cl_device.max_compute_units)
+    if blocks >= target or problem.k < 2 * MIN_SPLIT_CHUNK:
+        return 1, problem.k
+    splits = min(-(-target // blocks), problem.k // MIN_SPLIT_CHUNK, MAX_SPLITS)
+    per_split = -(-problem.k // splits)
+    chunk = -(-per_split // bk) * bk
+    return -(-problem.k // chunk), chunk
+
+
+def split_twins(device: Device, problem: Problem, candidates: Sequence[Any], mode: str | None) -> list:
+    """For candidates that split along K: twins that never split and twins that split 4x finer
+    (the search decides: a split adds a workspace and a second launch, which small products may
+    not win back, while memory-bound ones such as weight gradients want more work-groups).
+
+    ``candidates``: ``GemmConfig`` (``mode`` None) or ``MmaConfig`` of tensor-core ``mode``.
+    """
+    out = []
+    for c in candidates:
+        bk = c.bk_elements(mode) if mode else c.bk
+        if split_count(problem, c.bm, c.bn, bk, device)[0] > 1:
+            out += [replace(c, split=0), replace(c, split=4)]
+    return out
+
+
+def _vector_width(wanted: int, leading: int, strides: list[int]) -> int:
+    """The widest of wanted, 2, 1 that divides the leading dimension and every batch stride."""
+    for width in (wanted, 2, 1):
+        if width <= wanted and leading % width == 0 and all(s % width == 0 for s in strides):
+            return width
+    return 1
+
+
+def with_alignment(cfg: GemmConfig, problem: Problem) -> GemmConfig:
+    """``cfg`` with its global vector widths narrowed to what the leading dims and strides allow."""
+    va = _vector_width(cfg.va, problem.lda, [d[1] for d in problem.dims])
+    vb = _vector_width(cfg.vb, problem.ldb, [d[2] for d in problem.dims])
+    return cfg if (va, vb) == (cfg.va, cfg.vb) else replace(cfg, va=va, vb=vb)
+
+
+class Plan:
+    """Everything one product launches, resolved once: kernel, sizes, scalar arguments, split-K sum."""
+
+    __slots__ = (
+        "device",
+        "kernel",
+        "gsize",
+        "lsize",
+        "args",
+        "out_shape",
+        "out_dtype",
+        "work",
+        "sum_kernel",
+        "sum_args",
+        "_product",
+        "_sum",
+    )
+
+    def __init__(self, device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args):
+        self.device, self.kernel, self.gsize, self.lsize, self.args = device, kernel, gsize, lsize, args
+        self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
+        self.sum_kernel, self.sum_args = sum_kernel, sum_args
+        #: prepared launches of the product and of the split sum, made at the first run
+        self._product: PreparedLaunch | None = None
+        self._sum: PreparedLaunch | None = None
+
+    def run(
+        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+    ) -> Tensor:
+        """``out`` (a new tensor when None) = the product of ``a`` and ``b`` with the plan's epilogue.
+
+        Launches are prepared once per plan (the scalar arguments set on a private kernel), so a call
+        sets only its buffers (and an epilogue's scalars) and enqueues: a small product's host cost.
+        """
+        device = self.device
+        if out is None:
+            out = Tensor.empty(self.out_shape, self.out_dtype, device)
+        target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
+        tail = [] if bias is None else [bias.data]
+        if extras:
+            tail += [x.data if isinstance(x, Tensor) else np.float32(x) for x in extras]
+        if self._product is None:
+            self._prepare()
+        if self.work is None:  # one kernel: it applies the epilogue
+            self._product.call(a.data, b.data, target.data, *tail)
+        else:  # split along K: raw partial products, then their sum applies the epilogue
+            self._product.call(a.data, b.data, target.data)
+            self._sum.call(target.data, out.data, *tail)
+        return out
+
+    def _prepare(self) -> None:
+        """The prepared launches: the scalar arguments set once; per call the buffers, then the
+        epilogue's operands (bias, extras) after the fixed arguments."""
+        queue = self.device.queue
+        scalars = {i: v for i, v in enumerate(self.args) if v is not None}
+        self._product = PreparedLaunch.binding(self.kernel, self.gsize, self.lsize, scalars, queue)
+        if self.work is not None:
+            total, splits, gsize, sizes = self.sum_args
+            scalars = dict(enumerate([total, splits, *sizes], start=2))
+            self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, scalars, queue)
+
+
+def gemm_args(problem: Problem, splits: int, chunk: int) -> list:
+    """Scalar arguments of ``netcl_gemm`` (buffers as None placeholders at 3, 5, 7)."""
+    m, n = problem.m, problem.n
+    dims = [(1, 0, 0)] * (3 - len(problem.dims)) + list(problem.dims)
+    return [
+        m, n, problem.k, None, problem.lda, None, problem.ldb, None, n,
+        dims[1][0], dims[2][0], dims[0][1], dims[1][1], dims[2][1], dims[0][2], dims[1][2], dims[2][2],
+        m * n, splits, chunk, problem.batch * m * n,
+    ]  # fmt: skip
+
+
+def index_kind(problem: Problem) -> str:
+    """The C index type of ``problem``'s kernels: "long" where an operand or C spans 2**31 elements, else "int"."""
+    p = problem
+    return "long" if max(p.m * p.lda, p.k * p.lda, p.n * p.ldb, p.k * p.ldb, p.m * p.n) >= 2**31 else "int"
+
+
+def finish_plan(
+    device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype, epilogue: Epilogue = IDENTITY
+) -> Plan:
+    """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum,
+    which then applies ``epilogue`` (the kernel wrote raw partial products)."""
+    work = sum_args = None
+    acc = float64 if out_dtype == float64 else float32
+    # built with the first plan even when this one does not split, so that a later product whose
+    # new size makes it split (a larger batch in a weight gradient) builds no program
+    sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
+    if splits > 1:
+        total = problem.batch * problem.m * problem.n
+        work = ((splits, total), acc)
+        sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
+        sum_args = (total, splits, -(-total // 256) * 256, sizes)
+    args = gemm_args(problem, splits, chunk)
+    return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
+
+
+def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
+    ct, st = storage_ctype(acc), storage_ctype(out_dtype)
+    if epilogue.is_identity:
+        store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+        params, lines = "", [f"{store};"]
+    else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
+        store = "vstore_half_rte((float)(OUT), 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})(OUT)"
+        params = ", const int M, const int N" + epilogue.params()
+        lines = [
+            "const long csb = (long)M * N;",
+            "const int ldc = N;",
+            "const int zb = (int)(i / csb);",
+            "const IDX r = (i - zb * csb) / N;",
+            "const IDX c = (i - zb * csb) - r * N;",
+            *epilogue.store_lines("s", "CT", store),
+        ]
+    body = "\n    ".join(lines)
+
+    def source() -> str:
+        return f"""{storage_pragmas([acc, out_dtype])}
+{epilogue.preamble}
+#define CT {ct}
+#define IDX long
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits{params}) {{
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    CT s = 0;
+    for (int p = 0; p < splits; ++p) s += W[p * total + i];
+    {body}
+}}
+"""
+
+    key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
+    sizes = [] if epilogue.is_identity else [np.int32, np.int32]
+    dtypes = [None, None, np.int64, np.int32, *sizes, *epilogue.arg_dtypes()]
+    return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
+
+
+def make_plan(
+    device: Device,
+    dtype: np.dtype,
+    out_dtype: np.dtype,
+    out_shape: tuple[int, ...],
+    problem: Problem,
+    epilogue: Epilogue = IDENTITY,
+    *,
+    cfg: GemmConfig,
+    views: tuple[OperandView | None, ...] = (None, None),
+) -> Plan:
+    """The portable kernel's plan for ``problem`` with tile config ``cfg`` (``gemm.portable_config``
+    chooses one for a product, ``conv_implicit`` for a convolution, a search's trial forces one).
+
+    ``views``: ``OperandView`` or None for A and B, optionally C's output index (an implicit
+    operand, see ``gemm_source``); a view's vector width is narrowed to 1. A product with a C
+    view is never split along K (the split workspace is laid out as plain rows).
+    """
+    if (views[0] is not None and cfg.va != 1) or (views[1] is not None and cfg.vb != 1):
+        cfg = replace(cfg, va=1 if views[0] is not None else cfg.va, vb=1 if views[1] is not None else cfg.vb)
+    splits, chunk = 1, problem.k
+    if cfg.split and (len(views) < 3 or views[2] is None):
+        splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
+    c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
+    idx = index_kind(problem)
+    store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store, views)
+
+    def source() -> str:
+        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store, views)
+
+    args = ARG_DTYPES + store.arg_dtypes()
+    flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
+    kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
+    gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits * cfg.ks)
+    return finish_plan(
+        device, kernel, gsize, (cfg.wgn, cfg.wgm, cfg.ks), problem, splits, chunk, out_shape, out_dtype, epilogue
+    )
