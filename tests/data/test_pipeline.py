@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from netcl.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
@@ -85,6 +88,45 @@ def test_copies_of_built_batches_are_enqueued_ahead(cl_device):
     rest = list(iterator)
     got = np.concatenate([b[1].to_host() for b in [first, second, *rest]])
     np.testing.assert_array_equal(got, y)
+
+
+class _TrackedCopy:
+    """Stands in for a host-to-device copy event; records whether it was dropped before its copy completed."""
+
+    dropped_early: ClassVar[list[str]] = []
+    kept: ClassVar[list[object]] = []
+
+    def __init__(self, event) -> None:
+        self.event = event
+
+    def __getattr__(self, name):
+        return getattr(self.event, name)
+
+    def __del__(self) -> None:
+        if self.event.command_execution_status != cl.command_execution_status.COMPLETE:
+            _TrackedCopy.dropped_early.append(repr(self.event))
+            _TrackedCopy.kept.append(self.event)  # dropping it here would wait for the copy (a pyopencl NannyEvent)
+
+
+def test_the_main_thread_never_waits_for_a_copy(cl_device, monkeypatch):
+    """The default queue is held by a user event, so no copy can complete: handing out batches must not wait."""
+    x, _, y = _arrays(16)
+    loader = DataLoader(TensorDataset(x, y), batch_size=2, device=cl_device, num_workers=0)
+    real_copy = cl.enqueue_copy
+    monkeypatch.setattr(cl, "enqueue_copy", lambda *a, **k: _TrackedCopy(real_copy(*a, **k)))
+    _TrackedCopy.dropped_early.clear()
+    gate = cl.UserEvent(cl_device.context)
+    cl.enqueue_barrier(cl_device.queue, wait_for=[gate])  # every copy waits for the default queue's marker
+    iterator = iter(loader)
+    held = [next(iterator) for _ in range(3)]
+    assert iterator.copying, "the copies of the batches handed out are still in flight"
+    assert _TrackedCopy.dropped_early == []
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    rest = list(iterator)
+    got = np.concatenate([b[1].to_host() for b in [*held, *rest]])
+    np.testing.assert_array_equal(got, y)
+    assert _TrackedCopy.dropped_early == []
+    _TrackedCopy.kept.clear()
 
 
 # ---- persistent workers ------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ out, puts a barrier on the device's default queue that waits for batch n's copie
 is handed out, the copies of batches n+1 and n+2 are enqueued (those whose host batch is ready), so
 they run while the step that consumes batch n computes. Each copy first waits for a marker of the
 default queue placed when it is enqueued: the caching allocator may give the new batch a block
-that work enqueued before then still reads. On the NumPy backend a batch's arrays become the
+that work enqueued before then still reads. Neither the main thread nor a worker waits for a copy:
+copy events are kept until their copies complete (dropping one would wait), pinned buffers whose
+copy is still running are not reused, and only with ``MAX_COPYING`` batches still copying (the host
+that far ahead of the device) does the loader wait for the oldest. On the NumPy backend a batch's arrays become the
 Tensors' storage directly.
 """
 
@@ -38,6 +41,9 @@ from netcl.runtime.scheduler import Stream
 WORKER_TYPES = ("thread", "process")
 #: batches whose copies are enqueued before the step that consumes the current one
 COPY_AHEAD = 2
+#: uploaded batches whose copies may be in flight at once; beyond it the loader waits for the oldest
+#: (the host is then that many steps ahead of the device, so the wait costs nothing)
+MAX_COPYING = 8
 
 
 def _positive_int(name: str, value: Any, minimum: int) -> int:
@@ -231,6 +237,9 @@ class _LoaderIterator(Iterator[Any]):
         self.collected = 0  # tickets taken back from it (and uploaded)
         self.sampler_done = False
         self.uploaded: deque[tuple[Any, cl.Event | None]] = deque()
+        #: each uploaded batch's marker with its host-to-device copy events, kept until the marker completes:
+        #: dropping a pyopencl copy event from host memory (a NannyEvent) waits for that copy
+        self.copying: deque[tuple[cl.Event, list[cl.Event]]] = deque()
         self.closed = False
         #: an error building batch n+1 while batch n was handed out: raised when batch n+1 is asked for
         self.deferred: BaseException | None = None
@@ -278,19 +287,32 @@ class _LoaderIterator(Iterator[Any]):
         compute.flush()
         cl.enqueue_barrier(copy, wait_for=[marker])
 
+        copies: list[cl.Event] = []
+
         def upload(array: np.ndarray) -> Tensor:
             dtype = self.device.check_dtype(array.dtype)
             tensor = Tensor.empty(array.shape, dtype, self.device)
             if array.nbytes:
-                cl.enqueue_copy(copy, tensor.data, np.ascontiguousarray(array), is_blocking=False)
+                copies.append(cl.enqueue_copy(copy, tensor.data, np.ascontiguousarray(array), is_blocking=False))
             return tensor
 
         tensors = _map_leaves(batch, upload)
         event = cl.enqueue_marker(copy)
         copy.flush()
+        self._retire_copies()
+        self.copying.append((event, copies))
         if buffers is not None:
             buffers.release(event)
         self.uploaded.append((tensors, event))
+
+    def _retire_copies(self) -> None:
+        """Drop the copy events of uploaded batches whose copies have completed (a status query, no wait);
+        with ``MAX_COPYING`` batches still copying, wait for the oldest."""
+        complete = cl.command_execution_status.COMPLETE
+        while self.copying and (
+            len(self.copying) >= MAX_COPYING or self.copying[0][0].command_execution_status == complete
+        ):
+            self.copying.popleft()[0].wait()
 
     def _upload_ready(self) -> None:
         """Start the copies of the next ``COPY_AHEAD`` batches that are built, so they overlap the coming step.
@@ -348,6 +370,7 @@ class _LoaderIterator(Iterator[Any]):
                     buffers.release()
         if self.copy_stream is not None:
             self.copy_stream.finish()  # a dropped batch's blocks must not be reused under a running copy
+        self.copying.clear()
         self.uploaded.clear()
 
     def __del__(self) -> None:

@@ -48,6 +48,15 @@ class PinnedBuffer:
         count = int(np.prod(shape, dtype=np.int64))
         return self.host[: count * dtype.itemsize].view(dtype).reshape(shape)
 
+    def copied(self) -> bool:
+        """Whether the copy that last read this buffer has completed (a status query, no wait)."""
+        if self.pending is None:
+            return True
+        if self.pending.command_execution_status == cl.command_execution_status.COMPLETE:
+            self.pending = None
+            return True
+        return False
+
     def ready(self) -> None:
         """Wait for the copy that last read this buffer."""
         if self.pending is not None:
@@ -60,20 +69,26 @@ class PinnedPool:
 
     def __init__(self, device: Device, queue: cl.CommandQueue | None, pinned: bool = True) -> None:
         self.device = device
-        self.queue = queue if pinned and device.kind == "opencl" else None
+        # buffers are mapped on a queue of their own: the copy queue waits for the default queue, so a
+        # blocking map there would wait for the steps enqueued so far
+        self.queue = cl.CommandQueue(queue.context, queue.device) if pinned and queue is not None else None
         self._free: list[PinnedBuffer] = []
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> PinnedBuffer:
-        """The smallest free buffer of at least ``nbytes`` (waiting for its last copy), or a new one."""
+        """The smallest free buffer of at least ``nbytes`` whose last copy has completed, or a new one.
+
+        A free buffer whose copy is still running is not waited for: that copy may itself wait for the
+        device's default queue, and a worker blocked on it would stall the pipeline. The loader bounds
+        how many copies are in flight (``loader.MAX_COPYING``), which bounds how many buffers exist.
+        """
         with self._lock:
-            fits = [b for b in self._free if b.nbytes >= nbytes]
+            fits = [b for b in self._free if b.nbytes >= nbytes and b.copied()]
             buffer = min(fits, key=lambda b: b.nbytes) if fits else None
             if buffer is not None:
                 self._free.remove(buffer)
         if buffer is None:
             return PinnedBuffer(_round_up(max(nbytes, _ALIGN)), self.queue)
-        buffer.ready()
         return buffer
 
     def give(self, buffer: PinnedBuffer, pending: cl.Event | None = None) -> None:
