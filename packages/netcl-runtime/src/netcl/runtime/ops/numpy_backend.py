@@ -24,36 +24,6 @@ def _np_compute(dtype: np.dtype) -> np.dtype:
     return float32 if dtype == float16 else dtype
 
 
-def value(operand: Any, dtype: np.dtype) -> Any:
-    if isinstance(operand, Tensor):
-        return np.asarray(operand.data, dtype=_np_compute(dtype))
-    raw = operand.item() if isinstance(operand, (np.ndarray, np.generic)) else operand
-    return np.asarray(raw).astype(_np_compute(dtype))[()]
-
-
-def elementwise(
-    fn: Callable[..., Any],
-    operands: Sequence[Any],
-    value_dtypes: Sequence[np.dtype],
-    out_shape: tuple[int, ...],
-    out_dtype: np.dtype,
-    device: Device,
-) -> Tensor:
-    """``fn`` applied to the operands converted to ``value_dtypes``; result cast to ``out_dtype``."""
-    with np.errstate(all="ignore"):
-        args = [value(v, d) for v, d in zip(operands, value_dtypes, strict=True)]
-        result = np.asarray(fn(*args))
-        result = np.broadcast_to(result, out_shape).astype(out_dtype)
-    return wrap_numpy(result, device, out_dtype)
-
-
-def assign(dst: Tensor, values: np.ndarray) -> Tensor:
-    """Write ``values`` (broadcast to dst's shape) into dst's array in place."""
-    with np.errstate(all="ignore"):
-        dst.data[...] = np.broadcast_to(np.asarray(values).astype(dst.dtype), dst.shape)
-    return dst
-
-
 def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype, acc: np.dtype) -> Tensor:
     """``sum``/``mean``/``max``/``min``/``prod`` of x over ``axes`` (already normalized), computed in ``acc``."""
     data = np.asarray(x.data).astype(_np_compute(acc), copy=False)
