@@ -24,23 +24,6 @@ def _np_compute(dtype: np.dtype) -> np.dtype:
     return float32 if dtype == float16 else dtype
 
 
-def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype, acc: np.dtype) -> Tensor:
-    """``sum``/``mean``/``max``/``min``/``prod`` of x over ``axes`` (already normalized), computed in ``acc``."""
-    data = np.asarray(x.data).astype(_np_compute(acc), copy=False)
-    with np.errstate(all="ignore"):
-        if op == "sum":
-            result = np.sum(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "mean":
-            result = np.mean(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "prod":
-            result = np.prod(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "min":
-            result = np.min(data, axis=axes, keepdims=keepdims)
-        else:
-            result = np.max(data, axis=axes, keepdims=keepdims)
-    return wrap_numpy(np.asarray(result).astype(out_dtype), x.device, out_dtype)
-
-
 def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
     compute = _np_compute(out_dtype)
     result = host_pool.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
