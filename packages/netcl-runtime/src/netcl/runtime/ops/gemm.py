@@ -28,7 +28,7 @@ from netcl.core.dtypes import float16, float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture as _capture
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops import numpy_backend
+from netcl.runtime.numpy_twins.gemm import apply_epilogue
 from netcl.runtime.ops import precision as _precision
 from netcl.runtime.ops._common import (
     device_of,
@@ -39,6 +39,7 @@ from netcl.runtime.ops._common import (
     storage_ctype,
     storage_pragmas,
 )
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, portable_source
 from netcl.runtime.ops.layout import broadcast_to, cast
 from netcl.runtime.ops.pointwise import fill_
@@ -46,6 +47,7 @@ from netcl.runtime.ops.pointwise import fill_
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 #: Scalar argument dtypes of ``netcl_gemm`` (None: a buffer), see ``gemm_source``.
 ARG_DTYPES = [_I32, _I32, _I32, None, _I32, None, _I32, None, _I32, _I32, _I32] + [_I64] * 7 + [_I32, _I32, _I64]
+_TWINS = "netcl.runtime.numpy_twins.gemm"
 #: A split along K keeps each chunk at least this long.
 MIN_SPLIT_CHUNK = 256
 MAX_SPLITS = 256
@@ -183,10 +185,32 @@ def gemm(
     _check_epilogue(epilogue, bias, m, n)
     out_shape = (*batch, m, n)
     _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
-    if device.kind == "cpu":
-        if epilogue.code:
-            raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
-        return numpy_backend.gemm(a, b, trans_a, trans_b, result, epilogue, bias)
+    return product(
+        a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args, key
+    )
+
+
+@backend_op(_TWINS, device_arg="a")
+def product(
+    a: Tensor,
+    b: Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    m: int,
+    n: int,
+    k: int,
+    batch: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    result: np.dtype,
+    precision: str,
+    epilogue: Epilogue,
+    bias: Tensor | None,
+    epilogue_args: Sequence[Tensor | float],
+    key: tuple,
+) -> Tensor:
+    """``gemm`` of a checked call: ``op(a) @ op(b)`` (M x K by K x N over ``batch``) into ``result``,
+    its launch plan remembered under ``key``."""
+    device = a.device
     plan = _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue)
     if plan is None:  # rare layouts (casts, materialized broadcasts, empty): no plan, the general path
         return _gemm_general(
@@ -294,9 +318,7 @@ def _epilogue_on_zero(out: Tensor, epilogue: Epilogue, bias: Tensor | None) -> T
     """K == 0: the product is zero; the epilogue still applies (bias, activation)."""
     if epilogue.is_identity:
         return out
-    values = numpy_backend.apply_epilogue(
-        np.zeros(out.shape, np.float32), epilogue, None if bias is None else bias.to_host()
-    )
+    values = apply_epilogue(np.zeros(out.shape, np.float32), epilogue, None if bias is None else bias.to_host())
     return Tensor.from_host(out.device, values.astype(out.dtype))
 
 

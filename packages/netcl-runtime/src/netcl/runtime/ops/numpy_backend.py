@@ -8,58 +8,19 @@ OpenCL kernels produce inf/nan without warning and so does this backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes, host_pool
+from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float16, float32
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops._table import numpy_gelu
 
 
 def _np_compute(dtype: np.dtype) -> np.dtype:
     """The NumPy dtype values of ``dtype`` are computed in (half -> float32, as on OpenCL)."""
     return float32 if dtype == float16 else dtype
-
-
-def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
-    compute = _np_compute(out_dtype)
-    result = host_pool.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
-    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
-
-
-_ACTIVATIONS: dict[str | None, Callable[[np.ndarray], np.ndarray]] = {
-    None: lambda v: v,
-    "relu": lambda v: np.maximum(v, 0),
-    "gelu": numpy_gelu,
-    "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
-    "tanh": np.tanh,
-}
-
-
-def apply_epilogue(values: np.ndarray, epilogue: Any, bias: np.ndarray | None) -> np.ndarray:
-    """``act(values + bias)`` of a GEMM epilogue (bias per column "col" or per row "row")."""
-    with np.errstate(all="ignore"):
-        if epilogue.bias == "col":
-            values = values + bias.reshape(-1).astype(values.dtype)
-        elif epilogue.bias == "row":
-            values = values + bias.reshape(-1, 1).astype(values.dtype)
-        return _ACTIVATIONS[epilogue.activation](values)
-
-
-def gemm(
-    a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, out_dtype: np.dtype, epilogue: Any, bias: Tensor | None
-) -> Tensor:
-    """``act(op(a) @ op(b) + bias)``, computed in float32 (float64 when the result is float64)."""
-    compute = np.float64 if out_dtype == np.float64 else np.float32
-    x = np.asarray(a.data, dtype=compute)
-    y = np.asarray(b.data, dtype=compute)
-    result = host_pool.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
-    if not epilogue.is_identity:
-        result = apply_epilogue(result, epilogue, None if bias is None else np.asarray(bias.data))
-    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
 
 
 def transpose(x: Tensor, axes: tuple[int, ...]) -> Tensor:
