@@ -100,8 +100,8 @@ def class_targets(target: Any, logits: Any, op: str, ignore_index: int) -> Tenso
         raise ShapeError(
             f"{op}: target must have shape {expected} for input of shape {shape}, got {tuple(labels.shape)}"
         )
-    if host is None and labels.device.kind == "cpu":
-        host = np.asarray(labels.data)
+    if host is None:  # labels in host memory (the NumPy backend) are checked here; on a device, by the kernel
+        host = labels.device.storage.host_array(labels)
     if host is not None and host.size:
         bad = host[(host != ignore_index) & ((host < 0) | (host >= shape[1]))]
         if bad.size:

@@ -12,8 +12,7 @@ from typing import Any
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
-from netcl.runtime.launch import enqueue_copy
-from netcl.runtime.ops import layout, pointwise, random
+from netcl.runtime.ops import layout, pointwise, random, upload
 from netcl.runtime.ops.random import next_seed
 
 
@@ -26,10 +25,7 @@ def _tensor(x: Node | Tensor, op: str) -> Tensor:
 
 def _assign(dst: Tensor, src: Tensor) -> None:
     src = layout.cast(src, dst.dtype) if src.dtype != dst.dtype else src
-    if dst.device.kind == "cpu":
-        dst.data[...] = src.data
-    elif dst.nbytes:
-        enqueue_copy(dst.device.queue, dst, src)
+    upload.copy_into(dst, src)
 
 
 def calculate_fan_in_and_fan_out(x: Node | Tensor) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import pyopencl as cl
 from netcl.core.device_errors import ErrorWord
 from netcl.core.dtypes import REQUIRED_EXTENSION, STORAGE_ONLY, as_dtype
 from netcl.core.errors import DeviceError, DTypeError
+from netcl.core.storage import NUMPY, OPENCL, Storage, check_allocation
 from netcl.core.vector_width import preferred_width, usable_width
 
 ENV_VAR = "NETCL_DEVICE"
@@ -47,10 +48,18 @@ class Device:
         self._lock = threading.Lock()
         #: Called with (device, nbytes) to get a cl.Buffer; netcl.runtime installs a pool here.
         self.allocator: Callable[[Device, int], Any] = raw_allocate
+        #: How tensors' data lives here (``netcl.core.storage``): cl.Buffers, or NumPy arrays without a device.
+        self.storage: Storage = OPENCL if cl_device is not None else NUMPY
 
     @property
     def is_opencl(self) -> bool:
         return self.kind == "opencl"
+
+    @property
+    def has_queue(self) -> bool:
+        """Whether ops run as commands on an OpenCL queue (which a graph can capture and replay); False on
+        the NumPy backend, which computes eagerly on host arrays."""
+        return self.cl_device is not None
 
     @property
     def is_gpu(self) -> bool:
@@ -154,16 +163,6 @@ def raw_allocate(device: Device, nbytes: int) -> cl.Buffer:
     """Allocate a fresh device buffer (at least one byte), checking the device's limits first."""
     check_allocation(device, nbytes)
     return cl.Buffer(device.context, cl.mem_flags.READ_WRITE, size=max(int(nbytes), 4))
-
-
-def check_allocation(device: Device, nbytes: int) -> None:
-    """Raise ``MemoryError`` naming the bytes asked for when ``device`` cannot hold them."""
-    limit = min(device.max_alloc_size, device.global_mem_size)
-    if nbytes > limit:
-        raise MemoryError(
-            f"cannot allocate {nbytes} bytes on {device.name!r}: the device allows at most {limit} bytes "
-            f"in one buffer (global memory {device.global_mem_size} bytes)"
-        )
 
 
 def _host_memory_bytes() -> int:

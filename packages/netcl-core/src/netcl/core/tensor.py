@@ -1,4 +1,8 @@
-"""``Tensor``: a device buffer (or a NumPy array on the ``cpu`` backend) with shape and dtype."""
+"""``Tensor``: a device buffer (or a NumPy array on the ``cpu`` backend) with shape and dtype.
+
+What differs between backends (allocating, uploading, reading, viewing, copying) is the device's
+``storage`` (``netcl.core.storage``), chosen once per ``Device``.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,9 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core.broadcast import Shape, normalize_shape
-from netcl.core.devices import Device, check_allocation, device_of_queue, get_device
+from netcl.core.devices import Device, device_of_queue, get_device
 from netcl.core.dtypes import as_dtype, float32
 from netcl.core.errors import ShapeError
-from netcl.core.profile_hooks import ACTIVE as _PROFILERS
-from netcl.core.profile_hooks import MEMCPY, MEMSET, now, report
 
 #: name -> function of two operands (``neg``: one), installed by ``netcl.runtime.ops`` on import.
 ARITHMETIC: dict[str, Callable[..., Any]] = {}
@@ -85,15 +87,7 @@ class Tensor:
         host = np.asarray(array)
         target = device.check_dtype(dtype if dtype is not None else _default_dtype(host))
         host = np.asarray(host, dtype=target, order="C")  # ascontiguousarray would turn 0-d into (1,)
-        if device.kind == "cpu":
-            return cls(host.copy(), host.shape, target, device)
-        tensor = cls.empty(host.shape, target, device)
-        if host.nbytes:
-            start = now() if _PROFILERS else 0
-            event = cl.enqueue_copy(device.queue, tensor.data, host, is_blocking=True)
-            if start:
-                report(MEMCPY, "Memcpy HtoD", device.queue, event, start, args=(tensor,))
-        return tensor
+        return device.storage.from_host(cls, host, target, device)
 
     @classmethod
     def empty(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
@@ -111,23 +105,14 @@ class Tensor:
             target = device.check_dtype(dtype)
             if len(_CHECKED_DTYPES) < 1024:
                 _CHECKED_DTYPES[(dtype, device)] = target
-        nbytes = math.prod(dims) * target.itemsize
-        if device.kind == "cpu":
-            check_allocation(device, nbytes)
-            return cls(np.empty(dims, dtype=target), dims, target, device)
-        return cls(device.allocator(device, nbytes), dims, target, device)
+        data = device.storage.allocate(device, dims, target, math.prod(dims) * target.itemsize)
+        return cls(data, dims, target, device)
 
     @classmethod
     def zeros(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
         """A tensor filled with zeros."""
         tensor = cls.empty(shape, dtype, device)
-        if tensor.device.kind == "cpu":
-            tensor.data.fill(0)
-        elif tensor.nbytes:
-            start = now() if _PROFILERS else 0
-            event = cl.enqueue_fill_buffer(tensor.queue, tensor.data, np.zeros(1, np.uint8), 0, tensor.nbytes)
-            if start:
-                report(MEMSET, "Memset", tensor.queue, event, start, args=(tensor,))
+        tensor.device.storage.zero(tensor)
         return tensor
 
     # ---- properties ----------------------------------------------------------------------
@@ -153,38 +138,17 @@ class Tensor:
 
         IndexError when a kernel recorded an out-of-range index since the last wait (``device_errors``).
         """
-        if self.device.kind == "cpu":
-            return np.array(self.data, copy=True).reshape(self.shape)
-        out = np.empty(self.shape, dtype=self.dtype)
-        queue, word = self.queue, self.device.error_word
-        pending = word.enqueue_read(queue)
-        if out.nbytes:
-            start = now() if _PROFILERS else 0
-            event = cl.enqueue_copy(queue, out, self.data, is_blocking=True)
-            if start:
-                report(MEMCPY, "Memcpy DtoH", queue, event, start, args=(self,))
-        elif pending is not None:
-            queue.finish()
-        word.raise_if_set(pending, queue)
-        return out
+        return self.device.storage.to_host(self)
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:
         """A view with a new shape sharing this tensor's buffer; one dim may be -1."""
         dims = _infer_shape(shape, self.size, self.shape)
-        data = self.data.reshape(dims) if self.device.kind == "cpu" else self.data
+        data = self.device.storage.view(self.data, dims)
         return Tensor(data, dims, self.dtype, self.device, base=self.base if self.base is not None else self)
 
     def copy(self) -> Tensor:
         """A new tensor with its own buffer and the same contents."""
-        if self.device.kind == "cpu":
-            return Tensor(self.data.copy(), self.shape, self.dtype, self.device)
-        out = Tensor.empty(self.shape, self.dtype, self.device)
-        if self.nbytes:
-            start = now() if _PROFILERS else 0
-            event = cl.enqueue_copy(self.queue, out.data, self.data, byte_count=self.nbytes)
-            if start:
-                report(MEMCPY, "Memcpy DtoD", self.queue, event, start, args=(self,))
-        return out
+        return self.device.storage.copy(self, Tensor)
 
     def numpy(self) -> np.ndarray:
         """A NumPy copy of the contents (as ``to_host``)."""

@@ -49,7 +49,7 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
         self.device = None if device is None else get_device(device)
         self.record_shapes = bool(record_shapes)
         #: whether host ranges' device time is their host time (a profile of the NumPy backend)
-        self.host_clock = (self.device or get_device()).kind == "cpu"
+        self.host_clock = not (self.device or get_device()).has_queue
         self.state = NOT_STARTED
         self._context = (
             self.device.context.int_ptr if self.device is not None and self.device.kind == "opencl" else None

@@ -609,21 +609,22 @@ def _freeze_scalars(kernel: cl.Kernel, args: list[Any]) -> list[Any]:
 
 
 def _is_numpy(queue: Any, inputs: list[Any]) -> bool:
+    """Whether the capture runs on a device without a queue (the NumPy backend): nothing to record."""
     if isinstance(queue, Device):
-        return queue.kind == "cpu"
+        return not queue.has_queue
     if isinstance(queue, str):
-        return get_device(queue).kind == "cpu"
+        return not get_device(queue).has_queue
     if queue is not None:
         return False
-    if any(isinstance(a, Tensor) and a.device.kind == "cpu" for a in inputs):
+    if any(isinstance(a, Tensor) and not a.device.has_queue for a in inputs):
         return True
-    return not inputs and get_device().kind == "cpu"
+    return not inputs and not get_device().has_queue
 
 
 def _copy_tensor(tensor: Any, queue: cl.CommandQueue | None = None) -> Any:
     if not isinstance(tensor, Tensor):
         return tensor
-    if tensor.device.kind == "cpu":
+    if not tensor.device.has_queue:
         return tensor.copy()
     out = Tensor.empty(tensor.shape, tensor.dtype, tensor.device)
     if tensor.nbytes:

@@ -3,7 +3,8 @@
 Every function takes ``Tensor``s of one device (and, for elementwise operands, Python or NumPy
 scalars) and returns a new ``Tensor`` on that device. On OpenCL each op runs one generated
 kernel (built once per op, shapes and dtypes through ``program_cache``, launched through
-``launch``); on the NumPy backend (``device.kind == "cpu"``) the same op runs in NumPy.
+``launch``); on the NumPy backend the same op runs its NumPy twin (``netcl.runtime.numpy_twins``),
+chosen once per call by ``ops.backend.backend_op``.
 """
 
 from netcl.core.tensor import ARITHMETIC as _TENSOR_ARITHMETIC

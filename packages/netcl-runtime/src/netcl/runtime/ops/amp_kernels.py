@@ -18,7 +18,10 @@ from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source
+
+_TWINS = "netcl.runtime.numpy_twins.amp_kernels"
 
 #: copy_if_ modes: copy always, copy where the flag is up, zero where the flag is up.
 ALWAYS, IF_FOUND, ZERO_IF_FOUND = 0, 1, 2
@@ -80,15 +83,12 @@ def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
     _scalar(scale, np.float32, "scale", op)
     _scalar(found_inf, np.int32, "found_inf", op)
     device_of([grad, scale, found_inf], op)
-    if grad.device.kind == "cpu":
-        compute = np.float64 if grad.dtype == np.float64 else np.float32
-        with np.errstate(all="ignore"):
-            inv = compute(np.float32(1.0) / np.asarray(scale.data, np.float32).reshape(-1)[0])
-            values = np.asarray(grad.data, compute) * inv
-        if not np.all(np.isfinite(values)):
-            found_inf.data.reshape(-1)[0] = 1
-        grad.data[...] = values.astype(grad.dtype)
-        return grad
+    return unscale(grad, scale, found_inf)
+
+
+@backend_op(_TWINS)
+def unscale(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
+    """``unscale_by_`` of a checked call."""
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
     prologue, body = _UNSCALE_PROLOGUE.format(ct=ct), _UNSCALE_BODY.format(st=st, ct=ct).replace("@G", "g")
     source = lambda: _UNSCALE.format(pragmas=pragmas([grad.dtype]), st=st, ct=ct, prologue=prologue, body=body)  # noqa: E731
@@ -108,10 +108,12 @@ def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list
         if not isinstance(g, Tensor) or g.dtype.kind != "f":
             raise DTypeError(f"{op}: each grad must be a floating-point Tensor, got {getattr(g, 'dtype', type(g))}")
     device_of([*grads, scale, found_inf], op)
-    if not grads or grads[0].device.kind == "cpu":
-        for g in grads:
-            unscale_by_(g, scale, found_inf)
-        return grads
+    return unscale_group(grads, scale, found_inf)
+
+
+@backend_op(_TWINS, device_arg="scale")
+def unscale_group(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list[Tensor]:
+    """``unscale_many_`` of a checked call."""
     by_dtype: dict[np.dtype, list[Tensor]] = {}
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
@@ -144,10 +146,12 @@ def copy_if_(dst: Tensor, src: Tensor | None, found_inf: Tensor, mode: int) -> T
         raise ShapeError(f"{op}: src must be a Tensor of dst's shape {dst.shape} and dtype {dst.dtype}")
     _scalar(found_inf, np.int32, "found_inf", op)
     device_of([dst, src, found_inf], op)
-    if dst.device.kind == "cpu":
-        if mode == ALWAYS or np.asarray(found_inf.data).reshape(-1)[0]:
-            dst.data[...] = 0 if mode == ZERO_IF_FOUND else src.data
-        return dst
+    return copy_where(dst, src, found_inf, mode)
+
+
+@backend_op(_TWINS)
+def copy_where(dst: Tensor, src: Tensor, found_inf: Tensor, mode: int) -> Tensor:
+    """``copy_if_`` of a checked call (``src`` is dst for ``ZERO_IF_FOUND``)."""
     st = storage_ctype(dst.dtype)
     source = lambda: _COPY.format(pragmas=pragmas([dst.dtype]), st=st)  # noqa: E731
     types = [None, None, None, np.int32, np.int64]
@@ -168,15 +172,14 @@ def update_scale_(
     if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
         raise ValueError(f"{op}: interval must be a positive int, got {interval!r}")
     device_of([scale, tracker, found_inf], op)
-    if scale.device.kind == "cpu":
-        s, t = scale.data.reshape(-1), tracker.data.reshape(-1)
-        if np.asarray(found_inf.data).reshape(-1)[0]:
-            s[0], t[0] = s[0] * np.float32(backoff), 0
-        else:
-            t[0] += 1
-            if t[0] == interval:
-                s[0], t[0] = s[0] * np.float32(growth), 0
-        return scale
+    return update_scale(scale, tracker, found_inf, growth, backoff, interval)
+
+
+@backend_op(_TWINS)
+def update_scale(
+    scale: Tensor, tracker: Tensor, found_inf: Tensor, growth: float, backoff: float, interval: int
+) -> Tensor:
+    """``update_scale_`` of a checked call."""
     types = [None, None, None, np.float32, np.float32, np.int32]
     run_1d(("amp", "update"), scale.device, lambda: _UPDATE, "netcl_amp_update_scale", types, 1, scale, tracker,
            found_inf, np.float32(growth), np.float32(backoff), np.int32(interval))  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.runtime.ops import numpy_backend, random
+from netcl.runtime.ops import random
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.attention_spec import BOOL_MASK, AttentionSpec
 
@@ -52,7 +52,7 @@ def _keep(spec: AttentionSpec, r0: int, r1: int, seed: int, counter: Tensor | No
     flat = (bh * np.uint64(spec.L) + rows) * np.uint64(spec.S) + cols
     seed = int(seed) % 2**64
     zeros = np.zeros(flat.shape, np.uint64)
-    words = numpy_backend.philox4x32(
+    words = random.philox4x32(
         (flat & np.uint64(0xFFFFFFFF), flat >> np.uint64(32), zeros + random.DROPOUT_STREAM, zeros + word3),
         (seed, seed >> 32),
     )

@@ -25,10 +25,13 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.errors import DTypeError
-from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
 from netcl.runtime.ops._grid import launch_prepared
 from netcl.runtime.ops._rows import tree_loop_c
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source, multi_table
+
+_TWINS = "netcl.runtime.numpy_twins.clip_kernels"
 
 #: work-items per group and groups per partial-sum launch (the grid strides over the elements)
 LOCAL = 128
@@ -162,9 +165,12 @@ def grad_norm(grads: list[Tensor], max_norm: float, norm_type: float = 2.0) -> t
     """(the total ``norm_type`` norm of ``grads`` as a 0-d float32 Tensor, the clip factor
     ``min(max_norm / (norm + 1e-6), 1)`` as a one-element float32 Tensor), both on their device."""
     device = _check(grads, max_norm, norm_type)
-    norm_type, max_norm = float(norm_type), float(max_norm)
-    if device.kind == "cpu":
-        return _numpy_norm(grads, max_norm, norm_type)
+    return norm_and_factor(grads, float(max_norm), float(norm_type), device)
+
+
+@backend_op(_TWINS, device_arg="device")
+def norm_and_factor(grads: list[Tensor], max_norm: float, norm_type: float, device: Device) -> tuple[Tensor, Tensor]:
+    """``grad_norm`` of a checked call (``device``: the gradients')."""
     mode = _mode(norm_type)
     by_dtype: dict[np.dtype, list[Tensor]] = {}
     for g in grads:
@@ -198,13 +204,13 @@ def scale_many_(grads: list[Tensor], coef: Tensor) -> list[Tensor]:
     dtype and ``MULTI_ARITY`` gradients. Returns ``grads``."""
     if not isinstance(coef, Tensor) or coef.dtype != np.float32 or coef.size != 1:
         raise DTypeError(f"scale_many_: coef must be a one-element float32 Tensor, got {getattr(coef, 'dtype', coef)}")
-    device = device_of([*grads, coef], "scale_many_")
-    if device.kind == "cpu":
-        factor = np.asarray(coef.data, np.float32).reshape(-1)[0]
-        for g in grads:
-            compute = np.float64 if g.dtype == np.float64 else np.float32
-            g.data[...] = (np.asarray(g.data, compute) * compute(factor)).astype(g.dtype)
-        return grads
+    device_of([*grads, coef], "scale_many_")  # one device (DeviceError naming both otherwise)
+    return scale_by_(grads, coef)
+
+
+@backend_op(_TWINS, device_arg="coef")
+def scale_by_(grads: list[Tensor], coef: Tensor) -> list[Tensor]:
+    """``scale_many_`` of a checked call."""
     by_dtype: dict[np.dtype, list[Tensor]] = {}
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
@@ -221,16 +227,3 @@ def scale_many_(grads: list[Tensor], coef: Tensor) -> list[Tensor]:
             launch_multi(key, source, "netcl_clip_scale_multi", arg_types, arity, chunk, [0] * len(chunk), slots,
                          (coef,))  # fmt: skip
     return grads
-
-
-def _numpy_norm(grads: list[Tensor], max_norm: float, norm_type: float) -> tuple[Tensor, Tensor]:
-    device = grads[0].device
-    flat = [np.abs(np.asarray(g.data, np.float64)).reshape(-1) for g in grads]
-    if math.isinf(norm_type):
-        total = max((float(f.max()) if f.size else 0.0) for f in flat)
-    else:
-        total = float(sum(float(np.sum(f**norm_type)) for f in flat)) ** (1.0 / norm_type)
-    norm32 = np.float32(total)
-    coef = Tensor.from_host(device, np.asarray([min(np.float32(max_norm) / (norm32 + np.float32(EPS)), 1.0)],
-                                               np.float32))  # fmt: skip
-    return wrap_numpy(np.asarray(norm32, np.float32), device, np.float32), coef

@@ -28,13 +28,17 @@ from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float32, float64
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture
-from netcl.runtime.ops import gemm_configs, gemm_mma, numpy_backend
+from netcl.runtime.numpy_twins.gemm import apply_epilogue
+from netcl.runtime.ops import gemm_configs, gemm_mma
 from netcl.runtime.ops._common import device_of, float_dtype, promote, remember
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.gemm_plan import Problem, make_plan, with_alignment
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig
 from netcl.runtime.ops.layout import broadcast_to, cast
 from netcl.runtime.ops.pointwise import fill_
 from netcl.runtime.ops.precision import resolve_precision
+
+_TWINS = "netcl.runtime.numpy_twins.gemm"
 
 
 def operand_dims(a_shape, b_shape, trans_a: bool, trans_b: bool) -> tuple[int, int, int, tuple[int, ...]]:
@@ -138,10 +142,32 @@ def gemm(
     _check_epilogue(epilogue, bias, m, n)
     out_shape = (*batch, m, n)
     _check_epilogue_args(epilogue, epilogue_args, out_shape, device)
-    if device.kind == "cpu":
-        if epilogue.code:
-            raise ValueError("matmul: a code epilogue (C statements) needs an OpenCL device, not the NumPy backend")
-        return numpy_backend.gemm(a, b, trans_a, trans_b, result, epilogue, bias)
+    return product(
+        a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args, key
+    )
+
+
+@backend_op(_TWINS, device_arg="a")
+def product(
+    a: Tensor,
+    b: Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    m: int,
+    n: int,
+    k: int,
+    batch: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    result: np.dtype,
+    precision: str,
+    epilogue: Epilogue,
+    bias: Tensor | None,
+    epilogue_args: Sequence[Tensor | float],
+    key: tuple,
+) -> Tensor:
+    """``gemm`` of a checked call: ``op(a) @ op(b)`` (M x K by K x N over ``batch``) into ``result``,
+    its launch plan remembered under ``key``."""
+    device = a.device
     plan = _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue)
     if plan is None:  # rare layouts (casts, materialized broadcasts, empty): no plan, the general path
         return _gemm_general(
@@ -249,9 +275,7 @@ def _epilogue_on_zero(out: Tensor, epilogue: Epilogue, bias: Tensor | None) -> T
     """K == 0: the product is zero; the epilogue still applies (bias, activation)."""
     if epilogue.is_identity:
         return out
-    values = numpy_backend.apply_epilogue(
-        np.zeros(out.shape, np.float32), epilogue, None if bias is None else bias.to_host()
-    )
+    values = apply_epilogue(np.zeros(out.shape, np.float32), epilogue, None if bias is None else bias.to_host())
     return Tensor.from_host(out.device, values.astype(out.dtype))
 
 

@@ -17,6 +17,7 @@ from netcl.core import Tensor, broadcast_shapes
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.gemm_source import PLUS_ADDEND, Epilogue
 from netcl.runtime.ops.pointwise import add
@@ -25,6 +26,8 @@ from netcl.runtime.ops.precision import (
     matmul_precision,
     set_float32_matmul_precision,
 )
+
+_TWINS = "netcl.runtime.numpy_twins.linalg"
 
 __all__ = [
     "get_float32_matmul_precision",
@@ -130,10 +133,26 @@ def _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype,
         raise ShapeError(f"matmul: addend must have the result's shape {tuple(out_shape)}, got {tuple(addend.shape)}")
     if addend.dtype != result:
         raise DTypeError(f"matmul: addend must have the result's dtype {result}, got {addend.dtype}")
-    device = device_of((a, b, addend), "matmul")
+    device_of((a, b, addend), "matmul")  # one device (DeviceError naming both otherwise)
+    return add_product(a, b, addend, transpose_a, transpose_b, precision, out_dtype, result, a2)
+
+
+@backend_op(_TWINS, device_arg="addend")
+def add_product(
+    a: Tensor,
+    b: Tensor,
+    addend: Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+    precision: str | None,
+    out_dtype: np.dtype | None,
+    result: np.dtype,
+    a2: tuple[int, ...],
+) -> Tensor:
+    """``_matmul_addend`` of a checked call (``result``: the product's dtype, ``a2``: a's shape as >= 2-D)."""
+    device = addend.device
     folds = (
-        device.kind != "cpu"
-        and result == np.float32
+        result == np.float32
         and a.ndim >= 2
         and b.ndim >= 2
         and a2[-1] > 0

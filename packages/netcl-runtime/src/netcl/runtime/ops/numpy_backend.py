@@ -1,112 +1,16 @@
-"""Every eager op in NumPy, for the ``cpu`` device (``device.kind == "cpu"``).
+"""NumPy bodies of ``ops.layout``'s ops (cast, broadcast_to, transpose, one_hot), until layout's own
+conversion to backend ops moves them into ``netcl.runtime.numpy_twins.layout``.
 
-Values are computed in the dtype the OpenCL kernels use (float32 for float32/float16 data,
-float64 for float64) and returned in the same result dtype, so both backends agree within
-float32 rounding. Floating-point warnings (overflow, division by zero) are silenced: the
-OpenCL kernels produce inf/nan without warning and so does this backend.
+Every other op's NumPy code lives in ``netcl.runtime.numpy_twins`` (dispatched by ``ops.backend``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import numpy as np
 
-from netcl.core import Device, Tensor, broadcast_shapes, host_pool
-from netcl.core.dtypes import float16, float32
+from netcl.core import Tensor
+from netcl.core.dtypes import float32
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops._table import numpy_gelu
-
-
-def _np_compute(dtype: np.dtype) -> np.dtype:
-    """The NumPy dtype values of ``dtype`` are computed in (half -> float32, as on OpenCL)."""
-    return float32 if dtype == float16 else dtype
-
-
-def value(operand: Any, dtype: np.dtype) -> Any:
-    if isinstance(operand, Tensor):
-        return np.asarray(operand.data, dtype=_np_compute(dtype))
-    raw = operand.item() if isinstance(operand, (np.ndarray, np.generic)) else operand
-    return np.asarray(raw).astype(_np_compute(dtype))[()]
-
-
-def elementwise(
-    fn: Callable[..., Any],
-    operands: Sequence[Any],
-    value_dtypes: Sequence[np.dtype],
-    out_shape: tuple[int, ...],
-    out_dtype: np.dtype,
-    device: Device,
-) -> Tensor:
-    """``fn`` applied to the operands converted to ``value_dtypes``; result cast to ``out_dtype``."""
-    with np.errstate(all="ignore"):
-        args = [value(v, d) for v, d in zip(operands, value_dtypes, strict=True)]
-        result = np.asarray(fn(*args))
-        result = np.broadcast_to(result, out_shape).astype(out_dtype)
-    return wrap_numpy(result, device, out_dtype)
-
-
-def assign(dst: Tensor, values: np.ndarray) -> Tensor:
-    """Write ``values`` (broadcast to dst's shape) into dst's array in place."""
-    with np.errstate(all="ignore"):
-        dst.data[...] = np.broadcast_to(np.asarray(values).astype(dst.dtype), dst.shape)
-    return dst
-
-
-def reduce(op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype, acc: np.dtype) -> Tensor:
-    """``sum``/``mean``/``max``/``min``/``prod`` of x over ``axes`` (already normalized), computed in ``acc``."""
-    data = np.asarray(x.data).astype(_np_compute(acc), copy=False)
-    with np.errstate(all="ignore"):
-        if op == "sum":
-            result = np.sum(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "mean":
-            result = np.mean(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "prod":
-            result = np.prod(data, axis=axes, keepdims=keepdims, dtype=data.dtype)
-        elif op == "min":
-            result = np.min(data, axis=axes, keepdims=keepdims)
-        else:
-            result = np.max(data, axis=axes, keepdims=keepdims)
-    return wrap_numpy(np.asarray(result).astype(out_dtype), x.device, out_dtype)
-
-
-def matmul(a: Tensor, b: Tensor, out_dtype: np.dtype) -> Tensor:
-    compute = _np_compute(out_dtype)
-    result = host_pool.matmul(np.asarray(a.data, dtype=compute), np.asarray(b.data, dtype=compute))
-    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
-
-
-_ACTIVATIONS: dict[str | None, Callable[[np.ndarray], np.ndarray]] = {
-    None: lambda v: v,
-    "relu": lambda v: np.maximum(v, 0),
-    "gelu": numpy_gelu,
-    "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
-    "tanh": np.tanh,
-}
-
-
-def apply_epilogue(values: np.ndarray, epilogue: Any, bias: np.ndarray | None) -> np.ndarray:
-    """``act(values + bias)`` of a GEMM epilogue (bias per column "col" or per row "row")."""
-    with np.errstate(all="ignore"):
-        if epilogue.bias == "col":
-            values = values + bias.reshape(-1).astype(values.dtype)
-        elif epilogue.bias == "row":
-            values = values + bias.reshape(-1, 1).astype(values.dtype)
-        return _ACTIVATIONS[epilogue.activation](values)
-
-
-def gemm(
-    a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, out_dtype: np.dtype, epilogue: Any, bias: Tensor | None
-) -> Tensor:
-    """``act(op(a) @ op(b) + bias)``, computed in float32 (float64 when the result is float64)."""
-    compute = np.float64 if out_dtype == np.float64 else np.float32
-    x = np.asarray(a.data, dtype=compute)
-    y = np.asarray(b.data, dtype=compute)
-    result = host_pool.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
-    if not epilogue.is_identity:
-        result = apply_epilogue(result, epilogue, None if bias is None else np.asarray(bias.data))
-    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
 
 
 def transpose(x: Tensor, axes: tuple[int, ...]) -> Tensor:
@@ -126,55 +30,3 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
     data = np.asarray(labels.data)
     result = (data[..., None] == np.arange(num_classes, dtype=data.dtype)).astype(np.float32)
     return wrap_numpy(result, labels.device, float32)
-
-
-def shape_of(operands: Sequence[Any]) -> tuple[int, ...]:
-    return broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
-
-
-# ---- counter-based random numbers (the same Philox4x32-10 as ops/random.py's C code) ------------
-PHILOX_M = (0xD2511F53, 0xCD9E8D57)
-PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-_MASK32 = np.uint64(0xFFFFFFFF)
-
-
-def philox4x32(counter: Sequence[np.ndarray], key: tuple[int, int], rounds: int = 10) -> list[np.ndarray]:
-    """Philox4x32 (Salmon et al., SC'11) of four uint32 counter words under a 2-word key."""
-    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _MASK32 for c in counter)
-    k0, k1 = np.uint64(key[0] & 0xFFFFFFFF), np.uint64(key[1] & 0xFFFFFFFF)
-    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
-    w0, w1 = np.uint64(PHILOX_W[0]), np.uint64(PHILOX_W[1])
-    shift = np.uint64(32)
-    for _ in range(rounds):
-        p0 = m0 * c0
-        p1 = m1 * c2
-        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & _MASK32, (p0 >> shift) ^ c3 ^ k1, p0 & _MASK32
-        k0, k1 = (k0 + w0) & _MASK32, (k1 + w1) & _MASK32
-    return [c.astype(np.uint32) for c in (c0, c1, c2, c3)]
-
-
-def random_bits(n: int, seed: int, stream: int, word3: int = 0) -> list[np.ndarray]:
-    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed`` (counter word 3: ``word3``)."""
-    index = np.arange(n, dtype=np.uint64)
-    seed %= 2**64
-    zeros = np.zeros(n, dtype=np.uint64)
-    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros + word3), (seed, seed >> 32))
-
-
-def uniform(shape: tuple[int, ...], low: float, span: float, seed: int, device: Device) -> Tensor:
-    n = int(np.prod(shape))
-    bits = random_bits(n, seed, 0)[0]
-    u = (bits >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
-    values = np.float32(low) + np.float32(span) * u
-    return wrap_numpy(values.reshape(shape), device, float32)
-
-
-def normal(shape: tuple[int, ...], mean: float, std: float, seed: int, device: Device) -> Tensor:
-    n = int(np.prod(shape))
-    b0, b1 = random_bits(n, seed, 1)[:2]
-    u1 = ((b0 >> np.uint32(8)).astype(np.float32) + np.float32(1.0)) * np.float32(2.0**-24)
-    u2 = (b1 >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
-    theta = np.float32(2.0 * np.pi) * u2  # rounded to float32 exactly as the kernel does
-    z = (np.sqrt(-2.0 * np.log(u1.astype(np.float64))) * np.cos(theta.astype(np.float64))).astype(np.float32)
-    values = np.float32(mean) + np.float32(std) * z
-    return wrap_numpy(values.reshape(shape), device, float32)

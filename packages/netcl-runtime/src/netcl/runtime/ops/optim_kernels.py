@@ -26,6 +26,9 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
+from netcl.runtime.ops.backend import backend_op
+
+_TWINS = "netcl.runtime.numpy_twins.optim_kernels"
 
 #: Layout of the ``hyper`` buffer of each update.
 SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
@@ -141,11 +144,6 @@ def _skip_flag(skip: Tensor | None, like: Tensor, op: str) -> Tensor:
     return skip
 
 
-def _skipped(skip: Tensor) -> bool:
-    """NumPy backend: whether the flag is up."""
-    return bool(np.asarray(skip.data).reshape(-1)[0])
-
-
 # ---- checks ---------------------------------------------------------------------------------------------
 def _check_update(
     op: str,
@@ -205,11 +203,14 @@ def sgd_step_(
     """
     _check_update("sgd_step_", param, grad, {"momentum_buffer": momentum_buffer}, steps, index, hyper, SGD_HYPER)
     skip = _skip_flag(skip, param, "sgd_step_")
-    if param.device.kind == "cpu":
-        if _skipped(skip):
-            return param
-        _sgd_numpy(param, grad, momentum_buffer, int(steps.data[index]), np.asarray(hyper.data, np.float64))
-        return param
+    return sgd_update(param, grad, momentum_buffer, steps, index, hyper, skip)
+
+
+@backend_op(_TWINS)
+def sgd_update(
+    param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor, skip: Tensor
+) -> Tensor:
+    """``sgd_step_`` of a checked call (``skip``: the flag, never None)."""
     types = _types(param)
     has_momentum = momentum_buffer is not None
     key = ("optim", "sgd", types["st"], has_momentum)
@@ -237,20 +238,6 @@ def sgd_step_(
     return param
 
 
-def _sgd_numpy(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
-    compute = _compute(param.dtype)
-    lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
-    w = np.asarray(param.data, compute)
-    d = np.asarray(grad.data, compute)
-    if wd != 0:
-        d = d + wd * w
-    if buf is not None and momentum != 0:
-        b = d if step == 0 else momentum * np.asarray(buf.data, compute) + (1 - dampening) * d
-        buf.data[...] = b.astype(buf.dtype)
-        d = d + momentum * b if nesterov != 0 else b
-    param.data[...] = (w - lr * d).astype(param.dtype)
-
-
 # ---- Adam / AdamW ---------------------------------------------------------------------------------------
 def adam_step_(
     param: Tensor,
@@ -275,12 +262,22 @@ def adam_step_(
             raise TypeError(f"adam_step_: {name} must be a Tensor, got {type(value).__name__}")
     _check_update("adam_step_", param, grad, buffers, steps, index, hyper, ADAM_HYPER)
     skip = _skip_flag(skip, param, "adam_step_")
-    if param.device.kind == "cpu":
-        if _skipped(skip):
-            return param
-        step = int(steps.data[index]) + 1
-        _adam_numpy(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
-        return param
+    return adam_update(param, grad, exp_avg, exp_avg_sq, steps, index, hyper, decoupled_weight_decay, skip)
+
+
+@backend_op(_TWINS)
+def adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    index: int,
+    hyper: Tensor,
+    decoupled_weight_decay: bool,
+    skip: Tensor,
+) -> Tensor:
+    """``adam_step_`` of a checked call (``skip``: the flag, never None)."""
     types = _types(param)
     key = ("optim", "adam", types["st"], bool(decoupled_weight_decay))
     run_1d(
@@ -305,29 +302,6 @@ def adam_step_(
         np.int64(param.size),
     )
     return param
-
-
-def _adam_numpy(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool) -> None:
-    compute = _compute(param.dtype)
-    lr, beta1, beta2, eps, wd = (compute(h) for h in hyper.astype(np.float32))
-    w = np.asarray(param.data, compute)
-    d = np.asarray(grad.data, compute)
-    if decoupled:
-        w = w * (1 - lr * wd)
-    elif wd != 0:
-        d = d + wd * w
-    m1 = beta1 * np.asarray(m.data, compute) + (1 - beta1) * d
-    v1 = beta2 * np.asarray(v.data, compute) + (1 - beta2) * d * d
-    m.data[...] = m1.astype(m.dtype)
-    v.data[...] = v1.astype(v.dtype)
-    bc1 = 1 - np.power(beta1, compute(t))
-    bc2 = 1 - np.power(beta2, compute(t))
-    denom = np.sqrt(v1) / np.sqrt(bc2) + eps
-    param.data[...] = (w - (lr / bc1) * m1 / denom).astype(param.dtype)
-
-
-def _compute(dtype: np.dtype) -> type:
-    return np.float64 if dtype == np.float64 else np.float32
 
 
 # ---- multi-tensor updates ---------------------------------------------------------------------------------
@@ -486,14 +460,22 @@ def sgd_multi_step_(
     if not params:
         return params
     skip = _skip_flag(skip, params[0], "sgd_multi_step_")
-    if params[0].device.kind == "cpu":
-        if _skipped(skip):
-            return params
-        for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
-            _sgd_numpy(p, g, b, int(steps.data[i]), np.asarray(hyper.data, np.float64))
-        return params
+    return sgd_multi_update(params, grads, momentum_buffers, steps, indices, hyper, skip)
+
+
+@backend_op(_TWINS)
+def sgd_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffers: list[Tensor | None],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:
+    """``sgd_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
-    has_momentum = all(has)
+    has_momentum = all(b is not None for b in momentum_buffers)
 
     def source(arity: int) -> str:
         hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
@@ -537,13 +519,22 @@ def adam_multi_step_(
     if not params:
         return params
     skip = _skip_flag(skip, params[0], "adam_multi_step_")
-    if params[0].device.kind == "cpu":
-        if _skipped(skip):
-            return params
-        for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
-            step = int(steps.data[i]) + 1
-            _adam_numpy(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay)
-        return params
+    return adam_multi_update(params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, skip)
+
+
+@backend_op(_TWINS)
+def adam_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    decoupled_weight_decay: bool,
+    skip: Tensor,
+) -> list[Tensor]:
+    """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
 
     def source(arity: int) -> str:
@@ -596,11 +587,12 @@ def count_steps_(steps: Tensor, mask: Tensor, skip: Tensor | None = None) -> Ten
         raise ShapeError(f"count_steps_: mask must be uint8 of shape {steps.shape}, got {mask.shape} {mask.dtype}")
     device_of([steps, mask], "count_steps_")
     skip = _skip_flag(skip, steps, "count_steps_")
-    if steps.device.kind == "cpu":
-        if _skipped(skip):
-            return steps
-        steps.data[...] += (np.asarray(mask.data) != 0).astype(np.int32)
-        return steps
+    return count_masked(steps, mask, skip)
+
+
+@backend_op(_TWINS)
+def count_masked(steps: Tensor, mask: Tensor, skip: Tensor) -> Tensor:
+    """``count_steps_`` of a checked call (``skip``: the flag, never None)."""
     n = steps.shape[0]
     run_1d(
         ("optim", "count"),
@@ -624,14 +616,12 @@ def unscale_(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
     if not isinstance(found_inf, Tensor) or found_inf.dtype != np.int32 or found_inf.size < 1:
         raise DTypeError("unscale_: found_inf must be an int32 Tensor with at least one element")
     device_of([grad, found_inf], "unscale_")
-    if grad.device.kind == "cpu":
-        compute = _compute(grad.dtype)
-        with np.errstate(all="ignore"):
-            values = np.asarray(grad.data, compute) * compute(np.float32(inv_scale))
-        if not np.all(np.isfinite(values)):
-            found_inf.data.reshape(-1)[0] = 1
-        grad.data[...] = values.astype(grad.dtype)
-        return grad
+    return unscale_grad(grad, inv_scale, found_inf)
+
+
+@backend_op(_TWINS)
+def unscale_grad(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
+    """``unscale_`` of a checked call."""
     types = _types(grad)
     run_1d(
         ("optim", "unscale", types["st"]),

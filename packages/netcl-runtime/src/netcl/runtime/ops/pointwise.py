@@ -21,7 +21,7 @@ from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float16, float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
-from netcl.runtime.ops import _table, numpy_backend
+from netcl.runtime.ops import _table
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     CLEAR_HOOKS,
@@ -49,6 +49,7 @@ from netcl.runtime.ops._common import (
     storage_pragmas,
 )
 from netcl.runtime.ops._table import F64_SOURCE, OpDef, f64_expr
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.elementwise_defs import OPDEFS, OPDEFS_BY_ARITY, derivative_opdef
 
 #: name -> OpDef by operand count (inputs, then attributes): the defined ops, then the helper kernels.
@@ -57,6 +58,7 @@ BINARY = {**OPDEFS_BY_ARITY[2], **_table.BINARY}
 TERNARY = {**OPDEFS_BY_ARITY[3], **_table.TERNARY}
 WHERE, CLAMP = OPDEFS["where"], OPDEFS["clamp"]
 
+_TWINS = "netcl.runtime.numpy_twins.pointwise"
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _CTYPE_TO_DTYPE = {"float": float32, "double": np.dtype(np.float64), "int": np.dtype(np.int32)}
 
@@ -337,8 +339,12 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
         plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result, op.preamble)
         cached = remember(_OP_PLANS, key, (plan, tuple(dtypes)))
     plan, dtypes = cached
-    if device.kind == "cpu":
-        return numpy_backend.elementwise(op.numpy_fn, operands, dtypes, plan.out_shape, plan.out_dtype, device)
+    return apply_plan(op, plan, dtypes, operands, device)
+
+
+@backend_op(_TWINS, device_arg="device")
+def apply_plan(op: OpDef, plan: Plan, dtypes: tuple[np.dtype, ...], operands: Sequence[Any], device: Device) -> Tensor:
+    """``apply``'s computation of ``op`` over checked ``operands`` (``dtypes``: each operand's value dtype)."""
     return execute(plan, operands, device)
 
 
@@ -627,10 +633,12 @@ def add_(dst: Tensor, src: Any) -> Tensor:
     if broadcast_shapes(dst.shape, src_shape) != dst.shape:
         raise ShapeError(f"add_: source shape {src_shape} does not broadcast to destination shape {dst.shape}")
     compute, _ = result_dtypes(BINARY["add"], (dst, src))
-    if device.kind == "cpu":
-        with np.errstate(all="ignore"):
-            total = numpy_backend.value(dst, compute) + numpy_backend.value(src, compute)
-        return numpy_backend.assign(dst, total)
+    return add_into(dst, src, compute, device)
+
+
+@backend_op(_TWINS, device_arg="device")
+def add_into(dst: Tensor, src: Any, compute: np.dtype, device: Device) -> Tensor:
+    """``add_`` of a checked call: dst += src computed in ``compute``."""
     ctype = compute_ctype(compute)
     expr = _expr_for(BINARY["add"], compute)
     return run_elementwise(expr, (dst, src), [ctype, ctype], dst.shape, dst.dtype, device, out=dst)
@@ -638,9 +646,12 @@ def add_(dst: Tensor, src: Any) -> Tensor:
 
 def fill_(dst: Tensor, value: Any) -> Tensor:
     """Set every element of dst to ``value``; returns dst."""
-    device = device_of((dst, value), "fill_")
-    if device.kind == "cpu":
-        return numpy_backend.assign(dst, numpy_backend.value(value, dst.dtype))
+    return fill_into(dst, value, device_of((dst, value), "fill_"))
+
+
+@backend_op(_TWINS, device_arg="device")
+def fill_into(dst: Tensor, value: Any, device: Device) -> Tensor:
+    """``fill_`` on ``device`` (dst's and a Tensor value's)."""
     if storage_only(device, dst.dtype) and not isinstance(value, Tensor):
         if dst.nbytes:  # a fill command with the value's bits in dst's dtype
             enqueue_fill(device.queue, dst, value, dst.dtype)

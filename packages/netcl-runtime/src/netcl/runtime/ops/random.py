@@ -3,7 +3,7 @@
 Element ``i`` of a draw is a pure function of ``(seed, i)``: Philox4x32-10 (Salmon et al.,
 "Parallel random numbers: as easy as 1, 2, 3", SC'11) of the counter ``(i_lo, i_hi, stream, 0)``
 under the key ``(seed_lo, seed_hi)``; ``stream`` is 0 for ``uniform`` and 1 for ``normal``,
-so the two never share bits. NumPy (``numpy_backend.philox4x32``) runs the same integer
+so the two never share bits. NumPy (``philox4x32`` here) runs the same integer
 function. ``uniform`` maps the top 24 bits of word 0 to ``[0, 1)`` exactly and is computed with
 contraction off, so both backends give identical float32 values; ``normal`` uses Box-Muller
 (``sqrt(-2 log u1) * cos(2 pi u2)``) and agrees across backends within a few float32 ulps.
@@ -22,8 +22,10 @@ from netcl.core import Device, Tensor, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import float32
 from netcl.runtime.launch import launch
-from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
+from netcl.runtime.ops.backend import backend_op
+
+_TWINS = "netcl.runtime.numpy_twins.random"
 
 PHILOX_SOURCE = r"""
 #pragma OPENCL FP_CONTRACT OFF
@@ -94,13 +96,12 @@ def normal(
 
 
 def _draw(kind: str, shape: Sequence[int] | int, a: float, b: float, seed: int, device: Device | str | None) -> Tensor:
-    dims = normalize_shape(shape)
-    target = get_device(device)
-    seed = int(seed) % 2**64
-    if target.kind == "cpu":
-        if kind == "uniform":
-            return numpy_backend.uniform(dims, a, b, seed, target)
-        return numpy_backend.normal(dims, a, b, seed, target)
+    return draw(kind, normalize_shape(shape), a, b, int(seed) % 2**64, get_device(device))
+
+
+@backend_op(_TWINS, device_arg="target")
+def draw(kind: str, dims: tuple[int, ...], a: float, b: float, seed: int, target: Device) -> Tensor:
+    """``uniform`` (``a`` low, ``b`` span) or ``normal`` (``a`` mean, ``b`` std) of a checked call."""
     out = Tensor.empty(dims, float32, target)
     n = math.prod(dims)
     if n == 0:
@@ -111,6 +112,35 @@ def _draw(kind: str, shape: Sequence[int] | int, a: float, b: float, seed: int, 
     args = (np.int64(n), np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32), np.float32(a), np.float32(b))
     launch(resolved.kernel, round_up(n, local), local, out.data, *args, queue=target.queue)
     return out
+
+
+# ---- counter-based random numbers on the host (the same Philox4x32-10 as the C code above) --------------
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32(counter: Sequence[np.ndarray], key: tuple[int, int], rounds: int = 10) -> list[np.ndarray]:
+    """Philox4x32 (Salmon et al., SC'11) of four uint32 counter words under a 2-word key."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _MASK32 for c in counter)
+    k0, k1 = np.uint64(key[0] & 0xFFFFFFFF), np.uint64(key[1] & 0xFFFFFFFF)
+    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
+    w0, w1 = np.uint64(PHILOX_W[0]), np.uint64(PHILOX_W[1])
+    shift = np.uint64(32)
+    for _ in range(rounds):
+        p0 = m0 * c0
+        p1 = m1 * c2
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ k0, p1 & _MASK32, (p0 >> shift) ^ c3 ^ k1, p0 & _MASK32
+        k0, k1 = (k0 + w0) & _MASK32, (k1 + w1) & _MASK32
+    return [c.astype(np.uint32) for c in (c0, c1, c2, c3)]
+
+
+def random_bits(n: int, seed: int, stream: int, word3: int = 0) -> list[np.ndarray]:
+    """Philox output words for element indices 0..n-1 of ``stream`` under ``seed`` (counter word 3: ``word3``)."""
+    index = np.arange(n, dtype=np.uint64)
+    seed %= 2**64
+    zeros = np.zeros(n, dtype=np.uint64)
+    return philox4x32((index & _MASK32, index >> np.uint64(32), zeros + stream, zeros + word3), (seed, seed >> 32))
 
 
 # ---- the global generator and dropout ------------------------------------------------------------
@@ -160,7 +190,7 @@ def next_seed() -> int:
     with _generator_lock:
         seed, call = _generator["seed"], _generator["calls"]
         _generator["calls"] = call + 1
-    words = numpy_backend.philox4x32(
+    words = philox4x32(
         [np.uint64(call & 0xFFFFFFFF), np.uint64(call >> 32), np.uint64(_SEED_STREAM), np.uint64(0)],
         (seed & 0xFFFFFFFF, seed >> 32),
     )
@@ -211,11 +241,9 @@ def new_counter(device: Device | str | None = None) -> Tensor:
     return Tensor.from_host(get_device(device), start)
 
 
+@backend_op(_TWINS)
 def advance_counter(counter: Tensor) -> Tensor:
     """``counter += 1`` on the device (a launch, so a captured graph advances it on every replay)."""
-    if counter.device.kind == "cpu":
-        counter.data[...] = (counter.data.astype(np.int64) + 1).astype(np.uint32).view(np.int32)
-        return counter
     resolved = get_kernel(("random", "advance"), counter.device, lambda: _ADVANCE, "netcl_counter_advance", [None])
     launch(resolved.kernel, 1, 1, counter, queue=counter.device.queue)
     return counter
@@ -243,13 +271,12 @@ def dropout(x: Tensor, p: float, seed: int, counter: Tensor | None = None) -> Te
     seed = int(seed) % 2**64
     threshold = dropout_threshold(p)
     scale = 0.0 if threshold >= 2**24 else 1.0 / (1.0 - float(p))
-    if x.device.kind == "cpu":
-        word3 = 0 if counter is None else int(np.asarray(counter.data).reshape(-1)[0].astype(np.uint32))
-        bits = numpy_backend.random_bits(x.size, seed, DROPOUT_STREAM, word3)[0] >> np.uint32(8)
-        keep = (bits >= threshold).reshape(x.shape)
-        compute = np.float64 if x.dtype == np.float64 else np.float32
-        values = np.where(keep, np.asarray(x.data, dtype=compute) * compute(scale), compute(0))
-        return numpy_backend.wrap_numpy(values, x.device, x.dtype)
+    return dropout_mask(x, seed, threshold, scale, counter)
+
+
+@backend_op(_TWINS)
+def dropout_mask(x: Tensor, seed: int, threshold: int, scale: float, counter: Tensor | None) -> Tensor:
+    """``dropout`` of a checked call: element i kept (times ``scale``) when its Philox bits >= ``threshold``."""
     st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
     out = Tensor.empty(x.shape, x.dtype, x.device)
     if x.size == 0:

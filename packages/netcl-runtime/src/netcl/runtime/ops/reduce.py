@@ -33,7 +33,6 @@ from netcl.core.dtypes import float16, float32, float64, int64
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     FASTDIV_SOURCE,
@@ -52,7 +51,10 @@ from netcl.runtime.ops._common import (
     storage_pragmas,
 )
 from netcl.runtime.ops._rows import tree_loop_c, tree_reduce_c
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.pointwise import add, fill_
+
+_TWINS = "netcl.runtime.numpy_twins.reduce"
 
 PER_THREAD = 16
 CHUNK = MAX_LOCAL * PER_THREAD
@@ -129,7 +131,7 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
                 f"{op}: addend must have the result's shape {out_shape} and dtype {out_dtype}, "
                 f"got {tuple(addend.shape)} {addend.dtype}"
             )
-        if device.kind == "cpu" or out_dtype.kind != "f" or x.size == 0:
+        if out_dtype.kind != "f" or x.size == 0:
             return add(addend, _reduce(op, x, axis, keepdims))
     device.check_dtype(acc)
     R = math.prod(x.shape[a] for a in axes)
@@ -140,11 +142,27 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
         out = Tensor.empty(out_shape, out_dtype, device)
         empty_value = {"sum": 0, "prod": 1}.get(op, float("nan"))
         return fill_(out, empty_value) if out.size else out
-    if device.kind == "cpu":
-        return numpy_backend.reduce(op, x, axes, keepdims, out_dtype, acc)
+    return reduce_nonempty(op, x, axis, axes, keepdims, out_shape, out_dtype, acc, addend)
+
+
+@backend_op(_TWINS, device_arg="x")
+def reduce_nonempty(
+    op: str,
+    x: Tensor,
+    axis: Axis,
+    axes: tuple[int, ...],
+    keepdims: bool,
+    out_shape: tuple[int, ...],
+    out_dtype: np.dtype,
+    acc: np.dtype,
+    addend: Tensor | None,
+) -> Tensor:
+    """``_reduce`` of a checked call over at least one element into a non-empty result (``axes``: ``axis``
+    normalized), plus ``addend`` (a float result's, or None)."""
+    device = x.device
     kept, reduced = merged_layout(x.shape, axes)
     out = Tensor.empty(out_shape, out_dtype, device)
-    scale = 1.0 / R if op == "mean" else 1.0
+    scale = 1.0 / math.prod(x.shape[a] for a in axes) if op == "mean" else 1.0
     if addend is None and (axis is None or type(axis) is int or _int_tuple(axis)):
         plan = (out.shape, out_dtype, out.nbytes, kept, reduced, acc, scale)
         remember(_PLANS, (op, x.shape, x.dtype, axis, keepdims, device), plan)

@@ -16,6 +16,9 @@ from netcl.core import Tensor
 from netcl.core.errors import DTypeError
 from netcl.runtime.ops._common import device_of, get_kernel
 from netcl.runtime.ops._grid import launch_prepared
+from netcl.runtime.ops.backend import backend_op
+
+_TWINS = "netcl.runtime.numpy_twins.scalar_log"
 
 _LOG = """
 __kernel void netcl_log_scalar(__global float* log, __global int* position, __global const {vt}* value,
@@ -50,16 +53,14 @@ def log_scalar_(
         if not isinstance(t, Tensor) or t.size != 1 or t.dtype not in dtypes:
             got = f"{getattr(t, 'shape', None)} {getattr(t, 'dtype', type(t).__name__)}"
             raise DTypeError(f"{op}: {name} must be a one-element {' or '.join(map(str, dtypes))} Tensor, got {got}")
-    device = device_of([log, position, value, divisor], op)
-    if device.kind == "cpu":
-        pos = int(np.asarray(position.data).reshape(-1)[0])
-        if 0 <= pos < log.shape[0]:
-            v = np.float32(np.asarray(value.data).reshape(-1)[0])
-            d = np.float32(np.asarray(divisor.data).reshape(-1)[0])
-            log.data[pos] = np.float32(log.data[pos] + v / d * np.float32(weight))
-        if advance:
-            position.data.reshape(-1)[0] = pos + 1
-        return
+    device_of([log, position, value, divisor], op)  # one device (DeviceError naming both otherwise)
+    append(log, position, value, divisor, weight, advance)
+
+
+@backend_op(_TWINS)
+def append(log: Tensor, position: Tensor, value: Tensor, divisor: Tensor, weight: float, advance: bool) -> None:
+    """``log_scalar_`` of a checked call."""
+    device = log.device
     vt = _C_TYPES[value.dtype]
     key = ("scalar_log", vt)
     types = [None, None, None, None, np.float32, np.int32, np.int32]

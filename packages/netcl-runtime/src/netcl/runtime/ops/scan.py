@@ -23,8 +23,11 @@ import numpy as np
 from netcl.core import Tensor, contiguous_strides
 from netcl.core.dtypes import int64
 from netcl.runtime.ops import _rows
-from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.strided import strided_copy
+
+_TWINS = "netcl.runtime.numpy_twins.scan"
 
 
 def _check(x: Any, op: str) -> Tensor:
@@ -80,15 +83,12 @@ def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     ax = _one_axis(x, axis, "cumsum")
     out_dtype = cumsum_dtype(x.dtype)
     x.device.check_dtype(out_dtype)
-    if x.device.kind == "cpu":
-        acc = _rows.acc_dtype(x.dtype) if x.dtype.kind == "f" else int64
-        v = np.asarray(x.data).astype(acc).reshape(x.shape or (1,))
-        with np.errstate(all="ignore"):
-            if reverse:
-                result = np.flip(np.cumsum(np.flip(v, ax), axis=ax, dtype=acc), ax)
-            else:
-                result = np.cumsum(v, axis=ax, dtype=acc)
-        return wrap_numpy(result.reshape(x.shape), x.device, out_dtype)
+    return cumsum_along(x, ax, reverse, out_dtype)
+
+
+@backend_op(_TWINS)
+def cumsum_along(x: Tensor, ax: int, reverse: bool, out_dtype: np.dtype) -> Tensor:
+    """``cumsum`` of a checked call along the normalized axis ``ax`` into ``out_dtype``."""
     out = Tensor.empty(x.shape, out_dtype, x.device)
     if x.size == 0:
         return out
@@ -160,11 +160,12 @@ def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
         shape = x.shape or (1,)
         out_shape = tuple((1 if i == ax else d) for i, d in enumerate(x.shape) if keepdims or i != ax)
         split = _rows.row_split(shape, ax, ax)
-    if x.device.kind == "cpu":
-        v = np.asarray(x.data)
-        fn = np.argmax if kind == "argmax" else np.argmin
-        result = fn(v.reshape(-1)) if ax is None else fn(v.reshape(x.shape or (1,)), axis=ax)
-        return wrap_numpy(np.asarray(result, dtype=np.int64).reshape(out_shape), x.device, int64)
+    return arg_best(kind, x, ax, out_shape, split)
+
+
+@backend_op(_TWINS, device_arg="x")
+def arg_best(kind: str, x: Tensor, ax: int | None, out_shape: tuple[int, ...], split: tuple[int, int, int]) -> Tensor:
+    """``argmax``/``argmin`` (``kind``) of a checked call along ``ax`` (None: flattened); ``split``: outer, R, inner."""
     out = Tensor.empty(out_shape, int64, x.device)
     outer, R, inner = split
     layout = _rows.layout_of(inner)

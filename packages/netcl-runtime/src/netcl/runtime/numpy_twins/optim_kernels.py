@@ -1,0 +1,129 @@
+"""NumPy twins of ``netcl.runtime.ops.optim_kernels`` (arguments already checked there): the kernels'
+formulas in float32 (float64 for float64 parameters); nothing changes where the ``skip`` flag is up."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netcl.core import Tensor
+
+
+def _skipped(skip: Tensor) -> bool:
+    """Whether the flag is up."""
+    return bool(np.asarray(skip.data).reshape(-1)[0])
+
+
+def _compute(dtype: np.dtype) -> type:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
+    compute = _compute(param.dtype)
+    lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
+    w = np.asarray(param.data, compute)
+    d = np.asarray(grad.data, compute)
+    if wd != 0:
+        d = d + wd * w
+    if buf is not None and momentum != 0:
+        b = d if step == 0 else momentum * np.asarray(buf.data, compute) + (1 - dampening) * d
+        buf.data[...] = b.astype(buf.dtype)
+        d = d + momentum * b if nesterov != 0 else b
+    param.data[...] = (w - lr * d).astype(param.dtype)
+
+
+def _adam(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool) -> None:
+    compute = _compute(param.dtype)
+    lr, beta1, beta2, eps, wd = (compute(h) for h in hyper.astype(np.float32))
+    w = np.asarray(param.data, compute)
+    d = np.asarray(grad.data, compute)
+    if decoupled:
+        w = w * (1 - lr * wd)
+    elif wd != 0:
+        d = d + wd * w
+    m1 = beta1 * np.asarray(m.data, compute) + (1 - beta1) * d
+    v1 = beta2 * np.asarray(v.data, compute) + (1 - beta2) * d * d
+    m.data[...] = m1.astype(m.dtype)
+    v.data[...] = v1.astype(v.dtype)
+    bc1 = 1 - np.power(beta1, compute(t))
+    bc2 = 1 - np.power(beta2, compute(t))
+    denom = np.sqrt(v1) / np.sqrt(bc2) + eps
+    param.data[...] = (w - (lr / bc1) * m1 / denom).astype(param.dtype)
+
+
+def sgd_update(
+    param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor, skip: Tensor
+) -> Tensor:
+    if _skipped(skip):
+        return param
+    _sgd(param, grad, momentum_buffer, int(steps.data[index]), np.asarray(hyper.data, np.float64))
+    return param
+
+
+def adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    index: int,
+    hyper: Tensor,
+    decoupled_weight_decay: bool,
+    skip: Tensor,
+) -> Tensor:
+    if _skipped(skip):
+        return param
+    step = int(steps.data[index]) + 1
+    _adam(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
+    return param
+
+
+def sgd_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffers: list[Tensor | None],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:
+    if _skipped(skip):
+        return params
+    for p, g, b, i in zip(params, grads, momentum_buffers, indices, strict=True):
+        _sgd(p, g, b, int(steps.data[i]), np.asarray(hyper.data, np.float64))
+    return params
+
+
+def adam_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    decoupled_weight_decay: bool,
+    skip: Tensor,
+) -> list[Tensor]:
+    if _skipped(skip):
+        return params
+    for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
+        step = int(steps.data[i]) + 1
+        _adam(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay)
+    return params
+
+
+def count_masked(steps: Tensor, mask: Tensor, skip: Tensor) -> Tensor:
+    if _skipped(skip):
+        return steps
+    steps.data[...] += (np.asarray(mask.data) != 0).astype(np.int32)
+    return steps
+
+
+def unscale_grad(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
+    compute = _compute(grad.dtype)
+    with np.errstate(all="ignore"):
+        values = np.asarray(grad.data, compute) * compute(np.float32(inv_scale))
+    if not np.all(np.isfinite(values)):
+        found_inf.data.reshape(-1)[0] = 1
+    grad.data[...] = values.astype(grad.dtype)
+    return grad
