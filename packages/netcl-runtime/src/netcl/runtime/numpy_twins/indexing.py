@@ -11,8 +11,3 @@ from netcl.runtime.ops.indexing import BasicIndex
 def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | None:
     data = np.asarray(x.data).reshape(-1)[view.offset : view.offset + n].reshape(view.shape)
     return Tensor(data, view.shape, x.dtype, x.device, base=root)
-
-
-def host_index(index: Tensor) -> np.ndarray | None:
-    """The NumPy backend's index is on the host: its array."""
-    return np.asarray(index.data)
