@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins.conv import window_indices
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops.conv import ConvGeometry, col2im, window_indices
+from netcl.runtime.ops.conv import ConvGeometry, col2im
 
 
 def _float(t: Tensor) -> type:

@@ -34,8 +34,8 @@ kept ones are scaled by ``1 / (1 - p)``. The backward regenerates the bits.
 
 Kernel choice goes through ``VARIANTS`` (``select_variant``): the first variant whose
 ``supports`` accepts the call runs it. The portable OpenCL kernels (any OpenCL 1.2 device) are
-the fallback; a tensor-core variant is inserted before them. The NumPy backend runs the twin in
-``attention_numpy``.
+the fallback; a tensor-core variant is inserted before them. The NumPy backend runs the twins in
+``netcl.runtime.numpy_twins.attention``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ from netcl.runtime.ops.attention_spec import (
     AttentionSpec,
     check_attention,
 )
+from netcl.runtime.ops.backend import backend_op
+
+_TWINS = "netcl.runtime.numpy_twins.attention"
 
 
 # ---- dispatch ------------------------------------------------------------------------------
@@ -446,6 +449,7 @@ VARIANTS.append(
 
 
 # ---- entry points ----------------------------------------------------------------------------
+@backend_op(_TWINS)
 def attention_forward(
     q: Tensor,
     k: Tensor,
@@ -460,10 +464,6 @@ def attention_forward(
     ``seed`` and ``counter`` (a device int32 counter, or None for 0) choose the dropout mask when
     ``spec.dropout_p > 0``. One kernel launch on OpenCL; the twin on the NumPy backend.
     """
-    if q.device.kind == "cpu":
-        from netcl.runtime.ops import attention_numpy
-
-        return attention_numpy.forward(q, k, v, mask, spec, seed, counter)
     if spec.S == 0:  # no keys: zeros, lse -inf (what the kernel computes, without a launch on empty inputs)
         out = Tensor.zeros((*spec.lead, spec.L, spec.Ev), q.dtype, q.device)
         lse = Tensor.from_host(q.device, np.full((*spec.lead, spec.L), -np.inf), _lse_dtype(q.dtype))
@@ -491,10 +491,23 @@ def attention_backward(
         from netcl.runtime.ops.layout import cast
 
         g = cast(g, q.dtype)
-    if q.device.kind == "cpu":
-        from netcl.runtime.ops import attention_numpy
+    return attention_gradients(g, q, k, v, out, lse, mask, spec, seed, counter)
 
-        return attention_numpy.backward(g, q, k, v, out, lse, mask, spec, seed, counter)
+
+@backend_op(_TWINS, device_arg="q")
+def attention_gradients(
+    g: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    spec: AttentionSpec,
+    seed: int,
+    counter: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``attention_backward`` once ``g`` has q's dtype."""
     if spec.S == 0 or spec.L == 0:
         return tuple(Tensor.zeros(t.shape, t.dtype, t.device) for t in (q, k, v))  # type: ignore[return-value]
     return select_variant(q.device, q.dtype, spec).backward(g, q, k, v, out, lse, mask, spec, seed, counter)

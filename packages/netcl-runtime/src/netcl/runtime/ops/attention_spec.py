@@ -1,5 +1,5 @@
 """What an attention call is: its validation (torch's rules) and the ``AttentionSpec`` the kernels and the
-NumPy twin take (``attention``, ``attention_numpy``)."""
+NumPy twins take (``attention``, ``numpy_twins.attention``)."""
 
 from __future__ import annotations
 

@@ -32,10 +32,13 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, launch_prepared
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import cast
+
+_TWINS = "netcl.runtime.numpy_twins.batchnorm"
 
 #: Widest work-group a channel gets (fewer lanes for short channels, the kernel's limit on small devices): a GPU
 #: needs wide groups to keep loads in flight with one group per channel; on a CPU (PoCL) each lane is a loop
@@ -217,10 +220,6 @@ def _acc(dtype: np.dtype) -> tuple[str, np.dtype]:
     return ("double", np.dtype(np.float64)) if dtype == np.float64 else ("float", np.dtype(np.float32))
 
 
-def _np(t: Tensor, dtype: np.dtype) -> np.ndarray:
-    return np.asarray(t.data, dtype=dtype)
-
-
 # ---- launches -------------------------------------------------------------------------------------------
 _LIMITS: dict[tuple[Any, Device], int] = {}
 
@@ -291,8 +290,26 @@ def batch_norm_forward(
     training = bool(training)
     N, C, S = check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     acc, stat = _acc(x.dtype)
-    if x.device.kind == "cpu":
-        return _np_forward(x, running_mean, running_var, weight, bias, training, float(momentum), float(eps), stat)
+    return batch_norm_apply(x, running_mean, running_var, weight, bias, training, momentum, eps, (N, C, S), acc, stat)
+
+
+@backend_op(_TWINS)
+def batch_norm_apply(
+    x: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    sizes: tuple[int, int, int],
+    acc: str,
+    stat: np.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``batch_norm_forward`` of a checked call: x viewed as ``sizes`` (N, C, S), arithmetic in ``acc``
+    (``stat``), the statistics' dtype."""
+    N, C, S = sizes
     device = x.device
     y = Tensor.empty(x.shape, x.dtype, device)
     mean, rstd = Tensor.empty((C,), stat, device), Tensor.empty((C,), stat, device)
@@ -367,8 +384,27 @@ def batch_norm_backward(
         raise DTypeError(f"{op}: mean and rstd must be {stat} (what batch_norm_forward returns), got {mean.dtype}")
     need_dx, need_dw, need_db = needs[0], needs[1] and weight is not None, needs[2]
     w_dtype = weight.dtype if weight is not None else x.dtype
-    if x.device.kind == "cpu":
-        return _np_backward(g, x, mean, rstd, weight, bool(training), (need_dx, need_dw, need_db), stat, w_dtype)
+    needed = (need_dx, need_dw, need_db)
+    return batch_norm_grads(g, x, mean, rstd, weight, bool(training), needed, (N, C, S), acc, stat, w_dtype)
+
+
+@backend_op(_TWINS, device_arg="x")
+def batch_norm_grads(
+    g: Tensor,
+    x: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    weight: Tensor | None,
+    training: bool,
+    needs: tuple[bool, bool, bool],
+    sizes: tuple[int, int, int],
+    acc: str,
+    stat: np.dtype,
+    w_dtype: np.dtype,
+) -> Grads:
+    """``batch_norm_backward`` of a checked call: ``needs`` (dx, dweight, dbias) resolved (dweight only with a
+    weight), x viewed as ``sizes`` (N, C, S), arithmetic in ``acc`` (``stat``), dweight and dbias in ``w_dtype``."""
+    (need_dx, need_dw, need_db), (N, C, S) = needs, sizes
     device = x.device
     gx = Tensor.empty(x.shape, g.dtype, device) if need_dx else None
     dw, db = Tensor.empty((C,), stat, device), Tensor.empty((C,), stat, device)
@@ -408,82 +444,6 @@ def batch_norm_backward(
 
 def _as(t: Tensor, dtype: np.dtype) -> Tensor:
     return t if t.dtype == dtype else cast(t, dtype)
-
-
-# ---- NumPy twins ----------------------------------------------------------------------------------------
-def _channel(ndim: int, channels: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return (1, channels) + (1,) * (ndim - 2), (0, *range(2, ndim))
-
-
-def _np_forward(
-    x: Tensor,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    training: bool,
-    momentum: float,
-    eps: float,
-    stat: np.dtype,
-) -> tuple[Tensor, Tensor, Tensor]:
-    C = x.shape[1]
-    shape, axes = _channel(x.ndim, C)
-    v = _np(x, stat)
-    with np.errstate(all="ignore"):
-        if training:
-            mu = v.mean(axis=axes)
-            var = ((v - mu.reshape(shape)) ** 2).mean(axis=axes)
-            if running_mean is not None:
-                count, m = x.size // C, stat.type(momentum)
-                rm, rv = _np(running_mean, stat), _np(running_var, stat)
-                running_mean.data[...] = ((1 - m) * rm + m * mu).astype(running_mean.dtype)
-                running_var.data[...] = ((1 - m) * rv + m * var * stat.type(count / (count - 1))).astype(
-                    running_var.dtype
-                )
-        else:
-            mu, var = _np(running_mean, stat), _np(running_var, stat)
-        rstd = (1 / np.sqrt(var + stat.type(eps))).astype(stat)
-        y = (v - mu.reshape(shape)) * rstd.reshape(shape)
-        if weight is not None:
-            y = y * _np(weight, stat).reshape(shape)
-        if bias is not None:
-            y = y + _np(bias, stat).reshape(shape)
-    device = x.device
-    return wrap_numpy(y, device, x.dtype), wrap_numpy(mu.astype(stat), device, stat), wrap_numpy(rstd, device, stat)
-
-
-def _np_backward(
-    g: Tensor,
-    x: Tensor,
-    mean: Tensor,
-    rstd: Tensor,
-    weight: Tensor | None,
-    training: bool,
-    needs: tuple[bool, bool, bool],
-    stat: np.dtype,
-    w_dtype: np.dtype,
-) -> Grads:
-    C = x.shape[1]
-    shape, axes = _channel(x.ndim, C)
-    with np.errstate(all="ignore"):
-        v, gv = _np(x, stat), _np(g, stat)
-        rs = _np(rstd, stat).reshape(shape)
-        xh = (v - _np(mean, stat).reshape(shape)) * rs
-        w = _np(weight, stat).reshape(shape) if weight is not None else stat.type(1)
-        sum_g, sum_gx = gv.sum(axis=axes), (gv * xh).sum(axis=axes)
-        gx = None
-        if needs[0]:
-            if training:
-                count = stat.type(x.size // C)
-                gx = w * rs * (gv - sum_g.reshape(shape) / count - xh * sum_gx.reshape(shape) / count)
-            else:
-                gx = gv * w * rs
-    device = x.device
-    return (
-        None if gx is None else wrap_numpy(gx, device, g.dtype),
-        wrap_numpy(sum_gx, device, w_dtype) if needs[1] else None,
-        wrap_numpy(sum_g, device, w_dtype) if needs[2] else None,
-    )
 
 
 __all__ = ["batch_norm", "batch_norm_backward", "batch_norm_forward", "check_batch_norm"]

@@ -26,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.core.device_errors import INDEX_CHECK_C, index_error_code, index_error_message
-from netcl.runtime.ops._common import get_kernel, storage_ctype, wrap_numpy
+from netcl.core.device_errors import INDEX_CHECK_C, index_error_code
+from netcl.runtime.ops._common import get_kernel, storage_ctype
 from netcl.runtime.ops._grid import index_dtype, launch_prepared, run_1d
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import cast
 from netcl.runtime.ops.rowwise import RowKernel, row_format, run_row_kernel, stats_dtype
+
+_TWINS = "netcl.runtime.numpy_twins.class_loss"
 
 #: Reductions (compile-time in the backward kernel).
 NONE, SUM, MEAN = 0, 1, 2
@@ -128,18 +131,13 @@ __kernel void netcl_check_class_targets(__global const {tt}* t, __global int* er
 """
 
 
+@backend_op(_TWINS)
 def check_targets(t: Tensor, classes: int, ignore_index: int, op: str) -> None:
     """IndexError for a class target outside ``[0, classes)`` that is not ``ignore_index``.
 
     On OpenCL the check is one launch and no wait: the value is recorded in the error word and the host
     raises at its next wait. On the NumPy backend the targets are on the host: raised here."""
     if t.size == 0:
-        return
-    if t.device.kind == "cpu":
-        host = np.asarray(t.data)
-        bad = host[(host != ignore_index) & ((host < 0) | (host >= classes))]
-        if bad.size:
-            raise IndexError(index_error_message(target_error_code(op, ignore_index), int(bad[0]), classes))
         return
     tt = storage_ctype(t.dtype)
     word = t.device.error_word.buffer(t.device.queue)
@@ -164,15 +162,12 @@ def _formats(x: Tensor, t: Tensor, **flags: int) -> dict[str, Any]:
     return {**row_format(x, 0), "tt": storage_ctype(t.dtype), "check": INDEX_CHECK_C, **flags}
 
 
-def _host(a: Any, dtype: np.dtype) -> np.ndarray:
-    return np.asarray(a.data, dtype=dtype)
-
-
 def target_error_code(op: str, ignore_index: int) -> int:
     """The error-word code of an out-of-range class target of ``op`` (``netcl.core.device_errors``)."""
     return index_error_code(op, "target", None, f"or target == ignore_index ({ignore_index})")
 
 
+@backend_op(_TWINS)
 def class_loss_forward(
     x: Tensor, t: Tensor, ignore_index: int, smoothing: float, op: str = "cross_entropy"
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -183,20 +178,6 @@ def class_loss_forward(
     ``op`` at its next wait. The NumPy backend's caller checks targets on the host first."""
     rows, C = x.shape
     sd = stats_dtype(x.dtype)
-    if x.device.kind == "cpu":
-        check_targets(t, C, ignore_index, op)
-        data, target = _host(x, sd), np.asarray(t.data).astype(np.int64)
-        m = data.max(axis=1) if C else np.full(rows, -np.inf, sd)
-        shift = np.where(np.isinf(m), 0, m).astype(sd)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            s = np.exp(data - shift[:, None]).sum(axis=1)
-            kept = target != ignore_index
-            picked = data[np.arange(rows), np.where(kept, target, 0)] if C else np.zeros(rows, sd)
-            loss = (shift + np.log(s)) - sd.type(1.0 - smoothing) * picked
-            if smoothing:
-                loss = loss - sd.type(smoothing / C) * data.sum(axis=1)
-            loss = np.where(kept, loss, 0).astype(sd)
-        return tuple(wrap_numpy(a, x.device, sd) for a in (loss, shift, s))  # type: ignore[return-value]
     loss, rowmax, rowsum = (Tensor.empty((rows,), sd, x.device) for _ in range(3))
     run_row_kernel(
         _FORWARD,
@@ -210,15 +191,10 @@ def class_loss_forward(
     return loss, rowmax, rowsum
 
 
+@backend_op(_TWINS)
 def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) -> tuple[Tensor, Tensor]:
     """(0-d sum or mean of the row losses, 0-d count of rows whose target is not ``ignore_index``)."""
     sd = loss.dtype
-    if loss.device.kind == "cpu":
-        count = np.count_nonzero(np.asarray(t.data) != ignore_index)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            total = np.sum(_host(loss, sd))
-            value = total / sd.type(count) if mean else total
-        return wrap_numpy(np.asarray(value, sd), loss.device, sd), wrap_numpy(np.asarray(count, sd), loss.device, sd)
     out, count = Tensor.empty((), sd, loss.device), Tensor.empty((), sd, loss.device)
     fmt = _formats(loss, t)
 
@@ -236,6 +212,7 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     return out, count
 
 
+@backend_op(_TWINS, device_arg="x")
 def class_loss_backward(
     g: Tensor,
     x: Tensor,
@@ -251,19 +228,6 @@ def class_loss_backward(
     rows, C = x.shape
     sd = stats_dtype(x.dtype)
     mode = REDUCTIONS[reduction]
-    if x.device.kind == "cpu":
-        data, target = _host(x, sd), np.asarray(t.data).astype(np.int64)
-        kept = target != ignore_index
-        up = _host(g, sd)
-        if mode == MEAN:
-            up = up / max(_host(count, sd).item(), sd.type(1))
-        scale = np.where(kept, up, 0).astype(sd)
-        q = np.full((rows, C), smoothing / C, sd) if C else np.zeros((rows, 0), sd)
-        q[np.arange(rows)[kept], target[kept]] += sd.type(1.0 - smoothing)
-        with np.errstate(over="ignore", invalid="ignore"):
-            p = np.exp(data - _host(rowmax, sd)[:, None]) / _host(rowsum, sd)[:, None]
-            res = scale[:, None] * (p - q)
-        return wrap_numpy(res, x.device, x.dtype)
     g = g if g.dtype == sd else cast(g, sd)
     gx = Tensor.empty((rows, C), x.dtype, x.device)
     run_row_kernel(

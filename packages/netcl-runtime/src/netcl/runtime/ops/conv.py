@@ -40,13 +40,16 @@ from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.linalg import matmul
 from netcl.runtime.ops.pointwise import add
 from netcl.runtime.ops.precision import at_matmul_precision
 from netcl.runtime.ops.reduce import sum as reduce_sum
+
+_TWINS = "netcl.runtime.numpy_twins.conv"
 
 Pair = tuple[int, int]
 _GEOMETRY = ["C", "H", "W", "KH", "KW", "OH", "OW", "SH", "SW", "PH", "PW", "DH", "DW"]
@@ -162,43 +165,17 @@ def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) 
     return dst
 
 
-def window_indices(geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For the NumPy twins: (row h index, column w index, inside mask) of every (ki, kj, oh, ow)."""
-    ki = np.arange(geo.KH)[:, None, None, None]
-    kj = np.arange(geo.KW)[None, :, None, None]
-    oh = np.arange(geo.OH)[None, None, :, None]
-    ow = np.arange(geo.OW)[None, None, None, :]
-    h = oh * geo.SH - geo.PH + ki * geo.DH
-    w = ow * geo.SW - geo.PW + kj * geo.DW
-    inside = (h >= 0) & (h < geo.H) & (w >= 0) & (w < geo.W)
-    return np.clip(h, 0, geo.H - 1), np.clip(w, 0, geo.W - 1), inside
-
-
+@backend_op(_TWINS)
 def im2col(x: Tensor, geo: ConvGeometry) -> Tensor:
     """x (N, C, H, W) -> cols (N, C*KH*KW, OH*OW)."""
     shape = (geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
-    if x.device.kind == "cpu":
-        h, w, inside = window_indices(geo)
-        data = np.asarray(x.data)[:, :, h, w] * inside  # (N, C, KH, KW, OH, OW)
-        return wrap_numpy(data.reshape(shape), x.device, x.dtype)
     return _run(_IM2COL, "im2col", geo, x, Tensor.empty(shape, x.dtype, x.device))
 
 
+@backend_op(_TWINS)
 def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
     """The adjoint of ``im2col``: cols (N, C*KH*KW, OH*OW) -> x (N, C, H, W), overlaps summed."""
     shape = (geo.N, geo.C, geo.H, geo.W)
-    if cols.device.kind == "cpu":
-        compute = np.float64 if cols.dtype == np.float64 else np.float32
-        data = np.asarray(cols.data, dtype=compute).reshape(geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW)
-        padded = np.zeros((geo.N, geo.C, geo.H + 2 * geo.PH + geo.SH, geo.W + 2 * geo.PW + geo.SW), dtype=compute)
-        for ki in range(geo.KH):  # a loop over kernel offsets; each adds a whole strided plane
-            for kj in range(geo.KW):
-                h0, w0 = ki * geo.DH, kj * geo.DW
-                padded[:, :, h0 : h0 + geo.SH * geo.OH : geo.SH, w0 : w0 + geo.SW * geo.OW : geo.SW] += data[
-                    :, :, ki, kj
-                ]
-        out = padded[:, :, geo.PH : geo.PH + geo.H, geo.PW : geo.PW + geo.W]
-        return wrap_numpy(out, cols.device, cols.dtype)
     return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
 
 

@@ -21,7 +21,7 @@ moved out of source docstrings", conv_winograd.py). F(4x4)'s coefficients (up to
 5 in B) grow the intermediates: several times the direct error, which is why 2 is the default.
 All sizes are kernel arguments; the programs depend only on the tile, the index type and FLIP /
 BIAS / ADDEND, so every layer shape shares them. The NumPy backend runs the same algorithm in
-``conv_winograd_numpy``.
+its twin, ``netcl.runtime.numpy_twins.conv_winograd``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from fractions import Fraction
 
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime.ops import conv_winograd_numpy
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
 from netcl.runtime.ops.linalg import matmul
+
+_TWINS = "netcl.runtime.numpy_twins.conv_winograd"
 
 #: ``NETCL_WINOGRAD``: "2" F(2x2, 3x3), "4" F(4x4, 3x3), "0" off (every 3x3 convolution runs as an
 #: implicit GEMM), for the layers ``conv.conv2d`` picks on its own; unset, ``default_tile`` decides.
@@ -240,7 +242,7 @@ def default_tile(three_tf32: bool = False) -> int:
 def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
     """Whether a pass with operands ``a`` and ``b`` (x and w, or the upstream gradient and w or x)
     can run here: float32, groups 1, a 3x3 window at stride 1 and dilation 1, padding <= 2 (the input
-    gradient's padding is 2 - P); on an OpenCL device or the NumPy backend (its twin, ``conv_winograd_numpy``)."""
+    gradient's padding is 2 - P); on an OpenCL device or the NumPy backend (its twin, ``numpy_twins.conv_winograd``)."""
     return (
         a.device.kind in ("opencl", "cpu")
         and a.dtype == float32
@@ -296,8 +298,17 @@ def _convolve(
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
     n = src.shape[0]
     tiling = Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
-    if src.device.kind == "cpu":
-        return conv_winograd_numpy.convolve(src, w, flip, pads, extra, kind, tiling)
+    return convolve(src, w, flip, pads, extra, kind, tiling)
+
+
+@backend_op(_TWINS)
+def convolve(
+    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: Tiling
+) -> Tensor:
+    """``_convolve`` on its ``tiling`` (whose output is ``tiling.oh`` x ``tiling.ow``): R x S filters of w
+    (R, S, 3, 3), or of w (S, R, 3, 3) flipped and transposed when ``flip``."""
+    r, s = (int(w.shape[1]), int(w.shape[0])) if flip else (int(w.shape[0]), int(w.shape[1]))
+    n, out_hw, m = src.shape[0], (tiling.oh, tiling.ow), tiling.m
     # the input transform first, so that the small weight transform's enqueue overlaps its run
     # (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py)
     v = tiling.transform_input(src, pads)
@@ -337,8 +348,13 @@ def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, 
     then dw = G^T dU G; ``tile`` as in ``forward``."""
     out_ch, n = int(grad.shape[1]), geo.N
     tiling = Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
-    if x.device.kind == "cpu":
-        return conv_winograd_numpy.weight_grad(grad, x, (geo.PH, geo.PW), addend, tiling)
+    return weight_grad(grad, x, geo, addend, tiling)
+
+
+@backend_op(_TWINS)
+def weight_grad(grad: Tensor, x: Tensor, geo, addend: Tensor | None, tiling: Tiling) -> Tensor:
+    """``backward_weight`` on its ``tiling``."""
+    out_ch, tile = int(grad.shape[1]), tiling.m
     v = tiling.transform_input(x, (geo.PH, geo.PW))
     dm = Tensor.empty((tiling.a2, out_ch, tiling.count), float32, x.device)
     sizes = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, tiling.count]

@@ -1,5 +1,5 @@
 """The tiling of Winograd's F(m x m, 3 x 3), shared by the OpenCL kernels (``conv_winograd``) and the
-NumPy backend's twin (``conv_winograd_numpy``): the (B^T, G, A^T) matrices and a layer's grid of
+NumPy backend's twin (``numpy_twins.conv_winograd``): the (B^T, G, A^T) matrices and a layer's grid of
 m x m output blocks. Pure data: nothing here builds or launches a kernel.
 """
 

@@ -17,10 +17,13 @@ from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import WORD, filled, strided_copy, strided_write
+
+_TWINS = "netcl.runtime.numpy_twins.gathering"
 
 
 # ---- gather ----------------------------------------------------------------------------------------
@@ -105,10 +108,13 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
             return out
     ax, index = check_gather(x, axis, index)
     check_index_range(index, x.shape[ax], "gather", axis=ax)
-    xs = _narrowed(x, ax, index.shape)
-    if x.device.kind == "cpu":
-        data = np.take_along_axis(np.asarray(xs.data), np.asarray(index.data).astype(np.int64), axis=ax)
-        return wrap_numpy(data, x.device, x.dtype)
+    return gather_narrowed(x, _narrowed(x, ax, index.shape), ax, index, plan_key)
+
+
+@backend_op(_TWINS)
+def gather_narrowed(x: Tensor, xs: Tensor, ax: int, index: Tensor, plan_key: tuple | None) -> Tensor:
+    """``gather`` after its checks, from ``xs`` (x cut to index's shape on every axis but ``ax``); an OpenCL
+    launch keeps its plan under ``plan_key`` when nothing was cut."""
     out = Tensor.empty(index.shape, x.dtype, x.device)
     _, A, inner = split3(xs.shape, ax)
     J = index.shape[ax] if index.ndim else 1
@@ -141,40 +147,39 @@ def gather_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]
     shape = tuple(int(d) for d in shape)
     ax = axis % max(len(shape), 1)
     sizes = tuple(shape[d] if d == ax else index.shape[d] for d in range(len(shape)))
-    if grad.device.kind == "cpu":
-        gx = np.zeros(sizes, dtype=np.float64 if grad.dtype == np.float64 else np.float32)
-        idx_host = np.asarray(index.data).astype(np.int64)
-        coords = list(np.indices(index.shape, sparse=True))
-        coords[ax] = idx_host
-        np.add.at(gx, tuple(coords), np.asarray(grad.data, dtype=gx.dtype))
-        narrow = wrap_numpy(gx, grad.device, grad.dtype)
-    else:
-        narrow = Tensor.empty(sizes, grad.dtype, grad.device)
-        _, A, inner = split3(sizes, ax)
-        J = index.shape[ax] if index.ndim else 1
-        idx = index_ctype(narrow.size, grad.size)
-        st, ct, it = storage_ctype(grad.dtype), compute_ctype(grad.dtype), C_TYPES[index.dtype]
-        names = ["n", "A", "J", "I"]
-
-        def source() -> str:
-            return _GATHER_BACKWARD.format(
-                pragmas=pragmas([grad.dtype]), st=st, ct=ct, it=it, idx=idx, sizes=params(idx, names)
-            )
-
-        types = [None, None, None] + [index_dtype(idx)] * 4
-        run_1d(
-            ("gather_backward", st, it, idx),
-            grad.device,
-            source,
-            "netcl_gather_backward",
-            types,
-            narrow.size,
-            grad,
-            index,
-            narrow,
-            *scalars(idx, [narrow.size, A, J, inner]),
-        )
+    narrow = gather_backward_narrow(grad, ax, index, sizes)
     if sizes == shape:
         return narrow
     out = filled(shape, 0, grad.dtype, grad.device)
     return strided_write(out, narrow, contiguous_strides(shape), 0)
+
+
+@backend_op(_TWINS)
+def gather_backward_narrow(grad: Tensor, ax: int, index: Tensor, sizes: tuple[int, ...]) -> Tensor:
+    """``gather_backward`` on the part of x that ``gather`` read: ``sizes`` (index's shape but along ``ax``)."""
+    narrow = Tensor.empty(sizes, grad.dtype, grad.device)
+    _, A, inner = split3(sizes, ax)
+    J = index.shape[ax] if index.ndim else 1
+    idx = index_ctype(narrow.size, grad.size)
+    st, ct, it = storage_ctype(grad.dtype), compute_ctype(grad.dtype), C_TYPES[index.dtype]
+    names = ["n", "A", "J", "I"]
+
+    def source() -> str:
+        return _GATHER_BACKWARD.format(
+            pragmas=pragmas([grad.dtype]), st=st, ct=ct, it=it, idx=idx, sizes=params(idx, names)
+        )
+
+    types = [None, None, None] + [index_dtype(idx)] * 4
+    run_1d(
+        ("gather_backward", st, it, idx),
+        grad.device,
+        source,
+        "netcl_gather_backward",
+        types,
+        narrow.size,
+        grad,
+        index,
+        narrow,
+        *scalars(idx, [narrow.size, A, J, inner]),
+    )
+    return narrow

@@ -26,7 +26,10 @@ from netcl.core.device_errors import index_error_code, index_error_message
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._grid import prod
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.strided import collapse, filled, prepare_launch, strided_copy, strided_write
+
+_TWINS = "netcl.runtime.numpy_twins.indexing"
 
 IndexKey = Any
 
@@ -156,7 +159,7 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
     if result is not None:
         return result
     out = strided_copy(x, view.shape, view.strides, view.offset)
-    if memo is not None and x.device.kind != "cpu" and out.size:
+    if memo is not None and x.device.is_opencl and out.size:  # a prepared OpenCL launch to keep
         prepared, values = prepare_launch(x, out, view.shape, view.strides, view.offset, write=False)
         if len(_GETITEM_PLANS) >= _MAX_PARSED:
             _GETITEM_PLANS.clear()
@@ -181,9 +184,13 @@ def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
     root = x.base if x.base is not None else x
     if n == x.size:
         return x.reshape(view.shape)
-    if x.device.kind == "cpu":
-        data = np.asarray(x.data).reshape(-1)[view.offset : view.offset + n].reshape(view.shape)
-        return Tensor(data, view.shape, x.dtype, x.device, base=root)
+    return block_view(x, view, n, root)
+
+
+@backend_op(_TWINS)
+def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | None:
+    """``contiguous_view`` of a view that is one block of ``n`` < x.size elements: a Tensor of ``view.shape``
+    on x's memory from ``view.offset`` (its base ``root``), or None when the device cannot address it."""
     if x.data is not root.data:  # x is itself a sub-buffer: OpenCL has no sub-buffers of sub-buffers
         return None
     itemsize = x.dtype.itemsize
@@ -225,7 +232,7 @@ def check_index_range(
         return
     if isinstance(index, np.ndarray):
         host = index
-    elif index.device.kind != "cpu":
+    elif index.device.is_opencl:  # checked by the kernel that takes it
         return
     else:
         host = np.asarray(index.data)

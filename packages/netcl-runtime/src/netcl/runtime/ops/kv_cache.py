@@ -34,7 +34,10 @@ from netcl.core.dtypes import float16, float64
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, storage_ctype, storage_pragmas
 from netcl.runtime.ops._grid import index_ctype, index_dtype
-from netcl.runtime.variable import Variable, value_of
+from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.variable import Variable
+
+_TWINS = "netcl.runtime.numpy_twins.kv_cache"
 
 _UINT = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
@@ -175,10 +178,12 @@ def write_rows(cache: Tensor, new: Tensor, pos: int | Variable) -> None:
     op = "write_rows"
     _check_pair(cache, new, "cache", "new", op)
     _check_pos(pos, new.shape[-2], cache.shape[-2], op)
-    if cache.device.kind == "cpu":
-        p = value_of(pos)
-        cache.data[..., p : p + new.shape[-2], :] = new.data
-        return
+    store_rows(cache, new, pos)
+
+
+@backend_op(_TWINS)
+def store_rows(cache: Tensor, new: Tensor, pos: int | Variable) -> None:
+    """``write_rows`` of a checked call."""
     _rows_kernel(True, cache, new, pos)
 
 
@@ -190,11 +195,12 @@ def read_rows(source: Tensor, pos: int | Variable, count: int = 1) -> Tensor:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
         raise ValueError(f"{op}: count must be a positive int, got {count!r}")
     _check_pos(pos, int(count), source.shape[-2], op)
-    shape = (*source.shape[:-2], int(count), source.shape[-1])
-    if source.device.kind == "cpu":
-        p = value_of(pos)
-        data = np.ascontiguousarray(source.data[..., p : p + count, :])
-        return Tensor(data, shape, source.dtype, source.device)
+    return load_rows(source, pos, count, (*source.shape[:-2], int(count), source.shape[-1]))
+
+
+@backend_op(_TWINS)
+def load_rows(source: Tensor, pos: int | Variable, count: int, shape: tuple[int, ...]) -> Tensor:
+    """``read_rows`` of a checked call, ``shape`` its result's."""
     out = Tensor.empty(shape, source.dtype, source.device)
     _rows_kernel(False, source, out, pos)
     return out
@@ -236,11 +242,14 @@ def cache_attention(
     defaults to ``1/sqrt(E)``. Returns ``(..., L, Ev)``. One launch on OpenCL.
     """
     check_cache_attention(q, k_cache, v_cache, pos)
+    return attend_cache(q, k_cache, v_cache, pos, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
+
+
+@backend_op(_TWINS)
+def attend_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int | Variable, scale: float) -> Tensor:
+    """``cache_attention`` of a checked call (``scale`` given)."""
     lead, L, E = q.shape[:-2], q.shape[-2], q.shape[-1]
     T, Ev = k_cache.shape[-2], v_cache.shape[-1]
-    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    if q.device.kind == "cpu":
-        return _cache_attention_numpy(q, k_cache, v_cache, value_of(pos), scale)
     n = math.prod(lead)
     out = Tensor.empty((*lead, L, Ev), q.dtype, q.device)
     if n == 0 or L == 0:
@@ -285,24 +294,6 @@ def cache_attention(
         queue=q.device.queue,
     )
     return out
-
-
-def _cache_attention_numpy(q: Tensor, k: Tensor, v: Tensor, pos: int, scale: float) -> Tensor:
-    """The twin: float32 arithmetic (float64 for float64), keys ``0..pos+i`` for query ``i``."""
-    ct = np.float64 if q.dtype == float64 else np.float32
-    L = q.shape[-2]
-    keys = pos + L
-    qa = np.asarray(q.data, ct)
-    ka = np.asarray(k.data, ct)[..., :keys, :]
-    va = np.asarray(v.data, ct)[..., :keys, :]
-    s = np.matmul(qa, np.swapaxes(ka, -1, -2)) * ct(scale)
-    visible = np.arange(keys)[None, :] <= (pos + np.arange(L))[:, None]
-    s = np.where(visible, s, ct(-np.inf))
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = np.matmul(p, va).astype(q.dtype)
-    return Tensor(np.ascontiguousarray(out), out.shape, q.dtype, q.device)
 
 
 __all__ = ["cache_attention", "check_cache_attention", "read_rows", "write_rows"]

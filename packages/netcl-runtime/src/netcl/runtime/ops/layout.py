@@ -18,7 +18,6 @@ from netcl.core.dtypes import as_dtype, float16, float32
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops import numpy_backend
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
     FASTDIV_SOURCE,
@@ -38,9 +37,12 @@ from netcl.runtime.ops._common import (
     storage_pragmas,
 )
 from netcl.runtime.ops._grid import launch_prepared, prepared_for
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
 from netcl.runtime.ops.strided import strided_copy
+
+_TWINS = "netcl.runtime.numpy_twins.layout"
 
 
 def _require_tensor(x: Any, op: str) -> Tensor:
@@ -63,9 +65,12 @@ def copy(x: Tensor) -> Tensor:
 def cast(x: Tensor, dtype: Any) -> Tensor:
     """A new tensor with x's values converted to ``dtype`` (C conversion rules: floats truncate to ints)."""
     x = _require_tensor(x, "cast")
-    target = x.device.check_dtype(dtype)
-    if x.device.kind == "cpu":
-        return numpy_backend.cast(x, target)
+    return convert(x, x.device.check_dtype(dtype))
+
+
+@backend_op(_TWINS)
+def convert(x: Tensor, target: np.dtype) -> Tensor:
+    """``cast`` of a checked call (``target``: a dtype x's device holds)."""
     if storage_only(x.device, x.dtype) or storage_only(x.device, target):
         return _storage_cast(x, target)
     ctype = storage_ctype(target) if target.kind != "b" else compute_ctype(x.dtype)
@@ -118,8 +123,12 @@ def broadcast_to(x: Tensor, shape: Sequence[int] | int) -> Tensor:
     target = normalize_shape(shape)
     if not _broadcasts_to(x.shape, target):
         raise ShapeError(f"broadcast_to: shape {x.shape} cannot broadcast to {target}")
-    if x.device.kind == "cpu":
-        return numpy_backend.broadcast_to(x, target)
+    return broadcast_copy(x, target)
+
+
+@backend_op(_TWINS)
+def broadcast_copy(x: Tensor, target: tuple[int, ...]) -> Tensor:
+    """``broadcast_to`` of a checked call."""
     if storage_only(x.device, x.dtype):  # a strided move of the bits
         own = (1,) * (len(target) - x.ndim) + tuple(x.shape)
         steps = contiguous_strides(own)
@@ -142,9 +151,13 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     perm = tuple(range(x.ndim))[::-1] if axes is None else tuple(int(a) for a in axes)
     if sorted(a % x.ndim if -x.ndim <= a < x.ndim else a + 2 * x.ndim + 1 for a in perm) != list(range(x.ndim)):
         raise ValueError(f"transpose: axes {axes} are not a permutation of the {x.ndim} axes of shape {x.shape}")
-    perm = tuple(a % x.ndim for a in perm)
-    if x.device.kind == "cpu":
-        return numpy_backend.transpose(x, perm)
+    return permute(x, tuple(a % x.ndim for a in perm), axes, plannable)
+
+
+@backend_op(_TWINS)
+def permute(x: Tensor, perm: tuple[int, ...], axes: Sequence[int] | None, plannable: bool) -> Tensor:
+    """``transpose`` of a checked call: x's axes in the order of the permutation ``perm`` (``axes`` as given,
+    the key of the OpenCL plan remembered when ``plannable``)."""
     out_shape = tuple(x.shape[a] for a in perm)
     out = Tensor.empty(out_shape, x.dtype, x.device)
     if out.size == 0:
@@ -266,10 +279,14 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
         raise DTypeError(f"one_hot: labels must be an integer tensor (int32/int64), got dtype {labels.dtype}")
     if int(num_classes) <= 0:
         raise ValueError(f"one_hot: num_classes must be positive, got {num_classes}")
+    return encode_one_hot(labels, int(num_classes))
+
+
+@backend_op(_TWINS)
+def encode_one_hot(labels: Tensor, num_classes: int) -> Tensor:
+    """``one_hot`` of a checked call."""
     device = device_of((labels,), "one_hot")
-    if device.kind == "cpu":
-        return numpy_backend.one_hot(labels, int(num_classes))
-    C = int(num_classes)
+    C = num_classes
     expr = "(({0}) == (long)(gid % {1}) ? 1.0f : 0.0f)"  # C is a kernel argument: one program for all C
     out_shape = (*labels.shape, C)
     # Read labels at gid / C: broadcasting labels[..., None] to out_shape gives exactly that index.

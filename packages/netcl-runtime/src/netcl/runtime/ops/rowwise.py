@@ -36,10 +36,12 @@ from netcl.runtime.ops._common import (
     remember,
     storage_ctype,
     storage_pragmas,
-    wrap_numpy,
 )
 from netcl.runtime.ops._grid import index_ctype
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import transpose
+
+_TWINS = "netcl.runtime.numpy_twins.rowwise"
 
 #: Softmax-family modes (compile-time, one program each).
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -302,43 +304,37 @@ def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor
             return _planned_softmax(x, plan)
     _check_float(x, MODE_NAMES[mode])
     flat, perm, rows, C = rows_layout(x, axes)
-    sd = stats_dtype(x.dtype)
-    if x.device.kind == "cpu":
-        data = np.asarray(flat.data, dtype=sd)
-        m = np.max(data, axis=1, keepdims=True) if C else np.full((rows, 1), -np.inf, sd)
-        shift = np.where(np.isinf(m), 0, m).astype(sd)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            e = np.exp(data - shift)
-            s = e.sum(axis=1, keepdims=True)
-            if mode == LOGSUMEXP:
-                res = (shift + np.log(s))[:, 0]
-            elif mode == LOG_SOFTMAX:
-                res = (data - shift) - np.log(s)
-            else:
-                res = e / s
-        out = wrap_numpy(res, x.device, x.dtype)
-        stats = [wrap_numpy(a[:, 0], x.device, sd) for a in (shift, s)]
-    else:
-        out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, C), x.dtype, x.device)
-        stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
-        prepared = run_row_kernel(_SOFTMAX_FORWARD, row_format(x, mode), x.device, rows, C, [flat, out, *stats])
-        if prepared is not None and type(x) is Tensor:
-            moved = None if perm == tuple(range(x.ndim)) else tuple(x.shape[a] for a in perm)
-            out_shape = out.shape if mode == LOGSUMEXP else moved or x.shape
-            restore = None if moved is None or mode == LOGSUMEXP else _inverse(perm)
-            plan = (
-                prepared,
-                out_shape,
-                out.nbytes,
-                rows,
-                stats[0].nbytes,
-                sd,
-                None if moved is None else perm,
-                restore,
-            )
-            remember(_SOFTMAX_PLANS, (x.shape, x.dtype, axes, mode, x.device), plan)
+    out, rowmax, rowsum = softmax_rows(x, axes, mode, flat, perm, rows, C)
     if mode != LOGSUMEXP:
         out = restore_rows(out, x.shape, perm)
+    return out, rowmax, rowsum
+
+
+@backend_op(_TWINS)
+def softmax_rows(
+    x: Tensor, axes: tuple[int, ...], mode: int, flat: Tensor, perm: tuple[int, ...], rows: int, cols: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``softmax_forward`` on ``flat``, x (``axes`` moved last by ``perm``) as (rows, cols): (out (rows, cols), or
+    (rows,) for logsumexp; rowmax; rowsum). On OpenCL it remembers the call's plan for the next one."""
+    sd = stats_dtype(x.dtype)
+    out = Tensor.empty((rows,) if mode == LOGSUMEXP else (rows, cols), x.dtype, x.device)
+    stats = [Tensor.empty((rows,), sd, x.device) for _ in range(2)]
+    prepared = run_row_kernel(_SOFTMAX_FORWARD, row_format(x, mode), x.device, rows, cols, [flat, out, *stats])
+    if prepared is not None and type(x) is Tensor:
+        moved = None if perm == tuple(range(x.ndim)) else tuple(x.shape[a] for a in perm)
+        out_shape = out.shape if mode == LOGSUMEXP else moved or x.shape
+        restore = None if moved is None or mode == LOGSUMEXP else _inverse(perm)
+        plan = (
+            prepared,
+            out_shape,
+            out.nbytes,
+            rows,
+            stats[0].nbytes,
+            sd,
+            None if moved is None else perm,
+            restore,
+        )
+        remember(_SOFTMAX_PLANS, (x.shape, x.dtype, axes, mode, x.device), plan)
     return out, stats[0], stats[1]
 
 
@@ -376,30 +372,27 @@ def softmax_backward(g: Tensor, x: Tensor, rowmax: Tensor, rowsum: Tensor, axes:
         gflat = g.reshape(rows)
     else:
         gflat, _, _, _ = rows_layout(g, axes)
-    sd = stats_dtype(x.dtype)
-    if x.device.kind == "cpu":
-        data = np.asarray(flat.data, dtype=sd)
-        gd = np.asarray(gflat.data, dtype=sd)
-        y = np.exp(data - np.asarray(rowmax.data)[:, None]) / np.asarray(rowsum.data)[:, None]
-        if mode == LOGSUMEXP:
-            res = gd[:, None] * y
-        elif mode == LOG_SOFTMAX:
-            res = gd - y * gd.sum(axis=1, keepdims=True)
-        else:
-            res = y * (gd - (gd * y).sum(axis=1, keepdims=True))
-        gx = wrap_numpy(res, x.device, x.dtype)
-    else:
-        gx = Tensor.empty((rows, C), x.dtype, x.device)
-        gflat = gflat if gflat.dtype == x.dtype else _cast(gflat, x.dtype)
-        run_row_kernel(
-            _SOFTMAX_BACKWARD,
-            row_format(x, mode),
-            x.device,
-            rows,
-            C,
-            [flat, gflat, rowmax, rowsum, gx],
-        )
+    gx = softmax_rows_backward(x, flat, gflat, rowmax, rowsum, rows, C, mode)
     return restore_rows(gx, x.shape, perm)
+
+
+@backend_op(_TWINS)
+def softmax_rows_backward(
+    x: Tensor, flat: Tensor, gflat: Tensor, rowmax: Tensor, rowsum: Tensor, rows: int, cols: int, mode: int
+) -> Tensor:
+    """``softmax_backward`` on ``flat`` (x as (rows, cols)) and ``gflat`` (g as (rows, cols), or (rows,) for
+    logsumexp): the gradient as (rows, cols)."""
+    gx = Tensor.empty((rows, cols), x.dtype, x.device)
+    gflat = gflat if gflat.dtype == x.dtype else _cast(gflat, x.dtype)
+    run_row_kernel(
+        _SOFTMAX_BACKWARD,
+        row_format(x, mode),
+        x.device,
+        rows,
+        cols,
+        [flat, gflat, rowmax, rowsum, gx],
+    )
+    return gx
 
 
 def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
@@ -467,6 +460,7 @@ def check_affine(param: Any, shape: tuple[int, ...], x: Tensor, op: str, name: s
         raise DTypeError(f"{op}: {name} has dtype {param.dtype}, expected x's dtype {x.dtype}")
 
 
+@backend_op(_TWINS)
 def norm_forward(
     x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float, mode: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -474,19 +468,6 @@ def norm_forward(
     rows = math.prod(x.shape[: axes[0]])
     C = math.prod(x.shape[axes[0] :])
     sd = stats_dtype(x.dtype)
-    if x.device.kind == "cpu":
-        data = np.asarray(x.data, dtype=sd).reshape(rows, C)
-        mu = data.mean(axis=1, keepdims=True) if mode == LAYER else np.zeros((rows, 1), sd)
-        r = (1.0 / np.sqrt(((data - mu) ** 2).mean(axis=1, keepdims=True) + eps)).astype(sd)
-        y = (data - mu) * r
-        if weight is not None:
-            y = y * np.asarray(weight.data, dtype=sd).reshape(1, C)
-        if bias is not None:
-            y = y + np.asarray(bias.data, dtype=sd).reshape(1, C)
-        out = wrap_numpy(y.reshape(x.shape), x.device, x.dtype)
-        mean = wrap_numpy(mu[:, 0], x.device, sd)
-        rstd = wrap_numpy(r[:, 0], x.device, sd)
-        return out, mean, rstd
     out = Tensor.empty(x.shape, x.dtype, x.device)
     mean, rstd = (Tensor.empty((rows,), sd, x.device) for _ in range(2))
     fmt = row_format(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
@@ -495,23 +476,13 @@ def norm_forward(
     return out, mean, rstd
 
 
+@backend_op(_TWINS, device_arg="x")
 def norm_backward(
     g: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, axes: tuple[int, ...], mode: int
 ) -> Tensor:
     """d/dx of layer_norm / rms_norm for upstream ``g`` (one kernel: two row sums, then the update)."""
     rows = math.prod(x.shape[: axes[0]])
     C = math.prod(x.shape[axes[0] :])
-    sd = stats_dtype(x.dtype)
-    if x.device.kind == "cpu":
-        data = np.asarray(x.data, dtype=sd).reshape(rows, C)
-        gy = np.asarray(g.data, dtype=sd).reshape(rows, C)
-        if weight is not None:
-            gy = gy * np.asarray(weight.data, dtype=sd).reshape(1, C)
-        mu, r = np.asarray(mean.data)[:, None], np.asarray(rstd.data)[:, None]
-        xhat = (data - mu) * r
-        a = gy.mean(axis=1, keepdims=True) if mode == LAYER else 0.0
-        res = r * (gy - a - xhat * (gy * xhat).mean(axis=1, keepdims=True))
-        return wrap_numpy(res.reshape(x.shape), x.device, x.dtype)
     gx = Tensor.empty(x.shape, x.dtype, x.device)
     g = g if g.dtype == x.dtype else _cast(g, x.dtype)
     fmt = row_format(x, mode, has_w=int(weight is not None))

@@ -18,10 +18,13 @@ from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype, wrap_numpy
+from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
+from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import WORD, filled
+
+_TWINS = "netcl.runtime.numpy_twins.selecting"
 
 # ---- index_select and embedding ------------------------------------------------------------------------
 _INDEX_SELECT = """{check}
@@ -111,19 +114,17 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     plan_key = None
     if type(x) is Tensor and type(index) is Tensor and type(axis) is int:
         plan_key = (x.shape, x.dtype, axis, index.shape, index.dtype, x.device)
-    return _select(x, ax, index, ("index_select", "index", ax), plan_key)
+    return select_along(x, ax, index, ("index_select", "index", ax), plan_key)
 
 
-def _select(
+@backend_op(_TWINS)
+def select_along(
     x: Tensor, ax: int, index: Tensor, reported_as: tuple[str, str, int | None], plan_key: tuple | None = None
 ) -> Tensor:
     """``index_select`` after its checks; an out-of-range index is reported as (op, arg, axis) says.
     ``plan_key``: where an OpenCL launch keeps its plan for ``index_select``'s next call of these shapes."""
     J = index.size
     out_shape = (*x.shape[:ax], J, *x.shape[ax + 1 :])
-    if x.device.kind == "cpu":
-        data = np.take(np.asarray(x.data), np.asarray(index.data).reshape(-1).astype(np.int64), axis=ax)
-        return wrap_numpy(data, x.device, x.dtype)
     out = Tensor.empty(out_shape, x.dtype, x.device)
     _, A, inner = split3(x.shape, ax)
     idx = index_ctype(out.size, x.size)
@@ -151,15 +152,11 @@ _PLANS: dict[tuple, tuple] = {}
 register_cache(_PLANS.clear)
 
 
+@backend_op(_TWINS)
 def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]) -> Tensor:
     """The gradient of ``index_select(x, axis, index)`` w.r.t. x of ``shape``: repeated indices add up."""
     shape = tuple(int(d) for d in shape)
     ax = axis % len(shape)
-    if grad.device.kind == "cpu":
-        gx = np.zeros(shape, dtype=np.float64 if grad.dtype == np.float64 else np.float32)
-        where = (slice(None),) * ax + (np.asarray(index.data).reshape(-1).astype(np.int64),)
-        np.add.at(gx, where, np.asarray(grad.data, dtype=gx.dtype))
-        return wrap_numpy(gx, grad.device, grad.dtype)
     out = Tensor.empty(shape, grad.dtype, grad.device)
     J = index.size
     if J == 0:
@@ -220,5 +217,5 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
     """Rows of ``table`` (V, D) at ``ids`` (any shape): shape ``ids.shape + (D,)``."""
     ids = check_embedding(ids, table)
     check_index_range(ids, table.shape[0], "embedding", "ids")
-    rows = _select(table, 0, ids.reshape(ids.size), ("embedding", "ids", None))
+    rows = select_along(table, 0, ids.reshape(ids.size), ("embedding", "ids", None))
     return rows.reshape(*ids.shape, table.shape[1])

@@ -19,6 +19,9 @@ import numpy as np
 from netcl.core import Device, Tensor, contiguous_strides
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops._grid import index_ctype, params, prepare_1d, prod, scalars
+from netcl.runtime.ops.backend import backend_op
+
+_TWINS = "netcl.runtime.numpy_twins.strided"
 
 WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
@@ -59,15 +62,6 @@ def _check_bounds(op: str, size: int, shape: Sequence[int], strides: Sequence[in
             f"{op}: view (shape {tuple(shape)}, strides {tuple(strides)}, offset {offset}) reaches flat "
             f"positions [{low}, {high}] outside a tensor of {size} elements"
         )
-
-
-def _positions(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
-    """Flat source positions of every element of the view (NumPy backend)."""
-    pos = np.full(tuple(shape), offset, dtype=np.int64)
-    for axis, (d, s) in enumerate(zip(shape, strides, strict=True)):
-        line = np.arange(d, dtype=np.int64) * s
-        pos += line.reshape((-1,) + (1,) * (len(shape) - axis - 1))
-    return pos
 
 
 def _source(rank: int, word: str, idx: str, write: bool) -> str:
@@ -117,10 +111,12 @@ def strided_copy(x: Tensor, shape: Sequence[int], strides: Sequence[int], offset
     shape = tuple(int(d) for d in shape)
     strides = tuple(int(s) for s in strides)
     _check_bounds("strided_copy", x.size, shape, strides, offset)
-    if x.device.kind == "cpu":
-        flat = np.asarray(x.data).reshape(-1)
-        data = flat[_positions(shape, strides, offset)] if prod(shape) else np.empty(shape, x.dtype)
-        return Tensor(np.ascontiguousarray(data, dtype=x.dtype), shape, x.dtype, x.device)
+    return copy_view(x, shape, strides, offset)
+
+
+@backend_op(_TWINS)
+def copy_view(x: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
+    """``strided_copy`` of a checked call."""
     out = Tensor.empty(shape, x.dtype, x.device)
     if out.size:
         _launch(x, out, shape, strides, offset, write=False)
@@ -138,21 +134,20 @@ def strided_write(dst: Tensor, src: Tensor, strides: Sequence[int], offset: int 
     _check_bounds("strided_write", dst.size, src.shape, strides, offset)
     if src.size == 0:
         return dst
-    if dst.device.kind == "cpu":
-        if not dst.data.flags.c_contiguous:
-            raise ValueError("strided_write: destination array is not C-contiguous")
-        flat = dst.data.reshape(-1)  # a view of a C-contiguous array
-        flat[_positions(src.shape, strides, offset)] = np.asarray(src.data)
-        return dst
+    return write_view(dst, src, strides, offset)
+
+
+@backend_op(_TWINS)
+def write_view(dst: Tensor, src: Tensor, strides: tuple[int, ...], offset: int) -> Tensor:
+    """``strided_write`` of a checked call with a non-empty ``src``."""
     _launch(src, dst, src.shape, strides, offset, write=True)
     return dst
 
 
+@backend_op(_TWINS, device_arg="device")
 def filled(shape: Sequence[int], value: float, dtype: np.dtype, device: Device) -> Tensor:
     """A new tensor of ``shape`` set to ``value`` by a fill command (no shape-specialized kernel)."""
     shape = tuple(int(d) for d in shape)
-    if device.kind == "cpu":
-        return Tensor(np.full(shape, value, dtype=dtype), shape, np.dtype(dtype), device)
     out = Tensor.empty(shape, dtype, device)
     if out.nbytes:
         enqueue_fill(device.queue, out, value, dtype)

@@ -1,4 +1,4 @@
-"""NumPy twin of the fused attention kernels (``attention``): same results, same dropout bits.
+"""NumPy twins of the fused attention kernels (``netcl.runtime.ops.attention``): same results, same dropout bits.
 
 Queries are processed in blocks of rows so that at most ``BLOCK_ELEMENTS`` scores exist at a time
 (never the whole ``(BH, L, S)`` probabilities); arithmetic is float32 (float64 for float64
@@ -77,7 +77,15 @@ def _probabilities(s: np.ndarray, lse: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(lse)[..., None], 0, p)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, spec: AttentionSpec, seed: int, counter):
+def attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    spec: AttentionSpec,
+    seed: int = 0,
+    counter: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """(out, lse) of ``attention.attention_forward`` on the NumPy backend."""
     ct, q3, k3, v3 = _operands(q, k, v, spec)
     out = np.zeros((spec.BH, spec.L, spec.Ev), ct)
@@ -105,8 +113,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, spec: Attentio
     )
 
 
-def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed: int, counter):
-    """(dq, dk, dv) of ``attention.attention_backward`` on the NumPy backend."""
+def attention_gradients(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed: int, counter):
+    """(dq, dk, dv) of ``attention.attention_backward`` (``attention_gradients``) on the NumPy backend."""
     ct, q3, k3, v3 = _operands(q, k, v, spec)
     g3 = np.asarray(g.data, dtype=ct).reshape(spec.BH, spec.L, spec.Ev)
     o3 = np.asarray(out.data, dtype=ct).reshape(spec.BH, spec.L, spec.Ev)
@@ -139,4 +147,4 @@ def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed: int, counter
     )
 
 
-__all__ = ["BLOCK_ELEMENTS", "backward", "forward"]
+__all__ = ["BLOCK_ELEMENTS", "attention_forward", "attention_gradients"]

@@ -1,4 +1,4 @@
-"""The NumPy backend's twin of ``conv_winograd``: the same transforms on NumPy arrays, the same
+"""NumPy twins of ``netcl.runtime.ops.conv_winograd``: the same transforms on NumPy arrays, the same
 batched product through the runtime's ``matmul`` (the host BLAS on the backend's threads).
 
 Each transform is the kernels' straight-line code vectorized over every tile and channel at once:
@@ -108,7 +108,7 @@ def _filters(filters: np.ndarray, g: np.ndarray) -> np.ndarray:
 def convolve(
     src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: TileGrid
 ) -> Tensor:
-    """``conv_winograd._convolve`` on the NumPy backend."""
+    """``conv_winograd.convolve`` on the NumPy backend."""
     _, g, at = _matrices(tiling)
     a, m, n = tiling.m + 2, tiling.m, src.shape[0]
     filters = np.asarray(w.data, np.float32)
@@ -130,8 +130,9 @@ def convolve(
     return wrap_numpy(out, src.device, float32)
 
 
-def weight_grad(grad: Tensor, x: Tensor, pads: tuple[int, int], addend: Tensor | None, tiling: TileGrid) -> Tensor:
-    """``conv_winograd.backward_weight`` on the NumPy backend."""
+def weight_grad(grad: Tensor, x: Tensor, geo, addend: Tensor | None, tiling: TileGrid) -> Tensor:
+    """``conv_winograd.weight_grad`` (``backward_weight``) on the NumPy backend."""
+    pads = (geo.PH, geo.PW)
     _, g, at = _matrices(tiling)
     a = tiling.m + 2
     dy = np.asarray(grad.data, np.float32)
