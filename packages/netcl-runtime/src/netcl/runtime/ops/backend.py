@@ -86,7 +86,8 @@ def backend_op(twin_module: str, *, device_arg: int | str = 0) -> Callable[[Call
         @functools.wraps(opencl)
         def dispatch(*args: P.args, **kwargs: P.kwargs) -> R:
             where = args[position] if len(args) > position else kwargs.get(keyword)
-            kind = where.device.kind if isinstance(where, Tensor) else device_kind(where)
+            cls = type(where)
+            kind = where.device.kind if cls is Tensor else where.kind if cls is Device else device_kind(where)
             if kind != NUMPY_KIND:
                 return opencl(*args, **kwargs)
             if not twin:
