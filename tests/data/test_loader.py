@@ -195,6 +195,29 @@ def test_killed_process_worker_ends_the_epoch_with_an_error(device):
     assert iterator.closed and not any(p.is_alive() for p in processes)
 
 
+class FrozenCount(Dataset):
+    """Each item is the number of objects outside the garbage collector in the process that loads it."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import gc
+
+        return np.array([gc.get_freeze_count()], np.int64)
+
+
+def test_forked_workers_never_collect_what_they_inherited():
+    """Everything alive at the fork is frozen in the child: collecting an inherited OpenCL object there crashes."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    loader = DataLoader(FrozenCount(), batch_size=2, device="cpu", num_workers=2, worker_type="process")
+    counts = np.concatenate([batch.to_host()[:, 0] for batch in loader])
+    assert (counts > 1000).all(), counts  # the interpreter, numpy, pytest and netcl: far more than 1000 objects
+    assert gc.get_freeze_count() == 0  # the parent collects its own objects again
+
+
 def test_closing_an_iterator_early_stops_its_workers(device):
     x, y = _data()
     loader = DataLoader(TensorDataset(x, y), batch_size=2, device=device, num_workers=2)

@@ -18,6 +18,7 @@ a batch of that worker is waited for, so earlier batches are all delivered first
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.reduction
@@ -221,16 +222,26 @@ class ProcessProducer:
         self.alloc_factory = alloc_factory
         self.owned: dict[int, tuple[int, list[int]]] = {}
         self.done: dict[int, tuple[HostBatch | None, BatchBuildError | None]] = {}
-        for w in range(num_workers):
-            parent, child = ctx.Pipe(duplex=True)
-            name = f"worker process {w}"
-            process = ctx.Process(
-                target=_process_main, args=(dataset, collate_fn, child, name), name=f"netcl-data-{w}", daemon=True
-            )
-            process.start()
-            child.close()
-            self.processes.append(process)
-            self.conns.append(parent)
+        # A forked child must never free what it inherited: collecting an inherited OpenCL object (an event,
+        # a buffer) calls into a driver whose state belongs to the parent (a segfault on NVIDIA's). Objects
+        # frozen before the fork are outside the child's garbage collector (``gc.freeze``'s documented use).
+        forking = ctx.get_start_method() == "fork"
+        if forking:
+            gc.freeze()
+        try:
+            for w in range(num_workers):
+                parent, child = ctx.Pipe(duplex=True)
+                name = f"worker process {w}"
+                process = ctx.Process(
+                    target=_process_main, args=(dataset, collate_fn, child, name), name=f"netcl-data-{w}", daemon=True
+                )
+                process.start()
+                child.close()
+                self.processes.append(process)
+                self.conns.append(parent)
+        finally:
+            if forking:
+                gc.unfreeze()
 
     def submit(self, ticket: int, indices: list[int]) -> None:
         worker = ticket % len(self.processes)
