@@ -378,7 +378,14 @@ def torch_variants(torch, row, x_host, y_host, repeats) -> dict[str, float]:
     return results
 
 
-def run(device_spec: str | None = None, quick: bool = False, repeats: int | None = None, peers: bool = True) -> dict:
+def run(
+    device_spec: str | None = None,
+    quick: bool = False,
+    repeats: int | None = None,
+    peers: bool = True,
+    only: list[str] | None = None,
+) -> dict:
+    """Every training step of ``workloads``, or those whose name contains one of ``only``'s strings."""
     device = nc.get_device(device_spec)
     repeats = repeats or (3 if quick else 10)
     torch = _torch() if peers else None
@@ -390,6 +397,8 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     print(header)
     print("-" * len(header))
     for row in workloads(device, quick):
+        if only and not any(part in row["name"] for part in only):
+            continue
         name, shape = row["name"], row["shape"]
         x_host = rng.normal(size=shape).astype(np.float32)
         if row["loss"] == "ce":

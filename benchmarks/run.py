@@ -30,7 +30,13 @@ if __name__ == "__main__":
     parser.add_argument("--json", dest="json_path", default=None, help="write all results to this JSON file")
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart PNG (needs matplotlib)")
     parser.add_argument("--no-peers", action="store_true", help="skip torch even when importable")
-    parser.add_argument("--only", nargs="+", default=None, metavar="WORKLOAD", help="run only these workloads")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="WORKLOAD",
+        help="run only these workloads (train: the steps whose name contains one of these strings)",
+    )
     parser.add_argument(
         "--workload",
         choices=["fused", "matmul", "conv", "train", "launch", "input", "transformer", "trainer", "eager"],
@@ -83,7 +89,7 @@ if __name__ == "__main__":
     elif args.workload == "train":
         from bench_train import run as run_train
 
-        results = run_train(args.device, args.quick, args.repeats, not args.no_peers)
+        results = run_train(args.device, args.quick, args.repeats, not args.no_peers, args.only)
     elif args.workload == "transformer":
         from bench_transformer import run as run_transformer
 
