@@ -16,8 +16,8 @@ default queue placed when it is enqueued: the caching allocator may give the new
 that work enqueued before then still reads. Neither the main thread nor a worker waits for a copy:
 copy events are kept until their copies complete (dropping one would wait), pinned buffers whose
 copy is still running are not reused, and only with ``MAX_COPYING`` batches still copying (the host
-that far ahead of the device) does the loader wait for the oldest. On the NumPy backend a batch's arrays become the
-Tensors' storage directly.
+that far ahead of the device) does the loader wait for the oldest. On the NumPy backend a batch's
+arrays become the Tensors' storage directly.
 """
 
 from __future__ import annotations
