@@ -116,7 +116,11 @@ def matches(pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: An
 # ---- the plan ----------------------------------------------------------------------------------
 @dataclass(eq=False)
 class FusedDetectionLossPlan:
-    """The three kernels of the fused detection loss for one (device, dtype, index type)."""
+    """The three kernels of the fused detection loss for one (device, dtype, index type).
+
+    ``compile_plan`` builds the subclass of the device's backend (``OpenCLDetectionLossPlan`` or
+    ``NumpyDetectionLossPlan``), which runs the kernels; this class holds what both share.
+    """
 
     device: Device
     index_ctype: str
@@ -129,61 +133,21 @@ class FusedDetectionLossPlan:
     #: elements per work-item step: 4 (float4 loads) on GPUs, 8 or 16 (float vectors) on CPU devices
     vec: int = 1
 
-    @property
-    def is_opencl(self) -> bool:
-        return self.device.kind == "opencl"
-
     def blocks(self, n: int) -> int:
-        """Work-groups (= partial sums) for ``n`` elements: >= ``vec`` elements per work-item, <= ``max_blocks``."""
-        if not self.is_opencl:
-            return max(1, -(-n // detection_loss_numpy.BLOCK))
-        return min(self.max_blocks, max(1, -(-n // (self.vec * self.local_size))))
+        """Partial sums the forward makes for ``n`` elements."""
+        raise NotImplementedError
 
     def forward(
         self, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
     ) -> Tensor:
-        """The 0-d float32 loss (two launches on OpenCL: partial, then reduce)."""
-        n = int(pred.size)
-        if not self.is_opencl:
-            sums = self.partial_kernel(pred.data, target.data, hw.data, rw.data, hs, rs, beta)
-            out = self.reduce_kernel(sums)
-            return Tensor(out, (), out.dtype, self.device)
-        blocks = self.blocks(n)
-        local = self.local_size
-        partials = Tensor.empty((blocks,), np.float32, self.device)
-        launch(self.partial_kernel, blocks * local, local, pred, target, hw, rw, partials, hs, rs, beta, n)
-        out = Tensor.empty((), np.float32, self.device)  # allocated while the partial kernel runs
-        launch(self.reduce_kernel, local, local, partials, out, blocks)
-        return out
+        """The 0-d float32 loss."""
+        raise NotImplementedError
 
     def backward(
         self, grad_out: Tensor, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
     ) -> Tensor:
-        """``grad_out * d loss / d pred`` (one launch on OpenCL; ``grad_out`` stays on the device)."""
-        n = int(pred.size)
-        if not self.is_opencl:
-            data = self.backward_kernel(grad_out.data, pred.data, target.data, hw.data, rw.data, hs, rs, beta)
-            return Tensor(data, tuple(pred.shape), data.dtype, self.device)
-        grad = Tensor.empty(tuple(pred.shape), np.float32, self.device)
-        if n:
-            local = self.local_size
-            work = -(-n // self.vec)
-            launch(
-                self.backward_kernel,
-                -(-work // local) * local,
-                local,
-                pred,
-                target,
-                hw,
-                rw,
-                grad_out,
-                grad,
-                hs,
-                rs,
-                beta,
-                n,
-            )
-        return grad
+        """``grad_out * d loss / d pred``."""
+        raise NotImplementedError
 
     def __call__(
         self,
@@ -224,6 +188,76 @@ class FusedDetectionLossPlan:
         )
 
 
+class OpenCLDetectionLossPlan(FusedDetectionLossPlan):
+    """The plan on an OpenCL device: its three kernels launched through ``launch``."""
+
+    def blocks(self, n: int) -> int:
+        """Work-groups (= partial sums) for ``n`` elements: >= ``vec`` elements per work-item, <= ``max_blocks``."""
+        return min(self.max_blocks, max(1, -(-n // (self.vec * self.local_size))))
+
+    def forward(
+        self, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """The 0-d float32 loss (two launches: partial, then reduce)."""
+        n = int(pred.size)
+        blocks = self.blocks(n)
+        local = self.local_size
+        partials = Tensor.empty((blocks,), np.float32, self.device)
+        launch(self.partial_kernel, blocks * local, local, pred, target, hw, rw, partials, hs, rs, beta, n)
+        out = Tensor.empty((), np.float32, self.device)  # allocated while the partial kernel runs
+        launch(self.reduce_kernel, local, local, partials, out, blocks)
+        return out
+
+    def backward(
+        self, grad_out: Tensor, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """``grad_out * d loss / d pred`` (one launch; ``grad_out`` stays on the device)."""
+        n = int(pred.size)
+        grad = Tensor.empty(tuple(pred.shape), np.float32, self.device)
+        if n:
+            local = self.local_size
+            work = -(-n // self.vec)
+            launch(
+                self.backward_kernel,
+                -(-work // local) * local,
+                local,
+                pred,
+                target,
+                hw,
+                rw,
+                grad_out,
+                grad,
+                hs,
+                rs,
+                beta,
+                n,
+            )
+        return grad
+
+
+class NumpyDetectionLossPlan(FusedDetectionLossPlan):
+    """The plan on the NumPy backend: its kernels are the twins in ``detection_loss_numpy``."""
+
+    def blocks(self, n: int) -> int:
+        """Partial sums for ``n`` elements: one per ``detection_loss_numpy.BLOCK`` elements."""
+        return max(1, -(-n // detection_loss_numpy.BLOCK))
+
+    def forward(
+        self, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """The 0-d float32 loss (partial sums, then their sum)."""
+        sums = self.partial_kernel(pred.data, target.data, hw.data, rw.data, hs, rs, beta)
+        out = self.reduce_kernel(sums)
+        return Tensor(out, (), out.dtype, self.device)
+
+    def backward(
+        self, grad_out: Tensor, pred: Tensor, target: Tensor, hw: Tensor, rw: Tensor, hs: float, rs: float, beta: float
+    ) -> Tensor:
+        """``grad_out * d loss / d pred``."""
+        data = self.backward_kernel(grad_out.data, pred.data, target.data, hw.data, rw.data, hs, rs, beta)
+        return Tensor(data, tuple(pred.shape), data.dtype, self.device)
+
+
 def build_plan(
     pred: Any, target: Any, heat_weight: Any, reg_weight: Any, *rest: Any, **kwargs: Any
 ) -> FusedDetectionLossPlan:
@@ -239,7 +273,7 @@ def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> 
     on CPU devices, whose kernels then evaluate the terms on float vectors.
     """
     if device.kind != "opencl":
-        return FusedDetectionLossPlan(
+        return NumpyDetectionLossPlan(
             device, ctype, 1, detection_loss_numpy.partials, detection_loss_numpy.reduce, detection_loss_numpy.backward
         )
     # reqd_work_group_size pins the work-group size: 256, or the device's largest power of two below it
@@ -254,7 +288,7 @@ def compile_plan(device: Device, ctype: str = "int", vec: int | None = None) -> 
     reduce = handle.kernel(REDUCE_NAME, [None, None, np.int32])
     backward = handle.kernel(BACKWARD_NAME, [None] * 6 + scalars)
     max_blocks = GPU_MAX_BLOCKS if device.is_gpu else MAX_BLOCKS
-    return FusedDetectionLossPlan(device, ctype, local, partial, reduce, backward, source, max_blocks, vec=vec)
+    return OpenCLDetectionLossPlan(device, ctype, local, partial, reduce, backward, source, max_blocks, vec=vec)
 
 
 def _pow2_floor(value: int) -> int:

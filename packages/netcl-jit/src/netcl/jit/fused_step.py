@@ -1,7 +1,8 @@
 """A fused group made runnable: its forward kernel, and a backward kernel per output and pattern.
 
-On OpenCL the kernels are built through the runtime's program cache and launched through
-``launch``; on the NumPy backend they are generated Python functions. Each output of the
+The backend is chosen once, when the step is built (``fused_kernels``): on OpenCL the kernels are
+built through the runtime's program cache and run through prepared launches; on the NumPy
+backend they are generated Python functions. Each output of the
 group becomes one Node through ``apply_op``, whose gradient function runs ONE backward kernel
 (specialized for that output and for which inputs require a gradient) plus a reduction for
 each broadcast input. On GPUs, a bias-like input's gradient (one row broadcast down the output) is
@@ -18,13 +19,10 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
-from netcl.jit import numpy_source, opencl_source
 from netcl.jit.codegen import backward_body, forward_body, reached_inputs
-from netcl.jit.column_source import ColumnLayout, column_input, column_kernel_source, column_layout
+from netcl.jit.column_source import ColumnLayout, column_input
+from netcl.jit.fused_kernels import FusedKernels, fused_kernels
 from netcl.jit.partition import FusedGroup
-from netcl.jit.tuning import column_groups, launch_config
-from netcl.runtime.cache import program_cache
-from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import reduce
 from netcl.runtime.ops.layout import broadcast_to, full, sum_to_shape
 
@@ -37,7 +35,7 @@ BACKWARD_NAME = "fused_backward"
 
 
 class FusedStep:
-    """Runs one ``FusedGroup`` on one device."""
+    """Runs one ``FusedGroup`` on one device (its kernels come from the device's ``FusedKernels``)."""
 
     def __init__(self, group: FusedGroup, device: Device, label: str, build_forward: bool = True) -> None:
         self.group = group
@@ -48,59 +46,18 @@ class FusedStep:
         self.nbytes = self.size * 4
         #: per external input: its shape, or None for a scalar parameter
         self.input_shapes: list[tuple[int, ...] | None] = [None if p.kind == "param" else p.shape for p in group.inputs]
-        self.is_opencl = device.kind == "opencl"
-        self.configs = {d: launch_config(device, d) for d in ("forward", "backward")} if self.is_opencl else {}
-        self.forward_source = self._source(FORWARD_NAME, forward_body(group), has_gout=False)
+        #: the backend, chosen once: OpenCL kernels or generated NumPy functions
+        self.kernels: FusedKernels = fused_kernels(device, label, self.input_shapes, self.shape)
+        self.forward_source = self.kernels.source(FORWARD_NAME, forward_body(group), has_gout=False)
         #: None when another kernel computes the forward (a GEMM epilogue, ``gemm_epilogue``)
         self._forward = (
-            self._build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
+            self.kernels.build(FORWARD_NAME, self.forward_source, len(group.outputs), has_gout=False)
             if build_forward
             else None
         )
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
-        #: id of a compiled (kernel, global, local) -> its PreparedLaunch (``_run``)
-        self._launches: dict[int, PreparedLaunch] = {}
         #: per output: which external inputs its gradient reaches (others get None, not zeros)
         self._reached = [tuple(reached_inputs(group, out)) for out in group.outputs]
-
-    # ---- building ------------------------------------------------------------------------
-    def _source(self, name: str, body, has_gout: bool) -> str:
-        if self.is_opencl:
-            config = self.configs["backward" if has_gout else "forward"]
-            return opencl_source.kernel_source(
-                name,
-                self.input_shapes,
-                self.shape,
-                body,
-                int(has_gout),
-                config.vector_width,
-                config.items,
-                config.vector_body,
-            )
-        return numpy_source.function_source(name, self.input_shapes, self.shape, body, has_gout)
-
-    def _build(self, name: str, source: str, n_out: int, has_gout: bool, work_items: int | None = None):
-        if not self.is_opencl:
-            return numpy_source.compile_function(name, source)
-        handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
-        index_dtype = np.int64 if "const long n" in source else np.int32
-        dtypes = [None if s is not None else np.float32 for s in self.input_shapes]
-        dtypes += [None] * (int(has_gout) + n_out) + [index_dtype]
-        kernel = handle.kernel(name, dtypes)
-        config = self.configs["backward" if has_gout else "forward"]
-        local = config.local_size
-        if work_items is None:
-            gsize = opencl_source.global_size(
-                self.size, self.shape, self.input_shapes, local, config.vector_width, config.items
-            )
-        else:
-            gsize = max(local, -(-work_items // local) * local)
-        return (kernel, gsize, local)
-
-    def _prepared(self, compiled) -> PreparedLaunch:
-        """The launch of ``compiled`` with its element count (the last argument) bound once."""
-        kernel, gsize, local = compiled
-        return PreparedLaunch.binding(kernel, gsize, local, {kernel.num_args - 1: self.size})
 
     def direct_caller(self, positions: list[int], outputs: list[int], returns_tuple: bool):
         """``call(args)``: the forward of a plan that is this one kernel on argument values, no gradient.
@@ -119,9 +76,9 @@ class FusedStep:
         Two threads cannot take one buffer: the loop variable that found it holds a reference
         from the check on, so the other thread's count is one higher (the GIL orders them).
         """
-        if not self.is_opencl or not self.size:
+        call = self.kernels.direct_call(self._forward) if self.size else None
+        if call is None:
             return None
-        prepared = self._prepared(self._forward)
         lines = ["def direct(args):"]
         values = []
         for n, (position, shape) in enumerate(zip(positions, self.input_shapes, strict=True)):
@@ -154,7 +111,7 @@ class FusedStep:
             "nbytes": self.nbytes,
             "shape": self.shape,
             "label": self.label,
-            "call": prepared.call,
+            "call": call,
             "getrefcount": sys.getrefcount,
             "RING": RING_SIZE,
             **{f"ring{j}": [] for j in range(len(outs))},
@@ -174,53 +131,32 @@ class FusedStep:
             body = backward_body(self.group, self.group.outputs[output_index], list(wants))
             wanted = [shape for shape, want in zip(self.input_shapes, wants, strict=True) if want]
             columns = [column_input(shape, self.shape) for shape in wanted]
-            layout = self._column_layout() if any(columns) else None
+            layout = self.kernels.column_layout() if any(columns) else None
             if layout is None:
                 columns = [False] * len(columns)
-                source = self._source(BACKWARD_NAME, body, has_gout=True)
+                source = self.kernels.source(BACKWARD_NAME, body, has_gout=True)
                 work_items = None
             else:
-                config = self.configs["backward"]
-                source = column_kernel_source(
-                    BACKWARD_NAME, self.input_shapes, self.shape, layout, body, columns, config.vector_body
-                )
+                source = self.kernels.column_source(BACKWARD_NAME, body, layout, columns)
                 work_items = layout.work_items
-            compiled = self._build(BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items)
+            compiled = self.kernels.build(
+                BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items
+            )
             entry = (compiled, source, layout, columns)
             self._backward[key] = entry
         return entry
 
     def sums_columns(self, k: int) -> bool:
         """Whether the backward kernel sums input ``k``'s gradient over the rows itself (a bias; GPUs by default)."""
-        return column_input(self.input_shapes[k], self.shape) and self._column_layout() is not None
-
-    def _column_layout(self) -> ColumnLayout | None:
-        """The backward kernels' column layout; None off OpenCL, where switched off or where inputs do not fit."""
-        if not self.is_opencl or not self.configs["backward"].column_sums:
-            return None
-        layout = column_layout(self.input_shapes, self.shape, self.configs["backward"].vector_width)
-        return None if layout is None else layout.with_groups(column_groups(self.device, layout.vectors))
+        return column_input(self.input_shapes[k], self.shape) and self.kernels.column_layout() is not None
 
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, values: list[Any], outs: list[Tensor], gout: Tensor | None) -> None:
-        if self.is_opencl:  # a prepared launch per kernel: its element count is set once
-            prepared = self._launches.get(id(compiled))
-            if prepared is None:
-                prepared = self._launches[id(compiled)] = self._prepared(compiled)
-            args = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
-            if gout is not None:
-                args.append(gout.data)
-            prepared.call(*args, *[o.data for o in outs])
-        else:
-            ins = [v.data if isinstance(v, Tensor) else np.float32(v) for v in values]
-            compiled(ins, [o.data for o in outs], gout.data if gout is not None else None)
+        self.kernels.run(compiled, values, outs, gout)
 
     def _empty(self) -> Tensor:
         """A new float32 tensor of the group's shape (straight from the device's allocator)."""
-        device = self.device
-        if self.is_opencl:
-            return Tensor(device.allocator(device, self.nbytes), self.shape, _F32, device)
-        return Tensor(np.empty(self.shape, _F32), self.shape, _F32, device)
+        return self.kernels.empty()
 
     def forward(self, ext: list[Any]) -> list[Node]:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""

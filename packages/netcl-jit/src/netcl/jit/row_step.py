@@ -5,6 +5,7 @@ statistics). Each output becomes one Node through ``apply_op``; its gradient fun
 backward program (``row_ir.backward_program``): the forward recomputed from the saved statistics,
 then the gradients of the inputs that want one. A per-column input's gradient (a weight of shape
 ``(C,)``) is summed over the rows afterwards; every other gradient comes out of the one kernel.
+The backend (OpenCL row kernels or NumPy functions, ``row_kernels``) is chosen once, when the step is built.
 """
 
 from __future__ import annotations
@@ -13,20 +14,15 @@ import math
 import os
 from typing import Any
 
-import numpy as np
-
 from netcl.autograd.engine import Node, apply_op, is_grad_enabled
 from netcl.core import Device, Tensor
-from netcl.jit import row_numpy, row_source
 from netcl.jit.row_group import RowGroup, build_program
 from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backward_program
+from netcl.jit.row_kernels import RowKernels, row_kernels
 from netcl.jit.row_ops import get_row_op
-from netcl.runtime.cache import program_cache
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import layout, reduce
 from netcl.runtime.ops.class_loss import check_targets
 
-_F32 = np.dtype(np.float32)
 FORWARD_NAME = "row_forward"
 BACKWARD_NAME = "row_backward"
 
@@ -55,43 +51,25 @@ class RowStep:
             for target in [node.inputs[row_op.class_target]]
             if target.id in position
         ]
-        self.is_opencl = device.kind == "opencl"
         #: rows a backward work-group takes when it sums a per-column gradient (a few thousand groups)
         groups = int(os.environ.get("NETCL_ROW_GROUPS", 2048 if device.is_gpu else 64))
         self.rows_per_group = max(1, self.rows // max(1, groups))
+        #: the backend, chosen once: OpenCL row kernels or generated NumPy functions
+        self.kernels: RowKernels = row_kernels(device, label, self.rows, self.C, self.rows_per_group)
         forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
-        self.forward_source, self._forward = self._build(FORWARD_NAME, forward)
+        self.forward_source, self._forward = self.kernels.build(FORWARD_NAME, forward)
         self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
         #: where a forward without a backward writes the row statistics (nobody reads them)
         self._scratch: list[Tensor] | None = None
 
     # ---- building ------------------------------------------------------------------------
-    def _build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
-        if not self.is_opencl:
-            fn = row_numpy.compile_function(name, program)
-            return fn.source, fn
-        cl_device = self.device.cl_device
-        config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
-        long_index = row_source.needs_long(self.rows, self.C)
-        per_group = self.rows_per_group if column_sums else 1
-        online = self.device.is_gpu
-        vector = not self.device.is_gpu and os.environ.get("NETCL_ROW_VECTOR_BODY", "1").strip() not in ("0", "")
-        source = row_source.kernel_source(
-            name, program, config, long_index, column_sums, per_group, online, vector_body=vector
-        )
-        handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
-        dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
-        dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
-        kernel = handle.kernel(name, dtypes)
-        return source, (kernel, config.local, np.int64 if long_index else np.int32, -(-self.rows // per_group))
-
     def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
         key = (output_index, wants)
         entry = self._backward.get(key)
         if entry is None:
             program, which, _ = backward_program(self.program, output_index, list(wants))
             columns = frozenset(j for j, k in enumerate(which) if self.program.inputs[k].kind == COL)
-            source, compiled = self._build(BACKWARD_NAME, program, columns if self.is_opencl else frozenset())
+            source, compiled = self.kernels.build(BACKWARD_NAME, program, columns)
             entry = self._backward[key] = (compiled, source, which)
         return entry
 
@@ -100,21 +78,10 @@ class RowStep:
 
     # ---- running -------------------------------------------------------------------------
     def _run(self, compiled, program_inputs, values: list[Any], outs: list[Tensor]) -> None:
-        if self.is_opencl:
-            kernel, local, index, groups = compiled
-            args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
-            launch(kernel, groups * local, local, *args, *outs, index(self.rows))
-            return
-        arrays = [v.data if isinstance(v, Tensor) else v for v in values]
-        ins = row_numpy.shaped_inputs_for(program_inputs, arrays, self.rows, self.C)
-        views = [o.data.reshape(self.rows, -1) for o in outs]
-        compiled(ins, views, self.rows)
+        self.kernels.run(compiled, program_inputs, values, outs)
 
     def _empty(self, shape: tuple[int, ...]) -> Tensor:
-        device = self.device
-        if self.is_opencl:
-            return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
-        return Tensor(np.empty(shape, _F32), shape, _F32, device)
+        return self.kernels.empty(shape)
 
     def forward(self, ext: list[Any]) -> list[Node]:
         """Run the forward kernel on the external inputs (Nodes, Tensors, floats); one Node per output."""
@@ -154,8 +121,9 @@ class RowStep:
         if tuple(grad_out.shape) != out_shape:
             grad_out = layout.broadcast_to(grad_out, out_shape)
         program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
-        partial = self.is_opencl and compiled[3] != self.rows  # column gradients come as per-group partial sums
-        shapes = [self._grad_shape(k, compiled[3] if partial else 0) for k in which]
+        groups = self.kernels.partial_groups(compiled)  # column gradients as per-group partial sums, or 0
+        partial = groups > 0
+        shapes = [self._grad_shape(k, groups) for k in which]
         grads = [self._empty(shape) for shape in shapes]
         self._run(compiled, program_inputs, [*values, *stats, grad_out], grads)
         result: list[Tensor | None] = [None] * len(values)

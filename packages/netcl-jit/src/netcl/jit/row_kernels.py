@@ -1,0 +1,112 @@
+"""The backend of a ``RowStep``, chosen once when the step is built: OpenCL row kernels or NumPy functions.
+
+``OpenCLRowKernels`` generates OpenCL C (``row_source``), builds it through the runtime's program
+cache and launches one work-group per row (or per ``rows_per_group`` rows where a kernel sums
+per-column gradients itself, leaving per-group partial sums). ``NumpyRowKernels`` generates and
+runs Python functions (``row_numpy``) on the host arrays; its column gradients come whole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from netcl.core import Device, Tensor
+from netcl.jit import row_numpy, row_source
+from netcl.jit.row_ir import PARAM, RowInput, RowProgram
+from netcl.runtime.cache import program_cache
+from netcl.runtime.launch import launch
+
+_F32 = np.dtype(np.float32)
+
+
+class RowKernels:
+    """Builds and runs the row programs of one row group (``rows`` rows of ``C`` values) on ``device``."""
+
+    def __init__(self, device: Device, label: str, rows: int, row_length: int) -> None:
+        self.device = device
+        self.label = label
+        self.rows = rows
+        self.C = row_length
+
+    def build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
+        """(source, runnable form) of ``program``; ``column_sums``: outputs the kernel may sum over rows."""
+        raise NotImplementedError
+
+    def run(self, compiled: Any, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
+        """Run ``compiled`` on the values of ``program_inputs`` (Tensors or numbers), writing ``outs``."""
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...]) -> Tensor:
+        """A new float32 tensor of ``shape`` (straight from the device's allocator)."""
+        raise NotImplementedError
+
+    def partial_groups(self, compiled: Any) -> int:
+        """How many per-group partial sums ``compiled`` leaves for a column gradient; 0 when it sums all rows."""
+        return 0
+
+
+class OpenCLRowKernels(RowKernels):
+    """OpenCL row kernels built through ``program_cache``, launched with one work-group per row (group)."""
+
+    def __init__(self, device: Device, label: str, rows: int, row_length: int, rows_per_group: int) -> None:
+        super().__init__(device, label, rows, row_length)
+        #: rows a backward work-group takes when it sums a per-column gradient
+        self.rows_per_group = rows_per_group
+
+    def build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
+        """(source, (kernel, local size, index type, work-groups))."""
+        cl_device = self.device.cl_device
+        config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
+        long_index = row_source.needs_long(self.rows, self.C)
+        per_group = self.rows_per_group if column_sums else 1
+        online = self.device.is_gpu
+        vector = not self.device.is_gpu and os.environ.get("NETCL_ROW_VECTOR_BODY", "1").strip() not in ("0", "")
+        source = row_source.kernel_source(
+            name, program, config, long_index, column_sums, per_group, online, vector_body=vector
+        )
+        handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
+        dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
+        dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
+        kernel = handle.kernel(name, dtypes)
+        return source, (kernel, config.local, np.int64 if long_index else np.int32, -(-self.rows // per_group))
+
+    def run(self, compiled, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
+        kernel, local, index, groups = compiled
+        args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
+        launch(kernel, groups * local, local, *args, *outs, index(self.rows))
+
+    def empty(self, shape: tuple[int, ...]) -> Tensor:
+        device = self.device
+        return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
+
+    def partial_groups(self, compiled) -> int:
+        groups = compiled[3]
+        return groups if groups != self.rows else 0
+
+
+class NumpyRowKernels(RowKernels):
+    """Generated NumPy functions (``row_numpy``) run on the host arrays, all rows at once."""
+
+    def build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
+        fn = row_numpy.compile_function(name, program)
+        return fn.source, fn
+
+    def run(self, compiled, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
+        arrays = [v.data if isinstance(v, Tensor) else v for v in values]
+        ins = row_numpy.shaped_inputs_for(program_inputs, arrays, self.rows, self.C)
+        views = [o.data.reshape(self.rows, -1) for o in outs]
+        compiled(ins, views, self.rows)
+
+    def empty(self, shape: tuple[int, ...]) -> Tensor:
+        return Tensor(np.empty(shape, _F32), shape, _F32, self.device)
+
+
+def row_kernels(device: Device, label: str, rows: int, row_length: int, rows_per_group: int) -> RowKernels:
+    """The backend for ``device``: OpenCL row kernels on an OpenCL device, NumPy functions otherwise."""
+    if device.kind == "opencl":
+        return OpenCLRowKernels(device, label, rows, row_length, rows_per_group)
+    return NumpyRowKernels(device, label, rows, row_length)
