@@ -4,11 +4,13 @@
 view and copy. ``OPENCL`` keeps data in ``cl.Buffer`` objects (allocated through ``device.allocator``,
 which ``netcl.runtime`` replaces by a caching pool) and moves bytes with queue commands that the
 profiler sees; ``NUMPY`` (the NumPy backend) keeps C-contiguous ``np.ndarray`` objects on the host.
+The device and the tensors are read through the ``StorageDevice`` and ``StoredTensor`` Protocols, so
+this module (which ``devices`` imports) does not import ``devices`` or ``tensor`` back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyopencl as cl
@@ -16,12 +18,40 @@ import pyopencl as cl
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import MEMCPY, MEMSET, now, report
 
-if TYPE_CHECKING:
-    from netcl.core.devices import Device
-    from netcl.core.tensor import Tensor
+
+class StorageDevice(Protocol):
+    """What a storage reads of a ``netcl.core.Device``."""
+
+    name: str
+    queue: Any
+    allocator: Any
+
+    @property
+    def error_word(self) -> Any: ...
+
+    @property
+    def max_alloc_size(self) -> int: ...
+
+    @property
+    def global_mem_size(self) -> int: ...
 
 
-def check_allocation(device: Device, nbytes: int) -> None:
+class StoredTensor(Protocol):
+    """What a storage reads of a ``netcl.core.Tensor``."""
+
+    data: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    device: Any
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def queue(self) -> Any: ...
+
+
+def check_allocation(device: StorageDevice, nbytes: int) -> None:
     """Raise ``MemoryError`` naming the bytes asked for when ``device`` cannot hold them."""
     limit = min(device.max_alloc_size, device.global_mem_size)
     if nbytes > limit:
@@ -34,19 +64,19 @@ def check_allocation(device: Device, nbytes: int) -> None:
 class Storage:
     """The memory operations of one backend; ``Tensor`` calls them through ``tensor.device.storage``."""
 
-    def allocate(self, device: Device, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> Any:
+    def allocate(self, device: StorageDevice, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> Any:
         """Uninitialized data for a tensor of ``dims`` and ``dtype`` (``nbytes`` bytes) on ``device``."""
         raise NotImplementedError
 
-    def from_host(self, cls: type[Tensor], host: np.ndarray, dtype: np.dtype, device: Device) -> Tensor:
+    def from_host(self, cls: Any, host: np.ndarray, dtype: np.dtype, device: StorageDevice) -> Any:
         """A new ``cls`` on ``device`` holding a copy of ``host`` (C-contiguous, of ``dtype``)."""
         raise NotImplementedError
 
-    def zero(self, tensor: Tensor) -> None:
+    def zero(self, tensor: StoredTensor) -> None:
         """Set every byte of ``tensor`` to zero."""
         raise NotImplementedError
 
-    def to_host(self, tensor: Tensor) -> np.ndarray:
+    def to_host(self, tensor: StoredTensor) -> np.ndarray:
         """A NumPy copy of ``tensor``'s contents (waiting for pending device work)."""
         raise NotImplementedError
 
@@ -54,11 +84,11 @@ class Storage:
         """``data`` as the data of a view of shape ``dims`` (same element count, shared memory)."""
         raise NotImplementedError
 
-    def copy(self, tensor: Tensor, cls: type[Tensor]) -> Tensor:
+    def copy(self, tensor: StoredTensor, cls: Any) -> Any:
         """A new ``cls`` with its own data and ``tensor``'s contents."""
         raise NotImplementedError
 
-    def host_array(self, tensor: Tensor) -> np.ndarray | None:
+    def host_array(self, tensor: StoredTensor) -> np.ndarray | None:
         """``tensor``'s values as a NumPy array read without a copy or a device wait, where the data is
         host memory; None where reading them needs a device read (``to_host``)."""
         raise NotImplementedError
@@ -67,26 +97,26 @@ class Storage:
 class NumPyStorage(Storage):
     """The NumPy backend: data is a C-contiguous ``np.ndarray`` of the tensor's shape and dtype."""
 
-    def allocate(self, device: Device, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    def allocate(self, device: StorageDevice, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
         check_allocation(device, nbytes)
         return np.empty(dims, dtype=dtype)
 
-    def from_host(self, cls: type[Tensor], host: np.ndarray, dtype: np.dtype, device: Device) -> Tensor:
+    def from_host(self, cls: Any, host: np.ndarray, dtype: np.dtype, device: StorageDevice) -> Any:
         return cls(host.copy(), host.shape, dtype, device)
 
-    def zero(self, tensor: Tensor) -> None:
+    def zero(self, tensor: StoredTensor) -> None:
         tensor.data.fill(0)
 
-    def to_host(self, tensor: Tensor) -> np.ndarray:
+    def to_host(self, tensor: StoredTensor) -> np.ndarray:
         return np.array(tensor.data, copy=True).reshape(tensor.shape)
 
     def view(self, data: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
         return data.reshape(dims)
 
-    def copy(self, tensor: Tensor, cls: type[Tensor]) -> Tensor:
+    def copy(self, tensor: StoredTensor, cls: Any) -> Any:
         return cls(tensor.data.copy(), tensor.shape, tensor.dtype, tensor.device)
 
-    def host_array(self, tensor: Tensor) -> np.ndarray:
+    def host_array(self, tensor: StoredTensor) -> np.ndarray:
         return np.asarray(tensor.data)
 
 
@@ -94,10 +124,10 @@ class OpenCLStorage(Storage):
     """An OpenCL device: data is a ``cl.Buffer`` (at least 4 bytes) from ``device.allocator``; bytes move
     by commands on the device's queue, each reported to active profilers."""
 
-    def allocate(self, device: Device, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> cl.Buffer:
+    def allocate(self, device: StorageDevice, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> cl.Buffer:
         return device.allocator(device, nbytes)
 
-    def from_host(self, cls: type[Tensor], host: np.ndarray, dtype: np.dtype, device: Device) -> Tensor:
+    def from_host(self, cls: Any, host: np.ndarray, dtype: np.dtype, device: StorageDevice) -> Any:
         tensor = cls.empty(host.shape, dtype, device)
         if host.nbytes:
             start = now() if _PROFILERS else 0
@@ -106,14 +136,14 @@ class OpenCLStorage(Storage):
                 report(MEMCPY, "Memcpy HtoD", device.queue, event, start, args=(tensor,))
         return tensor
 
-    def zero(self, tensor: Tensor) -> None:
+    def zero(self, tensor: StoredTensor) -> None:
         if tensor.nbytes:
             start = now() if _PROFILERS else 0
             event = cl.enqueue_fill_buffer(tensor.queue, tensor.data, np.zeros(1, np.uint8), 0, tensor.nbytes)
             if start:
                 report(MEMSET, "Memset", tensor.queue, event, start, args=(tensor,))
 
-    def to_host(self, tensor: Tensor) -> np.ndarray:
+    def to_host(self, tensor: StoredTensor) -> np.ndarray:
         out = np.empty(tensor.shape, dtype=tensor.dtype)
         queue, word = tensor.queue, tensor.device.error_word
         pending = word.enqueue_read(queue)
@@ -130,7 +160,7 @@ class OpenCLStorage(Storage):
     def view(self, data: cl.Buffer, dims: tuple[int, ...]) -> cl.Buffer:
         return data
 
-    def copy(self, tensor: Tensor, cls: type[Tensor]) -> Tensor:
+    def copy(self, tensor: StoredTensor, cls: Any) -> Any:
         out = cls.empty(tensor.shape, tensor.dtype, tensor.device)
         if tensor.nbytes:
             start = now() if _PROFILERS else 0
@@ -139,7 +169,7 @@ class OpenCLStorage(Storage):
                 report(MEMCPY, "Memcpy DtoD", tensor.queue, event, start, args=(tensor,))
         return out
 
-    def host_array(self, tensor: Tensor) -> None:
+    def host_array(self, tensor: StoredTensor) -> None:
         return None
 
 
