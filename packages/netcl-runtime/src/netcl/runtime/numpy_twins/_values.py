@@ -20,6 +20,12 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return float32 if dtype == float16 else dtype
 
 
+def float_compute_type(dtype: Any) -> type:
+    """The NumPy float type a kernel of float data of ``dtype`` computes in: float64 stays, every other
+    float dtype (float16, float32) computes in float32."""
+    return np.float64 if dtype == np.float64 else np.float32
+
+
 def value(operand: Any, dtype: np.dtype) -> Any:
     """A Tensor's array or a scalar, converted to the compute dtype of ``dtype``."""
     if isinstance(operand, Tensor):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops.amp_kernels import ALWAYS, ZERO_IF_FOUND
 
 
 def unscale(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
-    compute = np.float64 if grad.dtype == np.float64 else np.float32
+    compute = float_compute_type(grad.dtype)
     with np.errstate(all="ignore"):
         inv = compute(np.float32(1.0) / np.asarray(scale.data, np.float32).reshape(-1)[0])
         values = np.asarray(grad.data, compute) * inv

@@ -10,16 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops import random
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.attention_spec import BOOL_MASK, AttentionSpec
 
 #: scores held at once per block of query rows (all batch-heads together)
 BLOCK_ELEMENTS = 1 << 22
-
-
-def _ct(dtype: np.dtype) -> type:
-    return np.float64 if dtype == np.float64 else np.float32
 
 
 def _row_blocks(spec: AttentionSpec) -> range:
@@ -61,7 +58,7 @@ def _keep(spec: AttentionSpec, r0: int, r1: int, seed: int, counter: Tensor | No
 
 
 def _operands(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec):
-    ct = _ct(q.dtype)
+    ct = float_compute_type(q.dtype)
     q3 = np.asarray(q.data, dtype=ct).reshape(spec.BH, spec.L, spec.E)
     index = spec.kv_index()
     k3 = np.asarray(k.data, dtype=ct).reshape(spec.BHkv, spec.S, spec.E)[index]
@@ -106,7 +103,7 @@ def attention_forward(
         if keep is not None:
             p = p * keep
         out[:, r0:r1] = np.matmul(p, v3)
-    lse_dtype = np.float64 if q.dtype == np.float64 else np.float32
+    lse_dtype = float_compute_type(q.dtype)
     return (
         wrap_numpy(out.reshape(*spec.lead, spec.L, spec.Ev), q.device, q.dtype),
         wrap_numpy(lse.reshape(*spec.lead, spec.L), q.device, lse_dtype),

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from netcl.core import Device, Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.clip_kernels import EPS
 
@@ -27,6 +28,6 @@ def norm_and_factor(grads: list[Tensor], max_norm: float, norm_type: float, devi
 def scale_by_(grads: list[Tensor], coef: Tensor) -> list[Tensor]:
     factor = np.asarray(coef.data, np.float32).reshape(-1)[0]
     for g in grads:
-        compute = np.float64 if g.dtype == np.float64 else np.float32
+        compute = float_compute_type(g.dtype)
         g.data[...] = (np.asarray(g.data, compute) * compute(factor)).astype(g.dtype)
     return grads

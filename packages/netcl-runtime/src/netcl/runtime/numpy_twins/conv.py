@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.conv import ConvGeometry
 
@@ -29,7 +30,7 @@ def im2col(x: Tensor, geo: ConvGeometry) -> Tensor:
 
 
 def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
-    compute = np.float64 if cols.dtype == np.float64 else np.float32
+    compute = float_compute_type(cols.dtype)
     data = np.asarray(cols.data, dtype=compute).reshape(geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW)
     padded = np.zeros((geo.N, geo.C, geo.H + 2 * geo.PH + geo.SH, geo.W + 2 * geo.PW + geo.SW), dtype=compute)
     for ki in range(geo.KH):  # a loop over kernel offsets; each adds a whole strided plane

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 
 
@@ -14,7 +15,7 @@ def gather_narrowed(x: Tensor, xs: Tensor, ax: int, index: Tensor, plan_key: tup
 
 
 def gather_backward_narrow(grad: Tensor, ax: int, index: Tensor, sizes: tuple[int, ...]) -> Tensor:
-    gx = np.zeros(sizes, dtype=np.float64 if grad.dtype == np.float64 else np.float32)
+    gx = np.zeros(sizes, dtype=float_compute_type(grad.dtype))
     idx_host = np.asarray(index.data).astype(np.int64)
     coords = list(np.indices(index.shape, sparse=True))
     coords[ax] = idx_host

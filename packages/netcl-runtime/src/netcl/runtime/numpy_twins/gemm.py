@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from netcl.core import Tensor, host_pool
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops._table import numpy_gelu
 from netcl.runtime.ops.gemm_source import Epilogue
@@ -34,7 +35,7 @@ def gemm(
     a: Tensor, b: Tensor, trans_a: bool, trans_b: bool, out_dtype: np.dtype, epilogue: Epilogue, bias: Tensor | None
 ) -> Tensor:
     """``act(op(a) @ op(b) + bias)``, computed in float32 (float64 when the result is float64)."""
-    compute = np.float64 if out_dtype == np.float64 else np.float32
+    compute = float_compute_type(out_dtype)
     x = np.asarray(a.data, dtype=compute)
     y = np.asarray(b.data, dtype=compute)
     result = host_pool.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.core.dtypes import float64
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.variable import Variable, value_of
 
 
@@ -23,7 +23,7 @@ def load_rows(source: Tensor, pos: int | Variable, count: int, shape: tuple[int,
 def attend_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int | Variable, scale: float) -> Tensor:
     """float32 arithmetic (float64 for float64), keys ``0..pos+i`` for query ``i``."""
     k, v, pos = k_cache, v_cache, value_of(pos)
-    ct = np.float64 if q.dtype == float64 else np.float32
+    ct = float_compute_type(q.dtype)
     L = q.shape[-2]
     keys = pos + L
     qa = np.asarray(q.data, ct)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 
 
 def _skipped(skip: Tensor) -> bool:
@@ -13,12 +14,8 @@ def _skipped(skip: Tensor) -> bool:
     return bool(np.asarray(skip.data).reshape(-1)[0])
 
 
-def _compute(dtype: np.dtype) -> type:
-    return np.float64 if dtype == np.float64 else np.float32
-
-
 def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
-    compute = _compute(param.dtype)
+    compute = float_compute_type(param.dtype)
     lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
     w = np.asarray(param.data, compute)
     d = np.asarray(grad.data, compute)
@@ -32,7 +29,7 @@ def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.n
 
 
 def _adam(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool) -> None:
-    compute = _compute(param.dtype)
+    compute = float_compute_type(param.dtype)
     lr, beta1, beta2, eps, wd = (compute(h) for h in hyper.astype(np.float32))
     w = np.asarray(param.data, compute)
     d = np.asarray(grad.data, compute)
@@ -120,7 +117,7 @@ def count_masked(steps: Tensor, mask: Tensor, skip: Tensor) -> Tensor:
 
 
 def unscale_grad(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
-    compute = _compute(grad.dtype)
+    compute = float_compute_type(grad.dtype)
     with np.errstate(all="ignore"):
         values = np.asarray(grad.data, compute) * compute(np.float32(inv_scale))
     if not np.all(np.isfinite(values)):

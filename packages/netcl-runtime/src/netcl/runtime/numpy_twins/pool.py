@@ -7,14 +7,10 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.numpy_twins.conv import window_indices
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.conv import ConvGeometry, col2im
-
-
-def _float(t: Tensor) -> type:
-    """The NumPy dtype the twins compute in (as the kernels: float64 stays, others float32)."""
-    return np.float64 if t.dtype == np.float64 else np.float32
 
 
 def _windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
@@ -55,25 +51,26 @@ def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
 
 def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     _, first = _max_windows(x, geo)
-    onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(_float(x))
-    cols = onehot * np.asarray(grad.data, dtype=_float(x))[:, :, None]
+    compute = float_compute_type(x.dtype)
+    onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(compute)
+    cols = onehot * np.asarray(grad.data, dtype=compute)[:, :, None]
     return _fold(cols, geo, x)
 
 
 def avg_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
-    windows = _windows(np.asarray(x.data, dtype=_float(x)), geo, 0.0)
+    windows = _windows(np.asarray(x.data, dtype=float_compute_type(x.dtype)), geo, 0.0)
     return wrap_numpy(windows.mean(axis=(2, 3)), x.device, x.dtype)
 
 
 def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry) -> Tensor:
-    share = np.asarray(grad.data, dtype=_float(grad))[:, :, None, None] / (geo.KH * geo.KW)
+    share = np.asarray(grad.data, dtype=float_compute_type(grad.dtype))[:, :, None, None] / (geo.KH * geo.KW)
     cols = np.broadcast_to(share, (geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW))
     return _fold(np.ascontiguousarray(cols), geo, out)
 
 
 def adaptive_avg_pool(x: Tensor, out_h: int, out_w: int) -> Tensor:
     H, W = x.shape[2:]
-    data = np.asarray(x.data, dtype=_float(x))
+    data = np.asarray(x.data, dtype=float_compute_type(x.dtype))
     h0, h1 = _bounds(H, out_h)
     w0, w1 = _bounds(W, out_w)
     rows = np.stack([data[:, :, a:b].mean(axis=2) for a, b in zip(h0, h1, strict=True)], axis=2)
@@ -84,7 +81,7 @@ def adaptive_avg_pool(x: Tensor, out_h: int, out_w: int) -> Tensor:
 def adaptive_avg_pool2d_backward(grad: Tensor, x_shape: Any) -> Tensor:
     N, C, H, W = (int(d) for d in x_shape)
     OH, OW = grad.shape[2], grad.shape[3]
-    g = np.asarray(grad.data, dtype=_float(grad))
+    g = np.asarray(grad.data, dtype=float_compute_type(grad.dtype))
     out = np.zeros((N, C, H, W), dtype=g.dtype)
     h0, h1 = _bounds(H, OH)
     w0, w1 = _bounds(W, OW)

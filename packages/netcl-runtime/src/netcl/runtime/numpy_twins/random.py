@@ -10,6 +10,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.random import DROPOUT_STREAM, random_bits
 
@@ -48,6 +49,6 @@ def dropout_mask(x: Tensor, seed: int, threshold: int, scale: float, counter: Te
     word3 = 0 if counter is None else int(np.asarray(counter.data).reshape(-1)[0].astype(np.uint32))
     bits = random_bits(x.size, seed, DROPOUT_STREAM, word3)[0] >> np.uint32(8)
     keep = (bits >= threshold).reshape(x.shape)
-    compute = np.float64 if x.dtype == np.float64 else np.float32
+    compute = float_compute_type(x.dtype)
     values = np.where(keep, np.asarray(x.data, dtype=compute) * compute(scale), compute(0))
     return wrap_numpy(values, x.device, x.dtype)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.ops._common import wrap_numpy
 
 
@@ -20,7 +21,7 @@ def select_along(
 def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]) -> Tensor:
     shape = tuple(int(d) for d in shape)
     ax = axis % len(shape)
-    gx = np.zeros(shape, dtype=np.float64 if grad.dtype == np.float64 else np.float32)
+    gx = np.zeros(shape, dtype=float_compute_type(grad.dtype))
     where = (slice(None),) * ax + (np.asarray(index.data).reshape(-1).astype(np.int64),)
     np.add.at(gx, where, np.asarray(grad.data, dtype=gx.dtype))
     return wrap_numpy(gx, grad.device, grad.dtype)
