@@ -149,6 +149,7 @@ def bench_model(
         "parameters": sum(p.size for p in model.parameters()),
         "buckets": len(ddp.buckets),
         "overlapped_buckets": ddp.stats.overlapped,
+        "reducer": type(ddp._reducer).__name__ if ddp._reducer is not None else "inline",
         "one_rank_ms": t_single * 1e3,
         "local_ms": t_local * 1e3,
         "ddp_ms": t_ddp * 1e3,
@@ -187,7 +188,14 @@ def main() -> None:
         rows.append(bench_model(name, batch, info.device, args.steps, args.repeats, args.bucket_mb, args.overlap))
     if info.rank != 0:
         return
-    path = "overlapped (own thread and queue, chunked)" if args.overlap else "inline"
+    path = (
+        {
+            "DeviceDirectReducer": "device-direct (NCCL on memory OpenCL shares with CUDA, own thread)",
+            "OverlapReducer": "overlapped host-staged MPI (own thread and queue, chunked)",
+        }.get(rows[0]["reducer"], "inline")
+        if rows
+        else "-"
+    )
     print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank); all-reduce {path}")
     header = (
         f"{'model':>5} {'ranks':>5} {'batch/rank':>10} {'1-rank ms':>9} {'local ms':>9} {'DDP ms':>8} "

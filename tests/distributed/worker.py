@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import netcl.autograd as ag
-from netcl.core import Tensor, get_device
+from netcl.core import Tensor
 from netcl.nn.parallel import DistributedDataParallel
 from netcl.runtime import distributed as dist
 from netcl.runtime import ops as R
@@ -341,6 +341,7 @@ def case_ddp_overlap(info, device) -> dict:
             "buckets": len(ddp.buckets),
             "overlapped": ddp.stats.overlapped,
             "started_during_backward": ddp.stats.started_during_backward,
+            "reducer": type(ddp._reducer).__name__,
         }
         ddp.remove_hooks()
     # one process on the whole batch from the same broadcast start (rank 0's seed)
@@ -368,6 +369,16 @@ def case_ddp_dead(info, device) -> dict:
     return {"error": error_of(lambda: step(ddp)), "after": error_of(lambda: dist.barrier())}
 
 
+def case_direct_required(info, device) -> dict:
+    """NETCL_DEVICE_DIRECT=1 (set by the test) where the path cannot run: the same error on every rank."""
+    from netcl.runtime.distributed import device_direct
+
+    return {
+        "probe": device_direct.probe(device).reason,
+        "error": error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4)),
+    }
+
+
 def case_bucket_mismatch(info, device) -> dict:
     model = MLP(device, seed=1)
     return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}
@@ -385,8 +396,8 @@ def case_tune_alone(info, device) -> dict:
 
 def main() -> None:
     case, spec, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    info = dist.init(device=spec)
-    result = globals()[f"case_{case}"](info, get_device(spec))
+    info = dist.init(device=None if spec == "auto" else spec)  # "auto": one GPU per rank where there are several
+    result = globals()[f"case_{case}"](info, info.device)
     with open(outdir / f"rank{info.rank}.pkl", "wb") as f:
         pickle.dump(result, f)
 

@@ -9,7 +9,10 @@ at once, while the rest of the backward is still running. By default (``overlap=
 goes to the DDP's own thread and OpenCL queue (``netcl.runtime.distributed.overlap``): its copies
 wait on the event that marks its gradients complete, not on the queue, and it is pipelined in
 chunks (device -> pinned host -> MPI -> device) beside the backward; ``overlap=False`` runs the
-non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give the same bits. At
+non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give the same bits. Where
+every rank has an NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
+``NETCL_DEVICE_DIRECT``), the overlapped buckets are all-reduced by NCCL on the device instead
+(identical bits on every rank, not necessarily the host-staged path's). At
 the end of the backward (``queue_callback``) the remaining buckets are started, all are waited for
 (bounded by ``NETCL_DIST_TIMEOUT``), and each parameter's ``grad`` becomes its averaged gradient,
 bit-identical on every rank, so any optimizer then takes identical steps. The handshake also
@@ -38,7 +41,8 @@ from netcl.autograd.engine import Node, queue_callback
 from netcl.core import Tensor
 from netcl.runtime import capture
 from netcl.runtime import distributed as dist
-from netcl.runtime.distributed import DistributedError
+from netcl.runtime.distributed import DistributedError, device_direct
+from netcl.runtime.distributed.device_direct import DeviceDirectReducer
 from netcl.runtime.distributed.overlap import OverlapReducer, threads_supported
 
 log = logging.getLogger("netcl.distributed")
@@ -137,9 +141,11 @@ class DistributedDataParallel:
                 self._bucket_of[i] = bucket.index
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._check_buckets(overlap)
-        self._reducer: OverlapReducer | None = None
+        self._reducer: OverlapReducer | DeviceDirectReducer | None = None
         if overlap and self.info.world_size > 1:
-            if threads_supported():
+            if device_direct.agree(self.params[0].device):  # collective: the same answer on every rank
+                self._reducer = DeviceDirectReducer(self.params[0].device)
+            elif threads_supported():
                 chunk = max(1, int(pipeline_chunk_mb * 1024 * 1024))
                 self._reducer = OverlapReducer(self.params[0].device, chunk)
             else:  # the same on every rank: one MPI library

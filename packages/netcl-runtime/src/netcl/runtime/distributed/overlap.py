@@ -50,30 +50,19 @@ def threads_supported() -> bool:
     return bool(MPI.Query_thread() >= MPI.THREAD_MULTIPLE)
 
 
-class OverlapWork:
-    """One bucket's all-reduce on the reducer's thread; ``wait()`` finishes it (see the module)."""
+class ThreadedWork:
+    """One bucket's all-reduce run by a reducer's thread: ``wait()`` blocks (bounded by the group's
+    timeout) until the thread is done, raises its error, and puts a barrier on the device's queue
+    behind the thread's uploads (``uploaded``), so later kernels there read the results."""
 
     def __init__(
-        self,
-        inputs: Sequence[Tensor],
-        outputs: Sequence[Tensor],
-        op: str,
-        ready: Any,
-        chunk_bytes: int,
-        limits: tuple[float, int, int],
+        self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str, limits: tuple[float, int, int]
     ) -> None:
-        self.inputs, self.outputs, self.op, self.ready = list(inputs), list(outputs), op, ready
+        self.inputs, self.outputs, self.op = list(inputs), list(outputs), op
         self.device: Device = self.inputs[0].device
         self.dtype = self.inputs[0].dtype
         self.total = sum(t.size for t in self.inputs)
-        item = self.dtype.itemsize
         self.limits = limits  #: (timeout, rank, world size): waits never consult the (maybe broken) group
-        size = limits[2]
-        #: pipeline chunk in elements: a multiple of the rank count (each rank reduces an equal share)
-        self.per_chunk = max(size, (chunk_bytes // item) // size * size)
-        self.chunks = max(1, math.ceil(self.total / self.per_chunk))
-        # acquired here, on the caller's thread: a new pinned buffer is mapped through the device's queue
-        self.staging = POOL.acquire(self.device, 2 * self.chunks * self.per_chunk * item)
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.uploaded: Any = None  #: an event after the last upload (OpenCL)
@@ -90,7 +79,7 @@ class OverlapWork:
         """The outputs, once reduced; raises the thread's error (a timeout of a peer, say)."""
         if not self.done.is_set():
             deadline = Deadline(*self.limits)
-            while not self.done.wait(_WAIT_SLICE):  # the thread drives MPI: block, do not spin
+            while not self.done.wait(_WAIT_SLICE):  # the thread drives the exchange: block, do not spin
                 deadline.check(f"all_reduce({self.op}) of {self.total} {self.dtype} elements (overlapped)")
         if self.error is not None:
             raise self.error
@@ -98,6 +87,29 @@ class OverlapWork:
             cl.enqueue_barrier(self.device.queue, wait_for=[self.uploaded])
             self.uploaded = None
         return self.outputs
+
+
+class OverlapWork(ThreadedWork):
+    """One bucket's host-staged all-reduce on the reducer's thread (see the module)."""
+
+    def __init__(
+        self,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        op: str,
+        ready: Any,
+        chunk_bytes: int,
+        limits: tuple[float, int, int],
+    ) -> None:
+        super().__init__(inputs, outputs, op, limits)
+        self.ready = ready
+        item = self.dtype.itemsize
+        size = limits[2]
+        #: pipeline chunk in elements: a multiple of the rank count (each rank reduces an equal share)
+        self.per_chunk = max(size, (chunk_bytes // item) // size * size)
+        self.chunks = max(1, math.ceil(self.total / self.per_chunk))
+        # acquired here, on the caller's thread: a new pinned buffer is mapped through the device's queue
+        self.staging = POOL.acquire(self.device, 2 * self.chunks * self.per_chunk * item)
 
 
 class OverlapReducer:

@@ -1,0 +1,77 @@
+"""The device-direct all-reduce (NCCL on memory OpenCL and CUDA share): the choice, its errors, and on a
+host with two or more NVIDIA GPUs, DDP through it against the host-staged path and one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime.distributed import device_direct, nccl
+from tests.distributed.test_ddp import GRAD_ATOL, check_ok, same_bits
+
+
+def _nvidia_gpus() -> int:
+    return sum(1 for d in nc.usable_opencl_devices() if d.is_gpu and "NVIDIA" in d.platform_name)
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "nccl"])
+def test_a_bad_mode_is_named(monkeypatch, value):
+    monkeypatch.setenv("NETCL_DEVICE_DIRECT", value)
+    with pytest.raises(ValueError, match=f"NETCL_DEVICE_DIRECT='{value}': expected 0 .never., 1 .required."):
+        device_direct.mode()
+
+
+@pytest.mark.parametrize("spec", ["cpu", "opencl"])
+def test_the_probe_names_what_is_missing_off_nvidia(spec):
+    devices = [d for d in (nc.usable_opencl_devices() if spec == "opencl" else [nc.get_device("cpu")])]
+    if not devices or (spec == "opencl" and devices[0].is_gpu and "NVIDIA" in devices[0].platform_name):
+        pytest.skip("needs a device that is not an NVIDIA GPU")
+    answer = device_direct.probe(devices[0])
+    assert not answer.ok and not answer.applicable
+    assert answer.reason == f"{devices[0].name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
+
+
+def test_a_missing_nccl_library_names_the_place_tried(monkeypatch):
+    monkeypatch.setattr(nccl, "_LIBRARY", None)
+    monkeypatch.setenv("NETCL_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+    with pytest.raises(
+        nccl.NcclError, match=r"NCCL cannot be loaded \(set NETCL_NCCL_LIBRARY.*/nonexistent/libnccl\.so\.2"
+    ):
+        nccl.library()
+
+
+def test_required_where_it_cannot_run_fails_on_every_rank(mpirun, monkeypatch):
+    monkeypatch.setenv("NETCL_DEVICE_DIRECT", "1")
+    results, proc = mpirun("direct_required", "cpu")
+    check_ok(results, proc)
+    for r in results:
+        assert r["error"].startswith("DistributedError: NETCL_DEVICE_DIRECT=1 but the device-direct all-reduce"), r
+        assert "rank 0: 'NumPy' is not an NVIDIA GPU" in r["error"]
+
+
+def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
+    if _nvidia_gpus() < 2:
+        pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    results, proc = mpirun("ddp_overlap", "auto")
+    check_ok(results, proc)
+    r0, r1 = results
+    for r in results:
+        assert r["overlap"]["reducer"] == "DeviceDirectReducer", r["overlap"]["reducer"]
+        assert r["overlap"]["overlapped"] == r["overlap"]["buckets"] == 4
+        for step in range(2):  # two ranks: NCCL's average (a * 0.5 + b * 0.5) is the staged (a + b) / 2
+            assert same_bits(r["overlap"]["grads"][step], r["inline"]["grads"][step]), step
+    for step in range(2):
+        assert same_bits(r0["overlap"]["grads"][step], r1["overlap"]["grads"][step])
+    for got, ref in zip(r0["overlap"]["grads"][0], r0["reference_grads"], strict=True):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=GRAD_ATOL)
+
+
+def test_a_dead_rank_times_out_on_the_nccl_path(mpirun):
+    if _nvidia_gpus() < 2:
+        pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    results, proc = mpirun("ddp_dead", "auto", timeout=3.0)
+    r0, r1 = results
+    assert r1 is None and r0 is not None, proc.stdout + proc.stderr
+    assert r0["error"].startswith("DistributedTimeoutError"), r0["error"]
+    assert "timed out after 3 s on rank 0 of 2" in r0["error"]
