@@ -139,6 +139,7 @@ def bench_model(
     t_local = timed(lambda: step(False), device, steps, repeats)
     t_ddp = timed(lambda: step(True), device, steps, repeats)
     t_comm = timed(ddp.sync_gradients, device, steps, repeats) if info.world_size > 1 else 0.0
+    reducer = type(ddp._reducer).__name__ if ddp._reducer is not None else "inline"
     ddp.remove_hooks()
     n = info.world_size
     exposed = max(t_ddp - t_local, 0.0)
@@ -149,7 +150,7 @@ def bench_model(
         "parameters": sum(p.size for p in model.parameters()),
         "buckets": len(ddp.buckets),
         "overlapped_buckets": ddp.stats.overlapped,
-        "reducer": type(ddp._reducer).__name__ if ddp._reducer is not None else "inline",
+        "reducer": reducer,
         "one_rank_ms": t_single * 1e3,
         "local_ms": t_local * 1e3,
         "ddp_ms": t_ddp * 1e3,
