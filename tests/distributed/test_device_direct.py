@@ -58,7 +58,9 @@ def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
     r0, r1 = results
     for r in results:
         assert r["overlap"]["reducer"] == "DeviceDirectReducer", r["overlap"]["reducer"]
+        # every bucket handed to the reducer, as one exchange when the backward ended
         assert r["overlap"]["overlapped"] == r["overlap"]["buckets"] == 4
+        assert r["overlap"]["started_during_backward"] == 0
         for step in range(2):  # two ranks: NCCL's average (a * 0.5 + b * 0.5) is the staged (a + b) / 2
             assert same_bits(r["overlap"]["grads"][step], r["inline"]["grads"][step]), step
     for step in range(2):

@@ -11,8 +11,9 @@ wait on the event that marks its gradients complete, not on the queue, and it is
 chunks (device -> pinned host -> MPI -> device) beside the backward; ``overlap=False`` runs the
 non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give the same bits. Where
 every rank has an NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
-``NETCL_DEVICE_DIRECT``), the overlapped buckets are all-reduced by NCCL on the device instead
-(identical bits on every rank, not necessarily the host-staged path's). At
+``NETCL_DEVICE_DIRECT``), the buckets are all-reduced by NCCL on the device instead, all in one
+exchange when the backward ends (identical bits on every rank, not necessarily the host-staged
+path's; one exchange because each switch between the GPU's OpenCL and CUDA contexts pauses it). At
 the end of the backward (``queue_callback``) the remaining buckets are started, all are waited for
 (bounded by ``NETCL_DIST_TIMEOUT``), and each parameter's ``grad`` becomes its averaged gradient,
 bit-identical on every rank, so any optimizer then takes identical steps. The handshake also
@@ -142,9 +143,14 @@ class DistributedDataParallel:
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._check_buckets(overlap)
         self._reducer: OverlapReducer | DeviceDirectReducer | None = None
+        #: device-direct: every bucket in one exchange at the end of the backward. NVIDIA's OpenCL and
+        #: NCCL run in two CUDA contexts, and each switch between them costs the GPU a fixed pause
+        #: (benchmarks/RESULTS.md, "device-direct all-reduce"): one exchange per step switches twice.
+        self._coalesce = False
         if overlap and self.info.world_size > 1:
             if device_direct.agree(self.params[0].device):  # collective: the same answer on every rank
                 self._reducer = DeviceDirectReducer(self.params[0].device)
+                self._coalesce = True
             elif threads_supported():
                 chunk = max(1, int(pipeline_chunk_mb * 1024 * 1024))
                 self._reducer = OverlapReducer(self.params[0].device, chunk)
@@ -241,6 +247,8 @@ class DistributedDataParallel:
         if index in state.grads:
             return
         state.grads[index] = grad
+        if self._coalesce:  # one exchange at the end of the backward (see _coalesce)
+            return
         bucket = self._bucket_of[index]
         state.remaining[bucket] -= 1
         if state.remaining[bucket] == 0:
@@ -249,12 +257,16 @@ class DistributedDataParallel:
         if state.works:
             dist.progress()  # move the buckets in flight along while the backward goes on
 
-    def _launch(self, state: _Round, bucket: _Bucket) -> None:
+    def _inputs(self, state: _Round, bucket: _Bucket) -> list[Tensor]:
         inputs = [state.grads.get(i) for i in bucket.params]
         for k, i in enumerate(bucket.params):
             if inputs[k] is None:  # not reached by this backward: its accumulated grad, or zeros
                 p = self.params[i]
                 inputs[k] = p.grad if p.grad is not None else Tensor.zeros(p.shape, p.dtype, p.device)
+        return inputs
+
+    def _launch(self, state: _Round, bucket: _Bucket) -> None:
+        inputs = self._inputs(state, bucket)
         outputs = [Tensor.empty(t.shape, t.dtype, t.device) for t in inputs]
         if state.first_launch is None:
             state.first_launch = time.perf_counter()
@@ -267,11 +279,30 @@ class DistributedDataParallel:
             state.works[bucket.index] = dist.all_reduce_coalesced_async(inputs, "mean", outputs)
         state.outputs[bucket.index] = outputs
 
+    def _launch_coalesced(self, state: _Round) -> None:
+        """Every bucket not started yet as one device-direct exchange (``_coalesce``)."""
+        waiting = [b for b in self.buckets if b.index not in state.works]
+        inputs = [self._inputs(state, b) for b in waiting]
+        device = inputs[0][0].device if inputs else None
+        if not waiting or (device.kind == "opencl" and capture.is_recording(device.queue)):
+            for bucket in waiting:  # captured: recorded bucket by bucket, as on the MPI path
+                self._launch(state, bucket)
+            return
+        outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in group] for group in inputs]
+        state.first_launch = state.first_launch or time.perf_counter()
+        flat = [t for group in inputs for t in group]
+        work = self._reducer.submit(flat, [t for group in outputs for t in group], "mean")
+        for bucket, group in zip(waiting, outputs, strict=True):
+            state.works[bucket.index], state.outputs[bucket.index] = work, group
+            state.overlapped += 1
+
     def _finish(self) -> None:
         state, self._round = self._round, None
         if state is None:
             return
         started = time.perf_counter()
+        if self._coalesce:
+            self._launch_coalesced(state)
         for bucket in self.buckets:
             if bucket.index not in state.works:
                 self._launch(state, bucket)
@@ -294,8 +325,9 @@ class DistributedDataParallel:
         if self.info.world_size == 1:
             return
         state = _Round(remaining={b.index: 0 for b in self.buckets})
-        for bucket in self.buckets:
-            self._launch(state, bucket)
+        if not self._coalesce:  # else _finish starts them as one exchange
+            for bucket in self.buckets:
+                self._launch(state, bucket)
         self._round = state
         self._finish()
 
