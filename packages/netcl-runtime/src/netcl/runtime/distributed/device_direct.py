@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -205,14 +204,6 @@ def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
     return cl.Buffer.from_int_ptr(handle, retain=False)
 
 
-class DirectWork(ThreadedWork):
-    """One bucket's device-direct all-reduce (``wait()`` as ``ThreadedWork``)."""
-
-    def __init__(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str, ready: Any, limits) -> None:
-        super().__init__(inputs, outputs, op, limits)
-        self.ready = ready
-
-
 class DeviceDirectReducer:
     """NCCL all-reduces of buckets beside the caller's work (collective construction: every rank
     builds its reducers in the same order, after ``agree`` returned True)."""
@@ -227,18 +218,18 @@ class DeviceDirectReducer:
         self.comm = nccl.Communicator(uid, info.rank, info.world_size)
         self.stream = cuda_driver.Stream(self.gpu)
         self.cl_queue = cl.CommandQueue(device.context, device.cl_device)
-        self.jobs: queue.Queue[DirectWork | None] = queue.Queue()
+        self.jobs: queue.Queue[ThreadedWork | None] = queue.Queue()
         self.thread = threading.Thread(target=self._serve, name=f"netcl-nccl-{info.rank}", daemon=True)
         self.thread.start()
 
-    def submit(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str) -> DirectWork:
+    def submit(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str) -> ThreadedWork:
         """Start the all-reduce of ``inputs`` into ``outputs`` once the work enqueued so far on the
         device's queue completes. Keep both alive until ``wait``."""
         if op not in nccl.OPS:
             raise ValueError(f"op must be one of {sorted(nccl.OPS)}, got {op!r}")
         ready = cl.enqueue_marker(self.device.queue)
         self.device.queue.flush()
-        work = DirectWork(inputs, outputs, op, ready, self.limits)
+        work = ThreadedWork(inputs, outputs, op, ready, self.limits)
         self.jobs.put(work)
         return work
 
@@ -279,7 +270,7 @@ class DeviceDirectReducer:
                 self.comm.destroy()
             self.stream.destroy()
 
-    def _run(self, work: DirectWork, buffers: dict[int, SharedBuffer]) -> None:
+    def _run(self, work: ThreadedWork, buffers: dict[int, SharedBuffer]) -> None:
         item = work.dtype.itemsize
         nbytes = work.total * item
         shared = buffers.get(nbytes)

@@ -51,14 +51,20 @@ def threads_supported() -> bool:
 
 
 class ThreadedWork:
-    """One bucket's all-reduce run by a reducer's thread: ``wait()`` blocks (bounded by the group's
-    timeout) until the thread is done, raises its error, and puts a barrier on the device's queue
-    behind the thread's uploads (``uploaded``), so later kernels there read the results."""
+    """One bucket's all-reduce run by a reducer's thread, starting once the event ``ready`` (the
+    point of the device's queue where the inputs are complete) has: ``wait()`` blocks (bounded by
+    the group's timeout) until the thread is done, raises its error, and puts a barrier on the
+    device's queue behind the thread's uploads (``uploaded``), so later kernels there read the results."""
 
     def __init__(
-        self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str, limits: tuple[float, int, int]
+        self,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        op: str,
+        ready: Any,
+        limits: tuple[float, int, int],
     ) -> None:
-        self.inputs, self.outputs, self.op = list(inputs), list(outputs), op
+        self.inputs, self.outputs, self.op, self.ready = list(inputs), list(outputs), op, ready
         self.device: Device = self.inputs[0].device
         self.dtype = self.inputs[0].dtype
         self.total = sum(t.size for t in self.inputs)
@@ -101,8 +107,7 @@ class OverlapWork(ThreadedWork):
         chunk_bytes: int,
         limits: tuple[float, int, int],
     ) -> None:
-        super().__init__(inputs, outputs, op, limits)
-        self.ready = ready
+        super().__init__(inputs, outputs, op, ready, limits)
         item = self.dtype.itemsize
         size = limits[2]
         #: pipeline chunk in elements: a multiple of the rank count (each rank reduces an equal share)
