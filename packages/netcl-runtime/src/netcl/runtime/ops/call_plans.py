@@ -57,16 +57,28 @@ def plan_cache_info() -> dict[str, tuple[int, int]]:
     return {name: (len(cache.plans), cache.misses) for name, cache in _CACHES.items()}
 
 
+#: ``os.environ``'s own dict and its keys for ``ENV_VARS`` (CPython's ``os._Environ``: a lookup there is what
+#: ``os.environ.get`` does after encoding the key), else None: ``os.environ.get`` each time.
+_ENV_DATA: dict | None = getattr(os.environ, "_data", None)
+_ENV_KEYS: tuple[Any, ...] = tuple(getattr(os.environ, "encodekey", lambda k: k)(name) for name in ENV_VARS)
+if not isinstance(_ENV_DATA, dict):
+    _ENV_DATA, _ENV_KEYS = None, ENV_VARS
+
+
+def clear_plans() -> None:
+    """Empty every ``PlanCache`` (``clear_caches`` does too, with every other in-memory cache)."""
+    for cache in _CACHES.values():
+        cache.plans.clear()
+
+
 def context() -> tuple[Any, ...]:
     """The state outside the arguments that a layer op's choices read: the matmul precision, the
-    deterministic-algorithms mode and ``ENV_VARS``."""
-    environ = os.environ
+    deterministic-algorithms mode and ``ENV_VARS``' values (as stored, None when unset)."""
+    lookup = (_ENV_DATA if _ENV_DATA is not None else os.environ).get
     return (
         get_float32_matmul_precision(),
         are_deterministic_algorithms_enabled(),
-        environ.get("NETCL_WINOGRAD"),
-        environ.get("NETCL_HOST_BLAS"),
-        environ.get("NETCL_TUNE"),
+        *map(lookup, _ENV_KEYS),
     )
 
 
