@@ -39,9 +39,10 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
+from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pow2_ceil, pragmas, round_up, storage_ctype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, context, exact, tensor_sig, window
 from netcl.runtime.ops.layout import transpose
@@ -157,21 +158,42 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
 """
 
 
+#: Prepared im2col / col2im launches by (kernel, device, dtype, sizes, geometry): the sizes bound once.
+_LAYOUTS = PlanCache("conv2d-im2col")
+
+
 def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) -> Tensor:
-    idx = index_ctype(src.size, dst.size)
+    key = (name, dst.device, dst.dtype, src.size, dst.size, geo.N, *geo.values)
+    call = _LAYOUTS.plans.get(key)
+    if call is None:
+        call = _LAYOUTS.keep(key, _prepare_layout(template, name, geo, src.size, dst))
+    call(src.data, dst.data)
+    return dst
+
+
+def _prepare_layout(template: str, name: str, geo: ConvGeometry, src_size: int, dst: Tensor) -> Callable[..., None]:
+    """``_run``'s launch of ``netcl_<name>`` for tensors of these sizes (src and dst passed per call)."""
+    idx = index_ctype(src_size, dst.size)
     st, ct = storage_ctype(dst.dtype), compute_ctype(dst.dtype)
 
     def source() -> str:
         return template.format(pragmas=pragmas([dst.dtype]), st=st, ct=ct, idx=idx, geometry=params(idx, _GEOMETRY))
 
     types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
-    values = scalars(idx, [dst.size, *geo.values])
+    bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values])}
+    resolved = get_kernel(("layers", name, st, idx), dst.device, source, f"netcl_{name}", types)
     if name == "im2col":  # one work-group row per (image, c, ki, kj): its divisions are uniform
         grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
-        run_rows((name, st, idx), dst.device, source, f"netcl_{name}", types, grid, src, dst, *values)
+        if min(grid) <= 0:
+            return lambda *raw: None
+        local = min(resolved.max_local, pow2_ceil(grid[0]))
+        sizes: tuple = ((round_up(grid[0], local), grid[1], grid[2]), (local, 1, 1))
     else:
-        run_1d((name, st, idx), dst.device, source, f"netcl_{name}", types, dst.size, src, dst, *values)
-    return dst
+        if dst.size <= 0:
+            return lambda *raw: None
+        local = resolved.max_local
+        sizes = (round_up(dst.size, local), local)
+    return PreparedLaunch.binding(resolved.kernel, *sizes, bound, dst.device.queue).call
 
 
 @backend_op(_TWINS)
