@@ -319,12 +319,9 @@ def batch_norm_forward(
         exact(training, bool),
         exact(momentum, float, int),
         exact(eps, float, int),
-        _parts,
+        _parts,  # the chunking policy the launches were prepared with
     )
-    try:
-        plan = _FORWARDS.plans.get(key)
-    except TypeError:  # an unhashable momentum or eps: check_batch_norm says what is wrong
-        plan, key = None, (UNKEYED,)
+    plan = _FORWARDS.plans.get(key)
     if plan is None:
         training = bool(training)
         N, C, S = check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
@@ -463,7 +460,7 @@ def batch_norm_backward(
         tensor_sig(weight),
         exact(training, bool),
         flags,
-        _parts,
+        _parts,  # the chunking policy the launches were prepared with
     )
     plan = _BACKWARDS.plans.get(key)
     if plan is None:
