@@ -23,6 +23,7 @@ has a NumPy twin (the NumPy backend), the same formulas in the statistics' dtype
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -32,10 +33,12 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, same_device
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, launch_prepared
+from netcl.runtime.ops._grid import index_ctype
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
-from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.backend import NUMPY_KIND, backend_op
+from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, tensor_sig
 from netcl.runtime.ops.layout import cast
 
 _TWINS = "netcl.runtime.numpy_twins.batchnorm"
@@ -222,6 +225,8 @@ def _acc(dtype: np.dtype) -> tuple[str, np.dtype]:
 
 # ---- launches -------------------------------------------------------------------------------------------
 _LIMITS: dict[tuple[Any, Device], int] = {}
+#: Plans of ``batch_norm_forward`` / ``batch_norm_backward`` calls by signature (``call_plans``).
+_FORWARDS, _BACKWARDS = PlanCache("batch_norm"), PlanCache("batch_norm_backward")
 
 
 def _parts(device: Device, channels: int, vectors: int) -> int:
@@ -233,38 +238,51 @@ def _parts(device: Device, channels: int, vectors: int) -> int:
     return max(1, min(-(-target // channels), vectors // MIN_CHUNK))
 
 
-def _run(
-    key: tuple,
-    device: Device,
-    make: Callable[[], str],
-    name: str,
-    types: list,
-    channels: int,
-    vectors: int,
-    args: list,
-    spare: Tensor,
-    two_stages: bool,
-) -> None:
-    """Launch ``name`` over ``channels`` channels of ``vectors`` vectors: one work-group of up to
-    ``MAX_LANES`` lanes per chunk of a channel (``_parts``). With several chunks and ``two_stages``
-    (the kernel reduces the channel first), stage 0 stores each chunk's sums and stage 1 adds them
-    in chunk order, then writes; otherwise one launch. ``args`` end where the chunk arguments begin
-    (the chunk sums' workspace, P, the stage; one stage passes ``spare``, a statistics tensor it
-    does not read there)."""
-    resolved = get_kernel(("batch_norm", *key), device, make, name, [*types, None, np.int32, np.int32])
-    limit = _LIMITS.get((key, device))
-    if limit is None:
-        wg = resolved.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
-        cap = CPU_LANES if device.cl_device.type & cl.device_type.CPU else MAX_LANES
-        limit = _LIMITS[(key, device)] = min(cap, 1 << (int(wg).bit_length() - 1))
-    parts = _parts(device, channels, vectors)
-    lanes = min(limit, pow2_ceil(max(1, -(-vectors // (PER_LANE * parts)))))
-    staged = parts > 1 and two_stages
-    work = Tensor.empty((channels * parts * 2,), spare.dtype, device) if staged else spare
-    for stage in (0, 1) if staged else (1,):
-        launch_prepared(
-            ("batch_norm", *key), device, resolved.kernel, channels * parts * lanes, lanes, [*args, work, parts, stage]
-        )
+class _ChannelLaunches:
+    """Kernel ``name``'s launches over ``channels`` channels of ``vectors`` vectors, prepared: one work-group of
+    up to ``MAX_LANES`` lanes per chunk of a channel (``_parts``). With several chunks and ``two_stages`` (the
+    kernel reduces the channel first), stage 0 stores each chunk's sums and stage 1 adds them in chunk order,
+    then writes; otherwise one launch. ``types`` are the kernel's arguments up to where the chunk arguments
+    begin (the chunk sums' workspace, P, the stage); ``scalars`` (index -> value) are bound once, the buffers
+    before them passed per call."""
+
+    def __init__(
+        self,
+        key: tuple,
+        device: Device,
+        make: Callable[[], str],
+        name: str,
+        types: list,
+        channels: int,
+        vectors: int,
+        scalars: dict[int, Any],
+        two_stages: bool,
+    ) -> None:
+        resolved = get_kernel(("batch_norm", *key), device, make, name, [*types, None, np.int32, np.int32])
+        limit = _LIMITS.get((key, device))
+        if limit is None:
+            wg = resolved.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
+            cap = CPU_LANES if device.cl_device.type & cl.device_type.CPU else MAX_LANES
+            limit = _LIMITS[(key, device)] = min(cap, 1 << (int(wg).bit_length() - 1))
+        parts = _parts(device, channels, vectors)
+        lanes = min(limit, pow2_ceil(max(1, -(-vectors // (PER_LANE * parts)))))
+        self.device, self.staged = device, parts > 1 and two_stages
+        self.work_shape = (channels * parts * 2,)
+        chunk = len(types)  # the workspace's index; P and the stage follow it
+        self.calls = [
+            PreparedLaunch.binding(
+                resolved.kernel, channels * parts * lanes, lanes, {**scalars, chunk + 1: parts, chunk + 2: stage},
+                device.queue,
+            ).call
+            for stage in ((0, 1) if self.staged else (1,))
+        ]  # fmt: skip
+
+    def __call__(self, buffers: list[Any], spare: Tensor) -> None:
+        """Launch on ``buffers`` (raw); one stage passes ``spare``, a statistics tensor it does not read there,
+        as the workspace."""
+        work = Tensor.empty(self.work_shape, spare.dtype, self.device) if self.staged else spare
+        for call in self.calls:
+            call(*buffers, work.data)
 
 
 def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -> str:
@@ -272,8 +290,12 @@ def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -
     return defines + _HEADER.format(pragmas=pragmas(dtypes), acc=acc, idx=idx, lmax=MAX_LANES) + _SUM2
 
 
-def _param(name: str, t: Tensor | None, const: bool = True) -> str:
-    return "" if t is None else f"__global {'const ' if const else ''}{storage_ctype(t.dtype)}* restrict {name}, "
+def _param(name: str, dtype: np.dtype | None, const: bool = True) -> str:
+    return "" if dtype is None else f"__global {'const ' if const else ''}{storage_ctype(dtype)}* restrict {name}, "
+
+
+def _dtype(t: Tensor | None) -> np.dtype | None:
+    return None if t is None else t.dtype
 
 
 def batch_norm_forward(
@@ -286,11 +308,99 @@ def batch_norm_forward(
     momentum: float = 0.1,
     eps: float = 1e-5,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running)."""
-    training = bool(training)
-    N, C, S = check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    acc, stat = _acc(x.dtype)
-    return batch_norm_apply(x, running_mean, running_var, weight, bias, training, momentum, eps, (N, C, S), acc, stat)
+    """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running).
+    Checked and prepared once per call signature (``call_plans``)."""
+    key = (
+        tensor_sig(x) if x is not None else UNKEYED,
+        tensor_sig(running_mean),
+        tensor_sig(running_var),
+        tensor_sig(weight),
+        tensor_sig(bias),
+        exact(training, bool),
+        exact(momentum, float, int),
+        exact(eps, float, int),
+        _parts,  # the chunking policy the launches were prepared with
+    )
+    plan = _FORWARDS.plans.get(key)
+    if plan is None:
+        training = bool(training)
+        N, C, S = check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        acc, stat = _acc(x.dtype)
+        if x.device.kind == NUMPY_KIND:
+            args = (training, momentum, eps, (N, C, S), acc, stat)
+            made = functools.partial(_apply_with, args)
+        else:
+            stats = (running_mean, running_var)
+            made = _forward_launches(x, *stats, weight, bias, training, momentum, eps, (N, C, S), acc, stat)
+        plan = _FORWARDS.keep(complete(key), made)
+    return plan(x, running_mean, running_var, weight, bias)
+
+
+def _apply_with(
+    args: tuple, x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
+    bias: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    return batch_norm_apply(x, running_mean, running_var, weight, bias, *args)
+
+
+def _forward_launches(
+    x: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    sizes: tuple[int, int, int],
+    acc: str,
+    stat: np.dtype,
+) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """``batch_norm_apply`` on OpenCL for operands like these as ``run(x, running_mean, running_var, weight,
+    bias) -> (y, mean, rstd)``: eps, momentum and the sizes bound (the operands' dtypes read, not kept)."""
+    N, C, S = sizes
+    device, shape, x_dtype = x.device, x.shape, x.dtype
+    empty = Tensor.empty
+    if C == 0 or x.size == 0:
+        return lambda x, *_: (empty(shape, x_dtype, device), empty((C,), stat, device), empty((C,), stat, device))
+    vec = 4 if S % 4 == 0 else 1
+    running = running_mean is not None
+    idx = index_ctype(x.size)
+    optional = [_dtype(t) for t in (weight, bias, running_mean, running_var)]
+    dtypes = [x_dtype, stat, *[d for d in optional if d is not None]]
+    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running}
+    w_dtype, b_dtype, rm_dtype, rv_dtype = optional
+
+    def make() -> str:
+        return _header(dtypes, acc, idx, flags) + _FORWARD.format(
+            xt=storage_ctype(x_dtype),
+            params=_param("w", w_dtype)
+            + _param("b", b_dtype)
+            + _param("rm", rm_dtype, not training)
+            + _param("rv", rv_dtype, not training),
+            w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
+            b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
+        )
+
+    key = ("fwd", tuple(d.str for d in dtypes), w_dtype is not None, b_dtype is not None, running, training, vec, idx)
+    buffers = 4 + len(dtypes) - 2  # x, the optional tensors, y, mean, rstd
+    types = [None] * buffers + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3
+    values = [float(eps), float(momentum), N, C, S // vec]
+    launches = _ChannelLaunches(
+        key, device, make, "netcl_batch_norm", types, C, N * S // vec,
+        {buffers + i: v for i, v in enumerate(values)}, training,
+    )  # fmt: skip
+
+    def run(
+        x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        y = empty(shape, x_dtype, device)
+        mean, rstd = empty((C,), stat, device), empty((C,), stat, device)
+        present = [t.data for t in (weight, bias, running_mean, running_var) if t is not None]
+        launches([x.data, *present, y.data, mean.data, rstd.data], mean)
+        return y, mean, rstd
+
+    return run
 
 
 @backend_op(_TWINS)
@@ -308,38 +418,11 @@ def batch_norm_apply(
     stat: np.dtype,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``batch_norm_forward`` of a checked call: x viewed as ``sizes`` (N, C, S), arithmetic in ``acc``
-    (``stat``), the statistics' dtype."""
-    N, C, S = sizes
-    device = x.device
-    y = Tensor.empty(x.shape, x.dtype, device)
-    mean, rstd = Tensor.empty((C,), stat, device), Tensor.empty((C,), stat, device)
-    if C == 0 or x.size == 0:
-        return y, mean, rstd
-    vec = 4 if S % 4 == 0 else 1
-    running = running_mean is not None
-    idx = index_ctype(x.size)
-    buffers = [t for t in (weight, bias, running_mean, running_var) if t is not None]
-    dtypes = [x.dtype, stat, *[t.dtype for t in buffers]]
-    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running}
-
-    def make() -> str:
-        return _header(dtypes, acc, idx, flags) + _FORWARD.format(
-            xt=storage_ctype(x.dtype),
-            params=_param("w", weight)
-            + _param("b", bias)
-            + _param("rm", running_mean, not training)
-            + _param("rv", running_var, not training),
-            w="(ACC)w[c]" if weight is not None else "(ACC)1",
-            b="(ACC)b[c]" if bias is not None else "(ACC)0",
-        )
-
-    key = ("fwd", tuple(d.str for d in dtypes), weight is not None, bias is not None, running, training, vec, idx)
-    types = [None] * (len(buffers) + 4) + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3
-    sizes = [ARG_DTYPES[idx].type(v) for v in (N, C, S // vec)]
-    scalars = [ARG_DTYPES[acc].type(float(v)) for v in (eps, momentum)]
-    args = [x, *buffers, y, mean, rstd, *scalars, *sizes]
-    _run(key, device, make, "netcl_batch_norm", types, C, N * S // vec, args, mean, training)
-    return y, mean, rstd
+    (``stat``), the statistics' dtype (prepared for this call alone: ``batch_norm_forward`` keeps them)."""
+    args = (training, momentum, eps, sizes, acc, stat)
+    return _forward_launches(x, running_mean, running_var, weight, bias, *args)(
+        x, running_mean, running_var, weight, bias
+    )
 
 
 def batch_norm(
@@ -367,7 +450,28 @@ def batch_norm_backward(
     needs: tuple[bool, bool, bool] = (True, True, True),
 ) -> Grads:
     """(dx, dweight, dbias) of ``batch_norm`` from the ``mean``/``rstd`` its forward returned; ``needs``
-    picks which are computed (dweight only with a weight)."""
+    picks which are computed (dweight only with a weight). Checked and prepared once per call signature."""
+    flags = needs if type(needs) is tuple and len(needs) == 3 and {*map(type, needs)} <= {bool} else UNKEYED
+    key = (
+        tensor_sig(g) if g is not None else UNKEYED,
+        tensor_sig(x) if x is not None else UNKEYED,
+        tensor_sig(mean) if mean is not None else UNKEYED,
+        tensor_sig(rstd) if rstd is not None else UNKEYED,
+        tensor_sig(weight),
+        exact(training, bool),
+        flags,
+        _parts,  # the chunking policy the launches were prepared with
+    )
+    plan = _BACKWARDS.plans.get(key)
+    if plan is None:
+        plan = _BACKWARDS.keep(complete(key), _backward_plan(g, x, mean, rstd, weight, training, needs))
+    return plan(g, x, mean, rstd, weight)
+
+
+def _backward_plan(
+    g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, training: bool, needs: Any
+) -> Callable[..., Grads]:
+    """``batch_norm_backward``'s checks for these arguments, and its work as ``run(g, x, mean, rstd, weight)``."""
     op = "batch_norm_backward"
     for name, t in (("g", g), ("x", x), ("mean", mean), ("rstd", rstd), ("weight", weight)):
         _tensor(op, name, t, optional=name == "weight")
@@ -384,8 +488,78 @@ def batch_norm_backward(
         raise DTypeError(f"{op}: mean and rstd must be {stat} (what batch_norm_forward returns), got {mean.dtype}")
     need_dx, need_dw, need_db = needs[0], needs[1] and weight is not None, needs[2]
     w_dtype = weight.dtype if weight is not None else x.dtype
-    needed = (need_dx, need_dw, need_db)
-    return batch_norm_grads(g, x, mean, rstd, weight, bool(training), needed, (N, C, S), acc, stat, w_dtype)
+    args = (bool(training), (need_dx, need_dw, need_db), (N, C, S), acc, stat, w_dtype)
+    if x.device.kind == NUMPY_KIND:
+        return functools.partial(_grads_with, args)
+    return _backward_launches(g, x, weight, *args)
+
+
+def _grads_with(args: tuple, g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None) -> Grads:
+    return batch_norm_grads(g, x, mean, rstd, weight, *args)
+
+
+def _backward_launches(
+    g: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    training: bool,
+    needs: tuple[bool, bool, bool],
+    sizes: tuple[int, int, int],
+    acc: str,
+    stat: np.dtype,
+    w_dtype: np.dtype,
+) -> Callable[..., Grads]:
+    """``batch_norm_grads`` on OpenCL for operands like these as ``run(g, x, mean, rstd, weight)``: the sizes
+    bound (the operands' dtypes read, not kept)."""
+    (need_dx, need_dw, need_db), (N, C, S) = needs, sizes
+    device, shape, g_dtype, x_dtype = x.device, x.shape, g.dtype, x.dtype
+    has_weight = weight is not None
+    reduce = need_dw or need_db or (need_dx and training)
+    empty = Tensor.empty
+    launches: _ChannelLaunches | None = None
+    if C and (need_dx or reduce) and x.size:
+        vec = 4 if S % 4 == 0 else 1
+        idx = index_ctype(x.size)
+        dtypes = [x_dtype, g_dtype, stat, *([weight.dtype] if has_weight else [])]
+        flags = {"VEC": vec, "TRAINING": bool(training), "REDUCE": reduce, "NEED_DX": need_dx}
+        weight_dtype = _dtype(weight)
+
+        def make() -> str:
+            return _header(dtypes, acc, idx, flags) + _BACKWARD.format(
+                xt=storage_ctype(x_dtype),
+                gt=storage_ctype(g_dtype),
+                params=_param("w", weight_dtype),
+                w="(ACC)w[c]" if has_weight else "(ACC)1",
+            )
+
+        key = ("bwd", tuple(d.str for d in dtypes), has_weight, *flags.values(), idx)
+        buffers = 7 + has_weight  # x, g, (weight), mean, rstd, gx (or dw), dw, db
+        types = [None] * buffers + [ARG_DTYPES[idx]] * 3
+        values = [N, C, S // vec]
+        launches = _ChannelLaunches(
+            key, device, make, "netcl_batch_norm_backward", types, C, N * S // vec,
+            {buffers + i: v for i, v in enumerate(values)}, reduce,
+        )  # fmt: skip
+    zero = bool(C and (need_dx or reduce) and not x.size)
+
+    def run(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None) -> Grads:
+        gx = empty(shape, g_dtype, device) if need_dx else None
+        dw, db = empty((C,), stat, device), empty((C,), stat, device)
+        if launches is not None:
+            w = [weight.data] if weight is not None else []
+            launches([x.data, g.data, *w, mean.data, rstd.data, (gx if need_dx else dw).data, dw.data, db.data], dw)
+        elif zero:
+            from netcl.runtime.ops.pointwise import fill_
+
+            fill_(dw, 0.0)
+            fill_(db, 0.0)
+        return (
+            gx,
+            _as(dw, w_dtype) if need_dw else None,
+            _as(db, w_dtype) if need_db else None,
+        )
+
+    return run
 
 
 @backend_op(_TWINS, device_arg="x")
@@ -403,43 +577,10 @@ def batch_norm_grads(
     w_dtype: np.dtype,
 ) -> Grads:
     """``batch_norm_backward`` of a checked call: ``needs`` (dx, dweight, dbias) resolved (dweight only with a
-    weight), x viewed as ``sizes`` (N, C, S), arithmetic in ``acc`` (``stat``), dweight and dbias in ``w_dtype``."""
-    (need_dx, need_dw, need_db), (N, C, S) = needs, sizes
-    device = x.device
-    gx = Tensor.empty(x.shape, g.dtype, device) if need_dx else None
-    dw, db = Tensor.empty((C,), stat, device), Tensor.empty((C,), stat, device)
-    reduce = need_dw or need_db or (need_dx and training)
-    if C and (need_dx or reduce):
-        if x.size == 0:
-            from netcl.runtime.ops.pointwise import fill_
-
-            fill_(dw, 0.0)
-            fill_(db, 0.0)
-        else:
-            vec = 4 if S % 4 == 0 else 1
-            idx = index_ctype(x.size)
-            dtypes = [x.dtype, g.dtype, stat, *([weight.dtype] if weight is not None else [])]
-            flags = {"VEC": vec, "TRAINING": bool(training), "REDUCE": reduce, "NEED_DX": need_dx}
-
-            def make() -> str:
-                return _header(dtypes, acc, idx, flags) + _BACKWARD.format(
-                    xt=storage_ctype(x.dtype),
-                    gt=storage_ctype(g.dtype),
-                    params=_param("w", weight),
-                    w="(ACC)w[c]" if weight is not None else "(ACC)1",
-                )
-
-            key = ("bwd", tuple(d.str for d in dtypes), weight is not None, *flags.values(), idx)
-            buffers = [x, g, *([weight] if weight is not None else []), mean, rstd, gx if need_dx else dw, dw, db]
-            types = [None] * len(buffers) + [ARG_DTYPES[idx]] * 3
-            sizes = [ARG_DTYPES[idx].type(v) for v in (N, C, S // vec)]
-            args = [*buffers, *sizes]
-            _run(key, device, make, "netcl_batch_norm_backward", types, C, N * S // vec, args, dw, reduce)
-    return (
-        gx,
-        _as(dw, w_dtype) if need_dw else None,
-        _as(db, w_dtype) if need_db else None,
-    )
+    weight), x viewed as ``sizes`` (N, C, S), arithmetic in ``acc`` (``stat``), dweight and dbias in ``w_dtype``
+    (prepared for this call alone: ``batch_norm_backward`` keeps them)."""
+    run = _backward_launches(g, x, weight, training, needs, sizes, acc, stat, w_dtype)
+    return run(g, x, mean, rstd, weight)
 
 
 def _as(t: Tensor, dtype: np.dtype) -> Tensor:

@@ -39,10 +39,12 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, run_rows, scalars
+from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pow2_ceil, pragmas, round_up, storage_ctype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, context, exact, tensor_sig, window
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.linalg import matmul
 from netcl.runtime.ops.pointwise import add
@@ -97,10 +99,18 @@ class ConvGeometry:
                 f"{op}: kernel of effective size {eff} is larger than the padded input "
                 f"({self.H + 2 * self.PH}, {self.W + 2 * self.PW}) of x shape {tuple(x_shape)} with padding {padding}"
             )
+        self.key = (self.N, *(getattr(self, name) for name in _GEOMETRY))
+        self._hash = hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ConvGeometry and other.key == self.key
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def values(self) -> list[int]:
-        return [getattr(self, name) for name in _GEOMETRY]
+        return list(self.key[1:])
 
 
 _IM2COL = """{pragmas}
@@ -148,21 +158,42 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
 """
 
 
+#: Prepared im2col / col2im launches by (kernel, device, dtype, sizes, geometry): the sizes bound once.
+_LAYOUTS = PlanCache("conv2d-im2col")
+
+
 def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) -> Tensor:
-    idx = index_ctype(src.size, dst.size)
+    key = (name, dst.device, dst.dtype, src.size, dst.size, geo.N, *geo.values)
+    call = _LAYOUTS.plans.get(key)
+    if call is None:
+        call = _LAYOUTS.keep(key, _prepare_layout(template, name, geo, src.size, dst))
+    call(src.data, dst.data)
+    return dst
+
+
+def _prepare_layout(template: str, name: str, geo: ConvGeometry, src_size: int, dst: Tensor) -> Callable[..., None]:
+    """``_run``'s launch of ``netcl_<name>`` for tensors of these sizes (src and dst passed per call)."""
+    idx = index_ctype(src_size, dst.size)
     st, ct = storage_ctype(dst.dtype), compute_ctype(dst.dtype)
 
     def source() -> str:
         return template.format(pragmas=pragmas([dst.dtype]), st=st, ct=ct, idx=idx, geometry=params(idx, _GEOMETRY))
 
     types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
-    values = scalars(idx, [dst.size, *geo.values])
+    bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values])}
+    resolved = get_kernel(("layers", name, st, idx), dst.device, source, f"netcl_{name}", types)
     if name == "im2col":  # one work-group row per (image, c, ki, kj): its divisions are uniform
         grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
-        run_rows((name, st, idx), dst.device, source, f"netcl_{name}", types, grid, src, dst, *values)
+        if min(grid) <= 0:
+            return lambda *raw: None
+        local = min(resolved.max_local, pow2_ceil(grid[0]))
+        sizes: tuple = ((round_up(grid[0], local), grid[1], grid[2]), (local, 1, 1))
     else:
-        run_1d((name, st, idx), dst.device, source, f"netcl_{name}", types, dst.size, src, dst, *values)
-    return dst
+        if dst.size <= 0:
+            return lambda *raw: None
+        local = resolved.max_local
+        sizes = (round_up(dst.size, local), local)
+    return PreparedLaunch.binding(resolved.kernel, *sizes, bound, dst.device.queue).call
 
 
 @backend_op(_TWINS)
@@ -180,6 +211,9 @@ def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
 
 
 # ---- conv2d --------------------------------------------------------------------------------------
+_GEOMETRIES = PlanCache("conv2d-geometry")
+
+
 def check_conv2d(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
@@ -189,7 +223,37 @@ def check_conv2d(
     dilation: Any,
     groups: Any,
 ) -> ConvGeometry:
-    """Validate a conv2d call by shapes (ShapeError/ValueError naming the argument); returns its geometry."""
+    """Validate a conv2d call by shapes (ShapeError/ValueError naming the argument); returns its geometry
+    (one shared object per signature: callers must not change it)."""
+    key = (
+        x_shape if type(x_shape) is tuple else UNKEYED,
+        w_shape if type(w_shape) is tuple else UNKEYED,
+        b_shape if b_shape is None or type(b_shape) is tuple else UNKEYED,
+        window(stride),
+        window(padding),
+        window(dilation),
+        groups if type(groups) is int else UNKEYED,
+    )
+    try:
+        geo = _GEOMETRIES.plans.get(key)
+    except TypeError:  # an unhashable shape: _check_conv2d says what is wrong with it
+        geo, key = None, (UNKEYED,)
+    if geo is None:
+        geo = _check_conv2d(x_shape, w_shape, b_shape, stride, padding, dilation, groups)
+        _GEOMETRIES.keep(complete(key), geo)
+    return geo
+
+
+def _check_conv2d(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    b_shape: Sequence[int] | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: Any,
+) -> ConvGeometry:
+    """``check_conv2d`` in full."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) != 4:
         raise ShapeError(f"conv2d: x must be 4-d (N, C, H, W), got shape {x_shape}")
@@ -369,6 +433,9 @@ def _winograd_precision(device, mode: str | None) -> str | None:
     return "tf32x3" if gemm_mma.available(device, "tf32x3") else None
 
 
+_FORWARDS = PlanCache("conv2d")
+
+
 def conv2d(
     x: Tensor,
     w: Tensor,
@@ -385,8 +452,34 @@ def conv2d(
 
     ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module
     docstring); ``winograd`` chooses Winograd's F(m x m, 3 x 3) for 3x3 stride-1 layers
-    (``_winograd_tile``: None picks it by layer, True / 2 / 4 ask for it, False never).
+    (``_winograd_tile``: None picks it by layer, True / 2 / 4 ask for it, False never). The choice is
+    made once per call signature (``call_plans``).
     """
+    key = (
+        tensor_sig(x) if x is not None else UNKEYED,
+        tensor_sig(w) if w is not None else UNKEYED,
+        tensor_sig(b),
+        window(stride),
+        window(padding),
+        window(dilation),
+        groups if type(groups) is int else UNKEYED,
+        exact(implicit, bool),
+        exact(winograd, type(None), bool, int),
+        context(),
+    )
+    plan = _FORWARDS.plans.get(key)
+    if plan is None:
+        plan = _FORWARDS.keep(
+            complete(key), _forward_plan(x, w, b, stride, padding, dilation, groups, implicit, winograd)
+        )
+    return plan(x, w, b)
+
+
+def _forward_plan(
+    x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: Any, implicit: bool,
+    winograd: bool | int | None,
+) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
+    """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b) -> y``."""
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
@@ -398,12 +491,16 @@ def conv2d(
         else (0, None)
     )
     if tile:
-        return at_matmul_precision(products, conv_winograd.forward)(x, w, b, geo, tile)
+        return at_matmul_precision(products, lambda x, w, b: conv_winograd.forward(x, w, b, geo, tile))
     if _pointwise(implicit, x, w, groups, geo):
-        return _pointwise_forward(x, w, b, geo)
+        return lambda x, w, b: _pointwise_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
-        return conv_implicit.forward(x, w, b, geo)
+        return lambda x, w, b: conv_implicit.forward(x, w, b, geo)
     g = int(groups)
+    return lambda x, w, b: _im2col_forward(x, w, b, geo, g)
+
+
+def _im2col_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry, g: int) -> Tensor:
     cols = im2col(x, geo).reshape(geo.N, g, geo.C // g * geo.KH * geo.KW, geo.OH * geo.OW)
     out = matmul(_grouped_weight(w, g), cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
     if b is not None:
@@ -449,6 +546,27 @@ def _matmul_t(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool
     return matmul(swap_a, swap_b)
 
 
+_GRADIENTS = PlanCache("conv2d-gradient")
+
+
+def _gradient_key(
+    kind: str, a: Tensor, b: Tensor, geo: Any, groups: Any, implicit: Any, winograd: Any, addend: Any, extra: Any = None
+) -> tuple[Any, ...]:
+    """The plan key of one gradient pass (``extra``: what else the pass's result depends on, w's shape for dw)."""
+    return (
+        kind,
+        tensor_sig(a) if a is not None else UNKEYED,
+        tensor_sig(b) if b is not None else UNKEYED,
+        geo if type(geo) is ConvGeometry else UNKEYED,
+        groups if type(groups) is int else UNKEYED,
+        exact(implicit, bool),
+        exact(winograd, type(None), bool, int),
+        tensor_sig(addend),
+        extra,
+        context(),
+    )
+
+
 def _gradient(
     kind: str,
     a: Tensor,
@@ -458,26 +576,29 @@ def _gradient(
     out_ch: int,
     implicit: bool,
     winograd: bool | int | None,
-    addend: Tensor | None,
-    paths: dict[str, Callable[..., Tensor]],
-) -> Tensor:
-    """One gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``) by the first path that runs it:
-    Winograd (``paths["winograd"](tile, addend)``), one batched product of a 1x1 layer
-    (``paths["pointwise"](addend)``, where given), the implicit GEMM (``paths["implicit"](addend)``,
-    the addend summed in its store in float32), else im2col (``paths["im2col"]()``); where a path
-    cannot take the addend it is added by an ``add``."""
+    addend: bool,
+    paths: dict[str, Callable[..., Any]],
+) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
+    as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
+    products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), the
+    implicit GEMM (``paths["implicit"]``, the addend summed in its store in float32), else im2col
+    (``paths["im2col"]``, taking no addend); where a path cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
-        return at_matmul_precision(products, paths["winograd"])(tile, addend)
+        return paths["winograd"](tile, products)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
-        return paths["pointwise"](addend)
+        return paths["pointwise"]
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
-        if addend is None or a.dtype == float32:
-            return paths["implicit"](addend)
-        return add(addend, paths["implicit"](None))
-    result = paths["im2col"]()
-    return result if addend is None else add(addend, result)
+        run = paths["implicit"]
+        if not addend or a.dtype == float32:
+            return run
+        return lambda a, b, extra: add(extra, run(a, b, None))
+    im2col_run = paths["im2col"]
+    if not addend:
+        return lambda a, b, extra: im2col_run(a, b)
+    return lambda a, b, extra: add(extra, im2col_run(a, b))
 
 
 def conv2d_backward_input(
@@ -494,16 +615,23 @@ def conv2d_backward_input(
 
     ``addend`` (a tensor of x's shape and grad's dtype): the result is ``addend + d x``, summed in the
     implicit GEMM's or Winograd's store where it runs in float32, else by an ``add``. ``implicit`` and
-    ``winograd`` as in ``conv2d``."""
-    if addend is not None:
-        _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
-    paths = {
-        "winograd": lambda tile, extra: conv_winograd.backward_input(grad, w, geo, extra, tile),
-        "pointwise": lambda extra: _pointwise_backward_input(grad, w, geo, extra),
-        "implicit": lambda extra: conv_implicit.backward_input(grad, w, geo, extra),
-        "im2col": lambda: _im2col_backward_input(grad, w, geo, groups),
-    }
-    return _gradient("dx", grad, w, groups, geo, int(w.shape[0]), implicit, winograd, addend, paths)
+    ``winograd`` as in ``conv2d``; the path is chosen once per call signature (``call_plans``)."""
+    key = _gradient_key("dx", grad, w, geo, groups, implicit, winograd, addend)
+    plan = _GRADIENTS.plans.get(key)
+    if plan is None:
+        if addend is not None:
+            _check_addend("conv2d_backward_input", addend, (geo.N, geo.C, geo.H, geo.W), grad)
+        paths = {
+            "winograd": lambda tile, products: at_matmul_precision(
+                products, lambda grad, w, extra: conv_winograd.backward_input(grad, w, geo, extra, tile)
+            ),
+            "pointwise": lambda grad, w, extra: _pointwise_backward_input(grad, w, geo, extra),
+            "implicit": lambda grad, w, extra: conv_implicit.backward_input(grad, w, geo, extra),
+            "im2col": lambda grad, w: _im2col_backward_input(grad, w, geo, groups),
+        }
+        made = _gradient("dx", grad, w, groups, geo, int(w.shape[0]), implicit, winograd, addend is not None, paths)
+        plan = _GRADIENTS.keep(complete(key), made)
+    return plan(grad, w, addend)
 
 
 def _im2col_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, groups: int) -> Tensor:
@@ -529,16 +657,27 @@ def conv2d_backward_weight(
 
     ``addend`` (a tensor of w's shape and grad's dtype): the result is ``addend + d w``, summed in the
     implicit GEMM's or Winograd's store where it runs in float32, else by an ``add``. ``implicit`` and
-    ``winograd`` as in ``conv2d``."""
-    if addend is not None:
-        _check_addend("conv2d_backward_weight", addend, w_shape, grad)
-    out_ch = int(w_shape[0])
-    paths = {
-        "winograd": lambda tile, extra: conv_winograd.backward_weight(grad, x, geo, extra, tile),
-        "implicit": lambda extra: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
-        "im2col": lambda: _im2col_backward_weight(grad, x, w_shape, geo, groups),
-    }
-    return _gradient("dw", grad, x, groups, geo, out_ch, implicit, winograd, addend, paths)
+    ``winograd`` as in ``conv2d``; the path is chosen once per call signature (``call_plans``)."""
+    shape_key = w_shape if type(w_shape) is tuple else UNKEYED
+    key = _gradient_key("dw", grad, x, geo, groups, implicit, winograd, addend, shape_key)
+    try:
+        plan = _GRADIENTS.plans.get(key)
+    except TypeError:  # an unhashable w_shape
+        plan, key = None, (UNKEYED,)
+    if plan is None:
+        if addend is not None:
+            _check_addend("conv2d_backward_weight", addend, w_shape, grad)
+        out_ch = int(w_shape[0])
+        paths = {
+            "winograd": lambda tile, products: at_matmul_precision(
+                products, lambda grad, x, extra: conv_winograd.backward_weight(grad, x, geo, extra, tile)
+            ),
+            "implicit": lambda grad, x, extra: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
+            "im2col": lambda grad, x: _im2col_backward_weight(grad, x, w_shape, geo, groups),
+        }
+        made = _gradient("dw", grad, x, groups, geo, out_ch, implicit, winograd, addend is not None, paths)
+        plan = _GRADIENTS.keep(complete(key), made)
+    return plan(grad, x, addend)
 
 
 def _im2col_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:

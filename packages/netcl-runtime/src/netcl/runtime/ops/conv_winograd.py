@@ -26,13 +26,18 @@ its twin, ``netcl.runtime.numpy_twins.conv_winograd``.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from fractions import Fraction
 
-from netcl.core import Tensor
+from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_rows, scalars
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.call_plans import PlanCache
 from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
 from netcl.runtime.ops.linalg import matmul
 
@@ -256,37 +261,90 @@ def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
     )
 
 
-def _launch(
-    part: str, m: int, grid: tuple[int, int], args: list, sizes: list[int], flags: dict[str, int], idx: str
-) -> None:
-    """Build (once per tile, index type and flags) and launch transform ``part`` on (columns, rows)."""
+_PASSES = PlanCache("conv2d-winograd")
+
+
+def _prepared(
+    device: Device, part: str, m: int, grid: tuple[int, int], buffers: int, sizes: list[int], flags: dict[str, int],
+    idx: str,
+) -> Callable[..., None]:  # fmt: skip
+    """The launch of transform ``part`` (built once per tile, index type and flags) on (columns, rows) =
+    ``grid`` with its ``sizes`` bound: a call takes the ``buffers`` raw buffers. Work-groups are one row of
+    up to 256 columns (``_grid.run_rows``' grid)."""
     names = _SIZES[part]
-    types = [None] * len(args) + [index_dtype(idx)] * len(names)
-    key = ("winograd", part, m, idx, tuple(sorted(flags.items())))
-    run_rows(
-        key, args[0].device, lambda: _SOURCES[part](m, idx, flags), f"netcl_wino_{part}", types, (*grid, 1),
-        *args, *scalars(idx, sizes),
-    )  # fmt: skip
+    types = [None] * buffers + [index_dtype(idx)] * len(names)
+    key = ("layers", "winograd", part, m, idx, tuple(sorted(flags.items())))
+    resolved = get_kernel(key, device, lambda: _SOURCES[part](m, idx, flags), f"netcl_wino_{part}", types)
+    local = min(resolved.max_local, pow2_ceil(grid[0]))
+    gsize = (round_up(grid[0], local), grid[1], 1)
+    bound = {buffers + i: int(v) for i, v in enumerate(sizes)}
+    return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1, 1), bound, device.queue).call
 
 
-class Tiling(TileGrid):
-    """A layer's ``TileGrid`` with the OpenCL input transform."""
+def _prepared_convolve(
+    device: Device, src_shape: tuple[int, ...], r: int, s: int, flip: bool, pads: tuple[int, int], kind: str,
+    tiling: TileGrid,
+) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
+    """``convolve`` on an OpenCL ``device`` for operands of these sizes as ``run(src, w, extra) -> y``: the input
+    transform first, so that the small weight transform's enqueue overlaps its run (see benchmarks/RESULTS.md,
+    "Measurements moved out of source docstrings", conv_winograd.py), the batched product, the output transform."""
+    n, h, width = int(src_shape[0]), int(src_shape[2]), int(src_shape[3])
+    m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
+    sizes_in = [s, h, width, *pads, tiling.th, tiling.tw, count]
+    transform = _prepared(device, "input", m, (count, s), 2, sizes_in, {}, idx)
+    weight = _prepared(device, "weight", m, (s, r), 2, [r, s], {"FLIP": int(flip)}, index_ctype(a2 * r * s))
+    flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
+    sizes_out = [r, tiling.oh, tiling.ow, tiling.th, tiling.tw, count]
+    output = _prepared(device, "output", m, (count, r), 3, sizes_out, flags, idx)
+    v_shape, u_shape, y_shape = (a2, s, count), (a2, r, s), (n, r, tiling.oh, tiling.ow)
+    empty = Tensor.empty
 
-    def transform_input(self, src: Tensor, pads: tuple[int, int]) -> Tensor:
-        """V (a2, S, P): the input transform of every tile's patch of ``src`` (N, S, H, W)."""
-        _, s, h, width = src.shape
-        v = Tensor.empty((self.a2, s, self.count), float32, src.device)
-        sizes = [s, h, width, *pads, self.th, self.tw, self.count]
-        _launch("input", self.m, (self.count, s), [src, v], sizes, {}, self.idx)
-        return v
+    def run(src: Tensor, w: Tensor, extra: Tensor | None) -> Tensor:
+        v = empty(v_shape, float32, device)
+        transform(src.data, v.data)
+        u = empty(u_shape, float32, device)
+        weight(w.data, u.data)
+        prod = matmul(u, v)  # (a2, R, P)
+        y = empty(y_shape, float32, device)
+        output(prod.data, y.data, prod.data if extra is None else extra.data)
+        return y
+
+    return run
+
+
+def _prepared_weight_grad(
+    device: Device, out_ch: int, geo, addend: bool, tiling: TileGrid
+) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    """``weight_grad`` on an OpenCL ``device`` for a layer of ``geo`` and ``out_ch`` outputs as
+    ``run(grad, x, addend) -> dw``: x's input transform, the upstream gradient's, their product along the
+    tiles, the weight-gradient transform (plus the addend when ``addend``)."""
+    m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
+    sizes_in = [geo.C, geo.H, geo.W, geo.PH, geo.PW, tiling.th, tiling.tw, count]
+    transform = _prepared(device, "input", m, (count, geo.C), 2, sizes_in, {}, idx)
+    sizes_out = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, count]
+    grad_output = _prepared(device, "grad_output", m, (count, out_ch), 2, sizes_out, {}, idx)
+    back_idx = index_ctype(a2 * out_ch * geo.C)
+    back = _prepared(device, "weight_grad", m, (geo.C, out_ch), 3, [out_ch, geo.C], {"ADDEND": int(addend)}, back_idx)
+    v_shape, dm_shape, dw_shape = (a2, geo.C, count), (a2, out_ch, count), (out_ch, geo.C, 3, 3)
+    empty = Tensor.empty
+
+    def run(grad: Tensor, x: Tensor, extra: Tensor | None) -> Tensor:
+        v = empty(v_shape, float32, device)
+        transform(x.data, v.data)
+        dm = empty(dm_shape, float32, device)
+        grad_output(grad.data, dm.data)
+        du = matmul(dm, v, transpose_b=True)  # (a2, O, C): a product along the P tiles
+        dw = empty(dw_shape, float32, device)
+        back(du.data, dw.data, du.data if extra is None else extra.data)
+        return dw
+
+    return run
 
 
 def _convolve(
     src: Tensor,
     w: Tensor,
     flip: bool,
-    r: int,
-    s: int,
     pads: tuple[int, int],
     out_hw: tuple[int, int],
     extra: Tensor | None,
@@ -295,48 +353,52 @@ def _convolve(
 ) -> Tensor:
     """The stride-1 3x3 correlation of ``src`` (N, S, H, W) at ``pads`` with the R x S filters of
     ``w`` (flipped and transposed when ``flip``) by F(m x m, 3 x 3): (N, R, OH, OW), plus ``extra``
-    as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none)."""
-    n = src.shape[0]
-    tiling = Tiling(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+    as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none). Its
+    tiling and launches are made once per signature (``call_plans``)."""
+    key = ("convolve", src.device, src.shape, w.shape, flip, pads, out_hw, kind, m)
+    run = _PASSES.plans.get(key)
+    if run is None:
+        device, n = src.device, src.shape[0]
+        r, s = (int(w.shape[1]), int(w.shape[0])) if flip else (int(w.shape[0]), int(w.shape[1]))
+        tiling = TileGrid(m, n, out_hw, (r, s), (src.size, n * r * out_hw[0] * out_hw[1]))
+        if device.kind == "opencl":
+            made = _prepared_convolve(device, src.shape, r, s, flip, pads, kind, tiling)
+        else:
+            made = functools.partial(_convolve_with, flip, pads, kind, tiling)
+        run = _PASSES.keep(key, made)
+    return run(src, w, extra)
+
+
+def _convolve_with(
+    flip: bool, pads: tuple[int, int], kind: str, tiling: TileGrid, src: Tensor, w: Tensor, extra: Tensor | None
+) -> Tensor:
     return convolve(src, w, flip, pads, extra, kind, tiling)
 
 
 @backend_op(_TWINS)
 def convolve(
-    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: Tiling
+    src: Tensor, w: Tensor, flip: bool, pads: tuple[int, int], extra: Tensor | None, kind: str, tiling: TileGrid
 ) -> Tensor:
     """``_convolve`` on its ``tiling`` (whose output is ``tiling.oh`` x ``tiling.ow``): R x S filters of w
-    (R, S, 3, 3), or of w (S, R, 3, 3) flipped and transposed when ``flip``."""
+    (R, S, 3, 3), or of w (S, R, 3, 3) flipped and transposed when ``flip`` (prepared for this call alone:
+    ``_convolve`` keeps them)."""
     r, s = (int(w.shape[1]), int(w.shape[0])) if flip else (int(w.shape[0]), int(w.shape[1]))
-    n, out_hw, m = src.shape[0], (tiling.oh, tiling.ow), tiling.m
-    # the input transform first, so that the small weight transform's enqueue overlaps its run
-    # (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", conv_winograd.py)
-    v = tiling.transform_input(src, pads)
-    u = Tensor.empty((tiling.a2, r, s), float32, src.device)
-    _launch("weight", m, (s, r), [w, u], [r, s], {"FLIP": int(flip)}, index_ctype(tiling.a2 * r * s))
-    prod = matmul(u, v)  # (a2, R, P)
-    y = Tensor.empty((n, r, *out_hw), float32, src.device)
-    flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
-    sizes = [r, *out_hw, tiling.th, tiling.tw, tiling.count]
-    _launch("output", m, (tiling.count, r), [prod, y, prod if extra is None else extra], sizes, flags, tiling.idx)
-    return y
+    return _prepared_convolve(src.device, src.shape, r, s, flip, pads, kind, tiling)(src, w, extra)
 
 
 def forward(x: Tensor, w: Tensor, b: Tensor | None, geo, tile: int = 2) -> Tensor:
     """conv2d of x (N, C, H, W) with w (O, C, 3, 3) plus a float32 ``b`` (O,): (N, O, OH, OW);
     ``tile``: the output tile m of F(m x m, 3 x 3), 2 or 4."""
-    out_ch = int(w.shape[0])
     kind = "bias" if b is not None else ""
-    return _convolve(x, w, False, out_ch, geo.C, (geo.PH, geo.PW), (geo.OH, geo.OW), b, kind, tile)
+    return _convolve(x, w, False, (geo.PH, geo.PW), (geo.OH, geo.OW), b, kind, tile)
 
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None, tile: int = 2) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW): (N, C, H, W), plus ``addend`` (of that
     shape, float32) added in the output transform's store when given; ``tile`` as in ``forward``."""
-    out_ch = int(w.shape[0])
     pads = (2 - geo.PH, 2 - geo.PW)
     kind = "addend" if addend is not None else ""
-    return _convolve(grad, w, True, geo.C, out_ch, pads, (geo.H, geo.W), addend, kind, tile)
+    return _convolve(grad, w, True, pads, (geo.H, geo.W), addend, kind, tile)
 
 
 def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, tile: int = 2) -> Tensor:
@@ -345,23 +407,27 @@ def backward_weight(grad: Tensor, x: Tensor, geo, addend: Tensor | None = None, 
 
     The adjoint of the forward: dU[e] = dM[e] (O, P) @ V[e]^T (P, C), with dM = A dY A^T the
     transposed output transform of each upstream block and V the forward's input transform of x,
-    then dw = G^T dU G; ``tile`` as in ``forward``."""
-    out_ch, n = int(grad.shape[1]), geo.N
-    tiling = Tiling(tile, n, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+    then dw = G^T dU G; ``tile`` as in ``forward``. Its tiling and launches are made once per signature."""
+    geometry = (geo.N, geo.C, geo.H, geo.W, geo.PH, geo.PW, geo.OH, geo.OW)
+    key = ("weight_grad", grad.device, grad.shape, x.shape, geometry, addend is not None, tile)
+    run = _PASSES.plans.get(key)
+    if run is None:
+        out_ch, device = int(grad.shape[1]), grad.device
+        tiling = TileGrid(tile, geo.N, (geo.OH, geo.OW), (out_ch, geo.C), (x.size, grad.size))
+        if device.kind == "opencl":
+            made = _prepared_weight_grad(device, out_ch, geo, addend is not None, tiling)
+        else:
+            made = functools.partial(_weight_grad_with, geo, tiling)
+        run = _PASSES.keep(key, made)
+    return run(grad, x, addend)
+
+
+def _weight_grad_with(geo, tiling: TileGrid, grad: Tensor, x: Tensor, addend: Tensor | None) -> Tensor:
     return weight_grad(grad, x, geo, addend, tiling)
 
 
 @backend_op(_TWINS)
-def weight_grad(grad: Tensor, x: Tensor, geo, addend: Tensor | None, tiling: Tiling) -> Tensor:
-    """``backward_weight`` on its ``tiling``."""
-    out_ch, tile = int(grad.shape[1]), tiling.m
-    v = tiling.transform_input(x, (geo.PH, geo.PW))
-    dm = Tensor.empty((tiling.a2, out_ch, tiling.count), float32, x.device)
-    sizes = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, tiling.count]
-    _launch("grad_output", tile, (tiling.count, out_ch), [grad, dm], sizes, {}, tiling.idx)
-    du = matmul(dm, v, transpose_b=True)  # (a2, O, C): a product along the P tiles
-    dw = Tensor.empty((out_ch, geo.C, 3, 3), float32, x.device)
-    flags = {"ADDEND": int(addend is not None)}
-    args = [du, dw, du if addend is None else addend]
-    _launch("weight_grad", tile, (geo.C, out_ch), args, [out_ch, geo.C], flags, index_ctype(du.size))
-    return dw
+def weight_grad(grad: Tensor, x: Tensor, geo, addend: Tensor | None, tiling: TileGrid) -> Tensor:
+    """``backward_weight`` on its ``tiling`` (prepared for this call alone: ``backward_weight`` keeps them)."""
+    run = _prepared_weight_grad(x.device, int(grad.shape[1]), geo, addend is not None, tiling)
+    return run(grad, x, addend)

@@ -10,15 +10,18 @@ kernel argument (one program per dtype and index width).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
-from netcl.runtime.ops._common import compute_ctype, pragmas, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, run_1d, scalars
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.call_plans import PlanCache
 from netcl.runtime.ops.conv import ConvGeometry, pair
 
 _TWINS = "netcl.runtime.numpy_twins.pool"
@@ -162,7 +165,26 @@ __kernel void netcl_adaptive_avg_pool_backward(__global const {st}* g, __global 
 """
 
 
+#: Prepared pooling launches by (kernel, device, dtype, sizes): the size arguments bound once.
+_LAUNCHES = PlanCache("pool")
+
+
 def _launch(template: str, name: str, names: list[str], values: list[int], out: Tensor, *buffers: Tensor) -> Tensor:
+    """Launch ``netcl_<name>`` over ``out``'s elements on ``buffers`` then ``out``, with the sizes ``values``."""
+    key = (name, out.device, out.dtype, out.size, *[b.size for b in buffers], *values)
+    call = _LAUNCHES.plans.get(key)
+    if call is None:
+        call = _LAUNCHES.keep(key, _prepare(template, name, names, values, out, buffers))
+    call(*[b.data for b in buffers], out.data)
+    return out
+
+
+def _prepare(
+    template: str, name: str, names: list[str], values: list[int], out: Tensor, buffers: tuple[Tensor, ...]
+) -> Callable[..., None]:
+    """``_launch``'s launch for tensors of these sizes and ``out``'s dtype (the buffers passed per call)."""
+    if out.size <= 0:
+        return lambda *raw: None
     idx = index_ctype(out.size, *(b.size for b in buffers))
     st, ct = storage_ctype(out.dtype), compute_ctype(out.dtype)
     fmt = {"pragmas": pragmas([out.dtype]), "st": st, "ct": ct, "idx": idx}
@@ -171,19 +193,12 @@ def _launch(template: str, name: str, names: list[str], values: list[int], out: 
     def source() -> str:
         return template.format(argmax=argmax, sizes=params(idx, names), **fmt)
 
-    types = [None] * (len(buffers) + 1) + [index_dtype(idx)] * len(names)
-    run_1d(
-        (name, st, idx),
-        out.device,
-        source,
-        f"netcl_{name}",
-        types,
-        out.size,
-        *buffers,
-        out,
-        *scalars(idx, [out.size, *values]),
-    )
-    return out
+    count = len(buffers) + 1
+    types = [None] * count + [index_dtype(idx)] * len(names)
+    resolved = get_kernel(("layers", name, st, idx), out.device, source, f"netcl_{name}", types)
+    local = resolved.max_local
+    bound = {count + i: int(v) for i, v in enumerate([out.size, *values])}
+    return PreparedLaunch.binding(resolved.kernel, round_up(out.size, local), local, bound, out.device.queue).call
 
 
 def _check_input(x: Any, op: str) -> None:

@@ -67,9 +67,13 @@ def at_matmul_precision(precision: str | None, fn: Callable[..., T]) -> Callable
         return fn
     _check(precision)
 
-    def wrapped(*args: Any, **kwargs: Any) -> T:
-        with matmul_precision(precision):
+    def wrapped(*args: Any, **kwargs: Any) -> T:  # ``matmul_precision(precision)`` without a generator per call
+        previous = getattr(_state, "value", None)
+        _state.value = precision
+        try:
             return fn(*args, **kwargs)
+        finally:
+            _state.value = previous
 
     return wrapped
 
