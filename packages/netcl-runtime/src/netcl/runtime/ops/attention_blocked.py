@@ -42,6 +42,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.runtime.launch import launch
+from netcl.runtime.ops import attention_tiled  # noqa: F401  registers the quad variant first: ours goes before it
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
@@ -421,43 +422,45 @@ class Blocks:
 _CANDIDATES = ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16), (16, 32), (32, 16), (16, 16))
 
 
-def _local_floats(kernel: str, E: int, b: Blocks) -> int:
+def _local_floats(kernel: str, e: int, b: Blocks) -> int:
     if kernel == "fwd":
-        return b.BM * E + b.BN * E + b.BM * b.BN
+        return b.BM * e + b.BN * e + b.BM * b.BN
     if kernel == "bwd_q":
-        return 2 * b.BM * E + b.BN * E + max(b.BN * E, b.BM * b.BN)
-    return 2 * b.BN * E + 2 * b.BM * E + 2 * b.BM * b.BN  # bwd_kv
+        return 2 * b.BM * e + b.BN * e + max(b.BN * e, b.BM * b.BN)
+    return 2 * b.BN * e + 2 * b.BM * e + 2 * b.BM * b.BN  # bwd_kv
 
 
-def _fits(kernel: str, E: int, b: Blocks, budget: int) -> bool:
+def _fits(kernel: str, e: int, b: Blocks, budget: int) -> bool:
     if kernel == "bwd_kv":
         owners = b.BM // 4  # dK, dV chunks are split over the row groups
     else:
         owners = b.BN // 4
-    chunks = E // 4
-    return chunks % owners == 0 and chunks // owners <= 4 and 4 * _local_floats(kernel, E, b) <= budget
+    chunks = e // 4
+    return chunks % owners == 0 and chunks // owners <= 4 and 4 * _local_floats(kernel, e, b) <= budget
 
 
-def configs(E: int, local_bytes: int) -> dict[str, Blocks] | None:
-    """Block sizes of the three kernels for feature size ``E`` within ``local_bytes``, or None if one has none."""
+def configs(e: int, local_bytes: int) -> dict[str, Blocks] | None:
+    """Block sizes of the three kernels for feature size ``e`` within ``local_bytes``, or None if one has none."""
     budget = min(local_bytes, LOCAL_BUDGET)
     chosen = {}
     for kernel in ("fwd", "bwd_q", "bwd_kv"):
-        fit = next((Blocks(*c) for c in _CANDIDATES if _fits(kernel, E, Blocks(*c), budget)), None)
+        fit = next((Blocks(*c) for c in _CANDIDATES if _fits(kernel, e, Blocks(*c), budget)), None)
         if fit is None:
             return None
         chosen[kernel] = fit
     return chosen
 
 
-def _device_configs(device: Device, E: int) -> dict[str, Blocks] | None:
+def _device_configs(device: Device, e: int) -> dict[str, Blocks] | None:
     local = int(device.cl_device.local_mem_size) if device.cl_device is not None else 0
-    return configs(E, local)
+    return configs(e, local)
 
 
 def is_default(device: Device) -> bool:
-    """Whether the blocked kernels take calls on ``device`` without ``NETCL_ATTENTION=blocked``: GPUs."""
-    return device.is_gpu
+    """Whether the blocked kernels take calls on ``device`` without ``NETCL_ATTENTION=blocked``: OpenCL CPU
+    devices, where they were measured faster than the portable kernels (benchmarks/RESULTS.md, "attention:
+    blocked kernels"); GPUs keep the quad (NVIDIA) or portable kernels until measured there."""
+    return not device.is_gpu
 
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
