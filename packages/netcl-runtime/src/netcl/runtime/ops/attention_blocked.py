@@ -50,8 +50,8 @@ from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 
 #: local memory the block sizes may use, at most (bytes)
 LOCAL_BUDGET = 48 * 1024
-#: feature sizes the kernels take (128 has no bwd_kv blocks within 48 KB: it goes to the next variant)
-FEATURES = (16, 32, 64)
+#: feature sizes the kernels take (at 128 bwd_kv has no blocks within 48 KB: the backward is the next variant's)
+FEATURES = (16, 32, 64, 128)
 
 _COMMON = """
 #define LANE(f, u) ((u) == 0 ? (f).x : (u) == 1 ? (f).y : (u) == 2 ? (f).z : (f).w)
@@ -439,19 +439,16 @@ def _fits(kernel: str, e: int, b: Blocks, budget: int) -> bool:
     return chunks % owners == 0 and chunks // owners <= 4 and 4 * _local_floats(kernel, e, b) <= budget
 
 
-def configs(e: int, local_bytes: int) -> dict[str, Blocks] | None:
-    """Block sizes of the three kernels for feature size ``e`` within ``local_bytes``, or None if one has none."""
+def configs(e: int, local_bytes: int) -> dict[str, Blocks | None]:
+    """Block sizes of the three kernels for feature size ``e`` within ``local_bytes`` (None: a kernel has none)."""
     budget = min(local_bytes, LOCAL_BUDGET)
-    chosen = {}
-    for kernel in ("fwd", "bwd_q", "bwd_kv"):
-        fit = next((Blocks(*c) for c in _CANDIDATES if _fits(kernel, e, Blocks(*c), budget)), None)
-        if fit is None:
-            return None
-        chosen[kernel] = fit
-    return chosen
+    return {
+        kernel: next((Blocks(*c) for c in _CANDIDATES if _fits(kernel, e, Blocks(*c), budget)), None)
+        for kernel in ("fwd", "bwd_q", "bwd_kv")
+    }
 
 
-def _device_configs(device: Device, e: int) -> dict[str, Blocks] | None:
+def _device_configs(device: Device, e: int) -> dict[str, Blocks | None]:
     local = int(device.cl_device.local_mem_size) if device.cl_device is not None else 0
     return configs(e, local)
 
@@ -464,7 +461,8 @@ def is_default(device: Device) -> bool:
 
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
-    """An OpenCL device, float32, no mask, no dropout, ``E == Ev`` in ``FEATURES`` with blocks that fit.
+    """An OpenCL device, float32, no mask, no dropout, ``E == Ev`` in ``FEATURES`` with forward blocks that fit
+    (a backward without blocks that fit runs the next variant's kernels, which read the same ``lse``).
 
     ``NETCL_ATTENTION`` chooses: ``blocked`` on any OpenCL device, ``quad`` or ``portable`` never; unset,
     where ``is_default``.
@@ -479,7 +477,7 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
         and spec.dropout_p == 0.0
         and spec.Ev == spec.E
         and spec.E in FEATURES
-        and _device_configs(device, spec.E) is not None
+        and _device_configs(device, spec.E)["fwd"] is not None
     )
 
 
@@ -518,6 +516,11 @@ def forward(q, k, v, mask, spec: AttentionSpec, seed, counter) -> tuple[Tensor, 
 
 def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed, counter) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in two launches: ``bwd_q`` (also writes ``D = rowsum(dO * O)``), then ``bwd_kv``."""
+    blocks = _device_configs(q.device, spec.E)
+    if blocks["bwd_q"] is None or blocks["bwd_kv"] is None:
+        later = VARIANTS[VARIANTS.index(VARIANT) + 1 :]
+        fallback = next(x for x in later if x.supports(q.device, q.dtype, spec))  # the portable one takes all
+        return fallback.backward(g, q, k, v, out, lse, mask, spec, seed, counter)
     dq = Tensor.empty(q.shape, q.dtype, q.device)
     dk = Tensor.empty(k.shape, k.dtype, k.device)
     dv = Tensor.empty(v.shape, v.dtype, v.device)
@@ -527,4 +530,5 @@ def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed, counter) -> 
     return dq, dk, dv
 
 
-VARIANTS.insert(0, AttentionVariant("blocked", supports, forward, backward))
+VARIANT = AttentionVariant("blocked", supports, forward, backward)
+VARIANTS.insert(0, VARIANT)
