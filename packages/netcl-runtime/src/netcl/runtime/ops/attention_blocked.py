@@ -417,6 +417,11 @@ class Blocks:
     BM: int
     BN: int
 
+    @property
+    def threads(self) -> int:
+        """Work-items per work-group: one per 4 x 4 micro-tile."""
+        return self.BM * self.BN // 16
+
 
 #: candidate (BM, BN), best first; ``configs`` takes the first that fits
 _CANDIDATES = ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16), (16, 32), (32, 16), (16, 16))
@@ -449,8 +454,12 @@ def configs(e: int, local_bytes: int) -> dict[str, Blocks | None]:
 
 
 def _device_configs(device: Device, e: int) -> dict[str, Blocks | None]:
-    local = int(device.cl_device.local_mem_size) if device.cl_device is not None else 0
-    return configs(e, local)
+    """``configs`` within the device's local memory, without blocks of more work-items than a group may hold."""
+    if device.cl_device is None:
+        return dict.fromkeys(("fwd", "bwd_q", "bwd_kv"))
+    chosen = configs(e, int(device.cl_device.local_mem_size))
+    most = int(device.cl_device.max_work_group_size)
+    return {kernel: b if b is not None and b.threads <= most else None for kernel, b in chosen.items()}
 
 
 def is_default(device: Device) -> bool:
@@ -499,7 +508,7 @@ def _run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: Atte
     types = [None] * len(buffers) + [it] * 5 + [np.float32]
     owners, body = _SOURCES[kernel]
     resolved = get_kernel(key, device, lambda: (owners + _COMMON + body).format(**fields), name, types)
-    threads = blocks.BM * blocks.BN // 16
+    threads = blocks.threads
     per_group = blocks.BN if kernel == "bwd_kv" else blocks.BM
     gsize = (-(-items // per_group) * threads, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
