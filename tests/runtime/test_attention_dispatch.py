@@ -19,9 +19,10 @@ def _spec(e: int = 64, ev: int = 64, mask=None, dropout: float = 0.0):
     return attention.check_attention(q, k, v, mask, dropout)
 
 
-def test_the_portable_kernels_take_every_call_off_nvidia(cl_device) -> None:
+def test_the_portable_kernels_take_every_call_off_nvidia(cl_device, monkeypatch) -> None:
     if "NVIDIA" in cl_device.platform_name:
         pytest.skip("an NVIDIA device")
+    monkeypatch.setenv("NETCL_ATTENTION", "quad")  # the blocked kernels stand aside (test_attention_blocked.py)
     assert attention.select_variant(cl_device, np.dtype(np.float32), _spec()).name == "portable"
 
 
