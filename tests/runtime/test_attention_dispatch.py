@@ -1,6 +1,7 @@
-"""Which attention kernels take a call (``attention.select_variant``): the NVIDIA quad kernels for float32
-calls without a mask or dropout and ``E == Ev`` in 16..128 (a multiple of 16) on an NVIDIA GPU, the
-portable kernels otherwise or with ``NETCL_ATTENTION=portable``. The kernels' values are checked against
+"""Which attention kernels take a call (``attention.select_variant``): on an NVIDIA GPU the blocked kernels
+by default (test_attention_blocked.py) and under ``NETCL_ATTENTION=quad`` the quad kernels, for float32
+calls without a mask or dropout and ``E == Ev`` in 16..128 (a multiple of 16); the portable kernels
+otherwise or with ``NETCL_ATTENTION=portable``. The kernels' values are checked against
 float64 by tests/autograd/test_attention.py, which runs them on an NVIDIA GPU (its float32 unmasked cases)."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def test_nvidia_calls_take_the_quad_kernels_where_they_apply(cl_device, monkeypa
     if not (cl_device.is_gpu and "NVIDIA" in cl_device.platform_name):
         pytest.skip("needs an NVIDIA GPU")
     f32 = np.dtype(np.float32)
+    assert attention.select_variant(cl_device, f32, _spec()).name == "blocked"  # the default (measured faster)
+    monkeypatch.setenv("NETCL_ATTENTION", "quad")
     assert attention.select_variant(cl_device, f32, _spec()).name == "nvidia-quad"
     mask = nc.Tensor.empty((8, 8), np.bool_, "cpu")
     for spec, dtype in [

@@ -464,9 +464,10 @@ def _device_configs(device: Device, e: int) -> dict[str, Blocks | None]:
 
 def is_default(device: Device) -> bool:
     """Whether the blocked kernels take calls on ``device`` without ``NETCL_ATTENTION=blocked``: OpenCL CPU
-    devices, where they were measured faster than the portable kernels (benchmarks/RESULTS.md, "attention:
-    blocked kernels"); GPUs keep the quad (NVIDIA) or portable kernels until measured there."""
-    return not device.is_gpu
+    devices and NVIDIA GPUs, where they were measured faster than the portable and quad kernels
+    (benchmarks/RESULTS.md, "attention: blocked kernels", "blocked attention on the H100"); other GPUs keep
+    the portable kernels until measured there."""
+    return not device.is_gpu or "NVIDIA" in device.platform_name
 
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
