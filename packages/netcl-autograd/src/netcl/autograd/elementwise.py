@@ -28,6 +28,10 @@ Operand = Any  # Node | Tensor | int | float
 _Grads = list[Tensor | None]
 
 
+#: what ``is_scalar`` accepts (none of them is an ndarray)
+_NUMBERS = (int, float, np.number)
+
+
 def is_scalar(x: Any) -> bool:
     """Whether ``x`` is a Python or NumPy number (as opposed to a Node or Tensor)."""
     return isinstance(x, (int, float, np.number)) and not isinstance(x, np.ndarray)
@@ -38,15 +42,41 @@ def needs_grad(x: Any) -> bool:
     return isinstance(x, Node) and x.requires_grad
 
 
+class _Entry:
+    """What ``apply_elementwise`` reads per call of one op, resolved once per name (the definitions
+    never change after import)."""
+
+    __slots__ = ("d", "kernel", "differentiable", "plain")
+
+    def __init__(self, name: str) -> None:
+        d = self.d = ALL[name]
+        self.kernel = OPDEFS[d.base or d.name]
+        self.differentiable = d.differentiable
+        #: the forward's operands are the inputs themselves (no attributes, not a variant)
+        self.plain = not d.attrs and not d.base
+
+
+_ENTRIES: dict[str, _Entry] = {}
+
+
 def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
     """Op ``name`` of ``elementwise_defs.ALL`` on ``inputs`` (Nodes, Tensors or scalars) with
     attribute values ``attrs`` (one per ``attrs`` name of the definition), through ``apply_op``."""
-    d = ALL[name]
-    attrs = dict(attrs or {})
-    kernel = OPDEFS[d.base or d.name]
+    entry = _ENTRIES.get(name)
+    if entry is None:
+        entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
+    d, kernel = entry.d, entry.kernel
+    attrs = dict(attrs) if attrs else {}
 
-    def forward(*values: Any) -> Tensor:
-        return apply(kernel, forward_operands(d, values, attrs))
+    if entry.plain:
+
+        def forward(*values: Any) -> Tensor:
+            return apply(kernel, values)
+
+    else:
+
+        def forward(*values: Any) -> Tensor:
+            return apply(kernel, forward_operands(d, values, attrs))
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **attrs}
@@ -62,7 +92,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         return grads
 
     return apply_op(
-        forward, grad if d.differentiable else None, *inputs, op_name=name, attrs=attrs if d.attrs else None
+        forward, grad if entry.differentiable else None, *inputs, op_name=name, attrs=attrs if d.attrs else None
     )
 
 
@@ -81,6 +111,8 @@ def binary(name: str) -> Callable[[Operand, Operand], Node]:
     """The autograd function of binary op ``name``: two operands, at most one of them a Python number."""
 
     def op(a: Operand, b: Operand) -> Node:
+        if not isinstance(a, _NUMBERS) and not isinstance(b, _NUMBERS):  # two Nodes/Tensors: the common call
+            return apply_elementwise(name, (a, b))
         if is_scalar(a) and is_scalar(b):
             raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
         if is_scalar(b):

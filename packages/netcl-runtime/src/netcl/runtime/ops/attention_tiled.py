@@ -308,11 +308,10 @@ def _tile_rows(spec: AttentionSpec) -> int:
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     """An NVIDIA GPU, float32, no mask, no dropout, ``E == Ev`` in 16..128 and a multiple of 16."""
-    if os.environ.get("NETCL_ATTENTION", "").strip().lower() == "portable":
+    if not device.is_gpu or os.environ.get("NETCL_ATTENTION", "").strip().lower() == "portable":
         return False
     return (
-        device.is_gpu
-        and "NVIDIA" in device.platform_name
+        "NVIDIA" in device.platform_name
         and np.dtype(dtype) == np.float32
         and spec.mask_kind == NO_MASK
         and spec.dropout_p == 0.0
