@@ -357,20 +357,43 @@ def _bind_grad_fn(
     op_name: str,
     folds_addends: bool = False,
 ) -> GradFn:
-    def node_grad_fn(grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+    return _BoundGrad(grad_fn, values, out, index, nargs, op_name, folds_addends)
+
+
+class _BoundGrad:
+    """A Node's ``grad_fn``: the op's ``grad_fn(grad_out, values, output)`` bound to one call, returning
+    one gradient per parent (the Node arguments). One object per recorded op (a closure would make a
+    function and a cell per bound name, each tracked by the garbage collector)."""
+
+    __slots__ = ("grad_fn", "values", "out", "index", "nargs", "op_name", "folds_addends")
+
+    def __init__(
+        self,
+        grad_fn: OpGradFn,
+        values: tuple[Any, ...],
+        out: Tensor,
+        index: list[int],
+        nargs: int,
+        op_name: str,
+        folds_addends: bool,
+    ) -> None:
+        self.grad_fn, self.values, self.out, self.index = grad_fn, values, out, index
+        self.nargs, self.op_name, self.folds_addends = nargs, op_name, folds_addends
+
+    def __call__(self, grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+        nargs, index = self.nargs, self.index
         if addends is None:
-            grads = list(grad_fn(grad_out, values, out))
+            grads = list(self.grad_fn(grad_out, self.values, self.out))
         else:  # one per parent (the Node arguments), passed on as one per argument
             per_argument: list[Tensor | None] = [None] * nargs
             for i, addend in zip(index, addends, strict=True):
                 per_argument[i] = addend
-            grads = list(grad_fn(grad_out, values, out, addends=per_argument))  # type: ignore[call-arg]
+            grads = list(self.grad_fn(grad_out, self.values, self.out, addends=per_argument))  # type: ignore[call-arg]
         if len(grads) != nargs:
-            raise RuntimeError(f"grad_fn of op {op_name!r} returned {len(grads)} gradients for {nargs} arguments")
+            raise RuntimeError(
+                f"grad_fn of op {self.op_name!r} returned {len(grads)} gradients for {nargs} arguments"
+            )
         return [grads[i] for i in index]
-
-    node_grad_fn.folds_addends = folds_addends  # type: ignore[attr-defined]
-    return node_grad_fn
 
 
 # ---- Tape ----------------------------------------------------------------------------------------
