@@ -44,19 +44,48 @@ def needs_grad(x: Any) -> bool:
 
 class _Entry:
     """What ``apply_elementwise`` reads per call of one op, resolved once per name (the definitions
-    never change after import)."""
+    never change after import); ``forward`` is the op's forward when its operands are its inputs."""
 
-    __slots__ = ("d", "kernel", "differentiable", "plain")
+    __slots__ = ("d", "kernel", "differentiable", "forward")
 
     def __init__(self, name: str) -> None:
         d = self.d = ALL[name]
-        self.kernel = OPDEFS[d.base or d.name]
+        kernel = self.kernel = OPDEFS[d.base or d.name]
         self.differentiable = d.differentiable
-        #: the forward's operands are the inputs themselves (no attributes, not a variant)
-        self.plain = not d.attrs and not d.base
+        self.forward: Callable[..., Tensor] | None = None
+        if not d.attrs and not d.base:  # no attributes, not a variant: the inputs are the kernel's operands
+
+            def forward(*values: Any) -> Tensor:
+                return apply(kernel, values)
+
+            self.forward = forward
 
 
 _ENTRIES: dict[str, _Entry] = {}
+
+
+class _Grad:
+    """The gradient of one call of an elementwise op: each input that needs one gets the definition's
+    derivative template as one fused kernel, summed back to the input's shape where it was broadcast."""
+
+    __slots__ = ("name", "d", "inputs", "attrs")
+
+    def __init__(self, name: str, d: Any, inputs: Sequence[Operand], attrs: dict[str, Any]) -> None:
+        self.name, self.d, self.inputs, self.attrs = name, d, inputs, attrs
+
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        d = self.d
+        named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **self.attrs}
+        grads: _Grads = []
+        for index, (operand, value) in enumerate(zip(self.inputs, values, strict=True)):
+            if d.grads[index] == ZERO or not needs_grad(operand):
+                grads.append(None)
+                continue
+            full = derivative(self.name, index, named)
+            grads.append(
+                full if tuple(full.shape) == tuple(value.shape) else layout.sum_to_shape(full, tuple(value.shape))
+            )
+        return grads
 
 
 def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
@@ -65,35 +94,17 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     entry = _ENTRIES.get(name)
     if entry is None:
         entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
-    d, kernel = entry.d, entry.kernel
+    d = entry.d
     attrs = dict(attrs) if attrs else {}
-
-    if entry.plain:
-
-        def forward(*values: Any) -> Tensor:
-            return apply(kernel, values)
-
-    else:
+    forward = entry.forward
+    if forward is None:
+        kernel = entry.kernel
 
         def forward(*values: Any) -> Tensor:
             return apply(kernel, forward_operands(d, values, attrs))
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **attrs}
-        grads: _Grads = []
-        for index, (operand, value) in enumerate(zip(inputs, values, strict=True)):
-            if d.grads[index] == ZERO or not needs_grad(operand):
-                grads.append(None)
-                continue
-            full = derivative(name, index, named)
-            grads.append(
-                full if tuple(full.shape) == tuple(value.shape) else layout.sum_to_shape(full, tuple(value.shape))
-            )
-        return grads
-
-    return apply_op(
-        forward, grad if entry.differentiable else None, *inputs, op_name=name, attrs=attrs if d.attrs else None
-    )
+    grad = _Grad(name, d, inputs, attrs) if entry.differentiable else None
+    return apply_op(forward, grad, *inputs, op_name=name, attrs=attrs if d.attrs else None)
 
 
 def unary(name: str) -> Callable[[Operand], Node]:
