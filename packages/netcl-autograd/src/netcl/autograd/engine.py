@@ -390,9 +390,7 @@ class _BoundGrad:
                 per_argument[i] = addend
             grads = list(self.grad_fn(grad_out, self.values, self.out, addends=per_argument))  # type: ignore[call-arg]
         if len(grads) != nargs:
-            raise RuntimeError(
-                f"grad_fn of op {self.op_name!r} returned {len(grads)} gradients for {nargs} arguments"
-            )
+            raise RuntimeError(f"grad_fn of op {self.op_name!r} returned {len(grads)} gradients for {nargs} arguments")
         return [grads[i] for i in index]
 
 

@@ -428,9 +428,7 @@ def _run(name: str, template: str, buffers: list, grid: tuple[int, int], spec: A
     counter = counter if counter is not None else _zero_counter(device)
     mask_buf = mask if mask is not None else buffers[0]
     seed = int(seed) % 2**64
-    prepared.call(
-        *[b.data for b in buffers], mask_buf.data, moff.data, seed & 0xFFFFFFFF, seed >> 32, counter.data
-    )
+    prepared.call(*[b.data for b in buffers], mask_buf.data, moff.data, seed & 0xFFFFFFFF, seed >> 32, counter.data)
 
 
 def _prepare_run(

@@ -209,7 +209,7 @@ def class_loss_forward(
 #: bytes of each row statistic, their dtype, the error code) of ``class_loss_forward``
 _FORWARD_PLANS: dict[tuple, tuple] = {}
 register_cache(_FORWARD_PLANS.clear)
-#: (device, logits shape, dtype, target dtype, reduction) -> (prepared launch, gradient bytes) of ``class_loss_backward``
+#: (device, logits shape, dtype, target dtype, reduction) -> (prepared launch, gradient bytes) of the backward
 _BACKWARD_PLANS: dict[tuple, tuple] = {}
 register_cache(_BACKWARD_PLANS.clear)
 
