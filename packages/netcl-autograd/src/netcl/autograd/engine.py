@@ -326,10 +326,11 @@ def apply_op(
     if tape is None:
         tape = _local.tape
     index = [i for i, a in enumerate(args) if isinstance(a, Node)]
+    parents = [args[i] for i in index]
     tracking = (
         grad_fn is not None
         and (tape is None or tape.enabled)
-        and any([args[i].requires_grad for i in index])
+        and any([p.requires_grad for p in parents])
         and out.dtype.kind == "f"
     )
     if not tracking:
@@ -337,27 +338,16 @@ def apply_op(
     else:
         node = Node(
             out,
-            _bind_grad_fn(grad_fn, values, out, index, len(args), op_name, folds_addends),  # type: ignore[arg-type]
-            [args[i] for i in index],
-            requires_grad=True,
-            op_name=op_name,
-            creation_trace=traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
+            _BoundGrad(grad_fn, values, out, index, len(args), op_name, folds_addends),
+            parents,
+            None,
+            True,
+            traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
+            op_name,
         )
-    if tape is not None:
-        tape.record(node)
+    if tape is not None and tape.enabled:  # ``Tape.record``, inlined on this path
+        tape.nodes.append(node)
     return node
-
-
-def _bind_grad_fn(
-    grad_fn: OpGradFn,
-    values: tuple[Any, ...],
-    out: Tensor,
-    index: list[int],
-    nargs: int,
-    op_name: str,
-    folds_addends: bool = False,
-) -> GradFn:
-    return _BoundGrad(grad_fn, values, out, index, nargs, op_name, folds_addends)
 
 
 class _BoundGrad:
