@@ -452,7 +452,7 @@ class Tape:
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
         with_stored: set[Node] = set()  # leaves whose pending sum already holds their stored grad
-        uses: Counter[Node] | None = None
+        uses: list[Counter[Node]] = []  # counted at the first leaf that needs it (see ``_addend``)
         results: list[tuple[Node, Tensor, bool, bool]] = []
         for node in reversed(order):
             g = pending.pop(node, None)
@@ -473,10 +473,8 @@ class Tape:
                 continue
             addends = None
             if getattr(node.grad_fn, "folds_addends", False):
-                if uses is None:
-                    uses = _uses(order)
                 addends = [
-                    None if any(p is parent for p in node.parents[:k]) else _addend(parent, pending, uses)
+                    None if any(p is parent for p in node.parents[:k]) else _addend(parent, pending, uses, order)
                     for k, parent in enumerate(node.parents)
                 ]
                 parent_grads = node.grad_fn(g, addends)  # type: ignore[call-arg]
@@ -519,7 +517,7 @@ def _uses(order: list[Node]) -> Counter[Node]:
     return Counter(parent for node in order for parent in node.parents if parent.requires_grad)
 
 
-def _addend(parent: Node, pending: dict[Node, Tensor], uses: Counter[Node]) -> Tensor | None:
+def _addend(parent: Node, pending: dict[Node, Tensor], uses: list[Counter[Node]], order: list[Node]) -> Tensor | None:
     """What a folding op may add ``parent``'s gradient to: the sum pending for it, or a leaf's stored
     grad where this is the leaf's one use (so the float sums keep the unfolded path's order)."""
     if not parent.requires_grad:
@@ -527,7 +525,11 @@ def _addend(parent: Node, pending: dict[Node, Tensor], uses: Counter[Node]) -> T
     if parent in pending:
         return pending[parent]
     grad = parent.grad
-    if parent.grad_fn is None and grad is not None and uses[parent] == 1 and grad.dtype == parent.dtype:
+    if parent.grad_fn is None and grad is not None and grad.dtype == parent.dtype:
+        if not uses:  # once per backward, only where a leaf already holds a gradient
+            uses.append(_uses(order))
+        if uses[0][parent] != 1:
+            return None
         return grad
     return None
 
