@@ -21,7 +21,7 @@ from netcl.profiler import profile
 from netcl.runtime import synchronize
 from netcl.runtime.cache import clear_caches
 from netcl.runtime.graph import Graph
-from netcl.runtime.ops import attention, class_loss, gemm, rowwise, strided
+from netcl.runtime.ops import attention, class_loss, gemm, rowwise, selecting, strided
 from netcl.runtime.ops.precision import matmul_precision
 
 # float32 row kernels against float64 NumPy: mean/variance/exp/log sums round a few ulps per element
@@ -292,3 +292,42 @@ def test_a_capture_records_and_a_profiler_reports_planned_calls(cl_device) -> No
         synchronize(cl_device)
     names = [e.name for e in prof.events() if e.kind == "kernel"]
     assert names == ["netcl_norm_rows", "netcl_strided", "netcl_class_loss_rows"]
+
+
+# ---- embedding and index_select's gradient ------------------------------------------------------
+def test_embedding_and_its_gradient_reuse_their_plans(cl_device) -> None:
+    table = _floats(cl_device, (10, 6), 0)
+    ids = Tensor.from_host(cl_device, np.array([[1, 3, 3], [9, 0, 1]], np.int32))
+    g = _floats(cl_device, (6, 6), 1)
+
+    def run(t: Tensor) -> list[np.ndarray]:
+        rows = selecting.embedding(t, table)
+        grad = selecting.index_select_backward(g, 0, t.reshape(t.size), table.shape)
+        return [rows.to_host(), grad.to_host()]
+
+    first = _fresh(lambda: run(ids))
+    plans = (len(selecting._PLANS), len(selecting._BACKWARD_PLANS))
+    for _ in range(2):
+        for got, want in zip(run(ids), first, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert (len(selecting._PLANS), len(selecting._BACKWARD_PLANS)) == plans == (1, 1)
+    h = table.to_host()
+    np.testing.assert_array_equal(first[0], h[ids.to_host()])
+    want = np.zeros((10, 6))
+    np.add.at(want, ids.to_host().reshape(-1), g.to_host().astype(np.float64))
+    np.testing.assert_allclose(first[1], want, rtol=1e-6, atol=1e-6)
+    # another ids shape: a new plan, the fresh call's bytes
+    other = Tensor.from_host(cl_device, np.array([4, 4, 2], np.int32))
+    planned = selecting.embedding(other, table).to_host()
+    np.testing.assert_array_equal(planned, _fresh(lambda: selecting.embedding(other, table).to_host()))
+
+
+def test_embedding_a_planned_call_still_reports_a_bad_id(cl_device) -> None:
+    table = _floats(cl_device, (10, 6), 0)
+    good = Tensor.from_host(cl_device, np.array([1, 2, 3], np.int32))
+    selecting.embedding(good, table).to_host()  # makes the plan
+    selecting.embedding(Tensor.from_host(cl_device, np.array([1, 12, 3], np.int32)), table)
+    with pytest.raises(IndexError, match="embedding"):
+        synchronize(cl_device)
+    with pytest.raises(ShapeError, match="2-d"):  # a known ids signature, a bad table: checked on the host
+        selecting.embedding(good, _floats(cl_device, (10,), 1))
