@@ -242,6 +242,8 @@ def test_tensor_empty_checks_a_shape_by_identity(device) -> None:
         Tensor.empty((True, 4), np.float32, device)  # equal to (1, 4) and hashes alike: still checked
     with pytest.raises(ShapeError, match="negative"):
         Tensor.empty((3, -4), np.float32, device)
+    with pytest.raises(ShapeError, match="non-integer dimension None"):
+        Tensor.empty(None, np.float32, device)  # a miss of the identity lookup is not a hit
     assert Tensor.empty((np.int64(3), 4), np.float32, device).shape == (3, 4)
     assert all(type(d) is int for d in Tensor.empty((np.int64(3), 4), np.float32, device).shape)
 

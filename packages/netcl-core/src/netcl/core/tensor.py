@@ -30,6 +30,7 @@ _INT = frozenset({int})
 #: finds a different object here and is checked in full. Tuples are immutable: a checked one stays valid.
 _CHECKED_SHAPES: dict[Any, tuple[int, ...]] = {}
 _CHECKED_SHAPES_MAX = 4096
+_MISSING = object()
 
 #: Tensors of more bytes than this print their shape, not their values (a repr must stay cheap).
 REPR_MAX_BYTES = 64 << 20
@@ -98,7 +99,7 @@ class Tensor:
     def empty(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
         """An uninitialized tensor."""
         try:
-            known = _CHECKED_SHAPES.get(shape) is shape  # this very tuple passed the check below before
+            known = _CHECKED_SHAPES.get(shape, _MISSING) is shape  # this very tuple passed the check below before
         except TypeError:  # unhashable: normalize_shape says what is wrong with it
             known = False
         if known:
