@@ -114,11 +114,12 @@ def test_cross_entropy_reuses_its_plans_and_matches_a_fresh_computation(cl_devic
         return [loss.to_host(), x.grad.to_host()]
 
     first = _fresh(lambda: step(0))
-    plans = (len(class_loss._FORWARD_PLANS), len(class_loss._BACKWARD_PLANS))
+    plans = (len(class_loss._FORWARD_PLANS), len(class_loss._REDUCE_PLANS), len(class_loss._BACKWARD_PLANS))
     for _ in range(2):
         for got, want in zip(step(0), first, strict=True):
             np.testing.assert_array_equal(got, want)
-    assert (len(class_loss._FORWARD_PLANS), len(class_loss._BACKWARD_PLANS)) == plans == (1, 1)
+    assert plans == (1, 1, 1)
+    assert (len(class_loss._FORWARD_PLANS), len(class_loss._REDUCE_PLANS), len(class_loss._BACKWARD_PLANS)) == plans
     np.testing.assert_allclose(first[0], _cross_entropy64(_floats(cl_device, (6, 10), 0).to_host(), t.to_host()),
                                **TOL)  # fmt: skip
     # options of the signature: a new plan each, the fresh call's bytes

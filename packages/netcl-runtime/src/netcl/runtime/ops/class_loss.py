@@ -29,7 +29,7 @@ from netcl.core import Tensor
 from netcl.core.device_errors import INDEX_CHECK_C, index_error_code
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import get_kernel, remember, storage_ctype
-from netcl.runtime.ops._grid import index_dtype, launch_prepared, run_1d
+from netcl.runtime.ops._grid import index_dtype, launch_prepared, prepared_for, run_1d
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import cast
@@ -218,6 +218,15 @@ register_cache(_BACKWARD_PLANS.clear)
 def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) -> tuple[Tensor, Tensor]:
     """(0-d sum or mean of the row losses, 0-d count of rows whose target is not ``ignore_index``)."""
     sd = loss.dtype
+    device = loss.device
+    plan_key = (device, loss.shape, sd, t.dtype)
+    plan = _REDUCE_PLANS.get(plan_key)
+    if plan is not None:  # a repeated signature: its kernel, sizes and index type known
+        prepared, nbytes, rows = plan
+        allocate = device.allocator
+        out, count = Tensor(allocate(device, nbytes), (), sd, device), Tensor(allocate(device, nbytes), (), sd, device)
+        prepared.call(loss.data, t.data, out.data, count.data, rows, ignore_index, int(mean))
+        return out, count
     out, count = Tensor.empty((), sd, loss.device), Tensor.empty((), sd, loss.device)
     fmt = _formats(loss, t)
 
@@ -232,7 +241,14 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     rows = loss.shape[0]
     args = (loss, t, out, count, idx.type(rows), np.int64(ignore_index), np.int32(mean))
     launch_prepared(key, loss.device, resolved.kernel, local, local, args)
+    remember(_REDUCE_PLANS, plan_key, (prepared_for(key, device, resolved.kernel, local, local), out.nbytes, rows))
     return out, count
+
+
+#: (device, row-loss shape, dtype, target dtype) -> (prepared launch, bytes of each 0-d result, rows) of
+#: ``class_loss_reduce``
+_REDUCE_PLANS: dict[tuple, tuple] = {}
+register_cache(_REDUCE_PLANS.clear)
 
 
 @backend_op(_TWINS, device_arg="x")
