@@ -334,3 +334,23 @@ def test_embedding_a_planned_call_still_reports_a_bad_id(cl_device) -> None:
         synchronize(cl_device)
     with pytest.raises(ShapeError, match="2-d"):  # a known ids signature, a bad table: checked on the host
         selecting.embedding(good, _floats(cl_device, (10,), 1))
+
+
+# ---- elementwise autograd ops: one resolved definition per name ----------------------------------
+def test_elementwise_ops_resolve_their_definition_once(device) -> None:
+    from netcl.autograd import elementwise
+
+    x = ag.tensor(_floats(device, (4, 5), 0), requires_grad=True)
+    with ag.Tape() as tape:
+        y = ag.mul(ag.add(x, x), 3.0)
+    entries = {name: elementwise._ENTRIES[name] for name in ("add", "mul_scalar_right")}
+    with ag.Tape():
+        ag.mul(ag.add(x, x), 3.0)
+    assert all(elementwise._ENTRIES[name] is entry for name, entry in entries.items())
+    np.testing.assert_array_equal(y.to_host(), (x.to_host() + x.to_host()) * np.float32(3.0))
+    with ag.Tape() as tape:
+        loss = ag.sum(ag.mul(ag.add(x, x), 3.0))
+    tape.backward(loss)
+    np.testing.assert_array_equal(x.grad.to_host(), np.full((4, 5), 6.0, np.float32))
+    with pytest.raises(KeyError):
+        elementwise.apply_elementwise("no_such_op", (x,))
