@@ -28,6 +28,10 @@ Operand = Any  # Node | Tensor | int | float
 _Grads = list[Tensor | None]
 
 
+#: what ``is_scalar`` accepts (none of them is an ndarray)
+_NUMBERS = (int, float, np.number)
+
+
 def is_scalar(x: Any) -> bool:
     """Whether ``x`` is a Python or NumPy number (as opposed to a Node or Tensor)."""
     return isinstance(x, (int, float, np.number)) and not isinstance(x, np.ndarray)
@@ -38,32 +42,69 @@ def needs_grad(x: Any) -> bool:
     return isinstance(x, Node) and x.requires_grad
 
 
-def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
-    """Op ``name`` of ``elementwise_defs.ALL`` on ``inputs`` (Nodes, Tensors or scalars) with
-    attribute values ``attrs`` (one per ``attrs`` name of the definition), through ``apply_op``."""
-    d = ALL[name]
-    attrs = dict(attrs or {})
-    kernel = OPDEFS[d.base or d.name]
+class _Entry:
+    """What ``apply_elementwise`` reads per call of one op, resolved once per name (the definitions
+    never change after import); ``forward`` is the op's forward when its operands are its inputs."""
 
-    def forward(*values: Any) -> Tensor:
-        return apply(kernel, forward_operands(d, values, attrs))
+    __slots__ = ("d", "kernel", "differentiable", "forward")
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **attrs}
+    def __init__(self, name: str) -> None:
+        d = self.d = ALL[name]
+        kernel = self.kernel = OPDEFS[d.base or d.name]
+        self.differentiable = d.differentiable
+        self.forward: Callable[..., Tensor] | None = None
+        if not d.attrs and not d.base:  # no attributes, not a variant: the inputs are the kernel's operands
+
+            def forward(*values: Any) -> Tensor:
+                return apply(kernel, values)
+
+            self.forward = forward
+
+
+_ENTRIES: dict[str, _Entry] = {}
+
+
+class _Grad:
+    """The gradient of one call of an elementwise op: each input that needs one gets the definition's
+    derivative template as one fused kernel, summed back to the input's shape where it was broadcast."""
+
+    __slots__ = ("name", "d", "inputs", "attrs")
+
+    def __init__(self, name: str, d: Any, inputs: Sequence[Operand], attrs: dict[str, Any]) -> None:
+        self.name, self.d, self.inputs, self.attrs = name, d, inputs, attrs
+
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        d = self.d
+        named = {**dict(zip(d.inputs, values, strict=True)), "g": g, "out": out, **self.attrs}
         grads: _Grads = []
-        for index, (operand, value) in enumerate(zip(inputs, values, strict=True)):
+        for index, (operand, value) in enumerate(zip(self.inputs, values, strict=True)):
             if d.grads[index] == ZERO or not needs_grad(operand):
                 grads.append(None)
                 continue
-            full = derivative(name, index, named)
+            full = derivative(self.name, index, named)
             grads.append(
                 full if tuple(full.shape) == tuple(value.shape) else layout.sum_to_shape(full, tuple(value.shape))
             )
         return grads
 
-    return apply_op(
-        forward, grad if d.differentiable else None, *inputs, op_name=name, attrs=attrs if d.attrs else None
-    )
+
+def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
+    """Op ``name`` of ``elementwise_defs.ALL`` on ``inputs`` (Nodes, Tensors or scalars) with
+    attribute values ``attrs`` (one per ``attrs`` name of the definition), through ``apply_op``."""
+    entry = _ENTRIES.get(name)
+    if entry is None:
+        entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
+    d = entry.d
+    attrs = dict(attrs) if attrs else {}
+    forward = entry.forward
+    if forward is None:
+        kernel = entry.kernel
+
+        def forward(*values: Any) -> Tensor:
+            return apply(kernel, forward_operands(d, values, attrs))
+
+    grad = _Grad(name, d, inputs, attrs) if entry.differentiable else None
+    return apply_op(forward, grad, *inputs, op_name=name, attrs=attrs if d.attrs else None)
 
 
 def unary(name: str) -> Callable[[Operand], Node]:
@@ -81,6 +122,8 @@ def binary(name: str) -> Callable[[Operand, Operand], Node]:
     """The autograd function of binary op ``name``: two operands, at most one of them a Python number."""
 
     def op(a: Operand, b: Operand) -> Node:
+        if not isinstance(a, _NUMBERS) and not isinstance(b, _NUMBERS):  # two Nodes/Tensors: the common call
+            return apply_elementwise(name, (a, b))
         if is_scalar(a) and is_scalar(b):
             raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
         if is_scalar(b):

@@ -326,10 +326,11 @@ def apply_op(
     if tape is None:
         tape = _local.tape
     index = [i for i, a in enumerate(args) if isinstance(a, Node)]
+    parents = [args[i] for i in index]
     tracking = (
         grad_fn is not None
         and (tape is None or tape.enabled)
-        and any([args[i].requires_grad for i in index])
+        and any([p.requires_grad for p in parents])
         and out.dtype.kind == "f"
     )
     if not tracking:
@@ -337,40 +338,50 @@ def apply_op(
     else:
         node = Node(
             out,
-            _bind_grad_fn(grad_fn, values, out, index, len(args), op_name, folds_addends),  # type: ignore[arg-type]
-            [args[i] for i in index],
-            requires_grad=True,
-            op_name=op_name,
-            creation_trace=traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
+            _BoundGrad(grad_fn, values, out, index, len(args), op_name, folds_addends),
+            parents,
+            None,
+            True,
+            traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
+            op_name,
         )
-    if tape is not None:
-        tape.record(node)
+    if tape is not None and tape.enabled:  # ``Tape.record``, inlined on this path
+        tape.nodes.append(node)
     return node
 
 
-def _bind_grad_fn(
-    grad_fn: OpGradFn,
-    values: tuple[Any, ...],
-    out: Tensor,
-    index: list[int],
-    nargs: int,
-    op_name: str,
-    folds_addends: bool = False,
-) -> GradFn:
-    def node_grad_fn(grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+class _BoundGrad:
+    """A Node's ``grad_fn``: the op's ``grad_fn(grad_out, values, output)`` bound to one call, returning
+    one gradient per parent (the Node arguments). One object per recorded op (a closure would make a
+    function and a cell per bound name, each tracked by the garbage collector)."""
+
+    __slots__ = ("grad_fn", "values", "out", "index", "nargs", "op_name", "folds_addends")
+
+    def __init__(
+        self,
+        grad_fn: OpGradFn,
+        values: tuple[Any, ...],
+        out: Tensor,
+        index: list[int],
+        nargs: int,
+        op_name: str,
+        folds_addends: bool,
+    ) -> None:
+        self.grad_fn, self.values, self.out, self.index = grad_fn, values, out, index
+        self.nargs, self.op_name, self.folds_addends = nargs, op_name, folds_addends
+
+    def __call__(self, grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+        nargs, index = self.nargs, self.index
         if addends is None:
-            grads = list(grad_fn(grad_out, values, out))
+            grads = list(self.grad_fn(grad_out, self.values, self.out))
         else:  # one per parent (the Node arguments), passed on as one per argument
             per_argument: list[Tensor | None] = [None] * nargs
             for i, addend in zip(index, addends, strict=True):
                 per_argument[i] = addend
-            grads = list(grad_fn(grad_out, values, out, addends=per_argument))  # type: ignore[call-arg]
+            grads = list(self.grad_fn(grad_out, self.values, self.out, addends=per_argument))  # type: ignore[call-arg]
         if len(grads) != nargs:
-            raise RuntimeError(f"grad_fn of op {op_name!r} returned {len(grads)} gradients for {nargs} arguments")
+            raise RuntimeError(f"grad_fn of op {self.op_name!r} returned {len(grads)} gradients for {nargs} arguments")
         return [grads[i] for i in index]
-
-    node_grad_fn.folds_addends = folds_addends  # type: ignore[attr-defined]
-    return node_grad_fn
 
 
 # ---- Tape ----------------------------------------------------------------------------------------
@@ -441,7 +452,7 @@ class Tape:
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
         with_stored: set[Node] = set()  # leaves whose pending sum already holds their stored grad
-        uses: Counter[Node] | None = None
+        uses: list[Counter[Node]] = []  # counted at the first leaf that needs it (see ``_addend``)
         results: list[tuple[Node, Tensor, bool, bool]] = []
         for node in reversed(order):
             g = pending.pop(node, None)
@@ -462,10 +473,8 @@ class Tape:
                 continue
             addends = None
             if getattr(node.grad_fn, "folds_addends", False):
-                if uses is None:
-                    uses = _uses(order)
                 addends = [
-                    None if any(p is parent for p in node.parents[:k]) else _addend(parent, pending, uses)
+                    None if any(p is parent for p in node.parents[:k]) else _addend(parent, pending, uses, order)
                     for k, parent in enumerate(node.parents)
                 ]
                 parent_grads = node.grad_fn(g, addends)  # type: ignore[call-arg]
@@ -508,7 +517,7 @@ def _uses(order: list[Node]) -> Counter[Node]:
     return Counter(parent for node in order for parent in node.parents if parent.requires_grad)
 
 
-def _addend(parent: Node, pending: dict[Node, Tensor], uses: Counter[Node]) -> Tensor | None:
+def _addend(parent: Node, pending: dict[Node, Tensor], uses: list[Counter[Node]], order: list[Node]) -> Tensor | None:
     """What a folding op may add ``parent``'s gradient to: the sum pending for it, or a leaf's stored
     grad where this is the leaf's one use (so the float sums keep the unfolded path's order)."""
     if not parent.requires_grad:
@@ -516,7 +525,11 @@ def _addend(parent: Node, pending: dict[Node, Tensor], uses: Counter[Node]) -> T
     if parent in pending:
         return pending[parent]
     grad = parent.grad
-    if parent.grad_fn is None and grad is not None and uses[parent] == 1 and grad.dtype == parent.dtype:
+    if parent.grad_fn is None and grad is not None and grad.dtype == parent.dtype:
+        if not uses:  # once per backward, only where a leaf already holds a gradient
+            uses.append(_uses(order))
+        if uses[0][parent] != 1:
+            return None
         return grad
     return None
 

@@ -104,7 +104,10 @@ def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Te
     rows = a.shape[-1] if kw.get("transpose_a") else a.shape[-2]
     cols = b.shape[-2] if kw.get("transpose_b") else b.shape[-1]
     product_shape = (*broadcast_shapes(a.shape[:-2], b.shape[:-2]), rows, cols)
-    result = np.dtype(kw["out_dtype"]) if kw.get("out_dtype") is not None else np.result_type(a.dtype, b.dtype)
+    if kw.get("out_dtype") is not None:
+        result = np.dtype(kw["out_dtype"])
+    else:  # NumPy's promotion, skipped for the common operands of one dtype
+        result = a.dtype if a.dtype == b.dtype else np.result_type(a.dtype, b.dtype)
     if addend is not None and product_shape == tuple(shape) and addend.dtype == result:
         return linalg.matmul(a, b, addend=addend, **kw)
     return plus(addend, layout.sum_to_shape(linalg.matmul(a, b, **kw), tuple(shape)))

@@ -9,10 +9,13 @@ from collections.abc import Iterable, Sequence
 from netcl.core.errors import ShapeError
 
 Shape = tuple[int, ...]
+_INT = frozenset({int})
 
 
 def normalize_shape(shape: int | Iterable[int]) -> Shape:
     """Turn an int or iterable of ints into a shape tuple, rejecting negatives and non-integers."""
+    if type(shape) is tuple and {*map(type, shape)} <= _INT and min(shape, default=0) >= 0:
+        return shape  # already a shape: plain ints >= 0 (no bools, no NumPy ints)
     if hasattr(shape, "__index__") or isinstance(shape, str) or not isinstance(shape, Iterable):
         dims: tuple[object, ...] = (shape,)  # one dimension; a bad one is reported below
     else:

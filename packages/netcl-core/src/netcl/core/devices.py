@@ -61,8 +61,10 @@ class Device:
         the NumPy backend, which computes eagerly on host arrays."""
         return self.cl_device is not None
 
-    @property
+    @cached_property
     def is_gpu(self) -> bool:
+        """Whether the OpenCL device is a GPU (read once: ``cl_device`` never changes, and a pyopencl
+        info query costs microseconds on paths that ask per op)."""
         return self.cl_device is not None and bool(self.cl_device.type & cl.device_type.GPU)
 
     @cached_property
@@ -111,7 +113,7 @@ class Device:
         """The word index-checking kernels set (``netcl.core.device_errors``); None on the NumPy backend."""
         return ErrorWord(self.context) if self.context is not None else None
 
-    @property
+    @cached_property
     def platform_name(self) -> str:
         return self.cl_device.platform.name.strip() if self.cl_device is not None else "NumPy"
 
@@ -123,7 +125,7 @@ class Device:
     def extensions(self) -> set[str]:
         return set(self.cl_device.extensions.split()) if self.cl_device is not None else set()
 
-    @property
+    @cached_property
     def global_mem_size(self) -> int:
         if self.cl_device is None:
             return _host_memory_bytes()

@@ -25,6 +25,12 @@ ARITHMETIC: dict[str, Callable[..., Any]] = {}
 #: (dtype argument, device) -> the dtype ``device.check_dtype`` returned for it (an equal key is the same dtype)
 _CHECKED_DTYPES: dict[tuple[Any, Any], np.dtype] = {}
 _INT = frozenset({int})
+#: shape tuples that passed ``Tensor.empty``'s check, by identity: an op's plan passes the same tuple object
+#: on every call, so its check is one lookup. An equal tuple of other objects (``(True, 2)`` equals ``(1, 2)``)
+#: finds a different object here and is checked in full. Tuples are immutable: a checked one stays valid.
+_CHECKED_SHAPES: dict[Any, tuple[int, ...]] = {}
+_CHECKED_SHAPES_MAX = 4096
+_MISSING = object()
 
 #: Tensors of more bytes than this print their shape, not their values (a repr must stay cheap).
 REPR_MAX_BYTES = 64 << 20
@@ -92,11 +98,21 @@ class Tensor:
     @classmethod
     def empty(cls, shape: int | tuple[int, ...], dtype: Any = float32, device: Device | str | None = None) -> Tensor:
         """An uninitialized tensor."""
-        if type(shape) is tuple and {*map(type, shape)} <= _INT and min(shape, default=0) >= 0:
+        try:
+            known = _CHECKED_SHAPES.get(shape, _MISSING) is shape  # this very tuple passed the check below before
+        except TypeError:  # unhashable: normalize_shape says what is wrong with it
+            known = False
+        if known:
+            dims = shape
+        elif type(shape) is tuple and {*map(type, shape)} <= _INT and min(shape, default=0) >= 0:
             dims = shape  # already a shape: a tuple of ints >= 0 (no bools, no NumPy ints)
+            if len(_CHECKED_SHAPES) >= _CHECKED_SHAPES_MAX:
+                _CHECKED_SHAPES.clear()
+            _CHECKED_SHAPES[shape] = shape
         else:
             dims = normalize_shape(shape)
-        device = get_device(device)
+        if type(device) is not Device:  # an op's output names its Device: no lookup
+            device = get_device(device)
         try:
             target = _CHECKED_DTYPES.get((dtype, device))
         except TypeError:  # an unhashable dtype argument: check_dtype says what is wrong with it
@@ -142,7 +158,11 @@ class Tensor:
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:
         """A view with a new shape sharing this tensor's buffer; one dim may be -1."""
-        dims = _infer_shape(shape, self.size, self.shape)
+        dims = shape[0] if len(shape) == 1 and type(shape[0]) is tuple else shape
+        size = math.prod(self.shape)
+        # the common call: a tuple of plain ints >= 0 with the same element count (no -1 to infer)
+        if not ({*map(type, dims)} <= _INT and min(dims, default=0) >= 0 and math.prod(dims) == size):
+            dims = _infer_shape(shape, size, self.shape)
         data = self.device.storage.view(self.data, dims)
         return Tensor(data, dims, self.dtype, self.device, base=self.base if self.base is not None else self)
 

@@ -146,7 +146,8 @@ class DevicePool:
         The common case (a cached block of the size class) takes no lock and makes one wrapper: this
         is on the path of every op's output, a cache-hit jit call included.
         """
-        nbytes = int(nbytes)
+        if type(nbytes) is not int:
+            nbytes = int(nbytes)
         size = _CLASSES.get(nbytes)
         if size is None:
             size = self._size_for(device, nbytes)

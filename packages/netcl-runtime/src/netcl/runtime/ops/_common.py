@@ -35,8 +35,13 @@ ARG_DTYPES: dict[str, np.dtype] = {
 }
 
 
+_PLAIN_NUMBERS = frozenset({int, float, bool})
+
+
 def is_scalar(value: Any) -> bool:
     """True for Python numbers, NumPy scalars and 0-d NumPy arrays (passed as kernel arguments)."""
+    if type(value) in _PLAIN_NUMBERS:  # the common operands, without the abstract-class check
+        return True
     if isinstance(value, (numbers.Number, np.generic)):
         return not isinstance(value, complex)
     return isinstance(value, np.ndarray) and value.ndim == 0

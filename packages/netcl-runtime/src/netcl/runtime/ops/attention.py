@@ -48,9 +48,16 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float16, float64
-from netcl.runtime.launch import launch
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import random
-from netcl.runtime.ops._common import compute_ctype, get_kernel, remember, storage_ctype, storage_pragmas
+from netcl.runtime.ops._common import (
+    CLEAR_HOOKS,
+    compute_ctype,
+    get_kernel,
+    remember,
+    storage_ctype,
+    storage_pragmas,
+)
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention_spec import (
     ADDITIVE_MASK,
@@ -397,24 +404,56 @@ def _arg_types(n_buffers: int, fmt: dict[str, Any]) -> list:
     return [None] * n_buffers + [None, None] + [it] * 7 + [ct, np.uint32, np.uint32, np.uint32, ct, None]
 
 
+#: (kernel name, device, dtype, spec, buffer count, masked) -> the prepared launch of ``_run``
+_LAUNCHES: dict[tuple, PreparedLaunch] = {}
+CLEAR_HOOKS.append(_LAUNCHES.clear)
+
+
 def _run(name: str, template: str, buffers: list, grid: tuple[int, int], spec: AttentionSpec, extra: tuple) -> None:
-    """Launch kernel ``name``: ``grid`` = (rows, planes), one work-item per row; ``extra`` = (mask, seed, counter)."""
+    """Launch kernel ``name``: ``grid`` = (rows, planes), one work-item per row; ``extra`` = (mask, seed, counter).
+
+    Everything but the buffers and the seed follows from (name, device, dtype, spec, mask or not): prepared
+    once per such signature (the sizes, scale and dropout scalars bound), a call sets the buffers and the seed.
+    """
     rows, planes = grid
     if rows == 0 or planes == 0:
         return
     mask, seed, counter = extra
     device, dtype = buffers[0].device, buffers[0].dtype
-    fmt = _source_fields(dtype, spec, device)
-    key = ("attention", name, *sorted((k, v) for k, v in fmt.items() if k != "philox"))
-    types = _arg_types(len(buffers), fmt)
-    resolved = get_kernel(key, device, lambda: (_COMMON + template).format(**fmt), name, types)
-    local = max(1, min(BLOCK_ROWS, resolved.max_local, 1 << (max(rows, 1) - 1).bit_length()))
+    key = (name, device, dtype, spec, len(buffers), mask is not None)
+    prepared = _LAUNCHES.get(key)
+    if prepared is None:
+        prepared = remember(_LAUNCHES, key, _prepare_run(name, template, len(buffers), grid, spec, device, dtype, mask))
     moff = _mask_offsets(device, spec) if mask is not None else _zero_counter(device)
     counter = counter if counter is not None else _zero_counter(device)
     mask_buf = mask if mask is not None else buffers[0]
+    seed = int(seed) % 2**64
+    prepared.call(*[b.data for b in buffers], mask_buf.data, moff.data, seed & 0xFFFFFFFF, seed >> 32, counter.data)
+
+
+def _prepare_run(
+    name: str,
+    template: str,
+    n_buffers: int,
+    grid: tuple[int, int],
+    spec: AttentionSpec,
+    device: Device,
+    dtype: np.dtype,
+    mask: Tensor | None,
+) -> PreparedLaunch:
+    """``_run``'s launch of one signature: the scalar arguments but the seed's two words bound."""
+    rows, planes = grid
+    fmt = _source_fields(dtype, spec, device)
+    key = ("attention", name, *sorted((k, v) for k, v in fmt.items() if k != "philox"))
+    types = _arg_types(n_buffers, fmt)
+    resolved = get_kernel(key, device, lambda: (_COMMON + template).format(**fmt), name, types)
+    local = max(1, min(BLOCK_ROWS, resolved.max_local, 1 << (max(rows, 1) - 1).bit_length()))
     gsize = (-(-rows // local) * local, planes)
-    args = [*buffers, mask_buf, moff, *_scalar_args(spec, fmt, seed, mask), counter]
-    launch(resolved.kernel, gsize, (local, 1), *args, queue=device.queue)
+    scalars = _scalar_args(spec, fmt, 0, mask)
+    first = n_buffers + 2  # the buffers, the mask and its offsets, then the scalars; the counter last
+    seed_at = first + 8  # the seed's two words stay per call
+    bound = {first + k: v for k, v in enumerate(scalars) if first + k not in (seed_at, seed_at + 1)}
+    return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1), bound, device.queue)
 
 
 def _lse_dtype(dtype: np.dtype) -> np.dtype:

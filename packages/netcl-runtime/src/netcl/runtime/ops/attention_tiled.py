@@ -29,8 +29,8 @@ import os
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.runtime.launch import launch
-from netcl.runtime.ops._common import get_kernel
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import CLEAR_HOOKS, get_kernel, remember
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
@@ -308,11 +308,10 @@ def _tile_rows(spec: AttentionSpec) -> int:
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     """An NVIDIA GPU, float32, no mask, no dropout, ``E == Ev`` in 16..128 and a multiple of 16."""
-    if os.environ.get("NETCL_ATTENTION", "").strip().lower() == "portable":
+    if not device.is_gpu or os.environ.get("NETCL_ATTENTION", "").strip().lower() == "portable":
         return False
     return (
-        device.is_gpu
-        and "NVIDIA" in device.platform_name
+        "NVIDIA" in device.platform_name
         and np.dtype(dtype) == np.float32
         and spec.mask_kind == NO_MASK
         and spec.dropout_p == 0.0
@@ -322,20 +321,37 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     )
 
 
+#: (kernel name, device, buffer count, rows, planes, spec) -> the prepared launch of ``_run``
+_LAUNCHES: dict[tuple, PreparedLaunch] = {}
+CLEAR_HOOKS.append(_LAUNCHES.clear)
+
+
 def _run(name: str, template: str, buffers: list[Tensor], rows: int, planes: int, spec: AttentionSpec) -> None:
+    """Launch ``name`` over ``buffers``; its kernel, sizes and scalars are prepared once per signature."""
     if rows == 0 or planes == 0:
         return
     device = buffers[0].device
+    key = (name, device, len(buffers), rows, planes, spec)
+    prepared = _LAUNCHES.get(key)
+    if prepared is None:
+        prepared = remember(_LAUNCHES, key, _prepare_run(name, template, len(buffers), rows, planes, spec, device))
+    prepared.call(*[b.data for b in buffers])
+
+
+def _prepare_run(
+    name: str, template: str, n_buffers: int, rows: int, planes: int, spec: AttentionSpec, device: Device
+) -> PreparedLaunch:
     biggest = max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E
     idx = index_ctype(biggest)
     fields = {"D": spec.E, "TN": _tile_rows(spec), "causal": int(spec.causal), "idx": idx, **CHUNKS}
     key = ("attention-quad", name, *sorted(fields.items()))
     it = index_dtype(idx)
-    types = [None] * len(buffers) + [it] * 5 + [np.float32]
+    types = [None] * n_buffers + [it] * 5 + [np.float32]
     resolved = get_kernel(key, device, lambda: (_COMMON + template).format(**fields), name, types)
     gsize = (-(-rows // ROWS) * THREADS, planes)
-    scalars = [it.type(v) for v in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
-    launch(resolved.kernel, gsize, (THREADS, 1), *buffers, *scalars, np.float32(spec.scale), queue=device.queue)
+    scalars = [it.type(v) for v in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)] + [np.float32(spec.scale)]
+    bound = {n_buffers + k: v for k, v in enumerate(scalars)}
+    return PreparedLaunch.binding(resolved.kernel, gsize, (THREADS, 1), bound, device.queue)
 
 
 def forward(q, k, v, mask, spec: AttentionSpec, seed, counter) -> tuple[Tensor, Tensor]:

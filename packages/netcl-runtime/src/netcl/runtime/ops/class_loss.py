@@ -27,8 +27,9 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.device_errors import INDEX_CHECK_C, index_error_code
-from netcl.runtime.ops._common import get_kernel, storage_ctype
-from netcl.runtime.ops._grid import index_dtype, launch_prepared, run_1d
+from netcl.runtime.cache import register_cache
+from netcl.runtime.ops._common import get_kernel, remember, storage_ctype
+from netcl.runtime.ops._grid import index_dtype, launch_prepared, prepared_for, run_1d
 from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import cast
@@ -176,25 +177,56 @@ def class_loss_forward(
     On OpenCL a target outside ``[0, C)`` that is not ``ignore_index`` adds nothing (as an ignored row,
     though it counts in the mean) and is recorded in the error word: the host raises ``IndexError`` naming
     ``op`` at its next wait. The NumPy backend's caller checks targets on the host first."""
+    device = x.device
+    key = (device, x.shape, x.dtype, t.dtype, bool(smoothing), op, ignore_index)
+    plan = _FORWARD_PLANS.get(key)
+    if plan is not None:  # a repeated signature: its launch and sizes prepared, its error code known
+        prepared, rows, nbytes, sd, code = plan
+        allocate = device.allocator
+        loss, rowmax, rowsum = (Tensor(allocate(device, nbytes), (rows,), sd, device) for _ in range(3))
+        word = device.error_word.buffer(device.queue)
+        prepared.call(x.data, t.data, loss.data, rowmax.data, rowsum.data, word, ignore_index, smoothing, code)
+        return loss, rowmax, rowsum
     rows, C = x.shape
     sd = stats_dtype(x.dtype)
     loss, rowmax, rowsum = (Tensor.empty((rows,), sd, x.device) for _ in range(3))
-    run_row_kernel(
+    code = target_error_code(op, ignore_index)
+    prepared = run_row_kernel(
         _FORWARD,
         _formats(x, t, smooth=int(bool(smoothing))),
         x.device,
         rows,
         C,
         [x, t, loss, rowmax, rowsum, x.device.error_word.buffer(x.device.queue)],
-        (np.int64(ignore_index), sd.type(smoothing), np.int32(target_error_code(op, ignore_index))),
+        (np.int64(ignore_index), sd.type(smoothing), np.int32(code)),
     )
+    if prepared is not None:
+        remember(_FORWARD_PLANS, key, (prepared, rows, loss.nbytes, sd, code))
     return loss, rowmax, rowsum
+
+
+#: (device, logits shape, dtype, target dtype, smoothing or not, op, ignore_index) -> (prepared launch, rows,
+#: bytes of each row statistic, their dtype, the error code) of ``class_loss_forward``
+_FORWARD_PLANS: dict[tuple, tuple] = {}
+register_cache(_FORWARD_PLANS.clear)
+#: (device, logits shape, dtype, target dtype, reduction) -> (prepared launch, gradient bytes) of the backward
+_BACKWARD_PLANS: dict[tuple, tuple] = {}
+register_cache(_BACKWARD_PLANS.clear)
 
 
 @backend_op(_TWINS)
 def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) -> tuple[Tensor, Tensor]:
     """(0-d sum or mean of the row losses, 0-d count of rows whose target is not ``ignore_index``)."""
     sd = loss.dtype
+    device = loss.device
+    plan_key = (device, loss.shape, sd, t.dtype)
+    plan = _REDUCE_PLANS.get(plan_key)
+    if plan is not None:  # a repeated signature: its kernel, sizes and index type known
+        prepared, nbytes, rows = plan
+        allocate = device.allocator
+        out, count = Tensor(allocate(device, nbytes), (), sd, device), Tensor(allocate(device, nbytes), (), sd, device)
+        prepared.call(loss.data, t.data, out.data, count.data, rows, ignore_index, int(mean))
+        return out, count
     out, count = Tensor.empty((), sd, loss.device), Tensor.empty((), sd, loss.device)
     fmt = _formats(loss, t)
 
@@ -209,7 +241,14 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     rows = loss.shape[0]
     args = (loss, t, out, count, idx.type(rows), np.int64(ignore_index), np.int32(mean))
     launch_prepared(key, loss.device, resolved.kernel, local, local, args)
+    remember(_REDUCE_PLANS, plan_key, (prepared_for(key, device, resolved.kernel, local, local), out.nbytes, rows))
     return out, count
+
+
+#: (device, row-loss shape, dtype, target dtype) -> (prepared launch, bytes of each 0-d result, rows) of
+#: ``class_loss_reduce``
+_REDUCE_PLANS: dict[tuple, tuple] = {}
+register_cache(_REDUCE_PLANS.clear)
 
 
 @backend_op(_TWINS, device_arg="x")
@@ -225,12 +264,20 @@ def class_loss_backward(
     reduction: str,
 ) -> Tensor:
     """d loss / d x for upstream ``g`` ((rows,) for "none", 0-d otherwise); x's shape and dtype."""
-    rows, C = x.shape
     sd = stats_dtype(x.dtype)
-    mode = REDUCTIONS[reduction]
     g = g if g.dtype == sd else cast(g, sd)
+    device = x.device
+    key = (device, x.shape, x.dtype, t.dtype, reduction)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is not None:
+        prepared, nbytes = plan
+        gx = Tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
+        prepared.call(x.data, t.data, rowmax.data, rowsum.data, g.data, count.data, gx.data, ignore_index, smoothing)
+        return gx
+    rows, C = x.shape
+    mode = REDUCTIONS[reduction]
     gx = Tensor.empty((rows, C), x.dtype, x.device)
-    run_row_kernel(
+    prepared = run_row_kernel(
         _BACKWARD,
         _formats(x, t, reduction=mode),
         x.device,
@@ -239,4 +286,6 @@ def class_loss_backward(
         [x, t, rowmax, rowsum, g, count, gx],
         (np.int64(ignore_index), sd.type(smoothing)),
     )
+    if prepared is not None:
+        remember(_BACKWARD_PLANS, key, (prepared, gx.nbytes))
     return gx

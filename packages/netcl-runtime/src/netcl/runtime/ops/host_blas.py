@@ -14,6 +14,7 @@ CPU device (it is far slower there than the host product, same pointer).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -46,7 +47,13 @@ def host_memory_device(device: Device) -> bool:
 def applies(device: Device, a: Tensor, b: Tensor, result: np.dtype) -> bool:
     """Whether ``a @ b`` on ``device`` runs on the host BLAS: a host-memory CPU OpenCL device and
     both operands already of the float32/float64 result dtype."""
-    return result in _DTYPES and a.dtype == result and b.dtype == result and host_memory_device(device) and enabled()
+    return result in _DTYPES and a.dtype == result and b.dtype == result and _host_memory(device) and enabled()
+
+
+@functools.cache
+def _host_memory(device: Device) -> bool:
+    """``host_memory_device``, asked once per device (a pyopencl info query per product otherwise)."""
+    return host_memory_device(device)
 
 
 def matmul(

@@ -60,6 +60,15 @@ def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[t
     return a2, b2, batch, out
 
 
+def product_dtype(a: Tensor, b: Tensor) -> np.dtype:
+    """The float dtype of ``a @ b`` (``float_dtype(promote((a, b)))``), without NumPy's promotion for the
+    common operands: two of one float dtype."""
+    dtype = a.dtype
+    if dtype == b.dtype and dtype.kind == "f":
+        return dtype
+    return float_dtype(promote((a, b)))
+
+
 @functools.cache
 def _host_memory(device) -> bool:
     return host_blas.host_memory_device(device)
@@ -98,7 +107,7 @@ def matmul(
     if (
         out_dtype is None
         and _host_memory(a.device)  # cached: GPUs skip the host-BLAS checks at no cost per call
-        and host_blas.applies(device_of((a, b), "matmul"), a, b, float_dtype(promote((a, b))))
+        and host_blas.applies(device_of((a, b), "matmul"), a, b, product_dtype(a, b))
     ):
         # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there)
         a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
@@ -128,7 +137,7 @@ def _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype,
     a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
     b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
     a2, _, _, out_shape = matmul_shapes(a_shape, b_shape)
-    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
+    result = np.dtype(out_dtype) if out_dtype is not None else product_dtype(a, b)
     if tuple(addend.shape) != tuple(out_shape):
         raise ShapeError(f"matmul: addend must have the result's shape {tuple(out_shape)}, got {tuple(addend.shape)}")
     if addend.dtype != result:
@@ -187,7 +196,7 @@ def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> 
     n = b.shape[-2] if transpose_b else b.shape[-1]
     if bias.shape != (n,):
         raise ShapeError(f"matmul: bias must have shape ({n},) for a product with {n} columns, got {bias.shape}")
-    result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
+    result = np.dtype(out_dtype) if out_dtype is not None else product_dtype(a, b)
     if result != np.float32:
         raise DTypeError(f"matmul: a bias needs a float32 result, got {result}")
     if _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result):

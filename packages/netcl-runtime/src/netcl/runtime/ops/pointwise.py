@@ -146,7 +146,7 @@ CLEAR_HOOKS.extend([_RAW_PLANS.clear, _OP_PLANS.clear])
 
 def signature(operands: Sequence[Any]) -> tuple:
     """Per operand: (shape, dtype) of a Tensor, or the kind ('b', 'i', 'f') of a scalar."""
-    return tuple((v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind for v in operands)
+    return tuple([(v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind for v in operands])
 
 
 def run_elementwise(
@@ -178,10 +178,19 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
     prepared = plan.prepared
     if prepared is None:
         prepared = plan.prepared = _prepare(plan, device)
-    prepared.call(
-        out.data, *[v.data if t is None else t(_plain(v)) for v, t in zip(operands, plan.arg_types, strict=True)]
-    )
+    arg_types = plan.arg_types
+    if arg_types == _ONE_BUFFER:  # the common signatures: every operand a Tensor
+        prepared.call(out.data, operands[0].data)
+    elif arg_types == _TWO_BUFFERS:
+        prepared.call(out.data, operands[0].data, operands[1].data)
+    else:
+        prepared.call(
+            out.data, *[v.data if t is None else t(_plain(v)) for v, t in zip(operands, arg_types, strict=True)]
+        )
     return out
+
+
+_ONE_BUFFER, _TWO_BUFFERS = (None,), (None, None)
 
 
 def _prepare(plan: Plan, device: Device) -> PreparedLaunch:

@@ -29,7 +29,16 @@ import numpy as np
 
 PRECISIONS = ("highest", "tf32x3", "high", "medium", "fp16")
 T = TypeVar("T")
-_state = threading.local()
+
+
+class _State(threading.local):
+    """This thread's ``matmul_precision`` block value; the class attribute is the default, so a thread that
+    never entered a block reads None without the failed instance lookup a bare ``threading.local`` pays."""
+
+    value: str | None = None
+
+
+_state = _State()
 _default = ["highest"]
 
 
@@ -46,13 +55,13 @@ def set_float32_matmul_precision(precision: str) -> None:
 
 def get_float32_matmul_precision() -> str:
     """The precision in effect here (a ``matmul_precision`` block, else the process-wide one)."""
-    return getattr(_state, "value", None) or _default[0]
+    return _state.value or _default[0]
 
 
 @contextlib.contextmanager
 def matmul_precision(precision: str) -> Iterator[None]:
     """Within the block (this thread), float32 products use ``precision``; amp uses this."""
-    previous = getattr(_state, "value", None)
+    previous = _state.value
     _state.value = _check(precision)
     try:
         yield

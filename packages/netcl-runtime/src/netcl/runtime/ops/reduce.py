@@ -231,7 +231,9 @@ def _reduce_cl(
         # Outputs are contiguous in memory: neighbouring threads take neighbouring outputs.
         mode, chunks, local = "cols", -(-R // COL_CHUNK), COLS * ROWS
     else:
-        limit = builtins.min(MAX_LOCAL, pow2_floor(device.cl_device.max_work_group_size))
+        limit = _TREE_LIMIT.get(device)
+        if limit is None:  # a driver query: once per device, not per reduction
+            limit = _TREE_LIMIT[device] = builtins.min(MAX_LOCAL, pow2_floor(device.cl_device.max_work_group_size))
         chunks = -(-R // CHUNK)
         per_group = -(-R // chunks)
         mode, local = "tree", builtins.min(limit, builtins.max(16, pow2_ceil(-(-per_group // PER_THREAD))))
@@ -242,6 +244,10 @@ def _reduce_cl(
     _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, mode, chunks=chunks, local=local)
     next_kept = ((K, chunks),) if K > 1 else ()
     _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device, addend)
+
+
+#: device -> the tree mode's work-group limit (``MAX_LOCAL`` or the device's power-of-two maximum)
+_TREE_LIMIT: dict[Device, int] = {}
 
 
 def _launch_stage(

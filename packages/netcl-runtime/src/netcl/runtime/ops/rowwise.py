@@ -246,7 +246,7 @@ def run_row_kernel(
         return _rows.source(name, [kernel.params.format(**fmt)], body, _rows.CONTIG, mode, fmt["ct"], fmt["idx"],
                             [stats], helpers)  # fmt: skip
 
-    key = ("rowwise", *sorted(fmt.items()))
+    key = fmt.key if type(fmt) is RowFormat else ("rowwise", *sorted(fmt.items()))
     types = [None] * len(buffers) + [np.dtype(type(v)) for v in extra]
     name = f"netcl_{kernel.name}"
     if rows <= 0:
@@ -256,22 +256,43 @@ def run_row_kernel(
     return prepared
 
 
+class RowFormat(dict):
+    """``row_format``'s fields, with ``key``: the program-cache key of a row kernel formatted with them
+    (sorted once, not per launch). Shared by every call of one signature: read it, never change it."""
+
+    __slots__ = ("key",)
+
+
+#: (dtype, element count, mode, flags) -> its RowFormat
+_FORMATS: dict[tuple, RowFormat] = {}
+register_cache(_FORMATS.clear)
+
+
 def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
     """The template fields of a row kernel over ``x``'s dtype and size (pragmas, storage and compute
     types, ``LD`` / ``ST`` expressions, index type), the softmax-family ``mode`` and compile-time
-    ``flags``: what ``RowKernel`` texts are formatted with, and part of the program's cache key."""
+    ``flags``: what ``RowKernel`` texts are formatted with, and part of the program's cache key.
+    Memoized per (dtype, size, mode, flags): the returned mapping is shared, a caller copies it to extend it."""
+    memo = (x.dtype, x.size, mode, *flags.items())
+    fmt = _FORMATS.get(memo)
+    if fmt is not None:
+        return fmt
     st, ct = storage_ctype(x.dtype), compute_ctype(stats_dtype(x.dtype))
     half = x.dtype == float16
-    return {
-        "pragmas": storage_pragmas([x.dtype, stats_dtype(x.dtype)]),
-        "load": "vload_half((i), (p))" if half else f"(({ct})(p)[i])",
-        "store": f"vstore_half_rte(({ct})(v), (i), (p))" if half else f"((p)[i] = ({st})(v))",
-        "st": st,
-        "ct": ct,
-        "idx": index_ctype(x.size),
-        "mode": mode,
-        **flags,
-    }
+    fmt = RowFormat(
+        {
+            "pragmas": storage_pragmas([x.dtype, stats_dtype(x.dtype)]),
+            "load": "vload_half((i), (p))" if half else f"(({ct})(p)[i])",
+            "store": f"vstore_half_rte(({ct})(v), (i), (p))" if half else f"((p)[i] = ({st})(v))",
+            "st": st,
+            "ct": ct,
+            "idx": index_ctype(x.size),
+            "mode": mode,
+            **flags,
+        }
+    )
+    fmt.key = ("rowwise", *sorted(fmt.items()))
+    return remember(_FORMATS, memo, fmt)
 
 
 # ---- layout: reduced axes last ---------------------------------------------------------------
@@ -464,7 +485,22 @@ def check_affine(param: Any, shape: tuple[int, ...], x: Tensor, op: str, name: s
 def norm_forward(
     x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float, mode: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, mean, rstd) of layer_norm (mode LAYER) or rms_norm (mode RMS; mean is 0) over trailing ``axes``."""
+    """(out, mean, rstd) of layer_norm (mode LAYER) or rms_norm (mode RMS; mean is 0) over trailing ``axes``.
+
+    A repeated signature (device, shape, dtype, axes, affine parameters given, mode) reuses its prepared
+    launch and sizes: a call allocates the three outputs and launches."""
+    device = x.device
+    key = (device, x.shape, x.dtype, axes[0], weight is None, bias is None, mode)
+    plan = _NORM_PLANS.get(key)
+    if plan is not None:
+        prepared, out_bytes, rows, stat_bytes, sd = plan
+        allocate = device.allocator
+        out = Tensor(allocate(device, out_bytes), x.shape, x.dtype, device)
+        mean = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+        rstd = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+        w, b = weight if weight is not None else x, bias if bias is not None else x
+        prepared.call(x.data, w.data, b.data, out.data, mean.data, rstd.data, eps)
+        return out, mean, rstd
     rows = math.prod(x.shape[: axes[0]])
     C = math.prod(x.shape[axes[0] :])
     sd = stats_dtype(x.dtype)
@@ -472,8 +508,19 @@ def norm_forward(
     mean, rstd = (Tensor.empty((rows,), sd, x.device) for _ in range(2))
     fmt = row_format(x, mode, has_w=int(weight is not None), has_b=int(bias is not None))
     buffers = [x, weight if weight is not None else x, bias if bias is not None else x, out, mean, rstd]
-    run_row_kernel(_NORM_FORWARD, fmt, x.device, rows, C, buffers, (sd.type(eps),))
+    prepared = run_row_kernel(_NORM_FORWARD, fmt, x.device, rows, C, buffers, (sd.type(eps),))
+    if prepared is not None:
+        remember(_NORM_PLANS, key, (prepared, out.nbytes, rows, mean.nbytes, sd))
     return out, mean, rstd
+
+
+#: (device, shape, dtype, first normalized axis, no weight, no bias, mode) -> (prepared launch, output bytes,
+#: rows, statistics bytes, statistics dtype) of an OpenCL layer_norm / rms_norm forward
+_NORM_PLANS: dict[tuple, tuple] = {}
+register_cache(_NORM_PLANS.clear)
+#: (device, shape, dtype, first normalized axis, no weight, mode) -> (prepared launch, gradient bytes) of its backward
+_NORM_BACKWARD_PLANS: dict[tuple, tuple] = {}
+register_cache(_NORM_BACKWARD_PLANS.clear)
 
 
 @backend_op(_TWINS, device_arg="x")
@@ -481,13 +528,24 @@ def norm_backward(
     g: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, axes: tuple[int, ...], mode: int
 ) -> Tensor:
     """d/dx of layer_norm / rms_norm for upstream ``g`` (one kernel: two row sums, then the update)."""
+    g = g if g.dtype == x.dtype else _cast(g, x.dtype)
+    device = x.device
+    key = (device, x.shape, x.dtype, axes[0], weight is None, mode)
+    plan = _NORM_BACKWARD_PLANS.get(key)
+    if plan is not None:
+        prepared, nbytes = plan
+        gx = Tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
+        w = weight if weight is not None else x
+        prepared.call(x.data, g.data, w.data, mean.data, rstd.data, gx.data)
+        return gx
     rows = math.prod(x.shape[: axes[0]])
     C = math.prod(x.shape[axes[0] :])
     gx = Tensor.empty(x.shape, x.dtype, x.device)
-    g = g if g.dtype == x.dtype else _cast(g, x.dtype)
     fmt = row_format(x, mode, has_w=int(weight is not None))
     buffers = [x, g, weight if weight is not None else x, mean, rstd, gx]
-    run_row_kernel(_NORM_BACKWARD, fmt, x.device, rows, C, buffers)
+    prepared = run_row_kernel(_NORM_BACKWARD, fmt, x.device, rows, C, buffers)
+    if prepared is not None:
+        remember(_NORM_BACKWARD_PLANS, key, (prepared, gx.nbytes))
     return gx
 
 

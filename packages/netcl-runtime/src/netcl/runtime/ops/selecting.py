@@ -19,7 +19,7 @@ from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, scalars
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import WORD, filled
@@ -154,7 +154,21 @@ register_cache(_PLANS.clear)
 
 @backend_op(_TWINS)
 def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequence[int]) -> Tensor:
-    """The gradient of ``index_select(x, axis, index)`` w.r.t. x of ``shape``: repeated indices add up."""
+    """The gradient of ``index_select(x, axis, index)`` w.r.t. x of ``shape``: repeated indices add up.
+
+    A repeated signature (shapes, dtypes, axis, device) reuses its two prepared launches and sizes."""
+    device = grad.device
+    key = (device, grad.shape, grad.dtype, axis, index.shape, index.dtype, tuple(shape))
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is not None:
+        out_shape, nbytes, J, rank, rank_tail, add, add_tail = plan
+        allocate = device.allocator
+        out = Tensor(allocate(device, nbytes), out_shape, grad.dtype, device)
+        perm = Tensor(allocate(device, 4 * J), (J,), _INT32, device)
+        keys = Tensor(allocate(device, 8 * J), (J,), _INT64, device)
+        rank.call(index.data, perm.data, keys.data, *rank_tail)
+        add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
+        return out
     shape = tuple(int(d) for d in shape)
     ax = axis % len(shape)
     out = Tensor.empty(shape, grad.dtype, grad.device)
@@ -162,22 +176,14 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     if J == 0:
         return filled(shape, 0, grad.dtype, grad.device)
     _, A, inner = split3(shape, ax)
-    device = grad.device
     perm = Tensor.empty((J,), np.int32, device)
     keys = Tensor.empty((J,), np.int64, device)
     it = C_TYPES[index.dtype]
-    run_1d(
-        ("rank_index", it),
-        device,
-        lambda: _RANK.format(it=it),
-        "netcl_rank_index",
-        [None, None, None, np.int32],
-        J,
-        index,
-        perm,
-        keys,
-        np.int32(J),
+    rank_tail = (np.int32(J),)
+    rank = prepare_1d(
+        ("rank_index", it), device, lambda: _RANK.format(it=it), "netcl_rank_index", [None, None, None, np.int32], J
     )
+    rank.call(index.data, perm.data, keys.data, *rank_tail)
     idx = index_ctype(out.size, grad.size)
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
 
@@ -187,20 +193,20 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
         )
 
     types = [None, None, None, None] + [index_dtype(idx)] * 4
-    run_1d(
-        ("index_add", st, idx),
-        device,
-        source,
-        "netcl_index_add",
-        types,
-        out.size,
-        grad,
-        perm,
-        keys,
-        out,
-        *scalars(idx, [out.size, A, J, inner]),
-    )
+    if out.size == 0:
+        return out
+    add = prepare_1d(("index_add", st, idx), device, source, "netcl_index_add", types, out.size)
+    add_tail = tuple(scalars(idx, [out.size, A, J, inner]))
+    add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
+    remember(_BACKWARD_PLANS, key, (shape, out.nbytes, J, rank, rank_tail, add, add_tail))
     return out
+
+
+_INT32, _INT64 = np.dtype(np.int32), np.dtype(np.int64)
+#: (device, grad shape, grad dtype, axis, index shape, index dtype, x shape) -> (x shape, its bytes, index
+#: count, the rank launch and its arguments, the index-add launch and its size arguments) of a backward
+_BACKWARD_PLANS: dict[tuple, tuple] = {}
+register_cache(_BACKWARD_PLANS.clear)
 
 
 def check_embedding(ids: Any, table: Tensor) -> Tensor:
@@ -214,8 +220,21 @@ def check_embedding(ids: Any, table: Tensor) -> Tensor:
 
 
 def embedding(ids: Tensor, table: Tensor) -> Tensor:
-    """Rows of ``table`` (V, D) at ``ids`` (any shape): shape ``ids.shape + (D,)``."""
+    """Rows of ``table`` (V, D) at ``ids`` (any shape): shape ``ids.shape + (D,)``.
+
+    On OpenCL a repeated signature (shapes, dtypes, device) launches its prepared kernel: an id out of
+    range is still reported by the kernel, at the next wait (``netcl.core.device_errors``)."""
+    plan_key = None
+    if type(ids) is Tensor and type(table) is Tensor and ids.device is table.device:
+        plan_key = ("embedding", table.shape, table.dtype, ids.shape, ids.dtype, table.device)
+        plan = _PLANS.get(plan_key)
+        if plan is not None:
+            _, nbytes, prepared, tail = plan
+            device = table.device
+            out = Tensor(device.allocator(device, nbytes), (*ids.shape, table.shape[1]), table.dtype, device)
+            prepared.call(table.data, ids.data, out.data, *tail)
+            return out
     ids = check_embedding(ids, table)
     check_index_range(ids, table.shape[0], "embedding", "ids")
-    rows = select_along(table, 0, ids.reshape(ids.size), ("embedding", "ids", None))
+    rows = select_along(table, 0, ids.reshape(ids.size), ("embedding", "ids", None), plan_key)
     return rows.reshape(*ids.shape, table.shape[1])

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor, contiguous_strides
+from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
+from netcl.runtime.ops._common import remember
 from netcl.runtime.ops._grid import index_ctype, params, prepare_1d, prod, scalars
 from netcl.runtime.ops.backend import backend_op
 
@@ -53,11 +55,24 @@ def extent(shape: Sequence[int], strides: Sequence[int], offset: int) -> tuple[i
     return low, high
 
 
+#: (size, shape, strides, offset) of views ``_check_bounds`` passed: a repeated view is not walked again
+_IN_BOUNDS: dict[tuple, bool] = {}
+register_cache(_IN_BOUNDS.clear)
+#: (device, src shape, dst shape, word bytes, view shape, strides, offset, write) -> ``prepare_launch``'s result
+_LAUNCHES: dict[tuple, tuple[PreparedLaunch, list[Any]]] = {}
+register_cache(_LAUNCHES.clear)
+
+
 def _check_bounds(op: str, size: int, shape: Sequence[int], strides: Sequence[int], offset: int) -> None:
+    key = (size, shape, strides, offset)
+    if key in _IN_BOUNDS:
+        return
     if prod(shape) == 0:
         return
     low, high = extent(shape, strides, offset)
-    if low < 0 or high >= size:
+    if low >= 0 and high < size:
+        remember(_IN_BOUNDS, key, True)
+    else:
         raise IndexError(
             f"{op}: view (shape {tuple(shape)}, strides {tuple(strides)}, offset {offset}) reaches flat "
             f"positions [{low}, {high}] outside a tensor of {size} elements"
@@ -84,7 +99,11 @@ __kernel void netcl_strided(__global const {word}* src, __global {word}* dst, co
 
 
 def _launch(src: Tensor, dst: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int, write: bool) -> None:
-    prepared, values = prepare_launch(src, dst, shape, strides, offset, write)
+    key = (src.device, src.shape, dst.shape, src.dtype.itemsize, shape, strides, offset, write)
+    planned = _LAUNCHES.get(key)
+    if planned is None:
+        planned = remember(_LAUNCHES, key, prepare_launch(src, dst, shape, strides, offset, write))
+    prepared, values = planned
     prepared.call(src.data, dst.data, *values)
 
 
