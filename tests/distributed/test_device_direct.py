@@ -50,6 +50,14 @@ def test_required_where_it_cannot_run_fails_on_every_rank(mpirun, monkeypatch):
         assert "rank 0: 'NumPy' is not an NVIDIA GPU" in r["error"]
 
 
+def test_deterministic_mode_keeps_the_mpi_path(mpirun, monkeypatch):
+    monkeypatch.setenv("NETCL_DEVICE_DIRECT", "1")
+    results, proc = mpirun("direct_deterministic", "cpu")
+    check_ok(results, proc)
+    for r in results:
+        assert "rank 0: use_deterministic_algorithms(True) keeps the rank-ordered MPI sum" in r["error"], r
+
+
 def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")

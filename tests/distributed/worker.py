@@ -379,6 +379,18 @@ def case_direct_required(info, device) -> dict:
     }
 
 
+def case_direct_deterministic(info, device) -> dict:
+    """Under use_deterministic_algorithms(True) the device-direct path is never taken (with NETCL_DEVICE_DIRECT=1:
+    an error)."""
+    from netcl.runtime import determinism
+
+    determinism.use_deterministic_algorithms(True)
+    try:
+        return {"error": error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4))}
+    finally:
+        determinism.use_deterministic_algorithms(False)
+
+
 def case_bucket_mismatch(info, device) -> dict:
     model = MLP(device, seed=1)
     return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}

@@ -9,10 +9,12 @@ no host staging), OpenCL copies the results out.
 ``probe(device)`` says whether this process can do that (an NVIDIA OpenCL GPU with the extension,
 the CUDA driver, NCCL, and a round trip through one imported buffer that checks both APIs see the
 same bytes); ``agree(device)`` is collective: every rank probes and the path is taken only when
-every rank can and no two ranks of a host share a GPU (NCCL refuses that). ``NETCL_DEVICE_DIRECT``
-chooses: ``0`` never, ``1`` required (an error naming the failing rank and reason), unset: where
-the probe passes. Where it is off the host-staged MPI path (``overlap``) runs; if some rank has an
-NVIDIA GPU (where the path could have run), rank 0 says why once per process (a log warning).
+every rank can and no two ranks of a host share a GPU (NCCL refuses that), and not under
+``use_deterministic_algorithms(True)`` (NCCL chooses its algorithm, and so the summation order, by size
+and topology; the MPI path's order is fixed by rank). ``NETCL_DEVICE_DIRECT`` chooses: ``0`` never,
+``1`` required (an error naming the failing rank and reason), unset: where the probe passes. Where
+it is off the host-staged MPI path (``overlap``) runs; if some rank has an NVIDIA GPU (where the path
+could have run), rank 0 says why once per process (a log warning).
 
 ``DeviceDirectReducer`` has ``OverlapReducer``'s interface: ``submit(inputs, outputs, op)`` marks
 the device queue's point where the bucket is complete and hands it to a thread of its own, with an
@@ -42,6 +44,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor
+from netcl.runtime.determinism import are_deterministic_algorithms_enabled
 from netcl.runtime.distributed import cuda_driver, nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
@@ -134,7 +137,12 @@ def _probe(device: Device) -> Probe:
 def agree(device: Device) -> bool:
     """Collective: whether every rank takes the device-direct path (see the module docstring)."""
     choice = mode()
-    mine = Probe(False, f"{ENV}=0", applicable=False) if choice == "off" else probe(device)
+    if choice == "off":
+        mine = Probe(False, f"{ENV}=0", applicable=False)
+    elif are_deterministic_algorithms_enabled():  # NCCL picks its algorithm and order by size and topology
+        mine = Probe(False, "use_deterministic_algorithms(True) keeps the rank-ordered MPI sum", applicable=False)
+    else:
+        mine = probe(device)
     everyone = all_gather_object((mine.ok, mine.reason, socket.gethostname(), mine.pci, mine.applicable))
     failed = [(r, reason, applicable) for r, (ok, reason, _, _, applicable) in enumerate(everyone) if not ok]
     why = f"rank {failed[0][0]}: {failed[0][1]}" if failed else None
