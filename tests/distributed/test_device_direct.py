@@ -58,6 +58,21 @@ def test_deterministic_mode_keeps_the_mpi_path(mpirun, monkeypatch):
         assert "rank 0: use_deterministic_algorithms(True) keeps the rank-ordered MPI sum" in r["error"], r
 
 
+@pytest.mark.parametrize("spec", ["opencl", "cpu"])
+def test_one_exchange_per_dtype_equals_the_inline_path(mpirun, spec, device_kinds):
+    if spec not in device_kinds:
+        pytest.skip("no OpenCL device")
+    results, proc = mpirun("ddp_coalesced_dtypes", spec)
+    check_ok(results, proc)
+    for r in results:
+        coalesced, inline = r["coalesced"], r["inline"]
+        assert coalesced["buckets"] == inline["buckets"] >= 3  # 104-byte buckets, one dtype each
+        assert coalesced["overlapped"] == coalesced["buckets"] and coalesced["started_during_backward"] == 0
+        assert [g.dtype for g in coalesced["grads"]] == [np.float32] * 4 + [np.float64]
+        assert same_bits(coalesced["grads"], inline["grads"])  # the same rank-ordered sums
+    assert same_bits(results[0]["coalesced"]["grads"], results[1]["coalesced"]["grads"])
+
+
 def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")

@@ -48,7 +48,7 @@ class MLP:
         return iter([("running", self.running)])
 
     def __call__(self, x):
-        w1, b1, w2, b2 = (p for _, p in self.named)
+        w1, b1, w2, b2 = (p for _, p in self.named[:4])
         return ag.relu(x @ w1 + b1) @ w2 + b2
 
 
@@ -377,6 +377,33 @@ def case_direct_required(info, device) -> dict:
         "probe": device_direct.probe(device).reason,
         "error": error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4)),
     }
+
+
+def case_ddp_coalesced_dtypes(info, device) -> dict:
+    """DDP's one exchange per dtype at the end of the backward (the path the device-direct reducer takes),
+    run here through the MPI reducer (same ``submit``) on float32 and float64 parameters, against the
+    inline path: gradients and counters."""
+    out: dict = {}
+    x, y = batch(device, 5)
+    for name, coalesce in (("coalesced", True), ("inline", False)):
+        model = MLP(device, seed=40 + info.rank)
+        extra = np.random.default_rng(3 + info.rank).normal(size=(3,))  # float64
+        model.named.append(("extra", ag.tensor(extra, requires_grad=True, device=device, dtype=np.float64)))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, overlap=coalesce)
+        ddp._coalesce = coalesce
+        scale = model.named[-1][1]
+        with ag.Tape():
+            logits = ddp(ag.tensor(x, device=device))
+            loss = ag.cross_entropy(logits, ag.tensor(y, device=device)) + ag.sum(scale * scale)
+            loss.backward()
+        out[name] = {
+            "grads": [p.grad.to_host() for p in model.parameters()],
+            "buckets": len(ddp.buckets),
+            "overlapped": ddp.stats.overlapped,
+            "started_during_backward": ddp.stats.started_during_backward,
+        }
+        ddp.remove_hooks()
+    return out
 
 
 def case_direct_deterministic(info, device) -> dict:

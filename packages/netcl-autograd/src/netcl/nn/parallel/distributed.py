@@ -280,21 +280,27 @@ class DistributedDataParallel:
         state.outputs[bucket.index] = outputs
 
     def _launch_coalesced(self, state: _Round) -> None:
-        """Every bucket not started yet as one device-direct exchange (``_coalesce``)."""
+        """The buckets not started yet as one device-direct exchange per dtype (``_coalesce``)."""
         waiting = [b for b in self.buckets if b.index not in state.works]
-        inputs = [self._inputs(state, b) for b in waiting]
-        device = inputs[0][0].device if inputs else None
-        if not waiting or (device.kind == "opencl" and capture.is_recording(device.queue)):
+        if not waiting:
+            return
+        device = self.params[0].device
+        if device.kind == "opencl" and capture.is_recording(device.queue):
             for bucket in waiting:  # captured: recorded bucket by bucket, as on the MPI path
                 self._launch(state, bucket)
             return
-        outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in group] for group in inputs]
         state.first_launch = state.first_launch or time.perf_counter()
-        flat = [t for group in inputs for t in group]
-        work = self._reducer.submit(flat, [t for group in outputs for t in group], "mean")
-        for bucket, group in zip(waiting, outputs, strict=True):
-            state.works[bucket.index], state.outputs[bucket.index] = work, group
-            state.overlapped += 1
+        by_dtype: dict[np.dtype, list[tuple[_Bucket, list[Tensor]]]] = {}
+        for bucket in waiting:  # a bucket holds one dtype
+            inputs = self._inputs(state, bucket)
+            by_dtype.setdefault(inputs[0].dtype, []).append((bucket, inputs))
+        for group in by_dtype.values():
+            outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
+            flat_in = [t for _, inputs in group for t in inputs]
+            work = self._reducer.submit(flat_in, [t for out in outputs for t in out], "mean")
+            for (bucket, _), out in zip(group, outputs, strict=True):
+                state.works[bucket.index], state.outputs[bucket.index] = work, out
+                state.overlapped += 1
 
     def _finish(self) -> None:
         state, self._round = self._round, None
