@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_blocked as blocked
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import time_device
+from measure import time_cuda, time_device
 
 SHAPES = [(8, 8, 1024, True), (4, 8, 2048, True), (1, 8, 8192, True), (8, 8, 1024, False)]
 QUICK = [(1, 2, 256, True), (1, 2, 256, False)]
@@ -100,18 +99,7 @@ def torch_ms(b: int, h: int, s: int, causal: bool, repeats: int) -> tuple[float,
     q, k, v, g = (torch.randn(b, h, s, D, device="cuda", requires_grad=True) for _ in range(4))
 
     def ms(fn) -> float:
-        for _ in range(2):
-            fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end))
-        return statistics.median(samples)
+        return time_cuda(torch, fn, repeats).median_ms
 
     with torch.no_grad():
         fwd = ms(lambda: sdpa(q, k, v, is_causal=causal))

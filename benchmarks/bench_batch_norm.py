@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import time_device
+from measure import time_cuda, time_device
 
 import netcl.core as nc
 from netcl.runtime import ops as R
@@ -53,17 +53,7 @@ def _torch_ms(shape: tuple[int, ...], repeats: int) -> dict[str, float]:
         ("torch eager fwd+bwd", both),
         ("torch copy", lambda: x.detach().clone()),
     ):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        out[name] = float(np.median(times))
+        out[name] = time_cuda(torch, fn, repeats, warmup=3).median_ms
     return out
 
 

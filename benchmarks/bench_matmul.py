@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import standalone_parser, write_results
+from measure import standalone_parser, time_cuda, write_results
 
 import netcl.core as nc
 from netcl.runtime import ops
@@ -81,18 +81,7 @@ def _torch():
 
 
 def _torch_ms(torch, fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return time_cuda(torch, fn, repeats, warmup=3).median_ms
 
 
 def netcl_modes(device) -> list[tuple[str, str, object]]:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from gpt import GPT
-from measure import standalone_parser, time_device, write_results
+from measure import standalone_parser, time_cuda, time_device, write_results
 
 import netcl.autograd as ag
 import netcl.core as nc
@@ -80,18 +80,7 @@ def netcl_attention(device, b, h, s, d, causal, dtype, repeats) -> dict[str, flo
 
 
 def _cuda_ms(torch, fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return time_cuda(torch, fn, repeats).median_ms
 
 
 def torch_attention(torch, b, h, s, d, causal, dtype, repeats) -> dict[str, dict[str, float]]:

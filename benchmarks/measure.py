@@ -73,6 +73,23 @@ def time_wall(
     return Timing(statistics.median(samples), min(samples), max(samples), "wall")
 
 
+def time_cuda(torch, fn: Callable[[], object], repeats: int, warmup: int = 2) -> Timing:
+    """``fn`` on torch's current CUDA stream: ``warmup`` runs, then ``repeats`` runs each timed by a pair
+    of CUDA events (the peer's device time, as ``time_device`` is netcl's)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return Timing(statistics.median(samples), min(samples), max(samples), "cuda-events")
+
+
 def _sync(device: Device) -> None:
     if device.queue is not None:
         device.queue.finish()

@@ -6,12 +6,11 @@ events; otherwise torch runs on the CPU and is timed by wall clock.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Callable
 
 import numpy as np
-from measure import Timing, time_wall
+from measure import Timing, time_cuda, time_wall
 
 from netcl.core import Device
 
@@ -44,18 +43,7 @@ def torch_status(device: Device) -> tuple[tuple | None, str]:
 def _time_torch(torch, where: str, fn: Callable[[], object], repeats: int) -> Timing:
     if where != "cuda":
         return time_wall(fn, repeats)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return Timing(statistics.median(samples), min(samples), max(samples), "cuda-events")
+    return time_cuda(torch, fn, repeats, warmup=3)
 
 
 def _torch_fns(torch, name: str):
