@@ -29,13 +29,10 @@ dies makes the stream's wait time out at ``NETCL_DIST_TIMEOUT``: the communicato
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,7 +46,7 @@ from netcl.runtime.distributed import cuda_driver, nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
 from netcl.runtime.distributed.group import Deadline, mark_broken, world
-from netcl.runtime.distributed.overlap import ThreadedWork
+from netcl.runtime.distributed.overlap import ThreadedReducer, ThreadedWork
 
 ENV = "NETCL_DEVICE_DIRECT"
 EXTENSION = "cl_khr_external_memory_opaque_fd"
@@ -212,78 +209,55 @@ def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
     return cl.Buffer.from_int_ptr(handle, retain=False)
 
 
-class DeviceDirectReducer:
+class DeviceDirectReducer(ThreadedReducer):
     """NCCL all-reduces of buckets beside the caller's work (collective construction: every rank
     builds its reducers in the same order, after ``agree`` returned True)."""
 
     def __init__(self, device: Device) -> None:
-        w = world()
-        info = w.info
-        self.device, self.limits = device, (info.timeout, info.rank, info.world_size)
-        self.gpu = cuda_driver.device_by_pci(*_pci(device))
+        info = world().info
+        gpu = cuda_driver.device_by_pci(*_pci(device))
         uid = broadcast_object(nccl.unique_id() if info.rank == 0 else None)
         barrier()  # every rank is alive: NCCL's own setup waits without a timeout
-        self.comm = nccl.Communicator(uid, info.rank, info.world_size)
-        self.stream = cuda_driver.Stream(self.gpu)
-        self.cl_queue = cl.CommandQueue(device.context, device.cl_device)
-        self.jobs: queue.Queue[ThreadedWork | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._serve, name=f"netcl-nccl-{info.rank}", daemon=True)
-        self.thread.start()
+        comm = nccl.Communicator(uid, info.rank, info.world_size)
+        self._start(device, "netcl-nccl", _NcclExchange(device, gpu, comm, (info.timeout, info.rank, info.world_size)))
 
     def submit(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str) -> ThreadedWork:
         """Start the all-reduce of ``inputs`` into ``outputs`` once the work enqueued so far on the
         device's queue completes. Keep both alive until ``wait``."""
         if op not in nccl.OPS:
             raise ValueError(f"op must be one of {sorted(nccl.OPS)}, got {op!r}")
-        ready = cl.enqueue_marker(self.device.queue)
-        self.device.queue.flush()
-        work = ThreadedWork(inputs, outputs, op, ready, self.limits)
+        work = ThreadedWork(inputs, outputs, op, self._ready(), self.limits)
         self.jobs.put(work)
         return work
 
-    def close(self) -> None:
-        """Stop the thread after the buckets already submitted."""
-        if self.thread.is_alive():
-            self.jobs.put(None)
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown
-            self.close()
+class _NcclExchange:
+    """The reducer thread's side: an OpenCL queue and a CUDA stream of its own, a shared buffer per
+    exchange size, the communicator."""
 
-    # ---- the thread ------------------------------------------------------------------------------
-    def _serve(self) -> None:
-        self.gpu.make_current()
-        buffers: dict[int, SharedBuffer] = {}
-        failure: BaseException | None = None
-        try:
-            while True:
-                work = self.jobs.get()
-                if work is None:
-                    return
-                try:
-                    if failure is not None:
-                        kind = type(failure) if isinstance(failure, DistributedError) else DistributedError
-                        raise kind(f"an earlier device-direct all-reduce failed: {failure}")
-                    self._run(work, buffers)
-                except BaseException as exc:  # handed to the waiting caller
-                    failure = failure or exc
-                    work.error = exc
-                finally:
-                    work.done.set()
-        finally:
-            self.cl_queue.finish()
-            for shared in buffers.values():
-                shared.free()
-            if failure is None:
-                self.comm.destroy()
-            self.stream.destroy()
+    what = "device-direct all-reduce"
 
-    def _run(self, work: ThreadedWork, buffers: dict[int, SharedBuffer]) -> None:
+    def __init__(self, device: Device, gpu: cuda_driver.CudaDevice, comm: nccl.Communicator, limits) -> None:
+        self.device, self.gpu, self.comm, self.limits = device, gpu, comm, limits
+        self.stream = cuda_driver.Stream(gpu)
+        self.cl_queue = cl.CommandQueue(device.context, device.cl_device)
+        self.buffers: dict[int, SharedBuffer] = {}
+
+    def stopped(self, failed: bool) -> None:
+        self.cl_queue.finish()
+        for shared in self.buffers.values():
+            shared.free()
+        if not failed:  # a failed communicator was aborted, or may be unusable
+            self.comm.destroy()
+        self.stream.destroy()
+
+    def run(self, work: ThreadedWork) -> None:
+        self.gpu.make_current()  # CUDA contexts are current per thread
         item = work.dtype.itemsize
         nbytes = work.total * item
-        shared = buffers.get(nbytes)
+        shared = self.buffers.get(nbytes)
         if shared is None:
-            shared = buffers[nbytes] = SharedBuffer(self.device, self.gpu, nbytes)
+            shared = self.buffers[nbytes] = SharedBuffer(self.device, self.gpu, nbytes)
         copies, offset = [], 0
         for t in work.inputs:
             size = t.size * item

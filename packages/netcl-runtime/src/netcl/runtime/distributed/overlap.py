@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyopencl as cl
@@ -94,6 +94,9 @@ class ThreadedWork:
             self.uploaded = None
         return self.outputs
 
+    def release(self) -> None:
+        """Hand back what the work holds after it failed (nothing here)."""
+
 
 class OverlapWork(ThreadedWork):
     """One bucket's host-staged all-reduce on the reducer's thread (see the module)."""
@@ -116,8 +119,80 @@ class OverlapWork(ThreadedWork):
         # acquired here, on the caller's thread: a new pinned buffer is mapped through the device's queue
         self.staging = POOL.acquire(self.device, 2 * self.chunks * self.per_chunk * item)
 
+    def release(self) -> None:
+        if self.staging is not None:
+            POOL.release(self.staging)
+            self.staging = None
 
-class OverlapReducer:
+
+class Exchange(Protocol):
+    """What a reducer's thread runs each work on (it holds no reference to the reducer, so dropping
+    the reducer stops the thread)."""
+
+    what: str  #: named in the error of the works after a failed one
+
+    def run(self, work: ThreadedWork) -> None: ...
+
+    def stopped(self, failed: bool) -> None:
+        """On the thread, after the last work (``failed``: one of them raised): free what it holds."""
+
+
+def serve(jobs: queue.Queue, exchange: Exchange) -> None:
+    """A reducer thread: the works in submission order (the same on every rank) until None. An error
+    goes to the work's waiter, and every later work fails at once with it (a timeout stays one)."""
+    failure: BaseException | None = None
+    try:
+        while True:
+            work = jobs.get()
+            if work is None:
+                return
+            try:
+                if failure is not None:
+                    kind = type(failure) if isinstance(failure, DistributedError) else DistributedError
+                    raise kind(f"an earlier {exchange.what} failed: {failure}")
+                exchange.run(work)
+            except BaseException as exc:  # handed to the waiting caller
+                failure = failure or exc
+                work.error = exc
+                work.release()
+            finally:
+                work.done.set()
+    finally:
+        exchange.stopped(failure is not None)
+
+
+class ThreadedReducer:
+    """What every bucket reducer shares: the job queue, the thread that ``serve``s it with an
+    ``Exchange``, the marker a work waits for, and ``close`` (or garbage collection) to stop it."""
+
+    def _start(self, device: Device, name: str, exchange: Exchange) -> None:
+        info = world().info
+        self.device, self.limits = device, (info.timeout, info.rank, info.world_size)
+        self.jobs: queue.Queue[ThreadedWork | None] = queue.Queue()
+        self.thread = threading.Thread(
+            target=serve, args=(self.jobs, exchange), name=f"{name}-{info.rank}", daemon=True
+        )
+        self.thread.start()
+
+    def _ready(self) -> Any:
+        """A marker after the work enqueued so far on the device's queue (None on the NumPy backend)."""
+        if self.device.kind != "opencl":
+            return None
+        ready = cl.enqueue_marker(self.device.queue)
+        self.device.queue.flush()
+        return ready
+
+    def close(self) -> None:
+        """Stop the thread after the works already submitted."""
+        if self.thread.is_alive():
+            self.jobs.put(None)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
+class OverlapReducer(ThreadedReducer):
     """A thread, a queue and a communicator that all-reduce buckets beside the caller's work.
 
     Construction is collective (it duplicates the group's communicator): every rank builds its
@@ -128,62 +203,36 @@ class OverlapReducer:
         if not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
             raise ValueError(f"chunk_bytes must be an int > 0, got {chunk_bytes!r}")
         w = world()
-        self.device, self.chunk_bytes = device, chunk_bytes
+        self.chunk_bytes = chunk_bytes
         comm, request = w.comm.Idup()
         wait_requests([request], "overlapped all-reduce setup (communicator)")
-        self.cl_queue = cl.CommandQueue(device.context, device.cl_device) if device.kind == "opencl" else None
-        self.jobs: queue.Queue[OverlapWork | None] = queue.Queue()
-        info = w.info
-        self.limits = (info.timeout, info.rank, info.world_size)
-        self.thread = threading.Thread(
-            target=_serve,
-            args=(self.jobs, comm, self.cl_queue, info.rank, info.world_size, info.timeout),
-            name=f"netcl-allreduce-{info.rank}",
-            daemon=True,
-        )
-        self.thread.start()
+        cl_queue = cl.CommandQueue(device.context, device.cl_device) if device.kind == "opencl" else None
+        self._start(device, "netcl-allreduce", _StagedExchange(comm, cl_queue, w.info))
 
     def submit(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str) -> OverlapWork:
         """Start the all-reduce of ``inputs`` into ``outputs`` once the work enqueued so far on the
         device's queue (the kernels that made ``inputs``) completes. Keep both alive until ``wait``."""
-        ready = None
-        if self.device.kind == "opencl":
-            ready = cl.enqueue_marker(self.device.queue)
-            self.device.queue.flush()
-        work = OverlapWork(inputs, outputs, op, ready, self.chunk_bytes, self.limits)
+        work = OverlapWork(inputs, outputs, op, self._ready(), self.chunk_bytes, self.limits)
         self.jobs.put(work)
         return work
 
-    def close(self) -> None:
-        """Stop the thread after the buckets already submitted."""
-        if self.thread.is_alive():
-            self.jobs.put(None)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown
-            self.close()
-
 
 # ---- the thread ----------------------------------------------------------------------------------
-def _serve(jobs: queue.Queue, comm: Any, cl_queue: Any, rank: int, size: int, timeout: float) -> None:
-    failure: BaseException | None = None
-    while True:
-        work = jobs.get()
-        if work is None:
-            return
-        try:
-            if failure is not None:
-                kind = type(failure) if isinstance(failure, DistributedError) else DistributedError
-                raise kind(f"an earlier overlapped all-reduce failed: {failure}")  # a timeout stays one
-            _run(work, comm, cl_queue, rank, size, timeout)
-        except BaseException as exc:  # handed to the waiting caller
-            failure = failure or exc
-            work.error = exc
-            if work.staging is not None:
-                POOL.release(work.staging)
-                work.staging = None
-        finally:
-            work.done.set()
+class _StagedExchange:
+    """The host-staged pipeline (``_run``) on the reducer's communicator and queue."""
+
+    what = "overlapped all-reduce"
+
+    def __init__(self, comm: Any, cl_queue: Any, info: Any) -> None:
+        self.comm, self.cl_queue = comm, cl_queue
+        self.rank, self.size, self.timeout = info.rank, info.world_size, info.timeout
+
+    def run(self, work: ThreadedWork) -> None:
+        assert isinstance(work, OverlapWork)
+        _run(work, self.comm, self.cl_queue, self.rank, self.size, self.timeout)
+
+    def stopped(self, failed: bool) -> None:
+        pass
 
 
 def _segments(counts: list[int], start: int, stop: int) -> list[tuple[int, int, int, int]]:
