@@ -139,7 +139,7 @@ def bench_model(
     t_local = timed(lambda: step(False), device, steps, repeats)
     t_ddp = timed(lambda: step(True), device, steps, repeats)
     t_comm = timed(ddp.sync_gradients, device, steps, repeats) if info.world_size > 1 else 0.0
-    reducer = type(ddp._reducer).__name__ if ddp._reducer is not None else "inline"
+    path = ddp.all_reduce_path
     ddp.remove_hooks()
     n = info.world_size
     exposed = max(t_ddp - t_local, 0.0)
@@ -150,7 +150,7 @@ def bench_model(
         "parameters": sum(p.size for p in model.parameters()),
         "buckets": len(ddp.buckets),
         "overlapped_buckets": ddp.stats.overlapped,
-        "reducer": reducer,
+        "all_reduce_path": path,
         "one_rank_ms": t_single * 1e3,
         "local_ms": t_local * 1e3,
         "ddp_ms": t_ddp * 1e3,
@@ -191,9 +191,9 @@ def main() -> None:
         return
     path = (
         {
-            "DeviceDirectReducer": "device-direct (NCCL on memory OpenCL shares with CUDA, own thread)",
-            "OverlapReducer": "overlapped host-staged MPI (own thread and queue, chunked)",
-        }.get(rows[0]["reducer"], "inline")
+            "device-direct": "device-direct (NCCL on memory OpenCL shares with CUDA, own thread)",
+            "overlapped": "overlapped host-staged MPI (own thread and queue, chunked)",
+        }.get(rows[0]["all_reduce_path"], "inline")
         if rows
         else "-"
     )

@@ -80,7 +80,7 @@ def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
     check_ok(results, proc)
     r0, r1 = results
     for r in results:
-        assert r["overlap"]["reducer"] == "DeviceDirectReducer", r["overlap"]["reducer"]
+        assert r["overlap"]["all_reduce_path"] == "device-direct", r["overlap"]["all_reduce_path"]
         # every bucket handed to the reducer, as one exchange when the backward ended
         assert r["overlap"]["overlapped"] == r["overlap"]["buckets"] == 4
         assert r["overlap"]["started_during_backward"] == 0

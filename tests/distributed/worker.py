@@ -341,7 +341,7 @@ def case_ddp_overlap(info, device) -> dict:
             "buckets": len(ddp.buckets),
             "overlapped": ddp.stats.overlapped,
             "started_during_backward": ddp.stats.started_during_backward,
-            "reducer": type(ddp._reducer).__name__,
+            "all_reduce_path": ddp.all_reduce_path,
         }
         ddp.remove_hooks()
     # one process on the whole batch from the same broadcast start (rank 0's seed)

@@ -161,6 +161,15 @@ class DistributedDataParallel:
         self.stats = SyncStats()
         self._handles = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
 
+    @property
+    def all_reduce_path(self) -> str:
+        """How buckets are all-reduced: "device-direct" (NCCL on memory OpenCL shares with CUDA),
+        "overlapped" (MPI on a thread of its own, host-staged in chunks) or "inline" (MPI on the caller's
+        thread: one rank, ``overlap=False``, or an MPI without ``MPI_THREAD_MULTIPLE``)."""
+        if isinstance(self._reducer, DeviceDirectReducer):
+            return "device-direct"
+        return "inline" if self._reducer is None else "overlapped"
+
     # ---- construction ---------------------------------------------------------------------------
     def _handshake(self, named: list[tuple[str, Node]], buffers: list[tuple[str, Tensor]]) -> None:
         devices = {p.device for _, p in named} | {b.device for _, b in buffers}

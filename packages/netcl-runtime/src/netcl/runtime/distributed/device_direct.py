@@ -30,12 +30,14 @@ dies makes the stream's wait time out at ``NETCL_DIST_TIMEOUT``: the communicato
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -177,7 +179,9 @@ class SharedBuffer:
         self.memory.free()
 
 
-def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
+@functools.cache
+def _create_buffer_with_properties() -> Any:
+    """OpenCL 3.0's ``clCreateBufferWithProperties`` (pyopencl does not wrap it), looked up once."""
     create = ctypes.CDLL("libOpenCL.so.1").clCreateBufferWithProperties
     create.restype = ctypes.c_void_p
     create.argtypes = [
@@ -188,6 +192,11 @@ def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
         ctypes.c_void_p,
         ctypes.POINTER(ctypes.c_int32),
     ]
+    return create
+
+
+def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
+    create = _create_buffer_with_properties()
     values = [
         _EXTERNAL_MEMORY_OPAQUE_FD,
         memory.fd,
