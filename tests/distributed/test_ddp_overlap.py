@@ -19,6 +19,7 @@ def test_overlapped_equals_inline_and_one_process(mpirun, spec, device_kinds):
     over, inline = r0["overlap"], r0["inline"]
     # 100-byte buckets: one per parameter (6x24, 24, 24x3, 3 floats), each a pipeline of 40-byte chunks
     assert over["buckets"] == inline["buckets"] == 4
+    assert (over["all_reduce_path"], inline["all_reduce_path"]) == ("overlapped", "inline")
     assert over["overlapped"] == over["buckets"] and inline["overlapped"] == 0
     assert over["started_during_backward"] == over["buckets"]  # each bucket left from its hook
     for r in results:
