@@ -128,6 +128,31 @@ def test_one_kernel_each_way(cl_device):
     assert names.count("netcl_batch_norm_backward") == 1, names
 
 
+def test_counter_counts_training_calls(device):
+    """``num_batches_tracked`` gains one per training call (eager, and per replay of a captured forward),
+    none from the backward, inside the forward's launches (no kernel of its own)."""
+    counter = nc.tensor(np.array(5, np.int64), dtype=np.int64, device=device)
+    rm, rv = stats(3, device)
+    x = ag.tensor(np.random.default_rng(5).standard_normal((4, 3, 4, 4)).astype(np.float32), device=device)
+    x.requires_grad = True
+    for _ in range(2):
+        with ag.Tape() as tape:
+            out = ag.batch_norm(x, rm, rv, training=True, num_batches_tracked=counter)
+        tape.backward(ag.sum(out * out))
+    assert counter.to_host() == 7
+    if device.kind == "opencl":
+
+        def forward(x):
+            return BN.batch_norm_forward(x, rm, rv, training=True, num_batches_tracked=counter)[0]
+
+        graph = capture_graph(device.queue, forward, x.value)
+        assert [launch.name for launch in graph.launches] == ["netcl_batch_norm"] * len(graph.launches)
+        counted = counter.to_host()  # the capture ran the forward once
+        graph.execute(x.value)
+        graph.execute(x.value)
+        assert counter.to_host() == counted + 2
+
+
 @pytest.mark.parametrize("parts", [2, 7])
 def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     """With few channels on a GPU each channel spreads over several work-groups (``_parts``; forced
@@ -148,6 +173,7 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     test_eval(check, cl_device)
     test_running_stats_in_place(cl_device, (4, 3, 5, 4))
     test_float64_kernels_match_numpy(cl_device)
+    test_counter_counts_training_calls(cl_device)  # one increment although the forward runs twice
     # a captured training forward and backward (two stages each) replays on new inputs as eager runs
     rng = np.random.default_rng(4)
     x, g = (nc.tensor(rng.standard_normal((3, 4, 6, 8)).astype(np.float32), device=cl_device) for _ in range(2))
@@ -193,6 +219,11 @@ BAD = [
      lambda d: BN.batch_norm_backward(_t((4, 3), d), _t((4, 3), d), _t((3,), d, np.float64), _t((3,), d)),
      DTypeError, "mean and rstd must be float32"),
     ("ag eps", lambda d: ag.batch_norm(_t((4, 3), d), None, None, training=True, eps=-1.0), ValueError, "eps"),
+    ("counter dtype", lambda d: ag.batch_norm(_t((4, 3), d), None, None, training=True, num_batches_tracked=_t((), d)),
+     TypeError, r"num_batches_tracked must be an int64 tensor of shape \(\) .* got dtype float32"),
+    ("counter in eval", lambda d: BN.batch_norm_forward(_t((4, 3), d), _t((3,), d), _t((3,), d),
+                                                        num_batches_tracked=_t((), d, np.int64)),
+     ValueError, "num_batches_tracked counts training calls; got training=False"),
 ]  # fmt: skip
 
 

@@ -197,6 +197,7 @@ def test_batch_norm_train_and_eval_match_torch(device):
     rm, rv = 0.2 * mean, 0.8 + 0.2 * unbiased
     expected = (x64 - rm.reshape(shape)) / np.sqrt(rv.reshape(shape) + 1e-5) * w.reshape(shape) + b.reshape(shape)
     np.testing.assert_allclose(layer(ag.tensor(x, device=device)).to_host(), expected, rtol=1e-4, atol=1e-5)
+    assert layer.num_batches_tracked.to_host() == 1  # evaluation does not count
     with pytest.raises(nc.ShapeError, match=r"BatchNorm2d: x has shape \(4, 3, 2\), expected \(N, 3, H, W\)"):
         layer(ag.tensor(x[..., 0], device=device))
     with pytest.raises(nc.ShapeError, match=r"expected \(N, 5\) or \(N, 5, L\)"):

@@ -129,12 +129,16 @@ def batch_norm(
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-5,
+    *,
+    num_batches_tracked: Tensor | None = None,
 ) -> Node:
     """Batch normalization of x (N, C) or (N, C, *) per channel C (PyTorch's ``F.batch_norm``).
 
     Training normalizes with the batch mean and biased variance and, when given, updates
     ``running_mean`` / ``running_var`` IN PLACE: ``r = (1 - momentum) * r + momentum * stat`` with
     the unbiased variance. Evaluation uses the running statistics (required then).
+    ``num_batches_tracked`` (netcl's addition: an int64 tensor of shape (), a BatchNorm module's
+    counter) is incremented in place by each training call, inside the forward kernel.
     """
     v = value_of(x, "batch_norm")
     if v.ndim < 2:
@@ -164,13 +168,15 @@ def batch_norm(
     # One channel kernel each way (netcl.runtime.ops.batchnorm). The running statistics are arguments
     # (no gradient) updated IN PLACE by the forward kernel, so a jitted function or a captured step
     # (which replays the op, not this Python code around it) updates each call's tensors.
-    def forward(xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None) -> Tensor:
-        y, mean, rstd = batchnorm.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps)
+    def forward(
+        xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None, nbt: Tensor | None
+    ) -> Tensor:
+        y, mean, rstd = batchnorm.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps, nbt)
         saved.update(out=y, mean=mean, rstd=rstd)
         return y
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        xv, w, b, rmv, rvv = values
+        xv, w, b, rmv, rvv, _ = values
         if saved.get("out") is out:
             mean, rstd = saved["mean"], saved["rstd"]
         else:  # re-derive without touching the running statistics
@@ -178,10 +184,11 @@ def batch_norm(
             _, mean, rstd = batchnorm.batch_norm_forward(xv, *stats, None, None, training, momentum, eps)
         needs = (_needs(x), w is not None and _needs(weight), b is not None and _needs(bias))
         gx, gw, gb = batchnorm.batch_norm_backward(_as_dtype(g, xv.dtype), xv, mean, rstd, w, training, needs)
-        return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None]
+        return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None, None]
 
     attrs = {"training": training, "momentum": momentum, "eps": eps}
-    return apply_op(forward, grad, x, weight, bias, running_mean, running_var, op_name="batch_norm", attrs=attrs)
+    operands = (x, weight, bias, running_mean, running_var, num_batches_tracked)
+    return apply_op(forward, grad, *operands, op_name="batch_norm", attrs=attrs)
 
 
 __all__ = ["batch_norm", "layer_norm", "rms_norm"]

@@ -5,24 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import netcl.autograd as ag
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import float32, int64
 from netcl.nn import init
 from netcl.nn.layers import empty_parameter, positive_int
 from netcl.nn.module import Module
 from netcl.runtime.ops import pointwise
-
-
-def count_batch(x: Any, counter: Tensor) -> Node:
-    """x unchanged, and ``counter += 1`` on the device: an op in the data path, so a jit trace keeps
-    it and a captured graph replays it (a bare runtime call in ``forward`` would run only once)."""
-
-    def forward(xv: Tensor, c: Tensor) -> Tensor:
-        pointwise.add_(c, 1)
-        return xv
-
-    return apply_op(forward, lambda g, values, out: [g, None], x, counter, op_name="count_batch")
 
 
 class _BatchNorm(Module):
@@ -80,11 +69,13 @@ class _BatchNorm(Module):
             expected = " or ".join(forms[r] for r in self._ranks)
             raise ShapeError(f"{type(self).__name__}: x has shape {shape}, expected {expected}")
         use_batch_stats = self.training or not self.track_running_stats
-        if self.training and self.track_running_stats:
-            x = count_batch(x, self.num_batches_tracked)
+        # the counter is an operand of the op (its kernel adds one), so a jit trace keeps the count and a
+        # captured graph replays it
+        counter = self.num_batches_tracked if self.training and self.track_running_stats else None
         return ag.batch_norm(
-            x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_stats, self.momentum, self.eps
-        )
+            x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_stats, self.momentum,
+            self.eps, num_batches_tracked=counter,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (

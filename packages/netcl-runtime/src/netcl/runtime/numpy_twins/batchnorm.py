@@ -23,6 +23,7 @@ def batch_norm_apply(
     running_var: Tensor | None,
     weight: Tensor | None,
     bias: Tensor | None,
+    num_batches_tracked: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
@@ -31,6 +32,8 @@ def batch_norm_apply(
     stat: np.dtype,
 ) -> tuple[Tensor, Tensor, Tensor]:
     momentum, eps = float(momentum), float(eps)
+    if num_batches_tracked is not None:
+        num_batches_tracked.data[...] += 1
     C = x.shape[1]
     shape, axes = _channel(x.ndim, C)
     v = _np(x, stat)

@@ -12,7 +12,8 @@ not depend on timing); elsewhere each pass below is one launch.
   ``mean``, the biased ``var`` and ``rstd = 1 / sqrt(var + eps)``; a second pass writes
   ``y = x * (w rstd) + (b - mean w rstd)``. Lane 0 stores ``mean``/``rstd`` (for the backward) and
   updates ``running_mean``/``running_var`` IN PLACE with the unbiased variance:
-  ``r = (1 - momentum) r + momentum stat``. Evaluation reads the running statistics (one pass).
+  ``r = (1 - momentum) r + momentum stat``, and adds one to ``num_batches_tracked`` when given (the
+  counter of ``nn.BatchNorm*``: no launch of its own). Evaluation reads the running statistics (one pass).
 - Backward: one pass sums ``g`` and ``g (x - mean)`` (giving ``db`` and ``dw = sum(g xhat)``), a
   second writes ``dx = w rstd (g - mean(g) - xhat mean(g xhat))`` (training) or ``g w rstd`` (eval).
 
@@ -128,6 +129,9 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
         rm[c] = (1 - momentum) * (ACC)rm[c] + momentum * mu;
         rv[c] = (1 - momentum) * (ACC)rv[c] + momentum * var * count / (count - 1);
 #endif
+#if COUNTER
+        if (c == 0) nbt[0] += 1;
+#endif
     }}
 #else
     const ACC mu = (ACC)rm[c], rs = rsqrt((ACC)rv[c] + eps);
@@ -190,6 +194,7 @@ def check_batch_norm(
     training: bool,
     momentum: Any = 0.1,
     eps: Any = 1e-5,
+    num_batches_tracked: Any = None,
 ) -> tuple[int, int, int]:
     """Validate a ``batch_norm`` call (types, dtypes, shapes, devices, numbers); returns (N, C, S)."""
     op = "batch_norm"
@@ -216,6 +221,16 @@ def check_batch_norm(
             raise TypeError(f"{op}: {name} must be a number, got {value!r}")
     if not eps > 0:
         raise ValueError(f"{op}: eps must be > 0, got {eps!r}")
+    if num_batches_tracked is not None:
+        counter = num_batches_tracked
+        if not isinstance(counter, Tensor) or counter.dtype != np.int64 or counter.shape != ():
+            raise TypeError(
+                f"{op}: num_batches_tracked must be an int64 tensor of shape () (a BatchNorm's counter), got "
+                + (f"dtype {counter.dtype}, shape {counter.shape}" if isinstance(counter, Tensor) else repr(counter))
+            )
+        same_device(x.device, counter.device)
+        if not training:
+            raise ValueError(f"{op}: num_batches_tracked counts training calls; got training=False")
     return N, C, S
 
 
@@ -307,9 +322,11 @@ def batch_norm_forward(
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-5,
+    num_batches_tracked: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running).
-    Checked and prepared once per call signature (``call_plans``)."""
+    """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running);
+    a training call adds one to ``num_batches_tracked`` (an int64 scalar) when given. Checked and prepared
+    once per call signature (``call_plans``)."""
     key = (
         tensor_sig(x) if x is not None else UNKEYED,
         tensor_sig(running_mean),
@@ -319,28 +336,32 @@ def batch_norm_forward(
         exact(training, bool),
         exact(momentum, float, int),
         exact(eps, float, int),
+        tensor_sig(num_batches_tracked),
         _parts,  # the chunking policy the launches were prepared with
     )
     plan = _FORWARDS.plans.get(key)
     if plan is None:
         training = bool(training)
-        N, C, S = check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        N, C, S = check_batch_norm(
+            x, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked
+        )
         acc, stat = _acc(x.dtype)
         if x.device.kind == NUMPY_KIND:
             args = (training, momentum, eps, (N, C, S), acc, stat)
             made = functools.partial(_apply_with, args)
         else:
             stats = (running_mean, running_var)
-            made = _forward_launches(x, *stats, weight, bias, training, momentum, eps, (N, C, S), acc, stat)
+            args = (training, momentum, eps, (N, C, S), acc, stat)
+            made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, *args)
         plan = _FORWARDS.keep(complete(key), made)
-    return plan(x, running_mean, running_var, weight, bias)
+    return plan(x, running_mean, running_var, weight, bias, num_batches_tracked)
 
 
 def _apply_with(
     args: tuple, x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
-    bias: Tensor | None,
+    bias: Tensor | None, num_batches_tracked: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    return batch_norm_apply(x, running_mean, running_var, weight, bias, *args)
+    return batch_norm_apply(x, running_mean, running_var, weight, bias, num_batches_tracked, *args)
 
 
 def _forward_launches(
@@ -349,6 +370,7 @@ def _forward_launches(
     running_var: Tensor | None,
     weight: Tensor | None,
     bias: Tensor | None,
+    num_batches_tracked: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
@@ -357,7 +379,8 @@ def _forward_launches(
     stat: np.dtype,
 ) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """``batch_norm_apply`` on OpenCL for operands like these as ``run(x, running_mean, running_var, weight,
-    bias) -> (y, mean, rstd)``: eps, momentum and the sizes bound (the operands' dtypes read, not kept)."""
+    bias, num_batches_tracked) -> (y, mean, rstd)``: eps, momentum and the sizes bound (the operands' dtypes
+    read, not kept)."""
     N, C, S = sizes
     device, shape, x_dtype = x.device, x.shape, x.dtype
     empty = Tensor.empty
@@ -368,7 +391,8 @@ def _forward_launches(
     idx = index_ctype(x.size)
     optional = [_dtype(t) for t in (weight, bias, running_mean, running_var)]
     dtypes = [x_dtype, stat, *[d for d in optional if d is not None]]
-    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running}
+    counts = num_batches_tracked is not None
+    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running, "COUNTER": counts}
     w_dtype, b_dtype, rm_dtype, rv_dtype = optional
 
     def make() -> str:
@@ -377,13 +401,15 @@ def _forward_launches(
             params=_param("w", w_dtype)
             + _param("b", b_dtype)
             + _param("rm", rm_dtype, not training)
-            + _param("rv", rv_dtype, not training),
+            + _param("rv", rv_dtype, not training)
+            + ("__global long* restrict nbt, " if counts else ""),
             w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
             b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
         )
 
-    key = ("fwd", tuple(d.str for d in dtypes), w_dtype is not None, b_dtype is not None, running, training, vec, idx)
-    buffers = 4 + len(dtypes) - 2  # x, the optional tensors, y, mean, rstd
+    present = (w_dtype is not None, b_dtype is not None, running, counts)
+    key = ("fwd", tuple(d.str for d in dtypes), *present, training, vec, idx)
+    buffers = 4 + len(dtypes) - 2 + counts  # x, the optional tensors, the counter, y, mean, rstd
     types = [None] * buffers + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3
     values = [float(eps), float(momentum), N, C, S // vec]
     launches = _ChannelLaunches(
@@ -392,11 +418,13 @@ def _forward_launches(
     )  # fmt: skip
 
     def run(
-        x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None, bias: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
+        bias: Tensor | None, num_batches_tracked: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         y = empty(shape, x_dtype, device)
         mean, rstd = empty((C,), stat, device), empty((C,), stat, device)
-        present = [t.data for t in (weight, bias, running_mean, running_var) if t is not None]
+        operands = (weight, bias, running_mean, running_var, num_batches_tracked)
+        present = [t.data for t in operands if t is not None]
         launches([x.data, *present, y.data, mean.data, rstd.data], mean)
         return y, mean, rstd
 
@@ -410,6 +438,7 @@ def batch_norm_apply(
     running_var: Tensor | None,
     weight: Tensor | None,
     bias: Tensor | None,
+    num_batches_tracked: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
@@ -420,9 +449,8 @@ def batch_norm_apply(
     """``batch_norm_forward`` of a checked call: x viewed as ``sizes`` (N, C, S), arithmetic in ``acc``
     (``stat``), the statistics' dtype (prepared for this call alone: ``batch_norm_forward`` keeps them)."""
     args = (training, momentum, eps, sizes, acc, stat)
-    return _forward_launches(x, running_mean, running_var, weight, bias, *args)(
-        x, running_mean, running_var, weight, bias
-    )
+    operands = (x, running_mean, running_var, weight, bias, num_batches_tracked)
+    return _forward_launches(*operands, *args)(*operands)
 
 
 def batch_norm(
