@@ -43,10 +43,9 @@ class CausalSelfAttention(nn.Module):
         )
 
     def forward(self, x: Any) -> Any:
-        batch, length, _ = x.shape
-        q, k, v = self._heads(x, batch, length)
-        y = ag.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(ag.reshape(ag.permute(y, (0, 2, 1, 3)), (batch, length, self.d_model)))
+        # q, k and v read in place from the projection's output; the same as splitting it into (B, H, L, E)
+        # heads, scaled_dot_product_attention and merging the heads back (what ``decode`` does for one row)
+        return self.proj(ag.packed_self_attention(self.qkv(x), self.n_head, is_causal=True))
 
     def decode(self, x: Any, pos: Variable | int, cache: KVCache) -> Any:
         """``x`` ``(B, 1, d_model)`` at position ``pos``: writes its keys/values into ``cache``, attends over it."""

@@ -73,7 +73,7 @@ from netcl.autograd.ops import (
     where,
 )
 from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
-from netcl.autograd.ops_attention import scaled_dot_product_attention
+from netcl.autograd.ops_attention import packed_self_attention, scaled_dot_product_attention
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
 from netcl.autograd.ops_norm import batch_norm, layer_norm, rms_norm
@@ -201,6 +201,7 @@ __all__ = [
     "neg",
     "nll_loss",
     "no_grad",
+    "packed_self_attention",
     "pad",
     "permute",
     "pow",

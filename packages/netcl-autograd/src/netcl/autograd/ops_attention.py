@@ -82,4 +82,31 @@ def scaled_dot_product_attention(
     return apply_op(forward, grad, *args, op_name="scaled_dot_product_attention", attrs=attrs)
 
 
-__all__ = ["scaled_dot_product_attention"]
+def packed_self_attention(qkv: Any, num_heads: int, is_causal: bool = False, scale: float | None = None) -> Node:
+    """Multi-head self-attention of a fused in-projection's output: ``qkv`` (B, L, 3 * D) holds q, k and v
+    side by side along the last axis, each ``num_heads`` heads of ``E = D / num_heads`` features (head h at
+    columns h * E). Returns (B, L, D), the heads merged: what ``split`` into q, k, v, ``reshape`` to
+    (B, L, H, E), ``permute`` to (B, H, L, E), ``scaled_dot_product_attention`` and the way back compute,
+    without their copies where the kernels read the packed layout in place (the blocked kernels: float32,
+    E in 16/32/64/128 on OpenCL CPUs and NVIDIA GPUs); elsewhere the same copies run inside. The backward
+    returns the gradient as one packed tensor. Bad shapes raise before any launch.
+    """
+    packed = _value(qkv)
+    spec = attention.check_packed_attention(packed, num_heads, is_causal, scale)
+    saved: dict[str, Tensor] = {}
+
+    def forward(x: Tensor) -> Tensor:
+        out, lse = attention.packed_attention_forward(x, spec)
+        saved.update(out=out, lse=lse)
+        return out
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        x = values[0]
+        lse = saved["lse"] if saved.get("out") is out else attention.packed_attention_forward(x, spec)[1]
+        return [attention.packed_attention_backward(g, x, out, lse, spec)]
+
+    attrs = {"num_heads": spec.Hq, "is_causal": spec.causal, "scale": spec.scale}
+    return apply_op(forward, grad, qkv, op_name="packed_self_attention", attrs=attrs)
+
+
+__all__ = ["packed_self_attention", "scaled_dot_product_attention"]

@@ -135,6 +135,7 @@ class MultiheadAttention(Module):
         (L, E) unbatched; weights (N, L, S), or (N, H, L, S) with ``average_attn_weights=False``."""
         if is_causal and attn_mask is None:
             raise ValueError("MultiheadAttention: is_causal=True needs attn_mask (the causal mask), as in torch")
+        self_attention = query is key and key is value
         batched = len(query.shape) == 3
         if not batched and len(query.shape) != 2:
             raise ShapeError(f"MultiheadAttention: query must be (L, E) or 3-d, got shape {tuple(query.shape)}")
@@ -155,10 +156,15 @@ class MultiheadAttention(Module):
                 f"MultiheadAttention: batch or source sizes disagree: query {tuple(query.shape)}, "
                 f"key {tuple(key.shape)}, value {tuple(value.shape)} (batch-first view)"
             )
+        p = self.dropout if self.training else 0.0
+        plain = key_padding_mask is None and attn_mask is None and p == 0.0
+        if self_attention and self._qkv_same_embed_dim and plain and not need_weights:
+            # torch's fast path too: one in-projection, attention reading q, k and v from its output in place
+            qkv = linear(query, self.in_proj_weight, self.in_proj_bias)
+            return self._finish(ag.packed_self_attention(qkv, H), None, batched, L, average_attn_weights)
         q, k, v = self._projections(query, key, value)
         q, k, v = (ag.permute(ag.reshape(x, (N, -1, H, hd)), (0, 2, 1, 3)) for x in (q, k, v))
         mask = self._merged_mask(key_padding_mask, attn_mask, (N, L, S), q.dtype)
-        p = self.dropout if self.training else 0.0
         if need_weights:
             scores = ag.matmul(q, ag.permute(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(hd))
             if mask is not None:
@@ -168,11 +174,18 @@ class MultiheadAttention(Module):
         else:
             weights = None
             heads = ag.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        out = self.out_proj(ag.reshape(ag.permute(heads, (0, 2, 1, 3)), (N, L, self.embed_dim)))
+        merged = ag.reshape(ag.permute(heads, (0, 2, 1, 3)), (N, L, self.embed_dim))
+        return self._finish(merged, weights, batched, L, average_attn_weights)
+
+    def _finish(
+        self, merged: Any, weights: Any, batched: bool, length: int, average_attn_weights: bool
+    ) -> tuple[Node, Node | None]:
+        """The output projection of the merged heads (N, L, E), and the layouts of the caller's inputs."""
+        out = self.out_proj(merged)
         if weights is not None and average_attn_weights:
             weights = ag.mean(weights, 1)
         if not batched:
-            out = ag.reshape(out, (L, self.embed_dim))
+            out = ag.reshape(out, (length, self.embed_dim))
             if weights is not None:
                 weights = ag.reshape(weights, tuple(weights.shape[1:]))
         elif not self.batch_first:

@@ -65,21 +65,36 @@ from netcl.runtime.ops.attention_spec import (
     NO_MASK,
     AttentionSpec,
     check_attention,
+    check_packed_attention,
 )
 from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.strided import strided_copy, strided_write
 
 _TWINS = "netcl.runtime.numpy_twins.attention"
 
 
 # ---- dispatch ------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class PackedKernels:
+    """A variant's kernels for self-attention on one packed ``(B, L, 3 * H * E)`` q/k/v tensor (a fused
+    in-projection's output; ``packed_attention_forward``): ``forward(qkv, spec) -> (out (B, L, H * E), lse
+    (B, H, L))`` and ``backward(g, qkv, out, lse, spec) -> dqkv``, for the calls ``supports`` accepts."""
+
+    supports: Callable[[Device, np.dtype, AttentionSpec], bool]
+    forward: Callable[[Tensor, AttentionSpec], tuple[Tensor, Tensor]]
+    backward: Callable[[Tensor, Tensor, Tensor, Tensor, AttentionSpec], Tensor]
+
+
+@dataclass(frozen=True)
 class AttentionVariant:
-    """One implementation: ``supports(device, dtype, spec)`` says whether it takes a call."""
+    """One implementation: ``supports(device, dtype, spec)`` says whether it takes a call; ``packed``, where
+    given, reads q, k and v from one packed tensor in place."""
 
     name: str
     supports: Callable[[Device, np.dtype, AttentionSpec], bool]
     forward: Callable[..., tuple[Tensor, Tensor]]
     backward: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    packed: PackedKernels | None = None
 
 
 #: Tried in order; the portable kernels (last) take every OpenCL call.
@@ -552,6 +567,68 @@ def attention_gradients(
     return select_variant(q.device, q.dtype, spec).backward(g, q, k, v, out, lse, mask, spec, seed, counter)
 
 
+# ---- packed self-attention -----------------------------------------------------------------------
+def _packed_kernels(qkv: Tensor, spec: AttentionSpec) -> PackedKernels | None:
+    """The packed kernels of the variant that takes this call, if it has them and they take it."""
+    if qkv.device.kind != "opencl":
+        return None
+    packed = select_variant(qkv.device, qkv.dtype, spec).packed
+    return packed if packed is not None and packed.supports(qkv.device, qkv.dtype, spec) else None
+
+
+def _head_strides(spec: AttentionSpec, width: int) -> tuple[int, int, int, int]:
+    """Element strides of (B, H, L, E) over rows of ``width`` elements, head h at columns h * E."""
+    return (spec.L * width, spec.E, width, 1)
+
+
+def _unpacked(qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of a packed tensor as (B, H, L, E) tensors (three strided copies)."""
+    d = spec.Hq * spec.E
+    shape, strides = (*spec.lead, spec.L, spec.E), _head_strides(spec, 3 * d)
+    return tuple(strided_copy(qkv, shape, strides, part * d) for part in range(3))  # type: ignore[return-value]
+
+
+def _heads(x: Tensor, spec: AttentionSpec) -> Tensor:
+    """(B, L, H * E) as (B, H, L, E)."""
+    return strided_copy(x, (*spec.lead, spec.L, spec.E), _head_strides(spec, spec.Hq * spec.E))
+
+
+def _merged(x: Tensor, spec: AttentionSpec) -> Tensor:
+    """(B, H, L, E) as (B, L, H * E)."""
+    merged = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), x.dtype, x.device)
+    return strided_write(merged, x, _head_strides(spec, spec.Hq * spec.E))
+
+
+def packed_attention_forward(qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+    """Self-attention of the q, k and v packed in ``qkv`` (B, L, 3 * H * E) (a spec from
+    ``check_packed_attention``): (output (B, L, H * E), heads merged, lse (B, H, L)). Where the variant that
+    takes the call has packed kernels, one launch reads them in place; elsewhere q, k and v are copied out
+    to (B, H, L, E) first and the output merged after (``attention_forward`` in between)."""
+    kernels = _packed_kernels(qkv, spec)
+    if kernels is not None:
+        return kernels.forward(qkv, spec)
+    out, lse = attention_forward(*_unpacked(qkv, spec), None, spec)
+    return _merged(out, spec), lse
+
+
+def packed_attention_backward(g: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec) -> Tensor:
+    """The gradient of ``packed_attention_forward``'s output ``out`` for upstream ``g`` (out's shape), as one
+    packed (B, L, 3 * H * E) tensor."""
+    if g.dtype != qkv.dtype:
+        from netcl.runtime.ops.layout import cast
+
+        g = cast(g, qkv.dtype)
+    kernels = _packed_kernels(qkv, spec)
+    if kernels is not None:
+        return kernels.backward(g, qkv, out, lse, spec)
+    grads = attention_gradients(_heads(g, spec), *_unpacked(qkv, spec), _heads(out, spec), lse, None, spec, 0, None)
+    dqkv = Tensor.empty(qkv.shape, qkv.dtype, qkv.device)
+    d = spec.Hq * spec.E
+    for part, grad in enumerate(grads):  # together they cover dqkv: no fill first
+        strided_write(dqkv, grad, _head_strides(spec, 3 * d), part * d)
+    return dqkv
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -583,9 +660,13 @@ __all__ = [
     "VARIANTS",
     "AttentionSpec",
     "AttentionVariant",
+    "PackedKernels",
     "attention_backward",
     "attention_forward",
     "check_attention",
+    "check_packed_attention",
+    "packed_attention_backward",
+    "packed_attention_forward",
     "scaled_dot_product_attention",
     "select_variant",
 ]

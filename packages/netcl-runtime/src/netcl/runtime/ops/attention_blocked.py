@@ -45,7 +45,7 @@ from netcl.runtime.launch import launch
 from netcl.runtime.ops import attention_tiled  # noqa: F401  registers the quad variant first: ours goes before it
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
-from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
+from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 
 #: local memory the block sizes may use, at most (bytes)
@@ -62,14 +62,35 @@ _COMMON = """
 #define CAUSAL {causal}
 #define SWM (E4 < 8 ? E4 - 1 : 7)
 #define CH(row, c) ((row) * E4 + ((c) ^ ((row) & SWM)))   /* float4 index of chunk c of a swizzled row */
+#define PACKED {packed}
 typedef {idx} idx_t;
 
-/* rows first .. first + n - 1 of src times mul into rows 0 .. rows - 1 of a swizzled tile (zeros past n) */
-inline void blk_stage(__local float4* dst, __global const float4* src, const idx_t first, const int n,
-                      const int rows, const float mul, const int lid, const int nthreads) {{
+/* Float offsets of row r of head plane bh: QROW for q (and dq), KROW / VROW for k / v (and dk / dv), OROW for
+   the output and its gradient; RS4 / ORS4: the row strides in float4. Contiguous: (B*H, L, E) planes. PACKED
+   (self-attention, Hq == Hkv, L == S): q, k and v are one (B, L, 3, H, E) tensor, out and g (B, L, H, E). */
+#if PACKED
+#define QROW(bh, r) ((((bh) / Hq * L + (r)) * 3 * Hq + (bh) % Hq) * E)
+#define KROW(bh, r) (QROW(bh, r) + Hq * E)
+#define VROW(bh, r) (QROW(bh, r) + 2 * Hq * E)
+#define OROW(bh, r) ((((bh) / Hq * L + (r)) * Hq + (bh) % Hq) * E)
+#define RS4 (3 * Hq * E4)
+#define ORS4 (Hq * E4)
+#else
+#define QROW(bh, r) (((bh) * L + (r)) * E)
+#define KROW(bh, r) (((bh) * S + (r)) * E)
+#define VROW(bh, r) KROW(bh, r)
+#define OROW(bh, r) QROW(bh, r)
+#define RS4 E4
+#define ORS4 E4
+#endif
+
+/* rows first .. first + n - 1 of src (rs4 float4 apart) times mul into rows 0 .. rows - 1 of a swizzled tile
+   (zeros past n) */
+inline void blk_stage(__local float4* dst, __global const float4* src, const idx_t rs4, const idx_t first,
+                      const int n, const int rows, const float mul, const int lid, const int nthreads) {{
     for (int t = lid; t < rows * E4; t += nthreads) {{
         const int row = t / E4, c = t % E4;
-        dst[CH(row, c)] = row < n ? src[(first + row) * E4 + c] * mul : (float4)(0.0f);
+        dst[CH(row, c)] = row < n ? src[(first + row) * rs4 + c] * mul : (float4)(0.0f);
     }}
 }}
 
@@ -146,10 +167,10 @@ void netcl_attention_fwd_blk(__global const float* q, __global const float* k, _
     const int lid = get_local_id(0), tx = lid % G, ty = lid / G;
     const idx_t bh = get_group_id(1), row0 = (idx_t)get_group_id(0) * BM;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-    __global const float4* kb = (__global const float4*)(k + kvh * S * E);
-    __global const float4* vb = (__global const float4*)(v + kvh * S * E);
-    blk_stage(qs, (__global const float4*)(q + bh * L * E), row0, (int)min((idx_t)BM, L - row0), BM, scale, lid,
-              RG * G);
+    __global const float4* kb = (__global const float4*)(k + KROW(kvh, 0));
+    __global const float4* vb = (__global const float4*)(v + VROW(kvh, 0));
+    blk_stage(qs, (__global const float4*)(q + QROW(bh, 0)), RS4, row0, (int)min((idx_t)BM, L - row0), BM, scale,
+              lid, RG * G);
     float4 acc[4 * NCH];
     float m[4], l[4];
     #pragma unroll
@@ -167,7 +188,7 @@ void netcl_attention_fwd_blk(__global const float* q, __global const float* k, _
     for (idx_t n0 = 0; n0 < nend; n0 += BN) {{
         const int tn = (int)min((idx_t)BN, S - n0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        blk_stage(kvs, kb, n0, tn, BN, 1.0f, lid, RG * G);
+        blk_stage(kvs, kb, RS4, n0, tn, BN, 1.0f, lid, RG * G);
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[16];
         #pragma unroll
@@ -212,7 +233,7 @@ void netcl_attention_fwd_blk(__global const float* q, __global const float* k, _
             #pragma unroll
             for (int n = 0; n < NCH; ++n) acc[i * NCH + n] *= corr[i];
         }}
-        blk_stage(kvs, vb, n0, tn, BN, 1.0f, lid, RG * G);
+        blk_stage(kvs, vb, RS4, n0, tn, BN, 1.0f, lid, RG * G);
         barrier(CLK_LOCAL_MEM_FENCE);
         blk_acc(acc, ps4, ty, RG, BN, kvs, tx, G);
     }}
@@ -228,7 +249,7 @@ void netcl_attention_fwd_blk(__global const float* q, __global const float* k, _
         float sum = 0.0f;
         for (int g = 0; g < G; ++g) sum += ps[(ty + RG * i) * BN + g];
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        __global float4* orow = (__global float4*)(out + (bh * L + r) * E);
+        __global float4* orow = (__global float4*)(out + OROW(bh, r));
         #pragma unroll
         for (int n = 0; n < NCH; ++n) orow[tx + G * n] = acc[i * NCH + n] * inv;
         if (tx == 0) lse[bh * L + r] = sum > 0.0f ? m[i] + log(sum) : -INFINITY;
@@ -250,17 +271,17 @@ void netcl_attention_bwd_q_blk(__global const float* q, __global const float* k,
     const int lid = get_local_id(0), tx = lid % G, ty = lid / G;
     const idx_t bh = get_group_id(1), row0 = (idx_t)get_group_id(0) * BM;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-    __global const float4* kb = (__global const float4*)(k + kvh * S * E);
-    __global const float4* vb = (__global const float4*)(v + kvh * S * E);
+    __global const float4* kb = (__global const float4*)(k + KROW(kvh, 0));
+    __global const float4* vb = (__global const float4*)(v + VROW(kvh, 0));
     const int tm = (int)min((idx_t)BM, L - row0);
-    blk_stage(qs, (__global const float4*)(q + bh * L * E), row0, tm, BM, scale, lid, RG * G);
-    blk_stage(gs, (__global const float4*)(g + bh * L * E), row0, tm, BM, 1.0f, lid, RG * G);
+    blk_stage(qs, (__global const float4*)(q + QROW(bh, 0)), RS4, row0, tm, BM, scale, lid, RG * G);
+    blk_stage(gs, (__global const float4*)(g + OROW(bh, 0)), ORS4, row0, tm, BM, 1.0f, lid, RG * G);
     barrier(CLK_LOCAL_MEM_FENCE);
     /* D = rowsum(dO * O), one work-item per row, into ds for the others and into drow for bwd_kv */
     for (int t = lid; t < BM; t += RG * G) {{
         float d = 0.0f;
         if (t < tm) {{
-            __global const float4* orow = (__global const float4*)(out + (bh * L + row0 + t) * E);
+            __global const float4* orow = (__global const float4*)(out + OROW(bh, row0 + t));
             for (int c = 0; c < E4; ++c) d += dot(gs[CH(t, c)], orow[c]);
             drow[bh * L + row0 + t] = d;
         }}
@@ -286,8 +307,8 @@ void netcl_attention_bwd_q_blk(__global const float* q, __global const float* k,
     for (idx_t n0 = 0; n0 < nend; n0 += BN) {{
         const int tn = (int)min((idx_t)BN, S - n0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        blk_stage(ks, kb, n0, tn, BN, 1.0f, lid, RG * G);
-        blk_stage(vs, vb, n0, tn, BN, 1.0f, lid, RG * G);
+        blk_stage(ks, kb, RS4, n0, tn, BN, 1.0f, lid, RG * G);
+        blk_stage(vs, vb, RS4, n0, tn, BN, 1.0f, lid, RG * G);
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[16], dp[16];
         #pragma unroll
@@ -315,7 +336,7 @@ void netcl_attention_bwd_q_blk(__global const float* q, __global const float* k,
     for (int i = 0; i < 4; ++i) {{
         const idx_t r = row0 + ty + RG * i;
         if (r >= L) continue;
-        __global float4* dqr = (__global float4*)(dq + (bh * L + r) * E);
+        __global float4* dqr = (__global float4*)(dq + QROW(bh, r));
         #pragma unroll
         for (int n = 0; n < NCH; ++n) dqr[tx + G * n] = acc[i * NCH + n] * scale;
     }}
@@ -339,8 +360,8 @@ void netcl_attention_bwd_kv_blk(__global const float* q, __global const float* k
     const int lid = get_local_id(0), tr = lid % GR, tk = lid / GR;
     const idx_t kvh = get_group_id(1), c0 = (idx_t)get_group_id(0) * BN;
     const int tn = (int)min((idx_t)BN, S - c0);
-    blk_stage(ks, (__global const float4*)(k + kvh * S * E), c0, tn, BN, 1.0f, lid, GR * KG);
-    blk_stage(vs, (__global const float4*)(v + kvh * S * E), c0, tn, BN, 1.0f, lid, GR * KG);
+    blk_stage(ks, (__global const float4*)(k + KROW(kvh, 0)), RS4, c0, tn, BN, 1.0f, lid, GR * KG);
+    blk_stage(vs, (__global const float4*)(v + VROW(kvh, 0)), RS4, c0, tn, BN, 1.0f, lid, GR * KG);
     float4 dka[4 * NCH], dva[4 * NCH];
     #pragma unroll
     for (int t = 0; t < 4 * NCH; ++t) {{
@@ -354,13 +375,13 @@ void netcl_attention_bwd_kv_blk(__global const float* q, __global const float* k
     const idx_t mstart = 0;
 #endif
     for (idx_t bh = first; bh < first + group; ++bh) {{
-        __global const float4* qb = (__global const float4*)(q + bh * L * E);
-        __global const float4* gb = (__global const float4*)(g + bh * L * E);
+        __global const float4* qb = (__global const float4*)(q + QROW(bh, 0));
+        __global const float4* gb = (__global const float4*)(g + OROW(bh, 0));
         for (idx_t m0 = mstart; m0 < L; m0 += BM) {{
             const int tm = (int)min((idx_t)BM, L - m0);
             barrier(CLK_LOCAL_MEM_FENCE);
-            blk_stage(qs, qb, m0, tm, BM, scale, lid, GR * KG);
-            blk_stage(gs, gb, m0, tm, BM, 1.0f, lid, GR * KG);
+            blk_stage(qs, qb, RS4, m0, tm, BM, scale, lid, GR * KG);
+            blk_stage(gs, gb, ORS4, m0, tm, BM, 1.0f, lid, GR * KG);
             float lr[4], dr[4];
             #pragma unroll
             for (int j = 0; j < 4; ++j) {{
@@ -398,8 +419,8 @@ void netcl_attention_bwd_kv_blk(__global const float* q, __global const float* k
     for (int i = 0; i < 4; ++i) {{
         const int c = tk + KG * i;
         if (c >= tn) continue;
-        __global float4* dkr = (__global float4*)(dk + (kvh * S + c0 + c) * E);
-        __global float4* dvr = (__global float4*)(dv + (kvh * S + c0 + c) * E);
+        __global float4* dkr = (__global float4*)(dk + KROW(kvh, c0 + c));
+        __global float4* dvr = (__global float4*)(dv + VROW(kvh, c0 + c));
         #pragma unroll
         for (int n = 0; n < NCH; ++n) {{
             dkr[tr + GR * n] = dka[i * NCH + n];
@@ -494,15 +515,19 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
 _SOURCES = {"fwd": (_ROW_OWNERS, _FORWARD), "bwd_q": (_ROW_OWNERS, _BACKWARD_Q), "bwd_kv": (_KEY_OWNERS, _BACKWARD_KV)}
 
 
-def _run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec) -> None:
-    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads."""
+def _run(
+    kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, packed: bool = False
+) -> None:
+    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads; ``packed``: q, k
+    and v (and dq, dk, dv) are one (B, L, 3, H, E) tensor, out and g (B, L, H, E)."""
     if items == 0 or planes == 0:
         return
     device = buffers[0].device
     blocks = _device_configs(device, spec.E)[kernel]
-    biggest = max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E
+    biggest = max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E * (3 if packed else 1)
     idx = index_ctype(biggest)
     fields = {"E": spec.E, "BM": blocks.BM, "BN": blocks.BN, "causal": int(spec.causal), "idx": idx}
+    fields["packed"] = int(packed)
     name = f"netcl_attention_{kernel}_blk"
     key = ("attention-blocked", name, *sorted(fields.items()))
     it = index_dtype(idx)
@@ -540,5 +565,31 @@ def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed, counter) -> 
     return dq, dk, dv
 
 
-VARIANT = AttentionVariant("blocked", supports, forward, backward)
+def supports_packed(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
+    """What ``supports`` asks, with backward blocks that fit too (the packed backward has no fallback kernels);
+    ``spec`` is a self-attention's (``check_packed_attention``)."""
+    blocks = _device_configs(device, spec.E) if device.kind == "opencl" else {}
+    return supports(device, dtype, spec) and None not in (blocks["bwd_q"], blocks["bwd_kv"])
+
+
+def forward_packed(qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+    """(output (B, L, H * E), lse (B, H, L)) in one launch, q, k and v read in place from ``qkv``."""
+    out = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), qkv.dtype, qkv.device)
+    lse = Tensor.empty((*spec.lead, spec.L), np.float32, qkv.device)
+    _run("fwd", [qkv, qkv, qkv, out, lse], spec.L, spec.BH, spec, packed=True)
+    return out, lse
+
+
+def backward_packed(g: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec) -> Tensor:
+    """dqkv in two launches: ``bwd_q`` writes dq's columns, ``bwd_kv`` dk's and dv's (together all of it)."""
+    dqkv = Tensor.empty(qkv.shape, qkv.dtype, qkv.device)
+    drow = Tensor.empty(lse.shape, np.float32, qkv.device)
+    _run("bwd_q", [qkv, qkv, qkv, out, g, lse, dqkv, drow], spec.L, spec.BH, spec, packed=True)
+    _run("bwd_kv", [qkv, qkv, qkv, g, lse, drow, dqkv, dqkv], spec.S, spec.BHkv, spec, packed=True)
+    return dqkv
+
+
+VARIANT = AttentionVariant(
+    "blocked", supports, forward, backward, PackedKernels(supports_packed, forward_packed, backward_packed)
+)
 VARIANTS.insert(0, VARIANT)

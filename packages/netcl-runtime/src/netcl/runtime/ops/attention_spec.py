@@ -158,3 +158,45 @@ def check_attention(
         mask_kind=mask_kind,
         mask_shape=mask_shape,
     )
+
+
+def check_packed_attention(
+    qkv: Any, num_heads: Any, is_causal: bool = False, scale: float | None = None
+) -> AttentionSpec:
+    """Validate a self-attention call on a packed ``qkv`` (B, L, 3 * D): q, k and v side by side along the
+    last axis (a fused in-projection's output), ``num_heads`` heads of ``D / num_heads`` features each in
+    every one; returns the spec of the (B, H, L, E) attention it is. Raises before any launch."""
+    op = "packed attention"
+    shape = _shape_of(qkv, "qkv")
+    if len(shape) != 3:
+        raise ShapeError(f"{op}: qkv must be (batch, seq, 3 * embed_dim), got shape {shape}")
+    if np.dtype(qkv.dtype).kind != "f":
+        raise DTypeError(f"{op}: qkv must be a floating-point tensor, got dtype {qkv.dtype}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
+        raise ValueError(f"{op}: num_heads must be a positive int, got {num_heads!r}")
+    batch, length, width = shape
+    if width == 0 or width % (3 * num_heads):
+        raise ShapeError(
+            f"{op}: qkv's last dim must be 3 * num_heads * head_dim with head_dim >= 1 (num_heads {num_heads}), "
+            f"got shape {shape}"
+        )
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))):
+        raise TypeError(f"{op}: scale must be a float or None, got {scale!r}")
+    heads, features = int(num_heads), width // (3 * int(num_heads))
+    return AttentionSpec(
+        lead=(batch, heads),
+        kv_lead=(batch, heads),
+        BH=batch * heads,
+        BHkv=batch * heads,
+        Hq=heads,
+        Hkv=heads,
+        L=length,
+        S=length,
+        E=features,
+        Ev=features,
+        scale=1.0 / math.sqrt(features) if scale is None else float(scale),
+        causal=bool(is_causal),
+        dropout_p=0.0,
+        mask_kind=NO_MASK,
+        mask_shape=(),
+    )
