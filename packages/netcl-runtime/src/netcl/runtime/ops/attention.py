@@ -569,10 +569,10 @@ def attention_gradients(
 
 # ---- packed self-attention -----------------------------------------------------------------------
 def _packed_kernels(qkv: Tensor, spec: AttentionSpec) -> PackedKernels | None:
-    """The packed kernels of the variant that takes this call, if it has them and they take it."""
-    if qkv.device.kind != "opencl":
-        return None
-    packed = select_variant(qkv.device, qkv.dtype, spec).packed
+    """The packed kernels of the variant that takes this call, if it has them and they take it (None on the
+    NumPy backend, which no variant takes)."""
+    variant = next((v for v in VARIANTS if v.supports(qkv.device, qkv.dtype, spec)), None)
+    packed = None if variant is None else variant.packed
     return packed if packed is not None and packed.supports(qkv.device, qkv.dtype, spec) else None
 
 

@@ -568,8 +568,10 @@ def backward(g, q, k, v, out, lse, mask, spec: AttentionSpec, seed, counter) -> 
 def supports_packed(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     """What ``supports`` asks, with backward blocks that fit too (the packed backward has no fallback kernels);
     ``spec`` is a self-attention's (``check_packed_attention``)."""
-    blocks = _device_configs(device, spec.E) if device.kind == "opencl" else {}
-    return supports(device, dtype, spec) and None not in (blocks["bwd_q"], blocks["bwd_kv"])
+    if not supports(device, dtype, spec):
+        return False
+    blocks = _device_configs(device, spec.E)
+    return blocks["bwd_q"] is not None and blocks["bwd_kv"] is not None
 
 
 def forward_packed(qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
