@@ -140,6 +140,8 @@ def test_counter_counts_training_calls(device):
             out = ag.batch_norm(x, rm, rv, training=True, num_batches_tracked=counter)
         tape.backward(ag.sum(out * out))
     assert counter.to_host() == 7
+    BN.batch_norm_forward(_t((4, 0, 3), device), None, None, training=True, num_batches_tracked=counter)
+    assert counter.to_host() == 8  # no channels: nothing to normalize, a batch counted (as torch)
     if device.kind == "opencl":
 
         def forward(x):

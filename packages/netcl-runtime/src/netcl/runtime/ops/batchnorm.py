@@ -41,6 +41,7 @@ from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.backend import NUMPY_KIND, backend_op
 from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, tensor_sig
 from netcl.runtime.ops.layout import cast
+from netcl.runtime.ops.pointwise import add_
 
 _TWINS = "netcl.runtime.numpy_twins.batchnorm"
 
@@ -346,12 +347,11 @@ def batch_norm_forward(
             x, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked
         )
         acc, stat = _acc(x.dtype)
+        args = (training, momentum, eps, (N, C, S), acc, stat)
         if x.device.kind == NUMPY_KIND:
-            args = (training, momentum, eps, (N, C, S), acc, stat)
             made = functools.partial(_apply_with, args)
         else:
             stats = (running_mean, running_var)
-            args = (training, momentum, eps, (N, C, S), acc, stat)
             made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, *args)
         plan = _FORWARDS.keep(complete(key), made)
     return plan(x, running_mean, running_var, weight, bias, num_batches_tracked)
@@ -385,7 +385,13 @@ def _forward_launches(
     device, shape, x_dtype = x.device, x.shape, x.dtype
     empty = Tensor.empty
     if C == 0 or x.size == 0:
-        return lambda x, *_: (empty(shape, x_dtype, device), empty((C,), stat, device), empty((C,), stat, device))
+
+        def nothing(x: Tensor, *operands: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+            if operands[-1] is not None:  # no channel to normalize, one batch counted all the same
+                add_(operands[-1], 1)
+            return empty(shape, x_dtype, device), empty((C,), stat, device), empty((C,), stat, device)
+
+        return nothing
     vec = 4 if S % 4 == 0 else 1
     running = running_mean is not None
     idx = index_ctype(x.size)
