@@ -4,14 +4,14 @@ No column buffer is written: the GEMM's tile loads of the image operand go throu
 ``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
 in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
 
-- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is w reordered to (O, KH, KW, C) (a small
-  transpose), B a view of x whose rows run over (ki, kj, c) and columns over (image, output pixel),
+- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is a view of w as (O, KH, KW, C) (read in
+  place, not transposed), B a view of x whose rows run over (ki, kj, c) and columns over (image, output pixel),
   so the batch fills the tiles (no per-image tail); C's view stores column (n, l) of row o at NCHW
   ``y[n, o, l]``; the bias is the GEMM's row epilogue. With the channel innermost along K, a K tile
   of BK rows shares one (ki, kj) when BK divides C: the view computes it once per tile, per element
   only the channel offset.
 - input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
-  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
+  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (a view of w) and ``V[(ki, kj, o), (n, h, w)] =
   dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
   pixel, else 0.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
@@ -47,7 +47,6 @@ from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
 from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
-from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
@@ -187,6 +186,22 @@ inline CV_I4 cv_dy_dx_at4(uint r, uint k0, uint q) {
 }
 """
 
+#: w (O, C, KH, KW) read as the forward's A (O, KK*C): row o, depth r = (ki, kj, c), the channel innermost as
+#: in B's rows; and as the input gradient's A (C, KK*O): row c, depth r = (ki, kj, o). Views of the stored
+#: weight, not transposed copies; ``_at4``: four consecutive depths.
+_W_FWD = """
+inline CV_I cv_w_fwd_at(uint o, uint r) { return ((CV_I)o * CV_C + r % CV_C) * CV_KK + r / CV_C; }
+inline CT cv_w_fwd(__global const {st}* p, uint o, uint r) { return cv_load(p, cv_w_fwd_at(o, r)); }
+#define CV_W_FWD_AT_E(o, r, e) cv_w_fwd_at(o, (r) + (e))
+inline CV_I4 cv_w_fwd_at4(uint o, uint r) { return CV_EACH4(CV_W_FWD_AT_E, o, r); }
+"""
+_W_DX = """
+inline CV_I cv_w_dx_at(uint c, uint r) { return ((CV_I)(r % CV_O) * CV_C + c) * CV_KK + r / CV_O; }
+inline CT cv_w_dx(__global const {st}* p, uint c, uint r) { return cv_load(p, cv_w_dx_at(c, r)); }
+#define CV_W_DX_AT_E(c, r, e) cv_w_dx_at(c, (r) + (e))
+inline CV_I4 cv_w_dx_at4(uint c, uint r) { return CV_EACH4(CV_W_DX_AT_E, c, r); }
+"""
+
 #: dy as (O, N*L): row o, column q = (n, l).
 _DY_ROWS = """
 inline CV_I cv_dy_rows_at(uint o, uint q) { return ((CV_I)(q / CV_L) * CV_O + o) * CV_L + q % CV_L; }
@@ -259,8 +274,8 @@ def candidates(layer: _Layer) -> list[GemmConfig]:
 
 
 def _widths(layer: _Layer) -> tuple[int, int]:
-    """Load widths of A and B: a stored weight 4 where its rows allow; a view 1 (``OperandView``)."""
-    return (1 if layer.kind == "dw" or layer.problem.lda % 4 else 4), 1
+    """Load widths of A and B: both operands are views (``OperandView``), read element by element."""
+    return 1, 1
 
 
 def _config(layer: _Layer) -> GemmConfig:
@@ -316,18 +331,20 @@ class _Layer:
         self.epilogue: Epilogue = IDENTITY
         if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
             self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
+            view_a = _view(geo, out_ch, idx, st, [_W_FWD], "cv_w_fwd(p, mn, kk)")
             view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
-            self.views = (None, view_b, out)
+            self.views = (view_a, view_b, out)
             self.out_shape = (n, out_ch, geo.OH, geo.OW)
             self.sizes = (out_ch * c * kk, n * c * h * w)
             if bias:
                 self.epilogue = Epilogue(bias="row")
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
+            view_a = _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
             view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)")
-            self.views = (None, view_b, out)
+            self.views = (view_a, view_b, out)
             self.out_shape = (n, c, h, w)
             self.sizes = (out_ch * c * kk, n * out_ch * length)
         else:
@@ -389,8 +406,7 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
     """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
     fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
     out_ch = w.shape[0]
-    w_r = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (0, 2, 1))  # (O, KK, C): small
-    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(w_r, x, b if fused else None)
+    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(w, x, b if fused else None)
     if b is not None and not fused:
         from netcl.runtime.ops.pointwise import add
 
@@ -401,9 +417,7 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
     summed in the product's store, when given."""
-    out_ch = w.shape[0]
-    w_t = transpose(w.reshape(out_ch, geo.C, geo.KH * geo.KW), (1, 2, 0))  # (C, KK, O): small
-    return _run("dx", w_t, grad, out_ch, geo, addend)
+    return _run("dx", w, grad, w.shape[0], geo, addend)
 
 
 def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo, addend: Tensor | None = None) -> Tensor:
