@@ -115,6 +115,26 @@ def test_multihead_self_attention_takes_the_packed_path(device):
         np.testing.assert_allclose(packed, general, rtol=1e-4, atol=1e-5 * np.abs(general).max())
 
 
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_multihead_is_causal_hint_runs_causal_attention(device, self_attention):
+    """torch's rule: ``is_causal=True`` with its causal ``attn_mask``, no key padding and ``need_weights=False``
+    drops the mask and runs causal attention (the packed op for self-attention): the values of the mask
+    applied as given."""
+    rng = np.random.default_rng(4)
+    E, H, N, L = 32, 2, 2, 11
+    mha = nn.MultiheadAttention(E, H, batch_first=True, device=device)
+    mha.load_state_dict({k: rng.standard_normal(v.shape) * 0.3 for k, v in mha.state_dict().items()})
+    x = ag.tensor(rng.standard_normal((N, L, E)).astype(np.float32), device=device)
+    kv = x if self_attention else ag.tensor(x.to_host(), device=device)
+    causal = ag.tensor(np.triu(np.ones((L, L), bool), 1), device=device)
+    with ag.Tape() as tape:
+        hinted = mha(x, kv, kv, attn_mask=causal, is_causal=True, need_weights=False)[0]
+        names = [node.op_name for node in tape.nodes]
+    masked = mha(x, kv, kv, attn_mask=causal, need_weights=False)[0]
+    np.testing.assert_allclose(hinted.to_host(), masked.to_host(), rtol=1e-5, atol=1e-5)
+    assert ("packed_self_attention" in names) == self_attention, names
+
+
 def _qkv(shape, device, dtype=np.float32):
     return nc.tensor(np.zeros(shape, dtype), dtype=dtype, device=device)
 

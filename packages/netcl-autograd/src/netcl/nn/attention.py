@@ -157,11 +157,16 @@ class MultiheadAttention(Module):
                 f"key {tuple(key.shape)}, value {tuple(value.shape)} (batch-first view)"
             )
         p = self.dropout if self.training else 0.0
+        if is_causal and key_padding_mask is None and not need_weights:
+            attn_mask = None  # torch's rule: the hint stands for the causal mask given with it
+        else:
+            is_causal = False  # the mask is merged and applied as given
         plain = key_padding_mask is None and attn_mask is None and p == 0.0
         if self_attention and self._qkv_same_embed_dim and plain and not need_weights:
             # torch's fast path too: one in-projection, attention reading q, k and v from its output in place
             qkv = linear(query, self.in_proj_weight, self.in_proj_bias)
-            return self._finish(ag.packed_self_attention(qkv, H), None, batched, L, average_attn_weights)
+            heads = ag.packed_self_attention(qkv, H, is_causal=is_causal)
+            return self._finish(heads, None, batched, L, average_attn_weights)
         q, k, v = self._projections(query, key, value)
         q, k, v = (ag.permute(ag.reshape(x, (N, -1, H, hd)), (0, 2, 1, 3)) for x in (q, k, v))
         mask = self._merged_mask(key_padding_mask, attn_mask, (N, L, S), q.dtype)
@@ -173,7 +178,7 @@ class MultiheadAttention(Module):
             heads = ag.matmul(weights, v)
         else:
             weights = None
-            heads = ag.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            heads = ag.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
         merged = ag.reshape(ag.permute(heads, (0, 2, 1, 3)), (N, L, self.embed_dim))
         return self._finish(merged, weights, batched, L, average_attn_weights)
 
