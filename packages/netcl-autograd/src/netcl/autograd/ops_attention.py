@@ -8,7 +8,9 @@ saves the output and the row log-sum-exp; the backward is two launches that reco
 probabilities from them: no ``L x S`` tensor is ever allocated. The mask is a constant: it gets
 no gradient. Dropout draws a fresh seed per call from the global generator (``manual_seed``
 makes it repeat); the backward regenerates the same mask from it. A row whose keys are all
-masked gives 0 (torch >= 2.5), not NaN.
+masked gives 0 (torch >= 2.5), not NaN. Under ``netcl.amp.autocast`` on a device where float16 is
+storage-only (NVIDIA's OpenCL) the op runs, forward and backward, at autocast's matmul precision
+(``autocast_mode.fallback_precision``, as matmul does): the tensor-core kernels (``attention_mma``) take it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
 from netcl.runtime.capture import is_recording
 from netcl.runtime.ops import attention, random
+from netcl.runtime.ops.precision import at_matmul_precision
 
 #: output tensor -> (lse, seed, device counter or None) of the forward that made it
 _SAVED: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int, Tensor | None]] = weakref.WeakKeyDictionary()
@@ -79,7 +83,11 @@ def scaled_dot_product_attention(
         "scale": spec.scale,
         "enable_gqa": bool(enable_gqa),
     }
-    return apply_op(forward, grad, *args, op_name="scaled_dot_product_attention", attrs=attrs)
+    precision = autocast_mode.fallback_precision(query, key, value)  # autocast on a device without float16
+    at = at_matmul_precision  # the forward and the gradient alike
+    return apply_op(
+        at(precision, forward), at(precision, grad), *args, op_name="scaled_dot_product_attention", attrs=attrs
+    )
 
 
 def packed_self_attention(qkv: Any, num_heads: int, is_causal: bool = False, scale: float | None = None) -> Node:

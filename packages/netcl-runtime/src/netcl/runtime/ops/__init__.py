@@ -9,7 +9,10 @@ chosen once per call by ``ops.backend.backend_op``.
 
 from netcl.core.tensor import ARITHMETIC as _TENSOR_ARITHMETIC
 from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching allocator
-from netcl.runtime.ops import attention_blocked  # noqa: F401  registers the blocked, then quad attention kernels
+from netcl.runtime.ops import (
+    attention_blocked,  # noqa: F401  registers the blocked, then quad attention kernels
+    attention_mma,  # noqa: F401  registers the tensor-core attention kernels before them
+)
 from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.attention import scaled_dot_product_attention
 from netcl.runtime.ops.batchnorm import batch_norm
