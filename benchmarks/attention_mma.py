@@ -3,8 +3,9 @@
 ``python benchmarks/attention_mma.py`` (an NVIDIA GPU; torch with CUDA for the peers): d 64, (b, h, s) =
 (4, 8, 2048) and (1, 8, 8192) causal, (8, 8, 1024) not; forward and forward + backward device time (medians of
 10, OpenCL profiling events / CUDA events) of netcl's mma kernels on float16 tensors and on float32 tensors at
-matmul precision "fp16" (autocast's), the blocked float32 kernels, and torch's SDPA in bf16 and fp16; first
-ptxas' registers, spills and shared memory of the mma kernels (``-cl-nv-verbose``).
+matmul precision "fp16" (autocast's), the blocked float32 kernels, and torch's SDPA in bf16 and fp16; the
+device time of each mma kernel (float16 tensors); first ptxas' registers, spills and shared memory of the mma
+kernels (``-cl-nv-verbose``).
 """
 
 import os
@@ -17,6 +18,7 @@ import pyopencl as cl
 
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
+from netcl.runtime.ops import attention_mma as M
 from netcl.runtime.ops.attention_mma_source import attention_source
 from netcl.runtime.ops.precision import matmul_precision
 
@@ -31,7 +33,7 @@ REPEATS = 10
 def ptxas(device):
     for e in (64, 128):
         for kernel in ("fwd", "bwd_q", "bwd_kv"):
-            for half in (False, True):
+            for half in (False, True):  # float32 / float16 outputs
                 src = attention_source(kernel, e, True, half, "int")
                 try:
                     program = cl.Program(device.context, src).build(options=["-cl-nv-verbose"])
@@ -63,6 +65,24 @@ def netcl_ms(device, b, h, s, causal, mode):
         fb = time_device(device, both, REPEATS).median_ms
     os.environ.pop("NETCL_ATTENTION", None)
     return taken, fwd, fb
+
+
+def kernel_ms(device, b, h, s, causal):
+    """Device ms of each mma kernel on float16 tensors, and of the float32 -> f16 copy of one operand."""
+    rng = np.random.default_rng(0)
+    q, k, v, g = (nc.Tensor.from_host(device, rng.standard_normal((b, h, s, D)), np.float16) for _ in range(4))
+    x32 = nc.Tensor.from_host(device, rng.standard_normal((b, h, s, D)), np.float32)
+    spec = RA.check_attention(q, k, v, None, 0.0, causal, None, False)
+    out, lse = M.forward(q, k, v, None, spec, 0, None)
+    dq, dk, dv = (nc.Tensor.empty(x.shape, x.dtype, device) for x in (q, k, v))
+    drow = nc.Tensor.empty(lse.shape, np.float32, device)
+    runs = {
+        "fwd": lambda: M._run("fwd", [q, k, v, out, lse], s, b * h, spec, False, True),
+        "bwd_q": lambda: M._run("bwd_q", [q, k, v, out, g, lse, dq, drow], s, b * h, spec, False, True),
+        "bwd_kv": lambda: M._run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], s, b * h, spec, False, True),
+        "f16 copy": lambda: M._f16(x32),
+    }
+    return {name: time_device(device, fn, REPEATS).median_ms for name, fn in runs.items()}
 
 
 def torch_ms(b, h, s, causal, dtype_name):
@@ -99,6 +119,8 @@ def main():
         print(
             f"b{b} h{h} s{s} {'causal' if causal else 'full'} d{D} fwd / fwd+bwd ms: " + " | ".join(cells), flush=True
         )
+        times = kernel_ms(device, b, h, s, causal)
+        print("  mma kernels (float16), ms: " + ", ".join(f"{k} {t:.3f}" for k, t in times.items()), flush=True)
 
 
 if __name__ == "__main__":

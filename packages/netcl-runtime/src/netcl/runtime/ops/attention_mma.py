@@ -13,18 +13,21 @@ Plain float32 at any other precision stays on the exact float32 kernels. ``NETCL
 kernels take float32 calls at every precision too (operands rounded to f16); ``blocked``, ``quad`` or
 ``portable`` turn them off. Masks and dropout go to the next variant.
 
-Numbers: q, k, v (and the upstream gradient) are rounded to f16 (nearest even) as they are staged into
-local memory; scores, the softmax statistics (row max, row sum, ``lse``) and every accumulator are float32;
-the probabilities P and dS are rounded to f16 before their products (FlashAttention-2's numbers). The output
+Numbers: q, k, v (and the upstream gradient) are rounded to f16 (nearest even; float32 tensors by a copy
+before the kernels, ``cast_source``); scores, the softmax statistics (row max, row sum, ``lse``) and every
+accumulator are float32; the probabilities P and dS are rounded to f16 before their products
+(FlashAttention-2's numbers). The output
 and the gradients have the inputs' dtype; ``lse`` is float32 and means what it means for the other
 variants (natural log-sum-exp of the scaled scores, ``-inf`` for a row that sees no key), so any backward
 follows any forward.
 
-Kernels (``attention_mma_source``): forward one launch (a work-group of 4 warps per 64 query rows, key/value
-tiles staged in local memory, online softmax in registers); backward two: ``bwd_q`` (64 query rows, loops
-over key tiles: dQ, and ``D = rowsum(dO * O)`` written for the next launch) then ``bwd_kv`` (64 keys, loops
-over the q heads of its kv head and their query tiles: dK, dV). No atomics: the backward is deterministic.
-Causal calls (top-left aligned, as torch) skip the tiles that are wholly masked.
+Kernels (``attention_mma_source``, blocking in its ``PLANS``): forward one launch (a work-group of 4 warps
+per 128 query rows at E 64, 64 at E 128; key/value tiles copied by ``cp.async`` into two local buffers, the
+next under this one's products; online softmax in registers); backward two: ``bwd_q`` (64 query rows, Q and
+dO fragments in registers, loops over key tiles: dQ, and ``D = rowsum(dO * O)`` written for the next launch)
+then ``bwd_kv`` (64 keys, loops over the q heads of its kv head and their query tiles: dK, dV). No atomics:
+the backward is deterministic. Causal calls (top-left aligned, as torch) skip the tiles that are wholly
+masked and mask only the tiles on the diagonal; their query blocks run longest first.
 
 ``emulate=True`` runs the same kernels with OpenCL C models of the PTX instructions
 (``attention_mma_source``) on any OpenCL device: the tests' check of the kernels' arithmetic off NVIDIA.
@@ -47,7 +50,7 @@ from netcl.runtime.ops import (
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
-from netcl.runtime.ops.attention_mma_source import NAMES, ROWS, THREADS, attention_source
+from netcl.runtime.ops.attention_mma_source import CAST_NAME, NAMES, THREADS, attention_source, cast_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 from netcl.runtime.ops.precision import get_float32_matmul_precision
 
@@ -79,19 +82,22 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     return takes(dtype, spec) and gemm_mma.enabled(device, "f16")
 
 
-def _run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, emulate: bool) -> None:
-    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads."""
+def _run(
+    kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, emulate: bool, half: bool
+) -> None:
+    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads; ``buffers``:
+    float16 operands; ``half``: float16 outputs (else float32)."""
     if items == 0 or planes == 0:
         return
     device = buffers[0].device
-    half = buffers[0].dtype == float16
     idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
     fields = {"e": spec.E, "causal": spec.causal, "half": half, "idx": idx, "emulate": emulate}
-    key = ("attention-mma", kernel, *sorted(fields.items()))
+    p = plan(kernel, spec.E)
+    key = ("attention-mma", kernel, p, *sorted(fields.items()))
     it = index_dtype(idx)
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
     resolved = get_kernel(key, device, lambda: attention_source(kernel, **fields), NAMES[kernel], types)
-    gsize = (-(-items // ROWS) * THREADS, planes)
+    gsize = (-(-items // p.rows) * THREADS, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
     scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
     launch(
@@ -106,6 +112,22 @@ def _run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: Atte
     )
 
 
+def _f16(x: Tensor) -> Tensor:
+    """x as float16 (float32 rounded to nearest even; float16 as it is)."""
+    if x.dtype == float16:
+        return x
+    out = Tensor.empty(x.shape, float16, x.device)
+    n = x.size
+    if n == 0:
+        return out
+    idx = index_ctype(n + 8)
+    it = index_dtype(idx)
+    resolved = get_kernel(("attention-mma-f16", idx), x.device, lambda: cast_source(idx), CAST_NAME, [None, None, it])
+    items = -(-n // 8)
+    launch(resolved.kernel, (-(-items // 128) * 128,), (128,), x, out, it.type(n), queue=x.device.queue)
+    return out
+
+
 def _check_layout(*tensors: Tensor) -> None:
     for t in tensors:
         if t.dtype not in (float16, float32):
@@ -117,7 +139,7 @@ def forward(q, k, v, mask, spec: AttentionSpec, seed, counter, *, emulate: bool 
     _check_layout(q, k, v)
     out = Tensor.empty((*spec.lead, spec.L, spec.Ev), q.dtype, q.device)
     lse = Tensor.empty((*spec.lead, spec.L), np.float32, q.device)
-    _run("fwd", [q, k, v, out, lse], spec.L, spec.BH, spec, emulate)
+    _run("fwd", [_f16(q), _f16(k), _f16(v), out, lse], spec.L, spec.BH, spec, emulate, q.dtype == float16)
     return out, lse
 
 
@@ -127,12 +149,16 @@ def backward(
     """(dq, dk, dv) in the inputs' dtype, two launches: ``bwd_q`` (also writes ``D = rowsum(dO * O)``), then
     ``bwd_kv``. ``lse`` may come from any variant's forward."""
     _check_layout(g, q, k, v, out)
+    if out.dtype != q.dtype:
+        raise TypeError(f"attention_mma: out must have q's dtype {q.dtype}, got {out.dtype}")
     dq = Tensor.empty(q.shape, q.dtype, q.device)
     dk = Tensor.empty(k.shape, k.dtype, k.device)
     dv = Tensor.empty(v.shape, v.dtype, v.device)
     drow = Tensor.empty(lse.shape, np.float32, q.device)
-    _run("bwd_q", [q, k, v, out, g, lse, dq, drow], spec.L, spec.BH, spec, emulate)
-    _run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], spec.S, spec.BHkv, spec, emulate)
+    half = q.dtype == float16
+    q, k, v, g = (_f16(x) for x in (q, k, v, g))
+    _run("bwd_q", [q, k, v, out, g, lse, dq, drow], spec.L, spec.BH, spec, emulate, half)
+    _run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], spec.S, spec.BHkv, spec, emulate, half)
     return dq, dk, dv
 
 
