@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd import grad_mode
+from netcl.autograd.engine import Node, _local, apply_op
 from netcl.core import Tensor
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
@@ -95,8 +96,13 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if entry is None:
         entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
     d = entry.d
-    attrs = dict(attrs) if attrs else {}
     forward = entry.forward
+    if not grad_mode.grad_enabled and _local.tracer is None:  # what apply_op does here: the forward, a bare Node
+        values = [a.value if isinstance(a, Node) else a for a in inputs]
+        if forward is not None:
+            return Node(forward(*values), op_name=name)
+        return Node(apply(entry.kernel, forward_operands(d, values, attrs or {})), op_name=name)
+    attrs = dict(attrs) if attrs else {}
     if forward is None:
         kernel = entry.kernel
 
