@@ -166,7 +166,25 @@ def _matmul_vector(a: Operand, b: Operand) -> Node:
 
 # ---- reductions ------------------------------------------------------------------------------
 def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
-    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes."""
+    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes (a valid hashable
+    ``axis`` is normalized once per ``ndim``)."""
+    try:
+        known = _AXES.get((axis, ndim))
+    except TypeError:  # a list: normalized below
+        known = None
+    if known is not None:
+        return known
+    axes = _normalize_axes(axis, ndim)
+    if (axis is None or type(axis) is int or type(axis) is tuple) and len(_AXES) < 4096:
+        _AXES[(axis, ndim)] = axes
+    return axes
+
+
+#: (axis as given, ndim) -> the normalized axes of a valid reduction
+_AXES: dict[tuple, tuple[int, ...]] = {}
+
+
+def _normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
