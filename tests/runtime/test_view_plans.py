@@ -165,3 +165,57 @@ def test_unit_axis_transpose_gradient(device) -> None:
         loss = ag.sum(ag.mul(ag.transpose(x), w))
     tape.backward(loss)
     np.testing.assert_array_equal(x.grad.to_host(), w.to_host().T)
+
+
+# (op of (float tensor x, float tensor y, int32 tensor k), float64 reference of the host values, result dtype)
+POINTWISE = [
+    ("two tensors", lambda x, y, k: pointwise.add(x, y), lambda x, y, k: x + y, np.float32),
+    ("broadcast", None, None, np.float32),
+    ("tensor, float", lambda x, y, k: pointwise.sub(x, 1.5), lambda x, y, k: x - 1.5, np.float32),
+    ("float, tensor", lambda x, y, k: pointwise.sub(1.5, x), lambda x, y, k: 1.5 - x, np.float32),
+    ("int tensor, int", lambda x, y, k: pointwise.mul(k, 3), lambda x, y, k: k * 3, np.int32),
+    ("int tensor, float", lambda x, y, k: pointwise.mul(k, 2.5), lambda x, y, k: k * 2.5, np.float32),
+    ("int tensor, bool", lambda x, y, k: pointwise.add(k, True), lambda x, y, k: k + 1, np.int32),
+    ("unary", lambda x, y, k: pointwise.exp(x), lambda x, y, k: np.exp(x), np.float32),
+]
+
+
+def test_repeated_pointwise_signatures_match_numpy(device) -> None:
+    """Each signature (operand shapes, dtypes, scalar types, device) replays its own prepared launch: run all of
+    them three times, interleaved, on fresh values (an int and a float scalar of one op stay apart)."""
+    for seed in range(3):
+        x, y = _floats(device, (4, 5), seed), _floats(device, (4, 5), seed + 10)
+        k = nc.Tensor.from_host(device, np.arange(20, dtype=np.int32).reshape(4, 5) - seed)
+        hx, hy, hk = x.to_host().astype(np.float64), y.to_host().astype(np.float64), k.to_host()
+        for name, op, reference, dtype in POINTWISE:
+            if name == "broadcast":
+                y1 = indexing.getitem(y, slice(0, 1))
+                out, ref = pointwise.mul(x, y1), hx * hy[:1]
+            else:
+                out, ref = op(x, y, k), reference(hx, hy, hk)
+            assert out.dtype == np.dtype(dtype), name
+            np.testing.assert_allclose(out.to_host(), ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_a_replayed_pointwise_launch_is_one_kernel_and_still_checks_devices(cl_device) -> None:
+    x, y = _floats(cl_device, (4, 5), 0), _floats(cl_device, (4, 5), 1)
+    pointwise.add(x, y)
+    names, out = _kernels(cl_device, lambda: pointwise.add(x, y))
+    assert names == ["netcl_ew"]
+    np.testing.assert_allclose(out.to_host(), x.to_host() + y.to_host(), rtol=1e-6)
+    elsewhere = _floats(nc.get_device("cpu"), (4, 5), 2)
+    with pytest.raises(nc.DeviceError):
+        pointwise.add(x, elsewhere)
+    with pytest.raises(TypeError, match="neither a netcl Tensor nor a real scalar"):
+        pointwise.add(x, "1.0")
+
+
+def test_scalar_variants_record_their_gradients(device) -> None:
+    x = ag.tensor(_floats(device, (3, 4), 0).to_host(), device=device, requires_grad=True)
+    for _ in range(2):  # the second pass replays the launches of the first
+        x.grad = None
+        with ag.Tape() as tape:
+            loss = ag.sum(ag.add(ag.mul(x, 2.0), ag.sub(1.5, x)))
+        tape.backward(loss)
+        np.testing.assert_array_equal(x.grad.to_host(), np.ones((3, 4), np.float32))
+        np.testing.assert_allclose(loss.item(), (x.to_host().astype(np.float64) + 1.5).sum(), rtol=1e-5)
