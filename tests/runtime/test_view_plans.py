@@ -15,6 +15,7 @@ import netcl.core as nc
 import netcl.runtime.ops as R
 from netcl.profiler import profile
 from netcl.runtime import synchronize
+from netcl.runtime.memory import memory_stats
 from netcl.runtime.ops import indexing, pointwise
 
 # sums of <= 40 float32 values against float64 NumPy: a few ulps of the largest partial sum; moves are exact
@@ -219,3 +220,42 @@ def test_scalar_variants_record_their_gradients(device) -> None:
         tape.backward(loss)
         np.testing.assert_array_equal(x.grad.to_host(), np.ones((3, 4), np.float32))
         np.testing.assert_allclose(loss.item(), (x.to_host().astype(np.float64) + 1.5).sum(), rtol=1e-5)
+
+
+def _requests(device: nc.Device) -> int:
+    stats = memory_stats(device)
+    return stats.served_from_pool + stats.fresh_allocations
+
+
+def test_softmax_without_gradients_allocates_only_its_output(cl_device) -> None:
+    """A planned softmax whose statistics nobody reads (the runtime op; the autograd op under no_grad) asks the
+    allocator for its output alone; one that records keeps real statistics, and its gradient is right."""
+    x = _floats(cl_device, (6, 40), 0)
+    R.softmax(x, -1)
+    node = ag.tensor(x.to_host(), device=cl_device, requires_grad=True)
+    with ag.no_grad():
+        ag.softmax(node, axis=-1)
+    for seed in range(1, 3):
+        x = _floats(cl_device, (6, 40), seed)
+        before = _requests(cl_device)
+        out = R.softmax(x, -1)
+        assert _requests(cl_device) - before == 1
+        np.testing.assert_allclose(out.to_host(), _softmax64(x.to_host()), rtol=1e-5, atol=1e-6)
+        node = ag.tensor(x.to_host(), device=cl_device, requires_grad=True)
+        before = _requests(cl_device)
+        with ag.no_grad():
+            plain = ag.softmax(node, axis=-1)
+        assert _requests(cl_device) - before == 1
+        np.testing.assert_allclose(plain.to_host(), _softmax64(x.to_host()), rtol=1e-5, atol=1e-6)
+        w = _floats(cl_device, (6, 40), seed + 10)
+        with ag.Tape() as tape:
+            loss = ag.sum(ag.mul(ag.softmax(node, axis=-1), w))
+        tape.backward(loss)
+        s, hw = _softmax64(x.to_host()), w.to_host().astype(np.float64)
+        expected = s * (hw - (s * hw).sum(axis=-1, keepdims=True))
+        np.testing.assert_allclose(node.grad.to_host(), expected, rtol=1e-4, atol=1e-6)
+
+
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    return np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
