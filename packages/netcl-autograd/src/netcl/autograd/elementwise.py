@@ -105,8 +105,8 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     forward = entry.forward
     if not grad_mode.grad_enabled and _local.tracer is None:  # what apply_op does here: the forward, a bare Node
         values = [a.value if isinstance(a, Node) else a for a in inputs]
-        if forward is not None:
-            return Node(forward(*values), op_name=name)
+        if forward is not None:  # the inputs are the kernel's operands
+            return Node(apply(entry.kernel, values), op_name=name)
         slot = entry.scalar_slot
         if slot is not None:  # forward_operands of a scalar variant: the scalar on its side of the input
             scalar = attrs["scalar"]  # type: ignore[index]

@@ -319,7 +319,11 @@ def apply_op(
     tracer = _local.tracer
     if tracer is not None:
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
-    values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
+    if len(args) == 1:  # most ops take one operand: no comprehension frame
+        (first,) = args
+        values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
+    else:
+        values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
     out = fn(*values)
     if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)

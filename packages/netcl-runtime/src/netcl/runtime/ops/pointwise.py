@@ -340,15 +340,36 @@ def _expr_for(op: OpDef, compute: np.dtype) -> str:
 
 def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     """Run ``op`` over ``operands`` (broadcast) on their device; a new tensor."""
-    fast = _launch_key(op, operands)
-    if fast is not None:
+    if len(operands) == 2 and type(operands[0]) is Tensor and type(operands[1]) is Tensor:  # the common call
+        a, b = operands
+        fast: tuple | None = (id(op), a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
         hit = _LAUNCHES.get(fast)
         if hit is not None and hit[0] is op:  # this op over these shapes, dtypes and device launched before
             plan = hit[1]
-            device = operands[0].device if type(operands[0]) is Tensor else operands[1].device
+            device = a.device
             out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
-            hit[2](plan.prepared.call, out.data, *operands)
+            plan.prepared.call(out.data, a.data, b.data)
             return out
+    elif len(operands) == 1 and type(operands[0]) is Tensor:
+        (a,) = operands
+        fast = (id(op), a.shape, a.dtype, a.device)
+        hit = _LAUNCHES.get(fast)
+        if hit is not None and hit[0] is op:
+            plan = hit[1]
+            device = a.device
+            out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+            plan.prepared.call(out.data, a.data)
+            return out
+    else:
+        fast = _launch_key(op, operands)
+        if fast is not None:
+            hit = _LAUNCHES.get(fast)
+            if hit is not None and hit[0] is op:
+                plan = hit[1]
+                device = operands[0].device if type(operands[0]) is Tensor else operands[1].device
+                out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+                hit[2](plan.prepared.call, out.data, *operands)
+                return out
     device = device_of(operands, op.name)
     key = (op.expr, op.int_expr, op.kind, op.preamble, signature(operands), device)
     cached = _OP_PLANS.get(key)
