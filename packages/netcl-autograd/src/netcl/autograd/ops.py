@@ -224,10 +224,10 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Mean over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
-    count = math.prod(x.shape[i] for i in axes)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
+        count = math.prod(v.shape[i] for i in axes)
         if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
             return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
         scaled = pointwise.mul(g.reshape(kept_shape(v.shape, axes)), 1.0 / count)

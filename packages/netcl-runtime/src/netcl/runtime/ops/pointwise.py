@@ -411,12 +411,28 @@ def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
     return None
 
 
+def _scalar_right(convert: Callable[[Any], Any]) -> Callable[..., None]:
+    def set_args(call: Callable[..., None], out: Any, a: Tensor, b: Any) -> None:
+        call(out, a.data, convert(b))
+
+    return set_args
+
+
+def _scalar_left(convert: Callable[[Any], Any]) -> Callable[..., None]:
+    def set_args(call: Callable[..., None], out: Any, a: Any, b: Tensor) -> None:
+        call(out, convert(a), b.data)
+
+    return set_args
+
+
+_SCALAR_TYPES = {d.type for d in ARG_DTYPES.values()}
 #: what ``execute`` passes to the prepared call, per ``Plan.arg_types`` of the ``_launch_key`` operand kinds
+#: (the one- and two-Tensor calls are inlined in ``apply``)
 _SETTERS: dict[tuple, Callable[..., None]] = {
     (None,): lambda call, out, a: call(out, a.data),
     (None, None): lambda call, out, a, b: call(out, a.data, b.data),
-    **{(None, t): (lambda t: lambda call, out, a, b: call(out, a.data, t(b)))(t) for t in {d.type for d in ARG_DTYPES.values()}},
-    **{(t, None): (lambda t: lambda call, out, a, b: call(out, t(a), b.data))(t) for t in {d.type for d in ARG_DTYPES.values()}},
+    **{(None, t): _scalar_right(t) for t in _SCALAR_TYPES},
+    **{(t, None): _scalar_left(t) for t in _SCALAR_TYPES},
 }
 
 

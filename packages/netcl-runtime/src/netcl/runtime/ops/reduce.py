@@ -268,9 +268,10 @@ def _launch_stage(
     local: int,
     addend: Tensor | None = None,
 ) -> PreparedLaunch | None:
-    """One stage (returns its prepared launch when it takes no addend, else None); the program depends on (op, mode, ranks of kept/reduced, dtypes, index type, with an
-    addend or not) only: sizes, strides, chunk counts and the tree's work-group size are kernel
-    arguments. ``addend`` (final stage only: ``chunks`` is 1) is added to each output in its store."""
+    """One stage (returns its prepared launch when it takes no addend, else None); the program depends on
+    (op, mode, ranks of kept/reduced, dtypes, index type, with an addend or not) only: sizes, strides, chunk
+    counts and the tree's work-group size are kernel arguments. ``addend`` (final stage only: ``chunks`` is 1)
+    is added to each output in its store."""
     plus = addend is not None
     key = (op, mode, kept, reduced, x.dtype, acc, out.dtype, chunks, local, scale, plus, device)
     prepared = _STAGES.get(key)
