@@ -259,3 +259,12 @@ def test_softmax_without_gradients_allocates_only_its_output(cl_device) -> None:
 def _softmax64(x: np.ndarray) -> np.ndarray:
     z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
     return np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+
+
+def test_reduction_axes_kept_per_signature_do_not_serve_keys_that_only_compare_equal(device) -> None:
+    x = ag.tensor(_floats(device, (2, 3), 0).to_host(), device=device)
+    np.testing.assert_allclose(ag.sum(x, axis=1).to_host(), x.to_host().astype(np.float64).sum(1), rtol=1e-6)
+    with pytest.raises(TypeError):
+        ag.sum(x, axis=1.0)  # equal to 1 and hashes alike: not the entry of axis 1
+    with pytest.raises(nc.ShapeError, match="out of range"):
+        ag.sum(x, axis=(1, 5))

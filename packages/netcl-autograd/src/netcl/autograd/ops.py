@@ -166,21 +166,22 @@ def _matmul_vector(a: Operand, b: Operand) -> Node:
 
 # ---- reductions ------------------------------------------------------------------------------
 def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
-    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes (a valid hashable
-    ``axis`` is normalized once per ``ndim``)."""
-    try:
+    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes (None, a Python int or
+    a tuple of Python ints is normalized once per ``ndim``; keys that only compare equal, such as ``1.0`` or
+    ``True`` for ``1``, are checked every time)."""
+    kind = type(axis)
+    if axis is None or kind is int or (kind is tuple and all([type(a) is int for a in axis])):
         known = _AXES.get((axis, ndim))
-    except TypeError:  # a list: normalized below
-        known = None
-    if known is not None:
+        if known is None:
+            known = _normalize_axes(axis, ndim)
+            if len(_AXES) >= 4096:
+                _AXES.clear()
+            _AXES[(axis, ndim)] = known
         return known
-    axes = _normalize_axes(axis, ndim)
-    if (axis is None or type(axis) is int or type(axis) is tuple) and len(_AXES) < 4096:
-        _AXES[(axis, ndim)] = axes
-    return axes
+    return _normalize_axes(axis, ndim)
 
 
-#: (axis as given, ndim) -> the normalized axes of a valid reduction
+#: (axis as given: None, an int or a tuple of ints, ndim) -> the normalized axes of a valid reduction
 _AXES: dict[tuple, tuple[int, ...]] = {}
 
 
