@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd import grad_mode
+from netcl.autograd.engine import Node, _local, apply_op
 from netcl.core import Tensor
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
@@ -46,13 +47,19 @@ class _Entry:
     """What ``apply_elementwise`` reads per call of one op, resolved once per name (the definitions
     never change after import); ``forward`` is the op's forward when its operands are its inputs."""
 
-    __slots__ = ("d", "kernel", "differentiable", "forward")
+    __slots__ = ("d", "kernel", "differentiable", "forward", "scalar_slot")
 
     def __init__(self, name: str) -> None:
         d = self.d = ALL[name]
         kernel = self.kernel = OPDEFS[d.base or d.name]
         self.differentiable = d.differentiable
         self.forward: Callable[..., Tensor] | None = None
+        #: a one-input variant whose kernel takes (input, scalar) or (scalar, input): where the scalar goes
+        self.scalar_slot: int | None = None
+        one = d.attrs == ("scalar",) and len(d.inputs) == 1
+        probe = forward_operands(d, ("input",), {"scalar": "scalar"}) if one else None
+        if probe in (("input", "scalar"), ("scalar", "input")):
+            self.scalar_slot = probe.index("scalar")
         if not d.attrs and not d.base:  # no attributes, not a variant: the inputs are the kernel's operands
 
             def forward(*values: Any) -> Tensor:
@@ -95,13 +102,36 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if entry is None:
         entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
     d = entry.d
-    attrs = dict(attrs) if attrs else {}
     forward = entry.forward
+    if not grad_mode.grad_enabled and _local.tracer is None:  # what apply_op does here: the forward, a bare Node
+        values = [a.value if isinstance(a, Node) else a for a in inputs]
+        if forward is not None:  # the inputs are the kernel's operands
+            return Node(apply(entry.kernel, values), op_name=name)
+        slot = entry.scalar_slot
+        if slot is not None:  # forward_operands of a scalar variant: the scalar on its side of the input
+            scalar = attrs["scalar"]  # type: ignore[index]
+            operands = (values[0], scalar) if slot else (scalar, values[0])
+            return Node(apply(entry.kernel, operands), op_name=name)
+        return Node(apply(entry.kernel, forward_operands(d, values, attrs or {})), op_name=name)
+    attrs = dict(attrs) if attrs else {}
     if forward is None:
         kernel = entry.kernel
+        if entry.scalar_slot is not None:
+            scalar = attrs["scalar"]
+            if entry.scalar_slot:
 
-        def forward(*values: Any) -> Tensor:
-            return apply(kernel, forward_operands(d, values, attrs))
+                def forward(v: Any) -> Tensor:
+                    return apply(kernel, (v, scalar))
+
+            else:
+
+                def forward(v: Any) -> Tensor:
+                    return apply(kernel, (scalar, v))
+
+        else:
+
+            def forward(*values: Any) -> Tensor:
+                return apply(kernel, forward_operands(d, values, attrs))
 
     grad = _Grad(name, d, inputs, attrs) if entry.differentiable else None
     return apply_op(forward, grad, *inputs, op_name=name, attrs=attrs if d.attrs else None)
@@ -121,15 +151,17 @@ def unary(name: str) -> Callable[[Operand], Node]:
 def binary(name: str) -> Callable[[Operand, Operand], Node]:
     """The autograd function of binary op ``name``: two operands, at most one of them a Python number."""
 
+    right, left = f"{name}_scalar_right", f"{name}_scalar_left"
+
     def op(a: Operand, b: Operand) -> Node:
         if not isinstance(a, _NUMBERS) and not isinstance(b, _NUMBERS):  # two Nodes/Tensors: the common call
             return apply_elementwise(name, (a, b))
         if is_scalar(a) and is_scalar(b):
             raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
         if is_scalar(b):
-            return apply_elementwise(f"{name}_scalar_right", (a,), {"scalar": b})
+            return apply_elementwise(right, (a,), {"scalar": b})
         if is_scalar(a):
-            return apply_elementwise(f"{name}_scalar_left", (b,), {"scalar": a})
+            return apply_elementwise(left, (b,), {"scalar": a})
         return apply_elementwise(name, (a, b))
 
     op.__name__ = op.__qualname__ = name

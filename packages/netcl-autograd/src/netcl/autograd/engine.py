@@ -319,20 +319,25 @@ def apply_op(
     tracer = _local.tracer
     if tracer is not None:
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
-    values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
+    if len(args) == 1:  # most ops take one operand: no comprehension frame
+        (first,) = args
+        values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
+    else:
+        values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
     out = fn(*values)
     if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)
     if tape is None:
         tape = _local.tape
-    index = [i for i, a in enumerate(args) if isinstance(a, Node)]
-    parents = [args[i] for i in index]
-    tracking = (
-        grad_fn is not None
-        and (tape is None or tape.enabled)
-        and any([p.requires_grad for p in parents])
-        and out.dtype.kind == "f"
-    )
+    index: list[int] = []
+    parents: list[Node] = []
+    wanted = False
+    for i, a in enumerate(args):  # one loop over the (one to three) arguments, no comprehension frames
+        if isinstance(a, Node):
+            index.append(i)
+            parents.append(a)
+            wanted = wanted or a.requires_grad
+    tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and out.dtype.kind == "f"
     if not tracking:
         node = Node(out, op_name=op_name)
     else:

@@ -166,7 +166,26 @@ def _matmul_vector(a: Operand, b: Operand) -> Node:
 
 # ---- reductions ------------------------------------------------------------------------------
 def normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
-    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes."""
+    """``axis`` (None, int or tuple, negatives allowed) as a sorted tuple of distinct axes (None, a Python int or
+    a tuple of Python ints is normalized once per ``ndim``; keys that only compare equal, such as ``1.0`` or
+    ``True`` for ``1``, are checked every time)."""
+    kind = type(axis)
+    if axis is None or kind is int or (kind is tuple and all([type(a) is int for a in axis])):
+        known = _AXES.get((axis, ndim))
+        if known is None:
+            known = _normalize_axes(axis, ndim)
+            if len(_AXES) >= 4096:
+                _AXES.clear()
+            _AXES[(axis, ndim)] = known
+        return known
+    return _normalize_axes(axis, ndim)
+
+
+#: (axis as given: None, an int or a tuple of ints, ndim) -> the normalized axes of a valid reduction
+_AXES: dict[tuple, tuple[int, ...]] = {}
+
+
+def _normalize_axes(axis: Axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
@@ -206,10 +225,10 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Mean over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
-    count = math.prod(x.shape[i] for i in axes)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
+        count = math.prod(v.shape[i] for i in axes)
         if count == 0:  # an empty reduced axis: the gradient is empty too (and 1/count undefined)
             return [layout.broadcast_to(g.reshape(kept_shape(v.shape, axes)), v.shape)]
         scaled = pointwise.mul(g.reshape(kept_shape(v.shape, axes)), 1.0 / count)
@@ -257,19 +276,54 @@ def reshape(x: Operand, shape: Sequence[int]) -> Node:
 
 
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
-    """Permute dimensions (reverse them when ``axes`` is None); materialized."""
+    """Permute dimensions (reverse them when ``axes`` is None): a view when only length-1 axes move,
+    else materialized (``layout.transpose``)."""
     ndim = len(x.shape)
-    perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % builtins.max(ndim, 1) for a in axes)
-    if sorted(perm) != list(range(ndim)):
-        raise ShapeError(f"transpose axes {axes} are not a permutation of {ndim} dimensions")
+    key = (ndim, axes) if axes is None or type(axes) is tuple else None
+    entry = _TRANSPOSES.get(key) if key is not None else None
+    if entry is None:
+        perm = tuple(range(ndim))[::-1] if axes is None else tuple(int(a) % builtins.max(ndim, 1) for a in axes)
+        if sorted(perm) != list(range(ndim)):
+            raise ShapeError(f"transpose axes {axes} are not a permutation of {ndim} dimensions")
+        entry = (perm, _TransposeForward(perm), _TransposeGrad(perm))
+        if key is not None:
+            if len(_TRANSPOSES) >= 1024:
+                _TRANSPOSES.clear()
+            _TRANSPOSES[key] = entry
+    perm, forward, grad = entry
+    return apply_op(forward, grad, x, op_name="transpose", attrs={"axes": perm})
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        inverse = [0] * ndim  # the inverse permutation, built only when the gradient is taken
+
+class _TransposeForward:
+    """``layout.transpose`` by one permutation (one object per permutation, shared by its calls)."""
+
+    __slots__ = ("perm",)
+
+    def __init__(self, perm: tuple[int, ...]) -> None:
+        self.perm = perm
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return layout.transpose(v, self.perm)
+
+
+class _TransposeGrad:
+    """The gradient of a transpose by ``perm``: the upstream gradient transposed by the inverse permutation
+    (stateless: one object per permutation, shared by its calls)."""
+
+    __slots__ = ("inverse",)
+
+    def __init__(self, perm: tuple[int, ...]) -> None:
+        inverse = [0] * len(perm)
         for position, axis in enumerate(perm):
             inverse[axis] = position
-        return [layout.transpose(g, tuple(inverse))]
+        self.inverse = tuple(inverse)
 
-    return apply_op(lambda v: layout.transpose(v, perm), grad, x, op_name="transpose", attrs={"axes": perm})
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [layout.transpose(g, self.inverse)]
+
+
+#: (ndim, axes as given: None or a tuple) -> (permutation, forward, gradient) of a valid transpose
+_TRANSPOSES: dict[tuple, tuple] = {}
 
 
 def broadcast_to(x: Operand, shape: Sequence[int]) -> Node:

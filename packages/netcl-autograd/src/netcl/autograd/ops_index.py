@@ -87,7 +87,34 @@ def _indexed(
     )
 
 
+class _AlongForward:
+    """``op(v, axis, index)``: gather / index_select of one call with a constant index Tensor."""
+
+    __slots__ = ("op", "axis", "index")
+
+    def __init__(self, op: Callable[[Tensor, int, Tensor], Tensor], axis: int, index: Tensor) -> None:
+        self.op, self.axis, self.index = op, axis, index
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return self.op(v, self.axis, self.index)
+
+
+class _AlongGrad:
+    """The gradient of an ``_AlongForward`` w.r.t. its operand: ``backward(g, axis, index, operand shape)``."""
+
+    __slots__ = ("backward", "axis", "index")
+
+    def __init__(self, backward: Callable[..., Tensor], axis: int, index: Tensor) -> None:
+        self.backward, self.axis, self.index = backward, axis, index
+
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [self.backward(g, self.axis, self.index, values[0].shape)]
+
+
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
+    kind = type(x)
+    if kind is Node or kind is Tensor:
+        return tuple(x.value.shape if kind is Node else x.shape)
     if not hasattr(x, "shape"):
         raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")
     return tuple(x.shape)
@@ -110,7 +137,13 @@ def embedding(ids: Any, table: Operand) -> Node:
 def gather(x: Operand, axis: int, index: Any) -> Node:
     """``torch.gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``; shape of index."""
     shape = _shape(x, "gather", "x")
-    index_shape = np.shape(index.value if isinstance(index, Node) else index)
+    given = index.value if type(index) is Node else index
+    if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
+        ax = gathering.check_gather_shapes(shape, axis, given.shape)
+        indexing.check_index_tensor(given, "gather")
+        forward, grad = _AlongForward(gathering.gather, ax, given), _AlongGrad(gathering.gather_backward, ax, given)
+        return apply_op(forward, grad, x, op_name="gather", attrs={"axis": ax})
+    index_shape = np.shape(given)
     ax = gathering.check_gather_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
 
@@ -123,7 +156,14 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
 def index_select(x: Operand, axis: int, index: Any) -> Node:
     """``torch.index_select``: x's entries at the 1-d ``index`` along ``axis``."""
     shape = _shape(x, "index_select", "x")
-    index_shape = np.shape(index.value if isinstance(index, Node) else index)
+    given = index.value if type(index) is Node else index
+    if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
+        ax = selecting.check_index_select_shapes(shape, axis, given.shape)
+        indexing.check_index_tensor(given, "index_select")
+        forward = _AlongForward(selecting.index_select, ax, given)
+        grad = _AlongGrad(selecting.index_select_backward, ax, given)
+        return apply_op(forward, grad, x, op_name="index_select", attrs={"axis": ax})
+    index_shape = np.shape(given)
     ax = selecting.check_index_select_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax], "index_select", "index", ax)
 

@@ -31,6 +31,9 @@ _Grads = list[Tensor | None]
 
 
 def _shape(x: Operand, op: str, arg: str = "x") -> tuple[int, ...]:
+    kind = type(x)
+    if kind is Node or kind is Tensor:
+        return tuple(x.value.shape if kind is Node else x.shape)
     if not hasattr(x, "shape"):
         raise TypeError(f"{op}: {arg} must be a Node or Tensor, got {type(x).__name__}")
     return tuple(x.shape)
@@ -42,18 +45,28 @@ def getitem(x: Operand, key: Any) -> Node:
     selects along its axis as ``index_select`` does, its dimensions taking that axis's place.
     """
     shape = _shape(x, "getitem")
-    items = list(key) if isinstance(key, tuple) else [key]
-    arrays = [k for k, item in enumerate(items) if _is_array_index(item)]
-    if len(arrays) > 1:
-        raise IndexError(f"getitem: at most one integer-array index is supported, got {len(arrays)}")
-    if arrays:
-        return _array_getitem(x, shape, items, arrays[0])
-    indexing.parse_index(shape, key)  # IndexError / ValueError before anything runs
+    memo = indexing.memo_key(key)
+    if memo is None:  # not only Python ints, int slices, None and ...: maybe an integer array
+        items = list(key) if isinstance(key, tuple) else [key]
+        arrays = [k for k, item in enumerate(items) if _is_array_index(item)]
+        if len(arrays) > 1:
+            raise IndexError(f"getitem: at most one integer-array index is supported, got {len(arrays)}")
+        if arrays:
+            return _array_getitem(x, shape, items, arrays[0])
+    indexing.parse_index(shape, key, memo)  # IndexError / ValueError before anything runs (memoized per key)
+    return apply_op(lambda v: indexing.getitem(v, key), _GetitemGrad(key), x, op_name="getitem", attrs={"key": key})
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [indexing.getitem_backward(g, values[0].shape, key)]
 
-    return apply_op(lambda v: indexing.getitem(v, key), grad, x, op_name="getitem", attrs={"key": key})
+class _GetitemGrad:
+    """The gradient of ``x[key]``: the upstream gradient written into zeros of x's shape."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [indexing.getitem_backward(g, values[0].shape, self.key)]
 
 
 def _is_array_index(item: Any) -> bool:

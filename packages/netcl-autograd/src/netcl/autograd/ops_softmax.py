@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.row_hook import provided
 from netcl.core import Tensor
@@ -35,10 +36,12 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
     saved: dict[str, Any] = {}
 
     def forward(v: Tensor) -> Tensor:
-        out, rowmax, rowsum = rowwise.softmax_forward(v, axes, mode)
+        keep = grad_mode.grad_enabled  # under no_grad nothing takes the gradient: the statistics are dropped
+        out, rowmax, rowsum = rowwise.softmax_forward(v, axes, mode, keep_stats=keep)
         if out_shape is not None:
             out = out.reshape(out_shape)
-        saved.update(out=out, rowmax=rowmax, rowsum=rowsum)
+        if keep:
+            saved.update(out=out, rowmax=rowmax, rowsum=rowsum)
         return out
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:

@@ -76,13 +76,16 @@ def memo_key(key: IndexKey) -> tuple | None:
 #: (shape, memo_key(key)) -> the BasicIndex ``parse_index`` found (valid keys only)
 _PARSED: dict[tuple, BasicIndex] = {}
 _MAX_PARSED = 4096
+_UNSET: Any = object()
 
 
-def parse_index(shape: Sequence[int], key: IndexKey) -> BasicIndex:
+def parse_index(shape: Sequence[int], key: IndexKey, memo: tuple | None = _UNSET) -> BasicIndex:  # type: ignore[assignment]
     """The view ``key`` (ints, slices, None, Ellipsis) selects from a C-contiguous tensor of ``shape``.
-    Keys of Python ints, int slices, None and ``...`` are parsed once per shape (``memo_key``)."""
+    Keys of Python ints, int slices, None and ``...`` are parsed once per shape (``memo_key``; a caller
+    that computed ``memo_key(key)`` already passes it as ``memo``)."""
     shape = tuple(int(d) for d in shape) if type(shape) is not tuple else shape
-    memo = memo_key(key)
+    if memo is _UNSET:
+        memo = memo_key(key)
     if memo is None:
         return _parse_index(shape, key)
     parsed = _PARSED.get((shape, memo))
@@ -143,23 +146,34 @@ def _parse_index(shape: tuple[int, ...], key: IndexKey) -> BasicIndex:
 
 def getitem(x: Tensor, key: IndexKey) -> Tensor:
     """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy."""
-    memo = memo_key(key) if type(x) is Tensor and x.base is None else None
+    memo = memo_key(key) if type(x) is Tensor else None
     if memo is not None:
-        plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
-        if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before
-            shape, nbytes, prepared, values = plan
-            device = x.device
-            out = Tensor(device.allocator(device, nbytes), shape, x.dtype, device)
-            prepared.call(x.data, out.data, *values)
-            return out
+        device = x.device
+        plan = _VIEW_PLANS.get((x.shape, x.dtype, memo, device, x.base is None or x.data is x.base.data))
+        if plan is not None:  # OpenCL: a shape and key seen before on a tensor of this kind (root or not)
+            kind, shape, start, nbytes = plan
+            root = x.base if x.base is not None else x
+            if kind is _WHOLE:  # the whole of x: a reshape, no launch
+                return Tensor(x.data, shape, x.dtype, device, base=root)
+            if kind is _BLOCK:  # one aligned block of x's buffer: a sub-buffer, no launch
+                return Tensor(x.data.get_sub_region(start, nbytes, _READ_WRITE), shape, x.dtype, device, base=root)
+        if x.base is None:
+            plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
+            if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before
+                shape, nbytes, prepared, values = plan
+                out = Tensor(device.allocator(device, nbytes), shape, x.dtype, device)
+                prepared.call(x.data, out.data, *values)
+                return out
     if not isinstance(x, Tensor):
         raise TypeError(f"getitem: expected a Tensor, got {type(x).__name__}")
     view = parse_index(x.shape, key)
     result = contiguous_view(x, view)
     if result is not None:
+        if memo is not None and x.device.is_opencl and result.size:
+            _remember_view(x, memo, view, result)
         return result
     out = strided_copy(x, view.shape, view.strides, view.offset)
-    if memo is not None and x.device.is_opencl and out.size:  # a prepared OpenCL launch to keep
+    if memo is not None and x.base is None and x.device.is_opencl and out.size:  # a prepared launch to keep
         prepared, values = prepare_launch(x, out, view.shape, view.strides, view.offset, write=False)
         if len(_GETITEM_PLANS) >= _MAX_PARSED:
             _GETITEM_PLANS.clear()
@@ -167,10 +181,32 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
     return out
 
 
+def _remember_view(x: Tensor, memo: tuple, view: BasicIndex, result: Tensor) -> None:
+    """Keep how ``contiguous_view`` made ``result`` (the whole buffer, or a sub-buffer of it) for the next
+    getitem of x's shape, dtype, device and kind (root or sharing its root's buffer) with this key."""
+    direct = x.base is None or x.data is x.base.data
+    if result.data is x.data:
+        plan = (_WHOLE, view.shape, 0, 0)
+    elif direct:
+        itemsize = x.dtype.itemsize
+        plan = (_BLOCK, view.shape, view.offset * itemsize, result.size * itemsize)
+    else:
+        return
+    if len(_VIEW_PLANS) >= _MAX_PARSED:
+        _VIEW_PLANS.clear()
+    _VIEW_PLANS[(x.shape, x.dtype, memo, x.device, direct)] = plan
+
+
 #: (shape, dtype, memo_key(key), device) -> (out shape, out bytes, prepared copy, size arguments) of an
 #: OpenCL getitem of a root tensor (``base`` None) that is a strided copy: the parse and layout done once
 _GETITEM_PLANS: dict[tuple, tuple] = {}
+#: (shape, dtype, memo_key(key), device, x shares its root's buffer) -> (kind, out shape, start byte, bytes)
+#: of an OpenCL getitem that was a view: ``_WHOLE`` (x's buffer under a new shape) or ``_BLOCK`` (a sub-buffer)
+_VIEW_PLANS: dict[tuple, tuple] = {}
+_WHOLE, _BLOCK = "whole", "block"
+_READ_WRITE = cl.mem_flags.READ_WRITE
 register_cache(_GETITEM_PLANS.clear)
+register_cache(_VIEW_PLANS.clear)
 
 
 def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
@@ -187,6 +223,10 @@ def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
     return block_view(x, view, n, root)
 
 
+#: device -> its sub-buffer origin alignment in bytes (a driver query, read once)
+_ALIGN: dict[Device, int] = {}
+
+
 @backend_op(_TWINS)
 def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | None:
     """``contiguous_view`` of a view that is one block of ``n`` < x.size elements: a Tensor of ``view.shape``
@@ -194,10 +234,12 @@ def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | No
     if x.data is not root.data:  # x is itself a sub-buffer: OpenCL has no sub-buffers of sub-buffers
         return None
     itemsize = x.dtype.itemsize
-    align = max(x.device.cl_device.mem_base_addr_align // 8, 1)
+    align = _ALIGN.get(x.device)
+    if align is None:
+        align = _ALIGN[x.device] = max(x.device.cl_device.mem_base_addr_align // 8, 1)
     if (view.offset * itemsize) % align:
         return None
-    data = x.data.get_sub_region(view.offset * itemsize, n * itemsize, cl.mem_flags.READ_WRITE)
+    data = x.data.get_sub_region(view.offset * itemsize, n * itemsize, _READ_WRITE)
     return Tensor(data, view.shape, x.dtype, x.device, base=root)
 
 

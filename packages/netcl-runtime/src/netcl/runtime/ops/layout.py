@@ -1,6 +1,7 @@
 """Data movement and construction: transpose, broadcast_to, copy, cast, full, one_hot, sum_to_shape.
 
-Every result is a new, materialized C-contiguous tensor; on OpenCL every copy is a kernel
+Every result is a new, materialized C-contiguous tensor (but a transpose that only moves length-1 axes is a
+view: a reshape); on OpenCL every copy is a kernel
 launched through ``launch`` (so captures record it), never ``enqueue_copy``.
 """
 
@@ -137,13 +138,17 @@ def broadcast_copy(x: Tensor, target: tuple[int, ...]) -> Tensor:
 
 
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
-    """x with its axes permuted (default: reversed), materialized."""
+    """x with its axes permuted (default: reversed). When the permutation keeps the order of x's axes longer
+    than 1 (it only moves length-1 axes) the result is a view sharing x's memory (a reshape, no launch);
+    otherwise a new, materialized tensor."""
     plannable = type(x) is Tensor and (axes is None or type(axes) is tuple)
     if plannable:
         plan = _TRANSPOSE_PLANS.get((x.shape, x.dtype, axes, x.device))
         if plan is not None:  # OpenCL, a shape, dtype and axes transposed before: checks and sizes done
             out_shape, nbytes, prepared, sizes = plan
             device = x.device
+            if prepared is None:  # only length-1 axes move: x's buffer under the new shape
+                return Tensor(x.data, out_shape, x.dtype, device, base=x.base if x.base is not None else x)
             out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
             prepared.call(x.data, out.data, *sizes)
             return out
@@ -151,7 +156,20 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     perm = tuple(range(x.ndim))[::-1] if axes is None else tuple(int(a) for a in axes)
     if sorted(a % x.ndim if -x.ndim <= a < x.ndim else a + 2 * x.ndim + 1 for a in perm) != list(range(x.ndim)):
         raise ValueError(f"transpose: axes {axes} are not a permutation of the {x.ndim} axes of shape {x.shape}")
-    return permute(x, tuple(a % x.ndim for a in perm), axes, plannable)
+    perm = tuple(a % x.ndim for a in perm)
+    if moves_only_unit_axes(x.shape, perm):
+        out_shape = tuple(x.shape[a] for a in perm)
+        if plannable and x.device.is_opencl:
+            remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), (out_shape, 0, None, ()))
+        return x.reshape(out_shape)
+    return permute(x, perm, axes, plannable)
+
+
+def moves_only_unit_axes(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
+    """Whether permuting ``shape`` by ``perm`` keeps the order of its axes longer than 1 (so the C-contiguous
+    result has the same element order: a reshape)."""
+    kept = [a for a in perm if shape[a] != 1]
+    return kept == sorted(kept)
 
 
 @backend_op(_TWINS)
@@ -184,7 +202,7 @@ def permute(x: Tensor, perm: tuple[int, ...], axes: Sequence[int] | None, planna
 
 
 #: (shape, dtype, axes as given, device) -> (out shape, out bytes, prepared launch, size arguments) of an
-#: OpenCL transpose that ran before
+#: OpenCL transpose that ran before (prepared None: a view, ``moves_only_unit_axes``)
 _TRANSPOSE_PLANS: dict[tuple, tuple] = {}
 register_cache(_TRANSPOSE_PLANS.clear)
 

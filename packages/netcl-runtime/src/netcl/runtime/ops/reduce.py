@@ -112,10 +112,13 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
     if addend is None and type(x) is Tensor and (axis is None or type(axis) is int or _int_tuple(axis)):
         plan = _PLANS.get((op, x.shape, x.dtype, axis, keepdims, x.device))
         if plan is not None:  # a shape, dtype and axis this op reduced before on this OpenCL device
-            out_shape, out_dtype, nbytes, kept, reduced, acc, scale = plan
+            out_shape, out_dtype, nbytes, kept, reduced, acc, scale, single = plan
             device = x.device
             out = Tensor(device.allocator(device, nbytes), out_shape, out_dtype, device)
-            _reduce_cl(op, x, kept, reduced, acc, out, scale, device)
+            if single is not None:  # one stage: its prepared launch
+                single.call(x.data, out.data)
+            else:
+                _reduce_cl(op, x, kept, reduced, acc, out, scale, device)
             return out
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
@@ -163,15 +166,16 @@ def reduce_nonempty(
     kept, reduced = merged_layout(x.shape, axes)
     out = Tensor.empty(out_shape, out_dtype, device)
     scale = 1.0 / math.prod(x.shape[a] for a in axes) if op == "mean" else 1.0
+    single = _reduce_cl(op, x, kept, reduced, acc, out, scale, device, addend)
     if addend is None and (axis is None or type(axis) is int or _int_tuple(axis)):
-        plan = (out.shape, out_dtype, out.nbytes, kept, reduced, acc, scale)
+        plan = (out.shape, out_dtype, out.nbytes, kept, reduced, acc, scale, single)
         remember(_PLANS, (op, x.shape, x.dtype, axis, keepdims, device), plan)
-    _reduce_cl(op, x, kept, reduced, acc, out, scale, device, addend)
     return out
 
 
 #: (op, shape, dtype, axis as given, keepdims, device) -> what ``_reduce`` derives from them on OpenCL
-#: (out shape, out dtype, out bytes, kept, reduced, accumulator dtype, scale): the checks passed once
+#: (out shape, out dtype, out bytes, kept, reduced, accumulator dtype, scale, the prepared launch when it is one
+#: stage else None): the checks passed once
 _PLANS: dict[tuple, tuple] = {}
 #: the prepared launch of each stage (its kernel, sizes and size arguments bound; input, output and addend per call)
 _STAGES: dict[tuple, PreparedLaunch] = {}
@@ -217,16 +221,16 @@ def _reduce_cl(
     scale: float,
     device: Device,
     addend: Tensor | None = None,
-) -> None:
-    """Reduce in stages into ``out``; the stage that writes ``out`` adds ``addend`` in its store."""
+) -> PreparedLaunch | None:
+    """Reduce in stages into ``out``; the stage that writes ``out`` adds ``addend`` in its store. Returns the
+    prepared launch when one stage did it all (input and output its per-call arguments), else None."""
     K = R = 1
     for d, _ in kept:  # plain loops: this runs on every eager reduction
         K *= d
     for d, _ in reduced:
         R *= d
     if R <= SERIAL_MAX and K > 1:  # one output takes the tree below: the same program as a longer sum
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1, addend=addend)
-        return
+        return _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1, addend=addend)
     if kept and kept[-1][1] == 1 and kept[-1][0] >= COLS_MIN:
         # Outputs are contiguous in memory: neighbouring threads take neighbouring outputs.
         mode, chunks, local = "cols", -(-R // COL_CHUNK), COLS * ROWS
@@ -238,12 +242,12 @@ def _reduce_cl(
         per_group = -(-R // chunks)
         mode, local = "tree", builtins.min(limit, builtins.max(16, pow2_ceil(-(-per_group // PER_THREAD))))
     if chunks == 1:
-        _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local, addend=addend)
-        return
+        return _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local, addend=addend)
     partial = Tensor.empty((K * chunks,), acc, device)  # partial[o * chunks + c]
     _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, mode, chunks=chunks, local=local)
     next_kept = ((K, chunks),) if K > 1 else ()
     _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device, addend)
+    return None
 
 
 #: device -> the tree mode's work-group limit (``MAX_LOCAL`` or the device's power-of-two maximum)
@@ -263,10 +267,11 @@ def _launch_stage(
     chunks: int,
     local: int,
     addend: Tensor | None = None,
-) -> None:
-    """One stage; the program depends on (op, mode, ranks of kept/reduced, dtypes, index type, with an
-    addend or not) only: sizes, strides, chunk counts and the tree's work-group size are kernel
-    arguments. ``addend`` (final stage only: ``chunks`` is 1) is added to each output in its store."""
+) -> PreparedLaunch | None:
+    """One stage (returns its prepared launch when it takes no addend, else None); the program depends on
+    (op, mode, ranks of kept/reduced, dtypes, index type, with an addend or not) only: sizes, strides, chunk
+    counts and the tree's work-group size are kernel arguments. ``addend`` (final stage only: ``chunks`` is 1)
+    is added to each output in its store."""
     plus = addend is not None
     key = (op, mode, kept, reduced, x.dtype, acc, out.dtype, chunks, local, scale, plus, device)
     prepared = _STAGES.get(key)
@@ -276,8 +281,9 @@ def _launch_stage(
         )
     if plus:
         prepared.call(x.data, out.data, addend.data)
-    else:
-        prepared.call(x.data, out.data)
+        return None
+    prepared.call(x.data, out.data)
+    return prepared
 
 
 def _prepare_stage(

@@ -314,15 +314,19 @@ def restore_rows(flat: Tensor, x_shape: tuple[int, ...], perm: tuple[int, ...]) 
 
 
 # ---- softmax family --------------------------------------------------------------------------
-def softmax_forward(x: Tensor, axes: tuple[int, ...], mode: int) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_forward(
+    x: Tensor, axes: tuple[int, ...], mode: int, keep_stats: bool = True
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(out, rowmax, rowsum) of softmax / log_softmax / logsumexp over ``axes`` (normalized).
 
-    ``out`` has x's shape, except for logsumexp where it is the flat ``(rows,)`` result.
+    ``out`` has x's shape, except for logsumexp where it is the flat ``(rows,)`` result. With ``keep_stats``
+    False the caller will not read the statistics: a planned call writes them into scratch buffers of its
+    device (no allocation) and rowmax and rowsum may be None.
     """
     if type(x) is Tensor:
         plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
         if plan is not None:  # OpenCL, axes already last: a shape, dtype and axes done before
-            return _planned_softmax(x, plan)
+            return _planned_softmax(x, plan, keep_stats)
     _check_float(x, MODE_NAMES[mode])
     flat, perm, rows, C = rows_layout(x, axes)
     out, rowmax, rowsum = softmax_rows(x, axes, mode, flat, perm, rows, C)
@@ -366,16 +370,30 @@ _SOFTMAX_PLANS: dict[tuple, tuple] = {}
 register_cache(_SOFTMAX_PLANS.clear)
 
 
-def _planned_softmax(x: Tensor, plan: tuple) -> tuple[Tensor, Tensor, Tensor]:
+def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
     prepared, out_shape, out_bytes, rows, stat_bytes, sd, perm, restore = plan
     device = x.device
     moved = x if perm is None else transpose(x, perm)
     allocate = device.allocator
     out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
-    rowmax = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
-    rowsum = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
-    prepared.call(moved.data, out.data, rowmax.data, rowsum.data)
-    return (out if restore is None else transpose(out, restore)), rowmax, rowsum
+    if keep_stats:
+        rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
+    else:  # write-only scratch: the kernel stores the statistics and never reads them back
+        scratch = _STAT_SCRATCH.get(device)
+        if scratch is None or scratch[0] < stat_bytes:  # one pair per device, grown to the largest asked for
+            scratch = _STAT_SCRATCH[device] = (stat_bytes, allocate(device, stat_bytes), allocate(device, stat_bytes))
+        rowmax, rowsum = scratch[1], scratch[2]
+    prepared.call(moved.data, out.data, rowmax, rowsum)
+    out = out if restore is None else transpose(out, restore)
+    if not keep_stats:
+        return out, None, None
+    return out, Tensor(rowmax, (rows,), sd, device), Tensor(rowsum, (rows,), sd, device)
+
+
+#: device -> (bytes, two buffers of that many bytes) a planned softmax-family forward whose caller drops the
+#: statistics writes them into (only written, never read: concurrent writers of unused values are harmless)
+_STAT_SCRATCH: dict[Device, tuple] = {}
+register_cache(_STAT_SCRATCH.clear)
 
 
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
@@ -436,12 +454,12 @@ def one_axis(x: Tensor, axis: int, op: str) -> tuple[int, ...]:
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x - max) / sum(exp(x - max)) along ``axis``."""
-    return softmax_forward(x, one_axis(x, axis, "softmax"), SOFTMAX)[0]
+    return softmax_forward(x, one_axis(x, axis, "softmax"), SOFTMAX, keep_stats=False)[0]
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """x - max - log(sum(exp(x - max))) along ``axis``."""
-    return softmax_forward(x, one_axis(x, axis, "log_softmax"), LOG_SOFTMAX)[0]
+    return softmax_forward(x, one_axis(x, axis, "log_softmax"), LOG_SOFTMAX, keep_stats=False)[0]
 
 
 def logsumexp_axes(x: Tensor, axis: Any, op: str = "logsumexp") -> tuple[int, ...]:
@@ -456,7 +474,7 @@ def logsumexp_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: boo
 def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over ``axis`` (None: all), max-subtracted."""
     axes = logsumexp_axes(x, axis)
-    out = softmax_forward(x, axes, LOGSUMEXP)[0]
+    out = softmax_forward(x, axes, LOGSUMEXP, keep_stats=False)[0]
     return out.reshape(logsumexp_shape(x.shape, axes, keepdims))
 
 
