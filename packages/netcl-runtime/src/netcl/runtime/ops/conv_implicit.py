@@ -4,14 +4,14 @@ No column buffer is written: the GEMM's tile loads of the image operand go throu
 ``OperandView`` (``gemm_source``) whose C expression turns (row, depth) into an address in x or
 in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = OH * OW``:
 
-- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is a view of w as (O, KH, KW, C) (read in
-  place, not transposed), B a view of x whose rows run over (ki, kj, c) and columns over (image, output pixel),
-  so the batch fills the tiles (no per-image tail); C's view stores column (n, l) of row o at NCHW
-  ``y[n, o, l]``; the bias is the GEMM's row epilogue. With the channel innermost along K, a K tile
-  of BK rows shares one (ki, kj) when BK divides C: the view computes it once per tile, per element
-  only the channel offset.
+- forward ``y = wR (O, KK*C) @ cols(x) (KK*C, N*L)``: A is w as (O, KH, KW, C) (a view read in place by the
+  FMA kernel, a small transposed copy for the tensor-core one), B a view of x whose rows run over (ki, kj, c)
+  and columns over (image, output pixel), so the batch fills the tiles (no per-image tail); C's view stores
+  column (n, l) of row o at NCHW ``y[n, o, l]``; the bias is the GEMM's row epilogue. With the channel
+  innermost along K, a K tile of BK rows shares one (ki, kj) when BK divides C: the view computes it once per
+  tile, per element only the channel offset.
 - input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
-  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (a view of w) and ``V[(ki, kj, o), (n, h, w)] =
+  ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (likewise a view or a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
   dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
   pixel, else 0.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
@@ -47,6 +47,7 @@ from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
 from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
+from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
@@ -274,7 +275,8 @@ def candidates(layer: _Layer) -> list[GemmConfig]:
 
 
 def _widths(layer: _Layer) -> tuple[int, int]:
-    """Load widths of A and B: both operands are views (``OperandView``), read element by element."""
+    """Load widths of A and B for the FMA kernel: both operands are views (``OperandView``), read element by
+    element."""
     return 1, 1
 
 
@@ -331,7 +333,7 @@ class _Layer:
         self.epilogue: Epilogue = IDENTITY
         if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
             self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
-            view_a = _view(geo, out_ch, idx, st, [_W_FWD], "cv_w_fwd(p, mn, kk)")
+            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_FWD], "cv_w_fwd(p, mn, kk)")
             view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
             self.views = (view_a, view_b, out)
@@ -341,7 +343,7 @@ class _Layer:
                 self.epilogue = Epilogue(bias="row")
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
-            view_a = _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
+            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
             view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)")
             out = OperandView("", "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)")
             self.views = (view_a, view_b, out)
@@ -406,7 +408,8 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
     """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
     fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
     out_ch = w.shape[0]
-    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(w, x, b if fused else None)
+    a = _weight(w, geo, (0, 2, 1), x.device)  # (O, KK, C)
+    out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(a, x, b if fused else None)
     if b is not None and not fused:
         from netcl.runtime.ops.pointwise import add
 
@@ -417,7 +420,17 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
     summed in the product's store, when given."""
-    return _run("dx", w, grad, w.shape[0], geo, addend)
+    return _run("dx", _weight(w, geo, (1, 2, 0), grad.device), grad, w.shape[0], geo, addend)  # (C, KK, O)
+
+
+def _weight(w: Tensor, geo, order: tuple[int, int, int], device: Device) -> Tensor:
+    """The product's A operand: ``w`` itself for the FMA kernel, which reads it through a view (``_W_FWD`` /
+    ``_W_DX``); for the tensor-core kernel a copy of w (O, C, KK) transposed to ``order``, since its cp.async
+    pipeline moves a stored operand 16 bytes at a time and a view's element by element (ResNet-8 replayed at
+    "high" 2.06 -> 2.27 ms with the view, at "highest" 2.95 -> 2.82: benchmarks/RESULTS.md, ninth session)."""
+    if mma_mode(device, w.dtype) is None:
+        return w
+    return transpose(w.reshape(w.shape[0], geo.C, geo.KH * geo.KW), order)
 
 
 def backward_weight(grad: Tensor, x: Tensor, out_ch: int, geo, addend: Tensor | None = None) -> Tensor:
