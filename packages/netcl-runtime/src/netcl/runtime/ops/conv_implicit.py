@@ -408,7 +408,7 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
     """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
     fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
     out_ch = w.shape[0]
-    a = _weight(w, geo, (0, 2, 1), x.device)  # (O, KK, C)
+    a = _weight(w, geo, (0, 2, 1), x)  # (O, KK, C)
     out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(a, x, b if fused else None)
     if b is not None and not fused:
         from netcl.runtime.ops.pointwise import add
@@ -420,15 +420,15 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
     summed in the product's store, when given."""
-    return _run("dx", _weight(w, geo, (1, 2, 0), grad.device), grad, w.shape[0], geo, addend)  # (C, KK, O)
+    return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
 
 
-def _weight(w: Tensor, geo, order: tuple[int, int, int], device: Device) -> Tensor:
-    """The product's A operand: ``w`` itself for the FMA kernel, which reads it through a view (``_W_FWD`` /
-    ``_W_DX``); for the tensor-core kernel a copy of w (O, C, KK) transposed to ``order``, since its cp.async
-    pipeline moves a stored operand 16 bytes at a time and a view's element by element (ResNet-8 replayed at
-    "high" 2.06 -> 2.27 ms with the view, at "highest" 2.95 -> 2.82: benchmarks/RESULTS.md, ninth session)."""
-    if mma_mode(device, w.dtype) is None:
+def _weight(w: Tensor, geo, order: tuple[int, int, int], b: Tensor) -> Tensor:
+    """The A operand of a product whose B is ``b``: ``w`` itself where the FMA kernel runs (it reads w through
+    the ``_W_FWD`` / ``_W_DX`` views), else a copy of w (O, C, KK) transposed to ``order``: the tensor-core
+    kernel's cp.async copies move a stored operand 16 bytes at a time, a view's element by element (measured:
+    benchmarks/RESULTS.md, "NVIDIA H200, 2026-11-26 (ninth session): weight views in the implicit GEMM")."""
+    if mma_mode(b.device, b.dtype) is None:  # the layer's own choice (``_layer``: B's device and dtype)
         return w
     return transpose(w.reshape(w.shape[0], geo.C, geo.KH * geo.KW), order)
 
