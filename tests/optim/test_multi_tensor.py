@@ -96,6 +96,28 @@ def test_adam_multi_is_bit_identical_to_per_parameter(device, hyper_values, deco
         np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
 
 
+def test_adam_multi_float64_is_bit_identical_to_per_parameter(cl_device):
+    """float64 parameters (a double compute type: on CPU devices the bias corrections buffer is double)."""
+    hyper = nc.tensor(np.asarray((1e-2, 0.8, 0.99, 1e-6, 0.1), np.float32), device=cl_device)
+    sizes = [5, 300, 17]
+
+    def tensors(seed):
+        rng = np.random.default_rng(seed)
+        return [nc.tensor(rng.standard_normal(n), np.float64, device=cl_device) for n in sizes]
+
+    params, mine = tensors(1), tensors(1)
+    state = [[nc.Tensor.zeros((n,), np.float64, cl_device) for n in sizes] for _ in range(4)]
+    steps, my_steps = _steps(cl_device, len(sizes)), _steps(cl_device, len(sizes))
+    for step in range(STEPS):
+        grads = tensors(20 + step)
+        for i, (p, g, m, v) in enumerate(zip(params, grads, state[0], state[1], strict=True)):
+            adam_step_(p, g, m, v, steps, i, hyper, False)
+        adam_multi_step_(mine, grads, state[2], state[3], my_steps, list(range(len(sizes))), hyper, False)
+        _advance(steps), _advance(my_steps)
+    for a, b in zip(params + state[0] + state[1], mine + state[2] + state[3], strict=True):
+        np.testing.assert_array_equal(a.to_host().view(np.uint64), b.to_host().view(np.uint64))
+
+
 def test_multi_launch_count_and_replay(cl_device):
     """ceil(n / MULTI_ARITY) launches; a captured step replays with the device-side step count."""
     n = MULTI_ARITY + 3
@@ -119,7 +141,9 @@ def test_multi_launch_count_and_replay(cl_device):
     with graph.capture(cl_device.queue):
         adam_multi_step_(params, grads, ms, vs, steps, list(range(n)), hyper)
         count_steps_(steps, mask)
-    assert [s.name for s in graph.launches] == ["netcl_adam_multi"] * 2 + ["netcl_count_steps"]
+    # CPU devices compute the bias corrections once per step index first (optim_kernels._bias_first)
+    first = ["netcl_adam_bias"] if not cl_device.is_gpu else []
+    assert [s.name for s in graph.launches] == first + ["netcl_adam_multi"] * 2 + ["netcl_count_steps"]
     for _ in range(3):
         graph.execute()
     for _ in range(5):  # the eager reference: t = 1 (eager), 2 (run while captured), 3..5 (replays)
@@ -161,7 +185,8 @@ def test_optimizer_step_is_one_launch_per_group_and_dtype(cl_device, opt_cls):
     with graph.capture(cl_device.queue):
         opt.step()
     kernel = "netcl_sgd_multi" if opt_cls is SGD else "netcl_adam_multi"
-    assert [s.name for s in graph.launches] == [kernel, "netcl_count_steps"]
+    first = ["netcl_adam_bias"] if opt_cls is not SGD and not cl_device.is_gpu else []  # see above
+    assert [s.name for s in graph.launches] == [*first, kernel, "netcl_count_steps"]
 
 
 def test_sgd_with_some_loaded_momentum_buffers_and_momentum_off_matches_per_parameter(device):

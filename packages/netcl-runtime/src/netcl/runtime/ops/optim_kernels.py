@@ -7,7 +7,9 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 ``steps`` (one per parameter) that the update reads (``t = steps[index] + 1``) and
 ``count_steps_`` advances with a recorded launch, so Adam's bias correction and SGD's first
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
-Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend.
+Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend. On CPU OpenCL
+devices the multi-tensor Adam update reads its bias corrections from a buffer ``netcl_adam_bias`` fills
+once per step index (the same expressions: ``pow`` per element dominated the update there).
 
 Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
 they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
@@ -57,10 +59,14 @@ _ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
     const {ct} v1 = beta2 * ({ct})@V[gid] + (1 - beta2) * d * d;
     @M[gid] = ({st})m1;
     @V[gid] = ({st})v1;
-    const {ct} bc1 = 1 - pow(beta1, t);
-    const {ct} bc2 = 1 - pow(beta2, t);
+    {bias_corrections}
     const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
     @P[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
+#: Adam's bias corrections at step ``t`` (the body computes them per element; on CPU devices the
+#: multi-tensor kernel reads them from ``bias``, where ``netcl_adam_bias`` put the same expressions' values)
+_ADAM_BIAS_LINES = """const {ct} bc1 = 1 - pow(beta1, t);
+    const {ct} bc2 = 1 - pow(beta2, t);"""
+_ADAM_BIAS_READ = "const {ct} bc1 = bias[2 * index], bc2 = bias[2 * index + 1];"
 _ADAM_L2 = "if (wd != 0) d += wd * w;"
 _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
@@ -98,9 +104,26 @@ def _sgd_body(types: dict[str, str], has_momentum: bool) -> str:
     return _SGD_BODY.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types)
 
 
-def _adam_body(types: dict[str, str], decoupled_weight_decay: bool) -> str:
-    return _ADAM_BODY.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
+def _adam_body(types: dict[str, str], decoupled_weight_decay: bool, bias_read: bool = False) -> str:
+    """Adam's per-element statements; ``bias_read``: the bias corrections read from ``bias`` (indexed by
+    the step index) instead of computed."""
+    lines = (_ADAM_BIAS_READ if bias_read else _ADAM_BIAS_LINES).format(**types)
+    decay = _ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2
+    return _ADAM_BODY.format(decay=decay, bias_corrections=lines, **types)
 
+
+_ADAM_BIAS = """{pragmas}
+__kernel void netcl_adam_bias(__global const int* steps, __global const float* hyper, __global {ct}* bias,
+                              const int n) {{
+    const int index = get_global_id(0);
+    if (index >= n) return;
+    {hyper}
+    const {ct} t = ({ct})(steps[index] + 1);
+    {bias_corrections}
+    bias[2 * index] = bc1;
+    bias[2 * index + 1] = bc2;
+}}
+"""
 
 _COUNT = """
 __kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, __global const int* skip,
@@ -536,24 +559,52 @@ def adam_multi_update(
 ) -> list[Tensor]:
     """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
+    device = params[0].device
+    bias = _adam_bias(steps, hyper, types) if _bias_first(device) else None
+    extra = (bias,) if bias is not None else ()
 
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
-        body = _adam_body(types, decoupled_weight_decay)
+        body = _adam_body(types, decoupled_weight_decay, bias_read=bias is not None)
         slots = ("P", "G", "M", "V")
-        return multi_source("netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]")
+        optim_params = _OPTIM_PARAMS + (f", __global const {types['ct']}* bias" if bias is not None else "")
+        return multi_source("netcl_adam_multi", slots, optim_params, hyper_line, body, types, arity, stop="skip[0]")
 
     for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
-        arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), bias is not None)
+        arg_types = [None] * (4 * arity) + [None, None, None] + [None] * len(extra) + [None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper))
+        launch_multi(
+            key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper, *extra)
+        )
     return params
+
+
+def _bias_first(device: Any) -> bool:
+    """Whether the multi-tensor Adam update reads its bias corrections from ``netcl_adam_bias``: on CPU
+    OpenCL devices, where ``pow`` per element costs more than the rest of the update together (GPUs
+    compute them per element)."""
+    return device.kind == "opencl" and not device.is_gpu
+
+
+def _adam_bias(steps: Tensor, hyper: Tensor, types: dict[str, str]) -> Tensor:
+    """(1 - beta1**t, 1 - beta2**t) for every step index (t = steps + 1), interleaved, in the compute type:
+    the body's own expressions, once per parameter instead of once per element."""
+    n = steps.shape[0]
+    bias = Tensor.empty((2 * n,), np.dtype(np.float64 if types["ct"] == "double" else np.float32), steps.device)
+
+    def source() -> str:
+        lines = _ADAM_BIAS_LINES.format(**types)
+        return _ADAM_BIAS.format(hyper=_ADAM_HYPER_LINE.format(**types), bias_corrections=lines, **types)
+
+    key = ("optim", "adam_bias", types["ct"])
+    run_1d(key, steps.device, source, "netcl_adam_bias", [None, None, None, np.int32], n, steps, hyper, bias, np.int32(n))
+    return bias
 
 
 def launch_multi(
