@@ -603,7 +603,8 @@ def _adam_bias(steps: Tensor, hyper: Tensor, types: dict[str, str]) -> Tensor:
         return _ADAM_BIAS.format(hyper=_ADAM_HYPER_LINE.format(**types), bias_corrections=lines, **types)
 
     key = ("optim", "adam_bias", types["ct"])
-    run_1d(key, steps.device, source, "netcl_adam_bias", [None, None, None, np.int32], n, steps, hyper, bias, np.int32(n))
+    types_ = [None, None, None, np.int32]
+    run_1d(key, steps.device, source, "netcl_adam_bias", types_, n, steps, hyper, bias, np.int32(n))
     return bias
 
 
