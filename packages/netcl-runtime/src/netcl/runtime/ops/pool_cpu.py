@@ -112,19 +112,13 @@ __kernel void netcl_max_pool_backward_tiles_cpu(__global const {st}* x, __global
                                                 {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
-    const {idx} rows = NETCL_DIV(gid, OW), planes = NETCL_DIV(rows, OH);
-    const {idx} ow = gid - rows * OW, oh = rows - planes * OH;
-    const {idx} plane = planes * (H * W);
+    const {idx} rows = NETCL_DIV(gid, W), p = NETCL_DIV(rows, H);
+    const {idx} h = rows - p * H, w = gid - rows * W;
+    const {idx} oh = h / KH, ow = w / KW;
     int at;
-    netcl_window_max(x + plane, oh, ow, H, W, &at);
+    netcl_window_max(x + p * (H * W), oh, ow, H, W, &at);
     const {ct} zero = 0;
-    const {ct} grad = zero + ({ct})g[gid];
-    __global {st}* window = gx + plane + oh * KH * W + ow * KW;
-    _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
-        _Pragma("unroll") for (int kj = 0; kj < KW; ++kj) {{
-            window[ki * W + kj] = ({st})(at == ki * KW + kj ? grad : zero);
-        }}
-    }}
+    gx[gid] = ({st})(at == (h - oh * KH) * KW + (w - ow * KW) ? zero + ({ct})g[(p * OH + oh) * OW + ow] : zero);
 }}
 """
 
@@ -158,7 +152,7 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     """``pool.max_pool_backward`` on a CPU OpenCL device."""
     out = Tensor.empty(x.shape, x.dtype, x.device)
     if tiles(geo):
-        return _launch(_BACKWARD_TILES, "max_pool_backward_tiles_cpu", geo, grad, out, x, grad)
+        return _launch(_BACKWARD_TILES, "max_pool_backward_tiles_cpu", geo, out, out, x, grad)
     return _launch(_BACKWARD, "max_pool_backward_cpu", geo, out, out, x, grad)
 
 
