@@ -158,7 +158,7 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
 
 def tiles(geo: ConvGeometry) -> bool:
     """Whether the windows tile the input exactly (stride = kernel, no padding, no cell left over): then
-    each input element lies in one window, and one work-item per window writes all of its gradient."""
+    each input element lies in one window, and its work-item looks at that window only (no covering-window loop)."""
     return (
         (geo.SH, geo.SW) == (geo.KH, geo.KW)
         and geo.PH == geo.PW == 0
