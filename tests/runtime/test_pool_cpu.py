@@ -1,6 +1,6 @@
 """Max pooling on CPU OpenCL devices (netcl.runtime.ops.pool_cpu): the geometry-specialized kernels give
 what a float64 NumPy walk of the windows gives, and bit for bit what the shape-generic kernels of pool.py
-give on the same device, with ties, NaNs and -0.0 gradients (the window walk, the one-window backward
+give on the same device, with ties, NaNs and -0.0 gradients (the window walk, the per-window backward
 of exact tilings and the per-input gather of overlapping or padded windows)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime.ops import pool, pool_cpu
 
-#: (x shape, kernel, stride, padding): exact tilings (the one-window backward), a tiling with a row and a
+#: (x shape, kernel, stride, padding): exact tilings (the per-window backward), a tiling with a row and a
 #: column left over, overlapping padded windows, rectangular ones
 CASES = [
     ((3, 4, 8, 8), 2, None, 0),
@@ -92,7 +92,7 @@ def test_max_pool_cpu_kernels_match_numpy_and_the_generic_kernels(cpu_cl_device,
 
 
 def test_max_pool_cpu_tiling_rule():
-    """The one-window backward runs only where every input element lies in exactly one window."""
+    """The per-window backward runs only where every input element lies in exactly one window."""
 
     def geo(shape, kernel, stride=None, padding=0):
         return pool.pool_geometry(np.empty(shape, np.float32), kernel, stride, padding, "max_pool2d")

@@ -28,8 +28,8 @@ from netcl.runtime.ops.conv import ConvGeometry
 
 #: The window a CPU pooling program is specialized on (``#define``d in its source).
 WINDOW = ("KH", "KW", "SH", "SW", "PH", "PW")
-#: The image sizes, kernel arguments after the element count, each followed by its ``magic`` pair
-#: for the divisors ``DIVISORS``.
+#: The image sizes, kernel arguments after the element count (then ``col_step`` and the ``magic`` pair
+#: of each of ``DIVISORS``).
 SIZES = ("H", "W", "OH", "OW")
 DIVISORS = ("H", "W", "OH", "OW")
 
@@ -107,18 +107,27 @@ __kernel void netcl_max_pool_backward_cpu(__global const {st}* x, __global const
 }}
 """
 
+#: One work-item per window writes the window's gradient. Its stores step through a row by ``col_step``,
+#: a kernel argument that is always 1: with a literal 1 PoCL's SLP vectorizer packs each row's adjacent
+#: stores into a short vector, and a work-item loop holding vector values is not vectorized.
 _BACKWARD_TILES = """{pragmas}{window}
 __kernel void netcl_max_pool_backward_tiles_cpu(__global const {st}* x, __global const {st}* g, __global {st}* gx,
                                                 {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
-    const {idx} rows = NETCL_DIV(gid, W), p = NETCL_DIV(rows, H);
-    const {idx} h = rows - p * H, w = gid - rows * W;
-    const {idx} oh = h / KH, ow = w / KW;
+    const {idx} rows = NETCL_DIV(gid, OW), planes = NETCL_DIV(rows, OH);
+    const {idx} ow = gid - rows * OW, oh = rows - planes * OH;
+    const {idx} plane = planes * (H * W);
     int at;
-    netcl_window_max(x + p * (H * W), oh, ow, H, W, &at);
+    netcl_window_max(x + plane, oh, ow, H, W, &at);
     const {ct} zero = 0;
-    gx[gid] = ({st})(at == (h - oh * KH) * KW + (w - ow * KW) ? zero + ({ct})g[(p * OH + oh) * OW + ow] : zero);
+    const {ct} grad = zero + ({ct})g[gid];
+    __global {st}* window = gx + plane + oh * KH * W + ow * KW;
+    _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
+        _Pragma("unroll") for (int kj = 0; kj < KW; ++kj) {{
+            window[ki * W + kj * col_step] = ({st})(at == ki * KW + kj ? grad : zero);
+        }}
+    }}
 }}
 """
 
@@ -152,13 +161,13 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     """``pool.max_pool_backward`` on a CPU OpenCL device."""
     out = Tensor.empty(x.shape, x.dtype, x.device)
     if tiles(geo):
-        return _launch(_BACKWARD_TILES, "max_pool_backward_tiles_cpu", geo, out, out, x, grad)
+        return _launch(_BACKWARD_TILES, "max_pool_backward_tiles_cpu", geo, grad, out, x, grad)
     return _launch(_BACKWARD, "max_pool_backward_cpu", geo, out, out, x, grad)
 
 
 def tiles(geo: ConvGeometry) -> bool:
     """Whether the windows tile the input exactly (stride = kernel, no padding, no cell left over): then
-    each input element lies in one window, and its work-item looks at that window only (no covering-window loop)."""
+    each input element lies in one window, and one work-item per window writes all of its gradient."""
     return (
         (geo.SH, geo.SW) == (geo.KH, geo.KW)
         and geo.PH == geo.PW == 0
@@ -197,6 +206,7 @@ def _prepare(
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in zip(WINDOW, window, strict=True))
     div = "((n) / (d))" if idx == "long" else "((int)(((ulong)(n) * d##_M) >> d##_S))"
     names = [f"const {idx} {name}" for name in ("n", *SIZES)]
+    names += [f"const {idx} col_step"]  # 1: see _BACKWARD_TILES
     names += [f"const ulong {d}_M, const int {d}_S" for d in DIVISORS]
     fmt = {"pragmas": pragmas([out.dtype]), "st": st, "ct": ct, "idx": idx}
     text = _WINDOW.format(div=div, **fmt)
@@ -206,10 +216,10 @@ def _prepare(
 
     count = len(buffers) + 1
     index = index_dtype(idx)
-    types = [None] * count + [index] * (1 + len(SIZES)) + [np.uint64, np.int32] * len(DIVISORS)
+    types = [None] * count + [index] * (2 + len(SIZES)) + [np.uint64, np.int32] * len(DIVISORS)
     resolved = get_kernel(("layers", name, st, idx, *window), out.device, source, f"netcl_{name}", types)
     sizes = dict(zip(SIZES, _sizes(geo), strict=True))
-    values = [items, *sizes.values()]
+    values = [items, *sizes.values(), 1]
     for d in DIVISORS:
         values += list(magic(sizes[d]))
     bound = {count + i: v for i, v in enumerate(values)}
