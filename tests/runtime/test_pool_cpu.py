@@ -12,7 +12,8 @@ import netcl.core as nc
 from netcl.runtime.ops import pool, pool_cpu
 
 #: (x shape, kernel, stride, padding): exact tilings (the per-window backward), a tiling with a row and a
-#: column left over, overlapping padded windows, rectangular ones
+#: column left over, overlapping windows, rectangular ones; padded ones (the kernels handle padding, though
+#: pool.max_pool2d keeps pool.py's kernels for them)
 CASES = [
     ((3, 4, 8, 8), 2, None, 0),
     ((2, 3, 6, 9), (2, 3), None, 0),
@@ -20,12 +21,14 @@ CASES = [
     ((2, 3, 7, 9), 3, 2, 1),
     ((2, 2, 6, 5), (3, 2), (1, 2), (1, 0)),
     ((1, 2, 5, 5), 3, 1, 1),
+    ((2, 3, 9, 7), 3, 2, 0),
+    ((1, 2, 6, 5), (3, 2), (1, 2), 0),
 ]
 
 
 @pytest.fixture
 def cpu_cl_device(cl_device: nc.Device) -> nc.Device:
-    if not pool_cpu.applies(nc.Tensor.empty((1,), np.float32, cl_device)):
+    if cl_device.is_gpu:
         pytest.skip(f"{cl_device.name} is a GPU: the CPU pooling kernels do not apply")
     return cl_device
 
@@ -89,6 +92,14 @@ def test_max_pool_cpu_kernels_match_numpy_and_the_generic_kernels(cpu_cl_device,
     np.testing.assert_array_equal(gx, want_gx.astype(np.float32))
     assert out.tobytes() == _generic(xt, None, geo).to_host().tobytes()
     assert gx.tobytes() == _generic(xt, gt, geo).to_host().tobytes()
+
+
+def test_max_pool_cpu_kernels_take_unpadded_pooling_on_cpu_devices(cpu_cl_device):
+    """pool.max_pool2d runs them for unpadded windows only (padded ones keep pool.py's kernels)."""
+    x = nc.Tensor.empty((1, 1, 6, 6), np.float32, cpu_cl_device)
+    assert pool_cpu.applies(x, pool.pool_geometry(x, 3, 2, 0, "max_pool2d"))
+    assert not pool_cpu.applies(x, pool.pool_geometry(x, 3, 2, 1, "max_pool2d"))
+    assert not pool_cpu.applies(nc.Tensor.empty((1, 1, 6, 6), np.float32, "cpu"), pool.pool_geometry(x, 2, 2, 0, "t"))
 
 
 def test_max_pool_cpu_tiling_rule():

@@ -145,10 +145,12 @@ def magic(divisor: int) -> tuple[int, int]:
 _LAUNCHES = PlanCache("pool_cpu")
 
 
-def applies(tensor: Tensor) -> bool:
-    """Whether ``tensor``'s device takes these kernels: an OpenCL device that is not a GPU."""
+def applies(tensor: Tensor, geo: ConvGeometry) -> bool:
+    """Whether a max pooling of ``geo`` on ``tensor``'s device takes these kernels: an OpenCL device that
+    is not a GPU, and no padding (a padded window's bounds tests keep PoCL from vectorizing; there these
+    kernels are no faster than pool.py's, its backward slower)."""
     device = tensor.device
-    return device.kind == "opencl" and not device.is_gpu
+    return device.kind == "opencl" and not device.is_gpu and geo.PH == geo.PW == 0
 
 
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
