@@ -5,7 +5,7 @@ a work-item's body must be straight-line code: ``pool.py``'s kernels (a window w
 count with early exits, integer division by runtime sizes) run one work-item at a time there. These
 kernels bake the window (kernel size, stride, padding) into the source, unroll it, pick the maximum with
 selects, track the arg-max as a window-local constant index, and divide by the image sizes with a
-multiply and a shift (``magic``), so the work-item loop vectorizes. The image sizes and the element count
+multiply and a shift (``magic_div``), so the work-item loop vectorizes. The image sizes and the element count
 stay kernel arguments: one program per window and dtype, a new batch or image size builds nothing.
 
 They compute what ``pool.py``'s ``netcl_max_pool`` / ``netcl_max_pool_backward`` compute, bit for
@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from netcl.core import Tensor
 from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops import magic_div
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.call_plans import PlanCache
@@ -28,7 +27,7 @@ from netcl.runtime.ops.conv import ConvGeometry
 
 #: The window a CPU pooling program is specialized on (``#define``d in its source).
 WINDOW = ("KH", "KW", "SH", "SW", "PH", "PW")
-#: The image sizes, kernel arguments after the element count (then ``col_step`` and the ``magic`` pair
+#: The image sizes, kernel arguments after the element count (then ``col_step`` and the ``magic_div`` pair
 #: of each of ``DIVISORS``).
 SIZES = ("H", "W", "OH", "OW")
 DIVISORS = ("H", "W", "OH", "OW")
@@ -36,9 +35,7 @@ DIVISORS = ("H", "W", "OH", "OW")
 _WINDOW = """
 #define NETCL_NH ((KH + SH - 1) / SH)
 #define NETCL_NW ((KW + SW - 1) / SW)
-/* n / d for 0 <= n < 2**31 by d's magic pair (d_M, d_S); a plain division for 64-bit indices */
-#define NETCL_DIV(n, d) {div}
-
+{div}
 /* The window (oh, ow) of the H x W plane at xp: its maximum, and in *at its first maximum as a
    window-local index ki * KW + kj (row-major; a NaN beats every number and the first NaN wins). */
 inline {ct} netcl_window_max(__global const {st}* xp, const {idx} oh, const {idx} ow, const {idx} H,
@@ -132,15 +129,6 @@ __kernel void netcl_max_pool_backward_tiles_cpu(__global const {st}* x, __global
 """
 
 
-def magic(divisor: int) -> tuple[int, int]:
-    """(M, S) with ``n * M >> S == n // divisor`` for every 0 <= n < 2**31 (64-bit product): S = 31 +
-    ceil(log2 divisor), M = ceil(2**S / divisor) (Granlund and Montgomery's round-up method)."""
-    if divisor < 1:
-        raise ValueError(f"magic: divisor must be positive, got {divisor}")
-    shift = 31 + (divisor - 1).bit_length()
-    return -(-(1 << shift) // divisor), shift
-
-
 #: Prepared launches by (kernel, device, dtype, element counts, window, image sizes).
 _LAUNCHES = PlanCache("pool_cpu")
 
@@ -206,24 +194,21 @@ def _prepare(
     st, ct = storage_ctype(out.dtype), compute_ctype(out.dtype)
     window = _window(geo)
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in zip(WINDOW, window, strict=True))
-    div = "((n) / (d))" if idx == "long" else "((int)(((ulong)(n) * d##_M) >> d##_S))"
     names = [f"const {idx} {name}" for name in ("n", *SIZES)]
     names += [f"const {idx} col_step"]  # 1: see _BACKWARD_TILES
-    names += [f"const ulong {d}_M, const int {d}_S" for d in DIVISORS]
+    names.append(magic_div.params(DIVISORS))
     fmt = {"pragmas": pragmas([out.dtype]), "st": st, "ct": ct, "idx": idx}
-    text = _WINDOW.format(div=div, **fmt)
+    text = _WINDOW.format(div=magic_div.macro(idx), **fmt)
 
     def source() -> str:
         return defines + template.format(window=text, sizes=", ".join(names), **fmt)
 
     count = len(buffers) + 1
     index = index_dtype(idx)
-    types = [None] * count + [index] * (2 + len(SIZES)) + [np.uint64, np.int32] * len(DIVISORS)
+    types = [None] * count + [index] * (2 + len(SIZES)) + magic_div.arg_types(DIVISORS)
     resolved = get_kernel(("layers", name, st, idx, *window), out.device, source, f"netcl_{name}", types)
     sizes = dict(zip(SIZES, _sizes(geo), strict=True))
-    values = [items, *sizes.values(), 1]
-    for d in DIVISORS:
-        values += list(magic(sizes[d]))
+    values = [items, *sizes.values(), 1, *magic_div.values([sizes[d] for d in DIVISORS])]
     bound = {count + i: v for i, v in enumerate(values)}
     local = resolved.max_local
     return PreparedLaunch.binding(resolved.kernel, round_up(items, local), local, bound, out.device.queue).call
