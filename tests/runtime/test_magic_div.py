@@ -9,7 +9,8 @@ import pytest
 
 import netcl.core as nc
 from netcl import profiler
-from netcl.runtime.ops import conv, magic_div
+from netcl.runtime.cache import clear_caches
+from netcl.runtime.ops import conv, conv_winograd, magic_div
 from netcl.runtime.ops._grid import index_ctype
 
 
@@ -73,3 +74,30 @@ def test_cpu_im2col_matches_numpy_and_the_generic_kernel(cl_device, shape, kerne
     assert index_ctype(xt.size, generic.size) == "int"
     prepared(xt.data, generic.data)
     assert generic.to_host().tobytes() == cols.to_host().tobytes()
+
+
+def test_winograd_tile_kernels_split_by_magic_as_by_division(cl_device, monkeypatch):
+    """The Winograd transforms with their tile index split by ``magic_div`` (CPU devices) give the bits
+    the ``/`` split gives: forward, input gradient and weight gradient, F(2x2) and F(4x4), ragged tiles."""
+    if cl_device.is_gpu:
+        pytest.skip("the magic split runs on CPU OpenCL devices only")
+    rng = np.random.default_rng(2)
+    x = nc.tensor(rng.standard_normal((3, 4, 7, 9)).astype(np.float32), device=cl_device)
+    w = nc.tensor(rng.standard_normal((5, 4, 3, 3)).astype(np.float32), device=cl_device)
+    g = nc.tensor(rng.standard_normal((3, 5, 7, 9)).astype(np.float32), device=cl_device)
+    geo = conv.ConvGeometry(x.shape, (3, 3), (1, 1), (1, 1), (1, 1), "t")
+
+    def passes() -> list[bytes]:
+        out = []
+        for tile in (2, 4):
+            out.append(conv_winograd.forward(x, w, None, geo, tile).to_host().tobytes())
+            out.append(conv_winograd.backward_input(g, w, geo, None, tile).to_host().tobytes())
+            out.append(conv_winograd.backward_weight(g, x, geo, None, tile).to_host().tobytes())
+        return out
+
+    assert conv_winograd.split_by_magic(cl_device)
+    magic = passes()
+    monkeypatch.setattr(conv_winograd, "split_by_magic", lambda device: False)
+    clear_caches()
+    assert passes() == magic
+    clear_caches()
