@@ -13,6 +13,7 @@ from netcl.optim import SGD, Adam, AdamW
 from netcl.runtime.graph import Graph
 from netcl.runtime.ops.optim_kernels import (
     ADAM_HYPER,
+    CPU_CHUNK,
     MULTI_ARITY,
     SGD_HYPER,
     adam_multi_step_,
@@ -93,6 +94,37 @@ def test_adam_multi_is_bit_identical_to_per_parameter(device, hyper_values, deco
         adam_multi_step_(mine, grads, state[2], state[3], my_steps, indices, hyper, decoupled)
         _advance(steps), _advance(my_steps)
     for a, b in zip(params + state[0] + state[1], mine + state[2] + state[3], strict=True):
+        np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_multi_chunks_of_cpu_devices_are_bit_identical_to_per_parameter(cl_device, optimizer):
+    """Parameters of several work-item chunks on CPU devices (``CPU_CHUNK`` elements each; sizes one past,
+    one short of and exactly a chunk multiple, a tiny one) update as the per-parameter kernels do."""
+    chunk = CPU_CHUNK
+    sizes = [2 * chunk + 1, chunk, 3 * chunk - 1, 5, 2 * chunk]
+    names = SGD_HYPER if optimizer == "sgd" else ADAM_HYPER
+    values = (0.05, 0.9, 0.1, 0.01, 1.0) if optimizer == "sgd" else (1e-2, 0.8, 0.99, 1e-6, 0.1)
+    assert len(names) == len(values)
+    hyper = nc.tensor(np.asarray(values, np.float32), device=cl_device)
+    params, mine = _tensors(cl_device, 5, sizes), _tensors(cl_device, 5, sizes)
+    state = [[nc.Tensor.zeros((n,), device=cl_device) for n in sizes] for _ in range(4)]
+    indices = list(range(len(sizes)))
+    steps, my_steps = _steps(cl_device, len(sizes)), _steps(cl_device, len(sizes))
+    for step in range(STEPS):
+        grads = _tensors(cl_device, 30 + step, sizes)
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            if optimizer == "sgd":
+                sgd_step_(p, g, state[0][i], steps, i, hyper)
+            else:
+                adam_step_(p, g, state[0][i], state[1][i], steps, i, hyper, False)
+        if optimizer == "sgd":
+            sgd_multi_step_(mine, grads, state[2], my_steps, indices, hyper)
+        else:
+            adam_multi_step_(mine, grads, state[2], state[3], my_steps, indices, hyper, False)
+        _advance(steps), _advance(my_steps)
+    theirs, ours = (params + state[0] + state[1], mine + state[2] + state[3])
+    for a, b in zip(theirs, ours, strict=True):
         np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
 
 
