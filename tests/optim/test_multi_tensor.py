@@ -129,7 +129,7 @@ def test_multi_chunks_of_cpu_devices_are_bit_identical_to_per_parameter(cl_devic
 
 
 def test_adam_multi_float64_is_bit_identical_to_per_parameter(cl_device):
-    """float64 parameters (a double compute type: on CPU devices the bias corrections buffer is double)."""
+    """float64 parameters (a double compute type; several elements per work-item on CPU devices)."""
     hyper = nc.tensor(np.asarray((1e-2, 0.8, 0.99, 1e-6, 0.1), np.float32), device=cl_device)
     sizes = [5, 300, 17]
 
@@ -173,9 +173,7 @@ def test_multi_launch_count_and_replay(cl_device):
     with graph.capture(cl_device.queue):
         adam_multi_step_(params, grads, ms, vs, steps, list(range(n)), hyper)
         count_steps_(steps, mask)
-    # CPU devices compute the bias corrections once per step index first (optim_kernels._bias_first)
-    first = ["netcl_adam_bias"] if not cl_device.is_gpu else []
-    assert [s.name for s in graph.launches] == first + ["netcl_adam_multi"] * 2 + ["netcl_count_steps"]
+    assert [s.name for s in graph.launches] == ["netcl_adam_multi"] * 2 + ["netcl_count_steps"]
     for _ in range(3):
         graph.execute()
     for _ in range(5):  # the eager reference: t = 1 (eager), 2 (run while captured), 3..5 (replays)
@@ -217,8 +215,7 @@ def test_optimizer_step_is_one_launch_per_group_and_dtype(cl_device, opt_cls):
     with graph.capture(cl_device.queue):
         opt.step()
     kernel = "netcl_sgd_multi" if opt_cls is SGD else "netcl_adam_multi"
-    first = ["netcl_adam_bias"] if opt_cls is not SGD and not cl_device.is_gpu else []  # see above
-    assert [s.name for s in graph.launches] == [*first, kernel, "netcl_count_steps"]
+    assert [s.name for s in graph.launches] == [kernel, "netcl_count_steps"]
 
 
 def test_sgd_with_some_loaded_momentum_buffers_and_momentum_off_matches_per_parameter(device):

@@ -8,10 +8,9 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 ``count_steps_`` advances with a recorded launch, so Adam's bias correction and SGD's first
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
 Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend. On CPU OpenCL
-devices the multi-tensor Adam update reads its bias corrections from a buffer ``netcl_adam_bias`` fills
-once per step index (the same expressions: ``pow`` per element dominated the update there), and the
-multi-tensor updates give each work-item a chunk of ``CPU_CHUNK`` elements of one parameter, a loop the
-compiler vectorizes (``multi_source``'s ``chunk``).
+devices the multi-tensor updates give each work-item a chunk of ``CPU_CHUNK`` elements of one parameter,
+a loop the compiler vectorizes (``multi_source``'s ``chunk``), and that hoists Adam's two ``pow`` calls out
+of it (per element they had cost more than the rest of the update together).
 
 Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
 they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
@@ -61,14 +60,10 @@ _ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
     const {ct} v1 = beta2 * ({ct})@V[gid] + (1 - beta2) * d * d;
     @M[gid] = ({st})m1;
     @V[gid] = ({st})v1;
-    {bias_corrections}
+    const {ct} bc1 = 1 - pow(beta1, t);
+    const {ct} bc2 = 1 - pow(beta2, t);
     const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
     @P[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
-#: Adam's bias corrections at step ``t`` (the body computes them per element; on CPU devices the
-#: multi-tensor kernel reads them from ``bias``, where ``netcl_adam_bias`` put the same expressions' values)
-_ADAM_BIAS_LINES = """const {ct} bc1 = 1 - pow(beta1, t);
-    const {ct} bc2 = 1 - pow(beta2, t);"""
-_ADAM_BIAS_READ = "const {ct} bc1 = bias[2 * index], bc2 = bias[2 * index + 1];"
 _ADAM_L2 = "if (wd != 0) d += wd * w;"
 _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
@@ -106,26 +101,9 @@ def _sgd_body(types: dict[str, str], has_momentum: bool) -> str:
     return _SGD_BODY.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types)
 
 
-def _adam_body(types: dict[str, str], decoupled_weight_decay: bool, bias_read: bool = False) -> str:
-    """Adam's per-element statements; ``bias_read``: the bias corrections read from ``bias`` (indexed by
-    the step index) instead of computed."""
-    lines = (_ADAM_BIAS_READ if bias_read else _ADAM_BIAS_LINES).format(**types)
-    decay = _ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2
-    return _ADAM_BODY.format(decay=decay, bias_corrections=lines, **types)
+def _adam_body(types: dict[str, str], decoupled_weight_decay: bool) -> str:
+    return _ADAM_BODY.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
 
-
-_ADAM_BIAS = """{pragmas}
-__kernel void netcl_adam_bias(__global const int* steps, __global const float* hyper, __global {ct}* bias,
-                              const int n) {{
-    const int index = get_global_id(0);
-    if (index >= n) return;
-    {hyper}
-    const {ct} t = ({ct})(steps[index] + 1);
-    {bias_corrections}
-    bias[2 * index] = bc1;
-    bias[2 * index + 1] = bc2;
-}}
-"""
 
 _COUNT = """
 __kernel void netcl_count_steps(__global int* steps, __global const uchar* mask, __global const int* skip,
@@ -380,18 +358,20 @@ def multi_source(
     for j in range(arity):
         test = "if" if j == 0 else "else if"
         statements = _on(body, **{slot: f"{slot}{j}" for slot in slots})
-        if chunk:
-            inner = statements.replace(nl, nl + "    ")
-            statements = (
-                f"const long lo = (t_gid - table[{j}]) * {chunk}, size = table[{2 * arity + 1 + j}];\n"
-                f"for (long gid = lo; gid < min(lo + {chunk}, size); ++gid) {{\n    {inner}\n}}"
+        if not chunk:
+            branches.append(
+                f"    {test} (t_gid < table[{j + 1}]) {{\n"
+                f"        const long gid = t_gid - table[{j}];\n"
+                f"        const int index = (int)table[{arity + 1 + j}];\n"
+                f"        {statements.replace(nl, nl + '    ')}\n    }}"
             )
-        else:
-            statements = f"const long gid = t_gid - table[{j}];\n{statements}"
+            continue
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
             f"        const int index = (int)table[{arity + 1 + j}];\n"
-            f"        {statements.replace(nl, nl + '        ')}\n    }}"
+            f"        const long lo = (t_gid - table[{j}]) * {chunk}, size = table[{2 * arity + 1 + j}];\n"
+            f"        for (long gid = lo; gid < min(lo + {chunk}, size); ++gid) {{\n"
+            f"            {statements.replace(nl, nl + '        ')}\n        }}\n    }}"
         )
     return _MULTI.format(
         name=name,
@@ -585,23 +565,19 @@ def adam_multi_update(
 ) -> list[Tensor]:
     """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
-    device = params[0].device
-    bias = _adam_bias(steps, hyper, types) if _bias_first(device) else None
-    extra = (bias,) if bias is not None else ()
-    per_item = update_chunk(device)
+    per_item = update_chunk(params[0].device)
 
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
-        body = _adam_body(types, decoupled_weight_decay, bias_read=bias is not None)
+        body = _adam_body(types, decoupled_weight_decay)
         slots = ("P", "G", "M", "V")
-        optim_params = _OPTIM_PARAMS + (f", __global const {types['ct']}* bias" if bias is not None else "")
         return multi_source(
-            "netcl_adam_multi", slots, optim_params, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+            "netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
         )
 
     for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), bias is not None, per_item)
-        arg_types = [None] * (4 * arity) + [None, None, None] + [None] * len(extra) + [None, np.int64]
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), per_item)
+        arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
@@ -617,33 +593,10 @@ def adam_multi_update(
             chunk,
             chunk_indices,
             slots,
-            (steps, skip, hyper, *extra),
+            (steps, skip, hyper),
             per_item,
         )
     return params
-
-
-def _bias_first(device: Any) -> bool:
-    """Whether the multi-tensor Adam update reads its bias corrections from ``netcl_adam_bias``: on CPU
-    OpenCL devices, where ``pow`` per element costs more than the rest of the update together (GPUs
-    compute them per element)."""
-    return device.kind == "opencl" and not device.is_gpu
-
-
-def _adam_bias(steps: Tensor, hyper: Tensor, types: dict[str, str]) -> Tensor:
-    """(1 - beta1**t, 1 - beta2**t) for every step index (t = steps + 1), interleaved, in the compute type:
-    the body's own expressions, once per parameter instead of once per element."""
-    n = steps.shape[0]
-    bias = Tensor.empty((2 * n,), np.dtype(np.float64 if types["ct"] == "double" else np.float32), steps.device)
-
-    def source() -> str:
-        lines = _ADAM_BIAS_LINES.format(**types)
-        return _ADAM_BIAS.format(hyper=_ADAM_HYPER_LINE.format(**types), bias_corrections=lines, **types)
-
-    key = ("optim", "adam_bias", types["ct"])
-    types_ = [None, None, None, np.int32]
-    run_1d(key, steps.device, source, "netcl_adam_bias", types_, n, steps, hyper, bias, np.int32(n))
-    return bias
 
 
 def launch_multi(
