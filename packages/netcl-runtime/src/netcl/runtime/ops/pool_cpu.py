@@ -194,7 +194,7 @@ def _prepare(
     st, ct = storage_ctype(out.dtype), compute_ctype(out.dtype)
     window = _window(geo)
     defines = "".join(f"#define {k} {int(v)}\n" for k, v in zip(WINDOW, window, strict=True))
-    names = [f"const {idx} {name}" for name in ("n", *SIZES)]
+    names = [f"const {idx} {size}" for size in ("n", *SIZES)]
     names += [f"const {idx} col_step"]  # 1: see _BACKWARD_TILES
     names.append(magic_div.params(DIVISORS))
     fmt = {"pragmas": pragmas([out.dtype]), "st": st, "ct": ct, "idx": idx}
