@@ -13,6 +13,7 @@ from netcl.optim import SGD, Adam, AdamW
 from netcl.runtime.graph import Graph
 from netcl.runtime.ops.optim_kernels import (
     ADAM_HYPER,
+    CPU_CHUNK,
     MULTI_ARITY,
     SGD_HYPER,
     adam_multi_step_,
@@ -94,6 +95,59 @@ def test_adam_multi_is_bit_identical_to_per_parameter(device, hyper_values, deco
         _advance(steps), _advance(my_steps)
     for a, b in zip(params + state[0] + state[1], mine + state[2] + state[3], strict=True):
         np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_multi_chunks_of_cpu_devices_are_bit_identical_to_per_parameter(cl_device, optimizer):
+    """Parameters of several work-item chunks on CPU devices (``CPU_CHUNK`` elements each; sizes one past,
+    one short of and exactly a chunk multiple, a tiny one) update as the per-parameter kernels do."""
+    chunk = CPU_CHUNK
+    sizes = [2 * chunk + 1, chunk, 3 * chunk - 1, 5, 2 * chunk]
+    names = SGD_HYPER if optimizer == "sgd" else ADAM_HYPER
+    values = (0.05, 0.9, 0.1, 0.01, 1.0) if optimizer == "sgd" else (1e-2, 0.8, 0.99, 1e-6, 0.1)
+    assert len(names) == len(values)
+    hyper = nc.tensor(np.asarray(values, np.float32), device=cl_device)
+    params, mine = _tensors(cl_device, 5, sizes), _tensors(cl_device, 5, sizes)
+    state = [[nc.Tensor.zeros((n,), device=cl_device) for n in sizes] for _ in range(4)]
+    indices = list(range(len(sizes)))
+    steps, my_steps = _steps(cl_device, len(sizes)), _steps(cl_device, len(sizes))
+    for step in range(STEPS):
+        grads = _tensors(cl_device, 30 + step, sizes)
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            if optimizer == "sgd":
+                sgd_step_(p, g, state[0][i], steps, i, hyper)
+            else:
+                adam_step_(p, g, state[0][i], state[1][i], steps, i, hyper, False)
+        if optimizer == "sgd":
+            sgd_multi_step_(mine, grads, state[2], my_steps, indices, hyper)
+        else:
+            adam_multi_step_(mine, grads, state[2], state[3], my_steps, indices, hyper, False)
+        _advance(steps), _advance(my_steps)
+    theirs, ours = (params + state[0] + state[1], mine + state[2] + state[3])
+    for a, b in zip(theirs, ours, strict=True):
+        np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
+
+
+def test_adam_multi_float64_is_bit_identical_to_per_parameter(cl_device):
+    """float64 parameters (a double compute type; several elements per work-item on CPU devices)."""
+    hyper = nc.tensor(np.asarray((1e-2, 0.8, 0.99, 1e-6, 0.1), np.float32), device=cl_device)
+    sizes = [5, 300, 17]
+
+    def tensors(seed):
+        rng = np.random.default_rng(seed)
+        return [nc.tensor(rng.standard_normal(n), np.float64, device=cl_device) for n in sizes]
+
+    params, mine = tensors(1), tensors(1)
+    state = [[nc.Tensor.zeros((n,), np.float64, cl_device) for n in sizes] for _ in range(4)]
+    steps, my_steps = _steps(cl_device, len(sizes)), _steps(cl_device, len(sizes))
+    for step in range(STEPS):
+        grads = tensors(20 + step)
+        for i, (p, g, m, v) in enumerate(zip(params, grads, state[0], state[1], strict=True)):
+            adam_step_(p, g, m, v, steps, i, hyper, False)
+        adam_multi_step_(mine, grads, state[2], state[3], my_steps, list(range(len(sizes))), hyper, False)
+        _advance(steps), _advance(my_steps)
+    for a, b in zip(params + state[0] + state[1], mine + state[2] + state[3], strict=True):
+        np.testing.assert_array_equal(a.to_host().view(np.uint64), b.to_host().view(np.uint64))
 
 
 def test_multi_launch_count_and_replay(cl_device):

@@ -274,12 +274,16 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                     np.matmul(xs[index][start:stop], ys[index], out=out[index][start:stop])
 
             run_blocks(rows, max(1, -(-rows // threads)), row_blocks)
-        else:  # hand out whole products of the batch
+        else:  # hand out whole products of the batch, a run along the last batch axis per np.matmul call
 
             def products(start: int, stop: int) -> None:
-                for k in range(start, stop):
-                    index = np.unravel_index(k, batch)
+                inner = batch[-1]
+                while start < stop:
+                    lead, first = divmod(start, inner)
+                    end = min(stop, (lead + 1) * inner)
+                    index = (*np.unravel_index(lead, batch[:-1]), slice(first, first + end - start))
                     np.matmul(xs[index], ys[index], out=out[index])
+                    start = end
 
             run_blocks(count, max(1, -(-count // threads)), products)
     return out

@@ -40,7 +40,7 @@ from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas
+from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas, magic_div
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pow2_ceil, pragmas, round_up, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
@@ -132,6 +132,27 @@ __kernel void netcl_im2col(__global const {st}* x, __global {st}* cols, const {i
 }}
 """
 
+#: ``_IM2COL`` for CPU OpenCL devices: the same gather, its divisions by KW, KH and OW done by their
+#: ``magic_div`` pairs (a vector has no integer division; these divisions were 7x the copy's cost on PoCL).
+_IM2COL_CPU = """{pragmas}{div}
+__kernel void netcl_im2col_cpu(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry},
+                               {magic}) {{
+    const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
+    const {idx} L = ({idx})OH * OW;
+    if (l >= L) return;
+    const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj) */
+    const {idx} b = ({idx})get_global_id(2);
+    const {idx} rows = NETCL_DIV(row, KW), c = NETCL_DIV(rows, KH);
+    const {idx} kj = row - rows * KW, ki = rows - c * KH;
+    const {idx} oh = NETCL_DIV(l, OW), ow = l - oh * OW;
+    const {idx} h = oh * SH - PH + ki * DH;
+    const {idx} w = ow * SW - PW + kj * DW;
+    const bool inside = h >= 0 && h < H && w >= 0 && w < W;
+    cols[(b * C * KH * KW + row) * L + l] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
+}}
+"""
+_IM2COL_CPU_DIVISORS = ("KW", "KH", "OW")
+
 _COL2IM = """{pragmas}
 __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {idx} n, {geometry}) {{
     const {idx} gid = ({idx})get_global_id(0);
@@ -171,18 +192,34 @@ def _run(template: str, name: str, geo: ConvGeometry, src: Tensor, dst: Tensor) 
     return dst
 
 
-def _prepare_layout(template: str, name: str, geo: ConvGeometry, src_size: int, dst: Tensor) -> Callable[..., None]:
-    """``_run``'s launch of ``netcl_<name>`` for tensors of these sizes (src and dst passed per call)."""
+def _prepare_layout(
+    template: str, name: str, geo: ConvGeometry, src_size: int, dst: Tensor, cpu_variant: bool = True
+) -> Callable[..., None]:
+    """``_run``'s launch of ``netcl_<name>`` for tensors of these sizes (src and dst passed per call);
+    im2col on a CPU OpenCL device runs ``_IM2COL_CPU`` unless ``cpu_variant`` is False."""
     idx = index_ctype(src_size, dst.size)
     st, ct = storage_ctype(dst.dtype), compute_ctype(dst.dtype)
+    extra: list[int] = []
+    types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
+    if name == "im2col" and cpu_variant and not dst.device.is_gpu:
+        template, name = _IM2COL_CPU, "im2col_cpu"
+        extra = magic_div.values([getattr(geo, d) for d in _IM2COL_CPU_DIVISORS])
+        types += magic_div.arg_types(_IM2COL_CPU_DIVISORS)
 
     def source() -> str:
-        return template.format(pragmas=pragmas([dst.dtype]), st=st, ct=ct, idx=idx, geometry=params(idx, _GEOMETRY))
+        return template.format(
+            pragmas=pragmas([dst.dtype]),
+            st=st,
+            ct=ct,
+            idx=idx,
+            geometry=params(idx, _GEOMETRY),
+            div=magic_div.macro(idx),
+            magic=magic_div.params(_IM2COL_CPU_DIVISORS),
+        )
 
-    types = [None, None] + [index_dtype(idx)] * (1 + len(_GEOMETRY))
-    bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values])}
+    bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values, *extra])}
     resolved = get_kernel(("layers", name, st, idx), dst.device, source, f"netcl_{name}", types)
-    if name == "im2col":  # one work-group row per (image, c, ki, kj): its divisions are uniform
+    if name.startswith("im2col"):  # one work-group row per (image, c, ki, kj): its divisions are uniform
         grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
         if min(grid) <= 0:
             return lambda *raw: None

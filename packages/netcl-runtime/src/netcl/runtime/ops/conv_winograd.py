@@ -34,6 +34,7 @@ from fractions import Fraction
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops import magic_div
 from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
@@ -80,26 +81,35 @@ def _transposed(matrix: list) -> list:
     return [list(row) for row in zip(*matrix, strict=True)]
 
 
-def _kernel(name: str, buffers: str, idx: str, head: list[str], body: list[str]) -> str:
-    """``netcl_wino_<name>`` over (column p or s, row r or c): ``head`` then ``body`` statements."""
+def _kernel(name: str, buffers: str, idx: str, head: list[str], body: list[str], magic: bool = False) -> str:
+    """``netcl_wino_<name>`` over (column p or s, row r or c): ``head`` then ``body`` statements; ``magic``:
+    the ``magic_div`` pairs of ``_DIVISORS`` follow the sizes (and ``NETCL_DIV`` is defined)."""
     nl = "\n    "
-    return f"""
-__kernel void netcl_wino_{name}({buffers}, {params(idx, _SIZES[name])}) {{
+    extra = f", {magic_div.params(_DIVISORS)}" if magic else ""
+    define = magic_div.macro(idx) if magic else ""
+    return f"""{define}
+__kernel void netcl_wino_{name}({buffers}, {params(idx, _SIZES[name])}{extra}) {{
     {nl.join(head)}
     {nl.join(body)}
 }}
 """
 
 
-def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool) -> list[str]:
+def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool, magic: bool = False) -> list[str]:
     """The first statements of a kernel over (tile column p, ``channel`` row): p = (n, th, tw), the
     first row and column ``h0``, ``w0`` of its block (of its input patch when ``padded``), and the
-    stride ``plane`` between two transform positions of a (positions, ``channels``, P) tensor."""
+    stride ``plane`` between two transform positions of a (positions, ``channels``, P) tensor;
+    ``magic``: p split by ``NETCL_DIV`` (CPU devices: a vector has no integer division)."""
     shift = (" - PH", " - PW") if padded else ("", "")
+    split = (
+        f"const {idx} rows = NETCL_DIV(p, TW), n = NETCL_DIV(rows, TH), tw = p - rows * TW, th = rows - n * TH;"
+        if magic
+        else f"const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);"
+    )
     return [
         f"const {idx} p = get_global_id(0), {channel} = get_global_id(1), plane = {channels} * P;",
         "if (p >= P) return;",
-        f"const {idx} tw = p % TW, th = (p / TW) % TH, n = p / (TW * TH);",
+        split,
         f"const {idx} h0 = {m} * th{shift[0]}, w0 = {m} * tw{shift[1]};",
     ]
 
@@ -146,8 +156,9 @@ def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
 
 
 def _block_source(
-    name: str, left: list, size: int, m: int, idx: str, channel: tuple[str, str], plane: tuple[str, str], padded: bool
-) -> str:
+    name: str, left: list, size: int, m: int, idx: str, channel: tuple[str, str], plane: tuple[str, str], padded: bool,
+    magic: bool = False,
+) -> str:  # fmt: skip
     """A kernel over (tile column p, ``channel`` row) storing ``left @ D @ left^T`` of each tile's
     ``size`` x ``size`` block D of its ``plane`` (rows, columns) image, zero outside it, at the
     transform positions of a (positions, channels, P) tensor. Buffers: the images, then the output."""
@@ -155,25 +166,27 @@ def _block_source(
     src, dst = {"input": ("x", "v"), "grad_output": ("dy", "dm")}[name]
     loads, grid = _block_loads("d", size, rows, cols, padded)
     head = [
-        *_tile_head(idx, c, channels, m, padded),
+        *_tile_head(idx, c, channels, m, padded, magic),
         f"__global const float* src = {src} + (n * {channels} + {c}) * {rows} * {cols};",
         f"__global float* out = {dst} + {c} * P + p;",
         *loads,
     ]
     body = _sandwich(left, grid, left, _to_planes(len(left)))
-    return _kernel(name, f"__global const float* {src}, __global float* {dst}", idx, head, body)
+    return _kernel(name, f"__global const float* {src}, __global float* {dst}", idx, head, body, magic)
 
 
 def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
-    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True)
+    magic = bool(flags.get("MAGIC"))
+    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True, magic=magic)
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend."""
     _, _, at = MATRICES[m]
     a = m + 2
-    head = [*_tile_head(idx, "r", "R", m, padded=False), "__global const float* src = m + r * P + p;"]
+    magic = bool(flags.get("MAGIC"))
+    head = [*_tile_head(idx, "r", "R", m, False, magic), "__global const float* src = m + r * P + p;"]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
 
@@ -183,13 +196,14 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
 
     body = _sandwich(at, _from_planes(a), at, store)
     buffers = "__global const float* m, __global float* y, __global const float* extra"
-    return _kernel("output", buffers, idx, head, body)
+    return _kernel("output", buffers, idx, head, body, magic)
 
 
 def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """dM[e, r, p] = (A dY A^T)[e] for the m x m block dY of the upstream gradient at tile p (the
     adjoint of the output transform; zero past the output's edges)."""
-    return _block_source("grad_output", _transposed(MATRICES[m][2]), m, m, idx, ("r", "R"), ("OH", "OW"), False)
+    left, magic = _transposed(MATRICES[m][2]), bool(flags.get("MAGIC"))
+    return _block_source("grad_output", left, m, m, idx, ("r", "R"), ("OH", "OW"), False, magic)
 
 
 def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -217,6 +231,8 @@ _SOURCES = {
     "grad_output": _grad_output_source,
     "weight_grad": _weight_grad_source,
 }
+#: The sizes the tile kernels divide by (their ``magic_div`` pairs are arguments on CPU devices).
+_DIVISORS = ("TW", "TH")
 _SIZES = {
     "weight": ["R", "S"],
     "input": ["S", "H", "W", "PH", "PW", "TH", "TW", "P"],
@@ -264,6 +280,11 @@ def applies(a: Tensor, b: Tensor, groups: int, geo) -> bool:
 _PASSES = PlanCache("conv2d-winograd")
 
 
+def split_by_magic(device: Device) -> bool:
+    """Whether the tile kernels split their column index by ``magic_div`` (CPU devices) rather than ``/``."""
+    return not device.is_gpu
+
+
 def _prepared(
     device: Device, part: str, m: int, grid: tuple[int, int], buffers: int, sizes: list[int], flags: dict[str, int],
     idx: str,
@@ -273,6 +294,11 @@ def _prepared(
     up to 256 columns (``_grid.run_rows``' grid)."""
     names = _SIZES[part]
     types = [None] * buffers + [index_dtype(idx)] * len(names)
+    if "TW" in names and split_by_magic(device):  # a tile kernel on a CPU device: p split by magic_div
+        flags = {**flags, "MAGIC": 1}
+        values = dict(zip(names, sizes, strict=True))
+        sizes = [*sizes, *magic_div.values([values[d] for d in _DIVISORS])]
+        types += magic_div.arg_types(_DIVISORS)
     key = ("layers", "winograd", part, m, idx, tuple(sorted(flags.items())))
     resolved = get_kernel(key, device, lambda: _SOURCES[part](m, idx, flags), f"netcl_wino_{part}", types)
     local = min(resolved.max_local, pow2_ceil(grid[0]))

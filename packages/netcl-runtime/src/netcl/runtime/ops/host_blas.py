@@ -97,11 +97,17 @@ class HostMatmul:
         return cl.enqueue_marker(queue)
 
     def run(self, queue: cl.CommandQueue, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer) -> None:
-        """Map the buffers (blocking: the queue's earlier work is done), ``np.matmul`` into ``out``, unmap."""
+        """Map the buffers (waiting for the three maps at once: the queue's earlier work is done),
+        ``np.matmul`` into ``out``, unmap."""
         a_shape, b_shape, out_shape = self.shapes
-        a_host, a_map = _map(queue, a, a_shape, self.dtype, cl.map_flags.READ)
-        b_host, b_map = _map(queue, b, b_shape, self.dtype, cl.map_flags.READ)
-        out_host, out_map = _map(queue, out, out_shape, self.dtype, cl.map_flags.WRITE_INVALIDATE_REGION)
+        events: list[cl.Event] = []
+        try:
+            a_host, a_map = _map(queue, a, a_shape, self.dtype, cl.map_flags.READ, events)
+            b_host, b_map = _map(queue, b, b_shape, self.dtype, cl.map_flags.READ, events)
+            out_host, out_map = _map(queue, out, out_shape, self.dtype, cl.map_flags.WRITE_INVALIDATE_REGION, events)
+        finally:
+            if events:  # one wait for all three maps: each blocking map is a round trip to the driver's thread
+                cl.wait_for_events(events)
         try:
             if a_host.size == 0 or b_host.size == 0:  # K == 0: a sum over nothing
                 out_host.fill(0)
@@ -119,10 +125,17 @@ class HostMatmul:
 
 
 def _map(
-    queue: cl.CommandQueue, buffer: cl.Buffer, shape: tuple[int, ...], dtype: np.dtype, flags: int
+    queue: cl.CommandQueue,
+    buffer: cl.Buffer,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    flags: int,
+    events: list[cl.Event],
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """A host array of ``shape`` viewing ``buffer`` (blocking map), and the mapping to release."""
+    """A host array of ``shape`` viewing ``buffer`` (a non-blocking map: valid once the map's event,
+    appended to ``events``, completes), and the mapping to release."""
     if int(np.prod(shape)) == 0:
         return np.empty(shape, dtype), None
-    mapped, _ = cl.enqueue_map_buffer(queue, buffer, flags, 0, shape, dtype, is_blocking=True)
+    mapped, event = cl.enqueue_map_buffer(queue, buffer, flags, 0, shape, dtype, is_blocking=False)
+    events.append(event)
     return mapped, mapped

@@ -7,7 +7,10 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 ``steps`` (one per parameter) that the update reads (``t = steps[index] + 1``) and
 ``count_steps_`` advances with a recorded launch, so Adam's bias correction and SGD's first
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
-Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend.
+Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend. On CPU OpenCL
+devices the multi-tensor updates give each work-item a chunk of ``CPU_CHUNK`` elements of one parameter,
+a loop the compiler vectorizes (``multi_source``'s ``chunk``), and that hoists Adam's two ``pow`` calls out
+of it (per element they had cost more than the rest of the update together).
 
 Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
 they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
@@ -24,8 +27,8 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
-from netcl.runtime.ops._grid import run_1d
+from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
+from netcl.runtime.ops._grid import prepared_for, run_1d
 from netcl.runtime.ops.backend import backend_op
 
 _TWINS = "netcl.runtime.numpy_twins.optim_kernels"
@@ -333,13 +336,19 @@ def multi_source(
     arity: int,
     read_only: tuple[str, ...] = ("G",),
     stop: str = "",
+    chunk: int = 0,
 ) -> str:
     """A kernel over ``arity`` tensor slots: ``table`` holds each slot's first element (slot j covers
     [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
     ``index`` (into an optimizer's ``steps``). A work-item finds its slot and runs the per-tensor
     statements (``body``, with ``@`` placeholders for the ``slots`` buffers; those in ``read_only``
     are const) after ``prologue``. ``params``: the arguments between the slots and ``table``;
-    ``stop``: a condition under which every work-item returns at once."""
+    ``stop``: a condition under which every work-item returns at once.
+
+    ``chunk`` > 0 (CPU devices): a work-item runs the statements on up to ``chunk`` consecutive
+    elements of one slot, in a loop the compiler vectorizes (one element per work-item, each finding
+    its slot through the branches, stays scalar there); ``table`` (``multi_table`` of the same
+    ``chunk``) then counts chunks, and holds each slot's size after the indices."""
     buffers = ",\n                     ".join(
         f"__global {'const ' if slot in read_only else ''}{types['st']}* {slot}{j}"
         for j in range(arity)
@@ -348,11 +357,21 @@ def multi_source(
     branches, nl = [], "\n"
     for j in range(arity):
         test = "if" if j == 0 else "else if"
+        statements = _on(body, **{slot: f"{slot}{j}" for slot in slots})
+        if not chunk:
+            branches.append(
+                f"    {test} (t_gid < table[{j + 1}]) {{\n"
+                f"        const long gid = t_gid - table[{j}];\n"
+                f"        const int index = (int)table[{arity + 1 + j}];\n"
+                f"        {statements.replace(nl, nl + '    ')}\n    }}"
+            )
+            continue
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
-            f"        const long gid = t_gid - table[{j}];\n"
             f"        const int index = (int)table[{arity + 1 + j}];\n"
-            f"        {_on(body, **{slot: f'{slot}{j}' for slot in slots}).replace(nl, nl + '    ')}\n    }}"
+            f"        const long lo = (t_gid - table[{j}]) * {chunk}, size = table[{2 * arity + 1 + j}];\n"
+            f"        for (long gid = lo; gid < min(lo + {chunk}, size); ++gid) {{\n"
+            f"            {statements.replace(nl, nl + '        ')}\n        }}\n    }}"
         )
     return _MULTI.format(
         name=name,
@@ -369,19 +388,24 @@ _TABLES: dict[tuple[Any, ...], Tensor] = {}
 _MAX_TABLES = 256
 
 
-def multi_table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity: int) -> Tensor:
-    """The offsets-and-indices table of one launch (uploaded once per parameter set, then reused)."""
-    key = (device, sizes, indices, arity)
+def multi_table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], arity: int, chunk: int = 0) -> Tensor:
+    """The offsets-and-indices table of one launch (uploaded once per parameter set, then reused);
+    ``chunk`` > 0: offsets in chunks of that many elements, and the slots' sizes after the indices."""
+    key = (device, sizes, indices, arity, chunk)
     table = _TABLES.get(key)
     if table is None:
+        counts = [-(-n // chunk) for n in sizes] if chunk else list(sizes)
         offsets = np.zeros(arity + 1, np.int64)
-        offsets[1 : len(sizes) + 1] = np.cumsum(sizes)
+        offsets[1 : len(sizes) + 1] = np.cumsum(counts)
         offsets[len(sizes) + 1 :] = offsets[len(sizes)]  # unused slots cover no elements
         slots = np.zeros(arity, np.int64)
         slots[: len(indices)] = indices
+        parts = [offsets, slots]
+        if chunk:
+            parts.append(np.asarray(list(sizes) + [0] * (arity - len(sizes)), np.int64))
         if len(_TABLES) >= _MAX_TABLES:
             _TABLES.clear()
-        table = _TABLES[key] = Tensor.from_host(device, np.concatenate([offsets, slots]))
+        table = _TABLES[key] = Tensor.from_host(device, np.concatenate(parts))
     return table
 
 
@@ -476,14 +500,17 @@ def sgd_multi_update(
     """``sgd_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
     has_momentum = all(b is not None for b in momentum_buffers)
+    per_item = update_chunk(params[0].device)
 
     def source(arity: int) -> str:
         hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
         slots = ("P", "G", "B")
-        return multi_source("netcl_sgd_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]")
+        return multi_source(
+            "netcl_sgd_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+        )
 
     for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "sgd_multi", arity, types["st"], has_momentum)
+        key = ("optim", "sgd_multi", arity, types["st"], has_momentum, per_item)
         arg_types = [None] * (3 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
@@ -491,7 +518,9 @@ def sgd_multi_update(
             slots += [params[k], grads[k], momentum_buffers[k] if has_momentum else params[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        launch_multi(key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper))
+        launch_multi(
+            key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper), per_item
+        )
     return params
 
 
@@ -536,15 +565,18 @@ def adam_multi_update(
 ) -> list[Tensor]:
     """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
+    per_item = update_chunk(params[0].device)
 
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
         body = _adam_body(types, decoupled_weight_decay)
         slots = ("P", "G", "M", "V")
-        return multi_source("netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]")
+        return multi_source(
+            "netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+        )
 
     for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay))
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), per_item)
         arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
@@ -552,7 +584,18 @@ def adam_multi_update(
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
-        launch_multi(key, make, "netcl_adam_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper))
+        launch_multi(
+            key,
+            make,
+            "netcl_adam_multi",
+            arg_types,
+            arity,
+            chunk,
+            chunk_indices,
+            slots,
+            (steps, skip, hyper),
+            per_item,
+        )
     return params
 
 
@@ -566,15 +609,34 @@ def launch_multi(
     indices: list[int],
     slots: list[Any],
     params: tuple[Any, ...],
+    chunk: int = 0,
 ) -> None:
-    """Launch a ``multi_source`` kernel over ``tensors`` (their ``indices`` in its table): ``slots``
-    the buffers slot by slot, ``params`` its arguments between the slots and the table."""
+    """Launch a ``multi_source`` kernel (of this ``chunk``) over ``tensors`` (their ``indices`` in its
+    table): ``slots`` the buffers slot by slot, ``params`` its arguments between the slots and the table.
+    Chunked, each work-item is a work-group of its own (its loop is the vector code)."""
     sizes = tuple(t.size for t in tensors)
-    total = sum(sizes)
+    total = sum(-(-n // chunk) for n in sizes) if chunk else sum(sizes)
     if total == 0:
         return
-    table = multi_table(tensors[0].device, sizes, tuple(int(i) for i in indices), arity)
-    run_1d(key, tensors[0].device, source, name, arg_types, total, *slots, *params, table, np.int64(total))
+    device = tensors[0].device
+    table = multi_table(device, sizes, tuple(int(i) for i in indices), arity, chunk)
+    args = (*slots, *params, table, np.int64(total))
+    if not chunk:
+        run_1d(key, device, source, name, arg_types, total, *args)
+        return
+    full = ("layers", *key)
+    resolved = get_kernel(full, device, source, name, arg_types)
+    prepared_for(full, device, resolved.kernel, total, 1).call(*[a.data if isinstance(a, Tensor) else a for a in args])
+
+
+#: Elements a work-item of a multi-tensor update takes on a CPU device (``multi_source``'s ``chunk``).
+CPU_CHUNK = 2048
+
+
+def update_chunk(device: Any) -> int:
+    """``multi_source``'s ``chunk`` for the optimizers' updates on ``device``: ``CPU_CHUNK`` on a CPU
+    OpenCL device (PoCL vectorizes the chunk loop, not the branchy one-element work-items), else 0."""
+    return CPU_CHUNK if device.kind == "opencl" and not device.is_gpu else 0
 
 
 # ---- step counters, unscaling, host writes ----------------------------------------------------------------

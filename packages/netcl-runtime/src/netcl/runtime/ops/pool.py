@@ -5,7 +5,8 @@ Forwards give each output element one work-item that walks its window. Backwards
 so nothing is accumulated with atomics and results are deterministic. ``max_pool2d_backward``
 recomputes each covering window's arg-max from x (the first maximum in row-major order, NaN
 winning, as PyTorch) instead of storing indices, so the forward keeps no state. Every size is a
-kernel argument (one program per dtype and index width).
+kernel argument (one program per dtype and index width). On a CPU OpenCL device unpadded max pooling runs
+``pool_cpu``'s kernels instead (the window compiled in, so the work-items vectorize; same results, bit for bit).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops import pool_cpu
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
@@ -234,6 +236,8 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 @backend_op(_TWINS)
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
     """``max_pool2d`` of a checked call."""
+    if pool_cpu.applies(x, geo):
+        return pool_cpu.max_pool(x, geo)
     out = Tensor.empty((geo.N, geo.C, geo.OH, geo.OW), x.dtype, x.device)
     return _launch(_MAX_FORWARD, "max_pool", _POOL, _pool_values(geo), out, x)
 
@@ -246,6 +250,8 @@ def max_pool2d_backward(grad: Tensor, x: Tensor, kernel_size: Any, stride: Any =
 @backend_op(_TWINS)
 def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     """``max_pool2d_backward`` of a checked call."""
+    if pool_cpu.applies(x, geo):
+        return pool_cpu.max_pool_backward(grad, x, geo)
     out = Tensor.empty(x.shape, x.dtype, x.device)
     return _launch(_MAX_BACKWARD, "max_pool_backward", _POOL, _pool_values(geo), out, x, grad)
 
