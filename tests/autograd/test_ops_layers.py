@@ -166,6 +166,22 @@ def test_conv2d_1x1_only_weight_grad(check):
     )
 
 
+@pytest.mark.parametrize(
+    ("ws", "stride", "padding"), [((8, 16, 3, 3), 1, 1), ((8, 16, 3, 3), 2, 1), ((8, 16, 1, 1), 1, 0)]
+)
+def test_conv2d_of_an_empty_batch(device, ws, stride, padding):
+    """A batch of 0 images: an empty output, an empty input gradient, zero weight and bias gradients (a sum
+    over no image), as torch."""
+    x = ag.tensor(np.zeros((0, 16, 8, 8), np.float32), requires_grad=True, device=device)
+    w = ag.tensor(np.ones(ws, np.float32), requires_grad=True, device=device)
+    b = ag.tensor(np.ones(ws[0], np.float32), requires_grad=True, device=device)
+    with ag.Tape() as tape:
+        y = ag.conv2d(x, w, b, stride, padding)
+    tape.backward(ag.sum(y))
+    assert y.shape[0] == 0 and x.grad.shape == x.shape
+    assert not w.grad.to_host().any() and not b.grad.to_host().any()
+
+
 # ---- pooling --------------------------------------------------------------------------------------
 P = (2, 3, 6, 5)
 

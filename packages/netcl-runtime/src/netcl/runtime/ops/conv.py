@@ -724,7 +724,7 @@ def _im2col_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo
     cols = im2col(x, geo).reshape(geo.N, g, K, geo.OH * geo.OW)
     g4 = grad.reshape(geo.N, g, out_ch // g, geo.OH * geo.OW)
     per_image = _matmul_t(g4, cols, transpose_b=True)  # (N, g, O/g, K)
-    total = reduce_sum(per_image, axis=0) if geo.N > 1 else per_image.reshape(g, out_ch // g, K)
+    total = per_image.reshape(g, out_ch // g, K) if geo.N == 1 else reduce_sum(per_image, axis=0)  # N 0: zeros
     return total.reshape(tuple(int(d) for d in w_shape))
 
 
