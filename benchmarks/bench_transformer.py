@@ -44,6 +44,7 @@ from netcl.core.dtypes import float16
 from netcl.nn.generation import Decoder
 from netcl.optim import AdamW
 from netcl.runtime.ops import attention as RA
+from netcl.runtime.ops import attention_mma
 
 GRID_FULL = [(8, 8, 1024, 64), (4, 8, 2048, 64), (2, 8, 4096, 64), (1, 8, 8192, 64)]
 GRID_QUICK = [(1, 2, 128, 32), (1, 2, 256, 32)]
@@ -110,15 +111,25 @@ def torch_attention(torch, b, h, s, d, causal, dtype, repeats) -> dict[str, dict
     return results
 
 
+def _attention_dtypes(device, b, h, s, d, causal) -> list:
+    """float32, and float16 where the device computes it or the tensor-core kernels take float16 tensors
+    (NVIDIA's OpenCL, where float16 is storage-only: what autocast's attention runs on)."""
+    if device.kind != "opencl":
+        return [np.float32]
+    probe = nc.Tensor.empty((b, h, s, d), float16, device)
+    spec = RA.check_attention(probe, probe, probe, None, 0.0, causal, None, False)
+    tensor_cores = attention_mma.supports(device, np.dtype(float16), spec)
+    return [np.float32] + ([float16] if device.computes(float16) or tensor_cores else [])
+
+
 def attention_table(device, quick, repeats, torch) -> list[dict]:
     rows = []
     print(f"\nattention: device ms, median of {repeats}")
     print(f"{'(b, h, s, d) causal dtype':<{WIDTH}}{'variant':<20}{'fwd':>10}{'fwd+bwd':>10}")
-    dtypes = [np.float32] + ([float16] if device.kind == "opencl" and device.computes(float16) else [])
     for b, h, s, d in GRID_QUICK if quick else GRID_FULL:
         for causal in (False, True):
             times: dict[str, dict[str, float]] = {}
-            for dtype in dtypes:
+            for dtype in _attention_dtypes(device, b, h, s, d, causal):
                 name = f"netcl {np.dtype(dtype).name}"
                 times[name] = netcl_attention(device, b, h, s, d, causal, dtype, repeats)
             if torch is not None and torch.cuda.is_available():
