@@ -67,6 +67,10 @@ class _Entry:
 
             self.forward = forward
 
+    def scalar_operands(self, value: Any, scalar: Any) -> tuple[Any, Any]:
+        """The kernel's operands of a scalar variant (``scalar_slot`` set): the scalar on its side of the input."""
+        return (value, scalar) if self.scalar_slot else (scalar, value)
+
 
 _ENTRIES: dict[str, _Entry] = {}
 
@@ -107,10 +111,8 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         values = [a.value if isinstance(a, Node) else a for a in inputs]
         if forward is not None:  # the inputs are the kernel's operands
             return Node(apply(entry.kernel, values), op_name=name)
-        slot = entry.scalar_slot
-        if slot is not None:  # forward_operands of a scalar variant: the scalar on its side of the input
-            scalar = attrs["scalar"]  # type: ignore[index]
-            operands = (values[0], scalar) if slot else (scalar, values[0])
+        if entry.scalar_slot is not None:
+            operands = entry.scalar_operands(values[0], attrs["scalar"])  # type: ignore[index]
             return Node(apply(entry.kernel, operands), op_name=name)
         return Node(apply(entry.kernel, forward_operands(d, values, attrs or {})), op_name=name)
     attrs = dict(attrs) if attrs else {}
@@ -118,15 +120,9 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         kernel = entry.kernel
         if entry.scalar_slot is not None:
             scalar = attrs["scalar"]
-            if entry.scalar_slot:
 
-                def forward(v: Any) -> Tensor:
-                    return apply(kernel, (v, scalar))
-
-            else:
-
-                def forward(v: Any) -> Tensor:
-                    return apply(kernel, (scalar, v))
+            def forward(v: Any) -> Tensor:
+                return apply(kernel, entry.scalar_operands(v, scalar))
 
         else:
 
