@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,29 @@ class LaunchCounter:
 def launch_counter() -> type[LaunchCounter]:
     """``with launch_counter(queue) as launches: ...``, then ``launches.names``: the kernels launched."""
     return LaunchCounter
+
+
+@contextlib.contextmanager
+def _counting_host_reads() -> Iterator[list[int]]:
+    """Byte counts of the device-to-host copies made inside the block: every buffer read pyopencl makes
+    (``cl.enqueue_copy`` into host memory, whatever module imported it, goes through
+    ``pyopencl._cl._enqueue_read_buffer`` / ``_enqueue_read_buffer_rect``)."""
+    import pyopencl._cl as _cl
+
+    reads: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("_enqueue_read_buffer", "_enqueue_read_buffer_rect"):
+            original = getattr(_cl, name)
+
+            def counting(queue, mem, hostbuf, *args, _original=original, **kwargs):
+                reads.append(memoryview(hostbuf).nbytes)
+                return _original(queue, mem, hostbuf, *args, **kwargs)
+
+            patch.setattr(_cl, name, counting)
+        yield reads
+
+
+@pytest.fixture
+def host_reads() -> Callable[[], AbstractContextManager[list[int]]]:
+    """``with host_reads() as reads: ...``, then ``reads``: the byte counts of the device-to-host copies."""
+    return _counting_host_reads

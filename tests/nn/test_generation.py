@@ -18,6 +18,7 @@ import pytest
 
 import netcl.autograd as ag
 import netcl.nn as nn
+from netcl.core.device_errors import ERROR_WORDS
 from netcl.nn.generation import Decoder, generate, sample
 
 ATOL, RTOL = 2e-5, 1e-4
@@ -113,6 +114,29 @@ def test_one_capture_replays_every_position(model, device):
     decoder.generate(np.array([[9]]), 5, temperature=0)  # a new sequence reuses the capture from position 0
     assert decoder.captures == 1 and decoder.graph is graph and graph.replays == 15
     assert len(graph.launches) == launches
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_greedy_decoding_reads_back_once(model, cl_device, host_reads, replay):
+    """Each step's argmax stays on the device as the next step's input: a greedy ``generate`` reads
+    only its tokens (``next_ids``, one (batch, max_len) int32 copy) and, at that wait, the device's
+    error word (the embedding's index check), never a step's logits."""
+    m = gpt_example.GPT(VOCAB, MAX_LEN, d_model=D, n_head=HEADS, n_layer=LAYERS, device=cl_device)
+    m.load_state_dict(model.state_dict())
+    m.eval()
+    decoder = Decoder(m, batch=2, replay=replay)
+    prompt = np.array([[1, 2, 3], [7, 7, 0]])
+    decoder.generate(prompt, 4, temperature=0)  # builds the programs (and captures)
+    with host_reads() as reads:
+        tokens = decoder.generate(prompt, 9, temperature=0)
+    assert sorted(reads) == sorted([2 * MAX_LEN * 4, ERROR_WORDS * 4])
+    host_greedy = [prompt[:, i] for i in range(3)]
+    stepper = Decoder(m, batch=2, replay=False)
+    for pos in range(11):
+        logits = stepper.step(host_greedy[pos], pos)
+        if pos >= 2:
+            host_greedy.append(sample(logits, 0, None, None))
+    np.testing.assert_array_equal(tokens, np.stack(host_greedy, axis=1))
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(model, device):

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pyopencl._cl as _cl
 import pytest
 
 import netcl.autograd as ag
@@ -18,22 +17,6 @@ from netcl.jit import fuse_graph
 from netcl.optim import SGD, Adam, Optimizer
 
 BATCH = 16
-
-
-def _count_reads(patch: pytest.MonkeyPatch) -> list[int]:
-    """Byte counts of the device-to-host copies made from now on while ``patch`` is active: every buffer
-    read pyopencl makes (``cl.enqueue_copy`` into host memory, whatever module imported it, goes through
-    ``pyopencl._cl._enqueue_read_buffer`` / ``_enqueue_read_buffer_rect``)."""
-    reads: list[int] = []
-    for name in ("_enqueue_read_buffer", "_enqueue_read_buffer_rect"):
-        original = getattr(_cl, name)
-
-        def counting(queue, mem, hostbuf, *args, _original=original, **kwargs):
-            reads.append(memoryview(hostbuf).nbytes)
-            return _original(queue, mem, hostbuf, *args, **kwargs)
-
-        patch.setattr(_cl, name, counting)
-    return reads
 
 
 def _mlp(device: nc.Device) -> nn.Module:
@@ -96,12 +79,11 @@ def _reference(make_model, make_opt, shape, steps: int, initial: list[np.ndarray
 
 
 @pytest.mark.parametrize(("name", "make_model", "make_opt", "shape"), MODELS, ids=[m[0] for m in MODELS])
-def test_eager_steps_read_nothing_back(cl_device, name, make_model, make_opt, shape) -> None:
+def test_eager_steps_read_nothing_back(cl_device, host_reads, name, make_model, make_opt, shape) -> None:
     model, opt, x, y = _setup(cl_device, make_model, make_opt, shape)
     initial = _params(model)
     _eager_step(model, opt, x, y)  # the first step builds the programs and creates the optimizer state
-    with pytest.MonkeyPatch.context() as patch:
-        reads = _count_reads(patch)
+    with host_reads() as reads:
         for _ in range(2):
             _eager_step(model, opt, x, y)
         cl_device.queue.finish()
@@ -112,13 +94,12 @@ def test_eager_steps_read_nothing_back(cl_device, name, make_model, make_opt, sh
 
 
 @pytest.mark.parametrize(("name", "make_model", "make_opt", "shape"), MODELS, ids=[m[0] for m in MODELS])
-def test_replayed_steps_read_nothing_back(cl_device, name, make_model, make_opt, shape) -> None:
+def test_replayed_steps_read_nothing_back(cl_device, host_reads, name, make_model, make_opt, shape) -> None:
     model, opt, x, y = _setup(cl_device, make_model, make_opt, shape)
     initial = _params(model)
     step = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)  # captures and runs step 1
     step.execute(x, y)
-    with pytest.MonkeyPatch.context() as patch:
-        reads = _count_reads(patch)
+    with host_reads() as reads:
         for _ in range(2):
             step.execute(x, y)
         cl_device.queue.finish()

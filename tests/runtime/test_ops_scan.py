@@ -10,9 +10,11 @@ argmax/argmin, integer results and flips are exact.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import netcl.core as nc
 import netcl.runtime.ops as R
+from netcl.runtime import Variable
 from netcl.runtime.cache import program_cache
 from netcl.runtime.ops.scan import cumsum
 
@@ -53,6 +55,39 @@ def test_arg_reductions_follow_numpy_on_ties_and_nan(device):
         t = _t(x[:, :width], device)
         np.testing.assert_array_equal(R.argmax(t, 1).to_host(), np.argmax(x[:, :width], 1))
         np.testing.assert_array_equal(R.argmin(t, 1).to_host(), np.argmin(x[:, :width], 1))
+
+
+def test_argmax_into_stores_numpys_argmax_as_int32_at_the_position(device):
+    """Greedy decoding's pick: each row's argmax (NumPy's tie and NaN rules) into ``ids[:, 0]`` and
+    ``table[:, pos]``, the rest of ``table`` untouched; ``pos`` an int or a bound Variable."""
+    x = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, np.nan, 5.0, np.nan], [-1.0] * 4])
+    x = np.concatenate([x, np.full((3, 36), -2.0)], axis=1)
+    for width, pos in ((4, 0), (40, Variable("pos", 5).bind(5))):
+        ids = _t(np.full((3, 1), -7), device, np.int32)
+        table = _t(np.full((3, 6), -7), device, np.int32)
+        R.argmax_into(_t(x[:, :width], device), ids, table, pos)
+        expected = np.full((3, 6), -7)
+        expected[:, int(pos)] = np.argmax(x[:, :width], 1)
+        np.testing.assert_array_equal(ids.to_host()[:, 0], np.argmax(x[:, :width], 1))
+        np.testing.assert_array_equal(table.to_host(), expected)
+
+
+def test_argmax_into_rejects_bad_shapes_and_positions(device):
+    x, ids, table = (
+        _t(np.zeros((2, 5)), device),
+        _t(np.zeros((2, 1)), device, np.int32),
+        _t(np.zeros((2, 3)), device, np.int32),
+    )
+    with pytest.raises(ValueError, match=r"ids must be an int32 \(2, 1\) tensor, got shape \(2, 1\) dtype float32"):
+        R.argmax_into(x, _t(np.zeros((2, 1)), device), table, 0)
+    with pytest.raises(ValueError, match=r"table must be an int32 \(2, T\) tensor, got shape \(3, 3\)"):
+        R.argmax_into(x, ids, _t(np.zeros((3, 3)), device, np.int32), 0)
+    with pytest.raises(ValueError, match=r"pos must lie in \[0, 2\] \(table's columns\), got 3"):
+        R.argmax_into(x, ids, table, 3)
+    with pytest.raises(ValueError, match=r"pos must lie in \[0, 2\].*Variable"):
+        R.argmax_into(x, ids, table, Variable("pos", 3))
+    with pytest.raises(ValueError, match=r"x must be a non-empty \(B, V\) float tensor"):
+        R.argmax_into(_t(np.zeros((2, 5)), device, np.int32), ids, table, 0)
 
 
 def test_scan_and_arg_kernels_are_shape_generic(cl_device):

@@ -15,9 +15,13 @@ position with ``pos`` rebound; the token ids are the graph's input. Both give th
 same kernels run on the same buffers). The prompt is fed one token per step, so a step is the only
 thing ever captured. On the NumPy backend a replay re-runs the step.
 
-Sampling happens on the host: ``temperature == 0`` is greedy (argmax, ties to the lowest id); else
-the logits are divided by ``temperature``, cut to the ``top_k`` largest when given, and one token
-per row is drawn from their softmax with ``numpy.random.default_rng(seed)``.
+Every step also stores the argmax of its logits (ties to the lowest id, the first NaN) on the device
+(``ops.argmax_into``): into the step's input ``ids`` and into ``next_ids[:, pos]``. Greedy decoding
+(``temperature == 0``) feeds that back: the input buffer already holds the next token, so nothing is
+read back until the end (one read of ``next_ids``) and the host never waits on a step. Other
+temperatures sample on the host from each step's logits: they are divided by ``temperature``, cut to
+the ``top_k`` largest when given, and one token per row is drawn from their softmax with
+``numpy.random.default_rng(seed)``; ``temperature == 0`` in ``sample`` is the same argmax.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import numpy as np
 from netcl.autograd.engine import Node
 from netcl.autograd.grad_mode import no_grad
 from netcl.core import Device, Tensor, get_device
+from netcl.core.dtypes import int32
 from netcl.runtime.graph import Graph, capture_graph
+from netcl.runtime.ops import argmax_into
 from netcl.runtime.variable import Variable
 
 
@@ -83,7 +89,8 @@ class Decoder:
 
     ``device`` defaults to ``model.device`` when the model has one. ``replay=False`` runs every
     step eagerly. ``graph`` is the captured step (None until the first replayed step; captured
-    exactly once per Decoder), ``captures`` counts captures.
+    exactly once per Decoder), ``captures`` counts captures. ``ids`` ``(batch, 1)`` int32 is greedy
+    decoding's input buffer, ``next_ids`` ``(batch, max_len)`` int32 the argmax after each position.
     """
 
     def __init__(self, model: Any, batch: int = 1, replay: bool = True, device: Device | str | None = None) -> None:
@@ -97,25 +104,44 @@ class Decoder:
         self.max_len = int(model.max_len)
         self.pos = Variable("pos", self.max_len - 1)
         self.caches = model.new_caches(self.batch)
+        self.ids = Tensor.zeros((self.batch, 1), int32, self.device)
+        self.next_ids = Tensor.zeros((self.batch, self.max_len), int32, self.device)
         self.graph: Graph | None = None
         self.captures = 0
 
     def _run(self, ids: Tensor, pos: Variable) -> Tensor:
         with no_grad():
-            return _tensor(self.model.decode(ids, pos, self.caches))
+            logits = _tensor(self.model.decode(ids, pos, self.caches))
+        argmax_into(logits, ids, self.next_ids, pos)
+        return logits
+
+    def _launch(self, ids: Tensor, pos: int) -> Tensor:
+        """Enqueue the step at ``pos`` on ``ids`` (eagerly or replayed); its logits, not read."""
+        self.pos.bind(pos)  # ValueError naming "pos" outside [0, max_len - 1], before any launch
+        if not self.replay:
+            return self._run(ids, self.pos)
+        if self.graph is None:
+            self.graph = capture_graph(self.device, self._run, ids, self.pos)
+            self.captures += 1
+            return _tensor(self.graph.outputs)
+        return self.graph.execute(ids)
 
     def step(self, tokens: Any, pos: int) -> np.ndarray:
         """Logits ``(batch, vocab)`` (float32 host array) for ``tokens`` ``(batch,)`` at position ``pos``."""
         ids_host = np.asarray(tokens, np.int32).reshape(self.batch, 1)
-        self.pos.bind(pos)  # ValueError naming "pos" outside [0, max_len - 1], before any launch
-        ids = Tensor.from_host(self.device, ids_host, np.int32)
-        if not self.replay:
-            return self._run(ids, self.pos).to_host()
-        if self.graph is None:
-            self.graph = capture_graph(self.device, self._run, ids, self.pos)
-            self.captures += 1
-            return _tensor(self.graph.outputs).to_host()
-        return self.graph.execute(ids).to_host()
+        self.pos.check(pos)
+        return self._launch(Tensor.from_host(self.device, ids_host, np.int32), pos).to_host()
+
+    def _greedy(self, prompt: np.ndarray, max_new_tokens: int) -> np.ndarray:
+        """``generate`` at temperature 0: each step's argmax stays in ``ids`` for the next step."""
+        length = prompt.shape[1]
+        for pos in range(length):
+            self.ids = Tensor.from_host(self.device, prompt[:, pos : pos + 1].astype(np.int32), np.int32)
+            self._launch(self.ids, pos)
+        for pos in range(length, length + max_new_tokens - 1):
+            self._launch(self.ids, pos)
+        new = self.next_ids.to_host()[:, length - 1 : length - 1 + max_new_tokens]
+        return np.concatenate([prompt, new.astype(np.int64)], axis=1)
 
     def generate(
         self,
@@ -133,6 +159,8 @@ class Decoder:
             raise ValueError(f"generate: temperature must be a number >= 0, got {temperature!r}")
         if top_k is not None:
             top_k = _int(top_k, "top_k", 1)
+        if temperature == 0:
+            return self._greedy(prompt, int(max_new_tokens)) if max_new_tokens else prompt
         rng = np.random.default_rng(seed)
         out = [prompt[:, i] for i in range(prompt.shape[1])]
         logits = None

@@ -8,6 +8,7 @@ from netcl.core import Tensor
 from netcl.core.dtypes import int64
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import wrap_numpy
+from netcl.runtime.variable import Variable, value_of
 
 
 def cumsum_along(x: Tensor, ax: int, reverse: bool, out_dtype: np.dtype) -> Tensor:
@@ -26,3 +27,9 @@ def arg_best(kind: str, x: Tensor, ax: int | None, out_shape: tuple[int, ...], s
     fn = np.argmax if kind == "argmax" else np.argmin
     result = fn(v.reshape(-1)) if ax is None else fn(v.reshape(x.shape or (1,)), axis=ax)
     return wrap_numpy(np.asarray(result, dtype=np.int64).reshape(out_shape), x.device, int64)
+
+
+def store_argmax(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> None:
+    best = np.argmax(np.asarray(x.data).reshape(x.shape), axis=1).astype(np.int32)
+    ids.data.reshape(ids.shape)[:, 0] = best
+    table.data.reshape(table.shape)[:, value_of(pos)] = best

@@ -94,7 +94,7 @@ from netcl.runtime.ops.precision import (
 from netcl.runtime.ops.random import dropout, manual_seed, normal, uniform
 from netcl.runtime.ops.reduce import max, mean, min, prod, sum
 from netcl.runtime.ops.rowwise import layer_norm, log_softmax, logsumexp, rms_norm, softmax
-from netcl.runtime.ops.scan import argmax, argmin, cumsum, flip
+from netcl.runtime.ops.scan import argmax, argmax_into, argmin, cumsum, flip
 from netcl.runtime.ops.selecting import embedding, index_select
 from netcl.runtime.ops.shape import concat, narrow, pad
 
@@ -107,6 +107,7 @@ __all__ = [
     "add",
     "add_",
     "argmax",
+    "argmax_into",
     "argmin",
     "at_matmul_precision",
     "avg_pool2d",

@@ -8,7 +8,8 @@ is summed in float32 (float64 for float64) and returned in its dtype; integer an
 int64, returned as int64 (NumPy's cumsum of int32).
 
 ``argmax``/``argmin`` return int64 indices (NumPy's ``intp`` on 64-bit hosts): the first index of
-the extreme value, and the first NaN when there is one (as NumPy). No gradient.
+the extreme value, and the first NaN when there is one (as NumPy). No gradient. ``argmax_into`` is
+greedy decoding's pick: the same argmax of each row, stored as int32 into given tensors at a position.
 
 ``flip`` reverses axes through the strided-copy kernel (a view with negative strides).
 """
@@ -21,11 +22,21 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, contiguous_strides
-from netcl.core.dtypes import int64
+from netcl.core.dtypes import int32, int64
+from netcl.runtime.launch import launch
 from netcl.runtime.ops import _rows
-from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype
+from netcl.runtime.ops._common import (
+    ARG_DTYPES,
+    MAX_LOCAL,
+    get_kernel,
+    index_ctype,
+    normalize_axes,
+    pow2_ceil,
+    storage_ctype,
+)
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.strided import strided_copy
+from netcl.runtime.variable import Variable
 
 _TWINS = "netcl.runtime.numpy_twins.scan"
 
@@ -175,14 +186,92 @@ def arg_best(kind: str, x: Tensor, ax: int | None, out_shape: tuple[int, ...], s
     name = f"netcl_{kind}"
 
     def make(mode: str) -> str:
-        body = _ARG_LOOP + (_ARG_TREE if mode == "group" else "") + "    if (LID == 0) out[row] = at;"
         params = [f"__global const {storage_ctype(x.dtype)}* x", "__global long* out"]
-        helpers = _better(kind, floating) + (_ARG_HELPER if mode == "group" else "")
-        return _rows.source(name, params, body, layout, mode, acc, idx, [x.dtype], helpers=helpers)
+        return _arg_source(kind, name, x.dtype, params, "out[row] = at;", layout, mode, acc, idx)
 
     key = (layout, x.dtype.str, acc, idx)
     _rows.run(key, x.device, make, name, [None, None], outer * inner, R, inner, idx, x, out)
     return out
+
+
+def _arg_source(
+    kind: str, name: str, dtype: np.dtype, params: list[str], store: str, layout: str, mode: str, acc: str, idx: str
+) -> str:
+    """An arg-reduction row kernel: ``at`` (the row's best index) found, then lane 0 runs ``store``."""
+    body = _ARG_LOOP + (_ARG_TREE if mode == "group" else "") + f"    if (LID == 0) {{ {store} }}"
+    helpers = _better(kind, dtype.kind == "f") + (_ARG_HELPER if mode == "group" else "")
+    return _rows.source(name, params, body, layout, mode, acc, idx, [dtype], helpers=helpers)
+
+
+# ---- greedy decoding's pick ---------------------------------------------------------------------------
+def argmax_into(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> None:
+    """Greedy decoding's next tokens without a host read: for each row ``b`` of the float ``x`` ``(B, V)``
+    (logits), its ``argmax`` (the first index on ties, the first NaN when there is one) is stored as
+    int32 into ``ids[b, 0]`` (``ids`` ``(B, 1)`` int32: the next step's input) and ``table[b, pos]``
+    (``table`` ``(B, T)`` int32: the tokens so far). ``pos`` is an int or a ``Variable`` read at launch
+    (or replay). Shapes, dtypes and ``pos``'s range are checked before the launch."""
+    op = "argmax_into"
+    for arg, t in (("x", x), ("ids", ids), ("table", table)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {arg} must be a Tensor, got {type(t).__name__}")
+        if t.device is not x.device:
+            raise ValueError(f"{op}: {arg} is on {t.device}, x on {x.device}")
+    if x.ndim != 2 or x.shape[1] == 0 or x.dtype.kind != "f":
+        raise ValueError(f"{op}: x must be a non-empty (B, V) float tensor, got shape {x.shape} dtype {x.dtype}")
+    batch = x.shape[0]
+    if ids.shape != (batch, 1) or ids.dtype != int32:
+        raise ValueError(f"{op}: ids must be an int32 ({batch}, 1) tensor, got shape {ids.shape} dtype {ids.dtype}")
+    if table.ndim != 2 or table.shape[0] != batch or table.dtype != int32:
+        raise ValueError(
+            f"{op}: table must be an int32 ({batch}, T) tensor, got shape {table.shape} dtype {table.dtype}"
+        )
+    highest = pos.max_value if isinstance(pos, Variable) else pos
+    if isinstance(highest, bool) or not isinstance(highest, (int, np.integer)) or not 0 <= highest < table.shape[1]:
+        raise ValueError(f"{op}: pos must lie in [0, {table.shape[1] - 1}] (table's columns), got {pos!r}")
+    if batch:
+        store_argmax(x, ids, table, pos)
+
+
+@backend_op(_TWINS, device_arg="x")
+def store_argmax(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> None:
+    """``argmax_into`` of a checked call."""
+    batch, V = x.shape
+    mode = _rows.pick_mode(V)
+    acc, idx = _rows.acc_ctype(x.dtype), index_ctype(max(x.size, table.size))
+    name = "netcl_argmax_into"
+    params = [
+        f"__global const {storage_ctype(x.dtype)}* x",
+        "__global int* ids",
+        "__global int* table",
+        "const int pos",
+        "const IDX T",
+    ]
+    store = "ids[row] = (int)at; table[row * T + pos] = (int)at;"
+    source = _arg_source("argmax", name, x.dtype, params, store, _rows.CONTIG, mode, acc, idx)
+    it = ARG_DTYPES[idx]
+    resolved = get_kernel(
+        ("argmax_into", mode, x.dtype.str, acc, idx),
+        x.device,
+        lambda: source,
+        name,
+        [None, None, None, np.int32, it, it, it, it],
+    )
+    local = min(resolved.max_local, max(16, pow2_ceil(-(-V // _rows.PER_LANE)))) if mode == "group" else 1
+    T = table.shape[1]
+    launch(
+        resolved.kernel,
+        batch * local,
+        local,
+        x,
+        ids,
+        table,
+        pos if isinstance(pos, Variable) else np.int32(pos),
+        it.type(T),
+        it.type(batch),
+        it.type(V),
+        it.type(1),
+        queue=x.device.queue,
+    )
 
 
 # ---- flip ----------------------------------------------------------------------------------------
@@ -198,4 +287,4 @@ def flip(x: Tensor, axis: int | Sequence[int] | None = None) -> Tensor:
     return strided_copy(x, x.shape, strides, offset)
 
 
-__all__ = ["argmax", "argmin", "cumsum", "cumsum_dtype", "flip"]
+__all__ = ["argmax", "argmax_into", "argmin", "cumsum", "cumsum_dtype", "flip"]
