@@ -84,3 +84,30 @@ def test_ddp_bad_modules_fail_before_any_communication(monkeypatch, module, kwar
     with pytest.raises(error, match=match):
         DistributedDataParallel(module, **kwargs)
     assert group._world is None  # MPI was never started
+
+
+def test_reducer_threads_are_stopped_and_joined_at_exit(monkeypatch):
+    """The atexit hook stops every live reducer and waits until its exchange has freed what it holds
+    (a communicator that is torn down while the process exits aborts it)."""
+    from types import SimpleNamespace
+
+    from netcl.runtime.distributed import overlap
+
+    stopped: list[bool] = []
+
+    class Recording:
+        what = "recording exchange"
+
+        def run(self, work) -> None:
+            raise AssertionError("no work was submitted")
+
+        def stopped(self, failed: bool) -> None:
+            stopped.append(failed)
+
+    info = SimpleNamespace(timeout=30.0, rank=0, world_size=1)
+    monkeypatch.setattr(overlap, "world", lambda: SimpleNamespace(info=info))
+    reducer = overlap.ThreadedReducer()
+    reducer._start(Tensor.from_host("cpu", [0.0]).device, "test-reducer", Recording())
+    assert reducer.thread.is_alive() and reducer in overlap._LIVE
+    overlap._close_live_reducers()
+    assert not reducer.thread.is_alive() and stopped == [False]

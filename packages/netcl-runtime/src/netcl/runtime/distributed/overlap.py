@@ -20,11 +20,13 @@ Buckets are served strictly in submission order, the same on every rank, as MPI 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -173,6 +175,7 @@ class ThreadedReducer:
             target=serve, args=(self.jobs, exchange), name=f"{name}-{info.rank}", daemon=True
         )
         self.thread.start()
+        _LIVE.add(self)
 
     def _ready(self) -> Any:
         """A marker after the work enqueued so far on the device's queue (None on the NumPy backend)."""
@@ -182,14 +185,31 @@ class ThreadedReducer:
         self.device.queue.flush()
         return ready
 
-    def close(self) -> None:
-        """Stop the thread after the works already submitted."""
+    def close(self, wait: bool = False) -> None:
+        """Stop the thread after the works already submitted; ``wait``: and join it (at most the group's
+        timeout), so that what it holds (a communicator, a CUDA stream) is freed before this returns."""
         if self.thread.is_alive():
             self.jobs.put(None)
+            if wait:
+                self.thread.join(self.limits[0])
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
+
+
+#: every reducer whose thread may still run: stopped and joined at interpreter exit
+_LIVE: weakref.WeakSet[ThreadedReducer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_reducers() -> None:
+    """Stop and join every reducer thread before the interpreter tears down: a daemon thread still
+    inside ``ncclCommDestroy`` while the process exits aborts it ("terminate called without an active
+    exception", seen on 4 ranks). The NCCL exchange needs no MPI to stop; the MPI one holds nothing."""
+    for reducer in list(_LIVE):
+        with contextlib.suppress(Exception):
+            reducer.close(wait=True)
 
 
 class OverlapReducer(ThreadedReducer):
