@@ -5,8 +5,8 @@ one backward kernel for the input gradient; the weight and bias gradients are co
 ``grad * x_hat`` and ``grad`` through the runtime's reductions. ``batch_norm`` runs one channel
 kernel each way (statistics, normalization and the running-statistics update in the forward; dx,
 dweight and dbias in the backward); ``batch_norm_relu`` is the same op with a ReLU (after an optional
-residual add) applied in the normalize pass and its mask in the backward kernel. Float16 inputs are computed in float32 (the kernels cast on
-load), and results keep the input's dtype.
+residual add) applied in the normalize pass and its mask in the backward kernel. Float16 inputs are
+computed in float32 (the kernels cast on load), and results keep the input's dtype.
 """
 
 from __future__ import annotations

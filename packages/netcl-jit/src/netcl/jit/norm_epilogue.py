@@ -60,9 +60,8 @@ def _wanting_grads(nodes: list[TraceNode], wanting: set[int]) -> set[int]:
     grads = set(wanting)
     for node in nodes:  # trace order: inputs before their users
         value = node.attrs.get("value") if node.kind == "const" else None
-        if isinstance(value, engine.Node) and value.requires_grad:
-            grads.add(node.id)
-        elif node.kind == "op" and any(p.id in grads for p in node.inputs):
+        leaf = isinstance(value, engine.Node) and value.requires_grad
+        if leaf or (node.kind == "op" and any(p.id in grads for p in node.inputs)):
             grads.add(node.id)
     return grads
 

@@ -16,6 +16,11 @@ not depend on timing); elsewhere each pass below is one launch.
   counter of ``nn.BatchNorm*``: no launch of its own). Evaluation reads the running statistics (one pass).
 - Backward: one pass sums ``g`` and ``g (x - mean)`` (giving ``db`` and ``dw = sum(g xhat)``), a
   second writes ``dx = w rstd (g - mean(g) - xhat mean(g xhat))`` (training) or ``g w rstd`` (eval).
+- Epilogue (``relu=True``, optionally ``residual``): the normalize pass writes ``relu(y [+ residual])`` (y
+  rounded to x's dtype first, as the unfused composition stores it); ``batch_norm_relu_backward`` reads that
+  output and multiplies ``g`` by its mask (``out > 0``) wherever the backward reads ``g``, and stores the
+  masked ``g`` as the residual's gradient in the pass that visits each element once (the sums' pass, else the
+  dx pass). The add, the ReLU and the mask are exact: bit for bit the unfused ops.
 
 Statistics are float32 (float64 for float64 x); float16 x is loaded and stored as half and computed
 in float32. N, C and S are kernel arguments: a new batch or image size builds nothing. Each kernel
@@ -482,16 +487,20 @@ def _forward_launches(
     w_dtype, b_dtype, rm_dtype, rv_dtype = optional
 
     def make() -> str:
-        return _header(dtypes, acc, idx, flags) + _stored(x_dtype, acc, vec) + _FORWARD.format(
-            xt=storage_ctype(x_dtype),
-            params=_param("w", w_dtype)
-            + _param("b", b_dtype)
-            + _param("rm", rm_dtype, not training)
-            + _param("rv", rv_dtype, not training)
-            + ("__global long* restrict nbt, " if counts else "")
-            + _param("r", x_dtype if resid else None),
-            w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
-            b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
+        return (
+            _header(dtypes, acc, idx, flags)
+            + _stored(x_dtype, acc, vec)
+            + _FORWARD.format(
+                xt=storage_ctype(x_dtype),
+                params=_param("w", w_dtype)
+                + _param("b", b_dtype)
+                + _param("rm", rm_dtype, not training)
+                + _param("rv", rv_dtype, not training)
+                + ("__global long* restrict nbt, " if counts else "")
+                + _param("r", x_dtype if resid else None),
+                w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
+                b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
+            )
         )
 
     present = (w_dtype is not None, b_dtype is not None, running, counts, relu, resid)
@@ -589,7 +598,9 @@ def batch_norm_relu_backward(
     mask's products are exact). Checked and prepared once per call signature."""
     flags = needs if _flags(needs, 4) else UNKEYED
     if out is None:
-        raise TypeError("batch_norm_relu_backward: out (the forward's output, whose sign is the ReLU's mask) is required")
+        raise TypeError(
+            "batch_norm_relu_backward: out (the forward's output, whose sign is the ReLU's mask) is required"
+        )
     return _backward(g, x, out, mean, rstd, weight, training, flags)
 
 
