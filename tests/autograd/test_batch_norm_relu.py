@@ -61,6 +61,18 @@ def test_bitwise_the_composition(device, shape, residual, training):
         np.testing.assert_array_equal(got, ref, err_msg=f"result {i}")
 
 
+@pytest.mark.parametrize("shape", SHAPES[:2])
+@pytest.mark.parametrize("training", [True, False])
+def test_bitwise_with_chunked_channels(cl_device, monkeypatch, shape, training):
+    """The GPU's chunked launches (``_parts``: stage 0 stores each chunk's sums, stage 1 adds them), forced here:
+    the residual's gradient is stored in stage 0 and read back by stage 1's dx pass."""
+    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors: 3)
+    fused = _run(cl_device, shape, True, True, training)
+    unfused = _run(cl_device, shape, False, True, training)
+    for i, (got, ref) in enumerate(zip(fused, unfused, strict=True)):
+        np.testing.assert_array_equal(got, ref, err_msg=f"result {i}")
+
+
 def test_values_against_float64(device):
     rng = np.random.default_rng(3)
     shape = (5, 4, 3, 2)

@@ -19,8 +19,9 @@ not depend on timing); elsewhere each pass below is one launch.
 - Epilogue (``relu=True``, optionally ``residual``): the normalize pass writes ``relu(y [+ residual])`` (y
   rounded to x's dtype first, as the unfused composition stores it); ``batch_norm_relu_backward`` reads that
   output and multiplies ``g`` by its mask (``out > 0``) wherever the backward reads ``g``, and stores the
-  masked ``g`` as the residual's gradient in the pass that visits each element once (the sums' pass, else the
-  dx pass). The add, the ReLU and the mask are exact: bit for bit the unfused ops.
+  masked ``g`` as the residual's gradient in the pass that visits each element once (the sums' pass, whose
+  stores the dx pass then reads instead of ``g`` and the output; else the dx pass). The add, the ReLU and
+  the mask are exact: bit for bit the unfused ops.
 
 Statistics are float32 (float64 for float64 x); float16 x is loaded and stored as half and computed
 in float32. N, C and S are kernel arguments: a new batch or image size builds nothing. Each kernel
@@ -189,12 +190,17 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __globa
 #if RESID_GRAD && REDUCE
 #define KEEP_S(at, v) STOREV(v, gr, at, {gt})
 #define KEEP_D(at)
+/* the dx pass reads back what this work-item (or, chunked, stage 0) stored: one load instead of g's and out's */
+#define GDX(at) LOADV(gr, at)
 #elif RESID_GRAD
 #define KEEP_S(at, v)
 #define KEEP_D(at) STOREV(GIN(at), gr, at, {gt})
 #else
 #define KEEP_S(at, v)
 #define KEEP_D(at)
+#endif
+#ifndef GDX
+#define GDX(at) GIN(at)
 #endif
 #if REDUCE
     ACC a = 0, b = 0;
@@ -206,10 +212,10 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __globa
     const ACC ws = {w} * rs;
 #if TRAINING
     const ACC count = (ACC)(T * VEC), ca = a / count, cb = b * rs * rs / count;
-#define DX(at) {{ STOREV(ws * (GIN(at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt}); KEEP_D(at); }}
+#define DX(at) {{ STOREV(ws * (GDX(at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt}); KEEP_D(at); }}
     CHANNEL_LOOP(DX)
 #else
-#define DX(at) {{ STOREV(ws * GIN(at), gx, at, {gt}); KEEP_D(at); }}
+#define DX(at) {{ STOREV(ws * GDX(at), gx, at, {gt}); KEEP_D(at); }}
     CHANNEL_LOOP(DX)
 #endif
 #elif RESID_GRAD && !REDUCE
