@@ -4,8 +4,9 @@
 one backward kernel for the input gradient; the weight and bias gradients are column sums of
 ``grad * x_hat`` and ``grad`` through the runtime's reductions. ``batch_norm`` runs one channel
 kernel each way (statistics, normalization and the running-statistics update in the forward; dx,
-dweight and dbias in the backward). Float16 inputs are computed in float32 (the kernels cast on
-load), and results keep the input's dtype.
+dweight and dbias in the backward); ``batch_norm_relu`` is the same op with a ReLU (after an optional
+residual add) applied in the normalize pass and its mask in the backward kernel. Float16 inputs are
+computed in float32 (the kernels cast on load), and results keep the input's dtype.
 """
 
 from __future__ import annotations
@@ -140,6 +141,56 @@ def batch_norm(
     ``num_batches_tracked`` (netcl's addition: an int64 tensor of shape (), a BatchNorm module's
     counter) is incremented in place by each training call, inside the forward kernel.
     """
+    momentum, eps = _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    needs = (_needs(x), _needs(weight), _needs(bias), False)
+    forward, grad = batch_norm_rules(training, momentum, eps, False, needs)
+    attrs = {"training": training, "momentum": momentum, "eps": eps}
+    operands = (x, weight, bias, running_mean, running_var, num_batches_tracked)
+    return apply_op(forward, grad, *operands, op_name="batch_norm", attrs=attrs)
+
+
+def batch_norm_relu(
+    x: Operand,
+    running_mean: Tensor | Node | None,
+    running_var: Tensor | Node | None,
+    weight: Operand | None = None,
+    bias: Operand | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    residual: Operand | None = None,
+    num_batches_tracked: Tensor | None = None,
+) -> Node:
+    """``relu(batch_norm(x, ...))``, or ``relu(batch_norm(x, ...) + residual)`` (a ResNet basic block's tail), as
+    one op: the batch norm's normalize pass applies the add and the ReLU and stores the result once; the
+    backward applies the ReLU's mask (the saved output's sign) inside the batch norm's backward kernel and
+    hands ``residual`` its gradient (the masked upstream gradient) from the same kernel.
+
+    Arguments as ``batch_norm``'s; ``residual`` has x's shape and dtype (no broadcasting). Bit for bit the
+    composition ``relu(batch_norm(...) [+ residual])``, forward and backward (the add and the ReLU are exact).
+    ``jit_compile`` (and so ``fuse_graph``) rewrites that composition into this op where the intermediate
+    values have no other use.
+    """
+    momentum, eps = _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if residual is not None:
+        v, r = value_of(x, "batch_norm_relu"), value_of(residual, "batch_norm_relu", "residual")
+        if tuple(r.shape) != tuple(v.shape) or r.dtype != v.dtype:
+            raise ShapeError(
+                f"batch_norm_relu: residual must have x's shape {tuple(v.shape)} and dtype {v.dtype} "
+                f"(no broadcasting), got shape {tuple(r.shape)} and dtype {r.dtype}"
+            )
+    needs = (_needs(x), _needs(weight), _needs(bias), _needs(residual))
+    forward, grad = batch_norm_rules(training, momentum, eps, True, needs)
+    attrs = {"training": training, "momentum": momentum, "eps": eps, "residual": residual is not None}
+    operands = (x, weight, bias, running_mean, running_var, num_batches_tracked, residual)
+    return apply_op(forward, grad, *operands, op_name="batch_norm_relu", attrs=attrs)
+
+
+def _check(
+    x: Operand, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool, momentum: Any, eps: Any
+) -> tuple[float, float]:
+    """Validate a batch norm call before any launch; returns (momentum, eps) as floats."""
     v = value_of(x, "batch_norm")
     if v.ndim < 2:
         raise ShapeError(f"batch_norm: x must be (N, C) or (N, C, *), got shape {v.shape}")
@@ -162,33 +213,47 @@ def batch_norm(
         raise TypeError(f"batch_norm: momentum must be a number, got {momentum!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"batch_norm: eps must be a number > 0, got {eps!r}")
-    momentum, eps = float(momentum), float(eps)
+    return float(momentum), float(eps)
+
+
+def batch_norm_rules(
+    training: bool, momentum: float, eps: float, relu: bool, needs: tuple[bool, bool, bool, bool]
+) -> tuple[Any, Any]:
+    """(forward, grad) of ``batch_norm`` (``relu`` False: operands x, weight, bias, running_mean, running_var,
+    num_batches_tracked) or ``batch_norm_relu`` (those and the residual, None for none), for ``apply_op``.
+    ``needs``: whether x, weight, bias and the residual want gradients. A tracer that rewrites a traced
+    composition into ``batch_norm_relu`` builds its rules here."""
     saved: dict[str, Any] = {}
 
     # One channel kernel each way (netcl.runtime.ops.batchnorm). The running statistics are arguments
     # (no gradient) updated IN PLACE by the forward kernel, so a jitted function or a captured step
     # (which replays the op, not this Python code around it) updates each call's tensors.
     def forward(
-        xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None, nbt: Tensor | None
-    ) -> Tensor:
-        y, mean, rstd = batchnorm.batch_norm_forward(xv, rmv, rvv, w, b, training, momentum, eps, nbt)
+        xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None, nbt: Tensor | None,
+        r: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        y, mean, rstd = batchnorm.batch_norm_forward(
+            xv, rmv, rvv, w, b, training, momentum, eps, nbt, relu=relu, residual=r
+        )
         saved.update(out=y, mean=mean, rstd=rstd)
         return y
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        xv, w, b, rmv, rvv, _ = values
+        xv, w, b, rmv, rvv = values[:5]
         if saved.get("out") is out:
             mean, rstd = saved["mean"], saved["rstd"]
         else:  # re-derive without touching the running statistics
             stats = (None, None) if training else (rmv, rvv)
             _, mean, rstd = batchnorm.batch_norm_forward(xv, *stats, None, None, training, momentum, eps)
-        needs = (_needs(x), w is not None and _needs(weight), b is not None and _needs(bias))
-        gx, gw, gb = batchnorm.batch_norm_backward(_as_dtype(g, xv.dtype), xv, mean, rstd, w, training, needs)
-        return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None, None]
+        g = _as_dtype(g, xv.dtype)
+        if not relu:
+            gx, gw, gb = batchnorm.batch_norm_backward(g, xv, mean, rstd, w, training, (needs[0], *needs[1:3]))
+            return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None, None]
+        flags = (needs[0], needs[1] and w is not None, needs[2] and b is not None, needs[3] and values[6] is not None)
+        gx, gw, gb, gr = batchnorm.batch_norm_relu_backward(g, out, xv, mean, rstd, w, training, flags)
+        return [gx, gw, None if gb is None else _as_dtype(gb, b.dtype), None, None, None, gr]
 
-    attrs = {"training": training, "momentum": momentum, "eps": eps}
-    operands = (x, weight, bias, running_mean, running_var, num_batches_tracked)
-    return apply_op(forward, grad, *operands, op_name="batch_norm", attrs=attrs)
+    return forward, grad
 
 
-__all__ = ["batch_norm", "layer_norm", "rms_norm"]
+__all__ = ["batch_norm", "batch_norm_relu", "batch_norm_rules", "layer_norm", "rms_norm"]

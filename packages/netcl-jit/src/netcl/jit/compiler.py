@@ -27,6 +27,7 @@ from netcl.jit.errors import JitError, UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
 from netcl.jit.guards import find_guards
+from netcl.jit.norm_epilogue import fuse_norm_epilogues
 from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
 from netcl.jit.primitive_registry import registry_version
 from netcl.jit.row_step import RowStep
@@ -231,6 +232,7 @@ class JitFunction:
         arg_traces: list[TraceNode | None] = []
         traced_args: list[Any] = []
         needs_grad = False
+        wanting: set[int] = set()  # traced inputs that want gradients
         try:
             with context:
                 for position, arg in enumerate(args):
@@ -239,6 +241,8 @@ class JitFunction:
                         wants = engine.is_grad_enabled() and isinstance(arg, Node) and arg.requires_grad
                         needs_grad = needs_grad or wants
                         node = context.input(value.shape, value.dtype, wants)
+                        if wants:
+                            wanting.add(node.value.id)
                     elif isinstance(value, Real) and not isinstance(value, bool):
                         node = context.param(position)
                     else:
@@ -259,6 +263,7 @@ class JitFunction:
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
             return None, "the function does not return traced Nodes"
         output_traces = [o.value for o in outputs]
+        fuse_norm_epilogues(output_traces, wanting)
         steps: list[FusedStep | RowStep | GemmEpilogueStep | EagerStep] = []
         fused: list[FusedStep | RowStep | GemmEpilogueStep] = []
         step_kinds = {FusedGroup: FusedStep, RowGroup: RowStep, MatmulGroup: GemmEpilogueStep}

@@ -98,11 +98,18 @@ _RULES: dict[str, Callable[[list[tuple[int, ...]], dict], tuple[int, ...]]] = {
     # ops with state or a costly probe: never run on zeros at trace time (batch_norm would update
     # its running statistics there)
     "batch_norm": same_shape,
+    "batch_norm_relu": same_shape,
     "cumsum": same_shape,
     "flip": same_shape,
 }
 #: dtype rules of the ops that are not row ops (others: NumPy's result type of the inputs)
-_DTYPES: dict[str, Callable[[list[np.dtype]], np.dtype]] = {"nll_loss": class_loss_dtype}
+_DTYPES: dict[str, Callable[[list[np.dtype]], np.dtype]] = {
+    "nll_loss": class_loss_dtype,
+    # x's dtype (not the result type with the int64 num_batches_tracked, which made it float64 and kept the
+    # float32 ReLU after it out of fused groups)
+    "batch_norm": lambda dtypes: dtypes[0],
+    "batch_norm_relu": lambda dtypes: dtypes[0],
+}
 
 
 def _probe(fn: Callable, inputs: list, layout: list[tuple[str, Any]]) -> tuple[tuple[int, ...], np.dtype]:

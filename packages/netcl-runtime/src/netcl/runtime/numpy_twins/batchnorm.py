@@ -6,7 +6,7 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops.batchnorm import Grads
+from netcl.runtime.ops._table import numpy_relu
 
 
 def _np(t: Tensor, dtype: np.dtype) -> np.ndarray:
@@ -24,12 +24,14 @@ def batch_norm_apply(
     weight: Tensor | None,
     bias: Tensor | None,
     num_batches_tracked: Tensor | None,
+    residual: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
+    relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     momentum, eps = float(momentum), float(eps)
     if num_batches_tracked is not None:
@@ -56,6 +58,11 @@ def batch_norm_apply(
             y = y * _np(weight, stat).reshape(shape)
         if bias is not None:
             y = y + _np(bias, stat).reshape(shape)
+        if relu:  # the epilogue on the output as x's dtype stores it (add and ReLU exact)
+            y = y.astype(x.dtype).astype(stat)
+            if residual is not None:
+                y = y + _np(residual, stat)
+            y = numpy_relu(y)
     device = x.device
     return wrap_numpy(y, device, x.dtype), wrap_numpy(mu.astype(stat), device, stat), wrap_numpy(rstd, device, stat)
 
@@ -63,20 +70,23 @@ def batch_norm_apply(
 def batch_norm_grads(
     g: Tensor,
     x: Tensor,
+    out: Tensor | None,
     mean: Tensor,
     rstd: Tensor,
     weight: Tensor | None,
     training: bool,
-    needs: tuple[bool, bool, bool],
+    needs: tuple[bool, bool, bool, bool],
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
     w_dtype: np.dtype,
-) -> Grads:
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     C = x.shape[1]
     shape, axes = _channel(x.ndim, C)
     with np.errstate(all="ignore"):
         v, gv = _np(x, stat), _np(g, stat)
+        if out is not None:  # the ReLU epilogue's mask (exact products)
+            gv = gv * (_np(out, stat) > 0).astype(stat)
         rs = _np(rstd, stat).reshape(shape)
         xh = (v - _np(mean, stat).reshape(shape)) * rs
         w = _np(weight, stat).reshape(shape) if weight is not None else stat.type(1)
@@ -93,4 +103,5 @@ def batch_norm_grads(
         None if gx is None else wrap_numpy(gx, device, g.dtype),
         wrap_numpy(sum_gx, device, w_dtype) if needs[1] else None,
         wrap_numpy(sum_g, device, w_dtype) if needs[2] else None,
+        wrap_numpy(gv, device, g.dtype) if needs[3] else None,
     )

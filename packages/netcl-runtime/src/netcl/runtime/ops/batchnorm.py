@@ -16,6 +16,12 @@ not depend on timing); elsewhere each pass below is one launch.
   counter of ``nn.BatchNorm*``: no launch of its own). Evaluation reads the running statistics (one pass).
 - Backward: one pass sums ``g`` and ``g (x - mean)`` (giving ``db`` and ``dw = sum(g xhat)``), a
   second writes ``dx = w rstd (g - mean(g) - xhat mean(g xhat))`` (training) or ``g w rstd`` (eval).
+- Epilogue (``relu=True``, optionally ``residual``): the normalize pass writes ``relu(y [+ residual])`` (y
+  rounded to x's dtype first, as the unfused composition stores it); ``batch_norm_relu_backward`` reads that
+  output and multiplies ``g`` by its mask (``out > 0``) wherever the backward reads ``g``, and stores the
+  masked ``g`` as the residual's gradient in the pass that visits each element once (the sums' pass, whose
+  stores the dx pass then reads instead of ``g`` and the output; else the dx pass). The add, the ReLU and
+  the mask are exact: bit for bit the unfused ops.
 
 Statistics are float32 (float64 for float64 x); float16 x is loaded and stored as half and computed
 in float32. N, C and S are kernel arguments: a new batch or image size builds nothing. Each kernel
@@ -68,12 +74,20 @@ _HEADER = """{pragmas}#define ACC {acc}
 #define LOADV(p, i) convert_{acc}4(vload4((i), (p)))
 #define STOREV(v, p, i, T) vstore4(convert_##T##4(v), (i), (p))
 #define HSUM(v) ((v).x + (v).y + (v).z + (v).w)
+#define POS(v) isgreater((v), (VT)0)
+#define PICK(a, b, c) select((a), (b), (c))
 #else
 #define VT ACC
 #define LOADV(p, i) ((ACC)(p)[i])
 #define STOREV(v, p, i, T) ((p)[i] = (T)(v))
 #define HSUM(v) (v)
+#define POS(v) ((v) > (ACC)0)
+#define PICK(a, b, c) ((c) ? (b) : (a))
 #endif
+/* The epilogue's ReLU (RELU of the primitives: NaN passes) and its mask (RELU_GRAD: 1 where the output is > 0,
+   which is where its input is), in ACC. */
+#define RELUV(v) PICK((VT)0, (v), POS(v) | isnan(v))
+#define MASKV(v) PICK((VT)0, (VT)1, POS(v))
 /* Lane lid's walk over its group's vectors [lo, hi) of one channel: vector i of T = N * SV sits in plane n
    at offset s (no division per step). STEP(at) runs for each of the lane's vectors, four per iteration
    (their loads issue together). */
@@ -138,8 +152,20 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
     const ACC mu = (ACC)rm[c], rs = rsqrt((ACC)rv[c] + eps);
     if (lid == 0 && p == 0) {{ mean[c] = mu; rstd[c] = rs; }}
 #endif
+#if RESID
+#define RESIDUAL(at) + LOADV(r, at)
+#else
+#define RESIDUAL(at)
+#endif
     const ACC scale = {w} * rs, shift = {b} - mu * scale;
+#if RELU
+/* y = relu(bn + r): bn rounded to x's dtype first (what the unfused composition stores), then the add and the
+   ReLU (exact), one store. */
+#define NORMALIZE(at) {{ VT v = LOADV(x, at) * scale + shift; v = STORED(v); v = RELUV(v RESIDUAL(at)); \
+                         STOREV(v, y, at, {xt}); }}
+#else
 #define NORMALIZE(at) STOREV(LOADV(x, at) * scale + shift, y, at, {xt})
+#endif
     CHANNEL_LOOP(NORMALIZE)
 }}
 """
@@ -147,16 +173,38 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
 _BACKWARD = """
 __kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __global const {gt}* restrict g,
                                         {params}__global const ACC* restrict mean,
-                                        __global const ACC* restrict rstd, __global {gt}* restrict gx,
+                                        __global const ACC* restrict rstd, __global {gt}* restrict gx, {gr}
                                         __global ACC* restrict dw, __global ACC* restrict db,
                                         const IDX N, const IDX C, const IDX SV,
                                         __global ACC* restrict part, const int P, const int stage) {{
     __local ACC sa[LMAX], sb[LMAX];
     CHUNK
     const ACC mu = mean[c], rs = rstd[c];
+/* GIN: the gradient of the normalized output: g, or with the ReLU epilogue g * (out > 0) (exact). KEEP_S / KEEP_D
+   store it as the residual's gradient, in whichever loop visits every element once. */
+#if RELU
+#define GIN(at) (LOADV(g, at) * MASKV(LOADV(out, at)))
+#else
+#define GIN(at) LOADV(g, at)
+#endif
+#if RESID_GRAD && REDUCE
+#define KEEP_S(at, v) STOREV(v, gr, at, {gt})
+#define KEEP_D(at)
+/* the dx pass reads back what this work-item (or, chunked, stage 0) stored: one load instead of g's and out's */
+#define GDX(at) LOADV(gr, at)
+#elif RESID_GRAD
+#define KEEP_S(at, v)
+#define KEEP_D(at) STOREV(GIN(at), gr, at, {gt})
+#else
+#define KEEP_S(at, v)
+#define KEEP_D(at)
+#endif
+#ifndef GDX
+#define GDX(at) GIN(at)
+#endif
 #if REDUCE
     ACC a = 0, b = 0;
-#define SUMS(at) {{ const VT gg = LOADV(g, at); a += HSUM(gg); b += HSUM(gg * (LOADV(x, at) - mu)); }}
+#define SUMS(at) {{ const VT gg = GIN(at); KEEP_S(at, gg); a += HSUM(gg); b += HSUM(gg * (LOADV(x, at) - mu)); }}
     CHANNEL_SUMS(a, b, SUMS)
     if (lid == 0 && p == 0) {{ dw[c] = b * rs; db[c] = a; }}
 #endif
@@ -164,12 +212,15 @@ __kernel void netcl_batch_norm_backward(__global const {xt}* restrict x, __globa
     const ACC ws = {w} * rs;
 #if TRAINING
     const ACC count = (ACC)(T * VEC), ca = a / count, cb = b * rs * rs / count;
-#define DX(at) STOREV(ws * (LOADV(g, at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt})
+#define DX(at) {{ STOREV(ws * (GDX(at) - ca - (LOADV(x, at) - mu) * cb), gx, at, {gt}); KEEP_D(at); }}
     CHANNEL_LOOP(DX)
 #else
-#define DX(at) STOREV(ws * LOADV(g, at), gx, at, {gt})
+#define DX(at) {{ STOREV(ws * GDX(at), gx, at, {gt}); KEEP_D(at); }}
     CHANNEL_LOOP(DX)
 #endif
+#elif RESID_GRAD && !REDUCE
+#define DX(at) KEEP_D(at)
+    CHANNEL_LOOP(DX)
 #endif
 }}
 """
@@ -233,6 +284,26 @@ def check_batch_norm(
         if not training:
             raise ValueError(f"{op}: num_batches_tracked counts training calls; got training=False")
     return N, C, S
+
+
+def check_epilogue(x: Tensor, relu: Any, residual: Any) -> None:
+    """Validate ``batch_norm_forward``'s epilogue: ``relu`` a bool, ``residual`` None or a tensor of x's shape,
+    dtype and device, given only with ``relu`` (the epilogues are ``relu(y)`` and ``relu(y + residual)``)."""
+    op = "batch_norm"
+    if type(relu) is not bool:
+        raise TypeError(f"{op}: relu must be a bool, got {relu!r}")
+    if residual is None:
+        return
+    if not relu:
+        raise ValueError(f"{op}: a residual is added only before the ReLU epilogue: pass relu=True with residual")
+    if not isinstance(residual, Tensor):
+        raise TypeError(f"{op}: residual must be a Tensor or None, got {type(residual).__name__}")
+    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype:
+        raise ShapeError(
+            f"{op}: residual must have x's shape {tuple(x.shape)} and dtype {x.dtype} (no broadcasting), "
+            f"got shape {tuple(residual.shape)} and dtype {residual.dtype}"
+        )
+    same_device(x.device, residual.device)
 
 
 def _acc(dtype: np.dtype) -> tuple[str, np.dtype]:
@@ -306,6 +377,14 @@ def _header(dtypes: list[np.dtype], acc: str, idx: str, flags: dict[str, int]) -
     return defines + _HEADER.format(pragmas=pragmas(dtypes), acc=acc, idx=idx, lmax=MAX_LANES) + _SUM2
 
 
+def _stored(dtype: np.dtype, acc: str, vec: int) -> str:
+    """``STORED(v)``: an ACC value (vector) rounded to the storage ``dtype`` and back (identity unless half)."""
+    if dtype != np.float16:
+        return "#define STORED(v) (v)\n"
+    suffix = "4" if vec == 4 else ""
+    return f"#define STORED(v) convert_{acc}{suffix}(convert_half{suffix}(v))\n"
+
+
 def _param(name: str, dtype: np.dtype | None, const: bool = True) -> str:
     return "" if dtype is None else f"__global {'const ' if const else ''}{storage_ctype(dtype)}* restrict {name}, "
 
@@ -324,10 +403,17 @@ def batch_norm_forward(
     momentum: float = 0.1,
     eps: float = 1e-5,
     num_batches_tracked: Tensor | None = None,
+    *,
+    relu: bool = False,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running);
     a training call adds one to ``num_batches_tracked`` (an int64 scalar) when given. Checked and prepared
-    once per call signature (``call_plans``)."""
+    once per call signature (``call_plans``).
+
+    Epilogue, in the same pass that writes y: ``relu=True`` writes ``relu(bn)``, with ``residual`` (x's shape and
+    dtype) ``relu(bn + residual)``, where ``bn`` is the normalized output rounded to x's dtype: bit for bit what
+    ``batch_norm`` followed by ``add`` and ``relu`` gives (both are exact)."""
     key = (
         tensor_sig(x) if x is not None else UNKEYED,
         tensor_sig(running_mean),
@@ -338,6 +424,8 @@ def batch_norm_forward(
         exact(momentum, float, int),
         exact(eps, float, int),
         tensor_sig(num_batches_tracked),
+        exact(relu, bool),
+        tensor_sig(residual),
         _parts,  # the chunking policy the launches were prepared with
     )
     plan = _FORWARDS.plans.get(key)
@@ -346,22 +434,23 @@ def batch_norm_forward(
         N, C, S = check_batch_norm(
             x, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked
         )
+        check_epilogue(x, relu, residual)
         acc, stat = _acc(x.dtype)
-        args = (training, momentum, eps, (N, C, S), acc, stat)
+        args = (training, momentum, eps, (N, C, S), acc, stat, relu)
         if x.device.kind == NUMPY_KIND:
             made = functools.partial(_apply_with, args)
         else:
             stats = (running_mean, running_var)
-            made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, *args)
+            made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, residual, *args)
         plan = _FORWARDS.keep(complete(key), made)
-    return plan(x, running_mean, running_var, weight, bias, num_batches_tracked)
+    return plan(x, running_mean, running_var, weight, bias, num_batches_tracked, residual)
 
 
 def _apply_with(
     args: tuple, x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
-    bias: Tensor | None, num_batches_tracked: Tensor | None,
+    bias: Tensor | None, num_batches_tracked: Tensor | None, residual: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    return batch_norm_apply(x, running_mean, running_var, weight, bias, num_batches_tracked, *args)
+    return batch_norm_apply(x, running_mean, running_var, weight, bias, num_batches_tracked, residual, *args)
 
 
 def _forward_launches(
@@ -371,24 +460,26 @@ def _forward_launches(
     weight: Tensor | None,
     bias: Tensor | None,
     num_batches_tracked: Tensor | None,
+    residual: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
+    relu: bool,
 ) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """``batch_norm_apply`` on OpenCL for operands like these as ``run(x, running_mean, running_var, weight,
-    bias, num_batches_tracked) -> (y, mean, rstd)``: eps, momentum and the sizes bound (the operands' dtypes
-    read, not kept)."""
+    bias, num_batches_tracked, residual) -> (y, mean, rstd)``: eps, momentum, the sizes and the epilogue bound
+    (the operands' dtypes read, not kept)."""
     N, C, S = sizes
     device, shape, x_dtype = x.device, x.shape, x.dtype
     empty = Tensor.empty
     if C == 0 or x.size == 0:
 
         def nothing(x: Tensor, *operands: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-            if operands[-1] is not None:  # no channel to normalize, one batch counted all the same
-                add_(operands[-1], 1)
+            if operands[4] is not None:  # no channel to normalize, one batch counted all the same
+                add_(operands[4], 1)
             return empty(shape, x_dtype, device), empty((C,), stat, device), empty((C,), stat, device)
 
         return nothing
@@ -397,25 +488,30 @@ def _forward_launches(
     idx = index_ctype(x.size)
     optional = [_dtype(t) for t in (weight, bias, running_mean, running_var)]
     dtypes = [x_dtype, stat, *[d for d in optional if d is not None]]
-    counts = num_batches_tracked is not None
-    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running, "COUNTER": counts}
+    counts, resid = num_batches_tracked is not None, residual is not None
+    flags = {"VEC": vec, "TRAINING": training, "RUNNING": running, "COUNTER": counts, "RELU": relu, "RESID": resid}
     w_dtype, b_dtype, rm_dtype, rv_dtype = optional
 
     def make() -> str:
-        return _header(dtypes, acc, idx, flags) + _FORWARD.format(
-            xt=storage_ctype(x_dtype),
-            params=_param("w", w_dtype)
-            + _param("b", b_dtype)
-            + _param("rm", rm_dtype, not training)
-            + _param("rv", rv_dtype, not training)
-            + ("__global long* restrict nbt, " if counts else ""),
-            w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
-            b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
+        return (
+            _header(dtypes, acc, idx, flags)
+            + _stored(x_dtype, acc, vec)
+            + _FORWARD.format(
+                xt=storage_ctype(x_dtype),
+                params=_param("w", w_dtype)
+                + _param("b", b_dtype)
+                + _param("rm", rm_dtype, not training)
+                + _param("rv", rv_dtype, not training)
+                + ("__global long* restrict nbt, " if counts else "")
+                + _param("r", x_dtype if resid else None),
+                w="(ACC)w[c]" if w_dtype is not None else "(ACC)1",
+                b="(ACC)b[c]" if b_dtype is not None else "(ACC)0",
+            )
         )
 
-    present = (w_dtype is not None, b_dtype is not None, running, counts)
+    present = (w_dtype is not None, b_dtype is not None, running, counts, relu, resid)
     key = ("fwd", tuple(d.str for d in dtypes), *present, training, vec, idx)
-    buffers = 4 + len(dtypes) - 2 + counts  # x, the optional tensors, the counter, y, mean, rstd
+    buffers = 4 + len(dtypes) - 2 + counts + resid  # x, the optional tensors, the counter, residual, y, mean, rstd
     types = [None] * buffers + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3
     values = [float(eps), float(momentum), N, C, S // vec]
     launches = _ChannelLaunches(
@@ -425,11 +521,11 @@ def _forward_launches(
 
     def run(
         x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
-        bias: Tensor | None, num_batches_tracked: Tensor | None,
+        bias: Tensor | None, num_batches_tracked: Tensor | None, residual: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         y = empty(shape, x_dtype, device)
         mean, rstd = empty((C,), stat, device), empty((C,), stat, device)
-        operands = (weight, bias, running_mean, running_var, num_batches_tracked)
+        operands = (weight, bias, running_mean, running_var, num_batches_tracked, residual)
         present = [t.data for t in operands if t is not None]
         launches([x.data, *present, y.data, mean.data, rstd.data], mean)
         return y, mean, rstd
@@ -445,17 +541,20 @@ def batch_norm_apply(
     weight: Tensor | None,
     bias: Tensor | None,
     num_batches_tracked: Tensor | None,
+    residual: Tensor | None,
     training: bool,
     momentum: float,
     eps: float,
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
+    relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``batch_norm_forward`` of a checked call: x viewed as ``sizes`` (N, C, S), arithmetic in ``acc``
-    (``stat``), the statistics' dtype (prepared for this call alone: ``batch_norm_forward`` keeps them)."""
-    args = (training, momentum, eps, sizes, acc, stat)
-    operands = (x, running_mean, running_var, weight, bias, num_batches_tracked)
+    (``stat``), the statistics' dtype, the epilogue ``relu`` (+ ``residual``) applied (prepared for this call
+    alone: ``batch_norm_forward`` keeps them)."""
+    args = (training, momentum, eps, sizes, acc, stat, relu)
+    operands = (x, running_mean, running_var, weight, bias, num_batches_tracked, residual)
     return _forward_launches(*operands, *args)(*operands)
 
 
@@ -485,10 +584,44 @@ def batch_norm_backward(
 ) -> Grads:
     """(dx, dweight, dbias) of ``batch_norm`` from the ``mean``/``rstd`` its forward returned; ``needs``
     picks which are computed (dweight only with a weight). Checked and prepared once per call signature."""
-    flags = needs if type(needs) is tuple and len(needs) == 3 and {*map(type, needs)} <= {bool} else UNKEYED
+    flags = (*needs, False) if _flags(needs, 3) else UNKEYED
+    return _backward(g, x, None, mean, rstd, weight, training, flags)[:3]
+
+
+def batch_norm_relu_backward(
+    g: Tensor,
+    out: Tensor,
+    x: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    weight: Tensor | None = None,
+    training: bool = False,
+    needs: tuple[bool, bool, bool, bool] = (True, True, True, False),
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """(dx, dweight, dbias, dresidual) of ``batch_norm_forward(..., relu=True[, residual=r])`` whose output was
+    ``out``: the ReLU's mask (``out > 0``) applied to ``g`` inside the batch norm's kernel, and with ``needs[3]``
+    the masked ``g`` (the residual's gradient) stored by the same kernel. Bit for bit the unfused backward (the
+    mask's products are exact). Checked and prepared once per call signature."""
+    flags = needs if _flags(needs, 4) else UNKEYED
+    if out is None:
+        raise TypeError(
+            "batch_norm_relu_backward: out (the forward's output, whose sign is the ReLU's mask) is required"
+        )
+    return _backward(g, x, out, mean, rstd, weight, training, flags)
+
+
+def _flags(needs: Any, count: int) -> bool:
+    return type(needs) is tuple and len(needs) == count and {*map(type, needs)} <= {bool}
+
+
+def _backward(
+    g: Tensor, x: Tensor, out: Tensor | None, mean: Tensor, rstd: Tensor, weight: Tensor | None, training: bool,
+    flags: Any,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
     key = (
         tensor_sig(g) if g is not None else UNKEYED,
         tensor_sig(x) if x is not None else UNKEYED,
+        tensor_sig(out),
         tensor_sig(mean) if mean is not None else UNKEYED,
         tensor_sig(rstd) if rstd is not None else UNKEYED,
         tensor_sig(weight),
@@ -498,21 +631,31 @@ def batch_norm_backward(
     )
     plan = _BACKWARDS.plans.get(key)
     if plan is None:
-        plan = _BACKWARDS.keep(complete(key), _backward_plan(g, x, mean, rstd, weight, training, needs))
-    return plan(g, x, mean, rstd, weight)
+        plan = _BACKWARDS.keep(complete(key), _backward_plan(g, x, out, mean, rstd, weight, training, flags))
+    return plan(g, x, out, mean, rstd, weight)
 
 
 def _backward_plan(
-    g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, training: bool, needs: Any
-) -> Callable[..., Grads]:
-    """``batch_norm_backward``'s checks for these arguments, and its work as ``run(g, x, mean, rstd, weight)``."""
+    g: Tensor, x: Tensor, out: Tensor | None, mean: Tensor, rstd: Tensor, weight: Tensor | None, training: bool,
+    needs: Any,
+) -> Callable[..., tuple[Tensor | None, ...]]:  # fmt: skip
+    """``_backward``'s checks for these arguments, and its work as ``run(g, x, out, mean, rstd, weight)``."""
     op = "batch_norm_backward"
-    for name, t in (("g", g), ("x", x), ("mean", mean), ("rstd", rstd), ("weight", weight)):
-        _tensor(op, name, t, optional=name == "weight")
+    for name, t in (("g", g), ("x", x), ("mean", mean), ("rstd", rstd), ("weight", weight), ("out", out)):
+        _tensor(op, name, t, optional=name in ("weight", "out"))
         if t is not None:
             same_device(x.device, t.device)
     if x.ndim < 2 or tuple(g.shape) != tuple(x.shape):
         raise ShapeError(f"{op}: g {tuple(g.shape)} and x {tuple(x.shape)} must be one (N, C, *) shape")
+    if out is not None and (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype):
+        raise ShapeError(
+            f"{op}: out (the ReLU epilogue's output) must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+            f"got {tuple(out.shape)} {out.dtype}"
+        )
+    if not _flags(needs, 4):
+        raise TypeError(f"{op}: needs must be a tuple of bools (dx, dweight, dbias[, dresidual]), got {needs!r}")
+    if needs[3] and out is None:
+        raise ValueError(f"{op}: a residual's gradient exists only with the ReLU epilogue's output (out)")
     N, C, S = x.shape[0], x.shape[1], math.prod(x.shape[2:])
     for name, t in (("mean", mean), ("rstd", rstd), ("weight", weight)):
         if t is not None and tuple(t.shape) != (C,):
@@ -520,54 +663,61 @@ def _backward_plan(
     acc, stat = _acc(x.dtype)
     if mean.dtype != stat or rstd.dtype != stat:
         raise DTypeError(f"{op}: mean and rstd must be {stat} (what batch_norm_forward returns), got {mean.dtype}")
-    need_dx, need_dw, need_db = needs[0], needs[1] and weight is not None, needs[2]
+    resolved = (needs[0], needs[1] and weight is not None, needs[2], needs[3])
     w_dtype = weight.dtype if weight is not None else x.dtype
-    args = (bool(training), (need_dx, need_dw, need_db), (N, C, S), acc, stat, w_dtype)
+    args = (bool(training), resolved, (N, C, S), acc, stat, w_dtype)
     if x.device.kind == NUMPY_KIND:
         return functools.partial(_grads_with, args)
-    return _backward_launches(g, x, weight, *args)
+    return _backward_launches(g, x, out, weight, *args)
 
 
-def _grads_with(args: tuple, g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None) -> Grads:
-    return batch_norm_grads(g, x, mean, rstd, weight, *args)
+def _grads_with(
+    args: tuple, g: Tensor, x: Tensor, out: Tensor | None, mean: Tensor, rstd: Tensor, weight: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    return batch_norm_grads(g, x, out, mean, rstd, weight, *args)
 
 
 def _backward_launches(
     g: Tensor,
     x: Tensor,
+    out: Tensor | None,
     weight: Tensor | None,
     training: bool,
-    needs: tuple[bool, bool, bool],
+    needs: tuple[bool, bool, bool, bool],
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
     w_dtype: np.dtype,
-) -> Callable[..., Grads]:
-    """``batch_norm_grads`` on OpenCL for operands like these as ``run(g, x, mean, rstd, weight)``: the sizes
+) -> Callable[..., tuple[Tensor | None, ...]]:
+    """``batch_norm_grads`` on OpenCL for operands like these as ``run(g, x, out, mean, rstd, weight)``: the sizes
     bound (the operands' dtypes read, not kept)."""
-    (need_dx, need_dw, need_db), (N, C, S) = needs, sizes
+    (need_dx, need_dw, need_db, need_dr), (N, C, S) = needs, sizes
     device, shape, g_dtype, x_dtype = x.device, x.shape, g.dtype, x.dtype
-    has_weight = weight is not None
+    has_weight, relu = weight is not None, out is not None
     reduce = need_dw or need_db or (need_dx and training)
     empty = Tensor.empty
     launches: _ChannelLaunches | None = None
-    if C and (need_dx or reduce) and x.size:
+    if C and (need_dx or reduce or need_dr) and x.size:
         vec = 4 if S % 4 == 0 else 1
         idx = index_ctype(x.size)
         dtypes = [x_dtype, g_dtype, stat, *([weight.dtype] if has_weight else [])]
-        flags = {"VEC": vec, "TRAINING": bool(training), "REDUCE": reduce, "NEED_DX": need_dx}
+        flags = {
+            "VEC": vec, "TRAINING": bool(training), "REDUCE": reduce, "NEED_DX": need_dx, "RELU": relu,
+            "RESID_GRAD": need_dr,
+        }  # fmt: skip
         weight_dtype = _dtype(weight)
 
         def make() -> str:
             return _header(dtypes, acc, idx, flags) + _BACKWARD.format(
                 xt=storage_ctype(x_dtype),
                 gt=storage_ctype(g_dtype),
-                params=_param("w", weight_dtype),
+                params=_param("w", weight_dtype) + _param("out", x_dtype if relu else None),
                 w="(ACC)w[c]" if has_weight else "(ACC)1",
+                gr=_param("gr", g_dtype if need_dr else None, const=False),
             )
 
         key = ("bwd", tuple(d.str for d in dtypes), has_weight, *flags.values(), idx)
-        buffers = 7 + has_weight  # x, g, (weight), mean, rstd, gx (or dw), dw, db
+        buffers = 7 + has_weight + relu + need_dr  # x, g, (weight), (out), mean, rstd, gx (or dw), (gr), dw, db
         types = [None] * buffers + [ARG_DTYPES[idx]] * 3
         values = [N, C, S // vec]
         launches = _ChannelLaunches(
@@ -576,12 +726,17 @@ def _backward_launches(
         )  # fmt: skip
     zero = bool(C and (need_dx or reduce) and not x.size)
 
-    def run(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None) -> Grads:
+    def run(
+        g: Tensor, x: Tensor, out: Tensor | None, mean: Tensor, rstd: Tensor, weight: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         gx = empty(shape, g_dtype, device) if need_dx else None
+        gr = empty(shape, g_dtype, device) if need_dr else None
         dw, db = empty((C,), stat, device), empty((C,), stat, device)
         if launches is not None:
-            w = [weight.data] if weight is not None else []
-            launches([x.data, g.data, *w, mean.data, rstd.data, (gx if need_dx else dw).data, dw.data, db.data], dw)
+            extra = [t.data for t in (weight, out) if t is not None]
+            grad_out = [gr.data] if gr is not None else []
+            launches([x.data, g.data, *extra, mean.data, rstd.data, (gx if need_dx else dw).data, *grad_out, dw.data,
+                      db.data], dw)  # fmt: skip
         elif zero:
             from netcl.runtime.ops.pointwise import fill_
 
@@ -591,6 +746,7 @@ def _backward_launches(
             gx,
             _as(dw, w_dtype) if need_dw else None,
             _as(db, w_dtype) if need_db else None,
+            gr,
         )
 
     return run
@@ -600,25 +756,34 @@ def _backward_launches(
 def batch_norm_grads(
     g: Tensor,
     x: Tensor,
+    out: Tensor | None,
     mean: Tensor,
     rstd: Tensor,
     weight: Tensor | None,
     training: bool,
-    needs: tuple[bool, bool, bool],
+    needs: tuple[bool, bool, bool, bool],
     sizes: tuple[int, int, int],
     acc: str,
     stat: np.dtype,
     w_dtype: np.dtype,
-) -> Grads:
-    """``batch_norm_backward`` of a checked call: ``needs`` (dx, dweight, dbias) resolved (dweight only with a
-    weight), x viewed as ``sizes`` (N, C, S), arithmetic in ``acc`` (``stat``), dweight and dbias in ``w_dtype``
-    (prepared for this call alone: ``batch_norm_backward`` keeps them)."""
-    run = _backward_launches(g, x, weight, training, needs, sizes, acc, stat, w_dtype)
-    return run(g, x, mean, rstd, weight)
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """``batch_norm_relu_backward`` of a checked call (``out`` None: no ReLU epilogue, plain
+    ``batch_norm_backward``): ``needs`` (dx, dweight, dbias, dresidual) resolved (dweight only with a weight), x
+    viewed as ``sizes`` (N, C, S), arithmetic in ``acc`` (``stat``), dweight and dbias in ``w_dtype`` (prepared
+    for this call alone: the public functions keep them)."""
+    run = _backward_launches(g, x, out, weight, training, needs, sizes, acc, stat, w_dtype)
+    return run(g, x, out, mean, rstd, weight)
 
 
 def _as(t: Tensor, dtype: np.dtype) -> Tensor:
     return t if t.dtype == dtype else cast(t, dtype)
 
 
-__all__ = ["batch_norm", "batch_norm_backward", "batch_norm_forward", "check_batch_norm"]
+__all__ = [
+    "batch_norm",
+    "batch_norm_backward",
+    "batch_norm_forward",
+    "batch_norm_relu_backward",
+    "check_batch_norm",
+    "check_epilogue",
+]

@@ -1,0 +1,175 @@
+"""The JIT's batch norm epilogue pass: ``relu(batch_norm(x))`` and ``relu(batch_norm(x) + r)`` become one
+``batch_norm_relu`` op in a traced step, saving one elementwise launch forward and one backward per site.
+
+The replayed ResNet-8 training step of examples/resnet.py (a narrow copy, small batch) must launch exactly
+two kernels fewer per site than with the pass off (``NETCL_JIT_NORM_EPILOGUE=0``): the sites are the stem's
+conv-bn-relu and each basic block's bn1-relu and bn2-add-relu. The fused op is bit for bit the composition
+(add and ReLU are exact, the ReLU's mask a product by 0 or 1), so the losses, the parameters, their
+gradients and the running statistics after several steps equal those of the unfused replay and of the
+eager step exactly, on PoCL (captured and replayed) and on the NumPy backend (the jitted step run eagerly).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.core import Tensor
+from netcl.jit import fuse_graph, jit_compile
+from netcl.jit.norm_epilogue import ENV
+from netcl.jit.partition import EagerStep
+from netcl.optim import SGD
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
+BATCH, SIZE, WIDTH, STEPS = 4, 16, 0.125, 3
+
+
+def _resnet() -> Any:
+    name = "netcl_example_resnet"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _sites(model: Any) -> int:
+    """BN+ReLU sites of a ResNet: the stem's, and per basic block bn1 -> relu and bn2 -> add -> relu."""
+    blocks = sum(isinstance(m, _resnet().BasicBlock) for m in model.modules())
+    return 1 + 2 * blocks
+
+
+def _fused_ops(graph: Any) -> int:
+    (plan,) = graph.step._plans.values()
+    return sum(isinstance(s, EagerStep) and s.node.op_name == "batch_norm_relu" for s in plan.steps)
+
+
+def _setup(device: Any, state: dict | None) -> tuple[Any, Any, Any, Any]:
+    rng = np.random.default_rng(0)
+    model = _resnet().resnet8(width=WIDTH, device=device)
+    if state is not None:
+        model.load_state_dict(state)
+    x = ag.tensor(rng.normal(size=(BATCH, 3, SIZE, SIZE)).astype(np.float32), device=device)
+    y = ag.tensor(rng.integers(0, 10, BATCH).astype(np.int32), device=device)
+    return model, SGD(model.parameters(), lr=0.1, momentum=0.9), x, y
+
+
+def _bits(t: Any) -> np.ndarray:
+    """A tensor's (or Node's) host copy, float32 as its bits."""
+    host = np.ascontiguousarray(getattr(t, "value", t).to_host())
+    return host.view(np.uint32) if host.dtype == np.float32 else host
+
+
+def _results(model: Any, losses: list[Any]) -> dict[str, np.ndarray]:
+    out = {f"loss{i}": _bits(loss) for i, loss in enumerate(losses)}
+    out.update({k: _bits(v) for k, v in model.state_dict().items()})
+    out.update({f"{k}.grad": _bits(p.grad) for k, p in model.named_parameters()})
+    return out
+
+
+def _replayed(device: Any, state: dict, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, dict]:
+    monkeypatch.setenv(ENV, "1" if fused else "0")
+    model, opt, x, y = _setup(device, state)
+    graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
+    losses = [ag.tensor(graph.outputs.value.to_host(), device=device)]  # the capture's step
+    losses += [graph.execute(x, y, copy_outputs=True) for _ in range(STEPS - 1)]
+    return model, graph, _results(model, losses)
+
+
+def _eager(device: Any, state: dict) -> dict:
+    model, opt, x, y = _setup(device, state)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with ag.Tape() as tape:
+            loss = ag.cross_entropy(model(x), y)
+        tape.backward(loss)
+        opt.step()
+        losses.append(loss)
+    return _results(model, losses)
+
+
+def _assert_same(got: dict, ref: dict, what: str) -> None:
+    assert got.keys() == ref.keys()
+    for key in ref:
+        np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{key} ({what})")
+
+
+def test_resnet8_replay_fuses_every_site(device, monkeypatch):
+    state = {k: v.to_host() for k, v in _resnet().resnet8(width=WIDTH, device=device).state_dict().items()}
+    model, fused, got = _replayed(device, state, True, monkeypatch)
+    _, unfused, ref = _replayed(device, state, False, monkeypatch)
+    sites = _sites(model)
+    assert sites == 7
+    assert _fused_ops(fused) == sites and _fused_ops(unfused) == 0
+    _assert_same(got, ref, "fused vs unfused replay")
+    _assert_same(got, _eager(device, state), "fused replay vs eager")
+    if device.kind == "opencl":  # captured launches: one elementwise kernel fewer each way per site
+        assert len(unfused.launches) - len(fused.launches) == 2 * sites
+        norms = [sum(launch.name.startswith("netcl_batch_norm") for launch in g.launches) for g in (fused, unfused)]
+        assert norms[0] == norms[1] == 2 * sum(type(m).__name__ == "BatchNorm2d" for m in model.modules())
+
+
+def _norm_args(device, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    C = shape[1]
+    x = ag.tensor(rng.normal(size=shape).astype(np.float32), device=device, requires_grad=True)
+    w = ag.tensor(rng.normal(size=C).astype(np.float32), device=device, requires_grad=True)
+    return x, w, rng
+
+
+def test_no_rewrite_where_the_norm_output_has_another_use(device):
+    x, w, _ = _norm_args(device, (4, 3, 4, 4))
+
+    def f(x, w):
+        z = ag.batch_norm(x, None, None, w, None, True)
+        return ag.relu(z) * z  # z is read twice: it must exist
+
+    jitted = jit_compile(f)
+    plan = jitted.plan_for(x, w)
+    assert not any(isinstance(s, EagerStep) and s.node.op_name == "batch_norm_relu" for s in plan.steps)
+    np.testing.assert_array_equal(_bits(jitted(x, w)), _bits(f(x, w)))
+
+
+def test_no_rewrite_of_a_broadcast_residual(device):
+    x, w, rng = _norm_args(device, (4, 3, 4, 4))
+    r = ag.tensor(rng.normal(size=(1, 3, 1, 1)).astype(np.float32), device=device)
+
+    def f(x, w):
+        return ag.relu(ag.batch_norm(x, None, None, w, None, True) + r)
+
+    plan = jit_compile(f).plan_for(x, w)
+    assert not any(isinstance(s, EagerStep) and s.node.op_name == "batch_norm_relu" for s in plan.steps)
+
+
+@pytest.mark.parametrize("residual_first", [False, True])
+def test_jitted_block_tail_gradients_bitwise(device, residual_first):
+    """relu(r + bn(x)) in either operand order: rewritten, and values and gradients equal the eager ones."""
+    x, w, rng = _norm_args(device, (4, 3, 5, 5))
+    r = ag.tensor(rng.normal(size=(4, 3, 5, 5)).astype(np.float32), device=device, requires_grad=True)
+    g = Tensor.from_host(device, rng.normal(size=(4, 3, 5, 5)).astype(np.float32))
+
+    def f(x, w, r):
+        z = ag.batch_norm(x, None, None, w, None, True)
+        return ag.relu(r + z if residual_first else z + r)
+
+    jitted = jit_compile(f)
+    plan = jitted.plan_for(x, w, r)
+    assert sum(isinstance(s, EagerStep) and s.node.op_name == "batch_norm_relu" for s in plan.steps) == 1
+    results = []
+    for fn in (jitted, f):
+        for leaf in (x, w, r):
+            leaf.grad = None
+        with ag.Tape() as tape:
+            out = fn(x, w, r)
+        tape.backward(out, grad=g)
+        results.append([_bits(t) for t in (out, x.grad, w.grad, r.grad)])
+    for got, ref in zip(*results, strict=True):
+        np.testing.assert_array_equal(got, ref)
