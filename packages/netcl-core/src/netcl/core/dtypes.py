@@ -59,6 +59,16 @@ def is_floating(dtype: object) -> bool:
     return np.dtype(dtype) in FLOATING  # type: ignore[call-overload]
 
 
+def refuse_bfloat16(op: str, dtype: object) -> None:
+    """Raise ``DTypeError`` naming ``op`` when ``dtype`` is bfloat16, which ``op`` does not take (the ops
+    that do are ``STORAGE_ONLY``'s list); called before anything is built or launched."""
+    if isinstance(dtype, np.dtype) and dtype == bfloat16:
+        raise DTypeError(
+            f"{op}: bfloat16 tensors are not supported (bfloat16 is storage-only: copies, moves, fills, casts, "
+            f"elementwise ops, reductions, softmax, norms, cross-entropy and matmul take it); cast to float32 first"
+        )
+
+
 def storage_only_message(dtype: np.dtype, device_name: str) -> str:
     """Why a kernel computing in ``dtype`` cannot run on a device that only stores it."""
     needs = (

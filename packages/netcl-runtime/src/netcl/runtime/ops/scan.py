@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, contiguous_strides
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.dtypes import int64
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype
@@ -33,6 +34,7 @@ _TWINS = "netcl.runtime.numpy_twins.scan"
 def _check(x: Any, op: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    refuse_bfloat16(op, x.dtype)
     return x
 
 
