@@ -34,7 +34,6 @@ _TWINS = "netcl.runtime.numpy_twins.scan"
 def _check(x: Any, op: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
-    refuse_bfloat16(op, x.dtype)
     return x
 
 
@@ -82,6 +81,7 @@ _GROUP_SCAN = (
 def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     """Running sums along ``axis`` (from the end with ``reverse``); ints and bools give int64."""
     _check(x, "cumsum")
+    refuse_bfloat16("cumsum", x.dtype)
     ax = _one_axis(x, axis, "cumsum")
     out_dtype = cumsum_dtype(x.dtype)
     x.device.check_dtype(out_dtype)
@@ -152,6 +152,7 @@ _ARG_TREE = f"    __local long sidx[{MAX_LOCAL}];\n    netcl_row_argbest(&best, 
 
 def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
     _check(x, kind)
+    refuse_bfloat16(kind, x.dtype)
     if x.size == 0:
         raise ValueError(f"{kind}: x of shape {x.shape} is empty, which has no {kind[3:]}imum")
     if axis is None:
