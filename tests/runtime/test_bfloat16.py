@@ -95,7 +95,9 @@ def test_casts_from_every_dtype_round_like_ml_dtypes(device):
     ints = np.array([0, 1, -7, 255, 257, 32769, 2**24 + 1, -(2**31), 2**31 - 1], np.int64)
     _same_bits(R.cast(nc.tensor(ints.astype(np.int32), device=device), nc.bfloat16), ints.astype(np.int32).astype(BF16))
     _same_bits(R.cast(nc.tensor(ints, dtype=nc.int64, device=device), nc.bfloat16), ints.astype(BF16))
-    _same_bits(R.cast(nc.tensor(np.arange(256, dtype=np.uint8), device=device), nc.bfloat16), np.arange(256).astype(BF16))
+    _same_bits(
+        R.cast(nc.tensor(np.arange(256, dtype=np.uint8), device=device), nc.bfloat16), np.arange(256).astype(BF16)
+    )
     flags = np.array([True, False, True])
     _same_bits(R.cast(nc.tensor(flags, device=device), nc.bfloat16), flags.astype(BF16))
     halves = np.arange(2**16, dtype=np.uint16).view(np.float16)  # float16 -> bfloat16: one rounding of the value
@@ -114,7 +116,9 @@ def test_casts_from_bfloat16_to_every_dtype(device):
         np.testing.assert_array_equal(got[~np.isnan(got)], patterns.astype(np.float64)[~np.isnan(got)])
     halves = R.cast(nc.tensor(finite, device=device), nc.float16).to_host()
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(halves.view(np.uint16), finite.astype(np.float32).astype(np.float16).view(np.uint16))
+        np.testing.assert_array_equal(
+            halves.view(np.uint16), finite.astype(np.float32).astype(np.float16).view(np.uint16)
+        )
     small = np.array([0.0, 1.0, 2.75, -0.5, 255.0, 17.5, 1e-30], BF16)  # in range of every integer target
     for dtype in (nc.int32, nc.int64, nc.uint8, nc.bool_):
         source = np.abs(small.astype(np.float32)).astype(BF16) if dtype == nc.uint8 else small
@@ -124,7 +128,7 @@ def test_casts_from_bfloat16_to_every_dtype(device):
 
 def test_bfloat16_moves_keep_every_bit(device):
     """Transposes (tiled swap and gather), slices, narrow, concat, pad, flip, broadcast and fills."""
-    host = _all_patterns()[:3 * 5 * 8].reshape(3, 5, 8)  # NaNs and infinities of both signs included
+    host = _all_patterns()[: 3 * 5 * 8].reshape(3, 5, 8)  # NaNs and infinities of both signs included
     t = nc.tensor(host, device=device)
     cases = [
         (R.transpose(t, (0, 2, 1)), host.transpose(0, 2, 1)),
@@ -193,7 +197,9 @@ def test_bfloat16_reductions_accumulate_in_float32(device):
     _near(R.sum(t), wide.sum(), 30000, np.abs(wide).sum())
     _near(R.mean(t, axis=0, keepdims=True), wide.mean(0, keepdims=True), 6, np.abs(wide).mean(0, keepdims=True))
     first = R.sum(t, axis=1)
-    _near(R.sum(t, axis=1, addend=first), wide.sum(1) + first.to_host().astype(np.float64), 5001, 2 * np.abs(wide).sum(1))
+    _near(
+        R.sum(t, axis=1, addend=first), wide.sum(1) + first.to_host().astype(np.float64), 5001, 2 * np.abs(wide).sum(1)
+    )
     _same_bits(R.max(t, axis=1), x.astype(np.float32).max(1).astype(BF16))
     _same_bits(R.min(t, axis=0), x.astype(np.float32).min(0).astype(BF16))
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core.errors import DTypeError, ShapeError
 from netcl.core.dtypes import refuse_bfloat16
+from netcl.core.errors import DTypeError, ShapeError
 
 #: mask kinds (compile-time in the kernels)
 NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import refuse_bfloat16
-from netcl.core.dtypes import float16, float64
+from netcl.core.dtypes import float16, float64, refuse_bfloat16
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, storage_ctype, storage_pragmas
 from netcl.runtime.ops._grid import index_ctype, index_dtype

@@ -14,9 +14,9 @@ import functools
 import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes
+from netcl.core.dtypes import is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import host_blas
-from netcl.core.dtypes import is_floating
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.gemm import gemm

@@ -19,9 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from netcl.core import Device, Tensor, get_device
-from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.broadcast import normalize_shape
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import float32, refuse_bfloat16
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops.backend import backend_op

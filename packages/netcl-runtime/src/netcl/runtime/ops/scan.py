@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, contiguous_strides
-from netcl.core.dtypes import refuse_bfloat16
-from netcl.core.dtypes import int64
+from netcl.core.dtypes import int64, refuse_bfloat16
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import MAX_LOCAL, index_ctype, normalize_axes, storage_ctype
 from netcl.runtime.ops.backend import backend_op
