@@ -296,3 +296,21 @@ def test_unsupported_bfloat16_ops_say_so(device):
         with pytest.raises(nc.DTypeError, match=r"bfloat16 arithmetic needs .* \[kernel netcl_im2col\w*\]"):
             R.conv2d(h, nc.tensor(np.ones((3, 2, 3, 3), BF16), device=device), implicit=False)
     _same_bits(h, np.ones((1, 2, 4, 4), BF16))  # untouched, still usable
+
+
+def test_jit_compiled_bfloat16_chain_rounds_per_op(device):
+    """A ``jit_compile``d function of bfloat16 tensors (its steps run the eager kernels: the fused
+    kernels are float32-only) rounds after every op, as eager code does: bit for bit."""
+    a, b = _operands(9, (8, 16), (8, 16))
+
+    @ag.jit_compile
+    def step(x, y):
+        return ag.relu(ag.mul(ag.add(x, y), x))
+
+    ta, tb = nc.tensor(a, device=device), nc.tensor(b, device=device)
+    x, y = a.astype(np.float32), b.astype(np.float32)
+    total = (x + y).astype(BF16).astype(np.float32)
+    expected = np.maximum((total * x).astype(BF16).astype(np.float32), 0).astype(BF16)
+    for _ in range(2):  # the traced call, then the compiled one
+        out = step(ta, tb)
+        _same_bits(out.value if hasattr(out, "value") else out, expected)
