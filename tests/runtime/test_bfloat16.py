@@ -245,6 +245,24 @@ def test_bfloat16_matmul_matches_float64(device, trans_a, trans_b, m, k, n):
     assert np.all(np.abs(mixed.to_host() - reference) <= k * U_F32 * scale + 1e-30)
 
 
+def test_bfloat16_operands_take_the_bf16_tensor_cores(cl_device):
+    """On an NVIDIA device whose bf16 ``mma`` passed its probe, two bfloat16 tensors multiply there
+    (their words as stored), as float32 ones rounded to bf16 at precision "medium" do: both within
+    float32 accumulation of the float64 product of the bfloat16 values."""
+    from netcl.runtime.ops import gemm_mma
+
+    if not gemm_mma.enabled(cl_device, "bf16"):
+        pytest.skip(f"no bf16 tensor cores on {cl_device.name}: the portable kernel (test above)")
+    assert gemm_mma.mode_for(cl_device, BF16, BF16, "highest") == "bf16"
+    a, b = _operands(10, (300, 200), (200, 260), low=-1.0, high=1.0)
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    ta, tb = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+    bound = 200 * U_F32 * (np.abs(x) @ np.abs(y)) + 1e-30
+    words = R.matmul(ta, tb, out_dtype=nc.float32).to_host()
+    rounded = R.matmul(R.cast(ta, nc.float32), R.cast(tb, nc.float32), precision="medium").to_host()
+    assert np.all(np.abs(words - x @ y) <= bound) and np.all(np.abs(rounded - x @ y) <= bound)
+
+
 # ---- autograd, autocast, refusals -------------------------------------------------------------------
 def test_bfloat16_gradients_are_bfloat16(device):
     """Gradients of bfloat16 leaves are bfloat16 (as torch), each within bfloat16 roundings of the
