@@ -46,6 +46,16 @@ def load_c(dtype: np.dtype, ptr: str, index: str) -> str:
     return f"{ptr}[{index}]"
 
 
+def vload_c(dtype: np.dtype, vec: int, ptr: str) -> str:
+    """C expression of the ``vec`` consecutive elements at ``ptr`` of a storage-only ``dtype`` as a
+    float vector (``vload_half{vec}``; bfloat16: the words widened and shifted into float32s)."""
+    if dtype == float16:
+        return f"vload_half{vec}(0, {ptr})"
+    if dtype == bfloat16:
+        return f"as_float{vec}(convert_uint{vec}(vload{vec}(0, {ptr})) << (uint)16)"
+    raise ValueError(f"vload_c: {dtype} is not a storage-only dtype")
+
+
 def store_c(dtype: np.dtype, ptr: str, index: str, value: str, wide: str = "float") -> str:
     """C statement (no semicolon) writing ``value`` to element ``index`` of ``ptr`` (a ``dtype``
     array), rounded to nearest even for the storage-only dtypes. ``wide``: the C type ``value`` is
