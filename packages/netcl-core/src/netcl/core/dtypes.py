@@ -27,8 +27,8 @@ C_TYPES: dict[np.dtype, str] = {
     int64: "long",
     uint8: "uchar",
     bool_: "uchar",
-    # 16-bit words, a type only the bfloat16 helpers (``storage.BF16_HELPERS``) define: a kernel that
-    # would compute in it without loading through them fails to build rather than computing in ushort
+    # 16-bit words, a type only the bfloat16 helpers define (``netcl.runtime.ops.storage_io``): a kernel
+    # that would compute in it without loading through them fails to build rather than computing in ushort
     bfloat16: "netcl_bf16",
 }
 
