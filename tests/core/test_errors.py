@@ -45,7 +45,7 @@ def test_shapes_that_cannot_broadcast() -> None:
 @pytest.mark.parametrize(
     ("dtype", "match"),
     [
-        (np.complex64, r"unsupported dtype complex64; expected one of \['bool', 'float16', 'float32'"),
+        (np.complex64, r"unsupported dtype complex64; expected one of \['bfloat16', 'bool', 'float16', 'float32'"),
         (object, r"unsupported dtype object; expected one of"),
         ("U4", r"unsupported dtype <U4; expected one of"),
         (np.uint16, r"unsupported dtype uint16; expected one of .*'uint8'\]"),

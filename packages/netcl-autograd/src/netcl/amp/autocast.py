@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.autocast_mode import set_autocast_dtype
-from netcl.core.dtypes import float16
+from netcl.core.dtypes import bfloat16, float16
 
-SUPPORTED = {"float16": float16, "half": float16}
+SUPPORTED = {"float16": float16, "half": float16, "bfloat16": bfloat16}
 
 
 class autocast:  # noqa: N801 - torch's name
@@ -22,6 +22,7 @@ class autocast:  # noqa: N801 - torch's name
     (NVIDIA's OpenCL) those ops run on the float32 tensors at matmul precision "fp16" (matmul,
     linear) or "high" (conv2d); on any other device without it autocast does nothing and warns once.
     Also usable as a decorator. ``enabled=False`` turns autocast off inside an enclosing block.
+    ``dtype=bfloat16`` (or "bfloat16") reads the operands as bfloat16 instead (``autocast_mode``).
     """
 
     def __init__(self, enabled: bool = True, dtype: Any = "float16") -> None:
@@ -29,7 +30,7 @@ class autocast:  # noqa: N801 - torch's name
             raise TypeError(f"autocast: enabled must be a bool, got {enabled!r}")
         key = dtype if isinstance(dtype, str) else str(np.dtype(dtype))
         if key not in SUPPORTED:
-            raise ValueError(f"autocast: dtype must be 'float16', got {dtype!r}")
+            raise ValueError(f"autocast: dtype must be 'float16' or 'bfloat16', got {dtype!r}")
         self.enabled = enabled
         self.dtype = SUPPORTED[key]
         self._previous: list[Any] = []

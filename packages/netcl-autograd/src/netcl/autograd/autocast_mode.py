@@ -8,6 +8,13 @@ float16 is storage-only but tensor cores multiply it (NVIDIA's OpenCL), the same
 float32 tensors at a matmul precision instead (``fallback_precision``): "fp16" for matmul and
 linear (operands rounded to float16 in the kernel, the same numbers), "high" for convolutions;
 elsewhere autocast warns once and does nothing.
+
+``autocast(dtype=bfloat16)`` does the same with bfloat16 operands: where the device computes in it
+(the NumPy backend) and, for matmul and linear, on every OpenCL device too (bfloat16 tensors are
+storage-only there and the matrix-product kernels take them: cast, then multiplied exactly in float32
+or on tensor cores). On NVIDIA's OpenCL, where tensor cores take bf16, matmul and linear run on the
+float32 tensors at precision "medium" instead (operands rounded to bf16 in the kernel: the same
+numbers, no casts); convolutions at "high" (tf32) there, and in float32 (one warning) elsewhere.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Tensor
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime.ops import layout, linalg, pointwise
 
 
@@ -60,21 +67,26 @@ def _autocast_device(operands: tuple[Any, ...]) -> tuple[np.dtype, Any] | None:
     return dtype, values[0].device
 
 
-def low_dtype_for(*operands: Any) -> np.dtype | None:
-    """The dtype the operands' product runs in under autocast, or None (autocast off, not all
-    float32, or a device that does not compute in that dtype)."""
+def low_dtype_for(*operands: Any, product: str = "matmul") -> np.dtype | None:
+    """The dtype the operands' ``product`` ("matmul" or "conv") runs in under autocast, or None
+    (autocast off, not all float32, or a device that does not compute in that dtype; bfloat16
+    matrix products run on bfloat16 tensors on every device without a ``fallback_precision``)."""
     taken = _autocast_device(operands)
     if taken is None:
         return None
     dtype, device = taken
     if device.computes(dtype):
         return dtype
-    if device_fallback_precision(device) is not None:  # ``fallback_precision`` takes these products
+    if device_fallback_precision(device, product, dtype) is not None:  # ``fallback_precision`` takes these
         return None
+    if dtype == bfloat16 and product == "matmul":  # storage-only bfloat16 tensors: the GEMM takes them
+        return dtype
     if device not in _WARNED:
         _WARNED.add(device)
+        needs = " (cl_khr_fp16)" if dtype == float16 else ""
+        ops = "matmul and conv run" if dtype == float16 else "conv2d runs"
         warnings.warn(
-            f"autocast: device {device.name!r} has no {dtype} support (cl_khr_fp16); matmul and conv run in float32 "
+            f"autocast: device {device.name!r} has no {dtype} support{needs}; {ops} in float32 "
             "there (autocast does nothing on this device)",
             RuntimeWarning,
             stacklevel=3,
@@ -91,16 +103,20 @@ FALLBACK_PRECISION = "fp16"
 #: operands rounded to tf32 (float16's 10-bit mantissa with float32's range; 3x3 layers run
 #: Winograd on tf32x3 there, ``conv2d``), fp32 accumulation.
 CONV_FALLBACK_PRECISION = "high"
+#: ``FALLBACK_PRECISION`` of ``autocast(dtype=bfloat16)``: operands rounded to bf16 in the kernel (bf16 mma).
+BF16_FALLBACK_PRECISION = "medium"
 
 
-def device_fallback_precision(device: Any, product: str = "matmul") -> str | None:
+def device_fallback_precision(device: Any, product: str = "matmul", dtype: Any = float16) -> str | None:
     """The matmul precision autocast runs ``product`` ("matmul" or "conv") at on ``device`` when the
-    device does not compute in float16: ``FALLBACK_PRECISION`` for matrix products where tensor
-    cores take float16, else ``CONV_FALLBACK_PRECISION`` where they take tf32, else None."""
+    device does not compute in ``dtype`` (float16 or bfloat16): ``FALLBACK_PRECISION`` (bfloat16:
+    ``BF16_FALLBACK_PRECISION``) for matrix products where tensor cores take it, else
+    ``CONV_FALLBACK_PRECISION`` where they take tf32, else None."""
     from netcl.runtime.ops import gemm_mma
 
-    if product == "matmul" and gemm_mma.enabled(device, "f16"):
-        return FALLBACK_PRECISION
+    bf16 = np.dtype(dtype) == bfloat16
+    if product == "matmul" and gemm_mma.enabled(device, "bf16" if bf16 else "f16"):
+        return BF16_FALLBACK_PRECISION if bf16 else FALLBACK_PRECISION
     return CONV_FALLBACK_PRECISION if gemm_mma.enabled(device, "tf32") else None
 
 
@@ -111,7 +127,7 @@ def fallback_precision(*operands: Any, product: str = "matmul") -> str | None:
     if taken is None:
         return None
     dtype, device = taken
-    return None if device.computes(dtype) else device_fallback_precision(device, product)
+    return None if device.computes(dtype) else device_fallback_precision(device, product, dtype)
 
 
 def lower(x: Tensor, dtype: np.dtype) -> Tensor:

@@ -29,6 +29,7 @@ from netcl.autograd.grad_mode import (
     set_grad_enabled,
 )
 from netcl.core import Device, DeviceError, Tensor, get_device
+from netcl.core.dtypes import is_floating
 from netcl.core.tensor import format_values
 from netcl.runtime.ops import layout, pointwise
 
@@ -218,7 +219,7 @@ def tensor(data: Any, requires_grad: bool = False, device: Device | str | None =
             value = layout.cast(value, dtype)
     else:
         value = Tensor.from_host(get_device(device), data, dtype)
-    if requires_grad and value.dtype.kind != "f":
+    if requires_grad and not is_floating(value.dtype):
         raise TypeError(f"only floating-point tensors can require grad, got dtype {value.dtype}")
     return Node(value, requires_grad=requires_grad, op_name="tensor")
 
@@ -337,7 +338,7 @@ def apply_op(
             index.append(i)
             parents.append(a)
             wanted = wanted or a.requires_grad
-    tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and out.dtype.kind == "f"
+    tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and is_floating(out.dtype)
     if not tracking:
         node = Node(out, op_name=op_name)
     else:

@@ -22,6 +22,7 @@ from netcl.autograd import autocast_mode
 from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import ShapeError, Tensor, broadcast_shapes
+from netcl.core.dtypes import is_floating
 from netcl.runtime.ops import layout, linalg, pointwise, reduce
 from netcl.runtime.ops.precision import at_matmul_precision
 
@@ -92,7 +93,7 @@ def plus(addend: Tensor | None, grad: Tensor | None) -> Tensor | None:
 def sum_grad(addend: Tensor | None, x: Tensor, axis: Any) -> Tensor:
     """``x`` summed over ``axis`` as a gradient, plus ``addend`` when given: in the sum's last store
     when the addend has the result's dtype, else by an add."""
-    if addend is not None and addend.dtype == x.dtype and x.dtype.kind == "f":
+    if addend is not None and addend.dtype == x.dtype and is_floating(x.dtype):
         return reduce.sum(x, axis, addend=addend)
     return plus(addend, reduce.sum(x, axis))
 

@@ -44,7 +44,7 @@ def conv2d(
     """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None."""
     b_shape = None if b is None else _shape(b, "conv2d", "b")
     conv.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
-    if (low := autocast_mode.low_dtype_for(x, w, b)) is not None:  # netcl.amp.autocast
+    if (low := autocast_mode.low_dtype_for(x, w, b, product="conv")) is not None:  # netcl.amp.autocast
         return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
     precision = autocast_mode.fallback_precision(x, w, b, product="conv")  # autocast without float16 arithmetic
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}

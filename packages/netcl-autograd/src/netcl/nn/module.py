@@ -16,6 +16,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError, Tensor, get_device
+from netcl.core.dtypes import is_floating
 from netcl.nn.parameter import Parameter
 from netcl.runtime.ops.upload import write_
 
@@ -277,7 +278,7 @@ class Module:
                     f"load_state_dict: {key!r} has shape {tuple(host.shape)} in the state dict, "
                     f"but the model's is {tuple(target.shape)}"
                 )
-            if host.dtype.kind not in "fiub":
+            if host.dtype.kind not in "fiub" and not is_floating(host.dtype):
                 raise TypeError(f"load_state_dict: {key!r} has dtype {host.dtype}, expected a numeric array")
             staged.append((target, host))
         for target, host in staged:

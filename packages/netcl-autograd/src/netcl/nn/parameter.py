@@ -8,6 +8,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Device, Tensor, get_device
+from netcl.core.dtypes import is_floating
 
 
 class Parameter(Node):
@@ -26,7 +27,7 @@ class Parameter(Node):
             data = Tensor.from_host(get_device(device), np.asarray(data))
         elif device is not None:
             data = data.to(device)
-        if requires_grad and data.dtype.kind != "f":
+        if requires_grad and not is_floating(data.dtype):
             raise TypeError(f"Parameter: only floating-point tensors can require grad, got dtype {data.dtype}")
         super().__init__(data, requires_grad=requires_grad, op_name="parameter")
 

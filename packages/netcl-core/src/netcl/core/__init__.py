@@ -11,7 +11,7 @@ from netcl.core.devices import (
     set_device,
     usable_opencl_devices,
 )
-from netcl.core.dtypes import as_dtype, bool_, c_type, float16, float32, float64, int32, int64, uint8
+from netcl.core.dtypes import as_dtype, bfloat16, bool_, c_type, float16, float32, float64, int32, int64, uint8
 from netcl.core.errors import DeviceError, DTypeError, NetclError, ShapeError
 from netcl.core.tensor import Tensor, tensor
 
@@ -24,6 +24,7 @@ __all__ = [
     "Tensor",
     "__version__",
     "as_dtype",
+    "bfloat16",
     "bool_",
     "broadcast_index_lines",
     "broadcast_shapes",

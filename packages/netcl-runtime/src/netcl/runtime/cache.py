@@ -29,6 +29,7 @@ from netcl.runtime.errors import CompileError
 
 DEFAULT_MAX_ENTRIES = 1024
 _EXTENSION_PRAGMA = re.compile(r"#pragma\s+OPENCL\s+EXTENSION\s+(\w+)\s*:\s*enable")
+_KERNEL_NAME = re.compile(r"__kernel\b.*?\bvoid\s+(\w+)\s*\(", re.DOTALL)
 
 
 def check_extensions(source: str, ctx: cl.Context) -> None:
@@ -42,7 +43,8 @@ def check_extensions(source: str, ctx: cl.Context) -> None:
         for dtype, extension in REQUIRED_EXTENSION.items():
             if extension in missing:
                 if dtype in STORAGE_ONLY:
-                    raise DTypeError(storage_only_message(dtype, device.name.strip()))
+                    kernels = ", ".join(_KERNEL_NAME.findall(source)) or "?"
+                    raise DTypeError(f"{storage_only_message(dtype, device.name.strip())} [kernel {kernels}]")
                 raise DTypeError(f"dtype {dtype} needs {extension}, which device {device.name.strip()!r} lacks")
 
 

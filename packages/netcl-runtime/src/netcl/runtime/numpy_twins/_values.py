@@ -1,6 +1,7 @@
 """Operand values the NumPy twins compute with, in the dtype the OpenCL kernels compute in.
 
-Values are computed in float32 for float16 data (as on OpenCL) and in the data's own dtype
+Values are computed in float32 for float16 and bfloat16 data (as on OpenCL; stored rounded by
+NumPy's / ml_dtypes' ``astype``) and in the data's own dtype
 otherwise. Floating-point warnings (overflow, division by zero) are silenced where the twins
 compute: the OpenCL kernels produce inf/nan without warning and so does this backend.
 """
@@ -12,17 +13,17 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.core.dtypes import float16, float32
+from netcl.core.dtypes import STORAGE_ONLY, float32
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The NumPy dtype values of ``dtype`` are computed in (half -> float32, as on OpenCL)."""
-    return float32 if dtype == float16 else dtype
+    """The NumPy dtype values of ``dtype`` are computed in (half, bfloat16 -> float32, as on OpenCL)."""
+    return float32 if dtype in STORAGE_ONLY else dtype
 
 
 def float_compute_type(dtype: Any) -> type:
     """The NumPy float type a kernel of float data of ``dtype`` computes in: float64 stays, every other
-    float dtype (float16, float32) computes in float32."""
+    float dtype (float16, bfloat16, float32) computes in float32."""
     return np.float64 if dtype == np.float64 else np.float32
 
 

@@ -13,10 +13,21 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, get_device, same_device
-from netcl.core.dtypes import C_TYPES, STORAGE_ONLY, as_dtype, float16, float32, float64
+from netcl.core.dtypes import (
+    C_TYPES,
+    REQUIRED_EXTENSION,
+    STORAGE_ONLY,
+    as_dtype,
+    bfloat16,
+    float16,
+    float32,
+    float64,
+    is_floating,
+)
 from netcl.core.errors import DTypeError
 from netcl.core.kernels.primitives import PRIMITIVE_PREAMBLE
 from netcl.runtime.cache import program_cache, register_cache
+from netcl.runtime.ops.storage_io import helpers_c
 
 Scalar = int | float | bool | np.generic
 Operand = Tensor | Scalar
@@ -96,8 +107,10 @@ def promote(operands: Sequence[Any]) -> np.dtype:
     tensor_dtypes = [v.dtype for v in operands if isinstance(v, Tensor)]
     scalar_kinds = {scalar_dtype(v).kind for v in operands if not isinstance(v, Tensor)}
     if tensor_dtypes:
-        floats = [d for d in tensor_dtypes if d.kind == "f"]
-        result = np.result_type(*(floats or tensor_dtypes))
+        floats = [d for d in tensor_dtypes if is_floating(d)]
+        result = _result_type(floats or tensor_dtypes)
+        if result == bfloat16:  # (NumPy's kind "V")
+            return result
         if "f" in scalar_kinds and result.kind != "f":
             return float32
         if "i" in scalar_kinds and result.kind == "b":
@@ -110,14 +123,25 @@ def promote(operands: Sequence[Any]) -> np.dtype:
     return np.dtype(np.bool_)
 
 
+def _result_type(dtypes: Sequence[np.dtype]) -> np.dtype:
+    """``np.result_type`` of tensor dtypes, with torch's rules for bfloat16 (which NumPy promotes
+    with float32 and float64 only): bfloat16 with float16 is float32, with integers bfloat16."""
+    if bfloat16 in dtypes and any(d != bfloat16 for d in dtypes):
+        floats = [d for d in dtypes if is_floating(d) and d != bfloat16]
+        if not floats:
+            return bfloat16
+        return float32 if all(d in (float16, float32) for d in floats) else float64
+    return np.result_type(*dtypes)
+
+
 def float_dtype(dtype: np.dtype) -> np.dtype:
     """``dtype`` when it is a float type, else float32."""
-    return dtype if dtype.kind == "f" else float32
+    return dtype if is_floating(dtype) else float32
 
 
 def compute_ctype(dtype: np.dtype) -> str:
-    """The C type values are computed in: ``float`` for half (the preamble helpers are float)."""
-    if dtype == float16:
+    """The C type values are computed in: ``float`` for half and bfloat16 (the preamble helpers are float)."""
+    if dtype in (float16, bfloat16):
         return "float"
     if dtype == np.dtype(np.bool_):
         return "uchar"
@@ -139,6 +163,8 @@ def pragmas(dtypes: Sequence[np.dtype]) -> str:
         lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
     if any(d == float16 for d in dtypes):
         lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+    if any(d == bfloat16 for d in dtypes):  # refused before the build (no device computes in bfloat16)
+        lines.append(f"#pragma OPENCL EXTENSION {REQUIRED_EXTENSION[bfloat16]} : enable")
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -149,9 +175,10 @@ def storage_only(device: Device, dtype: np.dtype) -> bool:
 
 
 def storage_pragmas(dtypes: Sequence[np.dtype]) -> str:
-    """``pragmas`` of a kernel that only loads and stores float16 (``vload_half`` / ``vstore_half``,
-    core OpenCL, computing in float): no ``cl_khr_fp16``, so it runs where float16 is storage-only."""
-    return pragmas([d for d in dtypes if d != float16])
+    """``pragmas`` of a kernel that only loads and stores float16 and bfloat16 (``vload_half`` /
+    ``vstore_half``, core OpenCL, and ``storage_io``'s bfloat16 helpers, computing in float): no
+    ``cl_khr_fp16``, so it runs where they are storage-only. Includes the helpers it needs."""
+    return pragmas([d for d in dtypes if d not in STORAGE_ONLY]) + helpers_c(dtypes)
 
 
 #: How far below 2**31 ``index_ctype`` switches to 64-bit indices by default: a grid rounded up to whole

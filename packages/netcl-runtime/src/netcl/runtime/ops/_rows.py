@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float64
+from netcl.core.dtypes import float64, is_floating
 from netcl.core.errors import DTypeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
@@ -262,8 +262,10 @@ def acc_dtype(dtype: np.dtype) -> np.dtype:
 
 def require_float(x: Any, op: str, arg: str = "x") -> None:
     """DTypeError unless ``x`` holds floating-point values."""
-    if x.dtype.kind != "f":
-        raise DTypeError(f"{op}: {arg} must be a floating-point tensor (float16/float32/float64), got dtype {x.dtype}")
+    if not is_floating(x.dtype):
+        raise DTypeError(
+            f"{op}: {arg} must be a floating-point tensor (float16/bfloat16/float32/float64), got dtype {x.dtype}"
+        )
 
 
 def row_split(shape: Sequence[int], first: int, last: int) -> tuple[int, int, int]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
 
 #: mask kinds (compile-time in the kernels)
@@ -94,6 +95,7 @@ def check_attention(
     if not len(qs) == len(ks) == len(vs):
         raise ShapeError(f"{op}: query, key and value must have the same number of dims, got {qs}, {ks}, {vs}")
     for name, x in (("query", q), ("key", k), ("value", v)):
+        refuse_bfloat16(op, np.dtype(x.dtype))
         if np.dtype(x.dtype).kind != "f":
             raise DTypeError(f"{op}: {name} must be a floating-point tensor, got dtype {x.dtype}")
     if not q.dtype == k.dtype == v.dtype:
@@ -170,6 +172,7 @@ def check_packed_attention(
     shape = _shape_of(qkv, "qkv")
     if len(shape) != 3:
         raise ShapeError(f"{op}: qkv must be (batch, seq, 3 * embed_dim), got shape {shape}")
+    refuse_bfloat16(op, np.dtype(qkv.dtype))
     if np.dtype(qkv.dtype).kind != "f":
         raise DTypeError(f"{op}: qkv must be a floating-point tensor, got dtype {qkv.dtype}")
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:

@@ -39,6 +39,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor, same_device
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype
@@ -232,6 +233,7 @@ def _tensor(op: str, name: str, t: Any, optional: bool = True) -> Tensor | None:
         return None
     if not isinstance(t, Tensor):
         raise TypeError(f"{op}: {name} must be a Tensor{' or None' if optional else ''}, got {type(t).__name__}")
+    refuse_bfloat16(op, t.dtype)
     if t.dtype.kind != "f":
         raise DTypeError(f"{op}: {name} must be a floating-point tensor (float16/32/64), got dtype {t.dtype}")
     return t

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes, same_device
-from netcl.core.dtypes import float32, float64
+from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime import capture
 from netcl.runtime.numpy_twins.gemm import apply_epilogue
@@ -136,7 +136,7 @@ def gemm(
     device = device_of((a, b) if bias is None else (a, b, bias), "matmul")
     m, n, k, batch = operand_dims(a.shape, b.shape, trans_a, trans_b)
     result = np.dtype(out_dtype) if out_dtype is not None else float_dtype(promote((a, b)))
-    if result.kind != "f":
+    if not is_floating(result):
         raise DTypeError(f"matmul: out_dtype must be a float dtype, got {result}")
     device.check_dtype(result)
     _check_epilogue(epilogue, bias, m, n)
@@ -226,7 +226,7 @@ def _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, 
     if math.prod(out_shape) == 0 or k == 0:
         return None
     mode = gemm_mma.mode_for(device, a.dtype, b.dtype, precision)
-    if mode is None and (a.dtype != b.dtype or a.dtype.kind != "f" or (result == float64) != (a.dtype == float64)):
+    if mode is None and (a.dtype != b.dtype or not is_floating(a.dtype) or (result == float64) != (a.dtype == float64)):
         return None
     problem = _problem(a.shape, b.shape, trans_a, trans_b, m, n, k, batch)
     if problem is None:

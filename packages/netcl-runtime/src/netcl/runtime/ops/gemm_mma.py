@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float32
+from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime import tune
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_MODES, MmaConfig, mma_source
@@ -40,9 +40,12 @@ def _nvidia(device: Device) -> bool:
 
 
 def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: str) -> str | None:
-    """ "f16", "bf16", "tf32", "tf32x3" or None (portable kernel) for operands of these dtypes."""
+    """ "f16", "bf16", "tf32", "tf32x3" or None (portable kernel) for operands of these dtypes: f16 for
+    two float16 tensors, bf16 for two bfloat16 tensors, float32 ones by ``precision``."""
     if a_dtype == float16 and b_dtype == float16:
         mode = "f16"
+    elif a_dtype == bfloat16 and b_dtype == bfloat16:  # the words multiply as they are (``_words``)
+        mode = "bf16"
     elif a_dtype == float32 and b_dtype == float32 and precision != "highest":
         mode = {"tf32x3": "tf32x3", "high": "tf32", "medium": "bf16", "fp16": "f16"}[precision]
     else:
@@ -55,6 +58,12 @@ def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: st
         _WARNED.add(device)
         log.warning("netcl: no tensor cores on %s; %s products use the portable kernel", device.cl_device.name, mode)
     return None
+
+
+def _words(dtype: np.dtype) -> bool:
+    """Whether an operand of ``dtype`` is stored in a 16-bit mode's format (float16, bfloat16): its
+    words are copied as they are, not converted from float32."""
+    return dtype in (float16, bfloat16)
 
 
 def enabled(device: Device, mode: str) -> bool:
@@ -328,7 +337,8 @@ def view_default(device: Device, mode: str, problem, views: tuple) -> MmaConfig:
 class _Trial:
     def __init__(self, device: Device, mode: str, problem, a_half: bool, b_half: bool) -> None:
         self.device, self.mode, self.problem = device, mode, problem
-        self.dtypes = (float16 if a_half else float32, float16 if b_half else float32)
+        word = bfloat16 if mode == "bf16" else float16  # (bfloat16 words: bfloat16 tensors, ``mode_for``)
+        self.dtypes = (word if a_half else float32, word if b_half else float32)
         self.operands = None
 
     def __call__(self, cfg: MmaConfig) -> Callable[[], Tensor]:
@@ -341,7 +351,7 @@ class _Trial:
                 Tensor.empty((p.batch, p.m, p.n), float32, self.device),
             )
         a, b, out = self.operands
-        cfg = _aligned(cfg, p, *(d == float16 for d in self.dtypes))
+        cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
         plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
         plan.run(a, b, out=out)
         return lambda: plan.run(a, b, out=out)
@@ -365,7 +375,7 @@ def make_plan(
     element (cp.async stages only from a tf32 view's ``offsets4``, ``_view_flags``); a product
     with a C view is never split.
     """
-    a_half, b_half = a_dtype == float16, b_dtype == float16
+    a_half, b_half = _words(a_dtype), _words(b_dtype)
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
     if views[0] is not None or views[1] is not None:

@@ -2,7 +2,7 @@
 
 Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
 (float16 operands, or float32 operands rounded to float16, ``mma.m16n8k16.f16``), "bf16"
-(float32 operands rounded to bf16, ``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32,
+(bfloat16 operands, or float32 operands rounded to bf16, ``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32,
 ``m16n8k8.tf32``) and "tf32x3" (float32 operands split into two tf32 parts, hi + lo, multiplied
 as lo*hi + hi*lo + hi*hi: three tf32 mma per tile for float32's accuracy; local memory keeps the
 raw float32 words); all accumulate in fp32. A work-group of WM x WN warps computes a BM x BN
@@ -18,7 +18,8 @@ under cp.async stages the 16-byte chunks of unpadded rows are swizzled instead (
 Each thread loads its share of the next stage into registers before the current stage's mma work
 and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage);
 operands stored in the mma's format (tf32 words, float16) can instead be copied by ``cp.async``
-(through L1) ``stages`` deep.
+(through L1) ``stages`` deep; bfloat16 operands are copied as words through the registers (the bf16
+mode has no cp.async pipeline).
 
 With ``MmaConfig.wg`` the products run on Hopper's ``wgmma`` instead (tf32, f16 and bf16, through
 patched PTX: ``netcl.runtime.ptx_patch``): warps stacked along M, a warpgroup of four per 64 rows
@@ -38,8 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netcl.core.dtypes import float16
+from netcl.core.dtypes import C_TYPES, bfloat16, float16
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, OperandView, block_indexing, kernel_signature
+from netcl.runtime.ops.storage_io import helpers_c, store_c
 
 MMA = {
     "f16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -49,6 +51,8 @@ MMA = {
 }
 #: modes with one 32-bit word per element (tf32 tiles)
 WORD_MODES = ("tf32", "tf32x3")
+#: The tensor dtype whose stored 16-bit words a 16-bit mode multiplies as they are.
+_WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
 ASYNC_MODES = (*WORD_MODES, "f16")
 #: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``)
@@ -657,10 +661,14 @@ def mma_source(
     float32 elements through its expression (register staging), or, in cp.async stages, copies them
     from its ``offsets4``; C's view gives the flat output index of (``r``, ``c``).
     """
-    a_half, b_half = a_dtype == float16, b_dtype == float16
+    # 16-bit operands (float16, bfloat16 in their modes) are copied as words; float32 ones converted
+    a_half, b_half = a_dtype in (float16, bfloat16), b_dtype in (float16, bfloat16)
+    for dtype in (a_dtype, b_dtype):
+        if dtype in (float16, bfloat16) and dtype != _WORD_DTYPE.get(mode):
+            raise ValueError(f"gemm_mma: {dtype} operands multiply in their own mode, not {mode}")
     view_a, view_b, view_c = (*views, None)[:3]
     if (view_a is not None and a_half) or (view_b is not None and b_half):
-        raise ValueError("gemm_mma: an operand view reads float32 storage; float16 operands cannot be views")
+        raise ValueError("gemm_mma: an operand view reads float32 storage; 16-bit operands cannot be views")
     if cfg.stages and mode not in WORD_MODES and not (a_half and b_half):
         raise ValueError("gemm_mma: cp.async stages copy stored operands; f16 of float32 operands converts them")
     if cfg.stages and any(v is not None and not v.offsets4 for v in (view_a, view_b)):
@@ -683,9 +691,9 @@ def mma_source(
     sa = "ushort" if a_half else "float"
     sb = "ushort" if b_half else "float"
     out_half = c_dtype == float16
-    sc = "half" if out_half else "float"
+    sc = {float16: "half", bfloat16: C_TYPES[bfloat16]}.get(c_dtype, "float")
     at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
-    store = f"vstore_half_rte(OUT, 0, Cz + {at})" if out_half else f"Cz[{at}] = OUT"
+    store = store_c(c_dtype, "Cz", at, "OUT") if c_dtype in (float16, bfloat16) else f"Cz[{at}] = OUT"
     nl, nl2 = "\n    ", "\n        "
     align = 1024 if cfg.wg else 16  # wgmma's swizzle is of the address: atoms start at its period
     # a warp's first row: wgmma's warpgroups take fm blocks of 64 rows, each warp 16 rows of a block
@@ -809,7 +817,7 @@ def mma_source(
         }}{proxy_fence}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
-    return f"""{epilogue.preamble}
+    return f"""{helpers_c([c_dtype])}{epilogue.preamble}
 #define CT float
 #define IDX {idx}
 #define BM {cfg.bm}

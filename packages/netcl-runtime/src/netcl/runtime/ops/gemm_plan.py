@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float32, float64
+from netcl.core.dtypes import STORAGE_ONLY, float32, float64
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import get_kernel, storage_ctype, storage_pragmas
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig, OperandView, portable_source
+from netcl.runtime.ops.storage_io import store_c
 
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 #: Scalar argument dtypes of ``netcl_gemm`` (None: a buffer), see ``gemm_source``.
@@ -205,10 +206,10 @@ def finish_plan(
 def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
     if epilogue.is_identity:
-        store = "vstore_half_rte((float)s, 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})s"
+        store = store_c(out_dtype, "C", "i", "s") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})s"
         params, lines = "", [f"{store};"]
     else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
-        store = "vstore_half_rte((float)(OUT), 0, C + i)" if out_dtype == float16 else f"C[i] = ({st})(OUT)"
+        store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
         params = ", const int M, const int N" + epilogue.params()
         lines = [
             "const long csb = (long)M * N;",

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netcl.core.dtypes import float16, float32, float64
+from netcl.core.dtypes import C_TYPES, STORAGE_ONLY, float32, float64
+from netcl.runtime.ops.storage_io import load_c, store_c, vload_c
 
 #: What the kernel computes at the store: None, or (bias kind, activation). Bias kinds: "none",
 #: "col" (one value per column n: a Linear layer's bias), "row" (one per row m).
@@ -318,7 +319,8 @@ def _load_lines(
     per = (side * bk) // (vec * threads)
     across = (bk // vec) if along_k else (side // vec)  # vectors along the contiguous dim
     vt = _vec(ct, vec)
-    half = storage == "half"
+    # the 16-bit storage formats load through storage_io (float16: vload_half; bfloat16: widened words)
+    words = next((d for d in STORAGE_ONLY if C_TYPES[d] == storage), None)
     decls = [f"{vt} {name}r{j};" for j in range(per)]
     loads, stores = [], []
     for j in range(per):
@@ -340,13 +342,13 @@ def _load_lines(
         if view is not None:
             pass
         elif vec == 1:
-            value = "vload_half(0, p)" if half else "(CT)p[0]"
+            value = load_c(words, "p", "0") if words is not None else "(CT)p[0]"
             loads.append(f"  {name}r{j} = ({full}) ? {value} : (CT)0; }}")
         else:
-            value = f"vload_half{vec}(0, p)" if half else f"*(__global const {_vec(storage, vec)}*)p"
+            value = vload_c(words, vec, "p") if words is not None else f"*(__global const {_vec(storage, vec)}*)p"
             loads.append(f"  if ({full}) {{ {name}r{j} = {value}; }} else {{")
             for v in range(vec):
-                ev = f"vload_half({v}, p)" if half else f"(CT)p[{v}]"
+                ev = load_c(words, "p", str(v)) if words is not None else f"(CT)p[{v}]"
                 loads.append(f"    {name}r{j}.s{v:x} = ({elem_ok.format(v=v)}) ? {ev} : (CT)0;")
             loads.append("  } }")
         if along_k:
@@ -408,10 +410,7 @@ def portable_source(
         reads_b.append("}")
     bias_arg = epilogue.params()
     at = "(IDX)r * ldc + c" if view_c is None else f"({view_c.element})"
-    if c_dtype == float16:
-        store = f"vstore_half_rte((float)(OUT), 0, Cz + {at})"
-    else:
-        store = f"Cz[{at}] = ({sc})(OUT)"
+    store = store_c(c_dtype, "Cz", at, "OUT") if c_dtype in STORAGE_ONLY else f"Cz[{at}] = ({sc})(OUT)"
     nl = "\n    "
     nl2 = "\n        "
     if lv > 1 and view_c is None and c_dtype == float32 and ct == "float":

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float64
+from netcl.core.dtypes import float16, float64, refuse_bfloat16
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, storage_ctype, storage_pragmas
 from netcl.runtime.ops._grid import index_ctype, index_dtype
@@ -228,6 +228,7 @@ def check_cache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int 
             )
         if t.dtype != q.dtype or t.device is not q.device:
             raise ValueError(f"{op}: {name} must have q's dtype and device ({q.dtype} on {q.device})")
+    refuse_bfloat16(op, q.dtype)
     if q.dtype.kind != "f":
         raise ValueError(f"{op}: q must be a float tensor, got {q.dtype}")
     _check_pos(pos, q.shape[-2], k_cache.shape[-2], op)

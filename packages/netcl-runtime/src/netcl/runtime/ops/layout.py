@@ -15,7 +15,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
-from netcl.core.dtypes import as_dtype, float16, float32
+from netcl.core.dtypes import as_dtype, float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
@@ -41,6 +41,7 @@ from netcl.runtime.ops._grid import launch_prepared, prepared_for
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
+from netcl.runtime.ops.storage_io import bits_ctype, load_c, store_c
 from netcl.runtime.ops.strided import strided_copy
 
 _TWINS = "netcl.runtime.numpy_twins.layout"
@@ -81,8 +82,8 @@ def convert(x: Tensor, target: np.dtype) -> Tensor:
 
 
 def _storage_cast(x: Tensor, target: np.dtype) -> Tensor:
-    """``cast`` on a device where float16 is storage-only: halves are read with ``vload_half`` and
-    written with ``vstore_half_rte`` (round to nearest even, as float16 conversion does elsewhere)."""
+    """``cast`` on a device where float16 or bfloat16 is storage-only: their values are loaded and
+    stored through ``storage_io`` (rounded to nearest even, as their NumPy conversions do)."""
     out = Tensor.empty(x.shape, target, x.device)
     if out.size == 0:
         return out
@@ -97,18 +98,19 @@ def _storage_cast(x: Tensor, target: np.dtype) -> Tensor:
 
 
 def _storage_cast_source(source: np.dtype, target: np.dtype, idx: str) -> str:
-    """One element per work-item: float16 -> float16 copies the bits, float16 -> other converts the
-    float value (C rules), other -> float16 rounds the value (float64 directly, the rest via float,
-    exact for every value float16 can hold)."""
+    """One element per work-item: a storage-only dtype to itself copies the bits; from one, its float
+    value converts (C rules); to one, the value is rounded once (float16 from float64 directly, the
+    rest via float, exact for every value float16 can hold; bfloat16 always via float, as ml_dtypes)."""
     if source == target:
         types, body = ("ushort", "ushort"), "out[i] = x[i];"
-    elif source == float16:
-        value = "vload_half(i, x)"
-        body = f"out[i] = {value} != 0.0f;" if target.kind == "b" else f"out[i] = ({storage_ctype(target)}){value};"
-        types = ("half", storage_ctype(target))
     else:
-        value = "x[i]" if source.kind == "f" else "(float)x[i]"
-        types, body = (storage_ctype(source), "half"), f"vstore_half_rte({value}, i, out);"
+        value = load_c(source, "x", "i")
+        if target.kind == "b":
+            body = f"out[i] = {value} != 0;"
+        else:
+            wide = "double" if source == float64 else "float"
+            body = store_c(target, "out", "i", value if is_floating(source) else f"(float){value}", wide) + ";"
+        types = (storage_ctype(source), storage_ctype(target))
     return (
         f"{storage_pragmas([source, target])}"
         f"__kernel void netcl_cast(__global const {types[0]}* x, __global {types[1]}* out, const {idx} n) {{\n"
@@ -210,10 +212,7 @@ register_cache(_TRANSPOSE_PLANS.clear)
 _TILE, _ROWS = 32, 8
 
 
-def _bits_ctype(dtype: np.dtype) -> str:
-    """The C type a kernel that only moves ``dtype``'s values uses: float16 as its 16 bits (so the
-    move needs no ``cl_khr_fp16`` and runs where float16 is storage-only), else the storage type."""
-    return "ushort" if dtype == float16 else storage_ctype(dtype)
+_bits_ctype = bits_ctype  # float16 and bfloat16 moved as their 16 bits (no extension, no helpers)
 
 
 def _swap_last_two(x: Tensor) -> tuple[PreparedLaunch, tuple[int, int]]:

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 from netcl.core import Tensor, broadcast_shapes
+from netcl.core.dtypes import is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
@@ -64,7 +65,7 @@ def product_dtype(a: Tensor, b: Tensor) -> np.dtype:
     """The float dtype of ``a @ b`` (``float_dtype(promote((a, b)))``), without NumPy's promotion for the
     common operands: two of one float dtype."""
     dtype = a.dtype
-    if dtype == b.dtype and dtype.kind == "f":
+    if dtype == b.dtype and is_floating(dtype):
         return dtype
     return float_dtype(promote((a, b)))
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
@@ -161,6 +162,7 @@ def _check_update(
     for name, value in (("param", param), ("grad", grad), ("steps", steps), ("hyper", hyper)):
         if not isinstance(value, Tensor):
             raise TypeError(f"{op}: {name} must be a Tensor, got {type(value).__name__}")
+    refuse_bfloat16(op, param.dtype)
     if param.dtype.kind != "f":
         raise DTypeError(f"{op}: param must be a floating-point tensor, got dtype {param.dtype}")
     for name, value in (("grad", grad), *buffers.items()):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor, broadcast_shapes
-from netcl.core.dtypes import float16, float32
+from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import _table
@@ -51,6 +51,7 @@ from netcl.runtime.ops._common import (
 from netcl.runtime.ops._table import F64_SOURCE, OpDef, f64_expr
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.elementwise_defs import OPDEFS, OPDEFS_BY_ARITY, derivative_opdef
+from netcl.runtime.ops.storage_io import load_c, store_c
 
 #: name -> OpDef by operand count (inputs, then attributes): the defined ops, then the helper kernels.
 UNARY = {**OPDEFS_BY_ARITY[1], **_table.UNARY}
@@ -269,7 +270,7 @@ def _source(
             where = dot_expr(rank, f"st{i}_", unit=unit, zero=zero)
         else:
             where = "gid" if cls == FLAT else "0"
-        read = f"vload_half({where}, in{i})" if dtype == float16 else f"in{i}[{where}]"
+        read = load_c(dtype, f"in{i}", where)
         body.append(f"const {ctype} v{i} = ({ctype}){read};")
     params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
     used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
@@ -278,14 +279,11 @@ def _source(
         expr, extra = f64_expr(expr), extra + F64_SOURCE
     value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
     store = f"(({value}) != 0)" if out_dtype.kind == "b" else f"({value})"
-    if out_dtype == float16:  # rounded once, to nearest even, from the float (or double) value
-        wide = "double" if "double" in value_ctypes else "float"
-        write = f"vstore_half_rte(({wide}){store}, gid, out);"
-    else:
-        write = f"out[gid] = ({out_t}){store};"
+    # float16 and bfloat16 rounded once, to nearest even, from the float (float16: or double) value
+    write = store_c(out_dtype, "out", "gid", store, "double" if "double" in value_ctypes else "float") + ";"
     lines = "\n    ".join(body)
-    # float16 only loaded and stored (vload_half / vstore_half_rte, computing in float): no cl_khr_fp16,
-    # so elementwise ops run where float16 is storage-only
+    # float16 and bfloat16 only loaded and stored (storage_io, computing in float): no cl_khr_fp16, so
+    # elementwise ops run where they are storage-only
     head = f"{storage_pragmas(used)}{extra}__kernel void netcl_ew({', '.join(params)}) {{"
     return f"{head}\n    {lines}\n    {write}\n}}\n"
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import pool_cpu
@@ -209,6 +210,7 @@ def _check_input(x: Any, op: str) -> None:
         raise TypeError(f"{op}: x must be a Tensor, got {type(x).__name__}")
     if len(x.shape) != 4:
         raise ShapeError(f"{op}: x must be 4-d (N, C, H, W), got shape {tuple(x.shape)}")
+    refuse_bfloat16(op, np.dtype(x.dtype))
     if np.dtype(x.dtype).kind != "f":
         raise TypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 

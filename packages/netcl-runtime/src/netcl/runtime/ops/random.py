@@ -20,7 +20,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor, get_device
 from netcl.core.broadcast import normalize_shape
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import float32, refuse_bfloat16
 from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops.backend import backend_op
@@ -264,6 +264,7 @@ def dropout(x: Tensor, p: float, seed: int, counter: Tensor | None = None) -> Te
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"dropout: x must be a Tensor, got {type(x).__name__}")
+    refuse_bfloat16("dropout", x.dtype)
     if x.dtype.kind != "f":
         raise TypeError(f"dropout: x must be a floating-point tensor, got dtype {x.dtype}")
     if not 0.0 <= float(p) <= 1.0:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float32, float64, int64
+from netcl.core.dtypes import STORAGE_ONLY, float32, float64, int64, is_floating
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
@@ -53,6 +53,7 @@ from netcl.runtime.ops._common import (
 from netcl.runtime.ops._rows import tree_loop_c, tree_reduce_c
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.pointwise import add, fill_
+from netcl.runtime.ops.storage_io import load_c, store_c
 
 _TWINS = "netcl.runtime.numpy_twins.reduce"
 
@@ -97,7 +98,7 @@ def prod(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def reduce_dtypes(op: str, dtype: np.dtype) -> tuple[np.dtype, np.dtype]:
     """(accumulator dtype, result dtype) of reducing ``dtype`` with ``op``."""
-    if dtype.kind == "f":
+    if is_floating(dtype):
         return (float64 if dtype == float64 else float32), dtype
     if op == "mean":
         return float32, float32
@@ -134,7 +135,7 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
                 f"{op}: addend must have the result's shape {out_shape} and dtype {out_dtype}, "
                 f"got {tuple(addend.shape)} {addend.dtype}"
             )
-        if out_dtype.kind != "f" or x.size == 0:
+        if not is_floating(out_dtype) or x.size == 0:
             return add(addend, _reduce(op, x, axis, keepdims))
     device.check_dtype(acc)
     R = math.prod(x.shape[a] for a in axes)
@@ -425,16 +426,15 @@ def _source(
     )
 
     def put(at: str) -> str:  # the output's store; with an addend, the float add after the rounding
-        if out_dtype == float16:  # only loaded and stored (vload_half / vstore_half_rte): no cl_khr_fp16
-            line = f"vstore_half_rte((float){store}, {at}, out);"
-            return line + (
-                f" vstore_half_rte(vload_half({at}, out) + vload_half({at}, addend), {at}, out);" if plus else ""
-            )
+        if out_dtype in STORAGE_ONLY:  # only loaded and stored (storage_io): no cl_khr_fp16
+            line = store_c(out_dtype, "out", at, store) + ";"
+            both = f"{load_c(out_dtype, 'out', at)} + {load_c(out_dtype, 'addend', at)}"
+            return line + (f" {store_c(out_dtype, 'out', at, both)};" if plus else "")
         value = f"({out_t}){store}"
         return f"out[{at}] = " + (f"({out_t})({value} + addend[{at}]);" if plus else f"{value};")
 
     at = f"in_index(o, r{dim_args})"
-    read = f"vload_half({at}, x)" if in_dtype == float16 else f"x[{at}]"
+    read = load_c(in_dtype, "x", at)
     loop = f"acc = COMBINE(acc, ({acc_t}){read});"
     if mode == "cols":
         return header + (

@@ -11,8 +11,9 @@ are kernel arguments, so the program is built once per dtype, index width and mo
 Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
 norms: mean and 1/std) in float32 (float64 for float64 input); the backward kernels recompute
 from them in one pass per row. Float16 inputs are loaded with ``vload_half`` and computed in
-float32 inside the kernels; outputs keep the input dtype (float16 stored with ``vstore_half_rte``),
-so the kernels need no ``cl_khr_fp16`` and run where float16 is storage-only.
+float32 inside the kernels; outputs keep the input dtype (float16 stored with ``vstore_half_rte``,
+bfloat16 likewise through ``storage_io``), so the kernels need no ``cl_khr_fp16`` and run where
+float16 and bfloat16 are storage-only.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float32, float64
+from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops import _rows
@@ -40,6 +41,7 @@ from netcl.runtime.ops._common import (
 from netcl.runtime.ops._grid import index_ctype
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import transpose
+from netcl.runtime.ops.storage_io import helpers_c, load_macro, store_macro
 
 _TWINS = "netcl.runtime.numpy_twins.rowwise"
 
@@ -65,8 +67,8 @@ class RowKernel:
 _PROLOGUE = "    const int lid = get_local_id(0), L = get_local_size(0);\n    const {idx} C = R;\n"
 
 _LOAD_STORE = """
-/* loads and stores of the storage type: float16 through vload_half / vstore_half_rte (no cl_khr_fp16) */
-#define LD(p, i) {load}
+/* loads and stores of the storage type: float16 / bfloat16 through storage_io's C (no cl_khr_fp16) */
+{storage_helpers}#define LD(p, i) {load}
 #define ST(p, i, v) {store}
 inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || isnan(a)) ? a : b; }}
 """
@@ -221,7 +223,7 @@ def _check_float(x: Any, op: str) -> None:
     # traced values of jit_compile (shape and dtype known, no data yet)
     if not isinstance(x, Tensor) and not all(hasattr(x, a) for a in ("shape", "dtype", "ndim")):
         raise TypeError(f"{op}: x must be a Tensor, got {type(x).__name__}")
-    if x.dtype.kind != "f":
+    if not is_floating(x.dtype):
         raise DTypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 
 
@@ -278,12 +280,12 @@ def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
     if fmt is not None:
         return fmt
     st, ct = storage_ctype(x.dtype), compute_ctype(stats_dtype(x.dtype))
-    half = x.dtype == float16
     fmt = RowFormat(
         {
             "pragmas": storage_pragmas([x.dtype, stats_dtype(x.dtype)]),
-            "load": "vload_half((i), (p))" if half else f"(({ct})(p)[i])",
-            "store": f"vstore_half_rte(({ct})(v), (i), (p))" if half else f"((p)[i] = ({st})(v))",
+            "load": load_macro(x.dtype, ct),
+            "store": store_macro(x.dtype, ct),
+            "storage_helpers": helpers_c([x.dtype]),
             "st": st,
             "ct": ct,
             "idx": index_ctype(x.size),

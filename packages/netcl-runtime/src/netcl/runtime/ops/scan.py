@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor, contiguous_strides
-from netcl.core.dtypes import int32, int64
+from netcl.core.dtypes import int32, int64, refuse_bfloat16
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import _rows
 from netcl.runtime.ops._common import (
@@ -91,6 +91,7 @@ _GROUP_SCAN = (
 def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     """Running sums along ``axis`` (from the end with ``reverse``); ints and bools give int64."""
     _check(x, "cumsum")
+    refuse_bfloat16("cumsum", x.dtype)
     ax = _one_axis(x, axis, "cumsum")
     out_dtype = cumsum_dtype(x.dtype)
     x.device.check_dtype(out_dtype)
@@ -161,6 +162,7 @@ _ARG_TREE = f"    __local long sidx[{MAX_LOCAL}];\n    netcl_row_argbest(&best, 
 
 def _arg(kind: str, x: Tensor, axis: int | None, keepdims: bool) -> Tensor:
     _check(x, kind)
+    refuse_bfloat16(kind, x.dtype)
     if x.size == 0:
         raise ValueError(f"{kind}: x of shape {x.shape} is empty, which has no {kind[3:]}imum")
     if axis is None:
@@ -216,6 +218,7 @@ def argmax_into(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> N
             raise TypeError(f"{op}: {arg} must be a Tensor, got {type(t).__name__}")
         if t.device is not x.device:
             raise ValueError(f"{op}: {arg} is on {t.device}, x on {x.device}")
+    refuse_bfloat16(op, x.dtype)
     if x.ndim != 2 or x.shape[1] == 0 or x.dtype.kind != "f":
         raise ValueError(f"{op}: x must be a non-empty (B, V) float tensor, got shape {x.shape} dtype {x.dtype}")
     batch = x.shape[0]
