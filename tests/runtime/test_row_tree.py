@@ -78,7 +78,14 @@ def _halving_loops(source: str) -> int:
 
 def test_row_kernel_families_take_their_trees_from_rows():
     loop = "for (int h = get_local_size(0) / 2; h > 0; h >>= 1)"
-    fmt = {"ct": "float", "st": "float", "load": "((float)(p)[i])", "store": "((p)[i] = (float)(v))", "idx": "int"}
+    fmt = {
+        "ct": "float",
+        "st": "float",
+        "load": "((float)(p)[i])",
+        "store": "((p)[i] = (float)(v))",
+        "idx": "int",
+        "storage_helpers": "",
+    }
     helpers = rowwise.row_helpers(fmt)  # the NaN-keeping max tree; sums are the skeleton's ROW_SUM
     assert _halving_loops(helpers) == helpers.count(loop) == 1
     for kernel in (*[getattr(rowwise, n) for n in ("_SOFTMAX_FORWARD", "_SOFTMAX_BACKWARD", "_NORM_FORWARD",
