@@ -137,10 +137,11 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
     if _local.tracer is not None:
         return _through_apply_op(entry, name, inputs, attrs)
-    if len(inputs) == 1:  # no comprehension frame for the common arities
+    count = len(inputs)
+    if count == 1:  # no comprehension frame for the common arities
         (first,) = inputs
         values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
-    elif len(inputs) == 2:
+    elif count == 2:
         first, second = inputs
         values = (
             first.value if isinstance(first, Node) else first,

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, selecting
 
@@ -141,6 +141,8 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
         ax = gathering.check_gather_shapes(shape, axis, given.shape)
         indexing.check_index_tensor(given, "gather")
+        if forward_only():  # what apply_op would do: the forward, a bare Node
+            return Node(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), op_name="gather")
         forward, grad = _AlongForward(gathering.gather, ax, given), _AlongGrad(gathering.gather_backward, ax, given)
         return apply_op(forward, grad, x, op_name="gather", attrs={"axis": ax})
     index_shape = np.shape(given)
@@ -160,6 +162,9 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
         ax = selecting.check_index_select_shapes(shape, axis, given.shape)
         indexing.check_index_tensor(given, "index_select")
+        if forward_only():  # what apply_op would do: the forward, a bare Node
+            value = x.value if isinstance(x, Node) else x
+            return Node(selecting.index_select(value, ax, given), op_name="index_select")
         forward = _AlongForward(selecting.index_select, ax, given)
         grad = _AlongGrad(selecting.index_select_backward, ax, given)
         return apply_op(forward, grad, x, op_name="index_select", attrs={"axis": ax})
