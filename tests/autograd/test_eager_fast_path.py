@@ -4,6 +4,7 @@ builds (values, Node fields, tape records, gradients); the tests count the Pytho
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -190,3 +191,36 @@ def test_elementwise_record_rules(device: Any) -> None:
         untracked = ag.mul(tracked, 3.0)
     assert off.nodes == [] and untracked.grad_fn is None and not untracked.requires_grad
     np.testing.assert_allclose(untracked.to_host(), X.astype(np.float64) * 3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["index_select", "gather"])
+def test_index_checks_memo(device: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated (shape, axis, index shape, index dtype) skips the shape checks; anything else they read
+    is checked again: an index of another dtype, and ``True`` for the axis (equal to 1 as a dict key)."""
+    x, idx, gidx = _inputs(device, grad=False)
+    index = idx if name == "index_select" else gidx
+    module, check = (
+        (ops_index.selecting, "check_index_select_shapes")
+        if name == "index_select"
+        else (ops_index.gathering, "check_gather_shapes")
+    )
+    op = getattr(ag, name)
+    ops_index._CHECKED.clear()
+    calls: list[Any] = []
+    real = getattr(module, check)
+
+    def counting(*args: Any) -> int:
+        if sys._getframe(1).f_globals["__name__"] == ops_index.__name__:  # the front's check, not the runtime's
+            calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(module, check, counting)
+    first = op(x, 1, index)
+    second = op(x, 1, index)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(first.to_host(), second.to_host())
+    with pytest.raises(TypeError, match="axis must be an int"):
+        op(x, True, index)
+    floats = ag.tensor(index.to_host().astype(np.float32), device=device).value
+    with pytest.raises(Exception, match="integer"):
+        op(x, 1, floats)
