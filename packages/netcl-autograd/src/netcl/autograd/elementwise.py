@@ -13,6 +13,7 @@ that have no hand-written front, so a new op needs only its definition.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -99,23 +100,90 @@ class _Grad:
         return grads
 
 
+class _Recorded(_Grad):
+    """A recorded call's ``Node.grad_fn``: its ``_Grad`` bound to the call's values and output, one
+    gradient per Node input (what ``apply_op``'s bound form returns), built without ``apply_op``."""
+
+    __slots__ = ("values", "out", "index")
+
+    def __init__(
+        self,
+        name: str,
+        d: Any,
+        inputs: Sequence[Operand],
+        attrs: dict[str, Any],
+        values: tuple[Any, ...],
+        out: Tensor,
+        index: list[int],
+    ) -> None:
+        self.name, self.d, self.inputs, self.attrs = name, d, inputs, attrs
+        self.values, self.out, self.index = values, out, index
+
+    def __call__(self, g: Tensor) -> _Grads:  # type: ignore[override]
+        grads = _Grad.__call__(self, g, self.values, self.out)
+        return [grads[i] for i in self.index]
+
+
 def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None = None) -> Node:
     """Op ``name`` of ``elementwise_defs.ALL`` on ``inputs`` (Nodes, Tensors or scalars) with
-    attribute values ``attrs`` (one per ``attrs`` name of the definition), through ``apply_op``."""
+    attribute values ``attrs`` (one per ``attrs`` name of the definition).
+
+    Without a tracer this is ``apply_op``'s work written out for the op: the forward, then a bare
+    Node (grad mode off, no input that requires grad, a disabled tape, a non-float result) or a Node
+    whose ``grad_fn`` is a ``_Recorded``, appended to the enabled tape in scope. A tracer gets the call
+    through ``apply_op``."""
     entry = _ENTRIES.get(name)
     if entry is None:
         entry = _ENTRIES[name] = _Entry(name)  # KeyError for an unknown name, as ALL[name]
+    if _local.tracer is not None:
+        return _through_apply_op(entry, name, inputs, attrs)
+    count = len(inputs)
+    if count == 1:  # no comprehension frame for the common arities
+        (first,) = inputs
+        values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
+    elif count == 2:
+        first, second = inputs
+        values = (
+            first.value if isinstance(first, Node) else first,
+            second.value if isinstance(second, Node) else second,
+        )
+    else:
+        values = tuple([a.value if isinstance(a, Node) else a for a in inputs])
+    if entry.forward is not None:  # the inputs are the kernel's operands
+        out = apply(entry.kernel, values)
+    elif entry.scalar_slot is not None:
+        out = apply(entry.kernel, entry.scalar_operands(values[0], attrs["scalar"]))  # type: ignore[index]
+    else:
+        out = apply(entry.kernel, forward_operands(entry.d, values, attrs or {}))
+    if not grad_mode.grad_enabled:
+        return Node(out, op_name=name)
+    tape = _local.tape
+    node = None
+    if entry.differentiable and (tape is None or tape.enabled) and out.dtype.kind == "f":
+        index: list[int] = []
+        parents: list[Node] = []
+        wanted = False
+        for i, a in enumerate(inputs):
+            if isinstance(a, Node):
+                index.append(i)
+                parents.append(a)
+                wanted = wanted or a.requires_grad
+        if wanted:
+            grad = _Recorded(name, entry.d, inputs, dict(attrs) if attrs else {}, values, out, index)
+            trace = traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None
+            node = Node(out, grad, parents, None, True, trace, name)
+    if node is None:
+        node = Node(out, op_name=name)
+    if tape is not None and tape.enabled:
+        tape.nodes.append(node)
+    return node
+
+
+def _through_apply_op(entry: _Entry, name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None) -> Node:
+    """The call through ``apply_op`` (a tracer is installed: it takes the op, its forward and its gradient)."""
     d = entry.d
-    forward = entry.forward
-    if not grad_mode.grad_enabled and _local.tracer is None:  # what apply_op does here: the forward, a bare Node
-        values = [a.value if isinstance(a, Node) else a for a in inputs]
-        if forward is not None:  # the inputs are the kernel's operands
-            return Node(apply(entry.kernel, values), op_name=name)
-        if entry.scalar_slot is not None:
-            operands = entry.scalar_operands(values[0], attrs["scalar"])  # type: ignore[index]
-            return Node(apply(entry.kernel, operands), op_name=name)
-        return Node(apply(entry.kernel, forward_operands(d, values, attrs or {})), op_name=name)
     attrs = dict(attrs) if attrs else {}
+    forward = entry.forward
     if forward is None:
         kernel = entry.kernel
         if entry.scalar_slot is not None:
@@ -150,15 +218,14 @@ def binary(name: str) -> Callable[[Operand, Operand], Node]:
     right, left = f"{name}_scalar_right", f"{name}_scalar_left"
 
     def op(a: Operand, b: Operand) -> Node:
-        if not isinstance(a, _NUMBERS) and not isinstance(b, _NUMBERS):  # two Nodes/Tensors: the common call
+        a_number, b_number = isinstance(a, _NUMBERS), isinstance(b, _NUMBERS)  # is_scalar, without its calls
+        if not a_number and not b_number:  # two Nodes/Tensors: the common call
             return apply_elementwise(name, (a, b))
-        if is_scalar(a) and is_scalar(b):
+        if a_number and b_number:
             raise TypeError(f"{name}: at least one operand must be a Node or Tensor, got two scalars {a!r}, {b!r}")
-        if is_scalar(b):
+        if b_number:
             return apply_elementwise(right, (a,), {"scalar": b})
-        if is_scalar(a):
-            return apply_elementwise(left, (b,), {"scalar": a})
-        return apply_elementwise(name, (a, b))
+        return apply_elementwise(left, (b,), {"scalar": a})
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = ALL[name].doc

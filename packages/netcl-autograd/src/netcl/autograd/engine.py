@@ -50,6 +50,7 @@ __all__ = [
     "Tracer",
     "apply_op",
     "detect_anomaly",
+    "forward_only",
     "get_current_tape",
     "get_tracer",
     "is_anomaly_enabled",
@@ -292,6 +293,13 @@ def set_tracer(tracer: Tracer | None) -> None:
 
 
 # ---- apply_op ----------------------------------------------------------------------------------
+def forward_only() -> bool:
+    """Whether an op called now runs its forward alone: grad mode off and no tracer installed. ``apply_op``
+    then returns ``Node(fn(*values), op_name=op_name)``; an op's front may do the same itself, without
+    building the gradient function and attributes that nothing would read."""
+    return not grad_mode.grad_enabled and _local.tracer is None
+
+
 def apply_op(
     fn: Callable[..., Tensor],
     grad_fn: OpGradFn | None,

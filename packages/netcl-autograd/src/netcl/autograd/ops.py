@@ -20,7 +20,7 @@ import numpy as np
 
 from netcl.autograd import autocast_mode
 from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.core.dtypes import is_floating
 from netcl.runtime.ops import layout, linalg, pointwise, reduce
@@ -209,6 +209,8 @@ def attrs_axis(axis: Axis) -> Any:
 def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Sum over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
+    if forward_only():  # what apply_op would do: the forward, a bare Node
+        return Node(reduce.sum(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="sum")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -226,6 +228,8 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Mean over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
+    if forward_only():  # what apply_op would do: the forward, a bare Node
+        return Node(reduce.mean(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="mean")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -247,6 +251,8 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Maximum over ``axis``; the gradient is shared equally among tied maxima."""
     axes = normalize_axes(axis, len(x.shape))
+    if forward_only():  # what apply_op would do: the forward, a bare Node
+        return Node(reduce.max(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="max")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -292,6 +298,8 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
                 _TRANSPOSES.clear()
             _TRANSPOSES[key] = entry
     perm, forward, grad = entry
+    if forward_only():  # what apply_op would do: the forward, a bare Node
+        return Node(forward(x.value if isinstance(x, Node) else x), op_name="transpose")
     return apply_op(forward, grad, x, op_name="transpose", attrs={"axes": perm})
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, selecting
 
@@ -111,6 +111,17 @@ class _AlongGrad:
         return [self.backward(g, self.axis, self.index, values[0].shape)]
 
 
+#: (op, x shape, axis: an exact int, index shape, index dtype) -> the normalized axis of a gather /
+#: index_select by an index Tensor whose checks passed (they read nothing else)
+_CHECKED: dict[tuple, int] = {}
+
+
+def _remember(key: tuple, ax: int) -> None:
+    if len(_CHECKED) >= 4096:
+        _CHECKED.clear()
+    _CHECKED[key] = ax
+
+
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
     kind = type(x)
     if kind is Node or kind is Tensor:
@@ -139,8 +150,15 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "gather", "x")
     given = index.value if type(index) is Node else index
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
-        ax = gathering.check_gather_shapes(shape, axis, given.shape)
-        indexing.check_index_tensor(given, "gather")
+        key = ("gather", shape, axis, given.shape, given.dtype) if type(axis) is int else None
+        ax = _CHECKED.get(key) if key is not None else None
+        if ax is None:
+            ax = gathering.check_gather_shapes(shape, axis, given.shape)
+            indexing.check_index_tensor(given, "gather")
+            if key is not None:
+                _remember(key, ax)
+        if forward_only():  # what apply_op would do: the forward, a bare Node
+            return Node(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), op_name="gather")
         forward, grad = _AlongForward(gathering.gather, ax, given), _AlongGrad(gathering.gather_backward, ax, given)
         return apply_op(forward, grad, x, op_name="gather", attrs={"axis": ax})
     index_shape = np.shape(given)
@@ -158,8 +176,16 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "index_select", "x")
     given = index.value if type(index) is Node else index
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
-        ax = selecting.check_index_select_shapes(shape, axis, given.shape)
-        indexing.check_index_tensor(given, "index_select")
+        key = ("index_select", shape, axis, given.shape, given.dtype) if type(axis) is int else None
+        ax = _CHECKED.get(key) if key is not None else None
+        if ax is None:
+            ax = selecting.check_index_select_shapes(shape, axis, given.shape)
+            indexing.check_index_tensor(given, "index_select")
+            if key is not None:
+                _remember(key, ax)
+        if forward_only():  # what apply_op would do: the forward, a bare Node
+            value = x.value if isinstance(x, Node) else x
+            return Node(selecting.index_select(value, ax, given), op_name="index_select")
         forward = _AlongForward(selecting.index_select, ax, given)
         grad = _AlongGrad(selecting.index_select_backward, ax, given)
         return apply_op(forward, grad, x, op_name="index_select", attrs={"axis": ax})

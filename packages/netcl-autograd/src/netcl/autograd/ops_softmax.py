@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.autograd.row_hook import provided
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
@@ -33,6 +33,9 @@ def value_of(x: Any, op: str, arg: str = "x") -> Tensor:
 
 
 def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, ...] | None, attrs: dict) -> Node:
+    if forward_only():  # what apply_op would do: the forward (no statistics kept), a bare Node
+        out = rowwise.softmax_forward(x.value if isinstance(x, Node) else x, axes, mode, keep_stats=False)[0]
+        return Node(out if out_shape is None else out.reshape(out_shape), op_name=rowwise.MODE_NAMES[mode])
     saved: dict[str, Any] = {}
 
     def forward(v: Tensor) -> Tensor:

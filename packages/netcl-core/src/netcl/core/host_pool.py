@@ -239,6 +239,30 @@ def _blas_controller() -> Any:
     return ThreadpoolController()
 
 
+@functools.cache
+def _blas_libraries() -> tuple[Any, ...]:
+    """threadpoolctl's controllers of the BLAS libraries (``user_api == "blas"``), found once."""
+    controller = _blas_controller()
+    return () if controller is None else tuple(lib for lib in controller.lib_controllers if lib.user_api == "blas")
+
+
+class _OneBlasThread:
+    """``ThreadpoolController.limit(limits=1, user_api="blas")`` for one product, without its per-call
+    bookkeeping: each BLAS library's thread count is read, set to 1, and set back on exit."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self) -> None:
+        libraries = _blas_libraries()
+        self.saved = [lib.get_num_threads() for lib in libraries]
+        for lib in libraries:
+            lib.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        for lib, threads in zip(_blas_libraries(), self.saved, strict=True):
+            lib.set_num_threads(threads)
+
+
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(x, y, out=out)`` with single-threaded BLAS, the rows (or batch entries) of the
     product split over the pool's threads.
@@ -249,10 +273,9 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     workers never wake and the pool supplies the parallelism. Every element is still one BLAS dot product over K,
     so results agree with ``np.matmul`` to float rounding.
     """
-    controller = _blas_controller()
-    if controller is None:
+    if _blas_controller() is None:
         return np.matmul(x, y, out=out)
-    with controller.limit(limits=1, user_api="blas"):
+    with _OneBlasThread():
         if x.ndim < 2 or y.ndim < 2:
             return np.matmul(x, y, out=out)
         shape = (*np.broadcast_shapes(x.shape[:-2], y.shape[:-2]), x.shape[-2], y.shape[-1])

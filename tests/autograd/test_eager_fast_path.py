@@ -1,0 +1,226 @@
+"""The eager fast paths: ops under ``no_grad`` that run their forward alone (``engine.forward_only``), and
+elementwise ops that record their Node without ``apply_op``. Each must build exactly what ``apply_op``
+builds (values, Node fields, tape records, gradients); the tests count the Python-level work skipped."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.autograd import elementwise, engine, ops, ops_index, ops_softmax
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((4, 6)).astype(np.float32)
+Y = RNG.standard_normal((4, 6)).astype(np.float32)
+IDX = np.array([3, 0, 3, 1], dtype=np.int32)
+GIDX = RNG.integers(0, 6, (4, 2)).astype(np.int32)
+
+
+def _softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+#: name -> (op on (x node, index tensors), float64 NumPy reference on (x, idx, gidx))
+FRONTS: dict[str, tuple[Callable[..., Any], Callable[..., np.ndarray]]] = {
+    "sum": (lambda x, i, g: ag.sum(x, axis=1), lambda x, i, g: x.sum(1)),
+    "mean": (lambda x, i, g: ag.mean(x), lambda x, i, g: x.mean()),
+    "max": (lambda x, i, g: ag.max(x, axis=0, keepdims=True), lambda x, i, g: x.max(0, keepdims=True)),
+    "transpose": (lambda x, i, g: ag.transpose(x), lambda x, i, g: x.T),
+    "softmax": (lambda x, i, g: ag.softmax(x, axis=0), lambda x, i, g: _softmax(x, 0)),
+    "log_softmax": (lambda x, i, g: ag.log_softmax(x), lambda x, i, g: np.log(_softmax(x))),
+    "index_select": (lambda x, i, g: ag.index_select(x, 1, i), lambda x, i, g: x[:, i]),
+    "gather": (lambda x, i, g: ag.gather(x, 1, g), lambda x, i, g: np.take_along_axis(x, g, 1)),
+}
+
+
+@pytest.fixture
+def apply_op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The op names of every ``apply_op`` call made through the fronts' modules during the test."""
+    calls: list[str] = []
+    real = engine.apply_op
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("op_name"))
+        return real(*args, **kwargs)
+
+    for module in (ops, ops_index, ops_softmax, elementwise):
+        monkeypatch.setattr(module, "apply_op", counting)
+    return calls
+
+
+def _inputs(device: Any, grad: bool) -> tuple[Any, Any, Any]:
+    x = ag.tensor(X, device=device, requires_grad=grad)
+    idx = ag.tensor(IDX, device=device, dtype=np.int32).value
+    gidx = ag.tensor(GIDX, device=device, dtype=np.int32).value
+    return x, idx, gidx
+
+
+def test_forward_only_says_when_nothing_is_recorded() -> None:
+    assert not engine.forward_only()  # grad mode on
+    with ag.no_grad():
+        assert engine.forward_only()
+        engine.set_tracer(object())  # type: ignore[arg-type]
+        try:
+            assert not engine.forward_only()  # a tracer takes every op, grad mode or not
+        finally:
+            engine.set_tracer(None)
+
+
+@pytest.mark.parametrize("name", sorted(FRONTS))
+def test_no_grad_fronts_skip_apply_op(device: Any, name: str, apply_op_calls: list[str]) -> None:
+    op, reference = FRONTS[name]
+    x, idx, gidx = _inputs(device, grad=False)
+    with ag.no_grad():
+        out = op(x, idx, gidx)
+    assert apply_op_calls == []
+    assert isinstance(out, ag.Node) and out.grad_fn is None and not out.requires_grad and out.parents == []
+    assert out.op_name == name
+    # float32 kernels against a float64 reference: a few ulps of the largest magnitude (exp/log in softmax)
+    np.testing.assert_allclose(out.to_host(), reference(X.astype(np.float64), IDX, GIDX), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(FRONTS))
+def test_recording_fronts_still_go_through_apply_op(device: Any, name: str, apply_op_calls: list[str]) -> None:
+    op, reference = FRONTS[name]
+    x, idx, gidx = _inputs(device, grad=True)
+    with ag.Tape() as tape:
+        out = op(x, idx, gidx)
+    assert apply_op_calls == [name]
+    assert out.requires_grad and out.parents == [x] and tape.nodes == [out]
+    np.testing.assert_allclose(out.to_host(), reference(X.astype(np.float64), IDX, GIDX), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:
+    x, idx, _ = _inputs(device, grad=False)
+    with ag.no_grad():
+        with pytest.raises(Exception, match="axis"):
+            ag.sum(x, axis=5)
+        with pytest.raises(Exception, match=r"axis|dimension"):
+            ag.index_select(x, 3, idx)
+        with pytest.raises(Exception, match="permutation"):
+            ag.transpose(x, (0, 0))
+
+
+# ---- elementwise ops recorded without apply_op ------------------------------------------------
+ELEMENTWISE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "add": (lambda a, b: ag.add(a, b), lambda a, b: a + b),
+    "mul_scalar_right": (lambda a, b: ag.mul(a, 2.5), lambda a, b: a * 2.5),
+    "sub_scalar_left": (lambda a, b: ag.sub(1.5, a), lambda a, b: 1.5 - a),
+    "exp": (lambda a, b: ag.exp(a), lambda a, b: np.exp(a)),
+    "leaky_relu": (lambda a, b: ag.leaky_relu(a, 0.1), lambda a, b: np.where(a > 0, a, 0.1 * a)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise_records_like_apply_op(device: Any, name: str, apply_op_calls: list[str]) -> None:
+    """The directly recorded Node has apply_op's fields and tape record, and its gradient is the
+    same as that of the call made through apply_op (``_through_apply_op``, the tracer's path)."""
+    op, _ = ELEMENTWISE[name]
+    a = ag.tensor(X, device=device, requires_grad=True)
+    b = ag.tensor(Y, device=device, requires_grad=True)
+    seed = ag.tensor(Y, device=device).value
+    with ag.Tape() as tape:
+        out = op(a, b)
+        out.backward(seed)
+    assert apply_op_calls == []
+    assert isinstance(out.grad_fn, elementwise._Recorded) or out.grad_fn is None  # freed by the backward
+    assert tape.nodes == [out] and out.requires_grad and out.op_name is not None
+    direct = {id(n): None if n.grad is None else n.grad.to_host() for n in (a, b)}
+
+    a2 = ag.tensor(X, device=device, requires_grad=True)
+    b2 = ag.tensor(Y, device=device, requires_grad=True)
+    with ag.Tape() as tape2:
+        node = op(a2, b2)  # to learn the call's op name, inputs and attributes; then made through apply_op
+        parents, grad = list(node.parents), node.grad_fn
+        tape2.nodes.clear()
+        entry = elementwise._ENTRIES[node.op_name]
+        via = elementwise._through_apply_op(entry, node.op_name, grad.inputs, grad.attrs or None)
+        assert via.parents == parents and all(p is a2 or p is b2 for p in parents)  # before backward frees them
+        via.backward(seed)
+    assert apply_op_calls == [node.op_name]
+    assert tape2.nodes == [via] and via.requires_grad and via.op_name == out.op_name == node.op_name
+    np.testing.assert_array_equal(via.to_host(), out.to_host())
+    for direct_node, via_node in ((a, a2), (b, b2)):
+        if direct[id(direct_node)] is None:
+            assert via_node.grad is None
+        else:
+            np.testing.assert_array_equal(via_node.grad.to_host(), direct[id(direct_node)])
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise_gradients_against_float64(device: Any, name: str) -> None:
+    """Gradients of the directly recorded ops against central finite differences of a float64 NumPy
+    forward (a smooth point: |x| > 0.05 keeps leaky_relu away from its kink)."""
+    op, reference = ELEMENTWISE[name]
+    x = np.where(np.abs(X) < 0.05, 0.5, X).astype(np.float32)
+    a = ag.tensor(x, device=device, requires_grad=True)
+    b = ag.tensor(Y, device=device, requires_grad=True)
+    with ag.Tape():
+        out = op(a, b)
+        out.backward(ag.tensor(np.ones_like(Y), device=device).value)
+    eps = 1e-6
+    x64, y64 = x.astype(np.float64), Y.astype(np.float64)
+    expected_a = (reference(x64 + eps, y64) - reference(x64 - eps, y64)) / (2 * eps)
+    # float32 kernels: a few float32 ulps of the derivative's magnitude (at most e**2.5 here)
+    np.testing.assert_allclose(a.grad.to_host(), expected_a, rtol=1e-5, atol=1e-5)
+    if name == "add":
+        np.testing.assert_allclose(b.grad.to_host(), np.ones_like(Y), rtol=0, atol=0)
+    else:
+        assert b.grad is None
+
+
+def test_elementwise_record_rules(device: Any) -> None:
+    """apply_op's rules: no input requiring grad or a disabled tape -> a bare Node (recorded only on an
+    enabled tape); a non-differentiable op (a comparison) -> a bare Node."""
+    plain = ag.tensor(X, device=device)
+    tracked = ag.tensor(X, device=device, requires_grad=True)
+    with ag.Tape() as tape:
+        bare = ag.add(plain, plain)
+        compared = ag.lt(tracked, 0.0)
+    assert bare.grad_fn is None and not bare.requires_grad and bare.parents == []
+    assert compared.grad_fn is None and not compared.requires_grad
+    assert tape.nodes == [bare, compared]
+    with ag.Tape() as off:
+        off.enabled = False
+        untracked = ag.mul(tracked, 3.0)
+    assert off.nodes == [] and untracked.grad_fn is None and not untracked.requires_grad
+    np.testing.assert_allclose(untracked.to_host(), X.astype(np.float64) * 3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["index_select", "gather"])
+def test_index_checks_memo(device: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated (shape, axis, index shape, index dtype) skips the shape checks; anything else they read
+    is checked again: an index of another dtype, and ``True`` for the axis (equal to 1 as a dict key)."""
+    x, idx, gidx = _inputs(device, grad=False)
+    index = idx if name == "index_select" else gidx
+    module, check = (
+        (ops_index.selecting, "check_index_select_shapes")
+        if name == "index_select"
+        else (ops_index.gathering, "check_gather_shapes")
+    )
+    op = getattr(ag, name)
+    ops_index._CHECKED.clear()
+    calls: list[Any] = []
+    real = getattr(module, check)
+
+    def counting(*args: Any) -> int:
+        if sys._getframe(1).f_globals["__name__"] == ops_index.__name__:  # the front's check, not the runtime's
+            calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(module, check, counting)
+    first = op(x, 1, index)
+    second = op(x, 1, index)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(first.to_host(), second.to_host())
+    with pytest.raises(TypeError, match="axis must be an int"):
+        op(x, True, index)
+    floats = ag.tensor(index.to_host().astype(np.float32), device=device).value
+    with pytest.raises(Exception, match="integer"):
+        op(x, 1, floats)
