@@ -22,6 +22,7 @@ import numpy as np
 from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, _local, apply_op
 from netcl.core import Tensor
+from netcl.core.dtypes import FLOATING
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
 from netcl.runtime.ops.pointwise import apply, derivative
@@ -159,7 +160,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         return Node(out, op_name=name)
     tape = _local.tape
     node = None
-    if entry.differentiable and (tape is None or tape.enabled) and out.dtype.kind == "f":
+    if entry.differentiable and (tape is None or tape.enabled) and out.dtype in FLOATING:
         index: list[int] = []
         parents: list[Node] = []
         wanted = False
