@@ -34,9 +34,10 @@ def _bits(values: np.ndarray) -> np.ndarray:
 
 def _same_bits(got: nc.Tensor, expected: np.ndarray) -> None:
     """``got`` holds exactly ``expected`` (bfloat16); where ``expected`` is ml_dtypes' quiet NaN
-    (sign | 0x7fc0), that NaN of either sign. ml_dtypes keeps the sign of the NaN it rounds, and so does the store, but the float32
-    NaN it is given may already have lost it: NVIDIA's half -> float conversion and its arithmetic make
-    positive NaNs where x86 makes negative ones (IEEE 754 leaves the sign of a NaN result unspecified)."""
+    (sign | 0x7fc0), that NaN of either sign. ml_dtypes keeps the sign of the NaN it rounds, and so
+    does the store, but the float32 NaN it is given may already have lost it: NVIDIA's half -> float
+    conversion and its arithmetic make positive NaNs where x86 makes negative ones (IEEE 754 leaves
+    the sign of a NaN result unspecified)."""
     host = got.to_host()
     assert host.dtype == BF16 and host.shape == expected.shape
     got_bits, want = _bits(host), _bits(np.ascontiguousarray(expected, dtype=BF16))
