@@ -313,12 +313,22 @@ def test_autocast_bfloat16_multiplies_bfloat16_operands(device):
 def test_unsupported_bfloat16_ops_say_so(device):
     """An op outside the storage-only list raises a DTypeError naming it and bfloat16, launching nothing."""
     h = nc.tensor(np.ones((1, 2, 4, 4), BF16), device=device)
-    for name, op in (("cumsum", lambda: R.cumsum(h, 1)), ("max_pool2d", lambda: R.max_pool2d(h, 2))):
+    from netcl.runtime.ops import amp_kernels, clip_kernels
+
+    scale, found = nc.tensor(np.ones((), np.float32), device=device), nc.tensor(np.zeros((), np.int32), device=device)
+    for name, op in (
+        ("cumsum", lambda: R.cumsum(h, 1)),
+        ("max_pool2d", lambda: R.max_pool2d(h, 2)),
+        ("grad_norm_clip_", lambda: clip_kernels.grad_norm_clip_([h], 1.0, 2.0)),
+        ("unscale_by_", lambda: amp_kernels.unscale_by_(h, scale, found)),
+        ("unscale_many_", lambda: amp_kernels.unscale_many_([h], scale, found)),
+    ):
         with pytest.raises(nc.DTypeError, match=re.escape(f"{name}: bfloat16 tensors are not supported")):
             op()
-    if device.kind == "opencl":  # a kernel that would compute in bfloat16 is refused before its build
-        with pytest.raises(nc.DTypeError, match=r"bfloat16 arithmetic needs .* \[kernel netcl_im2col\w*\]"):
-            R.conv2d(h, nc.tensor(np.ones((3, 2, 3, 3), BF16), device=device), implicit=False)
+    if device.kind == "opencl":  # the NumPy backend computes a bfloat16 convolution in float32
+        for implicit in (True, False):
+            with pytest.raises(nc.DTypeError, match=re.escape("conv2d: bfloat16 tensors are not supported")):
+                R.conv2d(h, nc.tensor(np.ones((3, 2, 3, 3), BF16), device=device), implicit=implicit)
     _same_bits(h, np.ones((1, 2, 4, 4), BF16))  # untouched, still usable
 
 

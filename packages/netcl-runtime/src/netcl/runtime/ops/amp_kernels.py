@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from netcl.core import Tensor
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
@@ -78,6 +79,8 @@ def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
     """``grad *= 1 / scale`` in place (``scale``: one float32 on the device); ``found_inf = 1`` (int32)
     if any result is inf or NaN."""
     op = "unscale_by_"
+    if isinstance(grad, Tensor):
+        refuse_bfloat16(op, grad.dtype)
     if not isinstance(grad, Tensor) or grad.dtype.kind != "f":
         raise DTypeError(f"{op}: grad must be a floating-point Tensor, got {getattr(grad, 'dtype', type(grad))}")
     _scalar(scale, np.float32, "scale", op)
@@ -105,6 +108,8 @@ def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list
     _scalar(scale, np.float32, "scale", op)
     _scalar(found_inf, np.int32, "found_inf", op)
     for g in grads:
+        if isinstance(g, Tensor):
+            refuse_bfloat16(op, g.dtype)
         if not isinstance(g, Tensor) or g.dtype.kind != "f":
             raise DTypeError(f"{op}: each grad must be a floating-point Tensor, got {getattr(g, 'dtype', type(g))}")
     device_of([*grads, scale, found_inf], op)

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from netcl.core import Device, Tensor
+from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
 from netcl.runtime.ops._grid import launch_prepared
@@ -144,6 +145,8 @@ def _check(grads: list[Tensor], max_norm: float, norm_type: float) -> Device:
     if not grads:
         raise ValueError(f"{op}: no gradients given")
     for i, g in enumerate(grads):
+        if isinstance(g, Tensor):
+            refuse_bfloat16(op, g.dtype)
         if not isinstance(g, Tensor) or g.dtype.kind != "f":
             raise DTypeError(f"{op}: gradient {i} must be a floating-point Tensor, got {getattr(g, 'dtype', type(g))}")
     if not (isinstance(norm_type, (int, float)) and not isinstance(norm_type, bool)) or not norm_type > 0:

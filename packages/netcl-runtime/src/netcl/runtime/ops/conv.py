@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Tensor
-from netcl.core.dtypes import float32
+from netcl.core.dtypes import float32, refuse_bfloat16
 from netcl.core.errors import ShapeError
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import conv_implicit, conv_winograd, host_blas, magic_div
@@ -520,7 +520,10 @@ def _forward_plan(
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
-    device_of((x, w) if b is None else (x, w, b), "conv2d")
+    device = device_of((x, w) if b is None else (x, w, b), "conv2d")
+    if device.kind == "opencl":  # the NumPy backend computes bfloat16 in float32; no OpenCL kernel here does
+        for value in (x, w, b):
+            refuse_bfloat16("conv2d", None if value is None else value.dtype)
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
     tile, products = (
         _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d", int(w.shape[0]))
