@@ -80,7 +80,7 @@ def kernel_ms(device, b, h, s, causal):
         "fwd": lambda: M._run("fwd", [q, k, v, out, lse], s, b * h, spec, False, True),
         "bwd_q": lambda: M._run("bwd_q", [q, k, v, out, g, lse, dq, drow], s, b * h, spec, False, True),
         "bwd_kv": lambda: M._run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], s, b * h, spec, False, True),
-        "f16 copy": lambda: M._f16(x32),
+        "f16 copy": lambda: M._operand(x32, "f16"),
     }
     return {name: time_device(device, fn, REPEATS).median_ms for name, fn in runs.items()}
 

@@ -5,7 +5,9 @@ the upstream gradient are drawn as float16 numbers), for E 64 and 128, causal an
 L > S causal), GQA, a scale, 3-d inputs, tails past one 64-row block. Everywhere: the kernels with their
 PTX instructions replaced by OpenCL C models (``emulate=True``), which checks all of the kernels' index
 arithmetic on PoCL. On an NVIDIA device with ``mma.sync``: the real kernels, float16 tensors and float32
-at matmul precision "fp16", through ``attention_forward`` / ``attention_backward``, and autocast.
+at matmul precision "fp16", through ``attention_forward`` / ``attention_backward``, and autocast; bfloat16
+tensors and float32 at "medium" (``autocast(dtype=bfloat16)``) on the bf16 ``mma``. bf16 products round P
+and dS to 8 significant bits (2**-8 a rounding), hence ``REL_BF16``; their inputs are drawn as bfloat16.
 
 Tolerance, per element: the reference takes the kernels' operands exactly, so what differs is the rounding
 the kernels add: P rounded to f16 before ``P V`` (relative 2**-11 per term), dS rounded to f16 (2**-11 per
@@ -34,8 +36,11 @@ from netcl.runtime.ops.attention_mma_source import local_bytes
 from netcl.runtime.ops.precision import matmul_precision
 
 REL = 2.0**-8
+#: bf16 products: P, dS (and a bfloat16 output) rounded to 8 significant bits, 2**-8 each: three roundings
+#: reach an element, so 2**-5 of its bound holds with a factor 2.7 to spare
+REL_BF16 = 2.0**-5
 LSE_ATOL = 1e-4
-F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+F16, F32, BF16 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(nc.bfloat16)
 
 
 def _reference_module():
@@ -78,27 +83,30 @@ def expected(q, k, v, g, causal=False, scale=None, gqa=False):
     return (out, lse, *grads), (out_b, None, dq_b, dk_b, dv_b)
 
 
-def _inputs(qs, ks, seed_of):
+def _inputs(qs, ks, seed_of, numbers=F16):
+    """q, k, v and the upstream gradient: standard normal draws that are ``numbers`` (float16 or bfloat16)."""
     rng = np.random.default_rng(zlib.crc32(repr(seed_of).encode()))
-    q, k, v = (rng.standard_normal(s).astype(np.float16).astype(np.float64) for s in (qs, ks, ks))
-    g = rng.standard_normal((*qs[:-1], ks[-1])).astype(np.float16).astype(np.float64)
+    q, k, v = (rng.standard_normal(s).astype(numbers).astype(np.float64) for s in (qs, ks, ks))
+    g = rng.standard_normal((*qs[:-1], ks[-1])).astype(numbers).astype(np.float64)
     return q, k, v, g
 
 
-def _compare(got, want, bounds) -> None:
+def _compare(got, want, bounds, rel=REL) -> None:
     for name, x, w, b in zip(("out", "lse", "dq", "dk", "dv"), got, want, bounds, strict=True):
         x = np.asarray(x, np.float64)
         assert x.shape == w.shape, name
         if b is None:
             np.testing.assert_allclose(x, w, atol=LSE_ATOL, rtol=0, err_msg=name)
             continue
-        bad = np.abs(x - w) > REL * b + 1e-6
+        bad = np.abs(x - w) > rel * b + 1e-6
         assert not bad.any(), f"{name}: {bad.sum()} elements off, worst {np.abs(x - w).max():.3g}"
 
 
 def run_case(device, dtype, qs, ks, opts, emulate):
-    """Forward and backward of one case through the mma variant (``emulate``: the PTX models)."""
-    q, k, v, g = _inputs(qs, ks, (qs, ks, opts))
+    """Forward and backward of one case through the mma variant (``emulate``: the PTX models); bf16 products
+    for bfloat16 tensors and float32 at matmul precision "medium", f16 otherwise."""
+    bf16 = M.kind(dtype) == "bf16"
+    q, k, v, g = _inputs(qs, ks, (qs, ks, opts), BF16 if bf16 else F16)
     tensors = [nc.Tensor.from_host(device, a, dtype) for a in (q, k, v)]
     spec = RA.check_attention(*tensors, None, 0.0, opts.get("causal", False), opts.get("scale"), opts.get("gqa", False))
     gt = nc.Tensor.from_host(device, g, dtype)
@@ -111,7 +119,7 @@ def run_case(device, dtype, qs, ks, opts, emulate):
         grads = RA.attention_backward(gt, *tensors, out, lse, None, spec)
     assert out.dtype == dtype and lse.dtype == F32 and all(x.dtype == dtype for x in grads)
     want, bounds = expected(q, k, v, g, **opts)
-    _compare([t.to_host() for t in (out, lse, *grads)], want, bounds)
+    _compare([t.to_host() for t in (out, lse, *grads)], want, bounds, REL_BF16 if bf16 else REL)
 
 
 # (name, q shape, k shape (= v shape), options)
@@ -128,6 +136,7 @@ CASES = [
 #: the emulated kernels are slow (a barrier per modelled instruction): a subset, and float16 storage once
 EMULATED = [(c, F32) for c in CASES if c[0] in ("plain", "causal L>S", "gqa causal", "E128 causal gqa")]
 EMULATED.append((CASES[1], F16))
+EMULATED.append((CASES[4], BF16))  # bf16 products (float32 at "medium": the same kernels, on the GPU below)
 
 
 @pytest.mark.parametrize(("case", "dtype"), EMULATED, ids=[f"{c[0]}-{d}" for c, d in EMULATED])
@@ -149,6 +158,14 @@ def tensor_cores(cl_device, monkeypatch) -> nc.Device:
     return cl_device
 
 
+@pytest.fixture
+def bf16_tensor_cores(cl_device, monkeypatch) -> nc.Device:
+    if not gemm_mma.enabled(cl_device, "bf16"):
+        pytest.skip("needs an NVIDIA device with mma.sync (bf16)")
+    monkeypatch.delenv("NETCL_ATTENTION", raising=False)
+    return cl_device
+
+
 @pytest.mark.parametrize(("name", "qs", "ks", "opts"), CASES, ids=[c[0] for c in CASES])
 def test_tensor_cores_float16_match_float64(tensor_cores, name, qs, ks, opts) -> None:
     run_case(tensor_cores, F16, qs, ks, opts, emulate=False)
@@ -160,13 +177,24 @@ def test_tensor_cores_float32_at_fp16_precision_match_float64(tensor_cores, name
         run_case(tensor_cores, F32, qs, ks, opts, emulate=False)
 
 
-def test_autocast_runs_attention_on_tensor_cores(tensor_cores) -> None:
+@pytest.mark.parametrize(("name", "qs", "ks", "opts"), CASES, ids=[c[0] for c in CASES])
+def test_tensor_cores_bfloat16_match_float64(bf16_tensor_cores, name, qs, ks, opts) -> None:
+    run_case(bf16_tensor_cores, BF16, qs, ks, opts, emulate=False)
+    if name in ("causal", "E128"):
+        with matmul_precision("medium"):  # autocast(dtype=bfloat16)'s precision: float32 tensors, bf16 products
+            run_case(bf16_tensor_cores, F32, qs, ks, opts, emulate=False)
+
+
+@pytest.mark.parametrize("low", [F16, BF16], ids=["float16", "bfloat16"])
+def test_autocast_runs_attention_on_tensor_cores(tensor_cores, low) -> None:
     import netcl.autograd as ag
     from netcl import amp
     from netcl.nn import functional as F
 
-    q, k, v, g = _inputs((2, 2, 80, 64), (2, 2, 80, 64), "autocast")
-    with ag.Tape() as tape, amp.autocast():
+    if not gemm_mma.enabled(tensor_cores, M.KIND_OF[low]):
+        pytest.skip(f"no {M.KIND_OF[low]} mma.sync")
+    q, k, v, g = _inputs((2, 2, 80, 64), (2, 2, 80, 64), "autocast", low)
+    with ag.Tape() as tape, amp.autocast(dtype=low):
         nodes = [ag.tensor(a.astype(np.float32), requires_grad=True, device=tensor_cores) for a in (q, k, v)]
         out = F.scaled_dot_product_attention(*nodes, is_causal=True)
         loss = ag.sum(out * ag.tensor(g.astype(np.float32), device=tensor_cores))
@@ -174,8 +202,9 @@ def test_autocast_runs_attention_on_tensor_cores(tensor_cores) -> None:
     tensors = [n.value for n in nodes]
     spec = RA.check_attention(*tensors, None, 0.0, True)
     assert RA.select_variant(tensor_cores, F32, spec).name == "blocked"  # outside autocast: exact float32
-    direct, lse = M.forward(*tensors, None, spec, 0, None)
-    grads = M.backward(nc.Tensor.from_host(tensor_cores, g, F32), *tensors, direct, lse, None, spec, 0, None)
+    with matmul_precision("fp16" if low == F16 else "medium"):  # what autocast set around the op
+        direct, lse = M.forward(*tensors, None, spec, 0, None)
+        grads = M.backward(nc.Tensor.from_host(tensor_cores, g, F32), *tensors, direct, lse, None, spec, 0, None)
     np.testing.assert_array_equal(out.to_host(), direct.to_host())
     for node, want in zip(nodes, grads, strict=True):
         np.testing.assert_array_equal(node.grad.to_host(), want.to_host())
@@ -198,6 +227,9 @@ def test_calls_it_takes(monkeypatch) -> None:
         assert M.takes(F32, _spec())
     with matmul_precision("high"):
         assert not M.takes(F32, _spec())
+    assert M.kind(BF16) == "bf16" and M.takes(BF16, _spec()) and M.kind(F16) == "f16"
+    with matmul_precision("medium"):  # autocast(dtype=bfloat16) on NVIDIA
+        assert M.takes(F32, _spec()) and M.kind(F32) == "bf16"
     for spec in (_spec(e=32, ev=32), _spec(ev=128), _spec(mask=mask), _spec(dropout=0.1)):
         assert not M.takes(F16, spec)
     assert not M.takes(np.dtype(np.float64), _spec())
@@ -209,6 +241,14 @@ def test_calls_it_takes(monkeypatch) -> None:
 def test_netcl_attention_naming_another_variant_turns_them_off(cl_device, monkeypatch, choice) -> None:
     monkeypatch.setenv("NETCL_ATTENTION", choice)
     assert RA.select_variant(cl_device, F16, _spec()).name != "mma"
+
+
+def test_bfloat16_without_tensor_cores_is_refused_naming_the_op(cl_device) -> None:
+    if gemm_mma.enabled(cl_device, "bf16"):
+        pytest.skip("a device with bf16 mma.sync")
+    q = nc.Tensor.from_host(cl_device, np.zeros((1, 2, 8, 64)), BF16)
+    with pytest.raises(nc.DTypeError, match=r"scaled_dot_product_attention: bfloat16 tensors run on NVIDIA"):
+        RA.scaled_dot_product_attention(q, q, q)
 
 
 def test_not_selected_without_tensor_cores(cl_device, monkeypatch) -> None:

@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float64
+from netcl.core.dtypes import bfloat16, float16, float64
+from netcl.core.errors import DTypeError
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import random
 from netcl.runtime.ops._common import (
@@ -95,17 +96,26 @@ class AttentionVariant:
     forward: Callable[..., tuple[Tensor, Tensor]]
     backward: Callable[..., tuple[Tensor, Tensor, Tensor]]
     packed: PackedKernels | None = None
+    #: whether ``supports`` may take bfloat16 tensors (the others never see them)
+    bfloat16: bool = False
 
 
-#: Tried in order; the portable kernels (last) take every OpenCL call.
+#: Tried in order; the portable kernels (last) take every OpenCL call but bfloat16 ones.
 VARIANTS: list[AttentionVariant] = []
 
 
 def select_variant(device: Device, dtype: np.dtype, spec: AttentionSpec) -> AttentionVariant:
-    """The first variant of ``VARIANTS`` that supports the call (the one dispatch point)."""
+    """The first variant of ``VARIANTS`` that supports the call (the one dispatch point); a DTypeError for
+    bfloat16 tensors where no variant takes them (only the tensor-core kernels do)."""
+    bf16 = dtype == bfloat16
     for variant in VARIANTS:
-        if variant.supports(device, dtype, spec):
+        if (variant.bfloat16 or not bf16) and variant.supports(device, dtype, spec):
             return variant
+    if bf16:
+        raise DTypeError(
+            f"scaled_dot_product_attention: bfloat16 tensors run on NVIDIA's tensor cores only (no mask, no "
+            f"dropout, E == Ev of 64 or 128), not on {device.name!r} for this call; cast to float32 first"
+        )
     raise RuntimeError(f"no attention kernel supports {dtype} on {device.name!r}")  # the portable one always does
 
 

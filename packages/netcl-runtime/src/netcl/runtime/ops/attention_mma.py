@@ -1,13 +1,16 @@
-"""Tensor-core attention on NVIDIA GPUs: FlashAttention-2 on ``mma.sync`` (f16 products, fp32 accumulation).
+"""Tensor-core attention on NVIDIA GPUs: FlashAttention-2 on ``mma.sync`` (f16 or bf16 products, fp32 accumulation).
 
 The variant ``mma`` of ``attention.VARIANTS``, tried before the blocked kernels. It takes a call on an
 NVIDIA OpenCL device whose tensor cores run f16 products (``gemm_mma.enabled(device, "f16")``: the GEMM's
 probe) when the call has no mask, no dropout, ``E == Ev`` in ``FEATURES``, and
 
-* float16 (storage) tensors, or
-* float32 tensors at matmul precision "fp16" (``get_float32_matmul_precision``): what ``netcl.amp.autocast``
-  sets around attention on a device where float16 is storage-only (NVIDIA's OpenCL), as it does for matmul
-  (``autocast_mode.fallback_precision``).
+* float16 or bfloat16 (storage) tensors, or
+* float32 tensors at matmul precision "fp16" or "medium" (``get_float32_matmul_precision``): what
+  ``netcl.amp.autocast()`` and ``autocast(dtype=bfloat16)`` set around attention on a device where float16 is
+  storage-only (NVIDIA's OpenCL), as they do for matmul (``autocast_mode.fallback_precision``).
+
+The products are f16 for float16 tensors and at "fp16", bf16 (``mma...bf16.bf16``, the GEMM's "bf16" probe)
+for bfloat16 tensors and at "medium".
 
 Plain float32 at any other precision stays on the exact float32 kernels. ``NETCL_ATTENTION=mma`` makes the
 kernels take float32 calls at every precision too (operands rounded to f16); ``blocked``, ``quad`` or
@@ -41,11 +44,12 @@ import os
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.core.dtypes import float16, float32
+from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import (
     attention_blocked,  # noqa: F401  registers the blocked variant first: ours goes before it
     gemm_mma,
+    layout,
 )
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
@@ -56,22 +60,34 @@ from netcl.runtime.ops.precision import get_float32_matmul_precision
 
 #: feature sizes (``E == Ev``) the kernels take
 FEATURES = (64, 128)
-#: the matmul precision at which float32 calls run here (f16 operands): autocast's on NVIDIA's OpenCL
-PRECISION = "fp16"
+#: the matmul precisions at which float32 calls run here, and the operands' kind there: autocast's on NVIDIA
+PRECISIONS = {"fp16": "f16", "medium": "bf16"}
+#: the 16-bit tensors the kernels take, and their kind
+KIND_OF = {float16: "f16", bfloat16: "bf16"}
 
 
 def _choice() -> str:
     return os.environ.get("NETCL_ATTENTION", "").strip().lower()
 
 
+def kind(dtype: np.dtype) -> str | None:
+    """The products' kind ("f16" / "bf16") for tensors of ``dtype`` at the precision in effect, or None."""
+    dtype = np.dtype(dtype)
+    if dtype != float32:
+        return KIND_OF.get(dtype)
+    precision = get_float32_matmul_precision()
+    return PRECISIONS.get(precision) or ("f16" if _choice() == "mma" else None)
+
+
 def takes(dtype: np.dtype, spec: AttentionSpec) -> bool:
     """Whether the call's dtype, precision, options and sizes are ones the kernels run (any device)."""
-    dtype = np.dtype(dtype)
-    if dtype == float32:
-        numbers = _choice() == "mma" or get_float32_matmul_precision() == PRECISION
-    else:
-        numbers = dtype == float16
-    return numbers and spec.mask_kind == NO_MASK and spec.dropout_p == 0.0 and spec.Ev == spec.E and spec.E in FEATURES
+    return (
+        kind(dtype) is not None
+        and spec.mask_kind == NO_MASK
+        and spec.dropout_p == 0.0
+        and spec.Ev == spec.E
+        and spec.E in FEATURES
+    )
 
 
 def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
@@ -79,19 +95,26 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     ``NETCL_ATTENTION`` names another variant."""
     if _choice() in ("blocked", "quad", "portable") or device.kind != "opencl":
         return False
-    return takes(dtype, spec) and gemm_mma.enabled(device, "f16")
+    return takes(dtype, spec) and gemm_mma.enabled(device, kind(dtype) or "f16")
 
 
 def _run(
-    kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, emulate: bool, half: bool
+    kernel: str,
+    buffers: list[Tensor],
+    items: int,
+    planes: int,
+    spec: AttentionSpec,
+    emulate: bool,
+    half: bool,
+    products: str,
 ) -> None:
     """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads; ``buffers``:
-    float16 operands; ``half``: float16 outputs (else float32)."""
+    16-bit operands of kind ``products``; ``half``: outputs in that dtype (else float32)."""
     if items == 0 or planes == 0:
         return
     device = buffers[0].device
     idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
-    fields = {"e": spec.E, "causal": spec.causal, "half": half, "idx": idx, "emulate": emulate}
+    fields = {"e": spec.E, "causal": spec.causal, "half": half, "idx": idx, "emulate": emulate, "kind": products}
     p = plan(kernel, spec.E)
     key = ("attention-mma", kernel, p, *sorted(fields.items()))
     it = index_dtype(idx)
@@ -112,10 +135,12 @@ def _run(
     )
 
 
-def _f16(x: Tensor) -> Tensor:
-    """x as float16 (float32 rounded to nearest even; float16 as it is)."""
-    if x.dtype == float16:
+def _operand(x: Tensor, products: str) -> Tensor:
+    """x in the 16-bit dtype of ``products`` (float32 rounded to nearest even; a 16-bit tensor as it is)."""
+    if x.dtype != float32:
         return x
+    if products == "bf16":
+        return layout.cast(x, bfloat16)
     out = Tensor.empty(x.shape, float16, x.device)
     n = x.size
     if n == 0:
@@ -128,18 +153,25 @@ def _f16(x: Tensor) -> Tensor:
     return out
 
 
+def _products(q: Tensor) -> str:
+    """The products' kind of a call on ``q`` (f16 where nothing chose: ``emulate`` on float32 at any precision)."""
+    return kind(q.dtype) or "f16"
+
+
 def _check_layout(*tensors: Tensor) -> None:
     for t in tensors:
-        if t.dtype not in (float16, float32):
-            raise TypeError(f"attention_mma: float16 or float32 tensors only, got {t.dtype}")
+        if t.dtype not in (float16, bfloat16, float32):
+            raise TypeError(f"attention_mma: float16, bfloat16 or float32 tensors only, got {t.dtype}")
 
 
 def forward(q, k, v, mask, spec: AttentionSpec, seed, counter, *, emulate: bool = False) -> tuple[Tensor, Tensor]:
     """(output in q's dtype, float32 lse) in one launch (``emulate``: the PTX models, any OpenCL device)."""
     _check_layout(q, k, v)
+    products = _products(q)
     out = Tensor.empty((*spec.lead, spec.L, spec.Ev), q.dtype, q.device)
     lse = Tensor.empty((*spec.lead, spec.L), np.float32, q.device)
-    _run("fwd", [_f16(q), _f16(k), _f16(v), out, lse], spec.L, spec.BH, spec, emulate, q.dtype == float16)
+    q, k, v = (_operand(x, products) for x in (q, k, v))
+    _run("fwd", [q, k, v, out, lse], spec.L, spec.BH, spec, emulate, out.dtype != float32, products)
     return out, lse
 
 
@@ -155,12 +187,12 @@ def backward(
     dk = Tensor.empty(k.shape, k.dtype, k.device)
     dv = Tensor.empty(v.shape, v.dtype, v.device)
     drow = Tensor.empty(lse.shape, np.float32, q.device)
-    half = q.dtype == float16
-    q, k, v, g = (_f16(x) for x in (q, k, v, g))
-    _run("bwd_q", [q, k, v, out, g, lse, dq, drow], spec.L, spec.BH, spec, emulate, half)
-    _run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], spec.S, spec.BHkv, spec, emulate, half)
+    half, products = q.dtype != float32, _products(q)
+    q, k, v, g = (_operand(x, products) for x in (q, k, v, g))
+    _run("bwd_q", [q, k, v, out, g, lse, dq, drow], spec.L, spec.BH, spec, emulate, half, products)
+    _run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], spec.S, spec.BHkv, spec, emulate, half, products)
     return dq, dk, dv
 
 
-VARIANT = AttentionVariant("mma", supports, forward, backward)
+VARIANT = AttentionVariant("mma", supports, forward, backward, bfloat16=True)
 VARIANTS.insert(0, VARIANT)

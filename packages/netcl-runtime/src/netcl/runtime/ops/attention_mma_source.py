@@ -33,8 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from netcl.core.dtypes import bfloat16, float16
 from netcl.runtime.ops._common import storage_pragmas
+from netcl.runtime.ops.storage_io import vload_c
 
+#: the operand kinds: mma element type -> the tensors' dtype
+KINDS = {"f16": float16, "bf16": bfloat16}
 #: work-items per work-group (4 warps)
 THREADS = 64 * 2
 #: kernels of the source
@@ -101,8 +105,8 @@ def local_bytes(kernel: str, e: int) -> int:
 
 
 _PTX = r"""
-inline uint f16x2(const float lo, const float hi) {
-    uint r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+inline uint pk2(const float lo, const float hi) {  /* two floats rounded (nearest even) into one word */
+    uint r; asm("cvt.rn.__AB__x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
 inline float shfl_xor(const float v, const int m) {
     uint r; asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(as_uint(v)), "r"(m));
     return as_float(r); }
@@ -111,7 +115,7 @@ inline float exp2_ftz(const float x) {  /* one MUFU.EX2: no subnormal fix-up aro
 #define EXP2(x) exp2_ftz(x)
 #define SCRATCH
 #define SHFL(v, m) shfl_xor((v), (m))
-#define MMA(d, a, b0, b1) asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
+#define MMA(d, a, b0, b1) asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.__AB__.__AB__.f32 " \
     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};" \
     : "=f"((d)[0]), "=f"((d)[1]), "=f"((d)[2]), "=f"((d)[3]) \
     : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(b0), "r"(b1), \
@@ -131,10 +135,16 @@ inline float exp2_ftz(const float x) {  /* one MUFU.EX2: no subnormal fix-up aro
 
 _EMULATED = r"""
 /* models of the warp-level primitives: each work-item publishes its registers in scr (8 words a work-item) */
+#if BF16
+inline float h2f(const uint bits) { return netcl_bf16_load((ushort)(bits & 0xffffu)); }
+inline uint pk2(const float lo, const float hi) {
+    return (uint)netcl_bf16_round(lo) | ((uint)netcl_bf16_round(hi) << 16); }
+#else
 inline float h2f(const uint bits) { const ushort u = (ushort)(bits & 0xffffu); return vload_half(0, (const half*)&u); }
-inline uint f16x2(const float lo, const float hi) {
+inline uint pk2(const float lo, const float hi) {
     ushort u[2]; vstore_half_rte(lo, 0, (half*)u); vstore_half_rte(hi, 1, (half*)u);
     return (uint)u[0] | ((uint)u[1] << 16); }
+#endif
 inline float emu_shfl(const float v, const int m, __local uint* scr) {
     const int lid = get_local_id(0);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -208,11 +218,13 @@ _COMMON = """{pragmas}
 #define ROW_BLOCK get_group_id(0)
 #endif
 #define OUT_HALF {out_half}
+#define BF16 {bf16}
 typedef {idx} idx_t;
-typedef half st;                /* operands: float16 */
+typedef {st} st;                /* operands: float16 or bfloat16 words */
+#define LDS8(p, i) {lds8}
 #if OUT_HALF
-typedef half ot;
-#define LDO8(p, i) vload_half8(0, (p) + (i))
+typedef st ot;
+#define LDO8(p, i) LDS8(p, i)
 #else
 typedef float ot;
 #define LDO8(p, i) vload8(0, (p) + (i))
@@ -232,7 +244,7 @@ inline void stage(__local uint4* dst, __global const st* src, const idx_t first,
 /* values a, b at columns i, i + 1 of an output row */
 inline void store2(__global ot* p, const int i, const float a, const float b) {{
 #if OUT_HALF
-    *(__global uint*)(p + i) = f16x2(a, b);
+    *(__global uint*)(p + i) = pk2(a, b);
 #else
     vstore2((float2)(a, b), 0, p + i);
 #endif
@@ -247,8 +259,8 @@ inline void store2(__global ot* p, const int i, const float a, const float b) {{
 #define B_TRANS(d, tile, kk, f) LDSMT(d, tile, WOFF((kk) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (f) + (lane >> 4)))
 /* the A fragment of k-step kk from accumulator tiles x[2 kk], x[2 kk + 1] */
 #define ACC_TO_A(a, x, kk) \\
-    a[0] = f16x2(x[2 * (kk)][0], x[2 * (kk)][1]); a[1] = f16x2(x[2 * (kk)][2], x[2 * (kk)][3]); \\
-    a[2] = f16x2(x[2 * (kk) + 1][0], x[2 * (kk) + 1][1]); a[3] = f16x2(x[2 * (kk) + 1][2], x[2 * (kk) + 1][3])
+    a[0] = pk2(x[2 * (kk)][0], x[2 * (kk)][1]); a[1] = pk2(x[2 * (kk)][2], x[2 * (kk)][3]); \\
+    a[2] = pk2(x[2 * (kk) + 1][0], x[2 * (kk) + 1][1]); a[3] = pk2(x[2 * (kk) + 1][2], x[2 * (kk) + 1][3])
 /* words of buffer b's first (second) operand tile */
 #define TILE0(b) (bufw + (b) * TROWS * EC * 4)
 #define TILE1(b) (bufw + ((b) * TROWS + TILE) * EC * 4)
@@ -473,7 +485,7 @@ void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __glo
             const idx_t at = (bh * L + r[h]) * E + tig * (E / 4);
             #pragma unroll
             for (int e = 0; e < E / 4; e += 8) {{
-                const float8 x = vload_half8(0, g + at + e) * LDO8(out, at + e);
+                const float8 x = LDS8(g, at + e) * LDO8(out, at + e);
                 d += ((x.s0 + x.s1) + (x.s2 + x.s3)) + ((x.s4 + x.s5) + (x.s6 + x.s7));
             }}
         }}
@@ -730,11 +742,16 @@ NAMES = {kernel: f"netcl_attention_{kernel}_mma" for kernel in _BODIES}
 CAST_NAME = "netcl_attention_f16"
 
 
-def attention_source(kernel: str, e: int, causal: bool, half: bool, idx: str, emulate: bool = False) -> str:
+def attention_source(
+    kernel: str, e: int, causal: bool, half: bool, idx: str, emulate: bool = False, kind: str = "f16"
+) -> str:
     """The source of ``kernel`` ("fwd", "bwd_q", "bwd_kv") for feature size ``e`` (64 or 128) at its
-    ``plan``: float16 operands; ``half``: float16 outputs (and ``out`` read by bwd_q), else float32;
-    ``emulate``: the OpenCL C models of the PTX primitives (any OpenCL device) instead of inline PTX
-    (NVIDIA's OpenCL)."""
+    ``plan``: ``kind`` "f16" (float16 operands, ``mma...f16.f16``) or "bf16" (bfloat16 operands,
+    ``mma...bf16.bf16``; P and dS rounded to bf16); ``half``: outputs (and ``out`` read by bwd_q) in the
+    operands' 16-bit dtype, else float32; ``emulate``: the OpenCL C models of the PTX primitives (any
+    OpenCL device) instead of inline PTX (NVIDIA's OpenCL)."""
+    if kind not in KINDS:
+        raise ValueError(f"attention_mma: kind must be one of {sorted(KINDS)}, got {kind!r}")
     p = plan(kernel, e)
     if p.rows * e // 8 % THREADS or p.tile * e // 8 % THREADS or 2 * p.tile > THREADS:
         raise ValueError(f"attention_mma: {kernel} E{e}: a tile's 16-byte chunks must split evenly over {THREADS}")
@@ -742,7 +759,10 @@ def attention_source(kernel: str, e: int, causal: bool, half: bool, idx: str, em
         raise ValueError(f"attention_mma: {kernel} owns 64 rows a work-group (mt 1)")
     res, where = _layout(kernel, e, p)
     fields = {
-        "pragmas": storage_pragmas([]),
+        "pragmas": storage_pragmas([KINDS[kind]]),
+        "bf16": int(kind == "bf16"),
+        "st": "half" if kind == "f16" else "ushort",
+        "lds8": vload_c(KINDS[kind], 8, "(p) + (i)"),
         "E": e,
         "threads": THREADS,
         "mt": p.mt,
@@ -753,7 +773,7 @@ def attention_source(kernel: str, e: int, causal: bool, half: bool, idx: str, em
         "causal": int(causal),
         "out_half": int(half),
         "idx": idx,
-        "primitives": _EMULATED if emulate else _PTX,
+        "primitives": (_EMULATED if emulate else _PTX).replace("__AB__", kind),
     }
     source = (_COMMON + f"#define HOLD {int(p.hold)}\n" + _BODIES[kernel]).format(**fields)
     if emulate:  # the models hold barriers: unrolling them only grows the program

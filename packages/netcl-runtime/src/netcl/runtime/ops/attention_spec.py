@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core.dtypes import refuse_bfloat16
+from netcl.core.dtypes import is_floating, refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
 
 #: mask kinds (compile-time in the kernels)
@@ -94,9 +94,8 @@ def check_attention(
             raise ShapeError(f"{op}: {name} must have at least 2 dims (..., seq, features), got shape {s}")
     if not len(qs) == len(ks) == len(vs):
         raise ShapeError(f"{op}: query, key and value must have the same number of dims, got {qs}, {ks}, {vs}")
-    for name, x in (("query", q), ("key", k), ("value", v)):
-        refuse_bfloat16(op, np.dtype(x.dtype))
-        if np.dtype(x.dtype).kind != "f":
+    for name, x in (("query", q), ("key", k), ("value", v)):  # bfloat16: see attention.select_variant
+        if not is_floating(x.dtype):
             raise DTypeError(f"{op}: {name} must be a floating-point tensor, got dtype {x.dtype}")
     if not q.dtype == k.dtype == v.dtype:
         raise DTypeError(f"{op}: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
