@@ -116,10 +116,19 @@ class _AlongGrad:
 _CHECKED: dict[tuple, int] = {}
 
 
-def _remember(key: tuple, ax: int) -> None:
-    if len(_CHECKED) >= 4096:
-        _CHECKED.clear()
-    _CHECKED[key] = ax
+def _checked_axis(op: str, check_shapes: Any, shape: tuple[int, ...], axis: Any, index: Tensor) -> int:
+    """The normalized ``axis`` of ``op`` on x of ``shape`` with the index Tensor ``index``: ``check_shapes``
+    and the index's dtype check run once per (shape, int axis, index shape and dtype), then remembered."""
+    key = (op, shape, axis, index.shape, index.dtype) if type(axis) is int else None
+    ax = _CHECKED.get(key) if key is not None else None
+    if ax is None:
+        ax = check_shapes(shape, axis, index.shape)
+        indexing.check_index_tensor(index, op)
+        if key is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[key] = ax
+    return ax
 
 
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
@@ -150,13 +159,7 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "gather", "x")
     given = index.value if type(index) is Node else index
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
-        key = ("gather", shape, axis, given.shape, given.dtype) if type(axis) is int else None
-        ax = _CHECKED.get(key) if key is not None else None
-        if ax is None:
-            ax = gathering.check_gather_shapes(shape, axis, given.shape)
-            indexing.check_index_tensor(given, "gather")
-            if key is not None:
-                _remember(key, ax)
+        ax = _checked_axis("gather", gathering.check_gather_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
             return Node(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), op_name="gather")
         forward, grad = _AlongForward(gathering.gather, ax, given), _AlongGrad(gathering.gather_backward, ax, given)
@@ -176,13 +179,7 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
     shape = _shape(x, "index_select", "x")
     given = index.value if type(index) is Node else index
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
-        key = ("index_select", shape, axis, given.shape, given.dtype) if type(axis) is int else None
-        ax = _CHECKED.get(key) if key is not None else None
-        if ax is None:
-            ax = selecting.check_index_select_shapes(shape, axis, given.shape)
-            indexing.check_index_tensor(given, "index_select")
-            if key is not None:
-                _remember(key, ax)
+        ax = _checked_axis("index_select", selecting.check_index_select_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
             value = x.value if isinstance(x, Node) else x
             return Node(selecting.index_select(value, ax, given), op_name="index_select")
