@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 
+import file_modules
 import pytest
 
 import netcl.core as nc
@@ -18,13 +16,7 @@ import netcl.core as nc
 
 def _register_hypothesis_profiles() -> None:
     """tests/reliability's hypothesis profiles, registered before hypothesis reads --hypothesis-profile."""
-    name = "netcl_reliability_profiles"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "reliability" / "profiles.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    sys.modules[name].register()
+    file_modules.load("tests/reliability/profiles.py", "netcl_reliability_profiles").register()
 
 
 _register_hypothesis_profiles()

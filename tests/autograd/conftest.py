@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import file_modules
 import pytest
 
 import netcl.core as nc
 
 
 def _load_helpers() -> Any:
-    name = "netcl_autograd_test_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("helpers.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load("tests/autograd/helpers.py", "netcl_autograd_test_helpers")
 
 
 helpers = _load_helpers()

@@ -11,11 +11,10 @@ eager step exactly, on PoCL (captured and replayed) and on the NumPy backend (th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -31,13 +30,7 @@ BATCH, SIZE, WIDTH, STEPS = 4, 16, 0.125, 3
 
 
 def _resnet() -> Any:
-    name = "netcl_example_resnet"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load(EXAMPLE, "netcl_example_resnet")
 
 
 def _sites(model: Any) -> int:

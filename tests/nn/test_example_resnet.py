@@ -14,11 +14,10 @@ fixed random inputs do not come near.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -29,13 +28,7 @@ EPS, MOMENTUM = 1e-5, 0.1
 
 
 def _resnet() -> Any:
-    name = "netcl_example_resnet"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load(EXAMPLE, "netcl_example_resnet")
 
 
 # ---- the float64 reference ------------------------------------------------------------------------

@@ -10,9 +10,7 @@ must be identical and its logits equal to float rounding.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import file_modules
 import numpy as np
 import pytest
 
@@ -22,11 +20,7 @@ from netcl.core.device_errors import ERROR_WORDS
 from netcl.nn.generation import Decoder, generate, sample
 
 ATOL, RTOL = 2e-5, 1e-4
-_SPEC = importlib.util.spec_from_file_location(
-    "netcl_example_gpt", Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
-)
-gpt_example = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(gpt_example)
+gpt_example = file_modules.load("examples/gpt.py", "netcl_example_gpt")
 
 VOCAB, MAX_LEN, D, HEADS, LAYERS = 40, 24, 32, 4, 2
 

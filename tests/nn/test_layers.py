@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -17,13 +15,7 @@ from netcl.nn.functional import linear
 
 
 def _helpers():
-    name = "netcl_autograd_test_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "autograd" / "helpers.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load("tests/autograd/helpers.py", "netcl_autograd_test_helpers")
 
 
 def _rand(seed, *shape, scale=1.0):

@@ -6,18 +6,14 @@ Same tolerance reasoning as test_multihead_attention.py, over a few more float32
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import file_modules
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
 from netcl import nn
 
-_spec = importlib.util.spec_from_file_location("mha_reference", Path(__file__).with_name("test_multihead_attention.py"))
-_mha = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mha)
+_mha = file_modules.load("tests/nn/test_multihead_attention.py", "netcl_mha_reference")
 TOL = 1e-4
 D, H, FF = 8, 2, 12
 

@@ -7,23 +7,15 @@ thousands of examples and the 10,000-iteration leak checks:
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
+import file_modules
 import pytest
 from hypothesis import settings
 
 
 def _profiles():
-    name = "netcl_reliability_profiles"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("profiles.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load("tests/reliability/profiles.py", "netcl_reliability_profiles")
 
 
 _profiles().register()

@@ -13,13 +13,11 @@ formulas the ops document, so float32 results of any correct implementation lie 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import file_modules
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -28,13 +26,7 @@ import netcl.autograd as ag
 
 
 def _load_interval() -> Any:
-    name = "netcl_reliability_interval_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("interval_reference.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return file_modules.load("tests/reliability/interval_reference.py", "netcl_reliability_interval_reference")
 
 
 R = _load_interval()  # the interval reference

@@ -28,11 +28,9 @@ that on OpenCL (each OpenCL example builds 2-6 kernels);
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+import file_modules
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -43,13 +41,7 @@ from netcl.jit import jit_compile
 
 
 def _load(name: str) -> Any:
-    module_name = f"netcl_reliability_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
+    return file_modules.load(f"tests/reliability/{name}.py", f"netcl_reliability_{name}")
 
 
 fp = _load("fuzz_programs")

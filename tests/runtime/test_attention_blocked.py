@@ -12,10 +12,9 @@ absolute and 1e-4 relative, as the other attention tests.
 
 from __future__ import annotations
 
-import importlib.util
 import zlib
-from pathlib import Path
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -26,15 +25,7 @@ from netcl.runtime.ops import attention_blocked as blocked
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def _reference_module():
-    path = Path(__file__).resolve().parents[1] / "autograd" / "test_attention.py"
-    spec = importlib.util.spec_from_file_location("attention_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_REF = _reference_module()
+_REF = file_modules.load("tests/autograd/test_attention.py", "netcl_attention_reference")
 F32 = np.dtype(np.float32)
 
 

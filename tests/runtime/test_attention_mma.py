@@ -21,10 +21,9 @@ sums of E exact products and ``ex2.approx``: 1e-4 absolute.
 
 from __future__ import annotations
 
-import importlib.util
 import zlib
-from pathlib import Path
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -43,15 +42,7 @@ LSE_ATOL = 1e-4
 F16, F32, BF16 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(nc.bfloat16)
 
 
-def _reference_module():
-    path = Path(__file__).resolve().parents[1] / "autograd" / "test_attention.py"
-    spec = importlib.util.spec_from_file_location("attention_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_REF = _reference_module()
+_REF = file_modules.load("tests/autograd/test_attention.py", "netcl_attention_reference")
 
 
 def _fold(x, rep, shape):
