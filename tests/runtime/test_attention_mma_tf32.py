@@ -203,4 +203,5 @@ def test_bad_inputs_raise_before_any_launch(cl_device, launch_counter) -> None:
 @pytest.mark.parametrize("e", T.FEATURES)
 def test_local_memory_within_nvidias_48_kb(e) -> None:
     for kernel in ("fwd", "bwd_q", "bwd_kv"):
-        assert local_bytes(kernel, e) <= 48 * 1024
+        for kind in ("tf32", "tf32x3"):
+            assert local_bytes(kernel, e, kind) <= 48 * 1024

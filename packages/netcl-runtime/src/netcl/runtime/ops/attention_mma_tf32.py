@@ -95,7 +95,7 @@ def _run(
     device = buffers[0].device
     idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
     fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "idx": idx, "emulate": emulate}
-    key = ("attention-mma-tf32", kernel, plan(kernel, spec.E), *sorted(fields.items()))
+    key = ("attention-mma-tf32", kernel, plan(kernel, spec.E, kind), *sorted(fields.items()))
     it = index_dtype(idx)
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
     resolved = get_kernel(key, device, lambda: attention_source(kernel, **fields), NAMES[kernel], types)

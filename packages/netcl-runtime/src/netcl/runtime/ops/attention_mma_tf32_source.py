@@ -66,18 +66,27 @@ PLANS: dict[tuple[str, int], Plan] = {
     ("bwd_q", 64): Plan(32, 2),
     ("bwd_q", 128): Plan(16, 2, hold=False),
     ("bwd_kv", 64): Plan(32, 2),
-    ("bwd_kv", 128): Plan(32, 1, hold=False),  # two buffers with hold=False: wrong on PoCL's emulation
+    ("bwd_kv", 128): Plan(16, 1, hold=False),  # two buffers with hold=False: wrong on PoCL's emulation
+}
+#: tf32x3's plans where they differ: half the tile (its split fragments take the registers; ptxas of sm_90
+#: otherwise spills)
+X3_PLANS: dict[tuple[str, int], Plan] = {
+    ("bwd_q", 64): Plan(16, 2),
+    ("bwd_kv", 64): Plan(16, 2),
+    ("bwd_kv", 128): Plan(8, 1, hold=False),
 }
 
 
-def plan(kernel: str, e: int) -> Plan:
-    """The plan of ``kernel`` at feature size ``e``."""
+def plan(kernel: str, e: int, kind: str = "tf32") -> Plan:
+    """The plan of ``kernel`` at feature size ``e`` for ``kind``."""
+    if kind == "tf32x3" and (kernel, e) in X3_PLANS:
+        return X3_PLANS[(kernel, e)]
     return PLANS[(kernel, e)]
 
 
-def local_bytes(kernel: str, e: int) -> int:
-    """Local memory of ``kernel`` at feature size ``e`` (bytes, the PTX build: no scratch)."""
-    p = plan(kernel, e)
+def local_bytes(kernel: str, e: int, kind: str = "tf32") -> int:
+    """Local memory of ``kernel`` at feature size ``e`` for ``kind`` (bytes, the PTX build: no scratch)."""
+    p = plan(kernel, e, kind)
     words = p.nbuf * 2 * p.tile * (e + 4)
     if kernel == "bwd_kv":
         words += p.nbuf * 2 * p.tile
@@ -171,12 +180,10 @@ inline void stage(__local uint4* dst, __global const float* src, const idx_t fir
     const int lid = get_local_id(0), lane = lid & 31, warp = lid >> 5, gid = lane >> 2, tig = lane & 3
 /* element (row w0 + gid + 8 h, column col) of a plane src (E wide), 0 past row n */
 #define AT(src, w0, h, n, col) ((w0) + gid + 8 * (h) < (n) ? (src)[((w0) + gid + 8 * (h)) * E + (col)] : 0.0f)
-/* the held words of rows w0 + gid, w0 + gid + 8: h[kk][4] for each k-step */
-#define HOLD_A(h, src, w0, n) \\
-    for (int kk_ = 0; kk_ < E / 8; ++kk_) {{ \\
-        (h)[kk_][0] = HELD(AT(src, w0, 0, n, kk_ * 8 + tig)); (h)[kk_][1] = HELD(AT(src, w0, 1, n, kk_ * 8 + tig)); \\
-        (h)[kk_][2] = HELD(AT(src, w0, 0, n, kk_ * 8 + tig + 4)); \\
-        (h)[kk_][3] = HELD(AT(src, w0, 1, n, kk_ * 8 + tig + 4)); }}
+/* the held words (4) of k-step kk of rows w0 + gid, w0 + gid + 8 */
+#define HOLD_A(h, src, w0, n, kk) {{ \\
+    (h)[0] = HELD(AT(src, w0, 0, n, (kk) * 8 + tig)); (h)[1] = HELD(AT(src, w0, 1, n, (kk) * 8 + tig)); \\
+    (h)[2] = HELD(AT(src, w0, 0, n, (kk) * 8 + tig + 4)); (h)[3] = HELD(AT(src, w0, 1, n, (kk) * 8 + tig + 4)); }}
 /* the A fragment of k-step kk of rows w0 + gid, w0 + gid + 8 of src, from global memory */
 #define LOAD_A(a, src, w0, n, kk) {{ \\
     SPLIT1(a, 0, 4, AT(src, w0, 0, n, (kk) * 8 + tig)); SPLIT1(a, 1, 4, AT(src, w0, 1, n, (kk) * 8 + tig)); \\
@@ -232,7 +239,8 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
     __global const float* qp = q + bh * L * E;
 #if HOLD
     uint qh[E / 8][4];
-    HOLD_A(qh, qp, w0, L);
+    #pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) HOLD_A(qh[kk], qp, w0, L, kk);
 #endif
     float o[E / 8][4], m[2] = {{-INFINITY, -INFINITY}}, l[2] = {{0.0f, 0.0f}};
     #pragma unroll
@@ -362,8 +370,11 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
     __global const float* gp = g + bh * L * E;
 #if HOLD
     uint qh[E / 8][4], gh[E / 8][4];
-    HOLD_A(qh, qp, w0, L);
-    HOLD_A(gh, gp, w0, L);
+    #pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) {{
+        HOLD_A(qh[kk], qp, w0, L, kk);
+        HOLD_A(gh[kk], gp, w0, L, kk);
+    }}
 #endif
     float dr[2], lr[2];
     #pragma unroll
@@ -499,8 +510,11 @@ void netcl_attention_bwd_kv_tf32(__global const float* q, __global const float* 
     __global const float* vp = v + kvh * S * E;
 #if HOLD
     uint kh[E / 8][4], vh[E / 8][4];
-    HOLD_A(kh, kp, w0, S);
-    HOLD_A(vh, vp, w0, S);
+    #pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) {{
+        HOLD_A(kh[kk], kp, w0, S, kk);
+        HOLD_A(vh[kk], vp, w0, S, kk);
+    }}
 #endif
     float dka[E / 8][4], dva[E / 8][4];
     #pragma unroll
@@ -611,7 +625,7 @@ def attention_source(kernel: str, e: int, causal: bool, kind: str, idx: str, emu
     OpenCL C models of the PTX primitives (any OpenCL device) instead of inline PTX (NVIDIA's OpenCL)."""
     if kind not in KINDS:
         raise ValueError(f"attention_mma_tf32: kind must be one of {KINDS}, got {kind!r}")
-    p = plan(kernel, e)
+    p = plan(kernel, e, kind)
     if p.tile * e // 4 % THREADS or 2 * p.tile > THREADS or p.tile % 8:
         raise ValueError(f"attention_mma_tf32: {kernel} E{e}: a tile's 16-byte chunks must split evenly over {THREADS}")
     fields = {
