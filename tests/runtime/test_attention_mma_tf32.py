@@ -118,8 +118,8 @@ CASES = [
 ]
 _BY_NAME = {c[0]: c for c in CASES}
 #: the emulated kernels are slow (barriers per modelled instruction): a subset; tf32x3 on two of them
-EMULATED = [("tf32", _BY_NAME[n]) for n in ("plain", "causal L>S", "gqa causal", "E128 causal gqa")]
-EMULATED += [("tf32x3", _BY_NAME[n]) for n in ("causal", "E128")]
+EMULATED = [("tf32", _BY_NAME[n]) for n in ("plain", "causal L>S", "gqa causal", "scale 3-d", "E128 causal gqa")]
+EMULATED += [("tf32x3", _BY_NAME[n]) for n in ("causal", "gqa causal", "E128")]
 
 
 @pytest.mark.parametrize(("kind", "case"), EMULATED, ids=[f"{k}-{c[0]}" for k, c in EMULATED])
@@ -140,6 +140,37 @@ def tensor_cores(cl_device, monkeypatch) -> nc.Device:
 @pytest.mark.parametrize(("name", "qs", "ks", "opts"), CASES, ids=[c[0] for c in CASES])
 def test_tensor_cores_match_float64(tensor_cores, kind, name, qs, ks, opts) -> None:
     run_case(tensor_cores, kind, qs, ks, opts, emulate=False)
+
+
+def one_key_case(device, kind, emulate):
+    """With one key every probability is exactly 1, so each output row is V's row as the kind multiplies it:
+    tf32 rounds it (nearest, ties away: ``round_tf32`` bit for bit, not truncation), tf32x3 keeps hi + lo
+    (within 2**-21 relative of V, about 2**10 times closer than tf32's rounding)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 5, 64), (1, 2, 1, 64), (1, 2, 1, 64)))
+    tensors = [nc.Tensor.from_host(device, a, F32) for a in (q, k, v)]
+    spec = RA.check_attention(*tensors, None, 0.0, False)
+    if emulate:
+        out = T.forward(*tensors, None, spec, 0, None, kind=kind, emulate=True)[0].to_host()
+    else:
+        with matmul_precision(PRECISION[kind]):
+            out = RA.attention_forward(*tensors, None, spec)[0].to_host()
+    rows = np.broadcast_to(v, out.shape)
+    if kind == "tf32":
+        assert not np.array_equal(round_tf32(v), v)  # the rounding is visible
+        np.testing.assert_array_equal(out, np.broadcast_to(round_tf32(v), out.shape))
+    else:
+        assert np.all(np.abs(out - rows) <= 2.0**-21 * np.abs(rows))
+
+
+@pytest.mark.parametrize("kind", ["tf32", "tf32x3"])
+def test_emulated_one_key_rows_are_v_as_the_kind_multiplies_it(cl_device, kind) -> None:
+    one_key_case(cl_device, kind, emulate=True)
+
+
+@pytest.mark.parametrize("kind", ["tf32", "tf32x3"])
+def test_tensor_cores_one_key_rows_are_v_as_the_kind_multiplies_it(tensor_cores, kind) -> None:
+    one_key_case(tensor_cores, kind, emulate=False)
 
 
 # ---- which calls the kernels take, bad inputs ---------------------------------------------------------------
