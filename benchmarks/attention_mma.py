@@ -11,8 +11,11 @@ kernels (``-cl-nv-verbose``).
 (kind tf32) and "tf32x3", the blocked fp32 kernels, whatever "highest" (the default) runs, and torch's SDPA
 float32 with ``torch.backends.cuda.matmul.allow_tf32 = False`` (its mem-efficient kernel: 3xTF32 on tensor
 cores), ratio = torch ms / netcl ms (above 1: netcl faster); ptxas figures of the tf32 kernels.
-``--errors``: the largest absolute error of out, dq, dk, dv against float64 (torch's math attention in
-float64 on the GPU, unit-normal inputs, upstream gradient unit normal) of each float32 path at each size.
+``--sweep`` (with ``--fp32``): device ms of each tf32 kernel under alternative blockings
+(``attention_mma_tf32_source.Plan``: tile, buffers, row tiles a warp) at (8, 8, 1024) full, to choose
+``PLANS`` / ``X3_PLANS``. ``--errors``: the largest absolute error of out, dq, dk, dv against float64
+(torch's math attention in float64 on the GPU, unit-normal inputs and upstream gradient) of each float32
+path at each size.
 """
 
 import os
@@ -26,7 +29,7 @@ import pyopencl as cl
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_mma as M
-from netcl.runtime.ops import attention_mma_tf32  # noqa: F401  registers the tf32 variant (also done by ops)
+from netcl.runtime.ops import attention_mma_tf32 as T
 from netcl.runtime.ops import attention_mma_tf32_source as TS
 from netcl.runtime.ops.attention_mma_source import attention_source
 from netcl.runtime.ops.precision import matmul_precision
@@ -167,9 +170,55 @@ def errors(device, b, h, s, causal):
     return result
 
 
+#: kernel -> the E 64 blockings ``--sweep`` times (each for both kinds)
+SWEEP = {
+    "fwd": [TS.Plan(32, 2), TS.Plan(16, 2, mt=2), TS.Plan(32, 2, mt=2), TS.Plan(64, 1)],
+    "bwd_q": [TS.Plan(32, 2), TS.Plan(16, 2), TS.Plan(32, 1)],
+    "bwd_kv": [TS.Plan(32, 2), TS.Plan(16, 2), TS.Plan(32, 1)],
+}
+
+
+def plan_sweep(device, b=8, h=8, s=1024, causal=False):
+    """Device ms of each tf32 kernel (E 64) under each blocking of ``SWEEP``, both kinds."""
+    rng = np.random.default_rng(0)
+    q, k, v, g = (nc.Tensor.from_host(device, rng.standard_normal((b, h, s, D)), np.float32) for _ in range(4))
+    spec = RA.check_attention(q, k, v, None, 0.0, causal, None, False)
+    out, lse = (nc.Tensor.empty(shape, np.float32, device) for shape in ((b, h, s, D), (b, h, s)))
+    dq, dk, dv = (nc.Tensor.empty(x.shape, np.float32, device) for x in (q, k, v))
+    drow = nc.Tensor.empty(lse.shape, np.float32, device)
+    buffers = {
+        "fwd": [q, k, v, out, lse],
+        "bwd_q": [q, k, v, out, g, lse, dq, drow],
+        "bwd_kv": [q, k, v, g, lse, drow, dk, dv],
+    }
+    saved = dict(TS.PLANS), dict(TS.X3_PLANS)
+    try:
+        for kind in TS.KINDS:
+            for kernel, plans in SWEEP.items():
+                cells = []
+                for p in plans:
+                    TS.PLANS[(kernel, D)] = TS.X3_PLANS[(kernel, D)] = p
+                    if TS.local_bytes(kernel, D, kind) > 48 * 1024:
+                        continue
+                    try:
+                        T._run(kernel, buffers[kernel], s, b * h, spec, kind, False)  # build outside the timing
+                        fn = lambda: T._run(kernel, buffers[kernel], s, b * h, spec, kind, False)  # noqa: B023, E731
+                        cells.append(
+                            f"tile {p.tile} nbuf {p.nbuf} mt {p.mt}: {time_device(device, fn, REPEATS).median_ms:.3f}"
+                        )
+                    except Exception as exc:
+                        cells.append(f"tile {p.tile} nbuf {p.nbuf} mt {p.mt}: FAILED {exc}"[:300])
+                print(f"sweep b{b} h{h} s{s} {kind} {kernel} ms: " + " | ".join(cells), flush=True)
+    finally:
+        TS.PLANS.clear(), TS.PLANS.update(saved[0])
+        TS.X3_PLANS.clear(), TS.X3_PLANS.update(saved[1])
+
+
 def main_fp32(device, with_errors):
     """float32 rows: tf32, tf32x3, blocked, the default ("highest"), torch SDPA fp32 (TF32 off)."""
     ptxas_tf32(device)
+    if "--sweep" in sys.argv:
+        plan_sweep(device)
     for b, h, s, causal in SHAPES:
         cells = []
         tfwd = peer = None

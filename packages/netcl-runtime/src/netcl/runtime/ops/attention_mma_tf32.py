@@ -39,7 +39,7 @@ from netcl.runtime.ops import attention_mma, gemm_mma
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
-from netcl.runtime.ops.attention_mma_tf32_source import KINDS, NAMES, ROWS, THREADS, attention_source, plan
+from netcl.runtime.ops.attention_mma_tf32_source import KINDS, NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 from netcl.runtime.ops.precision import get_float32_matmul_precision
 
@@ -95,11 +95,12 @@ def _run(
     device = buffers[0].device
     idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
     fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "idx": idx, "emulate": emulate}
-    key = ("attention-mma-tf32", kernel, plan(kernel, spec.E, kind), *sorted(fields.items()))
+    p = plan(kernel, spec.E, kind)
+    key = ("attention-mma-tf32", kernel, p, *sorted(fields.items()))
     it = index_dtype(idx)
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
     resolved = get_kernel(key, device, lambda: attention_source(kernel, **fields), NAMES[kernel], types)
-    gsize = (-(-items // ROWS) * THREADS, planes)
+    gsize = (-(-items // p.rows) * THREADS, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
     scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
     launch(

@@ -7,11 +7,12 @@ operand split x = hi + lo, hi = tf32(x), lo = tf32(x - hi); a product is lo*hi +
 mma summed into a zero-started fp32 ``t`` that is added to the accumulator with an IEEE add: the GEMM's
 tf32x3, fp32's accuracy).
 
-A work-group is 4 warps (128 work-items); a warp owns 16 rows (queries, or keys in ``bwd_kv``), a
-work-group 64. Lane ``l`` of a warp has ``gid = l / 4`` and ``tig = l % 4``. m16n8k8 fragments (PTX ISA,
-"Matrix Fragments for mma.m16n8k8", .tf32): A (16 x 8) a0 = (gid, tig), a1 = (gid + 8, tig), a2 = (gid,
-tig + 4), a3 = (gid + 8, tig + 4); B (8 x 8) b0 = (k tig, n gid), b1 = (k tig + 4, n gid); the accumulator
-c0..c3 = (gid, 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig), (gid + 8, 2 tig + 1).
+A work-group is 4 warps (128 work-items); a warp owns ``16 * mt`` rows (queries, or keys in ``bwd_kv``;
+``Plan.mt``, 1 but in the forward), a work-group ``64 * mt``. Lane ``l`` of a warp has ``gid = l / 4`` and
+``tig = l % 4``. m16n8k8 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32): A (16 x 8)
+a0 = (gid, tig), a1 = (gid + 8, tig), a2 = (gid, tig + 4), a3 = (gid + 8, tig + 4); B (8 x 8) b0 = (k tig,
+n gid), b1 = (k tig + 4, n gid); the accumulator c0..c3 = (gid, 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig),
+(gid + 8, 2 tig + 1).
 
 The rows a work-group owns (Q; Q and dO; K and V) go from global memory straight into A fragments in
 registers (``Plan.hold``; else re-read from global memory, L1-cached, each tile: E 128's backward, whose
@@ -42,8 +43,6 @@ from netcl.runtime.ops.attention_mma_source import _EMULATED, _PTX
 
 #: work-items per work-group (4 warps)
 THREADS = 128
-#: rows a work-group owns (queries; keys in bwd_kv)
-ROWS = 64
 #: kernels of the source
 KERNELS = ("fwd", "bwd_q", "bwd_kv")
 #: the kinds: operands rounded to tf32, or split in two tf32 parts
@@ -57,6 +56,12 @@ class Plan:
     tile: int  #: rows of the streamed tile (keys in fwd and bwd_q, queries in bwd_kv)
     nbuf: int  #: streamed-tile buffers: 2 copies the next tile while this one multiplies
     hold: bool = True  #: the owned rows' A fragments in registers (else re-read from global memory each tile)
+    mt: int = 1  #: m16 row tiles a warp owns (fwd only): each B fragment feeds ``mt`` products
+
+    @property
+    def rows(self) -> int:
+        """Rows a work-group owns (queries; keys in bwd_kv)."""
+        return 64 * self.mt
 
 
 #: (kernel, E) -> its plan; local memory within NVIDIA's 48 KB (``local_bytes``)
@@ -134,6 +139,8 @@ _COMMON = """{pragmas}
 #define EC (E / 4)              /* 16-byte chunks of a row */
 #define NT {threads}
 #define TILE {tile}             /* rows of the streamed tile (keys, or queries in bwd_kv) */
+#define MT {mt}                 /* m16 row tiles a warp owns */
+#define BM (64 * MT)            /* rows a work-group owns */
 #define NBUF {nbuf}
 #define TROWS (2 * TILE)        /* rows of one buffer: two operands' tiles */
 #define HOLD {hold}
@@ -216,6 +223,7 @@ _FORWARD = """
 /* keys n0 .. of tile t into buffer b */
 #define ISSUE(t, b) {{ const idx_t n0_ = (idx_t)(t) * TILE; const int tn_ = (int)min((idx_t)TILE, S - n0_); \\
     stage(BUF4(b, 0), k + kvh * S * E, n0_, tn_, TILE); stage(BUF4(b, 1), v + kvh * S * E, n0_, tn_, TILE); }}
+/* a work-group owns BM query rows (MT m16 tiles a warp), loops over key tiles: online softmax in registers */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, __global const float* v,
                               __global float* out, __global float* lse, const idx_t L, const idx_t S,
@@ -225,116 +233,151 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
     SCRATCH
     __local const float* buff = (__local const float*)buf4;
     LANES;
-    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * 64;
+    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * BM;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
 #if CAUSAL
-    const idx_t nend = min(S, row0 + 64);
+    const idx_t nend = min(S, row0 + BM);
 #else
     const idx_t nend = S;
 #endif
     const int nt = (int)((nend + TILE - 1) / TILE);
     ISSUE(0, 0);
     COMMIT();
-    const idx_t w0 = row0 + warp * 16, r[2] = {{w0 + gid, w0 + gid + 8}};
     __global const float* qp = q + bh * L * E;
+    idx_t w0[MT], r[MT][2];
 #if HOLD
-    uint qh[E / 8][4];
-    #pragma unroll
-    for (int kk = 0; kk < E / 8; ++kk) HOLD_A(qh[kk], qp, w0, L, kk);
+    uint qh[MT][E / 8][4];
 #endif
-    float o[E / 8][4], m[2] = {{-INFINITY, -INFINITY}}, l[2] = {{0.0f, 0.0f}};
+    float o[MT][E / 8][4], m[MT][2], l[MT][2];
     #pragma unroll
-    for (int f = 0; f < E / 8; ++f) {{ o[f][0] = 0.0f; o[f][1] = 0.0f; o[f][2] = 0.0f; o[f][3] = 0.0f; }}
+    for (int mi = 0; mi < MT; ++mi) {{
+        w0[mi] = row0 + (warp * MT + mi) * 16;
+        r[mi][0] = w0[mi] + gid;
+        r[mi][1] = w0[mi] + gid + 8;
+#if HOLD
+        #pragma unroll
+        for (int kk = 0; kk < E / 8; ++kk) HOLD_A(qh[mi][kk], qp, w0[mi], L, kk);
+#endif
+        #pragma unroll
+        for (int f = 0; f < E / 8; ++f) {{
+            o[mi][f][0] = 0.0f; o[mi][f][1] = 0.0f; o[mi][f][2] = 0.0f; o[mi][f][3] = 0.0f;
+        }}
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{ m[mi][h] = -INFINITY; l[mi][h] = 0.0f; }}
+    }}
     for (int t = 0; t < nt; ++t) {{
         LOOP_TOP(ISSUE(t + 1, (t + 1) % NBUF));
         const idx_t n0 = (idx_t)t * TILE;
         __local const float* ks = TILE0(t % NBUF);
         __local const float* vs = TILE1(t % NBUF);
-        float s[TILE / 8][4];
+        float s[MT][TILE / 8][4];
         #pragma unroll
-        for (int j = 0; j < TILE / 8; ++j) {{ s[j][0] = 0.0f; s[j][1] = 0.0f; s[j][2] = 0.0f; s[j][3] = 0.0f; }}
+        for (int mi = 0; mi < MT; ++mi) {{
+            #pragma unroll
+            for (int j = 0; j < TILE / 8; ++j) {{
+                s[mi][j][0] = 0.0f; s[mi][j][1] = 0.0f; s[mi][j][2] = 0.0f; s[mi][j][3] = 0.0f;
+            }}
+        }}
         #pragma unroll
         for (int kk = 0; kk < E / 8; ++kk) {{
-            uint a[AW];
+            uint a[MT][AW];
+            #pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {{
 #if HOLD
-            A_USE(a, qh[kk]);
+                A_USE(a[mi], qh[mi][kk]);
 #else
-            LOAD_A(a, qp, w0, L, kk);
+                LOAD_A(a[mi], qp, w0[mi], L, kk);
 #endif
+            }}
             #pragma unroll
             for (int j = 0; j < TILE / 8; ++j) {{
                 uint b[BW];
                 B_ROWS(b, ks, j, kk);
-                PROD(s[j], a, b);
+                #pragma unroll
+                for (int mi = 0; mi < MT; ++mi) PROD(s[mi][j], a[mi], b);
             }}
         }}
         #pragma unroll
-        for (int j = 0; j < TILE / 8; ++j) {{
+        for (int mi = 0; mi < MT; ++mi) {{
             #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] *= scale2;
+            for (int j = 0; j < TILE / 8; ++j) {{
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) s[mi][j][e] *= scale2;
+            }}
         }}
         if (n0 + TILE > S || (CAUSAL && n0 + TILE - 1 > row0)) {{   /* a tile with hidden keys */
+            #pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {{
+                #pragma unroll
+                for (int j = 0; j < TILE / 8; ++j) {{
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {{
+                        const idx_t c = n0 + j * 8 + tig * 2 + (e & 1);
+                        if (c >= S || (CAUSAL && c > r[mi][e >> 1])) s[mi][j][e] = -INFINITY;
+                    }}
+                }}
+            }}
+        }}
+        #pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {{
+            float mx[2] = {{m[mi][0], m[mi][1]}};
+            #pragma unroll
+            for (int j = 0; j < TILE / 8; ++j) {{
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) mx[e >> 1] = fmax(mx[e >> 1], s[mi][j][e]);
+            }}
+            float mu[2];
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                mx[h] = fmax(mx[h], SHFL(mx[h], 1));
+                mx[h] = fmax(mx[h], SHFL(mx[h], 2));
+                mu[h] = mx[h] == -INFINITY ? 0.0f : mx[h];   /* nothing visible yet: p = 0, no rescale needed */
+                const float corr = EXP2(m[mi][h] - mu[h]);
+                m[mi][h] = mx[h];
+                l[mi][h] *= corr;
+                #pragma unroll
+                for (int f = 0; f < E / 8; ++f) {{ o[mi][f][2 * h] *= corr; o[mi][f][2 * h + 1] *= corr; }}
+            }}
             #pragma unroll
             for (int j = 0; j < TILE / 8; ++j) {{
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {{
-                    const idx_t c = n0 + j * 8 + tig * 2 + (e & 1);
-                    if (c >= S || (CAUSAL && c > r[e >> 1])) s[j][e] = -INFINITY;
+                    const float p = EXP2(s[mi][j][e] - mu[e >> 1]);
+                    s[mi][j][e] = p;
+                    l[mi][e >> 1] += p;
                 }}
-            }}
-        }}
-        float mx[2] = {{m[0], m[1]}};
-        #pragma unroll
-        for (int j = 0; j < TILE / 8; ++j) {{
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmax(mx[e >> 1], s[j][e]);
-        }}
-        float mu[2];
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {{
-            mx[h] = fmax(mx[h], SHFL(mx[h], 1));
-            mx[h] = fmax(mx[h], SHFL(mx[h], 2));
-            mu[h] = mx[h] == -INFINITY ? 0.0f : mx[h];   /* nothing visible yet: p = 0, no rescale needed */
-            const float corr = EXP2(m[h] - mu[h]);
-            m[h] = mx[h];
-            l[h] *= corr;
-            #pragma unroll
-            for (int f = 0; f < E / 8; ++f) {{ o[f][2 * h] *= corr; o[f][2 * h + 1] *= corr; }}
-        }}
-        #pragma unroll
-        for (int j = 0; j < TILE / 8; ++j) {{
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {{
-                const float p = EXP2(s[j][e] - mu[e >> 1]);
-                s[j][e] = p;
-                l[e >> 1] += p;
             }}
         }}
         #pragma unroll
         for (int kk = 0; kk < TILE / 8; ++kk) {{
-            uint pa[AW];
-            ACC_A(pa, s[kk]);
+            uint pa[MT][AW];
+            #pragma unroll
+            for (int mi = 0; mi < MT; ++mi) ACC_A(pa[mi], s[mi][kk]);
             #pragma unroll
             for (int f = 0; f < E / 8; ++f) {{
                 uint b[BW];
                 B_COLS(b, vs, kk, f);
-                PROD(o[f], pa, b);
+                #pragma unroll
+                for (int mi = 0; mi < MT; ++mi) PROD(o[mi][f], pa[mi], b);
             }}
         }}
         LOOP_END(ISSUE(t + 1, 0));
     }}
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {{
-        float sum = l[h];
-        sum += SHFL(sum, 1);
-        sum += SHFL(sum, 2);
-        if (r[h] < L) {{
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            __global float* orow = out + (bh * L + r[h]) * E;
-            #pragma unroll
-            for (int f = 0; f < E / 8; ++f)
-                vstore2((float2)(o[f][2 * h] * inv, o[f][2 * h + 1] * inv), 0, orow + f * 8 + tig * 2);
-            if (tig == 0) lse[bh * L + r[h]] = sum > 0.0f ? (m[h] + log2(sum)) * M_LN2_F : -INFINITY;
+    for (int mi = 0; mi < MT; ++mi) {{
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            float sum = l[mi][h];
+            sum += SHFL(sum, 1);
+            sum += SHFL(sum, 2);
+            if (r[mi][h] < L) {{
+                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                __global float* orow = out + (bh * L + r[mi][h]) * E;
+                #pragma unroll
+                for (int f = 0; f < E / 8; ++f)
+                    vstore2((float2)(o[mi][f][2 * h] * inv, o[mi][f][2 * h + 1] * inv), 0, orow + f * 8 + tig * 2);
+                if (tig == 0) lse[bh * L + r[mi][h]] = sum > 0.0f ? (m[mi][h] + log2(sum)) * M_LN2_F : -INFINITY;
+            }}
         }}
     }}
 }}
@@ -628,11 +671,14 @@ def attention_source(kernel: str, e: int, causal: bool, kind: str, idx: str, emu
     p = plan(kernel, e, kind)
     if p.tile * e // 4 % THREADS or 2 * p.tile > THREADS or p.tile % 8:
         raise ValueError(f"attention_mma_tf32: {kernel} E{e}: a tile's 16-byte chunks must split evenly over {THREADS}")
+    if kernel != "fwd" and p.mt != 1:
+        raise ValueError(f"attention_mma_tf32: {kernel} owns 64 rows a work-group (mt 1)")
     fields = {
         "pragmas": storage_pragmas([]),
         "E": e,
         "threads": THREADS,
         "tile": p.tile,
+        "mt": p.mt,
         "nbuf": p.nbuf,
         "hold": int(p.hold),
         "x3": int(kind == "tf32x3"),
