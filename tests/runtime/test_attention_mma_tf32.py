@@ -35,6 +35,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_mma_tf32 as T
+from netcl.runtime.ops import attention_mma_tf32_source as SRC
 from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops.attention_mma_tf32_source import attention_source, local_bytes
 from netcl.runtime.ops.precision import matmul_precision, round_tf32
@@ -125,6 +126,14 @@ EMULATED += [("tf32x3", _BY_NAME[n]) for n in ("causal", "gqa causal", "E128")]
 @pytest.mark.parametrize(("kind", "case"), EMULATED, ids=[f"{k}-{c[0]}" for k, c in EMULATED])
 def test_emulated_kernels_match_float64(cl_device, kind, case) -> None:
     _, qs, ks, opts = case
+    run_case(cl_device, kind, qs, ks, opts, emulate=True)
+
+
+@pytest.mark.parametrize("kind", ["tf32", "tf32x3"])
+def test_emulated_forward_with_two_row_tiles_a_warp(cl_device, monkeypatch, kind) -> None:
+    """The forward's ``Plan.mt`` 2 (128 query rows a work-group; the default plans use 1)."""
+    monkeypatch.setitem(SRC.PLANS, ("fwd", 64), SRC.Plan(16, 2, mt=2))
+    _, qs, ks, opts = _BY_NAME["causal L>S"]
     run_case(cl_device, kind, qs, ks, opts, emulate=True)
 
 
