@@ -6,6 +6,16 @@
 matmul precision "fp16" (autocast's), the blocked float32 kernels, and torch's SDPA in bf16 and fp16; the
 device time of each mma kernel (float16 tensors); first ptxas' registers, spills and shared memory of the mma
 kernels (``-cl-nv-verbose``).
+
+``--fp32``: float32 rows only: the tf32 kernels (``ops.attention_mma_tf32``) at matmul precision "high"
+(kind tf32) and "tf32x3", the blocked fp32 kernels, whatever "highest" (the default) runs, and torch's SDPA
+float32 with ``torch.backends.cuda.matmul.allow_tf32 = False`` (its mem-efficient kernel: 3xTF32 on tensor
+cores), ratio = torch ms / netcl ms (above 1: netcl faster); ptxas figures of the tf32 kernels.
+``--sweep`` (with ``--fp32``): device ms of each tf32 kernel under alternative blockings
+(``attention_mma_tf32_source.Plan``: tile, buffers, row tiles a warp) at (8, 8, 1024) full, to choose
+``PLANS`` / ``X3_PLANS``. ``--errors``: the largest absolute error of out, dq, dk, dv against float64
+(torch's math attention in float64 on the GPU, unit-normal inputs and upstream gradient) of each float32
+path at each size.
 """
 
 import os
@@ -19,6 +29,8 @@ import pyopencl as cl
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_mma as M
+from netcl.runtime.ops import attention_mma_tf32 as T
+from netcl.runtime.ops import attention_mma_tf32_source as TS
 from netcl.runtime.ops.attention_mma_source import attention_source
 from netcl.runtime.ops.precision import matmul_precision
 
@@ -44,12 +56,37 @@ def ptxas(device):
                     print(f"BUILD FAILED E{e} {kernel} half={half}: {exc}"[:3000], flush=True)
 
 
+def ptxas_tf32(device):
+    for e in (64, 128):
+        for kernel in ("fwd", "bwd_q", "bwd_kv"):
+            for kind in TS.KINDS:
+                src = TS.attention_source(kernel, e, True, kind, "int")
+                try:
+                    program = cl.Program(device.context, src).build(options=["-cl-nv-verbose"])
+                    log = program.get_build_info(device.cl_device, cl.program_build_info.LOG)
+                    lines = [x.strip() for x in log.splitlines() if any(w in x for w in ("registers", "spill", "smem"))]
+                    print(f"ptxas E{e} {kernel} {kind}: {' | '.join(lines)}", flush=True)
+                except Exception as exc:
+                    print(f"BUILD FAILED E{e} {kernel} {kind}: {exc}"[:3000], flush=True)
+
+
+#: mode -> (matmul precision, NETCL_ATTENTION) of the netcl rows
+MODES = {
+    "mma-f16": ("highest", ""),
+    "mma-f32": ("fp16", ""),
+    "blocked": ("highest", "blocked"),
+    "tf32": ("high", ""),
+    "tf32x3": ("tf32x3", ""),
+    "highest": ("highest", ""),
+}
+
+
 def netcl_ms(device, b, h, s, causal, mode):
     rng = np.random.default_rng(0)
     dtype = np.float16 if mode == "mma-f16" else np.float32
     q, k, v, g = (nc.Tensor.from_host(device, rng.standard_normal((b, h, s, D)), dtype) for _ in range(4))
-    os.environ["NETCL_ATTENTION"] = "blocked" if mode == "blocked" else ""
-    prec = "fp16" if mode == "mma-f32" else "highest"
+    prec, choice = MODES[mode]
+    os.environ["NETCL_ATTENTION"] = choice
     with matmul_precision(prec):
         spec = RA.check_attention(q, k, v, None, 0.0, causal, None, False)
         taken = RA.select_variant(device, np.dtype(dtype), spec).name
@@ -88,6 +125,7 @@ def kernel_ms(device, b, h, s, causal):
 def torch_ms(b, h, s, causal, dtype_name):
     import torch
 
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32: full precision (3xTF32 in the mem-efficient kernel)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dt = getattr(torch, dtype_name)
     q, k, v, g = (torch.randn(b, h, s, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(4))
@@ -97,9 +135,119 @@ def torch_ms(b, h, s, causal, dtype_name):
     return fwd, fb
 
 
+def errors(device, b, h, s, causal):
+    """mode -> max |error| of (out, dq, dk, dv) against float64 (torch's math attention in float64 on the GPU)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((b, h, s, D)).astype(np.float32) for _ in range(4)]
+    ref = [torch.tensor(a, dtype=torch.float64, device="cuda", requires_grad=True) for a in arrays[:3]]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=causal)
+    out.backward(torch.tensor(arrays[3], dtype=torch.float64, device="cuda"))
+    want = [out.detach()] + [x.grad for x in ref]
+    result = {}
+    for mode in ("blocked", "tf32x3", "tf32", "highest"):
+        prec, choice = MODES[mode]
+        os.environ["NETCL_ATTENTION"] = choice
+        q, k, v, g = (nc.Tensor.from_host(device, a, np.float32) for a in arrays)
+        with matmul_precision(prec):
+            spec = RA.check_attention(q, k, v, None, 0.0, causal, None, False)
+            taken = RA.select_variant(device, np.dtype(np.float32), spec).name
+            o, lse = RA.attention_forward(q, k, v, None, spec)
+            grads = RA.attention_backward(g, q, k, v, o, lse, None, spec)
+        got = [torch.from_numpy(x.to_host().astype(np.float64)).cuda() for x in (o, *grads)]
+        result[f"{mode} [{taken}]"] = [float((x - w).abs().max()) for x, w in zip(got, want, strict=True)]
+        os.environ.pop("NETCL_ATTENTION", None)
+    tq = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays[:3]]
+    o = torch.nn.functional.scaled_dot_product_attention(*tq, is_causal=causal)
+    o.backward(torch.tensor(arrays[3], device="cuda"))
+    got = [o.detach()] + [x.grad for x in tq]
+    result["torch SDPA fp32"] = [float((x.double() - w).abs().max()) for x, w in zip(got, want, strict=True)]
+    del ref, out, want, got, tq, o
+    torch.cuda.empty_cache()
+    return result
+
+
+#: kernel -> the E 64 blockings ``--sweep`` times (each for both kinds)
+SWEEP = {
+    "fwd": [TS.Plan(32, 2), TS.Plan(16, 2, mt=2), TS.Plan(32, 2, mt=2), TS.Plan(64, 1)],
+    "bwd_q": [TS.Plan(32, 2), TS.Plan(16, 2), TS.Plan(32, 1)],
+    "bwd_kv": [TS.Plan(32, 2), TS.Plan(16, 2), TS.Plan(32, 1)],
+}
+
+
+def plan_sweep(device, b=8, h=8, s=1024, causal=False):
+    """Device ms of each tf32 kernel (E 64) under each blocking of ``SWEEP``, both kinds."""
+    rng = np.random.default_rng(0)
+    q, k, v, g = (nc.Tensor.from_host(device, rng.standard_normal((b, h, s, D)), np.float32) for _ in range(4))
+    spec = RA.check_attention(q, k, v, None, 0.0, causal, None, False)
+    out, lse = (nc.Tensor.empty(shape, np.float32, device) for shape in ((b, h, s, D), (b, h, s)))
+    dq, dk, dv = (nc.Tensor.empty(x.shape, np.float32, device) for x in (q, k, v))
+    drow = nc.Tensor.empty(lse.shape, np.float32, device)
+    buffers = {
+        "fwd": [q, k, v, out, lse],
+        "bwd_q": [q, k, v, out, g, lse, dq, drow],
+        "bwd_kv": [q, k, v, g, lse, drow, dk, dv],
+    }
+    saved = dict(TS.PLANS), dict(TS.X3_PLANS)
+    try:
+        for kind in TS.KINDS:
+            for kernel, plans in SWEEP.items():
+                cells = []
+                for p in plans:
+                    TS.PLANS[(kernel, D)] = TS.X3_PLANS[(kernel, D)] = p
+                    if TS.local_bytes(kernel, D, kind) > 48 * 1024:
+                        continue
+                    try:
+                        T._run(kernel, buffers[kernel], s, b * h, spec, kind, False)  # build outside the timing
+                        fn = lambda: T._run(kernel, buffers[kernel], s, b * h, spec, kind, False)  # noqa: B023, E731
+                        cells.append(
+                            f"tile {p.tile} nbuf {p.nbuf} mt {p.mt}: {time_device(device, fn, REPEATS).median_ms:.3f}"
+                        )
+                    except Exception as exc:
+                        cells.append(f"tile {p.tile} nbuf {p.nbuf} mt {p.mt}: FAILED {exc}"[:300])
+                print(f"sweep b{b} h{h} s{s} {kind} {kernel} ms: " + " | ".join(cells), flush=True)
+    finally:
+        TS.PLANS.clear(), TS.PLANS.update(saved[0])
+        TS.X3_PLANS.clear(), TS.X3_PLANS.update(saved[1])
+
+
+def main_fp32(device, with_errors):
+    """float32 rows: tf32, tf32x3, blocked, the default ("highest"), torch SDPA fp32 (TF32 off)."""
+    ptxas_tf32(device)
+    if "--sweep" in sys.argv:
+        plan_sweep(device)
+    for b, h, s, causal in SHAPES:
+        cells = []
+        tfwd = peer = None
+        try:
+            tfwd, peer = torch_ms(b, h, s, causal, "float32")
+        except Exception as exc:
+            print(f"torch float32 failed: {exc}", flush=True)
+        for mode in ("tf32", "tf32x3", "highest", "blocked"):
+            try:
+                taken, fwd, fb = netcl_ms(device, b, h, s, causal, mode)
+                ratio = f", torch/netcl {peer / fb:.2f}" if peer else ""
+                cells.append(f"netcl {mode} [{taken}] {fwd:.3f} / {fb:.3f}{ratio}")
+            except Exception:
+                traceback.print_exc()
+                cells.append(f"netcl {mode} FAILED")
+        if peer:
+            cells.append(f"torch SDPA float32 (allow_tf32 False) {tfwd:.3f} / {peer:.3f}")
+        tag = f"b{b} h{h} s{s} {'causal' if causal else 'full'} d{D}"
+        print(f"{tag} fwd / fwd+bwd ms: " + " | ".join(cells), flush=True)
+        if with_errors:
+            for name, errs in errors(device, b, h, s, causal).items():
+                print(f"  {tag} max |err| vs float64 out/dq/dk/dv {name}: " + " ".join(f"{e:.3g}" for e in errs))
+
+
 def main():
     device = nc.get_device("gpu")
     print(f"device: {device.name} ({device.platform_name})", flush=True)
+    if "--fp32" in sys.argv:
+        return main_fp32(device, "--errors" in sys.argv)
     ptxas(device)
     for b, h, s, causal in SHAPES:
         cells = []

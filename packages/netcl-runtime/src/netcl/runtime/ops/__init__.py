@@ -12,6 +12,7 @@ from netcl.runtime import memory as _memory  # noqa: F401 - installs the caching
 from netcl.runtime.ops import (
     attention_blocked,  # noqa: F401  registers the blocked, then quad attention kernels
     attention_mma,  # noqa: F401  registers the tensor-core attention kernels before them
+    attention_mma_tf32,  # noqa: F401  registers the float32 (tf32) tensor-core attention kernels before those
 )
 from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.attention import scaled_dot_product_attention

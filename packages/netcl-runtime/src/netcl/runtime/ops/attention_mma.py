@@ -12,9 +12,10 @@ probe) when the call has no mask, no dropout, ``E == Ev`` in ``FEATURES``, and
 The products are f16 for float16 tensors and at "fp16", bf16 (``mma...bf16.bf16``, the GEMM's "bf16" probe)
 for bfloat16 tensors and at "medium".
 
-Plain float32 at any other precision stays on the exact float32 kernels. ``NETCL_ATTENTION=mma`` makes the
-kernels take float32 calls at every precision too (operands rounded to f16); ``blocked``, ``quad`` or
-``portable`` turn them off. Masks and dropout go to the next variant.
+Float32 at matmul precision "high" or "tf32x3" goes to the tf32 kernels (``attention_mma_tf32``, the
+variant before this one); at any other precision it stays on the exact float32 kernels.
+``NETCL_ATTENTION=mma`` makes these kernels take the other float32 calls too (operands rounded to f16);
+``blocked``, ``quad`` or ``portable`` turn them off. Masks and dropout go to the next variant.
 
 Numbers: q, k, v (and the upstream gradient) are rounded to f16 (nearest even; float32 tensors by a copy
 before the kernels, ``cast_source``); scores, the softmax statistics (row max, row sum, ``lse``) and every
