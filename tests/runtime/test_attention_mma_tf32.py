@@ -25,10 +25,9 @@ Tolerances, per element, relative to the element's sum of absolute terms (``expe
 
 from __future__ import annotations
 
-import importlib.util
 import zlib
-from pathlib import Path
 
+import file_modules
 import numpy as np
 import pytest
 
@@ -47,15 +46,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 PRECISION = {"tf32": "high", "tf32x3": "tf32x3"}
 
 
-def _mma_tests():
-    path = Path(__file__).resolve().parent / "test_attention_mma.py"
-    spec = importlib.util.spec_from_file_location("attention_mma_tests", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-expected = _mma_tests().expected
+expected = file_modules.load("tests/runtime/test_attention_mma.py", "netcl_attention_mma_tests").expected
 
 
 def _inputs(kind, qs, ks, seed_of):
