@@ -21,6 +21,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_blocked as blocked
+from netcl.runtime.ops import attention_mma_tf32
 
 ATOL, RTOL = 2e-5, 1e-4
 
@@ -114,6 +115,7 @@ def test_netcl_attention_quad_or_portable_turns_them_off(cl_device, monkeypatch,
 
 def test_default_follows_is_default(cl_device, monkeypatch) -> None:
     monkeypatch.delenv("NETCL_ATTENTION", raising=False)
+    monkeypatch.setattr(attention_mma_tf32, "HIGHEST", None)  # "highest" off the tf32x3 tensor-core kernels
     taken = RA.select_variant(cl_device, F32, _spec()).name == "blocked"
     assert taken == blocked.is_default(cl_device)
 
