@@ -30,7 +30,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime.ops import attention as RA
 from netcl.runtime.ops import attention_mma as M
-from netcl.runtime.ops import gemm_mma
+from netcl.runtime.ops import attention_mma_tf32, gemm_mma
 from netcl.runtime.ops.attention_mma_source import local_bytes
 from netcl.runtime.ops.precision import matmul_precision
 
@@ -192,7 +192,8 @@ def test_autocast_runs_attention_on_tensor_cores(tensor_cores, low) -> None:
     tape.backward(loss)  # after the block: the gradient keeps the forward's precision
     tensors = [n.value for n in nodes]
     spec = RA.check_attention(*tensors, None, 0.0, True)
-    outside = "mma-tf32" if gemm_mma.enabled(tensor_cores, "tf32x3") else "blocked"
+    routed = attention_mma_tf32.HIGHEST is not None and gemm_mma.enabled(tensor_cores, attention_mma_tf32.HIGHEST)
+    outside = "mma-tf32" if routed else "blocked"
     assert RA.select_variant(tensor_cores, F32, spec).name == outside  # outside autocast: float32 accuracy
     with matmul_precision("fp16" if low == F16 else "medium"):  # what autocast set around the op
         direct, lse = M.forward(*tensors, None, spec, 0, None)
