@@ -110,9 +110,10 @@ CASES = [
     ("E128 causal gqa", (1, 4, 90, 128), (1, 1, 90, 128), {"causal": True, "gqa": True}),
 ]
 _BY_NAME = {c[0]: c for c in CASES}
-#: the emulated kernels are slow (barriers per modelled instruction): a subset; tf32x3 on two of them
+#: the emulated kernels are slow to build (PoCL compiles each at its first launch, ~5-45 s of a CI core): a
+#: subset; tf32x3 (its own products and plans) at E 64, its E 128 kernels and one-key rows on the GPU only
 EMULATED = [("tf32", _BY_NAME[n]) for n in ("plain", "causal L>S", "gqa causal", "scale 3-d", "E128 causal gqa")]
-EMULATED += [("tf32x3", _BY_NAME[n]) for n in ("causal", "gqa causal", "E128")]
+EMULATED += [("tf32x3", _BY_NAME[n]) for n in ("causal", "gqa causal")]
 
 
 @pytest.mark.parametrize(("kind", "case"), EMULATED, ids=[f"{k}-{c[0]}" for k, c in EMULATED])
@@ -164,9 +165,8 @@ def one_key_case(device, kind, emulate):
         assert np.all(np.abs(out - rows) <= 2.0**-21 * np.abs(rows))
 
 
-@pytest.mark.parametrize("kind", ["tf32", "tf32x3"])
-def test_emulated_one_key_rows_are_v_as_the_kind_multiplies_it(cl_device, kind) -> None:
-    one_key_case(cl_device, kind, emulate=True)
+def test_emulated_one_key_rows_are_v_as_tf32_multiplies_it(cl_device) -> None:
+    one_key_case(cl_device, "tf32", emulate=True)
 
 
 @pytest.mark.parametrize("kind", ["tf32", "tf32x3"])
