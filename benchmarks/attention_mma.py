@@ -114,9 +114,9 @@ def kernel_ms(device, b, h, s, causal):
     dq, dk, dv = (nc.Tensor.empty(x.shape, x.dtype, device) for x in (q, k, v))
     drow = nc.Tensor.empty(lse.shape, np.float32, device)
     runs = {
-        "fwd": lambda: M._run("fwd", [q, k, v, out, lse], s, b * h, spec, False, True),
-        "bwd_q": lambda: M._run("bwd_q", [q, k, v, out, g, lse, dq, drow], s, b * h, spec, False, True),
-        "bwd_kv": lambda: M._run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], s, b * h, spec, False, True),
+        "fwd": lambda: M._run("fwd", [q, k, v, out, lse], s, b * h, spec, False, True, "f16"),
+        "bwd_q": lambda: M._run("bwd_q", [q, k, v, out, g, lse, dq, drow], s, b * h, spec, False, True, "f16"),
+        "bwd_kv": lambda: M._run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], s, b * h, spec, False, True, "f16"),
         "f16 copy": lambda: M._operand(x32, "f16"),
     }
     return {name: time_device(device, fn, REPEATS).median_ms for name, fn in runs.items()}

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +101,37 @@ def supports(device: Device, dtype: np.dtype, spec: AttentionSpec) -> bool:
     return takes(dtype, spec) and gemm_mma.enabled(device, kind(dtype) or "f16")
 
 
+def launch_flash(
+    family: str,
+    kernel: str,
+    name: str,
+    plan: Any,
+    source: Callable[..., str],
+    fields: dict[str, Any],
+    buffers: list[Tensor],
+    items: int,
+    planes: int,
+    spec: AttentionSpec,
+    threads: int = THREADS,
+) -> None:
+    """Launch ``kernel`` (C function ``name``) of a FlashAttention family (this module's, ``attention_mma_tf32``)
+    over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads, ``plan.rows`` rows a work-group of
+    ``threads``. ``source(kernel, **fields, idx=...)`` builds it once per (family, kernel, plan, fields, index
+    type). After ``buffers`` the kernels take L, S, Hq, group, Hkv, the scale in log2 units and the scale."""
+    if items == 0 or planes == 0:
+        return
+    device = buffers[0].device
+    fields = {**fields, "idx": index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)}
+    key = (family, kernel, plan, *sorted(fields.items()))
+    it = index_dtype(fields["idx"])
+    types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
+    resolved = get_kernel(key, device, lambda: source(kernel, **fields), name, types)
+    gsize = (-(-items // plan.rows) * threads, planes)
+    scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
+    scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
+    launch(resolved.kernel, gsize, (threads, 1), *buffers, *scalars, scale2, np.float32(spec.scale), queue=device.queue)
+
+
 def _run(
     kernel: str,
     buffers: list[Tensor],
@@ -109,31 +142,11 @@ def _run(
     half: bool,
     products: str,
 ) -> None:
-    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads; ``buffers``:
-    16-bit operands of kind ``products``; ``half``: outputs in that dtype (else float32)."""
-    if items == 0 or planes == 0:
-        return
-    device = buffers[0].device
-    idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
-    fields = {"e": spec.E, "causal": spec.causal, "half": half, "idx": idx, "emulate": emulate, "kind": products}
+    """``launch_flash`` of this module's ``kernel``; ``buffers``: 16-bit operands of kind ``products``; ``half``:
+    outputs in that dtype (else float32)."""
+    fields = {"e": spec.E, "causal": spec.causal, "half": half, "emulate": emulate, "kind": products}
     p = plan(kernel, spec.E)
-    key = ("attention-mma", kernel, p, *sorted(fields.items()))
-    it = index_dtype(idx)
-    types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
-    resolved = get_kernel(key, device, lambda: attention_source(kernel, **fields), NAMES[kernel], types)
-    gsize = (-(-items // p.rows) * THREADS, planes)
-    scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
-    scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
-    launch(
-        resolved.kernel,
-        gsize,
-        (THREADS, 1),
-        *buffers,
-        *scalars,
-        scale2,
-        np.float32(spec.scale),
-        queue=device.queue,
-    )
+    launch_flash("attention-mma", kernel, NAMES[kernel], p, attention_source, fields, buffers, items, planes, spec)
 
 
 def _operand(x: Tensor, products: str) -> Tensor:

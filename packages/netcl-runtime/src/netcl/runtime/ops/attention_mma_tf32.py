@@ -26,17 +26,13 @@ the tests' check of the kernels' arithmetic off NVIDIA.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import attention_mma, gemm_mma
-from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
 from netcl.runtime.ops.attention_mma_tf32_source import KINDS, NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
@@ -91,29 +87,11 @@ def _kind(kind: str | None) -> str:
 def _run(
     kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, kind: str, emulate: bool
 ) -> None:
-    """Launch ``kernel`` over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads."""
-    if items == 0 or planes == 0:
-        return
-    device = buffers[0].device
-    idx = index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)
-    fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "idx": idx, "emulate": emulate}
+    """``attention_mma.launch_flash`` of this module's ``kernel`` in ``kind``."""
+    fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "emulate": emulate}
     p = plan(kernel, spec.E, kind)
-    key = ("attention-mma-tf32", kernel, p, *sorted(fields.items()))
-    it = index_dtype(idx)
-    types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
-    resolved = get_kernel(key, device, lambda: attention_source(kernel, **fields), NAMES[kernel], types)
-    gsize = (-(-items // p.rows) * THREADS, planes)
-    scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
-    scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
-    launch(
-        resolved.kernel,
-        gsize,
-        (THREADS, 1),
-        *buffers,
-        *scalars,
-        scale2,
-        np.float32(spec.scale),
-        queue=device.queue,
+    attention_mma.launch_flash(
+        "attention-mma-tf32", kernel, NAMES[kernel], p, attention_source, fields, buffers, items, planes, spec, THREADS
     )
 
 
