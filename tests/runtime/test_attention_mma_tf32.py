@@ -46,7 +46,8 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 PRECISION = {"tf32": "high", "tf32x3": "tf32x3"}
 
 
-expected = file_modules.load("tests/runtime/test_attention_mma.py", "netcl_attention_mma_tests").expected
+_MMA_TESTS = file_modules.load("tests/runtime/test_attention_mma.py", "netcl_attention_mma_tests")
+expected = _MMA_TESTS.expected
 
 
 def _inputs(kind, qs, ks, seed_of):
@@ -98,17 +99,8 @@ def run_case(device, kind, qs, ks, opts, emulate):
     _compare(kind, [t.to_host() for t in (out, lse, *grads)], want, bounds)
 
 
-# (name, q shape, k shape (= v shape), options)
-CASES = [
-    ("plain", (2, 2, 70, 64), (2, 2, 45, 64), {}),
-    ("causal", (1, 2, 130, 64), (1, 2, 130, 64), {"causal": True}),
-    ("causal L<S", (1, 1, 20, 64), (1, 1, 150, 64), {"causal": True}),
-    ("causal L>S", (1, 2, 150, 64), (1, 2, 19, 64), {"causal": True}),
-    ("gqa causal", (1, 4, 100, 64), (1, 2, 100, 64), {"gqa": True, "causal": True}),
-    ("scale 3-d", (3, 33, 64), (3, 80, 64), {"scale": 0.3}),
-    ("E128", (1, 2, 45, 128), (1, 2, 70, 128), {}),
-    ("E128 causal gqa", (1, 4, 90, 128), (1, 1, 90, 128), {"causal": True, "gqa": True}),
-]
+#: the f16 kernels' cases (name, q shape, k shape (= v shape), options)
+CASES = _MMA_TESTS.CASES
 _BY_NAME = {c[0]: c for c in CASES}
 #: the emulated kernels are slow to build (PoCL compiles each at its first launch, ~5-45 s of a CI core): a
 #: subset; tf32x3 (its own products and plans) at E 64, its E 128 kernels and one-key rows on the GPU only
