@@ -167,11 +167,8 @@ def test_tensor_cores_one_key_rows_are_v_as_the_kind_multiplies_it(tensor_cores,
 
 
 # ---- which calls the kernels take, bad inputs ---------------------------------------------------------------
-def _spec(e=64, ev=64, mask=None, dropout=0.0, causal=False):
-    q = nc.Tensor.empty((2, 4, 8, e), np.float32, "cpu")
-    k = nc.Tensor.empty((2, 4, 8, e), np.float32, "cpu")
-    v = nc.Tensor.empty((2, 4, 8, ev), np.float32, "cpu")
-    return RA.check_attention(q, k, v, mask, dropout, causal)
+#: a (2, 4, 8, e) float32 call's spec, the f16 kernels' tests' helper
+_spec = _MMA_TESTS._spec
 
 
 def test_calls_it_takes() -> None:
