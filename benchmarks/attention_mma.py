@@ -42,32 +42,29 @@ SHAPES = [(4, 8, 2048, True), (1, 8, 8192, True), (8, 8, 1024, False)]
 REPEATS = 10
 
 
+def _ptxas(device, src: str, label: str) -> None:
+    """Build ``src`` with ``-cl-nv-verbose`` and print ptxas' registers, spills and shared memory for it."""
+    try:
+        program = cl.Program(device.context, src).build(options=["-cl-nv-verbose"])
+        log = program.get_build_info(device.cl_device, cl.program_build_info.LOG)
+        lines = [x.strip() for x in log.splitlines() if any(w in x for w in ("registers", "spill", "smem"))]
+        print(f"ptxas {label}: {' | '.join(lines)}", flush=True)
+    except Exception as exc:
+        print(f"BUILD FAILED {label}: {exc}"[:3000], flush=True)
+
+
 def ptxas(device):
     for e in (64, 128):
         for kernel in ("fwd", "bwd_q", "bwd_kv"):
             for half in (False, True):  # float32 / float16 outputs
-                src = attention_source(kernel, e, True, half, "int")
-                try:
-                    program = cl.Program(device.context, src).build(options=["-cl-nv-verbose"])
-                    log = program.get_build_info(device.cl_device, cl.program_build_info.LOG)
-                    lines = [x.strip() for x in log.splitlines() if any(w in x for w in ("registers", "spill", "smem"))]
-                    print(f"ptxas E{e} {kernel} half={half}: {' | '.join(lines)}", flush=True)
-                except Exception as exc:
-                    print(f"BUILD FAILED E{e} {kernel} half={half}: {exc}"[:3000], flush=True)
+                _ptxas(device, attention_source(kernel, e, True, half, "int"), f"E{e} {kernel} half={half}")
 
 
 def ptxas_tf32(device):
     for e in (64, 128):
         for kernel in ("fwd", "bwd_q", "bwd_kv"):
             for kind in TS.KINDS:
-                src = TS.attention_source(kernel, e, True, kind, "int")
-                try:
-                    program = cl.Program(device.context, src).build(options=["-cl-nv-verbose"])
-                    log = program.get_build_info(device.cl_device, cl.program_build_info.LOG)
-                    lines = [x.strip() for x in log.splitlines() if any(w in x for w in ("registers", "spill", "smem"))]
-                    print(f"ptxas E{e} {kernel} {kind}: {' | '.join(lines)}", flush=True)
-                except Exception as exc:
-                    print(f"BUILD FAILED E{e} {kernel} {kind}: {exc}"[:3000], flush=True)
+                _ptxas(device, TS.attention_source(kernel, e, True, kind, "int"), f"E{e} {kernel} {kind}")
 
 
 #: mode -> (matmul precision, NETCL_ATTENTION) of the netcl rows
