@@ -67,6 +67,10 @@ FEATURES = (64, 128)
 PRECISIONS = {"fp16": "f16", "medium": "bf16"}
 #: the 16-bit tensors the kernels take, and their kind
 KIND_OF = {float16: "f16", bfloat16: "bf16"}
+#: how the emulated kernels are built: LLVM's loop passes, let loose on their barrier-laden models, took 10-35 s
+#: of a core per kernel (PoCL, a tile loop bounded by S); unoptimized they build in under a second and still
+#: run the tests' sizes in milliseconds
+EMULATION_FLAGS = ("-cl-opt-disable",)
 
 
 def _choice() -> str:
@@ -125,7 +129,8 @@ def launch_flash(
     key = (family, kernel, plan, *sorted(fields.items()))
     it = index_dtype(fields["idx"])
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
-    resolved = get_kernel(key, device, lambda: source(kernel, **fields), name, types)
+    flags = EMULATION_FLAGS if fields["emulate"] else ()
+    resolved = get_kernel(key, device, lambda: source(kernel, **fields), name, types, flags)
     gsize = (-(-items // plan.rows) * threads, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
     scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
