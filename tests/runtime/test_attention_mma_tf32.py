@@ -122,6 +122,49 @@ def test_emulated_forward_with_two_row_tiles_a_warp(cl_device, monkeypatch, kind
     run_case(cl_device, kind, qs, ks, opts, emulate=True)
 
 
+def packed_case(device, kind, batch, length, heads, e, causal, emulate):
+    """Self-attention on one packed (B, L, 3 * H * E) tensor (``forward_packed`` / ``backward_packed``, the
+    GPT block's path): against float64 within the kind's bound, and bit for bit the per-head kernels on the
+    same values (the same arithmetic, only the addresses differ)."""
+    q, k, v, g = _inputs(kind, (batch, heads, length, e), (batch, heads, length, e), (batch, length, heads, e, kind))
+    while kind == "tf32x3" and _sigma(q, k, {}) >= SIGMA_MAX:
+        q = q * 0.5
+    qkv = np.concatenate([x.transpose(0, 2, 1, 3).reshape(batch, length, heads * e) for x in (q, k, v)], axis=-1)
+    g_merged = g.transpose(0, 2, 1, 3).reshape(batch, length, heads * e)
+    packed, gp = (nc.Tensor.from_host(device, a, F32) for a in (qkv, g_merged))
+    spec = RA.check_packed_attention(packed, heads, causal)
+    planes = [nc.Tensor.from_host(device, a, F32) for a in (q, k, v, g)]
+    if emulate:
+        out, lse = T.forward_packed(packed, spec, kind=kind, emulate=True)
+        dqkv = T.backward_packed(gp, packed, out, lse, spec, kind=kind, emulate=True)
+        out_h, lse_h = T.forward(*planes[:3], None, spec, 0, None, kind=kind, emulate=True)
+        grads_h = T.backward(planes[3], *planes[:3], out_h, lse_h, None, spec, 0, None, kind=kind, emulate=True)
+    else:
+        with matmul_precision(PRECISION[kind]):
+            assert RA._packed_kernels(packed, spec) is not None
+            out, lse = RA.packed_attention_forward(packed, spec)
+            dqkv = RA.packed_attention_backward(gp, packed, out, lse, spec)
+            out_h, lse_h = RA.attention_forward(*planes[:3], None, spec)
+            grads_h = RA.attention_backward(planes[3], *planes[:3], out_h, lse_h, None, spec)
+    heads_first = out.to_host().reshape(batch, length, heads, e).transpose(0, 2, 1, 3)
+    grads = dqkv.to_host().reshape(batch, length, 3, heads, e).transpose(2, 0, 3, 1, 4)
+    want, bounds = expected(q, k, v, g, causal=causal)
+    _compare(kind, [heads_first, lse.to_host(), *grads], want, bounds)
+    np.testing.assert_array_equal(heads_first, out_h.to_host())
+    np.testing.assert_array_equal(lse.to_host(), lse_h.to_host())
+    for got, per_head in zip(grads, grads_h, strict=True):
+        np.testing.assert_array_equal(got, per_head.to_host())
+
+
+#: (kind, batch, length, heads, E, causal): tails past a 64-row block, several heads and batches
+PACKED_CASES = [("tf32", 2, 70, 3, 64, False), ("tf32", 1, 90, 2, 128, True), ("tf32x3", 2, 40, 2, 64, True)]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=[f"{c[0]}-E{c[4]}{'-causal' if c[5] else ''}" for c in PACKED_CASES])
+def test_emulated_packed_kernels_match_float64_and_the_per_head_kernels(cl_device, case) -> None:
+    packed_case(cl_device, *case, emulate=True)
+
+
 @pytest.fixture
 def tensor_cores(cl_device, monkeypatch) -> nc.Device:
     if not (gemm_mma.enabled(cl_device, "tf32") and gemm_mma.enabled(cl_device, "tf32x3")):
@@ -134,6 +177,11 @@ def tensor_cores(cl_device, monkeypatch) -> nc.Device:
 @pytest.mark.parametrize(("name", "qs", "ks", "opts"), CASES, ids=[c[0] for c in CASES])
 def test_tensor_cores_match_float64(tensor_cores, kind, name, qs, ks, opts) -> None:
     run_case(tensor_cores, kind, qs, ks, opts, emulate=False)
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=[f"{c[0]}-E{c[4]}{'-causal' if c[5] else ''}" for c in PACKED_CASES])
+def test_tensor_cores_packed_match_float64_and_the_per_head_kernels(tensor_cores, case) -> None:
+    packed_case(tensor_cores, *case, emulate=False)
 
 
 def one_key_case(device, kind, emulate):

@@ -121,11 +121,13 @@ def launch_flash(
     """Launch ``kernel`` (C function ``name``) of a FlashAttention family (this module's, ``attention_mma_tf32``)
     over ``items`` rows (queries, or keys for bwd_kv) of ``planes`` heads, ``plan.rows`` rows a work-group of
     ``threads``. ``source(kernel, **fields, idx=...)`` builds it once per (family, kernel, plan, fields, index
-    type). After ``buffers`` the kernels take L, S, Hq, group, Hkv, the scale in log2 units and the scale."""
+    type); ``fields["packed"]``: q, k and v are one tensor three times a plane's size. After ``buffers`` the
+    kernels take L, S, Hq, group, Hkv, the scale in log2 units and the scale."""
     if items == 0 or planes == 0:
         return
     device = buffers[0].device
-    fields = {**fields, "idx": index_ctype(max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E)}
+    biggest = max(spec.BH * spec.L, spec.BHkv * spec.S) * spec.E * (3 if fields.get("packed") else 1)
+    fields = {**fields, "idx": index_ctype(biggest)}
     key = (family, kernel, plan, *sorted(fields.items()))
     it = index_dtype(fields["idx"])
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]

@@ -33,7 +33,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops import attention_mma, gemm_mma
-from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
+from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_mma_tf32_source import KINDS, NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 from netcl.runtime.ops.precision import get_float32_matmul_precision
@@ -85,10 +85,18 @@ def _kind(kind: str | None) -> str:
 
 
 def _run(
-    kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec, kind: str, emulate: bool
+    kernel: str,
+    buffers: list[Tensor],
+    items: int,
+    planes: int,
+    spec: AttentionSpec,
+    kind: str,
+    emulate: bool,
+    packed: bool = False,
 ) -> None:
-    """``attention_mma.launch_flash`` of this module's ``kernel`` in ``kind``."""
-    fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "emulate": emulate}
+    """``attention_mma.launch_flash`` of this module's ``kernel`` in ``kind``; ``packed``: q, k and v (and
+    their gradients) in one (B, L, 3 * H * E) tensor, the output and its gradient (B, L, H * E)."""
+    fields = {"e": spec.E, "causal": spec.causal, "kind": kind, "emulate": emulate, "packed": packed}
     p = plan(kernel, spec.E, kind)
     attention_mma.launch_flash(
         "attention-mma-tf32", kernel, NAMES[kernel], p, attention_source, fields, buffers, items, planes, spec, THREADS
@@ -130,5 +138,40 @@ def backward(
     return dq, dk, dv
 
 
-VARIANT = AttentionVariant("mma-tf32", supports, forward, backward)
+def forward_packed(
+    qkv: Tensor, spec: AttentionSpec, *, kind: str | None = None, emulate: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(output (B, L, H * E), lse (B, H, L)) in one launch, q, k and v read in place from ``qkv`` (a
+    self-attention's spec: ``check_packed_attention``)."""
+    _check(qkv)
+    kind = _kind(kind)
+    out = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), float32, qkv.device)
+    lse = Tensor.empty((*spec.lead, spec.L), float32, qkv.device)
+    _run("fwd", [qkv, qkv, qkv, out, lse], spec.L, spec.BH, spec, kind, emulate, packed=True)
+    return out, lse
+
+
+def backward_packed(
+    g: Tensor,
+    qkv: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    spec: AttentionSpec,
+    *,
+    kind: str | None = None,
+    emulate: bool = False,
+) -> Tensor:
+    """dqkv in two launches: ``bwd_q`` writes dq's columns, ``bwd_kv`` dk's and dv's (together all of it)."""
+    _check(g, qkv, out)
+    kind = _kind(kind)
+    dqkv = Tensor.empty(qkv.shape, float32, qkv.device)
+    drow = Tensor.empty(lse.shape, float32, qkv.device)
+    _run("bwd_q", [qkv, qkv, qkv, out, g, lse, dqkv, drow], spec.L, spec.BH, spec, kind, emulate, packed=True)
+    _run("bwd_kv", [qkv, qkv, qkv, g, lse, drow, dqkv, dqkv], spec.S, spec.BHkv, spec, kind, emulate, packed=True)
+    return dqkv
+
+
+VARIANT = AttentionVariant(
+    "mma-tf32", supports, forward, backward, PackedKernels(supports, forward_packed, backward_packed)
+)
 VARIANTS.insert(VARIANTS.index(attention_mma.VARIANT), VARIANT)

@@ -152,6 +152,25 @@ _COMMON = """{pragmas}
 #define ROW_BLOCK get_group_id(0)
 #endif
 typedef {idx} idx_t;
+#define PACKED {packed}
+/* Float offsets of row 0 of head plane bh: QB for q (and dq), KB / VB for k / v (and dk / dv), OB for the output
+   and its gradient; QS / OS: the row strides. Contiguous: (B*H, L, E) planes. PACKED (self-attention, Hq == Hkv,
+   L == S): q, k and v are one (B, L, 3, H, E) tensor (and dq, dk, dv one of that shape), out and g (B, L, H, E). */
+#if PACKED
+#define QB(bh) (((bh) / Hq * L * 3 * Hq + (bh) % Hq) * E)
+#define KB(bh) (QB(bh) + Hq * E)
+#define VB(bh) (QB(bh) + 2 * Hq * E)
+#define OB(bh) (((bh) / Hq * L * Hq + (bh) % Hq) * E)
+#define QS (3 * Hq * E)
+#define OS (Hq * E)
+#else
+#define QB(bh) ((bh) * L * E)
+#define KB(bh) ((bh) * S * E)
+#define VB(bh) KB(bh)
+#define OB(bh) QB(bh)
+#define QS E
+#define OS E
+#endif
 {primitives}
 {tf32_primitives}
 #if X3
@@ -174,27 +193,30 @@ typedef {idx} idx_t;
 #endif
 #define AW (4 * PARTS)          /* words of an A fragment */
 #define BW (2 * PARTS)          /* words of a B fragment */
-/* copy rows first .. first + n - 1 of src (E wide) into rows 0 .. rows - 1 of dst (zeros past n) */
-inline void stage(__local uint4* dst, __global const float* src, const idx_t first, const int n, const int rows) {{
+/* copy rows first .. first + n - 1 of src (E wide, rs floats apart) into rows 0 .. rows - 1 of dst (zeros past n) */
+inline void stage(__local uint4* dst, __global const float* src, const idx_t rs, const idx_t first, const int n,
+                  const int rows) {{
     #pragma unroll
     for (int i = 0; i < rows * EC / NT; ++i) {{
         const int t = get_local_id(0) + i * NT, row = t / EC, c = t % EC, ok = row < n;
-        __global const float* p = src + (first + (ok ? row : 0)) * E + c * 4;
+        __global const float* p = src + (first + (ok ? row : 0)) * rs + c * 4;
         CP16(dst + row * (LD / 4) + c, p, ok ? 16 : 0);
     }}
 }}
 #define LANES \\
     const int lid = get_local_id(0), lane = lid & 31, warp = lid >> 5, gid = lane >> 2, tig = lane & 3
-/* element (row w0 + gid + 8 h, column col) of a plane src (E wide), 0 past row n */
-#define AT(src, w0, h, n, col) ((w0) + gid + 8 * (h) < (n) ? (src)[((w0) + gid + 8 * (h)) * E + (col)] : 0.0f)
+/* element (row w0 + gid + 8 h, column col) of a plane src (rows rs floats apart), 0 past row n */
+#define AT(src, rs, w0, h, n, col) ((w0) + gid + 8 * (h) < (n) ? (src)[((w0) + gid + 8 * (h)) * (rs) + (col)] : 0.0f)
 /* the held words (4) of k-step kk of rows w0 + gid, w0 + gid + 8 */
-#define HOLD_A(h, src, w0, n, kk) {{ \\
-    (h)[0] = HELD(AT(src, w0, 0, n, (kk) * 8 + tig)); (h)[1] = HELD(AT(src, w0, 1, n, (kk) * 8 + tig)); \\
-    (h)[2] = HELD(AT(src, w0, 0, n, (kk) * 8 + tig + 4)); (h)[3] = HELD(AT(src, w0, 1, n, (kk) * 8 + tig + 4)); }}
+#define HOLD_A(h, src, rs, w0, n, kk) {{ \\
+    (h)[0] = HELD(AT(src, rs, w0, 0, n, (kk) * 8 + tig)); (h)[1] = HELD(AT(src, rs, w0, 1, n, (kk) * 8 + tig)); \\
+    (h)[2] = HELD(AT(src, rs, w0, 0, n, (kk) * 8 + tig + 4)); \\
+    (h)[3] = HELD(AT(src, rs, w0, 1, n, (kk) * 8 + tig + 4)); }}
 /* the A fragment of k-step kk of rows w0 + gid, w0 + gid + 8 of src, from global memory */
-#define LOAD_A(a, src, w0, n, kk) {{ \\
-    SPLIT1(a, 0, 4, AT(src, w0, 0, n, (kk) * 8 + tig)); SPLIT1(a, 1, 4, AT(src, w0, 1, n, (kk) * 8 + tig)); \\
-    SPLIT1(a, 2, 4, AT(src, w0, 0, n, (kk) * 8 + tig + 4)); SPLIT1(a, 3, 4, AT(src, w0, 1, n, (kk) * 8 + tig + 4)); }}
+#define LOAD_A(a, src, rs, w0, n, kk) {{ \\
+    SPLIT1(a, 0, 4, AT(src, rs, w0, 0, n, (kk) * 8 + tig)); SPLIT1(a, 1, 4, AT(src, rs, w0, 1, n, (kk) * 8 + tig)); \\
+    SPLIT1(a, 2, 4, AT(src, rs, w0, 0, n, (kk) * 8 + tig + 4)); \\
+    SPLIT1(a, 3, 4, AT(src, rs, w0, 1, n, (kk) * 8 + tig + 4)); }}
 /* B fragment of column tile j (tile rows j * 8 .. are the product's columns), k-step kk (features) */
 #define B_ROWS(b, tile, j, kk) {{ __local const float* p_ = (tile) + ((j) * 8 + gid) * LD + (kk) * 8 + tig; \\
     SPLIT1(b, 0, 2, p_[0]); SPLIT1(b, 1, 2, p_[4]); }}
@@ -222,7 +244,7 @@ inline void stage(__local uint4* dst, __global const float* src, const idx_t fir
 _FORWARD = """
 /* keys n0 .. of tile t into buffer b */
 #define ISSUE(t, b) {{ const idx_t n0_ = (idx_t)(t) * TILE; const int tn_ = (int)min((idx_t)TILE, S - n0_); \\
-    stage(BUF4(b, 0), k + kvh * S * E, n0_, tn_, TILE); stage(BUF4(b, 1), v + kvh * S * E, n0_, tn_, TILE); }}
+    stage(BUF4(b, 0), k + KB(kvh), QS, n0_, tn_, TILE); stage(BUF4(b, 1), v + VB(kvh), QS, n0_, tn_, TILE); }}
 /* a work-group owns BM query rows (MT m16 tiles a warp), loops over key tiles: online softmax in registers */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, __global const float* v,
@@ -243,7 +265,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
     const int nt = (int)((nend + TILE - 1) / TILE);
     ISSUE(0, 0);
     COMMIT();
-    __global const float* qp = q + bh * L * E;
+    __global const float* qp = q + QB(bh);
     idx_t w0[MT], r[MT][2];
 #if HOLD
     uint qh[MT][E / 8][4];
@@ -256,7 +278,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
         r[mi][1] = w0[mi] + gid + 8;
 #if HOLD
         #pragma unroll
-        for (int kk = 0; kk < E / 8; ++kk) HOLD_A(qh[mi][kk], qp, w0[mi], L, kk);
+        for (int kk = 0; kk < E / 8; ++kk) HOLD_A(qh[mi][kk], qp, QS, w0[mi], L, kk);
 #endif
         #pragma unroll
         for (int f = 0; f < E / 8; ++f) {{
@@ -286,7 +308,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
 #if HOLD
                 A_USE(a[mi], qh[mi][kk]);
 #else
-                LOAD_A(a[mi], qp, w0[mi], L, kk);
+                LOAD_A(a[mi], qp, QS, w0[mi], L, kk);
 #endif
             }}
             #pragma unroll
@@ -372,7 +394,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
             sum += SHFL(sum, 2);
             if (r[mi][h] < L) {{
                 const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                __global float* orow = out + (bh * L + r[mi][h]) * E;
+                __global float* orow = out + OB(bh) + r[mi][h] * OS;
                 #pragma unroll
                 for (int f = 0; f < E / 8; ++f)
                     vstore2((float2)(o[mi][f][2 * h] * inv, o[mi][f][2 * h + 1] * inv), 0, orow + f * 8 + tig * 2);
@@ -386,7 +408,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
 _BACKWARD_Q = """
 /* keys n0 .. of tile t into buffer b */
 #define ISSUE(t, b) {{ const idx_t n0_ = (idx_t)(t) * TILE; const int tn_ = (int)min((idx_t)TILE, S - n0_); \\
-    stage(BUF4(b, 0), k + kvh * S * E, n0_, tn_, TILE); stage(BUF4(b, 1), v + kvh * S * E, n0_, tn_, TILE); }}
+    stage(BUF4(b, 0), k + KB(kvh), QS, n0_, tn_, TILE); stage(BUF4(b, 1), v + VB(kvh), QS, n0_, tn_, TILE); }}
 /* dQ (and D = rowsum(dO * O) into drow for bwd_kv): a work-group owns 64 query rows, loops over key tiles */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k, __global const float* v,
@@ -409,14 +431,14 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
     ISSUE(0, 0);
     COMMIT();
     const idx_t w0 = row0 + warp * 16, r[2] = {{w0 + gid, w0 + gid + 8}};
-    __global const float* qp = q + bh * L * E;
-    __global const float* gp = g + bh * L * E;
+    __global const float* qp = q + QB(bh);
+    __global const float* gp = g + OB(bh);
 #if HOLD
     uint qh[E / 8][4], gh[E / 8][4];
     #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {{
-        HOLD_A(qh[kk], qp, w0, L, kk);
-        HOLD_A(gh[kk], gp, w0, L, kk);
+        HOLD_A(qh[kk], qp, QS, w0, L, kk);
+        HOLD_A(gh[kk], gp, OS, w0, L, kk);
     }}
 #endif
     float dr[2], lr[2];
@@ -424,7 +446,7 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
     for (int h = 0; h < 2; ++h) {{
         float d = 0.0f;
         if (r[h] < L) {{
-            const idx_t at = (bh * L + r[h]) * E + tig * (E / 4);
+            const idx_t at = OB(bh) + r[h] * OS + tig * (E / 4);
             #pragma unroll
             for (int e = 0; e < E / 4; e += 8) {{
                 const float8 x = vload8(0, g + at + e) * vload8(0, out + at + e);
@@ -459,8 +481,8 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
             A_USE(qa, qh[kk]);
             A_USE(ga, gh[kk]);
 #else
-            LOAD_A(qa, qp, w0, L, kk);
-            LOAD_A(ga, gp, w0, L, kk);
+            LOAD_A(qa, qp, QS, w0, L, kk);
+            LOAD_A(ga, gp, OS, w0, L, kk);
 #endif
             #pragma unroll
             for (int j = 0; j < TILE / 8; ++j) {{
@@ -507,7 +529,7 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
     #pragma unroll
     for (int h = 0; h < 2; ++h) {{
         if (r[h] < L) {{
-            __global float* row = dq + (bh * L + r[h]) * E;
+            __global float* row = dq + QB(bh) + r[h] * QS;
             #pragma unroll
             for (int f = 0; f < E / 8; ++f)
                 vstore2((float2)(acc[f][2 * h] * scale, acc[f][2 * h + 1] * scale), 0, row + f * 8 + tig * 2);
@@ -520,7 +542,7 @@ _BACKWARD_KV = """
 /* query tile t (head first + t / nper, rows m0 ..) into buffer b: Q, dO, and their lse and D */
 #define ISSUE(t, b) {{ const idx_t bh_ = first + (t) / nper, m0_ = mstart + (idx_t)((t) % nper) * TILE; \\
     const int tm_ = (int)min((idx_t)TILE, L - m0_); \\
-    stage(BUF4(b, 0), q + bh_ * L * E, m0_, tm_, TILE); stage(BUF4(b, 1), g + bh_ * L * E, m0_, tm_, TILE); \\
+    stage(BUF4(b, 0), q + QB(bh_), QS, m0_, tm_, TILE); stage(BUF4(b, 1), g + OB(bh_), OS, m0_, tm_, TILE); \\
     if (lid < 2 * TILE) {{ \\
         const int i_ = lid % TILE, ok_ = i_ < tm_; \\
         __global const float* src_ = lid < TILE ? lse : drow; \\
@@ -549,14 +571,14 @@ void netcl_attention_bwd_kv_tf32(__global const float* q, __global const float* 
     if (nt > 0) ISSUE(0, 0);
     COMMIT();
     const idx_t w0 = c0 + warp * 16, key[2] = {{w0 + gid, w0 + gid + 8}};
-    __global const float* kp = k + kvh * S * E;
-    __global const float* vp = v + kvh * S * E;
+    __global const float* kp = k + KB(kvh);
+    __global const float* vp = v + VB(kvh);
 #if HOLD
     uint kh[E / 8][4], vh[E / 8][4];
     #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {{
-        HOLD_A(kh[kk], kp, w0, S, kk);
-        HOLD_A(vh[kk], vp, w0, S, kk);
+        HOLD_A(kh[kk], kp, QS, w0, S, kk);
+        HOLD_A(vh[kk], vp, QS, w0, S, kk);
     }}
 #endif
     float dka[E / 8][4], dva[E / 8][4];
@@ -594,8 +616,8 @@ void netcl_attention_bwd_kv_tf32(__global const float* q, __global const float* 
             A_USE(ka, kh[kk]);
             A_USE(va, vh[kk]);
 #else
-            LOAD_A(ka, kp, w0, S, kk);
-            LOAD_A(va, vp, w0, S, kk);
+            LOAD_A(ka, kp, QS, w0, S, kk);
+            LOAD_A(va, vp, QS, w0, S, kk);
 #endif
             #pragma unroll
             for (int j = 0; j < TILE / 8; ++j) {{
@@ -645,8 +667,8 @@ void netcl_attention_bwd_kv_tf32(__global const float* q, __global const float* 
     #pragma unroll
     for (int h = 0; h < 2; ++h) {{
         if (key[h] < S) {{
-            __global float* dkr = dk + (kvh * S + key[h]) * E;
-            __global float* dvr = dv + (kvh * S + key[h]) * E;
+            __global float* dkr = dk + KB(kvh) + key[h] * QS;
+            __global float* dvr = dv + VB(kvh) + key[h] * QS;
             #pragma unroll
             for (int f = 0; f < E / 8; ++f) {{
                 vstore2((float2)(dka[f][2 * h] * scale, dka[f][2 * h + 1] * scale), 0, dkr + f * 8 + tig * 2);
@@ -662,10 +684,14 @@ _BODIES = {"fwd": _FORWARD, "bwd_q": _BACKWARD_Q, "bwd_kv": _BACKWARD_KV}
 NAMES = {kernel: f"netcl_attention_{kernel}_tf32" for kernel in _BODIES}
 
 
-def attention_source(kernel: str, e: int, causal: bool, kind: str, idx: str, emulate: bool = False) -> str:
+def attention_source(
+    kernel: str, e: int, causal: bool, kind: str, idx: str, emulate: bool = False, packed: bool = False
+) -> str:
     """The source of ``kernel`` ("fwd", "bwd_q", "bwd_kv") for feature size ``e`` (64 or 128) at its
     ``plan``, float32 operands and outputs, products of ``kind`` ("tf32" or "tf32x3"); ``emulate``: the
-    OpenCL C models of the PTX primitives (any OpenCL device) instead of inline PTX (NVIDIA's OpenCL)."""
+    OpenCL C models of the PTX primitives (any OpenCL device) instead of inline PTX (NVIDIA's OpenCL);
+    ``packed``: q, k and v (and their gradients) read from (written to) one (B, L, 3 * H * E) tensor, the
+    output and its gradient (B, L, H * E) (self-attention: ``attention.packed_attention_forward``)."""
     if kind not in KINDS:
         raise ValueError(f"attention_mma_tf32: kind must be one of {KINDS}, got {kind!r}")
     p = plan(kernel, e, kind)
@@ -683,6 +709,7 @@ def attention_source(kernel: str, e: int, causal: bool, kind: str, idx: str, emu
         "hold": int(p.hold),
         "x3": int(kind == "tf32x3"),
         "causal": int(causal),
+        "packed": int(packed),
         "idx": idx,
         "primitives": _EMULATED if emulate else _PTX,
         "tf32_primitives": _TF32_EMULATED if emulate else _TF32_PTX,
