@@ -5,8 +5,10 @@ Run alone (``python benchmarks/bench_matmul.py [--quick] [--device SPEC]``) or a
 netcl device (median device time from profiling events, around the call) and, when torch sees
 CUDA on an NVIDIA OpenCL device, the same product through torch (CUDA events): fp32 with TF32
 off, TF32, fp16 and bf16 (netcl's "tf32x3", three tf32 products for near-fp32 accuracy, is
-compared with cuBLAS fp32). The error of every netcl precision against a float64 product is
-printed for one shape (relative Frobenius norm, random uniform inputs in [-1, 1]).
+compared with cuBLAS fp32; netcl's "bf16" multiplies bfloat16 tensors, "bf16-f32" float32 tensors
+rounded to bf16 as the kernel loads them, amp's path, not in the ratios). The error of every netcl
+precision against a float64 product is printed for one shape (relative Frobenius norm, random
+uniform inputs in [-1, 1]).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def netcl_modes(device) -> list[tuple[str, str, object]]:
         if gemm_mma.available(device, "tf32"):
             modes.append(("tf32", "high", np.float32))
         if gemm_mma.available(device, "bf16"):
-            modes.append(("bf16", "medium", np.float32))
+            modes.append(("bf16", "highest", nc.bfloat16))  # bfloat16 tensors, as cuBLAS bf16 multiplies
+            modes.append(("bf16-f32", "medium", np.float32))  # float32 rounded to bf16 in the kernel (amp)
         if device.supports(np.float16) and gemm_mma.available(device, "f16"):
             modes.append(("fp16", "highest", np.float16))
     return modes

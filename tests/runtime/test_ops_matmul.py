@@ -733,11 +733,11 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(cfg, stages=0).problems("bf16", False, False)  # wg 1 needs cp.async stages
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
-    assert cfg.problems("tf32x3", False, True) and cfg.problems("bf16", False, True)
+    assert cfg.problems("tf32x3", False, True) and not cfg.problems("bf16", False, True)  # bfloat16 words
 
 
 def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
-    """Every wgmma config of the search computes float16 products in all four layouts and tf32 ones
+    """Every wgmma config of the search computes float16 and bfloat16 products in all four layouts and tf32 ones
     in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
     partial tiles in M, N and K, split along K or not, in grouped block order, and a batch, against
     float64 products of the same operands; float32 operands rounded to f16 / bf16 through registers
@@ -748,6 +748,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     m, n, k = 296, 200, 136  # leading dims of 16-byte rows, as cp.async needs
     for mode, dtype, layouts in (
         ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
+        ("bf16", nc.bfloat16, [(False, False), (False, True), (True, False), (True, True)]),
         ("tf32", np.float32, [(False, True), (False, False)]),
     ):
         if not gemm_mma.wgmma_ok(cl_device, mode):
@@ -761,19 +762,24 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             # tf32: NT on the plain kernels, NN swapped (C^T = B^T A^T); float16: no swapped kernels
             for cfg in [c for c in gemm_mma._grid() if c.wg and c.swap == (mode == "tf32" and not tb)]:
                 for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
-                    variant = gemm_mma._aligned(variant, problem, dtype == np.float16, dtype == np.float16)
+                    words = dtype != np.float32  # 16-bit words, copied as they are
+                    variant = gemm_mma._aligned(variant, problem, words, words)
                     assert not variant.problems(mode, ta, tb), variant
                     plan = gemm_mma.make_plan(cl_device, mode, x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)
                     err = np.abs(plan.run(x, y).to_host() - expected).max()
-                    # float16 operands multiply exactly; both modes accumulate on the tensor cores
+                    # float16 and bfloat16 operands multiply exactly; every mode accumulates on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
+    # bfloat16 tensors' default for a big product: their words copied by cp.async, as float16's
+    big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
+    if gemm_mma.wgmma_ok(cl_device, "bf16"):
+        default = gemm_mma.config(cl_device, "bf16", big, True, True)
+        assert default.wg and default.stages >= 2, default
     # float32 operands rounded to f16 / bf16 as they pass through registers (amp's "fp16", "medium"),
     # within the rounded operands' bound of the float64 product
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):
         if not gemm_mma.wgmma_ok(cl_device, mode, converts=True):
             continue
-        big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())  # its default (tuning off): register-fed wgmma
-        default = gemm_mma.config(cl_device, mode, big, False, False)
+        default = gemm_mma.config(cl_device, mode, big, False, False)  # (tuning off): register-fed wgmma
         # register-fed wgmma; how many warpgroups is the device's choice (the H200 takes 2, the H100 1)
         assert default.wg and not default.stages, (mode, default)
         for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:

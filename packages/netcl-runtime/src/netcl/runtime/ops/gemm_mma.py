@@ -25,7 +25,7 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime import tune
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_MODES, MmaConfig, mma_source
+from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_DTYPE, WORD_MODES, MmaConfig, mma_source
 from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 
@@ -104,7 +104,8 @@ def _probe_result(device: Device, mode: str) -> int | None:
 
 
 def _async_ok(device: Device, mode: str) -> bool:
-    """Whether the cp.async pipeline (tf32 and f16 modes) builds and multiplies correctly (probed once)."""
+    """Whether the cp.async pipeline (tf32, f16 and bf16 modes; the 16-bit ones copy stored float16 / bfloat16
+    words) builds and multiplies correctly (probed once)."""
     ldsm = _probe_result(device, mode) if mode in ASYNC_MODES else None
     if ldsm is None:
         return False
@@ -112,7 +113,7 @@ def _async_ok(device: Device, mode: str) -> bool:
 
 
 def wgmma_ok(device: Device, mode: str, converts: bool = False) -> bool:
-    """Whether ``wgmma`` kernels of ``mode`` build and multiply correctly (probed once): tf32 and f16
+    """Whether ``wgmma`` kernels of ``mode`` build and multiply correctly (probed once): tf32, f16 and bf16
     operands copied by cp.async, or with ``converts`` float32 operands rounded to f16 / bf16 as
     they pass through registers into local memory (amp's "fp16", "medium")."""
     if mode not in WGMMA_MODES:
@@ -146,11 +147,12 @@ def _probe(
     operands: np.dtype | None = None,
 ) -> bool:
     """Build the smallest mma kernels of ``mode`` (NN and TT; a tf32 ``wgmma``: NT, swapped: NN) and
-    check 16 x 16 x 16 products of ``operands`` (default: float16 for f16, else float32)."""
+    check 16 x 16 x 16 products of ``operands`` (default: the stored words of a 16-bit mode - float16,
+    bfloat16 - else float32)."""
     from netcl.runtime.errors import CompileError, LaunchError
 
     rng = np.random.default_rng(7)
-    dtype = operands or (float16 if mode == "f16" else float32)
+    dtype = operands or WORD_DTYPE.get(mode, float32)
     cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
     layouts = [(False, False), (True, True)]
     if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
@@ -278,7 +280,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
-    if mode in ("tf32", "f16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
+    if mode in ("tf32", "f16", "bf16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see
         # benchmarks/RESULTS.md, "Deeper pipelines for the tensor-core kernel")
         three = dataclasses.replace(fallback, stages=3)

@@ -17,9 +17,8 @@ eight row addresses of an ``ldmatrix`` (or the 32 words of a warp's loads) fall 
 under cp.async stages the 16-byte chunks of unpadded rows are swizzled instead (``_tile``).
 Each thread loads its share of the next stage into registers before the current stage's mma work
 and converts/stores it after, so global latency hides behind the tensor cores (one barrier a stage);
-operands stored in the mma's format (tf32 words, float16) can instead be copied by ``cp.async``
-(through L1) ``stages`` deep; bfloat16 operands are copied as words through the registers (the bf16
-mode has no cp.async pipeline).
+operands stored in the mma's format (tf32 words, float16 and bfloat16 words) can instead be copied by
+``cp.async`` (through L1) ``stages`` deep.
 
 With ``MmaConfig.wg`` the products run on Hopper's ``wgmma`` instead (tf32, f16 and bf16, through
 patched PTX: ``netcl.runtime.ptx_patch``): warps stacked along M, a warpgroup of four per 64 rows
@@ -52,9 +51,9 @@ MMA = {
 #: modes with one 32-bit word per element (tf32 tiles)
 WORD_MODES = ("tf32", "tf32x3")
 #: The tensor dtype whose stored 16-bit words a 16-bit mode multiplies as they are.
-_WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
+WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
-ASYNC_MODES = (*WORD_MODES, "f16")
+ASYNC_MODES = (*WORD_MODES, "f16", "bf16")
 #: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``)
 WGMMA_MODES = ("tf32", "f16", "bf16")
 
@@ -71,7 +70,7 @@ class MmaConfig:
     va: int = 1  #: 1: 16-byte global loads of A where aligned; 0: element loads only
     vb: int = 1
     ldsm: int = 1  #: 1: fragments through ldmatrix; 0: word loads only
-    stages: int = 0  #: tf32 / f16: >= 2 copies global -> local with cp.async, this many stages deep
+    stages: int = 0  #: tf32 / f16 / bf16: >= 2 copies global -> local with cp.async, this many stages deep
     split: int = 1  #: split along K to ~2*split work-groups per compute unit when the output has fewer; 0: never
     group: int = 0  #: > 0: launch blocks in groups of this many block-rows (L2 reuse); 0: row-major
     fpre: int = 0  #: 1: load the next k-step's fragments before this step's mma (two register sets)
@@ -114,7 +113,7 @@ class MmaConfig:
         if self.bkw % 8:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
         if self.stages and (mode not in ASYNC_MODES or not (self.va and self.vb) or self.stages < 2):
-            out.append("cp.async stages need tf32 or f16, 16-byte aligned operands and at least 2 stages")
+            out.append("cp.async stages need tf32, f16 or bf16, 16-byte aligned operands and at least 2 stages")
         if self.fpre and mode == "tf32x3":
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
         if self.wg:
@@ -664,7 +663,7 @@ def mma_source(
     # 16-bit operands (float16, bfloat16 in their modes) are copied as words; float32 ones converted
     a_half, b_half = a_dtype in (float16, bfloat16), b_dtype in (float16, bfloat16)
     for dtype in (a_dtype, b_dtype):
-        if dtype in (float16, bfloat16) and dtype != _WORD_DTYPE.get(mode):
+        if dtype in (float16, bfloat16) and dtype != WORD_DTYPE.get(mode):
             raise ValueError(f"gemm_mma: {dtype} operands multiply in their own mode, not {mode}")
     view_a, view_b, view_c = (*views, None)[:3]
     if (view_a is not None and a_half) or (view_b is not None and b_half):
