@@ -593,7 +593,8 @@ def test_every_searchable_config_on_a_gpu(cl_device):
             if ldsm is None:
                 continue
             for c in gemm_mma._grid():
-                c = dataclasses.replace(c, ldsm=ldsm)
+                # float32 operands of the bf16 mode are rounded on their way through registers: no cp.async
+                c = dataclasses.replace(c, ldsm=ldsm, stages=c.stages if mode in gemm_mma.WORD_MODES else 0)
                 variants = [c, dataclasses.replace(c, group=2, fpre=1, split=0)]
                 configs += [(gemm_mma._aligned(v, problem, False, False), mode) for v in variants]
         for cfg, mode in configs:

@@ -9,7 +9,7 @@ at matmul precision (``get_float32_matmul_precision``)
   GEMM's rounding, ``precision.round_tf32``) before their products, fp32 accumulation;
 * "tf32x3": kind "tf32x3": every operand split x = hi + lo into two tf32 parts, each product
   lo*hi + hi*lo + hi*hi (fp32's accuracy, the GEMM's tf32x3);
-* "highest" (the default): ``HIGHEST``'s kind; None (the blocked fp32 kernels run it).
+* "highest" (the default): ``HIGHEST``'s kind, "tf32x3" (None: the blocked fp32 kernels run it).
 
 ``NETCL_ATTENTION=blocked``, ``quad`` or ``portable`` turns the kernels off; ``mma`` leaves them on (the f16
 kernels take the float32 calls these do not).
@@ -40,11 +40,10 @@ from netcl.runtime.ops.precision import get_float32_matmul_precision
 
 #: feature sizes (``E == Ev``) the kernels take
 FEATURES = (64, 128)
-#: the kind float32 calls at matmul precision "highest" run (None: the blocked fp32 kernels run them). None:
-#: tf32x3's errors measured at or below the blocked kernels' and it is 1.3-1.4x faster on long sequences, but
-#: it has no packed layout, so the GPT block's packed self-attention got slower through it (benchmarks/
-#: RESULTS.md, "float32 attention on tf32 tensor cores"); precision "tf32x3" takes it explicitly
-HIGHEST: str | None = None
+#: the kind float32 calls at matmul precision "highest" run (None: the blocked fp32 kernels run them): tf32x3,
+#: whose errors against float64 measured at or below the blocked kernels' at 1.3-1.4x their speed; torch's
+#: float32 SDPA multiplies the same way (3xTF32). See docs/attention_mma.md, "Routing highest"
+HIGHEST: str | None = "tf32x3"
 #: matmul precision -> kind
 _KIND_OF = {"high": "tf32", "tf32x3": "tf32x3"}
 
