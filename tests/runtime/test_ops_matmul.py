@@ -804,6 +804,25 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     assert err <= _tolerance(k, "high"), err
 
 
+def test_stored_and_converted_bf16_operands_tune_apart(cl_device, tmp_path, monkeypatch):
+    """bfloat16 tensors (copied by cp.async) and float32 ones rounded to bf16 in the kernel (amp's "medium",
+    no cp.async) keep their tuned choices under different keys, so a staged winner of the first never reaches
+    the second; a staged winner under the float32 key (a store older than the split) is not used either."""
+    if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "bf16")):
+        pytest.skip("bf16 cp.async wgmma: Hopper GPUs through NVIDIA's OpenCL")
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    tune.clear(cl_device)
+    big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
+    staged = gemm_mma.config(cl_device, "bf16", big, True, True)
+    assert staged.stages >= 2, staged
+    for operands in ("w11", "f"):
+        key = tune.shape_class("mma-bf16", 2048, 2048, 2048, False, "NN", operands)
+        tune.remember(cl_device, key, dataclasses.asdict(staged), 1.0)
+        converted = gemm_mma.config(cl_device, "bf16", big, False, False)
+        assert not converted.stages and converted.wg, (operands, converted)
+    tune.clear(cl_device)
+
+
 def test_tf32_products_of_untransposed_operands_run_swapped(cl_device):
     """On a GPU with tf32 wgmma the default of a big NN product at "high" (tuning off) is the swapped
     kernel (C^T = B^T A^T, B^T's fragments from registers); its results (a bias, then an addend added

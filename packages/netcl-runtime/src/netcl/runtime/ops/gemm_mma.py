@@ -256,7 +256,9 @@ def _aligned(cfg: MmaConfig, problem, a_half: bool, b_half: bool) -> MmaConfig:
 
 def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> MmaConfig:
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
-    key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, "f")
+    # stored 16-bit operands ("w" + which) tune apart from float32 ones ("f"): cp.async copies only the former
+    operands = f"w{int(a_half)}{int(b_half)}" if a_half or b_half else "f"
+    key = tune.shape_class(f"mma-{mode}", problem.m, problem.n, problem.k, problem.batch > 1, layout, operands)
     ldsm = _probe_result(device, mode) or 0
     candidates = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _grid()]
     staged = _async_ok(device, mode) and (mode in WORD_MODES or (a_half and b_half))  # f16 of float32: converts
@@ -299,6 +301,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         fallback = candidates[-1] if candidates else MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm)
     trial = _Trial(device, mode, problem, a_half, b_half)
     cfg = tune.select(device, key, candidates, fallback, trial, dataclasses.asdict, lambda d: MmaConfig(**d))
+    if cfg.stages and not staged:  # a store written before the key told stored operands apart
+        cfg = fallback
     return _aligned(cfg, problem, a_half, b_half)
 
 
