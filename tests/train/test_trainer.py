@@ -123,6 +123,7 @@ def test_clipping_replayed_equals_eager_and_bounds_the_update(device):
 
 
 @pytest.mark.filterwarnings("ignore:autocast")  # devices without float16: autocast does nothing
+@pytest.mark.filterwarnings("error::netcl.jit.errors.UnwatchedCaptureWarning")  # the scaler's scale is watched
 def test_amp_trains_and_logs_unscaled_losses(device):
     data = make_dataset()
     losses = {}

@@ -62,6 +62,9 @@ class GradScaler:
         self.capturable = bool(capturable)
         #: (scale, clean-step count, inf/NaN flag) on the device, made by the first scale_loss or step
         self._device_state: tuple[Tensor, Tensor, Tensor] | None = None
+        #: its scale tensor again, one attribute away: what ``scale_loss`` multiplies in, so a compiled step's
+        #: guard (``netcl.jit.guards``, a bounded walk from the step's function) finds where it comes from
+        self._scale_tensor: Tensor | None = None
         #: capturable, another optimizer: id of a snapshot tensor -> (the tensor, its backup buffer)
         self._backups: dict[int, tuple[Tensor, Tensor]] = {}
         self._unscaled = False
@@ -85,7 +88,8 @@ class GradScaler:
             raise TypeError(f"scale_loss: expected a Node, got {type(loss).__name__}")
         if not self.enabled:
             return loss
-        return ag.mul(loss, self._state(loss.device)[0])
+        self._state(loss.device)
+        return ag.mul(loss, self._scale_tensor)
 
     scale = scale_loss
 
@@ -143,6 +147,7 @@ class GradScaler:
                 Tensor.from_host(device, np.asarray(self._growth_tracker, np.int32)),
                 Tensor.zeros((1,), np.int32, device),
             )
+            self._scale_tensor = self._device_state[0]
         elif self._device_state[0].device is not device:
             raise ValueError(f"GradScaler lives on {self._device_state[0].device!r}, got {device!r}")
         return self._device_state
