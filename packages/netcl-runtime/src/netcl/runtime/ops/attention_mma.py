@@ -18,7 +18,7 @@ variant before this one); at any other precision it stays on the exact float32 k
 ``blocked``, ``quad`` or ``portable`` turn them off. Masks and dropout go to the next variant.
 
 Numbers: q, k, v (and the upstream gradient) are rounded to f16 (nearest even; float32 tensors by a copy
-before the kernels, ``cast_source``); scores, the softmax statistics (row max, row sum, ``lse``) and every
+before the kernels, ``layout.cast``); scores, the softmax statistics (row max, row sum, ``lse``) and every
 accumulator are float32; the probabilities P and dS are rounded to f16 before their products
 (FlashAttention-2's numbers). The output
 and the gradients have the inputs' dtype; ``lse`` is float32 and means what it means for the other
@@ -57,7 +57,7 @@ from netcl.runtime.ops import (
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
-from netcl.runtime.ops.attention_mma_source import CAST_NAME, NAMES, THREADS, attention_source, cast_source, plan
+from netcl.runtime.ops.attention_mma_source import NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 from netcl.runtime.ops.precision import get_float32_matmul_precision
 
@@ -158,21 +158,11 @@ def _run(
 
 
 def _operand(x: Tensor, products: str) -> Tensor:
-    """x in the 16-bit dtype of ``products`` (float32 rounded to nearest even; a 16-bit tensor as it is)."""
+    """x in the 16-bit dtype of ``products`` (float32 rounded to nearest even by ``layout.cast``; a 16-bit
+    tensor as it is)."""
     if x.dtype != float32:
         return x
-    if products == "bf16":
-        return layout.cast(x, bfloat16)
-    out = Tensor.empty(x.shape, float16, x.device)
-    n = x.size
-    if n == 0:
-        return out
-    idx = index_ctype(n + 8)
-    it = index_dtype(idx)
-    resolved = get_kernel(("attention-mma-f16", idx), x.device, lambda: cast_source(idx), CAST_NAME, [None, None, it])
-    items = -(-n // 8)
-    launch(resolved.kernel, (-(-items // 128) * 128,), (128,), x, out, it.type(n), queue=x.device.queue)
-    return out
+    return layout.cast(x, bfloat16 if products == "bf16" else float16)
 
 
 def _products(q: Tensor) -> str:

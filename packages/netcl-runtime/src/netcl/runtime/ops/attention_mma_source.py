@@ -723,23 +723,9 @@ void netcl_attention_bwd_kv_mma(__global const st* q, __global const st* k, __gl
 }}
 """
 
-_CAST = """{pragmas}
-typedef {idx} idx_t;
-/* y = x rounded to f16 (nearest even), 8 elements a work-item */
-__kernel void netcl_attention_f16(__global const float* x, __global half* y, const idx_t n) {{
-    const idx_t i = (idx_t)get_global_id(0) * 8;
-    if (i + 8 <= n) {{
-        vstore_half8_rte(vload8(0, x + i), 0, y + i);
-    }} else {{
-        for (idx_t j = i; j < n; ++j) vstore_half_rte(x[j], 0, y + j);
-    }}
-}}
-"""
-
 _BODIES = {"fwd": _FORWARD, "bwd_q": _BACKWARD_Q, "bwd_kv": _BACKWARD_KV}
 #: kernel -> its name in the source
 NAMES = {kernel: f"netcl_attention_{kernel}_mma" for kernel in _BODIES}
-CAST_NAME = "netcl_attention_f16"
 
 
 def attention_source(
@@ -779,8 +765,3 @@ def attention_source(
     if emulate:  # the models hold barriers: unrolling them only grows the program
         source = source.replace("#pragma unroll\n", "\n")
     return source
-
-
-def cast_source(idx: str) -> str:
-    """The float32 -> float16 (nearest even) copy the kernels' float32 callers run first."""
-    return _CAST.format(pragmas=storage_pragmas([]), idx=idx)
