@@ -134,7 +134,9 @@ def launch_flash(
     types = [None] * len(buffers) + [it] * 5 + [np.float32, np.float32]
     flags = EMULATION_FLAGS if fields["emulate"] and not device.is_gpu else ()
     resolved = get_kernel(key, device, lambda: source(kernel, **fields), name, types, flags)
-    gsize = (-(-items // plan.rows) * threads, planes)
+    blocks = -(-items // plan.rows)
+    # causal: heads along the first dimension (dispatched first), so every head's longest blocks start first
+    gsize = (planes * threads, blocks) if spec.causal else (blocks * threads, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
     scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
     launch(resolved.kernel, gsize, (threads, 1), *buffers, *scalars, scale2, np.float32(spec.scale), queue=device.queue)

@@ -212,10 +212,22 @@ _COMMON = """{pragmas}
 #define RES {res}               /* row of the buffers where the resident rows are staged */
 #define RES_EARLY {early}       /* they sit in buffer 1: tile 0 is copied beside them */
 #define CAUSAL {causal}
-#if CAUSAL   /* query blocks with the most keys first: the light ones fill the grid's tail */
-#define ROW_BLOCK (get_num_groups(0) - 1 - get_group_id(0))
+/* a work-group's head plane and row block. Causal launches put the planes along the first dimension, which NVIDIA
+   dispatches fastest, so every head's longest blocks start before any head's shorter ones (the grid's tail is
+   the short blocks of all heads); full ones put a head's blocks side by side, which share its keys in L2 */
+#if CAUSAL
+#define PLANE get_group_id(0)
+#define BLOCK get_group_id(1)
+#define BLOCKS get_num_groups(1)
 #else
-#define ROW_BLOCK get_group_id(0)
+#define PLANE get_group_id(1)
+#define BLOCK get_group_id(0)
+#define BLOCKS get_num_groups(0)
+#endif
+#if CAUSAL   /* query blocks with the most keys first: the light ones fill the grid's tail */
+#define ROW_BLOCK (BLOCKS - 1 - BLOCK)
+#else
+#define ROW_BLOCK BLOCK
 #endif
 #define OUT_HALF {out_half}
 #define BF16 {bf16}
@@ -295,7 +307,7 @@ void netcl_attention_fwd_mma(__global const st* q, __global const st* k, __globa
     SCRATCH
     __local uint* bufw = (__local uint*)buf4;
     LANES;
-    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * BM;
+    const idx_t bh = PLANE, row0 = (idx_t)ROW_BLOCK * BM;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
 #if CAUSAL
     const idx_t nend = min(S, row0 + BM);
@@ -457,7 +469,7 @@ void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __glo
     SCRATCH
     __local uint* bufw = (__local uint*)buf4;
     LANES;
-    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * 64;
+    const idx_t bh = PLANE, row0 = (idx_t)ROW_BLOCK * 64;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
     const int tm = (int)min((idx_t)64, L - row0);
 #if CAUSAL
@@ -596,7 +608,7 @@ void netcl_attention_bwd_kv_mma(__global const st* q, __global const st* k, __gl
     __local uint* bufw = (__local uint*)buf4;
     __local uint* resw = (__local uint*)res4;
     LANES;
-    const idx_t kvh = get_group_id(1), c0 = (idx_t)get_group_id(0) * 64;
+    const idx_t kvh = PLANE, c0 = (idx_t)BLOCK * 64;
     const int tn = (int)min((idx_t)64, S - c0);
     const idx_t first = (kvh / Hkv) * Hq + (kvh % Hkv) * group;
 #if CAUSAL

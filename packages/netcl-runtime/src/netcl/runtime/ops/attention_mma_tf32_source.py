@@ -146,10 +146,22 @@ _COMMON = """{pragmas}
 #define HOLD {hold}
 #define X3 {x3}
 #define CAUSAL {causal}
-#if CAUSAL   /* query blocks with the most keys first: the light ones fill the grid's tail */
-#define ROW_BLOCK (get_num_groups(0) - 1 - get_group_id(0))
+/* a work-group's head plane and row block. Causal launches put the planes along the first dimension, which NVIDIA
+   dispatches fastest, so every head's longest blocks start before any head's shorter ones (the grid's tail is
+   the short blocks of all heads); full ones put a head's blocks side by side, which share its keys in L2 */
+#if CAUSAL
+#define PLANE get_group_id(0)
+#define BLOCK get_group_id(1)
+#define BLOCKS get_num_groups(1)
 #else
-#define ROW_BLOCK get_group_id(0)
+#define PLANE get_group_id(1)
+#define BLOCK get_group_id(0)
+#define BLOCKS get_num_groups(0)
+#endif
+#if CAUSAL   /* query blocks with the most keys first: the light ones fill the grid's tail */
+#define ROW_BLOCK (BLOCKS - 1 - BLOCK)
+#else
+#define ROW_BLOCK BLOCK
 #endif
 typedef {idx} idx_t;
 #define PACKED {packed}
@@ -255,7 +267,7 @@ void netcl_attention_fwd_tf32(__global const float* q, __global const float* k, 
     SCRATCH
     __local const float* buff = (__local const float*)buf4;
     LANES;
-    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * BM;
+    const idx_t bh = PLANE, row0 = (idx_t)ROW_BLOCK * BM;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
 #if CAUSAL
     const idx_t nend = min(S, row0 + BM);
@@ -420,7 +432,7 @@ void netcl_attention_bwd_q_tf32(__global const float* q, __global const float* k
     SCRATCH
     __local const float* buff = (__local const float*)buf4;
     LANES;
-    const idx_t bh = get_group_id(1), row0 = (idx_t)ROW_BLOCK * 64;
+    const idx_t bh = PLANE, row0 = (idx_t)ROW_BLOCK * 64;
     const idx_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
 #if CAUSAL
     const idx_t nend = min(S, row0 + 64);
@@ -559,7 +571,7 @@ void netcl_attention_bwd_kv_tf32(__global const float* q, __global const float* 
     SCRATCH
     __local const float* buff = (__local const float*)buf4;
     LANES;
-    const idx_t kvh = get_group_id(1), c0 = (idx_t)get_group_id(0) * 64;
+    const idx_t kvh = PLANE, c0 = (idx_t)BLOCK * 64;
     const idx_t first = (kvh / Hkv) * Hq + (kvh % Hkv) * group;
 #if CAUSAL
     const idx_t mstart = c0;   /* rows before c0 see no key of this block */
