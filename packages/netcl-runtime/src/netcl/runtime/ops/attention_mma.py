@@ -31,7 +31,8 @@ next under this one's products; online softmax in registers); backward two: ``bw
 dO fragments in registers, loops over key tiles: dQ, and ``D = rowsum(dO * O)`` written for the next launch)
 then ``bwd_kv`` (64 keys, loops over the q heads of its kv head and their query tiles: dK, dV). No atomics:
 the backward is deterministic. Causal calls (top-left aligned, as torch) skip the tiles that are wholly
-masked and mask only the tiles on the diagonal; their query blocks run longest first.
+masked and mask only the tiles on the diagonal; their launches put the heads along the first grid dimension,
+so every head's longest blocks run first.
 
 ``emulate=True`` runs the same kernels with OpenCL C models of the PTX instructions
 (``attention_mma_source``) on any OpenCL device: the tests' check of the kernels' arithmetic off NVIDIA.
