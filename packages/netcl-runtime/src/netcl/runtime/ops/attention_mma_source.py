@@ -200,18 +200,9 @@ inline void emu_ldsm(uint* d, __local const uint* base, const int off, const int
 #define WAIT(n)
 """
 
-_COMMON = """{pragmas}
-#define E {E}
-#define EC (E / 8)              /* 16-byte chunks of a row */
-#define NT {threads}
-#define MT {mt}                 /* m16 row tiles a warp owns */
-#define BM (64 * MT)            /* rows a work-group owns */
-#define TILE {tile}             /* rows of the streamed tile (keys, or queries in bwd_kv) */
-#define NBUF {nbuf}
-#define TROWS (2 * TILE)        /* rows of one buffer: two operands' tiles */
-#define RES {res}               /* row of the buffers where the resident rows are staged */
-#define RES_EARLY {early}       /* they sit in buffer 1: tile 0 is copied beside them */
-#define CAUSAL {causal}
+#: the work-group's head plane and row block in ``attention_mma.launch_flash``'s grid (this module's kernels and
+#: ``attention_mma_tf32_source``'s; after ``CAUSAL``)
+LAUNCH_ORDER = """\
 /* a work-group's head plane and row block. Causal launches put the planes along the first dimension, which NVIDIA
    dispatches fastest, so every head's longest blocks start before any head's shorter ones (the grid's tail is
    the short blocks of all heads); full ones put a head's blocks side by side, which share its keys in L2 */
@@ -229,7 +220,21 @@ _COMMON = """{pragmas}
 #else
 #define ROW_BLOCK BLOCK
 #endif
-#define OUT_HALF {out_half}
+"""
+
+_COMMON = """{pragmas}
+#define E {E}
+#define EC (E / 8)              /* 16-byte chunks of a row */
+#define NT {threads}
+#define MT {mt}                 /* m16 row tiles a warp owns */
+#define BM (64 * MT)            /* rows a work-group owns */
+#define TILE {tile}             /* rows of the streamed tile (keys, or queries in bwd_kv) */
+#define NBUF {nbuf}
+#define TROWS (2 * TILE)        /* rows of one buffer: two operands' tiles */
+#define RES {res}               /* row of the buffers where the resident rows are staged */
+#define RES_EARLY {early}       /* they sit in buffer 1: tile 0 is copied beside them */
+#define CAUSAL {causal}
+{launch_order}#define OUT_HALF {out_half}
 #define BF16 {bf16}
 typedef {idx} idx_t;
 typedef {st} st;                /* operands: float16 or bfloat16 words */
@@ -769,6 +774,7 @@ def attention_source(
         "res": res,
         "early": int(where == "early"),
         "causal": int(causal),
+        "launch_order": LAUNCH_ORDER,
         "out_half": int(half),
         "idx": idx,
         "primitives": (_EMULATED if emulate else _PTX).replace("__AB__", kind),

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netcl.runtime.ops._common import storage_pragmas
-from netcl.runtime.ops.attention_mma_source import _EMULATED, _PTX
+from netcl.runtime.ops.attention_mma_source import _EMULATED, _PTX, LAUNCH_ORDER
 
 #: work-items per work-group (4 warps)
 THREADS = 128
@@ -146,24 +146,7 @@ _COMMON = """{pragmas}
 #define HOLD {hold}
 #define X3 {x3}
 #define CAUSAL {causal}
-/* a work-group's head plane and row block. Causal launches put the planes along the first dimension, which NVIDIA
-   dispatches fastest, so every head's longest blocks start before any head's shorter ones (the grid's tail is
-   the short blocks of all heads); full ones put a head's blocks side by side, which share its keys in L2 */
-#if CAUSAL
-#define PLANE get_group_id(0)
-#define BLOCK get_group_id(1)
-#define BLOCKS get_num_groups(1)
-#else
-#define PLANE get_group_id(1)
-#define BLOCK get_group_id(0)
-#define BLOCKS get_num_groups(0)
-#endif
-#if CAUSAL   /* query blocks with the most keys first: the light ones fill the grid's tail */
-#define ROW_BLOCK (BLOCKS - 1 - BLOCK)
-#else
-#define ROW_BLOCK BLOCK
-#endif
-typedef {idx} idx_t;
+{launch_order}typedef {idx} idx_t;
 #define PACKED {packed}
 /* Float offsets of row 0 of head plane bh: QB for q (and dq), KB / VB for k / v (and dk / dv), OB for the output
    and its gradient; QS / OS: the row strides. Contiguous: (B*H, L, E) planes. PACKED (self-attention, Hq == Hkv,
@@ -721,6 +704,7 @@ def attention_source(
         "hold": int(p.hold),
         "x3": int(kind == "tf32x3"),
         "causal": int(causal),
+        "launch_order": LAUNCH_ORDER,
         "packed": int(packed),
         "idx": idx,
         "primitives": _EMULATED if emulate else _PTX,
