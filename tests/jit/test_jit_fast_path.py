@@ -130,6 +130,26 @@ def test_large_outputs_come_from_the_allocator(cl_device, nbytes_over, monkeypat
     assert memory.memory_stats(cl_device).active_blocks >= 3
 
 
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_ring_serves_small_outputs_only_where_reference_counts_are_trusted(cl_device, trusted, monkeypatch):
+    """Results dropped at once: the ring hands its free buffer out again without asking the allocator; where
+    ``RING_COUNTS_TRUSTED`` is False (CPython 3.14, free-threaded builds) every call asks it."""
+    from netcl.jit import fused_step
+
+    monkeypatch.setattr(fused_step, "RING_COUNTS_TRUSTED", trusted)
+    fused = jit_compile(workloads.chain8)
+    args = [ag.tensor(_rand(s), device=cl_device) for s in range(3)]
+    expected = workloads.chain8_reference(*(_rand(s).astype(np.float64) for s in range(3)))
+    with ag.no_grad():
+        np.testing.assert_allclose(fused(*args).to_host(), expected, rtol=RTOL, atol=ATOL)
+        before = memory.memory_stats(cl_device)
+        for _ in range(5):
+            fused(*args)
+        after = memory.memory_stats(cl_device)
+    requests = (after.served_from_pool + after.fresh_allocations) - (before.served_from_pool + before.fresh_allocations)
+    assert requests == (0 if trusted else 5)
+
+
 def test_a_replay_result_and_a_parameter_as_arguments(cl_device):
     """Tensor subclasses (a graph's ReplayResult) and Node subclasses (nn.Parameter) on the fast path."""
     import netcl.nn as nn

@@ -30,6 +30,10 @@ _F32 = np.dtype(np.float32)
 #: per output of a direct plan: how many small output buffers the plan recycles, and up to what size
 RING_SIZE = 4
 RING_MAX_BYTES = 1 << 20
+#: the ring reads ``sys.getrefcount`` as calibrated on the interpreters this project tests (CPython with the GIL,
+#: before 3.14); CPython 3.14 loads locals as borrowed references where it can and free-threaded builds count per
+#: thread, so there a count could pass a held buffer for a free one: every call goes to the allocator instead
+RING_COUNTS_TRUSTED = sys.version_info < (3, 14) and getattr(sys, "_is_gil_enabled", lambda: True)()
 FORWARD_NAME = "fused_forward"
 BACKWARD_NAME = "fused_backward"
 
@@ -68,8 +72,8 @@ class FusedStep:
         None where there is no such path (NumPy backend, empty shape).
 
         Outputs of at most ``RING_MAX_BYTES`` come from a ring of up to ``RING_SIZE`` buffers per
-        output that the plan keeps (taken from the device allocator once): a ring buffer is reused
-        only when its reference count says that nothing else holds it (every result, view,
+        output that the plan keeps (taken from the device allocator once; where ``RING_COUNTS_TRUSTED``):
+        a ring buffer is reused only when its reference count says that nothing else holds it (every result, view,
         capture or user variable that reads it holds the ``cl.Buffer``), which is cheaper than a
         pool round trip. As with the pool, reuse is ordered after earlier work by the in-order
         device queue. When every ring buffer is still referenced, the allocator serves the call.
@@ -88,7 +92,7 @@ class FusedStep:
             else:
                 values.append(f"(x{n}.value.data if isinstance(x{n}, Node) else x{n}.data)")
         outs = [f"o{j}" for j in range(len(self.group.outputs))]
-        recycle = self.nbytes <= RING_MAX_BYTES
+        recycle = RING_COUNTS_TRUSTED and self.nbytes <= RING_MAX_BYTES
         for j, out in enumerate(outs):
             if recycle:  # a buffer of this plan's ring that nothing references any more, else a new one
                 lines.append(f"    for {out} in ring{j}:")
