@@ -60,11 +60,12 @@ class GradScaler:
         self.growth_interval = growth_interval
         self._growth_tracker = 0
         self.capturable = bool(capturable)
-        #: (scale, clean-step count, inf/NaN flag) on the device, made by the first scale_loss or step
-        self._device_state: tuple[Tensor, Tensor, Tensor] | None = None
-        #: its scale tensor again, one attribute away: what ``scale_loss`` multiplies in, so a compiled step's
-        #: guard (``netcl.jit.guards``, a bounded walk from the step's function) finds where it comes from
+        #: the scale, clean-step count and inf/NaN flag on the device, made by the first scale_loss or step; each
+        #: its own attribute, so the scale a compiled step multiplies in is one step from the scaler for its guard
+        #: (``netcl.jit.guards``, a walk of bounded depth from the step's function)
         self._scale_tensor: Tensor | None = None
+        self._tracker_tensor: Tensor | None = None
+        self._found_tensor: Tensor | None = None
         #: capturable, another optimizer: id of a snapshot tensor -> (the tensor, its backup buffer)
         self._backups: dict[int, tuple[Tensor, Tensor]] = {}
         self._unscaled = False
@@ -75,8 +76,8 @@ class GradScaler:
         """The current scale (read back from the device once it lives there)."""
         if not self.enabled:
             return 1.0
-        if self._device_state is not None:
-            return float(np.asarray(self._device_state[0].to_host()).reshape(-1)[0])
+        if self._scale_tensor is not None:
+            return float(np.asarray(self._scale_tensor.to_host()).reshape(-1)[0])
         return self._scale
 
     def is_enabled(self) -> bool:
@@ -88,8 +89,7 @@ class GradScaler:
             raise TypeError(f"scale_loss: expected a Node, got {type(loss).__name__}")
         if not self.enabled:
             return loss
-        self._state(loss.device)
-        return ag.mul(loss, self._scale_tensor)
+        return ag.mul(loss, self._state(loss.device)[0])
 
     scale = scale_loss
 
@@ -128,11 +128,11 @@ class GradScaler:
         """Back off after a skipped step, grow after ``growth_interval`` clean ones (or set ``new_scale``)."""
         if not self.enabled:
             return
-        if self._device_state is None:  # nothing scaled or unscaled yet: the host values
+        if self._scale_tensor is None:  # nothing scaled or unscaled yet: the host values
             if new_scale is not None:
                 self._scale = float(new_scale)
             return
-        scale, tracker, found = self._device_state
+        scale, tracker, found = self._scale_tensor, self._tracker_tensor, self._found_tensor
         if new_scale is not None:
             write_(scale, np.float32(new_scale))
         elif self._unscaled:
@@ -141,16 +141,13 @@ class GradScaler:
 
     # ---- on the device -------------------------------------------------------------------------------
     def _state(self, device: Any) -> tuple[Tensor, Tensor, Tensor]:
-        if self._device_state is None:
-            self._device_state = (
-                Tensor.from_host(device, np.asarray(self._scale, np.float32)),
-                Tensor.from_host(device, np.asarray(self._growth_tracker, np.int32)),
-                Tensor.zeros((1,), np.int32, device),
-            )
-            self._scale_tensor = self._device_state[0]
-        elif self._device_state[0].device is not device:
-            raise ValueError(f"GradScaler lives on {self._device_state[0].device!r}, got {device!r}")
-        return self._device_state
+        if self._scale_tensor is None:
+            self._scale_tensor = Tensor.from_host(device, np.asarray(self._scale, np.float32))
+            self._tracker_tensor = Tensor.from_host(device, np.asarray(self._growth_tracker, np.int32))
+            self._found_tensor = Tensor.zeros((1,), np.int32, device)
+        elif self._scale_tensor.device is not device:
+            raise ValueError(f"GradScaler lives on {self._scale_tensor.device!r}, got {device!r}")
+        return self._scale_tensor, self._tracker_tensor, self._found_tensor
 
     def _unscale_on_device(self, optimizer: Any, params: Iterable[Node] | None) -> Tensor | None:
         chosen = _params(optimizer, params)
@@ -243,9 +240,9 @@ class GradScaler:
         return tensors
 
     def state_dict(self) -> dict[str, Any]:
-        if self._device_state is not None:
+        if self._scale_tensor is not None:
             self._scale = self.get_scale()
-            self._growth_tracker = int(np.asarray(self._device_state[1].to_host()).reshape(-1)[0])
+            self._growth_tracker = int(np.asarray(self._tracker_tensor.to_host()).reshape(-1)[0])
         return {
             "scale": self._scale,
             "growth_factor": self.growth_factor,
@@ -260,9 +257,9 @@ class GradScaler:
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = int(state["growth_interval"])
         self._growth_tracker = int(state["_growth_tracker"])
-        if self._device_state is not None:
-            write_(self._device_state[0], np.float32(self._scale))
-            write_(self._device_state[1], np.int32(self._growth_tracker))
+        if self._scale_tensor is not None:
+            write_(self._scale_tensor, np.float32(self._scale))
+            write_(self._tracker_tensor, np.int32(self._growth_tracker))
 
     def __repr__(self) -> str:
         capturable = ", capturable=True" if self.capturable else ""
