@@ -141,20 +141,21 @@ def test_emulated_kernels_match_float64(cl_device, case, dtype) -> None:
     run_case(cl_device, dtype, qs, ks, opts, emulate=True)
 
 
+def _with_tensor_cores(device, monkeypatch, kind: str) -> nc.Device:
+    if not gemm_mma.enabled(device, kind):
+        pytest.skip(f"needs an NVIDIA device with mma.sync ({kind})")
+    monkeypatch.delenv("NETCL_ATTENTION", raising=False)
+    return device
+
+
 @pytest.fixture
 def tensor_cores(cl_device, monkeypatch) -> nc.Device:
-    if not gemm_mma.enabled(cl_device, "f16"):
-        pytest.skip("needs an NVIDIA device with mma.sync (f16)")
-    monkeypatch.delenv("NETCL_ATTENTION", raising=False)
-    return cl_device
+    return _with_tensor_cores(cl_device, monkeypatch, "f16")
 
 
 @pytest.fixture
 def bf16_tensor_cores(cl_device, monkeypatch) -> nc.Device:
-    if not gemm_mma.enabled(cl_device, "bf16"):
-        pytest.skip("needs an NVIDIA device with mma.sync (bf16)")
-    monkeypatch.delenv("NETCL_ATTENTION", raising=False)
-    return cl_device
+    return _with_tensor_cores(cl_device, monkeypatch, "bf16")
 
 
 @pytest.mark.parametrize(("name", "qs", "ks", "opts"), CASES, ids=[c[0] for c in CASES])
