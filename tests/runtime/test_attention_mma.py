@@ -141,6 +141,31 @@ def test_emulated_kernels_match_float64(cl_device, case, dtype) -> None:
     run_case(cl_device, dtype, qs, ks, opts, emulate=True)
 
 
+def test_backward_reuses_the_forwards_rounded_copies(cl_device, monkeypatch) -> None:
+    """Float32 q, k, v are rounded once a call: the backward takes the forward's copies (only dO is rounded
+    there), with the bits of a backward that rounds them again; other tensors, or a second backward, round anew."""
+    from netcl.runtime.ops import layout
+
+    casts = []
+    real_cast = layout.cast
+    monkeypatch.setattr(layout, "cast", lambda x, dtype: casts.append(x) or real_cast(x, dtype))
+    q, k, v, g = (nc.Tensor.from_host(cl_device, a, F32) for a in _inputs((1, 2, 40, 64), (1, 2, 40, 64), "reuse"))
+    spec = RA.check_attention(q, k, v, None, 0.0, True)
+    out, lse = M.forward(q, k, v, None, spec, 0, None, emulate=True)
+    assert casts == [q, k, v]
+    reused = M.backward(g, q, k, v, out, lse, None, spec, 0, None, emulate=True)
+    assert casts[3:] == [g]
+    again = M.backward(g, q, k, v, out, lse, None, spec, 0, None, emulate=True)  # the copies went with the first
+    assert casts[4:] == [q, k, v, g]
+    for a, b in zip(reused, again, strict=True):
+        np.testing.assert_array_equal(a.to_host(), b.to_host())
+    out, lse = M.forward(q, k, v, None, spec, 0, None, emulate=True)
+    q2 = nc.Tensor.from_host(cl_device, q.to_host() * 2, F32)  # not the tensor the forward rounded
+    del casts[:]
+    M.backward(g, q2, k, v, out, lse, None, spec, 0, None, emulate=True)
+    assert casts == [q2, k, v, g]
+
+
 def _with_tensor_cores(device, monkeypatch, kind: str) -> nc.Device:
     if not gemm_mma.enabled(device, kind):
         pytest.skip(f"needs an NVIDIA device with mma.sync ({kind})")

@@ -18,9 +18,9 @@ variant before this one); at any other precision it stays on the exact float32 k
 ``blocked``, ``quad`` or ``portable`` turn them off. Masks and dropout go to the next variant.
 
 Numbers: q, k, v (and the upstream gradient) are rounded to f16 (nearest even; float32 tensors by a copy
-before the kernels, ``layout.cast``); scores, the softmax statistics (row max, row sum, ``lse``) and every
-accumulator are float32; the probabilities P and dS are rounded to f16 before their products
-(FlashAttention-2's numbers). The output
+before the kernels, ``layout.cast``, whose copies of q, k and v the backward of the same call reuses);
+scores, the softmax statistics (row max, row sum, ``lse``) and every accumulator are float32; the
+probabilities P and dS are rounded to f16 before their products (FlashAttention-2's numbers). The output
 and the gradients have the inputs' dtype; ``lse`` is float32 and means what it means for the other
 variants (natural log-sum-exp of the scaled scores, ``-inf`` for a row that sees no key), so any backward
 follows any forward.
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -160,6 +161,29 @@ def _run(
     launch_flash("attention-mma", kernel, NAMES[kernel], p, attention_source, fields, buffers, items, planes, spec)
 
 
+#: forward output -> (products, weak references to its float32 q, k and v, their 16-bit copies): the backward
+#: of that call reuses the copies (and drops them) instead of rounding q, k and v again
+_ROUNDED: weakref.WeakKeyDictionary[Tensor, tuple[str, tuple[weakref.ref, ...], tuple[Tensor, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _keep_copies(out: Tensor, products: str, operands: tuple[Tensor, ...], rounded: tuple[Tensor, ...]) -> None:
+    if operands[0].dtype == float32:
+        _ROUNDED[out] = (products, tuple(weakref.ref(x) for x in operands), rounded)
+
+
+def _forwards_copies(out: Tensor, products: str, *operands: Tensor) -> tuple[Tensor, ...] | None:
+    """The 16-bit copies that the forward which made ``out`` rounded these very ``operands`` to for ``products``,
+    or None (dropped either way: a second backward rounds again)."""
+    saved = _ROUNDED.pop(out, None)
+    if saved is None or saved[0] != products:
+        return None
+    if not all(ref() is x for ref, x in zip(saved[1], operands, strict=True)):
+        return None
+    return saved[2]
+
+
 def _operand(x: Tensor, products: str) -> Tensor:
     """x in the 16-bit dtype of ``products`` (float32 rounded to nearest even by ``layout.cast``; a 16-bit
     tensor as it is)."""
@@ -185,8 +209,9 @@ def forward(q, k, v, mask, spec: AttentionSpec, seed, counter, *, emulate: bool 
     products = _products(q)
     out = Tensor.empty((*spec.lead, spec.L, spec.Ev), q.dtype, q.device)
     lse = Tensor.empty((*spec.lead, spec.L), np.float32, q.device)
-    q, k, v = (_operand(x, products) for x in (q, k, v))
-    _run("fwd", [q, k, v, out, lse], spec.L, spec.BH, spec, emulate, out.dtype != float32, products)
+    rounded = tuple(_operand(x, products) for x in (q, k, v))
+    _keep_copies(out, products, (q, k, v), rounded)
+    _run("fwd", [*rounded, out, lse], spec.L, spec.BH, spec, emulate, out.dtype != float32, products)
     return out, lse
 
 
@@ -203,6 +228,7 @@ def backward(
     dv = Tensor.empty(v.shape, v.dtype, v.device)
     drow = Tensor.empty(lse.shape, np.float32, q.device)
     half, products = q.dtype != float32, _products(q)
+    q, k, v = _forwards_copies(out, products, q, k, v) or (q, k, v)
     q, k, v, g = (_operand(x, products) for x in (q, k, v, g))
     _run("bwd_q", [q, k, v, out, g, lse, dq, drow], spec.L, spec.BH, spec, emulate, half, products)
     _run("bwd_kv", [q, k, v, g, lse, drow, dk, dv], spec.S, spec.BHkv, spec, emulate, half, products)

@@ -64,9 +64,10 @@ class Plan:
         return 64 * self.mt
 
 
-#: (kernel, E) -> its plan; local memory within NVIDIA's 48 KB (``local_bytes``)
+#: (kernel, E) -> its plan; local memory within NVIDIA's 48 KB (``local_bytes``). The forward at E 64 owns 128
+#: query rows (mt 2: each B fragment split once for two products): sweeps in RESULTS ("tf32 forward, two row tiles")
 PLANS: dict[tuple[str, int], Plan] = {
-    ("fwd", 64): Plan(32, 2),
+    ("fwd", 64): Plan(32, 2, mt=2),
     ("fwd", 128): Plan(16, 2),
     ("bwd_q", 64): Plan(32, 2),
     ("bwd_q", 128): Plan(16, 2, hold=False),
@@ -74,8 +75,9 @@ PLANS: dict[tuple[str, int], Plan] = {
     ("bwd_kv", 128): Plan(16, 1, hold=False),  # two buffers with hold=False: wrong on PoCL's emulation
 }
 #: tf32x3's plans where they differ: half the tile (its split fragments take the registers; ptxas of sm_90
-#: otherwise spills)
+#: otherwise spills; the forward's mt 2 spills some 100-190 bytes and is still the fastest)
 X3_PLANS: dict[tuple[str, int], Plan] = {
+    ("fwd", 64): Plan(16, 2, mt=2),
     ("bwd_q", 64): Plan(16, 2),
     ("bwd_kv", 64): Plan(16, 2),
     ("bwd_kv", 128): Plan(8, 1, hold=False),
