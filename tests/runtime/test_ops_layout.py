@@ -57,6 +57,25 @@ def test_cast(device: nc.Device) -> None:
     np.testing.assert_array_equal(ops.cast(t, np.float32).to_host(), x)
 
 
+@pytest.mark.parametrize("target", [np.dtype(np.float16), nc.bfloat16], ids=["float16", "bfloat16"])
+def test_a_repeated_storage_cast_rounds_as_the_first(device: nc.Device, target) -> None:
+    """Where the 16-bit dtypes are storage-only, a cast seen before takes its remembered plan: the same
+    rounding (NumPy's / ml_dtypes' nearest even) on the new tensor's values, and a new output each call."""
+    try:
+        device.check_dtype(target)
+    except nc.DTypeError:
+        pytest.skip(f"{device} does not hold {target}")
+    want_dtype = np.float16 if target == np.float16 else nc.bfloat16
+    first, second = _data((3, 50), 1), _data((3, 50), 2)
+    a = ops.cast(nc.tensor(first, device=device), target)
+    b = ops.cast(nc.tensor(second, device=device), target)
+    assert b.dtype == target and b.shape == (3, 50) and b.data is not a.data
+    for got, x in ((a, first), (b, second)):
+        np.testing.assert_array_equal(got.to_host().astype(np.float32), x.astype(want_dtype).astype(np.float32))
+    with pytest.raises(TypeError):
+        ops.cast(nc.tensor(first, device=device), np.dtype(object))  # a new target: checked as ever
+
+
 def test_full_and_likes(device: nc.Device) -> None:
     np.testing.assert_array_equal(ops.full((2, 3), 1.5, device=device).to_host(), np.full((2, 3), 1.5, np.float32))
     ints = ops.full(4, 7, dtype=np.int32, device=device)

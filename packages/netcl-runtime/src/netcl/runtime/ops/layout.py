@@ -37,7 +37,7 @@ from netcl.runtime.ops._common import (
     storage_only,
     storage_pragmas,
 )
-from netcl.runtime.ops._grid import launch_prepared, prepared_for
+from netcl.runtime.ops._grid import prepared_for
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.pointwise import fill_, run_elementwise
 from netcl.runtime.ops.reduce import sum as reduce_sum
@@ -64,8 +64,22 @@ def copy(x: Tensor) -> Tensor:
     return cast(x, _require_tensor(x, "copy").dtype)
 
 
+#: (shape, dtype, target, device) -> (bytes, prepared launch, element count) of a storage cast done before: the
+#: same call again skips the checks and the kernel lookup (autocast's attention casts q, k, v every call)
+_CAST_PLANS: dict[tuple, tuple[int, PreparedLaunch, int]] = {}
+register_cache(_CAST_PLANS.clear)
+
+
 def cast(x: Tensor, dtype: Any) -> Tensor:
     """A new tensor with x's values converted to ``dtype`` (C conversion rules: floats truncate to ints)."""
+    if type(x) is Tensor and isinstance(dtype, np.dtype):
+        plan = _CAST_PLANS.get((x.shape, x.dtype, dtype, x.device))
+        if plan is not None:  # this cast on this device before: checks and kernel done
+            nbytes, prepared, size = plan
+            device = x.device
+            out = Tensor(device.allocator(device, nbytes), x.shape, dtype, device)
+            prepared.call(x.data, out.data, size)
+            return out
     x = _require_tensor(x, "cast")
     return convert(x, x.device.check_dtype(dtype))
 
@@ -93,7 +107,9 @@ def _storage_cast(x: Tensor, target: np.dtype) -> Tensor:
         key, x.device, lambda: _storage_cast_source(x.dtype, target, idx), "netcl_cast", [None, None, ARG_DTYPES[idx]]
     )
     local = resolved.max_local
-    launch_prepared(key, x.device, resolved.kernel, round_up(out.size, local), local, (x.data, out.data, out.size))
+    prepared = prepared_for(key, x.device, resolved.kernel, round_up(out.size, local), local)
+    prepared.call(x.data, out.data, out.size)
+    remember(_CAST_PLANS, (x.shape, x.dtype, target, x.device), (out.nbytes, prepared, out.size))
     return out
 
 
