@@ -141,6 +141,63 @@ def test_emulated_kernels_match_float64(cl_device, case, dtype) -> None:
     run_case(cl_device, dtype, qs, ks, opts, emulate=True)
 
 
+def packed_case(device, dtype, batch, length, heads, e, causal, emulate):
+    """Self-attention on one packed (B, L, 3 * H * E) tensor (``packed_kernels``; the GPT block's path under
+    autocast: float32 rounded to the products' kind by one copy): against float64 within the products' bound,
+    and bit for bit the per-head kernels on the same values (the same arithmetic, only the addresses differ)."""
+    bf16 = M.kind(dtype) == "bf16"
+    shape = (batch, heads, length, e)
+    q, k, v, g = _inputs(shape, shape, ("packed", str(dtype), shape, causal), BF16 if bf16 else F16)
+    qkv = np.concatenate([x.transpose(0, 2, 1, 3).reshape(batch, length, heads * e) for x in (q, k, v)], axis=-1)
+    g_merged = g.transpose(0, 2, 1, 3).reshape(batch, length, heads * e)
+    packed, gp = (nc.Tensor.from_host(device, a, dtype) for a in (qkv, g_merged))
+    spec = RA.check_packed_attention(packed, heads, causal)
+    planes = [nc.Tensor.from_host(device, a, dtype) for a in (q, k, v, g)]
+    if emulate:
+        kernels = M.packed_kernels(emulate=True)
+        out, lse = kernels.forward(packed, spec)
+        dqkv = kernels.backward(gp, packed, out, lse, spec)
+        out_h, lse_h = M.forward(*planes[:3], None, spec, 0, None, emulate=True)
+        grads_h = M.backward(planes[3], *planes[:3], out_h, lse_h, None, spec, 0, None, emulate=True)
+    else:
+        assert RA._packed_kernels(packed, spec) is M.VARIANT.packed
+        out, lse = RA.packed_attention_forward(packed, spec)
+        dqkv = RA.packed_attention_backward(gp, packed, out, lse, spec)
+        out_h, lse_h = RA.attention_forward(*planes[:3], None, spec)
+        grads_h = RA.attention_backward(planes[3], *planes[:3], out_h, lse_h, None, spec)
+    assert out.dtype == dtype and dqkv.dtype == dtype and lse.dtype == F32
+    heads_first = out.to_host().reshape(batch, length, heads, e).transpose(0, 2, 1, 3)
+    grads = dqkv.to_host().reshape(batch, length, 3, heads, e).transpose(2, 0, 3, 1, 4)
+    want, bounds = expected(q, k, v, g, causal=causal)
+    _compare([heads_first, lse.to_host(), *grads], want, bounds, REL_BF16 if bf16 else REL)
+    np.testing.assert_array_equal(heads_first, out_h.to_host())
+    np.testing.assert_array_equal(lse.to_host(), lse_h.to_host())
+    for got, per_head in zip(grads, grads_h, strict=True):
+        np.testing.assert_array_equal(got, per_head.to_host())
+
+
+#: (matmul precision, dtype, batch, length, heads, E, causal): tails past a 64-row block, several heads and
+#: batches; float32 at "fp16" / "medium" is autocast's case with float16 / bfloat16 (bfloat16 tensors take no
+#: packed attention: ``check_packed_attention`` refuses them)
+PACKED_CASES = [
+    ("highest", F16, 2, 70, 2, 64, False),
+    ("fp16", F32, 1, 90, 2, 128, True),
+    ("medium", F32, 2, 40, 2, 64, True),
+]
+PACKED_IDS = [f"{c[1]}@{c[0]}-E{c[5]}{'-causal' if c[6] else ''}" for c in PACKED_CASES]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=PACKED_IDS)
+def test_emulated_packed_kernels_match_float64_and_the_per_head_kernels(cl_device, case) -> None:
+    precision, *rest = case
+    try:
+        cl_device.check_dtype(F16)  # float32 at "fp16" rounds to float16 storage
+    except nc.DTypeError:
+        pytest.skip("no float16 storage on this device")
+    with matmul_precision(precision):
+        packed_case(cl_device, *rest, emulate=True)
+
+
 def test_backward_reuses_the_forwards_rounded_copies(cl_device, monkeypatch) -> None:
     """Float32 q, k, v are rounded once a call: the backward takes the forward's copies (only dO is rounded
     there), with the bits of a backward that rounds them again; other tensors, or a second backward, round anew."""
@@ -200,6 +257,15 @@ def test_tensor_cores_bfloat16_match_float64(bf16_tensor_cores, name, qs, ks, op
     if name in ("causal", "E128"):
         with matmul_precision("medium"):  # autocast(dtype=bfloat16)'s precision: float32 tensors, bf16 products
             run_case(bf16_tensor_cores, F32, qs, ks, opts, emulate=False)
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=PACKED_IDS)
+def test_tensor_cores_packed_match_float64_and_the_per_head_kernels(tensor_cores, case) -> None:
+    precision, *rest = case
+    if precision == "medium" and not gemm_mma.enabled(tensor_cores, "bf16"):
+        pytest.skip("no bf16 mma.sync")
+    with matmul_precision(precision):
+        packed_case(tensor_cores, *rest, emulate=False)
 
 
 @pytest.mark.parametrize("low", [F16, BF16], ids=["float16", "bfloat16"])

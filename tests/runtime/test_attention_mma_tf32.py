@@ -123,9 +123,9 @@ def test_emulated_forward_with_two_row_tiles_a_warp(cl_device, monkeypatch, kind
 
 
 def packed_case(device, kind, batch, length, heads, e, causal, emulate):
-    """Self-attention on one packed (B, L, 3 * H * E) tensor (``forward_packed`` / ``backward_packed``, the
-    GPT block's path): against float64 within the kind's bound, and bit for bit the per-head kernels on the
-    same values (the same arithmetic, only the addresses differ)."""
+    """Self-attention on one packed (B, L, 3 * H * E) tensor (``packed_kernels``, the GPT block's path):
+    against float64 within the kind's bound, and bit for bit the per-head kernels on the same values (the same
+    arithmetic, only the addresses differ)."""
     q, k, v, g = _inputs(kind, (batch, heads, length, e), (batch, heads, length, e), (batch, length, heads, e, kind))
     while kind == "tf32x3" and _sigma(q, k, {}) >= SIGMA_MAX:
         q = q * 0.5
@@ -135,8 +135,9 @@ def packed_case(device, kind, batch, length, heads, e, causal, emulate):
     spec = RA.check_packed_attention(packed, heads, causal)
     planes = [nc.Tensor.from_host(device, a, F32) for a in (q, k, v, g)]
     if emulate:
-        out, lse = T.forward_packed(packed, spec, kind=kind, emulate=True)
-        dqkv = T.backward_packed(gp, packed, out, lse, spec, kind=kind, emulate=True)
+        kernels = T.packed_kernels(kind, emulate=True)
+        out, lse = kernels.forward(packed, spec)
+        dqkv = kernels.backward(gp, packed, out, lse, spec)
         out_h, lse_h = T.forward(*planes[:3], None, spec, 0, None, kind=kind, emulate=True)
         grads_h = T.backward(planes[3], *planes[:3], out_h, lse_h, None, spec, 0, None, kind=kind, emulate=True)
     else:

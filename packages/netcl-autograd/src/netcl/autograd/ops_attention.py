@@ -96,8 +96,8 @@ def packed_self_attention(qkv: Any, num_heads: int, is_causal: bool = False, sca
     columns h * E). Returns (B, L, D), the heads merged: what ``split`` into q, k, v, ``reshape`` to
     (B, L, H, E), ``permute`` to (B, H, L, E), ``scaled_dot_product_attention`` and the way back compute,
     without their copies where the kernels read the packed layout in place (the blocked kernels: float32,
-    E in 16/32/64/128 on OpenCL CPUs and NVIDIA GPUs); elsewhere (the tensor-core kernels under autocast
-    too) the same copies run inside. The backward
+    E in 16/32/64/128 on OpenCL CPUs and NVIDIA GPUs; NVIDIA's tensor-core kernels, E 64/128, float32 under
+    autocast after one rounding copy); elsewhere the same copies run inside. The backward
     returns the gradient as one packed tensor. Bad shapes raise before any launch.
     """
     packed = _value(qkv)

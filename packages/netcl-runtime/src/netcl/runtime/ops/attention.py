@@ -75,15 +75,42 @@ _TWINS = "netcl.runtime.numpy_twins.attention"
 
 
 # ---- dispatch ------------------------------------------------------------------------------
+def _as_given(x: Tensor) -> Tensor:
+    return x
+
+
 @dataclass(frozen=True)
 class PackedKernels:
     """A variant's kernels for self-attention on one packed ``(B, L, 3 * H * E)`` q/k/v tensor (a fused
-    in-projection's output; ``packed_attention_forward``): ``forward(qkv, spec) -> (out (B, L, H * E), lse
-    (B, H, L))`` and ``backward(g, qkv, out, lse, spec) -> dqkv``, for the calls ``supports`` accepts."""
+    in-projection's output; ``packed_attention_forward``), for the calls ``supports`` accepts.
+
+    ``run(kernel, buffers, items, planes, spec)`` launches the variant's "fwd", "bwd_q" or "bwd_kv" kernel in
+    the packed layout, on the per-head kernels' arguments (q, k and v all the packed tensor; the output and
+    its gradient ``(B, L, H * E)``; dq, dk and dv all one dqkv) over ``items`` rows of ``planes`` heads.
+    ``operand(x)``: the tensor the kernels read for the packed q/k/v or the upstream gradient (x as given, or
+    a copy rounded to the products' 16-bit dtype). ``forward`` and ``backward`` allocate the results and
+    launch: one kernel, and two."""
 
     supports: Callable[[Device, np.dtype, AttentionSpec], bool]
-    forward: Callable[[Tensor, AttentionSpec], tuple[Tensor, Tensor]]
-    backward: Callable[[Tensor, Tensor, Tensor, Tensor, AttentionSpec], Tensor]
+    run: Callable[[str, list[Tensor], int, int, AttentionSpec], None]
+    operand: Callable[[Tensor], Tensor] = _as_given
+
+    def forward(self, qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+        """(output (B, L, H * E) in qkv's dtype, float32 lse (B, H, L))."""
+        out = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), qkv.dtype, qkv.device)
+        lse = Tensor.empty((*spec.lead, spec.L), np.float32, qkv.device)
+        x = self.operand(qkv)
+        self.run("fwd", [x, x, x, out, lse], spec.L, spec.BH, spec)
+        return out, lse
+
+    def backward(self, g: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec) -> Tensor:
+        """dqkv in qkv's dtype: ``bwd_q`` writes dq's columns, ``bwd_kv`` dk's and dv's (together all of it)."""
+        dqkv = Tensor.empty(qkv.shape, qkv.dtype, qkv.device)
+        drow = Tensor.empty(lse.shape, np.float32, qkv.device)
+        x, gx = self.operand(qkv), self.operand(g)
+        self.run("bwd_q", [x, x, x, out, gx, lse, dqkv, drow], spec.L, spec.BH, spec)
+        self.run("bwd_kv", [x, x, x, gx, lse, drow, dqkv, dqkv], spec.S, spec.BHkv, spec)
+        return dqkv
 
 
 @dataclass(frozen=True)

@@ -574,24 +574,10 @@ def supports_packed(device: Device, dtype: np.dtype, spec: AttentionSpec) -> boo
     return blocks["bwd_q"] is not None and blocks["bwd_kv"] is not None
 
 
-def forward_packed(qkv: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
-    """(output (B, L, H * E), lse (B, H, L)) in one launch, q, k and v read in place from ``qkv``."""
-    out = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), qkv.dtype, qkv.device)
-    lse = Tensor.empty((*spec.lead, spec.L), np.float32, qkv.device)
-    _run("fwd", [qkv, qkv, qkv, out, lse], spec.L, spec.BH, spec, packed=True)
-    return out, lse
+def run_packed(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec) -> None:
+    """``_run`` in the packed layout (``PackedKernels.run``)."""
+    _run(kernel, buffers, items, planes, spec, packed=True)
 
 
-def backward_packed(g: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec) -> Tensor:
-    """dqkv in two launches: ``bwd_q`` writes dq's columns, ``bwd_kv`` dk's and dv's (together all of it)."""
-    dqkv = Tensor.empty(qkv.shape, qkv.dtype, qkv.device)
-    drow = Tensor.empty(lse.shape, np.float32, qkv.device)
-    _run("bwd_q", [qkv, qkv, qkv, out, g, lse, dqkv, drow], spec.L, spec.BH, spec, packed=True)
-    _run("bwd_kv", [qkv, qkv, qkv, g, lse, drow, dqkv, dqkv], spec.S, spec.BHkv, spec, packed=True)
-    return dqkv
-
-
-VARIANT = AttentionVariant(
-    "blocked", supports, forward, backward, PackedKernels(supports_packed, forward_packed, backward_packed)
-)
+VARIANT = AttentionVariant("blocked", supports, forward, backward, PackedKernels(supports_packed, run_packed))
 VARIANTS.insert(0, VARIANT)

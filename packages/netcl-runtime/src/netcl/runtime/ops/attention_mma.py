@@ -32,7 +32,8 @@ dO fragments in registers, loops over key tiles: dQ, and ``D = rowsum(dO * O)`` 
 then ``bwd_kv`` (64 keys, loops over the q heads of its kv head and their query tiles: dK, dV). No atomics:
 the backward is deterministic. Causal calls (top-left aligned, as torch) skip the tiles that are wholly
 masked and mask only the tiles on the diagonal; their launches put the heads along the first grid dimension,
-so every head's longest blocks run first.
+so every head's longest blocks run first. ``packed_kernels``: the same kernels on a packed self-attention's
+``(B, L, 3 * H * E)`` q/k/v tensor in place (``attention.packed_attention_forward``).
 
 ``emulate=True`` runs the same kernels with OpenCL C models of the PTX instructions
 (``attention_mma_source``) on any OpenCL device: the tests' check of the kernels' arithmetic off NVIDIA.
@@ -58,7 +59,7 @@ from netcl.runtime.ops import (
 )
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import index_ctype, index_dtype
-from netcl.runtime.ops.attention import VARIANTS, AttentionVariant
+from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_mma_source import NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 from netcl.runtime.ops.precision import get_float32_matmul_precision
@@ -153,10 +154,11 @@ def _run(
     emulate: bool,
     half: bool,
     products: str,
+    packed: bool = False,
 ) -> None:
     """``launch_flash`` of this module's ``kernel``; ``buffers``: 16-bit operands of kind ``products``; ``half``:
-    outputs in that dtype (else float32)."""
-    fields = {"e": spec.E, "causal": spec.causal, "half": half, "emulate": emulate, "kind": products}
+    outputs in that dtype (else float32); ``packed``: the packed self-attention layout (``packed_kernels``)."""
+    fields = {"e": spec.E, "causal": spec.causal, "half": half, "emulate": emulate, "kind": products, "packed": packed}
     p = plan(kernel, spec.E)
     launch_flash("attention-mma", kernel, NAMES[kernel], p, attention_source, fields, buffers, items, planes, spec)
 
@@ -235,5 +237,25 @@ def backward(
     return dq, dk, dv
 
 
-VARIANT = AttentionVariant("mma", supports, forward, backward, bfloat16=True)
+#: where in each kernel's arguments an output is (its dtype: 16-bit outputs or float32 ones)
+_OUTPUT = {"fwd": 3, "bwd_q": 6, "bwd_kv": 6}
+
+
+def packed_kernels(emulate: bool = False) -> PackedKernels:
+    """The kernels in the packed layout (q, k and v read in place from one (B, L, 3 * H * E) 16-bit tensor: a
+    float32 one is rounded by one copy first, and the upstream gradient likewise); outputs in the packed
+    tensor's dtype; ``emulate``: the PTX models, any OpenCL device."""
+
+    def operand(x: Tensor) -> Tensor:
+        return _operand(x, _products(x))
+
+    def run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec) -> None:
+        _check_layout(*buffers)
+        half = buffers[_OUTPUT[kernel]].dtype != float32
+        _run(kernel, buffers, items, planes, spec, emulate, half, KIND_OF[buffers[0].dtype], packed=True)
+
+    return PackedKernels(supports, run, operand)
+
+
+VARIANT = AttentionVariant("mma", supports, forward, backward, packed_kernels(), bfloat16=True)
 VARIANTS.insert(0, VARIANT)

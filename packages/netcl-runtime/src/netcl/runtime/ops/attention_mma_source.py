@@ -222,6 +222,35 @@ LAUNCH_ORDER = """\
 #endif
 """
 
+_PACKED_LAYOUT = """#define PACKED {packed}
+/* Element offsets of row 0 of head plane bh: QB for q (and dq), KB / VB for k / v (and dk / dv), OB for the output
+   and its gradient; QS / OS: the row strides. Contiguous: (B*H, L, E) planes. PACKED (self-attention, Hq == Hkv,
+   L == S): q, k and v are one (B, L, 3, H, E) tensor (and dq, dk, dv one of that shape), out and g (B, L, H, E). */
+#if PACKED
+#define QB(bh) (((bh) / Hq * L * 3 * Hq + (bh) % Hq) * E)
+#define KB(bh) (QB(bh) + Hq * E)
+#define VB(bh) (QB(bh) + 2 * Hq * E)
+#define OB(bh) (((bh) / Hq * L * Hq + (bh) % Hq) * E)
+#define QS (3 * Hq * E)
+#define OS (Hq * E)
+#else
+#define QB(bh) ((bh) * L * E)
+#define KB(bh) ((bh) * S * E)
+#define VB(bh) KB(bh)
+#define OB(bh) QB(bh)
+#define QS E
+#define OS E
+#endif
+"""
+
+
+def packed_layout(packed: bool) -> str:
+    """The address macros of a FlashAttention kernel of this module or ``attention_mma_tf32_source`` (after
+    ``idx_t``; they use the kernel's L, S and Hq): per-head planes, or (``packed``) a self-attention's q, k and v
+    in one (B, L, 3 * H * E) tensor and its output in one (B, L, H * E)."""
+    return _PACKED_LAYOUT.replace("{packed}", str(int(packed)))
+
+
 _COMMON = """{pragmas}
 #define E {E}
 #define EC (E / 8)              /* 16-byte chunks of a row */
@@ -237,7 +266,7 @@ _COMMON = """{pragmas}
 {launch_order}#define OUT_HALF {out_half}
 #define BF16 {bf16}
 typedef {idx} idx_t;
-typedef {st} st;                /* operands: float16 or bfloat16 words */
+{packed_layout}typedef {st} st;                /* operands: float16 or bfloat16 words */
 #define LDS8(p, i) {lds8}
 #if OUT_HALF
 typedef st ot;
@@ -249,12 +278,13 @@ typedef float ot;
 /* word offset of chunk c of row r in a swizzled tile */
 #define WOFF(r, c) (((r) * EC + ((c) ^ ((r) & 7))) * 4)
 {primitives}
-/* copy rows first .. first + n - 1 of src (E wide) into rows 0 .. rows - 1 of dst (zeros past n) */
-inline void stage(__local uint4* dst, __global const st* src, const idx_t first, const int n, const int rows) {{
+/* copy rows first .. first + n - 1 of src (E wide, rs elements apart) into rows 0 .. rows - 1 of dst (zeros past n) */
+inline void stage(__local uint4* dst, __global const st* src, const idx_t rs, const idx_t first, const int n,
+                  const int rows) {{
     #pragma unroll
     for (int i = 0; i < rows * EC / NT; ++i) {{
         const int t = get_local_id(0) + i * NT, row = t / EC, c = t % EC, ok = row < n;
-        __global const st* p = src + (first + (ok ? row : 0)) * E + c * 8;
+        __global const st* p = src + (first + (ok ? row : 0)) * rs + c * 8;
         CP16(dst + (row * EC + (c ^ (row & 7))), p, ok ? 16 : 0);
     }}
 }}
@@ -302,8 +332,8 @@ inline void store2(__global ot* p, const int i, const float a, const float b) {{
 _FORWARD = """
 /* keys n0 .. of tile t into buffer b */
 #define ISSUE(t, b) {{ const idx_t n0_ = (idx_t)(t) * TILE; const int tn_ = (int)min((idx_t)TILE, S - n0_); \\
-    stage(buf4 + (b) * TROWS * EC, k + kvh * S * E, n0_, tn_, TILE); \\
-    stage(buf4 + ((b) * TROWS + TILE) * EC, v + kvh * S * E, n0_, tn_, TILE); }}
+    stage(buf4 + (b) * TROWS * EC, k + KB(kvh), QS, n0_, tn_, TILE); \\
+    stage(buf4 + ((b) * TROWS + TILE) * EC, v + VB(kvh), QS, n0_, tn_, TILE); }}
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void netcl_attention_fwd_mma(__global const st* q, __global const st* k, __global const st* v, __global ot* out,
                              __global float* lse, const idx_t L, const idx_t S, const idx_t Hq, const idx_t group,
@@ -320,7 +350,7 @@ void netcl_attention_fwd_mma(__global const st* q, __global const st* k, __globa
     const idx_t nend = S;
 #endif
     const int nt = (int)((nend + TILE - 1) / TILE);
-    PROLOGUE(stage(buf4 + RES * EC, q + bh * L * E, row0, (int)min((idx_t)BM, L - row0), BM), ISSUE(0, 0));
+    PROLOGUE(stage(buf4 + RES * EC, q + QB(bh), QS, row0, (int)min((idx_t)BM, L - row0), BM), ISSUE(0, 0));
     uint qf[MT][E / 16][4];
     #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {{
@@ -448,7 +478,7 @@ void netcl_attention_fwd_mma(__global const st* q, __global const st* k, __globa
             sum += SHFL(sum, 2);
             if (r[mi][h] < L) {{
                 const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                __global ot* orow = out + (bh * L + r[mi][h]) * E;
+                __global ot* orow = out + OB(bh) + r[mi][h] * OS;
                 #pragma unroll
                 for (int f = 0; f < E / 8; ++f)
                     store2(orow, f * 8 + tig * 2, o[mi][f][2 * h] * inv, o[mi][f][2 * h + 1] * inv);
@@ -462,8 +492,8 @@ void netcl_attention_fwd_mma(__global const st* q, __global const st* k, __globa
 _BACKWARD_Q = """
 /* keys n0 .. of tile t into buffer b */
 #define ISSUE(t, b) {{ const idx_t n0_ = (idx_t)(t) * TILE; const int tn_ = (int)min((idx_t)TILE, S - n0_); \\
-    stage(buf4 + (b) * TROWS * EC, k + kvh * S * E, n0_, tn_, TILE); \\
-    stage(buf4 + ((b) * TROWS + TILE) * EC, v + kvh * S * E, n0_, tn_, TILE); }}
+    stage(buf4 + (b) * TROWS * EC, k + KB(kvh), QS, n0_, tn_, TILE); \\
+    stage(buf4 + ((b) * TROWS + TILE) * EC, v + VB(kvh), QS, n0_, tn_, TILE); }}
 /* dQ (and D = rowsum(dO * O) into drow for bwd_kv): a work-group owns 64 query rows, loops over key tiles */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __global const st* v,
@@ -483,8 +513,8 @@ void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __glo
     const idx_t nend = S;
 #endif
     const int nt = (int)((nend + TILE - 1) / TILE);
-    PROLOGUE(stage(buf4 + RES * EC, q + bh * L * E, row0, tm, 64);
-             stage(buf4 + (RES + 64) * EC, g + bh * L * E, row0, tm, 64),
+    PROLOGUE(stage(buf4 + RES * EC, q + QB(bh), QS, row0, tm, 64);
+             stage(buf4 + (RES + 64) * EC, g + OB(bh), OS, row0, tm, 64),
              ISSUE(0, 0));
     uint qa[E / 16][4], ga[E / 16][4];
     #pragma unroll
@@ -499,7 +529,7 @@ void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __glo
     for (int h = 0; h < 2; ++h) {{
         float d = 0.0f;
         if (r[h] < L) {{
-            const idx_t at = (bh * L + r[h]) * E + tig * (E / 4);
+            const idx_t at = OB(bh) + r[h] * OS + tig * (E / 4);
             #pragma unroll
             for (int e = 0; e < E / 4; e += 8) {{
                 const float8 x = LDS8(g, at + e) * LDO8(out, at + e);
@@ -577,7 +607,7 @@ void netcl_attention_bwd_q_mma(__global const st* q, __global const st* k, __glo
     #pragma unroll
     for (int h = 0; h < 2; ++h) {{
         if (r[h] < L) {{
-            __global ot* row = dq + (bh * L + r[h]) * E;
+            __global ot* row = dq + QB(bh) + r[h] * QS;
             #pragma unroll
             for (int f = 0; f < E / 8; ++f)
                 store2(row, f * 8 + tig * 2, acc[f][2 * h] * scale, acc[f][2 * h + 1] * scale);
@@ -590,8 +620,8 @@ _BACKWARD_KV = """
 /* query tile t (head first + t / nper, rows m0 ..) into buffer b: Q, dO, and their lse and D */
 #define ISSUE(t, b) {{ const idx_t bh_ = first + (t) / nper, m0_ = mstart + (idx_t)((t) % nper) * TILE; \\
     const int tm_ = (int)min((idx_t)TILE, L - m0_); \\
-    stage(buf4 + (b) * TROWS * EC, q + bh_ * L * E, m0_, tm_, TILE); \\
-    stage(buf4 + ((b) * TROWS + TILE) * EC, g + bh_ * L * E, m0_, tm_, TILE); \\
+    stage(buf4 + (b) * TROWS * EC, q + QB(bh_), QS, m0_, tm_, TILE); \\
+    stage(buf4 + ((b) * TROWS + TILE) * EC, g + OB(bh_), OS, m0_, tm_, TILE); \\
     if (lid < 2 * TILE) {{ \\
         const int i_ = lid % TILE, ok_ = i_ < tm_; \\
         __global const float* src_ = lid < TILE ? lse : drow; \\
@@ -623,8 +653,8 @@ void netcl_attention_bwd_kv_mma(__global const st* q, __global const st* k, __gl
 #endif
     const int nper = L > mstart ? (int)((L - mstart + TILE - 1) / TILE) : 0;
     const int nt = nper * (int)group;
-    PROLOGUE(stage(res4 + RES * EC, k + kvh * S * E, c0, tn, 64);
-             stage(res4 + (RES + 64) * EC, v + kvh * S * E, c0, tn, 64),
+    PROLOGUE(stage(res4 + RES * EC, k + KB(kvh), QS, c0, tn, 64);
+             stage(res4 + (RES + 64) * EC, v + VB(kvh), QS, c0, tn, 64),
              if (nt > 0) ISSUE(0, 0));
 #if HOLD
     uint ka[E / 16][4], va[E / 16][4];
@@ -728,8 +758,8 @@ void netcl_attention_bwd_kv_mma(__global const st* q, __global const st* k, __gl
     #pragma unroll
     for (int h = 0; h < 2; ++h) {{
         if (key[h] < S) {{
-            __global ot* dkr = dk + (kvh * S + key[h]) * E;
-            __global ot* dvr = dv + (kvh * S + key[h]) * E;
+            __global ot* dkr = dk + KB(kvh) + key[h] * QS;
+            __global ot* dvr = dv + VB(kvh) + key[h] * QS;
             #pragma unroll
             for (int f = 0; f < E / 8; ++f) {{
                 store2(dkr, f * 8 + tig * 2, dka[f][2 * h] * scale, dka[f][2 * h + 1] * scale);
@@ -746,13 +776,21 @@ NAMES = {kernel: f"netcl_attention_{kernel}_mma" for kernel in _BODIES}
 
 
 def attention_source(
-    kernel: str, e: int, causal: bool, half: bool, idx: str, emulate: bool = False, kind: str = "f16"
+    kernel: str,
+    e: int,
+    causal: bool,
+    half: bool,
+    idx: str,
+    emulate: bool = False,
+    kind: str = "f16",
+    packed: bool = False,
 ) -> str:
     """The source of ``kernel`` ("fwd", "bwd_q", "bwd_kv") for feature size ``e`` (64 or 128) at its
     ``plan``: ``kind`` "f16" (float16 operands, ``mma...f16.f16``) or "bf16" (bfloat16 operands,
     ``mma...bf16.bf16``; P and dS rounded to bf16); ``half``: outputs (and ``out`` read by bwd_q) in the
     operands' 16-bit dtype, else float32; ``emulate``: the OpenCL C models of the PTX primitives (any
-    OpenCL device) instead of inline PTX (NVIDIA's OpenCL)."""
+    OpenCL device) instead of inline PTX (NVIDIA's OpenCL); ``packed``: q, k and v (and their gradients)
+    in one (B, L, 3 * H * E) tensor, the output and its gradient (B, L, H * E) (``packed_layout``)."""
     if kind not in KINDS:
         raise ValueError(f"attention_mma: kind must be one of {sorted(KINDS)}, got {kind!r}")
     p = plan(kernel, e)
@@ -775,6 +813,7 @@ def attention_source(
         "early": int(where == "early"),
         "causal": int(causal),
         "launch_order": LAUNCH_ORDER,
+        "packed_layout": packed_layout(packed),
         "out_half": int(half),
         "idx": idx,
         "primitives": (_EMULATED if emulate else _PTX).replace("__AB__", kind),

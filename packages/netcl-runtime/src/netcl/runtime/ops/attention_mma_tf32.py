@@ -137,40 +137,17 @@ def backward(
     return dq, dk, dv
 
 
-def forward_packed(
-    qkv: Tensor, spec: AttentionSpec, *, kind: str | None = None, emulate: bool = False
-) -> tuple[Tensor, Tensor]:
-    """(output (B, L, H * E), lse (B, H, L)) in one launch, q, k and v read in place from ``qkv`` (a
-    self-attention's spec: ``check_packed_attention``)."""
-    _check(qkv)
-    kind = _kind(kind)
-    out = Tensor.empty((spec.lead[0], spec.L, spec.Hq * spec.E), float32, qkv.device)
-    lse = Tensor.empty((*spec.lead, spec.L), float32, qkv.device)
-    _run("fwd", [qkv, qkv, qkv, out, lse], spec.L, spec.BH, spec, kind, emulate, packed=True)
-    return out, lse
+def packed_kernels(kind: str | None = None, emulate: bool = False) -> PackedKernels:
+    """The kernels in the packed layout (q, k and v read in place from one (B, L, 3 * H * E) tensor, dq, dk
+    and dv written into one): ``kind`` "tf32" / "tf32x3" (None: the current matmul precision's at each
+    launch); ``emulate``: the PTX models, any OpenCL device."""
+
+    def run(kernel: str, buffers: list[Tensor], items: int, planes: int, spec: AttentionSpec) -> None:
+        _check(*buffers)
+        _run(kernel, buffers, items, planes, spec, _kind(kind), emulate, packed=True)
+
+    return PackedKernels(supports, run)
 
 
-def backward_packed(
-    g: Tensor,
-    qkv: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    spec: AttentionSpec,
-    *,
-    kind: str | None = None,
-    emulate: bool = False,
-) -> Tensor:
-    """dqkv in two launches: ``bwd_q`` writes dq's columns, ``bwd_kv`` dk's and dv's (together all of it)."""
-    _check(g, qkv, out)
-    kind = _kind(kind)
-    dqkv = Tensor.empty(qkv.shape, float32, qkv.device)
-    drow = Tensor.empty(lse.shape, float32, qkv.device)
-    _run("bwd_q", [qkv, qkv, qkv, out, g, lse, dqkv, drow], spec.L, spec.BH, spec, kind, emulate, packed=True)
-    _run("bwd_kv", [qkv, qkv, qkv, g, lse, drow, dqkv, dqkv], spec.S, spec.BHkv, spec, kind, emulate, packed=True)
-    return dqkv
-
-
-VARIANT = AttentionVariant(
-    "mma-tf32", supports, forward, backward, PackedKernels(supports, forward_packed, backward_packed)
-)
+VARIANT = AttentionVariant("mma-tf32", supports, forward, backward, packed_kernels())
 VARIANTS.insert(VARIANTS.index(attention_mma.VARIANT), VARIANT)

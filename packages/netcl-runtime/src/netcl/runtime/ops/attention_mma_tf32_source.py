@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netcl.runtime.ops._common import storage_pragmas
-from netcl.runtime.ops.attention_mma_source import _EMULATED, _PTX, LAUNCH_ORDER
+from netcl.runtime.ops.attention_mma_source import _EMULATED, _PTX, LAUNCH_ORDER, packed_layout
 
 #: work-items per work-group (4 warps)
 THREADS = 128
@@ -149,26 +149,7 @@ _COMMON = """{pragmas}
 #define X3 {x3}
 #define CAUSAL {causal}
 {launch_order}typedef {idx} idx_t;
-#define PACKED {packed}
-/* Float offsets of row 0 of head plane bh: QB for q (and dq), KB / VB for k / v (and dk / dv), OB for the output
-   and its gradient; QS / OS: the row strides. Contiguous: (B*H, L, E) planes. PACKED (self-attention, Hq == Hkv,
-   L == S): q, k and v are one (B, L, 3, H, E) tensor (and dq, dk, dv one of that shape), out and g (B, L, H, E). */
-#if PACKED
-#define QB(bh) (((bh) / Hq * L * 3 * Hq + (bh) % Hq) * E)
-#define KB(bh) (QB(bh) + Hq * E)
-#define VB(bh) (QB(bh) + 2 * Hq * E)
-#define OB(bh) (((bh) / Hq * L * Hq + (bh) % Hq) * E)
-#define QS (3 * Hq * E)
-#define OS (Hq * E)
-#else
-#define QB(bh) ((bh) * L * E)
-#define KB(bh) ((bh) * S * E)
-#define VB(bh) KB(bh)
-#define OB(bh) QB(bh)
-#define QS E
-#define OS E
-#endif
-{primitives}
+{packed_layout}{primitives}
 {tf32_primitives}
 #if X3
 #define PARTS 2
@@ -707,7 +688,7 @@ def attention_source(
         "x3": int(kind == "tf32x3"),
         "causal": int(causal),
         "launch_order": LAUNCH_ORDER,
-        "packed": int(packed),
+        "packed_layout": packed_layout(packed),
         "idx": idx,
         "primitives": _EMULATED if emulate else _PTX,
         "tf32_primitives": _TF32_EMULATED if emulate else _TF32_PTX,
