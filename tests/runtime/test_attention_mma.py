@@ -21,6 +21,7 @@ sums of E exact products and ``ex2.approx``: 1e-4 absolute.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import file_modules
@@ -141,39 +142,78 @@ def test_emulated_kernels_match_float64(cl_device, case, dtype) -> None:
     run_case(cl_device, dtype, qs, ks, opts, emulate=True)
 
 
-def packed_case(device, dtype, batch, length, heads, e, causal, emulate):
-    """Self-attention on one packed (B, L, 3 * H * E) tensor (``packed_kernels``; the GPT block's path under
-    autocast: float32 rounded to the products' kind by one copy): against float64 within the products' bound,
-    and bit for bit the per-head kernels on the same values (the same arithmetic, only the addresses differ)."""
-    bf16 = M.kind(dtype) == "bf16"
-    shape = (batch, heads, length, e)
-    q, k, v, g = _inputs(shape, shape, ("packed", str(dtype), shape, causal), BF16 if bf16 else F16)
+def packed_and_per_head(device, dtype, arrays, causal, packed_run, per_head_run):
+    """One self-attention both ways: ``packed_run(packed, g, spec) -> (out, lse, dqkv)`` on the (B, L, 3 * H * E)
+    packing of ``arrays`` (q, k, v, g, each (B, H, L, E)) and ``per_head_run(q, k, v, g, spec) -> (out, lse,
+    (dq, dk, dv))`` on the planes, in ``dtype``. Asserts they agree bit for bit (the same arithmetic, only the
+    addresses differ) and returns the packed results heads first: out, lse, dq, dk, dv (host arrays)."""
+    q, k, v, g = arrays
+    batch, heads, length, e = q.shape
     qkv = np.concatenate([x.transpose(0, 2, 1, 3).reshape(batch, length, heads * e) for x in (q, k, v)], axis=-1)
     g_merged = g.transpose(0, 2, 1, 3).reshape(batch, length, heads * e)
     packed, gp = (nc.Tensor.from_host(device, a, dtype) for a in (qkv, g_merged))
     spec = RA.check_packed_attention(packed, heads, causal)
-    planes = [nc.Tensor.from_host(device, a, dtype) for a in (q, k, v, g)]
-    if emulate:
-        kernels = M.packed_kernels(emulate=True)
-        out, lse = kernels.forward(packed, spec)
-        dqkv = kernels.backward(gp, packed, out, lse, spec)
-        out_h, lse_h = M.forward(*planes[:3], None, spec, 0, None, emulate=True)
-        grads_h = M.backward(planes[3], *planes[:3], out_h, lse_h, None, spec, 0, None, emulate=True)
-    else:
-        assert RA._packed_kernels(packed, spec) is M.VARIANT.packed
-        out, lse = RA.packed_attention_forward(packed, spec)
-        dqkv = RA.packed_attention_backward(gp, packed, out, lse, spec)
-        out_h, lse_h = RA.attention_forward(*planes[:3], None, spec)
-        grads_h = RA.attention_backward(planes[3], *planes[:3], out_h, lse_h, None, spec)
+    out, lse, dqkv = packed_run(packed, gp, spec)
+    out_h, lse_h, grads_h = per_head_run(*(nc.Tensor.from_host(device, a, dtype) for a in arrays), spec)
     assert out.dtype == dtype and dqkv.dtype == dtype and lse.dtype == F32
     heads_first = out.to_host().reshape(batch, length, heads, e).transpose(0, 2, 1, 3)
     grads = dqkv.to_host().reshape(batch, length, 3, heads, e).transpose(2, 0, 3, 1, 4)
-    want, bounds = expected(q, k, v, g, causal=causal)
-    _compare([heads_first, lse.to_host(), *grads], want, bounds, REL_BF16 if bf16 else REL)
     np.testing.assert_array_equal(heads_first, out_h.to_host())
     np.testing.assert_array_equal(lse.to_host(), lse_h.to_host())
     for got, per_head in zip(grads, grads_h, strict=True):
         np.testing.assert_array_equal(got, per_head.to_host())
+    return [heads_first, lse.to_host(), *grads]
+
+
+def dispatched_runs(kernels):
+    """(packed_run, per_head_run) of ``packed_and_per_head`` through ``attention``'s dispatch, as the ops run;
+    the packed call must take ``kernels`` (a variant's ``PackedKernels``: in place, no copies)."""
+
+    def packed_run(packed, gp, spec):
+        assert RA._packed_kernels(packed, spec) is kernels
+        out, lse = RA.packed_attention_forward(packed, spec)
+        return out, lse, RA.packed_attention_backward(gp, packed, out, lse, spec)
+
+    def per_head_run(q, k, v, g, spec):
+        out, lse = RA.attention_forward(q, k, v, None, spec)
+        return out, lse, RA.attention_backward(g, q, k, v, out, lse, None, spec)
+
+    return packed_run, per_head_run
+
+
+def emulated_runs(kernels, forward, backward):
+    """(packed_run, per_head_run) of ``packed_and_per_head`` through a variant's emulated ``kernels`` (a
+    ``PackedKernels``) and its emulated per-head ``forward`` / ``backward``."""
+
+    def packed_run(packed, gp, spec):
+        out, lse = kernels.forward(packed, spec)
+        return out, lse, kernels.backward(gp, packed, out, lse, spec)
+
+    def per_head_run(q, k, v, g, spec):
+        out, lse = forward(q, k, v, None, spec, 0, None)
+        return out, lse, backward(g, q, k, v, out, lse, None, spec, 0, None)
+
+    return packed_run, per_head_run
+
+
+def packed_case(device, dtype, batch, length, heads, e, causal, emulate):
+    """Self-attention on one packed (B, L, 3 * H * E) tensor (``packed_kernels``; the GPT block's path under
+    autocast: float32 rounded to the products' kind by one copy): against float64 within the products' bound,
+    and bit for bit the per-head kernels."""
+    bf16 = M.kind(dtype) == "bf16"
+    shape = (batch, heads, length, e)
+    arrays = _inputs(shape, shape, ("packed", str(dtype), shape, causal), BF16 if bf16 else F16)
+    if emulate:
+        runs = emulated_runs(
+            M.packed_kernels(emulate=True),
+            functools.partial(M.forward, emulate=True),
+            functools.partial(M.backward, emulate=True),
+        )
+    else:
+        runs = dispatched_runs(M.VARIANT.packed)
+    got = packed_and_per_head(device, dtype, arrays, causal, *runs)
+    want, bounds = expected(*arrays, causal=causal)
+    _compare(got, want, bounds, REL_BF16 if bf16 else REL)
 
 
 #: (matmul precision, dtype, batch, length, heads, E, causal): tails past a 64-row block, several heads and

@@ -25,6 +25,7 @@ Tolerances, per element, relative to the element's sum of absolute terms (``expe
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import file_modules
@@ -124,37 +125,24 @@ def test_emulated_forward_with_two_row_tiles_a_warp(cl_device, monkeypatch, kind
 
 def packed_case(device, kind, batch, length, heads, e, causal, emulate):
     """Self-attention on one packed (B, L, 3 * H * E) tensor (``packed_kernels``, the GPT block's path):
-    against float64 within the kind's bound, and bit for bit the per-head kernels on the same values (the same
-    arithmetic, only the addresses differ)."""
+    against float64 within the kind's bound, and bit for bit the per-head kernels."""
     q, k, v, g = _inputs(kind, (batch, heads, length, e), (batch, heads, length, e), (batch, length, heads, e, kind))
     while kind == "tf32x3" and _sigma(q, k, {}) >= SIGMA_MAX:
         q = q * 0.5
-    qkv = np.concatenate([x.transpose(0, 2, 1, 3).reshape(batch, length, heads * e) for x in (q, k, v)], axis=-1)
-    g_merged = g.transpose(0, 2, 1, 3).reshape(batch, length, heads * e)
-    packed, gp = (nc.Tensor.from_host(device, a, F32) for a in (qkv, g_merged))
-    spec = RA.check_packed_attention(packed, heads, causal)
-    planes = [nc.Tensor.from_host(device, a, F32) for a in (q, k, v, g)]
     if emulate:
-        kernels = T.packed_kernels(kind, emulate=True)
-        out, lse = kernels.forward(packed, spec)
-        dqkv = kernels.backward(gp, packed, out, lse, spec)
-        out_h, lse_h = T.forward(*planes[:3], None, spec, 0, None, kind=kind, emulate=True)
-        grads_h = T.backward(planes[3], *planes[:3], out_h, lse_h, None, spec, 0, None, kind=kind, emulate=True)
+        runs = _MMA_TESTS.emulated_runs(
+            T.packed_kernels(kind, emulate=True),
+            functools.partial(T.forward, kind=kind, emulate=True),
+            functools.partial(T.backward, kind=kind, emulate=True),
+        )
+        got = _MMA_TESTS.packed_and_per_head(device, F32, (q, k, v, g), causal, *runs)
     else:
         with matmul_precision(PRECISION[kind]):
-            assert RA._packed_kernels(packed, spec) is not None
-            out, lse = RA.packed_attention_forward(packed, spec)
-            dqkv = RA.packed_attention_backward(gp, packed, out, lse, spec)
-            out_h, lse_h = RA.attention_forward(*planes[:3], None, spec)
-            grads_h = RA.attention_backward(planes[3], *planes[:3], out_h, lse_h, None, spec)
-    heads_first = out.to_host().reshape(batch, length, heads, e).transpose(0, 2, 1, 3)
-    grads = dqkv.to_host().reshape(batch, length, 3, heads, e).transpose(2, 0, 3, 1, 4)
+            got = _MMA_TESTS.packed_and_per_head(
+                device, F32, (q, k, v, g), causal, *_MMA_TESTS.dispatched_runs(T.VARIANT.packed)
+            )
     want, bounds = expected(q, k, v, g, causal=causal)
-    _compare(kind, [heads_first, lse.to_host(), *grads], want, bounds)
-    np.testing.assert_array_equal(heads_first, out_h.to_host())
-    np.testing.assert_array_equal(lse.to_host(), lse_h.to_host())
-    for got, per_head in zip(grads, grads_h, strict=True):
-        np.testing.assert_array_equal(got, per_head.to_host())
+    _compare(kind, got, want, bounds)
 
 
 #: (kind, batch, length, heads, E, causal): tails past a 64-row block, several heads and batches
