@@ -43,7 +43,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.runtime.launch import launch
 from netcl.runtime.ops import attention_tiled  # noqa: F401  registers the quad variant first: ours goes before it
-from netcl.runtime.ops._common import get_kernel
+from netcl.runtime.ops._common import get_kernel, remember
 from netcl.runtime.ops._grid import index_ctype, index_dtype
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
@@ -475,12 +475,22 @@ def configs(e: int, local_bytes: int) -> dict[str, Blocks | None]:
 
 
 def _device_configs(device: Device, e: int) -> dict[str, Blocks | None]:
-    """``configs`` within the device's local memory, without blocks of more work-items than a group may hold."""
+    """``configs`` within the device's local memory, without blocks of more work-items than a group may hold
+    (once per device and feature size: every call's dispatch asks, and the search over ``_CANDIDATES`` costs
+    microseconds)."""
+    known = _DEVICE_CONFIGS.get((device, e))
+    if known is not None:
+        return known
     if device.cl_device is None:
         return dict.fromkeys(("fwd", "bwd_q", "bwd_kv"))
     chosen = configs(e, int(device.cl_device.local_mem_size))
     most = int(device.cl_device.max_work_group_size)
-    return {kernel: b if b is not None and b.threads <= most else None for kernel, b in chosen.items()}
+    fitting = {kernel: b if b is not None and b.threads <= most else None for kernel, b in chosen.items()}
+    return remember(_DEVICE_CONFIGS, (device, e), fitting)
+
+
+#: (device, E) -> ``_device_configs``
+_DEVICE_CONFIGS: dict[tuple[Device, int], dict[str, Blocks | None]] = {}
 
 
 def is_default(device: Device) -> bool:
