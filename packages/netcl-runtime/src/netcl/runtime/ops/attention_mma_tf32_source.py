@@ -65,7 +65,8 @@ class Plan:
 
 
 #: (kernel, E) -> its plan; local memory within NVIDIA's 48 KB (``local_bytes``). The forward at E 64 owns 128
-#: query rows (mt 2: each B fragment split once for two products): sweeps in RESULTS ("tf32 forward, two row tiles")
+#: query rows (mt 2: each B fragment split once for two products): the sweep is in benchmarks/RESULTS.md,
+#: "NVIDIA H100 and H200, 2026-11-27 (twelfth session)"
 PLANS: dict[tuple[str, int], Plan] = {
     ("fwd", 64): Plan(32, 2, mt=2),
     ("fwd", 128): Plan(16, 2),
