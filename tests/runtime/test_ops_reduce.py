@@ -61,6 +61,24 @@ def test_long_reductions(device: nc.Device, shape: tuple[int, ...]) -> None:
         np.testing.assert_array_equal(ops.max(t, axis=0).to_host(), x64.max(0))
 
 
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((6, 5, 70), (0, 2)), ((64, 8, 4, 4), (0, 2, 3)), ((3, 4, 5, 6, 7), (0, 2, 4))]
+)
+def test_axes_split_by_kept_ones(device: nc.Device, shape: tuple[int, ...], axis: tuple[int, ...]) -> None:
+    """Reduced axes with kept ones between them (a bias gradient's (N, C, H, W) over N, H and W; on CPU devices
+    the innermost run is reduced first, then the rest): every op against float64, a NaN carried through."""
+    x = _data(shape, seed=6)
+    x64 = x.astype(np.float64)
+    t = nc.tensor(x, device=device)
+    scale = np.abs(x64).sum(axis=axis)
+    _close(ops.sum(t, axis), x64.sum(axis=axis), scale)
+    _close(ops.mean(t, axis=axis), x64.mean(axis=axis), scale)
+    np.testing.assert_array_equal(ops.max(t, axis=axis).to_host(), x64.max(axis=axis))
+    np.testing.assert_array_equal(ops.min(t, axis=axis).to_host(), x64.min(axis=axis))
+    x[(0,) * x.ndim] = np.nan
+    np.testing.assert_array_equal(ops.max(nc.tensor(x, device=device), axis=axis).to_host(), np.max(x, axis=axis))
+
+
 def test_large_sum_is_accurate(device: nc.Device) -> None:
     x = np.random.default_rng(3).random(1 << 24, dtype=np.float32)
     reference = x.sum(dtype=np.float64)
