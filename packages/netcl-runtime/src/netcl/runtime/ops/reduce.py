@@ -266,8 +266,8 @@ def _innermost_first(
 ) -> None:
     """On a CPU device, reduced axes split by kept ones with the last of them innermost (a bias gradient's
     (N, C, H, W) over N, H and W): the contiguous innermost run first, every other axis kept, then the rest of
-    the reduction on those partials. One strided stage measured 3.5-5x slower on PoCL (RESULTS, "Issue 33 on the
-    CPU: reductions across a kept axis")."""
+    the reduction on those partials, faster on PoCL than one strided stage (benchmarks/RESULTS.md, "Issue 33 on
+    the CPU: reductions across a kept axis")."""
     inner = reduced[-1][0]
     rest = sorted(kept + reduced[:-1], key=lambda group: -group[1])  # the other axes, outermost first
     partial = Tensor.empty((x.size // inner,), acc, device)
