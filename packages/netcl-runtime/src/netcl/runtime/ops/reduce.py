@@ -13,7 +13,8 @@ When an output needs several chunks, the partials go to a scratch tensor that th
 reduces the same way. A float32 sum of n elements thus adds at most ~16 terms serially per
 stage and log2 terms in every tree, so its error grows like log(n) rather than n. Reductions
 of at most ``SERIAL_MAX`` elements into several outputs use one thread per output (a short
-loop beats a tree there).
+loop beats a tree there). On CPU devices, reduced axes with kept ones between them and the last
+of them innermost (a bias gradient's N, H and W) reduce that innermost run first, then the rest.
 
 Programs are shape-generic: sizes, strides, chunk counts and the tree's work-group size are
 kernel arguments, so a program is built once per (op, mode, number of kept/reduced axes after
