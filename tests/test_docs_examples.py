@@ -5,7 +5,9 @@ a temporary working directory (examples that save a checkpoint write there). A b
 run in the test suite (it needs ``mpiexec``, a GPU, or names defined elsewhere) is fenced as
 ````` ```python no-run `````: the marker is visible in the page, and ``NO_RUN_LIMIT`` keeps such
 blocks few. Any other word after ``python`` in a fence is an error, so a typo cannot skip a block.
-Primitives an example registers are removed afterwards, so they do not leak into other tests.
+Primitives an example registers are removed afterwards, and the process-wide switches an example turns
+(``use_deterministic_algorithms``, the float32 matmul precision) are put back, so they do not leak into other
+tests (a page that left the deterministic mode on made later tests in its process skip their searches).
 """
 
 from __future__ import annotations
@@ -51,8 +53,15 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch) -> None:
     if not blocks:
         pytest.skip(f"{page.name} has no runnable python block")
     from netcl.jit.primitive_registry import PRIMITIVES
+    from netcl.runtime import determinism
+    from netcl.runtime.ops.precision import get_float32_matmul_precision, set_float32_matmul_precision
 
     registered = dict(PRIMITIVES)
+    deterministic = (
+        determinism.are_deterministic_algorithms_enabled(),
+        determinism.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    precision = get_float32_matmul_precision()
     # run from a scratch directory that has the repository's examples/ as a neighbour: a page may import
     # an example's module as a user in the repository does (sys.path.insert(0, "examples"))
     (tmp_path / "examples").symlink_to(ROOT / "examples")
@@ -66,3 +75,5 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch) -> None:
     finally:
         for name in set(PRIMITIVES) - set(registered):
             PRIMITIVES.pop(name)
+        determinism.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        set_float32_matmul_precision(precision)

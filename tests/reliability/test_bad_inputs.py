@@ -469,6 +469,7 @@ def test_broadcast_result_larger_than_the_device(cl_device, settled_memory):
 def test_settled_pool_readings_ignore_garbage_of_earlier_tests(cl_device, settled_memory):
     """Why the test above was flaky, and that settled readings are not: a block held by a reference
     cycle (left by an earlier test) returns to the pool whenever the collector runs."""
+    settled_memory(cl_device)  # the garbage earlier tests left collected first: only this test's cycle below
     cycle = [Tensor.empty((4096,), np.float32, cl_device)]
     cycle.append(cycle)
     del cycle

@@ -54,6 +54,7 @@ def test_steady_loop_allocates_nothing_new(cl_device: nc.Device, settled_memory)
 
 
 def test_buffer_returns_only_when_unreachable(cl_device: nc.Device, settled_memory) -> None:
+    settled_memory(cl_device)  # earlier tests' garbage back in the pool first, then out: other's block is fresh
     empty_cache(cl_device)
     t = nc.tensor(np.arange(1000, dtype=np.float32), device=cl_device)
     view = t.reshape(10, 100)
@@ -73,6 +74,7 @@ def test_buffer_returns_only_when_unreachable(cl_device: nc.Device, settled_memo
 
 
 def test_stats_and_empty_cache(cl_device: nc.Device, settled_memory) -> None:
+    settled_memory(cl_device)  # earlier tests' garbage back in the pool first, then out: the three blocks are fresh
     empty_cache(cl_device)
     start = settled_memory(cl_device)
     tensors = [nc.Tensor.empty((n,), np.float32, cl_device) for n in (100, 1000, 300000)]
