@@ -271,24 +271,11 @@ def _innermost_first(
     the CPU: reductions across a kept axis")."""
     inner = reduced[-1][0]
     rest = sorted(kept + reduced[:-1], key=lambda group: -group[1])  # the other axes, outermost first
-    partial = Tensor.empty((x.size // inner,), acc, device)
-    _reduce_cl(op, x, ((x.size // inner, inner),), ((inner, 1),), acc, partial, 1.0, device)
-    step, sizes = 1, []
-    for size, _ in reversed(rest):  # the partials' strides: contiguous over the other axes
-        sizes.append((size, step))
-        step *= size
-    strides = dict(zip(rest, reversed(sizes), strict=True))
-    _reduce_cl(
-        op,
-        partial,
-        tuple(strides[g] for g in kept),
-        tuple(strides[g] for g in reduced[:-1]),
-        acc,
-        out,
-        scale,
-        device,
-        addend,
-    )
+    partial = Tensor.empty(tuple(size for size, _ in rest), acc, device)
+    _reduce_cl(op, x, ((partial.size, inner),), ((inner, 1),), acc, partial, 1.0, device)
+    later = set(reduced[:-1])
+    next_kept, next_reduced = merged_layout(partial.shape, tuple(i for i, group in enumerate(rest) if group in later))
+    _reduce_cl(op, partial, next_kept, next_reduced, acc, out, scale, device, addend)
 
 
 #: device -> the tree mode's work-group limit (``MAX_LOCAL`` or the device's power-of-two maximum)
