@@ -74,6 +74,24 @@ def test_leaf_gradients_accumulate_across_backward_calls(device):
     assert a.value.grad is a.grad
 
 
+def test_each_leaf_gets_its_gradient_in_its_own_dtype(device):
+    """A float64 term promotes the loss; the float16 and float32 leaves still get their own dtype (torch's
+    engine casts each gradient to its tensor's dtype; the optimizers refuse any other)."""
+    if not (device.computes(np.float64) and device.supports(np.float16)):
+        pytest.skip("needs float64 kernels and float16 tensors")
+    values = {np.float16: [0.5, -1.25, 2.0], np.float32: [1.5, 0.25, -3.0], np.float64: [0.1, 0.2, -0.7]}
+    leaves = {k: ag.tensor(np.array(v, k), requires_grad=True, dtype=k, device=device) for k, v in values.items()}
+    with ag.Tape():
+        loss = ag.sum(leaves[np.float32] * leaves[np.float32]) + ag.sum(leaves[np.float16] * leaves[np.float16])
+        loss = loss + ag.sum(leaves[np.float64] * leaves[np.float64])
+        assert loss.dtype == np.float64
+        loss.backward()
+    for dtype, leaf in leaves.items():
+        assert leaf.grad.dtype == dtype
+        # d/dx sum(x * x) = 2x: exact in every dtype (x is representable, doubling is exact)
+        np.testing.assert_array_equal(leaf.grad.to_host(), 2 * np.array(values[dtype], dtype))
+
+
 def test_non_scalar_loss_needs_grad(device):
     x = ag.tensor([1.0, 2.0], requires_grad=True, device=device)
     with ag.Tape() as tape:

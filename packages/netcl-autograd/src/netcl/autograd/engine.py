@@ -504,6 +504,8 @@ class Tape:
                         f"grad_fn of op {node.op_name!r} returned a gradient of shape {pg.shape} "
                         f"for an input of shape {parent.shape}"
                     )
+                if pg.dtype != parent.dtype and is_floating(parent.dtype):
+                    pg = layout.cast(pg, parent.dtype)  # as torch's engine: a gradient has its tensor's dtype
                 if anomaly:
                     _check_finite(node, pg)
                 if addends is not None and addends[k] is not None:  # the op's store added the sum so far
