@@ -191,6 +191,7 @@ def main() -> None:
         return
     path = (
         {
+            "peer": "peer (kernels read every rank's window over the GPUs' peer links, no host wait)",
             "device-direct": "device-direct (NCCL on memory OpenCL shares with CUDA, own thread)",
             "overlapped": "overlapped host-staged MPI (own thread and queue, chunked)",
         }.get(rows[0]["all_reduce_path"], "inline")

@@ -73,9 +73,10 @@ def test_one_exchange_per_dtype_equals_the_inline_path(mpirun, spec, device_kind
     assert same_bits(results[0]["coalesced"]["grads"], results[1]["coalesced"]["grads"])
 
 
-def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
+def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun, monkeypatch):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    monkeypatch.setenv("NETCL_PEER_ALLREDUCE", "0")  # the peer path comes first where it can run
     results, proc = mpirun("ddp_overlap", "auto")
     check_ok(results, proc)
     r0, r1 = results
@@ -92,9 +93,10 @@ def test_ddp_through_nccl_equals_the_staged_path_and_one_process(mpirun):
         np.testing.assert_allclose(got, ref, rtol=0, atol=GRAD_ATOL)
 
 
-def test_a_dead_rank_times_out_on_the_nccl_path(mpirun):
+def test_a_dead_rank_times_out_on_the_nccl_path(mpirun, monkeypatch):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    monkeypatch.setenv("NETCL_PEER_ALLREDUCE", "0")
     results, proc = mpirun("ddp_dead", "auto", timeout=3.0)
     r0, r1 = results
     assert r1 is None and r0 is not None, proc.stdout + proc.stderr

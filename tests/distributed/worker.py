@@ -418,6 +418,66 @@ def case_direct_deterministic(info, device) -> dict:
         determinism.use_deterministic_algorithms(False)
 
 
+# ---- peer all-reduce ------------------------------------------------------------------------------
+def case_ddp_peer(info, device) -> dict:
+    """DDP on the peer path against the inline MPI path, over five SGD steps (both slots of a window used
+    twice) of float32 weights and a float16 and a float64 parameter (a window each): gradients and params."""
+    from netcl.optim import SGD
+
+    out: dict = {}
+    x, y = batch(device, 4, 16)
+    shard = slice(8 * info.rank, 8 * info.rank + 8)
+    for name, overlap in (("peer", True), ("inline", False)):
+        model = MLP(device, seed=50 + info.rank, hidden=24)
+        rng = np.random.default_rng(9 + info.rank)
+        for key, dtype in (("half", np.float16), ("double", np.float64)):
+            value = rng.normal(size=(5,)).astype(dtype)
+            model.named.append((key, ag.tensor(value, requires_grad=True, device=device, dtype=dtype)))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, overlap=overlap)
+        opt = SGD(list(model.parameters()), lr=0.1)
+        grads = []
+        for _ in range(5):
+            opt.zero_grad()
+            with ag.Tape():
+                logits = ddp(ag.tensor(x[shard], device=device))
+                half, double = model.named[4][1], model.named[5][1]
+                loss = ag.cross_entropy(logits, ag.tensor(y[shard], device=device))
+                loss = loss + ag.sum(half * half) + ag.sum(double * double)
+                loss.backward()
+            grads.append([p.grad.to_host() for p in model.parameters()])
+            opt.step()
+        out[name] = {
+            "grads": grads,
+            "params": [p.to_host() for p in model.parameters()],
+            "path": ddp.all_reduce_path,
+        }
+        ddp.remove_hooks()
+    return out
+
+
+def case_peer_dead(info, device) -> dict:
+    """Rank 1 leaves after a first synchronized step: rank 0's next exchange times out on the device and
+    its next host read raises."""
+    model = MLP(device, seed=5)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+    x, y = batch(device, 0)
+
+    def step():
+        with ag.Tape():
+            ag.cross_entropy(ddp(ag.tensor(x, device=device)), ag.tensor(y, device=device)).backward()
+        return [p.grad.to_host() for p in model.parameters()]
+
+    first = step()
+    if info.rank == 1:
+        sys.exit(0)
+    return {"path": ddp.all_reduce_path, "first": first, "error": error_of(step), "after": error_of(dist.barrier)}
+
+
+def case_peer_required(info, device) -> dict:
+    """NETCL_PEER_ALLREDUCE=1 (set by the test) where the path cannot run: the same error on every rank."""
+    return {"error": error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4))}
+
+
 def case_bucket_mismatch(info, device) -> dict:
     model = MLP(device, seed=1)
     return {"error": error_of(lambda: DistributedDataParallel(model, bucket_cap_mb=1e-4 if info.rank == 0 else 25))}

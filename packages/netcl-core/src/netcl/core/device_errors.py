@@ -1,4 +1,5 @@
-"""The per-device error word: kernels record the first out-of-range index there; the host raises at its next wait.
+"""The per-device error word: kernels record the first out-of-range index (or another fault) there; the host
+raises at its next wait.
 
 An index-taking kernel (gather, index_select, embedding, class-loss targets, ...) gets two extra arguments, the
 device's error word (``__global int*``, ``ERROR_WORDS`` ints) and a code naming the op and argument
@@ -8,11 +9,15 @@ the bound; the kernel goes on with a defined value. Nothing reads the word until
 anyway (``Tensor.to_host`` and what is built on it, ``netcl.runtime.synchronize``): the word is read on the same
 in-order queue just before the wait's own read, cleared when set, and an ``IndexError`` naming the op, the value
 and the bound is raised. A device whose kernels never took the word never reads it.
+
+Other faults only a kernel sees (a peer rank that never reached an all-reduce, say) take a code of their own
+(``fault_code``, with the exception the host raises) and record it through ``netcl_record_error``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,15 +28,19 @@ ERROR_WORDS = 6
 
 #: OpenCL C helpers an index-checking kernel includes (before its kernel).
 INDEX_CHECK_C = r"""
-/* Record an out-of-range index (the first one since the host last read the word wins) and return 0,
-   a defined position to read instead. */
-inline long netcl_index_error(__global int* err, const int code, const long v, const long bound) {
+/* Record a fault (the first one since the host last read the word wins): its code, a value and a bound. */
+inline void netcl_record_error(__global int* err, const int code, const long v, const long bound) {
     if (atomic_cmpxchg((volatile __global int*)err, 0, code) == 0) {
         err[1] = (int)(v & 0xffffffffL);
         err[2] = (int)(v >> 32);
         err[3] = (int)(bound & 0xffffffffL);
         err[4] = (int)(bound >> 32);
     }
+}
+
+/* Record an out-of-range index and return 0, a defined position to read instead. */
+inline long netcl_index_error(__global int* err, const int code, const long v, const long bound) {
+    netcl_record_error(err, code, v, bound);
     return 0;
 }
 """
@@ -39,6 +48,8 @@ inline long netcl_index_error(__global int* err, const int code, const long v, c
 _codes: dict[tuple[str, str, int | None, str], int] = {}
 _messages: list[tuple[str, str, int | None, str]] = [("", "", None, "")]
 _codes_lock = threading.Lock()
+#: code -> the exception a fault that is not an index raises, made from the recorded value and bound
+_faults: dict[int, Callable[[int, int], BaseException]] = {}
 
 
 def index_error_code(op: str, arg: str = "index", axis: int | None = None, allowed: str = "") -> int:
@@ -55,6 +66,20 @@ def index_error_code(op: str, arg: str = "index", axis: int | None = None, allow
                 _messages.append(key)
                 _codes[key] = code
     return code
+
+
+def fault_code(name: str, make: Callable[[int, int], BaseException]) -> int:
+    """The code of fault ``name`` (one per name, the first ``make`` kept): a kernel records it with
+    ``netcl_record_error(err, code, value, bound)`` and the host raises ``make(value, bound)`` at its next wait."""
+    code = index_error_code(name, "fault")
+    _faults.setdefault(code, make)
+    return code
+
+
+def device_error(code: int, value: int, bound: int) -> BaseException:
+    """The exception for a recorded ``code``: the fault's own, else an IndexError (``index_error_message``)."""
+    make = _faults.get(code)
+    return make(value, bound) if make is not None else IndexError(index_error_message(code, value, bound))
 
 
 def index_error_message(code: int, value: int, bound: int) -> str:
@@ -104,7 +129,8 @@ class ErrorWord:
         return host, cl.enqueue_copy(queue, host, self._buffer, is_blocking=False)
 
     def raise_if_set(self, pending: tuple[np.ndarray, Any] | None, queue: cl.CommandQueue) -> None:
-        """IndexError when ``pending`` (a finished ``enqueue_read``) holds a recorded index; the word is cleared."""
+        """IndexError (or a fault's own exception) when ``pending`` (a finished ``enqueue_read``) holds a record;
+        the word is cleared."""
         if pending is None or pending[0][0] == 0:
             return
         host = pending[0]
@@ -113,7 +139,7 @@ class ErrorWord:
         words = host.astype(np.int64)
         value = int(words[1] & 0xFFFFFFFF | (words[2] << 32))
         bound = int(words[3] & 0xFFFFFFFF | (words[4] << 32))
-        raise IndexError(index_error_message(int(host[0]), value, bound))
+        raise device_error(int(host[0]), value, bound)
 
     def check(self, queue: cl.CommandQueue) -> None:
         """Wait for ``queue`` and raise what the word holds (a no-op read-free wait when unused)."""

@@ -10,7 +10,11 @@ goes to the DDP's own thread and OpenCL queue (``netcl.runtime.distributed.overl
 wait on the event that marks its gradients complete, not on the queue, and it is pipelined in
 chunks (device -> pinned host -> MPI -> device) beside the backward; ``overlap=False`` runs the
 non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give the same bits. Where
-every rank has an NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
+the ranks own the NVIDIA GPUs of one host (``netcl.runtime.distributed.peer``: ``NETCL_PEER_ALLREDUCE``),
+each dtype's buckets are one exchange at the end of the backward whose kernels read every rank's
+gradients over the GPUs' peer links, all on the device's queue (no host wait; the same bits as the MPI
+path). Else, where every rank has an NVIDIA GPU that shares memory with CUDA
+(``netcl.runtime.distributed.device_direct``:
 ``NETCL_DEVICE_DIRECT``), the buckets are all-reduced by NCCL on the device instead, all in one
 exchange when the backward ends (identical bits on every rank, not necessarily the host-staged
 path's; one exchange because each switch between the GPU's OpenCL and CUDA contexts pauses it). At
@@ -42,9 +46,10 @@ from netcl.autograd.engine import Node, queue_callback
 from netcl.core import Tensor
 from netcl.runtime import capture
 from netcl.runtime import distributed as dist
-from netcl.runtime.distributed import DistributedError, device_direct
+from netcl.runtime.distributed import DistributedError, device_direct, peer
 from netcl.runtime.distributed.device_direct import DeviceDirectReducer
 from netcl.runtime.distributed.overlap import OverlapReducer, threads_supported
+from netcl.runtime.distributed.peer import PeerReducer
 
 log = logging.getLogger("netcl.distributed")
 DEFAULT_BUCKET_MB = 25.0
@@ -142,13 +147,17 @@ class DistributedDataParallel:
                 self._bucket_of[i] = bucket.index
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._check_buckets(overlap)
-        self._reducer: OverlapReducer | DeviceDirectReducer | None = None
-        #: device-direct: every bucket in one exchange at the end of the backward. NVIDIA's OpenCL and
-        #: NCCL run in two CUDA contexts, and each switch between them costs the GPU a fixed pause
-        #: (benchmarks/RESULTS.md, "device-direct all-reduce"): one exchange per step switches twice.
+        self._reducer: PeerReducer | OverlapReducer | DeviceDirectReducer | None = None
+        #: peer and device-direct: every bucket in one exchange per dtype at the end of the backward. Peer:
+        #: the fewest launches (the step's host time is the cost); device-direct: NVIDIA's OpenCL and NCCL run
+        #: in two CUDA contexts, and each switch between them costs the GPU a fixed pause (benchmarks/RESULTS.md,
+        #: "device-direct all-reduce"): one exchange per step switches twice.
         self._coalesce = False
         if overlap and self.info.world_size > 1:
-            if device_direct.agree(self.params[0].device):  # collective: the same answer on every rank
+            if peer.agree(self.params[0].device):  # collective: the same answer on every rank
+                self._reducer = PeerReducer(self.params[0].device)
+                self._coalesce = True
+            elif device_direct.agree(self.params[0].device):
                 self._reducer = DeviceDirectReducer(self.params[0].device)
                 self._coalesce = True
             elif threads_supported():
@@ -163,9 +172,12 @@ class DistributedDataParallel:
 
     @property
     def all_reduce_path(self) -> str:
-        """How buckets are all-reduced: "device-direct" (NCCL on memory OpenCL shares with CUDA),
-        "overlapped" (MPI on a thread of its own, host-staged in chunks) or "inline" (MPI on the caller's
-        thread: one rank, ``overlap=False``, or an MPI without ``MPI_THREAD_MULTIPLE``)."""
+        """How buckets are all-reduced: "peer" (kernels read every rank's window over the GPUs' peer links),
+        "device-direct" (NCCL on memory OpenCL shares with CUDA), "overlapped" (MPI on a thread of its own,
+        host-staged in chunks) or "inline" (MPI on the caller's thread: one rank, ``overlap=False``, or an MPI
+        without ``MPI_THREAD_MULTIPLE``)."""
+        if isinstance(self._reducer, PeerReducer):
+            return "peer"
         if isinstance(self._reducer, DeviceDirectReducer):
             return "device-direct"
         return "inline" if self._reducer is None else "overlapped"
@@ -289,7 +301,8 @@ class DistributedDataParallel:
         state.outputs[bucket.index] = outputs
 
     def _launch_coalesced(self, state: _Round) -> None:
-        """The buckets not started yet as one device-direct exchange per dtype (``_coalesce``)."""
+        """The buckets not started yet as one exchange per dtype (``_coalesce``: the peer and device-direct
+        reducers; a dtype the peer reducer does not take goes through the MPI path)."""
         waiting = [b for b in self.buckets if b.index not in state.works]
         if not waiting:
             return
@@ -303,10 +316,13 @@ class DistributedDataParallel:
         for bucket in waiting:  # a bucket holds one dtype
             inputs = self._inputs(state, bucket)
             by_dtype.setdefault(inputs[0].dtype, []).append((bucket, inputs))
-        for group in by_dtype.values():
+        for dtype, group in by_dtype.items():
             outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
-            flat_in = [t for _, inputs in group for t in inputs]
-            work = self._reducer.submit(flat_in, [t for out in outputs for t in out], "mean")
+            flat_in, flat_out = [t for _, inputs in group for t in inputs], [t for out in outputs for t in out]
+            if isinstance(self._reducer, PeerReducer) and not self._reducer.supports(dtype):
+                work = dist.all_reduce_coalesced_async(flat_in, "mean", flat_out)  # e.g. bfloat16: the MPI path
+            else:
+                work = self._reducer.submit(flat_in, flat_out, "mean")
             for (bucket, _), out in zip(group, outputs, strict=True):
                 state.works[bucket.index], state.outputs[bucket.index] = work, out
                 state.overlapped += 1

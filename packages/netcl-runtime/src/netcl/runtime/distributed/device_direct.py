@@ -97,7 +97,8 @@ def probe(device: Device) -> Probe:
     return cached
 
 
-def _pci(device: Device) -> tuple[int, int, int]:
+def nvidia_pci(device: Device) -> tuple[int, int, int]:
+    """(domain, bus, slot) of an NVIDIA OpenCL GPU (``cl_nv_device_attribute_query``)."""
     d = device.cl_device
     info = cl.device_info
     return (
@@ -112,7 +113,7 @@ def _probe(device: Device) -> Probe:
         return Probe(False, f"{device.name!r} is not an NVIDIA GPU under NVIDIA's OpenCL", applicable=False)
     if EXTENSION not in device.cl_device.extensions.split():
         return Probe(False, f"{device.name!r} lacks {EXTENSION}")
-    pci = _pci(device)
+    pci = nvidia_pci(device)
     gpu = cuda_driver.device_by_pci(*pci)
     nccl.library()
     shared = SharedBuffer(device, gpu, _PROBE_BYTES)
@@ -167,7 +168,8 @@ class SharedBuffer:
         self.memory = cuda_driver.ExportableMemory(gpu, nbytes)
         self.pointer, self.nbytes = self.memory.pointer, self.memory.nbytes
         try:
-            self.buffer = _import(device, self.memory)
+            self.buffer = import_memory(device, self.memory.fd, self.memory.nbytes)
+            self.memory.hand_over_fd()  # the import owns it now
         except BaseException:
             self.memory.free()
             raise
@@ -195,11 +197,14 @@ def _create_buffer_with_properties() -> Any:
     return create
 
 
-def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
+def import_memory(device: Device, fd: int, nbytes: int) -> cl.Buffer:
+    """``nbytes`` of memory exported as descriptor ``fd`` (by this process or another, for this GPU or a peer
+    GPU of the host), imported into ``device``'s context. The import owns ``fd`` once this returns (as in
+    Vulkan); on an error the caller still does."""
     create = _create_buffer_with_properties()
     values = [
         _EXTERNAL_MEMORY_OPAQUE_FD,
-        memory.fd,
+        fd,
         _DEVICE_HANDLE_LIST,
         device.cl_device.int_ptr,
         _DEVICE_HANDLE_LIST_END,
@@ -207,14 +212,9 @@ def _import(device: Device, memory: cuda_driver.ExportableMemory) -> cl.Buffer:
     ]
     properties = (ctypes.c_uint64 * len(values))(*values)
     status = ctypes.c_int32()
-    handle = create(
-        device.context.int_ptr, properties, cl.mem_flags.READ_WRITE, memory.nbytes, None, ctypes.byref(status)
-    )
+    handle = create(device.context.int_ptr, properties, cl.mem_flags.READ_WRITE, nbytes, None, ctypes.byref(status))
     if status.value != 0 or not handle:
-        raise cl.Error(
-            f"clCreateBufferWithProperties (import of {memory.nbytes} bytes by descriptor): status {status.value}"
-        )
-    memory.hand_over_fd()  # the import owns it now
+        raise cl.Error(f"clCreateBufferWithProperties (import of {nbytes} bytes by descriptor): status {status.value}")
     return cl.Buffer.from_int_ptr(handle, retain=False)
 
 
@@ -224,7 +224,7 @@ class DeviceDirectReducer(ThreadedReducer):
 
     def __init__(self, device: Device) -> None:
         info = world().info
-        gpu = cuda_driver.device_by_pci(*_pci(device))
+        gpu = cuda_driver.device_by_pci(*nvidia_pci(device))
         uid = broadcast_object(nccl.unique_id() if info.rank == 0 else None)
         barrier()  # every rank is alive: NCCL's own setup waits without a timeout
         comm = nccl.Communicator(uid, info.rank, info.world_size)

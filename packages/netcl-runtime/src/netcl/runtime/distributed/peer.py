@@ -1,0 +1,429 @@
+"""Peer all-reduce on the NVIDIA GPUs of one host: each rank's kernels read every other rank's gradients
+over the GPUs' peer links (NVLink or PCIe), with no host wait and no work in a CUDA context.
+
+Every rank allocates a *window* on its own GPU as exportable CUDA memory (``cuda_driver.ExportableMemory``:
+``cuMemCreate`` with a POSIX file-descriptor handle; only an allocation, no CUDA kernel, stream or copy), and
+hands the descriptor to every other rank of the host over a Unix socket (``SCM_RIGHTS``). Each rank imports
+every window, its own and its peers', into its own OpenCL context (``cl_khr_external_memory_opaque_fd``):
+NVIDIA's OpenCL maps a peer GPU's memory, so one kernel reads all of them. A window is a page of flags (one
+ticket per rank) and two slots of the exchange's size.
+
+An exchange (``PeerReducer.submit``) is three kinds of launch on the caller's device queue, in order:
+
+1. *pack*: the inputs (multi-tensor kernels, ``optim_kernels.multi_source``) into this rank's slot ``t % 2``
+   of the next ticket ``t`` (the ticket lives in the window: no launch argument changes between steps);
+2. *meet*: one work-item publishes ``t`` into this rank's flag of every peer's window (``st.release.sys``)
+   and waits until every peer has published ``t`` into this window (``ld.acquire.sys``), for at most the
+   group's timeout (``%globaltimer``). A peer that does not arrive: the kernel records the fault in the
+   device's error word (``netcl.core.device_errors``) and marks the window failed (later exchanges return at
+   once); the host raises ``DistributedTimeoutError`` at its next wait;
+3. *reduce*: every rank's slot summed in rank order 0, 1, ..., n-1 (float16 in float32, with IEEE ``add.rn``
+   and ``div.rn``), divided by n for "mean", into the outputs: the arithmetic of ``allreduce.reduce_parts``,
+   so every rank gets the bits the host-staged MPI path gives, run to run.
+
+Two slots make the reuse safe: a rank writes slot ``t % 2`` again at ticket ``t + 2``, after meeting every
+peer at ``t + 1``, which each peer published only after its own reduce of ``t`` (queues are in order).
+
+``agree(device)`` is collective: the path is taken when every rank is on one host, owns an NVIDIA GPU of its
+own under NVIDIA's OpenCL with the extension, and a trial exchange (every rank reads a pattern from every
+peer's window) gives every rank the right bytes. ``NETCL_PEER_ALLREDUCE`` chooses: ``0`` never, ``1``
+required (an error naming the failing rank and reason), unset: where the trial passes. Measurements:
+benchmarks/RESULTS.md, "peer all-reduce".
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import Device, Tensor, float16, float32, float64
+from netcl.core.device_errors import INDEX_CHECK_C, fault_code
+from netcl.runtime.distributed import cuda_driver
+from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
+from netcl.runtime.distributed.device_direct import EXTENSION, import_memory, nvidia_pci
+from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
+from netcl.runtime.distributed.group import TIMEOUT_ENV, is_usable, mark_broken, world
+from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, storage_ctype
+from netcl.runtime.ops._grid import launch_prepared
+from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source
+
+ENV = "NETCL_PEER_ALLREDUCE"
+#: dtypes an exchange takes (others go through the MPI path)
+DTYPES = (float32, float64, float16)
+OPS = ("sum", "mean")
+#: bytes of a window's flag page: one uint32 ticket per rank, then the failed word
+FLAG_BYTES = 4096
+_FAILED = FLAG_BYTES // 4 - 1
+#: bytes of the trial exchange ``agree`` runs
+_TRIAL_BYTES = 1 << 16
+log = logging.getLogger("netcl.distributed")
+_SAID = False
+
+_SYNC_C = r"""
+inline uint netcl_load_acquire_sys(__global const uint* p) {
+    uint v; asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+inline void netcl_store_release_sys(__global uint* p, const uint v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+inline ulong netcl_now_ns(void) { ulong t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+"""
+
+_MEET = """
+__kernel void netcl_peer_meet({windows}, __global int* err, const int code, const ulong timeout_ns) {{
+    __global uint* mine = w{rank};
+    if (mine[{failed}]) return;
+    const uint t = mine[{rank}] + 1;
+{publish}    mine[{rank}] = t;
+    const ulong start = netcl_now_ns();
+{wait}}}
+"""
+
+_WAIT = """    while (netcl_load_acquire_sys(mine + {peer}) < t) {{
+        if (netcl_now_ns() - start > timeout_ns) {{
+            mine[{failed}] = 1;
+            netcl_record_error(err, code, {peer}, t);
+            return;
+        }}
+    }}
+"""
+
+_ARITHMETIC = {
+    "float": """inline float netcl_add_rn(const float a, const float b) {
+    float r; asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+inline float netcl_div_rn(const float a, const float b) {
+    float r; asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+""",
+    "double": """inline double netcl_add_rn(const double a, const double b) {
+    double r; asm("add.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b)); return r;
+}
+inline double netcl_div_rn(const double a, const double b) {
+    double r; asm("div.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b)); return r;
+}
+""",
+}
+
+
+class PeerTimeoutError(DistributedTimeoutError):
+    """A peer rank did not reach a peer all-reduce within the group's timeout (raised at the next host wait)."""
+
+
+def _timed_out(peer: int, ticket: int) -> BaseException:
+    """The error of a meet that waited past the timeout (the group is broken from then on)."""
+    where = f" on rank {world().info.rank} of {world().info.world_size}" if is_usable() else ""
+    text = (
+        f"peer all-reduce{where}: rank {peer} did not reach exchange {ticket} within {TIMEOUT_ENV}; "
+        "another rank died or stopped"
+    )
+    mark_broken(text)
+    return PeerTimeoutError(text)
+
+
+_TIMEOUT_CODE = fault_code("peer all-reduce", _timed_out)
+
+
+def mode() -> str:
+    """``NETCL_PEER_ALLREDUCE``: "off", "on" (required) or "auto" (ValueError naming the variable)."""
+    text = os.environ.get(ENV, "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text in ("0", "off", "false", "no"):
+        return "off"
+    if text in ("1", "on", "true", "yes"):
+        return "on"
+    raise ValueError(f"{ENV}={text!r}: expected 0 (never), 1 (required) or unset/auto")
+
+
+def applicable(device: Device) -> str | None:
+    """Why this rank cannot take the path (None: it can, pending the trial exchange)."""
+    if device.kind != "opencl" or not device.is_gpu or "NVIDIA" not in device.platform_name:
+        return f"{device.name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
+    if EXTENSION not in device.cl_device.extensions.split():
+        return f"{device.name!r} lacks {EXTENSION}"
+    try:
+        cuda_driver.library()
+    except cuda_driver.CudaError as exc:
+        return str(exc)
+    return None
+
+
+def agree(device: Device) -> bool:
+    """Collective: whether every rank takes the peer path (see the module docstring)."""
+    choice = mode()
+    why = f"{ENV}=0" if choice == "off" else applicable(device)
+    everyone = all_gather_object((why, socket.gethostname(), None if why else nvidia_pci(device)))
+    failed = [(r, reason) for r, (reason, _, _) in enumerate(everyone) if reason]
+    problem = f"rank {failed[0][0]}: {failed[0][1]}" if failed else None
+    if problem is None:
+        if len({host for _, host, _ in everyone}) > 1:
+            problem = "the ranks are on more than one host (peer memory is within one host)"
+        elif len({pci for _, _, pci in everyone}) < len(everyone):
+            problem = "two ranks share a GPU (the path needs one GPU per rank)"
+    if problem is None:
+        problem = _trial(device)  # collective; the same answer on every rank
+        global _SAID
+        if problem is not None and not _SAID and world().info.rank == 0:  # the path should have run
+            log.warning("netcl: peer all-reduce off (%s)", problem)
+            _SAID = True
+    if problem is not None and choice == "on":
+        raise DistributedError(f"{ENV}=1 but the peer all-reduce cannot run: {problem}")
+    return problem is None
+
+
+def _trial(device: Device) -> str | None:
+    """Every rank writes a pattern of its own into its window and reads every peer's (collective)."""
+    info = world().info
+    problem = None
+    window = None
+    try:
+        window = Window(device, _TRIAL_BYTES)
+        words = _TRIAL_BYTES // 4
+        pattern = np.arange(words, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(info.rank)
+        cl.enqueue_copy(device.queue, window.buffers[info.rank], pattern, dst_offset=FLAG_BYTES, is_blocking=True)
+        barrier()
+        for peer in range(info.world_size):
+            seen = np.empty(words, np.uint32)
+            cl.enqueue_copy(device.queue, seen, window.buffers[peer], src_offset=FLAG_BYTES, is_blocking=True)
+            expected = np.arange(words, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(peer)
+            if not np.array_equal(seen, expected):
+                problem = f"rank {info.rank} read wrong bytes from rank {peer}'s window"
+                break
+    except (cuda_driver.CudaError, cl.Error, OSError) as exc:
+        problem = f"rank {info.rank}: {exc}"
+    except DistributedError:
+        raise
+    answers = all_gather_object(problem)
+    barrier()  # nobody frees a window a peer may still read
+    if window is not None:
+        window.free()
+    return next((a for a in answers if a), None)
+
+
+class Window:
+    """This rank's window (exportable memory on its GPU) and every rank's, imported into this rank's
+    context: ``buffers[r]`` is rank r's (collective construction: every rank builds its windows in the same
+    order and sizes). ``slot_bytes`` is one slot's size; the flags start zeroed."""
+
+    def __init__(self, device: Device, slot_bytes: int) -> None:
+        info = world().info
+        self.device, self.rank, self.size = device, info.rank, info.world_size
+        self.slot_bytes = -(-int(slot_bytes) // 256) * 256
+        gpu = cuda_driver.device_by_pci(*nvidia_pci(device))
+        self.memory = cuda_driver.ExportableMemory(gpu, FLAG_BYTES + 2 * self.slot_bytes)
+        self.buffers: list[cl.Buffer] = []
+        try:
+            descriptors = _exchange_descriptors(self.memory.fd, info.rank, info.world_size, info.timeout)
+            try:
+                while descriptors:  # an import owns its descriptor once it succeeds
+                    self.buffers.append(import_memory(device, descriptors[0], self.memory.nbytes))
+                    descriptors.pop(0)
+            finally:
+                for fd in descriptors:
+                    os.close(fd)
+            zeros = np.zeros(FLAG_BYTES // 4, np.uint32)
+            cl.enqueue_copy(device.queue, self.buffers[self.rank], zeros, is_blocking=True)
+        except BaseException:
+            self.free()
+            raise
+        barrier()  # every window's flags are zero before anyone publishes
+
+    def free(self) -> None:
+        """Release the imports (after the device's queue is done with them) and this rank's memory."""
+        if self.buffers:
+            self.device.queue.finish()
+        for buffer in self.buffers:
+            buffer.release()
+        self.buffers = []
+        self.memory.free()
+
+
+def _exchange_descriptors(fd: int, rank: int, size: int, timeout: float) -> list[int]:
+    """Every rank's window descriptor, by rank (this rank's own: a duplicate of ``fd``), over abstract Unix
+    sockets named by a token rank 0 draws (collective)."""
+    token = broadcast_object(uuid.uuid4().hex if rank == 0 else None)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    got: dict[int, int] = {rank: os.dup(fd)}
+    try:
+        listener.bind(f"\0netcl-peer-{token}-{rank}")
+        listener.listen(size)
+        listener.settimeout(timeout)
+        barrier()  # every rank listens
+        for peer in range(size):
+            if peer != rank:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as out:
+                    out.settimeout(timeout)
+                    out.connect(f"\0netcl-peer-{token}-{peer}")
+                    socket.send_fds(out, [rank.to_bytes(4, "little")], [fd])
+        while len(got) < size:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(timeout)
+                message, fds, _, _ = socket.recv_fds(conn, 4, 1)
+                if len(message) != 4 or len(fds) != 1:
+                    raise OSError(f"a malformed window message reached rank {rank}")
+                got[int.from_bytes(message, "little")] = fds[0]
+    except BaseException:
+        for descriptor in got.values():
+            os.close(descriptor)
+        raise
+    finally:
+        listener.close()
+    return [got[r] for r in range(size)]
+
+
+@dataclass
+class PeerWork:
+    """An exchange enqueued on the device's queue: nothing to wait for on the host (a peer that never
+    arrives is raised at the next host wait); ``wait()`` returns the outputs."""
+
+    outputs: list[Tensor]
+
+    def wait(self) -> list[Tensor]:
+        return self.outputs
+
+    def test(self) -> bool:
+        return True
+
+
+class PeerReducer:
+    """Exchanges of buckets through peer windows, one window per (dtype, exchange size) (collective
+    construction of each window at its first exchange: every rank submits the same exchanges in the same
+    order, as for any collective)."""
+
+    def __init__(self, device: Device) -> None:
+        info = world().info
+        self.device, self.rank, self.size = device, info.rank, info.world_size
+        self.timeout_ns = np.uint64(min(info.timeout * 1e9, 2**63))
+        self.windows: dict[tuple[np.dtype, int], Window] = {}
+
+    def supports(self, dtype: np.dtype) -> bool:
+        return np.dtype(dtype) in DTYPES
+
+    def submit(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: str) -> PeerWork:
+        """Enqueue the exchange of ``inputs`` (one dtype) into ``outputs`` on the device's queue."""
+        if op not in OPS:
+            raise ValueError(f"op must be one of {list(OPS)}, got {op!r}")
+        inputs, outputs = list(inputs), list(outputs)
+        dtype = inputs[0].dtype
+        if not self.supports(dtype):
+            raise DistributedError(f"peer all-reduce: dtype {dtype} is not one of {[str(d) for d in DTYPES]}")
+        total = sum(t.size for t in inputs)
+        key = (dtype, total)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = Window(self.device, total * dtype.itemsize)
+        slot = window.slot_bytes // dtype.itemsize
+        self._pack(window, inputs, slot)
+        self._meet(window)
+        self._reduce(window, outputs, slot, op)
+        return PeerWork(outputs)
+
+    def _pack(self, window: Window, inputs: list[Tensor], slot: int) -> None:
+        dtype = inputs[0].dtype
+        st = storage_ctype(dtype)
+        spec = _MultiSpec(
+            "pack",
+            dtype,
+            slots=("G",),
+            read_only=("G",),
+            params=f"__global {st}* W, __global const uint* F, const long first",
+            prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + ((F[{self.rank}] + 1) & 1) * {slot};",
+            body="W[at + first + t_gid] = @G[gid];",
+        )
+        own = window.buffers[self.rank]
+        self._launch(spec, inputs, (own, own), (self.rank, slot))
+
+    def _reduce(self, window: Window, outputs: list[Tensor], slot: int, op: str) -> None:
+        dtype = outputs[0].dtype
+        st, ct = storage_ctype(dtype), compute_ctype(dtype)
+        body = "".join(f"acc = netcl_add_rn(acc, ({ct})W{r}[at]); " for r in range(1, self.size))
+        if op == "mean":
+            body += f"acc = netcl_div_rn(acc, ({ct}){self.size}); "
+        spec = _MultiSpec(
+            f"reduce_{op}",
+            dtype,
+            slots=("O",),
+            read_only=(),
+            params=", ".join(f"__global const {st}* W{r}" for r in range(self.size))
+            + ", __global const uint* F, const long first",
+            prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + (F[{self.rank}] & 1) * {slot} + first"
+            f" + t_gid;\n    {ct} acc = ({ct})W0[at];",
+            body=body + f"@O[gid] = ({st})acc;",
+            stop=f"F[{_FAILED}] != 0",  # a failed meet: the outputs stay as they are
+        )
+        self._launch(spec, outputs, (*window.buffers, window.buffers[self.rank]), (self.rank, self.size, slot))
+
+    def _launch(self, spec: _MultiSpec, tensors: list[Tensor], args: tuple, baked: tuple) -> None:
+        """``spec``'s kernels over ``tensors``, ``MULTI_ARITY`` a launch; ``first``: the launch's first element
+        in the slot; ``baked``: what the source holds besides ``spec``."""
+        first = 0
+        for start, stop, arity in multi_chunks(len(tensors)):
+            chunk = tensors[start:stop]
+            key = ("peer", spec.what, str(spec.dtype), arity, *baked)
+            arg_types = [None] * (len(spec.slots) * arity) + [None] * len(args) + [np.int64, None, np.int64]
+            slots = [chunk[j] if j < len(chunk) else chunk[0] for j in range(arity)]
+            make = functools.partial(spec.source, arity)
+            launch_multi(
+                key, make, spec.name, arg_types, arity, chunk, [0] * len(chunk), slots, (*args, np.int64(first))
+            )
+            first += sum(t.size for t in chunk)
+
+    def _meet(self, window: Window) -> None:
+        device = self.device
+        kernel = _meet_kernel(device, self.rank, self.size)
+        word = device.error_word.buffer(device.queue)
+        args = (*window.buffers, word, np.int32(_TIMEOUT_CODE), self.timeout_ns)
+        launch_prepared(("peer", "meet", self.rank, self.size), device, kernel, (1,), (1,), args)
+
+    def close(self, wait: bool = False) -> None:
+        """Free every window (after the device's queue is done with them)."""
+        for window in self.windows.values():
+            window.free()
+        self.windows = {}
+
+
+@dataclass(frozen=True)
+class _MultiSpec:
+    """A multi-tensor kernel of an exchange (``optim_kernels.multi_source``'s pieces)."""
+
+    what: str
+    dtype: np.dtype
+    slots: tuple[str, ...]
+    read_only: tuple[str, ...]
+    params: str
+    prologue: str
+    body: str
+    stop: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"netcl_peer_{self.what}"
+
+    def source(self, arity: int) -> str:
+        preamble = pragmas([self.dtype]) + _ARITHMETIC.get(compute_ctype(self.dtype), "")
+        types = {"st": storage_ctype(self.dtype), "pragmas": preamble}
+        return multi_source(
+            self.name, self.slots, self.params, self.prologue, self.body, types, arity, self.read_only, stop=self.stop
+        )
+
+
+def _meet_kernel(device: Device, rank: int, size: int):
+    def source() -> str:
+        publish = "".join(f"    netcl_store_release_sys(w{p} + {rank}, t);\n" for p in range(size) if p != rank)
+        wait = "".join(_WAIT.format(peer=p, failed=_FAILED) for p in range(size) if p != rank)
+        windows = ", ".join(f"__global uint* w{r}" for r in range(size))
+        text = _MEET.format(windows=windows, rank=rank, failed=_FAILED, publish=publish, wait=wait)
+        return INDEX_CHECK_C + _SYNC_C + text
+
+    scalar_types = [None] * (size + 1) + [np.int32, np.uint64]
+    return get_kernel(("peer", "meet", rank, size), device, source, "netcl_peer_meet", scalar_types).kernel

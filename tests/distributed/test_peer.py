@@ -1,0 +1,65 @@
+"""The peer all-reduce (kernels reading every rank's window over the GPUs' peer links): the choice, its
+errors, and on a host with two or more NVIDIA GPUs, DDP through it against the MPI path and a dead rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.core as nc
+from netcl.runtime.distributed import peer
+from tests.distributed.test_ddp import check_ok, same_bits
+from tests.distributed.test_device_direct import _nvidia_gpus
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "nvlink"])
+def test_a_bad_mode_is_named(monkeypatch, value):
+    monkeypatch.setenv("NETCL_PEER_ALLREDUCE", value)
+    with pytest.raises(ValueError, match=f"NETCL_PEER_ALLREDUCE='{value}': expected 0 .never., 1 .required."):
+        peer.mode()
+
+
+@pytest.mark.parametrize("spec", ["cpu", "opencl"])
+def test_the_reason_off_nvidia_names_the_device(spec):
+    devices = nc.usable_opencl_devices() if spec == "opencl" else [nc.get_device("cpu")]
+    if not devices or (spec == "opencl" and devices[0].is_gpu and "NVIDIA" in devices[0].platform_name):
+        pytest.skip("needs a device that is not an NVIDIA GPU")
+    assert peer.applicable(devices[0]) == f"{devices[0].name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
+
+
+def test_required_where_it_cannot_run_fails_on_every_rank(mpirun, monkeypatch):
+    monkeypatch.setenv("NETCL_PEER_ALLREDUCE", "1")
+    results, proc = mpirun("peer_required", "cpu")
+    check_ok(results, proc)
+    for r in results:
+        assert r["error"].startswith("DistributedError: NETCL_PEER_ALLREDUCE=1 but the peer all-reduce"), r
+        assert "rank 0: 'NumPy' is not an NVIDIA GPU" in r["error"]
+
+
+def test_ddp_through_peer_windows_equals_the_mpi_path_bit_for_bit(mpirun):
+    if _nvidia_gpus() < 2:
+        pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    results, proc = mpirun("ddp_peer", "auto")
+    check_ok(results, proc)
+    r0, r1 = results
+    for r in results:
+        assert r["peer"]["path"] == "peer" and r["inline"]["path"] == "inline"
+        # five steps: both slots of each window (float32, float16, float64) taken twice; the same rank-ordered
+        # sums and IEEE division as the MPI path's, so the same bits, and so the same parameters after SGD
+        for step in range(5):
+            assert same_bits(r["peer"]["grads"][step], r["inline"]["grads"][step]), step
+        assert same_bits(r["peer"]["params"], r["inline"]["params"])
+        assert [g.dtype for g in r["peer"]["grads"][0]][-2:] == [np.float16, np.float64]
+    for step in range(5):
+        assert same_bits(r0["peer"]["grads"][step], r1["peer"]["grads"][step])
+
+
+def test_a_dead_rank_is_raised_at_the_next_host_read(mpirun):
+    if _nvidia_gpus() < 2:
+        pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    results, proc = mpirun("peer_dead", "auto", timeout=3.0)
+    r0, r1 = results
+    assert r1 is None and r0 is not None, proc.stdout + proc.stderr
+    assert r0["path"] == "peer"
+    assert r0["error"].startswith("PeerTimeoutError: peer all-reduce on rank 0 of 2: rank 1 did not reach exchange 2"), r0
+    assert r0["after"].startswith("DistributedError: the process group is unusable"), r0["after"]
