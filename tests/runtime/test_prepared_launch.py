@@ -96,6 +96,18 @@ def test_prepared_launch_is_recorded_by_a_capture(cl_device, kernel):
     np.testing.assert_allclose(out.to_host(), reference(host(5), 3.0, 1.0), rtol=1e-6, atol=1e-6)
 
 
+def test_prepared_launch_with_every_argument_bound(cl_device, kernel):
+    """No per-call arguments (the peer all-reduce's meet): the eager call and the captured one both run."""
+    x, y = nc.tensor(host(1), device=cl_device), nc.Tensor.empty((N,), device=cl_device)
+    prepared = PreparedLaunch.binding(kernel, N, None, {0: x, 1: y, 2: 2.0, 3: 0.5, 4: N})
+    prepared.call()
+    np.testing.assert_allclose(y.to_host(), reference(host(1), 2.0, 0.5), rtol=1e-6, atol=1e-6)
+    graph = Graph()
+    with graph.capture(cl_device.queue, inputs=[x]):
+        prepared.call()
+    assert [s.name for s in graph.launches] == ["axpb"]
+
+
 def test_prepared_launch_bad_inputs(cl_device, kernel):
     static = {3: np.float32(1.0), 4: np.int32(N)}
     with pytest.raises(LaunchError, match="static and dynamic must name each index once"):

@@ -346,14 +346,17 @@ class PreparedLaunch:
             if d is not None
         ]
         lines = [f"def prepared({', '.join(names)}):"]
-        lines.append(f"    if RECORDING or PROFILERS: return slow(({', '.join(names)},))")
+        every = f"({', '.join(names)},)" if names else "()"
+        lines.append(f"    if RECORDING or PROFILERS: return slow({every})")
         lines.append("    with lock:")
-        lines.append("        try:")
+        if names:
+            lines.append("        try:")
         if buffers:
             lines.append(f"            set_buffers(({', '.join(buffers)},))")
         if scalars:
             lines.append(f"            set_scalars(({', '.join(scalars)},))")
-        lines.append("        except Exception as exc: raise bad_args(exc) from exc")
+        if names:
+            lines.append("        except Exception as exc: raise bad_args(exc) from exc")
         if self._returns_status:
             lines.append("        status = enqueue()")
             lines.append("        if status: raise_status(status, kernel)")
