@@ -434,7 +434,7 @@ def case_ddp_peer(info, device) -> dict:
             value = rng.normal(size=(5,)).astype(dtype)
             model.named.append((key, ag.tensor(value, requires_grad=True, device=device, dtype=dtype)))
         ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, overlap=overlap)
-        opt = SGD(list(model.parameters()), lr=0.1)
+        opt = SGD([p for _, p in model.named[:4]], lr=0.1)  # float16 is storage-only on NVIDIA's OpenCL
         grads = []
         for _ in range(5):
             opt.zero_grad()
