@@ -14,7 +14,8 @@ images per step. Per model it times:
 - ``all-reduce``: ``sync_gradients()`` alone (every gradient, blocking, staging included): the
   communication a step needs when nothing overlaps it.
 
-Printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
+Each repeat times the four in turn (the eager steps are host-bound and a shared host's speed drifts);
+printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
 ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the share of the DDP step
 that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
 the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
@@ -132,13 +133,15 @@ def bench_model(
     for _ in range(3):  # warm-up: programs built, pools filled, both paths once
         step(True)
         step(False)
-    t_single = None
-    if info.rank == 0:
-        t_single = timed(lambda: step(False), device, steps, repeats, alone=True)
-    t_single = dist.broadcast_object(t_single)
-    t_local = timed(lambda: step(False), device, steps, repeats)
-    t_ddp = timed(lambda: step(True), device, steps, repeats)
-    t_comm = timed(ddp.sync_gradients, device, steps, repeats) if info.world_size > 1 else 0.0
+    # each repeat times the four in turn: a drift of the shared host's speed moves them alike
+    rounds: dict[str, list[float]] = {"single": [], "local": [], "ddp": [], "comm": []}
+    for _ in range(repeats):
+        single = timed(lambda: step(False), device, steps, 1, alone=True) if info.rank == 0 else None
+        rounds["single"].append(dist.broadcast_object(single))
+        rounds["local"].append(timed(lambda: step(False), device, steps, 1))
+        rounds["ddp"].append(timed(lambda: step(True), device, steps, 1))
+        rounds["comm"].append(timed(ddp.sync_gradients, device, steps, 1) if info.world_size > 1 else 0.0)
+    t_single, t_local, t_ddp, t_comm = (statistics.median(rounds[k]) for k in ("single", "local", "ddp", "comm"))
     path = ddp.all_reduce_path
     ddp.remove_hooks()
     n = info.world_size
