@@ -12,7 +12,9 @@ images per step. Per model it times:
   during the backward; by default on DDP's overlap thread, pipelined in chunks: ``--no-overlap``
   measures the inline path instead);
 - ``all-reduce``: ``sync_gradients()`` alone (every gradient, blocking, staging included): the
-  communication a step needs when nothing overlaps it.
+  communication a step needs when nothing overlaps it;
+- on OpenCL, the same step captured with ``fuse_graph`` and replayed: rank 0 alone without
+  communication, and every rank with the all-reduce in the graph (replayed efficiency).
 
 Each repeat times the four in turn (the eager steps are host-bound and a shared host's speed drifts);
 printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
@@ -43,6 +45,7 @@ from train_digits_cnn import digits_cnn  # the model of examples/train_digits_cn
 
 import netcl.autograd as ag
 from netcl import nn
+from netcl.jit import fuse_graph
 from netcl.nn.parallel import DistributedDataParallel
 from netcl.optim import SGD, AdamW
 from netcl.runtime import distributed as dist
@@ -142,6 +145,7 @@ def bench_model(
         rounds["ddp"].append(timed(lambda: step(True), device, steps, 1))
         rounds["comm"].append(timed(ddp.sync_gradients, device, steps, 1) if info.world_size > 1 else 0.0)
     t_single, t_local, t_ddp, t_comm = (statistics.median(rounds[k]) for k in ("single", "local", "ddp", "comm"))
+    replay = replayed(ddp, model, opt, x, y, device, steps, repeats) if device.kind == "opencl" else None
     path = ddp.all_reduce_path
     ddp.remove_hooks()
     n = info.world_size
@@ -165,7 +169,29 @@ def bench_model(
         "exposed_share": exposed / t_ddp,
         "overlap": 1.0 - min(exposed / t_comm, 1.0) if t_comm > 0 else None,
         "device": str(device),
+        "replay_one_rank_ms": replay[0] * 1e3 if replay else None,
+        "replay_ddp_ms": replay[1] * 1e3 if replay else None,
+        "replay_efficiency": replay[0] / replay[1] if replay else None,
     }
+
+
+def replayed(ddp, model, opt, x, y, device, steps: int, repeats: int) -> tuple[float, float]:
+    """Seconds per replayed step (``fuse_graph``): rank 0 alone without communication, and every rank with
+    DDP's all-reduce in the graph (recorded host all-reduces on the MPI paths, the exchange's kernels on
+    the peer path); each repeat times both in turn."""
+    params = list(model.parameters())
+    with ddp.no_sync():  # captured without the hooks: the local step
+        local = fuse_graph(model, x, y, ag.cross_entropy, params=params, optimizer_step=opt.step)
+    synced = fuse_graph(ddp, x, y, ag.cross_entropy, params=params, optimizer_step=opt.step)
+    for _ in range(3):
+        local.execute(x, y)
+        synced.execute(x, y)
+    rounds: dict[str, list[float]] = {"single": [], "ddp": []}
+    for _ in range(repeats):
+        single = timed(lambda: local.execute(x, y), device, steps, 1, alone=True) if dist.get_rank() == 0 else None
+        rounds["single"].append(dist.broadcast_object(single))
+        rounds["ddp"].append(timed(lambda: synced.execute(x, y), device, steps, 1))
+    return statistics.median(rounds["single"]), statistics.median(rounds["ddp"])
 
 
 def main() -> None:
@@ -215,6 +241,14 @@ def main() -> None:
             f"{r['comm_share']:>10.1%} {r['exposed_share']:>8.1%} "
             + (f"{r['overlap']:>8.1%}" if r["overlap"] is not None else f"{'-':>8}")
         )
+    replays = [r for r in rows if r["replay_efficiency"] is not None]
+    if replays:
+        print(f"replayed steps (fuse_graph): {'model':>5} {'1-rank ms':>9} {'DDP ms':>8} {'efficiency':>10}")
+        for r in replays:
+            print(
+                f"{'':>29}{r['model']:>5} {r['replay_one_rank_ms']:>9.3f} {r['replay_ddp_ms']:>8.3f} "
+                f"{r['replay_efficiency']:>10.1%}"
+            )
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(rows, f, indent=2)

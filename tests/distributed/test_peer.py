@@ -54,6 +54,24 @@ def test_ddp_through_peer_windows_equals_the_mpi_path_bit_for_bit(mpirun):
         assert same_bits(r0["peer"]["grads"][step], r1["peer"]["grads"][step])
 
 
+def test_a_replayed_ddp_step_exchanges_through_the_windows(mpirun):
+    if _nvidia_gpus() < 2:
+        pytest.skip("needs two NVIDIA GPUs (one per rank)")
+    results, proc = mpirun("peer_replay", "auto")
+    check_ok(results, proc)
+    r0, r1 = results
+    for r in results:
+        assert r["path"] == "peer"
+        for name in ("sgd", "adam"):
+            # no host all-reduce step: the pack, meet and reduce kernels are commands of the graph, and the
+            # three replays (tickets advancing in the windows) give the eager steps' bits
+            assert r[f"{name}_recorded"] == []
+            assert r[f"{name}_peer_kernels"] == ["netcl_peer_pack", "netcl_peer_meet", "netcl_peer_reduce_mean"]
+            assert same_bits(r[f"{name}_replay"], r[f"{name}_eager"]), name
+    for name in ("sgd", "adam"):
+        assert same_bits(r0[f"{name}_replay"], r1[f"{name}_replay"])
+
+
 def test_a_dead_rank_is_raised_at_the_next_host_read(mpirun):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")

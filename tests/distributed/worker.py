@@ -190,6 +190,9 @@ def fuse_graph_run(info, device) -> dict:
                     fused.execute(ag.tensor(x[shard], device=device), ag.tensor(y[shard], device=device))
                 steps = fused.graph.steps if fused.graph is not None else []
                 results[f"{name}_recorded"] = [s.name for s in steps if s.name.startswith("all_reduce")]
+                launches = fused.graph.launches if fused.graph is not None else []
+                results[f"{name}_peer_kernels"] = [s.name for s in launches if s.name.startswith("netcl_peer")]
+                results["path"] = ddp.all_reduce_path
             else:
                 for x, y in xs:
                     opt.zero_grad()
@@ -453,6 +456,11 @@ def case_ddp_peer(info, device) -> dict:
         }
         ddp.remove_hooks()
     return out
+
+
+def case_peer_replay(info, device) -> dict:
+    """fuse_graph of a DDP step on the peer path: the exchange's kernels in the graph, replayed."""
+    return fuse_graph_run(info, device)
 
 
 def case_peer_dead(info, device) -> dict:

@@ -27,7 +27,9 @@ differently.
 Graph replay (``CompiledGraph``, ``fuse_graph`` on OpenCL): while a step is captured the
 all-reduces run blocking, bucket by bucket, and each is recorded as a command of the graph, so
 every replay all-reduces the gradients again at the same points (without overlap); the
-optimizer's captured update then reads the averaged gradients. On the NumPy backend
+optimizer's captured update then reads the averaged gradients. On the peer path the exchange's
+launches are recorded as they are (their tickets live in the windows), so a replay exchanges
+through the windows again with no host step at all. On the NumPy backend
 ``fuse_graph`` runs the step eagerly and the hooks work as in eager mode.
 """
 
@@ -307,7 +309,8 @@ class DistributedDataParallel:
         if not waiting:
             return
         device = self.params[0].device
-        if device.kind == "opencl" and capture.is_recording(device.queue):
+        peer_path = isinstance(self._reducer, PeerReducer)
+        if device.kind == "opencl" and capture.is_recording(device.queue) and not peer_path:
             for bucket in waiting:  # captured: recorded bucket by bucket, as on the MPI path
                 self._launch(state, bucket)
             return
@@ -319,7 +322,7 @@ class DistributedDataParallel:
         for dtype, group in by_dtype.items():
             outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
             flat_in, flat_out = [t for _, inputs in group for t in inputs], [t for out in outputs for t in out]
-            if isinstance(self._reducer, PeerReducer) and not self._reducer.supports(dtype):
+            if peer_path and not self._reducer.supports(dtype):
                 work = dist.all_reduce_coalesced_async(flat_in, "mean", flat_out)  # e.g. bfloat16: the MPI path
             else:
                 work = self._reducer.submit(flat_in, flat_out, "mean")

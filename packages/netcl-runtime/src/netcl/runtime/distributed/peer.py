@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +51,10 @@ from netcl.runtime.distributed.collectives import all_gather_object, barrier, br
 from netcl.runtime.distributed.device_direct import EXTENSION, import_memory, nvidia_pci
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
 from netcl.runtime.distributed.group import TIMEOUT_ENV, is_usable, mark_broken, world
-from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, storage_ctype
-from netcl.runtime.ops._grid import launch_prepared
-from netcl.runtime.ops.optim_kernels import launch_multi, multi_chunks, multi_source
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import compute_ctype, get_kernel, round_up, storage_ctype, storage_pragmas
+from netcl.runtime.ops.optim_kernels import multi_chunks, multi_source, multi_table
+from netcl.runtime.ops.storage_io import bits_ctype, load_c, store_c
 
 ENV = "NETCL_PEER_ALLREDUCE"
 #: dtypes an exchange takes (others go through the MPI path)
@@ -298,13 +299,14 @@ class PeerWork:
 class PeerReducer:
     """Exchanges of buckets through peer windows, one window per (dtype, exchange size) (collective
     construction of each window at its first exchange: every rank submits the same exchanges in the same
-    order, as for any collective)."""
+    order, as for any collective), and one plan of prepared launches per (dtype, tensor sizes, op)."""
 
     def __init__(self, device: Device) -> None:
         info = world().info
         self.device, self.rank, self.size = device, info.rank, info.world_size
         self.timeout_ns = np.uint64(min(info.timeout * 1e9, 2**63))
         self.windows: dict[tuple[np.dtype, int], Window] = {}
+        self.plans: dict[tuple[np.dtype, tuple[int, ...], str], _Plan] = {}
 
     def supports(self, dtype: np.dtype) -> bool:
         return np.dtype(dtype) in DTYPES
@@ -313,83 +315,125 @@ class PeerReducer:
         """Enqueue the exchange of ``inputs`` (one dtype) into ``outputs`` on the device's queue."""
         if op not in OPS:
             raise ValueError(f"op must be one of {list(OPS)}, got {op!r}")
-        inputs, outputs = list(inputs), list(outputs)
         dtype = inputs[0].dtype
         if not self.supports(dtype):
             raise DistributedError(f"peer all-reduce: dtype {dtype} is not one of {[str(d) for d in DTYPES]}")
-        total = sum(t.size for t in inputs)
-        key = (dtype, total)
-        window = self.windows.get(key)
+        key = (dtype, tuple(t.size for t in inputs), op)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(dtype, key[1], op)
+        plan.run(inputs, outputs)
+        return PeerWork(list(outputs))
+
+    def _plan(self, dtype: np.dtype, sizes: tuple[int, ...], op: str) -> _Plan:
+        total = sum(sizes)
+        window = self.windows.get((dtype, total))
         if window is None:
-            window = self.windows[key] = Window(self.device, total * dtype.itemsize)
+            window = self.windows[(dtype, total)] = Window(self.device, total * dtype.itemsize)
         slot = window.slot_bytes // dtype.itemsize
-        self._pack(window, inputs, slot)
-        self._meet(window)
-        self._reduce(window, outputs, slot, op)
-        return PeerWork(outputs)
-
-    def _pack(self, window: Window, inputs: list[Tensor], slot: int) -> None:
-        dtype = inputs[0].dtype
-        st = storage_ctype(dtype)
-        spec = _MultiSpec(
-            "pack",
-            dtype,
-            slots=("G",),
-            read_only=("G",),
-            params=f"__global {st}* W, __global const uint* F, const long first",
-            prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + ((F[{self.rank}] + 1) & 1) * {slot};",
-            body="W[at + first + t_gid] = @G[gid];",
-        )
         own = window.buffers[self.rank]
-        self._launch(spec, inputs, (own, own), (self.rank, slot))
-
-    def _reduce(self, window: Window, outputs: list[Tensor], slot: int, op: str) -> None:
-        dtype = outputs[0].dtype
-        st, ct = storage_ctype(dtype), compute_ctype(dtype)
-        body = "".join(f"acc = netcl_add_rn(acc, ({ct})W{r}[at]); " for r in range(1, self.size))
-        if op == "mean":
-            body += f"acc = netcl_div_rn(acc, ({ct}){self.size}); "
-        spec = _MultiSpec(
-            f"reduce_{op}",
-            dtype,
-            slots=("O",),
-            read_only=(),
-            params=", ".join(f"__global const {st}* W{r}" for r in range(self.size))
-            + ", __global const uint* F, const long first",
-            prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + (F[{self.rank}] & 1) * {slot} + first"
-            f" + t_gid;\n    {ct} acc = ({ct})W0[at];",
-            body=body + f"@O[gid] = ({st})acc;",
-            stop=f"F[{_FAILED}] != 0",  # a failed meet: the outputs stay as they are
-        )
-        self._launch(spec, outputs, (*window.buffers, window.buffers[self.rank]), (self.rank, self.size, slot))
-
-    def _launch(self, spec: _MultiSpec, tensors: list[Tensor], args: tuple, baked: tuple) -> None:
-        """``spec``'s kernels over ``tensors``, ``MULTI_ARITY`` a launch; ``first``: the launch's first element
-        in the slot; ``baked``: what the source holds besides ``spec``."""
-        first = 0
-        for start, stop, arity in multi_chunks(len(tensors)):
-            chunk = tensors[start:stop]
-            key = ("peer", spec.what, str(spec.dtype), arity, *baked)
-            arg_types = [None] * (len(spec.slots) * arity) + [None] * len(args) + [np.int64, None, np.int64]
-            slots = [chunk[j] if j < len(chunk) else chunk[0] for j in range(arity)]
-            make = functools.partial(spec.source, arity)
-            launch_multi(
-                key, make, spec.name, arg_types, arity, chunk, [0] * len(chunk), slots, (*args, np.int64(first))
-            )
-            first += sum(t.size for t in chunk)
-
-    def _meet(self, window: Window) -> None:
+        pack = self._launches(_pack_spec(dtype, self.rank, slot), sizes, (own, own), (self.rank, slot))
+        reduce_spec = _reduce_spec(dtype, self.rank, self.size, slot, op)
+        args = (*window.buffers, own)
+        reduce = self._launches(reduce_spec, sizes, args, (self.rank, self.size, slot))
         device = self.device
         kernel = _meet_kernel(device, self.rank, self.size)
-        word = device.error_word.buffer(device.queue)
-        args = (*window.buffers, word, np.int32(_TIMEOUT_CODE), self.timeout_ns)
-        launch_prepared(("peer", "meet", self.rank, self.size), device, kernel, (1,), (1,), args)
+        meet_args = (*window.buffers, device.error_word.buffer(device.queue), _TIMEOUT_CODE, self.timeout_ns)
+        meet = PreparedLaunch.binding(kernel, (1,), (1,), dict(enumerate(meet_args)), device.queue)
+        return _Plan(pack, meet, reduce)
+
+    def _launches(self, spec: _MultiSpec, sizes: tuple[int, ...], args: tuple, baked: tuple) -> list[_Chunk]:
+        """``spec``'s launches over tensors of ``sizes``, ``MULTI_ARITY`` a launch, every argument but the
+        tensors bound (``first``: the launch's first element in the slot; ``baked``: what the source holds
+        besides ``spec``)."""
+        launches, first = [], 0
+        for start, stop, arity in multi_chunks(len(sizes)):
+            count = sum(sizes[start:stop])
+            key = ("peer", spec.what, str(spec.dtype), arity, *baked)  # the source holds the rest
+            slots = len(spec.slots) * arity
+            arg_types = [None] * slots + [None] * len(args) + [np.int64, None, np.int64]
+            resolved = get_kernel(key, self.device, functools.partial(spec.source, arity), spec.name, arg_types)
+            table = multi_table(self.device, sizes[start:stop], (0,) * (stop - start), arity)
+            bound = dict(enumerate((*args, first, table, count), start=slots))
+            local = resolved.max_local
+            prepared = PreparedLaunch.binding(resolved.kernel, round_up(count, local), local, bound, self.device.queue)
+            launches.append(_Chunk(prepared.call, start, stop, arity, table))
+            first += count
+        return launches
 
     def close(self, wait: bool = False) -> None:
         """Free every window (after the device's queue is done with them)."""
         for window in self.windows.values():
             window.free()
-        self.windows = {}
+        self.windows, self.plans = {}, {}
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One multi-tensor launch of a plan: ``call(*buffers)`` of tensors ``[start, stop)``, ``arity`` slots
+    (the unused ones repeat the first tensor); ``table`` is kept alive with it."""
+
+    call: Callable[..., None]
+    start: int
+    stop: int
+    arity: int
+    table: Tensor
+
+    def run(self, tensors: Sequence[Tensor]) -> None:
+        buffers = [t.data for t in tensors[self.start : self.stop]]
+        self.call(*buffers, *[buffers[0]] * (self.arity - len(buffers)))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """An exchange's launches: pack, meet, reduce."""
+
+    pack: list[_Chunk]
+    meet: PreparedLaunch
+    reduce: list[_Chunk]
+
+    def run(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        for chunk in self.pack:
+            chunk.run(inputs)
+        self.meet.call()
+        for chunk in self.reduce:
+            chunk.run(outputs)
+
+
+def _pack_spec(dtype: np.dtype, rank: int, slot: int) -> _MultiSpec:
+    """Copy the inputs (their bits) into the slot of the next ticket."""
+    bits = bits_ctype(dtype)
+    return _MultiSpec(
+        "pack",
+        dtype,
+        bits,
+        slots=("G",),
+        read_only=("G",),
+        params=f"__global {bits}* W, __global const uint* F, const long first",
+        prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + ((F[{rank}] + 1) & 1) * {slot};",
+        body="W[at + first + t_gid] = @G[gid];",
+    )
+
+
+def _reduce_spec(dtype: np.dtype, rank: int, size: int, slot: int, op: str) -> _MultiSpec:
+    """Sum every rank's slot of the current ticket in rank order (``reduce_parts``'s arithmetic) into the outputs."""
+    st, ct = storage_ctype(dtype), compute_ctype(dtype)
+    body = "".join(f"acc = netcl_add_rn(acc, {load_c(dtype, f'W{r}', 'at')}); " for r in range(1, size))
+    if op == "mean":
+        body += f"acc = netcl_div_rn(acc, ({ct}){size}); "
+    return _MultiSpec(
+        f"reduce_{op}",
+        dtype,
+        st,
+        slots=("O",),
+        read_only=(),
+        params=", ".join(f"__global const {st}* W{r}" for r in range(size))
+        + ", __global const uint* F, const long first",
+        prologue=f"const long at = {FLAG_BYTES // dtype.itemsize} + (F[{rank}] & 1) * {slot} + first"
+        f" + t_gid;\n    {ct} acc = {load_c(dtype, 'W0', 'at')};",
+        body=body + store_c(dtype, "@O", "gid", "acc", wide=ct) + ";",
+        stop=f"F[{_FAILED}] != 0",  # a failed meet: the outputs stay as they are
+    )
 
 
 @dataclass(frozen=True)
@@ -398,6 +442,7 @@ class _MultiSpec:
 
     what: str
     dtype: np.dtype
+    st: str  #: the C type of the slots' elements
     slots: tuple[str, ...]
     read_only: tuple[str, ...]
     params: str
@@ -410,8 +455,8 @@ class _MultiSpec:
         return f"netcl_peer_{self.what}"
 
     def source(self, arity: int) -> str:
-        preamble = pragmas([self.dtype]) + _ARITHMETIC.get(compute_ctype(self.dtype), "")
-        types = {"st": storage_ctype(self.dtype), "pragmas": preamble}
+        preamble = storage_pragmas([self.dtype]) + _ARITHMETIC.get(compute_ctype(self.dtype), "")
+        types = {"st": self.st, "pragmas": preamble}
         return multi_source(
             self.name, self.slots, self.params, self.prologue, self.body, types, arity, self.read_only, stop=self.stop
         )
