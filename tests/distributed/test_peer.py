@@ -36,6 +36,26 @@ def test_required_where_it_cannot_run_fails_on_every_rank(mpirun, monkeypatch):
         assert "rank 0: 'NumPy' is not an NVIDIA GPU" in r["error"]
 
 
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [("allocate", "rank 1: no memory to export here"), ("import", "rank 0: import refused")],
+)
+def test_a_setup_failing_on_one_rank_fails_on_every_rank(mpirun, monkeypatch, device_kinds, where, reason):
+    if "opencl" not in device_kinds:
+        pytest.skip("no OpenCL device")
+    monkeypatch.setenv("NETCL_PEER_ALLREDUCE", "1")
+    monkeypatch.setenv("PEER_FAILURE", where)
+    results, proc = mpirun("peer_window_fails", "opencl", timeout=60.0)
+    check_ok(results, proc)
+    for r in results:
+        assert r["error"] == (
+            f"DistributedError: NETCL_PEER_ALLREDUCE=1 but the peer all-reduce cannot run: peer window: {reason}"
+        ), r["error"]
+        assert r["after"] == "no error"  # the group is still in step
+    if where == "import":  # the descriptors crossed the sockets: each rank got its own and its peer's
+        assert [len(r["received"]) for r in results] == [1, 2] and all(all(r["received"]) for r in results)
+
+
 def test_ddp_through_peer_windows_equals_the_mpi_path_bit_for_bit(mpirun):
     if _nvidia_gpus() < 2:
         pytest.skip("needs two NVIDIA GPUs (one per rank)")

@@ -481,6 +481,52 @@ def case_peer_dead(info, device) -> dict:
     return {"path": ddp.all_reduce_path, "first": first, "error": error_of(step), "after": error_of(dist.barrier)}
 
 
+def case_peer_window_fails(info, device) -> dict:
+    """The peer path's setup failing on one rank (no NVIDIA GPU needed: the device checks, the exported memory
+    and the import (a plain buffer) are stand-ins; the descriptors go over the real sockets): every rank gets the
+    same error,
+    none waits forever. ``PEER_FAILURE`` (set by the test) says where: "allocate" on rank 1 or "import" on
+    rank 0."""
+    import os
+
+    import pyopencl as cl
+
+    from netcl.runtime.distributed import peer
+
+    class Memory:  # an exported allocation: a descriptor to hand over
+        nbytes = 1 << 16
+
+        def __init__(self) -> None:
+            self.fd = os.open(os.devnull, os.O_RDONLY)
+
+        def free(self) -> None:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    failure = os.environ["PEER_FAILURE"]
+    received = []
+
+    def allocate(self) -> None:
+        if failure == "allocate" and self.rank == 1:
+            raise OSError("no memory to export here")
+        self.memory = Memory()
+
+    def import_memory(device, fd, nbytes):
+        received.append(os.path.exists(f"/proc/self/fd/{fd}"))
+        if failure == "import" and info.rank == 0:
+            raise cl.Error("import refused")
+        os.close(fd)
+        return cl.Buffer(device.context, cl.mem_flags.READ_WRITE, nbytes)
+
+    peer.applicable = lambda device: None
+    peer.nvidia_pci = lambda device: (0, 0, info.rank)  # a GPU of its own
+    peer.Window._allocate = allocate
+    peer.import_memory = import_memory
+    error = error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4))
+    return {"error": error, "received": received, "after": error_of(dist.barrier)}
+
+
 def case_peer_required(info, device) -> dict:
     """NETCL_PEER_ALLREDUCE=1 (set by the test) where the path cannot run: the same error on every rank."""
     return {"error": error_of(lambda: DistributedDataParallel(MLP(device, seed=1), bucket_cap_mb=1e-4))}

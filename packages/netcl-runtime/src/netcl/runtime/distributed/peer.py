@@ -182,32 +182,41 @@ def agree(device: Device) -> bool:
 
 
 def _trial(device: Device) -> str | None:
-    """Every rank writes a pattern of its own into its window and reads every peer's (collective)."""
-    info = world().info
-    problem = None
-    window = None
+    """Every rank writes a pattern of its own into its window, then reads every peer's (collective; the
+    first failure, the same on every rank)."""
+    rank, size = world().info.rank, world().info.world_size
     try:
         window = Window(device, _TRIAL_BYTES)
-        words = _TRIAL_BYTES // 4
-        pattern = np.arange(words, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(info.rank)
-        cl.enqueue_copy(device.queue, window.buffers[info.rank], pattern, dst_offset=FLAG_BYTES, is_blocking=True)
-        barrier()
-        for peer in range(info.world_size):
+    except OSError as exc:
+        return str(exc)
+    words = _TRIAL_BYTES // 4
+
+    def pattern(r: int) -> np.ndarray:
+        return np.arange(words, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(r)
+
+    def write() -> None:
+        cl.enqueue_copy(device.queue, window.buffers[rank], pattern(rank), dst_offset=FLAG_BYTES, is_blocking=True)
+
+    def read() -> None:
+        for peer in range(size):
             seen = np.empty(words, np.uint32)
             cl.enqueue_copy(device.queue, seen, window.buffers[peer], src_offset=FLAG_BYTES, is_blocking=True)
-            expected = np.arange(words, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(peer)
-            if not np.array_equal(seen, expected):
-                problem = f"rank {info.rank} read wrong bytes from rank {peer}'s window"
-                break
+            if not np.array_equal(seen, pattern(peer)):
+                raise OSError(f"read wrong bytes from rank {peer}'s window")
+
+    problem = _on_every_rank(write) or _on_every_rank(read)  # each agreed: reads start after every write
+    window.free()  # every rank is done reading
+    return problem
+
+
+def _on_every_rank(part: Callable[[], None]) -> str | None:
+    """Run ``part`` on every rank and return the first rank's failure, the same on every rank (collective)."""
+    failure = None
+    try:
+        part()
     except (cuda_driver.CudaError, cl.Error, OSError) as exc:
-        problem = f"rank {info.rank}: {exc}"
-    except DistributedError:
-        raise
-    answers = all_gather_object(problem)
-    barrier()  # nobody frees a window a peer may still read
-    if window is not None:
-        window.free()
-    return next((a for a in answers if a), None)
+        failure = f"rank {world().info.rank}: {exc}"
+    return next((f for f in all_gather_object(failure) if f), None)
 
 
 class Window:
@@ -219,24 +228,35 @@ class Window:
         info = world().info
         self.device, self.rank, self.size = device, info.rank, info.world_size
         self.slot_bytes = -(-int(slot_bytes) // 256) * 256
-        gpu = cuda_driver.device_by_pci(*nvidia_pci(device))
-        self.memory = cuda_driver.ExportableMemory(gpu, FLAG_BYTES + 2 * self.slot_bytes)
+        self.memory: cuda_driver.ExportableMemory | None = None
         self.buffers: list[cl.Buffer] = []
-        try:
-            descriptors = _exchange_descriptors(self.memory.fd, info.rank, info.world_size, info.timeout)
-            try:
-                while descriptors:  # an import owns its descriptor once it succeeds
-                    self.buffers.append(import_memory(device, descriptors[0], self.memory.nbytes))
-                    descriptors.pop(0)
-            finally:
-                for fd in descriptors:
-                    os.close(fd)
-            zeros = np.zeros(FLAG_BYTES // 4, np.uint32)
-            cl.enqueue_copy(device.queue, self.buffers[self.rank], zeros, is_blocking=True)
-        except BaseException:
+        self._agreed(self._allocate)
+        # every window imported and its flags zero on every rank before anyone publishes
+        self._agreed(lambda: self._import(info.timeout))
+
+    def _agreed(self, part: Callable[[], None]) -> None:
+        """Run ``part`` on every rank; if it failed on any, free and raise that failure on every rank."""
+        failure = _on_every_rank(part)
+        if failure is not None:
             self.free()
-            raise
-        barrier()  # every window's flags are zero before anyone publishes
+            raise OSError(f"peer window: {failure}")
+
+    def _allocate(self) -> None:
+        gpu = cuda_driver.device_by_pci(*nvidia_pci(self.device))
+        self.memory = cuda_driver.ExportableMemory(gpu, FLAG_BYTES + 2 * self.slot_bytes)
+
+    def _import(self, timeout: float) -> None:
+        assert self.memory is not None
+        descriptors = _exchange_descriptors(self.memory.fd, self.rank, self.size, timeout)
+        try:
+            while descriptors:  # an import owns its descriptor once it succeeds
+                self.buffers.append(import_memory(self.device, descriptors[0], self.memory.nbytes))
+                descriptors.pop(0)
+        finally:
+            for fd in descriptors:
+                os.close(fd)
+        zeros = np.zeros(FLAG_BYTES // 4, np.uint32)
+        cl.enqueue_copy(self.device.queue, self.buffers[self.rank], zeros, is_blocking=True)
 
     def free(self) -> None:
         """Release the imports (after the device's queue is done with them) and this rank's memory."""
@@ -245,7 +265,8 @@ class Window:
         for buffer in self.buffers:
             buffer.release()
         self.buffers = []
-        self.memory.free()
+        if self.memory is not None:
+            self.memory.free()
 
 
 def _exchange_descriptors(fd: int, rank: int, size: int, timeout: float) -> list[int]:
@@ -255,10 +276,16 @@ def _exchange_descriptors(fd: int, rank: int, size: int, timeout: float) -> list
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     got: dict[int, int] = {rank: os.dup(fd)}
     try:
-        listener.bind(f"\0netcl-peer-{token}-{rank}")
-        listener.listen(size)
-        listener.settimeout(timeout)
-        barrier()  # every rank listens
+        listening: OSError | None = None
+        try:
+            listener.bind(f"\0netcl-peer-{token}-{rank}")
+            listener.listen(size)
+            listener.settimeout(timeout)
+        except OSError as exc:
+            listening = exc
+        barrier()  # every rank listens (one that cannot still joins, then fails; its peers fail to connect)
+        if listening is not None:
+            raise listening
         for peer in range(size):
             if peer != rank:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as out:
