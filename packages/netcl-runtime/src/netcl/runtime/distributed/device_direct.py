@@ -32,7 +32,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import socket
 import time
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from netcl.runtime.determinism import are_deterministic_algorithms_enabled
 from netcl.runtime.distributed import cuda_driver, nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
-from netcl.runtime.distributed.group import Deadline, mark_broken, world
+from netcl.runtime.distributed.group import Deadline, mark_broken, path_choice, world
 from netcl.runtime.distributed.overlap import ThreadedReducer, ThreadedWork
 
 ENV = "NETCL_DEVICE_DIRECT"
@@ -74,15 +73,8 @@ _SAID = False
 
 
 def mode() -> str:
-    """``NETCL_DEVICE_DIRECT``: "off", "on" (required) or "auto" (ValueError naming the variable)."""
-    text = os.environ.get(ENV, "").strip().lower()
-    if text in ("", "auto"):
-        return "auto"
-    if text in ("0", "off", "false", "no"):
-        return "off"
-    if text in ("1", "on", "true", "yes"):
-        return "on"
-    raise ValueError(f"{ENV}={text!r}: expected 0 (never), 1 (required) or unset/auto")
+    """``NETCL_DEVICE_DIRECT``: "off", "on" (required) or "auto" (``group.path_choice``)."""
+    return path_choice(ENV)
 
 
 def probe(device: Device) -> Probe:

@@ -85,6 +85,19 @@ def timeout_from_env() -> float:
     return value
 
 
+def path_choice(variable: str) -> str:
+    """A path switch such as ``NETCL_PEER_ALLREDUCE``: "off" (0), "on" (1: required) or "auto" (unset);
+    ValueError naming the variable for anything else."""
+    text = os.environ.get(variable, "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text in ("0", "off", "false", "no"):
+        return "off"
+    if text in ("1", "on", "true", "yes"):
+        return "on"
+    raise ValueError(f"{variable}={text!r}: expected 0 (never), 1 (required) or unset/auto")
+
+
 def init(device: Device | str | None = None, timeout: float | None = None) -> DistInfo:
     """Join the MPI process group; pick and set this rank's device; return a ``DistInfo``.
 

@@ -50,7 +50,7 @@ from netcl.runtime.distributed import cuda_driver
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.device_direct import EXTENSION, import_memory, nvidia_pci
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
-from netcl.runtime.distributed.group import TIMEOUT_ENV, is_usable, mark_broken, world
+from netcl.runtime.distributed.group import TIMEOUT_ENV, is_usable, mark_broken, path_choice, world
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, round_up, storage_ctype, storage_pragmas
 from netcl.runtime.ops.optim_kernels import multi_chunks, multi_source, multi_table
@@ -134,15 +134,8 @@ _TIMEOUT_CODE = fault_code("peer all-reduce", _timed_out)
 
 
 def mode() -> str:
-    """``NETCL_PEER_ALLREDUCE``: "off", "on" (required) or "auto" (ValueError naming the variable)."""
-    text = os.environ.get(ENV, "").strip().lower()
-    if text in ("", "auto"):
-        return "auto"
-    if text in ("0", "off", "false", "no"):
-        return "off"
-    if text in ("1", "on", "true", "yes"):
-        return "on"
-    raise ValueError(f"{ENV}={text!r}: expected 0 (never), 1 (required) or unset/auto")
+    """``NETCL_PEER_ALLREDUCE``: "off", "on" (required) or "auto" (``group.path_choice``)."""
+    return path_choice(ENV)
 
 
 def applicable(device: Device) -> str | None:
