@@ -18,7 +18,8 @@ images per step. Per model it times:
 
 Each repeat times the four in turn (the eager steps are host-bound and a shared host's speed drifts);
 printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
-ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the share of the DDP step
+ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the same against the local step
+(``vs local`` = local / DDP: what the communication costs once every rank runs), the share of the DDP step
 that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
 the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
 ``--json`` writes the rows. The GPT block is the reference workload ``gpt_block`` (docs/architecture.md; its
@@ -165,6 +166,7 @@ def bench_model(
         "images_per_s": n * batch / t_ddp,
         "one_rank_images_per_s": batch / t_single,
         "scaling_efficiency": (n * batch / t_ddp) / (n * batch / t_single),
+        "efficiency_vs_local": t_local / t_ddp,
         "comm_share": t_comm / t_ddp,
         "exposed_share": exposed / t_ddp,
         "overlap": 1.0 - min(exposed / t_comm, 1.0) if t_comm > 0 else None,
@@ -230,7 +232,8 @@ def main() -> None:
     print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank); all-reduce {path}")
     header = (
         f"{'model':>5} {'ranks':>5} {'batch/rank':>10} {'1-rank ms':>9} {'local ms':>9} {'DDP ms':>8} "
-        f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'comm share':>10} {'exposed':>8} {'overlap':>8}"
+        f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'vs local':>8} {'comm share':>10} {'exposed':>8} "
+        f"{'overlap':>8}"
     )
     print(header)
     for r in rows:
@@ -238,6 +241,7 @@ def main() -> None:
             f"{r['model']:>5} {r['ranks']:>5} {r['batch_per_rank']:>10} {r['one_rank_ms']:>9.2f} {r['local_ms']:>9.2f} "
             f"{r['ddp_ms']:>8.2f} "
             f"{r['allreduce_ms']:>13.2f} {r['images_per_s']:>10.0f} {r['scaling_efficiency']:>10.1%} "
+            f"{r['efficiency_vs_local']:>8.1%} "
             f"{r['comm_share']:>10.1%} {r['exposed_share']:>8.1%} "
             + (f"{r['overlap']:>8.1%}" if r["overlap"] is not None else f"{'-':>8}")
         )
