@@ -30,13 +30,11 @@ dies makes the stream's wait time out at ``NETCL_DIST_TIMEOUT``: the communicato
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -46,13 +44,11 @@ from netcl.runtime.determinism import are_deterministic_algorithms_enabled
 from netcl.runtime.distributed import cuda_driver, nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
+from netcl.runtime.distributed.external_memory import EXTENSION, import_memory, nvidia_pci
 from netcl.runtime.distributed.group import Deadline, mark_broken, path_choice, world
 from netcl.runtime.distributed.overlap import ThreadedReducer, ThreadedWork
 
 ENV = "NETCL_DEVICE_DIRECT"
-EXTENSION = "cl_khr_external_memory_opaque_fd"
-_EXTERNAL_MEMORY_OPAQUE_FD = 0x2060  # CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR
-_DEVICE_HANDLE_LIST, _DEVICE_HANDLE_LIST_END = 0x2051, 0  # CL_MEM_DEVICE_HANDLE_LIST(_END)_KHR
 _PROBE_BYTES = 1 << 16
 log = logging.getLogger("netcl.distributed")
 
@@ -87,17 +83,6 @@ def probe(device: Device) -> Probe:
             cached = Probe(False, str(exc))  # e.g. no NCCL: worth saying
         _PROBES[id(device)] = cached
     return cached
-
-
-def nvidia_pci(device: Device) -> tuple[int, int, int]:
-    """(domain, bus, slot) of an NVIDIA OpenCL GPU (``cl_nv_device_attribute_query``)."""
-    d = device.cl_device
-    info = cl.device_info
-    return (
-        int(d.get_info(info.PCI_DOMAIN_ID_NV)),
-        int(d.get_info(info.PCI_BUS_ID_NV)),
-        int(d.get_info(info.PCI_SLOT_ID_NV)),
-    )
 
 
 def _probe(device: Device) -> Probe:
@@ -171,43 +156,6 @@ class SharedBuffer:
             self.buffer.release()
             self.buffer = None
         self.memory.free()
-
-
-@functools.cache
-def _create_buffer_with_properties() -> Any:
-    """OpenCL 3.0's ``clCreateBufferWithProperties`` (pyopencl does not wrap it), looked up once."""
-    create = ctypes.CDLL("libOpenCL.so.1").clCreateBufferWithProperties
-    create.restype = ctypes.c_void_p
-    create.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_uint64),
-        ctypes.c_uint64,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_int32),
-    ]
-    return create
-
-
-def import_memory(device: Device, fd: int, nbytes: int) -> cl.Buffer:
-    """``nbytes`` of memory exported as descriptor ``fd`` (by this process or another, for this GPU or a peer
-    GPU of the host), imported into ``device``'s context. The import owns ``fd`` once this returns (as in
-    Vulkan); on an error the caller still does."""
-    create = _create_buffer_with_properties()
-    values = [
-        _EXTERNAL_MEMORY_OPAQUE_FD,
-        fd,
-        _DEVICE_HANDLE_LIST,
-        device.cl_device.int_ptr,
-        _DEVICE_HANDLE_LIST_END,
-        0,
-    ]
-    properties = (ctypes.c_uint64 * len(values))(*values)
-    status = ctypes.c_int32()
-    handle = create(device.context.int_ptr, properties, cl.mem_flags.READ_WRITE, nbytes, None, ctypes.byref(status))
-    if status.value != 0 or not handle:
-        raise cl.Error(f"clCreateBufferWithProperties (import of {nbytes} bytes by descriptor): status {status.value}")
-    return cl.Buffer.from_int_ptr(handle, retain=False)
 
 
 class DeviceDirectReducer(ThreadedReducer):
