@@ -16,8 +16,11 @@ import netcl.autograd as ag
 import netcl.core as nc
 import netcl.nn as nn
 import netcl.optim as optim
+from netcl.core import device_errors
 from netcl.jit import fuse_graph, jit_compile
 from netcl.runtime import Stream, synchronize
+from netcl.runtime.cache import program_cache
+from netcl.runtime.launch import launch
 from netcl.runtime.ops import gathering, selecting
 
 
@@ -118,6 +121,24 @@ def test_first_recorded_index_wins_and_a_stream_finish_raises(cl_device) -> None
     gathering.gather(x, 0, _ints(cl_device, [[0, 33, 0, 0]]))
     with pytest.raises(IndexError, match="33"):
         stream.finish()
+
+
+class _Fault(RuntimeError):
+    pass
+
+
+def test_a_fault_code_raises_its_own_exception_at_the_next_wait(cl_device) -> None:
+    """A fault that is not an index (the peer all-reduce's meet records one) takes the same word with a code
+    of its own: the wait raises the fault's exception, made from the recorded value and bound, and clears the
+    word."""
+    code = device_errors.fault_code("test fault", lambda value, bound: _Fault(f"value {value} bound {bound}"))
+    record = "__kernel void record(__global int* err, const int code) { netcl_record_error(err, code, 7L << 33, -5); }"
+    handle = program_cache.get_or_compile("test_fault_code", device_errors.INDEX_CHECK_C + record, cl_device.context)
+    kernel = handle.kernel("record", [None, np.int32])
+    launch(kernel, (1,), None, cl_device.error_word.buffer(cl_device.queue), np.int32(code), queue=cl_device.queue)
+    with pytest.raises(_Fault, match=f"value {7 << 33} bound -5"):
+        synchronize(cl_device)
+    synchronize(cl_device)  # cleared
 
 
 def _classifier(device: nc.Device) -> tuple[nn.Module, optim.Optimizer]:
