@@ -33,6 +33,7 @@ benchmarks/RESULTS.md, "peer all-reduce".
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -382,10 +383,15 @@ class PeerReducer:
         return launches
 
     def close(self, wait: bool = False) -> None:
-        """Free every window (after the device's queue is done with them)."""
+        """Free every window (after the device's queue is done with them; a peer's imports keep its memory
+        alive for the peer)."""
         for window in self.windows.values():
             window.free()
         self.windows, self.plans = {}, {}
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
 
 
 @dataclass(frozen=True)
