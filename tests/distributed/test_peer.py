@@ -99,5 +99,6 @@ def test_a_dead_rank_is_raised_at_the_next_host_read(mpirun):
     r0, r1 = results
     assert r1 is None and r0 is not None, proc.stdout + proc.stderr
     assert r0["path"] == "peer"
-    assert r0["error"].startswith("PeerTimeoutError: peer all-reduce on rank 0 of 2: rank 1 did not reach exchange 2"), r0
+    expected = "PeerTimeoutError: peer all-reduce on rank 0 of 2: rank 1 did not reach exchange 2"
+    assert r0["error"].startswith(expected), r0
     assert r0["after"].startswith("DistributedError: the process group is unusable"), r0["after"]
