@@ -313,9 +313,6 @@ class PeerWork:
     def wait(self) -> list[Tensor]:
         return self.outputs
 
-    def test(self) -> bool:
-        return True
-
 
 class PeerReducer:
     """Exchanges of buckets through peer windows, one window per (dtype, exchange size) (collective
@@ -382,7 +379,7 @@ class PeerReducer:
             first += count
         return launches
 
-    def close(self, wait: bool = False) -> None:
+    def close(self) -> None:
         """Free every window (after the device's queue is done with them; a peer's imports keep its memory
         alive for the peer)."""
         for window in self.windows.values():
