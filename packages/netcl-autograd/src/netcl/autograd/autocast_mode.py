@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, get_tracer
 from netcl.core import Tensor
 from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime.ops import layout, linalg, pointwise
@@ -57,14 +57,22 @@ def set_autocast_dtype(dtype: np.dtype | None) -> np.dtype | None:
 
 def _autocast_device(operands: tuple[Any, ...]) -> tuple[np.dtype, Any] | None:
     """(autocast's dtype, the operands' device) when autocast is on and every operand given is a
-    float32 Tensor (or a Node of one), else None: the products autocast takes."""
+    float32 Tensor or a Node of one (a traced Node too: ``jit_compile`` and ``fuse_graph`` trace the
+    autocast forms, as eager runs them), else None: the products autocast takes."""
     dtype = autocast_dtype()
     if dtype is None:
         return None
-    values = [x.value if isinstance(x, Node) else x for x in operands if x is not None]
-    if not values or any(not isinstance(v, Tensor) or v.dtype != float32 for v in values):
+    given = [x for x in operands if x is not None]
+    if not given or any(not _float32_operand(x) for x in given):
         return None
-    return dtype, values[0].device
+    return dtype, given[0].device
+
+
+def _float32_operand(x: Any) -> bool:
+    """Whether ``x`` is a float32 Tensor, or a Node of one (or of a traced float32 value)."""
+    if isinstance(x, Node):
+        return x.dtype == float32 and (isinstance(x.value, Tensor) or get_tracer() is not None)
+    return isinstance(x, Tensor) and x.dtype == float32
 
 
 def low_dtype_for(*operands: Any, product: str = "matmul") -> np.dtype | None:

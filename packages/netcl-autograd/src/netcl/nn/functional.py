@@ -82,7 +82,7 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
 
     args = (x, weight) if bias is None else (x, weight, bias)
     # attrs: what a tracer (netcl.jit) needs to run the product itself, e.g. with ops after it in its store
-    attrs = {"autocast": None if low is None else str(low), "bias": bias is not None}
+    attrs = {"autocast": None if low is None else str(low), "precision": precision, "bias": bias is not None}
     at = at_matmul_precision  # the op's forward and gradient alike
     return apply_op(
         at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs, folds_addends=True

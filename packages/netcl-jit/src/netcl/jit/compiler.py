@@ -21,6 +21,7 @@ from numbers import Real
 from typing import Any
 
 from netcl.autograd import engine
+from netcl.autograd.autocast_mode import autocast_dtype
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, DeviceError, DTypeError, ShapeError, Tensor, same_device
 from netcl.jit.errors import JitError, UnwatchedCaptureWarning
@@ -156,7 +157,8 @@ class JitFunction:
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
         # Whether each argument needs a gradient is part of the signature: the ops the trace
-        # runs eagerly (matmul, reductions) decide at trace time which inputs get a gradient.
+        # runs eagerly (matmul, reductions) decide at trace time which inputs get a gradient. So is
+        # autocast's dtype: the matrix products choose their autocast forms at trace time.
         parts: list[Any] = []
         append = parts.append
         device: Device | None = None
@@ -178,12 +180,12 @@ class JitFunction:
         if device is None:
             return None
         if not kwargs:
-            return (tuple(parts), (), device, registry_version())
+            return (tuple(parts), (), device, registry_version(), autocast_dtype())
         try:
             static = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
         except TypeError:
             return None
-        return (tuple(parts), static, device, registry_version())
+        return (tuple(parts), static, device, registry_version(), autocast_dtype())
 
     def _is_strict(self) -> bool:
         if self.strict is not None:
@@ -306,6 +308,8 @@ class JitFunction:
     def _miss_reason(self, key: tuple) -> str:
         if not self._plans:
             return "first call"
+        if any(k[:4] == key[:4] for k in self._plans):
+            return f"autocast {'off' if key[4] is None else key[4]} (compiled with another autocast state)"
         if any(k[:3] == key[:3] for k in self._plans):
             return "the primitive registry changed since this signature was compiled"
         if any(k[0] == key[0] and k[2] == key[2] for k in self._plans):

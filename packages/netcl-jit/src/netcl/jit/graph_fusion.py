@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd.autocast_mode import autocast_dtype, set_autocast_dtype
 from netcl.autograd.engine import Node, Tape, no_grad
 from netcl.autograd.graph import CompiledGraph
 from netcl.core import Device, Tensor, get_device
 from netcl.jit.compiler import jit_compile
+from netcl.runtime.ops import get_float32_matmul_precision, matmul_precision
 
 
 class FusedGraph:
@@ -26,8 +28,10 @@ class FusedGraph:
     step's result: a small one (a loss) stays valid when later steps run (the next replay copies
     it out of the graph's buffer if it is still referenced), reading a large one after a later
     step raises ``StaleResultError`` (``copy_outputs=True`` keeps it). After a training step every
-    parameter's ``grad`` holds this step's gradient (not accumulated). On the NumPy backend there
-    is nothing to capture and each call runs the jit-compiled step.
+    parameter's ``grad`` holds this step's gradient (not accumulated). A replay computes as the
+    capture did: under the autocast dtype and matmul precision in effect when ``fuse_graph`` ran,
+    whatever is in effect at the replay. On the NumPy backend there is nothing to capture and each
+    call runs the jit-compiled step (under those two settings).
     """
 
     def __init__(
@@ -50,6 +54,10 @@ class FusedGraph:
         #: The CompiledGraph holding the captured step (None on the NumPy backend).
         self.compiled: CompiledGraph | None = None
         self.outputs: Node | None = None
+        #: autocast's dtype and the matmul precision at capture: what every replay computes with (on the
+        #: NumPy backend, where each call runs the step again, they are restored around it)
+        self.autocast = autocast_dtype()
+        self.precision = get_float32_matmul_precision()
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self, inputs: list[Node]) -> Node:
@@ -80,8 +88,12 @@ class FusedGraph:
     def _eager(self, inputs: list[Node]) -> Node:
         for p in self.params:
             p.grad, p._grad_owned, p.value.grad = None, False, None
-        with Tape():
-            return self._run(inputs)
+        previous = set_autocast_dtype(self.autocast)
+        try:
+            with Tape(), matmul_precision(self.precision):
+                return self._run(inputs)
+        finally:
+            set_autocast_dtype(previous)
 
     # ---- replay --------------------------------------------------------------------------------
     def execute(self, x: Any, target: Any = None, copy_outputs: bool = False) -> Node:
