@@ -225,9 +225,7 @@ class GemmEpilogueStep:
             extra = [self._empty() for _ in range(n_out - 1)] + ([self._empty()] if save else [])
             epilogue, args = self.epilogues[save], [*lead, *others, *extra]
             precision = self.merged.matmul.attrs.get("precision")  # autocast's, where the op has one
-            first = gemm(
-                a, b, trans_b=self.merged.trans_b, precision=precision, epilogue=epilogue, epilogue_args=args
-            )
+            first = gemm(a, b, trans_b=self.merged.trans_b, precision=precision, epilogue=epilogue, epilogue_args=args)
             outs = [first, *extra[: n_out - 1]]
             product = extra[-1] if save else None
         else:
