@@ -209,3 +209,21 @@ def test_model_without_parameters_method_needs_params():
     x0, y0 = batch(0, device)
     with pytest.raises(ValueError, match="params="):
         fuse_graph(lambda x: x, x0, y0, make_loss(device))
+
+
+def test_replaying_after_a_mode_switch_raises_until_switched_back(device):
+    """A step captured in training mode baked in batch statistics and dropout: after model.eval() a replay
+    would compute training numbers, so it raises, naming the modules; train() makes it replay again."""
+    from netcl import nn
+    from netcl.runtime import StaleCaptureError
+
+    model = nn.Sequential(nn.Linear(F, H, device=device), nn.BatchNorm1d(H, device=device), nn.Dropout(0.25))
+    x = batch(0, device)[0]
+    graph = fuse_graph(model, x, ag.tensor(np.zeros((B, H), np.float32), device=device), ag.mse_loss)
+    model.eval()
+    message = r"BatchNorm1d \(captured in training mode, now in eval mode\), Dropout \(captured in training"
+    with pytest.raises(StaleCaptureError, match=message):
+        graph.execute(x, ag.tensor(np.zeros((B, H), np.float32), device=device))
+    model.train()
+    loss = graph.execute(x, ag.tensor(np.zeros((B, H), np.float32), device=device))
+    assert np.isfinite(float(np.asarray(loss.to_host())))

@@ -1,4 +1,5 @@
-"""jit_compile guards on captured tensors: rebinding what the function reads re-traces.
+"""jit_compile guards on captured tensors and module modes: rebinding what the function reads, or
+switching a module it reads between train() and eval(), re-traces.
 
 A jitted function that reads a tensor which is not an argument bakes that tensor into its plan.
 Rebinding the closure variable, module global, attribute or dict entry it came from must give
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
+import netcl.nn as nn
 from netcl.jit import UnwatchedCaptureWarning, jit_compile
 from netcl.runtime import ops as R
 
@@ -160,3 +162,26 @@ def test_watched_captures_do_not_warn(device):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnwatchedCaptureWarning)
         check(jit_compile(lambda t: t - c)(x), X - 1.0)
+
+
+def test_a_module_switched_between_train_and_eval_retraces(device):
+    """BatchNorm and Dropout read their module's training flag while tracing: the plan follows train()/eval()
+    (float64 reference of BatchNorm's two modes; eval-mode dropout is the identity, exactly)."""
+    bn, drop = nn.BatchNorm1d(3, device=device), nn.Dropout(0.5)
+    x = ag.tensor(X.T.copy(), device=device)  # (4, 3): 4 samples of 3 features
+    normalized = jit_compile(lambda t: bn(t) * 2.0)
+    dropped = jit_compile(lambda t: drop(t) + 1.0)
+    x64 = X.T.astype(np.float64)
+    mean, var = x64.mean(0), x64.var(0)
+    with ag.no_grad():
+        check(normalized(x), 2 * (x64 - mean) / np.sqrt(var + bn.eps))
+        bn.eval()
+        running_mean, running_var = 0.1 * mean, 0.9 + 0.1 * x64.var(0, ddof=1)
+        check(normalized(x), 2 * (x64 - running_mean) / np.sqrt(running_var + bn.eps))
+        bn.train()
+        check(normalized(x), 2 * (x64 - mean) / np.sqrt(var + bn.eps))
+        assert normalized.cache_info()["retraces"] == 2
+        kept = dropped(x).to_host()
+        assert (kept == 1.0).any() and (kept != 1.0).any()  # training: some dropped, the rest scaled
+        drop.eval()
+        np.testing.assert_array_equal(dropped(x).to_host(), X.T + np.float32(1.0))

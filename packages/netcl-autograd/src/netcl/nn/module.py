@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from netcl.autograd import mode_reads
 from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import is_floating
@@ -31,10 +32,8 @@ class IncompatibleKeys(NamedTuple):
 class Module:
     """Base class of every layer: subclass it, set parameters and sub-modules in ``__init__``, write ``forward``."""
 
-    training: bool
-
     def __init__(self) -> None:
-        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_training", True)
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_non_persistent", set())
@@ -185,12 +184,26 @@ class Module:
         return self
 
     # ---- modes, devices, gradients -------------------------------------------------------------
+    @property
+    def training(self) -> bool:
+        """Whether this module is in training mode. A read inside a traced or captured step is recorded
+        (``netcl.autograd.mode_reads``): the compiled plan or replay then notices a later ``train``/``eval``."""
+        mode = self._training
+        mode_reads.note(self, mode)
+        return mode
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        if not isinstance(mode, bool):
+            raise TypeError(f"training must be a bool, got {type(mode).__name__}")
+        object.__setattr__(self, "_training", mode)
+
     def train(self, mode: bool = True) -> Module:
         """Training mode (dropout active, BatchNorm uses and updates batch statistics); returns self."""
         if not isinstance(mode, bool):
             raise TypeError(f"train: mode must be a bool, got {type(mode).__name__}")
         for module in self.modules():
-            object.__setattr__(module, "training", mode)
+            object.__setattr__(module, "_training", mode)
         return self
 
     def eval(self) -> Module:

@@ -2,10 +2,12 @@
 
 The first call with a new signature traces the function on symbolic values, splits the trace
 into fused groups and eager steps, and builds the kernels. Later calls are one dict lookup and
-the launches, plus, when the function reads tensors that are not arguments, a guard that
-re-traces if one of them was rebound (``guards.py``). A function that cannot be traced (it asks
-a traced value for ``bool``/``float``, returns something that is not a Node, raises while
-tracing) runs un-fused instead, every time, so decorating a function is always safe.
+the launches, plus, when the function reads tensors that are not arguments or modules' training
+flags, a guard that re-traces if one of those tensors was rebound (``guards.py``) or one of those
+modules switched between ``train()`` and ``eval()`` (``netcl.autograd.mode_reads``). A function
+that cannot be traced (it asks a traced value for ``bool``/``float``, returns something that is
+not a Node, raises while tracing) runs un-fused instead, every time, so decorating a function is
+always safe.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
-from netcl.autograd import engine
+from netcl.autograd import engine, mode_reads
 from netcl.autograd.autocast_mode import autocast_dtype
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, DeviceError, DTypeError, ShapeError, Tensor, same_device
@@ -59,7 +61,8 @@ class Plan:
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
-    #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound (see guards.py)
+    #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound (see guards.py) or a
+    #: module whose training flag the trace read is in the other mode (``mode_reads``)
     guard: Callable[[tuple[Any, ...]], bool] | None = None
     #: Whether an argument of this signature wants a gradient (then ``run`` goes through autograd).
     needs_grad: bool = True
@@ -199,12 +202,13 @@ class JitFunction:
         return f"keyword arguments that cannot be hashed into the signature: {sorted(kwargs)}"
 
     def _retrace(self, key: tuple, stale: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A captured tensor was rebound since ``stale`` was traced: trace again for this key."""
+        """A captured tensor was rebound, or a module the trace asked for its mode is in the other mode,
+        since ``stale`` was traced: trace again for this key."""
         with self._lock:
             if self._plans.get(key) is stale:
                 del self._plans[key]
             self.retraces += 1
-            log.debug("%s: a captured tensor was rebound since the last trace; tracing again", self.label)
+            log.debug("%s: a captured tensor or a module's mode changed since the trace; tracing again", self.label)
         return self._compile(key, args, kwargs)
 
     # ---- compiling -----------------------------------------------------------------------
@@ -236,7 +240,7 @@ class JitFunction:
         needs_grad = False
         wanting: set[int] = set()  # traced inputs that want gradients
         try:
-            with context:
+            with context, mode_reads.recording() as modes:
                 for position, arg in enumerate(args):
                     value = arg.value if isinstance(arg, Node) else arg
                     if isinstance(value, Tensor):
@@ -278,8 +282,7 @@ class JitFunction:
             else:
                 steps.append(step)
         plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused, needs_grad=needs_grad)
-        if context.consts:
-            plan.guard = self._guard(args, context)
+        plan.guard = _both(self._guard(args, context) if context.consts else None, mode_reads.unchanged_check(modes))
         epilogues = sum(isinstance(s, GemmEpilogueStep) for s in fused)
         summary = f"{len(fused)} fused kernel(s) ({epilogues} in a GEMM's store), {len(steps) - len(fused)} eager op(s)"
         return plan, summary
@@ -355,6 +358,17 @@ class JitFunction:
     def cache_clear(self) -> None:
         with self._lock:
             self._plans.clear()
+
+
+def _both(
+    tensors: Callable[[tuple[Any, ...]], bool] | None, modes: Callable[[], bool] | None
+) -> Callable[[tuple[Any, ...]], bool] | None:
+    """One plan guard of the captured-tensor check and the module-mode check (either may be None)."""
+    if modes is None:
+        return tensors
+    if tensors is None:
+        return lambda args: modes()
+    return lambda args: tensors(args) and modes()
 
 
 def _hashable(value: Any) -> Any:

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd import mode_reads
 from netcl.autograd.autocast_mode import autocast_dtype, set_autocast_dtype
 from netcl.autograd.engine import Node, Tape, no_grad
 from netcl.autograd.graph import CompiledGraph
 from netcl.core import Device, Tensor, get_device
 from netcl.jit.compiler import jit_compile
+from netcl.runtime.errors import StaleCaptureError
 from netcl.runtime.ops import get_float32_matmul_precision, matmul_precision
 
 
@@ -58,15 +60,18 @@ class FusedGraph:
         #: NumPy backend, where each call runs the step again, they are restored around it)
         self.autocast = autocast_dtype()
         self.precision = get_float32_matmul_precision()
+        #: the modules whose training flag the captured step read, and the mode it read (``mode_reads``)
+        self.modes: dict[int, tuple[Any, bool]] = {}
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self, inputs: list[Node]) -> Node:
         """Run the step once on ``inputs`` while capturing it (OpenCL) or just run it (NumPy)."""
         if self.device.kind != "opencl":
-            self.outputs = self._eager(inputs)
+            with mode_reads.recording() as self.modes:
+                self.outputs = self._eager(inputs)
             return self.outputs
         compiled = CompiledGraph(self.params, device=self.device)
-        with compiled:
+        with compiled, mode_reads.recording() as self.modes:
             compiled.graph.label = f"FusedGraph {getattr(self.step, '__name__', 'step')}"
             compiled.outputs = self._run(inputs)
         compiled.compile([x.value for x in inputs])
@@ -99,8 +104,17 @@ class FusedGraph:
     def execute(self, x: Any, target: Any = None, copy_outputs: bool = False) -> Node:
         """One step on ``x`` (and ``target``): same shapes, dtype and device as the captured samples.
 
-        ``copy_outputs=True`` returns a fresh copy of the result (no later step touches it).
+        ``copy_outputs=True`` returns a fresh copy of the result (no later step touches it). Raises
+        ``StaleCaptureError`` when a module whose training flag the captured step read has switched
+        mode since (``model.eval()`` after capturing a training step): the replay would compute the
+        captured mode's numbers.
         """
+        stale = mode_reads.changed(self.modes)
+        if stale:
+            raise StaleCaptureError(
+                f"this step was captured with other module modes: {mode_reads.describe(stale)}. "
+                "Capture it again in the current mode (fuse_graph), or switch the model back (train()/eval())."
+            )
         inputs = self._inputs(x, target)
         if self.compiled is None:
             return self._eager(inputs)

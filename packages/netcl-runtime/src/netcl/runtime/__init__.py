@@ -3,7 +3,7 @@
 from netcl.runtime.__about__ import __version__
 from netcl.runtime.cache import KernelHandle, ProgramCache, program_cache
 from netcl.runtime.capture import get_capture
-from netcl.runtime.errors import CompileError, LaunchError, ReplayError, StaleResultError
+from netcl.runtime.errors import CompileError, LaunchError, ReplayError, StaleCaptureError, StaleResultError
 from netcl.runtime.launch import launch
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LaunchError",
     "ProgramCache",
     "ReplayError",
+    "StaleCaptureError",
     "StaleResultError",
     "__version__",
     "get_capture",

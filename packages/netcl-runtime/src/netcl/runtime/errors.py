@@ -17,3 +17,8 @@ class LaunchError(NetclError, ValueError):
 
 class StaleResultError(ReplayError):
     """A replay's result was read after a later replay of the same graph overwrote its buffer."""
+
+
+class StaleCaptureError(ReplayError):
+    """A captured step was replayed after something it baked in changed: a module whose training flag
+    it read is in the other mode (``train()`` / ``eval()``); capture the step again in the new mode."""
