@@ -89,3 +89,19 @@ def test_a_captured_step_under_autocast_replays_the_autocast_forms(device):
         plain = float(ag.cross_entropy(model()(t["x"]), y).to_host())
     if abs(plain - reference) > 0:  # autocast changes products on this device
         assert abs(float(np.asarray(replayed.to_host())) - plain) > 1e-6
+
+
+def test_jit_compile_runs_attention_at_autocasts_precision(device):
+    """Attention under autocast runs at the fallback precision where float16 is storage-only (NVIDIA's
+    tensor cores); compiled, it must run there too (elsewhere autocast leaves it in float32 on both sides)."""
+    rng = np.random.default_rng(11)
+    q, k, v = (ag.tensor(rng.uniform(-1, 1, (2, 2, 16, 64)).astype(np.float32), device=device) for _ in range(3))
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2.0
+
+    compiled = jit_compile(attend)
+    with amp.autocast():
+        eager = _quietly(attend, q, k, v).to_host()
+        got = _quietly(compiled, q, k, v).to_host()
+    np.testing.assert_allclose(got, eager, rtol=1e-6, atol=1e-6 * np.abs(eager).max())
