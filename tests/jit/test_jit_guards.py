@@ -17,7 +17,7 @@ import pytest
 
 import netcl.autograd as ag
 import netcl.nn as nn
-from netcl.jit import UnwatchedCaptureWarning, jit_compile
+from netcl.jit import RetraceWarning, UnwatchedCaptureWarning, jit_compile
 from netcl.runtime import ops as R
 
 RTOL = 1e-6
@@ -185,3 +185,49 @@ def test_a_module_switched_between_train_and_eval_retraces(device):
         assert (kept == 1.0).any() and (kept != 1.0).any()  # training: some dropped, the rest scaled
         drop.eval()
         np.testing.assert_array_equal(dropped(x).to_host(), X.T + np.float32(1.0))
+
+
+class Scaled:
+    """A callable object whose number the kernel bakes in (``self.k``)."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, t):
+        return t * self.k
+
+
+def test_a_baked_python_number_that_changes_retraces(device):
+    """``x * scale`` bakes the number into the kernel: changing the global, the attribute or the dict entry
+    it came from re-traces; a number passed as an argument is a kernel argument (no re-trace)."""
+    global SCALE
+    x = ag.tensor(X, device=device)
+    SCALE = 2.0
+    by_global = jit_compile(lambda t: t * SCALE + 1.0)
+    config = {"shift": 1.0}
+    by_item = jit_compile(lambda t: ag.relu(t - config["shift"]))
+    by_attribute = jit_compile(Scaled(3.0))
+    check(by_global(x), X * 2.0 + 1.0)
+    check(by_item(x), np.maximum(X - 1.0, 0.0))
+    check(by_attribute(x), X * 3.0)
+    SCALE, config["shift"], by_attribute.fn.k = 5.0, -0.5, 0.25
+    check(by_global(x), X * 5.0 + 1.0)
+    check(by_item(x), np.maximum(X + 0.5, 0.0))
+    check(by_attribute(x), X * 0.25)
+    assert [f.cache_info()["retraces"] for f in (by_global, by_item, by_attribute)] == [1, 1, 1]
+    as_argument = jit_compile(lambda t, s: t * s)
+    for s in (2.0, 3.0, 4.0):
+        check(as_argument(x, s), X * s)
+    assert as_argument.cache_info()["retraces"] == 0 and as_argument.cache_info()["entries"] == 1
+
+
+def test_a_number_that_changes_on_every_call_warns_once(device):
+    x = ag.tensor(X, device=device)
+    scaled = jit_compile(Scaled(1.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(12):
+            scaled.fn.k = float(step)
+            check(scaled(x), X * float(step))
+    retrace = [w for w in caught if issubclass(w.category, RetraceWarning)]
+    assert len(retrace) == 1 and "traced again 8 times" in str(retrace[0].message)

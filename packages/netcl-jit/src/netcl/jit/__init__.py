@@ -4,7 +4,7 @@ from netcl.jit.__about__ import __version__
 from netcl.jit.builtin_primitives import register_builtins
 from netcl.jit.builtin_row_ops import register_builtin_row_ops
 from netcl.jit.compiler import JitFunction, jit_compile
-from netcl.jit.errors import JitError, TracerConversionError, UnwatchedCaptureWarning
+from netcl.jit.errors import JitError, RetraceWarning, TracerConversionError, UnwatchedCaptureWarning
 from netcl.jit.primitive_registry import PRIMITIVES
 from netcl.jit.primitives import AutogradPrimitive, get_primitive, register_primitive, registry_version
 from netcl.jit.tracing import TraceNode, TracingContext
@@ -22,6 +22,7 @@ __all__ = [
     "AutogradPrimitive",
     "JitError",
     "JitFunction",
+    "RetraceWarning",
     "TraceNode",
     "TracerConversionError",
     "TracingContext",

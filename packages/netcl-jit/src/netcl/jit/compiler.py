@@ -2,9 +2,10 @@
 
 The first call with a new signature traces the function on symbolic values, splits the trace
 into fused groups and eager steps, and builds the kernels. Later calls are one dict lookup and
-the launches, plus, when the function reads tensors that are not arguments or modules' training
-flags, a guard that re-traces if one of those tensors was rebound (``guards.py``) or one of those
-modules switched between ``train()`` and ``eval()`` (``netcl.autograd.mode_reads``). A function
+the launches, plus, when the function reads tensors that are not arguments, Python numbers it bakes
+into its kernels, or modules' training flags, a guard that re-traces if one of those tensors was
+rebound or one of those numbers changed (``guards.py``), or one of those modules switched between
+``train()`` and ``eval()`` (``netcl.autograd.mode_reads``). A function
 that cannot be traced (it asks a traced value for ``bool``/``float``, returns something that is
 not a Node, raises while tracing) runs un-fused instead, every time, so decorating a function is
 always safe.
@@ -26,10 +27,10 @@ from netcl.autograd import engine, mode_reads
 from netcl.autograd.autocast_mode import autocast_dtype
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, DeviceError, DTypeError, ShapeError, Tensor, same_device
-from netcl.jit.errors import JitError, UnwatchedCaptureWarning
+from netcl.jit.errors import JitError, RetraceWarning, UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
-from netcl.jit.guards import find_guards
+from netcl.jit.guards import find_guards, find_number_guards, traced_numbers
 from netcl.jit.norm_epilogue import fuse_norm_epilogues
 from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
 from netcl.jit.primitive_registry import registry_version
@@ -42,6 +43,8 @@ if os.environ.get("NETCL_DEBUG", "").strip() not in ("", "0"):
     log.setLevel(logging.DEBUG)
 
 _FALLBACK = object()
+#: After this many re-traces of one function, ``RetraceWarning`` (once).
+RETRACE_WARNING = 8
 #: ``NETCL_JIT_STRICT=1``: a jitted function that would fall back raises ``JitError`` (``jit_compile(strict=...)``)
 STRICT_ENV = "NETCL_JIT_STRICT"
 #: errors about the caller's inputs: strict mode raises them as they are (the un-fused call would too)
@@ -61,8 +64,8 @@ class Plan:
     #: For a plan that is one fused kernel reading only arguments: argument index per kernel
     #: input and kernel-output index per function output (the fast path of ``run``).
     direct: tuple[list[int], list[int]] | None = None
-    #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound (see guards.py) or a
-    #: module whose training flag the trace read is in the other mode (``mode_reads``)
+    #: ``guard(args)`` is False once a captured tensor the trace baked in was rebound or a baked Python number
+    #: changed (see guards.py), or a module whose training flag the trace read is in the other mode (``mode_reads``)
     guard: Callable[[tuple[Any, ...]], bool] | None = None
     #: Whether an argument of this signature wants a gradient (then ``run`` goes through autograd).
     needs_grad: bool = True
@@ -202,13 +205,22 @@ class JitFunction:
         return f"keyword arguments that cannot be hashed into the signature: {sorted(kwargs)}"
 
     def _retrace(self, key: tuple, stale: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A captured tensor was rebound, or a module the trace asked for its mode is in the other mode,
-        since ``stale`` was traced: trace again for this key."""
+        """A captured tensor was rebound, a baked number changed, or a module the trace asked for its mode
+        is in the other mode, since ``stale`` was traced: trace again for this key (and say so once when
+        that keeps happening: each trace builds the plan anew)."""
         with self._lock:
             if self._plans.get(key) is stale:
                 del self._plans[key]
             self.retraces += 1
-            log.debug("%s: a captured tensor or a module's mode changed since the trace; tracing again", self.label)
+            log.debug("%s: a captured tensor, number or module mode changed since the trace; tracing again", self.label)
+            if self.retraces == RETRACE_WARNING:
+                warnings.warn(
+                    f"{self.label} was traced again {self.retraces} times: a tensor, Python number or module mode "
+                    "it reads without taking it as an argument keeps changing between calls. Pass the value as an "
+                    "argument (a Python number argument is a kernel argument, never baked in).",
+                    RetraceWarning,
+                    stacklevel=3,
+                )
         return self._compile(key, args, kwargs)
 
     # ---- compiling -----------------------------------------------------------------------
@@ -282,7 +294,12 @@ class JitFunction:
             else:
                 steps.append(step)
         plan = Plan(arg_traces, context.consts, steps, output_traces, returns_tuple, fused, needs_grad=needs_grad)
-        plan.guard = _both(self._guard(args, context) if context.consts else None, mode_reads.unchanged_check(modes))
+        numbers = {number for node in context.nodes for number in traced_numbers(node.attrs)}
+        plan.guard = _all_of(
+            self._guard(args, context) if context.consts else None,
+            find_number_guards(self.fn, args, numbers),
+            mode_reads.unchanged_check(modes),
+        )
         epilogues = sum(isinstance(s, GemmEpilogueStep) for s in fused)
         summary = f"{len(fused)} fused kernel(s) ({epilogues} in a GEMM's store), {len(steps) - len(fused)} eager op(s)"
         return plan, summary
@@ -360,15 +377,18 @@ class JitFunction:
             self._plans.clear()
 
 
-def _both(
-    tensors: Callable[[tuple[Any, ...]], bool] | None, modes: Callable[[], bool] | None
+def _all_of(
+    tensors: Callable[[tuple[Any, ...]], bool] | None,
+    numbers: Callable[[tuple[Any, ...]], bool] | None,
+    modes: Callable[[], bool] | None,
 ) -> Callable[[tuple[Any, ...]], bool] | None:
-    """One plan guard of the captured-tensor check and the module-mode check (either may be None)."""
-    if modes is None:
-        return tensors
-    if tensors is None:
-        return lambda args: modes()
-    return lambda args: tensors(args) and modes()
+    """One plan guard of the captured-tensor, baked-number and module-mode checks (each may be None)."""
+    checks = [c for c in (tensors, numbers) if c is not None]
+    if modes is not None:
+        checks.append(lambda args: modes())
+    if len(checks) <= 1:
+        return checks[0] if checks else None
+    return lambda args: all(check(args) for check in checks)
 
 
 def _hashable(value: Any) -> Any:

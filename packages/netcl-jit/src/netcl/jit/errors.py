@@ -13,3 +13,8 @@ class TracerConversionError(JitError, TypeError):
 
 class UnwatchedCaptureWarning(UserWarning):
     """A jitted function reads a tensor that is not an argument from a place netcl cannot watch."""
+
+
+class RetraceWarning(UserWarning):
+    """A jitted function keeps being traced again: something it reads without taking it as an argument
+    (a captured tensor, a Python number baked into its kernels, a module's mode) changes between calls."""

@@ -12,6 +12,12 @@ hit costs a few attribute loads and ``is`` comparisons. A capture with no path f
 function call, read through a property...) cannot be watched; ``jit_compile`` warns about it once.
 A ``netcl.nn.Module``'s parameters and buffers are one step from the module (by their state_dict
 names), so a model's weights are watched however deeply its layers nest.
+
+Python numbers are baked into the generated kernels as literals (``x * scale``), so the same search
+watches them (``find_number_guards``): every number reached by such a path whose value the trace used
+as an op's constant (an elementwise op's scalar operand, a float attribute such as a clamp bound or
+a slope) is compared by value on each call. A number the function transforms before using it, or reads
+to choose a branch, is not matched: pass it as an argument (a kernel argument, never baked).
 """
 
 from __future__ import annotations
@@ -54,6 +60,29 @@ def find_guards(fn: Callable[..., Any], args: tuple[Any, ...], captured: list[An
     if not paths:
         return None, unwatched
     return _compile_check([(paths[key], wanted[key]) for key in paths]), unwatched
+
+
+def find_number_guards(
+    fn: Callable[..., Any], args: tuple[Any, ...], used: set[tuple[type, Any]]
+) -> Callable[[tuple[Any, ...]], bool] | None:
+    """``check(args) -> bool``, True while every Python number reached from ``fn`` (not an argument
+    itself) whose (type, value) is in ``used`` still has that value; None when no such number is found."""
+    if not used:
+        return None
+    guards = [
+        ((root_kind, root, steps), obj)
+        for root_kind, root, steps, obj in _walk(fn, args)
+        if type(obj) in (int, float) and (type(obj), obj) in used and (steps or root_kind != "arg")
+    ]
+    return _compile_check(guards, by_value=True) if guards else None
+
+
+def traced_numbers(attrs: dict[str, Any]) -> Iterator[tuple[type, Any]]:
+    """The Python numbers an op's ``attrs`` bake into its kernel: its scalar operand (int or float) and
+    its float attributes (type, value)."""
+    for name, value in attrs.items():
+        if type(value) is float or (name == "scalar" and type(value) is int):
+            yield type(value), value
 
 
 # ---- searching ----------------------------------------------------------------------------------
@@ -177,8 +206,11 @@ def _hashable_key(key: Any) -> bool:
 
 
 # ---- checking ------------------------------------------------------------------------------------
-def _compile_check(guards: list[tuple[tuple[str, Any, list[Step]], Any]]) -> Callable[[tuple[Any, ...]], bool]:
-    """One function testing every guard: ``path(args) is expected`` for each, False on any error."""
+def _compile_check(
+    guards: list[tuple[tuple[str, Any, list[Step]], Any]], by_value: bool = False
+) -> Callable[[tuple[Any, ...]], bool]:
+    """One function testing every guard: ``path(args) is expected`` for each (``by_value``: of the
+    expected type and equal to it), False on any error."""
     env: dict[str, Any] = {"_M": _MISSING}
     terms = []
     for n, ((root_kind, root, steps), expected) in enumerate(guards):
@@ -190,7 +222,11 @@ def _compile_check(guards: list[tuple[tuple[str, Any, list[Step]], Any]]) -> Cal
         for k, step in enumerate(steps):
             expr = _step_expr(expr, step, env, f"k{n}_{k}")
         env[f"e{n}"] = expected
-        terms.append(f"({expr}) is e{n}")
+        if by_value:
+            env[f"t{n}"] = type(expected)
+            terms.append(f"(type(v{n} := {expr}) is t{n} and v{n} == e{n})")
+        else:
+            terms.append(f"({expr}) is e{n}")
     source = "def check(args):\n    try:\n        return " + " and ".join(terms) + "\n    except Exception:\n"
     source += "        return False\n"
     exec(compile(source, "<netcl.jit guard>", "exec"), env)  # generated from our own paths, nothing user-typed
