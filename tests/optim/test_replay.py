@@ -94,3 +94,37 @@ def test_replayed_training_equals_eager(device, make_model, shape, make_opt):
             np.testing.assert_allclose(a.to_host(), b.to_host(), rtol=1e-5, atol=1e-6, err_msg=f"{name} after step")
     assert opt_c.steps.to_host().tolist() == [STEPS + 1] * len(opt_c.steps.to_host())
     assert opt_c.param_groups[0]["lr"] == opt_e.param_groups[0]["lr"] < 0.05
+
+
+@pytest.mark.parametrize(
+    "make_opt", [lambda p: Adam(p, lr=0.05), lambda p: SGD(p, lr=0.1, momentum=0.9)], ids=["adam", "sgd"]
+)
+def test_a_learning_rate_written_into_param_groups_reaches_the_next_replay(device, make_opt):
+    """torch users set ``group["lr"]`` by hand (warm-up, a schedule of their own); a replay has no host
+    ``step()`` to upload it, so the captured step uploads what changed before each replay. lr 0 at the
+    last step: the replay must leave every weight as it was (it kept the captured lr before)."""
+    ag.manual_seed(5)
+    captured, eager = _mlp(device), _mlp(device)
+    eager.load_state_dict({k: v.to_host() for k, v in captured.state_dict().items()})
+    opt_c, opt_e = make_opt(captured.parameters()), make_opt(eager.parameters())
+    batches = _batches((6,), seed=1)
+    x0, y0 = batches[0]
+    graph = fuse_graph(
+        captured,
+        ag.tensor(x0, device=device),
+        ag.tensor(y0, device=device),
+        ag.cross_entropy,
+        optimizer_step=opt_c.step,
+    )
+    _eager_step(eager, opt_e, x0, y0, device)
+    for step, (x, y) in enumerate(batches[1:]):
+        lr = 0.0 if step == STEPS - 1 else 0.02 * (step + 1)
+        for group in (*opt_c.param_groups, *opt_e.param_groups):
+            group["lr"] = lr
+        before = [p.to_host() for p in captured.parameters()]
+        loss = graph.execute(ag.tensor(x, device=device), ag.tensor(y, device=device)).item()
+        np.testing.assert_allclose(loss, _eager_step(eager, opt_e, x, y, device), rtol=1e-5)
+        for (name, a), b in zip(captured.state_dict().items(), eager.state_dict().values(), strict=True):
+            np.testing.assert_allclose(a.to_host(), b.to_host(), rtol=1e-5, atol=1e-6, err_msg=f"{name}, lr {lr}")
+    for old, new in zip(before, captured.parameters(), strict=True):
+        np.testing.assert_array_equal(old, new.to_host())  # lr 0: nothing moved

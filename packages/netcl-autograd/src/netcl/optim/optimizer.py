@@ -4,10 +4,11 @@ The updates are fused in-place kernels (``netcl.runtime.ops.optim_kernels``): SG
 update all parameters of a group and dtype with one multi-tensor launch per 16 of them. What
 an update reads that changes from step to step lives on the device: every group's
 hyperparameters in a small float32 buffer (rewritten from ``param_groups`` whenever a value
-changed: at ``step()`` and when an LR scheduler steps) and one int32 step count per parameter,
-advanced by a launch after the updates. So a step captured in a ``CompiledGraph`` / ``fuse_graph``
-replays like eager steps: Adam's bias correction and SGD's first momentum step follow the
-replays, and a scheduler's new learning rate reaches the next replay.
+changed: at ``step()``, when an LR scheduler steps, and before each replay of a captured step)
+and one int32 step count per parameter, advanced by a launch after the updates. So a step captured
+in a ``CompiledGraph`` / ``fuse_graph`` replays like eager steps: Adam's bias correction and SGD's
+first momentum step follow the replays, and a new learning rate, from a scheduler or written into
+``param_groups`` by hand, reaches the next replay.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Device, DeviceError, Tensor
+from netcl.runtime.capture import record_host_step
 from netcl.runtime.ops import pointwise
 from netcl.runtime.ops.optim_kernels import count_steps_
 from netcl.runtime.ops.upload import write_
@@ -190,6 +192,8 @@ class Optimizer:
     def _step(self) -> None:
         self.follow_parameters()
         self.sync_hyperparameters()
+        if self._device.kind == "opencl":  # a captured step uploads what changed before each replay
+            record_host_step(self._device.queue, self.sync_hyperparameters)
         updated = [False] * len(self._index)
         for group_index, group in enumerate(self.param_groups):
             batch: list[tuple[Node, Tensor, dict[str, Any], int]] = []

@@ -21,6 +21,7 @@ from netcl.runtime.recording import (
     paused,
     record,
     record_command,
+    record_host_step,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "paused",
     "record",
     "record_command",
+    "record_host_step",
 ]

@@ -25,6 +25,9 @@ Replay semantics:
   the variable, and each replay passes its value at that time (``var.bind(n)`` before
   ``execute``, or ``execute(bindings={"name": n})``; a value outside the variable's range raises
   ``ValueError`` before anything is enqueued). ``graph.variables`` lists them by name.
+* And host steps: a function handed to ``recording.record_host_step`` during the capture (an
+  optimizer's upload of hyperparameters that changed, so a learning rate set between replays
+  reaches the next one) runs before each replay's launches (``graph.host_steps``).
 * **Results are never silently overwritten.** Each replay writes into the same captured
   output buffers, so ``execute`` hands out ``ReplayResult`` tensors that alias them until the
   next replay of the graph, which first *retires* the ones still referenced: a result of at
@@ -153,6 +156,8 @@ class Graph:
         self._input_ids: set[int] = set()
         self._last_queue: cl.CommandQueue | None = None
         self._variables: dict[int, Variable] = {}
+        #: host functions every replay calls before its launches (``record_host_step``), in capture order
+        self.host_steps: list[Callable[[], None]] = []
 
     # ---- inspection -----------------------------------------------------------------------
     @property
@@ -234,6 +239,12 @@ class Graph:
         self.steps.append(Command(command, list(args)))
         self._keep.extend(keep)
 
+    def record_host_step(self, step: Callable[[], None]) -> None:
+        """Called by ``recording.record_host_step`` during the capture: ``step()`` runs before each replay's
+        launches (once, however often it is recorded)."""
+        if step not in self.host_steps:
+            self.host_steps.append(step)
+
     def set_inputs(self, inputs: Sequence[Tensor | cl.Buffer]) -> None:
         """Declare the dynamic inputs (Tensors or ``cl.Buffer``s used by the captured launches)."""
         inputs = list(inputs)
@@ -291,6 +302,8 @@ class Graph:
         q = self.queue if queue is None else as_queue(queue)
         if q is not self.queue and q.context != self.queue.context:
             raise ReplayError("execute(queue=...) must be a queue of the context the graph was captured on")
+        for step in self.host_steps:  # host work that keeps device state current (uploads on the graph's queue)
+            step()
         with self._lock:
             if self._live_results:  # results of the last replay still referenced: keep them valid
                 previous = self._last_queue or q

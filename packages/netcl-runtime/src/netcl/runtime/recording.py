@@ -49,6 +49,8 @@ class Recorder(Protocol):
 
     def record_command(self, command: Callable[..., Any], args: list[Any], keep: Sequence[Any] = ()) -> None: ...
 
+    def record_host_step(self, step: Callable[[], None]) -> None: ...
+
 
 #: queue int_ptr -> the recorder capturing launches on that queue. Empty when nothing records.
 RECORDING: dict[int, Recorder] = {}
@@ -86,6 +88,15 @@ def record_command(
     recorder = RECORDING.get(queue.int_ptr)
     if recorder is not None:
         recorder.record_command(command, args, keep)
+
+
+def record_host_step(queue: cl.CommandQueue, step: Callable[[], None]) -> None:
+    """Have every replay of the capture recording on ``queue`` call ``step()`` before its launches (once
+    per replay, however often it is handed over): host work that keeps device state current, such as an
+    optimizer uploading hyperparameters that changed since. Nothing happens when nothing records."""
+    recorder = RECORDING.get(queue.int_ptr)
+    if recorder is not None:
+        recorder.record_host_step(step)
 
 
 def begin(queue: cl.CommandQueue, recorder: Recorder) -> None:
