@@ -227,3 +227,29 @@ def test_replaying_after_a_mode_switch_raises_until_switched_back(device):
     model.train()
     loss = graph.execute(x, ag.tensor(np.zeros((B, H), np.float32), device=device))
     assert np.isfinite(float(np.asarray(loss.to_host())))
+
+
+def test_a_host_read_inside_the_captured_step_raises_and_leaves_nothing_recording(cl_device):
+    """A replay would not read the value again (the clip's non-finite check, a loss printed with item()):
+    the capture refuses the read, names the user's line, and the queue records nothing afterwards."""
+    from netcl import nn
+    from netcl.nn.utils import clip_grad_norm_
+    from netcl.optim import SGD
+    from netcl.runtime import HostReadInCaptureError
+    from netcl.runtime.recording import RECORDING
+
+    model = nn.Linear(F, K, device=cl_device)
+    opt = SGD(model.parameters(), lr=0.1)
+    x, y = batch(0, cl_device)
+
+    def clipped_step():
+        clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+        opt.step()
+
+    with pytest.raises(HostReadInCaptureError, match=r"test_fuse_graph\.py:\d+\)"):
+        fuse_graph(model, x, y, ag.mse_loss, optimizer_step=clipped_step)
+    with pytest.raises(HostReadInCaptureError, match="Read it outside the captured step"):
+        fuse_graph(model, x, y, lambda out, t: ag.mse_loss(out, t) * float(ag.sum(out).item()), jit=False)
+    assert cl_device.queue.int_ptr not in RECORDING
+    graph = fuse_graph(model, x, y, ag.mse_loss, optimizer_step=opt.step)  # the same step without the reads
+    assert np.isfinite(float(np.asarray(graph.execute(x, y).to_host())))

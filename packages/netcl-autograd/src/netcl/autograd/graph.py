@@ -9,7 +9,8 @@ ones (kept alive here), so a Node created in the captured step (e.g. the loss) r
 replay's value. What ``replay`` returns is different: new Nodes over ``ReplayResult`` tensors,
 which the next replay copies out (small ones, such as a loss) or marks stale (reading them raises
 ``StaleResultError``), so a collected list of losses never reads back the last one.
-Host work in the step (``to_host``, uploads, Python branches) is not replayed.
+Host work in the step (uploads, Python branches) is not replayed; a host read of a device value
+(``to_host``, ``item``) inside the capture raises ``HostReadInCaptureError``.
 """
 
 from __future__ import annotations

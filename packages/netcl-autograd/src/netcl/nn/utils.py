@@ -28,7 +28,8 @@ def clip_grad_norm_(
     partial-norm launch per dtype and 16 gradients, one finishing launch, one multi-tensor scaling
     launch), so a captured training step replays the clip. ``error_if_nonfinite=True`` reads the
     norm back (a host sync) and raises ``RuntimeError`` when it is inf or NaN, before any gradient
-    is scaled. ``foreach`` is accepted for torch compatibility (the kernels are always multi-tensor).
+    is scaled; inside a captured step that read raises ``HostReadInCaptureError`` (no replay would
+    check again). ``foreach`` is accepted for torch compatibility (the kernels are always multi-tensor).
     """
     if isinstance(parameters, Node):
         parameters = [parameters]

@@ -17,6 +17,7 @@ import pyopencl as cl
 
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import MEMCPY, MEMSET, now, report
+from netcl.core.read_checks import CHECKS as _READ_CHECKS
 
 
 class StorageDevice(Protocol):
@@ -144,8 +145,10 @@ class OpenCLStorage(Storage):
                 report(MEMSET, "Memset", tensor.queue, event, start, args=(tensor,))
 
     def to_host(self, tensor: StoredTensor) -> np.ndarray:
-        out = np.empty(tensor.shape, dtype=tensor.dtype)
         queue, word = tensor.queue, tensor.device.error_word
+        for check in _READ_CHECKS:  # e.g. no read inside a capture (netcl.runtime.recording)
+            check(queue)
+        out = np.empty(tensor.shape, dtype=tensor.dtype)
         pending = word.enqueue_read(queue)
         if out.nbytes:
             start = now() if _PROFILERS else 0

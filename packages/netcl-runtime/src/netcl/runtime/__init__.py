@@ -3,12 +3,20 @@
 from netcl.runtime.__about__ import __version__
 from netcl.runtime.cache import KernelHandle, ProgramCache, program_cache
 from netcl.runtime.capture import get_capture
-from netcl.runtime.errors import CompileError, LaunchError, ReplayError, StaleCaptureError, StaleResultError
+from netcl.runtime.errors import (
+    CompileError,
+    HostReadInCaptureError,
+    LaunchError,
+    ReplayError,
+    StaleCaptureError,
+    StaleResultError,
+)
 from netcl.runtime.launch import launch
 
 __all__ = [
     "CompileError",
     "KernelHandle",
+    "HostReadInCaptureError",
     "LaunchError",
     "ProgramCache",
     "ReplayError",

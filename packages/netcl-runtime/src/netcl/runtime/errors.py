@@ -22,3 +22,9 @@ class StaleResultError(ReplayError):
 class StaleCaptureError(ReplayError):
     """A captured step was replayed after something it baked in changed: a module whose training flag
     it read is in the other mode (``train()`` / ``eval()``); capture the step again in the new mode."""
+
+
+class HostReadInCaptureError(ReplayError, RuntimeError):
+    """A device value was read to the host while a step was being captured: the replays would not read it
+    again, so what the host decided from it would stay as captured (torch refuses a sync in a CUDA graph
+    capture alike)."""

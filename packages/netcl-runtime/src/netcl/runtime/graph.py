@@ -20,7 +20,9 @@ Replay semantics:
   dtype and device; otherwise ``ReplayError`` names the slot and nothing is enqueued.
 * Everything else is frozen: intermediate and output buffers are the ones allocated
   during capture (the graph keeps them alive), scalars keep their captured values, and
-  host work in the captured function (prints, ``to_host``, uploads) is not replayed.
+  host work in the captured function (prints, uploads) is not replayed. A host read of a
+  tensor on the capturing queue (``to_host``, ``item``) raises ``HostReadInCaptureError``:
+  no replay would read it again.
 * Except bound integers: a ``netcl.runtime.Variable`` passed as a kernel argument is recorded as
   the variable, and each replay passes its value at that time (``var.bind(n)`` before
   ``execute``, or ``execute(bindings={"name": n})``; a value outside the variable's range raises

@@ -1,9 +1,11 @@
 """The registry of recordings: which queue a capture records on, and the hand-off of each launch.
 
 ``launch`` calls ``record`` whenever ``RECORDING`` is non-empty; a capture (a ``Graph``) registers
-itself for one queue with ``begin`` and stops with ``end``. Captures do not nest on one queue. This
-module imports nothing of netcl.runtime, so ``launch`` and ``graph`` both build on it;
-``netcl.runtime.capture`` is the public face (it re-exports these names and adds ``capture_graph``).
+itself for one queue with ``begin`` and stops with ``end``. Captures do not nest on one queue. A host
+read of a tensor on a recording queue raises ``HostReadInCaptureError`` (the check this module installs
+in ``netcl.core.read_checks``): no replay would read it again. This module imports nothing of
+netcl.runtime but its errors, so ``launch`` and ``graph`` both build on it; ``netcl.runtime.capture``
+is the public face (it re-exports these names and adds ``capture_graph``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from enum import Enum
 from typing import Any, Protocol
 
 import pyopencl as cl
+
+from netcl.core.read_checks import CHECKS as READ_CHECKS
+from netcl.runtime.errors import HostReadInCaptureError
 
 
 class CaptureState(str, Enum):
@@ -142,3 +147,35 @@ def paused(queue: cl.CommandQueue) -> Iterator[None]:
         if recorder is not None:
             with _lock:
                 RECORDING[queue.int_ptr] = recorder
+
+
+def refuse_read_while_recording(queue: cl.CommandQueue) -> None:
+    """``netcl.core.read_checks``'s check: raise ``HostReadInCaptureError`` for a host read on a queue a capture
+    records on (a read inside a ``paused`` block is allowed: nothing records there)."""
+    if RECORDING and queue.int_ptr in RECORDING:
+        where = _caller_outside_netcl()
+        raise HostReadInCaptureError(
+            f"a device value was read to the host while a step was being captured ({where}). A replay re-enqueues "
+            "the captured kernels only and would not read it again, so whatever the host decided from it would "
+            "stay as captured. Read it outside the captured step, or use the device-side form of what reads it "
+            "(GradScaler(capturable=True); clip_grad_norm_ without error_if_nonfinite)."
+        )
+
+
+def _caller_outside_netcl() -> str:
+    """file:line of the innermost caller that is not netcl's own code (the read the user wrote), or of the
+    innermost netcl caller that asked for the read when all of them are netcl's."""
+    import sys
+
+    frame = sys._getframe(2)
+    first = frame
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith("netcl."):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return f"{first.f_code.co_filename}:{first.f_lineno}" if first is not None else "<unknown>"
+
+
+if refuse_read_while_recording not in READ_CHECKS:
+    READ_CHECKS.append(refuse_read_while_recording)
