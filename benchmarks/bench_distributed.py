@@ -19,7 +19,8 @@ images per step. Per model it times:
 Each repeat times the four in turn (the eager steps are host-bound and a shared host's speed drifts);
 printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
 ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the same against the local step
-(``vs local`` = local / DDP: what the communication costs once every rank runs), the share of the DDP step
+(``vs local`` = local / DDP: what the communication costs once every rank runs); both efficiencies
+are medians of each repeat's own ratio (``paired_ratio``: a drift between repeats cancels), the share of the DDP step
 that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
 the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
 ``--json`` writes the rows. The GPT block is the reference workload ``gpt_block`` (docs/architecture.md; its
@@ -146,6 +147,7 @@ def bench_model(
         rounds["ddp"].append(timed(lambda: step(True), device, steps, 1))
         rounds["comm"].append(timed(ddp.sync_gradients, device, steps, 1) if info.world_size > 1 else 0.0)
     t_single, t_local, t_ddp, t_comm = (statistics.median(rounds[k]) for k in ("single", "local", "ddp", "comm"))
+    efficiency, vs_local = (paired_ratio(rounds[k], rounds["ddp"]) for k in ("single", "local"))
     replay = replayed(ddp, model, opt, x, y, device, steps, repeats) if device.kind == "opencl" else None
     path = ddp.all_reduce_path
     ddp.remove_hooks()
@@ -165,22 +167,28 @@ def bench_model(
         "allreduce_ms": t_comm * 1e3,
         "images_per_s": n * batch / t_ddp,
         "one_rank_images_per_s": batch / t_single,
-        "scaling_efficiency": (n * batch / t_ddp) / (n * batch / t_single),
-        "efficiency_vs_local": t_local / t_ddp,
+        "scaling_efficiency": efficiency,
+        "efficiency_vs_local": vs_local,
         "comm_share": t_comm / t_ddp,
         "exposed_share": exposed / t_ddp,
         "overlap": 1.0 - min(exposed / t_comm, 1.0) if t_comm > 0 else None,
         "device": str(device),
         "replay_one_rank_ms": replay[0] * 1e3 if replay else None,
         "replay_ddp_ms": replay[1] * 1e3 if replay else None,
-        "replay_efficiency": replay[0] / replay[1] if replay else None,
+        "replay_efficiency": replay[2] if replay else None,
     }
 
 
-def replayed(ddp, model, opt, x, y, device, steps: int, repeats: int) -> tuple[float, float]:
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median over repeats of each repeat's ratio: the two were timed back to back, so a drift of the
+    shared host's speed between repeats cancels (a ratio of medians would mix repeats of different speeds)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
+def replayed(ddp, model, opt, x, y, device, steps: int, repeats: int) -> tuple[float, float, float]:
     """Seconds per replayed step (``fuse_graph``): rank 0 alone without communication, and every rank with
     DDP's all-reduce in the graph (recorded host all-reduces on the MPI paths, the exchange's kernels on
-    the peer path); each repeat times both in turn."""
+    the peer path), each repeat timing both in turn; and the efficiency (``paired_ratio``)."""
     params = list(model.parameters())
     with ddp.no_sync():  # captured without the hooks: the local step
         local = fuse_graph(model, x, y, ag.cross_entropy, params=params, optimizer_step=opt.step)
@@ -193,7 +201,11 @@ def replayed(ddp, model, opt, x, y, device, steps: int, repeats: int) -> tuple[f
         single = timed(lambda: local.execute(x, y), device, steps, 1, alone=True) if dist.get_rank() == 0 else None
         rounds["single"].append(dist.broadcast_object(single))
         rounds["ddp"].append(timed(lambda: synced.execute(x, y), device, steps, 1))
-    return statistics.median(rounds["single"]), statistics.median(rounds["ddp"])
+    return (
+        statistics.median(rounds["single"]),
+        statistics.median(rounds["ddp"]),
+        paired_ratio(rounds["single"], rounds["ddp"]),
+    )
 
 
 def main() -> None:
