@@ -189,3 +189,27 @@ def test_containers(device):
     assert isinstance(seq[1:], nn.Sequential) and len(seq[1:]) == 2
     x = _inputs(device, (4, 2))
     np.testing.assert_array_equal(seq(x).to_host(), seq[2](seq[1](seq[0](x))).to_host())
+
+
+def test_deepcopy_and_pickle_give_an_independent_equal_model(device):
+    """``copy.deepcopy(model)`` (an EMA or target network) and a pickle round trip: the same outputs, their own
+    buffers (a step on the copy leaves the original as it was), the same Device object."""
+    import copy
+    import pickle
+
+    model = Block(device)
+    x = _inputs(device)
+    model.head.weight.grad = nc.Tensor.from_host(device, np.ones((3, 6), np.float32))
+    twin, loaded = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+    with ag.no_grad():
+        expected = model(x).to_host()
+        for other in (twin, loaded):
+            np.testing.assert_array_equal(other(x).to_host(), expected)
+            for (name, a), b in zip(model.state_dict().items(), other.state_dict().values(), strict=True):
+                np.testing.assert_array_equal(a.to_host(), b.to_host(), err_msg=name)
+    assert twin.head.weight.value.device is device and loaded.head.weight.value.device is device
+    np.testing.assert_array_equal(twin.head.weight.grad.to_host(), np.ones((3, 6), np.float32))
+    before = model.head.weight.to_host()
+    twin.head.weight.value.device.storage.zero(twin.head.weight.value)  # change the copy in place
+    np.testing.assert_array_equal(model.head.weight.to_host(), before)
+    assert not twin.head.weight.to_host().any()

@@ -154,6 +154,16 @@ class Device:
             raise DTypeError(f"dtype {result} needs {REQUIRED_EXTENSION[result]}, which device {self.name!r} lacks")
         return result
 
+    def __copy__(self) -> Device:
+        return self  # one Device per device: its context, queue and pools are shared, never copied
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Device:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its spec: loading gives that process's device of the same spec (``get_device``)."""
+        return (get_device, (self.spec,))
+
     def __repr__(self) -> str:
         if self.cl_device is None:
             return "<Device cpu: NumPy backend>"

@@ -6,6 +6,7 @@ What differs between backends (allocating, uploading, reading, viewing, copying)
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from collections.abc import Callable
@@ -148,6 +149,21 @@ class Tensor:
     def queue(self) -> cl.CommandQueue | None:
         return self.device.queue
 
+    # ---- copying and pickling ----------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """``copy.deepcopy``: a tensor with its own buffer on the same device (and a copy of ``grad``), as
+        torch's; what a deep-copied model (an EMA or target network) needs."""
+        out = self.copy()
+        memo[id(self)] = out
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        return out
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its values and its device's spec (``get_device(spec)`` on loading, as torch's
+        ``map_location`` default loads onto the saving device)."""
+        return (_unpickle, (self.to_host(), self.device.spec))
+
     # ---- movement ------------------------------------------------------------------------
     def to_host(self) -> np.ndarray:
         """A NumPy copy of the contents (waits for pending work on the device's queue).
@@ -237,3 +253,8 @@ def _infer_shape(shape: tuple[Any, ...], size: int, old: Shape) -> Shape:
     if math.prod(result) != size:
         raise ShapeError(f"cannot reshape {old} ({size} elements) to {result} ({math.prod(result)} elements)")
     return result
+
+
+def _unpickle(host: np.ndarray, spec: str) -> Tensor:
+    """A pickled ``Tensor``: ``host``'s values on the device ``spec`` names."""
+    return Tensor.from_host(spec, host, host.dtype)
