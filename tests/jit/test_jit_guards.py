@@ -231,3 +231,17 @@ def test_a_number_that_changes_on_every_call_warns_once(device):
             check(scaled(x), X * float(step))
     retrace = [w for w in caught if issubclass(w.category, RetraceWarning)]
     assert len(retrace) == 1 and "traced again 8 times" in str(retrace[0].message)
+
+
+def test_a_baked_shape_number_that_changes_retraces(device):
+    """``t.reshape(ROWS, -1)`` bakes ROWS into the plan: a new value re-traces (the old plan would give the old
+    shape)."""
+    global ROWS
+    x = ag.tensor(np.arange(12, dtype=np.float32), device=device)
+    ROWS = 3
+    reshaped = jit_compile(lambda t: ag.reshape(t, (ROWS, -1)) * 2.0)
+    assert reshaped(x).shape == (3, 4)
+    ROWS = 2
+    result = reshaped(x)
+    assert result.shape == (2, 6)
+    check(result, np.arange(12).reshape(2, 6) * 2.0)

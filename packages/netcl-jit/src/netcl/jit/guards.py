@@ -15,8 +15,8 @@ names), so a model's weights are watched however deeply its layers nest.
 
 Python numbers are baked into the generated kernels as literals (``x * scale``), so the same search
 watches them (``find_number_guards``): every number reached by such a path whose value the trace used
-as an op's constant (an elementwise op's scalar operand, a float attribute such as a clamp bound or
-a slope) is compared by value on each call. A number the function transforms before using it, or reads
+as an op's constant (an elementwise op's scalar operand, an attribute such as a clamp bound, a slope,
+an axis or a reshape's dimension) is compared by value on each call. A number the function transforms before using it, or reads
 to choose a branch, is not matched: pass it as an argument (a kernel argument, never baked).
 """
 
@@ -78,11 +78,13 @@ def find_number_guards(
 
 
 def traced_numbers(attrs: dict[str, Any]) -> Iterator[tuple[type, Any]]:
-    """The Python numbers an op's ``attrs`` bake into its kernel: its scalar operand (int or float) and
-    its float attributes (type, value)."""
-    for name, value in attrs.items():
-        if type(value) is float or (name == "scalar" and type(value) is int):
-            yield type(value), value
+    """The Python numbers an op's ``attrs`` bake into its plan, as (type, value): its scalar operand, its
+    number attributes (a clamp bound, a slope, an axis) and the numbers of its tuple attributes (a reshape's
+    shape). Bools are flags, not numbers: never matched."""
+    for value in attrs.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if type(item) in (int, float):
+                yield type(item), item
 
 
 # ---- searching ----------------------------------------------------------------------------------
