@@ -16,8 +16,9 @@ names), so a model's weights are watched however deeply its layers nest.
 Python numbers are baked into the generated kernels as literals (``x * scale``), so the same search
 watches them (``find_number_guards``): every number reached by such a path whose value the trace used
 as an op's constant (an elementwise op's scalar operand, an attribute such as a clamp bound, a slope,
-an axis or a reshape's dimension) is compared by value on each call. A number the function transforms before using it, or reads
-to choose a branch, is not matched: pass it as an argument (a kernel argument, never baked).
+an axis or a reshape's dimension) is compared by value on each call. A number the function
+transforms before using it, or reads to choose a branch, is not matched: pass it as an argument (a
+kernel argument, never baked).
 """
 
 from __future__ import annotations
