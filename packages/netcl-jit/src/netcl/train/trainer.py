@@ -327,15 +327,14 @@ class Trainer:
 
     def _replay_step(self, x: Any, target: Any) -> None:
         assert self._graph is not None
-        # its loss lands in the device-side log (after_step, captured). Under amp the execute runs in autocast
-        # too: the NumPy backend has nothing captured and runs the jit-compiled step again.
-        with self._autocast():
-            if "step_draws" in self._graph_info:
-                self._graph.execute(x, target)
-            else:  # the first replay: how many seeds a replayed step draws (a NumPy-backend resume needs it)
-                before = random.get_rng_state()["calls"]
-                self._graph.execute(x, target)
-                self._graph_info["step_draws"] = random.get_rng_state()["calls"] - before
+        # its loss lands in the device-side log (after_step, captured); under amp the graph computes with the
+        # capture's autocast (on the NumPy backend, where it runs the jit-compiled step again, it restores it)
+        if "step_draws" in self._graph_info:
+            self._graph.execute(x, target)
+        else:  # the first replay: how many seeds a replayed step draws (a NumPy-backend resume needs it)
+            before = random.get_rng_state()["calls"]
+            self._graph.execute(x, target)
+            self._graph_info["step_draws"] = random.get_rng_state()["calls"] - before
         self._graph_runs += 1
         self.global_step += 1
 
