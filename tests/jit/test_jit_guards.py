@@ -245,3 +245,22 @@ def test_a_baked_shape_number_that_changes_retraces(device):
     result = reshaped(x)
     assert result.shape == (2, 6)
     check(result, np.arange(12).reshape(2, 6) * 2.0)
+
+
+class Strided:
+    """Two attributes holding the same small int (one object in CPython): each path is watched."""
+
+    def __init__(self):
+        self.unused = 3
+        self.rows = 3
+
+    def __call__(self, t):
+        return ag.reshape(t, (self.rows, -1)) + 1.0
+
+
+def test_every_path_to_an_equal_small_int_is_watched(device):
+    x = ag.tensor(np.arange(12, dtype=np.float32), device=device)
+    shaped = jit_compile(Strided())
+    assert shaped(x).shape == (3, 4)
+    shaped.fn.rows = 4
+    assert shaped(x).shape == (4, 3)

@@ -100,6 +100,9 @@ def _walk(fn: Callable[..., Any], args: tuple[Any, ...]) -> Iterator[tuple[str, 
     for _ in range(MAX_DEPTH + 1):
         following: list[tuple[str, Any, list[Step], Any]] = []
         for root_kind, root, steps, obj in frontier:
+            if type(obj) in (int, float):  # a number: every path to it (equal small ints are one object)
+                yield root_kind, root, steps, obj
+                continue
             if id(obj) in seen:
                 continue
             if len(seen) >= MAX_OBJECTS:
@@ -201,6 +204,44 @@ def _dotted(obj: Any, parts: tuple[str, ...]) -> Any:
     return obj
 
 
+def _module_tables(module: Any, dotted: str) -> list[tuple[str, str]] | None:
+    """For a Module and a state_dict name ("layer1.0.conv1.weight"): the (table, key) of each step
+    ("_modules", "layer1") ... ("_parameters", "weight"), so a guard reads plain dicts instead of going
+    through ``Module.__getattr__`` once per step (a few times faster); None where a step is not in a table."""
+    out = []
+    for part in dotted.split("."):
+        state = getattr(module, "__dict__", None)
+        found = next(
+            (t for t in ("_modules", "_parameters", "_buffers") if state and part in (state.get(t) or ())), None
+        )
+        if found is None:
+            return None
+        out.append((found, part))
+        module = state[found][part]
+    return out
+
+
+def _follow(obj: Any, step: Step) -> Any:
+    """The object one ``step`` on from ``obj`` at guard-building time (``_MISSING`` where unknown)."""
+    if obj is _MISSING:
+        return _MISSING
+    try:
+        kind = step[0]
+        if kind == "cell":
+            return obj.cell_contents
+        if kind == "closure":
+            return obj.__closure__[step[1]].cell_contents
+        if kind == "globals":
+            return obj.__globals__.get(step[1], _MISSING)
+        if kind == "attr":
+            return getattr(obj, step[1], _MISSING)
+        if kind == "named":
+            return _dotted(obj, tuple(step[1].split(".")))
+        return obj[step[1]]
+    except Exception:
+        return _MISSING
+
+
 def _hashable_key(key: Any) -> bool:
     """Keys a guard can hold as they are: strings, numbers and tuples of them."""
     if isinstance(key, tuple):
@@ -218,12 +259,17 @@ def _compile_check(
     terms = []
     for n, ((root_kind, root, steps), expected) in enumerate(guards):
         if root_kind == "arg":
-            expr = f"args[{root}]"
+            expr, obj = f"args[{root}]", _MISSING  # an argument: known only at call time
         else:
             env[f"r{n}"] = root
-            expr = f"r{n}"
+            expr, obj = f"r{n}", root
         for k, step in enumerate(steps):
-            expr = _step_expr(expr, step, env, f"k{n}_{k}")
+            tables = _module_tables(obj, step[1]) if step[0] == "named" and obj is not _MISSING else None
+            if tables is not None:  # a Module's parameter or buffer: straight through its tables' dicts
+                expr = expr + "".join(f".{table}[{part!r}]" for table, part in tables)
+            else:
+                expr = _step_expr(expr, step, env, f"k{n}_{k}")
+            obj = _follow(obj, step)
         env[f"e{n}"] = expected
         if by_value:
             env[f"t{n}"] = type(expected)
