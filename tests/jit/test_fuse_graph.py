@@ -253,3 +253,22 @@ def test_a_host_read_inside_the_captured_step_raises_and_leaves_nothing_recordin
     assert cl_device.queue.int_ptr not in RECORDING
     graph = fuse_graph(model, x, y, ag.mse_loss, optimizer_step=opt.step)  # the same step without the reads
     assert np.isfinite(float(np.asarray(graph.execute(x, y).to_host())))
+
+
+def test_replaying_after_freezing_a_parameter_raises(device):
+    """Freezing (or unfreezing) a parameter after the capture: the replay would still compute and apply its
+    gradient (or never), so it raises naming the parameter; unfreezing it again replays."""
+    from netcl import nn
+    from netcl.optim import SGD
+    from netcl.runtime import StaleCaptureError
+
+    model = nn.Sequential(nn.Linear(F, H, device=device), nn.Tanh(), nn.Linear(H, K, device=device))
+    opt = SGD(model.parameters(), lr=0.1)
+    x, y = batch(0, device)
+    graph = fuse_graph(model, x, y, ag.mse_loss, optimizer_step=opt.step)
+    model[0].requires_grad_(False)
+    frozen = rf"parameter 0 \(shape \({H}, {F}\)\) was captured with requires_grad=True"
+    with pytest.raises(StaleCaptureError, match=frozen):
+        graph.execute(x, y)
+    model[0].requires_grad_(True)
+    assert np.isfinite(float(np.asarray(graph.execute(x, y).to_host())))

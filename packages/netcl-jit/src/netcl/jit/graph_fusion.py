@@ -62,6 +62,8 @@ class FusedGraph:
         self.precision = get_float32_matmul_precision()
         #: the modules whose training flag the captured step read, and the mode it read (``mode_reads``)
         self.modes: dict[int, tuple[Any, bool]] = {}
+        #: each parameter's ``requires_grad`` at capture: which gradients and updates the step holds
+        self.wants = tuple(p.requires_grad for p in params)
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self, inputs: list[Node]) -> Node:
@@ -106,8 +108,9 @@ class FusedGraph:
 
         ``copy_outputs=True`` returns a fresh copy of the result (no later step touches it). Raises
         ``StaleCaptureError`` when a module whose training flag the captured step read has switched
-        mode since (``model.eval()`` after capturing a training step): the replay would compute the
-        captured mode's numbers.
+        mode since (``model.eval()`` after capturing a training step), or a parameter was frozen or
+        unfrozen (``requires_grad``): the replay would compute the captured mode's numbers, the
+        captured gradients and updates.
         """
         stale = mode_reads.changed(self.modes)
         if stale:
@@ -115,12 +118,23 @@ class FusedGraph:
                 f"this step was captured with other module modes: {mode_reads.describe(stale)}. "
                 "Capture it again in the current mode (fuse_graph), or switch the model back (train()/eval())."
             )
+        if tuple(p.requires_grad for p in self.params) != self.wants:
+            raise StaleCaptureError(self._frozen_message())
         inputs = self._inputs(x, target)
         if self.compiled is None:
             return self._eager(inputs)
         return self.compiled.replay([n.value for n in inputs], copy_outputs=copy_outputs)
 
     replay = execute
+
+    def _frozen_message(self) -> str:
+        changed = [(i, p) for i, (p, w) in enumerate(zip(self.params, self.wants, strict=True)) if p.requires_grad != w]
+        i, p = changed[0]
+        return (
+            f"parameter {i} (shape {tuple(p.shape)}) was captured with requires_grad={not p.requires_grad} and now has "
+            f"{p.requires_grad} ({len(changed)} parameter(s) changed): the captured step computes and applies the "
+            "gradients it held at capture. Capture the step again after freezing or unfreezing parameters."
+        )
 
     def _inputs(self, x: Any, target: Any) -> list[Node]:
         if self.has_target and target is None:
