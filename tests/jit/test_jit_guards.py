@@ -264,3 +264,27 @@ def test_every_path_to_an_equal_small_int_is_watched(device):
     assert shaped(x).shape == (3, 4)
     shaped.fn.rows = 4
     assert shaped(x).shape == (4, 3)
+
+
+class Runner:
+    """A loop object whose loss method the jitted step calls, and whose step counter its loop advances (as a
+    Trainer's): the counter is no number of the plan."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def loss(self, t):
+        return ag.sum(ag.reshape(t, (3, -1)) * 2.0, axis=1)
+
+
+def test_a_counter_of_an_object_behind_a_method_does_not_retrace(device):
+    """Ints three or more steps away (``loss_fn.__self__.steps``) are not watched: a counter walking through
+    the small ints the trace holds (3, 1, ...) would re-trace every call."""
+    x = ag.tensor(np.arange(12, dtype=np.float32), device=device)
+    runner = Runner()
+    loss_fn = runner.loss
+    step = jit_compile(lambda t: loss_fn(t))
+    for _ in range(6):
+        runner.steps += 1  # 1, 2, 3, ...: among them the plan's axis (1) and reshape (3)
+        check(step(x), np.arange(12).reshape(3, 4).sum(axis=1) * 2.0)
+    assert step.cache_info()["retraces"] == 0

@@ -14,9 +14,10 @@ A ``netcl.nn.Module``'s parameters and buffers are one step from the module (by 
 names), so a model's weights are watched however deeply its layers nest.
 
 Python numbers are baked into the generated kernels as literals (``x * scale``), so the same search
-watches them (``find_number_guards``): every number reached by such a path whose value the trace used
-as an op's constant (an elementwise op's scalar operand, an attribute such as a clamp bound, a slope,
-an axis or a reshape's dimension) is compared by value on each call. A number the function
+watches them (``find_number_guards``): every float, and every int within ``INT_DEPTH`` steps of the
+function, reached by such a path whose value the trace used as an op's constant (an elementwise op's
+scalar operand, an attribute such as a clamp bound, a slope, an axis or a reshape's dimension) is
+compared by value on each call. A number the function
 transforms before using it, or reads to choose a branch, is not matched: pass it as an argument (a
 kernel argument, never baked).
 """
@@ -34,6 +35,10 @@ from netcl.nn.module import Module
 
 #: How many steps a path may take from its root (cell -> object -> dict -> tensor is 3).
 MAX_DEPTH = 4
+#: How many steps from the function an int may be to be watched (a global, a closure variable, ``self.rows``,
+#: a dict entry of those): farther ints are mostly other objects' counters (a Trainer's step count, reached
+#: through its loss method), which pass through every small int a trace holds and would re-trace each step.
+INT_DEPTH = 2
 #: Containers larger than this are not searched (a module's namespace, a big dataset dict).
 MAX_ITEMS = 256
 #: The search stops after visiting this many objects (a trace of a large model stays fast).
@@ -73,7 +78,9 @@ def find_number_guards(
     guards = [
         ((root_kind, root, steps), obj)
         for root_kind, root, steps, obj in _walk(fn, args)
-        if type(obj) in (int, float) and (type(obj), obj) in used and (steps or root_kind != "arg")
+        if (type(obj) is float or (type(obj) is int and len(steps) <= INT_DEPTH))
+        and (type(obj), obj) in used
+        and (steps or root_kind != "arg")
     ]
     return _compile_check(guards, by_value=True) if guards else None
 
