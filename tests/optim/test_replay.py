@@ -56,6 +56,28 @@ def _eager_step(model, opt, x, y, device):
     return loss.item()
 
 
+def _twins(make_model, make_opt, batch, device):
+    """A model captured with ``fuse_graph`` (the capture runs step 1 on ``batch``) and its eager twin (same
+    initial weights, step 1 run eagerly): (captured, eager, their optimizers, the graph, the eager loss)."""
+    captured, eager = make_model(device), make_model(device)
+    eager.load_state_dict({k: v.to_host() for k, v in captured.state_dict().items()})
+    opt_c, opt_e = make_opt(captured.parameters()), make_opt(eager.parameters())
+    x0, y0 = batch
+    graph = fuse_graph(
+        captured,
+        ag.tensor(x0, device=device),
+        ag.tensor(y0, device=device),
+        ag.cross_entropy,
+        optimizer_step=opt_c.step,
+    )
+    return captured, eager, opt_c, opt_e, graph, _eager_step(eager, opt_e, x0, y0, device)
+
+
+def _assert_same_state(captured, eager, when):
+    for (name, a), b in zip(captured.state_dict().items(), eager.state_dict().values(), strict=True):
+        np.testing.assert_allclose(a.to_host(), b.to_host(), rtol=1e-5, atol=1e-6, err_msg=f"{name} {when}")
+
+
 @pytest.mark.parametrize(
     "make_model,shape,make_opt",
     [
@@ -69,20 +91,9 @@ def test_replayed_training_equals_eager(device, make_model, shape, make_opt):
     if make_model is _cnn and not hasattr(ag, "batch_norm"):
         pytest.skip("ag.batch_norm is not in this tree yet")
     ag.manual_seed(3)
-    captured, eager = make_model(device), make_model(device)
-    eager.load_state_dict({k: v.to_host() for k, v in captured.state_dict().items()})
-    opt_c, opt_e = make_opt(captured.parameters()), make_opt(eager.parameters())
-    sched_c, sched_e = StepLR(opt_c, step_size=2, gamma=0.5), StepLR(opt_e, step_size=2, gamma=0.5)
     batches = _batches(shape)
-    x0, y0 = batches[0]
-    graph = fuse_graph(
-        captured,
-        ag.tensor(x0, device=device),
-        ag.tensor(y0, device=device),
-        ag.cross_entropy,
-        optimizer_step=opt_c.step,
-    )  # the capture runs step 1
-    first = _eager_step(eager, opt_e, x0, y0, device)
+    captured, eager, opt_c, opt_e, graph, first = _twins(make_model, make_opt, batches[0], device)
+    sched_c, sched_e = StepLR(opt_c, step_size=2, gamma=0.5), StepLR(opt_e, step_size=2, gamma=0.5)
     np.testing.assert_allclose(graph.outputs.item(), first, rtol=1e-5)
     sched_c.step(), sched_e.step()
     for x, y in batches[1:]:
@@ -90,8 +101,7 @@ def test_replayed_training_equals_eager(device, make_model, shape, make_opt):
         expected = _eager_step(eager, opt_e, x, y, device)
         np.testing.assert_allclose(loss, expected, rtol=1e-5)
         sched_c.step(), sched_e.step()
-        for (name, a), b in zip(captured.state_dict().items(), eager.state_dict().values(), strict=True):
-            np.testing.assert_allclose(a.to_host(), b.to_host(), rtol=1e-5, atol=1e-6, err_msg=f"{name} after step")
+        _assert_same_state(captured, eager, "after step")
     assert opt_c.steps.to_host().tolist() == [STEPS + 1] * len(opt_c.steps.to_host())
     assert opt_c.param_groups[0]["lr"] == opt_e.param_groups[0]["lr"] < 0.05
 
@@ -104,19 +114,8 @@ def test_a_learning_rate_written_into_param_groups_reaches_the_next_replay(devic
     ``step()`` to upload it, so the captured step uploads what changed before each replay. lr 0 at the
     last step: the replay must leave every weight as it was (it kept the captured lr before)."""
     ag.manual_seed(5)
-    captured, eager = _mlp(device), _mlp(device)
-    eager.load_state_dict({k: v.to_host() for k, v in captured.state_dict().items()})
-    opt_c, opt_e = make_opt(captured.parameters()), make_opt(eager.parameters())
     batches = _batches((6,), seed=1)
-    x0, y0 = batches[0]
-    graph = fuse_graph(
-        captured,
-        ag.tensor(x0, device=device),
-        ag.tensor(y0, device=device),
-        ag.cross_entropy,
-        optimizer_step=opt_c.step,
-    )
-    _eager_step(eager, opt_e, x0, y0, device)
+    captured, eager, opt_c, opt_e, graph, _ = _twins(_mlp, make_opt, batches[0], device)
     for step, (x, y) in enumerate(batches[1:]):
         lr = 0.0 if step == STEPS - 1 else 0.02 * (step + 1)
         for group in (*opt_c.param_groups, *opt_e.param_groups):
@@ -124,7 +123,6 @@ def test_a_learning_rate_written_into_param_groups_reaches_the_next_replay(devic
         before = [p.to_host() for p in captured.parameters()]
         loss = graph.execute(ag.tensor(x, device=device), ag.tensor(y, device=device)).item()
         np.testing.assert_allclose(loss, _eager_step(eager, opt_e, x, y, device), rtol=1e-5)
-        for (name, a), b in zip(captured.state_dict().items(), eager.state_dict().values(), strict=True):
-            np.testing.assert_allclose(a.to_host(), b.to_host(), rtol=1e-5, atol=1e-6, err_msg=f"{name}, lr {lr}")
+        _assert_same_state(captured, eager, f"at lr {lr}")
     for old, new in zip(before, captured.parameters(), strict=True):
         np.testing.assert_array_equal(old, new.to_host())  # lr 0: nothing moved
