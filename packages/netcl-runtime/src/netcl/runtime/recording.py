@@ -10,6 +10,7 @@ is the public face (it re-exports these names and adds ``capture_graph``).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -165,8 +166,6 @@ def refuse_read_while_recording(queue: cl.CommandQueue) -> None:
 def _caller_outside_netcl() -> str:
     """file:line of the innermost caller that is not netcl's own code (the read the user wrote), or of the
     innermost netcl caller that asked for the read when all of them are netcl's."""
-    import sys
-
     frame = sys._getframe(2)
     first = frame
     while frame is not None:
