@@ -53,3 +53,19 @@ def test_jitted_dropout_draws_a_fresh_mask_per_call(device):
         np.testing.assert_array_equal(x.grad.to_host(), values)  # d(3 * dropout(x))/dx = 3 * mask * 2 = out at x = 1
         masks.append(values != 0)
     assert not np.array_equal(masks[0], masks[1])
+
+
+def test_the_first_call_of_a_jitted_dropout_takes_the_seed_eager_would(device):
+    """Tracing draws seeds that its runs do not use; they are given back, so after ``manual_seed`` the first
+    (tracing) call draws the mask eager draws, and a second call after the same seed repeats it."""
+    x = ag.tensor(np.ones((256,), np.float32), device=device)
+    jitted = jit_compile(lambda v: ag.dropout(v, 0.5) * 3.0)
+    with ag.no_grad():
+        ag.manual_seed(11)
+        eager = (ag.dropout(x, 0.5) * 3.0).to_host()
+        ag.manual_seed(11)
+        first = jitted(x).to_host()
+        ag.manual_seed(11)
+        again = jitted(x).to_host()
+    np.testing.assert_array_equal(first, eager)
+    np.testing.assert_array_equal(again, eager)

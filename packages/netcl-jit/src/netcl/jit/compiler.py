@@ -36,6 +36,7 @@ from netcl.jit.partition import EagerStep, FusedGroup, RowGroup, partition
 from netcl.jit.primitive_registry import registry_version
 from netcl.jit.row_step import RowStep
 from netcl.jit.tracing import TraceNode, TracingContext
+from netcl.runtime.ops import random
 
 log = logging.getLogger("netcl.jit")
 if os.environ.get("NETCL_DEBUG", "").strip() not in ("", "0"):
@@ -251,6 +252,7 @@ class JitFunction:
         traced_args: list[Any] = []
         needs_grad = False
         wanting: set[int] = set()  # traced inputs that want gradients
+        rng = random.get_rng_state()  # the trace's dropout seeds are not the ones its runs use: give them back
         try:
             with context, mode_reads.recording() as modes:
                 for position, arg in enumerate(args):
@@ -271,11 +273,13 @@ class JitFunction:
                     traced_args.append(node)
                 result = self.fn(*traced_args, **kwargs)
         except Exception as exc:
+            random.set_rng_state(rng)
             if self._is_strict() and isinstance(exc, _INPUT_ERRORS):
                 raise  # what the un-fused call would raise too: the caller's inputs are wrong
             if self._is_strict():
                 raise JitError(f"{self.label} cannot be compiled (strict mode): tracing raised {exc!r}") from exc
             return None, f"tracing raised {type(exc).__name__}: {exc}"
+        random.set_rng_state(rng)
         returns_tuple = isinstance(result, (tuple, list))
         outputs = list(result) if returns_tuple else [result]
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
