@@ -126,3 +126,25 @@ def test_a_learning_rate_written_into_param_groups_reaches_the_next_replay(devic
         _assert_same_state(captured, eager, f"at lr {lr}")
     for old, new in zip(before, captured.parameters(), strict=True):
         np.testing.assert_array_equal(old, new.to_host())  # lr 0: nothing moved
+
+
+@pytest.mark.parametrize(
+    "make_opt", [lambda p: Adam(p, lr=0.05), lambda p: SGD(p, lr=0.1, momentum=0.9)], ids=["adam", "sgd"]
+)
+def test_a_state_dict_loaded_after_the_capture_is_what_the_replays_continue_from(device, make_opt):
+    """``load_state_dict`` writes the loaded moments into the buffers the captured update reads (it made new ones
+    before, and replays kept the old moments), and zeroes those the state_dict lacks (a fresh optimizer's)."""
+    ag.manual_seed(7)
+    batches = _batches((6,), seed=2)
+    captured, eager, opt_c, opt_e, graph, _ = _twins(_mlp, make_opt, batches[0], device)
+    for x, y in batches[1:3]:  # the eager twin runs ahead; the captured one replays from elsewhere
+        _eager_step(eager, opt_e, x, y, device)
+    for donor in (opt_e.state_dict(), make_opt(_mlp(device).parameters()).state_dict()):
+        captured.load_state_dict({k: v.to_host() for k, v in eager.state_dict().items()})
+        opt_c.load_state_dict(donor)
+        if not donor["state"]:  # a fresh optimizer: the eager twin starts one too
+            opt_e = make_opt(eager.parameters())
+        for x, y in batches[3:]:
+            loss = graph.execute(ag.tensor(x, device=device), ag.tensor(y, device=device)).item()
+            np.testing.assert_allclose(loss, _eager_step(eager, opt_e, x, y, device), rtol=1e-5)
+            _assert_same_state(captured, eager, "after loading")

@@ -282,14 +282,33 @@ class Optimizer:
                     arrays[name] = host
             staged.append((p, arrays, int(float(_host(entries.get("step", 0))))))
         counts = np.zeros(len(self._index), np.int32)
-        self.state = {}
-        for p, arrays, step in staged:
-            self.state[p] = {name: Tensor.from_host(p.device, a, p.dtype) for name, a in arrays.items()}
+        loaded = {p: arrays for p, arrays, _ in staged}
+        for p, _, step in staged:
             counts[self._index[p]] = step
+        self.state = {p: self._loaded_state(p, loaded.get(p, {})) for p in order if p in self.state or p in loaded}
         write_(self.steps, counts)
         for mine, theirs in zip(self.param_groups, groups, strict=True):
             mine.update({k: v for k, v in theirs.items() if k != "params"})
         self.sync_hyperparameters()
+
+    def _loaded_state(self, p: Node, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """``p``'s state after ``load_state_dict``: each loaded array written into the buffer ``p`` already has
+        (a captured step's update kernels keep reading that buffer, so a replay continues from what was
+        loaded), a new buffer where it has none, and a buffer the state_dict lacks zeroed (fresh state, which
+        the step count 0 also says)."""
+        state = {}
+        for name, buffer in self.state.get(p, {}).items():
+            if not isinstance(buffer, Tensor):
+                continue
+            if name in arrays:
+                write_(buffer, arrays[name])
+            else:
+                pointwise.fill_(buffer, 0.0)
+            state[name] = buffer
+        for name, array in arrays.items():
+            if name not in state:
+                state[name] = Tensor.from_host(p.device, array, p.dtype)
+        return state
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
