@@ -272,3 +272,18 @@ def test_replaying_after_freezing_a_parameter_raises(device):
         graph.execute(x, y)
     model[0].requires_grad_(True)
     assert np.isfinite(float(np.asarray(graph.execute(x, y).to_host())))
+
+
+def test_replaying_after_a_parameter_moved_raises(device):
+    """``model.to(other)`` after the capture gives the parameters new tensors; the replay's kernels would keep
+    training the old buffers, so it raises."""
+    from netcl import nn
+    from netcl.runtime import StaleCaptureError
+
+    model = nn.Sequential(nn.Linear(F, K, device=device))
+    x, y = batch(0, device)
+    graph = fuse_graph(model, x, y, ag.mse_loss)
+    other = nc.get_device("cpu") if device.kind == "opencl" else nc.get_device("opencl")
+    model.to(other)
+    with pytest.raises(StaleCaptureError, match="parameter 0 holds another tensor than at capture"):
+        graph.execute(x, y)

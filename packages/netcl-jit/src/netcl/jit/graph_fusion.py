@@ -64,6 +64,8 @@ class FusedGraph:
         self.modes: dict[int, tuple[Any, bool]] = {}
         #: each parameter's ``requires_grad`` at capture: which gradients and updates the step holds
         self.wants = tuple(p.requires_grad for p in params)
+        #: each parameter's tensor at capture: the buffers the captured kernels read and update
+        self.values = tuple(p.value for p in params)
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self, inputs: list[Node]) -> Node:
@@ -108,9 +110,9 @@ class FusedGraph:
 
         ``copy_outputs=True`` returns a fresh copy of the result (no later step touches it). Raises
         ``StaleCaptureError`` when a module whose training flag the captured step read has switched
-        mode since (``model.eval()`` after capturing a training step), or a parameter was frozen or
-        unfrozen (``requires_grad``): the replay would compute the captured mode's numbers, the
-        captured gradients and updates.
+        mode since (``model.eval()`` after capturing a training step), a parameter was frozen or
+        unfrozen (``requires_grad``), or holds another tensor (``Module.to`` another device): the replay
+        would compute the captured mode's numbers, the captured gradients and updates, on the old buffers.
         """
         stale = mode_reads.changed(self.modes)
         if stale:
@@ -118,8 +120,9 @@ class FusedGraph:
                 f"this step was captured with other module modes: {mode_reads.describe(stale)}. "
                 "Capture it again in the current mode (fuse_graph), or switch the model back (train()/eval())."
             )
-        if tuple(p.requires_grad for p in self.params) != self.wants:
-            raise StaleCaptureError(self._frozen_message())
+        changed = self._changed_parameters()
+        if changed is not None:
+            raise StaleCaptureError(changed)
         inputs = self._inputs(x, target)
         if self.compiled is None:
             return self._eager(inputs)
@@ -127,14 +130,26 @@ class FusedGraph:
 
     replay = execute
 
-    def _frozen_message(self) -> str:
-        changed = [(i, p) for i, (p, w) in enumerate(zip(self.params, self.wants, strict=True)) if p.requires_grad != w]
-        i, p = changed[0]
-        return (
-            f"parameter {i} (shape {tuple(p.shape)}) was captured with requires_grad={not p.requires_grad} and now has "
-            f"{p.requires_grad} ({len(changed)} parameter(s) changed): the captured step computes and applies the "
-            "gradients it held at capture. Capture the step again after freezing or unfreezing parameters."
-        )
+    def _changed_parameters(self) -> str | None:
+        """Why the parameters no longer match the capture (one frozen or unfrozen, one holding another tensor),
+        or None while they match."""
+        if tuple(p.requires_grad for p in self.params) != self.wants:
+            changed = [i for i, (p, w) in enumerate(zip(self.params, self.wants, strict=True)) if p.requires_grad != w]
+            first = changed[0]
+            p = self.params[first]
+            return (
+                f"parameter {first} (shape {tuple(p.shape)}) was captured with requires_grad={not p.requires_grad} "
+                f"and now has {p.requires_grad} ({len(changed)} parameter(s) changed): the captured step computes and "
+                "applies the gradients it held at capture. Capture the step again after freezing or unfreezing "
+                "parameters."
+            )
+        for i, (p, value) in enumerate(zip(self.params, self.values, strict=True)):
+            if p.value is not value:
+                return (
+                    f"parameter {i} holds another tensor than at capture (on {p.value.device!r}: Module.to, or a new "
+                    "value assigned): the captured kernels read and update the old buffers. Capture the step again."
+                )
+        return None
 
     def _inputs(self, x: Any, target: Any) -> list[Node]:
         if self.has_target and target is None:

@@ -21,8 +21,8 @@ class StaleResultError(ReplayError):
 
 class StaleCaptureError(ReplayError):
     """A captured step was replayed after something it baked in changed: a module whose training flag
-    it read is in the other mode (``train()`` / ``eval()``), or a parameter was frozen or unfrozen
-    (``requires_grad``); capture the step again."""
+    it read is in the other mode (``train()`` / ``eval()``), a parameter was frozen or unfrozen
+    (``requires_grad``) or holds another tensor (``Module.to``); capture the step again."""
 
 
 class HostReadInCaptureError(ReplayError, RuntimeError):
