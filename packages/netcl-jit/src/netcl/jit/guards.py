@@ -47,7 +47,8 @@ MAX_OBJECTS = 20000
 _MISSING = object()
 
 #: A step of a path: ("attr", name) | ("item", key) | ("cell",) | ("closure", i) | ("globals", name)
-#: | ("named", "features.0.weight") (a netcl.nn Module's parameter or buffer, one step from the model).
+#: | ("named", (("_modules", "features"), ("_modules", "0"), ("_parameters", "weight"))) (a netcl.nn Module's
+#: parameter or buffer, one step from the model, read through the tables that hold each part of its name).
 Step = tuple[Any, ...]
 
 
@@ -193,7 +194,7 @@ def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
         return  # a module's or class's namespace is not the caller's state
     if isinstance(obj, Module):  # a model: each parameter and buffer one step away, by its dotted name
         for name, value in (*obj.named_parameters(), *obj.named_buffers()):
-            yield ("named", name), value
+            yield ("named", _module_hops(obj, name)), value
     state = getattr(obj, "__dict__", None)
     if isinstance(state, dict) and len(state) <= MAX_ITEMS:
         for name, value in list(state.items()):
@@ -204,49 +205,18 @@ def _children(obj: Any) -> Iterator[tuple[Step, Any]]:
                 yield ("attr", name), getattr(obj, name)
 
 
-def _dotted(obj: Any, parts: tuple[str, ...]) -> Any:
-    """``obj.a.b.c`` for parts ("a", "b", "c"): a Module's parameter or buffer by its state_dict name."""
-    for part in parts:
-        obj = getattr(obj, part)
-    return obj
-
-
-def _module_tables(module: Any, dotted: str) -> list[tuple[str, str]] | None:
-    """For a Module and a state_dict name ("layer1.0.conv1.weight"): the (table, key) of each step
+def _module_hops(module: Any, dotted: str) -> tuple[tuple[str | None, str], ...]:
+    """For a Module and a state_dict name ("layer1.0.conv1.weight"): the table holding each part of it,
     ("_modules", "layer1") ... ("_parameters", "weight"), so a guard reads plain dicts instead of going
-    through ``Module.__getattr__`` once per step (a few times faster); None where a step is not in a table."""
-    out = []
+    through ``Module.__getattr__`` once per part (a few times faster); a part in no table is (None, part),
+    read as an attribute."""
+    hops = []
     for part in dotted.split("."):
-        state = getattr(module, "__dict__", None)
-        found = next(
-            (t for t in ("_modules", "_parameters", "_buffers") if state and part in (state.get(t) or ())), None
-        )
-        if found is None:
-            return None
-        out.append((found, part))
-        module = state[found][part]
-    return out
-
-
-def _follow(obj: Any, step: Step) -> Any:
-    """The object one ``step`` on from ``obj`` at guard-building time (``_MISSING`` where unknown)."""
-    if obj is _MISSING:
-        return _MISSING
-    try:
-        kind = step[0]
-        if kind == "cell":
-            return obj.cell_contents
-        if kind == "closure":
-            return obj.__closure__[step[1]].cell_contents
-        if kind == "globals":
-            return obj.__globals__.get(step[1], _MISSING)
-        if kind == "attr":
-            return getattr(obj, step[1], _MISSING)
-        if kind == "named":
-            return _dotted(obj, tuple(step[1].split(".")))
-        return obj[step[1]]
-    except Exception:
-        return _MISSING
+        state = getattr(module, "__dict__", None) or {}
+        table = next((t for t in ("_modules", "_parameters", "_buffers") if part in (state.get(t) or ())), None)
+        hops.append((table, part))
+        module = state[table][part] if table else getattr(module, part, None)
+    return tuple(hops)
 
 
 def _hashable_key(key: Any) -> bool:
@@ -266,17 +236,12 @@ def _compile_check(
     terms = []
     for n, ((root_kind, root, steps), expected) in enumerate(guards):
         if root_kind == "arg":
-            expr, obj = f"args[{root}]", _MISSING  # an argument: known only at call time
+            expr = f"args[{root}]"
         else:
             env[f"r{n}"] = root
-            expr, obj = f"r{n}", root
+            expr = f"r{n}"
         for k, step in enumerate(steps):
-            tables = _module_tables(obj, step[1]) if step[0] == "named" and obj is not _MISSING else None
-            if tables is not None:  # a Module's parameter or buffer: straight through its tables' dicts
-                expr = expr + "".join(f".{table}[{part!r}]" for table, part in tables)
-            else:
-                expr = _step_expr(expr, step, env, f"k{n}_{k}")
-            obj = _follow(obj, step)
+            expr = _step_expr(expr, step, env, f"k{n}_{k}")
         env[f"e{n}"] = expected
         if by_value:
             env[f"t{n}"] = type(expected)
@@ -303,9 +268,9 @@ def _step_expr(expr: str, step: Step, env: dict[str, Any], name: str) -> str:
     if kind == "attr":
         env[name] = step[1]
         return f"getattr({expr}, {name}, _M)"
-    if kind == "named":
-        env[name] = tuple(step[1].split("."))
-        env["_dotted"] = _dotted
-        return f"_dotted({expr}, {name})"
+    if kind == "named":  # through the module tables' dicts; a part in none of them as an attribute
+        for table, part in step[1]:
+            expr = f"{expr}.{table}[{part!r}]" if table else f"getattr({expr}, {part!r}, _M)"
+        return expr
     env[name] = step[1]  # item
     return f"{expr}[{name}]"
