@@ -273,13 +273,13 @@ class JitFunction:
                     traced_args.append(node)
                 result = self.fn(*traced_args, **kwargs)
         except Exception as exc:
-            random.set_rng_state(rng)
             if self._is_strict() and isinstance(exc, _INPUT_ERRORS):
                 raise  # what the un-fused call would raise too: the caller's inputs are wrong
             if self._is_strict():
                 raise JitError(f"{self.label} cannot be compiled (strict mode): tracing raised {exc!r}") from exc
             return None, f"tracing raised {type(exc).__name__}: {exc}"
-        random.set_rng_state(rng)
+        finally:
+            random.set_rng_state(rng)
         returns_tuple = isinstance(result, (tuple, list))
         outputs = list(result) if returns_tuple else [result]
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):
