@@ -15,6 +15,14 @@ def _nvidia_gpus() -> int:
     return sum(1 for d in nc.usable_opencl_devices() if d.is_gpu and "NVIDIA" in d.platform_name)
 
 
+def _not_nvidia(spec: str) -> nc.Device:
+    """The first device of ``spec`` ("cpu": the NumPy backend; "opencl"), skipping where it is an NVIDIA GPU."""
+    devices = nc.usable_opencl_devices() if spec == "opencl" else [nc.get_device("cpu")]
+    if not devices or (spec == "opencl" and devices[0].is_gpu and "NVIDIA" in devices[0].platform_name):
+        pytest.skip("needs a device that is not an NVIDIA GPU")
+    return devices[0]
+
+
 @pytest.mark.parametrize("value", ["2", "maybe", "nccl"])
 def test_a_bad_mode_is_named(monkeypatch, value):
     monkeypatch.setenv("NETCL_DEVICE_DIRECT", value)
@@ -24,12 +32,10 @@ def test_a_bad_mode_is_named(monkeypatch, value):
 
 @pytest.mark.parametrize("spec", ["cpu", "opencl"])
 def test_the_probe_names_what_is_missing_off_nvidia(spec):
-    devices = [d for d in (nc.usable_opencl_devices() if spec == "opencl" else [nc.get_device("cpu")])]
-    if not devices or (spec == "opencl" and devices[0].is_gpu and "NVIDIA" in devices[0].platform_name):
-        pytest.skip("needs a device that is not an NVIDIA GPU")
-    answer = device_direct.probe(devices[0])
+    device = _not_nvidia(spec)
+    answer = device_direct.probe(device)
     assert not answer.ok and not answer.applicable
-    assert answer.reason == f"{devices[0].name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
+    assert answer.reason == f"{device.name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
 
 
 def test_a_missing_nccl_library_names_the_place_tried(monkeypatch):

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import netcl.core as nc
 from netcl.runtime.distributed import peer
 from tests.distributed.test_ddp import check_ok, same_bits
-from tests.distributed.test_device_direct import _nvidia_gpus
+from tests.distributed.test_device_direct import _not_nvidia, _nvidia_gpus
 
 
 @pytest.mark.parametrize("value", ["2", "maybe", "nvlink"])
@@ -21,10 +20,8 @@ def test_a_bad_mode_is_named(monkeypatch, value):
 
 @pytest.mark.parametrize("spec", ["cpu", "opencl"])
 def test_the_reason_off_nvidia_names_the_device(spec):
-    devices = nc.usable_opencl_devices() if spec == "opencl" else [nc.get_device("cpu")]
-    if not devices or (spec == "opencl" and devices[0].is_gpu and "NVIDIA" in devices[0].platform_name):
-        pytest.skip("needs a device that is not an NVIDIA GPU")
-    assert peer.applicable(devices[0]) == f"{devices[0].name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
+    device = _not_nvidia(spec)
+    assert peer.applicable(device) == f"{device.name!r} is not an NVIDIA GPU under NVIDIA's OpenCL"
 
 
 def test_required_where_it_cannot_run_fails_on_every_rank(mpirun, monkeypatch):
