@@ -10,7 +10,7 @@ of those flags has changed since (``jit_compile`` traces again, ``FusedGraph.exe
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,18 +50,6 @@ def recording() -> Iterator[dict[int, tuple[Any, bool]]]:
 def changed(reads: dict[int, tuple[Any, bool]]) -> list[tuple[Any, bool]]:
     """The (module, mode read) pairs whose module is in the other mode now."""
     return [(module, mode) for module, mode in reads.values() if module._training is not mode]
-
-
-def unchanged_check(reads: dict[int, tuple[Any, bool]]) -> Callable[[], bool] | None:
-    """A function telling whether every module of ``reads`` is still in the mode read (None: no reads)."""
-    if not reads:
-        return None
-    pairs = tuple(reads.values())
-
-    def unchanged() -> bool:
-        return all(module._training is mode for module, mode in pairs)
-
-    return unchanged
 
 
 def describe(pairs: list[tuple[Any, bool]]) -> str:

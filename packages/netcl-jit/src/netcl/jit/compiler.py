@@ -302,7 +302,7 @@ class JitFunction:
         plan.guard = _all_of(
             self._guard(args, context) if context.consts else None,
             find_number_guards(self.fn, args, numbers),
-            mode_reads.unchanged_check(modes),
+            (lambda args: not mode_reads.changed(modes)) if modes else None,
         )
         epilogues = sum(isinstance(s, GemmEpilogueStep) for s in fused)
         summary = f"{len(fused)} fused kernel(s) ({epilogues} in a GEMM's store), {len(steps) - len(fused)} eager op(s)"
@@ -381,15 +381,9 @@ class JitFunction:
             self._plans.clear()
 
 
-def _all_of(
-    tensors: Callable[[tuple[Any, ...]], bool] | None,
-    numbers: Callable[[tuple[Any, ...]], bool] | None,
-    modes: Callable[[], bool] | None,
-) -> Callable[[tuple[Any, ...]], bool] | None:
+def _all_of(*guards: Callable[[tuple[Any, ...]], bool] | None) -> Callable[[tuple[Any, ...]], bool] | None:
     """One plan guard of the captured-tensor, baked-number and module-mode checks (each may be None)."""
-    checks = [c for c in (tensors, numbers) if c is not None]
-    if modes is not None:
-        checks.append(lambda args: modes())
+    checks = [c for c in guards if c is not None]
     if len(checks) <= 1:
         return checks[0] if checks else None
     return lambda args: all(check(args) for check in checks)
