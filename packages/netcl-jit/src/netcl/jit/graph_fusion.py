@@ -133,17 +133,14 @@ class FusedGraph:
     def _changed_parameters(self) -> str | None:
         """Why the parameters no longer match the capture (one frozen or unfrozen, one holding another tensor),
         or None while they match."""
-        if tuple(p.requires_grad for p in self.params) != self.wants:
-            changed = [i for i, (p, w) in enumerate(zip(self.params, self.wants, strict=True)) if p.requires_grad != w]
-            first = changed[0]
-            p = self.params[first]
-            return (
-                f"parameter {first} (shape {tuple(p.shape)}) was captured with requires_grad={not p.requires_grad} "
-                f"and now has {p.requires_grad} ({len(changed)} parameter(s) changed): the captured step computes and "
-                "applies the gradients it held at capture. Capture the step again after freezing or unfreezing "
-                "parameters."
-            )
-        for i, (p, value) in enumerate(zip(self.params, self.values, strict=True)):
+        for i, (p, wanted, value) in enumerate(zip(self.params, self.wants, self.values, strict=True)):
+            if p.requires_grad != wanted:
+                count = sum(q.requires_grad != w for q, w in zip(self.params, self.wants, strict=True))
+                return (
+                    f"parameter {i} (shape {tuple(p.shape)}) was captured with requires_grad={wanted} and now has "
+                    f"{p.requires_grad} ({count} parameter(s) changed): the captured step computes and applies the "
+                    "gradients it held at capture. Capture the step again after freezing or unfreezing parameters."
+                )
             if p.value is not value:
                 return (
                     f"parameter {i} holds another tensor than at capture (on {p.value.device!r}: Module.to, or a new "
