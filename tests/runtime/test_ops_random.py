@@ -85,3 +85,23 @@ def test_normal_statistics(device: nc.Device) -> None:
 def test_degenerate_shapes(device: nc.Device, shape: tuple[int, ...]) -> None:
     assert ops.uniform(shape, device=device).to_host().shape == shape
     assert ops.normal(shape, device=device).shape == shape
+
+
+def test_draws_not_taken_leave_the_generator_and_other_threads_alone():
+    """A jit trace's seed draws (``draws_not_taken``) are distinct within the block, do not advance the global
+    generator, and a draw on another thread meanwhile takes the generator's next seed as usual."""
+    import threading
+
+    from netcl.runtime.ops import random as R
+
+    R.manual_seed(5)
+    expected = [R.next_seed() for _ in range(3)]
+    R.manual_seed(5)
+    other: list[int] = []
+    with R.draws_not_taken():
+        inside = [R.next_seed(), R.next_seed()]
+        thread = threading.Thread(target=lambda: other.append(R.next_seed()))
+        thread.start()
+        thread.join()
+    assert inside == expected[:2] and other == [expected[0]]
+    assert [R.next_seed(), R.next_seed()] == expected[1:]

@@ -252,9 +252,8 @@ class JitFunction:
         traced_args: list[Any] = []
         needs_grad = False
         wanting: set[int] = set()  # traced inputs that want gradients
-        rng = random.get_rng_state()  # the trace's dropout seeds are not the ones its runs use: give them back
-        try:
-            with context, mode_reads.recording() as modes:
+        try:  # the trace's dropout seeds are not the ones its runs use: the global generator does not advance
+            with context, mode_reads.recording() as modes, random.draws_not_taken():
                 for position, arg in enumerate(args):
                     value = arg.value if isinstance(arg, Node) else arg
                     if isinstance(value, Tensor):
@@ -278,8 +277,6 @@ class JitFunction:
             if self._is_strict():
                 raise JitError(f"{self.label} cannot be compiled (strict mode): tracing raised {exc!r}") from exc
             return None, f"tracing raised {type(exc).__name__}: {exc}"
-        finally:
-            random.set_rng_state(rng)
         returns_tuple = isinstance(result, (tuple, list))
         outputs = list(result) if returns_tuple else [result]
         if not outputs or not all(isinstance(o, Node) and isinstance(o.value, TraceNode) for o in outputs):

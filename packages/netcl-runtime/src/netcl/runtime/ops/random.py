@@ -185,11 +185,38 @@ def set_rng_state(state: dict[str, int]) -> None:
         _generator["seed"], _generator["calls"] = seed, calls
 
 
+class _Untaken(threading.local):
+    """This thread's ``draws_not_taken`` blocks: how deep, and how many seeds they handed out."""
+
+    depth = 0
+    handed = 0
+
+
+_untaken = _Untaken()
+
+
+@contextmanager
+def draws_not_taken() -> Iterator[None]:
+    """Within the block, on this thread, ``next_seed`` hands out seeds without advancing the global generator
+    (a jit trace's draws, which none of its runs uses): the next seed after the block is the one before it,
+    and other threads' draws are untouched."""
+    if not _untaken.depth:
+        _untaken.handed = 0
+    _untaken.depth += 1
+    try:
+        yield
+    finally:
+        _untaken.depth -= 1
+
+
 def next_seed() -> int:
     """A fresh 64-bit seed: Philox of the call count under the global seed (host only, no device work)."""
     with _generator_lock:
         seed, call = _generator["seed"], _generator["calls"]
-        _generator["calls"] = call + 1
+        if _untaken.depth:  # the count ahead of the generator's, which stays where it is
+            call, _untaken.handed = call + _untaken.handed, _untaken.handed + 1
+        else:
+            _generator["calls"] = call + 1
     words = philox4x32(
         [np.uint64(call & 0xFFFFFFFF), np.uint64(call >> 32), np.uint64(_SEED_STREAM), np.uint64(0)],
         (seed & 0xFFFFFFFF, seed >> 32),
