@@ -181,3 +181,30 @@ def test_compiled_graph_errors(device):
     assert graph.state == "captured"
     with pytest.raises(ReplayError, match="compile"):
         graph.replay([params[0]])
+
+
+def test_compiled_graph_replay_refuses_a_changed_mode_or_parameter(cl_device):
+    """The lower-level capture checks what ``fuse_graph`` checks: after ``eval()`` of a module the step read, a
+    frozen parameter or a parameter given another tensor, ``replay`` raises before enqueueing anything;
+    switched back, it replays."""
+    from netcl import nn
+    from netcl.runtime import StaleCaptureError
+
+    model = nn.Sequential(nn.Linear(D, H, device=cl_device), nn.Dropout(0.5))
+    x = ag.tensor(np.ones((N, D), np.float32), device=cl_device)
+    graph = CompiledGraph(params=model.parameters())
+    with graph:
+        graph.outputs = ag.sum(model(x))
+        graph.outputs.backward()
+    graph.compile([x])
+    model.eval()
+    with pytest.raises(StaleCaptureError, match=r"Dropout \(captured in training mode, now in eval mode\)"):
+        graph.replay([x])
+    model.train()
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(StaleCaptureError, match=rf"parameter 0 \(shape \({H}, {D}\)\) was captured"):
+        graph.replay([x])
+    model[0].weight.requires_grad_(True)
+    model[0].weight.value = model[0].weight.value.copy()
+    with pytest.raises(StaleCaptureError, match="parameter 0 holds another tensor than at capture"):
+        graph.replay([x])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import netcl.autograd as ag
 import netcl.core as nc
@@ -37,3 +38,18 @@ def test_arithmetic_on_grad_tensors(device):
     tape.backward(loss)
     step = w.grad * 0.5  # a plain SGD step written by hand: grad tensors support arithmetic
     np.testing.assert_array_equal((w.value - step).to_host(), [0.0, 0.0])
+
+
+def test_requires_grad_in_place_as_torch(device):
+    """``requires_grad_`` flips a leaf's flag and returns it; integer values and computed nodes are refused."""
+    w = ag.tensor(np.array([1.0, 2.0], np.float32), device=device)
+    assert w.requires_grad_() is w and w.requires_grad
+    with ag.Tape() as tape:
+        loss = ag.sum(w * w)
+    tape.backward(loss)
+    np.testing.assert_array_equal(w.grad.to_host(), [2.0, 4.0])
+    assert not w.requires_grad_(False).requires_grad
+    with pytest.raises(TypeError, match="only floating-point tensors can require grad, got dtype int32"):
+        ag.tensor(np.array([1, 2], np.int32), device=device).requires_grad_()
+    with pytest.raises(RuntimeError, match="only leaves can stop requiring grad"):
+        (w.requires_grad_() * 2.0).requires_grad_(False)

@@ -167,6 +167,19 @@ class Node:
         self._grad_hooks.append(hook)
         return HookHandle(self._grad_hooks, hook)
 
+    def requires_grad_(self, requires_grad: bool = True) -> Node:
+        """Set ``requires_grad`` in place (torch's name); returns self. Only floating-point values can
+        require grad, and only leaves can stop requiring it (a computed node's gradient flows anyway)."""
+        if requires_grad and not is_floating(self.dtype):
+            raise TypeError(f"only floating-point tensors can require grad, got dtype {self.dtype}")
+        if not requires_grad and not self.is_leaf:
+            raise RuntimeError(
+                f"requires_grad_(False) on a computed node (op {self.op_name!r}): only leaves can stop requiring "
+                "grad; use detach() for a copy cut off from the graph"
+            )
+        self.requires_grad = bool(requires_grad)
+        return self
+
     def detach(self) -> Node:
         """A new leaf sharing this node's value, cut off from the graph."""
         return Node(self.value, op_name="detach")

@@ -10,7 +10,9 @@ replay's value. What ``replay`` returns is different: new Nodes over ``ReplayRes
 which the next replay copies out (small ones, such as a loss) or marks stale (reading them raises
 ``StaleResultError``), so a collected list of losses never reads back the last one.
 Host work in the step (uploads, Python branches) is not replayed; a host read of a device value
-(``to_host``, ``item``) inside the capture raises ``HostReadInCaptureError``.
+(``to_host``, ``item``) inside the capture raises ``HostReadInCaptureError``. A replay after a module the
+step read switched mode, or after a parameter was frozen, unfrozen or given another tensor, raises
+``StaleCaptureError`` (``netcl.autograd.capture_checks``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from netcl.autograd.capture_checks import CaptureChecks
 from netcl.autograd.engine import Node, Tape, get_current_tape
 from netcl.core import Device, Tensor, get_device
 from netcl.runtime.capture import CaptureState
-from netcl.runtime.errors import ReplayError
+from netcl.runtime.errors import ReplayError, StaleCaptureError
 from netcl.runtime.graph import Graph
 
 
@@ -49,6 +52,9 @@ class CompiledGraph:
         self._allocator: Any = None
         self._compiled = False
         self._result_template: Any = None
+        #: what the capture depended on besides its inputs (module modes, parameters), checked per replay
+        self.checks = CaptureChecks(self.params)
+        self._checks_cm: Any = None
 
     @property
     def device(self) -> Device:
@@ -85,6 +91,9 @@ class CompiledGraph:
         self._tape = Tape() if self._own_tape else get_current_tape()
         if self._own_tape:
             self._tape.__enter__()
+        self.checks = CaptureChecks(self.params)
+        self._checks_cm = self.checks.recording()
+        self._checks_cm.__enter__()
         self.state = CaptureState.CAPTURING
         return self
 
@@ -92,6 +101,7 @@ class CompiledGraph:
         if self.state != CaptureState.CAPTURING:
             return
         device = self.device
+        self._checks_cm.__exit__(exc_type, exc, tb)
         if self._own_tape and self._tape is not None:
             self._tape.__exit__(exc_type, exc, tb)
         try:
@@ -140,13 +150,17 @@ class CompiledGraph:
         """Re-enqueue the captured step with ``new_inputs`` (its backward rewrites the gradient buffers).
 
         ``new_inputs`` must match the compiled inputs in count, shape, dtype and device
-        (``ReplayError`` otherwise, before anything is enqueued). Returns ``outputs`` as this
+        (``ReplayError`` otherwise, before anything is enqueued); ``StaleCaptureError`` when the
+        modules or parameters no longer match the capture (``CaptureChecks``). Returns ``outputs`` as this
         replay's results: new Nodes (no graph history) over ``ReplayResult`` tensors that the
         next replay copies out or marks stale (see ``netcl.runtime.replay_results``); with
         ``copy_outputs=True``, over fresh copies. The parameters' ``grad`` always holds the
         latest replay's gradient.
         """
         graph = self._captured()
+        stale = self.checks.stale_reason()
+        if stale is not None:
+            raise StaleCaptureError(stale)
         tensors = [_tensor(x, i) for i, x in enumerate(new_inputs)]
         if tensors and not self._compiled:
             raise ReplayError("replay got new inputs but compile(inputs) was never called to declare them")

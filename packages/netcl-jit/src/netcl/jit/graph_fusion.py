@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd import mode_reads
 from netcl.autograd.autocast_mode import autocast_dtype, set_autocast_dtype
+from netcl.autograd.capture_checks import CaptureChecks
 from netcl.autograd.engine import Node, Tape, no_grad
 from netcl.autograd.graph import CompiledGraph
 from netcl.core import Device, Tensor, get_device
@@ -60,26 +60,22 @@ class FusedGraph:
         #: NumPy backend, where each call runs the step again, they are restored around it)
         self.autocast = autocast_dtype()
         self.precision = get_float32_matmul_precision()
-        #: the modules whose training flag the captured step read, and the mode it read (``mode_reads``)
-        self.modes: dict[int, tuple[Any, bool]] = {}
-        #: each parameter's ``requires_grad`` at capture: which gradients and updates the step holds
-        self.wants = tuple(p.requires_grad for p in params)
-        #: each parameter's tensor at capture: the buffers the captured kernels read and update
-        self.values = tuple(p.value for p in params)
+        #: what the captured step depended on besides its inputs (the CompiledGraph's on OpenCL)
+        self.checks = CaptureChecks(params)
 
     # ---- capture -------------------------------------------------------------------------------
     def capture(self, inputs: list[Node]) -> Node:
         """Run the step once on ``inputs`` while capturing it (OpenCL) or just run it (NumPy)."""
         if self.device.kind != "opencl":
-            with mode_reads.recording() as self.modes:
+            with self.checks.recording():
                 self.outputs = self._eager(inputs)
             return self.outputs
         compiled = CompiledGraph(self.params, device=self.device)
-        with compiled, mode_reads.recording() as self.modes:
+        with compiled:
             compiled.graph.label = f"FusedGraph {getattr(self.step, '__name__', 'step')}"
             compiled.outputs = self._run(inputs)
         compiled.compile([x.value for x in inputs])
-        self.compiled, self.outputs = compiled, compiled.outputs
+        self.compiled, self.outputs, self.checks = compiled, compiled.outputs, compiled.checks
         return self.outputs
 
     def _run(self, inputs: list[Node]) -> Node:
@@ -114,39 +110,15 @@ class FusedGraph:
         unfrozen (``requires_grad``), or holds another tensor (``Module.to`` another device): the replay
         would compute the captured mode's numbers, the captured gradients and updates, on the old buffers.
         """
-        stale = mode_reads.changed(self.modes)
-        if stale:
-            raise StaleCaptureError(
-                f"this step was captured with other module modes: {mode_reads.describe(stale)}. "
-                "Capture it again in the current mode (fuse_graph), or switch the model back (train()/eval())."
-            )
-        changed = self._changed_parameters()
-        if changed is not None:
-            raise StaleCaptureError(changed)
         inputs = self._inputs(x, target)
-        if self.compiled is None:
+        if self.compiled is None:  # the NumPy backend: the captured settings are checked here, as replay does
+            stale = self.checks.stale_reason()
+            if stale is not None:
+                raise StaleCaptureError(stale)
             return self._eager(inputs)
         return self.compiled.replay([n.value for n in inputs], copy_outputs=copy_outputs)
 
     replay = execute
-
-    def _changed_parameters(self) -> str | None:
-        """Why the parameters no longer match the capture (one frozen or unfrozen, one holding another tensor),
-        or None while they match."""
-        for i, (p, wanted, value) in enumerate(zip(self.params, self.wants, self.values, strict=True)):
-            if p.requires_grad != wanted:
-                count = sum(q.requires_grad != w for q, w in zip(self.params, self.wants, strict=True))
-                return (
-                    f"parameter {i} (shape {tuple(p.shape)}) was captured with requires_grad={wanted} and now has "
-                    f"{p.requires_grad} ({count} parameter(s) changed): the captured step computes and applies the "
-                    "gradients it held at capture. Capture the step again after freezing or unfreezing parameters."
-                )
-            if p.value is not value:
-                return (
-                    f"parameter {i} holds another tensor than at capture (on {p.value.device!r}: Module.to, or a new "
-                    "value assigned): the captured kernels read and update the old buffers. Capture the step again."
-                )
-        return None
 
     def _inputs(self, x: Any, target: Any) -> list[Node]:
         if self.has_target and target is None:
