@@ -92,6 +92,7 @@ from netcl.autograd.ops_shape import (
     unsqueeze,
 )
 from netcl.autograd.ops_softmax import log_softmax, logsumexp, softmax
+from netcl.autograd.saved_values import ModifiedInPlaceError
 
 #: Names provided by the netcl-jit distribution: name -> module to import it from.
 JIT_NAMES = {
@@ -138,6 +139,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "GradcheckError",
+    "ModifiedInPlaceError",
     "Node",
     "Tape",
     "__version__",

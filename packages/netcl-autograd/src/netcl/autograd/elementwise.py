@@ -21,10 +21,11 @@ import numpy as np
 
 from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, _local, apply_op
-from netcl.core import Tensor
+from netcl.autograd.saved_values import check_unmodified
+from netcl.core import Tensor, writes
 from netcl.core.dtypes import FLOATING
 from netcl.runtime.ops import layout
-from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, ZERO, forward_operands
+from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, PLACEHOLDER, ZERO, forward_operands
 from netcl.runtime.ops.pointwise import apply, derivative
 
 Operand = Any  # Node | Tensor | int | float
@@ -49,12 +50,14 @@ class _Entry:
     """What ``apply_elementwise`` reads per call of one op, resolved once per name (the definitions
     never change after import); ``forward`` is the op's forward when its operands are its inputs."""
 
-    __slots__ = ("d", "kernel", "differentiable", "forward", "scalar_slot")
+    __slots__ = ("d", "kernel", "differentiable", "forward", "scalar_slot", "reads")
 
     def __init__(self, name: str) -> None:
         d = self.d = ALL[name]
         kernel = self.kernel = OPDEFS[d.base or d.name]
         self.differentiable = d.differentiable
+        #: the inputs (by position) and the output (-1) its derivatives read: what a backward checks for writes
+        self.reads = saved_reads(d)
         self.forward: Callable[..., Tensor] | None = None
         #: a one-input variant whose kernel takes (input, scalar) or (scalar, input): where the scalar goes
         self.scalar_slot: int | None = None
@@ -75,6 +78,12 @@ class _Entry:
 
 
 _ENTRIES: dict[str, _Entry] = {}
+
+
+def saved_reads(d: Any) -> tuple[int, ...]:
+    """The positions of the inputs that ``d``'s non-zero derivative templates name, and -1 if they name ``{out}``."""
+    names = {name for grad in d.grads if grad != ZERO for name in PLACEHOLDER.findall(grad)}
+    return (*(i for i, name in enumerate(d.inputs) if name in names), *((-1,) if "out" in names else ()))
 
 
 class _Grad:
@@ -105,7 +114,7 @@ class _Recorded(_Grad):
     """A recorded call's ``Node.grad_fn``: its ``_Grad`` bound to the call's values and output, one
     gradient per Node input (what ``apply_op``'s bound form returns), built without ``apply_op``."""
 
-    __slots__ = ("values", "out", "index")
+    __slots__ = ("values", "out", "index", "reads", "written")
 
     def __init__(
         self,
@@ -116,9 +125,16 @@ class _Recorded(_Grad):
         values: tuple[Any, ...],
         out: Tensor,
         index: list[int],
+        reads: tuple[int, ...],
     ) -> None:
         self.name, self.d, self.inputs, self.attrs = name, d, inputs, attrs
-        self.values, self.out, self.index = values, out, index
+        self.values, self.out, self.index, self.reads = values, out, index, reads
+        #: the in-place writes clock when the op ran (``saved_values``)
+        self.written = writes.clock
+
+    def check_unmodified(self) -> None:
+        """``ModifiedInPlaceError`` if a value the derivatives read was written in place since the op ran."""
+        check_unmodified(self.name, self.values, self.out, self.written, self.reads)
 
     def __call__(self, g: Tensor) -> _Grads:  # type: ignore[override]
         grads = _Grad.__call__(self, g, self.values, self.out)
@@ -170,7 +186,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
                 parents.append(a)
                 wanted = wanted or a.requires_grad
         if wanted:
-            grad = _Recorded(name, entry.d, inputs, dict(attrs) if attrs else {}, values, out, index)
+            grad = _Recorded(name, entry.d, inputs, dict(attrs) if attrs else {}, values, out, index, entry.reads)
             trace = traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None
             node = Node(out, grad, parents, None, True, trace, name)
     if node is None:

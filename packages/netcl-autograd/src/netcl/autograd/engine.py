@@ -28,7 +28,8 @@ from netcl.autograd.grad_mode import (
     set_detect_anomaly,
     set_grad_enabled,
 )
-from netcl.core import Device, DeviceError, Tensor, get_device
+from netcl.autograd.saved_values import check_unmodified
+from netcl.core import Device, DeviceError, Tensor, get_device, writes
 from netcl.core.dtypes import is_floating
 from netcl.core.tensor import format_values
 from netcl.runtime.ops import layout, pointwise
@@ -382,7 +383,7 @@ class _BoundGrad:
     one gradient per parent (the Node arguments). One object per recorded op (a closure would make a
     function and a cell per bound name, each tracked by the garbage collector)."""
 
-    __slots__ = ("grad_fn", "values", "out", "index", "nargs", "op_name", "folds_addends")
+    __slots__ = ("grad_fn", "values", "out", "index", "nargs", "op_name", "folds_addends", "written")
 
     def __init__(
         self,
@@ -396,6 +397,13 @@ class _BoundGrad:
     ) -> None:
         self.grad_fn, self.values, self.out, self.index = grad_fn, values, out, index
         self.nargs, self.op_name, self.folds_addends = nargs, op_name, folds_addends
+        #: the in-place writes clock when the op ran (``saved_values``)
+        self.written = writes.clock
+
+    def check_unmodified(self) -> None:
+        """``ModifiedInPlaceError`` if a Node argument's value or the output was written in place since the op
+        ran (tensors passed as plain arguments, such as BatchNorm's running statistics, are not checked)."""
+        check_unmodified(self.op_name, self.values, self.out, self.written, (*self.index, -1))
 
     def __call__(self, grad_out: Tensor, addends: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
         nargs, index = self.nargs, self.index
@@ -460,8 +468,9 @@ class Tape:
                 f"loss (op {loss.op_name!r}) does not require grad: no input had requires_grad=True, "
                 "or it was computed under no_grad"
             )
-        seed = _seed(loss, grad)
         order = _topological_order(loss)
+        _check_saved_values(order)
+        seed = _seed(loss, grad)
         stack = getattr(_local, "backward_callbacks", None)
         if stack is None:
             stack = _local.backward_callbacks = []
@@ -617,6 +626,16 @@ def _check_finite(node: Node, grad: Tensor) -> None:
         f"anomaly detected: the backward of op {node.op_name!r} produced {kind} in a gradient of shape "
         f"{grad.shape}.\nThe op was created at:\n{trace}"
     )
+
+
+def _check_saved_values(order: list[Node]) -> None:
+    """Before any backward kernel: ``ModifiedInPlaceError`` if a value some node's backward reads was written in
+    place after that node's op ran (``saved_values``). One comparison per node while nothing was written since."""
+    clock = writes.clock
+    for node in order:
+        grad_fn = node.grad_fn
+        if grad_fn is not None and getattr(grad_fn, "written", clock) != clock:
+            grad_fn.check_unmodified()
 
 
 def _store_grad(node: Node, g: Tensor, owned: bool, replace: bool = False) -> None:

@@ -75,7 +75,7 @@ class Tensor:
     Views made by ``reshape`` share ``data`` and keep their base alive through ``base``.
     """
 
-    __slots__ = ("data", "shape", "dtype", "device", "base", "grad", "__weakref__")
+    __slots__ = ("data", "shape", "dtype", "device", "base", "grad", "_written_at", "__weakref__")
 
     def __init__(self, data: Any, shape: Shape, dtype: np.dtype, device: Device, base: Tensor | None = None):
         self.data = data
@@ -85,6 +85,8 @@ class Tensor:
         self.base = base
         #: Gradient slot kept in sync with ``Node.grad`` by netcl.autograd.
         self.grad: Tensor | None = None
+        #: ``netcl.core.writes``' number of the latest in-place write into this buffer (0: none)
+        self._written_at = 0
 
     # ---- construction -------------------------------------------------------------------
     @classmethod

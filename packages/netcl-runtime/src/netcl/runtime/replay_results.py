@@ -41,6 +41,7 @@ class ReplayResult(Tensor):
         _DATA.__set__(self, _DATA.__get__(tensor))
         self.shape, self.dtype, self.device = tensor.shape, tensor.dtype, tensor.device
         self.base = self.grad = None
+        self._written_at = 0
         #: The graph whose buffer this aliases (None once retired by a copy).
         self._owner = owner
         self._replay = replay

@@ -12,6 +12,6 @@ def write_host(dst: Tensor, host: np.ndarray) -> Tensor:
     return dst
 
 
-def copy_into(dst: Tensor, src: Tensor) -> Tensor:
+def copy_buffer(dst: Tensor, src: Tensor) -> Tensor:
     dst.data[...] = src.data
     return dst

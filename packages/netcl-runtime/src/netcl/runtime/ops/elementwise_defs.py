@@ -41,7 +41,7 @@ from netcl.runtime.ops._table import (
 
 ZERO = "0.0f"
 INPUTS = "abc"
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ BY_NAME: dict[str, Elementwise] = {d.name: d for d in DEFS}
 
 
 def _rename(template: str, names: Mapping[str, str]) -> str:
-    return _PLACEHOLDER.sub(lambda m: "{" + names.get(m.group(1), m.group(1)) + "}", template)
+    return PLACEHOLDER.sub(lambda m: "{" + names.get(m.group(1), m.group(1)) + "}", template)
 
 
 def variant(base: Elementwise, name: str, constants: Mapping[str, str]) -> Elementwise:
@@ -310,7 +310,7 @@ def forward_operands(d: Elementwise, inputs: Sequence[Any], attrs: Mapping[str, 
 
 def positional(template: str, params: tuple[str, ...]) -> str:
     """``template`` with each named placeholder replaced by ``{i}``, i its index in ``params``."""
-    return _PLACEHOLDER.sub(lambda m: "{" + str(params.index(m.group(1))) + "}", template)
+    return PLACEHOLDER.sub(lambda m: "{" + str(params.index(m.group(1))) + "}", template)
 
 
 def opdef(d: Elementwise) -> OpDef:
@@ -330,7 +330,7 @@ OPDEFS_BY_ARITY: dict[int, dict[str, OpDef]] = {
 
 def used_params(d: Elementwise, template: str) -> tuple[str, ...]:
     """The placeholders ``template`` reads, in operand order: own-dtype inputs, other inputs, g, out, attributes."""
-    used = set(_PLACEHOLDER.findall(template))
+    used = set(PLACEHOLDER.findall(template))
     order = (*d.own_dtype, *[i for i in d.inputs if i not in d.own_dtype], "g", "out", *d.attrs)
     return tuple(p for p in order if p in used)
 

@@ -27,6 +27,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.core.writes import written
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
 from netcl.runtime.ops._grid import prepared_for, run_1d
@@ -208,6 +209,7 @@ def sgd_step_(
     """
     _check_update("sgd_step_", param, grad, {"momentum_buffer": momentum_buffer}, steps, index, hyper, SGD_HYPER)
     skip = _skip_flag(skip, param, "sgd_step_")
+    written(param)
     return sgd_update(param, grad, momentum_buffer, steps, index, hyper, skip)
 
 
@@ -267,6 +269,7 @@ def adam_step_(
             raise TypeError(f"adam_step_: {name} must be a Tensor, got {type(value).__name__}")
     _check_update("adam_step_", param, grad, buffers, steps, index, hyper, ADAM_HYPER)
     skip = _skip_flag(skip, param, "adam_step_")
+    written(param)
     return adam_update(param, grad, exp_avg, exp_avg_sq, steps, index, hyper, decoupled_weight_decay, skip)
 
 
@@ -486,6 +489,7 @@ def sgd_multi_step_(
     if not params:
         return params
     skip = _skip_flag(skip, params[0], "sgd_multi_step_")
+    written(*params)
     return sgd_multi_update(params, grads, momentum_buffers, steps, indices, hyper, skip)
 
 
@@ -550,6 +554,7 @@ def adam_multi_step_(
     if not params:
         return params
     skip = _skip_flag(skip, params[0], "adam_multi_step_")
+    written(*params)
     return adam_multi_update(params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, skip)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
+from netcl.core.writes import written
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import _table
 from netcl.runtime.ops._common import (
@@ -725,6 +726,7 @@ def add_(dst: Tensor, src: Any) -> Tensor:
     if broadcast_shapes(dst.shape, src_shape) != dst.shape:
         raise ShapeError(f"add_: source shape {src_shape} does not broadcast to destination shape {dst.shape}")
     compute, _ = result_dtypes(BINARY["add"], (dst, src))
+    written(dst)
     return add_into(dst, src, compute, device)
 
 
@@ -738,7 +740,9 @@ def add_into(dst: Tensor, src: Any, compute: np.dtype, device: Device) -> Tensor
 
 def fill_(dst: Tensor, value: Any) -> Tensor:
     """Set every element of dst to ``value``; returns dst."""
-    return fill_into(dst, value, device_of((dst, value), "fill_"))
+    device = device_of((dst, value), "fill_")
+    written(dst)
+    return fill_into(dst, value, device)
 
 
 @backend_op(_TWINS, device_arg="device")

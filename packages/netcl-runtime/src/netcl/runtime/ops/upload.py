@@ -14,6 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Tensor
+from netcl.core.writes import written
 from netcl.runtime.launch import enqueue_copy
 from netcl.runtime.ops.backend import backend_op
 
@@ -25,7 +26,9 @@ def write_(dst: Tensor, values: Any) -> Tensor:
 
     A host upload, not a launch: a captured graph keeps reading the buffer and sees the new values.
     """
-    return write_host(dst, np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=dst.dtype), dst.shape)))
+    host = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=dst.dtype), dst.shape))
+    written(dst)
+    return write_host(dst, host)
 
 
 @backend_op(_TWINS)
@@ -36,10 +39,16 @@ def write_host(dst: Tensor, host: np.ndarray) -> Tensor:
     return dst
 
 
-@backend_op(_TWINS)
 def copy_into(dst: Tensor, src: Tensor) -> Tensor:
     """Copy src's contents into dst's existing buffer (same device, shape and dtype; a copy command on
     OpenCL, which a capture records)."""
+    written(dst)
+    return copy_buffer(dst, src)
+
+
+@backend_op(_TWINS)
+def copy_buffer(dst: Tensor, src: Tensor) -> Tensor:
+    """``copy_into`` (stamped by it)."""
     if dst.nbytes:
         enqueue_copy(dst.device.queue, dst, src)
     return dst
