@@ -227,9 +227,9 @@ def _requests(device: nc.Device) -> int:
     return stats.served_from_pool + stats.fresh_allocations
 
 
-def test_softmax_without_gradients_allocates_only_its_output(cl_device) -> None:
-    """A planned softmax whose statistics nobody reads (the runtime op; the autograd op under no_grad) asks the
-    allocator for its output alone; one that records keeps real statistics, and its gradient is right."""
+def test_softmax_allocates_only_its_output(cl_device) -> None:
+    """A planned softmax asks the allocator for its output alone: the runtime op, the autograd op under no_grad,
+    and one that records (its backward reads the output only); that gradient is right."""
     x = _floats(cl_device, (6, 40), 0)
     R.softmax(x, -1)
     node = ag.tensor(x.to_host(), device=cl_device, requires_grad=True)
@@ -249,7 +249,10 @@ def test_softmax_without_gradients_allocates_only_its_output(cl_device) -> None:
         np.testing.assert_allclose(plain.to_host(), _softmax64(x.to_host()), rtol=1e-5, atol=1e-6)
         w = _floats(cl_device, (6, 40), seed + 10)
         with ag.Tape() as tape:
-            loss = ag.sum(ag.mul(ag.softmax(node, axis=-1), w))
+            before = _requests(cl_device)
+            probs = ag.softmax(node, axis=-1)
+            assert _requests(cl_device) - before == 1
+            loss = ag.sum(ag.mul(probs, w))
         tape.backward(loss)
         s, hw = _softmax64(x.to_host()), w.to_host().astype(np.float64)
         expected = s * (hw - (s * hw).sum(axis=-1, keepdims=True))

@@ -1,8 +1,9 @@
 """Differentiable ``softmax``, ``log_softmax`` and ``logsumexp`` (kernels in ``netcl.runtime.ops.rowwise``).
 
-Each forward is one row-wise kernel over the reduced axes moved last; it keeps the per-row max
-and sum of exponentials, and the backward is one kernel recomputing from them (recomputed from
-the input when the forward was re-run by a tracer on other values). Float16 inputs are computed
+Each forward is one row-wise kernel over the reduced axes moved last. The backward of softmax and
+log_softmax is one kernel over the output alone (torch's rule: nothing else is kept); logsumexp keeps
+the per-row max and sum of exponentials and recomputes from them (from the input when the forward was
+re-run by a tracer on other values). Float16 inputs are computed
 in float32 inside the kernels; the result keeps the input's dtype.
 """
 
@@ -36,6 +37,11 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
     if forward_only():  # what apply_op would do: the forward (no statistics kept), a bare Node
         out = rowwise.softmax_forward(x.value if isinstance(x, Node) else x, axes, mode, keep_stats=False)[0]
         return Node(out if out_shape is None else out.reshape(out_shape), op_name=rowwise.MODE_NAMES[mode])
+    if mode != rowwise.LOGSUMEXP:  # the backward reads the output alone: nothing else is kept
+        rules = _FROM_OUTPUT.get((axes, mode))
+        if rules is None:
+            rules = _FROM_OUTPUT[(axes, mode)] = (_Forward(axes, mode), _GradFromOutput(axes, mode))
+        return apply_op(rules[0], rules[1], x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
     saved: dict[str, Any] = {}
 
     def forward(v: Tensor) -> Tensor:
@@ -56,6 +62,34 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
         return [rowwise.softmax_backward(g, v, rowmax, rowsum, axes, mode)]
 
     return apply_op(forward, grad, x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
+
+
+class _Forward:
+    """softmax / log_softmax over ``axes`` without statistics (one object per (axes, mode), shared by its calls)."""
+
+    __slots__ = ("axes", "mode")
+
+    def __init__(self, axes: tuple[int, ...], mode: int) -> None:
+        self.axes, self.mode = axes, mode
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return rowwise.softmax_forward(v, self.axes, self.mode, keep_stats=False)[0]
+
+
+class _GradFromOutput:
+    """Their gradient from the output alone (torch's rule; ``rowwise.softmax_backward_from_output``)."""
+
+    __slots__ = ("axes", "mode")
+
+    def __init__(self, axes: tuple[int, ...], mode: int) -> None:
+        self.axes, self.mode = axes, mode
+
+    def __call__(self, g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        return [rowwise.softmax_backward_from_output(g, out, self.axes, self.mode)]
+
+
+#: (axes, mode) -> the (forward, gradient) pair of softmax / log_softmax over those axes
+_FROM_OUTPUT: dict[tuple, tuple[_Forward, _GradFromOutput]] = {}
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:

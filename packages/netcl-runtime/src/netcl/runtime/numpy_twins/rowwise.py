@@ -48,6 +48,17 @@ def softmax_rows_backward(
     return wrap_numpy(res, x.device, x.dtype)
 
 
+def softmax_rows_backward_out(flat: Tensor, gflat: Tensor, rows: int, cols: int, mode: int) -> Tensor:
+    sd = stats_dtype(flat.dtype)
+    y = np.asarray(flat.data, dtype=sd)
+    gd = np.asarray(gflat.data, dtype=sd)
+    if mode == LOG_SOFTMAX:
+        res = gd - np.exp(y) * gd.sum(axis=1, keepdims=True)
+    else:
+        res = y * (gd - (gd * y).sum(axis=1, keepdims=True))
+    return wrap_numpy(res, flat.device, flat.dtype)
+
+
 def norm_forward(
     x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float, mode: int
 ) -> tuple[Tensor, Tensor, Tensor]:

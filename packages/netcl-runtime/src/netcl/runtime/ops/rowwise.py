@@ -10,7 +10,8 @@ are kernel arguments, so the program is built once per dtype, index width and mo
 
 Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
 norms: mean and 1/std) in float32 (float64 for float64 input); the backward kernels recompute
-from them in one pass per row. Float16 inputs are loaded with ``vload_half`` and computed in
+from them in one pass per row, except the autograd softmax and log_softmax, whose backward reads
+the output alone (``softmax_backward_from_output``). Float16 inputs are loaded with ``vload_half`` and computed in
 float32 inside the kernels; outputs keep the input dtype (float16 stored with ``vstore_half_rte``,
 bfloat16 likewise through ``storage_io``), so the kernels need no ``cl_khr_fp16`` and run where
 float16 and bfloat16 are storage-only.
@@ -134,6 +135,27 @@ _SOFTMAX_BACKWARD = RowKernel(
         const {ct} y = exp(LD(xr, i) - shift) * inv;
         ST(gx, row * C + i, (y * (LD(g, row * C + i) - dot)));
     }}
+#endif
+""",
+)
+
+#: softmax / log_softmax backward from the forward's output y alone (torch's rule): softmax y * (g - sum(g y)),
+#: log_softmax g - exp(y) sum(g); no statistics kept between the passes
+_SOFTMAX_BACKWARD_FROM_OUT = RowKernel(
+    "softmax_rows_backward_out",
+    "__global const {st}* y, __global const {st}* g, __global {st}* gx",
+    "#define MODE {mode}\n",
+    """    {ct} acc = 0;
+#if MODE == 1
+    for ({idx} i = lid; i < C; i += L) acc += LD(g, row * C + i);
+    acc = ROW_SUM(acc);
+    for ({idx} i = lid; i < C; i += L)
+        ST(gx, row * C + i, (LD(g, row * C + i) - exp(LD(y, row * C + i)) * acc));
+#else
+    for ({idx} i = lid; i < C; i += L) acc += LD(g, row * C + i) * LD(y, row * C + i);
+    acc = ROW_SUM(acc);
+    for ({idx} i = lid; i < C; i += L)
+        ST(gx, row * C + i, (LD(y, row * C + i) * (LD(g, row * C + i) - acc)));
 #endif
 """,
 )
@@ -436,6 +458,23 @@ def softmax_rows_backward(
     return gx
 
 
+def softmax_backward_from_output(g: Tensor, out: Tensor, axes: tuple[int, ...], mode: int) -> Tensor:
+    """d/dx of softmax (``mode`` SOFTMAX) or log_softmax (LOG_SOFTMAX) over ``axes`` for upstream ``g``, from the
+    forward's output ``out`` alone (x's shape)."""
+    flat, perm, rows, C = rows_layout(out, axes)
+    gflat, _, _, _ = rows_layout(g, axes)
+    return restore_rows(softmax_rows_backward_out(flat, gflat, rows, C, mode), out.shape, perm)
+
+
+@backend_op(_TWINS)
+def softmax_rows_backward_out(flat: Tensor, gflat: Tensor, rows: int, cols: int, mode: int) -> Tensor:
+    """``softmax_backward_from_output`` on ``flat`` (the output as (rows, cols)) and ``gflat`` (g likewise)."""
+    gx = Tensor.empty((rows, cols), flat.dtype, flat.device)
+    gflat = gflat if gflat.dtype == flat.dtype else _cast(gflat, flat.dtype)
+    run_row_kernel(_SOFTMAX_BACKWARD_FROM_OUT, row_format(flat, mode), flat.device, rows, cols, [flat, gflat, gx])
+    return gx
+
+
 def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
     from netcl.runtime.ops.layout import cast
 
@@ -612,5 +651,6 @@ __all__ = [
     "rms_norm",
     "softmax",
     "softmax_backward",
+    "softmax_backward_from_output",
     "softmax_forward",
 ]
