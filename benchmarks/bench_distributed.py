@@ -65,7 +65,11 @@ class GptBlock(nn.Module):
         self.tok, self.pos = nn.Embedding(vocab, d, device=device), nn.Embedding(seq, d, device=device)
         self.ln1, self.ln2, self.ln_f = (nn.LayerNorm(d, device=device) for _ in range(3))
         self.attn = nn.MultiheadAttention(d, heads, batch_first=True, device=device)
-        self.fc1, self.act, self.fc2 = nn.Linear(d, 4 * d, device=device), nn.GELU(), nn.Linear(4 * d, d, device=device)
+        self.fc1, self.act, self.fc2 = (
+            nn.Linear(d, 4 * d, device=device),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * d, d, device=device),
+        )
         self.head = nn.Linear(d, vocab, device=device)
         self.vocab = vocab
         self.positions = ag.tensor(np.arange(seq, dtype=np.int32), device=device)

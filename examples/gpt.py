@@ -65,7 +65,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_head, device=device)
         self.ln2 = nn.LayerNorm(d_model, device=device)
         self.fc = nn.Linear(d_model, 4 * d_model, device=device)
-        self.act = nn.GELU()
+        self.act = nn.GELU(approximate="tanh")  # GPT-2's
         self.out = nn.Linear(4 * d_model, d_model, device=device)
 
     def _mlp(self, x: Any) -> Any:

@@ -9,6 +9,7 @@ is its entry in ``elementwise_defs.DEFS`` plus its row in ``ROWS``.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -40,6 +41,10 @@ def _gelu(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
+def _gelu_erf(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
 #: name -> (float64 reference, inputs, keyword attributes); no gradient is checked for comparisons
 ROWS = {
     "neg": (np.negative, [X], {}),
@@ -49,6 +54,7 @@ ROWS = {
     "abs": (np.abs, [X], {}),
     "relu": (lambda x: np.maximum(x, 0), [X], {}),
     "gelu": (_gelu, [X], {}),
+    "gelu_erf": (_gelu_erf, [X], {}),
     "sigmoid": (_sig, [X], {}),
     "tanh": (np.tanh, [X], {}),
     "rsqrt": (lambda x: 1 / np.sqrt(x), [POS], {}),

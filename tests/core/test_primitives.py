@@ -52,6 +52,19 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(K * (x + C * x**3)))
 
 
+_ERF = np.vectorize(math.erf)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + _ERF(x / math.sqrt(2)))
+
+
+def _gelu_erf_grad(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        tail = np.nan_to_num(x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+    return 0.5 * (1 + _ERF(x / math.sqrt(2))) + tail
+
+
 def _smooth_l1(d: np.ndarray, beta: float) -> np.ndarray:
     if beta == 0:
         return np.abs(d)
@@ -99,6 +112,8 @@ FLOAT_CASES: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
             + 0.5 * x * (1 - np.tanh(K * (x + C * x**3)) ** 2) * K * (1 + 3 * C * x**2)
         ),
     ),
+    "GELU_ERF": ("GELU_ERF(a)", lambda x, y, t: _gelu_erf(x)),
+    "GELU_ERF_GRAD": ("GELU_ERF_GRAD(a)", lambda x, y, t: _gelu_erf_grad(x)),
     # softplus(x) - x*t, an independent form of -(t log s(x) + (1-t) log(1-s(x)))
     "BCE_LOGITS": ("BCE_LOGITS(a, t)", lambda x, y, t: np.logaddexp(0, x) - x * t),
     "BCE_LOGITS_GRAD": ("BCE_LOGITS_GRAD(a, t)", lambda x, y, t: _sigmoid(x) - t),

@@ -124,7 +124,8 @@ def test_simple_layers(device):
         (nn.ReLU(), np.maximum(x64, 0)),
         (nn.Tanh(), np.tanh(x64)),
         (nn.Sigmoid(), 1 / (1 + np.exp(-x64))),
-        (nn.GELU(), 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))),
+        (nn.GELU(), 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))),  # torch's default: exact
+        (nn.GELU("tanh"), 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))),
         (nn.Identity(), x64),
         (nn.Flatten(), x64.reshape(2, -1)),
         (nn.MaxPool2d(2), _maxpool_reference(x64)),
@@ -133,8 +134,8 @@ def test_simple_layers(device):
     ]
     for layer, expected in cases:
         np.testing.assert_allclose(layer(xn).to_host(), expected, rtol=1e-5, atol=1e-6, err_msg=repr(layer))
-    with pytest.raises(ValueError, match="approximate='tanh' only"):
-        nn.GELU(approximate="none")
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
+        nn.GELU(approximate="erf")
 
 
 def test_dropout_train_and_eval(device):

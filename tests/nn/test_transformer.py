@@ -6,6 +6,8 @@ Same tolerance reasoning as test_multihead_attention.py, over a few more float32
 
 from __future__ import annotations
 
+import math
+
 import file_modules
 import numpy as np
 import pytest
@@ -76,11 +78,13 @@ def _x(rng, shape):
 def _activation(name):
     if name == "relu":
         return "relu", lambda x: np.maximum(x, 0)
+    if name == "gelu":  # torch's string: the exact GELU
+        return "gelu", lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
     return nn.GELU(approximate="tanh"), _gelu_tanh
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh", "gelu"])
 def test_encoder_layer_equals_reference(device, norm_first, act) -> None:
     rng = np.random.default_rng(1)
     module_act, ref_act = _activation(act)
@@ -132,10 +136,10 @@ def test_encoder_stack_with_final_norm_sequence_first(device) -> None:
     np.testing.assert_allclose(out.to_host(), want, atol=TOL, rtol=TOL)
 
 
-def test_copies_start_equal_and_gelu_string_is_refused(device) -> None:
+def test_copies_start_equal_and_an_unknown_activation_is_refused(device) -> None:
     layer = nn.TransformerEncoderLayer(D, H, FF, device=device)
     encoder = nn.TransformerEncoder(layer, 2)
     a, b = (encoder.layers[i].self_attn.in_proj_weight.to_host() for i in range(2))
     np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match=r'approximate="tanh"'):
-        nn.TransformerEncoderLayer(D, H, activation="gelu")
+    with pytest.raises(ValueError, match=r'activation must be "relu", "gelu" or a callable, got \'swish\''):
+        nn.TransformerEncoderLayer(D, H, activation="swish")

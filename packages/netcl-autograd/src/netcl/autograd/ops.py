@@ -49,9 +49,23 @@ log = unary("log")
 sqrt = unary("sqrt")
 abs = unary("abs")
 relu = unary("relu")
-gelu = unary("gelu")
+_gelu_tanh = unary("gelu")
+gelu_erf = unary("gelu_erf")
 sigmoid = unary("sigmoid")
 tanh = unary("tanh")
+
+
+#: GELU's ``approximate`` values (torch's names) -> the op
+_GELUS = {"tanh": _gelu_tanh, "none": gelu_erf}
+
+
+def gelu(x: Operand, approximate: str = "tanh") -> Node:
+    """GELU: ``approximate="tanh"`` (the default, as ``jax.nn.gelu``'s) 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+    ``"none"`` the exact x * Phi(x) (``torch.nn.functional.gelu``'s default; also ``gelu_erf``)."""
+    op = _GELUS.get(approximate) if isinstance(approximate, str) else None
+    if op is None:
+        raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
+    return op(x)
 
 
 def where(cond: Operand, a: Operand, b: Operand) -> Node:
@@ -368,6 +382,7 @@ __all__ = [
     "exp",
     "ge",
     "gelu",
+    "gelu_erf",
     "gt",
     "is_scalar",
     "le",

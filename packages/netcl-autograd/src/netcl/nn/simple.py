@@ -25,16 +25,17 @@ class ReLU(Module):
 
 
 class GELU(Module):
-    """GELU; netcl computes the tanh approximation (PyTorch's ``approximate="tanh"``)."""
+    """GELU as torch's ``nn.GELU``: exact (x * Phi(x)) by default, the tanh approximation with
+    ``approximate="tanh"`` (GPT-2's)."""
 
-    def __init__(self, approximate: str = "tanh") -> None:
+    def __init__(self, approximate: str = "none") -> None:
         super().__init__()
-        if approximate != "tanh":
-            raise ValueError(f"GELU: netcl implements approximate='tanh' only, got approximate={approximate!r}")
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
 
     def forward(self, x: Any) -> Node:
-        return ag.gelu(x)
+        return ag.gelu(x, approximate=self.approximate)
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"

@@ -3,9 +3,8 @@
 Same constructor arguments, submodule names (``self_attn``, ``multihead_attn``, ``linear1``,
 ``linear2``, ``norm1``..``norm3``) and so the same state_dict keys; post-norm by default,
 ``norm_first=True`` for pre-norm. Attention runs through ``MultiheadAttention`` with
-``need_weights=False``, i.e. the fused attention kernels. ``activation`` is ``"relu"``, a callable,
-or a module such as ``nn.GELU(approximate="tanh")``; the string ``"gelu"`` (torch's exact erf GELU)
-is refused, since netcl's GELU is the tanh approximation.
+``need_weights=False``, i.e. the fused attention kernels. ``activation`` is ``"relu"``, ``"gelu"``
+(torch's exact GELU), a callable, or a module such as ``nn.GELU(approximate="tanh")``.
 """
 
 from __future__ import annotations
@@ -30,11 +29,8 @@ def _activation(activation: str | Callable[[Any], Any], layer: str) -> Callable[
     if activation == "relu":
         return ag.relu
     if activation == "gelu":
-        raise ValueError(
-            f'{layer}: activation="gelu" is torch\'s exact (erf) GELU, which netcl does not compute; '
-            'pass activation=nn.GELU(approximate="tanh") for the tanh approximation'
-        )
-    raise ValueError(f'{layer}: activation must be "relu" or a callable, got {activation!r}')
+        return ag.gelu_erf
+    raise ValueError(f'{layer}: activation must be "relu", "gelu" or a callable, got {activation!r}')
 
 
 class _Block(Module):

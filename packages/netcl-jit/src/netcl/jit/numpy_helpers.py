@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl.runtime.ops import _table
-from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_grad, numpy_sigmoid
+from netcl.runtime.ops._table import numpy_gelu, numpy_gelu_erf, numpy_gelu_erf_grad, numpy_gelu_grad, numpy_sigmoid
 
 _F = np.float32
 GELU_K = _F(_table.GELU_K)
@@ -136,6 +136,14 @@ def GELU(x):
 
 def GELU_GRAD(x):
     return numpy_gelu_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
+
+
+def GELU_ERF(x):
+    return numpy_gelu_erf(np.asarray(x, dtype=_F)).astype(_F, copy=False)
+
+
+def GELU_ERF_GRAD(x):
+    return numpy_gelu_erf_grad(np.asarray(x, dtype=_F)).astype(_F, copy=False)
 
 
 # ``out=`` twins for the fused NumPy path (numpy_source): same values, written into scratch

@@ -82,6 +82,14 @@ inline float SIGMOID(float x) {
 }
 
 @GELU@
+/* GELU, exact (PyTorch's approximate="none"): x Phi(x), Phi the normal CDF written with erfc (no 1 + erf
+   cancellation for negative x); the derivative Phi(x) + x phi(x), the second term skipped where phi underflows
+   (x * 0 would be NaN at +-inf). */
+inline float GELU_ERF(float x) { return 0.5f * x * erfc(-0.70710678118654752f * x); }
+inline float GELU_ERF_GRAD(float x) {
+    float phi = 0.39894228040143268f * exp(-0.5f * x * x);
+    return 0.5f * erfc(-0.70710678118654752f * x) + (phi == 0.0f ? 0.0f : x * phi);
+}
 /* Activations (PyTorch definitions). */
 inline float SIN(float x) { return sin(x); }
 inline float COS(float x) { return cos(x); }
@@ -121,6 +129,6 @@ inline float SMOOTH_L1_GRAD(float d, float beta) {
 #: The helper names the preamble defines, for codegen and tests.
 PRIMITIVE_NAMES = (
     "ADD SUB MUL DIV NEG LT LE GT GE EQ WHERE RELU RELU_GRAD ABS SIGN EXP LOG LOG1P SQRT RSQRT POW TANH "
-    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD "
+    "MAX MIN CLAMP SIGMOID GELU GELU_GRAD GELU_ERF GELU_ERF_GRAD BCE_LOGITS BCE_LOGITS_GRAD SMOOTH_L1 SMOOTH_L1_GRAD "
     "NE SIN COS SILU SILU_GRAD LEAKY_RELU LEAKY_RELU_GRAD ELU ELU_GRAD SOFTPLUS SOFTPLUS_GRAD"
 ).split()

@@ -13,6 +13,7 @@ Kinds decide the result dtype (see ``_common.promote``):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,32 @@ def numpy_gelu_grad(x: np.ndarray) -> np.ndarray:
     # sech2 is 0 long before 3 C x^2 overflows: the term is 0 there, not 0 * inf = NaN
     tail = 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
     return numpy_sigmoid(2.0 * u) + np.where(sech2 == 0, 0.0, tail)
+
+
+#: erfc on every element, in float64 (NumPy has no erfc ufunc; ``math.erfc`` is the C library's)
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
+
+
+def numpy_gelu_erf(x: np.ndarray) -> np.ndarray:
+    """GELU_ERF of the preamble (exact GELU, x Phi(x)), in NumPy (erfc through ``math.erfc``, element by element)."""
+    x = np.asarray(x)
+    phi_cdf = 0.5 * _ERFC(-0.7071067811865476 * x.astype(np.float64)).astype(np.float64)
+    return (x * phi_cdf).astype(_float_type(x), copy=False)
+
+
+def numpy_gelu_erf_grad(x: np.ndarray) -> np.ndarray:
+    """GELU_ERF_GRAD of the preamble, in NumPy: Phi(x) + x phi(x), the second term 0 where phi underflows."""
+    x = np.asarray(x)
+    x64 = x.astype(np.float64)
+    phi = 0.3989422804014327 * np.exp(-0.5 * x64 * x64)
+    with np.errstate(invalid="ignore"):
+        tail = np.where(phi == 0, 0.0, x64 * phi)
+    cdf = 0.5 * _ERFC(-0.7071067811865476 * x64).astype(np.float64)
+    return (cdf + tail).astype(_float_type(x), copy=False)
+
+
+def _float_type(x: np.ndarray) -> np.dtype:
+    return x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
 
 
 def numpy_silu(x: np.ndarray) -> np.ndarray:
@@ -154,6 +181,11 @@ inline double SIGMOID_F64(double x) {
     return e / (1.0 + e);
 }
 @GELU@
+inline double GELU_ERF_F64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
+inline double GELU_ERF_GRAD_F64(double x) {
+    double phi = 0.39894228040143268 * exp(-0.5 * x * x);
+    return 0.5 * erfc(-0.70710678118654752 * x) + (phi == 0.0 ? 0.0 : x * phi);
+}
 inline double BCE_LOGITS_F64(double x, double t) { return fmax(x, 0.0) - x * t + log1p(exp(-fabs(x))); }
 inline double BCE_LOGITS_GRAD_F64(double x, double t) { return SIGMOID_F64(x) - t; }
 inline double SMOOTH_L1_F64(double d, double beta) {
@@ -180,7 +212,7 @@ inline double SOFTPLUS_GRAD_F64(double x, double beta, double threshold) {
 """.replace("@GELU@", gelu_source("double"))
 
 _F64_NAMES = re.compile(
-    r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_GRAD|GELU|"
+    r"\b(RELU_GRAD|RELU|ABS|SIGN|EXP|LOG1P|LOG|SQRT|RSQRT|POW|TANH|MAX|MIN|CLAMP|SIGMOID|GELU_ERF_GRAD|GELU_ERF|GELU_GRAD|GELU|"
     r"BCE_LOGITS_GRAD|BCE_LOGITS|SMOOTH_L1_GRAD|SMOOTH_L1|SIN|COS|SILU_GRAD|SILU|LEAKY_RELU_GRAD|LEAKY_RELU|"
     r"ELU_GRAD|ELU|SOFTPLUS_GRAD|SOFTPLUS)\("
 )

@@ -32,6 +32,7 @@ from netcl.runtime.ops._table import (
     OpDef,
     numpy_elu,
     numpy_gelu,
+    numpy_gelu_erf,
     numpy_leaky_relu,
     numpy_relu,
     numpy_sigmoid,
@@ -114,6 +115,13 @@ DEFS: tuple[Elementwise, ...] = (
     _E("abs", "ABS({a})", np.abs, ("MUL({g}, SIGN({a}))",), doc="|x| (gradient sign(x), 0 at 0)."),
     _E("relu", "RELU({a})", numpy_relu, ("MUL({g}, RELU_GRAD({a}))",), doc="max(x, 0) (gradient 0 at 0)."),
     _E("gelu", "GELU({a})", numpy_gelu, ("MUL({g}, GELU_GRAD({a}))",), doc="GELU, tanh approximation."),
+    _E(
+        "gelu_erf",
+        "GELU_ERF({a})",
+        numpy_gelu_erf,
+        ("MUL({g}, GELU_ERF_GRAD({a}))",),
+        doc="GELU, exact: x * Phi(x) with Phi the normal CDF (PyTorch's approximate='none').",
+    ),
     _E(
         "sigmoid",
         "SIGMOID({a})",
