@@ -81,20 +81,25 @@ def test_sgd_multi_is_bit_identical_to_per_parameter(device, hyper_values):
 
 @pytest.mark.parametrize(("hyper_values", "decoupled"), ADAM_CASES)
 def test_adam_multi_is_bit_identical_to_per_parameter(device, hyper_values, decoupled):
-    hyper = nc.tensor(np.asarray(hyper_values, np.float32), device=device)
-    params = _tensors(device, 1)
-    mine = _copies(params)
-    state = [[nc.Tensor.zeros((n,), device=device) for n in SIZES] for _ in range(4)]
-    indices = list(range(len(SIZES)))
-    steps, my_steps = _steps(device, len(SIZES)), _steps(device, len(SIZES))
-    for step in range(STEPS):
-        grads = _tensors(device, 20 + step)
-        for p, g, m, v, i in zip(params, grads, state[0], state[1], indices, strict=True):
-            adam_step_(p, g, m, v, steps, i, hyper, decoupled)
-        adam_multi_step_(mine, grads, state[2], state[3], my_steps, indices, hyper, decoupled)
-        _advance(steps), _advance(my_steps)
-    for a, b in zip(params + state[0] + state[1], mine + state[2] + state[3], strict=True):
-        np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
+    for amsgrad in (False, True):
+        hyper = nc.tensor(np.asarray(hyper_values, np.float32), device=device)
+        params = _tensors(device, 1)
+        mine = _copies(params)
+        state = [[nc.Tensor.zeros((n,), device=device) for n in SIZES] for _ in range(6)]
+        indices = list(range(len(SIZES)))
+        steps, my_steps = _steps(device, len(SIZES)), _steps(device, len(SIZES))
+        for step in range(STEPS):
+            grads = _tensors(device, 20 + step)
+            for p, g, m, v, x, i in zip(params, grads, state[0], state[1], state[4], indices, strict=True):
+                adam_step_(p, g, m, v, steps, i, hyper, decoupled, max_exp_avg_sq=x if amsgrad else None)
+            maxima = state[5] if amsgrad else None
+            adam_multi_step_(
+                mine, grads, state[2], state[3], my_steps, indices, hyper, decoupled, max_exp_avg_sqs=maxima
+            )
+            _advance(steps), _advance(my_steps)
+        kept = params + state[0] + state[1] + (state[4] if amsgrad else [])
+        for a, b in zip(kept, mine + state[2] + state[3] + (state[5] if amsgrad else []), strict=True):
+            np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])

@@ -52,10 +52,11 @@ def sgd_reference(values, grads, lr, momentum=0.0, dampening=0.0, nesterov=False
     return params
 
 
-def adam_reference(values, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+def adam_reference(values, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False, amsgrad=False):
     params = [v.astype(np.float64) for v in values]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
+    vmax = [np.zeros_like(p) for p in params]
     b1, b2 = betas
     for t, step_grads in enumerate(grads, start=1):
         for i, g in enumerate(step_grads):
@@ -66,7 +67,8 @@ def adam_reference(values, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay
                 g = g + weight_decay * params[i]
             m[i] = b1 * m[i] + (1 - b1) * g
             v[i] = b2 * v[i] + (1 - b2) * g * g
-            denom = np.sqrt(v[i]) / math.sqrt(1 - b2**t) + eps
+            vmax[i] = np.maximum(vmax[i], v[i])
+            denom = np.sqrt(vmax[i] if amsgrad else v[i]) / math.sqrt(1 - b2**t) + eps
             params[i] = params[i] - lr / (1 - b1**t) * m[i] / denom
     return params
 
@@ -91,10 +93,15 @@ ADAM_CASES = [
     (Adam, {"lr": 0.02, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}, False),
     (AdamW, {"lr": 0.01}, True),  # default weight_decay 0.01
     (AdamW, {"lr": 0.03, "weight_decay": 0.5}, True),
+    # beta2 0.5: the second moment falls between steps, so its running maximum differs from it
+    (Adam, {"lr": 0.02, "betas": (0.8, 0.5), "amsgrad": True}, False),
+    (AdamW, {"lr": 0.02, "betas": (0.9, 0.5), "weight_decay": 0.1, "amsgrad": True}, True),
 ]
 
 
-@pytest.mark.parametrize("opt_cls,kwargs,decoupled", ADAM_CASES, ids=["adam", "adam-l2", "adamw", "adamw-wd"])
+@pytest.mark.parametrize(
+    "opt_cls,kwargs,decoupled", ADAM_CASES, ids=["adam", "adam-l2", "adamw", "adamw-wd", "amsgrad", "adamw-amsgrad"]
+)
 def test_adam_matches_torch_algorithm(device, opt_cls, kwargs, decoupled):
     got, values, grads, _ = _run(opt_cls, kwargs, device)
     ref_kwargs = dict(kwargs)
@@ -102,6 +109,9 @@ def test_adam_matches_torch_algorithm(device, opt_cls, kwargs, decoupled):
         ref_kwargs.setdefault("weight_decay", 0.01)
     for a, b in zip(got, adam_reference(values, grads, decoupled=decoupled, **ref_kwargs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if kwargs.get("amsgrad"):  # the case tells amsgrad from Adam: its reference without it is far off
+        plain = adam_reference(values, grads, decoupled=decoupled, **{**ref_kwargs, "amsgrad": False})
+        assert max(np.abs(a - b).max() for a, b in zip(got, plain, strict=True)) > 1e-4
 
 
 def test_param_groups_use_their_own_hyperparameters(device):
@@ -143,7 +153,14 @@ def test_changing_lr_between_steps_takes_effect(device):
         np.testing.assert_allclose(a.to_host(), b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("opt_cls,kwargs", [(SGD, {"lr": 0.1, "momentum": 0.9}), (Adam, {"lr": 0.01})])
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (SGD, {"lr": 0.1, "momentum": 0.9}),
+        (Adam, {"lr": 0.01}),
+        (Adam, {"lr": 0.01, "betas": (0.9, 0.5), "amsgrad": True}),
+    ],
+)
 def test_state_dict_round_trip_continues_identically(device, opt_cls, kwargs):
     params_a, values, grads = _setup(device)
     params_b = [nn.Parameter(v, device=device) for v in values]
@@ -157,7 +174,10 @@ def test_state_dict_round_trip_continues_identically(device, opt_cls, kwargs):
     assert saved["param_groups"][0]["params"] == [0, 1]
     for p, q in zip(params_b, params_a, strict=True):
         p.value = nc.tensor(q.to_host(), device=device)
-    opt_b = opt_cls(params_b, lr=123.0)  # the loaded groups bring back the saved lr
+    if kwargs.get("amsgrad"):
+        assert set(saved["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}  # torch's keys
+    flags = {"amsgrad": True} if kwargs.get("amsgrad") else {}  # a constructor setting, as in torch
+    opt_b = opt_cls(params_b, lr=123.0, **flags)  # the loaded groups bring back the saved lr
     opt_b.load_state_dict(saved)
     assert opt_b.param_groups[0]["lr"] == kwargs["lr"]
     for opt, params in ((opt_a, params_a), (opt_b, params_b)):

@@ -14,10 +14,11 @@ from netcl.runtime.ops.optim_kernels import adam_multi_step_, adam_step_
 class Adam(Optimizer):
     """Adam: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
     ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``; ``weight_decay`` adds ``wd * p`` to g.
+    ``amsgrad``: ``v`` in the step is the largest second moment so far (state ``max_exp_avg_sq``, torch's).
     One multi-tensor kernel per group, dtype and 16 parameters; the step ``t`` is counted on the device."""
 
     hyper_names = ("lr", "beta1", "beta2", "eps", "weight_decay")
-    state_names = ("exp_avg", "exp_avg_sq")
+    state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     decoupled_weight_decay = False
     skips_on_device = True
 
@@ -30,8 +31,10 @@ class Adam(Optimizer):
         weight_decay: float = 0.0,
         amsgrad: bool = False,
     ) -> None:
-        if amsgrad:
-            raise ValueError(f"{type(self).__name__}: amsgrad=True is not implemented in netcl")
+        if not isinstance(amsgrad, bool):
+            raise TypeError(f"{type(self).__name__}: amsgrad must be a bool, got {amsgrad!r}")
+        #: torch's AMSGrad variant (one setting for every group)
+        self.amsgrad = amsgrad
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     def check_hyperparameters(self, group: dict[str, Any]) -> None:
@@ -48,12 +51,16 @@ class Adam(Optimizer):
         b1, b2 = group["betas"]
         return (float(group["lr"]), float(b1), float(b2), float(group["eps"]), float(group["weight_decay"]))
 
+    def _init_state(self, param: Node, state: dict[str, Any]) -> None:
+        names = self.state_names if self.amsgrad else self.state_names[:2]
+        for name in names:
+            if name not in state:
+                state[name] = Tensor.zeros(param.shape, param.dtype, param.device)
+
     def update(
         self, param: Node, grad: Tensor, state: dict[str, Any], group: dict[str, Any], index: int, hyper: Tensor
     ) -> None:
-        if "exp_avg" not in state:
-            state["exp_avg"] = Tensor.zeros(param.shape, param.dtype, param.device)
-            state["exp_avg_sq"] = Tensor.zeros(param.shape, param.dtype, param.device)
+        self._init_state(param, state)
         adam_step_(
             param.value,
             grad,
@@ -64,6 +71,7 @@ class Adam(Optimizer):
             hyper,
             self.decoupled_weight_decay,
             self.skip_flag,
+            state.get("max_exp_avg_sq") if self.amsgrad else None,
         )
 
     def update_many(
@@ -71,9 +79,7 @@ class Adam(Optimizer):
     ) -> None:
         for bucket in by_dtype(batch):
             for param, _, state, _ in bucket:
-                if "exp_avg" not in state:
-                    state["exp_avg"] = Tensor.zeros(param.shape, param.dtype, param.device)
-                    state["exp_avg_sq"] = Tensor.zeros(param.shape, param.dtype, param.device)
+                self._init_state(param, state)
             adam_multi_step_(
                 [item[0].value for item in bucket],
                 [item[1] for item in bucket],
@@ -84,6 +90,7 @@ class Adam(Optimizer):
                 hyper,
                 self.decoupled_weight_decay,
                 self.skip_flag,
+                [item[2]["max_exp_avg_sq"] for item in bucket] if self.amsgrad else None,
             )
 
 

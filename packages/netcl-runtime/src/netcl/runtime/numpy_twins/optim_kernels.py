@@ -28,7 +28,9 @@ def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.n
     param.data[...] = (w - lr * d).astype(param.dtype)
 
 
-def _adam(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool) -> None:
+def _adam(
+    param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool, vmax: Tensor | None
+) -> None:
     compute = float_compute_type(param.dtype)
     lr, beta1, beta2, eps, wd = (compute(h) for h in hyper.astype(np.float32))
     w = np.asarray(param.data, compute)
@@ -43,6 +45,9 @@ def _adam(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.n
     v.data[...] = v1.astype(v.dtype)
     bc1 = 1 - np.power(beta1, compute(t))
     bc2 = 1 - np.power(beta2, compute(t))
+    if vmax is not None:  # amsgrad: the largest second moment so far
+        v1 = np.maximum(np.asarray(vmax.data, compute), v1)
+        vmax.data[...] = v1.astype(vmax.dtype)
     denom = np.sqrt(v1) / np.sqrt(bc2) + eps
     param.data[...] = (w - (lr / bc1) * m1 / denom).astype(param.dtype)
 
@@ -66,11 +71,12 @@ def adam_update(
     hyper: Tensor,
     decoupled_weight_decay: bool,
     skip: Tensor,
+    max_exp_avg_sq: Tensor | None = None,
 ) -> Tensor:
     if _skipped(skip):
         return param
     step = int(steps.data[index]) + 1
-    _adam(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay)
+    _adam(param, grad, exp_avg, exp_avg_sq, step, np.asarray(hyper.data), decoupled_weight_decay, max_exp_avg_sq)
     return param
 
 
@@ -100,12 +106,14 @@ def adam_multi_update(
     hyper: Tensor,
     decoupled_weight_decay: bool,
     skip: Tensor,
+    max_exp_avg_sqs: list[Tensor] | None = None,
 ) -> list[Tensor]:
     if _skipped(skip):
         return params
-    for p, g, m, v, i in zip(params, grads, exp_avgs, exp_avg_sqs, indices, strict=True):
+    maxima = max_exp_avg_sqs if max_exp_avg_sqs is not None else [None] * len(params)
+    for p, g, m, v, x, i in zip(params, grads, exp_avgs, exp_avg_sqs, maxima, indices, strict=True):
         step = int(steps.data[i]) + 1
-        _adam(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay)
+        _adam(p, g, m, v, step, np.asarray(hyper.data), decoupled_weight_decay, x)
     return params
 
 

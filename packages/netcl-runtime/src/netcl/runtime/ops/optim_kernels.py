@@ -64,8 +64,15 @@ _ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
     @V[gid] = ({st})v1;
     const {ct} bc1 = 1 - pow(beta1, t);
     const {ct} bc2 = 1 - pow(beta2, t);
-    const {ct} denom = sqrt(v1) / sqrt(bc2) + eps;
+    {second}
+    const {ct} denom = sqrt(v2) / sqrt(bc2) + eps;
     @P[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
+#: the second moment Adam divides by: this step's, or (amsgrad) the largest so far, kept in @X (a NaN wins, as
+#: in torch.maximum)
+_ADAM_SECOND = "const {ct} v2 = v1;"
+_AMSGRAD_SECOND = (
+    "const {ct} vx = ({ct})@X[gid];\n    const {ct} v2 = (vx > v1 || isnan(vx)) ? vx : v1;\n    @X[gid] = ({st})v2;"
+)
 _ADAM_L2 = "if (wd != 0) d += wd * w;"
 _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
@@ -82,7 +89,7 @@ __kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}*
 
 _ADAM = """{pragmas}
 __kernel void netcl_adam(__global {st}* p, __global const {st}* g, __global {st}* m, __global {st}* v,
-                         __global const int* steps, __global const int* skip, const int index,
+                         __global {st}* x, __global const int* steps, __global const int* skip, const int index,
                          __global const float* hyper, const long n) {{
     const long gid = get_global_id(0);
     if (gid >= n || skip[0]) return;
@@ -103,8 +110,9 @@ def _sgd_body(types: dict[str, str], has_momentum: bool) -> str:
     return _SGD_BODY.format(momentum=_SGD_MOMENTUM.format(**types) if has_momentum else "", **types)
 
 
-def _adam_body(types: dict[str, str], decoupled_weight_decay: bool) -> str:
-    return _ADAM_BODY.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, **types)
+def _adam_body(types: dict[str, str], decoupled_weight_decay: bool, amsgrad: bool = False) -> str:
+    second = (_AMSGRAD_SECOND if amsgrad else _ADAM_SECOND).format(**types)
+    return _ADAM_BODY.format(decay=_ADAMW_DECAY if decoupled_weight_decay else _ADAM_L2, second=second, **types)
 
 
 _COUNT = """
@@ -125,10 +133,10 @@ __kernel void netcl_unscale(__global {st}* g, __global int* found, const float i
 }}
 """
 
-#: scalar argument types: SGD (p, g, buf, steps, skip, index, hyper, n), Adam (p, g, m, v, steps, skip,
-#: index, hyper, n)
+#: scalar argument types: SGD (p, g, buf, steps, skip, index, hyper, n), Adam (p, g, m, v, x, steps, skip,
+#: index, hyper, n; x the amsgrad maximum, v again without amsgrad)
 _SGD_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
-_ADAM_TYPES = [None, None, None, None, None, None, np.int32, None, np.int64]
+_ADAM_TYPES = [None, None, None, None, None, None, None, np.int32, None, np.int64]
 
 #: per device, the zero flag an update reads when no ``skip`` is given
 _NEVER: dict[Any, Tensor] = {}
@@ -256,21 +264,28 @@ def adam_step_(
     hyper: Tensor,
     decoupled_weight_decay: bool = False,
     skip: Tensor | None = None,
+    max_exp_avg_sq: Tensor | None = None,
 ) -> Tensor:
     """PyTorch's Adam (AdamW with ``decoupled_weight_decay``) on ``param`` in place.
 
     ``hyper`` = lr, beta1, beta2, eps, weight_decay; the step is ``t = steps[index] + 1``.
-    ``exp_avg`` / ``exp_avg_sq`` are updated in place; nothing changes where the ``skip`` flag is
-    up. Returns ``param``.
+    ``exp_avg`` / ``exp_avg_sq`` are updated in place; with ``max_exp_avg_sq`` (amsgrad) the step divides by
+    the largest second moment so far, kept there. Nothing changes where the ``skip`` flag is up. Returns
+    ``param``.
     """
     buffers = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     for name, value in buffers.items():
         if not isinstance(value, Tensor):
             raise TypeError(f"adam_step_: {name} must be a Tensor, got {type(value).__name__}")
+    if max_exp_avg_sq is not None and not isinstance(max_exp_avg_sq, Tensor):
+        raise TypeError(f"adam_step_: max_exp_avg_sq must be a Tensor or None, got {type(max_exp_avg_sq).__name__}")
+    buffers["max_exp_avg_sq"] = max_exp_avg_sq
     _check_update("adam_step_", param, grad, buffers, steps, index, hyper, ADAM_HYPER)
     skip = _skip_flag(skip, param, "adam_step_")
     written(param)
-    return adam_update(param, grad, exp_avg, exp_avg_sq, steps, index, hyper, decoupled_weight_decay, skip)
+    return adam_update(
+        param, grad, exp_avg, exp_avg_sq, steps, index, hyper, decoupled_weight_decay, skip, max_exp_avg_sq
+    )
 
 
 @backend_op(_TWINS)
@@ -284,16 +299,18 @@ def adam_update(
     hyper: Tensor,
     decoupled_weight_decay: bool,
     skip: Tensor,
+    max_exp_avg_sq: Tensor | None = None,
 ) -> Tensor:
     """``adam_step_`` of a checked call (``skip``: the flag, never None)."""
     types = _types(param)
-    key = ("optim", "adam", types["st"], bool(decoupled_weight_decay))
+    amsgrad = max_exp_avg_sq is not None
+    key = ("optim", "adam", types["st"], bool(decoupled_weight_decay), amsgrad)
     run_1d(
         key,
         param.device,
         lambda: _ADAM.format(
             hyper=_ADAM_HYPER_LINE.format(**types),
-            body=_on(_adam_body(types, decoupled_weight_decay), P="p", G="g", M="m", V="v"),
+            body=_on(_adam_body(types, decoupled_weight_decay, amsgrad), P="p", G="g", M="m", V="v", X="x"),
             **types,
         ),
         "netcl_adam",
@@ -303,6 +320,7 @@ def adam_update(
         grad,
         exp_avg,
         exp_avg_sq,
+        max_exp_avg_sq if amsgrad else exp_avg_sq,
         steps,
         skip,
         np.int32(index),
@@ -540,13 +558,17 @@ def adam_multi_step_(
     hyper: Tensor,
     decoupled_weight_decay: bool = False,
     skip: Tensor | None = None,
+    max_exp_avg_sqs: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """``adam_step_`` on many parameters of one dtype: one launch per ``MULTI_ARITY`` of them.
 
-    Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results); nothing
-    changes where ``skip`` is up. Returns ``params``.
+    Each parameter gets exactly the arithmetic of ``adam_step_`` (bit-identical results), with
+    ``max_exp_avg_sqs`` (one per parameter) for amsgrad; nothing changes where ``skip`` is up. Returns
+    ``params``.
     """
     others = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
+    if max_exp_avg_sqs is not None:
+        others["max_exp_avg_sqs"] = max_exp_avg_sqs
     _check_multi("adam_multi_step_", params, others, steps, indices, hyper, ADAM_HYPER)
     for name, values in others.items():
         if any(v is None for v in values):
@@ -555,7 +577,9 @@ def adam_multi_step_(
         return params
     skip = _skip_flag(skip, params[0], "adam_multi_step_")
     written(*params)
-    return adam_multi_update(params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, skip)
+    return adam_multi_update(
+        params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, skip, max_exp_avg_sqs
+    )
 
 
 @backend_op(_TWINS)
@@ -569,26 +593,30 @@ def adam_multi_update(
     hyper: Tensor,
     decoupled_weight_decay: bool,
     skip: Tensor,
+    max_exp_avg_sqs: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
     per_item = update_chunk(params[0].device)
+    amsgrad = max_exp_avg_sqs is not None
+    names = ("P", "G", "M", "V", "X") if amsgrad else ("P", "G", "M", "V")
 
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
-        body = _adam_body(types, decoupled_weight_decay)
-        slots = ("P", "G", "M", "V")
+        body = _adam_body(types, decoupled_weight_decay, amsgrad)
         return multi_source(
-            "netcl_adam_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+            "netcl_adam_multi", names, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
         )
 
     for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), per_item)
-        arg_types = [None] * (4 * arity) + [None, None, None, None, np.int64]
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), per_item, amsgrad)
+        arg_types = [None] * (len(names) * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
             slots += [params[k], grads[k], exp_avgs[k], exp_avg_sqs[k]]
+            if amsgrad:
+                slots.append(max_exp_avg_sqs[k])
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
         launch_multi(
