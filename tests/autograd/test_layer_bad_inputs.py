@@ -50,6 +50,8 @@ CONV_CASES = [
     ),
     ("stride 0", X4, (4, 3, 3, 3), {"stride": 0}, ValueError, r"conv2d: stride must be >= 1, got 0"),
     ("negative padding", X4, (4, 3, 3, 3), {"padding": (1, -1)}, ValueError, r"conv2d: padding must be >= 0"),
+    ("unknown padding string", X4, (4, 3, 3, 3), {"padding": "full"}, ValueError, r"'same' or 'valid', got 'full'"),
+    ("same with stride", X4, (4, 3, 3, 3), {"padding": "same", "stride": 2}, ValueError, r"'same' needs stride 1"),
     ("stride triple", X4, (4, 3, 3, 3), {"stride": (1, 2, 3)}, ValueError, r"stride must be an int or a pair of ints"),
 ]
 

@@ -122,6 +122,37 @@ def test_conv2d_groups2(check):
     )
 
 
+def np_conv2d_same(x, w, dilation=1):
+    """torch's padding="same" written out: the input padded by total // 2 on top / left and the rest (one more
+    where the total d (k - 1) is odd) on the bottom / right, then a valid convolution."""
+    (dh, dw), (kh, kw) = _pair(dilation), w.shape[2:]
+    th, tw = dh * (kh - 1), dw * (kw - 1)
+    xp = np.pad(x, ((0, 0), (0, 0), (th // 2, th - th // 2), (tw // 2, tw - tw // 2)))
+    return np_conv2d(xp, w, dilation=dilation)
+
+
+@pytest.mark.parametrize(("ws", "dilation"), [((4, 3, 3, 3), 1), ((3, 3, 4, 3), (1, 3)), ((2, 3, 2, 2), 2)])
+def test_conv2d_same_and_valid_padding(check, ws, dilation):
+    """torch's padding strings: "same" keeps H x W (an even kernel pads its extra row / column at the bottom /
+    right), "valid" pads nothing."""
+    check(
+        [(2, 3, 6, 7), ws],
+        lambda x, w: np_conv2d_same(x, w, dilation),
+        lambda x, w: ag.conv2d(x, w, padding="same", dilation=dilation),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+    check(
+        [(2, 3, 6, 7), ws],
+        lambda x, w: np_conv2d(x, w, dilation=dilation),
+        lambda x, w: ag.conv2d(x, w, padding="valid", dilation=dilation),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
 #: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
 #: stride 1 and 2, 1x1 at stride 2 (a ResNet shortcut; at stride 1 its forward and input gradient are
 #: batched products, ``conv._pointwise``, its weight gradient implicit), odd image sizes, batch > 1,

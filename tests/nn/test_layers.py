@@ -149,12 +149,43 @@ def test_dropout_train_and_eval(device):
         nn.Dropout(1.5)
 
 
+def test_conv2d_module_keeps_a_padding_string(device):
+    layer = nn.Conv2d(3, 4, (4, 3), padding="same", device=device)
+    assert layer.padding == "same" and "padding='same'" in repr(layer)
+    x = ag.tensor(_rand(15, 2, 3, 6, 7), device=device)
+    assert layer(x).shape == (2, 4, 6, 7)
+    with pytest.raises(ValueError, match=r"padding='same' needs stride 1"):
+        nn.Conv2d(3, 4, 3, stride=2, padding="same")
+
+
 def test_embedding(device):
     table = _rand(9, 10, 4)
     layer = nn.Embedding(10, 4, device=device)
     layer.load_state_dict({"weight": table})
     ids = np.array([[1, 9], [0, 1]], np.int32)
     np.testing.assert_array_equal(layer(ids).to_host(), table[ids])
+
+
+def test_embedding_padding_idx_row_starts_at_zero_and_gets_no_gradient(device):
+    """torch's ``padding_idx``: the row is zero at construction, read like any row, and its gradient stays 0
+    while the other rows sum their upstream rows (also from a negative index, counted from the end)."""
+    layer = nn.Embedding(6, 3, padding_idx=-2, device=device)
+    assert layer.padding_idx == 4 and repr(layer) == "Embedding(6, 3, padding_idx=4)"
+    np.testing.assert_array_equal(layer.weight.to_host()[4], 0.0)
+    table = _rand(13, 6, 3)
+    layer.load_state_dict({"weight": table})  # a loaded padding row is used as it is, as in torch
+    ids = np.array([[4, 1, 4], [2, 1, 0]], np.int32)
+    out = layer(ids)
+    np.testing.assert_array_equal(out.to_host(), table[ids])
+    g = _rand(14, 2, 3, 3)
+    ag.sum(out * ag.tensor(g, device=device)).backward()
+    expected = np.zeros((6, 3))
+    for (i, j), row in np.ndenumerate(ids):
+        if row != 4:
+            expected[row] += g[i, j]
+    np.testing.assert_allclose(layer.weight.grad.to_host(), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"padding_idx must be within num_embeddings \(6\): in \[-6, 6\), got 6"):
+        nn.Embedding(6, 3, padding_idx=6)
 
 
 # ---- normalization (the ops come with issue 12's op set) ---------------------------------------------------

@@ -14,12 +14,34 @@ from typing import Any
 from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import plus
+from netcl.autograd.ops_shape import pad
 from netcl.core import Tensor
 from netcl.runtime.ops import conv, pool
 from netcl.runtime.ops.precision import at_matmul_precision
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
+
+
+def _string_padding(x: Operand, w_shape: tuple[int, ...], stride: Any, padding: str, dilation: Any) -> tuple[Any, Any]:
+    """``(x, padding)`` for a padding string: "valid" is 0; "same" the symmetric part as the padding, and x padded
+    by one more row / column at the bottom / right where a total is odd."""
+    if padding == "valid":
+        return x, 0
+    if padding != "same":
+        raise ValueError(f"conv2d: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
+    strides = (stride, stride) if isinstance(stride, int) else tuple(stride)
+    if any(s != 1 for s in strides):
+        raise ValueError(f"conv2d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
+    if len(w_shape) != 4:
+        raise ValueError(f"conv2d: w must be 4-d (out, in/groups, kh, kw), got shape {w_shape}")
+    dil = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
+    totals = [d * (k - 1) for d, k in zip(dil, w_shape[2:], strict=True)]
+    low = tuple(t // 2 for t in totals)
+    extra = [t - 2 * lo for t, lo in zip(totals, low, strict=True)]
+    if any(extra):
+        x = pad(x, (0, extra[1], 0, extra[0]))
+    return x, low
 
 
 def _needs(x: Any) -> bool:
@@ -37,11 +59,16 @@ def conv2d(
     w: Operand,
     b: Operand | None = None,
     stride: int | tuple[int, int] = 1,
-    padding: int | tuple[int, int] = 0,
+    padding: int | tuple[int, int] | str = 0,
     dilation: int | tuple[int, int] = 1,
     groups: int = 1,
 ) -> Node:
-    """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None."""
+    """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None.
+
+    ``padding`` also takes torch's strings: ``"valid"`` (none) and ``"same"`` (stride 1: the output keeps x's
+    size; an odd total padding puts its extra row and column at the bottom and right, as torch does)."""
+    if isinstance(padding, str):
+        x, padding = _string_padding(x, _shape(w, "conv2d", "w"), stride, padding, dilation)
     b_shape = None if b is None else _shape(b, "conv2d", "b")
     conv.check_conv2d(_shape(x, "conv2d", "x"), _shape(w, "conv2d", "w"), b_shape, stride, padding, dilation, groups)
     if (low := autocast_mode.low_dtype_for(x, w, b, product="conv")) is not None:  # netcl.amp.autocast

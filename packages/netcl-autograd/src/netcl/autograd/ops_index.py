@@ -16,7 +16,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.core import DTypeError, ShapeError, Tensor
-from netcl.runtime.ops import gathering, indexing, selecting
+from netcl.runtime.ops import gathering, indexing, layout, pointwise, selecting
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -140,18 +140,41 @@ def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
     return tuple(x.shape)
 
 
-def embedding(ids: Any, table: Operand) -> Node:
-    """Rows of ``table`` (num_embeddings, dim) at ``ids`` (any shape): shape ``ids.shape + (dim,)``."""
+def embedding(ids: Any, table: Operand, padding_idx: int | None = None) -> Node:
+    """Rows of ``table`` (num_embeddings, dim) at ``ids`` (any shape): shape ``ids.shape + (dim,)``.
+
+    ``padding_idx`` (torch's): the row at that id (negative: counted from the end) gets no gradient."""
     shape = _shape(table, "embedding", "table")
     if len(shape) != 2:
         raise ShapeError(f"embedding: table must be 2-d (num_embeddings, embedding_dim), got shape {shape}")
+    pad = padding_row(padding_idx, shape[0], "embedding")
     index = _Index(ids, shape[0], "embedding", "ids")
 
     def grad(g: Tensor, t: Tensor, ids: Tensor) -> Tensor:
         flat = ids.reshape(ids.size)
-        return selecting.index_select_backward(g.reshape(flat.size, shape[1]), 0, flat, t.shape)
+        rows = g.reshape(flat.size, shape[1])
+        if pad is not None:  # the padding id's rows of g contribute nothing
+            kept = pointwise.ne(flat, pad)
+            rows = pointwise.mul(
+                rows, (kept if kept.dtype == rows.dtype else layout.cast(kept, rows.dtype)).reshape(flat.size, 1)
+            )
+        return selecting.index_select_backward(rows, 0, flat, t.shape)
 
-    return _indexed(lambda t, ids: selecting.embedding(ids, t), grad, table, index, "embedding")
+    attrs = None if pad is None else {"padding_idx": pad}
+    return _indexed(lambda t, ids: selecting.embedding(ids, t), grad, table, index, "embedding", attrs)
+
+
+def padding_row(padding_idx: Any, rows: int, op: str) -> int | None:
+    """``padding_idx`` as a row of a table of ``rows`` rows (None stays None); ValueError outside [-rows, rows)."""
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
+        raise TypeError(f"{op}: padding_idx must be an int or None, got {padding_idx!r}")
+    if not -rows <= padding_idx < rows:
+        raise ValueError(
+            f"{op}: padding_idx must be within num_embeddings ({rows}): in [-{rows}, {rows}), got {padding_idx}"
+        )
+    return int(padding_idx) % rows
 
 
 def gather(x: Operand, axis: int, index: Any) -> Node:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
+from netcl.autograd.ops_index import padding_row
 from netcl.core import Device, Tensor, get_device
 from netcl.core.dtypes import float32
 from netcl.nn import init
 from netcl.nn.functional import linear
 from netcl.nn.module import Module
 from netcl.nn.parameter import Parameter
+from netcl.runtime.ops.upload import write_
 
 
 def empty_parameter(shape: tuple[int, ...], device: Device | str | None, dtype: Any = float32) -> Parameter:
@@ -68,7 +72,7 @@ class Conv2d(Module):
         out_channels: int,
         kernel_size: int | tuple[int, int],
         stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] = 0,
+        padding: int | tuple[int, int] | str = 0,
         dilation: int | tuple[int, int] = 1,
         groups: int = 1,
         bias: bool = True,
@@ -84,7 +88,13 @@ class Conv2d(Module):
                 f"groups ({groups})"
             )
         self.kernel_size = _pair(kernel_size)
-        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.stride, self.dilation = _pair(stride), _pair(dilation)
+        #: a pair, or torch's "same" / "valid" (conv2d resolves it)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            raise ValueError(f"Conv2d: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
+        if padding == "same" and self.stride != (1, 1):
+            raise ValueError(f"Conv2d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
         self.weight = empty_parameter((out_channels, in_channels // groups, *self.kernel_size), device)
         if bias:
             self.bias = empty_parameter((out_channels,), device)
@@ -105,7 +115,7 @@ class Conv2d(Module):
     def extra_repr(self) -> str:
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0, 0):
-            text += f", padding={self.padding}"
+            text += f", padding={self.padding!r}"
         if self.dilation != (1, 1):
             text += f", dilation={self.dilation}"
         if self.groups != 1:
@@ -116,20 +126,34 @@ class Conv2d(Module):
 
 
 class Embedding(Module):
-    """A lookup table (num_embeddings, embedding_dim) initialized N(0, 1); ``forward(ids)`` gathers rows."""
+    """A lookup table (num_embeddings, embedding_dim) initialized N(0, 1); ``forward(ids)`` gathers rows.
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device: Device | str | None = None) -> None:
+    ``padding_idx`` (torch's): that row starts at zero and gets no gradient (negative: from the end)."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        device: Device | str | None = None,
+    ) -> None:
         super().__init__()
         self.num_embeddings = positive_int("num_embeddings", num_embeddings, "Embedding")
         self.embedding_dim = positive_int("embedding_dim", embedding_dim, "Embedding")
+        self.padding_idx = padding_row(padding_idx, num_embeddings, "Embedding")
         self.weight = empty_parameter((num_embeddings, embedding_dim), device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         init.normal_(self.weight)
+        if self.padding_idx is not None:
+            row = np.asarray(self.weight.to_host())
+            row[self.padding_idx] = 0
+            write_(self.weight.value, row)
 
     def forward(self, ids: Any) -> Node:
-        return ag.embedding(ids, self.weight)
+        return ag.embedding(ids, self.weight, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
