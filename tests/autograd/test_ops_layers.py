@@ -243,6 +243,58 @@ def test_avg_pool2d_padded_counts_padding(check):
     check([P], lambda x: np_pool(x, 3, 2, 1, kind="avg"), lambda x: ag.avg_pool2d(x, 3, 2, 1), gradcheck=False)
 
 
+def np_pool_cells(x, kernel, stride, padding, kind, ceil_mode, count_include_pad=True):
+    """Pooling written per output cell from torch's definitions: the output length rounded down or (ceil mode)
+    up, less a last window that would start in the bottom / right padding; an average divides by the window
+    clipped to the padded input, or (count_include_pad False) to the input."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    n, c, h, w = x.shape
+
+    def length(size, k, st, pd):
+        out = (size + 2 * pd - k + (st - 1 if ceil_mode else 0)) // st + 1
+        return out - 1 if ceil_mode and (out - 1) * st >= size + pd else out
+
+    oh, ow = length(h, kh, sh, ph), length(w, kw, sw, pw)
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * sh - ph, j * sw - pw
+            h1, w1 = min(h0 + kh, h + ph), min(w0 + kw, w + pw)
+            cells = x[:, :, max(h0, 0) : min(h1, h), max(w0, 0) : min(w1, w)]
+            if kind == "max":
+                out[:, :, i, j] = cells.max(axis=(2, 3))
+            else:
+                area = (h1 - h0) * (w1 - w0) if count_include_pad else cells.shape[2] * cells.shape[3]
+                out[:, :, i, j] = cells.sum(axis=(2, 3)) / area
+    return out
+
+
+#: (kernel, stride, padding) on a 7 x 8 input: ceil mode adds a partial last row and / or column of windows
+CEIL_CASES = [(3, 2, 1), (2, 2, 0), ((3, 2), (2, 3), (1, 0)), (3, 2, 0)]
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding"), CEIL_CASES)
+def test_max_pool2d_ceil_mode(check, kernel, stride, padding):
+    check(
+        [(2, 3, 7, 8)],
+        lambda x: np_pool_cells(x, kernel, stride, padding, "max", True),
+        lambda x: ag.max_pool2d(x, kernel, stride, padding, ceil_mode=True),
+        vals=[distinct((2, 3, 7, 8), 2)],
+    )
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding"), CEIL_CASES)
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [False, True])
+def test_avg_pool2d_ceil_mode_and_count_include_pad(check, kernel, stride, padding, ceil_mode, count_include_pad):
+    check(
+        [(2, 3, 7, 8)],
+        lambda x: np_pool_cells(x, kernel, stride, padding, "avg", ceil_mode, count_include_pad),
+        lambda x: ag.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad),
+        gradcheck=False,
+    )
+
+
 @pytest.mark.parametrize("size", [1, (2, 3), (4, 4)])
 def test_adaptive_avg_pool2d(check, size):
     check([P], lambda x: np_adaptive_avg(x, size), lambda x: ag.adaptive_avg_pool2d(x, size), gradcheck=size == 1)

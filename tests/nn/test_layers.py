@@ -158,6 +158,23 @@ def test_conv2d_module_keeps_a_padding_string(device):
         nn.Conv2d(3, 4, 3, stride=2, padding="same")
 
 
+def test_pool_modules_take_torch_arguments(device):
+    """``MaxPool2d(..., ceil_mode=True)`` and ``AvgPool2d(..., count_include_pad=False)`` reach the ops; the torch
+    arguments netcl does not implement are refused by name."""
+    x = ag.tensor(_rand(16, 1, 2, 5, 5), device=device)
+    pooled = nn.MaxPool2d(2, ceil_mode=True)(x)
+    assert pooled.shape == (1, 2, 3, 3) and "ceil_mode=True" in repr(nn.MaxPool2d(2, ceil_mode=True))
+    np.testing.assert_array_equal(pooled.to_host()[..., 2, 2], x.to_host()[..., 4, 4])  # the 1 x 1 corner window
+    corner = nn.AvgPool2d(3, 2, 1, count_include_pad=False)(x).to_host()[..., 0, 0]
+    np.testing.assert_allclose(corner, x.to_host()[..., :2, :2].mean(axis=(2, 3)), rtol=1e-6)
+    with pytest.raises(ValueError, match="dilation"):
+        nn.MaxPool2d(2, dilation=2)
+    with pytest.raises(ValueError, match="return_indices"):
+        nn.MaxPool2d(2, return_indices=True)
+    with pytest.raises(ValueError, match="divisor_override"):
+        nn.AvgPool2d(2, divisor_override=3)
+
+
 def test_embedding(device):
     table = _rand(9, 10, 4)
     layer = nn.Embedding(10, 4, device=device)

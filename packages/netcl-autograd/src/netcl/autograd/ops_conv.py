@@ -105,35 +105,48 @@ def conv2d(
     )
 
 
-def max_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
-    """Max over windows (stride defaults to kernel_size; padding <= kernel_size / 2 counts as -inf)."""
-    pool.pool_geometry(x, kernel_size, stride, padding, "max_pool2d")
+def max_pool2d(
+    x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0, ceil_mode: bool = False
+) -> Node:
+    """Max over windows (stride defaults to kernel_size; padding <= kernel_size / 2 counts as -inf); ``ceil_mode``
+    keeps a last partial window (torch's)."""
+    pool.pool_geometry(x, kernel_size, stride, padding, "max_pool2d", ceil_mode)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [pool.max_pool2d_backward(g, values[0], kernel_size, stride, padding)]
+        return [pool.max_pool2d_backward(g, values[0], kernel_size, stride, padding, ceil_mode)]
 
     return apply_op(
-        lambda v: pool.max_pool2d(v, kernel_size, stride, padding),
+        lambda v: pool.max_pool2d(v, kernel_size, stride, padding, ceil_mode),
         grad,
         x,
         op_name="max_pool2d",
-        attrs={"kernel_size": kernel_size, "stride": stride, "padding": padding},
+        attrs={"kernel_size": kernel_size, "stride": stride, "padding": padding, "ceil_mode": ceil_mode},
     )
 
 
-def avg_pool2d(x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0) -> Node:
-    """Mean over windows; padding cells count in the divisor (PyTorch's default count_include_pad=True)."""
-    pool.pool_geometry(x, kernel_size, stride, padding, "avg_pool2d")
+def avg_pool2d(
+    x: Operand,
+    kernel_size: int | tuple[int, int],
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Node:
+    """Mean over windows; padding cells count in the divisor unless ``count_include_pad`` is False (torch's
+    defaults and divisors, ``ceil_mode`` included)."""
+    pool.pool_geometry(x, kernel_size, stride, padding, "avg_pool2d", ceil_mode)
+    flags = (ceil_mode, count_include_pad)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [pool.avg_pool2d_backward(g, values[0].shape, kernel_size, stride, padding)]
+        return [pool.avg_pool2d_backward(g, values[0].shape, kernel_size, stride, padding, *flags)]
 
+    attrs = {"kernel_size": kernel_size, "stride": stride, "padding": padding, "ceil_mode": ceil_mode}
     return apply_op(
-        lambda v: pool.avg_pool2d(v, kernel_size, stride, padding),
+        lambda v: pool.avg_pool2d(v, kernel_size, stride, padding, *flags),
         grad,
         x,
         op_name="avg_pool2d",
-        attrs={"kernel_size": kernel_size, "stride": stride, "padding": padding},
+        attrs={**attrs, "count_include_pad": count_include_pad},
     )
 
 

@@ -73,28 +73,61 @@ class Dropout(Module):
 
 
 class _Pool2d(Module):
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0) -> None:
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False) -> None:
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = kernel_size if stride is None else stride
         self.padding = padding
+        self.ceil_mode = ceil_mode
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+        text = f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+        return text + (", ceil_mode=True" if self.ceil_mode else "")
 
 
 class MaxPool2d(_Pool2d):
-    """Max over ``kernel_size`` windows of NCHW input (stride defaults to kernel_size)."""
+    """Max over ``kernel_size`` windows of NCHW input (stride defaults to kernel_size); torch's arguments, with
+    ``dilation`` 1 and ``return_indices`` False only."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        if dilation not in (1, (1, 1)):
+            raise ValueError(f"MaxPool2d: netcl pools without dilation (1), got dilation={dilation!r}")
+        if return_indices:
+            raise ValueError("MaxPool2d: return_indices=True is not supported (netcl keeps no indices)")
+        super().__init__(kernel_size, stride, padding, ceil_mode)
 
     def forward(self, x: Any) -> Node:
-        return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+        return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode)
 
 
 class AvgPool2d(_Pool2d):
-    """Mean over ``kernel_size`` windows of NCHW input (padding counts in the divisor, as PyTorch)."""
+    """Mean over ``kernel_size`` windows of NCHW input; torch's arguments and divisors (padding counts unless
+    ``count_include_pad`` is False), without ``divisor_override``."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: Any = None,
+    ) -> None:
+        if divisor_override is not None:
+            raise ValueError(f"AvgPool2d: divisor_override is not supported, got {divisor_override!r}")
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        self.count_include_pad = count_include_pad
 
     def forward(self, x: Any) -> Node:
-        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
 class AdaptiveAvgPool2d(Module):

@@ -57,13 +57,32 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     return _fold(cols, geo, x)
 
 
-def avg_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
-    windows = _windows(np.asarray(x.data, dtype=float_compute_type(x.dtype)), geo, 0.0)
-    return wrap_numpy(windows.mean(axis=(2, 3)), x.device, x.dtype)
+def _divisors(geo: ConvGeometry, count_include_pad: bool) -> np.ndarray:
+    """(OH, OW) divisors of the average windows, as the kernel's ``netcl_avg_divisor``."""
+
+    def extent(out: int, size: int, kernel: int, stride: int, pad: int) -> np.ndarray:
+        start = np.arange(out) * stride - pad
+        end = np.minimum(start + kernel, size + pad)
+        if count_include_pad:
+            return end - start
+        return np.minimum(end, size) - np.maximum(start, 0)
+
+    rows = extent(geo.OH, geo.H, geo.KH, geo.SH, geo.PH)
+    cols = extent(geo.OW, geo.W, geo.KW, geo.SW, geo.PW)
+    return rows[:, None] * cols[None, :]
 
 
-def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry) -> Tensor:
-    share = np.asarray(grad.data, dtype=float_compute_type(grad.dtype))[:, :, None, None] / (geo.KH * geo.KW)
+def avg_pool(x: Tensor, geo: ConvGeometry, count_include_pad: bool = True) -> Tensor:
+    compute = float_compute_type(x.dtype)
+    windows = _windows(np.asarray(x.data, dtype=compute), geo, 0.0)
+    sums = windows.sum(axis=(2, 3))
+    return wrap_numpy(sums / _divisors(geo, count_include_pad).astype(compute), x.device, x.dtype)
+
+
+def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry, count_include_pad: bool = True) -> Tensor:
+    compute = float_compute_type(grad.dtype)
+    divisors = _divisors(geo, count_include_pad).astype(compute)
+    share = (np.asarray(grad.data, dtype=compute) / divisors)[:, :, None, None]
     cols = np.broadcast_to(share, (geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW))
     return _fold(np.ascontiguousarray(cols), geo, out)
 

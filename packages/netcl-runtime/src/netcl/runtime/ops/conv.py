@@ -30,6 +30,7 @@ Both kernels are shape-generic: every size, stride, padding and dilation is a ke
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -111,6 +112,14 @@ class ConvGeometry:
     @property
     def values(self) -> list[int]:
         return list(self.key[1:])
+
+    def with_output(self, out_h: int, out_w: int) -> ConvGeometry:
+        """This walk with ``out_h`` x ``out_w`` windows (a pooling's ceil mode adds a partial last window)."""
+        twin = copy.copy(self)
+        twin.OH, twin.OW = int(out_h), int(out_w)
+        twin.key = (twin.N, *(getattr(twin, name) for name in _GEOMETRY))
+        twin._hash = hash(twin.key)
+        return twin
 
 
 _IM2COL = """{pragmas}

@@ -1,4 +1,7 @@
-"""2-D pooling on NCHW: ``max_pool2d``, ``avg_pool2d`` (count_include_pad), ``adaptive_avg_pool2d``.
+"""2-D pooling on NCHW: ``max_pool2d``, ``avg_pool2d``, ``adaptive_avg_pool2d``, with torch's ``ceil_mode``
+(a last, partial window where one starts inside the input or its left / top padding) and ``count_include_pad``
+(avg: whether padding cells count in the divisor; a window running past the padded input never counts those
+cells, as in torch).
 
 Forwards give each output element one work-item that walks its window. Backwards give each
 *input* element one work-item that visits the windows covering it and gathers their gradient,
@@ -88,7 +91,19 @@ __kernel void netcl_max_pool_backward(__global const {st}* x, __global const {st
 }}
 """
 
-_AVG_FORWARD = """{pragmas}
+#: an average window's divisor (torch's): the window clipped to the padded input, or (CIP 0) to the input
+_AVG_DIVISOR = """
+inline {idx} netcl_avg_divisor(const {idx} oh, const {idx} ow, const {idx} H, const {idx} W, const {idx} KH,
+                               const {idx} KW, const {idx} SH, const {idx} SW, const {idx} PH, const {idx} PW,
+                               const {idx} CIP) {{
+    const {idx} hs = oh * SH - PH, ws = ow * SW - PW;
+    const {idx} he = min(hs + KH, H + PH), we = min(ws + KW, W + PW);
+    if (CIP) return (he - hs) * (we - ws);
+    return (min(he, H) - max(hs, ({idx})0)) * (min(we, W) - max(ws, ({idx})0));
+}}
+"""
+
+_AVG_FORWARD = """{pragmas}{divisor}
 __kernel void netcl_avg_pool(__global const {st}* x, __global {st}* out, {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
@@ -104,11 +119,11 @@ __kernel void netcl_avg_pool(__global const {st}* x, __global {st}* out, {sizes}
             if (w >= 0 && w < W) acc += ({ct})x[plane + h * W + w];
         }}
     }}
-    out[gid] = ({st})(acc / ({ct})(KH * KW));
+    out[gid] = ({st})(acc / ({ct})netcl_avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, CIP));
 }}
 """
 
-_AVG_BACKWARD = """{pragmas}
+_AVG_BACKWARD = """{pragmas}{divisor}
 __kernel void netcl_avg_pool_backward(__global const {st}* g, __global {st}* gx, {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
@@ -121,11 +136,16 @@ __kernel void netcl_avg_pool_backward(__global const {st}* g, __global {st}* gx,
     const {idx} ow_hi = min(({idx})OW - 1, (w + PW) / SW);
     {ct} acc = 0;
     for ({idx} oh = oh_lo; oh <= oh_hi; ++oh) {{
-        for ({idx} ow = ow_lo; ow <= ow_hi; ++ow) {{ acc += ({ct})g[(p * OH + oh) * OW + ow]; }}
+        for ({idx} ow = ow_lo; ow <= ow_hi; ++ow) {{
+            const {idx} d = netcl_avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, CIP);
+            acc += ({ct})g[(p * OH + oh) * OW + ow] / ({ct})d;
+        }}
     }}
-    gx[gid] = ({st})(acc / ({ct})(KH * KW));
+    gx[gid] = ({st})acc;
 }}
 """
+
+_AVG = [*_POOL, "CIP"]
 
 _ADAPTIVE = ["n", "H", "W", "OH", "OW"]
 
@@ -191,10 +211,10 @@ def _prepare(
     idx = index_ctype(out.size, *(b.size for b in buffers))
     st, ct = storage_ctype(out.dtype), compute_ctype(out.dtype)
     fmt = {"pragmas": pragmas([out.dtype]), "st": st, "ct": ct, "idx": idx}
-    argmax = _MAX_ARGMAX.format(**fmt)
+    argmax, divisor = _MAX_ARGMAX.format(**fmt), _AVG_DIVISOR.format(**fmt)
 
     def source() -> str:
-        return template.format(argmax=argmax, sizes=params(idx, names), **fmt)
+        return template.format(argmax=argmax, divisor=divisor, sizes=params(idx, names), **fmt)
 
     count = len(buffers) + 1
     types = [None] * count + [index_dtype(idx)] * len(names)
@@ -215,24 +235,40 @@ def _check_input(x: Any, op: str) -> None:
         raise TypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def pool_geometry(x: Any, kernel_size: Any, stride: Any, padding: Any, op: str) -> ConvGeometry:
-    """Validate a pooling call (torch rules: padding at most half the kernel) and return its geometry."""
+def pool_geometry(
+    x: Any, kernel_size: Any, stride: Any, padding: Any, op: str, ceil_mode: bool = False
+) -> ConvGeometry:
+    """Validate a pooling call (torch rules: padding at most half the kernel) and return its geometry; with
+    ``ceil_mode`` the output rounds up, dropping a last window that would start in the right / bottom padding."""
     _check_input(x, op)
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise TypeError(f"{op}: ceil_mode must be a bool, got {ceil_mode!r}")
     kernel = pair(kernel_size, "kernel_size", op, 1)
     steps = kernel if stride is None else pair(stride, "stride", op, 1)
     pads = pair(padding, "padding", op, 0)
     if pads[0] > kernel[0] // 2 or pads[1] > kernel[1] // 2:
         raise ValueError(f"{op}: padding {padding!r} must be at most half of kernel_size {kernel_size!r}")
-    return ConvGeometry(x.shape, kernel, steps, pads, (1, 1), op)
+    geo = ConvGeometry(x.shape, kernel, steps, pads, (1, 1), op)
+    if not ceil_mode:
+        return geo
+    return geo.with_output(
+        *(_ceil_size(*axis) for axis in ((geo.H, geo.KH, geo.SH, geo.PH), (geo.W, geo.KW, geo.SW, geo.PW)))
+    )
+
+
+def _ceil_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    """torch's ceil-mode output length: rounded up, less one if the last window would start past size + pad."""
+    out = (size + 2 * pad - kernel + stride - 1) // stride + 1
+    return out - 1 if (out - 1) * stride >= size + pad else out
 
 
 def _pool_values(geo: ConvGeometry) -> list[int]:
     return [geo.H, geo.W, geo.OH, geo.OW, geo.KH, geo.KW, geo.SH, geo.SW, geo.PH, geo.PW]
 
 
-def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False) -> Tensor:
     """Max over KH x KW windows (padding counts as -inf); (N, C, OH, OW)."""
-    return max_pool(x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d"))
+    return max_pool(x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d", ceil_mode))
 
 
 @backend_op(_TWINS)
@@ -244,9 +280,11 @@ def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
     return _launch(_MAX_FORWARD, "max_pool", _POOL, _pool_values(geo), out, x)
 
 
-def max_pool2d_backward(grad: Tensor, x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+def max_pool2d_backward(
+    grad: Tensor, x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False
+) -> Tensor:
     """d max_pool2d / d x: each window's gradient goes to its (first) maximum."""
-    return max_pool_backward(grad, x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d"))
+    return max_pool_backward(grad, x, pool_geometry(x, kernel_size, stride, padding, "max_pool2d", ceil_mode))
 
 
 @backend_op(_TWINS)
@@ -258,28 +296,52 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
     return _launch(_MAX_BACKWARD, "max_pool_backward", _POOL, _pool_values(geo), out, x, grad)
 
 
-def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
-    """Mean over KH x KW windows, padding counted as zeros in the divisor (count_include_pad=True)."""
-    return avg_pool(x, pool_geometry(x, kernel_size, stride, padding, "avg_pool2d"))
+def avg_pool2d(
+    x: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """Mean over KH x KW windows; padding cells count in the divisor unless ``count_include_pad`` is False."""
+    geo = pool_geometry(x, kernel_size, stride, padding, "avg_pool2d", ceil_mode)
+    return avg_pool(x, geo, _include_pad(count_include_pad))
+
+
+def _include_pad(count_include_pad: Any) -> bool:
+    if not isinstance(count_include_pad, (bool, np.bool_)):
+        raise TypeError(f"avg_pool2d: count_include_pad must be a bool, got {count_include_pad!r}")
+    return bool(count_include_pad)
 
 
 @backend_op(_TWINS)
-def avg_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+def avg_pool(x: Tensor, geo: ConvGeometry, count_include_pad: bool = True) -> Tensor:
     """``avg_pool2d`` of a checked call."""
     out = Tensor.empty((geo.N, geo.C, geo.OH, geo.OW), x.dtype, x.device)
-    return _launch(_AVG_FORWARD, "avg_pool", _POOL, _pool_values(geo), out, x)
+    return _launch(_AVG_FORWARD, "avg_pool", _AVG, [*_pool_values(geo), int(count_include_pad)], out, x)
 
 
-def avg_pool2d_backward(grad: Tensor, x_shape: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
-    """d avg_pool2d / d x: each window's gradient spread evenly over its KH*KW cells."""
+def avg_pool2d_backward(
+    grad: Tensor,
+    x_shape: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """d avg_pool2d / d x: each window's gradient spread evenly over its cells (its divisor's share)."""
     like = Tensor.empty(tuple(x_shape), grad.dtype, grad.device)
-    return avg_pool_backward(grad, like, pool_geometry(like, kernel_size, stride, padding, "avg_pool2d"))
+    geo = pool_geometry(like, kernel_size, stride, padding, "avg_pool2d", ceil_mode)
+    return avg_pool_backward(grad, like, geo, _include_pad(count_include_pad))
 
 
 @backend_op(_TWINS)
-def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry) -> Tensor:
+def avg_pool_backward(grad: Tensor, out: Tensor, geo: ConvGeometry, count_include_pad: bool = True) -> Tensor:
     """``avg_pool2d_backward`` of a checked call, written into ``out`` (x's shape)."""
-    return _launch(_AVG_BACKWARD, "avg_pool_backward", _POOL, _pool_values(geo), out, grad)
+    values = [*_pool_values(geo), int(count_include_pad)]
+    return _launch(_AVG_BACKWARD, "avg_pool_backward", _AVG, values, out, grad)
 
 
 def adaptive_output(x: Any, output_size: Any, op: str = "adaptive_avg_pool2d") -> tuple[int, int]:

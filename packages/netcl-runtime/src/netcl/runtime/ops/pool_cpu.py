@@ -138,7 +138,8 @@ def applies(tensor: Tensor, geo: ConvGeometry) -> bool:
     is not a GPU, and no padding (a padded window's bounds tests keep PoCL from vectorizing; there these
     kernels are no faster than pool.py's, its backward slower)."""
     device = tensor.device
-    return device.kind == "opencl" and not device.is_gpu and geo.PH == geo.PW == 0
+    inside = (geo.OH - 1) * geo.SH + geo.KH <= geo.H and (geo.OW - 1) * geo.SW + geo.KW <= geo.W  # no ceil-mode tail
+    return device.kind == "opencl" and not device.is_gpu and geo.PH == geo.PW == 0 and inside
 
 
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
