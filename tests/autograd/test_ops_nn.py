@@ -175,6 +175,24 @@ def test_layer_norm_two_dims_no_affine(check, device):
     check([(2, 3, 4)], lambda x: np_layer_norm(x, 2), lambda x: ag.layer_norm(x, (3, 4)))
 
 
+def np_group_norm(x, groups, w=None, b=None, eps=1e-5):
+    n, c = x.shape[:2]
+    g = x.reshape(n, groups, -1)
+    y = ((g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + eps)).reshape(x.shape)
+    per_channel = (c,) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(per_channel)) + (0 if b is None else b.reshape(per_channel))
+
+
+def test_group_norm_affine(check, device):
+    check(
+        [(2, 6, 3, 2), (6,), (6,)], lambda x, w, b: np_group_norm(x, 3, w, b), lambda x, w, b: ag.group_norm(x, 3, w, b)
+    )
+
+
+def test_group_norm_no_affine_3d(check, device):
+    check([(3, 4, 5)], lambda x: np_group_norm(x, 2, eps=1e-3), lambda x: ag.group_norm(x, 2, eps=1e-3))
+
+
 def test_rms_norm(check, device):
     check(
         [(3, 5), (5,)],

@@ -126,6 +126,11 @@ def test_simple_layers(device):
         (nn.Sigmoid(), 1 / (1 + np.exp(-x64))),
         (nn.GELU(), 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))),  # torch's default: exact
         (nn.GELU("tanh"), 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))),
+        (nn.LeakyReLU(0.2), np.where(x64 > 0, x64, 0.2 * x64)),
+        (nn.ELU(0.5), np.where(x64 > 0, x64, 0.5 * np.expm1(x64))),
+        (nn.Softplus(2.0, 1.0), np.where(2 * x64 > 1, x64, np.log1p(np.exp(2 * x64)) / 2)),
+        (nn.Softmax(1), np.exp(x64) / np.exp(x64).sum(1, keepdims=True)),
+        (nn.LogSoftmax(-1), x64 - np.log(np.exp(x64).sum(-1, keepdims=True))),
         (nn.Identity(), x64),
         (nn.Flatten(), x64.reshape(2, -1)),
         (nn.MaxPool2d(2), _maxpool_reference(x64)),
@@ -173,6 +178,20 @@ def test_pool_modules_take_torch_arguments(device):
         nn.MaxPool2d(2, return_indices=True)
     with pytest.raises(ValueError, match="divisor_override"):
         nn.AvgPool2d(2, divisor_override=3)
+
+
+def test_group_norm_module(device):
+    """torch's GroupNorm: ones / zeros affine (C,), the groups normalized together; bad groups refused."""
+    layer = nn.GroupNorm(2, 4, device=device)
+    assert [k for k in layer.state_dict()] == ["weight", "bias"] and repr(
+        layer
+    ) == "GroupNorm(2, 4, eps=1e-05, affine=True)"
+    x = _rand(17, 2, 4, 3, 3)
+    g = x.astype(np.float64).reshape(2, 2, -1)
+    want = ((g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + 1e-5)).reshape(x.shape)
+    np.testing.assert_allclose(layer(ag.tensor(x, device=device)).to_host(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"num_channels \(4\) must be divisible by num_groups \(3\)"):
+        nn.GroupNorm(3, 4)
 
 
 def test_embedding(device):

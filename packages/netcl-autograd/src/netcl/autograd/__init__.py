@@ -77,7 +77,7 @@ from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt
 from netcl.autograd.ops_attention import packed_self_attention, scaled_dot_product_attention
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
-from netcl.autograd.ops_norm import batch_norm, batch_norm_relu, layer_norm, rms_norm
+from netcl.autograd.ops_norm import batch_norm, batch_norm_relu, group_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
 from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, min, prod, std, var
 from netcl.autograd.ops_shape import (
@@ -214,6 +214,7 @@ __all__ = [
     "relu",
     "reshape",
     "rms_norm",
+    "group_norm",
     "rsqrt",
     "scaled_dot_product_attention",
     "set_current_tape",

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.ops import add, mul, reshape
 from netcl.autograd.ops_softmax import value_of
 from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
@@ -93,6 +94,34 @@ def layer_norm(
     if fused is not None:
         return fused
     return _row_norm(x, weight, bias, axes, float(eps), rowwise.LAYER, "layer_norm")
+
+
+def group_norm(
+    x: Operand, num_groups: int, weight: Operand | None = None, bias: Operand | None = None, eps: float = 1e-5
+) -> Node:
+    """torch's ``group_norm``: x (N, C, *) normalized over each group of C / num_groups channels and the
+    trailing dims (biased variance), then ``weight`` and ``bias`` (C,) per channel. The row normalization
+    of ``layer_norm`` on x viewed as (N, num_groups, rest), then the affine in one elementwise pass each."""
+    v = value_of(x, "group_norm")
+    if len(v.shape) < 2:
+        raise ShapeError(f"group_norm: x must be (N, C, *), got shape {tuple(v.shape)}")
+    channels = v.shape[1]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 1:
+        raise ValueError(f"group_norm: num_groups must be a positive int, got {num_groups!r}")
+    if channels % num_groups:
+        raise ValueError(f"group_norm: num_channels ({channels}) must be divisible by num_groups ({num_groups})")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(value_of(t, "group_norm", name).shape) != (channels,):
+            raise ShapeError(f"group_norm: {name} must have shape ({channels},), got {tuple(t.shape)}")
+    n, rest = v.shape[0], channels // int(num_groups) * math.prod(v.shape[2:])
+    grouped = reshape(x, (n, int(num_groups), rest))
+    out = reshape(layer_norm(grouped, grouped.shape[-1], None, None, eps), tuple(v.shape))
+    per_channel = (channels,) + (1,) * (len(v.shape) - 2)
+    if weight is not None:
+        out = mul(out, reshape(weight, per_channel))
+    if bias is not None:
+        out = add(out, reshape(bias, per_channel))
+    return out
 
 
 def rms_norm(
@@ -256,4 +285,4 @@ def batch_norm_rules(
     return forward, grad
 
 
-__all__ = ["batch_norm", "batch_norm_relu", "batch_norm_rules", "layer_norm", "rms_norm"]
+__all__ = ["batch_norm", "batch_norm_relu", "batch_norm_rules", "group_norm", "layer_norm", "rms_norm"]

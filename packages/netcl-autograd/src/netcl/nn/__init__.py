@@ -13,25 +13,36 @@ from netcl.nn.containers import ModuleList, Sequential
 from netcl.nn.kv_cache import KVCache
 from netcl.nn.layers import Conv2d, Embedding, Linear
 from netcl.nn.module import IncompatibleKeys, Module
-from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from netcl.nn.parameter import Parameter
 from netcl.nn.simple import (
+    ELU,
     GELU,
     AdaptiveAvgPool2d,
     AvgPool2d,
     Dropout,
     Flatten,
     Identity,
+    LeakyReLU,
+    LogSoftmax,
     MaxPool2d,
     ReLU,
     Sigmoid,
     SiLU,
+    Softmax,
+    Softplus,
     Tanh,
 )
 from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
+    "ELU",
     "GELU",
+    "GroupNorm",
+    "LeakyReLU",
+    "LogSoftmax",
+    "Softmax",
+    "Softplus",
     "AdaptiveAvgPool2d",
     "AvgPool2d",
     "BatchNorm1d",

@@ -1,4 +1,5 @@
-"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d`` and ``LayerNorm`` (PyTorch's state and defaults)."""
+"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d``, ``LayerNorm`` and ``GroupNorm`` (PyTorch's state and
+defaults)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,37 @@ class LayerNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """torch's ``GroupNorm``: (N, C, *) normalized per group of C / num_groups channels; weight ones, bias zeros
+    (C,) when ``affine``."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_groups = positive_int("num_groups", num_groups, "GroupNorm")
+        self.num_channels = positive_int("num_channels", num_channels, "GroupNorm")
+        if num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+        self.eps, self.affine = float(eps), bool(affine)
+        if affine:
+            self.weight = empty_parameter((num_channels,), device)
+            self.bias = empty_parameter((num_channels,), device)
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Any) -> Node:
+        return ag.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

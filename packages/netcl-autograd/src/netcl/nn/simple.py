@@ -41,6 +41,63 @@ class GELU(Module):
         return f"approximate={self.approximate!r}"
 
 
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        super().__init__()
+        self.negative_slope = float(negative_slope)
+
+    def forward(self, x: Any) -> Node:
+        return ag.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.alpha = float(alpha)
+
+    def forward(self, x: Any) -> Node:
+        return ag.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = float(beta), float(threshold)
+
+    def forward(self, x: Any) -> Node:
+        return ag.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Softmax(Module):
+    """softmax along ``dim`` (required: torch's implicit choice of dim is deprecated)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Any) -> Node:
+        return ag.softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """log_softmax along ``dim``."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.log_softmax(x, self.dim)
+
+
 class SiLU(Module):
     def forward(self, x: Any) -> Node:
         return ag.silu(x)
