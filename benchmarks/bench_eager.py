@@ -12,9 +12,12 @@ and the eager training steps of the ``train`` workload.
      machine's load does not move;
    - ``torch`` / ``torch rec``: the same op in torch eager (CUDA when available, else CPU), with and
      without ``requires_grad`` inputs, when torch is importable;
-   - the two raw launches of a prepared 1K-element add kernel (its arguments set once): ``raw enqueue``
-     (``_cl.enqueue_nd_range_kernel`` only) and ``raw set+enqueue`` (``kernel.set_args`` each call),
-     the floor a Python launch has on this device.
+   - raw launches of a prepared 1K-element add kernel (its arguments set once): ``raw enqueue``
+     (pyopencl's ``_cl.enqueue_nd_range_kernel``, which returns an event), ``raw set+enqueue``
+     (``kernel.set_args`` each call) and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest
+     enqueue on this platform and the one netcl's prepared launches make (no event on NVIDIA, where
+     pyopencl's eventful call on a profiling queue costs about twice as much; pyopencl's call elsewhere).
+     ``x raw`` is no_grad over ``raw floor``.
 
    The issue's targets: netcl <= 1.5x torch eager on a GPU, <= 2x a raw launch on PoCL.
 2. **Eager training steps**: ms per step of the MLP and the digits CNN of the ``train`` workload
@@ -45,6 +48,7 @@ from measure import standalone_parser, write_results
 
 import netcl.autograd as ag
 import netcl.core as nc
+from netcl.runtime.enqueue import enqueuer
 
 SIDE, MM = 32, 64  # 32x32 = 1K elements; the matmul is 64x64 @ 64x64
 INNER = 200
@@ -152,9 +156,11 @@ def raw_launch_us(device, repeats: int) -> dict[str, float]:
         kernel.set_args(a, b, c)
         _cl.enqueue_nd_range_kernel(queue, kernel, (n,), (256,), None, None, False, False)
 
+    floor, _ = enqueuer(queue, kernel, (n,), (256,))  # what netcl's prepared launches call on this platform
     return {
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),
         "raw set+enqueue": _host_us(set_and_enqueue, queue.finish, repeats),
+        "raw floor": _host_us(floor, queue.finish, repeats),
     }
 
 
@@ -209,7 +215,7 @@ def op_table(device, repeats: int, torch) -> dict:
     columns = ["no_grad", "recording", "calls"]
     if torch is not None:
         columns += ["torch", "torch rec", "x torch", "x torch rec"]
-    floor = raw.get("raw enqueue")
+    floor = raw.get("raw floor")
     if floor:
         columns.append("x raw")
     for values in rows.values():
