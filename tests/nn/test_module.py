@@ -213,3 +213,51 @@ def test_deepcopy_and_pickle_give_an_independent_equal_model(device):
     twin.head.weight.value.device.storage.zero(twin.head.weight.value)  # change the copy in place
     np.testing.assert_array_equal(model.head.weight.to_host(), before)
     assert not twin.head.weight.to_host().any()
+
+
+def test_to_a_dtype_casts_floating_state_in_place(device):
+    """``to(float64)`` / ``double()`` / ``half()`` / ``float()`` as torch's: the Parameter objects stay and hold
+    cast tensors, integer buffers keep their dtype, the model computes in the new dtype."""
+    model = nn.Sequential(nn.Linear(4, 3, device=device), nn.BatchNorm1d(3, device=device))
+    weight = model[0].weight
+    host = weight.to_host().astype(np.float64)
+    assert model.to(np.float64) is model and model[0].weight is weight
+    assert weight.dtype == np.float64 and model[1].running_mean.dtype == np.float64
+    assert model[1].num_batches_tracked.dtype == np.int64
+    np.testing.assert_array_equal(weight.to_host(), host)
+    x = ag.tensor(np.ones((5, 4)), device=device, dtype=np.float64)
+    assert model(x).dtype == np.float64
+    assert model.float()[0].weight.dtype == np.float32 and model.double()[0].bias.dtype == np.float64
+    with pytest.raises(TypeError, match="floating-point type, got int32"):
+        model.to(np.int32)
+    with pytest.raises(TypeError, match="needs a device, a dtype or both"):
+        model.to()
+
+
+def test_forward_hooks_run_around_forward_and_can_be_removed(device):
+    """torch's forward pre-hooks (may replace the arguments) and forward hooks (see args and output, may replace
+    the output); ``remove()`` takes one off."""
+    layer = nn.Linear(2, 2, device=device)
+    layer.load_state_dict({"weight": np.eye(2), "bias": np.zeros(2)})
+    seen = []
+    doubled = layer.register_forward_pre_hook(lambda module, args: (args[0] * 2.0,))
+    logged = layer.register_forward_hook(lambda module, args, out: seen.append((module, out.to_host())))
+    plus_one = layer.register_forward_hook(lambda module, args, out: out + 1.0)
+    x = ag.tensor(np.array([[1.0, 2.0]], np.float32), device=device)
+    np.testing.assert_array_equal(layer(x).to_host(), [[3.0, 5.0]])
+    assert seen[0][0] is layer and np.array_equal(seen[0][1], [[2.0, 4.0]])
+    doubled.remove(), plus_one.remove(), logged.remove(), logged.remove()
+    np.testing.assert_array_equal(layer(x).to_host(), [[1.0, 2.0]])
+    assert len(seen) == 1
+    with pytest.raises(TypeError, match="hook must be callable"):
+        layer.register_forward_hook(3)
+
+
+def test_get_submodule_and_parameter_by_dotted_path(device):
+    model = Block(device)
+    assert model.get_submodule("features.0") is model.features[0] and model.get_submodule("") is model
+    assert model.get_parameter("head.bias") is model.head.bias
+    with pytest.raises(AttributeError, match="has no submodule 'tail'"):
+        model.get_submodule("features.tail")
+    with pytest.raises(AttributeError, match="'head.scale' is not a parameter"):
+        model.get_parameter("head.scale")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -19,7 +20,35 @@ from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import is_floating
 from netcl.nn.parameter import Parameter
+from netcl.runtime.ops import layout
 from netcl.runtime.ops.upload import write_
+
+
+class RemovableHandle:
+    """Returned by a hook registration; ``remove()`` takes the hook off (idempotent)."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict[int, Any]) -> None:
+        RemovableHandle._next_id += 1
+        self.id = RemovableHandle._next_id
+        self._hooks = hooks
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+
+def _twice(what: str) -> Any:
+    raise TypeError(f"Module.to: the {what} was given twice")
+
+
+def _converted(t: Tensor, device: Device | None, dtype: np.dtype | None) -> Tensor:
+    """``t`` on ``device`` (None: where it is) and, if floating-point, of ``dtype`` (None: its own); ``t`` itself
+    when nothing changes."""
+    moved = t if device is None or t.device is device else t.to(device)
+    if dtype is not None and is_floating(t.dtype) and moved.dtype != dtype:
+        moved = layout.cast(moved, dtype)
+    return moved
 
 
 class IncompatibleKeys(NamedTuple):
@@ -222,18 +251,62 @@ class Module:
         for param in self.parameters():
             clear_grad(param, set_to_none)
 
-    def to(self, device: Device | str) -> Module:
-        """Move every parameter and buffer to ``device`` (in place: the Parameter objects stay); returns self."""
-        target = get_device(device)
+    def to(self, *args: Any, device: Device | str | None = None, dtype: Any = None) -> Module:
+        """torch's ``to``: ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or by keyword. Moves every parameter
+        and buffer to ``device`` and casts the floating-point ones to ``dtype`` (integer buffers keep theirs), in
+        place: the Parameter objects stay and get new tensors (their gradients are cleared); returns self."""
+        for arg in args:
+            if isinstance(arg, Device) or (isinstance(arg, str) and arg.split(":")[0] in ("cpu", "opencl")):
+                device = arg if device is None else _twice("device")
+            else:
+                dtype = arg if dtype is None else _twice("dtype")
+        if device is None and dtype is None:
+            raise TypeError("Module.to needs a device, a dtype or both")
+        target = None if device is None else get_device(device)
+        kind = None if dtype is None else np.dtype(dtype)
+        if kind is not None and not is_floating(kind):
+            raise TypeError(f"Module.to: dtype must be a floating-point type, got {kind}")
         for module in self.modules():
             for param in module._parameters.values():
-                if param is not None and param.value.device is not target:
-                    param.value = param.value.to(target)
-                    param.grad, param._grad_owned = None, False
+                if param is not None:
+                    moved = _converted(param.value, target, kind)
+                    if moved is not param.value:
+                        param.value = moved
+                        param.grad, param._grad_owned = None, False
             for name, buffer in module._buffers.items():
-                if buffer is not None and buffer.device is not target:
-                    module._buffers[name] = buffer.to(target)
+                if buffer is not None:
+                    module._buffers[name] = _converted(buffer, target, kind)
         return self
+
+    def half(self) -> Module:
+        """Floating-point parameters and buffers to float16 (``to(float16)``)."""
+        return self.to(dtype=np.float16)
+
+    def float(self) -> Module:
+        """Floating-point parameters and buffers to float32."""
+        return self.to(dtype=np.float32)
+
+    def double(self) -> Module:
+        """Floating-point parameters and buffers to float64."""
+        return self.to(dtype=np.float64)
+
+    def get_submodule(self, target: str) -> Module:
+        """The sub-module at the dotted path ``target`` ("" is this module), as torch's."""
+        module: Module = self
+        for part in target.split(".") if target else []:
+            child = module._modules.get(part)
+            if child is None:
+                raise AttributeError(f"{type(module).__name__} has no submodule {part!r} (looking up {target!r})")
+            module = child
+        return module
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter at the dotted path ``target`` (``"0.weight"``)."""
+        owner, _, name = target.rpartition(".")
+        param = self.get_submodule(owner)._parameters.get(name)
+        if param is None:
+            raise AttributeError(f"{target!r} is not a parameter of this module")
+        return param
 
     @property
     def device(self) -> Device | None:
@@ -303,7 +376,44 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward(); subclasses of Module define it")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        pre, post = self._forward_pre_hooks, self._forward_hooks
+        if not pre and not post:
+            return self.forward(*args, **kwargs)
+        for hook in list(pre.values()):
+            changed = hook(self, args)
+            if changed is not None:
+                args = changed if isinstance(changed, tuple) else (changed,)
+        output = self.forward(*args, **kwargs)
+        for hook in list(post.values()):
+            changed = hook(self, args, output)
+            if changed is not None:
+                output = changed
+        return output
+
+    #: hooks by id; the class's are empty and never written (``_hook_table`` gives a module its own)
+    _forward_pre_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
+    _forward_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
+
+    def register_forward_pre_hook(self, hook: Callable[[Module, tuple], Any]) -> RemovableHandle:
+        """Run ``hook(module, args)`` before each ``forward`` (torch's); a returned value replaces the positional
+        arguments (a tuple, or one value). Inside ``jit_compile`` / ``fuse_graph`` a hook runs while the step is
+        traced or captured, not on the cached or replayed calls (docs/replay.md)."""
+        return self._add_hook("_forward_pre_hooks", hook)
+
+    def register_forward_hook(self, hook: Callable[[Module, tuple, Any], Any]) -> RemovableHandle:
+        """Run ``hook(module, args, output)`` after each ``forward`` (torch's); a returned value replaces the output."""
+        return self._add_hook("_forward_hooks", hook)
+
+    def _add_hook(self, table: str, hook: Callable[..., Any]) -> RemovableHandle:
+        if not callable(hook):
+            raise TypeError(f"{table.strip('_')}: hook must be callable, got {type(hook).__name__}")
+        hooks = self.__dict__.get(table)
+        if hooks is None:
+            hooks = OrderedDict()
+            object.__setattr__(self, table, hooks)
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
     def extra_repr(self) -> str:
         """The text inside this module's parentheses in ``repr`` (override in layers)."""
