@@ -259,5 +259,5 @@ def test_get_submodule_and_parameter_by_dotted_path(device):
     assert model.get_parameter("head.bias") is model.head.bias
     with pytest.raises(AttributeError, match="has no submodule 'tail'"):
         model.get_submodule("features.tail")
-    with pytest.raises(AttributeError, match="'head.scale' is not a parameter"):
+    with pytest.raises(AttributeError, match=r"'head\.scale' is not a parameter"):
         model.get_parameter("head.scale")
