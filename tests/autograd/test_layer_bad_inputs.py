@@ -64,6 +64,26 @@ def test_conv2d_bad_input(device, case, raises_before_launch):
     assert x.grad is None and w.grad is None
 
 
+@pytest.mark.parametrize(
+    ("ws", "kwargs", "error", "match"),
+    [
+        ((3, 2, 3, 3), {}, ShapeError, r"w must be \(in_channels=4, out_channels/groups, KH, KW\)"),
+        ((4, 2, 3, 3), {"groups": 3}, ValueError, r"groups must be a positive int dividing x's 4 channels"),
+        (
+            (4, 2, 3, 3),
+            {"stride": 2, "output_padding": 2},
+            ValueError,
+            r"output_padding 2 must be smaller than stride 2",
+        ),
+        ((4, 2, 3, 3), {"padding": 3}, ValueError, r"the output would be -2 x -2"),
+    ],
+)
+def test_conv_transpose2d_bad_input(device, raises_before_launch, ws, kwargs, error, match):
+    x = ag.tensor(np.zeros((1, 4, 2, 2), np.float32), device=device)
+    w = ag.tensor(np.zeros(ws, np.float32), device=device)
+    raises_before_launch(device, error, match, lambda: ag.conv_transpose2d(x, w, **kwargs))
+
+
 def test_conv2d_bad_bias(device, raises_before_launch):
     x, w, b = node(X4, device), node((4, 3, 3, 3), device), node((3,), device)
     raises_before_launch(device, ShapeError, r"b must have shape \(4,\) .* got \(3,\)", lambda: ag.conv2d(x, w, b))

@@ -153,6 +153,49 @@ def test_conv2d_same_and_valid_padding(check, ws, dilation):
     )
 
 
+def np_conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch's transposed convolution by its definition: every input pixel scatters x * w into the output at
+    i * stride - padding + k * dilation (no gradient identity used)."""
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = map(_pair, (stride, padding, output_padding, dilation))
+    n, cin, h, wd = x.shape
+    _, per, kh, kw = w.shape
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    full = np.zeros((n, per * groups, oh + 2 * ph + kh * dh, ow + 2 * pw + kw * dw))
+    cin_g = cin // groups
+    for g in range(groups):
+        xs, ws = x[:, g * cin_g : (g + 1) * cin_g], w[g * cin_g : (g + 1) * cin_g]
+        for i in range(kh):
+            for j in range(kw):
+                contrib = np.einsum("nchw,co->nohw", xs, ws[:, :, i, j])
+                full[:, g * per : (g + 1) * per, i * dh : i * dh + sh * h : sh, j * dw : j * dw + sw * wd : sw] += (
+                    contrib
+                )
+    out = full[:, :, ph : ph + oh, pw : pw + ow]
+    return out if b is None else out + b[None, :, None, None]
+
+
+@pytest.mark.parametrize(
+    ("xs", "ws", "kwargs"),
+    [
+        ((2, 4, 3, 4), (4, 3, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+        ((1, 4, 4, 3), (4, 1, 3, 2), {"stride": (2, 3), "padding": (1, 0), "output_padding": (0, 2), "groups": 2}),
+        ((2, 3, 3, 3), (3, 2, 3, 3), {"stride": 2, "padding": 2, "dilation": 2}),
+    ],
+)
+def test_conv_transpose2d(check, xs, ws, kwargs):
+    """torch's conv_transpose2d against its scatter definition: strides, padding, output_padding, groups,
+    dilation, with a bias."""
+    check(
+        [xs, ws, (ws[1] * kwargs.get("groups", 1),)],
+        lambda x, w, b: np_conv_transpose2d(x, w, b, **kwargs),
+        lambda x, w, b: ag.conv_transpose2d(x, w, b, **kwargs),
+        atol=1e-4,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
 #: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
 #: stride 1 and 2, 1x1 at stride 2 (a ResNet shortcut; at stride 1 its forward and input gradient are
 #: batched products, ``conv._pointwise``, its weight gradient implicit), odd image sizes, batch > 1,

@@ -194,6 +194,18 @@ def test_group_norm_module(device):
         nn.GroupNorm(3, 4)
 
 
+def test_conv_transpose2d_module_shapes_and_state(device):
+    layer = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, device=device)
+    assert layer.weight.shape == (4, 3, 3, 3) and layer.bias.shape == (6,)
+    assert (
+        repr(layer)
+        == "ConvTranspose2d(4, 6, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1), groups=2)"
+    )
+    assert layer(ag.tensor(_rand(18, 2, 4, 5, 7), device=device)).shape == (2, 6, 10, 14)
+    with pytest.raises(ValueError, match=r"must be divisible by groups \(4\)"):
+        nn.ConvTranspose2d(4, 6, 3, groups=4)
+
+
 def test_embedding(device):
     table = _rand(9, 10, 4)
     layer = nn.Embedding(10, 4, device=device)

@@ -75,7 +75,7 @@ from netcl.autograd.ops import (
 )
 from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
 from netcl.autograd.ops_attention import packed_self_attention, scaled_dot_product_attention
-from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
+from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
 from netcl.autograd.ops_norm import batch_norm, batch_norm_relu, group_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
@@ -160,6 +160,7 @@ __all__ = [
     "clamp",
     "concat",
     "conv2d",
+    "conv_transpose2d",
     "cos",
     "cross_entropy",
     "cumsum",

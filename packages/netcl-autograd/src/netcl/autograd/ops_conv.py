@@ -15,8 +15,8 @@ from netcl.autograd import autocast_mode
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import plus
 from netcl.autograd.ops_shape import pad
-from netcl.core import Tensor
-from netcl.runtime.ops import conv, pool
+from netcl.core import ShapeError, Tensor
+from netcl.runtime.ops import conv, pointwise, pool
 from netcl.runtime.ops.precision import at_matmul_precision
 
 Operand = Any  # Node | Tensor
@@ -105,6 +105,73 @@ def conv2d(
     )
 
 
+def conv_transpose2d(
+    x: Operand,
+    w: Operand,
+    b: Operand | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    output_padding: int | tuple[int, int] = 0,
+    groups: int = 1,
+    dilation: int | tuple[int, int] = 1,
+) -> Node:
+    """torch's ``conv_transpose2d`` (argument order included): x (N, Cin, H, W), w (Cin, Cout/groups, KH, KW),
+    b (Cout,). The gradient of ``conv2d`` with respect to its input, which it is: its forward is
+    ``conv2d_backward_input`` of the convolution from the (N, Cout, Hout, Wout) output back to x's shape,
+    Hout = (H - 1) stride - 2 padding + dilation (KH - 1) + output_padding + 1; its input gradient is that
+    ``conv2d``, its weight gradient ``conv2d_backward_weight`` with the roles of x and the output swapped."""
+    x_shape, w_shape = _shape(x, "conv_transpose2d", "x"), _shape(w, "conv_transpose2d", "w")
+    geo, out_shape = _transposed_geometry(x_shape, w_shape, stride, padding, output_padding, groups, dilation)
+    if b is not None and _shape(b, "conv_transpose2d", "b") != (out_shape[1],):
+        raise ShapeError(
+            f"conv_transpose2d: b must have shape ({out_shape[1]},), got {_shape(b, 'conv_transpose2d', 'b')}"
+        )
+    attrs = {"stride": stride, "padding": padding, "output_padding": output_padding, "groups": groups,
+             "dilation": dilation}  # fmt: skip
+
+    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
+        out = conv.conv2d_backward_input(xv, wv, geo, groups)
+        return out if bv is None else pointwise.add(out, bv.reshape(1, out_shape[1], 1, 1))
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        xv, wv = values[0], values[1]
+        gx = conv.conv2d(g, wv, None, stride, padding, dilation, groups) if _needs(x) else None
+        gw = conv.conv2d_backward_weight(xv, g, wv.shape, geo, groups) if _needs(w) else None
+        if b is None:
+            return [gx, gw]
+        return [gx, gw, conv.conv2d_backward_bias(g) if _needs(b) else None]
+
+    args = (x, w) if b is None else (x, w, b)
+    return apply_op(forward, grad, *args, op_name="conv_transpose2d", attrs=attrs)
+
+
+def _transposed_geometry(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: Any, padding: Any, output_padding: Any, groups: Any,
+    dilation: Any,
+) -> tuple[Any, tuple[int, int, int, int]]:  # fmt: skip
+    """(the geometry of the convolution a transposed one is the input gradient of, the output shape), checked."""
+    op = "conv_transpose2d"
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ShapeError(f"{op}: x and w must be 4-d, got shapes {x_shape} and {w_shape}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or x_shape[1] % groups:
+        raise ValueError(f"{op}: groups must be a positive int dividing x's {x_shape[1]} channels, got {groups!r}")
+    if w_shape[0] != x_shape[1]:
+        raise ShapeError(f"{op}: w must be (in_channels={x_shape[1]}, out_channels/groups, KH, KW), got {w_shape}")
+    (sh, sw), (ph, pw) = conv.pair(stride, "stride", op, 1), conv.pair(padding, "padding", op, 0)
+    (oph, opw), (dh, dw) = conv.pair(output_padding, "output_padding", op, 0), conv.pair(dilation, "dilation", op, 1)
+    if oph >= sh or opw >= sw:  # torch also takes output_padding < dilation; netcl does not
+        raise ValueError(f"{op}: output_padding {output_padding!r} must be smaller than stride {stride!r}")
+    n, _, h, w = x_shape
+    out_h = (h - 1) * sh - 2 * ph + dh * (w_shape[2] - 1) + oph + 1
+    out_w = (w - 1) * sw - 2 * pw + dw * (w_shape[3] - 1) + opw + 1
+    if out_h <= 0 or out_w <= 0:
+        raise ValueError(f"{op}: the output would be {out_h} x {out_w}; x {x_shape}, w {w_shape}, padding {padding!r}")
+    out_shape = (n, w_shape[1] * groups, out_h, out_w)
+    # with output_padding < stride, the convolution back from the output has exactly x's H x W windows
+    geo = conv.check_conv2d(out_shape, w_shape, None, (sh, sw), (ph, pw), (dh, dw), groups)
+    return geo, out_shape
+
+
 def max_pool2d(
     x: Operand, kernel_size: int | tuple[int, int], stride: Any = None, padding: Any = 0, ceil_mode: bool = False
 ) -> Node:
@@ -166,4 +233,4 @@ def adaptive_avg_pool2d(x: Operand, output_size: int | tuple[int | None, int | N
     )
 
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "max_pool2d"]
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "conv_transpose2d", "max_pool2d"]

@@ -11,7 +11,7 @@ from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
 from netcl.nn.kv_cache import KVCache
-from netcl.nn.layers import Conv2d, Embedding, Linear
+from netcl.nn.layers import Conv2d, ConvTranspose2d, Embedding, Linear
 from netcl.nn.module import IncompatibleKeys, Module
 from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from netcl.nn.parameter import Parameter
@@ -48,6 +48,7 @@ __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
     "Conv2d",
+    "ConvTranspose2d",
     "Dropout",
     "Embedding",
     "Flatten",

@@ -125,6 +125,64 @@ class Conv2d(Module):
         return text
 
 
+class ConvTranspose2d(Module):
+    """torch's ``ConvTranspose2d`` on NCHW: weight (in, out / groups, kh, kw), torch's initialization (fan_in from
+    the weight's second axis) and argument order; ``output_padding`` below ``stride``."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        output_padding: int | tuple[int, int] = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: int | tuple[int, int] = 1,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_channels = positive_int("in_channels", in_channels, "ConvTranspose2d")
+        self.out_channels = positive_int("out_channels", out_channels, "ConvTranspose2d")
+        self.groups = positive_int("groups", groups, "ConvTranspose2d")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"ConvTranspose2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible "
+                f"by groups ({groups})"
+            )
+        self.kernel_size = _pair(kernel_size)
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.output_padding = _pair(output_padding)
+        self.weight = empty_parameter((in_channels, out_channels // groups, *self.kernel_size), device)
+        if bias:
+            self.bias = empty_parameter((out_channels,), device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Any) -> Node:
+        return ag.conv_transpose2d(
+            x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation
+        )
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        for name, default in (("padding", (0, 0)), ("output_padding", (0, 0)), ("dilation", (1, 1))):
+            if getattr(self, name) != default:
+                text += f", {name}={getattr(self, name)}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + (", bias=False" if self.bias is None else "")
+
+
 class Embedding(Module):
     """A lookup table (num_embeddings, embedding_dim) initialized N(0, 1); ``forward(ids)`` gathers rows.
 
