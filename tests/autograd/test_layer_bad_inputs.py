@@ -84,6 +84,21 @@ def test_conv_transpose2d_bad_input(device, raises_before_launch, ws, kwargs, er
     raises_before_launch(device, error, match, lambda: ag.conv_transpose2d(x, w, **kwargs))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"size": 4, "scale_factor": 2}, "exactly one of size and scale_factor"),
+        ({"size": (4, 0)}, r"size must be 2 positive int\(s\)"),
+        ({"scale_factor": 2, "mode": "linear"}, r"mode for a 4-d input must be one of"),
+        ({"scale_factor": 2, "align_corners": True}, "align_corners applies to the linear modes only"),
+        ({"scale_factor": 0.1}, "leaves an empty axis"),
+    ],
+)
+def test_interpolate_bad_input(device, raises_before_launch, kwargs, match):
+    x = ag.tensor(np.zeros((1, 2, 3, 3), np.float32), device=device)
+    raises_before_launch(device, ValueError, match, lambda: ag.interpolate(x, **kwargs))
+
+
 def test_conv2d_bad_bias(device, raises_before_launch):
     x, w, b = node(X4, device), node((4, 3, 3, 3), device), node((3,), device)
     raises_before_launch(device, ShapeError, r"b must have shape \(4,\) .* got \(3,\)", lambda: ag.conv2d(x, w, b))

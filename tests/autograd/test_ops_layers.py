@@ -196,6 +196,50 @@ def test_conv_transpose2d(check, xs, ws, kwargs):
     )
 
 
+def np_interpolate(x, out_sizes, scales, mode, align_corners=False):
+    """torch's interpolate by its definition, axis by axis in float64: source positions in float32 (as torch's
+    kernels compute them; a given scale factor, else the size ratio), then the nearest sample or the two
+    neighbours weighted by the fraction."""
+    f32 = np.float32
+    for k, (target, scale) in enumerate(zip(out_sizes, scales, strict=True)):
+        axis, length = 2 + k, x.shape[2 + k]
+        dst = np.arange(target, dtype=f32)
+        ratio = f32(1 / scale) if scale else f32(length / target)
+        if mode in ("nearest", "nearest-exact"):
+            offset = f32(0.5) if mode == "nearest-exact" else f32(0)
+            src = np.minimum(np.floor((dst + offset) * ratio), length - 1).astype(int)
+            x = np.take(x, src, axis=axis)
+            continue
+        if align_corners:
+            pos = dst * (f32((length - 1) / (target - 1)) if target > 1 else f32(0))
+        else:
+            pos = np.maximum((dst + f32(0.5)) * ratio - f32(0.5), f32(0))
+        lo = np.minimum(np.floor(pos).astype(int), length - 1)
+        hi = np.minimum(lo + 1, length - 1)
+        frac = (pos - lo).astype(np.float64).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        x = np.take(x, lo, axis=axis) * (1 - frac) + np.take(x, hi, axis=axis) * frac
+    return x
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bilinear-corners"])
+@pytest.mark.parametrize(("size", "scale_factor"), [(None, 2), ((11, 4), None), (None, (1.5, 0.7))])
+def test_interpolate_2d(check, mode, size, scale_factor):
+    """torch's interpolate on (N, C, H, W): up and down, by size or scale factor; gradients by finite differences."""
+    align = mode.endswith("corners")
+    name = mode.removesuffix("-corners")
+    xs = (2, 3, 5, 6)
+    outs = size or tuple(int(np.floor(n * f)) for n, f in zip(xs[2:], np.broadcast_to(scale_factor, 2), strict=True))
+    scales = (None, None) if size else tuple(np.broadcast_to(scale_factor, 2).astype(float))
+    check(
+        [xs],
+        lambda x: np_interpolate(x, outs, scales, name, align),
+        lambda x: ag.interpolate(x, size, scale_factor, name, True if align else None),
+        atol=1e-5,
+        grad_atol=1e-3,
+        gradcheck=False,
+    )
+
+
 #: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
 #: stride 1 and 2, 1x1 at stride 2 (a ResNet shortcut; at stride 1 its forward and input gradient are
 #: batched products, ``conv._pointwise``, its weight gradient implicit), odd image sizes, batch > 1,

@@ -206,6 +206,14 @@ def test_conv_transpose2d_module_shapes_and_state(device):
         nn.ConvTranspose2d(4, 6, 3, groups=4)
 
 
+def test_upsample_module(device):
+    x = ag.tensor(_rand(19, 1, 2, 3, 4), device=device)
+    up = nn.Upsample(scale_factor=2)
+    assert repr(up) == "Upsample(scale_factor=2, mode='nearest')"
+    np.testing.assert_array_equal(up(x).to_host(), x.to_host().repeat(2, axis=2).repeat(2, axis=3))
+    assert nn.Upsample(size=(5, 7), mode="bilinear")(x).shape == (1, 2, 5, 7)
+
+
 def test_embedding(device):
     table = _rand(9, 10, 4)
     layer = nn.Embedding(10, 4, device=device)

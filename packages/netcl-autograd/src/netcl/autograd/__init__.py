@@ -80,6 +80,7 @@ from netcl.autograd.ops_index import embedding, gather, index_select
 from netcl.autograd.ops_norm import batch_norm, batch_norm_relu, group_norm, layer_norm, rms_norm
 from netcl.autograd.ops_random import dropout, manual_seed
 from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, min, prod, std, var
+from netcl.autograd.ops_resize import interpolate
 from netcl.autograd.ops_shape import (
     cat,
     concat,
@@ -161,6 +162,7 @@ __all__ = [
     "concat",
     "conv2d",
     "conv_transpose2d",
+    "interpolate",
     "cos",
     "cross_entropy",
     "cumsum",

@@ -32,6 +32,7 @@ from netcl.nn.simple import (
     Softmax,
     Softplus,
     Tanh,
+    Upsample,
 )
 from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
@@ -70,6 +71,7 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "Upsample",
     "functional",
     "generation",
     "init",

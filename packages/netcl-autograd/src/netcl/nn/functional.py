@@ -15,6 +15,7 @@ from typing import Any
 from netcl.autograd import autocast_mode, ops
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_attention import scaled_dot_product_attention  # noqa: F401 - torch.nn.functional's name
+from netcl.autograd.ops_resize import interpolate  # noqa: F401 - torch.nn.functional's name
 from netcl.core import ShapeError, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops import linalg, pointwise

@@ -187,6 +187,24 @@ class AvgPool2d(_Pool2d):
         return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
+class Upsample(Module):
+    """torch's ``Upsample``: ``interpolate`` with the module's ``size`` or ``scale_factor``, ``mode`` and
+    ``align_corners``."""
+
+    def __init__(
+        self, size: Any = None, scale_factor: Any = None, mode: str = "nearest", align_corners: bool | None = None
+    ) -> None:
+        super().__init__()
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+
+    def forward(self, x: Any) -> Node:
+        return ag.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
+
+
 class AdaptiveAvgPool2d(Module):
     """Mean over the adaptive windows that give ``output_size`` (e.g. 1 for global average pooling)."""
 
