@@ -99,6 +99,21 @@ def test_interpolate_bad_input(device, raises_before_launch, kwargs, match):
     raises_before_launch(device, ValueError, match, lambda: ag.interpolate(x, **kwargs))
 
 
+@pytest.mark.parametrize(
+    ("widths", "mode", "match"),
+    [
+        ((4, 0), "reflect", r"needs widths below the padded axis length 4"),
+        ((0, 5), "circular", r"needs widths at most the padded axis length 4"),
+        ((1, -1), "replicate", "takes widths >= 0"),
+        ((1, 1), "wrap", "mode must be 'constant', 'reflect', 'replicate' or 'circular'"),
+        ((1, 1) * 4, "reflect", "pads the last 1-3 axes"),
+    ],
+)
+def test_pad_mode_bad_input(device, raises_before_launch, widths, mode, match):
+    x = ag.tensor(np.zeros((2, 3, 4), np.float32), device=device)
+    raises_before_launch(device, ValueError, match, lambda: ag.pad(x, widths, mode=mode))
+
+
 def test_conv2d_bad_bias(device, raises_before_launch):
     x, w, b = node(X4, device), node((4, 3, 3, 3), device), node((3,), device)
     raises_before_launch(device, ShapeError, r"b must have shape \(4,\) .* got \(3,\)", lambda: ag.conv2d(x, w, b))

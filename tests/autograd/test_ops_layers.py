@@ -240,6 +240,21 @@ def test_interpolate_2d(check, mode, size, scale_factor):
     )
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("widths", [(1, 2, 3, 0), (0, 2, 1, 1)])
+def test_pad_modes(check, mode, widths):
+    """torch's non-constant ``F.pad`` modes against NumPy's ``np.pad`` (reflect, edge, wrap), gradients by finite
+    differences (reflected and wrapped cells send theirs back to the cells they copy)."""
+    numpy_mode = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    pairs = ((0, 0), (0, 0), (widths[2], widths[3]), (widths[0], widths[1]))
+    check(
+        [(2, 3, 4, 5)],
+        lambda x: np.pad(x, pairs, mode=numpy_mode),
+        lambda x: ag.pad(x, widths, mode=mode),
+        gradcheck=False,
+    )
+
+
 #: Shapes of the implicit-GEMM path (netcl.runtime.ops.conv_implicit, on OpenCL devices): 3x3 pad 1 at
 #: stride 1 and 2, 1x1 at stride 2 (a ResNet shortcut; at stride 1 its forward and input gradient are
 #: batched products, ``conv._pointwise``, its weight gradient implicit), odd image sizes, batch > 1,

@@ -179,12 +179,17 @@ def split(x: Operand, split_size_or_sections: int | Sequence[int], axis: int = 0
     return tuple(pieces)
 
 
-def pad(x: Operand, pad: Sequence[int], value: float = 0.0) -> Node:
-    """Constant padding in torch ``F.pad`` order: (left, right) of the last axis, then the one before, ...
+def pad(x: Operand, pad: Sequence[int], value: float = 0.0, *, mode: str = "constant") -> Node:
+    """Padding in torch ``F.pad`` order: (left, right) of the last axis, then the one before, ...
 
-    Negative widths crop.
+    ``mode`` "constant" fills with ``value`` (negative widths crop); "reflect" mirrors without repeating the
+    edge (widths below the axis length), "replicate" repeats the edge, "circular" wraps around (widths up to
+    the length): those three are one ``index_select`` per padded axis, as torch pads the last 1-3 axes of a
+    2-d to 5-d input.
     """
     shape = _shape(x, "pad")
+    if mode != "constant":
+        return _indexed_pad(x, shape, pad, mode)
     pad_widths(shape, pad)
     widths = tuple(int(p) for p in pad)
 
@@ -194,6 +199,57 @@ def pad(x: Operand, pad: Sequence[int], value: float = 0.0) -> Node:
     return apply_op(
         lambda v: device_pad(v, widths, value), grad, x, op_name="pad", attrs={"pad": widths, "value": value}
     )
+
+
+#: (device, axis length, left, right, mode) -> the index Tensor of one padded axis
+_PAD_INDICES: dict[tuple, Tensor] = {}
+
+
+def _indexed_pad(x: Operand, shape: tuple[int, ...], pad: Sequence[int], mode: str) -> Node:
+    """``pad`` in the modes that copy x's own values: one ``index_select`` per padded axis, indices from torch's
+    definition of the mode."""
+    if mode not in ("reflect", "replicate", "circular"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+    widths = list(pad) if isinstance(pad, (tuple, list)) else None
+    if widths is None or len(widths) % 2 or not all(isinstance(w, (int, np.integer)) for w in widths):
+        raise ValueError(f"pad: pad must be a sequence of (left, right) int pairs, got {pad!r}")
+    axes = len(widths) // 2
+    if not 2 <= len(shape) <= 5 or not 1 <= axes <= min(3, len(shape) - 1):
+        raise ValueError(
+            f"pad: mode {mode!r} pads the last 1-3 axes of a 2-d to 5-d input; got {axes} axis pair(s) "
+            f"for shape {shape}"
+        )
+    out: Any = x
+    for k in range(axes):
+        axis, (left, right) = len(shape) - 1 - k, (int(widths[2 * k]), int(widths[2 * k + 1]))
+        if left < 0 or right < 0:
+            raise ValueError(f"pad: mode {mode!r} takes widths >= 0, got {pad!r}")
+        if not left and not right:
+            continue
+        length = shape[axis]
+        limit = length - 1 if mode == "reflect" else length
+        if max(left, right) > limit or length == 0:
+            raise ValueError(
+                f"pad: mode {mode!r} needs widths {'below' if mode == 'reflect' else 'at most'} the padded axis "
+                f"length {length}, got ({left}, {right}) for axis {axis} of shape {shape}"
+            )
+        key = (x.device, length, left, right, mode)
+        index = _PAD_INDICES.get(key)
+        if index is None:
+            if len(_PAD_INDICES) >= 256:
+                _PAD_INDICES.clear()
+            source = np.arange(-left, length + right)
+            if mode == "reflect":
+                period = 2 * (length - 1)
+                folded = np.mod(source, period) if period else np.zeros_like(source)
+                source = np.where(folded < length, folded, period - folded)
+            elif mode == "replicate":
+                source = np.clip(source, 0, length - 1)
+            else:
+                source = np.mod(source, length)
+            index = _PAD_INDICES[key] = Tensor.from_host(x.device, source.astype(np.int32))
+        out = index_select(out, axis, index)
+    return out if isinstance(out, Node) else Node(out, op_name="pad")
 
 
 def squeeze(x: Operand, axis: int | Sequence[int] | None = None) -> Node:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from netcl.autograd import autocast_mode, ops
+from netcl.autograd import autocast_mode, ops, ops_shape
 from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops_attention import scaled_dot_product_attention  # noqa: F401 - torch.nn.functional's name
 from netcl.autograd.ops_resize import interpolate  # noqa: F401 - torch.nn.functional's name
@@ -88,3 +88,8 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
     return apply_op(
         at(precision, forward), at(precision, grad), *args, op_name="linear", attrs=attrs, folds_addends=True
     )
+
+
+def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Node:
+    """torch's ``F.pad`` (its argument order): ``ag.pad`` with ``mode`` and ``value`` (None: 0)."""
+    return ops_shape.pad(input, pad, 0.0 if value is None else value, mode=mode)
