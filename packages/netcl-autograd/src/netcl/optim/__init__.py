@@ -6,7 +6,21 @@ device, so an optimizer step captured with ``fuse_graph`` / ``CompiledGraph`` re
 
 from netcl.optim import lr_scheduler
 from netcl.optim.adam import Adam, AdamW
-from netcl.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, StepLR
+from netcl.optim.lr_scheduler import (
+    ConstantLR,
+    CosineAnnealingLR,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    LRScheduler,
+    MultiplicativeLR,
+    MultiStepLR,
+    OneCycleLR,
+    PolynomialLR,
+    ReduceLROnPlateau,
+    SequentialLR,
+    StepLR,
+)
 from netcl.optim.optimizer import Optimizer
 from netcl.optim.sgd import SGD
 
@@ -14,10 +28,19 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "ConstantLR",
     "CosineAnnealingLR",
+    "ExponentialLR",
     "LRScheduler",
+    "LambdaLR",
     "LinearLR",
+    "MultiStepLR",
+    "MultiplicativeLR",
+    "OneCycleLR",
     "Optimizer",
+    "PolynomialLR",
+    "ReduceLROnPlateau",
+    "SequentialLR",
     "StepLR",
     "lr_scheduler",
 ]

@@ -121,8 +121,9 @@ class Optimizer:
     def sync_hyperparameters(self) -> None:
         """Upload every group's hyperparameters that changed since the last upload (a host copy, never
         captured: a replayed step reads the buffer and sees the new values)."""
-        for i, group in enumerate(self.param_groups):
+        for group in self.param_groups:  # every group checked before any upload: a bad value changes nothing
             self.check_hyperparameters(group)
+        for i, group in enumerate(self.param_groups):
             values = self.hyper_values(group)
             current = self._hyper[i]
             if current is None:
