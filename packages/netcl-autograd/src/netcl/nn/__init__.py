@@ -12,6 +12,15 @@ from netcl.nn.checkpoint import load, save
 from netcl.nn.containers import ModuleList, Sequential
 from netcl.nn.kv_cache import KVCache
 from netcl.nn.layers import Conv2d, ConvTranspose2d, Embedding, Linear
+from netcl.nn.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from netcl.nn.module import IncompatibleKeys, Module
 from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from netcl.nn.parameter import Parameter
@@ -37,6 +46,13 @@ from netcl.nn.simple import (
 from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "CrossEntropyLoss",
+    "L1Loss",
+    "MSELoss",
+    "NLLLoss",
+    "SmoothL1Loss",
     "ELU",
     "GELU",
     "GroupNorm",

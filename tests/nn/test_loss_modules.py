@@ -1,0 +1,105 @@
+"""torch's loss modules against float64 NumPy references, every reduction; the arguments netcl does not take are
+refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.nn as nn
+
+RNG = np.random.default_rng(0)
+A, B = RNG.normal(size=(4, 3)), RNG.normal(size=(4, 3))
+PROBS, SOFT = RNG.uniform(0.05, 0.95, size=(4, 3)), RNG.uniform(size=(4, 3))
+LOGITS, LABELS = RNG.normal(size=(6, 5)), np.array([0, 4, -100, 2, 1, 3])
+
+
+def _log_softmax(x):
+    z = x - x.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _nll(logp, labels):
+    kept = labels != -100
+    return np.where(kept, -logp[np.arange(len(labels)), np.where(kept, labels, 0)], 0.0), kept
+
+
+def _cross_entropy(x, labels, smoothing):
+    logp = _log_softmax(x)
+    nll, kept = _nll(logp, labels)
+    return np.where(kept, (1 - smoothing) * nll - smoothing * logp.mean(axis=1), 0.0), kept
+
+
+def _smooth_l1(d, beta):
+    return np.abs(d) if beta == 0 else np.where(np.abs(d) < beta, 0.5 * d * d / beta, np.abs(d) - 0.5 * beta)
+
+
+#: name -> (module factory by reduction, prediction, target, whether the target holds class indices)
+CASES = {
+    "mse": (lambda r: nn.MSELoss(reduction=r), A, B, False),
+    "l1": (lambda r: nn.L1Loss(reduction=r), A, B, False),
+    "smooth_l1": (lambda r: nn.SmoothL1Loss(reduction=r, beta=0.5), A, B, False),
+    "smooth_l1_beta0": (lambda r: nn.SmoothL1Loss(r, beta=0.0), A, B, False),
+    "bce": (lambda r: nn.BCELoss(reduction=r), PROBS, SOFT, False),
+    "bce_logits": (lambda r: nn.BCEWithLogitsLoss(reduction=r), 3 * A, SOFT, False),
+    "nll": (lambda r: nn.NLLLoss(reduction=r), LOGITS, LABELS, True),
+    "cross_entropy": (lambda r: nn.CrossEntropyLoss(reduction=r, label_smoothing=0.1), LOGITS, LABELS, True),
+}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_module_matches_reference(device, name, reduction):
+    """Forward against the float64 reference (a mean over the rows not ignored for the class losses);
+    the gradient of sum(loss * w) against finite differences of that reference."""
+    make, pred, target, integer = CASES[name]
+    module = make(reduction)
+    p = ag.tensor(pred.astype(np.float32), requires_grad=True, device=device)
+    t = ag.tensor(target.astype(np.int32 if integer else np.float32), device=device)
+    out = module(p, t)
+
+    def reduce(values, kept):
+        if reduction == "none":
+            return values
+        if reduction == "sum":
+            return values.sum()
+        return values.sum() / (kept.sum() if kept is not None else values.size)
+
+    np.testing.assert_allclose(out.to_host(), reduce(*_reference_at(name, pred, target)), rtol=1e-5, atol=1e-6)
+    weights = np.linspace(0.5, 1.5, out.size).reshape(out.shape)
+    ag.sum(out * ag.tensor(weights.astype(np.float32), device=device)).backward()
+    numeric, eps = np.zeros_like(pred), 1e-6
+    for index in np.ndindex(pred.shape):
+        for sign in (1, -1):
+            moved = pred.copy()
+            moved[index] += sign * eps
+            values = _reference_at(name, moved, target)
+            numeric[index] += sign * (reduce(*values) * weights).sum() / (2 * eps)
+    np.testing.assert_allclose(p.grad.to_host(), numeric, rtol=1e-4, atol=1e-5)
+
+
+def _reference_at(name: str, pred: np.ndarray, target: np.ndarray):
+    """Case ``name``'s elementwise float64 reference at ``pred`` and the rows kept (class losses) or None."""
+    if name == "mse":
+        return (pred - target) ** 2, None
+    if name == "l1":
+        return np.abs(pred - target), None
+    if name.startswith("smooth_l1"):
+        return _smooth_l1(pred - target, 0.5 if name == "smooth_l1" else 0.0), None
+    if name == "bce":
+        return -(target * np.log(pred) + (1 - target) * np.log(1 - pred)), None
+    if name == "bce_logits":
+        return np.maximum(pred, 0) - pred * target + np.log1p(np.exp(-np.abs(pred))), None
+    if name == "nll":
+        return _nll(pred, target)
+    return _cross_entropy(pred, target, 0.1)
+
+
+def test_unsupported_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="CrossEntropyLoss: weight"):
+        nn.CrossEntropyLoss(weight=np.ones(3))
+    with pytest.raises(ValueError, match="BCEWithLogitsLoss: pos_weight is not supported"):
+        nn.BCEWithLogitsLoss(pos_weight=np.ones(3))
+    with pytest.raises(ValueError, match=r"MSELoss: reduction must be one of \('mean', 'sum', 'none'\), got 'avg'"):
+        nn.MSELoss(reduction="avg")
