@@ -131,6 +131,11 @@ def test_simple_layers(device):
         (nn.Softplus(2.0, 1.0), np.where(2 * x64 > 1, x64, np.log1p(np.exp(2 * x64)) / 2)),
         (nn.Softmax(1), np.exp(x64) / np.exp(x64).sum(1, keepdims=True)),
         (nn.LogSoftmax(-1), x64 - np.log(np.exp(x64).sum(-1, keepdims=True))),
+        (nn.ReLU6(), np.clip(x64, 0, 6)),
+        (nn.Hardtanh(-0.5, 0.25), np.clip(x64, -0.5, 0.25)),
+        (nn.Hardsigmoid(), np.clip(x64 / 6 + 0.5, 0, 1)),
+        (nn.Hardswish(), x64 * np.clip(x64 / 6 + 0.5, 0, 1)),
+        (nn.Mish(), x64 * np.tanh(np.log1p(np.exp(x64)))),
         (nn.Identity(), x64),
         (nn.Flatten(), x64.reshape(2, -1)),
         (nn.MaxPool2d(2), _maxpool_reference(x64)),
@@ -212,6 +217,18 @@ def test_upsample_module(device):
     assert repr(up) == "Upsample(scale_factor=2, mode='nearest')"
     np.testing.assert_array_equal(up(x).to_host(), x.to_host().repeat(2, axis=2).repeat(2, axis=3))
     assert nn.Upsample(size=(5, 7), mode="bilinear")(x).shape == (1, 2, 5, 7)
+
+
+def test_dropout2d_drops_whole_channels(device):
+    """Each (sample, channel) plane is either all zero or all scaled by 1 / (1 - p); eval is the identity."""
+    ag.manual_seed(3)
+    x = ag.tensor(np.ones((8, 16, 3, 3), np.float32), device=device)
+    layer = nn.Dropout2d(0.5)
+    out = layer(x).to_host()
+    planes = out.reshape(8, 16, 9)
+    assert set(np.unique(planes)) <= {0.0, 2.0} and (planes.min(axis=2) == planes.max(axis=2)).all()
+    assert 0.25 < np.mean(planes[:, :, 0] == 0) < 0.75  # 128 draws at p 0.5
+    assert layer.eval()(x) is x
 
 
 def test_embedding(device):

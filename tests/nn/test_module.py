@@ -189,6 +189,13 @@ def test_containers(device):
     assert isinstance(seq[1:], nn.Sequential) and len(seq[1:]) == 2
     x = _inputs(device, (4, 2))
     np.testing.assert_array_equal(seq(x).to_host(), seq[2](seq[1](seq[0](x))).to_host())
+    heads = nn.ModuleDict({"cls": nn.Linear(2, 3, device=device), "box": nn.Linear(2, 4, device=device)})
+    heads["extra"] = nn.Identity()
+    assert list(heads) == ["cls", "box", "extra"] and "box" in heads and len(heads) == 3
+    assert [n for n, _ in heads.named_parameters()] == ["cls.weight", "cls.bias", "box.weight", "box.bias"]
+    del heads["extra"]
+    with pytest.raises(KeyError, match="ModuleDict has no module 'extra'"):
+        heads["extra"]
 
 
 def test_deepcopy_and_pickle_give_an_independent_equal_model(device):

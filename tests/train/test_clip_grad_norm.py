@@ -110,3 +110,17 @@ def test_clip_replays_with_the_factor_computed_on_the_device(device):
         coef = min(0.3 / (norm + 1e-6), 1.0)
         for c, r in zip(clipped, raw, strict=True):
             np.testing.assert_allclose(c, r * coef, rtol=1e-4, atol=1e-7)  # jit-fused vs eager backward
+
+
+def test_clip_grad_value_clamps_every_gradient_in_place(device):
+    """torch's ``clip_grad_value_``: each gradient clamped to [-c, c] in its own buffer; no gradient, no change."""
+    params, grads = _params(device, scale=3.0)
+    buffers = [p.grad for p in params]
+    bare = nn.Parameter(np.zeros(2, np.float32), device=device)
+    nn.utils.clip_grad_value_([*params, bare], 1.5)
+    for p, buffer, g in zip(params, buffers, grads, strict=True):
+        assert p.grad is buffer
+        np.testing.assert_array_equal(p.grad.to_host(), np.clip(g, -1.5, 1.5).astype(np.float32))
+    assert bare.grad is None
+    with pytest.raises(ValueError, match="clip_value must be a number >= 0, got -1"):
+        nn.utils.clip_grad_value_(params, -1)

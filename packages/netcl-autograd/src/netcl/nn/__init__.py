@@ -9,7 +9,7 @@ and read state dicts as safetensors files.
 from netcl.nn import functional, generation, init, utils
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.checkpoint import load, save
-from netcl.nn.containers import ModuleList, Sequential
+from netcl.nn.containers import ModuleDict, ModuleList, Sequential
 from netcl.nn.kv_cache import KVCache
 from netcl.nn.layers import Conv2d, ConvTranspose2d, Embedding, Linear
 from netcl.nn.loss import (
@@ -30,12 +30,18 @@ from netcl.nn.simple import (
     AdaptiveAvgPool2d,
     AvgPool2d,
     Dropout,
+    Dropout2d,
     Flatten,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
     Identity,
     LeakyReLU,
     LogSoftmax,
     MaxPool2d,
+    Mish,
     ReLU,
+    ReLU6,
     Sigmoid,
     SiLU,
     Softmax,
@@ -53,7 +59,14 @@ __all__ = [
     "MSELoss",
     "NLLLoss",
     "SmoothL1Loss",
+    "Dropout2d",
     "ELU",
+    "Hardsigmoid",
+    "Hardswish",
+    "Hardtanh",
+    "Mish",
+    "ModuleDict",
+    "ReLU6",
     "GELU",
     "GroupNorm",
     "LeakyReLU",

@@ -1,9 +1,9 @@
-"""Containers: ``Sequential`` (runs its modules in order) and ``ModuleList`` (holds modules)."""
+"""Containers: ``Sequential`` (runs its modules in order), ``ModuleList`` and ``ModuleDict`` (hold modules)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from netcl.nn.module import Module
@@ -92,3 +92,50 @@ class ModuleList(Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("ModuleList has no forward(); iterate over it in the owner's forward")
+
+
+class ModuleDict(Module):
+    """A dict of modules whose parameters the owner sees under their keys (``"encoder.weight"``), in insertion
+    order, as torch's."""
+
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+        for name, module in modules.items() if isinstance(modules, Mapping) else modules:
+            self[name] = module
+
+    def __getitem__(self, key: str) -> Module:
+        if key not in self._modules:
+            raise KeyError(f"ModuleDict has no module {key!r}")
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        self[key]
+        del self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._modules
+
+    def keys(self) -> Iterable[str]:
+        return self._modules.keys()
+
+    def values(self) -> Iterable[Module]:
+        return self._modules.values()
+
+    def items(self) -> Iterable[tuple[str, Module]]:
+        return self._modules.items()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("ModuleDict has no forward(); call its modules in the owner's forward")

@@ -6,6 +6,7 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
+from netcl.core import Tensor
 from netcl.nn.module import Module
 
 
@@ -98,6 +99,50 @@ class LogSoftmax(Softmax):
         return ag.log_softmax(x, self.dim)
 
 
+class Hardtanh(Module):
+    """``clamp(x, min_val, max_val)`` (torch's)."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0) -> None:
+        super().__init__()
+        if max_val <= min_val:
+            raise ValueError(f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})")
+        self.min_val, self.max_val = float(min_val), float(max_val)
+
+    def forward(self, x: Any) -> Node:
+        return ag.clamp(x, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}"
+
+
+class ReLU6(Hardtanh):
+    """``clamp(x, 0, 6)``."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0, 6.0)
+
+
+class Hardsigmoid(Module):
+    """``clamp(x / 6 + 1 / 2, 0, 1)`` (torch's)."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.clamp(ag.add(ag.mul(x, 1.0 / 6.0), 0.5), 0.0, 1.0)
+
+
+class Hardswish(Module):
+    """``x * hardsigmoid(x)`` (torch's)."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.mul(x, ag.clamp(ag.add(ag.mul(x, 1.0 / 6.0), 0.5), 0.0, 1.0))
+
+
+class Mish(Module):
+    """``x * tanh(softplus(x))``."""
+
+    def forward(self, x: Any) -> Node:
+        return ag.mul(x, ag.tanh(ag.softplus(x)))
+
+
 class SiLU(Module):
     def forward(self, x: Any) -> Node:
         return ag.silu(x)
@@ -124,6 +169,30 @@ class Dropout(Module):
 
     def forward(self, x: Any) -> Node:
         return ag.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Dropout2d(Module):
+    """Zeroes whole channels of (N, C, ...) input with probability ``p`` in training mode, scaling the others by
+    1 / (1 - p) (torch's ``Dropout2d``: one draw per sample and channel); identity in eval."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout2d: p must be a probability in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def forward(self, x: Any) -> Any:
+        if not self.training or self.p == 0.0:
+            return x
+        shape = tuple(x.shape)
+        if len(shape) < 3:
+            raise ValueError(f"Dropout2d: x must be (N, C, H, W) or (N, C, L), got shape {shape}")
+        value = x.value if isinstance(x, Node) else x
+        ones = Tensor.zeros((shape[0], shape[1]) + (1,) * (len(shape) - 2), value.dtype, value.device)
+        return ag.mul(x, ag.dropout(ag.add(Node(ones), 1.0), self.p))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -1,4 +1,4 @@
-"""``netcl.nn.utils``: ``clip_grad_norm_`` (torch's ``torch.nn.utils.clip_grad_norm_``)."""
+"""``netcl.nn.utils``: ``clip_grad_norm_`` and ``clip_grad_value_`` (torch's ``torch.nn.utils`` ones)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import Tensor
+from netcl.runtime.ops import pointwise
 from netcl.runtime.ops.clip_kernels import grad_norm, scale_many_
+from netcl.runtime.ops.layout import cast
+from netcl.runtime.ops.upload import copy_into
 
 
 def clip_grad_norm_(
@@ -59,3 +62,19 @@ def clip_grad_norm_(
 
 
 __all__ = ["clip_grad_norm_"]
+
+
+def clip_grad_value_(parameters: Node | Iterable[Node], clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place (torch's); parameters
+    without a gradient are skipped. One launch per gradient and a copy into it, nothing read back to the host."""
+    if isinstance(parameters, Node):
+        parameters = [parameters]
+    if isinstance(clip_value, bool) or not isinstance(clip_value, (int, float)) or not clip_value >= 0:
+        raise ValueError(f"clip_grad_value_: clip_value must be a number >= 0, got {clip_value!r}")
+    bound = float(clip_value)
+    for i, p in enumerate(list(parameters)):
+        if not isinstance(p, Node):
+            raise TypeError(f"clip_grad_value_: parameter {i} is a {type(p).__name__}, expected a Parameter (Node)")
+        if p.grad is not None:
+            clamped = pointwise.clamp(p.grad, -bound, bound)
+            copy_into(p.grad, clamped if clamped.dtype == p.grad.dtype else cast(clamped, p.grad.dtype))
