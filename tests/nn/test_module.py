@@ -235,6 +235,9 @@ def test_to_a_dtype_casts_floating_state_in_place(device):
     x = ag.tensor(np.ones((5, 4)), device=device, dtype=np.float64)
     assert model(x).dtype == np.float64
     assert model.float()[0].weight.dtype == np.float32 and model.double()[0].bias.dtype == np.float64
+    assert (
+        model.to("float16")[0].weight.dtype == np.float16 and model.to(device, "float32")[0].weight.dtype == np.float32
+    )
     with pytest.raises(TypeError, match="floating-point type, got int32"):
         model.to(np.int32)
     with pytest.raises(TypeError, match="needs a device, a dtype or both"):

@@ -38,6 +38,20 @@ class RemovableHandle:
         self._hooks.pop(self.id, None)
 
 
+def _is_device(arg: Any) -> bool:
+    """Whether a positional argument of ``Module.to`` names a device (a Device, or a spec such as "gpu", "cpu",
+    "opencl", "0:1") rather than a dtype ("float16", np.float64)."""
+    if isinstance(arg, Device):
+        return True
+    if not isinstance(arg, str):
+        return False
+    try:
+        np.dtype(arg)
+    except TypeError:
+        return True
+    return False
+
+
 def _twice(what: str) -> Any:
     raise TypeError(f"Module.to: the {what} was given twice")
 
@@ -256,7 +270,7 @@ class Module:
         and buffer to ``device`` and casts the floating-point ones to ``dtype`` (integer buffers keep theirs), in
         place: the Parameter objects stay and get new tensors (their gradients are cleared); returns self."""
         for arg in args:
-            if isinstance(arg, Device) or (isinstance(arg, str) and arg.split(":")[0] in ("cpu", "opencl")):
+            if _is_device(arg):
                 device = arg if device is None else _twice("device")
             else:
                 dtype = arg if dtype is None else _twice("dtype")
@@ -390,7 +404,7 @@ class Module:
                 output = changed
         return output
 
-    #: hooks by id; the class's are empty and never written (``_hook_table`` gives a module its own)
+    #: hooks by id; the class's are empty and never written (``_add_hook`` gives a module its own)
     _forward_pre_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
     _forward_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
 

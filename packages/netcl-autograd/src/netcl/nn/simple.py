@@ -6,8 +6,8 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
-from netcl.core import Tensor
 from netcl.nn.module import Module
+from netcl.runtime.ops import layout
 
 
 class Identity(Module):
@@ -191,8 +191,8 @@ class Dropout2d(Module):
         if len(shape) < 3:
             raise ValueError(f"Dropout2d: x must be (N, C, H, W) or (N, C, L), got shape {shape}")
         value = x.value if isinstance(x, Node) else x
-        ones = Tensor.zeros((shape[0], shape[1]) + (1,) * (len(shape) - 2), value.dtype, value.device)
-        return ag.mul(x, ag.dropout(ag.add(Node(ones), 1.0), self.p))
+        ones = layout.full((shape[0], shape[1]) + (1,) * (len(shape) - 2), 1.0, value.dtype, value.device)
+        return ag.mul(x, ag.dropout(Node(ones), self.p))  # one scaled keep-or-drop per sample and channel
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
