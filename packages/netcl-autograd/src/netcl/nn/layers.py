@@ -63,7 +63,27 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class Conv2d(Module):
+class _Convolution(Module):
+    """What the convolutions share: a weight and an optional bias, torch's initialization (kaiming-uniform with
+    a = sqrt(5), the bias uniform in +-1 / sqrt(fan_in), fan_in from the weight's second axis on)."""
+
+    def _parameters_of(self, weight_shape: tuple[int, ...], channels: int, bias: bool, device: Any) -> None:
+        self.weight = empty_parameter(weight_shape, device)
+        if bias:
+            self.bias = empty_parameter((channels,), device)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(self.bias, -bound, bound)
+
+
+class Conv2d(_Convolution):
     """2-D convolution on NCHW; weight (out, in / groups, kh, kw), init as ``Linear`` with fan_in = in/groups*kh*kw."""
 
     def __init__(
@@ -95,19 +115,7 @@ class Conv2d(Module):
             raise ValueError(f"Conv2d: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
         if padding == "same" and self.stride != (1, 1):
             raise ValueError(f"Conv2d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
-        self.weight = empty_parameter((out_channels, in_channels // groups, *self.kernel_size), device)
-        if bias:
-            self.bias = empty_parameter((out_channels,), device)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in)
-            init.uniform_(self.bias, -bound, bound)
+        self._parameters_of((out_channels, in_channels // groups, *self.kernel_size), out_channels, bias, device)
 
     def forward(self, x: Any) -> Node:
         return ag.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -125,7 +133,7 @@ class Conv2d(Module):
         return text
 
 
-class ConvTranspose2d(Module):
+class ConvTranspose2d(_Convolution):
     """torch's ``ConvTranspose2d`` on NCHW: weight (in, out / groups, kh, kw), torch's initialization (fan_in from
     the weight's second axis) and argument order; ``output_padding`` below ``stride``."""
 
@@ -154,19 +162,7 @@ class ConvTranspose2d(Module):
         self.kernel_size = _pair(kernel_size)
         self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
         self.output_padding = _pair(output_padding)
-        self.weight = empty_parameter((in_channels, out_channels // groups, *self.kernel_size), device)
-        if bias:
-            self.bias = empty_parameter((out_channels,), device)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in)
-            init.uniform_(self.bias, -bound, bound)
+        self._parameters_of((in_channels, out_channels // groups, *self.kernel_size), out_channels, bias, device)
 
     def forward(self, x: Any) -> Node:
         return ag.conv_transpose2d(

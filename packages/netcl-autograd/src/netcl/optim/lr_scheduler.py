@@ -426,11 +426,12 @@ class SequentialLR(LRScheduler):
         self.__dict__.update(saved)
 
 
-class ReduceLROnPlateau:
-    """torch's ``ReduceLROnPlateau``: ``step(metric)`` once per epoch; after more than ``patience`` epochs without
-    an improvement (``threshold``, relative or absolute, in ``mode`` "min" or "max") every lr is multiplied by
-    ``factor`` (not below ``min_lr``; a change below ``eps`` is skipped), then ``cooldown`` epochs pass before
-    counting again. The metric is read on the host (a loss Node is read once per call)."""
+class ReduceLROnPlateau(LRScheduler):
+    """torch's ``ReduceLROnPlateau``, an ``LRScheduler`` stepped with a metric (no step at construction):
+    ``step(metric)`` once per epoch; after more than ``patience`` epochs without an improvement (``threshold``,
+    relative or absolute, in ``mode`` "min" or "max") every lr is multiplied by ``factor`` (not below ``min_lr``;
+    a change below ``eps`` is skipped), then ``cooldown`` epochs pass before counting again. The metric is read
+    on the host (a loss Node is read once per call)."""
 
     def __init__(
         self,
@@ -443,7 +444,7 @@ class ReduceLROnPlateau:
         cooldown: int = 0,
         min_lr: float | Sequence[float] = 0.0,
         eps: float = 1e-8,
-    ) -> None:
+    ) -> None:  # no LRScheduler.__init__: nothing steps at construction
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"ReduceLROnPlateau: expected a netcl Optimizer, got {type(optimizer).__name__}")
         if factor >= 1.0:
@@ -469,7 +470,7 @@ class ReduceLROnPlateau:
             return current < (best * (1 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold)
         return current > (best * (self.threshold + 1) if self.threshold_mode == "rel" else best + self.threshold)
 
-    def step(self, metrics: Any) -> None:
+    def step(self, metrics: Any) -> None:  # type: ignore[override]
         current = float(metrics)
         self.last_epoch += 1
         if self.is_better(current, self.best):
@@ -488,12 +489,3 @@ class ReduceLROnPlateau:
             self.optimizer.sync_hyperparameters()
             self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-
-    def get_last_lr(self) -> list[float]:
-        return list(self._last_lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update(state_dict)
