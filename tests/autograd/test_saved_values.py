@@ -99,3 +99,18 @@ def test_the_usual_loop_and_two_forwards_through_batch_norm_pass(device):
         loss.backward()
         opt.step()
     assert all(np.isfinite(p.grad.to_host()).all() for p in model.parameters())
+
+
+def test_a_replayed_training_step_counts_as_a_write_of_the_parameters(cl_device):
+    """A forward recorded eagerly, then a replay of a captured step with an optimizer update (which rewrites the
+    weights on the device), then the eager backward: it would use the updated weights, so it raises."""
+    from netcl.jit import fuse_graph
+
+    layer, x = _linear(cl_device)
+    opt = SGD(layer.parameters(), lr=0.5)
+    y = ag.tensor(np.zeros((4, 2), np.float32), device=cl_device)
+    graph = fuse_graph(layer, x, y, ag.mse_loss, optimizer_step=opt.step)
+    loss = ag.sum(layer(x))
+    graph.execute(x, y)
+    with pytest.raises(ModifiedInPlaceError, match=MODIFIED.format("linear", "input 1", "2, 3")):
+        loss.backward()

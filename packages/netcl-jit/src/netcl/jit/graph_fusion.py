@@ -16,6 +16,7 @@ from netcl.autograd.capture_checks import CaptureChecks
 from netcl.autograd.engine import Node, Tape, no_grad
 from netcl.autograd.graph import CompiledGraph
 from netcl.core import Device, Tensor, get_device
+from netcl.core.writes import written
 from netcl.jit.compiler import jit_compile
 from netcl.runtime.errors import StaleCaptureError
 from netcl.runtime.ops import get_float32_matmul_precision, matmul_precision
@@ -116,7 +117,10 @@ class FusedGraph:
             if stale is not None:
                 raise StaleCaptureError(stale)
             return self._eager(inputs)
-        return self.compiled.replay([n.value for n in inputs], copy_outputs=copy_outputs)
+        result = self.compiled.replay([n.value for n in inputs], copy_outputs=copy_outputs)
+        if self.optimizer_step is not None:  # the replayed update wrote the parameters (``netcl.core.writes``)
+            written(*(p.value for p in self.params))
+        return result
 
     replay = execute
 
