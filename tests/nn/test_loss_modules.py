@@ -1,5 +1,5 @@
-"""torch's loss modules against float64 NumPy references, every reduction; the arguments netcl does not take are
-refused by name."""
+"""torch's loss modules against float64 NumPy references, every reduction, class weights; the argument netcl does
+not take (pos_weight) is refused by name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 import netcl.autograd as ag
 import netcl.nn as nn
+from netcl.core import ShapeError
 
 RNG = np.random.default_rng(0)
 A, B = RNG.normal(size=(4, 3)), RNG.normal(size=(4, 3))
@@ -96,9 +97,49 @@ def _reference_at(name: str, pred: np.ndarray, target: np.ndarray):
     return _cross_entropy(pred, target, 0.1)
 
 
+CLASS_WEIGHTS = np.array([0.5, 2.0, 1.0, 3.0, 0.25])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_class_weights_follow_torchs_normalization(device, reduction, smoothing, spatial):
+    """CrossEntropyLoss(weight=w): each kept position's loss weighed by w[y] (smoothed: plus s / C of the w-weighted
+    sum over classes), ignored positions add nothing, the mean divides by the sum of w[y] over the kept ones;
+    (N, C, d) inputs as (N * d, C); gradients by central differences of the float64 reference."""
+    logits = RNG.normal(size=(3, 5, 4)) if spatial else LOGITS
+    labels = np.array([[0, 4, -100, 2], [1, 3, 3, -100], [2, 2, 0, 1]]) if spatial else LABELS
+    module = nn.CrossEntropyLoss(weight=CLASS_WEIGHTS, reduction=reduction, label_smoothing=smoothing)
+
+    def reference(x):
+        rows = np.moveaxis(x, 1, -1).reshape(-1, 5) if spatial else x
+        flat = labels.reshape(-1)
+        logp, kept = _log_softmax(rows), flat != -100
+        safe = np.where(kept, flat, 0)
+        w_target = CLASS_WEIGHTS[safe] * kept
+        loss = -logp[np.arange(len(flat)), safe] * w_target
+        loss = (1 - smoothing) * loss - smoothing / 5 * (logp * CLASS_WEIGHTS).sum(axis=1) * kept
+        if reduction == "none":
+            return loss.reshape(labels.shape)
+        return loss.sum() if reduction == "sum" else loss.sum() / w_target.sum()
+
+    p = ag.tensor(logits.astype(np.float32), requires_grad=True, device=device)
+    out = module(p, ag.tensor(labels.astype(np.int32), device=device))
+    np.testing.assert_allclose(out.to_host(), reference(logits), rtol=1e-5, atol=1e-6)
+    weights = np.linspace(0.5, 1.5, out.size).reshape(out.shape)
+    ag.sum(out * ag.tensor(weights.astype(np.float32), device=device)).backward()
+    numeric = np.zeros_like(logits)
+    for index in np.ndindex(logits.shape):
+        up, down = logits.copy(), logits.copy()
+        up[index] += 1e-6
+        down[index] -= 1e-6
+        numeric[index] = ((reference(up) - reference(down)) * weights).sum() / 2e-6
+    np.testing.assert_allclose(p.grad.to_host(), numeric, rtol=1e-4, atol=1e-5)
+
+
 def test_unsupported_arguments_are_refused_by_name():
-    with pytest.raises(ValueError, match="CrossEntropyLoss: weight"):
-        nn.CrossEntropyLoss(weight=np.ones(3))
+    with pytest.raises(ShapeError, match=r"class weight must have shape \(5,\)"):
+        nn.CrossEntropyLoss(weight=np.ones(3))(ag.tensor(LOGITS.astype(np.float32)), LABELS.astype(np.int32))
     with pytest.raises(ValueError, match="BCEWithLogitsLoss: pos_weight is not supported"):
         nn.BCEWithLogitsLoss(pos_weight=np.ones(3))
     with pytest.raises(ValueError, match=r"MSELoss: reduction must be one of \('mean', 'sum', 'none'\), got 'avg'"):

@@ -2,17 +2,23 @@
 ``BCELoss`` and ``BCEWithLogitsLoss``, each with torch's ``reduction`` ("mean", "sum", "none").
 
 A "mean" loss is netcl's fused loss op (one kernel forward and one backward); "sum" and "none" compose the
-elementwise form. Not supported, each refused by name: class ``weight`` of ``CrossEntropyLoss`` / ``NLLLoss``
-and ``pos_weight`` of ``BCEWithLogitsLoss``.
+elementwise form, and so do the class ``weight`` of ``CrossEntropyLoss`` / ``NLLLoss`` (``weighted_class_loss``:
+torch's normalization by the weights of the targets, label smoothing included). ``pos_weight`` of
+``BCEWithLogitsLoss`` is refused by name.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
+from netcl.autograd.losses import class_targets
+from netcl.core import ShapeError, Tensor
 from netcl.nn.module import Module
+from netcl.runtime.ops import pointwise
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -35,6 +41,40 @@ def _reduced(loss: Node, reduction: str) -> Node:
     return ag.sum(loss) if reduction == "sum" else ag.mean(loss)
 
 
+def weighted_class_loss(
+    scores: Any, target: Any, weight: Any, ignore_index: int, reduction: str, smoothing: float, from_logits: bool
+) -> Node:
+    """torch's ``cross_entropy`` (``from_logits``) or ``nll_loss`` with class weights (C,): each position's loss is
+    ``w[y] * -logp[y]`` (and, smoothed, ``(1 - s)`` of that plus ``s / C * sum_c w[c] * -logp[c]``), a position whose
+    target is ``ignore_index`` adds nothing, and the mean divides by the sum of ``w[y]`` over the kept positions.
+    Composed from ``log_softmax``, ``gather`` and ``index_select`` (their device index checks included)."""
+    shape = tuple(scores.shape)
+    labels = class_targets(target, scores, "cross_entropy" if from_logits else "nll_loss", ignore_index)
+    classes = shape[1]
+    if tuple(weight.shape) != (classes,):
+        raise ShapeError(f"class weight must have shape ({classes},) (one per class), got {tuple(weight.shape)}")
+    device = (scores.value if isinstance(scores, Node) else scores).device
+    labels = labels.value if isinstance(labels, Node) else labels
+    labels = labels if isinstance(labels, Tensor) else Tensor.from_host(device, np.asarray(labels, np.int32))
+    logp = ag.log_softmax(scores, 1) if from_logits else scores
+    if len(shape) > 2:  # classes last, positions flattened: (N * d1 * ..., C)
+        logp = ag.reshape(ag.permute(logp, (0, *range(2, len(shape)), 1)), (-1, classes))
+    flat = labels.reshape(labels.size)
+    kept = pointwise.ne(flat, ignore_index)  # 1.0 where the position counts
+    safe = pointwise.where(kept, flat, 0)  # ignored positions read class 0, then weigh nothing
+    w = weight if isinstance(weight, Node) else ag.tensor(weight, device=device)
+    w_target = ag.mul(ag.index_select(w, 0, safe), Node(kept))
+    picked = ag.reshape(ag.gather(logp, 1, safe.reshape(flat.size, 1)), (flat.size,))
+    loss = ag.neg(ag.mul(picked, w_target))
+    if smoothing:
+        spread = ag.neg(ag.sum(ag.mul(logp, ag.reshape(w, (1, classes))), axis=1))
+        loss = ag.add(ag.mul(loss, 1.0 - smoothing), ag.mul(ag.mul(spread, Node(kept)), smoothing / classes))
+    if reduction == "none":
+        return ag.reshape(loss, tuple(labels.shape))
+    total = ag.sum(loss)
+    return total if reduction == "sum" else ag.div(total, ag.sum(w_target))
+
+
 class _Loss(Module):
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
@@ -54,11 +94,13 @@ class CrossEntropyLoss(_Loss):
         reduction: str = "mean",
         label_smoothing: float = 0.0,
     ) -> None:
-        _refuse("CrossEntropyLoss", "weight (class weights)", weight)
         super().__init__(reduction)
-        self.ignore_index, self.label_smoothing = int(ignore_index), float(label_smoothing)
+        self.weight, self.ignore_index, self.label_smoothing = weight, int(ignore_index), float(label_smoothing)
 
     def forward(self, logits: Any, target: Any) -> Node:
+        if self.weight is not None:
+            args = (self.ignore_index, self.reduction, self.label_smoothing, True)
+            return weighted_class_loss(logits, target, self.weight, *args)
         return ag.cross_entropy(logits, target, self.label_smoothing, self.ignore_index, self.reduction)
 
 
@@ -66,11 +108,12 @@ class NLLLoss(_Loss):
     """``ag.nll_loss`` (log-probabilities, integer targets) with torch's arguments."""
 
     def __init__(self, weight: Any = None, ignore_index: int = -100, reduction: str = "mean") -> None:
-        _refuse("NLLLoss", "weight (class weights)", weight)
         super().__init__(reduction)
-        self.ignore_index = int(ignore_index)
+        self.weight, self.ignore_index = weight, int(ignore_index)
 
     def forward(self, log_probs: Any, target: Any) -> Node:
+        if self.weight is not None:
+            return weighted_class_loss(log_probs, target, self.weight, self.ignore_index, self.reduction, 0.0, False)
         return ag.nll_loss(log_probs, target, self.ignore_index, self.reduction)
 
 
