@@ -125,6 +125,7 @@ def test_class_weights_follow_torchs_normalization(device, reduction, smoothing,
 
     p = ag.tensor(logits.astype(np.float32), requires_grad=True, device=device)
     out = module(p, ag.tensor(labels.astype(np.int32), device=device))
+    assert out.dtype == np.float32  # the float64 weights take the logits' dtype, as torch asks of them
     np.testing.assert_allclose(out.to_host(), reference(logits), rtol=1e-5, atol=1e-6)
     weights = np.linspace(0.5, 1.5, out.size).reshape(out.shape)
     ag.sum(out * ag.tensor(weights.astype(np.float32), device=device)).backward()

@@ -62,7 +62,7 @@ def weighted_class_loss(
     flat = labels.reshape(labels.size)
     kept = pointwise.ne(flat, ignore_index)  # 1.0 where the position counts
     safe = pointwise.where(kept, flat, 0)  # ignored positions read class 0, then weigh nothing
-    w = weight if isinstance(weight, Node) else ag.tensor(weight, device=device)
+    w = weight if isinstance(weight, Node) else Node(class_weights(weight, device, scores.dtype))
     w_target = ag.mul(ag.index_select(w, 0, safe), Node(kept))
     picked = ag.reshape(ag.gather(logp, 1, safe.reshape(flat.size, 1)), (flat.size,))
     loss = ag.neg(ag.mul(picked, w_target))
@@ -73,6 +73,22 @@ def weighted_class_loss(
         return ag.reshape(loss, tuple(labels.shape))
     total = ag.sum(loss)
     return total if reduction == "sum" else ag.div(total, ag.sum(w_target))
+
+
+def class_weights(weight: Any, device: Any, dtype: Any) -> Tensor:
+    """``weight`` (a Tensor or anything NumPy reads) as a Tensor of ``dtype`` on ``device``: itself when it is one."""
+    if isinstance(weight, Tensor) and weight.device is device and weight.dtype == dtype:
+        return weight
+    host = weight.to_host() if isinstance(weight, Tensor) else np.asarray(weight)
+    return Tensor.from_host(device, host, dtype)
+
+
+def _kept_weights(weight: Any, scores: Any) -> Any:
+    """A module's class weights on the scores' device and dtype, converted once (a Node, a learned weight, stays)."""
+    if isinstance(weight, Node):
+        return weight
+    value = scores.value if isinstance(scores, Node) else scores
+    return class_weights(weight, value.device, value.dtype)
 
 
 class _Loss(Module):
@@ -99,6 +115,7 @@ class CrossEntropyLoss(_Loss):
 
     def forward(self, logits: Any, target: Any) -> Node:
         if self.weight is not None:
+            self.weight = _kept_weights(self.weight, logits)
             args = (self.ignore_index, self.reduction, self.label_smoothing, True)
             return weighted_class_loss(logits, target, self.weight, *args)
         return ag.cross_entropy(logits, target, self.label_smoothing, self.ignore_index, self.reduction)
@@ -113,6 +130,7 @@ class NLLLoss(_Loss):
 
     def forward(self, log_probs: Any, target: Any) -> Node:
         if self.weight is not None:
+            self.weight = _kept_weights(self.weight, log_probs)
             return weighted_class_loss(log_probs, target, self.weight, self.ignore_index, self.reduction, 0.0, False)
         return ag.nll_loss(log_probs, target, self.ignore_index, self.reduction)
 
