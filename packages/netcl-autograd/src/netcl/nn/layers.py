@@ -64,8 +64,21 @@ class Linear(Module):
 
 
 class _Convolution(Module):
-    """What the convolutions share: a weight and an optional bias, torch's initialization (kaiming-uniform with
-    a = sqrt(5), the bias uniform in +-1 / sqrt(fan_in), fan_in from the weight's second axis on)."""
+    """What the convolutions share: channel checks, a weight and an optional bias, torch's initialization
+    (kaiming-uniform with a = sqrt(5), the bias uniform in +-1 / sqrt(fan_in), fan_in from the weight's second
+    axis on)."""
+
+    def _channels_of(self, in_channels: int, out_channels: int, groups: int) -> None:
+        """Check and keep the channel counts and groups (both counts divisible by groups)."""
+        owner = type(self).__name__
+        self.in_channels = positive_int("in_channels", in_channels, owner)
+        self.out_channels = positive_int("out_channels", out_channels, owner)
+        self.groups = positive_int("groups", groups, owner)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"{owner}: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
+                f"groups ({groups})"
+            )
 
     def _parameters_of(self, weight_shape: tuple[int, ...], channels: int, bias: bool, device: Any) -> None:
         self.weight = empty_parameter(weight_shape, device)
@@ -99,14 +112,7 @@ class Conv2d(_Convolution):
         device: Device | str | None = None,
     ) -> None:
         super().__init__()
-        self.in_channels = positive_int("in_channels", in_channels, "Conv2d")
-        self.out_channels = positive_int("out_channels", out_channels, "Conv2d")
-        self.groups = positive_int("groups", groups, "Conv2d")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(
-                f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
-                f"groups ({groups})"
-            )
+        self._channels_of(in_channels, out_channels, groups)
         self.kernel_size = _pair(kernel_size)
         self.stride, self.dilation = _pair(stride), _pair(dilation)
         #: a pair, or torch's "same" / "valid" (conv2d resolves it)
@@ -151,14 +157,7 @@ class ConvTranspose2d(_Convolution):
         device: Device | str | None = None,
     ) -> None:
         super().__init__()
-        self.in_channels = positive_int("in_channels", in_channels, "ConvTranspose2d")
-        self.out_channels = positive_int("out_channels", out_channels, "ConvTranspose2d")
-        self.groups = positive_int("groups", groups, "ConvTranspose2d")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(
-                f"ConvTranspose2d: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible "
-                f"by groups ({groups})"
-            )
+        self._channels_of(in_channels, out_channels, groups)
         self.kernel_size = _pair(kernel_size)
         self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
         self.output_padding = _pair(output_padding)
