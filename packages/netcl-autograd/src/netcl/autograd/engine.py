@@ -206,7 +206,8 @@ class Node:
 
 
 class HookHandle:
-    """Returned by ``Node.register_grad_ready_hook``; ``remove()`` detaches the hook (idempotent)."""
+    """Returned by ``Node.register_grad_ready_hook`` and a Module's forward hook registrations; ``remove()``
+    detaches the hook (idempotent)."""
 
     def __init__(self, hooks: list[Any], hook: Any) -> None:
         self._hooks = hooks

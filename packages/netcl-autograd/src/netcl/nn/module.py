@@ -9,33 +9,18 @@ Attributes that are ``Parameter``s or ``Module``s register themselves on assignm
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from netcl.autograd import mode_reads
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import HookHandle, Node
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import is_floating
 from netcl.nn.parameter import Parameter
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.upload import write_
-
-
-class RemovableHandle:
-    """Returned by a hook registration; ``remove()`` takes the hook off (idempotent)."""
-
-    _next_id = 0
-
-    def __init__(self, hooks: dict[int, Any]) -> None:
-        RemovableHandle._next_id += 1
-        self.id = RemovableHandle._next_id
-        self._hooks = hooks
-
-    def remove(self) -> None:
-        self._hooks.pop(self.id, None)
 
 
 def _is_device(arg: Any) -> bool:
@@ -393,41 +378,40 @@ class Module:
         pre, post = self._forward_pre_hooks, self._forward_hooks
         if not pre and not post:
             return self.forward(*args, **kwargs)
-        for hook in list(pre.values()):
+        for hook in list(pre):
             changed = hook(self, args)
             if changed is not None:
                 args = changed if isinstance(changed, tuple) else (changed,)
         output = self.forward(*args, **kwargs)
-        for hook in list(post.values()):
+        for hook in list(post):
             changed = hook(self, args, output)
             if changed is not None:
                 output = changed
         return output
 
-    #: hooks by id; the class's are empty and never written (``_add_hook`` gives a module its own)
-    _forward_pre_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
-    _forward_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
+    #: hooks in registration order; the class's are empty tuples (``_add_hook`` gives a module its own lists)
+    _forward_pre_hooks: Sequence[Callable[..., Any]] = ()
+    _forward_hooks: Sequence[Callable[..., Any]] = ()
 
-    def register_forward_pre_hook(self, hook: Callable[[Module, tuple], Any]) -> RemovableHandle:
+    def register_forward_pre_hook(self, hook: Callable[[Module, tuple], Any]) -> HookHandle:
         """Run ``hook(module, args)`` before each ``forward`` (torch's); a returned value replaces the positional
         arguments (a tuple, or one value). Inside ``jit_compile`` / ``fuse_graph`` a hook runs while the step is
         traced or captured, not on the cached or replayed calls (docs/replay.md)."""
         return self._add_hook("_forward_pre_hooks", hook)
 
-    def register_forward_hook(self, hook: Callable[[Module, tuple, Any], Any]) -> RemovableHandle:
+    def register_forward_hook(self, hook: Callable[[Module, tuple, Any], Any]) -> HookHandle:
         """Run ``hook(module, args, output)`` after each ``forward`` (torch's); a returned value replaces the output."""
         return self._add_hook("_forward_hooks", hook)
 
-    def _add_hook(self, table: str, hook: Callable[..., Any]) -> RemovableHandle:
+    def _add_hook(self, table: str, hook: Callable[..., Any]) -> HookHandle:
         if not callable(hook):
             raise TypeError(f"{table.strip('_')}: hook must be callable, got {type(hook).__name__}")
         hooks = self.__dict__.get(table)
         if hooks is None:
-            hooks = OrderedDict()
+            hooks = []
             object.__setattr__(self, table, hooks)
-        handle = RemovableHandle(hooks)
-        hooks[handle.id] = hook
-        return handle
+        hooks.append(hook)
+        return HookHandle(hooks, hook)
 
     def extra_repr(self) -> str:
         """The text inside this module's parentheses in ``repr`` (override in layers)."""
