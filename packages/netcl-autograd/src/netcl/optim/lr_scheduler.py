@@ -83,13 +83,17 @@ class LRScheduler:
         return [group["lr"] for group in self.optimizer.param_groups]
 
 
+def _positive_int(owner: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    return value
+
+
 class StepLR(LRScheduler):
     """Multiply the lr by ``gamma`` every ``step_size`` steps."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
-        if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size <= 0:
-            raise ValueError(f"StepLR: step_size must be a positive int, got {step_size!r}")
-        self.step_size, self.gamma = step_size, float(gamma)
+        self.step_size, self.gamma = _positive_int("StepLR", "step_size", step_size), float(gamma)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -105,9 +109,7 @@ class CosineAnnealingLR(LRScheduler):
     """``eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2``, in torch's recursive form."""
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:  # noqa: N803
-        if isinstance(T_max, bool) or not isinstance(T_max, int) or T_max <= 0:
-            raise ValueError(f"CosineAnnealingLR: T_max must be a positive int, got {T_max!r}")
-        self.T_max, self.eta_min = T_max, float(eta_min)
+        self.T_max, self.eta_min = _positive_int("CosineAnnealingLR", "T_max", T_max), float(eta_min)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -144,9 +146,8 @@ class LinearLR(LRScheduler):
             raise ValueError(
                 f"LinearLR: start_factor must be in (0, 1] and end_factor in [0, 1], got {start_factor}, {end_factor}"
             )
-        if isinstance(total_iters, bool) or not isinstance(total_iters, int) or total_iters <= 0:
-            raise ValueError(f"LinearLR: total_iters must be a positive int, got {total_iters!r}")
-        self.start_factor, self.end_factor, self.total_iters = float(start_factor), float(end_factor), total_iters
+        self.start_factor, self.end_factor = float(start_factor), float(end_factor)
+        self.total_iters = _positive_int("LinearLR", "total_iters", total_iters)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -161,12 +162,6 @@ class LinearLR(LRScheduler):
     def _closed_form_lr(self) -> list[float]:
         ramp = min(self.total_iters, self.last_epoch) / self.total_iters
         return [b * (self.start_factor + (self.end_factor - self.start_factor) * ramp) for b in self.base_lrs]
-
-
-def _positive_int(owner: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-    return value
 
 
 class MultiStepLR(LRScheduler):
