@@ -30,13 +30,12 @@ def _string_padding(x: Operand, w_shape: tuple[int, ...], stride: Any, padding: 
         return x, 0
     if padding != "same":
         raise ValueError(f"conv2d: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
-    strides = (stride, stride) if isinstance(stride, int) else tuple(stride)
-    if any(s != 1 for s in strides):
+    if conv.pair(stride, "stride", "conv2d", 1) != (1, 1):
         raise ValueError(f"conv2d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
     if len(w_shape) != 4:
         raise ValueError(f"conv2d: w must be 4-d (out, in/groups, kh, kw), got shape {w_shape}")
-    dil = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
-    totals = [d * (k - 1) for d, k in zip(dil, w_shape[2:], strict=True)]
+    dilations = conv.pair(dilation, "dilation", "conv2d", 1)
+    totals = [d * (k - 1) for d, k in zip(dilations, w_shape[2:], strict=True)]
     low = tuple(t // 2 for t in totals)
     extra = [t - 2 * lo for t, lo in zip(totals, low, strict=True)]
     if any(extra):
