@@ -1,5 +1,5 @@
-"""torch's loss modules against float64 NumPy references, every reduction, class weights; the argument netcl does
-not take (pos_weight) is refused by name."""
+"""torch's loss modules against float64 NumPy references, every reduction, class weights and ``pos_weight``; bad
+arguments refused by name."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ RNG = np.random.default_rng(0)
 A, B = RNG.normal(size=(4, 3)), RNG.normal(size=(4, 3))
 PROBS, SOFT = RNG.uniform(0.05, 0.95, size=(4, 3)), RNG.uniform(size=(4, 3))
 LOGITS, LABELS = RNG.normal(size=(6, 5)), np.array([0, 4, -100, 2, 1, 3])
+WEIGHT, POS_WEIGHT = RNG.uniform(0.5, 2.0, size=(4, 1)), np.array([0.5, 3.0, 1.5])  # per row; per class (last axis)
 
 
 def _log_softmax(x):
@@ -44,6 +45,13 @@ CASES = {
     "smooth_l1_beta0": (lambda r: nn.SmoothL1Loss(r, beta=0.0), A, B, False),
     "bce": (lambda r: nn.BCELoss(reduction=r), PROBS, SOFT, False),
     "bce_logits": (lambda r: nn.BCEWithLogitsLoss(reduction=r), 3 * A, SOFT, False),
+    "bce_logits_weighted": (
+        lambda r: nn.BCEWithLogitsLoss(WEIGHT, reduction=r, pos_weight=POS_WEIGHT),
+        3 * A,
+        SOFT,
+        False,
+    ),
+    "huber": (lambda r: nn.HuberLoss(r, delta=0.7), A, B, False),
     "nll": (lambda r: nn.NLLLoss(reduction=r), LOGITS, LABELS, True),
     "cross_entropy": (lambda r: nn.CrossEntropyLoss(reduction=r, label_smoothing=0.1), LOGITS, LABELS, True),
 }
@@ -92,6 +100,12 @@ def _reference_at(name: str, pred: np.ndarray, target: np.ndarray):
         return -(target * np.log(pred) + (1 - target) * np.log(1 - pred)), None
     if name == "bce_logits":
         return np.maximum(pred, 0) - pred * target + np.log1p(np.exp(-np.abs(pred))), None
+    if name == "bce_logits_weighted":  # torch's: w ((1 - t) softplus(x) + pos_weight t softplus(-x))
+        softplus = np.maximum(pred, 0) + np.log1p(np.exp(-np.abs(pred)))
+        return WEIGHT * ((1 - target) * softplus + POS_WEIGHT * target * (softplus - pred)), None
+    if name == "huber":
+        d = pred - target
+        return np.where(np.abs(d) < 0.7, 0.5 * d * d, 0.7 * (np.abs(d) - 0.35)), None
     if name == "nll":
         return _nll(pred, target)
     return _cross_entropy(pred, target, 0.1)
@@ -141,7 +155,9 @@ def test_class_weights_follow_torchs_normalization(device, reduction, smoothing,
 def test_unsupported_arguments_are_refused_by_name():
     with pytest.raises(ShapeError, match=r"class weight must have shape \(5,\)"):
         nn.CrossEntropyLoss(weight=np.ones(3))(ag.tensor(LOGITS.astype(np.float32)), LABELS.astype(np.int32))
-    with pytest.raises(ValueError, match="BCEWithLogitsLoss: pos_weight is not supported"):
-        nn.BCEWithLogitsLoss(pos_weight=np.ones(3))
+    with pytest.raises(ShapeError, match=r"pos_weight of shape \(2,\) does not broadcast to \(4, 3\)"):
+        nn.BCEWithLogitsLoss(pos_weight=np.ones(2))(ag.tensor(A.astype(np.float32)), ag.tensor(SOFT.astype(np.float32)))
+    with pytest.raises(ValueError, match="HuberLoss: delta must be > 0, got -1"):
+        nn.HuberLoss(delta=-1)
     with pytest.raises(ValueError, match=r"MSELoss: reduction must be one of \('mean', 'sum', 'none'\), got 'avg'"):
         nn.MSELoss(reduction="avg")

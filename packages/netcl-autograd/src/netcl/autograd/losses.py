@@ -2,7 +2,8 @@
 
 ``mse_loss``, ``cross_entropy``, ``bce_with_logits`` and ``smooth_l1`` return the mean over all
 elements (a 0-d Node). ``weighted_bce`` and ``weighted_smooth_l1`` are the elementwise terms of
-the detection loss in docs/architecture.md (no reduction) with gradients w.r.t. ``pred`` only.
+the detection loss in docs/architecture.md (no reduction) with gradients w.r.t. ``pred`` only;
+``weighted_bce_logits`` is ``weighted_bce`` with torch's ``pos_weight``.
 """
 
 from __future__ import annotations
@@ -405,6 +406,43 @@ def weighted_bce(pred: Any, target: Any, weight: Any) -> Node:
         target,
         weight,
         op_name="weighted_bce",
+    )
+
+
+def weighted_bce_logits(pred: Any, target: Any, weight: Any, pos_weight: Any) -> Node:
+    """Elementwise ``weight * ((1 - t) * softplus(x) + pos_weight * t * softplus(-x))`` on logits ``x`` (torch's
+    ``binary_cross_entropy_with_logits`` terms with ``pos_weight``), computed as ``BCE_LOGITS(x, t) +
+    (pos_weight - 1) * t * BCE_LOGITS(x, 1)``: overflow-free. Gradient w.r.t. ``pred`` only, ``weight * ((1 +
+    (pos_weight - 1) t) sigmoid(x) - pos_weight t)``; the operands broadcast."""
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        p, t, w, pw = values
+        gp = pointwise.elementwise(
+            "{2} * (BCE_LOGITS_GRAD({0}, {1}) + ({3} - 1.0f) * {1} * BCE_LOGITS_GRAD({0}, 1.0f)) * {4}",
+            lambda a, b, c, q, s: c * (np_sigmoid(a) - b + (q - 1) * b * (np_sigmoid(a) - 1)) * s,
+            p,
+            t,
+            w,
+            pw,
+            g,
+        )
+        return [_reduce(gp, p), None, None, None]
+
+    return apply_op(
+        lambda p, t, w, pw: pointwise.elementwise(
+            "{2} * (BCE_LOGITS({0}, {1}) + ({3} - 1.0f) * {1} * BCE_LOGITS({0}, 1.0f))",
+            lambda a, b, c, q: c * (np_bce_logits(a, b) + (q - 1) * b * np_bce_logits(a, 1.0)),
+            p,
+            t,
+            w,
+            pw,
+        ),
+        grad,
+        pred,
+        target,
+        weight,
+        pos_weight,
+        op_name="weighted_bce_logits",
     )
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
+from netcl.nn import functional
 from netcl.nn.module import Module
-from netcl.runtime.ops import layout
 
 
 class Identity(Module):
@@ -20,9 +20,18 @@ class Identity(Module):
         return x
 
 
-class ReLU(Module):
+class _Inplace(Module):
+    """An activation with torch's ``inplace`` argument (accepted, computed out of place) and no other
+    (torch documents ``inplace`` as an optional optimization)."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+
+class ReLU(_Inplace):
     def forward(self, x: Any) -> Node:
-        return ag.relu(x)
+        return functional.relu(x)
 
 
 class GELU(Module):
@@ -36,31 +45,31 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x: Any) -> Node:
-        return ag.gelu(x, approximate=self.approximate)
+        return functional.gelu(x, self.approximate)
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
 
 
 class LeakyReLU(Module):
-    def __init__(self, negative_slope: float = 0.01) -> None:
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
         super().__init__()
-        self.negative_slope = float(negative_slope)
+        self.negative_slope, self.inplace = float(negative_slope), inplace
 
     def forward(self, x: Any) -> Node:
-        return ag.leaky_relu(x, self.negative_slope)
+        return functional.leaky_relu(x, self.negative_slope)
 
     def extra_repr(self) -> str:
         return f"negative_slope={self.negative_slope}"
 
 
 class ELU(Module):
-    def __init__(self, alpha: float = 1.0) -> None:
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
-        self.alpha = float(alpha)
+        self.alpha, self.inplace = float(alpha), inplace
 
     def forward(self, x: Any) -> Node:
-        return ag.elu(x, self.alpha)
+        return functional.elu(x, self.alpha)
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}"
@@ -72,7 +81,7 @@ class Softplus(Module):
         self.beta, self.threshold = float(beta), float(threshold)
 
     def forward(self, x: Any) -> Node:
-        return ag.softplus(x, self.beta, self.threshold)
+        return functional.softplus(x, self.beta, self.threshold)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, threshold={self.threshold}"
@@ -86,7 +95,7 @@ class Softmax(Module):
         self.dim = dim
 
     def forward(self, x: Any) -> Node:
-        return ag.softmax(x, self.dim)
+        return functional.softmax(x, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
@@ -96,20 +105,20 @@ class LogSoftmax(Softmax):
     """log_softmax along ``dim``."""
 
     def forward(self, x: Any) -> Node:
-        return ag.log_softmax(x, self.dim)
+        return functional.log_softmax(x, self.dim)
 
 
 class Hardtanh(Module):
     """``clamp(x, min_val, max_val)`` (torch's)."""
 
-    def __init__(self, min_val: float = -1.0, max_val: float = 1.0) -> None:
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
         if max_val <= min_val:
             raise ValueError(f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})")
-        self.min_val, self.max_val = float(min_val), float(max_val)
+        self.min_val, self.max_val, self.inplace = float(min_val), float(max_val), inplace
 
     def forward(self, x: Any) -> Node:
-        return ag.clamp(x, self.min_val, self.max_val)
+        return functional.hardtanh(x, self.min_val, self.max_val)
 
     def extra_repr(self) -> str:
         return f"min_val={self.min_val}, max_val={self.max_val}"
@@ -118,57 +127,57 @@ class Hardtanh(Module):
 class ReLU6(Hardtanh):
     """``clamp(x, 0, 6)``."""
 
-    def __init__(self) -> None:
-        super().__init__(0.0, 6.0)
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
 
 
-class Hardsigmoid(Module):
-    """``clamp(x / 6 + 1 / 2, 0, 1)`` (torch's)."""
-
-    def forward(self, x: Any) -> Node:
-        return ag.clamp(ag.add(ag.mul(x, 1.0 / 6.0), 0.5), 0.0, 1.0)
-
-
-class Hardswish(Module):
-    """``x * hardsigmoid(x)`` (torch's)."""
+class Hardsigmoid(_Inplace):
+    """``F.hardsigmoid``: ``clamp(x / 6 + 1 / 2, 0, 1)``."""
 
     def forward(self, x: Any) -> Node:
-        return ag.mul(x, ag.clamp(ag.add(ag.mul(x, 1.0 / 6.0), 0.5), 0.0, 1.0))
+        return functional.hardsigmoid(x)
 
 
-class Mish(Module):
-    """``x * tanh(softplus(x))``."""
+class Hardswish(_Inplace):
+    """``F.hardswish``: ``x * hardsigmoid(x)``."""
 
     def forward(self, x: Any) -> Node:
-        return ag.mul(x, ag.tanh(ag.softplus(x)))
+        return functional.hardswish(x)
 
 
-class SiLU(Module):
+class Mish(_Inplace):
+    """``F.mish``: ``x * tanh(softplus(x))``."""
+
     def forward(self, x: Any) -> Node:
-        return ag.silu(x)
+        return functional.mish(x)
+
+
+class SiLU(_Inplace):
+    def forward(self, x: Any) -> Node:
+        return functional.silu(x)
 
 
 class Tanh(Module):
     def forward(self, x: Any) -> Node:
-        return ag.tanh(x)
+        return functional.tanh(x)
 
 
 class Sigmoid(Module):
     def forward(self, x: Any) -> Node:
-        return ag.sigmoid(x)
+        return functional.sigmoid(x)
 
 
 class Dropout(Module):
     """Zeroes elements with probability ``p`` in training mode (scaling the rest by 1/(1-p)); identity in eval."""
 
-    def __init__(self, p: float = 0.5) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ValueError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p, self.inplace = float(p), inplace
 
     def forward(self, x: Any) -> Node:
-        return ag.dropout(x, self.p, self.training)
+        return functional.dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -178,21 +187,14 @@ class Dropout2d(Module):
     """Zeroes whole channels of (N, C, ...) input with probability ``p`` in training mode, scaling the others by
     1 / (1 - p) (torch's ``Dropout2d``: one draw per sample and channel); identity in eval."""
 
-    def __init__(self, p: float = 0.5) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ValueError(f"Dropout2d: p must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p, self.inplace = float(p), inplace
 
     def forward(self, x: Any) -> Any:
-        if not self.training or self.p == 0.0:
-            return x
-        shape = tuple(x.shape)
-        if len(shape) < 3:
-            raise ValueError(f"Dropout2d: x must be (N, C, H, W) or (N, C, L), got shape {shape}")
-        value = x.value if isinstance(x, Node) else x
-        ones = layout.full((shape[0], shape[1]) + (1,) * (len(shape) - 2), 1.0, value.dtype, value.device)
-        return ag.mul(x, ag.dropout(Node(ones), self.p))  # one scaled keep-or-drop per sample and channel
+        return functional.dropout2d(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -231,7 +233,7 @@ class MaxPool2d(_Pool2d):
         super().__init__(kernel_size, stride, padding, ceil_mode)
 
     def forward(self, x: Any) -> Node:
-        return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode)
+        return functional.max_pool2d(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode)
 
 
 class AvgPool2d(_Pool2d):
@@ -253,7 +255,9 @@ class AvgPool2d(_Pool2d):
         self.count_include_pad = count_include_pad
 
     def forward(self, x: Any) -> Node:
-        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return functional.avg_pool2d(
+            x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad
+        )
 
 
 class Upsample(Module):
@@ -267,7 +271,7 @@ class Upsample(Module):
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
 
     def forward(self, x: Any) -> Node:
-        return ag.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+        return functional.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
 
     def extra_repr(self) -> str:
         what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
@@ -282,7 +286,7 @@ class AdaptiveAvgPool2d(Module):
         self.output_size = output_size
 
     def forward(self, x: Any) -> Node:
-        return ag.adaptive_avg_pool2d(x, self.output_size)
+        return functional.adaptive_avg_pool2d(x, self.output_size)
 
     def extra_repr(self) -> str:
         return f"output_size={self.output_size}"

@@ -1,8 +1,6 @@
-"""Functional forms the layers use that are not plain autograd ops (``torch.nn.functional`` names).
-
-``linear`` is one differentiable op: ``x @ weight.T + bias`` through the runtime's matmul reading
-the weight transposed (no transpose copy), with the weight gradient ``grad.T @ x`` and the bias
-gradient summed over the leading dimensions. Under ``netcl.amp.autocast`` its product runs with
+"""``linear`` (torch's ``nn.functional.linear``) is one differentiable op: ``x @ weight.T + bias`` through the
+runtime's matmul reading the weight transposed (no transpose copy), with the weight gradient ``grad.T @ x``
+and the bias gradient summed over the leading dimensions. Under ``netcl.amp.autocast`` its product runs with
 float16 operands and float32 accumulation.
 """
 
@@ -12,10 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from netcl.autograd import autocast_mode, ops, ops_shape
+from netcl.autograd import autocast_mode, ops
 from netcl.autograd.engine import Node, apply_op
-from netcl.autograd.ops_attention import scaled_dot_product_attention  # noqa: F401 - torch.nn.functional's name
-from netcl.autograd.ops_resize import interpolate  # noqa: F401 - torch.nn.functional's name
 from netcl.core import ShapeError, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops import linalg, pointwise
@@ -90,6 +86,4 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Node:
     )
 
 
-def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Node:
-    """torch's ``F.pad`` (its argument order): ``ag.pad`` with ``mode`` and ``value`` (None: 0)."""
-    return ops_shape.pad(input, pad, 0.0 if value is None else value, mode=mode)
+__all__ = ["linear"]

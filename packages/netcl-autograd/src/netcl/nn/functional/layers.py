@@ -1,0 +1,172 @@
+"""Convolution, pooling, normalization, embedding, dropout and padding in ``torch.nn.functional``'s names,
+argument order and defaults; each calls the autograd op that defines it (``netcl.autograd``). torch arguments
+netcl does not implement are refused by name when they ask for something other than the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import netcl.autograd as ag
+from netcl.autograd import ops_shape
+from netcl.autograd.engine import Node
+from netcl.runtime.ops import layout
+
+
+def _refuse(op: str, name: str, value: Any, default: Any) -> None:
+    if value != default:
+        raise ValueError(f"{op}: {name}={value!r} is not supported by netcl (only the default {default!r})")
+
+
+def conv2d(
+    input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> Node:
+    """2-D cross-correlation: input (N, C, H, W), weight (O, C / groups, KH, KW); ``padding`` also "same" / "valid"."""
+    return ag.conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose2d(
+    input: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Node:
+    """The transposed convolution: input (N, Cin, H, W), weight (Cin, Cout / groups, KH, KW)."""
+    return ag.conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def max_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Node:
+    """Max over windows (stride defaults to kernel_size); ``dilation`` 1 and ``return_indices`` False only."""
+    if dilation not in (1, (1, 1)):
+        raise ValueError(f"max_pool2d: netcl pools without dilation (1), got dilation={dilation!r}")
+    _refuse("max_pool2d", "return_indices", return_indices, False)
+    return ag.max_pool2d(input, kernel_size, stride, padding, ceil_mode)
+
+
+def avg_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
+) -> Node:
+    """Mean over windows with torch's divisors; without ``divisor_override``."""
+    _refuse("avg_pool2d", "divisor_override", divisor_override, None)
+    return ag.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> Node:
+    """Mean over torch's adaptive windows giving ``output_size`` (an int, a pair, None keeps a size)."""
+    return ag.adaptive_avg_pool2d(input, output_size)
+
+
+def embedding(
+    input: Any,
+    weight: Any,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Node:
+    """Rows of ``weight`` (num_embeddings, dim) at the ids ``input``; the ``padding_idx`` row gets no gradient.
+    ``max_norm`` (which renormalizes rows in place), ``scale_grad_by_freq`` and ``sparse`` are refused."""
+    _refuse("embedding", "max_norm", max_norm, None)
+    _refuse("embedding", "scale_grad_by_freq", scale_grad_by_freq, False)
+    _refuse("embedding", "sparse", sparse, False)
+    return ag.embedding(input, weight, padding_idx)
+
+
+def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p); the input itself when not
+    ``training`` (``inplace`` is accepted and computed out of place, as in ``activations``)."""
+    return ag.dropout(input, p, training)
+
+
+def dropout2d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """Zero whole channels of (N, C, ...) input with probability ``p`` (one draw per sample and channel), scaling
+    the others by 1 / (1 - p); the input itself when not ``training``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout2d: p must be a probability in [0, 1], got {p!r}")
+    if not training or p == 0.0:
+        return input
+    shape = tuple(input.shape)
+    if len(shape) < 3:
+        raise ValueError(f"dropout2d: input must be (N, C, H, W) or (N, C, L), got shape {shape}")
+    value = input.value if isinstance(input, Node) else input
+    ones = layout.full((shape[0], shape[1]) + (1,) * (len(shape) - 2), 1.0, value.dtype, value.device)
+    return ag.mul(input, ag.dropout(Node(ones), float(p)))  # one scaled keep-or-drop per sample and channel
+
+
+def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Node:
+    """Normalized over the trailing ``normalized_shape`` dims (biased variance), then ``* weight + bias``."""
+    return ag.layer_norm(input, _shape_arg(normalized_shape), weight, bias, eps)
+
+
+def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Node:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims (eps None: the
+    dtype's machine epsilon, as torch)."""
+    return ag.rms_norm(input, _shape_arg(normalized_shape), weight, eps)
+
+
+def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Node:
+    """Normalized over each of ``num_groups`` channel groups of (N, C, ...) input, then per-channel affine."""
+    return ag.group_norm(input, num_groups, weight, bias, eps)
+
+
+def batch_norm(
+    input: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Node:
+    """Per-channel normalization of (N, C, ...) input: by the batch's statistics when ``training`` (the running
+    ones, if given, updated in place with ``momentum``), else by the running statistics."""
+    return ag.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Node:
+    """torch's ``F.pad``: (before, after) pairs from the last axis backwards; ``mode`` "constant" (``value``, None:
+    0), "reflect", "replicate" or "circular"."""
+    return ops_shape.pad(input, pad, 0.0 if value is None else value, mode=mode)
+
+
+def _shape_arg(shape: Any) -> Any:
+    """torch's ``normalized_shape`` (an int, a list, a tuple, a ``torch.Size``) as the ops take it."""
+    return tuple(shape) if isinstance(shape, list) else shape
+
+
+__all__ = [
+    "adaptive_avg_pool2d",
+    "avg_pool2d",
+    "batch_norm",
+    "conv2d",
+    "conv_transpose2d",
+    "dropout",
+    "dropout2d",
+    "embedding",
+    "group_norm",
+    "layer_norm",
+    "max_pool2d",
+    "pad",
+    "rms_norm",
+]
