@@ -18,6 +18,7 @@ from netcl.autograd.engine import Node
 from netcl.autograd.ops import add, mul, reshape
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
+from netcl.runtime.ops._common import DEVICE_CONSTANTS, remember
 
 Operand = Any  # Node | Tensor
 
@@ -98,10 +99,9 @@ def _axis_tensors(
     key = (device, np.dtype(dtype), length, target, mode, scale, align)
     found = _AXES.get(key)
     if found is None:
-        if len(_AXES) >= 256:
-            _AXES.clear()
         arrays = _axis_arrays(length, target, mode, scale, align)
-        found = _AXES[key] = tuple(Tensor.from_host(device, a, None if a.dtype.kind == "i" else dtype) for a in arrays)
+        tensors = tuple(Tensor.from_host(device, a, None if a.dtype.kind == "i" else dtype) for a in arrays)
+        found = remember(_AXES, key, tensors, DEVICE_CONSTANTS)
     return found
 
 

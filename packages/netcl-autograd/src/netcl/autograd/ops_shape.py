@@ -21,6 +21,7 @@ from netcl.autograd.ops import reshape, transpose
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
 from netcl.runtime.ops import indexing
+from netcl.runtime.ops._common import DEVICE_CONSTANTS, remember
 from netcl.runtime.ops.shape import concat as device_concat
 from netcl.runtime.ops.shape import concat_shape, normalize_axis, pad_backward, pad_widths
 from netcl.runtime.ops.shape import pad as device_pad
@@ -236,8 +237,6 @@ def _indexed_pad(x: Operand, shape: tuple[int, ...], pad: Sequence[int], mode: s
         key = (x.device, length, left, right, mode)
         index = _PAD_INDICES.get(key)
         if index is None:
-            if len(_PAD_INDICES) >= 256:
-                _PAD_INDICES.clear()
             source = np.arange(-left, length + right)
             if mode == "reflect":
                 period = 2 * (length - 1)
@@ -247,7 +246,7 @@ def _indexed_pad(x: Operand, shape: tuple[int, ...], pad: Sequence[int], mode: s
                 source = np.clip(source, 0, length - 1)
             else:
                 source = np.mod(source, length)
-            index = _PAD_INDICES[key] = Tensor.from_host(x.device, source.astype(np.int32))
+            index = remember(_PAD_INDICES, key, Tensor.from_host(x.device, source.astype(np.int32)), DEVICE_CONSTANTS)
         out = index_select(out, axis, index)
     return out if isinstance(out, Node) else Node(out, op_name="pad")
 

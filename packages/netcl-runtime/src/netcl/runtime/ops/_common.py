@@ -236,6 +236,8 @@ class ResolvedKernel:
 
 #: Bound of every per-signature dict of the op library (kernel memo, launch plans).
 MAX_MEMO = 4096
+#: Bound of a dict of constant device tensors an op builds once per shape (interpolate's and pad's index tensors).
+DEVICE_CONSTANTS = 256
 _MEMO: dict[tuple[Hashable, Device], ResolvedKernel] = {}
 CLEAR_HOOKS: list[Callable[[], None]] = []
 _MEMO_LOCK = threading.Lock()
@@ -279,9 +281,10 @@ def clear_kernel_memo() -> None:
         hook()
 
 
-def remember(table: dict, key: Hashable, value: Any) -> Any:
-    """``table[key] = value``, emptying ``table`` first when it holds ``MAX_MEMO`` entries."""
-    if len(table) >= MAX_MEMO:
+def remember(table: dict, key: Hashable, value: Any, limit: int = MAX_MEMO) -> Any:
+    """``table[key] = value``, emptying ``table`` first when it holds ``limit`` entries (tables of device
+    tensors pass a smaller bound: their entries hold device memory)."""
+    if len(table) >= limit:
         table.clear()
     table[key] = value
     return value
