@@ -22,6 +22,7 @@ LABELS = np.array([0, 3, -100, 2], np.int32)  # 4 rows of 5 classes, one ignored
 CLASS_W = np.array([0.5, 2.0, 1.0, 3.0, 0.25])
 BINARY = np.array([[0.0, 1.0, 0.3, 1.0], [1.0, 0.0, 0.8, 0.0]])
 POS_W = np.array([0.5, 3.0, 1.0, 2.0])  # one per class of the last axis
+PROBS = np.array([[0.2, 0.0, 0.5, 0.3, 0.0], [0.1, 0.1, 0.1, 0.3, 0.4], [1.0, 0, 0, 0, 0], [0.25, 0.25, 0, 0.25, 0.25]])
 
 
 def _sig(x):
@@ -136,6 +137,22 @@ CASES = {
     "logsigmoid": ([(2, 4)], lambda x: -_softplus(-x), F.logsigmoid, {"low": -30.0, "high": 30.0}),
     "softmax": ([(3, 4)], lambda x: np.exp(_log_softmax(x, 1)), lambda x: F.softmax(x, dim=1), {}),
     "log_softmax": ([(3, 4)], lambda x: _log_softmax(x, 0), lambda x: F.log_softmax(x, 0), {}),
+    "softmin": ([(3, 4)], lambda x: np.exp(_log_softmax(-x, 1)), lambda x: F.softmin(x, 1), {}),
+    "glu": ([(2, 6, 3)], lambda x: x[:, :3] * _sig(x[:, 3:]), lambda x: F.glu(x, 1), {}),
+    "normalize": ([(3, 4)], lambda x: x / np.sqrt((x**2).sum(1, keepdims=True)), F.normalize, {}),
+    "normalize_p1": ([(2, 4)], lambda x: x / np.abs(x).sum(0), lambda x: F.normalize(x, 1, 0), {"vals": [KINK_FREE]}),
+    "kl_div_batchmean": (
+        [(4, 5)],
+        lambda x: np.where(PROBS > 0, PROBS * (np.log(np.where(PROBS > 0, PROBS, 1)) - x), 0).sum() / 4,
+        lambda x: F.kl_div(x, PROBS, reduction="batchmean"),
+        {},
+    ),
+    "kl_div_log_target": (
+        [(4, 5)],
+        lambda x: np.exp(-PROBS) * (-PROBS - x),
+        lambda x: F.kl_div(x, -PROBS, reduction="none", log_target=True),
+        {},
+    ),
     "mse_loss": ([(2, 4), (2, 4)], lambda a, b: ((a - b) ** 2).mean(), F.mse_loss, {}),
     "mse_loss_sum": (
         [(2, 4), (2, 4)],
@@ -276,6 +293,16 @@ def test_pos_weight_gradient_at_zero_logit(device):
     np.testing.assert_allclose(x.grad.to_host(), (1 + (POS_W - 1) * BINARY) / 2 - POS_W * BINARY, rtol=1e-6)
 
 
+def test_normalize_of_a_zero_row_has_torchs_gradient(device):
+    """An all-zero row divides by eps: its gradient is g / eps (torch's), not the NaN of 0 * inf."""
+    x = np.array([[0.0, 0.0, 0.0], [1.0, -2.0, 2.0]], np.float32)
+    node = ag.tensor(x, requires_grad=True, device=device)
+    ag.sum(F.normalize(node, eps=1e-6)).backward()
+    grad = node.grad.to_host()
+    np.testing.assert_allclose(grad[0], 1e6, rtol=1e-6)
+    np.testing.assert_allclose(grad[1], (1 - x[1] * x[1].sum() / 9) / 3, rtol=1e-6, atol=1e-7)
+
+
 def test_refusals_name_the_argument(device):
     x = ag.tensor(np.ones((1, 1, 4, 4), np.float32), device=device)
     with pytest.raises(ValueError, match=r"max_pool2d: return_indices=True is not supported by netcl"):
@@ -294,5 +321,11 @@ def test_refusals_name_the_argument(device):
         F.binary_cross_entropy_with_logits(x.reshape(1, 16), x.reshape(4, 4))
     with pytest.raises(ShapeError, match=r"pos_weight of shape \(3,\) does not broadcast to \(4, 4\)"):
         F.binary_cross_entropy_with_logits(x.reshape(4, 4), x.reshape(4, 4), pos_weight=np.ones(3))
+    with pytest.raises(ValueError, match=r"normalize: netcl takes p = 1 or 2, got p=3"):
+        F.normalize(x, 3)
+    with pytest.raises(ValueError, match=r"glu: the halved dimension 1 must have an even length, got 1"):
+        F.glu(x, 1)
+    with pytest.raises(ShapeError, match=r"kl_div: target has shape \(4, 4\), expected the input's \(1, 1, 4, 4\)"):
+        F.kl_div(x, np.ones((4, 4)))
     with pytest.raises(ValueError, match=r"huber_loss: delta must be > 0, got 0\.0"):
         F.huber_loss(x, x, delta=0.0)

@@ -105,9 +105,26 @@ def log_softmax(input: Any, dim: int) -> Node:
     return ag.log_softmax(input, dim)
 
 
+def softmin(input: Any, dim: int) -> Node:
+    """``softmax(-x)`` along ``dim``."""
+    return ag.softmax(ag.neg(input), dim)
+
+
+def glu(input: Any, dim: int = -1) -> Node:
+    """``a * sigmoid(b)`` of the two halves ``a``, ``b`` of ``input`` along ``dim`` (its length must be even)."""
+    shape = tuple(input.shape)
+    if not shape or not -len(shape) <= dim < len(shape):
+        raise ValueError(f"glu: dim {dim} is out of range for shape {shape}")
+    if shape[dim] % 2:
+        raise ValueError(f"glu: the halved dimension {dim} must have an even length, got {shape[dim]} in shape {shape}")
+    first, second = ag.split(input, shape[dim] // 2, axis=dim)
+    return ag.mul(first, ag.sigmoid(second))
+
+
 __all__ = [
     "elu",
     "gelu",
+    "glu",
     "hardsigmoid",
     "hardswish",
     "hardtanh",
@@ -120,6 +137,7 @@ __all__ = [
     "sigmoid",
     "silu",
     "softmax",
+    "softmin",
     "softplus",
     "softsign",
     "tanh",

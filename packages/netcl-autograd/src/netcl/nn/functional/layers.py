@@ -150,6 +150,19 @@ def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | N
     return ops_shape.pad(input, pad, 0.0 if value is None else value, mode=mode)
 
 
+def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Node:
+    """``x / max(||x||_p, eps)`` along ``dim``, for ``p`` 1 or 2 (others are refused). The clamp is taken on the
+    norm's inner sum (``max(sum x^2, eps^2)`` under the square root), so an all-zero row gets torch's gradient,
+    ``g / eps``, where a square root of 0 would give 0 * inf."""
+    if p not in (1, 2):
+        raise ValueError(f"normalize: netcl takes p = 1 or 2, got p={p!r}")
+    if p == 1:
+        denom = ag.clamp(ag.sum(ag.abs(input), axis=dim, keepdims=True), float(eps))
+    else:
+        denom = ag.sqrt(ag.clamp(ag.sum(ag.mul(input, input), axis=dim, keepdims=True), float(eps) ** 2))
+    return ag.div(input, denom)
+
+
 def _shape_arg(shape: Any) -> Any:
     """torch's ``normalized_shape`` (an int, a list, a tuple, a ``torch.Size``) as the ops take it."""
     return tuple(shape) if isinstance(shape, list) else shape
@@ -167,6 +180,7 @@ __all__ = [
     "group_norm",
     "layer_norm",
     "max_pool2d",
+    "normalize",
     "pad",
     "rms_norm",
 ]

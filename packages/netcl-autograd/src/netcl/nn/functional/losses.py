@@ -176,6 +176,33 @@ def binary_cross_entropy_with_logits(
     return _reduced(weighted_bce_logits(input, target, w, pw), reduction)
 
 
+def kl_div(input: Any, target: Any, *, reduction: str = "mean", log_target: bool = False) -> Node:
+    """torch's ``kl_div``: ``input`` holds log-probabilities, the pointwise loss is ``t (log t - input)`` (0 where
+    ``t`` is 0), or ``exp(t) (t - input)`` with ``log_target``; reduction "batchmean" divides the sum by the batch
+    size (the KL divergence; torch's "mean" divides by every element). The target gets no gradient."""
+    if reduction != "batchmean":
+        check_reduction("kl_div", reduction)
+    shape = tuple(input.shape)
+    if tuple(target.shape) != shape:
+        raise ShapeError(f"kl_div: target has shape {tuple(target.shape)}, expected the input's {shape}")
+    t = on_device_of(target.value if isinstance(target, Node) else target, input)
+    if log_target:
+        entropy = pointwise.elementwise("exp({0}) * {0}", lambda a: np.exp(a) * a, t)
+        weight = pointwise.exp(t)
+    else:  # xlogy(t, t): 0 where t is 0
+        entropy = pointwise.elementwise("{0} > 0 ? {0} * log({0}) : 0", _xlogx, t)
+        weight = t
+    loss = ag.sub(Node(entropy), ag.mul(Node(weight), input))
+    if reduction == "batchmean":
+        return ag.div(ag.sum(loss), float(shape[0]) if shape else 1.0)
+    return _reduced(loss, reduction)
+
+
+def _xlogx(t: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(t > 0, t * np.log(np.where(t > 0, t, 1.0)), 0.0)
+
+
 def _broadcasting(value: Any, shape: tuple[int, ...], name: str) -> Any:
     """``value`` when its shape broadcasts to ``shape`` (without growing it), else a ShapeError naming it."""
     have = tuple(getattr(value, "shape", ()))
@@ -190,6 +217,7 @@ __all__ = [
     "binary_cross_entropy_with_logits",
     "cross_entropy",
     "huber_loss",
+    "kl_div",
     "l1_loss",
     "mse_loss",
     "nll_loss",
