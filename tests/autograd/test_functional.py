@@ -234,6 +234,20 @@ CASES = {
         lambda x, w, b: F.conv_transpose2d(x, w, b, 2, 1, 1),
         {"gradcheck": False},
     ),
+    "conv1d": (
+        [(2, 3, 9), (4, 3, 3), (4,)],
+        lambda x, w, b: _conv2d(x[:, :, None], w[:, :, None], b, 2, 0)[:, :, 0],
+        lambda x, w, b: F.conv1d(x, w, b, 2),
+        {"gradcheck": False},
+    ),
+    "max_pool1d": ([(2, 3, 8)], lambda x: x.reshape(2, 3, 4, 2).max(-1), lambda x: F.max_pool1d(x, 2), {}),
+    "avg_pool1d": ([(2, 3, 9)], lambda x: x.reshape(2, 3, 3, 3).mean(-1), lambda x: F.avg_pool1d(x, (3,)), {}),
+    "adaptive_avg_pool1d": (
+        [(2, 3, 8)],
+        lambda x: x.reshape(2, 3, 2, 4).mean(-1),
+        lambda x: F.adaptive_avg_pool1d(x, 2),
+        {},
+    ),
     "max_pool2d_ceil": (
         [(1, 2, 5, 5)],
         lambda x: _pool(np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-np.inf), 2, 2, np.max),
@@ -327,5 +341,9 @@ def test_refusals_name_the_argument(device):
         F.glu(x, 1)
     with pytest.raises(ShapeError, match=r"kl_div: target has shape \(4, 4\), expected the input's \(1, 1, 4, 4\)"):
         F.kl_div(x, np.ones((4, 4)))
+    with pytest.raises(ShapeError, match=r"conv1d: input must be \(N, C, L\), got shape \(1, 1, 4, 4\)"):
+        F.conv1d(x, x)
+    with pytest.raises(ValueError, match=r"max_pool1d: kernel_size must be an int or a 1-tuple of ints, got \(2, 2\)"):
+        F.max_pool1d(x.reshape(1, 4, 4), (2, 2))
     with pytest.raises(ValueError, match=r"huber_loss: delta must be > 0, got 0\.0"):
         F.huber_loss(x, x, delta=0.0)

@@ -199,6 +199,51 @@ def test_group_norm_module(device):
         nn.GroupNorm(3, 4)
 
 
+def test_rms_norm_module(device):
+    """torch's RMSNorm: a ones weight (normalized_shape), eps None is the dtype's epsilon; no weight without affine."""
+    layer = nn.RMSNorm((3, 4), device=device)
+    assert (
+        list(layer.state_dict()) == ["weight"] and repr(layer) == "RMSNorm((3, 4), eps=None, elementwise_affine=True)"
+    )
+    x = _rand(21, 2, 3, 4).astype(np.float64)
+    want = x / np.sqrt((x**2).mean(axis=(1, 2), keepdims=True) + np.finfo(np.float32).eps)
+    np.testing.assert_allclose(layer(ag.tensor(x.astype(np.float32), device=device)).to_host(), want, rtol=1e-5)
+    assert nn.RMSNorm(4, eps=1e-6, elementwise_affine=False).weight is None
+
+
+def test_one_d_layers(device):
+    """Conv1d (torch's weight layout and tuples), the 1-d pools, GLU, Softmin, LogSigmoid, Softsign on (N, C, L)."""
+    conv = nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2, device=device)
+    assert conv.weight.shape == (6, 2, 3) and conv.kernel_size == (3,) and conv.padding == (1,)
+    assert repr(conv) == "Conv1d(4, 6, kernel_size=(3,), stride=(2,), padding=(1,), groups=2)"
+    x = _rand(22, 2, 4, 8)
+    x64, w = x.astype(np.float64), conv.weight.to_host().astype(np.float64)
+    padded = np.pad(x64, ((0, 0), (0, 0), (1, 1)))
+    want = np.zeros((2, 6, 4))
+    for o in range(6):
+        group = o // 3
+        for t in range(4):
+            want[:, o, t] = (padded[:, 2 * group : 2 * group + 2, 2 * t : 2 * t + 3] * w[o]).sum(axis=(1, 2))
+    want += conv.bias.to_host()[None, :, None]
+    xn = ag.tensor(x, device=device)
+    np.testing.assert_allclose(conv(xn).to_host(), want, rtol=1e-5, atol=1e-6)
+    cases = [
+        (nn.MaxPool1d(2), x64.reshape(2, 4, 4, 2).max(-1)),
+        (nn.AvgPool1d(4), x64.reshape(2, 4, 2, 4).mean(-1)),
+        (nn.AdaptiveAvgPool1d(1), x64.mean(-1, keepdims=True)),
+        (nn.GLU(1), x64[:, :2] / (1 + np.exp(-x64[:, 2:]))),
+        (nn.Softmin(-1), np.exp(-x64) / np.exp(-x64).sum(-1, keepdims=True)),
+        (nn.LogSigmoid(), -np.log1p(np.exp(-x64))),
+        (nn.Softsign(), x64 / (1 + np.abs(x64))),
+    ]
+    for layer, expected in cases:
+        np.testing.assert_allclose(layer(xn).to_host(), expected, rtol=1e-5, atol=1e-6, err_msg=repr(layer))
+    with pytest.raises(ValueError, match=r"Conv1d: padding='same' needs stride 1"):
+        nn.Conv1d(4, 6, 3, stride=2, padding="same")
+    with pytest.raises(ValueError, match=r"MaxPool1d: netcl pools without dilation"):
+        nn.MaxPool1d(2, dilation=2)
+
+
 def test_conv_transpose2d_module_shapes_and_state(device):
     layer = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, device=device)
     assert layer.weight.shape == (4, 3, 3, 3) and layer.bias.shape == (6,)

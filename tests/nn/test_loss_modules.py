@@ -52,6 +52,7 @@ CASES = {
         False,
     ),
     "huber": (lambda r: nn.HuberLoss(r, delta=0.7), A, B, False),
+    "kl_div": (lambda r: nn.KLDivLoss(r), A, SOFT, False),
     "nll": (lambda r: nn.NLLLoss(reduction=r), LOGITS, LABELS, True),
     "cross_entropy": (lambda r: nn.CrossEntropyLoss(reduction=r, label_smoothing=0.1), LOGITS, LABELS, True),
 }
@@ -103,6 +104,8 @@ def _reference_at(name: str, pred: np.ndarray, target: np.ndarray):
     if name == "bce_logits_weighted":  # torch's: w ((1 - t) softplus(x) + pos_weight t softplus(-x))
         softplus = np.maximum(pred, 0) + np.log1p(np.exp(-np.abs(pred)))
         return WEIGHT * ((1 - target) * softplus + POS_WEIGHT * target * (softplus - pred)), None
+    if name == "kl_div":  # log-probability inputs, probability targets
+        return target * (np.log(target) - pred), None
     if name == "huber":
         d = pred - target
         return np.where(np.abs(d) < 0.7, 0.5 * d * d, 0.7 * (np.abs(d) - 0.35)), None

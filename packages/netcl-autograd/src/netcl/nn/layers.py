@@ -13,7 +13,8 @@ from netcl.autograd.ops_index import padding_row
 from netcl.core import Device, Tensor, get_device
 from netcl.core.dtypes import float32
 from netcl.nn import init
-from netcl.nn.functional import linear
+from netcl.nn.functional import conv1d, linear
+from netcl.nn.functional.layers import single
 from netcl.nn.module import Module
 from netcl.nn.parameter import Parameter
 from netcl.runtime.ops.upload import write_
@@ -94,6 +95,51 @@ class _Convolution(Module):
             fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
             bound = 1 / math.sqrt(fan_in)
             init.uniform_(self.bias, -bound, bound)
+
+
+class Conv1d(_Convolution):
+    """1-D convolution on (N, C, L); weight (out, in / groups, k), torch's initialization and attribute tuples
+    (``kernel_size == (k,)``); run as ``conv2d`` on a height of 1 (``nn.functional.conv1d``)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int],
+        stride: int | tuple[int] = 1,
+        padding: int | tuple[int] | str = 0,
+        dilation: int | tuple[int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self._channels_of(in_channels, out_channels, groups)
+        self.kernel_size = (positive_int("kernel_size", single(kernel_size, "Conv1d", "kernel_size"), "Conv1d"),)
+        self.stride = (positive_int("stride", single(stride, "Conv1d", "stride"), "Conv1d"),)
+        self.dilation = (positive_int("dilation", single(dilation, "Conv1d", "dilation"), "Conv1d"),)
+        #: a 1-tuple, or torch's "same" / "valid" (conv1d resolves it)
+        self.padding = padding if isinstance(padding, str) else (single(padding, "Conv1d", "padding"),)
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            raise ValueError(f"Conv1d: padding must be an int, a 1-tuple, 'same' or 'valid', got {padding!r}")
+        if padding == "same" and self.stride != (1,):
+            raise ValueError(f"Conv1d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
+        self._parameters_of((out_channels, in_channels // groups, *self.kernel_size), out_channels, bias, device)
+
+    def forward(self, x: Any) -> Node:
+        return conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,):
+            text += f", padding={self.padding!r}"
+        if self.dilation != (1,):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text
 
 
 class Conv2d(_Convolution):

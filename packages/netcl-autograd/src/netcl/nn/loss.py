@@ -1,5 +1,6 @@
 """Loss modules as torch's: ``CrossEntropyLoss``, ``NLLLoss``, ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``,
-``HuberLoss``, ``BCELoss`` and ``BCEWithLogitsLoss``, each with torch's ``reduction`` ("mean", "sum", "none").
+``HuberLoss``, ``KLDivLoss``, ``BCELoss`` and ``BCEWithLogitsLoss``, each with torch's ``reduction`` ("mean",
+"sum", "none"; ``KLDivLoss`` also "batchmean").
 
 Each module keeps its arguments and calls the function of ``netcl.nn.functional`` that defines the loss; class
 weights and ``pos_weight`` given as host arrays are converted to the input's device and dtype once, at the
@@ -116,6 +117,23 @@ class HuberLoss(_Loss):
 
     def forward(self, pred: Any, target: Any) -> Node:
         return functional.huber_loss(pred, target, self.reduction, self.delta)
+
+
+class KLDivLoss(Module):
+    """``F.kl_div``: log-probability inputs; ``reduction`` "batchmean" is the KL divergence (torch's "mean" divides by
+    every element); ``log_target`` when the targets are log-probabilities too."""
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False) -> None:
+        super().__init__()
+        if reduction != "batchmean":
+            check_reduction("KLDivLoss", reduction)
+        self.reduction, self.log_target = reduction, bool(log_target)
+
+    def forward(self, log_probs: Any, target: Any) -> Node:
+        return functional.kl_div(log_probs, target, reduction=self.reduction, log_target=self.log_target)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, log_target={self.log_target}"
 
 
 class BCELoss(_WeightedLoss):

@@ -1,5 +1,5 @@
-"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d``, ``LayerNorm`` and ``GroupNorm`` (PyTorch's state and
-defaults)."""
+"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d``, ``LayerNorm``, ``RMSNorm`` and ``GroupNorm`` (PyTorch's
+state and defaults)."""
 
 from __future__ import annotations
 
@@ -126,6 +126,36 @@ class LayerNorm(Module):
 
     def forward(self, x: Any) -> Node:
         return ag.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(Module):
+    """torch's ``RMSNorm``: ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape``; weight ones
+    when ``elementwise_affine``; ``eps`` None is the input dtype's machine epsilon (torch's default)."""
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        for size in shape:
+            positive_int("normalized_shape entries", size, "RMSNorm")
+        self.normalized_shape, self.elementwise_affine = shape, bool(elementwise_affine)
+        self.eps = None if eps is None else float(eps)
+        if elementwise_affine:
+            self.weight = empty_parameter(shape, device)
+            init.ones_(self.weight)
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: Any) -> Node:
+        return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

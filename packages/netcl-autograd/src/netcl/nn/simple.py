@@ -152,6 +152,37 @@ class Mish(_Inplace):
         return functional.mish(x)
 
 
+class Softmin(Softmax):
+    """softmin along ``dim`` (``softmax(-x)``)."""
+
+    def forward(self, x: Any) -> Node:
+        return functional.softmin(x, self.dim)
+
+
+class GLU(Module):
+    """``a * sigmoid(b)`` of the two halves of the input along ``dim``."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Any) -> Node:
+        return functional.glu(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSigmoid(Module):
+    def forward(self, x: Any) -> Node:
+        return functional.logsigmoid(x)
+
+
+class Softsign(Module):
+    def forward(self, x: Any) -> Node:
+        return functional.softsign(x)
+
+
 class SiLU(_Inplace):
     def forward(self, x: Any) -> Node:
         return functional.silu(x)
@@ -258,6 +289,59 @@ class AvgPool2d(_Pool2d):
         return functional.avg_pool2d(
             x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad
         )
+
+
+class MaxPool1d(_Pool2d):
+    """Max over ``kernel_size`` windows of (N, C, L) input (``nn.functional.max_pool1d``); ``dilation`` 1 and
+    ``return_indices`` False only."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        if dilation not in (1, (1,)):
+            raise ValueError(f"MaxPool1d: netcl pools without dilation (1), got dilation={dilation!r}")
+        if return_indices:
+            raise ValueError("MaxPool1d: return_indices=True is not supported (netcl keeps no indices)")
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+
+    def forward(self, x: Any) -> Node:
+        return functional.max_pool1d(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode)
+
+
+class AvgPool1d(_Pool2d):
+    """Mean over ``kernel_size`` windows of (N, C, L) input with torch's divisors (``nn.functional.avg_pool1d``)."""
+
+    def __init__(
+        self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        self.count_include_pad = count_include_pad
+
+    def forward(self, x: Any) -> Node:
+        return functional.avg_pool1d(
+            x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad
+        )
+
+
+class AdaptiveAvgPool1d(Module):
+    """Mean over the adaptive windows of (N, C, L) input that give length ``output_size``."""
+
+    def __init__(self, output_size: int) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Any) -> Node:
+        return functional.adaptive_avg_pool1d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class Upsample(Module):

@@ -33,9 +33,12 @@ from netcl.nn.functional.activations import (
     tanh,
 )
 from netcl.nn.functional.layers import (
+    adaptive_avg_pool1d,
     adaptive_avg_pool2d,
+    avg_pool1d,
     avg_pool2d,
     batch_norm,
+    conv1d,
     conv2d,
     conv_transpose2d,
     dropout,
@@ -43,6 +46,7 @@ from netcl.nn.functional.layers import (
     embedding,
     group_norm,
     layer_norm,
+    max_pool1d,
     max_pool2d,
     normalize,
     pad,
@@ -62,11 +66,14 @@ from netcl.nn.functional.losses import (
 from netcl.nn.functional.products import linear
 
 __all__ = [
+    "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
+    "avg_pool1d",
     "avg_pool2d",
     "batch_norm",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
+    "conv1d",
     "conv2d",
     "conv_transpose2d",
     "cross_entropy",
@@ -89,6 +96,7 @@ __all__ = [
     "linear",
     "log_softmax",
     "logsigmoid",
+    "max_pool1d",
     "max_pool2d",
     "mish",
     "mse_loss",

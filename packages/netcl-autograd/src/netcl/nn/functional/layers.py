@@ -11,6 +11,7 @@ from typing import Any
 import netcl.autograd as ag
 from netcl.autograd import ops_shape
 from netcl.autograd.engine import Node
+from netcl.core import ShapeError
 from netcl.runtime.ops import layout
 
 
@@ -38,6 +39,72 @@ def conv_transpose2d(
 ) -> Node:
     """The transposed convolution: input (N, Cin, H, W), weight (Cin, Cout / groups, KH, KW)."""
     return ag.conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv1d(
+    input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> Node:
+    """1-D cross-correlation: input (N, C, L), weight (O, C / groups, K); ``padding`` also "same" / "valid". Run as
+    ``conv2d`` on a height of 1 (the same kernels; the result squeezed back to (N, O, L_out))."""
+    _rank("conv1d", "input", input, 3, "(N, C, L)")
+    _rank("conv1d", "weight", weight, 3, "(O, C / groups, K)")
+    pad = padding if isinstance(padding, str) else (0, single(padding, "conv1d", "padding"))
+    rows = (1, single(stride, "conv1d", "stride")), (1, single(dilation, "conv1d", "dilation"))
+    out = ag.conv2d(ag.unsqueeze(input, 2), ag.unsqueeze(weight, 2), bias, rows[0], pad, rows[1], groups)
+    return ag.squeeze(out, 2)
+
+
+def max_pool1d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Node:
+    """Max over windows of (N, C, L) input (``max_pool2d`` on a height of 1)."""
+    _rank("max_pool1d", "input", input, 3, "(N, C, L)")
+    window = (1, single(kernel_size, "max_pool1d", "kernel_size"))
+    step = None if stride is None else (1, single(stride, "max_pool1d", "stride"))
+    pad = (0, single(padding, "max_pool1d", "padding"))
+    pooled = max_pool2d(ag.unsqueeze(input, 2), window, step, pad, single(dilation, "max_pool1d", "dilation"),
+                        ceil_mode, return_indices)  # fmt: skip
+    return ag.squeeze(pooled, 2)
+
+
+def avg_pool1d(
+    input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Node:  # fmt: skip
+    """Mean over windows of (N, C, L) input with torch's divisors (``avg_pool2d`` on a height of 1)."""
+    _rank("avg_pool1d", "input", input, 3, "(N, C, L)")
+    window = (1, single(kernel_size, "avg_pool1d", "kernel_size"))
+    step = None if stride is None else (1, single(stride, "avg_pool1d", "stride"))
+    pad = (0, single(padding, "avg_pool1d", "padding"))
+    return ag.squeeze(ag.avg_pool2d(ag.unsqueeze(input, 2), window, step, pad, ceil_mode, count_include_pad), 2)
+
+
+def adaptive_avg_pool1d(input: Any, output_size: Any) -> Node:
+    """Mean over torch's adaptive windows of (N, C, L) input giving length ``output_size``."""
+    _rank("adaptive_avg_pool1d", "input", input, 3, "(N, C, L)")
+    size = single(output_size, "adaptive_avg_pool1d", "output_size")
+    return ag.squeeze(ag.adaptive_avg_pool2d(ag.unsqueeze(input, 2), (1, size)), 2)
+
+
+def single(value: Any, op: str, name: str) -> int:
+    """torch's 1-d size argument (an int or a one-element tuple or list) as an int, else a ValueError naming it."""
+    if isinstance(value, (tuple, list)) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{op}: {name} must be an int or a 1-tuple of ints, got {value!r}")
+    return value
+
+
+def _rank(op: str, arg: str, value: Any, ndim: int, layout: str) -> None:
+    shape = tuple(getattr(value, "shape", ()))
+    if len(shape) != ndim:
+        raise ShapeError(f"{op}: {arg} must be {layout}, got shape {shape}")
 
 
 def max_pool2d(
@@ -169,9 +236,12 @@ def _shape_arg(shape: Any) -> Any:
 
 
 __all__ = [
+    "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
+    "avg_pool1d",
     "avg_pool2d",
     "batch_norm",
+    "conv1d",
     "conv2d",
     "conv_transpose2d",
     "dropout",
@@ -179,6 +249,7 @@ __all__ = [
     "embedding",
     "group_norm",
     "layer_norm",
+    "max_pool1d",
     "max_pool2d",
     "normalize",
     "pad",
