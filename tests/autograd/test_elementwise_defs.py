@@ -22,6 +22,7 @@ from netcl.runtime.ops.elementwise_defs import ALL, DEFS
 # straddles a kink (relu, abs, leaky_relu at 0; maximum / minimum at ties)
 X = np.array([[-1.7, -0.9, -0.3, 0.2], [0.7, 1.1, 1.6, -1.3]])
 Y = np.array([[0.6, -1.4, 0.4, -0.5], [1.5, 0.3, -0.8, 1.9]])
+TIES = np.array([[-1.7, -1.4, -0.3, -0.5], [1.5, 1.1, -0.8, 1.9]])  # equal to X at three places
 POS = np.abs(X) + 0.3  # the domain of log, sqrt, rsqrt and pow's base
 COND = (X > 0) * 1.0
 # clamp bounds: X is below lo at 3 points, inside at 4, above hi at 1, each 0.2 or more from a bound
@@ -78,7 +79,8 @@ ROWS = {
     "le": (lambda a, b: (a <= b) * 1.0, [X, Y], {}),
     "gt": (lambda a, b: (a > b) * 1.0, [X, Y], {}),
     "ge": (lambda a, b: (a >= b) * 1.0, [X, Y], {}),
-    "ne": (lambda a, b: (a != b) * 1.0, [X, Y], {}),
+    "eq": (lambda a, b: (a == b) * 1.0, [X, TIES], {}),
+    "ne": (lambda a, b: (a != b) * 1.0, [X, TIES], {}),
     "where": (lambda c, a, b: np.where(c != 0, a, b), [COND, X, Y], {}),
     "clamp": (lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi), [X, LO, HI], {}),
 }

@@ -73,7 +73,7 @@ from netcl.autograd.ops import (
     weighted_smooth_l1,
     where,
 )
-from netcl.autograd.ops_activation import cos, elu, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
+from netcl.autograd.ops_activation import cos, elu, eq, leaky_relu, log1p, ne, rsqrt, silu, sin, softplus
 from netcl.autograd.ops_attention import packed_self_attention, scaled_dot_product_attention
 from netcl.autograd.ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d
 from netcl.autograd.ops_index import embedding, gather, index_select
@@ -172,6 +172,7 @@ __all__ = [
     "dropout",
     "elu",
     "embedding",
+    "eq",
     "exp",
     "flatten",
     "flip",

@@ -1,4 +1,4 @@
-"""Differentiable activations and math: silu, leaky_relu, softplus, elu, sin, cos, rsqrt, log1p, ne.
+"""Differentiable activations and math: silu, leaky_relu, softplus, elu, sin, cos, rsqrt, log1p, eq, ne.
 
 Each is generated from its definition (``netcl.runtime.ops.elementwise_defs``, through
 ``netcl.autograd.elementwise``) and named after its JIT primitive, so traced chains fuse.
@@ -20,6 +20,7 @@ sin = unary("sin")
 cos = unary("cos")
 rsqrt = unary("rsqrt")
 log1p = unary("log1p")
+eq = binary("eq")
 ne = binary("ne")
 
 
@@ -41,4 +42,4 @@ def softplus(x: Operand, beta: float = 1.0, threshold: float = 20.0) -> Node:
     return apply_elementwise("softplus", (x,), {"beta": beta, "threshold": threshold})
 
 
-__all__ = ["cos", "elu", "leaky_relu", "log1p", "ne", "rsqrt", "silu", "sin", "softplus"]
+__all__ = ["cos", "elu", "eq", "leaky_relu", "log1p", "ne", "rsqrt", "silu", "sin", "softplus"]

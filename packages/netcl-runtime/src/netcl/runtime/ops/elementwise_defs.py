@@ -228,6 +228,7 @@ DEFS: tuple[Elementwise, ...] = (
             ("le", np.less_equal, "1.0 where a <= b else 0.0 (no gradient)."),
             ("gt", np.greater, "1.0 where a > b else 0.0 (no gradient)."),
             ("ge", np.greater_equal, "1.0 where a >= b else 0.0 (no gradient)."),
+            ("eq", np.equal, "1.0 where a == b else 0.0 (no gradient)."),
             ("ne", np.not_equal, "1.0 where a != b else 0.0 (no gradient)."),
         )
     ),
