@@ -91,6 +91,8 @@ METHODS = {
     "split": (lambda x: x[1:], lambda x: x.split([1, 2])[1], {}),
     "gather": (lambda x: np.take_along_axis(x, GATHER, 1), lambda x: x.gather(1, GATHER), {}),
     "index_select": (lambda x: x[:, [3, 1]], lambda x: x.index_select(1, np.array([3, 1], np.int32)), {}),
+    "double": (lambda x: x * 2.0, lambda x: x.double() * 2.0, {}),
+    "to_dtype": (lambda x: x * 2.0, lambda x: x.to("float64").to(np.float32) * 2.0, {}),
 }
 
 
@@ -118,3 +120,19 @@ def test_torch_tensor_methods_without_gradient(device):
         x.chunk(0)
     with pytest.raises(ValueError, match=r"expand: -1 is not allowed for the new leading axis 0"):
         x.expand(-1, 3, 4)
+
+
+def test_casts_and_to(device):
+    """``half`` rounds as NumPy's float16, ``long`` / ``int`` truncate toward zero and take no gradient, ``float`` of a
+    float32 Node is the Node; ``to`` takes a device, a dtype, or both."""
+    values = np.array([1.5, -2.7, 3.2, 1e-4], np.float32)
+    x = ag.tensor(values, requires_grad=True, device=device)
+    np.testing.assert_array_equal(x.half().to_host(), values.astype(np.float16))  # float16 is storage on every device
+    for name, dtype in (("long", np.int64), ("int", np.int32)):
+        out = getattr(x, name)()
+        assert out.dtype == dtype and not out.requires_grad
+        np.testing.assert_array_equal(out.to_host(), values.astype(dtype))
+    assert x.float() is x and x.to(device) is x and x.to(dtype=np.float32) is x
+    assert x.to(device, np.float64).dtype == np.float64
+    with pytest.raises(TypeError, match="to: two dtypes given"):
+        x.to("float64", np.float16)

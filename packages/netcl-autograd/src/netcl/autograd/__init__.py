@@ -82,6 +82,7 @@ from netcl.autograd.ops_random import dropout, manual_seed
 from netcl.autograd.ops_reduce import argmax, argmin, cumsum, flip, min, prod, std, var
 from netcl.autograd.ops_resize import interpolate
 from netcl.autograd.ops_shape import (
+    cast,
     cat,
     concat,
     flatten,
@@ -157,6 +158,7 @@ __all__ = [
     "bce_with_logits",
     "binary_cross_entropy",
     "broadcast_to",
+    "cast",
     "cat",
     "clamp",
     "concat",

@@ -7,19 +7,22 @@ Each method is a thin call of the op of the same meaning.
 
 The methods a torch port calls on tensors are here with torch's meaning where it is unambiguous: ``view``,
 ``contiguous``, ``abs`` / ``exp`` / ``log`` / ``sqrt`` / ``sigmoid`` / ``tanh`` / ``relu``, ``softmax(dim)``,
-``log_softmax(dim)``, ``clamp(min, max)``, ``matmul``, ``pow``, ``argmax`` / ``argmin(dim, keepdim)``,
-``expand``, ``masked_fill``, ``chunk``, ``split``, ``gather``, ``index_select``, ``eq`` / ``ne`` / ``lt`` /
-``le`` / ``gt`` / ``ge``, ``dim()``, ``numel()``, ``tolist()``; ``sum`` / ``mean`` take ``dim`` / ``keepdim``
-as well as ``axis`` / ``keepdims``, and ``transpose(dim0, dim1)`` swaps two axes as torch's does (one
-sequence, or none, is NumPy's permutation). Where torch and NumPy disagree, netcl keeps NumPy's meaning and
-says so: ``x.max(1)`` is the maximum values (torch returns values and indices), ``size`` is the element count
-(torch's ``size()`` is the shape: use ``shape``), and ``==`` on Nodes is Python's identity (use ``eq``).
+``log_softmax(dim)``, ``clamp(min, max)``, ``matmul``, ``pow``, ``argmax`` / ``argmin(dim, keepdim)``, ``expand``,
+``masked_fill``, ``chunk``, ``split``, ``gather``, ``index_select``, ``eq`` / ``ne`` / ``lt`` / ``le`` / ``gt`` /
+``ge``, ``dim()``, ``numel()``, ``tolist()``, ``float()`` / ``double()`` / ``half()`` / ``int()`` / ``long()`` and
+``to(device, dtype)`` (through ``ops_shape.cast``); ``sum`` / ``mean`` take ``dim`` / ``keepdim`` as well as
+``axis`` / ``keepdims``, and ``transpose(dim0, dim1)`` swaps two axes as torch's does (one sequence, or none, is
+NumPy's permutation). Where torch and NumPy disagree, netcl keeps NumPy's meaning and says so: ``x.max(1)`` is the
+maximum values (torch returns values and indices), ``size`` is the element count (torch's ``size()`` is the shape:
+use ``shape``), and ``==`` on Nodes is Python's identity (use ``eq``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from netcl.autograd import ops, ops_activation, ops_index, ops_reduce, ops_shape, ops_softmax
 from netcl.autograd.engine import Node
@@ -236,6 +239,48 @@ def index_select(self: Node, dim: int, index: Any) -> Node:
     return ops_index.index_select(self, dim, index)
 
 
+_MOVE = Node.to  # the engine's: a copy to another device whose gradient flows back
+
+
+def to(self: Node, *args: Any, device: Any = None, dtype: Any = None) -> Node:
+    """torch's ``to``: ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or by keyword; the Node itself when
+    nothing changes. A device is a ``Device`` or a spec string (``"cpu"``, ``"opencl:0"``), a dtype anything
+    NumPy reads as one (``nc.float16``, ``"float32"``); the gradient flows back through both."""
+    for arg in args:
+        if _is_dtype(arg):
+            if dtype is not None:
+                raise TypeError(f"to: two dtypes given ({dtype!r} and {arg!r})")
+            dtype = arg
+        else:
+            if device is not None:
+                raise TypeError(f"to: two devices given ({device!r} and {arg!r})")
+            device = arg
+    out = self if dtype is None else ops_shape.cast(self, dtype)
+    return out if device is None else _MOVE(out, device)
+
+
+def _is_dtype(value: Any) -> bool:
+    """Whether ``value`` names a dtype (a device spec string such as "cpu" does not)."""
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        np.dtype(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _cast_method(dtype: Any, name: str) -> Callable[[Node], Node]:
+    def method(self: Node) -> Node:
+        return ops_shape.cast(self, dtype)
+
+    method.__name__, method.__qualname__ = name, f"Node.{name}"
+    method.__doc__ = f"The values as {np.dtype(dtype).name} (the Node itself when they are)."
+    return method
+
+
 def dim(self: Node) -> int:
     """The number of axes (torch's ``dim()``, NumPy's ``ndim``)."""
     return len(self.shape)
@@ -297,6 +342,10 @@ def install_node_methods(cls: type = Node) -> None:
                "ge": ops.ge}  # fmt: skip
     for name, op in compare.items():
         setattr(cls, name, _compare_method(op, name))
+    casts = {"float": np.float32, "double": np.float64, "half": np.float16, "int": np.int32, "long": np.int64}
+    for name, dtype in casts.items():
+        setattr(cls, name, _cast_method(dtype, name))
+    cls.to = to
 
 
 install_node_methods()

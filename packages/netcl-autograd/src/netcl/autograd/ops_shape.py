@@ -20,7 +20,7 @@ from netcl.autograd.engine import Node, apply_op
 from netcl.autograd.ops import reshape, transpose
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
-from netcl.runtime.ops import indexing
+from netcl.runtime.ops import indexing, layout
 from netcl.runtime.ops._common import DEVICE_CONSTANTS, remember
 from netcl.runtime.ops.shape import concat as device_concat
 from netcl.runtime.ops.shape import concat_shape, normalize_axis, pad_backward, pad_widths
@@ -251,6 +251,24 @@ def _indexed_pad(x: Operand, shape: tuple[int, ...], pad: Sequence[int], mode: s
     return out if isinstance(out, Node) else Node(out, op_name="pad")
 
 
+def cast(x: Operand, dtype: Any) -> Node:
+    """``x``'s values as ``dtype`` (torch's ``x.to(dtype)``; C conversions: floats truncate toward zero into ints).
+    ``x`` itself when it already has that dtype. Between floating dtypes the gradient is cast back to ``x``'s
+    dtype; a non-floating result gets none (as torch's)."""
+    _shape(x, "cast")
+    target, source = np.dtype(dtype), np.dtype(x.dtype)
+    if target == source:
+        return x if isinstance(x, Node) else Node(x, op_name="cast")
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
+        return [layout.cast(g, values[0].dtype)]
+
+    differentiable = target.kind == "f" and source.kind == "f"
+    return apply_op(
+        lambda v: layout.cast(v, target), grad if differentiable else None, x, op_name="cast", attrs={"dtype": target}
+    )
+
+
 def squeeze(x: Operand, axis: int | Sequence[int] | None = None) -> Node:
     """x without size-1 dimensions (all of them, or those of ``axis``; a listed axis of size > 1 stays, as torch)."""
     shape = _shape(x, "squeeze")
@@ -311,4 +329,4 @@ def permute(x: Operand, axes: Sequence[int]) -> Node:
     return transpose(x, perm)
 
 
-__all__ = ["cat", "concat", "flatten", "getitem", "pad", "permute", "split", "squeeze", "stack", "unsqueeze"]
+__all__ = ["cast", "cat", "concat", "flatten", "getitem", "pad", "permute", "split", "squeeze", "stack", "unsqueeze"]
