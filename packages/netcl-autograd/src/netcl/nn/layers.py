@@ -65,9 +65,9 @@ class Linear(Module):
 
 
 class _Convolution(Module):
-    """What the convolutions share: channel checks, a weight and an optional bias, torch's initialization
-    (kaiming-uniform with a = sqrt(5), the bias uniform in +-1 / sqrt(fan_in), fan_in from the weight's second
-    axis on)."""
+    """What the convolutions share: channel and padding checks, a weight and an optional bias, torch's
+    initialization (kaiming-uniform with a = sqrt(5), the bias uniform in +-1 / sqrt(fan_in), fan_in from the
+    weight's second axis on) and torch's repr."""
 
     def _channels_of(self, in_channels: int, out_channels: int, groups: int) -> None:
         """Check and keep the channel counts and groups (both counts divisible by groups)."""
@@ -88,6 +88,30 @@ class _Convolution(Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+
+    def _padding_of(self, padding: Any, sizes: tuple[int, ...]) -> None:
+        """Keep ``padding``: its parsed ``sizes``, or torch's string "same" (stride 1 only) / "valid"."""
+        owner = type(self).__name__
+        if not isinstance(padding, str):
+            self.padding = sizes
+            return
+        if padding not in ("same", "valid"):
+            raise ValueError(f"{owner}: padding must be an int, a tuple of ints, 'same' or 'valid', got {padding!r}")
+        if padding == "same" and any(step != 1 for step in self.stride):
+            raise ValueError(f"{owner}: padding='same' needs stride 1 (as in torch), got stride={self.stride!r}")
+        self.padding = padding  #: conv resolves the string
+
+    def extra_repr(self) -> str:
+        """torch's: channels, kernel size and stride, then what differs from its default."""
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        zeros, ones = (0,) * len(self.kernel_size), (1,) * len(self.kernel_size)
+        for name, default in (("padding", zeros), ("output_padding", zeros), ("dilation", ones)):
+            value = getattr(self, name, default)
+            if value != default:
+                text += f", {name}={value!r}" if isinstance(value, str) else f", {name}={value}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + (", bias=False" if self.bias is None else "")
 
     def reset_parameters(self) -> None:
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -118,28 +142,11 @@ class Conv1d(_Convolution):
         self.kernel_size = (positive_int("kernel_size", single(kernel_size, "Conv1d", "kernel_size"), "Conv1d"),)
         self.stride = (positive_int("stride", single(stride, "Conv1d", "stride"), "Conv1d"),)
         self.dilation = (positive_int("dilation", single(dilation, "Conv1d", "dilation"), "Conv1d"),)
-        #: a 1-tuple, or torch's "same" / "valid" (conv1d resolves it)
-        self.padding = padding if isinstance(padding, str) else (single(padding, "Conv1d", "padding"),)
-        if isinstance(padding, str) and padding not in ("same", "valid"):
-            raise ValueError(f"Conv1d: padding must be an int, a 1-tuple, 'same' or 'valid', got {padding!r}")
-        if padding == "same" and self.stride != (1,):
-            raise ValueError(f"Conv1d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
+        self._padding_of(padding, () if isinstance(padding, str) else (single(padding, "Conv1d", "padding"),))
         self._parameters_of((out_channels, in_channels // groups, *self.kernel_size), out_channels, bias, device)
 
     def forward(self, x: Any) -> Node:
         return conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,):
-            text += f", padding={self.padding!r}"
-        if self.dilation != (1,):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        return text
 
 
 class Conv2d(_Convolution):
@@ -161,28 +168,11 @@ class Conv2d(_Convolution):
         self._channels_of(in_channels, out_channels, groups)
         self.kernel_size = _pair(kernel_size)
         self.stride, self.dilation = _pair(stride), _pair(dilation)
-        #: a pair, or torch's "same" / "valid" (conv2d resolves it)
-        self.padding = padding if isinstance(padding, str) else _pair(padding)
-        if isinstance(padding, str) and padding not in ("same", "valid"):
-            raise ValueError(f"Conv2d: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
-        if padding == "same" and self.stride != (1, 1):
-            raise ValueError(f"Conv2d: padding='same' needs stride 1 (as in torch), got stride={stride!r}")
+        self._padding_of(padding, () if isinstance(padding, str) else _pair(padding))
         self._parameters_of((out_channels, in_channels // groups, *self.kernel_size), out_channels, bias, device)
 
     def forward(self, x: Any) -> Node:
         return ag.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
-            text += f", padding={self.padding!r}"
-        if self.dilation != (1, 1):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        return text
 
 
 class ConvTranspose2d(_Convolution):
@@ -213,15 +203,6 @@ class ConvTranspose2d(_Convolution):
         return ag.conv_transpose2d(
             x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation
         )
-
-    def extra_repr(self) -> str:
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        for name, default in (("padding", (0, 0)), ("output_padding", (0, 0)), ("dilation", (1, 1))):
-            if getattr(self, name) != default:
-                text += f", {name}={getattr(self, name)}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        return text + (", bias=False" if self.bias is None else "")
 
 
 class Embedding(Module):

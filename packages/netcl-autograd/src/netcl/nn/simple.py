@@ -7,6 +7,7 @@ from typing import Any
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
 from netcl.nn import functional
+from netcl.nn.functional.layers import refuse_pool_options
 from netcl.nn.module import Module
 
 
@@ -257,10 +258,7 @@ class MaxPool2d(_Pool2d):
         return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        if dilation not in (1, (1, 1)):
-            raise ValueError(f"MaxPool2d: netcl pools without dilation (1), got dilation={dilation!r}")
-        if return_indices:
-            raise ValueError("MaxPool2d: return_indices=True is not supported (netcl keeps no indices)")
+        refuse_pool_options("MaxPool2d", dilation, return_indices)
         super().__init__(kernel_size, stride, padding, ceil_mode)
 
     def forward(self, x: Any) -> Node:
@@ -304,10 +302,7 @@ class MaxPool1d(_Pool2d):
         return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        if dilation not in (1, (1,)):
-            raise ValueError(f"MaxPool1d: netcl pools without dilation (1), got dilation={dilation!r}")
-        if return_indices:
-            raise ValueError("MaxPool1d: return_indices=True is not supported (netcl keeps no indices)")
+        refuse_pool_options("MaxPool1d", dilation, return_indices)
         super().__init__(kernel_size, stride, padding, ceil_mode)
 
     def forward(self, x: Any) -> Node:

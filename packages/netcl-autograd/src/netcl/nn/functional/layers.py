@@ -68,9 +68,8 @@ def max_pool1d(
     window = (1, single(kernel_size, "max_pool1d", "kernel_size"))
     step = None if stride is None else (1, single(stride, "max_pool1d", "stride"))
     pad = (0, single(padding, "max_pool1d", "padding"))
-    pooled = max_pool2d(ag.unsqueeze(input, 2), window, step, pad, single(dilation, "max_pool1d", "dilation"),
-                        ceil_mode, return_indices)  # fmt: skip
-    return ag.squeeze(pooled, 2)
+    refuse_pool_options("max_pool1d", dilation, return_indices)
+    return ag.squeeze(ag.max_pool2d(ag.unsqueeze(input, 2), window, step, pad, ceil_mode), 2)
 
 
 def avg_pool1d(
@@ -117,10 +116,17 @@ def max_pool2d(
     return_indices: bool = False,
 ) -> Node:
     """Max over windows (stride defaults to kernel_size); ``dilation`` 1 and ``return_indices`` False only."""
-    if dilation not in (1, (1, 1)):
-        raise ValueError(f"max_pool2d: netcl pools without dilation (1), got dilation={dilation!r}")
-    _refuse("max_pool2d", "return_indices", return_indices, False)
+    refuse_pool_options("max_pool2d", dilation, return_indices)
     return ag.max_pool2d(input, kernel_size, stride, padding, ceil_mode)
+
+
+def refuse_pool_options(op: str, dilation: Any, return_indices: bool) -> None:
+    """A ValueError naming ``op`` for a ``dilation`` other than 1 or ``return_indices=True`` (netcl's max pooling
+    has neither); the functions and the modules check through this."""
+    if dilation not in (1, (1,), (1, 1)):
+        raise ValueError(f"{op}: netcl pools without dilation (1), got dilation={dilation!r}")
+    if return_indices:
+        raise ValueError(f"{op}: return_indices=True is not supported (netcl keeps no indices)")
 
 
 def avg_pool2d(
