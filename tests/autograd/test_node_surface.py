@@ -112,6 +112,7 @@ def test_torch_tensor_methods_without_gradient(device):
     assert x.dim() == 2 and x.numel() == 12 and x.contiguous() is x
     assert x.tolist() == AWAY.astype(np.float32).tolist()
     assert x.transpose().shape == x.T.shape == (4, 3) and x.transpose((1, 0)).shape == (4, 3)
+    assert x.transpose(axes=(1, 0)).shape == (4, 3)
     with pytest.raises(IndexError, match=r"transpose: dim 2 is out of range for a 2-d Node of shape \(3, 4\)"):
         x.transpose(0, 2)
     with pytest.raises(TypeError, match="sum: give axis or dim, not both"):

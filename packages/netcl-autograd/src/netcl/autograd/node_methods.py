@@ -101,9 +101,14 @@ def max(self: Node, axis: int | tuple[int, ...] | None = None, keepdims: bool = 
     return ops.max(self, axis, keepdims)
 
 
-def transpose(self: Node, *axes: Any) -> Node:
-    """``ops.transpose``: no argument reverses the axes, one sequence permutes them (NumPy's), two ints swap those
-    two axes (torch's ``transpose(dim0, dim1)``)."""
+def transpose(self: Node, *dims: Any, axes: Sequence[int] | None = None) -> Node:
+    """``ops.transpose``: no argument reverses the axes, one sequence (or ``axes=``) permutes them (NumPy's), two
+    ints swap those two axes (torch's ``transpose(dim0, dim1)``)."""
+    if axes is not None:
+        if dims:
+            raise TypeError(f"transpose: give axes= or positional dims, not both (got {dims!r} and axes={axes!r})")
+        return ops.transpose(self, axes)
+    axes = dims
     if len(axes) == 2 and all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
         ndim = len(self.shape)
         for a in axes:
