@@ -2,11 +2,11 @@
 
 ``import netcl.nn.functional as F`` reads as torch code does: ``F.relu(x)``, ``F.gelu(x)`` (exact, torch's
 default), ``F.softmax(x, dim=-1)``, ``F.conv2d(x, weight, bias, stride=2)``, ``F.cross_entropy(logits, y,
-weight=w)``, ``F.binary_cross_entropy_with_logits(z, t, pos_weight=pw)``. Each function is a thin adapter: the
-op it calls (``netcl.autograd``) defines the computation, its derivative and its kernels; the activation,
-pooling, dropout, 1-d and loss modules of ``netcl.nn`` call these functions, so a default lives in one place. What netcl does not implement (torch's
-``return_indices``, ``divisor_override``, ``max_norm``, ...) is refused by name; ``inplace=True`` is accepted
-and computed out of place (torch documents it as optional). See docs/nn-optim-amp.md.
+weight=w)``, ``F.binary_cross_entropy_with_logits(z, t, pos_weight=pw)``. Each function is a thin adapter: the op
+it calls (``netcl.autograd``) defines the computation, its derivative and its kernels; the activation, pooling,
+dropout, 1-d and loss modules of ``netcl.nn`` call these functions, so a default lives in one place. What netcl
+does not implement (torch's ``return_indices``, ``divisor_override``, ``max_norm``, ...) is refused by name;
+``inplace=True`` is accepted and computed out of place (torch documents it as optional). See docs/nn-optim-amp.md.
 """
 
 from netcl.autograd.ops_attention import scaled_dot_product_attention
