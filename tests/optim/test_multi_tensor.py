@@ -9,7 +9,7 @@ import pytest
 
 import netcl.core as nc
 import netcl.nn as nn
-from netcl.optim import SGD, Adam, AdamW
+from netcl.optim import SGD, Adagrad, Adam, AdamW, RMSprop
 from netcl.runtime.graph import Graph
 from netcl.runtime.ops.optim_kernels import (
     ADAM_HYPER,
@@ -206,7 +206,7 @@ def test_multi_bad_inputs(cl_device):
         adam_multi_step_(p, g, [None, None], p, steps, [0, 1], adam_hyper)
 
 
-@pytest.mark.parametrize("opt_cls", [SGD, Adam, AdamW])
+@pytest.mark.parametrize("opt_cls", [SGD, Adam, AdamW, RMSprop, Adagrad])
 def test_optimizer_step_is_one_launch_per_group_and_dtype(cl_device, opt_cls):
     rng = np.random.default_rng(0)
     params = [
@@ -219,8 +219,8 @@ def test_optimizer_step_is_one_launch_per_group_and_dtype(cl_device, opt_cls):
     graph = Graph()
     with graph.capture(cl_device.queue):
         opt.step()
-    kernel = "netcl_sgd_multi" if opt_cls is SGD else "netcl_adam_multi"
-    assert [s.name for s in graph.launches] == [kernel, "netcl_count_steps"]
+    kernels = {SGD: "netcl_sgd_multi", RMSprop: "netcl_rmsprop_multi", Adagrad: "netcl_adagrad_multi"}
+    assert [s.name for s in graph.launches] == [kernels.get(opt_cls, "netcl_adam_multi"), "netcl_count_steps"]
 
 
 def test_sgd_with_some_loaded_momentum_buffers_and_momentum_off_matches_per_parameter(device):

@@ -1,4 +1,5 @@
-"""SGD / Adam / AdamW against float64 NumPy transcriptions of torch.optim's algorithms, a few steps.
+"""SGD / Adam / AdamW / RMSprop / Adagrad against float64 NumPy transcriptions of torch.optim's algorithms, a few
+steps.
 
 Tolerances: the kernels compute in float32; three steps of these updates on values of order 1
 stay within ~1e-6 absolute of the float64 reference (Adam's step is ~lr per element).
@@ -14,7 +15,7 @@ import pytest
 import netcl.autograd as ag
 import netcl.core as nc
 import netcl.nn as nn
-from netcl.optim import SGD, Adam, AdamW
+from netcl.optim import SGD, Adagrad, Adam, AdamW, RMSprop
 
 STEPS = 3
 SHAPES = [(3, 4), (5,)]
@@ -71,6 +72,55 @@ def adam_reference(values, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay
             denom = np.sqrt(vmax[i] if amsgrad else v[i]) / math.sqrt(1 - b2**t) + eps
             params[i] = params[i] - lr / (1 - b1**t) * m[i] / denom
     return params
+
+
+def rmsprop_reference(values, grads, lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+    params = [v.astype(np.float64) for v in values]
+    square, mean, buf = ([np.zeros_like(p) for p in params] for _ in range(3))
+    for step_grads in grads:
+        for i, g in enumerate(step_grads):
+            g = g.astype(np.float64) + weight_decay * params[i]
+            square[i] = alpha * square[i] + (1 - alpha) * g * g
+            mean[i] = alpha * mean[i] + (1 - alpha) * g
+            avg = np.sqrt(square[i] - mean[i] ** 2 if centered else square[i]) + eps
+            buf[i] = momentum * buf[i] + g / avg
+            params[i] = params[i] - lr * (buf[i] if momentum else g / avg)
+    return params
+
+
+def adagrad_reference(values, grads, lr, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10):
+    params = [v.astype(np.float64) for v in values]
+    sums = [np.full_like(p, initial_accumulator_value) for p in params]
+    for t, step_grads in enumerate(grads, start=1):
+        for i, g in enumerate(step_grads):
+            g = g.astype(np.float64) + weight_decay * params[i]
+            sums[i] = sums[i] + g * g
+            params[i] = params[i] - lr / (1 + (t - 1) * lr_decay) * g / (np.sqrt(sums[i]) + eps)
+    return params
+
+
+OTHER_CASES = [
+    (RMSprop, rmsprop_reference, {"lr": 0.01}),
+    (RMSprop, rmsprop_reference, {"lr": 0.02, "alpha": 0.9, "momentum": 0.5, "weight_decay": 0.1}),
+    (RMSprop, rmsprop_reference, {"lr": 0.01, "centered": True, "momentum": 0.9, "eps": 1e-6}),
+    (Adagrad, adagrad_reference, {"lr": 0.1}),
+    (Adagrad, adagrad_reference, {"lr": 0.1, "lr_decay": 0.3, "weight_decay": 0.05, "initial_accumulator_value": 0.2}),
+]
+
+
+@pytest.mark.parametrize(
+    ("opt_cls", "reference", "kwargs"),
+    OTHER_CASES,
+    ids=["rmsprop", "rmsprop-momentum-wd", "rmsprop-centered", "adagrad", "adagrad-decay-init"],
+)
+def test_rmsprop_and_adagrad_match_torch_algorithms(device, opt_cls, reference, kwargs):
+    got, values, grads, opt = _run(opt_cls, kwargs, device)
+    for a, b in zip(got, reference(values, grads, **kwargs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert set(opt.state_dict()["state"][0]) == {
+        "step",
+        *(k for k in opt.state_names if k in opt.state[opt.param_groups[0]["params"][0]]),
+    }
 
 
 SGD_CASES = [
@@ -159,6 +209,8 @@ def test_changing_lr_between_steps_takes_effect(device):
         (SGD, {"lr": 0.1, "momentum": 0.9}),
         (Adam, {"lr": 0.01}),
         (Adam, {"lr": 0.01, "betas": (0.9, 0.5), "amsgrad": True}),
+        (RMSprop, {"lr": 0.01, "momentum": 0.9, "centered": True}),
+        (Adagrad, {"lr": 0.1, "initial_accumulator_value": 0.1}),
     ],
 )
 def test_state_dict_round_trip_continues_identically(device, opt_cls, kwargs):
@@ -176,7 +228,7 @@ def test_state_dict_round_trip_continues_identically(device, opt_cls, kwargs):
         p.value = nc.tensor(q.to_host(), device=device)
     if kwargs.get("amsgrad"):
         assert set(saved["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}  # torch's keys
-    flags = {"amsgrad": True} if kwargs.get("amsgrad") else {}  # a constructor setting, as in torch
+    flags = {k: v for k, v in kwargs.items() if k in ("amsgrad", "centered", "momentum")}  # the buffers' settings
     opt_b = opt_cls(params_b, lr=123.0, **flags)  # the loaded groups bring back the saved lr
     opt_b.load_state_dict(saved)
     assert opt_b.param_groups[0]["lr"] == kwargs["lr"]
@@ -266,7 +318,13 @@ def _no_host_read(self):
 
 
 @pytest.mark.parametrize(
-    ("opt_cls", "kwargs"), [(SGD, {"lr": 0.1, "momentum": 0.9}), (Adam, {"lr": 0.1}), (AdamW, {"lr": 0.1})]
+    ("opt_cls", "kwargs"),
+    [
+        (SGD, {"lr": 0.1, "momentum": 0.9}),
+        (Adam, {"lr": 0.1}),
+        (AdamW, {"lr": 0.1}),
+        (RMSprop, {"lr": 0.1, "momentum": 0.5, "centered": True}),
+    ],
 )
 def test_a_raised_skip_flag_changes_nothing(device, opt_cls, kwargs, monkeypatch):
     """``step(skip_if=flag)``, the flag read by the kernels alone (no host read): up, parameters, state
@@ -311,3 +369,15 @@ def test_skip_flag_needs_an_optimizer_that_reads_it(device):
         PythonSGD(params, lr=0.1).step(skip_if=flag)
     with pytest.raises(nc.DTypeError, match="skip must be one int32 on the device"):
         SGD(params, lr=0.1).step(skip_if=nc.tensor(np.zeros(2, np.float32), device=device))
+
+
+def test_rmsprop_and_adagrad_refuse_bad_hyperparameters(device):
+    params, _, _ = _setup(device)
+    with pytest.raises(ValueError, match=r"RMSprop: alpha must be a number >= 0, got -0\.5"):
+        RMSprop(params, alpha=-0.5)
+    with pytest.raises(TypeError, match="RMSprop: centered must be a bool, got 1"):
+        RMSprop(params, centered=1)
+    with pytest.raises(ValueError, match="Adagrad: lr_decay must be a number >= 0, got -1"):
+        Adagrad(params, lr_decay=-1)
+    with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['betas'\] for Adagrad"):
+        Adagrad([{"params": params, "betas": (0.9, 0.99)}])

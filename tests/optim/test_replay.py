@@ -14,7 +14,7 @@ import pytest
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.jit import fuse_graph
-from netcl.optim import SGD, Adam, StepLR
+from netcl.optim import SGD, Adagrad, Adam, RMSprop, StepLR
 
 BATCH, STEPS = 8, 4
 
@@ -84,8 +84,10 @@ def _assert_same_state(captured, eager, when):
         (_mlp, (6,), lambda p: Adam(p, lr=0.05)),
         (_mlp, (6,), lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True)),
         (_cnn, (1, 4, 4), lambda p: Adam(p, lr=0.05)),
+        (_mlp, (6,), lambda p: RMSprop(p, lr=0.01, momentum=0.5, centered=True)),
+        (_mlp, (6,), lambda p: Adagrad(p, lr=0.1, lr_decay=0.2)),
     ],
-    ids=["mlp-adam", "mlp-sgd", "cnn-batchnorm-adam"],
+    ids=["mlp-adam", "mlp-sgd", "cnn-batchnorm-adam", "mlp-rmsprop", "mlp-adagrad"],
 )
 def test_replayed_training_equals_eager(device, make_model, shape, make_opt):
     if make_model is _cnn and not hasattr(ag, "batch_norm"):

@@ -34,6 +34,14 @@ def by_dtype(batch: list[tuple[Node, Tensor, dict[str, Any], int]]) -> list[list
     return list(buckets.values())
 
 
+def non_negative(owner: str, group: dict[str, Any], names: tuple[str, ...]) -> None:
+    """A ValueError naming ``owner`` and the first of ``names`` in ``group`` that is not a number >= 0."""
+    for name in names:
+        value = group[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{owner}: {name} must be a number >= 0, got {value!r}")
+
+
 def clear_grad(param: Node, set_to_none: bool = True) -> None:
     """Drop ``param``'s gradient (None), or make it zeros with ``set_to_none=False``."""
     if set_to_none or param.grad is None:

@@ -117,6 +117,62 @@ def adam_multi_update(
     return params
 
 
+def rmsprop_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    square_avgs: list[Tensor],
+    grad_avgs: list[Tensor] | None,
+    momentum_buffers: list[Tensor] | None,
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:
+    if _skipped(skip):
+        return params
+    for k, (param, grad, square) in enumerate(zip(params, grads, square_avgs, strict=True)):
+        compute = float_compute_type(param.dtype)
+        lr, alpha, eps, wd, momentum = (compute(h) for h in np.asarray(hyper.data).astype(np.float32))
+        w, d = np.asarray(param.data, compute), np.asarray(grad.data, compute)
+        if wd != 0:
+            d = d + wd * w
+        sq = alpha * np.asarray(square.data, compute) + (1 - alpha) * d * d
+        square.data[...] = sq.astype(square.dtype)
+        if grad_avgs is not None:
+            ga = alpha * np.asarray(grad_avgs[k].data, compute) + (1 - alpha) * d
+            grad_avgs[k].data[...] = ga.astype(param.dtype)
+            avg = np.sqrt(sq - ga * ga) + eps
+        else:
+            avg = np.sqrt(sq) + eps
+        if momentum_buffers is not None:
+            b = momentum * np.asarray(momentum_buffers[k].data, compute) + d / avg
+            momentum_buffers[k].data[...] = b.astype(param.dtype)
+            param.data[...] = (w - lr * b).astype(param.dtype)
+        else:
+            param.data[...] = (w - lr * (d / avg)).astype(param.dtype)
+    return params
+
+
+def adagrad_multi_update(
+    params: list[Tensor], grads: list[Tensor], sums: list[Tensor], steps: Tensor, indices: list[int], hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:  # fmt: skip
+    if _skipped(skip):
+        return params
+    for param, grad, total, index in zip(params, grads, sums, indices, strict=True):
+        compute = float_compute_type(param.dtype)
+        lr, lr_decay, wd, eps = (compute(h) for h in np.asarray(hyper.data).astype(np.float32))
+        t = compute(int(steps.data[index]) + 1)
+        w, d = np.asarray(param.data, compute), np.asarray(grad.data, compute)
+        if wd != 0:
+            d = d + wd * w
+        clr = lr / (1 + (t - 1) * lr_decay)
+        acc = np.asarray(total.data, compute) + d * d
+        total.data[...] = acc.astype(total.dtype)
+        param.data[...] = (w - clr * (d / (np.sqrt(acc) + eps))).astype(param.dtype)
+    return params
+
+
 def count_masked(steps: Tensor, mask: Tensor, skip: Tensor) -> Tensor:
     if _skipped(skip):
         return steps

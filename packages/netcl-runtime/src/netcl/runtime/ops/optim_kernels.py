@@ -1,4 +1,5 @@
-"""Fused, in-place optimizer updates: one kernel per parameter (SGD, Adam/AdamW), plus the helpers
+"""Fused, in-place optimizer updates: one kernel per parameter (SGD, Adam/AdamW) or per ``MULTI_ARITY`` of them
+(those and RMSprop, Adagrad), plus the helpers
 an optimizer and a gradient scaler need (per-parameter step counters, gradient unscaling).
 
 Everything an update reads that may change between steps lives in device memory, so a captured
@@ -39,6 +40,9 @@ _TWINS = "netcl.runtime.numpy_twins.optim_kernels"
 SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 ADAM_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
+RMSPROP_HYPER = ("lr", "alpha", "eps", "weight_decay", "momentum")
+ADAGRAD_HYPER = ("lr", "lr_decay", "weight_decay", "eps")
+
 #: The per-element statements of each update, on the buffers ``@P`` (param), ``@G`` (grad) and
 #: ``@B`` (momentum) / ``@M``, ``@V`` (Adam's moments) at element ``gid``: the per-parameter and the
 #: multi-tensor kernels run this same text (``_on`` names the buffers), hence bit-identical results.
@@ -73,6 +77,34 @@ _ADAM_SECOND = "const {ct} v2 = v1;"
 _AMSGRAD_SECOND = (
     "const {ct} vx = ({ct})@X[gid];\n    const {ct} v2 = (vx > v1 || isnan(vx)) ? vx : v1;\n    @X[gid] = ({st})v2;"
 )
+#: RMSprop (torch's): the running mean of squares @S, with ``centered`` the running mean @A subtracted from it,
+#: with ``momentum`` a buffer @B of the scaled steps
+_RMSPROP_HYPER_LINE = "const {ct} lr = hyper[0], alpha = hyper[1], eps = hyper[2], wd = hyper[3], momentum = hyper[4];"
+_RMSPROP_BODY = """const {ct} w = ({ct})@P[gid];
+    {ct} d = ({ct})@G[gid];
+    if (wd != 0) d += wd * w;
+    const {ct} sq = alpha * ({ct})@S[gid] + (1 - alpha) * d * d;
+    @S[gid] = ({st})sq;
+    {average}
+    {apply}"""
+_RMSPROP_AVERAGE = "const {ct} avg = sqrt(sq) + eps;"
+_RMSPROP_CENTERED = """const {ct} ga = alpha * ({ct})@A[gid] + (1 - alpha) * d;
+    @A[gid] = ({st})ga;
+    const {ct} avg = sqrt(sq - ga * ga) + eps;"""
+_RMSPROP_STEP = "@P[gid] = ({st})(w - lr * (d / avg));"
+_RMSPROP_MOMENTUM = """const {ct} b = momentum * ({ct})@B[gid] + d / avg;
+    @B[gid] = ({st})b;
+    @P[gid] = ({st})(w - lr * b);"""
+#: Adagrad (torch's): the sum of squares @S, the learning rate decayed by the step count
+_ADAGRAD_HYPER_LINE = "const {ct} lr = hyper[0], lr_decay = hyper[1], wd = hyper[2], eps = hyper[3];"
+_ADAGRAD_BODY = """const {ct} t = ({ct})(steps[index] + 1);
+    const {ct} w = ({ct})@P[gid];
+    {ct} d = ({ct})@G[gid];
+    if (wd != 0) d += wd * w;
+    const {ct} clr = lr / (1 + (t - 1) * lr_decay);
+    const {ct} s = ({ct})@S[gid] + d * d;
+    @S[gid] = ({st})s;
+    @P[gid] = ({st})(w - clr * (d / (sqrt(s) + eps)));"""
 _ADAM_L2 = "if (wd != 0) d += wd * w;"
 _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
@@ -632,6 +664,153 @@ def adam_multi_update(
             per_item,
         )
     return params
+
+
+def rmsprop_multi_step_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    square_avgs: list[Tensor],
+    grad_avgs: list[Tensor] | None,
+    momentum_buffers: list[Tensor] | None,
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor | None = None,
+) -> list[Tensor]:
+    """PyTorch's RMSprop on ``params`` in place (``hyper`` = lr, alpha, eps, weight_decay, momentum), one launch per
+    ``MULTI_ARITY`` of them: ``square_avgs`` always, ``grad_avgs`` when centered and ``momentum_buffers`` when the
+    momentum is non-zero (one per parameter, or None). Nothing changes where ``skip`` is up. Returns ``params``."""
+    others = {"grads": grads, "square_avgs": square_avgs}
+    for name, values in (("grad_avgs", grad_avgs), ("momentum_buffers", momentum_buffers)):
+        if values is not None:
+            others[name] = values
+    if not _checked_multi("rmsprop_multi_step_", RMSPROP_HYPER, params, others, steps, indices, hyper):
+        return params
+    skip = _skip_flag(skip, params[0], "rmsprop_multi_step_")
+    written(*params)
+    return rmsprop_multi_update(params, grads, square_avgs, grad_avgs, momentum_buffers, steps, indices, hyper, skip)
+
+
+@backend_op(_TWINS)
+def rmsprop_multi_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    square_avgs: list[Tensor],
+    grad_avgs: list[Tensor] | None,
+    momentum_buffers: list[Tensor] | None,
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:
+    """``rmsprop_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
+    types = _types(params[0])
+    centered, momentum = grad_avgs is not None, momentum_buffers is not None
+    average = (_RMSPROP_CENTERED if centered else _RMSPROP_AVERAGE).format(**types)
+    apply = (_RMSPROP_MOMENTUM if momentum else _RMSPROP_STEP).format(**types)
+    body = _RMSPROP_BODY.format(average=average, apply=apply, **types)
+    lists = {"P": params, "G": grads, "S": square_avgs}
+    if centered:
+        lists["A"] = grad_avgs
+    if momentum:
+        lists["B"] = momentum_buffers
+    key = ("rmsprop_multi", types["st"], centered, momentum)
+    _launch_update(key, "netcl_rmsprop_multi", _RMSPROP_HYPER_LINE.format(**types), body, types, lists, steps,
+                   indices, hyper, skip)  # fmt: skip
+    return params
+
+
+def adagrad_multi_step_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    sums: list[Tensor],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor | None = None,
+) -> list[Tensor]:
+    """PyTorch's Adagrad on ``params`` in place (``hyper`` = lr, lr_decay, weight_decay, eps; the step ``t =
+    steps[index] + 1``), ``sums`` the running sums of squared gradients; one launch per ``MULTI_ARITY``
+    parameters. Nothing changes where ``skip`` is up. Returns ``params``."""
+    others = {"grads": grads, "sums": sums}
+    if not _checked_multi("adagrad_multi_step_", ADAGRAD_HYPER, params, others, steps, indices, hyper):
+        return params
+    skip = _skip_flag(skip, params[0], "adagrad_multi_step_")
+    written(*params)
+    return adagrad_multi_update(params, grads, sums, steps, indices, hyper, skip)
+
+
+@backend_op(_TWINS)
+def adagrad_multi_update(
+    params: list[Tensor], grads: list[Tensor], sums: list[Tensor], steps: Tensor, indices: list[int], hyper: Tensor,
+    skip: Tensor,
+) -> list[Tensor]:  # fmt: skip
+    """``adagrad_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
+    types = _types(params[0])
+    body = _ADAGRAD_BODY.format(**types)
+    _launch_update(("adagrad_multi", types["st"]), "netcl_adagrad_multi", _ADAGRAD_HYPER_LINE.format(**types), body,
+                   types, {"P": params, "G": grads, "S": sums}, steps, indices, hyper, skip)  # fmt: skip
+    return params
+
+
+def _checked_multi(
+    op: str,
+    hyper_names: tuple[str, ...],
+    params: list[Tensor],
+    others: dict[str, list[Tensor]],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+) -> bool:
+    """The checks of a multi-tensor update whose buffers ``others`` are all required; whether there is a
+    parameter to update."""
+    _check_multi(op, params, others, steps, indices, hyper, hyper_names)
+    for name, values in others.items():
+        if any(v is None for v in values):
+            raise TypeError(f"{op}: {name.rstrip('s')} must be a Tensor, got NoneType")
+    return bool(params)
+
+
+def _launch_update(
+    key: tuple[Any, ...],
+    name: str,
+    hyper_line: str,
+    body: str,
+    types: dict[str, str],
+    lists: dict[str, list[Tensor]],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor,
+) -> None:
+    """Launch the multi-tensor kernel ``name`` running ``body`` over the slots ``lists`` (slot -> one buffer per
+    parameter; "P" the parameters), ``MULTI_ARITY`` parameters a launch (the arithmetic of every parameter the
+    same whichever launch holds it)."""
+    params = lists["P"]
+    per_item = update_chunk(params[0].device)
+    slots = tuple(lists)
+
+    def source(arity: int) -> str:
+        return multi_source(name, slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item)
+
+    for start, stop, arity in multi_chunks(len(params)):
+        arg_types = [None] * (len(slots) * arity) + [None, None, None, None, np.int64]
+        buffers: list[Any] = []
+        for j in range(arity):
+            k = start + j if start + j < stop else start
+            buffers += [lists[slot][k] for slot in slots]
+        launch_multi(
+            ("optim", *key, arity, per_item),
+            functools.partial(source, arity),
+            name,
+            arg_types,
+            arity,
+            params[start:stop],
+            indices[start:stop],
+            buffers,
+            (steps, skip, hyper),
+            per_item,
+        )
 
 
 def launch_multi(
