@@ -26,6 +26,7 @@ from netcl.nn.loss import (
 from netcl.nn.module import IncompatibleKeys, Module
 from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from netcl.nn.parameter import Parameter
+from netcl.nn.recurrent import GRU, LSTM, RNN
 from netcl.nn.simple import (
     ELU,
     GELU,
@@ -80,6 +81,7 @@ __all__ = [
     "Flatten",
     "GELU",
     "GLU",
+    "GRU",
     "GroupNorm",
     "Hardsigmoid",
     "Hardswish",
@@ -90,6 +92,7 @@ __all__ = [
     "KLDivLoss",
     "KVCache",
     "L1Loss",
+    "LSTM",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
@@ -106,6 +109,7 @@ __all__ = [
     "NLLLoss",
     "Parameter",
     "RMSNorm",
+    "RNN",
     "ReLU",
     "ReLU6",
     "Sequential",
