@@ -14,6 +14,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import nn
+from netcl.core import ShapeError
 
 _mha = file_modules.load("tests/nn/test_multihead_attention.py", "netcl_mha_reference")
 TOL = 1e-4
@@ -143,3 +144,37 @@ def test_copies_start_equal_and_an_unknown_activation_is_refused(device) -> None
     np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r'activation must be "relu", "gelu" or a callable, got \'swish\''):
         nn.TransformerEncoderLayer(D, H, activation="swish")
+
+
+def test_full_transformer_equals_its_stacks(device) -> None:
+    """nn.Transformer (torch's keys: encoder / decoder stacks with final norms) against the reference layers
+    composed, sequence-first; torch's additive causal mask gives the boolean mask's result."""
+    rng = np.random.default_rng(4)
+    model = nn.Transformer(D, H, 2, 2, FF, device=device)
+    keys = list(model.state_dict())
+    assert (
+        "encoder.layers.1.self_attn.in_proj_weight" in keys and "decoder.layers.0.multihead_attn.out_proj.bias" in keys
+    )
+    assert "encoder.norm.weight" in keys and "decoder.norm.bias" in keys
+    state = _load(rng, model)
+    src, tgt = _x(rng, (6, 2, D)), _x(rng, (5, 2, D))  # (S, N, E), (T, N, E)
+    causal = np.triu(np.ones((5, 5), bool), 1)
+    relu = lambda t: np.maximum(t, 0)  # noqa: E731
+    memory = np.swapaxes(src, 0, 1)
+    for i in range(2):
+        memory = ref_encoder_layer(state, memory, False, relu, prefix=f"encoder.layers.{i}.")
+    memory = _layer_norm(memory, state, "encoder.norm.")
+    h = np.swapaxes(tgt, 0, 1)
+    for i in range(2):
+        h = ref_decoder_layer(_sub(state, f"decoder.layers.{i}."), h, memory, False, relu, tgt_mask=causal)
+    want = np.swapaxes(_layer_norm(h, state, "decoder.norm."), 0, 1)
+    src_n, tgt_n = (ag.tensor(a.astype(np.float32), device=device) for a in (src, tgt))
+    out = model(src_n, tgt_n, tgt_mask=ag.tensor(causal, device=device))
+    np.testing.assert_allclose(out.to_host(), want, atol=TOL, rtol=TOL)
+    additive = nn.Transformer.generate_square_subsequent_mask(5, device=device)
+    np.testing.assert_array_equal(additive.to_host(), np.where(causal, -np.inf, 0.0).astype(np.float32))
+    np.testing.assert_allclose(model(src_n, tgt_n, tgt_mask=additive).to_host(), want, atol=TOL, rtol=TOL)
+    with pytest.raises(ShapeError, match="Transformer: src and tgt must have the same batch size"):
+        model(src_n, ag.tensor(np.zeros((5, 3, D), np.float32), device=device))
+    with pytest.raises(ValueError, match="TransformerDecoder: num_layers must be a positive int, got 0"):
+        nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, FF), 0)

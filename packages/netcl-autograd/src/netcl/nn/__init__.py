@@ -59,7 +59,13 @@ from netcl.nn.simple import (
     Tanh,
     Upsample,
 )
-from netcl.nn.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from netcl.nn.transformer import (
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -121,6 +127,8 @@ __all__ = [
     "Softplus",
     "Softsign",
     "Tanh",
+    "Transformer",
+    "TransformerDecoder",
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
