@@ -364,3 +364,27 @@ def test_silu(device):
     np.testing.assert_allclose(
         nn.SiLU()(ag.tensor(x, device=device)).to_host(), x64 / (1 + np.exp(-x64)), rtol=1e-5, atol=1e-6
     )
+
+
+def test_padding_modules_unflatten_and_pretrained_embeddings(device):
+    """torch's padding modules (an int pads every side of the last one or two axes; a tuple is torch's order),
+    ``Unflatten``, and ``Embedding.from_pretrained`` (frozen by default, the padding row kept)."""
+    x = _rand(23, 2, 3, 4, 5).astype(np.float64)
+    xn = ag.tensor(x.astype(np.float32), device=device)
+    cases = [
+        (nn.ZeroPad2d(2), np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2)))),
+        (nn.ConstantPad2d((1, 0, 2, 3), 3.5), np.pad(x, ((0, 0), (0, 0), (2, 3), (1, 0)), constant_values=3.5)),
+        (nn.ReflectionPad2d((2, 1, 0, 3)), np.pad(x, ((0, 0), (0, 0), (0, 3), (2, 1)), mode="reflect")),
+        (nn.ReplicationPad1d((1, 4)), np.pad(x, ((0, 0), (0, 0), (0, 0), (1, 4)), mode="edge")),
+        (nn.Unflatten(-1, (5, 1)), x.reshape(2, 3, 4, 5, 1)),
+    ]
+    for layer, expected in cases:
+        np.testing.assert_allclose(layer(xn).to_host(), expected, rtol=1e-6, err_msg=repr(layer))
+    assert repr(nn.ConstantPad2d(1, 3.5)) == "ConstantPad2d(padding=(1, 1, 1, 1), value=3.5)"
+    with pytest.raises(ValueError, match=r"ZeroPad2d: padding must be an int or 4 ints, got \(1, 2\)"):
+        nn.ZeroPad2d((1, 2))
+    table = _rand(24, 6, 4)
+    embedding = nn.Embedding.from_pretrained(table, padding_idx=2, device=device)
+    assert not embedding.weight.requires_grad and nn.Embedding.from_pretrained(table, freeze=False).weight.requires_grad
+    ids = ag.tensor(np.array([[0, 2], [5, 1]], np.int32), device=device)
+    np.testing.assert_array_equal(embedding(ids).to_host(), table[[[0, 2], [5, 1]]])

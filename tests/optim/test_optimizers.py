@@ -281,7 +281,7 @@ def test_bad_hyperparameters_and_params(device):
     with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['momentum'\] for Adam"):
         Adam([{"params": params, "momentum": 0.9}])
     x = ag.tensor(np.ones(3, np.float32), requires_grad=True, device=device)
-    with pytest.raises(ValueError, match="must be a leaf with requires_grad"):
+    with pytest.raises(ValueError, match=r"must be a leaf \(a Parameter\), not an op's result"):
         SGD([x * 2.0], lr=0.1)
     opt = SGD(params, lr=0.1)
     opt.param_groups[0]["lr"] = -0.5
@@ -381,3 +381,18 @@ def test_rmsprop_and_adagrad_refuse_bad_hyperparameters(device):
         Adagrad(params, lr_decay=-1)
     with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['betas'\] for Adagrad"):
         Adagrad([{"params": params, "betas": (0.9, 0.99)}])
+
+
+def test_frozen_parameters_are_accepted_and_left_alone(device):
+    """torch's fine-tuning pattern: ``requires_grad_(False)`` on some parameters, all of them given to the optimizer;
+    the frozen ones get no gradient and keep their values."""
+    model = nn.Sequential(nn.Linear(3, 4, device=device), nn.Linear(4, 2, device=device))
+    model[0].requires_grad_(False)
+    frozen = model[0].weight.to_host().copy()
+    opt = SGD(model.parameters(), lr=0.1)
+    x = ag.tensor(np.ones((5, 3), np.float32), device=device)
+    ag.sum(model(x)).backward()
+    opt.step()
+    assert model[0].weight.grad is None
+    np.testing.assert_array_equal(model[0].weight.to_host(), frozen)
+    assert not np.array_equal(model[1].bias.to_host(), np.zeros(2))

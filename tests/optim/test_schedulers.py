@@ -14,6 +14,7 @@ from netcl.optim import (
     Adam,
     ConstantLR,
     CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
     ExponentialLR,
     LambdaLR,
     LinearLR,
@@ -168,3 +169,29 @@ def test_a_step_that_would_set_a_bad_lr_raises_and_changes_nothing(device):
         schedule.step()  # step 4 of a 4-step schedule extrapolates below 0, as torch's would
     assert schedule.last_epoch == 3 and opt.param_groups[0]["lr"] == pytest.approx(1.0 / 25 / 1e4)
     np.testing.assert_allclose(opt.group_hyper(0).to_host()[0], opt.param_groups[0]["lr"], rtol=1e-6)
+
+
+def _sgdr(epoch, t_0, t_mult, eta_min, base=0.5):
+    """torch's documented SGDR: the position within the current period, then the cosine."""
+    period, start = t_0, 0.0
+    while epoch >= start + period:
+        start, period = start + period, period * t_mult
+    return eta_min + (base - eta_min) * (1 + math.cos(math.pi * (epoch - start) / period)) / 2
+
+
+@pytest.mark.parametrize(("t_0", "t_mult", "eta_min"), [(5, 1, 0.01), (3, 2, 0.0)])
+def test_cosine_annealing_warm_restarts(device, t_0, t_mult, eta_min):
+    """Stepped, the periods T_0, T_0 * T_mult, ...; stepped with fractional epochs (torch's usage), the same curve at
+    those points; a bad argument and a negative epoch refused, the latter with nothing changed."""
+    schedule = CosineAnnealingWarmRestarts(_optimizer(device), t_0, t_mult, eta_min)
+    np.testing.assert_allclose(_trace(schedule, 20), [_sgdr(e, t_0, t_mult, eta_min) for e in range(21)], rtol=1e-12)
+    fractional = CosineAnnealingWarmRestarts(_optimizer(device), t_0, t_mult, eta_min)
+    for epoch in np.arange(0, 12, 0.7):
+        fractional.step(float(epoch))
+        assert fractional.get_last_lr()[0] == pytest.approx(_sgdr(epoch, t_0, t_mult, eta_min), rel=1e-9)
+    before = fractional.get_last_lr()
+    with pytest.raises(ValueError, match="CosineAnnealingWarmRestarts: epoch must be >= 0, got -1"):
+        fractional.step(-1)
+    assert fractional.get_last_lr() == before
+    with pytest.raises(ValueError, match="CosineAnnealingWarmRestarts: T_mult must be a positive int, got 0"):
+        CosineAnnealingWarmRestarts(_optimizer(device), 3, 0)

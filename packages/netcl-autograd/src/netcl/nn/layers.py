@@ -10,7 +10,7 @@ import numpy as np
 import netcl.autograd as ag
 from netcl.autograd.engine import Node
 from netcl.autograd.ops_index import padding_row
-from netcl.core import Device, Tensor, get_device
+from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import float32
 from netcl.nn import init
 from netcl.nn.functional import conv1d, linear
@@ -223,6 +223,24 @@ class Embedding(Module):
         self.padding_idx = padding_row(padding_idx, num_embeddings, "Embedding")
         self.weight = empty_parameter((num_embeddings, embedding_dim), device)
         self.reset_parameters()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Any,
+        freeze: bool = True,
+        padding_idx: int | None = None,
+        device: Device | str | None = None,
+    ) -> Embedding:
+        """torch's: an Embedding whose table is ``embeddings`` (num_embeddings, dim), frozen (no gradient) unless
+        ``freeze`` is False; the ``padding_idx`` row keeps its values and gets no gradient."""
+        host = embeddings.to_host() if hasattr(embeddings, "to_host") else np.asarray(embeddings, np.float32)
+        if host.ndim != 2:
+            raise ShapeError(f"Embedding.from_pretrained: embeddings must be 2-d, got shape {host.shape}")
+        layer = cls(host.shape[0], host.shape[1], padding_idx, device)
+        write_(layer.weight.value, host.astype(np.float32))
+        layer.weight.requires_grad_(not freeze)
+        return layer
 
     def reset_parameters(self) -> None:
         init.normal_(self.weight)

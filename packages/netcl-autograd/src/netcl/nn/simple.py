@@ -1,4 +1,4 @@
-"""Layers without parameters: activations, pooling, dropout, ``Flatten`` and ``Identity``."""
+"""Layers without parameters: activations, pooling, dropout, padding, ``Flatten``, ``Unflatten`` and ``Identity``."""
 
 from __future__ import annotations
 
@@ -383,3 +383,78 @@ class Flatten(Module):
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """Splits dimension ``dim`` into ``unflattened_size`` (its product must be that dimension's length)."""
+
+    def __init__(self, dim: int, unflattened_size: tuple[int, ...]) -> None:
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x: Any) -> Node:
+        shape = tuple(x.shape)
+        axis = self.dim % len(shape) if shape else self.dim
+        return ag.reshape(x, shape[:axis] + self.unflattened_size + shape[axis + 1 :])
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class _Pad(Module):
+    """torch's padding modules: ``padding`` an int (every side of the padded axes) or torch's tuple (last axis
+    first, before / after), through ``functional.pad`` in ``mode``."""
+
+    mode = "constant"
+    axes = 2
+
+    def __init__(self, padding: Any, value: float = 0.0) -> None:
+        super().__init__()
+        self.padding = (padding,) * (2 * self.axes) if isinstance(padding, int) else tuple(padding)
+        if len(self.padding) != 2 * self.axes:
+            raise ValueError(f"{type(self).__name__}: padding must be an int or {2 * self.axes} ints, got {padding!r}")
+        self.value = float(value)
+
+    def forward(self, x: Any) -> Node:
+        return functional.pad(x, self.padding, self.mode, self.value if self.mode == "constant" else None)
+
+    def extra_repr(self) -> str:
+        return f"{self.padding}"
+
+
+class ConstantPad1d(_Pad):
+    axes = 1
+
+    def extra_repr(self) -> str:
+        return f"padding={self.padding}, value={self.value}"
+
+
+class ConstantPad2d(ConstantPad1d):
+    axes = 2
+
+
+class ZeroPad1d(_Pad):
+    axes = 1
+
+    def __init__(self, padding: Any) -> None:
+        super().__init__(padding, 0.0)
+
+
+class ZeroPad2d(ZeroPad1d):
+    axes = 2
+
+
+class ReflectionPad1d(ZeroPad1d):
+    mode = "reflect"
+
+
+class ReflectionPad2d(ZeroPad2d):
+    mode = "reflect"
+
+
+class ReplicationPad1d(ZeroPad1d):
+    mode = "replicate"
+
+
+class ReplicationPad2d(ZeroPad2d):
+    mode = "replicate"

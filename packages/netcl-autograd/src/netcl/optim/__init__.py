@@ -11,6 +11,7 @@ from netcl.optim.adam import Adam, AdamW
 from netcl.optim.lr_scheduler import (
     ConstantLR,
     CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
     ExponentialLR,
     LambdaLR,
     LinearLR,
@@ -34,6 +35,7 @@ __all__ = [
     "AdamW",
     "ConstantLR",
     "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
     "ExponentialLR",
     "LRScheduler",
     "LambdaLR",

@@ -1,6 +1,6 @@
 """Learning-rate schedulers with torch's semantics: ``StepLR``, ``MultiStepLR``, ``ExponentialLR``, ``ConstantLR``,
-``LinearLR``, ``PolynomialLR``, ``CosineAnnealingLR``, ``LambdaLR``, ``MultiplicativeLR``, ``OneCycleLR``,
-``SequentialLR`` and ``ReduceLROnPlateau``.
+``LinearLR``, ``PolynomialLR``, ``CosineAnnealingLR``, ``CosineAnnealingWarmRestarts``, ``LambdaLR``,
+``MultiplicativeLR``, ``OneCycleLR``, ``SequentialLR`` and ``ReduceLROnPlateau``.
 
 Construction performs step 0 (as torch); each ``step()`` sets every group's ``lr`` (``OneCycleLR`` also its
 momentum or beta1) and uploads it to the optimizer's device-side hyperparameters, so a captured training step
@@ -45,27 +45,34 @@ class LRScheduler:
     def step(self, epoch: int | None = None) -> None:
         """Advance one epoch (or iteration) and set the new learning rates; ``epoch`` (deprecated in torch) jumps
         there, through the closed form where the scheduler has one."""
+        if epoch is not None:
+            warnings.warn("LRScheduler.step(epoch) is deprecated in torch; call step() once per epoch", UserWarning, 2)
+        self._apply(lambda: self._next_lrs(epoch))
+
+    def _next_lrs(self, epoch: int | None) -> list[float]:
+        """Advance the schedule's counters (one step, or to ``epoch``) and return the new learning rates."""
+        self._step_count += 1
+        if epoch is None:
+            self.last_epoch += 1
+            return self.get_lr()
+        self.last_epoch = int(epoch)
+        return self._closed_form_lr() if hasattr(self, "_closed_form_lr") else self.get_lr()
+
+    def _apply(self, advance: Callable[[], list[float]]) -> None:
+        """Run ``advance`` and set its learning rates on the groups; a refused value (a negative lr) or any error
+        leaves the groups and the scheduler's own state as they were (nothing half-done)."""
         groups = self.optimizer.param_groups
-        before = [dict(group) for group in groups], self.last_epoch, self._step_count
+        saved_groups = [dict(group) for group in groups]
+        saved_state = {k: v for k, v in self.__dict__.items() if k != "optimizer"}
         try:
-            self._step_count += 1
-            if epoch is None:
-                self.last_epoch += 1
-                values = self.get_lr()
-            else:
-                warnings.warn(
-                    "LRScheduler.step(epoch) is deprecated in torch; call step() once per epoch", UserWarning, 2
-                )
-                self.last_epoch = int(epoch)
-                values = self._closed_form_lr() if hasattr(self, "_closed_form_lr") else self.get_lr()
-            for group, lr in zip(groups, values, strict=True):
+            for group, lr in zip(groups, advance(), strict=True):
                 group["lr"] = lr
             self.optimizer.sync_hyperparameters()  # checks the values (a negative lr raises) before uploading
         except BaseException:
-            for group, saved in zip(groups, before[0], strict=True):  # nothing half-done: the groups as they were
+            for group, saved in zip(groups, saved_groups, strict=True):
                 group.clear()
                 group.update(saved)
-            self.last_epoch, self._step_count = before[1], before[2]
+            self.__dict__.update(saved_state)
             raise
         self._last_lr = [group["lr"] for group in groups]
 
@@ -129,6 +136,56 @@ class CosineAnnealingLR(LRScheduler):
     def _closed_form_lr(self) -> list[float]:
         cosine = (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
         return [self.eta_min + (b - self.eta_min) * cosine for b in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing from each group's initial lr to ``eta_min`` over ``T_i`` steps, restarting at the initial lr;
+    the period starts at ``T_0`` and is multiplied by ``T_mult`` at each restart (torch's SGDR). ``step(epoch)``
+    takes fractional epochs (``scheduler.step(epoch + i / iters)``), as torch's does, without a warning."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        T_0: int,  # noqa: N803 - torch's name
+        T_mult: int = 1,  # noqa: N803 - torch's name
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+    ) -> None:
+        self.T_0 = _positive_int("CosineAnnealingWarmRestarts", "T_0", T_0)
+        self.T_mult = _positive_int("CosineAnnealingWarmRestarts", "T_mult", T_mult)
+        self.T_i, self.T_cur, self.eta_min = T_0, last_epoch, float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        cosine = (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+        return [self.eta_min + (b - self.eta_min) * cosine for b in self.base_lrs]
+
+    def step(self, epoch: float | None = None) -> None:
+        if epoch is not None and epoch < 0:
+            raise ValueError(f"CosineAnnealingWarmRestarts: epoch must be >= 0, got {epoch!r}")
+        self._apply(lambda: self._restarted_lrs(epoch))
+
+    def _restarted_lrs(self, epoch: float | None) -> list[float]:
+        self._step_count += 1
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur -= self.T_i
+                self.T_i *= self.T_mult
+        elif epoch >= self.T_0:
+            if self.T_mult == 1:
+                self.T_cur = epoch % self.T_0
+            else:
+                n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                self.T_cur = epoch - self.T_0 * (self.T_mult**n - 1) / (self.T_mult - 1)
+                self.T_i = self.T_0 * self.T_mult**n
+        else:
+            self.T_i, self.T_cur = self.T_0, epoch
+        self.last_epoch = math.floor(epoch)
+        return self.get_lr()
 
 
 class LinearLR(LRScheduler):

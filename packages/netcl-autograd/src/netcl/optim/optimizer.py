@@ -93,8 +93,10 @@ class Optimizer:
         for i, p in enumerate(params):
             if not isinstance(p, Node):
                 raise TypeError(f"parameter {i} of group {len(self.param_groups)} is a {type(p).__name__}, not a Node")
-            if not p.is_leaf or not p.requires_grad:
-                raise ValueError(f"parameter {i} of group {len(self.param_groups)} must be a leaf with requires_grad")
+            if not p.is_leaf:  # a frozen leaf (requires_grad False) is accepted and skipped while it has no grad
+                raise ValueError(
+                    f"parameter {i} of group {len(self.param_groups)} must be a leaf (a Parameter), not an op's result"
+                )
             if p in self._index:
                 raise ValueError("a parameter appears in more than one parameter group (or twice in one)")
             if self._device is None:
