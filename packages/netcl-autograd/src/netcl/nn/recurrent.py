@@ -4,8 +4,10 @@ names (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0``, ``...
 +-1 / sqrt(hidden_size)), so a torch state_dict loads and gives torch's outputs.
 
 A layer's input projection for every time step is one product (``x @ weight_ih.T + bias_ih`` over all steps); each
-step then adds ``h @ weight_hh.T + bias_hh`` and applies the gates, in netcl's eager ops (differentiable, and
-recorded by ``fuse_graph`` like any other step: a captured training step replays the whole sequence).
+step is then the product ``h @ weight_hh.T + bias_hh`` and, for an LSTM or a GRU, one cell kernel
+(``netcl.autograd.ops_recurrent``: the gates and the state update, and one kernel back); an RNN step is its
+activation. All differentiable, and recorded by ``fuse_graph`` like any other step: a captured training step replays
+the whole sequence. An LSTM carries ``h`` and ``c`` as one (2, N, H) state whose ``h`` is a view.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from typing import Any
 
 import netcl.autograd as ag
+from netcl.autograd import ops_recurrent
 from netcl.autograd.engine import Node
 from netcl.core import Device, ShapeError
 from netcl.nn import init
@@ -117,13 +120,12 @@ class _RNNBase(Module):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
                 width = tuple(x.shape)[2]
                 projected = ag.reshape(linear(ag.reshape(x, (steps * batch, width)), w_ih, b_ih), (steps, batch, -1))
-                state = [None] * len(finals) if states is None else [s[index] for s in states]
+                state = self._initial(None if states is None else [s[index] for s in states])
                 sequence: list[Any] = [None] * steps
                 for t in reversed(range(steps)) if direction else range(steps):
-                    state = self._cell(projected[t], state, w_hh, b_hh)
-                    sequence[t] = state[0]
+                    state, sequence[t] = self._cell(projected[t], state, w_hh, b_hh)
                 outputs.append(ag.stack(sequence, 0))
-                for kept, last in zip(finals, state, strict=True):
+                for kept, last in zip(finals, self._finals(state), strict=True):
                     kept.append(last)
             x = outputs[0] if len(outputs) == 1 else ag.cat(outputs, 2)
             if self.dropout and self.training and layer < self.num_layers - 1:
@@ -134,8 +136,17 @@ class _RNNBase(Module):
             final = [ag.squeeze(f, 1) for f in final]
         return out, (final[0], final[1]) if self.mode == "LSTM" else final[0]
 
-    def _cell(self, projected: Any, state: list[Any], w_hh: Any, b_hh: Any) -> list[Any]:
-        """One step: the new states from this step's input projection and the previous states (None: zeros)."""
+    def _initial(self, given: list[Any] | None) -> Any:
+        """The carried state of one layer and direction from the given initial states (None: zeros)."""
+        return None if given is None else given[0]
+
+    def _finals(self, state: Any) -> list[Any]:
+        """The final states returned for one layer and direction (h, and c for an LSTM)."""
+        return [state]
+
+    def _cell(self, projected: Any, state: Any, w_hh: Any, b_hh: Any) -> tuple[Any, Any]:
+        """One step: (the new carried state, this step's output h) from the step's input projection and the
+        carried state (None: zeros)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -179,9 +190,10 @@ class RNN(_RNNBase):
         mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
         super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device)
 
-    def _cell(self, projected: Any, state: list[Any], w_hh: Any, b_hh: Any) -> list[Any]:
-        pre = _plus(projected, _hidden(state[0], w_hh, b_hh))
-        return [ag.tanh(pre) if self.mode == "RNN_TANH" else ag.relu(pre)]
+    def _cell(self, projected: Any, state: Any, w_hh: Any, b_hh: Any) -> tuple[Any, Any]:
+        pre = _plus(projected, _hidden(state, w_hh, b_hh))
+        h = ag.tanh(pre) if self.mode == "RNN_TANH" else ag.relu(pre)
+        return h, h
 
 
 class LSTM(_RNNBase):
@@ -204,12 +216,18 @@ class LSTM(_RNNBase):
             raise ValueError(f"LSTM: proj_size is not supported by netcl (only 0), got {proj_size!r}")
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device)
 
-    def _cell(self, projected: Any, state: list[Any], w_hh: Any, b_hh: Any) -> list[Any]:
-        h, c = state
-        i, f, g, o = ag.split(_plus(projected, _hidden(h, w_hh, b_hh)), self.hidden_size, axis=1)
-        fresh = ag.mul(ag.sigmoid(i), ag.tanh(g))
-        c = fresh if c is None else ag.add(ag.mul(ag.sigmoid(f), c), fresh)
-        return [ag.mul(ag.sigmoid(o), ag.tanh(c)), c]
+    def _initial(self, given: list[Any] | None) -> Any:
+        return None if given is None else ag.stack(given, 0)  # (2, N, H): h, c
+
+    def _finals(self, state: Any) -> list[Any]:
+        return [state[0], state[1]]
+
+    def _cell(self, projected: Any, state: Any, w_hh: Any, b_hh: Any) -> tuple[Any, Any]:
+        hidden = None if state is None else linear(state[0], w_hh, b_hh)
+        if state is None and b_hh is not None:  # a zero state: the hidden projection is the bias alone
+            projected = ag.add(projected, b_hh)
+        state = ops_recurrent.lstm_cell(projected, hidden, state)
+        return state, state[0]
 
 
 class GRU(_RNNBase):
@@ -229,13 +247,9 @@ class GRU(_RNNBase):
     ) -> None:
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device)
 
-    def _cell(self, projected: Any, state: list[Any], w_hh: Any, b_hh: Any) -> list[Any]:
-        (h,) = state
-        x_r, x_z, x_n = ag.split(projected, self.hidden_size, axis=1)
-        hidden = _hidden(h, w_hh, b_hh)
-        h_r, h_z, h_n = (None, None, None) if hidden is None else ag.split(hidden, self.hidden_size, axis=-1)
-        z = ag.sigmoid(_plus(x_z, h_z))
-        n = ag.tanh(x_n if h_n is None else ag.add(x_n, ag.mul(ag.sigmoid(_plus(x_r, h_r)), h_n)))
-        if h is None:  # (1 - z) n + z 0
-            return [ag.sub(n, ag.mul(z, n))]
-        return [ag.add(n, ag.mul(z, ag.sub(h, n)))]  # (1 - z) n + z h, torch's arithmetic
+    def _cell(self, projected: Any, state: Any, w_hh: Any, b_hh: Any) -> tuple[Any, Any]:
+        hidden = _hidden(state, w_hh, b_hh)
+        if hidden is not None and len(hidden.shape) == 1:  # a zero state: the bias alone, per row (r scales it)
+            hidden = ag.broadcast_to(hidden, tuple(projected.shape))
+        h = ops_recurrent.gru_cell(projected, hidden, state)
+        return h, h
