@@ -118,7 +118,10 @@ def test_first_recorded_index_wins_and_a_stream_finish_raises(cl_device) -> None
         synchronize(cl_device)
     synchronize(cl_device)  # cleared
     stream = Stream(device=cl_device)
-    gathering.gather(x, 0, _ints(cl_device, [[0, 33, 0, 0]]))
+    gathering.gather(x, 0, _ints(cl_device, [[0, 33, 0, 0]]))  # on the device's default queue
+    # the stream's wait reads the word after what it is ordered behind: without this barrier its read may run
+    # before the gather on the other queue (it did on an H200 under -n 8 load) and find the word still clear
+    stream.wait_for(cl_device.queue)
     with pytest.raises(IndexError, match="33"):
         stream.finish()
 
