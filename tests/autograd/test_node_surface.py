@@ -137,3 +137,17 @@ def test_casts_and_to(device):
     assert x.to(device, np.float64).dtype == np.float64
     with pytest.raises(TypeError, match="to: two dtypes given"):
         x.to("float64", np.float16)
+
+
+def test_cpu_and_cuda_move_as_torchs(device):
+    """``cpu()`` is the NumPy backend; ``cuda()`` an OpenCL GPU, refused with the devices listed where there is none;
+    the Module forms move every parameter."""
+    import netcl.nn as nn
+
+    x = ag.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True, device=device)
+    assert x.cpu().device is nc.get_device("cpu") and nn.Linear(2, 3).cpu().weight.device is nc.get_device("cpu")
+    if any(d.is_gpu for d in nc.devices()):
+        assert x.cuda().device.is_gpu and nn.Linear(2, 3).cuda().weight.device.is_gpu
+    else:
+        with pytest.raises(nc.DeviceError, match="torch's name for GPU 0"):
+            x.cuda()

@@ -212,6 +212,23 @@ def test_env_gpu_without_gpu_is_device_error(monkeypatch: pytest.MonkeyPatch) ->
         nc.get_device()
 
 
+def test_cuda_is_torchs_name_for_the_opencl_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "cuda" / "cuda:<index>" name the OpenCL GPUs in order (torch's spelling, a port's ``.to("cuda")``); an index
+    past them, a bad index and a machine without a GPU are refused with the devices listed."""
+    monkeypatch.setattr(
+        devices_mod, "_registry", _fake_registry(cl.device_type.CPU, cl.device_type.GPU, cl.device_type.GPU)
+    )
+    gpus = [d for d in nc.devices() if d.is_gpu]
+    assert nc.get_device("cuda") is gpus[0] and nc.get_device("CUDA:1") is gpus[1]
+    with pytest.raises(nc.DeviceError, match=r"device spec 'cuda:2' \(torch's name for GPU 2\): 2 OpenCL GPU"):
+        nc.get_device("cuda:2")
+    with pytest.raises(nc.DeviceError, match=r"expected 'cuda' or 'cuda:<index>'"):
+        nc.get_device("cuda:x")
+    monkeypatch.setattr(devices_mod, "_registry", _fake_registry(cl.device_type.CPU))
+    with pytest.raises(nc.DeviceError, match=r"0 OpenCL GPU\(s\) found; available: 0:0"):
+        nc.get_device("cuda")
+
+
 def test_env_garbage_is_device_error_listing_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCL_DEVICE", "tpu7")
     with pytest.raises(nc.DeviceError) as info:
@@ -219,7 +236,7 @@ def test_env_garbage_is_device_error_listing_devices(monkeypatch: pytest.MonkeyP
     message = str(info.value)
     assert "unknown device spec 'tpu7'" in message
     assert "the environment variable NETCL_DEVICE='tpu7' is not a usable device" in message  # where it came from
-    assert "expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>'" in message
+    assert "expected 'gpu', 'opencl', 'cpu', 'cuda[:<index>]' or '<platform>:<device>'" in message
     for device in nc.devices():
         assert f"{device.spec} ({device.name})" in message
     assert devices_mod._default is None  # a failed selection does not stick

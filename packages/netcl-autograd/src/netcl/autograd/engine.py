@@ -220,6 +220,21 @@ class HookHandle:
                 return
 
 
+def names_dtype(value: Any) -> bool:
+    """Whether ``value`` names a dtype (``np.float16``, ``nc.float16``, "float32") rather than a device (a
+    ``Device``, or a spec such as "cpu", "gpu", "cuda:1", "0:1"): how ``to(...)`` tells its positional arguments
+    apart."""
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        np.dtype(value)
+    except TypeError:
+        return False
+    return True
+
+
 def tensor(data: Any, requires_grad: bool = False, device: Device | str | None = None, dtype: Any = None) -> Node:
     """A leaf Node from NumPy data, a Python sequence/scalar, a ``Tensor`` or another Node's value.
 

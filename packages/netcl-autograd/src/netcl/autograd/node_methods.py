@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import ops, ops_activation, ops_index, ops_reduce, ops_shape, ops_softmax
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import Node, names_dtype
 
 
 def _binary(op: Callable[[Any, Any], Node], name: str) -> tuple[Callable[..., Node], Callable[..., Node]]:
@@ -252,7 +252,7 @@ def to(self: Node, *args: Any, device: Any = None, dtype: Any = None) -> Node:
     nothing changes. A device is a ``Device`` or a spec string (``"cpu"``, ``"opencl:0"``), a dtype anything
     NumPy reads as one (``nc.float16``, ``"float32"``); the gradient flows back through both."""
     for arg in args:
-        if _is_dtype(arg):
+        if names_dtype(arg):
             if dtype is not None:
                 raise TypeError(f"to: two dtypes given ({dtype!r} and {arg!r})")
             dtype = arg
@@ -264,19 +264,6 @@ def to(self: Node, *args: Any, device: Any = None, dtype: Any = None) -> Node:
     return out if device is None else _MOVE(out, device)
 
 
-def _is_dtype(value: Any) -> bool:
-    """Whether ``value`` names a dtype (a device spec string such as "cpu" does not)."""
-    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
-        return True
-    if not isinstance(value, str):
-        return False
-    try:
-        np.dtype(value)
-    except TypeError:
-        return False
-    return True
-
-
 def _cast_method(dtype: Any, name: str) -> Callable[[Node], Node]:
     def method(self: Node) -> Node:
         return ops_shape.cast(self, dtype)
@@ -284,6 +271,16 @@ def _cast_method(dtype: Any, name: str) -> Callable[[Node], Node]:
     method.__name__, method.__qualname__ = name, f"Node.{name}"
     method.__doc__ = f"The values as {np.dtype(dtype).name} (the Node itself when they are)."
     return method
+
+
+def cuda(self: Node, device: int | None = None) -> Node:
+    """torch's ``cuda()``: the Node on OpenCL GPU ``device`` (default 0; the spec "cuda[:index]")."""
+    return _MOVE(self, "cuda" if device is None else f"cuda:{device}")
+
+
+def cpu(self: Node) -> Node:
+    """torch's ``cpu()``: the Node on the NumPy backend, the host's device (the device spec "cpu")."""
+    return _MOVE(self, "cpu")
 
 
 def dim(self: Node) -> int:
@@ -336,7 +333,7 @@ def install_node_methods(cls: type = Node) -> None:
     cls.T = property(_t)
     methods = (reshape, sum, mean, max, transpose, flatten, permute, unsqueeze, squeeze, view, contiguous, softmax,
                log_softmax, clamp, matmul, pow, argmax, argmin, expand, masked_fill, chunk, split, gather, index_select,
-               dim, numel, tolist)  # fmt: skip
+               dim, numel, tolist, cuda, cpu)  # fmt: skip
     for method in methods:
         setattr(cls, method.__name__, method)
     unary = {"abs": ops.abs, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt, "sigmoid": ops.sigmoid,

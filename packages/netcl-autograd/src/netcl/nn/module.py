@@ -15,26 +15,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from netcl.autograd import mode_reads
-from netcl.autograd.engine import HookHandle, Node
+from netcl.autograd.engine import HookHandle, Node, names_dtype
 from netcl.core import Device, ShapeError, Tensor, get_device
 from netcl.core.dtypes import is_floating
 from netcl.nn.parameter import Parameter
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.upload import write_
-
-
-def _is_device(arg: Any) -> bool:
-    """Whether a positional argument of ``Module.to`` names a device (a Device, or a spec such as "gpu", "cpu",
-    "opencl", "0:1") rather than a dtype ("float16", np.float64)."""
-    if isinstance(arg, Device):
-        return True
-    if not isinstance(arg, str):
-        return False
-    try:
-        np.dtype(arg)
-    except TypeError:
-        return True
-    return False
 
 
 def _twice(what: str) -> Any:
@@ -255,7 +241,7 @@ class Module:
         and buffer to ``device`` and casts the floating-point ones to ``dtype`` (integer buffers keep theirs), in
         place: the Parameter objects stay and get new tensors (their gradients are cleared); returns self."""
         for arg in args:
-            if _is_device(arg):
+            if not names_dtype(arg):
                 device = arg if device is None else _twice("device")
             else:
                 dtype = arg if dtype is None else _twice("dtype")
@@ -276,6 +262,14 @@ class Module:
                 if buffer is not None:
                     module._buffers[name] = _converted(buffer, target, kind)
         return self
+
+    def cuda(self, device: int | None = None) -> Module:
+        """torch's ``cuda()``: ``to("cuda")`` (OpenCL GPU ``device``, default 0)."""
+        return self.to("cuda" if device is None else f"cuda:{device}")
+
+    def cpu(self) -> Module:
+        """torch's ``cpu()``: ``to("cpu")``, the NumPy backend (the host's device)."""
+        return self.to("cpu")
 
     def half(self) -> Module:
         """Floating-point parameters and buffers to float16 (``to(float16)``)."""

@@ -258,6 +258,17 @@ def _select(spec: str) -> tuple[Device, str]:
         if not gpus:
             raise DeviceError(f"device spec {spec!r}: no OpenCL GPU found; available: {_available()}")
         return gpus[0], f"spec {spec!r}: first OpenCL GPU"
+    if text == "cuda" or text.startswith("cuda:"):  # torch's name for "the GPU" (on AMD's ROCm too)
+        gpus = [d for d in opencl if d.is_gpu]
+        number = text[5:] if text != "cuda" else "0"
+        if not number.isdigit():
+            raise DeviceError(f"device spec {spec!r}: expected 'cuda' or 'cuda:<index>' (torch's form)")
+        if int(number) >= len(gpus):
+            raise DeviceError(
+                f"device spec {spec!r} (torch's name for GPU {number}): {len(gpus)} OpenCL GPU(s) found; "
+                f"available: {_available()}"
+            )
+        return gpus[int(number)], f"spec {spec!r}: OpenCL GPU {number} (torch's name)"
     if text == "opencl":
         if not opencl:
             raise DeviceError(f"device spec {spec!r}: no OpenCL device found; available: {_available()}")
@@ -276,7 +287,8 @@ def _select(spec: str) -> tuple[Device, str]:
             if device.spec == text.replace(" ", ""):
                 return device, f"spec {spec!r} names platform:device"
     raise DeviceError(
-        f"unknown device spec {spec!r}; expected 'gpu', 'opencl', 'cpu' or '<platform>:<device>' from: {_available()}"
+        f"unknown device spec {spec!r}; expected 'gpu', 'opencl', 'cpu', 'cuda[:<index>]' or '<platform>:<device>' "
+        f"from: {_available()}"
     )
 
 
