@@ -388,3 +388,30 @@ def test_padding_modules_unflatten_and_pretrained_embeddings(device):
     assert not embedding.weight.requires_grad and nn.Embedding.from_pretrained(table, freeze=False).weight.requires_grad
     ids = ag.tensor(np.array([[0, 2], [5, 1]], np.int32), device=device)
     np.testing.assert_array_equal(embedding(ids).to_host(), table[[[0, 2], [5, 1]]])
+
+
+def test_instance_norm_and_pixel_shuffle(device):
+    """InstanceNorm2d / 1d (each sample's channel over its positions, affine ones / zeros; unbatched input) against
+    float64; PixelShuffle against its index formula and PixelUnshuffle undoing it; bad arguments refused."""
+    x = _rand(25, 2, 8, 3, 4).astype(np.float64)
+    xn = ag.tensor(x.astype(np.float32), device=device)
+    want = (x - x.mean(axis=(2, 3), keepdims=True)) / np.sqrt(x.var(axis=(2, 3), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(
+        nn.InstanceNorm2d(8, affine=True, device=device)(xn).to_host(), want, rtol=1e-5, atol=1e-5
+    )
+    seq = x[0, :3, 0]  # (3, 4): unbatched (C, L)
+    want1 = (seq - seq.mean(axis=1, keepdims=True)) / np.sqrt(seq.var(axis=1, keepdims=True) + 1e-5)
+    got1 = nn.InstanceNorm1d(3, device=device)(ag.tensor(seq.astype(np.float32), device=device)).to_host()
+    np.testing.assert_allclose(got1, want1, rtol=1e-5, atol=1e-5)
+    shuffled = nn.PixelShuffle(2)(xn).to_host()
+    n, c, h, w, i, j = 1, 1, 2, 3, 1, 0
+    assert shuffled.shape == (2, 2, 6, 8) and shuffled[n, c, h * 2 + i, w * 2 + j] == np.float32(
+        x[n, c * 4 + i * 2 + j, h, w]
+    )
+    np.testing.assert_array_equal(nn.PixelUnshuffle(2)(nn.PixelShuffle(2)(xn)).to_host(), x.astype(np.float32))
+    with pytest.raises(ValueError, match="InstanceNorm2d: track_running_stats=True is not supported"):
+        nn.InstanceNorm2d(8, track_running_stats=True)
+    with pytest.raises(
+        ValueError, match=r"PixelShuffle: channels \(8\) must be divisible by upscale_factor \*\* 2 \(9\)"
+    ):
+        nn.PixelShuffle(3)(xn)

@@ -24,7 +24,15 @@ from netcl.nn.loss import (
     SmoothL1Loss,
 )
 from netcl.nn.module import IncompatibleKeys, Module
-from netcl.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
+from netcl.nn.normalization import (
+    BatchNorm1d,
+    BatchNorm2d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    LayerNorm,
+    RMSNorm,
+)
 from netcl.nn.parameter import Parameter
 from netcl.nn.recurrent import GRU, LSTM, RNN
 from netcl.nn.simple import (
@@ -50,6 +58,8 @@ from netcl.nn.simple import (
     MaxPool1d,
     MaxPool2d,
     Mish,
+    PixelShuffle,
+    PixelUnshuffle,
     ReflectionPad1d,
     ReflectionPad2d,
     ReLU,
@@ -106,6 +116,8 @@ __all__ = [
     "HuberLoss",
     "Identity",
     "IncompatibleKeys",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
     "KLDivLoss",
     "KVCache",
     "L1Loss",
@@ -125,6 +137,8 @@ __all__ = [
     "MultiheadAttention",
     "NLLLoss",
     "Parameter",
+    "PixelShuffle",
+    "PixelUnshuffle",
     "RMSNorm",
     "RNN",
     "ReLU",

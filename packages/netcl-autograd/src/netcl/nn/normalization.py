@@ -1,5 +1,5 @@
-"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d``, ``LayerNorm``, ``RMSNorm`` and ``GroupNorm`` (PyTorch's
-state and defaults)."""
+"""Normalization layers: ``BatchNorm1d``, ``BatchNorm2d``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm`` and
+``InstanceNorm1d`` / ``InstanceNorm2d`` (PyTorch's state and defaults)."""
 
 from __future__ import annotations
 
@@ -193,3 +193,59 @@ class GroupNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class _InstanceNorm(Module):
+    """torch's ``InstanceNorm``: each sample's channel normalized over its own positions (``group_norm`` with one
+    channel a group); ``affine`` adds a weight (ones) and a bias (zeros) of shape (C,). ``track_running_stats`` is
+    refused (netcl keeps no running statistics for it)."""
+
+    spatial = 2
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        device: Device | str | None = None,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.num_features = positive_int("num_features", num_features, owner)
+        if track_running_stats:
+            raise ValueError(f"{owner}: track_running_stats=True is not supported by netcl")
+        self.eps, self.momentum, self.affine = float(eps), momentum, bool(affine)
+        if affine:
+            self.weight = empty_parameter((num_features,), device)
+            self.bias = empty_parameter((num_features,), device)
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Any) -> Node:
+        shape = tuple(x.shape)
+        if len(shape) not in (self.spatial + 1, self.spatial + 2) or shape[-self.spatial - 1] != self.num_features:
+            raise ShapeError(
+                f"{type(self).__name__}: input must be (N, {self.num_features}, ...) with {self.spatial} spatial "
+                f"axes (or unbatched), got shape {shape}"
+            )
+        unbatched = len(shape) == self.spatial + 1
+        x = ag.unsqueeze(x, 0) if unbatched else x
+        out = ag.group_norm(x, self.num_features, self.weight, self.bias, self.eps)
+        return ag.squeeze(out, 0) if unbatched else out
+
+    def extra_repr(self) -> str:
+        text = f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+        return text + ", track_running_stats=False"
+
+
+class InstanceNorm1d(_InstanceNorm):
+    spatial = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    spatial = 2

@@ -458,3 +458,47 @@ class ReplicationPad1d(ZeroPad1d):
 
 class ReplicationPad2d(ZeroPad2d):
     mode = "replicate"
+
+
+class PixelShuffle(Module):
+    """(N, C r^2, H, W) -> (N, C, H r, W r): ``out[n, c, h r + i, w r + j] = in[n, c r^2 + i r + j, h, w]``."""
+
+    def __init__(self, upscale_factor: int) -> None:
+        super().__init__()
+        if isinstance(upscale_factor, bool) or not isinstance(upscale_factor, int) or upscale_factor <= 0:
+            raise ValueError(f"PixelShuffle: upscale_factor must be a positive int, got {upscale_factor!r}")
+        self.upscale_factor = upscale_factor
+
+    def forward(self, x: Any) -> Node:
+        *lead, c, h, w = tuple(x.shape)
+        r = self.upscale_factor
+        if c % (r * r):
+            raise ValueError(f"PixelShuffle: channels ({c}) must be divisible by upscale_factor ** 2 ({r * r})")
+        y = ag.reshape(x, (-1, c // (r * r), r, r, h, w))
+        y = ag.permute(y, (0, 1, 4, 2, 5, 3))
+        return ag.reshape(y, (*lead, c // (r * r), h * r, w * r))
+
+    def extra_repr(self) -> str:
+        return f"upscale_factor={self.upscale_factor}"
+
+
+class PixelUnshuffle(Module):
+    """The inverse of ``PixelShuffle``: (N, C, H r, W r) -> (N, C r^2, H, W)."""
+
+    def __init__(self, downscale_factor: int) -> None:
+        super().__init__()
+        if isinstance(downscale_factor, bool) or not isinstance(downscale_factor, int) or downscale_factor <= 0:
+            raise ValueError(f"PixelUnshuffle: downscale_factor must be a positive int, got {downscale_factor!r}")
+        self.downscale_factor = downscale_factor
+
+    def forward(self, x: Any) -> Node:
+        *lead, c, h, w = tuple(x.shape)
+        r = self.downscale_factor
+        if h % r or w % r:
+            raise ValueError(f"PixelUnshuffle: height ({h}) and width ({w}) must be divisible by {r}")
+        y = ag.reshape(x, (-1, c, h // r, r, w // r, r))
+        y = ag.permute(y, (0, 1, 3, 5, 2, 4))
+        return ag.reshape(y, (*lead, c * r * r, h // r, w // r))
+
+    def extra_repr(self) -> str:
+        return f"downscale_factor={self.downscale_factor}"
