@@ -15,6 +15,21 @@ from netcl.nn.module import Module
 from netcl.runtime.ops import pointwise
 
 
+def _affine(module: Module, shape: tuple[int, ...], weight: bool, bias: bool | None, device: Any) -> None:
+    """torch's affine parameters of a normalization: ``weight`` (ones) and ``bias`` (zeros) of ``shape`` where asked,
+    registered as None where not; ``bias=None``: the layer has no bias at all (RMSNorm)."""
+    if weight:
+        module.weight = empty_parameter(shape, device)
+        init.ones_(module.weight)
+    else:
+        module.register_parameter("weight", None)
+    if bias:
+        module.bias = empty_parameter(shape, device)
+        init.zeros_(module.bias)
+    elif bias is not None:
+        module.register_parameter("bias", None)
+
+
 class _BatchNorm(Module):
     """Batch normalization over the channel axis 1; ``running_mean``, ``running_var`` and
     ``num_batches_tracked`` buffers as PyTorch's (running_var keeps the unbiased batch variance)."""
@@ -113,16 +128,7 @@ class LayerNorm(Module):
         for size in shape:
             positive_int("normalized_shape entries", size, "LayerNorm")
         self.normalized_shape, self.eps, self.elementwise_affine = shape, float(eps), bool(elementwise_affine)
-        if elementwise_affine:
-            self.weight = empty_parameter(shape, device)
-            init.ones_(self.weight)
-            if bias:
-                self.bias = empty_parameter(shape, device)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, shape, elementwise_affine, elementwise_affine and bias, device)
 
     def forward(self, x: Any) -> Node:
         return ag.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -148,11 +154,7 @@ class RMSNorm(Module):
             positive_int("normalized_shape entries", size, "RMSNorm")
         self.normalized_shape, self.elementwise_affine = shape, bool(elementwise_affine)
         self.eps = None if eps is None else float(eps)
-        if elementwise_affine:
-            self.weight = empty_parameter(shape, device)
-            init.ones_(self.weight)
-        else:
-            self.register_parameter("weight", None)
+        _affine(self, shape, elementwise_affine, None, device)
 
     def forward(self, x: Any) -> Node:
         return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
@@ -179,14 +181,7 @@ class GroupNorm(Module):
         if num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
         self.eps, self.affine = float(eps), bool(affine)
-        if affine:
-            self.weight = empty_parameter((num_channels,), device)
-            self.bias = empty_parameter((num_channels,), device)
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_channels,), affine, affine, device)
 
     def forward(self, x: Any) -> Node:
         return ag.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -217,14 +212,7 @@ class _InstanceNorm(Module):
         if track_running_stats:
             raise ValueError(f"{owner}: track_running_stats=True is not supported by netcl")
         self.eps, self.momentum, self.affine = float(eps), momentum, bool(affine)
-        if affine:
-            self.weight = empty_parameter((num_features,), device)
-            self.bias = empty_parameter((num_features,), device)
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_features,), affine, affine, device)
 
     def forward(self, x: Any) -> Node:
         shape = tuple(x.shape)
