@@ -349,3 +349,19 @@ def test_refusals_name_the_argument(device):
         F.max_pool1d(x.reshape(1, 4, 4), (2, 2))
     with pytest.raises(ValueError, match=r"huber_loss: delta must be > 0, got 0\.0"):
         F.huber_loss(x, x, delta=0.0)
+
+
+def test_one_hot_as_torchs(device):
+    """int64 rows of the identity; the count from the labels with -1; a label past the count raises IndexError at
+    the next read (the check of the ``index_select`` it runs as), a float label or a bad count before anything."""
+    labels = ag.tensor(np.array([[0, 2], [1, 3]], np.int32), dtype=np.int32, device=device)
+    got = F.one_hot(labels)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got.to_host(), np.eye(4, dtype=np.int64)[[[0, 2], [1, 3]]])
+    assert F.one_hot(labels, 6).shape == (2, 2, 6)
+    with pytest.raises(IndexError, match=r"index value 3 is out of range along axis 0: expected 0 <= index < 3"):
+        F.one_hot(labels, 3).to_host()
+    with pytest.raises(TypeError, match="one_hot: the labels must be integers, got dtype float32"):
+        F.one_hot(ag.tensor(np.zeros(2, np.float32), device=device))
+    with pytest.raises(ValueError, match="one_hot: num_classes must be a positive int or -1, got 0"):
+        F.one_hot(labels, 0)

@@ -185,3 +185,22 @@ def test_bad_arguments_are_refused_by_name(device):
     with pytest.raises(ShapeError, match=r"LSTM: h_0 must have shape \(1, 2, 4\), got \(2, 2, 4\)"):
         lstm(x, (bad, bad))
     assert repr(nn.GRU(IN, HIDDEN, num_layers=2, batch_first=True)) == "GRU(3, 4, num_layers=2, batch_first=True)"
+
+
+@pytest.mark.parametrize(("batch_first", "side"), [(False, "right"), (True, "left")])
+def test_pad_sequence(device, batch_first, side):
+    """torch's ``nn.utils.rnn.pad_sequence``: sequences padded to the longest with the value, on either side, stacked
+    time- or batch-first; the gradient reaches each sequence's own rows."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.normal(size=(n, 3)).astype(np.float32) for n in (4, 2, 5)]
+    nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+    out = nn.utils.rnn.pad_sequence(nodes, batch_first=batch_first, padding_value=-1.0, padding_side=side)
+    want = np.full((3, 5, 3), -1.0, np.float32)
+    for i, a in enumerate(arrays):
+        want[i, slice(0, len(a)) if side == "right" else slice(5 - len(a), 5)] = a
+    np.testing.assert_array_equal(out.to_host(), want if batch_first else want.transpose(1, 0, 2))
+    ag.sum(ag.mul(out, 2.0)).backward()
+    for node, a in zip(nodes, arrays, strict=True):
+        np.testing.assert_array_equal(node.grad.to_host(), np.full_like(a, 2.0))
+    with pytest.raises(ShapeError, match="pad_sequence: sequences must be"):
+        nn.utils.rnn.pad_sequence([nodes[0], ag.tensor(np.zeros((2, 4), np.float32), device=device)])

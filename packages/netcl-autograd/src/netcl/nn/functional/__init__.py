@@ -49,6 +49,7 @@ from netcl.nn.functional.layers import (
     max_pool1d,
     max_pool2d,
     normalize,
+    one_hot,
     pad,
     rms_norm,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "mse_loss",
     "nll_loss",
     "normalize",
+    "one_hot",
     "pad",
     "relu",
     "relu6",

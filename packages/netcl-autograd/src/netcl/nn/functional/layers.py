@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 import netcl.autograd as ag
 from netcl.autograd import ops_shape
 from netcl.autograd.engine import Node
-from netcl.core import ShapeError
+from netcl.core import ShapeError, Tensor, get_device
 from netcl.runtime.ops import layout
+from netcl.runtime.ops._common import DEVICE_CONSTANTS, remember
 
 
 def _refuse(op: str, name: str, value: Any, default: Any) -> None:
@@ -236,6 +239,35 @@ def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> N
     return ag.div(input, denom)
 
 
+def one_hot(tensor: Any, num_classes: int = -1) -> Node:
+    """torch's ``one_hot``: int64 ``tensor.shape + (num_classes,)``, 1 at each label. A label outside ``[0,
+    num_classes)`` raises ``IndexError`` (on an OpenCL device at the next wait: the rows are an ``index_select`` of
+    the identity, whose kernel checks them); ``num_classes=-1`` takes the largest label + 1, which reads the labels
+    back (as torch's does)."""
+    labels = tensor.value if isinstance(tensor, Node) else tensor
+    if not isinstance(labels, Tensor):
+        labels = Tensor.from_host(get_device(), np.asarray(labels, np.int64))
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"one_hot: the labels must be integers, got dtype {labels.dtype}")
+    if num_classes == -1:
+        if labels.size == 0:
+            raise ValueError("one_hot: num_classes=-1 needs at least one label to take the count from")
+        num_classes = int(labels.to_host().max()) + 1
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes <= 0:
+        raise ValueError(f"one_hot: num_classes must be a positive int or -1, got {num_classes!r}")
+    key = (labels.device, num_classes)
+    identity = _IDENTITIES.get(key)
+    if identity is None:
+        identity = Tensor.from_host(labels.device, np.eye(num_classes, dtype=np.float32))
+        identity = remember(_IDENTITIES, key, identity, DEVICE_CONSTANTS)
+    rows = ag.index_select(identity, 0, labels.reshape(labels.size))
+    return ag.cast(ag.reshape(rows, (*labels.shape, num_classes)), np.int64)
+
+
+#: (device, classes) -> the identity matrix ``one_hot`` selects rows of
+_IDENTITIES: dict[tuple, Tensor] = {}
+
+
 def _shape_arg(shape: Any) -> Any:
     """torch's ``normalized_shape`` (an int, a list, a tuple, a ``torch.Size``) as the ops take it."""
     return tuple(shape) if isinstance(shape, list) else shape
@@ -258,6 +290,7 @@ __all__ = [
     "max_pool1d",
     "max_pool2d",
     "normalize",
+    "one_hot",
     "pad",
     "rms_norm",
 ]

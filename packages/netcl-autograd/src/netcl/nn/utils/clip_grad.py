@@ -1,4 +1,4 @@
-"""``netcl.nn.utils``: ``clip_grad_norm_`` and ``clip_grad_value_`` (torch's ``torch.nn.utils`` ones)."""
+"""``clip_grad_norm_`` and ``clip_grad_value_`` (torch's ``torch.nn.utils`` ones)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,6 @@ def clip_grad_norm_(
     return norm
 
 
-__all__ = ["clip_grad_norm_"]
-
-
 def clip_grad_value_(parameters: Node | Iterable[Node], clip_value: float, foreach: bool | None = None) -> None:
     """Clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place (torch's); parameters
     without a gradient are skipped. One launch per gradient and a copy into it, nothing read back to the host."""
@@ -78,3 +75,6 @@ def clip_grad_value_(parameters: Node | Iterable[Node], clip_value: float, forea
         if p.grad is not None:
             clamped = pointwise.clamp(p.grad, -bound, bound)
             copy_into(p.grad, clamped if clamped.dtype == p.grad.dtype else cast(clamped, p.grad.dtype))
+
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_"]
