@@ -48,11 +48,6 @@ class Adagrad(Optimizer):
     def check_hyperparameters(self, group: dict[str, Any]) -> None:
         non_negative("Adagrad", group, ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"))
 
-    def update(
-        self, param: Node, grad: Tensor, state: dict[str, Any], group: dict[str, Any], index: int, hyper: Tensor
-    ) -> None:
-        self.update_many([(param, grad, state, index)], group, hyper)
-
     def update_many(
         self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
     ) -> None:

@@ -55,11 +55,6 @@ class RMSprop(Optimizer):
             if state.get(name) is None:
                 state[name] = Tensor.zeros(param.shape, param.dtype, param.device)
 
-    def update(
-        self, param: Node, grad: Tensor, state: dict[str, Any], group: dict[str, Any], index: int, hyper: Tensor
-    ) -> None:
-        self.update_many([(param, grad, state, index)], group, hyper)
-
     def update_many(
         self, batch: list[tuple[Node, Tensor, dict[str, Any], int]], group: dict[str, Any], hyper: Tensor
     ) -> None:
