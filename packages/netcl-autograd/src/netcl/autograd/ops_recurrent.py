@@ -26,46 +26,47 @@ def _check(op: str, xg: Any, hg: Any, state: Any, blocks: int, state_shape: Any)
         raise ShapeError(f"{op}: the state must have shape {want}, got {tuple(state.shape)}")
 
 
+def _cell_op(name: str, kernel: Any, backward: Any, xg: Any, hg: Any, state: Any) -> Node:
+    """``apply_op`` of a cell ``kernel(xg, hg, state)`` whose inputs are ``xg`` and those of ``hg`` / ``state`` that
+    are given (None: zeros, not an input); ``backward(xg, hg, state, out, g)`` returns the three operands'
+    gradients, of which the given ones are returned."""
+    given = (hg is not None, state is not None)
+    args = [xg] + [a for a in (hg, state) if a is not None]
+
+    def operands(values: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        rest = iter(values[1:])
+        first, second = (next(rest) if present else None for present in given)
+        return values[0], first, second
+
+    def forward(*values: Tensor) -> Tensor:
+        return kernel(*operands(values))
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+        grads = backward(*operands(values), out, g)
+        return [grads[0]] + [d for d, present in zip(grads[1:], given, strict=True) if present]
+
+    return apply_op(forward, grad, *args, op_name=name)
+
+
+def _lstm_backward(xg: Tensor, hg: Tensor | None, hc: Tensor | None, out: Tensor, g: Tensor) -> tuple:
+    dgates, dhc = recurrent_cells.lstm_cell_backward(xg, hg, hc, out, g)
+    return dgates, dgates, dhc  # the gates' gradient is both projections'
+
+
+def _gru_backward(xg: Tensor, hg: Tensor | None, h: Tensor | None, out: Tensor, g: Tensor) -> tuple:
+    return recurrent_cells.gru_cell_backward(xg, hg, h, g)
+
+
 def lstm_cell(xg: Any, hg: Any, hc: Any) -> Node:
     """torch's LSTM step: the new (2, N, H) state from ``xg``, ``hg`` (N, 4H) and ``hc`` (2, N, H)."""
     _check("lstm_cell", xg, hg, hc, 4, lambda n, h: (2, n, h))
-    has_h, has_c = hg is not None, hc is not None
-    args = [xg] + ([hg] if has_h else []) + ([hc] if has_c else [])
-
-    def split(values: tuple[Any, ...]) -> tuple[Any, Any, Any]:
-        rest = list(values[1:])
-        return values[0], rest.pop(0) if has_h else None, rest.pop(0) if has_c else None
-
-    def forward(*values: Tensor) -> Tensor:
-        return recurrent_cells.lstm_cell(*split(values))
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        x, h, c = split(values)
-        dgates, dhc = recurrent_cells.lstm_cell_backward(x, h, c, out, g)
-        return [dgates] + ([dgates] if has_h else []) + ([dhc] if has_c else [])
-
-    return apply_op(forward, grad, *args, op_name="lstm_cell")
+    return _cell_op("lstm_cell", recurrent_cells.lstm_cell, _lstm_backward, xg, hg, hc)
 
 
 def gru_cell(xg: Any, hg: Any, h: Any) -> Node:
     """torch's GRU step: the new (N, H) state from ``xg``, ``hg`` (N, 3H) and ``h`` (N, H)."""
     _check("gru_cell", xg, hg, h, 3, lambda n, size: (n, size))
-    has_hg, has_h = hg is not None, h is not None
-    args = [xg] + ([hg] if has_hg else []) + ([h] if has_h else [])
-
-    def split(values: tuple[Any, ...]) -> tuple[Any, Any, Any]:
-        rest = list(values[1:])
-        return values[0], rest.pop(0) if has_hg else None, rest.pop(0) if has_h else None
-
-    def forward(*values: Tensor) -> Tensor:
-        return recurrent_cells.gru_cell(*split(values))
-
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        x, hidden, state = split(values)
-        dxg, dhg, dh = recurrent_cells.gru_cell_backward(x, hidden, state, g)
-        return [dxg] + ([dhg] if has_hg else []) + ([dh] if has_h else [])
-
-    return apply_op(forward, grad, *args, op_name="gru_cell")
+    return _cell_op("gru_cell", recurrent_cells.gru_cell, _gru_backward, xg, hg, h)
 
 
 __all__ = ["gru_cell", "lstm_cell"]
