@@ -515,6 +515,29 @@ def _check_multi(
     _check_update(op, first, first, {}, steps, indices[0], hyper, hyper_names)  # kinds, steps, hyper, devices
 
 
+def _checked_multi(
+    op: str,
+    hyper_names: tuple[str, ...],
+    params: list[Tensor],
+    others: dict[str, list[Tensor]],
+    steps: Tensor,
+    indices: list[int],
+    hyper: Tensor,
+    skip: Tensor | None,
+) -> Tensor | None:
+    """The checks of a multi-tensor update whose buffers ``others`` are all required; with a parameter to update,
+    the parameters marked written and the ``skip`` flag the kernels read (``_skip_flag``), else None."""
+    _check_multi(op, params, others, steps, indices, hyper, hyper_names)
+    for name, values in others.items():
+        if any(v is None for v in values):
+            raise TypeError(f"{op}: {name.rstrip('s')} must be a Tensor, got NoneType")
+    if not params:
+        return None
+    flag = _skip_flag(skip, params[0], op)
+    written(*params)
+    return flag
+
+
 def sgd_multi_step_(
     params: list[Tensor],
     grads: list[Tensor],
@@ -601,16 +624,11 @@ def adam_multi_step_(
     others = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
     if max_exp_avg_sqs is not None:
         others["max_exp_avg_sqs"] = max_exp_avg_sqs
-    _check_multi("adam_multi_step_", params, others, steps, indices, hyper, ADAM_HYPER)
-    for name, values in others.items():
-        if any(v is None for v in values):
-            raise TypeError(f"adam_multi_step_: {name.rstrip('s')} must be a Tensor, got NoneType")
-    if not params:
+    flag = _checked_multi("adam_multi_step_", ADAM_HYPER, params, others, steps, indices, hyper, skip)
+    if flag is None:
         return params
-    skip = _skip_flag(skip, params[0], "adam_multi_step_")
-    written(*params)
     return adam_multi_update(
-        params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, skip, max_exp_avg_sqs
+        params, grads, exp_avgs, exp_avg_sqs, steps, indices, hyper, decoupled_weight_decay, flag, max_exp_avg_sqs
     )
 
 
@@ -684,11 +702,10 @@ def rmsprop_multi_step_(
     for name, values in (("grad_avgs", grad_avgs), ("momentum_buffers", momentum_buffers)):
         if values is not None:
             others[name] = values
-    if not _checked_multi("rmsprop_multi_step_", RMSPROP_HYPER, params, others, steps, indices, hyper):
+    flag = _checked_multi("rmsprop_multi_step_", RMSPROP_HYPER, params, others, steps, indices, hyper, skip)
+    if flag is None:
         return params
-    skip = _skip_flag(skip, params[0], "rmsprop_multi_step_")
-    written(*params)
-    return rmsprop_multi_update(params, grads, square_avgs, grad_avgs, momentum_buffers, steps, indices, hyper, skip)
+    return rmsprop_multi_update(params, grads, square_avgs, grad_avgs, momentum_buffers, steps, indices, hyper, flag)
 
 
 @backend_op(_TWINS)
@@ -733,11 +750,10 @@ def adagrad_multi_step_(
     steps[index] + 1``), ``sums`` the running sums of squared gradients; one launch per ``MULTI_ARITY``
     parameters. Nothing changes where ``skip`` is up. Returns ``params``."""
     others = {"grads": grads, "sums": sums}
-    if not _checked_multi("adagrad_multi_step_", ADAGRAD_HYPER, params, others, steps, indices, hyper):
+    flag = _checked_multi("adagrad_multi_step_", ADAGRAD_HYPER, params, others, steps, indices, hyper, skip)
+    if flag is None:
         return params
-    skip = _skip_flag(skip, params[0], "adagrad_multi_step_")
-    written(*params)
-    return adagrad_multi_update(params, grads, sums, steps, indices, hyper, skip)
+    return adagrad_multi_update(params, grads, sums, steps, indices, hyper, flag)
 
 
 @backend_op(_TWINS)
@@ -751,24 +767,6 @@ def adagrad_multi_update(
     _launch_update(("adagrad_multi", types["st"]), "netcl_adagrad_multi", _ADAGRAD_HYPER_LINE.format(**types), body,
                    types, {"P": params, "G": grads, "S": sums}, steps, indices, hyper, skip)  # fmt: skip
     return params
-
-
-def _checked_multi(
-    op: str,
-    hyper_names: tuple[str, ...],
-    params: list[Tensor],
-    others: dict[str, list[Tensor]],
-    steps: Tensor,
-    indices: list[int],
-    hyper: Tensor,
-) -> bool:
-    """The checks of a multi-tensor update whose buffers ``others`` are all required; whether there is a
-    parameter to update."""
-    _check_multi(op, params, others, steps, indices, hyper, hyper_names)
-    for name, values in others.items():
-        if any(v is None for v in values):
-            raise TypeError(f"{op}: {name.rstrip('s')} must be a Tensor, got NoneType")
-    return bool(params)
 
 
 def _launch_update(
