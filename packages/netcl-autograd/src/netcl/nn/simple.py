@@ -232,7 +232,7 @@ class Dropout2d(Module):
         return f"p={self.p}"
 
 
-class _Pool2d(Module):
+class _Pool(Module):
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False) -> None:
         super().__init__()
         self.kernel_size = kernel_size
@@ -245,7 +245,7 @@ class _Pool2d(Module):
         return text + (", ceil_mode=True" if self.ceil_mode else "")
 
 
-class MaxPool2d(_Pool2d):
+class MaxPool2d(_Pool):
     """Max over ``kernel_size`` windows of NCHW input (stride defaults to kernel_size); torch's arguments, with
     ``dilation`` 1 and ``return_indices`` False only."""
 
@@ -265,7 +265,7 @@ class MaxPool2d(_Pool2d):
         return functional.max_pool2d(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode)
 
 
-class AvgPool2d(_Pool2d):
+class AvgPool2d(_Pool):
     """Mean over ``kernel_size`` windows of NCHW input; torch's arguments and divisors (padding counts unless
     ``count_include_pad`` is False), without ``divisor_override``."""
 
@@ -289,7 +289,7 @@ class AvgPool2d(_Pool2d):
         )
 
 
-class MaxPool1d(_Pool2d):
+class MaxPool1d(_Pool):
     """Max over ``kernel_size`` windows of (N, C, L) input (``nn.functional.max_pool1d``); ``dilation`` 1 and
     ``return_indices`` False only."""
 
@@ -309,7 +309,7 @@ class MaxPool1d(_Pool2d):
         return functional.max_pool1d(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode)
 
 
-class AvgPool1d(_Pool2d):
+class AvgPool1d(_Pool):
     """Mean over ``kernel_size`` windows of (N, C, L) input with torch's divisors (``nn.functional.avg_pool1d``)."""
 
     def __init__(
