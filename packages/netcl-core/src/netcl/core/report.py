@@ -39,5 +39,5 @@ def device_report() -> str:
         lines += ["", f"no default device: {problem}"]
     else:
         lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
-    lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|<platform>:<device>")
+    lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|cuda[:<index>]|<platform>:<device>")
     return "\n".join(lines)
