@@ -4,7 +4,9 @@ Arithmetic, comparisons and ``WHERE`` are macros, so they work for every element
 The transcendental helpers are ``float`` functions: they are what fused float32 chains use.
 Comparisons yield the C int 1 or 0 (promoted to float in float arithmetic). ``MAX``/``MIN`` propagate NaN as NumPy's
 ``maximum``/``minimum`` do. ``SIGMOID`` and ``BCE_LOGITS`` are written so that no ``exp``
-overflows for large logits.
+overflows for large logits. A NaN test is ``x != x``, never the ``isnan`` builtin, here and in every
+kernel netcl writes: PoCL's ``isnan`` call stops its work-group vectorizer, which made ``RELU`` / ``MAX``
+10-20x slower on a CPU (benchmarks/RESULTS.md, "isnan on PoCL").
 """
 
 #: GELU's tanh form: 0.5 x (1 + tanh(u)), u = GELU_K (x + GELU_C x^3). Its one formula is
@@ -60,10 +62,10 @@ PRIMITIVE_PREAMBLE = r"""
 #define NE(a, b) ((a) != (b) ? 1 : 0)
 #define WHERE(c, a, b) ((c) != 0 ? (a) : (b))
 
-inline float RELU(float x) { return x > 0.0f ? x : (isnan(x) ? x : 0.0f); }
+inline float RELU(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 inline float RELU_GRAD(float x) { return x > 0.0f ? 1.0f : 0.0f; }
 inline float ABS(float x) { return fabs(x); }
-inline float SIGN(float x) { return isnan(x) ? x : (float)((x > 0.0f) - (x < 0.0f)); }
+inline float SIGN(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
 inline float EXP(float x) { return exp(x); }
 inline float LOG(float x) { return log(x); }
 inline float LOG1P(float x) { return log1p(x); }
@@ -71,8 +73,8 @@ inline float SQRT(float x) { return sqrt(x); }
 inline float RSQRT(float x) { return rsqrt(x); }
 inline float POW(float a, float b) { return pow(a, b); }
 inline float TANH(float x) { return tanh(x); }
-inline float MAX(float a, float b) { return (a > b || isnan(a)) ? a : b; }
-inline float MIN(float a, float b) { return (a < b || isnan(a)) ? a : b; }
+inline float MAX(float a, float b) { return (a > b || a != a) ? a : b; }
+inline float MIN(float a, float b) { return (a < b || a != a) ? a : b; }
 inline float CLAMP(float x, float lo, float hi) { return MIN(MAX(x, lo), hi); }
 
 inline float SIGMOID(float x) {
@@ -95,7 +97,7 @@ inline float SIN(float x) { return sin(x); }
 inline float COS(float x) { return cos(x); }
 inline float SILU(float x) { return x * SIGMOID(x); }
 inline float SILU_GRAD(float x) { float s = SIGMOID(x); return s * (1.0f + x * (1.0f - s)); }
-inline float LEAKY_RELU(float x, float slope) { return x > 0.0f ? x : (isnan(x) ? x : x * slope); }
+inline float LEAKY_RELU(float x, float slope) { return x > 0.0f ? x : (x != x ? x : x * slope); }
 inline float LEAKY_RELU_GRAD(float x, float slope) { return x > 0.0f ? 1.0f : slope; }
 inline float ELU(float x, float alpha) { return x > 0.0f ? x : alpha * expm1(x); }
 inline float ELU_GRAD(float x, float alpha) { return x > 0.0f ? 1.0f : alpha * exp(x); }

@@ -67,15 +67,15 @@ typedef int@W@ VI;
 #define V_GE(a, b) select((VF)0.0f, (VF)1.0f, (VF)(a) >= (VF)(b))
 #define V_EQ(a, b) select((VF)0.0f, (VF)1.0f, (VF)(a) == (VF)(b))
 #define V_WHERE(c, a, b) select((VF)(b), (VF)(a), (VF)(c) != (VF)0.0f)
-inline VF V_RELU_(VF x) { return select((VF)0.0f, x, (x > 0.0f) | isnan(x)); }
+inline VF V_RELU_(VF x) { return select((VF)0.0f, x, (x > 0.0f) | (x != x)); }
 inline VF V_RELU_GRAD_(VF x) { return select((VF)0.0f, (VF)1.0f, x > 0.0f); }
 inline VF V_SIGN_(VF x) {
     VF s = select((VF)0.0f, (VF)1.0f, x > 0.0f);
     s = select(s, (VF)-1.0f, x < 0.0f);
-    return select(s, x, isnan(x));
+    return select(s, x, x != x);
 }
-inline VF V_MAX_(VF a, VF b) { return select(b, a, (a > b) | isnan(a)); }
-inline VF V_MIN_(VF a, VF b) { return select(b, a, (a < b) | isnan(a)); }
+inline VF V_MAX_(VF a, VF b) { return select(b, a, (a > b) | (a != a)); }
+inline VF V_MIN_(VF a, VF b) { return select(b, a, (a < b) | (a != a)); }
 /* SIGMOID: x >= 0: 1 / (1 + exp(-x)); x < 0: e / (1 + e), e = exp(x) -- both with e = exp(-|x|) */
 inline VF V_SIGMOID_(VF x) {
     VF e = exp(-fabs(x));

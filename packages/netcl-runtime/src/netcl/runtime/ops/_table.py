@@ -161,10 +161,10 @@ TERNARY: dict[str, OpDef] = {
 #: double to float). Kernels computing in double get this source, and their expression has
 #: ``NAME(`` rewritten to ``NAME_F64(`` (see ``f64_expr``).
 F64_SOURCE = r"""
-inline double RELU_F64(double x) { return x > 0.0 ? x : (isnan(x) ? x : 0.0); }
+inline double RELU_F64(double x) { return x > 0.0 ? x : (x != x ? x : 0.0); }
 inline double RELU_GRAD_F64(double x) { return x > 0.0 ? 1.0 : 0.0; }
 inline double ABS_F64(double x) { return fabs(x); }
-inline double SIGN_F64(double x) { return isnan(x) ? x : (double)((x > 0.0) - (x < 0.0)); }
+inline double SIGN_F64(double x) { return x != x ? x : (double)((x > 0.0) - (x < 0.0)); }
 inline double EXP_F64(double x) { return exp(x); }
 inline double LOG_F64(double x) { return log(x); }
 inline double LOG1P_F64(double x) { return log1p(x); }
@@ -172,8 +172,8 @@ inline double SQRT_F64(double x) { return sqrt(x); }
 inline double RSQRT_F64(double x) { return rsqrt(x); }
 inline double POW_F64(double a, double b) { return pow(a, b); }
 inline double TANH_F64(double x) { return tanh(x); }
-inline double MAX_F64(double a, double b) { return (a > b || isnan(a)) ? a : b; }
-inline double MIN_F64(double a, double b) { return (a < b || isnan(a)) ? a : b; }
+inline double MAX_F64(double a, double b) { return (a > b || a != a) ? a : b; }
+inline double MIN_F64(double a, double b) { return (a < b || a != a) ? a : b; }
 inline double CLAMP_F64(double x, double lo, double hi) { return MIN_F64(MAX_F64(x, lo), hi); }
 inline double SIGMOID_F64(double x) {
     if (x >= 0.0) { return 1.0 / (1.0 + exp(-x)); }
@@ -197,7 +197,7 @@ inline double SIN_F64(double x) { return sin(x); }
 inline double COS_F64(double x) { return cos(x); }
 inline double SILU_F64(double x) { return x * SIGMOID_F64(x); }
 inline double SILU_GRAD_F64(double x) { double s = SIGMOID_F64(x); return s * (1.0 + x * (1.0 - s)); }
-inline double LEAKY_RELU_F64(double x, double slope) { return x > 0.0 ? x : (isnan(x) ? x : x * slope); }
+inline double LEAKY_RELU_F64(double x, double slope) { return x > 0.0 ? x : (x != x ? x : x * slope); }
 inline double LEAKY_RELU_GRAD_F64(double x, double slope) { return x > 0.0 ? 1.0 : slope; }
 inline double ELU_F64(double x, double alpha) { return x > 0.0 ? x : alpha * expm1(x); }
 inline double ELU_GRAD_F64(double x, double alpha) { return x > 0.0 ? 1.0 : alpha * exp(x); }

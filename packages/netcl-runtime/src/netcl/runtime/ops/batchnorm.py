@@ -87,7 +87,7 @@ _HEADER = """{pragmas}#define ACC {acc}
 #endif
 /* The epilogue's ReLU (RELU of the primitives: NaN passes) and its mask (RELU_GRAD: 1 where the output is > 0,
    which is where its input is), in ACC. */
-#define RELUV(v) PICK((VT)0, (v), POS(v) | isnan(v))
+#define RELUV(v) PICK((VT)0, (v), POS(v) | ((v) != (v)))
 #define MASKV(v) PICK((VT)0, (VT)1, POS(v))
 /* Lane lid's walk over its group's vectors [lo, hi) of one channel: vector i of T = N * SV sits in plane n
    at offset s (no division per step). STEP(at) runs for each of the lane's vectors, four per iteration

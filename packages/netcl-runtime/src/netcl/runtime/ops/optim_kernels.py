@@ -75,7 +75,7 @@ _ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
 #: in torch.maximum)
 _ADAM_SECOND = "const {ct} v2 = v1;"
 _AMSGRAD_SECOND = (
-    "const {ct} vx = ({ct})@X[gid];\n    const {ct} v2 = (vx > v1 || isnan(vx)) ? vx : v1;\n    @X[gid] = ({st})v2;"
+    "const {ct} vx = ({ct})@X[gid];\n    const {ct} v2 = (vx > v1 || vx != vx) ? vx : v1;\n    @X[gid] = ({st})v2;"
 )
 #: RMSprop (torch's): the running mean of squares @S, with ``centered`` the running mean @A subtracted from it,
 #: with ``momentum`` a buffer @B of the scaled steps

@@ -47,7 +47,7 @@ inline {idx} netcl_window_argmax(__global const {st}* x, const {idx} plane, cons
             const {idx} w = ow * SW - PW + kj;
             if (w < 0 || w >= W) continue;
             const {ct} v = ({ct})x[plane + h * W + w];
-            if (at < 0 || v > best || (isnan(v) && !isnan(best))) {{ best = v; at = h * W + w; }}
+            if (at < 0 || v > best || (v != v && best == best)) {{ best = v; at = h * W + w; }}
         }}
     }}
     return at;

@@ -415,7 +415,7 @@ def _combine(op: str, acc: np.dtype) -> str:
         return "((a) * (b))"
     if acc.kind == "f":
         cmp = ">" if op == "max" else "<"
-        return f"(((a) {cmp} (b) || isnan(a)) ? (a) : (b))"
+        return f"(((a) {cmp} (b) || (a) != (a)) ? (a) : (b))"
     return f"{op}((a), (b))"
 
 

@@ -71,7 +71,7 @@ _LOAD_STORE = """
 /* loads and stores of the storage type: float16 / bfloat16 through storage_io's C (no cl_khr_fp16) */
 {storage_helpers}#define LD(p, i) {load}
 #define ST(p, i, v) {store}
-inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || isnan(a)) ? a : b; }}
+inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || a != a) ? a : b; }}
 """
 
 _SHIFT_SUM = """/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,

@@ -135,7 +135,7 @@ def argmin(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor
 
 def _better(kind: str, floating: bool) -> str:
     cmp = ">" if kind == "argmax" else "<"
-    nan = " || (isnan(a) && !isnan(b))" if floating else ""
+    nan = " || (a != a && b == b)" if floating else ""
     return f"#define BETTER(a, b) ((a) {cmp} (b){nan})\n"
 
 
