@@ -1,8 +1,8 @@
 """The ``floatN`` twins of the preamble helpers (``vector_primitives``): each agrees with its scalar
 helper on the OpenCL device, lane by lane, and ``vectorize`` accepts only what the twins cover.
 
-Tolerance. The select-based twins (comparisons, WHERE, RELU, SIGN, MAX/MIN/CLAMP, SMOOTH_L1 and its
-gradient, the gradients of RELU) evaluate the same float operations as the scalar helpers, so they
+Tolerance. The select-based twins (comparisons, WHERE, RELU, LEAKY_RELU, SIGN, MAX/MIN/CLAMP, SMOOTH_L1 and
+its gradient, the gradients of RELU and LEAKY_RELU) evaluate the same float operations as the scalar helpers, so they
 must be bit-identical (NaN where the scalar gives NaN). The others call the vector builtins
 (``exp``/``tanh``/``log1p``/... on ``float8``), which a driver may implement differently from the
 scalar ones within the OpenCL bounds (3 ulp exp/log, 5 ulp tanh, 16 ulp pow; section 7.4); composite
@@ -21,9 +21,10 @@ from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import VECTOR_HELPERS, vector_preamble, vectorize
 
 EXACT = {"LT", "LE", "GT", "GE", "EQ", "WHERE", "RELU", "RELU_GRAD", "ABS", "SIGN", "MAX", "MIN", "CLAMP"}
-EXACT |= {"SMOOTH_L1", "SMOOTH_L1_GRAD"}
+EXACT |= {"SMOOTH_L1", "SMOOTH_L1_GRAD", "NE", "LEAKY_RELU", "LEAKY_RELU_GRAD"}
 ARITY = {"WHERE": 3, "CLAMP": 3, "LT": 2, "LE": 2, "GT": 2, "GE": 2, "EQ": 2, "MAX": 2, "MIN": 2, "POW": 2}
-ARITY |= {"BCE_LOGITS": 2, "BCE_LOGITS_GRAD": 2, "SMOOTH_L1": 2, "SMOOTH_L1_GRAD": 2}
+ARITY |= {"BCE_LOGITS": 2, "BCE_LOGITS_GRAD": 2, "SMOOTH_L1": 2, "SMOOTH_L1_GRAD": 2, "NE": 2}
+ARITY |= {"LEAKY_RELU": 2, "LEAKY_RELU_GRAD": 2, "ELU": 2, "ELU_GRAD": 2}
 WIDTH = 8
 
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 0.05, -0.05, 0.5, -0.5, 1, -1, 3, -3]
@@ -42,6 +43,8 @@ def _run(device: nc.Device, helper: str) -> tuple[np.ndarray, np.ndarray]:
         args_s, args_v = "x[i], -z[i], z[i]", "vload8(v, x), -vload8(v, z), vload8(v, z)"
     elif helper in ("SMOOTH_L1", "SMOOTH_L1_GRAD"):
         args_s, args_v = "x[i], z[i]", "vload8(v, x), vload8(v, z)"
+    elif helper in ("SOFTPLUS", "SOFTPLUS_GRAD"):  # beta > 0, torch's threshold
+        args_s, args_v = "x[i], z[i] + 0.5f, 20.0f", "vload8(v, x), vload8(v, z) + 0.5f, (VF)20.0f"
     else:
         names = "xyz"[:arity]
         args_s = ", ".join(f"{n}[i]" for n in names)

@@ -17,6 +17,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime import ops, program_cache
+from netcl.runtime.ops import pointwise
 
 EXACT = {"rtol": 1.2e-7, "atol": 0.0}
 TRANSCENDENTAL = {"rtol": 2e-6, "atol": 1e-6}
@@ -198,6 +199,26 @@ def test_new_scalar_value_reuses_the_kernel(cl_device: nc.Device) -> None:
     for value in (2.0, -7.25, 1e-3):
         np.testing.assert_allclose(ops.mul(t, value).to_host(), t.to_host() * np.float32(value), rtol=1.2e-7)
     assert program_cache.stats().builds + program_cache.stats().disk_hits == builds
+
+
+def test_math_ops_on_a_cpu_run_on_vectors_with_a_scalar_tail(cl_device: nc.Device) -> None:
+    """On a CPU device an op with a math call evaluates whole ``floatN`` vectors and the last partial one lane by
+    lane; scalars and one-element operands are splatted. 4 x 33 (and 7) elements leave a tail at every width."""
+    if cl_device.is_gpu:
+        pytest.skip("the vector form is the CPU devices' (a GPU runs one element a work-item)")
+    x, y = _data(SHAPE, seed=13, low=0.1, high=3.0), _data((1, 1), seed=14, low=0.5, high=2.0)
+    tx, ty, tail = nc.tensor(x, device=cl_device), nc.tensor(y, device=cl_device), nc.tensor(x[0, :7], device=cl_device)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    _check(ops.exp(tx), np.exp(x64), TRANSCENDENTAL)
+    _check(ops.exp(tail), np.exp(x64[0, :7]), TRANSCENDENTAL)
+    _check(ops.pow(tx, ty), x64**y64, TRANSCENDENTAL)
+    _check(ops.pow(tx, 1.5), x64**1.5, TRANSCENDENTAL)
+    _check(ops.pow(2.0, tx), 2.0**x64, TRANSCENDENTAL)
+    widths = {plan.expr: plan.vector for plan, _ in pointwise._OP_PLANS.values() if plan.out_shape == SHAPE}
+    assert widths["EXP({0})"] == cl_device.vector_width > 1
+    ops.add(tx, tx)
+    widths = {plan.expr: plan.vector for plan, _ in pointwise._OP_PLANS.values() if plan.out_shape == SHAPE}
+    assert widths["ADD({0}, {1})"] == 1  # the compiler vectorizes arithmetic across work-items as it is
 
 
 def test_nan_propagation(device: nc.Device) -> None:

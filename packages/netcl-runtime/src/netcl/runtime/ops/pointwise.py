@@ -6,6 +6,12 @@ builds nothing. The source depends only on the expression, the dtypes, how each 
 (at the output index, at 0, or through strides), the collapsed rank and the index type. Scalar
 operands are kernel arguments too (a new scalar value never rebuilds anything). The body
 evaluates one C expression over ``PRIMITIVE_PREAMBLE`` helpers and stores the result.
+
+On a CPU OpenCL device a float32 op whose operands are read at the output index (or are scalars or
+single elements) evaluates its expression on ``floatN`` vectors (``vector_primitives``, N the
+device's ``vector_width``), the jit's CPU form: PoCL then calls its vector ``exp`` / ``tanh``, where
+the per-lane kernel made one scalar call an element (``exp`` on 262,144 floats 1.0 -> 0.1 ms,
+benchmarks/RESULTS.md, "isnan on PoCL").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
+from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
 from netcl.core.writes import written
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import _table
@@ -87,6 +94,7 @@ class Plan:
         "rank",
         "grid",
         "prepared",
+        "vector",
     )
 
     def __init__(
@@ -97,6 +105,7 @@ class Plan:
         out_shape: tuple[int, ...],
         out_dtype: np.dtype,
         preamble: str = "",
+        vector_width: int = 1,
     ) -> None:
         self.expr = expr
         self.ctypes = tuple(ctypes)
@@ -121,9 +130,15 @@ class Plan:
         self.prepared: PreparedLaunch | None = None
         dtypes = [v.dtype if isinstance(v, Tensor) else None for v in operands]
         rank = self.rank = len(dims)
-        self.make_source = lambda: (
-            preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
-        )
+        #: elements a work-item evaluates as one ``floatN`` (1: one element, the per-lane kernel)
+        self.vector = vector_width if _vectorizes(expr, classes, dtypes, self.ctypes, out_dtype, preamble) else 1
+        if self.vector > 1:
+            width = self.vector
+            self.make_source = lambda: _vector_source(expr, classes, self.ctypes, width, self.idx)
+        else:
+            self.make_source = lambda: (
+                preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
+            )
 
     def kernel(self, device: Device) -> ResolvedKernel:
         resolved = self.resolved
@@ -170,7 +185,8 @@ def run_elementwise(
     key = (expr, signature(operands), tuple(value_ctypes), out_shape, out_dtype, device)
     plan = _RAW_PLANS.get(key)
     if plan is None:
-        plan = remember(_RAW_PLANS, key, Plan(expr, operands, value_ctypes, out_shape, out_dtype))
+        plan = Plan(expr, operands, value_ctypes, out_shape, out_dtype, vector_width=_vector_width(device))
+        plan = remember(_RAW_PLANS, key, plan)
     return execute(plan, operands, device, out)
 
 
@@ -206,7 +222,8 @@ def _prepare(plan: Plan, device: Device) -> PreparedLaunch:
     if plan.grid:
         gsize, lsize = launch_sizes(plan.grid, local)
     else:
-        gsize, lsize = -(-plan.n // local) * local, local
+        items = -(-plan.n // plan.vector)
+        gsize, lsize = -(-items // local) * local, local
     first = 1 + len(plan.arg_types)  # out, the operands, then the size arguments
     bound = {first + k: value for k, value in enumerate(plan.shape_args)}
     return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
@@ -228,6 +245,76 @@ def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...]
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.ndarray) else value
+
+
+def _vector_width(device: Device) -> int:
+    """The ``floatN`` width of ``device``'s vector kernels: its ``vector_width`` on a CPU OpenCL device, else 1."""
+    return device.vector_width if device.is_opencl and not device.is_gpu else 1
+
+
+def _vectorizes(
+    expr: str,
+    classes: Sequence[str | None],
+    dtypes: Sequence[np.dtype | None],
+    ctypes: Sequence[str],
+    out_dtype: np.dtype,
+    preamble: str,
+) -> bool:
+    """Whether a plan's kernel evaluates ``expr`` on vectors: float32 in and out, every operand read at the output
+    index or a single value, a math call in the expression (``_MATH_CALL``) and only helpers with a ``V_`` twin."""
+    return (
+        not preamble
+        and out_dtype == float32
+        and all(c == "float" for c in ctypes)
+        and all(cls != STRIDED and (d is None or d == float32) for cls, d in zip(classes, dtypes, strict=True))
+        and _MATH_CALL.search(expr) is not None
+        and vectorize(_PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)) is not None
+    )
+
+
+#: A call of a helper the per-lane kernel evaluates by one scalar library call per element on a CPU (arithmetic,
+#: comparisons and selects the CPU compiler vectorizes across work-items as they are).
+_MATH_CALL = re.compile(rf"\b(?:{'|'.join(MATH_HELPERS)})\(")
+
+
+def _vector_source(expr: str, classes: Sequence[str | None], ctypes: Sequence[str], width: int, idx: str) -> str:
+    """The kernel of a plan that ``_vectorizes``: work-item ``w`` evaluates elements ``[w * width, w * width +
+    width)`` as one ``VF`` (``vload`` / ``vstore``); the last, partial vector, element by element with the
+    scalar helpers. Arguments as ``_source``'s for a rank-0 layout: ``out``, the operands, ``n``."""
+    params = ["__global float* out"]
+    vector_reads, scalar_reads = [], []
+    for i, (cls, ctype) in enumerate(zip(classes, ctypes, strict=True)):
+        if cls is None:
+            params.append(f"const {ctype} s{i}")
+            vector_reads.append(f"const VF v{i} = (VF)(s{i});")
+            scalar_reads.append(f"const float v{i} = s{i};")
+            continue
+        params.append(f"__global const float* in{i}")
+        if cls == FLAT:
+            vector_reads.append(f"const VF v{i} = vload{width}(w, in{i});")
+            scalar_reads.append(f"const float v{i} = in{i}[gid];")
+        else:  # one element, read by every work-item
+            vector_reads.append(f"const VF v{i} = (VF)(in{i}[0]);")
+            scalar_reads.append(f"const float v{i} = in{i}[0];")
+    params.append(f"const {idx} n")
+    value = _PLACEHOLDER.sub(lambda m: f"v{m.group(1)}", expr)
+    vector_lines = "\n        ".join(vector_reads)
+    scalar_lines = "\n            ".join(scalar_reads)
+    return f"""{vector_preamble(width)}__kernel void netcl_ew({", ".join(params)}) {{
+    const {idx} w = ({idx})get_global_id(0);
+    const {idx} first = w * {width};
+    if (first >= n) return;
+    if (n - first >= {width}) {{
+        {vector_lines}
+        vstore{width}(({vectorize(value)}), w, out);
+    }} else {{
+        for ({idx} gid = first; gid < n; ++gid) {{
+            {scalar_lines}
+            out[gid] = ({value});
+        }}
+    }}
+}}
+"""
 
 
 def _source(
@@ -377,7 +464,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
         out_shape = broadcast_shapes(*[v.shape for v in operands if isinstance(v, Tensor)])
         device.check_dtype(result)
         ctypes = [compute_ctype(d) for d in dtypes]
-        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result, op.preamble)
+        plan = Plan(_expr_for(op, compute), operands, ctypes, out_shape, result, op.preamble, _vector_width(device))
         cached = remember(_OP_PLANS, key, (plan, tuple(dtypes)))
     plan, dtypes = cached
     out = apply_plan(op, plan, dtypes, operands, device)
