@@ -35,6 +35,21 @@ def test_log_softmax(check, device, axis):
     check([(2, 3, 4)], lambda x: np.log(np_softmax(x, axis)), lambda x: ag.log_softmax(x, axis))
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_rows_longer_than_a_vector(check, device, op):  # a CPU device's float32 rows: vectors, then a tail
+    reference = {"softmax": np_softmax, "log_softmax": lambda x: np.log(np_softmax(x))}[op]
+    check([(3, 37)], reference, getattr(ag, op))
+
+
+def test_rows_keep_nan_and_an_all_minus_inf_row(device):
+    x = np.zeros((3, 37), np.float32)
+    x[0, 5], x[1, 35], x[2] = np.nan, np.nan, -np.inf  # NaN in a vector, NaN in the tail, nothing but -inf
+    t = ag.tensor(x, device=device)
+    assert np.isnan(ag.softmax(t).to_host()).all() and np.isnan(ag.log_softmax(t).to_host()[:2]).all()
+    lse = ag.logsumexp(t, axis=1).to_host()
+    assert np.isnan(lse[:2]).all() and lse[2] == -np.inf  # torch's logsumexp of an all -inf row
+
+
 def test_log_softmax_large_logits_stay_finite(check, device):
     x = ag.tensor(np.array([[1e4, 0.0, -1e4]], np.float32))
     np.testing.assert_allclose(ag.log_softmax(x).to_host(), [[0.0, -1e4, -2e4]], rtol=1e-6)

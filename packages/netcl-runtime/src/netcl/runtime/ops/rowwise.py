@@ -65,7 +65,7 @@ class RowKernel:
     body: str
 
 
-_PROLOGUE = "    const int lid = get_local_id(0), L = get_local_size(0);\n    const {idx} C = R;\n"
+_PROLOGUE = "    const int lid = (int)LID, L = (int)LSIZE;\n    const {idx} C = R;\n"
 
 _LOAD_STORE = """
 /* loads and stores of the storage type: float16 / bfloat16 through storage_io's C (no cl_khr_fp16) */
@@ -77,7 +77,7 @@ inline {ct} netcl_max_nan(const {ct} a, const {ct} b) {{ return (a > b || a != a
 _SHIFT_SUM = """/* The shift of a row (its max; 0 for an all -inf row, which then sums to 0: logsumexp -inf) and,
    in *sum, the sum of exp(x - shift) over the row: every work-item of the group calls it. */
 inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local {ct}* scratch, {ct}* sum) {{
-    const int lid = get_local_id(0), L = get_local_size(0);
+    const int lid = (int)LID, L = (int)LSIZE;
     {ct} m = -INFINITY;
     for ({idx} i = lid; i < C; i += L) m = netcl_max_nan(m, LD(xr, i));
     m = netcl_tree_max(m, scratch);
@@ -86,6 +86,45 @@ inline {ct} netcl_row_shift_sum(__global const {st}* xr, const {idx} C, __local 
     for ({idx} i = lid; i < C; i += L) s += exp(LD(xr, i) - shift);
     *sum = netcl_row_sum(s, scratch);
     return shift;
+}}
+/* out[i] = exp(xr[i] - shift) * inv over the row (out and xr point at the row) */
+inline void netcl_row_exp_scale(__global {st}* out, __global const {st}* xr, const {ct} shift, const {ct} inv,
+                                const {idx} C) {{
+    for ({idx} i = LID; i < C; i += LSIZE) ST(out, i, (exp(LD(xr, i) - shift) * inv));
+}}
+"""
+
+#: ``_SHIFT_SUM``'s helpers for float32 rows a work-item each (CPU devices): the row in ``float{vw}`` vectors, whose
+#: ``exp`` is the vector builtin (a CPU compiler neither vectorizes one work-item's loop nor maps a scalar ``exp``
+#: call to a vector one), the tail element by element. Max and NaN as ``netcl_max_nan``; the sums' order is fixed.
+_SHIFT_SUM_VECTOR = """
+inline float netcl_row_shift_sum(__global const float* xr, const {idx} C, __local float* scratch, float* sum) {{
+    float t[{vw}];
+    float{vw} mv = (float{vw})(-INFINITY);
+    {idx} i = 0;
+    for (; i + {vw} <= C; i += {vw}) {{
+        const float{vw} v = vload{vw}(0, xr + i);
+        mv = select(v, mv, (mv > v) | (mv != mv));
+    }}
+    vstore{vw}(mv, 0, t);
+    float m = -INFINITY;
+    for (int k = 0; k < {vw}; ++k) m = netcl_max_nan(m, t[k]);
+    for (; i < C; ++i) m = netcl_max_nan(m, xr[i]);
+    const float shift = isinf(m) ? 0.0f : m;
+    float{vw} sv = (float{vw})0.0f;
+    for (i = 0; i + {vw} <= C; i += {vw}) sv += exp(vload{vw}(0, xr + i) - shift);
+    vstore{vw}(sv, 0, t);
+    float s = 0.0f;
+    for (int k = 0; k < {vw}; ++k) s += t[k];
+    for (; i < C; ++i) s += exp(xr[i] - shift);
+    *sum = s;
+    return shift;
+}}
+inline void netcl_row_exp_scale(__global float* out, __global const float* xr, const float shift, const float inv,
+                                const {idx} C) {{
+    {idx} i = 0;
+    for (; i + {vw} <= C; i += {vw}) vstore{vw}(exp(vload{vw}(0, xr + i) - shift) * inv, 0, out + i);
+    for (; i < C; ++i) out[i] = exp(xr[i] - shift) * inv;
 }}
 """
 
@@ -103,8 +142,7 @@ _SOFTMAX_FORWARD = RowKernel(
     const {ct} ls = log(s);  /* (x - max) - log(s): no rounding of max + log(s) at large |max| */
     for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, ((LD(xr, i) - shift) - ls));
 #else
-    const {ct} inv = ({ct})1 / s;
-    for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, (exp(LD(xr, i) - shift) * inv));
+    netcl_row_exp_scale(out + row * C, xr, shift, ({ct})1 / s, C);
 #endif
 """,
 )
@@ -226,13 +264,26 @@ _NORM_BACKWARD = RowKernel(
 )
 
 
-def row_helpers(fmt: dict[str, Any]) -> str:
+def row_helpers(fmt: dict[str, Any], mode: str = "group") -> str:
     """The helpers of the row kernels, after the skeleton's (``netcl_row_sum``): ``LD``/``ST``, the NaN-keeping
-    max tree ``netcl_tree_max(v, scratch)`` (``_rows.tree_reduce_c``) and ``netcl_row_shift_sum``."""
-    max_nan = "s0[lid] = netcl_max_nan(s0[lid], s0[lid + h]);"
-    return (
-        _LOAD_STORE.format(**fmt) + _rows.tree_reduce_c("netcl_tree_max", fmt["ct"], max_nan) + _SHIFT_SUM.format(**fmt)
-    )
+    max tree ``netcl_tree_max(v, scratch)`` (``_rows.tree_reduce_c``) and ``netcl_row_shift_sum``. In the
+    skeleton's "serial" mode (a work-item a row) the trees are the lane's own value and there is no scratch."""
+    if mode == "group":
+        max_nan = "s0[lid] = netcl_max_nan(s0[lid], s0[lid + h]);"
+        trees = _rows.tree_reduce_c("netcl_tree_max", fmt["ct"], max_nan)
+    else:
+        trees = "#define netcl_tree_max(v, scratch) (v)\n#define netcl_row_sum(v, scratch) (v)\n#define scratch_a 0\n"
+    vw = fmt.get("vector", 0)
+    shift_sum = _SHIFT_SUM_VECTOR.format(vw=vw, **fmt) if mode == "serial" and vw else _SHIFT_SUM.format(**fmt)
+    return _LOAD_STORE.format(**fmt) + trees + shift_sum
+
+
+def row_mode(device: Device) -> str:
+    """How the row kernels take their rows on ``device``: a work-group a row ("group": lanes stride the row and
+    a local-memory tree combines them) on GPUs; a work-item a row ("serial") on CPU devices, whose compilers
+    vectorize across work-items and run a tree's barrier-separated levels one after another (layer_norm over
+    (512, 512) on PoCL 2.1 ms as groups, see benchmarks/RESULTS.md, "isnan on PoCL")."""
+    return "group" if device.is_gpu else "serial"
 
 
 def stats_dtype(dtype: np.dtype) -> np.dtype:
@@ -259,12 +310,13 @@ def run_row_kernel(
     extra=(),
 ) -> Any:
     """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
-    kernel's limit) per row of ``cols`` contiguous elements; ``extra`` scalars follow the buffers. Returns
+    kernel's limit) per row of ``cols`` contiguous elements, or one work-item per row on a CPU (``row_mode``);
+    ``extra`` scalars follow the buffers. Returns
     the ``PreparedLaunch`` it went through (None for zero rows), for a caller's plan."""
 
     def source(mode: str) -> str:
         body = (_PROLOGUE + kernel.body).format(**fmt)
-        helpers = kernel.defines.format(**fmt) + row_helpers(fmt)
+        helpers = kernel.defines.format(**fmt) + row_helpers(fmt, mode)
         stats = float64 if fmt["ct"] == "double" else float32  # float16 data: loads and stores only
         name = f"netcl_{kernel.name}"
         return _rows.source(name, [kernel.params.format(**fmt)], body, _rows.CONTIG, mode, fmt["ct"], fmt["idx"],
@@ -275,7 +327,9 @@ def run_row_kernel(
     name = f"netcl_{kernel.name}"
     if rows <= 0:
         return None
-    prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], "group", pow2_ceil(cols))
+    mode = row_mode(device)
+    lanes = pow2_ceil(cols) if mode == "group" else None
+    prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], mode, lanes)
     prepared.call(*[b.data if isinstance(b, Tensor) else b for b in buffers], *extra)
     return prepared
 
@@ -293,11 +347,13 @@ register_cache(_FORMATS.clear)
 
 
 def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
-    """The template fields of a row kernel over ``x``'s dtype and size (pragmas, storage and compute
-    types, ``LD`` / ``ST`` expressions, index type), the softmax-family ``mode`` and compile-time
+    """The template fields of a row kernel over ``x``'s dtype, size and device (pragmas, storage and compute
+    types, ``LD`` / ``ST`` expressions, index type; ``vector``: the ``floatN`` width of the serial float32 helpers on
+    a CPU, else 0), the softmax-family ``mode`` and compile-time
     ``flags``: what ``RowKernel`` texts are formatted with, and part of the program's cache key.
     Memoized per (dtype, size, mode, flags): the returned mapping is shared, a caller copies it to extend it."""
-    memo = (x.dtype, x.size, mode, *flags.items())
+    vector = x.device.vector_width if row_mode(x.device) == "serial" and x.dtype == float32 else 0
+    memo = (x.dtype, x.size, mode, vector, *flags.items())
     fmt = _FORMATS.get(memo)
     if fmt is not None:
         return fmt
@@ -312,6 +368,7 @@ def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
             "ct": ct,
             "idx": index_ctype(x.size),
             "mode": mode,
+            "vector": vector,
             **flags,
         }
     )
