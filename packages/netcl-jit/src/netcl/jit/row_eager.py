@@ -5,7 +5,10 @@ float32 tensor of at least ``MIN_ELEMENTS`` elements along its last axis ask the
 ``provide`` hands the call to the ``provider`` of the op's ``row_ops`` entry, which calls a cached
 ``jit_compile`` of the op itself: ONE row kernel forward and ONE backward (plus one small
 reduction per weight gradient, and for cross_entropy's "sum"/"mean" the sum over rows). Smaller
-tensors, other axes and dtypes keep the runtime's row kernels (no build per new row length).
+tensors, other axes and dtypes keep the runtime's row kernels (no build per new row length), and so do the
+built-in row ops on CPU OpenCL devices, where the runtime takes a row per work-item in float vectors and the fused
+kernels' work-group trees ran 1.1-4.7x slower (PoCL, (1024, 1024) float32; benchmarks/RESULTS.md, "isnan on
+PoCL"). A row op registered by a user has no runtime kernel: its provider serves it everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from netcl.jit.row_ops import get_row_op
 
 #: Below this many elements the runtime's row kernels (row length a kernel argument) are used.
 MIN_ELEMENTS = 1 << 16
+#: The row ops the runtime has kernels for (``netcl.runtime.ops.rowwise`` / ``class_loss``): theirs on CPU devices.
+RUNTIME_ROW_OPS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"})
 _functions: dict[tuple, JitFunction] = {}
 _lock = threading.Lock()
 
@@ -44,6 +49,8 @@ def provide(name: str, args: tuple, attrs: dict) -> Any:
         return None
     v = value_of(x)
     if v.ndim < 1 or v.size < MIN_ELEMENTS or v.shape[-1] < 2:
+        return None
+    if name in RUNTIME_ROW_OPS and v.device.is_opencl and not v.device.is_gpu:
         return None
     return row_op.provider(args, attrs, _cached)
 
