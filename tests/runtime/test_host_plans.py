@@ -93,6 +93,8 @@ def test_layer_norm_bad_inputs_on_a_known_signature_still_raise(device) -> None:
         rowwise.layer_norm(x, 39, w, w)
     with pytest.raises(ShapeError, match="weight must have shape"):
         rowwise.layer_norm(x, 40, _floats(device, (39,), 2), w)
+    with pytest.raises(TypeError, match=r"normalized_shape must be an int or a tuple / list of ints .*, got Tensor$"):
+        rowwise.layer_norm(x, w, w, w)  # the weight in normalized_shape's place: named, not printed element by element
 
 
 # ---- cross_entropy (class-loss rows) -------------------------------------------------------------

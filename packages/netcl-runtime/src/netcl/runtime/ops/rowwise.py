@@ -580,7 +580,14 @@ def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 def norm_axes(x: Tensor, normalized_shape: Any, op: str) -> tuple[int, ...]:
     """The trailing axes ``normalized_shape`` names (ShapeError unless it matches x's trailing dims)."""
     _check_float(x, op)
-    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    integer = (int, np.integer)
+    listed = isinstance(normalized_shape, (tuple, list)) and all(isinstance(d, integer) for d in normalized_shape)
+    if not (isinstance(normalized_shape, integer) or listed):  # a weight passed in its place, say
+        raise TypeError(
+            f"{op}: normalized_shape must be an int or a tuple / list of ints (the trailing dims normalized over), "
+            f"got {type(normalized_shape).__name__}"
+        )
+    shape = (normalized_shape,) if isinstance(normalized_shape, integer) else tuple(normalized_shape)
     if not shape or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape) :]) != tuple(int(d) for d in shape):
         raise ShapeError(
             f"{op}: normalized_shape {tuple(shape)} must equal the trailing dimensions of x, got x of shape {x.shape}"
