@@ -131,7 +131,8 @@ class Plan:
         dtypes = [v.dtype if isinstance(v, Tensor) else None for v in operands]
         rank = self.rank = len(dims)
         #: elements a work-item evaluates as one ``floatN`` (1: one element, the per-lane kernel)
-        self.vector = vector_width if _vectorizes(expr, classes, dtypes, self.ctypes, out_dtype, preamble) else 1
+        vectors = self.n < _VECTOR_MAX_N and _vectorizes(expr, classes, dtypes, self.ctypes, out_dtype, preamble)
+        self.vector = vector_width if vectors else 1
         if self.vector > 1:
             width = self.vector
             self.make_source = lambda: _vector_source(expr, classes, self.ctypes, width, self.idx)
@@ -245,6 +246,11 @@ def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...]
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.ndarray) else value
+
+
+#: The vector kernel's element index ``w * width`` (w up to the grid rounded to a work-group) stays well inside the
+#: plan's index type below this many elements; larger ops keep the per-lane kernel.
+_VECTOR_MAX_N = 1 << 30
 
 
 def _vector_width(device: Device) -> int:
