@@ -88,6 +88,7 @@ def np_nll(logp, t, ignore_index=-100, reduction="mean"):
 T4 = np.array([1, 0, 4, 2])
 T_IGN = np.array([1, -100, 4, 2])
 T_SPATIAL = np.array([[[0, 2], [1, 1]], [[2, 0], [7, 1]]])  # 7: the ignore_index of that case
+T37 = np.array([3, 16, 35, -100])  # 37 classes: targets in a CPU's vectors, at a vector's start, in the tail; ignored
 
 
 @pytest.mark.parametrize(
@@ -100,6 +101,8 @@ T_SPATIAL = np.array([[[0, 2], [1, 1]], [[2, 0], [7, 1]]])  # 7: the ignore_inde
         ((4, 5), T4, {"reduction": "none"}),
         ((2, 3, 2, 2), T_SPATIAL, {"ignore_index": 7}),
         ((2, 3, 2, 2), T_SPATIAL, {"ignore_index": 7, "reduction": "none", "label_smoothing": 0.3}),
+        ((4, 37), T37, {"label_smoothing": 0.1}),
+        ((4, 37), T37, {"reduction": "none"}),
     ],
 )
 def test_cross_entropy(check, device, shape, target, kwargs):

@@ -92,6 +92,11 @@ inline void netcl_row_exp_scale(__global {st}* out, __global const {st}* xr, con
                                 const {idx} C) {{
     for ({idx} i = LID; i < C; i += LSIZE) ST(out, i, (exp(LD(xr, i) - shift) * inv));
 }}
+/* gx[i] = g[i] - exp(y[i]) * acc over the row (log_softmax's gradient from its output) */
+inline void netcl_row_sub_exp_scale(__global {st}* gx, __global const {st}* g, __global const {st}* y, const {ct} acc,
+                                    const {idx} C) {{
+    for ({idx} i = LID; i < C; i += LSIZE) ST(gx, i, (LD(g, i) - exp(LD(y, i)) * acc));
+}}
 """
 
 #: ``_SHIFT_SUM``'s helpers for float32 rows a work-item each (CPU devices): the row in ``float{vw}`` vectors, whose
@@ -125,6 +130,12 @@ inline void netcl_row_exp_scale(__global float* out, __global const float* xr, c
     {idx} i = 0;
     for (; i + {vw} <= C; i += {vw}) vstore{vw}(exp(vload{vw}(0, xr + i) - shift) * inv, 0, out + i);
     for (; i < C; ++i) out[i] = exp(xr[i] - shift) * inv;
+}}
+inline void netcl_row_sub_exp_scale(__global float* gx, __global const float* g, __global const float* y,
+                                    const float acc, const {idx} C) {{
+    {idx} i = 0;
+    for (; i + {vw} <= C; i += {vw}) vstore{vw}(vload{vw}(0, g + i) - exp(vload{vw}(0, y + i)) * acc, 0, gx + i);
+    for (; i < C; ++i) gx[i] = g[i] - exp(y[i]) * acc;
 }}
 """
 
@@ -187,8 +198,7 @@ _SOFTMAX_BACKWARD_FROM_OUT = RowKernel(
 #if MODE == 1
     for ({idx} i = lid; i < C; i += L) acc += LD(g, row * C + i);
     acc = ROW_SUM(acc);
-    for ({idx} i = lid; i < C; i += L)
-        ST(gx, row * C + i, (LD(g, row * C + i) - exp(LD(y, row * C + i)) * acc));
+    netcl_row_sub_exp_scale(gx + row * C, g + row * C, y + row * C, acc, C);
 #else
     for ({idx} i = lid; i < C; i += L) acc += LD(g, row * C + i) * LD(y, row * C + i);
     acc = ROW_SUM(acc);
