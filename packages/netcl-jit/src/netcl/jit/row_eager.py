@@ -18,14 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from netcl.autograd.row_hook import set_row_provider
-from netcl.jit.builtin_row_ops import is_float32_tensor, value_of
+from netcl.jit.builtin_row_ops import BUILTIN_ROW_OPS, is_float32_tensor, value_of
 from netcl.jit.compiler import JitFunction, jit_compile
 from netcl.jit.row_ops import get_row_op
 
 #: Below this many elements the runtime's row kernels (row length a kernel argument) are used.
 MIN_ELEMENTS = 1 << 16
-#: The row ops the runtime has kernels for (``netcl.runtime.ops.rowwise`` / ``class_loss``): theirs on CPU devices.
-RUNTIME_ROW_OPS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"})
+#: The built-in row ops with a provider: the eager ops that ask the hook, each with runtime kernels of its own
+#: (``netcl.runtime.ops.rowwise`` / ``class_loss``), which they keep on CPU devices.
+RUNTIME_ROW_OPS = frozenset(op.name for op in BUILTIN_ROW_OPS if op.provider is not None)
 _functions: dict[tuple, JitFunction] = {}
 _lock = threading.Lock()
 

@@ -361,13 +361,12 @@ def row_format(x: Tensor, mode: int, **flags: int) -> dict[str, Any]:
     types, ``LD`` / ``ST`` expressions, index type; ``vector``: the ``floatN`` width of the serial float32 helpers on
     a CPU, else 0), the softmax-family ``mode`` and compile-time
     ``flags``: what ``RowKernel`` texts are formatted with, and part of the program's cache key.
-    Memoized per (dtype, size, mode, vector width, flags): the returned mapping is shared, a caller copies it to
-    extend it."""
-    vector = x.device.vector_width if row_mode(x.device) == "serial" and x.dtype == float32 else 0
-    memo = (x.dtype, x.size, mode, vector, *flags.items())
+    Memoized per (dtype, size, mode, device, flags): the returned mapping is shared, a caller copies it to extend it."""
+    memo = (x.dtype, x.size, mode, x.device, *flags.items())
     fmt = _FORMATS.get(memo)
     if fmt is not None:
         return fmt
+    vector = x.device.vector_width if row_mode(x.device) == "serial" and x.dtype == float32 else 0
     st, ct = storage_ctype(x.dtype), compute_ctype(stats_dtype(x.dtype))
     fmt = RowFormat(
         {
