@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.jit import jit_compile
+from netcl.jit import jit_compile, register_primitive
 from netcl.jit.row_step import RowStep
+from netcl.runtime import ops as rops
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -137,9 +138,66 @@ def _fd_grads(reference, arrays, upstream, wants, eps=1e-6):
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_row_program_matches_float64(device, name):
-    fn, reference, shapes, wants = PROGRAMS[name]
     if name == "max_with_ties":  # ties: central differences see one side; the gradient is shared
         pytest.skip("checked by test_max_ties_share_the_gradient")
+    _check_program(device, name)
+
+
+@pytest.fixture
+def other_row_mode(cl_device, monkeypatch):
+    """The OpenCL device with its row programs in the mode it does not run by default (a work-group a row
+    on a CPU, a work-item a row on a GPU), so that both kernel generators run on every device."""
+    monkeypatch.setenv("NETCL_ROW_MODE", "serial" if cl_device.is_gpu else "group")
+    return cl_device
+
+
+@pytest.mark.parametrize("name", ["softmax", "user_layer_norm", "masked_softmax", "row_statistic_output"])
+def test_row_program_in_the_other_mode(other_row_mode, name):
+    _check_program(other_row_mode, name)
+
+
+def test_weight_gradients_in_the_other_mode(other_row_mode):
+    test_weight_gradients_over_many_rows(other_row_mode)
+
+
+def test_user_c_primitive_in_a_row_program(cl_device):
+    """A prologue the vector twins cannot express (a primitive's own C) runs element by element (on a CPU
+    device, whose row kernels otherwise evaluate their bodies on float vectors)."""
+    device = cl_device
+    register_primitive(
+        "row_c_step",
+        forward=lambda args, attrs: f"({args[0]} > 0.0f ? 2.0f * {args[0]} : 0.5f * {args[0]})",
+        backward=lambda args, g, attrs, out: [f"({args[0]} > 0.0f ? 2.0f * {g} : 0.5f * {g})"],
+        arity=1,
+    )
+
+    def step(x):
+        return ag.engine.apply_op(
+            lambda v: rops.where(rops.gt(v, 0.0), rops.mul(v, 2.0), rops.mul(v, 0.5)),
+            lambda g, inputs, out: [rops.where(rops.gt(inputs[0], 0.0), rops.mul(g, 2.0), rops.mul(g, 0.5))],
+            x,
+            op_name="row_c_step",
+        )
+
+    x = _inputs([(5, 37)], "c")[0]
+    node = ag.tensor(x, requires_grad=True, device=device)
+    fused = jit_compile(lambda x: ag.softmax(step(x), -1))
+    with ag.Tape() as tape:
+        out = fused(node)
+    stepped = np.where(x > 0, 2.0 * x, 0.5 * x).astype(np.float64)
+    y = _softmax64(stepped)
+    np.testing.assert_allclose(out.to_host(), y, rtol=RTOL, atol=ATOL)
+    upstream = np.random.default_rng(2).uniform(-1, 1, size=x.shape)
+    tape.backward(out, grad=ag.tensor(upstream.astype(np.float32), device=device).value)
+    dy = y * (upstream - (upstream * y).sum(-1, keepdims=True))
+    np.testing.assert_allclose(node.grad.to_host(), dy * np.where(x > 0, 2.0, 0.5), rtol=RTOL, atol=ATOL)
+    steps = fused.plan_for(node).steps
+    assert [type(s).__name__ for s in steps] == ["RowStep"]
+    assert "const VF " not in steps[0].forward_source
+
+
+def _check_program(device, name):
+    fn, reference, shapes, wants = PROGRAMS[name]
     arrays = _inputs(shapes, name)
     fused = jit_compile(fn)
     nodes = [ag.tensor(a, requires_grad=w, device=device) for a, w in zip(arrays, wants, strict=True)]

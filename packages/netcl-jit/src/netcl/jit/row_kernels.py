@@ -15,12 +15,24 @@ from typing import Any
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.jit import row_numpy, row_source
+from netcl.jit import row_numpy, row_serial, row_source
 from netcl.jit.row_ir import PARAM, RowInput, RowProgram
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import launch
+from netcl.runtime.ops.rowwise import row_mode
 
 _F32 = np.dtype(np.float32)
+#: Work-items (rows) per work-group of the serial row kernels.
+SERIAL_LOCAL = 8
+
+
+def jit_row_mode(device: Device) -> str:
+    """The runtime row kernels' mode on ``device`` (``rowwise.row_mode``: "serial", a work-item a row, on CPU
+    devices; "group" on GPUs), or ``NETCL_ROW_MODE`` ("group" / "serial") where set (tests, tuning)."""
+    mode = os.environ.get("NETCL_ROW_MODE", "").strip()
+    if mode and mode not in ("group", "serial"):
+        raise ValueError(f"NETCL_ROW_MODE must be 'group' or 'serial', got {mode!r}")
+    return mode or row_mode(device)
 
 
 class RowKernels:
@@ -58,7 +70,9 @@ class OpenCLRowKernels(RowKernels):
         self.rows_per_group = rows_per_group
 
     def build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
-        """(source, (kernel, local size, index type, work-groups))."""
+        """(source, (kernel, global size, local size, index type, work-groups or work-items of partial sums))."""
+        if jit_row_mode(self.device) == "serial":
+            return self._build_serial(name, program, column_sums)
         cl_device = self.device.cl_device
         config = row_source.row_config(self.C, self.device.is_gpu, int(cl_device.max_work_group_size))
         long_index = row_source.needs_long(self.rows, self.C)
@@ -68,23 +82,38 @@ class OpenCLRowKernels(RowKernels):
         source = row_source.kernel_source(
             name, program, config, long_index, column_sums, per_group, online, vector_body=vector
         )
+        kernel = self._kernel(name, program, source, long_index)
+        groups = -(-self.rows // per_group)
+        return source, (kernel, groups * config.local, config.local, np.int64 if long_index else np.int32, groups)
+
+    def _build_serial(self, name: str, program: RowProgram, column_sums: frozenset[int]) -> tuple[str, Any]:
+        """A work-item a row (``row_serial``), or ``rows_per_group`` rows where it sums per-column gradients."""
+        long_index = row_source.needs_long(self.rows, self.C)
+        per_item = self.rows_per_group if column_sums else 1
+        vw = row_serial.vector_width(self.C, self.device.vector_width)
+        source = row_serial.serial_kernel_source(name, program, vw, long_index, column_sums, per_item)
+        kernel = self._kernel(name, program, source, long_index)
+        items = -(-self.rows // per_item)
+        local = min(SERIAL_LOCAL, items)
+        return source, (kernel, -(-items // local) * local, local, np.int64 if long_index else np.int32, items)
+
+    def _kernel(self, name: str, program: RowProgram, source: str, long_index: bool) -> Any:
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
         dtypes = [np.float32 if i.kind == PARAM else None for i in program.inputs]
         dtypes += [None] * len(program.outputs) + [np.int64 if long_index else np.int32]
-        kernel = handle.kernel(name, dtypes)
-        return source, (kernel, config.local, np.int64 if long_index else np.int32, -(-self.rows // per_group))
+        return handle.kernel(name, dtypes)
 
     def run(self, compiled, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
-        kernel, local, index, groups = compiled
+        kernel, global_size, local, index, _ = compiled
         args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
-        launch(kernel, groups * local, local, *args, *outs, index(self.rows))
+        launch(kernel, global_size, local, *args, *outs, index(self.rows))
 
     def empty(self, shape: tuple[int, ...]) -> Tensor:
         device = self.device
         return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
 
     def partial_groups(self, compiled) -> int:
-        groups = compiled[3]
+        groups = compiled[4]
         return groups if groups != self.rows else 0
 
 

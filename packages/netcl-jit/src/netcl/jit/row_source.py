@@ -113,7 +113,7 @@ def online_pairs(program: RowProgram, enabled: bool = True) -> dict[str, tuple[s
     return pairs
 
 
-def _schedule(program: RowProgram, pairs: dict[str, str]) -> tuple[dict[str, int], int]:
+def schedule_passes(program: RowProgram, pairs: dict[str, str]) -> tuple[dict[str, int], int]:
     """avail[var]: how many passes must end before ``var`` can be computed; and the pass count."""
     avail: dict[str, int] = {i.var: 0 for i in program.inputs}
     passes = 0
@@ -150,7 +150,7 @@ def kernel_source(
     idx = "long" if long_index else "int"
     kinds = program.kinds()
     pairs = online_pairs(program, online)
-    avail, passes = _schedule(program, pairs)
+    avail, passes = schedule_passes(program, pairs)
     by_var = {s.var: s for s in program.stmts}
     tensor_inputs = [(k, i) for k, i in enumerate(program.inputs) if i.kind in (ELEM, COL)]
     cache = K * VW <= CACHE_MAX
@@ -454,4 +454,4 @@ def needs_long(rows: int, cols: int) -> bool:
     return index_ctype(rows * cols, 2 * rows, headroom=0) == "long"
 
 
-__all__ = ["CACHE_MAX", "RowConfig", "kernel_source", "needs_long", "row_config"]
+__all__ = ["CACHE_MAX", "RowConfig", "kernel_source", "needs_long", "row_config", "schedule_passes"]
