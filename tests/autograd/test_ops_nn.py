@@ -189,6 +189,13 @@ def test_layer_norm_affine(check, device):
     )
 
 
+@pytest.mark.parametrize("shape, wants", [((200, 3), None), ((2, 70, 3), [True, False, True]), ((70, 3), [0, 1, 0])])
+def test_layer_norm_parameter_gradients_over_row_blocks(check, device, shape, wants):
+    """Many rows: the weight and bias gradients are sums over several blocks of rows, each wanted on its own."""
+    reference, op = (lambda x, w, b: np_layer_norm(x, 1, w, b)), (lambda x, w, b: ag.layer_norm(x, 3, w, b))
+    check([shape, (3,), (3,)], reference, op, requires_grad=wants)
+
+
 def test_layer_norm_two_dims_no_affine(check, device):
     check([(2, 3, 4)], lambda x: np_layer_norm(x, 2), lambda x: ag.layer_norm(x, (3, 4)))
 

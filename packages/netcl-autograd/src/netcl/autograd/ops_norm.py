@@ -21,7 +21,7 @@ from netcl.autograd.ops import add, mul, reshape
 from netcl.autograd.ops_softmax import value_of
 from netcl.autograd.row_hook import provided
 from netcl.core import ShapeError, Tensor
-from netcl.runtime.ops import batchnorm, layout, pointwise, reduce, rowwise
+from netcl.runtime.ops import batchnorm, layout, rowwise
 
 Operand = Any  # Node | Tensor
 _Grads = list[Tensor | None]
@@ -40,7 +40,6 @@ def _row_norm(
 ) -> Node:
     saved: dict[str, Any] = {}
     shape = tuple(x.shape[axes[0] :])
-    rows = math.prod(x.shape[: axes[0]])
 
     def forward(v: Tensor, *params: Tensor) -> Tensor:
         w = params[0] if weight is not None else None
@@ -57,16 +56,11 @@ def _row_norm(
         else:
             _, mean, rstd = rowwise.norm_forward(v, axes, w, None, eps, mode)
         grads: _Grads = [rowwise.norm_backward(g, v, w, mean, rstd, axes, mode) if _needs(x) else None]
-        g2d = g.reshape(rows, math.prod(shape))
+        want_w, want_b = weight is not None and _needs(weight), bias is not None and _needs(bias)
+        gw, gb = rowwise.norm_param_grads(g, v, mean, rstd, axes, want_w, want_b) if want_w or want_b else (None, None)
         if weight is not None:
-            gw = (
-                reduce.sum(pointwise.mul(g2d, rowwise.normalized_input(v, mean, rstd, axes)), 0)
-                if _needs(weight)
-                else None
-            )
             grads.append(None if gw is None else _as_dtype(gw, w.dtype).reshape(shape))
         if bias is not None:
-            gb = reduce.sum(g2d, 0) if _needs(bias) else None
             grads.append(None if gb is None else _as_dtype(gb, v.dtype).reshape(shape))
         return grads
 

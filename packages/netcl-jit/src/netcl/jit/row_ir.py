@@ -4,7 +4,8 @@ A row program runs once per row of ``C`` elements. Its values are ``elem`` (one 
 the row) or ``row`` (one per row: a reduction's result, a per-row input, a scalar). Statements are
 elementwise C expressions (the primitives' templates, so the same text runs as NumPy) or
 reductions (``sum``/``max``/``min`` of an elem value over the row). ``row_source`` renders a
-program as one OpenCL kernel (one work-group per row), ``row_numpy`` as NumPy over all rows.
+program as one OpenCL kernel (one work-group per row; ``row_serial``: one work-item per row, on CPU
+devices), ``row_numpy`` as NumPy over all rows.
 
 ``backward_program`` derives, from a forward program, the program of one output's gradient:
 the forward recomputed from the saved reduction results (``stat`` inputs), then reverse mode,

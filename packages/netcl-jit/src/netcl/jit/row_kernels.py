@@ -1,8 +1,9 @@
 """The backend of a ``RowStep``, chosen once when the step is built: OpenCL row kernels or NumPy functions.
 
-``OpenCLRowKernels`` generates OpenCL C (``row_source``), builds it through the runtime's program
-cache and launches one work-group per row (or per ``rows_per_group`` rows where a kernel sums
-per-column gradients itself, leaving per-group partial sums). ``NumpyRowKernels`` generates and
+``OpenCLRowKernels`` generates OpenCL C, builds it through the runtime's program cache and launches
+one work-group per row on GPUs (``row_source``) or one work-item per row on CPU devices (``row_serial``;
+``jit_row_mode``), or per ``rows_per_group`` rows where a kernel sums per-column gradients itself,
+leaving per-group partial sums. ``NumpyRowKernels`` generates and
 runs Python functions (``row_numpy``) on the host arrays; its column gradients come whole.
 """
 
@@ -62,7 +63,7 @@ class RowKernels:
 
 
 class OpenCLRowKernels(RowKernels):
-    """OpenCL row kernels built through ``program_cache``, launched with one work-group per row (group)."""
+    """OpenCL row kernels built through ``program_cache``: a work-group a row (group mode) or a work-item a row."""
 
     def __init__(self, device: Device, label: str, rows: int, row_length: int, rows_per_group: int) -> None:
         super().__init__(device, label, rows, row_length)

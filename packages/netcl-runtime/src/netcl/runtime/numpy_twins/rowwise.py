@@ -94,3 +94,17 @@ def norm_backward(
     a = gy.mean(axis=1, keepdims=True) if mode == LAYER else 0.0
     res = r * (gy - a - xhat * (gy * xhat).mean(axis=1, keepdims=True))
     return wrap_numpy(res.reshape(x.shape), x.device, x.dtype)
+
+
+def norm_param_grads(
+    g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, axes: tuple[int, ...], want_w: bool, want_b: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    rows = math.prod(x.shape[: axes[0]])
+    C = math.prod(x.shape[axes[0] :])
+    sd = stats_dtype(x.dtype)
+    gy = np.asarray(g.data, dtype=sd).reshape(rows, C)
+    data = np.asarray(x.data, dtype=sd).reshape(rows, C)
+    xhat = (data - np.asarray(mean.data)[:, None]) * np.asarray(rstd.data)[:, None]
+    gw = wrap_numpy((gy * xhat).sum(axis=0, dtype=sd), x.device, sd) if want_w else None
+    gb = wrap_numpy(gy.sum(axis=0, dtype=sd), x.device, sd) if want_b else None
+    return gw, gb

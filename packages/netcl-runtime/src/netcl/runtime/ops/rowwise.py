@@ -30,8 +30,10 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.ops import _rows
+from netcl.runtime.launch import launch
+from netcl.runtime.ops import _common, _rows
 from netcl.runtime.ops._common import (
+    ARG_DTYPES,
     compute_ctype,
     normalize_axes,
     pow2_ceil,
@@ -208,25 +210,71 @@ _SOFTMAX_BACKWARD_FROM_OUT = RowKernel(
 """,
 )
 
+#: The norms' float32 rows on a CPU (a work-item a row, ``row_format``'s ``vector`` width): each loop first runs
+#: over ``float{vector}`` vectors up to ``i0``, then the loop of every device finishes the row from ``i0`` (0
+#: elsewhere); a sum's vector lanes join it in lane order (``netcl_lanes_sum``), a fixed order.
+_NORM_VECTOR = """#if {vector}
+inline float netcl_lanes_sum(const float{vector} v) {{
+    float t[{vector}];
+    vstore{vector}(v, 0, t);
+    float s = 0.0f;
+    for (int k = 0; k < {vector}; ++k) s += t[k];
+    return s;
+}}
+#endif
+"""
+
 _NORM_FORWARD = RowKernel(
     "norm_rows",
     (
         "__global const {st}* x, __global const {st}* w, __global const {st}* b, __global {st}* out, "
         "__global {ct}* mean, __global {ct}* rstd, const {ct} eps"
     ),
-    "#define MODE {mode}\n#define HAS_W {has_w}\n#define HAS_B {has_b}\n",
+    "#define MODE {mode}\n#define HAS_W {has_w}\n#define HAS_B {has_b}\n" + _NORM_VECTOR,
     """    __global const {st}* xr = x + row * C;
+    {idx} i0 = 0;
     {ct} mu = 0;
 #if MODE == 0
-    for ({idx} i = lid; i < C; i += L) mu += LD(xr, i);
+#if {vector}
+    {{
+        float{vector} sv = (float{vector})0.0f;
+        for (; i0 + {vector} <= C; i0 += {vector}) sv += vload{vector}(0, xr + i0);
+        mu = netcl_lanes_sum(sv);
+    }}
+#endif
+    for ({idx} i = lid + i0; i < C; i += L) mu += LD(xr, i);
     mu = ROW_SUM(mu) / ({ct})C;
 #endif
     {ct} v = 0;
-    for ({idx} i = lid; i < C; i += L) {{ const {ct} d = LD(xr, i) - mu; v += d * d; }}
+    i0 = 0;
+#if {vector}
+    {{
+        float{vector} qv = (float{vector})0.0f;
+        for (; i0 + {vector} <= C; i0 += {vector}) {{
+            const float{vector} d = vload{vector}(0, xr + i0) - mu;
+            qv += d * d;
+        }}
+        v = netcl_lanes_sum(qv);
+    }}
+#endif
+    for ({idx} i = lid + i0; i < C; i += L) {{ const {ct} d = LD(xr, i) - mu; v += d * d; }}
     v = ROW_SUM(v) / ({ct})C;
     const {ct} r = ({ct})1 / sqrt(v + eps);
     if (lid == 0) {{ mean[row] = mu; rstd[row] = r; }}
-    for ({idx} i = lid; i < C; i += L) {{
+    i0 = 0;
+#if {vector}
+    for (; i0 + {vector} <= C; i0 += {vector}) {{
+        float{vector} y = (vload{vector}(0, xr + i0) - mu) * r;
+#if HAS_W
+        y *= vload{vector}(0, w + i0);
+#endif
+#if HAS_B
+        y += vload{vector}(0, b + i0);
+#endif
+        vstore{vector}(y, 0, out + row * C + i0);
+    }}
+#endif
+    for ({idx} i = lid + i0; i < C; i += L) {{
         {ct} y = (LD(xr, i) - mu) * r;
 #if HAS_W
         y *= LD(w, i);
@@ -245,10 +293,26 @@ _NORM_BACKWARD = RowKernel(
         "__global const {st}* x, __global const {st}* g, __global const {st}* w, "
         "__global const {ct}* mean, __global const {ct}* rstd, __global {st}* gx"
     ),
-    "#define MODE {mode}\n#define HAS_W {has_w}\n",
+    "#define MODE {mode}\n#define HAS_W {has_w}\n" + _NORM_VECTOR,
     """    const {ct} mu = mean[row], r = rstd[row];
     {ct} a = 0, bsum = 0;
-    for ({idx} i = lid; i < C; i += L) {{
+    {idx} i0 = 0;
+#if {vector}
+    {{
+        float{vector} av = (float{vector})0.0f, bv = (float{vector})0.0f;
+        for (; i0 + {vector} <= C; i0 += {vector}) {{
+            float{vector} gy = vload{vector}(0, g + row * C + i0);
+#if HAS_W
+            gy *= vload{vector}(0, w + i0);
+#endif
+            av += gy;
+            bv += gy * ((vload{vector}(0, x + row * C + i0) - mu) * r);
+        }}
+        a = netcl_lanes_sum(av);
+        bsum = netcl_lanes_sum(bv);
+    }}
+#endif
+    for ({idx} i = lid + i0; i < C; i += L) {{
         {ct} gy = LD(g, row * C + i);
 #if HAS_W
         gy *= LD(w, i);
@@ -262,7 +326,18 @@ _NORM_BACKWARD = RowKernel(
     a = 0;
 #endif
     bsum = ROW_SUM(bsum) / ({ct})C;
-    for ({idx} i = lid; i < C; i += L) {{
+    i0 = 0;
+#if {vector}
+    for (; i0 + {vector} <= C; i0 += {vector}) {{
+        float{vector} gy = vload{vector}(0, g + row * C + i0);
+#if HAS_W
+        gy *= vload{vector}(0, w + i0);
+#endif
+        const float{vector} xhat = (vload{vector}(0, x + row * C + i0) - mu) * r;
+        vstore{vector}(r * (gy - a - xhat * bsum), 0, gx + row * C + i0);
+    }}
+#endif
+    for ({idx} i = lid + i0; i < C; i += L) {{
         {ct} gy = LD(g, row * C + i);
 #if HAS_W
         gy *= LD(w, i);
@@ -682,13 +757,63 @@ def norm_backward(
     return gx
 
 
-def normalized_input(x: Tensor, mean: Tensor, rstd: Tensor, axes: tuple[int, ...]) -> Tensor:
-    """(x - mean) * rstd as a (rows, C) tensor in the statistics' dtype (for the weight gradient)."""
-    from netcl.runtime.ops.pointwise import mul, sub
+_PARAM_GRADS = """{pragmas}{storage_helpers}#define LD(p, i) {load}
+__kernel void netcl_norm_param_grads(__global const {st}* x, __global const {st}* g, __global const {ct}* mean,
+                                     __global const {ct}* rstd, __global {ct}* gw, __global {ct}* gb,
+                                     const {idx} rows, const {idx} C, const {idx} block) {{
+    const {idx} c = get_global_id(0), part = get_global_id(1);
+    if (c >= C) return;
+    const {idx} r0 = part * block, r1 = r0 + block < rows ? r0 + block : rows;
+    {ct} sw = 0, sb = 0;
+    for ({idx} r = r0; r < r1; ++r) {{
+        const {ct} gy = LD(g, r * C + c);
+        sb += gy;
+        sw += gy * ((LD(x, r * C + c) - mean[r]) * rstd[r]);
+    }}
+    if ({want_w}) gw[part * C + c] = sw;
+    if ({want_b}) gb[part * C + c] = sb;
+}}
+"""
 
+#: Work-items (columns x row blocks) the parameter gradients aim for, by device kind: a GPU's lanes a column
+#: each over blocks of >= 32 rows; a CPU's few threads (PoCL vectorizes across neighbouring columns).
+_PARAM_GRAD_ITEMS = {True: 65536, False: 8192}
+
+
+@backend_op(_TWINS, device_arg="x")
+def norm_param_grads(
+    g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, axes: tuple[int, ...], want_w: bool, want_b: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients of a norm's weight (the sum over rows of ``g * (x - mean) * rstd``) and bias (of ``g``),
+    each ``(C,)`` in the statistics' dtype, or None where not wanted: one kernel of per-block column sums
+    (a work-item a column and block of rows; the blocks fixed by the device kind and shape, so a sum's
+    order never changes), then one sum over the blocks where there are several."""
+    from netcl.runtime.ops.reduce import sum as reduce_sum
+
+    g = g if g.dtype == x.dtype else _cast(g, x.dtype)
     rows = math.prod(x.shape[: axes[0]])
-    flat = x.reshape(rows, math.prod(x.shape[axes[0] :]))
-    return mul(sub(flat, mean.reshape(rows, 1)), rstd.reshape(rows, 1))
+    C = math.prod(x.shape[axes[0] :])
+    sd = stats_dtype(x.dtype)
+    parts = max(1, min(-(-rows // 32), -(-_PARAM_GRAD_ITEMS[x.device.is_gpu] // C)))
+    block = -(-rows // parts) if rows else 1
+    parts = -(-rows // block) if rows else 1
+    fmt = dict(row_format(x, LAYER), want_w=int(want_w), want_b=int(want_b))
+    resolved = _common.get_kernel(
+        ("norm_param_grads", *sorted(fmt.items())),
+        x.device,
+        lambda: _PARAM_GRADS.format(**fmt),
+        "netcl_norm_param_grads",
+        [None] * 6 + [ARG_DTYPES[fmt["idx"]]] * 3,
+    )
+    partial = [Tensor.empty((parts, C), sd, x.device) if want else None for want in (want_w, want_b)]
+    if rows:
+        buffers = [p if p is not None else mean for p in partial]  # an unwritten placeholder
+        local = min(64, resolved.max_local)
+        launch(resolved.kernel, (_common.round_up(C, local), parts), (local, 1), x, g, mean, rstd, *buffers,
+               rows, C, block)  # fmt: skip
+    else:
+        partial = [None if p is None else Tensor.zeros((1, C), sd, x.device) for p in partial]
+    return tuple(None if p is None else p.reshape(C) if p.shape[0] == 1 else reduce_sum(p, 0) for p in partial)
 
 
 def layer_norm(
@@ -721,7 +846,7 @@ __all__ = [
     "logsumexp",
     "norm_backward",
     "norm_forward",
-    "normalized_input",
+    "norm_param_grads",
     "rms_norm",
     "softmax",
     "softmax_backward",
