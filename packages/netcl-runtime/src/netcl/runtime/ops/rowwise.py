@@ -758,9 +758,46 @@ def norm_backward(
 
 
 _PARAM_GRADS = """{pragmas}{storage_helpers}#define LD(p, i) {load}
+#define WANT_W {want_w}
+#define WANT_B {want_b}
 __kernel void netcl_norm_param_grads(__global const {st}* x, __global const {st}* g, __global const {ct}* mean,
                                      __global const {ct}* rstd, __global {ct}* gw, __global {ct}* gb,
                                      const {idx} rows, const {idx} C, const {idx} block) {{
+#if {serial}
+    /* a work-item a block of rows, its partial sums a row of gw / gb, the columns in float vectors */
+    const {idx} part = get_global_id(0), r0 = part * block;
+    if (r0 >= rows) return;
+    const {idx} r1 = r0 + block < rows ? r0 + block : rows;
+    __global {ct}* pw = gw + part * C;
+    __global {ct}* pb = gb + part * C;
+    for ({idx} r = r0; r < r1; ++r) {{
+        const {ct} mu = mean[r], rs = rstd[r];
+        const int first = r == r0;
+        {idx} i0 = 0;
+#if {vector}
+        for (; i0 + {vector} <= C; i0 += {vector}) {{
+            const float{vector} gy = vload{vector}(0, g + r * C + i0);
+#if WANT_B
+            vstore{vector}((first ? (float{vector})0.0f : vload{vector}(0, pb + i0)) + gy, 0, pb + i0);
+#endif
+#if WANT_W
+            const float{vector} xhat = (vload{vector}(0, x + r * C + i0) - mu) * rs;
+            vstore{vector}((first ? (float{vector})0.0f : vload{vector}(0, pw + i0)) + gy * xhat, 0, pw + i0);
+#endif
+        }}
+#endif
+        for ({idx} c = i0; c < C; ++c) {{
+            const {ct} gy = LD(g, r * C + c);
+#if WANT_B
+            pb[c] = (first ? ({ct})0 : pb[c]) + gy;
+#endif
+#if WANT_W
+            pw[c] = (first ? ({ct})0 : pw[c]) + gy * ((LD(x, r * C + c) - mu) * rs);
+#endif
+        }}
+    }}
+#else
+    /* a work-item a column of a block of rows: neighbouring work-items read neighbouring columns */
     const {idx} c = get_global_id(0), part = get_global_id(1);
     if (c >= C) return;
     const {idx} r0 = part * block, r1 = r0 + block < rows ? r0 + block : rows;
@@ -770,14 +807,19 @@ __kernel void netcl_norm_param_grads(__global const {st}* x, __global const {st}
         sb += gy;
         sw += gy * ((LD(x, r * C + c) - mean[r]) * rstd[r]);
     }}
-    if ({want_w}) gw[part * C + c] = sw;
-    if ({want_b}) gb[part * C + c] = sb;
+#if WANT_W
+    gw[part * C + c] = sw;
+#endif
+#if WANT_B
+    gb[part * C + c] = sb;
+#endif
+#endif
 }}
 """
 
-#: Work-items (columns x row blocks) the parameter gradients aim for, by device kind: a GPU's lanes a column
-#: each over blocks of >= 32 rows; a CPU's few threads (PoCL vectorizes across neighbouring columns).
-_PARAM_GRAD_ITEMS = {True: 65536, False: 8192}
+#: Rows a block of the parameter gradients sums in sequence, at most (the blocks' partial sums then go through
+#: ``reduce.sum``'s tree), and the work-items a GPU's blocks aim for (a column and block each).
+_PARAM_GRAD_BLOCK, _PARAM_GRAD_ITEMS = 64, 65536
 
 
 @backend_op(_TWINS, device_arg="x")
@@ -786,18 +828,22 @@ def norm_param_grads(
 ) -> tuple[Tensor | None, Tensor | None]:
     """The gradients of a norm's weight (the sum over rows of ``g * (x - mean) * rstd``) and bias (of ``g``),
     each ``(C,)`` in the statistics' dtype, or None where not wanted: one kernel of per-block column sums
-    (a work-item a column and block of rows; the blocks fixed by the device kind and shape, so a sum's
-    order never changes), then one sum over the blocks where there are several."""
+    (on a GPU a work-item a column of a block of rows, at most ``_PARAM_GRAD_BLOCK`` of them; on a CPU, a
+    work-item a block of rows, whole rows in float vectors), then one sum over the blocks where there are
+    several. The blocks are fixed by the device kind and shape, so a sum's order never changes."""
     from netcl.runtime.ops.reduce import sum as reduce_sum
 
     g = g if g.dtype == x.dtype else _cast(g, x.dtype)
     rows = math.prod(x.shape[: axes[0]])
     C = math.prod(x.shape[axes[0] :])
     sd = stats_dtype(x.dtype)
-    parts = max(1, min(-(-rows // 32), -(-_PARAM_GRAD_ITEMS[x.device.is_gpu] // C)))
-    block = -(-rows // parts) if rows else 1
-    parts = -(-rows // block) if rows else 1
-    fmt = dict(row_format(x, LAYER), want_w=int(want_w), want_b=int(want_b))
+    serial = row_mode(x.device) == "serial"
+    parts = -(-rows // _PARAM_GRAD_BLOCK)
+    if not serial:  # more, shorter blocks where the columns alone leave the GPU idle
+        parts = max(parts, min(-(-rows // 8), -(-_PARAM_GRAD_ITEMS // max(1, C))))
+    block = max(1, -(-rows // max(1, parts)))
+    parts = max(1, -(-rows // block))
+    fmt = dict(row_format(x, LAYER), want_w=int(want_w), want_b=int(want_b), serial=int(serial))
     resolved = _common.get_kernel(
         ("norm_param_grads", *sorted(fmt.items())),
         x.device,
@@ -806,13 +852,17 @@ def norm_param_grads(
         [None] * 6 + [ARG_DTYPES[fmt["idx"]]] * 3,
     )
     partial = [Tensor.empty((parts, C), sd, x.device) if want else None for want in (want_w, want_b)]
-    if rows:
+    if not rows:
+        partial = [None if p is None else Tensor.zeros((1, C), sd, x.device) for p in partial]
+    else:
         buffers = [p if p is not None else mean for p in partial]  # an unwritten placeholder
         local = min(64, resolved.max_local)
-        launch(resolved.kernel, (_common.round_up(C, local), parts), (local, 1), x, g, mean, rstd, *buffers,
-               rows, C, block)  # fmt: skip
-    else:
-        partial = [None if p is None else Tensor.zeros((1, C), sd, x.device) for p in partial]
+        grid = (
+            ((_common.round_up(parts, local),), (local,))
+            if serial
+            else ((_common.round_up(C, local), parts), (local, 1))
+        )
+        launch(resolved.kernel, *grid, x, g, mean, rstd, *buffers, rows, C, block)
     return tuple(None if p is None else p.reshape(C) if p.shape[0] == 1 else reduce_sum(p, 0) for p in partial)
 
 
