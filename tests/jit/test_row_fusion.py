@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.jit import jit_compile, register_primitive
+from netcl.jit import jit_compile
 from netcl.jit.row_step import RowStep
-from netcl.runtime import ops as rops
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -160,28 +159,13 @@ def test_weight_gradients_in_the_other_mode(other_row_mode):
     test_weight_gradients_over_many_rows(other_row_mode)
 
 
-def test_user_c_primitive_in_a_row_program(cl_device):
+def test_user_c_primitive_in_a_row_program(cl_device, c_only_step):
     """A prologue the vector twins cannot express (a primitive's own C) runs element by element (on a CPU
     device, whose row kernels otherwise evaluate their bodies on float vectors)."""
     device = cl_device
-    register_primitive(
-        "row_c_step",
-        forward=lambda args, attrs: f"({args[0]} > 0.0f ? 2.0f * {args[0]} : 0.5f * {args[0]})",
-        backward=lambda args, g, attrs, out: [f"({args[0]} > 0.0f ? 2.0f * {g} : 0.5f * {g})"],
-        arity=1,
-    )
-
-    def step(x):
-        return ag.engine.apply_op(
-            lambda v: rops.where(rops.gt(v, 0.0), rops.mul(v, 2.0), rops.mul(v, 0.5)),
-            lambda g, inputs, out: [rops.where(rops.gt(inputs[0], 0.0), rops.mul(g, 2.0), rops.mul(g, 0.5))],
-            x,
-            op_name="row_c_step",
-        )
-
     x = _inputs([(5, 37)], "c")[0]
     node = ag.tensor(x, requires_grad=True, device=device)
-    fused = jit_compile(lambda x: ag.softmax(step(x), -1))
+    fused = jit_compile(lambda x: ag.softmax(c_only_step(x), -1))
     with ag.Tape() as tape:
         out = fused(node)
     stepped = np.where(x > 0, 2.0 * x, 0.5 * x).astype(np.float64)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.jit import jit_compile, register_primitive, workloads
+from netcl.jit import jit_compile, workloads
 from netcl.jit.tuning import launch_config
 
 
@@ -43,27 +43,10 @@ def test_cpu_default_is_the_vector_body(cpu_cl, monkeypatch) -> None:
     assert all(np.isfinite(n.grad.to_host()).all() for n in nodes)
 
 
-def test_c_only_primitive_runs_lane_by_lane(cpu_cl) -> None:
-    register_primitive(
-        "vb_step",
-        forward=lambda args, attrs: f"({args[0]} > 0.0f ? 2.0f * {args[0]} : 0.5f * {args[0]})",
-        backward=lambda args, g, attrs, out: [f"({args[0]} > 0.0f ? 2.0f * {g} : 0.5f * {g})"],
-        arity=1,
-    )
-
-    def step(x):
-        from netcl.runtime import ops as rops
-
-        return ag.engine.apply_op(
-            lambda v: rops.where(rops.gt(v, 0.0), rops.mul(v, 2.0), rops.mul(v, 0.5)),
-            lambda g, inputs, out: [g],
-            x,
-            op_name="vb_step",
-        )
-
+def test_c_only_primitive_runs_lane_by_lane(cpu_cl, c_only_step) -> None:
     @jit_compile
     def f(x):
-        return step(x) * 3.0
+        return c_only_step(x) * 3.0
 
     x = np.linspace(-2, 2, 40, dtype=np.float32)
     node = ag.tensor(x, device=cpu_cl)

@@ -82,6 +82,21 @@ def names_in(expr: str) -> list[str]:
     return _IDENT.findall(expr)
 
 
+def elem_closure(program: RowProgram, targets: list[str]) -> list[str]:
+    """The elem statements (in program order) computing ``targets`` takes, every row value being known."""
+    by_var = {s.var: s for s in program.stmts}
+    needed: set[str] = set()
+    stack = list(targets)
+    while stack:
+        var = stack.pop()
+        stmt = by_var.get(var)
+        if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
+            continue
+        needed.add(var)
+        stack.extend(names_in(stmt.expr))
+    return [s.var for s in program.stmts if s.var in needed]
+
+
 def kind_of(expr: str, kinds: dict[str, str]) -> str:
     return ELEM if any(kinds.get(n) == ELEM for n in names_in(expr)) else ROW
 

@@ -3,8 +3,8 @@
 ``OpenCLRowKernels`` generates OpenCL C, builds it through the runtime's program cache and launches
 one work-group per row on GPUs (``row_source``) or one work-item per row on CPU devices (``row_serial``;
 ``jit_row_mode``), or per ``rows_per_group`` rows where a kernel sums per-column gradients itself,
-leaving per-group partial sums. ``NumpyRowKernels`` generates and
-runs Python functions (``row_numpy``) on the host arrays; its column gradients come whole.
+leaving per-group partial sums. ``NumpyRowKernels`` generates and runs Python functions (``row_numpy``)
+on the host arrays; its column gradients come whole.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class OpenCLRowKernels(RowKernels):
         source = row_serial.serial_kernel_source(name, program, vw, long_index, column_sums, per_item)
         kernel = self._kernel(name, program, source, long_index)
         items = -(-self.rows // per_item)
-        local = min(SERIAL_LOCAL, items)
+        local = max(1, min(SERIAL_LOCAL, items))
         return source, (kernel, -(-items // local) * local, local, np.int64 if long_index else np.int32, items)
 
     def _kernel(self, name: str, program: RowProgram, source: str, long_index: bool) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.primitive_registry import custom_preamble
-from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, names_in
 from netcl.jit.row_source import schedule_passes
 
 #: How a vector accumulator takes a new vector value, and how two lanes' partials merge (scalar).
@@ -65,26 +65,13 @@ def serial_kernel_source(
     def vector_expr(expr: str) -> str | None:
         return vectorize(_NAME.sub(lambda m: vname(m.group(0)) if m.group(0) in kinds else m.group(0), expr))
 
-    def closure(targets: list[str]) -> list[str]:
-        """Elem statements (program order) the targets need, given every row value is known."""
-        needed: set[str] = set()
-        stack = list(targets)
-        while stack:
-            var = stack.pop()
-            stmt = by_var.get(var)
-            if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
-                continue
-            needed.add(var)
-            stack.extend(names_in(stmt.expr))
-        return [s.var for s in program.stmts if s.var in needed]
-
     def element_loops(
         targets: list[str], vector_tail: Callable[[list[str]], list[str]], scalar_tail: Callable[[], list[str]]
     ) -> list[str]:
         """Loops over the row computing ``targets``: ``vector_tail(names)`` consumes them as vectors (``names``:
         their vector names) over the first ``C - C % VW`` elements, ``scalar_tail()`` one element at a time
         (under their own names) over the rest, or over the whole row when the body has no vector form."""
-        body = closure(targets)
+        body = elem_closure(program, targets)
         reads = {n for v in body for n in names_in(by_var[v].expr)} | set(targets)
         used = [(k, inp) for k, inp in tensors if inp.var in reads]
         exprs = [vector_expr(by_var[v].expr) for v in body] if vw > 1 else [None]

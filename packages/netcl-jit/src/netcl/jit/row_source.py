@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
 from netcl.jit.primitive_registry import custom_preamble
-from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, names_in
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, names_in
 from netcl.runtime.ops._common import index_ctype
 from netcl.runtime.ops._rows import tree_loop_c
 
@@ -230,23 +230,10 @@ def kernel_source(
                 lines.append("        }")
             lines.append("    }")
 
-    def closure(targets: list[str]) -> list[str]:
-        """Elem statements (program order) the targets need, given every row value is known."""
-        needed: set[str] = set()
-        stack = list(targets)
-        while stack:
-            var = stack.pop()
-            stmt = by_var.get(var)
-            if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
-                continue
-            needed.add(var)
-            stack.extend(names_in(stmt.expr))
-        return [s.var for s in program.stmts if s.var in needed]
-
     def element_pass(targets: list[str], emit_tail) -> list[str]:
         """A loop over this work-item's chunks computing ``targets`` per element; ``emit_tail(lane)``
         gives the lines that consume them (accumulate or store)."""
-        body_vars = closure(targets)
+        body_vars = elem_closure(program, targets)
         reads = {n for v in body_vars for n in names_in(by_var[v].expr)} | set(targets)
         used_inputs = [(k, inp) for k, inp in tensor_inputs if inp.var in reads]
         out = [
