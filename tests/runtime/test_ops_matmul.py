@@ -737,6 +737,13 @@ def test_wgmma_descriptors_and_limits():
     assert cfg.problems("tf32x3", False, True) and not cfg.problems("bf16", False, True)  # bfloat16 words
 
 
+def test_local_memory_above_the_reported_size_only_after_the_deep_probe(cl_device):
+    """Configs above ``CL_DEVICE_LOCAL_MEM_SIZE`` are valid only where ``DEEP`` built and multiplied correctly."""
+    reported = int(cl_device.cl_device.local_mem_size)
+    limit = gemm_mma.local_limit(cl_device, "f16")
+    assert limit == (max(reported, 3 * 4 * 2 * 128 * 32) if gemm_mma.deep_ok(cl_device, "f16") else reported)
+
+
 def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     """Every wgmma config of the search computes float16 and bfloat16 products in all four layouts and tf32 ones
     in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
@@ -775,6 +782,11 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     if gemm_mma.wgmma_ok(cl_device, "bf16"):
         default = gemm_mma.config(cl_device, "bf16", big, True, True)
         assert default.wg and default.stages >= 2, default
+    # the deep pipeline's 96 KB of local memory (above the 48 KB the driver reports) builds and runs on Hopper,
+    # and big 16-bit products take it by default (tuning off)
+    assert gemm_mma.deep_ok(cl_device, "f16") and gemm_mma.local_limit(cl_device, "f16") > 49152
+    default = gemm_mma.config(cl_device, "f16", big, True, True)
+    assert (default.bkw, default.stages, default.wg) == (gemm_mma.DEEP.bkw, gemm_mma.DEEP.stages, 2), default
     # float32 operands rounded to f16 / bf16 as they pass through registers (amp's "fp16", "medium"),
     # within the rounded operands' bound of the float64 product
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):

@@ -185,6 +185,28 @@ def _probe(
     return True
 
 
+#: The deep wgmma pipeline: three cp.async stages of 32 words (96 KB of local memory; two work-groups an SM). See
+#: benchmarks/RESULTS.md, "Local memory above 48 KB on NVIDIA's OpenCL".
+DEEP = MmaConfig(4, 1, 2, 16, 32, stages=3, wg=2)
+
+
+def deep_ok(device: Device, mode: str) -> bool:
+    """Whether ``DEEP`` (a statically declared ``__local`` tile above the 48 KB that ``CL_DEVICE_LOCAL_MEM_SIZE``
+    reports: NVIDIA's OpenCL builds and runs such kernels on Hopper, up to about 220 KB) builds and multiplies
+    ``mode`` correctly on ``device`` (probed once; tf32 swapped, as its untransposed products run)."""
+    if not wgmma_ok(device, mode):
+        return False
+    cfg = dataclasses.replace(DEEP, swap=1) if mode == "tf32" and swap_ok(device) else DEEP
+    return _probed((device, f"{mode}-wgmma-deep"), device, mode, ldsm=1, cfg=cfg)
+
+
+def local_limit(device: Device, mode: str) -> int:
+    """Bytes of local memory a tensor-core kernel of ``mode`` may declare on ``device``: ``DEEP``'s where it
+    passed its probe, else what the driver reports."""
+    reported = int(device.cl_device.local_mem_size)
+    return max(reported, DEEP.local_bytes(mode, False, False)) if deep_ok(device, mode) else reported
+
+
 def _grid() -> list[MmaConfig]:
     return [
         MmaConfig(2, 2, 4, 8, 16),
@@ -220,6 +242,9 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 1, 16, 16, stages=3, wg=1),
         MmaConfig(8, 1, 1, 32, 8, stages=4, wg=1),
         MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2),
+        # deeper pipelines in more than 48 KB of local memory (``deep_ok``): 32-word stages, or five 16-word ones
+        DEEP,
+        MmaConfig(4, 1, 2, 16, 16, stages=5, wg=1),
         # tf32 of untransposed operands on wgmma: C^T = B^T A^T, B^T's fragments from registers
         MmaConfig(4, 1, 2, 16, 16, stages=3, wg=2, swap=1),
         MmaConfig(8, 1, 1, 16, 16, stages=3, wg=2, swap=1),
@@ -227,6 +252,7 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 2, 8, 16, stages=3, wg=2, swap=1),
         MmaConfig(4, 1, 1, 16, 16, stages=4, wg=2, swap=1),
         MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2, swap=1),
+        dataclasses.replace(DEEP, swap=1),
     ]
 
 
@@ -240,10 +266,11 @@ def _default(device: Device, problem) -> MmaConfig:
 
 def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
     d = device.cl_device
+    local = cfg.local_bytes(mode, problem.trans_a, problem.trans_b)
     return (
         not cfg.problems(mode, problem.trans_a, problem.trans_b)
         and cfg.threads <= d.max_work_group_size
-        and cfg.local_bytes(mode, problem.trans_a, problem.trans_b) <= d.local_mem_size
+        and (local <= d.local_mem_size or local <= local_limit(device, mode))
     )
 
 
@@ -290,6 +317,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         three = dataclasses.replace(fallback, stages=3)
         fallback = three if _valid(device, three, mode, problem) else dataclasses.replace(fallback, stages=2)
         wide = MmaConfig(4, 1, 2, 16, 16, ldsm=ldsm, stages=3, wg=2)  # wgmma where the layout allows it
+        if warpgroups and deep_ok(device, mode):
+            wide = dataclasses.replace(DEEP, ldsm=ldsm)
         if swapped:
             wide = dataclasses.replace(wide, swap=1)
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
