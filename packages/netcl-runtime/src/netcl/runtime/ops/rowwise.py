@@ -804,8 +804,12 @@ __kernel void netcl_norm_param_grads(__global const {st}* x, __global const {st}
     {ct} sw = 0, sb = 0;
     for ({idx} r = r0; r < r1; ++r) {{
         const {ct} gy = LD(g, r * C + c);
+#if WANT_B
         sb += gy;
+#endif
+#if WANT_W
         sw += gy * ((LD(x, r * C + c) - mean[r]) * rstd[r]);
+#endif
     }}
 #if WANT_W
     gw[part * C + c] = sw;
