@@ -105,7 +105,7 @@ inline void netcl_row_sub_exp_scale(__global {st}* gx, __global const {st}* g, _
 #: ``exp`` is the vector builtin (a CPU compiler neither vectorizes one work-item's loop nor maps a scalar ``exp``
 #: call to a vector one), the tail element by element. Max and NaN as ``netcl_max_nan``; the sums' order is fixed.
 _SHIFT_SUM_VECTOR = """
-inline float netcl_row_shift_sum(__global const float* xr, const {idx} C, __local float* scratch, float* sum) {{
+inline float netcl_row_shift_vector(__global const float* xr, const {idx} C) {{
     float t[{vw}];
     float{vw} mv = (float{vw})(-INFINITY);
     {idx} i = 0;
@@ -117,21 +117,43 @@ inline float netcl_row_shift_sum(__global const float* xr, const {idx} C, __loca
     float m = -INFINITY;
     for (int k = 0; k < {vw}; ++k) m = netcl_max_nan(m, t[k]);
     for (; i < C; ++i) m = netcl_max_nan(m, xr[i]);
-    const float shift = isinf(m) ? 0.0f : m;
+    return isinf(m) ? 0.0f : m;
+}}
+/* the sum of exp(x - shift) over the row, each exponential also stored in e when e is not 0 */
+inline float netcl_row_exp_sum_vector(__global const float* xr, const float shift, const {idx} C, __global float* e) {{
+    float t[{vw}];
     float{vw} sv = (float{vw})0.0f;
-    for (i = 0; i + {vw} <= C; i += {vw}) sv += exp(vload{vw}(0, xr + i) - shift);
+    {idx} i = 0;
+    for (; i + {vw} <= C; i += {vw}) {{
+        const float{vw} v = exp(vload{vw}(0, xr + i) - shift);
+        if (e) vstore{vw}(v, 0, e + i);
+        sv += v;
+    }}
     vstore{vw}(sv, 0, t);
     float s = 0.0f;
     for (int k = 0; k < {vw}; ++k) s += t[k];
-    for (; i < C; ++i) s += exp(xr[i] - shift);
-    *sum = s;
+    for (; i < C; ++i) {{
+        const float v = exp(xr[i] - shift);
+        if (e) e[i] = v;
+        s += v;
+    }}
+    return s;
+}}
+inline float netcl_row_shift_sum(__global const float* xr, const {idx} C, __local float* scratch, float* sum) {{
+    const float shift = netcl_row_shift_vector(xr, C);
+    *sum = netcl_row_exp_sum_vector(xr, shift, C, 0);
     return shift;
 }}
-inline void netcl_row_exp_scale(__global float* out, __global const float* xr, const float shift, const float inv,
-                                const {idx} C) {{
+/* softmax of a row: the exponentials stored as they are summed, then scaled in place (one exp an element) */
+inline float netcl_row_softmax_vector(__global float* out, __global const float* xr, const {idx} C, float* sum) {{
+    const float shift = netcl_row_shift_vector(xr, C);
+    const float s = netcl_row_exp_sum_vector(xr, shift, C, out);
+    const float inv = 1.0f / s;
     {idx} i = 0;
-    for (; i + {vw} <= C; i += {vw}) vstore{vw}(exp(vload{vw}(0, xr + i) - shift) * inv, 0, out + i);
-    for (; i < C; ++i) out[i] = exp(xr[i] - shift) * inv;
+    for (; i + {vw} <= C; i += {vw}) vstore{vw}(vload{vw}(0, out + i) * inv, 0, out + i);
+    for (; i < C; ++i) out[i] *= inv;
+    *sum = s;
+    return shift;
 }}
 inline void netcl_row_sub_exp_scale(__global float* gx, __global const float* g, __global const float* y,
                                     const float acc, const {idx} C) {{
@@ -147,9 +169,14 @@ _SOFTMAX_FORWARD = RowKernel(
     "#define MODE {mode}\n",
     """    __global const {st}* xr = x + row * C;
     {ct} s;
+#if MODE == 0 && {vector}
+    const {ct} shift = netcl_row_softmax_vector(out + row * C, xr, C, &s);
+#else
     const {ct} shift = netcl_row_shift_sum(xr, C, scratch_a, &s);
+#endif
     if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
-#if MODE == 2
+#if MODE == 0 && {vector}
+#elif MODE == 2
     if (lid == 0) ST(out, row, (shift + log(s)));
 #elif MODE == 1
     const {ct} ls = log(s);  /* (x - max) - log(s): no rounding of max + log(s) at large |max| */
