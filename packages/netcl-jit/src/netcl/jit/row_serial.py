@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
-from netcl.core.kernels.vector_primitives import vector_preamble, vectorize
+from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
 from netcl.jit.primitive_registry import custom_preamble
 from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, names_in
 from netcl.jit.row_source import schedule_passes
@@ -29,6 +29,10 @@ _VECTOR_COMBINE = {"sum": "{a} + {b}", "max": "V_MAX({a}, {b})", "min": "V_MIN({
 _COMBINE = {"sum": "({a}) + ({b})", "max": "MAX({a}, {b})", "min": "MIN({a}, {b})"}
 _INIT = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 _NAME = re.compile(r"\b[a-z_][a-z_0-9]*\b")
+_MATH_CALL = re.compile(r"\b(?:" + "|".join(MATH_HELPERS) + r")\(")
+#: Rows of at most this many elements keep values several loops need (a math helper's result) in a private row
+#: of the work-item, at most ``CACHE_VALUES`` of them: a later loop loads them instead of calling the helper again.
+CACHE_ROW_MAX, CACHE_VALUES = 4096, 2
 
 
 def vector_width(cols: int, device_width: int) -> int:
@@ -65,13 +69,24 @@ def serial_kernel_source(
     def vector_expr(expr: str) -> str | None:
         return vectorize(_NAME.sub(lambda m: vname(m.group(0)) if m.group(0) in kinds else m.group(0), expr))
 
+    # the row's target lists, loop by loop (each pass's reductions, the column sums, the elem outputs), and the
+    # math-helper values more than one loop computes: the first stores them in a private row, the later ones load
+    summed = [(j, program.outputs[j]) for j in sorted(column_sums)]
+    elem_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] == ELEM and j not in column_sums]
+    loop_targets = [[s.expr for s in program.stmts if s.reduce and avail[s.var] == p + 1] for p in range(passes)]
+    loop_targets += [[v for _, v in group] for group in (summed, elem_outputs) if group]
+    cached = _recomputed_math(program, loop_targets) if C <= CACHE_ROW_MAX else []
+    stored: set[str] = set()
+
     def element_loops(
         targets: list[str], vector_tail: Callable[[list[str]], list[str]], scalar_tail: Callable[[], list[str]]
     ) -> list[str]:
         """Loops over the row computing ``targets``: ``vector_tail(names)`` consumes them as vectors (``names``:
         their vector names) over the first ``C - C % VW`` elements, ``scalar_tail()`` one element at a time
-        (under their own names) over the rest, or over the whole row when the body has no vector form."""
-        body = elem_closure(program, targets)
+        (under their own names) over the rest, or over the whole row when the body has no vector form. Cached
+        values an earlier loop stored are loaded, the others stored as this loop computes them."""
+        body, loads = _closure(program, targets, stored)
+        keep = [v for v in body if v in cached]
         reads = {n for v in body for n in names_in(by_var[v].expr)} | set(targets)
         used = [(k, inp) for k, inp in tensors if inp.var in reads]
         exprs = [vector_expr(by_var[v].expr) for v in body] if vw > 1 else [None]
@@ -81,24 +96,30 @@ def serial_kernel_source(
             for k, inp in used:
                 load = f"vload{vw}(0, {_pointer(k, inp)} + c)"
                 out.append(f"            const VF {vname(inp.var)} = {_as_float(load, inp.ctype, vw)};")
+            out += [f"            const VF {vname(v)} = vload{vw}(0, row_{v} + c);" for v in loads]
             if COLIDX in reads:
                 lanes = ", ".join(f"{lane}.0f" for lane in range(vw))
                 out.append(f"            const VF {vname(COLIDX)} = (VF)((float)c) + (VF)({lanes});")
             rows = sorted({n for n in reads if kinds.get(n) == ROW})
             out += [f"            const VF {vname(r)} = (VF)({r});" for r in rows]
             out += [f"            const VF {vname(v)} = {e};" for v, e in zip(body, exprs, strict=True)]
+            out += [f"            vstore{vw}({vname(v)}, 0, row_{v} + c);" for v in keep]
             out += ["            " + line for line in vector_tail([vname(t) for t in targets])]
             out.append("        }")
         out.append("        for (; c < C; ++c) {")
         out += [f"            const float {inp.var} = (float)({_pointer(k, inp)})[c];" for k, inp in used]
+        out += [f"            const float {v} = row_{v}[c];" for v in loads]
         if COLIDX in reads:
             out.append(f"            const float {COLIDX} = (float)c;")
         out += [f"            const float {v} = {by_var[v].expr};" for v in body]
+        out += [f"            row_{v}[c] = {v};" for v in keep]
         out += ["            " + line for line in scalar_tail()]
         out += ["        }", "    }"]
+        stored.update(keep)
         return out
 
     lines = [f"    const {idx} base = row * ({idx})C;"]
+    lines += [f"    float row_{v}[C];" for v in cached]
     for k, inp in enumerate(program.inputs):
         if inp.kind in (ROW, INDEX):
             lines.append(f"    const float {inp.var} = (float)in{k}[row];")
@@ -138,7 +159,6 @@ def serial_kernel_source(
             ]
             lines += ["        }", "    }"]
 
-    summed = [(j, program.outputs[j]) for j in sorted(column_sums)]
     if summed:  # this row's term of the work-item's partial column sums: the first row writes, the rest add
         partial = [f"out{j} + item * ({idx})C" for j, _ in summed]
         lines += element_loops(
@@ -152,7 +172,6 @@ def serial_kernel_source(
                 for dst, (_, v) in zip(partial, summed, strict=True)
             ],
         )
-    elem_outputs = [(j, v) for j, v in enumerate(program.outputs) if kinds[v] == ELEM and j not in column_sums]
     if elem_outputs:
         lines += element_loops(
             [v for _, v in elem_outputs],
@@ -183,6 +202,40 @@ def serial_kernel_source(
         body = lines
     preamble = PRIMITIVE_PREAMBLE + (vector_preamble(vw) if vw > 1 else "")
     return preamble + "\n" + custom_preamble() + "\n".join([*head, *body, "}"]) + "\n"
+
+
+def _closure(program: RowProgram, targets: list[str], known: set[str]) -> tuple[list[str], list[str]]:
+    """``elem_closure`` of ``targets`` that stops at the ``known`` values: (the statements to compute, in program
+    order; the known values they read, in program order)."""
+    by_var = {s.var: s for s in program.stmts}
+    needed: set[str] = set()
+    loads: set[str] = set()
+    stack = list(targets)
+    while stack:
+        var = stack.pop()
+        if var in known:
+            loads.add(var)
+            continue
+        stmt = by_var.get(var)
+        if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
+            continue
+        needed.add(var)
+        stack.extend(names_in(stmt.expr))
+    order = [s.var for s in program.stmts]
+    return [v for v in order if v in needed], [v for v in order if v in loads]
+
+
+def _recomputed_math(program: RowProgram, loop_targets: list[list[str]]) -> list[str]:
+    """The elem statements calling a math helper (a library call per element: ``exp``, ``log``, ``tanh``, ...)
+    that more than one loop over the row computes, at most ``CACHE_VALUES`` of them, first computed first."""
+    seen: dict[str, int] = {}
+    for targets in loop_targets:
+        for var in elem_closure(program, targets):
+            seen[var] = seen.get(var, 0) + 1
+    by_var = {s.var: s for s in program.stmts}
+    math = [v for v, count in seen.items() if count > 1 and _MATH_CALL.search(by_var[v].expr)]
+    order = [s.var for s in program.stmts]
+    return sorted(math, key=order.index)[:CACHE_VALUES]
 
 
 def _pointer(k: int, inp) -> str:
