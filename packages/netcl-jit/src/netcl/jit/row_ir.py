@@ -15,6 +15,7 @@ where the gradient of a row value fed to elem consumers is itself a row reductio
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from netcl.jit.errors import JitError
@@ -82,19 +83,34 @@ def names_in(expr: str) -> list[str]:
     return _IDENT.findall(expr)
 
 
-def elem_closure(program: RowProgram, targets: list[str]) -> list[str]:
-    """The elem statements (in program order) computing ``targets`` takes, every row value being known."""
+def elem_closure(program: RowProgram, targets: list[str], known: Collection[str] = ()) -> list[str]:
+    """The elem statements (in program order) computing ``targets`` takes, every row value being known, and the
+    values in ``known`` too (``known_reads`` names those it reads)."""
+    return _closure(program, targets, known)[0]
+
+
+def known_reads(program: RowProgram, targets: list[str], known: Collection[str]) -> list[str]:
+    """The ``known`` values (in program order) that ``elem_closure(program, targets, known)`` reads."""
+    return _closure(program, targets, known)[1]
+
+
+def _closure(program: RowProgram, targets: list[str], known: Collection[str]) -> tuple[list[str], list[str]]:
     by_var = {s.var: s for s in program.stmts}
     needed: set[str] = set()
+    reads: set[str] = set()
     stack = list(targets)
     while stack:
         var = stack.pop()
+        if var in known:
+            reads.add(var)
+            continue
         stmt = by_var.get(var)
         if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
             continue
         needed.add(var)
         stack.extend(names_in(stmt.expr))
-    return [s.var for s in program.stmts if s.var in needed]
+    order = [s.var for s in program.stmts]
+    return [v for v in order if v in needed], [v for v in order if v in reads]
 
 
 def kind_of(expr: str, kinds: dict[str, str]) -> str:

@@ -7,7 +7,9 @@ accumulates every reduction whose operand needs only row values of earlier passe
 with the body evaluated on vectors (``vector_primitives``: SIMD math builtins), the last ``C % VW`` elements
 one at a time; each lane keeps its own partial, and the lanes join the tail's partial in lane order (a fixed
 order: a result never depends on timing). A body the vector twins cannot express (a user primitive's own C)
-runs element by element. Statement order, the pass schedule and the outputs are ``row_source``'s.
+runs element by element. A math helper's value that more than one loop needs (softmax's exponentials: summed,
+then divided) is stored in a private row by the first and loaded by the others. Statement order, the pass
+schedule and the outputs are ``row_source``'s.
 
 Per-column gradients (``column_sums``): a work-item takes ``rows_per_item`` neighbouring rows and sums its
 outputs over them into its own row of partial sums (the caller sums the partials).
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
 from netcl.jit.primitive_registry import custom_preamble
-from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, names_in
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, known_reads, names_in
 from netcl.jit.row_source import schedule_passes
 
 #: How a vector accumulator takes a new vector value, and how two lanes' partials merge (scalar).
@@ -85,7 +87,7 @@ def serial_kernel_source(
         their vector names) over the first ``C - C % VW`` elements, ``scalar_tail()`` one element at a time
         (under their own names) over the rest, or over the whole row when the body has no vector form. Cached
         values an earlier loop stored are loaded, the others stored as this loop computes them."""
-        body, loads = _closure(program, targets, stored)
+        body, loads = elem_closure(program, targets, stored), known_reads(program, targets, stored)
         keep = [v for v in body if v in cached]
         reads = {n for v in body for n in names_in(by_var[v].expr)} | set(targets)
         used = [(k, inp) for k, inp in tensors if inp.var in reads]
@@ -202,27 +204,6 @@ def serial_kernel_source(
         body = lines
     preamble = PRIMITIVE_PREAMBLE + (vector_preamble(vw) if vw > 1 else "")
     return preamble + "\n" + custom_preamble() + "\n".join([*head, *body, "}"]) + "\n"
-
-
-def _closure(program: RowProgram, targets: list[str], known: set[str]) -> tuple[list[str], list[str]]:
-    """``elem_closure`` of ``targets`` that stops at the ``known`` values: (the statements to compute, in program
-    order; the known values they read, in program order)."""
-    by_var = {s.var: s for s in program.stmts}
-    needed: set[str] = set()
-    loads: set[str] = set()
-    stack = list(targets)
-    while stack:
-        var = stack.pop()
-        if var in known:
-            loads.add(var)
-            continue
-        stmt = by_var.get(var)
-        if stmt is None or stmt.reduce or stmt.kind != ELEM or var in needed:
-            continue
-        needed.add(var)
-        stack.extend(names_in(stmt.expr))
-    order = [s.var for s in program.stmts]
-    return [v for v in order if v in needed], [v for v in order if v in loads]
 
 
 def _recomputed_math(program: RowProgram, loop_targets: list[list[str]]) -> list[str]:
