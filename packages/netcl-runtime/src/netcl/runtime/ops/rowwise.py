@@ -103,8 +103,16 @@ inline void netcl_row_sub_exp_scale(__global {st}* gx, __global const {st}* g, _
 
 #: ``_SHIFT_SUM``'s helpers for float32 rows a work-item each (CPU devices): the row in ``float{vw}`` vectors, whose
 #: ``exp`` is the vector builtin (a CPU compiler neither vectorizes one work-item's loop nor maps a scalar ``exp``
-#: call to a vector one), the tail element by element. Max and NaN as ``netcl_max_nan``; the sums' order is fixed.
+#: call to a vector one), the tail element by element. Max and NaN as ``netcl_max_nan``; the sums' order is fixed:
+#: a vector's lanes join in lane order (``netcl_lanes_sum``, also the norms'), then the tail.
 _SHIFT_SUM_VECTOR = """
+inline float netcl_lanes_sum(const float{vw} v) {{
+    float t[{vw}];
+    vstore{vw}(v, 0, t);
+    float s = 0.0f;
+    for (int k = 0; k < {vw}; ++k) s += t[k];
+    return s;
+}}
 inline float netcl_row_shift_vector(__global const float* xr, const {idx} C) {{
     float t[{vw}];
     float{vw} mv = (float{vw})(-INFINITY);
@@ -121,7 +129,6 @@ inline float netcl_row_shift_vector(__global const float* xr, const {idx} C) {{
 }}
 /* the sum of exp(x - shift) over the row, each exponential also stored in e when e is not 0 */
 inline float netcl_row_exp_sum_vector(__global const float* xr, const float shift, const {idx} C, __global float* e) {{
-    float t[{vw}];
     float{vw} sv = (float{vw})0.0f;
     {idx} i = 0;
     for (; i + {vw} <= C; i += {vw}) {{
@@ -129,9 +136,7 @@ inline float netcl_row_exp_sum_vector(__global const float* xr, const float shif
         if (e) vstore{vw}(v, 0, e + i);
         sv += v;
     }}
-    vstore{vw}(sv, 0, t);
-    float s = 0.0f;
-    for (int k = 0; k < {vw}; ++k) s += t[k];
+    float s = netcl_lanes_sum(sv);
     for (; i < C; ++i) {{
         const float v = exp(xr[i] - shift);
         if (e) e[i] = v;
@@ -239,25 +244,14 @@ _SOFTMAX_BACKWARD_FROM_OUT = RowKernel(
 
 #: The norms' float32 rows on a CPU (a work-item a row, ``row_format``'s ``vector`` width): each loop first runs
 #: over ``float{vector}`` vectors up to ``i0``, then the loop of every device finishes the row from ``i0`` (0
-#: elsewhere); a sum's vector lanes join it in lane order (``netcl_lanes_sum``), a fixed order.
-_NORM_VECTOR = """#if {vector}
-inline float netcl_lanes_sum(const float{vector} v) {{
-    float t[{vector}];
-    vstore{vector}(v, 0, t);
-    float s = 0.0f;
-    for (int k = 0; k < {vector}; ++k) s += t[k];
-    return s;
-}}
-#endif
-"""
-
+#: elsewhere); a sum's vector lanes join it in lane order (``netcl_lanes_sum`` of the row helpers), a fixed order.
 _NORM_FORWARD = RowKernel(
     "norm_rows",
     (
         "__global const {st}* x, __global const {st}* w, __global const {st}* b, __global {st}* out, "
         "__global {ct}* mean, __global {ct}* rstd, const {ct} eps"
     ),
-    "#define MODE {mode}\n#define HAS_W {has_w}\n#define HAS_B {has_b}\n" + _NORM_VECTOR,
+    "#define MODE {mode}\n#define HAS_W {has_w}\n#define HAS_B {has_b}\n",
     """    __global const {st}* xr = x + row * C;
     {idx} i0 = 0;
     {ct} mu = 0;
@@ -320,7 +314,7 @@ _NORM_BACKWARD = RowKernel(
         "__global const {st}* x, __global const {st}* g, __global const {st}* w, "
         "__global const {ct}* mean, __global const {ct}* rstd, __global {st}* gx"
     ),
-    "#define MODE {mode}\n#define HAS_W {has_w}\n" + _NORM_VECTOR,
+    "#define MODE {mode}\n#define HAS_W {has_w}\n",
     """    const {ct} mu = mean[row], r = rstd[row];
     {ct} a = 0, bsum = 0;
     {idx} i0 = 0;
