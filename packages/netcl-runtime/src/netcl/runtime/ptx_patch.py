@@ -7,7 +7,8 @@ so the front end substitutes its operands and passes it through; ``patch`` then 
 into instructions and sets the target to ``sm_90a``, and the program cache rebuilds the program from
 the patched PTX (``clCreateProgramWithBinary`` takes PTX on NVIDIA). A device whose driver refuses
 the patched PTX fails that build with a ``CompileError``, which the kernel's probe turns into "not
-available".
+available". PTX that uses instructions of a later PTX version than the compiler wrote (``tensormap.replace``
+and its proxy fence: 8.3) gets that version.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import re
 #: The prefix of an inline-asm comment that ``patch`` turns into the instruction after it.
 MARK = "// NETCL_PTX "
 _TARGET = re.compile(r"^(\s*\.target\s+)sm_90\b(?!a)", re.MULTILINE)
+_VERSION = re.compile(r"^(\s*\.version\s+)(\d+)\.(\d+)", re.MULTILINE)
+#: the PTX version the marked instructions containing a word need
+_NEEDS = {"tensormap": (8, 3)}
 
 
 def needed(source: str) -> bool:
@@ -35,4 +39,9 @@ def patch(ptx: str) -> str:
         raise ValueError(f"PTX patch: target {found.group(1) if found else '(none)'}; sm_90 expected")
     if MARK not in ptx:
         raise ValueError("PTX patch: the compiled PTX holds no marked instruction")
-    return _TARGET.sub(r"\1sm_90a", ptx).replace(MARK, "")
+    patched = _TARGET.sub(r"\1sm_90a", ptx).replace(MARK, "")
+    wanted = max((v for word, v in _NEEDS.items() if word in patched), default=None)
+    found = _VERSION.search(patched)
+    if wanted and found and (int(found.group(2)), int(found.group(3))) < wanted:
+        patched = _VERSION.sub(rf"\g<1>{wanted[0]}.{wanted[1]}", patched, count=1)
+    return patched

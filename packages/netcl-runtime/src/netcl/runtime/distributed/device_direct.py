@@ -40,8 +40,9 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, Tensor
+from netcl.runtime import cuda_driver
 from netcl.runtime.determinism import are_deterministic_algorithms_enabled
-from netcl.runtime.distributed import cuda_driver, nccl
+from netcl.runtime.distributed import nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
 from netcl.runtime.distributed.external_memory import EXTENSION, import_memory, nvidia_pci

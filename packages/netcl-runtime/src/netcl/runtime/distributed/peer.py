@@ -47,7 +47,7 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor, float16, float32, float64
 from netcl.core.device_errors import INDEX_CHECK_C, fault_code
-from netcl.runtime.distributed import cuda_driver
+from netcl.runtime import cuda_driver
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
 from netcl.runtime.distributed.external_memory import EXTENSION, import_memory, nvidia_pci

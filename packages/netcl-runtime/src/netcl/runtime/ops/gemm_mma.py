@@ -13,7 +13,9 @@ device, never an error. ``NETCL_MMA=0`` turns the path off (to compare with the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -23,7 +25,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import bfloat16, float16, float32
-from netcl.runtime import tune
+from netcl.runtime import cuda_driver, tune
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_DTYPE, WORD_MODES, MmaConfig, mma_source
 from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
@@ -158,6 +160,8 @@ def _probe(
     layouts = [(False, False), (True, True)]
     if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
         layouts = [(False, not cfg.swap)]
+    if cfg.tma:  # tiles copied by TMA: K-major operands
+        layouts = [(False, True)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
@@ -170,7 +174,7 @@ def _probe(
                 problem = Problem(16, 16, 16, trans_a, trans_b, ())
                 plan = make_plan(device, mode, ta.dtype, tb.dtype, float32, (16, 16), problem, cfg=cfg)
                 got = plan.run(ta, tb).to_host()
-        except (CompileError, LaunchError) as exc:
+        except (CompileError, LaunchError, cuda_driver.CudaError) as exc:
             log.info(
                 "netcl: tensor-core probe (%s, %s) failed on %s: %s", mode, cfg.short(), device.cl_device.name, exc
             )
@@ -198,6 +202,43 @@ def deep_ok(device: Device, mode: str) -> bool:
         return False
     cfg = dataclasses.replace(DEEP, swap=1) if mode == "tf32" and swap_ok(device) else DEEP
     return _probed((device, f"{mode}-wgmma-deep"), device, mode, ldsm=1, cfg=cfg)
+
+
+def tma_ok(device: Device, mode: str) -> bool:
+    """Whether ``wgmma`` kernels whose tiles come by the Tensor Memory Accelerator (``MmaConfig.tma``: K-major
+    operands, tensor maps encoded by the CUDA driver, ``tma_maps``) build and multiply ``mode`` correctly on
+    ``device`` (probed once)."""
+    if not wgmma_ok(device, mode):
+        return False
+    cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1, tma=1)
+    return _probed((device, f"{mode}-wgmma-tma"), device, mode, ldsm=1, cfg=cfg)
+
+
+def tma_maps(device: Device, mode: str, cfg: MmaConfig, problem: Problem) -> bytes:
+    """The two template tensor maps (A's, then B's; 128 bytes each) a ``cfg.tma`` kernel copies its tiles by:
+    K-major operands of ``problem`` (rows of lda / ldb elements), a box of one stage (BK elements x BM / BN
+    rows) swizzled in spans of the tile's atom (``Tile.atom``: its K-major rows)."""
+    element = {"f16": "float16", "bf16": "bfloat16"}.get(mode, "float32")
+    size = 4 // (1 if mode in WORD_MODES else 2)
+    bk, swizzle = cfg.bk_elements(mode), 4 * min(cfg.bkw, 32)
+    gpu = _cuda_device(device)
+    a = cuda_driver.tensor_map(gpu, element, (problem.k, problem.m), (problem.lda * size,), (bk, cfg.bm), swizzle)
+    b = cuda_driver.tensor_map(gpu, element, (problem.k, problem.n), (problem.ldb * size,), (bk, cfg.bn), swizzle)
+    return a + b
+
+
+@functools.cache
+def _cuda_device(device: Device) -> cuda_driver.CudaDevice:
+    """The CUDA device of an NVIDIA OpenCL ``device`` (its primary context retained once a process)."""
+    return cuda_driver.device_by_pci(*cuda_driver.nvidia_pci(device))
+
+
+def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, work_groups: int) -> Tensor:
+    """The tensor-map argument of a ``cfg.tma`` kernel: the templates (``tma_maps``), then two slots a work-group."""
+    host = np.zeros((2 + 2 * work_groups) * 128, np.uint8)
+    host[:256] = np.frombuffer(tma_maps(device, mode, cfg, problem), np.uint8)
+    with paused(device.queue):  # made once per plan, also when the first product runs inside a capture
+        return Tensor.from_host(device, host)
 
 
 def local_limit(device: Device, mode: str) -> int:
@@ -440,9 +481,11 @@ def make_plan(
     def source() -> str:
         return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store, views)
 
-    args = ARG_DTYPES + store.arg_dtypes()
+    args = ARG_DTYPES + [None] * cfg.tma + store.arg_dtypes()
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
-    gsize = (-(-problem.n // cfg.bn) * cfg.threads, -(-problem.m // cfg.bm), problem.batch * splits)
+    blocks = (-(-problem.n // cfg.bn), -(-problem.m // cfg.bm), problem.batch * splits)
+    gsize = (blocks[0] * cfg.threads, *blocks[1:])
+    maps = (_tma_buffer(device, mode, cfg, problem, math.prod(blocks)),) if cfg.tma else ()
     return finish_plan(
-        device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype, epilogue
+        device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype, epilogue, maps
     )

@@ -82,6 +82,10 @@ class MmaConfig:
     #: registers (tf32 ``wgmma`` reads local memory K-major only) and A's tile as wgmma's K-major B;
     #: the warpgroups' rows run along N (BN = wm * fm * 16), wgmma's columns along M (BM = fn * 8)
     swap: int = 0
+    #: 1 (``wgmma``, both operands K-major): each stage's tiles copied by Hopper's Tensor Memory Accelerator
+    #: (``cp.async.bulk.tensor`` from a tensor map, ``tma_maps``), issued by one thread, their arrival awaited
+    #: on an mbarrier a stage, where every thread otherwise issues cp.async chunks
+    tma: int = 0
 
     @property
     def bm(self) -> int:
@@ -124,7 +128,7 @@ class MmaConfig:
 
     def short(self) -> str:
         tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
-        wgmma = f" wg{self.wg}{' swap' if self.swap else ''}" if self.wg else ""
+        wgmma = f" wg{self.wg}{' swap' if self.swap else ''}{' tma' if self.tma else ''}" if self.wg else ""
         return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}{wgmma}"
 
 
@@ -144,6 +148,8 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, wg 2")
     elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
         out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
+    if cfg.tma and (cfg.swap or trans_a or not trans_b or cfg.stages < 2):
+        out.append("tma copies K-major tiles (A untransposed, B transposed, no swap) in cp.async's stages")
     return out
 
 
@@ -577,6 +583,78 @@ def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
     return lines
 
 
+#: The tensor-map parameter of a kernel that copies by TMA (``MmaConfig.tma``): the two template maps (A's,
+#: B's; ``gemm_mma.tma_maps``), then two slots a work-group where it writes them with its operands' addresses.
+TMA_PARAM = ",\n                __global ulong16* restrict tmaps"
+TMA_BARRIERS = "\n    __local ulong bars[NBUF] __attribute__((aligned(8)));"
+#: Hopper's copy instructions (through patched PTX): a tensor map's address replaced, the proxy fences that make
+#: the written map visible to the copy engine, an mbarrier's set-up, the expected bytes, a 2-D tiled copy
+#: completing on an mbarrier, and a wait for an mbarrier's phase (all threads poll ``try_wait``)
+TMA_MACROS = r"""#define MAP_ADDRESS(map, ptr) asm volatile("// NETCL_PTX tensormap.replace.tile.global_address" \
+    ".global.b1024.b64 [%0], %1;" \
+    :: "l"((ulong)(size_t)(map)), "l"((ulong)(size_t)(ptr)) : "memory")
+#define MAP_RELEASE() asm volatile("// NETCL_PTX fence.proxy.tensormap::generic.release.gpu;" ::: "memory")
+#define MAP_ACQUIRE(map) asm volatile("// NETCL_PTX fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" \
+    :: "l"((ulong)(size_t)(map)) : "memory")
+#define BAR_INIT(bar) asm volatile("// NETCL_PTX mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar) : "memory")
+#define BAR_INIT_FENCE() asm volatile("// NETCL_PTX fence.mbarrier_init.release.cluster;" ::: "memory")
+#define BAR_EXPECT(bar, bytes) asm volatile("// NETCL_PTX mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" \
+    :: "r"(bar), "r"(bytes) : "memory")
+#define TMA_2D(dst, map, c0, c1, bar) asm volatile("// NETCL_PTX cp.async.bulk.tensor.2d.shared::cluster.global" \
+    ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" \
+    :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(map)), "r"(c0), "r"(c1), "r"(bar) : "memory")
+#define BAR_WAIT(bar, phase) { uint done_ = 0; do { asm volatile("// NETCL_PTX { .reg .pred p; " \
+    "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" \
+    : "=r"(done_) : "r"(bar), "r"(phase) : "memory"); } while (!done_); }
+"""
+
+
+def _tma_main_loop(cfg: MmaConfig, compute: str, tile_a: Tile, tile_b: Tile) -> str:
+    """The K loop of a kernel whose tiles come by TMA (``cfg.tma``): thread 0 writes this work-group's two
+    maps (the templates with A's and B's addresses, A and B already moved to the batch) and sets up one
+    mbarrier a stage; it issues each stage's two tiled copies (box: BK elements x BM / BN rows, swizzled as
+    the tiles' wgmma atoms, ``Tile.macro``; rows and columns past the operand zero) ``stages - 1`` ahead,
+    a buffer once every warpgroup's products of its previous tile are done; every thread waits for a
+    stage's bytes on its mbarrier (phase: the buffer's use count, modulo 2)."""
+    ahead = cfg.stages - 1
+    stage_bytes = 4 * (tile_a.words + tile_b.words)
+    nl2 = "\n        "
+    issue = f"""{{
+                const uint bar = (uint)(size_t)&bars[buf]; const int kt = kbeg + tn * BK;
+                BAR_EXPECT(bar, {stage_bytes});
+                TMA_2D(As[buf], maps, kt, (int)A0, bar);
+                TMA_2D(Bs[buf], maps + 1, kt, (int)B0, bar);
+            }}"""
+    refill = f"""if (tid == 0) {{
+            const int tn = t + {ahead};
+            if (tn < ntiles) {{ const int buf = tn % NBUF; {issue} }}
+        }}"""
+    wait = "BAR_WAIT((uint)(size_t)&bars[cb], (t / NBUF) & 1);"
+    if cfg.wg == 1:  # refill the previous tile's buffer once every warpgroup's products of it are done
+        body = [wait, compute, _wgmma_wait(cfg, 1), "barrier(CLK_LOCAL_MEM_FENCE);", refill]
+    else:  # products finish within their stage: the barrier frees the previous tile's buffer
+        body = ["barrier(CLK_LOCAL_MEM_FENCE);", refill, wait, compute]
+    drain = "\n    " + _wgmma_wait(cfg, 0) if cfg.wg == 1 else ""
+    return f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    __global ulong16* maps = tmaps + 2 + 2 * ((get_group_id(2) * get_num_groups(1) + get_group_id(1))
+                                              * get_num_groups(0) + get_group_id(0));
+    if (tid == 0) {{
+        maps[0] = tmaps[0]; maps[1] = tmaps[1];
+        MAP_ADDRESS(maps, A); MAP_ADDRESS(maps + 1, B);
+        MAP_RELEASE(); MAP_ACQUIRE(maps); MAP_ACQUIRE(maps + 1);
+        for (int i = 0; i < NBUF; ++i) BAR_INIT((uint)(size_t)&bars[i]);
+        BAR_INIT_FENCE();
+    }}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (tid == 0) {{
+        for (int tn = 0; tn < {ahead} && tn < ntiles; ++tn) {{ const int buf = tn; {issue} }}
+    }}
+    for (int t = 0; t < ntiles; ++t) {{
+        const int cb = t % NBUF;
+        {nl2.join(body)}
+    }}{drain}"""
+
+
 def _wgmma_accumulators(cfg: MmaConfig, block: int | None = None) -> list[str]:
     """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values),
     of 64-row ``block`` or of all of them."""
@@ -751,7 +829,12 @@ def mma_source(
         compute = "{\n            " + nl2.join(products) + "\n        }"
     # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
     proxy_fence = nl + 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");' if cfg.wg else ""
-    if cfg.stages:
+    if cfg.tma:
+        if view_a is not None or view_b is not None:
+            raise ValueError("gemm_mma: the Tensor Memory Accelerator copies stored operands, not views")
+        nbuf = cfg.stages
+        main_loop = _tma_main_loop(cfg, compute, tile_a, tile_b)
+    elif cfg.stages:
         nbuf = cfg.stages
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
             "B", cfg.bn, cfg, b_along_k, "N", mode, sb, view_b
@@ -824,6 +907,7 @@ def mma_source(
 #define BK {cfg.bk_elements(mode)}
 #define NT {cfg.threads}
 #define GROUP {cfg.group}
+#define NBUF {nbuf}
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
@@ -834,16 +918,16 @@ def mma_source(
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
-{helpers}{tile_a.macro()}{tile_b.macro()}inline uint tf32_bits(float x) {{
+{TMA_MACROS if cfg.tma else ""}{helpers}{tile_a.macro()}{tile_b.macro()}inline uint tf32_bits(float x) {{
     uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
 inline uint bf16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
 inline uint f16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-{kernel_signature(sa, sb, sc, bias_arg)}
+{kernel_signature(sa, sb, sc, (TMA_PARAM if cfg.tma else "") + bias_arg)}
     __local uint As[{nbuf}][{a_words}] __attribute__((aligned({align})));
-    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));{TMA_BARRIERS if cfg.tma else ""}
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;

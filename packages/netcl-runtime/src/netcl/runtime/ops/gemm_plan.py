@@ -185,10 +185,21 @@ def index_kind(problem: Problem) -> str:
 
 
 def finish_plan(
-    device, kernel, gsize, lsize, problem, splits, chunk, out_shape, out_dtype, epilogue: Epilogue = IDENTITY
+    device,
+    kernel,
+    gsize,
+    lsize,
+    problem,
+    splits,
+    chunk,
+    out_shape,
+    out_dtype,
+    epilogue: Epilogue = IDENTITY,
+    fixed: Sequence = (),
 ) -> Plan:
     """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum,
-    which then applies ``epilogue`` (the kernel wrote raw partial products)."""
+    which then applies ``epilogue`` (the kernel wrote raw partial products). ``fixed``: arguments of the
+    kernel after ``css`` set once (a TMA kernel's tensor maps), before the epilogue's."""
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
     # built with the first plan even when this one does not split, so that a later product whose
@@ -199,7 +210,7 @@ def finish_plan(
         work = ((splits, total), acc)
         sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
         sum_args = (total, splits, -(-total // 256) * 256, sizes)
-    args = gemm_args(problem, splits, chunk)
+    args = gemm_args(problem, splits, chunk) + list(fixed)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 

@@ -1,10 +1,12 @@
-"""The few CUDA driver calls the device-direct all-reduce needs, through ctypes (``libcuda.so.1``).
+"""The few CUDA driver calls netcl needs on NVIDIA's OpenCL, through ctypes (``libcuda.so.1``).
 
 NVIDIA's OpenCL runs on the CUDA driver, so wherever it is installed ``libcuda`` is too: no CUDA
-toolkit or Python CUDA package is needed. Used here: the device that matches an OpenCL device (by
-PCI domain, bus and slot), its primary context, streams, and exportable memory (the virtual memory
-management API: ``cuMemCreate`` with a POSIX file-descriptor handle, exported, mapped into this
-process's address space) that OpenCL imports through ``cl_khr_external_memory_opaque_fd``.
+toolkit or Python CUDA package is needed. Used by the device-direct all-reduce: the device that
+matches an OpenCL device (by PCI domain, bus and slot), its primary context, streams, and exportable
+memory (the virtual memory management API: ``cuMemCreate`` with a POSIX file-descriptor handle,
+exported, mapped into this process's address space) that OpenCL imports through
+``cl_khr_external_memory_opaque_fd``. Used by the tensor-core GEMM: ``tensor_map``, the 128-byte
+descriptor of a tiled copy by Hopper's Tensor Memory Accelerator (``cuTensorMapEncodeTiled``).
 
 Every call raises ``CudaError`` naming the call and the driver's error string.
 """
@@ -14,6 +16,10 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+
+import pyopencl as cl
+
+from netcl.core import Device
 
 #: CUresult of a stream query whose work has not finished
 NOT_READY = 600
@@ -96,6 +102,17 @@ class CudaDevice:
         check(library().cuCtxSetCurrent(ctypes.c_void_p(self.context)), "cuCtxSetCurrent")
 
 
+def nvidia_pci(device: Device) -> tuple[int, int, int]:
+    """(domain, bus, slot) of an NVIDIA OpenCL GPU (``cl_nv_device_attribute_query``)."""
+    d = device.cl_device
+    info = cl.device_info
+    return (
+        int(d.get_info(info.PCI_DOMAIN_ID_NV)),
+        int(d.get_info(info.PCI_BUS_ID_NV)),
+        int(d.get_info(info.PCI_SLOT_ID_NV)),
+    )
+
+
 def device_by_pci(domain: int, bus: int, slot: int) -> CudaDevice:
     """The CUDA device at PCI ``domain:bus:slot`` (what NVIDIA's OpenCL reports through
     ``cl_nv_device_attribute_query``), with its primary context retained and current."""
@@ -121,6 +138,47 @@ def device_by_pci(domain: int, bus: int, slot: int) -> CudaDevice:
         f"no CUDA device at PCI {domain:04x}:{bus:02x}:{slot:02x} among {count.value}"
         + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
     )
+
+
+#: ``CUtensorMapDataType`` of the element types a tiled copy moves
+TENSOR_MAP_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
+#: ``CUtensorMapSwizzle`` by the swizzle span in bytes
+TENSOR_MAP_SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}
+_L2_PROMOTE_256 = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+#: the address a template map is encoded with (the kernel replaces it: ``tensormap.replace``)
+_TEMPLATE_ADDRESS = 1 << 20
+
+
+def tensor_map(
+    gpu: CudaDevice, element: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], swizzle: int
+) -> bytes:
+    """The 128 bytes of a ``CUtensorMap`` for tiled copies of ``box`` elements (innermost first) out of a
+    tensor of ``dims`` elements with byte ``strides`` (of every dimension after the first), elements of
+    ``element`` ("float16", "float32", "bfloat16"), rows swizzled in spans of ``swizzle`` bytes (0, 32,
+    64, 128), elements outside ``dims`` filled with zeros. Its global address is a placeholder: a kernel
+    puts its operand's address in (``tensormap.replace``) before it copies. The driver encodes it in a
+    context: ``gpu``'s primary context is made current on the calling thread."""
+    lib = library()
+    gpu.make_current()
+    rank = len(dims)
+    storage = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is 64-byte aligned
+    aligned = (ctypes.addressof(storage) + 63) // 64 * 64
+    result = lib.cuTensorMapEncodeTiled(
+        ctypes.c_void_p(aligned),
+        ctypes.c_int(TENSOR_MAP_TYPES[element]),
+        ctypes.c_uint(rank),
+        ctypes.c_void_p(_TEMPLATE_ADDRESS),
+        (ctypes.c_uint64 * rank)(*dims),
+        (ctypes.c_uint64 * max(1, rank - 1))(*strides),
+        (ctypes.c_uint32 * rank)(*box),
+        (ctypes.c_uint32 * rank)(*([1] * rank)),
+        ctypes.c_int(0),  # no interleave
+        ctypes.c_int(TENSOR_MAP_SWIZZLES[swizzle]),
+        ctypes.c_int(_L2_PROMOTE_256),
+        ctypes.c_int(0),  # zeros outside the tensor
+    )
+    check(result, f"cuTensorMapEncodeTiled(dims {dims}, strides {strides}, box {box}, swizzle {swizzle})")
+    return ctypes.string_at(aligned, 128)
 
 
 class ExportableMemory:
