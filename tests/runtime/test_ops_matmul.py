@@ -692,33 +692,67 @@ def test_swapped_tf32_tiles(bkw):
             assert len({at[(ks + t) % tile.rows, base + g] % 32 for t in range(4) for g in range(8)}) == 32
 
 
-@pytest.mark.parametrize(
-    ("along_k", "side", "bkw", "mode"),
-    [
-        (True, 128, 16, "f16"),
-        (True, 64, 8, "tf32"),
-        (True, 128, 32, "f16"),
-        (False, 128, 16, "f16"),
-        (False, 16, 8, "f16"),
-    ],
-)
-def test_wgmma_atoms_follow_the_hardware_swizzle(along_k, side, bkw, mode):
-    """A wgmma tile's macro puts (row, word) where Hopper's swizzle reads it: canonical rows of 8 x
-    W-byte atoms (K-major: one atom a row group; M/N-major: atoms side by side along M/N), each
-    address's 16-byte chunk bits XORed with its bits 7 and up (PTX ISA, "shared memory matrix
-    layout", swizzle modes 32/64/128 B). The generated macro is evaluated."""
+def test_swapped_tf32_tiles_copied_by_tma():
+    """Copied by TMA, the swapped kernel's B tile is in 128-byte atoms an atom wide and all rows deep (one box
+    an atom), and a warp's fragment load hits each bank at most twice."""
     from netcl.runtime.ops.gemm_mma_source import MmaConfig, _tile
 
-    tile = _tile("A", side, MmaConfig(8, 1, 1, 16, bkw, stages=3, wg=1), along_k, mode)
+    cfg = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, swap=1, tma=1)
+    tile = _tile("B", cfg.bn, cfg, False, "tf32")
+    assert (tile.atom, tile.atom_major, tile.rows, tile.ld) == (32, True, 32, 128)
+    body = tile.macro().split("SWB(r, w) ", 1)[1]
+    at = {(r, w): eval(body, {"r": r, "w": w}) for r in range(tile.rows) for w in range(tile.ld)}
+    assert sorted(at.values()) == list(range(tile.words))
+    for ks in range(0, tile.rows, 4):
+        for base in range(0, tile.ld, 8):
+            banks = [at[ks + t, base + g] % 32 for t in range(4) for g in range(8)]
+            assert max(banks.count(b) for b in banks) <= 2
+
+
+@pytest.mark.parametrize(
+    ("along_k", "side", "bkw", "mode", "tma"),
+    [
+        (True, 128, 16, "f16", 0),
+        (True, 64, 8, "tf32", 0),
+        (True, 128, 32, "f16", 0),
+        (False, 128, 16, "f16", 0),
+        (False, 16, 8, "f16", 0),
+        (True, 128, 32, "tf32", 1),
+        (False, 128, 32, "f16", 1),
+        (False, 256, 16, "bf16", 1),
+    ],
+)
+def test_wgmma_atoms_follow_the_hardware_swizzle(along_k, side, bkw, mode, tma):
+    """A wgmma tile's macro puts (row, word) where Hopper's swizzle reads it: canonical rows of 8 x
+    W-byte atoms (K-major: one atom a row group; M/N-major: atoms side by side along M/N, or, in a
+    tile copied by TMA, each atom all rows deep: one box), each address's 16-byte chunk bits XORed
+    with its bits 7 and up (PTX ISA, "shared memory matrix layout", swizzle modes 32/64/128 B; TMA
+    writes a box with the same swizzle). The generated macro is evaluated; the descriptor's strides
+    and the TMA box follow the same layout."""
+    from netcl.runtime.ops.gemm_mma_source import MmaConfig, _descriptor_bits, _tile, tma_box
+
+    cfg = MmaConfig(8, 1, 1, 16, bkw, stages=3, wg=1, tma=tma)
+    tile = _tile("A", side, cfg, along_k, mode)
     width = 4 * tile.atom  # bytes of an atom's row
+    atoms = tile.ld // tile.atom
     body = tile.macro().split("SWA(r, w) ", 1)[1]
     for r in range(tile.rows):
         for w in range(tile.ld):
             atom, inside = divmod(4 * w, width)
-            canonical = ((r // 8) * (tile.ld // tile.atom) + atom) * 8 * width + (r % 8) * width + inside
+            group = atom * (tile.rows // 8) + r // 8 if tma else (r // 8) * atoms + atom
+            canonical = group * 8 * width + (r % 8) * width + inside
             mask = width // 16 - 1
             swizzled = canonical ^ (((canonical >> 7) & mask) << 4)
             assert 4 * eval(body, {"r": r, "w": w}) == swizzled, (r, w)
+    bits = _descriptor_bits(along_k, tile)
+    lead, stride = 16 * ((bits >> 16) & 0x3FFF), 16 * ((bits >> 32) & 0x3FFF)
+    assert stride == 8 * width * (1 if tma else atoms)  # 8 rows on
+    assert lead == (0 if along_k else 8 * width * (tile.rows // 8 if tma else 1))  # atom to atom
+    if tma:  # a box: one atom row of every row (K-major: BK x side), or an atom wide, BK rows deep
+        box, swizzle = tma_box(cfg, mode, "A", along_k)
+        per_word = 1 if mode == "tf32" else 2
+        assert swizzle == width and box[0] * 4 // per_word == width
+        assert box[1] == (side if along_k else cfg.bk_elements(mode)) == tile.rows
 
 
 def test_wgmma_descriptors_and_limits():
@@ -743,6 +777,10 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(cfg, stages=1).problems("f16", False, False)
     registers = dataclasses.replace(cfg, stages=0, wg=2)  # converted float32 operands: tiles filled by stores
     assert not registers.problems("bf16", True, False) and not registers.problems("f16", False, True)
+    # TMA copies the stages' tiles: every layout wgmma reads, not register-filled tiles
+    assert not dataclasses.replace(cfg, tma=1).problems("f16", True, False)
+    assert not dataclasses.replace(swap, tma=1).problems("tf32", False, False)
+    assert "tma" in " ".join(dataclasses.replace(registers, tma=1).problems("f16", False, False))
     assert dataclasses.replace(cfg, stages=0).problems("bf16", False, False)  # wg 1 needs cp.async stages
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
@@ -780,11 +818,15 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
             problem = gemm_plan.Problem(m, n, k, ta, tb, ())
             # tf32: NT on the plain kernels, NN swapped (C^T = B^T A^T); float16: no swapped kernels
+            copied = gemm_mma.tma_ok(cl_device, mode)  # tiles by the Tensor Memory Accelerator
             for cfg in [c for c in gemm_mma._grid() if c.wg and c.swap == (mode == "tf32" and not tb)]:
+                if cfg.tma and not copied:
+                    continue
                 for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
                     words = dtype != np.float32  # 16-bit words, copied as they are
                     variant = gemm_mma._aligned(variant, problem, words, words)
                     assert not variant.problems(mode, ta, tb), variant
+                    assert gemm_mma._valid(cl_device, variant, mode, problem), variant
                     plan = gemm_mma.make_plan(cl_device, mode, x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)
                     err = np.abs(plan.run(x, y).to_host() - expected).max()
                     # float16 and bfloat16 operands multiply exactly; every mode accumulates on the tensor cores
@@ -794,11 +836,20 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     if gemm_mma.wgmma_ok(cl_device, "bf16"):
         default = gemm_mma.config(cl_device, "bf16", big, True, True)
         assert default.wg and default.stages >= 2, default
-    # the deep pipeline's 96 KB of local memory (above the 48 KB the driver reports) builds and runs on Hopper,
-    # and big 16-bit products take it by default (tuning off)
+    # the deep pipeline's 96 KB of local memory (above the 48 KB the driver reports) builds and runs on Hopper;
+    # big 16-bit products take it by default (tuning off), or where TMA copies, the wide TMA tile's 144 KB
     assert gemm_mma.deep_ok(cl_device, "f16") and gemm_mma.local_limit(cl_device, "f16") > 49152
     default = gemm_mma.config(cl_device, "f16", big, True, True)
-    assert (default.bkw, default.stages, default.wg) == (gemm_mma.DEEP.bkw, gemm_mma.DEEP.stages, 2), default
+    wide = gemm_mma.wide_ok(cl_device, "f16")
+    expected = gemm_mma.WIDE if wide else gemm_mma.DEEP
+    assert (default.bm, default.bn, default.stages, default.wg, default.tma) == (
+        expected.bm,
+        expected.bn,
+        expected.stages,
+        expected.wg,
+        expected.tma,
+    ), default
+    assert gemm_mma.local_limit(cl_device, "f16") == (196608 if wide else 98304)
     # float32 operands rounded to f16 / bf16 as they pass through registers (amp's "fp16", "medium"),
     # within the rounded operands' bound of the float64 product
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):

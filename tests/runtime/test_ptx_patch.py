@@ -30,6 +30,16 @@ def test_marks_become_instructions_of_sm_90a():
     assert out.replace("sm_90a", "sm_90").replace("wgmma", ptx_patch.MARK + "wgmma") == PTX
 
 
+def test_tensormap_instructions_raise_the_ptx_version_to_8_3():
+    """``tensormap.replace`` and its proxy fence exist from PTX 8.3: an older version is raised to it, a newer
+    one (and PTX without them) is kept."""
+    fence = "fence.proxy.tensormap::generic.release.gpu"
+    old = PTX.replace(".version 9.0", ".version 8.0").replace("wgmma.fence.sync.aligned", fence)
+    assert ptx_patch.patch(old).startswith(".version 8.3\n")
+    assert ptx_patch.patch(old.replace(".version 8.0", ".version 8.5")).startswith(".version 8.5\n")
+    assert ptx_patch.patch(PTX.replace(".version 9.0", ".version 8.0")).startswith(".version 8.0\n")
+
+
 def test_other_targets_and_unmarked_ptx_are_refused():
     with pytest.raises(ValueError, match=r"target sm_80; sm_90 expected"):
         ptx_patch.patch(PTX.replace("sm_90", "sm_80"))

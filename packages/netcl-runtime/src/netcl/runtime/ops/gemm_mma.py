@@ -27,7 +27,15 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import bfloat16, float16, float32
 from netcl.runtime import cuda_driver, tune
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops.gemm_mma_source import ASYNC_MODES, WGMMA_MODES, WORD_DTYPE, WORD_MODES, MmaConfig, mma_source
+from netcl.runtime.ops.gemm_mma_source import (
+    ASYNC_MODES,
+    WGMMA_MODES,
+    WORD_DTYPE,
+    WORD_MODES,
+    MmaConfig,
+    mma_source,
+    tma_box,
+)
 from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 from netcl.runtime.recording import paused
@@ -160,8 +168,6 @@ def _probe(
     layouts = [(False, False), (True, True)]
     if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
         layouts = [(False, not cfg.swap)]
-    if cfg.tma:  # tiles copied by TMA: K-major operands
-        layouts = [(False, True)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
@@ -205,9 +211,9 @@ def deep_ok(device: Device, mode: str) -> bool:
 
 
 def tma_ok(device: Device, mode: str) -> bool:
-    """Whether ``wgmma`` kernels whose tiles come by the Tensor Memory Accelerator (``MmaConfig.tma``: K-major
-    operands, tensor maps encoded by the CUDA driver, ``tma_maps``) build and multiply ``mode`` correctly on
-    ``device`` (probed once)."""
+    """Whether ``wgmma`` kernels whose tiles come by the Tensor Memory Accelerator (``MmaConfig.tma``: tensor
+    maps encoded by the CUDA driver, ``tma_maps``) build and multiply ``mode`` correctly on ``device`` (probed
+    once, in the layouts ``_probe`` checks)."""
     if not wgmma_ok(device, mode):
         return False
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1, tma=1)
@@ -216,15 +222,16 @@ def tma_ok(device: Device, mode: str) -> bool:
 
 def tma_maps(device: Device, mode: str, cfg: MmaConfig, problem: Problem) -> bytes:
     """The two template tensor maps (A's, then B's; 128 bytes each) a ``cfg.tma`` kernel copies its tiles by:
-    K-major operands of ``problem`` (rows of lda / ldb elements), a box of one stage (BK elements x BM / BN
-    rows) swizzled in spans of the tile's atom (``Tile.atom``: its K-major rows)."""
+    the operands of ``problem`` in their stored orientation (rows of lda / ldb elements), boxes and swizzle
+    as the kernel's tiles (``tma_box``)."""
     element = {"f16": "float16", "bf16": "bfloat16"}.get(mode, "float32")
-    size = 4 // (1 if mode in WORD_MODES else 2)
-    bk, swizzle = cfg.bk_elements(mode), 4 * min(cfg.bkw, 32)
-    gpu = _cuda_device(device)
-    a = cuda_driver.tensor_map(gpu, element, (problem.k, problem.m), (problem.lda * size,), (bk, cfg.bm), swizzle)
-    b = cuda_driver.tensor_map(gpu, element, (problem.k, problem.n), (problem.ldb * size,), (bk, cfg.bn), swizzle)
-    return a + b
+    size = 4 if mode in WORD_MODES else 2
+    gpu, p, maps = _cuda_device(device), problem, b""
+    for name, rows, ld, along_k in (("A", p.m, p.lda, not p.trans_a), ("B", p.n, p.ldb, p.trans_b)):
+        box, swizzle = tma_box(cfg, mode, name, along_k)
+        dims = (p.k, rows) if along_k else (rows, p.k)
+        maps += cuda_driver.tensor_map(gpu, element, dims, (ld * size,), box, swizzle)
+    return maps
 
 
 @functools.cache
@@ -241,11 +248,32 @@ def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, wor
         return Tensor.from_host(device, host)
 
 
+#: The wide TMA tile: two warpgroups of 64 x 256, three stages of 32 words (144 KB), the products of a stage in
+#: flight while the previous stage's buffer refills. See benchmarks/RESULTS.md, "The Tensor Memory Accelerator".
+WIDE = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=1, tma=1)
+#: its swapped twin (tf32 of untransposed operands: 256 x 128 of C, products finished within their stage)
+WIDE_SWAP = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1)
+#: the deepest TMA pipeline of the search (192 KB): what ``wide_ok`` probes
+_WIDEST = dataclasses.replace(WIDE, stages=4)
+
+
+def wide_ok(device: Device, mode: str) -> bool:
+    """Whether TMA kernels of ``_WIDEST``'s local memory (192 KB) build and multiply ``mode`` correctly on
+    ``device`` (probed once; tf32 swapped where it can, as its untransposed products run)."""
+    if not (deep_ok(device, mode) and tma_ok(device, mode)):
+        return False
+    cfg = dataclasses.replace(_WIDEST, wg=2, swap=1) if mode == "tf32" and swap_ok(device) else _WIDEST
+    return _probed((device, f"{mode}-wgmma-wide"), device, mode, ldsm=1, cfg=cfg)
+
+
 def local_limit(device: Device, mode: str) -> int:
-    """Bytes of local memory a tensor-core kernel of ``mode`` may declare on ``device``: ``DEEP``'s where it
-    passed its probe, else what the driver reports."""
+    """Bytes of local memory a tensor-core kernel of ``mode`` may declare on ``device``: ``_WIDEST``'s or
+    ``DEEP``'s where they passed their probes, else what the driver reports."""
     reported = int(device.cl_device.local_mem_size)
-    return max(reported, DEEP.local_bytes(mode, False, False)) if deep_ok(device, mode) else reported
+    for probed, cfg in ((wide_ok, _WIDEST), (deep_ok, DEEP)):
+        if probed(device, mode):
+            return max(reported, cfg.local_bytes(mode, False, False))
+    return reported
 
 
 def _grid() -> list[MmaConfig]:
@@ -294,6 +322,18 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 1, 16, 16, stages=4, wg=2, swap=1),
         MmaConfig(4, 1, 1, 32, 8, stages=4, wg=2, swap=1),
         dataclasses.replace(DEEP, swap=1),
+        # tiles copied by the Tensor Memory Accelerator (``tma_ok``; above 96 KB: ``wide_ok``)
+        WIDE,
+        _WIDEST,
+        MmaConfig(8, 1, 2, 16, 32, stages=3, wg=1, tma=1),
+        MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1),
+        dataclasses.replace(DEEP, tma=1),
+        MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1),
+        MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1),
+        WIDE_SWAP,
+        dataclasses.replace(WIDE_SWAP, stages=4),
+        dataclasses.replace(DEEP, tma=1, swap=1),
+        MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
     ]
 
 
@@ -345,6 +385,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     swapped = warpgroups and mode == "tf32" and not (problem.trans_a or problem.trans_b) and swap_ok(device)
     if not swapped:
         candidates = [c for c in candidates if not c.swap]
+    copied = warpgroups and staged and tma_ok(device, mode)  # the Tensor Memory Accelerator
+    if not copied:
+        candidates = [c for c in candidates if not c.tma]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
@@ -362,6 +405,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
             wide = dataclasses.replace(DEEP, ldsm=ldsm)
         if swapped:
             wide = dataclasses.replace(wide, swap=1)
+        if copied and wide_ok(device, mode):  # grouped (a 128 x 256 tile's operands from L2), not split
+            wide = WIDE_SWAP if swapped else WIDE
+            wide = dataclasses.replace(wide, ldsm=ldsm, group=8 * (-(-problem.m // wide.bm) >= 16), split=0)
         if warpgroups and _valid(device, _aligned(wide, problem, a_half, b_half), mode, problem):
             fallback = wide
     if converts and warpgroups and fallback.bm * fallback.bn >= 128 * 128:

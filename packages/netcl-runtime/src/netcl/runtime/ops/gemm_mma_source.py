@@ -148,8 +148,8 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, wg 2")
     elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
         out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
-    if cfg.tma and (cfg.swap or trans_a or not trans_b or cfg.stages < 2):
-        out.append("tma copies K-major tiles (A untransposed, B transposed, no swap) in cp.async's stages")
+    if cfg.tma and cfg.stages < 2:
+        out.append("tma copies the tiles of cp.async's stages (stages >= 2)")
     return out
 
 
@@ -178,10 +178,23 @@ class Tile:
     ld: int
     swizzle: str = ""
     atom: int = 0  #: words per row of a ``wgmma`` swizzle atom (8 rows of 32, 64 or 128 bytes); 0: none
+    #: atoms of a row of atoms one after another, each all rows deep (a TMA box an atom wide); else each
+    #: group of 8 rows a row of atoms side by side
+    atom_major: bool = False
 
     @property
     def words(self) -> int:
         return self.rows * self.ld
+
+    @property
+    def group_stride(self) -> int:
+        """Bytes from one group of 8 rows of an atom tile to the next."""
+        return 32 * (self.atom if self.atom_major else self.ld)
+
+    @property
+    def atom_stride(self) -> int:
+        """Bytes from one atom of an atom tile to the next along its rows."""
+        return 4 * self.atom * (self.rows if self.atom_major else 8)
 
     def at(self, row: str, word: str) -> str:
         """The word offset of (``row``, ``word``) in one buffer of the tile."""
@@ -200,6 +213,8 @@ class Tile:
             aw, chunks = self.atom, self.atom // 4
             shift = {8: 2, 16: 1, 32: 0}[aw]
             group = f"(((r) >> 3) * {self.ld // aw} + ((w) >> {aw.bit_length() - 1})) * {8 * aw}"
+            if self.atom_major:
+                group = f"(((w) >> {aw.bit_length() - 1}) * {self.rows // 8} + ((r) >> 3)) * {8 * aw}"
             chunk = f"(((((w) >> 2) & {chunks - 1}) ^ ((((r) & 7) >> {shift}) & {chunks - 1})) << 2)"
             return f"#define SW{self.name}(r, w) ({group} + ((r) & 7) * {aw} + {chunk} + ((w) & 3))\n"
         if not self.swizzle:
@@ -217,12 +232,13 @@ def _tile(name: str, side: int, cfg: MmaConfig, along_k: bool, mode: str) -> Til
     land in distinct banks when the chunk index is XORed with (row / rows-per-128-bytes) modulo the
     chunks of a row (at most 8); tf32 word loads of rows k read rows tig (4) x 8 consecutive words,
     distinct with (row % 4) * 2. The swapped tf32 kernel (``cfg.swap``) keeps A in wgmma atoms and
-    B's k-rows swizzled that way (its fragment loads are those tf32 word loads).
+    B's k-rows swizzled that way (its fragment loads are those tf32 word loads), or, copied by TMA
+    (``cfg.tma``), in atoms too: one copy an atom wide, at most 2 of a warp's words in one bank.
     """
     rows, ld = _row_words(side, cfg.bkw, along_k, mode)
     width = cfg.bkw if along_k else side // _epw(mode)
-    if cfg.wg and not (cfg.swap and not along_k):  # rows of up to 128 bytes in one atom
-        return Tile(name, rows, width, atom=min(width, 32))
+    if cfg.wg and (cfg.tma or not (cfg.swap and not along_k)):  # rows of up to 128 bytes in one atom
+        return Tile(name, rows, width, atom=min(width, 32), atom_major=bool(cfg.tma))
     if cfg.swap and width >= 32 and not width & (width - 1):  # B's k-rows: swizzled like mma.sync's
         return Tile(name, rows, width, "(((r) & 3) << 1)")
     if not cfg.swizzles or width < 8 or width & (width - 1):
@@ -509,9 +525,8 @@ def _descriptor_bits(along_k: bool, tile: Tile) -> int:
     byte offset (bits 16-29: atom to atom along M/N of an M/N-major tile; unused K-major), stride
     byte offset (bits 32-45: one group of 8 rows to the next), in 16-byte units, and the swizzle
     (bits 62-63: 1, 2, 3 for 128, 64, 32 bytes)."""
-    atom_bytes = 8 * 4 * tile.atom
-    lead = 0 if along_k else atom_bytes
-    stride = atom_bytes * (tile.ld // tile.atom)
+    lead = 0 if along_k else tile.atom_stride
+    stride = tile.group_stride
     mode = {32: 1, 16: 2, 8: 3}[tile.atom]
     return ((lead >> 4) << 16) | ((stride >> 4) << 32) | (mode << 62)
 
@@ -527,9 +542,9 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
     shape = f"m64n{cfg.bn}k8.f32.tf32.tf32" if mode in WORD_MODES else f"m64n{cfg.bn}k16.f32.{mode}.{mode}"
     tail = "1, 1, 1" + ("" if mode in WORD_MODES else f", {int(not along[0])}, {int(not along[1])}")
     listed = ", ".join("%" + str(i) for i in range(n))
-    group_bytes = [32 * t.ld for t in tiles]  # 8 rows
+    group_bytes = [t.group_stride for t in tiles]  # 8 rows
     step_bytes = [32 if k else 2 * g for k, g in zip(along, group_bytes, strict=True)]
-    rows64 = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * 32 * tiles[0].atom  # 64 rows of A
+    rows64 = 8 * group_bytes[0] if along[0] else 128 // (4 * tiles[0].atom) * tiles[0].atom_stride  # 64 rows of A
     lines = [
         "const int wgi = warp >> 2;",
         f"const ulong da0 = {_descriptor_bits(along[0], tiles[0])}UL | "
@@ -609,21 +624,45 @@ TMA_MACROS = r"""#define MAP_ADDRESS(map, ptr) asm volatile("// NETCL_PTX tensor
 """
 
 
-def _tma_main_loop(cfg: MmaConfig, compute: str, tile_a: Tile, tile_b: Tile) -> str:
+def tma_box(cfg: MmaConfig, mode: str, name: str, along_k: bool) -> tuple[tuple[int, int], int]:
+    """(box in elements, innermost first; swizzle span in bytes) of operand ``name``'s tiled copies in a
+    ``cfg.tma`` kernel (``_tma_copies``): BK x BM / BN K-major, an atom x BK M/N-major."""
+    tile = _tile(name, cfg.bm if name == "A" else cfg.bn, cfg, along_k, mode)
+    bk = cfg.bk_elements(mode)
+    box = (bk, tile.rows) if along_k else (tile.atom * _epw(mode), bk)
+    return box, 4 * tile.atom
+
+
+def _tma_copies(name: str, tile: Tile, along_k: bool, mode: str) -> list[str]:
+    """The tiled copies of one operand's stage into buffer ``buf`` at K offset ``kt`` (map ``maps`` for A,
+    ``maps + 1`` for B): a K-major tile is one box (BK elements of BM / BN rows), an M/N-major one a box an
+    atom wide and BK rows deep at each atom of its rows (``Tile.atom_major``)."""
+    where = "maps" if name == "A" else "maps + 1"
+    if along_k:
+        return [f"TMA_2D({name}s[buf], {where}, kt, (int){name}0, bar);"]
+    wide = tile.atom * _epw(mode)  # elements an atom
+    return [
+        f"TMA_2D({name}s[buf] + {j * tile.atom_stride // 4}, {where}, (int){name}0 + {j * wide}, kt, bar);"
+        for j in range(tile.ld // tile.atom)
+    ]
+
+
+def _tma_main_loop(
+    cfg: MmaConfig, mode: str, along: tuple[bool, bool], compute: str, tile_a: Tile, tile_b: Tile
+) -> str:
     """The K loop of a kernel whose tiles come by TMA (``cfg.tma``): thread 0 writes this work-group's two
     maps (the templates with A's and B's addresses, A and B already moved to the batch) and sets up one
-    mbarrier a stage; it issues each stage's two tiled copies (box: BK elements x BM / BN rows, swizzled as
-    the tiles' wgmma atoms, ``Tile.macro``; rows and columns past the operand zero) ``stages - 1`` ahead,
-    a buffer once every warpgroup's products of its previous tile are done; every thread waits for a
-    stage's bytes on its mbarrier (phase: the buffer's use count, modulo 2)."""
+    mbarrier a stage; it issues each stage's tiled copies (``_tma_copies``, swizzled as the tiles' wgmma
+    atoms, ``Tile.macro``; elements past the operand zero) ``stages - 1`` ahead, a buffer once every
+    warpgroup's products of its previous tile are done; every thread waits for a stage's bytes on its
+    mbarrier (phase: the buffer's use count, modulo 2)."""
     ahead = cfg.stages - 1
-    stage_bytes = 4 * (tile_a.words + tile_b.words)
-    nl2 = "\n        "
+    nl2, nl4 = "\n        ", "\n                "
+    copies = _tma_copies("A", tile_a, along[0], mode) + _tma_copies("B", tile_b, along[1], mode)
     issue = f"""{{
                 const uint bar = (uint)(size_t)&bars[buf]; const int kt = kbeg + tn * BK;
-                BAR_EXPECT(bar, {stage_bytes});
-                TMA_2D(As[buf], maps, kt, (int)A0, bar);
-                TMA_2D(Bs[buf], maps + 1, kt, (int)B0, bar);
+                BAR_EXPECT(bar, {4 * (tile_a.words + tile_b.words)});
+                {nl4.join(copies)}
             }}"""
     refill = f"""if (tid == 0) {{
             const int tn = t + {ahead};
@@ -833,7 +872,7 @@ def mma_source(
         if view_a is not None or view_b is not None:
             raise ValueError("gemm_mma: the Tensor Memory Accelerator copies stored operands, not views")
         nbuf = cfg.stages
-        main_loop = _tma_main_loop(cfg, compute, tile_a, tile_b)
+        main_loop = _tma_main_loop(cfg, mode, (a_along_k, b_along_k), compute, tile_a, tile_b)
     elif cfg.stages:
         nbuf = cfg.stages
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
