@@ -788,13 +788,18 @@ def test_wgmma_descriptors_and_limits():
 
 
 def test_local_memory_above_the_reported_size_only_after_the_deep_probe(cl_device):
-    """Configs above ``CL_DEVICE_LOCAL_MEM_SIZE`` are valid only where ``DEEP`` built and multiplied correctly."""
+    """Configs above ``CL_DEVICE_LOCAL_MEM_SIZE`` are valid only where ``DEEP`` (96 KB) or the widest TMA
+    pipeline (192 KB) built and multiplied correctly."""
     reported = int(cl_device.cl_device.local_mem_size)
     limit = gemm_mma.local_limit(cl_device, "f16")
-    assert limit == (max(reported, 3 * 4 * 2 * 128 * 32) if gemm_mma.deep_ok(cl_device, "f16") else reported)
+    deep, wide = 3 * 4 * 2 * 128 * 32, 4 * 4 * (128 + 256) * 32
+    if gemm_mma.wide_ok(cl_device, "f16"):
+        assert limit == max(reported, wide)
+    else:
+        assert limit == (max(reported, deep) if gemm_mma.deep_ok(cl_device, "f16") else reported)
 
 
-def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
+def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
     """Every wgmma config of the search computes float16 and bfloat16 products in all four layouts and tf32 ones
     in the layouts it reads (A untransposed, B transposed; the swapped ones: both untransposed), with
     partial tiles in M, N and K, split along K or not, in grouped block order, and a batch, against
@@ -839,6 +844,8 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
     # the deep pipeline's 96 KB of local memory (above the 48 KB the driver reports) builds and runs on Hopper;
     # big 16-bit products take it by default (tuning off), or where TMA copies, the wide TMA tile's 144 KB
     assert gemm_mma.deep_ok(cl_device, "f16") and gemm_mma.local_limit(cl_device, "f16") > 49152
+    # the default, not a search's (or a stored search's) choice
+    monkeypatch.setattr(gemm_mma.tune, "select", lambda device, key, candidates, default, *rest, **kw: default)
     default = gemm_mma.config(cl_device, "f16", big, True, True)
     wide = gemm_mma.wide_ok(cl_device, "f16")
     expected = gemm_mma.WIDE if wide else gemm_mma.DEEP
@@ -863,7 +870,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device):
             expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
             x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
             problem = gemm_plan.Problem(m, n, k, ta, tb, ())
-            for cfg in [c for c in gemm_mma._grid() if c.wg == 2 and not c.swap]:
+            for cfg in [c for c in gemm_mma._grid() if c.wg == 2 and not (c.swap or c.tma)]:
                 variant = gemm_mma._aligned(dataclasses.replace(cfg, stages=0), problem, False, False)
                 assert not variant.problems(mode, ta, tb), variant
                 plan = gemm_mma.make_plan(cl_device, mode, x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)

@@ -375,7 +375,7 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     # float32 operands rounded to f16 / bf16 as they are loaded: wgmma from tiles filled through registers
     converts = not staged and mode in ("f16", "bf16") and not (a_half or b_half)
     if not staged:
-        registers = [dataclasses.replace(c, stages=0) for c in candidates if c.wg == 2 and not c.swap]
+        registers = [dataclasses.replace(c, stages=0) for c in candidates if c.wg == 2 and not (c.swap or c.tma)]
         candidates = [c for c in candidates if not c.stages] + (registers if converts else [])
     if not converts:  # (unaligned stored operands: mma.sync)
         candidates = [c for c in candidates if not (c.wg and not c.stages)]

@@ -938,6 +938,7 @@ def mma_source(
         }}{proxy_fence}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
+    stage_count = f"\n#define NBUF {nbuf}" if cfg.tma else ""  # (the TMA kernel's mbarriers)
     return f"""{helpers_c([c_dtype])}{epilogue.preamble}
 #define CT float
 #define IDX {idx}
@@ -945,8 +946,7 @@ def mma_source(
 #define BN {cfg.bn}
 #define BK {cfg.bk_elements(mode)}
 #define NT {cfg.threads}
-#define GROUP {cfg.group}
-#define NBUF {nbuf}
+#define GROUP {cfg.group}{stage_count}
 #define TF32(x) tf32_bits(x)
 #define BF16X2(lo, hi) bf16x2_bits(lo, hi)
 #define F16X2(lo, hi) f16x2_bits(lo, hi)
