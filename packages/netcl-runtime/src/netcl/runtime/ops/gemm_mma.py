@@ -251,8 +251,9 @@ def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, wor
 #: The wide TMA tile: two warpgroups of 64 x 256, three stages of 32 words (144 KB), the products of a stage in
 #: flight while the previous stage's buffer refills. See benchmarks/RESULTS.md, "The Tensor Memory Accelerator".
 WIDE = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=1, tma=1)
-#: its swapped twin (tf32 of untransposed operands: 256 x 128 of C, products finished within their stage)
-WIDE_SWAP = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1)
+#: the swapped default (tf32 of untransposed operands: 128 x 128 of C, B^T's fragments in two register sets so
+#: that a stage's products stay in flight)
+WIDE_SWAP = MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1, swap=1)
 #: the deepest TMA pipeline of the search (192 KB): what ``wide_ok`` probes
 _WIDEST = dataclasses.replace(WIDE, stages=4)
 
@@ -262,7 +263,7 @@ def wide_ok(device: Device, mode: str) -> bool:
     ``device`` (probed once; tf32 swapped where it can, as its untransposed products run)."""
     if not (deep_ok(device, mode) and tma_ok(device, mode)):
         return False
-    cfg = dataclasses.replace(_WIDEST, wg=2, swap=1) if mode == "tf32" and swap_ok(device) else _WIDEST
+    cfg = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1) if mode == "tf32" and swap_ok(device) else _WIDEST
     return _probed((device, f"{mode}-wgmma-wide"), device, mode, ldsm=1, cfg=cfg)
 
 
@@ -331,7 +332,8 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1),
         WIDE_SWAP,
-        dataclasses.replace(WIDE_SWAP, stages=4),
+        MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1),
+        MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1),
         dataclasses.replace(DEEP, tma=1, swap=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
     ]
