@@ -790,6 +790,16 @@ def test_wgmma_descriptors_and_limits():
     assert cfg.problems("tf32x3", False, True) and not cfg.problems("bf16", False, True)  # bfloat16 words
 
 
+def test_tma_switched_off(cl_device, monkeypatch):
+    """``NETCL_TMA=0``: no TMA configs (and no CUDA context for their tensor maps), on every device."""
+    monkeypatch.setenv("NETCL_TMA", "0")
+    assert not gemm_mma.tma_ok(cl_device, "f16") and not gemm_mma.wide_ok(cl_device, "f16")
+    monkeypatch.setattr(gemm_mma.tune, "select", lambda device, key, candidates, default, *rest, **kw: default)
+    big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
+    for words in (True, False):
+        assert not gemm_mma.config(cl_device, "f16", big, words, words).tma
+
+
 def test_local_memory_above_the_reported_size_only_after_the_deep_probe(cl_device):
     """Configs above ``CL_DEVICE_LOCAL_MEM_SIZE`` are valid only where ``DEEP`` (96 KB) or the widest TMA
     pipeline (192 KB) built and multiplied correctly."""

@@ -213,8 +213,9 @@ def deep_ok(device: Device, mode: str) -> bool:
 def tma_ok(device: Device, mode: str) -> bool:
     """Whether ``wgmma`` kernels whose tiles come by the Tensor Memory Accelerator (``MmaConfig.tma``: tensor
     maps encoded by the CUDA driver, ``tma_maps``) build and multiply ``mode`` correctly on ``device`` (probed
-    once, in the layouts ``_probe`` checks)."""
-    if not wgmma_ok(device, mode):
+    once, in the layouts ``_probe`` checks). ``NETCL_TMA=0`` turns TMA off (cp.async copies instead, and no
+    CUDA context is made)."""
+    if os.environ.get("NETCL_TMA", "1").strip() == "0" or not wgmma_ok(device, mode):
         return False
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1, tma=1)
     return _probed((device, f"{mode}-wgmma-tma"), device, mode, ldsm=1, cfg=cfg)
@@ -249,7 +250,8 @@ def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, wor
 
 
 #: The wide TMA tile: two warpgroups of 64 x 256, three stages of 32 words (144 KB), the products of a stage in
-#: flight while the previous stage's buffer refills. See benchmarks/RESULTS.md, "The Tensor Memory Accelerator".
+#: flight while the previous stage's buffer refills. See benchmarks/RESULTS.md, "The Tensor Memory Accelerator for
+#: the wgmma kernels".
 WIDE = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=1, tma=1)
 #: the swapped default (tf32 of untransposed operands: 128 x 128 of C, B^T's fragments in two register sets so
 #: that a stage's products stay in flight)

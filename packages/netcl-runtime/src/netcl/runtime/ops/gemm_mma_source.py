@@ -147,7 +147,7 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("wgmma: at most 32 words along K a stage (a K-major row in one 128-byte swizzle atom)")
     if cfg.swap and (mode != "tf32" or trans_a or trans_b or not (cfg.wg == 2 or cfg.tma)):
         out.append("swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, wg 2 (or TMA)")
-    elif cfg.swap and cfg.wg == 1 and cfg.wm > 4 and cfg.fm == 1:  # see benchmarks/RESULTS.md, "TMA"
+    elif cfg.swap and cfg.wg == 1 and cfg.wm > 4 and cfg.fm == 1:  # RESULTS.md, "The Tensor Memory Accelerator ..."
         out.append("swap with products in flight (wg 1): two warpgroups of one 64-row block each measured wrong")
     elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
         out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
