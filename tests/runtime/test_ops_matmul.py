@@ -800,6 +800,18 @@ def test_tma_switched_off(cl_device, monkeypatch):
         assert not gemm_mma.config(cl_device, "f16", big, words, words).tma
 
 
+def test_tma_only_for_a_bounded_number_of_work_groups(cl_device):
+    """A TMA config is valid only up to ``TMA_MAX_WORK_GROUPS`` tiles (each work-group keeps two tensor-map slots
+    in the plan's buffer): a big batch of small products copies by cp.async, on every device."""
+    cfg = dataclasses.replace(gemm_mma.DEEP, tma=1)  # 128 x 128 tiles
+    few = gemm_plan.Problem(256, 256, 64, False, True, ((4, 256 * 64, 256 * 64),))
+    many = gemm_plan.Problem(256, 256, 64, False, True, ((gemm_mma.TMA_MAX_WORK_GROUPS, 256 * 64, 256 * 64),))
+    assert not gemm_mma._valid(cl_device, cfg, "f16", many)
+    assert gemm_mma._valid(cl_device, dataclasses.replace(cfg, tma=0), "f16", many) == gemm_mma._valid(
+        cl_device, dataclasses.replace(cfg, tma=0), "f16", few
+    )
+
+
 def test_local_memory_above_the_reported_size_only_after_the_deep_probe(cl_device):
     """Configs above ``CL_DEVICE_LOCAL_MEM_SIZE`` are valid only where ``DEEP`` (96 KB) or the widest TMA
     pipeline (192 KB) built and multiplied correctly."""

@@ -242,7 +242,8 @@ def _cuda_device(device: Device) -> cuda_driver.CudaDevice:
 
 
 def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, work_groups: int) -> Tensor:
-    """The tensor-map argument of a ``cfg.tma`` kernel: the templates (``tma_maps``), then two slots a work-group."""
+    """The tensor-map argument of a ``cfg.tma`` kernel: the templates (``tma_maps``), then two slots a work-group,
+    which every launch of the plan rewrites (its launches run one after another on the device's in-order queue)."""
     host = np.zeros((2 + 2 * work_groups) * 128, np.uint8)
     host[:256] = np.frombuffer(tma_maps(device, mode, cfg, problem), np.uint8)
     with paused(device.queue):  # made once per plan, also when the first product runs inside a capture
@@ -349,13 +350,20 @@ def _default(device: Device, problem) -> MmaConfig:
     return MmaConfig(2, 2, 2, 2, 16)
 
 
+#: The most work-groups a TMA product launches (unsplit): each has two tensor-map slots of 128 bytes in its plan's
+#: buffer (``_tma_buffer``), 4 MB at this bound; a product of more tiles (a big batch) copies by cp.async.
+TMA_MAX_WORK_GROUPS = 16384
+
+
 def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
     d = device.cl_device
     local = cfg.local_bytes(mode, problem.trans_a, problem.trans_b)
+    tiles = -(-problem.m // cfg.bm) * -(-problem.n // cfg.bn) * problem.batch
     return (
         not cfg.problems(mode, problem.trans_a, problem.trans_b)
         and cfg.threads <= d.max_work_group_size
         and (local <= d.local_mem_size or local <= local_limit(device, mode))
+        and (not cfg.tma or tiles <= TMA_MAX_WORK_GROUPS)
     )
 
 
