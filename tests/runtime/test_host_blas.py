@@ -13,7 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops as rops
 from netcl.runtime.graph import capture_graph
-from netcl.runtime.ops import host_blas
+from netcl.runtime.ops import gemm_cpu, host_blas
 
 
 @pytest.fixture
@@ -25,7 +25,10 @@ def cpu_cl(cl_device: nc.Device) -> nc.Device:
 
 @pytest.fixture
 def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """Records every host-BLAS matmul (the real one still runs)."""
+    """Records every host-BLAS matmul (the real one still runs); small products take it too (not the
+    small-product kernel, ``gemm_cpu``, tested in test_gemm_cpu.py)."""
+    monkeypatch.setattr(gemm_cpu, "AXPY_MAX_FLOPS", 0)
+    monkeypatch.setattr(gemm_cpu, "DOT_MAX_FLOPS", 0)
     calls: list[tuple] = []
     real = host_blas.matmul
 

@@ -9,7 +9,8 @@ Capture/replay: a capture on the device's queue records the host call as a graph
 (``HostMatmul``) holding the three buffers, so a replay maps and multiplies them again, with
 new input buffers where the graph's inputs changed; the GPU GEMM kernel is never recorded on a
 CPU device (it is far slower there than the host product, same pointer).
-``NETCL_HOST_BLAS=0`` turns the path off.
+``NETCL_HOST_BLAS=0`` turns the path off. Small 2-D products do not come here: a kernel shaped for CPU
+devices runs them without a map or a wait (``gemm_cpu``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import numpy as np
 from netcl.core import Tensor, broadcast_shapes
 from netcl.core.dtypes import is_floating
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime.ops import host_blas
+from netcl.runtime.ops import gemm_cpu, host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.gemm import gemm
@@ -110,10 +110,13 @@ def matmul(
         and _host_memory(a.device)  # cached: GPUs skip the host-BLAS checks at no cost per call
         and host_blas.applies(device_of((a, b), "matmul"), a, b, product_dtype(a, b))
     ):
-        # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there)
+        # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there), or for a small
+        # product a kernel (no host wait)
         a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
         b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
         out_shape = matmul_shapes(a_shape, b_shape)[3]
+        if gemm_cpu.applies(a, b, transpose_a, transpose_b):
+            return gemm_cpu.matmul(a, b, transpose_a, transpose_b)
         return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
     if a.ndim >= 2 and b.ndim >= 2:
         return gemm(a, b, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
