@@ -1,10 +1,12 @@
 """Runtime test fixtures: test_ops_matmul.py tests the GEMM kernel, so there the host-BLAS path that
-CPU OpenCL devices otherwise take for float32 matmul is off (test_host_blas.py covers that path)."""
+CPU OpenCL devices otherwise take for float32 matmul is off (test_host_blas.py covers that path, and
+test_gemm_cpu.py the small products' kernel); ``cpu_cl`` and ``host_calls`` serve those two."""
 
 from __future__ import annotations
 
 import pytest
 
+import netcl.core as nc
 from netcl.runtime.ops import host_blas
 
 
@@ -12,3 +14,26 @@ from netcl.runtime.ops import host_blas
 def _gemm_kernel_in_matmul_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.module.__name__.rsplit(".", 1)[-1] == "test_ops_matmul":
         monkeypatch.setenv(host_blas.ENV_VAR, "0")
+
+
+@pytest.fixture
+def cpu_cl(cl_device: nc.Device) -> nc.Device:
+    """The OpenCL device where it keeps its buffers in host memory (a CPU device), else a skip."""
+    if not host_blas.host_memory_device(cl_device):
+        pytest.skip("the host-BLAS path and the small-product kernel are for CPU OpenCL devices")
+    return cl_device
+
+
+@pytest.fixture
+def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Records every host-BLAS matmul (the real one still runs)."""
+    calls: list[tuple] = []
+    real = host_blas.matmul
+
+    def counting(a, b, out_shape, result, **transposes):
+        calls.append((a.shape, b.shape))
+        return real(a, b, out_shape, result, **transposes)
+
+    monkeypatch.setattr(host_blas, "matmul", counting)
+    monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
+    return calls

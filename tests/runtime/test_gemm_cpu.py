@@ -13,29 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops
 from netcl.runtime.graph import capture_graph
-from netcl.runtime.ops import gemm_cpu, host_blas
-
-
-@pytest.fixture
-def cpu_cl(cl_device: nc.Device) -> nc.Device:
-    if not host_blas.host_memory_device(cl_device):
-        pytest.skip("the small-product kernel is for CPU OpenCL devices (buffers in host memory)")
-    return cl_device
-
-
-@pytest.fixture
-def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """Records every host-BLAS matmul (the real one still runs)."""
-    calls: list[tuple] = []
-    real = host_blas.matmul
-
-    def counting(a, b, out_shape, result, **transposes):
-        calls.append((a.shape, b.shape))
-        return real(a, b, out_shape, result, **transposes)
-
-    monkeypatch.setattr(host_blas, "matmul", counting)
-    monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
-    return calls
+from netcl.runtime.ops import gemm_cpu
 
 
 def _product(device: nc.Device, m: int, n: int, k: int, ta: bool, tb: bool, seed: int) -> tuple:

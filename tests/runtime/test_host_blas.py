@@ -16,29 +16,11 @@ from netcl.runtime.graph import capture_graph
 from netcl.runtime.ops import gemm_cpu, host_blas
 
 
-@pytest.fixture
-def cpu_cl(cl_device: nc.Device) -> nc.Device:
-    if not host_blas.host_memory_device(cl_device):
-        pytest.skip("the host-BLAS path is for CPU OpenCL devices (buffers in host memory)")
-    return cl_device
-
-
-@pytest.fixture
-def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """Records every host-BLAS matmul (the real one still runs); small products take it too (not the
-    small-product kernel, ``gemm_cpu``, tested in test_gemm_cpu.py)."""
+@pytest.fixture(autouse=True)
+def _host_blas_for_small_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small products take the host BLAS here too, not the small-product kernel (test_gemm_cpu.py)."""
     monkeypatch.setattr(gemm_cpu, "AXPY_MAX_FLOPS", 0)
     monkeypatch.setattr(gemm_cpu, "DOT_MAX_FLOPS", 0)
-    calls: list[tuple] = []
-    real = host_blas.matmul
-
-    def counting(a, b, out_shape, result, **transposes):
-        calls.append((a.shape, b.shape))
-        return real(a, b, out_shape, result, **transposes)
-
-    monkeypatch.setattr(host_blas, "matmul", counting)
-    monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
-    return calls
 
 
 def _check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
