@@ -31,7 +31,7 @@ DOT_ROWS, DOT_COLS = 8, 2
 AXPY_MAX_FLOPS = 2 * 128**3
 DOT_MAX_FLOPS = 3_000_000
 
-_SOURCE = """
+_TEMPLATE = """
 __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
                                   __global const float* restrict A, const int sam, const int sak,
                                   __global const float* restrict B, __global float* restrict C) {{
@@ -98,6 +98,7 @@ __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global
     }}
 }}
 """
+_SOURCE = _TEMPLATE.format(rows=ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
 
 _I32 = np.int32
 
@@ -119,7 +120,6 @@ def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor
     m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     n = b.shape[0] if transpose_b else b.shape[1]
     out = Tensor.empty((m, n), np.float32, device)
-    source = _SOURCE.format(rows=ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
     form = "dot" if transpose_b else "axpy"
     key = ("cpu_gemm", form, ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys kernels by it)
     sizes = [_I32(m), _I32(n), _I32(k)]
@@ -130,6 +130,6 @@ def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor
         types = [_I32] * 3 + [None, _I32, _I32, None, None]
         strides = (_I32(1), _I32(m)) if transpose_a else (_I32(k), _I32(1))  # A[i, k] at i * sam + k * sak
         grid, args = (-(-n // 16), -(-m // ROWS)), [*sizes, a, *strides, b, out]
-    kernel = get_kernel(key, device, lambda: source, f"netcl_cpu_gemm_{form}", types).kernel
+    kernel = get_kernel(key, device, lambda: _SOURCE, f"netcl_cpu_gemm_{form}", types).kernel
     launch_prepared(key, device, kernel, grid, None, args)
     return out
