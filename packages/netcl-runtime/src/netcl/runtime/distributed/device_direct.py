@@ -41,11 +41,12 @@ import pyopencl as cl
 
 from netcl.core import Device, Tensor
 from netcl.runtime import cuda_driver
+from netcl.runtime.cuda_driver import nvidia_pci
 from netcl.runtime.determinism import are_deterministic_algorithms_enabled
 from netcl.runtime.distributed import nccl
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
-from netcl.runtime.distributed.external_memory import EXTENSION, import_memory, nvidia_pci
+from netcl.runtime.distributed.external_memory import EXTENSION, import_memory
 from netcl.runtime.distributed.group import Deadline, mark_broken, path_choice, world
 from netcl.runtime.distributed.overlap import ThreadedReducer, ThreadedWork
 

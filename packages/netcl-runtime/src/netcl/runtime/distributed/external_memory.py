@@ -1,7 +1,6 @@
 """OpenCL's side of memory the CUDA driver exports: the import of a descriptor into a device's context
 (``cl_khr_external_memory_opaque_fd``, which NVIDIA's OpenCL offers; ``clCreateBufferWithProperties``,
-which pyopencl does not wrap, through ctypes); with it, from ``netcl.runtime.cuda_driver``, the PCI address that
-pairs an NVIDIA OpenCL device with its CUDA device. Used by the device-direct (NCCL) and the peer all-reduce.
+which pyopencl does not wrap, through ctypes). Used by the device-direct (NCCL) and the peer all-reduce.
 """
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ from typing import Any
 import pyopencl as cl
 
 from netcl.core import Device
-from netcl.runtime.cuda_driver import nvidia_pci
-
-__all__ = ["EXTENSION", "import_memory", "nvidia_pci"]
 
 EXTENSION = "cl_khr_external_memory_opaque_fd"
 _EXTERNAL_MEMORY_OPAQUE_FD = 0x2060  # CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR

@@ -48,9 +48,10 @@ import pyopencl as cl
 from netcl.core import Device, Tensor, float16, float32, float64
 from netcl.core.device_errors import INDEX_CHECK_C, fault_code
 from netcl.runtime import cuda_driver
+from netcl.runtime.cuda_driver import nvidia_pci
 from netcl.runtime.distributed.collectives import all_gather_object, barrier, broadcast_object
 from netcl.runtime.distributed.errors import DistributedError, DistributedTimeoutError
-from netcl.runtime.distributed.external_memory import EXTENSION, import_memory, nvidia_pci
+from netcl.runtime.distributed.external_memory import EXTENSION, import_memory
 from netcl.runtime.distributed.group import TIMEOUT_ENV, is_usable, mark_broken, path_choice, world
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, round_up, storage_ctype, storage_pragmas

@@ -257,8 +257,9 @@ WIDE = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=1, tma=1)
 #: the swapped default (tf32 of untransposed operands: 128 x 128 of C, B^T's fragments in two register sets so
 #: that a stage's products stay in flight)
 WIDE_SWAP = MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1, swap=1)
-#: the deepest TMA pipeline of the search (192 KB): what ``wide_ok`` probes
+#: the deepest TMA pipelines of the search (192 KB): what ``wide_ok`` probes (the swapped one for tf32)
 _WIDEST = dataclasses.replace(WIDE, stages=4)
+_WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1)
 
 
 def wide_ok(device: Device, mode: str) -> bool:
@@ -266,7 +267,7 @@ def wide_ok(device: Device, mode: str) -> bool:
     ``device`` (probed once; tf32 swapped where it can, as its untransposed products run)."""
     if not (deep_ok(device, mode) and tma_ok(device, mode)):
         return False
-    cfg = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1) if mode == "tf32" and swap_ok(device) else _WIDEST
+    cfg = _WIDEST_SWAP if mode == "tf32" and swap_ok(device) else _WIDEST
     return _probed((device, f"{mode}-wgmma-wide"), device, mode, ldsm=1, cfg=cfg)
 
 
@@ -335,7 +336,7 @@ def _grid() -> list[MmaConfig]:
         MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1),
         WIDE_SWAP,
-        MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1),
+        _WIDEST_SWAP,
         MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1),
         dataclasses.replace(DEEP, tma=1, swap=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
