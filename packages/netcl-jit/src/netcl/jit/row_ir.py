@@ -83,18 +83,14 @@ def names_in(expr: str) -> list[str]:
     return _IDENT.findall(expr)
 
 
-def elem_closure(program: RowProgram, targets: list[str], known: Collection[str] = ()) -> list[str]:
-    """The elem statements (in program order) computing ``targets`` takes, every row value being known, and the
-    values in ``known`` too (``known_reads`` names those it reads)."""
-    return _closure(program, targets, known)[0]
+def elem_closure(program: RowProgram, targets: list[str]) -> list[str]:
+    """The elem statements (in program order) computing ``targets`` takes, every row value being known."""
+    return closure_past(program, targets, ())[0]
 
 
-def known_reads(program: RowProgram, targets: list[str], known: Collection[str]) -> list[str]:
-    """The ``known`` values (in program order) that ``elem_closure(program, targets, known)`` reads."""
-    return _closure(program, targets, known)[1]
-
-
-def _closure(program: RowProgram, targets: list[str], known: Collection[str]) -> tuple[list[str], list[str]]:
+def closure_past(program: RowProgram, targets: list[str], known: Collection[str]) -> tuple[list[str], list[str]]:
+    """``elem_closure`` when the values in ``known`` are known too: (the elem statements it takes, the ``known``
+    values it reads), each in program order."""
     by_var = {s.var: s for s in program.stmts}
     needed: set[str] = set()
     reads: set[str] = set()

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from netcl.core.kernels import PRIMITIVE_PREAMBLE
 from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
 from netcl.jit.primitive_registry import custom_preamble
-from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, elem_closure, known_reads, names_in
+from netcl.jit.row_ir import COL, COLIDX, ELEM, INDEX, PARAM, ROW, RowProgram, closure_past, elem_closure, names_in
 from netcl.jit.row_source import schedule_passes
 
 #: How a vector accumulator takes a new vector value, and how two lanes' partials merge (scalar).
@@ -87,7 +87,7 @@ def serial_kernel_source(
         their vector names) over the first ``C - C % VW`` elements, ``scalar_tail()`` one element at a time
         (under their own names) over the rest, or over the whole row when the body has no vector form. Cached
         values an earlier loop stored are loaded, the others stored as this loop computes them."""
-        body, loads = elem_closure(program, targets, stored), known_reads(program, targets, stored)
+        body, loads = closure_past(program, targets, stored)
         keep = [v for v in body if v in cached]
         reads = {n for v in body for n in names_in(by_var[v].expr)} | set(targets)
         used = [(k, inp) for k, inp in tensors if inp.var in reads]

@@ -180,13 +180,12 @@ _SOFTMAX_FORWARD = RowKernel(
     const {ct} shift = netcl_row_shift_sum(xr, C, scratch_a, &s);
 #endif
     if (lid == 0) {{ rowmax[row] = shift; rowsum[row] = s; }}
-#if MODE == 0 && {vector}
-#elif MODE == 2
+#if MODE == 2
     if (lid == 0) ST(out, row, (shift + log(s)));
 #elif MODE == 1
     const {ct} ls = log(s);  /* (x - max) - log(s): no rounding of max + log(s) at large |max| */
     for ({idx} i = lid; i < C; i += L) ST(out, row * C + i, ((LD(xr, i) - shift) - ls));
-#else
+#elif !({vector})  /* (the vector helper above wrote the softmax row itself) */
     netcl_row_exp_scale(out + row * C, xr, shift, ({ct})1 / s, C);
 #endif
 """,
