@@ -99,7 +99,7 @@ PINNED = [
         "f32",
         "int",
         "PLUS_ADDEND",
-        "87218df9bf4881682d1cc4be7bb6f95dc8cf1bc1514370c55c8d4c63a06d99bd",
+        "5b06f8254b72cdaba2c36a68fe091ad8dde6cfd5cfec9ae81208d185ef2d6341",
     ),
 ]
 

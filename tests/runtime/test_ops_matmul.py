@@ -780,9 +780,10 @@ def test_wgmma_descriptors_and_limits():
     # TMA copies the stages' tiles: every layout wgmma reads, not register-filled tiles
     assert not dataclasses.replace(cfg, tma=1).problems("f16", True, False)
     assert not dataclasses.replace(swap, tma=1).problems("tf32", False, False)
-    # swapped products in flight (wg 1) only with TMA tiles, and never two warpgroups of one 64-row block each
-    assert not dataclasses.replace(swap, wg=1, tma=1, wm=4, fm=2).problems("tf32", False, False)
-    assert "measured wrong" in " ".join(dataclasses.replace(swap, wg=1, tma=1, fm=1).problems("tf32", False, False))
+    # swapped products are never in flight over their register fragments (wg 1), with or without TMA tiles
+    for tma, wm, fm in ((0, 4, 2), (1, 4, 2), (1, 8, 1)):
+        in_flight = dataclasses.replace(swap, wg=1, tma=tma, wm=wm, fm=fm)
+        assert "(wg 2)" in " ".join(in_flight.problems("tf32", False, False)), in_flight
     assert "tma" in " ".join(dataclasses.replace(registers, tma=1).problems("f16", False, False))
     assert dataclasses.replace(cfg, stages=0).problems("bf16", False, False)  # wg 1 needs cp.async stages
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)

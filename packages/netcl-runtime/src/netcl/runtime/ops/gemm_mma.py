@@ -254,12 +254,12 @@ def _tma_buffer(device: Device, mode: str, cfg: MmaConfig, problem: Problem, wor
 #: flight while the previous stage's buffer refills. See benchmarks/RESULTS.md, "The Tensor Memory Accelerator for
 #: the wgmma kernels".
 WIDE = MmaConfig(8, 1, 1, 32, 32, stages=3, wg=1, tma=1)
-#: the swapped default (tf32 of untransposed operands: 128 x 128 of C, B^T's fragments in two register sets so
-#: that a stage's products stay in flight)
-WIDE_SWAP = MmaConfig(4, 1, 2, 16, 32, stages=3, wg=1, tma=1, swap=1)
+#: the swapped default (tf32 of untransposed operands: 128 x 128 of C, each stage's products finished before its
+#: B^T fragments are reloaded; see ``MmaConfig.problems``)
+WIDE_SWAP = dataclasses.replace(DEEP, tma=1, swap=1)
 #: the deepest TMA pipelines of the search (192 KB): what ``wide_ok`` probes (the swapped one for tf32)
 _WIDEST = dataclasses.replace(WIDE, stages=4)
-_WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=1, tma=1, swap=1)
+_WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=2, tma=1, swap=1)
 
 
 def wide_ok(device: Device, mode: str) -> bool:
@@ -338,7 +338,6 @@ def _grid() -> list[MmaConfig]:
         WIDE_SWAP,
         _WIDEST_SWAP,
         MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1),
-        dataclasses.replace(DEEP, tma=1, swap=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
     ]
 

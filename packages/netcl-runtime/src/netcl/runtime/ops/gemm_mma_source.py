@@ -145,10 +145,13 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
         out.append("wgmma multiplies at most 256 columns (fn <= 32)")
     if cfg.bkw > 32:
         out.append("wgmma: at most 32 words along K a stage (a K-major row in one 128-byte swizzle atom)")
-    if cfg.swap and (mode != "tf32" or trans_a or trans_b or not (cfg.wg == 2 or cfg.tma)):
-        out.append("swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, wg 2 (or TMA)")
-    elif cfg.swap and cfg.wg == 1 and cfg.wm > 4 and cfg.fm == 1:  # RESULTS.md, "The Tensor Memory Accelerator ..."
-        out.append("swap with products in flight (wg 1): two warpgroups of one 64-row block each measured wrong")
+    if cfg.swap and (mode != "tf32" or trans_a or trans_b or cfg.wg != 2):
+        # products in flight (wg 1) over register fragments gave wrong products on an H100 in every form measured
+        # there (RESULTS.md, "Swapped tf32 products in flight: wrong on the H100")
+        out.append(
+            "swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, each stage's "
+            "products finished before its fragments are reloaded (wg 2)"
+        )
     elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
         out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
     if cfg.tma and cfg.stages < 2:
@@ -569,25 +572,22 @@ def _wgmma_step_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tiles
     return lines
 
 
-def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile], regs: str = "af", held: str = "") -> list[str]:
+def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
     """The ``wgmma`` of one stage (``cb``) under ``cfg.swap``: C^T's 64 x BM x 8 products, B^T's
     fragments loaded from B's k-rows tile (swizzled: the 32 words of a warp's load in distinct banks)
-    in mma.sync's tf32 A layout, wgmma's B the K-major tile of A; one ``wgmma.fence`` after the loads.
-
-    ``wg`` 2: the fragments in a local array ``regs``, the products finished at the end. ``wg`` 1 (TMA
-    tiles): the fragments in ``regs``, one of two sets declared before the loop; the stage's products
-    stay in flight, and the wait for the previous stage's names the other set, ``held``, as operands,
-    so that it keeps its registers until the products that read them are done."""
+    in mma.sync's tf32 A layout into a local array ``af``, wgmma's B the K-major tile of A; one
+    ``wgmma.fence`` after the loads. The products finish within the stage: the wait names the fragments
+    as its operands too, so the compiler keeps their registers until the products that read them are done."""
     tile_a, tile_b = tiles
     n, steps = 4 * cfg.fn, cfg.bkw // 8
     listed = ", ".join("%" + str(i) for i in range(n))
-    lines = [f"uint {regs}[{steps}][{cfg.fm}][4];"] if cfg.wg == 2 else []
+    lines = [f"uint af[{steps}][{cfg.fm}][4];"]
     for step in range(steps):
         r0, r4 = f"({step * 8} + tig)", f"({step * 8 + 4} + tig)"
         for f in range(cfg.fm):
             c0, c8 = f"(wr + {f * 64} + gid)", f"(wr + {f * 64 + 8} + gid)"
             at = [tile_b.at(r, c) for r, c in ((r0, c0), (r0, c8), (r4, c0), (r4, c8))]
-            lines.append(" ".join(f"{regs}[{step}][{f}][{i}] = Bs[cb][{a}];" for i, a in enumerate(at)))
+            lines.append(" ".join(f"af[{step}][{f}][{i}] = Bs[cb][{a}];" for i, a in enumerate(at)))
     lines += [
         f"const ulong db0 = {_descriptor_bits(True, tile_a)}UL | (((uint)(size_t)As[cb]) >> 4);",
         'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
@@ -595,18 +595,14 @@ def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile], regs: str = "af"
     for step in range(steps):
         for f in range(cfg.fm):
             outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg, f))
-            inputs = ", ".join(f'"r"({regs}[{step}][{f}][{i}])' for i in range(4))
+            inputs = ", ".join(f'"r"(af[{step}][{f}][{i}])' for i in range(4))
             frag = ",".join(f"%{n + i}" for i in range(4))
             lines.append(
                 f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.m64n{cfg.bm}k8.f32.tf32.tf32 '
                 f'{{{listed}}}, {{{frag}}}, %{n + 4}, 1, 1, 1;" : {outs} : {inputs}, "l"(db0 + {step * 2}));'
             )
-    lines.append('asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");')
-    if cfg.wg == 2:
-        lines.append(_wgmma_wait(cfg, 0))
-    else:
-        words = [f"{held}[{step}][{f}][{i}]" for step in range(steps) for f in range(cfg.fm) for i in range(4)]
-        lines.append(_wgmma_wait(cfg, 1, words))
+    held = [f"af[{step}][{f}][{i}]" for step in range(steps) for f in range(cfg.fm) for i in range(4)]
+    lines += ['asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");', _wgmma_wait(cfg, 0, held)]
     return lines
 
 
@@ -681,20 +677,11 @@ def _tma_main_loop(
             if (tn < ntiles) {{ const int buf = tn % NBUF; {issue} }}
         }}"""
     wait = "BAR_WAIT((uint)(size_t)&bars[cb], (t / NBUF) & 1);"
-    declare = ""
-    if cfg.swap and cfg.wg == 1:  # even and odd tiles' fragments in two register sets (``_wgmma_swap_lines``)
-        steps = cfg.bkw // 8
-        declare = f"uint af0[{steps}][{cfg.fm}][4] = {{{{{{0}}}}}}, af1[{steps}][{cfg.fm}][4] = {{{{{{0}}}}}};"
-        halves = [_wgmma_swap_lines(cfg, (tile_a, tile_b), f"af{p}", f"af{1 - p}") for p in (0, 1)]
-        parity = [f"{{\n            {(nl2 + '    ').join(half)}\n        }}" for half in halves]
-        body = [wait, f"if ((t & 1) == 0) {parity[0]} else {parity[1]}", "barrier(CLK_LOCAL_MEM_FENCE);", refill]
-    elif cfg.wg == 1:  # refill the previous tile's buffer once every warpgroup's products of it are done
+    if cfg.wg == 1:  # refill the previous tile's buffer once every warpgroup's products of it are done
         body = [wait, compute, _wgmma_wait(cfg, 1), "barrier(CLK_LOCAL_MEM_FENCE);", refill]
     else:  # products finish within their stage: the barrier frees the previous tile's buffer
         body = ["barrier(CLK_LOCAL_MEM_FENCE);", refill, wait, compute]
-    words = [f"[{i}][{f}][{q}]" for i in range(cfg.bkw // 8) for f in range(cfg.fm) for q in range(4)]
-    held = [f"af{p}{w}" for p in (0, 1) for w in words] if declare else []
-    drain = "\n    " + _wgmma_wait(cfg, 0, held) if cfg.wg == 1 else ""
+    drain = "\n    " + _wgmma_wait(cfg, 0) if cfg.wg == 1 else ""
     return f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     __global ulong16* maps = tmaps + 2 + 2 * ((get_group_id(2) * get_num_groups(1) + get_group_id(1))
                                               * get_num_groups(0) + get_group_id(0));
@@ -709,7 +696,6 @@ def _tma_main_loop(
     if (tid == 0) {{
         for (int tn = 0; tn < {ahead} && tn < ntiles; ++tn) {{ const int buf = tn; {issue} }}
     }}
-    {declare}
     for (int t = 0; t < ntiles; ++t) {{
         const int cb = t % NBUF;
         {nl2.join(body)}
@@ -883,9 +869,7 @@ def mma_source(
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.wg:  # the stage's products run asynchronously on the warpgroups
-        if cfg.swap and cfg.wg == 1:  # (the TMA loop's two fragment sets: ``_tma_main_loop``)
-            products = []
-        elif cfg.swap:
+        if cfg.swap:
             products = _wgmma_swap_lines(cfg, (tile_a, tile_b))
         else:
             products = _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
