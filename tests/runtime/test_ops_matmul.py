@@ -15,6 +15,7 @@ within the 4 * K * eps term.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
@@ -834,11 +835,17 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "f16")):
         pytest.skip("wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
-    m, n, k = 296, 200, 136  # leading dims of 16-byte rows, as cp.async needs
-    for mode, dtype, layouts in (
-        ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
-        ("bf16", nc.bfloat16, [(False, False), (False, True), (True, False), (True, True)]),
-        ("tf32", np.float32, [(False, True), (False, False)]),
+    # leading dims of 16-byte rows, as cp.async needs; the second shape runs every stage buffer many times over in
+    # dozens of work-groups (where swapped kernels with products in flight went wrong on an H100 while the first
+    # shape's products were right)
+    shapes = [(296, 200, 136), (1000, 1000, 1000)]
+    for (m, n, k), (mode, dtype, layouts) in itertools.product(
+        shapes,
+        (
+            ("f16", np.float16, [(False, False), (False, True), (True, False), (True, True)]),
+            ("bf16", nc.bfloat16, [(False, False), (False, True), (True, False), (True, True)]),
+            ("tf32", np.float32, [(False, True), (False, False)]),
+        ),
     ):
         if not gemm_mma.wgmma_ok(cl_device, mode):
             continue
@@ -863,6 +870,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
                     # float16 and bfloat16 operands multiply exactly; every mode accumulates on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
     # bfloat16 tensors' default for a big product: their words copied by cp.async, as float16's
+    m, n, k = shapes[0]
     big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
     if gemm_mma.wgmma_ok(cl_device, "bf16"):
         default = gemm_mma.config(cl_device, "bf16", big, True, True)
