@@ -146,8 +146,8 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
     if cfg.bkw > 32:
         out.append("wgmma: at most 32 words along K a stage (a K-major row in one 128-byte swizzle atom)")
     if cfg.swap and (mode != "tf32" or trans_a or trans_b or cfg.wg != 2):
-        # products in flight (wg 1) over register fragments gave wrong products on an H100 in every form measured
-        # there (RESULTS.md, "Swapped tf32 products in flight: wrong on the H100")
+        # products in flight (wg 1) over register fragments gave wrong products on an H100, the default form among
+        # them, which had been right on the H200 (RESULTS.md, "Swapped tf32 products in flight: wrong on the H100")
         out.append(
             "swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, each stage's "
             "products finished before its fragments are reloaded (wg 2)"
