@@ -870,7 +870,6 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
                     # float16 and bfloat16 operands multiply exactly; every mode accumulates on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
     # bfloat16 tensors' default for a big product: their words copied by cp.async, as float16's
-    m, n, k = shapes[0]
     big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
     if gemm_mma.wgmma_ok(cl_device, "bf16"):
         default = gemm_mma.config(cl_device, "bf16", big, True, True)
@@ -893,6 +892,7 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
     assert gemm_mma.local_limit(cl_device, "f16") == (196608 if wide else 98304)
     # float32 operands rounded to f16 / bf16 as they pass through registers (amp's "fp16", "medium"),
     # within the rounded operands' bound of the float64 product
+    m, n, k = shapes[0]
     for mode, precision in (("f16", "fp16"), ("bf16", "medium")):
         if not gemm_mma.wgmma_ok(cl_device, mode, converts=True):
             continue
