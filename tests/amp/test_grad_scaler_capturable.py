@@ -45,6 +45,7 @@ def _params(device):
     ],
     ids=["adam", "sgd", "adam-snapshots", "sgd-snapshots"],
 )
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # overflowed gradients compute silently, as in the kernels
 def test_capturable_matches_the_host_scaler(device, make_opt):
     runs = []
     for capturable in (False, True):

@@ -1,7 +1,13 @@
 """NumPy twins of ``netcl.runtime.ops.optim_kernels`` (arguments already checked there): the kernels'
-formulas in float32 (float64 for float64 parameters); nothing changes where the ``skip`` flag is up."""
+formulas in float32 (float64 for float64 parameters); nothing changes where the ``skip`` flag is up. Non-finite
+values come out as IEEE arithmetic gives them, silently, as the kernels' do (an update a snapshot optimizer
+discards may run on an overflowed gradient)."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -9,11 +15,23 @@ from netcl.core import Tensor
 from netcl.runtime.numpy_twins._values import float_compute_type
 
 
+def _ieee(update: Callable[..., Any]) -> Callable[..., Any]:
+    """``update`` with NumPy's floating-point warnings off (``np.errstate(all="ignore")``)."""
+
+    @functools.wraps(update)
+    def silent(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return update(*args, **kwargs)
+
+    return silent
+
+
 def _skipped(skip: Tensor) -> bool:
     """Whether the flag is up."""
     return bool(np.asarray(skip.data).reshape(-1)[0])
 
 
+@_ieee
 def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
     compute = float_compute_type(param.dtype)
     lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
@@ -28,6 +46,7 @@ def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.n
     param.data[...] = (w - lr * d).astype(param.dtype)
 
 
+@_ieee
 def _adam(
     param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool, vmax: Tensor | None
 ) -> None:
@@ -117,6 +136,7 @@ def adam_multi_update(
     return params
 
 
+@_ieee
 def rmsprop_multi_update(
     params: list[Tensor],
     grads: list[Tensor],
@@ -153,6 +173,7 @@ def rmsprop_multi_update(
     return params
 
 
+@_ieee
 def adagrad_multi_update(
     params: list[Tensor], grads: list[Tensor], sums: list[Tensor], steps: Tensor, indices: list[int], hyper: Tensor,
     skip: Tensor,
