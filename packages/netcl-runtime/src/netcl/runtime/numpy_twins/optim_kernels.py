@@ -1,6 +1,6 @@
 """NumPy twins of ``netcl.runtime.ops.optim_kernels`` (arguments already checked there): the kernels'
 formulas in float32 (float64 for float64 parameters); nothing changes where the ``skip`` flag is up. Non-finite
-values come out as IEEE arithmetic gives them, silently, as the kernels' do (an update a snapshot optimizer
+values come out as IEEE arithmetic gives them, silently, as in the kernels (an update a snapshot optimizer
 discards may run on an overflowed gradient)."""
 
 from __future__ import annotations
