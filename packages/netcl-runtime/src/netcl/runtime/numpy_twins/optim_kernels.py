@@ -16,7 +16,8 @@ from netcl.runtime.numpy_twins._values import float_compute_type
 
 
 def _ieee(update: Callable[..., Any]) -> Callable[..., Any]:
-    """``update`` with NumPy's floating-point warnings off (``np.errstate(all="ignore")``)."""
+    """``update`` with NumPy's floating-point warnings off: a new ``np.errstate`` each call (before NumPy 2 one
+    instance used as a decorator keeps its saved state on itself, which two threads would share)."""
 
     @functools.wraps(update)
     def silent(*args: Any, **kwargs: Any) -> Any:
@@ -31,7 +32,6 @@ def _skipped(skip: Tensor) -> bool:
     return bool(np.asarray(skip.data).reshape(-1)[0])
 
 
-@_ieee
 def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.ndarray) -> None:
     compute = float_compute_type(param.dtype)
     lr, momentum, dampening, wd, nesterov = (compute(h) for h in hyper.astype(np.float32))
@@ -46,7 +46,6 @@ def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, step: int, hyper: np.n
     param.data[...] = (w - lr * d).astype(param.dtype)
 
 
-@_ieee
 def _adam(
     param: Tensor, grad: Tensor, m: Tensor, v: Tensor, t: int, hyper: np.ndarray, decoupled: bool, vmax: Tensor | None
 ) -> None:
@@ -71,6 +70,7 @@ def _adam(
     param.data[...] = (w - (lr / bc1) * m1 / denom).astype(param.dtype)
 
 
+@_ieee
 def sgd_update(
     param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor, skip: Tensor
 ) -> Tensor:
@@ -80,6 +80,7 @@ def sgd_update(
     return param
 
 
+@_ieee
 def adam_update(
     param: Tensor,
     grad: Tensor,
@@ -99,6 +100,7 @@ def adam_update(
     return param
 
 
+@_ieee
 def sgd_multi_update(
     params: list[Tensor],
     grads: list[Tensor],
@@ -115,6 +117,7 @@ def sgd_multi_update(
     return params
 
 
+@_ieee
 def adam_multi_update(
     params: list[Tensor],
     grads: list[Tensor],
