@@ -595,11 +595,11 @@ def _wgmma_swap_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
     for step in range(steps):
         for f in range(cfg.fm):
             outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg, f))
-            inputs = ", ".join(f'"r"(af[{step}][{f}][{i}])' for i in range(4))
+            regs = ", ".join(f'"r"(af[{step}][{f}][{i}])' for i in range(4))
             frag = ",".join(f"%{n + i}" for i in range(4))
             lines.append(
                 f'asm volatile("// NETCL_PTX wgmma.mma_async.sync.aligned.m64n{cfg.bm}k8.f32.tf32.tf32 '
-                f'{{{listed}}}, {{{frag}}}, %{n + 4}, 1, 1, 1;" : {outs} : {inputs}, "l"(db0 + {step * 2}));'
+                f'{{{listed}}}, {{{frag}}}, %{n + 4}, 1, 1, 1;" : {outs} : {regs}, "l"(db0 + {step * 2}));'
             )
     held = [f"af[{step}][{f}][{i}]" for step in range(steps) for f in range(cfg.fm) for i in range(4)]
     lines += ['asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");', _wgmma_wait(cfg, 0, held)]
@@ -869,10 +869,11 @@ def mma_source(
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     if cfg.wg:  # the stage's products run asynchronously on the warpgroups
-        if cfg.swap:
-            products = _wgmma_swap_lines(cfg, (tile_a, tile_b))
-        else:
-            products = _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
+        products = (
+            _wgmma_swap_lines(cfg, (tile_a, tile_b))
+            if cfg.swap
+            else _wgmma_step_lines(cfg, mode, (a_along_k, b_along_k), (tile_a, tile_b))
+        )
         compute = "{\n            " + nl2.join(products) + "\n        }"
     # wgmma reads local memory through the async proxy: the copies' writes are fenced into it
     proxy_fence = nl + 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");' if cfg.wg else ""
