@@ -153,12 +153,18 @@ def test_small_output_with_large_k_is_split_along_k(device, sa, sb, ta):
 
 
 @pytest.mark.parametrize("precision", ["highest", "tf32x3"])
-def test_split_product_is_its_parts_summed_in_order(cl_device, precision):
+@pytest.mark.parametrize(
+    ("m", "n", "k", "finer"),
+    [
+        (5, 7, 12288, False),  # the config's own split count
+        (8, 6, 1400, True),  # finer splits: 5 on any device (not a power of two)
+    ],
+)
+def test_split_product_is_its_parts_summed_in_order(cl_device, precision, m, n, k, finer):
     """Split along K, the split-sum kernel adds the splits' partial products in split order: bit for
     bit the float32 sum, in that order, of the unsplit products of the K chunks with the same tiles.
     Again on a later call and in a captured graph's replays."""
     f4 = np.dtype(np.float32)
-    m, n, k = 5, 7, 12288
     problem = gemm_plan.Problem(m, n, k, False, False, ())
     mode = gemm_mma.mode_for(cl_device, f4, f4, precision)
     if mode is None:
@@ -172,9 +178,10 @@ def test_split_product_is_its_parts_summed_in_order(cl_device, precision):
         def plan(p: gemm_plan.Problem, c) -> gemm_plan.Plan:
             return gemm_mma.make_plan(cl_device, mode, f4, f4, f4, (p.m, p.n), p, cfg=c)
 
+    cfg = dataclasses.replace(cfg, split=4) if finer else cfg
     bk = cfg.bk if mode is None else cfg.bk_elements(mode)
     splits, chunk = gemm_plan.split_count(problem, cfg.bm, cfg.bn, bk, cl_device, cfg.split)
-    assert splits > 1
+    assert splits == 5 if finer else splits > 1
     a, b = _data((m, k), 3), _data((k, n), 4)
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
     got = plan(problem, cfg).run(x, y).to_host()
