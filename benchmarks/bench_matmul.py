@@ -1,14 +1,15 @@
 """The ``matmul`` workload: TFLOP/s by shape and precision, with cuBLAS (through torch) as the peer.
 
-Run alone (``python benchmarks/bench_matmul.py [--quick] [--device SPEC]``) or as
-``hatch run bench --workload matmul``. Each row times one product ``(M x K) @ (K x N)`` on the
-netcl device (median device time from profiling events, around the call) and, when torch sees
-CUDA on an NVIDIA OpenCL device, the same product through torch (CUDA events): fp32 with TF32
-off, TF32, fp16 and bf16 (netcl's "tf32x3", three tf32 products for near-fp32 accuracy, is
-compared with cuBLAS fp32; netcl's "bf16" multiplies bfloat16 tensors, "bf16-f32" float32 tensors
-rounded to bf16 as the kernel loads them, amp's path, not in the ratios). The error of every netcl
-precision against a float64 product is printed for one shape (relative Frobenius norm, random
-uniform inputs in [-1, 1]).
+Run alone (``python benchmarks/bench_matmul.py [--quick] [--device SPEC] [--only LABEL ...]``) or as
+``hatch run bench --workload matmul [--only LABEL ...]`` (``--only``: the shapes whose label contains one of
+the strings, e.g. ``--only sq8192 mlp``, so that a GPU machine's time limit need not cover the whole
+table). Each row times one product ``(M x K) @ (K x N)`` on the netcl device (median device time from
+profiling events, around the call) and, when torch sees CUDA on an NVIDIA OpenCL device, the same
+product through torch (CUDA events): fp32 with TF32 off, TF32, fp16 and bf16 (netcl's "tf32x3", three
+tf32 products for near-fp32 accuracy, is compared with cuBLAS fp32; netcl's "bf16" multiplies bfloat16
+tensors, "bf16-f32" float32 tensors rounded to bf16 as the kernel loads them, amp's path, not in the
+ratios). The error of every netcl precision against a float64 product is printed for one shape
+(relative Frobenius norm, random uniform inputs in [-1, 1]).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +104,28 @@ def netcl_modes(device) -> list[tuple[str, str, object]]:
     return modes
 
 
-def run(device_spec: str | None = None, quick: bool = False, repeats: int | None = None, peers: bool = True) -> dict:
+def selected_shapes(quick: bool, only: Sequence[str] | None = None) -> list[tuple]:
+    """The rows to time: ``QUICK`` or ``SHAPES``, narrowed to the labels containing one of ``only``'s strings."""
+    shapes = QUICK if quick else SHAPES
+    if not only:
+        return list(shapes)
+    picked = [s for s in shapes if any(word in s[0] for word in only)]
+    if not picked:
+        labels = ", ".join(s[0] for s in shapes)
+        raise ValueError(
+            f"--only {' '.join(only)} matches no shape; the {'quick ' if quick else ''}labels are {labels}"
+        )
+    return picked
+
+
+def run(
+    device_spec: str | None = None,
+    quick: bool = False,
+    repeats: int | None = None,
+    peers: bool = True,
+    only: Sequence[str] | None = None,
+) -> dict:
+    shapes = selected_shapes(quick, only)
     device = nc.get_device(device_spec)
     repeats = repeats or (5 if quick else 20)
     torch = _torch() if peers and device.kind == "opencl" and device.is_gpu else None
@@ -118,7 +141,7 @@ def run(device_spec: str | None = None, quick: bool = False, repeats: int | None
     print("TFLOP/s (median device time)")
     print(header)
     print("-" * len(header))
-    for label, m, n, k, trans_a, trans_b in QUICK if quick else SHAPES:
+    for label, m, n, k, trans_a, trans_b in shapes:
         flops = 2.0 * m * n * k
         a_host = _rand((k, m) if trans_a else (m, k), 1)
         b_host = _rand((n, k) if trans_b else (k, n), 2)
@@ -218,8 +241,14 @@ def errors(device, modes, size: int) -> dict:
 
 
 def main() -> None:
-    args = standalone_parser(__doc__).parse_args()
-    write_results(run(args.device, args.quick, args.repeats, not args.no_peers), args.json_path)
+    parser = standalone_parser(__doc__)
+    parser.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="the shapes whose label contains one")
+    args = parser.parse_args()
+    try:
+        selected_shapes(args.quick, args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    write_results(run(args.device, args.quick, args.repeats, not args.no_peers, args.only), args.json_path)
 
 
 if __name__ == "__main__":

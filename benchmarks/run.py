@@ -35,7 +35,8 @@ if __name__ == "__main__":
         nargs="+",
         default=None,
         metavar="WORKLOAD",
-        help="run only these workloads (train: the steps whose name contains one of these strings)",
+        help="run only these workloads (train: the steps whose name contains one of these strings; matmul: the "
+        "shapes whose label does)",
     )
     parser.add_argument(
         "--workload",
@@ -61,6 +62,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--tune-im2col", action="store_true", help="conv: let the im2col path's products search too")
     args = parser.parse_args()
+    if args.workload == "matmul":
+        from bench_matmul import selected_shapes
+
+        try:
+            selected_shapes(args.quick, args.only)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.profile_path and args.workload != "fused":
         parser.error(f"--profile traces the fused workloads' calls; --workload {args.workload} has no per-call pass")
     if args.matmul_precision != "highest":
@@ -77,7 +85,7 @@ if __name__ == "__main__":
     if args.workload == "matmul":
         from bench_matmul import run as run_matmul
 
-        results = run_matmul(args.device, args.quick, args.repeats, not args.no_peers)
+        results = run_matmul(args.device, args.quick, args.repeats, not args.no_peers, args.only)
     elif args.workload == "launch":
         from launch_cost import run as run_launch
 

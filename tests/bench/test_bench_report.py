@@ -101,3 +101,12 @@ def test_plot_draws_both_modes_speedups_and_the_device(tmp_path: Path) -> None:
     path = tmp_path / "chart.png"
     assert plot(results, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_matmul_only_picks_the_shapes_whose_label_contains_a_string() -> None:
+    from bench_matmul import QUICK, selected_shapes
+
+    assert [s[0] for s in selected_shapes(False, ["sq8192", "mlp"])] == ["sq8192", "mlp784", "mlp512"]
+    assert selected_shapes(True) == QUICK
+    with pytest.raises(ValueError, match="matches no shape; the quick labels are sq128, mlp, wgrad, dx"):
+        selected_shapes(True, ["sq8192"])
