@@ -1,4 +1,4 @@
-"""The bench explains itself: ratio wording, spreads, verdicts with measured reasons, registry, plot."""
+"""The bench explains itself: ratio wording, spreads, verdicts with measured reasons, registry, plot; `--only` rows."""
 
 from __future__ import annotations
 
