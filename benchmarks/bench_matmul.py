@@ -14,6 +14,7 @@ ratios). The error of every netcl precision against a float64 product is printed
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -116,6 +117,14 @@ def selected_shapes(quick: bool, only: Sequence[str] | None = None) -> list[tupl
             f"--only {' '.join(only)} matches no shape; the {'quick ' if quick else ''}labels are {labels}"
         )
     return picked
+
+
+def check_only(parser: argparse.ArgumentParser, quick: bool, only: Sequence[str] | None) -> None:
+    """``parser.error`` (a usage error, before any device work) where ``--only`` matches no shape."""
+    try:
+        selected_shapes(quick, only)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def run(
@@ -244,10 +253,7 @@ def main() -> None:
     parser = standalone_parser(__doc__)
     parser.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="the shapes whose label contains one")
     args = parser.parse_args()
-    try:
-        selected_shapes(args.quick, args.only)
-    except ValueError as exc:
-        parser.error(str(exc))
+    check_only(parser, args.quick, args.only)
     write_results(run(args.device, args.quick, args.repeats, not args.no_peers, args.only), args.json_path)
 
 

@@ -63,12 +63,9 @@ if __name__ == "__main__":
     parser.add_argument("--tune-im2col", action="store_true", help="conv: let the im2col path's products search too")
     args = parser.parse_args()
     if args.workload == "matmul":
-        from bench_matmul import selected_shapes
+        from bench_matmul import check_only
 
-        try:
-            selected_shapes(args.quick, args.only)
-        except ValueError as exc:
-            parser.error(str(exc))
+        check_only(parser, args.quick, args.only)
     if args.profile_path and args.workload != "fused":
         parser.error(f"--profile traces the fused workloads' calls; --workload {args.workload} has no per-call pass")
     if args.matmul_precision != "highest":
