@@ -38,6 +38,7 @@ from netcl.runtime.ops.gemm_mma_source import (
 )
 from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
+from netcl.runtime.ops.gemm_transpose import TransposedPlan, k_major
 from netcl.runtime.recording import paused
 
 log = logging.getLogger("netcl.gemm")
@@ -129,6 +130,10 @@ def wgmma_ok(device: Device, mode: str, converts: bool = False) -> bool:
     they pass through registers into local memory (amp's "fp16", "medium")."""
     if mode not in WGMMA_MODES:
         return False
+    if mode == "tf32x3":  # TMA stages split in local memory (``gemm_mma_source._x3_main_loop``)
+        if converts or not (_async_ok(device, mode) and tma_ok(device, "tf32")):
+            return False
+        return _probed((device, "tf32x3-wgmma"), device, mode, ldsm=1, cfg=_X3_PROBE)
     if converts:
         if mode in WORD_MODES or not available(device, mode):
             return False
@@ -217,6 +222,8 @@ def tma_ok(device: Device, mode: str) -> bool:
     CUDA context is made)."""
     if os.environ.get("NETCL_TMA", "1").strip() == "0" or not wgmma_ok(device, mode):
         return False
+    if mode == "tf32x3":  # (its wgmma kernels copy by TMA only: probed by ``wgmma_ok``)
+        return True
     cfg = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=1, tma=1)
     return _probed((device, f"{mode}-wgmma-tma"), device, mode, ldsm=1, cfg=cfg)
 
@@ -260,6 +267,10 @@ WIDE_SWAP = dataclasses.replace(DEEP, tma=1, swap=1)
 #: the deepest TMA pipelines of the search (192 KB): what ``wide_ok`` probes (the swapped one for tf32)
 _WIDEST = dataclasses.replace(WIDE, stages=4)
 _WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=2, tma=1, swap=1)
+#: tf32x3 on wgmma (float32 operands both K-major): two warpgroups of 64 x 128, three TMA stages of 32 words, each
+#: split into hi (in place) and lo tiles (two buffers): 160 KB
+X3 = MmaConfig(8, 1, 1, 16, 32, stages=3, wg=2, tma=1)
+_X3_PROBE = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=2, tma=1)
 
 
 def wide_ok(device: Device, mode: str) -> bool:
@@ -275,6 +286,7 @@ def local_limit(device: Device, mode: str) -> int:
     """Bytes of local memory a tensor-core kernel of ``mode`` may declare on ``device``: ``_WIDEST``'s or
     ``DEEP``'s where they passed their probes, else what the driver reports."""
     reported = int(device.cl_device.local_mem_size)
+    mode = "tf32" if mode == "tf32x3" else mode  # (the same TMA tiles, probed as tf32)
     for probed, cfg in ((wide_ok, _WIDEST), (deep_ok, DEEP)):
         if probed(device, mode):
             return max(reported, cfg.local_bytes(mode, False, False))
@@ -339,6 +351,10 @@ def _grid() -> list[MmaConfig]:
         _WIDEST_SWAP,
         MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
+        # tf32x3 on wgmma (with the TMA configs above of wg 2): 128 x 128, 64 x 128, 128 x 64
+        X3,
+        MmaConfig(4, 1, 1, 16, 32, stages=3, wg=2, tma=1),
+        MmaConfig(8, 1, 1, 8, 32, stages=4, wg=2, tma=1),
     ]
 
 
@@ -368,7 +384,10 @@ def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
 
 
 def _aligned(cfg: MmaConfig, problem, a_half: bool, b_half: bool) -> MmaConfig:
-    """Vector loads only where the leading dims and batch strides keep 16-byte alignment."""
+    """Vector loads only where the leading dims and batch strides keep 16-byte alignment (under ``pre``: those of
+    the K-major problem the kernel multiplies)."""
+    if cfg.pre:
+        problem = k_major(problem)
     wa, wb = (8 if a_half else 4), (8 if b_half else 4)
     va = int(problem.lda % wa == 0 and all(d[1] % wa == 0 for d in problem.dims))
     vb = int(problem.ldb % wb == 0 and all(d[2] % wb == 0 for d in problem.dims))
@@ -394,6 +413,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     warpgroups = wgmma_ok(device, mode) if staged else converts and wgmma_ok(device, mode, converts=True)
     if not warpgroups:
         candidates = [c for c in candidates if not c.wg]
+    if warpgroups and mode == "tf32x3" and (problem.trans_a or not problem.trans_b):  # wgmma after transposes
+        pre = [dataclasses.replace(c, ldsm=ldsm, pre=1) for c in _grid() if c.wg and c.tma]
+        candidates += [_aligned(c, problem, a_half, b_half) for c in pre]
     swapped = warpgroups and mode == "tf32" and not (problem.trans_a or problem.trans_b) and swap_ok(device)
     if not swapped:
         candidates = [c for c in candidates if not c.swap]
@@ -407,6 +429,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
+        x3 = _aligned(dataclasses.replace(X3, ldsm=ldsm), problem, a_half, b_half)
+        if copied and _valid(device, x3, mode, problem):  # both operands K-major: wgmma
+            fallback = x3
     if mode in ("tf32", "f16", "bf16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see
         # benchmarks/RESULTS.md, "Deeper pipelines for the tensor-core kernel")
@@ -514,6 +539,13 @@ def make_plan(
     a_half, b_half = _words(a_dtype), _words(b_dtype)
     if cfg is None:
         cfg = config(device, mode, problem, a_half, b_half)
+    if cfg.pre:  # operands stored M/N-major transposed first, then the K-major problem's kernel
+        if any(v is not None for v in views):
+            raise ValueError("gemm_mma: pre (operands transposed first) multiplies stored operands, not views")
+        inner = k_major(problem)
+        cfg = dataclasses.replace(cfg, pre=0)
+        plan = make_plan(device, mode, a_dtype, b_dtype, out_dtype, out_shape, inner, epilogue, cfg)
+        return TransposedPlan(device, problem, plan)
     if views[0] is not None or views[1] is not None:
         cfg = _view_flags(cfg, mode, problem, views)
     splits, chunk = 1, problem.k

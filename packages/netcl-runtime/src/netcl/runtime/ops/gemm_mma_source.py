@@ -55,8 +55,8 @@ WORD_MODES = ("tf32", "tf32x3")
 WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
 ASYNC_MODES = (*WORD_MODES, "f16", "bf16")
-#: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``)
-WGMMA_MODES = ("tf32", "f16", "bf16")
+#: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``; tf32x3: TMA stages of both operands K-major, ``_x3_main_loop``)
+WGMMA_MODES = ("tf32", "f16", "bf16", "tf32x3")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,9 @@ class MmaConfig:
     #: (``cp.async.bulk.tensor`` from a tensor map, ``tma_maps``), issued by one thread, their arrival awaited
     #: on an mbarrier a stage, where every thread otherwise issues cp.async chunks
     tma: int = 0
+    #: 1 (tf32x3 on ``wgmma``): an operand stored M/N-major (A transposed, B untransposed) is first transposed
+    #: into a K-major workspace (``gemm_transpose``), and the kernel multiplies the K-major problem
+    pre: int = 0
 
     @property
     def bm(self) -> int:
@@ -109,9 +112,12 @@ class MmaConfig:
         return self.stages > 0 and self.ldsm == 1 and self.fn % 2 == 0 and not self.wg
 
     def local_bytes(self, mode: str, trans_a: bool, trans_b: bool) -> int:
+        if self.pre:  # the kernel of the K-major problem
+            trans_a, trans_b = False, True
         a = _tile("A", self.bm, self, not trans_a, mode).words
         b = _tile("B", self.bn, self, trans_b, mode).words
-        return max(2, self.stages) * 4 * (a + b)
+        lo = X3_LO_BUFFERS if self.wg and mode == "tf32x3" else 0  # tf32x3 on wgmma: the lo tiles
+        return (max(2, self.stages) + lo) * 4 * (a + b)
 
     def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
         out = []
@@ -121,6 +127,8 @@ class MmaConfig:
             out.append("cp.async stages need tf32, f16 or bf16, 16-byte aligned operands and at least 2 stages")
         if self.fpre and mode == "tf32x3":
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
+        if self.pre and not (self.wg and mode == "tf32x3"):
+            out.append("pre (operands transposed first) serves tf32x3 on wgmma")
         if self.wg:
             out += _wgmma_problems(self, mode, trans_a, trans_b)
         elif self.swap:
@@ -129,14 +137,19 @@ class MmaConfig:
 
     def short(self) -> str:
         tiles = f"{self.bm}x{self.bn} warps{self.wm}x{self.wn} tiles{self.fm}x{self.fn}"
-        wgmma = f" wg{self.wg}{' swap' if self.swap else ''}{' tma' if self.tma else ''}" if self.wg else ""
+        flags = f"{' swap' if self.swap else ''}{' tma' if self.tma else ''}{' pre' if self.pre else ''}"
+        wgmma = f" wg{self.wg}{flags}" if self.wg else ""
         return f"{tiles} bkw{self.bkw} v{self.va}{self.vb} ldsm{self.ldsm} stages{self.stages}{wgmma}"
 
 
 def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
     out = []
     if mode not in WGMMA_MODES:
-        out.append("wgmma multiplies tf32, f16 or bf16 (tf32x3's split runs on mma.sync)")
+        out.append("wgmma multiplies tf32, tf32x3, f16 or bf16")
+    if cfg.pre:  # the kernel multiplies the K-major problem
+        trans_a, trans_b = False, True
+    if mode == "tf32x3" and (not cfg.tma or cfg.swap or cfg.wg != 2):
+        out.append("tf32x3 on wgmma: tiles copied by tma, each stage's products finished (wg 2), no swap")
     if cfg.stages == 1 or (not cfg.stages and cfg.wg != 2):
         out.append("wgmma's operands come by cp.async (stages >= 2) or through registers (stages 0, wg 2)")
     if cfg.wn != 1 or cfg.wm % 4 or cfg.fpre:
@@ -153,7 +166,7 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
             "products finished before its fragments are reloaded (wg 2)"
         )
     elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
-        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
+        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap; tf32x3: pre)")
     if cfg.tma and cfg.stages < 2:
         out.append("tma copies the tiles of cp.async's stages (stages >= 2)")
     return out
@@ -655,6 +668,32 @@ def _tma_copies(name: str, tile: Tile, along_k: bool, mode: str) -> list[str]:
     ]
 
 
+def _tma_issue(cfg: MmaConfig, mode: str, along: tuple[bool, bool], tile_a: Tile, tile_b: Tile) -> str:
+    """Thread 0's copies of stage ``tn`` into buffer ``buf`` (``_tma_copies``), announced on its mbarrier."""
+    nl4 = "\n                "
+    copies = _tma_copies("A", tile_a, along[0], mode) + _tma_copies("B", tile_b, along[1], mode)
+    return f"""{{
+                const uint bar = (uint)(size_t)&bars[buf]; const int kt = kbeg + tn * BK;
+                BAR_EXPECT(bar, {4 * (tile_a.words + tile_b.words)});
+                {nl4.join(copies)}
+            }}"""
+
+
+#: Thread 0 writes this work-group's two tensor maps (the templates with A's and B's addresses) and sets up one
+#: mbarrier a stage.
+_TMA_SETUP = """const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    __global ulong16* maps = tmaps + 2 + 2 * ((get_group_id(2) * get_num_groups(1) + get_group_id(1))
+                                              * get_num_groups(0) + get_group_id(0));
+    if (tid == 0) {
+        maps[0] = tmaps[0]; maps[1] = tmaps[1];
+        MAP_ADDRESS(maps, A); MAP_ADDRESS(maps + 1, B);
+        MAP_RELEASE(); MAP_ACQUIRE(maps); MAP_ACQUIRE(maps + 1);
+        for (int i = 0; i < NBUF; ++i) BAR_INIT((uint)(size_t)&bars[i]);
+        BAR_INIT_FENCE();
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);"""
+
+
 def _tma_main_loop(
     cfg: MmaConfig, mode: str, along: tuple[bool, bool], compute: str, tile_a: Tile, tile_b: Tile
 ) -> str:
@@ -665,13 +704,8 @@ def _tma_main_loop(
     warpgroup's products of its previous tile are done; every thread waits for a stage's bytes on its
     mbarrier (phase: the buffer's use count, modulo 2)."""
     ahead = cfg.stages - 1
-    nl2, nl4 = "\n        ", "\n                "
-    copies = _tma_copies("A", tile_a, along[0], mode) + _tma_copies("B", tile_b, along[1], mode)
-    issue = f"""{{
-                const uint bar = (uint)(size_t)&bars[buf]; const int kt = kbeg + tn * BK;
-                BAR_EXPECT(bar, {4 * (tile_a.words + tile_b.words)});
-                {nl4.join(copies)}
-            }}"""
+    nl2 = "\n        "
+    issue = _tma_issue(cfg, mode, along, tile_a, tile_b)
     refill = f"""if (tid == 0) {{
             const int tn = t + {ahead};
             if (tn < ntiles) {{ const int buf = tn % NBUF; {issue} }}
@@ -682,17 +716,7 @@ def _tma_main_loop(
     else:  # products finish within their stage: the barrier frees the previous tile's buffer
         body = ["barrier(CLK_LOCAL_MEM_FENCE);", refill, wait, compute]
     drain = "\n    " + _wgmma_wait(cfg, 0) if cfg.wg == 1 else ""
-    return f"""const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
-    __global ulong16* maps = tmaps + 2 + 2 * ((get_group_id(2) * get_num_groups(1) + get_group_id(1))
-                                              * get_num_groups(0) + get_group_id(0));
-    if (tid == 0) {{
-        maps[0] = tmaps[0]; maps[1] = tmaps[1];
-        MAP_ADDRESS(maps, A); MAP_ADDRESS(maps + 1, B);
-        MAP_RELEASE(); MAP_ACQUIRE(maps); MAP_ACQUIRE(maps + 1);
-        for (int i = 0; i < NBUF; ++i) BAR_INIT((uint)(size_t)&bars[i]);
-        BAR_INIT_FENCE();
-    }}
-    barrier(CLK_LOCAL_MEM_FENCE);
+    return f"""{_TMA_SETUP}
     if (tid == 0) {{
         for (int tn = 0; tn < {ahead} && tn < ntiles; ++tn) {{ const int buf = tn; {issue} }}
     }}
@@ -702,18 +726,138 @@ def _tma_main_loop(
     }}{drain}"""
 
 
-def _wgmma_accumulators(cfg: MmaConfig, block: int | None = None) -> list[str]:
-    """The accumulator registers of a thread in ``wgmma``'s order (n8 block j, then its four values),
-    of 64-row ``block`` or of all of them."""
+#: tf32x3 on ``wgmma``: buffers of the lo tiles (stage t's in buffer t % 2: the next stage's split runs while
+#: the products of this one read theirs)
+X3_LO_BUFFERS = 2
+
+
+def _x3_split_lines(cfg: MmaConfig, tile_a: Tile, tile_b: Tile) -> list[str]:
+    """Stage ``sb``'s split (raw float32 words in buffer ``sb`` of ``As`` / ``Bs``, lo tiles ``sl``): every
+    word x becomes hi = tf32(x) in place and lo = tf32(x - hi) at the same offset of the lo tile, 16 bytes a
+    thread at a time. The split keeps each word's offset, so it needs no address arithmetic: the lo tiles
+    have the raw tiles' layout (wgmma's swizzled atoms, buffers aligned alike)."""
+    lines = []
+    for name, tile in (("A", tile_a), ("B", tile_b)):
+        chunks = tile.words // 4
+        for j in range(-(-chunks // cfg.threads)):
+            c = f"(tid + {j * cfg.threads})"
+            guard = f"if ({c} < {chunks}) " if (j + 1) * cfg.threads > chunks else ""
+            lines.append(f"{guard}X3_SPLIT(&{name}s[sb][{c} * 4], &{name}lo[sl][{c} * 4]);")
+    return lines
+
+
+#: One 16-byte chunk's split (``_x3_split_lines``): hi = tf32(x) written in place, lo = tf32(x - hi) into ``lo``
+X3_SPLIT_MACRO = r"""#define X3_PART(x, h, l) { const float v_ = as_float(x); h = TF32(v_); \
+    l = TF32(v_ - as_float(h)); }
+#define X3_SPLIT(raw, lo) { const uint4 x_ = *(__local const uint4*)(raw); uint4 h_, l_; \
+    X3_PART(x_.x, h_.x, l_.x); X3_PART(x_.y, h_.y, l_.y); X3_PART(x_.z, h_.z, l_.z); X3_PART(x_.w, h_.w, l_.w); \
+    *(__local uint4*)(raw) = h_; *(__local uint4*)(lo) = l_; }
+"""
+
+
+def _wgmma_x3_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
+    """The ``wgmma`` of stage ``cb`` under tf32x3: per k-step and 64-row block, lo*hi, hi*lo and hi*hi
+    (hi: ``As`` / ``Bs`` buffer ``cb``, split in place; lo: ``Alo`` / ``Blo`` buffer ``lb``) into the stage's
+    own accumulators ``tacc``, which the stage's first product overwrites (scale-d 0); the caller adds ``tacc``
+    into ``acc`` with IEEE adds once the products are done (the tensor cores' accumulation truncates: over a
+    stage's 32 words that is relative to the stage's sum, not to the whole row's)."""
+    tile_a, tile_b = tiles
+    n = 4 * cfg.fn
+    listed = ", ".join("%" + str(i) for i in range(n))
+    rows64 = 8 * tile_a.group_stride  # 64 rows of a K-major atom tile
+    bits_a, bits_b = _descriptor_bits(True, tile_a), _descriptor_bits(True, tile_b)
+    lines = [
+        "const int wgi = warp >> 2;",
+        f"const ulong dah = {bits_a}UL | ((((uint)(size_t)As[cb]) + wgi * {cfg.fm * rows64}) >> 4);",
+        f"const ulong dal = {bits_a}UL | ((((uint)(size_t)Alo[lb]) + wgi * {cfg.fm * rows64}) >> 4);",
+        f"const ulong dbh = {bits_b}UL | (((uint)(size_t)Bs[cb]) >> 4);",
+        f"const ulong dbl = {bits_b}UL | (((uint)(size_t)Blo[lb]) >> 4);",
+        'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
+    ]
+    for step in range(cfg.bkw // 8):
+        for f in range(cfg.fm):
+            outs = ", ".join(f'"+f"({r})' for r in _wgmma_accumulators(cfg, f, "tacc"))
+            at = f" + {(step * 32 + f * rows64) >> 4}"
+            bt = f" + {step * 2}"
+            for i, (da, db) in enumerate((("dal", "dbh"), ("dah", "dbl"), ("dah", "dbh"))):
+                scale = int(step > 0 or i > 0)  # the stage's first product of a block overwrites its tacc
+                lines.append(
+                    f'asm volatile("// NETCL_PTX {{ .reg .pred p; setp.ne.b32 p, %{n + 2}, 0; '
+                    f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k8.f32.tf32.tf32 {{{listed}}}, %{n}, %{n + 1}, "
+                    f'p, 1, 1; }}" : {outs} : "l"({da}{at}), "l"({db}{bt}), "r"({scale}));'
+                )
+    lines.append('asm volatile("// NETCL_PTX wgmma.commit_group.sync.aligned;" ::: "memory");')
+    return lines
+
+
+def _x3_main_loop(cfg: MmaConfig, mode: str, along: tuple[bool, bool], products: list[str], tiles) -> str:
+    """The K loop of tf32x3 on ``wgmma`` (``cfg.tma``, both operands K-major): stage t's products run while
+    the threads split stage t + 1 (``_x3_split_lines``; its raw tiles came by TMA ``stages - 1`` ahead); then
+    the products' wait, the IEEE join of ``tacc`` into ``acc``, one barrier, and the refill of stage t's
+    buffer with stage t + stages."""
+    tile_a, tile_b = tiles
+    nl2, nl3 = "\n        ", "\n            "
+    issue = _tma_issue(cfg, mode, along, tile_a, tile_b)
+    split = _x3_split_lines(cfg, tile_a, tile_b)
+    fence = 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");'
+    join = "acc[i][j][q] += tacc[i][j][q];"
+    return f"""{_TMA_SETUP}
+    if (tid == 0) {{
+        for (int tn = 0; tn < NBUF && tn < ntiles; ++tn) {{ const int buf = tn; {issue} }}
+    }}
+    float tacc[{cfg.fm}][{cfg.fn}][4];
+    #pragma unroll
+    for (int i = 0; i < {cfg.fm}; ++i) {{
+        #pragma unroll
+        for (int j = 0; j < {cfg.fn}; ++j) {{
+            tacc[i][j][0] = 0.0f; tacc[i][j][1] = 0.0f; tacc[i][j][2] = 0.0f; tacc[i][j][3] = 0.0f;
+        }}
+    }}
+    if (ntiles > 0) {{
+        const int sb = 0, sl = 0;
+        BAR_WAIT((uint)(size_t)&bars[0], 0);
+        {nl2.join(split)}
+    }}
+    {fence}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int t = 0; t < ntiles; ++t) {{
+        const int cb = t % NBUF, lb = t & 1;
+        {{
+            {nl3.join(products)}
+        }}
+        if (t + 1 < ntiles) {{
+            const int sb = (t + 1) % NBUF, sl = (t + 1) & 1;
+            BAR_WAIT((uint)(size_t)&bars[sb], ((t + 1) / NBUF) & 1);
+            {nl3.join(split)}
+        }}
+        {_wgmma_wait(cfg, 0, name="tacc")}
+        #pragma unroll
+        for (int i = 0; i < {cfg.fm}; ++i) {{
+            #pragma unroll
+            for (int j = 0; j < {cfg.fn}; ++j) {{
+                #pragma unroll
+                for (int q = 0; q < 4; ++q) {join}
+            }}
+        }}
+        {fence}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (tid == 0 && t + NBUF < ntiles) {{ const int tn = t + NBUF; const int buf = cb; {issue} }}
+    }}"""
+
+
+def _wgmma_accumulators(cfg: MmaConfig, block: int | None = None, name: str = "acc") -> list[str]:
+    """The accumulator registers (array ``name``) of a thread in ``wgmma``'s order (n8 block j, then its
+    four values), of 64-row ``block`` or of all of them."""
     blocks = range(cfg.fm) if block is None else (block,)
-    return [f"acc[{f}][{j}][{i}]" for f in blocks for j in range(cfg.fn) for i in range(4)]
+    return [f"{name}[{f}][{j}][{i}]" for f in blocks for j in range(cfg.fn) for i in range(4)]
 
 
-def _wgmma_wait(cfg: MmaConfig, pending: int, held: Sequence[str] = ()) -> str:
-    """Wait until at most ``pending`` groups of ``wgmma`` are in flight; the accumulators (and the words
-    ``held``: register fragments in-flight products read) are its operands, so the compiler neither reads
-    nor moves them before the wait."""
-    outs = ", ".join([*(f'"+f"({r})' for r in _wgmma_accumulators(cfg)), *(f'"+r"({w})' for w in held)])
+def _wgmma_wait(cfg: MmaConfig, pending: int, held: Sequence[str] = (), name: str = "acc") -> str:
+    """Wait until at most ``pending`` groups of ``wgmma`` are in flight; the accumulators (array ``name``;
+    and the words ``held``: register fragments in-flight products read) are its operands, so the compiler
+    neither reads nor moves them before the wait."""
+    accumulators = _wgmma_accumulators(cfg, name=name)
+    outs = ", ".join([*(f'"+f"({r})' for r in accumulators), *(f'"+r"({w})' for w in held)])
     return f'asm volatile("// NETCL_PTX wgmma.wait_group.sync.aligned {pending};" : {outs} :: "memory");'
 
 
@@ -868,7 +1012,10 @@ def mma_source(
                 body += renamed(frag, (step + 1) % 2, step + 1)
             body += renamed(mma, step % 2, step)
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
-    if cfg.wg:  # the stage's products run asynchronously on the warpgroups
+    x3_wgmma = bool(cfg.wg) and mode == "tf32x3"
+    if x3_wgmma:
+        products = _wgmma_x3_lines(cfg, (tile_a, tile_b))
+    elif cfg.wg:  # the stage's products run asynchronously on the warpgroups
         products = (
             _wgmma_swap_lines(cfg, (tile_a, tile_b))
             if cfg.swap
@@ -881,7 +1028,10 @@ def mma_source(
         if view_a is not None or view_b is not None:
             raise ValueError("gemm_mma: the Tensor Memory Accelerator copies stored operands, not views")
         nbuf = cfg.stages
-        main_loop = _tma_main_loop(cfg, mode, (a_along_k, b_along_k), compute, tile_a, tile_b)
+        if x3_wgmma:
+            main_loop = _x3_main_loop(cfg, mode, (a_along_k, b_along_k), products, (tile_a, tile_b))
+        else:
+            main_loop = _tma_main_loop(cfg, mode, (a_along_k, b_along_k), compute, tile_a, tile_b)
     elif cfg.stages:
         nbuf = cfg.stages
         issue = _async_copy("A", cfg.bm, cfg, a_along_k, "M", mode, sa, view_a) + _async_copy(
@@ -948,6 +1098,12 @@ def mma_source(
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
     stage_count = f"\n#define NBUF {nbuf}" if cfg.tma else ""  # (the TMA kernel's mbarriers)
+    lo_tiles, split_macro = "", X3_SPLIT_MACRO if x3_wgmma else ""
+    if x3_wgmma:  # the lo parts of the split stages (``_x3_split_lines``)
+        lo_tiles = "".join(
+            f"\n    __local uint {name}lo[{X3_LO_BUFFERS}][{words}] __attribute__((aligned({align})));"
+            for name, words in (("A", a_words), ("B", b_words))
+        )
     return f"""{helpers_c([c_dtype])}{epilogue.preamble}
 #define CT float
 #define IDX {idx}
@@ -966,7 +1122,7 @@ def mma_source(
     :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(bytes))
 #define LDSM4(op, d, p) asm volatile(op " {{%0,%1,%2,%3}}, [%4];" \\
     : "=r"((d)[0]), "=r"((d)[1]), "=r"((d)[2]), "=r"((d)[3]) : "r"((uint)(size_t)(p)))
-{TMA_MACROS if cfg.tma else ""}{helpers}{tile_a.macro()}{tile_b.macro()}inline uint tf32_bits(float x) {{
+{TMA_MACROS if cfg.tma else ""}{split_macro}{helpers}{tile_a.macro()}{tile_b.macro()}inline uint tf32_bits(float x) {{
     uint r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }}
 inline uint bf16x2_bits(float lo, float hi) {{
     uint r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }}
@@ -975,7 +1131,7 @@ inline uint f16x2_bits(float lo, float hi) {{
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 {kernel_signature(sa, sb, sc, (TMA_PARAM if cfg.tma else "") + bias_arg)}
     __local uint As[{nbuf}][{a_words}] __attribute__((aligned({align})));
-    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));{TMA_BARRIERS if cfg.tma else ""}
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));{lo_tiles}{TMA_BARRIERS if cfg.tma else ""}
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
