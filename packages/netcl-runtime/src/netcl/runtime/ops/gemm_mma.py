@@ -267,9 +267,11 @@ WIDE_SWAP = dataclasses.replace(DEEP, tma=1, swap=1)
 #: the deepest TMA pipelines of the search (192 KB): what ``wide_ok`` probes (the swapped one for tf32)
 _WIDEST = dataclasses.replace(WIDE, stages=4)
 _WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=2, tma=1, swap=1)
-#: tf32x3 on wgmma (float32 operands both K-major): two warpgroups of 64 x 128, three TMA stages of 32 words, each
-#: split into hi (in place) and lo tiles (two buffers): 160 KB
+#: tf32x3 on wgmma (float32 operands both K-major, or transposed first: ``MmaConfig.pre``): two warpgroups of
+#: 64 x 128, three TMA stages of 32 words, each split into hi (in place) and lo tiles (two buffers): 160 KB
 X3 = MmaConfig(8, 1, 1, 16, 32, stages=3, wg=2, tma=1)
+#: its form for outputs of fewer 128 x 128 tiles than compute units: 128 x 64, four stages, not split (144 KB)
+X3_NARROW = MmaConfig(8, 1, 1, 8, 32, stages=4, wg=2, tma=1, split=0)
 _X3_PROBE = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=2, tma=1)
 
 
@@ -351,10 +353,15 @@ def _grid() -> list[MmaConfig]:
         _WIDEST_SWAP,
         MmaConfig(8, 1, 1, 32, 32, stages=3, wg=2, tma=1, swap=1),
         MmaConfig(4, 1, 2, 8, 32, stages=4, wg=2, tma=1, swap=1),
-        # tf32x3 on wgmma (with the TMA configs above of wg 2): 128 x 128, 64 x 128, 128 x 64
+        # tf32x3 on wgmma (with the TMA configs above of wg 2): 128 x 128, 64 x 128, 128 x 64, and in 96 KB (two
+        # work-groups an SM) 128 x 128 of 16-word stages, 64 x 128, 128 x 64 and 64 x 64
         X3,
         MmaConfig(4, 1, 1, 16, 32, stages=3, wg=2, tma=1),
-        MmaConfig(8, 1, 1, 8, 32, stages=4, wg=2, tma=1),
+        dataclasses.replace(X3_NARROW, split=1),
+        MmaConfig(8, 1, 1, 16, 16, stages=4, wg=2, tma=1),
+        MmaConfig(4, 1, 1, 16, 32, stages=2, wg=2, tma=1),
+        MmaConfig(8, 1, 1, 8, 32, stages=2, wg=2, tma=1),
+        MmaConfig(4, 1, 1, 8, 32, stages=4, wg=2, tma=1),
     ]
 
 
@@ -429,8 +436,14 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
-        x3 = _aligned(dataclasses.replace(X3, ldsm=ldsm), problem, a_half, b_half)
-        if copied and _valid(device, x3, mode, problem):  # both operands K-major: wgmma
+        # wgmma where the probes passed, after a transpose of an untransposed B: 1.1-1.7x cuBLAS fp32 at 2048-8192
+        # against mma.sync's 0.7-1.05x; not for a transposed A (weight gradients: K, the long side, transposed
+        # twice), where mma.sync split along K is the faster default (benchmarks/RESULTS.md, "tf32x3 on wgmma")
+        tiles = -(-problem.m // X3.bm) * -(-problem.n // X3.bn) * problem.batch
+        x3 = X3 if tiles >= device.cl_device.max_compute_units else X3_NARROW
+        x3 = dataclasses.replace(x3, ldsm=ldsm, split=0, pre=int(not problem.trans_b))
+        x3 = _aligned(x3, problem, a_half, b_half)
+        if copied and not problem.trans_a and _valid(device, x3, mode, problem):
             fallback = x3
     if mode in ("tf32", "f16", "bf16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see
