@@ -796,7 +796,20 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(cfg, stages=0).problems("bf16", False, False)  # wg 1 needs cp.async stages
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
-    assert cfg.problems("tf32x3", False, True) and not cfg.problems("bf16", False, True)  # bfloat16 words
+    assert not cfg.problems("bf16", False, True)  # bfloat16 words
+    # tf32x3: TMA stages split in local memory, each stage's products finished (wg 2); both operands K-major, or
+    # the others transposed first (pre), whose kernel's local memory is the K-major problem's (hi, lo tiles)
+    x3 = gemm_mma.X3
+    assert not x3.problems("tf32x3", False, True) and x3.local_bytes("tf32x3", False, True) == 5 * 4 * 2 * 128 * 32
+    for ta, tb in ((False, False), (True, False), (True, True)):
+        assert "pre" in " ".join(x3.problems("tf32x3", ta, tb)), (ta, tb)
+        pre = dataclasses.replace(x3, pre=1)
+        assert not pre.problems("tf32x3", ta, tb) and pre.local_bytes("tf32x3", ta, tb) == x3.local_bytes(
+            "tf32x3", False, True
+        )
+    for bad in (dataclasses.replace(x3, tma=0), dataclasses.replace(x3, wg=1), cfg):
+        assert bad.problems("tf32x3", False, True), bad
+    assert "pre" in " ".join(dataclasses.replace(cfg, pre=1).problems("f16", False, True))
 
 
 def test_tma_switched_off(cl_device, monkeypatch):
@@ -925,6 +938,40 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
     plan = gemm_mma.make_plan(cl_device, "f16", x.dtype, y.dtype, f32, (2, m, n), problem, cfg=cfg)
     err = np.abs(plan.run(x, y).to_host() - a.astype(np.float64) @ b.astype(np.float64)).max()
     assert err <= _tolerance(k, "high"), err
+
+
+def test_tf32x3_on_wgmma_in_every_layout(cl_device, monkeypatch):
+    """Every tf32x3 wgmma config of the search (TMA stages split in local memory into hi and lo tiles) multiplies
+    within tf32x3's bound of the float64 product: NT as it is, NN, TN and TT after transposes of the operands
+    stored M/N-major (``pre``), partial tiles in M, N and K, split along K or not, grouped, a batch. Without a
+    search a big product of an untransposed A runs there, a weight gradient's (A transposed) on mma.sync. Hopper
+    GPUs only (its probe)."""
+    if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "tf32x3")):
+        pytest.skip("tf32x3 on wgmma: Hopper GPUs through NVIDIA's OpenCL")
+    f32 = np.dtype(np.float32)
+    configs = [c for c in gemm_mma._grid() if c.wg == 2 and c.tma and not c.swap]
+    for (m, n, k, batch), ta, tb in itertools.product(
+        [(296, 200, 136, 1), (1000, 1000, 1000, 1), (136, 264, 264, 2)], (False, True), (False, True)
+    ):
+        a = _data((batch, k, m) if ta else (batch, m, k), 0)
+        b = _data((batch, n, k) if tb else (batch, k, n), 1)
+        expected = np.swapaxes(a, 1, 2) if ta else a
+        expected = expected.astype(np.float64) @ (np.swapaxes(b, 1, 2) if tb else b).astype(np.float64)
+        x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+        problem = gemm_plan.Problem(m, n, k, ta, tb, ((batch, m * k, n * k),) if batch > 1 else ())
+        for cfg in configs:
+            cfg = dataclasses.replace(cfg, pre=int(ta or not tb))
+            for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
+                variant = gemm_mma._aligned(variant, problem, False, False)
+                assert not variant.problems("tf32x3", ta, tb), variant
+                assert gemm_mma._valid(cl_device, variant, "tf32x3", problem), variant
+                plan = gemm_mma.make_plan(cl_device, "tf32x3", f32, f32, f32, (batch, m, n), problem, cfg=variant)
+                err = np.abs(plan.run(x, y).to_host().reshape(expected.shape) - expected).max()
+                assert err <= _tolerance(k, "tf32x3"), (variant.short(), ta, tb, err)
+    monkeypatch.setattr(gemm_mma.tune, "select", lambda device, key, candidates, default, *rest, **kw: default)
+    for ta, tb in itertools.product((False, True), (False, True)):
+        default = gemm_mma.config(cl_device, "tf32x3", gemm_plan.Problem(2048, 2048, 2048, ta, tb, ()), False, False)
+        assert bool(default.wg) == (not ta) and default.pre == int(not ta and not tb), (ta, tb, default)
 
 
 def test_stored_and_converted_bf16_operands_tune_apart(cl_device, tmp_path, monkeypatch):
