@@ -797,16 +797,15 @@ def test_wgmma_descriptors_and_limits():
     assert dataclasses.replace(cfg, wm=2).problems("f16", False, False)
     assert dataclasses.replace(cfg, fn=40).problems("f16", False, False)
     assert not cfg.problems("bf16", False, True)  # bfloat16 words
-    # tf32x3: TMA stages split in local memory, each stage's products finished (wg 2); both operands K-major, or
-    # the others transposed first (pre), whose kernel's local memory is the K-major problem's (hi, lo tiles)
-    x3 = gemm_mma.X3
-    assert not x3.problems("tf32x3", False, True) and x3.local_bytes("tf32x3", False, True) == 5 * 4 * 2 * 128 * 32
+    # tf32x3: TMA stages split in local memory, each stage's products finished (wg 2), in every layout: lo tiles of
+    # both operands, K-major hi tiles of those stored M/N-major (none where they are transposed first: pre)
+    x3, tile = gemm_mma.X3, 4 * 128 * 32  # bytes of one operand's stage
+    assert x3.local_bytes("tf32x3", False, True) == (3 + 2) * 2 * tile
     for ta, tb in ((False, False), (True, False), (True, True)):
-        assert "pre" in " ".join(x3.problems("tf32x3", ta, tb)), (ta, tb)
+        assert not x3.problems("tf32x3", ta, tb), (ta, tb)
+        assert x3.local_bytes("tf32x3", ta, tb) == (3 + 2) * 2 * tile + 2 * tile * (ta + (not tb))
         pre = dataclasses.replace(x3, pre=1)
-        assert not pre.problems("tf32x3", ta, tb) and pre.local_bytes("tf32x3", ta, tb) == x3.local_bytes(
-            "tf32x3", False, True
-        )
+        assert not pre.problems("tf32x3", ta, tb) and pre.local_bytes("tf32x3", ta, tb) == (3 + 2) * 2 * tile
     for bad in (dataclasses.replace(x3, tma=0), dataclasses.replace(x3, wg=1), cfg):
         assert bad.problems("tf32x3", False, True), bad
     assert "pre" in " ".join(dataclasses.replace(cfg, pre=1).problems("f16", False, True))
@@ -941,11 +940,10 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
 
 
 def test_tf32x3_on_wgmma_in_every_layout(cl_device, monkeypatch):
-    """Every tf32x3 wgmma config of the search (TMA stages split in local memory into hi and lo tiles) multiplies
-    within tf32x3's bound of the float64 product: NT as it is, NN, TN and TT after transposes of the operands
-    stored M/N-major (``pre``), partial tiles in M, N and K, split along K or not, grouped, a batch. Without a
-    search a big product of an untransposed A runs there, a weight gradient's (A transposed) on mma.sync. Hopper
-    GPUs only (its probe)."""
+    """Every tf32x3 wgmma config of the search (TMA stages split in local memory into hi and lo tiles; tiles of
+    operands stored M/N-major transposed by the split, or first by a kernel of their own: ``pre``) multiplies
+    within tf32x3's bound of the float64 product in all four layouts, partial tiles in M, N and K, split along
+    K or not, grouped, a batch. Without a search every big product runs there. Hopper GPUs only (its probe)."""
     if not (cl_device.kind == "opencl" and gemm_mma.wgmma_ok(cl_device, "tf32x3")):
         pytest.skip("tf32x3 on wgmma: Hopper GPUs through NVIDIA's OpenCL")
     f32 = np.dtype(np.float32)
@@ -959,19 +957,21 @@ def test_tf32x3_on_wgmma_in_every_layout(cl_device, monkeypatch):
         expected = expected.astype(np.float64) @ (np.swapaxes(b, 1, 2) if tb else b).astype(np.float64)
         x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
         problem = gemm_plan.Problem(m, n, k, ta, tb, ((batch, m * k, n * k),) if batch > 1 else ())
-        for cfg in configs:
-            cfg = dataclasses.replace(cfg, pre=int(ta or not tb))
+        for cfg, pre in itertools.product(configs, (0, 1) if ta or not tb else (0,)):
+            cfg = dataclasses.replace(cfg, pre=pre)
             for variant in (cfg, dataclasses.replace(cfg, split=0), dataclasses.replace(cfg, group=2)):
                 variant = gemm_mma._aligned(variant, problem, False, False)
                 assert not variant.problems("tf32x3", ta, tb), variant
-                assert gemm_mma._valid(cl_device, variant, "tf32x3", problem), variant
+                if not gemm_mma._valid(cl_device, variant, "tf32x3", problem):  # local memory (hi tiles)
+                    assert variant.local_bytes("tf32x3", ta, tb) > gemm_mma.local_limit(cl_device, "tf32x3"), variant
+                    continue
                 plan = gemm_mma.make_plan(cl_device, "tf32x3", f32, f32, f32, (batch, m, n), problem, cfg=variant)
                 err = np.abs(plan.run(x, y).to_host().reshape(expected.shape) - expected).max()
                 assert err <= _tolerance(k, "tf32x3"), (variant.short(), ta, tb, err)
     monkeypatch.setattr(gemm_mma.tune, "select", lambda device, key, candidates, default, *rest, **kw: default)
     for ta, tb in itertools.product((False, True), (False, True)):
         default = gemm_mma.config(cl_device, "tf32x3", gemm_plan.Problem(2048, 2048, 2048, ta, tb, ()), False, False)
-        assert bool(default.wg) == (not ta) and default.pre == int(not ta and not tb), (ta, tb, default)
+        assert default.wg and default.pre == int(not ta and not tb), (ta, tb, default)
 
 
 def test_stored_and_converted_bf16_operands_tune_apart(cl_device, tmp_path, monkeypatch):

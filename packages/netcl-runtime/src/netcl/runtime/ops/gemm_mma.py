@@ -171,8 +171,10 @@ def _probe(
     dtype = operands or WORD_DTYPE.get(mode, float32)
     cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
     layouts = [(False, False), (True, True)]
-    if cfg.wg and mode in WORD_MODES:  # tf32 wgmma: NT, or NN swapped
+    if cfg.wg and mode == "tf32":  # tf32 wgmma: NT, or NN swapped
         layouts = [(False, not cfg.swap)]
+    elif cfg.wg and mode == "tf32x3":  # every layout: M/N-major tiles split into K-major ones
+        layouts = [(False, True), (False, False), (True, False), (True, True)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
     # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
     tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
@@ -356,6 +358,7 @@ def _grid() -> list[MmaConfig]:
         # tf32x3 on wgmma (with the TMA configs above of wg 2): 128 x 128, 64 x 128, 128 x 64, and in 96 KB (two
         # work-groups an SM) 128 x 128 of 16-word stages, 64 x 128, 128 x 64 and 64 x 64
         X3,
+        dataclasses.replace(X3, stages=2),
         MmaConfig(4, 1, 1, 16, 32, stages=3, wg=2, tma=1),
         dataclasses.replace(X3_NARROW, split=1),
         MmaConfig(8, 1, 1, 16, 16, stages=4, wg=2, tma=1),
@@ -436,14 +439,17 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     fallback = dataclasses.replace(_default(device, problem), ldsm=ldsm)
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
-        # wgmma where the probes passed, after a transpose of an untransposed B: 1.1-1.7x cuBLAS fp32 at 2048-8192
-        # against mma.sync's 0.7-1.05x; not for a transposed A (weight gradients: K, the long side, transposed
-        # twice), where mma.sync split along K is the faster default (benchmarks/RESULTS.md, "tf32x3 on wgmma")
+        # wgmma where the probes passed (1.0-1.6x cuBLAS fp32 at 512-4096 against mma.sync's 0.6-1.0x; see
+        # benchmarks/RESULTS.md, "tf32x3 on wgmma"): an untransposed A unsplit, an untransposed B transposed first;
+        # a transposed A (a weight gradient: few tiles, a long K) split in the kernel's stages, two of them (the
+        # K-major hi tiles of both operands take the local memory of the third), split along K
         tiles = -(-problem.m // X3.bm) * -(-problem.n // X3.bn) * problem.batch
         x3 = X3 if tiles >= device.cl_device.max_compute_units else X3_NARROW
-        x3 = dataclasses.replace(x3, ldsm=ldsm, split=0, pre=int(not problem.trans_b))
-        x3 = _aligned(x3, problem, a_half, b_half)
-        if copied and not problem.trans_a and _valid(device, x3, mode, problem):
+        x3 = dataclasses.replace(x3, split=0, pre=int(not problem.trans_b))
+        if problem.trans_a:
+            x3 = dataclasses.replace(X3, stages=2)
+        x3 = _aligned(dataclasses.replace(x3, ldsm=ldsm), problem, a_half, b_half)
+        if copied and _valid(device, x3, mode, problem):
             fallback = x3
     if mode in ("tf32", "f16", "bf16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see

@@ -116,8 +116,10 @@ class MmaConfig:
             trans_a, trans_b = False, True
         a = _tile("A", self.bm, self, not trans_a, mode).words
         b = _tile("B", self.bn, self, trans_b, mode).words
-        lo = X3_LO_BUFFERS if self.wg and mode == "tf32x3" else 0  # tf32x3 on wgmma: the lo tiles
-        return (max(2, self.stages) + lo) * 4 * (a + b)
+        raw = max(2, self.stages) * (a + b)
+        if self.wg and mode == "tf32x3":  # split tiles: lo of both operands, hi of those stored M/N-major
+            raw += X3_LO_BUFFERS * (a + b + a * trans_a + b * (not trans_b))
+        return 4 * raw
 
     def problems(self, mode: str, trans_a: bool, trans_b: bool) -> list[str]:
         out = []
@@ -165,8 +167,8 @@ def _wgmma_problems(cfg: MmaConfig, mode: str, trans_a: bool, trans_b: bool) -> 
             "swap (B^T's fragments from registers) multiplies tf32 of untransposed operands, each stage's "
             "products finished before its fragments are reloaded (wg 2)"
         )
-    elif mode in WORD_MODES and not cfg.swap and (trans_a or not trans_b):
-        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap; tf32x3: pre)")
+    elif mode == "tf32" and not cfg.swap and (trans_a or not trans_b):
+        out.append("tf32 wgmma reads both operands K-major: A untransposed, B transposed (or swap)")
     if cfg.tma and cfg.stages < 2:
         out.append("tma copies the tiles of cp.async's stages (stages >= 2)")
     return out
@@ -731,46 +733,79 @@ def _tma_main_loop(
 X3_LO_BUFFERS = 2
 
 
-def _x3_split_lines(cfg: MmaConfig, tile_a: Tile, tile_b: Tile) -> list[str]:
-    """Stage ``sb``'s split (raw float32 words in buffer ``sb`` of ``As`` / ``Bs``, lo tiles ``sl``): every
-    word x becomes hi = tf32(x) in place and lo = tf32(x - hi) at the same offset of the lo tile, 16 bytes a
-    thread at a time. The split keeps each word's offset, so it needs no address arithmetic: the lo tiles
-    have the raw tiles' layout (wgmma's swizzled atoms, buffers aligned alike)."""
+def x3_split_tile(name: str, side: int, cfg: MmaConfig, mode: str) -> Tile:
+    """The K-major tile (wgmma's atoms) a tf32x3 stage of operand ``name`` is split into: its lo parts, and the hi
+    parts of an operand stored M/N-major (a K-major raw tile keeps its hi parts in place). Named ``name`` + "T"."""
+    return _tile(f"{name}T", side, cfg, True, mode)
+
+
+def _x3_split_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], raw: tuple[Tile, Tile]) -> list[str]:
+    """Stage ``sb``'s split (raw float32 words in buffer ``sb`` of ``As`` / ``Bs``; split tiles ``sl``) into
+    hi = tf32(x) and lo = tf32(x - hi).
+
+    A K-major raw tile is split word by word, 16 bytes a thread at a time: hi in place, lo at the same offset
+    of the lo tile, which has the raw tile's layout (wgmma's swizzled atoms), so no address arithmetic. An
+    M/N-major one (rows k) is split 4 x 4 words a thread: four 16-byte rows k read, and the four columns m
+    written as 16-byte rows m of the K-major hi and lo tiles (``x3_split_tile``); a warp's eight K chunks of
+    four rows m land in distinct banks of the swizzled atoms.
+    """
     lines = []
-    for name, tile in (("A", tile_a), ("B", tile_b)):
-        chunks = tile.words // 4
-        for j in range(-(-chunks // cfg.threads)):
+    for name, side, k_major, tile in zip(("A", "B"), (cfg.bm, cfg.bn), along, raw, strict=True):
+        if k_major:
+            chunks = tile.words // 4
+            for j in range(-(-chunks // cfg.threads)):
+                c = f"(tid + {j * cfg.threads})"
+                guard = f"if ({c} < {chunks}) " if (j + 1) * cfg.threads > chunks else ""
+                lines.append(f"{guard}X3_SPLIT(&{name}s[sb][{c} * 4], &{name}lo[sl][{c} * 4]);")
+            continue
+        split = x3_split_tile(name, side, cfg, mode)
+        k_chunks = cfg.bkw // 4
+        blocks = side // 4 * k_chunks
+        for j in range(-(-blocks // cfg.threads)):
             c = f"(tid + {j * cfg.threads})"
-            guard = f"if ({c} < {chunks}) " if (j + 1) * cfg.threads > chunks else ""
-            lines.append(f"{guard}X3_SPLIT(&{name}s[sb][{c} * 4], &{name}lo[sl][{c} * 4]);")
+            guard = f"if ({c} < {blocks}) " if (j + 1) * cfg.threads > blocks else ""
+            lines.append(f"{guard}{{ const int k0 = ({c} & {k_chunks - 1}) * 4, m0 = ({c} / {k_chunks}) * 4;")
+            for i in range(4):
+                at = tile.at(f"(k0 + {i})", "m0")
+                lines.append(f"  const uint4 r{i} = *(__local const uint4*)&{name}s[sb][{at}];")
+            for q in range(4):
+                at = split.at(f"(m0 + {q})", "k0")
+                column = f"(uint4)(r0.s{q}, r1.s{q}, r2.s{q}, r3.s{q})"
+                lines.append(f"  X3_SPLIT4({column}, &{name}hi[sl][{at}], &{name}lo[sl][{at}]);")
+            lines.append("}")
     return lines
 
 
-#: One 16-byte chunk's split (``_x3_split_lines``): hi = tf32(x) written in place, lo = tf32(x - hi) into ``lo``
+#: The splits of ``_x3_split_lines``: of one 16-byte chunk, hi = tf32(x) written in place and lo = tf32(x - hi)
+#: into ``lo``; of four ``words``, hi into ``hi`` and lo into ``lo`` (X3_SPLIT4's body reads members .x to .w,
+#: so none of its parameters may have those names)
 X3_SPLIT_MACRO = r"""#define X3_PART(x, h, l) { const float v_ = as_float(x); h = TF32(v_); \
     l = TF32(v_ - as_float(h)); }
-#define X3_SPLIT(raw, lo) { const uint4 x_ = *(__local const uint4*)(raw); uint4 h_, l_; \
+#define X3_SPLIT4(words, hi, lo) { const uint4 x_ = (words); uint4 h_, l_; \
     X3_PART(x_.x, h_.x, l_.x); X3_PART(x_.y, h_.y, l_.y); X3_PART(x_.z, h_.z, l_.z); X3_PART(x_.w, h_.w, l_.w); \
-    *(__local uint4*)(raw) = h_; *(__local uint4*)(lo) = l_; }
+    *(__local uint4*)(hi) = h_; *(__local uint4*)(lo) = l_; }
+#define X3_SPLIT(raw, lo) X3_SPLIT4(*(__local const uint4*)(raw), raw, lo)
 """
 
 
-def _wgmma_x3_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
+def _wgmma_x3_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool]) -> list[str]:
     """The ``wgmma`` of stage ``cb`` under tf32x3: per k-step and 64-row block, lo*hi, hi*lo and hi*hi
-    (hi: ``As`` / ``Bs`` buffer ``cb``, split in place; lo: ``Alo`` / ``Blo`` buffer ``lb``) into the stage's
-    own accumulators ``tacc``, which the stage's first product overwrites (scale-d 0); the caller adds ``tacc``
-    into ``acc`` with IEEE adds once the products are done (the tensor cores' accumulation truncates: over a
-    stage's 32 words that is relative to the stage's sum, not to the whole row's)."""
-    tile_a, tile_b = tiles
+    (hi: ``As`` / ``Bs`` buffer ``cb`` split in place, or for an operand stored M/N-major ``Ahi`` / ``Bhi``
+    buffer ``lb``; lo: ``Alo`` / ``Blo`` buffer ``lb``: all K-major) into the stage's own accumulators ``tacc``,
+    which the stage's first product overwrites (scale-d 0); the caller adds ``tacc`` into ``acc`` with IEEE
+    adds once the products are done (the tensor cores' accumulation truncates: over a stage's 32 words that is
+    relative to the stage's sum, not to the whole row's)."""
+    tile_a, tile_b = x3_split_tile("A", cfg.bm, cfg, mode), x3_split_tile("B", cfg.bn, cfg, mode)
+    hi_a, hi_b = ("As[cb]" if along[0] else "Ahi[lb]"), ("Bs[cb]" if along[1] else "Bhi[lb]")
     n = 4 * cfg.fn
     listed = ", ".join("%" + str(i) for i in range(n))
     rows64 = 8 * tile_a.group_stride  # 64 rows of a K-major atom tile
     bits_a, bits_b = _descriptor_bits(True, tile_a), _descriptor_bits(True, tile_b)
     lines = [
         "const int wgi = warp >> 2;",
-        f"const ulong dah = {bits_a}UL | ((((uint)(size_t)As[cb]) + wgi * {cfg.fm * rows64}) >> 4);",
+        f"const ulong dah = {bits_a}UL | ((((uint)(size_t){hi_a}) + wgi * {cfg.fm * rows64}) >> 4);",
         f"const ulong dal = {bits_a}UL | ((((uint)(size_t)Alo[lb]) + wgi * {cfg.fm * rows64}) >> 4);",
-        f"const ulong dbh = {bits_b}UL | (((uint)(size_t)Bs[cb]) >> 4);",
+        f"const ulong dbh = {bits_b}UL | (((uint)(size_t){hi_b}) >> 4);",
         f"const ulong dbl = {bits_b}UL | (((uint)(size_t)Blo[lb]) >> 4);",
         'asm volatile("// NETCL_PTX wgmma.fence.sync.aligned;" ::: "memory");',
     ]
@@ -791,14 +826,14 @@ def _wgmma_x3_lines(cfg: MmaConfig, tiles: tuple[Tile, Tile]) -> list[str]:
 
 
 def _x3_main_loop(cfg: MmaConfig, mode: str, along: tuple[bool, bool], products: list[str], tiles) -> str:
-    """The K loop of tf32x3 on ``wgmma`` (``cfg.tma``, both operands K-major): stage t's products run while
+    """The K loop of tf32x3 on ``wgmma`` (``cfg.tma``): stage t's products run while
     the threads split stage t + 1 (``_x3_split_lines``; its raw tiles came by TMA ``stages - 1`` ahead); then
     the products' wait, the IEEE join of ``tacc`` into ``acc``, one barrier, and the refill of stage t's
     buffer with stage t + stages."""
     tile_a, tile_b = tiles
     nl2, nl3 = "\n        ", "\n            "
     issue = _tma_issue(cfg, mode, along, tile_a, tile_b)
-    split = _x3_split_lines(cfg, tile_a, tile_b)
+    split = _x3_split_lines(cfg, mode, along, tiles)
     fence = 'asm volatile("// NETCL_PTX fence.proxy.async.shared::cta;" ::: "memory");'
     join = "acc[i][j][q] += tacc[i][j][q];"
     return f"""{_TMA_SETUP}
@@ -1014,7 +1049,7 @@ def mma_source(
         compute = "{\n            " + "\n            ".join(body) + "\n        }"
     x3_wgmma = bool(cfg.wg) and mode == "tf32x3"
     if x3_wgmma:
-        products = _wgmma_x3_lines(cfg, (tile_a, tile_b))
+        products = _wgmma_x3_lines(cfg, mode, (a_along_k, b_along_k))
     elif cfg.wg:  # the stage's products run asynchronously on the warpgroups
         products = (
             _wgmma_swap_lines(cfg, (tile_a, tile_b))
@@ -1099,10 +1134,19 @@ def mma_source(
     }}"""
     stage_count = f"\n#define NBUF {nbuf}" if cfg.tma else ""  # (the TMA kernel's mbarriers)
     lo_tiles, split_macro = "", X3_SPLIT_MACRO if x3_wgmma else ""
-    if x3_wgmma:  # the lo parts of the split stages (``_x3_split_lines``)
+    if x3_wgmma:  # the split stages' lo parts, and hi parts of operands stored M/N-major (``_x3_split_lines``)
+        split_tiles = [("A", "lo", a_words), ("B", "lo", b_words)]
+        split_tiles += [
+            (name, "hi", words) for name, words, k in (("A", a_words, a_along_k), ("B", b_words, b_along_k)) if not k
+        ]
         lo_tiles = "".join(
-            f"\n    __local uint {name}lo[{X3_LO_BUFFERS}][{words}] __attribute__((aligned({align})));"
-            for name, words in (("A", a_words), ("B", b_words))
+            f"\n    __local uint {name}{part}[{X3_LO_BUFFERS}][{words}] __attribute__((aligned({align})));"
+            for name, part, words in split_tiles
+        )
+        split_macro += "".join(
+            x3_split_tile(n, side, cfg, mode).macro()
+            for n, side, k in (("A", cfg.bm, a_along_k), ("B", cfg.bn, b_along_k))
+            if not k
         )
     return f"""{helpers_c([c_dtype])}{epilogue.preamble}
 #define CT float
