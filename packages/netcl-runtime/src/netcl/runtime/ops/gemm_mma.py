@@ -440,12 +440,14 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     if mode == "tf32x3":  # three mma a tile, 8-word stages, 4 cp.async deep (see benchmarks/RESULTS.md, "tf32x3")
         fallback = dataclasses.replace(fallback, bkw=8, stages=4 if staged else 0)
         # wgmma where the probes passed (1.0-1.6x cuBLAS fp32 at 512-4096 against mma.sync's 0.6-1.0x; see
-        # benchmarks/RESULTS.md, "tf32x3 on wgmma"): an untransposed A unsplit, an untransposed B transposed first;
-        # a transposed A (a weight gradient: few tiles, a long K) split in the kernel's stages, two of them (the
-        # K-major hi tiles of both operands take the local memory of the third), split along K
-        tiles = -(-problem.m // X3.bm) * -(-problem.n // X3.bn) * problem.batch
-        x3 = X3 if tiles >= device.cl_device.max_compute_units else X3_NARROW
-        x3 = dataclasses.replace(x3, split=0, pre=int(not problem.trans_b))
+        # benchmarks/RESULTS.md, "tf32x3 on wgmma"): an untransposed A split along K only where its tiles would
+        # fill less than half the compute units, an untransposed B transposed first; a transposed A (a weight
+        # gradient: few tiles, a long K) split in the kernel's stages, two of them (the K-major hi tiles of both
+        # operands take the local memory of the third), and along K
+        units = device.cl_device.max_compute_units
+        x3 = X3 if -(-problem.m // X3.bm) * -(-problem.n // X3.bn) * problem.batch >= units else X3_NARROW
+        tiles = -(-problem.m // x3.bm) * -(-problem.n // x3.bn) * problem.batch
+        x3 = dataclasses.replace(x3, split=int(tiles < units // 2), pre=int(not problem.trans_b))
         if problem.trans_a:
             x3 = dataclasses.replace(X3, stages=2)
         x3 = _aligned(dataclasses.replace(x3, ldsm=ldsm), problem, a_half, b_half)
