@@ -10,7 +10,9 @@ where torch or CUDA is missing):
    bfloat16. Device time: profiling events for netcl, CUDA events for torch; median ms.
 2. **gpt_block step**: embedding, one pre-norm block (8 heads, 4x GELU MLP), LM head; batch 8,
    sequence 256, d 512, vocab 1024, AdamW: ms per step for netcl eager and replayed (the step
-   captured once by ``fuse_graph``), torch eager, CUDA graph and ``torch.compile``.
+   captured once by ``fuse_graph``), torch eager, CUDA graph and ``torch.compile``; where the device
+   has tf32x3 tensor cores, netcl's step again at matmul precision "tf32x3" (products of float32's
+   accuracy on three tf32 products; torch's peers stay float32 with TF32 off).
 3. **decode**: tokens/s generating with the key/value cache from a one-token prompt up to the
    model's 256 positions, batch 1 and 8: netcl eager (``Decoder(replay=False)``), netcl replayed
    (one decode step captured once, replayed per position with the bound ``pos``), torch eager with
@@ -45,7 +47,8 @@ from netcl.core.dtypes import float16
 from netcl.nn.generation import Decoder
 from netcl.optim import AdamW
 from netcl.runtime.ops import attention as RA
-from netcl.runtime.ops import attention_mma
+from netcl.runtime.ops import attention_mma, gemm_mma
+from netcl.runtime.ops.precision import matmul_precision
 
 GRID_FULL = [(8, 8, 1024, 64), (4, 8, 2048, 64), (2, 8, 4096, 64), (1, 8, 8192, 64)]
 GRID_QUICK = [(1, 2, 128, 32), (1, 2, 256, 32)]
@@ -160,7 +163,15 @@ def _per_step_ms(step: Callable[[], object], sync: Callable[[], None], repeats: 
     return statistics.median(samples)
 
 
-def netcl_gpt_step(device, config, repeats) -> dict[str, float]:
+def netcl_gpt_step(device, config, repeats, precision: str = "highest") -> dict[str, float]:
+    """netcl's eager and replayed step (ms), its products at matmul ``precision`` (the row names say which
+    where it is not the default "highest")."""
+    with matmul_precision(precision):
+        results = _netcl_gpt_step(device, config, repeats)
+    return results if precision == "highest" else {f"{name} {precision}": ms for name, ms in results.items()}
+
+
+def _netcl_gpt_step(device, config, repeats) -> dict[str, float]:
     vocab, seq, d, heads, batch = config
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
     ag.manual_seed(0)
@@ -267,6 +278,8 @@ def gpt_step_table(device, quick, repeats, torch) -> dict:
     vocab, seq, d, heads, batch = config
     print(f"\ngpt_block training step (vocab {vocab}, seq {seq}, d {d}, {heads} heads, batch {batch}, AdamW): ms/step")
     times = netcl_gpt_step(device, config, repeats)
+    if gemm_mma.enabled(device, "tf32x3"):
+        times.update(netcl_gpt_step(device, config, repeats, "tf32x3"))
     if torch is not None:
         times.update(torch_gpt_step(torch, config, repeats))
     for variant, ms in times.items():
