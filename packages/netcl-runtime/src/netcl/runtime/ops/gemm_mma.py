@@ -269,10 +269,10 @@ WIDE_SWAP = dataclasses.replace(DEEP, tma=1, swap=1)
 #: the deepest TMA pipelines of the search (192 KB): what ``wide_ok`` probes (the swapped one for tf32)
 _WIDEST = dataclasses.replace(WIDE, stages=4)
 _WIDEST_SWAP = MmaConfig(8, 1, 2, 16, 32, stages=4, wg=2, tma=1, swap=1)
-#: tf32x3 on wgmma (float32 operands both K-major, or transposed first: ``MmaConfig.pre``): two warpgroups of
-#: 64 x 128, three TMA stages of 32 words, each split into hi (in place) and lo tiles (two buffers): 160 KB
+#: tf32x3 on wgmma: two warpgroups of 64 x 128, three TMA stages of 32 words, each split into hi and lo tiles (two
+#: buffers of each split tile): 160 KB of untransposed A and transposed B (``MmaConfig.local_bytes``)
 X3 = MmaConfig(8, 1, 1, 16, 32, stages=3, wg=2, tma=1)
-#: its form for outputs of fewer 128 x 128 tiles than compute units: 128 x 64, four stages, not split (144 KB)
+#: its form for outputs of fewer 128 x 128 tiles than compute units: 128 x 64, four stages (144 KB)
 X3_NARROW = MmaConfig(8, 1, 1, 8, 32, stages=4, wg=2, tma=1, split=0)
 _X3_PROBE = MmaConfig(4, 1, 1, 2, 8, stages=3, wg=2, tma=1)
 

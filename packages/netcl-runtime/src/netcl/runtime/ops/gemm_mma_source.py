@@ -55,7 +55,7 @@ WORD_MODES = ("tf32", "tf32x3")
 WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
 ASYNC_MODES = (*WORD_MODES, "f16", "bf16")
-#: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``; tf32x3: TMA stages of both operands K-major, ``_x3_main_loop``)
+#: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``; tf32x3: TMA stages split in local memory, ``_x3_main_loop``)
 WGMMA_MODES = ("tf32", "f16", "bf16", "tf32x3")
 
 

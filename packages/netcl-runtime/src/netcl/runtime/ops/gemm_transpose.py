@@ -1,16 +1,17 @@
 """Products whose kernel reads both operands K-major, of operands stored otherwise: a transpose first.
 
 tf32x3 on Hopper's ``wgmma`` (``gemm_mma_source``'s split stages) multiplies tiles that lie K-major in
-local memory, and tf32 ``wgmma`` has no transpose bits, so a product of an A stored K x M (``trans_a``)
-or a B stored K x N (not ``trans_b``) first copies that operand, transposed, into a workspace
-(``netcl_gemm_transpose``: 32 x 32 tiles through local memory, reads and writes along rows), then
-runs the kernel of the K-major problem (``k_major``) on it. ``MmaConfig.pre`` asks for this; the tile
-search times the transposes with the product.
+local memory (tf32 ``wgmma`` has no transpose bits). Its split transposes the tiles of an A stored K x M
+(``trans_a``) or a B stored K x N (not ``trans_b``) in the kernel; ``MmaConfig.pre`` asks for the other
+way, faster for big products: each such operand first copied, transposed, into a workspace
+(``netcl_gemm_transpose``: 32 x 32 tiles through local memory, reads and writes along rows), then the
+kernel of the K-major problem (``k_major``). The tile search times both, transposes with the product.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,9 @@ class TransposedPlan:
         self._a = OperandTranspose(device, problem, "A") if problem.trans_a else None
         self._b = None if problem.trans_b else OperandTranspose(device, problem, "B")
 
-    def run(self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras=()) -> Tensor:
+    def run(
+        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+    ) -> Tensor:
         if self._a is not None:
             a = self._a.run(a)
         if self._b is not None:
