@@ -371,7 +371,7 @@ def _grid() -> list[MmaConfig]:
 def _default(device: Device, problem) -> MmaConfig:
     units = device.cl_device.max_compute_units
     for cfg in (MmaConfig(2, 2, 4, 8, 16), MmaConfig(2, 2, 2, 4, 16)):
-        if -(-problem.m // cfg.bm) * -(-problem.n // cfg.bn) * problem.batch >= units:
+        if problem.tiles(cfg.bm, cfg.bn) >= units:
             return cfg
     return MmaConfig(2, 2, 2, 2, 16)
 
@@ -384,7 +384,7 @@ TMA_MAX_WORK_GROUPS = 16384
 def _valid(device: Device, cfg: MmaConfig, mode: str, problem) -> bool:
     d = device.cl_device
     local = cfg.local_bytes(mode, problem.trans_a, problem.trans_b)
-    tiles = -(-problem.m // cfg.bm) * -(-problem.n // cfg.bn) * problem.batch
+    tiles = problem.tiles(cfg.bm, cfg.bn)
     return (
         not cfg.problems(mode, problem.trans_a, problem.trans_b)
         and cfg.threads <= d.max_work_group_size
@@ -445,11 +445,12 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         # gradient: few tiles, a long K) split in the kernel's stages, two of them (the K-major hi tiles of both
         # operands take the local memory of the third), and along K
         units = device.cl_device.max_compute_units
-        x3 = X3 if -(-problem.m // X3.bm) * -(-problem.n // X3.bn) * problem.batch >= units else X3_NARROW
-        tiles = -(-problem.m // x3.bm) * -(-problem.n // x3.bn) * problem.batch
-        x3 = dataclasses.replace(x3, split=int(tiles < units // 2), pre=int(not problem.trans_b))
         if problem.trans_a:
             x3 = dataclasses.replace(X3, stages=2)
+        else:
+            x3 = X3 if problem.tiles(X3.bm, X3.bn) >= units else X3_NARROW
+            split = int(problem.tiles(x3.bm, x3.bn) < units // 2)
+            x3 = dataclasses.replace(x3, split=split, pre=int(not problem.trans_b))
         x3 = _aligned(dataclasses.replace(x3, ldsm=ldsm), problem, a_half, b_half)
         if copied and _valid(device, x3, mode, problem):
             fallback = x3

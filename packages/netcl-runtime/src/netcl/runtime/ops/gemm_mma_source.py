@@ -178,6 +178,16 @@ def _epw(mode: str) -> int:
     return 1 if mode in WORD_MODES else 2
 
 
+def _thread_shares(count: int, threads: int) -> list[tuple[int, str, str]]:
+    """(j, C expression of the item, guard) for each round ``j`` in which the ``threads`` of a work-group take
+    items ``tid + j * threads`` of ``count``: the guard skips the items past ``count`` in the last round."""
+    shares = []
+    for j in range(-(-count // threads)):
+        c = f"(tid + {j * threads})"
+        shares.append((j, c, f"if ({c} < {count}) " if (j + 1) * threads > count else ""))
+    return shares
+
+
 def _row_words(side: int, bkw: int, along_k: bool, mode: str) -> tuple[int, int]:
     """(rows, padded words per row) of a tile kept in its stored orientation."""
     if along_k:
@@ -370,15 +380,12 @@ def _copy(
     row_elems = cfg.bkw * epw if along_k else side
     per_row = row_elems // chunk
     count = rows * per_row
-    per = -(-count // cfg.threads)
     ld = f"ld{name.lower()}"
     src_t = "ushort" if half else "float"
     decls, loads, stores = [], [], []
     nregs = 1 if (half or mode in WORD_MODES) else 2  # float sources of 16-bit modes: two float4
     reg_t = "uint4" if half else "float4"
-    for j in range(per):
-        c = f"(tid + {j * cfg.threads})"
-        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+    for j, c, guard in _thread_shares(count, cfg.threads):
         row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
         regs = [f"{name}r{j}_{q}" for q in range(nregs)]
         decls += [f"{reg_t} {r};" for r in regs]
@@ -432,9 +439,7 @@ def _async_copy(
     size = 4 // epw  # bytes an element
     word = "" if epw == 1 else f" / {epw}"
     out = []
-    for j in range(-(-count // cfg.threads)):
-        c = f"(tid + {j * cfg.threads})"
-        guard = f"if ({c} < {count}) " if (j + 1) * cfg.threads > count else ""
+    for _, c, guard in _thread_shares(count, cfg.threads):
         row, col = f"({c} / {per_row})", f"(({c} % {per_row}) * {chunk})"
         if view is not None:
             first = (f"{name}0 + {row}", f"kt + {col}") if along_k else (f"{name}0 + {col}", f"kt + {row}")
@@ -752,18 +757,12 @@ def _x3_split_lines(cfg: MmaConfig, mode: str, along: tuple[bool, bool], raw: tu
     lines = []
     for name, side, k_major, tile in zip(("A", "B"), (cfg.bm, cfg.bn), along, raw, strict=True):
         if k_major:
-            chunks = tile.words // 4
-            for j in range(-(-chunks // cfg.threads)):
-                c = f"(tid + {j * cfg.threads})"
-                guard = f"if ({c} < {chunks}) " if (j + 1) * cfg.threads > chunks else ""
+            for _, c, guard in _thread_shares(tile.words // 4, cfg.threads):
                 lines.append(f"{guard}X3_SPLIT(&{name}s[sb][{c} * 4], &{name}lo[sl][{c} * 4]);")
             continue
         split = x3_split_tile(name, side, cfg, mode)
         k_chunks = cfg.bkw // 4
-        blocks = side // 4 * k_chunks
-        for j in range(-(-blocks // cfg.threads)):
-            c = f"(tid + {j * cfg.threads})"
-            guard = f"if ({c} < {blocks}) " if (j + 1) * cfg.threads > blocks else ""
+        for _, c, guard in _thread_shares(side // 4 * k_chunks, cfg.threads):
             lines.append(f"{guard}{{ const int k0 = ({c} & {k_chunks - 1}) * 4, m0 = ({c} / {k_chunks}) * 4;")
             for i in range(4):
                 at = tile.at(f"(k0 + {i})", "m0")
@@ -984,7 +983,7 @@ def mma_source(
     frag = [] if cfg.wg else _fragments(cfg, mode, a_along_k, b_along_k, tile_a, tile_b)
     a_words, b_words = tile_a.words, tile_b.words
     mma = [_tile_mma(mode, fm, fn) for fm in range(cfg.fm) for fn in range(cfg.fn)]
-    if mode == "tf32x3":
+    if mode == "tf32x3" and not cfg.wg:  # (wgmma splits its stages: ``_x3_split_lines``)
         frag = [
             *frag,
             f"uint ah[{cfg.fm}][4], bh[{cfg.fn}][2];",

@@ -53,6 +53,10 @@ class Problem:
     def ldb(self) -> int:
         return self.k if self.trans_b else self.n
 
+    def tiles(self, block_m: int, block_n: int) -> int:
+        """Output blocks of ``block_m`` x ``block_n``, every matrix of the batch."""
+        return -(-self.m // block_m) * -(-self.n // block_n) * self.batch
+
     @property
     def operand_sizes(self) -> tuple[int, int]:
         """Elements A and B span (the batch strides included): what scratch operands of a trial need."""
@@ -65,7 +69,7 @@ def split_count(
     problem: Problem, block_m: int, block_n: int, bk: int, device: Device, factor: int = 1
 ) -> tuple[int, int]:
     """(splits, chunk) along K: about ``2 * factor`` blocks per compute unit, chunks of >= MIN_SPLIT_CHUNK."""
-    blocks = -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
+    blocks = problem.tiles(block_m, block_n)
     target = 2 * factor * max(1, device.cl_device.max_compute_units)
     if blocks >= target or problem.k < 2 * MIN_SPLIT_CHUNK:
         return 1, problem.k
