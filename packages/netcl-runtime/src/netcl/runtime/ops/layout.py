@@ -231,26 +231,46 @@ _TILE, _ROWS = 32, 8
 _bits_ctype = bits_ctype  # float16 and bfloat16 moved as their 16 bits (no extension, no helpers)
 
 
-def _swap_last_two(x: Tensor) -> tuple[PreparedLaunch, tuple[int, int]]:
-    """The launch of (..., R, C) -> (..., C, R) through a 32x32 tile in local memory (reads and writes
-    coalesced) and its size arguments: ``prepared.call(x, out, *sizes)``."""
+def _swap_last_two(x: Tensor) -> tuple[PreparedLaunch, tuple[int, ...]]:
+    """The launch of (..., R, C) -> (..., C, R) (``tiled_transpose`` of the batch of x's leading axes) and its
+    size arguments: ``prepared.call(x, out, *sizes)``."""
     batch, R, C = math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]
-    t = _bits_ctype(x.dtype)
-    idx = index_type(x.shape)
-    key = ("transpose2", x.dtype.str, idx)
+    return tiled_transpose(x.device, x.dtype, R, C, C, (batch, 1, 1), (R * C, 0, 0), index_type(x.shape))
+
+
+def tiled_transpose(
+    device: Device,
+    dtype: np.dtype,
+    rows: int,
+    cols: int,
+    ld: int,
+    batch: tuple[int, int, int],
+    strides: tuple[int, int, int],
+    idx: str,
+) -> tuple[PreparedLaunch, tuple[int, ...]]:
+    """The launch that writes each matrix z of a batch (dims ``batch`` = n0 x n1 x n2, outermost first, at element
+    ``strides`` s0, s1, s2 of the source; stride 0 repeats a matrix) of ``rows`` x ``cols`` at row stride ``ld``
+    to ``out[z]`` as a dense ``cols`` x ``rows`` matrix, through a 32x32 tile in local memory (reads and writes
+    coalesced), and its size arguments: ``prepared.call(x, out, *sizes)``. ``idx``: the C index type, wide
+    enough for the source's and the output's extents."""
+    t = _bits_ctype(dtype)
+    key = ("transpose2", dtype.str, idx)
 
     def source() -> str:
-        return f"""{storage_pragmas([x.dtype])}
+        return f"""{storage_pragmas([dtype])}
 __kernel __attribute__((reqd_work_group_size({_TILE}, {_ROWS}, 1)))
-void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, const {idx} C) {{
+void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, const {idx} C, const {idx} ld,
+                     const {idx} n1, const {idx} n2, const {idx} s0, const {idx} s1, const {idx} s2) {{
     __local {t} tile[{_TILE}][{_TILE} + 1];
     const int lx = get_local_id(0);
     const int ly = get_local_id(1);
-    const {idx} base = ({idx})get_group_id(2) * R * C;
+    const {idx} z = ({idx})get_group_id(2);
+    const {idx} src = (z / (n2 * n1)) * s0 + ((z / n2) % n1) * s1 + (z % n2) * s2;
+    const {idx} base = z * R * C;
     const {idx} c = ({idx})get_group_id(0) * {_TILE} + lx;
     const {idx} r0 = ({idx})get_group_id(1) * {_TILE};
     for (int j = ly; j < {_TILE}; j += {_ROWS}) {{
-        if (c < C && r0 + j < R) {{ tile[j][lx] = x[base + (r0 + j) * C + c]; }}
+        if (c < C && r0 + j < R) {{ tile[j][lx] = x[src + (r0 + j) * ld + c]; }}
     }}
     barrier(CLK_LOCAL_MEM_FENCE);
     const {idx} r = r0 + lx;
@@ -261,9 +281,10 @@ void netcl_transpose(__global const {t}* x, __global {t}* out, const {idx} R, co
 }}
 """
 
-    resolved = get_kernel(key, x.device, source, "netcl_transpose", [None, None, ARG_DTYPES[idx], ARG_DTYPES[idx]])
-    gsize = (-(-C // _TILE) * _TILE, -(-R // _TILE) * _ROWS, batch)
-    return prepared_for(key, x.device, resolved.kernel, gsize, (_TILE, _ROWS, 1)), (R, C)
+    resolved = get_kernel(key, device, source, "netcl_transpose", [None, None] + [ARG_DTYPES[idx]] * 8)
+    gsize = (-(-cols // _TILE) * _TILE, -(-rows // _TILE) * _ROWS, math.prod(batch))
+    sizes = (rows, cols, ld, batch[1], batch[2], *strides)
+    return prepared_for(key, device, resolved.kernel, gsize, (_TILE, _ROWS, 1)), sizes
 
 
 def _transpose_source(rank: int, dtype: np.dtype, idx: str) -> str:
