@@ -230,3 +230,19 @@ def test_index_select_large_repeats(device):
     tape.backward(ag.sum(y))
     expected = np.bincount(index, minlength=7)[:, None] * np.ones((1, 2))
     np.testing.assert_array_equal(x.grad.to_host(), expected)
+
+
+def test_index_select_backward_sums_each_row_in_index_order(device):
+    """Ranking a long index (several work-groups and staged tiles, a ragged last one): each row's gradient
+    is the float32 sum of its positions' gradients taken in index order, bit for bit (no atomics)."""
+    rng = np.random.default_rng(1)
+    index = rng.integers(0, 37, size=1003).astype(np.int32)
+    grad = rng.standard_normal((1003, 3)).astype(np.float32)
+    x = ag.tensor(np.zeros((37, 3), np.float32), requires_grad=True, device=device)
+    with ag.Tape() as tape:
+        y = ag.index_select(x, 0, nc.tensor(index, device=device))
+    tape.backward(y, ag.tensor(grad, device=device))
+    expected = np.zeros((37, 3), np.float32)
+    for position, row in enumerate(index):
+        expected[row] += grad[position]
+    np.testing.assert_array_equal(x.grad.to_host(), expected)

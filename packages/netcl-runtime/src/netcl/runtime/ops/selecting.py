@@ -1,9 +1,10 @@
 """``index_select`` (torch.index_select), ``embedding``, and their deterministic scatter-add backward.
 
 ``index_select_backward`` ranks the index values (a stable counting sort: ``J**2`` integer
-compares for an index of length ``J``, one work-item per position) and then gives each element of
-the input gradient one work-item that sums its own positions in index order (binary search in the
-sorted keys: cost ``x.size * log J`` plus the gradient's size). No atomics, so results repeat.
+compares for an index of length ``J``; a work-group of up to 256 work-items ranks 32 positions, each
+work-item comparing against a slice of the index) and then gives each element of the input gradient
+one work-item that sums its own positions in index order (binary search in the sorted keys: cost
+``x.size * log J`` plus the gradient's size). No atomics, so results repeat.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import Tensor
+from netcl.core import Device, Tensor
 from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype
-from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, scalars
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, remember, storage_ctype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, prepared_for, scalars
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
 from netcl.runtime.ops.strided import WORD, filled
@@ -46,19 +48,39 @@ __kernel void netcl_index_select(__global const {word}* x, __global const {it}* 
 """
 
 _RANK = """
-__kernel void netcl_rank_index(__global const {it}* index, __global int* perm, __global long* keys, const int J) {{
-    const int j = get_global_id(0);
-    if (j >= J) return;
-    const long key = (long)index[j];
+__kernel void netcl_rank_index(__global const {it}* index, __global int* perm, __global long* keys, const int J,
+                               const int rows) {{
+    /* A work-group ranks ``rows`` positions; its L work-items split each staged tile of L index values
+       into L / rows slices, one slice a work-item, and the slices' counts are summed at the end. */
+    __local long tile[RANK_LOCAL];
+    __local int counts[RANK_LOCAL];
+    const int t = get_local_id(0), L = get_local_size(0);
+    const int row = t % rows, slice = t / rows, per_slice = rows;
+    const int j = get_group_id(0) * rows + row;
+    const long key = j < J ? (long)index[j] : 0;
     int r = 0;
-    for (int k = 0; k < J; ++k) {{
-        const long other = (long)index[k];
-        r += (other < key) || (other == key && k < j);
+    for (int base = 0; base < J; base += L) {{
+        tile[t] = base + t < J ? (long)index[base + t] : 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int end = min(slice * per_slice + per_slice, J - base);
+        for (int c = slice * per_slice; c < end; ++c) {{
+            const long other = tile[c];
+            r += (other < key) || (other == key && base + c < j);
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
     }}
-    perm[r] = j;
-    keys[r] = key;
+    counts[t] = r;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (slice == 0 && j < J) {{
+        int rank = 0;
+        for (int s = 0; s < L / rows; ++s) rank += counts[s * rows + row];
+        perm[rank] = j;
+        keys[rank] = key;
+    }}
 }}
 """
+#: work-items of a rank work-group (at most) and the positions one work-group ranks
+RANK_LOCAL, RANK_ROWS = 256, 32
 
 _INDEX_ADD = """{pragmas}
 __kernel void netcl_index_add(__global const {st}* g, __global const int* perm, __global const long* keys,
@@ -179,10 +201,7 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     perm = Tensor.empty((J,), np.int32, device)
     keys = Tensor.empty((J,), np.int64, device)
     it = C_TYPES[index.dtype]
-    rank_tail = (np.int32(J),)
-    rank = prepare_1d(
-        ("rank_index", it), device, lambda: _RANK.format(it=it), "netcl_rank_index", [None, None, None, np.int32], J
-    )
+    rank, rank_tail = _rank_launch(device, it, J)
     rank.call(index.data, perm.data, keys.data, *rank_tail)
     idx = index_ctype(out.size, grad.size)
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
@@ -200,6 +219,22 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
     remember(_BACKWARD_PLANS, key, (shape, out.nbytes, J, rank, rank_tail, add, add_tail))
     return out
+
+
+def _rank_launch(device: Device, it: str, length: int) -> tuple[PreparedLaunch, tuple]:
+    """The rank kernel's launch over ``length`` positions and its scalar arguments (length, rows a work-group)."""
+    resolved = get_kernel(
+        ("layers", "rank_index", it),
+        device,
+        lambda: f"#define RANK_LOCAL {RANK_LOCAL}\n" + _RANK.format(it=it),
+        "netcl_rank_index",
+        [None, None, None, np.int32, np.int32],
+    )
+    local = min(RANK_LOCAL, resolved.max_local)
+    rows = min(RANK_ROWS, local)
+    groups = -(-length // rows)
+    launch = prepared_for(("layers", "rank_index", it), device, resolved.kernel, (groups * local,), (local,))
+    return launch, (np.int32(length), np.int32(rows))
 
 
 _INT32, _INT64 = np.dtype(np.int32), np.dtype(np.int64)
