@@ -15,6 +15,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime import ops
+from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops.reduce import merged_layout
 
 SHAPE = (3, 4, 5)
@@ -150,3 +151,34 @@ def test_sum_with_an_addend(device, shape, axis):
         ops.sum(x, axis, addend=nc.tensor(np.zeros((*plain.shape, 2), np.float32), device=device))
     with pytest.raises(TypeError, match="addend must be a Tensor"):
         ops.sum(x, axis, addend=a)
+
+
+@pytest.mark.parametrize("shape", [(1000, 70), (2048, 512), (300, 9)])
+def test_column_sums_over_several_chunks_in_one_launch(cl_device, launch_counter, shape) -> None:
+    """Columns of up to 128 chunks: one launch whose last work-group per block of 32 columns sums the block's
+    partials (a ragged last block, 3 to 16 chunks here). Against float64; a replay on new values gives the
+    eager bits again and again (each block's ticket is back at 0 after every launch)."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2.0, 2.0, shape).astype(np.float32)
+    t = nc.tensor(x, device=cl_device)
+    with launch_counter(cl_device.queue) as launches:
+        total = ops.sum(t, 0)
+    assert launches.names == ["netcl_reduce"]
+    _close(total, x.astype(np.float64).sum(0), np.abs(x.astype(np.float64)).sum(0))
+    x[5, 3] = np.nan
+    np.testing.assert_array_equal(ops.max(nc.tensor(x, device=cl_device), 0).to_host(), x.max(0))
+    graph = capture_graph(cl_device.queue, lambda a: ops.mean(a, 0), t)
+    for seed in range(3):
+        fresh = nc.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), device=cl_device)
+        replayed = graph.execute(fresh, copy_outputs=True)
+        np.testing.assert_array_equal(replayed.to_host(), ops.mean(fresh, 0).to_host())
+
+
+def test_column_sums_over_more_chunks_take_a_second_stage(cl_device, launch_counter) -> None:
+    """Beyond 128 chunks (a serial loop of more than 16 partials a lane) the partials take a second launch."""
+    x = _data((20000, 40), seed=8)
+    t = nc.tensor(x, device=cl_device)
+    with launch_counter(cl_device.queue) as launches:
+        total = ops.sum(t, 0)
+    assert launches.names == ["netcl_reduce", "netcl_reduce"]
+    _close(total, x.astype(np.float64).sum(0), np.abs(x.astype(np.float64)).sum(0))

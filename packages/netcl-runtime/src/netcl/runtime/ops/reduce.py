@@ -4,17 +4,18 @@ Layout: the reduced axes are moved last *conceptually*: an output index ``o`` an
 index ``r`` map to an input offset through the original strides (adjacent axes of the same
 class are merged first, so a trailing-axis reduction reads ``o * R + r``).
 
-Scheme on OpenCL: each work-group reduces one chunk (at most ``CHUNK`` elements) of one output:
-every thread accumulates a strided partial of at most ``PER_THREAD`` elements, then a tree in
-local memory combines the partials. When the outputs are contiguous in memory (the last axis
-is kept, as in ``sum(x, axis=0)``), a work-group instead takes 32 neighbouring outputs x 8
-lanes along the reduced axes, so loads stay coalesced, and the tree runs over the 8 lanes.
-When an output needs several chunks, the partials go to a scratch tensor that the next stage
-reduces the same way. A float32 sum of n elements thus adds at most ~16 terms serially per
-stage and log2 terms in every tree, so its error grows like log(n) rather than n. Reductions
-of at most ``SERIAL_MAX`` elements into several outputs use one thread per output (a short
-loop beats a tree there). On CPU devices, reduced axes with kept ones between them and the last
-of them innermost (a bias gradient's N, H and W) reduce that innermost run first, then the rest.
+Scheme on OpenCL: each work-group reduces one chunk (at most ``CHUNK`` elements) of one output: every thread
+accumulates a strided partial of at most ``PER_THREAD`` elements, then a tree in local memory combines the
+partials. When the outputs are contiguous in memory (the last axis is kept, as in ``sum(x, axis=0)``), a
+work-group instead takes 32 neighbouring outputs x 8 lanes along the reduced axes, so loads stay coalesced,
+and the tree runs over the 8 lanes. When an output needs several chunks, the partials go to a scratch tensor
+that the next stage reduces the same way; in the "cols" scheme, the last work-group of each block of 32
+outputs to finish sums that block's partials inside the same launch instead, where they are at most
+``COL_CHUNK`` (a ticket counter a block, no second launch). A float32 sum of n elements thus adds at most
+~16 terms serially per stage and log2 terms in every tree, so its error grows like log(n) rather than n.
+Reductions of at most ``SERIAL_MAX`` elements into several outputs use one thread per output (a short loop
+beats a tree there). On CPU devices, reduced axes with kept ones between them and the last of them innermost
+(a bias gradient's N, H and W) reduce that innermost run first, then the rest.
 
 Programs are shape-generic: sizes, strides, chunk counts and the tree's work-group size are
 kernel arguments, so a program is built once per (op, mode, number of kept/reduced axes after
@@ -28,6 +29,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import pyopencl as cl
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import STORAGE_ONLY, float32, float64, int64, is_floating
@@ -248,6 +250,9 @@ def _reduce_cl(
     if chunks == 1:
         return _launch_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks=1, local=local, addend=addend)
     partial = Tensor.empty((K * chunks,), acc, device)  # partial[o * chunks + c]
+    if mode == "cols" and chunks <= COL_CHUNK:  # one launch: each column block's last work-group sums its partials
+        _launch_stage(op, x, kept, reduced, acc, out, scale, device, "cols_last", chunks, local, addend, partial)
+        return None
     _launch_stage(op, x, kept, reduced, acc, partial, 1.0, device, mode, chunks=chunks, local=local)
     next_kept = ((K, chunks),) if K > 1 else ()
     _reduce_cl(op, partial, next_kept, ((chunks, 1),), acc, out, scale, device, addend)
@@ -295,11 +300,13 @@ def _launch_stage(
     chunks: int,
     local: int,
     addend: Tensor | None = None,
+    partial: Tensor | None = None,
 ) -> PreparedLaunch | None:
     """One stage (returns its prepared launch when it takes no addend, else None); the program depends on
     (op, mode, ranks of kept/reduced, dtypes, index type, with an addend or not) only: sizes, strides, chunk
-    counts and the tree's work-group size are kernel arguments. ``addend`` (final stage only: ``chunks`` is 1)
-    is added to each output in its store."""
+    counts and the tree's work-group size are kernel arguments. ``addend`` (final stage only: ``chunks`` is 1,
+    or mode "cols_last") is added to each output in its store. Mode "cols_last" takes ``partial`` (``K *
+    chunks`` accumulator values) for its work-groups' partial sums."""
     plus = addend is not None
     key = (op, mode, kept, reduced, x.dtype, acc, out.dtype, chunks, local, scale, plus, device)
     prepared = _STAGES.get(key)
@@ -307,6 +314,12 @@ def _launch_stage(
         prepared = remember(
             _STAGES, key, _prepare_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks, local, plus)
         )
+    if partial is not None:
+        if plus:
+            prepared.call(x.data, out.data, partial.data, addend.data)
+        else:
+            prepared.call(x.data, out.data, partial.data)
+        return None
     if plus:
         prepared.call(x.data, out.data, addend.data)
         return None
@@ -351,19 +364,30 @@ def _prepare_stage(
             if stride != 1:
                 sizes.append(stride)
                 arg_dtypes.append(ARG_DTYPES[idx])
+    bound = {2: scale, **{3 + i: size for i, size in enumerate(sizes)}}
+    if mode == "cols_last":  # partial (per call), tickets (bound: one counter a column block, back to 0 after)
+        bound[len(arg_dtypes) + 1] = _tickets(device, -(-K // COLS))
+        arg_dtypes += [None, None]
     if plus:
         arg_dtypes.append(None)
     resolved = get_kernel(key, device, source, "netcl_reduce", arg_dtypes)
-    bound = {2: scale, **{3 + i: size for i, size in enumerate(sizes)}}
     if mode == "serial":
         step = resolved.max_local
         gsize, lsize = -(-K // step) * step, step
-    elif mode == "cols":
+    elif mode in ("cols", "cols_last"):
         gsize, lsize = (-(-K // COLS) * COLS, chunks * ROWS), (COLS, ROWS)
     else:
         local = builtins.min(local, resolved.max_local)
         gsize, lsize = K * chunks * local, local
     return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
+
+
+def _tickets(device: Device, blocks: int) -> cl.Buffer:
+    """``blocks`` zeroed ints for one "cols_last" stage: a column block's work-groups count themselves in its
+    ticket, and the last one sets it back to 0. Stages share no tickets, and the device's in-order queue runs
+    one launch of a stage at a time."""
+    zeros = np.zeros(blocks, np.int32)
+    return cl.Buffer(device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=zeros)
 
 
 def _axis_params(prefix: str, unit: Sequence[bool], idx: str) -> list[str]:
@@ -449,6 +473,7 @@ def _source(
     signature = (
         f"__global const {in_t}* x, __global {out_t}* out, const {acc_t} scale, "
         f"const {idx} K, const {idx} R, const {idx} chunks, const {idx} per_group{dim_params}"
+        + (f", __global {acc_t}* partial, __global int* tickets" if mode == "cols_last" else "")
         + (f", __global const {out_t}* addend" if plus else "")
     )
 
@@ -463,6 +488,8 @@ def _source(
     at = f"in_index(o, r{dim_args})"
     read = load_c(in_dtype, "x", at)
     loop = f"acc = COMBINE(acc, ({acc_t}){read});"
+    if mode == "cols_last":
+        return header + _cols_last_kernel(signature, idx, acc_t, _identity(op, acc), loop, put("o"))
     if mode == "cols":
         return header + (
             f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
@@ -510,6 +537,47 @@ def _source(
         f"    for ({idx} r = start + lid; r < stop; r += local_size) {{ {loop} }}\n"
         "    acc = netcl_tree_combine(acc, scratch);\n"
         f"    if (lid == 0) {{ {put('g')} }}\n"
+        "}\n"
+    )
+
+
+def _cols_last_kernel(signature: str, idx: str, acc_t: str, identity: str, loop: str, put: str) -> str:
+    """ "cols" over ``chunks`` > 1 chunks in one launch. Work-group (column block b, chunk c) sums its chunk as
+    "cols" does and stores the 32 sums to ``partial[o * chunks + c]``; after a global fence, it takes a ticket of
+    block b. The work-group that takes the block's last ticket reads the block's partials (volatile loads: not
+    from a cache that may hold older values), sums them over chunks, 8 lanes and a tree (a fixed order, whoever
+    is last), stores the outputs and sets the ticket back to 0 for the next launch."""
+    tree = tree_loop_c("scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + h][lx]);", "ly", str(ROWS // 2))
+    return (
+        f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
+        f"void netcl_reduce({signature}) {{\n"
+        f"    __local {acc_t} scratch[{ROWS}][{COLS}];\n"
+        "    __local int last;\n"
+        "    const int lx = get_local_id(0);\n"
+        "    const int ly = get_local_id(1);\n"
+        f"    const {idx} o = ({idx})get_global_id(0);\n"
+        f"    const {idx} c = ({idx})get_group_id(1);\n"
+        f"    const {idx} start = c * per_group;\n"
+        f"    const {idx} stop = start + per_group < R ? start + per_group : R;\n"
+        f"    {acc_t} acc = {identity};\n"
+        "    if (o < K) {\n"
+        f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
+        "    }\n"
+        "    scratch[ly][lx] = acc;\n" + tree + "    if (ly == 0 && o < K) partial[o * chunks + c] = scratch[0][lx];\n"
+        "    mem_fence(CLK_GLOBAL_MEM_FENCE);\n"
+        "    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);\n"
+        "    if (lx == 0 && ly == 0) last = atomic_inc(tickets + get_group_id(0)) == (int)chunks - 1;\n"
+        "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+        "    if (!last) return;\n"
+        "    mem_fence(CLK_GLOBAL_MEM_FENCE);\n"
+        f"    const volatile __global {acc_t}* sums = partial;\n"
+        f"    acc = {identity};\n"
+        "    if (o < K) {\n"
+        f"        for ({idx} k = ly; k < chunks; k += {ROWS}) {{ const {acc_t} a = acc, b = sums[o * chunks + k]; "
+        "acc = COMBINE(a, b); }\n"
+        "    }\n"
+        "    scratch[ly][lx] = acc;\n" + tree + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put} }}\n"
+        "    if (lx == 0 && ly == 0) tickets[get_group_id(0)] = 0;\n"
         "}\n"
     )
 
