@@ -349,3 +349,64 @@ def test_eager_cross_entropy_on_row_kernels_checks_targets(device):
     t = ag.tensor(np.full(128, 5000, np.int32), device=device)
     with pytest.raises(IndexError, match="target value 5000 is out of range"):
         ag.cross_entropy(x, t).item()
+
+
+def _residual_and_norm(x, y, w, b):
+    """A pre-norm block's row group with two outputs: the residual sum and its layer norm."""
+    h = x + y
+    return h, ag.layer_norm(h, 48, w, b)
+
+
+def test_two_outputs_fold_their_gradients_in_the_kernels_store(device, monkeypatch):
+    """The second output's backward kernel adds the first's gradient of x and y in its store (the engine's
+    ``folds_addends``): the bits of the unfolded backward with its add kernels, within float64's tolerance."""
+    arrays = _inputs([(6, 48), (6, 48), (48,), (48,)], "residual")
+    up_h, up_n = (np.random.default_rng(s).uniform(-1, 1, size=(6, 48)).astype(np.float32) for s in (5, 6))
+    fused = jit_compile(_residual_and_norm)
+
+    def grads() -> list[np.ndarray]:
+        nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+        with ag.Tape() as tape:
+            h, n = fused(*nodes)
+            loss = ag.sum(h * ag.tensor(up_h, device=device)) + ag.sum(n * ag.tensor(up_n, device=device))
+        tape.backward(loss)
+        return [node.grad.to_host() for node in nodes]
+
+    folded = grads()
+    monkeypatch.setattr(RowStep, "_foldable", lambda self, addends, wants: ())
+    for got, want in zip(folded, grads(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    def reference_loss(x, y, w, b):  # summed by _fd_grads against an upstream of ones
+        return _layer_norm64(x + y, w, b) * up_n + (x + y) * up_h
+
+    reference = _fd_grads(reference_loss, arrays, 1.0, [True] * 4)
+    for got, want in zip(folded, reference, strict=True):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-4)
+
+
+def test_folded_gradients_launch_no_add_kernel(cl_device, launch_counter, monkeypatch):
+    """Folding saves the two add kernels (x's and y's gradients from both outputs) and nothing else; the residual
+    sum's own gradients are the upstream one (no kernel), so one backward kernel runs for the two outputs."""
+    arrays = _inputs([(64, 48), (64, 48), (48,), (48,)], "residual")
+    fused = jit_compile(_residual_and_norm)
+
+    def backward_launches() -> list[str]:
+        nodes = [ag.tensor(a, requires_grad=True, device=cl_device) for a in arrays]
+        for _ in range(2):  # the first run builds the kernels
+            with ag.Tape() as tape:
+                h, n = fused(*nodes)
+                loss = ag.sum(h) + ag.sum(n)
+            for node in nodes:
+                node.grad = None
+            with launch_counter(cl_device.queue) as counter:
+                tape.backward(loss)
+        return counter.names
+
+    folded = backward_launches()
+    monkeypatch.setattr(RowStep, "_foldable", lambda self, addends, wants: ())
+    unfolded = backward_launches()
+    assert len(unfolded) - len(folded) == 2
+    assert sorted(set(unfolded) - set(folded)) in ([], ["netcl_ew"])
+    assert unfolded.count("netcl_ew") - folded.count("netcl_ew") == 2
+    assert folded.count("row_backward") == 1

@@ -14,10 +14,13 @@ import math
 import os
 from typing import Any
 
+import numpy as np
+
 from netcl.autograd.engine import Node, apply_op, is_grad_enabled
+from netcl.autograd.ops import plus
 from netcl.core import Device, Tensor
 from netcl.jit.row_group import RowGroup, build_program
-from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, backward_program
+from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, Stmt, backward_program
 from netcl.jit.row_kernels import RowKernels, row_kernels
 from netcl.jit.row_ops import get_row_op
 from netcl.runtime.ops import layout, reduce
@@ -58,19 +61,26 @@ class RowStep:
         self.kernels: RowKernels = row_kernels(device, label, self.rows, self.C, self.rows_per_group)
         forward = RowProgram(self.C, self.program.inputs, self.program.stmts, self.program.outputs + self.stats)
         self.forward_source, self._forward = self.kernels.build(FORWARD_NAME, forward)
-        self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, list[int]]] = {}
+        #: (output, wants, folded inputs) -> (kernel, source, gradient inputs, whether each gradient is the upstream)
+        self._backward: dict[tuple[int, tuple[bool, ...], tuple[int, ...]], tuple[Any, str, list[int], bool]] = {}
         #: where a forward without a backward writes the row statistics (nobody reads them)
         self._scratch: list[Tensor] | None = None
 
     # ---- building ------------------------------------------------------------------------
-    def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
-        key = (output_index, wants)
+    def _backward_kernel(self, output_index: int, wants: tuple[bool, ...], folded: tuple[int, ...] = ()):
+        key = (output_index, wants, folded)
         entry = self._backward.get(key)
         if entry is None:
             program, which, _ = backward_program(self.program, output_index, list(wants))
+            upstream = (
+                self.out_kinds[output_index] == ELEM
+                and all(self._full_elem(k) for k in which)
+                and all(is_upstream(program, var) for var in program.outputs)
+            )
+            program = with_addends(program, which, folded)
             columns = frozenset(j for j, k in enumerate(which) if self.program.inputs[k].kind == COL)
             source, compiled = self.kernels.build(BACKWARD_NAME, program, columns)
-            entry = self._backward[key] = (compiled, source, which)
+            entry = self._backward[key] = (compiled, source, which, upstream and not folded)
         return entry
 
     def backward_source(self, output_index: int, wants: tuple[bool, ...]) -> str:
@@ -99,42 +109,78 @@ class RowStep:
         stats = [self._empty((self.rows,)) for _ in self.stats]
         self._run(self._forward, self.program.inputs, values, outs + stats)
         return [
-            apply_op(_Precomputed(out), self._grad_fn(j, wants, stats), *ext, op_name=self.label)
+            apply_op(_Precomputed(out), self._grad_fn(j, wants, stats), *ext, op_name=self.label, folds_addends=True)
             for j, out in enumerate(outs)
         ]
 
     def _grad_fn(self, output_index: int, wants: tuple[bool, ...], stats: list[Tensor]):
-        def grad_fn(grad_out: Tensor, inputs: tuple[Any, ...], output: Tensor) -> list[Tensor | None]:
-            return self.backward(output_index, wants, grad_out, list(inputs), stats)
+        def grad_fn(
+            grad_out: Tensor, inputs: tuple[Any, ...], output: Tensor, addends: list[Tensor | None] | None = None
+        ) -> list[Tensor | None]:
+            return self.backward(output_index, wants, grad_out, list(inputs), stats, addends)
 
         return grad_fn
 
     def backward(
-        self, output_index: int, wants: tuple[bool, ...], grad_out: Tensor, values: list[Any], stats: list[Tensor]
+        self,
+        output_index: int,
+        wants: tuple[bool, ...],
+        grad_out: Tensor,
+        values: list[Any],
+        stats: list[Tensor],
+        addends: list[Tensor | None] | None = None,
     ) -> list[Tensor | None]:
-        """Gradients of the inputs that want one (None where the output does not reach an input)."""
+        """Gradients of the inputs that want one (None where the output does not reach an input).
+
+        ``addends`` (``apply_op``'s ``folds_addends``): per input, a gradient already summed for it or None;
+        such an input gets a new tensor ``addend + its gradient``, added in the kernel's store for a float32
+        per-element input (the bits of the add kernel it replaces), else by an add after it."""
         wants = tuple(w and i.kind != PARAM for w, i in zip(wants, self.program.inputs, strict=True))
         if not any(wants):
             return [None] * len(values)
-        compiled, _, which = self._backward_kernel(output_index, wants)
+        folded = self._foldable(addends, wants)
+        compiled, _, which, upstream = self._backward_kernel(output_index, wants, folded)
         out_shape = tuple(self.group.outputs[output_index].shape)
         if tuple(grad_out.shape) != out_shape:
             grad_out = layout.broadcast_to(grad_out, out_shape)
+        if upstream:  # every gradient is the upstream one (a residual sum's): no kernel
+            result: list[Tensor | None] = [None] * len(values)
+            for k in which:
+                grad = grad_out.reshape(tuple(self.group.inputs[k].shape))
+                result[k] = grad if addends is None else plus(addends[k], grad)
+            return result
         program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
+        program_inputs += [RowInput(f"a{k}", ELEM) for k in folded]
         groups = self.kernels.partial_groups(compiled)  # column gradients as per-group partial sums, or 0
         partial = groups > 0
         shapes = [self._grad_shape(k, groups) for k in which]
         grads = [self._empty(shape) for shape in shapes]
-        self._run(compiled, program_inputs, [*values, *stats, grad_out], grads)
-        result: list[Tensor | None] = [None] * len(values)
+        self._run(compiled, program_inputs, [*values, *stats, grad_out, *(addends[k] for k in folded)], grads)
+        result = [None] * len(values)
         for k, grad in zip(which, grads, strict=True):
             target = tuple(self.group.inputs[k].shape)
             if self.program.inputs[k].kind == COL:
                 grad = reduce.sum(grad, 0).reshape(target) if partial else layout.sum_to_shape(grad, target)
             elif grad.shape != target:
                 grad = grad.reshape(target)
-            result[k] = grad
+            result[k] = grad if k in folded or addends is None else plus(addends[k], grad)
         return result
+
+    def _foldable(self, addends: list[Tensor | None] | None, wants: tuple[bool, ...]) -> tuple[int, ...]:
+        """The inputs whose addend the backward kernel adds in its store: float32 per-element inputs of the
+        group's full size that want a gradient."""
+        if addends is None:
+            return ()
+        size = self.rows * self.C
+        return tuple(
+            k
+            for k, (addend, want) in enumerate(zip(addends, wants, strict=True))
+            if want and addend is not None and addend.dtype == _F32 and addend.size == size and self._full_elem(k)
+        )
+
+    def _full_elem(self, k: int) -> bool:
+        """Whether input ``k`` is per-element and of the group's full size (no broadcast)."""
+        return self.program.inputs[k].kind == ELEM and math.prod(self.group.inputs[k].shape) == self.rows * self.C
 
     def _stat_inputs(self) -> list[RowInput]:
         return [RowInput(f"s{j}", ROW) for j in range(len(self.stats))]
@@ -149,6 +195,36 @@ class RowStep:
         if kind in (ELEM, COL):
             return self.shape
         return tuple(self.group.inputs[k].shape)
+
+
+def is_upstream(program: RowProgram, var: str) -> bool:
+    """Whether ``var`` of a backward ``program`` is the upstream gradient ``gout`` itself, through copies."""
+    by_var = {s.var: s for s in program.stmts}
+    while var != "gout":
+        stmt = by_var.get(var)
+        if stmt is None or stmt.reduce or stmt.op or stmt.kind != ELEM:
+            return False
+        var = stmt.expr.strip()
+        if var != "gout" and var not in by_var:
+            return False
+    return True
+
+
+def with_addends(program: RowProgram, which: list[int], folded: tuple[int, ...]) -> RowProgram:
+    """``program`` (a backward: its outputs are the gradients of inputs ``which``) taking one more elem input
+    ``a{k}`` per input ``k`` in ``folded`` and writing ``a{k} + its gradient`` for that input instead."""
+    if not folded:
+        return program
+    inputs = [*program.inputs, *(RowInput(f"a{k}", ELEM) for k in folded)]
+    stmts, outputs = list(program.stmts), list(program.outputs)
+    for j, k in enumerate(which):
+        if k in folded:
+            stmts.append(Stmt(f"fold{k}", ELEM, f"ADD(a{k}, {outputs[j]})"))
+            outputs[j] = f"fold{k}"
+    return RowProgram(program.C, inputs, stmts, outputs)
+
+
+_F32 = np.dtype(np.float32)
 
 
 class _Precomputed:
