@@ -143,6 +143,27 @@ def test_launch_counts(cl_device, launch_counter):
         assert len(steps) == 2 and steps[-1] == "fused_forward", steps
 
 
+def test_a_sums_backward_is_the_upstream_gradient(device, launch_counter):
+    """The gradient of a sum is the upstream one: no backward kernel; broadcast inputs (a block, a column) get
+    it summed (a reduction each). Against float64 sums of the upstream."""
+    arrays = [_rand((4, 8, 16), 1), _rand((8, 16), 2), _rand((16,), 3)]
+    upstream = _rand((4, 8, 16), 4)
+    fused = jit_compile(lambda a, b, c: a + b + c)
+    out, (ga, gb, gc) = _grads(fused, arrays, device, upstream)
+    np.testing.assert_allclose(out, arrays[0] + arrays[1] + arrays[2], rtol=1e-6, atol=1e-6)
+    up64 = upstream.astype(np.float64)
+    np.testing.assert_array_equal(ga, upstream)
+    np.testing.assert_allclose(gb, up64.sum(0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gc, up64.sum((0, 1)), rtol=1e-6, atol=1e-5)
+    if device.kind == "opencl":
+        nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+        with ag.Tape() as tape:
+            out = fused(*nodes)
+        with launch_counter(device.queue) as counter:
+            tape.backward(out, grad=ag.tensor(upstream, device=device).value)
+        assert "fused_backward" not in counter.names and counter.names.count("netcl_reduce") >= 2
+
+
 def test_spec_examples(device):
     @jit_compile
     def fused(x):

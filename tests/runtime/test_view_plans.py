@@ -271,3 +271,23 @@ def test_reduction_axes_kept_per_signature_do_not_serve_keys_that_only_compare_e
         ag.sum(x, axis=1.0)  # equal to 1 and hashes alike: not the entry of axis 1
     with pytest.raises(nc.ShapeError, match="out of range"):
         ag.sum(x, axis=(1, 5))
+
+
+@pytest.mark.parametrize(
+    "key, grad_launches",
+    [((slice(None, 40),), []), ((None, Ellipsis), []), ((slice(None, None, -1),), None), ((slice(0, 31),), None)],
+    ids=["all rows", "new axis", "reversed", "a block"],
+)
+def test_getitem_backward_of_the_whole_tensor_launches_nothing(cl_device, key, grad_launches) -> None:
+    """The gradient of a key that selects all of x in order is the upstream gradient under x's shape (no zeros,
+    no scatter); any other key scatters into zeros. Values against NumPy either way."""
+    x = _floats(cl_device, (32, 8), 1)
+    g = _floats(cl_device, x.to_host()[key].shape, 2)
+    names, out = _kernels(cl_device, lambda: indexing.getitem_backward(g, x.shape, key))
+    want = np.zeros(x.shape, np.float32)
+    want[key] = g.to_host()
+    np.testing.assert_array_equal(out.to_host(), want)
+    if grad_launches is not None:
+        assert names == grad_launches
+    else:
+        assert "netcl_strided" in names

@@ -19,7 +19,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
-from netcl.jit.codegen import backward_body, forward_body, reached_inputs
+from netcl.jit.codegen import Body, backward_body, forward_body, reached_inputs
 from netcl.jit.column_source import ColumnLayout, column_input
 from netcl.jit.fused_kernels import FusedKernels, fused_kernels
 from netcl.jit.partition import FusedGroup
@@ -59,7 +59,9 @@ class FusedStep:
             if build_forward
             else None
         )
-        self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str]] = {}
+        #: (output, wants) -> (kernel, source, column layout, per result whether it is column sums, whether every
+        #: result is the upstream gradient)
+        self._backward: dict[tuple[int, tuple[bool, ...]], tuple[Any, str, Any, list[bool], bool]] = {}
         #: per output: which external inputs its gradient reaches (others get None, not zeros)
         self._reached = [tuple(reached_inputs(group, out)) for out in group.outputs]
 
@@ -128,7 +130,8 @@ class FusedStep:
         return self._backward_kernel(output_index, wants)[1]
 
     def _backward_kernel(self, output_index: int, wants: tuple[bool, ...]):
-        """(compiled, source, column layout or None, per result: whether it comes as partial column sums)."""
+        """(compiled, source, column layout or None, per result: whether it comes as partial column sums, whether
+        every result is the upstream gradient itself)."""
         key = (output_index, wants)
         entry = self._backward.get(key)
         if entry is None:
@@ -146,7 +149,7 @@ class FusedStep:
             compiled = self.kernels.build(
                 BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items
             )
-            entry = (compiled, source, layout, columns)
+            entry = (compiled, source, layout, columns, all(passes_upstream(body, r) for r in body.results))
             self._backward[key] = entry
         return entry
 
@@ -191,7 +194,12 @@ class FusedStep:
             return [None] * len(values)
         if tuple(grad_out.shape) != self.shape:
             grad_out = broadcast_to(grad_out, self.shape)
-        compiled, _, layout, columns = self._backward_kernel(output_index, wants)
+        compiled, _, layout, columns, upstream = self._backward_kernel(output_index, wants)
+        if upstream:  # every gradient is the upstream one (a sum's): no kernel, broadcast inputs summed from it
+            return [
+                None if not want else grad_out if shape == self.shape else sum_to_shape(grad_out, shape)
+                for want, shape in zip(wants, self.input_shapes, strict=True)
+            ]
         grads = [self._partial_sums(layout) if column else self._empty() for column in columns]
         if self.size:
             self._run(compiled, values, grads, grad_out)
@@ -214,6 +222,16 @@ class FusedStep:
         """A new (groups, width) float32 tensor for a column kernel's partial sums."""
         shape = (layout.groups, layout.width)
         return Tensor(self.device.allocator(self.device, 4 * math.prod(shape)), shape, _F32, self.device)
+
+
+def passes_upstream(body: Body, var: str) -> bool:
+    """Whether ``var`` of a backward ``body`` is the upstream gradient ``gout`` itself, through copies."""
+    exprs = dict(body.lines)
+    while var != "gout":
+        var = exprs.get(var, "").strip()
+        if var != "gout" and var not in exprs:
+            return False
+    return True
 
 
 class Precomputed:

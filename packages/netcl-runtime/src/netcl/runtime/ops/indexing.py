@@ -244,12 +244,24 @@ def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | No
 
 
 def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tensor:
-    """The gradient of ``x[key]`` w.r.t. x: ``grad`` written into zeros of ``shape``."""
+    """The gradient of ``x[key]`` w.r.t. x: ``grad`` written into zeros of ``shape``; ``grad`` itself under
+    x's shape (no launch) where the key selects all of x in order (``x[:n]`` of n rows)."""
     view = parse_index(shape, key)
     if tuple(grad.shape) != view.shape:
         raise ShapeError(f"getitem_backward: gradient shape {grad.shape} differs from the selection {view.shape}")
+    if _selects_all_in_order(view, shape):
+        return grad.reshape(tuple(shape))
     out = filled(shape, 0, grad.dtype, grad.device)
     return strided_write(out, grad, view.strides, view.offset)
+
+
+def _selects_all_in_order(view: BasicIndex, shape: Sequence[int]) -> bool:
+    """Whether ``view`` of a tensor of ``shape`` is every element of it in memory order."""
+    n = prod(view.shape)
+    if n == 0 or n != prod(shape) or view.offset:
+        return False
+    dims, steps = collapse(view.shape, view.strides)
+    return list(dims) == [n] and list(steps) == [1]
 
 
 # ---- index validation ------------------------------------------------------------------------------
