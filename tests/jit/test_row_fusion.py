@@ -410,3 +410,30 @@ def test_folded_gradients_launch_no_add_kernel(cl_device, launch_counter, monkey
     assert sorted(set(unfolded) - set(folded)) in ([], ["netcl_ew"])
     assert unfolded.count("netcl_ew") - folded.count("netcl_ew") == 2
     assert folded.count("row_backward") == 1
+
+
+def test_a_norms_weight_and_bias_gradients_take_one_reduction(device, launch_counter, monkeypatch):
+    """Both column gradients of an affine layer norm come out in one (2, rows, C) tensor and one reduction sums
+    them: the bits of a reduction each, over many rows (partial sums of row groups where the kernel makes them)."""
+    fn = jit_compile(lambda x, w, b: ag.layer_norm(x, 128, w, b))
+    arrays = _inputs([(600, 128), (128,), (128,)], "stacked")
+    upstream = ag.tensor(np.random.default_rng(4).uniform(-1, 1, (600, 128)).astype(np.float32), device=device)
+
+    def run() -> tuple[list[np.ndarray], list[str]]:
+        nodes = [ag.tensor(a, requires_grad=True, device=device) for a in arrays]
+        with ag.Tape() as tape:
+            out = fn(*nodes)
+        if device.kind != "opencl":
+            tape.backward(out, grad=upstream.value)
+            return [n.grad.to_host() for n in nodes], []
+        with launch_counter(device.queue) as counter:
+            tape.backward(out, grad=upstream.value)
+        return [n.grad.to_host() for n in nodes], counter.names
+
+    stacked, names = run()
+    monkeypatch.setattr(RowStep, "_column_stack", lambda self, shapes, columns: (None, {}))
+    separate, separate_names = run()
+    for got, want in zip(stacked, separate, strict=True):
+        np.testing.assert_array_equal(got, want)
+    if device.kind == "opencl":
+        assert names.count("netcl_reduce") == 1 and separate_names.count("netcl_reduce") == 2

@@ -23,7 +23,7 @@ from netcl.jit.row_group import RowGroup, build_program
 from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, Stmt, backward_program
 from netcl.jit.row_kernels import RowKernels, row_kernels
 from netcl.jit.row_ops import get_row_op
-from netcl.runtime.ops import layout, reduce
+from netcl.runtime.ops import indexing, layout, reduce
 from netcl.runtime.ops.class_loss import check_targets
 
 FORWARD_NAME = "row_forward"
@@ -154,17 +154,41 @@ class RowStep:
         groups = self.kernels.partial_groups(compiled)  # column gradients as per-group partial sums, or 0
         partial = groups > 0
         shapes = [self._grad_shape(k, groups) for k in which]
-        grads = [self._empty(shape) for shape in shapes]
+        columns = [j for j, k in enumerate(which) if self.program.inputs[k].kind == COL]
+        stack, blocks = self._column_stack(shapes, columns)
+        grads = [blocks[j] if j in blocks else self._empty(shape) for j, shape in enumerate(shapes)]
         self._run(compiled, program_inputs, [*values, *stats, grad_out, *(addends[k] for k in folded)], grads)
+        if stack is not None:  # every column gradient summed over the rows in one reduction
+            sums = reduce.sum(stack, 1)
+            for j in columns:
+                grads[j] = indexing.getitem(sums, columns.index(j))
         result = [None] * len(values)
         for k, grad in zip(which, grads, strict=True):
             target = tuple(self.group.inputs[k].shape)
             if self.program.inputs[k].kind == COL:
-                grad = reduce.sum(grad, 0).reshape(target) if partial else layout.sum_to_shape(grad, target)
+                if stack is not None:
+                    grad = grad.reshape(target)
+                else:
+                    grad = reduce.sum(grad, 0).reshape(target) if partial else layout.sum_to_shape(grad, target)
             elif grad.shape != target:
                 grad = grad.reshape(target)
             result[k] = grad if k in folded or addends is None else plus(addends[k], grad)
         return result
+
+    def _column_stack(
+        self, shapes: list[tuple[int, ...]], columns: list[int]
+    ) -> tuple[Tensor | None, dict[int, Tensor]]:
+        """Where two or more column gradients come out (a norm's weight and bias): one ``(count, rows, C)``
+        tensor and its blocks, by gradient position, as their buffers (one reduction then sums them all, the
+        bits of a reduction each); (None, {}) where there is one, or the device cannot address the blocks."""
+        if len(columns) < 2:
+            return None, {}
+        rows = math.prod(shapes[columns[0]]) // self.C
+        stack = self._empty((len(columns), rows, self.C))
+        blocks = indexing.leading_views(stack)
+        if blocks is None:
+            return None, {}
+        return stack, {j: block.reshape(shapes[j]) for j, block in zip(columns, blocks, strict=True)}
 
     def _foldable(self, addends: list[Tensor | None] | None, wants: tuple[bool, ...]) -> tuple[int, ...]:
         """The inputs whose addend the backward kernel adds in its store: float32 per-element inputs of the

@@ -243,6 +243,18 @@ def block_view(x: Tensor, view: BasicIndex, n: int, root: Tensor) -> Tensor | No
     return Tensor(data, view.shape, x.dtype, x.device, base=root)
 
 
+def leading_views(x: Tensor) -> list[Tensor] | None:
+    """``x[0], x[1], ...`` as Tensors sharing x's memory (no launch), or None where some block cannot be one
+    (on OpenCL a sub-buffer starts at the device's base address alignment; x must be a root tensor)."""
+    views = []
+    for j in range(x.shape[0]):
+        view = contiguous_view(x, parse_index(x.shape, j))
+        if view is None:
+            return None
+        views.append(view)
+    return views
+
+
 def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tensor:
     """The gradient of ``x[key]`` w.r.t. x: ``grad`` written into zeros of ``shape``; ``grad`` itself under
     x's shape (no launch) where the key selects all of x in order (``x[:n]`` of n rows)."""
