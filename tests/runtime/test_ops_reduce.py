@@ -17,6 +17,7 @@ import netcl.core as nc
 from netcl.runtime import ops
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops.reduce import merged_layout
+from netcl.runtime.scheduler import Stream
 
 SHAPE = (3, 4, 5)
 AXES = [None, 0, 1, 2, -1, (0, 2), (1, 2), (0, 1, 2)]
@@ -157,7 +158,7 @@ def test_sum_with_an_addend(device, shape, axis):
 def test_column_sums_over_several_chunks_in_one_launch(cl_device, launch_counter, shape) -> None:
     """Columns of up to 128 chunks: one launch whose last work-group per block of 32 columns sums the block's
     partials (a ragged last block, 3 to 16 chunks here). Against float64; a replay on new values gives the
-    eager bits again and again (each block's ticket is back at 0 after every launch)."""
+    eager bits again and again (each block's ticket is back at 0 after every launch), also on another queue."""
     rng = np.random.default_rng(7)
     x = rng.uniform(-2.0, 2.0, shape).astype(np.float32)
     t = nc.tensor(x, device=cl_device)
@@ -168,9 +169,11 @@ def test_column_sums_over_several_chunks_in_one_launch(cl_device, launch_counter
     x[5, 3] = np.nan
     np.testing.assert_array_equal(ops.max(nc.tensor(x, device=cl_device), 0).to_host(), x.max(0))
     graph = capture_graph(cl_device.queue, lambda a: ops.mean(a, 0), t)
-    for seed in range(3):
+    other = Stream(device=cl_device)  # a replay elsewhere: the captured launch has tickets of its own
+    for seed in range(4):
         fresh = nc.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), device=cl_device)
-        replayed = graph.execute(fresh, copy_outputs=True)
+        replayed = graph.execute(fresh, copy_outputs=True, queue=other if seed == 3 else None)
+        other.finish()
         np.testing.assert_array_equal(replayed.to_host(), ops.mean(fresh, 0).to_host())
 
 

@@ -34,6 +34,7 @@ import pyopencl as cl
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import STORAGE_ONLY, float32, float64, int64, is_floating
 from netcl.core.errors import ShapeError
+from netcl.runtime import recording
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import (
@@ -315,10 +316,11 @@ def _launch_stage(
             _STAGES, key, _prepare_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks, local, plus)
         )
     if partial is not None:
+        tickets = _stage_tickets(key, device, -(-math.prod(d for d, _ in kept) // COLS))
         if plus:
-            prepared.call(x.data, out.data, partial.data, addend.data)
+            prepared.call(x.data, out.data, partial.data, tickets, addend.data)
         else:
-            prepared.call(x.data, out.data, partial.data)
+            prepared.call(x.data, out.data, partial.data, tickets)
         return None
     if plus:
         prepared.call(x.data, out.data, addend.data)
@@ -365,8 +367,7 @@ def _prepare_stage(
                 sizes.append(stride)
                 arg_dtypes.append(ARG_DTYPES[idx])
     bound = {2: scale, **{3 + i: size for i, size in enumerate(sizes)}}
-    if mode == "cols_last":  # partial (per call), tickets (bound: one counter a column block, back to 0 after)
-        bound[len(arg_dtypes) + 1] = _tickets(device, -(-K // COLS))
+    if mode == "cols_last":  # partial and tickets, per call
         arg_dtypes += [None, None]
     if plus:
         arg_dtypes.append(None)
@@ -382,12 +383,28 @@ def _prepare_stage(
     return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
 
 
-def _tickets(device: Device, blocks: int) -> cl.Buffer:
-    """``blocks`` zeroed ints for one "cols_last" stage: a column block's work-groups count themselves in its
-    ticket, and the last one sets it back to 0. Stages share no tickets, and the device's in-order queue runs
-    one launch of a stage at a time."""
-    zeros = np.zeros(blocks, np.int32)
+def _stage_tickets(key: tuple, device: Device, blocks: int) -> cl.Buffer:
+    """The tickets of a "cols_last" launch: ``blocks`` ints, zero before and after it (a column block's
+    work-groups count themselves in its ticket, and the last one sets it back to 0). Eager launches of one
+    stage share the stage's tickets: ops run on the device's in-order queue, one launch at a time. A launch
+    that a capture records gets tickets of its own, so a replay on another queue (``Graph.execute(queue=)``)
+    never shares them with eager work."""
+    if recording.RECORDING and recording.is_recording(device.queue):
+        return _zeroed_ints(device, blocks)
+    tickets = _TICKETS.get(key)
+    if tickets is None:
+        tickets = remember(_TICKETS, key, _zeroed_ints(device, blocks))
+    return tickets
+
+
+def _zeroed_ints(device: Device, count: int) -> cl.Buffer:
+    zeros = np.zeros(count, np.int32)
     return cl.Buffer(device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=zeros)
+
+
+#: stage key -> the tickets its eager "cols_last" launches share
+_TICKETS: dict[tuple, cl.Buffer] = {}
+register_cache(_TICKETS.clear)
 
 
 def _axis_params(prefix: str, unit: Sequence[bool], idx: str) -> list[str]:
