@@ -19,10 +19,11 @@ import numpy as np
 
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, Tensor
-from netcl.jit.codegen import Body, backward_body, forward_body, reached_inputs
+from netcl.jit.codegen import backward_body, forward_body, reached_inputs
 from netcl.jit.column_source import ColumnLayout, column_input
 from netcl.jit.fused_kernels import FusedKernels, fused_kernels
 from netcl.jit.partition import FusedGroup
+from netcl.jit.row_ir import copies
 from netcl.runtime.ops import reduce
 from netcl.runtime.ops.layout import broadcast_to, full, sum_to_shape
 
@@ -149,7 +150,7 @@ class FusedStep:
             compiled = self.kernels.build(
                 BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items
             )
-            entry = (compiled, source, layout, columns, all(passes_upstream(body, r) for r in body.results))
+            entry = (compiled, source, layout, columns, all(copies(dict(body.lines), r, "gout") for r in body.results))
             self._backward[key] = entry
         return entry
 
@@ -222,16 +223,6 @@ class FusedStep:
         """A new (groups, width) float32 tensor for a column kernel's partial sums."""
         shape = (layout.groups, layout.width)
         return Tensor(self.device.allocator(self.device, 4 * math.prod(shape)), shape, _F32, self.device)
-
-
-def passes_upstream(body: Body, var: str) -> bool:
-    """Whether ``var`` of a backward ``body`` is the upstream gradient ``gout`` itself, through copies."""
-    exprs = dict(body.lines)
-    while var != "gout":
-        var = exprs.get(var, "").strip()
-        if var != "gout" and var not in exprs:
-            return False
-    return True
 
 
 class Precomputed:

@@ -15,7 +15,7 @@ where the gradient of a row value fed to elem consumers is itself a row reductio
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from netcl.jit.errors import JitError
@@ -107,6 +107,16 @@ def closure_past(program: RowProgram, targets: list[str], known: Collection[str]
         stack.extend(names_in(stmt.expr))
     order = [s.var for s in program.stmts]
     return [v for v in order if v in needed], [v for v in order if v in reads]
+
+
+def copies(exprs: Mapping[str, str], var: str, source: str) -> bool:
+    """Whether ``var`` holds ``source`` itself: a chain of statements (``exprs``: variable -> expression) each
+    copying one name, ending at ``source``."""
+    while var != source:
+        var = exprs.get(var, "").strip()
+        if var != source and var not in exprs:
+            return False
+    return True
 
 
 def kind_of(expr: str, kinds: dict[str, str]) -> str:

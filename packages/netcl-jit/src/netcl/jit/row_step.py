@@ -20,7 +20,7 @@ from netcl.autograd.engine import Node, apply_op, is_grad_enabled
 from netcl.autograd.ops import plus
 from netcl.core import Device, Tensor
 from netcl.jit.row_group import RowGroup, build_program
-from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, Stmt, backward_program
+from netcl.jit.row_ir import COL, ELEM, PARAM, ROW, RowInput, RowProgram, Stmt, backward_program, copies
 from netcl.jit.row_kernels import RowKernels, row_kernels
 from netcl.jit.row_ops import get_row_op
 from netcl.runtime.ops import indexing, layout, reduce
@@ -223,15 +223,8 @@ class RowStep:
 
 def is_upstream(program: RowProgram, var: str) -> bool:
     """Whether ``var`` of a backward ``program`` is the upstream gradient ``gout`` itself, through copies."""
-    by_var = {s.var: s for s in program.stmts}
-    while var != "gout":
-        stmt = by_var.get(var)
-        if stmt is None or stmt.reduce or stmt.op or stmt.kind != ELEM:
-            return False
-        var = stmt.expr.strip()
-        if var != "gout" and var not in by_var:
-            return False
-    return True
+    exprs = {s.var: s.expr for s in program.stmts if not (s.reduce or s.op) and s.kind == ELEM}
+    return copies(exprs, var, "gout")
 
 
 def with_addends(program: RowProgram, which: list[int], folded: tuple[int, ...]) -> RowProgram:
