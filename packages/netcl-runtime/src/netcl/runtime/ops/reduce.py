@@ -508,25 +508,8 @@ def _source(
     if mode == "cols_last":
         return header + _cols_last_kernel(signature, idx, acc_t, _identity(op, acc), loop, put("o"))
     if mode == "cols":
-        return header + (
-            f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
-            f"void netcl_reduce({signature}) {{\n"
-            f"    __local {acc_t} scratch[{ROWS}][{COLS}];\n"
-            "    const int lx = get_local_id(0);\n"
-            "    const int ly = get_local_id(1);\n"
-            f"    const {idx} o = ({idx})get_global_id(0);\n"
-            f"    const {idx} c = ({idx})get_group_id(1);\n"
-            f"    const {idx} start = c * per_group;\n"
-            f"    const {idx} stop = start + per_group < R ? start + per_group : R;\n"
-            f"    {acc_t} acc = {_identity(op, acc)};\n"
-            "    if (o < K) {\n"
-            f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
-            "    }\n"
-            "    scratch[ly][lx] = acc;\n"
-            + tree_loop_c("scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + h][lx]);", "ly", str(ROWS // 2))
-            + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put('o * chunks + c')} }}\n"
-            "}\n"
-        )
+        head = _cols_chunk_c(signature, idx, acc_t, _identity(op, acc), loop)
+        return header + head + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put('o * chunks + c')} }}\n}}\n"
     if mode == "serial":
         return header + (
             f"__kernel void netcl_reduce({signature}) {{\n"
@@ -558,19 +541,13 @@ def _source(
     )
 
 
-def _cols_last_kernel(signature: str, idx: str, acc_t: str, identity: str, loop: str, put: str) -> str:
-    """ "cols" over ``chunks`` > 1 chunks in one launch. Work-group (column block b, chunk c) sums its chunk as
-    "cols" does and stores the 32 sums to ``partial[o * chunks + c]``; after a global fence, it takes a ticket of
-    block b. The work-group that takes the block's last ticket reads the block's partials (volatile loads: not
-    from a cache that may hold older values), sums them over chunks, 8 lanes and a tree (a fixed order, whoever
-    is last), stores the outputs and sets the ticket back to 0 for the next launch."""
-    tree = tree_loop_c("scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + h][lx]);", "ly", str(ROWS // 2))
+def _cols_chunk_c(signature: str, idx: str, acc_t: str, identity: str, loop: str, local_decls: str = "") -> str:
+    """The opening of both column kernels, up to work-group (column block, chunk c)'s 32 sums of its chunk in
+    ``scratch[0]``: 8 lanes along the rows, then a tree over the lanes."""
     return (
         f"__kernel __attribute__((reqd_work_group_size({COLS}, {ROWS}, 1)))\n"
         f"void netcl_reduce({signature}) {{\n"
-        f"    __local {acc_t} scratch[{ROWS}][{COLS}];\n"
-        "    __local int last;\n"
-        "    const int lx = get_local_id(0);\n"
+        f"    __local {acc_t} scratch[{ROWS}][{COLS}];\n" + local_decls + "    const int lx = get_local_id(0);\n"
         "    const int ly = get_local_id(1);\n"
         f"    const {idx} o = ({idx})get_global_id(0);\n"
         f"    const {idx} c = ({idx})get_group_id(1);\n"
@@ -580,7 +557,22 @@ def _cols_last_kernel(signature: str, idx: str, acc_t: str, identity: str, loop:
         "    if (o < K) {\n"
         f"        for ({idx} r = start + ly; r < stop; r += {ROWS}) {{ {loop} }}\n"
         "    }\n"
-        "    scratch[ly][lx] = acc;\n" + tree + "    if (ly == 0 && o < K) partial[o * chunks + c] = scratch[0][lx];\n"
+        "    scratch[ly][lx] = acc;\n" + _LANE_TREE
+    )
+
+
+_LANE_TREE = tree_loop_c("scratch[ly][lx] = COMBINE(scratch[ly][lx], scratch[ly + h][lx]);", "ly", str(ROWS // 2))
+
+
+def _cols_last_kernel(signature: str, idx: str, acc_t: str, identity: str, loop: str, put: str) -> str:
+    """ "cols" over ``chunks`` > 1 chunks in one launch. Work-group (column block b, chunk c) sums its chunk as
+    "cols" does and stores the 32 sums to ``partial[o * chunks + c]``; after a global fence, it takes a ticket of
+    block b. The work-group that takes the block's last ticket reads the block's partials (volatile loads: not
+    from a cache that may hold older values), sums them over chunks, 8 lanes and a tree (a fixed order, whoever
+    is last), stores the outputs and sets the ticket back to 0 for the next launch."""
+    return (
+        _cols_chunk_c(signature, idx, acc_t, identity, loop, "    __local int last;\n")
+        + "    if (ly == 0 && o < K) partial[o * chunks + c] = scratch[0][lx];\n"
         "    mem_fence(CLK_GLOBAL_MEM_FENCE);\n"
         "    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);\n"
         "    if (lx == 0 && ly == 0) last = atomic_inc(tickets + get_group_id(0)) == (int)chunks - 1;\n"
@@ -593,7 +585,7 @@ def _cols_last_kernel(signature: str, idx: str, acc_t: str, identity: str, loop:
         f"        for ({idx} k = ly; k < chunks; k += {ROWS}) {{ const {acc_t} a = acc, b = sums[o * chunks + k]; "
         "acc = COMBINE(a, b); }\n"
         "    }\n"
-        "    scratch[ly][lx] = acc;\n" + tree + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put} }}\n"
+        "    scratch[ly][lx] = acc;\n" + _LANE_TREE + f"    if (ly == 0 && o < K) {{ acc = scratch[0][lx]; {put} }}\n"
         "    if (lx == 0 && ly == 0) tickets[get_group_id(0)] = 0;\n"
         "}\n"
     )
