@@ -10,7 +10,7 @@ import pytest
 import netcl.autograd as ag
 import netcl.nn as nn
 from netcl.core import Tensor
-from netcl.jit import fuse_graph
+from netcl.jit import fuse_graph, jit_compile
 
 #: 21 gradients (two multi-tensor launches of 16 and 8 slots), an empty one among them
 SHAPES = [(3, 4), (5,), (0,), (7, 2, 3), (300,)] + [(2, 3)] * 16
@@ -124,3 +124,21 @@ def test_clip_grad_value_clamps_every_gradient_in_place(device):
     assert bare.grad is None
     with pytest.raises(ValueError, match="clip_value must be a number >= 0, got -1"):
         nn.utils.clip_grad_value_(params, -1)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "jit"])
+def test_leaves_of_one_sum_get_buffers_of_their_own(device, fused):
+    """``a + b``'s backward hands both leaves the upstream gradient; each stores a buffer of its own, so clipping
+    (in place, per gradient) scales each once: the float64 result, not the square of the factor."""
+    a, b = (nn.Parameter(np.zeros(6, np.float32), device=device) for _ in range(2))
+    add = jit_compile(lambda x, y: x + y) if fused else (lambda x, y: x + y)
+    upstream = np.arange(1, 7, dtype=np.float32)
+    with ag.Tape() as tape:
+        out = add(a, b)
+    tape.backward(out, grad=Tensor.from_host(device, upstream))
+    assert a.grad is not b.grad
+    norm = float(np.asarray(nn.utils.clip_grad_norm_([a, b], 1.0).to_host()))
+    total = math.sqrt(2 * float(np.sum(upstream.astype(np.float64) ** 2)))
+    assert norm == pytest.approx(total, rel=1e-6)
+    for p in (a, b):
+        np.testing.assert_allclose(p.grad.to_host(), upstream / (total + 1e-6), rtol=1e-6)
