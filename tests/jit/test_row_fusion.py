@@ -437,3 +437,4 @@ def test_a_norms_weight_and_bias_gradients_take_one_reduction(device, launch_cou
         np.testing.assert_array_equal(got, want)
     if device.kind == "opencl":
         assert names.count("netcl_reduce") == 1 and separate_names.count("netcl_reduce") == 2
+        assert "netcl_cast" not in names  # blocks of one buffer are distinct leaves' memory: no copy

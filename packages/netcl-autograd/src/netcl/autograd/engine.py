@@ -558,13 +558,13 @@ class Tape:
                 else:
                     pending[parent] = pointwise.add(pending[parent], pg)
                     owned.add(parent)
-        leaf_memory: set[int] = set()  # the buffers leaves took without owning them in this backward
+        leaf_memory: set[Any] = set()  # the memory leaves took without owning it in this backward
         for node, g, is_owned, replace in results:
             if node.grad_fn is None and not is_owned and (replace or node.grad is None):
-                root = id(g.base if g.base is not None else g)
-                if root in leaf_memory:  # one gradient for two leaves (``a + b``): each its own buffer, as
+                region = g.device.storage.region(g.data)
+                if region in leaf_memory:  # one gradient for two leaves (``a + b``): each its own buffer, as
                     g, is_owned = layout.copy(g), True  # in-place updates of one (clipping) must not reach both
-                leaf_memory.add(root)
+                leaf_memory.add(region)
             _store_grad(node, g, is_owned, replace)
         if not retain_graph:
             for node in order:

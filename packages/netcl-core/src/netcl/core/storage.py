@@ -10,6 +10,7 @@ this module (which ``devices`` imports) does not import ``devices`` or ``tensor`
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,6 +95,11 @@ class Storage:
         host memory; None where reading them needs a device read (``to_host``)."""
         raise NotImplementedError
 
+    def region(self, data: Any) -> Hashable:
+        """A key of the memory ``data`` is: equal for views of the same elements (reshapes), different for
+        distinct blocks of one buffer."""
+        raise NotImplementedError
+
 
 class NumPyStorage(Storage):
     """The NumPy backend: data is a C-contiguous ``np.ndarray`` of the tensor's shape and dtype."""
@@ -119,6 +125,9 @@ class NumPyStorage(Storage):
 
     def host_array(self, tensor: StoredTensor) -> np.ndarray:
         return np.asarray(tensor.data)
+
+    def region(self, data: np.ndarray) -> Hashable:
+        return data.__array_interface__["data"][0], data.nbytes
 
 
 class OpenCLStorage(Storage):
@@ -171,6 +180,9 @@ class OpenCLStorage(Storage):
             if start:
                 report(MEMCPY, "Memcpy DtoD", tensor.queue, event, start, args=(tensor,))
         return out
+
+    def region(self, data: cl.Buffer) -> Hashable:
+        return data.int_ptr  # a view shares its buffer; a block is a sub-buffer of its own
 
     def host_array(self, tensor: StoredTensor) -> None:
         return None
