@@ -142,3 +142,16 @@ def test_leaves_of_one_sum_get_buffers_of_their_own(device, fused):
     assert norm == pytest.approx(total, rel=1e-6)
     for p in (a, b):
         np.testing.assert_allclose(p.grad.to_host(), upstream / (total + 1e-6), rtol=1e-6)
+
+
+def test_a_leaf_never_takes_the_callers_gradient_buffer(device):
+    """``backward(out, grad=g)`` where a leaf's gradient is ``g`` itself: the leaf stores a copy, so zeroing or
+    scaling its gradient in place leaves the caller's ``g`` alone (as torch's)."""
+    a = nn.Parameter(np.zeros(5, np.float32), device=device)
+    upstream = Tensor.from_host(device, np.arange(5, dtype=np.float32))
+    with ag.Tape() as tape:
+        out = a + ag.tensor(np.ones(5, np.float32), device=device)  # a's gradient: the upstream itself
+    tape.backward(out, grad=upstream)
+    nn.utils.clip_grad_norm_([a], 1e-3)
+    np.testing.assert_array_equal(upstream.to_host(), np.arange(5, dtype=np.float32))
+    np.testing.assert_allclose(np.linalg.norm(a.grad.to_host()), 1e-3, rtol=1e-4)

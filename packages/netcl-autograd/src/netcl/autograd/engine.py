@@ -493,13 +493,15 @@ class Tape:
         callbacks: list[Callable[[], Any]] = []
         stack.append(callbacks)
         try:
-            self._run_backward(loss, seed, order, retain_graph)
+            self._run_backward(loss, seed, order, retain_graph, seed_is_users=isinstance(grad, (Tensor, Node)))
         finally:
             stack.pop()
         for callback in callbacks:
             callback()
 
-    def _run_backward(self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool) -> None:
+    def _run_backward(
+        self, loss: Node, seed: Tensor, order: list[Node], retain_graph: bool, seed_is_users: bool = False
+    ) -> None:
         anomaly = grad_mode.anomaly_enabled
         pending: dict[Node, Tensor] = {loss: seed}
         owned: set[Node] = set()
@@ -558,12 +560,13 @@ class Tape:
                 else:
                     pending[parent] = pointwise.add(pending[parent], pg)
                     owned.add(parent)
-        leaf_memory: set[Any] = set()  # the memory leaves took without owning it in this backward
+        # the memory leaves took without owning it in this backward, and the caller's grad= (theirs to change)
+        leaf_memory: set[Any] = {seed.device.storage.region(seed.data)} if seed_is_users else set()
         for node, g, is_owned, replace in results:
             if node.grad_fn is None and not is_owned and (replace or node.grad is None):
                 region = g.device.storage.region(g.data)
-                if region in leaf_memory:  # one gradient for two leaves (``a + b``): each its own buffer, as
-                    g, is_owned = layout.copy(g), True  # in-place updates of one (clipping) must not reach both
+                if region in leaf_memory:  # one gradient for two leaves (``a + b``), or the caller's grad=: a
+                    g, is_owned = layout.copy(g), True  # buffer of its own (in-place updates must not reach both)
                 leaf_memory.add(region)
             _store_grad(node, g, is_owned, replace)
         if not retain_graph:
