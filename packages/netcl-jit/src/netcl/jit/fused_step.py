@@ -150,7 +150,8 @@ class FusedStep:
             compiled = self.kernels.build(
                 BACKWARD_NAME, source, len(body.results), has_gout=True, work_items=work_items
             )
-            entry = (compiled, source, layout, columns, all(copies(dict(body.lines), r, "gout") for r in body.results))
+            exprs = dict(body.lines)
+            entry = (compiled, source, layout, columns, all(copies(exprs, r, "gout") for r in body.results))
             self._backward[key] = entry
         return entry
 

@@ -160,8 +160,8 @@ class RowStep:
         self._run(compiled, program_inputs, [*values, *stats, grad_out, *(addends[k] for k in folded)], grads)
         if stack is not None:  # every column gradient summed over the rows in one reduction
             sums = reduce.sum(stack, 1)
-            for j in columns:
-                grads[j] = indexing.getitem(sums, columns.index(j))
+            for position, j in enumerate(columns):
+                grads[j] = indexing.getitem(sums, position)
         result = [None] * len(values)
         for k, grad in zip(which, grads, strict=True):
             target = tuple(self.group.inputs[k].shape)

@@ -214,8 +214,7 @@ def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
     n = prod(view.shape)
     if n == 0:
         return Tensor.empty(view.shape, x.dtype, x.device)
-    dims, steps = collapse(view.shape, view.strides)
-    if not (n == 1 or (len(dims) == 1 and steps[0] == 1)):
+    if not _one_run(view, n):
         return None
     root = x.base if x.base is not None else x
     if n == x.size:
@@ -270,10 +269,13 @@ def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tenso
 def _selects_all_in_order(view: BasicIndex, shape: Sequence[int]) -> bool:
     """Whether ``view`` of a tensor of ``shape`` is every element of it in memory order."""
     n = prod(view.shape)
-    if n == 0 or n != prod(shape) or view.offset:
-        return False
+    return n > 0 and n == prod(shape) and _one_run(view, n)
+
+
+def _one_run(view: BasicIndex, n: int) -> bool:
+    """Whether the ``n`` > 0 elements of ``view`` are one run of neighbouring elements, in memory order."""
     dims, steps = collapse(view.shape, view.strides)
-    return list(dims) == [n] and list(steps) == [1]
+    return n == 1 or (len(dims) == 1 and steps[0] == 1)
 
 
 # ---- index validation ------------------------------------------------------------------------------

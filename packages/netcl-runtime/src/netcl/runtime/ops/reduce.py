@@ -316,7 +316,7 @@ def _launch_stage(
             _STAGES, key, _prepare_stage(op, x, kept, reduced, acc, out, scale, device, mode, chunks, local, plus)
         )
     if partial is not None:
-        tickets = _stage_tickets(key, device, -(-math.prod(d for d, _ in kept) // COLS))
+        tickets = _stage_tickets(key, device, kept)
         if plus:
             prepared.call(x.data, out.data, partial.data, tickets, addend.data)
         else:
@@ -383,17 +383,18 @@ def _prepare_stage(
     return PreparedLaunch.binding(resolved.kernel, gsize, lsize, bound, device.queue)
 
 
-def _stage_tickets(key: tuple, device: Device, blocks: int) -> cl.Buffer:
-    """The tickets of a "cols_last" launch: ``blocks`` ints, zero before and after it (a column block's
-    work-groups count themselves in its ticket, and the last one sets it back to 0). Eager launches of one
-    stage share the stage's tickets: ops run on the device's in-order queue, one launch at a time. A launch
-    that a capture records gets tickets of its own, so a replay on another queue (``Graph.execute(queue=)``)
-    never shares them with eager work."""
-    if recording.RECORDING and recording.is_recording(device.queue):
-        return _zeroed_ints(device, blocks)
-    tickets = _TICKETS.get(key)
+def _stage_tickets(key: tuple, device: Device, kept: Dims) -> cl.Buffer:
+    """The tickets of a "cols_last" launch over the outputs ``kept``: an int per block of 32 outputs, zero before
+    and after it (a column block's work-groups count themselves in its ticket, and the last one sets it back to
+    0). Eager launches of one stage share the stage's tickets: ops run on the device's in-order queue, one launch
+    at a time. A launch that a capture records gets tickets of its own, so a replay on another queue
+    (``Graph.execute(queue=)``) never shares them with eager work."""
+    recorded = recording.RECORDING and recording.is_recording(device.queue)
+    tickets = None if recorded else _TICKETS.get(key)
     if tickets is None:
-        tickets = remember(_TICKETS, key, _zeroed_ints(device, blocks))
+        tickets = _zeroed_ints(device, -(-math.prod(d for d, _ in kept) // COLS))
+        if not recorded:
+            remember(_TICKETS, key, tickets)
     return tickets
 
 
