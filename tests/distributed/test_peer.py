@@ -63,11 +63,15 @@ def test_ddp_through_peer_windows_equals_the_mpi_path_bit_for_bit(mpirun):
         assert r["peer"]["path"] == "peer" and r["inline"]["path"] == "inline"
         # five steps: both slots of each window (float32, float16, float64) taken twice; the same rank-ordered
         # sums and IEEE division as the MPI path's, so the same bits, and so the same parameters after SGD
-        for step in range(5):
+        # (and two more from zeroed grads, the last after a local no_sync backward: in-place sums into the
+        # averaged grads of the step before)
+        for step in range(7):
             assert same_bits(r["peer"]["grads"][step], r["inline"]["grads"][step]), step
         assert same_bits(r["peer"]["params"], r["inline"]["params"])
         assert [g.dtype for g in r["peer"]["grads"][0]][-2:] == [np.float16, np.float64]
-    for step in range(5):
+        # the peer path writes each parameter's averaged grad into one tensor step after step (no allocation)
+        assert r["peer"]["grads_kept"] == [True] * 6 and not any(r["inline"]["grads_kept"])
+    for step in range(7):
         assert same_bits(r0["peer"]["grads"][step], r1["peer"]["grads"][step])
 
 

@@ -428,7 +428,7 @@ def case_ddp_peer(info, device) -> dict:
     from netcl.optim import SGD
 
     out: dict = {}
-    x, y = batch(device, 4, 16)
+    x, y = batch(device, 4, 24)
     shard = slice(8 * info.rank, 8 * info.rank + 8)
     for name, overlap in (("peer", True), ("inline", False)):
         model = MLP(device, seed=50 + info.rank, hidden=24)
@@ -438,21 +438,33 @@ def case_ddp_peer(info, device) -> dict:
             model.named.append((key, ag.tensor(value, requires_grad=True, device=device, dtype=dtype)))
         ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, overlap=overlap)
         opt = SGD([p for _, p in model.named[:4]], lr=0.1)  # float16 is storage-only on NVIDIA's OpenCL
-        grads = []
-        for _ in range(5):
-            opt.zero_grad()
+        grads, holders = [], []
+
+        def backward(ids: slice, ddp=ddp, model=model) -> None:
             with ag.Tape():
-                logits = ddp(ag.tensor(x[shard], device=device))
+                logits = ddp(ag.tensor(x[ids], device=device))
                 half, double = model.named[4][1], model.named[5][1]
-                loss = ag.cross_entropy(logits, ag.tensor(y[shard], device=device))
+                loss = ag.cross_entropy(logits, ag.tensor(y[ids], device=device))
                 loss = loss + ag.sum(half * half) + ag.sum(double * double)
                 loss.backward()
+
+        for step in range(7):
+            # steps 0-4 start from no gradients; 5-6 from zeroed ones, and step 6 accumulates a local (no_sync)
+            # backward of another shard first: the averaged grads (kept tensors on the peer path) take in-place sums
+            opt.zero_grad(set_to_none=step < 5)
+            if step == 6:
+                with ddp.no_sync():
+                    backward(slice(16 + 4 * info.rank, 20 + 4 * info.rank))
+            backward(shard)
             grads.append([p.grad.to_host() for p in model.parameters()])
+            holders.append([p.grad for p in model.parameters()])
             opt.step()
         out[name] = {
             "grads": grads,
             "params": [p.to_host() for p in model.parameters()],
             "path": ddp.all_reduce_path,
+            # whether each later step's averaged grads are the first step's tensors (written in place)
+            "grads_kept": [all(a is b for a, b in zip(holders[0], h, strict=True)) for h in holders[1:]],
         }
         ddp.remove_hooks()
     return out

@@ -13,7 +13,8 @@ non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give 
 the ranks own the NVIDIA GPUs of one host (``netcl.runtime.distributed.peer``: ``NETCL_PEER_ALLREDUCE``),
 each dtype's buckets are one exchange at the end of the backward whose kernels read every rank's
 gradients over the GPUs' peer links, all on the device's queue (no host wait; the same bits as the MPI
-path). Else, where every rank has an NVIDIA GPU that shares memory with CUDA
+path); there, as in torch, a parameter's averaged ``grad`` is one tensor written again by every step's
+exchange (no allocation a step). Else, where every rank has an NVIDIA GPU that shares memory with CUDA
 (``netcl.runtime.distributed.device_direct``:
 ``NETCL_DEVICE_DIRECT``), the buckets are all-reduced by NCCL on the device instead, all in one
 exchange when the backward ends (identical bits on every rank, not necessarily the host-staged
@@ -167,6 +168,8 @@ class DistributedDataParallel:
                 self._reducer = OverlapReducer(self.params[0].device, chunk)
             else:  # the same on every rank: one MPI library
                 log.warning("netcl DDP: MPI lacks MPI_THREAD_MULTIPLE; buckets are all-reduced without a thread")
+        #: the peer path's outputs by the buckets of an exchange (``_peer_outputs``)
+        self._kept_outputs: dict[tuple[int, ...], list[list[Tensor]]] = {}
         self._round: _Round | None = None
         self._sync = True
         self.stats = SyncStats()
@@ -320,15 +323,31 @@ class DistributedDataParallel:
             inputs = self._inputs(state, bucket)
             by_dtype.setdefault(inputs[0].dtype, []).append((bucket, inputs))
         for dtype, group in by_dtype.items():
-            outputs = [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
+            through_windows = peer_path and self._reducer.supports(dtype)
+            outputs = self._peer_outputs(group) if through_windows else self._fresh_outputs(group)
             flat_in, flat_out = [t for _, inputs in group for t in inputs], [t for out in outputs for t in out]
-            if peer_path and not self._reducer.supports(dtype):
+            if peer_path and not through_windows:
                 work = dist.all_reduce_coalesced_async(flat_in, "mean", flat_out)  # e.g. bfloat16: the MPI path
             else:
                 work = self._reducer.submit(flat_in, flat_out, "mean")
             for (bucket, _), out in zip(group, outputs, strict=True):
                 state.works[bucket.index], state.outputs[bucket.index] = work, out
                 state.overlapped += 1
+
+    @staticmethod
+    def _fresh_outputs(group: list[tuple[_Bucket, list[Tensor]]]) -> list[list[Tensor]]:
+        return [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
+
+    def _peer_outputs(self, group: list[tuple[_Bucket, list[Tensor]]]) -> list[list[Tensor]]:
+        """The peer exchange's outputs: allocated at the first exchange of these buckets, then the same tensors
+        every step (as torch's gradients, a parameter's averaged ``grad`` is one tensor written in place step
+        after step). An input may be such an output (``sync_gradients``, a parameter no backward reached):
+        the exchange copies its inputs into the window before it writes any output."""
+        key = tuple(bucket.index for bucket, _ in group)
+        outputs = self._kept_outputs.get(key)
+        if outputs is None:
+            outputs = self._kept_outputs[key] = self._fresh_outputs(group)
+        return outputs
 
     def _finish(self) -> None:
         state, self._round = self._round, None
