@@ -809,6 +809,10 @@ def test_wgmma_descriptors_and_limits():
     for bad in (dataclasses.replace(x3, tma=0), dataclasses.replace(x3, wg=1), cfg):
         assert bad.problems("tf32x3", False, True), bad
     assert "pre" in " ".join(dataclasses.replace(cfg, pre=1).problems("f16", False, True))
+    # tf32 of operands stored M/N-major may take the K-major wgmma kernels after a transpose, not the swapped ones
+    for ta, tb in ((False, False), (True, False)):
+        assert not dataclasses.replace(gemm_mma.WIDE, pre=1).problems("tf32", ta, tb), (ta, tb)
+        assert "pre" in " ".join(dataclasses.replace(gemm_mma.WIDE_SWAP, pre=1).problems("tf32", ta, tb))
 
 
 def test_tma_switched_off(cl_device, monkeypatch):
@@ -888,6 +892,22 @@ def test_every_wgmma_config_on_a_hopper_gpu(cl_device, monkeypatch):
                     err = np.abs(plan.run(x, y).to_host() - expected).max()
                     # float16 and bfloat16 operands multiply exactly; every mode accumulates on the tensor cores
                     assert err <= _tolerance(k, "high"), (variant.short(), mode, ta, tb, err)
+    # tf32 of operands stored M/N-major (NN, TN, TT) on the K-major TMA kernels, those operands transposed first
+    if gemm_mma.wgmma_ok(cl_device, "tf32") and gemm_mma.tma_ok(cl_device, "tf32"):
+        m, n, k = shapes[1]
+        for ta, tb in ((False, False), (True, False), (True, True)):
+            a, b = _data((k, m) if ta else (m, k), 6), _data((n, k) if tb else (k, n), 7)
+            expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+            problem = gemm_plan.Problem(m, n, k, ta, tb, ())
+            pre = [dataclasses.replace(c, pre=1) for c in gemm_mma._grid() if c.tma and not c.swap]
+            pre = [gemm_mma._aligned(c, problem, False, False) for c in pre]
+            pre = [c for c in pre if gemm_mma._valid(cl_device, c, "tf32", problem)]
+            assert len(pre) >= 2, (ta, tb)
+            for variant in pre[:2]:
+                plan = gemm_mma.make_plan(cl_device, "tf32", x.dtype, y.dtype, f32, (m, n), problem, cfg=variant)
+                err = np.abs(plan.run(x, y).to_host() - expected).max()
+                assert err <= _tolerance(k, "high"), (variant.short(), ta, tb, err)
     # bfloat16 tensors' default for a big product: their words copied by cp.async, as float16's
     big = gemm_plan.Problem(2048, 2048, 2048, False, False, ())
     if gemm_mma.wgmma_ok(cl_device, "bf16"):

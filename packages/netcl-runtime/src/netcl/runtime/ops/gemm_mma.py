@@ -29,6 +29,7 @@ from netcl.runtime import cuda_driver, tune
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops.gemm_mma_source import (
     ASYNC_MODES,
+    PRE_MODES,
     WGMMA_MODES,
     WORD_DTYPE,
     WORD_MODES,
@@ -423,8 +424,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     warpgroups = wgmma_ok(device, mode) if staged else converts and wgmma_ok(device, mode, converts=True)
     if not warpgroups:
         candidates = [c for c in candidates if not c.wg]
-    if warpgroups and mode == "tf32x3" and (problem.trans_a or not problem.trans_b):  # wgmma after transposes
-        pre = [dataclasses.replace(c, ldsm=ldsm, pre=1) for c in _grid() if c.wg and c.tma]
+    if warpgroups and mode in PRE_MODES and (problem.trans_a or not problem.trans_b):  # wgmma after transposes
+        pre = [dataclasses.replace(c, ldsm=ldsm, pre=1) for c in _grid() if c.wg and c.tma and not c.swap]
         candidates += [_aligned(c, problem, a_half, b_half) for c in pre]
     swapped = warpgroups and mode == "tf32" and not (problem.trans_a or problem.trans_b) and swap_ok(device)
     if not swapped:

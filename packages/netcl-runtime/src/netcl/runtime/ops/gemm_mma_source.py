@@ -57,6 +57,9 @@ WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 ASYNC_MODES = (*WORD_MODES, "f16", "bf16")
 #: modes Hopper's ``wgmma`` runs (``MmaConfig.wg``; tf32x3: TMA stages split in local memory, ``_x3_main_loop``)
 WGMMA_MODES = ("tf32", "f16", "bf16", "tf32x3")
+#: modes whose ``wgmma`` reads float32 words only K-major (no transpose bits), so that an operand stored M/N-major
+#: may be transposed first (``MmaConfig.pre``, ``gemm_transpose``)
+PRE_MODES = WORD_MODES
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ class MmaConfig:
     #: (``cp.async.bulk.tensor`` from a tensor map, ``tma_maps``), issued by one thread, their arrival awaited
     #: on an mbarrier a stage, where every thread otherwise issues cp.async chunks
     tma: int = 0
-    #: 1 (tf32x3 on ``wgmma``): an operand stored M/N-major (A transposed, B untransposed) is first transposed
-    #: into a K-major workspace (``gemm_transpose``), and the kernel multiplies the K-major problem
+    #: 1 (tf32 and tf32x3 on ``wgmma``, ``PRE_MODES``): an operand stored M/N-major (A transposed, B untransposed)
+    #: is first transposed into a K-major workspace (``gemm_transpose``), and the kernel multiplies the K-major
+    #: problem
     pre: int = 0
 
     @property
@@ -129,8 +133,8 @@ class MmaConfig:
             out.append("cp.async stages need tf32, f16 or bf16, 16-byte aligned operands and at least 2 stages")
         if self.fpre and mode == "tf32x3":
             out.append("tf32x3 splits each fragment in place: no fragment prefetch")
-        if self.pre and not (self.wg and mode == "tf32x3"):
-            out.append("pre (operands transposed first) serves tf32x3 on wgmma")
+        if self.pre and not (self.wg and mode in PRE_MODES and not self.swap):
+            out.append("pre (operands transposed first) serves tf32 and tf32x3 on wgmma, unswapped")
         if self.wg:
             out += _wgmma_problems(self, mode, trans_a, trans_b)
         elif self.swap:

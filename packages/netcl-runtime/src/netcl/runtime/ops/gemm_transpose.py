@@ -1,9 +1,10 @@
 """Products whose kernel reads both operands K-major, of operands stored otherwise: a transpose first.
 
-tf32x3 on Hopper's ``wgmma`` (``gemm_mma_source``'s split stages) multiplies tiles that lie K-major in
-local memory (tf32 ``wgmma`` has no transpose bits). Its split transposes the tiles of an A stored K x M
-(``trans_a``) or a B stored K x N (not ``trans_b``) in the kernel; ``MmaConfig.pre`` asks for the other
-way, faster for big products: each such operand first copied, transposed, into a workspace
+tf32 and tf32x3 on Hopper's ``wgmma`` multiply tiles that lie K-major in local memory (tf32 ``wgmma`` has no
+transpose bits). tf32x3's split transposes the tiles of an A stored K x M (``trans_a``) or a B stored K x N (not
+``trans_b``) in the kernel, tf32 of two untransposed operands feeds B^T's fragments from registers
+(``MmaConfig.swap``), and tf32 of a transposed A has no wgmma kernel of its own; ``MmaConfig.pre`` asks for the
+other way, faster for big products: each such operand first copied, transposed, into a workspace
 (``layout.tiled_transpose``, the kernel of ``layout.transpose``'s last two axes), then the
 kernel of the K-major problem (``k_major``). The tile search times both, transposes with the product.
 """
