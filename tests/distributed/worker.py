@@ -6,6 +6,7 @@ pytest side compares across ranks and against float64 / single-process reference
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import sys
 from pathlib import Path
@@ -463,8 +464,8 @@ def case_ddp_peer(info, device) -> dict:
             "grads": grads,
             "params": [p.to_host() for p in model.parameters()],
             "path": ddp.all_reduce_path,
-            # whether each later step's averaged grads are the first step's tensors (written in place)
-            "grads_kept": [all(a is b for a, b in zip(holders[0], h, strict=True)) for h in holders[1:]],
+            # per step after the first, per parameter: whether its averaged grad is the step before's tensor
+            "grads_kept": [[a is b for a, b in zip(h0, h1, strict=True)] for h0, h1 in itertools.pairwise(holders)],
         }
         ddp.remove_hooks()
     return out

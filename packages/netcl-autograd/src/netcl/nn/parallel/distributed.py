@@ -13,9 +13,10 @@ non-blocking ``all_reduce_coalesced_async`` that later hooks advance. Both give 
 the ranks own the NVIDIA GPUs of one host (``netcl.runtime.distributed.peer``: ``NETCL_PEER_ALLREDUCE``),
 each dtype's buckets are one exchange at the end of the backward whose kernels read every rank's
 gradients over the GPUs' peer links, all on the device's queue (no host wait; the same bits as the MPI
-path); there, as in torch, a parameter's averaged ``grad`` is one tensor written again by every step's
-exchange (no allocation a step). Else, where every rank has an NVIDIA GPU that shares memory with CUDA
-(``netcl.runtime.distributed.device_direct``:
+path); there, as in torch, a parameter's ``grad`` kept from the step before's exchange
+(``zero_grad(set_to_none=False)``) takes the averaged gradient in place (no allocation a step). Else, where every
+rank has an
+NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
 ``NETCL_DEVICE_DIRECT``), the buckets are all-reduced by NCCL on the device instead, all in one
 exchange when the backward ends (identical bits on every rank, not necessarily the host-staged
 path's; one exchange because each switch between the GPU's OpenCL and CUDA contexts pauses it). At
@@ -75,6 +76,8 @@ class _Round:
     """The state of one backward's gradient synchronization."""
 
     grads: dict[int, Tensor] = field(default_factory=dict)
+    #: parameters whose ``grad`` was their kept exchange output when the round began (``_peer_outputs``)
+    kept: set[int] = field(default_factory=set)
     remaining: dict[int, int] = field(default_factory=dict)  #: bucket -> gradients still missing
     works: dict[int, Any] = field(default_factory=dict)  #: bucket -> work in flight
     outputs: dict[int, list[Tensor]] = field(default_factory=dict)
@@ -168,8 +171,8 @@ class DistributedDataParallel:
                 self._reducer = OverlapReducer(self.params[0].device, chunk)
             else:  # the same on every rank: one MPI library
                 log.warning("netcl DDP: MPI lacks MPI_THREAD_MULTIPLE; buckets are all-reduced without a thread")
-        #: the peer path's outputs by the buckets of an exchange (``_peer_outputs``)
-        self._kept_outputs: dict[tuple[int, ...], list[list[Tensor]]] = {}
+        #: the peer path's last output by parameter index (``_peer_outputs``)
+        self._kept_outputs: dict[int, Tensor] = {}
         self._round: _Round | None = None
         self._sync = True
         self.stats = SyncStats()
@@ -273,6 +276,8 @@ class DistributedDataParallel:
         if index in state.grads:
             return
         state.grads[index] = grad
+        if node.grad is not None and node.grad is self._kept_outputs.get(index):  # (the engine replaces it later)
+            state.kept.add(index)
         if self._coalesce:  # one exchange at the end of the backward (see _coalesce)
             return
         bucket = self._bucket_of[index]
@@ -324,7 +329,7 @@ class DistributedDataParallel:
             by_dtype.setdefault(inputs[0].dtype, []).append((bucket, inputs))
         for dtype, group in by_dtype.items():
             through_windows = peer_path and self._reducer.supports(dtype)
-            outputs = self._peer_outputs(group) if through_windows else self._fresh_outputs(group)
+            outputs = self._peer_outputs(state, group) if through_windows else self._fresh_outputs(group)
             flat_in, flat_out = [t for _, inputs in group for t in inputs], [t for out in outputs for t in out]
             if peer_path and not through_windows:
                 work = dist.all_reduce_coalesced_async(flat_in, "mean", flat_out)  # e.g. bfloat16: the MPI path
@@ -338,15 +343,23 @@ class DistributedDataParallel:
     def _fresh_outputs(group: list[tuple[_Bucket, list[Tensor]]]) -> list[list[Tensor]]:
         return [[Tensor.empty(t.shape, t.dtype, t.device) for t in inputs] for _, inputs in group]
 
-    def _peer_outputs(self, group: list[tuple[_Bucket, list[Tensor]]]) -> list[list[Tensor]]:
-        """The peer exchange's outputs: allocated at the first exchange of these buckets, then the same tensors
-        every step (as torch's gradients, a parameter's averaged ``grad`` is one tensor written in place step
-        after step). An input may be such an output (``sync_gradients``, a parameter no backward reached):
-        the exchange copies its inputs into the window before it writes any output."""
-        key = tuple(bucket.index for bucket, _ in group)
-        outputs = self._kept_outputs.get(key)
-        if outputs is None:
-            outputs = self._kept_outputs[key] = self._fresh_outputs(group)
+    def _peer_outputs(self, state: _Round, group: list[tuple[_Bucket, list[Tensor]]]) -> list[list[Tensor]]:
+        """The peer exchange's outputs: a parameter whose ``grad`` was its last exchange's output when the round
+        began (zeroed with ``set_to_none=False``, or not zeroed) gets that tensor again, written in place, as a
+        torch parameter's ``grad``; otherwise (after ``zero_grad(set_to_none=True)``, a ``grad`` set by hand, or a
+        ``no_sync`` backward, which sums into a new tensor) a new tensor. An input may be its own output
+        (``sync_gradients``, a parameter no backward reached): the exchange copies its inputs into the window
+        before it writes any output."""
+        kept, outputs = self._kept_outputs, []
+        for bucket, inputs in group:
+            row = []
+            for i, t in zip(bucket.params, inputs, strict=True):
+                out = kept.get(i)
+                reached = i in state.grads
+                if out is None or not (i in state.kept if reached else self.params[i].grad is out):
+                    out = kept[i] = Tensor.empty(t.shape, t.dtype, t.device)
+                row.append(out)
+            outputs.append(row)
         return outputs
 
     def _finish(self) -> None:
