@@ -15,8 +15,7 @@ each dtype's buckets are one exchange at the end of the backward whose kernels r
 gradients over the GPUs' peer links, all on the device's queue (no host wait; the same bits as the MPI
 path); there, as in torch, a parameter's ``grad`` kept from the step before's exchange
 (``zero_grad(set_to_none=False)``) takes the averaged gradient in place (no allocation a step). Else, where every
-rank has an
-NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
+rank has an NVIDIA GPU that shares memory with CUDA (``netcl.runtime.distributed.device_direct``:
 ``NETCL_DEVICE_DIRECT``), the buckets are all-reduced by NCCL on the device instead, all in one
 exchange when the backward ends (identical bits on every rank, not necessarily the host-staged
 path's; one exchange because each switch between the GPU's OpenCL and CUDA contexts pauses it). At

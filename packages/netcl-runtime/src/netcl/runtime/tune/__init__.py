@@ -38,7 +38,7 @@ from netcl.runtime.tune.agree import local_choices as local_choices
 
 log = logging.getLogger("netcl.tune")
 ENV = "NETCL_TUNE"
-#: Bump when the kernels change, so stored winners of older kernels are not reused.
+#: Bump when the kernels or the candidates change, so stored winners of older searches are not reused.
 GENERATION = "gemm-18"
 _LOCK = threading.Lock()
 _MEMORY: dict[str, dict[str, Any]] = {}
