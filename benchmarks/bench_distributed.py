@@ -5,7 +5,9 @@ rank takes its own GPU. Weak scaling: the batch per rank is fixed, so N ranks pr
 images per step. Per model it times:
 
 - ``1 rank``: rank 0 alone (the others wait at a barrier) runs forward + backward + SGD step
-  without communication: the 1-device baseline, measured in the same run;
+  without communication: the 1-device baseline, measured in the same run; and every rank alone in
+  turn (``slowest alone``: the slowest of them), since the processes of one host can run the same
+  host-bound eager step at different speeds (benchmarks/RESULTS.md, "Data parallel on 2 x H200");
 - ``local``: every rank at once runs that step under ``no_sync()``: what contention for the
   shared host (CPU, PCIe, memory) costs before any communication;
 - ``DDP``: the same step with gradients averaged by DistributedDataParallel (buckets all-reduced
@@ -16,13 +18,14 @@ images per step. Per model it times:
 - on OpenCL, the same step captured with ``fuse_graph`` and replayed: rank 0 alone without
   communication, and every rank with the all-reduce in the graph (replayed efficiency).
 
-Each repeat times the four in turn (the eager steps are host-bound and a shared host's speed drifts);
+Each repeat times them in turn (the eager steps are host-bound and a shared host's speed drifts);
 printed by rank 0, a table: ms per step (slowest rank, median of repeats), images/s over all
-ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the same against the local step
-(``vs local`` = local / DDP: what the communication costs once every rank runs); both efficiencies
-are medians of each repeat's own ratio (``paired_ratio``: a drift between repeats cancels), the share of the DDP step
-that the blocking all-reduce would take (comm share), the exposed share ((DDP - local) / DDP) and
-the overlap (1 - exposed / all-reduce: how much of the communication the backward hid).
+ranks, scaling efficiency = images/s / (N x the 1-rank images/s), the same against the slowest rank alone
+(``vs slowest``) and against the local step (``vs local`` = local / DDP: what the communication costs once
+every rank runs); the efficiencies are medians of each repeat's own ratio (``paired_ratio``: a drift between
+repeats cancels), the share of the DDP step that the blocking all-reduce would take (comm share), the exposed
+share ((DDP - local) / DDP) and the overlap (1 - exposed / all-reduce: how much of the communication the backward
+hid).
 ``--json`` writes the rows. The GPT block is the reference workload ``gpt_block`` (docs/architecture.md; its
 "images" are sequences).
 """
@@ -143,15 +146,19 @@ def bench_model(
         step(True)
         step(False)
     # each repeat times the four in turn: a drift of the shared host's speed moves them alike
-    rounds: dict[str, list[float]] = {"single": [], "local": [], "ddp": [], "comm": []}
+    rounds: dict[str, list[float]] = {"single": [], "slowest": [], "local": [], "ddp": [], "comm": []}
     for _ in range(repeats):
-        single = timed(lambda: step(False), device, steps, 1, alone=True) if info.rank == 0 else None
-        rounds["single"].append(dist.broadcast_object(single))
+        alone = []
+        for r in range(info.world_size):  # each rank alone in turn, the others waiting in the broadcast
+            mine = timed(lambda: step(False), device, steps, 1, alone=True) if info.rank == r else None
+            alone.append(dist.broadcast_object(mine, root=r))
+        rounds["single"].append(alone[0])
+        rounds["slowest"].append(max(alone))
         rounds["local"].append(timed(lambda: step(False), device, steps, 1))
         rounds["ddp"].append(timed(lambda: step(True), device, steps, 1))
         rounds["comm"].append(timed(ddp.sync_gradients, device, steps, 1) if info.world_size > 1 else 0.0)
     t_single, t_local, t_ddp, t_comm = (statistics.median(rounds[k]) for k in ("single", "local", "ddp", "comm"))
-    efficiency, vs_local = (paired_ratio(rounds[k], rounds["ddp"]) for k in ("single", "local"))
+    efficiency, vs_slowest, vs_local = (paired_ratio(rounds[k], rounds["ddp"]) for k in ("single", "slowest", "local"))
     replay = replayed(ddp, model, opt, x, y, device, steps, repeats) if device.kind == "opencl" else None
     path = ddp.all_reduce_path
     ddp.remove_hooks()
@@ -166,12 +173,14 @@ def bench_model(
         "overlapped_buckets": ddp.stats.overlapped,
         "all_reduce_path": path,
         "one_rank_ms": t_single * 1e3,
+        "slowest_alone_ms": statistics.median(rounds["slowest"]) * 1e3,
         "local_ms": t_local * 1e3,
         "ddp_ms": t_ddp * 1e3,
         "allreduce_ms": t_comm * 1e3,
         "images_per_s": n * batch / t_ddp,
         "one_rank_images_per_s": batch / t_single,
         "scaling_efficiency": efficiency,
+        "efficiency_vs_slowest_alone": vs_slowest,
         "efficiency_vs_local": vs_local,
         "comm_share": t_comm / t_ddp,
         "exposed_share": exposed / t_ddp,
@@ -248,7 +257,8 @@ def main() -> None:
     print(f"{info.world_size} rank(s); rank 0 on {info.device}; weak scaling (fixed batch per rank); all-reduce {path}")
     header = (
         f"{'model':>5} {'ranks':>5} {'batch/rank':>10} {'1-rank ms':>9} {'local ms':>9} {'DDP ms':>8} "
-        f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'vs local':>8} {'comm share':>10} {'exposed':>8} "
+        f"{'all-reduce ms':>13} {'images/s':>10} {'efficiency':>10} {'vs slowest':>10} {'vs local':>8} "
+        f"{'comm share':>10} {'exposed':>8} "
         f"{'overlap':>8}"
     )
     print(header)
@@ -257,7 +267,7 @@ def main() -> None:
             f"{r['model']:>5} {r['ranks']:>5} {r['batch_per_rank']:>10} {r['one_rank_ms']:>9.2f} {r['local_ms']:>9.2f} "
             f"{r['ddp_ms']:>8.2f} "
             f"{r['allreduce_ms']:>13.2f} {r['images_per_s']:>10.0f} {r['scaling_efficiency']:>10.1%} "
-            f"{r['efficiency_vs_local']:>8.1%} "
+            f"{r['efficiency_vs_slowest_alone']:>10.1%} {r['efficiency_vs_local']:>8.1%} "
             f"{r['comm_share']:>10.1%} {r['exposed_share']:>8.1%} "
             + (f"{r['overlap']:>8.1%}" if r["overlap"] is not None else f"{'-':>8}")
         )
