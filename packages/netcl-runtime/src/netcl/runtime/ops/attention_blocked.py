@@ -41,10 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from netcl.core import Device, Tensor
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import attention_tiled  # noqa: F401  registers the quad variant first: ours goes before it
 from netcl.runtime.ops._common import get_kernel, remember
-from netcl.runtime.ops._grid import index_ctype, index_dtype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, launch_prepared
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
 
@@ -548,7 +547,7 @@ def _run(
     per_group = blocks.BN if kernel == "bwd_kv" else blocks.BM
     gsize = (-(-items // per_group) * threads, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
-    launch(resolved.kernel, gsize, (threads, 1), *buffers, *scalars, np.float32(spec.scale), queue=device.queue)
+    launch_prepared(key, device, resolved.kernel, gsize, (threads, 1), [*buffers, *scalars, np.float32(spec.scale)])
 
 
 def forward(q, k, v, mask, spec: AttentionSpec, seed, counter) -> tuple[Tensor, Tensor]:

@@ -51,14 +51,13 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import bfloat16, float16, float32
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import (
     attention_blocked,  # noqa: F401  registers the blocked variant first: ours goes before it
     gemm_mma,
     layout,
 )
 from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops._grid import index_ctype, index_dtype
+from netcl.runtime.ops._grid import index_ctype, index_dtype, launch_prepared
 from netcl.runtime.ops.attention import VARIANTS, AttentionVariant, PackedKernels
 from netcl.runtime.ops.attention_mma_source import NAMES, THREADS, attention_source, plan
 from netcl.runtime.ops.attention_spec import NO_MASK, AttentionSpec
@@ -142,7 +141,8 @@ def launch_flash(
     gsize = (planes * threads, blocks) if spec.causal else (blocks * threads, planes)
     scalars = [it.type(x) for x in (spec.L, spec.S, spec.Hq, spec.group, spec.Hkv)]
     scale2 = np.float32(spec.scale * math.log2(math.e))  # scores in log2 units: exp2 in the kernels
-    launch(resolved.kernel, gsize, (threads, 1), *buffers, *scalars, scale2, np.float32(spec.scale), queue=device.queue)
+    args = [*buffers, *scalars, scale2, np.float32(spec.scale)]
+    launch_prepared(key, device, resolved.kernel, gsize, (threads, 1), args)
 
 
 def _run(

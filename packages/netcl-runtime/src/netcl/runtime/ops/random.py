@@ -21,8 +21,8 @@ import numpy as np
 from netcl.core import Device, Tensor, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import float32, refuse_bfloat16
-from netcl.runtime.launch import launch
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
+from netcl.runtime.ops._grid import launch_prepared
 from netcl.runtime.ops.backend import backend_op
 
 _TWINS = "netcl.runtime.numpy_twins.random"
@@ -110,7 +110,7 @@ def draw(kind: str, dims: tuple[int, ...], a: float, b: float, seed: int, target
     resolved = get_kernel(("random", kind), target, lambda: source, f"netcl_{kind}", _ARG_DTYPES)
     local = resolved.max_local
     args = (np.int64(n), np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32), np.float32(a), np.float32(b))
-    launch(resolved.kernel, round_up(n, local), local, out.data, *args, queue=target.queue)
+    launch_prepared(("random", kind), target, resolved.kernel, round_up(n, local), local, [out, *args])
     return out
 
 
@@ -272,7 +272,7 @@ def new_counter(device: Device | str | None = None) -> Tensor:
 def advance_counter(counter: Tensor) -> Tensor:
     """``counter += 1`` on the device (a launch, so a captured graph advances it on every replay)."""
     resolved = get_kernel(("random", "advance"), counter.device, lambda: _ADVANCE, "netcl_counter_advance", [None])
-    launch(resolved.kernel, 1, 1, counter, queue=counter.device.queue)
+    launch_prepared(("random", "advance"), counter.device, resolved.kernel, 1, 1, [counter])
     return counter
 
 
@@ -324,5 +324,6 @@ def dropout_mask(x: Tensor, seed: int, threshold: int, scale: float, counter: Te
         np.uint32(threshold),
         np.float32(scale),
     )
-    launch(resolved.kernel, round_up(x.size, local), local, x, out, *args, counter, queue=x.device.queue)
+    key = ("random", "dropout", st, ct)
+    launch_prepared(key, x.device, resolved.kernel, round_up(x.size, local), local, [x, out, *args, counter])
     return out

@@ -30,7 +30,6 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.cache import register_cache
-from netcl.runtime.launch import launch
 from netcl.runtime.ops import _common, _rows
 from netcl.runtime.ops._common import (
     ARG_DTYPES,
@@ -41,7 +40,7 @@ from netcl.runtime.ops._common import (
     storage_ctype,
     storage_pragmas,
 )
-from netcl.runtime.ops._grid import index_ctype
+from netcl.runtime.ops._grid import index_ctype, launch_prepared
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.storage_io import helpers_c, load_macro, store_macro
@@ -868,8 +867,9 @@ def norm_param_grads(
     block = max(1, -(-rows // max(1, parts)))
     parts = max(1, -(-rows // block))
     fmt = dict(row_format(x, LAYER), want_w=int(want_w), want_b=int(want_b), serial=int(serial))
+    key = ("norm_param_grads", *sorted(fmt.items()))
     resolved = _common.get_kernel(
-        ("norm_param_grads", *sorted(fmt.items())),
+        key,
         x.device,
         lambda: _PARAM_GRADS.format(**fmt),
         "netcl_norm_param_grads",
@@ -886,7 +886,7 @@ def norm_param_grads(
             if serial
             else ((_common.round_up(C, local), parts), (local, 1))
         )
-        launch(resolved.kernel, *grid, x, g, mean, rstd, *buffers, rows, C, block)
+        launch_prepared(key, x.device, resolved.kernel, *grid, [x, g, mean, rstd, *buffers, rows, C, block])
     return tuple(None if p is None else p.reshape(C) if p.shape[0] == 1 else reduce_sum(p, 0) for p in partial)
 
 
