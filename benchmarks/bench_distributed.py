@@ -145,7 +145,7 @@ def bench_model(
     for _ in range(3):  # warm-up: programs built, pools filled, both paths once
         step(True)
         step(False)
-    # each repeat times the four in turn: a drift of the shared host's speed moves them alike
+    # each repeat times them in turn: a drift of the shared host's speed moves them alike
     rounds: dict[str, list[float]] = {"single": [], "slowest": [], "local": [], "ddp": [], "comm": []}
     for _ in range(repeats):
         alone = []

@@ -63,8 +63,7 @@ def test_ddp_through_peer_windows_equals_the_mpi_path_bit_for_bit(mpirun):
         assert r["peer"]["path"] == "peer" and r["inline"]["path"] == "inline"
         # five steps: both slots of each window (float32, float16, float64) taken twice; the same rank-ordered
         # sums and IEEE division as the MPI path's, so the same bits, and so the same parameters after SGD
-        # (and two more from zeroed grads, the last after a local no_sync backward: in-place sums into the
-        # averaged grads of the step before)
+        # (and two more from zeroed grads, the last after a local no_sync backward of another shard)
         for step in range(7):
             assert same_bits(r["peer"]["grads"][step], r["inline"]["grads"][step]), step
         assert same_bits(r["peer"]["params"], r["inline"]["params"])

@@ -450,8 +450,8 @@ def case_ddp_peer(info, device) -> dict:
                 loss.backward()
 
         for step in range(7):
-            # steps 0-4 start from no gradients; 5-6 from zeroed ones, and step 6 accumulates a local (no_sync)
-            # backward of another shard first: the averaged grads (kept tensors on the peer path) take in-place sums
+            # steps 0-4 start from no gradients (the SGD parameters'), 5-6 from zeroed ones, and step 6 accumulates a
+            # local (no_sync) backward of another shard first
             opt.zero_grad(set_to_none=step < 5)
             if step == 6:
                 with ddp.no_sync():
