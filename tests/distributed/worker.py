@@ -560,6 +560,15 @@ def case_tune_alone(info, device) -> dict:
     return {"error": error_of(dist.barrier)}
 
 
+def case_bench_rows(info, device) -> dict:
+    """``benchmarks/bench_distributed.py``'s row of the MLP at a tiny size (1 step a repeat, 3 repeats)."""
+    root = Path(__file__).resolve().parents[2]
+    sys.path[:0] = [str(root / "benchmarks"), str(root / "examples")]
+    import bench_distributed
+
+    return bench_distributed.bench_model("mlp", 4, device, steps=1, repeats=3, bucket_mb=25.0)
+
+
 def main() -> None:
     case, spec, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     info = dist.init(device=None if spec == "auto" else spec)  # "auto": one GPU per rank where there are several
