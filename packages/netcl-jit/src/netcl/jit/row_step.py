@@ -150,7 +150,7 @@ class RowStep:
                 result[k] = grad if addends is None else plus(addends[k], grad)
             return result
         program_inputs = [*self.program.inputs, *self._stat_inputs(), self._gout_input(output_index)]
-        program_inputs += [RowInput(f"a{k}", ELEM) for k in folded]
+        program_inputs += addend_inputs(folded)
         groups = self.kernels.partial_groups(compiled)  # column gradients as per-group partial sums, or 0
         partial = groups > 0
         shapes = [self._grad_shape(k, groups) for k in which]
@@ -227,12 +227,17 @@ def is_upstream(program: RowProgram, var: str) -> bool:
     return copies(exprs, var, "gout")
 
 
+def addend_inputs(folded: tuple[int, ...]) -> list[RowInput]:
+    """The backward kernel's extra elem inputs ``a{k}``: the addend of each input ``k`` in ``folded``."""
+    return [RowInput(f"a{k}", ELEM) for k in folded]
+
+
 def with_addends(program: RowProgram, which: list[int], folded: tuple[int, ...]) -> RowProgram:
     """``program`` (a backward: its outputs are the gradients of inputs ``which``) taking one more elem input
     ``a{k}`` per input ``k`` in ``folded`` and writing ``a{k} + its gradient`` for that input instead."""
     if not folded:
         return program
-    inputs = [*program.inputs, *(RowInput(f"a{k}", ELEM) for k in folded)]
+    inputs = [*program.inputs, *addend_inputs(folded)]
     stmts, outputs = list(program.stmts), list(program.outputs)
     for j, k in enumerate(which):
         if k in folded:
