@@ -7,8 +7,9 @@ algorithm choice reads. Such an op builds a key of that signature, looks its pla
 ``PlanCache`` and, on a hit, only allocates its outputs and enqueues its prepared launches. A miss
 validates the call in full (so bad arguments raise as before) and makes the plan; a key exists only
 for arguments of exact, hashable types (``window`` and ``tensor_sig``), so a hit is always an
-already-validated signature. Plans made while a capture records are not kept (a choice made then
-may be the untimed default). Every ``PlanCache`` is bounded and emptied by ``clear_caches``.
+already-validated signature. A plan made inside a capture is kept like any other: its timed choices
+were searched there too (``netcl.runtime.tune``). Every ``PlanCache`` is bounded and emptied by
+``clear_caches``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Hashable
 from typing import Any
 
 from netcl.core import Tensor
-from netcl.runtime import capture
 from netcl.runtime.cache import register_cache
 from netcl.runtime.determinism import are_deterministic_algorithms_enabled
 from netcl.runtime.ops._common import MAX_MEMO
@@ -43,9 +43,9 @@ class PlanCache:
         register_cache(self.plans.clear)
 
     def keep(self, key: Hashable | None, plan: Any) -> Any:
-        """Count a miss and keep ``plan`` under ``key`` (not for a None key or while a capture records)."""
+        """Count a miss and keep ``plan`` under ``key`` (not for a None key)."""
         self.misses += 1
-        if key is not None and not capture.RECORDING:
+        if key is not None:
             if len(self.plans) >= MAX_MEMO:
                 self.plans.clear()
             self.plans[key] = plan

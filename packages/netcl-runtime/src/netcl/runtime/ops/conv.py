@@ -363,8 +363,7 @@ def _use_implicit(
 def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dtype) -> bool:
     """Whether the implicit GEMM beats im2col + host BLAS for this pass of this layer on a host-memory
     CPU device: measured at the first use (one image, scratch operands) and stored like a tile
-    search (``tune.select(..., cpu=True)``); "implicit" without a measurement (``NETCL_TUNE=0``, or
-    while a capture records)."""
+    search (``tune.select(..., cpu=True)``); "implicit" without a measurement (``NETCL_TUNE=0``)."""
     from netcl.runtime import tune
 
     key = f"conv-algorithm-{kind}|{np.dtype(dtype).str}|{out_ch}|{geo.values}"

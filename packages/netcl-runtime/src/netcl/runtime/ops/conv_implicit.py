@@ -40,7 +40,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64
-from netcl.runtime import capture, tune
+from netcl.runtime import tune
 from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm_configs import fits
@@ -399,8 +399,7 @@ def _layer(
     plan = _PLANS.get(key)
     if plan is None:
         plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode, addend).plan()
-        if not capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
-            remember(_PLANS, key, plan)
+        remember(_PLANS, key, plan)
     return plan
 
 

@@ -27,7 +27,6 @@ import numpy as np
 from netcl.core import Device, Tensor, broadcast_shapes, same_device
 from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.runtime import capture
 from netcl.runtime.numpy_twins.gemm import apply_epilogue
 from netcl.runtime.ops import gemm_configs, gemm_mma
 from netcl.runtime.ops._common import device_of, float_dtype, promote, remember
@@ -173,8 +172,7 @@ def product(
         return _gemm_general(
             device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args
         )
-    if not capture.RECORDING:  # a plan made while tuning was off for a capture is not kept
-        remember(_PLANS, key, plan)
+    remember(_PLANS, key, plan)
     return plan.run(a, b, bias, extras=epilogue_args)
 
 

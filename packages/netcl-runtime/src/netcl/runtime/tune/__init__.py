@@ -11,7 +11,9 @@ generation, so a new driver or new kernels search again. Later processes read th
 turns it on everywhere; unset, GPUs search and CPU devices use defaults (their compiles are
 slow and a host-BLAS path serves them), except for choices between two paths that a CPU device
 makes by measurement too (``select(..., cpu=True)``: conv's implicit GEMM or im2col + host BLAS).
-No search runs while a capture is recording.
+A search at a first use inside a capture runs with the recording paused: the capture records the
+winner's launches, never the trials', so a step captured first (``fuse_graph``) replays the tuned
+configs, as one run eagerly first does.
 In a distributed job rank 0 decides every choice and the others take it (``tune.agree``), and
 ``netcl.runtime.use_deterministic_algorithms(True)`` fixes every choice to its default.
 Shape classes: M, N and K each rounded up to a power of two, batched or not, the layout and
@@ -176,9 +178,10 @@ def _choose(
             return decode({k: v for k, v in stored.items() if not k.startswith("_")})
         except (TypeError, ValueError):
             pass  # a stale entry: search again
-    if not force and (not enabled(device, cpu) or capture.RECORDING):
+    if not force and not enabled(device, cpu):
         return default
-    best, best_ms = search(device, candidates, trial)
+    with capture.paused(device.queue):  # inside a capture: its trials run, unrecorded
+        best, best_ms = search(device, candidates, trial)
     if best is None:
         return default
     remember(device, key, encode(best), best_ms)

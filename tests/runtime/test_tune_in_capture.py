@@ -1,0 +1,58 @@
+"""A first-use search inside a capture: its trials run unrecorded, and the capture keeps the winner's launches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import netcl.core as nc
+from netcl.runtime import clear_caches, tune
+from netcl.runtime import ops as R
+from netcl.runtime.capture import capture_graph
+from netcl.runtime.ops import gemm_configs
+from netcl.runtime.ops.gemm_source import GemmConfig
+
+
+def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, tmp_path, monkeypatch):
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_TUNE", "1")
+    tune.clear(cl_device)
+    x = nc.tensor(np.arange(6, dtype=np.float32), device=cl_device)
+    tried: list[int] = []
+
+    def trial(scale: int):
+        tried.append(scale)
+        return lambda: R.mul(x, float(scale))  # each timed run is a real launch on the capture's queue
+
+    def step(v):
+        scale = tune.select(cl_device, "capture-trial", [2, 3], 2, trial, lambda c: {"s": c}, lambda d: d["s"])
+        return R.mul(v, float(scale))
+
+    graph = capture_graph(cl_device.queue, step, x)
+    assert sorted(set(tried)) == [2, 3]  # searched although a capture was recording
+    assert len(graph) == 1  # the step's product alone: none of the trials' runs
+    winner = tune.lookup(cl_device, "capture-trial")["s"]
+    np.testing.assert_array_equal(graph.execute(x).to_host(), np.arange(6, dtype=np.float32) * winner)
+    tune.clear(cl_device)
+
+
+def test_a_product_captured_first_replays_the_searched_config(cl_device, tmp_path, monkeypatch):
+    """Two candidate tiles of different work-group sizes: the captured launch has the stored winner's."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_TUNE", "1")
+    monkeypatch.setenv("NETCL_HOST_BLAS", "0")
+    candidates = (GemmConfig(16, 16, 2, 2, 32, 4, 4, 2), GemmConfig(8, 8, 2, 2, 32, 4, 4, 2))
+    monkeypatch.setattr(gemm_configs, "_grid", lambda: candidates)
+    tune.clear(cl_device)
+    clear_caches()  # no plan of this product kept from another test
+    rng = np.random.default_rng(7)
+    a, b = rng.uniform(-1, 1, (48, 40)).astype(np.float32), rng.uniform(-1, 1, (40, 24)).astype(np.float32)
+    x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+    graph = capture_graph(cl_device.queue, R.matmul, x, y)
+    (stored,) = [w for key, w in tune.winners(cl_device).items() if key.startswith("portable|NN|<f4|")]
+    winner = GemmConfig(**{k: v for k, v in stored.items() if not k.startswith("_")})
+    assert [launch.local_size for launch in graph.launches] == [(winner.wgn, winner.wgm, 1)]
+    # 40 products of magnitude <= 1 in float32: error well below 1e-5
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(graph.execute(x, y).to_host(), expected, rtol=0, atol=1e-5)
+    tune.clear(cl_device)
+    clear_caches()
