@@ -16,8 +16,9 @@ winner's launches, never the trials', so a step captured first (``fuse_graph``) 
 configs, as one run eagerly first does.
 In a distributed job rank 0 decides every choice and the others take it (``tune.agree``), and
 ``netcl.runtime.use_deterministic_algorithms(True)`` fixes every choice to its default.
-Shape classes: M, N and K each rounded up to a power of two, batched or not, the layout and
-dtype, so one search serves a range of sizes (and a new batch size mostly reuses it).
+Shape classes: M, N and K each rounded up to a power of two or 1.5 times one (``size_class``),
+batched or not, the layout and dtype, so one search serves a range of sizes (and a new batch size
+mostly reuses it).
 """
 
 from __future__ import annotations
@@ -109,8 +110,18 @@ def pow2_class(value: int) -> int:
     return 1 << max(0, int(value) - 1).bit_length()
 
 
+def size_class(value: int) -> int:
+    """``value`` rounded up to the next of 1, 2, 3, 4, 6, 8, 12, 16, ...: powers of two and 1.5 times them, so a
+    class spans sizes within a factor 1.5 (a transformer's 3 * 512 = 1536 apart from its 2048)."""
+    power = pow2_class(value)
+    three_quarters = 3 * power // 4
+    return three_quarters if three_quarters >= value else power
+
+
 def shape_class(family: str, m: int, n: int, k: int, batched: bool, layout: str, dtype: str) -> str:
-    return f"{family}|{layout}|{dtype}|{pow2_class(m)}x{pow2_class(n)}x{pow2_class(k)}|{'b' if batched else '1'}"
+    """The search key of a product: M, N and K by ``size_class``, batched or not, layout and dtype."""
+    sizes = f"{size_class(m)}x{size_class(n)}x{size_class(k)}"
+    return f"{family}|{layout}|{dtype}|{sizes}|{'b' if batched else '1'}"
 
 
 def lookup(device: Device, key: str) -> dict[str, Any] | None:
