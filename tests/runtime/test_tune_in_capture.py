@@ -8,7 +8,8 @@ import netcl.core as nc
 from netcl.runtime import clear_caches, tune
 from netcl.runtime import ops as R
 from netcl.runtime.capture import capture_graph
-from netcl.runtime.ops import gemm_configs
+from netcl.runtime.ops import conv_implicit, gemm_configs
+from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_source import GemmConfig
 
 
@@ -54,5 +55,50 @@ def test_a_product_captured_first_replays_the_searched_config(cl_device, tmp_pat
     # 40 products of magnitude <= 1 in float32: error well below 1e-5
     expected = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(graph.execute(x, y).to_host(), expected, rtol=0, atol=1e-5)
+    tune.clear(cl_device)
+    clear_caches()
+
+
+def _conv_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 cross-correlation, stride 1, padding 1."""
+    n, _, h, wd = x.shape
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + h, j : j + wd], w[:, :, i, j].astype(np.float64))
+    return out
+
+
+def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_device, tmp_path, monkeypatch):
+    """The algorithm choice (on a host-BLAS CPU device) and the implicit GEMM's tiles are searched inside the
+    first capture; a second capture, which finds them stored, records the same launches."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_TUNE", "1")
+    tiles = [GemmConfig(8, 8, 2, 2, 16, 1, 1, 1), GemmConfig(16, 16, 2, 2, 16, 1, 1, 1)]
+    monkeypatch.setattr(
+        conv_implicit, "candidates", lambda layer: [c for c in tiles if fits(layer.device, c, 4, layer.problem)]
+    )
+    tune.clear(cl_device)
+    clear_caches()
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(-1, 1, (2, 32, 6, 6)).astype(np.float32), rng.uniform(-1, 1, (8, 32, 3, 3)).astype(np.float32)
+    x, w = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+
+    def conv(v, k):
+        return R.conv2d(v, k, padding=1, winograd=False)  # C * 3 * 3 = 288: long enough to time both algorithms
+
+    first = capture_graph(cl_device.queue, conv, x, w)
+    searched = [key for key in tune.winners(cl_device) if key.startswith("conv-")]
+    assert searched  # a choice was timed inside the capture
+    stored = tune.winners(cl_device)
+    clear_caches()  # the second capture plans again, from the stored winners
+    second = capture_graph(cl_device.queue, conv, x, w)
+    assert [s.name for s in first.steps] == [s.name for s in second.steps]
+    assert tune.winners(cl_device) == stored  # nothing searched again
+    # 288 products of magnitude <= 1 in float32: error well below 1e-4
+    expected = _conv_reference(a, b)
+    for graph in (first, second):
+        np.testing.assert_allclose(graph.execute(x, w).to_host(), expected, rtol=0, atol=1e-4)
     tune.clear(cl_device)
     clear_caches()
