@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import netcl.core as nc
 from netcl.runtime import clear_caches, tune
@@ -13,10 +14,20 @@ from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_source import GemmConfig
 
 
-def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, tmp_path, monkeypatch):
+@pytest.fixture
+def searching(cl_device, tmp_path, monkeypatch):
+    """Searches on (``NETCL_TUNE=1``), a fresh tune store and no kept plans; both forgotten again afterwards,
+    whatever the test did."""
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NETCL_TUNE", "1")
     tune.clear(cl_device)
+    clear_caches()
+    yield
+    tune.clear(cl_device)
+    clear_caches()
+
+
+def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, searching):
     x = nc.tensor(np.arange(6, dtype=np.float32), device=cl_device)
     tried: list[int] = []
 
@@ -33,18 +44,13 @@ def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, tm
     assert len(graph) == 1  # the step's product alone: none of the trials' runs
     winner = tune.lookup(cl_device, "capture-trial")["s"]
     np.testing.assert_array_equal(graph.execute(x).to_host(), np.arange(6, dtype=np.float32) * winner)
-    tune.clear(cl_device)
 
 
-def test_a_product_captured_first_replays_the_searched_config(cl_device, tmp_path, monkeypatch):
+def test_a_product_captured_first_replays_the_searched_config(cl_device, searching, monkeypatch):
     """Two candidate tiles of different work-group sizes: the captured launch has the stored winner's."""
-    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NETCL_TUNE", "1")
     monkeypatch.setenv("NETCL_HOST_BLAS", "0")
     candidates = (GemmConfig(16, 16, 2, 2, 32, 4, 4, 2), GemmConfig(8, 8, 2, 2, 32, 4, 4, 2))
     monkeypatch.setattr(gemm_configs, "_grid", lambda: candidates)
-    tune.clear(cl_device)
-    clear_caches()  # no plan of this product kept from another test
     rng = np.random.default_rng(7)
     a, b = rng.uniform(-1, 1, (48, 40)).astype(np.float32), rng.uniform(-1, 1, (40, 24)).astype(np.float32)
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
@@ -55,8 +61,6 @@ def test_a_product_captured_first_replays_the_searched_config(cl_device, tmp_pat
     # 40 products of magnitude <= 1 in float32: error well below 1e-5
     expected = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(graph.execute(x, y).to_host(), expected, rtol=0, atol=1e-5)
-    tune.clear(cl_device)
-    clear_caches()
 
 
 def _conv_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -70,17 +74,13 @@ def _conv_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_device, tmp_path, monkeypatch):
+def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_device, searching, monkeypatch):
     """The algorithm choice (on a host-BLAS CPU device) and the implicit GEMM's tiles are searched inside the
     first capture; a second capture, which finds them stored, records the same launches."""
-    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NETCL_TUNE", "1")
     tiles = [GemmConfig(8, 8, 2, 2, 16, 1, 1, 1), GemmConfig(16, 16, 2, 2, 16, 1, 1, 1)]
     monkeypatch.setattr(
         conv_implicit, "candidates", lambda layer: [c for c in tiles if fits(layer.device, c, 4, layer.problem)]
     )
-    tune.clear(cl_device)
-    clear_caches()
     rng = np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, (2, 32, 6, 6)).astype(np.float32), rng.uniform(-1, 1, (8, 32, 3, 3)).astype(np.float32)
     x, w = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
@@ -100,5 +100,3 @@ def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_de
     expected = _conv_reference(a, b)
     for graph in (first, second):
         np.testing.assert_allclose(graph.execute(x, w).to_host(), expected, rtol=0, atol=1e-4)
-    tune.clear(cl_device)
-    clear_caches()
