@@ -12,6 +12,7 @@ from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops import conv_implicit, gemm_configs
 from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_source import GemmConfig
+from tests.runtime.test_conv_winograd import _direct
 
 
 @pytest.fixture
@@ -63,17 +64,6 @@ def test_a_product_captured_first_replays_the_searched_config(cl_device, searchi
     np.testing.assert_allclose(graph.execute(x, y).to_host(), expected, rtol=0, atol=1e-5)
 
 
-def _conv_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """float64 cross-correlation, stride 1, padding 1."""
-    n, _, h, wd = x.shape
-    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((n, w.shape[0], h, wd))
-    for i in range(3):
-        for j in range(3):
-            out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + h, j : j + wd], w[:, :, i, j].astype(np.float64))
-    return out
-
-
 def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_device, searching, monkeypatch):
     """The algorithm choice (on a host-BLAS CPU device) and the implicit GEMM's tiles are searched inside the
     first capture; a second capture, which finds them stored, records the same launches."""
@@ -97,6 +87,6 @@ def test_a_convolution_captured_first_records_what_a_later_capture_records(cl_de
     assert [s.name for s in first.steps] == [s.name for s in second.steps]
     assert tune.winners(cl_device) == stored  # nothing searched again
     # 288 products of magnitude <= 1 in float32: error well below 1e-4
-    expected = _conv_reference(a, b)
+    expected = _direct(a.astype(np.float64), b.astype(np.float64), (1, 1))
     for graph in (first, second):
         np.testing.assert_allclose(graph.execute(x, w).to_host(), expected, rtol=0, atol=1e-4)
