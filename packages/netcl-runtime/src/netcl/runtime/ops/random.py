@@ -315,7 +315,8 @@ def dropout_mask(x: Tensor, seed: int, threshold: int, scale: float, counter: Te
             counter = _ZERO_COUNTERS[x.device] = Tensor.zeros((1,), np.int32, x.device)
     source = pragmas([x.dtype]) + PHILOX_SOURCE + _DROPOUT.format(st=st, ct=ct, stream=DROPOUT_STREAM)
     types = [None, None, np.int64, np.uint32, np.uint32, np.uint32, np.float32, None]
-    resolved = get_kernel(("random", "dropout", st, ct), x.device, lambda: source, "netcl_dropout", types)
+    key = ("random", "dropout", st, ct)
+    resolved = get_kernel(key, x.device, lambda: source, "netcl_dropout", types)
     local = resolved.max_local
     args = (
         np.int64(x.size),
@@ -324,6 +325,5 @@ def dropout_mask(x: Tensor, seed: int, threshold: int, scale: float, counter: Te
         np.uint32(threshold),
         np.float32(scale),
     )
-    key = ("random", "dropout", st, ct)
     launch_prepared(key, x.device, resolved.kernel, round_up(x.size, local), local, [x, out, *args, counter])
     return out
