@@ -354,8 +354,8 @@ class DistributedDataParallel:
             row = []
             for i, t in zip(bucket.params, inputs, strict=True):
                 out = kept.get(i)
-                reached = i in state.grads
-                if out is None or not (i in state.kept if reached else self.params[i].grad is out):
+                grad_was_out = i in state.kept if i in state.grads else self.params[i].grad is out
+                if out is None or not grad_was_out:
                     out = kept[i] = Tensor.empty(t.shape, t.dtype, t.device)
                 row.append(out)
             outputs.append(row)
