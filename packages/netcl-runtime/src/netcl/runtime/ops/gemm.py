@@ -232,7 +232,7 @@ def _plan_cl(device, a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, 
     if mode is not None:
         return gemm_mma.make_plan(device, mode, a.dtype, b.dtype, result, out_shape, problem, epilogue)
     return make_plan(
-        device, a.dtype, result, out_shape, problem, epilogue, cfg=portable_config(device, problem, a.dtype)
+        device, a.dtype, result, out_shape, problem, epilogue, cfg=portable_config(device, problem, a.dtype, epilogue)
     )
 
 
@@ -277,6 +277,7 @@ def _epilogue_on_zero(out: Tensor, epilogue: Epilogue, bias: Tensor | None) -> T
     return Tensor.from_host(out.device, values.astype(out.dtype))
 
 
-def portable_config(device: Device, problem: Problem, dtype: np.dtype) -> GemmConfig:
-    """The tuned (or default) config, with vector widths the operands' alignment allows."""
-    return with_alignment(gemm_configs.portable(device, problem, dtype), problem)
+def portable_config(device: Device, problem: Problem, dtype: np.dtype, epilogue: Epilogue = IDENTITY) -> GemmConfig:
+    """The tuned (or default) config for ``problem`` with ``epilogue``, with vector widths the operands'
+    alignment allows."""
+    return with_alignment(gemm_configs.portable(device, problem, dtype, epilogue), problem)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from functools import cache
 
@@ -11,7 +12,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.runtime import tune
 from netcl.runtime.ops.gemm_plan import Problem, make_plan, split_twins, with_alignment
-from netcl.runtime.ops.gemm_source import GemmConfig
+from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig
 
 
 def fits(device: Device, cfg: GemmConfig, itemsize: int, problem: Problem) -> bool:
@@ -86,11 +87,18 @@ def default(device: Device, problem) -> GemmConfig:
     return GemmConfig(16, 16, 2, 2, 32, 4, 4, 2)
 
 
-def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
-    """The tuned config of ``problem``'s shape class on ``device`` (searching at first use), or the default."""
+def portable(device: Device, problem, dtype: np.dtype, epilogue: Epilogue = IDENTITY) -> GemmConfig:
+    """The tuned config of ``problem``'s shape class on ``device`` (searching at first use), or the default.
+
+    A product with a code epilogue (``netcl.jit``'s fused elementwise tail) has its own key and its
+    trials run that epilogue: the epilogue's registers can make a tile that wins without it slower
+    than a smaller one (see benchmarks/RESULTS.md, "Tile searches that run the epilogue").
+    """
     itemsize = np.dtype(dtype).itemsize
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"
     key = tune.shape_class("portable", problem.m, problem.n, problem.k, problem.batch > 1, layout, np.dtype(dtype).str)
+    if epilogue.code:
+        key += f"|e{epilogue_digest(epilogue)}"
     fallback = default(device, problem)
     if not fits(device, fallback, itemsize, problem):
         fallback = GemmConfig(8, 8, 1, 1, 8, 1, 1, 1)
@@ -106,27 +114,47 @@ def portable(device: Device, problem, dtype: np.dtype) -> GemmConfig:
         key,
         candidates,
         fallback,
-        trial=_Trial(device, problem, np.dtype(dtype)),
+        trial=_Trial(device, problem, np.dtype(dtype), epilogue if epilogue.code else IDENTITY),
         encode=dataclasses.asdict,
         decode=lambda d: GemmConfig(**d),
     )
 
 
-class _Trial:
-    """Runs one candidate on scratch operands of the problem's size (made once per search)."""
+def epilogue_digest(epilogue: Epilogue) -> str:
+    """A short stable name of ``epilogue`` for search keys (the same in every process and run)."""
+    return hashlib.sha256(repr(epilogue).encode()).hexdigest()[:12]
 
-    def __init__(self, device: Device, problem, dtype: np.dtype) -> None:
-        self.device, self.problem, self.dtype = device, problem, dtype
+
+class _Trial:
+    """Runs one candidate on scratch operands of the problem's size (made once per search), with
+    ``epilogue`` and scratch values for its bias and operands."""
+
+    def __init__(self, device: Device, problem, dtype: np.dtype, epilogue: Epilogue = IDENTITY) -> None:
+        self.device, self.problem, self.dtype, self.epilogue = device, problem, dtype, epilogue
         self.operands: tuple[Tensor, Tensor, Tensor] | None = None
+        self.bias: Tensor | None = None
+        self.extras: list[Tensor | float] = []
 
     def __call__(self, cfg: GemmConfig) -> Callable[[], Tensor]:
         p = self.problem
         if self.operands is None:
-            a_elems, b_elems = p.operand_sizes
-            a = tune.trial_operand(a_elems, self.dtype, self.device, 1)
-            b = tune.trial_operand(b_elems, self.dtype, self.device, 2)
-            self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, self.device))
+            self._make_operands()
         a, b, out = self.operands
-        plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, cfg=with_alignment(cfg, p))
-        plan.run(a, b, out=out)
-        return lambda: plan.run(a, b, out=out)
+        bias, extras = self.bias, self.extras
+        plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, self.epilogue, cfg=with_alignment(cfg, p))
+        plan.run(a, b, bias, out=out, extras=extras)
+        return lambda: plan.run(a, b, bias, out=out, extras=extras)
+
+    def _make_operands(self) -> None:
+        p, device, epilogue = self.problem, self.device, self.epilogue
+        a_elems, b_elems = p.operand_sizes
+        a = tune.trial_operand(a_elems, self.dtype, device, 1)
+        b = tune.trial_operand(b_elems, self.dtype, device, 2)
+        self.operands = (a, b, Tensor.empty((p.batch, p.m, p.n), self.dtype, device))
+        sizes = {"full": p.batch * p.m * p.n, "out": p.batch * p.m * p.n, "col": p.n, "row": p.batch * p.m}
+        if epilogue.bias != "none":
+            self.bias = tune.trial_operand(p.n if epilogue.bias == "col" else p.m, np.float32, device, 3)
+        self.extras = [
+            0.5 if kind == "scalar" else tune.trial_operand(sizes[kind], np.float32, device, 4 + k)
+            for k, kind in enumerate(epilogue.operands)
+        ]
