@@ -508,22 +508,25 @@ def test_tune_command_shows_and_clears_the_stored_winners(cl_device, tmp_path, m
 
 
 def test_search_times_a_trials_prepared_run(cl_device):
-    """A trial that returns its prepared run is called once per candidate (the build, its set-up);
-    the search then runs and times only what it returned (once to warm up, then ``repeats``), and
-    the ``finalists`` fastest again in interleaved ``rounds``, the winner one of them."""
+    """Every candidate's trial is called (its build) before any timing, then once more for its prepared
+    run; the search times only what that returned (``repeats`` times), then the ``finalists`` fastest
+    again in interleaved ``rounds``, the winner one of them; a warm-up runs the first candidate first."""
     trials, runs = [], []
 
     def trial(cfg):
         trials.append(cfg)
         return lambda: runs.append(cfg)
 
-    best, ms = tune.search(cl_device, ["a", "b", "c"], trial, repeats=3, finalists=2, rounds=5)
-    assert trials == ["a", "b", "c"] and runs[:12] == ["a"] * 4 + ["b"] * 4 + ["c"] * 4
-    again = runs[12:]
+    best, ms = tune.search(cl_device, ["a", "b", "c"], trial, repeats=3, finalists=2, rounds=5, warmup_ms=0)
+    assert trials == ["a", "b", "c"] * 2 and runs[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    again = runs[9:]
     assert len(set(again)) == 2 and again == again[:2] * 5  # two finalists, alternating
     assert best in again and ms >= 0
     runs.clear()
-    assert tune.search(cl_device, ["a"], trial, repeats=3)[0] == "a" and runs == ["a"] * 4  # no final
+    assert tune.search(cl_device, ["a"], trial, repeats=3, warmup_ms=0)[0] == "a" and runs == ["a"] * 3  # no final
+    runs.clear()
+    tune.search(cl_device, ["a", "b"], trial, repeats=3, finalists=1, warmup_ms=1.0)
+    assert runs.index("b") > 3 and set(runs[: runs.index("b")]) == {"a"}  # warm-up runs, then a's three timings
 
 
 def test_trials_run_on_random_operands(cl_device):

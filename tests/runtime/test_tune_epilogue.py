@@ -39,7 +39,9 @@ def test_a_code_epilogue_searches_with_the_epilogue_under_its_own_key(cl_device,
     rng = np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, (40, 48)).astype(np.float32), rng.uniform(-1, 1, (48, 24)).astype(np.float32)
     col = rng.uniform(-1, 1, 24).astype(np.float32)
-    ep = Epilogue("col", code="float ep_out0 = tanh(ep_value) * ep0;\nfloat ep_out1 = ep_value;", operands=("col", "out"))
+    ep = Epilogue(
+        "col", code="float ep_out0 = tanh(ep_value) * ep0;\nfloat ep_out1 = ep_value;", operands=("col", "out")
+    )
     saved = nc.Tensor.empty((40, 24), np.dtype("f4"), cl_device)
     bias = nc.tensor(col[::-1].copy(), device=cl_device)
     args = [nc.tensor(col, device=cl_device), saved]

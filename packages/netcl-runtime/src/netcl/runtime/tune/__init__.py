@@ -207,15 +207,21 @@ def search(
     repeats: int = 3,
     finalists: int = 3,
     rounds: int = 5,
+    warmup_ms: float = 20.0,
 ):
-    """(fastest candidate, its ms): each built and run once, then the best of ``repeats`` timed runs;
-    the ``finalists`` fastest are timed again in ``rounds`` interleaved rounds and ranked by their
-    median, so neither a lucky minimum nor a clock change during the first pass picks the winner
-    (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", tune/__init__.py).
+    """(fastest candidate, its ms): every candidate is built (and run once) first, a warm-up of
+    ``warmup_ms`` of device work follows, then each candidate's best of ``repeats`` timed runs; the
+    ``finalists`` fastest are timed again in ``rounds`` interleaved rounds and ranked by their median,
+    so neither a lucky minimum nor a clock change during the first pass picks the winner. Timing
+    only after every build keeps the device busy while it is timed: a build's pause between two
+    timings let a GPU's clocks drop, and whichever candidates came after long builds timed slow (see
+    benchmarks/RESULTS.md, "Tile searches that run the epilogue, timed after every build"). At most
+    100 warm-up runs, however short.
 
     A trial that returns a callable (its prepared run: plan built, output allocated) has that
     timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
-    allocation per call); otherwise the trial itself.
+    allocation per call); otherwise the trial itself. A trial may be called several times per
+    candidate (its builds are cached).
     """
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.perf import timing_region
@@ -225,21 +231,32 @@ def search(
             run()
         return region.elapsed_ms
 
-    top = []  # the fastest of the first pass so far: (best time, position, candidate, its run)
+    def prepare(cfg: Any) -> Callable[[], Any]:
+        prepared = trial(cfg)
+        return prepared if callable(prepared) else (lambda: trial(cfg))
+
+    built = []  # (position, candidate) of those the device builds and runs; the runs are not kept
     for position, cfg in enumerate(candidates):
         try:
-            prepared = trial(cfg)  # builds; a config the device refuses is skipped
-            run = prepared if callable(prepared) else (lambda cfg=cfg: trial(cfg))
-            run()
-            device.queue.finish()
-            ms = min(timed(run) for _ in range(repeats))
-        except (CompileError, LaunchError) as exc:
+            prepare(cfg)
+        except (CompileError, LaunchError) as exc:  # a config the device refuses is skipped
             log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
             continue
+        built.append((position, cfg))
+    if not built:
+        return None, float("inf")
+    device.queue.finish()
+    if warmup_ms > 0:  # at most 100 runs of the first candidate, however fast it is
+        warm, spent, count = prepare(built[0][1]), 0.0, 0
+        while spent < warmup_ms and count < 100:
+            spent, count = spent + timed(warm), count + 1
+        del warm
+    top = []  # the fastest of the first pass so far: (best time, position, candidate, its run)
+    for position, cfg in built:
+        run = prepare(cfg)
+        ms = min(timed(run) for _ in range(repeats))
         # only the finalists' runs are kept alive: each holds its plan and its output tensor
         top = sorted([*top, (ms, position, cfg, run)], key=lambda entry: entry[:2])[:finalists]
-    if not top:
-        return None, float("inf")
     if len(top) == 1:
         return top[0][2], top[0][0]
     samples: dict[int, list[float]] = {position: [] for _, position, _, _ in top}
