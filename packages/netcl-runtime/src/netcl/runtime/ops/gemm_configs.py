@@ -142,8 +142,9 @@ class _Trial:
         a, b, out = self.operands
         bias, extras = self.bias, self.extras
         plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, self.epilogue, cfg=with_alignment(cfg, p))
-        plan.run(a, b, bias, out=out, extras=extras)
-        return lambda: plan.run(a, b, bias, out=out, extras=extras)
+        work = plan.new_work()  # one workspace for every timed run, as a replay has: none allocated while timed
+        plan.run(a, b, bias, out=out, extras=extras, work=work)
+        return lambda: plan.run(a, b, bias, out=out, extras=extras, work=work)
 
     def _make_operands(self) -> None:
         p, device, epilogue = self.problem, self.device, self.epilogue

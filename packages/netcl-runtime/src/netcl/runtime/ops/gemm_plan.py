@@ -136,17 +136,24 @@ class Plan:
         self._sum: PreparedLaunch | None = None
 
     def run(
-        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+        self,
+        a: Tensor,
+        b: Tensor,
+        bias: Tensor | None = None,
+        out: Tensor | None = None,
+        extras: Sequence = (),
+        work: Tensor | None = None,
     ) -> Tensor:
         """``out`` (a new tensor when None) = the product of ``a`` and ``b`` with the plan's epilogue.
 
         Launches are prepared once per plan (the scalar arguments set on a private kernel), so a call
         sets only its buffers (and an epilogue's scalars) and enqueues: a small product's host cost.
+        ``work``: the split-K workspace to use (``new_work()``; a new one per call when None).
         """
         device = self.device
         if out is None:
             out = Tensor.empty(self.out_shape, self.out_dtype, device)
-        target = out if self.work is None else Tensor.empty(self.work[0], self.work[1], device)
+        target = out if self.work is None else (work if work is not None else self.new_work())
         tail = [] if bias is None else [bias.data]
         if extras:
             tail += [x.data if isinstance(x, Tensor) else np.float32(x) for x in extras]
@@ -158,6 +165,10 @@ class Plan:
             self._product.call(a.data, b.data, target.data)
             self._sum.call(target.data, out.data, *tail)
         return out
+
+    def new_work(self) -> Tensor | None:
+        """A split-K workspace for ``run`` (None for a plan that does not split)."""
+        return None if self.work is None else Tensor.empty(self.work[0], self.work[1], self.device)
 
     def _prepare(self) -> None:
         """The prepared launches: the scalar arguments set once; per call the buffers, then the

@@ -1,4 +1,5 @@
-"""A product with a code epilogue searches its tile under its own key, with the epilogue in every trial."""
+"""What a tile search times: a code epilogue's product under its own key with the epilogue in every trial, and a
+split product with one workspace for all its timed runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime import clear_caches, tune
-from netcl.runtime.ops import gemm, gemm_configs
+from netcl.runtime.ops import gemm, gemm_configs, gemm_plan
 from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 
 
@@ -70,3 +71,23 @@ def test_epilogue_digests_are_stable_and_tell_epilogues_apart():
     assert gemm_configs.epilogue_digest(relu) != gemm_configs.epilogue_digest(
         Epilogue("col", code="float ep_out0 = fmax(ep_value, 0.0f);")
     )
+
+
+def test_a_split_products_trial_times_one_workspace(cl_device, monkeypatch):
+    """Every timed run of a split product's trial writes the one workspace made with its plan (a replay has
+    one; a fresh block per run would time its first touch), and computes the product."""
+    problem = gemm_plan.Problem(16, 24, 1536, False, False, ())
+    cfg = GemmConfig(16, 16, 2, 2, 32, 4, 4, 2)
+    assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
+    made: list[nc.Tensor] = []
+    new_work = gemm_plan.Plan.new_work
+    monkeypatch.setattr(gemm_plan.Plan, "new_work", lambda self: made.append(new_work(self)) or made[-1])
+    trial = gemm_configs._Trial(cl_device, problem, np.dtype(np.float32))
+    run = trial(cfg)
+    for _ in range(3):
+        out = run()
+    assert len(made) == 1 and made[0] is not None
+    a, b = (t.to_host().astype(np.float64) for t in trial.operands[:2])
+    # 1536 products of magnitude <= 1 summed in float32 partial sums: error well below 2e-4
+    expected = a.reshape(16, 1536) @ b.reshape(1536, 24)
+    np.testing.assert_allclose(out.to_host().reshape(16, 24), expected, rtol=0, atol=2e-4)
