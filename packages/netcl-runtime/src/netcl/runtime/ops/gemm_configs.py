@@ -91,8 +91,8 @@ def portable(device: Device, problem, dtype: np.dtype, epilogue: Epilogue = IDEN
     """The tuned config of ``problem``'s shape class on ``device`` (searching at first use), or the default.
 
     A product with a code epilogue (``netcl.jit``'s fused elementwise tail) has its own key and its
-    trials run that epilogue: the epilogue's registers can make a tile that wins without it slower
-    than a smaller one (see benchmarks/RESULTS.md, "Tile searches that run the epilogue").
+    trials run that epilogue: its arithmetic and extra stores per element can make another tile the
+    fastest (see benchmarks/RESULTS.md, "Tile searches in the GPT block's first capture").
     """
     itemsize = np.dtype(dtype).itemsize
     layout = f"{'T' if problem.trans_a else 'N'}{'T' if problem.trans_b else 'N'}"

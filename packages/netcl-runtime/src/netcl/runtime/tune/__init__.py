@@ -213,10 +213,9 @@ def search(
     ``warmup_ms`` of device work follows, then each candidate's best of ``repeats`` timed runs; the
     ``finalists`` fastest are timed again in ``rounds`` interleaved rounds and ranked by their median,
     so neither a lucky minimum nor a clock change during the first pass picks the winner. Timing
-    only after every build keeps the device busy while it is timed: a build's pause between two
-    timings let a GPU's clocks drop, and whichever candidates came after long builds timed slow (see
-    benchmarks/RESULTS.md, "Tile searches that run the epilogue, timed after every build"). At most
-    100 warm-up runs, however short.
+    only after every build leaves no build's pause (an idle device, which may lower its clocks)
+    between two timings; the warm-up (at most 100 runs, however short) brings the device to work
+    before the first (see benchmarks/RESULTS.md, "Tile searches in the GPT block's first capture").
 
     A trial that returns a callable (its prepared run: plan built, output allocated) has that
     timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
