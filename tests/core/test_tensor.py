@@ -174,6 +174,20 @@ def test_reshape_errors(device: nc.Device, shape: tuple, match: str) -> None:
         t.reshape(*shape)
 
 
+def test_reshape_remembers_an_asked_tuple_by_identity(device: nc.Device) -> None:
+    """A resolved reshape is kept for the very tuple asked (a loop's constant); an equal tuple of other objects
+    (``True`` equals 1, ``3.0`` equals 3) is checked in full, and another shape resolves on its own."""
+    t = nc.Tensor.zeros(12, device=device)
+    asked, ones = (3, -1), (1, 12)
+    assert t.reshape(asked).shape == (3, 4) and t.reshape(asked).shape == (3, 4)
+    assert t.reshape(ones).shape == (1, 12)
+    with pytest.raises(nc.ShapeError, match="non-integer dimension True"):
+        t.reshape((True, 12))
+    with pytest.raises(nc.ShapeError, match=r"non-integer dimension 3\.0"):
+        t.reshape((3.0, -1))
+    assert nc.Tensor.zeros((6, 4), device=device).reshape(asked).shape == (3, 8)
+
+
 def test_copy_is_independent(device: nc.Device) -> None:
     host = np.arange(10, dtype=np.int32)
     t = nc.Tensor.from_host(device, host)

@@ -289,11 +289,25 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def reshape(x: Operand, shape: Sequence[int]) -> Node:
     """A view of ``x`` with a new shape (one dimension may be -1)."""
     shape = tuple(shape)
+    if forward_only() and type(x) is Node and type(x.value) is Tensor:  # what apply_op would return, directly
+        return Node(x.value.reshape(shape), op_name="reshape")
+    return apply_op(_Reshape(shape), _reshape_grad, x, op_name="reshape", attrs={"shape": shape})
 
-    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
-        return [g.reshape(values[0].shape)]
 
-    return apply_op(lambda v: v.reshape(shape), grad, x, op_name="reshape", attrs={"shape": shape})
+class _Reshape:
+    """reshape's forward for one target shape (an object, not a closure: no cell per call)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return v.reshape(self.shape)
+
+
+def _reshape_grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
+    return [g.reshape(values[0].shape)]
 
 
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:

@@ -32,6 +32,9 @@ _INT = frozenset({int})
 _CHECKED_SHAPES: dict[Any, tuple[int, ...]] = {}
 _CHECKED_SHAPES_MAX = 4096
 _MISSING = object()
+#: (shape, the tuple a reshape was asked for) -> (that tuple, the shape it resolved to), kept by identity as
+#: ``_CHECKED_SHAPES`` is: a loop's ``reshape(x, (-1, 16))`` passes the same constant tuple on every call
+_RESHAPES: dict[tuple[Any, Any], tuple[Any, tuple[int, ...]]] = {}
 
 #: Tensors of more bytes than this print their shape, not their values (a repr must stay cheap).
 REPR_MAX_BYTES = 64 << 20
@@ -176,11 +179,23 @@ class Tensor:
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:
         """A view with a new shape sharing this tensor's buffer; one dim may be -1."""
-        dims = shape[0] if len(shape) == 1 and type(shape[0]) is tuple else shape
-        size = math.prod(self.shape)
-        # the common call: a tuple of plain ints >= 0 with the same element count (no -1 to infer)
-        if not ({*map(type, dims)} <= _INT and min(dims, default=0) >= 0 and math.prod(dims) == size):
-            dims = _infer_shape(shape, size, self.shape)
+        asked = shape[0] if len(shape) == 1 and type(shape[0]) is tuple else shape
+        try:
+            seen = _RESHAPES.get((self.shape, asked), _MISSING)
+        except TypeError:  # an unhashable dim (a list inside): _infer_shape resolves or says what is wrong
+            seen = None
+        if type(seen) is tuple and seen[0] is asked:  # this very tuple, from this shape, was resolved before
+            dims = seen[1]
+        else:
+            dims = asked
+            size = math.prod(self.shape)
+            # the common call: a tuple of plain ints >= 0 with the same element count (no -1 to infer)
+            if not ({*map(type, dims)} <= _INT and min(dims, default=0) >= 0 and math.prod(dims) == size):
+                dims = _infer_shape(shape, size, self.shape)
+            if seen is not None:  # hashable: kept for the next call with this tuple
+                if len(_RESHAPES) >= _CHECKED_SHAPES_MAX:
+                    _RESHAPES.clear()
+                _RESHAPES[(self.shape, asked)] = (asked, dims)
         data = self.device.storage.view(self.data, dims)
         return Tensor(data, dims, self.dtype, self.device, base=self.base if self.base is not None else self)
 
