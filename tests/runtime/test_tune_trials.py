@@ -91,3 +91,19 @@ def test_a_split_products_trial_times_one_workspace(cl_device, monkeypatch):
     # 1536 products of magnitude <= 1 summed in float32 partial sums: error well below 2e-4
     expected = a.reshape(16, 1536) @ b.reshape(1536, 24)
     np.testing.assert_allclose(out.to_host().reshape(16, 24), expected, rtol=0, atol=2e-4)
+
+
+def test_a_convolutions_trial_makes_its_workspace_once(cl_device, monkeypatch):
+    """The implicit-GEMM convolution's trial (its weight gradient, split along K here) also makes one
+    workspace with its plan; its timed runs allocate none."""
+    from netcl.runtime.ops import conv, conv_implicit
+
+    made: list[nc.Tensor | None] = []
+    new_work = gemm_plan.Plan.new_work
+    monkeypatch.setattr(gemm_plan.Plan, "new_work", lambda self: made.append(new_work(self)) or made[-1])
+    geo = conv.check_conv2d((8, 4, 16, 16), (6, 4, 3, 3), None, 1, 1, 1, 1)
+    layer = conv_implicit._Layer("dw", cl_device, geo, 6, np.dtype(np.float32), False)
+    run = layer(GemmConfig(8, 8, 2, 2, 16, 1, 1, 2))
+    for _ in range(3):
+        run()
+    assert len(made) == 1 and made[0] is not None  # 6 x 36 outputs, K = 8 * 256: split along K

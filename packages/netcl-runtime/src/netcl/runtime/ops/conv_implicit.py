@@ -387,8 +387,9 @@ class _Layer:
         bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
         extras = [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands]
         plan = self.plan(cfg)
-        out = plan.run(*self.scratch, bias, extras=extras)
-        return lambda: plan.run(*self.scratch, bias, out=out, extras=extras)
+        work = plan.new_work()  # one workspace for every timed run, as a replay has
+        out = plan.run(*self.scratch, bias, extras=extras, work=work)
+        return lambda: plan.run(*self.scratch, bias, out=out, extras=extras, work=work)
 
 
 def _layer(

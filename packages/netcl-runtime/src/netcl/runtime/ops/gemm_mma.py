@@ -537,8 +537,9 @@ class _Trial:
         a, b, out = self.operands
         cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
         plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
-        plan.run(a, b, out=out)
-        return lambda: plan.run(a, b, out=out)
+        work = plan.new_work()  # one workspace for every timed run, as a replay has
+        plan.run(a, b, out=out, work=work)
+        return lambda: plan.run(a, b, out=out, work=work)
 
 
 def make_plan(

@@ -71,10 +71,20 @@ class TransposedPlan:
         self._b = None if problem.trans_b else OperandTranspose(device, problem, "B")
 
     def run(
-        self, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+        self,
+        a: Tensor,
+        b: Tensor,
+        bias: Tensor | None = None,
+        out: Tensor | None = None,
+        extras: Sequence = (),
+        work: Tensor | None = None,
     ) -> Tensor:
         if self._a is not None:
             a = self._a.run(a)
         if self._b is not None:
             b = self._b.run(b)
-        return self.inner.run(a, b, bias, out, extras)
+        return self.inner.run(a, b, bias, out, extras, work)
+
+    def new_work(self) -> Tensor | None:
+        """The inner plan's split-K workspace (``Plan.new_work``)."""
+        return self.inner.new_work()
