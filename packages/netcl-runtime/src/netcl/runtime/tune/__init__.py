@@ -215,7 +215,8 @@ def search(
     so neither a lucky minimum nor a clock change during the first pass picks the winner. Timing
     only after every build leaves no build's pause (an idle device, which may lower its clocks)
     between two timings; the warm-up (at most 100 runs, however short) brings the device to work
-    before the first (see benchmarks/RESULTS.md, "Tile searches in the GPT block's first capture").
+    before the first (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings",
+    tune/__init__.py, and "Tile searches in the GPT block's first capture").
 
     A trial that returns a callable (its prepared run: plan built, output allocated) has that
     timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
@@ -252,10 +253,16 @@ def search(
         del warm
     top = []  # the fastest of the first pass so far: (best time, position, candidate, its run)
     for position, cfg in built:
-        run = prepare(cfg)
-        ms = min(timed(run) for _ in range(repeats))
+        try:
+            run = prepare(cfg)
+            ms = min(timed(run) for _ in range(repeats))
+        except (CompileError, LaunchError) as exc:  # refused after all (resources): skipped as in the build pass
+            log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
+            continue
         # only the finalists' runs are kept alive: each holds its plan and its output tensor
         top = sorted([*top, (ms, position, cfg, run)], key=lambda entry: entry[:2])[:finalists]
+    if not top:
+        return None, float("inf")
     if len(top) == 1:
         return top[0][2], top[0][0]
     samples: dict[int, list[float]] = {position: [] for _, position, _, _ in top}
