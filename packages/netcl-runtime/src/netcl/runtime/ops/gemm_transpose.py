@@ -12,7 +12,6 @@ kernel of the K-major problem (``k_major``). The tile search times both, transpo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from netcl.core import Device, Tensor
@@ -70,20 +69,13 @@ class TransposedPlan:
         self._a = OperandTranspose(device, problem, "A") if problem.trans_a else None
         self._b = None if problem.trans_b else OperandTranspose(device, problem, "B")
 
-    def run(
-        self,
-        a: Tensor,
-        b: Tensor,
-        bias: Tensor | None = None,
-        out: Tensor | None = None,
-        extras: Sequence = (),
-        work: Tensor | None = None,
-    ) -> Tensor:
+    def run(self, a: Tensor, b: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """``Plan.run`` of the inner plan (the same further arguments) on the transposed operands."""
         if self._a is not None:
             a = self._a.run(a)
         if self._b is not None:
             b = self._b.run(b)
-        return self.inner.run(a, b, bias, out, extras, work)
+        return self.inner.run(a, b, *args, **kwargs)
 
     def new_work(self) -> Tensor | None:
         """The inner plan's split-K workspace (``Plan.new_work``)."""
