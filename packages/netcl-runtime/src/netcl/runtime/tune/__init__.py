@@ -41,8 +41,9 @@ from netcl.runtime.tune.agree import local_choices as local_choices
 
 log = logging.getLogger("netcl.tune")
 ENV = "NETCL_TUNE"
-#: Bump when the kernels or the candidates change, so stored winners of older searches are not reused.
-GENERATION = "gemm-18"
+#: Bump when the kernels, the candidates or how they are timed change, so stored winners of older searches are
+#: not reused (gemm-19: the timed split runs share one workspace, epilogue keys).
+GENERATION = "gemm-19"
 _LOCK = threading.Lock()
 _MEMORY: dict[str, dict[str, Any]] = {}
 
