@@ -36,6 +36,7 @@ FRONTS: dict[str, tuple[Callable[..., Any], Callable[..., np.ndarray]]] = {
     "log_softmax": (lambda x, i, g: ag.log_softmax(x), lambda x, i, g: np.log(_softmax(x))),
     "index_select": (lambda x, i, g: ag.index_select(x, 1, i), lambda x, i, g: x[:, i]),
     "gather": (lambda x, i, g: ag.gather(x, 1, g), lambda x, i, g: np.take_along_axis(x, g, 1)),
+    "reshape": (lambda x, i, g: ag.reshape(x, (3, -1)), lambda x, i, g: x.reshape(3, 8)),
 }
 
 
@@ -94,6 +95,33 @@ def test_recording_fronts_still_go_through_apply_op(device: Any, name: str, appl
     assert apply_op_calls == [name]
     assert out.requires_grad and out.parents == [x] and tape.nodes == [out]
     np.testing.assert_allclose(out.to_host(), reference(X.astype(np.float64), IDX, GIDX), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_a_planned_softmax_under_no_grad_is_its_launch_alone(cl_device: Any, name: str, monkeypatch) -> None:
+    """Once a shape, dtype and axis were planned, a no_grad call makes no checks and no layout work again
+    (``rowwise.one_axis`` is not reached), and returns what the checked path returns; with a row provider
+    installed (``netcl.jit``) every call still asks it first."""
+    from netcl.autograd import row_hook
+    from netcl.runtime.ops import rowwise
+
+    op, reference = FRONTS[name]
+    x, idx, gidx = _inputs(cl_device, grad=False)
+    monkeypatch.setattr(row_hook, "_provider", None)  # whether another test imported netcl.jit or not
+    with ag.no_grad():
+        first = op(x, idx, gidx).to_host()
+        checked = rowwise.one_axis
+        monkeypatch.setattr(rowwise, "one_axis", lambda *a: pytest.fail("the planned call checked again"))
+        again = op(x, idx, gidx)
+        asked: list[str] = []
+        monkeypatch.setattr(row_hook, "_provider", lambda op_name, args, attrs: asked.append(op_name))
+        monkeypatch.setattr(rowwise, "one_axis", checked)
+        op(x, idx, gidx)
+    assert asked == [name]
+    assert again.op_name == name and again.grad_fn is None and again.parents == []
+    np.testing.assert_array_equal(again.to_host(), first)
+    # float32 kernels against a float64 reference: a few ulps of the largest magnitude (exp/log)
+    np.testing.assert_allclose(first, reference(X.astype(np.float64), IDX, GIDX), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:

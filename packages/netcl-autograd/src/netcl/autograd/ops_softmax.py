@@ -13,7 +13,7 @@ from typing import Any
 
 from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, apply_op, forward_only
-from netcl.autograd.row_hook import provided
+from netcl.autograd.row_hook import provided, row_provider_installed
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
 
@@ -92,8 +92,20 @@ class _GradFromOutput:
 _FROM_OUTPUT: dict[tuple, tuple[_Forward, _GradFromOutput]] = {}
 
 
+def _unrecorded(x: Operand, axis: int, mode: int) -> Node | None:
+    """softmax / log_softmax of a call that records nothing (grad mode off, no tracer), no row provider
+    installed, on a shape, dtype and axis planned before: the planned launch alone, or None."""
+    if type(x) is not Node or not forward_only() or row_provider_installed():
+        return None
+    out = rowwise.planned_softmax_output(x.value, axis, mode)
+    return None if out is None else Node(out, op_name=rowwise.MODE_NAMES[mode])
+
+
 def softmax(x: Operand, axis: int = -1) -> Node:
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (any axis; others go through a transpose)."""
+    fast = _unrecorded(x, axis, rowwise.SOFTMAX)
+    if fast is not None:
+        return fast
     axes = rowwise.one_axis(value_of(x, "softmax"), axis, "softmax")
     fused = provided("softmax", (x,), {"axis": axes[0]})
     if fused is not None:
@@ -103,6 +115,9 @@ def softmax(x: Operand, axis: int = -1) -> Node:
 
 def log_softmax(x: Operand, axis: int = -1) -> Node:
     """x - max - log(sum(exp(x - max))) along ``axis``: finite for logits of any magnitude."""
+    fast = _unrecorded(x, axis, rowwise.LOG_SOFTMAX)
+    if fast is not None:
+        return fast
     axes = rowwise.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")
     fused = provided("log_softmax", (x,), {"axis": axes[0]})
     if fused is not None:

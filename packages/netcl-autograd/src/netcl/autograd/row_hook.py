@@ -26,6 +26,11 @@ def set_row_provider(provider: Provider | None) -> None:
     _provider = provider
 
 
+def row_provider_installed() -> bool:
+    """Whether a provider is installed (``provided`` may then return a Node)."""
+    return _provider is not None
+
+
 def provided(name: str, args: tuple, attrs: dict) -> Any:
     """The provider's result for op ``name`` on ``args``, or None (see the module docstring)."""
     if _provider is None or engine.get_tracer() is not None or getattr(_local, "busy", False):
