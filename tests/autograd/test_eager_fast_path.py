@@ -124,6 +124,34 @@ def test_a_planned_softmax_under_no_grad_is_its_launch_alone(cl_device: Any, nam
     np.testing.assert_allclose(first, reference(X.astype(np.float64), IDX, GIDX), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_a_planned_softmax_records_without_its_checks(cl_device: Any, name: str, monkeypatch) -> None:
+    """Recording a call on a planned shape, dtype and axis skips the checks and records what the checked call
+    records: the same Node, and the gradient against float64."""
+    from netcl.autograd import row_hook
+    from netcl.runtime.ops import rowwise
+
+    op, reference = FRONTS[name]
+    monkeypatch.setattr(row_hook, "_provider", None)
+    x, idx, gidx = _inputs(cl_device, grad=True)
+    with ag.Tape():
+        op(x, idx, gidx)  # plans
+    monkeypatch.setattr(rowwise, "one_axis", lambda *a: pytest.fail("the planned call checked again"))
+    w = RNG.standard_normal(X.shape)
+    with ag.Tape() as tape:
+        out = op(x, idx, gidx)
+    assert out.op_name == name and out.parents == [x] and tape.nodes == [out]
+    tape.backward(out, grad=ag.tensor(w.astype(np.float32), device=cl_device))
+    x64 = X.astype(np.float64)
+    if name == "softmax":  # along axis 0: d/dx sum(w * s) = s * (w - sum(w * s))
+        s = reference(x64, IDX, GIDX)
+        expected = s * (w - (w * s).sum(axis=0, keepdims=True))
+    else:  # along the last axis: w - softmax * sum(w)
+        expected = w - _softmax(x64) * w.sum(axis=-1, keepdims=True)
+    # float32 kernels, values of magnitude <= a few: a few ulps
+    np.testing.assert_allclose(x.grad.to_host(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:
     x, idx, _ = _inputs(device, grad=False)
     with ag.no_grad():

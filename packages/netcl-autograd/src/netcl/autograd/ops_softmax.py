@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, apply_op, forward_only
+from netcl.autograd.engine import Node, apply_op, forward_only, get_tracer
 from netcl.autograd.row_hook import provided, row_provider_installed
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
@@ -92,18 +92,24 @@ class _GradFromOutput:
 _FROM_OUTPUT: dict[tuple, tuple[_Forward, _GradFromOutput]] = {}
 
 
-def _unrecorded(x: Operand, axis: int, mode: int) -> Node | None:
-    """softmax / log_softmax of a call that records nothing (grad mode off, no tracer), no row provider
-    installed, on a shape, dtype and axis planned before: the planned launch alone, or None."""
-    if type(x) is not Node or not forward_only() or row_provider_installed():
+def _planned(x: Operand, axis: int, mode: int) -> Node | None:
+    """softmax / log_softmax on a shape, dtype and axis planned before, with no tracer and no row provider
+    installed: under no_grad the planned launch alone, else the op recorded as ``_family`` records it, with
+    none of the checks again; None where that does not apply (the caller then checks everything)."""
+    if type(x) is not Node or get_tracer() is not None or row_provider_installed():
         return None
-    out = rowwise.planned_softmax_output(x.value, axis, mode)
-    return None if out is None else Node(out, op_name=rowwise.MODE_NAMES[mode])
+    found = rowwise.softmax_plan(x.value, axis, mode)
+    if found is None:
+        return None
+    axes, plan = found
+    if not grad_mode.grad_enabled:
+        return Node(rowwise.planned_softmax_output(x.value, plan), op_name=rowwise.MODE_NAMES[mode])
+    return _family(x, axes, mode, None, {"axis": axis})
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (any axis; others go through a transpose)."""
-    fast = _unrecorded(x, axis, rowwise.SOFTMAX)
+    fast = _planned(x, axis, rowwise.SOFTMAX)
     if fast is not None:
         return fast
     axes = rowwise.one_axis(value_of(x, "softmax"), axis, "softmax")
@@ -115,7 +121,7 @@ def softmax(x: Operand, axis: int = -1) -> Node:
 
 def log_softmax(x: Operand, axis: int = -1) -> Node:
     """x - max - log(sum(exp(x - max))) along ``axis``: finite for logits of any magnitude."""
-    fast = _unrecorded(x, axis, rowwise.LOG_SOFTMAX)
+    fast = _planned(x, axis, rowwise.LOG_SOFTMAX)
     if fast is not None:
         return fast
     axes = rowwise.one_axis(value_of(x, "log_softmax"), axis, "log_softmax")

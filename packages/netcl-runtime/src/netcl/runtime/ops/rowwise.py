@@ -555,16 +555,22 @@ _SOFTMAX_PLANS: dict[tuple, tuple] = {}
 register_cache(_SOFTMAX_PLANS.clear)
 
 
-def planned_softmax_output(x: Any, axis: Any, mode: int) -> Tensor | None:
-    """The softmax-family output over ``axis`` of an OpenCL tensor whose shape, dtype, axis and mode a call
-    planned before (no check left to make; the statistics dropped), or None where there is no such plan."""
+def softmax_plan(x: Any, axis: Any, mode: int) -> tuple[tuple[int, ...], tuple] | None:
+    """(the normalized axes, the plan) of a softmax-family call over ``axis`` on an OpenCL tensor whose shape,
+    dtype, axis and mode a call planned before (no check left to make), or None where there is no such plan."""
     if type(x) is not Tensor or type(axis) is not int:
         return None
     ndim = len(x.shape)
     if not -ndim <= axis < ndim:
         return None
-    plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, (axis % ndim,), mode, x.device))
-    return None if plan is None else _planned_softmax(x, plan, False)[0]
+    axes = (axis % ndim,)
+    plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
+    return None if plan is None else (axes, plan)
+
+
+def planned_softmax_output(x: Tensor, plan: tuple) -> Tensor:
+    """The output of ``softmax_plan``'s plan on x, its statistics dropped."""
+    return _planned_softmax(x, plan, False)[0]
 
 
 def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
