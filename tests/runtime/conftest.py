@@ -1,13 +1,16 @@
 """Runtime test fixtures: test_ops_matmul.py tests the GEMM kernel, so there the host-BLAS path that
 CPU OpenCL devices otherwise take for float32 matmul is off (test_host_blas.py covers that path, and
-test_gemm_cpu.py the small products' kernel); ``cpu_cl`` and ``host_calls`` serve those two."""
+test_gemm_cpu.py the small products' kernel); ``cpu_cl`` and ``host_calls`` serve those two. ``searching`` and
+``two_tiles`` serve the tile-search tests."""
 
 from __future__ import annotations
 
 import pytest
 
 import netcl.core as nc
-from netcl.runtime.ops import host_blas
+from netcl.runtime import clear_caches, tune
+from netcl.runtime.ops import gemm_configs, host_blas
+from netcl.runtime.ops.gemm_source import GemmConfig
 
 
 @pytest.fixture(autouse=True)
@@ -37,3 +40,26 @@ def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     monkeypatch.setattr(host_blas, "matmul", counting)
     monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
     return calls
+
+
+@pytest.fixture
+def searching(cl_device, tmp_path, monkeypatch):
+    """Searches on (``NETCL_TUNE=1``), a fresh tune store and no kept plans; both forgotten again afterwards,
+    whatever the test did."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_TUNE", "1")
+    tune.clear(cl_device)
+    clear_caches()
+    yield
+    tune.clear(cl_device)
+    clear_caches()
+
+
+@pytest.fixture
+def two_tiles(searching, monkeypatch) -> tuple[GemmConfig, GemmConfig]:
+    """``searching``, with the GEMM kernel for every float32 product (no host BLAS) and two candidate tiles of
+    different work-group sizes in place of the search's grid."""
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    candidates = (GemmConfig(16, 16, 2, 2, 32, 4, 4, 2), GemmConfig(8, 8, 2, 2, 32, 4, 4, 2))
+    monkeypatch.setattr(gemm_configs, "_grid", lambda: candidates)
+    return candidates

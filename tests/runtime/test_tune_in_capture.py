@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import netcl.core as nc
 from netcl.runtime import clear_caches, tune
 from netcl.runtime import ops as R
 from netcl.runtime.capture import capture_graph
-from netcl.runtime.ops import conv_implicit, gemm_configs
+from netcl.runtime.ops import conv_implicit
 from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_source import GemmConfig
 from tests.runtime.test_conv_winograd import _direct
-
-
-@pytest.fixture
-def searching(cl_device, tmp_path, monkeypatch):
-    """Searches on (``NETCL_TUNE=1``), a fresh tune store and no kept plans; both forgotten again afterwards,
-    whatever the test did."""
-    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NETCL_TUNE", "1")
-    tune.clear(cl_device)
-    clear_caches()
-    yield
-    tune.clear(cl_device)
-    clear_caches()
 
 
 def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, searching):
@@ -47,11 +33,8 @@ def test_a_search_inside_a_capture_records_only_the_winners_launch(cl_device, se
     np.testing.assert_array_equal(graph.execute(x).to_host(), np.arange(6, dtype=np.float32) * winner)
 
 
-def test_a_product_captured_first_replays_the_searched_config(cl_device, searching, monkeypatch):
+def test_a_product_captured_first_replays_the_searched_config(cl_device, two_tiles):
     """Two candidate tiles of different work-group sizes: the captured launch has the stored winner's."""
-    monkeypatch.setenv("NETCL_HOST_BLAS", "0")
-    candidates = (GemmConfig(16, 16, 2, 2, 32, 4, 4, 2), GemmConfig(8, 8, 2, 2, 32, 4, 4, 2))
-    monkeypatch.setattr(gemm_configs, "_grid", lambda: candidates)
     rng = np.random.default_rng(7)
     a, b = rng.uniform(-1, 1, (48, 40)).astype(np.float32), rng.uniform(-1, 1, (40, 24)).astype(np.float32)
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)

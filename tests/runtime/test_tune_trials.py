@@ -4,31 +4,14 @@ split product with one workspace for all its timed runs."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import netcl.core as nc
-from netcl.runtime import clear_caches, tune
+from netcl.runtime import tune
 from netcl.runtime.ops import gemm, gemm_configs, gemm_plan
 from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 
 
-@pytest.fixture
-def searching(cl_device, tmp_path, monkeypatch):
-    """Searches on (``NETCL_TUNE=1``), two candidate tiles, a fresh tune store and no kept plans; both
-    forgotten again afterwards, whatever the test did."""
-    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NETCL_TUNE", "1")
-    monkeypatch.setenv("NETCL_HOST_BLAS", "0")
-    candidates = (GemmConfig(16, 16, 2, 2, 32, 4, 4, 2), GemmConfig(8, 8, 2, 2, 32, 4, 4, 2))
-    monkeypatch.setattr(gemm_configs, "_grid", lambda: candidates)
-    tune.clear(cl_device)
-    clear_caches()
-    yield
-    tune.clear(cl_device)
-    clear_caches()
-
-
-def test_a_code_epilogue_searches_with_the_epilogue_under_its_own_key(cl_device, searching, monkeypatch):
+def test_a_code_epilogue_searches_with_the_epilogue_under_its_own_key(cl_device, two_tiles, monkeypatch):
     planned: list[Epilogue] = []
     make_plan = gemm_configs.make_plan
 
