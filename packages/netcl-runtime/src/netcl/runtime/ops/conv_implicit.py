@@ -45,7 +45,7 @@ from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm_configs import fits
 from netcl.runtime.ops.gemm_mma_source import MmaConfig
-from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan
+from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, trial_run
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
@@ -386,10 +386,7 @@ class _Layer:
             )
         bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
         extras = [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands]
-        plan = self.plan(cfg)
-        work = plan.new_work()  # one workspace for every timed run, as a replay has
-        out = plan.run(*self.scratch, bias, extras=extras, work=work)
-        return lambda: plan.run(*self.scratch, bias, out=out, extras=extras, work=work)
+        return trial_run(self.plan(cfg), *self.scratch, bias, extras=extras)
 
 
 def _layer(

@@ -11,7 +11,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.runtime import tune
-from netcl.runtime.ops.gemm_plan import Problem, make_plan, split_twins, with_alignment
+from netcl.runtime.ops.gemm_plan import Problem, make_plan, split_twins, trial_run, with_alignment
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig
 
 
@@ -142,9 +142,7 @@ class _Trial:
         a, b, out = self.operands
         bias, extras = self.bias, self.extras
         plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, self.epilogue, cfg=with_alignment(cfg, p))
-        work = plan.new_work()  # one workspace for every timed run, as a replay has: none allocated while timed
-        plan.run(a, b, bias, out=out, extras=extras, work=work)
-        return lambda: plan.run(a, b, bias, out=out, extras=extras, work=work)
+        return trial_run(plan, a, b, bias, out, extras)
 
     def _make_operands(self) -> None:
         p, device, epilogue = self.problem, self.device, self.epilogue

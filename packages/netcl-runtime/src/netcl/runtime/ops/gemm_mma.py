@@ -37,7 +37,15 @@ from netcl.runtime.ops.gemm_mma_source import (
     mma_source,
     tma_box,
 )
-from netcl.runtime.ops.gemm_plan import ARG_DTYPES, Problem, finish_plan, index_kind, split_count, split_twins
+from netcl.runtime.ops.gemm_plan import (
+    ARG_DTYPES,
+    Problem,
+    finish_plan,
+    index_kind,
+    split_count,
+    split_twins,
+    trial_run,
+)
 from netcl.runtime.ops.gemm_source import IDENTITY, OperandView
 from netcl.runtime.ops.gemm_transpose import TransposedPlan, k_major
 from netcl.runtime.recording import paused
@@ -537,9 +545,7 @@ class _Trial:
         a, b, out = self.operands
         cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
         plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
-        work = plan.new_work()  # one workspace for every timed run, as a replay has
-        plan.run(a, b, out=out, work=work)
-        return lambda: plan.run(a, b, out=out, work=work)
+        return trial_run(plan, a, b, out=out)
 
 
 def make_plan(

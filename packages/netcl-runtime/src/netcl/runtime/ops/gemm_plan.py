@@ -9,7 +9,7 @@ here from a config it has chosen, so none of them imports another to make a plan
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -180,6 +180,17 @@ class Plan:
             total, splits, gsize, sizes = self.sum_args
             scalars = dict(enumerate([total, splits, *sizes], start=2))
             self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, scalars, queue)
+
+
+def trial_run(
+    plan: Any, a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None, extras: Sequence = ()
+) -> Callable[[], Tensor]:
+    """A tile search's run of ``plan`` (a ``Plan`` or ``TransposedPlan``): run once, then returned for timing.
+    Every run writes one split-K workspace made here and the output of the first, as a replay does: a timed
+    run allocates nothing (see benchmarks/RESULTS.md, "Tile searches in the GPT block's first capture")."""
+    work = plan.new_work()
+    out = plan.run(a, b, bias, out=out, extras=extras, work=work)
+    return lambda: plan.run(a, b, bias, out=out, extras=extras, work=work)
 
 
 def gemm_args(problem: Problem, splits: int, chunk: int) -> list:
