@@ -236,12 +236,15 @@ def search(
         prepared = trial(cfg)
         return prepared if callable(prepared) else (lambda: trial(cfg))
 
+    def skipped(cfg: Any, exc: Exception) -> None:  # a config the device refuses (build, launch resources)
+        log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
+
     built = []  # (position, candidate) of those the device builds and runs; the runs are not kept
     for position, cfg in enumerate(candidates):
         try:
             prepare(cfg)
-        except (CompileError, LaunchError) as exc:  # a config the device refuses is skipped
-            log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
+        except (CompileError, LaunchError) as exc:
+            skipped(cfg, exc)
             continue
         built.append((position, cfg))
     if not built:
@@ -257,8 +260,8 @@ def search(
         try:
             run = prepare(cfg)
             ms = min(timed(run) for _ in range(repeats))
-        except (CompileError, LaunchError) as exc:  # refused after all (resources): skipped as in the build pass
-            log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
+        except (CompileError, LaunchError) as exc:  # refused after all: skipped as in the build pass
+            skipped(cfg, exc)
             continue
         # only the finalists' runs are kept alive: each holds its plan and its output tensor
         top = sorted([*top, (ms, position, cfg, run)], key=lambda entry: entry[:2])[:finalists]
