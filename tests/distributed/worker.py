@@ -364,8 +364,10 @@ def case_ddp_dead(info, device) -> dict:
         with ag.Tape():
             ag.cross_entropy(net(ag.tensor(x, device=device)), ag.tensor(y, device=device)).backward()
 
-    # both ranks first agree the step's tuned choices (GEMM tiles on a GPU: agreed even with tuning off),
-    # so what rank 0 then waits for alone is the overlapped exchange
+    # both ranks first agree the tuned choices (GEMM tiles on a GPU: agreed even with tuning off) of a backward that
+    # writes new gradients and of one that adds into them (a product with an addend epilogue searches under a key
+    # of its own), so what rank 0 then waits for alone is the overlapped exchange
+    step(model)
     step(model)
     if info.rank == 1:
         sys.exit(0)

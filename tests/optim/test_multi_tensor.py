@@ -11,16 +11,20 @@ import netcl.core as nc
 import netcl.nn as nn
 from netcl.optim import SGD, Adagrad, Adam, AdamW, RMSprop
 from netcl.runtime.graph import Graph
+from netcl.runtime.ops import optim_kernels
 from netcl.runtime.ops.optim_kernels import (
     ADAM_HYPER,
     CPU_CHUNK,
+    GPU_VECTOR,
     MULTI_ARITY,
     SGD_HYPER,
+    ItemSplit,
     adam_multi_step_,
     adam_step_,
     count_steps_,
     sgd_multi_step_,
     sgd_step_,
+    update_arity,
 )
 
 # more than one launch's worth, sizes that do not line up with work-groups, one empty parameter
@@ -102,12 +106,15 @@ def test_adam_multi_is_bit_identical_to_per_parameter(device, hyper_values, deco
             np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
 
 
+@pytest.mark.parametrize("split", [ItemSplit(CPU_CHUNK), ItemSplit(GPU_VECTOR, vector=True)], ids=["loop", "vector"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_multi_chunks_of_cpu_devices_are_bit_identical_to_per_parameter(cl_device, optimizer):
-    """Parameters of several work-item chunks on CPU devices (``CPU_CHUNK`` elements each; sizes one past,
-    one short of and exactly a chunk multiple, a tiny one) update as the per-parameter kernels do."""
-    chunk = CPU_CHUNK
-    sizes = [2 * chunk + 1, chunk, 3 * chunk - 1, 5, 2 * chunk]
+def test_multi_chunks_are_bit_identical_to_per_parameter(cl_device, optimizer, split, monkeypatch):
+    """Parameters of several work-item chunks, each chunk a CPU device's loop or a GPU's vector, on whichever device
+    runs the suite (sizes one past, one short of and exactly a chunk multiple, a tiny one), update as the
+    per-parameter kernels do."""
+    monkeypatch.setattr(optim_kernels, "update_split", lambda device: split)
+    chunk = split.chunk
+    sizes = [2 * chunk + 1, chunk, 3 * chunk - 1, 3, 2 * chunk]
     names = SGD_HYPER if optimizer == "sgd" else ADAM_HYPER
     values = (0.05, 0.9, 0.1, 0.01, 1.0) if optimizer == "sgd" else (1e-2, 0.8, 0.99, 1e-6, 0.1)
     assert len(names) == len(values)
@@ -156,8 +163,8 @@ def test_adam_multi_float64_is_bit_identical_to_per_parameter(cl_device):
 
 
 def test_multi_launch_count_and_replay(cl_device):
-    """ceil(n / MULTI_ARITY) launches; a captured step replays with the device-side step count."""
-    n = MULTI_ARITY + 3
+    """ceil(n / update_arity) launches; a captured step replays with the device-side step count."""
+    n = update_arity(cl_device, 4) + 3
     hyper = nc.tensor(np.asarray((1e-2, 0.9, 0.999, 1e-8, 0.0), np.float32), device=cl_device)
     params, grads = _tensors(cl_device, 2, [9] * n), _tensors(cl_device, 3, [9] * n)
     ms, vs = (

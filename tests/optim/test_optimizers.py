@@ -16,9 +16,21 @@ import netcl.autograd as ag
 import netcl.core as nc
 import netcl.nn as nn
 from netcl.optim import SGD, Adagrad, Adam, AdamW, RMSprop
+from netcl.runtime.ops import optim_kernels
+from netcl.runtime.ops.optim_kernels import GPU_VECTOR, ItemSplit
 
 STEPS = 3
-SHAPES = [(3, 4), (5,)]
+SHAPES = [(3, 4), (5,)]  # (5,): one GPU vector and an element past it
+
+
+@pytest.fixture(params=["as-the-device-splits", "gpu-vectors"])
+def split(request, device, monkeypatch):
+    """The updates' work-items as the device splits them, then (OpenCL devices) as a GPU's vectors of
+    ``GPU_VECTOR`` elements, on whichever device runs the suite."""
+    if request.param == "gpu-vectors":
+        if device.kind != "opencl":
+            pytest.skip("the NumPy backend's updates have no work-items")
+        monkeypatch.setattr(optim_kernels, "update_split", lambda device: ItemSplit(GPU_VECTOR, vector=True))
 
 
 def _setup(device, seed=0):
@@ -113,7 +125,7 @@ OTHER_CASES = [
     OTHER_CASES,
     ids=["rmsprop", "rmsprop-momentum-wd", "rmsprop-centered", "adagrad", "adagrad-decay-init"],
 )
-def test_rmsprop_and_adagrad_match_torch_algorithms(device, opt_cls, reference, kwargs):
+def test_rmsprop_and_adagrad_match_torch_algorithms(device, split, opt_cls, reference, kwargs):
     got, values, grads, opt = _run(opt_cls, kwargs, device)
     for a, b in zip(got, reference(values, grads, **kwargs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -132,7 +144,7 @@ SGD_CASES = [
 
 
 @pytest.mark.parametrize("kwargs", SGD_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
-def test_sgd_matches_torch_algorithm(device, kwargs):
+def test_sgd_matches_torch_algorithm(device, split, kwargs):
     got, values, grads, _ = _run(SGD, kwargs, device)
     for a, b in zip(got, sgd_reference(values, grads, **kwargs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -152,7 +164,7 @@ ADAM_CASES = [
 @pytest.mark.parametrize(
     "opt_cls,kwargs,decoupled", ADAM_CASES, ids=["adam", "adam-l2", "adamw", "adamw-wd", "amsgrad", "adamw-amsgrad"]
 )
-def test_adam_matches_torch_algorithm(device, opt_cls, kwargs, decoupled):
+def test_adam_matches_torch_algorithm(device, split, opt_cls, kwargs, decoupled):
     got, values, grads, _ = _run(opt_cls, kwargs, device)
     ref_kwargs = dict(kwargs)
     if opt_cls is AdamW:

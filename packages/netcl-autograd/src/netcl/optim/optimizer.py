@@ -1,12 +1,12 @@
 """``Optimizer``: parameter groups, per-parameter state and the device-side step bookkeeping.
 
 The updates are fused in-place kernels (``netcl.runtime.ops.optim_kernels``): SGD and Adam/AdamW
-update all parameters of a group and dtype with one multi-tensor launch per 16 of them. What
-an update reads that changes from step to step lives on the device: every group's
-hyperparameters in a small float32 buffer (rewritten from ``param_groups`` whenever a value
-changed: at ``step()``, when an LR scheduler steps, and before each replay of a captured step)
-and one int32 step count per parameter, advanced by a launch after the updates. So a step captured
-in a ``CompiledGraph`` / ``fuse_graph`` replays like eager steps: Adam's bias correction and SGD's
+update all parameters of a group and dtype with one multi-tensor launch per 16 or 32 of them (as the
+device's kernel arguments have room: ``optim_kernels.update_arity``). What an update reads that changes
+from step to step lives on the device: every group's hyperparameters in a small float32 buffer (rewritten
+from ``param_groups`` whenever a value changed: at ``step()``, when an LR scheduler steps, and before each
+replay of a captured step) and one int32 step count per parameter, advanced by a launch after the updates.
+So a step captured in a ``CompiledGraph`` / ``fuse_graph`` replays like eager steps: Adam's bias correction and SGD's
 first momentum step follow the replays, and a new learning rate, from a scheduler or written into
 ``param_groups`` by hand, reaches the next replay.
 """
@@ -165,7 +165,7 @@ class Optimizer:
 
         The parameters of a group that have a gradient go to ``update_many`` together: SGD and
         Adam/AdamW update them with multi-tensor kernels (one launch per dtype and up to
-        ``MULTI_ARITY`` parameters), bit-identical to one kernel per parameter. ``skip_if``: one
+        ``optim_kernels.update_arity`` parameters), bit-identical to one kernel per parameter. ``skip_if``: one
         int32 on the device (``GradScaler``'s inf/NaN flag); where it is non-zero the kernels change
         nothing, parameters, state and step counts alike, with no host read (``skips_on_device``
         optimizers only; torch's fused optimizers take ``found_inf`` alike).

@@ -1,6 +1,6 @@
-"""Fused, in-place optimizer updates: one kernel per parameter (SGD, Adam/AdamW) or per ``MULTI_ARITY`` of them
-(those and RMSprop, Adagrad), plus the helpers
-an optimizer and a gradient scaler need (per-parameter step counters, gradient unscaling).
+"""Fused, in-place optimizer updates: multi-tensor kernels of up to ``update_arity`` parameters a launch (SGD,
+Adam/AdamW, RMSprop, Adagrad; ``sgd_step_`` and ``adam_step_`` run them on one parameter), plus the helpers an
+optimizer and a gradient scaler need (per-parameter step counters, gradient unscaling).
 
 Everything an update reads that may change between steps lives in device memory, so a captured
 step replays correctly: the hyperparameters (``hyper``: learning rate, betas, ...) are a small
@@ -10,8 +10,9 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
 Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend. On CPU OpenCL
 devices the multi-tensor updates give each work-item a chunk of ``CPU_CHUNK`` elements of one parameter,
-a loop the compiler vectorizes (``multi_source``'s ``chunk``), and that hoists Adam's two ``pow`` calls out
-of it (per element they had cost more than the rest of the update together).
+a loop the compiler vectorizes, and that hoists Adam's two ``pow`` calls out of it (per element they had
+cost more than the rest of the update together); on GPUs a work-item takes ``GPU_VECTOR`` elements as one
+vector load and store of each buffer (``ItemSplit``, ``update_split``).
 
 Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
 they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
@@ -21,7 +22,7 @@ fused optimizers do with ``found_inf``); without one they read a zero flag.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,8 +45,9 @@ RMSPROP_HYPER = ("lr", "alpha", "eps", "weight_decay", "momentum")
 ADAGRAD_HYPER = ("lr", "lr_decay", "weight_decay", "eps")
 
 #: The per-element statements of each update, on the buffers ``@P`` (param), ``@G`` (grad) and
-#: ``@B`` (momentum) / ``@M``, ``@V`` (Adam's moments) at element ``gid``: the per-parameter and the
-#: multi-tensor kernels run this same text (``_on`` names the buffers), hence bit-identical results.
+#: ``@B`` (momentum) / ``@M``, ``@V`` (Adam's moments) at element ``gid``: every slot of a multi-tensor kernel runs
+#: this same text (``_on`` names the buffers) in the same split, so a parameter gets the same bits whichever
+#: launch, and however many parameters beside it, update it.
 _SGD_HYPER_LINE = "const {ct} lr = hyper[0], momentum = hyper[1], dampening = hyper[2], wd = hyper[3];"
 _SGD_BODY = """const {ct} w = ({ct})@P[gid];
     {ct} d = ({ct})@G[gid];
@@ -108,28 +110,6 @@ _ADAGRAD_BODY = """const {ct} t = ({ct})(steps[index] + 1);
 _ADAM_L2 = "if (wd != 0) d += wd * w;"
 _ADAMW_DECAY = "w *= 1 - lr * wd;"
 
-_SGD = """{pragmas}
-__kernel void netcl_sgd(__global {st}* p, __global const {st}* g, __global {st}* buf,
-                        __global const int* steps, __global const int* skip, const int index,
-                        __global const float* hyper, const long n) {{
-    const long gid = get_global_id(0);
-    if (gid >= n || skip[0]) return;
-    {hyper}
-    {body}
-}}
-"""
-
-_ADAM = """{pragmas}
-__kernel void netcl_adam(__global {st}* p, __global const {st}* g, __global {st}* m, __global {st}* v,
-                         __global {st}* x, __global const int* steps, __global const int* skip, const int index,
-                         __global const float* hyper, const long n) {{
-    const long gid = get_global_id(0);
-    if (gid >= n || skip[0]) return;
-    {hyper}
-    {body}
-}}
-"""
-
 
 def _on(body: str, **buffers: str) -> str:
     """``body`` with each ``@NAME`` placeholder replaced by the buffer ``buffers[NAME]``."""
@@ -164,11 +144,6 @@ __kernel void netcl_unscale(__global {st}* g, __global int* found, const float i
     g[gid] = ({st})v;
 }}
 """
-
-#: scalar argument types: SGD (p, g, buf, steps, skip, index, hyper, n), Adam (p, g, m, v, x, steps, skip,
-#: index, hyper, n; x the amsgrad maximum, v again without amsgrad)
-_SGD_TYPES = [None, None, None, None, None, np.int32, None, np.int64]
-_ADAM_TYPES = [None, None, None, None, None, None, None, np.int32, None, np.int64]
 
 #: per device, the zero flag an update reads when no ``skip`` is given
 _NEVER: dict[Any, Tensor] = {}
@@ -257,31 +232,9 @@ def sgd_step_(
 def sgd_update(
     param: Tensor, grad: Tensor, momentum_buffer: Tensor | None, steps: Tensor, index: int, hyper: Tensor, skip: Tensor
 ) -> Tensor:
-    """``sgd_step_`` of a checked call (``skip``: the flag, never None)."""
-    types = _types(param)
-    has_momentum = momentum_buffer is not None
-    key = ("optim", "sgd", types["st"], has_momentum)
-    buf = momentum_buffer if has_momentum else param
-    run_1d(
-        key,
-        param.device,
-        lambda: _SGD.format(
-            hyper=_SGD_HYPER_LINE.format(**types),
-            body=_on(_sgd_body(types, has_momentum), P="p", G="g", B="buf"),
-            **types,
-        ),
-        "netcl_sgd",
-        _SGD_TYPES,
-        param.size,
-        param,
-        grad,
-        buf,
-        steps,
-        skip,
-        np.int32(index),
-        hyper,
-        np.int64(param.size),
-    )
+    """``sgd_step_`` of a checked call (``skip``: the flag, never None): the multi-tensor kernel on one parameter,
+    each element's code the same as in a launch of many, hence the same bits."""
+    sgd_multi_update([param], [grad], [momentum_buffer], steps, [index], hyper, skip)
     return param
 
 
@@ -333,32 +286,11 @@ def adam_update(
     skip: Tensor,
     max_exp_avg_sq: Tensor | None = None,
 ) -> Tensor:
-    """``adam_step_`` of a checked call (``skip``: the flag, never None)."""
-    types = _types(param)
-    amsgrad = max_exp_avg_sq is not None
-    key = ("optim", "adam", types["st"], bool(decoupled_weight_decay), amsgrad)
-    run_1d(
-        key,
-        param.device,
-        lambda: _ADAM.format(
-            hyper=_ADAM_HYPER_LINE.format(**types),
-            body=_on(_adam_body(types, decoupled_weight_decay, amsgrad), P="p", G="g", M="m", V="v", X="x"),
-            **types,
-        ),
-        "netcl_adam",
-        _ADAM_TYPES,
-        param.size,
-        param,
-        grad,
-        exp_avg,
-        exp_avg_sq,
-        max_exp_avg_sq if amsgrad else exp_avg_sq,
-        steps,
-        skip,
-        np.int32(index),
-        hyper,
-        np.int64(param.size),
-    )
+    """``adam_step_`` of a checked call (``skip``: the flag, never None): the multi-tensor kernel on one parameter,
+    as ``sgd_update``."""
+    maxima = None if max_exp_avg_sq is None else [max_exp_avg_sq]
+    adam_multi_update([param], [grad], [exp_avg], [exp_avg_sq], steps, [index], hyper, decoupled_weight_decay, skip,
+                      maxima)  # fmt: skip
     return param
 
 
@@ -377,6 +309,40 @@ __kernel void {name}({buffers},
 }}
 """
 
+
+class ItemSplit(NamedTuple):
+    """How a multi-tensor kernel's work-items split a slot's elements: ``chunk`` consecutive elements each, in a
+    loop (``vector`` False: a CPU's vectorizing compiler) or as vectors of ``chunk`` (``vector`` True: GPUs)."""
+
+    chunk: int
+    vector: bool = False
+
+
+def _vector_chunk(
+    body: str, slots: tuple[str, ...], read_only: tuple[str, ...], j: int, width: int, st: str, tail: str
+) -> str:
+    """Slot ``j``'s statements on the ``width`` elements from ``lo`` as vectors: each buffer loaded into a private
+    array, ``body`` on its elements, the buffers it assigns (``@X[gid] = ...``) stored back (a slot the body only
+    reads may alias another: SGD without momentum passes the parameter again); the ``tail`` loop where fewer
+    remain."""
+    vec = f"{st}{width}"
+    loads = " ".join(
+        f"{st} {slot}_[{width}]; vstore{width}(*((__global const {vec}*)({slot}{j} + lo)), 0, {slot}_);"
+        for slot in slots
+    )
+    written = [slot for slot in slots if slot not in read_only and f"@{slot}[gid] =" in body]
+    stores = " ".join(f"*((__global {vec}*)({slot}{j} + lo)) = vload{width}(0, {slot}_);" for slot in written)
+    statements = _on(body, **{slot: f"{slot}_" for slot in slots}).replace("\n", "\n            ")
+    return (
+        f"if (lo + {width} <= size) {{\n"
+        f"            {loads}\n"
+        f"            for (int gid = 0; gid < {width}; ++gid) {{\n"
+        f"                {statements}\n            }}\n"
+        f"            {stores}\n"
+        f"        }} else {tail}"
+    )
+
+
 #: the optimizers' arguments after the slots (their multi-tensor kernels stop where ``skip`` is up)
 _OPTIM_PARAMS = "__global const int* steps, __global const int* skip, __global const float* hyper"
 
@@ -391,7 +357,7 @@ def multi_source(
     arity: int,
     read_only: tuple[str, ...] = ("G",),
     stop: str = "",
-    chunk: int = 0,
+    split: ItemSplit | None = None,
 ) -> str:
     """A kernel over ``arity`` tensor slots: ``table`` holds each slot's first element (slot j covers
     [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
@@ -400,10 +366,14 @@ def multi_source(
     are const) after ``prologue``. ``params``: the arguments between the slots and ``table``;
     ``stop``: a condition under which every work-item returns at once.
 
-    ``chunk`` > 0 (CPU devices): a work-item runs the statements on up to ``chunk`` consecutive
-    elements of one slot, in a loop the compiler vectorizes (one element per work-item, each finding
-    its slot through the branches, stays scalar there); ``table`` (``multi_table`` of the same
-    ``chunk``) then counts chunks, and holds each slot's size after the indices."""
+    ``split`` (``ItemSplit``; None: one element a work-item): a work-item runs the statements on up to
+    ``split.chunk`` consecutive elements of one slot; ``table`` (``multi_table`` of the same chunk) then
+    counts chunks, and holds each slot's size after the indices. In a loop the compiler vectorizes (CPU
+    devices: one element per work-item, each finding its slot through the branches, stays scalar there),
+    or with ``split.vector`` as one vector load of each slot's buffer into a private array, the statements
+    on its elements and one vector store of each written buffer (GPUs), a slot's last, partial chunk
+    element by element. The buffers must be aligned to the vector (an OpenCL buffer's base is) and
+    ``body`` must touch its slots only at ``[gid]``."""
     buffers = ",\n                     ".join(
         f"__global {'const ' if slot in read_only else ''}{types['st']}* {slot}{j}"
         for j in range(arity)
@@ -413,7 +383,7 @@ def multi_source(
     for j in range(arity):
         test = "if" if j == 0 else "else if"
         statements = _on(body, **{slot: f"{slot}{j}" for slot in slots})
-        if not chunk:
+        if split is None or not split.chunk:
             branches.append(
                 f"    {test} (t_gid < table[{j + 1}]) {{\n"
                 f"        const long gid = t_gid - table[{j}];\n"
@@ -421,12 +391,18 @@ def multi_source(
                 f"        {statements.replace(nl, nl + '    ')}\n    }}"
             )
             continue
+        chunk = split.chunk
+        loop = (
+            f"for (long gid = lo; gid < min(lo + {chunk}, size); ++gid) {{\n"
+            f"            {statements.replace(nl, nl + '        ')}\n        }}"
+        )
+        if split.vector:
+            loop = _vector_chunk(body, slots, read_only, j, chunk, types["st"], loop)
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
             f"        const int index = (int)table[{arity + 1 + j}];\n"
             f"        const long lo = (t_gid - table[{j}]) * {chunk}, size = table[{2 * arity + 1 + j}];\n"
-            f"        for (long gid = lo; gid < min(lo + {chunk}, size); ++gid) {{\n"
-            f"            {statements.replace(nl, nl + '        ')}\n        }}\n    }}"
+            f"        {loop}\n    }}"
         )
     return _MULTI.format(
         name=name,
@@ -467,14 +443,30 @@ def multi_table(device: Any, sizes: tuple[int, ...], indices: tuple[int, ...], a
 register_cache(_TABLES.clear)
 
 
-def multi_chunks(n: int) -> list[tuple[int, int, int]]:
-    """(start, stop, arity) of each launch: ``MULTI_ARITY`` parameters, the last launch's arity the
+def multi_chunks(n: int, most: int = MULTI_ARITY) -> list[tuple[int, int, int]]:
+    """(start, stop, arity) of each launch: ``most`` parameters (a power of two), the last launch's arity the
     power of two that holds the rest (fewer unused slots: an enqueue's cost grows with its arguments)."""
     chunks = []
-    for start in range(0, n, MULTI_ARITY):
-        stop = min(n, start + MULTI_ARITY)
-        chunks.append((start, stop, min(MULTI_ARITY, 1 << (stop - start - 1).bit_length())))
+    for start in range(0, n, most):
+        stop = min(n, start + most)
+        chunks.append((start, stop, min(most, 1 << (stop - start - 1).bit_length())))
     return chunks
+
+
+#: the most parameters one optimizer update takes where the device's kernel arguments have room (``update_arity``)
+UPDATE_ARITY = 32
+
+
+def update_arity(device: Any, slots: int) -> int:
+    """Parameters one optimizer update of ``slots`` buffers a parameter takes on ``device``: ``UPDATE_ARITY`` where
+    the pointers fit the device's ``max_parameter_size`` with the four arguments after them (NVIDIA's 4,352
+    bytes), else ``MULTI_ARITY`` (OpenCL's minimum of 1,024 bytes holds 16 x 5 pointers and those)."""
+    cl = getattr(device, "cl_device", None)
+    if cl is None:
+        return MULTI_ARITY
+    pointer = cl.address_bits // 8
+    fits = UPDATE_ARITY * slots * pointer + 4 * pointer + 8 <= cl.max_parameter_size
+    return UPDATE_ARITY if fits else MULTI_ARITY
 
 
 def _check_multi(
@@ -579,17 +571,18 @@ def sgd_multi_update(
     """``sgd_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
     has_momentum = all(b is not None for b in momentum_buffers)
-    per_item = update_chunk(params[0].device)
+    split = update_split(params[0].device)
+    most = update_arity(params[0].device, 3)
 
     def source(arity: int) -> str:
         hyper_line, body = _SGD_HYPER_LINE.format(**types), _sgd_body(types, has_momentum)
         slots = ("P", "G", "B")
         return multi_source(
-            "netcl_sgd_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+            "netcl_sgd_multi", slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split
         )
 
-    for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "sgd_multi", arity, types["st"], has_momentum, per_item)
+    for start, stop, arity in multi_chunks(len(params), most):
+        key = ("optim", "sgd_multi", arity, types["st"], has_momentum, split)
         arg_types = [None] * (3 * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
@@ -598,7 +591,7 @@ def sgd_multi_update(
         chunk, chunk_indices = params[start:stop], indices[start:stop]
         make = functools.partial(source, arity)
         launch_multi(
-            key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper), per_item
+            key, make, "netcl_sgd_multi", arg_types, arity, chunk, chunk_indices, slots, (steps, skip, hyper), split
         )
     return params
 
@@ -647,19 +640,20 @@ def adam_multi_update(
 ) -> list[Tensor]:
     """``adam_multi_step_`` of a checked call on at least one parameter (``skip``: the flag, never None)."""
     types = _types(params[0])
-    per_item = update_chunk(params[0].device)
+    split = update_split(params[0].device)
     amsgrad = max_exp_avg_sqs is not None
     names = ("P", "G", "M", "V", "X") if amsgrad else ("P", "G", "M", "V")
+    most = update_arity(params[0].device, len(names))
 
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
         body = _adam_body(types, decoupled_weight_decay, amsgrad)
         return multi_source(
-            "netcl_adam_multi", names, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item
+            "netcl_adam_multi", names, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split
         )
 
-    for start, stop, arity in multi_chunks(len(params)):
-        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), per_item, amsgrad)
+    for start, stop, arity in multi_chunks(len(params), most):
+        key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), split, amsgrad)
         arg_types = [None] * (len(names) * arity) + [None, None, None, None, np.int64]
         slots: list[Any] = []
         for j in range(arity):
@@ -679,7 +673,7 @@ def adam_multi_update(
             chunk_indices,
             slots,
             (steps, skip, hyper),
-            per_item,
+            split,
         )
     return params
 
@@ -785,20 +779,21 @@ def _launch_update(
     parameter; "P" the parameters), ``MULTI_ARITY`` parameters a launch (the arithmetic of every parameter the
     same whichever launch holds it)."""
     params = lists["P"]
-    per_item = update_chunk(params[0].device)
+    split = update_split(params[0].device)
     slots = tuple(lists)
+    most = update_arity(params[0].device, len(slots))
 
     def source(arity: int) -> str:
-        return multi_source(name, slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", chunk=per_item)
+        return multi_source(name, slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split)
 
-    for start, stop, arity in multi_chunks(len(params)):
+    for start, stop, arity in multi_chunks(len(params), most):
         arg_types = [None] * (len(slots) * arity) + [None, None, None, None, np.int64]
         buffers: list[Any] = []
         for j in range(arity):
             k = start + j if start + j < stop else start
             buffers += [lists[slot][k] for slot in slots]
         launch_multi(
-            ("optim", *key, arity, per_item),
+            ("optim", *key, arity, split),
             functools.partial(source, arity),
             name,
             arg_types,
@@ -807,7 +802,7 @@ def _launch_update(
             indices[start:stop],
             buffers,
             (steps, skip, hyper),
-            per_item,
+            split,
         )
 
 
@@ -821,11 +816,12 @@ def launch_multi(
     indices: list[int],
     slots: list[Any],
     params: tuple[Any, ...],
-    chunk: int = 0,
+    split: ItemSplit | None = None,
 ) -> None:
-    """Launch a ``multi_source`` kernel (of this ``chunk``) over ``tensors`` (their ``indices`` in its
+    """Launch a ``multi_source`` kernel (of this ``split``) over ``tensors`` (their ``indices`` in its
     table): ``slots`` the buffers slot by slot, ``params`` its arguments between the slots and the table.
-    Chunked, each work-item is a work-group of its own (its loop is the vector code)."""
+    Chunked in a loop, each work-item is a work-group of its own (its loop is the vector code)."""
+    chunk = split.chunk if split is not None else 0
     sizes = tuple(t.size for t in tensors)
     total = sum(-(-n // chunk) for n in sizes) if chunk else sum(sizes)
     if total == 0:
@@ -833,7 +829,7 @@ def launch_multi(
     device = tensors[0].device
     table = multi_table(device, sizes, tuple(int(i) for i in indices), arity, chunk)
     args = (*slots, *params, table, np.int64(total))
-    if not chunk:
+    if not chunk or split.vector:
         run_1d(key, device, source, name, arg_types, total, *args)
         return
     full = ("layers", *key)
@@ -841,14 +837,20 @@ def launch_multi(
     prepared_for(full, device, resolved.kernel, total, 1).call(*[a.data if isinstance(a, Tensor) else a for a in args])
 
 
-#: Elements a work-item of a multi-tensor update takes on a CPU device (``multi_source``'s ``chunk``).
+#: Elements a work-item of a multi-tensor update takes on a CPU device (a loop the compiler vectorizes).
 CPU_CHUNK = 2048
+#: Elements a work-item of a multi-tensor update takes on a GPU: one vector load and store of each buffer, the
+#: slot search and whatever the statements compute once per step (Adam's bias corrections) once per vector.
+GPU_VECTOR = 4
 
 
-def update_chunk(device: Any) -> int:
-    """``multi_source``'s ``chunk`` for the optimizers' updates on ``device``: ``CPU_CHUNK`` on a CPU
-    OpenCL device (PoCL vectorizes the chunk loop, not the branchy one-element work-items), else 0."""
-    return CPU_CHUNK if device.kind == "opencl" and not device.is_gpu else 0
+def update_split(device: Any) -> ItemSplit | None:
+    """``multi_source``'s ``split`` for the optimizers' updates on ``device``: ``CPU_CHUNK`` elements a work-item
+    on a CPU OpenCL device (PoCL vectorizes the chunk loop, not the branchy one-element work-items), a vector of
+    ``GPU_VECTOR`` on a GPU (measurements: benchmarks/RESULTS.md, "AdamW's update")."""
+    if device.kind != "opencl":
+        return None
+    return ItemSplit(GPU_VECTOR, vector=True) if device.is_gpu else ItemSplit(CPU_CHUNK)
 
 
 # ---- step counters, unscaling, host writes ----------------------------------------------------------------
