@@ -10,9 +10,10 @@ float32 buffer the optimizer rewrites when they change, and the step count is an
 momentum step follow the replays. Sizes are kernel arguments (one program per dtype and variant).
 Each OpenCL kernel has a NumPy twin that runs the same formulas on the NumPy backend. On CPU OpenCL
 devices the multi-tensor updates give each work-item a chunk of ``CPU_CHUNK`` elements of one parameter,
-a loop the compiler vectorizes, and that hoists Adam's two ``pow`` calls out of it (per element they had
-cost more than the rest of the update together); on GPUs a work-item takes ``GPU_VECTOR`` elements as one
-vector load and store of each buffer (``ItemSplit``, ``update_split``).
+a loop the compiler vectorizes; on GPUs a work-item takes ``GPU_VECTOR`` elements as one vector load and
+store of each buffer (``ItemSplit``, ``update_split``). What depends only on the parameter (Adam's step and
+its two ``pow`` bias corrections, Adagrad's decayed rate) runs once a work-item, before its elements
+(per element, on a CPU, the two ``pow`` had cost more than the rest of the update together).
 
 Every update and ``count_steps_`` also read ``skip``, one int32 on the device: where it is non-zero
 they change nothing (a gradient scaler's inf/NaN flag skips a step with no host read, as torch's
@@ -60,16 +61,18 @@ _SGD_MOMENTUM = """if (momentum != 0) {{
         d = hyper[4] != 0 ? d + momentum * b : b;
     }}"""
 _ADAM_HYPER_LINE = "const {ct} lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];"
-_ADAM_BODY = """const {ct} t = ({ct})(steps[index] + 1);
-    {ct} w = ({ct})@P[gid];
+#: what Adam's statements need once per parameter: the step and the bias corrections (``multi_source``'s
+#: ``slot_prologue``: once per work-item, not per element)
+_ADAM_SLOT = """const {ct} t = ({ct})(steps[index] + 1);
+    const {ct} bc1 = 1 - pow(beta1, t);
+    const {ct} bc2 = 1 - pow(beta2, t);"""
+_ADAM_BODY = """{ct} w = ({ct})@P[gid];
     {ct} d = ({ct})@G[gid];
     {decay}
     const {ct} m1 = beta1 * ({ct})@M[gid] + (1 - beta1) * d;
     const {ct} v1 = beta2 * ({ct})@V[gid] + (1 - beta2) * d * d;
     @M[gid] = ({st})m1;
     @V[gid] = ({st})v1;
-    const {ct} bc1 = 1 - pow(beta1, t);
-    const {ct} bc2 = 1 - pow(beta2, t);
     {second}
     const {ct} denom = sqrt(v2) / sqrt(bc2) + eps;
     @P[gid] = ({st})(w - (lr / bc1) * m1 / denom);"""
@@ -99,11 +102,11 @@ _RMSPROP_MOMENTUM = """const {ct} b = momentum * ({ct})@B[gid] + d / avg;
     @P[gid] = ({st})(w - lr * b);"""
 #: Adagrad (torch's): the sum of squares @S, the learning rate decayed by the step count
 _ADAGRAD_HYPER_LINE = "const {ct} lr = hyper[0], lr_decay = hyper[1], wd = hyper[2], eps = hyper[3];"
-_ADAGRAD_BODY = """const {ct} t = ({ct})(steps[index] + 1);
-    const {ct} w = ({ct})@P[gid];
+_ADAGRAD_SLOT = """const {ct} t = ({ct})(steps[index] + 1);
+    const {ct} clr = lr / (1 + (t - 1) * lr_decay);"""
+_ADAGRAD_BODY = """const {ct} w = ({ct})@P[gid];
     {ct} d = ({ct})@G[gid];
     if (wd != 0) d += wd * w;
-    const {ct} clr = lr / (1 + (t - 1) * lr_decay);
     const {ct} s = ({ct})@S[gid] + d * d;
     @S[gid] = ({st})s;
     @P[gid] = ({st})(w - clr * (d / (sqrt(s) + eps)));"""
@@ -358,13 +361,15 @@ def multi_source(
     read_only: tuple[str, ...] = ("G",),
     stop: str = "",
     split: ItemSplit | None = None,
+    slot_prologue: str = "",
 ) -> str:
     """A kernel over ``arity`` tensor slots: ``table`` holds each slot's first element (slot j covers
     [table[j], table[j+1]) of the launch) and, after those ``arity + 1`` offsets, each slot's
     ``index`` (into an optimizer's ``steps``). A work-item finds its slot and runs the per-tensor
     statements (``body``, with ``@`` placeholders for the ``slots`` buffers; those in ``read_only``
-    are const) after ``prologue``. ``params``: the arguments between the slots and ``table``;
-    ``stop``: a condition under which every work-item returns at once.
+    are const) after ``prologue``, and after ``slot_prologue`` (statements on the slot's ``index``, no
+    buffers) once per work-item. ``params``: the arguments between the slots and ``table``; ``stop``: a
+    condition under which every work-item returns at once.
 
     ``split`` (``ItemSplit``; None: one element a work-item): a work-item runs the statements on up to
     ``split.chunk`` consecutive elements of one slot; ``table`` (``multi_table`` of the same chunk) then
@@ -380,6 +385,7 @@ def multi_source(
         for slot in slots
     )
     branches, nl = [], "\n"
+    per_slot = f"\n        {slot_prologue.replace(nl, nl + '    ')}" if slot_prologue else ""
     for j in range(arity):
         test = "if" if j == 0 else "else if"
         statements = _on(body, **{slot: f"{slot}{j}" for slot in slots})
@@ -387,7 +393,7 @@ def multi_source(
             branches.append(
                 f"    {test} (t_gid < table[{j + 1}]) {{\n"
                 f"        const long gid = t_gid - table[{j}];\n"
-                f"        const int index = (int)table[{arity + 1 + j}];\n"
+                f"        const int index = (int)table[{arity + 1 + j}];{per_slot}\n"
                 f"        {statements.replace(nl, nl + '    ')}\n    }}"
             )
             continue
@@ -400,7 +406,7 @@ def multi_source(
             loop = _vector_chunk(body, slots, read_only, j, chunk, types["st"], loop)
         branches.append(
             f"    {test} (t_gid < table[{j + 1}]) {{\n"
-            f"        const int index = (int)table[{arity + 1 + j}];\n"
+            f"        const int index = (int)table[{arity + 1 + j}];{per_slot}\n"
             f"        const long lo = (t_gid - table[{j}]) * {chunk}, size = table[{2 * arity + 1 + j}];\n"
             f"        {loop}\n    }}"
         )
@@ -648,9 +654,8 @@ def adam_multi_update(
     def source(arity: int) -> str:
         hyper_line = _ADAM_HYPER_LINE.format(**types)
         body = _adam_body(types, decoupled_weight_decay, amsgrad)
-        return multi_source(
-            "netcl_adam_multi", names, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split
-        )
+        return multi_source("netcl_adam_multi", names, _OPTIM_PARAMS, hyper_line, body, types, arity,
+                            stop="skip[0]", split=split, slot_prologue=_ADAM_SLOT.format(**types))  # fmt: skip
 
     for start, stop, arity in multi_chunks(len(params), most):
         key = ("optim", "adam_multi", arity, types["st"], bool(decoupled_weight_decay), split, amsgrad)
@@ -759,7 +764,8 @@ def adagrad_multi_update(
     types = _types(params[0])
     body = _ADAGRAD_BODY.format(**types)
     _launch_update(("adagrad_multi", types["st"]), "netcl_adagrad_multi", _ADAGRAD_HYPER_LINE.format(**types), body,
-                   types, {"P": params, "G": grads, "S": sums}, steps, indices, hyper, skip)  # fmt: skip
+                   types, {"P": params, "G": grads, "S": sums}, steps, indices, hyper, skip,
+                   _ADAGRAD_SLOT.format(**types))  # fmt: skip
     return params
 
 
@@ -774,17 +780,19 @@ def _launch_update(
     indices: list[int],
     hyper: Tensor,
     skip: Tensor,
+    slot_prologue: str = "",
 ) -> None:
-    """Launch the multi-tensor kernel ``name`` running ``body`` over the slots ``lists`` (slot -> one buffer per
-    parameter; "P" the parameters), ``MULTI_ARITY`` parameters a launch (the arithmetic of every parameter the
-    same whichever launch holds it)."""
+    """Launch the multi-tensor kernel ``name`` running ``body`` (after ``slot_prologue``, once a work-item) over the
+    slots ``lists`` (slot -> one buffer per parameter; "P" the parameters), ``update_arity`` parameters a launch
+    (the arithmetic of every parameter the same whichever launch holds it)."""
     params = lists["P"]
     split = update_split(params[0].device)
     slots = tuple(lists)
     most = update_arity(params[0].device, len(slots))
 
     def source(arity: int) -> str:
-        return multi_source(name, slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split)
+        return multi_source(name, slots, _OPTIM_PARAMS, hyper_line, body, types, arity, stop="skip[0]", split=split,
+                            slot_prologue=slot_prologue)  # fmt: skip
 
     for start, stop, arity in multi_chunks(len(params), most):
         arg_types = [None] * (len(slots) * arity) + [None, None, None, None, np.int64]
