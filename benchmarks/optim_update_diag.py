@@ -3,8 +3,9 @@
 ``python benchmarks/optim_update_diag.py [--device gpu]``: the ``gpt_block`` model of the transformer workload
 (vocab 1024, seq 256, d 512, 8 heads: 18 parameters, 4.32 M float32), random gradients, ``AdamW.step()``
 timed by profiling events (the update launches summed, median of 15 steps) with each work-item taking one
-element or a vector of ``GPU_VECTOR`` (``optim_kernels.update_split``), 16 or 32 parameters a launch
-(``update_arity``'s two values, where the device's kernel arguments have room for 32). One line a variant.
+element or a vector of 4 (``GPU_VECTOR``, what ``optim_kernels.update_split`` gives a GPU) or 8 elements, 16 or
+32 parameters a launch (``update_arity``'s two values, where the device's kernel arguments have room for 32).
+One line a variant.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main() -> None:
     parser.add_argument("--device", default="gpu")
     device = nc.get_device(parser.parse_args().device)
     print(f"AdamW update, gpt_block's parameters, on {device!r}")
-    splits = {"one element": None, f"vector of {optim_kernels.GPU_VECTOR}": optim_kernels.update_split(device)}
+    splits = {"one element": None}
+    splits.update({f"vector of {width}": optim_kernels.ItemSplit(width, vector=True) for width in (4, 8)})
     if not device.is_gpu:
         splits = {"one element": None, "the device's split": optim_kernels.update_split(device)}
     for arity in sorted({optim_kernels.MULTI_ARITY, optim_kernels.update_arity(device, 4)}):
