@@ -4,6 +4,8 @@ optimizers' step is built on them."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -194,6 +196,22 @@ def test_multi_launch_count_and_replay(cl_device):
         count_steps_(ref_steps, mask)
     for a, b in zip(params, ref, strict=True):
         np.testing.assert_array_equal(a.to_host().view(np.uint32), b.to_host().view(np.uint32))
+
+
+def test_update_arity_follows_the_devices_kernel_argument_room():
+    """32 parameters a launch where their pointers and the four arguments after them fit ``max_parameter_size``
+    (NVIDIA's 4,352 bytes), else 16 (OpenCL's minimum of 1,024; PoCL's), and 16 off OpenCL."""
+
+    def device(room: int, bits: int = 64):
+        return types.SimpleNamespace(cl_device=types.SimpleNamespace(address_bits=bits, max_parameter_size=room))
+
+    assert update_arity(device(4352), 4) == update_arity(device(4352), 5) == 32
+    assert update_arity(device(1024), 4) == update_arity(device(1024), 5) == MULTI_ARITY == 16  # Adam's
+    assert update_arity(device(1024), 3) == 32  # SGD's three buffers: 32 x 3 x 8 + 40 bytes fit
+    assert update_arity(device(32 * 4 * 8 + 4 * 8 + 8), 4) == 32  # exactly full
+    assert update_arity(device(32 * 4 * 8 + 4 * 8 + 7), 4) == 16
+    assert update_arity(device(1024, bits=32), 4) == 32  # 4-byte pointers: 32 x 4 x 4 + 16 + 8 bytes
+    assert update_arity(types.SimpleNamespace(cl_device=None), 4) == 16  # the NumPy backend
 
 
 def test_multi_bad_inputs(cl_device):
