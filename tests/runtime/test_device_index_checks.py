@@ -49,6 +49,11 @@ CASES: list[tuple[str, Callable[[nc.Device, int], object], str]] = [
         "index_select: index value {bad} is out of range along axis 0: expected 0 <= index < 6",
     ),
     (
+        "index_select of vectors",  # rows of 8 floats: copied as 16-byte vectors
+        lambda d, bad: selecting.index_select(_floats(d, (6, 8)), 0, _ints(d, [5, bad, 0])),
+        "index_select: index value {bad} is out of range along axis 0: expected 0 <= index < 6",
+    ),
+    (
         "embedding",
         lambda d, bad: nn.Embedding(5, 3).to(d)(_ints(d, [[1, 2], [bad, 0]])),
         "embedding: ids value {bad} is out of range: expected 0 <= ids < 5",

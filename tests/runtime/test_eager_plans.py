@@ -72,6 +72,26 @@ def test_index_select_and_gather_repeat_calls(device, axis: int) -> None:
         np.testing.assert_array_equal(out.to_host(), np.take_along_axis(h, gidx, axis=0))
 
 
+@pytest.mark.parametrize(
+    ("shape", "axis", "dtype"),
+    [
+        ((5, 8), 0, np.float32),  # runs of 8 floats: two 16-byte vectors a row
+        ((5, 6), 0, np.float32),  # runs of 6: element by element
+        ((3, 5, 16), 1, np.uint8),  # one uchar16 a run
+        ((5, 2), 0, np.float64),  # one ulong2 a run
+        ((4, 9, 8), 1, np.float16),  # one ushort8 a run
+        ((6, 3), 1, np.int64),  # runs of 1
+    ],
+)
+def test_index_select_copies_whole_vectors_or_elements(device, shape, axis: int, dtype) -> None:
+    """Runs that hold whole 16-byte vectors are copied a vector a work-item, others an element; both equal NumPy."""
+    rng = np.random.default_rng(2)
+    host = (rng.standard_normal(shape) * 50).astype(dtype)
+    index = rng.integers(0, shape[axis], 7).astype(np.int32)
+    out = selecting.index_select(nc.tensor(host, device=device, dtype=dtype), axis, nc.Tensor.from_host(device, index))
+    np.testing.assert_array_equal(out.to_host(), np.take(host, index, axis=axis))
+
+
 def test_a_planned_index_op_still_reports_a_bad_device_index(cl_device) -> None:
     x = _floats(cl_device, (4, 4), 0)
     good, bad = (nc.Tensor.from_host(cl_device, np.array(v, np.int32)) for v in ([1, 2], [1, 9]))

@@ -29,23 +29,31 @@ from netcl.runtime.ops.strided import WORD, filled
 _TWINS = "netcl.runtime.numpy_twins.selecting"
 
 # ---- index_select and embedding ------------------------------------------------------------------------
+#: ``wide`` (uniform): the sizes count vectors of ``COPY_BYTES`` (``{vector}``), each work-item copying one, else
+#: elements (see ``select_along``)
 _INDEX_SELECT = """{check}
 __kernel void netcl_index_select(__global const {word}* x, __global const {it}* index, __global {word}* out,
-                                 __global int* err, const int code, {sizes}) {{
+                                 __global int* err, const int code, {sizes}, const int wide) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
     const {idx} i = gid % I;
     const {idx} j = (gid / I) % J;
     const {idx} o = gid / (J * I);
     const long v = (long)index[j];
-    if (v >= 0 && v < A) {{
-        out[gid] = x[(o * A + ({idx})v) * I + i];
+    const int inside = v >= 0 && v < A;
+    if (!inside && gid % I == 0 && o == 0) netcl_index_error(err, code, v, A);
+    const {idx} from = (o * A + ({idx})(inside ? v : 0)) * I + i;
+    if (wide) {{
+        ((__global {vector}*)out)[gid] = inside ? ((__global const {vector}*)x)[from] : ({vector})0;
     }} else {{
-        if (gid % I == 0 && o == 0) netcl_index_error(err, code, v, A);
-        out[gid] = ({word})0;
+        out[gid] = inside ? x[from] : ({word})0;
     }}
 }}
 """
+
+#: bytes one work-item of ``index_select`` copies where every selected run of elements holds whole vectors of them
+#: (one vector load and store; the buffers' bases are aligned to it), else one element
+COPY_BYTES = 16
 
 _RANK = """
 __kernel void netcl_rank_index(__global const {it}* index, __global int* perm, __global long* keys, const int J,
@@ -151,17 +159,21 @@ def select_along(
     _, A, inner = split3(x.shape, ax)
     idx = index_ctype(out.size, x.size)
     word, it = WORD[x.dtype.itemsize], C_TYPES[index.dtype]
+    per_vector = COPY_BYTES // x.dtype.itemsize
+    width = per_vector if inner % per_vector == 0 else 1  # elements a work-item copies
 
     def source() -> str:
-        return _INDEX_SELECT.format(
-            check=INDEX_CHECK_C, word=word, it=it, idx=idx, sizes=params(idx, ["n", "A", "J", "I"])
-        )
+        return _INDEX_SELECT.format(check=INDEX_CHECK_C, word=word, vector=f"{word}{per_vector}", it=it, idx=idx,
+                                    sizes=params(idx, ["n", "A", "J", "I"]))  # fmt: skip
 
-    types = [None, None, None, None, np.int32] + [index_dtype(idx)] * 4
+    types = [None, None, None, None, np.int32] + [index_dtype(idx)] * 4 + [np.int32]
     if out.size == 0:
         return out
-    prepared = prepare_1d(("index_select", word, it, idx), x.device, source, "netcl_index_select", types, out.size)
-    tail = (*index_error_args(x.device, *reported_as), *scalars(idx, [out.size, A, J, inner]))
+    prepared = prepare_1d(
+        ("index_select", word, it, idx), x.device, source, "netcl_index_select", types, out.size // width
+    )
+    sizes = scalars(idx, [out.size // width, A, J, inner // width])
+    tail = (*index_error_args(x.device, *reported_as), *sizes, np.int32(width > 1))
     prepared.call(x.data, index.data, out.data, *tail)
     if plan_key is not None:
         remember(_PLANS, plan_key, (out.shape, out.nbytes, prepared, tail))
