@@ -92,6 +92,30 @@ def test_index_select_copies_whole_vectors_or_elements(device, shape, axis: int,
     np.testing.assert_array_equal(out.to_host(), np.take(host, index, axis=axis))
 
 
+@pytest.mark.parametrize(
+    ("shape", "axis", "dtype"),
+    [
+        ((6, 8), 0, np.float32),  # runs of 8: vectors of 4 summed a work-item
+        ((6, 6), 0, np.float32),  # runs of 6: element by element
+        ((3, 5, 4), 1, np.float64),  # vectors of 2
+        ((5, 3), 0, np.float64),  # runs of 3: element by element
+    ],
+)
+def test_index_select_backward_sums_repeated_rows(device, shape, axis: int, dtype) -> None:
+    """The gradient of ``index_select`` adds the rows of repeated indices; against float64 (each sum holds <= 3
+    terms of N(0, 1) values: float32 rounding stays within 1e-6 relative)."""
+    rng = np.random.default_rng(3)
+    index = np.array([1, 4, 1, 0, 4, 4, 1], np.int32) % shape[axis]
+    grad_shape = (*shape[:axis], len(index), *shape[axis + 1 :])
+    host = rng.standard_normal(grad_shape).astype(dtype)
+    got = selecting.index_select_backward(
+        nc.tensor(host, device=device, dtype=dtype), axis, nc.Tensor.from_host(device, index), shape
+    )
+    want = np.zeros(shape)
+    np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(host.astype(np.float64), axis, 0))
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_planned_index_op_still_reports_a_bad_device_index(cl_device) -> None:
     x = _floats(cl_device, (4, 4), 0)
     good, bad = (nc.Tensor.from_host(cl_device, np.array(v, np.int32)) for v in ([1, 2], [1, 9]))

@@ -90,9 +90,11 @@ __kernel void netcl_rank_index(__global const {it}* index, __global int* perm, _
 #: work-items of a rank work-group (at most) and the positions one work-group ranks
 RANK_LOCAL, RANK_ROWS = 256, 32
 
+#: ``wide`` (uniform; float32 and float64 only): the sizes count vectors of ``COPY_BYTES`` (``{vector}``), a
+#: work-item summing one (each lane in the order an element's sum takes), else elements
 _INDEX_ADD = """{pragmas}
 __kernel void netcl_index_add(__global const {st}* g, __global const int* perm, __global const long* keys,
-                              __global {st}* gx, {sizes}) {{
+                              __global {st}* gx, {sizes}, const int wide) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
     const {idx} i = gid % I;
@@ -103,6 +105,7 @@ __kernel void netcl_index_add(__global const {st}* g, __global const int* perm, 
         const int mid = (lo + hi) / 2;
         if (keys[mid] < (long)a) lo = mid + 1; else hi = mid;
     }}
+    {wide_sum}
     {ct} acc = 0;
     for (int r = lo; r < (int)J && keys[r] == (long)a; ++r) {{
         acc += ({ct})g[(o * J + perm[r]) * I + i];
@@ -110,6 +113,14 @@ __kernel void netcl_index_add(__global const {st}* g, __global const int* perm, 
     gx[gid] = ({st})acc;
 }}
 """
+_INDEX_ADD_WIDE = """if (wide) {{
+        {vector} acc = 0;
+        for (int r = lo; r < (int)J && keys[r] == (long)a; ++r) {{
+            acc += ((__global const {vector}*)g)[(o * J + perm[r]) * I + i];
+        }}
+        ((__global {vector}*)gx)[gid] = acc;
+        return;
+    }}"""
 
 
 def check_index_select_shapes(x_shape: Sequence[int], axis: Any, index_shape: Sequence[int]) -> int:
@@ -217,17 +228,20 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     rank.call(index.data, perm.data, keys.data, *rank_tail)
     idx = index_ctype(out.size, grad.size)
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
+    per_vector = COPY_BYTES // grad.dtype.itemsize
+    vectors = st == ct  # sums in the storage type (float32, float64): a vector of it holds the sums
+    width = per_vector if vectors and inner % per_vector == 0 else 1  # elements a work-item sums
 
     def source() -> str:
-        return _INDEX_ADD.format(
-            pragmas=pragmas([grad.dtype]), st=st, ct=ct, idx=idx, sizes=params(idx, ["n", "A", "J", "I"])
-        )
+        wide_sum = _INDEX_ADD_WIDE.format(vector=f"{st}{per_vector}") if vectors else ""
+        return _INDEX_ADD.format(pragmas=pragmas([grad.dtype]), st=st, ct=ct, idx=idx, wide_sum=wide_sum,
+                                 sizes=params(idx, ["n", "A", "J", "I"]))  # fmt: skip
 
-    types = [None, None, None, None] + [index_dtype(idx)] * 4
+    types = [None, None, None, None] + [index_dtype(idx)] * 4 + [np.int32]
     if out.size == 0:
         return out
-    add = prepare_1d(("index_add", st, idx), device, source, "netcl_index_add", types, out.size)
-    add_tail = tuple(scalars(idx, [out.size, A, J, inner]))
+    add = prepare_1d(("index_add", st, idx), device, source, "netcl_index_add", types, out.size // width)
+    add_tail = (*scalars(idx, [out.size // width, A, J, inner // width]), np.int32(width > 1))
     add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
     remember(_BACKWARD_PLANS, key, (shape, out.nbytes, J, rank, rank_tail, add, add_tail))
     return out
