@@ -165,7 +165,7 @@ class Optimizer:
 
         The parameters of a group that have a gradient go to ``update_many`` together: SGD and
         Adam/AdamW update them with multi-tensor kernels (one launch per dtype and up to
-        ``optim_kernels.update_arity`` parameters), bit-identical to one kernel per parameter. ``skip_if``: one
+        ``optim_kernels.update_arity`` parameters), a parameter's bits the same in any launch. ``skip_if``: one
         int32 on the device (``GradScaler``'s inf/NaN flag); where it is non-zero the kernels change
         nothing, parameters, state and step counts alike, with no host read (``skips_on_device``
         optimizers only; torch's fused optimizers take ``found_inf`` alike).
