@@ -1,7 +1,6 @@
 """Multi-tensor optimizer kernels: one launch per ``update_arity`` parameters, bit-identical to the
 per-parameter updates (``sgd_step_`` / ``adam_step_``: the same kernel on one parameter), on both backends,
-replay-safe, and the
-optimizers' step is built on them."""
+replay-safe, and the optimizers' step is built on them."""
 
 from __future__ import annotations
 
