@@ -361,7 +361,9 @@ class _Layer:
             self.epilogue = PLUS_ADDEND
         kernel = f"mma-{mode}-" if mode else ""
         self.key = f"conv-{kernel}{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
+        #: a trial's two operands, then its bias (or None) and epilogue operands (``__call__`` makes them once)
         self.scratch: tuple[Tensor, Tensor] | None = None
+        self.epilogue_scratch: tuple[Tensor | None, list[Tensor]] = (None, [])
 
     def plan(self, cfg: GemmConfig | MmaConfig | None = None) -> Plan:
         if cfg is None:
@@ -379,13 +381,16 @@ class _Layer:
     def __call__(self, cfg: GemmConfig | MmaConfig) -> Callable[[], Tensor]:  # a tuning trial on scratch operands
         from netcl.runtime.ops.layout import full
 
-        if self.scratch is None:
+        if self.scratch is None:  # made once per search: every candidate's trial reads the same operands
             self.scratch = (
                 tune.trial_operand(self.sizes[0], self.dtype, self.device, 1),
                 tune.trial_operand(self.sizes[1], self.dtype, self.device, 2),
             )
-        bias = full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None
-        extras = [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands]
+            self.epilogue_scratch = (
+                full((self.problem.m,), 0.0, self.dtype, self.device) if self.epilogue.bias != "none" else None,
+                [full(self.out_shape, 0.0, self.dtype, self.device) for _ in self.epilogue.operands],
+            )
+        bias, extras = self.epilogue_scratch
         return trial_run(self.plan(cfg), *self.scratch, bias, extras=extras)
 
 
