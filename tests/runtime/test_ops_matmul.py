@@ -156,8 +156,8 @@ def test_small_output_with_large_k_is_split_along_k(device, sa, sb, ta):
 @pytest.mark.parametrize(
     ("m", "n", "k", "finer"),
     [
-        (5, 7, 12288, False),  # the config's own split count
-        (8, 6, 1400, True),  # finer splits: 5 on the 2-core CI machine and the GPUs (not a power of two)
+        (5, 7, 12288, False),  # the config's own split count; 35 outputs: the sum takes one a work-item
+        (8, 6, 1400, True),  # finer splits: 5 on the 2-core CI machine and the GPUs (not a power of two); 4 a work-item
     ],
 )
 def test_split_product_is_its_parts_summed_in_order(cl_device, precision, m, n, k, finer):
@@ -415,17 +415,21 @@ def test_code_epilogue(cl_device, precision):
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-def test_code_epilogue_on_a_split_product(cl_device, precision):
+# the sum's vector path; the same with a work-item's four elements crossing rows (23 columns); 345: one a work-item
+@pytest.mark.parametrize(("lead", "n"), [((2, 8), 24), ((2, 8), 23), ((3, 5), 23)])
+def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
     """A product split along K stores raw partial sums; the split's sum kernel applies the epilogue."""
-    a, b = _data((2, 8, 1536), 5), _data((1536, 24), 6)
-    problem = gemm_plan.Problem(16, 24, 1536, False, False, ())
+    m = lead[0] * lead[1]
+    a, b = _data((*lead, 1536), 5), _data((1536, n), 6)
+    problem = gemm_plan.Problem(m, n, 1536, False, False, ())
     cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
     assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
-    col, row = _data((24,), 7), _data((2, 8, 1), 8)
+    assert gemm_plan.sum_width(m * n) == (4 if m == 16 else 1)
+    col, row = _data((n,), 7), _data((*lead, 1), 8)
     code = "float ep_out0 = tanh(ep_value * ep2) + ep0 * ep1;\nfloat ep_out1 = ep_value;"
     ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
-    saved = nc.Tensor.empty((2, 8, 24), np.dtype("f4"), cl_device)
-    bias = nc.tensor(_data((24,), 9), device=cl_device)
+    saved = nc.Tensor.empty((*lead, n), np.dtype("f4"), cl_device)
+    bias = nc.tensor(_data((n,), 9), device=cl_device)
     args = [nc.tensor(col, device=cl_device), nc.tensor(row, device=cl_device), 0.25, saved]
     x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
     for _ in range(2):
@@ -434,6 +438,27 @@ def test_code_epilogue_on_a_split_product(cl_device, precision):
         tol = _tolerance(1536, precision)
         np.testing.assert_allclose(saved.to_host(), v, rtol=1e-5, atol=tol)
         np.testing.assert_allclose(got.to_host(), np.tanh(v * 0.25) + col * row, rtol=1e-5, atol=tol)
+
+
+def test_split_sum_lanes_cross_rows_and_batches(cl_device):
+    """A batched split product whose sum takes four elements a work-item across rows (6 columns) and
+    batch entries (5 rows): each lane's epilogue reads its own row's operand."""
+    a, b = _data((2, 5, 3072), 10), _data((2, 3072, 6), 11)
+    problem = gemm_plan.Problem(5, 6, 3072, False, False, ((2, 5 * 3072, 3072 * 6),))
+    cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
+    assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
+    assert gemm_plan.sum_width(2 * 5 * 6) == 4
+    bias, row = _data((6,), 12), _data((2, 5, 1), 13)
+    ep = Epilogue("col", "relu", code="float ep_out0 = ep_value * ep0;", operands=("row",))
+    got = gemm.gemm(
+        nc.tensor(a, device=cl_device),
+        nc.tensor(b, device=cl_device),
+        bias=nc.tensor(bias, device=cl_device),
+        epilogue=ep,
+        epilogue_args=[nc.tensor(row, device=cl_device)],
+    )
+    expected = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0) * row
+    np.testing.assert_allclose(got.to_host(), expected, rtol=1e-5, atol=_tolerance(3072, "highest"))
 
 
 def test_batch_merging():

@@ -177,8 +177,8 @@ class Plan:
         scalars = {i: v for i, v in enumerate(self.args) if v is not None}
         self._product = PreparedLaunch.binding(self.kernel, self.gsize, self.lsize, scalars, queue)
         if self.work is not None:
-            total, splits, gsize, sizes = self.sum_args
-            scalars = dict(enumerate([total, splits, *sizes], start=2))
+            total, splits, width, gsize, sizes = self.sum_args
+            scalars = dict(enumerate([total, splits, width, *sizes], start=2))
             self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, scalars, queue)
 
 
@@ -235,46 +235,80 @@ def finish_plan(
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
         sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
-        sum_args = (total, splits, -(-total // 256) * 256, sizes)
+        width = sum_width(total)
+        items = -(-total // width)
+        sum_args = (total, splits, width, -(-items // 256) * 256, sizes)
     args = gemm_args(problem, splits, chunk) + list(fixed)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 
+#: Elements a work-item of the split sum adds where the product's size allows (vector loads; the
+#: kernel's lane stores are written out for four).
+SUM_VECTOR = 4
+
+
+def sum_width(total: int) -> int:
+    """How many neighbouring elements a work-item of the split sum takes: ``SUM_VECTOR`` where every
+    split's partial block starts on a vector boundary (``total`` a multiple of it), else 1."""
+    return SUM_VECTOR if total % SUM_VECTOR == 0 else 1
+
+
 def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
+    """The split sum: element i of C is the partials' sum in split order, then the epilogue. One program
+    per (accumulator, output dtype, epilogue), shape-generic: ``width`` (``sum_width``) is an argument,
+    4 loading each split's four elements as one vector (the same adds, lane by lane), 1 one element."""
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
     if epilogue.is_identity:
         store = store_c(out_dtype, "C", "i", "s") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})s"
-        params, lines = "", [f"{store};"]
+        params, position, lines, step = "", "", [f"{store};"], ""
     else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
         store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
         params = ", const int M, const int N" + epilogue.params()
-        lines = [
-            "const long csb = (long)M * N;",
-            "const int ldc = N;",
-            "const int zb = (int)(i / csb);",
-            "const IDX r = (i - zb * csb) / N;",
-            "const IDX c = (i - zb * csb) - r * N;",
-            *epilogue.store_lines("s", "CT", store),
-        ]
-    body = "\n    ".join(lines)
+        position = """const long csb = (long)M * N;
+    const int ldc = N;
+    int zb = (int)(first / csb);
+    IDX r = (first - zb * csb) / N;
+    IDX c = (first - zb * csb) - r * N;"""  # the first element's; the lanes step along the row
+        lines = epilogue.store_lines("s", "CT", store)
+        step = "if (++c == N) { c = 0; if (++r == M) { r = 0; ++zb; } }"
+    body = "\n        ".join(lines)
+    vec = SUM_VECTOR
 
     def source() -> str:
         return f"""{storage_pragmas([acc, out_dtype])}
 {epilogue.preamble}
 #define CT {ct}
+#define CTV {ct}{vec}
 #define IDX long
-__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits{params}) {{
-    const long i = get_global_id(0);
-    if (i >= total) return;
-    CT s = 0;
-    for (int p = 0; p < splits; ++p) s += W[p * total + i];
-    {body}
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits,
+                              const int width{params}) {{
+    const long first = get_global_id(0) * width;
+    if (first >= total) return;
+    CT sums[{vec}];
+    if (width == {vec}) {{  /* total % {vec} == 0: every split's block starts on a vector boundary */
+        CTV v = (CTV)(0);
+        for (int p = 0; p < splits; ++p) v += ((__global const CTV*)(W + p * total))[first / {vec}];
+        sums[0] = v.s0; sums[1] = v.s1; sums[2] = v.s2; sums[3] = v.s3;
+    }} else {{
+        CT s = 0;
+        for (int p = 0; p < splits; ++p) s += W[p * total + first];
+        sums[0] = s;
+    }}
+    {position}
+    for (int e = 0; e < width; ++e) {{
+        const long i = first + e;
+        const CT s = sums[e];
+        {{
+        {body}
+        }}
+        {step}
+    }}
 }}
 """
 
     key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
     sizes = [] if epilogue.is_identity else [np.int32, np.int32]
-    dtypes = [None, None, np.int64, np.int32, *sizes, *epilogue.arg_dtypes()]
+    dtypes = [None, None, np.int64, np.int32, np.int32, *sizes, *epilogue.arg_dtypes()]
     return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
 
 
