@@ -116,6 +116,21 @@ def test_index_select_backward_sums_repeated_rows(device, shape, axis: int, dtyp
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 32])
+def test_rank_kernel_sorts_stably_whatever_its_rows(cl_device, monkeypatch, rows: int) -> None:
+    """The rank kernel (``index_select``'s gradient orders the positions by index) gives the stable sort of
+    the indices whichever number of positions a work-group takes (GPUs take fewer for short index lists)."""
+    monkeypatch.setattr(selecting, "rank_rows", lambda length, local, units: rows)
+    index = np.random.default_rng(5).integers(0, 37, 300).astype(np.int32)
+    launch, args = selecting._rank_launch(cl_device, "int", len(index))
+    perm = nc.Tensor.empty((len(index),), np.int32, cl_device)
+    keys = nc.Tensor.empty((len(index),), np.int64, cl_device)
+    launch.call(nc.Tensor.from_host(cl_device, index).data, perm.data, keys.data, *args)
+    order = np.argsort(index, kind="stable")
+    np.testing.assert_array_equal(perm.to_host(), order)
+    np.testing.assert_array_equal(keys.to_host(), index[order])
+
+
 def test_a_planned_index_op_still_reports_a_bad_device_index(cl_device) -> None:
     x = _floats(cl_device, (4, 4), 0)
     good, bad = (nc.Tensor.from_host(cl_device, np.array(v, np.int32)) for v in ([1, 2], [1, 9]))

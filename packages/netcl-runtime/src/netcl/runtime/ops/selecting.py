@@ -20,7 +20,15 @@ from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, remember, storage_ctype
+from netcl.runtime.ops._common import (
+    compute_ctype,
+    device_of,
+    get_kernel,
+    pow2_floor,
+    pragmas,
+    remember,
+    storage_ctype,
+)
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, prepared_for, scalars
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.indexing import check_axis, check_index_range, check_index_tensor, index_error_args, split3
@@ -87,8 +95,17 @@ __kernel void netcl_rank_index(__global const {it}* index, __global int* perm, _
     }}
 }}
 """
-#: work-items of a rank work-group (at most) and the positions one work-group ranks
+#: work-items of a rank work-group (at most) and the most positions one work-group ranks
 RANK_LOCAL, RANK_ROWS = 256, 32
+
+
+def rank_rows(length: int, local: int, compute_units: int) -> int:
+    """Positions a rank work-group takes: ``RANK_ROWS``, fewer (a power of two, at least 1) where that
+    would leave fewer than two work-groups a compute unit (each still scans every index; the ranks are
+    integers, the same whatever the split)."""
+    wanted = pow2_floor(max(1, length // (2 * compute_units)))
+    return max(1, min(RANK_ROWS, local, wanted))
+
 
 #: ``wide`` (uniform; float32 and float64 only): the sizes count vectors of ``COPY_BYTES`` (``{vector}``), a
 #: work-item summing one (each lane in the order an element's sum takes), else elements
@@ -257,7 +274,7 @@ def _rank_launch(device: Device, it: str, length: int) -> tuple[PreparedLaunch, 
         [None, None, None, np.int32, np.int32],
     )
     local = min(RANK_LOCAL, resolved.max_local)
-    rows = min(RANK_ROWS, local)
+    rows = rank_rows(length, local, device.cl_device.max_compute_units)
     groups = -(-length // rows)
     launch = prepared_for(("layers", "rank_index", it), device, resolved.kernel, (groups * local,), (local,))
     return launch, (np.int32(length), np.int32(rows))
