@@ -415,8 +415,7 @@ def test_code_epilogue(cl_device, precision):
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-# the sum's vector path; the same with a work-item's four elements crossing rows (23 columns); 345: one a work-item
-@pytest.mark.parametrize(("lead", "n"), [((2, 8), 24), ((2, 8), 23), ((3, 5), 23)])
+@pytest.mark.parametrize(("lead", "n"), [((2, 8), 24), ((3, 5), 23)])
 def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
     """A product split along K stores raw partial sums; the split's sum kernel applies the epilogue."""
     m = lead[0] * lead[1]
@@ -424,7 +423,6 @@ def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
     problem = gemm_plan.Problem(m, n, 1536, False, False, ())
     cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
     assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
-    assert gemm_plan.sum_width(m * n) == (4 if m == 16 else 1)
     col, row = _data((n,), 7), _data((*lead, 1), 8)
     code = "float ep_out0 = tanh(ep_value * ep2) + ep0 * ep1;\nfloat ep_out1 = ep_value;"
     ep = Epilogue("col", "relu", code=code, operands=("col", "row", "scalar", "out"))
@@ -440,14 +438,33 @@ def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
         np.testing.assert_allclose(got.to_host(), np.tanh(v * 0.25) + col * row, rtol=1e-5, atol=tol)
 
 
-def test_split_sum_lanes_cross_rows_and_batches(cl_device):
-    """A batched split product whose sum takes four elements a work-item across rows (6 columns) and
-    batch entries (5 rows): each lane's epilogue reads its own row's operand."""
+@pytest.mark.parametrize("dtype", [nc.bfloat16, np.float16])
+@pytest.mark.parametrize(("m", "n"), [(8, 6), (5, 7)])  # the sum's vector path (48 outputs); one a work-item (35)
+def test_split_sum_rounds_into_half_precision_outputs(cl_device, dtype, m, n):
+    """A split product of 16-bit tensors stores its sum rounded to their dtype, element by element also on
+    the vector path. Against float64 of the same operands: the output's rounding (half an ulp: 2**-9
+    relative for bfloat16, 2**-12 for float16) dominates the float32 sums' error at K = 3000."""
+    a, b = _data((m, 3000), 14), _data((3000, n), 15)
+    x, y = nc.tensor(a, device=cl_device, dtype=dtype), nc.tensor(b, device=cl_device, dtype=dtype)
+    if gemm_mma.mode_for(cl_device, x.dtype, y.dtype, "highest") is None:
+        problem = gemm_plan.Problem(m, n, 3000, False, False, ())
+        cfg = gemm.portable_config(cl_device, problem, x.dtype)
+        assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
+    got = gemm.gemm(x, y)
+    assert got.dtype == x.dtype
+    expected = x.to_host().astype(np.float64) @ y.to_host().astype(np.float64)
+    ulp = 2.0**-8 if dtype is nc.bfloat16 else 2.0**-11
+    np.testing.assert_allclose(got.to_host().astype(np.float64), expected, rtol=ulp, atol=1e-4 * np.abs(expected).max())
+
+
+def test_split_sum_applies_the_epilogue_across_batch_entries(cl_device):
+    """A batched split product with an epilogue reading a per-row operand: the sum finds each element's
+    batch entry, row and column (one element a work-item: ``sum_width`` is 1 with an epilogue)."""
     a, b = _data((2, 5, 3072), 10), _data((2, 3072, 6), 11)
     problem = gemm_plan.Problem(5, 6, 3072, False, False, ((2, 5 * 3072, 3072 * 6),))
     cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
     assert gemm_plan.split_count(problem, cfg.bm, cfg.bn, cfg.bk, cl_device)[0] > 1
-    assert gemm_plan.sum_width(2 * 5 * 6) == 4
+    assert gemm_plan.sum_width(2 * 5 * 6, Epilogue("col")) == 1 and gemm_plan.sum_width(2 * 5 * 6) == 4
     bias, row = _data((6,), 12), _data((2, 5, 1), 13)
     ep = Epilogue("col", "relu", code="float ep_out0 = ep_value * ep0;", operands=("row",))
     got = gemm.gemm(

@@ -235,81 +235,97 @@ def finish_plan(
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
         sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
-        width = sum_width(total)
+        width = sum_width(total, epilogue)
         items = -(-total // width)
         sum_args = (total, splits, width, -(-items // 256) * 256, sizes)
     args = gemm_args(problem, splits, chunk) + list(fixed)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 
-#: Elements a work-item of the split sum adds where the product's size allows (vector loads; the
-#: kernel's lane stores are written out for four).
+#: Elements a work-item of a split sum without an epilogue adds where the product's size allows.
 SUM_VECTOR = 4
 
 
-def sum_width(total: int) -> int:
-    """How many neighbouring elements a work-item of the split sum takes: ``SUM_VECTOR`` where every
-    split's partial block starts on a vector boundary (``total`` a multiple of it), else 1."""
-    return SUM_VECTOR if total % SUM_VECTOR == 0 else 1
+def sum_width(total: int, epilogue: Epilogue = IDENTITY) -> int:
+    """How many neighbouring elements a work-item of the split sum takes: ``SUM_VECTOR`` for a sum without
+    an epilogue where every split's partial block starts on a vector boundary (``total`` a multiple of it),
+    else 1 (an epilogue's operands read four elements apart by neighbouring work-items measured slower: see
+    benchmarks/RESULTS.md, "Split sums as vectors")."""
+    return SUM_VECTOR if epilogue.is_identity and total % SUM_VECTOR == 0 else 1
 
 
 def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue = IDENTITY):
     """The split sum: element i of C is the partials' sum in split order, then the epilogue. One program
-    per (accumulator, output dtype, epilogue), shape-generic: ``width`` (``sum_width``) is an argument,
-    4 loading each split's four elements as one vector (the same adds, lane by lane), 1 one element."""
+    per (accumulator, output dtype, epilogue), shape-generic. Without an epilogue ``width`` (``sum_width``)
+    is an argument: 4 loads each split's four elements as one vector (the same adds, lane by lane)."""
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
-    if epilogue.is_identity:
-        store = store_c(out_dtype, "C", "i", "s") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})s"
-        params, position, lines, step = "", "", [f"{store};"], ""
-    else:  # the store of a product split along K: element i is (zb, r, c) of C, laid out like the GEMM's C
-        store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
-        params = ", const int M, const int N" + epilogue.params()
-        position = """const long csb = (long)M * N;
-    const int ldc = N;
-    int zb = (int)(first / csb);
-    IDX r = (first - zb * csb) / N;
-    IDX c = (first - zb * csb) - r * N;"""  # the first element's; the lanes step along the row
-        lines = epilogue.store_lines("s", "CT", store)
-        step = "if (++c == N) { c = 0; if (++r == M) { r = 0; ++zb; } }"
-    body = "\n        ".join(lines)
+    key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
+    if not epilogue.is_identity:
+        dtypes = [None, None, np.int64, np.int32, np.int32, np.int32, np.int32, *epilogue.arg_dtypes()]
+        return get_kernel(
+            key, device, lambda: _epilogue_sum_source(acc, out_dtype, epilogue), "netcl_split_sum", dtypes
+        ).kernel
     vec = SUM_VECTOR
+    if out_dtype in STORAGE_ONLY:
+        lane = store_c(out_dtype, "C", "first + e", "sums[e]")
+        vector_store = (
+            f"CT sums[{vec}] = {{v.s0, v.s1, v.s2, v.s3}};\n        for (int e = 0; e < {vec}; ++e) {{ {lane}; }}"
+        )
+        scalar_store = store_c(out_dtype, "C", "first", "s") + ";"
+    else:
+        vector_store = f"((__global {st}{vec}*)(C))[first / {vec}] = convert_{st}{vec}(v);"
+        scalar_store = f"C[first] = ({st})s;"
 
     def source() -> str:
         return f"""{storage_pragmas([acc, out_dtype])}
-{epilogue.preamble}
 #define CT {ct}
 #define CTV {ct}{vec}
-#define IDX long
 __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits,
-                              const int width{params}) {{
+                              const int width) {{
     const long first = get_global_id(0) * width;
     if (first >= total) return;
-    CT sums[{vec}];
     if (width == {vec}) {{  /* total % {vec} == 0: every split's block starts on a vector boundary */
         CTV v = (CTV)(0);
         for (int p = 0; p < splits; ++p) v += ((__global const CTV*)(W + p * total))[first / {vec}];
-        sums[0] = v.s0; sums[1] = v.s1; sums[2] = v.s2; sums[3] = v.s3;
+        {vector_store}
     }} else {{
         CT s = 0;
         for (int p = 0; p < splits; ++p) s += W[p * total + first];
-        sums[0] = s;
-    }}
-    {position}
-    for (int e = 0; e < width; ++e) {{
-        const long i = first + e;
-        const CT s = sums[e];
-        {{
-        {body}
-        }}
-        {step}
+        {scalar_store}
     }}
 }}
 """
 
-    key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
-    sizes = [] if epilogue.is_identity else [np.int32, np.int32]
-    dtypes = [None, None, np.int64, np.int32, np.int32, *sizes, *epilogue.arg_dtypes()]
-    return get_kernel(key, device, source, "netcl_split_sum", dtypes).kernel
+    return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32, np.int32]).kernel
+
+
+def _epilogue_sum_source(acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue) -> str:
+    """The split sum that applies ``epilogue``: one element a work-item; element i is (zb, r, c) of C,
+    laid out like the GEMM's C. Its ``width`` argument is always 1 (the same arguments as the plain sum)."""
+    ct, st = storage_ctype(acc), storage_ctype(out_dtype)
+    store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
+    lines = [
+        "const long csb = (long)M * N;",
+        "const int ldc = N;",
+        "const int zb = (int)(i / csb);",
+        "const IDX r = (i - zb * csb) / N;",
+        "const IDX c = (i - zb * csb) - r * N;",
+        *epilogue.store_lines("s", "CT", store),
+    ]
+    body = "\n    ".join(lines)
+    return f"""{storage_pragmas([acc, out_dtype])}
+{epilogue.preamble}
+#define CT {ct}
+#define IDX long
+__kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits,
+                              const int width, const int M, const int N{epilogue.params()}) {{
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    CT s = 0;
+    for (int p = 0; p < splits; ++p) s += W[p * total + i];
+    {body}
+}}
+"""
 
 
 def make_plan(
