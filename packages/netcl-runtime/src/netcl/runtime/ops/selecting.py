@@ -63,6 +63,14 @@ __kernel void netcl_index_select(__global const {word}* x, __global const {it}* 
 #: (one vector load and store; the buffers' bases are aligned to it), else one element
 COPY_BYTES = 16
 
+
+def vector_run(itemsize: int, inner: int, vectors: bool = True) -> tuple[int, int]:
+    """(elements in a ``COPY_BYTES`` vector, elements a work-item takes): the vector where ``vectors`` and
+    every selected run of ``inner`` elements holds whole ones, else one element."""
+    per_vector = COPY_BYTES // itemsize
+    return per_vector, per_vector if vectors and inner % per_vector == 0 else 1
+
+
 _RANK = """
 __kernel void netcl_rank_index(__global const {it}* index, __global int* perm, __global long* keys, const int J,
                                const int rows) {{
@@ -187,8 +195,7 @@ def select_along(
     _, A, inner = split3(x.shape, ax)
     idx = index_ctype(out.size, x.size)
     word, it = WORD[x.dtype.itemsize], C_TYPES[index.dtype]
-    per_vector = COPY_BYTES // x.dtype.itemsize
-    width = per_vector if inner % per_vector == 0 else 1  # elements a work-item copies
+    per_vector, width = vector_run(x.dtype.itemsize, inner)  # width: elements a work-item copies
 
     def source() -> str:
         return _INDEX_SELECT.format(check=INDEX_CHECK_C, word=word, vector=f"{word}{per_vector}", it=it, idx=idx,
@@ -245,9 +252,8 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     rank.call(index.data, perm.data, keys.data, *rank_tail)
     idx = index_ctype(out.size, grad.size)
     st, ct = storage_ctype(grad.dtype), compute_ctype(grad.dtype)
-    per_vector = COPY_BYTES // grad.dtype.itemsize
     vectors = st == ct  # sums in the storage type (float32, float64): a vector of it holds the sums
-    width = per_vector if vectors and inner % per_vector == 0 else 1  # elements a work-item sums
+    per_vector, width = vector_run(grad.dtype.itemsize, inner, vectors)  # width: elements a work-item sums
 
     def source() -> str:
         wide_sum = _INDEX_ADD_WIDE.format(vector=f"{st}{per_vector}") if vectors else ""
