@@ -438,12 +438,13 @@ def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
         np.testing.assert_allclose(got.to_host(), np.tanh(v * 0.25) + col * row, rtol=1e-5, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", [nc.bfloat16, np.float16])
+@pytest.mark.parametrize("dtype", [np.float64, nc.bfloat16, np.float16])
 @pytest.mark.parametrize(("m", "n"), [(8, 6), (5, 7)])  # the sum's vector path (48 outputs); one a work-item (35)
-def test_split_sum_rounds_into_half_precision_outputs(cl_device, dtype, m, n):
-    """A split product of 16-bit tensors stores its sum rounded to their dtype, element by element also on
-    the vector path. Against float64 of the same operands: the output's rounding (half an ulp: 2**-9
-    relative for bfloat16, 2**-12 for float16) dominates the float32 sums' error at K = 3000."""
+def test_split_sum_stores_each_output_dtype(cl_device, dtype, m, n):
+    """A split product of float64 or 16-bit tensors: its sum adds in float64 (float32 for the 16-bit ones) and
+    stores the output's dtype, also on the vector path. Against float64 of the same operands: for 16-bit
+    outputs their rounding (half an ulp: 2**-9 relative for bfloat16, 2**-12 for float16) dominates the float32
+    sums' error at K = 3000; float64 sums of 3000 N(0, 1) products stay within 1e-12 of the largest output."""
     a, b = _data((m, 3000), 14), _data((3000, n), 15)
     x, y = nc.tensor(a, device=cl_device, dtype=dtype), nc.tensor(b, device=cl_device, dtype=dtype)
     if gemm_mma.mode_for(cl_device, x.dtype, y.dtype, "highest") is None:
@@ -453,8 +454,9 @@ def test_split_sum_rounds_into_half_precision_outputs(cl_device, dtype, m, n):
     got = gemm.gemm(x, y)
     assert got.dtype == x.dtype
     expected = x.to_host().astype(np.float64) @ y.to_host().astype(np.float64)
-    ulp = 2.0**-8 if dtype is nc.bfloat16 else 2.0**-11
-    np.testing.assert_allclose(got.to_host().astype(np.float64), expected, rtol=ulp, atol=1e-4 * np.abs(expected).max())
+    rtol = {np.dtype(np.float64): 0.0, np.dtype(nc.bfloat16): 2.0**-8, np.dtype(np.float16): 2.0**-11}[x.dtype]
+    atol = (1e-12 if x.dtype == np.float64 else 1e-4) * np.abs(expected).max()
+    np.testing.assert_allclose(got.to_host().astype(np.float64), expected, rtol=rtol, atol=atol)
 
 
 def test_split_sum_applies_the_epilogue_across_batch_entries(cl_device):
