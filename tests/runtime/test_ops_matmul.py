@@ -415,7 +415,7 @@ def test_code_epilogue(cl_device, precision):
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-@pytest.mark.parametrize(("lead", "n"), [((2, 8), 24), ((3, 5), 23)])
+@pytest.mark.parametrize(("lead", "n"), [((2, 8), 24), ((3, 5), 23)])  # and with odd sizes
 def test_code_epilogue_on_a_split_product(cl_device, precision, lead, n):
     """A product split along K stores raw partial sums; the split's sum kernel applies the epilogue."""
     m = lead[0] * lead[1]

@@ -177,9 +177,8 @@ class Plan:
         scalars = {i: v for i, v in enumerate(self.args) if v is not None}
         self._product = PreparedLaunch.binding(self.kernel, self.gsize, self.lsize, scalars, queue)
         if self.work is not None:
-            total, splits, width, gsize, sizes = self.sum_args
-            scalars = dict(enumerate([total, splits, width, *sizes], start=2))
-            self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, scalars, queue)
+            gsize, scalars = self.sum_args
+            self._sum = PreparedLaunch.binding(self.sum_kernel, gsize, 256, dict(enumerate(scalars, start=2)), queue)
 
 
 def trial_run(
@@ -234,10 +233,11 @@ def finish_plan(
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        sizes = () if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
         width = sum_width(total, epilogue)
         items = -(-total // width)
-        sum_args = (total, splits, width, -(-items // 256) * 256, sizes)
+        # the sum's scalar arguments: with an epilogue C's sizes (it finds each element's row), else the width
+        shape = (np.int32(width),) if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
+        sum_args = (-(-items // 256) * 256, (total, splits, *shape))
     args = gemm_args(problem, splits, chunk) + list(fixed)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
@@ -261,7 +261,7 @@ def _split_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilog
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
     key = ("gemm-split-sum", acc.str, out_dtype.str, epilogue)
     if not epilogue.is_identity:
-        dtypes = [None, None, np.int64, np.int32, np.int32, np.int32, np.int32, *epilogue.arg_dtypes()]
+        dtypes = [None, None, np.int64, np.int32, np.int32, np.int32, *epilogue.arg_dtypes()]
         return get_kernel(
             key, device, lambda: _epilogue_sum_source(acc, out_dtype, epilogue), "netcl_split_sum", dtypes
         ).kernel
@@ -301,7 +301,7 @@ __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const lo
 
 def _epilogue_sum_source(acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue) -> str:
     """The split sum that applies ``epilogue``: one element a work-item; element i is (zb, r, c) of C,
-    laid out like the GEMM's C. Its ``width`` argument is always 1 (the same arguments as the plain sum)."""
+    laid out like the GEMM's C."""
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
     store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
     lines = [
@@ -318,7 +318,7 @@ def _epilogue_sum_source(acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue)
 #define CT {ct}
 #define IDX long
 __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits,
-                              const int width, const int M, const int N{epilogue.params()}) {{
+                              const int M, const int N{epilogue.params()}) {{
     const long i = get_global_id(0);
     if (i >= total) return;
     CT s = 0;

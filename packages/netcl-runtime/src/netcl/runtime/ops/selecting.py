@@ -111,8 +111,7 @@ def rank_rows(length: int, local: int, compute_units: int) -> int:
     """Positions a rank work-group takes: ``RANK_ROWS``, fewer (a power of two, at least 1) where that
     would leave fewer than two work-groups a compute unit (each still scans every index; the ranks are
     integers, the same whatever the split)."""
-    wanted = pow2_floor(max(1, length // (2 * compute_units)))
-    return max(1, min(RANK_ROWS, local, wanted))
+    return min(RANK_ROWS, local, pow2_floor(length // (2 * compute_units)))
 
 
 #: ``wide`` (uniform; float32 and float64 only): the sizes count vectors of ``COPY_BYTES`` (``{vector}``), a
