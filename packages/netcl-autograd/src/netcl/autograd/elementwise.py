@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, _local, apply_op
+from netcl.autograd.engine import Node, _local, apply_op, gathered
 from netcl.autograd.saved_values import check_unmodified
 from netcl.core import Tensor, writes
 from netcl.core.dtypes import FLOATING
+from netcl.core.strided_view import StridedView
 from netcl.runtime.ops import layout
 from netcl.runtime.ops.elementwise_defs import ALL, DEFS, OPDEFS, PLACEHOLDER, ZERO, forward_operands
 from netcl.runtime.ops.pointwise import apply, derivative
@@ -166,6 +167,8 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
         )
     else:
         values = tuple([a.value if isinstance(a, Node) else a for a in inputs])
+    if StridedView in map(type, values):  # a view is gathered once: the forward and the backward read the copy
+        values = gathered(values)
     if entry.forward is not None:  # the inputs are the kernel's operands
         out = apply(entry.kernel, values)
     elif entry.scalar_slot is not None:

@@ -31,6 +31,7 @@ from netcl.autograd.grad_mode import (
 from netcl.autograd.saved_values import check_unmodified
 from netcl.core import Device, DeviceError, Tensor, get_device, writes
 from netcl.core.dtypes import is_floating
+from netcl.core.strided_view import StridedView
 from netcl.core.tensor import format_values
 from netcl.runtime.ops import layout, pointwise
 
@@ -330,6 +331,21 @@ def forward_only() -> bool:
     return not grad_mode.grad_enabled and _local.tracer is None
 
 
+def gathered(values: Sequence[Any]) -> tuple[Any, ...]:
+    """``values`` with each strided view replaced by its gathered copy (``StridedView.contiguous``; one copy of a
+    view given twice)."""
+    copies: dict[int, Any] = {}
+    out = []
+    for v in values:
+        if type(v) is StridedView:
+            copy = copies.get(id(v))
+            if copy is None:
+                copy = copies[id(v)] = v.contiguous()
+            v = copy
+        out.append(v)
+    return tuple(out)
+
+
 def apply_op(
     fn: Callable[..., Tensor],
     grad_fn: OpGradFn | None,
@@ -338,6 +354,7 @@ def apply_op(
     op_name: str | None = None,
     attrs: dict[str, Any] | None = None,
     folds_addends: bool = False,
+    takes_views: bool = False,
 ) -> Any:
     """Run ``fn`` on the values of ``args`` and record how to differentiate it.
 
@@ -345,7 +362,9 @@ def apply_op(
     values. ``grad_fn(grad_out, values, output)`` returns one gradient per argument (None for
     constants); ``None`` marks the op as not differentiable. Order: (1) an installed tracer takes
     the call, (2) with grad mode off the result is a plain Node, (3) otherwise a Node with the
-    graph edges is built and recorded on ``tape`` (default: the current tape).
+    graph edges is built and recorded on ``tape`` (default: the current tape). A strided view among
+    the values (``x.T``, ``x[:, 0]``) is gathered once here, so ``fn`` and the backward read one copy,
+    unless ``takes_views`` (the view ops, which compose views).
 
     ``folds_addends``: backward may call ``grad_fn(grad_out, values, output, addends=...)`` with one
     entry per argument, a gradient already summed for it or None; the op then returns, for each
@@ -361,8 +380,12 @@ def apply_op(
     if len(args) == 1:  # most ops take one operand: no comprehension frame
         (first,) = args
         values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
+        if type(values[0]) is StridedView and not takes_views:
+            values = (values[0].contiguous(),)
     else:
         values = tuple([a.value if isinstance(a, Node) else a for a in args])  # a list: cheaper than a generator
+        if not takes_views and StridedView in map(type, values):
+            values = gathered(values)
     out = fn(*values)
     if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)

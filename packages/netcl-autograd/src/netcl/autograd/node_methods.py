@@ -6,12 +6,12 @@ sets ``Node.__add__``, ``Node.reshape``, ``Node.T``, ``Node.__getitem__``, ... t
 Each method is a thin call of the op of the same meaning.
 
 The methods a torch port calls on tensors are here with torch's meaning where it is unambiguous: ``view``,
-``contiguous``, ``abs`` / ``exp`` / ``log`` / ``sqrt`` / ``sigmoid`` / ``tanh`` / ``relu``, ``softmax(dim)``,
-``log_softmax(dim)``, ``clamp(min, max)``, ``matmul``, ``pow``, ``argmax`` / ``argmin(dim, keepdim)``, ``expand``,
-``masked_fill``, ``chunk``, ``split``, ``gather``, ``index_select``, ``eq`` / ``ne`` / ``lt`` / ``le`` / ``gt`` /
-``ge``, ``dim()``, ``numel()``, ``tolist()``, ``float()`` / ``double()`` / ``half()`` / ``int()`` / ``long()`` and
-``to(device, dtype)`` (through ``ops_shape.cast``); ``sum`` / ``mean`` take ``dim`` / ``keepdim`` as well as
-``axis`` / ``keepdims``, and ``transpose(dim0, dim1)`` swaps two axes as torch's does (one sequence, or none, is
+``contiguous`` / ``is_contiguous``, ``abs`` / ``exp`` / ``log`` / ``sqrt`` / ``sigmoid`` / ``tanh`` / ``relu``,
+``softmax(dim)``, ``log_softmax(dim)``, ``clamp(min, max)``, ``matmul``, ``pow``, ``argmax`` / ``argmin(dim, keepdim)``,
+``expand``, ``masked_fill``, ``chunk``, ``split``, ``gather``, ``index_select``, ``eq`` / ``ne`` / ``lt`` / ``le`` /
+``gt`` / ``ge``, ``dim()``, ``numel()``, ``tolist()``, ``float()`` / ``double()`` / ``half()`` / ``int()`` /
+``long()`` and ``to(device, dtype)`` (through ``ops_shape.cast``); ``sum`` / ``mean`` take ``dim`` / ``keepdim`` as
+well as ``axis`` / ``keepdims``, and ``transpose(dim0, dim1)`` swaps two axes as torch's does (one sequence, or none, is
 NumPy's permutation). Where torch and NumPy disagree, netcl keeps NumPy's meaning and says so: ``x.max(1)`` is the
 maximum values (torch returns values and indices), ``size`` is the element count (torch's ``size()`` is the shape:
 use ``shape``), and ``==`` on Nodes is Python's identity (use ``eq``).
@@ -129,7 +129,7 @@ def _t(self: Node) -> Node:
 
 
 def getitem(self: Node, key: Any) -> Node:
-    """Basic indexing (ints, slices, None, ...): a view when the selection is contiguous, else a copy."""
+    """Basic indexing (ints, slices, None, ...): a view with no launch (``ops_shape.getitem``)."""
     return ops_shape.getitem(self, key)
 
 
@@ -154,13 +154,30 @@ def squeeze(self: Node, axis: int | Sequence[int] | None = None) -> Node:
 
 
 def view(self: Node, *shape: int | tuple[int, ...]) -> Node:
-    """torch's ``view``: ``reshape`` (a Node is always contiguous, so every view a shape allows exists)."""
+    """torch's ``view``: ``reshape`` (of a C-contiguous value, a view sharing its memory; of a strided view such as
+    ``x.T``, where torch's ``view`` may refuse, a gathered copy)."""
     return ops.reshape(self, _dims(shape))
 
 
 def contiguous(self: Node) -> Node:
-    """The Node itself: netcl's tensors are always contiguous."""
-    return self
+    """The Node itself when its value is C-contiguous; for a strided view (``x.T``, ``x[:, 0]``) a Node of the
+    gathered copy, its gradient passed through unchanged."""
+    if not getattr(self.value, "strided", False):  # a C-contiguous value (or a traced one)
+        return self
+    return ops.apply_op(_gathered, _passed_through, self, op_name="contiguous")
+
+
+def _gathered(v: Any) -> Any:
+    return v.contiguous()
+
+
+def _passed_through(g: Any, values: tuple[Any, ...], out: Any) -> list[Any]:
+    return [g]
+
+
+def is_contiguous(self: Node) -> bool:
+    """Whether the value is C-contiguous (False for a strided view such as ``x.T``)."""
+    return not getattr(self.value, "strided", False)
 
 
 def softmax(self: Node, dim: int) -> Node:
@@ -331,9 +348,9 @@ def install_node_methods(cls: type = Node) -> None:
     cls.__matmul__ = _matmul
     cls.__getitem__ = getitem
     cls.T = property(_t)
-    methods = (reshape, sum, mean, max, transpose, flatten, permute, unsqueeze, squeeze, view, contiguous, softmax,
-               log_softmax, clamp, matmul, pow, argmax, argmin, expand, masked_fill, chunk, split, gather, index_select,
-               dim, numel, tolist, cuda, cpu)  # fmt: skip
+    methods = (reshape, sum, mean, max, transpose, flatten, permute, unsqueeze, squeeze, view, contiguous,
+               is_contiguous, softmax, log_softmax, clamp, matmul, pow, argmax, argmin, expand, masked_fill, chunk,
+               split, gather, index_select, dim, numel, tolist, cuda, cpu)  # fmt: skip
     for method in methods:
         setattr(cls, method.__name__, method)
     unary = {"abs": ops.abs, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt, "sigmoid": ops.sigmoid,

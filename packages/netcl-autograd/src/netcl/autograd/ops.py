@@ -23,7 +23,7 @@ from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, nee
 from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.core.dtypes import is_floating
-from netcl.runtime.ops import layout, linalg, pointwise, reduce
+from netcl.runtime.ops import layout, linalg, pointwise, reduce, views
 from netcl.runtime.ops.precision import at_matmul_precision
 
 Operand = Any  # Node | Tensor | int | float
@@ -152,6 +152,8 @@ def matmul(a: Operand, b: Operand) -> Node:
     if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
         return autocast_mode.matmul(a, b, low)
     precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
+    if (read_in_place := _transposed_operands(a, b)) is not None:
+        return _matmul_in_place(a, b, read_in_place, precision)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None)) -> _Grads:
         x, y = values
@@ -161,6 +163,40 @@ def matmul(a: Operand, b: Operand) -> Node:
 
     at = at_matmul_precision  # the op's forward and gradient alike
     return apply_op(at(precision, linalg.matmul), at(precision, grad), a, b, op_name="matmul", folds_addends=True)
+
+
+def _transposed_operands(a: Operand, b: Operand) -> tuple[Tensor, bool, Tensor, bool] | None:
+    """(what the product reads for a, whether transposed, the same for b) where an operand is a transposed view
+    (``x.T``, ``x.transpose(-2, -1)``: ``views.swapped_source``) and the other a C-contiguous tensor or one
+    too, both of one rank; None otherwise (the product gathers views as any op does)."""
+    va, vb = (v.value if isinstance(v, Node) else v for v in (a, b))
+    if not (getattr(va, "strided", False) or getattr(vb, "strided", False)) or va.ndim != vb.ndim:
+        return None  # no view (a traced operand has none either)
+    sa, sb = views.swapped_source(va), views.swapped_source(vb)
+    if (va.strided and sa is None) or (vb.strided and sb is None):
+        return None
+    return (va if sa is None else sa, sa is not None, vb if sb is None else sb, sb is not None)
+
+
+def _matmul_in_place(a: Operand, b: Operand, read: tuple[Tensor, bool, Tensor, bool], precision: Any) -> Node:
+    """``a @ b`` reading a transposed view's source in place (no gather), forward and backward: for ``op(s)``
+    the operand as the product reads it, the gradient of a is ``g @ b.T`` and of b ``a.T @ g``, each again a
+    product of sources with transpose flags."""
+    sa, ta, sb, tb = read
+
+    def forward(va: Tensor, vb: Tensor) -> Tensor:
+        return linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb)
+
+    def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None)) -> _Grads:
+        va, vb = values
+        ga = product_grad(va.shape, addends[0], g, sb, transpose_b=not tb) if needs_grad(a) else None
+        gb = product_grad(vb.shape, addends[1], sa, g, transpose_a=not ta) if needs_grad(b) else None
+        return [ga, gb]
+
+    at = at_matmul_precision
+    return apply_op(
+        at(precision, forward), at(precision, grad), a, b, op_name="matmul", folds_addends=True, takes_views=True
+    )
 
 
 def _matmul_vector(a: Operand, b: Operand) -> Node:
@@ -311,8 +347,8 @@ def _reshape_grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
 
 
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
-    """Permute dimensions (reverse them when ``axes`` is None): a view when only length-1 axes move,
-    else materialized (``layout.transpose``)."""
+    """Permute dimensions (reverse them when ``axes`` is None): a view with no launch (``views.transpose_view``:
+    x's memory under the new shape where only length-1 axes move, else a read-only ``StridedView``)."""
     ndim = len(x.shape)
     key = (ndim, axes) if axes is None or type(axes) is tuple else None
     entry = _TRANSPOSES.get(key) if key is not None else None
@@ -328,7 +364,7 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
     perm, forward, grad = entry
     if forward_only():  # what apply_op would do: the forward, a bare Node
         return Node(forward(x.value if isinstance(x, Node) else x), op_name="transpose")
-    return apply_op(forward, grad, x, op_name="transpose", attrs={"axes": perm})
+    return apply_op(forward, grad, x, op_name="transpose", attrs={"axes": perm}, takes_views=True)
 
 
 class _TransposeForward:
@@ -340,7 +376,7 @@ class _TransposeForward:
         self.perm = perm
 
     def __call__(self, v: Tensor) -> Tensor:
-        return layout.transpose(v, self.perm)
+        return views.transpose_view(v, self.perm)
 
 
 class _TransposeGrad:

@@ -1,11 +1,12 @@
 """Differentiable shape ops: indexing, concat/stack/split, pad, squeeze/unsqueeze, flatten, permute.
 
 Forwards are the runtime's strided copies (``netcl.runtime.ops.strided``/``shape``/``indexing``);
-gradients scatter back into zeros or copy the matching region. ``x[key]`` is a view of x when the
-selection is one contiguous block of it (``x[0]``, ``x[1:3]``, ``x[None]``, ``x[..., :]``; on OpenCL a
-sub-buffer, when the block's start is suitably aligned), otherwise a strided copy; one integer-array
-index in the key selects through ``index_select`` (a copy). ``squeeze``,
-``unsqueeze`` and ``flatten`` are reshapes (views); ``permute`` is a materialized transpose.
+gradients scatter back into zeros or copy the matching region. ``x[key]`` launches nothing: a view of x
+sharing its memory when the selection is one contiguous block of it (``x[0]``, ``x[1:3]``, ``x[None]``,
+``x[..., :]``; on OpenCL a sub-buffer, when the block's start is suitably aligned), otherwise a read-only
+``StridedView`` that each op reading it gathers (``netcl.runtime.ops.views``); one integer-array index in
+the key selects through ``index_select`` (a copy). ``squeeze``, ``unsqueeze`` and ``flatten`` are reshapes
+(views; of a ``StridedView``, a gathered copy); ``permute`` is ``transpose``'s view.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, forward_only
 from netcl.autograd.ops import reshape, transpose
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
-from netcl.runtime.ops import indexing, layout
+from netcl.runtime.ops import indexing, layout, views
 from netcl.runtime.ops._common import DEVICE_CONSTANTS, remember
 from netcl.runtime.ops.shape import concat as device_concat
 from netcl.runtime.ops.shape import concat_shape, normalize_axis, pad_backward, pad_widths
@@ -55,7 +56,16 @@ def getitem(x: Operand, key: Any) -> Node:
         if arrays:
             return _array_getitem(x, shape, items, arrays[0])
     indexing.parse_index(shape, key, memo)  # IndexError / ValueError before anything runs (memoized per key)
-    return apply_op(lambda v: indexing.getitem(v, key), _GetitemGrad(key), x, op_name="getitem", attrs={"key": key})
+    if forward_only():  # what apply_op would do: the forward, a bare Node
+        return Node(views.getitem_view(x.value if isinstance(x, Node) else x, key, memo), op_name="getitem")
+    return apply_op(
+        lambda v: views.getitem_view(v, key, memo),
+        _GetitemGrad(key),
+        x,
+        op_name="getitem",
+        attrs={"key": key},
+        takes_views=True,
+    )
 
 
 class _GetitemGrad:

@@ -75,10 +75,13 @@ class Tensor:
     """An n-dimensional, C-contiguous array on one device.
 
     On OpenCL ``data`` is a ``cl.Buffer``; on the NumPy backend it is an ``np.ndarray``.
-    Views made by ``reshape`` share ``data`` and keep their base alive through ``base``.
+    Views made by ``reshape`` share ``data`` and keep their base alive through ``base``; the subclass
+    ``netcl.core.strided_view.StridedView`` reads another tensor's memory in another order.
     """
 
     __slots__ = ("data", "shape", "dtype", "device", "base", "grad", "_written_at", "__weakref__")
+    #: whether this is a ``netcl.core.strided_view.StridedView`` (its ``data`` is gathered at each read)
+    strided = False
 
     def __init__(self, data: Any, shape: Shape, dtype: np.dtype, device: Device, base: Tensor | None = None):
         self.data = data
@@ -202,6 +205,14 @@ class Tensor:
     def copy(self) -> Tensor:
         """A new tensor with its own buffer and the same contents."""
         return self.device.storage.copy(self, Tensor)
+
+    def contiguous(self) -> Tensor:
+        """This tensor (already C-contiguous; a ``StridedView`` returns a gathered copy)."""
+        return self
+
+    def is_contiguous(self) -> bool:
+        """Whether ``data`` holds the elements in C order (False only for a ``StridedView``)."""
+        return True
 
     def numpy(self) -> np.ndarray:
         """A NumPy copy of the contents (as ``to_host``)."""

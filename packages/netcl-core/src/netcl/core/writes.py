@@ -25,8 +25,18 @@ _lock = threading.Lock()
 
 
 def written(*tensors: Any) -> None:
-    """Stamp ``tensors`` (netcl Tensors) as overwritten now; call before the write is enqueued."""
+    """Stamp ``tensors`` (netcl Tensors) as overwritten now; call before the write is enqueued.
+
+    ``ValueError`` (nothing stamped) when one is a strided view: views are read-only
+    (``netcl.core.strided_view``)."""
     global clock
+    for t in tensors:
+        if t.strided:
+            raise ValueError(
+                f"cannot write in place into a strided view (shape {t.shape}, strides {t.strides}, offset "
+                f"{t.offset} of a tensor of shape {t.source.shape}, as x.T or x[:, 0] make): views are "
+                "read-only; write into the source (x[key] = value) or into view.contiguous()"
+            )
     with _lock:
         clock += 1
         number = clock

@@ -14,6 +14,7 @@ from netcl.runtime.ops import (
     attention_mma,  # noqa: F401  registers the tensor-core attention kernels before them
     attention_mma_tf32,  # noqa: F401  registers the float32 (tf32) tensor-core attention kernels before those
 )
+from netcl.runtime.ops import views as _views  # noqa: F401 - installs the gather of strided views
 from netcl.runtime.ops._common import clear_kernel_memo
 from netcl.runtime.ops.attention import scaled_dot_product_attention
 from netcl.runtime.ops.batchnorm import batch_norm

@@ -97,7 +97,10 @@ def parse_index(shape: Sequence[int], key: IndexKey, memo: tuple | None = _UNSET
     return parsed
 
 
-def _parse_index(shape: tuple[int, ...], key: IndexKey) -> BasicIndex:
+def _parse_index(
+    shape: tuple[int, ...], key: IndexKey, strides: Sequence[int] | None = None, offset: int = 0
+) -> BasicIndex:
+    """``parse_index`` of a tensor whose elements lie at ``strides`` from ``offset`` (default: C-contiguous)."""
     items = list(key) if isinstance(key, tuple) else [key]
     for item in items:
         if not (is_int_index(item) or item is None or item is Ellipsis or isinstance(item, slice)):
@@ -115,10 +118,10 @@ def _parse_index(shape: tuple[int, ...], key: IndexKey) -> BasicIndex:
         items[at : at + 1] = [slice(None)] * (len(shape) - consumed)
     else:
         items += [slice(None)] * (len(shape) - consumed)
-    strides = contiguous_strides(shape)
+    if strides is None:
+        strides = contiguous_strides(shape)
     out_shape: list[int] = []
     out_strides: list[int] = []
-    offset = 0
     axis = 0
     for item in items:
         if item is None:
@@ -144,19 +147,38 @@ def _parse_index(shape: tuple[int, ...], key: IndexKey) -> BasicIndex:
     return BasicIndex(tuple(out_shape), tuple(out_strides), offset if prod(out_shape) else 0)
 
 
+def planned_view(x: Tensor, memo: tuple) -> Tensor | None:
+    """``x[key]`` (``memo``: ``memo_key(key)``, x a plain Tensor) sharing x's memory as a getitem of x's shape,
+    dtype, device and kind found it before (``_VIEW_PLANS``: the whole buffer or one sub-buffer); None when
+    none did."""
+    device = x.device
+    plan = _VIEW_PLANS.get((x.shape, x.dtype, memo, device, x.base is None or x.data is x.base.data))
+    if plan is None:
+        return None
+    kind, shape, start, nbytes = plan
+    root = x.base if x.base is not None else x
+    if kind is _WHOLE:  # the whole of x: a reshape, no launch
+        return Tensor(x.data, shape, x.dtype, device, base=root)
+    # one aligned block of x's buffer: a sub-buffer, no launch
+    return Tensor(x.data.get_sub_region(start, nbytes, _READ_WRITE), shape, x.dtype, device, base=root)
+
+
+def remember_view(x: Tensor, key: IndexKey, result: Tensor) -> None:
+    """Keep how ``result``, a view sharing x's memory that ``contiguous_view`` made for ``x[key]``, was made
+    (``planned_view`` then repeats it without parsing; OpenCL only, keys of ``memo_key`` only)."""
+    memo = memo_key(key) if type(x) is Tensor else None
+    if memo is not None and x.device.is_opencl and result.size:
+        _remember_view(x, memo, parse_index(x.shape, key, memo), result)
+
+
 def getitem(x: Tensor, key: IndexKey) -> Tensor:
     """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy."""
     memo = memo_key(key) if type(x) is Tensor else None
     if memo is not None:
         device = x.device
-        plan = _VIEW_PLANS.get((x.shape, x.dtype, memo, device, x.base is None or x.data is x.base.data))
-        if plan is not None:  # OpenCL: a shape and key seen before on a tensor of this kind (root or not)
-            kind, shape, start, nbytes = plan
-            root = x.base if x.base is not None else x
-            if kind is _WHOLE:  # the whole of x: a reshape, no launch
-                return Tensor(x.data, shape, x.dtype, device, base=root)
-            if kind is _BLOCK:  # one aligned block of x's buffer: a sub-buffer, no launch
-                return Tensor(x.data.get_sub_region(start, nbytes, _READ_WRITE), shape, x.dtype, device, base=root)
+        shared = planned_view(x, memo)
+        if shared is not None:  # OpenCL: a shape and key seen before on a tensor of this kind (root or not)
+            return shared
         if x.base is None:
             plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
             if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before

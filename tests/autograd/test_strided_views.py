@@ -1,0 +1,151 @@
+"""Strided views (``x.T``, ``permute``, ``x[:, 0]``): made with no launch, read as aliases of their source, read-only.
+
+Views only move values, so every forward is exact against NumPy's view of the same float32 data (the ``check``
+helper's 1e-5 is far above zero); gradients are single float32 terms against float64 finite differences (1e-4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+import netcl.core as nc
+from netcl.autograd.saved_values import ModifiedInPlaceError
+from netcl.profiler import profile
+from netcl.runtime import ops
+
+S3 = (3, 4, 5)
+
+VIEWS = {
+    "T": lambda x: x.T,
+    "swap last two": lambda x: x.transpose(1, 2),
+    "permute": lambda x: x.permute(2, 0, 1),
+    "column": lambda x: x[:, 1],
+    "every other": lambda x: x[::2, :, 1:4],
+    "reversed": lambda x: x[::-1, None, ..., ::-2],
+    "T of a column": lambda x: x[:, :, 2].T,
+    "slice of a T": lambda x: x.T[1:4, ::2],
+    "T of a T": lambda x: x.T.T,
+    "permute of a slice": lambda x: x[1:, 1:3].permute(1, 2, 0),
+    "empty": lambda x: x.T[:, 4:2],
+}
+NUMPY_VIEWS = {
+    "T": lambda x: x.T,
+    "swap last two": lambda x: x.transpose(0, 2, 1),
+    "permute": lambda x: x.transpose(2, 0, 1),
+    "column": lambda x: x[:, 1],
+    "every other": lambda x: x[::2, :, 1:4],
+    "reversed": lambda x: x[::-1, None, ..., ::-2],
+    "T of a column": lambda x: x[:, :, 2].T,
+    "slice of a T": lambda x: x.T[1:4, ::2],
+    "T of a T": lambda x: x.T.T,
+    "permute of a slice": lambda x: x[1:, 1:3].transpose(1, 2, 0),
+    "empty": lambda x: x.T[:, 4:2],
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_view_values_and_gradients(check, name):
+    check([S3], lambda x: NUMPY_VIEWS[name](x) * 2.0, lambda x: VIEWS[name](x) * 2.0)
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_view_read_as_an_operand_of_a_binary_op(check, name):
+    check(
+        [S3, S3],
+        lambda x, y: NUMPY_VIEWS[name](x) - NUMPY_VIEWS[name](y) ** 2,
+        lambda x, y: VIEWS[name](x) - VIEWS[name](y) ** 2,
+    )
+
+
+def test_matmul_of_transposed_views(check):
+    check([(6, 4), (5, 4)], lambda a, b: a @ b.T, lambda a, b: a @ b.T)
+    check(
+        [(2, 4, 6), (2, 5, 4)],
+        lambda a, b: a.transpose(0, 2, 1) @ b.transpose(0, 2, 1),
+        lambda a, b: a.transpose(1, 2) @ b.transpose(1, 2),
+    )
+
+
+def test_matmul_of_a_batch_and_a_transposed_matrix(check):
+    check([(2, 3, 4), (5, 4)], lambda a, b: a @ b.T, lambda a, b: a @ b.T)  # ranks differ: the view is gathered
+
+
+def test_a_product_reads_a_transposed_view_in_place(device):
+    a = ag.tensor(np.ones((4, 6), np.float32), device=device)
+    b = ag.tensor(np.ones((5, 6), np.float32), device=device)
+    with ag.no_grad(), profile() as prof:
+        out = a @ b.T
+    assert not any("transpose" in e.name or "strided" in e.name for e in prof.events())
+    np.testing.assert_array_equal(out.to_host(), np.full((4, 5), 6.0, np.float32))
+
+
+@pytest.mark.parametrize("name", ["T", "permute", "column", "reversed", "slice of a T"])
+def test_making_a_view_launches_nothing(device, name):
+    x = ag.tensor(np.ones(S3, np.float32), device=device)
+    with profile() as prof:
+        view = VIEWS[name](x)
+    assert [e.name for e in prof.events() if e.kind != "range"] == []
+    assert view.value.strided and view.value.base is x.value
+
+
+def test_a_view_reads_its_sources_current_values(device):
+    host = np.arange(24, dtype=np.float32).reshape(4, 6)
+    x = ag.tensor(host, device=device)
+    view = x.T[1:, ::2]
+    ops.add_(x.value, 100.0)  # an in-place write into the source after the view was made
+    np.testing.assert_array_equal(view.to_host(), (host + 100.0).T[1:, ::2])
+    copy = view.contiguous()
+    ops.fill_(x.value, 0.0)
+    np.testing.assert_array_equal(copy.to_host(), (host + 100.0).T[1:, ::2])  # a copy of its own
+    np.testing.assert_array_equal(view.to_host(), np.zeros((5, 2), np.float32))
+    assert copy.is_contiguous() and not view.is_contiguous()
+
+
+@pytest.mark.parametrize("write", [lambda t: ops.fill_(t, 1.0), lambda t: ops.add_(t, 1.0)], ids=["fill_", "add_"])
+def test_in_place_write_into_a_view_is_refused_and_changes_nothing(device, write):
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = ag.tensor(host, device=device)
+    view = x.T
+    stamp = x.value._written_at
+    with pytest.raises(
+        ValueError, match=r"cannot write in place into a strided view \(shape \(4, 3\), strides \(1, 4\)"
+    ):
+        write(view.value)
+    assert x.value._written_at == stamp
+    np.testing.assert_array_equal(x.to_host(), host)
+
+
+def test_a_saved_view_whose_source_was_written_raises_at_backward(device):
+    x = ag.tensor(np.ones((3, 4), np.float32), requires_grad=True, device=device)
+    with ag.Tape() as tape:
+        y = ag.sum(ag.mul(x.T, x.T))
+    ops.add_(x.value, 1.0)
+    with pytest.raises(ModifiedInPlaceError):
+        tape.backward(y)
+
+
+def test_reshape_of_a_view_is_a_gathered_copy(device):
+    host = np.arange(24, dtype=np.float32).reshape(4, 6)
+    x = ag.tensor(host, device=device)
+    flat = x.T.reshape((24,))
+    assert not flat.value.strided and flat.value.base is not x.value  # memory of its own
+    ops.fill_(x.value, 0.0)
+    np.testing.assert_array_equal(flat.to_host(), host.T.reshape(24))
+
+
+def test_contiguous_passes_the_gradient_through(check):
+    check([S3], lambda x: np.transpose(x, (2, 0, 1)) * 3.0, lambda x: x.permute(2, 0, 1).contiguous() * 3.0)
+
+
+def test_a_view_of_every_dtype_reads_its_elements(device):
+    for dtype in (np.float32, np.int32, np.uint8, np.float16, np.float64):
+        try:
+            device.check_dtype(dtype)
+        except nc.DTypeError:  # a device without float64
+            continue
+        host = (np.arange(60) % 7).astype(dtype).reshape(3, 4, 5)
+        x = nc.tensor(host, device=device)
+        node = ag.tensor(x, device=device)
+        np.testing.assert_array_equal(node.permute(2, 0, 1)[1:, ::-1].to_host(), host.transpose(2, 0, 1)[1:, ::-1])
