@@ -149,3 +149,15 @@ def test_a_view_of_every_dtype_reads_its_elements(device):
         x = nc.tensor(host, device=device)
         node = ag.tensor(x, device=device)
         np.testing.assert_array_equal(node.permute(2, 0, 1)[1:, ::-1].to_host(), host.transpose(2, 0, 1)[1:, ::-1])
+
+
+def test_a_leaf_or_parameter_made_of_a_view_has_memory_of_its_own(device):
+    from netcl import nn
+
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = ag.tensor(host, device=device)
+    for leaf in (ag.tensor(x.T, requires_grad=True), nn.Parameter(x.T)):
+        assert not leaf.value.strided
+        ops.add_(leaf.value, 1.0)  # writable, and the write stays in the leaf
+        np.testing.assert_array_equal(leaf.to_host(), host.T + 1.0)
+    np.testing.assert_array_equal(x.to_host(), host)

@@ -240,10 +240,13 @@ def tensor(data: Any, requires_grad: bool = False, device: Device | str | None =
     """A leaf Node from NumPy data, a Python sequence/scalar, a ``Tensor`` or another Node's value.
 
     ``device`` is a ``Device`` or a spec string (``"cpu"``, ``"opencl"``, ``"0:0"``); a ``Tensor``
-    on another device is copied there through the host.
+    on another device is copied there through the host; a strided view (``x.T``) is gathered into
+    memory of its own (a leaf may be written in place, a view may not).
     """
     if isinstance(data, Node):
         data = data.value
+    if isinstance(data, Tensor) and data.strided:
+        data = data.contiguous()
     if isinstance(data, Tensor):
         target = data.device if device is None else get_device(device)
         value = data if target is data.device else Tensor.from_host(target, data.to_host(), dtype or data.dtype)

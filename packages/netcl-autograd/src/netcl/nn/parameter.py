@@ -14,8 +14,9 @@ from netcl.core.dtypes import is_floating
 class Parameter(Node):
     """A trainable tensor: a leaf ``Node`` with ``requires_grad=True`` (PyTorch's ``nn.Parameter``).
 
-    ``data`` is a ``Tensor``, a ``Node`` (its value is shared, not copied) or host data (NumPy
-    array, list, scalar), uploaded to ``device`` (default: the default device). Assigning a
+    ``data`` is a ``Tensor``, a ``Node`` (its value is shared, not copied; a strided view such as ``w.T`` is
+    gathered into memory of its own) or host data (NumPy array, list, scalar), uploaded to ``device``
+    (default: the default device). Assigning a
     Parameter to a ``Module`` attribute registers it; optimizers update ``value`` in place, so the
     same object stays valid across steps, checkpoints loads and captured replays.
     """
@@ -23,6 +24,8 @@ class Parameter(Node):
     def __init__(self, data: Any, requires_grad: bool = True, device: Device | str | None = None) -> None:
         if isinstance(data, Node):
             data = data.value
+        if isinstance(data, Tensor) and data.strided:  # optimizers write a parameter in place: not a view
+            data = data.contiguous()
         if not isinstance(data, Tensor):
             data = Tensor.from_host(get_device(device), np.asarray(data))
         elif device is not None:
