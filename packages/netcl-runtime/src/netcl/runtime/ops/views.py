@@ -83,13 +83,20 @@ def getitem_view(x: Tensor, key: IndexKey, memo: tuple | None = _UNSET) -> Tenso
             memo = memo_key(key)
         if type(x) is not Tensor:
             memo = None
-        shared = planned_view(x, memo) if memo is not None else None
-        if shared is not None:  # a view of x's memory made for this shape and key before
-            return shared
+        if memo is not None:
+            shared = planned_view(x, memo)
+            if shared is not None:  # a view of x's memory made for this shape and key before
+                return shared
+            kind = (x.shape, memo, x.device, x.base is None or x.data is x.base.data)
+            layout = _STRIDED_ITEMS.get(kind)
+            if layout is not None:  # a strided view for this shape, key, device and kind of x before
+                return StridedView(x, *layout)
         view = parse_index(x.shape, key, memo)
         result = make_view(x, view.shape, view.strides, view.offset)
         if not result.strided:
             remember_view(x, key, result)
+        elif memo is not None:  # a scattered layout, or one block the device cannot address as a sub-buffer
+            remember(_STRIDED_ITEMS, kind, (view.shape, view.strides, view.offset))
         return result
     source, (shape, strides, offset) = layout_of(x)
     view = _parse_index(shape, key, strides, offset)
@@ -147,6 +154,10 @@ def _permutation(
 #: (x's shape, permutation) -> (the transpose's shape, its strides in x, whether it is a reshape)
 _TRANSPOSED: dict[tuple, tuple] = {}
 register_cache(_TRANSPOSED.clear)
+#: (x's shape, memo_key(key), device, x shares its root's buffer) -> (shape, strides, offset) of an x[key] that
+#: was a ``StridedView``
+_STRIDED_ITEMS: dict[tuple, tuple] = {}
+register_cache(_STRIDED_ITEMS.clear)
 #: (shape, strides) of layouts that are not one run of memory (always a ``StridedView``)
 _SCATTERED: dict[tuple, bool] = {}
 register_cache(_SCATTERED.clear)
