@@ -87,20 +87,21 @@ def parse_index(shape: Sequence[int], key: IndexKey, memo: tuple | None = _UNSET
     if memo is _UNSET:
         memo = memo_key(key)
     if memo is None:
-        return _parse_index(shape, key)
+        return parse_strided_index(shape, key)
     parsed = _PARSED.get((shape, memo))
     if parsed is None:
-        parsed = _parse_index(tuple(int(d) for d in shape), key)
+        parsed = parse_strided_index(tuple(int(d) for d in shape), key)
         if len(_PARSED) >= _MAX_PARSED:
             _PARSED.clear()
         _PARSED[(shape, memo)] = parsed
     return parsed
 
 
-def _parse_index(
+def parse_strided_index(
     shape: tuple[int, ...], key: IndexKey, strides: Sequence[int] | None = None, offset: int = 0
 ) -> BasicIndex:
-    """``parse_index`` of a tensor whose elements lie at ``strides`` from ``offset`` (default: C-contiguous)."""
+    """``parse_index`` (not memoized) of a tensor whose elements lie at ``strides`` from ``offset`` of its memory
+    (default: C-contiguous), the result in that memory too."""
     items = list(key) if isinstance(key, tuple) else [key]
     for item in items:
         if not (is_int_index(item) or item is None or item is Ellipsis or isinstance(item, slice)):
@@ -236,7 +237,7 @@ def contiguous_view(x: Tensor, view: BasicIndex) -> Tensor | None:
     n = prod(view.shape)
     if n == 0:
         return Tensor.empty(view.shape, x.dtype, x.device)
-    if not _one_run(view, n):
+    if not one_run(view, n):
         return None
     root = x.base if x.base is not None else x
     if n == x.size:
@@ -291,10 +292,10 @@ def getitem_backward(grad: Tensor, shape: Sequence[int], key: IndexKey) -> Tenso
 def _selects_all_in_order(view: BasicIndex, shape: Sequence[int]) -> bool:
     """Whether ``view`` of a tensor of ``shape`` is every element of it in memory order."""
     n = prod(view.shape)
-    return n > 0 and n == prod(shape) and _one_run(view, n)
+    return n > 0 and n == prod(shape) and one_run(view, n)
 
 
-def _one_run(view: BasicIndex, n: int) -> bool:
+def one_run(view: BasicIndex, n: int) -> bool:
     """Whether the ``n`` > 0 elements of ``view`` are one run of neighbouring elements, in memory order."""
     dims, steps = collapse(view.shape, view.strides)
     return n == 1 or (len(dims) == 1 and steps[0] == 1)

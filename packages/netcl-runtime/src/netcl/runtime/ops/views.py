@@ -23,11 +23,11 @@ from netcl.runtime.ops._grid import prod
 from netcl.runtime.ops.indexing import (
     BasicIndex,
     IndexKey,
-    _one_run,
-    _parse_index,
     contiguous_view,
     memo_key,
+    one_run,
     parse_index,
+    parse_strided_index,
     planned_view,
     remember_view,
 )
@@ -48,7 +48,7 @@ def make_view(source: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], 
     shared = contiguous_view(source, view)
     if shared is not None:
         return shared
-    if not _one_run(view, prod(shape)):
+    if not one_run(view, prod(shape)):
         remember(_SCATTERED, (shape, strides), True)
     return StridedView(source, shape, strides, offset)
 
@@ -99,7 +99,7 @@ def getitem_view(x: Tensor, key: IndexKey, memo: tuple | None = _UNSET) -> Tenso
             remember(_STRIDED_ITEMS, kind, (view.shape, view.strides, view.offset))
         return result
     source, (shape, strides, offset) = layout_of(x)
-    view = _parse_index(shape, key, strides, offset)
+    view = parse_strided_index(shape, key, strides, offset)
     return make_view(source, view.shape, view.strides, view.offset)
 
 
