@@ -173,3 +173,42 @@ def test_a_block_the_device_cannot_address_is_a_strided_view(device):
         row = x[1]
         assert row.value.strided and row.value.base is x.value
         np.testing.assert_array_equal(row.to_host(), host[1])
+
+
+def test_a_jitted_row_program_reads_a_view(device):
+    from netcl.jit import jit_compile
+
+    @jit_compile
+    def softmax_rows(a):
+        e = ag.exp(a - ag.max(a, axis=-1, keepdims=True))
+        return e / ag.sum(e, axis=-1, keepdims=True)
+
+    host = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    x = ag.tensor(host, requires_grad=True, device=device)
+    expected = np.exp(host.T - host.T.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    for _ in range(2):  # the trace, then the plan
+        with ag.Tape() as tape:
+            out = softmax_rows(x.T)
+        np.testing.assert_allclose(out.to_host(), expected, rtol=1e-5, atol=1e-6)
+        tape.backward(ag.sum(out * ag.tensor(np.arange(24, dtype=np.float32).reshape(4, 6), device=device)))
+    assert x.grad.shape == (6, 4)
+
+
+def test_launch_refuses_a_view_argument(device):
+    if device.kind != "opencl":
+        pytest.skip("kernels launch on OpenCL")
+    from netcl.runtime import cache
+    from netcl.runtime.errors import LaunchError
+    from netcl.runtime.launch import enqueue_copy, enqueue_fill, launch
+
+    source = "__kernel void fill_ones(__global float* x) { x[get_global_id(0)] = 1.0f; }"
+    kernel = cache.program_cache.get_or_compile(("test", "fill_ones"), source, device.context).kernel("fill_ones")
+    x = ag.tensor(np.zeros((2, 3), np.float32), device=device)
+    with pytest.raises(LaunchError, match=r"argument 0 of kernel 'fill_ones' is a strided view \(shape \(3, 2\)"):
+        launch(kernel, 6, None, x.T.value)
+    with pytest.raises(LaunchError, match="enqueue_copy's destination is a strided view"):
+        enqueue_copy(device.queue, x.T.value, x.value)
+    with pytest.raises(LaunchError, match="enqueue_fill's buffer is a strided view"):
+        enqueue_fill(device.queue, x.T.value)
+    np.testing.assert_array_equal(x.to_host(), np.zeros((2, 3), np.float32))  # nothing written

@@ -202,6 +202,7 @@ class OpenCLDetectionLossPlan(FusedDetectionLossPlan):
         n = int(pred.size)
         blocks = self.blocks(n)
         local = self.local_size
+        pred, target, hw, rw = (t.contiguous() for t in (pred, target, hw, rw))  # strided views: read as copies
         partials = Tensor.empty((blocks,), np.float32, self.device)
         launch(self.partial_kernel, blocks * local, local, pred, target, hw, rw, partials, hs, rs, beta, n)
         out = Tensor.empty((), np.float32, self.device)  # allocated while the partial kernel runs
@@ -215,6 +216,7 @@ class OpenCLDetectionLossPlan(FusedDetectionLossPlan):
         n = int(pred.size)
         grad = Tensor.empty(tuple(pred.shape), np.float32, self.device)
         if n:
+            pred, target, hw, rw, grad_out = (t.contiguous() for t in (pred, target, hw, rw, grad_out))
             local = self.local_size
             work = -(-n // self.vec)
             launch(

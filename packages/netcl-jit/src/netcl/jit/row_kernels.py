@@ -106,7 +106,8 @@ class OpenCLRowKernels(RowKernels):
 
     def run(self, compiled, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
         kernel, global_size, local, index, _ = compiled
-        args = [v if isinstance(v, Tensor) else np.float32(v) for v in values]
+        # a strided view among the inputs is read through its gathered copy (``launch`` takes C-contiguous buffers)
+        args = [v.contiguous() if isinstance(v, Tensor) else np.float32(v) for v in values]
         launch(kernel, global_size, local, *args, *outs, index(self.rows))
 
     def empty(self, shape: tuple[int, ...]) -> Tensor:

@@ -23,6 +23,7 @@ from netcl.core import Tensor
 from netcl.core.devices import devices
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import KERNEL, MEMCPY, MEMSET, now, report
+from netcl.core.strided_view import StridedView
 from netcl.runtime import recording
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
@@ -50,6 +51,9 @@ def launch(
 
     ``args`` may be ``cl.Buffer``, ``Tensor`` (its buffer is passed), numpy scalars, or Python
     numbers when the kernel's scalar dtypes were declared (``KernelHandle.kernel(name, dtypes)``).
+    A strided view (``x.T``, ``x[:, 0]``: ``netcl.core.strided_view``) raises ``LaunchError`` before
+    anything is set: a kernel reads (and may write) its buffers in C order, and a write into a view's
+    gathered copy would be lost; pass ``view.contiguous()`` or the view's source.
     With ``local_size=None`` a 1-D launch gets the largest of 256, 128, ... that divides the
     global size and the kernel allows; other shapes leave the choice to the driver.
     ``queue`` defaults to the default queue of the device that owns the kernel's context.
@@ -78,6 +82,8 @@ def launch(
             _CHECKED.add((cl_kernel, gsize, lsize))
     if queue is None:
         queue = _kernel_queue(cl_kernel)
+    if StridedView in map(type, args):
+        raise _view_argument(cl_kernel, args)
     raw = [a.data if isinstance(a, Tensor) else a for a in args]
     values = launch_values(raw) if _VARIABLES_IN_USE[0] else raw  # a Variable passes its current value
     with _LAUNCH_LOCK:
@@ -145,9 +151,12 @@ def enqueue_copy(
     byte_count: int | None = None,
     wait_for: Sequence[cl.Event] | None = None,
 ) -> cl.Event:
-    """Device-to-device copy of ``byte_count`` bytes (default: all of ``src``); recorded by captures."""
+    """Device-to-device copy of ``byte_count`` bytes (default: all of ``src``); recorded by captures. ``src``
+    may be a strided view on its device's queue (its gathered copy is read); ``dst`` may not be one."""
     start = now() if _PROFILERS else 0
-    dst_buf, src_buf = _raw(dst), _raw(src)
+    if type(src) is StridedView and queue is not src.device.queue:
+        raise LaunchError("enqueue_copy: a strided view is gathered on its device's queue; copy it on that queue")
+    dst_buf, src_buf = _raw(dst, "enqueue_copy's destination"), _raw(src)
     if byte_count is None:
         byte_count = src.nbytes if isinstance(src, Tensor) else src_buf.size
     event = _copy_command(queue, dst_buf, src_buf, byte_count, wait_for=wait_for)
@@ -168,7 +177,7 @@ def enqueue_fill(
 ) -> cl.Event:
     """Fill ``buffer`` with ``value`` of ``dtype`` (default: zero bytes); recorded by captures."""
     start = now() if _PROFILERS else 0
-    buf = _raw(buffer)
+    buf = _raw(buffer, "enqueue_fill's buffer")
     pattern = np.full(1, value, dtype=np.dtype(dtype))
     if byte_count is None:
         byte_count = buffer.nbytes if isinstance(buffer, Tensor) else buf.size
@@ -192,7 +201,23 @@ def _fill_command(
     return cl.enqueue_fill_buffer(queue, buf, pattern, 0, nbytes, wait_for=wait_for)
 
 
-def _raw(obj: Tensor | cl.Buffer) -> cl.Buffer:
+def _view_argument(kernel: cl.Kernel, args: Sequence[Any]) -> LaunchError:
+    """The error of a launch given a strided view as an argument."""
+    index, view = next((i, a) for i, a in enumerate(args) if type(a) is StridedView)
+    return LaunchError(
+        f"argument {index} of kernel {kernel.function_name!r} is a strided view (shape {view.shape}, strides "
+        f"{view.strides} of a tensor of shape {view.source.shape}, as x.T or x[:, 0] make): a kernel takes "
+        "C-contiguous buffers; pass view.contiguous() to read it, or the source tensor"
+    )
+
+
+def _raw(obj: Tensor | cl.Buffer, written: str = "") -> cl.Buffer:
+    """The buffer of ``obj``; ``written`` names a destination, which a strided view may not be (``LaunchError``)."""
+    if written and type(obj) is StridedView:
+        raise LaunchError(
+            f"{written} is a strided view (shape {obj.shape}, strides {obj.strides}): views are read-only; "
+            "write into the source tensor or into view.contiguous()"
+        )
     return obj.data if isinstance(obj, Tensor) else obj
 
 

@@ -173,7 +173,10 @@ def remember_view(x: Tensor, key: IndexKey, result: Tensor) -> None:
 
 
 def getitem(x: Tensor, key: IndexKey) -> Tensor:
-    """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy."""
+    """``x[key]`` for basic keys: a view when the selection is one contiguous block, else a copy (of a strided
+    view: of its gathered copy, read once)."""
+    if getattr(x, "strided", False):
+        x = x.contiguous()
     memo = memo_key(key) if type(x) is Tensor else None
     if memo is not None:
         device = x.device

@@ -168,7 +168,7 @@ def _rows_kernel(write: bool, big: Tensor, small: Tensor, pos: int | Variable) -
     resolved = get_kernel(key, big.device, lambda: source, name, types)
     local = resolved.max_local
     gsize = -(-total // local) * local
-    dst, src = (big, small) if write else (small, big)
+    dst, src = (big, small.contiguous()) if write else (small, big)  # a strided view is read as its copy
     arg = pos if isinstance(pos, Variable) else np.int32(pos)
     launch(resolved.kernel, gsize, local, dst, src, arg, it(S), it(T), it(R), it(total), queue=big.device.queue)
 
@@ -249,6 +249,7 @@ def cache_attention(
 @backend_op(_TWINS)
 def attend_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int | Variable, scale: float) -> Tensor:
     """``cache_attention`` of a checked call (``scale`` given)."""
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()  # strided views: their copies
     lead, L, E = q.shape[:-2], q.shape[-2], q.shape[-1]
     T, Ev = k_cache.shape[-2], v_cache.shape[-1]
     n = math.prod(lead)

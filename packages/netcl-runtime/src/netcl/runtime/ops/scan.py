@@ -238,6 +238,7 @@ def argmax_into(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> N
 @backend_op(_TWINS, device_arg="x")
 def store_argmax(x: Tensor, ids: Tensor, table: Tensor, pos: int | Variable) -> None:
     """``argmax_into`` of a checked call."""
+    x = x.contiguous()  # a strided view is read through its gathered copy
     batch, V = x.shape
     mode = _rows.pick_mode(V)
     acc, idx = _rows.acc_ctype(x.dtype), index_ctype(max(x.size, table.size))
