@@ -64,6 +64,7 @@ OPS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] = {
     "mean": (lambda t: ag.mean(t["x"]), lambda t: t["x"].mean()),
     "max axis 1": (lambda t: ag.max(t["x"], axis=1), lambda t: t["x"].amax(1)),
     "matmul 64": (lambda t: ag.matmul(t["a"], t["b"]), lambda t: t["a"] @ t["b"]),
+    "matmul 64 b.T": (lambda t: ag.matmul(t["a"], t["b"].T), lambda t: t["a"] @ t["b"].t()),
     "softmax": (lambda t: ag.softmax(t["x"], axis=-1), lambda t: t["x"].softmax(-1)),
     "index_select": (lambda t: ag.index_select(t["x"], 0, t["idx"]), lambda t: t["x"].index_select(0, t["idx"])),
     "gather": (lambda t: ag.gather(t["x"], 1, t["gidx"]), lambda t: t["x"].gather(1, t["gidx"])),
