@@ -110,13 +110,20 @@ def swapped_source(x: Tensor) -> Tensor | None:
     if not x.strided or x.ndim < 2 or x.offset:  # type: ignore[attr-defined]
         return None
     source = x.source  # type: ignore[attr-defined]
-    dims = source.shape
-    if source.ndim != x.ndim or x.shape != (*dims[:-2], dims[-1], dims[-2]):
-        return None
-    steps = contiguous_strides(dims)
+    key = (source.shape, x.shape, x.strides)  # type: ignore[attr-defined]
+    swapped = _SWAPPED.get(key)
+    if swapped is None:
+        swapped = remember(_SWAPPED, key, _is_swap(*key))
+    return source if swapped else None
+
+
+def _is_swap(source: tuple[int, ...], shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether ``(shape, strides)`` is all of a C-contiguous ``source`` with its last two axes swapped."""
+    if len(source) != len(shape) or shape != (*source[:-2], source[-1], source[-2]):
+        return False
+    steps = contiguous_strides(source)
     swapped = (*steps[:-2], steps[-1], steps[-2])
-    same = all(d == 1 or s == t for d, s, t in zip(x.shape, x.strides, swapped, strict=True))  # type: ignore[attr-defined]
-    return source if same else None
+    return all(d == 1 or s == t for d, s, t in zip(shape, strides, swapped, strict=True))
 
 
 def gather(view: StridedView) -> Tensor:
@@ -151,6 +158,9 @@ def _permutation(
     return tuple(perm)
 
 
+#: (source shape, view shape, view strides) -> ``_is_swap``'s answer
+_SWAPPED: dict[tuple, bool] = {}
+register_cache(_SWAPPED.clear)
 #: (x's shape, permutation) -> (the transpose's shape, its strides in x, whether it is a reshape)
 _TRANSPOSED: dict[tuple, tuple] = {}
 register_cache(_TRANSPOSED.clear)
