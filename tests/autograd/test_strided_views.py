@@ -224,3 +224,32 @@ def test_launch_refuses_a_view_argument(device):
     with pytest.raises(LaunchError, match="enqueue_fill's buffer is a strided view"):
         enqueue_fill(device.queue, x.T.value)
     np.testing.assert_array_equal(x.to_host(), np.zeros((2, 3), np.float32))  # nothing written
+
+
+def _kernels(fn) -> list[str]:
+    with profile() as prof:
+        fn()
+    return [e.name for e in prof.events() if e.kind != "range"]
+
+
+def test_an_op_gathers_a_view_once_forward_and_backward(device):
+    if device.kind != "opencl":
+        pytest.skip("launches are counted on OpenCL")
+    x = ag.tensor(np.ones((8, 8), np.float32), requires_grad=True, device=device)
+    y = ag.tensor(np.ones((8, 8), np.float32), requires_grad=True, device=device)
+    t = x.T
+    with ag.no_grad():
+        assert len(_kernels(lambda: ag.exp(t))) == 2  # the gather, the op
+        assert len(_kernels(lambda: ag.mul(t, t))) == 2  # one gather for the view read twice
+        assert len(_kernels(lambda: ag.exp(x))) == 1
+
+    def step(a: ag.Node) -> None:
+        x.grad = y.grad = None  # each step's gradients new, none accumulated
+        with ag.Tape() as tape:
+            loss = ag.sum(ag.mul(a, y))
+        tape.backward(loss)
+
+    plain = _kernels(lambda: step(x))
+    viewed = _kernels(lambda: step(x.T))
+    # the view's step: one gather forward, one transpose of the gradient back; the backward reads the copy
+    assert len(viewed) == len(plain) + 2, (plain, viewed)
