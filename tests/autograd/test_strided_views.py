@@ -253,3 +253,22 @@ def test_an_op_gathers_a_view_once_forward_and_backward(device):
     viewed = _kernels(lambda: step(x.T))
     # the view's step: one gather forward, one transpose of the gradient back; the backward reads the copy
     assert len(viewed) == len(plain) + 2, (plain, viewed)
+
+
+def test_gradient_scalers_and_clippers_refuse_a_view(device):
+    from netcl.runtime.ops import amp_kernels, clip_kernels, optim_kernels
+
+    g = ag.tensor(np.ones((2, 3), np.float32), device=device)
+    view = g.T.value
+    found = nc.tensor(np.zeros(1, np.int32), device=device)
+    scale = nc.tensor(np.full(1, 2.0, np.float32), device=device)
+    for write in (
+        lambda: clip_kernels.grad_norm_clip_([view], 0.5),
+        lambda: clip_kernels.scale_many_([view], scale),
+        lambda: amp_kernels.unscale_by_(view, scale, found),
+        lambda: amp_kernels.unscale_many_([view], scale, found),
+        lambda: optim_kernels.unscale_(view, 0.5, found),
+    ):
+        with pytest.raises(ValueError, match="cannot write in place into a strided view"):
+            write()
+    np.testing.assert_array_equal(g.to_host(), np.ones((2, 3), np.float32))

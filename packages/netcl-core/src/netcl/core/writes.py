@@ -24,12 +24,9 @@ clock = 0
 _lock = threading.Lock()
 
 
-def written(*tensors: Any) -> None:
-    """Stamp ``tensors`` (netcl Tensors) as overwritten now; call before the write is enqueued.
-
-    ``ValueError`` (nothing stamped) when one is a strided view: views are read-only
-    (``netcl.core.strided_view``)."""
-    global clock
+def check_writable(*tensors: Any) -> None:
+    """``ValueError`` when one of ``tensors`` is a strided view: views are read-only (``netcl.core.strided_view``).
+    Writers that do not stamp (the gradient scalers and clippers) call it before they enqueue."""
     for t in tensors:
         if t.strided:
             raise ValueError(
@@ -37,6 +34,14 @@ def written(*tensors: Any) -> None:
                 f"{t.offset} of a tensor of shape {t.source.shape}, as x.T or x[:, 0] make): views are "
                 "read-only; write into the source (x[key] = value) or into view.contiguous()"
             )
+
+
+def written(*tensors: Any) -> None:
+    """Stamp ``tensors`` (netcl Tensors) as overwritten now; call before the write is enqueued.
+
+    ``ValueError`` (nothing stamped) when one is a strided view (``check_writable``)."""
+    global clock
+    check_writable(*tensors)
     with _lock:
         clock += 1
         number = clock

@@ -17,6 +17,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.core.writes import check_writable
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, storage_ctype
 from netcl.runtime.ops._grid import run_1d
 from netcl.runtime.ops.backend import backend_op
@@ -86,6 +87,7 @@ def unscale_by_(grad: Tensor, scale: Tensor, found_inf: Tensor) -> Tensor:
     _scalar(scale, np.float32, "scale", op)
     _scalar(found_inf, np.int32, "found_inf", op)
     device_of([grad, scale, found_inf], op)
+    check_writable(grad)
     return unscale(grad, scale, found_inf)
 
 
@@ -113,6 +115,7 @@ def unscale_many_(grads: list[Tensor], scale: Tensor, found_inf: Tensor) -> list
         if not isinstance(g, Tensor) or g.dtype.kind != "f":
             raise DTypeError(f"{op}: each grad must be a floating-point Tensor, got {getattr(g, 'dtype', type(g))}")
     device_of([*grads, scale, found_inf], op)
+    check_writable(*grads)
     return unscale_group(grads, scale, found_inf)
 
 
@@ -151,6 +154,7 @@ def copy_if_(dst: Tensor, src: Tensor | None, found_inf: Tensor, mode: int) -> T
         raise ShapeError(f"{op}: src must be a Tensor of dst's shape {dst.shape} and dtype {dst.dtype}")
     _scalar(found_inf, np.int32, "found_inf", op)
     device_of([dst, src, found_inf], op)
+    check_writable(dst)
     return copy_where(dst, src, found_inf, mode)
 
 

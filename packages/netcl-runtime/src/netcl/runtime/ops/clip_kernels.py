@@ -26,6 +26,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError
+from netcl.core.writes import check_writable
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
 from netcl.runtime.ops._grid import launch_prepared
 from netcl.runtime.ops._rows import tree_loop_c
@@ -159,6 +160,8 @@ def _check(grads: list[Tensor], max_norm: float, norm_type: float) -> Device:
 def grad_norm_clip_(grads: list[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Scale ``grads`` in place by ``min(max_norm / (norm + 1e-6), 1)``; returns their total ``norm_type``
     norm (the norm of the norms of each gradient) as a 0-d float32 Tensor on their device."""
+    _check(grads, max_norm, norm_type)
+    check_writable(*grads)  # before the norm's launches: nothing runs for a refused call
     norm, coef = grad_norm(grads, max_norm, norm_type)
     scale_many_(grads, coef)
     return norm
@@ -208,6 +211,7 @@ def scale_many_(grads: list[Tensor], coef: Tensor) -> list[Tensor]:
     if not isinstance(coef, Tensor) or coef.dtype != np.float32 or coef.size != 1:
         raise DTypeError(f"scale_many_: coef must be a one-element float32 Tensor, got {getattr(coef, 'dtype', coef)}")
     device_of([*grads, coef], "scale_many_")  # one device (DeviceError naming both otherwise)
+    check_writable(*grads)
     return scale_by_(grads, coef)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import refuse_bfloat16
 from netcl.core.errors import DTypeError, ShapeError
-from netcl.core.writes import written
+from netcl.core.writes import check_writable, written
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, get_kernel, pragmas, storage_ctype
 from netcl.runtime.ops._grid import prepared_for, run_1d
@@ -900,6 +900,7 @@ def unscale_(grad: Tensor, inv_scale: float, found_inf: Tensor) -> Tensor:
     if not isinstance(found_inf, Tensor) or found_inf.dtype != np.int32 or found_inf.size < 1:
         raise DTypeError("unscale_: found_inf must be an int32 Tensor with at least one element")
     device_of([grad, found_inf], "unscale_")
+    check_writable(grad)
     return unscale_grad(grad, inv_scale, found_inf)
 
 
