@@ -272,3 +272,18 @@ def test_gradient_scalers_and_clippers_refuse_a_view(device):
         with pytest.raises(ValueError, match="cannot write in place into a strided view"):
             write()
     np.testing.assert_array_equal(g.to_host(), np.ones((2, 3), np.float32))
+
+
+def test_whether_a_block_is_a_sub_buffer_depends_on_its_dtype(device):
+    if device.kind != "opencl" or device.cl_device.mem_base_addr_align // 8 <= 8:
+        pytest.skip("a device whose sub-buffers start at any float64")
+    k = device.cl_device.mem_base_addr_align // 64  # row 1 starts at k * 4 bytes (unaligned), k * 8 (aligned)
+    for dtype, strided in ((np.float32, True), (np.float64, False)):  # the float32 layout is remembered first
+        try:
+            device.check_dtype(dtype)
+        except nc.DTypeError:
+            pytest.skip("no float64 on this device")
+        x = ag.tensor(np.arange(3 * k, dtype=dtype).reshape(3, k), dtype=dtype, device=device)
+        row = x[1]
+        assert row.value.strided == strided, dtype
+        np.testing.assert_array_equal(row.to_host(), np.arange(k, 2 * k, dtype=dtype))

@@ -87,7 +87,7 @@ def getitem_view(x: Tensor, key: IndexKey, memo: tuple | None = _UNSET) -> Tenso
             shared = planned_view(x, memo)
             if shared is not None:  # a view of x's memory made for this shape and key before
                 return shared
-            kind = (x.shape, memo, x.device, x.base is None or x.data is x.base.data)
+            kind = (x.shape, x.dtype, memo, x.device, x.base is None or x.data is x.base.data)
             layout = _STRIDED_ITEMS.get(kind)
             if layout is not None:  # a strided view for this shape, key, device and kind of x before
                 return StridedView(x, *layout)
@@ -164,8 +164,8 @@ register_cache(_SWAPPED.clear)
 #: (x's shape, permutation) -> (the transpose's shape, its strides in x, whether it is a reshape)
 _TRANSPOSED: dict[tuple, tuple] = {}
 register_cache(_TRANSPOSED.clear)
-#: (x's shape, memo_key(key), device, x shares its root's buffer) -> (shape, strides, offset) of an x[key] that
-#: was a ``StridedView``
+#: (x's shape, dtype, memo_key(key), device, x shares its root's buffer) -> (shape, strides, offset) of an x[key]
+#: that was a ``StridedView`` (the dtype decides whether a block's start meets the sub-buffer alignment)
 _STRIDED_ITEMS: dict[tuple, tuple] = {}
 register_cache(_STRIDED_ITEMS.clear)
 #: (shape, strides) of layouts that are not one run of memory (always a ``StridedView``)
