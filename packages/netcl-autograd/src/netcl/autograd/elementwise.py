@@ -156,19 +156,24 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if _local.tracer is not None:
         return _through_apply_op(entry, name, inputs, attrs)
     count = len(inputs)
+    # a strided view is gathered once here: the forward and the backward read the copy
     if count == 1:  # no comprehension frame for the common arities
         (first,) = inputs
         values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
+        if type(values[0]) is StridedView:
+            values = (values[0].contiguous(),)
     elif count == 2:
         first, second = inputs
         values = (
             first.value if isinstance(first, Node) else first,
             second.value if isinstance(second, Node) else second,
         )
+        if type(values[0]) is StridedView or type(values[1]) is StridedView:
+            values = gathered(values)
     else:
         values = tuple([a.value if isinstance(a, Node) else a for a in inputs])
-    if StridedView in map(type, values):  # a view is gathered once: the forward and the backward read the copy
-        values = gathered(values)
+        if StridedView in map(type, values):
+            values = gathered(values)
     if entry.forward is not None:  # the inputs are the kernel's operands
         out = apply(entry.kernel, values)
     elif entry.scalar_slot is not None:
