@@ -164,12 +164,12 @@ def planned_view(x: Tensor, memo: tuple) -> Tensor | None:
     return Tensor(x.data.get_sub_region(start, nbytes, _READ_WRITE), shape, x.dtype, device, base=root)
 
 
-def remember_view(x: Tensor, key: IndexKey, result: Tensor) -> None:
-    """Keep how ``result``, a view sharing x's memory that ``contiguous_view`` made for ``x[key]``, was made
-    (``planned_view`` then repeats it without parsing; OpenCL only, keys of ``memo_key`` only)."""
-    memo = memo_key(key) if type(x) is Tensor else None
+def remember_view(x: Tensor, memo: tuple | None, view: BasicIndex, result: Tensor) -> None:
+    """Keep how ``result``, the view sharing x's memory that ``contiguous_view`` made for ``view`` (the key's
+    ``memo_key``: ``memo``), was made: ``planned_view`` then repeats it without parsing (OpenCL only, keys of
+    ``memo_key`` only)."""
     if memo is not None and x.device.is_opencl and result.size:
-        _remember_view(x, memo, parse_index(x.shape, key, memo), result)
+        _remember_view(x, memo, view, result)
 
 
 def getitem(x: Tensor, key: IndexKey) -> Tensor:
@@ -195,8 +195,7 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
     view = parse_index(x.shape, key)
     result = contiguous_view(x, view)
     if result is not None:
-        if memo is not None and x.device.is_opencl and result.size:
-            _remember_view(x, memo, view, result)
+        remember_view(x, memo, view, result)
         return result
     out = strided_copy(x, view.shape, view.strides, view.offset)
     if memo is not None and x.base is None and x.device.is_opencl and out.size:  # a prepared launch to keep

@@ -34,7 +34,6 @@ from netcl.runtime.ops.indexing import (
 from netcl.runtime.ops.layout import moves_only_unit_axes, permute
 from netcl.runtime.ops.strided import copy_view
 
-Layout = tuple[tuple[int, ...], tuple[int, ...], int]
 _UNSET: Any = object()
 
 
@@ -53,13 +52,6 @@ def make_view(source: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], 
     return StridedView(source, shape, strides, offset)
 
 
-def layout_of(x: Tensor) -> tuple[Tensor, Layout]:
-    """(the plain tensor whose memory ``x`` reads, x's layout in it)."""
-    if x.strided:
-        return x.source, (x.shape, x.strides, x.offset)  # type: ignore[attr-defined]
-    return x, (x.shape, contiguous_strides(x.shape), 0)
-
-
 def transpose_view(x: Tensor, perm: tuple[int, ...]) -> Tensor:
     """x's axes in the order ``perm`` (a valid permutation), with no launch."""
     if not x.strided:
@@ -71,7 +63,7 @@ def transpose_view(x: Tensor, perm: tuple[int, ...]) -> Tensor:
             planned = remember(_TRANSPOSED, (x.shape, perm), (shape, tuple(steps[a] for a in perm), reshape))
         shape, strides, reshape = planned
         return x.reshape(shape) if reshape else make_view(x, shape, strides, 0)
-    source, (_, strides, offset) = layout_of(x)
+    source, strides, offset = x.source, x.strides, x.offset  # type: ignore[attr-defined]
     return make_view(source, tuple(x.shape[a] for a in perm), tuple(strides[a] for a in perm), offset)
 
 
@@ -94,13 +86,12 @@ def getitem_view(x: Tensor, key: IndexKey, memo: tuple | None = _UNSET) -> Tenso
         view = parse_index(x.shape, key, memo)
         result = make_view(x, view.shape, view.strides, view.offset)
         if not result.strided:
-            remember_view(x, key, result)
+            remember_view(x, memo, view, result)
         elif memo is not None:  # a scattered layout, or one block the device cannot address as a sub-buffer
             remember(_STRIDED_ITEMS, kind, (view.shape, view.strides, view.offset))
         return result
-    source, (shape, strides, offset) = layout_of(x)
-    view = parse_strided_index(shape, key, strides, offset)
-    return make_view(source, view.shape, view.strides, view.offset)
+    view = parse_strided_index(x.shape, key, x.strides, x.offset)  # type: ignore[attr-defined]
+    return make_view(x.source, view.shape, view.strides, view.offset)  # type: ignore[attr-defined]
 
 
 def swapped_source(x: Tensor) -> Tensor | None:
