@@ -174,12 +174,15 @@ def test_reshape_errors(device: nc.Device, shape: tuple, match: str) -> None:
         t.reshape(*shape)
 
 
-def test_reshape_remembers_an_asked_tuple_by_identity(device: nc.Device) -> None:
-    """A resolved reshape is kept for the very tuple asked (a loop's constant); an equal tuple of other objects
-    (``True`` equals 1, ``3.0`` equals 3) is checked in full, and another shape resolves on its own."""
+def test_reshape_remembers_an_asked_tuple_by_value_and_type(device: nc.Device) -> None:
+    """A resolved reshape is kept for the tuple asked, found again by an equal tuple of plain ints (a loop's
+    constant, or ``reshape(batch, -1)``'s new tuple each call); an equal tuple of other objects (``True`` equals
+    1, ``3.0`` equals 3) is checked in full, and another shape resolves on its own."""
     t = nc.Tensor.zeros(12, device=device)
     asked, ones = (3, -1), (1, 12)
     assert t.reshape(asked).shape == (3, 4) and t.reshape(asked).shape == (3, 4)
+    assert t.reshape(tuple([3, -1])).shape == (3, 4) and t.reshape(3, -1).shape == (3, 4)
+    assert t.reshape(np.int64(3), -1).shape == (3, 4)
     assert t.reshape(ones).shape == (1, 12)
     with pytest.raises(nc.ShapeError, match="non-integer dimension True"):
         t.reshape((True, 12))

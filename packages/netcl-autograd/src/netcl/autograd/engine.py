@@ -13,7 +13,6 @@ import threading
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -30,7 +29,7 @@ from netcl.autograd.grad_mode import (
 )
 from netcl.autograd.saved_values import check_unmodified
 from netcl.core import Device, DeviceError, Tensor, get_device, writes
-from netcl.core.dtypes import is_floating
+from netcl.core.dtypes import FLOATING, is_floating
 from netcl.core.strided_view import StridedView
 from netcl.core.tensor import format_values
 from netcl.runtime.ops import layout, pointwise
@@ -67,25 +66,46 @@ __all__ = [
 ]
 
 
-@dataclass(eq=False)
 class Node:
-    """One value in the computational graph: a forward ``Tensor`` plus how to send gradients back."""
+    """One value in the computational graph: a forward ``Tensor`` plus how to send gradients back.
+
+    Equality and hashing are by identity. A plain class, not a dataclass: its ``__init__`` sets only the
+    fields every node has and leaves the rest to class-level defaults, since every eager op makes one.
+    """
 
     value: Tensor
-    grad_fn: GradFn | None = None
-    parents: list[Node] = field(default_factory=list)
+    grad_fn: GradFn | None
+    parents: list[Node]
     grad: Tensor | None = None
-    requires_grad: bool = False
+    requires_grad: bool
     creation_trace: list[str] | None = None
-    op_name: str | None = None
+    op_name: str | None
     #: True when ``grad`` is a buffer the engine allocated for this node alone (safe to add into).
-    _grad_owned: bool = field(default=False, repr=False)
+    _grad_owned: bool = False
     #: True once a backward without ``retain_graph`` released this node's grad_fn and parents.
-    _freed: bool = field(default=False, repr=False)
+    _freed: bool = False
     #: Hooks run by backward as soon as this node's gradient is final (``register_grad_ready_hook``).
-    _grad_hooks: list[GradReadyHook] | None = field(default=None, repr=False)
+    _grad_hooks: list[GradReadyHook] | None = None
 
-    __hash__ = object.__hash__
+    def __init__(
+        self,
+        value: Tensor,
+        grad_fn: GradFn | None = None,
+        parents: list[Node] | None = None,
+        grad: Tensor | None = None,
+        requires_grad: bool = False,
+        creation_trace: list[str] | None = None,
+        op_name: str | None = None,
+    ) -> None:
+        self.value = value
+        self.grad_fn = grad_fn
+        self.parents = [] if parents is None else parents
+        if grad is not None:
+            self.grad = grad
+        self.requires_grad = requires_grad
+        if creation_trace is not None:
+            self.creation_trace = creation_trace
+        self.op_name = op_name
 
     # ---- tensor-like surface ----------------------------------------------------------------
     @property
@@ -380,7 +400,8 @@ def apply_op(
     tracer = _local.tracer
     if tracer is not None:
         return tracer.trace(op_name, fn, grad_fn, args, attrs)
-    if len(args) == 1:  # most ops take one operand: no comprehension frame
+    single = len(args) == 1
+    if single:  # most ops take one operand: no comprehension frame
         (first,) = args
         values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
         if type(values[0]) is StridedView and not takes_views:
@@ -394,15 +415,21 @@ def apply_op(
         return Node(out, op_name=op_name)
     if tape is None:
         tape = _local.tape
-    index: list[int] = []
-    parents: list[Node] = []
-    wanted = False
-    for i, a in enumerate(args):  # one loop over the (one to three) arguments, no comprehension frames
-        if isinstance(a, Node):
-            index.append(i)
-            parents.append(a)
-            wanted = wanted or a.requires_grad
-    tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and is_floating(out.dtype)
+    index: list[int]
+    parents: list[Node]
+    if single:  # no loop for the common arity
+        if isinstance(first, Node):
+            index, parents, wanted = [0], [first], first.requires_grad
+        else:
+            index, parents, wanted = [], [], False
+    else:
+        index, parents, wanted = [], [], False
+        for i, a in enumerate(args):  # one loop over the (two or three) arguments, no comprehension frames
+            if isinstance(a, Node):
+                index.append(i)
+                parents.append(a)
+                wanted = wanted or a.requires_grad
+    tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and out.dtype in FLOATING
     if not tracking:
         node = Node(out, op_name=op_name)
     else:

@@ -66,6 +66,9 @@ def check_allocation(device: StorageDevice, nbytes: int) -> None:
 class Storage:
     """The memory operations of one backend; ``Tensor`` calls them through ``tensor.device.storage``."""
 
+    #: whether ``view`` returns its ``data`` argument itself (a reshape then skips the call)
+    view_is_data = False
+
     def allocate(self, device: StorageDevice, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> Any:
         """Uninitialized data for a tensor of ``dims`` and ``dtype`` (``nbytes`` bytes) on ``device``."""
         raise NotImplementedError
@@ -133,6 +136,8 @@ class NumPyStorage(Storage):
 class OpenCLStorage(Storage):
     """An OpenCL device: data is a ``cl.Buffer`` (at least 4 bytes) from ``device.allocator``; bytes move
     by commands on the device's queue, each reported to active profilers."""
+
+    view_is_data = True
 
     def allocate(self, device: StorageDevice, dims: tuple[int, ...], dtype: np.dtype, nbytes: int) -> cl.Buffer:
         return device.allocator(device, nbytes)

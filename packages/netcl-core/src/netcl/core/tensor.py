@@ -187,7 +187,9 @@ class Tensor:
             seen = _RESHAPES.get((self.shape, asked), _MISSING)
         except TypeError:  # an unhashable dim (a list inside): _infer_shape resolves or says what is wrong
             seen = None
-        if type(seen) is tuple and seen[0] is asked:  # this very tuple, from this shape, was resolved before
+        if type(seen) is tuple and (seen[0] is asked or {*map(type, asked)} <= _INT):
+            # an equal tuple of plain ints (or this very tuple) was resolved from this shape before: no bool or
+            # float equal to an int gets past here unchecked
             dims = seen[1]
         else:
             dims = asked
@@ -199,8 +201,10 @@ class Tensor:
                 if len(_RESHAPES) >= _CHECKED_SHAPES_MAX:
                     _RESHAPES.clear()
                 _RESHAPES[(self.shape, asked)] = (asked, dims)
-        data = self.device.storage.view(self.data, dims)
-        return Tensor(data, dims, self.dtype, self.device, base=self.base if self.base is not None else self)
+        device, base = self.device, self.base
+        storage = device.storage
+        data = self.data if storage.view_is_data else storage.view(self.data, dims)
+        return Tensor(data, dims, self.dtype, device, self if base is None else base)
 
     def copy(self) -> Tensor:
         """A new tensor with its own buffer and the same contents."""
