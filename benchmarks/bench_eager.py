@@ -4,7 +4,8 @@ and the eager training steps of the ``train`` workload.
 1. **Per-op host cost.** A dozen ops on small tensors (32x32 float32, matmul 64x64), so the host's
    work per call, not the device's, is what the loop measures: the median over repeats of the wall
    time of ``INNER`` back-to-back calls divided by ``INNER``, the queue drained between repeats
-   (outside the timed region). Columns:
+   (outside the timed region). netcl's, torch's and the raw floor's samples of an op are taken in turn, and
+   each ratio is the median of its turns' own ratios, so a drift of a shared host's speed cancels. Columns:
 
    - ``no_grad`` / ``recording``: netcl under ``ag.no_grad()``, and inside a ``Tape`` with inputs
      that require grad (the op builds its graph node);
@@ -17,7 +18,9 @@ and the eager training steps of the ``train`` workload.
      (``kernel.set_args`` each call) and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest
      enqueue on this platform and the one netcl's prepared launches make (no event on NVIDIA, where
      pyopencl's eventful call on a profiling queue costs about twice as much; pyopencl's call elsewhere).
-     ``x raw`` is no_grad over ``raw floor``.
+     ``x raw`` is no_grad over ``raw floor``. On PoCL the floor is a back-to-back enqueue: an enqueue that
+     follows ~1 us of other host work costs ~1.8x as much (PoCL's worker has gone idle; benchmarks/RESULTS.md,
+     "Eager host cost, thirtieth session").
 
    The issue's targets: netcl <= 1.5x torch eager on a GPU, <= 2x a raw launch on PoCL.
 2. **Eager training steps**: ms per step of the MLP and the digits CNN of the ``train`` workload
@@ -74,26 +77,43 @@ OPS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] = {
 }
 
 
-def _host_us(
-    fn: Callable[[], object], sync: Callable[[], None], repeats: int, context: Callable[[], Any] = nullcontext
-) -> float:
-    """Median host microseconds per call of ``fn`` (``INNER`` calls per sample inside one ``context()``, ``sync``
-    between samples). A recording sample gets a tape of its own: the nodes (and their output blocks) of one
-    sample are released before the next, as a training step's are."""
+def _sampler(
+    fn: Callable[[], object], sync: Callable[[], None], context: Callable[[], Any] = nullcontext
+) -> Callable[[], float]:
+    """A function that takes one sample: host microseconds per call over ``INNER`` calls of ``fn`` inside one
+    ``context()``, then ``sync`` (outside the timed region). A recording sample gets a tape of its own: the nodes
+    (and their output blocks) of one sample are released before the next, as a training step's are. ``fn`` is
+    warmed up first."""
     for _ in range(2):
         with context():
             for _ in range(5):
                 fn()
     sync()
-    samples = []
-    for _ in range(repeats):
+
+    def sample() -> float:
         with context():
             start = time.perf_counter()
             for _ in range(INNER):
                 fn()
-            samples.append((time.perf_counter() - start) / INNER * 1e6)
+            elapsed = (time.perf_counter() - start) / INNER * 1e6
         sync()
-    return statistics.median(samples)
+        return elapsed
+
+    return sample
+
+
+def _host_us(
+    fn: Callable[[], object], sync: Callable[[], None], repeats: int, context: Callable[[], Any] = nullcontext
+) -> float:
+    """Median host microseconds per call of ``fn`` over ``repeats`` samples (``_sampler``)."""
+    sample = _sampler(fn, sync, context)
+    return statistics.median(sample() for _ in range(repeats))
+
+
+def _paired(numerators: list[float], denominators: list[float]) -> float:
+    """The median of each turn's own ratio: samples taken back to back, so a drift of the shared host's speed
+    between turns cancels (a ratio of medians would mix turns of different speeds)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def _calls_per_op(fn: Callable[[], object], sync: Callable[[], None]) -> float:
@@ -131,10 +151,11 @@ def _netcl_inputs(device, host: dict[str, np.ndarray], grad: bool) -> dict:
     return out
 
 
-def raw_launch_us(device, repeats: int) -> dict[str, float]:
-    """Host us per raw pyopencl launch of a prepared 1K-element add kernel (OpenCL devices only)."""
+def raw_launches(device, repeats: int) -> tuple[dict[str, float], Callable[[], float] | None]:
+    """Host us per raw pyopencl launch of a prepared 1K-element add kernel, and the sampler of ``raw floor`` (which
+    ``op_rows`` samples again in turn with each op); OpenCL devices only (else nothing and None)."""
     if device.kind != "opencl":
-        return {}
+        return {}, None
     import pyopencl as cl
     import pyopencl._cl as _cl
 
@@ -158,73 +179,75 @@ def raw_launch_us(device, repeats: int) -> dict[str, float]:
         _cl.enqueue_nd_range_kernel(queue, kernel, (n,), (256,), None, None, False, False)
 
     floor, _ = enqueuer(queue, kernel, (n,), (256,))  # what netcl's prepared launches call on this platform
-    return {
+    floor_sample = _sampler(floor, queue.finish)
+    floor_sample.keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive as long as the sampler
+    raw = {
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),
         "raw set+enqueue": _host_us(set_and_enqueue, queue.finish, repeats),
-        "raw floor": _host_us(floor, queue.finish, repeats),
+        "raw floor": statistics.median(floor_sample() for _ in range(repeats)),
     }
+    return raw, floor_sample
 
 
-def netcl_ops(device, repeats: int) -> dict[str, dict[str, float]]:
-    """Per op: host us under no_grad and while recording, and calls per op (no_grad)."""
+def _torch_inputs(torch, grad: bool) -> dict:
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out: dict = {"torch": torch}
+    for name, value in _host_inputs().items():
+        tensor = torch.from_numpy(value).to(dev)
+        if value.dtype.kind == "i":
+            tensor = tensor.long()
+        elif grad:
+            tensor.requires_grad_(True)
+        out[name] = tensor
+    return out
+
+
+def op_rows(device, repeats: int, torch, floor: Callable[[], float] | None) -> dict[str, dict[str, float]]:
+    """Per op: host us per call of netcl under no_grad and while recording, of torch eager (CUDA when available)
+    without and with ``requires_grad`` inputs, and calls per op (no_grad); each column the median of ``repeats``
+    samples taken in turn with the others (netcl, torch, raw floor, netcl, ...), each ratio the median of its
+    turns' own ratios (``_paired``)."""
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
     host = _host_inputs()
     plain, tracked = _netcl_inputs(device, host, False), _netcl_inputs(device, host, True)
+    if torch is not None:
+        torch_sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        torch_plain, torch_tracked = _torch_inputs(torch, False), _torch_inputs(torch, True)
     rows: dict[str, dict[str, float]] = {}
-    for name, (op, _) in OPS.items():
+    for name, (op, torch_op) in OPS.items():
+        samplers = {
+            "no_grad": _sampler(lambda op=op: op(plain), sync, ag.no_grad),
+            "recording": _sampler(lambda op=op: op(tracked), sync, ag.Tape),
+        }
+        if torch is not None:
+            samplers["torch"] = _sampler(lambda op=torch_op: op(torch_plain), torch_sync, torch.no_grad)
+            samplers["torch rec"] = _sampler(lambda op=torch_op: op(torch_tracked), torch_sync)
+        if floor is not None:
+            samplers["raw floor"] = floor
+        samples: dict[str, list[float]] = {column: [] for column in samplers}
+        for _ in range(repeats):
+            for column, sample in samplers.items():
+                samples[column].append(sample())
+        row = {column: statistics.median(values) for column, values in samples.items() if column != "raw floor"}
         with ag.no_grad():
-            no_grad = _host_us(lambda op=op: op(plain), sync, repeats)
-            calls = _calls_per_op(lambda op=op: op(plain), sync)
-        recording = _host_us(lambda op=op: op(tracked), sync, repeats, ag.Tape)
-        rows[name] = {"no_grad": no_grad, "recording": recording, "calls": calls}
-    return rows
-
-
-def torch_ops(torch, repeats: int) -> dict[str, dict[str, float]]:
-    """Per op: torch eager host us without and with requires_grad inputs (CUDA when available)."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    host = _host_inputs()
-
-    def inputs(grad: bool) -> dict:
-        out: dict = {"torch": torch}
-        for name, value in host.items():
-            tensor = torch.from_numpy(value).to(dev)
-            if value.dtype.kind == "i":
-                tensor = tensor.long()
-            elif grad:
-                tensor.requires_grad_(True)
-            out[name] = tensor
-        return out
-
-    plain, tracked = inputs(False), inputs(True)
-    rows: dict[str, dict[str, float]] = {}
-    for name, (_, op) in OPS.items():
-        with torch.no_grad():
-            no_grad = _host_us(lambda op=op: op(plain), sync, repeats)
-        recording = _host_us(lambda op=op: op(tracked), sync, repeats)
-        rows[name] = {"torch": no_grad, "torch rec": recording}
+            row["calls"] = _calls_per_op(lambda op=op: op(plain), sync)
+        if torch is not None:
+            row["x torch"] = _paired(samples["no_grad"], samples["torch"])
+            row["x torch rec"] = _paired(samples["recording"], samples["torch rec"])
+        if floor is not None:
+            row["x raw"] = _paired(samples["no_grad"], samples["raw floor"])
+        rows[name] = row
     return rows
 
 
 def op_table(device, repeats: int, torch) -> dict:
-    raw = raw_launch_us(device, repeats)
-    rows = netcl_ops(device, repeats)
-    if torch is not None:
-        for name, values in torch_ops(torch, repeats).items():
-            rows[name].update(values)
+    raw, floor = raw_launches(device, repeats)
+    rows = op_rows(device, repeats, torch, floor)
     columns = ["no_grad", "recording", "calls"]
     if torch is not None:
         columns += ["torch", "torch rec", "x torch", "x torch rec"]
-    floor = raw.get("raw floor")
-    if floor:
+    if floor is not None:
         columns.append("x raw")
-    for values in rows.values():
-        if torch is not None:
-            values["x torch"] = values["no_grad"] / values["torch"]
-            values["x torch rec"] = values["recording"] / values["torch rec"]
-        if floor:
-            values["x raw"] = values["no_grad"] / floor
     for name, us in raw.items():
         print(f"{name:<{WIDTH}}{us:>10.2f} us per launch (prepared 1K-element add kernel)")
     header = f"{'op':<{WIDTH}}" + "".join(f"{c:>13}" for c in columns)
