@@ -152,6 +152,28 @@ def test_a_planned_softmax_records_without_its_checks(cl_device: Any, name: str,
     np.testing.assert_allclose(x.grad.to_host(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_planned_softmax_rebinds_its_statistics_scratch_when_it_grows(cl_device: Any, monkeypatch) -> None:
+    """A planned call that drops its statistics writes them into the device's scratch pair through a launch with
+    that pair set once; a larger call in between grows the pair, and the next planned call binds the new pair
+    (the old one may be gone) and returns the same values."""
+    from netcl.autograd import row_hook
+    from netcl.runtime.ops import rowwise
+
+    monkeypatch.setattr(row_hook, "_provider", None)
+    small = ag.tensor(X.astype(np.float32), device=cl_device)
+    large = ag.tensor(RNG.standard_normal((4096, 8)).astype(np.float32), device=cl_device)
+    with ag.no_grad():
+        ag.softmax(small, axis=-1)  # plans
+        first = ag.softmax(small, axis=-1).to_host()
+        ag.softmax(large, axis=-1)
+        ag.softmax(large, axis=-1)  # grows the scratch pair past the small call's
+        again = ag.softmax(small, axis=-1).to_host()
+    plan = rowwise.softmax_plan(small.value, -1, rowwise.SOFTMAX)[1]
+    assert rowwise._SCRATCH_BOUND[plan[0]][0] is rowwise._STAT_SCRATCH[cl_device]
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_allclose(first, _softmax(X.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
 def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:
     x, idx, _ = _inputs(device, grad=False)
     with ag.no_grad():

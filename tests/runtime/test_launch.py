@@ -68,6 +68,23 @@ def test_prepared_launch_binding_sets_bound_arguments_once(cl_device, handle):
         PreparedLaunch.binding(handle.kernel("local_size"), 16, 8, {})
 
 
+def test_prepared_launch_with_bound_sets_a_per_call_argument_once(cl_device, handle):
+    """``with_bound``: a new launch with a per-call buffer set once; the original launch is unchanged, and the
+    remaining per-call arguments keep their order."""
+    kernel = handle.kernel("axpy", [None, None, np.float32, np.int32])
+    x_host = np.arange(10, dtype=np.float32)
+    y = nc.tensor(np.ones(10, np.float32), device=cl_device)
+    z = nc.tensor(np.zeros(10, np.float32), device=cl_device)
+    x = nc.tensor(x_host, device=cl_device)
+    prepared = PreparedLaunch.binding(kernel, 16, 8, {2: 2.0, 3: 10})
+    into_y = prepared.with_bound({0: y.data})
+    into_y(x.data)
+    into_y(x.data)
+    prepared(z.data, x.data)
+    np.testing.assert_array_equal(y.to_host(), 1.0 + 4.0 * x_host)
+    np.testing.assert_array_equal(z.to_host(), 2.0 * x_host)
+
+
 @pytest.mark.parametrize(
     ("global_size", "local_size", "message"),
     [

@@ -76,6 +76,18 @@ class _Forward:
         return rowwise.softmax_forward(v, self.axes, self.mode, keep_stats=False)[0]
 
 
+class _PlannedForward:
+    """``_Forward`` of a call whose plan its caller found (``rowwise.softmax_plan``)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: tuple) -> None:
+        self.plan = plan
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return rowwise.planned_softmax_output(v, self.plan)
+
+
 class _GradFromOutput:
     """Their gradient from the output alone (torch's rule; ``rowwise.softmax_backward_from_output``)."""
 
@@ -104,7 +116,11 @@ def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     axes, plan = found
     if not grad_mode.grad_enabled:
         return Node(rowwise.planned_softmax_output(x.value, plan), op_name=rowwise.MODE_NAMES[mode])
-    return _family(x, axes, mode, None, {"axis": axis})
+    rules = _FROM_OUTPUT.get((axes, mode))
+    if rules is None:
+        rules = _FROM_OUTPUT[(axes, mode)] = (_Forward(axes, mode), _GradFromOutput(axes, mode))
+    # _family's recording, with the plan found here (no second lookup)
+    return apply_op(_PlannedForward(plan), rules[1], x, op_name=rowwise.MODE_NAMES[mode], attrs={"axis": axis})
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:

@@ -360,6 +360,13 @@ class PreparedLaunch:
     def __call__(self, *dynamic: Any) -> None:
         self.call(*dynamic)
 
+    def with_bound(self, bound: dict[int, Any]) -> PreparedLaunch:
+        """A new launch of this kernel and sizes with the per-call arguments at ``bound``'s indices set once too
+        (the other per-call arguments keep their order): for a caller that passes the same buffers every time."""
+        dynamic = [(i, d) for i, d in self._dynamic if i not in bound]
+        static = {**self._static, **bound}
+        return PreparedLaunch(self.kernel, self.global_size, self.local_size, static, dynamic, self.queue)
+
     def _generate(self) -> Any:
         from netcl.runtime.enqueue import raise_status
 

@@ -581,12 +581,15 @@ def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[T
     out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
     if keep_stats:
         rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
+        prepared.call(moved.data, out.data, rowmax, rowsum)
     else:  # write-only scratch: the kernel stores the statistics and never reads them back
         scratch = _STAT_SCRATCH.get(device)
         if scratch is None or scratch[0] < stat_bytes:  # one pair per device, grown to the largest asked for
             scratch = _STAT_SCRATCH[device] = (stat_bytes, allocate(device, stat_bytes), allocate(device, stat_bytes))
-        rowmax, rowsum = scratch[1], scratch[2]
-    prepared.call(moved.data, out.data, rowmax, rowsum)
+        bound = _SCRATCH_BOUND.get(prepared)
+        if bound is None or bound[0] is not scratch:  # the launch with this scratch pair set once
+            bound = _SCRATCH_BOUND[prepared] = (scratch, prepared.with_bound({2: scratch[1], 3: scratch[2]}))
+        bound[1].call(moved.data, out.data)
     out = out if restore is None else transpose(out, restore)
     if not keep_stats:
         return out, None, None
@@ -597,6 +600,9 @@ def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[T
 #: statistics writes them into (only written, never read: concurrent writers of unused values are harmless)
 _STAT_SCRATCH: dict[Device, tuple] = {}
 register_cache(_STAT_SCRATCH.clear)
+#: a plan's prepared launch -> (the scratch pair it was bound to, its launch with that pair set once)
+_SCRATCH_BOUND: dict[Any, tuple] = {}
+register_cache(_SCRATCH_BOUND.clear)
 
 
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
