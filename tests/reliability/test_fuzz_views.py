@@ -5,7 +5,8 @@ Each example draws a float32 array of 1-4 axes (sizes 0-5) and a chain of 1-4 vi
 each valid for the shape the chain has reached. NumPy's transposes and basic indexing are views too, so the
 reference is exact and the checks are bit for bit:
 
-* the values, read directly (``to_host``, a gather) and through an op (``view * 2``);
+* the values, read directly (``to_host``, a gather) and through ops whose kernels read the view in place
+  (``view * 2``, ``view - w``, ``view * view``);
 * the gradient of ``sum(view * w)``: ``w`` written through NumPy's same view chain into zeros of the input's
   shape (basic views never select an element twice, so each source element gets at most one ``w``);
 * that the view reads its source's current values: after an in-place add into the source, a new read of the
@@ -116,6 +117,10 @@ def run_case(x: np.ndarray, steps: list[Step], w: np.ndarray, device: nc.Device)
     assert view.shape == expected.shape, f"{label}: shape {view.shape}, expected {expected.shape}"
     np.testing.assert_array_equal(view.to_host(), expected, err_msg=label)
     np.testing.assert_array_equal((view * 2.0).to_host(), expected * np.float32(2.0), err_msg=label)
+    with ag.no_grad():  # the kernels read the view through its strides, beside a plain tensor and itself
+        other = ag.tensor(w, device=device)
+        np.testing.assert_array_equal((view - other).to_host(), expected - w, err_msg=f"{label}: view - tensor")
+        np.testing.assert_array_equal((view * view).to_host(), expected * expected, err_msg=f"{label}: view * view")
 
     with ag.Tape() as tape:
         loss = ag.sum(_apply(node, steps) * ag.tensor(w, device=device))

@@ -156,12 +156,12 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if _local.tracer is not None:
         return _through_apply_op(entry, name, inputs, attrs)
     count = len(inputs)
-    # a strided view is gathered once here: the forward and the backward read the copy
+    # a strided view is read in place by the kernel, or gathered once here where the backward reads it
     if count == 1:  # no comprehension frame for the common arities
         (first,) = inputs
         values: tuple[Any, ...] = (first.value if isinstance(first, Node) else first,)
         if type(values[0]) is StridedView:
-            values = (values[0].contiguous(),)
+            values = _views_read(entry, inputs, values)
     elif count == 2:
         first, second = inputs
         values = (
@@ -169,11 +169,11 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
             second.value if isinstance(second, Node) else second,
         )
         if type(values[0]) is StridedView or type(values[1]) is StridedView:
-            values = gathered(values)
+            values = _views_read(entry, inputs, values)
     else:
         values = tuple([a.value if isinstance(a, Node) else a for a in inputs])
         if StridedView in map(type, values):
-            values = gathered(values)
+            values = _views_read(entry, inputs, values)
     if entry.forward is not None:  # the inputs are the kernel's operands
         out = apply(entry.kernel, values)
     elif entry.scalar_slot is not None:
@@ -202,6 +202,20 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if tape is not None and tape.enabled:
         tape.nodes.append(node)
     return node
+
+
+def _views_read(entry: _Entry, inputs: Sequence[Operand], values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` with the strided views at positions the op's derivatives read gathered when a backward may run
+    (grad mode on and an input that requires grad; one copy of a view given twice), so that the forward and the
+    backward read one copy. The kernel reads the others through their strides (every input is an operand of its
+    kernel, ``forward_operands``), as torch's kernels read a non-contiguous tensor."""
+    recorded = grad_mode.grad_enabled and entry.differentiable and any(map(needs_grad, inputs))
+    reads = entry.reads if recorded else ()
+    if not any(type(values[i]) is StridedView for i in reads if i >= 0):
+        return values
+    kept = gathered(tuple(values[i] for i in reads if i >= 0))
+    copies = dict(zip((i for i in reads if i >= 0), kept, strict=True))
+    return tuple(copies.get(i, v) for i, v in enumerate(values))
 
 
 def _through_apply_op(entry: _Entry, name: str, inputs: Sequence[Operand], attrs: Mapping[str, Any] | None) -> Node:

@@ -322,7 +322,9 @@ FLAT, ONE, STRIDED = "flat", "one", "strided"
 
 
 def broadcast_layout(
-    out_shape: tuple[int, ...], shapes: Sequence[tuple[int, ...] | None]
+    out_shape: tuple[int, ...],
+    shapes: Sequence[tuple[int, ...] | None],
+    element_strides: Sequence[tuple[int, ...] | None] | None = None,
 ) -> tuple[tuple[str | None, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """(read class per operand, collapsed output dims, per STRIDED operand its element strides).
 
@@ -332,20 +334,27 @@ def broadcast_layout(
     where every strided operand is contiguous across them, so ``(B, F) + (F,)`` is rank 2 for every
     B) and each strided operand gets one stride per collapsed axis (0 where it broadcasts). The dims
     and strides are kernel arguments; only the classes and the collapsed rank shape the source.
+    ``element_strides`` (optional, one entry per operand) gives an operand read through strides of its own
+    (a strided view: None for the others): it is STRIDED whatever its element count.
     """
     total = math.prod(out_shape)
     classes: list[str | None] = []
     strided: list[tuple[int, ...]] = []
-    for shape in shapes:
+    for k, shape in enumerate(shapes):
+        own = element_strides[k] if element_strides is not None else None
         if shape is None:
             classes.append(None)
-        elif math.prod(shape) == total:
+        elif own is None and math.prod(shape) == total:
             classes.append(FLAT)
-        elif math.prod(shape) == 1:
+        elif own is None and math.prod(shape) == 1:
             classes.append(ONE)
         else:
             classes.append(STRIDED)
-            padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+            pad = len(out_shape) - len(shape)
+            padded = (1,) * pad + tuple(shape)
+            if own is not None:  # the view's strides, 0 where it broadcasts (a padded or length-1 axis)
+                strided.append(tuple(0 if dim == 1 else st for dim, st in zip(padded, (0,) * pad + own, strict=True)))
+                continue
             step, steps = 1, []
             for dim in reversed(padded):
                 steps.append(0 if dim == 1 else step)

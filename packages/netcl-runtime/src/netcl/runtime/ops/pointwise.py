@@ -27,6 +27,7 @@ from netcl.core import Device, Tensor, broadcast_shapes
 from netcl.core.dtypes import float32
 from netcl.core.errors import ShapeError
 from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
+from netcl.core.strided_view import StridedView
 from netcl.core.writes import written
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import _table
@@ -95,6 +96,7 @@ class Plan:
         "grid",
         "prepared",
         "vector",
+        "reads_views",
     )
 
     def __init__(
@@ -118,13 +120,25 @@ class Plan:
         )
         self.resolved: ResolvedKernel | None = None
         shapes = [v.shape if isinstance(v, Tensor) else None for v in operands]
-        classes, dims, strides = broadcast_layout(out_shape, shapes)
-        self.idx = index_type(out_shape, *[s for s in shapes if s is not None])
+        #: whether an operand is a strided view, read in place through its strides and offset (``execute``
+        #: passes its source's buffer)
+        self.reads_views = any(type(v) is StridedView for v in operands)
+        views = [v if type(v) is StridedView else None for v in operands]
+        classes, dims, strides = broadcast_layout(
+            out_shape, shapes, [None if v is None else v.strides for v in views] if self.reads_views else None
+        )
+        if len(dims) == 1:  # a view alone collapses to one axis: the strided grid is 2-D at least
+            dims, strides = (1, *dims), tuple((0, *per) for per in strides)
+        # a view's indices run over its source's memory
+        covered = [v.source.shape if type(v) is StridedView else v.shape for v in operands if isinstance(v, Tensor)]
+        self.idx = index_type(out_shape, *covered)
         # Stride 0 (broadcast axis) and 1 (nothing inner spans) follow from the layout class alone:
-        # baked into the source; the other strides are arguments.
+        # baked into the source; the other strides are arguments, then the offsets of views that start past 0.
         patterns = tuple(tuple(0 if st == 0 else 1 if st == 1 else 2 for st in per) for per in strides)
-        free = [st for per in strides for st in per if st > 1]
-        self.shape_args = (self.n, dims[0], *dim_args(dims), *free) if dims else (self.n,)
+        free = [st for per in strides for st in per if st not in (0, 1)]  # a view's may be negative
+        offsets = [v.offset for v in views if v is not None and v.offset]
+        offset_of = [v is not None and v.offset != 0 for v, cls in zip(views, classes, strict=True) if cls == STRIDED]
+        self.shape_args = (self.n, dims[0], *dim_args(dims), *free, *offsets) if dims else (self.n,)
         self.grid = dims  # strided operands: a 2-D/3-D grid over the collapsed dims (see ``launch_sizes``)
         #: the launch prepared once for this plan's kernel and sizes (``execute``)
         self.prepared: PreparedLaunch | None = None
@@ -138,7 +152,7 @@ class Plan:
             self.make_source = lambda: _vector_source(expr, classes, self.ctypes, width, self.idx)
         else:
             self.make_source = lambda: (
-                preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx)
+                preamble + _source(expr, classes, dtypes, self.ctypes, rank, patterns, out_dtype, self.idx, offset_of)
             )
 
     def kernel(self, device: Device) -> ResolvedKernel:
@@ -166,8 +180,15 @@ CLEAR_HOOKS.extend([_RAW_PLANS.clear, _OP_PLANS.clear, _LAUNCHES.clear])
 
 
 def signature(operands: Sequence[Any]) -> tuple:
-    """Per operand: (shape, dtype) of a Tensor, or the kind ('b', 'i', 'f') of a scalar."""
-    return tuple([(v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind for v in operands])
+    """Per operand: (shape, dtype) of a Tensor, (shape, dtype, strides, offset) of a strided view, or the kind
+    ('b', 'i', 'f') of a scalar."""
+    return tuple([_signature_of(v) for v in operands])
+
+
+def _signature_of(v: Any) -> Any:
+    if type(v) is StridedView:
+        return (v.shape, v.dtype, v.strides, v.offset)
+    return (v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind
 
 
 def run_elementwise(
@@ -201,7 +222,15 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
     if prepared is None:
         prepared = plan.prepared = _prepare(plan, device)
     arg_types = plan.arg_types
-    if arg_types == _ONE_BUFFER:  # the common signatures: every operand a Tensor
+    if plan.reads_views:  # a view is read in place: its source's buffer
+        prepared.call(
+            out.data,
+            *[
+                (v.source.data if type(v) is StridedView else v.data) if t is None else t(_plain(v))
+                for v, t in zip(operands, arg_types, strict=True)
+            ],
+        )
+    elif arg_types == _ONE_BUFFER:  # the common signatures: every operand a Tensor
         prepared.call(out.data, operands[0].data)
     elif arg_types == _TWO_BUFFERS:
         prepared.call(out.data, operands[0].data, operands[1].data)
@@ -332,12 +361,14 @@ def _source(
     patterns: Sequence[Sequence[int]],
     out_dtype: np.dtype,
     idx: str,
+    offset_of: Sequence[bool] = (),
 ) -> str:
     """Kernel source of one layout class: per operand its read class (None: scalar) and dtype;
-    per strided operand, per collapsed axis, 0 / 1 for a stride of 0 / 1 and 2 for an argument.
+    per strided operand, per collapsed axis, 0 / 1 for a stride of 0 / 1 and 2 for an argument, and
+    (``offset_of``, per strided operand; none by default) whether it starts at an offset argument.
 
     Arguments: ``out``, one per operand (buffer or scalar), ``n``, the collapsed dims ``d1 ..
-    d{rank-1}`` (each with its fast-division magic and shift), then the strides marked 2.
+    d{rank-1}`` (each with its fast-division magic and shift), the strides marked 2, then the offsets.
     """
     out_t = storage_ctype(out_dtype)
     params = [f"__global {out_t}* out"]
@@ -347,8 +378,10 @@ def _source(
         else [f"const {idx} gid = ({idx})get_global_id(0);", "if (gid >= n) return;"]
     )
     stride_params = []
+    offset_params = []
     used = [out_dtype]
     pattern_of = iter(patterns)
+    offsets = iter(offset_of)
     for i, (cls, dtype, ctype) in enumerate(zip(classes, dtypes, value_ctypes, strict=True)):
         if cls is None:
             params.append(f"const {ctype} s{i}")
@@ -362,11 +395,19 @@ def _source(
             unit = [a for a, k in enumerate(kinds) if k == 1]
             stride_params += [f"const {idx} st{i}_{a}" for a, k in enumerate(kinds) if k == 2]
             where = dot_expr(rank, f"st{i}_", unit=unit, zero=zero)
+            if next(offsets, False):
+                offset_params.append(f"const {idx} off{i}")
+                where = f"off{i} + {where}"
         else:
             where = "gid" if cls == FLAT else "0"
         read = load_c(dtype, f"in{i}", where)
         body.append(f"const {ctype} v{i} = ({ctype}){read};")
-    params += [f"const {idx} n", *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []), *stride_params]
+    params += [
+        f"const {idx} n",
+        *([f"const {idx} d0", *dim_params(rank, idx)] if rank else []),
+        *stride_params,
+        *offset_params,
+    ]
     used.extend(_CTYPE_TO_DTYPE.get(c, float32) for c in value_ctypes)
     extra = FASTDIV_SOURCE
     if "double" in value_ctypes:
@@ -463,6 +504,8 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
                 hit[2](plan.prepared.call, out.data, *operands)
                 return out
     device = device_of(operands, op.name)
+    if StridedView in map(type, operands):  # read in place through its strides, but a single element: gathered
+        operands = [v.contiguous() if type(v) is StridedView and v.size <= 1 else v for v in operands]
     key = (op.expr, op.int_expr, op.kind, op.preamble, signature(operands), device)
     cached = _OP_PLANS.get(key)
     if cached is None:
