@@ -60,6 +60,7 @@ WIDTH = 16
 #: name -> (netcl op of the inputs dict, torch op of the inputs dict)
 OPS: dict[str, tuple[Callable[[dict], object], Callable[[dict], object]]] = {
     "add": (lambda t: ag.add(t["x"], t["y"]), lambda t: t["x"] + t["y"]),
+    "add y.T": (lambda t: ag.add(t["x"], t["y"].T), lambda t: t["x"] + t["y"].t()),
     "mul scalar": (lambda t: ag.mul(t["x"], 2.0), lambda t: t["x"] * 2.0),
     "relu": (lambda t: ag.relu(t["x"]), lambda t: t["torch"].relu(t["x"])),
     "exp": (lambda t: ag.exp(t["x"]), lambda t: t["torch"].exp(t["x"])),
