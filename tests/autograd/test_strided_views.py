@@ -258,6 +258,26 @@ def test_an_elementwise_op_reads_a_view_in_place_unless_its_backward_reads_it(de
         np.testing.assert_array_equal(x.grad.to_host(), np.ones((8, 8), np.float32))
 
 
+def test_views_of_one_shape_and_other_layouts_each_read_their_own_elements(device):
+    """An elementwise op's launch is remembered per operand layout (strides and offset), not per shape alone:
+    views of one shape taken in other orders or at other offsets, alternating, each read their own elements."""
+    host = np.arange(36, dtype=np.float32).reshape(6, 6)
+    x = ag.tensor(host, device=device)
+    z = ag.tensor(np.full((3, 6), 0.5, np.float32), device=device)
+    chains = {
+        "rows 0-2 of x.T": (lambda t: t.T[:3], host.T[:3]),
+        "rows 3-5 of x.T": (lambda t: t.T[3:], host.T[3:]),
+        "every other row": (lambda t: t[::2], host[::2]),
+        "reversed rows 0-2": (lambda t: t[2::-1], host[2::-1]),
+    }
+    with ag.no_grad():
+        for _ in range(2):
+            for name, (chain, expected) in chains.items():
+                np.testing.assert_array_equal((chain(x) + z).to_host(), expected + np.float32(0.5), err_msg=name)
+                # exp within a few float32 ulps; a wrong element would be off by a factor of e or more
+                np.testing.assert_allclose(ag.exp(chain(x)).to_host(), np.exp(expected), rtol=1e-6, err_msg=name)
+
+
 def test_gradient_scalers_and_clippers_refuse_a_view(device):
     from netcl.runtime.ops import amp_kernels, clip_kernels, optim_kernels
 

@@ -499,7 +499,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
             hit = _LAUNCHES.get(fast)
             if hit is not None and hit[0] is op:
                 plan = hit[1]
-                device = operands[0].device if type(operands[0]) is Tensor else operands[1].device
+                device = operands[0].device if isinstance(operands[0], Tensor) else operands[1].device
                 out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
                 hit[2](plan.prepared.call, out.data, *operands)
                 return out
@@ -518,7 +518,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     plan, dtypes = cached
     out = apply_plan(op, plan, dtypes, operands, device)
     if fast is not None and plan.prepared is not None and device.is_opencl:
-        setter = _SETTERS.get(plan.arg_types)
+        setter = _view_setter if plan.reads_views else _SETTERS.get(plan.arg_types)
         if setter is not None:
             remember(_LAUNCHES, fast, (op, plan, setter))
     return out
@@ -529,10 +529,12 @@ _PLAIN_SCALARS = frozenset({float, int, bool})
 
 def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
     """The key of ``_LAUNCHES`` for one Tensor, two Tensors, or a Tensor and a Python number (either
-    order); None for other operands. Devices are part of it: operands of two devices never share a key
-    with a launch that ran (``device_of`` raised for them)."""
+    order), where a Tensor may be a strided view of more than one element; None for other operands. Devices are
+    part of it: operands of two devices never share a key with a launch that ran (``device_of`` raised for them)."""
     if len(operands) == 1:
         (a,) = operands
+        if type(a) is StridedView and a.size > 1:
+            return (id(op), a.shape, a.dtype, a.device, a.strides, a.offset)
         return (id(op), a.shape, a.dtype, a.device) if type(a) is Tensor else None
     if len(operands) != 2:
         return None
@@ -540,10 +542,33 @@ def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
     if type(a) is Tensor:
         if type(b) is Tensor:
             return (id(op), a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
-        return (id(op), a.shape, a.dtype, a.device, type(b)) if type(b) in _PLAIN_SCALARS else None
-    if type(b) is Tensor and type(a) in _PLAIN_SCALARS:
+        if type(b) in _PLAIN_SCALARS:
+            return (id(op), a.shape, a.dtype, a.device, type(b))
+    elif type(b) is Tensor and type(a) in _PLAIN_SCALARS:
         return (id(op), type(a), b.shape, b.dtype, b.device)
+    if type(a) is StridedView or type(b) is StridedView:
+        return _view_launch_key(op, a, b)
     return None
+
+
+def _view_launch_key(op: OpDef, a: Any, b: Any) -> tuple | None:
+    """``_launch_key`` of two Tensors at least one of which is a strided view (its strides and offset part of it;
+    None for a view of one element, which ``apply`` gathers)."""
+    key: list[Any] = [id(op)]
+    for v in (a, b):
+        kind = type(v)
+        if kind is Tensor:
+            key += (v.shape, v.dtype, v.device)
+        elif kind is StridedView and v.size > 1:
+            key += (v.shape, v.dtype, v.device, v.strides, v.offset)
+        else:
+            return None
+    return tuple(key)
+
+
+def _view_setter(call: Callable[..., None], out: Any, *operands: Any) -> None:
+    """The setter of a plan that reads views in place: a view's source buffer, a Tensor's own."""
+    call(out, *[v.source.data if type(v) is StridedView else v.data for v in operands])
 
 
 def _scalar_right(convert: Callable[[Any], Any]) -> Callable[..., None]:
