@@ -224,11 +224,7 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
     arg_types = plan.arg_types
     if plan.reads_views:  # a view is read in place: its source's buffer
         prepared.call(
-            out.data,
-            *[
-                (v.source.data if type(v) is StridedView else v.data) if t is None else t(_plain(v))
-                for v, t in zip(operands, arg_types, strict=True)
-            ],
+            out.data, *[_buffer(v) if t is None else t(_plain(v)) for v, t in zip(operands, arg_types, strict=True)]
         )
     elif arg_types == _ONE_BUFFER:  # the common signatures: every operand a Tensor
         prepared.call(out.data, operands[0].data)
@@ -518,7 +514,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     plan, dtypes = cached
     out = apply_plan(op, plan, dtypes, operands, device)
     if fast is not None and plan.prepared is not None and device.is_opencl:
-        setter = _view_setter if plan.reads_views else _SETTERS.get(plan.arg_types)
+        setter = _VIEW_SETTERS.get(len(operands)) if plan.reads_views else _SETTERS.get(plan.arg_types)
         if setter is not None:
             remember(_LAUNCHES, fast, (op, plan, setter))
     return out
@@ -554,21 +550,29 @@ def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
 def _view_launch_key(op: OpDef, a: Any, b: Any) -> tuple | None:
     """``_launch_key`` of two Tensors at least one of which is a strided view (its strides and offset part of it;
     None for a view of one element, which ``apply`` gathers)."""
-    key: list[Any] = [id(op)]
-    for v in (a, b):
-        kind = type(v)
-        if kind is Tensor:
-            key += (v.shape, v.dtype, v.device)
-        elif kind is StridedView and v.size > 1:
-            key += (v.shape, v.dtype, v.device, v.strides, v.offset)
-        else:
-            return None
-    return tuple(key)
+    first, second = _operand_key(a), _operand_key(b)
+    return None if first is None or second is None else (id(op), *first, *second)
 
 
-def _view_setter(call: Callable[..., None], out: Any, *operands: Any) -> None:
-    """The setter of a plan that reads views in place: a view's source buffer, a Tensor's own."""
-    call(out, *[v.source.data if type(v) is StridedView else v.data for v in operands])
+def _operand_key(v: Any) -> tuple | None:
+    kind = type(v)
+    if kind is Tensor:
+        return (v.shape, v.dtype, v.device)
+    if kind is StridedView and v.size > 1:
+        return (v.shape, v.dtype, v.device, v.strides, v.offset)
+    return None
+
+
+def _buffer(v: Tensor) -> Any:
+    """The buffer a kernel reads for ``v``: a view's source's (read through its strides), a Tensor's own."""
+    return v.source.data if type(v) is StridedView else v.data
+
+
+#: the setters of plans that read views in place, by operand count (the view's source buffer, a Tensor's own)
+_VIEW_SETTERS: dict[int, Callable[..., None]] = {
+    1: lambda call, out, a: call(out, _buffer(a)),
+    2: lambda call, out, a, b: call(out, _buffer(a), _buffer(b)),
+}
 
 
 def _scalar_right(convert: Callable[[Any], Any]) -> Callable[..., None]:
