@@ -182,10 +182,11 @@ CLEAR_HOOKS.extend([_RAW_PLANS.clear, _OP_PLANS.clear, _LAUNCHES.clear])
 def signature(operands: Sequence[Any]) -> tuple:
     """Per operand: (shape, dtype) of a Tensor, (shape, dtype, strides, offset) of a strided view, or the kind
     ('b', 'i', 'f') of a scalar."""
-    return tuple([_signature_of(v) for v in operands])
+    return tuple([(v.shape, v.dtype) if type(v) is Tensor else _signature_of(v) for v in operands])
 
 
 def _signature_of(v: Any) -> Any:
+    """``signature``'s entry of an operand that is not a plain Tensor."""
     if type(v) is StridedView:
         return (v.shape, v.dtype, v.strides, v.offset)
     return (v.shape, v.dtype) if isinstance(v, Tensor) else scalar_dtype(v).kind
