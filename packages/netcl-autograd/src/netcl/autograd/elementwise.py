@@ -209,8 +209,9 @@ def _views_read(entry: _Entry, inputs: Sequence[Operand], values: tuple[Any, ...
     (grad mode on and an input that requires grad; one copy of a view given twice), so that the forward and the
     backward read one copy. The kernel reads the others through their strides (every input is an operand of its
     kernel, ``forward_operands``), as torch's kernels read a non-contiguous tensor."""
-    recorded = grad_mode.grad_enabled and entry.differentiable and any(map(needs_grad, inputs))
-    reads = entry.reads if recorded else ()
+    if not (grad_mode.grad_enabled and entry.differentiable and entry.reads and any(map(needs_grad, inputs))):
+        return values  # no backward will read an input (or none may run): every view read in place
+    reads = entry.reads
     if not any(type(values[i]) is StridedView for i in reads if i >= 0):
         return values
     kept = gathered(tuple(values[i] for i in reads if i >= 0))
