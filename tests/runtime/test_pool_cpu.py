@@ -132,3 +132,24 @@ def test_max_pool_cpu_float64_and_float16(cpu_cl_device):
     g16 = nc.tensor(g, np.float16, device=cpu_cl_device)
     assert pool_cpu.max_pool(x16, geo).to_host().tobytes() == _generic(x16, None, geo).to_host().tobytes()
     assert pool_cpu.max_pool_backward(g16, x16, geo).to_host().tobytes() == _generic(x16, g16, geo).to_host().tobytes()
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding", [*CASES, ((1, 2, 34, 34), 17, None, 0)])
+def test_the_numpy_backend_pools_as_the_kernels(shape, kernel, stride, padding):
+    """The NumPy twins (a window walk over reshaped tiles for exact tilings, gathered windows otherwise) give the
+    float64 walk's maxima and gradients, sign bits included: a maximum is a copy of its element, a gradient is
+    summed from zero (a -0.0 gradient lands as 0.0), a NaN gradient reaches only its window's maximum. The last
+    case's windows have more than 256 positions (the arg-max outgrows a byte)."""
+    device = nc.get_device("cpu")
+    x = _values(shape, 1)
+    xt = nc.tensor(x, device=device)
+    geo = pool.pool_geometry(xt, kernel, stride, padding, "max_pool2d")
+    g = np.random.default_rng(2).integers(-4, 5, size=(geo.N, geo.C, geo.OH, geo.OW)).astype(np.float32)
+    g[g == 0] = -0.0
+    g.flat[::7] = np.nan
+    want_out, want_gx = _reference(x, g, kernel, stride, padding)
+    out = pool.max_pool2d(xt, kernel, stride, padding).to_host()
+    gx = pool.max_pool2d_backward(nc.tensor(g, device=device), xt, kernel, stride, padding).to_host()
+    for got, want in ((out, want_out.astype(np.float32)), (gx, want_gx.astype(np.float32))):
+        np.testing.assert_array_equal(got, want)
+        assert (np.signbit(got) == np.signbit(want)).all()

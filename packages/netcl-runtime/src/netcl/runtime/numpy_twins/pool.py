@@ -11,6 +11,7 @@ from netcl.runtime.numpy_twins._values import float_compute_type
 from netcl.runtime.numpy_twins.conv import window_indices
 from netcl.runtime.ops._common import wrap_numpy
 from netcl.runtime.ops.conv import ConvGeometry, col2im
+from netcl.runtime.ops.pool_cpu import tiles
 
 
 def _windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
@@ -32,6 +33,43 @@ def _max_windows(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
     return windows, _first_argmax(windows)
 
 
+def _tile_maxima(x: np.ndarray, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """(maxima, first arg-max), each (N, C, OH, OW), of exactly tiling windows, walking each window's KH * KW
+    positions as the kernels do: take a value when the best so far is not NaN and the value is not <= it (the
+    first maximum in row-major order, the first NaN winning). The maxima are copies of input elements (-0.0 and
+    0.0 kept apart): the selects are bit masks over the float words (``np.where`` and masked copies are
+    element-at-a-time loops in NumPy, ~20x slower at these sizes)."""
+    count = geo.KH * geo.KW
+    windows = _window_major(x, geo)  # (KH * KW, N * C * OH * OW)
+    words = windows.view(_WORD[windows.itemsize])
+    best = words[0].copy()
+    first = np.zeros(best.shape, np.min_scalar_type(count - 1))  # a window position: uint8 up to 16 x 16
+    for k in range(1, count):
+        value, so_far = windows[k], best.view(windows.dtype)
+        take = (so_far == so_far) & ~(value <= so_far)
+        best ^= (best ^ words[k]) & np.negative(take, dtype=best.dtype)  # all ones where taken
+        first ^= (first ^ first.dtype.type(k)) & np.negative(take, dtype=first.dtype)
+    shape = (geo.N, geo.C, geo.OH, geo.OW)
+    return best.view(windows.dtype).reshape(shape), first.reshape(shape)
+
+
+#: unsigned integer words of a float's size, for bitwise selects
+_WORD = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _window_major(x: np.ndarray, geo: ConvGeometry) -> np.ndarray:
+    """An exactly tiled x (N, C, KH * OH, KW * OW) as (KH * KW, N * C * OH * OW): one contiguous row per
+    window position."""
+    blocks = x.reshape(geo.N, geo.C, geo.OH, geo.KH, geo.OW, geo.KW)
+    return np.ascontiguousarray(blocks.transpose(3, 5, 0, 1, 2, 4)).reshape(geo.KH * geo.KW, -1)
+
+
+def _tiles_back(rows: np.ndarray, geo: ConvGeometry) -> np.ndarray:
+    """The inverse of ``_window_major``: (KH * KW, N * C * OH * OW) rows as (N, C, H, W)."""
+    blocks = rows.reshape(geo.KH, geo.KW, geo.N, geo.C, geo.OH, geo.OW).transpose(2, 3, 4, 0, 5, 1)
+    return np.ascontiguousarray(blocks).reshape(geo.N, geo.C, geo.OH * geo.KH, geo.OW * geo.KW)
+
+
 def _fold(cols: np.ndarray, geo: ConvGeometry, like: Tensor) -> Tensor:
     flat = cols.reshape(geo.N, geo.C * geo.KH * geo.KW, geo.OH * geo.OW)
     return col2im(wrap_numpy(flat, like.device, like.dtype), geo)
@@ -44,16 +82,29 @@ def _bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
+    if tiles(geo):
+        return wrap_numpy(_tile_maxima(np.asarray(x.data), geo)[0], x.device, x.dtype)
     windows, first = _max_windows(x, geo)
     data = np.take_along_axis(windows, first[:, :, None], axis=2)[:, :, 0]
     return wrap_numpy(data, x.device, x.dtype)
 
 
 def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
+    if tiles(geo):  # each input element in one window: its gradient or zero, summed from zero as the kernels do
+        compute = float_compute_type(x.dtype)
+        _, first = _tile_maxima(np.asarray(x.data), geo)
+        g = np.ascontiguousarray(grad.data, dtype=compute).reshape(-1)
+        words = g.view(_WORD[g.itemsize])
+        rows = np.empty((geo.KH * geo.KW, g.size), compute)
+        for k in range(geo.KH * geo.KW):  # the gradient's word where k is the window's maximum, else +0.0's
+            rows[k].view(words.dtype)[...] = words & np.negative(first.reshape(-1) == k, dtype=words.dtype)
+        rows += compute(0)  # from zero: a -0.0 gradient lands as 0.0
+        return wrap_numpy(_tiles_back(rows, geo), x.device, x.dtype)
     _, first = _max_windows(x, geo)
     compute = float_compute_type(x.dtype)
-    onehot = (np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]).astype(compute)
-    cols = onehot * np.asarray(grad.data, dtype=compute)[:, :, None]
+    onehot = np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]
+    # a select, not a product: a NaN gradient reaches only its window's maximum, as in the kernels
+    cols = np.where(onehot, np.asarray(grad.data, dtype=compute)[:, :, None], compute(0))
     return _fold(cols, geo, x)
 
 
