@@ -148,14 +148,19 @@ def parse_strided_index(
     return BasicIndex(tuple(out_shape), tuple(out_strides), offset if prod(out_shape) else 0)
 
 
-def planned_view(x: Tensor, memo: tuple) -> Tensor | None:
-    """``x[key]`` (``memo``: ``memo_key(key)``, x a plain Tensor) sharing x's memory as a getitem of x's shape,
-    dtype, device and kind found it before (``_VIEW_PLANS``: the whole buffer or one sub-buffer); None when
-    none did."""
-    device = x.device
-    plan = _VIEW_PLANS.get((x.shape, x.dtype, memo, device, x.base is None or x.data is x.base.data))
+def view_key(x: Tensor, memo: tuple) -> tuple:
+    """What decides how ``x[key]`` is a view (``memo``: ``memo_key(key)``): x's shape, dtype and device, the key,
+    and whether x shares its root's buffer (OpenCL has no sub-buffers of sub-buffers)."""
+    return (x.shape, x.dtype, memo, x.device, x.base is None or x.data is x.base.data)
+
+
+def planned_view(x: Tensor, key: tuple) -> Tensor | None:
+    """``x[key]`` (``key``: ``view_key`` of x, a plain Tensor, and the index key) sharing x's memory as a getitem
+    found it before (``_VIEW_PLANS``: the whole buffer or one sub-buffer); None when none did."""
+    plan = _VIEW_PLANS.get(key)
     if plan is None:
         return None
+    device = x.device
     kind, shape, start, nbytes = plan
     root = x.base if x.base is not None else x
     if kind is _WHOLE:  # the whole of x: a reshape, no launch
@@ -180,7 +185,7 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
     memo = memo_key(key) if type(x) is Tensor else None
     if memo is not None:
         device = x.device
-        shared = planned_view(x, memo)
+        shared = planned_view(x, view_key(x, memo))
         if shared is not None:  # OpenCL: a shape and key seen before on a tensor of this kind (root or not)
             return shared
         if x.base is None:
@@ -209,7 +214,8 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
 def _remember_view(x: Tensor, memo: tuple, view: BasicIndex, result: Tensor) -> None:
     """Keep how ``contiguous_view`` made ``result`` (the whole buffer, or a sub-buffer of it) for the next
     getitem of x's shape, dtype, device and kind (root or sharing its root's buffer) with this key."""
-    direct = x.base is None or x.data is x.base.data
+    key = view_key(x, memo)
+    direct = key[-1]
     if result.data is x.data:
         plan = (_WHOLE, view.shape, 0, 0)
     elif direct:
@@ -219,7 +225,7 @@ def _remember_view(x: Tensor, memo: tuple, view: BasicIndex, result: Tensor) -> 
         return
     if len(_VIEW_PLANS) >= _MAX_PARSED:
         _VIEW_PLANS.clear()
-    _VIEW_PLANS[(x.shape, x.dtype, memo, x.device, direct)] = plan
+    _VIEW_PLANS[key] = plan
 
 
 #: (shape, dtype, memo_key(key), device) -> (out shape, out bytes, prepared copy, size arguments) of an

@@ -30,6 +30,7 @@ from netcl.runtime.ops.indexing import (
     parse_strided_index,
     planned_view,
     remember_view,
+    view_key,
 )
 from netcl.runtime.ops.layout import moves_only_unit_axes, permute
 from netcl.runtime.ops.strided import copy_view
@@ -76,10 +77,10 @@ def getitem_view(x: Tensor, key: IndexKey, memo: tuple | None = _UNSET) -> Tenso
         if type(x) is not Tensor:
             memo = None
         if memo is not None:
-            shared = planned_view(x, memo)
+            kind = view_key(x, memo)
+            shared = planned_view(x, kind)
             if shared is not None:  # a view of x's memory made for this shape and key before
                 return shared
-            kind = (x.shape, x.dtype, memo, x.device, x.base is None or x.data is x.base.data)
             layout = _STRIDED_ITEMS.get(kind)
             if layout is not None:  # a strided view for this shape, key, device and kind of x before
                 return StridedView(x, *layout)
