@@ -160,10 +160,10 @@ def _check(grads: list[Tensor], max_norm: float, norm_type: float) -> Device:
 def grad_norm_clip_(grads: list[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Scale ``grads`` in place by ``min(max_norm / (norm + 1e-6), 1)``; returns their total ``norm_type``
     norm (the norm of the norms of each gradient) as a 0-d float32 Tensor on their device."""
-    _check(grads, max_norm, norm_type)
+    device = _check(grads, max_norm, norm_type)
     check_writable(*grads)  # before the norm's launches: nothing runs for a refused call
-    norm, coef = grad_norm(grads, max_norm, norm_type)
-    scale_many_(grads, coef)
+    norm, coef = norm_and_factor(grads, float(max_norm), float(norm_type), device)
+    scale_by_(grads, coef)  # checked above (coef is the norm's, on the gradients' device)
     return norm
 
 
