@@ -20,37 +20,36 @@ def _windows(x: np.ndarray, geo: ConvGeometry, fill: float) -> np.ndarray:
     return np.where(inside, x[:, :, h, w], fill)
 
 
-def _first_argmax(windows: np.ndarray) -> np.ndarray:
-    """Index along axis 2 of the first maximum, a NaN winning (as the kernel)."""
-    nan = np.isnan(windows)
-    filled = np.where(nan, np.inf, windows)
-    return np.where(nan.any(axis=2), nan.argmax(axis=2), filled.argmax(axis=2))
+def _maxima(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """(maxima, first arg-max), each (N, C, OH, OW), of every window: exactly tiling windows read as reshaped
+    rows of x, others gathered (padding -inf)."""
+    data = np.asarray(x.data)
+    if tiles(geo):
+        rows = _window_major(data, geo)
+    else:
+        windows = _windows(data, geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
+        rows = np.ascontiguousarray(np.moveaxis(windows, 2, 0)).reshape(geo.KH * geo.KW, -1)
+    best, first = _first_maxima(rows)
+    shape = (geo.N, geo.C, geo.OH, geo.OW)
+    return best.reshape(shape), first.reshape(shape)
 
 
-def _max_windows(x: Tensor, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
-    """(N, C, KH*KW, OH, OW) windows (padding -inf) and each window's first maximum."""
-    windows = _windows(np.asarray(x.data), geo, -np.inf).reshape(geo.N, geo.C, -1, geo.OH, geo.OW)
-    return windows, _first_argmax(windows)
-
-
-def _tile_maxima(x: np.ndarray, geo: ConvGeometry) -> tuple[np.ndarray, np.ndarray]:
-    """(maxima, first arg-max), each (N, C, OH, OW), of exactly tiling windows, walking each window's KH * KW
-    positions as the kernels do: take a value when the best so far is not NaN and the value is not <= it (the
-    first maximum in row-major order, the first NaN winning). The maxima are copies of input elements (-0.0 and
-    0.0 kept apart): the selects are bit masks over the float words (``np.where`` and masked copies are
-    element-at-a-time loops in NumPy, ~20x slower at these sizes)."""
-    count = geo.KH * geo.KW
-    windows = _window_major(x, geo)  # (KH * KW, N * C * OH * OW)
-    words = windows.view(_WORD[windows.itemsize])
+def _first_maxima(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(maxima, first arg-max) over the window positions of ``rows`` (one row per position), walking them as the
+    kernels walk a window: take a value when the best so far is not NaN and the value is not <= it (the first
+    maximum in row-major order, the first NaN winning). The maxima are copies of elements (-0.0 and 0.0 kept
+    apart): the selects are bit masks over the float words (``np.where`` and masked copies are element-at-a-time
+    loops in NumPy, ~20x slower at these sizes)."""
+    count = len(rows)
+    words = rows.view(_WORD[rows.itemsize])
     best = words[0].copy()
     first = np.zeros(best.shape, np.min_scalar_type(count - 1))  # a window position: uint8 up to 16 x 16
     for k in range(1, count):
-        value, so_far = windows[k], best.view(windows.dtype)
+        value, so_far = rows[k], best.view(rows.dtype)
         take = (so_far == so_far) & ~(value <= so_far)
         best ^= (best ^ words[k]) & np.negative(take, dtype=best.dtype)  # all ones where taken
         first ^= (first ^ first.dtype.type(k)) & np.negative(take, dtype=first.dtype)
-    shape = (geo.N, geo.C, geo.OH, geo.OW)
-    return best.view(windows.dtype).reshape(shape), first.reshape(shape)
+    return best.view(rows.dtype), first
 
 
 #: unsigned integer words of a float's size, for bitwise selects
@@ -82,17 +81,13 @@ def _bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
-    if tiles(geo):
-        return wrap_numpy(_tile_maxima(np.asarray(x.data), geo)[0], x.device, x.dtype)
-    windows, first = _max_windows(x, geo)
-    data = np.take_along_axis(windows, first[:, :, None], axis=2)[:, :, 0]
-    return wrap_numpy(data, x.device, x.dtype)
+    return wrap_numpy(_maxima(x, geo)[0], x.device, x.dtype)
 
 
 def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
+    _, first = _maxima(x, geo)
+    compute = float_compute_type(x.dtype)
     if tiles(geo):  # each input element in one window: its gradient or zero, summed from zero as the kernels do
-        compute = float_compute_type(x.dtype)
-        _, first = _tile_maxima(np.asarray(x.data), geo)
         g = np.ascontiguousarray(grad.data, dtype=compute).reshape(-1)
         words = g.view(_WORD[g.itemsize])
         rows = np.empty((geo.KH * geo.KW, g.size), compute)
@@ -100,8 +95,6 @@ def max_pool_backward(grad: Tensor, x: Tensor, geo: ConvGeometry) -> Tensor:
             rows[k].view(words.dtype)[...] = words & np.negative(first.reshape(-1) == k, dtype=words.dtype)
         rows += compute(0)  # from zero: a -0.0 gradient lands as 0.0
         return wrap_numpy(_tiles_back(rows, geo), x.device, x.dtype)
-    _, first = _max_windows(x, geo)
-    compute = float_compute_type(x.dtype)
     onehot = np.arange(geo.KH * geo.KW)[None, None, :, None, None] == first[:, :, None]
     # a select, not a product: a NaN gradient reaches only its window's maximum, as in the kernels
     cols = np.where(onehot, np.asarray(grad.data, dtype=compute)[:, :, None], compute(0))
