@@ -211,11 +211,10 @@ def _views_read(entry: _Entry, inputs: Sequence[Operand], values: tuple[Any, ...
     kernel, ``forward_operands``), as torch's kernels read a non-contiguous tensor."""
     if not (grad_mode.grad_enabled and entry.differentiable and entry.reads and any(map(needs_grad, inputs))):
         return values  # no backward will read an input (or none may run): every view read in place
-    reads = entry.reads
-    if not any(type(values[i]) is StridedView for i in reads if i >= 0):
+    read = [i for i in entry.reads if i >= 0]  # the inputs (not the output, -1) the derivatives read
+    if not any(type(values[i]) is StridedView for i in read):
         return values
-    kept = gathered(tuple(values[i] for i in reads if i >= 0))
-    copies = dict(zip((i for i in reads if i >= 0), kept, strict=True))
+    copies = dict(zip(read, gathered(tuple(values[i] for i in read)), strict=True))
     return tuple(copies.get(i, v) for i, v in enumerate(values))
 
 
