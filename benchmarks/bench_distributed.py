@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from bench_train import mlp  # MLP 784-512-512-10, the train workload's
+from measure import paired_ratio
 from train_digits_cnn import digits_cnn  # the model of examples/train_digits_cnn.py
 
 import netcl.autograd as ag
@@ -190,12 +191,6 @@ def bench_model(
         "replay_ddp_ms": replay[1] * 1e3 if replay else None,
         "replay_efficiency": replay[2] if replay else None,
     }
-
-
-def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
-    """The median over repeats of each repeat's ratio: the two were timed back to back, so a drift of the
-    shared host's speed between repeats cancels (a ratio of medians would mix repeats of different speeds)."""
-    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def replayed(ddp, model, opt, x, y, device, steps: int, repeats: int) -> tuple[float, float, float]:

@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import standalone_parser, write_results
+from measure import paired_ratio, standalone_parser, write_results
 
 import netcl.autograd as ag
 import netcl.core as nc
@@ -109,12 +109,6 @@ def _host_us(
     """Median host microseconds per call of ``fn`` over ``repeats`` samples (``_sampler``)."""
     sample = _sampler(fn, sync, context)
     return statistics.median(sample() for _ in range(repeats))
-
-
-def _paired(numerators: list[float], denominators: list[float]) -> float:
-    """The median of each turn's own ratio: samples taken back to back, so a drift of the shared host's speed
-    between turns cancels (a ratio of medians would mix turns of different speeds)."""
-    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def _calls_per_op(fn: Callable[[], object], sync: Callable[[], None]) -> float:
@@ -207,7 +201,7 @@ def op_rows(device, repeats: int, torch, floor: Callable[[], float] | None) -> d
     """Per op: host us per call of netcl under no_grad and while recording, of torch eager (CUDA when available)
     without and with ``requires_grad`` inputs, and calls per op (no_grad); each column the median of ``repeats``
     samples taken in turn with the others (netcl, torch, raw floor, netcl, ...), each ratio the median of its
-    turns' own ratios (``_paired``)."""
+    turns' own ratios (``measure.paired_ratio``)."""
     sync = device.queue.finish if device.kind == "opencl" else (lambda: None)
     host = _host_inputs()
     plain, tracked = _netcl_inputs(device, host, False), _netcl_inputs(device, host, True)
@@ -233,10 +227,10 @@ def op_rows(device, repeats: int, torch, floor: Callable[[], float] | None) -> d
         with ag.no_grad():
             row["calls"] = _calls_per_op(lambda op=op: op(plain), sync)
         if torch is not None:
-            row["x torch"] = _paired(samples["no_grad"], samples["torch"])
-            row["x torch rec"] = _paired(samples["recording"], samples["torch rec"])
+            row["x torch"] = paired_ratio(samples["no_grad"], samples["torch"])
+            row["x torch rec"] = paired_ratio(samples["recording"], samples["torch rec"])
         if floor is not None:
-            row["x raw"] = _paired(samples["no_grad"], samples["raw floor"])
+            row["x raw"] = paired_ratio(samples["no_grad"], samples["raw floor"])
         rows[name] = row
     return rows
 

@@ -95,6 +95,12 @@ def _sync(device: Device) -> None:
         device.queue.finish()
 
 
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median over repeats of each repeat's ratio: the two were timed back to back, so a drift of the
+    shared host's speed between repeats cancels (a ratio of medians would mix repeats of different speeds)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
 def rand(shape: tuple[int, ...], seed: int, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
 
