@@ -278,6 +278,28 @@ def test_views_of_one_shape_and_other_layouts_each_read_their_own_elements(devic
                 np.testing.assert_allclose(ag.exp(chain(x)).to_host(), np.exp(expected), rtol=1e-6, err_msg=name)
 
 
+def test_a_view_on_either_side_and_views_of_two_dtypes_each_launch_their_own_way(device):
+    """The remembered launch of a two-operand op knows which operands are views and each one's dtype: a view on
+    the left, on the right, or on both sides (also of float64 beside float32), alternating, each subtract their
+    own operands in their own order (sub does not commute: a swapped buffer would change every element)."""
+    host = np.arange(36, dtype=np.float32).reshape(6, 6)
+    wide = host.astype(np.float64) / 7
+    x, w = ag.tensor(host, device=device), ag.tensor(wide, device=device, dtype=np.float64)
+    z = ag.tensor(np.full((6, 6), 0.5, np.float32), device=device)
+    cases = {
+        "view - tensor": (lambda: ag.sub(x.T, z), host.T - np.float32(0.5)),
+        "tensor - view": (lambda: ag.sub(z, x.T), np.float32(0.5) - host.T),
+        "view - view": (lambda: ag.sub(x.T, x[::-1]), host.T - host[::-1]),
+        "view - float64 view": (lambda: ag.sub(x.T, w[::-1]), host.T.astype(np.float64) - wide[::-1]),
+    }
+    with ag.no_grad():
+        for _ in range(2):
+            for name, (run, expected) in cases.items():
+                result = run().to_host()
+                assert result.dtype == expected.dtype, name
+                np.testing.assert_array_equal(result, expected, err_msg=name)
+
+
 def test_gradient_scalers_and_clippers_refuse_a_view(device):
     from netcl.runtime.ops import amp_kernels, clip_kernels, optim_kernels
 

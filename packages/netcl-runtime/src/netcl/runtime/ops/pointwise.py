@@ -490,6 +490,17 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
             out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
             plan.prepared.call(out.data, a.data)
             return out
+    elif len(operands) == 2 and (type(operands[0]) is StridedView or type(operands[1]) is StridedView):
+        a, b = operands  # a view read in place beside a Tensor or another view: its strides and offset in the key
+        fast = _view_launch_key(op, a, b)
+        if fast is not None:
+            hit = _LAUNCHES.get(fast)
+            if hit is not None and hit[0] is op:
+                plan = hit[1]
+                device = a.device
+                out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+                hit[2](plan.prepared.call, out.data, a, b)
+                return out
     else:
         fast = _launch_key(op, operands)
         if fast is not None:
@@ -515,7 +526,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     plan, dtypes = cached
     out = apply_plan(op, plan, dtypes, operands, device)
     if fast is not None and plan.prepared is not None and device.is_opencl:
-        setter = _VIEW_SETTERS.get(len(operands)) if plan.reads_views else _SETTERS.get(plan.arg_types)
+        setter = _view_setter(operands) if plan.reads_views else _SETTERS.get(plan.arg_types)
         if setter is not None:
             remember(_LAUNCHES, fast, (op, plan, setter))
     return out
@@ -525,9 +536,10 @@ _PLAIN_SCALARS = frozenset({float, int, bool})
 
 
 def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
-    """The key of ``_LAUNCHES`` for one Tensor, two Tensors, or a Tensor and a Python number (either
-    order), where a Tensor may be a strided view of more than one element; None for other operands. Devices are
-    part of it: operands of two devices never share a key with a launch that ran (``device_of`` raised for them)."""
+    """The key of ``_LAUNCHES`` for one Tensor (or strided view of more than one element), two Tensors, or a
+    Tensor and a Python number (either order); None for other operands (two operands with a view:
+    ``_view_launch_key``). Devices are part of it: operands of two devices never share a key with a launch that ran
+    (``device_of`` raised for them)."""
     if len(operands) == 1:
         (a,) = operands
         if type(a) is StridedView and a.size > 1:
@@ -543,25 +555,36 @@ def _launch_key(op: OpDef, operands: Sequence[Any]) -> tuple | None:
             return (id(op), a.shape, a.dtype, a.device, type(b))
     elif type(b) is Tensor and type(a) in _PLAIN_SCALARS:
         return (id(op), type(a), b.shape, b.dtype, b.device)
-    if type(a) is StridedView or type(b) is StridedView:
-        return _view_launch_key(op, a, b)
     return None
 
 
 def _view_launch_key(op: OpDef, a: Any, b: Any) -> tuple | None:
-    """``_launch_key`` of two Tensors at least one of which is a strided view (its strides and offset part of it;
-    None for a view of one element, which ``apply`` gathers)."""
-    first, second = _operand_key(a), _operand_key(b)
-    return None if first is None or second is None else (id(op), *first, *second)
-
-
-def _operand_key(v: Any) -> tuple | None:
-    kind = type(v)
-    if kind is Tensor:
-        return (v.shape, v.dtype, v.device)
-    if kind is StridedView and v.size > 1:
-        return (v.shape, v.dtype, v.device, v.strides, v.offset)
+    """``_launch_key`` of two operands at least one of which is a strided view: each view's strides and offset are
+    part of it, and which operands are views (a key of one layout never hits a launch of another); None for a view
+    of one element (which ``apply`` gathers) or an operand that is neither a Tensor nor a view."""
+    kind_a, kind_b = type(a), type(b)
+    if kind_a is StridedView:
+        if a.size <= 1:
+            return None
+        if kind_b is Tensor:
+            return (id(op), 1, a.shape, a.dtype, a.device, a.strides, a.offset, b.shape, b.dtype, b.device)
+        if kind_b is StridedView and b.size > 1:
+            return (id(op), 3, a.shape, a.dtype, a.device, a.strides, a.offset, *_view_fields(b))
+        return None
+    if kind_a is Tensor and kind_b is StridedView and b.size > 1:
+        return (id(op), 2, a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, b.strides, b.offset)
     return None
+
+
+def _view_fields(v: StridedView) -> tuple:
+    return (v.shape, v.dtype, v.device, v.strides, v.offset)
+
+
+def _view_setter(operands: Sequence[Any]) -> Callable[..., None] | None:
+    """The setter of a plan that reads views in place: each view's source buffer, each Tensor's own (None for
+    operand kinds ``_launch_key`` and ``_view_launch_key`` never key)."""
+    kinds = tuple(type(v) is StridedView for v in operands)
+    return _VIEW_SETTERS.get(kinds)
 
 
 def _buffer(v: Tensor) -> Any:
@@ -569,10 +592,12 @@ def _buffer(v: Tensor) -> Any:
     return v.source.data if type(v) is StridedView else v.data
 
 
-#: the setters of plans that read views in place, by operand count (the view's source buffer, a Tensor's own)
-_VIEW_SETTERS: dict[int, Callable[..., None]] = {
-    1: lambda call, out, a: call(out, _buffer(a)),
-    2: lambda call, out, a, b: call(out, _buffer(a), _buffer(b)),
+#: the setters of plans that read views in place, by which operands are views (the view's source buffer)
+_VIEW_SETTERS: dict[tuple[bool, ...], Callable[..., None]] = {
+    (True,): lambda call, out, a: call(out, a.source.data),
+    (True, False): lambda call, out, a, b: call(out, a.source.data, b.data),
+    (False, True): lambda call, out, a, b: call(out, a.data, b.source.data),
+    (True, True): lambda call, out, a, b: call(out, a.source.data, b.source.data),
 }
 
 
