@@ -60,49 +60,35 @@ def _sandwich(left: np.ndarray, block: Callable[[int, int], np.ndarray], right: 
             _combine(right[j], [temps[i, q] for q in range(cols)], out(i, j))
 
 
-def _phases(src: np.ndarray, pads: tuple[int, int], tiling: TileGrid, extra: int) -> np.ndarray:
-    """``src`` (N, S, H, W) zero-padded by ``pads`` (and zero past its end), split into its m x m
-    phases: (m, m, S, N, TH + e, TW + e) with e = ceil(extra / m), where [p, q, ..., y, x] is image
-    element (m y + p, m x + q). A patch tap at (k, l) is then a contiguous-row slice of one phase."""
-    n, s, h, width = src.shape
-    m = tiling.m
-    blocks_h, blocks_w = tiling.th + -(-extra // m), tiling.tw + -(-extra // m)
-    image = np.zeros((s, n, m * blocks_h, m * blocks_w), np.float32)
-    keep_h, keep_w = min(h, m * blocks_h - pads[0]), min(width, m * blocks_w - pads[1])
-    image[:, :, pads[0] : pads[0] + keep_h, pads[1] : pads[1] + keep_w] = src[:, :, :keep_h, :keep_w].transpose(
-        1, 0, 2, 3
-    )
-    return np.ascontiguousarray(image.reshape(s, n, blocks_h, m, blocks_w, m).transpose(3, 5, 0, 1, 2, 4))
-
-
-def _taps(phases: np.ndarray, tiling: TileGrid) -> Callable[[int, int], np.ndarray]:
-    """Element (k, l) of every tile's patch: (S, N, TH, TW) slices of the phases."""
+def _transform_blocks(src: np.ndarray, tiling: TileGrid, left: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
+    """(a^2, S, P) with a = len(left): ``left @ D @ left^T`` of each tile's block D of ``src`` (N, S, H, W)
+    zero-padded by ``pads`` (and zero past its end): the input patches' transform (B^T, (m + 2)^2 blocks) and the
+    upstream gradient blocks' (A, m x m). P is ordered (th, tw, n), the image innermost: every tap ``block(k, q)``
+    is then a strided view whose rows are whole batches, so each of the transform's passes runs over long
+    contiguous rows (the kernels' order (n, th, tw) leaves runs of th or tw elements, see benchmarks/RESULTS.md,
+    "The NumPy backend's Winograd twin")."""
+    a, inner = left.shape
     m, th, tw = tiling.m, tiling.th, tiling.tw
-    return lambda k, q: phases[k % m, q % m, :, :, k // m : k // m + th, q // m : q // m + tw]
-
-
-def _transform_blocks(
-    src: np.ndarray, tiling: TileGrid, left: np.ndarray, pads: tuple[int, int], extra: int
-) -> np.ndarray:
-    """(a^2, S, P) with a = len(left): ``left @ D @ left^T`` of each tile's block D of ``src``
-    (N, S, H, W) padded by ``pads`` (``_phases``' ``extra``: the block reaches past the tile), P
-    ordered (n, th, tw) as the kernels order it: the input patches' transform (B^T) and the upstream
-    gradient blocks' (A), as ``conv_winograd._block_source``."""
-    a, s = len(left), src.shape[1]
-    out = np.empty((a * a, s, src.shape[0], tiling.th, tiling.tw), np.float32)
-    _sandwich(left, _taps(_phases(src, pads, tiling, extra), tiling), left, lambda i, j: out[i * a + j])
+    n, s, h, width = src.shape
+    padded = np.zeros((s, m * th + inner - m, m * tw + inner - m, n), np.float32)
+    keep_h, keep_w = min(h, padded.shape[1] - pads[0]), min(width, padded.shape[2] - pads[1])
+    images = src[:, :, :keep_h, :keep_w].transpose(1, 2, 3, 0)  # (S, H, W, N)
+    padded[:, pads[0] : pads[0] + keep_h, pads[1] : pads[1] + keep_w] = images
+    out = np.empty((a * a, s, th, tw, n), np.float32)
+    _sandwich(left, lambda k, q: padded[:, k : k + m * th : m, q : q + m * tw : m], left, lambda i, j: out[i * a + j])
     return out.reshape(a * a, s, tiling.count)
 
 
 def _transform_input(src: np.ndarray, tiling: TileGrid, pads: tuple[int, int]) -> np.ndarray:
     """V (a2, S, P) of ``src`` (N, S, H, W): each tile's (m + 2)^2 patch under B^T."""
-    return _transform_blocks(src, tiling, _matrices(tiling)[0], pads, 2)
+    return _transform_blocks(src, tiling, _matrices(tiling)[0], pads)
 
 
 def _filters(filters: np.ndarray, g: np.ndarray) -> np.ndarray:
     """U (a2, R, S) = G g G^T of each of the R x S 3x3 filters."""
     a = len(g)
-    return np.einsum("ik,rskl,jl->ijrs", g, filters, g).astype(np.float32).reshape(a * a, *filters.shape[:2])
+    u = np.einsum("ik,rskl,jl->ijrs", g, filters, g, optimize=True)  # two contractions, not one six-index loop
+    return u.astype(np.float32).reshape(a * a, *filters.shape[:2])
 
 
 def convolve(
@@ -118,10 +104,10 @@ def convolve(
     v = _transform_input(np.asarray(src.data, np.float32), tiling, pads)
     u = _filters(filters, g)
     prod = np.asarray(matmul(wrap_numpy(u, src.device), wrap_numpy(v, src.device)).data)  # (a2, R, P)
-    blocks = prod.reshape(a * a, r, n, tiling.th, tiling.tw)
-    y = np.empty((m, m, r, n, tiling.th, tiling.tw), np.float32)  # phases of the output
+    blocks = prod.reshape(a * a, r, tiling.th, tiling.tw, n)  # P ordered as ``_transform_blocks`` orders it
+    y = np.empty((m, m, r, tiling.th, tiling.tw, n), np.float32)  # phases of the output
     _sandwich(at, lambda k, q: blocks[k * a + q], at, lambda i, j: y[i, j])
-    y = y.transpose(3, 2, 4, 0, 5, 1).reshape(n, r, m * tiling.th, m * tiling.tw)
+    y = y.transpose(5, 2, 3, 0, 4, 1).reshape(n, r, m * tiling.th, m * tiling.tw)
     out = np.ascontiguousarray(y[:, :, : tiling.oh, : tiling.ow])
     if kind == "bias":
         out += np.asarray(extra.data, np.float32).reshape(1, r, 1, 1)
@@ -138,10 +124,10 @@ def weight_grad(grad: Tensor, x: Tensor, geo, addend: Tensor | None, tiling: Til
     dy = np.asarray(grad.data, np.float32)
     o = dy.shape[1]
     v = _transform_input(np.asarray(x.data, np.float32), tiling, pads)
-    dm = _transform_blocks(dy, tiling, at.T, (0, 0), 0)  # the m x m blocks, zero past the output's edges
+    dm = _transform_blocks(dy, tiling, at.T, (0, 0))  # the m x m blocks, zero past the output's edges
     device = x.device
     du = np.asarray(matmul(wrap_numpy(dm, device), wrap_numpy(v, device), transpose_b=True).data)
-    dw = np.einsum("ki,klrs,lj->rsij", g, du.reshape(a, a, o, -1), g).astype(np.float32)
+    dw = np.einsum("ki,klrs,lj->rsij", g, du.reshape(a, a, o, -1), g, optimize=True).astype(np.float32)
     if addend is not None:
         dw = np.asarray(addend.data, np.float32) + dw
     return wrap_numpy(dw, device, float32)

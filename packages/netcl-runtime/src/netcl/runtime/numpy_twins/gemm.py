@@ -41,7 +41,8 @@ def gemm(
     result = host_pool.matmul(np.swapaxes(x, -1, -2) if trans_a else x, np.swapaxes(y, -1, -2) if trans_b else y)
     if not epilogue.is_identity:
         result = apply_epilogue(result, epilogue, None if bias is None else np.asarray(bias.data))
-    return wrap_numpy(np.asarray(result).astype(out_dtype), a.device, out_dtype)
+    # the product (and the epilogue's result) is a new array: cast only where the dtype differs
+    return wrap_numpy(np.asarray(result).astype(out_dtype, copy=False), a.device, out_dtype)
 
 
 def product(
