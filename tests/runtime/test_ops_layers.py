@@ -116,6 +116,71 @@ def test_implicit_conv_matches_im2col_and_reuses_programs(cl_device, monkeypatch
     assert program_cache.stats().misses == before
 
 
+def _input_gradient_float64(g64: np.ndarray, w64: np.ndarray, geo) -> np.ndarray:
+    """d x of conv2d in float64 by scattering every output pixel's gradient through every tap."""
+    n, c = g64.shape[0], w64.shape[1]
+    padded = np.zeros((n, c, geo.H + 2 * geo.PH + geo.KH * geo.SH, geo.W + 2 * geo.PW + geo.KW * geo.SW))
+    for ki in range(geo.KH):
+        for kj in range(geo.KW):
+            rows, cols = slice(ki, ki + geo.SH * geo.OH, geo.SH), slice(kj, kj + geo.SW * geo.OW, geo.SW)
+            padded[:, :, rows, cols] += np.einsum("noyx,oc->ncyx", g64, w64[:, :, ki, kj])
+    return padded[:, :, geo.PH : geo.PH + geo.H, geo.PW : geo.PW + geo.W]
+
+
+@pytest.mark.parametrize("precision", ["highest", "tf32x3"])
+@pytest.mark.parametrize(
+    "image,stride,padding,taps",
+    [
+        ((3, 7, 6), 2, 1, [1, 2, 2, 4]),  # ResNet's downsampling 3x3: odd rows and columns reached by two taps
+        ((2, 9, 20), (2, 3), (1, 0), [1, 1, 1, 2, 2, 2]),  # asymmetric; 7 columns a class: four-wide loads
+        ((2, 1, 1), 2, 1, [1]),  # a 1x1 image: the other classes have no pixels
+    ],
+)
+def test_a_strided_input_gradient_runs_one_product_per_stride_class(
+    cl_device, monkeypatch, precision, image, stride, padding, taps
+):
+    """conv2d's input gradient at stride > 1 runs one implicit product per remainder of the input pixel modulo the
+    stride, over only the taps that reach it, each storing its own pixels of one output: against float64 (sums
+    of <= 4*3*3 float32 products of N(0, 1) values, atol 1e-4; tf32x3 is within 2**-20 of them), with an addend
+    summed in the store. Under "tf32x3" on tensor cores the class's taps are a strided copy of w and dy is read
+    four columns at a time."""
+    from netcl.runtime.ops import conv_implicit, gemm_mma
+
+    if precision != "highest" and not gemm_mma.available(cl_device, precision):
+        pytest.skip("no tensor cores: the FMA kernel runs every precision")
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")  # a CPU device would run these short reductions as im2col + BLAS
+    rng = np.random.default_rng(7)
+    x64 = rng.standard_normal((2, *image))
+    w64 = rng.standard_normal((4, image[0], 3, 3))
+    geo = conv.check_conv2d(x64.shape, w64.shape, None, stride, padding, 1, 1)
+    classes = conv_implicit.stride_classes(geo)
+    assert [cls.taps_h * cls.taps_w for cls in classes] == taps
+    g64 = rng.standard_normal((2, 4, geo.OH, geo.OW))
+    addend64 = rng.standard_normal(x64.shape)
+    w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
+    expected = _input_gradient_float64(g64, w64, geo)
+    with R.matmul_precision(precision):
+        np.testing.assert_allclose(conv_implicit.backward_input(g, w, geo).to_host(), expected, atol=1e-4)
+        summed = conv_implicit.backward_input(g, w, geo, addend).to_host()
+    np.testing.assert_allclose(summed, expected + addend64, atol=1e-4)
+    keys = [key for key in conv_implicit.CHOSEN if "dx|" in key and str(geo.values) in key and "|class " in key]
+    assert len({key for key in keys if ("mma-" in key) == (precision != "highest")}) == len(classes)
+
+
+def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
+    """A 1x1 window at stride 2 reaches only even pixels, a dilated window's taps do not fall in classes: one
+    product over every tap, as at stride 1."""
+    from netcl.runtime.ops import conv_implicit
+
+    for x_shape, w_shape, stride, padding, dilation in [
+        ((1, 2, 8, 8), (3, 2, 1, 1), 2, 0, 1),
+        ((1, 2, 8, 8), (3, 2, 3, 3), 2, 1, 2),
+        ((1, 2, 8, 8), (3, 2, 3, 3), 1, 1, 1),
+    ]:
+        geo = conv.check_conv2d(x_shape, w_shape, None, stride, padding, dilation, 1)
+        assert conv_implicit.stride_classes(geo) is None
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_pointwise_conv_is_one_batched_product(device, monkeypatch, with_bias):
     """A 1x1 stride-1 unpadded layer: conv2d and its input gradient run as batched products of the
@@ -224,7 +289,9 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
     if pipeline == "cp.async":
         # staged wherever both operands can be copied so (a weight whose rows are not 16-byte
         # aligned, 6 channels * 9 taps, is loaded through registers)
-        assert len(chosen) == 3 and all(cfg.stages == 3 or not (cfg.va and cfg.vb) for cfg in chosen)
+        # one config a product: the forward, the weight gradient, the input gradient's (one per stride class)
+        products = 2 + len(conv_implicit.stride_classes(geo) or [geo])
+        assert len(chosen) == products and all(cfg.stages == 3 or not (cfg.va and cfg.vb) for cfg in chosen)
         assert any(cfg.stages == 3 for cfg in chosen)
     for k, name in enumerate(("forward", "input gradient", "weight gradient")):
         bound = unit * bounds[k] + 1e-4 + (np.abs(b64).reshape(1, -1, 1, 1) * 2.0**-20 if k == 0 else 0)

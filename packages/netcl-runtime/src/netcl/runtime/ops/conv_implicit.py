@@ -49,6 +49,7 @@ from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, trial_run
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
+from netcl.runtime.ops.strided import strided_copy
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
 _CANDIDATES = [
@@ -187,6 +188,37 @@ inline CV_I4 cv_dy_dx_at4(uint r, uint k0, uint q) {
 }
 """
 
+#: dy read as one stride class's input-gradient columns (``stride_classes``): the input pixels (i * SH + CV_QH,
+#: j * SW + CV_QW), column q = (n, i, j), and only the taps that reach them: row r = (tap t, o) with t = (a, b),
+#: (ki, kj) = (CV_KI0 + a * SH, CV_KJ0 + b * SW), which read output pixel (i + CV_OFFH - a, j + CV_OFFW - b)
+#: (no division: the class fixes the remainder); ``k0`` as in ``cv_x_fwd`` (BK dividing O).
+_DY_DXC = """
+#if CV_O % BK == 0
+#define CV_DY_DXC_T(r, k0) ((k0) / CV_O)
+#else
+#define CV_DY_DXC_T(r, k0) ((r) / CV_O)
+#endif
+inline CV_I cv_dy_dxc_at(uint r, uint k0, uint q) {
+    const uint t = CV_DY_DXC_T(r, k0);
+    const uint o = r - t * CV_O, ij = q % (CV_HC * CV_WC);
+    const int oh = (int)(ij / CV_WC) + CV_OFFH - (int)(t / CV_NJ);
+    const int ow = (int)(ij % CV_WC) + CV_OFFW - (int)(t % CV_NJ);
+    const bool ok = oh >= 0 && oh < CV_OH && ow >= 0 && ow < CV_OW;
+    return ok ? (((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW + ow : -1;
+}
+inline CT cv_dy_dxc(__global const {st}* p, uint r, uint k0, uint q) { return cv_load(p, cv_dy_dxc_at(r, k0, q)); }
+#define CV_DY_DXC_AT_E(r, k0, q, e) cv_dy_dxc_at(r, k0, (q) + (e))
+inline CV_I4 cv_dy_dxc_at4(uint r, uint k0, uint q) {
+    const uint t = CV_DY_DXC_T(r, k0);
+    const uint o = r - t * CV_O, ij = q % (CV_HC * CV_WC), j = ij % CV_WC;
+    if (j + 3 >= CV_WC) return CV_EACH4(CV_DY_DXC_AT_E, r, k0, q);
+    const int oh = (int)(ij / CV_WC) + CV_OFFH - (int)(t / CV_NJ);
+    if (oh < 0 || oh >= CV_OH) return (CV_I4)(-1);
+    const int ow = (int)j + CV_OFFW - (int)(t % CV_NJ);
+    return CV_TAPS((((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW, ow, 1, CV_OW);
+}
+"""
+
 #: w (O, C, KH, KW) read as the forward's A (O, KK*C): row o, depth r = (ki, kj, c), the channel innermost as
 #: in B's rows; and as the input gradient's A (C, KK*O): row c, depth r = (ki, kj, o). Views of the stored
 #: weight, not transposed copies; ``_at4``: four consecutive depths.
@@ -201,6 +233,17 @@ inline CV_I cv_w_dx_at(uint c, uint r) { return ((CV_I)(r % CV_O) * CV_C + c) * 
 inline CT cv_w_dx(__global const {st}* p, uint c, uint r) { return cv_load(p, cv_w_dx_at(c, r)); }
 #define CV_W_DX_AT_E(c, r, e) cv_w_dx_at(c, (r) + (e))
 inline CV_I4 cv_w_dx_at4(uint c, uint r) { return CV_EACH4(CV_W_DX_AT_E, c, r); }
+"""
+
+#: w read as one stride class's A (C, T*O): row c, depth r = (tap t, o), the class's taps only (``_DY_DXC``).
+_W_DXC = """
+inline CV_I cv_w_dxc_at(uint c, uint r) {
+    const uint t = r / CV_O, ki = CV_KI0 + (t / CV_NJ) * CV_SH, kj = CV_KJ0 + (t % CV_NJ) * CV_SW;
+    return ((CV_I)(r % CV_O) * CV_C + c) * CV_KK + ki * CV_KW + kj;
+}
+inline CT cv_w_dxc(__global const {st}* p, uint c, uint r) { return cv_load(p, cv_w_dxc_at(c, r)); }
+#define CV_W_DXC_AT_E(c, r, e) cv_w_dxc_at(c, (r) + (e))
+inline CV_I4 cv_w_dxc_at4(uint c, uint r) { return CV_EACH4(CV_W_DXC_AT_E, c, r); }
 """
 
 #: dy as (O, N*L): row o, column q = (n, l).
@@ -232,6 +275,53 @@ inline CV_I4 cv_x_rows_at4(uint r, uint q) {
     return CV_TAPS((((CV_I)(q / CV_L) * CV_C + c) * CV_H + h) * CV_W, w, CV_SW, CV_W);
 }
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class StrideClass:
+    """The input pixels (i * SH + qh, j * SW + qw) of a strided layer, ``rows`` x ``cols`` per image, and the
+    window taps that reach them: ki = ki0 + a * SH for a < taps_h (kj likewise), reading output pixel
+    (i + off_h - a, j + off_w - b)."""
+
+    qh: int
+    qw: int
+    rows: int
+    cols: int
+    ki0: int
+    kj0: int
+    taps_h: int
+    taps_w: int
+    off_h: int
+    off_w: int
+
+
+def stride_classes(geo) -> list[StrideClass] | None:
+    """The input gradient of a strided layer as one product per remainder of the input pixel modulo the stride,
+    each over only the taps that reach its pixels (a 3x3 window at stride 2: 1, 2, 2 and 4 taps of 9, where one
+    product over every tap multiplies three zeros in four); None where it does not split so: stride 1, a
+    dilation, or a window narrower than its stride (a remainder no tap reaches). Classes without pixels are left
+    out."""
+    if (geo.SH, geo.SW) == (1, 1) or (geo.DH, geo.DW) != (1, 1) or geo.KH < geo.SH or geo.KW < geo.SW:
+        return None
+    classes = []
+    for qh in range(geo.SH):
+        ki0, rows = (qh + geo.PH) % geo.SH, -(-(geo.H - qh) // geo.SH)
+        for qw in range(geo.SW):
+            kj0, cols = (qw + geo.PW) % geo.SW, -(-(geo.W - qw) // geo.SW)
+            if rows > 0 and cols > 0:
+                taps_h, taps_w = len(range(ki0, geo.KH, geo.SH)), len(range(kj0, geo.KW, geo.SW))
+                off_h, off_w = (qh + geo.PH - ki0) // geo.SH, (qw + geo.PW - kj0) // geo.SW
+                classes.append(StrideClass(qh, qw, rows, cols, ki0, kj0, taps_h, taps_w, off_h, off_w))
+    return classes
+
+
+def _class_defines(cls: StrideClass) -> str:
+    """A stride class's numbers as the ``CV_`` macros ``_DY_DXC`` and ``_W_DXC`` read."""
+    values = {
+        "QH": cls.qh, "QW": cls.qw, "HC": cls.rows, "WC": cls.cols, "KI0": cls.ki0, "KJ0": cls.kj0,
+        "NI": cls.taps_h, "NJ": cls.taps_w, "OFFH": cls.off_h, "OFFW": cls.off_w,
+    }  # fmt: skip
+    return "\n".join(["", "#ifndef CV_QH", *(f"#define CV_{k} {v}" for k, v in values.items()), "#endif", ""])
 
 
 def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
@@ -325,6 +415,7 @@ class _Layer:
         bias: bool,
         mode: str | None = None,
         addend: bool = False,
+        stride_class: StrideClass | None = None,
     ) -> None:
         n, c, h, w, kk, length = geo.N, geo.C, geo.H, geo.W, geo.KH * geo.KW, geo.OH * geo.OW
         idx = _idx(n * c * h * w, n * out_ch * length, out_ch * c * kk)
@@ -341,6 +432,17 @@ class _Layer:
             self.sizes = (out_ch * c * kk, n * c * h * w)
             if bias:
                 self.epilogue = Epilogue(bias="row")
+        elif kind == "dx" and stride_class is not None:  # one stride class: columns (n, i, j), its taps only
+            cls, taps = stride_class, stride_class.taps_h * stride_class.taps_w
+            self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
+            body = _class_defines(cls)
+            view_a = None if mode else _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)")
+            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)")
+            pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
+            out = OperandView("", f"((IDX)(c / (CV_HC * CV_WC)) * CV_C + r) * (CV_H * CV_W) + {pixel}")
+            self.views = (view_a, view_b, out)
+            self.out_shape = (n, c, h, w)
+            self.sizes = (c * taps * out_ch if mode else out_ch * c * kk, n * out_ch * length)
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
             view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
@@ -361,6 +463,8 @@ class _Layer:
             self.epilogue = PLUS_ADDEND
         kernel = f"mma-{mode}-" if mode else ""
         self.key = f"conv-{kernel}{kind}|{np.dtype(dtype).str}|{tune.pow2_class(n)}|{out_ch}|{geo.values}"
+        if stride_class is not None:
+            self.key += f"|class {stride_class.qh},{stride_class.qw}"
         #: a trial's two operands, then its bias (or None) and epilogue operands (``__call__`` makes them once)
         self.scratch: tuple[Tensor, Tensor] | None = None
         self.epilogue_scratch: tuple[Tensor | None, list[Tensor]] = (None, [])
@@ -395,13 +499,20 @@ class _Layer:
 
 
 def _layer(
-    kind: str, device: Device, geo, out_ch: int, dtype: np.dtype, bias: bool = False, addend: bool = False
+    kind: str,
+    device: Device,
+    geo,
+    out_ch: int,
+    dtype: np.dtype,
+    bias: bool = False,
+    addend: bool = False,
+    stride_class: StrideClass | None = None,
 ) -> Plan:
     mode = mma_mode(device, np.dtype(dtype))
-    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode, addend)
+    key = (kind, device, tuple(geo.values), geo.N, out_ch, np.dtype(dtype).str, bias, mode, addend, stride_class)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode, addend).plan()
+        plan = _Layer(kind, device, geo, out_ch, dtype, bias, mode, addend, stride_class).plan()
         remember(_PLANS, key, plan)
     return plan
 
@@ -421,8 +532,28 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
-    summed in the product's store, when given."""
-    return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
+    summed in the product's store, when given. A strided layer runs one product per stride class
+    (``stride_classes``), each storing its own pixels of one output."""
+    classes = stride_classes(geo)
+    if classes is None:
+        return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
+    out_ch = int(w.shape[0])
+    dx = Tensor.empty((geo.N, geo.C, geo.H, geo.W), grad.dtype, grad.device)
+    stored = mma_mode(grad.device, grad.dtype) is not None  # the tensor-core kernel reads a stored A
+    extras = () if addend is None else (addend,)
+    for cls in classes:
+        a = _class_weight(w, geo, cls) if stored else w
+        plan = _layer("dx", grad.device, geo, out_ch, grad.dtype, addend=addend is not None, stride_class=cls)
+        plan.run(a, grad, out=dx, extras=extras)
+    return dx
+
+
+def _class_weight(w: Tensor, geo, cls: StrideClass) -> Tensor:
+    """A stride class's A for the tensor-core kernel: w's taps of the class as (C, taps_h, taps_w, O), one
+    strided copy (``_W_DXC`` reads the same elements of the stored w)."""
+    kk = geo.KH * geo.KW
+    shape = (geo.C, cls.taps_h, cls.taps_w, int(w.shape[0]))
+    return strided_copy(w, shape, (kk, geo.SH * geo.KW, geo.SW, geo.C * kk), cls.ki0 * geo.KW + cls.kj0)
 
 
 def _weight(w: Tensor, geo, order: tuple[int, int, int], b: Tensor) -> Tensor:
