@@ -13,7 +13,9 @@ in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = O
 - input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
   ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (likewise a view or a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
   dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
-  pixel, else 0.
+  pixel, else 0. At stride > 1 most of those are zeros (three in four for a 3x3 window at stride 2): the FMA
+  kernel runs one product per stride class instead (``stride_classes``: the input pixels of one remainder
+  modulo the stride and the taps that reach them), each storing its pixels into the one output.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
   (the batch is part of the reduction), split along K when the output is small.
 
@@ -49,7 +51,6 @@ from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, trial_run
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
-from netcl.runtime.ops.strided import strided_copy
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
 _CANDIDATES = [
@@ -436,13 +437,13 @@ class _Layer:
             cls, taps = stride_class, stride_class.taps_h * stride_class.taps_w
             self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
             body = _class_defines(cls)
-            view_a = None if mode else _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)")
+            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)")  # the FMA kernel only
             view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)")
             pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
             out = OperandView("", f"((IDX)(c / (CV_HC * CV_WC)) * CV_C + r) * (CV_H * CV_W) + {pixel}")
             self.views = (view_a, view_b, out)
             self.out_shape = (n, c, h, w)
-            self.sizes = (c * taps * out_ch if mode else out_ch * c * kk, n * out_ch * length)
+            self.sizes = (out_ch * c * kk, n * out_ch * length)
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
             view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
@@ -532,28 +533,19 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
-    summed in the product's store, when given. A strided layer runs one product per stride class
-    (``stride_classes``), each storing its own pixels of one output."""
-    classes = stride_classes(geo)
+    summed in the product's store, when given. On the FMA kernel a strided layer runs one product per stride
+    class (``stride_classes``), each storing its own pixels of one output; the tensor-core kernel keeps one
+    product over every tap (split, its first use would search tiles for each class: minutes for a ResNet)."""
+    classes = stride_classes(geo) if mma_mode(grad.device, grad.dtype) is None else None
     if classes is None:
         return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
     out_ch = int(w.shape[0])
     dx = Tensor.empty((geo.N, geo.C, geo.H, geo.W), grad.dtype, grad.device)
-    stored = mma_mode(grad.device, grad.dtype) is not None  # the tensor-core kernel reads a stored A
     extras = () if addend is None else (addend,)
     for cls in classes:
-        a = _class_weight(w, geo, cls) if stored else w
         plan = _layer("dx", grad.device, geo, out_ch, grad.dtype, addend=addend is not None, stride_class=cls)
-        plan.run(a, grad, out=dx, extras=extras)
+        plan.run(w, grad, out=dx, extras=extras)
     return dx
-
-
-def _class_weight(w: Tensor, geo, cls: StrideClass) -> Tensor:
-    """A stride class's A for the tensor-core kernel: w's taps of the class as (C, taps_h, taps_w, O), one
-    strided copy (``_W_DXC`` reads the same elements of the stored w)."""
-    kk = geo.KH * geo.KW
-    shape = (geo.C, cls.taps_h, cls.taps_w, int(w.shape[0]))
-    return strided_copy(w, shape, (kk, geo.SH * geo.KW, geo.SW, geo.C * kk), cls.ki0 * geo.KW + cls.kj0)
 
 
 def _weight(w: Tensor, geo, order: tuple[int, int, int], b: Tensor) -> Tensor:
