@@ -535,7 +535,8 @@ def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
     summed in the product's store, when given. On the FMA kernel a strided layer runs one product per stride
     class (``stride_classes``), each storing its own pixels of one output; the tensor-core kernel keeps one
-    product over every tap (split, its first use would search tiles for each class: minutes for a ResNet)."""
+    product over every tap (the split is not measured there: each class would be a product of its own to
+    search tiles for)."""
     classes = stride_classes(geo) if mma_mode(grad.device, grad.dtype) is None else None
     if classes is None:
         return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
