@@ -208,16 +208,6 @@ inline CV_I cv_dy_dxc_at(uint r, uint k0, uint q) {
     return ok ? (((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW + ow : -1;
 }
 inline CT cv_dy_dxc(__global const {st}* p, uint r, uint k0, uint q) { return cv_load(p, cv_dy_dxc_at(r, k0, q)); }
-#define CV_DY_DXC_AT_E(r, k0, q, e) cv_dy_dxc_at(r, k0, (q) + (e))
-inline CV_I4 cv_dy_dxc_at4(uint r, uint k0, uint q) {
-    const uint t = CV_DY_DXC_T(r, k0);
-    const uint o = r - t * CV_O, ij = q % (CV_HC * CV_WC), j = ij % CV_WC;
-    if (j + 3 >= CV_WC) return CV_EACH4(CV_DY_DXC_AT_E, r, k0, q);
-    const int oh = (int)(ij / CV_WC) + CV_OFFH - (int)(t / CV_NJ);
-    if (oh < 0 || oh >= CV_OH) return (CV_I4)(-1);
-    const int ow = (int)j + CV_OFFW - (int)(t % CV_NJ);
-    return CV_TAPS((((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW, ow, 1, CV_OW);
-}
 """
 
 #: w (O, C, KH, KW) read as the forward's A (O, KK*C): row o, depth r = (ki, kj, c), the channel innermost as
@@ -243,8 +233,6 @@ inline CV_I cv_w_dxc_at(uint c, uint r) {
     return ((CV_I)(r % CV_O) * CV_C + c) * CV_KK + ki * CV_KW + kj;
 }
 inline CT cv_w_dxc(__global const {st}* p, uint c, uint r) { return cv_load(p, cv_w_dxc_at(c, r)); }
-#define CV_W_DXC_AT_E(c, r, e) cv_w_dxc_at(c, (r) + (e))
-inline CV_I4 cv_w_dxc_at4(uint c, uint r) { return CV_EACH4(CV_W_DXC_AT_E, c, r); }
 """
 
 #: dy as (O, N*L): row o, column q = (n, l).
@@ -325,11 +313,12 @@ def _class_defines(cls: StrideClass) -> str:
     return "\n".join(["", "#ifndef CV_QH", *(f"#define CV_{k} {v}" for k, v in values.items()), "#endif", ""])
 
 
-def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
+def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str, four_wide: bool = True) -> OperandView:
     """The view whose element is ``element`` (``cv_<name>(p, ...)``); in float32 with its four-wide
-    twins: ``vector4`` (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
+    twins (``four_wide``: the tensor-core kernel's; the FMA kernel reads element by element): ``vector4``
+    (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
     helpers = _defines(geo, out_ch, idx, st) + "".join(b.replace("{st}", st) for b in bodies)
-    if st != "float":
+    if st != "float" or not four_wide:
         return OperandView(helpers, element)
     function, args = element.split("(", 1)
     offsets = f"{function}_at4({args.split(', ', 1)[1]}"  # the same arguments after p
@@ -437,8 +426,9 @@ class _Layer:
             cls, taps = stride_class, stride_class.taps_h * stride_class.taps_w
             self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
             body = _class_defines(cls)
-            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)")  # the FMA kernel only
-            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)")
+            # the FMA kernel only (``backward_input``): element by element, no four-wide twins
+            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", four_wide=False)
+            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", four_wide=False)
             pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
             out = OperandView("", f"((IDX)(c / (CV_HC * CV_WC)) * CV_C + r) * (CV_H * CV_W) + {pixel}")
             self.views = (view_a, view_b, out)
