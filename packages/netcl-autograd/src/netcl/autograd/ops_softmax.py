@@ -38,10 +38,8 @@ def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, 
         out = rowwise.softmax_forward(x.value if isinstance(x, Node) else x, axes, mode, keep_stats=False)[0]
         return Node(out if out_shape is None else out.reshape(out_shape), op_name=rowwise.MODE_NAMES[mode])
     if mode != rowwise.LOGSUMEXP:  # the backward reads the output alone: nothing else is kept
-        rules = _FROM_OUTPUT.get((axes, mode))
-        if rules is None:
-            rules = _FROM_OUTPUT[(axes, mode)] = (_Forward(axes, mode), _GradFromOutput(axes, mode))
-        return apply_op(rules[0], rules[1], x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
+        forward, grad_from_output = _from_output(axes, mode)
+        return apply_op(forward, grad_from_output, x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
     saved: dict[str, Any] = {}
 
     def forward(v: Tensor) -> Tensor:
@@ -104,6 +102,14 @@ class _GradFromOutput:
 _FROM_OUTPUT: dict[tuple, tuple[_Forward, _GradFromOutput]] = {}
 
 
+def _from_output(axes: tuple[int, ...], mode: int) -> tuple[_Forward, _GradFromOutput]:
+    """The (forward, gradient) pair of softmax / log_softmax over ``axes``, made once per (axes, mode)."""
+    rules = _FROM_OUTPUT.get((axes, mode))
+    if rules is None:
+        rules = _FROM_OUTPUT[(axes, mode)] = (_Forward(axes, mode), _GradFromOutput(axes, mode))
+    return rules
+
+
 def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     """softmax / log_softmax on a shape, dtype and axis planned before, with no tracer and no row provider
     installed: under no_grad the planned launch alone, else the op recorded as ``_family`` records it, with
@@ -116,11 +122,9 @@ def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     axes, plan = found
     if not grad_mode.grad_enabled:
         return Node(rowwise.planned_softmax_output(x.value, plan), op_name=rowwise.MODE_NAMES[mode])
-    rules = _FROM_OUTPUT.get((axes, mode))
-    if rules is None:
-        rules = _FROM_OUTPUT[(axes, mode)] = (_Forward(axes, mode), _GradFromOutput(axes, mode))
+    grad_from_output = _from_output(axes, mode)[1]
     # _family's recording, with the plan found here (no second lookup)
-    return apply_op(_PlannedForward(plan), rules[1], x, op_name=rowwise.MODE_NAMES[mode], attrs={"axis": axis})
+    return apply_op(_PlannedForward(plan), grad_from_output, x, op_name=rowwise.MODE_NAMES[mode], attrs={"axis": axis})
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:
