@@ -563,8 +563,8 @@ def make_plan(
     """The tensor-core kernel's plan for ``problem`` (split along K when the output is small).
 
     ``views`` as in ``gemm_plan.make_plan``: an operand read through an expression loads element by
-    element (cp.async stages only from a tf32 view's ``offsets4``, ``_view_flags``); a product
-    with a C view is never split.
+    element (cp.async stages only from a tf32 view's ``offsets4``, ``_view_flags``); split along K, a
+    product with a C view writes plain rows and the split sum stores through the view.
     """
     a_half, b_half = _words(a_dtype), _words(b_dtype)
     if cfg is None:
@@ -579,11 +579,12 @@ def make_plan(
     if views[0] is not None or views[1] is not None:
         cfg = _view_flags(cfg, mode, problem, views)
     splits, chunk = 1, problem.k
-    if cfg.split and (len(views) < 3 or views[2] is None):
+    if cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)
     c_dtype = float32 if splits > 1 else out_dtype
     idx = index_kind(problem)
     store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw, the sum applies it
+    kernel_views = views if splits == 1 else views[:2]  # split: plain rows, the sum stores through C's view
     key = (
         "gemm-mma",
         mode,
@@ -595,11 +596,13 @@ def make_plan(
         c_dtype.str,
         idx,
         store,
-        views,
+        kernel_views,
     )
 
     def source() -> str:
-        return mma_source(cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store, views)
+        return mma_source(
+            cfg, mode, problem.trans_a, problem.trans_b, a_dtype, b_dtype, c_dtype, idx, store, kernel_views
+        )  # fmt: skip
 
     args = ARG_DTYPES + [None] * cfg.tma + store.arg_dtypes()
     kernel = get_kernel(key, device, source, "netcl_gemm", args).kernel
@@ -607,5 +610,6 @@ def make_plan(
     gsize = (blocks[0] * cfg.threads, *blocks[1:])
     maps = (_tma_buffer(device, mode, cfg, problem, math.prod(blocks)),) if cfg.tma else ()
     return finish_plan(
-        device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype, epilogue, maps
-    )
+        device, kernel, gsize, (cfg.threads, 1, 1), problem, splits, chunk, out_shape, out_dtype, epilogue, maps,
+        views=views,
+    )  # fmt: skip

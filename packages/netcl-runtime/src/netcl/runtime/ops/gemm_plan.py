@@ -221,22 +221,30 @@ def finish_plan(
     out_dtype,
     epilogue: Epilogue = IDENTITY,
     fixed: Sequence = (),
+    views: tuple[OperandView | None, ...] = (),
 ) -> Plan:
     """A Plan around a resolved ``netcl_gemm`` kernel; with splits > 1 a float32 workspace and its sum,
-    which then applies ``epilogue`` (the kernel wrote raw partial products). ``fixed``: arguments of the
-    kernel after ``css`` set once (a TMA kernel's tensor maps), before the epilogue's."""
+    which then applies ``epilogue`` (the kernel wrote raw partial products) and stores through C's view
+    (``views[2]``, when given: the kernel wrote plain rows). ``fixed``: arguments of the kernel after ``css``
+    set once (a TMA kernel's tensor maps), before the epilogue's."""
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
-    # built with the first plan even when this one does not split, so that a later product whose
-    # new size makes it split (a larger batch in a weight gradient) builds no program
-    sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
+    out_view = views[2] if len(views) > 2 else None
+    if out_view is None:
+        # built with the first plan even when this one does not split, so that a later product whose
+        # new size makes it split (a larger batch in a weight gradient) builds no program
+        sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
+    else:  # a sum per output layout, built only where a plan splits
+        sum_kernel = _view_sum_kernel(device, acc, out_dtype, epilogue, views) if splits > 1 else None
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
-        width = sum_width(total, epilogue)
+        plain = epilogue.is_identity and out_view is None
+        width = sum_width(total, epilogue) if plain else 1
         items = -(-total // width)
-        # the sum's scalar arguments: with an epilogue C's sizes (it finds each element's row), else the width
-        shape = (np.int32(width),) if epilogue.is_identity else (np.int32(problem.m), np.int32(problem.n))
+        # the sum's scalar arguments: C's sizes where it finds each element's row and column (an epilogue or
+        # an output view), else the width
+        shape = (np.int32(width),) if plain else (np.int32(problem.m), np.int32(problem.n))
         sum_args = (-(-items // 256) * 256, (total, splits, *shape))
     args = gemm_args(problem, splits, chunk) + list(fixed)
     return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
@@ -299,24 +307,43 @@ __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const lo
     return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32, np.int32]).kernel
 
 
-def _epilogue_sum_source(acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue) -> str:
+def _view_sum_kernel(
+    device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, views: tuple[OperandView | None, ...]
+):
+    """The split sum of a product with an output view (``views[2]``): ``_epilogue_sum_source`` storing element
+    (r, c) of C at the view's offset, the view's helpers (every macro its expression reads) before it."""
+    key = ("gemm-split-sum-view", acc.str, out_dtype.str, epilogue, views)
+    dtypes = [None, None, np.int64, np.int32, np.int32, np.int32, *epilogue.arg_dtypes()]
+    return get_kernel(
+        key, device, lambda: _epilogue_sum_source(acc, out_dtype, epilogue, views), "netcl_split_sum", dtypes
+    ).kernel
+
+
+def _epilogue_sum_source(
+    acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, views: tuple[OperandView | None, ...] = ()
+) -> str:
     """The split sum that applies ``epilogue``: one element a work-item; element i is (zb, r, c) of C,
-    laid out like the GEMM's C."""
+    laid out like the GEMM's C, or stored at C's view's offset (``views[2]``) in its batch entry."""
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
-    store = store_c(out_dtype, "C", "i", "OUT") if out_dtype in STORAGE_ONLY else f"C[i] = ({st})(OUT)"
+    out_view = views[2] if len(views) > 2 else None
+    at = "(IDX)r * ldc + c" if out_view is None else f"({out_view.element})"
+    element = f"zb * csb + {at}"
+    store = store_c(out_dtype, "C", element, "OUT") if out_dtype in STORAGE_ONLY else f"C[{element}] = ({st})(OUT)"
     lines = [
         "const long csb = (long)M * N;",
         "const int ldc = N;",
         "const int zb = (int)(i / csb);",
         "const IDX r = (i - zb * csb) / N;",
         "const IDX c = (i - zb * csb) - r * N;",
-        *epilogue.store_lines("s", "CT", store),
+        *epilogue.store_lines("s", "CT", store, at=at),
     ]
     body = "\n    ".join(lines)
+    helpers = "" if out_view is None else out_view.helpers
     return f"""{storage_pragmas([acc, out_dtype])}
 {epilogue.preamble}
 #define CT {ct}
 #define IDX long
+{helpers}
 __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const long total, const int splits,
                               const int M, const int N{epilogue.params()}) {{
     const long i = get_global_id(0);
@@ -343,26 +370,30 @@ def make_plan(
     chooses one for a product, ``conv_implicit`` for a convolution, a search's trial forces one).
 
     ``views``: ``OperandView`` or None for A and B, optionally C's output index (an implicit
-    operand, see ``gemm_source``); a view's vector width is narrowed to 1. A product with a C
-    view is never split along K (the split workspace is laid out as plain rows).
+    operand, see ``gemm_source``); a view's vector width is narrowed to 1. Split along K, a product
+    with a C view writes its partial products as plain rows and the split sum stores through the view.
     """
     if (views[0] is not None and cfg.va != 1) or (views[1] is not None and cfg.vb != 1):
         cfg = replace(cfg, va=1 if views[0] is not None else cfg.va, vb=1 if views[1] is not None else cfg.vb)
     splits, chunk = 1, problem.k
-    if cfg.split and (len(views) < 3 or views[2] is None):
+    if cfg.split:
         splits, chunk = split_count(problem, cfg.bm, cfg.bn, cfg.bk, device, cfg.split)
     c_dtype = (float64 if out_dtype == float64 else float32) if splits > 1 else out_dtype
     idx = index_kind(problem)
     store = epilogue if splits == 1 else IDENTITY  # split: the partial products are raw
-    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store, views)
+    kernel_views = views if splits == 1 else views[:2]  # split: plain rows, the sum stores through C's view
+    key = ("gemm", cfg, problem.trans_a, problem.trans_b, dtype.str, c_dtype.str, idx, store, kernel_views)
 
     def source() -> str:
-        return portable_source(cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store, views)
+        return portable_source(
+            cfg, problem.trans_a, problem.trans_b, dtype, dtype, c_dtype, idx, store, kernel_views
+        )  # fmt: skip
 
     args = ARG_DTYPES + store.arg_dtypes()
     flags = (f"-cl-nv-maxrregcount={cfg.maxreg}",) if cfg.maxreg else ()
     kernel = get_kernel(key, device, source, "netcl_gemm", args, flags).kernel
     gsize = (-(-problem.n // cfg.bn) * cfg.wgn, -(-problem.m // cfg.bm) * cfg.wgm, problem.batch * splits * cfg.ks)
     return finish_plan(
-        device, kernel, gsize, (cfg.wgn, cfg.wgm, cfg.ks), problem, splits, chunk, out_shape, out_dtype, epilogue
-    )
+        device, kernel, gsize, (cfg.wgn, cfg.wgm, cfg.ks), problem, splits, chunk, out_shape, out_dtype, epilogue,
+        views=views,
+    )  # fmt: skip

@@ -165,7 +165,8 @@ class OperandView:
     ``mn`` (IDX: row of A / column of B) and ``kk`` (int: depth), and is only evaluated inside
     ``[0, M or N) x [kbeg, kend)``; ``helpers`` is C placed before the kernel (macros, inline
     functions; names should be prefixed to avoid the kernel's own macros). Hashable: part of the
-    program key.
+    program key. An output view (C's index, from ``r`` and ``c``) carries in its helpers every macro its
+    expression reads: a split product's sum includes only those (guard them where A's or B's repeat them).
 
     ``vector4`` (optional, float32 views): a ``float4`` expression of four consecutive elements
     along the operand's contiguous dimension starting at (``mn``, ``kk``): ``mn .. mn + 3`` for B
