@@ -127,27 +127,23 @@ def _input_gradient_float64(g64: np.ndarray, w64: np.ndarray, geo) -> np.ndarray
     return padded[:, :, geo.PH : geo.PH + geo.H, geo.PW : geo.PW + geo.W]
 
 
-@pytest.mark.parametrize("precision", ["highest", "tf32x3"])
 @pytest.mark.parametrize(
     "image,stride,padding,taps",
     [
         ((3, 7, 6), 2, 1, [1, 2, 2, 4]),  # ResNet's downsampling 3x3: odd rows and columns reached by two taps
-        ((2, 9, 20), (2, 3), (1, 0), [1, 1, 1, 2, 2, 2]),  # asymmetric; 7 columns a class: four-wide loads
+        ((2, 9, 20), (2, 3), (1, 0), [1, 1, 1, 2, 2, 2]),  # asymmetric; 7 columns a class
         ((2, 1, 1), 2, 1, [1]),  # a 1x1 image: the other classes have no pixels
     ],
 )
 def test_a_strided_input_gradient_runs_one_product_per_stride_class(
-    cl_device, monkeypatch, precision, image, stride, padding, taps
+    cl_device, monkeypatch, image, stride, padding, taps
 ):
     """conv2d's input gradient at stride > 1 runs one implicit product per remainder of the input pixel modulo the
     stride, over only the taps that reach it, each storing its own pixels of one output: against float64 (sums
-    of <= 4*3*3 float32 products of N(0, 1) values, atol 1e-4; tf32x3 is within 2**-20 of them), with an addend
-    summed in the store. Under "tf32x3" on tensor cores the class's taps are a strided copy of w and dy is read
-    four columns at a time."""
-    from netcl.runtime.ops import conv_implicit, gemm_mma
+    of <= 4*3*3 float32 products of N(0, 1) values, atol 1e-4), with an addend summed in the store. (The FMA
+    kernel; the tensor-core one keeps one product, ``test_implicit_conv_under_tensor_core_precision``.)"""
+    from netcl.runtime.ops import conv_implicit
 
-    if precision != "highest" and not gemm_mma.available(cl_device, precision):
-        pytest.skip("no tensor cores: the FMA kernel runs every precision")
     monkeypatch.setenv(host_blas.ENV_VAR, "0")  # a CPU device would run these short reductions as im2col + BLAS
     rng = np.random.default_rng(7)
     x64 = rng.standard_normal((2, *image))
@@ -159,12 +155,12 @@ def test_a_strided_input_gradient_runs_one_product_per_stride_class(
     addend64 = rng.standard_normal(x64.shape)
     w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
     expected = _input_gradient_float64(g64, w64, geo)
-    with R.matmul_precision(precision):
+    with R.matmul_precision("highest"):
         np.testing.assert_allclose(conv_implicit.backward_input(g, w, geo).to_host(), expected, atol=1e-4)
         summed = conv_implicit.backward_input(g, w, geo, addend).to_host()
     np.testing.assert_allclose(summed, expected + addend64, atol=1e-4)
-    keys = [key for key in conv_implicit.CHOSEN if "dx|" in key and str(geo.values) in key and "|class " in key]
-    assert len({key for key in keys if ("mma-" in key) == (precision != "highest")}) == len(classes)
+    keys = {key for key in conv_implicit.CHOSEN if "dx|" in key and str(geo.values) in key and "|class " in key}
+    assert len(keys) == len(classes)
 
 
 def _forward_float64(x64: np.ndarray, w64: np.ndarray, b64: np.ndarray, geo) -> np.ndarray:
@@ -180,9 +176,9 @@ def _forward_float64(x64: np.ndarray, w64: np.ndarray, b64: np.ndarray, geo) -> 
 def test_a_convolution_split_along_k_sums_through_its_output_view(cl_device, monkeypatch, precision, stride):
     """A layer with few output tiles and a long reduction (64 -> 128 channels, 3x3, a 6x6 image) splits its
     implicit GEMM along K: the partial products are plain rows and the split sum applies the bias or the addend
-    and stores through the output's view (NCHW; at stride 2 a stride class's pixels). Forward and input gradient
-    against float64: sums of <= 1,152 products of N(0, 1) values (|sum| < 200), whose float32 rounding in any
-    order stays below 1e-3 (tf32x3 is within 2**-20 of a float32 product)."""
+    and stores through the output's view (NCHW; at stride 2 on the FMA kernel a stride class's pixels). Forward
+    and input gradient against float64: sums of <= 1,152 products of N(0, 1) values (|sum| < 200), whose float32
+    rounding in any order stays below 1e-3 (tf32x3 is within 2**-20 of a float32 product)."""
     from netcl.runtime.ops import conv_implicit, gemm_mma
     from netcl.runtime.ops.gemm_source import GemmConfig
 
@@ -329,9 +325,7 @@ def test_implicit_conv_under_tensor_core_precision(cl_device, monkeypatch, preci
     if pipeline == "cp.async":
         # staged wherever both operands can be copied so (a weight whose rows are not 16-byte
         # aligned, 6 channels * 9 taps, is loaded through registers)
-        # one config a product: the forward, the weight gradient, the input gradient's (one per stride class)
-        products = 2 + len(conv_implicit.stride_classes(geo) or [geo])
-        assert len(chosen) == products and all(cfg.stages == 3 or not (cfg.va and cfg.vb) for cfg in chosen)
+        assert len(chosen) == 3 and all(cfg.stages == 3 or not (cfg.va and cfg.vb) for cfg in chosen)
         assert any(cfg.stages == 3 for cfg in chosen)
     for k, name in enumerate(("forward", "input gradient", "weight gradient")):
         bound = unit * bounds[k] + 1e-4 + (np.abs(b64).reshape(1, -1, 1, 1) * 2.0**-20 if k == 0 else 0)

@@ -13,9 +13,9 @@ in the upstream gradient, zero in the padding. With ``KK = KH * KW`` and ``L = O
 - input gradient ``dx = wT (C, KK*O) @ V(dy) (KK*O, N*H*W)``, stored NCHW the same way, where
   ``wT[c, (ki, kj, o)] = w[o, c, ki, kj]`` (likewise a view or a small transpose) and ``V[(ki, kj, o), (n, h, w)] =
   dy[n, o, (h + PH - ki*DH) / SH, (w + PW - kj*DW) / SW]`` where that is an exact, in-range output
-  pixel, else 0. At stride > 1 most of those are zeros (three in four for a 3x3 window at stride 2): a strided
-  layer runs one product per stride class instead (``stride_classes``: the input pixels of one remainder modulo
-  the stride and the taps that reach them), each storing its pixels into the one output.
+  pixel, else 0. At stride > 1 most of those are zeros (three in four for a 3x3 window at stride 2): the FMA
+  kernel runs one product per stride class instead (``stride_classes``: the input pixels of one remainder
+  modulo the stride and the taps that reach them), each storing its pixels into the one output.
 - weight gradient ``dw (O, C*KK) = dy (O, N*L) @ cols(x)^T (N*L, C*KK)``: both operands are views
   (the batch is part of the reduction), split along K when the output is small.
 
@@ -51,7 +51,6 @@ from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, trial_run
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
 from netcl.runtime.ops.precision import resolve_precision
-from netcl.runtime.ops.strided import strided_copy
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
 _CANDIDATES = [
@@ -209,16 +208,6 @@ inline CV_I cv_dy_dxc_at(uint r, uint k0, uint q) {
     return ok ? (((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW + ow : -1;
 }
 inline CT cv_dy_dxc(__global const {st}* p, uint r, uint k0, uint q) { return cv_load(p, cv_dy_dxc_at(r, k0, q)); }
-#define CV_DY_DXC_AT_E(r, k0, q, e) cv_dy_dxc_at(r, k0, (q) + (e))
-inline CV_I4 cv_dy_dxc_at4(uint r, uint k0, uint q) {
-    const uint t = CV_DY_DXC_T(r, k0);
-    const uint o = r - t * CV_O, ij = q % (CV_HC * CV_WC), j = ij % CV_WC;
-    if (j + 3 >= CV_WC) return CV_EACH4(CV_DY_DXC_AT_E, r, k0, q);
-    const int oh = (int)(ij / CV_WC) + CV_OFFH - (int)(t / CV_NJ);
-    if (oh < 0 || oh >= CV_OH) return (CV_I4)(-1);
-    const int ow = (int)j + CV_OFFW - (int)(t % CV_NJ);
-    return CV_TAPS((((CV_I)(q / (CV_HC * CV_WC)) * CV_O + o) * CV_OH + oh) * CV_OW, ow, 1, CV_OW);
-}
 """
 
 #: w (O, C, KH, KW) read as the forward's A (O, KK*C): row o, depth r = (ki, kj, c), the channel innermost as
@@ -244,8 +233,6 @@ inline CV_I cv_w_dxc_at(uint c, uint r) {
     return ((CV_I)(r % CV_O) * CV_C + c) * CV_KK + ki * CV_KW + kj;
 }
 inline CT cv_w_dxc(__global const {st}* p, uint c, uint r) { return cv_load(p, cv_w_dxc_at(c, r)); }
-#define CV_W_DXC_AT_E(c, r, e) cv_w_dxc_at(c, (r) + (e))
-inline CV_I4 cv_w_dxc_at4(uint c, uint r) { return CV_EACH4(CV_W_DXC_AT_E, c, r); }
 """
 
 #: dy as (O, N*L): row o, column q = (n, l).
@@ -326,11 +313,12 @@ def _class_defines(cls: StrideClass) -> str:
     return "\n".join(["", "#ifndef CV_QH", *(f"#define CV_{k} {v}" for k, v in values.items()), "#endif", ""])
 
 
-def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str) -> OperandView:
+def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str, four_wide: bool = True) -> OperandView:
     """The view whose element is ``element`` (``cv_<name>(p, ...)``); in float32 with its four-wide
-    twins: ``vector4`` (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
+    twins (``four_wide``: the tensor-core kernel's; the FMA kernel reads element by element): ``vector4``
+    (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
     helpers = _defines(geo, out_ch, idx, st) + "".join(b.replace("{st}", st) for b in bodies)
-    if st != "float":
+    if st != "float" or not four_wide:
         return OperandView(helpers, element)
     function, args = element.split("(", 1)
     offsets = f"{function}_at4({args.split(', ', 1)[1]}"  # the same arguments after p
@@ -440,8 +428,9 @@ class _Layer:
             cls, taps = stride_class, stride_class.taps_h * stride_class.taps_w
             self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
             body = _class_defines(cls)
-            view_a = None if mode else _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)")
-            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)")
+            # the FMA kernel only (``backward_input``): element by element, no four-wide twins
+            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", four_wide=False)
+            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", four_wide=False)
             pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
             out = OperandView(
                 _defines(geo, out_ch, idx, st) + body,
@@ -449,7 +438,7 @@ class _Layer:
             )
             self.views = (view_a, view_b, out)
             self.out_shape = (n, c, h, w)
-            self.sizes = (c * taps * out_ch if mode else out_ch * c * kk, n * out_ch * length)
+            self.sizes = (out_ch * c * kk, n * out_ch * length)
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
             view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
@@ -542,28 +531,21 @@ def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:
     """d conv2d / d x for upstream ``grad`` (N, O, OH, OW); plus a float32 ``addend`` of x's shape,
-    summed in the product's store, when given. A strided layer runs one product per stride class
-    (``stride_classes``), each storing its own pixels of one output."""
-    classes = stride_classes(geo)
+    summed in the product's store, when given. On the FMA kernel a strided layer runs one product per stride
+    class (``stride_classes``), each storing its own pixels of one output; the tensor-core kernel keeps one
+    product over every tap (split by class it measured no faster on ResNet-8's layers under "high", and each
+    class would be a product of its own to search tiles for: see benchmarks/RESULTS.md, "Thirty-second
+    session")."""
+    classes = stride_classes(geo) if mma_mode(grad.device, grad.dtype) is None else None
     if classes is None:
         return _run("dx", _weight(w, geo, (1, 2, 0), grad), grad, w.shape[0], geo, addend)  # (C, KK, O)
     out_ch = int(w.shape[0])
     dx = Tensor.empty((geo.N, geo.C, geo.H, geo.W), grad.dtype, grad.device)
-    stored = mma_mode(grad.device, grad.dtype) is not None  # the tensor-core kernel reads a stored A
     extras = () if addend is None else (addend,)
     for cls in classes:
-        a = _class_weight(w, geo, cls) if stored else w
         plan = _layer("dx", grad.device, geo, out_ch, grad.dtype, addend=addend is not None, stride_class=cls)
-        plan.run(a, grad, out=dx, extras=extras)
+        plan.run(w, grad, out=dx, extras=extras)
     return dx
-
-
-def _class_weight(w: Tensor, geo, cls: StrideClass) -> Tensor:
-    """A stride class's A for the tensor-core kernel: w's taps of the class as (C, taps_h, taps_w, O), one
-    strided copy (``_W_DXC`` reads the same elements of the stored w)."""
-    kk = geo.KH * geo.KW
-    shape = (geo.C, cls.taps_h, cls.taps_w, int(w.shape[0]))
-    return strided_copy(w, shape, (kk, geo.SH * geo.KW, geo.SW, geo.C * kk), cls.ki0 * geo.KW + cls.kj0)
 
 
 def _weight(w: Tensor, geo, order: tuple[int, int, int], b: Tensor) -> Tensor:
