@@ -10,6 +10,7 @@ rounding is of the same kind as the kernels' (sums of a few terms), not bit for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -17,13 +18,21 @@ import numpy as np
 from netcl.core import Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.ops._common import wrap_numpy
-from netcl.runtime.ops.conv_winograd_tiling import TileGrid
+from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
 from netcl.runtime.ops.linalg import matmul
 
 
 def _matrices(tiling: TileGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B^T, G, A^T) of the tiling's F(m x m, 3 x 3) as float32 arrays."""
-    return tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in tiling.matrices)
+    """(B^T, G, A^T) of the tiling's F(m x m, 3 x 3) as float32 arrays (shared: read only)."""
+    return _float32_matrices(tiling.m)
+
+
+@functools.cache
+def _float32_matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    arrays = tuple(np.array([[float(c) for c in row] for row in matrix], np.float32) for matrix in MATRICES[m])
+    for array in arrays:
+        array.flags.writeable = False
+    return arrays
 
 
 def _combine(coeffs: Sequence[np.float32], arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
