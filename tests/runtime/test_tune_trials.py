@@ -3,10 +3,13 @@ split product with one workspace for all its timed runs."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 import netcl.core as nc
 from netcl.runtime import tune
+from netcl.runtime.cache import program_cache
 from netcl.runtime.ops import gemm, gemm_configs, gemm_plan
 from netcl.runtime.ops.gemm_source import Epilogue, GemmConfig
 
@@ -90,3 +93,60 @@ def test_a_convolutions_trial_makes_its_workspace_once(cl_device, monkeypatch):
     for _ in range(3):
         run()
     assert len(made) == 1 and made[0] is not None  # 6 x 36 outputs, K = 8 * 256: split along K
+
+
+def test_a_search_builds_its_candidates_on_threads_and_its_trials_reuse_those_programs(
+    cl_device, two_tiles, monkeypatch
+):
+    """``tune.search`` builds every candidate through the trial's ``build`` on worker threads before its first
+    trial (``tune.build_ahead``), and those are the programs the trials run: the trials build nothing more."""
+    threads: list[str] = []
+    build = gemm_configs._Trial.build
+
+    def spy(self, cfg):
+        threads.append(threading.current_thread().name)
+        return build(self, cfg)
+
+    monkeypatch.setattr(gemm_configs._Trial, "build", spy)
+    ahead = tune.build_ahead
+    misses_after_builds: list[int] = []
+
+    def counted(*args):
+        ahead(*args)
+        misses_after_builds.append(program_cache.stats().misses)
+
+    monkeypatch.setattr(tune, "build_ahead", counted)
+    problem = gemm_plan.Problem(40, 24, 48, False, False, ())
+    trial = gemm_configs._Trial(cl_device, problem, np.dtype(np.float32))
+    trial._make_operands()  # (the scratch operands' own programs, before counting)
+    before = program_cache.stats().misses
+    best, _ = tune.search(cl_device, list(two_tiles), trial)
+    assert best in two_tiles
+    assert len(threads) == 2 and all(name.startswith("netcl-tune-build") for name in threads)
+    assert misses_after_builds[0] > before  # the candidates' programs were built ahead ...
+    assert program_cache.stats().misses == misses_after_builds[0]  # ... and the trials built nothing more
+
+
+def test_a_convolutions_search_builds_its_candidates_ahead_too(cl_device, searching, monkeypatch):
+    """The implicit convolution's trial (``conv_implicit._Layer``) builds its candidates ahead as well, the
+    programs its trials then run (operand and output views included)."""
+    from netcl.runtime.ops import conv, conv_implicit, host_blas
+
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")
+    monkeypatch.setattr(conv_implicit, "_CANDIDATES", [(8, 8, 1, 1, 8), (8, 8, 2, 2, 8)])
+    ahead = tune.build_ahead
+    misses_after_builds: list[int] = []
+
+    def counted(*args):
+        ahead(*args)
+        misses_after_builds.append(program_cache.stats().misses)
+
+    monkeypatch.setattr(tune, "build_ahead", counted)
+    tune.trial_operand(16, np.float32, cl_device, 1)  # the scratch operands' programs, before counting
+    x = nc.tensor(np.ones((2, 3, 6, 6), np.float32), device=cl_device)
+    w = nc.tensor(np.ones((4, 3, 3, 3), np.float32), device=cl_device)
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    y = conv_implicit.forward(x, w, None, geo).to_host()
+    assert y[0, 0, 2, 2] == 27.0  # an interior pixel: 3 channels x 9 taps of ones
+    assert len(misses_after_builds) == 1
+    assert program_cache.stats().misses == misses_after_builds[0]

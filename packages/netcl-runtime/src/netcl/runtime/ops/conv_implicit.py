@@ -481,6 +481,11 @@ class _Layer:
             self.device, self.dtype, self.dtype, self.out_shape, self.problem, self.epilogue, cfg=cfg, views=self.views
         )
 
+    def build(self, cfg: GemmConfig | MmaConfig) -> None:
+        """A candidate's programs only (``tune.build_ahead``): its plan (operand views: no tensor maps, nothing
+        allocated)."""
+        self.plan(cfg)
+
     def __call__(self, cfg: GemmConfig | MmaConfig) -> Callable[[], Tensor]:  # a tuning trial on scratch operands
         from netcl.runtime.ops.layout import full
 

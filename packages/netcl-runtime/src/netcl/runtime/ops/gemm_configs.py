@@ -144,6 +144,13 @@ class _Trial:
         plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, self.epilogue, cfg=with_alignment(cfg, p))
         return trial_run(plan, a, b, bias, out, extras)
 
+    def build(self, cfg: GemmConfig) -> None:
+        """The candidate's programs only (``tune.build_ahead``): its plan, which allocates nothing."""
+        p = self.problem
+        make_plan(
+            self.device, self.dtype, self.dtype, (p.batch, p.m, p.n), p, self.epilogue, cfg=with_alignment(cfg, p)
+        )
+
     def _make_operands(self) -> None:
         p, device, epilogue = self.problem, self.device, self.epilogue
         a_elems, b_elems = p.operand_sizes

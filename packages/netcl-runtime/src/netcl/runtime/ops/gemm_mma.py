@@ -547,6 +547,15 @@ class _Trial:
         plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
         return trial_run(plan, a, b, out=out)
 
+    def build(self, cfg: MmaConfig) -> None:
+        """The candidate's programs only (``tune.build_ahead``): its plan, except for a TMA candidate, whose plan
+        uploads tensor maps (its trial builds it)."""
+        if cfg.tma:
+            return
+        p = self.problem
+        cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
+        make_plan(self.device, self.mode, *self.dtypes, float32, (p.batch, p.m, p.n), p, cfg=cfg)
+
 
 def make_plan(
     device: Device,

@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,24 @@ def _choose(
     return best
 
 
+#: Threads that build a search's candidates ahead of its trials: NVIDIA's OpenCL compiler built 16 programs in
+#: 6.4 s one after another and in 4.3 s on 4 threads, no faster on 8 or 16 (benchmarks/RESULTS.md, "Thirty-second
+#: session").
+BUILD_THREADS = 4
+
+
+def build_ahead(build: Callable[[Any], Any], candidates: Sequence[Any]) -> None:
+    """``build(cfg)`` of every candidate on up to ``BUILD_THREADS`` threads, waiting for all. ``build`` makes only
+    programs (no device memory, no launch: safe beside other builds); a candidate whose build fails is left to its
+    trial, which fails the same way and is skipped there with the reason."""
+    if len(candidates) < 2:
+        return
+    with ThreadPoolExecutor(min(BUILD_THREADS, len(candidates)), thread_name_prefix="netcl-tune-build") as pool:
+        futures = [pool.submit(build, cfg) for cfg in candidates]
+    for future in futures:
+        future.exception()  # collected, not raised: the trial says why a candidate is skipped
+
+
 def search(
     device: Device,
     candidates: Sequence[Any],
@@ -222,7 +241,8 @@ def search(
     A trial that returns a callable (its prepared run: plan built, output allocated) has that
     timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
     allocation per call); otherwise the trial itself. A trial may be called several times per
-    candidate (its builds are cached).
+    candidate (its builds are cached). A trial with a ``build(cfg)`` method has every candidate's programs
+    built on threads first (``build_ahead``).
     """
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.perf import timing_region
@@ -239,6 +259,9 @@ def search(
     def skipped(cfg: Any, exc: Exception) -> None:  # a config the device refuses (build, launch resources)
         log.debug("netcl tune: %s skipped (%s)", cfg, str(exc).splitlines()[0])
 
+    build = getattr(trial, "build", None)
+    if build is not None:
+        build_ahead(build, candidates)
     built = []  # (position, candidate) of those the device builds and runs; the runs are not kept
     for position, cfg in enumerate(candidates):
         try:
