@@ -1,11 +1,12 @@
-"""What a tile search times: a code epilogue's product under its own key with the epilogue in every trial, and a
-split product with one workspace for all its timed runs."""
+"""What a tile search times: a code epilogue's product under its own key with the epilogue in every trial, a
+split product with one workspace for all its timed runs; and what it builds ahead of its trials, on threads."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
+import pytest
 
 import netcl.core as nc
 from netcl.runtime import tune
@@ -95,8 +96,21 @@ def test_a_convolutions_trial_makes_its_workspace_once(cl_device, monkeypatch):
     assert len(made) == 1 and made[0] is not None  # 6 x 36 outputs, K = 8 * 256: split along K
 
 
+@pytest.fixture
+def misses_after_builds(monkeypatch) -> list[int]:
+    """The program cache's miss count at the end of each ``tune.build_ahead`` (a build or disk hit is a miss)."""
+    ahead, counts = tune.build_ahead, []
+
+    def counted(*args):
+        ahead(*args)
+        counts.append(program_cache.stats().misses)
+
+    monkeypatch.setattr(tune, "build_ahead", counted)
+    return counts
+
+
 def test_a_search_builds_its_candidates_on_threads_and_its_trials_reuse_those_programs(
-    cl_device, two_tiles, monkeypatch
+    cl_device, two_tiles, misses_after_builds, monkeypatch
 ):
     """``tune.search`` builds every candidate through the trial's ``build`` on worker threads before its first
     trial (``tune.build_ahead``), and those are the programs the trials run: the trials build nothing more."""
@@ -108,14 +122,6 @@ def test_a_search_builds_its_candidates_on_threads_and_its_trials_reuse_those_pr
         return build(self, cfg)
 
     monkeypatch.setattr(gemm_configs._Trial, "build", spy)
-    ahead = tune.build_ahead
-    misses_after_builds: list[int] = []
-
-    def counted(*args):
-        ahead(*args)
-        misses_after_builds.append(program_cache.stats().misses)
-
-    monkeypatch.setattr(tune, "build_ahead", counted)
     problem = gemm_plan.Problem(40, 24, 48, False, False, ())
     trial = gemm_configs._Trial(cl_device, problem, np.dtype(np.float32))
     trial._make_operands()  # (the scratch operands' own programs, before counting)
@@ -127,21 +133,13 @@ def test_a_search_builds_its_candidates_on_threads_and_its_trials_reuse_those_pr
     assert program_cache.stats().misses == misses_after_builds[0]  # ... and the trials built nothing more
 
 
-def test_a_convolutions_search_builds_its_candidates_ahead_too(cl_device, searching, monkeypatch):
+def test_a_convolutions_search_builds_its_candidates_ahead_too(cl_device, searching, misses_after_builds, monkeypatch):
     """The implicit convolution's trial (``conv_implicit._Layer``) builds its candidates ahead as well, the
     programs its trials then run (operand and output views included)."""
     from netcl.runtime.ops import conv, conv_implicit, host_blas
 
     monkeypatch.setenv(host_blas.ENV_VAR, "0")
     monkeypatch.setattr(conv_implicit, "_CANDIDATES", [(8, 8, 1, 1, 8), (8, 8, 2, 2, 8)])
-    ahead = tune.build_ahead
-    misses_after_builds: list[int] = []
-
-    def counted(*args):
-        ahead(*args)
-        misses_after_builds.append(program_cache.stats().misses)
-
-    monkeypatch.setattr(tune, "build_ahead", counted)
     tune.trial_operand(16, np.float32, cl_device, 1)  # the scratch operands' programs, before counting
     x = nc.tensor(np.ones((2, 3, 6, 6), np.float32), device=cl_device)
     w = nc.tensor(np.ones((4, 3, 3, 3), np.float32), device=cl_device)
