@@ -203,8 +203,8 @@ def _choose(
 
 
 #: Threads that build a search's candidates ahead of its trials: NVIDIA's OpenCL compiler built 16 programs in
-#: 6.4 s one after another and in 4.3 s on 4 threads, no faster on 8 or 16 (benchmarks/RESULTS.md, "Thirty-second
-#: session").
+#: 6.4 s one after another and in 4.3 s on 4 threads, no faster on 8 or 16; PoCL builds one at a time
+#: (``benchmarks/build_threads.py``; benchmarks/RESULTS.md, "Thirty-second session").
 BUILD_THREADS = 4
 
 

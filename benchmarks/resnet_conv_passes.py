@@ -1,0 +1,118 @@
+"""Each convolution of ResNet-8 pass by pass, netcl against cuDNN in the same process.
+
+``python benchmarks/resnet_conv_passes.py [--precision highest|high] [--batch 128] [--repeats 20]``: for every
+convolution of ``examples/resnet.py``'s ResNet-8 (32x32 inputs; the stem, each block's two 3x3 layers and its
+1x1 shortcut) the forward, the weight gradient and (but for the stem) the input gradient. netcl's figure is the
+summed device time of every kernel the pass launches (``netcl.profiler``: a split product's sum included, the
+host's gaps between them not), cuDNN's the CUDA events around ``torch.nn.functional.conv2d`` /
+``aten.convolution_backward`` in benchmark mode; both in µs a call. ``--precision high`` runs both on TF32
+(netcl's matmul precision "high", torch's ``allow_tf32``), the default neither. Needs an NVIDIA GPU and torch
+with CUDA; results in benchmarks/RESULTS.md ("Thirty-first session", "Thirty-second session").
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import netcl.core as nc
+from netcl.core import Tensor
+from netcl.profiler import profile
+from netcl.runtime.ops import conv
+from netcl.runtime.ops.precision import set_float32_matmul_precision
+
+#: (name, in channels, out channels, input side, window, stride) of ResNet-8's convolutions.
+LAYERS = [
+    ("stem", 3, 64, 32, 3, 1),
+    ("l1.c1", 64, 64, 32, 3, 2),
+    ("l1.c2", 64, 64, 16, 3, 1),
+    ("l1.sc", 64, 64, 32, 1, 2),
+    ("l2.c1", 64, 128, 16, 3, 2),
+    ("l2.c2", 128, 128, 8, 3, 1),
+    ("l2.sc", 64, 128, 16, 1, 2),
+    ("l3.c1", 128, 256, 8, 3, 2),
+    ("l3.c2", 256, 256, 4, 3, 1),
+    ("l3.sc", 128, 256, 8, 1, 2),
+]
+
+
+def netcl_us(device: nc.Device, run, repeats: int) -> tuple[float, list[str]]:
+    """(µs of device time a call, summed over the kernels a call launches; their names)."""
+    run()
+    device.queue.finish()
+    with profile() as prof:
+        for _ in range(repeats):
+            run()
+        device.queue.finish()
+    events = [e for e in prof.events() if e.device_time is not None]  # (µs)
+    return sum(e.device_time for e in events) / repeats, sorted({e.name.removeprefix("netcl_") for e in events})
+
+
+def cudnn_us(torch, run, repeats: int) -> float:
+    """µs a call between two CUDA events around ``repeats`` calls (after three warm-up calls)."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
+
+
+def layer_passes(torch, device: nc.Device, rng, n: int, c: int, o: int, side: int, k: int, s: int) -> dict:
+    """pass name -> (netcl's call, cuDNN's call) of one layer on random operands (no input gradient for a layer
+    of 3 input channels, the stem)."""
+    pad = 1 if k == 3 else 0
+    x_host = rng.standard_normal((n, c, side, side)).astype(np.float32)
+    w_host = (rng.standard_normal((o, c, k, k)) * 0.1).astype(np.float32)
+    x, w = Tensor.from_host(device, x_host), Tensor.from_host(device, w_host)
+    geo = conv.check_conv2d(x.shape, w.shape, None, s, pad, 1, 1)
+    g_host = rng.standard_normal((n, o, geo.OH, geo.OW)).astype(np.float32)
+    g = Tensor.from_host(device, g_host)
+    tx, tw, tg = (torch.from_numpy(v).cuda() for v in (x_host, w_host, g_host))
+
+    def aten_backward(mask: list[bool]):
+        return torch.ops.aten.convolution_backward(tg, tx, tw, None, [s, s], [pad, pad], [1, 1], False, [0, 0], 1, mask)
+
+    passes = {
+        "fwd": (lambda: conv.conv2d(x, w, None, s, pad), lambda: torch.nn.functional.conv2d(tx, tw, None, s, pad)),
+        "dw": (lambda: conv.conv2d_backward_weight(g, x, w.shape, geo, 1), lambda: aten_backward([False, True, False])),
+    }
+    if c > 3:
+        passes["dx"] = (lambda: conv.conv2d_backward_input(g, w, geo, 1), lambda: aten_backward([True, False, False]))
+    return passes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", choices=["highest", "high"], default="highest")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    import torch
+
+    tf32 = args.precision == "high"
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    set_float32_matmul_precision(args.precision)
+    device, rng, n = nc.get_device(None), np.random.default_rng(0), args.batch
+    totals = {"netcl": 0.0, "cudnn": 0.0}
+    print(f"{device.name}, precision {args.precision}, batch {n}: µs a call")
+    print(f"{'layer':8} {'pass':4} {'netcl':>9} {'cuDNN':>9} {'ratio':>6}  kernels")
+    for layer in LAYERS:
+        name, passes = layer[0], layer_passes(torch, device, rng, n, *layer[1:])
+        for pass_name, (ours, theirs) in passes.items():
+            mine, kernels = netcl_us(device, ours, args.repeats)
+            peer = cudnn_us(torch, theirs, args.repeats)
+            totals["netcl"] += mine
+            totals["cudnn"] += peer
+            print(f"{name:8} {pass_name:4} {mine:9.1f} {peer:9.1f} {mine / peer:6.2f}  {','.join(kernels)}", flush=True)
+    print(f"all passes: netcl {totals['netcl']:,.0f} µs, cuDNN {totals['cudnn']:,.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
