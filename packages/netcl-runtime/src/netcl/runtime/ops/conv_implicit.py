@@ -90,13 +90,15 @@ def _defines(geo, out_ch: int, idx: str, st: str) -> str:
         "C": geo.C, "H": geo.H, "W": geo.W, "O": out_ch, "KH": geo.KH, "KW": geo.KW, "OH": geo.OH, "OW": geo.OW,
         "SH": geo.SH, "SW": geo.SW, "PH": geo.PH, "PW": geo.PW, "DH": geo.DH, "DW": geo.DW,
     }  # fmt: skip
-    lines = ["#ifndef CV_C"] + [f"#define CV_{k} {v}" for k, v in values.items()]
-    lines += ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}"]
-    lines += [f"#define CV_I4 {idx}4", _LOADS.replace("{st}", st)]
-    if st == "float":
-        lines.append(_LOAD4)
-    lines.append("#endif")
-    return "\n".join(lines)
+    derived = ["#define CV_KK (CV_KH * CV_KW)", "#define CV_L (CV_OH * CV_OW)", f"#define CV_I {idx}"]
+    loads = [f"#define CV_I4 {idx}4", _LOADS.replace("{st}", st), *([_LOAD4] if st == "float" else [])]
+    return "\n".join(_macros(values, *derived, *loads))
+
+
+def _macros(values: dict[str, int], *more: str) -> list[str]:
+    """Lines defining ``CV_<name>`` as each of ``values``, then ``more``: once in a program that includes them from
+    several views (guarded by the first name)."""
+    return [f"#ifndef CV_{next(iter(values))}", *(f"#define CV_{k} {v}" for k, v in values.items()), *more, "#endif"]
 
 
 #: Each view is an offset function ``cv_<view>_at(row, [k0,] column)``: the element's index into the
@@ -310,13 +312,13 @@ def _class_defines(cls: StrideClass) -> str:
         "QH": cls.qh, "QW": cls.qw, "HC": cls.rows, "WC": cls.cols, "KI0": cls.ki0, "KJ0": cls.kj0,
         "NI": cls.taps_h, "NJ": cls.taps_w, "OFFH": cls.off_h, "OFFW": cls.off_w,
     }  # fmt: skip
-    return "\n".join(["", "#ifndef CV_QH", *(f"#define CV_{k} {v}" for k, v in values.items()), "#endif", ""])
+    return "\n".join(["", *_macros(values), ""])
 
 
-def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str, four_wide: bool = True) -> OperandView:
-    """The view whose element is ``element`` (``cv_<name>(p, ...)``); in float32 with its four-wide
-    twins (``four_wide``: the tensor-core kernel's; the FMA kernel reads element by element): ``vector4``
-    (values) and, with int offsets, ``offsets4`` (for cp.async copies)."""
+def _view(geo, out_ch: int, idx: str, st: str, bodies: list[str], element: str, four_wide: bool) -> OperandView:
+    """The view whose element is ``element`` (``cv_<name>(p, ...)``); with ``four_wide`` (the tensor-core kernel's
+    views: the FMA kernel reads element by element) and float32, its four-wide twins: ``vector4`` (values) and,
+    with int offsets, ``offsets4`` (for cp.async copies), from the body's ``cv_<name>_at4``."""
     helpers = _defines(geo, out_ch, idx, st) + "".join(b.replace("{st}", st) for b in bodies)
     if st != "float" or not four_wide:
         return OperandView(helpers, element)
@@ -414,10 +416,11 @@ class _Layer:
         st = storage_ctype(dtype)
         self.kind, self.device, self.dtype, self.mode = kind, device, np.dtype(dtype), mode
         self.epilogue: Epilogue = IDENTITY
+        wide = mode is not None  # the tensor-core kernel reads four-wide view twins (``_view``)
         if kind == "fwd":  # columns (n, oh, ow): the batch folded into N, stored NCHW by the C view
             self.problem = Problem(out_ch, n * length, c * kk, False, False, ())
-            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_FWD], "cv_w_fwd(p, mn, kk)")
-            view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)")
+            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_FWD], "cv_w_fwd(p, mn, kk)", wide)
+            view_b = _view(geo, out_ch, idx, st, [_X_FWD], "cv_x_fwd(p, kk, k0, mn)", wide)
             out = OperandView(_defines(geo, out_ch, idx, st), "((IDX)(c / CV_L) * CV_O + r) * CV_L + c % CV_L")
             self.views = (view_a, view_b, out)
             self.out_shape = (n, out_ch, geo.OH, geo.OW)
@@ -428,9 +431,9 @@ class _Layer:
             cls, taps = stride_class, stride_class.taps_h * stride_class.taps_w
             self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
             body = _class_defines(cls)
-            # the FMA kernel only (``backward_input``): element by element, no four-wide twins
-            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", four_wide=False)
-            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", four_wide=False)
+            # the FMA kernel only (``backward_input``): these bodies have no four-wide twins
+            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", wide)
+            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", wide)
             pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
             out = OperandView(
                 _defines(geo, out_ch, idx, st) + body,
@@ -441,8 +444,8 @@ class _Layer:
             self.sizes = (out_ch * c * kk, n * out_ch * length)
         elif kind == "dx":  # columns (n, h, w)
             self.problem = Problem(c, n * h * w, out_ch * kk, False, False, ())
-            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)")
-            view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)")
+            view_a = None if mode else _view(geo, out_ch, idx, st, [_W_DX], "cv_w_dx(p, mn, kk)", wide)
+            view_b = _view(geo, out_ch, idx, st, [_DY_DX], "cv_dy_dx(p, kk, k0, mn)", wide)
             out = OperandView(
                 _defines(geo, out_ch, idx, st),
                 "((IDX)(c / (CV_H * CV_W)) * CV_C + r) * (CV_H * CV_W) + c % (CV_H * CV_W)",
@@ -452,8 +455,8 @@ class _Layer:
             self.sizes = (out_ch * c * kk, n * out_ch * length)
         else:
             self.problem = Problem(out_ch, c * kk, n * length, False, True, ())
-            view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)")
-            self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)"))
+            view_a = _view(geo, out_ch, idx, st, [_DY_ROWS], "cv_dy_rows(p, mn, kk)", wide)
+            self.views = (view_a, _view(geo, out_ch, idx, st, [_X_COLS, _X_ROWS], "cv_x_rows(p, mn, kk)", wide))
             self.out_shape = (out_ch, c, geo.KH, geo.KW)
             self.sizes = (n * out_ch * length, n * c * h * w)
         if addend:  # a gradient plus the sum so far: the addend, laid out like the output, read at C's offset
