@@ -4,15 +4,18 @@
 convolution of ``examples/resnet.py``'s ResNet-8 (32x32 inputs; the stem, each block's two 3x3 layers and its
 1x1 shortcut) the forward, the weight gradient and (but for the stem) the input gradient. netcl's figure is the
 summed device time of every kernel the pass launches (``netcl.profiler``: a split product's sum included, the
-host's gaps between them not), cuDNN's the CUDA events around ``torch.nn.functional.conv2d`` /
-``aten.convolution_backward`` in benchmark mode; both in µs a call. ``--precision high`` runs both on TF32
-(netcl's matmul precision "high", torch's ``allow_tf32``), the default neither. Needs an NVIDIA GPU and torch
+host's gaps between them not), cuDNN's the median of CUDA events around each ``torch.nn.functional.conv2d`` /
+``aten.convolution_backward`` call in benchmark mode (``measure.time_cuda``); both in µs a call.
+``--precision high`` runs both on TF32 (netcl's matmul precision "high", torch's ``allow_tf32``), the default
+neither. Needs an NVIDIA GPU and torch
 with CUDA; results in benchmarks/RESULTS.md ("Thirty-first session", "Thirty-second session").
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +24,9 @@ from netcl.core import Tensor
 from netcl.profiler import profile
 from netcl.runtime.ops import conv
 from netcl.runtime.ops.precision import set_float32_matmul_precision
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import time_cuda
 
 #: (name, in channels, out channels, input side, window, stride) of ResNet-8's convolutions.
 LAYERS = [
@@ -47,20 +53,6 @@ def netcl_us(device: nc.Device, run, repeats: int) -> tuple[float, list[str]]:
         device.queue.finish()
     events = [e for e in prof.events() if e.device_time is not None]  # (µs)
     return sum(e.device_time for e in events) / repeats, sorted({e.name.removeprefix("netcl_") for e in events})
-
-
-def cudnn_us(torch, run, repeats: int) -> float:
-    """µs a call between two CUDA events around ``repeats`` calls (after three warm-up calls)."""
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
 
 
 def layer_passes(torch, device: nc.Device, rng, n: int, c: int, o: int, side: int, k: int, s: int) -> dict:
@@ -107,7 +99,7 @@ def main() -> None:
         name, passes = layer[0], layer_passes(torch, device, rng, n, *layer[1:])
         for pass_name, (ours, theirs) in passes.items():
             mine, kernels = netcl_us(device, ours, args.repeats)
-            peer = cudnn_us(torch, theirs, args.repeats)
+            peer = time_cuda(torch, theirs, args.repeats).median_ms * 1e3
             totals["netcl"] += mine
             totals["cudnn"] += peer
             print(f"{name:8} {pass_name:4} {mine:9.1f} {peer:9.1f} {mine / peer:6.2f}  {','.join(kernels)}", flush=True)
