@@ -11,7 +11,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.runtime import tune
-from netcl.runtime.ops.gemm_plan import Problem, make_plan, split_twins, trial_run, with_alignment
+from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, split_twins, trial_run, with_alignment
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, GemmConfig
 
 
@@ -136,18 +136,18 @@ class _Trial:
         self.extras: list[Tensor | float] = []
 
     def __call__(self, cfg: GemmConfig) -> Callable[[], Tensor]:
-        p = self.problem
         if self.operands is None:
             self._make_operands()
         a, b, out = self.operands
-        bias, extras = self.bias, self.extras
-        plan = make_plan(self.device, self.dtype, self.dtype, out.shape, p, self.epilogue, cfg=with_alignment(cfg, p))
-        return trial_run(plan, a, b, bias, out, extras)
+        return trial_run(self._plan(cfg), a, b, self.bias, out, self.extras)
 
     def build(self, cfg: GemmConfig) -> None:
         """The candidate's programs only (``tune.build_ahead``): its plan, which allocates nothing."""
+        self._plan(cfg)
+
+    def _plan(self, cfg: GemmConfig) -> Plan:
         p = self.problem
-        make_plan(
+        return make_plan(
             self.device, self.dtype, self.dtype, (p.batch, p.m, p.n), p, self.epilogue, cfg=with_alignment(cfg, p)
         )
 

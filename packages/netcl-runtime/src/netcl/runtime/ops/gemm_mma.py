@@ -543,18 +543,18 @@ class _Trial:
                 Tensor.empty((p.batch, p.m, p.n), float32, self.device),
             )
         a, b, out = self.operands
-        cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
-        plan = make_plan(self.device, self.mode, a.dtype, b.dtype, float32, out.shape, p, cfg=cfg)
-        return trial_run(plan, a, b, out=out)
+        return trial_run(self._plan(cfg), a, b, out=out)
 
     def build(self, cfg: MmaConfig) -> None:
         """The candidate's programs only (``tune.build_ahead``): its plan, except for a TMA candidate, whose plan
         uploads tensor maps (its trial builds it)."""
-        if cfg.tma:
-            return
+        if not cfg.tma:
+            self._plan(cfg)
+
+    def _plan(self, cfg: MmaConfig):
         p = self.problem
         cfg = _aligned(cfg, p, *(d != float32 for d in self.dtypes))
-        make_plan(self.device, self.mode, *self.dtypes, float32, (p.batch, p.m, p.n), p, cfg=cfg)
+        return make_plan(self.device, self.mode, *self.dtypes, float32, (p.batch, p.m, p.n), p, cfg=cfg)
 
 
 def make_plan(
