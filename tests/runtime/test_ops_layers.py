@@ -203,6 +203,42 @@ def test_a_convolution_split_along_k_sums_through_its_output_view(cl_device, mon
     assert split == {"fwd", "dx"}
 
 
+@pytest.mark.parametrize(
+    "image,window,stride,padding",
+    [((5, 7, 6), 3, 2, 1), ((4, 9, 20), 3, (2, 3), (1, 0)), ((3, 8, 8), 1, 2, 0), ((2, 5, 5), 3, 1, 1)],
+)
+def test_the_input_gradient_as_one_stored_product_and_a_gather(cl_device, image, window, stride, padding):
+    """``gemm_backward_input``: w^T @ dy with dy's images behind its channels, then each input pixel sums the
+    columns of its taps (the columns laid out as the product's rows): against float64 (sums of <= 6*3*3 float32
+    products of N(0, 1) values, atol 1e-4)."""
+    rng = np.random.default_rng(11)
+    x_shape, w64 = (3, *image), rng.standard_normal((6, image[0], window, window))
+    geo = conv.check_conv2d(x_shape, w64.shape, None, stride, padding, 1, 1)
+    g64 = rng.standard_normal((3, 6, geo.OH, geo.OW))
+    w, g = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64))
+    got = conv.gemm_backward_input(g, w, geo).to_host()
+    np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo), atol=1e-4)
+
+
+def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, searching):
+    """On a GPU with searches on, a strided layer's input gradient is timed by the implicit GEMM and by
+    ``gemm_backward_input`` at its first use, the winner stored under its own key and run (with the addend added):
+    against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
+    from netcl.runtime import tune
+
+    if not cl_device.is_gpu:
+        pytest.skip("the measured choice is made on GPUs")
+    rng = np.random.default_rng(5)
+    x_shape, w64 = (4, 6, 12, 12), rng.standard_normal((8, 6, 3, 3))
+    geo = conv.check_conv2d(x_shape, w64.shape, None, 2, 1, 1, 1)
+    g64, addend64 = rng.standard_normal((4, 8, geo.OH, geo.OW)), rng.standard_normal(x_shape)
+    w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
+    got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
+    np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
+    chosen = [v["algorithm"] for k, v in tune.winners(cl_device).items() if k.startswith("conv-dx-algorithm|")]
+    assert len(chosen) == 1 and chosen[0] in ("implicit", "gemm")
+
+
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
     """A 1x1 window at stride 2 reaches only even pixels, a dilated window's taps do not fall in classes: one
     product over every tap, as at stride 1."""

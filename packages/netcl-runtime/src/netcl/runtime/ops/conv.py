@@ -188,6 +188,13 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
 """
 
 
+#: ``_COL2IM`` over columns laid out as one product's rows, (C*KH*KW, N*OH*OW): every image's pixels of a tap in
+#: one row (``gemm_backward_input``); the image count is the output's size over C*H*W.
+_COL2IM_ROWS = _COL2IM.replace("netcl_col2im(", "netcl_col2im_rows(").replace(
+    "cols[((b * C * KH * KW) + row) * L + oh * OW + ww / SW]",
+    "cols[(row * (n / (({idx})W * H * C)) + b) * L + oh * OW + ww / SW]",
+)
+
 #: Prepared im2col / col2im launches by (kernel, device, dtype, sizes, geometry): the sizes bound once.
 _LAYOUTS = PlanCache("conv2d-im2col")
 
@@ -254,6 +261,18 @@ def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
     """The adjoint of ``im2col``: cols (N, C*KH*KW, OH*OW) -> x (N, C, H, W), overlaps summed."""
     shape = (geo.N, geo.C, geo.H, geo.W)
     return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
+
+
+def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry) -> Tensor:
+    """d conv2d / d x (groups 1, OpenCL devices) as one product of stored operands and a gather: the columns
+    ``(C*KH*KW, N*OH*OW) = w^T (C*KH*KW, O) @ dy (O, N*OH*OW)`` (dy's images moved behind its channels by one
+    copy, so the GEMM, tensor cores included, reads no views), then each input pixel sums the columns of the
+    taps that reach it (``_COL2IM_ROWS``: at stride 2 a quarter of the taps of a 3x3 window, on average)."""
+    n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
+    dy_rows = transpose(grad.reshape(n, o, length), (1, 0, 2))  # (O, N, L)
+    cols = matmul(w.reshape(o, geo.C * geo.KH * geo.KW), dy_rows.reshape(o, n * length), transpose_a=True)
+    shape = (geo.N, geo.C, geo.H, geo.W)
+    return _run(_COL2IM_ROWS, "col2im_rows", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
 
 
 # ---- conv2d --------------------------------------------------------------------------------------
@@ -375,22 +394,47 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
     return choice == "implicit"
 
 
-class _AlgorithmTrial:
-    """One pass of one layer at batch 1 on scratch operands, by the implicit GEMM or by im2col (the
-    operands are made at the first trial: a stored choice needs none)."""
+def _dx_by_gemm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvGeometry) -> bool:
+    """Whether a strided layer's input gradient on a GPU runs as ``gemm_backward_input`` rather than the implicit
+    GEMM: measured at the layer's first use at its batch size (rounded up to a power of two) and matmul precision,
+    stored like a tile search (``tune.select``); the implicit GEMM where nothing is measured (``NETCL_TUNE=0``,
+    deterministic algorithms)."""
+    from netcl.runtime import tune
 
-    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype) -> None:
+    device = grad.device
+    if not implicit or groups != 1 or (geo.SH, geo.SW) == (1, 1) or not device.is_gpu:
+        return False
+    if not conv_implicit.supports(grad, w, None, groups):
+        return False
+    mode = conv_implicit.mma_mode(device, grad.dtype)
+    out_ch = int(w.shape[0])
+    key = f"conv-dx-algorithm|{grad.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
+    trial = _AlgorithmTrial(device, geo, out_ch, "dx", grad.dtype, whole=True)
+    choice = tune.select(
+        device, key, ["implicit", "gemm"], "implicit", trial, lambda c: {"algorithm": c}, lambda d: d["algorithm"]
+    )  # fmt: skip
+    return choice == "gemm"
+
+
+class _AlgorithmTrial:
+    """One pass of one layer on scratch operands, by the implicit GEMM, by im2col or (an input gradient) by
+    ``gemm_backward_input``: at batch 1, or at the layer's batch where ``whole`` (the operands are made at the
+    first trial: a stored choice needs none)."""
+
+    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype, whole: bool = False) -> None:
         self.device, self.geo, self.out_ch, self.kind, self.dtype = device, geo, out_ch, kind, dtype
+        self.whole = whole
         self.scratch: tuple[ConvGeometry, dict[str, Tensor]] | None = None
 
     def _scratch(self) -> tuple[ConvGeometry, dict[str, Tensor]]:
-        """The one-image geometry and its operands x, w, g (uniform scratch values)."""
+        """The trial's geometry (one image unless ``whole``) and its operands x, w, g (uniform scratch values)."""
         from netcl.runtime import tune
 
         if self.scratch is None:
             geo, out_ch = self.geo, self.out_ch
+            n = geo.N if self.whole else 1
             one = ConvGeometry(
-                (1, geo.C, geo.H, geo.W),
+                (n, geo.C, geo.H, geo.W),
                 (geo.KH, geo.KW),
                 (geo.SH, geo.SW),
                 (geo.PH, geo.PW),
@@ -398,9 +442,9 @@ class _AlgorithmTrial:
                 "trial",
             )
             shapes = {
-                "x": (1, geo.C, geo.H, geo.W),
+                "x": (n, geo.C, geo.H, geo.W),
                 "w": (out_ch, geo.C, geo.KH, geo.KW),
-                "g": (1, out_ch, one.OH, one.OW),
+                "g": (n, out_ch, one.OH, one.OW),
             }
             operands = {
                 name: tune.trial_operand(int(np.prod(shape)), self.dtype, self.device, seed).reshape(*shape)
@@ -412,6 +456,8 @@ class _AlgorithmTrial:
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
         x, w, g = operands["x"], operands["w"], operands["g"]
+        if algorithm == "gemm":
+            return lambda: gemm_backward_input(g, w, geo)
         if algorithm == "implicit":
             passes = {
                 "fwd": lambda: conv_implicit.forward(x, w, None, geo),
@@ -629,8 +675,9 @@ def _gradient(
 ) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
     as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
-    products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), the
-    implicit GEMM (``paths["implicit"]``, the addend summed in its store in float32), else im2col
+    products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), a strided
+    input gradient's product of stored operands and gather where measured faster on a GPU (``paths["gemm"]``,
+    ``_dx_by_gemm``), the implicit GEMM (``paths["implicit"]``, the addend summed in its store in float32), else im2col
     (``paths["im2col"]``, taking no addend); where a path cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
@@ -638,6 +685,9 @@ def _gradient(
         return paths["winograd"](tile, products)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"]
+    if "gemm" in paths and _dx_by_gemm(implicit, a, b, groups, geo):
+        run = paths["gemm"]
+        return run if not addend else lambda a, b, extra: add(extra, run(a, b, None))
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
         run = paths["implicit"]
         if not addend or a.dtype == float32:
@@ -674,6 +724,7 @@ def conv2d_backward_input(
                 products, lambda grad, w, extra: conv_winograd.backward_input(grad, w, geo, extra, tile)
             ),
             "pointwise": lambda grad, w, extra: _pointwise_backward_input(grad, w, geo, extra),
+            "gemm": lambda grad, w, extra: gemm_backward_input(grad, w, geo),
             "implicit": lambda grad, w, extra: conv_implicit.backward_input(grad, w, geo, extra),
             "im2col": lambda grad, w: _im2col_backward_input(grad, w, geo, groups),
         }
