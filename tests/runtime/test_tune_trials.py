@@ -148,3 +148,35 @@ def test_a_convolutions_search_builds_its_candidates_ahead_too(cl_device, search
     assert y[0, 0, 2, 2] == 27.0  # an interior pixel: 3 channels x 9 taps of ones
     assert len(misses_after_builds) == 1
     assert program_cache.stats().misses == misses_after_builds[0]
+
+
+def test_a_trial_with_its_own_timer_is_ranked_by_it(cl_device):
+    """``tune.search`` times a trial's runs with the trial's ``timed`` where it has one: the candidate its timer
+    rates fastest wins, whatever the queue markers would say."""
+
+    class Rated:
+        def __call__(self, cfg):
+            return lambda: cfg
+
+        def timed(self, run):
+            return {"slow": 2.0, "fast": 1.0, "middle": 1.5}[run()]
+
+    best, ms = tune.search(cl_device, ["slow", "fast", "middle"], Rated(), warmup_ms=0)
+    assert (best, ms) == ("fast", 1.0)
+
+
+def test_a_whole_batch_convolution_trial_times_the_device_time_of_its_kernels(cl_device):
+    """``conv._WholeBatchTrial.timed``: the summed device time of the run's kernels (the transpose, the product
+    and the gather of ``gemm_backward_input``), as a profile around it records them."""
+    from netcl.profiler import profile
+    from netcl.runtime.ops import conv
+
+    geo = conv.check_conv2d((4, 6, 12, 12), (8, 6, 3, 3), None, 2, 1, 1, 1)
+    trial = conv._WholeBatchTrial(cl_device, geo, 8, "dx", np.dtype(np.float32))
+    run = trial("gemm")
+    run()  # built
+    with profile(cl_device) as outer:
+        ms = trial.timed(run)
+    kernels = [event for event in outer.events() if event.kind == "kernel"]
+    assert {event.name for event in kernels} >= {"netcl_col2im_rows"} and len(kernels) >= 3
+    assert ms == pytest.approx(sum(event.self_device_time for event in outer.events()) / 1e3) and ms > 0

@@ -189,11 +189,32 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
 
 
 #: ``_COL2IM`` over columns laid out as one product's rows, (C*KH*KW, N*OH*OW): every image's pixels of a tap in
-#: one row (``gemm_backward_input``); the image count is the output's size over C*H*W.
-_COL2IM_ROWS = _COL2IM.replace("netcl_col2im(", "netcl_col2im_rows(").replace(
-    "cols[((b * C * KH * KW) + row) * L + oh * OW + ww / SW]",
-    "cols[(row * (n / (({idx})W * H * C)) + b) * L + oh * OW + ww / SW]",
-)
+#: one row (``gemm_backward_input``). The geometry is written into the source (one program per layer): its
+#: divisions by sizes and strides compile to multiplications and shifts.
+_COL2IM_ROWS = """{pragmas}
+__kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= ({idx}){N} * {C} * {H} * {W}) return;
+    const {idx} w = gid % {W};
+    const {idx} h = (gid / {W}) % {H};
+    const {idx} c = (gid / ({idx})({W} * {H})) % {C};
+    const {idx} b = gid / (({idx}){W} * {H} * {C});
+    {ct} acc = 0;
+    #pragma unroll
+    for (int ki = 0; ki < {KH}; ++ki) {{
+        const int hh = (int)h + {PH} - ki * {DH};
+        if (hh < 0 || hh % {SH} != 0 || hh / {SH} >= {OH}) continue;
+        #pragma unroll
+        for (int kj = 0; kj < {KW}; ++kj) {{
+            const int ww = (int)w + {PW} - kj * {DW};
+            if (ww < 0 || ww % {SW} != 0 || ww / {SW} >= {OW}) continue;
+            const {idx} row = (c * {KH} + ki) * {KW} + kj;
+            acc += ({ct})cols[(row * {N} + b) * ({idx})({OH} * {OW}) + (hh / {SH}) * {OW} + ww / {SW}];
+        }}
+    }}
+    x[gid] = ({st})acc;
+}}
+"""
 
 #: Prepared im2col / col2im launches by (kernel, device, dtype, sizes, geometry): the sizes bound once.
 _LAYOUTS = PlanCache("conv2d-im2col")
@@ -271,8 +292,31 @@ def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry) -> Tensor:
     n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
     dy_rows = transpose(grad.reshape(n, o, length), (1, 0, 2))  # (O, N, L)
     cols = matmul(w.reshape(o, geo.C * geo.KH * geo.KW), dy_rows.reshape(o, n * length), transpose_a=True)
-    shape = (geo.N, geo.C, geo.H, geo.W)
-    return _run(_COL2IM_ROWS, "col2im_rows", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
+    x = Tensor.empty((geo.N, geo.C, geo.H, geo.W), cols.dtype, cols.device)
+    key = ("col2im_rows", x.device, x.dtype, geo)
+    call = _LAYOUTS.plans.get(key)
+    if call is None:
+        call = _LAYOUTS.keep(key, _prepare_col2im_rows(geo, cols.size, x))
+    call(cols.data, x.data)
+    return x
+
+
+def _prepare_col2im_rows(geo: ConvGeometry, cols_size: int, x: Tensor) -> Callable[..., None]:
+    """The launch of ``_COL2IM_ROWS`` for this layer (cols and x passed per call): one work-item per input pixel."""
+    idx = index_ctype(cols_size, x.size)
+    st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
+    sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
+
+    def source() -> str:
+        return _COL2IM_ROWS.format(pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, **sizes)
+
+    key = ("layers", "col2im_rows", st, idx, geo.key)
+    resolved = get_kernel(key, x.device, source, "netcl_col2im_rows", [None, None])
+    if x.size <= 0:
+        return lambda *raw: None
+    return PreparedLaunch.binding(
+        resolved.kernel, round_up(x.size, resolved.max_local), resolved.max_local, {}, x.device.queue
+    ).call
 
 
 # ---- conv2d --------------------------------------------------------------------------------------
@@ -409,7 +453,7 @@ def _dx_by_gemm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvG
     mode = conv_implicit.mma_mode(device, grad.dtype)
     out_ch = int(w.shape[0])
     key = f"conv-dx-algorithm|{grad.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
-    trial = _AlgorithmTrial(device, geo, out_ch, "dx", grad.dtype, whole=True)
+    trial = _WholeBatchTrial(device, geo, out_ch, "dx", grad.dtype)
     choice = tune.select(
         device, key, ["implicit", "gemm"], "implicit", trial, lambda c: {"algorithm": c}, lambda d: d["algorithm"]
     )  # fmt: skip
@@ -472,6 +516,23 @@ class _AlgorithmTrial:
                 "dw": lambda: conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=False),
             }
         return passes[self.kind]
+
+
+class _WholeBatchTrial(_AlgorithmTrial):
+    """``_AlgorithmTrial`` at the layer's batch, timed by the summed device time of its kernels: the gather
+    path's three launches against the implicit GEMM's one, timed between two queue markers, measured 3-7x their
+    device time on an H200 (the launches' host latency, which a replayed step does not pay)."""
+
+    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype) -> None:
+        super().__init__(device, geo, out_ch, kind, dtype, whole=True)
+
+    def timed(self, run: Callable[[], Any]) -> float:
+        """``tune.search``'s timing of one run, in ms."""
+        from netcl.profiler import profile
+
+        with profile(self.device) as recorded:
+            run()
+        return sum(event.self_device_time for event in recorded.events()) / 1e3
 
 
 def _winograd_tile(

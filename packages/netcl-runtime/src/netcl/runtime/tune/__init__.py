@@ -242,15 +242,18 @@ def search(
     timed, so the ranking measures the kernels, not the trial's set-up (a plan and an output
     allocation per call); otherwise the trial itself. A trial may be called several times per
     candidate (its builds are cached). A trial with a ``build(cfg)`` method has every candidate's programs
-    built on threads first (``build_ahead``).
+    built on threads first (``build_ahead``). A trial with a ``timed(run) -> ms`` method times its runs itself
+    (the device time of a run's kernels, where launches' host time would hide it: ``conv._AlgorithmTrial``).
     """
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.perf import timing_region
 
-    def timed(run: Callable[[], Any]) -> float:
+    def timed_region(run: Callable[[], Any]) -> float:
         with timing_region("tune", device.queue) as region:
             run()
         return region.elapsed_ms
+
+    timed: Callable[[Callable[[], Any]], float] = getattr(trial, "timed", None) or timed_region
 
     def prepare(cfg: Any) -> Callable[[], Any]:
         prepared = trial(cfg)
