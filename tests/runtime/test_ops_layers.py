@@ -203,21 +203,50 @@ def test_a_convolution_split_along_k_sums_through_its_output_view(cl_device, mon
     assert split == {"fwd", "dx"}
 
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize(
     "image,window,stride,padding",
     [((5, 7, 6), 3, 2, 1), ((4, 9, 20), 3, (2, 3), (1, 0)), ((3, 8, 8), 1, 2, 0), ((2, 5, 5), 3, 1, 1)],
 )
-def test_the_input_gradient_as_one_stored_product_and_a_gather(cl_device, image, window, stride, padding):
-    """``gemm_backward_input``: w^T @ dy with dy's images behind its channels, then each input pixel sums the
-    columns of its taps (the columns laid out as the product's rows): against float64 (sums of <= 6*3*3 float32
-    products of N(0, 1) values, atol 1e-4)."""
+def test_the_input_gradient_as_a_product_of_stored_operands_and_a_gather(
+    cl_device, image, window, stride, padding, batched
+):
+    """``gemm_backward_input``: w^T @ dy as one product (dy's images behind its channels) or one per image, then
+    each input pixel sums the columns of its taps: against float64 (sums of <= 6*3*3 float32 products of N(0, 1)
+    values, atol 1e-4)."""
     rng = np.random.default_rng(11)
     x_shape, w64 = (3, *image), rng.standard_normal((6, image[0], window, window))
     geo = conv.check_conv2d(x_shape, w64.shape, None, stride, padding, 1, 1)
     g64 = rng.standard_normal((3, 6, geo.OH, geo.OW))
     w, g = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64))
-    got = conv.gemm_backward_input(g, w, geo).to_host()
+    got = conv.gemm_backward_input(g, w, geo, batched).to_host()
     np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo), atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", conv._DX_ALGORITHMS)
+def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, algorithm, monkeypatch):
+    """``conv2d_backward_input`` runs the algorithm ``_dx_algorithm`` names, the addend added to what it computes:
+    against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
+    from netcl.runtime import clear_caches
+
+    original, ran = conv.gemm_backward_input, []
+
+    def spy(grad, w, geo, batched=False):
+        ran.append(batched)
+        return original(grad, w, geo, batched)
+
+    monkeypatch.setattr(conv, "_dx_algorithm", lambda *args: algorithm)
+    monkeypatch.setattr(conv, "gemm_backward_input", spy)
+    clear_caches()  # no plan of an earlier test's choice
+    rng = np.random.default_rng(5)
+    x_shape, w64 = (4, 6, 12, 12), rng.standard_normal((8, 6, 3, 3))
+    geo = conv.check_conv2d(x_shape, w64.shape, None, 2, 1, 1, 1)
+    g64, addend64 = rng.standard_normal((4, 8, geo.OH, geo.OW)), rng.standard_normal(x_shape)
+    w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
+    got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
+    clear_caches()
+    np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
+    assert ran == {"implicit": [], "gemm": [False], "batched-gemm": [True]}[algorithm]
 
 
 def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, searching):
@@ -236,7 +265,7 @@ def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, sear
     got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
     np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
     chosen = [v["algorithm"] for k, v in tune.winners(cl_device).items() if k.startswith("conv-dx-algorithm|")]
-    assert len(chosen) == 1 and chosen[0] in ("implicit", "gemm")
+    assert len(chosen) == 1 and chosen[0] in conv._DX_ALGORITHMS
 
 
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():

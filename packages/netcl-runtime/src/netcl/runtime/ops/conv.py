@@ -209,7 +209,7 @@ __kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x) {{
             const int ww = (int)w + {PW} - kj * {DW};
             if (ww < 0 || ww % {SW} != 0 || ww / {SW} >= {OW}) continue;
             const {idx} row = (c * {KH} + ki) * {KW} + kj;
-            acc += ({ct})cols[(row * {N} + b) * ({idx})({OH} * {OW}) + (hh / {SH}) * {OW} + ww / {SW}];
+            acc += ({ct})cols[{column} * ({idx})({OH} * {OW}) + (hh / {SH}) * {OW} + ww / {SW}];
         }}
     }}
     x[gid] = ({st})acc;
@@ -284,33 +284,43 @@ def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
     return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
 
 
-def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry) -> Tensor:
-    """d conv2d / d x (groups 1, OpenCL devices) as one product of stored operands and a gather: the columns
-    ``(C*KH*KW, N*OH*OW) = w^T (C*KH*KW, O) @ dy (O, N*OH*OW)`` (dy's images moved behind its channels by one
-    copy, so the GEMM, tensor cores included, reads no views), then each input pixel sums the columns of the
-    taps that reach it (``_COL2IM_ROWS``: at stride 2 a quarter of the taps of a 3x3 window, on average)."""
+def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, batched: bool = False) -> Tensor:
+    """d conv2d / d x (groups 1, OpenCL devices) as a product of stored operands and a gather: the columns
+    ``w^T (C*KH*KW, O) @ dy``, then each input pixel sums the columns of the taps that reach it (``_COL2IM_ROWS``:
+    at stride 2 a quarter of the taps of a 3x3 window, on average). ``batched``: one product per image,
+    ``(N, C*KH*KW, OH*OW)``, on dy as stored; else one product ``(C*KH*KW, N*OH*OW)`` of dy with its images moved
+    behind its channels by a copy (one long product where the per-image ones are short). The GEMM, tensor cores
+    included, reads no views either way."""
     n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
-    dy_rows = transpose(grad.reshape(n, o, length), (1, 0, 2))  # (O, N, L)
-    cols = matmul(w.reshape(o, geo.C * geo.KH * geo.KW), dy_rows.reshape(o, n * length), transpose_a=True)
+    w_rows = w.reshape(o, geo.C * geo.KH * geo.KW)
+    if batched:
+        cols = matmul(w_rows, grad.reshape(n, o, length), transpose_a=True)
+    else:
+        dy_rows = transpose(grad.reshape(n, o, length), (1, 0, 2))  # (O, N, L)
+        cols = matmul(w_rows, dy_rows.reshape(o, n * length), transpose_a=True)
     x = Tensor.empty((geo.N, geo.C, geo.H, geo.W), cols.dtype, cols.device)
-    key = ("col2im_rows", x.device, x.dtype, geo)
+    key = ("col2im_rows", x.device, x.dtype, geo, batched)
     call = _LAYOUTS.plans.get(key)
     if call is None:
-        call = _LAYOUTS.keep(key, _prepare_col2im_rows(geo, cols.size, x))
+        call = _LAYOUTS.keep(key, _prepare_col2im_rows(geo, cols.size, x, batched))
     call(cols.data, x.data)
     return x
 
 
-def _prepare_col2im_rows(geo: ConvGeometry, cols_size: int, x: Tensor) -> Callable[..., None]:
-    """The launch of ``_COL2IM_ROWS`` for this layer (cols and x passed per call): one work-item per input pixel."""
+def _prepare_col2im_rows(geo: ConvGeometry, cols_size: int, x: Tensor, batched: bool) -> Callable[..., None]:
+    """The launch of ``_COL2IM_ROWS`` for this layer and column layout (cols and x passed per call): one
+    work-item per input pixel."""
     idx = index_ctype(cols_size, x.size)
     st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
     sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
+    column = "(b * {C} * {KH} * {KW} + row)" if batched else "(row * {N} + b)"
 
     def source() -> str:
-        return _COL2IM_ROWS.format(pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, **sizes)
+        return _COL2IM_ROWS.replace("{column}", column).format(
+            pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, **sizes
+        )
 
-    key = ("layers", "col2im_rows", st, idx, geo.key)
+    key = ("layers", "col2im_rows", st, idx, geo.key, batched)
     resolved = get_kernel(key, x.device, source, "netcl_col2im_rows", [None, None])
     if x.size <= 0:
         return lambda *raw: None
@@ -438,26 +448,37 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
     return choice == "implicit"
 
 
-def _dx_by_gemm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvGeometry) -> bool:
-    """Whether a strided layer's input gradient on a GPU runs as ``gemm_backward_input`` rather than the implicit
-    GEMM: measured at the layer's first use at its batch size (rounded up to a power of two) and matmul precision,
-    stored like a tile search (``tune.select``); the implicit GEMM where nothing is measured (``NETCL_TUNE=0``,
-    deterministic algorithms)."""
+#: A strided input gradient's algorithms on a GPU (``_dx_algorithm``): the implicit GEMM, or ``gemm_backward_input``
+#: as one long product ("gemm") or one product per image ("batched-gemm").
+_DX_ALGORITHMS = ("implicit", "gemm", "batched-gemm")
+
+
+def _dx_algorithm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvGeometry) -> str:
+    """Which of ``_DX_ALGORITHMS`` runs a strided layer's input gradient on a GPU: measured at the layer's first use
+    at its batch size (rounded up to a power of two) and matmul precision, stored like a tile search
+    (``tune.select``); the implicit GEMM where nothing is measured (``NETCL_TUNE=0``, deterministic algorithms) and
+    off GPUs."""
     from netcl.runtime import tune
 
     device = grad.device
     if not implicit or groups != 1 or (geo.SH, geo.SW) == (1, 1) or not device.is_gpu:
-        return False
+        return "implicit"
     if not conv_implicit.supports(grad, w, None, groups):
-        return False
+        return "implicit"
     mode = conv_implicit.mma_mode(device, grad.dtype)
     out_ch = int(w.shape[0])
     key = f"conv-dx-algorithm|{grad.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
     trial = _WholeBatchTrial(device, geo, out_ch, "dx", grad.dtype)
-    choice = tune.select(
-        device, key, ["implicit", "gemm"], "implicit", trial, lambda c: {"algorithm": c}, lambda d: d["algorithm"]
+    return tune.select(
+        device, key, list(_DX_ALGORITHMS), "implicit", trial, lambda c: {"algorithm": c}, _decode_dx_algorithm
     )  # fmt: skip
-    return choice == "gemm"
+
+
+def _decode_dx_algorithm(stored: dict[str, Any]) -> str:
+    """A stored ``_dx_algorithm`` choice (a ValueError for one this version does not know: searched again)."""
+    if stored["algorithm"] not in _DX_ALGORITHMS:
+        raise ValueError(f"unknown input-gradient algorithm {stored['algorithm']!r}")
+    return stored["algorithm"]
 
 
 class _AlgorithmTrial:
@@ -500,8 +521,8 @@ class _AlgorithmTrial:
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
         x, w, g = operands["x"], operands["w"], operands["g"]
-        if algorithm == "gemm":
-            return lambda: gemm_backward_input(g, w, geo)
+        if algorithm in ("gemm", "batched-gemm"):
+            return lambda: gemm_backward_input(g, w, geo, batched=algorithm == "batched-gemm")
         if algorithm == "implicit":
             passes = {
                 "fwd": lambda: conv_implicit.forward(x, w, None, geo),
@@ -737,17 +758,19 @@ def _gradient(
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
     as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
     products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), a strided
-    input gradient's product of stored operands and gather where measured faster on a GPU (``paths["gemm"]``,
-    ``_dx_by_gemm``), the implicit GEMM (``paths["implicit"]``, the addend summed in its store in float32), else im2col
-    (``paths["im2col"]``, taking no addend); where a path cannot take the addend it is added by an ``add``."""
+    input gradient's product of stored operands and gather where measured faster on a GPU
+    (``paths["gemm"](batched)`` makes its run, ``_dx_algorithm``), the implicit GEMM (``paths["implicit"]``, the
+    addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no addend); where a path cannot
+    take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
         return paths["winograd"](tile, products)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"]
-    if "gemm" in paths and _dx_by_gemm(implicit, a, b, groups, geo):
-        run = paths["gemm"]
+    algorithm = _dx_algorithm(implicit, a, b, groups, geo) if "gemm" in paths else "implicit"
+    if algorithm != "implicit":
+        run = paths["gemm"](algorithm == "batched-gemm")
         return run if not addend else lambda a, b, extra: add(extra, run(a, b, None))
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
         run = paths["implicit"]
@@ -785,7 +808,7 @@ def conv2d_backward_input(
                 products, lambda grad, w, extra: conv_winograd.backward_input(grad, w, geo, extra, tile)
             ),
             "pointwise": lambda grad, w, extra: _pointwise_backward_input(grad, w, geo, extra),
-            "gemm": lambda grad, w, extra: gemm_backward_input(grad, w, geo),
+            "gemm": lambda batched: lambda grad, w, extra: gemm_backward_input(grad, w, geo, batched),
             "implicit": lambda grad, w, extra: conv_implicit.backward_input(grad, w, geo, extra),
             "im2col": lambda grad, w: _im2col_backward_input(grad, w, geo, groups),
         }
