@@ -268,6 +268,25 @@ def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, sear
     assert len(chosen) == 1 and chosen[0] in conv._DX_ALGORITHMS
 
 
+@pytest.mark.parametrize(
+    "memory,searched", [(16 * 64 * 9 * 8 * 8 * 8 * 4, True), (16 * 64 * 9 * 8 * 8 * 8 * 4 - 1, False)]
+)
+def test_a_strided_input_gradient_searches_the_gather_path_only_where_its_columns_fit(
+    cl_device, memory, searched, monkeypatch
+):
+    """``_dx_algorithm`` on a GPU: a layer whose columns (C*KH*KW x N*OH*OW floats) exceed 1/16 of the device's
+    memory keeps the implicit GEMM without a search; one whose columns fit is searched."""
+    from netcl.runtime import tune
+
+    monkeypatch.setattr(type(cl_device), "is_gpu", property(lambda self: True))
+    monkeypatch.setattr(type(cl_device), "global_mem_size", property(lambda self: memory))
+    monkeypatch.setattr(tune, "select", lambda *args, **kwargs: "searched")
+    g = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
+    w = nc.tensor(np.zeros((16, 64, 3, 3), np.float32), device=cl_device)
+    geo = conv.check_conv2d((8, 64, 16, 16), w.shape, None, 2, 1, 1, 1)
+    assert conv._dx_algorithm(True, g, w, 1, geo) == ("searched" if searched else "implicit")
+
+
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
     """A 1x1 window at stride 2 reaches only even pixels, a dilated window's taps do not fall in classes: one
     product over every tap, as at stride 1."""

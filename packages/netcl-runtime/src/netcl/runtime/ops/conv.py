@@ -16,9 +16,10 @@ Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 c
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
 host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there) or where
-a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``). The path below
-serves everything else: groups > 1, float16 (amp) and the NumPy backend; ``implicit=False``
-forces it (benchmarks compare the two).
+a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``), and except a strided layer's
+input gradient on a GPU where a measurement at its first use says a product of stored operands and a gather is
+faster (``gemm_backward_input``, ``_dx_algorithm``). The path below serves everything else: groups > 1, float16
+(amp) and the NumPy backend; ``implicit=False`` forces it (benchmarks compare the two).
 
 ``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
 ``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
@@ -452,18 +453,25 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
 #: as one long product ("gemm") or one product per image ("batched-gemm").
 _DX_ALGORITHMS = ("implicit", "gemm", "batched-gemm")
 
+#: The largest share of a device's global memory the gather path's columns (C*KH*KW x N*OH*OW values) may take; a
+#: layer whose columns are larger keeps the implicit GEMM (no buffer) without a search.
+_DX_COLUMNS_SHARE = 1 / 16
+
 
 def _dx_algorithm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvGeometry) -> str:
     """Which of ``_DX_ALGORITHMS`` runs a strided layer's input gradient on a GPU: measured at the layer's first use
     at its batch size (rounded up to a power of two) and matmul precision, stored like a tile search
     (``tune.select``); the implicit GEMM where nothing is measured (``NETCL_TUNE=0``, deterministic algorithms) and
-    off GPUs."""
+    off GPUs, and where the columns would take more than ``_DX_COLUMNS_SHARE`` of the device's memory."""
     from netcl.runtime import tune
 
     device = grad.device
     if not implicit or groups != 1 or (geo.SH, geo.SW) == (1, 1) or not device.is_gpu:
         return "implicit"
     if not conv_implicit.supports(grad, w, None, groups):
+        return "implicit"
+    columns = geo.C * geo.KH * geo.KW * geo.N * geo.OH * geo.OW * grad.dtype.itemsize
+    if columns > min(device.max_alloc_size, device.global_mem_size * _DX_COLUMNS_SHARE):
         return "implicit"
     mode = conv_implicit.mma_mode(device, grad.dtype)
     out_ch = int(w.shape[0])
