@@ -213,7 +213,7 @@ def test_the_input_gradient_as_a_product_of_stored_operands_and_a_gather(
 ):
     """``gemm_backward_input``: w^T @ dy as one product (dy's images behind its channels) or one per image, then
     each input pixel sums the columns of its taps: against float64 (sums of <= 6*3*3 float32 products of N(0, 1)
-    values, atol 1e-4)."""
+    values, atol 1e-4); an addend summed in the gather rounds as a float32 add of the two."""
     rng = np.random.default_rng(11)
     x_shape, w64 = (3, *image), rng.standard_normal((6, image[0], window, window))
     geo = conv.check_conv2d(x_shape, w64.shape, None, stride, padding, 1, 1)
@@ -221,19 +221,22 @@ def test_the_input_gradient_as_a_product_of_stored_operands_and_a_gather(
     w, g = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64))
     got = conv.gemm_backward_input(g, w, geo, batched).to_host()
     np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo), atol=1e-4)
+    addend = nc.tensor(rng.standard_normal(x_shape).astype(np.float32), device=cl_device)
+    summed = conv.gemm_backward_input(g, w, geo, batched, addend).to_host()
+    assert np.array_equal(summed, (addend.to_host() + got).astype(np.float32))  # rounded as an add after it
 
 
 @pytest.mark.parametrize("algorithm", conv._DX_ALGORITHMS)
 def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, algorithm, monkeypatch):
-    """``conv2d_backward_input`` runs the algorithm ``_dx_algorithm`` names, the addend added to what it computes:
-    against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
+    """``conv2d_backward_input`` runs the algorithm ``_dx_algorithm`` names, the addend summed in its store or its
+    gather: against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
     from netcl.runtime import clear_caches
 
     original, ran = conv.gemm_backward_input, []
 
-    def spy(grad, w, geo, batched=False):
-        ran.append(batched)
-        return original(grad, w, geo, batched)
+    def spy(grad, w, geo, batched=False, addend=None):
+        ran.append((batched, addend is not None))
+        return original(grad, w, geo, batched, addend)
 
     monkeypatch.setattr(conv, "_dx_algorithm", lambda *args: algorithm)
     monkeypatch.setattr(conv, "gemm_backward_input", spy)
@@ -246,7 +249,7 @@ def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, a
     got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
     clear_caches()
     np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
-    assert ran == {"implicit": [], "gemm": [False], "batched-gemm": [True]}[algorithm]
+    assert ran == {"implicit": [], "gemm": [(False, True)], "batched-gemm": [(True, True)]}[algorithm]
 
 
 def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, searching):

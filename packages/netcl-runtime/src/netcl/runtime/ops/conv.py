@@ -189,11 +189,13 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
 """
 
 
-#: ``_COL2IM`` over columns laid out as one product's rows, (C*KH*KW, N*OH*OW): every image's pixels of a tap in
-#: one row (``gemm_backward_input``). The geometry is written into the source (one program per layer): its
-#: divisions by sizes and strides compile to multiplications and shifts.
+#: ``_COL2IM`` over ``gemm_backward_input``'s columns: ``{column}`` is a column row's index, (N, C*KH*KW, OH*OW) per
+#: image or (C*KH*KW, N*OH*OW) with every image's pixels of a tap in one row; ``ADDEND`` adds a tensor of x's shape
+#: to the sum, after it (as an ``add`` of the two would). The geometry is written into the source (one program per
+#: layer): its divisions by sizes and strides compile to multiplications and shifts.
 _COL2IM_ROWS = """{pragmas}
-__kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x) {{
+#define ADDEND {addend}
+__kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x, __global const {st}* addend) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= ({idx}){N} * {C} * {H} * {W}) return;
     const {idx} w = gid % {W};
@@ -213,6 +215,9 @@ __kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x) {{
             acc += ({ct})cols[{column} * ({idx})({OH} * {OW}) + (hh / {SH}) * {OW} + ww / {SW}];
         }}
     }}
+#if ADDEND
+    acc = ({ct})addend[gid] + acc;
+#endif
     x[gid] = ({st})acc;
 }}
 """
@@ -285,10 +290,13 @@ def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
     return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
 
 
-def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, batched: bool = False) -> Tensor:
+def gemm_backward_input(
+    grad: Tensor, w: Tensor, geo: ConvGeometry, batched: bool = False, addend: Tensor | None = None
+) -> Tensor:
     """d conv2d / d x (groups 1, OpenCL devices) as a product of stored operands and a gather: the columns
     ``w^T (C*KH*KW, O) @ dy``, then each input pixel sums the columns of the taps that reach it (``_COL2IM_ROWS``:
-    at stride 2 a quarter of the taps of a 3x3 window, on average). ``batched``: one product per image,
+    at stride 2 a quarter of the taps of a 3x3 window, on average), plus ``addend`` (x's shape and dtype, checked
+    by the caller) where given. ``batched``: one product per image,
     ``(N, C*KH*KW, OH*OW)``, on dy as stored; else one product ``(C*KH*KW, N*OH*OW)`` of dy with its images moved
     behind its channels by a copy (one long product where the per-image ones are short). The GEMM, tensor cores
     included, reads no views either way."""
@@ -300,17 +308,19 @@ def gemm_backward_input(grad: Tensor, w: Tensor, geo: ConvGeometry, batched: boo
         dy_rows = transpose(grad.reshape(n, o, length), (1, 0, 2))  # (O, N, L)
         cols = matmul(w_rows, dy_rows.reshape(o, n * length), transpose_a=True)
     x = Tensor.empty((geo.N, geo.C, geo.H, geo.W), cols.dtype, cols.device)
-    key = ("col2im_rows", x.device, x.dtype, geo, batched)
+    key = ("col2im_rows", x.device, x.dtype, geo, batched, addend is not None)
     call = _LAYOUTS.plans.get(key)
     if call is None:
-        call = _LAYOUTS.keep(key, _prepare_col2im_rows(geo, cols.size, x, batched))
-    call(cols.data, x.data)
+        call = _LAYOUTS.keep(key, _prepare_col2im_rows(geo, cols.size, x, batched, addend is not None))
+    call(cols.data, x.data, x.data if addend is None else addend.data)
     return x
 
 
-def _prepare_col2im_rows(geo: ConvGeometry, cols_size: int, x: Tensor, batched: bool) -> Callable[..., None]:
-    """The launch of ``_COL2IM_ROWS`` for this layer and column layout (cols and x passed per call): one
-    work-item per input pixel."""
+def _prepare_col2im_rows(
+    geo: ConvGeometry, cols_size: int, x: Tensor, batched: bool, addend: bool
+) -> Callable[..., None]:
+    """The launch of ``_COL2IM_ROWS`` for this layer, column layout and addend or none (cols, x and the addend, x
+    where there is none, passed per call): one work-item per input pixel."""
     idx = index_ctype(cols_size, x.size)
     st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
     sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
@@ -318,11 +328,11 @@ def _prepare_col2im_rows(geo: ConvGeometry, cols_size: int, x: Tensor, batched: 
 
     def source() -> str:
         return _COL2IM_ROWS.replace("{column}", column).format(
-            pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, **sizes
+            pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, addend=int(addend), **sizes
         )
 
-    key = ("layers", "col2im_rows", st, idx, geo.key, batched)
-    resolved = get_kernel(key, x.device, source, "netcl_col2im_rows", [None, None])
+    key = ("layers", "col2im_rows", st, idx, geo.key, batched, addend)
+    resolved = get_kernel(key, x.device, source, "netcl_col2im_rows", [None, None, None])
     if x.size <= 0:
         return lambda *raw: None
     return PreparedLaunch.binding(
@@ -766,10 +776,10 @@ def _gradient(
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
     as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
     products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), a strided
-    input gradient's product of stored operands and gather where measured faster on a GPU
-    (``paths["gemm"](batched)`` makes its run, ``_dx_algorithm``), the implicit GEMM (``paths["implicit"]``, the
-    addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no addend); where a path cannot
-    take the addend it is added by an ``add``."""
+    input gradient's product of stored operands and gather where measured faster on a GPU (``_dx_algorithm``;
+    ``paths["gemm"](batched)`` makes its run, the addend summed in its gather), the implicit GEMM
+    (``paths["implicit"]``, the addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no
+    addend); where a path cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if tile:
@@ -778,8 +788,7 @@ def _gradient(
         return paths["pointwise"]
     algorithm = _dx_algorithm(implicit, a, b, groups, geo) if "gemm" in paths else "implicit"
     if algorithm != "implicit":
-        run = paths["gemm"](algorithm == "batched-gemm")
-        return run if not addend else lambda a, b, extra: add(extra, run(a, b, None))
+        return paths["gemm"](algorithm == "batched-gemm")
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
         run = paths["implicit"]
         if not addend or a.dtype == float32:
@@ -816,7 +825,7 @@ def conv2d_backward_input(
                 products, lambda grad, w, extra: conv_winograd.backward_input(grad, w, geo, extra, tile)
             ),
             "pointwise": lambda grad, w, extra: _pointwise_backward_input(grad, w, geo, extra),
-            "gemm": lambda batched: lambda grad, w, extra: gemm_backward_input(grad, w, geo, batched),
+            "gemm": lambda batched: lambda grad, w, extra: gemm_backward_input(grad, w, geo, batched, extra),
             "implicit": lambda grad, w, extra: conv_implicit.backward_input(grad, w, geo, extra),
             "im2col": lambda grad, w: _im2col_backward_input(grad, w, geo, groups),
         }

@@ -243,7 +243,7 @@ def search(
     allocation per call); otherwise the trial itself. A trial may be called several times per
     candidate (its builds are cached). A trial with a ``build(cfg)`` method has every candidate's programs
     built on threads first (``build_ahead``). A trial with a ``timed(run) -> ms`` method times its runs itself
-    (the device time of a run's kernels, where launches' host time would hide it: ``conv._AlgorithmTrial``).
+    (the device time of a run's kernels, where launches' host time would hide it: ``conv._WholeBatchTrial``).
     """
     from netcl.runtime.errors import CompileError, LaunchError
     from netcl.runtime.perf import timing_region
