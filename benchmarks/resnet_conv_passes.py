@@ -79,12 +79,17 @@ def layer_passes(torch, device: nc.Device, rng, n: int, c: int, o: int, side: in
     return passes
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_arguments(doc: str) -> argparse.Namespace:
+    """``--precision``, ``--batch`` and ``--repeats`` of a per-layer script whose help is ``doc``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=["highest", "high"], default="highest")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_arguments(__doc__)
     import torch
 
     tf32 = args.precision == "high"

@@ -12,7 +12,6 @@ session").
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from netcl.runtime.ops.precision import set_float32_matmul_precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import time_cuda
-from resnet_conv_passes import LAYERS, netcl_us
+from resnet_conv_passes import LAYERS, netcl_us, parse_arguments
 
 
 def layer_runs(torch, device: nc.Device, rng, n: int, c: int, o: int, side: int, k: int, s: int) -> tuple[dict, object]:
@@ -49,11 +48,7 @@ def layer_runs(torch, device: nc.Device, rng, n: int, c: int, o: int, side: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--precision", choices=["highest", "high"], default="highest")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    args = parse_arguments(__doc__)
     import torch
 
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.precision == "high"

@@ -226,6 +226,17 @@ def test_the_input_gradient_as_a_product_of_stored_operands_and_a_gather(
     assert np.array_equal(summed, (addend.to_host() + got).astype(np.float32))  # rounded as an add after it
 
 
+def _strided_input_gradient_with_addend(device: nc.Device) -> tuple[np.ndarray, np.ndarray]:
+    """(``conv2d_backward_input`` of a stride-2 3x3 layer with an addend on ``device``, its float64 reference)."""
+    rng = np.random.default_rng(5)
+    x_shape, w64 = (4, 6, 12, 12), rng.standard_normal((8, 6, 3, 3))
+    geo = conv.check_conv2d(x_shape, w64.shape, None, 2, 1, 1, 1)
+    g64, addend64 = rng.standard_normal((4, 8, geo.OH, geo.OW)), rng.standard_normal(x_shape)
+    w, g, addend = (nc.tensor(v.astype(np.float32), device=device) for v in (w64, g64, addend64))
+    got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
+    return got, _input_gradient_float64(g64, w64, geo) + addend64
+
+
 @pytest.mark.parametrize("algorithm", conv._DX_ALGORITHMS)
 def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, algorithm, monkeypatch):
     """``conv2d_backward_input`` runs the algorithm ``_dx_algorithm`` names, the addend summed in its store or its
@@ -241,14 +252,9 @@ def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, a
     monkeypatch.setattr(conv, "_dx_algorithm", lambda *args: algorithm)
     monkeypatch.setattr(conv, "gemm_backward_input", spy)
     clear_caches()  # no plan of an earlier test's choice
-    rng = np.random.default_rng(5)
-    x_shape, w64 = (4, 6, 12, 12), rng.standard_normal((8, 6, 3, 3))
-    geo = conv.check_conv2d(x_shape, w64.shape, None, 2, 1, 1, 1)
-    g64, addend64 = rng.standard_normal((4, 8, geo.OH, geo.OW)), rng.standard_normal(x_shape)
-    w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
-    got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
+    got, expected = _strided_input_gradient_with_addend(cl_device)
     clear_caches()
-    np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
     assert ran == {"implicit": [], "gemm": [(False, True)], "batched-gemm": [(True, True)]}[algorithm]
 
 
@@ -260,13 +266,8 @@ def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, sear
 
     if not cl_device.is_gpu:
         pytest.skip("the measured choice is made on GPUs")
-    rng = np.random.default_rng(5)
-    x_shape, w64 = (4, 6, 12, 12), rng.standard_normal((8, 6, 3, 3))
-    geo = conv.check_conv2d(x_shape, w64.shape, None, 2, 1, 1, 1)
-    g64, addend64 = rng.standard_normal((4, 8, geo.OH, geo.OW)), rng.standard_normal(x_shape)
-    w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (w64, g64, addend64))
-    got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
-    np.testing.assert_allclose(got, _input_gradient_float64(g64, w64, geo) + addend64, atol=1e-4)
+    got, expected = _strided_input_gradient_with_addend(cl_device)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
     chosen = [v["algorithm"] for k, v in tune.winners(cl_device).items() if k.startswith("conv-dx-algorithm|")]
     assert len(chosen) == 1 and chosen[0] in conv._DX_ALGORITHMS
 
