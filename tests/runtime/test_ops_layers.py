@@ -464,6 +464,18 @@ def test_host_blas_cpu_device_measures_long_conv_reductions(cl_device, monkeypat
     tune.clear(cl_device)
 
 
+@pytest.mark.parametrize("kind", ["fwd", "dx", "dw"])
+def test_an_algorithm_trial_makes_only_the_operands_its_pass_reads(cl_device, kind):
+    """``conv._AlgorithmTrial`` runs its pass by each algorithm on scratch operands, made only for what the pass
+    reads (a whole-batch input-gradient trial makes no x), and returns the pass's result shape."""
+    geo = conv.check_conv2d((3, 4, 9, 9), (8, 4, 3, 3), None, 2, 1, 1, 1)
+    trial = conv._AlgorithmTrial(cl_device, geo, 8, kind, np.dtype(np.float32), whole=True)
+    shapes = {"fwd": (3, 8, 5, 5), "dx": (3, 4, 9, 9), "dw": (8, 4, 3, 3)}
+    algorithms = ["implicit", "im2col"] + (["gemm", "batched-gemm"] if kind == "dx" else [])
+    assert [trial(algorithm)().shape for algorithm in algorithms] == [shapes[kind]] * len(algorithms)
+    assert set(trial.scratch[1]) == set(conv._TRIAL_OPERANDS[kind])
+
+
 def test_strided_copy_bounds_are_checked(device):
     x = nc.tensor(np.arange(6, dtype=np.float32), device=device)
     with pytest.raises(IndexError, match=r"reaches flat positions \[-1, 3\] outside a tensor of 6 elements"):

@@ -499,6 +499,10 @@ def _decode_dx_algorithm(stored: dict[str, Any]) -> str:
     return stored["algorithm"]
 
 
+#: The scratch operands a pass's trial reads (``_AlgorithmTrial``): x, the weights w, the upstream gradient g.
+_TRIAL_OPERANDS = {"fwd": ("x", "w"), "dx": ("w", "g"), "dw": ("x", "g")}
+
+
 class _AlgorithmTrial:
     """One pass of one layer on scratch operands, by the implicit GEMM, by im2col or (an input gradient) by
     ``gemm_backward_input``: at batch 1, or at the layer's batch where ``whole`` (the operands are made at the
@@ -510,7 +514,8 @@ class _AlgorithmTrial:
         self.scratch: tuple[ConvGeometry, dict[str, Tensor]] | None = None
 
     def _scratch(self) -> tuple[ConvGeometry, dict[str, Tensor]]:
-        """The trial's geometry (one image unless ``whole``) and its operands x, w, g (uniform scratch values)."""
+        """The trial's geometry (one image unless ``whole``) and the operands its pass reads (uniform scratch
+        values; the seeds those of x, w, g in that order, whichever are made)."""
         from netcl.runtime import tune
 
         if self.scratch is None:
@@ -529,16 +534,18 @@ class _AlgorithmTrial:
                 "w": (out_ch, geo.C, geo.KH, geo.KW),
                 "g": (n, out_ch, one.OH, one.OW),
             }
+            used = _TRIAL_OPERANDS[self.kind]
             operands = {
                 name: tune.trial_operand(int(np.prod(shape)), self.dtype, self.device, seed).reshape(*shape)
                 for seed, (name, shape) in enumerate(shapes.items(), start=1)
+                if name in used
             }
             self.scratch = (one, operands)
         return self.scratch
 
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
-        x, w, g = operands["x"], operands["w"], operands["g"]
+        x, w, g = operands.get("x"), operands.get("w"), operands.get("g")
         if algorithm in ("gemm", "batched-gemm"):
             return lambda: gemm_backward_input(g, w, geo, batched=algorithm == "batched-gemm")
         if algorithm == "implicit":
@@ -552,7 +559,9 @@ class _AlgorithmTrial:
             passes = {
                 "fwd": lambda: conv2d(x, w, None, step, pad, dil, implicit=False),
                 "dx": lambda: conv2d_backward_input(g, w, geo, 1, implicit=False),
-                "dw": lambda: conv2d_backward_weight(g, x, w.shape, geo, 1, implicit=False),
+                "dw": lambda: conv2d_backward_weight(
+                    g, x, (self.out_ch, geo.C, geo.KH, geo.KW), geo, 1, implicit=False
+                ),
             }
         return passes[self.kind]
 
