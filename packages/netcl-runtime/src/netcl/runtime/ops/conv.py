@@ -163,8 +163,12 @@ __kernel void netcl_im2col_cpu(__global const {st}* x, __global {st}* cols, cons
 """
 _IM2COL_CPU_DIVISORS = ("KW", "KH", "OW")
 
-_COL2IM = """{pragmas}
-__kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {idx} n, {geometry}) {{
+#: The gather of ``col2im`` and ``gemm_backward_input``: each input pixel sums the column entries of the taps that
+#: reach it. ``{column}``: the row of ``cols`` holding tap ``row`` of image ``b``; the sizes (n, C, H, W, KH, ...) are
+#: kernel arguments in ``{params}`` (``_COL2IM``: shape-generic) or ``#define``d by ``{sizes}`` (``_COL2IM_ROWS``:
+#: one program per layer, its divisions by constants); ``{finish}`` may add to the sum before its store.
+_COL2IM_GATHER = """{pragmas}{sizes}
+__kernel void netcl_{name}(__global const {st}* cols, __global {st}* x{params}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
     const {idx} w = gid % W;
@@ -173,54 +177,35 @@ __kernel void netcl_col2im(__global const {st}* cols, __global {st}* x, const {i
     const {idx} b = gid / (({idx})W * H * C);
     const {idx} L = ({idx})OH * OW;
     {ct} acc = 0;
-    for ({idx} ki = 0; ki < KH; ++ki) {{
+    {unroll}for ({idx} ki = 0; ki < KH; ++ki) {{
         const {idx} hh = h + PH - ki * DH;
         if (hh < 0 || hh % SH != 0 || hh / SH >= OH) continue;
         const {idx} oh = hh / SH;
-        for ({idx} kj = 0; kj < KW; ++kj) {{
+        {unroll}for ({idx} kj = 0; kj < KW; ++kj) {{
             const {idx} ww = w + PW - kj * DW;
             if (ww < 0 || ww % SW != 0 || ww / SW >= OW) continue;
             const {idx} row = (c * KH + ki) * KW + kj;
-            acc += ({ct})cols[((b * C * KH * KW) + row) * L + oh * OW + ww / SW];
+            acc += ({ct})cols[{column} * L + oh * OW + ww / SW];
         }}
     }}
-    x[gid] = ({st})acc;
+    {finish}x[gid] = ({st})acc;
 }}
 """
 
+#: ``col2im``'s kernel: cols (N, C*KH*KW, OH*OW), every size an argument (``_prepare_layout`` formats the rest).
+_COL2IM = (
+    _COL2IM_GATHER.replace("{sizes}", "")
+    .replace("{name}", "col2im")
+    .replace("{params}", ", const {idx} n, {geometry}")
+    .replace("{column}", "(b * C * KH * KW + row)")
+    .replace("{unroll}", "")
+    .replace("{finish}", "")
+)
 
-#: ``_COL2IM`` over ``gemm_backward_input``'s columns: ``{column}`` is a column row's index, (N, C*KH*KW, OH*OW) per
-#: image or (C*KH*KW, N*OH*OW) with every image's pixels of a tap in one row; ``ADDEND`` adds a tensor of x's shape
-#: to the sum, after it (as an ``add`` of the two would). The geometry is written into the source (one program per
-#: layer): its divisions by sizes and strides compile to multiplications and shifts.
-_COL2IM_ROWS = """{pragmas}
-#define ADDEND {addend}
-__kernel void netcl_col2im_rows(__global const {st}* cols, __global {st}* x, __global const {st}* addend) {{
-    const {idx} gid = ({idx})get_global_id(0);
-    if (gid >= ({idx}){N} * {C} * {H} * {W}) return;
-    const {idx} w = gid % {W};
-    const {idx} h = (gid / {W}) % {H};
-    const {idx} c = (gid / ({idx})({W} * {H})) % {C};
-    const {idx} b = gid / (({idx}){W} * {H} * {C});
-    {ct} acc = 0;
-    #pragma unroll
-    for (int ki = 0; ki < {KH}; ++ki) {{
-        const int hh = (int)h + {PH} - ki * {DH};
-        if (hh < 0 || hh % {SH} != 0 || hh / {SH} >= {OH}) continue;
-        #pragma unroll
-        for (int kj = 0; kj < {KW}; ++kj) {{
-            const int ww = (int)w + {PW} - kj * {DW};
-            if (ww < 0 || ww % {SW} != 0 || ww / {SW} >= {OW}) continue;
-            const {idx} row = (c * {KH} + ki) * {KW} + kj;
-            acc += ({ct})cols[{column} * ({idx})({OH} * {OW}) + (hh / {SH}) * {OW} + ww / {SW}];
-        }}
-    }}
-#if ADDEND
-    acc = ({ct})addend[gid] + acc;
-#endif
-    x[gid] = ({st})acc;
-}}
-"""
+#: ``gemm_backward_input``'s kernel: its columns per image, (N, C*KH*KW, OH*OW), or as one product's rows,
+#: (C*KH*KW, N*OH*OW), every image's pixels of a tap in one row; an addend added after the sum (as an ``add`` of
+#: the two would) where given.
+_COL2IM_ROWS = _COL2IM_GATHER.replace("{name}", "col2im_rows")
 
 #: Prepared im2col / col2im launches by (kernel, device, dtype, sizes, geometry): the sizes bound once.
 _LAYOUTS = PlanCache("conv2d-im2col")
@@ -296,10 +281,9 @@ def gemm_backward_input(
     """d conv2d / d x (groups 1, OpenCL devices) as a product of stored operands and a gather: the columns
     ``w^T (C*KH*KW, O) @ dy``, then each input pixel sums the columns of the taps that reach it (``_COL2IM_ROWS``:
     at stride 2 a quarter of the taps of a 3x3 window, on average), plus ``addend`` (x's shape and dtype, checked
-    by the caller) where given. ``batched``: one product per image,
-    ``(N, C*KH*KW, OH*OW)``, on dy as stored; else one product ``(C*KH*KW, N*OH*OW)`` of dy with its images moved
-    behind its channels by a copy (one long product where the per-image ones are short). The GEMM, tensor cores
-    included, reads no views either way."""
+    by the caller) where given. ``batched``: one product per image, ``(N, C*KH*KW, OH*OW)``, on dy as stored; else
+    one product ``(C*KH*KW, N*OH*OW)`` of dy with its images moved behind its channels by a copy (one long product
+    where the per-image ones are short). The GEMM, tensor cores included, reads no views either way."""
     n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
     w_rows = w.reshape(o, geo.C * geo.KH * geo.KW)
     if batched:
@@ -323,12 +307,19 @@ def _prepare_col2im_rows(
     where there is none, passed per call): one work-item per input pixel."""
     idx = index_ctype(cols_size, x.size)
     st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
-    sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
-    column = "(b * {C} * {KH} * {KW} + row)" if batched else "(row * {N} + b)"
+    sizes = {"n": x.size, "N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
 
     def source() -> str:
-        return _COL2IM_ROWS.replace("{column}", column).format(
-            pragmas=pragmas([x.dtype]), st=st, ct=ct, idx=idx, addend=int(addend), **sizes
+        return _COL2IM_ROWS.format(
+            pragmas=pragmas([x.dtype]),
+            sizes="".join(f"\n#define {name} {value}" for name, value in sizes.items()),
+            params=f", __global const {st}* addend",
+            column="(b * C * KH * KW + row)" if batched else "(row * N + b)",
+            unroll="#pragma unroll\n    ",
+            finish=f"acc = ({ct})addend[gid] + acc;\n    " if addend else "",
+            st=st,
+            ct=ct,
+            idx=idx,
         )
 
     key = ("layers", "col2im_rows", st, idx, geo.key, batched, addend)
