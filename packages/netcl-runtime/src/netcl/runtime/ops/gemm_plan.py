@@ -235,7 +235,7 @@ def finish_plan(
         # new size makes it split (a larger batch in a weight gradient) builds no program
         sum_kernel = _split_sum_kernel(device, acc, out_dtype, epilogue if splits > 1 else IDENTITY)
     else:  # a sum per output layout, built only where a plan splits
-        sum_kernel = _view_sum_kernel(device, acc, out_dtype, epilogue, views) if splits > 1 else None
+        sum_kernel = _view_sum_kernel(device, acc, out_dtype, epilogue, out_view) if splits > 1 else None
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
@@ -307,25 +307,22 @@ __kernel void netcl_split_sum(__global const {ct}* W, __global {st}* C, const lo
     return get_kernel(key, device, source, "netcl_split_sum", [None, None, np.int64, np.int32, np.int32]).kernel
 
 
-def _view_sum_kernel(
-    device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, views: tuple[OperandView | None, ...]
-):
-    """The split sum of a product with an output view (``views[2]``): ``_epilogue_sum_source`` storing element
-    (r, c) of C at the view's offset, the view's helpers (every macro its expression reads) before it."""
-    key = ("gemm-split-sum-view", acc.str, out_dtype.str, epilogue, views)
+def _view_sum_kernel(device: Device, acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, out_view: OperandView):
+    """The split sum of a product with an output view: ``_epilogue_sum_source`` storing element (r, c) of C at the
+    view's offset, the view's helpers (every macro its expression reads) before it."""
+    key = ("gemm-split-sum-view", acc.str, out_dtype.str, epilogue, out_view)
     dtypes = [None, None, np.int64, np.int32, np.int32, np.int32, *epilogue.arg_dtypes()]
     return get_kernel(
-        key, device, lambda: _epilogue_sum_source(acc, out_dtype, epilogue, views), "netcl_split_sum", dtypes
+        key, device, lambda: _epilogue_sum_source(acc, out_dtype, epilogue, out_view), "netcl_split_sum", dtypes
     ).kernel
 
 
 def _epilogue_sum_source(
-    acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, views: tuple[OperandView | None, ...] = ()
+    acc: np.dtype, out_dtype: np.dtype, epilogue: Epilogue, out_view: OperandView | None = None
 ) -> str:
     """The split sum that applies ``epilogue``: one element a work-item; element i is (zb, r, c) of C,
-    laid out like the GEMM's C, or stored at C's view's offset (``views[2]``) in its batch entry."""
+    laid out like the GEMM's C, or stored at ``out_view``'s offset in its batch entry."""
     ct, st = storage_ctype(acc), storage_ctype(out_dtype)
-    out_view = views[2] if len(views) > 2 else None
     at = "(IDX)r * ldc + c" if out_view is None else f"({out_view.element})"
     element = f"zb * csb + {at}"
     store = store_c(out_dtype, "C", element, "OUT") if out_dtype in STORAGE_ONLY else f"C[{element}] = ({st})(OUT)"
