@@ -432,8 +432,8 @@ class _Layer:
             self.problem = Problem(c, n * cls.rows * cls.cols, out_ch * taps, False, False, ())
             body = _class_defines(cls)
             # the FMA kernel only (``backward_input``): these bodies have no four-wide twins
-            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", wide)
-            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", wide)
+            view_a = _view(geo, out_ch, idx, st, [body, _W_DXC], "cv_w_dxc(p, mn, kk)", False)
+            view_b = _view(geo, out_ch, idx, st, [body, _DY_DXC], "cv_dy_dxc(p, kk, k0, mn)", False)
             pixel = "(c % (CV_HC * CV_WC) / CV_WC * CV_SH + CV_QH) * CV_W + c % CV_WC * CV_SW + CV_QW"
             out = OperandView(
                 _defines(geo, out_ch, idx, st) + body,
