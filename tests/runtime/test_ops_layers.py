@@ -13,7 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops as R
 from netcl.runtime.cache import program_cache
-from netcl.runtime.ops import conv, gathering, host_blas, indexing, pool, selecting, shape, strided
+from netcl.runtime.ops import conv, conv_winograd, gathering, host_blas, indexing, pool, selecting, shape, strided
 from netcl.runtime.ops.random import dropout
 
 
@@ -237,10 +237,85 @@ def _strided_input_gradient_with_addend(device: nc.Device) -> tuple[np.ndarray, 
     return got, _input_gradient_float64(g64, w64, geo) + addend64
 
 
-@pytest.mark.parametrize("algorithm", conv._DX_ALGORITHMS)
+@pytest.mark.parametrize(
+    "image,window,stride,padding",
+    [((5, 7, 6), 3, 2, 1), ((4, 9, 20), 3, (2, 3), (1, 0)), ((3, 8, 8), 1, 2, 0), ((6, 5, 5), 3, 1, 1)],
+)
+def test_the_forward_as_one_product_of_stored_operands(cl_device, image, window, stride, padding):
+    """``gemm_forward``: w @ x's receptive fields laid out as one product's rows (``im2col_rows``: im2col's columns
+    with the images behind the taps, bit for bit), the images then moved in front of the channels, plus the bias:
+    against float64 (sums of <= 6*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
+    rng = np.random.default_rng(12)
+    x64, w64, b64 = rng.standard_normal((3, *image)), rng.standard_normal((5, image[0], window, window)), rng.random(5)
+    geo = conv.check_conv2d(x64.shape, w64.shape, None, stride, padding, 1, 1)
+    x, w, b = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64, b64))
+    per_image = conv.im2col(x, geo).to_host()  # (N, K, L)
+    rows = conv.im2col_rows(x, geo).to_host()
+    assert np.array_equal(rows, per_image.transpose(1, 0, 2).reshape(rows.shape))
+    with R.matmul_precision("highest"):
+        got = conv.gemm_forward(x, w, b, geo).to_host()
+    np.testing.assert_allclose(got, _forward_float64(x64, w64, b64, geo), atol=1e-4)
+
+
+def _paths_spied(monkeypatch) -> list[str]:
+    """The names of the convolution paths each later call runs (Winograd's, the implicit GEMM's and the stored
+    products' forward and input gradient), in order."""
+    from netcl.runtime.ops import conv_implicit
+
+    ran: list[str] = []
+    for module, name, label in [
+        (conv_winograd, "forward", "winograd"),
+        (conv_winograd, "backward_input", "winograd"),
+        (conv_implicit, "forward", "implicit"),
+        (conv_implicit, "backward_input", "implicit"),
+        (conv, "gemm_forward", "gemm"),
+    ]:
+        original = getattr(module, name)
+
+        def spy(*args, _original=original, _label=label, **kwargs):
+            ran.append(_label)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    return ran
+
+
+@pytest.mark.parametrize("kind,algorithm", [(k, a) for k, names in conv._ALGORITHMS.items() for a in names])
+def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, algorithm, monkeypatch):
+    """The forward and the input gradient of a 3x3 stride-1 layer of 16 channels run the path ``_gpu_algorithm``
+    names (Winograd a candidate: it applies), the input gradient with an addend summed in its store or gather:
+    against float64 (sums of <= 16*3*3 float32 products of N(0, 1) values; atol 2e-4, Winograd's transforms
+    included)."""
+    from netcl.runtime import clear_caches
+
+    rng = np.random.default_rng(6)
+    x64, w64 = rng.standard_normal((2, 16, 6, 6)), rng.standard_normal((16, 16, 3, 3))
+    geo = conv.check_conv2d(x64.shape, w64.shape, None, 1, 1, 1, 1)
+    g64, addend64 = rng.standard_normal((2, 16, 6, 6)), rng.standard_normal(x64.shape)
+    x, w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64, g64, addend64))
+    monkeypatch.setenv(host_blas.ENV_VAR, "0")  # a CPU device would run "implicit" as im2col + BLAS
+    monkeypatch.setattr(conv, "_gpu_algorithm", lambda *args: algorithm)
+    ran = _paths_spied(monkeypatch)
+    original, products = conv.gemm_backward_input, []
+    monkeypatch.setattr(conv, "gemm_backward_input", lambda *a: products.append(a[3]) or original(*a))
+    clear_caches()  # no plan of an earlier test's choice
+    with R.matmul_precision("highest"):
+        if kind == "fwd":
+            got, expected = conv.conv2d(x, w, None, 1, 1).to_host(), _forward_float64(x64, w64, np.zeros(16), geo)
+        else:
+            got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
+            expected = _input_gradient_float64(g64, w64, geo) + addend64
+    clear_caches()
+    np.testing.assert_allclose(got, expected, atol=2e-4)
+    assert ran == ([] if algorithm == "batched-gemm" or (kind, algorithm) == ("dx", "gemm") else [algorithm])
+    assert products == {"gemm": [False], "batched-gemm": [True]}.get(algorithm, []) * (kind == "dx")
+
+
+@pytest.mark.parametrize("algorithm", [a for a in conv._ALGORITHMS["dx"] if a != "winograd"])
 def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, algorithm, monkeypatch):
-    """``conv2d_backward_input`` runs the algorithm ``_dx_algorithm`` names, the addend summed in its store or its
-    gather: against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values, atol 1e-4)."""
+    """``conv2d_backward_input`` of a strided layer (no Winograd) runs the algorithm ``_gpu_algorithm`` names, the
+    addend summed in its store or its gather: against float64 (sums of <= 8*3*3 float32 products of N(0, 1) values,
+    atol 1e-4)."""
     from netcl.runtime import clear_caches
 
     original, ran = conv.gemm_backward_input, []
@@ -249,7 +324,7 @@ def test_each_strided_input_gradient_algorithm_runs_with_its_addend(cl_device, a
         ran.append((batched, addend is not None))
         return original(grad, w, geo, batched, addend)
 
-    monkeypatch.setattr(conv, "_dx_algorithm", lambda *args: algorithm)
+    monkeypatch.setattr(conv, "_gpu_algorithm", lambda *args: algorithm)
     monkeypatch.setattr(conv, "gemm_backward_input", spy)
     clear_caches()  # no plan of an earlier test's choice
     got, expected = _strided_input_gradient_with_addend(cl_device)
@@ -269,7 +344,31 @@ def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, sear
     got, expected = _strided_input_gradient_with_addend(cl_device)
     np.testing.assert_allclose(got, expected, atol=1e-4)
     chosen = [v["algorithm"] for k, v in tune.winners(cl_device).items() if k.startswith("conv-dx-algorithm|")]
-    assert len(chosen) == 1 and chosen[0] in conv._DX_ALGORITHMS
+    assert len(chosen) == 1 and chosen[0] in conv._ALGORITHMS["dx"][1:]
+
+
+def test_a_gpu_measures_which_path_runs_a_winograd_layer(cl_device, searching):
+    """On a GPU with searches on, the forward and the input gradient of a 3x3 stride-1 layer of 16 channels are
+    timed by Winograd, the implicit GEMM and the products of stored operands at their first use, each winner stored
+    under a key naming the Winograd tile and run: against float64 (sums of <= 16*3*3 float32 products of N(0, 1)
+    values, atol 2e-4)."""
+    from netcl.runtime import tune
+
+    if not cl_device.is_gpu:
+        pytest.skip("the measured choice is made on GPUs")
+    rng = np.random.default_rng(8)
+    x64, w64, g64 = (rng.standard_normal(s) for s in [(4, 16, 12, 12), (16, 16, 3, 3), (4, 16, 12, 12)])
+    geo = conv.check_conv2d(x64.shape, w64.shape, None, 1, 1, 1, 1)
+    x, w, g = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64, g64))
+    with R.matmul_precision("highest"):
+        y, dx = conv.conv2d(x, w, None, 1, 1).to_host(), conv.conv2d_backward_input(g, w, geo, 1).to_host()
+    np.testing.assert_allclose(y, _forward_float64(x64, w64, np.zeros(16), geo), atol=2e-4)
+    np.testing.assert_allclose(dx, _input_gradient_float64(g64, w64, geo), atol=2e-4)
+    winners = tune.winners(cl_device)
+    for kind in ("fwd", "dx"):
+        chosen = [v["algorithm"] for k, v in winners.items() if k.startswith(f"conv-{kind}-algorithm|")]
+        keys = [k for k in winners if k.startswith(f"conv-{kind}-algorithm|")]
+        assert len(chosen) == 1 and chosen[0] in conv._ALGORITHMS[kind] and "|winograd " in keys[0]
 
 
 @pytest.mark.parametrize(
@@ -278,7 +377,7 @@ def test_a_gpu_measures_which_path_runs_a_strided_input_gradient(cl_device, sear
 def test_a_strided_input_gradient_searches_the_gather_path_only_where_its_columns_fit(
     cl_device, memory, searched, monkeypatch
 ):
-    """``_dx_algorithm`` on a GPU: a layer whose columns (C*KH*KW x N*OH*OW floats) exceed 1/16 of the device's
+    """``_gpu_algorithm`` on a GPU: a layer whose columns (C*KH*KW x N*OH*OW floats) exceed 1/16 of the device's
     memory keeps the implicit GEMM without a search; one whose columns fit is searched."""
     from netcl.runtime import tune
 
@@ -288,7 +387,7 @@ def test_a_strided_input_gradient_searches_the_gather_path_only_where_its_column
     g = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
     w = nc.tensor(np.zeros((16, 64, 3, 3), np.float32), device=cl_device)
     geo = conv.check_conv2d((8, 64, 16, 16), w.shape, None, 2, 1, 1, 1)
-    assert conv._dx_algorithm(True, g, w, 1, geo) == ("searched" if searched else "implicit")
+    assert conv._gpu_algorithm("dx", True, g, w, 1, geo, 16, 0, None) == ("searched" if searched else "implicit")
 
 
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
@@ -471,7 +570,7 @@ def test_an_algorithm_trial_makes_only_the_operands_its_pass_reads(cl_device, ki
     geo = conv.check_conv2d((3, 4, 9, 9), (8, 4, 3, 3), None, 2, 1, 1, 1)
     trial = conv._AlgorithmTrial(cl_device, geo, 8, kind, np.dtype(np.float32), whole=True)
     shapes = {"fwd": (3, 8, 5, 5), "dx": (3, 4, 9, 9), "dw": (8, 4, 3, 3)}
-    algorithms = ["implicit", "im2col"] + (["gemm", "batched-gemm"] if kind == "dx" else [])
+    algorithms = ["implicit", "im2col"] + {"fwd": ["gemm"], "dx": ["gemm", "batched-gemm"], "dw": []}[kind]
     assert [trial(algorithm)().shape for algorithm in algorithms] == [shapes[kind]] * len(algorithms)
     assert set(trial.scratch[1]) == set(conv._TRIAL_OPERANDS[kind])
 

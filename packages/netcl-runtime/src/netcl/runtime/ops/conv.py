@@ -16,10 +16,18 @@ Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 c
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
 addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
 host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there) or where
-a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``), and except a strided layer's
-input gradient on a GPU where a measurement at its first use says a product of stored operands and a gather is
-faster (``gemm_backward_input``, ``_dx_algorithm``). The path below serves everything else: groups > 1, float16
-(amp) and the NumPy backend; ``implicit=False`` forces it (benchmarks compare the two).
+a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``).
+
+On a GPU the forward and the input gradient of each layer these paths take are measured at the layer's first use
+(``_gpu_algorithm``, stored like a tile search) against a product of stored operands beside a layout kernel: the
+forward as ``w @`` x's receptive fields laid out as one product's rows (``gemm_forward``), the input gradient as a
+product, then a gather (``gemm_backward_input``); where the column buffer fits. Winograd is a candidate there where
+it applies (and the choice without a measurement). Where a layer's images are small and its channels many, the
+product of stored operands wins: its GEMM loads 16 bytes at a time where the implicit GEMM loads through the im2col
+addresses, and Winograd's transforms cost more than they save.
+
+The path below serves everything else: groups > 1, float16 (amp) and the NumPy backend; ``implicit=False`` forces
+it (benchmarks compare the two).
 
 ``im2col`` lays the receptive fields of x (N, C, H, W) out as ``cols`` (N, C*KH*KW, OH*OW): row
 ``(c, ki, kj)``, column ``(oh, ow)`` holds ``x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw]`` (0 in
@@ -123,8 +131,8 @@ class ConvGeometry:
         return twin
 
 
-_IM2COL = """{pragmas}
-__kernel void netcl_im2col(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
+_IM2COL_LAYOUT = """{pragmas}
+__kernel void netcl_{name}(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
     const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
     const {idx} L = ({idx})OH * OW;
     if (l >= L) return;
@@ -138,7 +146,7 @@ __kernel void netcl_im2col(__global const {st}* x, __global {st}* cols, const {i
     const {idx} h = oh * SH - PH + ki * DH;
     const {idx} w = ow * SW - PW + kj * DW;
     const bool inside = h >= 0 && h < H && w >= 0 && w < W;
-    cols[(b * C * KH * KW + row) * L + l] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
+    cols[{column} * L + l] = inside ? x[((b * C + c) * H + h) * W + w] : ({st})0;
 }}
 """
 
@@ -162,6 +170,15 @@ __kernel void netcl_im2col_cpu(__global const {st}* x, __global {st}* cols, cons
 }}
 """
 _IM2COL_CPU_DIVISORS = ("KW", "KH", "OW")
+
+#: ``im2col``'s kernel: cols (N, C*KH*KW, OH*OW), the receptive fields of each image.
+_IM2COL = _IM2COL_LAYOUT.replace("{name}", "im2col").replace("{column}", "(b * C * KH * KW + row)")
+
+#: ``im2col_rows``'s kernel: cols (C*KH*KW, N*OH*OW), one product's rows: every image's pixels of a tap in one row
+#: (the grid's third size is N).
+_IM2COL_ROWS = _IM2COL_LAYOUT.replace("{name}", "im2col_rows").replace(
+    "{column}", "(row * ({idx})get_global_size(2) + b)"
+)
 
 #: The gather of ``col2im`` and ``gemm_backward_input``: each input pixel sums the column entries of the taps that
 #: reach it. ``{column}``: the row of ``cols`` holding tap ``row`` of image ``b``; the sizes (n, C, H, W, KH, ...) are
@@ -268,11 +285,34 @@ def im2col(x: Tensor, geo: ConvGeometry) -> Tensor:
     return _run(_IM2COL, "im2col", geo, x, Tensor.empty(shape, x.dtype, x.device))
 
 
+def im2col_rows(x: Tensor, geo: ConvGeometry) -> Tensor:
+    """x (N, C, H, W) -> cols (C*KH*KW, N*OH*OW), the layout of one product over the batch (OpenCL devices)."""
+    shape = (geo.C * geo.KH * geo.KW, geo.N * geo.OH * geo.OW)
+    dst = Tensor.empty(shape, x.dtype, x.device)
+    key = ("im2col_rows", dst.device, dst.dtype, x.size, dst.size, geo.N, *geo.values)
+    call = _LAYOUTS.plans.get(key)
+    if call is None:
+        call = _LAYOUTS.keep(key, _prepare_layout(_IM2COL_ROWS, "im2col_rows", geo, x.size, dst, cpu_variant=False))
+    call(x.data, dst.data)
+    return dst
+
+
 @backend_op(_TWINS)
 def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
     """The adjoint of ``im2col``: cols (N, C*KH*KW, OH*OW) -> x (N, C, H, W), overlaps summed."""
     shape = (geo.N, geo.C, geo.H, geo.W)
     return _run(_COL2IM, "col2im", geo, cols, Tensor.empty(shape, cols.dtype, cols.device))
+
+
+def gemm_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry) -> Tensor:
+    """conv2d (groups 1, OpenCL devices) as one product of stored operands: ``w (O, C*KH*KW) @`` x's receptive
+    fields laid out as rows (``im2col_rows``, (C*KH*KW, N*OH*OW)), the result's images moved in front of its channels
+    by a copy, then the bias (O,) added where given. The GEMM, tensor cores included, reads no views: where a layer's
+    images are small and its channels many, this beats the implicit GEMM's loads through the im2col addresses."""
+    n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
+    y_rows = matmul(w.reshape(o, geo.C * geo.KH * geo.KW), im2col_rows(x, geo))  # (O, N*L)
+    y = transpose(y_rows.reshape(o, n, length), (1, 0, 2)).reshape(n, o, geo.OH, geo.OW)
+    return y if b is None else add(y, b.reshape(1, o, 1, 1))
 
 
 def gemm_backward_input(
@@ -450,44 +490,48 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
     return choice == "implicit"
 
 
-#: A strided input gradient's algorithms on a GPU (``_dx_algorithm``): the implicit GEMM, or ``gemm_backward_input``
-#: as one long product ("gemm") or one product per image ("batched-gemm").
-_DX_ALGORITHMS = ("implicit", "gemm", "batched-gemm")
+#: The algorithms a pass of a layer may run on a GPU (``_gpu_algorithm``): Winograd (where it applies), the implicit
+#: GEMM, or a product of stored operands beside a layout kernel: the forward's ``gemm_forward`` ("gemm"), the input
+#: gradient's ``gemm_backward_input`` as one long product ("gemm") or one product per image ("batched-gemm").
+_ALGORITHMS = {"fwd": ("winograd", "implicit", "gemm"), "dx": ("winograd", "implicit", "gemm", "batched-gemm")}
 
-#: The largest share of a device's global memory the gather path's columns (C*KH*KW x N*OH*OW values) may take; a
-#: layer whose columns are larger keeps the implicit GEMM (no buffer) without a search.
-_DX_COLUMNS_SHARE = 1 / 16
+#: The largest share of a device's global memory the column buffer of a "gemm" path (C*KH*KW x N*OH*OW values) may
+#: take; a layer whose columns are larger keeps Winograd or the implicit GEMM (no buffer) without a search.
+_COLUMNS_SHARE = 1 / 16
 
 
-def _dx_algorithm(implicit: bool, grad: Tensor, w: Tensor, groups: int, geo: ConvGeometry) -> str:
-    """Which of ``_DX_ALGORITHMS`` runs a strided layer's input gradient on a GPU: measured at the layer's first use
-    at its batch size (rounded up to a power of two) and matmul precision, stored like a tile search
-    (``tune.select``); the implicit GEMM where nothing is measured (``NETCL_TUNE=0``, deterministic algorithms) and
-    off GPUs, and where the columns would take more than ``_DX_COLUMNS_SHARE`` of the device's memory."""
+def _gpu_algorithm(
+    kind: str, implicit: bool, a: Tensor, b: Tensor, groups: int, geo: ConvGeometry, out_ch: int, tile: int,
+    products: str | None,
+) -> str:  # fmt: skip
+    """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w)
+    of a layer on a GPU, Winograd F(``tile`` x ``tile``) a candidate where ``tile`` (its products at ``products``):
+    measured at the layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the
+    device time of each path's kernels, and stored like a tile search (``tune.select``). Without a measurement
+    (``NETCL_TUNE=0``, deterministic algorithms), off GPUs and where the columns would take more than
+    ``_COLUMNS_SHARE`` of the device's memory: Winograd where ``tile``, else the implicit GEMM."""
     from netcl.runtime import tune
 
-    device = grad.device
-    if not implicit or groups != 1 or (geo.SH, geo.SW) == (1, 1) or not device.is_gpu:
-        return "implicit"
-    if not conv_implicit.supports(grad, w, None, groups):
-        return "implicit"
-    columns = geo.C * geo.KH * geo.KW * geo.N * geo.OH * geo.OW * grad.dtype.itemsize
-    if columns > min(device.max_alloc_size, device.global_mem_size * _DX_COLUMNS_SHARE):
-        return "implicit"
-    mode = conv_implicit.mma_mode(device, grad.dtype)
-    out_ch = int(w.shape[0])
-    key = f"conv-dx-algorithm|{grad.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
-    trial = _WholeBatchTrial(device, geo, out_ch, "dx", grad.dtype)
-    return tune.select(
-        device, key, list(_DX_ALGORITHMS), "implicit", trial, lambda c: {"algorithm": c}, _decode_dx_algorithm
-    )  # fmt: skip
+    fallback = "winograd" if tile else "implicit"
+    device = a.device
+    if not implicit or groups != 1 or not device.is_gpu or not conv_implicit.supports(a, b, None, groups):
+        return fallback
+    columns = geo.C * geo.KH * geo.KW * geo.N * geo.OH * geo.OW * a.dtype.itemsize
+    if columns > min(device.max_alloc_size, device.global_mem_size * _COLUMNS_SHARE):
+        return fallback
+    mode = conv_implicit.mma_mode(device, a.dtype)
+    key = f"conv-{kind}-algorithm|{a.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
+    if tile:  # another list of candidates: its own key (a strided layer's keeps the key it had before Winograd)
+        key += f"|winograd {tile}"
+    candidates = [name for name in _ALGORITHMS[kind] if tile or name != "winograd"]
+    trial = _WholeBatchTrial(device, geo, out_ch, kind, a.dtype, tile, products)
 
+    def decode(stored: dict[str, Any]) -> str:  # a ValueError for a choice this version does not offer: searched again
+        if stored["algorithm"] not in candidates:
+            raise ValueError(f"unknown {kind} algorithm {stored['algorithm']!r}")
+        return stored["algorithm"]
 
-def _decode_dx_algorithm(stored: dict[str, Any]) -> str:
-    """A stored ``_dx_algorithm`` choice (a ValueError for one this version does not know: searched again)."""
-    if stored["algorithm"] not in _DX_ALGORITHMS:
-        raise ValueError(f"unknown input-gradient algorithm {stored['algorithm']!r}")
-    return stored["algorithm"]
+    return tune.select(device, key, candidates, fallback, trial, lambda c: {"algorithm": c}, decode)
 
 
 #: The scratch operands a pass's trial reads (``_AlgorithmTrial``): x, the weights w, the upstream gradient g.
@@ -495,13 +539,17 @@ _TRIAL_OPERANDS = {"fwd": ("x", "w"), "dx": ("w", "g"), "dw": ("x", "g")}
 
 
 class _AlgorithmTrial:
-    """One pass of one layer on scratch operands, by the implicit GEMM, by im2col or (an input gradient) by
-    ``gemm_backward_input``: at batch 1, or at the layer's batch where ``whole`` (the operands are made at the
-    first trial: a stored choice needs none)."""
+    """One pass of one layer on scratch operands, by the implicit GEMM, by im2col, by a product of stored operands
+    (``gemm_forward``, ``gemm_backward_input``) or by Winograd F(``tile`` x ``tile``) (its products at
+    ``products``): at batch 1, or at the layer's batch where ``whole`` (the operands are made at the first trial:
+    a stored choice needs none)."""
 
-    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype, whole: bool = False) -> None:
+    def __init__(
+        self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype, whole: bool = False, tile: int = 0,
+        products: str | None = None,
+    ) -> None:  # fmt: skip
         self.device, self.geo, self.out_ch, self.kind, self.dtype = device, geo, out_ch, kind, dtype
-        self.whole = whole
+        self.whole, self.tile, self.products = whole, tile, products
         self.scratch: tuple[ConvGeometry, dict[str, Tensor]] | None = None
 
     def _scratch(self) -> tuple[ConvGeometry, dict[str, Tensor]]:
@@ -537,7 +585,15 @@ class _AlgorithmTrial:
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
         x, w, g = operands.get("x"), operands.get("w"), operands.get("g")
+        if algorithm == "winograd":
+            tile = self.tile
+            if self.kind == "fwd":
+                return at_matmul_precision(self.products, lambda: conv_winograd.forward(x, w, None, geo, tile))
+            if self.kind == "dx":
+                return at_matmul_precision(self.products, lambda: conv_winograd.backward_input(g, w, geo, None, tile))
         if algorithm in ("gemm", "batched-gemm"):
+            if self.kind == "fwd":
+                return lambda: gemm_forward(x, w, None, geo)
             return lambda: gemm_backward_input(g, w, geo, batched=algorithm == "batched-gemm")
         if algorithm == "implicit":
             passes = {
@@ -562,8 +618,11 @@ class _WholeBatchTrial(_AlgorithmTrial):
     path's three launches against the implicit GEMM's one, timed between two queue markers, measured 3-7x their
     device time on an H200 (the launches' host latency, which a replayed step does not pay)."""
 
-    def __init__(self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype) -> None:
-        super().__init__(device, geo, out_ch, kind, dtype, whole=True)
+    def __init__(
+        self, device, geo: ConvGeometry, out_ch: int, kind: str, dtype: np.dtype, tile: int = 0,
+        products: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(device, geo, out_ch, kind, dtype, True, tile, products)
 
     def timed(self, run: Callable[[], Any]) -> float:
         """``tune.search``'s timing of one run, in ms."""
@@ -679,15 +738,22 @@ def _forward_plan(
         for value in (x, w, b):
             refuse_bfloat16("conv2d", None if value is None else value.dtype)
     geo = check_conv2d(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+    out_ch = int(w.shape[0])
     tile, products = (
-        _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d", int(w.shape[0]))
+        _winograd_tile(winograd, implicit, x, w, groups, geo, "conv2d", out_ch)
         if b is None or b.dtype == float32
         else (0, None)
     )
-    if tile:
-        return at_matmul_precision(products, lambda x, w, b: conv_winograd.forward(x, w, b, geo, tile))
     if _pointwise(implicit, x, w, groups, geo):
         return lambda x, w, b: _pointwise_forward(x, w, b, geo)
+    # Winograd where asked for, else the measured choice on a GPU (Winograd where it applies without one)
+    algorithm = "winograd" if tile and winograd is not None else _gpu_algorithm(
+        "fwd", implicit, x, w, groups, geo, out_ch, tile, products
+    )  # fmt: skip
+    if algorithm == "winograd":
+        return at_matmul_precision(products, lambda x, w, b: conv_winograd.forward(x, w, b, geo, tile))
+    if algorithm == "gemm":
+        return lambda x, w, b: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
         return lambda x, w, b: conv_implicit.forward(x, w, b, geo)
     g = int(groups)
@@ -776,17 +842,21 @@ def _gradient(
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
     as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
     products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), a strided
-    input gradient's product of stored operands and gather where measured faster on a GPU (``_dx_algorithm``;
-    ``paths["gemm"](batched)`` makes its run, the addend summed in its gather), the implicit GEMM
+    input gradient's product of stored operands and gather where measured faster on a GPU (``_gpu_algorithm``, which
+    may pick Winograd, the implicit GEMM or this; ``paths["gemm"](batched)`` makes its run, the addend summed in its
+    gather), the implicit GEMM
     (``paths["implicit"]``, the addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no
     addend); where a path cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
-    if tile:
-        return paths["winograd"](tile, products)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"]
-    algorithm = _dx_algorithm(implicit, a, b, groups, geo) if "gemm" in paths else "implicit"
+    if (tile and winograd is not None) or "gemm" not in paths:  # Winograd asked for, or a pass without a search
+        algorithm = "winograd" if tile else "implicit"
+    else:
+        algorithm = _gpu_algorithm(kind, implicit, a, b, groups, geo, out_ch, tile, products)
+    if algorithm == "winograd":
+        return paths["winograd"](tile, products)
     if algorithm != "implicit":
         return paths["gemm"](algorithm == "batched-gemm")
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
