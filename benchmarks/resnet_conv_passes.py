@@ -1,7 +1,7 @@
 """Each convolution of ResNet-8 or ResNet-18 pass by pass, netcl against cuDNN in the same process.
 
 ``python benchmarks/resnet_conv_passes.py [--precision highest|high] [--batch 128] [--repeats 20] [--model 8|18]
-[--paths]``: for every distinct convolution of ``examples/resnet.py``'s ResNet-8 (32x32 inputs; the stem, each
+[--paths] [--layers NAME,...]``: for every distinct convolution of ``examples/resnet.py``'s ResNet-8 (32x32 inputs; the stem, each
 block's two 3x3 layers and its 1x1 shortcut) or ResNet-18 (``--model 18``; the count column says how many layers of
 the network share the row's shape) the forward, the weight gradient and (but for the stem) the input gradient.
 ``--paths`` times each layer's forward and input gradient as products of stored operands too (``gemm_forward``,
@@ -62,15 +62,19 @@ LAYERS18 = [
 
 
 def netcl_us(device: nc.Device, run, repeats: int) -> tuple[float, list[str]]:
-    """(µs of device time a call, summed over the kernels a call launches; their names)."""
+    """(µs of device time a call, summed over the kernels a call launches; each kernel's name and µs a call)."""
     run()
     device.queue.finish()
     with profile() as prof:
         for _ in range(repeats):
             run()
         device.queue.finish()
-    events = [e for e in prof.events() if e.device_time is not None]  # (µs)
-    return sum(e.device_time for e in events) / repeats, sorted({e.name.removeprefix("netcl_") for e in events})
+    kernels: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_time is not None:  # (µs)
+            name = event.name.removeprefix("netcl_")
+            kernels[name] = kernels.get(name, 0.0) + event.device_time / repeats
+    return sum(kernels.values()), [f"{name} {us:.1f}" for name, us in sorted(kernels.items())]
 
 
 def layer_passes(
@@ -126,6 +130,7 @@ def parse_arguments(doc: str, networks: bool = False) -> argparse.Namespace:
     if networks:
         parser.add_argument("--model", choices=["8", "18"], default="8")
         parser.add_argument("--paths", action="store_true")
+        parser.add_argument("--layers", help="comma-separated layer names to time (default: all)")
     return parser.parse_args()
 
 
@@ -142,6 +147,8 @@ def main() -> None:
     print(f"{device.name}, precision {args.precision}, batch {n}: µs a call")
     print(f"{'layer':8} {'count':>5} {'pass':9} {'netcl':>9} {'cuDNN':>9} {'ratio':>6}  kernels")
     layers = LAYERS18 if args.model == "18" else [(*layer, 1) for layer in LAYERS]
+    if args.layers:
+        layers = [layer for layer in layers if layer[0] in args.layers.split(",")]
     for name, *sizes, count in layers:
         passes = layer_passes(torch, device, rng, n, *sizes, paths=args.paths)
         for pass_name, (ours, theirs) in passes.items():
@@ -151,7 +158,7 @@ def main() -> None:
                 totals["netcl"] += mine * count
                 totals["cudnn"] += peer * count
             print(
-                f"{name:8} {count:5} {pass_name:9} {mine:9.1f} {peer:9.1f} {mine / peer:6.2f}  {','.join(kernels)}",
+                f"{name:8} {count:5} {pass_name:9} {mine:9.1f} {peer:9.1f} {mine / peer:6.2f}  {', '.join(kernels)}",
                 flush=True,
             )
     print(f"all passes of the network: netcl {totals['netcl']:,.0f} µs, cuDNN {totals['cudnn']:,.0f} µs")

@@ -62,7 +62,7 @@ def main() -> None:
         for algorithm, run in runs.items():
             us, kernels = netcl_us(device, run, args.repeats)
             difference = np.abs(run().to_host() - reference).max()
-            print(f"{name:6} {algorithm:13} {us:8.1f} ({difference:.1e})  {','.join(kernels)}", flush=True)
+            print(f"{name:6} {algorithm:13} {us:8.1f} ({difference:.1e})  {', '.join(kernels)}", flush=True)
         print(f"{name:6} {'cuDNN':13} {time_cuda(torch, cudnn, args.repeats).median_ms * 1e3:8.1f}", flush=True)
 
 

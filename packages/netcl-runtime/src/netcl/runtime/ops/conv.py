@@ -135,8 +135,8 @@ _IM2COL_LAYOUT = """{pragmas}
 __kernel void netcl_{name}(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
     const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
     const {idx} L = ({idx})OH * OW;
-    if (l >= L) return;
-    const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj): uniform in a work-group */
+    const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj) */
+    if (l >= L || row >= ({idx})C * KH * KW) return;
     const {idx} b = ({idx})get_global_id(2);
     const {idx} kj = row % KW;
     const {idx} ki = (row / KW) % KH;
@@ -264,12 +264,15 @@ def _prepare_layout(
 
     bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values, *extra])}
     resolved = get_kernel(("layers", name, st, idx), dst.device, source, f"netcl_{name}", types)
-    if name.startswith("im2col"):  # one work-group row per (image, c, ki, kj): its divisions are uniform
+    if name.startswith("im2col"):  # a work-group spans output pixels of one image, and rows (c, ki, kj)
         grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
         if min(grid) <= 0:
             return lambda *raw: None
         local = min(resolved.max_local, pow2_ceil(grid[0]))
-        sizes: tuple = ((round_up(grid[0], local), grid[1], grid[2]), (local, 1, 1))
+        # ``_IM2COL_CPU`` keeps one row a group (its divisions uniform); the others take as many rows as fill the
+        # group: one row of a small image (16 pixels of a 4x4 one) a group makes more groups than a GPU launches fast
+        rows = 1 if name == "im2col_cpu" else max(1, min(resolved.max_local // local, pow2_ceil(grid[1])))
+        sizes: tuple = ((round_up(grid[0], local), round_up(grid[1], rows), grid[2]), (local, rows, 1))
     else:
         if dst.size <= 0:
             return lambda *raw: None
