@@ -3,7 +3,8 @@
 ``python benchmarks/resnet_conv_passes.py [--precision highest|high] [--batch 128] [--repeats 20] [--model 8|18]
 [--paths] [--layers NAME,...]``: for every distinct convolution (or those ``--layers`` names) of
 ``examples/resnet.py``'s ResNet-8 (32x32 inputs; the stem, each block's two 3x3 layers and its 1x1 shortcut) or
-ResNet-18 (``--model 18``; the count column says how many layers of the network share the row's shape) the forward, the weight gradient and (but for the stem) the input gradient.
+ResNet-18 (``--model 18``; the count column says how many layers of the network share the row's shape) the forward,
+the weight gradient and (but for the stem) the input gradient.
 ``--paths`` times each layer's forward and input gradient as products of stored operands too (``gemm_forward``,
 ``gemm_backward_input`` as one product and per image), and each 3x3 stride-1 pass as Winograd (``winograd=True``)
 and as the implicit GEMM (``winograd=False``), beside the path netcl picks. netcl's figure is the
