@@ -131,8 +131,12 @@ class ConvGeometry:
         return twin
 
 
-_IM2COL_LAYOUT = """{pragmas}
-__kernel void netcl_{name}(__global const {st}* x, __global {st}* cols, const {idx} n, {geometry}) {{
+#: The gather of ``im2col`` and ``im2col_rows``: each work-item copies one window tap of one output pixel. ``{column}``:
+#: the row of ``cols`` holding tap ``row`` of image ``b``; the sizes are kernel arguments in ``{params}``
+#: (``_IM2COL``: shape-generic) or ``#define``d by ``{sizes}`` (``_IM2COL_ROWS``: one program per layer, its divisions
+#: by constants).
+_IM2COL_LAYOUT = """{pragmas}{sizes}
+__kernel void netcl_{name}(__global const {st}* x, __global {st}* cols{params}) {{
     const {idx} l = ({idx})get_global_id(0);  /* output pixel oh * OW + ow */
     const {idx} L = ({idx})OH * OW;
     const {idx} row = ({idx})get_global_id(1);  /* (c, ki, kj) */
@@ -171,13 +175,19 @@ __kernel void netcl_im2col_cpu(__global const {st}* x, __global {st}* cols, cons
 """
 _IM2COL_CPU_DIVISORS = ("KW", "KH", "OW")
 
-#: ``im2col``'s kernel: cols (N, C*KH*KW, OH*OW), the receptive fields of each image.
-_IM2COL = _IM2COL_LAYOUT.replace("{name}", "im2col").replace("{column}", "(b * C * KH * KW + row)")
+#: ``im2col``'s kernel: cols (N, C*KH*KW, OH*OW), the receptive fields of each image, every size an argument.
+_IM2COL = (
+    _IM2COL_LAYOUT.replace("{sizes}", "")
+    .replace("{name}", "im2col")
+    .replace("{params}", ", const {idx} n, {geometry}")
+    .replace("{column}", "(b * C * KH * KW + row)")
+)
 
-#: ``im2col_rows``'s kernel: cols (C*KH*KW, N*OH*OW), one product's rows: every image's pixels of a tap in one row
-#: (the grid's third size is N).
-_IM2COL_ROWS = _IM2COL_LAYOUT.replace("{name}", "im2col_rows").replace(
-    "{column}", "(row * ({idx})get_global_size(2) + b)"
+#: ``im2col_rows``'s kernel: cols (C*KH*KW, N*OH*OW), one product's rows (every image's pixels of a tap in one row),
+#: the layer's sizes constants (with them as arguments, its divisions by them per element, the kernel moved ResNet-18's
+#: 32x32 layer's columns at a fifth of an H200's copy bandwidth).
+_IM2COL_ROWS = (
+    _IM2COL_LAYOUT.replace("{name}", "im2col_rows").replace("{params}", "").replace("{column}", "(row * N + b)")
 )
 
 #: The gather of ``col2im`` and ``gemm_backward_input``: each input pixel sums the column entries of the taps that
@@ -264,15 +274,11 @@ def _prepare_layout(
 
     bound = {2 + i: int(v) for i, v in enumerate([dst.size, *geo.values, *extra])}
     resolved = get_kernel(("layers", name, st, idx), dst.device, source, f"netcl_{name}", types)
-    if name.startswith("im2col"):  # a work-group spans output pixels of one image, and rows (c, ki, kj)
-        grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
-        if min(grid) <= 0:
+    if name.startswith("im2col"):
+        grid = _im2col_grid(geo, resolved.max_local, several_rows=name != "im2col_cpu")
+        if grid is None:
             return lambda *raw: None
-        local = min(resolved.max_local, pow2_ceil(grid[0]))
-        # ``_IM2COL_CPU`` keeps one row a group (its divisions uniform); the others take as many rows as fill the
-        # group: one row of a small image (16 pixels of a 4x4 one) a group makes more groups than a GPU launches fast
-        rows = 1 if name == "im2col_cpu" else max(1, min(resolved.max_local // local, pow2_ceil(grid[1])))
-        sizes: tuple = ((round_up(grid[0], local), round_up(grid[1], rows), grid[2]), (local, rows, 1))
+        sizes: tuple = grid
     else:
         if dst.size <= 0:
             return lambda *raw: None
@@ -292,12 +298,48 @@ def im2col_rows(x: Tensor, geo: ConvGeometry) -> Tensor:
     """x (N, C, H, W) -> cols (C*KH*KW, N*OH*OW), the layout of one product over the batch (OpenCL devices)."""
     shape = (geo.C * geo.KH * geo.KW, geo.N * geo.OH * geo.OW)
     dst = Tensor.empty(shape, x.dtype, x.device)
-    key = ("im2col_rows", dst.device, dst.dtype, x.size, dst.size, geo.N, *geo.values)
+    key = ("im2col_rows", dst.device, dst.dtype, geo)
     call = _LAYOUTS.plans.get(key)
     if call is None:
-        call = _LAYOUTS.keep(key, _prepare_layout(_IM2COL_ROWS, "im2col_rows", geo, x.size, dst, cpu_variant=False))
+        call = _LAYOUTS.keep(key, _prepare_im2col_rows(geo, x.size, dst))
     call(x.data, dst.data)
     return dst
+
+
+def _prepare_im2col_rows(geo: ConvGeometry, x_size: int, dst: Tensor) -> Callable[..., None]:
+    """The launch of ``_IM2COL_ROWS`` for this layer (x and cols passed per call)."""
+    idx = index_ctype(x_size, dst.size)
+    st = storage_ctype(dst.dtype)
+    sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
+
+    def source() -> str:
+        return _IM2COL_ROWS.format(
+            pragmas=pragmas([dst.dtype]),
+            sizes="".join(f"\n#define {name} {value}" for name, value in sizes.items()),
+            st=st,
+            idx=idx,
+        )
+
+    resolved = get_kernel(
+        ("layers", "im2col_rows", st, idx, geo.key), dst.device, source, "netcl_im2col_rows", [None, None]
+    )
+    grid = _im2col_grid(geo, resolved.max_local, several_rows=True)
+    if grid is None:
+        return lambda *raw: None
+    return PreparedLaunch.binding(resolved.kernel, *grid, {}, dst.device.queue).call
+
+
+def _im2col_grid(geo: ConvGeometry, max_local: int, several_rows: bool) -> tuple[tuple, tuple] | None:
+    """(global, local) sizes of an im2col kernel: output pixels, rows (c, ki, kj), images; a work-group spans output
+    pixels of one image and, where ``several_rows``, as many rows as fill it (else one: ``_IM2COL_CPU``'s divisions
+    stay uniform in a group; one row of a small image, 16 pixels of a 4x4 one, a group makes more groups than a GPU
+    launches fast). None for an empty grid."""
+    grid = (geo.OH * geo.OW, geo.C * geo.KH * geo.KW, geo.N)
+    if min(grid) <= 0:
+        return None
+    local = min(max_local, pow2_ceil(grid[0]))
+    rows = max(1, min(max_local // local, pow2_ceil(grid[1]))) if several_rows else 1
+    return (round_up(grid[0], local), round_up(grid[1], rows), grid[2]), (local, rows, 1)
 
 
 @backend_op(_TWINS)
