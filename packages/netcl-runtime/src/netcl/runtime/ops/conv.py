@@ -23,8 +23,8 @@ On a GPU the forward and the input gradient of each layer these paths take are m
 forward as ``w @`` x's receptive fields laid out as one product's rows (``gemm_forward``), the input gradient as a
 product, then a gather (``gemm_backward_input``); where the column buffer fits. Winograd is a candidate there where
 it applies (and the choice without a measurement). Where a layer's images are small and its channels many, the
-product of stored operands wins: its GEMM loads 16 bytes at a time where the implicit GEMM loads through the im2col
-addresses, and Winograd's transforms cost more than they save.
+product of stored operands can win: its GEMM loads 16 bytes at a time where the implicit GEMM loads through the im2col
+addresses, and Winograd's transforms cost more than they save (benchmarks/RESULTS.md, "Thirty-fourth session").
 
 The path below serves everything else: groups > 1, float16 (amp) and the NumPy backend; ``implicit=False`` forces
 it (benchmarks compare the two).
@@ -184,8 +184,8 @@ _IM2COL = (
 )
 
 #: ``im2col_rows``'s kernel: cols (C*KH*KW, N*OH*OW), one product's rows (every image's pixels of a tap in one row),
-#: the layer's sizes constants (with them as arguments, its divisions by them per element, the kernel moved ResNet-18's
-#: 32x32 layer's columns at a fifth of an H200's copy bandwidth).
+#: the layer's sizes constants (as arguments, its divisions by them per element held it to a fifth of an H200's copy
+#: bandwidth: benchmarks/RESULTS.md, "Thirty-fourth session").
 _IM2COL_ROWS = (
     _IM2COL_LAYOUT.replace("{name}", "im2col_rows").replace("{params}", "").replace("{column}", "(row * N + b)")
 )
