@@ -390,6 +390,40 @@ def test_a_strided_input_gradient_searches_the_gather_path_only_where_its_column
     assert conv._gpu_algorithm("dx", True, g, w, 1, geo, 16, 0, None) == ("searched" if searched else "implicit")
 
 
+@pytest.mark.parametrize("kind", ["fwd", "dx"])
+def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_without_a_search(
+    cl_device, kind, monkeypatch
+):
+    """``_gpu_algorithm`` on a GPU for a layer Winograd F(4x4) takes: Winograd among the candidates, under a key of its
+    own (the tile appended), and the choice where nothing is measured; a stored choice this version does not offer
+    is refused (searched again); off GPUs Winograd without a search."""
+    from netcl.runtime import tune
+
+    x = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
+    w = nc.tensor(np.zeros((16, 16, 3, 3), np.float32), device=cl_device)
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    if not cl_device.is_gpu:
+        assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3") == "winograd"
+    monkeypatch.setattr(type(cl_device), "is_gpu", property(lambda self: True))
+    asked = []
+
+    def select(device, key, candidates, default, trial, encode, decode, **kwargs):
+        asked.append((key, list(candidates), default, decode))
+        return default
+
+    monkeypatch.setattr(tune, "select", select)
+    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3") == "winograd"
+    ((key, candidates, default, decode),) = asked
+    assert key.startswith(f"conv-{kind}-algorithm|") and key.endswith("|winograd 4")
+    assert candidates == list(conv._ALGORITHMS[kind]) and default == "winograd"
+    assert decode({"algorithm": "implicit"}) == "implicit"
+    with pytest.raises(ValueError, match="unknown"):
+        decode({"algorithm": "fft"})
+    asked.clear()
+    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 0, None) == "implicit"  # no Winograd: not a candidate
+    assert "winograd" not in asked[0][1] and "|winograd" not in asked[0][0]
+
+
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
     """A 1x1 window at stride 2 reaches only even pixels, a dilated window's taps do not fall in classes: one
     product over every tap, as at stride 1."""
