@@ -352,8 +352,8 @@ def col2im(cols: Tensor, geo: ConvGeometry) -> Tensor:
 def gemm_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry) -> Tensor:
     """conv2d (groups 1, OpenCL devices) as one product of stored operands: ``w (O, C*KH*KW) @`` x's receptive
     fields laid out as rows (``im2col_rows``, (C*KH*KW, N*OH*OW)), the result's images moved in front of its channels
-    by a copy, then the bias (O,) added where given. The GEMM, tensor cores included, reads no views: where a layer's
-    images are small and its channels many, this beats the implicit GEMM's loads through the im2col addresses."""
+    by a copy, then the bias (O,) added where given. The GEMM, tensor cores included, reads no views (the implicit
+    GEMM loads through the im2col addresses); which is faster for a layer is measured (``_gpu_algorithm``)."""
     n, o, length = geo.N, int(w.shape[0]), geo.OH * geo.OW
     y_rows = matmul(w.reshape(o, geo.C * geo.KH * geo.KW), im2col_rows(x, geo))  # (O, N*L)
     y = transpose(y_rows.reshape(o, n, length), (1, 0, 2)).reshape(n, o, geo.OH, geo.OW)
@@ -630,12 +630,13 @@ class _AlgorithmTrial:
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
         x, w, g = operands.get("x"), operands.get("w"), operands.get("g")
-        if algorithm == "winograd":
+        if algorithm == "winograd":  # a candidate of the forward's and the input gradient's searches
             tile = self.tile
-            if self.kind == "fwd":
-                return at_matmul_precision(self.products, lambda: conv_winograd.forward(x, w, None, geo, tile))
-            if self.kind == "dx":
-                return at_matmul_precision(self.products, lambda: conv_winograd.backward_input(g, w, geo, None, tile))
+            run = {
+                "fwd": lambda: conv_winograd.forward(x, w, None, geo, tile),
+                "dx": lambda: conv_winograd.backward_input(g, w, geo, None, tile),
+            }[self.kind]
+            return at_matmul_precision(self.products, run)
         if algorithm in ("gemm", "batched-gemm"):
             if self.kind == "fwd":
                 return lambda: gemm_forward(x, w, None, geo)
@@ -885,13 +886,13 @@ def _gradient(
     paths: dict[str, Callable[..., Any]],
 ) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
-    as ``run(a, b, addend) -> result``, by the first path that runs it: Winograd (``paths["winograd"](tile,
-    products)`` makes its run), one batched product of a 1x1 layer (``paths["pointwise"]``, where given), a strided
-    input gradient's product of stored operands and gather where measured faster on a GPU (``_gpu_algorithm``, which
-    may pick Winograd, the implicit GEMM or this; ``paths["gemm"](batched)`` makes its run, the addend summed in its
-    gather), the implicit GEMM
-    (``paths["implicit"]``, the addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no
-    addend); where a path cannot take the addend it is added by an ``add``."""
+    as ``run(a, b, addend) -> result``: one batched product of a 1x1 layer (``paths["pointwise"]``, where given);
+    Winograd where asked for; where ``paths`` has "gemm" (the input gradient) the path ``_gpu_algorithm`` measured
+    on a GPU, Winograd, the implicit GEMM or the product of stored operands and gather (``paths["gemm"](batched)``
+    makes its run, the addend summed in its gather), else Winograd where it applies (``paths["winograd"](tile,
+    products)`` makes its run); then the implicit GEMM (``paths["implicit"]``, the addend summed in its store in
+    float32), else im2col (``paths["im2col"]``, taking no addend). Where a path cannot take the addend it is added
+    by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
