@@ -609,6 +609,25 @@ def test_an_algorithm_trial_makes_only_the_operands_its_pass_reads(cl_device, ki
     assert set(trial.scratch[1]) == set(conv._TRIAL_OPERANDS[kind])
 
 
+@pytest.mark.parametrize("kind", ["fwd", "dx"])
+def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, monkeypatch):
+    """``conv._AlgorithmTrial("winograd")`` of a 3x3 stride-1 layer runs its pass by Winograd F(tile x tile) on
+    its scratch operands (uniform values in [-1, 1), sums of 16*3*3 products; against float64, atol 1e-4)."""
+    ran = _paths_spied(monkeypatch)
+    geo = conv.check_conv2d((2, 16, 6, 6), (16, 16, 3, 3), None, 1, 1, 1, 1)
+    trial = conv._AlgorithmTrial(cl_device, geo, 16, kind, np.dtype(np.float32), whole=True, tile=2)
+    with R.matmul_precision("highest"):
+        got = trial("winograd")().to_host()
+    one, operands = trial.scratch
+    w64 = operands["w"].to_host().astype(np.float64)
+    if kind == "fwd":
+        expected = _forward_float64(operands["x"].to_host().astype(np.float64), w64, np.zeros(16), one)
+    else:
+        expected = _input_gradient_float64(operands["g"].to_host().astype(np.float64), w64, one)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert ran == ["winograd"]
+
+
 def test_strided_copy_bounds_are_checked(device):
     x = nc.tensor(np.arange(6, dtype=np.float32), device=device)
     with pytest.raises(IndexError, match=r"reaches flat positions \[-1, 3\] outside a tensor of 6 elements"):
