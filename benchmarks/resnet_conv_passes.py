@@ -7,7 +7,8 @@ ResNet-18 (``--model 18``; the count column says how many layers of the network 
 the weight gradient and (but for the stem) the input gradient.
 ``--paths`` times each layer's forward and input gradient as products of stored operands too (``gemm_forward``,
 ``gemm_backward_input`` as one product and per image), and each 3x3 stride-1 pass as Winograd (``winograd=True``)
-and as the implicit GEMM (``winograd=False``), beside the path netcl picks. netcl's figure is the
+and without it (``winograd=False``: the implicit GEMM, or on a GPU the searched choice among the other paths), beside
+the path netcl picks. netcl's figure is the
 summed device time of every kernel the pass launches (``netcl.profiler``: a split product's sum included, the
 host's gaps between them not), cuDNN's the median of CUDA events around each ``torch.nn.functional.conv2d`` /
 ``aten.convolution_backward`` call in benchmark mode (``measure.time_cuda``); both in µs a call.
@@ -84,7 +85,7 @@ def layer_passes(
     """pass name -> (netcl's call, cuDNN's call) of one layer on random operands (no input gradient for a layer
     of 3 input channels, the stem); with ``paths``, the forward and input gradient also as products of stored
     operands ("fwd/gemm", "dx/gemm", "dx/bgemm") and a 3x3 stride-1 layer's passes as Winograd ("fwd/wino", ...)
-    and as the implicit GEMM ("fwd/igemm", ...)."""
+    and without it ("fwd/igemm", ...: the implicit GEMM, or what the search picks among the other paths)."""
     pad = 1 if k == 3 else 0
     x_host = rng.standard_normal((n, c, side, side)).astype(np.float32)
     w_host = (rng.standard_normal((o, c, k, k)) * 0.1).astype(np.float32)
@@ -123,7 +124,7 @@ def layer_passes(
 
 def parse_arguments(doc: str, networks: bool = False) -> argparse.Namespace:
     """``--precision``, ``--batch`` and ``--repeats`` of a per-layer script whose help is ``doc`` (with
-    ``networks``, ``--model`` and ``--paths`` too)."""
+    ``networks``, ``--model``, ``--paths`` and ``--layers`` too)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=["highest", "high"], default="highest")
     parser.add_argument("--batch", type=int, default=128)
