@@ -64,7 +64,8 @@ def test_long_reductions(device: nc.Device, shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "axis"), [((6, 5, 70), (0, 2)), ((64, 8, 4, 4), (0, 2, 3)), ((3, 4, 5, 6, 7), (0, 2, 4))]
+    ("shape", "axis"),
+    [((6, 5, 70), (0, 2)), ((64, 8, 4, 4), (0, 2, 3)), ((16, 8, 8, 8), (0, 2, 3)), ((3, 4, 5, 6, 7), (0, 2, 4))],
 )
 def test_axes_split_by_kept_ones(device: nc.Device, shape: tuple[int, ...], axis: tuple[int, ...]) -> None:
     """Reduced axes with kept ones between them (a bias gradient's (N, C, H, W) over N, H and W; on CPU devices
@@ -79,6 +80,22 @@ def test_axes_split_by_kept_ones(device: nc.Device, shape: tuple[int, ...], axis
     np.testing.assert_array_equal(ops.min(t, axis=axis).to_host(), x64.min(axis=axis))
     x[(0,) * x.ndim] = np.nan
     np.testing.assert_array_equal(ops.max(nc.tensor(x, device=device), axis=axis).to_host(), np.max(x, axis=axis))
+
+
+@pytest.mark.parametrize(("side", "mode"), [((8, 8), "serial"), ((5, 13), "tree")])
+def test_a_cpu_device_sums_runs_of_up_to_64_elements_one_work_item_each(cl_device, side, mode) -> None:
+    """On a CPU device the innermost run of a bias gradient's sum over N, H and W is summed one work-item a run
+    ("serial") up to 64 elements (an 8x8 image), by a work-group's tree from 65 on (5x13): against float64."""
+    from netcl.runtime.ops import reduce
+
+    if cl_device.is_gpu:
+        pytest.skip("GPUs sum runs of more than 16 elements by a tree")
+    x = _data((16, 8, *side), seed=9)
+    x64 = x.astype(np.float64)
+    _close(ops.sum(nc.tensor(x, device=cl_device), (0, 2, 3)), x64.sum(axis=(0, 2, 3)), np.abs(x64).sum(axis=(0, 2, 3)))
+    run = side[0] * side[1]
+    modes = {key[1] for key in reduce._STAGES if key[3] == ((run, 1),) and key[-1] == cl_device}
+    assert modes == {mode}
 
 
 def test_large_sum_is_accurate(device: nc.Device) -> None:

@@ -11,11 +11,12 @@ work-group instead takes 32 neighbouring outputs x 8 lanes along the reduced axe
 and the tree runs over the 8 lanes. When an output needs several chunks, the partials go to a scratch tensor
 that the next stage reduces the same way; in the "cols" scheme, the last work-group of each block of 32
 outputs to finish sums that block's partials inside the same launch instead, where they are at most
-``COL_CHUNK`` (a ticket counter a block, no second launch). A float32 sum of n elements thus adds at most
-~16 terms serially per stage and log2 terms in every tree, so its error grows like log(n) rather than n.
-Reductions of at most ``SERIAL_MAX`` elements into several outputs use one thread per output (a short loop
-beats a tree there). On CPU devices, reduced axes with kept ones between them and the last of them innermost
-(a bias gradient's N, H and W) reduce that innermost run first, then the rest.
+``COL_CHUNK`` (a ticket counter a block, no second launch). Reductions of at most ``SERIAL_MAX`` elements
+(``SERIAL_MAX_CPU`` on CPU devices) into several outputs use one thread per output (a short loop beats a tree
+there). A float32 sum of n elements thus adds at most ~16 terms (64 on CPU devices) serially per stage and log2
+terms in every tree, so its error grows like log(n) rather than n. On CPU devices, reduced axes with kept ones
+between them and the last of them innermost (a bias gradient's N, H and W) reduce that innermost run first, then
+the rest.
 
 Programs are shape-generic: sizes, strides, chunk counts and the tree's work-group size are
 kernel arguments, so a program is built once per (op, mode, number of kept/reduced axes after
@@ -64,6 +65,9 @@ _TWINS = "netcl.runtime.numpy_twins.reduce"
 PER_THREAD = 16
 CHUNK = MAX_LOCAL * PER_THREAD
 SERIAL_MAX = 16
+#: ``SERIAL_MAX`` on CPU devices, where a work-group runs as a loop over its work-items and a tree's barriers split
+#: that loop: one work-item per output up to 64 elements (benchmarks/RESULTS.md, "Thirty-fourth session").
+SERIAL_MAX_CPU = 64
 COLS, ROWS = 32, 8  # "cols" work-group: 32 neighbouring outputs x 8 lanes along the reduced axis
 COL_CHUNK = ROWS * PER_THREAD
 COLS_MIN = 8
@@ -234,9 +238,11 @@ def _reduce_cl(
         K *= d
     for d, _ in reduced:
         R *= d
-    if R <= SERIAL_MAX and K > 1:  # one output takes the tree below: the same program as a longer sum
+    gpu = device.is_gpu
+    short = R <= SERIAL_MAX or (not gpu and R <= SERIAL_MAX_CPU)
+    if short and K > 1:  # one output takes the tree below: the same program as a longer sum
         return _launch_stage(op, x, kept, reduced, acc, out, scale, device, "serial", chunks=1, local=1, addend=addend)
-    if len(reduced) > 1 and reduced[-1][1] == 1 and not device.is_gpu:
+    if len(reduced) > 1 and reduced[-1][1] == 1 and not gpu:
         return _innermost_first(op, x, kept, reduced, acc, out, scale, device, addend)
     if kept and kept[-1][1] == 1 and kept[-1][0] >= COLS_MIN:
         # Outputs are contiguous in memory: neighbouring threads take neighbouring outputs.
