@@ -6,7 +6,7 @@ stride-2 convolution of ``examples/resnet.py``'s ResNet-8, the input gradient by
 product per image ("batched-gemm"), each with its kernels' device times (µs a call, ``resnet_conv_passes.netcl_us``),
 the largest difference of each against the implicit GEMM, and cuDNN's ``aten.convolution_backward`` (median of
 per-call CUDA events, ``measure.time_cuda``). These are the candidates of the layer's search
-(``conv._dx_algorithm``). Needs an NVIDIA GPU and torch with CUDA; results in benchmarks/RESULTS.md ("Thirty-third
+(``conv._gpu_algorithm``). Needs an NVIDIA GPU and torch with CUDA; results in benchmarks/RESULTS.md ("Thirty-third
 session").
 """
 
