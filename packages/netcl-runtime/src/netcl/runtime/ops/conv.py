@@ -310,15 +310,9 @@ def _prepare_im2col_rows(geo: ConvGeometry, x_size: int, dst: Tensor) -> Callabl
     """The launch of ``_IM2COL_ROWS`` for this layer (x and cols passed per call)."""
     idx = index_ctype(x_size, dst.size)
     st = storage_ctype(dst.dtype)
-    sizes = {"N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
 
     def source() -> str:
-        return _IM2COL_ROWS.format(
-            pragmas=pragmas([dst.dtype]),
-            sizes="".join(f"\n#define {name} {value}" for name, value in sizes.items()),
-            st=st,
-            idx=idx,
-        )
+        return _IM2COL_ROWS.format(pragmas=pragmas([dst.dtype]), sizes=_layer_defines(geo), st=st, idx=idx)
 
     resolved = get_kernel(
         ("layers", "im2col_rows", st, idx, geo.key), dst.device, source, "netcl_im2col_rows", [None, None]
@@ -327,6 +321,13 @@ def _prepare_im2col_rows(geo: ConvGeometry, x_size: int, dst: Tensor) -> Callabl
     if grid is None:
         return lambda *raw: None
     return PreparedLaunch.binding(resolved.kernel, *grid, {}, dst.device.queue).call
+
+
+def _layer_defines(geo: ConvGeometry, **more: int) -> str:
+    """``#define`` lines of a layout kernel whose program is one layer's: the batch N, the geometry (C, H, W, KH,
+    ...) and ``more``."""
+    sizes = {**more, "N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
+    return "".join(f"\n#define {name} {value}" for name, value in sizes.items())
 
 
 def _im2col_grid(geo: ConvGeometry, max_local: int, several_rows: bool) -> tuple[tuple, tuple] | None:
@@ -392,12 +393,11 @@ def _prepare_col2im_rows(
     where there is none, passed per call): one work-item per input pixel."""
     idx = index_ctype(cols_size, x.size)
     st, ct = storage_ctype(x.dtype), compute_ctype(x.dtype)
-    sizes = {"n": x.size, "N": geo.N, **{name: getattr(geo, name) for name in _GEOMETRY}}
 
     def source() -> str:
         return _COL2IM_ROWS.format(
             pragmas=pragmas([x.dtype]),
-            sizes="".join(f"\n#define {name} {value}" for name, value in sizes.items()),
+            sizes=_layer_defines(geo, n=x.size),
             params=f", __global const {st}* addend",
             column="(b * C * KH * KW + row)" if batched else "(row * N + b)",
             unroll="#pragma unroll\n    ",
