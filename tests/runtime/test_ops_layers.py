@@ -396,7 +396,7 @@ def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_
 ):
     """``_gpu_algorithm`` on a GPU for a layer Winograd F(4x4) takes: Winograd among the candidates, under a key of its
     own (the tile appended), and the choice where nothing is measured; a stored choice this version does not offer
-    is refused (searched again); off GPUs Winograd without a search."""
+    is refused (searched again); off GPUs, and where the caller asked for Winograd, Winograd without a search."""
     from netcl.runtime import tune
 
     x = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
@@ -420,6 +420,8 @@ def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_
     with pytest.raises(ValueError, match="unknown"):
         decode({"algorithm": "fft"})
     asked.clear()
+    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3", True) == "winograd"  # asked for
+    assert asked == []
     assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 0, None) == "implicit"  # no Winograd: not a candidate
     assert "winograd" not in asked[0][1] and "|winograd" not in asked[0][0]
 

@@ -547,19 +547,22 @@ _COLUMNS_SHARE = 1 / 16
 
 def _gpu_algorithm(
     kind: str, implicit: bool, a: Tensor, b: Tensor, groups: int, geo: ConvGeometry, out_ch: int, tile: int,
-    products: str | None,
+    products: str | None, asked: bool = False,
 ) -> str:  # fmt: skip
     """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w)
-    of a layer on a GPU, Winograd F(``tile`` x ``tile``) a candidate where ``tile`` (its products at ``products``):
-    measured at the layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the
-    device time of each path's kernels, and stored like a tile search (``tune.select``). Without a measurement
-    (``NETCL_TUNE=0``, deterministic algorithms), off GPUs and where the columns would take more than
-    ``_COLUMNS_SHARE`` of the device's memory: Winograd where ``tile``, else the implicit GEMM."""
+    of a layer, Winograd F(``tile`` x ``tile``) a candidate where ``tile`` (its products at ``products``), and the
+    choice without a search where the caller ``asked`` for it (``winograd=True``, 2 or 4). On a GPU: measured at the
+    layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the device time of
+    each path's kernels, and stored like a tile search (``tune.select``). Without a measurement (``NETCL_TUNE=0``,
+    deterministic algorithms), off GPUs and where the columns would take more than ``_COLUMNS_SHARE`` of the
+    device's memory: Winograd where ``tile``, else the implicit GEMM."""
     from netcl.runtime import tune
 
     fallback = "winograd" if tile else "implicit"
     device = a.device
-    if not implicit or groups != 1 or not device.is_gpu or not conv_implicit.supports(a, b, None, groups):
+    if (tile and asked) or not implicit or groups != 1 or not device.is_gpu:
+        return fallback
+    if not conv_implicit.supports(a, b, None, groups):
         return fallback
     columns = geo.C * geo.KH * geo.KW * geo.N * geo.OH * geo.OW * a.dtype.itemsize
     if columns > min(device.max_alloc_size, device.global_mem_size * _COLUMNS_SHARE):
@@ -792,10 +795,7 @@ def _forward_plan(
     )
     if _pointwise(implicit, x, w, groups, geo):
         return lambda x, w, b: _pointwise_forward(x, w, b, geo)
-    # Winograd where asked for, else the measured choice on a GPU (Winograd where it applies without one)
-    algorithm = "winograd" if tile and winograd is not None else _gpu_algorithm(
-        "fwd", implicit, x, w, groups, geo, out_ch, tile, products
-    )  # fmt: skip
+    algorithm = _gpu_algorithm("fwd", implicit, x, w, groups, geo, out_ch, tile, products, winograd is not None)
     if algorithm == "winograd":
         return at_matmul_precision(products, lambda x, w, b: conv_winograd.forward(x, w, b, geo, tile))
     if algorithm == "gemm":
@@ -897,10 +897,10 @@ def _gradient(
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"]
-    if (tile and winograd is not None) or "gemm" not in paths:  # Winograd asked for, or a pass without a search
-        algorithm = "winograd" if tile else "implicit"
+    if "gemm" in paths:  # the input gradient: searched (Winograd where asked for)
+        algorithm = _gpu_algorithm(kind, implicit, a, b, groups, geo, out_ch, tile, products, winograd is not None)
     else:
-        algorithm = _gpu_algorithm(kind, implicit, a, b, groups, geo, out_ch, tile, products)
+        algorithm = "winograd" if tile else "implicit"
     if algorithm == "winograd":
         return paths["winograd"](tile, products)
     if algorithm != "implicit":
