@@ -21,6 +21,7 @@ import netcl.core as nc
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops import conv, conv_implicit, conv_winograd
 from netcl.runtime.ops._common import clear_kernel_memo
+from netcl.runtime.ops.call_plans import clear_plans
 from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precision
 from tests.autograd.helpers import raises_before_launch
 
@@ -199,7 +200,8 @@ def test_bad_environment_tile_is_an_error(cl_device, monkeypatch):
 
 @pytest.mark.parametrize("tile", [2, 4])
 def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
-    """A new batch, image size or channel count generates no transform source (sizes are arguments)."""
+    """A new batch, image size or channel count generates no transform source (sizes are arguments; on a GPU the
+    tile kernels have a second variant, rows as vectors, for widths a multiple of the tile: built once)."""
     rng = np.random.default_rng(1)
     sources = []
     for part, real in conv_winograd._SOURCES.items():
@@ -213,13 +215,58 @@ def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
         conv_winograd.backward_input(y, w, geo, tile=tile)
         conv_winograd.backward_weight(y, x, geo, tile=tile).to_host()
 
-    clear_kernel_memo()  # the first layer resolves every transform: two weight transforms and four others
-    layer(2, 4, 6)
-    assert len(sources) == 6
+    clear_kernel_memo()  # two weight transforms and four others; on a GPU three more at width 8 (rows as vectors)
+    layer(2, 4, 7)
+    layer(2, 4, 8)
+    assert len(sources) == (9 if conv_winograd.rows_by_vectors(cl_device) else 6)
     sources.clear()
-    for n, c, side in ((3, 4, 9), (1, 5, 7)):
+    for n, c, side in ((3, 4, 9), (1, 5, 12), (2, 3, 16)):
         layer(n, c, side)
     assert sources == []
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeypatch, tile):
+    """The GPUs' variant of the tile kernels (a block row's m columns as one vector load or store,
+    ``rows_by_vectors``), forced on this CPU device: the forward with a bias, both gradients with and without an
+    addend, bit for bit the per-element kernels' results, at layers where rows move as vectors (widths a multiple
+    of m, padding 1: every transform; odd heights) and where some do not (padding 0 and 2, odd widths)."""
+    rng = np.random.default_rng(3)
+
+    def passes() -> list[np.ndarray]:
+        clear_plans()
+        out = []
+        for n, c, o, h, width, pad in ((2, 3, 5, 8, 8, 1), (1, 4, 3, 7, 12, 1), (2, 3, 4, 9, 8, 0), (1, 2, 3, 6, 7, 2)):
+            rs = np.random.default_rng(n * 100 + h * 10 + width)
+            geo = conv.check_conv2d((n, c, h, width), (o, c, 3, 3), (o,), 1, pad, 1, 1)
+            x, w, b, g, ax, aw = (
+                nc.tensor(rs.standard_normal(shape).astype(np.float32), device=cl_device)
+                for shape in ((n, c, h, width), (o, c, 3, 3), (o,), (n, o, geo.OH, geo.OW), (n, c, h, width),
+                              (o, c, 3, 3))
+            )  # fmt: skip
+            out += [conv_winograd.forward(x, w, b, geo, tile).to_host()]
+            for addends in ((None, None), (ax, aw)):
+                out += [conv_winograd.backward_input(g, w, geo, addends[0], tile).to_host()]
+                out += [conv_winograd.backward_weight(g, x, geo, addends[1], tile).to_host()]
+        return out
+
+    per_element = passes()
+    sources = []
+    for part, real in conv_winograd._SOURCES.items():
+        monkeypatch.setitem(conv_winograd._SOURCES, part, lambda *a, _real=real: sources.append(_real(*a)) or sources[-1])
+    monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: True)
+    clear_kernel_memo()
+    by_rows = passes()
+    vectors = f"float{tile}*)"
+    moved = {name for name in ("input", "output", "grad_output") for text in sources
+             if f"netcl_wino_{name}(" in text and vectors in text}  # fmt: skip
+    assert moved == {"input", "output", "grad_output"}, moved
+    assert any(f"netcl_wino_input(" in text and vectors not in text for text in sources)  # padding 0 / 2: per element
+    for got, want in zip(by_rows, per_element, strict=True):
+        np.testing.assert_array_equal(got, want)
+    monkeypatch.undo()
+    clear_kernel_memo()
+    clear_plans()
 
 
 def test_winograd_passes_capture_and_replay(cl_device):

@@ -64,17 +64,21 @@ def _sum(terms: list[tuple[Fraction | int, str]]) -> str:
     return out or "0.0f"
 
 
-def _sandwich(left: list, values: list[list[str]], right: list, store) -> list[str]:
-    """Statements computing ``left @ values @ right^T`` in straight-line code: ``left`` times the
-    value grid into temporaries ``t<i>_<j>``, then each result element handed to ``store(i, j, expr)``."""
+def _sandwich_rows(left: list, values: list[list[str]], right: list) -> tuple[list[str], list[list[str]]]:
+    """``left @ values @ right^T`` in straight-line code: the statements computing ``left`` times the value grid
+    into temporaries ``t<i>_<j>``, and the result's rows of C expressions over them."""
     lines = []
     for i, row in enumerate(left):
         for j in range(len(values[0])):
             lines.append(f"const float t{i}_{j} = {_sum([(row[k], values[k][j]) for k in range(len(values))])};")
-    for i in range(len(left)):
-        for j, row in enumerate(right):
-            lines.append(store(i, j, _sum([(row[k], f"t{i}_{k}") for k in range(len(row))])))
-    return lines
+    rows = [[_sum([(row[k], f"t{i}_{k}") for k in range(len(row))]) for row in right] for i in range(len(left))]
+    return lines, rows
+
+
+def _sandwich(left: list, values: list[list[str]], right: list, store) -> list[str]:
+    """``_sandwich_rows``' statements, then each result element handed to ``store(i, j, expr)``."""
+    lines, rows = _sandwich_rows(left, values, right)
+    return lines + [store(i, j, e) for i, row in enumerate(rows) for j, e in enumerate(row)]
 
 
 def _transposed(matrix: list) -> list:
@@ -127,6 +131,27 @@ def _block_loads(name: str, size: int, rows: str, cols: str, padded: bool) -> tu
     return lines, [[f"{name}{i}_{j}" for j in range(size)] for i in range(size)]
 
 
+def _block_loads_by_rows(name: str, size: int, m: int, rows: str, cols: str, padded: bool) -> list[str]:
+    """``_block_loads``' statements (the same registers, the same values) where each row's columns m * tw ..
+    m * tw + m - 1 lie inside the plane and start 16-byte aligned (``_vector_rows``): those m columns as one
+    vector load, a padded block's first and last column (w0 = m * tw - 1) as scalars."""
+    lead = 1 if padded else 0
+    lines = []
+    for i in range(size):
+        row = f"h0 + {i} >= 0 && h0 + {i} < {rows}" if padded else f"h0 + {i} < {rows}"
+        at = f"(h0 + {i}) * {cols} + w0"
+        lines.append(f"const int row{i} = {row};")
+        lines.append(
+            f"const float{m} {name}{i}v = row{i} ? *(__global const float{m}*)(src + {at} + {lead}) : (float{m})(0.0f);"
+        )
+        lines += [f"const float {name}{i}_{j + lead} = {name}{i}v.s{j};" for j in range(m)]
+        if padded:
+            lines.append(f"const float {name}{i}_0 = (row{i} && w0 >= 0) ? src[{at}] : 0.0f;")
+            edge = size - 1
+            lines.append(f"const float {name}{i}_{edge} = (row{i} && w0 + {edge} < {cols}) ? src[{at} + {edge}] : 0.0f;")
+    return lines
+
+
 def _to_planes(a: int):
     """A ``_sandwich`` store writing result (i, j) to transform position i * a + j of ``out``."""
     return lambda i, j, e: f"out[{i * a + j} * plane] = {e};"
@@ -157,14 +182,17 @@ def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
 
 def _block_source(
     name: str, left: list, size: int, m: int, idx: str, channel: tuple[str, str], plane: tuple[str, str], padded: bool,
-    magic: bool = False,
+    magic: bool = False, rows_as_vectors: bool = False,
 ) -> str:  # fmt: skip
     """A kernel over (tile column p, ``channel`` row) storing ``left @ D @ left^T`` of each tile's
     ``size`` x ``size`` block D of its ``plane`` (rows, columns) image, zero outside it, at the
-    transform positions of a (positions, channels, P) tensor. Buffers: the images, then the output."""
+    transform positions of a (positions, channels, P) tensor. Buffers: the images, then the output.
+    ``rows_as_vectors``: the block's rows loaded by ``_block_loads_by_rows`` (the same values)."""
     (c, channels), (rows, cols) = channel, plane
     src, dst = {"input": ("x", "v"), "grad_output": ("dy", "dm")}[name]
     loads, grid = _block_loads("d", size, rows, cols, padded)
+    if rows_as_vectors:
+        loads = _block_loads_by_rows("d", size, m, rows, cols, padded)
     head = [
         *_tile_head(idx, c, channels, m, padded, magic),
         f"__global const float* src = {src} + (n * {channels} + {c}) * {rows} * {cols};",
@@ -177,8 +205,8 @@ def _block_source(
 
 def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
-    magic = bool(flags.get("MAGIC"))
-    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), padded=True, magic=magic)
+    magic, by_rows = bool(flags.get("MAGIC")), bool(flags.get("ROWS"))
+    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), True, magic, by_rows)
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -194,16 +222,32 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
         at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
         return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; y[at] = {first}({e}){extra}; }}"
 
-    body = _sandwich(at, _from_planes(a), at, store)
+    if flags.get("ROWS"):  # each row's m outputs inside the plane, 16-byte aligned: one vector store (same values)
+        lines, rows = _sandwich_rows(at, _from_planes(a), at)
+        body = lines + [_row_store(i, row, m, idx, extra, bool(flags["ADDEND"])) for i, row in enumerate(rows)]
+    else:
+        body = _sandwich(at, _from_planes(a), at, store)
     buffers = "__global const float* m, __global float* y, __global const float* extra"
     return _kernel("output", buffers, idx, head, body, magic)
+
+
+def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool) -> str:
+    """``_output_source``'s store of output row i as one vector: each element ``(e) + bias``, or under ``addend``
+    the addend's element + (e), as the per-element stores compute them."""
+    at = f"((n * R + r) * OH + h0 + {i}) * OW + w0"
+    if addend:
+        load = f"const float{m} add = *(__global const float{m}*)(extra + at); "
+        values = ", ".join(f"add.s{j} + ({e})" for j, e in enumerate(row))
+    else:
+        load, values = "", ", ".join(f"({e}){bias}" for e in row)
+    return f"if (h0 + {i} < OH) {{ const {idx} at = {at}; {load}*(__global float{m}*)(y + at) = (float{m})({values}); }}"
 
 
 def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     """dM[e, r, p] = (A dY A^T)[e] for the m x m block dY of the upstream gradient at tile p (the
     adjoint of the output transform; zero past the output's edges)."""
-    left, magic = _transposed(MATRICES[m][2]), bool(flags.get("MAGIC"))
-    return _block_source("grad_output", left, m, m, idx, ("r", "R"), ("OH", "OW"), False, magic)
+    left, magic, by_rows = _transposed(MATRICES[m][2]), bool(flags.get("MAGIC")), bool(flags.get("ROWS"))
+    return _block_source("grad_output", left, m, m, idx, ("r", "R"), ("OH", "OW"), False, magic, by_rows)
 
 
 def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -285,6 +329,22 @@ def split_by_magic(device: Device) -> bool:
     return not device.is_gpu
 
 
+def rows_by_vectors(device: Device) -> bool:
+    """Whether the tile kernels move a tile's rows as vectors where the layer allows it (``_row_flags``): on GPUs
+    (fewer, wider memory transactions); a CPU compiler vectorizes across work-items instead, which vector
+    values inside a work-item stop."""
+    return device.is_gpu
+
+
+def _row_flags(device: Device, m: int, cols: int, tiles_across: int, pad: int | None = None) -> dict[str, int]:
+    """``{"ROWS": 1}`` when a tile kernel reading or writing a plane ``cols`` wide may move each block row's m
+    columns m * tw .. m * tw + m - 1 as one vector: every such column inside the plane (``tiles_across`` * m <=
+    cols), rows starting 16-byte aligned (cols % m == 0), and the block starting at column m * tw (an output
+    block: ``pad`` None) or at m * tw - 1 (an input block at padding ``pad`` = 1); else no flag."""
+    ok = rows_by_vectors(device) and cols % m == 0 and tiles_across * m <= cols and pad in (None, 1)
+    return {"ROWS": 1} if ok else {}
+
+
 def _prepared(
     device: Device, part: str, m: int, grid: tuple[int, int], buffers: int, sizes: list[int], flags: dict[str, int],
     idx: str,
@@ -317,9 +377,11 @@ def _prepared_convolve(
     n, h, width = int(src_shape[0]), int(src_shape[2]), int(src_shape[3])
     m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
     sizes_in = [s, h, width, *pads, tiling.th, tiling.tw, count]
-    transform = _prepared(device, "input", m, (count, s), 2, sizes_in, {}, idx)
+    rows_in = _row_flags(device, m, width, tiling.tw, pads[1])
+    transform = _prepared(device, "input", m, (count, s), 2, sizes_in, rows_in, idx)
     weight = _prepared(device, "weight", m, (s, r), 2, [r, s], {"FLIP": int(flip)}, index_ctype(a2 * r * s))
     flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
+    flags |= _row_flags(device, m, tiling.ow, tiling.tw)
     sizes_out = [r, tiling.oh, tiling.ow, tiling.th, tiling.tw, count]
     output = _prepared(device, "output", m, (count, r), 3, sizes_out, flags, idx)
     v_shape, u_shape, y_shape = (a2, s, count), (a2, r, s), (n, r, tiling.oh, tiling.ow)
@@ -346,9 +408,11 @@ def _prepared_weight_grad(
     tiles, the weight-gradient transform (plus the addend when ``addend``)."""
     m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
     sizes_in = [geo.C, geo.H, geo.W, geo.PH, geo.PW, tiling.th, tiling.tw, count]
-    transform = _prepared(device, "input", m, (count, geo.C), 2, sizes_in, {}, idx)
+    rows_in = _row_flags(device, m, geo.W, tiling.tw, geo.PW)
+    transform = _prepared(device, "input", m, (count, geo.C), 2, sizes_in, rows_in, idx)
     sizes_out = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, count]
-    grad_output = _prepared(device, "grad_output", m, (count, out_ch), 2, sizes_out, {}, idx)
+    rows_out = _row_flags(device, m, geo.OW, tiling.tw)
+    grad_output = _prepared(device, "grad_output", m, (count, out_ch), 2, sizes_out, rows_out, idx)
     back_idx = index_ctype(a2 * out_ch * geo.C)
     back = _prepared(device, "weight_grad", m, (geo.C, out_ch), 3, [out_ch, geo.C], {"ADDEND": int(addend)}, back_idx)
     v_shape, dm_shape, dw_shape = (a2, geo.C, count), (a2, out_ch, count), (out_ch, geo.C, 3, 3)
