@@ -185,19 +185,22 @@ def test_tracer_hook_takes_the_call_first(device):
     calls = []
 
     class FakeTracer:
-        def trace(self, op_name, fn, grad_fn, args, attrs):
-            calls.append((op_name, args, attrs))
+        def trace(self, op_name, fn, grad_fn, args, attrs, folds_addends=False):
+            calls.append((op_name, args, attrs, folds_addends))
             return "traced"
 
     x = ag.tensor([1.0], requires_grad=True, device=device)
+    m = ag.tensor([[1.0]], requires_grad=True, device=device)
     ag.set_tracer(FakeTracer())
     try:
         assert ag.add(x, 2.0) == "traced"
         assert ag.sum(x, axis=0) == "traced"
+        assert ag.matmul(m, m) == "traced"
     finally:
         ag.set_tracer(None)
-    assert calls[0] == ("add_scalar_right", (x,), {"scalar": 2.0})
+    assert calls[0] == ("add_scalar_right", (x,), {"scalar": 2.0}, False)
     assert calls[1][0] == "sum" and calls[1][2] == {"axis": 0, "keepdims": False}
+    assert calls[2][0] == "matmul" and calls[2][3] is True  # a product takes the sums of its inputs' other uses
     assert ag.get_tracer() is None
 
 

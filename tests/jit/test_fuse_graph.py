@@ -145,6 +145,52 @@ def test_classifier_step_uses_the_class_loss_kernels(device):
         assert "netcl_softmax_rows" not in names, names
 
 
+class TwoBranch(Head):
+    """``Head`` whose hidden layer feeds two products, summed (a residual block's shape: the hidden layer's
+    gradient is the sum of the two products' input gradients)."""
+
+    def __init__(self, device, seed=0):
+        super().__init__(device, seed)
+        rng = np.random.default_rng(seed + 1)
+        self.w3 = ag.tensor(rng.normal(0, 0.4, (H, K)).astype(np.float32), requires_grad=True, device=device)
+
+    def parameters(self):
+        return [*super().parameters(), self.w3]
+
+    def __call__(self, x):
+        h = ag.tanh(ag.matmul(x, self.w1) + self.b1)
+        return ag.matmul(h, self.w2) + ag.matmul(h, self.w3) + self.b2
+
+
+def test_a_gradient_summed_over_two_products_is_folded_into_the_second_in_a_fused_step(device, monkeypatch):
+    """The op that reaches a tensor's pending gradient second takes it as its addend (summed in its store: no add
+    kernel) inside a fused step's backward as in an eager one: the traced op keeps ``folds_addends``. The step's
+    gradients are the eager step's."""
+    from netcl.autograd import engine
+
+    folded = []
+    real = engine._BoundGrad.__call__
+
+    def spy(self, grad_out, addends=None):
+        if self.op_name == "matmul" and addends is not None:
+            folded.append(any(a is not None for a in addends))
+        return real(self, grad_out, addends)
+
+    monkeypatch.setattr(engine._BoundGrad, "__call__", spy)
+    model, loss_fn = TwoBranch(device), make_loss(device)
+    x0, y0 = batch(0, device)
+    fused = fuse_graph(model, x0, y0, loss_fn)
+    assert folded.count(True) == 1, folded  # the capture's backward: h's gradient from the second product
+    for seed in (1, 2):
+        x, y = batch(seed, device)
+        loss = fused.execute(x, y).item()
+        grads = [p.grad.to_host() for p in model.parameters()]
+        ref_loss, ref_grads = eager_step(model, loss_fn, x, y)
+        np.testing.assert_allclose(loss, ref_loss, rtol=RTOL)
+        for got, ref in zip(grads, ref_grads, strict=True):
+            assert_close(got, ref)
+
+
 def test_optimizer_step_is_captured(device):
     """An SGD update inside the step (in-place runtime ops) replays: parameters move like eager SGD."""
     lr = 0.05

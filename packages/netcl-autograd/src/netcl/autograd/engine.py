@@ -333,6 +333,7 @@ class Tracer(Protocol):
         grad_fn: OpGradFn | None,
         args: tuple[Any, ...],
         attrs: dict[str, Any] | None,
+        folds_addends: bool = False,
     ) -> Any: ...
 
 
@@ -399,7 +400,7 @@ def apply_op(
         op_name = sys._getframe(1).f_code.co_name
     tracer = _local.tracer
     if tracer is not None:
-        return tracer.trace(op_name, fn, grad_fn, args, attrs)
+        return tracer.trace(op_name, fn, grad_fn, args, attrs, folds_addends)
     single = len(args) == 1
     if single:  # most ops take one operand: no comprehension frame
         (first,) = args

@@ -111,7 +111,9 @@ class Plan:
 
 def _run_eager(trace: TraceNode, env: dict[int, Any]) -> Any:
     args = [env[trace.inputs[item].id] if kind == "node" else item for kind, item in trace.arg_layout]
-    return apply_op(trace.fn, trace.grad_fn, *args, op_name=trace.op_name, attrs=trace.attrs)
+    return apply_op(
+        trace.fn, trace.grad_fn, *args, op_name=trace.op_name, attrs=trace.attrs, folds_addends=trace.folds_addends
+    )
 
 
 def _as_node(value: Any) -> Any:

@@ -42,7 +42,10 @@ class TraceNode:
     function closed over) or ``"op"``.
     """
 
-    __slots__ = ("op_name", "inputs", "shape", "dtype", "attrs", "kind", "index", "fn", "grad_fn", "arg_layout", "id")
+    __slots__ = (
+        "op_name", "inputs", "shape", "dtype", "attrs", "kind", "index", "fn", "grad_fn", "folds_addends", "arg_layout",
+        "id",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -61,6 +64,8 @@ class TraceNode:
         self.index = -1
         self.fn: Callable | None = None
         self.grad_fn: Callable | None = None
+        #: ``apply_op``'s flag: ``grad_fn`` takes the gradients already summed for its inputs (``addends=``)
+        self.folds_addends = False
         #: For ops run eagerly: per original argument, ("node", i) into ``inputs`` or ("value", v).
         self.arg_layout: list[tuple[str, Any]] = []
         self.id = -1
@@ -179,9 +184,11 @@ class TracingContext:
 
     # ---- the hook autograd's apply_op calls -------------------------------------------------
     def trace(
-        self, op_name: str | None, fn: Callable, grad_fn: Callable | None, args: tuple, attrs: dict | None
+        self, op_name: str | None, fn: Callable, grad_fn: Callable | None, args: tuple, attrs: dict | None,
+        folds_addends: bool = False,
     ) -> engine.Node:
-        """Record one op; returns a Node whose value is its TraceNode."""
+        """Record one op (``apply_op``'s arguments, ``folds_addends`` kept for the op's eager run); returns a Node
+        whose value is its TraceNode."""
         name = op_name or getattr(fn, "__name__", "op")
         inputs: list[TraceNode] = []
         layout: list[tuple[str, Any]] = []
@@ -209,6 +216,6 @@ class TracingContext:
         else:
             shape, dtype = infer_shape(name, fn, inputs, layout, attrs)
         node = TraceNode(name, inputs, shape, dtype, attrs)
-        node.fn, node.grad_fn, node.arg_layout = fn, grad_fn, layout
+        node.fn, node.grad_fn, node.arg_layout, node.folds_addends = fn, grad_fn, layout, folds_addends
         self._add(node)
         return engine.Node(node, requires_grad=requires_grad and engine.is_grad_enabled(), op_name=name)
