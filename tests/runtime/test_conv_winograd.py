@@ -231,7 +231,6 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
     ``rows_by_vectors``), forced on this CPU device: the forward with a bias, both gradients with and without an
     addend, bit for bit the per-element kernels' results, at layers where rows move as vectors (widths a multiple
     of m, padding 1: every transform; odd heights) and where some do not (padding 0 and 2, odd widths)."""
-    rng = np.random.default_rng(3)
 
     def passes() -> list[np.ndarray]:
         clear_plans()
@@ -253,7 +252,8 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
     per_element = passes()
     sources = []
     for part, real in conv_winograd._SOURCES.items():
-        monkeypatch.setitem(conv_winograd._SOURCES, part, lambda *a, _real=real: sources.append(_real(*a)) or sources[-1])
+        keep = lambda *a, _real=real: sources.append(_real(*a)) or sources[-1]  # noqa: E731
+        monkeypatch.setitem(conv_winograd._SOURCES, part, keep)
     monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: True)
     clear_kernel_memo()
     by_rows = passes()
@@ -261,7 +261,7 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
     moved = {name for name in ("input", "output", "grad_output") for text in sources
              if f"netcl_wino_{name}(" in text and vectors in text}  # fmt: skip
     assert moved == {"input", "output", "grad_output"}, moved
-    assert any(f"netcl_wino_input(" in text and vectors not in text for text in sources)  # padding 0 / 2: per element
+    assert any("netcl_wino_input(" in text and vectors not in text for text in sources)  # padding 0 / 2: per element
     for got, want in zip(by_rows, per_element, strict=True):
         np.testing.assert_array_equal(got, want)
     monkeypatch.undo()

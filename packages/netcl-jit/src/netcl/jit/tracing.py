@@ -184,7 +184,12 @@ class TracingContext:
 
     # ---- the hook autograd's apply_op calls -------------------------------------------------
     def trace(
-        self, op_name: str | None, fn: Callable, grad_fn: Callable | None, args: tuple, attrs: dict | None,
+        self,
+        op_name: str | None,
+        fn: Callable,
+        grad_fn: Callable | None,
+        args: tuple,
+        attrs: dict | None,
         folds_addends: bool = False,
     ) -> engine.Node:
         """Record one op (``apply_op``'s arguments, ``folds_addends`` kept for the op's eager run); returns a Node

@@ -148,7 +148,8 @@ def _block_loads_by_rows(name: str, size: int, m: int, rows: str, cols: str, pad
         if padded:
             lines.append(f"const float {name}{i}_0 = (row{i} && w0 >= 0) ? src[{at}] : 0.0f;")
             edge = size - 1
-            lines.append(f"const float {name}{i}_{edge} = (row{i} && w0 + {edge} < {cols}) ? src[{at} + {edge}] : 0.0f;")
+            last = f"(row{i} && w0 + {edge} < {cols}) ? src[{at} + {edge}] : 0.0f"
+            lines.append(f"const float {name}{i}_{edge} = {last};")
     return lines
 
 
@@ -240,7 +241,8 @@ def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool
         values = ", ".join(f"add.s{j} + ({e})" for j, e in enumerate(row))
     else:
         load, values = "", ", ".join(f"({e}){bias}" for e in row)
-    return f"if (h0 + {i} < OH) {{ const {idx} at = {at}; {load}*(__global float{m}*)(y + at) = (float{m})({values}); }}"
+    store = f"*(__global float{m}*)(y + at) = (float{m})({values});"
+    return f"if (h0 + {i} < OH) {{ const {idx} at = {at}; {load}{store} }}"
 
 
 def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
