@@ -118,9 +118,15 @@ def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool, magi
     ]
 
 
-def _block_loads(name: str, size: int, rows: str, cols: str, padded: bool) -> tuple[list[str], list[list[str]]]:
+def _block_loads(
+    name: str, size: int, m: int, rows: str, cols: str, padded: bool, by_rows: bool
+) -> tuple[list[str], list[list[str]]]:
     """Statements loading the ``size`` x ``size`` block at (h0, w0) of the ``rows`` x ``cols`` plane
-    ``src`` into registers ``<name><i>_<j>`` (zero outside it), and the grid of their names."""
+    ``src`` into registers ``<name><i>_<j>`` (zero outside it), and the grid of their names; ``by_rows``: as
+    ``_block_loads_by_rows`` loads them (the same values)."""
+    grid = [[f"{name}{i}_{j}" for j in range(size)] for i in range(size)]
+    if by_rows:
+        return _block_loads_by_rows(name, size, m, rows, cols, padded), grid
     lines = []
     for i in range(size):
         for j in range(size):
@@ -128,13 +134,13 @@ def _block_loads(name: str, size: int, rows: str, cols: str, padded: bool) -> tu
             if padded:
                 inside = f"h0 + {i} >= 0 && w0 + {j} >= 0 && " + inside
             lines.append(f"const float {name}{i}_{j} = ({inside}) ? src[(h0 + {i}) * {cols} + w0 + {j}] : 0.0f;")
-    return lines, [[f"{name}{i}_{j}" for j in range(size)] for i in range(size)]
+    return lines, grid
 
 
 def _block_loads_by_rows(name: str, size: int, m: int, rows: str, cols: str, padded: bool) -> list[str]:
-    """``_block_loads``' statements (the same registers, the same values) where each row's columns m * tw ..
-    m * tw + m - 1 lie inside the plane and start 16-byte aligned (``_vector_rows``): those m columns as one
-    vector load, a padded block's first and last column (w0 = m * tw - 1) as scalars."""
+    """The loads of ``_block_loads`` where each row's columns m * tw .. m * tw + m - 1 lie inside the plane and
+    start aligned to an m-wide vector (``_row_flags``): those m columns as one vector load, a padded block's first
+    and last column (w0 = m * tw - 1) as scalars."""
     lead = 1 if padded else 0
     lines = []
     for i in range(size):
@@ -191,9 +197,7 @@ def _block_source(
     ``rows_as_vectors``: the block's rows loaded by ``_block_loads_by_rows`` (the same values)."""
     (c, channels), (rows, cols) = channel, plane
     src, dst = {"input": ("x", "v"), "grad_output": ("dy", "dm")}[name]
-    loads, grid = _block_loads("d", size, rows, cols, padded)
-    if rows_as_vectors:
-        loads = _block_loads_by_rows("d", size, m, rows, cols, padded)
+    loads, grid = _block_loads("d", size, m, rows, cols, padded, rows_as_vectors)
     head = [
         *_tile_head(idx, c, channels, m, padded, magic),
         f"__global const float* src = {src} + (n * {channels} + {c}) * {rows} * {cols};",
@@ -223,7 +227,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
         at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
         return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; y[at] = {first}({e}){extra}; }}"
 
-    if flags.get("ROWS"):  # each row's m outputs inside the plane, 16-byte aligned: one vector store (same values)
+    if flags.get("ROWS"):  # each row's m outputs inside the plane, aligned to the vector: one store (same values)
         lines, rows = _sandwich_rows(at, _from_planes(a), at)
         body = lines + [_row_store(i, row, m, idx, extra, bool(flags["ADDEND"])) for i, row in enumerate(rows)]
     else:
@@ -341,8 +345,9 @@ def rows_by_vectors(device: Device) -> bool:
 def _row_flags(device: Device, m: int, cols: int, tiles_across: int, pad: int | None = None) -> dict[str, int]:
     """``{"ROWS": 1}`` when a tile kernel reading or writing a plane ``cols`` wide may move each block row's m
     columns m * tw .. m * tw + m - 1 as one vector: every such column inside the plane (``tiles_across`` * m <=
-    cols), rows starting 16-byte aligned (cols % m == 0), and the block starting at column m * tw (an output
-    block: ``pad`` None) or at m * tw - 1 (an input block at padding ``pad`` = 1); else no flag."""
+    cols), rows starting aligned to the vector (cols % m == 0; a buffer's start is), and the block starting at
+    column m * tw (an output block: ``pad`` None) or at m * tw - 1 (an input block at padding ``pad`` = 1); else
+    no flag."""
     ok = rows_by_vectors(device) and cols % m == 0 and tiles_across * m <= cols and pad in (None, 1)
     return {"ROWS": 1} if ok else {}
 
