@@ -269,6 +269,38 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
     clear_plans()
 
 
+def test_f2_with_tf32_products_errs_as_the_implicit_gemm_on_tf32(cl_device):
+    """``conv.WINOGRAD_TF32``'s premise, where "high" runs tf32 on tensor cores: Winograd F(2x2) with tf32 products
+    errs, in each pass, within 2x the implicit GEMM on tf32 (the largest error against float64 over a 64-channel
+    layer's outputs; measured 1.0-1.3x at ResNet-18's layers on an H200), where F(4x4) with tf32 products errs ~4x
+    (measured 3.3-4.5x there: what keeps it on tf32x3)."""
+    from netcl.core.dtypes import float32
+
+    with matmul_precision("high"):
+        if conv_implicit.mma_mode(cl_device, float32) != "tf32":
+            pytest.skip("needs tf32 tensor cores")
+    rng = np.random.default_rng(9)
+    x, g = rng.standard_normal((4, 64, 16, 16)), rng.standard_normal((4, 64, 16, 16))
+    w = rng.standard_normal((64, 64, 3, 3)) * np.sqrt(2 / (9 * 64))
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    xt, wt, gt = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x, w, g))
+    exact = [_direct(x, w, (1, 1)), _direct(g, _flipped(w), (1, 1)), _weight_grad(g, x, 1)]
+    with matmul_precision("high"):
+        winograd = [
+            conv_winograd.forward(xt, wt, None, geo, 2),
+            conv_winograd.backward_input(gt, wt, geo, tile=2),
+            conv_winograd.backward_weight(gt, xt, geo, tile=2),
+        ]
+        implicit = [
+            conv_implicit.forward(xt, wt, None, geo),
+            conv_implicit.backward_input(gt, wt, geo),
+            conv_implicit.backward_weight(gt, xt, 64, geo),
+        ]
+    for name, ours, theirs, want in zip(("y", "dx", "dw"), winograd, implicit, exact, strict=True):
+        err, err_implicit = (float(np.abs(t.to_host() - want).max()) for t in (ours, theirs))
+        assert err <= 2 * err_implicit, f"{name}: F(2x2) on tf32 {err:.3g}, the implicit GEMM {err_implicit:.3g}"
+
+
 def test_winograd_passes_capture_and_replay(cl_device):
     """A captured forward + both gradients (workspaces and the batched products included) replays on
     new inputs with the bits of an eager run on them."""

@@ -258,14 +258,16 @@ def test_the_forward_as_one_product_of_stored_operands(cl_device, image, window,
 
 
 def _paths_spied(monkeypatch) -> list[str]:
-    """The names of the convolution paths each later call runs (Winograd's, the implicit GEMM's and the stored
-    products' forward and input gradient), in order."""
+    """The names of the convolution paths each later call runs (Winograd's three passes as "winograd F<tile> <the
+    matmul precision its products ran at>", the implicit GEMM's and the stored products' forward and input
+    gradient), in order."""
     from netcl.runtime.ops import conv_implicit
 
     ran: list[str] = []
     for module, name, label in [
         (conv_winograd, "forward", "winograd"),
         (conv_winograd, "backward_input", "winograd"),
+        (conv_winograd, "backward_weight", "winograd"),
         (conv_implicit, "forward", "implicit"),
         (conv_implicit, "backward_input", "implicit"),
         (conv, "gemm_forward", "gemm"),
@@ -273,6 +275,8 @@ def _paths_spied(monkeypatch) -> list[str]:
         original = getattr(module, name)
 
         def spy(*args, _original=original, _label=label, **kwargs):
+            if _label == "winograd":  # (conv.py passes the tile last)
+                _label = f"winograd F{args[-1]} {R.get_float32_matmul_precision()}"
             ran.append(_label)
             return _original(*args, **kwargs)
 
@@ -280,12 +284,23 @@ def _paths_spied(monkeypatch) -> list[str]:
     return ran
 
 
-@pytest.mark.parametrize("kind,algorithm", [(k, a) for k, names in conv._ALGORITHMS.items() for a in names])
+def _weight_gradient_float64(g64: np.ndarray, x64: np.ndarray, geo) -> np.ndarray:
+    """d w of conv2d in float64: every tap's window of the zero-padded input against the upstream gradient."""
+    padded = np.pad(x64, ((0, 0), (0, 0), (geo.PH, geo.PH), (geo.PW, geo.PW)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (geo.KH, geo.KW), axis=(2, 3))
+    windows = windows[:, :, :: geo.SH, :: geo.SW][:, :, : geo.OH, : geo.OW]
+    return np.einsum("ncyxij,noyx->ocij", windows, g64)
+
+
+@pytest.mark.parametrize(
+    "kind,algorithm", [(k, a) for k, names in conv._ALGORITHMS.items() for a in (*names, conv.WINOGRAD_TF32)]
+)
 def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, algorithm, monkeypatch):
-    """The forward and the input gradient of a 3x3 stride-1 layer of 16 channels run the path ``_gpu_algorithm``
-    names (Winograd a candidate: it applies), the input gradient with an addend summed in its store or gather:
-    against float64 (sums of <= 16*3*3 float32 products of N(0, 1) values; atol 2e-4, Winograd's transforms
-    included)."""
+    """Each pass of a 3x3 stride-1 layer of 16 channels runs the path ``_gpu_algorithm`` names (Winograd a
+    candidate: it applies; here as F(2x2) with its products at "tf32x3", as "high" runs them on tensor cores, so that
+    ``WINOGRAD_TF32`` is F(2x2) at the current precision), the gradients with an addend summed in their store or
+    gather: against float64 (sums of <= 16*3*3 float32 products of N(0, 1) values, the weight gradient's of 2*6*6;
+    atol 2e-4, Winograd's transforms included; "tf32x3" is float32 where no tensor cores take it)."""
     from netcl.runtime import clear_caches
 
     rng = np.random.default_rng(6)
@@ -293,8 +308,11 @@ def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, a
     geo = conv.check_conv2d(x64.shape, w64.shape, None, 1, 1, 1, 1)
     g64, addend64 = rng.standard_normal((2, 16, 6, 6)), rng.standard_normal(x64.shape)
     x, w, g, addend = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x64, w64, g64, addend64))
+    w_addend64 = rng.standard_normal(w64.shape)
+    w_addend = nc.tensor(w_addend64.astype(np.float32), device=cl_device)
     monkeypatch.setenv(host_blas.ENV_VAR, "0")  # a CPU device would run "implicit" as im2col + BLAS
     monkeypatch.setattr(conv, "_gpu_algorithm", lambda *args: algorithm)
+    monkeypatch.setattr(conv, "_winograd_tile", lambda *args: (2, "tf32x3"))
     ran = _paths_spied(monkeypatch)
     original, products = conv.gemm_backward_input, []
     monkeypatch.setattr(conv, "gemm_backward_input", lambda *a: products.append(a[3]) or original(*a))
@@ -302,12 +320,16 @@ def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, a
     with R.matmul_precision("highest"):
         if kind == "fwd":
             got, expected = conv.conv2d(x, w, None, 1, 1).to_host(), _forward_float64(x64, w64, np.zeros(16), geo)
-        else:
+        elif kind == "dx":
             got = conv.conv2d_backward_input(g, w, geo, 1, addend=addend).to_host()
             expected = _input_gradient_float64(g64, w64, geo) + addend64
+        else:
+            got = conv.conv2d_backward_weight(g, x, w.shape, geo, 1, addend=w_addend).to_host()
+            expected = _weight_gradient_float64(g64, x64, geo) + w_addend64
     clear_caches()
     np.testing.assert_allclose(got, expected, atol=2e-4)
-    assert ran == ([] if algorithm == "batched-gemm" or (kind, algorithm) == ("dx", "gemm") else [algorithm])
+    named = {"winograd": "winograd F2 tf32x3", conv.WINOGRAD_TF32: "winograd F2 highest"}.get(algorithm, algorithm)
+    assert ran == ([] if algorithm == "batched-gemm" or (kind, algorithm) == ("dx", "gemm") else [named])
     assert products == {"gemm": [False], "batched-gemm": [True]}.get(algorithm, []) * (kind == "dx")
 
 
@@ -390,20 +412,23 @@ def test_a_strided_input_gradient_searches_the_gather_path_only_where_its_column
     assert conv._gpu_algorithm("dx", True, g, w, 1, geo, 16, 0, None) == ("searched" if searched else "implicit")
 
 
-@pytest.mark.parametrize("kind", ["fwd", "dx"])
+@pytest.mark.parametrize("products", [None, "tf32x3"])
+@pytest.mark.parametrize("kind", ["fwd", "dx", "dw"])
 def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_without_a_search(
-    cl_device, kind, monkeypatch
+    cl_device, kind, products, monkeypatch
 ):
-    """``_gpu_algorithm`` on a GPU for a layer Winograd F(4x4) takes: Winograd among the candidates, under a key of its
-    own (the tile appended), and the choice where nothing is measured; a stored choice this version does not offer
-    is refused (searched again); off GPUs, and where the caller asked for Winograd, Winograd without a search."""
+    """``_gpu_algorithm`` on a GPU for a layer Winograd F(4x4) takes: Winograd among the candidates (and, where its
+    products run as tf32x3, F(2x2) on tf32: ``WINOGRAD_TF32``), under a key of its own (the tile, and the variant,
+    appended), and the choice where nothing is measured; a stored choice this version does not offer is refused
+    (searched again); off GPUs, where the caller asked for Winograd and where Winograd is the one candidate (the
+    weight gradient but beside the variant), Winograd without a search."""
     from netcl.runtime import tune
 
     x = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
     w = nc.tensor(np.zeros((16, 16, 3, 3), np.float32), device=cl_device)
     geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
     if not cl_device.is_gpu:
-        assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3") == "winograd"
+        assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, products) == "winograd"
     monkeypatch.setattr(type(cl_device), "is_gpu", property(lambda self: True))
     asked = []
 
@@ -412,18 +437,26 @@ def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_
         return default
 
     monkeypatch.setattr(tune, "select", select)
-    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3") == "winograd"
+    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, products) == "winograd"
+    expected = list(conv._ALGORITHMS[kind])
+    if products == "tf32x3":
+        expected.insert(1, conv.WINOGRAD_TF32)
+    if len(expected) == 1:
+        assert asked == []
+        return
     ((key, candidates, default, decode),) = asked
-    assert key.startswith(f"conv-{kind}-algorithm|") and key.endswith("|winograd 4")
-    assert candidates == list(conv._ALGORITHMS[kind]) and default == "winograd"
-    assert decode({"algorithm": "implicit"}) == "implicit"
+    assert key.startswith(f"conv-{kind}-algorithm|")
+    assert key.endswith("|winograd 4 or 2 on tf32" if products else "|winograd 4")
+    assert candidates == expected and default == "winograd"
+    assert decode({"algorithm": expected[-1]}) == expected[-1]
     with pytest.raises(ValueError, match="unknown"):
         decode({"algorithm": "fft"})
     asked.clear()
-    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, "tf32x3", True) == "winograd"  # asked for
+    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, products, True) == "winograd"  # asked for
     assert asked == []
-    assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 0, None) == "implicit"  # no Winograd: not a candidate
-    assert "winograd" not in asked[0][1] and "|winograd" not in asked[0][0]
+    if kind != "dw":
+        assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 0, None) == "implicit"  # no Winograd: no candidate
+        assert "winograd" not in " ".join(asked[0][1]) and "|winograd" not in asked[0][0]
 
 
 def test_no_stride_class_split_where_a_remainder_has_no_tap_or_the_window_is_dilated():
@@ -611,23 +644,28 @@ def test_an_algorithm_trial_makes_only_the_operands_its_pass_reads(cl_device, ki
     assert set(trial.scratch[1]) == set(conv._TRIAL_OPERANDS[kind])
 
 
-@pytest.mark.parametrize("kind", ["fwd", "dx"])
-def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, monkeypatch):
-    """``conv._AlgorithmTrial("winograd")`` of a 3x3 stride-1 layer runs its pass by Winograd F(tile x tile) on
-    its scratch operands (uniform values in [-1, 1), sums of 16*3*3 products; against float64, atol 1e-4)."""
+@pytest.mark.parametrize("algorithm", ["winograd", conv.WINOGRAD_TF32])
+@pytest.mark.parametrize("kind", ["fwd", "dx", "dw"])
+def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, algorithm, monkeypatch):
+    """``conv._AlgorithmTrial("winograd")`` of a 3x3 stride-1 layer runs its pass by Winograd F(tile x tile) with
+    its products at the trial's precision ("tf32x3" here), ``WINOGRAD_TF32`` by F(2x2) at the current one, on its
+    scratch operands (uniform values in [-1, 1), sums of 16*3*3 products, the weight gradient's of 2*6*6; against
+    float64, atol 1e-4; "tf32x3" is float32 where no tensor cores take it)."""
     ran = _paths_spied(monkeypatch)
     geo = conv.check_conv2d((2, 16, 6, 6), (16, 16, 3, 3), None, 1, 1, 1, 1)
-    trial = conv._AlgorithmTrial(cl_device, geo, 16, kind, np.dtype(np.float32), whole=True, tile=2)
+    trial = conv._AlgorithmTrial(cl_device, geo, 16, kind, np.dtype(np.float32), True, 2, "tf32x3")
     with R.matmul_precision("highest"):
-        got = trial("winograd")().to_host()
+        got = trial(algorithm)().to_host()
     one, operands = trial.scratch
-    w64 = operands["w"].to_host().astype(np.float64)
+    host = {name: operand.to_host().astype(np.float64) for name, operand in operands.items()}
     if kind == "fwd":
-        expected = _forward_float64(operands["x"].to_host().astype(np.float64), w64, np.zeros(16), one)
+        expected = _forward_float64(host["x"], host["w"], np.zeros(16), one)
+    elif kind == "dx":
+        expected = _input_gradient_float64(host["g"], host["w"], one)
     else:
-        expected = _input_gradient_float64(operands["g"].to_host().astype(np.float64), w64, one)
+        expected = _weight_gradient_float64(host["g"], host["x"], one)
     np.testing.assert_allclose(got, expected, atol=1e-4)
-    assert ran == ["winograd"]
+    assert ran == ["winograd F2 " + ("tf32x3" if algorithm == "winograd" else "highest")]
 
 
 def test_strided_copy_bounds_are_checked(device):

@@ -537,8 +537,18 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
 
 #: The algorithms a pass of a layer may run on a GPU (``_gpu_algorithm``): Winograd (where it applies), the implicit
 #: GEMM, or a product of stored operands beside a layout kernel: the forward's ``gemm_forward`` ("gemm"), the input
-#: gradient's ``gemm_backward_input`` as one long product ("gemm") or one product per image ("batched-gemm").
-_ALGORITHMS = {"fwd": ("winograd", "implicit", "gemm"), "dx": ("winograd", "implicit", "gemm", "batched-gemm")}
+#: gradient's ``gemm_backward_input`` as one long product ("gemm") or one product per image ("batched-gemm"). The
+#: weight gradient runs Winograd where it applies, searched only against ``WINOGRAD_TF32``.
+_ALGORITHMS = {
+    "fwd": ("winograd", "implicit", "gemm"),
+    "dx": ("winograd", "implicit", "gemm", "batched-gemm"),
+    "dw": ("winograd",),
+}
+#: A further candidate of every pass where "high" runs Winograd's products as tf32x3 (``_winograd_precision``):
+#: F(2x2) with its products at tf32, the current precision. Its error is the implicit GEMM's on tf32 (F(2x2)'s
+#: transforms barely grow the products' rounding; F(4x4)'s grow it about 4x, so F(4x4) keeps tf32x3), and at
+#: 128-512 channels it is the faster pass (see benchmarks/RESULTS.md, "Thirty-sixth session").
+WINOGRAD_TF32 = "winograd-tf32"
 
 #: The largest share of a device's global memory the column buffer of a "gemm" path (C*KH*KW x N*OH*OW values) may
 #: take; a layer whose columns are larger keeps Winograd or the implicit GEMM (no buffer) without a search.
@@ -549,9 +559,10 @@ def _gpu_algorithm(
     kind: str, implicit: bool, a: Tensor, b: Tensor, groups: int, geo: ConvGeometry, out_ch: int, tile: int,
     products: str | None, asked: bool = False,
 ) -> str:  # fmt: skip
-    """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w)
-    of a layer, Winograd F(``tile`` x ``tile``) a candidate where ``tile`` (its products at ``products``), and the
-    choice without a search where the caller ``asked`` for it (``winograd=True``, 2 or 4). On a GPU: measured at the
+    """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w;
+    "dw": a = the upstream gradient, b = x) of a layer, Winograd F(``tile`` x ``tile``) a candidate where ``tile``
+    (its products at ``products``; where those are "tf32x3", ``WINOGRAD_TF32`` too), and the choice without a search
+    where the caller ``asked`` for it (``winograd=True``, 2 or 4) or there is one candidate. On a GPU: measured at the
     layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the device time of
     each path's kernels, and stored like a tile search (``tune.select``). Without a measurement (``NETCL_TUNE=0``,
     deterministic algorithms), off GPUs and where the columns would take more than ``_COLUMNS_SHARE`` of the
@@ -560,7 +571,10 @@ def _gpu_algorithm(
 
     fallback = "winograd" if tile else "implicit"
     device = a.device
-    if (tile and asked) or not implicit or groups != 1 or not device.is_gpu:
+    candidates = [name for name in _ALGORITHMS[kind] if tile or name != "winograd"]
+    if tile and products == "tf32x3":
+        candidates.insert(1, WINOGRAD_TF32)
+    if (tile and asked) or not implicit or groups != 1 or not device.is_gpu or len(candidates) < 2:
         return fallback
     if not conv_implicit.supports(a, b, None, groups):
         return fallback
@@ -570,8 +584,7 @@ def _gpu_algorithm(
     mode = conv_implicit.mma_mode(device, a.dtype)
     key = f"conv-{kind}-algorithm|{a.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
     if tile:  # another list of candidates: its own key (a strided layer's keeps the key it had before Winograd)
-        key += f"|winograd {tile}"
-    candidates = [name for name in _ALGORITHMS[kind] if tile or name != "winograd"]
+        key += f"|winograd {tile}" + (" or 2 on tf32" if WINOGRAD_TF32 in candidates else "")
     trial = _WholeBatchTrial(device, geo, out_ch, kind, a.dtype, tile, products)
 
     def decode(stored: dict[str, Any]) -> str:  # a ValueError for a choice this version does not offer: searched again
@@ -633,13 +646,15 @@ class _AlgorithmTrial:
     def __call__(self, algorithm: str):
         geo, operands = self._scratch()
         x, w, g = operands.get("x"), operands.get("w"), operands.get("g")
-        if algorithm == "winograd":  # a candidate of the forward's and the input gradient's searches
-            tile = self.tile
+        variant = _winograd_variant(algorithm, self.tile, self.products)
+        if variant is not None:
+            tile, products = variant
             run = {
                 "fwd": lambda: conv_winograd.forward(x, w, None, geo, tile),
                 "dx": lambda: conv_winograd.backward_input(g, w, geo, None, tile),
+                "dw": lambda: conv_winograd.backward_weight(g, x, geo, None, tile),
             }[self.kind]
-            return at_matmul_precision(self.products, run)
+            return at_matmul_precision(products, run)
         if algorithm in ("gemm", "batched-gemm"):
             if self.kind == "fwd":
                 return lambda: gemm_forward(x, w, None, geo)
@@ -732,6 +747,16 @@ def _winograd_precision(device, mode: str | None) -> str | None:
     return "tf32x3" if gemm_mma.available(device, "tf32x3") else None
 
 
+def _winograd_variant(algorithm: str, tile: int, products: str | None) -> tuple[int, str | None] | None:
+    """The (tile, products' precision) a Winograd ``algorithm`` runs ("winograd": the layer's ``tile`` and
+    ``products``; ``WINOGRAD_TF32``: F(2x2) at the current precision), None for another path."""
+    if algorithm == "winograd":
+        return tile, products
+    if algorithm == WINOGRAD_TF32:
+        return 2, None
+    return None
+
+
 _FORWARDS = PlanCache("conv2d")
 
 
@@ -796,8 +821,10 @@ def _forward_plan(
     if _pointwise(implicit, x, w, groups, geo):
         return lambda x, w, b: _pointwise_forward(x, w, b, geo)
     algorithm = _gpu_algorithm("fwd", implicit, x, w, groups, geo, out_ch, tile, products, winograd is not None)
-    if algorithm == "winograd":
-        return at_matmul_precision(products, lambda x, w, b: conv_winograd.forward(x, w, b, geo, tile))
+    variant = _winograd_variant(algorithm, tile, products)
+    if variant is not None:
+        m = variant[0]
+        return at_matmul_precision(variant[1], lambda x, w, b: conv_winograd.forward(x, w, b, geo, m))
     if algorithm == "gemm":
         return lambda x, w, b: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
@@ -890,19 +917,20 @@ def _gradient(
     Winograd where asked for; where ``paths`` has "gemm" (the input gradient) the path ``_gpu_algorithm`` measured
     on a GPU, Winograd, the implicit GEMM or the product of stored operands and gather (``paths["gemm"](batched)``
     makes its run, the addend summed in its gather), else Winograd where it applies (``paths["winograd"](tile,
-    products)`` makes its run); then the implicit GEMM (``paths["implicit"]``, the addend summed in its store in
-    float32), else im2col (``paths["im2col"]``, taking no addend). Where a path cannot take the addend it is added
-    by an ``add``."""
+    products)`` makes its run; the variant ``_gpu_algorithm`` measured where it has two); then the implicit GEMM
+    (``paths["implicit"]``, the addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no
+    addend). Where a path cannot take the addend it is added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
         return paths["pointwise"]
-    if "gemm" in paths:  # the input gradient: searched (Winograd where asked for)
+    if "gemm" in paths or tile:  # searched (Winograd where asked for; the weight gradient among Winograd's variants)
         algorithm = _gpu_algorithm(kind, implicit, a, b, groups, geo, out_ch, tile, products, winograd is not None)
     else:
-        algorithm = "winograd" if tile else "implicit"
-    if algorithm == "winograd":
-        return paths["winograd"](tile, products)
+        algorithm = "implicit"
+    variant = _winograd_variant(algorithm, tile, products)
+    if variant is not None:
+        return paths["winograd"](*variant)
     if algorithm != "implicit":
         return paths["gemm"](algorithm == "batched-gemm")
     if _use_implicit(implicit, a, b, None, groups, geo, kind):
