@@ -273,7 +273,7 @@ def test_f2_with_tf32_products_errs_as_the_implicit_gemm_on_tf32(cl_device):
     """``conv.WINOGRAD_TF32``'s premise, where "high" runs tf32 on tensor cores: Winograd F(2x2) with tf32 products
     errs, in each pass, within 2x the implicit GEMM on tf32 (the largest error against float64 over a 64-channel
     layer's outputs; measured 1.0-1.3x at ResNet-18's layers on an H200), where F(4x4) with tf32 products errs ~4x
-    (measured 3.3-4.5x there: what keeps it on tf32x3)."""
+    (measured 3.4-4.8x there: what keeps it on tf32x3)."""
     from netcl.core.dtypes import float32
 
     with matmul_precision("high"):

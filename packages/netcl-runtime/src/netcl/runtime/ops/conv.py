@@ -4,7 +4,8 @@ float32 3x3 stride-1 layers of >= 16 channels each way run all three passes as W
 F(2x2, 3x3) (``conv_winograd``, on OpenCL devices and, as its NumPy twin, on the NumPy backend:
 transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or turns it off;
 ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions, and at "high" as F(4x4) on
-tf32x3 products where tensor cores take them (``_winograd_precision``).
+tf32x3 products where tensor cores take them (``_winograd_precision``) or, where a layer's search finds it
+faster, as F(2x2) on tf32 products (``WINOGRAD_TF32``).
 
 A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product, ``y[n] = w (O, C) @
 x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as ``matmul`` on every backend
@@ -708,7 +709,8 @@ def _winograd_tile(
     input and output channels (OpenCL devices, the NumPy backend) at the "highest" or "tf32x3" matmul
     precision (its 16 products then run in that precision), and at "high" where tensor cores take
     tf32x3 too (its products then run as tf32x3, ``_winograd_precision``: more accurate than tf32's
-    rounding and, as F(4x4), faster than the implicit GEMM on tf32); "medium" keeps the implicit GEMM
+    rounding and, as F(4x4), faster than the implicit GEMM on tf32; a GPU's search may pick F(2x2) on tf32
+    instead, ``WINOGRAD_TF32``); "medium" keeps the implicit GEMM
     on the mma kernel, whose rounding Winograd's transforms would only add to. The tile is what
     ``conv_winograd.default_tile`` says (``NETCL_WINOGRAD``; unset: 4 where tf32x3 runs on tensor
     cores, else 2; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that tile
