@@ -269,6 +269,44 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
     clear_plans()
 
 
+@pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.parametrize("tile", [2, 4])
+def test_transforms_in_one_launch_give_the_two_launches_bits(cl_device, monkeypatch, tile, rows):
+    """The GPUs' joint input and weight transform (``fuses_weight_transform``), forced on this CPU device (with and
+    without rows as vectors): the forward with a bias and the input gradient with and without an addend, bit for
+    bit the results of the two launches, at layers with more output than input channels and fewer, odd sizes,
+    paddings 0-2; no input or weight transform kernel built on its own."""
+
+    def passes() -> list[np.ndarray]:
+        clear_plans()
+        out = []
+        for n, c, o, h, width, pad in ((2, 3, 5, 8, 8, 1), (1, 6, 3, 7, 12, 1), (2, 3, 4, 9, 8, 0), (1, 2, 3, 6, 7, 2)):
+            rs = np.random.default_rng(n * 100 + h * 10 + width)
+            geo = conv.check_conv2d((n, c, h, width), (o, c, 3, 3), (o,), 1, pad, 1, 1)
+            x, w, b, g, ax = (
+                nc.tensor(rs.standard_normal(shape).astype(np.float32), device=cl_device)
+                for shape in ((n, c, h, width), (o, c, 3, 3), (o,), (n, o, geo.OH, geo.OW), (n, c, h, width))
+            )
+            out += [conv_winograd.forward(x, w, b, geo, tile).to_host()]
+            out += [conv_winograd.backward_input(g, w, geo, addend, tile).to_host() for addend in (None, ax)]
+        return out
+
+    monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: rows)
+    clear_kernel_memo()
+    apart = passes()
+    monkeypatch.setattr(conv_winograd, "fuses_weight_transform", lambda device: True)
+    built = []
+    for part, real in conv_winograd._SOURCES.items():
+        monkeypatch.setitem(conv_winograd._SOURCES, part, lambda *a, _p=part, _r=real: built.append(_p) or _r(*a))
+    clear_kernel_memo()
+    for got, want in zip(passes(), apart, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert set(built) == {"input_weight", "output"}
+    monkeypatch.undo()
+    clear_kernel_memo()
+    clear_plans()
+
+
 def test_f2_with_tf32_products_errs_as_the_implicit_gemm_on_tf32(cl_device):
     """``conv.WINOGRAD_TF32``'s premise, where "high" runs tf32 on tensor cores: Winograd F(2x2) with tf32 products
     errs, in each pass, within 2x the implicit GEMM on tf32 (the largest error against float64 over a 64-channel

@@ -85,14 +85,22 @@ def _transposed(matrix: list) -> list:
     return [list(row) for row in zip(*matrix, strict=True)]
 
 
-def _kernel(name: str, buffers: str, idx: str, head: list[str], body: list[str], magic: bool = False) -> str:
+def _kernel(
+    name: str, buffers: str, idx: str, head: list[str], body: list[str], magic: bool = False, function: bool = False
+) -> str:
     """``netcl_wino_<name>`` over (column p or s, row r or c): ``head`` then ``body`` statements; ``magic``:
-    the ``magic_div`` pairs of ``_DIVISORS`` follow the sizes (and ``NETCL_DIV`` is defined)."""
+    the ``magic_div`` pairs of ``_DIVISORS`` follow the sizes (and ``NETCL_DIV`` is defined). ``function``: the
+    device function ``netcl_wino_<name>_at`` instead, its column and row the last two arguments g0, g1 (for a
+    kernel that runs two transforms, ``_input_weight_source``)."""
     nl = "\n    "
     extra = f", {magic_div.params(_DIVISORS)}" if magic else ""
     define = magic_div.macro(idx) if magic else ""
+    signature = f"__kernel void netcl_wino_{name}("
+    if function:
+        head = [line.replace("get_global_id(0)", "g0").replace("get_global_id(1)", "g1") for line in head]
+        signature, extra = f"void netcl_wino_{name}_at(", f"{extra}, const {idx} g0, const {idx} g1"
     return f"""{define}
-__kernel void netcl_wino_{name}({buffers}, {params(idx, _SIZES[name])}{extra}) {{
+{signature}{buffers}, {params(idx, _SIZES[name])}{extra}) {{
     {nl.join(head)}
     {nl.join(body)}
 }}
@@ -184,17 +192,19 @@ def _weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
         "__global float* out = u + r * S + s;",
     ]
     body = _sandwich(g, taps, g, _to_planes(a))
-    return _kernel("weight", "__global const float* w, __global float* u", idx, head, body)
+    buffers = "__global const float* w, __global float* u"
+    return _kernel("weight", buffers, idx, head, body, function=bool(flags.get("FUNCTION")))
 
 
 def _block_source(
     name: str, left: list, size: int, m: int, idx: str, channel: tuple[str, str], plane: tuple[str, str], padded: bool,
-    magic: bool = False, rows_as_vectors: bool = False,
+    magic: bool = False, rows_as_vectors: bool = False, function: bool = False,
 ) -> str:  # fmt: skip
     """A kernel over (tile column p, ``channel`` row) storing ``left @ D @ left^T`` of each tile's
     ``size`` x ``size`` block D of its ``plane`` (rows, columns) image, zero outside it, at the
     transform positions of a (positions, channels, P) tensor. Buffers: the images, then the output.
-    ``rows_as_vectors``: the block's rows loaded by ``_block_loads_by_rows`` (the same values)."""
+    ``rows_as_vectors``: the block's rows loaded by ``_block_loads_by_rows`` (the same values); ``function``: as a
+    device function (``_kernel``)."""
     (c, channels), (rows, cols) = channel, plane
     src, dst = {"input": ("x", "v"), "grad_output": ("dy", "dm")}[name]
     loads, grid = _block_loads("d", size, m, rows, cols, padded, rows_as_vectors)
@@ -205,13 +215,40 @@ def _block_source(
         *loads,
     ]
     body = _sandwich(left, grid, left, _to_planes(len(left)))
-    return _kernel(name, f"__global const float* {src}, __global float* {dst}", idx, head, body, magic)
+    buffers = f"__global const float* {src}, __global float* {dst}"
+    return _kernel(name, buffers, idx, head, body, magic, function)
 
 
 def _input_source(m: int, idx: str, flags: dict[str, int]) -> str:
-    """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside)."""
+    """V[e, c, p] = (B^T d B)[e] for the (m + 2)^2 patch d of tile p in channel c (zero outside); under
+    ``FUNCTION`` the device function of ``_kernel(function=True)``."""
     magic, by_rows = bool(flags.get("MAGIC")), bool(flags.get("ROWS"))
-    return _block_source("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), True, magic, by_rows)
+    args = ("input", MATRICES[m][0], m + 2, m, idx, ("c", "S"), ("H", "W"), True, magic, by_rows)
+    return _block_source(*args, function=bool(flags.get("FUNCTION")))
+
+
+def _input_weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """The input transform (``ROWS`` as ``_input_source`` takes it) and the weight transform (``FLIP`` as
+    ``_weight_source``) as one kernel over (columns, rows): columns below ``COLS`` are the input transform's
+    (tile p, channel c < S), the others the weight transform's (filter column s = column - COLS, row r < R). The
+    same statements as the two kernels, so the same values."""
+    if flags.get("MAGIC"):
+        raise ValueError("conv_winograd: the two transforms share a launch where tile columns split by division")
+    inputs = _input_source(m, idx, {"ROWS": flags.get("ROWS", 0), "FUNCTION": 1})
+    weights = _weight_source(m, idx, {"FLIP": flags["FLIP"], "FUNCTION": 1})
+    sizes = ", ".join(_SIZES["input"])
+    return f"""{inputs}
+{weights}
+__kernel void netcl_wino_input_weight(__global const float* x, __global float* v, __global const float* w,
+                                      __global float* u, {params(idx, [*_SIZES["input"], "R", "COLS"])}) {{
+    const {idx} g0 = get_global_id(0), g1 = get_global_id(1);
+    if (g0 < COLS) {{
+        if (g1 < S) netcl_wino_input_at(x, v, {sizes}, g0, g1);
+    }} else if (g1 < R) {{
+        netcl_wino_weight_at(w, u, R, S, g0 - COLS, g1);
+    }}
+}}
+"""
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
@@ -277,6 +314,7 @@ def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
 _SOURCES = {
     "weight": _weight_source,
     "input": _input_source,
+    "input_weight": _input_weight_source,
     "output": _output_source,
     "grad_output": _grad_output_source,
     "weight_grad": _weight_grad_source,
@@ -342,6 +380,14 @@ def rows_by_vectors(device: Device) -> bool:
     return device.is_gpu
 
 
+def fuses_weight_transform(device: Device) -> bool:
+    """Whether a forward or input-gradient pass runs its input and weight transforms as one launch
+    (``_input_weight_source``): on GPUs, where the weight transform's own launch has few work-groups at a
+    ResNet's channel counts and runs alone (see benchmarks/RESULTS.md, "Thirty-sixth session"); CPU devices keep
+    two launches (their tile kernels split columns by ``magic_div``, which the joint kernel does not)."""
+    return device.is_gpu
+
+
 def _row_flags(device: Device, m: int, cols: int, tiles_across: int, pad: int | None = None) -> dict[str, int]:
     """``{"ROWS": 1}`` when a tile kernel reading or writing a plane ``cols`` wide may move each block row's m
     columns m * tw .. m * tw + m - 1 as one vector: every such column inside the plane (``tiles_across`` * m <=
@@ -374,19 +420,46 @@ def _prepared(
     return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1, 1), bound, device.queue).call
 
 
+def _prepared_input_weight(
+    device: Device, m: int, count: int, r: int, s: int, sizes_in: list[int], flags: dict[str, int], idx: str
+) -> Callable[..., None]:
+    """The launch of ``_input_weight_source`` (built once per tile, index type and flags) for ``count`` tile
+    columns of ``s`` channels and R x S filters, the input transform's ``sizes_in`` bound: a call takes the raw
+    buffers (src, v, w, u). Work-groups are one row of up to 256 columns, the input transform's first."""
+    types = [None] * 4 + [index_dtype(idx)] * (len(_SIZES["input"]) + 2)
+    key = ("layers", "winograd", "input_weight", m, idx, tuple(sorted(flags.items())))
+    source = lambda: _SOURCES["input_weight"](m, idx, flags)  # noqa: E731
+    resolved = get_kernel(key, device, source, "netcl_wino_input_weight", types)
+    local = min(resolved.max_local, pow2_ceil(count))
+    cols = round_up(count, local)
+    gsize = (cols + round_up(s, local), max(s, r), 1)
+    bound = {4 + i: int(v) for i, v in enumerate([*sizes_in, r, cols])}
+    return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1, 1), bound, device.queue).call
+
+
 def _prepared_convolve(
     device: Device, src_shape: tuple[int, ...], r: int, s: int, flip: bool, pads: tuple[int, int], kind: str,
     tiling: TileGrid,
 ) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
     """``convolve`` on an OpenCL ``device`` for operands of these sizes as ``run(src, w, extra) -> y``: the input
-    transform first, so that the small weight transform's enqueue overlaps its run (see benchmarks/RESULTS.md,
-    "Measurements moved out of source docstrings", conv_winograd.py), the batched product, the output transform."""
+    and weight transforms as one launch where ``fuses_weight_transform``, else the input transform first, so that
+    the small weight transform's enqueue overlaps its run (see benchmarks/RESULTS.md, "Measurements moved out of
+    source docstrings", conv_winograd.py); the batched product, the output transform."""
     n, h, width = int(src_shape[0]), int(src_shape[2]), int(src_shape[3])
     m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
     sizes_in = [s, h, width, *pads, tiling.th, tiling.tw, count]
     rows_in = _row_flags(device, m, width, tiling.tw, pads[1])
-    transform = _prepared(device, "input", m, (count, s), 2, sizes_in, rows_in, idx)
-    weight = _prepared(device, "weight", m, (s, r), 2, [r, s], {"FLIP": int(flip)}, index_ctype(a2 * r * s))
+    if fuses_weight_transform(device):
+        both_idx = "long" if "long" in (idx, index_ctype(a2 * r * s)) else idx
+        transforms = _prepared_input_weight(device, m, count, r, s, sizes_in, {**rows_in, "FLIP": int(flip)}, both_idx)
+    else:
+        transform = _prepared(device, "input", m, (count, s), 2, sizes_in, rows_in, idx)
+        weight = _prepared(device, "weight", m, (s, r), 2, [r, s], {"FLIP": int(flip)}, index_ctype(a2 * r * s))
+
+        def transforms(src, v, w, u) -> None:
+            transform(src, v)
+            weight(w, u)
+
     flags = {"BIAS": int(kind == "bias"), "ADDEND": int(kind == "addend")}
     flags |= _row_flags(device, m, tiling.ow, tiling.tw)
     sizes_out = [r, tiling.oh, tiling.ow, tiling.th, tiling.tw, count]
@@ -396,9 +469,8 @@ def _prepared_convolve(
 
     def run(src: Tensor, w: Tensor, extra: Tensor | None) -> Tensor:
         v = empty(v_shape, float32, device)
-        transform(src.data, v.data)
         u = empty(u_shape, float32, device)
-        weight(w.data, u.data)
+        transforms(src.data, v.data, w.data, u.data)
         prod = matmul(u, v)  # (a2, R, P)
         y = empty(y_shape, float32, device)
         output(prod.data, y.data, prod.data if extra is None else extra.data)
