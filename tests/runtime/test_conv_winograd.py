@@ -215,10 +215,14 @@ def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
         conv_winograd.backward_input(y, w, geo, tile=tile)
         conv_winograd.backward_weight(y, x, geo, tile=tile).to_host()
 
-    clear_kernel_memo()  # two weight transforms and four others; on a GPU three more at width 8 (rows as vectors)
+    # width 7: six kernels, two weight transforms and four others (on a GPU the forward's and the input gradient's
+    # input and weight transforms as two joint kernels, the weight gradient's input transform on its own); width 8
+    # on a GPU, rows as vectors: the input, output and grad-output kernels again, and the two joint ones
+    clear_kernel_memo()
     layer(2, 4, 7)
     layer(2, 4, 8)
-    assert len(sources) == (9 if conv_winograd.rows_by_vectors(cl_device) else 6)
+    rows, fused = conv_winograd.rows_by_vectors(cl_device), conv_winograd.fuses_weight_transform(cl_device)
+    assert len(sources) == 6 + (0 if not rows else 5 if fused else 3)
     sources.clear()
     for n, c, side in ((3, 4, 9), (1, 5, 12), (2, 3, 16)):
         layer(n, c, side)
