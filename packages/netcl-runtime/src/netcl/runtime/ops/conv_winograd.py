@@ -233,7 +233,7 @@ def _input_weight_source(m: int, idx: str, flags: dict[str, int]) -> str:
     (tile p, channel c < S), the others the weight transform's (filter column s = column - COLS, row r < R). The
     same statements as the two kernels, so the same values."""
     if flags.get("MAGIC"):
-        raise ValueError("conv_winograd: the two transforms share a launch where tile columns split by division")
+        raise ValueError("conv_winograd: the joint input and weight transform splits its columns by division")
     inputs = _input_source(m, idx, {"ROWS": flags.get("ROWS", 0), "FUNCTION": 1})
     weights = _weight_source(m, idx, {"FLIP": flags["FLIP"], "FUNCTION": 1})
     sizes = ", ".join(_SIZES["input"])
