@@ -240,38 +240,45 @@ def test_winograd_transforms_are_shape_generic(cl_device, monkeypatch, tile):
     clear_plans()
 
 
+#: Layers (n, c, o, h, width, padding) of the tests of the GPUs' tile-kernel variants: widths a multiple of both
+#: tiles and not, odd heights, paddings 0-2, more output than input channels and fewer.
+_VARIANT_LAYERS = ((2, 3, 5, 8, 8, 1), (1, 6, 3, 7, 12, 1), (2, 3, 4, 9, 8, 0), (1, 2, 3, 6, 7, 2))
+
+
+def _passes_at_variant_layers(device, tile: int, weight_gradients: bool = True) -> list[np.ndarray]:
+    """At each of ``_VARIANT_LAYERS``, from fresh launch plans: the forward with a bias, the input gradient (and the
+    weight gradient) without and with an addend, by Winograd F(``tile`` x ``tile``)."""
+    clear_plans()
+    out = []
+    for n, c, o, h, width, pad in _VARIANT_LAYERS:
+        rs = np.random.default_rng(n * 100 + h * 10 + width)
+        geo = conv.check_conv2d((n, c, h, width), (o, c, 3, 3), (o,), 1, pad, 1, 1)
+        x, w, b, g, ax, aw = (
+            nc.tensor(rs.standard_normal(shape).astype(np.float32), device=device)
+            for shape in ((n, c, h, width), (o, c, 3, 3), (o,), (n, o, geo.OH, geo.OW), (n, c, h, width), (o, c, 3, 3))
+        )
+        out += [conv_winograd.forward(x, w, b, geo, tile).to_host()]
+        for addends in ((None, None), (ax, aw)):
+            out += [conv_winograd.backward_input(g, w, geo, addends[0], tile).to_host()]
+            if weight_gradients:
+                out += [conv_winograd.backward_weight(g, x, geo, addends[1], tile).to_host()]
+    return out
+
+
 @pytest.mark.parametrize("tile", [2, 4])
 def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeypatch, tile):
     """The GPUs' variant of the tile kernels (a block row's m columns as one vector load or store,
     ``rows_by_vectors``), forced on this CPU device: the forward with a bias, both gradients with and without an
     addend, bit for bit the per-element kernels' results, at layers where rows move as vectors (widths a multiple
     of m, padding 1: every transform; odd heights) and where some do not (padding 0 and 2, odd widths)."""
-
-    def passes() -> list[np.ndarray]:
-        clear_plans()
-        out = []
-        for n, c, o, h, width, pad in ((2, 3, 5, 8, 8, 1), (1, 4, 3, 7, 12, 1), (2, 3, 4, 9, 8, 0), (1, 2, 3, 6, 7, 2)):
-            rs = np.random.default_rng(n * 100 + h * 10 + width)
-            geo = conv.check_conv2d((n, c, h, width), (o, c, 3, 3), (o,), 1, pad, 1, 1)
-            x, w, b, g, ax, aw = (
-                nc.tensor(rs.standard_normal(shape).astype(np.float32), device=cl_device)
-                for shape in ((n, c, h, width), (o, c, 3, 3), (o,), (n, o, geo.OH, geo.OW), (n, c, h, width),
-                              (o, c, 3, 3))
-            )  # fmt: skip
-            out += [conv_winograd.forward(x, w, b, geo, tile).to_host()]
-            for addends in ((None, None), (ax, aw)):
-                out += [conv_winograd.backward_input(g, w, geo, addends[0], tile).to_host()]
-                out += [conv_winograd.backward_weight(g, x, geo, addends[1], tile).to_host()]
-        return out
-
-    per_element = passes()
+    per_element = _passes_at_variant_layers(cl_device, tile)
     sources = []
     for part, real in conv_winograd._SOURCES.items():
         keep = lambda *a, _real=real: sources.append(_real(*a)) or sources[-1]  # noqa: E731
         monkeypatch.setitem(conv_winograd._SOURCES, part, keep)
     monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: True)
     clear_kernel_memo()
-    by_rows = passes()
+    by_rows = _passes_at_variant_layers(cl_device, tile)
     vectors = f"float{tile}*)"
     moved = {name for name in ("input", "output", "grad_output") for text in sources
              if f"netcl_wino_{name}(" in text and vectors in text}  # fmt: skip
@@ -289,32 +296,16 @@ def test_tile_rows_moved_as_vectors_give_the_per_element_bits(cl_device, monkeyp
 def test_transforms_in_one_launch_give_the_two_launches_bits(cl_device, monkeypatch, tile, rows):
     """The GPUs' joint input and weight transform (``fuses_weight_transform``), forced on this CPU device (with and
     without rows as vectors): the forward with a bias and the input gradient with and without an addend, bit for
-    bit the results of the two launches, at layers with more output than input channels and fewer, odd sizes,
-    paddings 0-2; no input or weight transform kernel built on its own."""
-
-    def passes() -> list[np.ndarray]:
-        clear_plans()
-        out = []
-        for n, c, o, h, width, pad in ((2, 3, 5, 8, 8, 1), (1, 6, 3, 7, 12, 1), (2, 3, 4, 9, 8, 0), (1, 2, 3, 6, 7, 2)):
-            rs = np.random.default_rng(n * 100 + h * 10 + width)
-            geo = conv.check_conv2d((n, c, h, width), (o, c, 3, 3), (o,), 1, pad, 1, 1)
-            x, w, b, g, ax = (
-                nc.tensor(rs.standard_normal(shape).astype(np.float32), device=cl_device)
-                for shape in ((n, c, h, width), (o, c, 3, 3), (o,), (n, o, geo.OH, geo.OW), (n, c, h, width))
-            )
-            out += [conv_winograd.forward(x, w, b, geo, tile).to_host()]
-            out += [conv_winograd.backward_input(g, w, geo, addend, tile).to_host() for addend in (None, ax)]
-        return out
-
+    bit the results of the two launches, at ``_VARIANT_LAYERS``; no input or weight transform kernel built alone."""
     monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: rows)
     clear_kernel_memo()
-    apart = passes()
+    apart = _passes_at_variant_layers(cl_device, tile, weight_gradients=False)
     monkeypatch.setattr(conv_winograd, "fuses_weight_transform", lambda device: True)
     built = []
     for part, real in conv_winograd._SOURCES.items():
         monkeypatch.setitem(conv_winograd._SOURCES, part, lambda *a, _p=part, _r=real: built.append(_p) or _r(*a))
     clear_kernel_memo()
-    for got, want in zip(passes(), apart, strict=True):
+    for got, want in zip(_passes_at_variant_layers(cl_device, tile, weight_gradients=False), apart, strict=True):
         np.testing.assert_array_equal(got, want)
     assert set(built) == {"input_weight", "output"}
     monkeypatch.undo()
