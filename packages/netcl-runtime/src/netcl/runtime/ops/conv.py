@@ -825,8 +825,8 @@ def _forward_plan(
     algorithm = _gpu_algorithm("fwd", implicit, x, w, groups, geo, out_ch, tile, products, winograd is not None)
     variant = _winograd_variant(algorithm, tile, products)
     if variant is not None:
-        m = variant[0]
-        return at_matmul_precision(variant[1], lambda x, w, b: conv_winograd.forward(x, w, b, geo, m))
+        m, precision = variant
+        return at_matmul_precision(precision, lambda x, w, b: conv_winograd.forward(x, w, b, geo, m))
     if algorithm == "gemm":
         return lambda x, w, b: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
