@@ -13,7 +13,18 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import ops as R
 from netcl.runtime.cache import program_cache
-from netcl.runtime.ops import conv, conv_winograd, gathering, host_blas, indexing, pool, selecting, shape, strided
+from netcl.runtime.ops import (
+    conv,
+    conv_winograd,
+    gathering,
+    gemm_mma,
+    host_blas,
+    indexing,
+    pool,
+    selecting,
+    shape,
+    strided,
+)
 from netcl.runtime.ops.random import dropout
 
 
@@ -293,14 +304,17 @@ def _weight_gradient_float64(g64: np.ndarray, x64: np.ndarray, geo) -> np.ndarra
 
 
 @pytest.mark.parametrize(
-    "kind,algorithm", [(k, a) for k, names in conv._ALGORITHMS.items() for a in (*names, conv.WINOGRAD_TF32)]
+    "kind,algorithm",
+    [(k, a) for k, names in conv._ALGORITHMS.items() for a in (*names, conv.WINOGRAD_TF32, conv.WINOGRAD_BF16X3)],
 )
 def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, algorithm, monkeypatch):
     """Each pass of a 3x3 stride-1 layer of 16 channels runs the path ``_gpu_algorithm`` names (Winograd a
     candidate: it applies; here as F(2x2) with its products at "tf32x3", as "high" runs them on tensor cores, so that
-    ``WINOGRAD_TF32`` is F(2x2) at the current precision), the gradients with an addend summed in their store or
-    gather: against float64 (sums of <= 16*3*3 float32 products of N(0, 1) values, the weight gradient's of 2*6*6;
-    atol 2e-4, Winograd's transforms included; "tf32x3" is float32 where no tensor cores take it)."""
+    ``WINOGRAD_TF32`` is F(2x2) at the current precision, ``WINOGRAD_BF16X3`` F(4x4) on "bf16x3"), the gradients with
+    an addend summed in their store or gather: against float64 (sums of <= 16*3*3 float32 products of N(0, 1)
+    values, the weight gradient's of 2*6*6; atol 2e-4, Winograd's transforms included; "tf32x3" and "bf16x3" are
+    float32 where no tensor cores take them; bf16x3's products, off by <= 3 * 2**-16 relative, grown ~4x by
+    F(4x4)'s transforms, over the same sums: atol 2e-3)."""
     from netcl.runtime import clear_caches
 
     rng = np.random.default_rng(6)
@@ -327,8 +341,9 @@ def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, a
             got = conv.conv2d_backward_weight(g, x, w.shape, geo, 1, addend=w_addend).to_host()
             expected = _weight_gradient_float64(g64, x64, geo) + w_addend64
     clear_caches()
-    np.testing.assert_allclose(got, expected, atol=2e-4)
-    named = {"winograd": "winograd F2 tf32x3", conv.WINOGRAD_TF32: "winograd F2 highest"}.get(algorithm, algorithm)
+    np.testing.assert_allclose(got, expected, atol=2e-3 if algorithm == conv.WINOGRAD_BF16X3 else 2e-4)
+    winograd = {"winograd": "F2 tf32x3", conv.WINOGRAD_TF32: "F2 highest", conv.WINOGRAD_BF16X3: "F4 bf16x3"}
+    named = "winograd " + winograd[algorithm] if algorithm in winograd else algorithm
     assert ran == ([] if algorithm == "batched-gemm" or (kind, algorithm) == ("dx", "gemm") else [named])
     assert products == {"gemm": [False], "batched-gemm": [True]}.get(algorithm, []) * (kind == "dx")
 
@@ -418,10 +433,11 @@ def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_
     cl_device, kind, products, monkeypatch
 ):
     """``_gpu_algorithm`` on a GPU for a layer Winograd F(4x4) takes: Winograd among the candidates (and, where its
-    products run as tf32x3, F(2x2) on tf32: ``WINOGRAD_TF32``), under a key of its own (the tile, and the variant,
-    appended), and the choice where nothing is measured; a stored choice this version does not offer is refused
-    (searched again); off GPUs, where the caller asked for Winograd and where Winograd is the one candidate (the
-    weight gradient but beside the variant), Winograd without a search."""
+    products run as tf32x3, F(2x2) on tf32: ``WINOGRAD_TF32``, and where tensor cores take bf16x3, F(4x4) on it:
+    ``WINOGRAD_BF16X3``), under a key of its own (the tile, and the variants, appended), and the choice where nothing
+    is measured; a stored choice this version does not offer is refused (searched again); off GPUs, where the caller
+    asked for Winograd and where Winograd is the one candidate (the weight gradient but beside the variants),
+    Winograd without a search."""
     from netcl.runtime import tune
 
     x = nc.tensor(np.zeros((8, 16, 8, 8), np.float32), device=cl_device)
@@ -439,14 +455,17 @@ def test_a_winograd_layer_searches_winograd_beside_the_other_paths_and_keeps_it_
     monkeypatch.setattr(tune, "select", select)
     assert conv._gpu_algorithm(kind, True, x, w, 1, geo, 16, 4, products) == "winograd"
     expected = list(conv._ALGORITHMS[kind])
+    bf16x3 = products == "tf32x3" and gemm_mma.available(cl_device, "bf16x3")
     if products == "tf32x3":
         expected.insert(1, conv.WINOGRAD_TF32)
+    if bf16x3:
+        expected.insert(1, conv.WINOGRAD_BF16X3)
     if len(expected) == 1:
         assert asked == []
         return
     ((key, candidates, default, decode),) = asked
     assert key.startswith(f"conv-{kind}-algorithm|")
-    assert key.endswith("|winograd 4 or 2 on tf32" if products else "|winograd 4")
+    assert key.endswith(("|winograd 4 or 2 on tf32" if products else "|winograd 4") + " or 4 on bf16x3" * bf16x3)
     assert candidates == expected and default == "winograd"
     assert decode({"algorithm": expected[-1]}) == expected[-1]
     with pytest.raises(ValueError, match="unknown"):
@@ -644,13 +663,15 @@ def test_an_algorithm_trial_makes_only_the_operands_its_pass_reads(cl_device, ki
     assert set(trial.scratch[1]) == set(conv._TRIAL_OPERANDS[kind])
 
 
-@pytest.mark.parametrize("algorithm", ["winograd", conv.WINOGRAD_TF32])
+@pytest.mark.parametrize("algorithm", ["winograd", conv.WINOGRAD_TF32, conv.WINOGRAD_BF16X3])
 @pytest.mark.parametrize("kind", ["fwd", "dx", "dw"])
 def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, algorithm, monkeypatch):
     """``conv._AlgorithmTrial("winograd")`` of a 3x3 stride-1 layer runs its pass by Winograd F(tile x tile) with
-    its products at the trial's precision ("tf32x3" here), ``WINOGRAD_TF32`` by F(2x2) at the current one, on its
-    scratch operands (uniform values in [-1, 1), sums of 16*3*3 products, the weight gradient's of 2*6*6; against
-    float64, atol 1e-4; "tf32x3" is float32 where no tensor cores take it)."""
+    its products at the trial's precision ("tf32x3" here), ``WINOGRAD_TF32`` by F(2x2) at the current one,
+    ``WINOGRAD_BF16X3`` by F(4x4) on bf16x3, on its scratch operands (uniform values in [-1, 1), sums of 16*3*3
+    products, the weight gradient's of 2*6*6; against float64, atol 1e-4, bf16x3's 1e-3 (its products off by
+    <= 3 * 2**-16 relative, grown ~4x by F(4x4)'s transforms); "tf32x3" and "bf16x3" are float32 where no tensor
+    cores take them)."""
     ran = _paths_spied(monkeypatch)
     geo = conv.check_conv2d((2, 16, 6, 6), (16, 16, 3, 3), None, 1, 1, 1, 1)
     trial = conv._AlgorithmTrial(cl_device, geo, 16, kind, np.dtype(np.float32), True, 2, "tf32x3")
@@ -664,8 +685,9 @@ def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, algorithm, 
         expected = _input_gradient_float64(host["g"], host["w"], one)
     else:
         expected = _weight_gradient_float64(host["g"], host["x"], one)
-    np.testing.assert_allclose(got, expected, atol=1e-4)
-    assert ran == ["winograd F2 " + ("tf32x3" if algorithm == "winograd" else "highest")]
+    np.testing.assert_allclose(got, expected, atol=1e-3 if algorithm == conv.WINOGRAD_BF16X3 else 1e-4)
+    named = {"winograd": "F2 tf32x3", conv.WINOGRAD_TF32: "F2 highest", conv.WINOGRAD_BF16X3: "F4 bf16x3"}[algorithm]
+    assert ran == ["winograd " + named]
 
 
 def test_strided_copy_bounds_are_checked(device):

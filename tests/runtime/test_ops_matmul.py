@@ -9,7 +9,8 @@ each operand first: tf32 keeps 10 mantissa bits (relative error <= 2**-11 per op
 relative, so a K-term sum of |a b| <= 1 is off by <= 2uK, plus the fp32 accumulation above.
 tf32x3 splits each operand into tf32 hi + lo (off by <= 2**-22) and drops lo * lo: a product is off
 by <= 3 * 2**-22 < 2 * 2**-21 relative; each k-step's sum joins the accumulator with an fp32 add,
-within the 4 * K * eps term.
+within the 4 * K * eps term. bf16x3 the same with bf16 parts (hi + lo off by <= 2**-16): <= 3 * 2**-16
+< 2 * 2**-15 relative.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from netcl.runtime.ops.linalg import get_float32_matmul_precision, matmul_precis
 EPS = float(np.finfo(np.float32).eps)
 #: relative error of one rounded operand: tf32 truncated (the cp.async path feeds raw fp32 words,
 #: whose low 13 bits the mma ignores) 2**-10, bf16 rounded 2**-8, fp16 rounded 2**-11
-UNIT = {"highest": 0.0, "tf32x3": 2.0**-21, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11, "fp16": 2.0**-11}
+UNIT = {
+    "highest": 0.0, "tf32x3": 2.0**-21, "bf16x3": 2.0**-15, "high": 2.0**-10, "medium": 2.0**-8, "f16": 2.0**-11,
+    "fp16": 2.0**-11,
+}  # fmt: skip
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -219,9 +223,10 @@ def test_new_batch_size_builds_nothing(cl_device, monkeypatch):
     assert not built, built
 
 
-@pytest.mark.parametrize("precision", ["tf32x3", "high", "medium", "fp16"])
+@pytest.mark.parametrize("precision", ["tf32x3", "bf16x3", "high", "medium", "fp16"])
 def test_reduced_precisions(device, precision):
-    """tf32x3 / tf32 / bf16 / fp16 on tensor cores where present (tolerance of the rounded operands), else fp32."""
+    """tf32x3 / bf16x3 / tf32 / bf16 / fp16 on tensor cores where present (tolerance of the rounded operands), else
+    fp32."""
     _check(device, (70, 96), (96, 68), precision=precision)
     _check(device, (3, 33, 40), (40, 24), precision=precision)
     _check(device, (40, 33), (24, 40), ta=True, tb=True, precision=precision)
@@ -239,6 +244,28 @@ def test_tf32x3_accumulates_without_bias(cl_device):
     ta, tb = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
     errors = {p: np.abs(ops.matmul(ta, tb, precision=p).to_host() - exact).max() for p in ("highest", "tf32x3")}
     assert errors["tf32x3"] <= 2 * errors["highest"], errors
+
+
+def test_bf16x3_errs_far_under_tf32(cl_device):
+    """bf16x3 (each operand as two bf16 parts, ~16 bits) errs at most 1/8 of tf32's rounding ("high") on the same
+    product, in the layouts Winograd's products and their gradients take (its bound is 1/21 of tf32's): a kernel
+    that multiplied only the hi parts (bf16) or dropped a cross term would err more than tf32."""
+    f4 = np.dtype("f4")
+    if gemm_mma.mode_for(cl_device, f4, f4, "bf16x3") is None:
+        pytest.skip("no bf16 tensor cores: bf16x3 computes in fp32")
+    rng = np.random.default_rng(5)
+    for trans_a, trans_b in ((False, False), (False, True), (True, False)):
+        a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((6, 96, 520), (6, 520, 72)))
+        a, b = (a.swapaxes(1, 2).copy() if trans_a else a), (b.swapaxes(1, 2).copy() if trans_b else b)
+        ta, tb = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
+        x = a.swapaxes(1, 2) if trans_a else a
+        y = b.swapaxes(1, 2) if trans_b else b
+        exact = x.astype(np.float64) @ y.astype(np.float64)
+        errors = {
+            p: np.abs(ops.matmul(ta, tb, transpose_a=trans_a, transpose_b=trans_b, precision=p).to_host() - exact).max()
+            for p in ("high", "bf16x3")
+        }
+        assert 8 * errors["bf16x3"] <= errors["high"], (trans_a, trans_b, errors)
 
 
 def test_precision_setting_and_context():
@@ -655,11 +682,11 @@ def test_every_searchable_config_on_a_gpu(cl_device):
         problem = gemm_plan.Problem(m, n, k, trans, trans, ())
         configs = [(c, None) for c in gemm_configs._grid()]
         configs += [(dataclasses.replace(c, group=2, split=0), None) for c in gemm_configs._grid()[:3]]
-        for mode in ("tf32", "tf32x3", "bf16"):
+        for mode in ("tf32", "tf32x3", "bf16x3", "bf16"):
             ldsm = gemm_mma._probe_result(cl_device, mode)
             if ldsm is None:
                 continue
-            for c in gemm_mma._grid():
+            for c in gemm_mma._grid() + (list(gemm_mma._BF16X3_MORE) if mode == "bf16x3" else []):
                 # float32 operands of the bf16 mode are rounded on their way through registers: no cp.async
                 c = dataclasses.replace(c, ldsm=ldsm, stages=c.stages if mode in gemm_mma.WORD_MODES else 0)
                 variants = [c, dataclasses.replace(c, group=2, fpre=1, split=0)]
@@ -674,7 +701,7 @@ def test_every_searchable_config_on_a_gpu(cl_device):
             else:
                 plan = gemm_mma.make_plan(cl_device, mode, f32, f32, f32, (m, n), problem, cfg=cfg)
             got = plan.run(ta, tb).to_host()
-            unit = {None: "highest", "tf32": "high", "tf32x3": "tf32x3", "bf16": "medium"}[mode]
+            unit = {None: "highest", "tf32": "high", "tf32x3": "tf32x3", "bf16x3": "bf16x3", "bf16": "medium"}[mode]
             err = np.abs(got - x @ y).max()
             assert err <= _tolerance(k, unit), (cfg, mode, trans, err)
 

@@ -44,8 +44,8 @@ FEATURES = (64, 128)
 #: whose errors against float64 measured at or below the blocked kernels' at 1.3-1.4x their speed; torch's
 #: float32 SDPA multiplies the same way (3xTF32). See docs/attention_mma.md, "Routing highest"
 HIGHEST: str | None = "tf32x3"
-#: matmul precision -> kind
-_KIND_OF = {"high": "tf32", "tf32x3": "tf32x3"}
+#: matmul precision -> kind (bf16x3 has no attention kernel of its own: tf32x3, the more accurate, runs it)
+_KIND_OF = {"high": "tf32", "tf32x3": "tf32x3", "bf16x3": "tf32x3"}
 
 
 def kind_for(precision: str) -> str | None:

@@ -550,6 +550,9 @@ _ALGORITHMS = {
 #: transforms barely grow the products' rounding; F(4x4)'s grow it about 4x, so F(4x4) keeps tf32x3), and at
 #: 128-512 channels it is the faster pass (see benchmarks/RESULTS.md, "Thirty-sixth session").
 WINOGRAD_TF32 = "winograd-tf32"
+#: And where tensor cores take bf16x3: F(4x4) with its products at "bf16x3" (each operand as two bf16 parts, about
+#: 16 bits: F(4x4)'s growth of the products' rounding stays far under tf32's) at half tf32x3's tensor-core work.
+WINOGRAD_BF16X3 = "winograd-bf16x3"
 
 #: The largest share of a device's global memory the column buffer of a "gemm" path (C*KH*KW x N*OH*OW values) may
 #: take; a layer whose columns are larger keeps Winograd or the implicit GEMM (no buffer) without a search.
@@ -562,19 +565,23 @@ def _gpu_algorithm(
 ) -> str:  # fmt: skip
     """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w;
     "dw": a = the upstream gradient, b = x) of a layer, Winograd F(``tile`` x ``tile``) a candidate where ``tile``
-    (its products at ``products``; where those are "tf32x3", ``WINOGRAD_TF32`` too), and the choice without a search
+    (its products at ``products``; where those are "tf32x3", ``WINOGRAD_TF32`` and ``WINOGRAD_BF16X3`` too, the latter
+    where F(4x4) runs and tensor cores take bf16x3), and the choice without a search
     where the caller ``asked`` for it (``winograd=True``, 2 or 4) or there is one candidate. On a GPU: measured at the
     layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the device time of
     each path's kernels, and stored like a tile search (``tune.select``). Without a measurement (``NETCL_TUNE=0``,
     deterministic algorithms), off GPUs and where the columns would take more than ``_COLUMNS_SHARE`` of the
     device's memory: Winograd where ``tile``, else the implicit GEMM."""
     from netcl.runtime import tune
+    from netcl.runtime.ops import gemm_mma
 
     fallback = "winograd" if tile else "implicit"
     device = a.device
     candidates = [name for name in _ALGORITHMS[kind] if tile or name != "winograd"]
     if tile and products == "tf32x3":
         candidates.insert(1, WINOGRAD_TF32)
+        if tile == 4 and gemm_mma.available(device, "bf16x3"):
+            candidates.insert(1, WINOGRAD_BF16X3)
     if (tile and asked) or not implicit or groups != 1 or not device.is_gpu or len(candidates) < 2:
         return fallback
     if not conv_implicit.supports(a, b, None, groups):
@@ -586,6 +593,7 @@ def _gpu_algorithm(
     key = f"conv-{kind}-algorithm|{a.dtype.str}|{mode}|{tune.pow2_class(geo.N)}|{out_ch}|{geo.values}"
     if tile:  # another list of candidates: its own key (a strided layer's keeps the key it had before Winograd)
         key += f"|winograd {tile}" + (" or 2 on tf32" if WINOGRAD_TF32 in candidates else "")
+        key += " or 4 on bf16x3" if WINOGRAD_BF16X3 in candidates else ""
     trial = _WholeBatchTrial(device, geo, out_ch, kind, a.dtype, tile, products)
 
     def decode(stored: dict[str, Any]) -> str:  # a ValueError for a choice this version does not offer: searched again
@@ -730,7 +738,7 @@ def _winograd_tile(
         )
     mode = conv_implicit.mma_mode(a.device, float32)
     products = _winograd_precision(a.device, mode)
-    three = mode == "tf32x3" or products is not None
+    three = mode in ("tf32x3", "bf16x3") or products is not None
     if winograd is not None:
         return (int(winograd) if winograd is not True else (conv_winograd.default_tile(three) or 2)), products
     picked = fits and min(geo.C, out_ch) >= conv_winograd.MIN_CHANNELS and (mode is None or three)
@@ -751,11 +759,14 @@ def _winograd_precision(device, mode: str | None) -> str | None:
 
 def _winograd_variant(algorithm: str, tile: int, products: str | None) -> tuple[int, str | None] | None:
     """The (tile, products' precision) a Winograd ``algorithm`` runs ("winograd": the layer's ``tile`` and
-    ``products``; ``WINOGRAD_TF32``: F(2x2) at the current precision), None for another path."""
+    ``products``; ``WINOGRAD_TF32``: F(2x2) at the current precision; ``WINOGRAD_BF16X3``: F(4x4) on bf16x3), None
+    for another path."""
     if algorithm == "winograd":
         return tile, products
     if algorithm == WINOGRAD_TF32:
         return 2, None
+    if algorithm == WINOGRAD_BF16X3:
+        return 4, "bf16x3"
     return None
 
 

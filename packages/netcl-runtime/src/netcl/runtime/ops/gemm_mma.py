@@ -61,14 +61,14 @@ def _nvidia(device: Device) -> bool:
 
 
 def mode_for(device: Device, a_dtype: np.dtype, b_dtype: np.dtype, precision: str) -> str | None:
-    """ "f16", "bf16", "tf32", "tf32x3" or None (portable kernel) for operands of these dtypes: f16 for
-    two float16 tensors, bf16 for two bfloat16 tensors, float32 ones by ``precision``."""
+    """ "f16", "bf16", "tf32", "tf32x3", "bf16x3" or None (portable kernel) for operands of these dtypes: f16
+    for two float16 tensors, bf16 for two bfloat16 tensors, float32 ones by ``precision``."""
     if a_dtype == float16 and b_dtype == float16:
         mode = "f16"
     elif a_dtype == bfloat16 and b_dtype == bfloat16:  # the words multiply as they are (``_words``)
         mode = "bf16"
     elif a_dtype == float32 and b_dtype == float32 and precision != "highest":
-        mode = {"tf32x3": "tf32x3", "high": "tf32", "medium": "bf16", "fp16": "f16"}[precision]
+        mode = {"tf32x3": "tf32x3", "bf16x3": "bf16x3", "high": "tf32", "medium": "bf16", "fp16": "f16"}[precision]
     else:
         return None
     if not _switched_on(device):
@@ -185,8 +185,9 @@ def _probe(
     elif cfg.wg and mode == "tf32x3":  # every layout: M/N-major tiles split into K-major ones
         layouts = [(False, True), (False, False), (True, False), (True, True)]
     # tf32 / bf16 / fp16 operand rounding: relative 2**-11 / 2**-8 / 2**-11 per product, 16 products
-    # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails)
-    tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5}[mode]
+    # of |x| <= 1, plus fp32 accumulation; tf32x3: about 2**-21 per product (a plain tf32 result fails); bf16x3:
+    # at most 3 * 2**-16 per product, 7.3e-4 in all (a plain bf16 result fails)
+    tol = {"f16": 1e-2, "tf32": 2e-2, "bf16": 1.5e-1, "tf32x3": 1e-5, "bf16x3": 1e-3}[mode]
     for trans_a, trans_b in layouts:
         a = rng.uniform(-1, 1, (16, 16)).astype(dtype)
         b = rng.uniform(-1, 1, (16, 16)).astype(dtype)
@@ -377,6 +378,14 @@ def _grid() -> list[MmaConfig]:
     ]
 
 
+#: bf16x3's further candidates (``config``): 32-word stages, two k-steps' products a pair of 8-word fragments each
+_BF16X3_MORE = (
+    MmaConfig(2, 2, 2, 4, 32, stages=3),
+    MmaConfig(2, 2, 4, 4, 32, stages=2),
+    MmaConfig(2, 2, 2, 8, 32, stages=2),
+)
+
+
 def _default(device: Device, problem) -> MmaConfig:
     units = device.cl_device.max_compute_units
     for cfg in (MmaConfig(2, 2, 4, 8, 16), MmaConfig(2, 2, 2, 4, 16)):
@@ -441,6 +450,9 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
     copied = warpgroups and staged and tma_ok(device, mode)  # the Tensor Memory Accelerator
     if not copied:
         candidates = [c for c in candidates if not c.tma]
+    if mode == "bf16x3":
+        more = [_aligned(dataclasses.replace(c, ldsm=ldsm), problem, a_half, b_half) for c in _BF16X3_MORE]
+        candidates += more if staged else [dataclasses.replace(c, stages=0) for c in more]
     candidates = [c for c in dict.fromkeys(candidates) if _valid(device, c, mode, problem)]
     big = [c for c in candidates if c.bm * c.bn >= 128 * 128 and -(-problem.m // c.bm) >= 16]
     candidates += [dataclasses.replace(c, group=8) for c in big]
@@ -463,6 +475,8 @@ def config(device: Device, mode: str, problem, a_half: bool, b_half: bool) -> Mm
         x3 = _aligned(dataclasses.replace(x3, ldsm=ldsm), problem, a_half, b_half)
         if copied and _valid(device, x3, mode, problem):
             fallback = x3
+    if mode == "bf16x3":  # without a search: 64 x 64, 16-word stages (two k-steps a product), 3 cp.async deep
+        fallback = _aligned(MmaConfig(2, 2, 2, 4, 16, ldsm=ldsm, stages=3 if staged else 0), problem, a_half, b_half)
     if mode in ("tf32", "f16", "bf16") and fallback.bm * fallback.bn >= 128 * 128 and staged:
         # 3 cp.async stages of 16 words in swizzled tiles, else 2: the best of the grid (see
         # benchmarks/RESULTS.md, "Deeper pipelines for the tensor-core kernel")

@@ -3,9 +3,11 @@
 Same signature and batch/split scheme as the portable kernel (``gemm_source``). Modes: "f16"
 (float16 operands, or float32 operands rounded to float16, ``mma.m16n8k16.f16``), "bf16"
 (bfloat16 operands, or float32 operands rounded to bf16, ``m16n8k16.bf16``), "tf32" (float32 operands rounded to tf32,
-``m16n8k8.tf32``) and "tf32x3" (float32 operands split into two tf32 parts, hi + lo, multiplied
+``m16n8k8.tf32``), "tf32x3" (float32 operands split into two tf32 parts, hi + lo, multiplied
 as lo*hi + hi*lo + hi*hi: three tf32 mma per tile for float32's accuracy; local memory keeps the
-raw float32 words); all accumulate in fp32. A work-group of WM x WN warps computes a BM x BN
+raw float32 words) and "bf16x3" (the same with bf16 parts, about 16 bits of each operand: three
+``m16n8k16.bf16`` mma per 16 k, half tf32x3's tensor-core work; ``_bf16x3_compute``); all accumulate
+in fp32. A work-group of WM x WN warps computes a BM x BN
 block (BM = WM*FM*16, BN = WN*FN*8); each warp an (FM*16) x (FN*8) tile as FM x FN mma tiles.
 
 Local memory keeps each operand tile in its STORED orientation (k-contiguous rows for A and for a
@@ -48,9 +50,12 @@ MMA = {
     "bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "tf32": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
     "tf32x3": "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    "bf16x3": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
 }
-#: modes with one 32-bit word per element (tf32 tiles)
-WORD_MODES = ("tf32", "tf32x3")
+#: modes with one 32-bit word per element in local memory (tf32 tiles; the split modes' raw float32 words)
+WORD_MODES = ("tf32", "tf32x3", "bf16x3")
+#: modes that split each raw float32 operand into hi + lo parts and sum lo*hi + hi*lo + hi*hi a k-step
+SPLIT_MODES = ("tf32x3", "bf16x3")
 #: The tensor dtype whose stored 16-bit words a 16-bit mode multiplies as they are.
 WORD_DTYPE = {"f16": float16, "bf16": bfloat16}
 #: modes whose operands are stored in the mma's element format, so cp.async copies them unconverted
@@ -59,7 +64,7 @@ ASYNC_MODES = (*WORD_MODES, "f16", "bf16")
 WGMMA_MODES = ("tf32", "f16", "bf16", "tf32x3")
 #: modes whose ``wgmma`` reads float32 words only K-major (no transpose bits), so that an operand stored M/N-major
 #: may be transposed first (``MmaConfig.pre``, ``gemm_transpose``)
-PRE_MODES = WORD_MODES
+PRE_MODES = ("tf32", "tf32x3")
 
 
 @dataclass(frozen=True)
@@ -131,8 +136,10 @@ class MmaConfig:
             out.append("bkw must be a multiple of 8 words (one mma k-step)")
         if self.stages and (mode not in ASYNC_MODES or not (self.va and self.vb) or self.stages < 2):
             out.append("cp.async stages need tf32, f16 or bf16, 16-byte aligned operands and at least 2 stages")
-        if self.fpre and mode == "tf32x3":
-            out.append("tf32x3 splits each fragment in place: no fragment prefetch")
+        if self.fpre and mode in SPLIT_MODES:
+            out.append(f"{mode} splits each fragment after its load: no fragment prefetch")
+        if mode == "bf16x3" and self.bkw % 16:
+            out.append("bf16x3 multiplies 16 words along K a step (m16n8k16): bkw a multiple of 16")
         if self.pre and not (self.wg and mode in PRE_MODES and not self.swap):
             out.append("pre (operands transposed first) serves tf32 and tf32x3 on wgmma, unswapped")
         if self.wg:
@@ -406,7 +413,7 @@ def _copy(
         elif mode == "tf32":
             r = regs[0]
             value = f"(uint4)(TF32({r}.s0), TF32({r}.s1), TF32({r}.s2), TF32({r}.s3))"
-        elif mode == "tf32x3":  # raw words: the fragments are split after their loads
+        elif mode in SPLIT_MODES:  # raw words: the fragments are split after their loads
             value = f"as_uint4({regs[0]})"
         else:
             cvt = "BF16X2" if mode == "bf16" else "F16X2"
@@ -921,19 +928,64 @@ def _mma_line(mode: str, a: str, b: str, fm: int, fn: int, out: list[str], into:
 def _tile_mma(mode: str, fm: int, fn: int) -> str:
     """The mma work of tile (``fm``, ``fn``) for one k-step.
 
-    tf32x3 (``af`` / ``bf`` the lo parts, ``ah`` / ``bh`` the hi parts) sums lo*hi + hi*lo + hi*hi
-    of the step into a zero-started ``t`` and adds ``t`` to the accumulator with IEEE float adds:
+    The split modes (``af`` / ``bf`` the lo parts, ``ah`` / ``bh`` the hi parts) sum lo*hi + hi*lo + hi*hi
+    of the step into a zero-started ``t`` and add ``t`` to the accumulator with IEEE float adds:
     the tensor cores' own accumulation truncates, which over K / 8 steps into a large accumulator
     is a bias growing with K; into ``t`` it is relative to one step's sum.
     """
     acc = [f"acc[{fm}][{fn}][{i}]" for i in range(4)]
-    if mode != "tf32x3":
+    if mode not in SPLIT_MODES:
         return _mma_line(mode, "af", "bf", fm, fn, acc, acc)
     t = [f"t{i}" for i in range(4)]
     lines = ["{ float t0, t1, t2, t3;", _mma_line(mode, "af", "bh", fm, fn, t, ["0.0f"] * 4)]
     lines += [_mma_line(mode, a, b, fm, fn, t, t) for a, b in (("ah", "bf"), ("ah", "bh"))]
     lines.append(" ".join(f"{x} += {y};" for x, y in zip(acc, t, strict=True)) + " }")
     return "\n        ".join(lines)
+
+
+def _bf16x3_compute(cfg: MmaConfig, frag: list[str], mma: list[str]) -> str:
+    """bf16x3's products of one stage: per 16 words along K, the tf32 fragments of two 8-word steps (``frag``
+    with ``ks`` the step's first word; raw float32 words), packed into the bf16 hi and lo fragments of one
+    ``m16n8k16`` step, then ``mma`` (``_tile_mma``'s lines).
+
+    A thread's tf32 fragments hold words k = tig and tig + 4 of its rows (A) or columns (B) in each 8-word
+    step; m16n8k16 takes k = 2 tig and 2 tig + 1 in one 32-bit register, 2 tig + 8 and 2 tig + 9 in the next.
+    Packing (tig, tig + 4) of the first step and (8 + tig, 12 + tig) of the second into those registers
+    permutes the 16 k alike in A and B, which a dot product over them does not see. Each pair is split
+    by ``BF16_SPLIT``: hi = bf16(x) rounded to nearest, lo = bf16(x - hi).
+    """
+    steps = []
+    for half, offset in (("p", 0), ("q", 8)):
+        renamed = [line.replace("af[", f"a{half}[").replace("bf[", f"b{half}[") for line in frag]
+        steps.append(f"{{ const int ks = pair * 16 + {offset}; {' '.join(renamed)} }}")
+    packs = []
+    for i in range(cfg.fm):
+        words = (("p", 0, 2), ("p", 1, 3), ("q", 0, 2), ("q", 1, 3))
+        packs.append(
+            " ".join(
+                f"BF16_SPLIT(a{h}[{i}][{x}], a{h}[{i}][{y}], ah[{i}][{q}], af[{i}][{q}]);"
+                for q, (h, x, y) in enumerate(words)
+            )
+        )
+    for j in range(cfg.fn):
+        words = (f"BF16_SPLIT(b{h}[{j}][0], b{h}[{j}][1], bh[{j}][{q}], bf[{j}][{q}]);" for q, h in enumerate("pq"))
+        packs.append(" ".join(words))
+    nl2 = "\n            "
+    return f"""#pragma unroll
+        for (int pair = 0; pair < {cfg.bkw // 16}; ++pair) {{
+            uint ap[{cfg.fm}][4], bp[{cfg.fn}][2], aq[{cfg.fm}][4], bq[{cfg.fn}][2];
+            {nl2.join(steps)}
+            uint af[{cfg.fm}][4], bf[{cfg.fn}][2], ah[{cfg.fm}][4], bh[{cfg.fn}][2];
+            {nl2.join(packs)}
+            {nl2.join(mma)}
+        }}"""
+
+
+#: bf16x3's split of two raw float32 words ``x0``, ``x1`` into bf16x2 words: ``hi`` = (bf16(x0), bf16(x1)) and
+#: ``lo`` = the bf16 of what each misses (``bf16x2_bits`` puts its first value in the low half)
+BF16_SPLIT_MACRO = r"""#define BF16_SPLIT(x0, x1, hi, lo) { const float u_ = as_float(x0), v_ = as_float(x1); \
+    hi = bf16x2_bits(u_, v_); lo = bf16x2_bits(u_ - as_float((hi) << 16), v_ - as_float((hi) & 0xffff0000u)); }
+"""
 
 
 def _paired_half_store() -> str:
@@ -1036,6 +1088,8 @@ def mma_source(
             {nl2.join(frag)}
             {nl2.join(mma)}
         }}"""
+    if mode == "bf16x3":  # two k-steps' fragments a product
+        compute = _bf16x3_compute(cfg, frag, mma)
     if cfg.fpre:  # fragments of step s + 1 load while the mma of step s run (two register sets)
         steps = cfg.bkw // 8
 
@@ -1136,7 +1190,7 @@ def mma_source(
         barrier(CLK_LOCAL_MEM_FENCE);
     }}"""
     stage_count = f"\n#define NBUF {nbuf}" if cfg.tma else ""  # (the TMA kernel's mbarriers)
-    lo_tiles, split_macro = "", X3_SPLIT_MACRO if x3_wgmma else ""
+    lo_tiles, split_macro = "", X3_SPLIT_MACRO if x3_wgmma else BF16_SPLIT_MACRO if mode == "bf16x3" else ""
     if x3_wgmma:  # the split stages' lo parts, and hi parts of operands stored M/N-major (``_x3_split_lines``)
         split_tiles = [("A", "lo", a_words), ("B", "lo", b_words)]
         split_tiles += [

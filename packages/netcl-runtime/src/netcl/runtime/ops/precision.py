@@ -5,13 +5,16 @@ XLA's ``TF32_TF32_F32_X3``): each operand split into two tf32 parts, x = hi + lo
 summed as lo*hi + hi*lo + hi*hi on tf32 tensor cores, each k-step's sum added to the accumulator
 with an IEEE fp32 add (the mma's own accumulation truncates): fp32's accuracy or better (see
 benchmarks/RESULTS.md, "Measurements moved out of source docstrings", precision.py) at tensor-core
-speed. "high": operands rounded to tf32 (10-bit mantissa, round to nearest, ties away) on tensor
-cores, fp32 accumulation.
+speed. "bf16x3" (netcl's addition; the form torch's "high" names beside tf32: "each float32 number as
+the sum of two bfloat16 numbers"): the same with bf16 parts, about 16 of the 24 bits (a product off by
+<= 3 * 2**-16 relative, 20x under tf32's rounding), on bf16 tensor cores at half tf32x3's tensor-core
+work; a kernel without a bf16x3 form (attention) runs tf32x3. "high": operands rounded to tf32 (10-bit
+mantissa, round to nearest, ties away) on tensor cores, fp32 accumulation.
 "medium": operands rounded to bf16 (7-bit mantissa, ties to even), fp32 accumulation. "fp16"
 (netcl's addition; autocast's matrix products where float16 is storage-only): operands rounded to
 float16 (10-bit mantissa, 5-bit exponent, ties to even: the numbers of float16 operands) as the
 kernel loads them, fp32 accumulation. A device without tensor cores (PoCL, the NumPy backend)
-computes "tf32x3", "high", "medium" and "fp16" in fp32 (more accurate, never an error).
+computes "tf32x3", "bf16x3", "high", "medium" and "fp16" in fp32 (more accurate, never an error).
 ``round_tf32`` / ``round_bf16`` reproduce the tensor cores' operand rounding on the host (the
 tests' and benchmarks' reference for those modes; fp16's is NumPy's ``astype(float16)``).
 
@@ -27,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-PRECISIONS = ("highest", "tf32x3", "high", "medium", "fp16")
+PRECISIONS = ("highest", "tf32x3", "bf16x3", "high", "medium", "fp16")
 T = TypeVar("T")
 
 
@@ -49,7 +52,7 @@ def _check(value: str) -> str:
 
 
 def set_float32_matmul_precision(precision: str) -> None:
-    """Process-wide precision of float32 matrix products ("highest", "tf32x3", "high", "medium", "fp16")."""
+    """Process-wide precision of float32 matrix products (one of ``PRECISIONS``)."""
     _default[0] = _check(precision)
 
 
