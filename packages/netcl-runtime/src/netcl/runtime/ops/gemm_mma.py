@@ -178,7 +178,7 @@ def _probe(
 
     rng = np.random.default_rng(7)
     dtype = operands or WORD_DTYPE.get(mode, float32)
-    cfg = cfg or MmaConfig(1, 1, 1, 2, 8, 1, 1, ldsm, stages)
+    cfg = cfg or MmaConfig(1, 1, 1, 2, 16 if mode == "bf16x3" else 8, 1, 1, ldsm, stages)  # (bf16x3: k16 a step)
     layouts = [(False, False), (True, True)]
     if cfg.wg and mode == "tf32":  # tf32 wgmma: NT, or NN swapped
         layouts = [(False, not cfg.swap)]
