@@ -313,8 +313,8 @@ def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, a
     ``WINOGRAD_TF32`` is F(2x2) at the current precision, ``WINOGRAD_BF16X3`` F(4x4) on "bf16x3"), the gradients with
     an addend summed in their store or gather: against float64 (sums of <= 16*3*3 float32 products of N(0, 1)
     values, the weight gradient's of 2*6*6; atol 2e-4, Winograd's transforms included; "tf32x3" and "bf16x3" are
-    float32 where no tensor cores take them; bf16x3's products, off by <= 3 * 2**-16 relative, grown ~4x by
-    F(4x4)'s transforms, over the same sums: atol 2e-3)."""
+    float32 where no tensor cores take them; bf16x3's products are off by <= 3 * 2**-16 of |a b|, whose sums here
+    are ~92, grown ~4x by F(4x4)'s transforms: atol 2e-2, where tf32 or bf16 products would be off by 0.4-1)."""
     from netcl.runtime import clear_caches
 
     rng = np.random.default_rng(6)
@@ -341,7 +341,7 @@ def test_each_algorithm_of_a_searched_pass_runs_what_it_names(cl_device, kind, a
             got = conv.conv2d_backward_weight(g, x, w.shape, geo, 1, addend=w_addend).to_host()
             expected = _weight_gradient_float64(g64, x64, geo) + w_addend64
     clear_caches()
-    np.testing.assert_allclose(got, expected, atol=2e-3 if algorithm == conv.WINOGRAD_BF16X3 else 2e-4)
+    np.testing.assert_allclose(got, expected, atol=2e-2 if algorithm == conv.WINOGRAD_BF16X3 else 2e-4)
     winograd = {"winograd": "F2 tf32x3", conv.WINOGRAD_TF32: "F2 highest", conv.WINOGRAD_BF16X3: "F4 bf16x3"}
     named = "winograd " + winograd[algorithm] if algorithm in winograd else algorithm
     assert ran == ([] if algorithm == "batched-gemm" or (kind, algorithm) == ("dx", "gemm") else [named])
@@ -669,9 +669,9 @@ def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, algorithm, 
     """``conv._AlgorithmTrial("winograd")`` of a 3x3 stride-1 layer runs its pass by Winograd F(tile x tile) with
     its products at the trial's precision ("tf32x3" here), ``WINOGRAD_TF32`` by F(2x2) at the current one,
     ``WINOGRAD_BF16X3`` by F(4x4) on bf16x3, on its scratch operands (uniform values in [-1, 1), sums of 16*3*3
-    products, the weight gradient's of 2*6*6; against float64, atol 1e-4, bf16x3's 1e-3 (its products off by
-    <= 3 * 2**-16 relative, grown ~4x by F(4x4)'s transforms); "tf32x3" and "bf16x3" are float32 where no tensor
-    cores take them)."""
+    products, the weight gradient's of 2*6*6; against float64, atol 1e-4, bf16x3's 5e-3 (its products off by
+    <= 3 * 2**-16 of |a b|, whose sums here are ~36, grown ~4x by F(4x4)'s transforms); "tf32x3" and "bf16x3" are
+    float32 where no tensor cores take them)."""
     ran = _paths_spied(monkeypatch)
     geo = conv.check_conv2d((2, 16, 6, 6), (16, 16, 3, 3), None, 1, 1, 1, 1)
     trial = conv._AlgorithmTrial(cl_device, geo, 16, kind, np.dtype(np.float32), True, 2, "tf32x3")
@@ -685,7 +685,7 @@ def test_a_winograd_trial_runs_its_pass_by_winograd(cl_device, kind, algorithm, 
         expected = _input_gradient_float64(host["g"], host["w"], one)
     else:
         expected = _weight_gradient_float64(host["g"], host["x"], one)
-    np.testing.assert_allclose(got, expected, atol=1e-3 if algorithm == conv.WINOGRAD_BF16X3 else 1e-4)
+    np.testing.assert_allclose(got, expected, atol=5e-3 if algorithm == conv.WINOGRAD_BF16X3 else 1e-4)
     named = {"winograd": "F2 tf32x3", conv.WINOGRAD_TF32: "F2 highest", conv.WINOGRAD_BF16X3: "F4 bf16x3"}[algorithm]
     assert ran == ["winograd " + named]
 
