@@ -6,7 +6,8 @@ the strings, e.g. ``--only sq8192 mlp``, so that a GPU machine's time limit need
 table). Each row times one product ``(M x K) @ (K x N)`` on the netcl device (median device time from
 profiling events, around the call) and, when torch sees CUDA on an NVIDIA OpenCL device, the same
 product through torch (CUDA events): fp32 with TF32 off, TF32, fp16 and bf16 (netcl's "tf32x3", three
-tf32 products for near-fp32 accuracy, is compared with cuBLAS fp32; netcl's "bf16" multiplies bfloat16
+tf32 products for near-fp32 accuracy, is compared with cuBLAS fp32, its "bf16x3", three bf16 products of
+operands split into ~16 bits, with cuBLAS TF32, torch's "high"; netcl's "bf16" multiplies bfloat16
 tensors, "bf16-f32" float32 tensors rounded to bf16 as the kernel loads them, amp's path, not in the
 ratios). The error of every netcl precision against a float64 product is printed for one shape
 (relative Frobenius norm, random uniform inputs in [-1, 1]).
@@ -95,6 +96,8 @@ def netcl_modes(device) -> list[tuple[str, str, object]]:
     if device.kind == "opencl":
         if gemm_mma.available(device, "tf32x3"):
             modes.append(("tf32x3", "tf32x3", np.float32))
+        if gemm_mma.available(device, "bf16x3"):
+            modes.append(("bf16x3", "bf16x3", np.float32))
         if gemm_mma.available(device, "tf32"):
             modes.append(("tf32", "high", np.float32))
         if gemm_mma.available(device, "bf16"):
@@ -225,6 +228,7 @@ def _ratios(row) -> dict:
     pairs = [
         ("fp32", "cuBLAS fp32"),
         ("tf32x3", "cuBLAS fp32"),
+        ("bf16x3", "cuBLAS tf32"),
         ("tf32", "cuBLAS tf32"),
         ("fp16", "cuBLAS fp16"),
         ("bf16", "cuBLAS bf16"),
