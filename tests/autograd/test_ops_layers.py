@@ -78,6 +78,32 @@ def test_conv2d(check):
     check([X, W, (4,)], np_conv2d, ag.conv2d, atol=1e-4, grad_atol=1e-3, low=-1.0, high=1.0)
 
 
+def test_conv2d_weight_gradient_reads_the_forwards_winograd_transform(device):
+    """A Winograd layer (float32, 3x3, stride 1, 16 channels each way) keeps x's input transform from the forward
+    for its weight gradient: the backward launches no input transform on OpenCL devices, and its gradients are the
+    bits of the runtime's passes, which transform x themselves."""
+    from netcl.profiler import profile
+    from netcl.runtime.ops import conv
+
+    rng = np.random.default_rng(8)
+    x = ag.tensor(rng.standard_normal((2, 16, 8, 8)).astype(np.float32), device=device)
+    w = ag.tensor(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), device=device, requires_grad=True)
+    g = rng.standard_normal((2, 16, 8, 8)).astype(np.float32)
+    with ag.Tape() as tape:
+        y = ag.conv2d(x, w, None, 1, 1)
+        loss = ag.sum(y * ag.tensor(g, device=device))
+    with profile(device) as prof:
+        tape.backward(loss)
+        got = w.grad.to_host()
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    upstream = ag.tensor(g, device=device).value
+    expected = conv.conv2d_backward_weight(upstream, x.value, tuple(w.shape), geo, 1).to_host()
+    np.testing.assert_array_equal(got, expected)
+    names = [event.name for event in prof.events()]
+    if device.kind == "opencl":
+        assert "netcl_wino_grad_output" in names and "netcl_wino_input" not in names, names
+
+
 def test_conv2d_padding_no_bias(check):
     check(
         [X, W],

@@ -351,6 +351,42 @@ def test_winograd_variants_of_high_err_as_the_implicit_gemm_on_tf32(cl_device, t
         assert err <= bound * err_implicit, f"{name}: F({tile}x{tile}) {err:.3g}, the implicit GEMM {err_implicit:.3g}"
 
 
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_weight_gradient_reads_the_forwards_input_transform(cl_device, tile):
+    """``forward(..., keep=)`` appends x's input transform; ``backward_weight(..., kept=)`` reads it where it is of
+    the same x at the same tile and padding: the bits of the gradient that transforms x itself (with and without
+    an addend), without the input transform's launch; a transform of another tensor, tile or padding is not read
+    (x is transformed again: the same bits)."""
+    from netcl.profiler import profile
+
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 16, 9, 10)), rng.standard_normal((16, 16, 3, 3))
+    g, addend = rng.standard_normal((2, 16, 9, 10)), rng.standard_normal((16, 16, 3, 3))
+    xt, wt, gt, at = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x, w, g, addend))
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    keep: list = []
+    y = conv_winograd.forward(xt, wt, None, geo, tile, keep=keep)
+    np.testing.assert_array_equal(y.to_host(), conv_winograd.forward(xt, wt, None, geo, tile).to_host())
+    (kept,) = keep
+    assert (kept.tile, kept.pads, kept.source) == (tile, (1, 1), xt)
+    for extra in (None, at):
+        plain = conv_winograd.backward_weight(gt, xt, geo, extra, tile).to_host()
+        with profile(cl_device) as prof:
+            reused = conv_winograd.backward_weight(gt, xt, geo, extra, tile, kept=kept).to_host()
+        names = [event.name for event in prof.events()]
+        assert "netcl_wino_grad_output" in names and "netcl_wino_input" not in names, names
+        np.testing.assert_array_equal(reused, plain)
+    other = nc.tensor(x.astype(np.float32), device=cl_device)  # the same values, another tensor
+    unpadded = conv.check_conv2d(x.shape, w.shape, None, 1, 0, 1, 1)
+    g0 = nc.tensor(rng.standard_normal((2, 16, 7, 8)).astype(np.float32), device=cl_device)
+    for grad, source, geometry, at_tile in ((gt, other, geo, tile), (gt, xt, geo, 6 - tile), (g0, xt, unpadded, tile)):
+        with profile(cl_device) as prof:
+            got = conv_winograd.backward_weight(grad, source, geometry, None, at_tile, kept=kept).to_host()
+        assert "netcl_wino_input" in [event.name for event in prof.events()]
+        recomputed = conv_winograd.backward_weight(grad, source, geometry, None, at_tile)
+        np.testing.assert_array_equal(got, recomputed.to_host())
+
+
 def test_winograd_passes_capture_and_replay(cl_device):
     """A captured forward + both gradients (workspaces and the batched products included) replays on
     new inputs with the bits of an eager run on them."""

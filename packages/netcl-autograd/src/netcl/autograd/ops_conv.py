@@ -65,7 +65,9 @@ def conv2d(
     """2-D cross-correlation (PyTorch ``conv2d``): x (N, C, H, W), w (O, C/groups, KH, KW), b (O,) or None.
 
     ``padding`` also takes torch's strings: ``"valid"`` (none) and ``"same"`` (stride 1: the output keeps x's
-    size; an odd total padding puts its extra row and column at the bottom and right, as torch does)."""
+    size; an odd total padding puts its extra row and column at the bottom and right, as torch does). Where the
+    forward runs by Winograd and w needs a gradient, x's input transform is kept until the backward, whose
+    weight gradient reads it where it runs at the same tile (``conv2d(..., keep=)``)."""
     if isinstance(padding, str):
         x, padding = _string_padding(x, _shape(w, "conv2d", "w"), stride, padding, dilation)
     b_shape = None if b is None else _shape(b, "conv2d", "b")
@@ -74,9 +76,11 @@ def conv2d(
         return autocast_mode.conv2d(x, w, b, stride, padding, dilation, groups, low)
     precision = autocast_mode.fallback_precision(x, w, b, product="conv")  # autocast without float16 arithmetic
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    kept: list = []  # the forward's input transform of x, for the weight gradient
 
     def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
-        return conv.conv2d(xv, wv, bv, stride, padding, dilation, groups)
+        kept.clear()
+        return conv.conv2d(xv, wv, bv, stride, padding, dilation, groups, keep=kept if _needs(w) else None)
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None, None)) -> _Grads:
         xv, wv = values[0], values[1]
@@ -88,7 +92,8 @@ def conv2d(
             gx = conv.conv2d_backward_input(g, wv, geo, groups, addend=folds[0])
             gx = gx if folds[0] is not None else plus(addends[0], gx)
         if _needs(w):
-            gw = conv.conv2d_backward_weight(g, xv, wv.shape, geo, groups, addend=folds[1])
+            transformed = kept[0] if kept else None
+            gw = conv.conv2d_backward_weight(g, xv, wv.shape, geo, groups, addend=folds[1], transformed=transformed)
             gw = gw if folds[1] is not None else plus(addends[1], gw)
         if b is None:
             return [gx, gw]

@@ -784,13 +784,16 @@ def conv2d(
     *,
     implicit: bool = True,
     winograd: bool | int | None = None,
+    keep: list | None = None,
 ) -> Tensor:
     """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW).
 
     ``implicit=False`` forces im2col + matmul where the implicit GEMM would run (see the module
     docstring); ``winograd`` chooses Winograd's F(m x m, 3 x 3) for 3x3 stride-1 layers
     (``_winograd_tile``: None picks it by layer, True / 2 / 4 ask for it, False never). The choice is
-    made once per call signature (``call_plans``).
+    made once per call signature (``call_plans``). ``keep``: a list to which a Winograd forward appends x's
+    input transform (``conv_winograd.InputTransform``), for ``conv2d_backward_weight(..., transformed=)``;
+    the other paths append nothing.
     """
     key = (
         tensor_sig(x) if x is not None else UNKEYED,
@@ -809,14 +812,14 @@ def conv2d(
         plan = _FORWARDS.keep(
             complete(key), _forward_plan(x, w, b, stride, padding, dilation, groups, implicit, winograd)
         )
-    return plan(x, w, b)
+    return plan(x, w, b, keep)
 
 
 def _forward_plan(
     x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: Any, implicit: bool,
     winograd: bool | int | None,
 ) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
-    """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b) -> y``."""
+    """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b, keep) -> y``."""
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
@@ -832,18 +835,18 @@ def _forward_plan(
         else (0, None)
     )
     if _pointwise(implicit, x, w, groups, geo):
-        return lambda x, w, b: _pointwise_forward(x, w, b, geo)
+        return lambda x, w, b, keep: _pointwise_forward(x, w, b, geo)
     algorithm = _gpu_algorithm("fwd", implicit, x, w, groups, geo, out_ch, tile, products, winograd is not None)
     variant = _winograd_variant(algorithm, tile, products)
     if variant is not None:
         m, precision = variant
-        return at_matmul_precision(precision, lambda x, w, b: conv_winograd.forward(x, w, b, geo, m))
+        return at_matmul_precision(precision, lambda x, w, b, keep: conv_winograd.forward(x, w, b, geo, m, keep=keep))
     if algorithm == "gemm":
-        return lambda x, w, b: gemm_forward(x, w, b, geo)
+        return lambda x, w, b, keep: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
-        return lambda x, w, b: conv_implicit.forward(x, w, b, geo)
+        return lambda x, w, b, keep: conv_implicit.forward(x, w, b, geo)
     g = int(groups)
-    return lambda x, w, b: _im2col_forward(x, w, b, geo, g)
+    return lambda x, w, b, keep: _im2col_forward(x, w, b, geo, g)
 
 
 def _im2col_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry, g: int) -> Tensor:
@@ -926,13 +929,15 @@ def _gradient(
     paths: dict[str, Callable[..., Any]],
 ) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
-    as ``run(a, b, addend) -> result``: one batched product of a 1x1 layer (``paths["pointwise"]``, where given);
-    Winograd where asked for; where ``paths`` has "gemm" (the input gradient) the path ``_gpu_algorithm`` measured
-    on a GPU, Winograd, the implicit GEMM or the product of stored operands and gather (``paths["gemm"](batched)``
-    makes its run, the addend summed in its gather), else Winograd where it applies (``paths["winograd"](tile,
-    products)`` makes its run; the variant ``_gpu_algorithm`` measured where it has two); then the implicit GEMM
-    (``paths["implicit"]``, the addend summed in its store in float32), else im2col (``paths["im2col"]``, taking no
-    addend). Where a path cannot take the addend it is added by an ``add``."""
+    as ``run(a, b, addend[, transformed]) -> result`` (``transformed``: the weight gradient's, which the paths
+    of ``paths`` take where they read it, ``conv2d_backward_weight``): one batched product of a 1x1 layer
+    (``paths["pointwise"]``, where given); Winograd where asked for; where ``paths`` has "gemm" (the input
+    gradient) the path ``_gpu_algorithm`` measured on a GPU, Winograd, the implicit GEMM or the product of stored
+    operands and gather (``paths["gemm"](batched)`` makes its run, the addend summed in its gather), else Winograd
+    where it applies (``paths["winograd"](tile, products)`` makes its run; the variant ``_gpu_algorithm``
+    measured where it has two); then the implicit GEMM (``paths["implicit"]``, the addend summed in its store in
+    float32), else im2col (``paths["im2col"]``, taking no addend). Where a path cannot take the addend it is
+    added by an ``add``."""
     op = "conv2d_backward_input" if kind == "dx" else "conv2d_backward_weight"
     tile, products = _winograd_tile(winograd, implicit, a, b, groups, geo, op, out_ch)
     if "pointwise" in paths and _pointwise(implicit, a, b, groups, geo):
@@ -950,11 +955,11 @@ def _gradient(
         run = paths["implicit"]
         if not addend or a.dtype == float32:
             return run
-        return lambda a, b, extra: add(extra, run(a, b, None))
+        return lambda a, b, extra, transformed=None: add(extra, run(a, b, None))
     im2col_run = paths["im2col"]
     if not addend:
-        return lambda a, b, extra: im2col_run(a, b)
-    return lambda a, b, extra: add(extra, im2col_run(a, b))
+        return lambda a, b, extra, transformed=None: im2col_run(a, b)
+    return lambda a, b, extra, transformed=None: add(extra, im2col_run(a, b))
 
 
 def conv2d_backward_input(
@@ -1009,12 +1014,15 @@ def conv2d_backward_weight(
     implicit: bool = True,
     addend: Tensor | None = None,
     winograd: bool | int | None = None,
+    transformed: conv_winograd.InputTransform | None = None,
 ) -> Tensor:
     """d conv2d / d w for upstream ``grad`` (N, O, OH, OW): sum over the batch of grad @ cols^T.
 
     ``addend`` (a tensor of w's shape and grad's dtype): the result is ``addend + d w``, summed in the
     implicit GEMM's or Winograd's store where it runs in float32, else by an ``add``. ``implicit`` and
-    ``winograd`` as in ``conv2d``; the path is chosen once per call signature (``call_plans``)."""
+    ``winograd`` as in ``conv2d``; the path is chosen once per call signature (``call_plans``).
+    ``transformed``: x's input transform kept by the forward (``conv2d(..., keep=)``), which Winograd reads
+    instead of transforming x again where it runs at the same tile (the same bits)."""
     shape_key = w_shape if type(w_shape) is tuple else UNKEYED
     key = _gradient_key("dw", grad, x, geo, groups, implicit, winograd, addend, shape_key)
     try:
@@ -1027,14 +1035,15 @@ def conv2d_backward_weight(
         out_ch = int(w_shape[0])
         paths = {
             "winograd": lambda tile, products: at_matmul_precision(
-                products, lambda grad, x, extra: conv_winograd.backward_weight(grad, x, geo, extra, tile)
+                products,
+                lambda grad, x, extra, kept=None: conv_winograd.backward_weight(grad, x, geo, extra, tile, kept=kept),
             ),
-            "implicit": lambda grad, x, extra: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
+            "implicit": lambda grad, x, extra, kept=None: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
             "im2col": lambda grad, x: _im2col_backward_weight(grad, x, w_shape, geo, groups),
         }
         made = _gradient("dw", grad, x, groups, geo, out_ch, implicit, winograd, addend is not None, paths)
         plan = _GRADIENTS.keep(complete(key), made)
-    return plan(grad, x, addend)
+    return plan(grad, x, addend) if transformed is None else plan(grad, x, addend, transformed)
 
 
 def _im2col_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:
