@@ -5,7 +5,9 @@ F(2x2, 3x3) (``conv_winograd``, on OpenCL devices and, as its NumPy twin, on the
 transforms around 16 batched products; ``NETCL_WINOGRAD`` picks F(4x4, 3x3) or turns it off;
 ``_winograd_tile``) at the "highest" and "tf32x3" matmul precisions, and at "high" as F(4x4) on
 tf32x3 products where tensor cores take them (``_winograd_precision``) or, where a layer's search finds it
-faster, as F(2x2) on tf32 products (``WINOGRAD_TF32``).
+faster, as F(2x2) on tf32 products (``WINOGRAD_TF32``) or F(4x4) on bf16x3 ones (``WINOGRAD_BF16X3``). A Winograd
+forward can keep x's input transform for the weight gradient (``conv2d(..., keep=)``,
+``conv2d_backward_weight(..., transformed=)``), as autograd's ``conv2d`` does.
 
 A 1x1 window at stride 1 without padding (groups 1, ``_pointwise``) is a plain batched product, ``y[n] = w (O, C) @
 x[n] (C, H*W)`` on the stored tensors, and so is its input gradient: both run as ``matmul`` on every backend
