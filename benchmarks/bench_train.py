@@ -9,7 +9,8 @@ against a random target: batch 64, 64 channels, 56x56 on a GPU (batch 8, 16 chan
 precision where the device has tensor cores (netcl's convolutions as Winograd F(4x4) on tf32x3
 products, the fp32 implicit GEMM's accuracy; torch: fp32, TF32 off), under the ``"high"`` matmul
 precision (netcl's 3x3 convolutions as Winograd F(4x4) on tf32x3 products where the tensor cores
-take them, else on tf32 tensor cores; torch with its default, TF32 convolutions) and under ``amp``
+take them, or whichever of F(4x4) on bf16x3 and F(2x2) on tf32 a layer's search finds faster, else on
+tf32 tensor cores; torch with its default, TF32 convolutions) and under ``amp``
 (``autocast`` + ``GradScaler``; torch: the same with ``torch.autocast`` and
 ``torch.amp.GradScaler``). And ResNet-50's bottleneck block (conv1x1-bn-relu, conv3x3-bn-relu,
 conv1x1-bn, + identity, relu) in float32: batch 64, 256 channels (64 inside), 56x56 on a GPU (batch
