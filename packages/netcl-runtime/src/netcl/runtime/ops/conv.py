@@ -567,9 +567,9 @@ def _gpu_algorithm(
 ) -> str:  # fmt: skip
     """Which of ``_ALGORITHMS[kind]`` runs this pass ("fwd": a = x, b = w; "dx": a = the upstream gradient, b = w;
     "dw": a = the upstream gradient, b = x) of a layer, Winograd F(``tile`` x ``tile``) a candidate where ``tile``
-    (its products at ``products``; where those are "tf32x3", ``WINOGRAD_TF32`` and ``WINOGRAD_BF16X3`` too, the latter
-    where F(4x4) runs and tensor cores take bf16x3), and the choice without a search
-    where the caller ``asked`` for it (``winograd=True``, 2 or 4) or there is one candidate. On a GPU: measured at the
+    (its products at ``products``; where those are "tf32x3", ``WINOGRAD_TF32`` too, and ``WINOGRAD_BF16X3`` where
+    F(4x4) runs and tensor cores take bf16x3), and the choice without a search where the caller ``asked`` for it
+    (``winograd=True``, 2 or 4) or there is one candidate. On a GPU: measured at the
     layer's first use at its batch size (rounded up to a power of two) and matmul precision, by the device time of
     each path's kernels, and stored like a tile search (``tune.select``). Without a measurement (``NETCL_TUNE=0``,
     deterministic algorithms), off GPUs and where the columns would take more than ``_COLUMNS_SHARE`` of the
@@ -820,7 +820,7 @@ def conv2d(
 def _forward_plan(
     x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: Any, implicit: bool,
     winograd: bool | int | None,
-) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
+) -> Callable[[Tensor, Tensor, Tensor | None, list | None], Tensor]:  # fmt: skip
     """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b, keep) -> y``."""
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
@@ -929,7 +929,7 @@ def _gradient(
     winograd: bool | int | None,
     addend: bool,
     paths: dict[str, Callable[..., Any]],
-) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+) -> Callable[..., Tensor]:
     """The plan of one gradient pass (``kind`` "dx" or "dw", operands ``a``, ``b``, an addend when ``addend``)
     as ``run(a, b, addend[, transformed]) -> result`` (``transformed``: the weight gradient's, which the paths
     of ``paths`` take where they read it, ``conv2d_backward_weight``): one batched product of a 1x1 layer

@@ -454,7 +454,7 @@ def _prepared_input_weight(
 def _prepared_convolve(
     device: Device, src_shape: tuple[int, ...], r: int, s: int, flip: bool, pads: tuple[int, int], kind: str,
     tiling: TileGrid,
-) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:  # fmt: skip
+) -> Callable[..., Tensor]:  # fmt: skip
     """``convolve`` on an OpenCL ``device`` for operands of these sizes as ``run(src, w, extra) -> y``: the input
     and weight transforms as one launch where ``fuses_weight_transform``, else the input transform first, so that
     the small weight transform's enqueue overlaps its run (see benchmarks/RESULTS.md, "Measurements moved out of
@@ -495,9 +495,7 @@ def _prepared_convolve(
     return run
 
 
-def _prepared_weight_grad(
-    device: Device, out_ch: int, geo, addend: bool, tiling: TileGrid
-) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+def _prepared_weight_grad(device: Device, out_ch: int, geo, addend: bool, tiling: TileGrid) -> Callable[..., Tensor]:
     """``weight_grad`` on an OpenCL ``device`` for a layer of ``geo`` and ``out_ch`` outputs as
     ``run(grad, x, addend, v) -> dw``: x's input transform (unless ``v``, the forward's), the upstream
     gradient's, their product along the tiles, the weight-gradient transform (plus the addend when

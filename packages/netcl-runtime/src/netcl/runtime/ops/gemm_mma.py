@@ -378,7 +378,7 @@ def _grid() -> list[MmaConfig]:
     ]
 
 
-#: bf16x3's further candidates (``config``): 32-word stages, two k-steps' products a pair of 8-word fragments each
+#: bf16x3's further candidates (``config``): 32-word stages, two of its 16-word products a stage
 _BF16X3_MORE = (
     MmaConfig(2, 2, 2, 4, 32, stages=3),
     MmaConfig(2, 2, 4, 4, 32, stages=2),
