@@ -541,7 +541,8 @@ def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dt
 #: The algorithms a pass of a layer may run on a GPU (``_gpu_algorithm``): Winograd (where it applies), the implicit
 #: GEMM, or a product of stored operands beside a layout kernel: the forward's ``gemm_forward`` ("gemm"), the input
 #: gradient's ``gemm_backward_input`` as one long product ("gemm") or one product per image ("batched-gemm"). The
-#: weight gradient runs Winograd where it applies, searched only against ``WINOGRAD_TF32``.
+#: weight gradient runs Winograd where it applies, searched only against its variants (``WINOGRAD_TF32``,
+#: ``WINOGRAD_BF16X3``).
 _ALGORITHMS = {
     "fwd": ("winograd", "implicit", "gemm"),
     "dx": ("winograd", "implicit", "gemm", "batched-gemm"),
@@ -720,7 +721,7 @@ def _winograd_tile(
     precision (its 16 products then run in that precision), and at "high" where tensor cores take
     tf32x3 too (its products then run as tf32x3, ``_winograd_precision``: more accurate than tf32's
     rounding and, as F(4x4), faster than the implicit GEMM on tf32; a GPU's search may pick F(2x2) on tf32
-    instead, ``WINOGRAD_TF32``); "medium" keeps the implicit GEMM
+    or F(4x4) on bf16x3 instead, ``WINOGRAD_TF32``, ``WINOGRAD_BF16X3``); "medium" keeps the implicit GEMM
     on the mma kernel, whose rounding Winograd's transforms would only add to. The tile is what
     ``conv_winograd.default_tile`` says (``NETCL_WINOGRAD``; unset: 4 where tf32x3 runs on tensor
     cores, else 2; 0 turns this choice off); True asks for it with that tile, 2 or 4 with that tile
@@ -1038,14 +1039,16 @@ def conv2d_backward_weight(
         paths = {
             "winograd": lambda tile, products: at_matmul_precision(
                 products,
-                lambda grad, x, extra, kept=None: conv_winograd.backward_weight(grad, x, geo, extra, tile, kept=kept),
+                lambda grad, x, extra, transformed: conv_winograd.backward_weight(
+                    grad, x, geo, extra, tile, kept=transformed
+                ),
             ),
-            "implicit": lambda grad, x, extra, kept=None: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
+            "implicit": lambda grad, x, extra, transformed: conv_implicit.backward_weight(grad, x, out_ch, geo, extra),
             "im2col": lambda grad, x: _im2col_backward_weight(grad, x, w_shape, geo, groups),
         }
         made = _gradient("dw", grad, x, groups, geo, out_ch, implicit, winograd, addend is not None, paths)
         plan = _GRADIENTS.keep(complete(key), made)
-    return plan(grad, x, addend) if transformed is None else plan(grad, x, addend, transformed)
+    return plan(grad, x, addend, transformed)
 
 
 def _im2col_backward_weight(grad: Tensor, x: Tensor, w_shape: Sequence[int], geo: ConvGeometry, groups: int) -> Tensor:

@@ -553,7 +553,7 @@ def _convolve(
         else:
             made = functools.partial(_convolve_with, flip, pads, kind, tiling)
         run = _PASSES.keep(key, made)
-    return run(src, w, extra) if keep is None else run(src, w, extra, keep)
+    return run(src, w, extra, keep)
 
 
 def _convolve_with(
@@ -613,9 +613,8 @@ def backward_weight(
         else:
             made = functools.partial(_weight_grad_with, geo, tiling)
         run = _PASSES.keep(key, made)
-    if kept is not None and kept.tile == tile and kept.source is x and kept.pads == (geo.PH, geo.PW):
-        return run(grad, x, addend, kept.v)
-    return run(grad, x, addend)
+    reads = kept is not None and kept.tile == tile and kept.source is x and kept.pads == (geo.PH, geo.PW)
+    return run(grad, x, addend, kept.v if reads else None)
 
 
 def _weight_grad_with(

@@ -943,6 +943,13 @@ def _tile_mma(mode: str, fm: int, fn: int) -> str:
     return "\n        ".join(lines)
 
 
+def _renamed_fragments(lines: list[str], a: str, b: str, ks: str) -> list[str]:
+    """``lines`` (``_fragments``' loads, or mma lines) with the fragment arrays ``af`` / ``bf`` renamed ``a`` / ``b``,
+    each line that reads the k-step's first word in a block defining ``ks`` as the C expression ``ks``."""
+    out = [line.replace("af[", f"{a}[").replace("bf[", f"{b}[") for line in lines]
+    return [f"{{ const int ks = {ks}; {line} }}" if "ks" in line else line for line in out]
+
+
 def _bf16x3_compute(cfg: MmaConfig, frag: list[str], mma: list[str]) -> str:
     """bf16x3's products of one stage: per 16 words along K, the tf32 fragments of two 8-word steps (``frag``
     with ``ks`` the step's first word; raw float32 words), packed into the bf16 hi and lo fragments of one
@@ -954,10 +961,10 @@ def _bf16x3_compute(cfg: MmaConfig, frag: list[str], mma: list[str]) -> str:
     permutes the 16 k alike in A and B, which a dot product over them does not see. Each pair is split
     by ``BF16_SPLIT``: hi = bf16(x) rounded to nearest, lo = bf16(x - hi).
     """
-    steps = []
-    for half, offset in (("p", 0), ("q", 8)):
-        renamed = [line.replace("af[", f"a{half}[").replace("bf[", f"b{half}[") for line in frag]
-        steps.append(f"{{ const int ks = pair * 16 + {offset}; {' '.join(renamed)} }}")
+    steps = [
+        " ".join(_renamed_fragments(frag, f"a{half}", f"b{half}", f"pair * 16 + {offset}"))
+        for half, offset in (("p", 0), ("q", 8))
+    ]
     packs = []
     for i in range(cfg.fm):
         words = (("p", 0, 2), ("p", 1, 3), ("q", 0, 2), ("q", 1, 3))
@@ -1094,8 +1101,7 @@ def mma_source(
         steps = cfg.bkw // 8
 
         def renamed(lines: list[str], p: int, step: int) -> list[str]:
-            out = [ln.replace("af[", f"af{p}[").replace("bf[", f"bf{p}[") for ln in lines]
-            return [f"{{ const int ks = {step * 8}; {ln} }}" if "ks" in ln else ln for ln in out]
+            return _renamed_fragments(lines, f"af{p}", f"bf{p}", str(step * 8))
 
         body = [f"uint af{p}[{cfg.fm}][4], bf{p}[{cfg.fn}][2];" for p in (0, 1)]
         body += renamed(frag, 0, 0)
