@@ -20,7 +20,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.core import Tensor
-from netcl.jit import fuse_graph, jit_compile
+from netcl.jit import conv_moments, fuse_graph, jit_compile
 from netcl.jit.norm_epilogue import ENV
 from netcl.jit.partition import EagerStep
 from netcl.optim import SGD
@@ -69,6 +69,7 @@ def _results(model: Any, losses: list[Any]) -> dict[str, np.ndarray]:
 
 def _replayed(device: Any, state: dict, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, dict]:
     monkeypatch.setenv(ENV, "1" if fused else "0")
+    monkeypatch.setenv(conv_moments.ENV, "0")  # the batch norms' own statistics, bit for bit the eager step's
     model, opt, x, y = _setup(device, state)
     graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
     losses = [ag.tensor(graph.outputs.value.to_host(), device=device)]  # the capture's step

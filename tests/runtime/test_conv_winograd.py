@@ -407,3 +407,89 @@ def test_winograd_passes_capture_and_replay(cl_device):
     replayed = [t.to_host() for t in graph.execute(*fresh, copy_outputs=True)]
     for got, want in zip(replayed, passes(*fresh), strict=True):
         np.testing.assert_array_equal(got, want.to_host())
+
+
+def _merged_moments(parts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, mean, biased variance) of each channel from its groups' (count, mean, M2) rows, in float64."""
+    count, mean, m2 = (parts[:, :, k].astype(np.float64) for k in range(3))
+    total = count.sum(1)
+    merged = (count * mean).sum(1) / total
+    return total, merged, (m2 + count * (mean - merged[:, None]) ** 2).sum(1) / total
+
+
+@pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_output_transform_gathers_the_outputs_moments(cl_device, monkeypatch, tile, rows):
+    """``forward(..., gather=)``: y's bits unchanged, and its (C, G, 3) moments give each channel's element count
+    exactly and its mean and biased variance within 64 eps of max y^2 (float64 of the same y; a missed or doubled
+    element moves the mean by ~1/count of a value, ~100x that at these sizes); several groups a channel, edge
+    tiles (padding 0) and the rows-as-vectors store (forced on this CPU device) included, with and without a
+    bias, on data far from zero (the lanes' sums are shifted)."""
+    monkeypatch.setattr(conv_winograd, "rows_by_vectors", lambda device: rows)
+    clear_kernel_memo()
+    clear_plans()
+    rng = np.random.default_rng(5)
+    for n, pad, bias in ((40, 1, False), (30, 0, True)):
+        x = rng.standard_normal((n, 16, 12, 12)).astype(np.float32) + 3
+        w = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
+        b = nc.tensor(rng.standard_normal(24).astype(np.float32), device=cl_device) if bias else None
+        xt, wt = nc.tensor(x, device=cl_device), nc.tensor(w, device=cl_device)
+        geo = conv.check_conv2d(x.shape, w.shape, None, 1, pad, 1, 1)
+        gathered: list = []
+        y = conv_winograd.forward(xt, wt, b, geo, tile, gather=gathered)
+        (moments,) = gathered
+        assert moments.source is y and moments.groups > 1
+        y64 = y.to_host().astype(np.float64)
+        np.testing.assert_array_equal(y.to_host(), conv_winograd.forward(xt, wt, b, geo, tile).to_host())
+        count, mean, var = _merged_moments(moments.parts.to_host())
+        np.testing.assert_array_equal(count, np.full(24, n * geo.OH * geo.OW))
+        bound = 64 * EPS * float(np.max(y64**2))
+        np.testing.assert_allclose(mean, y64.mean((0, 2, 3)), rtol=0, atol=bound)
+        np.testing.assert_allclose(var, y64.var((0, 2, 3)), rtol=0, atol=bound)
+    monkeypatch.undo()
+    clear_kernel_memo()
+    clear_plans()
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_batch_norm_merges_the_gathered_moments(cl_device, relu):
+    """``batch_norm_forward(..., moments=)`` of a Winograd output in training: mean, rstd, y and the running
+    statistics within float32 rounding of the float64 batch norm of the same y (1e-5 relative: the statistics'
+    sums are of ~10^4 terms), one launch, and the moments are what it reads (groups' means raised by one raise
+    its mean by one); moments of another tensor (a copy of y) are not read: the bits of the call without them."""
+    from netcl.profiler import profile
+    from netcl.runtime.ops import batchnorm, moments
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 16, 12, 12)).astype(np.float32) + 3
+    w = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
+    geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
+    gathered: list = []
+    xt, wt = nc.tensor(x, device=cl_device), nc.tensor(w, device=cl_device)
+    y = conv_winograd.forward(xt, wt, None, geo, 2, gather=gathered)
+    scale = nc.tensor(rng.standard_normal(24).astype(np.float32), device=cl_device)
+
+    def normalized(source: nc.Tensor, moments) -> list[np.ndarray]:
+        rm = nc.tensor(np.zeros(24, np.float32), device=cl_device)
+        rv = nc.tensor(np.ones(24, np.float32), device=cl_device)
+        out = batchnorm.batch_norm_forward(source, rm, rv, scale, None, True, 0.1, 1e-5, relu=relu, moments=moments)
+        return [t.to_host() for t in (*out, rm, rv)]
+
+    with profile(cl_device) as prof:
+        got = normalized(y, gathered[0])
+    assert [event.name for event in prof.events() if event.name.startswith("netcl_")] == ["netcl_batch_norm"]
+    y64 = y.to_host().astype(np.float64)
+    mean, var, count = y64.mean((0, 2, 3)), y64.var((0, 2, 3)), y64.size / 24
+    rstd = 1 / np.sqrt(var + 1e-5)
+    want = (y64 - mean[:, None, None]) * (rstd * scale.to_host())[:, None, None]
+    want = np.maximum(want, 0) if relu else want
+    running = (0.1 * mean, 0.9 + 0.1 * var * count / (count - 1))
+    for value, ref in zip(got, (want, mean, rstd, *running), strict=True):
+        np.testing.assert_allclose(value, ref, rtol=1e-5, atol=1e-5)
+    parts = gathered[0].parts.to_host()
+    parts[:, :, 1] += 1.0  # every group's mean one higher: so is the batch mean the norm reports
+    shifted = moments.ChannelMoments(y, nc.tensor(parts, device=cl_device))
+    np.testing.assert_allclose(normalized(y, shifted)[1], mean + 1, rtol=1e-5, atol=1e-5)
+    copy = nc.tensor(y.to_host(), device=cl_device)
+    for value, plain in zip(normalized(copy, gathered[0]), normalized(copy, None), strict=True):
+        np.testing.assert_array_equal(value, plain)

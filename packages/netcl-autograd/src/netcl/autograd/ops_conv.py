@@ -78,9 +78,15 @@ def conv2d(
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     kept: list = []  # the forward's input transform of x, for the weight gradient
 
-    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None) -> Tensor:
+    def forward(xv: Tensor, wv: Tensor, bv: Tensor | None = None, gather: list | None = None) -> Tensor:
+        """``gather``: a list refilled with the output's per-channel moments where the convolution's store gathers
+        them (``conv.conv2d(..., gather=)``), for a batch norm of that output alone (``netcl.jit.conv_moments``)."""
         kept.clear()
-        return conv.conv2d(xv, wv, bv, stride, padding, dilation, groups, keep=kept if _needs(w) else None)
+        if gather is not None:
+            gather.clear()
+        return conv.conv2d(
+            xv, wv, bv, stride, padding, dilation, groups, keep=kept if _needs(w) else None, gather=gather
+        )
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None, None)) -> _Grads:
         xv, wv = values[0], values[1]

@@ -253,10 +253,13 @@ def batch_norm_rules(
     # (which replays the op, not this Python code around it) updates each call's tensors.
     def forward(
         xv: Tensor, w: Tensor | None, b: Tensor | None, rmv: Tensor | None, rvv: Tensor | None, nbt: Tensor | None,
-        r: Tensor | None = None,
+        r: Tensor | None = None, moments: list | None = None,
     ) -> Tensor:  # fmt: skip
+        """``moments``: the list a convolution refills with its output's moments (``netcl.jit.conv_moments``):
+        merged for the batch statistics where they are xv's."""
+        gathered = moments[0] if moments else None
         y, mean, rstd = batchnorm.batch_norm_forward(
-            xv, rmv, rvv, w, b, training, momentum, eps, nbt, relu=relu, residual=r
+            xv, rmv, rvv, w, b, training, momentum, eps, nbt, relu=relu, residual=r, moments=gathered
         )
         saved.update(out=y, mean=mean, rstd=rstd)
         return y

@@ -27,6 +27,7 @@ from netcl.autograd import engine, mode_reads
 from netcl.autograd.autocast_mode import autocast_dtype
 from netcl.autograd.engine import Node, apply_op
 from netcl.core import Device, DeviceError, DTypeError, ShapeError, Tensor, same_device
+from netcl.jit.conv_moments import share_conv_moments
 from netcl.jit.errors import JitError, RetraceWarning, UnwatchedCaptureWarning
 from netcl.jit.fused_step import FusedStep
 from netcl.jit.gemm_epilogue import GemmEpilogueStep, MatmulGroup, merge_epilogues
@@ -285,6 +286,7 @@ class JitFunction:
             return None, "the function does not return traced Nodes"
         output_traces = [o.value for o in outputs]
         fuse_norm_epilogues(output_traces, wanting)
+        share_conv_moments(output_traces)
         steps: list[FusedStep | RowStep | GemmEpilogueStep | EagerStep] = []
         fused: list[FusedStep | RowStep | GemmEpilogueStep] = []
         step_kinds = {FusedGroup: FusedStep, RowGroup: RowStep, MatmulGroup: GemmEpilogueStep}

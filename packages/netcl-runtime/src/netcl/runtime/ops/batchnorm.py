@@ -48,6 +48,8 @@ from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
 from netcl.runtime.ops.backend import NUMPY_KIND, backend_op
 from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, tensor_sig
 from netcl.runtime.ops.layout import cast
+from netcl.runtime.ops.moments import MERGE_C, ChannelMoments
+from netcl.runtime.ops.moments import of as moments_of
 from netcl.runtime.ops.pointwise import add_
 
 _TWINS = "netcl.runtime.numpy_twins.batchnorm"
@@ -126,11 +128,19 @@ _SUM2 = tree_reduce_c("netcl_sum2", ["ACC", "ACC"], sum_combine(2), final_barrie
 _FORWARD = """
 __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global {xt}* restrict y,
                                __global ACC* restrict mean, __global ACC* restrict rstd, const ACC eps,
-                               const ACC momentum, const IDX N, const IDX C, const IDX SV,
+                               const ACC momentum, const IDX N, const IDX C, const IDX SV,{moments}
                                __global ACC* restrict part, const int P, const int stage) {{
     __local ACC sa[LMAX], sb[LMAX];
     CHUNK
-#if TRAINING
+#if TRAINING && MOMENTS
+    /* the channel's G groups of moments gathered where x was stored, merged in group order */
+    float cnt = 0.0f, mo_mean = 0.0f, mo_m2 = 0.0f;
+    for (int q = 0; q < G; ++q) {{
+        __global const float* at = mo + (c * G + q) * 3;
+        netcl_moments_merge(&cnt, &mo_mean, &mo_m2, at[0], at[1], at[2]);
+    }}
+    const ACC count = cnt, var = max(mo_m2 / cnt, 0.0f), mu = mo_mean, rs = rsqrt(var + eps);
+#elif TRAINING
     const ACC k = (ACC)x[c * SV * VEC];
     ACC s1 = 0, s2 = 0;
 #define STATS(at) {{ const VT v = LOADV(x, at) - k; s1 += HSUM(v); s2 += HSUM(v * v); }}
@@ -138,6 +148,8 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
     const ACC count = (ACC)(T * VEC), d = s1 / count;
     const ACC var = max(s2 / count - d * d, (ACC)0);
     const ACC mu = k + d, rs = rsqrt(var + eps);
+#endif
+#if TRAINING
     if (lid == 0 && p == 0) {{
         mean[c] = mu;
         rstd[c] = rs;
@@ -408,10 +420,16 @@ def batch_norm_forward(
     *,
     relu: bool = False,
     residual: Tensor | None = None,
+    moments: ChannelMoments | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, rstd): the output and the per-channel statistics that normalized x (batch or running);
     a training call adds one to ``num_batches_tracked`` (an int64 scalar) when given. Checked and prepared
     once per call signature (``call_plans``).
+
+    ``moments``: x's per-channel moments gathered where x was stored (``moments.ChannelMoments``, e.g. by a
+    Winograd forward's output transform): a training call on an OpenCL device merges them for the batch
+    statistics instead of reading x for them (one pass over x fewer; the statistics within float32 rounding
+    of the pass's). Moments of another tensor than this very x are not read.
 
     Epilogue, in the same pass that writes y: ``relu=True`` writes ``relu(bn)``, with ``residual`` (x's shape and
     dtype) ``relu(bn + residual)``, where ``bn`` is the normalized output rounded to x's dtype: bit for bit what
@@ -430,6 +448,9 @@ def batch_norm_forward(
         tensor_sig(residual),
         _parts,  # the chunking policy the launches were prepared with
     )
+    taken = moments_of(moments, x) if training is True and x.device.kind != NUMPY_KIND else None
+    if taken is not None:
+        key = (*key, taken.groups)
     plan = _FORWARDS.plans.get(key)
     if plan is None:
         training = bool(training)
@@ -443,8 +464,11 @@ def batch_norm_forward(
             made = functools.partial(_apply_with, args)
         else:
             stats = (running_mean, running_var)
-            made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, residual, *args)
+            groups = 0 if taken is None else taken.groups
+            made = _forward_launches(x, *stats, weight, bias, num_batches_tracked, residual, *args, groups)
         plan = _FORWARDS.keep(complete(key), made)
+    if taken is not None:
+        return plan(x, running_mean, running_var, weight, bias, num_batches_tracked, residual, taken.parts)
     return plan(x, running_mean, running_var, weight, bias, num_batches_tracked, residual)
 
 
@@ -470,10 +494,13 @@ def _forward_launches(
     acc: str,
     stat: np.dtype,
     relu: bool,
+    groups: int = 0,
 ) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """``batch_norm_apply`` on OpenCL for operands like these as ``run(x, running_mean, running_var, weight,
-    bias, num_batches_tracked, residual) -> (y, mean, rstd)``: eps, momentum, the sizes and the epilogue bound
-    (the operands' dtypes read, not kept)."""
+    bias, num_batches_tracked, residual[, parts]) -> (y, mean, rstd)``: eps, momentum, the sizes and the epilogue
+    bound (the operands' dtypes read, not kept). ``groups`` > 0 (training, float32 x): the batch statistics are
+    merged from ``parts``, x's moments in that many groups a channel (``moments.ChannelMoments.parts``), in one
+    launch that reads x once."""
     N, C, S = sizes
     device, shape, x_dtype = x.device, x.shape, x.dtype
     empty = Tensor.empty
@@ -492,13 +519,18 @@ def _forward_launches(
     dtypes = [x_dtype, stat, *[d for d in optional if d is not None]]
     counts, resid = num_batches_tracked is not None, residual is not None
     flags = {"VEC": vec, "TRAINING": training, "RUNNING": running, "COUNTER": counts, "RELU": relu, "RESID": resid}
+    flags["MOMENTS"] = groups > 0
     w_dtype, b_dtype, rm_dtype, rv_dtype = optional
 
     def make() -> str:
         return (
             _header(dtypes, acc, idx, flags)
+            + (MERGE_C if groups else "")
             + _stored(x_dtype, acc, vec)
             + _FORWARD.format(
+                moments="\n                               __global const float* restrict mo, const int G,"
+                if groups
+                else "",
                 xt=storage_ctype(x_dtype),
                 params=_param("w", w_dtype)
                 + _param("b", b_dtype)
@@ -512,24 +544,27 @@ def _forward_launches(
         )
 
     present = (w_dtype is not None, b_dtype is not None, running, counts, relu, resid)
-    key = ("fwd", tuple(d.str for d in dtypes), *present, training, vec, idx)
+    key = ("fwd", tuple(d.str for d in dtypes), *present, training, vec, idx, bool(groups))
     buffers = 4 + len(dtypes) - 2 + counts + resid  # x, the optional tensors, the counter, residual, y, mean, rstd
-    types = [None] * buffers + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3
+    types = [None] * buffers + [ARG_DTYPES[acc]] * 2 + [ARG_DTYPES[idx]] * 3 + [None, np.int32] * bool(groups)
     values = [float(eps), float(momentum), N, C, S // vec]
+    scalars = {buffers + i: v for i, v in enumerate(values)}
+    if groups:  # the moments' buffer passed per call (after the bound sizes), their group count bound
+        scalars[buffers + len(values) + 1] = groups
     launches = _ChannelLaunches(
-        key, device, make, "netcl_batch_norm", types, C, N * S // vec,
-        {buffers + i: v for i, v in enumerate(values)}, training,
+        key, device, make, "netcl_batch_norm", types, C, N * S // vec, scalars, training and not groups
     )  # fmt: skip
 
     def run(
         x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
-        bias: Tensor | None, num_batches_tracked: Tensor | None, residual: Tensor | None,
+        bias: Tensor | None, num_batches_tracked: Tensor | None, residual: Tensor | None, parts: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         y = empty(shape, x_dtype, device)
         mean, rstd = empty((C,), stat, device), empty((C,), stat, device)
         operands = (weight, bias, running_mean, running_var, num_batches_tracked, residual)
         present = [t.data for t in operands if t is not None]
-        launches([x.data, *present, y.data, mean.data, rstd.data], mean)
+        gathered = [] if parts is None else [parts.data]
+        launches([x.data, *present, y.data, mean.data, rstd.data, *gathered], mean)
         return y, mean, rstd
 
     return run

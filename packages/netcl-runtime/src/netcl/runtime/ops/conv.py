@@ -788,6 +788,7 @@ def conv2d(
     implicit: bool = True,
     winograd: bool | int | None = None,
     keep: list | None = None,
+    gather: list | None = None,
 ) -> Tensor:
     """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias b (O,): (N, O, OH, OW).
 
@@ -796,7 +797,8 @@ def conv2d(
     (``_winograd_tile``: None picks it by layer, True / 2 / 4 ask for it, False never). The choice is
     made once per call signature (``call_plans``). ``keep``: a list to which a Winograd forward appends x's
     input transform (``conv_winograd.InputTransform``), for ``conv2d_backward_weight(..., transformed=)``;
-    the other paths append nothing.
+    ``gather``: one to which it appends the output's per-channel moments (``moments.ChannelMoments``), for
+    ``batchnorm.batch_norm_forward(..., moments=)``. The other paths append nothing.
     """
     key = (
         tensor_sig(x) if x is not None else UNKEYED,
@@ -815,14 +817,14 @@ def conv2d(
         plan = _FORWARDS.keep(
             complete(key), _forward_plan(x, w, b, stride, padding, dilation, groups, implicit, winograd)
         )
-    return plan(x, w, b, keep)
+    return plan(x, w, b, keep, gather)
 
 
 def _forward_plan(
     x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: Any, implicit: bool,
     winograd: bool | int | None,
-) -> Callable[[Tensor, Tensor, Tensor | None, list | None], Tensor]:  # fmt: skip
-    """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b, keep) -> y``."""
+) -> Callable[[Tensor, Tensor, Tensor | None, list | None, list | None], Tensor]:  # fmt: skip
+    """``conv2d``'s checks and choice of path for these arguments, as ``run(x, w, b, keep, gather) -> y``."""
     for name, value in (("x", x), ("w", w), ("b", b)):
         if not isinstance(value, Tensor) and not (name == "b" and value is None):
             raise TypeError(f"conv2d: {name} must be a Tensor, got {type(value).__name__}")
@@ -838,18 +840,20 @@ def _forward_plan(
         else (0, None)
     )
     if _pointwise(implicit, x, w, groups, geo):
-        return lambda x, w, b, keep: _pointwise_forward(x, w, b, geo)
+        return lambda x, w, b, keep, gather: _pointwise_forward(x, w, b, geo)
     algorithm = _gpu_algorithm("fwd", implicit, x, w, groups, geo, out_ch, tile, products, winograd is not None)
     variant = _winograd_variant(algorithm, tile, products)
     if variant is not None:
         m, precision = variant
-        return at_matmul_precision(precision, lambda x, w, b, keep: conv_winograd.forward(x, w, b, geo, m, keep=keep))
+        return at_matmul_precision(
+            precision, lambda x, w, b, keep, gather: conv_winograd.forward(x, w, b, geo, m, keep=keep, gather=gather)
+        )
     if algorithm == "gemm":
-        return lambda x, w, b, keep: gemm_forward(x, w, b, geo)
+        return lambda x, w, b, keep, gather: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
-        return lambda x, w, b, keep: conv_implicit.forward(x, w, b, geo)
+        return lambda x, w, b, keep, gather: conv_implicit.forward(x, w, b, geo)
     g = int(groups)
-    return lambda x, w, b, keep: _im2col_forward(x, w, b, geo, g)
+    return lambda x, w, b, keep, gather: _im2col_forward(x, w, b, geo, g)
 
 
 def _im2col_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry, g: int) -> Tensor:

@@ -35,9 +35,10 @@ from fractions import Fraction
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.ops import magic_div
+from netcl.runtime.ops import magic_div, moments
 from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
+from netcl.runtime.ops._rows import tree_loop_c
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.call_plans import PlanCache
 from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
@@ -266,30 +267,63 @@ __kernel void netcl_wino_input_weight(__global const float* x, __global float* v
 
 
 def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
-    """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend."""
+    """y's m x m block of tile p in channel r: (A^T M A) of M[:, r, p], plus the bias or the addend. ``MOMENTS``:
+    each work-group also writes its channel's moments over the group's blocks (``moments``) to ``mo``."""
     _, _, at = MATRICES[m]
     a = m + 2
-    magic = bool(flags.get("MAGIC"))
+    magic, gathers = bool(flags.get("MAGIC")), bool(flags.get("MOMENTS"))
     head = [*_tile_head(idx, "r", "R", m, False, magic), "__global const float* src = m + r * P + p;"]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
 
     def store(i: int, j: int, e: str) -> str:
         at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
-        return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; y[at] = {first}({e}){extra}; }}"
+        value = (
+            f"const float o = {first}({e}){extra}; y[at] = o; MOMENT(o);"
+            if gathers
+            else f"y[at] = {first}({e}){extra};"
+        )
+        return f"if (h0 + {i} < OH && w0 + {j} < OW) {{ const {idx} at = {at_}; {value} }}"
 
     if flags.get("ROWS"):  # each row's m outputs inside the plane, aligned to the vector: one store (same values)
         lines, rows = _sandwich_rows(at, _from_planes(a), at)
-        body = lines + [_row_store(i, row, m, idx, extra, bool(flags["ADDEND"])) for i, row in enumerate(rows)]
+        body = lines + [_row_store(i, row, m, idx, extra, bool(flags["ADDEND"]), gathers) for i, row in enumerate(rows)]
     else:
         body = _sandwich(at, _from_planes(a), at, store)
     buffers = "__global const float* m, __global float* y, __global const float* extra"
-    return _kernel("output", buffers, idx, head, body, magic)
+    if not gathers:
+        return _kernel("output", buffers, idx, head, body, magic)
+    # every lane reaches the tree: a lane past the tiles (p >= P) computes nothing and holds no moments
+    head = [line.replace("if (p >= P) return;", "float mo_n = 0.0f, mo_k = 0.0f, mo_s = 0.0f, mo_q = 0.0f;")
+            for line in head]  # fmt: skip
+    body = ["if (p < P) {", *body, "}", *_GROUP_MOMENTS]
+    kernel = _kernel("output", buffers + ", __global float* mo", idx, head, body, magic)
+    return moments.MERGE_C + _MOMENT_MACRO + kernel
 
 
-def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool) -> str:
+#: ``_output_source``'s lane moments: each stored value o summed shifted by the lane's first one.
+_MOMENT_MACRO = """#define MOMENT(o) { if (mo_n == 0.0f) mo_k = (o); const float mo_d = (o) - mo_k; \
+    mo_s += mo_d; mo_q += mo_d * mo_d; mo_n += 1.0f; }
+"""
+#: Then the work-group's: each lane's (count, mean, M2) merged by the tree, lane 0 storing them as group
+#: ``get_group_id(0)`` of channel r in ``mo`` (R, groups, 3).
+_GROUP_MOMENTS = [
+    "__local float s0[256], s1[256], s2[256];",
+    "const int lid = get_local_id(0);",
+    "s0[lid] = mo_n;",
+    "s1[lid] = mo_n > 0.0f ? mo_k + mo_s / mo_n : 0.0f;",
+    "s2[lid] = mo_n > 0.0f ? max(mo_q - mo_s * mo_s / mo_n, 0.0f) : 0.0f;",
+    *tree_loop_c(moments.TREE_COMBINE).strip("\n").split("\n"),
+    "if (lid == 0) {",
+    "    __global float* at = mo + (r * get_num_groups(0) + get_group_id(0)) * 3;",
+    "    at[0] = s0[0]; at[1] = s1[0]; at[2] = s2[0];",
+    "}",
+]
+
+
+def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool, gathers: bool = False) -> str:
     """``_output_source``'s store of output row i as one vector: each element ``(e) + bias``, or under ``addend``
-    the addend's element + (e), as the per-element stores compute them."""
+    the addend's element + (e), as the per-element stores compute them; ``gathers``: each element's ``MOMENT``."""
     at = f"((n * R + r) * OH + h0 + {i}) * OW + w0"
     if addend:
         load = f"const float{m} add = *(__global const float{m}*)(extra + at); "
@@ -297,6 +331,9 @@ def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool
     else:
         load, values = "", ", ".join(f"({e}){bias}" for e in row)
     store = f"*(__global float{m}*)(y + at) = (float{m})({values});"
+    if gathers:
+        moment = "".join(f" MOMENT(o.s{j});" for j in range(m))
+        store = f"const float{m} o = (float{m})({values}); *(__global float{m}*)(y + at) = o;{moment}"
     return f"if (h0 + {i} < OH) {{ const {idx} at = {at}; {load}{store} }}"
 
 
@@ -419,6 +456,14 @@ def _prepared(
     """The launch of transform ``part`` (built once per tile, index type and flags) on (columns, rows) =
     ``grid`` with its ``sizes`` bound: a call takes the ``buffers`` raw buffers. Work-groups are one row of
     up to 256 columns (``_grid.run_rows``' grid)."""
+    return _launch(device, part, m, grid, buffers, sizes, flags, idx).call
+
+
+def _launch(
+    device: Device, part: str, m: int, grid: tuple[int, int], buffers: int, sizes: list[int], flags: dict[str, int],
+    idx: str,
+) -> PreparedLaunch:  # fmt: skip
+    """``_prepared``'s launch itself (its work-groups a power of two of columns, at most 256)."""
     names = _SIZES[part]
     types = [None] * buffers + [index_dtype(idx)] * len(names)
     if "TW" in names and split_by_magic(device):  # a tile kernel on a CPU device: p split by magic_div
@@ -431,7 +476,7 @@ def _prepared(
     local = min(resolved.max_local, pow2_ceil(grid[0]))
     gsize = (round_up(grid[0], local), grid[1], 1)
     bound = {buffers + i: int(v) for i, v in enumerate(sizes)}
-    return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1, 1), bound, device.queue).call
+    return PreparedLaunch.binding(resolved.kernel, gsize, (local, 1, 1), bound, device.queue)
 
 
 def _prepared_input_weight(
@@ -478,10 +523,13 @@ def _prepared_convolve(
     flags |= _row_flags(device, m, tiling.ow, tiling.tw)
     sizes_out = [r, tiling.oh, tiling.ow, tiling.th, tiling.tw, count]
     output = _prepared(device, "output", m, (count, r), 3, sizes_out, flags, idx)
+    gathering: list[PreparedLaunch] = []  # the output transform that gathers y's moments too, made at its first use
     v_shape, u_shape, y_shape = (a2, s, count), (a2, r, s), (n, r, tiling.oh, tiling.ow)
     empty = Tensor.empty
 
-    def run(src: Tensor, w: Tensor, extra: Tensor | None, keep: list | None = None) -> Tensor:
+    def run(
+        src: Tensor, w: Tensor, extra: Tensor | None, keep: list | None = None, gather: list | None = None
+    ) -> Tensor:
         v = empty(v_shape, float32, device)
         u = empty(u_shape, float32, device)
         transforms(src.data, v.data, w.data, u.data)
@@ -489,7 +537,15 @@ def _prepared_convolve(
             keep.append(InputTransform(m, pads, src, v))
         prod = matmul(u, v)  # (a2, R, P)
         y = empty(y_shape, float32, device)
-        output(prod.data, y.data, prod.data if extra is None else extra.data)
+        if gather is None:
+            output(prod.data, y.data, prod.data if extra is None else extra.data)
+            return y
+        if not gathering:
+            gathering.append(_launch(device, "output", m, (count, r), 4, sizes_out, {**flags, "MOMENTS": 1}, idx))
+        launch = gathering[0]
+        parts = empty((r, launch.global_size[0] // launch.local_size[0], 3), float32, device)
+        launch.call(prod.data, y.data, prod.data if extra is None else extra.data, parts.data)
+        gather.append(moments.ChannelMoments(y, parts))
         return y
 
     return run
@@ -536,12 +592,14 @@ def _convolve(
     kind: str,
     m: int,
     keep: list | None = None,
+    gather: list | None = None,
 ) -> Tensor:
     """The stride-1 3x3 correlation of ``src`` (N, S, H, W) at ``pads`` with the R x S filters of
     ``w`` (flipped and transposed when ``flip``) by F(m x m, 3 x 3): (N, R, OH, OW), plus ``extra``
     as ``kind`` says ("bias": per output channel, "addend": of the output's shape, "": none); on an
-    OpenCL device the input transform appended to ``keep`` (``InputTransform``) when given. Its
-    tiling and launches are made once per signature (``call_plans``)."""
+    OpenCL device the input transform appended to ``keep`` (``InputTransform``) and the output's
+    moments to ``gather`` (``moments.ChannelMoments``) when given. Its tiling and launches are made
+    once per signature (``call_plans``)."""
     key = ("convolve", src.device, src.shape, w.shape, flip, pads, out_hw, kind, m)
     run = _PASSES.plans.get(key)
     if run is None:
@@ -553,14 +611,14 @@ def _convolve(
         else:
             made = functools.partial(_convolve_with, flip, pads, kind, tiling)
         run = _PASSES.keep(key, made)
-    return run(src, w, extra, keep)
+    return run(src, w, extra, keep, gather)
 
 
 def _convolve_with(
     flip: bool, pads: tuple[int, int], kind: str, tiling: TileGrid, src: Tensor, w: Tensor, extra: Tensor | None,
-    keep: list | None = None,
+    keep: list | None = None, gather: list | None = None,
 ) -> Tensor:  # fmt: skip
-    """``convolve`` (the NumPy backend's twin, which keeps no transform)."""
+    """``convolve`` (the NumPy backend's twin, which keeps no transform and gathers no moments)."""
     return convolve(src, w, flip, pads, extra, kind, tiling)
 
 
@@ -575,12 +633,16 @@ def convolve(
     return _prepared_convolve(src.device, src.shape, r, s, flip, pads, kind, tiling)(src, w, extra)
 
 
-def forward(x: Tensor, w: Tensor, b: Tensor | None, geo, tile: int = 2, keep: list | None = None) -> Tensor:
+def forward(
+    x: Tensor, w: Tensor, b: Tensor | None, geo, tile: int = 2, keep: list | None = None, gather: list | None = None
+) -> Tensor:
     """conv2d of x (N, C, H, W) with w (O, C, 3, 3) plus a float32 ``b`` (O,): (N, O, OH, OW);
     ``tile``: the output tile m of F(m x m, 3 x 3), 2 or 4. ``keep``: a list to which the input transform
-    of x is appended (``InputTransform``; OpenCL devices) for ``backward_weight``."""
+    of x is appended (``InputTransform``; OpenCL devices) for ``backward_weight``; ``gather``: one to which
+    the output's per-channel moments are appended (``moments.ChannelMoments``, gathered in the output
+    transform's store; OpenCL devices) for ``batchnorm.batch_norm_forward(..., moments=)``."""
     kind = "bias" if b is not None else ""
-    return _convolve(x, w, False, (geo.PH, geo.PW), (geo.OH, geo.OW), b, kind, tile, keep)
+    return _convolve(x, w, False, (geo.PH, geo.PW), (geo.OH, geo.OW), b, kind, tile, keep, gather)
 
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None, tile: int = 2) -> Tensor:

@@ -1,0 +1,124 @@
+"""The JIT's convolution-moments pass: a convolution read by a training batch norm alone gathers its output's
+per-channel moments in its store (a Winograd forward's output transform), and the batch norm merges them
+instead of reading its input for its statistics.
+
+The replayed ResNet-8 training step of examples/resnet.py at width 0.25 (so each block's second convolution,
+3x3 stride 1 with 16-64 channels, runs by Winograd on every device) must pair those three sites and no other,
+and its losses, parameters, gradients and running statistics after three steps must agree with the eager
+step's within float32 rounding: the statistics are the same sums in another order (relative ~1e-6 each), which
+three SGD steps carry to ~1e-5 of the parameters; 1e-4 relative is allowed (a statistic off by one element of
+~10^3 in a channel moves it by ~1e-3). With the pass off (``NETCL_JIT_CONV_MOMENTS=0``) nothing is paired and
+the replay is the eager step bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import file_modules
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.jit import conv_moments, fuse_graph, jit_compile
+from netcl.optim import SGD
+from netcl.runtime.ops import batchnorm, moments
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
+BATCH, SIZE, WIDTH, STEPS = 4, 16, 0.25, 3
+
+
+def _setup(device: Any, state: dict | None) -> tuple[Any, Any, Any, Any]:
+    rng = np.random.default_rng(0)
+    model = file_modules.load(EXAMPLE, "netcl_example_resnet").resnet8(width=WIDTH, device=device)
+    if state is not None:
+        model.load_state_dict(state)
+    x = ag.tensor(rng.normal(size=(BATCH, 3, SIZE, SIZE)).astype(np.float32), device=device)
+    y = ag.tensor(rng.integers(0, 10, BATCH).astype(np.int32), device=device)
+    return model, SGD(model.parameters(), lr=0.1, momentum=0.9), x, y
+
+
+def _results(model: Any, losses: list[Any]) -> dict[str, np.ndarray]:
+    out = {f"loss{i}": np.asarray(getattr(loss, "value", loss).to_host()) for i, loss in enumerate(losses)}
+    out.update({k: v.to_host() for k, v in model.state_dict().items()})
+    out.update({f"{k}.grad": p.grad.to_host() for k, p in model.named_parameters()})
+    return out
+
+
+def _merging_norms(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per batch_norm_forward call from now on: whether it was handed its own input's moments."""
+    calls: list[bool] = []
+    real = batchnorm.batch_norm_forward
+
+    def spied(x, *args, moments=None, **kwargs):
+        calls.append(moments_of(moments, x) is not None)
+        return real(x, *args, moments=moments, **kwargs)
+
+    moments_of = moments.of
+    monkeypatch.setattr(batchnorm, "batch_norm_forward", spied)
+    return calls
+
+
+def _replayed(device: Any, state: dict, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], dict]:
+    monkeypatch.setenv(conv_moments.ENV, "1" if on else "0")
+    model, opt, x, y = _setup(device, state)
+    calls = _merging_norms(monkeypatch)
+    graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
+    losses = [ag.tensor(graph.outputs.value.to_host(), device=device)]  # the capture's step
+    losses += [graph.execute(x, y, copy_outputs=True) for _ in range(STEPS - 1)]
+    monkeypatch.undo()
+    return calls, _results(model, losses)
+
+
+def _eager(device: Any, state: dict) -> dict:
+    model, opt, x, y = _setup(device, state)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with ag.Tape() as tape:
+            loss = ag.cross_entropy(model(x), y)
+        tape.backward(loss)
+        opt.step()
+        losses.append(loss)
+    return _results(model, losses)
+
+
+def test_resnet8_replay_merges_the_moments_of_each_winograd_convolution(device, monkeypatch):
+    state = {k: v.to_host() for k, v in _setup(device, None)[0].state_dict().items()}
+    eager = _eager(device, state)
+    on_calls, on = _replayed(device, state, True, monkeypatch)
+    off_calls, off = _replayed(device, state, False, monkeypatch)
+    norms = 7  # the stem's, two a block, one a shortcut
+    # OpenCL: each block's second convolution (three) gathers its moments; the NumPy backend gathers none
+    assert on_calls.count(True) == (3 if device.kind == "opencl" else 0) and len(on_calls) >= norms
+    assert not any(off_calls)
+    for key, want in eager.items():
+        np.testing.assert_array_equal(off[key], want, err_msg=f"{key} (pass off vs eager)")
+        np.testing.assert_allclose(on[key], want, rtol=1e-4, atol=1e-5, err_msg=f"{key} (pass on vs eager)")
+
+
+def test_no_pairing_where_the_convolution_has_another_use_or_the_norm_evaluates(cl_device, monkeypatch):
+    rng = np.random.default_rng(1)
+    x = ag.tensor(rng.normal(size=(2, 16, 8, 8)).astype(np.float32), device=cl_device)
+    w = ag.tensor(rng.normal(size=(16, 16, 3, 3)).astype(np.float32), device=cl_device, requires_grad=True)
+    rm = ag.tensor(np.zeros(16, np.float32), device=cl_device)
+    rv = ag.tensor(np.ones(16, np.float32), device=cl_device)
+
+    def read_twice(x, w):
+        z = ag.conv2d(x, w, None, 1, 1)
+        return ag.batch_norm(z, None, None, None, None, True) + z
+
+    def evaluating(x, w):
+        return ag.batch_norm(ag.conv2d(x, w, None, 1, 1), rm, rv, None, None, False)
+
+    def alone(x, w):
+        return ag.batch_norm(ag.conv2d(x, w, None, 1, 1), None, None, None, None, True)
+
+    merged = []
+    for f in (read_twice, evaluating, alone):
+        calls = _merging_norms(monkeypatch)
+        jit_compile(f)(x, w)
+        merged.append(any(calls))
+        monkeypatch.undo()
+    assert merged == [False, False, True]
