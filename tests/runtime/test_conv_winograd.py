@@ -451,22 +451,24 @@ def test_the_output_transform_gathers_the_outputs_moments(cl_device, monkeypatch
     clear_plans()
 
 
-@pytest.mark.parametrize("relu", [False, True])
-def test_a_batch_norm_merges_the_gathered_moments(cl_device, relu):
+@pytest.mark.parametrize(("relu", "n"), [(False, 40), (True, 40), (True, 300)])
+def test_a_batch_norm_merges_the_gathered_moments(cl_device, relu, n):
     """``batch_norm_forward(..., moments=)`` of a Winograd output in training: mean, rstd, y and the running
     statistics within float32 rounding of the float64 batch norm of the same y (1e-5 relative: the statistics'
     sums are of ~10^4 terms), one launch, and the moments are what it reads (groups' means raised by one raise
-    its mean by one); moments of another tensor (a copy of y) are not read: the bits of the call without them."""
+    its mean by one); moments of another tensor (a copy of y) are not read: the bits of the call without them.
+    At n = 300 a channel has more groups (75) than a CPU work-group lanes (64): lanes merge several first."""
     from netcl.profiler import profile
     from netcl.runtime.ops import batchnorm, moments
 
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((40, 16, 12, 12)).astype(np.float32) + 3
+    x = rng.standard_normal((n, 16, 16, 16)).astype(np.float32) + 3
     w = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
     geo = conv.check_conv2d(x.shape, w.shape, None, 1, 1, 1, 1)
     gathered: list = []
     xt, wt = nc.tensor(x, device=cl_device), nc.tensor(w, device=cl_device)
     y = conv_winograd.forward(xt, wt, None, geo, 2, gather=gathered)
+    assert gathered[0].groups > (64 if n == 300 else 1)  # 64 tiles an image, work-groups of <= 256 tiles
     scale = nc.tensor(rng.standard_normal(24).astype(np.float32), device=cl_device)
 
     def normalized(source: nc.Tensor, moments) -> list[np.ndarray]:

@@ -44,11 +44,11 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import ARG_DTYPES, get_kernel, pow2_ceil, pragmas, storage_ctype
 from netcl.runtime.ops._grid import index_ctype
-from netcl.runtime.ops._rows import sum_combine, tree_reduce_c
+from netcl.runtime.ops._rows import sum_combine, tree_loop_c, tree_reduce_c
 from netcl.runtime.ops.backend import NUMPY_KIND, backend_op
 from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, tensor_sig
 from netcl.runtime.ops.layout import cast
-from netcl.runtime.ops.moments import MERGE_C, ChannelMoments
+from netcl.runtime.ops.moments import MERGE_C, TREE_COMBINE, ChannelMoments
 from netcl.runtime.ops.moments import of as moments_of
 from netcl.runtime.ops.pointwise import add_
 
@@ -124,6 +124,21 @@ _HEADER = """{pragmas}#define ACC {acc}
 """
 #: The channel's two sums over the work-group (``_rows``' tree; each caller is done with ``sa``/``sb`` after it).
 _SUM2 = tree_reduce_c("netcl_sum2", ["ACC", "ACC"], sum_combine(2), final_barrier=False)
+#: The forward's batch statistics from x's moments gathered where x was stored (``moments``; float32): lane l
+#: merges groups l, l + ls, ... of the channel's G (their loads issue together), then the lanes holding any merge
+#: in a fixed tree (``_rows.tree_loop_c``) over the first power of two of them; slot 0 of s0, s1, s2 holds the
+#: channel's count, mean and M2.
+_MERGED = """    __local float s0[LMAX], s1[LMAX], s2[LMAX];
+    float cnt = 0.0f, mo_mean = 0.0f, mo_m2 = 0.0f;
+    for (int q = lid; q < G; q += ls) {
+        __global const float* at = mo + (c * G + q) * 3;
+        netcl_moments_merge(&cnt, &mo_mean, &mo_m2, at[0], at[1], at[2]);
+    }
+    s0[lid] = cnt; s1[lid] = mo_mean; s2[lid] = mo_m2;
+    int span = 1;
+    while (span < min(G, ls)) span <<= 1;
+    span >>= 1;
+""" + tree_loop_c(TREE_COMBINE, half="span")
 
 _FORWARD = """
 __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global {xt}* restrict y,
@@ -133,13 +148,8 @@ __kernel void netcl_batch_norm(__global const {xt}* restrict x, {params}__global
     __local ACC sa[LMAX], sb[LMAX];
     CHUNK
 #if TRAINING && MOMENTS
-    /* the channel's G groups of moments gathered where x was stored, merged in group order */
-    float cnt = 0.0f, mo_mean = 0.0f, mo_m2 = 0.0f;
-    for (int q = 0; q < G; ++q) {{
-        __global const float* at = mo + (c * G + q) * 3;
-        netcl_moments_merge(&cnt, &mo_mean, &mo_m2, at[0], at[1], at[2]);
-    }}
-    const ACC count = cnt, var = max(mo_m2 / cnt, 0.0f), mu = mo_mean, rs = rsqrt(var + eps);
+{merged}
+    const ACC count = s0[0], var = max(s2[0] / s0[0], 0.0f), mu = s1[0], rs = rsqrt(var + eps);
 #elif TRAINING
     const ACC k = (ACC)x[c * SV * VEC];
     ACC s1 = 0, s2 = 0;
@@ -531,6 +541,7 @@ def _forward_launches(
                 moments="\n                               __global const float* restrict mo, const int G,"
                 if groups
                 else "",
+                merged=_MERGED if groups else "",
                 xt=storage_ctype(x_dtype),
                 params=_param("w", w_dtype)
                 + _param("b", b_dtype)
