@@ -13,7 +13,6 @@ the replay is the eager step bit for bit.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import file_modules
@@ -21,72 +20,37 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.jit import conv_moments, fuse_graph, jit_compile
-from netcl.optim import SGD
+from netcl.jit import conv_moments, jit_compile
 from netcl.runtime.ops import batchnorm, moments
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
-BATCH, SIZE, WIDTH, STEPS = 4, 16, 0.25, 3
-
-
-def _setup(device: Any, state: dict | None) -> tuple[Any, Any, Any, Any]:
-    rng = np.random.default_rng(0)
-    model = file_modules.load(EXAMPLE, "netcl_example_resnet").resnet8(width=WIDTH, device=device)
-    if state is not None:
-        model.load_state_dict(state)
-    x = ag.tensor(rng.normal(size=(BATCH, 3, SIZE, SIZE)).astype(np.float32), device=device)
-    y = ag.tensor(rng.integers(0, 10, BATCH).astype(np.int32), device=device)
-    return model, SGD(model.parameters(), lr=0.1, momentum=0.9), x, y
-
-
-def _results(model: Any, losses: list[Any]) -> dict[str, np.ndarray]:
-    out = {f"loss{i}": np.asarray(getattr(loss, "value", loss).to_host()) for i, loss in enumerate(losses)}
-    out.update({k: v.to_host() for k, v in model.state_dict().items()})
-    out.update({f"{k}.grad": p.grad.to_host() for k, p in model.named_parameters()})
-    return out
+WIDTH = 0.25
+steps = file_modules.load("tests/jit/resnet8_steps.py", "netcl_test_resnet8_steps")
 
 
 def _merging_norms(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Per batch_norm_forward call from now on: whether it was handed its own input's moments."""
     calls: list[bool] = []
-    real = batchnorm.batch_norm_forward
+    real, moments_of = batchnorm.batch_norm_forward, moments.of
 
     def spied(x, *args, moments=None, **kwargs):
         calls.append(moments_of(moments, x) is not None)
         return real(x, *args, moments=moments, **kwargs)
 
-    moments_of = moments.of
     monkeypatch.setattr(batchnorm, "batch_norm_forward", spied)
     return calls
 
 
 def _replayed(device: Any, state: dict, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], dict]:
     monkeypatch.setenv(conv_moments.ENV, "1" if on else "0")
-    model, opt, x, y = _setup(device, state)
     calls = _merging_norms(monkeypatch)
-    graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
-    losses = [ag.tensor(graph.outputs.value.to_host(), device=device)]  # the capture's step
-    losses += [graph.execute(x, y, copy_outputs=True) for _ in range(STEPS - 1)]
+    _, _, results = steps.replayed_results(device, WIDTH, state)
     monkeypatch.undo()
-    return calls, _results(model, losses)
-
-
-def _eager(device: Any, state: dict) -> dict:
-    model, opt, x, y = _setup(device, state)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        with ag.Tape() as tape:
-            loss = ag.cross_entropy(model(x), y)
-        tape.backward(loss)
-        opt.step()
-        losses.append(loss)
-    return _results(model, losses)
+    return calls, results
 
 
 def test_resnet8_replay_merges_the_moments_of_each_winograd_convolution(device, monkeypatch):
-    state = {k: v.to_host() for k, v in _setup(device, None)[0].state_dict().items()}
-    eager = _eager(device, state)
+    state = steps.initial_state(device, WIDTH)
+    eager = steps.eager_results(device, WIDTH, state)
     on_calls, on = _replayed(device, state, True, monkeypatch)
     off_calls, off = _replayed(device, state, False, monkeypatch)
     norms = 7  # the stem's, two a block, one a shortcut

@@ -11,7 +11,6 @@ eager step exactly, on PoCL (captured and replayed) and on the NumPy backend (th
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import file_modules
@@ -20,22 +19,17 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.core import Tensor
-from netcl.jit import conv_moments, fuse_graph, jit_compile
+from netcl.jit import conv_moments, jit_compile
 from netcl.jit.norm_epilogue import ENV
 from netcl.jit.partition import EagerStep
-from netcl.optim import SGD
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet.py"
-BATCH, SIZE, WIDTH, STEPS = 4, 16, 0.125, 3
-
-
-def _resnet() -> Any:
-    return file_modules.load(EXAMPLE, "netcl_example_resnet")
+WIDTH = 0.125
+steps = file_modules.load("tests/jit/resnet8_steps.py", "netcl_test_resnet8_steps")
 
 
 def _sites(model: Any) -> int:
     """BN+ReLU sites of a ResNet: the stem's, and per basic block bn1 -> relu and bn2 -> add -> relu."""
-    blocks = sum(isinstance(m, _resnet().BasicBlock) for m in model.modules())
+    blocks = sum(isinstance(m, steps.resnet().BasicBlock) for m in model.modules())
     return 1 + 2 * blocks
 
 
@@ -44,50 +38,21 @@ def _fused_ops(graph: Any) -> int:
     return sum(isinstance(s, EagerStep) and s.node.op_name == "batch_norm_relu" for s in plan.steps)
 
 
-def _setup(device: Any, state: dict | None) -> tuple[Any, Any, Any, Any]:
-    rng = np.random.default_rng(0)
-    model = _resnet().resnet8(width=WIDTH, device=device)
-    if state is not None:
-        model.load_state_dict(state)
-    x = ag.tensor(rng.normal(size=(BATCH, 3, SIZE, SIZE)).astype(np.float32), device=device)
-    y = ag.tensor(rng.integers(0, 10, BATCH).astype(np.int32), device=device)
-    return model, SGD(model.parameters(), lr=0.1, momentum=0.9), x, y
-
-
 def _bits(t: Any) -> np.ndarray:
-    """A tensor's (or Node's) host copy, float32 as its bits."""
-    host = np.ascontiguousarray(getattr(t, "value", t).to_host())
+    """A tensor's (or Node's, or host array's) values, float32 as its bits."""
+    host = np.ascontiguousarray(t if isinstance(t, np.ndarray) else getattr(t, "value", t).to_host())
     return host.view(np.uint32) if host.dtype == np.float32 else host
-
-
-def _results(model: Any, losses: list[Any]) -> dict[str, np.ndarray]:
-    out = {f"loss{i}": _bits(loss) for i, loss in enumerate(losses)}
-    out.update({k: _bits(v) for k, v in model.state_dict().items()})
-    out.update({f"{k}.grad": _bits(p.grad) for k, p in model.named_parameters()})
-    return out
 
 
 def _replayed(device: Any, state: dict, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, dict]:
     monkeypatch.setenv(ENV, "1" if fused else "0")
     monkeypatch.setenv(conv_moments.ENV, "0")  # the batch norms' own statistics, bit for bit the eager step's
-    model, opt, x, y = _setup(device, state)
-    graph = fuse_graph(model, x, y, ag.cross_entropy, optimizer_step=opt.step)
-    losses = [ag.tensor(graph.outputs.value.to_host(), device=device)]  # the capture's step
-    losses += [graph.execute(x, y, copy_outputs=True) for _ in range(STEPS - 1)]
-    return model, graph, _results(model, losses)
+    model, graph, results = steps.replayed_results(device, WIDTH, state)
+    return model, graph, {k: _bits(v) for k, v in results.items()}
 
 
 def _eager(device: Any, state: dict) -> dict:
-    model, opt, x, y = _setup(device, state)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        with ag.Tape() as tape:
-            loss = ag.cross_entropy(model(x), y)
-        tape.backward(loss)
-        opt.step()
-        losses.append(loss)
-    return _results(model, losses)
+    return {k: _bits(v) for k, v in steps.eager_results(device, WIDTH, state).items()}
 
 
 def _assert_same(got: dict, ref: dict, what: str) -> None:
@@ -97,7 +62,7 @@ def _assert_same(got: dict, ref: dict, what: str) -> None:
 
 
 def test_resnet8_replay_fuses_every_site(device, monkeypatch):
-    state = {k: v.to_host() for k, v in _resnet().resnet8(width=WIDTH, device=device).state_dict().items()}
+    state = steps.initial_state(device, WIDTH)
     model, fused, got = _replayed(device, state, True, monkeypatch)
     _, unfused, ref = _replayed(device, state, False, monkeypatch)
     sites = _sites(model)

@@ -20,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-from netcl.jit.partition import live_nodes
+from netcl.jit.partition import uses_of
 from netcl.jit.tracing import TraceNode
 
 #: Set to ``0`` to keep each batch norm's own statistics pass (compare the step without the rewrite).
@@ -40,10 +40,7 @@ def share_conv_moments(outputs: list[TraceNode]) -> int:
     how many pairs."""
     if not enabled():
         return 0
-    nodes = live_nodes(outputs)
-    uses: Counter[int] = Counter(o.id for o in outputs)
-    for node in nodes:
-        uses.update(p.id for p in node.inputs)
+    nodes, uses = uses_of(outputs)
     count = 0
     for norm in nodes:
         conv = _normalized_conv(norm, uses)

@@ -17,7 +17,7 @@ from collections import Counter
 
 from netcl.autograd import engine
 from netcl.autograd.ops_norm import batch_norm_rules
-from netcl.jit.partition import live_nodes
+from netcl.jit.partition import uses_of
 from netcl.jit.tracing import TraceNode
 
 #: Set to ``0`` to keep batch norms and their ReLU epilogues apart (compare the unfused step).
@@ -39,10 +39,7 @@ def fuse_norm_epilogues(outputs: list[TraceNode], wanting: set[int]) -> int:
     """
     if not enabled():
         return 0
-    nodes = live_nodes(outputs)
-    uses: Counter[int] = Counter(o.id for o in outputs)
-    for node in nodes:
-        uses.update(p.id for p in node.inputs)
+    nodes, uses = uses_of(outputs)
     grads = _wanting_grads(nodes, wanting)
     count = 0
     for node in nodes:

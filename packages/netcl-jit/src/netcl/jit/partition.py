@@ -10,6 +10,7 @@ kernel each way). Everything else (matmul, other reductions, ops without a primi
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,16 @@ def live_nodes(outputs: list[TraceNode]) -> list[TraceNode]:
         seen[node.id] = node
         stack.extend(node.inputs)
     return [seen[i] for i in sorted(seen)]
+
+
+def uses_of(outputs: list[TraceNode]) -> tuple[list[TraceNode], Counter[int]]:
+    """``live_nodes(outputs)`` and how many times each node's value is read: as an input of a live node, and
+    once for each place among ``outputs`` (a function's result is a use)."""
+    nodes = live_nodes(outputs)
+    uses: Counter[int] = Counter(o.id for o in outputs)
+    for node in nodes:
+        uses.update(p.id for p in node.inputs)
+    return nodes, uses
 
 
 def _is_fusible(node: TraceNode) -> bool:
