@@ -14,6 +14,8 @@ not depend on timing); elsewhere each pass below is one launch.
   updates ``running_mean``/``running_var`` IN PLACE with the unbiased variance:
   ``r = (1 - momentum) r + momentum stat``, and adds one to ``num_batches_tracked`` when given (the
   counter of ``nn.BatchNorm*``: no launch of its own). Evaluation reads the running statistics (one pass).
+  Given x's moments gathered where x was stored (``moments=``, float32: ``netcl.runtime.ops.moments``), the
+  training forward merges them for the statistics and makes the second pass only (one launch, one read of x).
 - Backward: one pass sums ``g`` and ``g (x - mean)`` (giving ``db`` and ``dw = sum(g xhat)``), a
   second writes ``dx = w rstd (g - mean(g) - xhat mean(g xhat))`` (training) or ``g w rstd`` (eval).
 - Epilogue (``relu=True``, optionally ``residual``): the normalize pass writes ``relu(y [+ residual])`` (y

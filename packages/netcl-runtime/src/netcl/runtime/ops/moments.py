@@ -4,9 +4,10 @@ A kernel writing a float32 (N, C, *) tensor y may hand, beside it, each channel'
 elements: (count, mean, M2 = sum((v - mean)^2)) per (channel, group), a (C, G, 3) float32 tensor. A work-item
 sums its own values shifted by its first one (a block of neighbours: no E[v^2] - E[v]^2 cancellation), the
 work-items of a group are merged by the local-memory tree (``_rows.tree_loop_c``) with the pairwise update of
-Chan, Golub and LeVeque, and ``batchnorm.batch_norm_forward(..., moments=)`` merges a channel's G groups in
-group order by the same update instead of reading y for its statistics: one pass over y fewer. Every pairing
-is fixed by the layout, so the result never depends on timing. The Winograd forward's output transform
+Chan, Golub and LeVeque, and ``batchnorm.batch_norm_forward(..., moments=)`` merges a channel's G groups by
+the same update (each lane a share of them, then a tree over the lanes) instead of reading y for its
+statistics: one pass over y fewer. Every pairing is fixed by the layout, so the result never depends on
+timing. The Winograd forward's output transform
 gathers them (``conv_winograd.forward(..., moments=)``); the JIT asks for them where a convolution's output
 goes to a training batch norm alone (``netcl.jit.conv_moments``).
 """
