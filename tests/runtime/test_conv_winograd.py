@@ -495,3 +495,14 @@ def test_a_batch_norm_merges_the_gathered_moments(cl_device, relu, n):
     copy = nc.tensor(y.to_host(), device=cl_device)
     for value, plain in zip(normalized(copy, gathered[0]), normalized(copy, None), strict=True):
         np.testing.assert_array_equal(value, plain)
+
+
+@pytest.mark.parametrize("bad", [[None], "moments"])
+def test_moments_of_another_type_raise_before_any_launch(device, bad):
+    from netcl.runtime.ops import batchnorm
+
+    x = nc.tensor(np.ones((2, 3, 4, 4), np.float32), device=device)
+    match = f"batch_norm: moments must be ChannelMoments or None, got {type(bad).__name__}"
+    raises_before_launch(
+        device, TypeError, match, lambda: batchnorm.batch_norm_forward(x, None, None, training=True, moments=bad)
+    )

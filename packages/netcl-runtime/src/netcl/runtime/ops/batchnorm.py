@@ -460,7 +460,7 @@ def batch_norm_forward(
         tensor_sig(residual),
         _parts,  # the chunking policy the launches were prepared with
     )
-    taken = moments_of(moments, x) if training is True and x.device.kind != NUMPY_KIND else None
+    taken = _moments_read(moments, x, training)
     if taken is not None:
         key = (*key, taken.groups)
     plan = _FORWARDS.plans.get(key)
@@ -482,6 +482,18 @@ def batch_norm_forward(
     if taken is not None:
         return plan(x, running_mean, running_var, weight, bias, num_batches_tracked, residual, taken.parts)
     return plan(x, running_mean, running_var, weight, bias, num_batches_tracked, residual)
+
+
+def _moments_read(moments: Any, x: Any, training: Any) -> ChannelMoments | None:
+    """The ``moments`` a ``batch_norm_forward`` call merges: those of this very x in a training call on an OpenCL
+    device, else None (x's own pass); a TypeError for a ``moments`` that is not ``ChannelMoments`` or None."""
+    if moments is None:
+        return None
+    if not isinstance(moments, ChannelMoments):
+        raise TypeError(f"batch_norm: moments must be ChannelMoments or None, got {type(moments).__name__}")
+    if training is not True or not isinstance(x, Tensor) or x.device.kind == NUMPY_KIND:
+        return None
+    return moments_of(moments, x)
 
 
 def _apply_with(

@@ -36,7 +36,7 @@ from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops import magic_div, moments
-from netcl.runtime.ops._common import get_kernel, pow2_ceil, round_up
+from netcl.runtime.ops._common import MAX_LOCAL, get_kernel, pow2_ceil, round_up
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops._rows import tree_loop_c
 from netcl.runtime.ops.backend import backend_op
@@ -308,7 +308,7 @@ _MOMENT_MACRO = """#define MOMENT(o) { if (mo_n == 0.0f) mo_k = (o); const float
 #: Then the work-group's: each lane's (count, mean, M2) merged by the tree, lane 0 storing them as group
 #: ``get_group_id(0)`` of channel r in ``mo`` (R, groups, 3).
 _GROUP_MOMENTS = [
-    "__local float s0[256], s1[256], s2[256];",
+    f"__local float s0[{MAX_LOCAL}], s1[{MAX_LOCAL}], s2[{MAX_LOCAL}];",  # _launch's groups: at most MAX_LOCAL
     "const int lid = get_local_id(0);",
     "s0[lid] = mo_n;",
     "s1[lid] = mo_n > 0.0f ? mo_k + mo_s / mo_n : 0.0f;",
@@ -463,7 +463,7 @@ def _launch(
     device: Device, part: str, m: int, grid: tuple[int, int], buffers: int, sizes: list[int], flags: dict[str, int],
     idx: str,
 ) -> PreparedLaunch:  # fmt: skip
-    """``_prepared``'s launch itself (its work-groups a power of two of columns, at most 256)."""
+    """``_prepared``'s launch itself (its work-groups a power of two of columns, at most ``MAX_LOCAL``)."""
     names = _SIZES[part]
     types = [None] * buffers + [index_dtype(idx)] * len(names)
     if "TW" in names and split_by_magic(device):  # a tile kernel on a CPU device: p split by magic_div
