@@ -798,7 +798,8 @@ def conv2d(
     made once per call signature (``call_plans``). ``keep``: a list to which a Winograd forward appends x's
     input transform (``conv_winograd.InputTransform``), for ``conv2d_backward_weight(..., transformed=)``;
     ``gather``: one to which it appends the output's per-channel moments (``moments.ChannelMoments``), for
-    ``batchnorm.batch_norm_forward(..., moments=)``. The other paths append nothing.
+    ``batchnorm.batch_norm_forward(..., moments=)``, where ``conv_winograd.gathers_moments``. The other paths
+    append nothing.
     """
     key = (
         tensor_sig(x) if x is not None else UNKEYED,
@@ -845,9 +846,12 @@ def _forward_plan(
     variant = _winograd_variant(algorithm, tile, products)
     if variant is not None:
         m, precision = variant
-        return at_matmul_precision(
-            precision, lambda x, w, b, keep, gather: conv_winograd.forward(x, w, b, geo, m, keep=keep, gather=gather)
-        )
+        gathers = conv_winograd.gathers_moments(device)
+
+        def winograd(x: Tensor, w: Tensor, b: Tensor | None, keep: list | None, gather: list | None) -> Tensor:
+            return conv_winograd.forward(x, w, b, geo, m, keep=keep, gather=gather if gathers else None)
+
+        return at_matmul_precision(precision, winograd)
     if algorithm == "gemm":
         return lambda x, w, b, keep, gather: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):

@@ -278,8 +278,9 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
 
     def store(i: int, j: int, e: str) -> str:
         at_ = f"((n * R + r) * OH + h0 + {i}) * OW + w0 + {j}"
+        shift = "mo_k = o; " if (i, j) == (0, 0) else ""  # a tile's first output is always inside the plane
         value = (
-            f"const float o = {first}({e}){extra}; y[at] = o; MOMENT(o);"
+            f"const float o = {first}({e}){extra}; y[at] = o; {shift}MOMENT(o);"
             if gathers
             else f"y[at] = {first}({e}){extra};"
         )
@@ -301,9 +302,9 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     return moments.MERGE_C + _MOMENT_MACRO + kernel
 
 
-#: ``_output_source``'s lane moments: each stored value o summed shifted by the lane's first one.
-_MOMENT_MACRO = """#define MOMENT(o) { if (mo_n == 0.0f) mo_k = (o); const float mo_d = (o) - mo_k; \
-    mo_s += mo_d; mo_q += mo_d * mo_d; mo_n += 1.0f; }
+#: ``_output_source``'s lane moments: each stored value o summed shifted by the lane's first one, ``mo_k`` (set
+#: by the store of output (0, 0), which every lane with a tile makes first).
+_MOMENT_MACRO = """#define MOMENT(o) { const float mo_d = (o) - mo_k; mo_s += mo_d; mo_q += mo_d * mo_d; mo_n += 1.0f; }
 """
 #: Then the work-group's: each lane's (count, mean, M2) merged by the tree, lane 0 storing them as group
 #: ``get_group_id(0)`` of channel r in ``mo`` (R, groups, 3).
@@ -332,7 +333,7 @@ def _row_store(i: int, row: list[str], m: int, idx: str, bias: str, addend: bool
         load, values = "", ", ".join(f"({e}){bias}" for e in row)
     store = f"*(__global float{m}*)(y + at) = (float{m})({values});"
     if gathers:
-        moment = "".join(f" MOMENT(o.s{j});" for j in range(m))
+        moment = (" mo_k = o.s0;" if i == 0 else "") + "".join(f" MOMENT(o.s{j});" for j in range(m))
         store = f"const float{m} o = (float{m})({values}); *(__global float{m}*)(y + at) = o;{moment}"
     return f"if (h0 + {i} < OH) {{ const {idx} at = {at}; {load}{store} }}"
 
@@ -436,6 +437,14 @@ def fuses_weight_transform(device: Device) -> bool:
     (``_input_weight_source``): on GPUs, where the weight transform's own launch has few work-groups at a
     ResNet's channel counts and runs alone (see benchmarks/RESULTS.md, "Thirty-sixth session"); CPU devices keep
     two launches (their tile kernels split columns by ``magic_div``, which the joint kernel does not)."""
+    return device.is_gpu
+
+
+def gathers_moments(device: Device) -> bool:
+    """Whether ``conv.conv2d`` has the output transform gather its output's moments when asked (``gather=``): on
+    GPUs, where the store's tree costs less than the batch norm's pass it saves; on a CPU device (PoCL) the
+    tree's barriers more than double the output transform's time, more than that pass (see
+    benchmarks/RESULTS.md, "Thirty-eighth session"). ``forward(..., gather=)`` itself gathers on any device."""
     return device.is_gpu
 
 

@@ -7,9 +7,9 @@ work-items of a group are merged by the local-memory tree (``_rows.tree_loop_c``
 Chan, Golub and LeVeque, and ``batchnorm.batch_norm_forward(..., moments=)`` merges a channel's G groups by
 the same update (each lane a share of them, then a tree over the lanes) instead of reading y for its
 statistics: one pass over y fewer. Every pairing is fixed by the layout, so the result never depends on
-timing. The Winograd forward's output transform
-gathers them (``conv_winograd.forward(..., moments=)``); the JIT asks for them where a convolution's output
-goes to a training batch norm alone (``netcl.jit.conv_moments``).
+timing. The Winograd forward's output transform gathers them (``conv_winograd.forward(..., gather=)``;
+through ``conv.conv2d`` on GPUs: ``conv_winograd.gathers_moments``); the JIT asks for them where a
+convolution's output goes to a training batch norm alone (``netcl.jit.conv_moments``).
 """
 
 from __future__ import annotations
