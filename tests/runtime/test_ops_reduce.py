@@ -94,7 +94,9 @@ def test_a_cpu_device_sums_runs_of_up_to_64_elements_one_work_item_each(cl_devic
     x64 = x.astype(np.float64)
     _close(ops.sum(nc.tensor(x, device=cl_device), (0, 2, 3)), x64.sum(axis=(0, 2, 3)), np.abs(x64).sum(axis=(0, 2, 3)))
     run = side[0] * side[1]
-    modes = {key[1] for key in reduce._STAGES if key[3] == ((run, 1),) and key[-1] == cl_device}
+    # the first stage's: 16 x 8 runs kept, each of ``run`` elements reduced (another test's sum of ``run`` elements
+    # into one output, a tree on any device, is not this one)
+    modes = {key[1] for key in reduce._STAGES if key[2:4] == (((16 * 8, run),), ((run, 1),)) and key[-1] == cl_device}
     assert modes == {mode}
 
 

@@ -67,6 +67,10 @@ def test_a_new_batch_size_builds_no_eager_program(cl_device: nc.Device) -> None:
     # step in that regime too, so the check below does not depend on another test having built it
     # in this process (run alone, batch 1000 built it here).
     _mlp_step(w, b, 300, cl_device, rng)
+    # And on a CPU device the bias gradient of <= 64 rows sums one work-item an output ("serial", reduce's
+    # SERIAL_MAX_CPU), a program of its own too: a step there as well (batch 57 below built it when no other test
+    # of the process had).
+    _mlp_step(w, b, 40, cl_device, rng)
     for batch in (101, 57, 1000):
         before = _misses()
         loss, x, y = _mlp_step(w, b, batch, cl_device, rng)
