@@ -3,7 +3,8 @@ per-channel moments in its store (a Winograd forward's output transform), and th
 instead of reading its input for its statistics.
 
 The replayed ResNet-8 training step of examples/resnet.py at width 0.25 (so each block's second convolution,
-3x3 stride 1 with 16-64 channels, runs by Winograd on every device) must pair those three sites and no other,
+3x3 stride 1 with 16-64 channels, runs by Winograd on every device: the tests' ``NETCL_TUNE=0`` searches no
+algorithm) must pair those three sites and no other,
 and its losses, parameters, gradients and running statistics after three steps must agree with the eager
 step's within float32 rounding: the statistics are the same sums in another order (relative ~1e-6 each), which
 three SGD steps carry to ~1e-5 of the parameters; 1e-4 relative is allowed (a statistic off by one element of
