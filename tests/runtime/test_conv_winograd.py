@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import netcl.core as nc
+from netcl.core import ShapeError
 from netcl.runtime.capture import capture_graph
 from netcl.runtime.ops import conv, conv_implicit, conv_winograd, gemm_mma
 from netcl.runtime.ops._common import clear_kernel_memo
@@ -505,4 +506,16 @@ def test_moments_of_another_type_raise_before_any_launch(device, bad):
     match = f"batch_norm: moments must be ChannelMoments or None, got {type(bad).__name__}"
     raises_before_launch(
         device, TypeError, match, lambda: batchnorm.batch_norm_forward(x, None, None, training=True, moments=bad)
+    )
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 3), (3, 2, 2), (3, 0, 3)])
+def test_moments_of_another_shape_raise_before_any_launch(cl_device, shape):
+    from netcl.runtime.ops import batchnorm, moments
+
+    x = nc.tensor(np.ones((2, 3, 4, 4), np.float32), device=cl_device)
+    bad = moments.ChannelMoments(x, nc.tensor(np.ones(shape, np.float32), device=cl_device))
+    match = r"batch_norm: moments.parts must be float32 of shape \(3, groups >= 1, 3\) for x of 3 channels"
+    raises_before_launch(
+        cl_device, ShapeError, match, lambda: batchnorm.batch_norm_forward(x, None, None, training=True, moments=bad)
     )

@@ -491,9 +491,20 @@ def _moments_read(moments: Any, x: Any, training: Any) -> ChannelMoments | None:
         return None
     if not isinstance(moments, ChannelMoments):
         raise TypeError(f"batch_norm: moments must be ChannelMoments or None, got {type(moments).__name__}")
-    if training is not True or not isinstance(x, Tensor) or x.device.kind == NUMPY_KIND:
-        return None
-    return moments_of(moments, x)
+    if training is not True or not isinstance(x, Tensor) or x.ndim < 2 or x.device.kind == NUMPY_KIND:
+        return None  # (an x of fewer than two dims: check_batch_norm's error)
+    taken = moments_of(moments, x)
+    if taken is not None:
+        parts = taken.parts
+        ok = isinstance(parts, Tensor) and parts.dtype == np.float32 and parts.ndim == 3
+        if not ok or parts.shape[0] != x.shape[1] or parts.shape[1] < 1 or parts.shape[2] != 3:
+            got = f"{type(parts).__name__} {getattr(parts, 'dtype', '')} {getattr(parts, 'shape', '')}".strip()
+            raise ShapeError(
+                f"batch_norm: moments.parts must be float32 of shape ({x.shape[1]}, groups >= 1, 3) for x of "
+                f"{x.shape[1]} channels, got {got}"
+            )
+        same_device(x.device, parts.device)
+    return taken
 
 
 def _apply_with(
