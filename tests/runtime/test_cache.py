@@ -121,3 +121,28 @@ def test_compile_error_has_log_and_numbered_source(ctx):
     marked = [line for line in text.splitlines() if line.startswith(">")]
     assert marked and re.match(r">\s+3 \|\s+x\[i\] = undefined_name;", marked[0])
     assert re.search(r"^ \s+2 \|\s+int i = get_global_id\(0\);$", text, re.M)  # context lines, unmarked
+
+
+def test_a_remembered_kernel_outlives_the_lru_but_not_clear_or_evict(cl_device, monkeypatch):
+    """``ops._common.get_kernel``: a kernel it remembers keeps its program when the program cache's LRU drops it
+    (a process that built more programs than the cache holds: the next call loads nothing), while
+    ``program_cache.clear()`` and ``evict`` send the next call back to the cache (a miss there)."""
+    from netcl.runtime.ops._common import clear_kernel_memo, get_kernel
+
+    clear_kernel_memo()
+    monkeypatch.setattr(program_cache, "max_entries", 1)
+
+    def resolve(scale: int):
+        source = SRC.replace("SCALE", str(scale))
+        return get_kernel(("lru-test", scale), cl_device, lambda: source, "fill", [None, None])
+
+    first = resolve(1)
+    resolve(2)  # the LRU of one entry drops the first program
+    misses = program_cache.stats().misses
+    assert resolve(1) is first and program_cache.stats().misses == misses
+    program_cache.evict(("netcl.runtime.ops", ("lru-test", 2)))
+    again = resolve(1)
+    assert again is not first and program_cache.stats().misses == misses + 1
+    program_cache.clear()
+    assert resolve(1) is not again and program_cache.stats().misses == 1
+    clear_kernel_memo()

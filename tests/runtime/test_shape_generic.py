@@ -13,7 +13,7 @@ import netcl.autograd as ag
 import netcl.core as nc
 import netcl.runtime.ops as R
 from netcl.runtime.cache import key_kind, program_cache
-from netcl.runtime.ops._common import FLAT, ONE, STRIDED, broadcast_layout, clear_kernel_memo, fast_divisor
+from netcl.runtime.ops._common import FLAT, ONE, STRIDED, broadcast_layout, fast_divisor
 
 #: The GEMM's programs (``ops/gemm.py``): shape-generic in M, N, K, but its tile configuration is
 #: chosen per power-of-two class of M, N, K (and tuned per class on GPUs), so 57 or 1000 rows after
@@ -56,11 +56,6 @@ def _reference(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray) -> tu
 
 
 def test_a_new_batch_size_builds_no_eager_program(cl_device: nc.Device) -> None:
-    # A fresh in-memory program cache, so that what counts is this test's steps alone: in a process that has built
-    # more programs than the cache holds, a program this test reuses through the kernel memo (whose hits do not
-    # refresh the cache's LRU order) can be evicted by the next new build and be loaded again (a miss) later.
-    program_cache.clear()
-    clear_kernel_memo()
     rng = np.random.default_rng(17)
     w_np = rng.normal(size=(20, 10)).astype(np.float32)
     b_np = rng.normal(size=(10,)).astype(np.float32)

@@ -126,6 +126,9 @@ class ProgramCache:
         self._by_context: dict[int, tuple[cl.Context, OrderedDict[tuple, KernelHandle]]] = {}
         self._stats = CacheStats()
         self.disk = DiskCache()
+        #: bumped by ``clear`` and ``evict`` (not by the LRU's own evictions): a resolved kernel remembered under an
+        #: older generation goes back to the cache (``ops._common.get_kernel``)
+        self.generation = 0
 
     def _entries(self, ctx: cl.Context) -> OrderedDict[tuple, KernelHandle]:
         slot = self._by_context.get(ctx.int_ptr)
@@ -169,6 +172,7 @@ class ProgramCache:
                 for full_key in [k for k in entries if k[0] == key]:
                     del entries[full_key]
                     removed += 1
+            self.generation += 1
         return removed
 
     def clear(self) -> None:
@@ -176,6 +180,7 @@ class ProgramCache:
         with self._lock:
             self._by_context = {}
             self._stats = CacheStats()
+            self.generation += 1
 
     def stats(self) -> CacheStats:
         """Counters since the last ``clear``: hits, misses, builds, disk hits, build seconds."""

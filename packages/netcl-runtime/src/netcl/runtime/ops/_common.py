@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -224,14 +223,21 @@ def pow2_ceil(value: int) -> int:
 
 
 class ResolvedKernel:
-    """A built kernel plus the largest power-of-two work-group it allows (capped at 256)."""
+    """A built kernel plus the largest power-of-two work-group it allows (capped at 256), its program's handle
+    (kept alive: a program the LRU of the program cache drops stays usable while it is remembered here) and the
+    cache's ``generation`` it was resolved in (``current``: no ``clear`` or ``evict`` since)."""
 
-    __slots__ = ("kernel", "handle_ref", "max_local")
+    __slots__ = ("kernel", "handle", "generation", "max_local")
 
-    def __init__(self, kernel: cl.Kernel, handle_ref: weakref.ref, max_local: int) -> None:
+    def __init__(self, kernel: cl.Kernel, handle: Any, generation: int, max_local: int) -> None:
         self.kernel = kernel
-        self.handle_ref = handle_ref
+        self.handle = handle
+        self.generation = generation
         self.max_local = max_local
+
+    @property
+    def current(self) -> bool:
+        return self.generation == program_cache.generation
 
 
 #: Bound of every per-signature dict of the op library (kernel memo, launch plans).
@@ -254,18 +260,20 @@ def get_kernel(
     """The kernel ``name`` for ``key`` on ``device``: a dict lookup after the first call.
 
     The first call generates the source (``PRIMITIVE_PREAMBLE`` + ``make_source()``) and builds it
-    through ``program_cache``. The memo holds only a weak reference to the cache's handle, so
-    ``program_cache.clear()`` / ``evict`` also make the next call go back to the program cache.
+    through ``program_cache``. A remembered kernel keeps its program: the program cache's LRU dropping it (a
+    process that built more programs than the cache holds) does not make the next call load it again, while
+    ``program_cache.clear()`` / ``evict`` (a new ``generation``) make the next call go back to the cache.
     """
     memo_key = (key, device)
     entry = _MEMO.get(memo_key)
-    if entry is not None and entry.handle_ref() is not None:
+    if entry is not None and entry.generation == program_cache.generation:
         return entry
+    generation = program_cache.generation
     source = PRIMITIVE_PREAMBLE + make_source()
     handle = program_cache.get_or_compile(("netcl.runtime.ops", key), source, device.context, build_flags)
     kernel = handle.kernel(name, scalar_dtypes)
     limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
-    entry = ResolvedKernel(kernel, weakref.ref(handle), min(MAX_LOCAL, pow2_floor(limit)))
+    entry = ResolvedKernel(kernel, handle, generation, min(MAX_LOCAL, pow2_floor(limit)))
     with _MEMO_LOCK:
         if len(_MEMO) >= MAX_MEMO:  # bounded like the program cache; a miss only costs a lookup there
             _MEMO.clear()

@@ -157,7 +157,7 @@ class Plan:
 
     def kernel(self, device: Device) -> ResolvedKernel:
         resolved = self.resolved
-        if resolved is None or resolved.handle_ref() is None:
+        if resolved is None or not resolved.current:
             key = ("ew", self.expr, self.ctypes, self.make_source())
             scalar_dtypes = [None] + [
                 None if t is None else ARG_DTYPES[c] for t, c in zip(self.arg_types, self.ctypes, strict=True)
