@@ -266,7 +266,7 @@ def get_kernel(
     """
     memo_key = (key, device)
     entry = _MEMO.get(memo_key)
-    if entry is not None and entry.generation == program_cache.generation:
+    if entry is not None and entry.current:
         return entry
     generation = program_cache.generation
     source = PRIMITIVE_PREAMBLE + make_source()

@@ -122,11 +122,14 @@ def _kernel(
 """
 
 
-def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool, magic: bool = False) -> list[str]:
+def _tile_head(
+    idx: str, channel: str, channels: str, m: int, padded: bool, magic: bool = False, leaves: bool = True
+) -> list[str]:
     """The first statements of a kernel over (tile column p, ``channel`` row): p = (n, th, tw), the
     first row and column ``h0``, ``w0`` of its block (of its input patch when ``padded``), and the
     stride ``plane`` between two transform positions of a (positions, ``channels``, P) tensor;
-    ``magic``: p split by ``NETCL_DIV`` (CPU devices: a vector has no integer division)."""
+    ``magic``: p split by ``NETCL_DIV`` (CPU devices: a vector has no integer division); ``leaves``: a
+    work-item past the tiles (p >= P) returns (else the kernel guards its body itself)."""
     shift = (" - PH", " - PW") if padded else ("", "")
     split = (
         f"const {idx} rows = NETCL_DIV(p, TW), n = NETCL_DIV(rows, TH), tw = p - rows * TW, th = rows - n * TH;"
@@ -135,7 +138,7 @@ def _tile_head(idx: str, channel: str, channels: str, m: int, padded: bool, magi
     )
     return [
         f"const {idx} p = get_global_id(0), {channel} = get_global_id(1), plane = {channels} * P;",
-        "if (p >= P) return;",
+        *(["if (p >= P) return;"] if leaves else []),
         split,
         f"const {idx} h0 = {m} * th{shift[0]}, w0 = {m} * tw{shift[1]};",
     ]
@@ -272,7 +275,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     _, _, at = MATRICES[m]
     a = m + 2
     magic, gathers = bool(flags.get("MAGIC")), bool(flags.get("MOMENTS"))
-    head = [*_tile_head(idx, "r", "R", m, False, magic), "__global const float* src = m + r * P + p;"]
+    head = [*_tile_head(idx, "r", "R", m, False, magic, not gathers), "__global const float* src = m + r * P + p;"]
     extra = " + extra[r]" if flags["BIAS"] else ""
     first = "extra[at] + " if flags["ADDEND"] else ""
 
@@ -295,8 +298,7 @@ def _output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     if not gathers:
         return _kernel("output", buffers, idx, head, body, magic)
     # every lane reaches the tree: a lane past the tiles (p >= P) computes nothing and holds no moments
-    head = [line.replace("if (p >= P) return;", "float mo_n = 0.0f, mo_k = 0.0f, mo_s = 0.0f, mo_q = 0.0f;")
-            for line in head]  # fmt: skip
+    head.append("float mo_n = 0.0f, mo_k = 0.0f, mo_s = 0.0f, mo_q = 0.0f;")
     body = ["if (p < P) {", *body, "}", *_GROUP_MOMENTS]
     kernel = _kernel("output", buffers + ", __global float* mo", idx, head, body, magic)
     return moments.MERGE_C + _MOMENT_MACRO + kernel
@@ -509,7 +511,8 @@ def _prepared_convolve(
     device: Device, src_shape: tuple[int, ...], r: int, s: int, flip: bool, pads: tuple[int, int], kind: str,
     tiling: TileGrid,
 ) -> Callable[..., Tensor]:  # fmt: skip
-    """``convolve`` on an OpenCL ``device`` for operands of these sizes as ``run(src, w, extra) -> y``: the input
+    """``convolve`` on an OpenCL ``device`` for operands of these sizes as ``run(src, w, extra, keep, gather) -> y``
+    (``keep``, ``gather`` as in ``_convolve``): the input
     and weight transforms as one launch where ``fuses_weight_transform``, else the input transform first, so that
     the small weight transform's enqueue overlaps its run (see benchmarks/RESULTS.md, "Measurements moved out of
     source docstrings", conv_winograd.py); the batched product, the output transform."""
@@ -546,14 +549,15 @@ def _prepared_convolve(
             keep.append(InputTransform(m, pads, src, v))
         prod = matmul(u, v)  # (a2, R, P)
         y = empty(y_shape, float32, device)
+        added = prod.data if extra is None else extra.data  # (a kernel without bias or addend reads no extra)
         if gather is None:
-            output(prod.data, y.data, prod.data if extra is None else extra.data)
+            output(prod.data, y.data, added)
             return y
         if not gathering:
             gathering.append(_launch(device, "output", m, (count, r), 4, sizes_out, {**flags, "MOMENTS": 1}, idx))
         launch = gathering[0]
         parts = empty((r, launch.global_size[0] // launch.local_size[0], 3), float32, device)
-        launch.call(prod.data, y.data, prod.data if extra is None else extra.data, parts.data)
+        launch.call(prod.data, y.data, added, parts.data)
         gather.append(moments.ChannelMoments(y, parts))
         return y
 
