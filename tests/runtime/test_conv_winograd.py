@@ -388,45 +388,6 @@ def test_the_weight_gradient_reads_the_forwards_input_transform(cl_device, tile)
         np.testing.assert_array_equal(got, recomputed.to_host())
 
 
-@pytest.mark.parametrize("tile", [2, 4])
-def test_the_weight_gradient_adds_a_split_products_partials_itself(cl_device, monkeypatch, tile):
-    """Where the product along the tiles comes as partial sums along them (a GPU's split, ``gemm_unsummed``; here
-    three chunks multiplied on the host), the weight-gradient transform adds them itself from 0 in split order:
-    the bits of the transform of their float32 sum in that order (with and without an addend), within the
-    Winograd bound of the float64 gradient."""
-    rng = np.random.default_rng(7)
-    x, g, addend = (
-        rng.standard_normal((3, 5, 12, 11)),
-        rng.standard_normal((3, 4, 12, 11)),
-        rng.standard_normal((4, 5, 3, 3)),
-    )
-    xt, gt, at = (nc.tensor(v.astype(np.float32), device=cl_device) for v in (x, g, addend))
-    geo = conv.check_conv2d(x.shape, (4, 5, 3, 3), None, 1, 1, 1, 1)
-    chunks: list[np.ndarray] = []
-
-    def split_product(a: nc.Tensor, b: nc.Tensor, transpose_b: bool) -> tuple[nc.Tensor, int]:
-        dm, v = a.to_host(), b.to_host()  # (a2, O, P), (a2, C, P)
-        cuts = np.array_split(np.arange(dm.shape[-1]), 3)
-        chunks[:] = [np.matmul(dm[..., c], v[..., c].transpose(0, 2, 1)).astype(np.float32) for c in cuts]
-        return nc.tensor(np.stack(chunks).reshape(3, -1), device=cl_device), 3
-
-    def summed_product(a: nc.Tensor, b: nc.Tensor, transpose_b: bool) -> tuple[nc.Tensor, int]:
-        split_product(a, b, transpose_b)
-        total = np.zeros_like(chunks[0])
-        for chunk in chunks:
-            total = total + chunk
-        return nc.tensor(total, device=cl_device), 1
-
-    for extra, plus in ((None, 0.0), (at, addend)):
-        monkeypatch.setattr(conv_winograd, "matmul_unsummed", split_product)
-        got = conv_winograd.backward_weight(gt, xt, geo, extra, tile).to_host()
-        monkeypatch.setattr(conv_winograd, "matmul_unsummed", summed_product)
-        np.testing.assert_array_equal(got, conv_winograd.backward_weight(gt, xt, geo, extra, tile).to_host())
-        exact = _weight_grad(g, x, 1) + plus
-        bound = _weight_grad(np.abs(g), np.abs(x), 1) + np.abs(plus)
-        _close(got, exact, bound, UNITS[tile], f"F({tile}x{tile}) weight gradient from split partials")
-
-
 def test_winograd_passes_capture_and_replay(cl_device):
     """A captured forward + both gradients (workspaces and the batched products included) replays on
     new inputs with the bits of an eager run on them."""

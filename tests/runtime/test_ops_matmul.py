@@ -197,39 +197,9 @@ def test_split_product_is_its_parts_summed_in_order(cl_device, precision, m, n, 
         expected = expected + part.run(*ends).to_host()
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(plan(problem, cfg).run(x, y).to_host(), got)
-    partials, count = plan(problem, cfg).run_unsummed(x, y)  # the same partial products, left for a consumer
-    assert count == splits and partials.shape == (splits, m * n)
-    summed = np.zeros(m * n, np.float32)
-    for part in partials.to_host():
-        summed = summed + part
-    np.testing.assert_array_equal(summed.reshape(m, n), got)
     graph = capture_graph(cl_device.queue, plan(problem, cfg).run, x, y)
     for _ in range(2):
         np.testing.assert_array_equal(graph.execute(x, y).to_host(), got)
-
-
-def test_gemm_unsummed_leaves_a_split_products_partials_to_its_caller(cl_device):
-    """``gemm_unsummed``: the product and 1 at a first call (which plans it), then the planned product's partial
-    sums along K, whose float32 sum in split order is ``gemm``'s result bit for bit; a plan whose split sum applies
-    an epilogue refuses to leave its partials."""
-    a, b = _data((5, 16384), 5), _data((16384, 7), 6)
-    x, y = nc.tensor(a, device=cl_device), nc.tensor(b, device=cl_device)
-    want = gemm.gemm(x, y).to_host()
-    partials, splits = gemm.gemm_unsummed(x, y)
-    assert splits > 1 and partials.shape == (splits, 35)
-    summed = np.zeros(35, np.float32)
-    for part in partials.to_host():
-        summed = summed + part
-    np.testing.assert_array_equal(summed.reshape(5, 7), want)
-    first, one = gemm.gemm_unsummed(y, x, trans_a=True, trans_b=True)  # another product: planned now, summed
-    assert one == 1 and first.shape == (7, 5)
-    np.testing.assert_allclose(first.to_host(), (a.astype(np.float64) @ b).T, rtol=0, atol=_tolerance(16384))
-    problem = gemm_plan.Problem(5, 7, 16384, False, False, ())
-    cfg = gemm.portable_config(cl_device, problem, np.dtype(np.float32))
-    f4 = np.dtype(np.float32)
-    relu = gemm_plan.make_plan(cl_device, f4, f4, (5, 7), problem, Epilogue("none", "relu"), cfg=cfg)
-    with pytest.raises(ValueError, match="split sum of this product applies an epilogue"):
-        relu.run_unsummed(x, y)
 
 
 def test_new_batch_size_builds_nothing(cl_device, monkeypatch):

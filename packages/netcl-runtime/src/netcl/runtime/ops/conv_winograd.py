@@ -42,7 +42,7 @@ from netcl.runtime.ops._rows import tree_loop_c
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.call_plans import PlanCache
 from netcl.runtime.ops.conv_winograd_tiling import MATRICES, TileGrid
-from netcl.runtime.ops.linalg import matmul, matmul_unsummed
+from netcl.runtime.ops.linalg import matmul
 
 _TWINS = "netcl.runtime.numpy_twins.conv_winograd"
 
@@ -347,10 +347,8 @@ def _grad_output_source(m: int, idx: str, flags: dict[str, int]) -> str:
     return _block_source("grad_output", left, m, m, idx, ("r", "R"), ("OH", "OW"), False, magic, by_rows)
 
 
-def _weight_grad_source(m: int, idx: str, flags: dict[str, int], part: str = "weight_grad") -> str:
-    """dw[r, s] = G^T dU[:, r, s] G (the adjoint of the weight transform), plus the addend. Part
-    "weight_grad_split": dU is given as a product's SPLITS partial sums along K, TOTAL apart
-    (``gemm.gemm_unsummed``), each element of dU their sum in split order from 0, as the split sum adds them."""
+def _weight_grad_source(m: int, idx: str, flags: dict[str, int]) -> str:
+    """dw[r, s] = G^T dU[:, r, s] G (the adjoint of the weight transform), plus the addend."""
     _, g, _ = MATRICES[m]
     a, left = m + 2, _transposed(g)
     head = [
@@ -359,22 +357,12 @@ def _weight_grad_source(m: int, idx: str, flags: dict[str, int], part: str = "we
         "__global const float* src = du + r * S + s;",
         f"const {idx} base = (r * S + s) * 9;",
     ]
-    values = _from_planes(a)
-    if part == "weight_grad_split":
-        sums = [f"float d{i}_{j} = 0.0f;" for i in range(a) for j in range(a)]
-        adds = [f"d{i}_{j} += split[{i * a + j} * plane];" for i in range(a) for j in range(a)]
-        head += [
-            *sums,
-            f"for ({idx} p = 0; p < SPLITS; ++p) {{",
-            "    __global const float* split = src + p * TOTAL;",
-            *(f"    {line}" for line in adds),
-            "}",
-        ]
-        values = [[f"d{i}_{j}" for j in range(a)] for i in range(a)]
     first = "extra[base + {0}] + " if flags["ADDEND"] else ""
-    body = _sandwich(left, values, left, lambda i, j, e: f"dw[base + {i * 3 + j}] = {first.format(i * 3 + j)}({e});")
+    body = _sandwich(
+        left, _from_planes(a), left, lambda i, j, e: f"dw[base + {i * 3 + j}] = {first.format(i * 3 + j)}({e});"
+    )
     buffers = "__global const float* du, __global float* dw, __global const float* extra"
-    return _kernel(part, buffers, idx, head, body)
+    return _kernel("weight_grad", buffers, idx, head, body)
 
 
 _SOURCES = {
@@ -384,7 +372,6 @@ _SOURCES = {
     "output": _output_source,
     "grad_output": _grad_output_source,
     "weight_grad": _weight_grad_source,
-    "weight_grad_split": functools.partial(_weight_grad_source, part="weight_grad_split"),
 }
 #: The sizes the tile kernels divide by (their ``magic_div`` pairs are arguments on CPU devices).
 _DIVISORS = ("TW", "TH")
@@ -394,7 +381,6 @@ _SIZES = {
     "output": ["R", "OH", "OW", "TH", "TW", "P"],
     "grad_output": ["R", "OH", "OW", "TH", "TW", "P"],
     "weight_grad": ["R", "S"],
-    "weight_grad_split": ["R", "S", "SPLITS", "TOTAL"],
 }
 
 
@@ -582,8 +568,7 @@ def _prepared_weight_grad(device: Device, out_ch: int, geo, addend: bool, tiling
     """``weight_grad`` on an OpenCL ``device`` for a layer of ``geo`` and ``out_ch`` outputs as
     ``run(grad, x, addend, v) -> dw``: x's input transform (unless ``v``, the forward's), the upstream
     gradient's, their product along the tiles, the weight-gradient transform (plus the addend when
-    ``addend``). Where the product splits along the tiles, the transform adds its partial sums itself, in
-    the split sum's order (the same bits, one launch and one pass over dU fewer)."""
+    ``addend``)."""
     m, count, a2, idx = tiling.m, tiling.count, tiling.a2, tiling.idx
     sizes_in = [geo.C, geo.H, geo.W, geo.PH, geo.PW, tiling.th, tiling.tw, count]
     rows_in = _row_flags(device, m, geo.W, tiling.tw, geo.PW)
@@ -591,17 +576,10 @@ def _prepared_weight_grad(device: Device, out_ch: int, geo, addend: bool, tiling
     sizes_out = [out_ch, geo.OH, geo.OW, tiling.th, tiling.tw, count]
     rows_out = _row_flags(device, m, geo.OW, tiling.tw)
     grad_output = _prepared(device, "grad_output", m, (count, out_ch), 2, sizes_out, rows_out, idx)
-    total, flags = a2 * out_ch * geo.C, {"ADDEND": int(addend)}
-    backs = {1: _prepared(device, "weight_grad", m, (geo.C, out_ch), 3, [out_ch, geo.C], flags, index_ctype(total))}
+    back_idx = index_ctype(a2 * out_ch * geo.C)
+    back = _prepared(device, "weight_grad", m, (geo.C, out_ch), 3, [out_ch, geo.C], {"ADDEND": int(addend)}, back_idx)
     v_shape, dm_shape, dw_shape = (a2, geo.C, count), (a2, out_ch, count), (out_ch, geo.C, 3, 3)
     empty = Tensor.empty
-
-    def back_of(splits: int) -> Callable[..., None]:
-        """The weight-gradient transform that adds dU's ``splits`` partial sums itself (the product's split sum)."""
-        sizes = [out_ch, geo.C, splits, total]
-        made = _prepared(device, "weight_grad_split", m, (geo.C, out_ch), 3, sizes, flags, index_ctype(splits * total))
-        backs[splits] = made
-        return made
 
     def run(grad: Tensor, x: Tensor, extra: Tensor | None, v: Tensor | None = None) -> Tensor:
         if v is None:
@@ -609,9 +587,8 @@ def _prepared_weight_grad(device: Device, out_ch: int, geo, addend: bool, tiling
             transform(x.data, v.data)
         dm = empty(dm_shape, float32, device)
         grad_output(grad.data, dm.data)
-        du, splits = matmul_unsummed(dm, v, transpose_b=True)  # (a2, O, C) along the P tiles, or its partials
+        du = matmul(dm, v, transpose_b=True)  # (a2, O, C): a product along the P tiles
         dw = empty(dw_shape, float32, device)
-        back = backs.get(splits) or back_of(splits)
         back(du.data, dw.data, du.data if extra is None else extra.data)
         return dw
 

@@ -114,7 +114,19 @@ def gemm(
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     precision = resolve_precision(precision)
     device = a.device
-    key = _plan_key(a, b, trans_a, trans_b, out_dtype, precision, epilogue, bias)
+    key = (
+        device,
+        a.shape,
+        b.shape,
+        a.dtype,
+        b.dtype,
+        trans_a,
+        trans_b,
+        out_dtype,
+        precision,
+        None if epilogue is IDENTITY else epilogue,
+        None if bias is None else (bias.shape, bias.dtype, bias.device),
+    )
     plan = _PLANS.get(key)
     if plan is not None and b.device is device:
         if epilogue_args or epilogue.operands:
@@ -132,37 +144,6 @@ def gemm(
     return product(
         a, b, trans_a, trans_b, m, n, k, batch, out_shape, result, precision, epilogue, bias, epilogue_args, key
     )
-
-
-def _plan_key(a, b, trans_a, trans_b, out_dtype, precision, epilogue, bias) -> tuple:
-    """The key of ``_PLANS`` for a call of ``gemm`` (``precision`` resolved)."""
-    return (
-        a.device,
-        a.shape,
-        b.shape,
-        a.dtype,
-        b.dtype,
-        trans_a,
-        trans_b,
-        out_dtype,
-        precision,
-        None if epilogue is IDENTITY else epilogue,
-        None if bias is None else (bias.shape, bias.dtype, bias.device),
-    )
-
-
-def gemm_unsummed(
-    a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False, precision: str | None = None
-) -> tuple[Tensor, int]:
-    """``(partials, splits)`` of ``op(a) @ op(b)`` (``gemm`` without epilogue, bias or out_dtype): where the
-    product's plan splits along K, its raw partial products (splits, batch * M * N) without the split sum, for a
-    consumer that adds them itself in the sum's order (``gemm_plan.Plan.run_unsummed``); else the product
-    itself and 1 (a first call, which plans the product, the general path, the NumPy backend)."""
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and b.device is a.device:
-        plan = _PLANS.get(_plan_key(a, b, trans_a, trans_b, None, resolve_precision(precision), IDENTITY, None))
-        if plan is not None:
-            return plan.run_unsummed(a, b)
-    return gemm(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision), 1
 
 
 @backend_op(_TWINS, device_arg="a")

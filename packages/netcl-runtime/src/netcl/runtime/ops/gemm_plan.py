@@ -123,19 +123,14 @@ class Plan:
         "work",
         "sum_kernel",
         "sum_args",
-        "plain_sum",
         "_product",
         "_sum",
     )
 
-    def __init__(
-        self, device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args, plain_sum=True
-    ):
+    def __init__(self, device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args):
         self.device, self.kernel, self.gsize, self.lsize, self.args = device, kernel, gsize, lsize, args
         self.out_shape, self.out_dtype, self.work = out_shape, out_dtype, work
         self.sum_kernel, self.sum_args = sum_kernel, sum_args
-        #: whether the split sum only adds (no epilogue, no output view): what ``run_unsummed`` needs
-        self.plain_sum = plain_sum
         #: prepared launches of the product and of the split sum, made at the first run
         self._product: PreparedLaunch | None = None
         self._sum: PreparedLaunch | None = None
@@ -170,22 +165,6 @@ class Plan:
             self._product.call(a.data, b.data, target.data)
             self._sum.call(target.data, out.data, *tail)
         return out
-
-    def run_unsummed(self, a: Tensor, b: Tensor) -> tuple[Tensor, int]:
-        """``(partials, splits)``: the product split along K without its split sum, for a consumer that adds the
-        splits itself in the sum's order (``partials`` (splits, batch * M * N), element i of the product being
-        ``0 + partials[0, i] + partials[1, i] + ...``, float32 adds in that order, the split sum's bits); a plan
-        that does not split: (``run``'s output, 1). Only for a plan whose split sum applies no epilogue and stores
-        through no view (``plain_sum``; else a ValueError)."""
-        if self.work is None:
-            return self.run(a, b), 1
-        if not self.plain_sum:
-            raise ValueError("gemm: the split sum of this product applies an epilogue or a view; run() it")
-        if self._product is None:
-            self._prepare()
-        work = self.new_work()
-        self._product.call(a.data, b.data, work.data)
-        return work, self.work[0][0]
 
     def new_work(self) -> Tensor | None:
         """A split-K workspace for ``run`` (None for a plan that does not split)."""
@@ -251,7 +230,6 @@ def finish_plan(
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
     out_view = views[2] if len(views) > 2 else None
-    plain = epilogue.is_identity and out_view is None
     if out_view is None:
         # built with the first plan even when this one does not split, so that a later product whose
         # new size makes it split (a larger batch in a weight gradient) builds no program
@@ -261,6 +239,7 @@ def finish_plan(
     if splits > 1:
         total = problem.batch * problem.m * problem.n
         work = ((splits, total), acc)
+        plain = epilogue.is_identity and out_view is None
         width = sum_width(total, epilogue) if plain else 1
         items = -(-total // width)
         # the sum's scalar arguments: C's sizes where it finds each element's row and column (an epilogue or
@@ -268,7 +247,7 @@ def finish_plan(
         shape = (np.int32(width),) if plain else (np.int32(problem.m), np.int32(problem.n))
         sum_args = (-(-items // 256) * 256, (total, splits, *shape))
     args = gemm_args(problem, splits, chunk) + list(fixed)
-    return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args, plain)
+    return Plan(device, kernel, gsize, lsize, args, out_shape, out_dtype, work, sum_kernel, sum_args)
 
 
 #: Elements a work-item of a split sum without an epilogue adds where the product's size allows.

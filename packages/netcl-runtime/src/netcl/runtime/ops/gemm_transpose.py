@@ -77,14 +77,6 @@ class TransposedPlan:
             b = self._b.run(b)
         return self.inner.run(a, b, *args, **kwargs)
 
-    def run_unsummed(self, a: Tensor, b: Tensor) -> tuple[Tensor, int]:
-        """``Plan.run_unsummed`` of the inner plan on the transposed operands."""
-        if self._a is not None:
-            a = self._a.run(a)
-        if self._b is not None:
-            b = self._b.run(b)
-        return self.inner.run_unsummed(a, b)
-
     def new_work(self) -> Tensor | None:
         """The inner plan's split-K workspace (``Plan.new_work``)."""
         return self.inner.new_work()

@@ -19,7 +19,7 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import gemm_cpu, host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.backend import backend_op
-from netcl.runtime.ops.gemm import gemm, gemm_unsummed
+from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.gemm_source import PLUS_ADDEND, Epilogue
 from netcl.runtime.ops.pointwise import add
 from netcl.runtime.ops.precision import (
@@ -125,15 +125,6 @@ def matmul(
     b2 = b.reshape(*b.shape, 1) if b.ndim == 1 else b
     result = gemm(a2, b2, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
     return result.reshape(out_shape)
-
-
-def matmul_unsummed(a: Tensor, b: Tensor, *, transpose_b: bool = False) -> tuple[Tensor, int]:
-    """``(partials, splits)`` of ``matmul(a, b, transpose_b=...)`` for float32 operands of >= 2 dimensions: on a
-    GPU whose product splits along K the raw partial products without their sum (``gemm.gemm_unsummed``), else
-    the product itself and 1 (host memory devices multiply on the host, in one piece)."""
-    if _host_memory(a.device):
-        return matmul(a, b, transpose_b=transpose_b), 1
-    return gemm_unsummed(a, b, trans_b=transpose_b)
 
 
 #: the store of a product with a bias: ``acc + bias[column]``
