@@ -12,6 +12,8 @@ differences, only on channels of at most 64 values: beyond, its own noise passes
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -166,7 +168,7 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
     if device.kind != "opencl":
         pytest.skip("chunks are the OpenCL kernels' (the NumPy backend sums whole channels)")
     cl_device = device
-    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors: parts)
+    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors, backward=False: parts)
     test_training(check, cl_device, (3, 2, 7, 9))
     test_training(check, cl_device, (4, 3, 8, 8))
     test_training(check, cl_device, (5, 3))
@@ -193,6 +195,27 @@ def test_channels_split_into_chunks(check, device, monkeypatch, parts):
         forward, names = _launches(cl_device, training)
         assert forward == (2 if training else 1) and names[:forward] == ["netcl_batch_norm"] * forward, names
         assert names.count("netcl_batch_norm_backward") == 2, names  # (eval too: the weight's gradient sums)
+
+
+@pytest.mark.parametrize(
+    ("channels", "vectors", "forward", "backward"),
+    [
+        (64, 32768, 4, 8),  # (128, 64, 32, 32): chunks of >= 8192 vectors forward, >= 2048 backward
+        (128, 8192, 1, 4),  # (128, 128, 16, 16)
+        (256, 2048, 1, 1),  # (128, 256, 8, 8): channels enough
+        (512, 512, 1, 1),
+        (3, 100, 1, 1),  # shorter than one chunk
+    ],
+)
+def test_chunks_per_channel_on_a_gpu_of_132_units(channels, vectors, forward, backward):
+    """``_parts`` on a GPU of 132 compute units (an H100's or H200's count): the forward splits a channel into
+    enough chunks of >= MIN_CHUNK vectors to give each unit 4 groups, the backward into chunks of >=
+    BACKWARD_MIN_CHUNK vectors up to 4 groups a unit; other devices never split."""
+    gpu = SimpleNamespace(is_gpu=True, cl_device=SimpleNamespace(max_compute_units=132))
+    assert BN._parts(gpu, channels, vectors) == forward
+    assert BN._parts(gpu, channels, vectors, backward=True) == backward
+    cpu = SimpleNamespace(is_gpu=False, cl_device=SimpleNamespace(max_compute_units=132))
+    assert BN._parts(cpu, channels, vectors) == BN._parts(cpu, channels, vectors, backward=True) == 1
 
 
 def _t(shape, device, dtype=np.float32):

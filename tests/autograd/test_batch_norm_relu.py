@@ -66,7 +66,7 @@ def test_bitwise_the_composition(device, shape, residual, training):
 def test_bitwise_with_chunked_channels(cl_device, monkeypatch, shape, training):
     """The GPU's chunked launches (``_parts``: stage 0 stores each chunk's sums, stage 1 adds them), forced here:
     the residual's gradient is stored in stage 0 and read back by stage 1's dx pass."""
-    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors: 3)
+    monkeypatch.setattr(BN, "_parts", lambda device, channels, vectors, backward=False: 3)
     fused = _run(cl_device, shape, True, True, training)
     unfused = _run(cl_device, shape, False, True, training)
     for i, (got, ref) in enumerate(zip(fused, unfused, strict=True)):

@@ -68,6 +68,9 @@ PER_LANE = 4
 #: work; shorter channels stay whole, where a second launch's host time is not hidden
 #: (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", batchnorm.py).
 GROUPS_PER_UNIT, MIN_CHUNK = 4, 8192
+#: The backward (about six tensor passes in its two stages) takes chunks down to this many vectors, and no more
+#: groups than ``GROUPS_PER_UNIT`` a compute unit (see benchmarks/RESULTS.md, "Thirty-ninth session").
+BACKWARD_MIN_CHUNK = 2048
 
 Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
 
@@ -342,22 +345,25 @@ _LIMITS: dict[tuple[Any, Device], int] = {}
 _FORWARDS, _BACKWARDS = PlanCache("batch_norm"), PlanCache("batch_norm_backward")
 
 
-def _parts(device: Device, channels: int, vectors: int) -> int:
+def _parts(device: Device, channels: int, vectors: int, backward: bool = False) -> int:
     """Chunks per channel (work-groups each): on a GPU with fewer channels than ``GROUPS_PER_UNIT``
-    work-groups per compute unit, enough chunks of >= ``MIN_CHUNK`` vectors to reach that; else 1."""
+    work-groups per compute unit, enough chunks of >= ``MIN_CHUNK`` vectors to reach that; for the ``backward``,
+    chunks of >= ``BACKWARD_MIN_CHUNK`` vectors up to that many groups; else (and on other devices) 1."""
     if not device.is_gpu:
         return 1
     target = GROUPS_PER_UNIT * max(1, device.cl_device.max_compute_units)
+    if backward:
+        return max(1, min(target // channels, vectors // BACKWARD_MIN_CHUNK))
     return max(1, min(-(-target // channels), vectors // MIN_CHUNK))
 
 
 class _ChannelLaunches:
     """Kernel ``name``'s launches over ``channels`` channels of ``vectors`` vectors, prepared: one work-group of
-    up to ``MAX_LANES`` lanes per chunk of a channel (``_parts``). With several chunks and ``two_stages`` (the
-    kernel reduces the channel first), stage 0 stores each chunk's sums and stage 1 adds them in chunk order,
-    then writes; otherwise one launch. ``types`` are the kernel's arguments up to where the chunk arguments
-    begin (the chunk sums' workspace, P, the stage); ``scalars`` (index -> value) are bound once, the buffers
-    before them passed per call."""
+    up to ``MAX_LANES`` lanes per chunk of a channel (``_parts``; its ``backward`` rule for the backward kernel).
+    With several chunks and ``two_stages`` (the kernel reduces the channel first), stage 0 stores each chunk's
+    sums and stage 1 adds them in chunk order, then writes; otherwise one launch. ``types`` are the kernel's
+    arguments up to where the chunk arguments begin (the chunk sums' workspace, P, the stage); ``scalars``
+    (index -> value) are bound once, the buffers before them passed per call."""
 
     def __init__(
         self,
@@ -370,6 +376,7 @@ class _ChannelLaunches:
         vectors: int,
         scalars: dict[int, Any],
         two_stages: bool,
+        backward: bool = False,
     ) -> None:
         resolved = get_kernel(("batch_norm", *key), device, make, name, [*types, None, np.int32, np.int32])
         limit = _LIMITS.get((key, device))
@@ -377,7 +384,7 @@ class _ChannelLaunches:
             wg = resolved.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device)
             cap = CPU_LANES if device.cl_device.type & cl.device_type.CPU else MAX_LANES
             limit = _LIMITS[(key, device)] = min(cap, 1 << (int(wg).bit_length() - 1))
-        parts = _parts(device, channels, vectors)
+        parts = _parts(device, channels, vectors, backward)
         lanes = min(limit, pow2_ceil(max(1, -(-vectors // (PER_LANE * parts)))))
         self.device, self.staged = device, parts > 1 and two_stages
         self.work_shape = (channels * parts * 2,)
@@ -795,7 +802,7 @@ def _backward_launches(
         values = [N, C, S // vec]
         launches = _ChannelLaunches(
             key, device, make, "netcl_batch_norm_backward", types, C, N * S // vec,
-            {buffers + i: v for i, v in enumerate(values)}, reduce,
+            {buffers + i: v for i, v in enumerate(values)}, reduce, backward=True,
         )  # fmt: skip
     zero = bool(C and (need_dx or reduce) and not x.size)
 
