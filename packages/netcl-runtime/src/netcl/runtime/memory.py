@@ -16,6 +16,9 @@ fresh allocation fails, or would take the pool past the device's global memory, 
 blocks are released first and it is tried again. A request larger than the device allows
 raises ``MemoryError`` naming the bytes asked for and the limit (core's ``check_allocation``).
 
+On a CPU device whose memory the host shares (``host_views.coherent``) each block is mapped once, when it is
+allocated, for as long as it lives; ``host_view`` gives a host array over a pooled buffer for ``host_blas``.
+
 Reuse and queues: a block freed while kernels that use it are still queued is handed out
 again at once. That is safe on one in-order queue (the device's default queue, which every
 eager op uses): later work on that queue runs after the earlier work. Work on other queues
@@ -24,15 +27,18 @@ eager op uses): later work on that queue runs after the earlier work. Work on ot
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import pyopencl as cl
 
 from netcl.core import Device, devices, get_device
 from netcl.core.devices import check_allocation, raw_allocate
+from netcl.runtime import host_views
 
 _from_int_ptr = cl.Buffer.from_int_ptr
 
@@ -139,6 +145,7 @@ class DevicePool:
         self._stats = MemoryStats()
         self._limit: int | None = None  # min(max alloc, global memory), read once
         self._taggable = True  # False on a pyopencl whose buffers take no attributes: no pooling
+        self._views: bool | None = None  # whether fresh blocks are mapped for host views (asked at the first)
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``).
@@ -239,17 +246,26 @@ class DevicePool:
         if over:
             self.empty_cache()
         try:
-            return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size)
+            return self._mapped(cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size), size)
         except (cl.MemoryError, cl.RuntimeError, cl.LogicError):
             self.empty_cache()
             try:
-                return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size)
+                return self._mapped(cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size=size), size)
             except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as exc:
                 raise MemoryError(
                     f"cannot allocate {nbytes} bytes (block of {size}) on {self.device.name!r}: {exc}; "
                     f"device global memory is {self.device.global_mem_size} bytes, "
                     f"{self._stats.allocated_bytes} held by live tensors"
                 ) from None
+
+    def _mapped(self, real: cl.Buffer, size: int) -> cl.Buffer:
+        """``real``, mapped for the block's life where the device's pool keeps host views (``host_views``)."""
+        if self._views is None:
+            self._views = host_views.coherent(self.device)
+        if self._views:
+            # enqueued, not waited for: a host view is read only after a finish of the queue
+            real._netcl_host = host_views.map_block(self.device.queue, real, size, blocking=False)
+        return real
 
     def _drain(self) -> None:
         """Fold queued events into the statistics (caller holds the lock).
@@ -331,6 +347,20 @@ def pool_for(device: Device | str | None = None) -> DevicePool | None:
         if pool is None:
             pool = _POOLS[target] = DevicePool(target)
         return pool
+
+
+def host_view(buffer: cl.Buffer, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """A host array of ``shape`` and ``dtype`` over the start of ``buffer``, a pooled block of a device whose pool
+    keeps host views (``host_views``), else None (other devices, unpooled buffers, sub-buffers). The caller
+    finishes the device's queue before it reads or writes the view (the block's map and every command before it
+    have then run), and writes it before it enqueues the block's readers."""
+    token = getattr(buffer, "_netcl_block", None)
+    real = buffer if token is None else token.real
+    host = getattr(real, "_netcl_host", None)
+    if host is None:
+        return None
+    nbytes = math.prod(shape) * dtype.itemsize
+    return host[:nbytes].view(dtype).reshape(shape)
 
 
 def install_caching_allocator(enabled: bool | None = None) -> bool:

@@ -2,8 +2,10 @@
 
 A CPU OpenCL device (PoCL, Intel's CPU runtime) keeps its buffers in host memory, so mapping
 one costs no copy; NumPy's ``matmul`` (OpenBLAS, on every core) then runs on the mapped arrays
-and writes straight into the mapped output buffer. A GEMM kernel written for GPUs is many
-times slower there (see benchmarks/RESULTS.md, "Measurements moved out of source docstrings", host_blas.py).
+and writes straight into the mapped output buffer: on the pool's host views of the blocks where the
+device's pool keeps them (``netcl.runtime.host_views``: no map per product), else on maps made for it.
+A GEMM kernel written for GPUs is many times slower there (see benchmarks/RESULTS.md, "Measurements
+moved out of source docstrings", host_blas.py).
 
 Capture/replay: a capture on the device's queue records the host call as a graph command
 (``HostMatmul``) holding the three buffers, so a replay maps and multiplies them again, with
@@ -25,6 +27,8 @@ from netcl.core import Device, Tensor, host_pool
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import HOST, now, report
 from netcl.runtime import capture
+from netcl.runtime.host_views import host_memory_device
+from netcl.runtime.memory import host_view
 
 ENV_VAR = "NETCL_HOST_BLAS"
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -32,17 +36,6 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def enabled() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
-
-
-def host_memory_device(device: Device) -> bool:
-    """A CPU OpenCL device whose buffers live in host memory (mapping them copies nothing)."""
-    cl_device = device.cl_device
-    if cl_device is None or device.is_gpu or not cl_device.type & cl.device_type.CPU:
-        return False
-    try:
-        return bool(cl_device.host_unified_memory)
-    except (cl.Error, AttributeError):  # OpenCL 3.0 may not report it; a CPU device's memory is the host's
-        return True
 
 
 def applies(device: Device, a: Tensor, b: Tensor, result: np.dtype) -> bool:
@@ -98,9 +91,17 @@ class HostMatmul:
         return cl.enqueue_marker(queue)
 
     def run(self, queue: cl.CommandQueue, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer) -> None:
-        """Map the buffers (waiting for the three maps at once: the queue's earlier work is done),
-        ``np.matmul`` into ``out``, unmap."""
+        """``np.matmul`` of ``a`` and ``b`` into ``out``, once the queue's earlier work is done: on the pool's
+        host views of the three (``memory.host_view``) after a finish of the queue, else on maps of them (waiting
+        for the three maps at once), unmapped after."""
         a_shape, b_shape, out_shape = self.shapes
+        views = (host_view(a, a_shape, self.dtype), host_view(b, b_shape, self.dtype))
+        if views[0] is not None and views[1] is not None:
+            written = host_view(out, out_shape, self.dtype)
+            if written is not None:
+                queue.finish()
+                self._multiply(*views, written)
+                return
         events: list[cl.Event] = []
         try:
             a_host, a_map = _map(queue, a, a_shape, self.dtype, cl.map_flags.READ, events)
@@ -110,19 +111,23 @@ class HostMatmul:
             if events:  # one wait for all three maps: each blocking map is a round trip to the driver's thread
                 cl.wait_for_events(events)
         try:
-            if a_host.size == 0 or b_host.size == 0:  # K == 0: a sum over nothing
-                out_host.fill(0)
-            else:
-                if self.transpose_a:
-                    a_host = np.swapaxes(a_host, -1, -2)
-                if self.transpose_b:
-                    b_host = np.swapaxes(b_host, -1, -2)
-                with np.errstate(all="ignore"):  # inf/NaN as IEEE arithmetic says, silently, as the kernels do
-                    host_pool.matmul(a_host, b_host, out=out_host)
+            self._multiply(a_host, b_host, out_host)
         finally:
             for mapped in (out_map, b_map, a_map):
                 if mapped is not None:
                     mapped.base.release()
+
+    def _multiply(self, a_host: np.ndarray, b_host: np.ndarray, out_host: np.ndarray) -> None:
+        """The product of the host arrays (transposed as asked) into ``out_host``."""
+        if a_host.size == 0 or b_host.size == 0:  # K == 0: a sum over nothing
+            out_host.fill(0)
+            return
+        if self.transpose_a:
+            a_host = np.swapaxes(a_host, -1, -2)
+        if self.transpose_b:
+            b_host = np.swapaxes(b_host, -1, -2)
+        with np.errstate(all="ignore"):  # inf/NaN as IEEE arithmetic says, silently, as the kernels do
+            host_pool.matmul(a_host, b_host, out=out_host)
 
 
 def _map(
