@@ -2,8 +2,7 @@
 
 A CPU OpenCL device (PoCL, Intel's CPU runtime) keeps its buffers in host memory. ``host_blas`` multiplies
 them with NumPy; mapping and unmapping its three operands costs each product more than a small product
-itself (on PoCL three maps and their wait about 50 µs, the unmaps 30-40 µs more of the device's worker:
-benchmarks/RESULTS.md, "Thirty-ninth session"). Where the device shares its memory with the host this way, the
+itself (see benchmarks/RESULTS.md, "Thirty-ninth session"). Where the device shares its memory with the host this way, the
 pool (``memory``) maps each block once, when it is allocated, for as long as the block lives; a host product
 then waits for the queue (``finish``) and works on those views.
 
