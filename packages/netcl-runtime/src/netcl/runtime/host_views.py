@@ -2,9 +2,9 @@
 
 A CPU OpenCL device (PoCL, Intel's CPU runtime) keeps its buffers in host memory. ``host_blas`` multiplies
 them with NumPy; mapping and unmapping its three operands costs each product more than a small product
-itself (see benchmarks/RESULTS.md, "Thirty-ninth session"). Where the device shares its memory with the host this way, the
-pool (``memory``) maps each block once, when it is allocated, for as long as the block lives; a host product
-then waits for the queue (``finish``) and works on those views.
+itself (see benchmarks/RESULTS.md, "Thirty-ninth session"). Where the device shares its memory with the host
+this way, the pool (``memory``) maps each block once, when it is allocated, for as long as the block lives; a
+host product then waits for the queue (``finish``) and works on those views.
 
 Keeping a mapping while commands use the buffer is outside what the OpenCL specification defines, so it is
 used only where it is seen to work: on the first block of a device, a probe maps two buffers, writes one
