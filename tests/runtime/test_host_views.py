@@ -19,7 +19,8 @@ from netcl.runtime.ops import gemm_cpu, host_blas
 def viewed(cpu_cl: nc.Device, monkeypatch: pytest.MonkeyPatch) -> nc.Device:
     """The CPU OpenCL device with host views (every CPU runtime the tests run on passes the probe), products on
     the host BLAS whatever their size."""
-    if not host_views.coherent(cpu_cl) or memory.pool_for(cpu_cl) is None:
+    probe = nc.Tensor.empty((4,), np.float32, cpu_cl)
+    if not host_views.coherent(cpu_cl) or memory.host_view(probe.data, (4,), probe.dtype) is None:
         pytest.skip("this device's pool keeps no host views")
     monkeypatch.setattr(gemm_cpu, "AXPY_MAX_FLOPS", 0)
     monkeypatch.setattr(gemm_cpu, "DOT_MAX_FLOPS", 0)

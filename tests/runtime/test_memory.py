@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import netcl.core as nc
-from netcl.runtime import empty_cache, memory_stats, ops
+from netcl.runtime import empty_cache, memory, memory_stats, ops
 from netcl.runtime.memory import DevicePool, install_caching_allocator, size_class
 
 
@@ -107,6 +107,20 @@ def test_too_large_names_bytes_and_limit(device: nc.Device) -> None:
         nc.Tensor.empty((limit // 4 + 1024,), np.float32, device)
     message = str(info.value)
     assert str((limit // 4 + 1024) * 4) in message and str(limit) in message
+
+
+def test_a_large_request_is_classed_once_per_pool(cl_device: nc.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size class of a request above the shared memo's 64 KiB is worked out (and checked against the device's
+    limit) once per pool; a request past the limit is refused every time."""
+    pool = DevicePool(cl_device)
+    classed: list[int] = []
+    real = memory.size_class
+    monkeypatch.setattr(memory, "size_class", lambda nbytes: classed.append(nbytes) or real(nbytes))
+    first, again = pool.allocate(cl_device, (3 << 20) + 4), pool.allocate(cl_device, (3 << 20) + 4)
+    assert classed == [(3 << 20) + 4] and first.size == again.size == size_class((3 << 20) + 4)
+    for _ in range(2):
+        with pytest.raises(MemoryError, match="bytes"):
+            pool.allocate(cl_device, cl_device.max_alloc_size + 1)
 
 
 def test_threads_share_the_pool_safely(cl_device: nc.Device) -> None:

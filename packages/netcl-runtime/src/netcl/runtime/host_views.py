@@ -11,7 +11,7 @@ used only where it is seen to work: on the first block of a device, a probe maps
 from the host, has the device copy it into the other, reads that through its mapping, and does it again with
 other values. Only if the host sees every value the device wrote, and the device every value the host
 wrote, does the device's pool map its blocks (``coherent``); elsewhere host products keep mapping each call.
-``NETCL_HOST_VIEWS=0`` turns the views off.
+``NETCL_HOST_VIEWS=0`` turns the views off (read when a device's pool allocates its first block).
 """
 
 from __future__ import annotations

@@ -146,6 +146,7 @@ class DevicePool:
         self._limit: int | None = None  # min(max alloc, global memory), read once
         self._taggable = True  # False on a pyopencl whose buffers take no attributes: no pooling
         self._views: bool | None = None  # whether fresh blocks are mapped for host views (asked at the first)
+        self._classes: dict[int, int] = {}  # nbytes -> size class of requests above _MEMO_LIMIT
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``).
@@ -157,7 +158,9 @@ class DevicePool:
             nbytes = int(nbytes)
         size = _CLASSES.get(nbytes)
         if size is None:
-            size = self._size_for(device, nbytes)
+            size = self._classes.get(nbytes)
+            if size is None:
+                size = self._size_for(device, nbytes)
         blocks = self._free.get(size)
         if blocks:
             try:
@@ -221,8 +224,11 @@ class DevicePool:
         size = size_class(nbytes)
         if size > limit:
             return max(nbytes, 4)
-        if nbytes <= _MEMO_LIMIT and len(_CLASSES) < _MEMO_ENTRIES:
-            _CLASSES[nbytes] = size  # under every device's limit, so shared by all pools
+        if nbytes <= _MEMO_LIMIT:
+            if len(_CLASSES) < _MEMO_ENTRIES:
+                _CLASSES[nbytes] = size  # under every device's limit, so shared by all pools
+        elif len(self._classes) < _MEMO_ENTRIES:
+            self._classes[nbytes] = size  # checked against this device's limit: this pool's own
         return size
 
     def _wrap(self, real: cl.Buffer, size: int, nbytes: int) -> cl.Buffer | None:
