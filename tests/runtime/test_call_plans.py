@@ -242,3 +242,25 @@ def test_clear_caches_drops_the_plans(device):
     assert call_plans.plan_cache_info()["conv2d"][0] >= 1
     clear_caches()
     assert all(held == 0 for held, _ in call_plans.plan_cache_info().values())
+
+
+def test_a_pooling_signature_is_checked_once_and_bad_calls_still_raise(device):
+    """``pool_geometry``: a repeat of one signature (x's shape and dtype, the windows, ceil mode, the op) makes no
+    new geometry and returns the same one; another makes one; arguments bad in a new way raise every time."""
+    from netcl.runtime.ops import pool
+
+    x = nc.tensor(np.zeros((2, 3, 8, 8), np.float32), device=device)
+    call_plans.clear_plans()
+    first = _made("pool-geometry")
+    geo = pool.pool_geometry(x, 2, None, 0, "max_pool2d")
+    assert pool.pool_geometry(x, 2, None, 0, "max_pool2d") is geo and _made("pool-geometry") == first + 1
+    assert (geo.OH, geo.OW) == (4, 4)
+    ceil = pool.pool_geometry(x, 3, 2, 1, "max_pool2d", True)
+    assert (ceil.OH, ceil.OW) == (5, 5) and _made("pool-geometry") == first + 2  # torch: ceil((8 + 2 - 3) / 2) + 1
+    for _ in range(2):
+        with pytest.raises(ValueError, match="padding 2 must be at most half of kernel_size 2"):
+            pool.pool_geometry(x, 2, None, 2, "max_pool2d")
+        with pytest.raises(ShapeError, match="4-d"):
+            pool.pool_geometry(nc.tensor(np.zeros((3, 8, 8), np.float32), device=device), 2, None, 0, "max_pool2d")
+        with pytest.raises(TypeError, match="floating-point"):
+            pool.pool_geometry(nc.tensor(np.zeros((2, 3, 8, 8), np.int32), device=device), 2, None, 0, "max_pool2d")

@@ -27,7 +27,7 @@ from netcl.runtime.ops import pool_cpu
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
-from netcl.runtime.ops.call_plans import PlanCache
+from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, window
 from netcl.runtime.ops.conv import ConvGeometry, pair
 
 _TWINS = "netcl.runtime.numpy_twins.pool"
@@ -235,11 +235,38 @@ def _check_input(x: Any, op: str) -> None:
         raise TypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 
 
+_GEOMETRIES = PlanCache("pool-geometry")
+
+
 def pool_geometry(
     x: Any, kernel_size: Any, stride: Any, padding: Any, op: str, ceil_mode: bool = False
 ) -> ConvGeometry:
     """Validate a pooling call (torch rules: padding at most half the kernel) and return its geometry; with
-    ``ceil_mode`` the output rounds up, dropping a last window that would start in the right / bottom padding."""
+    ``ceil_mode`` the output rounds up, dropping a last window that would start in the right / bottom padding.
+    One shared geometry per signature (x's shape and dtype, the windows as plain ints, the op): callers must not
+    change it."""
+    shape = getattr(x, "shape", None)
+    key = (
+        shape if type(shape) is tuple else UNKEYED,
+        getattr(x, "dtype", UNKEYED),
+        window(kernel_size),
+        None if stride is None else window(stride),
+        window(padding),
+        exact(ceil_mode, bool),
+        op,
+    )
+    try:
+        geo = _GEOMETRIES.plans.get(key)
+    except TypeError:  # an unhashable dtype: _pool_geometry says what is wrong
+        geo, key = None, (UNKEYED,)
+    if geo is None:
+        geo = _pool_geometry(x, kernel_size, stride, padding, op, ceil_mode)
+        _GEOMETRIES.keep(complete(key), geo)
+    return geo
+
+
+def _pool_geometry(x: Any, kernel_size: Any, stride: Any, padding: Any, op: str, ceil_mode: bool) -> ConvGeometry:
+    """``pool_geometry`` in full."""
     _check_input(x, op)
     if not isinstance(ceil_mode, (bool, np.bool_)):
         raise TypeError(f"{op}: ceil_mode must be a bool, got {ceil_mode!r}")
