@@ -57,7 +57,7 @@ def _probe(device: Device) -> bool:
     queue = device.queue
     try:
         source, target = (cl.Buffer(device.context, cl.mem_flags.READ_WRITE, _PROBE_BYTES) for _ in range(2))
-        host_source, host_target = (map_block(queue, buffer, _PROBE_BYTES) for buffer in (source, target))
+        host_source, host_target = (map_block(queue, buffer, _PROBE_BYTES)[0] for buffer in (source, target))
         for seed in (1, 2):
             host_target[:] = 0
             host_source[:] = np.arange(seed, seed + _PROBE_BYTES, dtype=np.uint32).astype(np.uint8)
@@ -72,10 +72,10 @@ def _probe(device: Device) -> bool:
         queue.finish()
 
 
-def map_block(queue: cl.CommandQueue, buffer: cl.Buffer, size: int, blocking: bool = True) -> np.ndarray:
+def map_block(
+    queue: cl.CommandQueue, buffer: cl.Buffer, size: int, blocking: bool = True
+) -> tuple[np.ndarray, cl.Event]:
     """The bytes of ``buffer`` mapped for reading and writing until the returned array is dropped (its mapping
-    is then unmapped on ``queue``); not ``blocking``: valid once the map, enqueued on ``queue``, has run (a
-    ``queue.finish()`` later)."""
+    is then unmapped on ``queue``), and the map's event; not ``blocking``: valid once that event completes."""
     flags = cl.map_flags.READ | cl.map_flags.WRITE
-    mapped, _ = cl.enqueue_map_buffer(queue, buffer, flags, 0, (size,), np.uint8, is_blocking=blocking)
-    return mapped
+    return cl.enqueue_map_buffer(queue, buffer, flags, 0, (size,), np.uint8, is_blocking=blocking)

@@ -268,9 +268,8 @@ class DevicePool:
         """``real``, mapped for the block's life where the device's pool keeps host views (``host_views``)."""
         if self._views is None:
             self._views = host_views.coherent(self.device)
-        if self._views:
-            # enqueued, not waited for: a host view is read only after a finish of the queue
-            real._netcl_host = host_views.map_block(self.device.queue, real, size, blocking=False)
+        if self._views:  # enqueued, not waited for: ``host_view`` waits for it the first time it is asked
+            real._netcl_host, real._netcl_mapping = host_views.map_block(self.device.queue, real, size, blocking=False)
         return real
 
     def _drain(self) -> None:
@@ -357,14 +356,17 @@ def pool_for(device: Device | str | None = None) -> DevicePool | None:
 
 def host_view(buffer: cl.Buffer, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
     """A host array of ``shape`` and ``dtype`` over the start of ``buffer``, a pooled block of a device whose pool
-    keeps host views (``host_views``), else None (other devices, unpooled buffers, sub-buffers). The caller
-    finishes the device's queue before it reads or writes the view (the block's map and every command before it
-    have then run), and writes it before it enqueues the block's readers."""
+    keeps host views (``host_views``), else None (other devices, unpooled buffers, sub-buffers). The block's map
+    has run when it returns; the caller finishes the queue of the commands that write the block before it reads or
+    writes the view, and writes it before it enqueues the block's readers."""
     token = getattr(buffer, "_netcl_block", None)
     real = buffer if token is None else token.real
     host = getattr(real, "_netcl_host", None)
     if host is None:
         return None
+    if real._netcl_mapping is not None:  # the block's map, enqueued when it was allocated: done once waited for
+        real._netcl_mapping.wait()
+        real._netcl_mapping = None
     nbytes = math.prod(shape) * dtype.itemsize
     return host[:nbytes].view(dtype).reshape(shape)
 
