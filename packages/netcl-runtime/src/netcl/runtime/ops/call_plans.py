@@ -15,7 +15,7 @@ were searched there too (``netcl.runtime.tune``). Every ``PlanCache`` is bounded
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from netcl.core import Tensor
@@ -41,6 +41,17 @@ class PlanCache:
         self.misses = 0
         _CACHES[name] = self
         register_cache(self.plans.clear)
+
+    def planned(self, key: tuple[Any, ...], make: Callable[..., Any], *args: Any) -> Any:
+        """The plan kept under ``key``, else ``make(*args)`` kept there; a key with an ``UNKEYED`` part or an
+        unhashable one: ``make(*args)`` every call (which says what is wrong with such arguments), kept nowhere."""
+        try:
+            plan = self.plans.get(key)
+        except TypeError:  # an unhashable part
+            return self.keep(None, make(*args))
+        if plan is None:
+            plan = self.keep(complete(key), make(*args))
+        return plan
 
     def keep(self, key: Hashable | None, plan: Any) -> Any:
         """Count a miss and keep ``plan`` under ``key`` (not for a None key)."""

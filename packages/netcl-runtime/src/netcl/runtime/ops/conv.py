@@ -443,14 +443,7 @@ def check_conv2d(
         window(dilation),
         groups if type(groups) is int else UNKEYED,
     )
-    try:
-        geo = _GEOMETRIES.plans.get(key)
-    except TypeError:  # an unhashable shape: _check_conv2d says what is wrong with it
-        geo, key = None, (UNKEYED,)
-    if geo is None:
-        geo = _check_conv2d(x_shape, w_shape, b_shape, stride, padding, dilation, groups)
-        _GEOMETRIES.keep(complete(key), geo)
-    return geo
+    return _GEOMETRIES.planned(key, _check_conv2d, x_shape, w_shape, b_shape, stride, padding, dilation, groups)
 
 
 def _check_conv2d(

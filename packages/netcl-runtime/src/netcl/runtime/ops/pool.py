@@ -27,7 +27,7 @@ from netcl.runtime.ops import pool_cpu
 from netcl.runtime.ops._common import compute_ctype, get_kernel, pragmas, round_up, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
-from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, exact, window
+from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, exact, window
 from netcl.runtime.ops.conv import ConvGeometry, pair
 
 _TWINS = "netcl.runtime.numpy_twins.pool"
@@ -255,14 +255,7 @@ def pool_geometry(
         exact(ceil_mode, bool),
         op,
     )
-    try:
-        geo = _GEOMETRIES.plans.get(key)
-    except TypeError:  # an unhashable dtype: _pool_geometry says what is wrong
-        geo, key = None, (UNKEYED,)
-    if geo is None:
-        geo = _pool_geometry(x, kernel_size, stride, padding, op, ceil_mode)
-        _GEOMETRIES.keep(complete(key), geo)
-    return geo
+    return _GEOMETRIES.planned(key, _pool_geometry, x, kernel_size, stride, padding, op, ceil_mode)
 
 
 def _pool_geometry(x: Any, kernel_size: Any, stride: Any, padding: Any, op: str, ceil_mode: bool) -> ConvGeometry:
