@@ -1,7 +1,7 @@
 """Max pooling on CPU OpenCL devices (netcl.runtime.ops.pool_cpu): the geometry-specialized kernels give
 what a float64 NumPy walk of the windows gives, and bit for bit what the shape-generic kernels of pool.py
-give on the same device, with ties, NaNs and -0.0 gradients (the window walk, the per-window backward
-of exact tilings and the per-input gather of overlapping or padded windows)."""
+give on the same device, with ties, NaNs and -0.0 gradients (the window walk, the forward and the
+per-window backward of exact tilings, and the per-input gather of overlapping or padded windows)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,10 @@ count with early exits, integer division by runtime sizes) run one work-item at 
 kernels bake the window (kernel size, stride, padding) into the source, unroll it, pick the maximum with
 selects, track the arg-max as a window-local constant index, and divide by the image sizes with a
 multiply and a shift (``magic_div``), so the work-item loop vectorizes. The image sizes and the element count
-stay kernel arguments: one program per window and dtype, a new batch or image size builds nothing.
+stay kernel arguments: one program per window and dtype, a new batch or image size builds nothing. Where
+the windows tile the input exactly (2 x 2 stride 2 on even sizes, the usual CNN pooling) the forward and the
+backward find a window's rows from the output row alone (one division a work-item, not two), and every
+read indexes the buffer itself by a 32-bit offset (a gather from one base, not a vector of pointers).
 
 They compute what ``pool.py``'s ``netcl_max_pool`` / ``netcl_max_pool_backward`` compute, bit for
 bit: the same window maximum (the first maximum in row-major order, the first NaN winning), and each
@@ -36,27 +39,29 @@ _WINDOW = """
 #define NETCL_NH ((KH + SH - 1) / SH)
 #define NETCL_NW ((KW + SW - 1) / SW)
 {div}
-/* The window (oh, ow) of the H x W plane at xp: its maximum, and in *at its first maximum as a
-   window-local index ki * KW + kj (row-major; a NaN beats every number and the first NaN wins). */
-inline {ct} netcl_window_max(__global const {st}* xp, const {idx} oh, const {idx} ow, const {idx} H,
-                             const {idx} W, int* at) {{
+/* The window (oh, ow) of the H x W plane at x + plane: its maximum, and in *at its first maximum as a
+   window-local index ki * KW + kj (row-major; a NaN beats every number and the first NaN wins). Every read
+   indexes x itself by an integer offset (not a per-work-item pointer): vectorized, the reads are gathers
+   of 32-bit offsets from one base. */
+inline {ct} netcl_window_max(__global const {st}* x, const {idx} plane, const {idx} oh, const {idx} ow,
+                             const {idx} H, const {idx} W, int* at) {{
     const {idx} h0 = oh * SH - PH, w0 = ow * SW - PW;
 #if PH || PW
     const {idx} hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
 #else
     const {idx} hs = h0, ws = w0;
 #endif
-    {ct} best = ({ct})xp[hs * W + ws];
+    {ct} best = ({ct})x[plane + hs * W + ws];
     int where = (int)((hs - h0) * KW + (ws - w0));
     _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
         _Pragma("unroll") for (int kj = 0; kj < KW; ++kj) {{
 #if PH || PW
             const {idx} h = h0 + ki, w = w0 + kj;
             const int inside = h >= 0 && h < H && w >= 0 && w < W;
-            const {ct} v = ({ct})xp[inside ? h * W + w : hs * W + ws];
+            const {ct} v = ({ct})x[plane + (inside ? h * W + w : hs * W + ws)];
             const int take = inside && best == best && !(v <= best);
 #else
-            const {ct} v = ({ct})xp[(h0 + ki) * W + w0 + kj];
+            const {ct} v = ({ct})x[plane + (h0 + ki) * W + w0 + kj];
             const int take = best == best && !(v <= best);
 #endif
             best = take ? v : best;
@@ -75,7 +80,19 @@ __kernel void netcl_max_pool_cpu(__global const {st}* x, __global {st}* out, {si
     const {idx} rows = NETCL_DIV(gid, OW), planes = NETCL_DIV(rows, OH);
     const {idx} ow = gid - rows * OW, oh = rows - planes * OH;
     int at;
-    out[gid] = ({st})netcl_window_max(x + planes * (H * W), oh, ow, H, W, &at);
+    out[gid] = ({st})netcl_window_max(x, planes * (H * W), oh, ow, H, W, &at);
+}}
+"""
+
+#: Where the windows tile the input (``tiles``), output row r = (plane, oh) reads the KH input rows from
+#: r * KH * W on: one division a work-item instead of two.
+_FORWARD_TILES = """{pragmas}{window}
+__kernel void netcl_max_pool_tiles_cpu(__global const {st}* x, __global {st}* out, {sizes}) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= n) return;
+    const {idx} rows = NETCL_DIV(gid, OW), ow = gid - rows * OW;
+    int at;
+    out[gid] = ({st})netcl_window_max(x, rows * (KH * W), 0, ow, H, W, &at);
 }}
 """
 
@@ -86,7 +103,7 @@ __kernel void netcl_max_pool_backward_cpu(__global const {st}* x, __global const
     if (gid >= n) return;
     const {idx} rows = NETCL_DIV(gid, W), p = NETCL_DIV(rows, H);
     const {idx} w = gid - rows * W, h = rows - p * H;
-    __global const {st}* xp = x + p * (H * W);
+    const {idx} plane = p * (H * W);
     const {idx} oh_lo = max(({idx})0, (h + PH - KH + SH) / SH), oh_hi = min(OH - 1, (h + PH) / SH);
     const {idx} ow_lo = max(({idx})0, (w + PW - KW + SW) / SW), ow_hi = min(OW - 1, (w + PW) / SW);
     {ct} acc = 0;
@@ -95,7 +112,7 @@ __kernel void netcl_max_pool_backward_cpu(__global const {st}* x, __global const
             const int ok = oh_lo + i <= oh_hi && ow_lo + j <= ow_hi;
             const {idx} oh = ok ? oh_lo + i : oh_lo, ow = ok ? ow_lo + j : ow_lo;
             int at;
-            netcl_window_max(xp, oh, ow, H, W, &at);
+            netcl_window_max(x, plane, oh, ow, H, W, &at);
             const int mine = ok && oh * SH - PH + at / KW == h && ow * SW - PW + at % KW == w;
             acc = mine ? acc + ({ct})g[(p * OH + oh) * OW + ow] : acc;
         }}
@@ -112,17 +129,15 @@ __kernel void netcl_max_pool_backward_tiles_cpu(__global const {st}* x, __global
                                                 {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
-    const {idx} rows = NETCL_DIV(gid, OW), planes = NETCL_DIV(rows, OH);
-    const {idx} ow = gid - rows * OW, oh = rows - planes * OH;
-    const {idx} plane = planes * (H * W);
+    const {idx} rows = NETCL_DIV(gid, OW), ow = gid - rows * OW;
+    const {idx} window = rows * (KH * W) + ow * KW;
     int at;
-    netcl_window_max(x + plane, oh, ow, H, W, &at);
+    netcl_window_max(x, rows * (KH * W), 0, ow, H, W, &at);
     const {ct} zero = 0;
     const {ct} grad = zero + ({ct})g[gid];
-    __global {st}* window = gx + plane + oh * KH * W + ow * KW;
     _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
         _Pragma("unroll") for (int kj = 0; kj < KW; ++kj) {{
-            window[ki * W + kj * col_step] = ({st})(at == ki * KW + kj ? grad : zero);
+            gx[window + ki * W + kj * col_step] = ({st})(at == ki * KW + kj ? grad : zero);
         }}
     }}
 }}
@@ -145,6 +160,8 @@ def applies(tensor: Tensor, geo: ConvGeometry) -> bool:
 def max_pool(x: Tensor, geo: ConvGeometry) -> Tensor:
     """``pool.max_pool`` on a CPU OpenCL device."""
     out = Tensor.empty((geo.N, geo.C, geo.OH, geo.OW), x.dtype, x.device)
+    if tiles(geo):
+        return _launch(_FORWARD_TILES, "max_pool_tiles_cpu", geo, out, out, x)
     return _launch(_FORWARD, "max_pool_cpu", geo, out, out, x)
 
 
