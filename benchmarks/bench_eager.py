@@ -13,8 +13,9 @@ and the eager training steps of the ``train`` workload.
      machine's load does not move;
    - ``torch`` / ``torch rec``: the same op in torch eager (CUDA when available, else CPU), with and
      without ``requires_grad`` inputs, when torch is importable;
-   - raw launches of a prepared 1K-element add kernel (its arguments set once): ``raw enqueue``
-     (pyopencl's ``_cl.enqueue_nd_range_kernel``, which returns an event), ``raw set+enqueue``
+   - raw launches of a prepared 1K-element add kernel (its arguments set once): ``raw kernel()``
+     (pyopencl's documented call ``kernel(queue, global, local, *args)``, which sets the arguments each call),
+     ``raw enqueue`` (pyopencl's ``_cl.enqueue_nd_range_kernel``, which returns an event), ``raw set+enqueue``
      (``kernel.set_args`` each call) and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest
      enqueue on this platform and the one netcl's prepared launches make (no event on NVIDIA, where
      pyopencl's eventful call on a profiling queue costs about twice as much; pyopencl's call elsewhere).
@@ -177,6 +178,7 @@ def raw_launches(device, repeats: int) -> tuple[dict[str, float], Callable[[], f
     floor_sample = _sampler(floor, queue.finish)
     floor_sample.keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive as long as the sampler
     raw = {
+        "raw kernel()": _host_us(lambda: kernel(queue, (n,), (256,), a, b, c), queue.finish, repeats),
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),
         "raw set+enqueue": _host_us(set_and_enqueue, queue.finish, repeats),
         "raw floor": statistics.median(floor_sample() for _ in range(repeats)),
