@@ -848,7 +848,7 @@ def _forward_plan(
     if algorithm == "gemm":
         return lambda x, w, b, keep, gather: gemm_forward(x, w, b, geo)
     if _use_implicit(implicit, x, w, b, groups, geo):
-        return lambda x, w, b, keep, gather: conv_implicit.forward(x, w, b, geo, gather=gather)
+        return lambda x, w, b, keep, gather: conv_implicit.forward(x, w, b, geo)
     g = int(groups)
     return lambda x, w, b, keep, gather: _im2col_forward(x, w, b, geo, g)
 

@@ -46,11 +46,10 @@ from netcl.runtime import tune
 from netcl.runtime.ops import gemm_mma
 from netcl.runtime.ops._common import remember, storage_ctype
 from netcl.runtime.ops.gemm_configs import fits
-from netcl.runtime.ops.gemm_mma_source import MmaConfig, moments_local_bytes
-from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, split_count, trial_run
+from netcl.runtime.ops.gemm_mma_source import MmaConfig
+from netcl.runtime.ops.gemm_plan import Plan, Problem, make_plan, trial_run
 from netcl.runtime.ops.gemm_source import IDENTITY, PLUS_ADDEND, Epilogue, GemmConfig, OperandView
 from netcl.runtime.ops.layout import transpose
-from netcl.runtime.ops.moments import ChannelMoments
 from netcl.runtime.ops.precision import resolve_precision
 
 #: (threads M x N, per-thread M x N, K depth): the tiles a search tries (vector widths follow).
@@ -525,62 +524,17 @@ def _layer(
     return plan
 
 
-def forward(x: Tensor, w: Tensor, b: Tensor | None, geo, gather: list | None = None) -> Tensor:
-    """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW). ``gather``: a list to which
-    the output's per-channel moments (``moments.ChannelMoments``) are appended where the product's store gathers
-    them (``_moments_layer``), for ``batchnorm.batch_norm_forward(..., moments=)``; elsewhere nothing is."""
+def forward(x: Tensor, w: Tensor, b: Tensor | None, geo) -> Tensor:
+    """conv2d of x (N, C, H, W) and w (O, C, KH, KW) plus b (O,): (N, O, OH, OW)."""
     fused = b is not None and b.dtype == float32  # the GEMM epilogue's bias is float32
     out_ch = w.shape[0]
     a = _weight(w, geo, (0, 2, 1), x)  # (O, KK, C)
-    gathering = None if gather is None or (b is not None and not fused) else _moments_layer(x, geo, out_ch, fused)
-    if gathering is not None:
-        plan, groups = gathering
-        parts = Tensor.empty((out_ch, groups, 3), float32, x.device)
-        out = plan.run(a, x, b if fused else None, extras=(parts,))
-        gather.append(ChannelMoments(out, parts))
-        return out
     out = _layer("fwd", x.device, geo, out_ch, x.dtype, fused).run(a, x, b if fused else None)
     if b is not None and not fused:
         from netcl.runtime.ops.pointwise import add
 
         out = add(out, b.reshape(1, w.shape[0], 1, 1))
     return out
-
-
-#: The most column blocks a channel (groups of its moments) for which a forward gathers its output's moments: each
-#: block's work-group pays a merge in local memory and a store, and the batch norm merges every group, so with
-#: small tiles over many pixels (ResNet-18's stem: 4,096 blocks of 32 columns) the gathering costs the product
-#: more than the batch norm saves (H200: +14 against -10 µs; -4 to -6 µs net at 256-512 blocks; see
-#: benchmarks/RESULTS.md, "Fortieth session").
-MAX_MOMENT_GROUPS = 1024
-
-
-def _moments_layer(x: Tensor, geo, out_ch: int, bias: bool) -> tuple[Plan, int] | None:
-    """The forward's plan whose store also gathers the output's moments by channel (``Epilogue.moments``) and
-    its column blocks a channel, with the layer's own tile config (searched without them); None where its product
-    cannot (the FMA kernel, a wgmma or swapped config, a split along K, local memory too small for both) or would
-    pay more than it saves (more than ``MAX_MOMENT_GROUPS`` blocks a channel). The choice reads the layer's shape
-    and its tile config only (a tuned one: the tune store's), so every process and rerun makes it alike."""
-    device, dtype = x.device, np.dtype(x.dtype)
-    mode = mma_mode(device, dtype)
-    key = ("fwd-moments", device, tuple(geo.values), geo.N, out_ch, dtype.str, bias, mode)
-    if key in _PLANS:
-        return _PLANS[key]
-    found = None
-    if mode is not None:
-        _layer("fwd", device, geo, out_ch, dtype, bias)  # the layer's search, on the kernel without moments
-        layer = _Layer("fwd", device, geo, out_ch, dtype, bias, mode)
-        cfg = _mma_config(layer)
-        problem = layer.problem
-        splits = split_count(problem, cfg.bm, cfg.bn, cfg.bk_elements(mode), device, cfg.split)[0] if cfg.split else 1
-        local = cfg.local_bytes(mode, problem.trans_a, problem.trans_b) + moments_local_bytes(cfg)
-        groups = -(-problem.n // cfg.bn)
-        eligible = splits == 1 and local <= device.cl_device.local_mem_size and groups <= MAX_MOMENT_GROUPS
-        if eligible and not (cfg.wg or cfg.swap or cfg.pre or cfg.tma):
-            layer.epilogue = dataclasses.replace(layer.epilogue, moments=True)
-            found = (layer.plan(cfg), groups)
-    remember(_PLANS, key, found)
-    return found
 
 
 def backward_input(grad: Tensor, w: Tensor, geo, addend: Tensor | None = None) -> Tensor:

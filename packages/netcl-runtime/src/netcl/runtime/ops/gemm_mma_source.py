@@ -43,7 +43,6 @@ import numpy as np
 
 from netcl.core.dtypes import C_TYPES, bfloat16, float16
 from netcl.runtime.ops.gemm_source import IDENTITY, Epilogue, OperandView, block_indexing, kernel_signature
-from netcl.runtime.ops.moments import MERGE_C
 from netcl.runtime.ops.storage_io import helpers_c, store_c
 
 MMA = {
@@ -1010,69 +1009,6 @@ def _paired_half_store() -> str:
                 }"""
 
 
-def moments_slots(cfg: MmaConfig) -> int:
-    """The threads of an mma.sync work-group that hold values of one row of its block: a quad's four lanes in
-    each warp along N."""
-    return 4 * (cfg.threads // 32 // cfg.wm)
-
-
-def moments_local_bytes(cfg: MmaConfig) -> int:
-    """The local memory an epilogue's ``moments`` adds to an mma.sync kernel (a (count, mean, M2) a slot a row)."""
-    return cfg.bm * moments_slots(cfg) * 3 * 4
-
-
-def _moments_lines(cfg: MmaConfig, epilogue: Epilogue) -> tuple[str, str]:
-    """(local declaration, statements after the store) of an epilogue's ``moments`` (``Epilogue``): each thread
-    sums its values of each of its rows shifted by the first one (its 2 x fn columns of the row in this block),
-    the (count, mean, M2) of each lane of a quad and each warp along N go to local memory, and one thread a row
-    merges them in that order (Chan et al.'s update) into the row's entry for this column block."""
-    if cfg.wg or cfg.swap:
-        raise ValueError("gemm_mma: moments are gathered by the mma.sync kernel (not wgmma, not swapped)")
-    slots = moments_slots(cfg)
-    bias = " + (CT)bias[r]" if epilogue.bias == "row" else " + (CT)bias[c]" if epilogue.bias == "col" else ""
-    decl = f"\n    __local float mo_s[BM * {slots} * 3];"
-    code = f"""#pragma unroll
-    for (int fm = 0; fm < {cfg.fm}; ++fm) {{
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {{  /* rows gid and gid + 8 of the m16 tile */
-            const int rl = wr + fm * 16 + gid + h * 8;
-            const IDX r = A0 + rl;
-            float n = 0.0f, first = 0.0f, s1 = 0.0f, s2 = 0.0f;
-            #pragma unroll
-            for (int fn = 0; fn < {cfg.fn}; ++fn) {{
-                #pragma unroll
-                for (int e = 0; e < 2; ++e) {{
-                    const IDX c = B0 + wc + fn * 8 + tig * 2 + e;
-                    if (r < M && c < N) {{
-                        const float v = acc[fm][fn][h * 2 + e]{bias};
-                        first = n == 0.0f ? v : first;
-                        const float d = v - first;
-                        s1 += d; s2 += d * d; n += 1.0f;
-                    }}
-                }}
-            }}
-            __local float* slot = mo_s + (rl * {slots} + (warp / {cfg.wm}) * 4 + tig) * 3;
-            slot[0] = n;
-            slot[1] = n > 0.0f ? first + s1 / n : 0.0f;
-            slot[2] = n > 0.0f ? s2 - s1 * (s1 / n) : 0.0f;
-        }}
-    }}
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int rl = tid; rl < BM; rl += NT) {{
-        const IDX r = A0 + rl;
-        if (r < M) {{
-            float n = 0.0f, mean = 0.0f, m2 = 0.0f;
-            for (int k = 0; k < {slots}; ++k) {{
-                __local const float* slot = mo_s + (rl * {slots} + k) * 3;
-                netcl_moments_merge(&n, &mean, &m2, slot[0], slot[1], slot[2]);
-            }}
-            __global float* out = mo + (r * ((N + BN - 1) / BN) + B0 / BN) * 3;
-            out[0] = n; out[1] = mean; out[2] = m2;
-        }}
-    }}"""
-    return decl, code
-
-
 def mma_source(
     cfg: MmaConfig,
     mode: str,
@@ -1275,9 +1211,7 @@ def mma_source(
             for n, side, k in (("A", cfg.bm, a_along_k), ("B", cfg.bn, b_along_k))
             if not k
         )
-    moments_decl, moments_code = _moments_lines(cfg, epilogue) if epilogue.moments else ("", "")
-    tma_barriers = TMA_BARRIERS if cfg.tma else ""
-    return f"""{helpers_c([c_dtype])}{epilogue.preamble}{MERGE_C if epilogue.moments else ""}
+    return f"""{helpers_c([c_dtype])}{epilogue.preamble}
 #define CT float
 #define IDX {idx}
 #define BM {cfg.bm}
@@ -1304,7 +1238,7 @@ inline uint f16x2_bits(float lo, float hi) {{
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 {kernel_signature(sa, sb, sc, (TMA_PARAM if cfg.tma else "") + bias_arg)}
     __local uint As[{nbuf}][{a_words}] __attribute__((aligned({align})));
-    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));{lo_tiles}{moments_decl}{tma_barriers}
+    __local uint Bs[{nbuf}][{b_words}] __attribute__((aligned({align})));{lo_tiles}{TMA_BARRIERS if cfg.tma else ""}
     const int tid = get_local_id(0);
     const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
@@ -1327,6 +1261,5 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
             {store_loop}
         }}
     }}
-    {moments_code}
 }}
 """

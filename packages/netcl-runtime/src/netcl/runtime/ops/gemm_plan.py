@@ -227,8 +227,6 @@ def finish_plan(
     which then applies ``epilogue`` (the kernel wrote raw partial products) and stores through C's view
     (``views[2]``, when given: the kernel wrote plain rows). ``fixed``: arguments of the kernel after ``css``
     set once (a TMA kernel's tensor maps), before the epilogue's."""
-    if epilogue.moments and (splits > 1 or problem.batch > 1):
-        raise ValueError("gemm: an epilogue's moments are gathered for one product not split along K")
     work = sum_args = None
     acc = float64 if out_dtype == float64 else float32
     out_view = views[2] if len(views) > 2 else None

@@ -66,13 +66,6 @@ class Epilogue:
     arguments that follow the bias, in order: "full" (laid out like C), "col" (one value per column),
     "row" (one per row of the flattened batch of C), "scalar" (a float argument) and "out" (a float32
     output laid out like C). ``preamble`` holds helper definitions the statements use.
-
-    ``moments``: the kernel also writes, for each row of C, the moments of the values it stored in that row
-    over each block of ``BN`` columns (``netcl.runtime.ops.moments``' (count, mean, M2) rows) into its last
-    argument ``mo``, a float32 (M, G, 3) buffer with G = ceil(N / BN), the blocks in column order: a
-    convolution's output channels are its rows, so a batch norm reading it merges them instead of reading C.
-    Only the ``mma.sync`` tensor-core kernel gathers them (``gemm_mma_source``), for one product (no batch, no
-    split along K) and a bias epilogue at most.
     """
 
     bias: str = "none"
@@ -80,7 +73,6 @@ class Epilogue:
     code: str = ""
     operands: tuple[str, ...] = ()
     preamble: str = ""
-    moments: bool = False
 
     def __post_init__(self) -> None:
         if self.bias not in ("none", "col", "row"):
@@ -94,12 +86,10 @@ class Epilogue:
             raise ValueError(f"epilogue operand kinds must be among {OPERAND_KINDS}, got {bad}")
         if self.operands and not self.code:
             raise ValueError("epilogue operands need code that reads them")
-        if self.moments and (self.code or self.activation is not None):
-            raise ValueError("epilogue moments are those of acc + bias: no activation or code beside them")
 
     @property
     def is_identity(self) -> bool:
-        return self.bias == "none" and self.activation is None and not self.code and not self.moments
+        return self.bias == "none" and self.activation is None and not self.code
 
     @property
     def outputs(self) -> int:
@@ -109,7 +99,7 @@ class Epilogue:
     def arg_dtypes(self) -> list:
         """Kernel argument dtypes after the fixed ones (None: a buffer)."""
         extra = [np.dtype(np.float32) if kind == "scalar" else None for kind in self.operands]
-        return ([None] if self.bias != "none" else []) + extra + ([None] if self.moments else [])
+        return ([None] if self.bias != "none" else []) + extra
 
     def params(self) -> str:
         """The kernel parameters after the fixed ones."""
@@ -121,7 +111,7 @@ class Epilogue:
                 out += f", __global float* restrict E{k}"
             else:
                 out += f", __global const float* restrict E{k}"
-        return out + (", __global float* restrict mo" if self.moments else "")
+        return out
 
     def store_lines(
         self,
@@ -391,8 +381,6 @@ def portable_source(
     """
     from netcl.runtime.ops._common import storage_ctype, storage_pragmas
 
-    if epilogue.moments:
-        raise ValueError("gemm: the portable kernel gathers no moments (the tensor-core mma.sync kernel does)")
     ct = "double" if float64 in (a_dtype, b_dtype, c_dtype) else "float"
     sa, sb, sc = storage_ctype(a_dtype), storage_ctype(b_dtype), storage_ctype(c_dtype)
     view_a, view_b, view_c = (*views, None)[:3]
