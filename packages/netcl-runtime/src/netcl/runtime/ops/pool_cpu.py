@@ -129,10 +129,9 @@ __kernel void netcl_max_pool_backward_tiles_cpu(__global const {st}* x, __global
                                                 {sizes}) {{
     const {idx} gid = ({idx})get_global_id(0);
     if (gid >= n) return;
-    const {idx} rows = NETCL_DIV(gid, OW), ow = gid - rows * OW;
-    const {idx} window = rows * (KH * W) + ow * KW;
+    const {idx} rows = NETCL_DIV(gid, OW), ow = gid - rows * OW, start = rows * (KH * W), window = start + ow * KW;
     int at;
-    netcl_window_max(x, rows * (KH * W), 0, ow, H, W, &at);
+    netcl_window_max(x, start, 0, ow, H, W, &at);
     const {ct} zero = 0;
     const {ct} grad = zero + ({ct})g[gid];
     _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
