@@ -1,7 +1,8 @@
 """Runtime test fixtures: test_ops_matmul.py tests the GEMM kernel, so there the host-BLAS path that
 CPU OpenCL devices otherwise take for float32 matmul is off (test_host_blas.py covers that path, and
-test_gemm_cpu.py the small products' kernel); ``cpu_cl`` and ``host_calls`` serve those two. ``searching`` and
-``two_tiles`` serve the tile-search tests."""
+test_gemm_cpu.py the CPU devices' product kernels); ``cpu_cl`` and ``host_calls`` serve those two (``host_calls``
+under the "small" rule of ``gemm_cpu``, so that the host BLAS takes what it takes on every CPU device).
+``searching`` and ``two_tiles`` serve the tile-search tests."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 import netcl.core as nc
 from netcl.runtime import clear_caches, tune
-from netcl.runtime.ops import gemm_configs, host_blas
+from netcl.runtime.ops import gemm_configs, gemm_cpu, host_blas
 from netcl.runtime.ops.gemm_source import GemmConfig
 
 
@@ -29,7 +30,7 @@ def cpu_cl(cl_device: nc.Device) -> nc.Device:
 
 @pytest.fixture
 def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """Records every host-BLAS matmul (the real one still runs)."""
+    """Records every host-BLAS matmul (the real one still runs), kernels taking only small 2-D products."""
     calls: list[tuple] = []
     real = host_blas.matmul
 
@@ -39,6 +40,7 @@ def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
     monkeypatch.setattr(host_blas, "matmul", counting)
     monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "small")
     return calls
 
 

@@ -1,5 +1,7 @@
-"""Small float32 products on CPU OpenCL devices run one kernel (``gemm_cpu``), no host BLAS call, vs float64
-NumPy; bigger ones, two transposed operands and batches keep the host BLAS; a capture records the kernel.
+"""float32 products on CPU OpenCL devices run one kernel (``gemm_cpu``), no host BLAS call, vs float64 NumPy: under
+the "small" rule only small 2-D ones (bigger ones, two transposed operands and batches keep the host BLAS), under
+"all" (and "auto" on a device of 16-wide float vectors) every product but two transposed operands and partly
+broadcast batches, batched too; a capture records the kernel.
 
 Tolerance: float32 products summed over K terms are within K * eps32 * sum_k |a_ik b_kj| of the exact
 result (any summation order), plus 1e-6 relative.
@@ -64,3 +66,85 @@ def test_capture_records_the_kernel(cpu_cl: nc.Device, host_calls: list) -> None
     x2, y2 = nc.tensor(a2, device=cpu_cl), nc.tensor(b2, device=cpu_cl)
     np.testing.assert_array_equal(graph.execute(x2, y2).to_host(), ops.matmul(x2, y2, transpose_b=True).to_host())
     _check(graph.execute(x2, y2).to_host(), a2.astype(np.float64), b2.T.astype(np.float64))
+
+
+def _batched(device: nc.Device, a_shape: tuple, b_shape: tuple, tb: bool, seed: int) -> None:
+    """``a @ b`` (b's last two axes swapped where ``tb``) against float64, broadcasting NumPy's way."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, a_shape).astype(np.float32)
+    b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+    got = ops.matmul(nc.tensor(a, device=device), nc.tensor(b, device=device), transpose_b=tb).to_host()
+    b64 = np.swapaxes(b, -1, -2) if tb else b
+    _check(got, a.astype(np.float64), b64.astype(np.float64))
+
+
+@pytest.mark.parametrize("layout", [(False, False), (True, False), (False, True)], ids=["NN", "TN", "NT"])
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (8, 32, 5), (9, 33, 17), (64, 64, 64), (70, 100, 130), (3, 300, 2)])
+def test_every_product_runs_a_kernel(cpu_cl: nc.Device, host_calls: list, monkeypatch, layout, mnk) -> None:
+    """ "all": whole and partial row and column blocks of the tile form (8 x 32) and of the dot form, any size."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    m, n, k = mnk
+    _check(*_product(cpu_cl, m, n, k, *layout, seed=m * n + k))
+    assert host_calls == []
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,tb",
+    [
+        ((3, 9, 20), (3, 20, 40), False),  # both batched
+        ((1, 32, 9), (6, 1, 9, 64), False),  # a broadcast whole (a convolution's weights against im2col's columns)
+        ((4, 2, 17, 5), (5, 33), False),  # b broadcast whole
+        ((5, 16, 40), (5, 9, 40), True),  # the dot form, both batched
+        ((2, 3, 8, 24), (1, 11, 24), True),  # the dot form, b broadcast whole
+    ],
+)
+def test_batched_products_run_a_kernel(cpu_cl: nc.Device, host_calls: list, monkeypatch, a_shape, b_shape, tb):
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    _batched(cpu_cl, a_shape, b_shape, tb, seed=len(a_shape) + b_shape[-1])
+    assert host_calls == []
+
+
+def test_under_all_two_transposes_and_partial_broadcasts_keep_the_host_blas(cpu_cl, host_calls, monkeypatch) -> None:
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    _check(*_product(cpu_cl, 6, 7, 8, True, True, seed=5))
+    _batched(cpu_cl, (2, 1, 5, 6), (1, 3, 6, 7), False, seed=6)  # each batch broadcast in part
+    assert [shapes[0] for shapes in host_calls] == [(8, 6), (2, 1, 5, 6)]
+
+
+def test_zero_sizes_under_all(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
+    """K == 0 sums nothing (zeros); an empty result or batch launches nothing."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    zero_k = ops.matmul(nc.Tensor.empty((3, 5, 0), device=cpu_cl), nc.Tensor.empty((3, 0, 40), device=cpu_cl))
+    np.testing.assert_array_equal(zero_k.to_host(), np.zeros((3, 5, 40), np.float32))
+    empty = ops.matmul(nc.Tensor.empty((0, 5, 6), device=cpu_cl), nc.Tensor.empty((6, 2), device=cpu_cl))
+    assert empty.shape == (0, 5, 2) and host_calls == []
+
+
+@pytest.mark.parametrize("setting,kernel", [("auto", None), ("off", False), ("small", False), ("all", True)])
+def test_the_setting_picks_the_path(cpu_cl: nc.Device, host_calls: list, monkeypatch, setting, kernel) -> None:
+    """A batched product above the small forms' sizes: a kernel under "all", the host BLAS under "off" and
+    "small", and under "auto" a kernel exactly on a device of 16-wide float vectors."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, setting)
+    _batched(cpu_cl, (4, 64, 96), (4, 96, 128), False, seed=7)
+    if kernel is None:
+        kernel = cpu_cl.cl_device.preferred_vector_width_float >= gemm_cpu.WIDE_FLOATS
+    assert (host_calls == []) is kernel
+
+
+def test_a_bad_setting_is_refused(cpu_cl: nc.Device, monkeypatch) -> None:
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "fast")
+    x = nc.tensor(np.ones((4, 4), np.float32), device=cpu_cl)
+    with pytest.raises(ValueError, match="NETCL_CPU_GEMM='fast': expected one of auto, all, small, off"):
+        ops.matmul(x, x)
+
+
+def test_capture_records_the_tile_kernel(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
+    """A captured batched product replays the tile kernel on new inputs, with the eager product's bits."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    rng = np.random.default_rng(8)
+    a, b = rng.uniform(-1, 1, (3, 40, 50)).astype(np.float32), rng.uniform(-1, 1, (50, 70)).astype(np.float32)
+    graph = capture_graph(cpu_cl.queue, ops.matmul, nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl))
+    assert [launch.name for launch in graph.launches] == ["netcl_cpu_gemm_tile"] and host_calls == []
+    x2, y2 = nc.tensor(-a, device=cpu_cl), nc.tensor(2 * b, device=cpu_cl)
+    np.testing.assert_array_equal(graph.execute(x2, y2).to_host(), ops.matmul(x2, y2).to_host())
+    _check(graph.execute(x2, y2).to_host(), -a.astype(np.float64), 2 * b.astype(np.float64))

@@ -22,8 +22,7 @@ def viewed(cpu_cl: nc.Device, monkeypatch: pytest.MonkeyPatch) -> nc.Device:
     probe = nc.Tensor.empty((4,), np.float32, cpu_cl)
     if not host_views.coherent(cpu_cl) or memory.host_view(probe.data, (4,), probe.dtype) is None:
         pytest.skip("this device's pool keeps no host views")
-    monkeypatch.setattr(gemm_cpu, "AXPY_MAX_FLOPS", 0)
-    monkeypatch.setattr(gemm_cpu, "DOT_MAX_FLOPS", 0)
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "off")
     monkeypatch.delenv(host_blas.ENV_VAR, raising=False)
     return cpu_cl
 

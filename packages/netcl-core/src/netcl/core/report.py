@@ -39,5 +39,21 @@ def device_report() -> str:
         lines += ["", f"no default device: {problem}"]
     else:
         lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
+    lines.append(f"host BLAS (CPU devices' larger products): {blas_summary()}")
     lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|cuda[:<index>]|<platform>:<device>")
     return "\n".join(lines)
+
+
+def blas_summary() -> str:
+    """The BLAS libraries NumPy loaded, as threadpoolctl sees them: name, version, kernel set (a DYNAMIC_ARCH OpenBLAS
+    picks it for the CPU when it loads, or as ``OPENBLAS_CORETYPE`` says), threads."""
+    from threadpoolctl import threadpool_info
+
+    found = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    if not found:
+        return "none found"
+    described = []
+    for lib in found:
+        kernels = f", {lib['architecture']} kernels" if lib.get("architecture") else ""
+        described.append(f"{lib.get('internal_api')} {lib.get('version')}{kernels}, {lib.get('num_threads')} thread(s)")
+    return "; ".join(described)

@@ -1,21 +1,31 @@
-"""Small float32 products on CPU OpenCL devices: one kernel each, no host wait.
+"""float32 products on CPU OpenCL devices as kernels: no host wait, no map, queued like any other op.
 
-The host BLAS path (``host_blas``) multiplies mapped buffers: it waits for the queue and pays three maps
-and unmaps, 150-300 µs on PoCL even at 64^3. Below a size a kernel shaped for CPU devices is faster, and
-it queues like any other op:
+The host BLAS path (``host_blas``) multiplies mapped buffers: it waits for the queue and pays the maps, 150-300 µs
+on PoCL even at 64^3 where the pool has no host views. Three kernel forms shaped for CPU devices run products
+instead, each summing in a fixed order (the same bits in every run and in a replay, which records the launch):
 
-- "axpy" form (B untransposed; A in either orientation, read through its two strides): a work-item keeps
-  ``ROWS`` rows x 16 columns of C in float16 vectors; each k loads B's 16-column segment once and adds it,
-  times A's element broadcast, to each row;
-- "dot" form (A untransposed, B transposed: ``x @ W.T``): a work-item keeps ``DOT_ROWS`` x ``DOT_COLS``
-  dot products along K in float16 vectors, summed across their lanes in a fixed order at the end.
+- "tile" (B untransposed; A in either orientation, read through its two strides): a work-item keeps ``TILE_ROWS``
+  rows x ``TILE_COLS`` columns of C in float16 vectors and, for each k, adds B's row segment times A's broadcast
+  element to each row: every C element is one fma chain over k in order. Register-blocked for 16-wide float
+  vectors (AVX-512: 16 accumulators, 2 loads of B and 8 of A per 16 fmas);
+- "axpy": the same with ``ROWS`` rows x 16 columns, for narrower vectors;
+- "dot" (A untransposed, B transposed: ``x @ W.T``): a work-item keeps ``DOT_ROWS`` x ``DOT_COLS`` dot products
+  along K in float16 vectors, summed across their lanes in a fixed order at the end.
 
-Both sum in a fixed order: the same bits in every run and in a replay (which records the launch). Two
-transposed operands, batches, 1-D operands and products above ``AXPY_MAX_FLOPS`` / ``DOT_MAX_FLOPS``
-keep the host BLAS (see benchmarks/RESULTS.md, "Small products on a CPU device").
+Every form takes a batch (a third grid axis; an operand's batch stride is 0 where it is broadcast whole).
+
+Which products come here (``NETCL_CPU_GEMM``, ``applies``): by default ("auto") every product of >= 2-D float32
+operands except two transposed ones and partly broadcast batches on a device whose preferred float vector is at
+least ``WIDE_FLOATS`` wide (the tile and dot forms run 1.5-2.5x NumPy's OpenBLAS there; see benchmarks/RESULTS.md,
+"Forty-first session"), and elsewhere only 2-D products up to ``AXPY_MAX_FLOPS`` / ``DOT_MAX_FLOPS`` (where the
+kernels stop beating the host BLAS on narrower vectors: "Small products on a CPU device"). ``small`` keeps that
+second rule everywhere, ``all`` the first everywhere, ``off`` sends every product to the host BLAS.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import numpy as np
 
@@ -23,20 +33,31 @@ from netcl.core import Tensor
 from netcl.runtime.ops._common import get_kernel
 from netcl.runtime.ops._grid import launch_prepared
 
+ENV_VAR = "NETCL_CPU_GEMM"
+MODES = ("auto", "all", "small", "off")
 #: rows of C a work-item of the axpy form keeps (16 columns each)
 ROWS = 4
+#: rows x columns of C a work-item of the tile form keeps (columns: two float16 vectors)
+TILE_ROWS, TILE_COLS = 8, 32
 #: rows x columns of C a work-item of the dot form keeps
 DOT_ROWS, DOT_COLS = 8, 2
-#: the largest products (2 m n k) each form takes: where it stops beating the host BLAS on PoCL
+#: the largest products (2 m n k) each form takes under the "small" rule: where it stops beating the host BLAS on
+#: PoCL with narrower vectors
 AXPY_MAX_FLOPS = 2 * 128**3
 DOT_MAX_FLOPS = 3_000_000
+#: the preferred float vector width (floats) from which "auto" runs every product here
+WIDE_FLOATS = 16
 
 _TEMPLATE = """
 __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
-                                  __global const float* restrict A, const int sam, const int sak,
-                                  __global const float* restrict B, __global float* restrict C) {{
+                                  __global const float* restrict A, const int sam, const int sak, const long sab,
+                                  __global const float* restrict B, const long sbb, __global float* restrict C) {{
     const int j0 = get_global_id(0) * 16, i0 = get_global_id(1) * {rows};
     if (j0 >= N || i0 >= M) return;
+    const long batch = get_global_id(2);
+    A += batch * sab;
+    B += batch * sbb;
+    C += batch * M * (long)N;
     const int rows = min({rows}, M - i0), cols = min(16, N - j0);
     float16 acc[{rows}];
     for (int r = 0; r < {rows}; ++r) acc[r] = (float16)(0.0f);
@@ -68,10 +89,78 @@ __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
     }}
 }}
 
+// TILE_ROWS rows x 32 columns of C; rows past M read A's last row (their sums are not stored), columns past N
+// read 0 (a padded copy of B's row segment; the last column block only): every stored element is the same fma
+// chain over k as in a whole tile.
+__kernel void netcl_cpu_gemm_tile(const int M, const int N, const int K,
+                                  __global const float* restrict A, const int sam, const int sak, const long sab,
+                                  __global const float* restrict B, const long sbb, __global float* restrict C) {{
+    const int j0 = get_global_id(0) * 32, i0 = get_global_id(1) * {tile_rows};
+    if (j0 >= N || i0 >= M) return;
+    const long batch = get_global_id(2);
+    A += batch * sab;
+    B += batch * sbb + j0;
+    C += batch * M * (long)N + j0;
+    const int rows = min({tile_rows}, M - i0), cols = min(32, N - j0);
+    long a_row[{tile_rows}];
+    #pragma unroll
+    for (int r = 0; r < {tile_rows}; ++r) a_row[r] = (long)min(i0 + r, M - 1) * sam;
+    float16 lo[{tile_rows}], hi[{tile_rows}];
+    #pragma unroll
+    for (int r = 0; r < {tile_rows}; ++r) {{
+        lo[r] = (float16)(0.0f);
+        hi[r] = (float16)(0.0f);
+    }}
+    if (cols == 32) {{
+        for (int k = 0; k < K; ++k) {{
+            __global const float* bk = B + (long)k * N;
+            const float16 b0 = vload16(0, bk), b1 = vload16(1, bk);
+            const long ak = (long)k * sak;
+            #pragma unroll
+            for (int r = 0; r < {tile_rows}; ++r) {{
+                const float16 a = (float16)(A[a_row[r] + ak]);
+                lo[r] = fma(a, b0, lo[r]);
+                hi[r] = fma(a, b1, hi[r]);
+            }}
+        }}
+        for (int r = 0; r < rows; ++r) {{
+            __global float* c = C + (long)(i0 + r) * N;
+            vstore16(lo[r], 0, c);
+            vstore16(hi[r], 1, c);
+        }}
+        return;
+    }}
+    for (int k = 0; k < K; ++k) {{
+        __global const float* bk = B + (long)k * N;
+        float part[32];
+        for (int e = 0; e < 32; ++e) part[e] = e < cols ? bk[e] : 0.0f;
+        const float16 b0 = vload16(0, part), b1 = vload16(1, part);
+        const long ak = (long)k * sak;
+        #pragma unroll
+        for (int r = 0; r < {tile_rows}; ++r) {{
+            const float16 a = (float16)(A[a_row[r] + ak]);
+            lo[r] = fma(a, b0, lo[r]);
+            hi[r] = fma(a, b1, hi[r]);
+        }}
+    }}
+    for (int r = 0; r < rows; ++r) {{
+        float part[32];
+        vstore16(lo[r], 0, part);
+        vstore16(hi[r], 1, part);
+        __global float* c = C + (long)(i0 + r) * N;
+        for (int e = 0; e < cols; ++e) c[e] = part[e];
+    }}
+}}
+
 __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global const float* restrict A,
-                                 __global const float* restrict B, __global float* restrict C) {{
+                                 const long sab, __global const float* restrict B, const long sbb,
+                                 __global float* restrict C) {{
     const int j0 = get_global_id(0) * {cols}, i0 = get_global_id(1) * {dot_rows};
     if (j0 >= N || i0 >= M) return;
+    const long batch = get_global_id(2);
+    A += batch * sab;
+    B += batch * sbb;
+    C += batch * M * (long)N;
     const int rows = min({dot_rows}, M - i0), cols = min({cols}, N - j0);
     float16 acc[{dot_rows}][{cols}];
     for (int r = 0; r < {dot_rows}; ++r)
@@ -98,15 +187,43 @@ __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global
     }}
 }}
 """
-_SOURCE = _TEMPLATE.format(rows=ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
+_SOURCE = _TEMPLATE.format(rows=ROWS, tile_rows=TILE_ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
 
-_I32 = np.int32
+_I32, _I64 = np.int32, np.int64
+
+
+def mode() -> str:
+    """``NETCL_CPU_GEMM``: "auto" (unset), "all", "small" or "off" (module docstring); ValueError for another."""
+    setting = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    if setting not in MODES:
+        raise ValueError(f"{ENV_VAR}={setting!r}: expected one of {', '.join(MODES)}")
+    return setting
+
+
+def every_product(device) -> bool:
+    """Whether every product (of the kinds ``applies`` takes) runs here on ``device`` under the current mode."""
+    setting = mode()
+    return setting == "all" or (setting == "auto" and _wide(device))
+
+
+@functools.cache
+def _wide(device) -> bool:
+    """Whether ``device`` prefers float vectors of at least ``WIDE_FLOATS`` (asked once per device)."""
+    return int(device.cl_device.preferred_vector_width_float) >= WIDE_FLOATS
 
 
 def applies(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> bool:
-    """Whether the product of two float32 matrices (a host-memory CPU device's, shapes checked by the caller)
-    runs here: 2-D operands, not both transposed, and at most the form's size."""
-    if a.ndim != 2 or b.ndim != 2 or a.dtype != np.float32 or b.dtype != np.float32 or (transpose_a and transpose_b):
+    """Whether ``a @ b`` (float32 operands of a host-memory CPU device, shapes checked by the caller) runs here:
+    operands of at least two dimensions, not both transposed, each batch either the result's or broadcast whole;
+    under the "small" rule (module docstring) also 2-D and at most the form's size."""
+    if a.dtype != np.float32 or b.dtype != np.float32 or (transpose_a and transpose_b) or a.ndim < 2 or b.ndim < 2:
+        return False
+    setting = mode()
+    if setting == "off":
+        return False
+    if setting == "all" or (setting == "auto" and _wide(a.device)):
+        return _batch_strides(a.shape, b.shape) is not None
+    if a.ndim != 2 or b.ndim != 2:
         return False
     m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     n = b.shape[0] if transpose_b else b.shape[1]
@@ -114,22 +231,50 @@ def applies(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> bool:
     return 0 < flops <= (DOT_MAX_FLOPS if transpose_b else AXPY_MAX_FLOPS)
 
 
+def _batch_strides(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int] | None:
+    """(the result's batch shape, a's and b's batch strides in elements: 0 for a batch broadcast whole), or None where
+    an operand's batch is broadcast only in part (e.g. (2, 1) against (1, 3))."""
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    rank = max(len(a_batch), len(b_batch))
+    a_full, b_full = (1,) * (rank - len(a_batch)) + a_batch, (1,) * (rank - len(b_batch)) + b_batch
+    batch = tuple(x if y == 1 else y for x, y in zip(a_full, b_full, strict=True))  # (shapes checked: x == y or 1)
+    strides = []
+    for full, shape in ((a_full, a_shape), (b_full, b_shape)):
+        if full == batch:
+            strides.append(shape[-2] * shape[-1])
+        elif all(d == 1 for d in full):
+            strides.append(0)
+        else:
+            return None
+    return batch, strides[0], strides[1]
+
+
 def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor:
-    """``a @ b`` (either operand's two axes swapped where asked) of a call ``applies`` accepted."""
+    """``a @ b`` (either operand's last two axes swapped where asked) of a call ``applies`` accepted."""
     device = a.device
-    m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
-    n = b.shape[0] if transpose_b else b.shape[1]
-    out = Tensor.empty((m, n), np.float32, device)
-    form = "dot" if transpose_b else "axpy"
-    key = ("cpu_gemm", form, ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys kernels by it)
+    m, k = (a.shape[-1], a.shape[-2]) if transpose_a else a.shape[-2:]
+    n = b.shape[-2] if transpose_b else b.shape[-1]
+    found = _batch_strides(a.shape, b.shape)
+    if found is None:
+        raise ValueError(f"gemm_cpu.matmul: shapes {a.shape} and {b.shape} broadcast a batch in part (applies refuses)")
+    batch, a_stride, b_stride = found
+    out = Tensor.empty((*batch, m, n), np.float32, device)
+    if out.size == 0:
+        return out
+    count = out.size // (m * n)
+    form = "dot" if transpose_b else ("tile" if every_product(device) else "axpy")
+    key = ("cpu_gemm", form, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys kernels by it)
     sizes = [_I32(m), _I32(n), _I32(k)]
+    batches = (_I64(a_stride), _I64(b_stride))
     if transpose_b:
-        types = [_I32] * 3 + [None] * 3
-        grid, args = (-(-n // DOT_COLS), -(-m // DOT_ROWS)), [*sizes, a, b, out]
+        types = [_I32] * 3 + [None, _I64, None, _I64, None]
+        grid, args = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count), [*sizes, a, batches[0], b, batches[1], out]
     else:
-        types = [_I32] * 3 + [None, _I32, _I32, None, None]
+        types = [_I32] * 3 + [None, _I32, _I32, _I64, None, _I64, None]
         strides = (_I32(1), _I32(m)) if transpose_a else (_I32(k), _I32(1))  # A[i, k] at i * sam + k * sak
-        grid, args = (-(-n // 16), -(-m // ROWS)), [*sizes, a, *strides, b, out]
+        width, rows = (TILE_COLS, TILE_ROWS) if form == "tile" else (16, ROWS)
+        grid = (-(-n // width), -(-m // rows), count)
+        args = [*sizes, a, *strides, batches[0], b, batches[1], out]
     kernel = get_kernel(key, device, lambda: _SOURCE, f"netcl_cpu_gemm_{form}", types).kernel
     launch_prepared(key, device, kernel, grid, None, args)
     return out
