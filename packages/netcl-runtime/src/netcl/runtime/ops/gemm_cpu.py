@@ -162,15 +162,20 @@ __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global
     B += batch * sbb;
     C += batch * M * (long)N;
     const int rows = min({dot_rows}, M - i0), cols = min({cols}, N - j0);
-    float16 acc[{dot_rows}][{cols}];
+    float16 acc[{dot_rows}][{cols}];  // (unrolled loops: the accumulators stay in registers)
+    #pragma unroll
     for (int r = 0; r < {dot_rows}; ++r)
+        #pragma unroll
         for (int s = 0; s < {cols}; ++s) acc[r][s] = (float16)(0.0f);
     const int whole = K & ~15;
     for (int k = 0; k < whole; k += 16) {{
         float16 b[{cols}];
+        #pragma unroll
         for (int s = 0; s < {cols}; ++s) b[s] = vload16(0, B + (long)min(j0 + s, N - 1) * K + k);
+        #pragma unroll
         for (int r = 0; r < {dot_rows}; ++r) {{
             const float16 a = vload16(0, A + (long)min(i0 + r, M - 1) * K + k);
+            #pragma unroll
             for (int s = 0; s < {cols}; ++s) acc[r][s] = fma(a, b[s], acc[r][s]);
         }}
     }}
