@@ -17,9 +17,9 @@ batch too, stays on the paths below.
 
 Otherwise, on OpenCL devices, ``conv2d`` and both backwards of float32/float64 convolutions with
 ``groups == 1`` run as implicit GEMMs (``conv_implicit``: the GEMM kernel computes the im2col
-addresses in its tile loads, no column buffer), except on a CPU device whose products run on the
-host BLAS where the reduction is short (``C*KH*KW < 256``: im2col + BLAS is faster there) or where
-a measurement at the layer's first use says im2col + BLAS is (``_use_implicit``).
+addresses in its tile loads, no column buffer), except on a CPU device with the host BLAS on (``NETCL_HOST_BLAS``)
+where the reduction is short (``C*KH*KW < 256``: im2col + a product, ``gemm_cpu``'s kernel or the host BLAS, is
+faster there) or where a measurement at the layer's first use says im2col + a product is (``_use_implicit``).
 
 On a GPU the forward and the input gradient of each layer these paths take are measured at the layer's first use
 (``_gpu_algorithm``, stored like a tile search) against a product of stored operands beside a layout kernel: the
@@ -517,8 +517,8 @@ def _use_implicit(
 
 
 def _implicit_wins_on_host(device, geo: ConvGeometry, out_ch: int, kind: str, dtype) -> bool:
-    """Whether the implicit GEMM beats im2col + host BLAS for this pass of this layer on a host-memory
-    CPU device: measured at the first use (one image, scratch operands) and stored like a tile
+    """Whether the implicit GEMM beats im2col + a product (``gemm_cpu`` or the host BLAS) for this pass of this
+    layer on a host-memory CPU device: measured at the first use (one image, scratch operands) and stored like a tile
     search (``tune.select(..., cpu=True)``); "implicit" without a measurement (``NETCL_TUNE=0``)."""
     from netcl.runtime import tune
 
