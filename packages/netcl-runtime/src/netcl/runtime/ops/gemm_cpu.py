@@ -14,7 +14,7 @@ instead, each summing in a fixed order (the same bits in every run and in a repl
 
 Every form takes a batch (a third grid axis; an operand's batch stride is 0 where it is broadcast whole).
 
-Which products come here (``NETCL_CPU_GEMM``, ``applies``): by default ("auto") every product of >= 2-D float32
+Which products come here (``NETCL_CPU_GEMM``, ``plan``): by default ("auto") every product of >= 2-D float32
 operands except two transposed ones and partly broadcast batches on a device whose preferred float vector is at
 least ``WIDE_FLOATS`` wide (the tile and dot forms run 1.5-2.5x NumPy's OpenBLAS there; see benchmarks/RESULTS.md,
 "Forty-first session"), and elsewhere only 2-D products up to ``AXPY_MAX_FLOPS`` / ``DOT_MAX_FLOPS`` (where the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -205,40 +206,50 @@ def mode() -> str:
     return setting
 
 
-def every_product(device) -> bool:
-    """Whether every product (of the kinds ``applies`` takes) runs here on ``device`` under the current mode."""
-    setting = mode()
-    return setting == "all" or (setting == "auto" and _wide(device))
-
-
 @functools.cache
 def _wide(device) -> bool:
     """Whether ``device`` prefers float vectors of at least ``WIDE_FLOATS`` (asked once per device)."""
     return int(device.cl_device.preferred_vector_width_float) >= WIDE_FLOATS
 
 
-def applies(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> bool:
-    """Whether ``a @ b`` (float32 operands of a host-memory CPU device, shapes checked by the caller) runs here:
-    operands of at least two dimensions, not both transposed, each batch either the result's or broadcast whole;
-    under the "small" rule (module docstring) also 2-D and at most the form's size."""
+class Plan(NamedTuple):
+    """How ``matmul`` runs a product: the kernel form ("tile", "axpy" or "dot"), the result's batch shape and each
+    operand's batch stride in elements (0 for a batch broadcast whole)."""
+
+    form: str
+    batch: tuple[int, ...]
+    a_stride: int
+    b_stride: int
+
+
+def plan(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Plan | None:
+    """How ``a @ b`` (float32 operands of a host-memory CPU device, shapes checked by the caller) runs here, or None
+    where it does not: it needs operands of at least two dimensions, not both transposed, each batch either the
+    result's or broadcast whole, and under the "small" rule (module docstring) 2-D operands and at most the form's
+    size."""
     if a.dtype != np.float32 or b.dtype != np.float32 or (transpose_a and transpose_b) or a.ndim < 2 or b.ndim < 2:
-        return False
+        return None
     setting = mode()
     if setting == "off":
-        return False
+        return None
     if setting == "all" or (setting == "auto" and _wide(a.device)):
-        return _batch_strides(a.shape, b.shape) is not None
+        found = _batch_strides(a.shape, b.shape)
+        return None if found is None else Plan("dot" if transpose_b else "tile", *found)
     if a.ndim != 2 or b.ndim != 2:
-        return False
+        return None
     m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     n = b.shape[0] if transpose_b else b.shape[1]
     flops = 2 * m * n * k
-    return 0 < flops <= (DOT_MAX_FLOPS if transpose_b else AXPY_MAX_FLOPS)
+    if not 0 < flops <= (DOT_MAX_FLOPS if transpose_b else AXPY_MAX_FLOPS):
+        return None
+    return Plan("dot" if transpose_b else "axpy", (), 0, 0)
 
 
 def _batch_strides(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int] | None:
     """(the result's batch shape, a's and b's batch strides in elements: 0 for a batch broadcast whole), or None where
     an operand's batch is broadcast only in part (e.g. (2, 1) against (1, 3))."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return (), 0, 0
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     rank = max(len(a_batch), len(b_batch))
     a_full, b_full = (1,) * (rank - len(a_batch)) + a_batch, (1,) * (rank - len(b_batch)) + b_batch
@@ -254,24 +265,20 @@ def _batch_strides(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[
     return batch, strides[0], strides[1]
 
 
-def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor:
-    """``a @ b`` (either operand's last two axes swapped where asked) of a call ``applies`` accepted."""
+def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool, how: Plan) -> Tensor:
+    """``a @ b`` (either operand's last two axes swapped where asked) as ``plan`` said (``how``)."""
     device = a.device
     m, k = (a.shape[-1], a.shape[-2]) if transpose_a else a.shape[-2:]
     n = b.shape[-2] if transpose_b else b.shape[-1]
-    found = _batch_strides(a.shape, b.shape)
-    if found is None:
-        raise ValueError(f"gemm_cpu.matmul: shapes {a.shape} and {b.shape} broadcast a batch in part (applies refuses)")
-    batch, a_stride, b_stride = found
-    out = Tensor.empty((*batch, m, n), np.float32, device)
+    out = Tensor.empty((*how.batch, m, n), np.float32, device)
     if out.size == 0:
         return out
-    count = out.size // (m * n)
-    form = "dot" if transpose_b else ("tile" if every_product(device) else "axpy")
+    form = how.form
     key = ("cpu_gemm", form, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys kernels by it)
     sizes = [_I32(m), _I32(n), _I32(k)]
-    batches = (_I64(a_stride), _I64(b_stride))
-    if transpose_b:
+    batches = (_I64(how.a_stride), _I64(how.b_stride))
+    count = out.size // (m * n)
+    if form == "dot":
         types = [_I32] * 3 + [None, _I64, None, _I64, None]
         grid, args = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count), [*sizes, a, batches[0], b, batches[1], out]
     else:

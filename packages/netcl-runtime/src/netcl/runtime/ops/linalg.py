@@ -115,8 +115,9 @@ def matmul(
         a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
         b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
         out_shape = matmul_shapes(a_shape, b_shape)[3]
-        if gemm_cpu.applies(a, b, transpose_a, transpose_b):
-            return gemm_cpu.matmul(a, b, transpose_a, transpose_b)
+        how = gemm_cpu.plan(a, b, transpose_a, transpose_b)
+        if how is not None:
+            return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how)
         return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
     if a.ndim >= 2 and b.ndim >= 2:
         return gemm(a, b, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
