@@ -302,6 +302,18 @@ def test_report_names_default_and_why() -> None:
     assert "override with NETCL_DEVICE=" in out
 
 
+def test_report_names_the_host_blas_kernels() -> None:
+    """The report's BLAS line is threadpoolctl's view of this process's BLAS (same environment, same library)."""
+    from threadpoolctl import threadpool_info
+
+    prefix = "host BLAS (NumPy's, for products run on the host): "
+    (line,) = [text for text in _report(None).splitlines() if text.startswith(prefix)]
+    libraries = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    expected = [f"{lib['internal_api']} {lib['version']}" for lib in libraries]
+    expected += [f"{lib['architecture']} kernels" for lib in libraries if lib.get("architecture")]
+    assert all(part in line for part in expected) and (libraries or line.endswith("none found")), line
+
+
 def test_report_with_env_override() -> None:
     out = _report("cpu")
     assert "* cpu    NumPy backend" in out

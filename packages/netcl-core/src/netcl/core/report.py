@@ -39,7 +39,7 @@ def device_report() -> str:
         lines += ["", f"no default device: {problem}"]
     else:
         lines += ["", f"default: {default.spec} ({default.name}) because {default_reason()}"]
-    lines.append(f"host BLAS (CPU devices' larger products): {blas_summary()}")
+    lines.append(f"host BLAS (NumPy's, for products run on the host): {blas_summary()}")
     lines.append("override with NETCL_DEVICE=gpu|opencl|cpu|cuda[:<index>]|<platform>:<device>")
     return "\n".join(lines)
 
