@@ -111,6 +111,23 @@ def test_under_all_two_transposes_and_partial_broadcasts_keep_the_host_blas(cpu_
     assert [shapes[0] for shapes in host_calls] == [(8, 6), (2, 1, 5, 6)]
 
 
+def test_long_reductions_over_more_than_the_cache_keep_the_host_blas(cpu_cl, host_calls, monkeypatch) -> None:
+    """K >= LONG_K over operands larger than half the device's cache: the host BLAS (the kernel would stream them from
+    memory once per block); one column less of b fits and takes the kernel."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    k, half = gemm_cpu.LONG_K, cpu_cl.cl_device.global_mem_cache_size // 2
+    n = (half // 4 - k) // k + 1  # a (1, K) @ b (K, n): 4 (K + K n) bytes just above half the cache
+    if 4 * k * (n + 1) > 96 << 20:
+        pytest.skip("this device's cache would need operands of over 96 MiB")
+    rng = np.random.default_rng(9)
+    a = rng.uniform(-1, 1, (1, k)).astype(np.float32)
+    for columns in (n, n - 1):
+        b = rng.uniform(-1, 1, (k, columns)).astype(np.float32)
+        got = ops.matmul(nc.tensor(a, device=cpu_cl), nc.tensor(b, device=cpu_cl)).to_host()
+        _check(got, a.astype(np.float64), b.astype(np.float64))
+    assert [shapes[1] for shapes in host_calls] == [(k, n)]
+
+
 def test_zero_sizes_under_all(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
     """K == 0 sums nothing (zeros); an empty result or batch launches nothing."""
     monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")

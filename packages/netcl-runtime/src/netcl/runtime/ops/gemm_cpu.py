@@ -15,11 +15,12 @@ instead, each summing in a fixed order (the same bits in every run and in a repl
 Every form takes a batch (a third grid axis; an operand's batch stride is 0 where it is broadcast whole).
 
 Which products come here (``NETCL_CPU_GEMM``, ``plan``): by default ("auto") every product of >= 2-D float32
-operands except two transposed ones and partly broadcast batches on a device whose preferred float vector is at
-least ``WIDE_FLOATS`` wide (the tile and dot forms run 1.5-2.5x NumPy's OpenBLAS there; see benchmarks/RESULTS.md,
-"Forty-first session"), and elsewhere only 2-D products up to ``AXPY_MAX_FLOPS`` / ``DOT_MAX_FLOPS`` (where the
-kernels stop beating the host BLAS on narrower vectors: "Small products on a CPU device"). ``small`` keeps that
-second rule everywhere, ``all`` the first everywhere, ``off`` sends every product to the host BLAS.
+operands on a device whose preferred float vector is at least ``WIDE_FLOATS`` wide, except two transposed operands,
+batches broadcast in part and long reductions over operands larger than half the device's cache (``LONG_K``): the
+tile and dot forms run 1.5-2.5x NumPy's OpenBLAS there (benchmarks/RESULTS.md, "Forty-first session"). Elsewhere
+only 2-D products up to ``AXPY_MAX_FLOPS`` / ``DOT_MAX_FLOPS`` come here (where the kernels stopped beating the host
+BLAS on narrower vectors: "Small products on a CPU device"). ``small`` keeps that second rule everywhere, ``all``
+the first everywhere, ``off`` sends every product to the host BLAS.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ AXPY_MAX_FLOPS = 2 * 128**3
 DOT_MAX_FLOPS = 3_000_000
 #: the preferred float vector width (floats) from which "auto" runs every product here
 WIDE_FLOATS = 16
+#: a reduction this long over operands larger than half the device's cache goes to the host BLAS: each work-item
+#: streams its slabs of A and B over all of K, re-read from memory for every row and column block (3x slower than
+#: the BLAS at K = 32768 over 40 MiB; see benchmarks/RESULTS.md, "Forty-first session")
+LONG_K = 16384
 
 _TEMPLATE = """
 __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
@@ -207,6 +212,12 @@ def mode() -> str:
 
 
 @functools.cache
+def _cache_bytes(device) -> int:
+    """The device's global memory cache (PoCL reports the last-level cache), asked once per device."""
+    return int(device.cl_device.global_mem_cache_size)
+
+
+@functools.cache
 def _wide(device) -> bool:
     """Whether ``device`` prefers float vectors of at least ``WIDE_FLOATS`` (asked once per device)."""
     return int(device.cl_device.preferred_vector_width_float) >= WIDE_FLOATS
@@ -233,6 +244,9 @@ def plan(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Plan | N
     if setting == "off":
         return None
     if setting == "all" or (setting == "auto" and _wide(a.device)):
+        k = a.shape[-2] if transpose_a else a.shape[-1]
+        if k >= LONG_K and 4 * (a.size + b.size) > _cache_bytes(a.device) // 2:
+            return None  # streamed once per row or column block from memory: the host BLAS blocks for the cache
         found = _batch_strides(a.shape, b.shape)
         return None if found is None else Plan("dot" if transpose_b else "tile", *found)
     if a.ndim != 2 or b.ndim != 2:
