@@ -304,8 +304,7 @@ def test_report_names_default_and_why() -> None:
 
 def test_report_names_the_host_blas_kernels() -> None:
     """The report's BLAS line is threadpoolctl's view of this process's BLAS (same environment, same library)."""
-    from threadpoolctl import threadpool_info
-
+    threadpool_info = pytest.importorskip("threadpoolctl").threadpool_info
     prefix = "host BLAS (NumPy's, for products run on the host): "
     (line,) = [text for text in _report(None).splitlines() if text.startswith(prefix)]
     libraries = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]

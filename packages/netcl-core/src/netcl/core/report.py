@@ -47,8 +47,10 @@ def device_report() -> str:
 def blas_summary() -> str:
     """The BLAS libraries NumPy loaded, as threadpoolctl sees them: name, version, kernel set (a DYNAMIC_ARCH OpenBLAS
     picks it for the CPU when it loads, or as ``OPENBLAS_CORETYPE`` says), threads."""
-    from threadpoolctl import threadpool_info
-
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # a dependency of netcl-core; a hand-made environment may lack it
+        return "unknown (threadpoolctl is not installed)"
     found = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
     if not found:
         return "none found"
