@@ -165,3 +165,52 @@ def test_capture_records_the_tile_kernel(cpu_cl: nc.Device, host_calls: list, mo
     x2, y2 = nc.tensor(-a, device=cpu_cl), nc.tensor(2 * b, device=cpu_cl)
     np.testing.assert_array_equal(graph.execute(x2, y2).to_host(), ops.matmul(x2, y2).to_host())
     _check(graph.execute(x2, y2).to_host(), -a.astype(np.float64), 2 * b.astype(np.float64))
+
+
+@pytest.mark.parametrize("tb", [False, True], ids=["tile", "dot"])
+@pytest.mark.parametrize("mnk", [(8, 32, 5), (19, 45, 33)])
+def test_a_bias_or_an_addend_is_added_in_the_store(cpu_cl: nc.Device, host_calls: list, monkeypatch, tb, mnk) -> None:
+    """``matmul(bias=)`` and ``matmul(addend=)`` on a product kernel: the bits of the product followed by an add,
+    whole and partial blocks."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    m, n, k = mnk
+    rng = np.random.default_rng(m + k)
+    a = nc.tensor(rng.uniform(-1, 1, (m, k)).astype(np.float32), device=cpu_cl)
+    b = nc.tensor(rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32), device=cpu_cl)
+    bias = nc.tensor(rng.uniform(-1, 1, n).astype(np.float32), device=cpu_cl)
+    addend = nc.tensor(rng.uniform(-1, 1, (m, n)).astype(np.float32), device=cpu_cl)
+    product = ops.matmul(a, b, transpose_b=tb)
+    with_bias = ops.matmul(a, b, transpose_b=tb, bias=bias)
+    np.testing.assert_array_equal(with_bias.to_host(), ops.add(product, bias).to_host())
+    with_addend = ops.matmul(a, b, transpose_b=tb, addend=addend)
+    np.testing.assert_array_equal(with_addend.to_host(), ops.add(product, addend).to_host())
+    assert host_calls == []
+
+
+def test_a_batched_addend_is_added_in_the_store(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    rng = np.random.default_rng(10)
+    a = nc.tensor(rng.uniform(-1, 1, (3, 9, 20)).astype(np.float32), device=cpu_cl)
+    b = nc.tensor(rng.uniform(-1, 1, (20, 40)).astype(np.float32), device=cpu_cl)
+    addend = nc.tensor(rng.uniform(-1, 1, (3, 9, 40)).astype(np.float32), device=cpu_cl)
+    got = ops.matmul(a, b, addend=addend).to_host()
+    np.testing.assert_array_equal(got, ops.add(ops.matmul(a, b), addend).to_host())
+    assert host_calls == []
+
+
+def test_a_convolution_bias_is_added_in_the_product_store(cpu_cl: nc.Device, monkeypatch, launch_counter) -> None:
+    """A convolution on im2col + a product kernel (a short reduction: 1 channel, 3 x 3) adds its per-channel bias
+    in the product's store: the bits of the unbiased convolution plus the bias, and float64's values."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    rng = np.random.default_rng(11)
+    x64, w64, b64 = rng.standard_normal((5, 1, 7, 6)), rng.standard_normal((12, 1, 3, 3)), rng.standard_normal(12)
+    x, w, b = (nc.tensor(v.astype(np.float32), device=cpu_cl) for v in (x64, w64, b64))
+    with launch_counter(cpu_cl.queue) as launches:
+        got = ops.conv2d(x, w, b, 1, 1)
+    assert "netcl_cpu_gemm_tile" in launches.names and "netcl_ew" not in launches.names
+    unbiased = ops.conv2d(x, w, None, 1, 1)
+    np.testing.assert_array_equal(got.to_host(), ops.add(unbiased, b.reshape(1, 12, 1, 1)).to_host())
+    padded = np.pad(x64, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # (5, 1, 7, 6, 3, 3)
+    exact = np.einsum("nchwij,ocij->nohw", windows, w64) + b64.reshape(1, 12, 1, 1)
+    np.testing.assert_allclose(got.to_host(), exact, rtol=1e-5, atol=1e-5)  # 9-term sums of float32

@@ -59,7 +59,7 @@ from netcl.runtime.ops._grid import index_ctype, index_dtype, params
 from netcl.runtime.ops.backend import backend_op
 from netcl.runtime.ops.call_plans import UNKEYED, PlanCache, complete, context, exact, tensor_sig, window
 from netcl.runtime.ops.layout import transpose
-from netcl.runtime.ops.linalg import matmul
+from netcl.runtime.ops.linalg import matmul, product_plus_rows
 from netcl.runtime.ops.pointwise import add
 from netcl.runtime.ops.precision import at_matmul_precision
 from netcl.runtime.ops.reduce import sum as reduce_sum
@@ -855,7 +855,12 @@ def _forward_plan(
 
 def _im2col_forward(x: Tensor, w: Tensor, b: Tensor | None, geo: ConvGeometry, g: int) -> Tensor:
     cols = im2col(x, geo).reshape(geo.N, g, geo.C // g * geo.KH * geo.KW, geo.OH * geo.OW)
-    out = matmul(_grouped_weight(w, g), cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
+    weights = _grouped_weight(w, g)
+    if b is not None and g == 1:  # the bias in a CPU product kernel's store where one runs the product
+        summed = product_plus_rows(weights, cols, b)
+        if summed is not None:
+            return summed.reshape(geo.N, w.shape[0], geo.OH, geo.OW)
+    out = matmul(weights, cols).reshape(geo.N, w.shape[0], geo.OH, geo.OW)
     if b is not None:
         out = add(out, b.reshape(1, w.shape[0], 1, 1))
     return out

@@ -55,9 +55,26 @@ WIDE_FLOATS = 16
 LONG_K = 16384
 
 _TEMPLATE = """
+// What each stored element of C (row i, column j of batch entry `batch`) gets added (``EPILOGUES``): nothing, E[j]
+// (a bias per column), E[i] (a bias per row) or E[batch, i, j] (an addend of C's shape); one rounding, as an add.
+#if EPILOGUE == 0
+#define PLUS(s, i, j) (s)
+#define PLUS16(v, i, j) (v)
+#elif EPILOGUE == 1
+#define PLUS(s, i, j) ((s) + E[j])
+#define PLUS16(v, i, j) ((v) + vload16(0, E + (j)))
+#elif EPILOGUE == 2
+#define PLUS(s, i, j) ((s) + E[i])
+#define PLUS16(v, i, j) ((v) + (float16)(E[i]))
+#else
+#define PLUS(s, i, j) ((s) + E[(batch * M + (i)) * (long)N + (j)])
+#define PLUS16(v, i, j) ((v) + vload16(0, E + (batch * M + (i)) * (long)N + (j)))
+#endif
+
 __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
                                   __global const float* restrict A, const int sam, const int sak, const long sab,
-                                  __global const float* restrict B, const long sbb, __global float* restrict C) {{
+                                  __global const float* restrict B, const long sbb, __global float* restrict C,
+                                  __global const float* restrict E) {{
     const int j0 = get_global_id(0) * 16, i0 = get_global_id(1) * {rows};
     if (j0 >= N || i0 >= M) return;
     const long batch = get_global_id(2);
@@ -86,11 +103,11 @@ __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
     for (int r = 0; r < rows; ++r) {{
         __global float* c = C + (long)(i0 + r) * N + j0;
         if (cols == 16) {{
-            vstore16(acc[r], 0, c);
+            vstore16(PLUS16(acc[r], i0 + r, j0), 0, c);
         }} else {{
             float part[16];
             vstore16(acc[r], 0, part);
-            for (int e = 0; e < cols; ++e) c[e] = part[e];
+            for (int e = 0; e < cols; ++e) c[e] = PLUS(part[e], i0 + r, j0 + e);
         }}
     }}
 }}
@@ -100,7 +117,8 @@ __kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
 // chain over k as in a whole tile.
 __kernel void netcl_cpu_gemm_tile(const int M, const int N, const int K,
                                   __global const float* restrict A, const int sam, const int sak, const long sab,
-                                  __global const float* restrict B, const long sbb, __global float* restrict C) {{
+                                  __global const float* restrict B, const long sbb, __global float* restrict C,
+                                  __global const float* restrict E) {{
     const int j0 = get_global_id(0) * 32, i0 = get_global_id(1) * {tile_rows};
     if (j0 >= N || i0 >= M) return;
     const long batch = get_global_id(2);
@@ -131,8 +149,8 @@ __kernel void netcl_cpu_gemm_tile(const int M, const int N, const int K,
         }}
         for (int r = 0; r < rows; ++r) {{
             __global float* c = C + (long)(i0 + r) * N;
-            vstore16(lo[r], 0, c);
-            vstore16(hi[r], 1, c);
+            vstore16(PLUS16(lo[r], i0 + r, j0), 0, c);
+            vstore16(PLUS16(hi[r], i0 + r, j0 + 16), 1, c);
         }}
         return;
     }}
@@ -154,13 +172,13 @@ __kernel void netcl_cpu_gemm_tile(const int M, const int N, const int K,
         vstore16(lo[r], 0, part);
         vstore16(hi[r], 1, part);
         __global float* c = C + (long)(i0 + r) * N;
-        for (int e = 0; e < cols; ++e) c[e] = part[e];
+        for (int e = 0; e < cols; ++e) c[e] = PLUS(part[e], i0 + r, j0 + e);
     }}
 }}
 
 __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global const float* restrict A,
                                  const long sab, __global const float* restrict B, const long sbb,
-                                 __global float* restrict C) {{
+                                 __global float* restrict C, __global const float* restrict E) {{
     const int j0 = get_global_id(0) * {cols}, i0 = get_global_id(1) * {dot_rows};
     if (j0 >= N || i0 >= M) return;
     const long batch = get_global_id(2);
@@ -193,12 +211,16 @@ __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global
             const float2 h2 = h4.lo + h4.hi;
             float sum = h2.x + h2.y;
             for (int k = whole; k < K; ++k) sum = fma(A[(long)(i0 + r) * K + k], B[(long)(j0 + s) * K + k], sum);
-            C[(long)(i0 + r) * N + j0 + s] = sum;
+            C[(long)(i0 + r) * N + j0 + s] = PLUS(sum, i0 + r, j0 + s);
         }}
     }}
 }}
 """
 _SOURCE = _TEMPLATE.format(rows=ROWS, tile_rows=TILE_ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
+#: what a product's store adds (the kernels' ``EPILOGUE``): nothing, a bias per column (``x @ W.T + b``), a bias
+#: per row (a convolution's per-channel bias on ``W @ columns``), an addend of the result's shape (a gradient
+#: accumulated in place)
+EPILOGUES = {"none": 0, "column": 1, "row": 2, "addend": 3}
 
 _I32, _I64 = np.int32, np.int64
 
@@ -279,28 +301,41 @@ def _batch_strides(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[
     return batch, strides[0], strides[1]
 
 
-def matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool, how: Plan) -> Tensor:
-    """``a @ b`` (either operand's last two axes swapped where asked) as ``plan`` said (``how``)."""
+def matmul(
+    a: Tensor,
+    b: Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+    how: Plan,
+    extra: Tensor | None = None,
+    epilogue: str = "none",
+) -> Tensor:
+    """``a @ b`` (either operand's last two axes swapped where asked) as ``plan`` said (``how``), plus ``extra`` in
+    the store as ``epilogue`` says (``EPILOGUES``; the caller checked its shape and dtype: float32, (N,) for
+    "column", (M,) for "row", the result's shape for "addend")."""
     device = a.device
     m, k = (a.shape[-1], a.shape[-2]) if transpose_a else a.shape[-2:]
     n = b.shape[-2] if transpose_b else b.shape[-1]
     out = Tensor.empty((*how.batch, m, n), np.float32, device)
     if out.size == 0:
         return out
-    form = how.form
-    key = ("cpu_gemm", form, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys kernels by it)
+    form, code = how.form, EPILOGUES[epilogue]
+    key = ("cpu_gemm", form, code, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys by it)
     sizes = [_I32(m), _I32(n), _I32(k)]
     batches = (_I64(how.a_stride), _I64(how.b_stride))
     count = out.size // (m * n)
+    added = a if extra is None else extra  # (a kernel without an epilogue never reads it)
     if form == "dot":
-        types = [_I32] * 3 + [None, _I64, None, _I64, None]
-        grid, args = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count), [*sizes, a, batches[0], b, batches[1], out]
+        types = [_I32] * 3 + [None, _I64, None, _I64, None, None]
+        grid = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count)
+        args = [*sizes, a, batches[0], b, batches[1], out, added]
     else:
-        types = [_I32] * 3 + [None, _I32, _I32, _I64, None, _I64, None]
+        types = [_I32] * 3 + [None, _I32, _I32, _I64, None, _I64, None, None]
         strides = (_I32(1), _I32(m)) if transpose_a else (_I32(k), _I32(1))  # A[i, k] at i * sam + k * sak
         width, rows = (TILE_COLS, TILE_ROWS) if form == "tile" else (16, ROWS)
         grid = (-(-n // width), -(-m // rows), count)
-        args = [*sizes, a, *strides, batches[0], b, batches[1], out]
-    kernel = get_kernel(key, device, lambda: _SOURCE, f"netcl_cpu_gemm_{form}", types).kernel
+        args = [*sizes, a, *strides, batches[0], b, batches[1], out, added]
+    source = f"#define EPILOGUE {code}\n{_SOURCE}"
+    kernel = get_kernel(key, device, lambda: source, f"netcl_cpu_gemm_{form}", types).kernel
     launch_prepared(key, device, kernel, grid, None, args)
     return out

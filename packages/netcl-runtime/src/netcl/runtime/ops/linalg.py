@@ -174,6 +174,9 @@ def add_product(
         and not (_host_memory(device) and host_blas.applies(device, a, b, result))
     )
     if not folds:
+        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if _cpu_product(device, a, b, result, out_dtype) else None
+        if how is not None:  # a CPU product kernel adds it in its store
+            return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, addend, "addend")
         return add(
             matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, precision=precision, out_dtype=out_dtype),
             addend,
@@ -188,6 +191,23 @@ def add_product(
         epilogue=PLUS_ADDEND,
         epilogue_args=(addend,),
     )
+
+
+def product_plus_rows(a: Tensor, b: Tensor, bias: Tensor) -> Tensor | None:
+    """``a @ b`` with ``bias[i]`` added to row i of every product (a convolution's per-channel bias on ``w @ columns``)
+    in the store of a CPU device's product kernel (``gemm_cpu``), or None where no such kernel takes the product (the
+    caller then adds the bias itself: the same bits)."""
+    if a.ndim < 2 or b.ndim < 2 or bias.dtype != np.float32 or bias.shape != (a.shape[-2],) or bias.device != a.device:
+        return None
+    if not _cpu_product(a.device, a, b, product_dtype(a, b), None) or b.device != a.device:
+        return None
+    how = gemm_cpu.plan(a, b, False, False)
+    return None if how is None else gemm_cpu.matmul(a, b, False, False, how, bias, "row")
+
+
+def _cpu_product(device, a: Tensor, b: Tensor, result: np.dtype, out_dtype: np.dtype | None) -> bool:
+    """Whether ``matmul`` would hand ``a @ b`` to the CPU devices' products (``host_blas`` / ``gemm_cpu``)."""
+    return out_dtype is None and _host_memory(device) and host_blas.applies(device, a, b, result)
 
 
 def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> Tensor:
@@ -205,6 +225,9 @@ def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> 
     if result != np.float32:
         raise DTypeError(f"matmul: a bias needs a float32 result, got {result}")
     if _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result):
+        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if bias.device == a.device else None
+        if how is not None:  # a CPU product kernel adds it in its store
+            return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, bias, "column")
         out = matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype)
         return add(out, bias)
     return gemm(
