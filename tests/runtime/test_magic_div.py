@@ -76,6 +76,39 @@ def test_cpu_im2col_matches_numpy_and_the_generic_kernel(cl_device, shape, kerne
     assert generic.to_host().tobytes() == cols.to_host().tobytes()
 
 
+@pytest.mark.parametrize(
+    "shape,kernel,stride,padding,dilation",
+    [
+        ((3, 1, 8, 8), (3, 3), (1, 1), (1, 1), (1, 1)),
+        ((2, 5, 9, 7), (3, 2), (2, 1), (1, 0), (1, 2)),  # strides and dilation: taps that skip pixels
+        ((1, 3, 11, 13), (5, 5), (3, 2), (2, 2), (1, 1)),
+        ((2, 4, 8, 8), (1, 1), (2, 2), (0, 0), (1, 1)),  # a 1x1 stride-2 shortcut: pixels no tap reaches are 0
+    ],
+)
+def test_cpu_col2im_matches_numpy_and_the_generic_kernel(cl_device, shape, kernel, stride, padding, dilation):
+    """``netcl_col2im_cpu`` (the window compiled in, unrolled) sums each pixel's taps in the generic kernel's order:
+    its bits, and float64's adjoint of im2col to float32 rounding."""
+    if cl_device.is_gpu:
+        pytest.skip("the CPU col2im kernel runs on CPU OpenCL devices only")
+    geo = conv.ConvGeometry(shape, kernel, stride, padding, dilation, "t")
+    rows = shape[1] * kernel[0] * kernel[1]
+    c64 = np.random.default_rng(3).standard_normal((shape[0], rows, geo.OH * geo.OW))
+    cols = nc.tensor(c64.astype(np.float32), device=cl_device)
+    with profiler.profile() as prof:
+        x = conv.col2im(cols, geo)
+    assert [e.name for e in prof.events()] == ["netcl_col2im_cpu"]
+    generic = nc.Tensor.empty(x.shape, x.dtype, cl_device)
+    conv._prepare_layout(conv._COL2IM, "col2im", geo, cols.size, generic, cpu_variant=False)(cols.data, generic.data)
+    assert generic.to_host().tobytes() == x.to_host().tobytes()
+    # the adjoint: <im2col(u), c> == <u, col2im(c)> for every u, so col2im(c) is im2col's transpose applied to c
+    exact = np.zeros(shape)
+    for index in np.ndindex(*shape):
+        unit = np.zeros(shape, np.float32)
+        unit[index] = 1
+        exact[index] = float(np.sum(_np_im2col(unit, geo) * c64))
+    np.testing.assert_allclose(x.to_host(), exact, rtol=1e-5, atol=1e-5)
+
+
 def test_winograd_tile_kernels_split_by_magic_as_by_division(cl_device, monkeypatch):
     """The Winograd transforms with their tile index split by ``magic_div`` (CPU devices) give the bits
     the ``/`` split gives: forward, input gradient and weight gradient, F(2x2) and F(4x4), ragged tiles."""

@@ -232,6 +232,37 @@ _COL2IM = (
     .replace("{finish}", "")
 )
 
+#: ``_COL2IM`` for CPU OpenCL devices: the window (KH, KW, strides, padding, dilation) ``#define``d and its two loops
+#: unrolled, a tap outside the columns read at a valid address and not added (selects, no ``continue``), the
+#: divisions by W, H and C done by their ``magic_div`` pairs: straight-line code the work-item loop vectorizes (the
+#: generic kernel's loops and divisions keep it scalar there). One program per window, as pooling's; the same sum in
+#: the same order, so the same bits.
+_COL2IM_CPU = """{pragmas}{div}{window}
+__kernel void netcl_col2im_cpu(__global const {st}* cols, __global {st}* x, const {idx} n, const {idx} C,
+                               const {idx} H, const {idx} W, const {idx} OH, const {idx} OW, {magic}) {{
+    const {idx} gid = ({idx})get_global_id(0);
+    if (gid >= n) return;
+    const {idx} rows = NETCL_DIV(gid, W), planes = NETCL_DIV(rows, H), b = NETCL_DIV(planes, C);
+    const {idx} w = gid - rows * W, h = rows - planes * H, c = planes - b * C;
+    const {idx} L = ({idx})OH * OW;
+    {ct} acc = 0;
+    _Pragma("unroll") for (int ki = 0; ki < KH; ++ki) {{
+        const {idx} hh = h + PH - ki * DH;
+        const int on_h = hh >= 0 && hh % SH == 0 && hh / SH < OH;
+        _Pragma("unroll") for (int kj = 0; kj < KW; ++kj) {{
+            const {idx} ww = w + PW - kj * DW;
+            const int on = on_h && ww >= 0 && ww % SW == 0 && ww / SW < OW;
+            const {idx} at = on ? ((b * C + c) * (KH * KW) + ki * KW + kj) * L + (hh / SH) * OW + ww / SW : 0;
+            const {ct} v = ({ct})cols[at];
+            acc = on ? acc + v : acc;
+        }}
+    }}
+    x[gid] = ({st})acc;
+}}
+"""
+_COL2IM_CPU_DIVISORS = ("W", "H", "C")
+_COL2IM_CPU_WINDOW = ("KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW")
+
 #: ``gemm_backward_input``'s kernel: its columns per image, (N, C*KH*KW, OH*OW), or as one product's rows,
 #: (C*KH*KW, N*OH*OW), every image's pixels of a tap in one row; an addend added after the sum (as an ``add`` of
 #: the two would) where given.
@@ -263,6 +294,8 @@ def _prepare_layout(
         template, name = _IM2COL_CPU, "im2col_cpu"
         extra = magic_div.values([getattr(geo, d) for d in _IM2COL_CPU_DIVISORS])
         types += magic_div.arg_types(_IM2COL_CPU_DIVISORS)
+    elif name == "col2im" and cpu_variant and not dst.device.is_gpu:
+        return _prepare_col2im_cpu(geo, src_size, dst)
 
     def source() -> str:
         return template.format(
@@ -288,6 +321,34 @@ def _prepare_layout(
         local = resolved.max_local
         sizes = (round_up(dst.size, local), local)
     return PreparedLaunch.binding(resolved.kernel, *sizes, bound, dst.device.queue).call
+
+
+def _prepare_col2im_cpu(geo: ConvGeometry, src_size: int, dst: Tensor) -> Callable[..., None]:
+    """The launch of ``_COL2IM_CPU`` for these sizes (cols and x passed per call), its program the window's."""
+    if dst.size <= 0:
+        return lambda *raw: None
+    idx = index_ctype(src_size, dst.size)
+    st, ct = storage_ctype(dst.dtype), compute_ctype(dst.dtype)
+    window = tuple(int(getattr(geo, name)) for name in _COL2IM_CPU_WINDOW)
+
+    def source() -> str:
+        return _COL2IM_CPU.format(
+            pragmas=pragmas([dst.dtype]),
+            div=magic_div.macro(idx),
+            window="".join(f"\n#define {k} {v}" for k, v in zip(_COL2IM_CPU_WINDOW, window, strict=True)),
+            st=st,
+            ct=ct,
+            idx=idx,
+            magic=magic_div.params(_COL2IM_CPU_DIVISORS),
+        )
+
+    types = [None, None] + [index_dtype(idx)] * 6 + magic_div.arg_types(_COL2IM_CPU_DIVISORS)
+    resolved = get_kernel(("layers", "col2im_cpu", st, idx, *window), dst.device, source, "netcl_col2im_cpu", types)
+    values = [dst.size, geo.C, geo.H, geo.W, geo.OH, geo.OW]
+    values += magic_div.values([getattr(geo, d) for d in _COL2IM_CPU_DIVISORS])
+    bound = {2 + i: int(v) for i, v in enumerate(values)}
+    local = resolved.max_local
+    return PreparedLaunch.binding(resolved.kernel, round_up(dst.size, local), local, bound, dst.device.queue).call
 
 
 @backend_op(_TWINS)
