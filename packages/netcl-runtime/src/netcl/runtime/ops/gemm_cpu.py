@@ -55,7 +55,7 @@ WIDE_FLOATS = 16
 LONG_K = 16384
 
 _TEMPLATE = """
-// What each stored element of C (row i, column j of batch entry `batch`) gets added (``EPILOGUES``): nothing, E[j]
+// What each stored element of C (row i, column j of batch entry `batch`) gets added (gemm_cpu.EPILOGUES): nothing, E[j]
 // (a bias per column), E[i] (a bias per row) or E[batch, i, j] (an addend of C's shape); one rounding, as an add.
 #if EPILOGUE == 0
 #define PLUS(s, i, j) (s)
@@ -258,8 +258,8 @@ class Plan(NamedTuple):
 def plan(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Plan | None:
     """How ``a @ b`` (float32 operands of a host-memory CPU device, shapes checked by the caller) runs here, or None
     where it does not: it needs operands of at least two dimensions, not both transposed, each batch either the
-    result's or broadcast whole, and under the "small" rule (module docstring) 2-D operands and at most the form's
-    size."""
+    result's or broadcast whole, no reduction of ``LONG_K`` or more over operands larger than half the device's cache,
+    and under the "small" rule (module docstring) 2-D operands and at most the form's size."""
     if a.dtype != np.float32 or b.dtype != np.float32 or (transpose_a and transpose_b) or a.ndim < 2 or b.ndim < 2:
         return None
     setting = mode()

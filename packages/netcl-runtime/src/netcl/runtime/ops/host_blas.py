@@ -11,9 +11,9 @@ Capture/replay: a capture on the device's queue records the host call as a graph
 (``HostMatmul``) holding the three buffers, so a replay maps and multiplies them again, with
 new input buffers where the graph's inputs changed; the GPU GEMM kernel is never recorded on a
 CPU device (it is far slower there than the host product, same pointer).
-``NETCL_HOST_BLAS=0`` turns the path off. The products ``gemm_cpu`` takes do not come here (every one but two
-transposed operands on a device of 16-wide float vectors, small 2-D ones elsewhere): a kernel shaped for CPU devices
-runs them without a map or a wait.
+``NETCL_HOST_BLAS=0`` turns the path off. The products ``gemm_cpu`` takes do not come here (on a device of 16-wide
+float vectors nearly all of them, small 2-D ones elsewhere; ``gemm_cpu.plan``): a kernel shaped for CPU devices runs
+them without a map or a wait.
 """
 
 from __future__ import annotations
