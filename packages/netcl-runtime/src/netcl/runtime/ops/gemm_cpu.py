@@ -71,111 +71,8 @@ _TEMPLATE = """
 #define PLUS16(v, i, j) ((v) + vload16(0, E + (batch * M + (i)) * (long)N + (j)))
 #endif
 
-__kernel void netcl_cpu_gemm_axpy(const int M, const int N, const int K,
-                                  __global const float* restrict A, const int sam, const int sak, const long sab,
-                                  __global const float* restrict B, const long sbb, __global float* restrict C,
-                                  __global const float* restrict E) {{
-    const int j0 = get_global_id(0) * 16, i0 = get_global_id(1) * {rows};
-    if (j0 >= N || i0 >= M) return;
-    const long batch = get_global_id(2);
-    A += batch * sab;
-    B += batch * sbb;
-    C += batch * M * (long)N;
-    const int rows = min({rows}, M - i0), cols = min(16, N - j0);
-    float16 acc[{rows}];
-    for (int r = 0; r < {rows}; ++r) acc[r] = (float16)(0.0f);
-    for (int k = 0; k < K; ++k) {{
-        __global const float* bk = B + (long)k * N + j0;
-        float16 b;
-        if (cols == 16) {{
-            b = vload16(0, bk);
-        }} else {{
-            float part[16];
-            for (int e = 0; e < 16; ++e) part[e] = e < cols ? bk[e] : 0.0f;
-            b = vload16(0, part);
-        }}
-        #pragma unroll
-        for (int r = 0; r < {rows}; ++r) {{
-            const float a = r < rows ? A[(long)(i0 + r) * sam + (long)k * sak] : 0.0f;
-            acc[r] = fma((float16)(a), b, acc[r]);
-        }}
-    }}
-    for (int r = 0; r < rows; ++r) {{
-        __global float* c = C + (long)(i0 + r) * N + j0;
-        if (cols == 16) {{
-            vstore16(PLUS16(acc[r], i0 + r, j0), 0, c);
-        }} else {{
-            float part[16];
-            vstore16(acc[r], 0, part);
-            for (int e = 0; e < cols; ++e) c[e] = PLUS(part[e], i0 + r, j0 + e);
-        }}
-    }}
-}}
-
-// TILE_ROWS rows x 32 columns of C; rows past M read A's last row (their sums are not stored), columns past N
-// read 0 (a padded copy of B's row segment; the last column block only): every stored element is the same fma
-// chain over k as in a whole tile.
-__kernel void netcl_cpu_gemm_tile(const int M, const int N, const int K,
-                                  __global const float* restrict A, const int sam, const int sak, const long sab,
-                                  __global const float* restrict B, const long sbb, __global float* restrict C,
-                                  __global const float* restrict E) {{
-    const int j0 = get_global_id(0) * 32, i0 = get_global_id(1) * {tile_rows};
-    if (j0 >= N || i0 >= M) return;
-    const long batch = get_global_id(2);
-    A += batch * sab;
-    B += batch * sbb + j0;
-    C += batch * M * (long)N + j0;
-    const int rows = min({tile_rows}, M - i0), cols = min(32, N - j0);
-    long a_row[{tile_rows}];
-    #pragma unroll
-    for (int r = 0; r < {tile_rows}; ++r) a_row[r] = (long)min(i0 + r, M - 1) * sam;
-    float16 lo[{tile_rows}], hi[{tile_rows}];
-    #pragma unroll
-    for (int r = 0; r < {tile_rows}; ++r) {{
-        lo[r] = (float16)(0.0f);
-        hi[r] = (float16)(0.0f);
-    }}
-    if (cols == 32) {{
-        for (int k = 0; k < K; ++k) {{
-            __global const float* bk = B + (long)k * N;
-            const float16 b0 = vload16(0, bk), b1 = vload16(1, bk);
-            const long ak = (long)k * sak;
-            #pragma unroll
-            for (int r = 0; r < {tile_rows}; ++r) {{
-                const float16 a = (float16)(A[a_row[r] + ak]);
-                lo[r] = fma(a, b0, lo[r]);
-                hi[r] = fma(a, b1, hi[r]);
-            }}
-        }}
-        for (int r = 0; r < rows; ++r) {{
-            __global float* c = C + (long)(i0 + r) * N;
-            vstore16(PLUS16(lo[r], i0 + r, j0), 0, c);
-            vstore16(PLUS16(hi[r], i0 + r, j0 + 16), 1, c);
-        }}
-        return;
-    }}
-    for (int k = 0; k < K; ++k) {{
-        __global const float* bk = B + (long)k * N;
-        float part[32];
-        for (int e = 0; e < 32; ++e) part[e] = e < cols ? bk[e] : 0.0f;
-        const float16 b0 = vload16(0, part), b1 = vload16(1, part);
-        const long ak = (long)k * sak;
-        #pragma unroll
-        for (int r = 0; r < {tile_rows}; ++r) {{
-            const float16 a = (float16)(A[a_row[r] + ak]);
-            lo[r] = fma(a, b0, lo[r]);
-            hi[r] = fma(a, b1, hi[r]);
-        }}
-    }}
-    for (int r = 0; r < rows; ++r) {{
-        float part[32];
-        vstore16(lo[r], 0, part);
-        vstore16(hi[r], 1, part);
-        __global float* c = C + (long)(i0 + r) * N;
-        for (int e = 0; e < cols; ++e) c[e] = PLUS(part[e], i0 + r, j0 + e);
-    }}
-}}
-
+{axpy}
+{tile}
 __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global const float* restrict A,
                                  const long sab, __global const float* restrict B, const long sbb,
                                  __global float* restrict C, __global const float* restrict E) {{
@@ -216,7 +113,76 @@ __kernel void netcl_cpu_gemm_dot(const int M, const int N, const int K, __global
     }}
 }}
 """
-_SOURCE = _TEMPLATE.format(rows=ROWS, tile_rows=TILE_ROWS, dot_rows=DOT_ROWS, cols=DOT_COLS)
+
+
+def _rows_kernel(name: str, rows: int, vectors: int) -> str:
+    """A form of B untransposed: a work-item keeps ``rows`` rows x ``vectors`` float16 vectors of C and, for each k,
+    adds B's row segment times A's broadcast element to each row (every C element one fma chain over k in order).
+    Rows past M read A's last row (their sums are not stored), columns past N read 0 (a padded copy of B's row
+    segment, in the last column block only). The register loops are unrolled (the accumulators stay in registers)."""
+    cols = 16 * vectors
+    return f"""
+__kernel void netcl_cpu_gemm_{name}(const int M, const int N, const int K,
+                                  __global const float* restrict A, const int sam, const int sak, const long sab,
+                                  __global const float* restrict B, const long sbb, __global float* restrict C,
+                                  __global const float* restrict E) {{
+    const int j0 = get_global_id(0) * {cols}, i0 = get_global_id(1) * {rows};
+    if (j0 >= N || i0 >= M) return;
+    const long batch = get_global_id(2);
+    A += batch * sab;
+    B += batch * sbb + j0;
+    C += batch * M * (long)N + j0;
+    const int rows = min({rows}, M - i0), cols = min({cols}, N - j0);
+    long a_row[{rows}];
+    float16 acc[{rows}][{vectors}];
+    #pragma unroll
+    for (int r = 0; r < {rows}; ++r) {{
+        a_row[r] = (long)min(i0 + r, M - 1) * sam;
+        #pragma unroll
+        for (int v = 0; v < {vectors}; ++v) acc[r][v] = (float16)(0.0f);
+    }}
+    for (int k = 0; k < K; ++k) {{
+        __global const float* bk = B + (long)k * N;
+        float16 b[{vectors}];
+        if (cols == {cols}) {{
+            #pragma unroll
+            for (int v = 0; v < {vectors}; ++v) b[v] = vload16(v, bk);
+        }} else {{
+            float part[{cols}];
+            for (int e = 0; e < {cols}; ++e) part[e] = e < cols ? bk[e] : 0.0f;
+            #pragma unroll
+            for (int v = 0; v < {vectors}; ++v) b[v] = vload16(v, part);
+        }}
+        const long ak = (long)k * sak;
+        #pragma unroll
+        for (int r = 0; r < {rows}; ++r) {{
+            const float16 a = (float16)(A[a_row[r] + ak]);
+            #pragma unroll
+            for (int v = 0; v < {vectors}; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
+        }}
+    }}
+    for (int r = 0; r < rows; ++r) {{
+        __global float* c = C + (long)(i0 + r) * N;
+        if (cols == {cols}) {{
+            #pragma unroll
+            for (int v = 0; v < {vectors}; ++v) vstore16(PLUS16(acc[r][v], i0 + r, j0 + 16 * v), v, c);
+        }} else {{
+            float part[{cols}];
+            #pragma unroll
+            for (int v = 0; v < {vectors}; ++v) vstore16(acc[r][v], v, part);
+            for (int e = 0; e < cols; ++e) c[e] = PLUS(part[e], i0 + r, j0 + e);
+        }}
+    }}
+}}
+"""
+
+
+_SOURCE = _TEMPLATE.format(
+    axpy=_rows_kernel("axpy", ROWS, 1),
+    tile=_rows_kernel("tile", TILE_ROWS, TILE_COLS // 16),
+    dot_rows=DOT_ROWS,
+    cols=DOT_COLS,
+)
 #: what a product's store adds (the kernels' ``EPILOGUE``): nothing, a bias per column (``x @ W.T + b``), a bias
 #: per row (a convolution's per-channel bias on ``W @ columns``), an addend of the result's shape (a gradient
 #: accumulated in place)
