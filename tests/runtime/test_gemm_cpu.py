@@ -81,7 +81,7 @@ def _batched(device: nc.Device, a_shape: tuple, b_shape: tuple, tb: bool, seed: 
 @pytest.mark.parametrize("layout", [(False, False), (True, False), (False, True)], ids=["NN", "TN", "NT"])
 @pytest.mark.parametrize("mnk", [(1, 1, 1), (8, 32, 5), (9, 33, 17), (64, 64, 64), (70, 100, 130), (3, 300, 2)])
 def test_every_product_runs_a_kernel(cpu_cl: nc.Device, host_calls: list, monkeypatch, layout, mnk) -> None:
-    """ "all": whole and partial row and column blocks of the tile form (8 x 32) and of the dot form, any size."""
+    """Under "all": whole and partial row and column blocks of the tile form (8 x 32) and of the dot form, any size."""
     monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
     m, n, k = mnk
     _check(*_product(cpu_cl, m, n, k, *layout, seed=m * n + k))
