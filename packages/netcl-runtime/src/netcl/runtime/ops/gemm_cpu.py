@@ -301,7 +301,7 @@ def matmul(
         width, rows = (TILE_COLS, TILE_ROWS) if form == "tile" else (16, ROWS)
         grid = (-(-n // width), -(-m // rows), count)
         args = [*sizes, a, *strides, batches[0], b, batches[1], out, added]
-    source = f"#define EPILOGUE {code}\n{_SOURCE}"
-    kernel = get_kernel(key, device, lambda: source, f"netcl_cpu_gemm_{form}", types).kernel
-    launch_prepared(key, device, kernel, grid, None, args)
+    # (the source is made at the kernel's first build only)
+    resolved = get_kernel(key, device, lambda: f"#define EPILOGUE {code}\n{_SOURCE}", f"netcl_cpu_gemm_{form}", types)
+    launch_prepared(key, device, resolved.kernel, grid, None, args)
     return out

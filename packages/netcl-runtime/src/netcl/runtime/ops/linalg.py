@@ -105,19 +105,15 @@ def matmul(
         return _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype, bias)
     if bias is not None:
         return _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype)
-    if (
-        out_dtype is None
-        and _host_memory(a.device)  # cached: GPUs skip the host-BLAS checks at no cost per call
-        and host_blas.applies(device_of((a, b), "matmul"), a, b, product_dtype(a, b))
-    ):
-        # CPU OpenCL: NumPy's BLAS on the mapped buffers (transposes are free views there), or for a small
-        # product a kernel (no host wait)
-        a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
-        b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
-        out_shape = matmul_shapes(a_shape, b_shape)[3]
+    if out_dtype is None and _host_product(a, b, product_dtype(a, b)):
+        # CPU OpenCL: a kernel shaped for CPUs where gemm_cpu takes the product (no host wait), else NumPy's BLAS on
+        # the mapped buffers (transposes are free views there)
         how = gemm_cpu.plan(a, b, transpose_a, transpose_b)
         if how is not None:
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how)
+        a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
+        b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
+        out_shape = matmul_shapes(a_shape, b_shape)[3]
         return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
     if a.ndim >= 2 and b.ndim >= 2:
         return gemm(a, b, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
@@ -164,17 +160,10 @@ def add_product(
     a2: tuple[int, ...],
 ) -> Tensor:
     """``_matmul_addend`` of a checked call (``result``: the product's dtype, ``a2``: a's shape as >= 2-D)."""
-    device = addend.device
-    folds = (
-        result == np.float32
-        and a.ndim >= 2
-        and b.ndim >= 2
-        and a2[-1] > 0
-        and addend.size > 0
-        and not (_host_memory(device) and host_blas.applies(device, a, b, result))
-    )
+    host = _host_product(a, b, result)
+    folds = result == np.float32 and a.ndim >= 2 and b.ndim >= 2 and a2[-1] > 0 and addend.size > 0 and not host
     if not folds:
-        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if _cpu_product(device, a, b, result, out_dtype) else None
+        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if host and out_dtype is None else None
         if how is not None:  # a CPU product kernel adds it in its store
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, addend, "addend")
         return add(
@@ -199,15 +188,14 @@ def product_plus_rows(a: Tensor, b: Tensor, bias: Tensor) -> Tensor | None:
     caller then adds the bias itself: the same bits)."""
     if a.ndim < 2 or b.ndim < 2 or bias.dtype != np.float32 or bias.shape != (a.shape[-2],) or bias.device != a.device:
         return None
-    if not _cpu_product(a.device, a, b, product_dtype(a, b), None) or b.device != a.device:
-        return None
-    how = gemm_cpu.plan(a, b, False, False)
+    how = gemm_cpu.plan(a, b, False, False) if _host_product(a, b, product_dtype(a, b)) else None
     return None if how is None else gemm_cpu.matmul(a, b, False, False, how, bias, "row")
 
 
-def _cpu_product(device, a: Tensor, b: Tensor, result: np.dtype, out_dtype: np.dtype | None) -> bool:
-    """Whether ``matmul`` would hand ``a @ b`` to the CPU devices' products (``host_blas`` / ``gemm_cpu``)."""
-    return out_dtype is None and _host_memory(device) and host_blas.applies(device, a, b, result)
+def _host_product(a: Tensor, b: Tensor, result: np.dtype) -> bool:
+    """Whether ``a @ b`` of ``result`` dtype is a CPU device's product (``gemm_cpu``'s kernels or ``host_blas``):
+    ``_host_memory`` first, cached, so GPUs skip the host-BLAS checks at no cost per call."""
+    return _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result)
 
 
 def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> Tensor:
@@ -224,7 +212,7 @@ def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> 
     result = np.dtype(out_dtype) if out_dtype is not None else product_dtype(a, b)
     if result != np.float32:
         raise DTypeError(f"matmul: a bias needs a float32 result, got {result}")
-    if _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result):
+    if _host_product(a, b, result):
         how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if bias.device == a.device else None
         if how is not None:  # a CPU product kernel adds it in its store
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, bias, "column")
