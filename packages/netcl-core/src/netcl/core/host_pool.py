@@ -246,6 +246,14 @@ def _blas_libraries() -> tuple[Any, ...]:
     return () if controller is None else tuple(lib for lib in controller.lib_controllers if lib.user_api == "blas")
 
 
+def blas_info() -> list[dict[str, Any]] | None:
+    """threadpoolctl's description of each BLAS library NumPy loaded (``internal_api``, ``version``,
+    ``architecture``, ``num_threads``, ...), None without threadpoolctl."""
+    if _blas_controller() is None:
+        return None
+    return [lib.info() for lib in _blas_libraries()]
+
+
 class _OneBlasThread:
     """``ThreadpoolController.limit(limits=1, user_api="blas")`` for one product, without its per-call
     bookkeeping: each BLAS library's thread count is read, set to 1, and set back on exit."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from netcl.core.devices import default_reason, devices, get_device
 from netcl.core.engine_choice import describe_target
 from netcl.core.errors import DeviceError
-from netcl.core.host_pool import host_threads
+from netcl.core.host_pool import blas_info, host_threads
 
 _NOTABLE_EXTENSIONS = ("cl_khr_fp16", "cl_khr_fp64", "cl_khr_command_buffer", "cl_khr_int64_base_atomics")
 
@@ -45,13 +45,11 @@ def device_report() -> str:
 
 
 def blas_summary() -> str:
-    """The BLAS libraries NumPy loaded, as threadpoolctl sees them: name, version, kernel set (a DYNAMIC_ARCH OpenBLAS
+    """The BLAS libraries NumPy loaded (``host_pool.blas_info``): name, version, kernel set (a DYNAMIC_ARCH OpenBLAS
     picks it for the CPU when it loads, or as ``OPENBLAS_CORETYPE`` says), threads."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:  # a dependency of netcl-core; a hand-made environment may lack it
+    found = blas_info()
+    if found is None:  # threadpoolctl is a dependency of netcl-core; a hand-made environment may lack it
         return "unknown (threadpoolctl is not installed)"
-    found = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
     if not found:
         return "none found"
     described = []
