@@ -333,6 +333,18 @@ def test_matmul_bias_errors(device):
 
 
 @pytest.mark.parametrize("host_blas", ["1", "0"], ids=["host-blas-where-it-applies", "gemm-kernel"])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul_bias_checks_the_inner_dimensions(device, monkeypatch, host_blas, tb):
+    """Operands whose inner dimensions differ raise before any launch on every path (a CPU device's product kernels,
+    which read them as given, included)."""
+    monkeypatch.setenv("NETCL_HOST_BLAS", host_blas)
+    a = nc.tensor(_data((4, 3), 0), device=device)
+    b = nc.tensor(_data((6, 5) if tb else (5, 6), 1), device=device)
+    with pytest.raises(nc.ShapeError, match="inner dimensions 3 and 5 differ"):
+        ops.matmul(a, b, transpose_b=tb, bias=nc.tensor(_data((6,), 2), device=device))
+
+
+@pytest.mark.parametrize("host_blas", ["1", "0"], ids=["host-blas-where-it-applies", "gemm-kernel"])
 @pytest.mark.parametrize(
     ("sa", "sb", "ta", "tb", "precision"),
     [

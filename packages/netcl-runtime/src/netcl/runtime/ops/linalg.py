@@ -61,6 +61,13 @@ def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[t
     return a2, b2, batch, out
 
 
+def _product_shapes(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> tuple[tuple, tuple, tuple, tuple]:
+    """``matmul_shapes`` of the operands as the product reads them (a transposed operand's last two axes swapped)."""
+    a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
+    b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
+    return matmul_shapes(a_shape, b_shape)
+
+
 def product_dtype(a: Tensor, b: Tensor) -> np.dtype:
     """The float dtype of ``a @ b`` (``float_dtype(promote((a, b)))``), without NumPy's promotion for the
     common operands: two of one float dtype."""
@@ -107,13 +114,11 @@ def matmul(
         return _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype)
     if out_dtype is None and _host_product(a, b, product_dtype(a, b)):
         # CPU OpenCL: a kernel shaped for CPUs where gemm_cpu takes the product (no host wait), else NumPy's BLAS on
-        # the mapped buffers (transposes are free views there)
+        # the mapped buffers (transposes are free views there); matmul_shapes checks the shapes for both
+        out_shape = _product_shapes(a, b, transpose_a, transpose_b)[3]
         how = gemm_cpu.plan(a, b, transpose_a, transpose_b)
         if how is not None:
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how)
-        a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
-        b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
-        out_shape = matmul_shapes(a_shape, b_shape)[3]
         return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
     if a.ndim >= 2 and b.ndim >= 2:
         return gemm(a, b, trans_a=transpose_a, trans_b=transpose_b, out_dtype=out_dtype, precision=precision)
@@ -135,9 +140,7 @@ def _matmul_addend(a, b, addend, transpose_a, transpose_b, precision, out_dtype,
         raise ValueError("matmul: bias= and addend= together are not supported; add the bias to the addend")
     if not isinstance(addend, Tensor):
         raise TypeError(f"matmul: addend must be a Tensor, got {type(addend).__name__}")
-    a_shape = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if transpose_a else a.shape
-    b_shape = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if transpose_b else b.shape
-    a2, _, _, out_shape = matmul_shapes(a_shape, b_shape)
+    a2, _, _, out_shape = _product_shapes(a, b, transpose_a, transpose_b)
     result = np.dtype(out_dtype) if out_dtype is not None else product_dtype(a, b)
     if tuple(addend.shape) != tuple(out_shape):
         raise ShapeError(f"matmul: addend must have the result's shape {tuple(out_shape)}, got {tuple(addend.shape)}")
@@ -202,6 +205,7 @@ def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> 
     """``matmul(a, b) + bias`` (a (N,) row added to each row): in the GEMM's store where it runs one."""
     if a.ndim < 2 or b.ndim < 2:
         raise ShapeError(f"matmul: a bias needs operands of at least 2-D, got shapes {a.shape} and {b.shape}")
+    _product_shapes(a, b, transpose_a, transpose_b)  # ShapeError before any launch (the CPU kernels trust them)
     if not isinstance(bias, Tensor):
         raise TypeError(f"matmul: bias must be a float32 Tensor, got {type(bias).__name__}")
     if bias.dtype != np.float32:
