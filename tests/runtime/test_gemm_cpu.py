@@ -16,6 +16,7 @@ import netcl.core as nc
 from netcl.runtime import ops
 from netcl.runtime.graph import capture_graph
 from netcl.runtime.ops import gemm_cpu
+from netcl.runtime.ops.call_plans import clear_plans, plan_cache_info
 
 
 def _product(device: nc.Device, m: int, n: int, k: int, ta: bool, tb: bool, seed: int) -> tuple:
@@ -214,3 +215,37 @@ def test_a_convolution_bias_is_added_in_the_product_store(cpu_cl: nc.Device, mon
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # (5, 1, 7, 6, 3, 3)
     exact = np.einsum("nchwij,ocij->nohw", windows, w64) + b64.reshape(1, 12, 1, 1)
     np.testing.assert_allclose(got.to_host(), exact, rtol=1e-5, atol=1e-5)  # 9-term sums of float32
+
+
+def test_a_signature_is_planned_once_and_each_setting_again(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
+    """``matmul`` on a CPU device decides a signature's path once (``plan_cache_info``'s "matmul_cpu" counts the
+    decisions): a repeated call, with a bias or an addend too, takes the remembered kernel launch with the bits of
+    the first call, on new operands of the same shapes; another setting of ``NETCL_CPU_GEMM`` decides again."""
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
+    clear_plans()
+    rng = np.random.default_rng(12)
+
+    def operands() -> tuple:
+        shapes = ((9, 20), (20, 7), (7,), (9, 7))
+        return tuple(nc.tensor(rng.uniform(-1, 1, s).astype(np.float32), device=cpu_cl) for s in shapes)
+
+    a, b, bias, addend = operands()
+    firsts = [
+        ops.matmul(a, b).to_host(),
+        ops.matmul(a, b, bias=bias).to_host(),
+        ops.matmul(a, b, addend=addend).to_host(),
+    ]
+    decided = plan_cache_info()["matmul_cpu"][1]
+    again = [
+        ops.matmul(a, b).to_host(),
+        ops.matmul(a, b, bias=bias).to_host(),
+        ops.matmul(a, b, addend=addend).to_host(),
+    ]
+    assert plan_cache_info()["matmul_cpu"][1] == decided and host_calls == []
+    for first, second in zip(firsts, again, strict=True):
+        np.testing.assert_array_equal(second, first)
+    a2, b2, _, _ = operands()
+    _check(ops.matmul(a2, b2).to_host(), a2.to_host().astype(np.float64), b2.to_host().astype(np.float64))
+    monkeypatch.setenv(gemm_cpu.ENV_VAR, "off")
+    np.testing.assert_allclose(ops.matmul(a, b).to_host(), firsts[0], rtol=1e-6, atol=1e-6)
+    assert host_calls == [((9, 20), (20, 7))] and plan_cache_info()["matmul_cpu"][1] == decided + 1

@@ -149,9 +149,11 @@ def matmul(a: Operand, b: Operand) -> Node:
             )
     if len(a.shape) == 1 or len(b.shape) == 1:
         return _matmul_vector(a, b)
-    if (low := autocast_mode.low_dtype_for(a, b)) is not None:  # netcl.amp.autocast
-        return autocast_mode.matmul(a, b, low)
-    precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
+    precision = None
+    if autocast_mode.autocast_dtype() is not None:  # netcl.amp.autocast
+        if (low := autocast_mode.low_dtype_for(a, b)) is not None:
+            return autocast_mode.matmul(a, b, low)
+        precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
     if (read_in_place := _transposed_operands(a, b)) is not None:
         return _matmul_in_place(a, b, read_in_place, precision)
 
@@ -169,7 +171,8 @@ def _transposed_operands(a: Operand, b: Operand) -> tuple[Tensor, bool, Tensor, 
     """(what the product reads for a, whether transposed, the same for b) where an operand is a transposed view
     (``x.T``, ``x.transpose(-2, -1)``: ``views.swapped_source``) and the other a C-contiguous tensor or one
     too, both of one rank; None otherwise (the product gathers views as any op does)."""
-    va, vb = (v.value if isinstance(v, Node) else v for v in (a, b))
+    va = a.value if isinstance(a, Node) else a
+    vb = b.value if isinstance(b, Node) else b
     if not (getattr(va, "strided", False) or getattr(vb, "strided", False)) or va.ndim != vb.ndim:
         return None  # no view (a traced operand has none either)
     sa, sb = views.swapped_source(va), views.swapped_source(vb)

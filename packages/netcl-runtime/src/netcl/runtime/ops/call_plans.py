@@ -68,12 +68,26 @@ def plan_cache_info() -> dict[str, tuple[int, int]]:
     return {name: (len(cache.plans), cache.misses) for name, cache in _CACHES.items()}
 
 
-#: ``os.environ``'s own dict and its keys for ``ENV_VARS`` (CPython's ``os._Environ``: a lookup there is what
-#: ``os.environ.get`` does after encoding the key), else None: ``os.environ.get`` each time.
+#: ``os.environ``'s own dict (CPython's ``os._Environ``: a lookup there is what ``os.environ.get`` does after encoding
+#: the key), else None: ``os.environ.get`` each time.
 _ENV_DATA: dict | None = getattr(os.environ, "_data", None)
-_ENV_KEYS: tuple[Any, ...] = tuple(getattr(os.environ, "encodekey", lambda k: k)(name) for name in ENV_VARS)
 if not isinstance(_ENV_DATA, dict):
-    _ENV_DATA, _ENV_KEYS = None, ENV_VARS
+    _ENV_DATA = None
+
+
+def env_reader(*names: str) -> Callable[[], tuple[Any, ...]]:
+    """A function returning the values of the environment variables ``names`` as stored (None where unset), a dict
+    lookup each: how a key made on every call reads the variables its choices depend on."""
+    encode = getattr(os.environ, "encodekey", None)
+    if _ENV_DATA is None or encode is None:
+        get = os.environ.get
+        return lambda: tuple(map(get, names))
+    keys = tuple(map(encode, names))
+    lookup = _ENV_DATA.get
+    return lambda: tuple(map(lookup, keys))
+
+
+_read_env = env_reader(*ENV_VARS)
 
 
 def clear_plans() -> None:
@@ -85,12 +99,7 @@ def clear_plans() -> None:
 def context() -> tuple[Any, ...]:
     """The state outside the arguments that a layer op's choices read: the matmul precision, the
     deterministic-algorithms mode and ``ENV_VARS``' values (as stored, None when unset)."""
-    lookup = (_ENV_DATA if _ENV_DATA is not None else os.environ).get
-    return (
-        get_float32_matmul_precision(),
-        are_deterministic_algorithms_enabled(),
-        *map(lookup, _ENV_KEYS),
-    )
+    return (get_float32_matmul_precision(), are_deterministic_algorithms_enabled(), *_read_env())
 
 
 def window(value: Any) -> Any:
@@ -132,6 +141,7 @@ __all__ = [
     "PlanCache",
     "complete",
     "context",
+    "env_reader",
     "exact",
     "plan_cache_info",
     "tensor_sig",

@@ -26,14 +26,17 @@ the first everywhere, ``off`` sends every product to the host BLAS.
 from __future__ import annotations
 
 import functools
+import math
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from netcl.core import Tensor
-from netcl.runtime.ops._common import get_kernel
-from netcl.runtime.ops._grid import launch_prepared
+from netcl.core import Device, Tensor
+from netcl.runtime.cache import register_cache
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.ops._common import get_kernel, remember
 
 ENV_VAR = "NETCL_CPU_GEMM"
 MODES = ("auto", "all", "small", "off")
@@ -189,6 +192,7 @@ _SOURCE = _TEMPLATE.format(
 EPILOGUES = {"none": 0, "column": 1, "row": 2, "addend": 3}
 
 _I32, _I64 = np.int32, np.int64
+_FLOAT32 = np.dtype(np.float32)
 
 
 def mode() -> str:
@@ -267,6 +271,78 @@ def _batch_strides(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[
     return batch, strides[0], strides[1]
 
 
+class Product(NamedTuple):
+    """One product of fixed operand shapes, planned: ``launch(a, b, out, extra)`` (raw buffers; every size bound, None
+    for an empty result) writes the result of ``shape`` (float32, ``nbytes``) into ``out``."""
+
+    launch: Callable[[Any, Any, Any, Any], None] | None
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+#: prepared products by (a's shape, b's shape, transposes, plan, epilogue, device)
+_PRODUCTS: dict[tuple, Product] = {}
+register_cache(_PRODUCTS.clear)
+
+
+def prepare(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool, how: Plan, epilogue: str = "none") -> Product:
+    """The ``Product`` of ``a @ b`` (either operand's last two axes swapped where asked) as ``plan`` said (``how``), its
+    store adding the extra operand as ``epilogue`` says (``EPILOGUES``); it depends on the operands' shapes and device
+    only, so a caller may keep it for later products of the same signature (``run``). Made once per signature."""
+    signature = (a.shape, b.shape, transpose_a, transpose_b, how, epilogue, a.device)
+    product = _PRODUCTS.get(signature)
+    if product is None:
+        product = remember(
+            _PRODUCTS, signature, _prepared(a.shape, b.shape, transpose_a, transpose_b, how, epilogue, a.device)
+        )
+    return product
+
+
+def _prepared(
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    transpose_a: bool,
+    transpose_b: bool,
+    how: Plan,
+    epilogue: str,
+    device: Device,
+) -> Product:
+    m, k = (a_shape[-1], a_shape[-2]) if transpose_a else a_shape[-2:]
+    n = b_shape[-2] if transpose_b else b_shape[-1]
+    shape = (*how.batch, m, n)
+    count = math.prod(shape)
+    if count == 0:
+        return Product(None, shape, 0)
+    form, code = how.form, EPILOGUES[epilogue]
+    key = ("cpu_gemm", form, code, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys by it)
+    sizes = {0: _I32(m), 1: _I32(n), 2: _I32(k)}
+    batches = (_I64(how.a_stride), _I64(how.b_stride))
+    if form == "dot":  # (m, n, k, A, a's batch stride, B, b's batch stride, C, E)
+        types = [_I32] * 3 + [None, _I64, None, _I64, None, None]
+        grid = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count // (m * n))
+        bound = {**sizes, 4: batches[0], 6: batches[1]}
+    else:  # (m, n, k, A, A's two strides, a's batch stride, B, b's batch stride, C, E)
+        types = [_I32] * 3 + [None, _I32, _I32, _I64, None, _I64, None, None]
+        strides = (_I32(1), _I32(m)) if transpose_a else (_I32(k), _I32(1))  # A[i, k] at i * sam + k * sak
+        width, rows = (TILE_COLS, TILE_ROWS) if form == "tile" else (16, ROWS)
+        grid = (-(-n // width), -(-m // rows), count // (m * n))
+        bound = {**sizes, 4: strides[0], 5: strides[1], 6: batches[0], 8: batches[1]}
+    # (the source is made at the kernel's first build only)
+    resolved = get_kernel(key, device, lambda: f"#define EPILOGUE {code}\n{_SOURCE}", f"netcl_cpu_gemm_{form}", types)
+    launch = PreparedLaunch.binding(resolved.kernel, grid, None, bound, device.queue)
+    return Product(launch.call, shape, 4 * count)
+
+
+def run(product: Product, a: Tensor, b: Tensor, extra: Tensor | None = None) -> Tensor:
+    """``product`` of ``a`` and ``b`` (of the signature it was prepared for), ``extra`` added in its store as its
+    epilogue says: a new float32 tensor."""
+    device = a.device
+    out = Tensor(device.allocator(device, product.nbytes), product.shape, _FLOAT32, device)
+    if product.launch is not None:
+        product.launch(a.data, b.data, out.data, a.data if extra is None else extra.data)  # (no epilogue: E unread)
+    return out
+
+
 def matmul(
     a: Tensor,
     b: Tensor,
@@ -279,29 +355,4 @@ def matmul(
     """``a @ b`` (either operand's last two axes swapped where asked) as ``plan`` said (``how``), plus ``extra`` in
     the store as ``epilogue`` says (``EPILOGUES``; the caller checked its shape and dtype: float32, (N,) for
     "column", (M,) for "row", the result's shape for "addend")."""
-    device = a.device
-    m, k = (a.shape[-1], a.shape[-2]) if transpose_a else a.shape[-2:]
-    n = b.shape[-2] if transpose_b else b.shape[-1]
-    out = Tensor.empty((*how.batch, m, n), np.float32, device)
-    if out.size == 0:
-        return out
-    form, code = how.form, EPILOGUES[epilogue]
-    key = ("cpu_gemm", form, code, ROWS, TILE_ROWS, DOT_ROWS, DOT_COLS)  # (one kernel a key: the memo keys by it)
-    sizes = [_I32(m), _I32(n), _I32(k)]
-    batches = (_I64(how.a_stride), _I64(how.b_stride))
-    count = out.size // (m * n)
-    added = a if extra is None else extra  # (a kernel without an epilogue never reads it)
-    if form == "dot":
-        types = [_I32] * 3 + [None, _I64, None, _I64, None, None]
-        grid = (-(-n // DOT_COLS), -(-m // DOT_ROWS), count)
-        args = [*sizes, a, batches[0], b, batches[1], out, added]
-    else:
-        types = [_I32] * 3 + [None, _I32, _I32, _I64, None, _I64, None, None]
-        strides = (_I32(1), _I32(m)) if transpose_a else (_I32(k), _I32(1))  # A[i, k] at i * sam + k * sak
-        width, rows = (TILE_COLS, TILE_ROWS) if form == "tile" else (16, ROWS)
-        grid = (-(-n // width), -(-m // rows), count)
-        args = [*sizes, a, *strides, batches[0], b, batches[1], out, added]
-    # (the source is made at the kernel's first build only)
-    resolved = get_kernel(key, device, lambda: f"#define EPILOGUE {code}\n{_SOURCE}", f"netcl_cpu_gemm_{form}", types)
-    launch_prepared(key, device, resolved.kernel, grid, None, args)
-    return out
+    return run(prepare(a, b, transpose_a, transpose_b, how, epilogue), a, b, extra)

@@ -10,6 +10,7 @@ operand's transpose without a transpose kernel.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from netcl.core.errors import DTypeError, ShapeError
 from netcl.runtime.ops import gemm_cpu, host_blas
 from netcl.runtime.ops._common import device_of, float_dtype, promote
 from netcl.runtime.ops.backend import backend_op
+from netcl.runtime.ops.call_plans import PlanCache, env_reader
 from netcl.runtime.ops.gemm import gemm
 from netcl.runtime.ops.gemm_source import PLUS_ADDEND, Epilogue
 from netcl.runtime.ops.pointwise import add
@@ -104,6 +106,73 @@ def matmul(
     beta = 1), summed in the product's store where one GEMM kernel writes a float32 result (how a
     backward adds a gradient to one already there without a kernel of its own), else by an ``add``.
     """
+    if type(a) is Tensor and type(b) is Tensor and out_dtype is None and _host_memory(a.device):
+        key = _cpu_signature(a, b, transpose_a, transpose_b, bias, addend)
+        product = _CPU_PRODUCTS.plans.get(key) if key is not None else _ELSEWHERE
+        if product is None:  # a signature not seen yet: the full way, which checks it, then its plan kept
+            out = _matmul(a, b, transpose_a, transpose_b, precision, out_dtype, bias, addend)
+            _CPU_PRODUCTS.keep(key, _cpu_plan(a, b, transpose_a, transpose_b, bias, addend))
+            return out
+        if product is not _ELSEWHERE:
+            return gemm_cpu.run(product, a, b, addend if bias is None else bias)
+    return _matmul(a, b, transpose_a, transpose_b, precision, out_dtype, bias, addend)
+
+
+#: CPU devices' products by signature (``_cpu_signature``): the kernel's prepared ``gemm_cpu.Product``, or
+#: ``_ELSEWHERE`` where the product goes another way (the host BLAS, a separate add): what ``matmul`` on a host-memory
+#: device decides once per signature instead of on every call
+_CPU_PRODUCTS = PlanCache("matmul_cpu")
+_ELSEWHERE = object()
+#: the environment variables the CPU path's choice reads
+_cpu_env = env_reader(host_blas.ENV_VAR, gemm_cpu.ENV_VAR)
+
+
+def _cpu_signature(a: Tensor, b: Tensor, transpose_a: Any, transpose_b: Any, bias: Any, addend: Any) -> tuple | None:
+    """What decides a product on a CPU device besides the operands' device (two Tensors, no ``out_dtype``): their
+    shapes and dtypes, the transposes, the extra operand's shape, dtype and device, the environment; None for
+    arguments of other types (the call goes the full way)."""
+    if type(transpose_a) is not bool or type(transpose_b) is not bool:
+        return None
+    extra = None
+    if bias is not None or addend is not None:
+        given = addend if bias is None else bias
+        if type(given) is not Tensor or (bias is not None and addend is not None):
+            return None
+        extra = (bias is None, given.shape, given.dtype, given.device)
+    return (a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, transpose_a, transpose_b, extra, _cpu_env())
+
+
+def _cpu_plan(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool, bias: Any, addend: Any) -> Any:
+    """The ``gemm_cpu.Product`` a checked call on a host-memory device ran (``_kernel_plan``), else ``_ELSEWHERE``."""
+    extra = addend if bias is None else bias
+    how = _kernel_plan(a, b, transpose_a, transpose_b, extra)
+    if how is None:
+        return _ELSEWHERE
+    epilogue = "none" if extra is None else "addend" if bias is None else "column"
+    return gemm_cpu.prepare(a, b, transpose_a, transpose_b, how, epilogue)
+
+
+def _kernel_plan(
+    a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool, extra: Tensor | None
+) -> gemm_cpu.Plan | None:
+    """How a CPU device's product kernel runs ``a @ b`` of checked operands (float result of their own dtype; an
+    extra operand, a bias or an addend, on their device), or None where it does not (``gemm_cpu.plan``)."""
+    if not _host_product(a, b, product_dtype(a, b)) or (extra is not None and extra.device != a.device):
+        return None
+    return gemm_cpu.plan(a, b, transpose_a, transpose_b)
+
+
+def _matmul(
+    a: Tensor,
+    b: Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+    precision: str | None,
+    out_dtype: np.dtype | None,
+    bias: Tensor | None,
+    addend: Tensor | None,
+) -> Tensor:
+    """``matmul``'s full way: every check, then the product where the device and operands send it."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
     if (transpose_a and a.ndim < 2) or (transpose_b and b.ndim < 2):
@@ -116,7 +185,7 @@ def matmul(
         # CPU OpenCL: a kernel shaped for CPUs where gemm_cpu takes the product (no host wait), else NumPy's BLAS on
         # the mapped buffers (transposes are free views there); matmul_shapes checks the shapes for both
         out_shape = _product_shapes(a, b, transpose_a, transpose_b)[3]
-        how = gemm_cpu.plan(a, b, transpose_a, transpose_b)
+        how = _kernel_plan(a, b, transpose_a, transpose_b, None)
         if how is not None:
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how)
         return host_blas.matmul(a, b, out_shape, a.dtype, transpose_a=transpose_a, transpose_b=transpose_b)
@@ -166,7 +235,7 @@ def add_product(
     host = _host_product(a, b, result)
     folds = result == np.float32 and a.ndim >= 2 and b.ndim >= 2 and a2[-1] > 0 and addend.size > 0 and not host
     if not folds:
-        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if host and out_dtype is None else None
+        how = _kernel_plan(a, b, transpose_a, transpose_b, addend) if host and out_dtype is None else None
         if how is not None:  # a CPU product kernel adds it in its store
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, addend, "addend")
         return add(
@@ -217,7 +286,7 @@ def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> 
     if result != np.float32:
         raise DTypeError(f"matmul: a bias needs a float32 result, got {result}")
     if _host_product(a, b, result):
-        how = gemm_cpu.plan(a, b, transpose_a, transpose_b) if bias.device == a.device else None
+        how = _kernel_plan(a, b, transpose_a, transpose_b, bias)
         if how is not None:  # a CPU product kernel adds it in its store
             return gemm_cpu.matmul(a, b, transpose_a, transpose_b, how, bias, "column")
         out = matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype)
