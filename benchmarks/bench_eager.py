@@ -19,9 +19,10 @@ and the eager training steps of the ``train`` workload.
      (``kernel.set_args`` each call) and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest
      enqueue on this platform and the one netcl's prepared launches make (no event on NVIDIA, where
      pyopencl's eventful call on a profiling queue costs about twice as much; pyopencl's call elsewhere).
-     ``x raw`` is no_grad over ``raw floor``. On PoCL the floor is a back-to-back enqueue: an enqueue that
-     follows ~1 us of other host work costs ~1.8x as much (PoCL's worker has gone idle; benchmarks/RESULTS.md,
-     "Eager host cost, thirtieth session").
+     ``x raw`` is no_grad over ``raw floor``, ``x kernel()`` no_grad over ``raw kernel()`` (pyopencl's launch of a
+     prepared kernel with its arguments, as an eager op must pass its new output each call). On PoCL the floor is a
+     back-to-back enqueue: an enqueue that follows ~1 us of other host work costs ~1.8x as much (PoCL's worker has
+     gone idle; benchmarks/RESULTS.md, "Eager host cost, thirtieth session").
 
    The issue's targets: netcl <= 1.5x torch eager on a GPU, <= 2x a raw launch on PoCL.
 2. **Eager training steps**: ms per step of the MLP and the digits CNN of the ``train`` workload
@@ -147,11 +148,11 @@ def _netcl_inputs(device, host: dict[str, np.ndarray], grad: bool) -> dict:
     return out
 
 
-def raw_launches(device, repeats: int) -> tuple[dict[str, float], Callable[[], float] | None]:
-    """Host us per raw pyopencl launch of a prepared 1K-element add kernel, and the sampler of ``raw floor`` (which
-    ``op_rows`` samples again in turn with each op); OpenCL devices only (else nothing and None)."""
+def raw_launches(device, repeats: int) -> tuple[dict[str, float], dict[str, Callable[[], float]]]:
+    """Host us per raw pyopencl launch of a prepared 1K-element add kernel, and the samplers of ``raw floor`` and
+    ``raw kernel()`` (which ``op_rows`` samples again in turn with each op); OpenCL devices only (else nothing)."""
     if device.kind != "opencl":
-        return {}, None
+        return {}, {}
     import pyopencl as cl
     import pyopencl._cl as _cl
 
@@ -175,15 +176,18 @@ def raw_launches(device, repeats: int) -> tuple[dict[str, float], Callable[[], f
         _cl.enqueue_nd_range_kernel(queue, kernel, (n,), (256,), None, None, False, False)
 
     floor, _ = enqueuer(queue, kernel, (n,), (256,))  # what netcl's prepared launches call on this platform
-    floor_sample = _sampler(floor, queue.finish)
-    floor_sample.keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive as long as the sampler
+    samplers = {
+        "raw kernel()": _sampler(lambda: kernel(queue, (n,), (256,), a, b, c), queue.finish),
+        "raw floor": _sampler(floor, queue.finish),
+    }
+    samplers["raw floor"].keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive with the samplers
     raw = {
-        "raw kernel()": _host_us(lambda: kernel(queue, (n,), (256,), a, b, c), queue.finish, repeats),
+        "raw kernel()": statistics.median(samplers["raw kernel()"]() for _ in range(repeats)),
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),
         "raw set+enqueue": _host_us(set_and_enqueue, queue.finish, repeats),
-        "raw floor": statistics.median(floor_sample() for _ in range(repeats)),
+        "raw floor": statistics.median(samplers["raw floor"]() for _ in range(repeats)),
     }
-    return raw, floor_sample
+    return raw, samplers
 
 
 def _torch_inputs(torch, grad: bool) -> dict:
@@ -199,7 +203,7 @@ def _torch_inputs(torch, grad: bool) -> dict:
     return out
 
 
-def op_rows(device, repeats: int, torch, floor: Callable[[], float] | None) -> dict[str, dict[str, float]]:
+def op_rows(device, repeats: int, torch, raws: dict[str, Callable[[], float]]) -> dict[str, dict[str, float]]:
     """Per op: host us per call of netcl under no_grad and while recording, of torch eager (CUDA when available)
     without and with ``requires_grad`` inputs, and calls per op (no_grad); each column the median of ``repeats``
     samples taken in turn with the others (netcl, torch, raw floor, netcl, ...), each ratio the median of its
@@ -219,32 +223,32 @@ def op_rows(device, repeats: int, torch, floor: Callable[[], float] | None) -> d
         if torch is not None:
             samplers["torch"] = _sampler(lambda op=torch_op: op(torch_plain), torch_sync, torch.no_grad)
             samplers["torch rec"] = _sampler(lambda op=torch_op: op(torch_tracked), torch_sync)
-        if floor is not None:
-            samplers["raw floor"] = floor
+        samplers.update(raws)
         samples: dict[str, list[float]] = {column: [] for column in samplers}
         for _ in range(repeats):
             for column, sample in samplers.items():
                 samples[column].append(sample())
-        row = {column: statistics.median(values) for column, values in samples.items() if column != "raw floor"}
+        row = {column: statistics.median(values) for column, values in samples.items() if column not in raws}
         with ag.no_grad():
             row["calls"] = _calls_per_op(lambda op=op: op(plain), sync)
         if torch is not None:
             row["x torch"] = paired_ratio(samples["no_grad"], samples["torch"])
             row["x torch rec"] = paired_ratio(samples["recording"], samples["torch rec"])
-        if floor is not None:
+        if raws:
             row["x raw"] = paired_ratio(samples["no_grad"], samples["raw floor"])
+            row["x kernel()"] = paired_ratio(samples["no_grad"], samples["raw kernel()"])
         rows[name] = row
     return rows
 
 
 def op_table(device, repeats: int, torch) -> dict:
-    raw, floor = raw_launches(device, repeats)
-    rows = op_rows(device, repeats, torch, floor)
+    raw, raws = raw_launches(device, repeats)
+    rows = op_rows(device, repeats, torch, raws)
     columns = ["no_grad", "recording", "calls"]
     if torch is not None:
         columns += ["torch", "torch rec", "x torch", "x torch rec"]
-    if floor is not None:
-        columns.append("x raw")
+    if raws:
+        columns += ["x raw", "x kernel()"]
     for name, us in raw.items():
         print(f"{name:<{WIDTH}}{us:>10.2f} us per launch (prepared 1K-element add kernel)")
     header = f"{'op':<{WIDTH}}" + "".join(f"{c:>13}" for c in columns)
