@@ -3,12 +3,14 @@ threads move (``valgrind --tool=callgrind``, which counts instructions, not seco
 
 For each op of ``bench_eager.OPS`` asked for (and the raw launches ``raw floor`` and ``raw kernel()``, as
 ``bench_eager`` makes them), child processes run under callgrind: each warms the op up, then calls it ``--calls``
-or ``3 * --calls`` times (no_grad, or inside a ``Tape`` with ``--recording``) and waits for the queue, after a
-first child of ``--calls`` that fills the caches a first process builds. The difference of the two main threads'
+or ``3 * --calls`` times (no_grad, or with ``--recording`` inside a ``Tape`` a chunk of ``bench_eager.INNER``
+calls, whose nodes and outputs are released after it as ``bench_eager``'s samples are) and waits for the queue,
+after a first child of ``--calls`` that fills the caches a first process builds. The difference of the two main threads'
 instruction counts over the difference of calls is the op's count: start-up and imports cancel. The counts are
 split by the shared object that ran them (CPython's interpreter, pyopencl, the OpenCL driver, the rest: libc's
-malloc and locks, NumPy). Repeat runs agree to ~0.2% on one machine; a count is not a time (a PoCL enqueue also
-pays cache misses and waking its worker, which no instruction count shows), so read it beside the bench's medians.
+malloc and locks, NumPy). Repeat runs agree within a few percent (the driver's share moves most: PoCL's enqueue
+takes another path when its worker sleeps); a count is not a time (an enqueue also pays cache misses and the wake-up
+of the worker, which no count shows), so read it beside the bench's medians.
 
 ``python benchmarks/eager_instructions.py [--ops add,relu,...] [--device SPEC] [--calls 1000] [--recording]``
 (needs ``valgrind``; one op takes a few minutes: the children start Python under callgrind).
@@ -66,10 +68,12 @@ def child(name: str, calls: int, device_spec: str | None, recording: bool) -> No
     with context():
         for _ in range(20):
             fn()
-        sync()
-        for _ in range(calls):
-            fn()
-        sync()
+    sync()
+    for start in range(0, calls, bench_eager.INNER):  # a tape (or no_grad) a chunk, as bench_eager samples
+        with context():
+            for _ in range(min(bench_eager.INNER, calls - start)):
+                fn()
+    sync()
 
 
 def _main_thread_counts(path: Path) -> collections.Counter:
