@@ -220,7 +220,8 @@ def test_a_convolution_bias_is_added_in_the_product_store(cpu_cl: nc.Device, mon
 def test_a_signature_is_planned_once_and_each_setting_again(cpu_cl: nc.Device, host_calls: list, monkeypatch) -> None:
     """``matmul`` on a CPU device decides a signature's path once (``plan_cache_info``'s "matmul_cpu" counts the
     decisions): a repeated call, with a bias or an addend too, takes the remembered kernel launch with the bits of
-    the first call, on new operands of the same shapes; another setting of ``NETCL_CPU_GEMM`` decides again."""
+    the first call, on new operands of the same shapes and inside a capture; another setting of ``NETCL_CPU_GEMM``
+    decides again."""
     monkeypatch.setenv(gemm_cpu.ENV_VAR, "all")
     clear_plans()
     rng = np.random.default_rng(12)
@@ -246,6 +247,9 @@ def test_a_signature_is_planned_once_and_each_setting_again(cpu_cl: nc.Device, h
         np.testing.assert_array_equal(second, first)
     a2, b2, _, _ = operands()
     _check(ops.matmul(a2, b2).to_host(), a2.to_host().astype(np.float64), b2.to_host().astype(np.float64))
+    graph = capture_graph(cpu_cl.queue, ops.matmul, a, b)  # a planned signature inside a capture: its launch recorded
+    assert [launch.name for launch in graph.launches] == ["netcl_cpu_gemm_tile"]
+    np.testing.assert_array_equal(graph.execute(a2, b2).to_host(), ops.matmul(a2, b2).to_host())
     monkeypatch.setenv(gemm_cpu.ENV_VAR, "off")
     np.testing.assert_allclose(ops.matmul(a, b).to_host(), firsts[0], rtol=1e-6, atol=1e-6)
     assert host_calls == [((9, 20), (20, 7))] and plan_cache_info()["matmul_cpu"][1] == decided + 1
