@@ -118,7 +118,8 @@ def product_grad(shape: tuple[int, ...], addend: Tensor | None, a: Tensor, b: Te
     (no broadcast batch to sum) and the addend its dtype, else by an add."""
     rows = a.shape[-1] if kw.get("transpose_a") else a.shape[-2]
     cols = b.shape[-2] if kw.get("transpose_b") else b.shape[-1]
-    product_shape = (*broadcast_shapes(a.shape[:-2], b.shape[:-2]), rows, cols)
+    batch = () if len(a.shape) == 2 == len(b.shape) else broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    product_shape = (*batch, rows, cols)
     if kw.get("out_dtype") is not None:
         result = np.dtype(kw["out_dtype"])
     else:  # NumPy's promotion, skipped for the common operands of one dtype
