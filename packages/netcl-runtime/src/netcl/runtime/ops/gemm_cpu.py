@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from netcl.core import Device, Tensor
+from netcl.core.dtypes import float32
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import get_kernel, remember
@@ -192,7 +193,6 @@ _SOURCE = _TEMPLATE.format(
 EPILOGUES = {"none": 0, "column": 1, "row": 2, "addend": 3}
 
 _I32, _I64 = np.int32, np.int64
-_FLOAT32 = np.dtype(np.float32)
 
 
 def mode() -> str:
@@ -337,7 +337,7 @@ def run(product: Product, a: Tensor, b: Tensor, extra: Tensor | None = None) -> 
     """``product`` of ``a`` and ``b`` (of the signature it was prepared for), ``extra`` added in its store as its
     epilogue says: a new float32 tensor."""
     device = a.device
-    out = Tensor(device.allocator(device, product.nbytes), product.shape, _FLOAT32, device)
+    out = Tensor(device.allocator(device, product.nbytes), product.shape, float32, device)
     if product.launch is not None:
         product.launch(a.data, b.data, out.data, a.data if extra is None else extra.data)  # (no epilogue: E unread)
     return out

@@ -42,11 +42,11 @@ def enabled() -> bool:
 def applies(device: Device, a: Tensor, b: Tensor, result: np.dtype) -> bool:
     """Whether ``a @ b`` on ``device`` runs on the host BLAS: a host-memory CPU OpenCL device and
     both operands already of the float32/float64 result dtype."""
-    return result in _DTYPES and a.dtype == result and b.dtype == result and _host_memory(device) and enabled()
+    return result in _DTYPES and a.dtype == result and b.dtype == result and host_memory(device) and enabled()
 
 
 @functools.cache
-def _host_memory(device: Device) -> bool:
+def host_memory(device: Device) -> bool:
     """``host_memory_device``, asked once per device (a pyopencl info query per product otherwise)."""
     return host_memory_device(device)
 

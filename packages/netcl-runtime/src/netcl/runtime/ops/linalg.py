@@ -9,7 +9,6 @@ operand's transpose without a transpose kernel.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -79,11 +78,6 @@ def product_dtype(a: Tensor, b: Tensor) -> np.dtype:
     return float_dtype(promote((a, b)))
 
 
-@functools.cache
-def _host_memory(device) -> bool:
-    return host_blas.host_memory_device(device)
-
-
 def matmul(
     a: Tensor,
     b: Tensor,
@@ -106,7 +100,7 @@ def matmul(
     beta = 1), summed in the product's store where one GEMM kernel writes a float32 result (how a
     backward adds a gradient to one already there without a kernel of its own), else by an ``add``.
     """
-    if type(a) is Tensor and type(b) is Tensor and out_dtype is None and _host_memory(a.device):
+    if type(a) is Tensor and type(b) is Tensor and out_dtype is None and host_blas.host_memory(a.device):
         key = _cpu_signature(a, b, transpose_a, transpose_b, bias, addend)
         product = _CPU_PRODUCTS.plans.get(key) if key is not None else _ELSEWHERE
         if product is None:  # a signature not seen yet: the full way, which checks it, then its plan kept
@@ -266,8 +260,8 @@ def product_plus_rows(a: Tensor, b: Tensor, bias: Tensor) -> Tensor | None:
 
 def _host_product(a: Tensor, b: Tensor, result: np.dtype) -> bool:
     """Whether ``a @ b`` of ``result`` dtype is a CPU device's product (``gemm_cpu``'s kernels or ``host_blas``):
-    ``_host_memory`` first, cached, so GPUs skip the host-BLAS checks at no cost per call."""
-    return _host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result)
+    ``host_blas.host_memory`` first, cached, so GPUs skip the host-BLAS checks at no cost per call."""
+    return host_blas.host_memory(a.device) and host_blas.applies(device_of((a, b), "matmul"), a, b, result)
 
 
 def _matmul_bias(a, b, bias, transpose_a, transpose_b, precision, out_dtype) -> Tensor:
