@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -99,7 +98,7 @@ def measure(name: str, calls: int, device_spec: str | None, recording: bool) -> 
             command += ["--device", device_spec] if device_spec else []
             command += ["--recording"] if recording else []
             valgrind = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}"]
-            subprocess.run(valgrind + command, check=True, capture_output=True, env=os.environ)
+            subprocess.run(valgrind + command, check=True, capture_output=True)
             counts.append(_main_thread_counts(Path(f"{out}-01")))
     per_call = {column: (counts[2][column] - counts[1][column]) / (2 * calls) for column in counts[2]}
     per_call["total"] = sum(per_call.values())
