@@ -42,16 +42,21 @@ FRONTS: dict[str, tuple[Callable[..., Any], Callable[..., np.ndarray]]] = {
 
 @pytest.fixture
 def apply_op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The op names of every ``apply_op`` call made through the fronts' modules during the test."""
+    """The op names of every call of the engine's recorders (``apply_op``, and ``record_one``, which records a
+    one-argument op whose forward ran already) made through the fronts' modules during the test."""
     calls: list[str] = []
-    real = engine.apply_op
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs.get("op_name"))
-        return real(*args, **kwargs)
+    def counting(real: Callable[..., Any], name_at: int | None) -> Callable[..., Any]:
+        def recorder(*args: Any, **kwargs: Any) -> Any:  # the op name: a keyword, or record_one's fifth argument
+            calls.append(kwargs.get("op_name", None if name_at is None else args[name_at]))
+            return real(*args, **kwargs)
+
+        return recorder
 
     for module in (ops, ops_index, ops_softmax, elementwise):
-        monkeypatch.setattr(module, "apply_op", counting)
+        monkeypatch.setattr(module, "apply_op", counting(engine.apply_op, None))
+        if hasattr(module, "record_one"):
+            monkeypatch.setattr(module, "record_one", counting(engine.record_one, 4))
     return calls
 
 
@@ -87,7 +92,7 @@ def test_no_grad_fronts_skip_apply_op(device: Any, name: str, apply_op_calls: li
 
 
 @pytest.mark.parametrize("name", sorted(FRONTS))
-def test_recording_fronts_still_go_through_apply_op(device: Any, name: str, apply_op_calls: list[str]) -> None:
+def test_recording_fronts_still_record_through_the_engine(device: Any, name: str, apply_op_calls: list[str]) -> None:
     op, reference = FRONTS[name]
     x, idx, gidx = _inputs(device, grad=True)
     with ag.Tape() as tape:
@@ -169,7 +174,8 @@ def test_a_planned_softmax_rebinds_its_statistics_scratch_when_it_grows(cl_devic
         ag.softmax(large, axis=-1)  # grows the scratch pair past the small call's
         again = ag.softmax(small, axis=-1).to_host()
     plan = rowwise.softmax_plan(small.value, -1, rowwise.SOFTMAX)[1]
-    assert rowwise._SCRATCH_BOUND[plan[0]][0] is rowwise._STAT_SCRATCH[cl_device]
+    pair, bound = rowwise._STAT_SCRATCH[cl_device], rowwise._SCRATCH_BOUND[plan[0]]
+    assert pair[0] == 4096 * 4 and bound._static[2] is pair[1] and bound._static[3] is pair[2]
     np.testing.assert_array_equal(again, first)
     np.testing.assert_allclose(first, _softmax(X.astype(np.float64)), rtol=1e-5, atol=1e-6)
 

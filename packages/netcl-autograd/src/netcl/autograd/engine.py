@@ -414,22 +414,18 @@ def apply_op(
     out = fn(*values)
     if not grad_mode.grad_enabled:
         return Node(out, op_name=op_name)
+    if single and isinstance(first, Node):  # the common arity
+        return record_one(out, first, values[0], grad_fn, op_name, folds_addends, tape)
     if tape is None:
         tape = _local.tape
-    index: list[int]
-    parents: list[Node]
-    if single:  # no loop for the common arity
-        if isinstance(first, Node):
-            index, parents, wanted = [0], [first], first.requires_grad
-        else:
-            index, parents, wanted = [], [], False
-    else:
-        index, parents, wanted = [], [], False
-        for i, a in enumerate(args):  # one loop over the (two or three) arguments, no comprehension frames
-            if isinstance(a, Node):
-                index.append(i)
-                parents.append(a)
-                wanted = wanted or a.requires_grad
+    index: list[int] = []
+    parents: list[Node] = []
+    wanted = False
+    for i, a in enumerate(args):  # one loop over the (two or three) arguments, no comprehension frames
+        if isinstance(a, Node):
+            index.append(i)
+            parents.append(a)
+            wanted = wanted or a.requires_grad
     tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and out.dtype in FLOATING
     if not tracking:
         node = Node(out, op_name=op_name)
@@ -443,6 +439,38 @@ def apply_op(
             traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
             op_name,
         )
+    if tape is not None and tape.enabled:  # ``Tape.record``, inlined on this path
+        tape.nodes.append(node)
+    return node
+
+
+def record_one(
+    out: Tensor,
+    x: Node,
+    value: Any,
+    grad_fn: OpGradFn | None,
+    op_name: str,
+    folds_addends: bool = False,
+    tape: Tape | None = None,
+) -> Node:
+    """``apply_op``'s record of a one-argument op whose forward already ran: ``out`` computed from ``value``, the
+    value of Node ``x`` (gathered where it was a strided view). Call it with grad mode on and no tracer; it makes
+    a Node with the edge to ``x`` (a bare Node where ``x`` does not require grad, ``grad_fn`` is None, ``tape``
+    (default: the current tape) is disabled or ``out`` is not floating) and appends it to an enabled tape."""
+    if tape is None:
+        tape = _local.tape
+    if x.requires_grad and grad_fn is not None and (tape is None or tape.enabled) and out.dtype in FLOATING:
+        node = Node(
+            out,
+            _BoundGrad(grad_fn, (value,), out, [0], 1, op_name, folds_addends),
+            [x],
+            None,
+            True,
+            traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None,
+            op_name,
+        )
+    else:
+        node = Node(out, op_name=op_name)
     if tape is not None and tape.enabled:  # ``Tape.record``, inlined on this path
         tape.nodes.append(node)
     return node

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, apply_op, forward_only, get_tracer
+from netcl.autograd.engine import Node, apply_op, forward_only, get_tracer, record_one
 from netcl.autograd.row_hook import provided, row_provider_installed
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
@@ -74,18 +74,6 @@ class _Forward:
         return rowwise.softmax_forward(v, self.axes, self.mode, keep_stats=False)[0]
 
 
-class _PlannedForward:
-    """``_Forward`` of a call whose plan its caller found (``rowwise.softmax_plan``)."""
-
-    __slots__ = ("plan",)
-
-    def __init__(self, plan: tuple) -> None:
-        self.plan = plan
-
-    def __call__(self, v: Tensor) -> Tensor:
-        return rowwise.planned_softmax_output(v, self.plan)
-
-
 class _GradFromOutput:
     """Their gradient from the output alone (torch's rule; ``rowwise.softmax_backward_from_output``)."""
 
@@ -120,11 +108,12 @@ def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     if found is None:
         return None
     axes, plan = found
+    value = x.value
+    out = rowwise.planned_softmax_output(value, plan)
     if not grad_mode.grad_enabled:
-        return Node(rowwise.planned_softmax_output(x.value, plan), op_name=rowwise.MODE_NAMES[mode])
-    grad_from_output = _from_output(axes, mode)[1]
-    # _family's recording, with the plan found here (no second lookup)
-    return apply_op(_PlannedForward(plan), grad_from_output, x, op_name=rowwise.MODE_NAMES[mode], attrs={"axis": axis})
+        return Node(out, op_name=rowwise.MODE_NAMES[mode])
+    # _family's record (apply_op's with no tracer), with the plan found here (no second lookup)
+    return record_one(out, x, value, _from_output(axes, mode)[1], rowwise.MODE_NAMES[mode])
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:

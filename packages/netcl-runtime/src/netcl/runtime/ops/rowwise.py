@@ -583,13 +583,10 @@ def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[T
         rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
         prepared.call(moved.data, out.data, rowmax, rowsum)
     else:  # write-only scratch: the kernel stores the statistics and never reads them back
-        scratch = _STAT_SCRATCH.get(device)
-        if scratch is None or scratch[0] < stat_bytes:  # one pair per device, grown to the largest asked for
-            scratch = _STAT_SCRATCH[device] = (stat_bytes, allocate(device, stat_bytes), allocate(device, stat_bytes))
         bound = _SCRATCH_BOUND.get(prepared)
-        if bound is None or bound[0] is not scratch:  # the launch with this scratch pair set once
-            bound = _SCRATCH_BOUND[prepared] = (scratch, prepared.with_bound({2: scratch[1], 3: scratch[2]}))
-        bound[1].call(moved.data, out.data)
+        if bound is None:
+            bound = _bind_scratch(prepared, device, stat_bytes)
+        bound.call(moved.data, out.data)
     out = out if restore is None else transpose(out, restore)
     if not keep_stats:
         return out, None, None
@@ -600,9 +597,23 @@ def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[T
 #: statistics writes them into (only written, never read: concurrent writers of unused values are harmless)
 _STAT_SCRATCH: dict[Device, tuple] = {}
 register_cache(_STAT_SCRATCH.clear)
-#: a plan's prepared launch -> (the scratch pair it was bound to, its launch with that pair set once)
-_SCRATCH_BOUND: dict[Any, tuple] = {}
+#: a plan's prepared launch -> its launch with its device's scratch pair set once (emptied when a pair grows)
+_SCRATCH_BOUND: dict[Any, Any] = {}
 register_cache(_SCRATCH_BOUND.clear)
+
+
+def _bind_scratch(prepared: Any, device: Device, stat_bytes: int) -> Any:
+    """``prepared`` with ``device``'s scratch pair bound as its statistics (arguments 2 and 3), remembered in
+    ``_SCRATCH_BOUND``. The pair is one per device, grown to the largest ``stat_bytes`` asked for; growing it
+    forgets every bound launch, so each one found there is bound to a pair as large as its plan needs (a launch
+    bound to an older pair keeps that pair alive and stays correct: the statistics are only written)."""
+    scratch = _STAT_SCRATCH.get(device)
+    if scratch is None or scratch[0] < stat_bytes:
+        allocate = device.allocator
+        scratch = _STAT_SCRATCH[device] = (stat_bytes, allocate(device, stat_bytes), allocate(device, stat_bytes))
+        _SCRATCH_BOUND.clear()
+    bound = _SCRATCH_BOUND[prepared] = prepared.with_bound({2: scratch[1], 3: scratch[2]})
+    return bound
 
 
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
