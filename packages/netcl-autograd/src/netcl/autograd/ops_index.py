@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op, forward_only
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, layout, pointwise, selecting
 
@@ -111,6 +111,19 @@ class _AlongGrad:
         return [self.backward(g, self.axis, self.index, values[0].shape)]
 
 
+def _recorded_along(
+    forward: Callable[..., Tensor], backward: Callable[..., Tensor], x: Operand, axis: int, index: Tensor, op_name: str
+) -> Node:
+    """``forward(x, axis, index)`` recorded with the gradient ``backward`` (grad mode on or a tracer installed):
+    a Node x with a Tensor value and no tracer straight through ``record_one``, anything else through
+    ``apply_op`` (a tracer takes the call; a strided view is gathered there)."""
+    if type(x) is Node and _local.tracer is None and type(x.value) is Tensor:
+        value = x.value
+        return record_one(forward(value, axis, index), x, value, _AlongGrad(backward, axis, index), op_name)
+    grad = _AlongGrad(backward, axis, index)
+    return apply_op(_AlongForward(forward, axis, index), grad, x, op_name=op_name, attrs={"axis": axis})
+
+
 #: (op, x shape, axis: an exact int, index shape, index dtype) -> the normalized axis of a gather /
 #: index_select by an index Tensor whose checks passed (they read nothing else)
 _CHECKED: dict[tuple, int] = {}
@@ -185,8 +198,7 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
         ax = _checked_axis("gather", gathering.check_gather_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
             return Node(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), op_name="gather")
-        forward, grad = _AlongForward(gathering.gather, ax, given), _AlongGrad(gathering.gather_backward, ax, given)
-        return apply_op(forward, grad, x, op_name="gather", attrs={"axis": ax})
+        return _recorded_along(gathering.gather, gathering.gather_backward, x, ax, given, "gather")
     index_shape = np.shape(given)
     ax = gathering.check_gather_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax] if shape else 1, "gather", "index", ax)
@@ -206,9 +218,7 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
         if forward_only():  # what apply_op would do: the forward, a bare Node
             value = x.value if isinstance(x, Node) else x
             return Node(selecting.index_select(value, ax, given), op_name="index_select")
-        forward = _AlongForward(selecting.index_select, ax, given)
-        grad = _AlongGrad(selecting.index_select_backward, ax, given)
-        return apply_op(forward, grad, x, op_name="index_select", attrs={"axis": ax})
+        return _recorded_along(selecting.index_select, selecting.index_select_backward, x, ax, given, "index_select")
     index_shape = np.shape(given)
     ax = selecting.check_index_select_shapes(shape, axis, index_shape)
     index = _Index(index, shape[ax], "index_select", "index", ax)

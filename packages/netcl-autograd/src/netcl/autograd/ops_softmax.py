@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, apply_op, forward_only, get_tracer, record_one
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
 from netcl.autograd.row_hook import provided, row_provider_installed
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
@@ -102,7 +102,7 @@ def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     """softmax / log_softmax on a shape, dtype and axis planned before, with no tracer and no row provider
     installed: under no_grad the planned launch alone, else the op recorded as ``_family`` records it, with
     none of the checks again; None where that does not apply (the caller then checks everything)."""
-    if type(x) is not Node or get_tracer() is not None or row_provider_installed():
+    if type(x) is not Node or _local.tracer is not None or row_provider_installed():
         return None
     found = rowwise.softmax_plan(x.value, axis, mode)
     if found is None:

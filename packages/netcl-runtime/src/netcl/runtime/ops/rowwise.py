@@ -560,36 +560,49 @@ def softmax_plan(x: Any, axis: Any, mode: int) -> tuple[tuple[int, ...], tuple] 
     dtype, axis and mode a call planned before (no check left to make), or None where there is no such plan."""
     if type(x) is not Tensor or type(axis) is not int:
         return None
-    ndim = len(x.shape)
-    if not -ndim <= axis < ndim:
-        return None
-    axes = (axis % ndim,)
-    plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
-    return None if plan is None else (axes, plan)
+    key = (x.shape, x.dtype, axis, mode, x.device)
+    found = _SOFTMAX_CALLS.get(key)
+    if found is None:  # this axis as written not asked for yet: normalized, then the plan of the normalized axes
+        ndim = len(x.shape)
+        if not -ndim <= axis < ndim:
+            return None
+        axes = (axis % ndim,)
+        plan = _SOFTMAX_PLANS.get((x.shape, x.dtype, axes, mode, x.device))
+        if plan is None:
+            return None
+        found = remember(_SOFTMAX_CALLS, key, (axes, plan))
+    return found
+
+
+#: (shape, dtype, axis as the caller wrote it (an int), mode, device) -> (normalized axes, plan) of ``_SOFTMAX_PLANS``
+_SOFTMAX_CALLS: dict[tuple, tuple] = {}
+register_cache(_SOFTMAX_CALLS.clear)
 
 
 def planned_softmax_output(x: Tensor, plan: tuple) -> Tensor:
-    """The output of ``softmax_plan``'s plan on x, its statistics dropped."""
-    return _planned_softmax(x, plan, False)[0]
+    """The output of ``softmax_plan``'s plan on x; the kernel writes the statistics into its device's scratch
+    pair (only written, never read back)."""
+    prepared, out_shape, out_bytes, _, stat_bytes, _, perm, restore = plan
+    device = x.device
+    out = Tensor(device.allocator(device, out_bytes), out_shape, x.dtype, device)
+    bound = _SCRATCH_BOUND.get(prepared)
+    if bound is None:
+        bound = _bind_scratch(prepared, device, stat_bytes)
+    bound.call((x if perm is None else transpose(x, perm)).data, out.data)
+    return out if restore is None else transpose(out, restore)
 
 
 def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    if not keep_stats:
+        return planned_softmax_output(x, plan), None, None
     prepared, out_shape, out_bytes, rows, stat_bytes, sd, perm, restore = plan
     device = x.device
     moved = x if perm is None else transpose(x, perm)
     allocate = device.allocator
     out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
-    if keep_stats:
-        rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
-        prepared.call(moved.data, out.data, rowmax, rowsum)
-    else:  # write-only scratch: the kernel stores the statistics and never reads them back
-        bound = _SCRATCH_BOUND.get(prepared)
-        if bound is None:
-            bound = _bind_scratch(prepared, device, stat_bytes)
-        bound.call(moved.data, out.data)
+    rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
+    prepared.call(moved.data, out.data, rowmax, rowsum)
     out = out if restore is None else transpose(out, restore)
-    if not keep_stats:
-        return out, None, None
     return out, Tensor(rowmax, (rows,), sd, device), Tensor(rowsum, (rows,), sd, device)
 
 
