@@ -5,7 +5,7 @@ builds (values, Node fields, tape records, gradients); the tests count the Pytho
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,18 @@ def apply_op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.fixture
+def row_provider() -> Iterator[Callable[..., None]]:
+    """``install(provider, declines=None)``: the row hook's provider for the test (``row_hook.set_row_provider``),
+    whether another test imported netcl.jit or not; the one installed before comes back after the test."""
+    from netcl.autograd import row_hook
+
+    before = (row_hook._provider, row_hook._declines)
+    row_hook.set_row_provider(None)
+    yield row_hook.set_row_provider
+    row_hook.set_row_provider(*before)
+
+
 def _inputs(device: Any, grad: bool) -> tuple[Any, Any, Any]:
     x = ag.tensor(X, device=device, requires_grad=grad)
     idx = ag.tensor(IDX, device=device, dtype=np.int32).value
@@ -103,23 +115,23 @@ def test_recording_fronts_still_record_through_the_engine(device: Any, name: str
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
-def test_a_planned_softmax_under_no_grad_is_its_launch_alone(cl_device: Any, name: str, monkeypatch) -> None:
+def test_a_planned_softmax_under_no_grad_is_its_launch_alone(
+    cl_device: Any, name: str, monkeypatch, row_provider: Callable[..., None]
+) -> None:
     """Once a shape, dtype and axis were planned, a no_grad call makes no checks and no layout work again
     (``rowwise.one_axis`` is not reached), and returns what the checked path returns; with a row provider
-    installed (``netcl.jit``) every call still asks it first."""
-    from netcl.autograd import row_hook
+    installed that cannot say which signatures it declines, every call still asks it first."""
     from netcl.runtime.ops import rowwise
 
     op, reference = FRONTS[name]
     x, idx, gidx = _inputs(cl_device, grad=False)
-    monkeypatch.setattr(row_hook, "_provider", None)  # whether another test imported netcl.jit or not
     with ag.no_grad():
         first = op(x, idx, gidx).to_host()
         checked = rowwise.one_axis
         monkeypatch.setattr(rowwise, "one_axis", lambda *a: pytest.fail("the planned call checked again"))
         again = op(x, idx, gidx)
         asked: list[str] = []
-        monkeypatch.setattr(row_hook, "_provider", lambda op_name, args, attrs: asked.append(op_name))
+        row_provider(lambda op_name, args, attrs: asked.append(op_name))
         monkeypatch.setattr(rowwise, "one_axis", checked)
         op(x, idx, gidx)
     assert asked == [name]
@@ -130,14 +142,14 @@ def test_a_planned_softmax_under_no_grad_is_its_launch_alone(cl_device: Any, nam
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
-def test_a_planned_softmax_records_without_its_checks(cl_device: Any, name: str, monkeypatch) -> None:
+def test_a_planned_softmax_records_without_its_checks(
+    cl_device: Any, name: str, monkeypatch, row_provider: Callable[..., None]
+) -> None:
     """Recording a call on a planned shape, dtype and axis skips the checks and records what the checked call
     records: the same Node, and the gradient against float64."""
-    from netcl.autograd import row_hook
     from netcl.runtime.ops import rowwise
 
     op, reference = FRONTS[name]
-    monkeypatch.setattr(row_hook, "_provider", None)
     x, idx, gidx = _inputs(cl_device, grad=True)
     with ag.Tape():
         op(x, idx, gidx)  # plans
@@ -157,14 +169,14 @@ def test_a_planned_softmax_records_without_its_checks(cl_device: Any, name: str,
     np.testing.assert_allclose(x.grad.to_host(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_planned_softmax_rebinds_its_statistics_scratch_when_it_grows(cl_device: Any, monkeypatch) -> None:
+def test_a_planned_softmax_rebinds_its_statistics_scratch_when_it_grows(
+    cl_device: Any, row_provider: Callable[..., None]
+) -> None:
     """A planned call that drops its statistics writes them into the device's scratch pair through a launch with
     that pair set once; a larger call in between grows the pair, and the next planned call binds the new pair
     (the old one may be gone) and returns the same values."""
-    from netcl.autograd import row_hook
     from netcl.runtime.ops import rowwise
 
-    monkeypatch.setattr(row_hook, "_provider", None)
     small = ag.tensor(X.astype(np.float32), device=cl_device)
     large = ag.tensor(RNG.standard_normal((4096, 8)).astype(np.float32), device=cl_device)
     with ag.no_grad():
@@ -177,6 +189,41 @@ def test_a_planned_softmax_rebinds_its_statistics_scratch_when_it_grows(cl_devic
     pair, bound = rowwise._STAT_SCRATCH[cl_device], rowwise._SCRATCH_BOUND[plan[0]]
     assert pair[0] == 4096 * 4 and bound._static[2] is pair[1] and bound._static[3] is pair[2]
     np.testing.assert_array_equal(again, first)
+    np.testing.assert_allclose(first, _softmax(X.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_planned_softmax_skips_a_provider_that_declines_its_signature(
+    cl_device: Any, monkeypatch, row_provider: Callable[..., None]
+) -> None:
+    """With a row provider whose ``declines`` says it returns None for a signature (netcl.jit's, for tensors under
+    its size floor and on CPU devices), a planned call neither asks the provider nor checks again, and
+    ``declines`` is asked once per signature; a signature it takes asks the provider on every call."""
+    from netcl.runtime import clear_caches
+    from netcl.runtime.ops import rowwise
+
+    clear_caches()  # no plan left by other tests: the first call of each shape is the checked one
+    asked: list[tuple] = []
+    declines_asked: list[tuple] = []
+
+    def declines(op_name: str, value: Any) -> bool:
+        declines_asked.append(value.shape)
+        return value.shape == X.shape
+
+    row_provider(lambda op_name, args, attrs: asked.append(args[0].shape), declines)
+    x = ag.tensor(X.astype(np.float32), device=cl_device)
+    other = ag.tensor(X[:, :5].astype(np.float32), device=cl_device)
+    checked = rowwise.one_axis
+    with ag.no_grad():
+        first = ag.softmax(x).to_host()  # checks, asks the provider (which returns None), plans
+        monkeypatch.setattr(rowwise, "one_axis", lambda *a: pytest.fail("the planned call checked again"))
+        again = [ag.softmax(x).to_host() for _ in range(2)]
+        monkeypatch.setattr(rowwise, "one_axis", checked)
+        for _ in range(3):
+            ag.softmax(other)
+    assert asked == [X.shape] + [other.shape] * 3
+    assert declines_asked == [X.shape, other.shape]
+    for values in again:
+        np.testing.assert_array_equal(values, first)
     np.testing.assert_allclose(first, _softmax(X.astype(np.float64)), rtol=1e-5, atol=1e-6)
 
 

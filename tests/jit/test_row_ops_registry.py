@@ -27,7 +27,7 @@ from netcl.autograd.engine import apply_op
 from netcl.autograd.row_hook import provided
 from netcl.jit import jit_compile
 from netcl.jit.builtin_row_ops import reduction_seed
-from netcl.jit.row_eager import MIN_ELEMENTS
+from netcl.jit.row_eager import MIN_ELEMENTS, RUNTIME_ROW_OPS, declines, provide
 from netcl.jit.row_group import row_seed_shape
 from netcl.jit.row_ir import COL, INDEX, Builder
 from netcl.jit.row_ops import ROW_OPS, RowOp, get_row_op, register_row_op, unregister_row_op
@@ -285,3 +285,19 @@ def test_row_step_reads_class_targets_from_the_entry(cl_device):
         fused(x, t).to_host()
     step = fused.plan_for(x, t).steps[0]
     assert isinstance(step, RowStep) and step.target_checks == [(1, IGNORE, "cross_entropy")]
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_ROW_OPS))
+def test_row_eager_declines_only_what_it_never_provides(device, name):
+    """``row_eager.declines`` (which the row hook asks once per signature, letting a planned eager call skip the
+    hook) says True only where ``provide`` returns None whatever the other arguments, and False for a float32
+    tensor past ``MIN_ELEMENTS`` on a device whose runtime kernels it replaces (a GPU, the NumPy backend)."""
+    big = np.random.default_rng(5).uniform(-1, 1, size=(128, MIN_ELEMENTS // 128 + 3))
+    cases = [big.astype(np.float32), big.astype(np.float16), big[:4].astype(np.float32), big[:, :1].astype(np.float32)]
+    for host in cases:
+        x = ag.tensor(host, device=device, dtype=host.dtype)
+        if declines(name, x.value):
+            assert provide(name, (x,), {}) is None
+    runtime_kernels_kept = device.is_opencl and not device.is_gpu
+    assert declines(name, ag.tensor(cases[0], device=device).value) == runtime_kernels_kept
+    assert all(declines(name, ag.tensor(h, device=device, dtype=h.dtype).value) for h in cases[1:])

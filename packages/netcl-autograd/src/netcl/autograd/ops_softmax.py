@@ -13,7 +13,7 @@ from typing import Any
 
 from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
-from netcl.autograd.row_hook import provided, row_provider_installed
+from netcl.autograd.row_hook import declined, provided
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
 
@@ -99,21 +99,23 @@ def _from_output(axes: tuple[int, ...], mode: int) -> tuple[_Forward, _GradFromO
 
 
 def _planned(x: Operand, axis: int, mode: int) -> Node | None:
-    """softmax / log_softmax on a shape, dtype and axis planned before, with no tracer and no row provider
-    installed: under no_grad the planned launch alone, else the op recorded as ``_family`` records it, with
-    none of the checks again; None where that does not apply (the caller then checks everything)."""
-    if type(x) is not Node or _local.tracer is not None or row_provider_installed():
+    """softmax / log_softmax on a shape, dtype and axis planned before, with no tracer and no row provider that
+    would take the call (none installed, or one that declines the signature: ``row_hook.declined``): under no_grad
+    the planned launch alone, else the op recorded as ``_family`` records it, with none of the checks again; None
+    where that does not apply (the caller then checks everything and asks the provider)."""
+    if type(x) is not Node or _local.tracer is not None:
         return None
-    found = rowwise.softmax_plan(x.value, axis, mode)
-    if found is None:
+    value = x.value
+    found = rowwise.softmax_plan(value, axis, mode)
+    name = rowwise.MODE_NAMES[mode]
+    if found is None or not declined(name, value):
         return None
     axes, plan = found
-    value = x.value
     out = rowwise.planned_softmax_output(value, plan)
     if not grad_mode.grad_enabled:
-        return Node(out, op_name=rowwise.MODE_NAMES[mode])
+        return Node(out, op_name=name)
     # _family's record (apply_op's with no tracer), with the plan found here (no second lookup)
-    return record_one(out, x, value, _from_output(axes, mode)[1], rowwise.MODE_NAMES[mode])
+    return record_one(out, x, value, _from_output(axes, mode)[1], name)
 
 
 def softmax(x: Operand, axis: int = -1) -> Node:

@@ -14,21 +14,48 @@ from collections.abc import Callable
 from typing import Any
 
 from netcl.autograd import engine
+from netcl.core import Tensor
 
 Provider = Callable[[str, tuple, dict], Any]
+#: ``declines(name, value)``: whether the provider returns None for every call of op ``name`` whose first
+#: argument's value is a tensor of value's dtype, shape and device
+Declines = Callable[[str, Tensor], bool]
 _provider: Provider | None = None
+_declines: Declines | None = None
+#: (op name, shape, dtype, device) -> the installed provider's ``declines`` for that signature
+_DECLINED: dict[tuple, bool] = {}
+_DECLINED_MAX = 4096
 _local = threading.local()
 
 
-def set_row_provider(provider: Provider | None) -> None:
-    """Install (or remove, with None) the provider of the built-in row ops."""
-    global _provider
-    _provider = provider
+def set_row_provider(provider: Provider | None, declines: Declines | None = None) -> None:
+    """Install (or remove, with None) the provider of the built-in row ops, with its ``declines`` if it can say
+    from a signature alone that it returns None (``declined`` then asks it once per signature)."""
+    global _provider, _declines
+    _provider, _declines = provider, declines
+    _DECLINED.clear()
 
 
 def row_provider_installed() -> bool:
     """Whether a provider is installed (``provided`` may then return a Node)."""
     return _provider is not None
+
+
+def declined(name: str, value: Tensor) -> bool:
+    """Whether ``provided(name, (x, ...), attrs)`` returns None for every x whose value is a tensor of value's
+    dtype, shape and device: True with no provider installed, the provider's ``declines`` (asked once per
+    signature) otherwise, False for a provider without one. A caller that gets True may skip ``provided``."""
+    if _provider is None:
+        return True
+    if _declines is None:
+        return False
+    key = (name, value.shape, value.dtype, value.device)
+    found = _DECLINED.get(key)
+    if found is None:
+        if len(_DECLINED) >= _DECLINED_MAX:
+            _DECLINED.clear()
+        found = _DECLINED[key] = bool(_declines(name, value))
+    return found
 
 
 def provided(name: str, args: tuple, attrs: dict) -> Any:

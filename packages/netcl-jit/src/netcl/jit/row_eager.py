@@ -40,20 +40,21 @@ def _cached(key: tuple, make: Callable[[], Callable]) -> JitFunction:
         return fn
 
 
+def declines(name: str, value: Any) -> bool:
+    """Whether ``provide`` returns None for every call of op ``name`` whose first argument's value is ``value``,
+    whatever the other arguments: decided by value's dtype, shape and device alone (so the row hook asks once per
+    such signature, ``row_hook.declined``)."""
+    if not is_float32_tensor(value) or value.ndim < 1 or value.size < MIN_ELEMENTS or value.shape[-1] < 2:
+        return True
+    return name in RUNTIME_ROW_OPS and value.device.is_opencl and not value.device.is_gpu
+
+
 def provide(name: str, args: tuple, attrs: dict) -> Any:
     """The op on the fused row kernels (its row op's ``provider``), or None to let it run its own kernels."""
     row_op = get_row_op(name)
-    if row_op is None or row_op.provider is None:
-        return None
-    x = args[0]
-    if not is_float32_tensor(x):
-        return None
-    v = value_of(x)
-    if v.ndim < 1 or v.size < MIN_ELEMENTS or v.shape[-1] < 2:
-        return None
-    if name in RUNTIME_ROW_OPS and v.device.is_opencl and not v.device.is_gpu:
+    if row_op is None or row_op.provider is None or declines(name, value_of(args[0])):
         return None
     return row_op.provider(args, attrs, _cached)
 
 
-set_row_provider(provide)
+set_row_provider(provide, declines)
