@@ -19,7 +19,7 @@ from netcl.core import Device, Tensor
 from netcl.jit import row_numpy, row_serial, row_source
 from netcl.jit.row_ir import PARAM, RowInput, RowProgram
 from netcl.runtime.cache import program_cache
-from netcl.runtime.launch import launch
+from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops.rowwise import row_mode
 
 _F32 = np.dtype(np.float32)
@@ -85,7 +85,7 @@ class OpenCLRowKernels(RowKernels):
         )
         kernel = self._kernel(name, program, source, long_index)
         groups = -(-self.rows // per_group)
-        return source, (kernel, groups * config.local, config.local, np.int64 if long_index else np.int32, groups)
+        return source, self._compiled(kernel, groups * config.local, config.local, long_index, groups)
 
     def _build_serial(self, name: str, program: RowProgram, column_sums: frozenset[int]) -> tuple[str, Any]:
         """A work-item a row (``row_serial``), or ``rows_per_group`` rows where it sums per-column gradients."""
@@ -96,7 +96,14 @@ class OpenCLRowKernels(RowKernels):
         kernel = self._kernel(name, program, source, long_index)
         items = -(-self.rows // per_item)
         local = max(1, min(SERIAL_LOCAL, items))
-        return source, (kernel, -(-items // local) * local, local, np.int64 if long_index else np.int32, items)
+        return source, self._compiled(kernel, -(-items // local) * local, local, long_index, items)
+
+    def _compiled(self, kernel: Any, global_size: int, local: int, long_index: bool, partial: int) -> tuple:
+        """The runnable form: (kernel, global size, local size, index type, work-groups or work-items of partial
+        sums, its launch prepared with the row count bound, the last argument)."""
+        index = np.int64 if long_index else np.int32
+        prepared = PreparedLaunch.binding(kernel, global_size, local, {kernel.num_args - 1: self.rows})
+        return kernel, global_size, local, index, partial, prepared
 
     def _kernel(self, name: str, program: RowProgram, source: str, long_index: bool) -> Any:
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
@@ -105,10 +112,10 @@ class OpenCLRowKernels(RowKernels):
         return handle.kernel(name, dtypes)
 
     def run(self, compiled, program_inputs: list[RowInput], values: list[Any], outs: list[Tensor]) -> None:
-        kernel, global_size, local, index, _ = compiled
-        # a strided view among the inputs is read through its gathered copy (``launch`` takes C-contiguous buffers)
-        args = [v.contiguous() if isinstance(v, Tensor) else np.float32(v) for v in values]
-        launch(kernel, global_size, local, *args, *outs, index(self.rows))
+        # a strided view among the inputs is read through its gathered copy (a kernel reads C-contiguous buffers);
+        # numbers go to their declared float32 arguments
+        args = [v.contiguous().data if isinstance(v, Tensor) else v for v in values]
+        compiled[5].call(*args, *[o.data for o in outs])
 
     def empty(self, shape: tuple[int, ...]) -> Tensor:
         device = self.device
