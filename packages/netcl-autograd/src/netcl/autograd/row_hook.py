@@ -4,7 +4,9 @@ netcl-autograd does not import netcl.jit: netcl.jit installs a provider at impor
 (``set_row_provider``). ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm`` and
 ``cross_entropy`` ask ``provided(...)`` first; it returns the provider's Node, or None (the op then
 runs its own runtime kernels) when no provider is installed, a trace is running (the op is being
-traced), the provider declines the arguments, or the call comes from inside the provider.
+traced), the provider declines the arguments, or the call comes from inside the provider. A provider
+installed with a ``declines`` says which tensors it never serves; ``declined`` asks it once per signature, so a
+planned eager call (softmax) can skip the hook where it would get None.
 """
 
 from __future__ import annotations

@@ -625,8 +625,7 @@ def _bind_scratch(prepared: Any, device: Device, stat_bytes: int) -> Any:
         allocate = device.allocator
         scratch = _STAT_SCRATCH[device] = (stat_bytes, allocate(device, stat_bytes), allocate(device, stat_bytes))
         _SCRATCH_BOUND.clear()
-    bound = _SCRATCH_BOUND[prepared] = prepared.with_bound({2: scratch[1], 3: scratch[2]})
-    return bound
+    return remember(_SCRATCH_BOUND, prepared, prepared.with_bound({2: scratch[1], 3: scratch[2]}))
 
 
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
