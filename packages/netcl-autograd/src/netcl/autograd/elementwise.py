@@ -185,14 +185,19 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     tape = _local.tape
     node = None
     if entry.differentiable and (tape is None or tape.enabled) and out.dtype in FLOATING:
-        index: list[int] = []
-        parents: list[Node] = []
-        wanted = False
-        for i, a in enumerate(inputs):
-            if isinstance(a, Node):
-                index.append(i)
-                parents.append(a)
-                wanted = wanted or a.requires_grad
+        index: list[int]
+        parents: list[Node]
+        if count == 2 and type(first) is Node and type(second) is Node:  # the common calls: no loop
+            index, parents, wanted = [0, 1], [first, second], first.requires_grad or second.requires_grad
+        elif count == 1 and type(first) is Node:
+            index, parents, wanted = [0], [first], first.requires_grad
+        else:
+            index, parents, wanted = [], [], False
+            for i, a in enumerate(inputs):
+                if isinstance(a, Node):
+                    index.append(i)
+                    parents.append(a)
+                    wanted = wanted or a.requires_grad
         if wanted:
             grad = _Recorded(name, entry.d, inputs, dict(attrs) if attrs else {}, values, out, index, entry.reads)
             trace = traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None
