@@ -20,7 +20,7 @@ import numpy as np
 
 from netcl.autograd import autocast_mode
 from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
-from netcl.autograd.engine import Node, apply_op, forward_only
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.core.dtypes import is_floating
 from netcl.runtime.ops import layout, linalg, pointwise, reduce, views
@@ -368,6 +368,9 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
     perm, forward, grad = entry
     if forward_only():  # what apply_op would do: the forward, a bare Node
         return Node(forward(x.value if isinstance(x, Node) else x), op_name="transpose")
+    if type(x) is Node and _local.tracer is None:  # apply_op's record (x's value as it is: a view composes)
+        value = x.value
+        return record_one(forward(value), x, value, grad, "transpose")
     return apply_op(forward, grad, x, op_name="transpose", attrs={"axes": perm}, takes_views=True)
 
 
