@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,6 +62,14 @@ class RowKernels:
         return 0
 
 
+class CompiledRowKernel(NamedTuple):
+    """An OpenCL row kernel ready to run: its launch (per call the inputs' and outputs' buffers and the parameters)
+    and the work-groups or work-items that leave partial column sums (the row count where none do)."""
+
+    launch: PreparedLaunch
+    partial: int
+
+
 class OpenCLRowKernels(RowKernels):
     """OpenCL row kernels built through ``program_cache``: a work-group a row (group mode) or a work-item a row."""
 
@@ -71,7 +79,7 @@ class OpenCLRowKernels(RowKernels):
         self.rows_per_group = rows_per_group
 
     def build(self, name: str, program: RowProgram, column_sums: frozenset[int] = frozenset()) -> tuple[str, Any]:
-        """(source, (kernel, global size, local size, index type, work-groups or work-items of partial sums))."""
+        """(source, its ``CompiledRowKernel``)."""
         if jit_row_mode(self.device) == "serial":
             return self._build_serial(name, program, column_sums)
         cl_device = self.device.cl_device
@@ -85,7 +93,7 @@ class OpenCLRowKernels(RowKernels):
         )
         kernel = self._kernel(name, program, source, long_index)
         groups = -(-self.rows // per_group)
-        return source, self._compiled(kernel, groups * config.local, config.local, long_index, groups)
+        return source, self._compiled(kernel, groups * config.local, config.local, groups)
 
     def _build_serial(self, name: str, program: RowProgram, column_sums: frozenset[int]) -> tuple[str, Any]:
         """A work-item a row (``row_serial``), or ``rows_per_group`` rows where it sums per-column gradients."""
@@ -96,14 +104,13 @@ class OpenCLRowKernels(RowKernels):
         kernel = self._kernel(name, program, source, long_index)
         items = -(-self.rows // per_item)
         local = max(1, min(SERIAL_LOCAL, items))
-        return source, self._compiled(kernel, -(-items // local) * local, local, long_index, items)
+        return source, self._compiled(kernel, -(-items // local) * local, local, items)
 
-    def _compiled(self, kernel: Any, global_size: int, local: int, long_index: bool, partial: int) -> tuple:
-        """The runnable form: (kernel, global size, local size, index type, work-groups or work-items of partial
-        sums, its launch prepared with the row count bound, the last argument)."""
-        index = np.int64 if long_index else np.int32
+    def _compiled(self, kernel: Any, global_size: int, local: int, partial: int) -> CompiledRowKernel:
+        """``kernel``'s launch over ``global_size`` work-items in groups of ``local``, the row count (its last
+        argument) bound."""
         prepared = PreparedLaunch.binding(kernel, global_size, local, {kernel.num_args - 1: self.rows})
-        return kernel, global_size, local, index, partial, prepared
+        return CompiledRowKernel(prepared, partial)
 
     def _kernel(self, name: str, program: RowProgram, source: str, long_index: bool) -> Any:
         handle = program_cache.get_or_compile(("jit", self.label), source, self.device.context)
@@ -115,14 +122,14 @@ class OpenCLRowKernels(RowKernels):
         # a strided view among the inputs is read through its gathered copy (a kernel reads C-contiguous buffers);
         # numbers go to their declared float32 arguments
         args = [v.contiguous().data if isinstance(v, Tensor) else v for v in values]
-        compiled[5].call(*args, *[o.data for o in outs])
+        compiled.launch.call(*args, *[o.data for o in outs])
 
     def empty(self, shape: tuple[int, ...]) -> Tensor:
         device = self.device
         return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
 
     def partial_groups(self, compiled) -> int:
-        groups = compiled[4]
+        groups = compiled.partial
         return groups if groups != self.rows else 0
 
 
