@@ -17,6 +17,7 @@ from typing import Any
 
 from netcl.autograd import engine
 from netcl.core import Tensor
+from netcl.runtime.ops._common import remember
 
 Provider = Callable[[str, tuple, dict], Any]
 #: ``declines(name, value)``: whether the provider returns None for every call of op ``name`` whose first
@@ -26,7 +27,6 @@ _provider: Provider | None = None
 _declines: Declines | None = None
 #: (op name, shape, dtype, device) -> the installed provider's ``declines`` for that signature
 _DECLINED: dict[tuple, bool] = {}
-_DECLINED_MAX = 4096
 _local = threading.local()
 
 
@@ -54,9 +54,7 @@ def declined(name: str, value: Tensor) -> bool:
     key = (name, value.shape, value.dtype, value.device)
     found = _DECLINED.get(key)
     if found is None:
-        if len(_DECLINED) >= _DECLINED_MAX:
-            _DECLINED.clear()
-        found = _DECLINED[key] = bool(_declines(name, value))
+        found = remember(_DECLINED, key, bool(_declines(name, value)))
     return found
 
 
