@@ -196,8 +196,9 @@ def test_a_planned_softmax_skips_a_provider_that_declines_its_signature(
     cl_device: Any, monkeypatch, row_provider: Callable[..., None]
 ) -> None:
     """With a row provider whose ``declines`` says it returns None for a signature (netcl.jit's, for tensors under
-    its size floor and on CPU devices), a planned call neither asks the provider nor checks again, and
-    ``declines`` is asked once per signature; a signature it takes asks the provider on every call."""
+    its size floor and on CPU devices), no call of that signature asks the provider (the first, checked one
+    neither) and a planned call does not check again; ``declines`` is asked once per signature; a signature it
+    takes asks the provider on every call."""
     from netcl.runtime import clear_caches
     from netcl.runtime.ops import rowwise
 
@@ -214,17 +215,64 @@ def test_a_planned_softmax_skips_a_provider_that_declines_its_signature(
     other = ag.tensor(X[:, :5].astype(np.float32), device=cl_device)
     checked = rowwise.one_axis
     with ag.no_grad():
-        first = ag.softmax(x).to_host()  # checks, asks the provider (which returns None), plans
+        first = ag.softmax(x).to_host()  # checks, asks declines (not the provider), plans
         monkeypatch.setattr(rowwise, "one_axis", lambda *a: pytest.fail("the planned call checked again"))
         again = [ag.softmax(x).to_host() for _ in range(2)]
         monkeypatch.setattr(rowwise, "one_axis", checked)
         for _ in range(3):
             ag.softmax(other)
-    assert asked == [X.shape] + [other.shape] * 3
+    assert asked == [other.shape] * 3
     assert declines_asked == [X.shape, other.shape]
     for values in again:
         np.testing.assert_array_equal(values, first)
     np.testing.assert_allclose(first, _softmax(X.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+LABELS = np.array([0, 5, 2, 3], dtype=np.int32)
+#: the row ops that ask the row hook, each on X (labels for cross_entropy), with its float64 reference
+ROW_HOOK_OPS: dict[str, tuple[Callable[[Any, Any], Any], Callable[[np.ndarray], np.ndarray]]] = {
+    "layer_norm": (
+        lambda x, labels: ag.layer_norm(x, X.shape[-1]),
+        lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
+    ),
+    "rms_norm": (
+        lambda x, labels: ag.rms_norm(x, X.shape[-1], eps=1e-6),
+        lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6),
+    ),
+    "cross_entropy": (
+        lambda x, labels: ag.cross_entropy(x, labels),
+        lambda x: -np.log(_softmax(x)[np.arange(len(LABELS)), LABELS]).mean(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_HOOK_OPS))
+def test_row_ops_skip_a_provider_that_declines_their_signature(
+    cl_device: Any, name: str, row_provider: Callable[..., None]
+) -> None:
+    """layer_norm, rms_norm and cross_entropy do not call a row provider whose ``declines`` says it returns None
+    for their first argument's signature (``declines`` asked once per signature) and run their own kernels; a
+    provider without ``declines`` is called on every call."""
+    op, reference = ROW_HOOK_OPS[name]
+    asked: list[str] = []
+    declines_asked: list[tuple] = []
+
+    def declines(op_name: str, value: Any) -> bool:
+        declines_asked.append((op_name, value.shape))
+        return True
+
+    x = ag.tensor(X, device=cl_device)
+    labels = ag.tensor(LABELS, device=cl_device, dtype=np.int32)
+    row_provider(lambda op_name, args, attrs: asked.append(op_name), declines)
+    results = [op(x, labels).to_host() for _ in range(3)]
+    assert asked == [] and declines_asked == [(name, X.shape)]
+    row_provider(lambda op_name, args, attrs: asked.append(op_name))
+    op(x, labels)
+    op(x, labels)
+    assert asked == [name, name]
+    for values in results:
+        # float32 row kernels against float64: a few ulps of values of magnitude <= a few
+        np.testing.assert_allclose(values, reference(X.astype(np.float64)), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:

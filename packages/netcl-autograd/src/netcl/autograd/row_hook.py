@@ -5,8 +5,9 @@ netcl-autograd does not import netcl.jit: netcl.jit installs a provider at impor
 ``cross_entropy`` ask ``provided(...)`` first; it returns the provider's Node, or None (the op then
 runs its own runtime kernels) when no provider is installed, a trace is running (the op is being
 traced), the provider declines the arguments, or the call comes from inside the provider. A provider
-installed with a ``declines`` says which tensors it never serves; ``declined`` asks it once per signature, so a
-planned eager call (softmax) can skip the hook where it would get None.
+installed with a ``declines`` says which tensors it never serves; ``declined`` asks it once per signature, and
+``provided`` does not call the provider for a first argument of a declined signature (a planned eager softmax
+asks ``declined`` before its checks, so it skips the hook altogether).
 """
 
 from __future__ import annotations
@@ -59,8 +60,13 @@ def declined(name: str, value: Tensor) -> bool:
 
 
 def provided(name: str, args: tuple, attrs: dict) -> Any:
-    """The provider's result for op ``name`` on ``args``, or None (see the module docstring)."""
+    """The provider's result for op ``name`` on ``args``, or None (see the module docstring); a provider with a
+    ``declines`` is not called where the first argument's value is a tensor of a signature it declines."""
     if _provider is None or engine.get_tracer() is not None or getattr(_local, "busy", False):
+        return None
+    first = args[0]
+    value = first.value if isinstance(first, engine.Node) else first
+    if _declines is not None and isinstance(value, Tensor) and declined(name, value):
         return None
     _local.busy = True
     try:
