@@ -16,9 +16,11 @@ and the eager training steps of the ``train`` workload.
    - raw launches of a prepared 1K-element add kernel (its arguments set once): ``raw kernel()``
      (pyopencl's documented call ``kernel(queue, global, local, *args)``, which sets the arguments each call),
      ``raw enqueue`` (pyopencl's ``_cl.enqueue_nd_range_kernel``, which returns an event), ``raw set+enqueue``
-     (``kernel.set_args`` each call) and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest
-     enqueue on this platform and the one netcl's prepared launches make (no event on NVIDIA, where
-     pyopencl's eventful call on a profiling queue costs about twice as much; pyopencl's call elsewhere).
+     (``kernel.set_args`` each call), ``raw least op`` (``least_op.py``: the least a Python op can do, a
+     launch found by signature, a pooled output in a result object, one argument set, the floor's enqueue)
+     and ``raw floor``: ``netcl.runtime.enqueue.enqueuer``, the cheapest enqueue on this platform and the one
+     netcl's prepared launches make (no event on NVIDIA, where pyopencl's eventful call on a profiling queue
+     costs about twice as much; pyopencl's call elsewhere).
      ``x raw`` is no_grad over ``raw floor``, ``x kernel()`` no_grad over ``raw kernel()`` (pyopencl's launch of a
      prepared kernel with its arguments, as an eager op must pass its new output each call). On PoCL the floor is a
      back-to-back enqueue: an enqueue that follows ~1 us of other host work costs ~1.8x as much (PoCL's worker has
@@ -49,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from least_op import make_least_op
 from measure import paired_ratio, standalone_parser, write_results
 
 import netcl.autograd as ag
@@ -181,12 +184,15 @@ def raw_launches(device, repeats: int) -> tuple[dict[str, float], dict[str, Call
         "raw floor": _sampler(floor, queue.finish),
     }
     samplers["raw floor"].keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive with the samplers
+    least = make_least_op(kernel, floor, (a, b), lambda: cl.Buffer(device.context, flags, size=4 * n), n)
     raw = {
         "raw kernel()": statistics.median(samplers["raw kernel()"]() for _ in range(repeats)),
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),
         "raw set+enqueue": _host_us(set_and_enqueue, queue.finish, repeats),
+        "raw least op": _host_us(least, queue.finish, repeats),
         "raw floor": statistics.median(samplers["raw floor"]() for _ in range(repeats)),
     }
+    kernel.set_args(a, b, c)  # the least op left one of its outputs set
     return raw, samplers
 
 

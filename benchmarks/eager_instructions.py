@@ -1,16 +1,16 @@
 """Main-thread instructions per eager op, by library: a host cost that neither the machine's load nor PoCL's worker
 threads move (``valgrind --tool=callgrind``, which counts instructions, not seconds).
 
-For each op of ``bench_eager.OPS`` asked for (and the raw launches ``raw floor`` and ``raw kernel()``, as
-``bench_eager`` makes them), child processes run under callgrind: each warms the op up, then calls it ``--calls``
-or ``3 * --calls`` times (no_grad, or with ``--recording`` inside a ``Tape`` a chunk of ``bench_eager.INNER``
-calls, whose nodes and outputs are released after it as ``bench_eager``'s samples are) and waits for the queue,
-after a first child of ``--calls`` that fills the caches a first process builds. The difference of the two main threads'
-instruction counts over the difference of calls is the op's count: start-up and imports cancel. The counts are
-split by the shared object that ran them (CPython's interpreter, pyopencl, the OpenCL driver, the rest: libc's
-malloc and locks, NumPy). Repeat runs agree within a few percent (the driver's share moves most: PoCL's enqueue
-takes another path when its worker sleeps); a count is not a time (an enqueue also pays cache misses and the wake-up
-of the worker, which no count shows), so read it beside the bench's medians.
+For each op of ``bench_eager.OPS`` asked for (and the raw launches ``raw floor``, ``raw kernel()`` and ``raw least
+op``, as ``bench_eager`` makes them), child processes run under callgrind: each warms the op up, then calls it
+``--calls`` or ``3 * --calls`` times (no_grad, or with ``--recording`` inside a ``Tape`` a chunk of
+``bench_eager.INNER`` calls, whose nodes and outputs are released after it as ``bench_eager``'s samples are) and
+waits for the queue, after a first child of ``--calls`` that fills the caches a first process builds. The difference
+of the two main threads' instruction counts over the difference of calls is the op's count: start-up and imports
+cancel. The counts are split by the shared object that ran them (CPython's interpreter, pyopencl, the OpenCL driver,
+the rest: libc's malloc and locks, NumPy). Repeat runs agree within a few percent (the driver's share moves most:
+PoCL's enqueue takes another path when its worker sleeps); a count is not a time (an enqueue also pays cache misses
+and the wake-up of the worker, which no count shows), so read it beside the bench's medians.
 
 ``python benchmarks/eager_instructions.py [--ops add,relu,...] [--device SPEC] [--calls 1000] [--recording]``
 (needs ``valgrind``; one op takes a few minutes: the children start Python under callgrind).
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: shared objects -> the column their instructions go to
 GROUPS = (("libpython", "python"), ("_cl.", "pyopencl"), ("libpocl", "driver"), ("libnvidia", "driver"))
-RAWS = ("raw floor", "raw kernel()")
+RAWS = ("raw floor", "raw kernel()", "raw least op")
 
 
 def child(name: str, calls: int, device_spec: str | None, recording: bool) -> None:
@@ -45,11 +45,17 @@ def child(name: str, calls: int, device_spec: str | None, recording: bool) -> No
     device = nc.get_device(device_spec)
     sync = device.queue.finish
     if name in RAWS:
+        import pyopencl as cl
+        from least_op import make_least_op
+
         _, samplers = bench_eager.raw_launches(device, 1)
         kernel, a, b, c = samplers["raw floor"].keep[1:]
         n = bench_eager.SIDE * bench_eager.SIDE
         if name == "raw floor":
             fn, _ = bench_eager.enqueuer(device.queue, kernel, (n,), (256,))
+        elif name == "raw least op":
+            floor, _ = bench_eager.enqueuer(device.queue, kernel, (n,), (256,))
+            fn = make_least_op(kernel, floor, (a, b), lambda: cl.Buffer(device.context, c.flags, size=4 * n), n)
         else:
 
             def fn() -> None:
@@ -107,7 +113,7 @@ def measure(name: str, calls: int, device_spec: str | None, recording: bool) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default="raw floor,raw kernel(),add,relu,matmul 64")
+    parser.add_argument("--ops", default="raw floor,raw kernel(),raw least op,add,relu,matmul 64")
     parser.add_argument("--device", default=None)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--recording", action="store_true")

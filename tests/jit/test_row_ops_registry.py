@@ -301,3 +301,29 @@ def test_row_eager_declines_only_what_it_never_provides(device, name):
     runtime_kernels_kept = device.is_opencl and not device.is_gpu
     assert declines(name, ag.tensor(cases[0], device=device).value) == runtime_kernels_kept
     assert all(declines(name, ag.tensor(h, device=device, dtype=h.dtype).value) for h in cases[1:])
+
+
+def test_row_eager_declines_every_cross_entropy(device):
+    """cross_entropy asks the row hook, but its entry has no provider (the runtime's class-loss kernels are faster):
+    ``declines`` is True for every signature, and ``provide`` returns None for float32 logits past the floor."""
+    assert get_row_op("cross_entropy").provider is None
+    logits = ag.tensor(np.zeros((128, MIN_ELEMENTS // 128 + 3), np.float32), device=device)
+    targets = ag.tensor(np.zeros(128, np.int32), device=device)
+    assert declines("cross_entropy", logits.value)
+    attrs = {"ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0}
+    assert provide("cross_entropy", (logits, targets), attrs) is None
+
+
+def test_registering_a_row_op_makes_the_hook_ask_declines_again(device, softmax_t):
+    """The row hook keeps ``declines``' answer per signature; ``declines`` reads the registry (an op without a
+    provider is declined), so registering or removing a row op forgets those answers."""
+    from netcl.autograd import row_hook
+
+    x = ag.tensor(np.zeros((128, MIN_ELEMENTS // 128 + 3), np.float32), device=device).value
+    entry = get_row_op(softmax_t.name)
+    unregister_row_op(softmax_t.name)
+    try:
+        assert row_hook.declined(softmax_t.name, x)  # no entry: declined, and remembered
+    finally:
+        register_row_op(entry)
+    assert not row_hook.declined(softmax_t.name, x)  # asked again: the entry's provider serves it

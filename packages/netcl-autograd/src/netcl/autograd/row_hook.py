@@ -39,6 +39,11 @@ def set_row_provider(provider: Provider | None, declines: Declines | None = None
     _DECLINED.clear()
 
 
+def forget_declined() -> None:
+    """Forget every ``declined`` answer (the provider's ``declines`` changed: netcl.jit registered a row op)."""
+    _DECLINED.clear()
+
+
 def row_provider_installed() -> bool:
     """Whether a provider is installed (``provided`` may then return a Node)."""
     return _provider is not None

@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 
 import netcl.autograd as ag
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node
 from netcl.core import Tensor
 from netcl.jit.row_ir import COLIDX, ELEM, INDEX, ROW, Builder
 from netcl.jit.row_ops import Cached, RowOp, register_row_op
 from netcl.jit.shapes import class_loss_dtype, class_loss_shape, reduction_shape, same_shape
-from netcl.runtime.ops import layout, pointwise, reduce
 
 _F32 = np.dtype(np.float32)
 
@@ -209,35 +208,6 @@ def _cross_entropy(b: Builder, args: list[str], attrs: dict, var: str) -> str:
     return b.prim("mul", [loss, valid], var=var)
 
 
-def _cross_entropy_provider(args: tuple, attrs: dict, cached: Cached) -> Any:
-    """Per-row losses on the row kernels; "sum" sums them, "mean" divides by the count of valid targets."""
-    x, target = args
-    t, v = value_of(target), value_of(x)
-    if v.ndim != 2 or not isinstance(t, Tensor) or t.dtype != np.int32 or t.shape != v.shape[:1]:
-        return None
-    ignore, reduction, smoothing = attrs["ignore_index"], attrs["reduction"], attrs["label_smoothing"]
-    # (ag.cross_entropy checked the target values before asking: an IndexError names a bad one)
-    rows = cached(
-        ("cross_entropy", ignore, smoothing),
-        lambda: lambda x, t: ag.cross_entropy(x, t, ignore_index=ignore, reduction="none", label_smoothing=smoothing),
-    )(x, t)
-    if reduction == "none":
-        return rows
-    total = ag.sum(rows)
-    if reduction == "sum":
-        return total
-    valid = reduce.sum(pointwise.ne(t, ignore))
-    count = layout.cast(valid, np.float32) if valid.dtype != _F32 else valid
-    safe = pointwise.maximum(count, 1.0)
-    # every target ignored: the mean is 0/0 = NaN (PyTorch), but no position gets a gradient
-    return apply_op(
-        lambda s: pointwise.div(s, count),
-        lambda g, values, out: [pointwise.div(g, safe)],
-        total,
-        op_name="cross_entropy_mean",
-    )
-
-
 # ---- the table ---------------------------------------------------------------------------------
 _REDUCE_ATTRS = ("axis", "keepdims")
 _NORM_ATTRS = ("normalized_shape", "eps", "has_weight", "has_bias")
@@ -265,7 +235,6 @@ BUILTIN_ROW_OPS = (
         operand_kind=INDEX,
         dtype=class_loss_dtype,
         class_target=1,
-        provider=_cross_entropy_provider,
     ),
 )
 

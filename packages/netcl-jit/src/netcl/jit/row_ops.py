@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd.row_hook import forget_declined
 from netcl.jit import primitive_registry
 from netcl.jit.row_ir import COL, Builder
 
@@ -78,6 +79,7 @@ def register_row_op(op: RowOp) -> RowOp:
     with _lock:
         ROW_OPS[op.name] = op
     primitive_registry.bump_version()
+    forget_declined()  # the eager provider's declines reads the registry
     return op
 
 
@@ -86,6 +88,7 @@ def unregister_row_op(name: str) -> None:
     with _lock:
         del ROW_OPS[name]
     primitive_registry.bump_version()
+    forget_declined()
 
 
 def get_row_op(name: str) -> RowOp | None:
