@@ -196,6 +196,15 @@ def test_layer_norm_parameter_gradients_over_row_blocks(check, device, shape, wa
     check([shape, (3,), (3,)], reference, op, requires_grad=wants)
 
 
+@pytest.mark.parametrize("C", [33, 257, 520, 1030, 2100])
+def test_row_ops_over_row_lengths(check, device, C):
+    """Rows on either side of the GPU row kernels' lane-count steps (``rowwise.row_lanes``: 8 elements a lane or
+    more, 32 to 256 lanes), forward and gradients against float64 (finite differences of the reference)."""
+    check([(3, C)], np_softmax, lambda x: ag.softmax(x, -1), gradcheck=False)
+    ln = (lambda x, w, b: np_layer_norm(x, 1, w, b)), (lambda x, w, b: ag.layer_norm(x, C, w, b))
+    check([(3, C), (C,), (C,)], *ln, gradcheck=False)
+
+
 def test_layer_norm_two_dims_no_affine(check, device):
     check([(2, 3, 4)], lambda x: np_layer_norm(x, 2), lambda x: ag.layer_norm(x, (3, 4)))
 

@@ -5,8 +5,8 @@ when they are not trailing already). One work-group takes one row: its threads s
 row, then a tree in local memory combines their partials (max, then sum of ``exp(x - max)`` for
 the softmax family; sum, then sum of squares around the mean for the norms). The kernels (and the
 class losses', ``class_loss``) are ``RowKernel`` bodies on the ``_rows`` skeleton and its tree, with
-``pow2_ceil(C)`` lanes (at most the kernel's limit) per row. ``rows`` and ``C``
-are kernel arguments, so the program is built once per dtype, index width and mode.
+``row_lanes(C)`` lanes per row (at most the kernel's limit). ``rows`` and ``C`` are kernel arguments, so the
+program is built once per dtype, index width and mode.
 
 Forwards also return per-row statistics (softmax: the max subtracted and the sum of exponentials;
 norms: mean and 1/std) in float32 (float64 for float64 input); the backward kernels recompute
@@ -404,6 +404,19 @@ def _check_float(x: Any, op: str) -> None:
         raise DTypeError(f"{op}: x must be a floating-point tensor, got dtype {x.dtype}")
 
 
+#: Elements a lane of a row's work-group takes at least, and the fewest lanes a row gets (``row_lanes``)
+ROW_PER_LANE, ROW_MIN_LANES = 8, 32
+
+
+def row_lanes(cols: int) -> int:
+    """Lanes of the work-group that takes a row of ``cols`` elements on a GPU: ``ROW_PER_LANE`` elements a lane
+    or more, at least ``ROW_MIN_LANES`` (a power of two; the launch caps it at the kernel's limit, 256 on the
+    H200). One element a lane spent most of a short row's time in the trees' barriers: layer_norm forward and
+    backward over (32768, 512) 314 -> 171 us, softmax 238 -> 114 us on the H200 (benchmarks/RESULTS.md,
+    "Forty-fourth session"). Fixed by ``cols`` alone, so a row's sums keep one order."""
+    return max(ROW_MIN_LANES, pow2_ceil(-(-cols // ROW_PER_LANE)))
+
+
 def run_row_kernel(
     kernel: RowKernel,
     fmt: dict[str, Any],
@@ -413,7 +426,7 @@ def run_row_kernel(
     buffers: Sequence[Any],
     extra=(),
 ) -> Any:
-    """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``pow2_ceil(cols)`` lanes (at most the
+    """Launch ``kernel`` on the ``_rows`` skeleton: one work-group of ``row_lanes(cols)`` lanes (at most the
     kernel's limit) per row of ``cols`` contiguous elements, or one work-item per row on a CPU (``row_mode``);
     ``extra`` scalars follow the buffers. Returns
     the ``PreparedLaunch`` it went through (None for zero rows), for a caller's plan."""
@@ -432,7 +445,7 @@ def run_row_kernel(
     if rows <= 0:
         return None
     mode = row_mode(device)
-    lanes = pow2_ceil(cols) if mode == "group" else None
+    lanes = row_lanes(cols) if mode == "group" else None
     prepared = _rows.prepare(key, device, source, name, types, rows, cols, 1, fmt["idx"], mode, lanes)
     prepared.call(*[b.data if isinstance(b, Tensor) else b for b in buffers], *extra)
     return prepared
