@@ -411,8 +411,7 @@ ROW_PER_LANE, ROW_MIN_LANES = 8, 32
 def row_lanes(cols: int) -> int:
     """Lanes of the work-group that takes a row of ``cols`` elements on a GPU: ``ROW_PER_LANE`` elements a lane
     or more, at least ``ROW_MIN_LANES`` (a power of two; the launch caps it at the kernel's limit, 256 on the
-    H200). One element a lane spent most of a short row's time in the trees' barriers: layer_norm forward and
-    backward over (32768, 512) 314 -> 171 us, softmax 238 -> 114 us on the H200 (benchmarks/RESULTS.md,
+    H200). One element a lane spent most of a short row's time in the trees' barriers (benchmarks/RESULTS.md,
     "Forty-fourth session"). Fixed by ``cols`` alone, so a row's sums keep one order."""
     return max(ROW_MIN_LANES, pow2_ceil(-(-cols // ROW_PER_LANE)))
 
