@@ -117,10 +117,10 @@ def _recorded_along(
     """``forward(x, axis, index)`` recorded with the gradient ``backward`` (grad mode on or a tracer installed):
     a Node x with a Tensor value and no tracer straight through ``record_one``, anything else through
     ``apply_op`` (a tracer takes the call; a strided view is gathered there)."""
+    grad = _AlongGrad(backward, axis, index)
     if type(x) is Node and _local.tracer is None and type(x.value) is Tensor:
         value = x.value
-        return record_one(forward(value, axis, index), x, value, _AlongGrad(backward, axis, index), op_name)
-    grad = _AlongGrad(backward, axis, index)
+        return record_one(forward(value, axis, index), x, value, grad, op_name)
     return apply_op(_AlongForward(forward, axis, index), grad, x, op_name=op_name, attrs={"axis": axis})
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from netcl.autograd.row_hook import set_row_provider
 from netcl.jit.builtin_row_ops import BUILTIN_ROW_OPS, is_float32_tensor, value_of
 from netcl.jit.compiler import JitFunction, jit_compile
-from netcl.jit.row_ops import get_row_op
+from netcl.jit.row_ops import RowOp, get_row_op
 
 #: Below this many elements the runtime's row kernels (row length a kernel argument) are used.
 MIN_ELEMENTS = 1 << 16
@@ -47,7 +47,11 @@ def declines(name: str, value: Any) -> bool:
     whatever the other arguments: decided by the registered entry of ``name`` (True for none, or one without a
     provider) and value's dtype, shape and device alone (so the row hook asks once per such signature,
     ``row_hook.declined``; registering a row op makes it ask again)."""
-    row_op = get_row_op(name)
+    return _declines(get_row_op(name), name, value)
+
+
+def _declines(row_op: RowOp | None, name: str, value: Any) -> bool:
+    """``declines`` with the registered entry of ``name`` already looked up (``row_op``)."""
     if row_op is None or row_op.provider is None:
         return True
     if not is_float32_tensor(value) or value.ndim < 1 or value.size < MIN_ELEMENTS or value.shape[-1] < 2:
@@ -58,7 +62,7 @@ def declines(name: str, value: Any) -> bool:
 def provide(name: str, args: tuple, attrs: dict) -> Any:
     """The op on the fused row kernels (its row op's ``provider``), or None to let it run its own kernels."""
     row_op = get_row_op(name)
-    if row_op is None or row_op.provider is None or declines(name, value_of(args[0])):
+    if _declines(row_op, name, value_of(args[0])):
         return None
     return row_op.provider(args, attrs, _cached)
 
