@@ -95,6 +95,52 @@ def test_stats_and_empty_cache(cl_device: nc.Device, settled_memory) -> None:
     del again
 
 
+@pytest.mark.parametrize("fold_every", [5, 4096], ids=["loop-folds", "array-folds"])
+def test_statistics_follow_the_allocation_history(
+    cl_device: nc.Device, monkeypatch: pytest.MonkeyPatch, fold_every: int
+) -> None:
+    """A pool's statistics equal a model replayed from its requests and frees, the peak exactly, whether its events
+    are folded a few at a time (a loop) or thousands at once (NumPy): 3,000 random requests and frees of four size
+    classes, the statistics read every 250 steps."""
+    pool = DevicePool(cl_device)  # its own statistics; the wrappers below die at their ``del``/``pop``
+    monkeypatch.setattr(pool, "_FOLD_EVERY", fold_every)
+    rng = np.random.default_rng(7)
+    requests = [100, 4000, 3000, 70000, (1 << 20) + 4]  # 4000 and 3000 share a class
+    live: list[tuple[object, int]] = []
+    cached: dict[int, int] = {}  # size class -> free blocks
+    model = dict(allocated=0, requested=0, peak=0, served=0, fresh=0, frees=0)
+    for step in range(3000):
+        if live and rng.random() < 0.45:
+            nbytes = live.pop(int(rng.integers(len(live))))[1]  # the wrapper dies here
+            size = size_class(nbytes)
+            cached[size] = cached.get(size, 0) + 1
+            model["allocated"] -= size
+            model["requested"] -= nbytes
+            model["frees"] += 1
+        else:
+            nbytes = requests[int(rng.integers(len(requests)))]
+            size = size_class(nbytes)
+            if cached.get(size):
+                cached[size] -= 1
+                model["served"] += 1
+            else:
+                model["fresh"] += 1
+            live.append((pool.allocate(cl_device, nbytes), nbytes))
+            model["allocated"] += size
+            model["requested"] += nbytes
+            model["peak"] = max(model["peak"], model["allocated"])
+        if step % 250 == 249:
+            stats = pool.stats()
+            assert stats.allocated_bytes == model["allocated"] and stats.requested_bytes == model["requested"]
+            assert stats.peak_allocated_bytes == model["peak"]
+            assert stats.served_from_pool == model["served"] and stats.fresh_allocations == model["fresh"]
+            assert stats.frees == model["frees"] and stats.active_blocks == len(live)
+            assert stats.cached_blocks == sum(cached.values())
+            assert stats.cached_bytes == sum(size * n for size, n in cached.items())
+    live.clear()
+    pool.empty_cache()
+
+
 def test_numpy_backend_has_empty_stats() -> None:
     stats = memory_stats("cpu")
     assert stats.allocated_bytes == 0 and stats.fresh_allocations == 0

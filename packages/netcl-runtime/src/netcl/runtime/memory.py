@@ -31,7 +31,9 @@ import math
 import os
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat, starmap
 
 import numpy as np
 import pyopencl as cl
@@ -45,7 +47,8 @@ _from_int_ptr = cl.Buffer.from_int_ptr
 ENV_VAR = "NETCL_CACHING_ALLOCATOR"
 MIN_BLOCK = 512
 POW2_LIMIT = 1 << 20
-#: nbytes -> size class, for requests up to 64 KiB (below any device's allocation limit)
+#: nbytes -> the event base of its size class (``_base_of``), for requests up to 64 KiB (below any device's
+#: allocation limit)
 _CLASSES: dict[int, int] = {}
 _MEMO_LIMIT = 1 << 16
 _MEMO_ENTRIES = 4096
@@ -77,11 +80,76 @@ class MemoryStats:
     cached_blocks: int = 0
 
 
-#: A pool event is one int: ``size * _EVENT_SHIFT + requested``, positive for a block taken from the
-#: free lists, negative for a block returned to them (an int, not a tuple: making it starts no collection).
-_EVENT_BITS = 48
-_EVENT_SHIFT = 1 << _EVENT_BITS
-_EVENT_MASK = _EVENT_SHIFT - 1
+#: A pool event is one int: ``base + requested``, positive for a block taken from the free lists, negative for a
+#: block returned to them (an int, not a tuple: making it starts no collection). ``base`` is the block size's code
+#: shifted past the requested bytes (``_base_of``), so that every event fits a signed 64-bit integer and the
+#: statistics fold a long queue of them in a few NumPy calls (``_fold_array``).
+_EVENT_BITS = 44  # requests of up to 16 TiB
+_EVENT_MASK = (1 << _EVENT_BITS) - 1
+_MAX_CODES = 1 << (63 - _EVENT_BITS)
+#: block size -> its base (code << _EVENT_BITS), and code -> block size, shared by every pool; grown under the lock
+_BASES: dict[int, int] = {}
+_CODE_SIZES: list[int] = []
+_BASES_LOCK = threading.Lock()
+
+
+def _base_of(size: int) -> int:
+    """The event base of blocks of ``size`` bytes (a new code for a size not seen before)."""
+    base = _BASES.get(size)
+    if base is None:
+        with _BASES_LOCK:
+            base = _BASES.get(size)
+            if base is None:
+                if len(_CODE_SIZES) >= _MAX_CODES:
+                    raise MemoryError(f"the device pools track at most {_MAX_CODES} block sizes; {size} is one more")
+                base = _BASES[size] = len(_CODE_SIZES) << _EVENT_BITS
+                _CODE_SIZES.append(size)
+    return base
+
+
+def _size_of(base: int) -> int:
+    """The block size of event base ``base``."""
+    return _CODE_SIZES[base >> _EVENT_BITS]
+
+
+#: folds of at most this many events run a loop; longer ones NumPy (whose fixed cost, ~10 us, a loop passes here)
+_LOOP_FOLD_MAX = 16
+_SIZES_ARRAY: list[np.ndarray] = [np.zeros(0, np.int64)]  # _CODE_SIZES as an array, remade when it grows
+
+
+def _fold_loop(events: Iterable[int], allocated: int, peak: int) -> tuple[int, int, int, int, int]:
+    """(allocated, requested change, peak, taken, returned) after ``events`` (in order) from ``allocated`` bytes
+    held and a peak of ``peak``; ``_fold_array``'s result for a few events."""
+    requested = taken = returned = 0
+    for event in events:
+        if event > 0:
+            allocated += _CODE_SIZES[event >> _EVENT_BITS]
+            requested += event & _EVENT_MASK
+            taken += 1
+            if allocated > peak:
+                peak = allocated
+        else:
+            allocated -= _CODE_SIZES[-event >> _EVENT_BITS]
+            requested -= -event & _EVENT_MASK
+            returned += 1
+    return allocated, requested, peak, taken, returned
+
+
+def _fold_array(events: np.ndarray, allocated: int, peak: int) -> tuple[int, int, int, int, int]:
+    """``_fold_loop``'s result for ``events`` as an int64 array: the running sum of the signed block sizes gives the
+    exact peak."""
+    sizes = _SIZES_ARRAY[0]
+    if len(sizes) != len(_CODE_SIZES):
+        sizes = _SIZES_ARRAY[0] = np.array(_CODE_SIZES, dtype=np.int64)
+    taken_mask = events > 0
+    magnitudes = np.abs(events)
+    block_sizes = sizes[magnitudes >> _EVENT_BITS]
+    held = np.cumsum(np.where(taken_mask, block_sizes, -block_sizes))
+    held += allocated
+    requested = magnitudes & _EVENT_MASK
+    taken = int(np.count_nonzero(taken_mask))
+    change = int(np.where(taken_mask, requested, -requested).sum())
+    return int(held[-1]), change, max(peak, int(held.max())), taken, len(events) - taken
 
 
 class _BlockToken:
@@ -138,7 +206,8 @@ class DevicePool:
     def __init__(self, device: Device) -> None:
         self.device = device
         self._lock = threading.Lock()
-        #: size class -> its free blocks; a list is never replaced (tokens of live wrappers hold it)
+        #: event base of a block size (``_base_of``) -> its free blocks; a list is never replaced (tokens of live
+        #: wrappers hold it)
         self._free: dict[int, list[cl.Buffer]] = {}
         self._events: deque[int] = deque()
         self._released: deque[tuple[int, int]] = deque()  # (size, requested) of dead unpooled buffers
@@ -146,7 +215,7 @@ class DevicePool:
         self._limit: int | None = None  # min(max alloc, global memory), read once
         self._taggable = True  # False on a pyopencl whose buffers take no attributes: no pooling
         self._views: bool | None = None  # whether fresh blocks are mapped for host views (asked at the first)
-        self._classes: dict[int, int] = {}  # nbytes -> size class of requests above _MEMO_LIMIT
+        self._classes: dict[int, int] = {}  # nbytes -> event base of requests above _MEMO_LIMIT
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``).
@@ -156,19 +225,19 @@ class DevicePool:
         """
         if type(nbytes) is not int:
             nbytes = int(nbytes)
-        size = _CLASSES.get(nbytes)
-        if size is None:
-            size = self._classes.get(nbytes)
-            if size is None:
-                size = self._size_for(device, nbytes)
-        blocks = self._free.get(size)
+        base = _CLASSES.get(nbytes)
+        if base is None:
+            base = self._classes.get(nbytes)
+            if base is None:
+                base = self._base_for(device, nbytes)
+        blocks = self._free.get(base)
         if blocks:
             try:
                 real = blocks.pop()
             except IndexError:  # another thread took the last one
                 pass
             else:
-                event = size * _EVENT_SHIFT + nbytes
+                event = base + nbytes
                 events = self._events
                 events.append(event)
                 wrapper = _from_int_ptr(real.int_ptr, retain=True)
@@ -177,12 +246,14 @@ class DevicePool:
                     with self._lock:
                         self._drain()
                 return wrapper
-        return self._allocate_fresh(size, nbytes)
+        return self._allocate_fresh(base, nbytes)
 
-    def _allocate_fresh(self, size: int, nbytes: int) -> cl.Buffer:
-        """A new device block of ``size`` for a request of ``nbytes`` (the free list of its class is empty)."""
+    def _allocate_fresh(self, base: int, nbytes: int) -> cl.Buffer:
+        """A new device block of the size of event base ``base`` for a request of ``nbytes`` (the free list of its
+        class is empty)."""
+        size = _size_of(base)
         real = self._fresh(size, nbytes)
-        wrapper = self._wrap(real, size, nbytes)
+        wrapper = self._wrap(real, base, nbytes)
         if wrapper is None:  # a pyopencl without dynamic attributes: no pooling
             wrapper, size = real, 0
         with self._lock:
@@ -214,8 +285,9 @@ class DevicePool:
         if stats.allocated_bytes > stats.peak_allocated_bytes:
             stats.peak_allocated_bytes = stats.allocated_bytes
 
-    def _size_for(self, device: Device, nbytes: int) -> int:
-        """The block size for ``nbytes`` (checked against the device's limits; memoized when small)."""
+    def _base_for(self, device: Device, nbytes: int) -> int:
+        """The event base of the block size for ``nbytes`` (checked against the device's limits; memoized when
+        small)."""
         limit = self._limit
         if limit is None:
             limit = self._limit = min(device.max_alloc_size, device.global_mem_size)
@@ -223,22 +295,23 @@ class DevicePool:
             check_allocation(device, nbytes)  # raises MemoryError naming the bytes and the limit
         size = size_class(nbytes)
         if size > limit:
-            return max(nbytes, 4)
+            return _base_of(max(nbytes, 4))
+        base = _base_of(size)
         if nbytes <= _MEMO_LIMIT:
             if len(_CLASSES) < _MEMO_ENTRIES:
-                _CLASSES[nbytes] = size  # under every device's limit, so shared by all pools
+                _CLASSES[nbytes] = base  # under every device's limit, so shared by all pools
         elif len(self._classes) < _MEMO_ENTRIES:
-            self._classes[nbytes] = size  # checked against this device's limit: this pool's own
-        return size
+            self._classes[nbytes] = base  # checked against this device's limit: this pool's own
+        return base
 
-    def _wrap(self, real: cl.Buffer, size: int, nbytes: int) -> cl.Buffer | None:
+    def _wrap(self, real: cl.Buffer, base: int, nbytes: int) -> cl.Buffer | None:
         """A second wrapper of ``real`` that returns the block when it dies (None if it cannot be tagged)."""
         if not self._taggable:
             return None
-        blocks = self._free.setdefault(size, [])
+        blocks = self._free.setdefault(base, [])
         try:
             wrapper = _from_int_ptr(real.int_ptr, retain=True)
-            wrapper._netcl_block = _BlockToken(blocks, self._events, real, size * _EVENT_SHIFT + nbytes)
+            wrapper._netcl_block = _BlockToken(blocks, self._events, real, base + nbytes)
         except (AttributeError, TypeError):
             self._taggable = False
             return None
@@ -284,24 +357,21 @@ class DevicePool:
             size, requested = released.popleft()
             stats.allocated_bytes -= size
             stats.requested_bytes -= requested
-        # a taken block moves its bytes from cached to allocated, a returned one back: cached moves opposite
-        allocated = start = stats.allocated_bytes
-        requested, peak, taken, returned = stats.requested_bytes, stats.peak_allocated_bytes, 0, 0
         events = self._events
+        count = len(events)  # events appended meanwhile wait for the next fold
+        if not count:
+            return
         popleft = events.popleft
-        for _ in range(len(events)):  # events appended meanwhile wait for the next fold
-            event = popleft()
-            if event > 0:
-                allocated += event >> _EVENT_BITS
-                requested += event & _EVENT_MASK
-                taken += 1
-                if allocated > peak:
-                    peak = allocated
-            else:
-                allocated -= (-event) >> _EVENT_BITS
-                requested -= (-event) & _EVENT_MASK
-                returned += 1
-        stats.allocated_bytes, stats.requested_bytes, stats.peak_allocated_bytes = allocated, requested, peak
+        start = stats.allocated_bytes
+        taken_off = starmap(popleft, repeat((), count))
+        if count <= _LOOP_FOLD_MAX:
+            folded = _fold_loop(taken_off, start, stats.peak_allocated_bytes)
+        else:
+            folded = _fold_array(np.fromiter(taken_off, np.int64, count), start, stats.peak_allocated_bytes)
+        allocated, requested, stats.peak_allocated_bytes, taken, returned = folded
+        # a taken block moves its bytes from cached to allocated, a returned one back: cached moves opposite
+        stats.allocated_bytes = allocated
+        stats.requested_bytes += requested
         stats.cached_bytes -= allocated - start
         stats.cached_blocks += returned - taken
         stats.active_blocks += taken - returned
@@ -313,7 +383,8 @@ class DevicePool:
         released = 0
         with self._lock:
             self._drain()
-            for size, blocks in self._free.items():
+            for base, blocks in self._free.items():
+                size = _size_of(base)
                 while True:  # pop, not clear: a token may append to the list meanwhile
                     try:
                         blocks.pop()
