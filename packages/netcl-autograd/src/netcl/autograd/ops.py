@@ -143,6 +143,18 @@ def matmul(a: Operand, b: Operand) -> Node:
     """(M, K) @ (K, N), batched (..., M, K) @ (..., K, N) with broadcast batch dims, and 1-D operands
     as NumPy does: (K,) @ (K,) is a dot product (0-d), (..., M, K) @ (K,) a matrix-vector product and
     (K,) @ (..., K, N) a vector-matrix product (the 1-D side is a row/column reshaped in and out)."""
+    va = a.value if isinstance(a, Node) else a
+    vb = b.value if isinstance(b, Node) else b
+    if (
+        type(va) is Tensor
+        and type(vb) is Tensor
+        and len(va.shape) > 1
+        and len(vb.shape) > 1
+        and autocast_mode.autocast_dtype() is None
+    ):  # the common call (no vector, no view, no autocast): the checks of the other cases skipped
+        if forward_only():  # what apply_op would do: the forward, a bare Node
+            return Node(linalg.matmul(va, vb), op_name="matmul")
+        return apply_op(linalg.matmul, _matmul_grad(a, b), a, b, op_name="matmul", folds_addends=True)
     for operand in (a, b):
         if is_scalar(operand) or not hasattr(operand, "shape") or len(operand.shape) < 1:
             raise ShapeError(
@@ -157,6 +169,14 @@ def matmul(a: Operand, b: Operand) -> Node:
         precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
     if (read_in_place := _transposed_operands(a, b)) is not None:
         return _matmul_in_place(a, b, read_in_place, precision)
+    at = at_matmul_precision  # the op's forward and gradient alike
+    return apply_op(
+        at(precision, linalg.matmul), at(precision, _matmul_grad(a, b)), a, b, op_name="matmul", folds_addends=True
+    )
+
+
+def _matmul_grad(a: Operand, b: Operand) -> Any:
+    """The gradient function of ``a @ b`` over its values (``apply_op``'s ``grad_fn``, folding addends)."""
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor, addends: Sequence[Any] = (None, None)) -> _Grads:
         x, y = values
@@ -164,8 +184,7 @@ def matmul(a: Operand, b: Operand) -> Node:
         gb = _weight_grad(x, g, y, addends[1]) if needs_grad(b) else None
         return [ga, gb]
 
-    at = at_matmul_precision  # the op's forward and gradient alike
-    return apply_op(at(precision, linalg.matmul), at(precision, grad), a, b, op_name="matmul", folds_addends=True)
+    return grad
 
 
 def _transposed_operands(a: Operand, b: Operand) -> tuple[Tensor, bool, Tensor, bool] | None:
