@@ -85,6 +85,24 @@ def test_prepared_launch_with_bound_sets_a_per_call_argument_once(cl_device, han
     np.testing.assert_array_equal(z.to_host(), 2.0 * x_host)
 
 
+def test_prepared_launch_with_trailing_sets_the_last_per_call_arguments_once(cl_device, handle):
+    """``with_trailing``: the last per-call arguments set once, numbers typed as declared (a Python float and int
+    here); the original launch is unchanged; more values than per-call arguments raise ``LaunchError``."""
+    kernel = handle.kernel("axpy", [None, None, np.float32, np.int32])
+    x_host = np.arange(10, dtype=np.float32)
+    y = nc.tensor(np.ones(10, np.float32), device=cl_device)
+    x = nc.tensor(x_host, device=cl_device)
+    prepared = PreparedLaunch.binding(kernel, 16, 8, {})
+    scaled = prepared.with_trailing((3.0, 7))
+    scaled(y.data, x.data)
+    prepared(y.data, x.data, np.float32(0.5), np.int32(10))
+    expected = 1.0 + 3.0 * np.where(np.arange(10) < 7, x_host, 0) + 0.5 * x_host
+    np.testing.assert_array_equal(y.to_host(), expected)
+    assert prepared.with_trailing(()) is prepared
+    with pytest.raises(LaunchError, match="4 per-call arguments"):
+        prepared.with_trailing((1, 2, 3, 4, 5))
+
+
 @pytest.mark.parametrize(
     ("global_size", "local_size", "message"),
     [

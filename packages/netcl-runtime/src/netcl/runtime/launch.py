@@ -367,6 +367,20 @@ class PreparedLaunch:
         static = {**self._static, **bound}
         return PreparedLaunch(self.kernel, self.global_size, self.local_size, static, dynamic, self.queue)
 
+    def with_trailing(self, values: Sequence[Any]) -> PreparedLaunch:
+        """A new launch with its last ``len(values)`` per-call arguments set once to ``values`` (numbers typed as
+        their declared dtypes): for a plan that passes the same sizes, flags and error word every call, which then
+        passes only the arguments before them. This launch itself for no values."""
+        if not values:
+            return self
+        trailing = self._dynamic[len(self._dynamic) - len(values) :]
+        if len(trailing) != len(values):
+            raise LaunchError(
+                f"kernel {self.kernel.function_name!r} takes {len(self._dynamic)} per-call arguments; "
+                f"cannot set the last {len(values)} once"
+            )
+        return self.with_bound({i: v if d is None else d.type(v) for (i, d), v in zip(trailing, values, strict=True)})
+
     def _generate(self) -> Any:
         from netcl.runtime.enqueue import raise_status
 

@@ -101,10 +101,10 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
         plan_key = (x.shape, x.dtype, axis, index.shape, index.dtype, x.device)
         plan = _PLANS.get(plan_key)
         if plan is not None:  # OpenCL, shapes, dtypes and axis checked before, nothing to narrow
-            nbytes, prepared, tail = plan
+            nbytes, prepared = plan
             device = x.device
             out = Tensor(device.allocator(device, nbytes), index.shape, x.dtype, device)
-            prepared.call(x.data, index.data, out.data, *tail)
+            prepared.call(x.data, index.data, out.data)
             return out
     ax, index = check_gather(x, axis, index)
     check_index_range(index, x.shape[ax], "gather", axis=ax)
@@ -132,12 +132,12 @@ def gather_narrowed(x: Tensor, xs: Tensor, ax: int, index: Tensor, plan_key: tup
     tail = (*index_error_args(x.device, "gather", axis=ax), *scalars(idx, [out.size, A, J, inner]))
     prepared.call(xs.data, index.data, out.data, *tail)
     if plan_key is not None and xs is x:
-        remember(_PLANS, plan_key, (out.nbytes, prepared, tail))
+        remember(_PLANS, plan_key, (out.nbytes, prepared.with_trailing(tail)))
     return out
 
 
-#: (x shape, x dtype, axis as given, index shape, index dtype, device) -> (out bytes, prepared launch, error
-#: word / code / size arguments) of an OpenCL ``gather`` whose checks passed once and that cut nothing from x
+#: (x shape, x dtype, axis as given, index shape, index dtype, device) -> (out bytes, prepared launch with
+#: its error word, code and sizes set) of an OpenCL ``gather`` whose checks passed once and that cut nothing from x
 _PLANS: dict[tuple, tuple] = {}
 register_cache(_PLANS.clear)
 

@@ -37,7 +37,7 @@ class OperandTranspose:
     """The transpose of one operand of ``problem`` (``name`` "A" or "B") into a new float32 workspace
     (``layout.tiled_transpose``: each matrix of the batch, at the operand's strides, one after another)."""
 
-    __slots__ = ("device", "shape", "_launch", "_sizes")
+    __slots__ = ("device", "shape", "_launch")
 
     def __init__(self, device: Device, problem: Problem, name: str) -> None:
         p = problem
@@ -50,11 +50,12 @@ class OperandTranspose:
         idx = index_type((extent,), (p.batch * rows * cols,))
         self.device = device
         self.shape = (p.batch * rows * cols,)
-        self._launch, self._sizes = layout.tiled_transpose(device, float32, rows, cols, ld, sizes, strides, idx)
+        launch, arguments = layout.tiled_transpose(device, float32, rows, cols, ld, sizes, strides, idx)
+        self._launch = launch.with_trailing(arguments)
 
     def run(self, x: Tensor) -> Tensor:
         out = Tensor.empty(self.shape, float32, self.device)
-        self._launch.call(x.data, out.data, *self._sizes)
+        self._launch.call(x.data, out.data)
         return out
 
 

@@ -191,9 +191,9 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
         if x.base is None:
             plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
             if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before
-                shape, nbytes, prepared, values = plan
+                shape, nbytes, prepared = plan
                 out = Tensor(device.allocator(device, nbytes), shape, x.dtype, device)
-                prepared.call(x.data, out.data, *values)
+                prepared.call(x.data, out.data)
                 return out
     if not isinstance(x, Tensor):
         raise TypeError(f"getitem: expected a Tensor, got {type(x).__name__}")
@@ -207,7 +207,7 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
         prepared, values = prepare_launch(x, out, view.shape, view.strides, view.offset, write=False)
         if len(_GETITEM_PLANS) >= _MAX_PARSED:
             _GETITEM_PLANS.clear()
-        _GETITEM_PLANS[(x.shape, x.dtype, memo, x.device)] = (out.shape, out.nbytes, prepared, values)
+        _GETITEM_PLANS[(x.shape, x.dtype, memo, x.device)] = (out.shape, out.nbytes, prepared.with_trailing(values))
     return out
 
 
@@ -228,7 +228,7 @@ def _remember_view(x: Tensor, memo: tuple, view: BasicIndex, result: Tensor) -> 
     _VIEW_PLANS[key] = plan
 
 
-#: (shape, dtype, memo_key(key), device) -> (out shape, out bytes, prepared copy, size arguments) of an
+#: (shape, dtype, memo_key(key), device) -> (out shape, out bytes, prepared copy with its sizes set) of an
 #: OpenCL getitem of a root tensor (``base`` None) that is a strided copy: the parse and layout done once
 _GETITEM_PLANS: dict[tuple, tuple] = {}
 #: (shape, dtype, memo_key(key), device, x shares its root's buffer) -> (kind, out shape, start byte, bytes)

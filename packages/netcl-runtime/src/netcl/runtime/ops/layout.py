@@ -163,12 +163,12 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     if plannable:
         plan = _TRANSPOSE_PLANS.get((x.shape, x.dtype, axes, x.device))
         if plan is not None:  # OpenCL, a shape, dtype and axes transposed before: checks and sizes done
-            out_shape, nbytes, prepared, sizes = plan
+            out_shape, nbytes, prepared = plan
             device = x.device
             if prepared is None:  # only length-1 axes move: x's buffer under the new shape
                 return Tensor(x.data, out_shape, x.dtype, device, base=x.base if x.base is not None else x)
             out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
-            prepared.call(x.data, out.data, *sizes)
+            prepared.call(x.data, out.data)
             return out
     x = _require_tensor(x, "transpose")
     perm = tuple(range(x.ndim))[::-1] if axes is None else tuple(int(a) for a in axes)
@@ -178,7 +178,7 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     if moves_only_unit_axes(x.shape, perm):
         out_shape = tuple(x.shape[a] for a in perm)
         if plannable and x.device.is_opencl:
-            remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), (out_shape, 0, None, ()))
+            remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), (out_shape, 0, None))
         return x.reshape(out_shape)
     return permute(x, perm, axes, plannable)
 
@@ -215,11 +215,12 @@ def permute(x: Tensor, perm: tuple[int, ...], axes: Sequence[int] | None, planna
         prepared = prepared_for(key, x.device, resolved.kernel, round_up(out.size, local), local)
     prepared.call(x.data, out.data, *sizes)
     if plannable:
-        remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), (out_shape, out.nbytes, prepared, sizes))
+        plan = (out_shape, out.nbytes, prepared.with_trailing(sizes))
+        remember(_TRANSPOSE_PLANS, (x.shape, x.dtype, axes, x.device), plan)
     return out
 
 
-#: (shape, dtype, axes as given, device) -> (out shape, out bytes, prepared launch, size arguments) of an
+#: (shape, dtype, axes as given, device) -> (out shape, out bytes, prepared launch with its sizes set) of an
 #: OpenCL transpose that ran before (prepared None: a view, ``moves_only_unit_axes``)
 _TRANSPOSE_PLANS: dict[tuple, tuple] = {}
 register_cache(_TRANSPOSE_PLANS.clear)

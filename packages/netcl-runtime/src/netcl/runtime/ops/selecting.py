@@ -169,10 +169,10 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     if type(x) is Tensor and type(index) is Tensor and type(axis) is int and index.device is x.device:
         plan = _PLANS.get((x.shape, x.dtype, axis, index.shape, index.dtype, x.device))
         if plan is not None:  # OpenCL, shapes, dtypes and axis checked before: no host check left
-            out_shape, nbytes, prepared, tail = plan
+            out_shape, nbytes, prepared = plan
             device = x.device
             out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
-            prepared.call(x.data, index.data, out.data, *tail)
+            prepared.call(x.data, index.data, out.data)
             return out
     ax, index = check_index_select(x, axis, index)
     check_index_range(index, x.shape[ax], "index_select", axis=ax)
@@ -210,12 +210,12 @@ def select_along(
     tail = (*index_error_args(x.device, *reported_as), *sizes, np.int32(width > 1))
     prepared.call(x.data, index.data, out.data, *tail)
     if plan_key is not None:
-        remember(_PLANS, plan_key, (out.shape, out.nbytes, prepared, tail))
+        remember(_PLANS, plan_key, (out.shape, out.nbytes, prepared.with_trailing(tail)))
     return out
 
 
 #: (x shape, x dtype, axis as given, index shape, index dtype, device) -> (out shape, out bytes, prepared
-#: launch, error word / code / size arguments) of an OpenCL ``index_select`` whose checks passed once
+#: launch with its error word, code and sizes set) of an OpenCL ``index_select`` whose checks passed once
 _PLANS: dict[tuple, tuple] = {}
 register_cache(_PLANS.clear)
 
@@ -229,13 +229,13 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     key = (device, grad.shape, grad.dtype, axis, index.shape, index.dtype, tuple(shape))
     plan = _BACKWARD_PLANS.get(key)
     if plan is not None:
-        out_shape, nbytes, J, rank, rank_tail, add, add_tail = plan
+        out_shape, nbytes, J, rank, add = plan
         allocate = device.allocator
         out = Tensor(allocate(device, nbytes), out_shape, grad.dtype, device)
         perm = Tensor(allocate(device, 4 * J), (J,), _INT32, device)
         keys = Tensor(allocate(device, 8 * J), (J,), _INT64, device)
-        rank.call(index.data, perm.data, keys.data, *rank_tail)
-        add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
+        rank.call(index.data, perm.data, keys.data)
+        add.call(grad.data, perm.data, keys.data, out.data)
         return out
     shape = tuple(int(d) for d in shape)
     ax = axis % len(shape)
@@ -265,7 +265,7 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     add = prepare_1d(("index_add", st, idx), device, source, "netcl_index_add", types, out.size // width)
     add_tail = (*scalars(idx, [out.size // width, A, J, inner // width]), np.int32(width > 1))
     add.call(grad.data, perm.data, keys.data, out.data, *add_tail)
-    remember(_BACKWARD_PLANS, key, (shape, out.nbytes, J, rank, rank_tail, add, add_tail))
+    remember(_BACKWARD_PLANS, key, (shape, out.nbytes, J, rank.with_trailing(rank_tail), add.with_trailing(add_tail)))
     return out
 
 
@@ -287,7 +287,7 @@ def _rank_launch(device: Device, it: str, length: int) -> tuple[PreparedLaunch, 
 
 _INT32, _INT64 = np.dtype(np.int32), np.dtype(np.int64)
 #: (device, grad shape, grad dtype, axis, index shape, index dtype, x shape) -> (x shape, its bytes, index
-#: count, the rank launch and its arguments, the index-add launch and its size arguments) of a backward
+#: count, the rank launch and the index-add launch, each with its scalar arguments set) of a backward
 _BACKWARD_PLANS: dict[tuple, tuple] = {}
 register_cache(_BACKWARD_PLANS.clear)
 
@@ -312,10 +312,10 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
         plan_key = ("embedding", table.shape, table.dtype, ids.shape, ids.dtype, table.device)
         plan = _PLANS.get(plan_key)
         if plan is not None:
-            _, nbytes, prepared, tail = plan
+            _, nbytes, prepared = plan
             device = table.device
             out = Tensor(device.allocator(device, nbytes), (*ids.shape, table.shape[1]), table.dtype, device)
-            prepared.call(table.data, ids.data, out.data, *tail)
+            prepared.call(table.data, ids.data, out.data)
             return out
     ids = check_embedding(ids, table)
     check_index_range(ids, table.shape[0], "embedding", "ids")
