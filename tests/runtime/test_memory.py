@@ -100,12 +100,12 @@ def test_statistics_follow_the_allocation_history(
     cl_device: nc.Device, monkeypatch: pytest.MonkeyPatch, fold_every: int
 ) -> None:
     """A pool's statistics equal a model replayed from its requests and frees, the peak exactly, whether its events
-    are folded a few at a time (a loop) or thousands at once (NumPy): 3,000 random requests and frees of four size
-    classes, the statistics read every 250 steps."""
+    are folded a few at a time (a loop) or thousands at once (NumPy): 3,000 random requests (empty ones too) and frees
+    of four size classes, the statistics read every 250 steps."""
     pool = DevicePool(cl_device)  # its own statistics; the wrappers below die at their ``del``/``pop``
     monkeypatch.setattr(pool, "_FOLD_EVERY", fold_every)
     rng = np.random.default_rng(7)
-    requests = [100, 4000, 3000, 70000, (1 << 20) + 4]  # 4000 and 3000 share a class
+    requests = [0, 100, 4000, 3000, 70000, (1 << 20) + 4]  # 0 and 100 share a class, as do 4000 and 3000
     live: list[tuple[object, int]] = []
     cached: dict[int, int] = {}  # size class -> free blocks
     model = dict(allocated=0, requested=0, peak=0, served=0, fresh=0, frees=0)

@@ -89,7 +89,7 @@ _EVENT_MASK = (1 << _EVENT_BITS) - 1
 _MAX_CODES = 1 << (63 - _EVENT_BITS)
 #: block size -> its base (code << _EVENT_BITS), and code -> block size, shared by every pool; grown under the lock
 _BASES: dict[int, int] = {}
-_CODE_SIZES: list[int] = []
+_CODE_SIZES: list[int] = [0]  # code 0 unused: an event is never 0, even for a request of 0 bytes
 _BASES_LOCK = threading.Lock()
 
 
@@ -101,7 +101,9 @@ def _base_of(size: int) -> int:
             base = _BASES.get(size)
             if base is None:
                 if len(_CODE_SIZES) >= _MAX_CODES:
-                    raise MemoryError(f"the device pools track at most {_MAX_CODES} block sizes; {size} is one more")
+                    raise MemoryError(
+                        f"the device pools track at most {_MAX_CODES - 1} block sizes; {size} is one more"
+                    )
                 base = _BASES[size] = len(_CODE_SIZES) << _EVENT_BITS
                 _CODE_SIZES.append(size)
     return base
