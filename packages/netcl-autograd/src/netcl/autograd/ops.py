@@ -146,15 +146,18 @@ def matmul(a: Operand, b: Operand) -> Node:
     va = a.value if isinstance(a, Node) else a
     vb = b.value if isinstance(b, Node) else b
     if (
-        type(va) is Tensor
-        and type(vb) is Tensor
+        isinstance(va, Tensor)
+        and isinstance(vb, Tensor)
         and len(va.shape) > 1
         and len(vb.shape) > 1
         and autocast_mode.autocast_dtype() is None
-    ):  # the common call (no vector, no view, no autocast): the checks of the other cases skipped
-        if forward_only():  # what apply_op would do: the forward, a bare Node
-            return Node(linalg.matmul(va, vb), op_name="matmul")
-        return apply_op(linalg.matmul, _matmul_grad(a, b), a, b, op_name="matmul", folds_addends=True)
+    ):  # the common calls (no vector, no autocast): the checks of the other cases skipped
+        if type(va) is Tensor and type(vb) is Tensor:
+            if forward_only():  # what apply_op would do: the forward, a bare Node
+                return Node(linalg.matmul(va, vb), op_name="matmul")
+            return apply_op(linalg.matmul, _matmul_grad(a, b), a, b, op_name="matmul", folds_addends=True)
+        if (read_in_place := _transposed_operands(va, vb)) is not None:
+            return _matmul_in_place(a, b, read_in_place, None)
     for operand in (a, b):
         if is_scalar(operand) or not hasattr(operand, "shape") or len(operand.shape) < 1:
             raise ShapeError(
@@ -167,7 +170,9 @@ def matmul(a: Operand, b: Operand) -> Node:
         if (low := autocast_mode.low_dtype_for(a, b)) is not None:
             return autocast_mode.matmul(a, b, low)
         precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
-    if (read_in_place := _transposed_operands(a, b)) is not None:
+    va = a.value if isinstance(a, Node) else a
+    vb = b.value if isinstance(b, Node) else b
+    if (read_in_place := _transposed_operands(va, vb)) is not None:
         return _matmul_in_place(a, b, read_in_place, precision)
     at = at_matmul_precision  # the op's forward and gradient alike
     return apply_op(
@@ -187,12 +192,10 @@ def _matmul_grad(a: Operand, b: Operand) -> Any:
     return grad
 
 
-def _transposed_operands(a: Operand, b: Operand) -> tuple[Tensor, bool, Tensor, bool] | None:
-    """(what the product reads for a, whether transposed, the same for b) where an operand is a transposed view
-    (``x.T``, ``x.transpose(-2, -1)``: ``views.swapped_source``) and the other a C-contiguous tensor or one
+def _transposed_operands(va: Any, vb: Any) -> tuple[Tensor, bool, Tensor, bool] | None:
+    """(what the product reads for value a, whether transposed, the same for b) where an operand is a transposed
+    view (``x.T``, ``x.transpose(-2, -1)``: ``views.swapped_source``) and the other a C-contiguous tensor or one
     too, both of one rank; None otherwise (the product gathers views as any op does)."""
-    va = a.value if isinstance(a, Node) else a
-    vb = b.value if isinstance(b, Node) else b
     if not (getattr(va, "strided", False) or getattr(vb, "strided", False)) or va.ndim != vb.ndim:
         return None  # no view (a traced operand has none either)
     sa, sb = views.swapped_source(va), views.swapped_source(vb)
@@ -206,6 +209,8 @@ def _matmul_in_place(a: Operand, b: Operand, read: tuple[Tensor, bool, Tensor, b
     the operand as the product reads it, the gradient of a is ``g @ b.T`` and of b ``a.T @ g``, each again a
     product of sources with transpose flags."""
     sa, ta, sb, tb = read
+    if forward_only() and precision is None:  # what apply_op would do: the forward, a bare Node
+        return Node(linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb), op_name="matmul")
 
     def forward(va: Tensor, vb: Tensor) -> Tensor:
         return linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb)
