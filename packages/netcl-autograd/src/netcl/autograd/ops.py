@@ -170,8 +170,6 @@ def matmul(a: Operand, b: Operand) -> Node:
         if (low := autocast_mode.low_dtype_for(a, b)) is not None:
             return autocast_mode.matmul(a, b, low)
         precision = autocast_mode.fallback_precision(a, b)  # autocast on a device without float16
-    va = a.value if isinstance(a, Node) else a
-    vb = b.value if isinstance(b, Node) else b
     if (read_in_place := _transposed_operands(va, vb)) is not None:
         return _matmul_in_place(a, b, read_in_place, precision)
     at = at_matmul_precision  # the op's forward and gradient alike
