@@ -490,29 +490,14 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
             out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
             plan.prepared.call(out.data, a.data)
             return out
-    elif len(operands) == 2 and type(operands[0]) is Tensor and type(operands[1]) in _PLAIN_SCALARS:
-        a, b = operands  # a tensor and a Python number (``x * 2.0``): ``_launch_key``'s key without its tests
-        fast = (id(op), a.shape, a.dtype, a.device, type(b))
-        hit = _LAUNCHES.get(fast)
-        if hit is not None and hit[0] is op:
-            plan = hit[1]
-            device = a.device
-            out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
-            hit[2](plan.prepared.call, out.data, a, b)
-            return out
-    elif len(operands) == 2 and (type(operands[0]) is StridedView or type(operands[1]) is StridedView):
-        a, b = operands  # a view read in place beside a Tensor or another view: its strides and offset in the key
-        fast = _view_launch_key(op, a, b)
-        if fast is not None:
-            hit = _LAUNCHES.get(fast)
-            if hit is not None and hit[0] is op:
-                plan = hit[1]
-                device = a.device
-                out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
-                hit[2](plan.prepared.call, out.data, a, b)
-                return out
     else:
-        fast = _launch_key(op, operands)
+        if len(operands) == 2 and type(operands[0]) is Tensor and type(operands[1]) in _PLAIN_SCALARS:
+            a, b = operands  # a tensor and a Python number (``x * 2.0``): ``_launch_key``'s key without its tests
+            fast = (id(op), a.shape, a.dtype, a.device, type(b))
+        elif len(operands) == 2 and (type(operands[0]) is StridedView or type(operands[1]) is StridedView):
+            fast = _view_launch_key(op, *operands)  # a view read in place: its strides and offset in the key
+        else:
+            fast = _launch_key(op, operands)
         if fast is not None:
             hit = _LAUNCHES.get(fast)
             if hit is not None and hit[0] is op:
