@@ -10,7 +10,9 @@ of the two main threads' instruction counts over the difference of calls is the 
 cancel. The counts are split by the shared object that ran them (CPython's interpreter, pyopencl, the OpenCL driver,
 the rest: libc's malloc and locks, NumPy). Repeat runs agree within a few percent (the driver's share moves most:
 PoCL's enqueue takes another path when its worker sleeps); a count is not a time (an enqueue also pays cache misses
-and the wake-up of the worker, which no count shows), so read it beside the bench's medians.
+and the wake-up of the worker, which no count shows), so read it beside the bench's medians. Periodic work lands in
+the window unevenly: the caching allocator folds its statistics every 4,096 events (two an op), so the default 1,000
+calls (a 2,000-call window) hold about the steady rate of folds and 600 calls none.
 
 ``python benchmarks/eager_instructions.py [--ops add,relu,...] [--device SPEC] [--calls 1000] [--recording]``
 (needs ``valgrind``; one op takes a few minutes: the children start Python under callgrind).
