@@ -155,9 +155,10 @@ def matmul(a: Operand, b: Operand) -> Node:
         if type(va) is Tensor and type(vb) is Tensor:
             if forward_only():  # what apply_op would do: the forward, a bare Node
                 return Node(linalg.matmul(va, vb), op_name="matmul")
-            return apply_op(linalg.matmul, _matmul_grad(a, b), a, b, op_name="matmul", folds_addends=True)
-        if (read_in_place := _transposed_operands(va, vb)) is not None:
+        elif (read_in_place := _transposed_operands(va, vb)) is not None:
             return _matmul_in_place(a, b, read_in_place, None)
+        # the general path's checks all pass here (precision None): its product, views gathered by apply_op
+        return apply_op(linalg.matmul, _matmul_grad(a, b), a, b, op_name="matmul", folds_addends=True)
     for operand in (a, b):
         if is_scalar(operand) or not hasattr(operand, "shape") or len(operand.shape) < 1:
             raise ShapeError(
