@@ -36,7 +36,7 @@ def set_row_provider(provider: Provider | None, declines: Declines | None = None
     from a signature alone that it returns None (``declined`` then asks it once per signature)."""
     global _provider, _declines
     _provider, _declines = provider, declines
-    _DECLINED.clear()
+    forget_declined()
 
 
 def forget_declined() -> None:
