@@ -114,7 +114,8 @@ def _size_of(base: int) -> int:
     return _CODE_SIZES[base >> _EVENT_BITS]
 
 
-#: folds of at most this many events run a loop; longer ones NumPy (whose fixed cost, ~10 us, a loop passes here)
+#: folds of at most this many events run a loop, longer ones NumPy: below it NumPy's fixed cost is more than the
+#: loop's (benchmarks/RESULTS.md, "Forty-fifth session")
 _LOOP_FOLD_MAX = 16
 _SIZES_ARRAY: list[np.ndarray] = [np.zeros(0, np.int64)]  # _CODE_SIZES as an array, remade when it grows
 
