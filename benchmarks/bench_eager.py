@@ -153,7 +153,8 @@ def _netcl_inputs(device, host: dict[str, np.ndarray], grad: bool) -> dict:
 
 def raw_launches(device, repeats: int) -> tuple[dict[str, float], dict[str, Callable[[], float]]]:
     """Host us per raw pyopencl launch of a prepared 1K-element add kernel, and the samplers of ``raw floor`` and
-    ``raw kernel()`` (which ``op_rows`` samples again in turn with each op); OpenCL devices only (else nothing)."""
+    ``raw kernel()`` (which ``op_rows`` samples again in turn with each op; the floor's sampler carries the raw
+    launches themselves as ``launches``, by row name); OpenCL devices only (else nothing)."""
     if device.kind != "opencl":
         return {}, {}
     import pyopencl as cl
@@ -178,13 +179,22 @@ def raw_launches(device, repeats: int) -> tuple[dict[str, float], dict[str, Call
         kernel.set_args(a, b, c)
         _cl.enqueue_nd_range_kernel(queue, kernel, (n,), (256,), None, None, False, False)
 
+    def kernel_call() -> None:
+        kernel(queue, (n,), (256,), a, b, c)
+
     floor, _ = enqueuer(queue, kernel, (n,), (256,))  # what netcl's prepared launches call on this platform
     samplers = {
-        "raw kernel()": _sampler(lambda: kernel(queue, (n,), (256,), a, b, c), queue.finish),
+        "raw kernel()": _sampler(kernel_call, queue.finish),
         "raw floor": _sampler(floor, queue.finish),
     }
     samplers["raw floor"].keep = (program, kernel, a, b, c)  # type: ignore[attr-defined]  # alive with the samplers
     least = make_least_op(kernel, floor, (a, b), lambda: cl.Buffer(device.context, flags, size=4 * n), n)
+    #: the raw launches by row name, for ``eager_instructions`` to count
+    samplers["raw floor"].launches = {  # type: ignore[attr-defined]
+        "raw floor": floor,
+        "raw kernel()": kernel_call,
+        "raw least op": least,
+    }
     raw = {
         "raw kernel()": statistics.median(samplers["raw kernel()"]() for _ in range(repeats)),
         "raw enqueue": _host_us(enqueue, queue.finish, repeats),

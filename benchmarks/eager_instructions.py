@@ -47,22 +47,8 @@ def child(name: str, calls: int, device_spec: str | None, recording: bool) -> No
     device = nc.get_device(device_spec)
     sync = device.queue.finish
     if name in RAWS:
-        import pyopencl as cl
-        from least_op import make_least_op
-
         _, samplers = bench_eager.raw_launches(device, 1)
-        kernel, a, b, c = samplers["raw floor"].keep[1:]
-        n = bench_eager.SIDE * bench_eager.SIDE
-        if name == "raw floor":
-            fn, _ = bench_eager.enqueuer(device.queue, kernel, (n,), (256,))
-        elif name == "raw least op":
-            floor, _ = bench_eager.enqueuer(device.queue, kernel, (n,), (256,))
-            fn = make_least_op(kernel, floor, (a, b), lambda: cl.Buffer(device.context, c.flags, size=4 * n), n)
-        else:
-
-            def fn() -> None:
-                kernel(device.queue, (n,), (256,), a, b, c)
-
+        fn = samplers["raw floor"].launches[name]  # alive with the samplers
         context = nullcontext
     else:
         inputs = bench_eager._netcl_inputs(device, bench_eager._host_inputs(), recording)
