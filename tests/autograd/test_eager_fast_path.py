@@ -90,6 +90,16 @@ def test_forward_only_says_when_nothing_is_recorded() -> None:
             engine.set_tracer(None)
 
 
+def test_an_untracked_node_has_the_fields_of_a_plain_node(device: Any) -> None:
+    """``untracked`` (the Node every no_grad op returns) sets what ``Node(value, op_name=...)`` sets, and reads the
+    same class defaults (no gradient, no trace, nothing freed)."""
+    value = ag.tensor(X, device=device).value
+    made, plain = engine.untracked(value, "add"), engine.Node(value, op_name="add")
+    assert type(made) is engine.Node and vars(made) == vars(plain)
+    assert made.parents is not plain.parents  # a list of its own
+    assert (made.grad, made.creation_trace, made._freed, made.requires_grad) == (None, None, False, False)
+
+
 @pytest.mark.parametrize("name", sorted(FRONTS))
 def test_no_grad_fronts_skip_apply_op(device: Any, name: str, apply_op_calls: list[str]) -> None:
     op, reference = FRONTS[name]

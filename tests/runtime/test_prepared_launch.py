@@ -117,6 +117,8 @@ def test_prepared_launch_bad_inputs(cl_device, kernel):
     prepared = PreparedLaunch(kernel, N, None, static, [(0, None), (1, None), (2, np.float32)])
     with pytest.raises(LaunchError, match="cannot set arguments of kernel 'axpb'"):
         prepared.call("not a buffer", nc.Tensor.empty((N,), device=cl_device).data, 1.0)
+    assert prepared._lock.acquire(blocking=False), "a failed call left its launch locked"
+    prepared._lock.release()
 
 
 @pytest.mark.parametrize("direct", DIRECT)

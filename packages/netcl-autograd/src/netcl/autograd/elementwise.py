@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, _local, apply_op, gathered
+from netcl.autograd.engine import Node, _local, apply_op, gathered, untracked
 from netcl.autograd.saved_values import check_unmodified
 from netcl.core import Tensor, writes
 from netcl.core.dtypes import FLOATING
@@ -181,7 +181,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     else:
         out = apply(entry.kernel, forward_operands(entry.d, values, attrs or {}))
     if not grad_mode.grad_enabled:
-        return Node(out, op_name=name)
+        return untracked(out, name)
     tape = _local.tape
     node = None
     if entry.differentiable and (tape is None or tape.enabled) and out.dtype in FLOATING:
@@ -203,7 +203,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
             trace = traceback.format_stack()[:-1] if grad_mode.anomaly_enabled else None
             node = Node(out, grad, parents, None, True, trace, name)
     if node is None:
-        node = Node(out, op_name=name)
+        node = untracked(out, name)
     if tape is not None and tape.enabled:
         tape.nodes.append(node)
     return node

@@ -63,6 +63,7 @@ __all__ = [
     "set_grad_enabled",
     "set_tracer",
     "tensor",
+    "untracked",
 ]
 
 
@@ -204,7 +205,7 @@ class Node:
 
     def detach(self) -> Node:
         """A new leaf sharing this node's value, cut off from the graph."""
-        return Node(self.value, op_name="detach")
+        return untracked(self.value, "detach")
 
     def backward(self, grad: Tensor | Node | np.ndarray | None = None, retain_graph: bool = False) -> None:
         """``Tape.backward(self, grad)`` on the current tape (or a throwaway one)."""
@@ -224,6 +225,23 @@ class Node:
 
     # The operators (``+``, ``@``, ``<``, ...) and the op methods (``reshape``, ``sum``, ``T``,
     # ``__getitem__``, ...) are installed by netcl.autograd.node_methods when netcl.autograd is imported.
+
+
+_new_object = object.__new__
+
+
+def untracked(value: Tensor, op_name: str | None) -> Node:
+    """``Node(value, op_name=op_name)``: the Node of a result nothing differentiates (no ``grad_fn``, no parents,
+    ``requires_grad`` False), made without ``__init__``'s optional arguments. Every eager op under ``no_grad``
+    returns one, so it is the cheapest way to make a Node (see benchmarks/RESULTS.md, "Forty-sixth session");
+    it sets the fields ``__init__`` sets for these arguments."""
+    node = _new_object(Node)
+    node.value = value
+    node.grad_fn = None
+    node.parents = []
+    node.requires_grad = False
+    node.op_name = op_name
+    return node
 
 
 class HookHandle:
@@ -350,7 +368,7 @@ def set_tracer(tracer: Tracer | None) -> None:
 # ---- apply_op ----------------------------------------------------------------------------------
 def forward_only() -> bool:
     """Whether an op called now runs its forward alone: grad mode off and no tracer installed. ``apply_op``
-    then returns ``Node(fn(*values), op_name=op_name)``; an op's front may do the same itself, without
+    then returns ``untracked(fn(*values), op_name)``; an op's front may do the same itself, without
     building the gradient function and attributes that nothing would read."""
     return not grad_mode.grad_enabled and _local.tracer is None
 
@@ -413,7 +431,7 @@ def apply_op(
             values = gathered(values)
     out = fn(*values)
     if not grad_mode.grad_enabled:
-        return Node(out, op_name=op_name)
+        return untracked(out, op_name)
     if single and isinstance(first, Node):  # the common arity
         return record_one(out, first, values[0], grad_fn, op_name, folds_addends, tape)
     if tape is None:
@@ -428,7 +446,7 @@ def apply_op(
             wanted = wanted or a.requires_grad
     tracking = wanted and grad_fn is not None and (tape is None or tape.enabled) and out.dtype in FLOATING
     if not tracking:
-        node = Node(out, op_name=op_name)
+        node = untracked(out, op_name)
     else:
         node = Node(
             out,
@@ -470,7 +488,7 @@ def record_one(
             op_name,
         )
     else:
-        node = Node(out, op_name=op_name)
+        node = untracked(out, op_name)
     if tape is not None and tape.enabled:  # ``Tape.record``, inlined on this path
         tape.nodes.append(node)
     return node

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, Tape
+from netcl.autograd.engine import Node, Tape, untracked
 from netcl.core import Tensor
 
 
@@ -52,7 +52,7 @@ def gradcheck(
     finally:
         for i, (grad, owned, value_grad) in zip(checked, saved, strict=True):
             inputs[i].grad, inputs[i]._grad_owned, inputs[i].value.grad = grad, owned, value_grad
-    detached = [Node(x.value, op_name="tensor") if isinstance(x, Node) else x for x in inputs]
+    detached = [untracked(x.value, "tensor") if isinstance(x, Node) else x for x in inputs]
     weights = w.astype(np.float64)
     for k, i in enumerate(checked):
         numeric = _numerical_grad(fn, detached, i, weights, eps)
@@ -79,7 +79,7 @@ def _numerical_grad(
         moved = flat.copy()
         moved[j] = flat[j] + step
         args = list(inputs)
-        args[index] = Node(Tensor.from_host(x.device, moved.reshape(base.shape), x.dtype), op_name="tensor")
+        args[index] = untracked(Tensor.from_host(x.device, moved.reshape(base.shape), x.dtype), "tensor")
         return float(moved[j]), float(np.sum(weights * fn(*args).to_host().astype(np.float64)))
 
     grad = np.zeros(flat.shape, dtype=np.float64)

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from netcl.autograd.capture_checks import CaptureChecks
-from netcl.autograd.engine import Node, Tape, get_current_tape
+from netcl.autograd.engine import Node, Tape, get_current_tape, untracked
 from netcl.core import Device, Tensor, get_device
 from netcl.runtime.capture import CaptureState
 from netcl.runtime.errors import ReplayError, StaleCaptureError
@@ -227,5 +227,5 @@ def _rewrap(template: Any, results: Any) -> Any:
     if isinstance(template, dict):
         return {k: _rewrap(v, results[k]) for k, v in template.items()}
     if isinstance(template, Node):
-        return Node(results, op_name=template.op_name)
+        return untracked(results, template.op_name)
     return results

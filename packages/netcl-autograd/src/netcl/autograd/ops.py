@@ -20,7 +20,7 @@ import numpy as np
 
 from netcl.autograd import autocast_mode
 from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
-from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.core import ShapeError, Tensor, broadcast_shapes
 from netcl.core.dtypes import is_floating
 from netcl.runtime.ops import layout, linalg, pointwise, reduce, views
@@ -154,7 +154,7 @@ def matmul(a: Operand, b: Operand) -> Node:
     ):  # the common calls (no vector, no autocast): the checks of the other cases skipped
         if type(va) is Tensor and type(vb) is Tensor:
             if forward_only():  # what apply_op would do: the forward, a bare Node
-                return Node(linalg.matmul(va, vb), op_name="matmul")
+                return untracked(linalg.matmul(va, vb), "matmul")
         elif (read_in_place := _transposed_operands(va, vb)) is not None:
             return _matmul_in_place(a, b, read_in_place, None)
         # the general path's checks all pass here (precision None): its product, views gathered by apply_op
@@ -209,7 +209,7 @@ def _matmul_in_place(a: Operand, b: Operand, read: tuple[Tensor, bool, Tensor, b
     product of sources with transpose flags."""
     sa, ta, sb, tb = read
     if forward_only() and precision is None:  # what apply_op would do: the forward, a bare Node
-        return Node(linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb), op_name="matmul")
+        return untracked(linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb), "matmul")
 
     def forward(va: Tensor, vb: Tensor) -> Tensor:
         return linalg.matmul(sa, sb, transpose_a=ta, transpose_b=tb)
@@ -287,7 +287,7 @@ def sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Sum over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
     if forward_only():  # what apply_op would do: the forward, a bare Node
-        return Node(reduce.sum(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="sum")
+        return untracked(reduce.sum(x.value if isinstance(x, Node) else x, axes, keepdims), "sum")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -306,7 +306,7 @@ def mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Mean over ``axis`` (all axes when None)."""
     axes = normalize_axes(axis, len(x.shape))
     if forward_only():  # what apply_op would do: the forward, a bare Node
-        return Node(reduce.mean(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="mean")
+        return untracked(reduce.mean(x.value if isinstance(x, Node) else x, axes, keepdims), "mean")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -329,7 +329,7 @@ def max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     """Maximum over ``axis``; the gradient is shared equally among tied maxima."""
     axes = normalize_axes(axis, len(x.shape))
     if forward_only():  # what apply_op would do: the forward, a bare Node
-        return Node(reduce.max(x.value if isinstance(x, Node) else x, axes, keepdims), op_name="max")
+        return untracked(reduce.max(x.value if isinstance(x, Node) else x, axes, keepdims), "max")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> _Grads:
         (v,) = values
@@ -353,7 +353,7 @@ def reshape(x: Operand, shape: Sequence[int]) -> Node:
     """A view of ``x`` with a new shape (one dimension may be -1)."""
     shape = tuple(shape)
     if forward_only() and type(x) is Node and type(x.value) is Tensor:  # what apply_op would return, directly
-        return Node(x.value.reshape(shape), op_name="reshape")
+        return untracked(x.value.reshape(shape), "reshape")
     return apply_op(_Reshape(shape), _reshape_grad, x, op_name="reshape", attrs={"shape": shape})
 
 
@@ -390,7 +390,7 @@ def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
             _TRANSPOSES[key] = entry
     perm, forward, grad = entry
     if forward_only():  # what apply_op would do: the forward, a bare Node
-        return Node(forward(x.value if isinstance(x, Node) else x), op_name="transpose")
+        return untracked(forward(x.value if isinstance(x, Node) else x), "transpose")
     if type(x) is Node and _local.tracer is None:  # apply_op's record (x's value as it is: a view composes)
         value = x.value
         return record_one(forward(value), x, value, grad, "transpose")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, layout, pointwise, selecting
 
@@ -197,7 +197,7 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
         ax = _checked_axis("gather", gathering.check_gather_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
-            return Node(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), op_name="gather")
+            return untracked(gathering.gather(x.value if isinstance(x, Node) else x, ax, given), "gather")
         return _recorded_along(gathering.gather, gathering.gather_backward, x, ax, given, "gather")
     index_shape = np.shape(given)
     ax = gathering.check_gather_shapes(shape, axis, index_shape)
@@ -217,7 +217,7 @@ def index_select(x: Operand, axis: int, index: Any) -> Node:
         ax = _checked_axis("index_select", selecting.check_index_select_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
             value = x.value if isinstance(x, Node) else x
-            return Node(selecting.index_select(value, ax, given), op_name="index_select")
+            return untracked(selecting.index_select(value, ax, given), "index_select")
         return _recorded_along(selecting.index_select, selecting.index_select_backward, x, ax, given, "index_select")
     index_shape = np.shape(given)
     ax = selecting.check_index_select_shapes(shape, axis, index_shape)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import Node, untracked
 from netcl.autograd.ops import add, mul, reshape
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
@@ -65,7 +65,7 @@ def interpolate(
             mul(index_select(out, axis, lower), reshape(w_lower, (target, *ones))),
             mul(index_select(out, axis, upper), reshape(w_upper, (target, *ones))),
         )
-    return out if isinstance(out, Node) else Node(out, op_name="interpolate")
+    return out if isinstance(out, Node) else untracked(out, "interpolate")
 
 
 def _output_sizes(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op, forward_only
+from netcl.autograd.engine import Node, apply_op, forward_only, untracked
 from netcl.autograd.ops import reshape, transpose
 from netcl.autograd.ops_index import index_select
 from netcl.core import ShapeError, Tensor
@@ -57,7 +57,7 @@ def getitem(x: Operand, key: Any) -> Node:
             return _array_getitem(x, shape, items, arrays[0])
     indexing.parse_index(shape, key, memo)  # IndexError / ValueError before anything runs (memoized per key)
     if forward_only():  # what apply_op would do: the forward, a bare Node
-        return Node(views.getitem_view(x.value if isinstance(x, Node) else x, key, memo), op_name="getitem")
+        return untracked(views.getitem_view(x.value if isinstance(x, Node) else x, key, memo), "getitem")
     return apply_op(
         lambda v: views.getitem_view(v, key, memo),
         _GetitemGrad(key),
@@ -258,7 +258,7 @@ def _indexed_pad(x: Operand, shape: tuple[int, ...], pad: Sequence[int], mode: s
                 source = np.mod(source, length)
             index = remember(_PAD_INDICES, key, Tensor.from_host(x.device, source.astype(np.int32)), DEVICE_CONSTANTS)
         out = index_select(out, axis, index)
-    return out if isinstance(out, Node) else Node(out, op_name="pad")
+    return out if isinstance(out, Node) else untracked(out, "pad")
 
 
 def cast(x: Operand, dtype: Any) -> Node:
@@ -268,7 +268,7 @@ def cast(x: Operand, dtype: Any) -> Node:
     _shape(x, "cast")
     target, source = np.dtype(dtype), np.dtype(x.dtype)
     if target == source:
-        return x if isinstance(x, Node) else Node(x, op_name="cast")
+        return x if isinstance(x, Node) else untracked(x, "cast")
 
     def grad(g: Tensor, values: tuple[Any, ...], out: Tensor) -> list[Tensor | None]:
         return [layout.cast(g, values[0].dtype)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from netcl.autograd import grad_mode
-from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one
+from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.autograd.row_hook import declined, provided
 from netcl.core import Tensor
 from netcl.runtime.ops import rowwise
@@ -36,7 +36,7 @@ def value_of(x: Any, op: str, arg: str = "x") -> Tensor:
 def _family(x: Operand, axes: tuple[int, ...], mode: int, out_shape: tuple[int, ...] | None, attrs: dict) -> Node:
     if forward_only():  # what apply_op would do: the forward (no statistics kept), a bare Node
         out = rowwise.softmax_forward(x.value if isinstance(x, Node) else x, axes, mode, keep_stats=False)[0]
-        return Node(out if out_shape is None else out.reshape(out_shape), op_name=rowwise.MODE_NAMES[mode])
+        return untracked(out if out_shape is None else out.reshape(out_shape), rowwise.MODE_NAMES[mode])
     if mode != rowwise.LOGSUMEXP:  # the backward reads the output alone: nothing else is kept
         forward, grad_from_output = _from_output(axes, mode)
         return apply_op(forward, grad_from_output, x, op_name=rowwise.MODE_NAMES[mode], attrs=attrs)
@@ -113,7 +113,7 @@ def _planned(x: Operand, axis: int, mode: int) -> Node | None:
     axes, plan = found
     out = rowwise.planned_softmax_output(value, plan)
     if not grad_mode.grad_enabled:
-        return Node(out, op_name=name)
+        return untracked(out, name)
     # _family's record (apply_op's with no tracer), with the plan found here (no second lookup)
     return record_one(out, x, value, _from_output(axes, mode)[1], name)
 

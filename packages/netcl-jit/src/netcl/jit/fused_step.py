@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, untracked
 from netcl.core import Device, Tensor
 from netcl.jit.codegen import backward_body, forward_body, reached_inputs
 from netcl.jit.column_source import ColumnLayout, column_input
@@ -106,12 +106,13 @@ class FusedStep:
             else:
                 lines.append(f"    {out} = device.allocator(device, nbytes)")
         lines.append(f"    call({', '.join(values + outs)})")
-        nodes = [f"Node(Tensor(o{j}, shape, F32, device), op_name=label)" for j in outputs]
+        nodes = [f"untracked(Tensor(o{j}, shape, F32, device), label)" for j in outputs]
         lines.append(f"    return ({', '.join(nodes)},)" if returns_tuple else f"    return {nodes[0]}")
         lines += ["def calibrate(ring0):", "    for o0 in ring0:", "        return getrefcount(o0)"]
         scope = {
             "Tensor": Tensor,
             "Node": Node,
+            "untracked": untracked,
             "F32": _F32,
             "f32": np.float32,
             "device": self.device,
@@ -175,7 +176,7 @@ class FusedStep:
             self._run(self._forward, values, outs, None)
         wants = tuple(isinstance(x, Node) and x.requires_grad for x in ext)
         if not any(wants):  # nothing to differentiate: what apply_op returns here, without its overhead
-            return [Node(out, op_name=self.label) for out in outs]
+            return [untracked(out, self.label) for out in outs]
         return [
             apply_op(Precomputed(out), self._grad_fn(j, wants), *ext, op_name=self.label) for j, out in enumerate(outs)
         ]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op
+from netcl.autograd.engine import Node, apply_op, untracked
 from netcl.core import Device, Tensor
 from netcl.jit.codegen import backward_body, forward_body
 from netcl.jit.fused_step import FusedStep, Precomputed
@@ -234,7 +234,7 @@ class GemmEpilogueStep:
             group_values = self._group_values(product, others)
             self.inner._run(self.inner._forward, group_values, outs, None)
         if not grad:
-            return [Node(out, op_name=self.inner.label) for out in outs]
+            return [untracked(out, self.inner.label) for out in outs]
         return [
             apply_op(Precomputed(out), self._grad_fn(j, wants, product), *ext, op_name=self.inner.label)
             for j, out in enumerate(outs)

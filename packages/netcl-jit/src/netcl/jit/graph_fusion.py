@@ -13,7 +13,7 @@ import numpy as np
 
 from netcl.autograd.autocast_mode import autocast_dtype, set_autocast_dtype
 from netcl.autograd.capture_checks import CaptureChecks
-from netcl.autograd.engine import Node, Tape, no_grad
+from netcl.autograd.engine import Node, Tape, no_grad, untracked
 from netcl.autograd.graph import CompiledGraph
 from netcl.core import Device, Tensor, get_device
 from netcl.core.writes import written
@@ -151,8 +151,8 @@ def _as_node(value: Any, device: Device) -> Node:
     if isinstance(value, Node):
         return value
     if isinstance(value, Tensor):
-        return Node(value, op_name="tensor")
-    return Node(Tensor.from_host(device, np.asarray(value)), op_name="tensor")
+        return untracked(value, "tensor")
+    return untracked(Tensor.from_host(device, np.asarray(value)), "tensor")
 
 
 def _parameters(model: Any, params: Iterable[Node] | None) -> list[Node]:

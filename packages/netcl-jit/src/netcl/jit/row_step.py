@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd.engine import Node, apply_op, is_grad_enabled
+from netcl.autograd.engine import Node, apply_op, is_grad_enabled, untracked
 from netcl.autograd.ops import plus
 from netcl.core import Device, Tensor
 from netcl.jit.row_group import RowGroup, build_program
@@ -105,7 +105,7 @@ class RowStep:
             if self._scratch is None:
                 self._scratch = [self._empty((self.rows,)) for _ in self.stats]
             self._run(self._forward, self.program.inputs, values, outs + self._scratch)
-            return [Node(out, op_name=self.label) for out in outs]
+            return [untracked(out, self.label) for out in outs]
         stats = [self._empty((self.rows,)) for _ in self.stats]
         self._run(self._forward, self.program.inputs, values, outs + stats)
         return [

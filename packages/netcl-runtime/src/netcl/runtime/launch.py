@@ -394,7 +394,9 @@ class PreparedLaunch:
         lines = [f"def prepared({', '.join(names)}):"]
         every = f"({', '.join(names)},)" if names else "()"
         lines.append(f"    if RECORDING or PROFILERS: return slow({every})")
-        lines.append("    with lock:")
+        # the lock's bound methods, not ``with lock``: a with block looks up and calls __enter__ and __exit__
+        lines.append("    acquire()")
+        lines.append("    try:")
         if names:
             lines.append("        try:")
         if buffers:
@@ -408,13 +410,16 @@ class PreparedLaunch:
             lines.append("        if status: raise_status(status, kernel)")
         else:
             lines.append("        enqueue()")
+        lines.append("    finally:")
+        lines.append("        release()")
         # the generated function must not reach ``self`` (no reference cycle: a dropped plan frees at once)
         sizes = (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
         scope = {
             "RECORDING": recording.RECORDING,
             "PROFILERS": _PROFILERS,
             "slow": functools.partial(_prepared_through_launch, *sizes, dict(self._static), list(self._dynamic)),
-            "lock": self._lock,
+            "acquire": self._lock.acquire,
+            "release": self._lock.release,
             "set_buffers": self.kernel._set_arg_multi,
             "set_scalars": self.kernel._set_arg_buf_pack_multi,
             "bad_args": functools.partial(_bad_args, self.kernel.function_name),

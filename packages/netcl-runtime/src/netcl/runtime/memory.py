@@ -155,24 +155,21 @@ def _fold_array(events: np.ndarray, allocated: int, peak: int) -> tuple[int, int
     return int(held[-1]), change, max(peak, int(held.max())), taken, len(events) - taken
 
 
-class _BlockToken:
-    """Rides on a handed-out buffer wrapper; returns the block when the wrapper dies: straight onto its size
-    class's free list (``list.append`` is atomic), with an event for the statistics."""
+class _BlockToken(tuple):
+    """``(free, events, block, event)``, riding on a handed-out buffer wrapper: returns the block (``(real, ptr)``:
+    the pool's ``cl.Buffer`` and its ``int_ptr``) when the wrapper dies, straight onto its size class's free list
+    ``free`` (``list.append`` is atomic), and appends the opposite of ``event`` to ``events`` for the statistics.
+    A tuple, not a class with fields: it is made for every eager op's output, and a tuple is the cheapest object
+    to make (see benchmarks/RESULTS.md, "Forty-sixth session")."""
 
-    __slots__ = ("free", "events", "real", "event")
-
-    def __init__(self, free: list, events: deque, real: cl.Buffer, event: int) -> None:
-        self.free = free
-        self.events = events
-        self.real = real
-        self.event = event
+    __slots__ = ()
 
     def __del__(self) -> None:
         # not contextlib.suppress: it costs more on every free (see benchmarks/RESULTS.md, "Measurements
         # moved out of source docstrings", memory.py)
         try:
-            self.free.append(self.real)
-            self.events.append(-self.event)
+            self[0].append(self[2])
+            self[1].append(-self[3])
         except Exception:  # at interpreter shutdown there is nothing to return to
             pass
 
@@ -209,9 +206,9 @@ class DevicePool:
     def __init__(self, device: Device) -> None:
         self.device = device
         self._lock = threading.Lock()
-        #: event base of a block size (``_base_of``) -> its free blocks; a list is never replaced (tokens of live
-        #: wrappers hold it)
-        self._free: dict[int, list[cl.Buffer]] = {}
+        #: event base of a block size (``_base_of``) -> its free blocks as ``(real, real.int_ptr)`` (the pointer read
+        #: once, not at every allocation); a list is never replaced (tokens of live wrappers hold it)
+        self._free: dict[int, list[tuple[cl.Buffer, int]]] = {}
         self._events: deque[int] = deque()
         self._released: deque[tuple[int, int]] = deque()  # (size, requested) of dead unpooled buffers
         self._stats = MemoryStats()
@@ -236,15 +233,15 @@ class DevicePool:
         blocks = self._free.get(base)
         if blocks:
             try:
-                real = blocks.pop()
+                block = blocks.pop()
             except IndexError:  # another thread took the last one
                 pass
             else:
                 event = base + nbytes
                 events = self._events
                 events.append(event)
-                wrapper = _from_int_ptr(real.int_ptr, retain=True)
-                wrapper._netcl_block = _BlockToken(blocks, events, real, event)
+                wrapper = _from_int_ptr(block[1], retain=True)
+                wrapper._netcl_block = _BlockToken((blocks, events, block, event))
                 if len(events) > self._FOLD_EVERY:
                     with self._lock:
                         self._drain()
@@ -313,8 +310,9 @@ class DevicePool:
             return None
         blocks = self._free.setdefault(base, [])
         try:
-            wrapper = _from_int_ptr(real.int_ptr, retain=True)
-            wrapper._netcl_block = _BlockToken(blocks, self._events, real, base + nbytes)
+            block = (real, real.int_ptr)
+            wrapper = _from_int_ptr(block[1], retain=True)
+            wrapper._netcl_block = _BlockToken((blocks, self._events, block, base + nbytes))
         except (AttributeError, TypeError):
             self._taggable = False
             return None
@@ -434,7 +432,7 @@ def host_view(buffer: cl.Buffer, shape: tuple[int, ...], dtype: np.dtype) -> np.
     has run when it returns; the caller finishes the queue of the commands that write the block before it reads or
     writes the view, and writes it before it enqueues the block's readers."""
     token = getattr(buffer, "_netcl_block", None)
-    real = buffer if token is None else token.real
+    real = buffer if token is None else token[2][0]
     host = getattr(real, "_netcl_host", None)
     if host is None:
         return None
