@@ -164,6 +164,11 @@ class _BlockToken(tuple):
 
     __slots__ = ()
 
+    @property
+    def real(self) -> cl.Buffer:
+        """The pool's own ``cl.Buffer`` of the block (the wrapper it rides on is a second handle of it)."""
+        return self[2][0]
+
     def __del__(self) -> None:
         # not contextlib.suppress: it costs more on every free (see benchmarks/RESULTS.md, "Measurements
         # moved out of source docstrings", memory.py)
@@ -432,7 +437,7 @@ def host_view(buffer: cl.Buffer, shape: tuple[int, ...], dtype: np.dtype) -> np.
     has run when it returns; the caller finishes the queue of the commands that write the block before it reads or
     writes the view, and writes it before it enqueues the block's readers."""
     token = getattr(buffer, "_netcl_block", None)
-    real = buffer if token is None else token[2][0]
+    real = buffer if token is None else token.real
     host = getattr(real, "_netcl_host", None)
     if host is None:
         return None
