@@ -64,7 +64,7 @@ def enqueue_paths(device: Device) -> dict[str, float]:
     results["set_args_enqueue_us"] = thread_us(set_args_enqueue, queue)
     results["preset_pyopencl_us"] = thread_us(preset, queue)
     results["set_one_buffer_us"] = thread_us(set_one_buffer, queue)
-    lib = enqueue_module._loaded_opencl()
+    lib = enqueue_module.loaded_opencl()
     if lib is not None:
         fn = lib.clEnqueueNDRangeKernel
         fn.restype = ctypes.c_int32

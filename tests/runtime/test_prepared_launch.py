@@ -8,7 +8,7 @@ import pyopencl as cl
 import pytest
 
 import netcl.core as nc
-from netcl.runtime import enqueue
+from netcl.runtime import enqueue, native
 from netcl.runtime.cache import program_cache
 from netcl.runtime.errors import LaunchError
 from netcl.runtime.graph import Graph
@@ -21,6 +21,15 @@ __kernel void axpb(__global const float *x, __global float *y, float a, float b,
 }
 """
 DIRECT = [False, pytest.param(True, id="direct")]
+
+
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def calls(request, monkeypatch):
+    """Every test runs with the generated Python call and with the compiled ``native`` launcher."""
+    monkeypatch.setenv(native.ENV_VAR, "1" if request.param == "compiled" else "0")
+    if request.param == "compiled" and native.launcher() is None:
+        pytest.skip(f"no compiled launch here: {native.unavailable()}")
+    return request.param
 
 
 @pytest.fixture
@@ -119,6 +128,26 @@ def test_prepared_launch_bad_inputs(cl_device, kernel):
         prepared.call("not a buffer", nc.Tensor.empty((N,), device=cl_device).data, 1.0)
     assert prepared._lock.acquire(blocking=False), "a failed call left its launch locked"
     prepared._lock.release()
+    with pytest.raises(LaunchError, match="cannot set arguments of kernel 'axpb'"):
+        prepared.call(nc.Tensor.empty((N,), device=cl_device).data, nc.Tensor.empty((N,), device=cl_device).data, "x")
+    assert prepared._lock.acquire(blocking=False), "a failed call left its launch locked"
+    prepared._lock.release()
+    with pytest.raises(TypeError):
+        prepared.call(nc.Tensor.empty((N,), device=cl_device).data)  # one of three per-call arguments
+
+
+def test_prepared_launch_takes_buffers_made_outside_the_pool(cl_device, kernel):
+    """A plain ``cl.Buffer`` (no pool token: its handle read from ``int_ptr``) as input and output."""
+    flags = cl.mem_flags
+    x = cl.Buffer(cl_device.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=host(3))
+    y = cl.Buffer(cl_device.context, flags.READ_WRITE, size=4 * N)
+    prepared = PreparedLaunch(
+        kernel, N, None, {3: np.float32(0.0), 4: np.int32(N)}, [(0, None), (1, None), (2, np.float32)]
+    )
+    prepared.call(x, y, -2.0)
+    out = np.empty(N, np.float32)
+    cl.enqueue_copy(cl_device.queue, out, y)
+    np.testing.assert_allclose(out, reference(host(3), -2.0, 0.0), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("direct", DIRECT)

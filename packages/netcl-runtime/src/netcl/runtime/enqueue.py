@@ -33,7 +33,7 @@ from netcl.runtime.errors import LaunchError
 ENV_VAR = "NETCL_DIRECT_ENQUEUE"
 
 
-def _loaded_opencl() -> ctypes.CDLL | None:
+def loaded_opencl() -> ctypes.CDLL | None:
     """The OpenCL ICD loader this process already uses (pyopencl's), or None."""
     paths: list[str] = []
     try:
@@ -55,7 +55,7 @@ def _loaded_opencl() -> ctypes.CDLL | None:
 @functools.cache
 def direct_function() -> Callable[..., int] | None:
     """The loader's ``clEnqueueNDRangeKernel`` for ctypes calls (None where it cannot be found)."""
-    lib = _loaded_opencl()
+    lib = loaded_opencl()
     if lib is None or not hasattr(lib, "clEnqueueNDRangeKernel"):
         return None
     fn = lib.clEnqueueNDRangeKernel

@@ -24,9 +24,10 @@ from netcl.core.devices import devices
 from netcl.core.profile_hooks import ACTIVE as _PROFILERS
 from netcl.core.profile_hooks import KERNEL, MEMCPY, MEMSET, now, report
 from netcl.core.strided_view import StridedView
-from netcl.runtime import recording
+from netcl.runtime import native, recording
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
+from netcl.runtime.memory import BlockToken
 from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
 from netcl.runtime.variable import launch_values
 
@@ -382,6 +383,9 @@ class PreparedLaunch:
         return self.with_bound({i: v if d is None else d.type(v) for (i, d), v in zip(trailing, values, strict=True)})
 
     def _generate(self) -> Any:
+        compiled = native.launcher()
+        if compiled is not None:
+            return self._compiled(compiled)
         from netcl.runtime.enqueue import raise_status
 
         names = [f"a{n}" for n in range(len(self._dynamic))]
@@ -413,7 +417,7 @@ class PreparedLaunch:
         lines.append("    finally:")
         lines.append("        release()")
         # the generated function must not reach ``self`` (no reference cycle: a dropped plan frees at once)
-        sizes = (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
+        sizes = self._sizes()
         scope = {
             "RECORDING": recording.RECORDING,
             "PROFILERS": _PROFILERS,
@@ -429,6 +433,37 @@ class PreparedLaunch:
         }
         exec(compile("\n".join(lines), f"<netcl prepared launch of {self.kernel.function_name}>", "exec"), scope)
         return scope.pop("prepared")
+
+    def _compiled(self, launcher_type: type) -> Any:
+        """The call as one ``native`` ``Launcher``: the generated function's contract (the same arguments set, the
+        same lock, the same slow path and errors), without its frames and with no event."""
+        set_arg, enqueue = native.entry_points()  # type: ignore[misc]  # there where the type was built
+        return launcher_type(
+            kernel=self.kernel.int_ptr,
+            queue=self.queue.int_ptr,
+            set_arg=set_arg,
+            enqueue=enqueue,
+            global_size=self.global_size,
+            local_size=self.local_size,
+            indices=tuple(i for i, _ in self._dynamic),
+            codes=tuple(None if d is None else d.char.encode() for _, d in self._dynamic),
+            keep=(self.kernel, self.queue),
+            recording=recording.RECORDING,
+            profilers=_PROFILERS,
+            slow=functools.partial(_prepared_through_launch, *self._sizes(), dict(self._static), list(self._dynamic)),
+            acquire=self._lock.acquire,
+            release=self._lock.release,
+            memory_type=cl.MemoryObjectHolder,
+            token_type=BlockToken,
+            set_buffers=self.kernel._set_arg_multi,
+            set_scalars=self.kernel._set_arg_buf_pack_multi,
+            error=LaunchError,
+            name=self.kernel.function_name,
+        )
+
+    def _sizes(self) -> tuple[Any, ...]:
+        """What the slow path (``_prepared_through_launch``) launches with besides the arguments."""
+        return (self.kernel, self.global_size, self.local_size, self.queue, self._lock)
 
 
 def _prepared_through_launch(

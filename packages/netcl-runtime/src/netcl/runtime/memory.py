@@ -155,12 +155,13 @@ def _fold_array(events: np.ndarray, allocated: int, peak: int) -> tuple[int, int
     return int(held[-1]), change, max(peak, int(held.max())), taken, len(events) - taken
 
 
-class _BlockToken(tuple):
+class BlockToken(tuple):
     """``(free, events, block, event)``, riding on a handed-out buffer wrapper: returns the block (``(real, ptr)``:
     the pool's ``cl.Buffer`` and its ``int_ptr``) when the wrapper dies, straight onto its size class's free list
     ``free`` (``list.append`` is atomic), and appends the opposite of ``event`` to ``events`` for the statistics.
     A tuple, not a class with fields: it is made for every eager op's output, and a tuple is the cheapest object
-    to make (see benchmarks/RESULTS.md, "Forty-sixth session")."""
+    to make (see benchmarks/RESULTS.md, "Forty-sixth session"). The compiled launch (``native/launcher.c``) reads
+    the block's handle out of it by this layout instead of asking the wrapper for its ``int_ptr``."""
 
     __slots__ = ()
 
@@ -246,7 +247,7 @@ class DevicePool:
                 events = self._events
                 events.append(event)
                 wrapper = _from_int_ptr(block[1], retain=True)
-                wrapper._netcl_block = _BlockToken((blocks, events, block, event))
+                wrapper._netcl_block = BlockToken((blocks, events, block, event))
                 if len(events) > self._FOLD_EVERY:
                     with self._lock:
                         self._drain()
@@ -317,7 +318,7 @@ class DevicePool:
         try:
             block = (real, real.int_ptr)
             wrapper = _from_int_ptr(block[1], retain=True)
-            wrapper._netcl_block = _BlockToken((blocks, self._events, block, base + nbytes))
+            wrapper._netcl_block = BlockToken((blocks, self._events, block, base + nbytes))
         except (AttributeError, TypeError):
             self._taggable = False
             return None

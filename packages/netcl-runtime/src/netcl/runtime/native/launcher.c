@@ -1,0 +1,326 @@
+/* netcl.runtime.native's C part: the call of a ``PreparedLaunch`` in one C function.
+ *
+ * ``Launcher(...)`` (made by ``netcl.runtime.launch.PreparedLaunch``, never by users) sets a prepared kernel's
+ * per-call arguments and enqueues it without an event: what the generated Python call does through pyopencl's
+ * multi-argument setters and ``enqueue.enqueuer``, without the interpreter's frames, pyopencl's argument tuples and
+ * the event pyopencl makes and drops. The OpenCL entry points come in as addresses of the loader pyopencl loaded, so
+ * the handles are pyopencl's own and no OpenCL header or library is needed to build this file.
+ *
+ * Contract of a call ``launcher(*args)`` (``len(args)`` per-call arguments, in ``PreparedLaunch``'s order):
+ * - while a capture records or a profiler is active (``recording`` or ``profilers`` not empty), ``slow(args)``;
+ * - a buffer argument that is a pyopencl memory object is set from its handle (a pool block's handle read from its
+ *   token, ``netcl.runtime.memory.BlockToken``, else ``int_ptr``), None as a null buffer; any other object is set by
+ *   pyopencl's ``_set_arg_multi``, and scalars by its ``_set_arg_buf_pack_multi`` (pyopencl's conversions and errors);
+ * - the launch's lock is held from the first argument set to the enqueue (the slow path takes it too);
+ * - a refused argument raises ``error("cannot set arguments of kernel '<name>': ...")`` and a refused enqueue
+ *   ``error("clEnqueueNDRangeKernel of kernel '<name>' failed with OpenCL status <s>")``; the lock is free after both.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int32_t (*set_arg_fn)(void *kernel, uint32_t index, size_t size, const void *value);
+typedef int32_t (*enqueue_fn)(void *queue, void *kernel, uint32_t dims, const size_t *offset, const size_t *global,
+                              const size_t *local, uint32_t waits, const void *wait_list, void *event);
+
+#define MAX_DIMS 3
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    void *kernel, *queue;
+    set_arg_fn set_arg;
+    enqueue_fn enqueue;
+    uint32_t dims;
+    size_t global[MAX_DIMS], local[MAX_DIMS];
+    int has_local;
+    Py_ssize_t count;      /* per-call arguments */
+    PyObject *indices;     /* tuple of int: each per-call argument's kernel index */
+    PyObject *codes;       /* tuple: each per-call argument's pyopencl pack code (bytes), None for a buffer */
+    PyObject *keep;        /* the objects that own the handles (kernel, queue) */
+    PyObject *recording, *profilers, *slow, *acquire, *release;
+    PyObject *memory_type, *token_type, *set_buffers, *set_scalars, *error, *name;
+} Launcher;
+
+static PyObject *block_attr, *int_ptr_attr;
+
+/* The cl_mem handle of pyopencl memory object ``value`` into ``*mem``; -1 with an exception set on failure. */
+static int handle_of(Launcher *self, PyObject *value, void **mem) {
+    PyObject *dict = PyObject_GenericGetDict(value, NULL);
+    if (dict != NULL) {
+        PyObject *token = PyDict_GetItemWithError(dict, block_attr); /* borrowed */
+        if (token != NULL && Py_IS_TYPE(token, (PyTypeObject *)self->token_type) && PyTuple_GET_SIZE(token) == 4) {
+            PyObject *block = PyTuple_GET_ITEM(token, 2); /* (real buffer, its handle) */
+            if (PyTuple_CheckExact(block) && PyTuple_GET_SIZE(block) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(block, 1))) {
+                *mem = PyLong_AsVoidPtr(PyTuple_GET_ITEM(block, 1));
+                Py_DECREF(dict);
+                return (*mem == NULL && PyErr_Occurred()) ? -1 : 0;
+            }
+        }
+        Py_DECREF(dict);
+        if (PyErr_Occurred()) return -1;
+    } else {
+        PyErr_Clear(); /* a memory object without a __dict__: read its handle */
+    }
+    PyObject *pointer = PyObject_GetAttr(value, int_ptr_attr);
+    if (pointer == NULL) return -1;
+    *mem = PyLong_AsVoidPtr(pointer);
+    Py_DECREF(pointer);
+    return (*mem == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Raise ``error("cannot set arguments of kernel '<name>': <the pending exception>")`` chained to it. */
+static void raise_bad_args(Launcher *self) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+    PyObject *text = PyUnicode_FromFormat("cannot set arguments of kernel %R: %S", self->name, value ? value : Py_None);
+    if (text != NULL) {
+        PyObject *exc = PyObject_CallOneArg(self->error, text);
+        Py_DECREF(text);
+        if (exc != NULL) {
+            if (value != NULL) {
+                Py_INCREF(value);
+                PyException_SetCause(exc, value);
+                Py_INCREF(value);
+                PyException_SetContext(exc, value);
+            }
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+}
+
+/* Set the per-call arguments; 0, or -1 with the exception set (the caller holds the lock). */
+static int set_arguments(Launcher *self, PyObject *const *args) {
+    PyObject *others = NULL, *scalars = NULL; /* the arguments pyopencl sets (its multi-argument setters) */
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        PyObject *value = args[i];
+        PyObject *index = PyTuple_GET_ITEM(self->indices, i);
+        PyObject *code = PyTuple_GET_ITEM(self->codes, i);
+        if (code == Py_None && (value == Py_None || PyObject_TypeCheck(value, (PyTypeObject *)self->memory_type))) {
+            void *mem = NULL;
+            if (value != Py_None && handle_of(self, value, &mem) < 0) goto failed;
+            int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), sizeof(void *), &mem);
+            if (status != 0) {
+                PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
+                goto failed;
+            }
+            continue;
+        }
+        PyObject **list = code == Py_None ? &others : &scalars; /* flat: index, [code,] value, ... */
+        if ((*list == NULL && (*list = PyList_New(0)) == NULL) || PyList_Append(*list, index) < 0 ||
+            (code != Py_None && PyList_Append(*list, code) < 0) || PyList_Append(*list, value) < 0)
+            goto failed;
+    }
+    if (others != NULL) {
+        PyObject *items = PyList_AsTuple(others), *done = items ? PyObject_CallOneArg(self->set_buffers, items) : NULL;
+        Py_XDECREF(items);
+        if (done == NULL) goto failed;
+        Py_DECREF(done);
+    }
+    if (scalars != NULL) {
+        PyObject *items = PyList_AsTuple(scalars), *done = items ? PyObject_CallOneArg(self->set_scalars, items) : NULL;
+        Py_XDECREF(items);
+        if (done == NULL) goto failed;
+        Py_DECREF(done);
+    }
+    Py_XDECREF(others);
+    Py_XDECREF(scalars);
+    return 0;
+failed:
+    Py_XDECREF(others);
+    Py_XDECREF(scalars);
+    raise_bad_args(self);
+    return -1;
+}
+
+static PyObject *launcher_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Launcher *self = (Launcher *)op;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        PyErr_Format(PyExc_TypeError, "the prepared launch of kernel %R takes positional arguments only", self->name);
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(self->recording) != 0 || PyList_GET_SIZE(self->profilers) != 0) {
+        PyObject *every = PyTuple_New(n);
+        if (every == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_INCREF(args[i]);
+            PyTuple_SET_ITEM(every, i, args[i]);
+        }
+        PyObject *done = PyObject_CallOneArg(self->slow, every);
+        Py_DECREF(every);
+        return done;
+    }
+    if (n != self->count) {
+        PyErr_Format(PyExc_TypeError, "the prepared launch of kernel %R takes %zd per-call arguments, got %zd",
+                     self->name, self->count, n);
+        return NULL;
+    }
+    PyObject *locked = PyObject_CallNoArgs(self->acquire);
+    if (locked == NULL) return NULL;
+    Py_DECREF(locked);
+    int32_t status = 0;
+    int failed = set_arguments(self, args) < 0;
+    if (!failed) {
+        status = self->enqueue(self->queue, self->kernel, self->dims, NULL, self->global,
+                               self->has_local ? self->local : NULL, 0, NULL, NULL);
+    }
+    PyObject *saved_type = NULL, *saved_value = NULL, *saved_traceback = NULL;
+    if (failed) PyErr_Fetch(&saved_type, &saved_value, &saved_traceback);
+    PyObject *unlocked = PyObject_CallNoArgs(self->release);
+    if (failed) {
+        Py_XDECREF(unlocked);
+        PyErr_Restore(saved_type, saved_value, saved_traceback);
+        return NULL;
+    }
+    if (unlocked == NULL) return NULL;
+    Py_DECREF(unlocked);
+    if (status != 0) {
+        PyObject *text = PyUnicode_FromFormat("clEnqueueNDRangeKernel of kernel %R failed with OpenCL status %d",
+                                              self->name, (int)status);
+        if (text != NULL) {
+            PyErr_SetObject(self->error, text);
+            Py_DECREF(text);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static int read_sizes(PyObject *sizes, size_t *out, uint32_t *dims, const char *what) {
+    PyObject *seq = PySequence_Fast(sizes, what);
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > MAX_DIMS || (*dims != 0 && (uint32_t)n != *dims)) {
+        PyErr_Format(PyExc_ValueError, "%s: 1 to %d sizes (as many as the global size), got %zd", what, MAX_DIMS, n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsSize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (out[i] == (size_t)-1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    *dims = (uint32_t)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    unsigned long long kernel, queue, set_arg, enqueue;
+    PyObject *global, *local, *indices, *codes, *keep, *recording, *profilers, *slow, *acquire, *release;
+    PyObject *memory_type, *token_type, *set_buffers, *set_scalars, *error, *name;
+    static char *names[] = {"kernel", "queue", "set_arg", "enqueue", "global_size", "local_size", "indices", "codes",
+                            "keep", "recording", "profilers", "slow", "acquire", "release", "memory_type", "token_type",
+                            "set_buffers", "set_scalars", "error", "name", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKOOO!O!OO!O!OOOO!O!OOOU:Launcher", names, &kernel, &queue,
+                                     &set_arg, &enqueue, &global, &local, &PyTuple_Type, &indices, &PyTuple_Type,
+                                     &codes, &keep, &PyDict_Type, &recording, &PyList_Type, &profilers, &slow,
+                                     &acquire, &release, &PyType_Type, &memory_type, &PyType_Type, &token_type,
+                                     &set_buffers, &set_scalars, &error, &name))
+        return NULL;
+    if (PyTuple_GET_SIZE(indices) != PyTuple_GET_SIZE(codes)) {
+        PyErr_SetString(PyExc_ValueError, "Launcher: one pack code per argument index");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(indices); i++) {
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(indices, i))) {
+            PyErr_SetString(PyExc_TypeError, "Launcher: argument indices must be ints");
+            return NULL;
+        }
+    }
+    Launcher *self = (Launcher *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = launcher_call;
+    self->kernel = (void *)(uintptr_t)kernel;
+    self->queue = (void *)(uintptr_t)queue;
+    self->set_arg = (set_arg_fn)(uintptr_t)set_arg;
+    self->enqueue = (enqueue_fn)(uintptr_t)enqueue;
+    self->count = PyTuple_GET_SIZE(indices);
+    PyObject **fields[] = {&self->indices, &self->codes, &self->keep, &self->recording, &self->profilers, &self->slow,
+                           &self->acquire, &self->release, &self->memory_type, &self->token_type, &self->set_buffers,
+                           &self->set_scalars, &self->error, &self->name};
+    PyObject *values[] = {indices, codes, keep, recording, profilers, slow, acquire, release, memory_type, token_type,
+                          set_buffers, set_scalars, error, name};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        Py_INCREF(values[i]);
+        *fields[i] = values[i];
+    }
+    if (read_sizes(global, self->global, &self->dims, "Launcher global_size") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->has_local = local != Py_None;
+    if (self->has_local && read_sizes(local, self->local, &self->dims, "Launcher local_size") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->indices); Py_VISIT(self->codes); Py_VISIT(self->keep); Py_VISIT(self->recording);
+    Py_VISIT(self->profilers); Py_VISIT(self->slow); Py_VISIT(self->acquire); Py_VISIT(self->release);
+    Py_VISIT(self->memory_type); Py_VISIT(self->token_type); Py_VISIT(self->set_buffers);
+    Py_VISIT(self->set_scalars); Py_VISIT(self->error); Py_VISIT(self->name);
+    return 0;
+}
+
+static int launcher_clear(Launcher *self) {
+    Py_CLEAR(self->indices); Py_CLEAR(self->codes); Py_CLEAR(self->keep); Py_CLEAR(self->recording);
+    Py_CLEAR(self->profilers); Py_CLEAR(self->slow); Py_CLEAR(self->acquire); Py_CLEAR(self->release);
+    Py_CLEAR(self->memory_type); Py_CLEAR(self->token_type); Py_CLEAR(self->set_buffers);
+    Py_CLEAR(self->set_scalars); Py_CLEAR(self->error); Py_CLEAR(self->name);
+    return 0;
+}
+
+static void launcher_dealloc(Launcher *self) {
+    PyObject_GC_UnTrack(self);
+    launcher_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netcl.runtime.native._launcher.Launcher",
+    .tp_doc = "A prepared kernel launch: launcher(*per_call_arguments) sets them and enqueues (see launcher.c).",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Launcher, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = launcher_new,
+    .tp_traverse = (traverseproc)launcher_traverse,
+    .tp_clear = (inquiry)launcher_clear,
+    .tp_dealloc = (destructor)launcher_dealloc,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_launcher",
+    .m_doc = "netcl's compiled launch (launcher.c).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__launcher(void) {
+    block_attr = PyUnicode_InternFromString("_netcl_block");
+    int_ptr_attr = PyUnicode_InternFromString("int_ptr");
+    if (block_attr == NULL || int_ptr_attr == NULL || PyType_Ready(&LauncherType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LauncherType);
+    if (PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0) {
+        Py_DECREF(&LauncherType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,73 @@
+"""netcl.runtime.native: the compiled launch built at first use, its fallback, and the layout it reads."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import netcl.core as nc
+from netcl.runtime import native
+from netcl.runtime.launch import PreparedLaunch
+from netcl.runtime.memory import BlockToken
+
+
+def _buildable() -> str | None:
+    """Why Python's build configuration cannot build an extension here (None when it can)."""
+    command = native.build_command(Path("a.c"), Path("a.so"))
+    if command is None:
+        return "no LDSHARED in Python's build configuration"
+    if shutil.which(command[0]) is None:
+        return f"no C compiler {command[0]!r}"
+    include = Path(command[command.index("-I") + 1])
+    if not (include / "Python.h").exists():
+        return f"no Python headers in {include}"
+    return None
+
+
+def test_the_compiled_launch_is_built_where_extensions_can_be(monkeypatch):
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    reason = _buildable()
+    if reason is not None:
+        pytest.skip(reason)
+    if native.entry_points() is None:
+        pytest.skip("the OpenCL loader pyopencl uses cannot be found")
+    assert native.launcher() is not None, native.unavailable()
+    assert native.unavailable() is None
+
+
+def test_a_build_is_reused_and_a_failed_one_says_why(tmp_path):
+    if _buildable() is not None:
+        pytest.skip(_buildable())
+    first = native.build(tmp_path)
+    assert first is not None and first.Launcher.__name__ == "Launcher"
+    built = sorted(tmp_path.iterdir())
+    assert native.build(tmp_path) is not None and sorted(tmp_path.iterdir()) == built  # the file was reused
+    failing = [sys.executable, "-c", "import sys; sys.exit('launcher.c:1: error: no compiler here')", "{source}"]
+    assert native.build(tmp_path / "other", command=failing) is None
+    assert "error: no compiler here" in native._reasons[-1]
+
+
+def test_the_environment_turns_it_off(cl_device, monkeypatch):
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    assert native.launcher() is None and native.ENV_VAR in native.unavailable()
+    handle = nc.Tensor.empty((4,), device=cl_device)
+    program = cl.Program(cl_device.context, "__kernel void k(__global float *x) { x[get_global_id(0)] = 2.0f; }")
+    prepared = PreparedLaunch(program.build().k, 4, None, {}, [(0, None)])
+    assert type(prepared.call).__name__ == "function"  # the generated Python call
+    prepared.call(handle.data)
+    np.testing.assert_array_equal(handle.to_host(), np.full(4, 2.0, np.float32))
+
+
+def test_a_pooled_buffer_carries_its_handle_where_the_launcher_reads_it(cl_device):
+    """launcher.c reads a pool wrapper's handle as ``_netcl_block[2][1]``: the layout it relies on."""
+    buffer = nc.Tensor.empty((64,), device=cl_device).data
+    token = vars(buffer).get("_netcl_block")
+    if token is None:
+        pytest.skip("this device's allocator does not pool")
+    assert type(token) is BlockToken and len(token) == 4
+    assert token[2][1] == buffer.int_ptr and token.real.int_ptr == buffer.int_ptr
