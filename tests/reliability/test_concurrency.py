@@ -28,6 +28,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.jit import jit_compile, workloads
+from netcl.runtime import native
 from netcl.runtime.disk_cache import DiskCache
 
 THREADS = 8
@@ -185,7 +186,12 @@ def test_two_processes_fill_one_disk_cache_and_a_third_reads_it(cl_device, tmp_p
     # device facts sit at the top (vector-width.json: which vector width the CPU compiler takes)
     facts = [f.name for f in files if f.is_file() and f.parent == cache]
     assert set(facts) <= {"vector-width.json", "engine-choice.json"}, facts
-    entries = [f for f in files if f.is_file() and f.parent != cache]
+    # the compiled launch (netcl.runtime.native), built by both processes at once: one whole file, no build left over
+    built = [f for f in files if cache / "native" in f.parents]
+    expected = [] if native.launcher() is None else [native.SOURCE.stem]
+    assert [f.name.split("-")[0].lstrip("_") for f in built if f.is_file()] == expected, built
+    assert not [f for f in built if f.name.startswith(".build-")], "a native build left behind"
+    entries = [f for f in files if f.is_file() and f.parent != cache and cache / "native" not in f.parents]
     assert not [f for f in entries if f.name.startswith(".tmp-")], "temporary files left behind"
     assert all(f.suffix == ".bin" and f.parent.name == f.name[:2] for f in entries)
     assert len(entries) == programs
