@@ -437,7 +437,7 @@ class PreparedLaunch:
     def _compiled(self, launcher_type: type) -> Any:
         """The call as one ``native`` ``Launcher``: the generated function's contract (the same arguments set, the
         same lock, the same slow path and errors), without its frames and with no event."""
-        set_arg, enqueue = native.entry_points()  # type: ignore[misc]  # there where the type was built
+        set_arg, enqueue = native.entry_points()  # type: ignore[misc]  # not None: the type was built
         return launcher_type(
             kernel=self.kernel.int_ptr,
             queue=self.queue.int_ptr,
