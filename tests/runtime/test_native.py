@@ -13,7 +13,7 @@ import pytest
 import netcl.core as nc
 from netcl.runtime import native
 from netcl.runtime.launch import PreparedLaunch
-from netcl.runtime.memory import BlockToken
+from netcl.runtime.memory import DevicePool, pool_for
 
 
 def _buildable() -> str | None:
@@ -64,10 +64,33 @@ def test_the_environment_turns_it_off(cl_device, monkeypatch):
 
 
 def test_a_pooled_buffer_carries_its_handle_where_the_launcher_reads_it(cl_device):
-    """launcher.c reads a pool wrapper's handle as ``_netcl_block[2][1]``: the layout it relies on."""
+    """launcher.c reads a pool wrapper's handle as its token's ``block[1]``: the layout it relies on."""
     buffer = nc.Tensor.empty((64,), device=cl_device).data
     token = vars(buffer).get("_netcl_block")
     if token is None:
         pytest.skip("this device's allocator does not pool")
-    assert type(token) is BlockToken and len(token) == 4
-    assert token[2][1] == buffer.int_ptr and token.real.int_ptr == buffer.int_ptr
+    assert type(token) is pool_for(cl_device)._token
+    assert token.block[1] == buffer.int_ptr and token.real.int_ptr == buffer.int_ptr
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_both_hot_paths_hand_out_and_take_back_the_same_blocks(cl_device, monkeypatch, compiled):
+    """A pool made with and without ``native``: a cached block is handed out in a tagged wrapper, goes back onto its
+    free list when the wrapper dies, and the statistics count both events."""
+    monkeypatch.setenv(native.ENV_VAR, "1" if compiled else "0")
+    if compiled and native.allocator() is None:
+        pytest.skip(f"no compiled launch here: {native.unavailable()}")
+    pool = DevicePool(cl_device)
+    assert (type(pool.allocate).__name__ == "Allocator") == compiled
+    assert pool.allocate.__self__ is pool
+    first = pool.allocate(cl_device, 1000)  # fresh
+    handle = first.int_ptr
+    del first  # back on its list
+    again = pool.allocate(cl_device, 1000)  # the hot path: the same block
+    assert again.int_ptr == handle and type(again._netcl_block) is pool._token
+    stats = pool.stats()
+    assert (stats.fresh_allocations, stats.served_from_pool, stats.frees, stats.active_blocks) == (1, 1, 1, 1)
+    del again
+    assert pool.stats().active_blocks == 0 and pool.stats().cached_blocks == 1
+    odd = pool.allocate(cl_device, np.int64(1000))  # not an int: the Python method, the same block
+    assert odd.int_ptr == handle

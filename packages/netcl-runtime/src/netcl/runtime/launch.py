@@ -27,7 +27,6 @@ from netcl.core.strided_view import StridedView
 from netcl.runtime import native, recording
 from netcl.runtime.cache import KernelHandle, declared_scalar_dtypes
 from netcl.runtime.errors import LaunchError
-from netcl.runtime.memory import BlockToken
 from netcl.runtime.variable import IN_USE as _VARIABLES_IN_USE
 from netcl.runtime.variable import launch_values
 
@@ -454,7 +453,6 @@ class PreparedLaunch:
             acquire=self._lock.acquire,
             release=self._lock.release,
             memory_type=cl.MemoryObjectHolder,
-            token_type=BlockToken,
             set_buffers=self.kernel._set_arg_multi,
             set_scalars=self.kernel._set_arg_buf_pack_multi,
             error=LaunchError,

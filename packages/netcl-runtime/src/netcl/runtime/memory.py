@@ -40,7 +40,7 @@ import pyopencl as cl
 
 from netcl.core import Device, devices, get_device
 from netcl.core.devices import check_allocation, raw_allocate
-from netcl.runtime import host_views
+from netcl.runtime import host_views, native
 
 _from_int_ptr = cl.Buffer.from_int_ptr
 
@@ -160,8 +160,8 @@ class BlockToken(tuple):
     the pool's ``cl.Buffer`` and its ``int_ptr``) when the wrapper dies, straight onto its size class's free list
     ``free`` (``list.append`` is atomic), and appends the opposite of ``event`` to ``events`` for the statistics.
     A tuple, not a class with fields: it is made for every eager op's output, and a tuple is the cheapest object
-    to make (see benchmarks/RESULTS.md, "Forty-sixth session"). The compiled launch (``native/launcher.c``) reads
-    the block's handle out of it by this layout instead of asking the wrapper for its ``int_ptr``."""
+    to make (see benchmarks/RESULTS.md, "Forty-sixth session"). ``native``'s ``Token`` is this in C, with no
+    Python ``__del__`` (a pool made where ``native`` is built uses it: ``DevicePool._token``)."""
 
     __slots__ = ()
 
@@ -222,6 +222,16 @@ class DevicePool:
         self._taggable = True  # False on a pyopencl whose buffers take no attributes: no pooling
         self._views: bool | None = None  # whether fresh blocks are mapped for host views (asked at the first)
         self._classes: dict[int, int] = {}  # nbytes -> event base of requests above _MEMO_LIMIT
+        #: the token type of handed-out wrappers, and ``allocate``'s hot path in C, where ``native`` is built (the
+        #: ``Allocator`` instance shadows the method, which it calls for everything but a cached block)
+        self._token: type = BlockToken
+        compiled = native.allocator()
+        if compiled is not None:
+            allocator, self._token = compiled
+            fallback = DevicePool.allocate.__get__(self)
+            self.allocate = allocator(  # type: ignore[method-assign]
+                self, self._free, _CLASSES, self._classes, self._events, _from_int_ptr, fallback
+            )
 
     def allocate(self, device: Device, nbytes: int) -> cl.Buffer:
         """A buffer of at least ``nbytes`` (signature of ``Device.allocator``).
@@ -247,10 +257,9 @@ class DevicePool:
                 events = self._events
                 events.append(event)
                 wrapper = _from_int_ptr(block[1], retain=True)
-                wrapper._netcl_block = BlockToken((blocks, events, block, event))
+                wrapper._netcl_block = self._token((blocks, events, block, event))
                 if len(events) > self._FOLD_EVERY:
-                    with self._lock:
-                        self._drain()
+                    self._fold()
                 return wrapper
         return self._allocate_fresh(base, nbytes)
 
@@ -318,7 +327,7 @@ class DevicePool:
         try:
             block = (real, real.int_ptr)
             wrapper = _from_int_ptr(block[1], retain=True)
-            wrapper._netcl_block = BlockToken((blocks, self._events, block, base + nbytes))
+            wrapper._netcl_block = self._token((blocks, self._events, block, base + nbytes))
         except (AttributeError, TypeError):
             self._taggable = False
             return None
@@ -351,6 +360,11 @@ class DevicePool:
         if self._views:  # enqueued, not waited for: ``host_view`` waits for it the first time it is asked
             real._netcl_host, real._netcl_mapping = host_views.map_block(self.device.queue, real, size, blocking=False)
         return real
+
+    def _fold(self) -> None:
+        """Fold the queued events now (the hot path's call every ``_FOLD_EVERY`` events)."""
+        with self._lock:
+            self._drain()
 
     def _drain(self) -> None:
         """Fold queued events into the statistics (caller holds the lock).

@@ -2,12 +2,14 @@
 
 ``PreparedLaunch`` calls a kernel through it where it exists (one C function sets the per-call arguments and
 enqueues, see ``launcher.c``) and through its generated Python function where it does not; both set the same
-arguments on the same kernel, so results do not depend on which ran. The extension is compiled from
-``launcher.c`` (beside this file) with the compiler and flags Python was built with (``sysconfig``'s
-``LDSHARED``, ``CCSHARED`` and include directory) into ``<NETCL_CACHE_DIR>/native/`` (a temporary directory
-while the disk cache is off), named by a hash of the source, the interpreter's ABI and the command, written
-atomically (two processes building at once both load a whole file). No OpenCL header or library is needed:
-the OpenCL entry points come in as addresses of the loader pyopencl loaded (``enqueue``).
+arguments on the same kernel, so results do not depend on which ran. ``allocator()`` gives a ``DevicePool`` its
+hot path the same way (a cached block popped, wrapped and tagged in C; the Python method for everything else).
+
+The extension is compiled from ``launcher.c`` (beside this file) with the compiler and flags Python was built
+with (``sysconfig``'s ``LDSHARED``, ``CCSHARED`` and include directory) into ``<NETCL_CACHE_DIR>/native/`` (a
+temporary directory while the disk cache is off), named by a hash of the source, the interpreter's ABI and the
+command, written atomically (two processes building at once both load a whole file). No OpenCL header or library
+is needed: the OpenCL entry points come in as addresses of the loader pyopencl loaded (``enqueue``).
 
 ``NETCL_NATIVE=0`` turns it off (read when a launch is prepared); where it cannot be built (no C compiler, no
 Python headers, Windows without ``LDSHARED``) or loaded, netcl runs the Python path and ``unavailable()`` says
@@ -45,10 +47,14 @@ def enabled() -> bool:
 
 def launcher() -> type | None:
     """The compiled ``Launcher`` type, or None where ``NETCL_NATIVE`` is off or it cannot be built or loaded."""
-    if not enabled():
-        return None
-    module = _module()
+    module = _module() if enabled() else None
     return None if module is None else module.Launcher
+
+
+def allocator() -> tuple[type, type] | None:
+    """The compiled ``(Allocator, Token)`` types of a ``DevicePool``'s hot path, or None as for ``launcher``."""
+    module = _module() if enabled() else None
+    return None if module is None else (module.Allocator, module.Token)
 
 
 def unavailable() -> str | None:

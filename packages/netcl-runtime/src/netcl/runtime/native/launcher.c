@@ -9,14 +9,25 @@
  * Contract of a call ``launcher(*args)`` (``len(args)`` per-call arguments, in ``PreparedLaunch``'s order):
  * - while a capture records or a profiler is active (``recording`` or ``profilers`` not empty), ``slow(args)``;
  * - a buffer argument that is a pyopencl memory object is set from its handle (a pool block's handle read from its
- *   token, ``netcl.runtime.memory.BlockToken``, else ``int_ptr``), None as a null buffer; any other object is set by
- *   pyopencl's ``_set_arg_multi``, and scalars by its ``_set_arg_buf_pack_multi`` (pyopencl's conversions and errors);
+ *   ``Token``, below, else ``int_ptr``), None as a null buffer; any other object is set by pyopencl's
+ *   ``_set_arg_multi``, and scalars by its ``_set_arg_buf_pack_multi`` (pyopencl's conversions and errors);
  * - the launch's lock is held from the first argument set to the enqueue (the slow path takes it too);
  * - a refused argument raises ``error("cannot set arguments of kernel '<name>': ...")`` and a refused enqueue
  *   ``error("clEnqueueNDRangeKernel of kernel '<name>' failed with OpenCL status <s>")``; the lock is free after both.
+ *
+ * ``Token((free, events, block, event))`` is ``netcl.runtime.memory.BlockToken`` in C: riding on a pooled buffer
+ * wrapper (as its ``_netcl_block``), it appends ``block`` to the list ``free`` and ``-event`` to ``events`` when the
+ * wrapper dies, in its deallocation instead of a Python ``__del__``.
+ *
+ * ``Allocator(pool, free, shared_classes, classes, events, from_int_ptr, fallback)`` is ``DevicePool.allocate``'s hot
+ * path: for a size whose class is memoized (``shared_classes`` / ``classes``: nbytes -> event base) and whose free
+ * list (``free[base]``) holds a block, it pops the block, appends the event ``base + nbytes``, wraps the block's handle
+ * (``from_int_ptr(handle, retain=True)``), tags the wrapper with a ``Token`` and folds the pool's events
+ * (``pool._fold()``) past ``pool._FOLD_EVERY``; every other call goes to ``fallback`` (the Python method).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,23 +51,35 @@ typedef struct {
     PyObject *codes;       /* tuple: each per-call argument's pyopencl pack code (bytes), None for a buffer */
     PyObject *keep;        /* the objects that own the handles (kernel, queue) */
     PyObject *recording, *profilers, *slow, *acquire, *release;
-    PyObject *memory_type, *token_type, *set_buffers, *set_scalars, *error, *name;
+    PyObject *memory_type, *set_buffers, *set_scalars, *error, *name;
 } Launcher;
 
-static PyObject *block_attr, *int_ptr_attr;
+static PyObject *block_attr, *int_ptr_attr, *append_attr, *fold_attr, *fold_every_attr, *retain_names;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *free, *events, *block, *event;
+} Token;
+
+static PyTypeObject TokenType;
+
+/* A pool block's handle: ``block`` is ``(real buffer, its int_ptr)``. */
+static PyObject *block_handle(PyObject *block) {
+    return (PyTuple_CheckExact(block) && PyTuple_GET_SIZE(block) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(block, 1)))
+               ? PyTuple_GET_ITEM(block, 1)
+               : NULL;
+}
 
 /* The cl_mem handle of pyopencl memory object ``value`` into ``*mem``; -1 with an exception set on failure. */
-static int handle_of(Launcher *self, PyObject *value, void **mem) {
+static int handle_of(PyObject *value, void **mem) {
     PyObject *dict = PyObject_GenericGetDict(value, NULL);
     if (dict != NULL) {
         PyObject *token = PyDict_GetItemWithError(dict, block_attr); /* borrowed */
-        if (token != NULL && Py_IS_TYPE(token, (PyTypeObject *)self->token_type) && PyTuple_GET_SIZE(token) == 4) {
-            PyObject *block = PyTuple_GET_ITEM(token, 2); /* (real buffer, its handle) */
-            if (PyTuple_CheckExact(block) && PyTuple_GET_SIZE(block) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(block, 1))) {
-                *mem = PyLong_AsVoidPtr(PyTuple_GET_ITEM(block, 1));
-                Py_DECREF(dict);
-                return (*mem == NULL && PyErr_Occurred()) ? -1 : 0;
-            }
+        PyObject *handle = (token != NULL && Py_IS_TYPE(token, &TokenType)) ? block_handle(((Token *)token)->block) : NULL;
+        if (handle != NULL) {
+            *mem = PyLong_AsVoidPtr(handle);
+            Py_DECREF(dict);
+            return (*mem == NULL && PyErr_Occurred()) ? -1 : 0;
         }
         Py_DECREF(dict);
         if (PyErr_Occurred()) return -1;
@@ -105,7 +128,7 @@ static int set_arguments(Launcher *self, PyObject *const *args) {
         PyObject *code = PyTuple_GET_ITEM(self->codes, i);
         if (code == Py_None && (value == Py_None || PyObject_TypeCheck(value, (PyTypeObject *)self->memory_type))) {
             void *mem = NULL;
-            if (value != Py_None && handle_of(self, value, &mem) < 0) goto failed;
+            if (value != Py_None && handle_of(value, &mem) < 0) goto failed;
             int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), sizeof(void *), &mem);
             if (status != 0) {
                 PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
@@ -218,15 +241,15 @@ static int read_sizes(PyObject *sizes, size_t *out, uint32_t *dims, const char *
 static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     unsigned long long kernel, queue, set_arg, enqueue;
     PyObject *global, *local, *indices, *codes, *keep, *recording, *profilers, *slow, *acquire, *release;
-    PyObject *memory_type, *token_type, *set_buffers, *set_scalars, *error, *name;
+    PyObject *memory_type, *set_buffers, *set_scalars, *error, *name;
     static char *names[] = {"kernel", "queue", "set_arg", "enqueue", "global_size", "local_size", "indices", "codes",
-                            "keep", "recording", "profilers", "slow", "acquire", "release", "memory_type", "token_type",
+                            "keep", "recording", "profilers", "slow", "acquire", "release", "memory_type",
                             "set_buffers", "set_scalars", "error", "name", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKOOO!O!OO!O!OOOO!O!OOOU:Launcher", names, &kernel, &queue,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKOOO!O!OO!O!OOOO!OOOU:Launcher", names, &kernel, &queue,
                                      &set_arg, &enqueue, &global, &local, &PyTuple_Type, &indices, &PyTuple_Type,
                                      &codes, &keep, &PyDict_Type, &recording, &PyList_Type, &profilers, &slow,
-                                     &acquire, &release, &PyType_Type, &memory_type, &PyType_Type, &token_type,
-                                     &set_buffers, &set_scalars, &error, &name))
+                                     &acquire, &release, &PyType_Type, &memory_type, &set_buffers, &set_scalars,
+                                     &error, &name))
         return NULL;
     if (PyTuple_GET_SIZE(indices) != PyTuple_GET_SIZE(codes)) {
         PyErr_SetString(PyExc_ValueError, "Launcher: one pack code per argument index");
@@ -247,9 +270,9 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->enqueue = (enqueue_fn)(uintptr_t)enqueue;
     self->count = PyTuple_GET_SIZE(indices);
     PyObject **fields[] = {&self->indices, &self->codes, &self->keep, &self->recording, &self->profilers, &self->slow,
-                           &self->acquire, &self->release, &self->memory_type, &self->token_type, &self->set_buffers,
+                           &self->acquire, &self->release, &self->memory_type, &self->set_buffers,
                            &self->set_scalars, &self->error, &self->name};
-    PyObject *values[] = {indices, codes, keep, recording, profilers, slow, acquire, release, memory_type, token_type,
+    PyObject *values[] = {indices, codes, keep, recording, profilers, slow, acquire, release, memory_type,
                           set_buffers, set_scalars, error, name};
     for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
         Py_INCREF(values[i]);
@@ -270,7 +293,7 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
     Py_VISIT(self->indices); Py_VISIT(self->codes); Py_VISIT(self->keep); Py_VISIT(self->recording);
     Py_VISIT(self->profilers); Py_VISIT(self->slow); Py_VISIT(self->acquire); Py_VISIT(self->release);
-    Py_VISIT(self->memory_type); Py_VISIT(self->token_type); Py_VISIT(self->set_buffers);
+    Py_VISIT(self->memory_type); Py_VISIT(self->set_buffers);
     Py_VISIT(self->set_scalars); Py_VISIT(self->error); Py_VISIT(self->name);
     return 0;
 }
@@ -278,7 +301,7 @@ static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
 static int launcher_clear(Launcher *self) {
     Py_CLEAR(self->indices); Py_CLEAR(self->codes); Py_CLEAR(self->keep); Py_CLEAR(self->recording);
     Py_CLEAR(self->profilers); Py_CLEAR(self->slow); Py_CLEAR(self->acquire); Py_CLEAR(self->release);
-    Py_CLEAR(self->memory_type); Py_CLEAR(self->token_type); Py_CLEAR(self->set_buffers);
+    Py_CLEAR(self->memory_type); Py_CLEAR(self->set_buffers);
     Py_CLEAR(self->set_scalars); Py_CLEAR(self->error); Py_CLEAR(self->name);
     return 0;
 }
@@ -303,6 +326,237 @@ static PyTypeObject LauncherType = {
     .tp_dealloc = (destructor)launcher_dealloc,
 };
 
+/* ---- Token: a pooled wrapper's block, returned when the wrapper dies ---- */
+
+static Token *token_make(PyObject *free, PyObject *events, PyObject *block, PyObject *event) {
+    Token *self = PyObject_New(Token, &TokenType);
+    if (self == NULL) return NULL;
+    Py_INCREF(free); self->free = free;
+    Py_INCREF(events); self->events = events;
+    Py_INCREF(block); self->block = block;
+    Py_INCREF(event); self->event = event;
+    return self;
+}
+
+static PyObject *token_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *fields;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Token takes one tuple (free, events, block, event)");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!:Token", &PyTuple_Type, &fields)) return NULL;
+    if (PyTuple_GET_SIZE(fields) != 4 || !PyList_Check(PyTuple_GET_ITEM(fields, 0))) {
+        PyErr_SetString(PyExc_TypeError, "Token takes one tuple (free list, events, block, event)");
+        return NULL;
+    }
+    (void)type;
+    return (PyObject *)token_make(PyTuple_GET_ITEM(fields, 0), PyTuple_GET_ITEM(fields, 1), PyTuple_GET_ITEM(fields, 2),
+                                  PyTuple_GET_ITEM(fields, 3));
+}
+
+/* Return the block and its event (what ``BlockToken.__del__`` does); nothing at interpreter shutdown's failures. */
+static void token_dealloc(Token *self) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (PyList_Append(self->free, self->block) == 0) {
+        PyObject *opposite = PyNumber_Negative(self->event);
+        PyObject *done = opposite != NULL ? PyObject_CallMethodOneArg(self->events, append_attr, opposite) : NULL;
+        Py_XDECREF(opposite);
+        Py_XDECREF(done);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    Py_DECREF(self->free);
+    Py_DECREF(self->events);
+    Py_DECREF(self->block);
+    Py_DECREF(self->event);
+    PyObject_Free(self);
+}
+
+static PyObject *token_real(Token *self, void *closure) {
+    (void)closure;
+    PyObject *real = PyTuple_Check(self->block) && PyTuple_GET_SIZE(self->block) > 0 ? PyTuple_GET_ITEM(self->block, 0) : NULL;
+    if (real == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the token's block holds no buffer");
+        return NULL;
+    }
+    Py_INCREF(real);
+    return real;
+}
+
+static PyObject *token_block(Token *self, void *closure) {
+    (void)closure;
+    Py_INCREF(self->block);
+    return self->block;
+}
+
+static PyGetSetDef token_fields[] = {
+    {"real", (getter)token_real, NULL, "The pool's own cl.Buffer of the block.", NULL},
+    {"block", (getter)token_block, NULL, "(the pool's cl.Buffer, its int_ptr).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TokenType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netcl.runtime.native._launcher.Token",
+    .tp_doc = "A pooled buffer's block, returned to its free list when the buffer dies (see launcher.c).",
+    .tp_basicsize = sizeof(Token),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = token_new,
+    .tp_dealloc = (destructor)token_dealloc,
+    .tp_getset = token_fields,
+};
+
+/* ---- Allocator: DevicePool.allocate's hot path ---- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *pool, *free, *shared_classes, *classes, *events, *from_int_ptr, *fallback;
+} Allocator;
+
+/* The event base of ``nbytes`` if memoized (borrowed), else NULL (an error set only if the lookup failed). */
+static PyObject *memoized_base(Allocator *self, PyObject *nbytes) {
+    PyObject *base = PyDict_GetItemWithError(self->shared_classes, nbytes);
+    if (base == NULL && !PyErr_Occurred()) base = PyDict_GetItemWithError(self->classes, nbytes);
+    return base;
+}
+
+/* Fold the pool's events when more than ``pool._FOLD_EVERY`` are queued; -1 with an exception set on failure. */
+static int fold_if_due(Allocator *self) {
+    PyObject *every = PyObject_GetAttr(self->pool, fold_every_attr);
+    if (every == NULL) return -1;
+    Py_ssize_t limit = PyLong_AsSsize_t(every);
+    Py_DECREF(every);
+    Py_ssize_t queued = PyObject_Size(self->events);
+    if ((limit == -1 || queued == -1) && PyErr_Occurred()) return -1;
+    if (queued <= limit) return 0;
+    PyObject *done = PyObject_CallMethodNoArgs(self->pool, fold_attr);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+static PyObject *allocator_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Allocator *self = (Allocator *)op;
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || !PyLong_CheckExact(args[1]))
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *nbytes = args[1];
+    PyObject *base = memoized_base(self, nbytes);
+    PyObject *blocks = base != NULL ? PyDict_GetItemWithError(self->free, base) : NULL;
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t count = blocks != NULL && PyList_CheckExact(blocks) ? PyList_GET_SIZE(blocks) : 0;
+    if (count == 0) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames); /* a fresh block */
+    PyObject *block = PyList_GET_ITEM(blocks, count - 1);
+    Py_INCREF(block);
+    if (PyList_SetSlice(blocks, count - 1, count, NULL) < 0) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    PyObject *wrapper = NULL, *event = PyNumber_Add(base, nbytes), *handle = block_handle(block);
+    int logged = 0;
+    if (event != NULL && handle != NULL) {
+        PyObject *done = PyObject_CallMethodOneArg(self->events, append_attr, event);
+        logged = done != NULL;
+        Py_XDECREF(done);
+    } else if (event != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a pool block is (buffer, int_ptr)");
+    }
+    if (logged) {
+        PyObject *call[] = {handle, Py_True};
+        wrapper = PyObject_Vectorcall(self->from_int_ptr, call, 1, retain_names);
+    }
+    if (wrapper != NULL) {
+        Token *token = token_make(blocks, self->events, block, event);
+        if (token == NULL) {
+            Py_CLEAR(wrapper);
+        } else {
+            int attached = PyObject_SetAttr(wrapper, block_attr, (PyObject *)token) == 0;
+            Py_DECREF(token); /* not attached: it dies here, returning the block and cancelling its event */
+            if (!attached) {
+                Py_DECREF(wrapper);
+                Py_DECREF(block);
+                Py_DECREF(event);
+                return NULL;
+            }
+        }
+    }
+    if (wrapper == NULL) { /* undo: the block back on its list, its event cancelled */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyList_Append(blocks, block);
+        if (logged) {
+            PyObject *opposite = PyNumber_Negative(event);
+            PyObject *done = opposite != NULL ? PyObject_CallMethodOneArg(self->events, append_attr, opposite) : NULL;
+            Py_XDECREF(opposite);
+            Py_XDECREF(done);
+        }
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
+    Py_DECREF(block);
+    Py_XDECREF(event);
+    if (wrapper != NULL && fold_if_due(self) < 0) Py_CLEAR(wrapper);
+    return wrapper;
+}
+
+static PyObject *allocator_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *pool, *free, *shared_classes, *classes, *events, *from_int_ptr, *fallback;
+    static char *names[] = {"pool", "free", "shared_classes", "classes", "events", "from_int_ptr", "fallback", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!OOO:Allocator", names, &pool, &PyDict_Type, &free,
+                                     &PyDict_Type, &shared_classes, &PyDict_Type, &classes, &events, &from_int_ptr,
+                                     &fallback))
+        return NULL;
+    Allocator *self = (Allocator *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = allocator_call;
+    PyObject **fields[] = {&self->pool, &self->free, &self->shared_classes, &self->classes, &self->events,
+                           &self->from_int_ptr, &self->fallback};
+    PyObject *values[] = {pool, free, shared_classes, classes, events, from_int_ptr, fallback};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        Py_INCREF(values[i]);
+        *fields[i] = values[i];
+    }
+    return (PyObject *)self;
+}
+
+static int allocator_traverse(Allocator *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pool); Py_VISIT(self->free); Py_VISIT(self->shared_classes); Py_VISIT(self->classes);
+    Py_VISIT(self->events); Py_VISIT(self->from_int_ptr); Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int allocator_clear(Allocator *self) {
+    Py_CLEAR(self->pool); Py_CLEAR(self->free); Py_CLEAR(self->shared_classes); Py_CLEAR(self->classes);
+    Py_CLEAR(self->events); Py_CLEAR(self->from_int_ptr); Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void allocator_dealloc(Allocator *self) {
+    PyObject_GC_UnTrack(self);
+    allocator_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef allocator_members[] = {
+    {"__self__", T_OBJECT, offsetof(Allocator, pool), READONLY, "The pool this is the allocate of."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject AllocatorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netcl.runtime.native._launcher.Allocator",
+    .tp_doc = "DevicePool.allocate's hot path: allocator(device, nbytes) -> a pooled cl.Buffer (see launcher.c).",
+    .tp_basicsize = sizeof(Allocator),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Allocator, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = allocator_new,
+    .tp_traverse = (traverseproc)allocator_traverse,
+    .tp_clear = (inquiry)allocator_clear,
+    .tp_dealloc = (destructor)allocator_dealloc,
+    .tp_members = allocator_members,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_launcher",
@@ -313,14 +567,22 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__launcher(void) {
     block_attr = PyUnicode_InternFromString("_netcl_block");
     int_ptr_attr = PyUnicode_InternFromString("int_ptr");
-    if (block_attr == NULL || int_ptr_attr == NULL || PyType_Ready(&LauncherType) < 0) return NULL;
+    append_attr = PyUnicode_InternFromString("append");
+    fold_attr = PyUnicode_InternFromString("_fold");
+    fold_every_attr = PyUnicode_InternFromString("_FOLD_EVERY");
+    retain_names = Py_BuildValue("(s)", "retain");
+    if (block_attr == NULL || int_ptr_attr == NULL || append_attr == NULL || fold_attr == NULL ||
+        fold_every_attr == NULL || retain_names == NULL)
+        return NULL;
+    PyTypeObject *types[] = {&LauncherType, &TokenType, &AllocatorType};
+    const char *type_names[] = {"Launcher", "Token", "Allocator"};
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&LauncherType);
-    if (PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0) {
-        Py_DECREF(&LauncherType);
-        Py_DECREF(m);
-        return NULL;
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, type_names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }
