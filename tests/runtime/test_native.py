@@ -44,12 +44,13 @@ def test_a_build_is_reused_and_a_failed_one_says_why(tmp_path):
     if _buildable() is not None:
         pytest.skip(_buildable())
     first = native.build(tmp_path)
-    assert first is not None and first.Launcher.__name__ == "Launcher"
+    assert first.Launcher.__name__ == "Launcher"
     built = sorted(tmp_path.iterdir())
     assert native.build(tmp_path) is not None and sorted(tmp_path.iterdir()) == built  # the file was reused
     failing = [sys.executable, "-c", "import sys; sys.exit('launcher.c:1: error: no compiler here')", "{source}"]
-    assert native.build(tmp_path / "other", command=failing) is None
-    assert "error: no compiler here" in native._reasons[-1]
+    with pytest.raises(native.BuildError, match="error: no compiler here"):
+        native.build(tmp_path / "other", command=failing)
+    assert native.unavailable() is None or "no compiler here" not in native.unavailable()  # this process's own
 
 
 def test_the_environment_turns_it_off(cl_device, monkeypatch):

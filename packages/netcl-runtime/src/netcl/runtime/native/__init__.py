@@ -37,7 +37,9 @@ SOURCE = Path(__file__).with_name("launcher.c")
 #: seconds a build may take before it counts as failed
 BUILD_TIMEOUT = 120
 
-_reasons: list[str] = []
+
+class BuildError(Exception):
+    """Why the extension could not be built or loaded here (its message says what failed)."""
 
 
 def enabled() -> bool:
@@ -47,21 +49,24 @@ def enabled() -> bool:
 
 def launcher() -> type | None:
     """The compiled ``Launcher`` type, or None where ``NETCL_NATIVE`` is off or it cannot be built or loaded."""
-    module = _module() if enabled() else None
+    module = _loaded()
     return None if module is None else module.Launcher
 
 
 def allocator() -> tuple[type, type] | None:
     """The compiled ``(Allocator, Token)`` types of a ``DevicePool``'s hot path, or None as for ``launcher``."""
-    module = _module() if enabled() else None
+    module = _loaded()
     return None if module is None else (module.Allocator, module.Token)
 
 
 def unavailable() -> str | None:
     """Why the compiled launch is not in use (None when it is)."""
-    if not enabled():
-        return f"{ENV_VAR} is off"
-    return None if _module() is not None else _reasons[-1]
+    return f"{ENV_VAR} is off" if not enabled() else _module()[1]
+
+
+def _loaded() -> ModuleType | None:
+    """The extension where ``NETCL_NATIVE`` allows it and it is built, else None."""
+    return _module()[0] if enabled() else None
 
 
 @functools.cache
@@ -80,17 +85,20 @@ def entry_points() -> tuple[int, int] | None:
 
 
 @functools.cache
-def _module() -> ModuleType | None:
+def _module() -> tuple[ModuleType | None, str | None]:
+    """This process's extension, built once: (the module, None) or (None, why not)."""
     from netcl.runtime.disk_cache import cache_dir
 
     if entry_points() is None:
-        _reasons.append("the OpenCL loader pyopencl uses cannot be found")
-        return None
+        return None, "the OpenCL loader pyopencl uses cannot be found"
     root = cache_dir()
-    if root is None:
-        with tempfile.TemporaryDirectory(prefix="netcl-native-") as scratch:
-            return build(Path(scratch))  # the loaded library stays mapped after its file is gone
-    return build(root / "native")
+    try:
+        if root is None:
+            with tempfile.TemporaryDirectory(prefix="netcl-native-") as scratch:
+                return build(Path(scratch)), None  # the loaded library stays mapped after its file is gone
+        return build(root / "native"), None
+    except BuildError as exc:
+        return None, str(exc)
 
 
 def build_command(source: Path, target: Path) -> list[str] | None:
@@ -104,15 +112,14 @@ def build_command(source: Path, target: Path) -> list[str] | None:
     return [*shlex.split(linker), *shlex.split(shared), "-O2", "-I", include, str(source), "-o", str(target)]
 
 
-def build(directory: Path, command: list[str] | None = None) -> ModuleType | None:
-    """The extension built from ``SOURCE`` into ``directory`` (reused when already there) and loaded, or None with
-    the reason appended to ``_reasons``. ``command``: the compile command to use, ``{source}`` and ``{target}``
-    filled in (tests); default ``build_command``."""
+def build(directory: Path, command: list[str] | None = None) -> ModuleType:
+    """The extension built from ``SOURCE`` into ``directory`` (reused when already there) and loaded; ``BuildError``
+    saying why where it cannot be. ``command``: the compile command to use, ``{source}`` and ``{target}`` filled in
+    (tests); default ``build_command``."""
     text = SOURCE.read_bytes()
     template = command if command is not None else build_command(Path("{source}"), Path("{target}"))
     if template is None:
-        _reasons.append("Python's build configuration names no C compiler (sysconfig LDSHARED)")
-        return None
+        raise BuildError("Python's build configuration names no C compiler (sysconfig LDSHARED)")
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     key = hashlib.sha256(b"\0".join([text, sys.version.encode(), suffix.encode(), *map(str.encode, template)]))
     target = directory / f"_launcher-{key.hexdigest()[:24]}{suffix}"
@@ -124,12 +131,10 @@ def build(directory: Path, command: list[str] | None = None) -> ModuleType | Non
                 filled = [part.format(source=SOURCE, target=partial) for part in template]
                 done = subprocess.run(filled, capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False)
                 if done.returncode != 0 or not partial.exists():
-                    _reasons.append(f"building {SOURCE.name} failed ({filled[0]}): {_first_error(done)}")
-                    return None
+                    raise BuildError(f"building {SOURCE.name} failed ({filled[0]}): {_first_error(done)}")
                 os.replace(partial, target)
         except (OSError, subprocess.SubprocessError) as exc:
-            _reasons.append(f"building {SOURCE.name} failed: {exc}")
-            return None
+            raise BuildError(f"building {SOURCE.name} failed: {exc}") from exc
     return _load(target)
 
 
@@ -140,13 +145,12 @@ def _first_error(done: subprocess.CompletedProcess) -> str:
     return (errors or lines[-1:] or [f"exit status {done.returncode}"])[0]
 
 
-def _load(path: Path) -> ModuleType | None:
+def _load(path: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader("_launcher", str(path))
     spec = importlib.util.spec_from_file_location("_launcher", path, loader=loader)
     try:
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         loader.exec_module(module)
     except (ImportError, OSError) as exc:
-        _reasons.append(f"loading {path.name} failed: {exc}")
-        return None
+        raise BuildError(f"loading {path.name} failed: {exc}") from exc
     return module

@@ -1,4 +1,5 @@
-/* netcl.runtime.native's C part: the call of a ``PreparedLaunch`` in one C function.
+/* netcl.runtime.native's C part: the call of a ``PreparedLaunch`` in one C function, and the caching allocator's hot
+ * path with the token that returns a block.
  *
  * ``Launcher(...)`` (made by ``netcl.runtime.launch.PreparedLaunch``, never by users) sets a prepared kernel's
  * per-call arguments and enqueues it without an event: what the generated Python call does through pyopencl's
@@ -354,18 +355,24 @@ static PyObject *token_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                                   PyTuple_GET_ITEM(fields, 3));
 }
 
-/* Return the block and its event (what ``BlockToken.__del__`` does); nothing at interpreter shutdown's failures. */
-static void token_dealloc(Token *self) {
+/* Put ``block`` back on its free list ``free`` and, where its taking was logged, log its return (``-event`` on
+ * ``events``): what ``BlockToken.__del__`` does. A pending exception survives; a failure here (at interpreter
+ * shutdown, when there is nothing to return to) is dropped. */
+static void return_block(PyObject *free, PyObject *events, PyObject *block, PyObject *event, int logged) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    if (PyList_Append(self->free, self->block) == 0) {
-        PyObject *opposite = PyNumber_Negative(self->event);
-        PyObject *done = opposite != NULL ? PyObject_CallMethodOneArg(self->events, append_attr, opposite) : NULL;
+    if (PyList_Append(free, block) == 0 && logged) {
+        PyObject *opposite = PyNumber_Negative(event);
+        PyObject *done = opposite != NULL ? PyObject_CallMethodOneArg(events, append_attr, opposite) : NULL;
         Py_XDECREF(opposite);
         Py_XDECREF(done);
     }
     PyErr_Clear();
     PyErr_Restore(type, value, traceback);
+}
+
+static void token_dealloc(Token *self) {
+    return_block(self->free, self->events, self->block, self->event, 1);
     Py_DECREF(self->free);
     Py_DECREF(self->events);
     Py_DECREF(self->block);
@@ -480,19 +487,7 @@ static PyObject *allocator_call(PyObject *op, PyObject *const *args, size_t narg
             }
         }
     }
-    if (wrapper == NULL) { /* undo: the block back on its list, its event cancelled */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyList_Append(blocks, block);
-        if (logged) {
-            PyObject *opposite = PyNumber_Negative(event);
-            PyObject *done = opposite != NULL ? PyObject_CallMethodOneArg(self->events, append_attr, opposite) : NULL;
-            Py_XDECREF(opposite);
-            Py_XDECREF(done);
-        }
-        PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
-    }
+    if (wrapper == NULL) return_block(blocks, self->events, block, event, logged); /* undo: back, event cancelled */
     Py_DECREF(block);
     Py_XDECREF(event);
     if (wrapper != NULL && fold_if_due(self) < 0) Py_CLEAR(wrapper);
