@@ -296,6 +296,30 @@ def test_bad_inputs_still_raise_under_no_grad(device: Any) -> None:
             ag.transpose(x, (0, 0))
 
 
+#: bad calls of the index ops, whose no_grad front leaves every check to the runtime op
+BAD_INDEX_CALLS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "axis": lambda x, i, f: ag.index_select(x, 5, i),
+    "bool axis": lambda x, i, f: ag.gather(x, True, i.reshape(1, 4)),
+    "float index": lambda x, i, f: ag.index_select(x, 0, f),
+    "2-d index": lambda x, i, f: ag.index_select(x, 0, i.reshape(2, 2)),
+    "gather float index": lambda x, i, f: ag.gather(x, 1, f.reshape(4, 1)),
+    "out of range": lambda x, i, f: ag.index_select(x, 0, ag.tensor(IDX + 4, device=x.device).value).to_host(),
+    "not a tensor": lambda x, i, f: ag.index_select([[1.0]], 0, i),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INDEX_CALLS))
+def test_index_ops_raise_the_same_under_no_grad(device: Any, name: str) -> None:
+    x, idx, _ = _inputs(device, grad=False)
+    floats = ag.tensor(IDX.astype(np.float32), device=device).value
+    raised = []
+    for context in (ag.Tape, ag.no_grad):
+        with context(), pytest.raises(Exception) as caught:
+            BAD_INDEX_CALLS[name](x, idx, floats)
+        raised.append((type(caught.value), str(caught.value)))
+    assert raised[0] == raised[1]
+
+
 # ---- elementwise ops recorded without apply_op ------------------------------------------------
 ELEMENTWISE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "add": (lambda a, b: ag.add(a, b), lambda a, b: a + b),

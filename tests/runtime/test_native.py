@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pyopencl as cl
 import pytest
 
 import netcl.core as nc
-from netcl.runtime import native
+from netcl.runtime import native, results
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.memory import DevicePool, pool_for
 
@@ -95,3 +96,45 @@ def test_both_hot_paths_hand_out_and_take_back_the_same_blocks(cl_device, monkey
     assert pool.stats().active_blocks == 0 and pool.stats().cached_blocks == 1
     odd = pool.allocate(cl_device, np.int64(1000))  # not an int: the Python method, the same block
     assert odd.int_ptr == handle
+
+
+def test_the_maker_of_tensors_makes_what_tensor_init_makes(cl_device):
+    """``results.tensor`` (the C ``Maker`` once a pool was made with ``native``): every field of its tensor equals
+    the field ``Tensor(...)`` sets, and the tensor is an ordinary one (weak references, attribute writes, views)."""
+    if native.launcher() is None:
+        pytest.skip(f"no compiled launch here: {native.unavailable()}")
+    DevicePool(cl_device)  # a pool made with the extension in use installs the maker
+    assert type(results.tensor).__name__ == "Maker"
+    data = nc.Tensor.empty((2, 3), device=cl_device).data
+    made = results.tensor(data, (2, 3), np.dtype(np.float32), cl_device)
+    expected = nc.Tensor(data, (2, 3), np.dtype(np.float32), cl_device)
+    for name in nc.Tensor.__slots__:
+        if name != "__weakref__":
+            assert getattr(made, name) is getattr(expected, name), name
+    assert type(made) is nc.Tensor and weakref.ref(made)() is made
+    made.grad = expected
+    assert made.reshape(3, 2).shape == (3, 2)
+
+
+def test_a_maker_takes_only_writable_slots_of_a_class_without_new():
+    if native.launcher() is None:
+        pytest.skip(f"no compiled launch here: {native.unavailable()}")
+
+    class Plain:
+        pass
+
+    class Fresh:
+        __slots__ = ("a",)
+
+        def __new__(cls):
+            return super().__new__(cls)
+
+    with pytest.raises(TypeError, match="'missing' is not a writable __slots__ field of Tensor"):
+        native.maker(nc.Tensor, ("data", "missing"), {})
+    with pytest.raises(TypeError, match="'a' is not a writable __slots__ field of Plain"):
+        native.maker(Plain, ("a",), {})
+    with pytest.raises(TypeError, match="has a __new__ of its own"):
+        native.maker(Fresh, ("a",), {})
+    made = native.maker(nc.Tensor, results.GIVEN, results.constants())
+    with pytest.raises(TypeError, match="takes 4 positional arguments, got 2"):
+        made(None, ())

@@ -201,6 +201,19 @@ def test_new_scalar_value_reuses_the_kernel(cl_device: nc.Device) -> None:
     assert program_cache.stats().builds + program_cache.stats().disk_hits == builds
 
 
+@pytest.mark.parametrize("scalar", [1e40, -1e40, 3.4028235677973366e38 * (1 + 2**-25), 1e-50, 1e-45, -0.0, np.nan, 0.1])
+def test_a_python_float_scalar_rounds_as_np_float32_on_every_call(cl_device: nc.Device, scalar: float) -> None:
+    """The hot path passes a Python float to the launch as it is (no ``np.float32`` on the call): the kernel still
+    gets float32 of it, overflow to inf, underflow and signed zero included, on the first call and the repeats."""
+    x = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    t = nc.tensor(x, device=cl_device)
+    with np.errstate(over="ignore", invalid="ignore"):
+        right, left = x * np.float32(scalar), np.float32(scalar) - x
+    for _ in range(3):
+        np.testing.assert_array_equal(ops.mul(t, scalar).to_host(), right)
+        np.testing.assert_array_equal(ops.sub(scalar, t).to_host(), left)
+
+
 def test_math_ops_on_a_cpu_run_on_vectors_with_a_scalar_tail(cl_device: nc.Device) -> None:
     """On a CPU device an op with a math call evaluates whole ``floatN`` vectors and the last partial one lane by
     lane; scalars and one-element operands are splatted. 4 x 33 (and 7) elements leave a tail at every width."""

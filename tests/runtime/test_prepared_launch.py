@@ -136,6 +136,55 @@ def test_prepared_launch_bad_inputs(cl_device, kernel):
         prepared.call(nc.Tensor.empty((N,), device=cl_device).data)  # one of three per-call arguments
 
 
+PACK_SRC = """
+__kernel void pack(__global float *f_out, __global int *i_out, __global uint *u_out, __global long *l_out,
+                   float f, int i, uint u, long l) {
+    f_out[0] = f; i_out[0] = i; u_out[0] = u; l_out[0] = l;
+}
+"""
+PACKED = [
+    (1e40, 2**31 - 1, 2**32 - 1, 2**63 - 1),
+    (-1e40, -(2**31), 0, -(2**63)),
+    (float("nan"), 0, 1, -1),
+    (1e-50, -1, 2**31, 2**40),
+    (-0.0, 7, 7, 7),
+    (3.4028235677973366e38 * (1 + 2**-25), 1, 2, 3),
+]
+
+
+@pytest.mark.parametrize("values", PACKED)
+def test_plain_python_scalars_are_packed_as_pyopencl_packs_them(cl_device, values):
+    """Python floats and in-range ints as per-call scalars: float32 of a float (inf past the range, signed zero and
+    NaN kept), the int itself; the same bits from the compiled call as from pyopencl's packing."""
+    handle = program_cache.get_or_compile("test_prepared_launch_pack", PACK_SRC, cl_device.context)
+    types = [None, None, None, None, np.float32, np.int32, np.uint32, np.int64]
+    prepared = PreparedLaunch(handle.kernel("pack", types), 1, None, {}, list(enumerate(types)))
+    kinds = (np.float32, np.int32, np.uint32, np.int64)
+    outs = [cl.Buffer(cl_device.context, cl.mem_flags.READ_WRITE, size=8) for _ in kinds]
+    prepared.call(*outs, *values)
+    read = [np.empty(1, kind) for kind in kinds]
+    for host_copy, buffer in zip(read, outs, strict=True):
+        cl.enqueue_copy(cl_device.queue, host_copy, buffer)
+    single, int32, uint32, int64 = (r[0] for r in read)
+    with np.errstate(over="ignore"):
+        expected = np.float32(values[0])
+    same_bits = np.float32(single).view(np.uint32) == expected.view(np.uint32)
+    assert same_bits or (np.isnan(single) and np.isnan(expected))
+    assert (int(int32), int(uint32), int(int64)) == values[1:]
+
+
+@pytest.mark.parametrize("bad", [(0.0, 2**31, 0, 0), (0.0, 0, -1, 0), (0.0, 0, 0, 2**63), ("x", 0, 0, 0)])
+def test_scalars_out_of_their_type_raise_and_set_nothing(cl_device, bad):
+    handle = program_cache.get_or_compile("test_prepared_launch_pack", PACK_SRC, cl_device.context)
+    types = [None, None, None, None, np.float32, np.int32, np.uint32, np.int64]
+    prepared = PreparedLaunch(handle.kernel("pack", types), 1, None, {}, list(enumerate(types)))
+    outs = [cl.Buffer(cl_device.context, cl.mem_flags.READ_WRITE, size=8) for _ in range(4)]
+    with pytest.raises(LaunchError, match="cannot set arguments of kernel 'pack'"):
+        prepared.call(*outs, *bad)
+    assert prepared._lock.acquire(blocking=False), "a failed call left its launch locked"
+    prepared._lock.release()
+
+
 def test_prepared_launch_takes_buffers_made_outside_the_pool(cl_device, kernel):
     """A plain ``cl.Buffer`` (no pool token: its handle read from ``int_ptr``) as input and output."""
     flags = cl.mem_flags

@@ -177,7 +177,8 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if entry.forward is not None:  # the inputs are the kernel's operands
         out = apply(entry.kernel, values)
     elif entry.scalar_slot is not None:
-        out = apply(entry.kernel, entry.scalar_operands(values[0], attrs["scalar"]))  # type: ignore[index]
+        scalar = attrs["scalar"]  # type: ignore[index]
+        out = apply(entry.kernel, (values[0], scalar) if entry.scalar_slot else (scalar, values[0]))
     else:
         out = apply(entry.kernel, forward_operands(entry.d, values, attrs or {}))
     if not grad_mode.grad_enabled:

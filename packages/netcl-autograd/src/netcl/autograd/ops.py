@@ -154,7 +154,7 @@ def matmul(a: Operand, b: Operand) -> Node:
     ):  # the common calls (no vector, no autocast): the checks of the other cases skipped
         if type(va) is Tensor and type(vb) is Tensor:
             if forward_only():  # what apply_op would do: the forward, a bare Node
-                return untracked(linalg.matmul(va, vb), "matmul")
+                return untracked(linalg.product(va, vb), "matmul")
         elif (read_in_place := _transposed_operands(va, vb)) is not None:
             return _matmul_in_place(a, b, read_in_place, None)
         # the general path's checks all pass here (precision None): its product, views gathered by apply_op

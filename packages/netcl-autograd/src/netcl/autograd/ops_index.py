@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, layout, pointwise, selecting
@@ -144,6 +145,17 @@ def _checked_axis(op: str, check_shapes: Any, shape: tuple[int, ...], axis: Any,
     return ax
 
 
+def _forward_only_of_tensors(x: Any, index: Any) -> bool:
+    """Whether an index op of ``x`` (a Tensor or a Node of one) with index Tensor ``index`` runs its forward alone
+    (``forward_only``): then its front returns the runtime op's result in a bare Node, as ``apply_op`` would."""
+    return (
+        not grad_mode.grad_enabled
+        and _local.tracer is None
+        and type(index) is Tensor
+        and type(x.value if type(x) is Node else x) is Tensor
+    )
+
+
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:
     kind = type(x)
     if kind is Node or kind is Tensor:
@@ -192,8 +204,10 @@ def padding_row(padding_idx: Any, rows: int, op: str) -> int | None:
 
 def gather(x: Operand, axis: int, index: Any) -> Node:
     """``torch.gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``axis``; shape of index."""
-    shape = _shape(x, "gather", "x")
     given = index.value if type(index) is Node else index
+    if _forward_only_of_tensors(x, given):  # the runtime op checks the shapes, axis and dtypes itself
+        return untracked(gathering.gather(x.value if type(x) is Node else x, axis, given), "gather")
+    shape = _shape(x, "gather", "x")
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
         ax = _checked_axis("gather", gathering.check_gather_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node
@@ -211,8 +225,10 @@ def gather(x: Operand, axis: int, index: Any) -> Node:
 
 def index_select(x: Operand, axis: int, index: Any) -> Node:
     """``torch.index_select``: x's entries at the 1-d ``index`` along ``axis``."""
-    shape = _shape(x, "index_select", "x")
     given = index.value if type(index) is Node else index
+    if _forward_only_of_tensors(x, given):  # the runtime op checks the shapes, axis and dtypes itself
+        return untracked(selecting.index_select(x.value if type(x) is Node else x, axis, given), "index_select")
+    shape = _shape(x, "index_select", "x")
     if type(given) is Tensor:  # an index Tensor (or a Node's): a constant of the op, checked by its shapes
         ax = _checked_axis("index_select", selecting.check_index_select_shapes, shape, axis, given)
         if forward_only():  # what apply_op would do: the forward, a bare Node

@@ -18,6 +18,7 @@ from netcl.core import Device, Tensor
 from netcl.jit import numpy_source, opencl_source
 from netcl.jit.column_source import ColumnLayout, column_kernel_source, column_layout
 from netcl.jit.tuning import column_groups, launch_config
+from netcl.runtime import results
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import PreparedLaunch
 
@@ -125,7 +126,7 @@ class OpenCLFusedKernels(FusedKernels):
 
     def empty(self) -> Tensor:
         device = self.device
-        return Tensor(device.allocator(device, self.nbytes), self.shape, _F32, device)
+        return results.tensor(device.allocator(device, self.nbytes), self.shape, _F32, device)
 
     def column_layout(self) -> ColumnLayout | None:
         if not self.configs["backward"].column_sums:

@@ -18,6 +18,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.jit import row_numpy, row_serial, row_source
 from netcl.jit.row_ir import PARAM, RowInput, RowProgram
+from netcl.runtime import results
 from netcl.runtime.cache import program_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops.rowwise import row_mode
@@ -126,7 +127,7 @@ class OpenCLRowKernels(RowKernels):
 
     def empty(self, shape: tuple[int, ...]) -> Tensor:
         device = self.device
-        return Tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
+        return results.tensor(device.allocator(device, max(1, math.prod(shape)) * 4), shape, _F32, device)
 
     def partial_groups(self, compiled) -> int:
         groups = compiled.partial

@@ -40,7 +40,7 @@ import pyopencl as cl
 
 from netcl.core import Device, devices, get_device
 from netcl.core.devices import check_allocation, raw_allocate
-from netcl.runtime import host_views, native
+from netcl.runtime import host_views, native, results
 
 _from_int_ptr = cl.Buffer.from_int_ptr
 
@@ -227,6 +227,7 @@ class DevicePool:
         self._token: type = BlockToken
         compiled = native.allocator()
         if compiled is not None:
+            results.install()  # the outputs' tensors made in C too
             allocator, self._token = compiled
             fallback = DevicePool.allocate.__get__(self)
             self.allocate = allocator(  # type: ignore[method-assign]

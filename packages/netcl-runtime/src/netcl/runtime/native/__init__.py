@@ -29,8 +29,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ENV_VAR = "NETCL_NATIVE"
 SOURCE = Path(__file__).with_name("launcher.c")
@@ -57,6 +59,15 @@ def allocator() -> tuple[type, type] | None:
     """The compiled ``(Allocator, Token)`` types of a ``DevicePool``'s hot path, or None as for ``launcher``."""
     module = _loaded()
     return None if module is None else (module.Allocator, module.Token)
+
+
+def maker(cls: type, given: Sequence[str], constants: Mapping[str, Any]) -> Any:
+    """A C callable making instances of ``cls`` (a class of ``__slots__`` without a ``__new__``) without its
+    ``__init__``: ``maker(*values)`` is ``object.__new__(cls)`` with the slots ``given`` set to ``values`` in order and
+    each slot of ``constants`` to its value; None as for ``launcher``. That this is what ``cls(*values)`` makes is
+    the caller's to keep (TypeError for a name that is not a writable slot)."""
+    module = _loaded()
+    return None if module is None else module.Maker(cls, tuple(given), dict(constants))
 
 
 def unavailable() -> str | None:

@@ -11,7 +11,9 @@
  * - while a capture records or a profiler is active (``recording`` or ``profilers`` not empty), ``slow(args)``;
  * - a buffer argument that is a pyopencl memory object is set from its handle (a pool block's handle read from its
  *   ``Token``, below, else ``int_ptr``), None as a null buffer; any other object is set by pyopencl's
- *   ``_set_arg_multi``, and scalars by its ``_set_arg_buf_pack_multi`` (pyopencl's conversions and errors);
+ *   ``_set_arg_multi``; a scalar that is a Python float (pack code f or d) or an int in its type's range (i, I, l,
+ *   L) is packed here as pyopencl's ``_set_arg_buf_pack`` packs it, any other scalar by pyopencl itself (its
+ *   conversions and errors);
  * - the launch's lock is held from the first argument set to the enqueue (the slow path takes it too);
  * - a refused argument raises ``error("cannot set arguments of kernel '<name>': ...")`` and a refused enqueue
  *   ``error("clEnqueueNDRangeKernel of kernel '<name>' failed with OpenCL status <s>")``; the lock is free after both.
@@ -25,10 +27,15 @@
  * list (``free[base]``) holds a block, it pops the block, appends the event ``base + nbytes``, wraps the block's handle
  * (``from_int_ptr(handle, retain=True)``), tags the wrapper with a ``Token`` and folds the pool's events
  * (``pool._fold()``) past ``pool._FOLD_EVERY``; every other call goes to ``fallback`` (the Python method).
+ *
+ * ``Maker(cls, given, constants)`` makes instances of a class of ``__slots__`` without calling its ``__init__``:
+ * ``maker(*values)`` is ``object.__new__(cls)`` with each slot named in ``given`` set to its value and each slot of
+ * ``constants`` (a dict) to its constant (every named field must be a writable slot; ``cls`` has no ``__new__``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -120,6 +127,55 @@ static void raise_bad_args(Launcher *self) {
     Py_XDECREF(traceback);
 }
 
+/* Set scalar argument ``value`` when it is a plain Python number pyopencl would pack the same way: a float for pack
+ * code f or d (``(float)`` / ``(double)`` of its value, as pyopencl's converting cast does) or an int within range
+ * for i, I, l or L. 1 when set, 0 to leave it to pyopencl (any other value, and every error message, stay its own),
+ * -1 with the exception set when the OpenCL call refused it. */
+static int set_plain_scalar(Launcher *self, PyObject *index, PyObject *code, PyObject *value) {
+    if (!PyBytes_CheckExact(code) || PyBytes_GET_SIZE(code) != 1) return 0;
+    char kind = PyBytes_AS_STRING(code)[0];
+    union { float f; double d; int i; unsigned int u; long l; unsigned long ul; } packed;
+    size_t size;
+    if (PyFloat_CheckExact(value) && (kind == 'f' || kind == 'd')) {
+        double number = PyFloat_AS_DOUBLE(value);
+        if (kind == 'f') {
+            packed.f = (float)number;
+            size = sizeof(float);
+        } else {
+            packed.d = number;
+            size = sizeof(double);
+        }
+    } else if (PyLong_CheckExact(value) && (kind == 'i' || kind == 'I' || kind == 'l' || kind == 'L')) {
+        int overflow = 0;
+        long number = PyLong_AsLongAndOverflow(value, &overflow);
+        if (number == -1 && PyErr_Occurred()) return -1;
+        if (overflow != 0) return 0; /* out of a long's range (an unsigned long above it included): pyopencl's */
+        if (kind == 'i' && number >= INT_MIN && number <= INT_MAX) {
+            packed.i = (int)number;
+            size = sizeof(int);
+        } else if (kind == 'I' && number >= 0 && (unsigned long)number <= UINT_MAX) {
+            packed.u = (unsigned int)number;
+            size = sizeof(unsigned int);
+        } else if (kind == 'l') {
+            packed.l = number;
+            size = sizeof(long);
+        } else if (kind == 'L' && number >= 0) {
+            packed.ul = (unsigned long)number;
+            size = sizeof(unsigned long);
+        } else {
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+    int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), size, &packed);
+    if (status != 0) {
+        PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
+        return -1;
+    }
+    return 1;
+}
+
 /* Set the per-call arguments; 0, or -1 with the exception set (the caller holds the lock). */
 static int set_arguments(Launcher *self, PyObject *const *args) {
     PyObject *others = NULL, *scalars = NULL; /* the arguments pyopencl sets (its multi-argument setters) */
@@ -136,6 +192,11 @@ static int set_arguments(Launcher *self, PyObject *const *args) {
                 goto failed;
             }
             continue;
+        }
+        if (code != Py_None) {
+            int packed = set_plain_scalar(self, index, code, value);
+            if (packed < 0) goto failed;
+            if (packed) continue;
         }
         PyObject **list = code == Py_None ? &others : &scalars; /* flat: index, [code,] value, ... */
         if ((*list == NULL && (*list = PyList_New(0)) == NULL) || PyList_Append(*list, index) < 0 ||
@@ -552,6 +613,114 @@ static PyTypeObject AllocatorType = {
     .tp_members = allocator_members,
 };
 
+/* ---- Maker: a new instance of a class of __slots__ with its fields set ---- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyTypeObject *cls;
+    PyObject *constants;   /* tuple: the values of the fields after the given ones */
+    Py_ssize_t given;      /* fields given per call */
+    Py_ssize_t count;      /* fields: given, then constant */
+    Py_ssize_t *offsets;   /* each field's slot offset in an instance */
+} Maker;
+
+/* The offset of ``cls``'s writable object slot ``name`` (a ``__slots__`` member), or -1 with TypeError set. */
+static Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name) {
+    PyObject *descr = PyUnicode_Check(name) ? _PyType_Lookup(cls, name) : NULL; /* borrowed */
+    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) return member->offset;
+    }
+    PyErr_Format(PyExc_TypeError, "Maker: %R is not a writable __slots__ field of %s", name, cls->tp_name);
+    return -1;
+}
+
+static PyObject *maker_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Maker *self = (Maker *)op;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n != self->given || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_Format(PyExc_TypeError, "the maker of %s takes %zd positional arguments, got %zd", self->cls->tp_name,
+                     self->given, n);
+        return NULL;
+    }
+    PyObject *made = self->cls->tp_alloc(self->cls, 0); /* every slot NULL */
+    if (made == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        PyObject *value = i < n ? args[i] : PyTuple_GET_ITEM(self->constants, i - n);
+        *(PyObject **)((char *)made + self->offsets[i]) = Py_NewRef(value);
+    }
+    return made;
+}
+
+static PyObject *maker_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyTypeObject *cls;
+    PyObject *given, *constants;
+    static char *kw[] = {"cls", "given", "constants", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!:Maker", kw, &PyType_Type, &cls, &PyTuple_Type, &given,
+                                     &PyDict_Type, &constants))
+        return NULL;
+    if (cls->tp_new != PyBaseObject_Type.tp_new) {
+        PyErr_Format(PyExc_TypeError, "Maker: %s has a __new__ of its own", cls->tp_name);
+        return NULL;
+    }
+    PyObject *keys = PyDict_Keys(constants), *values = PyDict_Values(constants);
+    PyObject *key_tuple = keys != NULL ? PyList_AsTuple(keys) : NULL;
+    PyObject *constant_values = values != NULL ? PyList_AsTuple(values) : NULL;
+    PyObject *names = key_tuple != NULL ? PySequence_Concat(given, key_tuple) : NULL;
+    Maker *self = NULL;
+    if (names != NULL && constant_values != NULL && (self = (Maker *)type->tp_alloc(type, 0)) != NULL) {
+        self->vectorcall = maker_call;
+        self->cls = (PyTypeObject *)Py_NewRef(cls);
+        self->constants = Py_NewRef(constant_values);
+        self->given = PyTuple_GET_SIZE(given);
+        self->count = PyTuple_GET_SIZE(names);
+        self->offsets = PyMem_New(Py_ssize_t, self->count > 0 ? self->count : 1);
+        if (self->offsets == NULL) PyErr_NoMemory();
+        for (Py_ssize_t i = 0; self->offsets != NULL && i < self->count; i++) {
+            if ((self->offsets[i] = slot_offset(cls, PyTuple_GET_ITEM(names, i))) < 0) break;
+        }
+        if (PyErr_Occurred()) Py_CLEAR(self);
+    }
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(key_tuple);
+    Py_XDECREF(constant_values);
+    Py_XDECREF(names);
+    return (PyObject *)self;
+}
+
+static int maker_traverse(Maker *self, visitproc visit, void *arg) {
+    Py_VISIT(self->cls); Py_VISIT(self->constants);
+    return 0;
+}
+
+static int maker_clear(Maker *self) {
+    Py_CLEAR(self->cls); Py_CLEAR(self->constants);
+    return 0;
+}
+
+static void maker_dealloc(Maker *self) {
+    PyObject_GC_UnTrack(self);
+    maker_clear(self);
+    PyMem_Free(self->offsets);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject MakerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netcl.runtime.native._launcher.Maker",
+    .tp_doc = "maker(*given) -> a new instance of a class of __slots__ with its fields set (see launcher.c).",
+    .tp_basicsize = sizeof(Maker),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Maker, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = maker_new,
+    .tp_traverse = (traverseproc)maker_traverse,
+    .tp_clear = (inquiry)maker_clear,
+    .tp_dealloc = (destructor)maker_dealloc,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_launcher",
@@ -569,8 +738,8 @@ PyMODINIT_FUNC PyInit__launcher(void) {
     if (block_attr == NULL || int_ptr_attr == NULL || append_attr == NULL || fold_attr == NULL ||
         fold_every_attr == NULL || retain_names == NULL)
         return NULL;
-    PyTypeObject *types[] = {&LauncherType, &TokenType, &AllocatorType};
-    const char *type_names[] = {"Launcher", "Token", "Allocator"};
+    PyTypeObject *types[] = {&LauncherType, &TokenType, &AllocatorType, &MakerType};
+    const char *type_names[] = {"Launcher", "Token", "Allocator", "Maker"};
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {

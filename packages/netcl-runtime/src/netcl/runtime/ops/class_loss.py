@@ -27,6 +27,7 @@ import numpy as np
 
 from netcl.core import Tensor
 from netcl.core.device_errors import INDEX_CHECK_C, index_error_code
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import get_kernel, remember, storage_ctype
 from netcl.runtime.ops._grid import index_dtype, launch_prepared, prepared_for, run_1d
@@ -202,7 +203,7 @@ def class_loss_forward(
     if plan is not None:  # a repeated signature: its launch and sizes prepared, its error code known
         prepared, rows, nbytes, sd, code = plan
         allocate = device.allocator
-        loss, rowmax, rowsum = (Tensor(allocate(device, nbytes), (rows,), sd, device) for _ in range(3))
+        loss, rowmax, rowsum = (results.tensor(allocate(device, nbytes), (rows,), sd, device) for _ in range(3))
         word = device.error_word.buffer(device.queue)
         prepared.call(x.data, t.data, loss.data, rowmax.data, rowsum.data, word, ignore_index, smoothing, code)
         return loss, rowmax, rowsum
@@ -243,7 +244,10 @@ def class_loss_reduce(loss: Tensor, t: Tensor, ignore_index: int, mean: bool) ->
     if plan is not None:  # a repeated signature: its kernel, sizes and index type known
         prepared, nbytes, rows = plan
         allocate = device.allocator
-        out, count = Tensor(allocate(device, nbytes), (), sd, device), Tensor(allocate(device, nbytes), (), sd, device)
+        out, count = (
+            results.tensor(allocate(device, nbytes), (), sd, device),
+            results.tensor(allocate(device, nbytes), (), sd, device),
+        )
         prepared.call(loss.data, t.data, out.data, count.data, rows, ignore_index, int(mean))
         return out, count
     out, count = Tensor.empty((), sd, loss.device), Tensor.empty((), sd, loss.device)
@@ -290,7 +294,7 @@ def class_loss_backward(
     plan = _BACKWARD_PLANS.get(key)
     if plan is not None:
         prepared, nbytes = plan
-        gx = Tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
+        gx = results.tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
         prepared.call(x.data, t.data, rowmax.data, rowsum.data, g.data, count.data, gx.data, ignore_index, smoothing)
         return gx
     rows, C = x.shape

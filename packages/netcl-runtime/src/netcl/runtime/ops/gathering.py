@@ -16,6 +16,7 @@ from netcl.core import Tensor, contiguous_strides
 from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._common import compute_ctype, device_of, pragmas, remember, storage_ctype
 from netcl.runtime.ops._grid import index_ctype, index_dtype, params, prepare_1d, run_1d, scalars
@@ -103,7 +104,7 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
         if plan is not None:  # OpenCL, shapes, dtypes and axis checked before, nothing to narrow
             nbytes, prepared = plan
             device = x.device
-            out = Tensor(device.allocator(device, nbytes), index.shape, x.dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), index.shape, x.dtype, device)
             prepared.call(x.data, index.data, out.data)
             return out
     ax, index = check_gather(x, axis, index)

@@ -35,6 +35,7 @@ import numpy as np
 
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import get_kernel, remember
@@ -337,7 +338,7 @@ def run(product: Product, a: Tensor, b: Tensor, extra: Tensor | None = None) -> 
     """``product`` of ``a`` and ``b`` (of the signature it was prepared for), ``extra`` added in its store as its
     epilogue says: a new float32 tensor."""
     device = a.device
-    out = Tensor(device.allocator(device, product.nbytes), product.shape, float32, device)
+    out = results.tensor(device.allocator(device, product.nbytes), product.shape, float32, device)
     if product.launch is not None:
         product.launch(a.data, b.data, out.data, a.data if extra is None else extra.data)  # (no epilogue: E unread)
     return out

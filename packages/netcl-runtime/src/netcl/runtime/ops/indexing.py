@@ -24,6 +24,7 @@ import pyopencl as cl
 from netcl.core import Device, Tensor, contiguous_strides
 from netcl.core.device_errors import index_error_code, index_error_message
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops._grid import prod
 from netcl.runtime.ops.backend import backend_op
@@ -192,7 +193,7 @@ def getitem(x: Tensor, key: IndexKey) -> Tensor:
             plan = _GETITEM_PLANS.get((x.shape, x.dtype, memo, x.device))
             if plan is not None:  # OpenCL, a root tensor's shape and a key that needed a copy before
                 shape, nbytes, prepared = plan
-                out = Tensor(device.allocator(device, nbytes), shape, x.dtype, device)
+                out = results.tensor(device.allocator(device, nbytes), shape, x.dtype, device)
                 prepared.call(x.data, out.data)
                 return out
     if not isinstance(x, Tensor):

@@ -17,6 +17,7 @@ from netcl.core import Device, Tensor, contiguous_strides, get_device
 from netcl.core.broadcast import normalize_shape
 from netcl.core.dtypes import as_dtype, float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import (
@@ -77,7 +78,7 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
         if plan is not None:  # this cast on this device before: checks and kernel done
             nbytes, prepared, size = plan
             device = x.device
-            out = Tensor(device.allocator(device, nbytes), x.shape, dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), x.shape, dtype, device)
             prepared.call(x.data, out.data, size)
             return out
     x = _require_tensor(x, "cast")
@@ -167,7 +168,7 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
             device = x.device
             if prepared is None:  # only length-1 axes move: x's buffer under the new shape
                 return Tensor(x.data, out_shape, x.dtype, device, base=x.base if x.base is not None else x)
-            out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
             prepared.call(x.data, out.data)
             return out
     x = _require_tensor(x, "transpose")

@@ -36,6 +36,7 @@ __all__ = [
     "matmul",
     "matmul_precision",
     "matmul_shapes",
+    "product",
     "set_float32_matmul_precision",
 ]
 
@@ -110,6 +111,18 @@ def matmul(
         if product is not _ELSEWHERE:
             return gemm_cpu.run(product, a, b, addend if bias is None else bias)
     return _matmul(a, b, transpose_a, transpose_b, precision, out_dtype, bias, addend)
+
+
+def product(a: Tensor, b: Tensor) -> Tensor:
+    """``matmul(a, b)`` of two Tensors with no options. On a host-memory device a signature ``matmul`` has seen
+    launches its kept product at once (its key is ``_cpu_signature``'s for these arguments), without ``matmul``'s
+    keywords, device test and signature frame; every other call is ``matmul(a, b)``."""
+    kept = _CPU_PRODUCTS.plans.get(
+        (a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, False, False, None, _cpu_env())
+    )
+    if kept is None or kept is _ELSEWHERE:
+        return matmul(a, b)
+    return gemm_cpu.run(kept, a, b)
 
 
 #: CPU devices' products by signature (``_cpu_signature``): the kernel's prepared ``gemm_cpu.Product``, or

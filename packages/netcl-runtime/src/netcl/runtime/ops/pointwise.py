@@ -29,6 +29,7 @@ from netcl.core.errors import ShapeError
 from netcl.core.kernels.vector_primitives import MATH_HELPERS, vector_preamble, vectorize
 from netcl.core.strided_view import StridedView
 from netcl.core.writes import written
+from netcl.runtime import results
 from netcl.runtime.launch import PreparedLaunch, enqueue_fill
 from netcl.runtime.ops import _table
 from netcl.runtime.ops._common import (
@@ -216,7 +217,7 @@ def run_elementwise(
 def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | None = None) -> Tensor:
     """Launch ``plan`` over ``operands`` (OpenCL), into a new tensor or ``out``."""
     if out is None:
-        out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+        out = results.tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
     if plan.n == 0:
         return out
     prepared = plan.prepared
@@ -470,42 +471,55 @@ def _expr_for(op: OpDef, compute: np.dtype) -> str:
 
 def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     """Run ``op`` over ``operands`` (broadcast) on their device; a new tensor."""
-    if len(operands) == 2 and type(operands[0]) is Tensor and type(operands[1]) is Tensor:  # the common call
+    # a launch of this op over operands of these kinds, shapes, dtypes and device made before (``_LAUNCHES``): the
+    # common kinds keyed and launched inline, without ``_launch_key``'s frame and tests
+    fast: tuple | None = None
+    count = len(operands)
+    if count == 2:
         a, b = operands
-        fast: tuple | None = (id(op), a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
-        hit = _LAUNCHES.get(fast)
-        if hit is not None and hit[0] is op:  # this op over these shapes, dtypes and device launched before
-            plan = hit[1]
-            device = a.device
-            out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
-            plan.prepared.call(out.data, a.data, b.data)
-            return out
-    elif len(operands) == 1 and type(operands[0]) is Tensor:
+        kind_a, kind_b = type(a), type(b)
+        if kind_a is Tensor and kind_b is Tensor:  # the common call
+            fast = (id(op), a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
+            hit = _LAUNCHES.get(fast)
+            if hit is not None and hit[0] is op:
+                plan = hit[1]
+                device = a.device
+                out = results.tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+                plan.prepared.call(out.data, a.data, b.data)
+                return out
+        elif kind_a is Tensor and kind_b in _PLAIN_SCALARS:  # ``x * 2.0``
+            fast = (id(op), a.shape, a.dtype, a.device, kind_b)
+            hit = _LAUNCHES.get(fast)
+            if hit is not None and hit[0] is op:
+                plan = hit[1]
+                device = a.device
+                out = results.tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+                hit[2](plan.prepared.call, out.data, a, b)
+                return out
+        elif kind_a is StridedView or kind_b is StridedView:
+            fast = _view_launch_key(op, a, b)  # a view read in place: its strides and offset in the key
+        else:
+            fast = _launch_key(op, operands)
+    elif count == 1 and type(operands[0]) is Tensor:
         (a,) = operands
         fast = (id(op), a.shape, a.dtype, a.device)
         hit = _LAUNCHES.get(fast)
         if hit is not None and hit[0] is op:
             plan = hit[1]
             device = a.device
-            out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+            out = results.tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
             plan.prepared.call(out.data, a.data)
             return out
     else:
-        if len(operands) == 2 and type(operands[0]) is Tensor and type(operands[1]) in _PLAIN_SCALARS:
-            a, b = operands  # a tensor and a Python number (``x * 2.0``): ``_launch_key``'s key without its tests
-            fast = (id(op), a.shape, a.dtype, a.device, type(b))
-        elif len(operands) == 2 and (type(operands[0]) is StridedView or type(operands[1]) is StridedView):
-            fast = _view_launch_key(op, *operands)  # a view read in place: its strides and offset in the key
-        else:
-            fast = _launch_key(op, operands)
-        if fast is not None:
-            hit = _LAUNCHES.get(fast)
-            if hit is not None and hit[0] is op:
-                plan = hit[1]
-                device = operands[0].device if isinstance(operands[0], Tensor) else operands[1].device
-                out = Tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
-                hit[2](plan.prepared.call, out.data, *operands)
-                return out
+        fast = _launch_key(op, operands)
+    if fast is not None:  # the other keyed kinds (views, a number on the left, a strided view alone)
+        hit = _LAUNCHES.get(fast)
+        if hit is not None and hit[0] is op:
+            plan = hit[1]
+            device = operands[0].device if isinstance(operands[0], Tensor) else operands[1].device
+            out = results.tensor(device.allocator(device, plan.nbytes), plan.out_shape, plan.out_dtype, device)
+            hit[2](plan.prepared.call, out.data, *operands)
+            return out
     device = device_of(operands, op.name)
     if StridedView in map(type, operands):  # read in place through its strides, but a single element: gathered
         operands = [v.contiguous() if type(v) is StridedView and v.size <= 1 else v for v in operands]
@@ -521,7 +535,7 @@ def apply(op: OpDef, operands: Sequence[Any]) -> Tensor:
     plan, dtypes = cached
     out = apply_plan(op, plan, dtypes, operands, device)
     if fast is not None and plan.prepared is not None and device.is_opencl:
-        setter = _view_setter(operands) if plan.reads_views else _SETTERS.get(plan.arg_types)
+        setter = _view_setter(operands) if plan.reads_views else _setter(plan.arg_types, operands)
         if setter is not None:
             remember(_LAUNCHES, fast, (op, plan, setter))
     return out
@@ -619,6 +633,20 @@ _SETTERS: dict[tuple, Callable[..., None]] = {
     **{(None, t): _scalar_right(t) for t in _SCALAR_TYPES},
     **{(t, None): _scalar_left(t) for t in _SCALAR_TYPES},
 }
+#: the setters of a Python float for a float or double argument: passed as it is, since the prepared call packs a
+#: float as ``(float)`` / ``(double)`` of its value, which is what ``np.float32(x)`` / ``np.float64(x)`` hold
+_FLOAT_SETTERS: dict[tuple, Callable[..., None]] = {
+    **{(None, t): lambda call, out, a, b: call(out, a.data, b) for t in (np.float32, np.float64)},
+    **{(t, None): lambda call, out, a, b: call(out, a, b.data) for t in (np.float32, np.float64)},
+}
+
+
+def _setter(arg_types: tuple, operands: Sequence[Any]) -> Callable[..., None] | None:
+    """The setter of a plan with ``arg_types`` for ``_launch_key``'s operand kinds (whose key holds a number's
+    Python type, so a float's launch never serves an int's)."""
+    if arg_types in _FLOAT_SETTERS and float in map(type, operands):
+        return _FLOAT_SETTERS[arg_types]
+    return _SETTERS.get(arg_types)
 
 
 @backend_op(_TWINS, device_arg="device")

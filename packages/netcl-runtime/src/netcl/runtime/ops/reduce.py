@@ -35,7 +35,7 @@ import pyopencl as cl
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import STORAGE_ONLY, float32, float64, int64, is_floating
 from netcl.core.errors import ShapeError
-from netcl.runtime import recording
+from netcl.runtime import recording, results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import (
@@ -123,7 +123,7 @@ def _reduce(op: str, x: Tensor, axis: Axis, keepdims: bool, addend: Tensor | Non
         if plan is not None:  # a shape, dtype and axis this op reduced before on this OpenCL device
             out_shape, out_dtype, nbytes, kept, reduced, acc, scale, single = plan
             device = x.device
-            out = Tensor(device.allocator(device, nbytes), out_shape, out_dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), out_shape, out_dtype, device)
             if single is not None:  # one stage: its prepared launch
                 single.call(x.data, out.data)
             else:

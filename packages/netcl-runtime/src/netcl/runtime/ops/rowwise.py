@@ -29,6 +29,7 @@ import numpy as np
 from netcl.core import Device, Tensor
 from netcl.core.dtypes import float32, float64, is_floating
 from netcl.core.errors import DTypeError, ShapeError
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.ops import _common, _rows
 from netcl.runtime.ops._common import (
@@ -596,7 +597,7 @@ def planned_softmax_output(x: Tensor, plan: tuple) -> Tensor:
     pair (only written, never read back)."""
     prepared, out_shape, out_bytes, _, stat_bytes, _, perm, restore = plan
     device = x.device
-    out = Tensor(device.allocator(device, out_bytes), out_shape, x.dtype, device)
+    out = results.tensor(device.allocator(device, out_bytes), out_shape, x.dtype, device)
     bound = _SCRATCH_BOUND.get(prepared)
     if bound is None:
         bound = _bind_scratch(prepared, device, stat_bytes)
@@ -611,7 +612,7 @@ def _planned_softmax(x: Tensor, plan: tuple, keep_stats: bool = True) -> tuple[T
     device = x.device
     moved = x if perm is None else transpose(x, perm)
     allocate = device.allocator
-    out = Tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
+    out = results.tensor(allocate(device, out_bytes), out_shape, x.dtype, device)
     rowmax, rowsum = allocate(device, stat_bytes), allocate(device, stat_bytes)
     prepared.call(moved.data, out.data, rowmax, rowsum)
     out = out if restore is None else transpose(out, restore)
@@ -781,9 +782,9 @@ def norm_forward(
     if plan is not None:
         prepared, out_bytes, rows, stat_bytes, sd = plan
         allocate = device.allocator
-        out = Tensor(allocate(device, out_bytes), x.shape, x.dtype, device)
-        mean = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
-        rstd = Tensor(allocate(device, stat_bytes), (rows,), sd, device)
+        out = results.tensor(allocate(device, out_bytes), x.shape, x.dtype, device)
+        mean = results.tensor(allocate(device, stat_bytes), (rows,), sd, device)
+        rstd = results.tensor(allocate(device, stat_bytes), (rows,), sd, device)
         w, b = weight if weight is not None else x, bias if bias is not None else x
         prepared.call(x.data, w.data, b.data, out.data, mean.data, rstd.data, eps)
         return out, mean, rstd
@@ -820,7 +821,7 @@ def norm_backward(
     plan = _NORM_BACKWARD_PLANS.get(key)
     if plan is not None:
         prepared, nbytes = plan
-        gx = Tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
+        gx = results.tensor(device.allocator(device, nbytes), x.shape, x.dtype, device)
         w = weight if weight is not None else x
         prepared.call(x.data, g.data, w.data, mean.data, rstd.data, gx.data)
         return gx

@@ -18,6 +18,7 @@ from netcl.core import Device, Tensor
 from netcl.core.device_errors import INDEX_CHECK_C
 from netcl.core.dtypes import C_TYPES
 from netcl.core.errors import ShapeError
+from netcl.runtime import results
 from netcl.runtime.cache import register_cache
 from netcl.runtime.launch import PreparedLaunch
 from netcl.runtime.ops._common import (
@@ -171,7 +172,7 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
         if plan is not None:  # OpenCL, shapes, dtypes and axis checked before: no host check left
             out_shape, nbytes, prepared = plan
             device = x.device
-            out = Tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), out_shape, x.dtype, device)
             prepared.call(x.data, index.data, out.data)
             return out
     ax, index = check_index_select(x, axis, index)
@@ -231,9 +232,9 @@ def index_select_backward(grad: Tensor, axis: int, index: Tensor, shape: Sequenc
     if plan is not None:
         out_shape, nbytes, J, rank, add = plan
         allocate = device.allocator
-        out = Tensor(allocate(device, nbytes), out_shape, grad.dtype, device)
-        perm = Tensor(allocate(device, 4 * J), (J,), _INT32, device)
-        keys = Tensor(allocate(device, 8 * J), (J,), _INT64, device)
+        out = results.tensor(allocate(device, nbytes), out_shape, grad.dtype, device)
+        perm = results.tensor(allocate(device, 4 * J), (J,), _INT32, device)
+        keys = results.tensor(allocate(device, 8 * J), (J,), _INT64, device)
         rank.call(index.data, perm.data, keys.data)
         add.call(grad.data, perm.data, keys.data, out.data)
         return out
@@ -314,7 +315,7 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
         if plan is not None:
             _, nbytes, prepared = plan
             device = table.device
-            out = Tensor(device.allocator(device, nbytes), (*ids.shape, table.shape[1]), table.dtype, device)
+            out = results.tensor(device.allocator(device, nbytes), (*ids.shape, table.shape[1]), table.dtype, device)
             prepared.call(table.data, ids.data, out.data)
             return out
     ids = check_embedding(ids, table)
