@@ -177,7 +177,7 @@ def apply_elementwise(name: str, inputs: Sequence[Operand], attrs: Mapping[str, 
     if entry.forward is not None:  # the inputs are the kernel's operands
         out = apply(entry.kernel, values)
     elif entry.scalar_slot is not None:
-        scalar = attrs["scalar"]  # type: ignore[index]
+        scalar = attrs["scalar"]  # type: ignore[index]  # ``entry.scalar_operands`` without its call:
         out = apply(entry.kernel, (values[0], scalar) if entry.scalar_slot else (scalar, values[0]))
     else:
         out = apply(entry.kernel, forward_operands(entry.d, values, attrs or {}))
