@@ -226,7 +226,7 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
     arg_types = plan.arg_types
     if plan.reads_views:  # a view is read in place: its source's buffer
         prepared.call(
-            out.data, *[_buffer(v) if t is None else t(_plain(v)) for v, t in zip(operands, arg_types, strict=True)]
+            out.data, *[_buffer(v) if t is None else _scalar(v, t) for v, t in zip(operands, arg_types, strict=True)]
         )
     elif arg_types == _ONE_BUFFER:  # the common signatures: every operand a Tensor
         prepared.call(out.data, operands[0].data)
@@ -234,7 +234,7 @@ def execute(plan: Plan, operands: Sequence[Any], device: Device, out: Tensor | N
         prepared.call(out.data, operands[0].data, operands[1].data)
     else:
         prepared.call(
-            out.data, *[v.data if t is None else t(_plain(v)) for v, t in zip(operands, arg_types, strict=True)]
+            out.data, *[v.data if t is None else _scalar(v, t) for v, t in zip(operands, arg_types, strict=True)]
         )
     return out
 
@@ -273,6 +273,18 @@ def launch_sizes(dims: tuple[int, ...], max_local: int) -> tuple[tuple[int, ...]
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.ndarray) else value
+
+
+def _scalar(value: Any, scalar_type: type) -> Any:
+    """A scalar operand as its kernel argument of ``scalar_type``: a Python float for a float or double argument as
+    it is (the prepared call packs it as ``scalar_type`` would hold it, without NumPy's overflow warning, as
+    ``_FLOAT_SETTERS`` pass it on later calls), anything else converted."""
+    if type(value) is float and scalar_type in _FLOAT_TYPES:
+        return value
+    return scalar_type(_plain(value))
+
+
+_FLOAT_TYPES = (np.float32, np.float64)
 
 
 #: The vector kernel's element index ``w * width`` (w up to the grid rounded to a work-group) stays well inside the
@@ -636,8 +648,8 @@ _SETTERS: dict[tuple, Callable[..., None]] = {
 #: the setters of a Python float for a float or double argument: passed as it is, since the prepared call packs a
 #: float as ``(float)`` / ``(double)`` of its value, which is what ``np.float32(x)`` / ``np.float64(x)`` hold
 _FLOAT_SETTERS: dict[tuple, Callable[..., None]] = {
-    **{(None, t): lambda call, out, a, b: call(out, a.data, b) for t in (np.float32, np.float64)},
-    **{(t, None): lambda call, out, a, b: call(out, a, b.data) for t in (np.float32, np.float64)},
+    **{(None, t): lambda call, out, a, b: call(out, a.data, b) for t in _FLOAT_TYPES},
+    **{(t, None): lambda call, out, a, b: call(out, a, b.data) for t in _FLOAT_TYPES},
 }
 
 
