@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd import autocast_mode, grad_mode
+from netcl.autograd import autocast_mode
 from netcl.autograd.elementwise import apply_elementwise, binary, is_scalar, needs_grad, unary
 from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.core import ShapeError, Tensor, broadcast_shapes
@@ -153,7 +153,7 @@ def matmul(a: Operand, b: Operand) -> Node:
         and autocast_mode.autocast_dtype() is None
     ):  # the common calls (no vector, no autocast): the checks of the other cases skipped
         if type(va) is Tensor and type(vb) is Tensor:
-            if not grad_mode.grad_enabled and _local.tracer is None:  # ``forward_only()``: the forward, a bare Node
+            if forward_only():  # what apply_op would do: the forward, a bare Node
                 return untracked(linalg.product(va, vb), "matmul")
         elif (read_in_place := _transposed_operands(va, vb)) is not None:
             return _matmul_in_place(a, b, read_in_place, None)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd import grad_mode
 from netcl.autograd.engine import Node, _local, apply_op, forward_only, record_one, untracked
 from netcl.core import DTypeError, ShapeError, Tensor
 from netcl.runtime.ops import gathering, indexing, layout, pointwise, selecting
@@ -148,12 +147,7 @@ def _checked_axis(op: str, check_shapes: Any, shape: tuple[int, ...], axis: Any,
 def _forward_only_of_tensors(x: Any, index: Any) -> bool:
     """Whether an index op of ``x`` (a Tensor or a Node of one) with index Tensor ``index`` runs its forward alone
     (``forward_only``): then its front returns the runtime op's result in a bare Node, as ``apply_op`` would."""
-    return (
-        not grad_mode.grad_enabled
-        and _local.tracer is None
-        and type(index) is Tensor
-        and type(x.value if type(x) is Node else x) is Tensor
-    )
+    return type(index) is Tensor and type(x.value if type(x) is Node else x) is Tensor and forward_only()
 
 
 def _shape(x: Any, op: str, arg: str) -> tuple[int, ...]:

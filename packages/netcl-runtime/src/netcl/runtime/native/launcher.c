@@ -127,6 +127,17 @@ static void raise_bad_args(Launcher *self) {
     Py_XDECREF(traceback);
 }
 
+/* Set argument ``index`` (a Python int) to the ``size`` bytes at ``value``; 0, or -1 with ValueError set naming the
+ * OpenCL status. */
+static int set_bytes(Launcher *self, PyObject *index, size_t size, const void *value) {
+    int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), size, value);
+    if (status != 0) {
+        PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
+        return -1;
+    }
+    return 0;
+}
+
 /* Set scalar argument ``value`` when it is a plain Python number pyopencl would pack the same way: a float for pack
  * code f or d (``(float)`` / ``(double)`` of its value, as pyopencl's converting cast does) or an int within range
  * for i, I, l or L. 1 when set, 0 to leave it to pyopencl (any other value, and every error message, stay its own),
@@ -168,12 +179,7 @@ static int set_plain_scalar(Launcher *self, PyObject *index, PyObject *code, PyO
     } else {
         return 0;
     }
-    int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), size, &packed);
-    if (status != 0) {
-        PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
-        return -1;
-    }
-    return 1;
+    return set_bytes(self, index, size, &packed) < 0 ? -1 : 1;
 }
 
 /* Set the per-call arguments; 0, or -1 with the exception set (the caller holds the lock). */
@@ -185,12 +191,8 @@ static int set_arguments(Launcher *self, PyObject *const *args) {
         PyObject *code = PyTuple_GET_ITEM(self->codes, i);
         if (code == Py_None && (value == Py_None || PyObject_TypeCheck(value, (PyTypeObject *)self->memory_type))) {
             void *mem = NULL;
-            if (value != Py_None && handle_of(value, &mem) < 0) goto failed;
-            int32_t status = self->set_arg(self->kernel, (uint32_t)PyLong_AsUnsignedLong(index), sizeof(void *), &mem);
-            if (status != 0) {
-                PyErr_Format(PyExc_ValueError, "clSetKernelArg of argument %S failed with OpenCL status %d", index, (int)status);
+            if ((value != Py_None && handle_of(value, &mem) < 0) || set_bytes(self, index, sizeof(void *), &mem) < 0)
                 goto failed;
-            }
             continue;
         }
         if (code != Py_None) {

@@ -115,11 +115,9 @@ def matmul(
 
 def product(a: Tensor, b: Tensor) -> Tensor:
     """``matmul(a, b)`` of two Tensors with no options. On a host-memory device a signature ``matmul`` has seen
-    launches its kept product at once (its key is ``_cpu_signature``'s for these arguments), without ``matmul``'s
-    keywords, device test and signature frame; every other call is ``matmul(a, b)``."""
-    kept = _CPU_PRODUCTS.plans.get(
-        (a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, False, False, None, _cpu_env())
-    )
+    launches its kept product at once (under ``_cpu_signature``'s key), without ``matmul``'s keywords and device
+    test; every other call is ``matmul(a, b)``."""
+    kept = _CPU_PRODUCTS.plans.get(_cpu_signature(a, b, False, False, None, None))
     if kept is None or kept is _ELSEWHERE:
         return matmul(a, b)
     return gemm_cpu.run(kept, a, b)
